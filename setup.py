@@ -1,0 +1,25 @@
+"""Packaging for tgrad: `pip install -e .` for the library, `pip install -e '.[test]'` for the test suite.
+
+Extras: `cuda` (pycuda, for the CUDA device), `test` (pytest, torch as the reference, hypothesis, NVRTC, ruff, and the
+Hugging Face libraries the model tests compare against), `gemma` (the tokenizer the Gemma example uses).
+"""
+from setuptools import find_namespace_packages, setup
+
+# the reference torch for op tests; a local CPU build (2.13.0+cpu) satisfies this pin
+TORCH_VERSION = "2.13.0"
+
+setup(
+  name="tgrad",
+  version="0.1.0",
+  description="A small, readable lazy tensor framework with search-based code generation",
+  python_requires=">=3.10",
+  # namespace discovery finds tgrad and every subpackage whether or not it has an __init__.py
+  packages=find_namespace_packages(include=["tgrad", "tgrad.*"]),
+  install_requires=["numpy", "llvmlite", "sympy", "tqdm"],
+  extras_require={
+    "cuda": ["pycuda"],
+    "test": ["pytest", "pytest-xdist", f"torch=={TORCH_VERSION}", "hypothesis", "nvidia-cuda-nvrtc", "transformers",
+             "tokenizers", "safetensors", "ruff"],
+    "gemma": ["tokenizers"],
+  },
+)

@@ -1,0 +1,1 @@
+"""Code generation: Kernel (axes and OptOps), linearizer (Kernel → linear UOps), heuristics, search, renderers."""

@@ -1,0 +1,232 @@
+"""Kernel: one AST's iteration space, the role of each axis, and the OptOps that reshape it.
+
+Input: a kernel AST from the scheduler (a SINK of STOREs whose memory ops carry ShapeTrackers) and the target's
+renderer. All ShapeTrackers share one rank; axes are ordered by role:
+
+  [ global | local | group-reduce | reduce loops | upcast/unroll ]
+   0 ..      ..     first_reduce ..              shape_len - upcasted .. shape_len
+
+An `Opt(op, axis, amount)` splits an axis and moves the piece to its role's place (`shift_to`). An illegal opt
+raises KernelOptError, so search can try anything. The linearizer (linearizer.py) turns a Kernel into UOps.
+"""
+from __future__ import annotations
+from dataclasses import dataclass
+from enum import Enum, auto
+from typing import Optional
+from tgrad.ops import UOp, Ops, ALU
+from tgrad.shape.shapetracker import ShapeTracker
+from tgrad.helpers import prod
+
+class KernelOptError(Exception):
+  """An optimization that is not legal for this kernel (wrong axis, amount that doesn't divide, …)."""
+
+class OptOps(Enum):
+  UPCAST = auto(); UNROLL = auto(); LOCAL = auto(); GROUP = auto(); GROUPTOP = auto()  # noqa: E702
+  NOLOCALS = auto(); PADTO = auto(); SWAP = auto(); TC = auto(); THREAD = auto()  # noqa: E702
+  def __repr__(self): return f"OptOps.{self.name}"
+  def __lt__(self, other): return self.value < other.value
+
+@dataclass(frozen=True, order=True)
+class Opt:
+  op: OptOps
+  axis: Optional[int] = None
+  amount: Optional[int] = None
+  def to_json(self) -> list: return [self.op.name, self.axis, self.amount]
+  @staticmethod
+  def from_json(x: list) -> Opt: return Opt(OptOps[x[0]], x[1], x[2])
+
+MEMORY_OPS = (Ops.LOAD, Ops.STORE, Ops.CONST, Ops.ARANGE)
+MAX_UPCAST = 64   # largest product of upcast/unroll amounts: more unrolled code than this only bloats
+
+class Kernel:
+  def __init__(self, ast: UOp, renderer):
+    self.ast, self.renderer = ast, renderer
+    nodes = ast.toposort()
+    # memory ops (those with a VIEW), stores first; sts[i] is memops[i]'s ShapeTracker
+    self.memops = [u for u in nodes if u.op is Ops.STORE] + \
+                  [u for u in nodes if u.op in MEMORY_OPS and u.op is not Ops.STORE and u.src and u.src[-1].op is Ops.VIEW]
+    self.sts: list[ShapeTracker] = [self.view_of(u) for u in self.memops]
+    self.reduceops = [u for u in nodes if u.op is Ops.REDUCE_AXIS]
+    self.local_dims = self.group_for_reduces = self.upcasted = 0
+    self.threads = 0            # THREAD: axis 0 is split across this many CPU threads
+    self.dont_use_locals = False
+    self.applied_opts: list[Opt] = []
+    self._reduce_axes_last()
+    self._merge_axes()
+
+  @staticmethod
+  def view_of(u: UOp) -> ShapeTracker: return (u.src[1] if u.op is Ops.STORE else u.src[-1]).arg
+
+  def copy(self) -> Kernel:
+    other = object.__new__(Kernel)
+    other.__dict__.update(self.__dict__)
+    other.sts, other.applied_opts = list(self.sts), list(self.applied_opts)
+    return other
+
+  # ---- shape facts
+  @property
+  def shape_len(self) -> int: return len(self.sts[0].shape)
+  @property
+  def full_shape(self) -> tuple[int, ...]: return tuple(max(st.shape[i] for st in self.sts) for i in range(self.shape_len))
+  @property
+  def output_shape(self) -> tuple[int, ...]: return self.sts[0].shape
+  @property
+  def first_reduce(self) -> int:
+    full, out = self.full_shape, self.output_shape
+    limit = self.shape_len - self.upcasted
+    return next((i for i in range(limit) if full[i] != out[i]), limit)
+  @property
+  def first_upcast(self) -> int: return self.shape_len - self.upcasted
+  @property
+  def global_dims(self) -> int: return self.first_reduce - self.local_dims
+  @property
+  def upcast_axes(self) -> range: return range(self.first_upcast, self.shape_len)
+  def is_reduce_axis(self, axis: int) -> bool: return self.full_shape[axis] != self.output_shape[axis]
+  @property
+  def upcast_size(self) -> int: return prod(self.full_shape[a] for a in self.upcast_axes)
+  @property
+  def name(self) -> str:
+    kind = "r" if self.reduceops else "E"
+    return kind + "_" + "_".join(str(s) for s in self.full_shape) if self.full_shape else kind
+
+  # ---- reshaping every ShapeTracker at once
+  def reshape_and_permute(self, new_shape_fn, order: Optional[list[int]]) -> None:
+    new_sts = []
+    for st in self.sts:
+      if new_shape_fn is not None: st = st.reshape(tuple(new_shape_fn(st.shape)))
+      if order is not None: st = st.permute(tuple(order))
+      new_sts.append(st)
+    self.sts = new_sts
+
+  def shift_to(self, axis: int, amount: int, top: bool = False, insert_before: Optional[int] = None) -> None:
+    """Split `axis` into (size/amount, amount) — (amount, size/amount) if top — and move the `amount` piece so it
+    lands just before `insert_before` (default: the end)."""
+    if insert_before is None: insert_before = self.shape_len
+    moved = axis if top else axis + 1
+    if moved < insert_before: insert_before += 1
+    def split(shape):
+      size = shape[axis]
+      piece = ((amount, size // amount) if top else (size // amount, amount)) if size > 1 else (1, 1)
+      return shape[:axis] + piece + shape[axis + 1:]
+    order = [i for i in range(insert_before) if i != moved] + [moved] + \
+            [i for i in range(insert_before, self.shape_len + 1) if i != moved]
+    self.reshape_and_permute(split, order)
+
+  def _reduce_axes_last(self) -> None:
+    reduce_axes = [i for i in range(self.shape_len) if self.is_reduce_axis(i)]
+    order = [i for i in range(self.shape_len) if i not in reduce_axes] + reduce_axes
+    if order != list(range(self.shape_len)): self.reshape_and_permute(None, order)
+
+  def _merge_axes(self) -> None:
+    """Merge neighbouring axes of the same role that every ShapeTracker can merge without a new View."""
+    axis = self.shape_len - 2
+    while axis >= 0:
+      full, out = self.full_shape, self.output_shape
+      same_role = self.is_reduce_axis(axis) == self.is_reduce_axis(axis + 1)
+      if same_role and self._mergeable(axis):
+        def merge(shape, a=axis): return shape[:a] + (shape[a] * shape[a + 1],) + shape[a + 2:]
+        self.reshape_and_permute(merge, None)
+      elif full[axis] == 1 and out[axis] == 1 and self.shape_len > 1:   # drop size-1 axes
+        def drop(shape, a=axis): return shape[:a] + shape[a + 1:]
+        self.reshape_and_permute(drop, None)
+      axis -= 1
+
+  def _mergeable(self, axis: int) -> bool:
+    for st in self.sts:
+      merged = st.reshape(st.shape[:axis] + (st.shape[axis] * st.shape[axis + 1],) + st.shape[axis + 2:])
+      if len(merged.views) > len(st.views): return False
+      if len(st.views) > 1 and merged.views[:-1] != st.views[:-1]: return False
+    return True
+
+  # ---- optimizations
+  def apply_opt(self, opt: Opt) -> None:
+    """Apply one Opt or raise KernelOptError; the kernel is unchanged when it raises."""
+    before = (list(self.sts), self.local_dims, self.group_for_reduces, self.upcasted, self.threads, self.dont_use_locals)
+    try: self._apply(opt)
+    except KernelOptError:
+      self.sts, self.local_dims, self.group_for_reduces, self.upcasted, self.threads, self.dont_use_locals = before
+      raise
+    self.applied_opts.append(opt)
+
+  def _check(self, cond: bool, why: str) -> None:
+    if not cond: raise KernelOptError(why)
+
+  def _real_axis(self, opt: Opt) -> int:
+    if opt.op in (OptOps.UNROLL,): axis = self.first_reduce + (opt.axis or 0)
+    elif opt.op in (OptOps.GROUP, OptOps.GROUPTOP): axis = self.first_reduce + self.group_for_reduces + (opt.axis or 0)
+    else: axis = opt.axis if opt.axis is not None else -1
+    self._check(axis is not None and 0 <= axis < self.shape_len, f"{opt}: axis out of range for {self.full_shape}")
+    return axis
+
+  def _apply(self, opt: Opt) -> None:
+    caps = self.renderer
+    if opt.op is OptOps.NOLOCALS:
+      self._check(self.local_dims == 0 and self.group_for_reduces == 0, "NOLOCALS after locals")
+      self.dont_use_locals = True
+      return
+    axis = self._real_axis(opt)
+    size = self.full_shape[axis]
+    amount = opt.amount if opt.amount else size
+    self._check(amount > 1 or opt.op is OptOps.SWAP, f"{opt}: amount must be > 1")
+    if opt.op is not OptOps.SWAP: self._check(size % amount == 0, f"{opt}: {amount} doesn't divide axis size {size}")
+    if opt.op is OptOps.UPCAST:
+      self._check(axis < self.first_reduce, f"{opt}: UPCAST needs a non-reduce axis")
+      self._check(self.upcast_size * amount <= MAX_UPCAST, f"{opt}: upcast product over {MAX_UPCAST}")
+      self.shift_to(axis, amount)
+      self.upcasted += 1
+    elif opt.op is OptOps.UNROLL:
+      self._check(self.first_reduce + self.group_for_reduces <= axis < self.first_upcast, f"{opt}: needs a reduce axis")
+      self._check(self.upcast_size * amount <= MAX_UPCAST, f"{opt}: upcast product over {MAX_UPCAST}")
+      self.shift_to(axis, amount)
+      self.upcasted += 1
+    elif opt.op is OptOps.LOCAL:
+      self._check(caps.has_local and not self.dont_use_locals, f"{opt}: target has no local memory/threads")
+      self._check(axis < self.global_dims, f"{opt}: LOCAL needs a global axis")
+      self._check(prod(self.full_shape[self.global_dims:self.first_reduce]) * amount <= caps.max_local_size,
+                  f"{opt}: too many local threads")
+      self.shift_to(axis, amount, insert_before=self.first_reduce)
+      self.local_dims += 1
+    elif opt.op in (OptOps.GROUP, OptOps.GROUPTOP):
+      self._check(caps.has_shared and not self.dont_use_locals, f"{opt}: target has no shared memory")
+      self._check(len(self.reduceops) >= 1 and self.first_reduce <= axis < self.first_upcast, f"{opt}: needs reduce axis")
+      self._check(self.group_for_reduces == 0, f"{opt}: only one GROUP")
+      self.shift_to(axis, amount, top=opt.op is OptOps.GROUPTOP, insert_before=self.first_reduce + self.group_for_reduces)
+      self.group_for_reduces += 1
+    elif opt.op is OptOps.THREAD:
+      self._check(caps.has_threads, f"{opt}: target has no CPU threads")
+      self._check(self.threads == 0 and axis < self.global_dims, f"{opt}: one THREAD, on a global axis")
+      self.shift_to(axis, amount, top=True, insert_before=0)
+      self.threads = amount
+    elif opt.op is OptOps.SWAP:
+      other = opt.amount
+      self._check(other is not None and axis < other < self.global_dims, f"{opt}: SWAP needs two global axes")
+      order = list(range(self.shape_len))
+      order[axis], order[other] = order[other], order[axis]
+      self.reshape_and_permute(None, order)
+    else:
+      raise KernelOptError(f"{opt.op} is not supported by this kernel")
+
+  # ---- launch facts
+  def launch_dims(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(global_size, local_size) for targets with thread ids; ((threads,), (1,)) on the CPU."""
+    if not self.renderer.has_local: return ((self.threads or 1,), (1,))
+    full = self.full_shape
+    globals_ = full[:self.global_dims]
+    locals_ = full[self.global_dims:self.first_reduce] + full[self.first_reduce:self.first_reduce + self.group_for_reduces]
+    return (fold_dims(globals_, self.renderer.max_global_dims), tuple(locals_) or (1,))
+
+  def estimate(self) -> tuple[int, int]:
+    """(flops, bytes moved): ALU nodes × iterations, plus the bytes each buffer spans (read or written once)."""
+    alu_nodes = sum(1 for u in self.ast.toposort() if u.op in ALU)
+    nbytes = 0
+    for u in self.memops:
+      if u.op is Ops.STORE: nbytes += prod(self.output_shape) * u.src[2].dtype.itemsize
+      elif u.op is Ops.LOAD: nbytes += self.view_of(u).buffer_extent() * u.dtype.itemsize
+    return alu_nodes * prod(self.full_shape), nbytes
+
+def fold_dims(dims: tuple[int, ...], max_dims: int) -> tuple[int, ...]:
+  """Fold leading dims together so at most max_dims remain (the linearizer unfolds them with // and %)."""
+  if len(dims) <= max_dims: return tuple(dims) or (1,)
+  extra = len(dims) - max_dims + 1
+  return (prod(dims[:extra]),) + tuple(dims[extra:])
+

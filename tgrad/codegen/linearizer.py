@@ -1,0 +1,210 @@
+"""The linearizer: Kernel → a flat list of UOps that a renderer walks top to bottom.
+
+Step 1 builds the kernel's value graph: every axis gets an index UOp (a RANGE loop, a SPECIAL thread id, or a
+constant per upcast replica), every memory op's ShapeTracker turns into (index, valid) math, and each reduce
+becomes a REDUCE node over its loop ranges (unrolled replicas folded in). Step 2 emits that graph in order:
+global loops, then per reduce an accumulator (DEFINE_ACC), its loops, the ASSIGN of the update and ENDRANGE,
+then the stores. The result reads as a program:
+
+  DEFINE_GLOBAL 0, DEFINE_GLOBAL 1, RANGE r0 (0..N), DEFINE_ACC a0, RANGE r1 (0..K), LOAD, ADD, ASSIGN a0,
+  ENDRANGE r1, REDUCE (reads a0), STORE, ENDRANGE r0
+"""
+from __future__ import annotations
+import itertools
+from typing import Optional
+from tgrad.dtype import dtypes
+from tgrad.ops import UOp, Ops, simplify, ALU
+from tgrad.codegen.kernel import Kernel
+from tgrad.schedule import identity_of_reduce
+from tgrad.helpers import prod
+
+def _index_const(value: int) -> UOp: return UOp.const(dtypes.index, value)
+
+def _unfolded_specials(prefix: str, dims: tuple[int, ...], max_dims: int) -> list[UOp]:
+  """Thread ids for dims, last dim on id 0 (x: the fastest-varying and the one with the largest limit). When there
+  are more dims than ids, the leading dims share the last id and are recovered with // and %."""
+  if not dims: return []
+  n_ids = min(len(dims), max_dims)
+  folded = len(dims) - n_ids + 1   # how many leading dims share one id
+  specials = [UOp(Ops.SPECIAL, dtypes.index, (), (f"{prefix}{n_ids - 1 - i}", size))
+              for i, size in enumerate((prod(dims[:folded]),) + tuple(dims[folded:]))]
+  out = []
+  for i in range(folded):
+    inner = prod(dims[i + 1:folded])
+    out.append(simplify((specials[0] // inner) % dims[i]) if folded > 1 else specials[0])
+  return out + specials[1:]
+
+class Linearizer:
+  def __init__(self, kernel: Kernel):
+    self.k = kernel
+    self.renderer = kernel.renderer
+    self.acc_count = 0
+    self.memo: dict[tuple, UOp] = {}
+    self.view_of = {u: st for u, st in zip(kernel.memops, kernel.sts)}
+
+  # ---- step 1: the value graph
+  def axis_indices(self) -> list[Optional[UOp]]:
+    """One index per axis; upcast axes get None (they are constants per replica)."""
+    k = self.k
+    full = k.full_shape
+    idx: list[Optional[UOp]] = [None] * k.shape_len
+    def loop(axis: int) -> UOp: return UOp(Ops.RANGE, dtypes.index, (_index_const(0), _index_const(full[axis])), axis)
+    if self.renderer.has_local:
+      idx[:k.global_dims] = _unfolded_specials("gidx", full[:k.global_dims], self.renderer.max_global_dims)
+      local_axes = list(range(k.global_dims, k.first_reduce + k.group_for_reduces))
+      idx[k.global_dims:k.first_reduce + k.group_for_reduces] = \
+        _unfolded_specials("lidx", tuple(full[a] for a in local_axes), 3)
+    else:
+      for axis in range(k.global_dims):
+        idx[axis] = UOp(Ops.SPECIAL, dtypes.index, (), ("core", full[0])) if axis == 0 and k.threads else loop(axis)
+    for axis in range(k.first_reduce + k.group_for_reduces, k.first_upcast): idx[axis] = loop(axis)
+    return idx
+
+  def build(self, node: UOp, idxs: tuple[UOp, ...]) -> UOp:
+    key = (node, idxs)
+    if key in self.memo: return self.memo[key]
+    if node.op is Ops.LOAD:
+      index, valid = self.view_of[node].to_indexed(list(idxs))
+      out = UOp(Ops.LOAD, node.dtype, (node.src[0], index) + (() if valid.op is Ops.CONST and valid.arg else (valid,)))
+      if valid.op is Ops.CONST and not valid.arg: out = UOp.const(node.dtype, 0)
+    elif node.op is Ops.CONST:
+      _, valid = self.view_of[node].to_indexed(list(idxs))
+      out = simplify(valid.where(UOp.const(node.dtype, node.arg), UOp.const(node.dtype, 0)))
+    elif node.op is Ops.ARANGE:
+      index, valid = self.view_of[node].to_indexed(list(idxs))
+      out = simplify(valid.where(index, _index_const(0))).cast(node.dtype)
+    elif node.op is Ops.REDUCE_AXIS: out = self.build_reduce(node, idxs)
+    else: out = UOp(node.op, node.dtype, tuple(self.build(s, idxs) for s in node.src), node.arg)
+    self.memo[key] = out
+    return out
+
+  def build_reduce(self, node: UOp, idxs: tuple[UOp, ...]) -> UOp:
+    k = self.k
+    op = node.arg[0]
+    loop_axes = range(k.first_reduce + k.group_for_reduces, k.first_upcast)
+    unroll_axes = [a for a in k.upcast_axes if k.is_reduce_axis(a)]
+    group_axes = range(k.first_reduce, k.first_reduce + k.group_for_reduces)
+    inner = list(idxs)
+    for a in loop_axes: inner[a] = self.base_idx[a]
+    for a in group_axes: inner[a] = self.base_idx[a]
+    values = []
+    for combo in itertools.product(*[range(k.full_shape[a]) for a in unroll_axes]):
+      for a, v in zip(unroll_axes, combo): inner[a] = _index_const(v)
+      values.append(self.build(node.src[0], tuple(inner)))
+    combined = values[0]
+    for v in values[1:]: combined = UOp(op, node.dtype, (combined, v))
+    ranges = tuple(self.base_idx[a] for a in loop_axes)
+    result = self.new_reduce(op, node.dtype, combined, ranges) if ranges else combined
+    if k.group_for_reduces: result = self.group_reduce(op, node.dtype, result, idxs)
+    return result
+
+  def new_reduce(self, op: Ops, dtype, value: UOp, ranges: tuple[UOp, ...]) -> UOp:
+    self.acc_count += 1
+    return UOp(Ops.REDUCE, dtype, (value, *ranges), (op, self.acc_count - 1))
+
+  def group_reduce(self, op: Ops, dtype, partial: UOp, idxs: tuple[UOp, ...]) -> UOp:
+    """Reduce across the group's threads: each writes its partial to shared memory, then (after a barrier) every
+    thread reduces the group's partials; only the group's first thread stores (see `group_gate`)."""
+    k = self.k
+    group_axes = list(range(k.first_reduce, k.first_reduce + k.group_for_reduces))
+    local_axes = list(range(k.global_dims, k.first_reduce))
+    out_upcast = [a for a in k.upcast_axes if not k.is_reduce_axis(a)]
+    sizes = [k.full_shape[a] for a in local_axes + group_axes + out_upcast]
+    def flat(indices: list[UOp]) -> UOp:
+      out = _index_const(0)
+      for i, size in zip(indices, sizes): out = out * size + i
+      return simplify(out)
+    self.acc_count += 1
+    shared = UOp(Ops.DEFINE_LOCAL, dtype, (), (f"temp{self.acc_count}", prod(sizes)))
+    mine = [self.base_idx[a] for a in local_axes + group_axes] + [idxs[a] for a in out_upcast]
+    store = UOp(Ops.STORE, dtypes.void, (shared, flat(mine), partial))
+    barrier = UOp(Ops.BARRIER, dtypes.void, (store,))
+    group_loops = [UOp(Ops.RANGE, dtypes.index, (_index_const(0), _index_const(k.full_shape[a])), 1000 + a)
+                   for a in group_axes]
+    theirs = [self.base_idx[a] for a in local_axes] + group_loops + [idxs[a] for a in out_upcast]
+    load = UOp(Ops.LOAD, dtype, (shared, flat(theirs), barrier))
+    return self.new_reduce(op, dtype, load, tuple(group_loops))
+
+  def group_gate(self) -> Optional[UOp]:
+    k = self.k
+    gate = None
+    for a in range(k.first_reduce, k.first_reduce + k.group_for_reduces):
+      cond = self.base_idx[a].eq(0)
+      gate = cond if gate is None else gate & cond
+    return gate
+
+  def value_graph(self) -> list[UOp]:
+    """The STOREs of every output replica (one per combination of the output's upcast axes)."""
+    k = self.k
+    self.base_idx = self.axis_indices()
+    stores = []
+    out_upcast = [a for a in k.upcast_axes if not k.is_reduce_axis(a)]
+    gate = self.group_gate()
+    for combo in itertools.product(*[range(k.full_shape[a]) for a in out_upcast]):
+      idxs = list(self.base_idx)
+      for a in range(k.first_reduce, k.shape_len): idxs[a] = _index_const(0)   # reduce axes: size 1 in outputs
+      for a, v in zip(out_upcast, combo): idxs[a] = _index_const(v)
+      for store in [u for u in k.memops if u.op is Ops.STORE]:
+        value = self.build(store.src[2], tuple(idxs))
+        index, valid = self.view_of[store].to_indexed(idxs)
+        if gate is not None: valid = simplify(valid & gate)
+        stores.append(UOp(Ops.STORE, dtypes.void, (store.src[0], index, value) +
+                          (() if valid.op is Ops.CONST and valid.arg else (valid,))))
+    return stores
+
+  # ---- step 2: emit in program order
+  def linearize(self) -> list[UOp]:
+    stores = self.value_graph()
+    program: list[UOp] = []
+    emitted: set[UOp] = set()
+    scope_stack: list[list[UOp]] = [[]]
+    all_nodes = UOp(Ops.SINK, dtypes.void, tuple(stores)).toposort()
+    reduces = [u for u in all_nodes if u.op is Ops.REDUCE]
+
+    def place(u: UOp) -> None:
+      program.append(u)
+      emitted.add(u)
+      scope_stack[-1].append(u)
+
+    def emit(u: UOp) -> None:
+      if u in emitted: return
+      if u.op is Ops.REDUCE: return emit_reduce_group(u)
+      for s in u.src: emit(s)
+      place(u)
+
+    def emit_reduce_group(first: UOp) -> None:
+      ranges = first.src[1:]
+      group = [r for r in reduces if r.src[1:] == ranges and r not in emitted]
+      for r in ranges: emit(r.src[0]); emit(r.src[1])  # noqa: E702
+      accs = {}
+      for r in group:
+        init = UOp.const(r.dtype, identity_of_reduce(r.arg[0], r.dtype))
+        emit(init)
+        accs[r] = UOp(Ops.DEFINE_ACC, r.dtype, (init,), r.arg[1])
+        place(accs[r])
+      for r in ranges: place(r)
+      scope_stack.append([])
+      for r in group:
+        emit(r.src[0])
+        update = UOp(r.arg[0], r.dtype, (accs[r], r.src[0]))
+        place(update)
+        place(UOp(Ops.ASSIGN, r.dtype, (accs[r], update)))
+      for rng in reversed(ranges): program.append(UOp(Ops.ENDRANGE, dtypes.void, (rng,)))
+      for u in scope_stack.pop(): emitted.discard(u)
+      for r in group: place(r)
+
+    globals_ = sorted({u for u in all_nodes if u.op in (Ops.DEFINE_GLOBAL, Ops.DEFINE_LOCAL)},
+                      key=lambda u: (u.op is Ops.DEFINE_LOCAL, u.arg if u.op is Ops.DEFINE_GLOBAL else u.arg[0]))
+    for g in globals_: place(g)
+    for s in sorted({u for u in all_nodes if u.op is Ops.SPECIAL}, key=lambda u: u.arg[0]): place(s)
+    outer_loops = [i for i in self.base_idx[:self.k.global_dims] if i is not None and i.op is Ops.RANGE]
+    for rng in outer_loops:
+      emit(rng.src[0]); emit(rng.src[1])  # noqa: E702
+      place(rng)
+    for store in stores: emit(store)
+    for rng in reversed(outer_loops): program.append(UOp(Ops.ENDRANGE, dtypes.void, (rng,)))
+    return program
+
+def linearize(kernel: Kernel) -> list[UOp]: return Linearizer(kernel).linearize()
+
+def count_alu(program: list[UOp]) -> int: return sum(1 for u in program if u.op in ALU)

@@ -1,0 +1,222 @@
+"""LLVM IR renderer: linear UOps → the text of an LLVM module with one function (built with llvmlite.ir).
+
+The function is `void name(ptr noalias %buf0, ..., i32 %core)`: RANGE/ENDRANGE become counted loops with phis,
+DEFINE_ACC an entry-block alloca (promoted to registers by the optimizer), SPECIAL "core" the thread index the
+runtime passes. bool lives as i1 in registers and i8 in memory; bfloat16 lives as i16 in memory and as a float in
+registers, rounded to bfloat16 after every op, so results match a bfloat16 device bit for bit.
+"""
+from __future__ import annotations
+import llvmlite.ir as ir
+from tgrad.dtype import DType, dtypes
+from tgrad.ops import UOp, Ops
+from tgrad.codegen.renderer import Renderer
+
+REDUCE_FAST_MATH = ("reassoc", "nsz")   # lets the vectorizer reorder a float accumulation, as numpy's pairwise sum does
+_INTRINSICS = {Ops.EXP2: "llvm.exp2", Ops.LOG2: "llvm.log2", Ops.SIN: "llvm.sin", Ops.SQRT: "llvm.sqrt",
+               Ops.TRUNC: "llvm.trunc"}
+_I1, _I8, _I16, _I32, _I64 = ir.IntType(1), ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
+
+def register_type(dt: DType) -> ir.Type:
+  if dt.is_bool: return _I1
+  if dt.is_int: return ir.IntType(dt.bits)
+  return {dtypes.float16: ir.HalfType(), dtypes.bfloat16: ir.FloatType(), dtypes.float32: ir.FloatType(),
+          dtypes.float64: ir.DoubleType()}[dt]
+
+def memory_type(dt: DType) -> ir.Type:
+  if dt.is_bool: return _I8
+  if dt == dtypes.bfloat16: return _I16
+  return register_type(dt)
+
+class LLVMRenderer(Renderer):
+  device = "LLVM"
+  has_threads = True
+  def render(self, name: str, uops: list[UOp]) -> str: return _FunctionBuilder(name, uops).build()
+
+class _FunctionBuilder:
+  def __init__(self, name: str, uops: list[UOp]):
+    self.uops = uops
+    self.module = ir.Module(name=name)
+    buffers = [u for u in uops if u.op is Ops.DEFINE_GLOBAL]
+    fn_type = ir.FunctionType(ir.VoidType(), [ir.PointerType() for _ in buffers] + [_I32])
+    self.fn = ir.Function(self.module, fn_type, name=name)
+    for arg in self.fn.args[:-1]: arg.add_attribute("noalias")
+    self.entry = ir.IRBuilder(self.fn.append_basic_block("entry"))
+    self.b = ir.IRBuilder(self.fn.append_basic_block("body"))
+    self.values: dict[UOp, ir.Value] = {}
+    self.accs: dict[int, ir.Value] = {}
+    self.loops: dict[UOp, ir.Block] = {}
+
+  def build(self) -> str:
+    for u in self.uops: self.emit(u)
+    self.b.ret_void()
+    self.entry.branch(self.fn.basic_blocks[1])
+    return str(self.module)
+
+  def value(self, u: UOp) -> ir.Value:
+    if u.op is Ops.DEFINE_ACC: return self.b.load(self.accs[u.arg], typ=register_type(u.dtype))
+    return self.values[u]
+
+  def emit(self, u: UOp) -> None:
+    b = self.b
+    if u.op is Ops.DEFINE_GLOBAL: self.values[u] = self.fn.args[u.arg]
+    elif u.op is Ops.SPECIAL: self.values[u] = self.fn.args[-1]
+    elif u.op is Ops.CONST: self.values[u] = const(u.dtype, u.arg)
+    elif u.op is Ops.DEFINE_ACC:
+      slot = self.entry.alloca(register_type(u.dtype))
+      self.accs[u.arg] = slot
+      b.store(self.values[u.src[0]], slot)
+    elif u.op is Ops.ASSIGN: b.store(self.values[u.src[1]], self.accs[u.src[0].arg])
+    elif u.op is Ops.REDUCE: self.values[u] = b.load(self.accs[u.arg[1]], typ=register_type(u.dtype))
+    elif u.op is Ops.RANGE:
+      preheader = b.block
+      loop = self.fn.append_basic_block(f"loop{u.arg}")
+      b.branch(loop)
+      b.position_at_end(loop)
+      counter = b.phi(_I32, name=f"ridx{u.arg}")
+      counter.add_incoming(self.values[u.src[0]], preheader)
+      self.values[u], self.loops[u] = counter, loop
+    elif u.op is Ops.ENDRANGE:
+      rng = u.src[0]
+      counter = self.values[rng]
+      following = b.add(counter, ir.Constant(_I32, 1))
+      counter.add_incoming(following, b.block)
+      done = self.fn.append_basic_block(f"end{rng.arg}")
+      b.cbranch(b.icmp_signed("<", following, self.values[rng.src[1]]), self.loops[rng], done)
+      b.position_at_end(done)
+    elif u.op is Ops.LOAD: self.values[u] = self.load(u)
+    elif u.op is Ops.STORE: self.store(u)
+    elif u.op is Ops.CAST: self.values[u] = self.cast(self.value(u.src[0]), u.src[0].dtype, u.dtype)
+    elif u.op is Ops.BITCAST: self.values[u] = self.bitcast(self.value(u.src[0]), u.src[0].dtype, u.dtype)
+    else: self.values[u] = self.alu(u)
+
+  def load(self, u: UOp) -> ir.Value:
+    b = self.b
+    pointer, index = self.values[u.src[0]], self.values[u.src[1]]
+    valid = self.values[u.src[2]] if len(u.src) > 2 and u.src[2].dtype == dtypes.bool else None
+    if valid is not None: index = b.select(valid, index, ir.Constant(_I32, 0))
+    address = b.gep(pointer, [b.sext(index, _I64)], inbounds=True, source_etype=memory_type(u.dtype))
+    loaded = from_memory(b, b.load(address, typ=memory_type(u.dtype)), u.dtype)
+    return b.select(valid, loaded, const(u.dtype, 0)) if valid is not None else loaded
+
+  def store(self, u: UOp) -> None:
+    b = self.b
+    pointer, index, value = self.values[u.src[0]], self.values[u.src[1]], self.value(u.src[2])
+    dtype = u.src[2].dtype
+    address = b.gep(pointer, [b.sext(index, _I64)], inbounds=True, source_etype=memory_type(dtype))
+    if len(u.src) > 3:
+      then_block = self.fn.append_basic_block("store")
+      after = self.fn.append_basic_block("stored")
+      b.cbranch(self.values[u.src[3]], then_block, after)
+      b.position_at_end(then_block)
+      b.store(to_memory(b, value, dtype), address)
+      b.branch(after)
+      b.position_at_end(after)
+    else: b.store(to_memory(b, value, dtype), address)
+
+  def alu(self, u: UOp) -> ir.Value:
+    b = self.b
+    srcs = [self.value(s) for s in u.src]
+    dt = u.src[-1].dtype if u.op is Ops.WHERE else u.src[0].dtype
+    is_float = dt.is_float
+    reduce_update = u.op in (Ops.ADD, Ops.MUL) and u.src[0].op is Ops.DEFINE_ACC
+    flags = REDUCE_FAST_MATH if reduce_update else ()
+    if u.op in _INTRINSICS:
+      compute_type = ir.FloatType() if dt == dtypes.float16 else register_type(dt)
+      x = b.fpext(srcs[0], compute_type) if dt == dtypes.float16 else srcs[0]
+      out = b.call(self.module.declare_intrinsic(_INTRINSICS[u.op], [compute_type]), [x])
+      out = b.fptrunc(out, register_type(dt)) if dt == dtypes.float16 else out
+    elif u.op is Ops.NEG: out = b.fneg(srcs[0]) if is_float else b.neg(srcs[0])
+    elif u.op is Ops.RECIP: out = b.fdiv(const(dt, 1.0), srcs[0])
+    elif u.op is Ops.ADD: out = b.fadd(*srcs, flags=flags) if is_float else b.add(*srcs)
+    elif u.op is Ops.MUL: out = b.fmul(*srcs, flags=flags) if is_float else b.mul(*srcs)
+    elif u.op is Ops.FDIV: out = b.fdiv(*srcs)
+    elif u.op in (Ops.IDIV, Ops.MOD): out = self.int_division(u, dt, *srcs)
+    elif u.op is Ops.MAX:
+      if is_float:
+        bigger = b.or_(b.fcmp_ordered(">", srcs[0], srcs[1]), b.fcmp_unordered("uno", srcs[0], srcs[0]))
+      else: bigger = b.icmp_unsigned(">", *srcs) if dt.is_unsigned or dt.is_bool else b.icmp_signed(">", *srcs)
+      out = b.select(bigger, srcs[0], srcs[1])
+    elif u.op is Ops.CMPLT:
+      if is_float: out = b.fcmp_ordered("<", *srcs)
+      else: out = b.icmp_unsigned("<", *srcs) if dt.is_unsigned or dt.is_bool else b.icmp_signed("<", *srcs)
+    elif u.op is Ops.CMPNE: out = b.fcmp_unordered("!=", *srcs) if is_float else b.icmp_unsigned("!=", *srcs)
+    elif u.op is Ops.AND: out = b.and_(*srcs)
+    elif u.op is Ops.OR: out = b.or_(*srcs)
+    elif u.op is Ops.XOR: out = b.xor(*srcs)
+    elif u.op is Ops.SHL: out = b.shl(*srcs)
+    elif u.op is Ops.SHR: out = b.lshr(*srcs) if dt.is_unsigned else b.ashr(*srcs)
+    elif u.op is Ops.WHERE: out = b.select(*srcs)
+    else: raise NotImplementedError(f"LLVM renderer: no rule for {u.op}")
+    return round_bf16(b, out) if u.dtype == dtypes.bfloat16 else out
+
+  def int_division(self, u: UOp, dt: DType, a: ir.Value, d: ir.Value) -> ir.Value:
+    """C division/remainder. A divisor that may be 0 (or -1, which overflows INT_MIN / -1) is guarded: x/0 = 0."""
+    b = self.b
+    signed = not (dt.is_unsigned or dt.is_bool)
+    divide = (b.sdiv if u.op is Ops.IDIV else b.srem) if signed else (b.udiv if u.op is Ops.IDIV else b.urem)
+    divisor = u.src[1]
+    if divisor.op is Ops.CONST and divisor.arg not in (0, -1): return divide(a, d)
+    zero, one = ir.Constant(d.type, 0), ir.Constant(d.type, 1)
+    unsafe = b.icmp_unsigned("==", d, zero)
+    if signed: unsafe = b.or_(unsafe, b.icmp_signed("==", d, ir.Constant(d.type, -1)))
+    safe_result = divide(a, b.select(unsafe, one, d))
+    if not signed: return b.select(unsafe, zero, safe_result)
+    minus_one_result = b.neg(a) if u.op is Ops.IDIV else zero
+    return b.select(b.icmp_unsigned("==", d, zero), zero,
+                    b.select(b.icmp_signed("==", d, ir.Constant(d.type, -1)), minus_one_result, safe_result))
+
+  def cast(self, x: ir.Value, src: DType, dst: DType) -> ir.Value:
+    b = self.b
+    to = register_type(dst)
+    if dst.is_bool:
+      return b.fcmp_unordered("!=", x, const(src, 0)) if src.is_float else b.icmp_unsigned("!=", x, const(src, 0))
+    if src.is_float and dst.is_float:
+      if x.type == to: out = x
+      else: out = b.fpext(x, to) if _float_bits(x.type) < _float_bits(to) else b.fptrunc(x, to)
+      return round_bf16(b, out) if dst == dtypes.bfloat16 else out
+    if src.is_float:   # float → int saturates (NaN → 0): never a fault, never poison
+      name = f"llvm.fpto{'u' if dst.is_unsigned else 's'}i.sat.i{dst.bits}.{_float_name(x.type)}"
+      fn = self.module.globals.get(name) or ir.Function(self.module, ir.FunctionType(to, [x.type]), name=name)
+      return b.call(fn, [x])
+    if dst.is_float:
+      out = b.uitofp(x, to) if src.is_unsigned or src.is_bool else b.sitofp(x, to)
+      return round_bf16(b, out) if dst == dtypes.bfloat16 else out
+    if src.bits == dst.bits and not src.is_bool: return x
+    if src.bits > dst.bits: return b.trunc(x, to)
+    return b.zext(x, to) if src.is_unsigned or src.is_bool else b.sext(x, to)
+
+  def bitcast(self, x: ir.Value, src: DType, dst: DType) -> ir.Value:
+    b = self.b
+    if src == dtypes.bfloat16: x, src = to_memory(b, x, src), dtypes.uint16
+    if dst == dtypes.bfloat16: return from_memory(b, b.bitcast(x, _I16), dst)
+    return b.bitcast(x, register_type(dst))
+
+def _float_bits(t: ir.Type) -> int: return {ir.HalfType: 16, ir.FloatType: 32, ir.DoubleType: 64}[type(t)]
+def _float_name(t: ir.Type) -> str: return {ir.HalfType: "f16", ir.FloatType: "f32", ir.DoubleType: "f64"}[type(t)]
+
+def const(dt: DType, value) -> ir.Constant:
+  t = register_type(dt)
+  if dt.is_bool: return ir.Constant(t, int(bool(value)))
+  if dt.is_int: return ir.Constant(t, int(value))
+  return ir.Constant(t, float(value))
+
+def from_memory(b: ir.IRBuilder, x: ir.Value, dt: DType) -> ir.Value:
+  if dt.is_bool: return b.icmp_unsigned("!=", x, ir.Constant(_I8, 0))
+  if dt == dtypes.bfloat16: return b.bitcast(b.shl(b.zext(x, _I32), ir.Constant(_I32, 16)), ir.FloatType())
+  return x
+
+def to_memory(b: ir.IRBuilder, x: ir.Value, dt: DType) -> ir.Value:
+  if dt.is_bool: return b.zext(x, _I8)
+  if dt == dtypes.bfloat16: return b.trunc(b.lshr(_bf16_rounded_bits(b, x), ir.Constant(_I32, 16)), _I16)
+  return x
+
+def _bf16_rounded_bits(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
+  """float32 bits rounded to the nearest bfloat16 (ties to even); NaN stays a quiet NaN."""
+  bits = b.bitcast(x, _I32)
+  lsb = b.and_(b.lshr(bits, ir.Constant(_I32, 16)), ir.Constant(_I32, 1))
+  rounded = b.and_(b.add(bits, b.add(ir.Constant(_I32, 0x7FFF), lsb)), ir.Constant(_I32, 0xFFFF0000))
+  is_nan = b.fcmp_unordered("uno", x, x)
+  return b.select(is_nan, ir.Constant(_I32, 0x7FC00000), rounded)
+
+def round_bf16(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
+  return b.bitcast(_bf16_rounded_bits(b, x), ir.FloatType())

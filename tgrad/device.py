@@ -1,0 +1,97 @@
+"""Devices and buffers: the contract every backend implements, and the registry that finds them.
+
+A backend (tgrad/runtime/<name>.py) provides a `Compiled` device: an `Allocator` (alloc, free, copyin, copyout),
+a `Compiler` (source → bytes), a `Program` factory (bytes → callable on buffers), and a renderer class that turns
+linear UOps into its source. `Buffer` is one device allocation with a dtype and element count.
+"""
+from __future__ import annotations
+import functools, importlib, os
+from typing import Any, Callable, Optional
+import numpy as np
+from tgrad.dtype import DType
+from tgrad.helpers import Context
+
+KNOWN_DEVICES = ("LLVM", "CUDA")
+_ALIASES = {"CPU": "LLVM", "GPU": "CUDA"}
+
+def canonical_device(name: Optional[str]) -> str:
+  """'cuda:0' → 'CUDA', 'cpu' → 'LLVM', None → the default device. Unknown names raise ValueError."""
+  if name is None: return Device.default()
+  base = name.split(":")[0].upper()
+  base = _ALIASES.get(base, base)
+  if base not in KNOWN_DEVICES: raise ValueError(f"unknown device {name!r}; known: {', '.join(KNOWN_DEVICES)}")
+  return base
+
+class Allocator:
+  """alloc(nbytes) → opaque handle; free(handle); copyin(handle, host bytes view); copyout(host view, handle)."""
+  def alloc(self, nbytes: int) -> Any: raise NotImplementedError
+  def free(self, handle: Any, nbytes: int) -> None: pass
+  def copyin(self, handle: Any, src: memoryview) -> None: raise NotImplementedError
+  def copyout(self, dst: memoryview, handle: Any) -> None: raise NotImplementedError
+
+class Compiler:
+  """Source text → binary bytes. `cache_key` names the target and flags; compiled bytes are cached on disk."""
+  cache_key: str = ""
+  def compile(self, src: str) -> bytes: raise NotImplementedError
+  def compile_cached(self, src: str) -> bytes:
+    from tgrad.cache import get_cache
+    cache = get_cache()
+    if (binary := cache.get_binary(src, self.cache_key)) is not None: return binary
+    binary = self.compile(src)
+    cache.put_binary(src, self.cache_key, binary)
+    return binary
+
+class Compiled:
+  """One device: its allocator, compiler, renderer and program loader, plus its limits."""
+  def __init__(self, name: str, allocator: Allocator, compiler: Compiler, renderer: Any,
+               program: Callable[[str, bytes], Callable]):
+    self.name, self.allocator, self.compiler, self.renderer, self.program = name, allocator, compiler, renderer, program
+  def synchronize(self) -> None: pass
+
+class Buffer:
+  """`size` elements of `dtype` on `device`; memory is allocated on first use."""
+  def __init__(self, device: str, size: int, dtype: DType):
+    self.device, self.size, self.dtype = device, size, dtype
+    self._handle: Any = None
+  @property
+  def nbytes(self) -> int: return self.size * self.dtype.itemsize
+  @property
+  def handle(self) -> Any:
+    if self._handle is None: self._handle = Device[self.device].allocator.alloc(max(self.nbytes, 1))
+    return self._handle
+  @property
+  def is_allocated(self) -> bool: return self._handle is not None
+  def __del__(self):
+    if self._handle is not None:
+      try: Device[self.device].allocator.free(self._handle, max(self.nbytes, 1))
+      except Exception: pass   # interpreter shutdown
+  def copyin(self, data: np.ndarray) -> Buffer:
+    data = np.ascontiguousarray(data)
+    if data.nbytes != self.nbytes: raise ValueError(f"copyin of {data.nbytes} bytes into a {self.nbytes}-byte buffer")
+    Device[self.device].allocator.copyin(self.handle, memoryview(data.reshape(-1).view(np.uint8)))
+    return self
+  def copyout(self) -> np.ndarray:
+    out = np.empty(self.size, dtype=self.dtype.np)
+    if self.size: Device[self.device].allocator.copyout(memoryview(out.view(np.uint8)), self.handle)
+    return out
+  def __repr__(self): return f"<Buffer {self.device} {self.size} {self.dtype}>"
+
+class _DeviceRegistry:
+  """`Device["LLVM"]` loads tgrad/runtime/llvm.py once and returns its Compiled device."""
+  @functools.cache
+  def __getitem__(self, name: str) -> Compiled:
+    name = canonical_device(name)
+    module = importlib.import_module(f"tgrad.runtime.{name.lower()}")
+    return module.create_device()
+  @functools.cache
+  def available(self, name: str) -> bool:
+    try:
+      self[name]
+      return True
+    except Exception:
+      return False
+  def default(self) -> str:
+    if (chosen := Context.DEVICE or os.environ.get("DEVICE", "")): return canonical_device(chosen)
+    return "CUDA" if self.available("CUDA") else "LLVM"
+
+Device = _DeviceRegistry()

@@ -1,0 +1,130 @@
+"""Data types and numpy-like type promotion.
+
+A `DType` is a frozen value: its name, byte size, kind ('b' bool, 'i' signed, 'u' unsigned, 'f' float) and the
+numpy dtype used to move data in and out of buffers. `promote_types` is numpy's promotion table, extended with
+bfloat16 (which promotes like float16), and `least_upper_dtype` folds it over many dtypes.
+"""
+from __future__ import annotations
+from dataclasses import dataclass
+import numpy as np
+
+@dataclass(frozen=True, order=True)
+class DType:
+  priority: int   # order within a kind; also a stable total order
+  itemsize: int
+  name: str
+  kind: str       # 'b' bool, 'i' signed int, 'u' unsigned int, 'f' float, 'v' void
+  np_name: str    # the numpy dtype name with the same bit layout ('uint16' stands in for bfloat16)
+  def __repr__(self): return f"dtypes.{self.name}"
+  @property
+  def is_float(self) -> bool: return self.kind == 'f'
+  @property
+  def is_int(self) -> bool: return self.kind in 'iu'
+  @property
+  def is_unsigned(self) -> bool: return self.kind == 'u'
+  @property
+  def is_bool(self) -> bool: return self.kind == 'b'
+  @property
+  def np(self) -> np.dtype: return np.dtype(self.np_name)
+  @property
+  def bits(self) -> int: return self.itemsize * 8
+
+class dtypes:
+  """The dtype namespace, as in tinygrad: `dtypes.float32`, `dtypes.from_np(...)`, `dtypes.default_float`."""
+  void = DType(-1, 0, "void", 'v', 'void')
+  bool = DType(0, 1, "bool", 'b', 'bool')
+  int8 = DType(1, 1, "int8", 'i', 'int8')
+  uint8 = DType(2, 1, "uint8", 'u', 'uint8')
+  int16 = DType(3, 2, "int16", 'i', 'int16')
+  uint16 = DType(4, 2, "uint16", 'u', 'uint16')
+  int32 = DType(5, 4, "int32", 'i', 'int32')
+  uint32 = DType(6, 4, "uint32", 'u', 'uint32')
+  int64 = DType(7, 8, "int64", 'i', 'int64')
+  uint64 = DType(8, 8, "uint64", 'u', 'uint64')
+  float16 = DType(9, 2, "float16", 'f', 'float16')
+  bfloat16 = DType(10, 2, "bfloat16", 'f', 'uint16')
+  float32 = DType(11, 4, "float32", 'f', 'float32')
+  float64 = DType(12, 8, "float64", 'f', 'float64')
+  # aliases
+  half, float, double, int, long, uchar, char, short = float16, float32, float64, int32, int64, uint8, int8, int16
+  default_float = float32
+  default_int = int32
+  index = int32   # the dtype of index arithmetic in kernels
+
+  @staticmethod
+  def all() -> list[DType]:
+    return [dtypes.bool, dtypes.int8, dtypes.uint8, dtypes.int16, dtypes.uint16, dtypes.int32, dtypes.uint32,
+            dtypes.int64, dtypes.uint64, dtypes.float16, dtypes.bfloat16, dtypes.float32, dtypes.float64]
+  @staticmethod
+  def from_np(npdtype) -> DType:
+    name = np.dtype(npdtype).name
+    for dt in dtypes.all():
+      if dt.name == name: return dt
+    raise TypeError(f"numpy dtype {name} has no tgrad dtype")
+  @staticmethod
+  def from_name(name: str) -> DType:
+    for dt in dtypes.all():
+      if dt.name == name: return dt
+    alias = getattr(dtypes, name, None)
+    if isinstance(alias, DType): return alias
+    raise TypeError(f"unknown dtype name {name!r}")
+  @staticmethod
+  def from_py(x) -> DType:
+    """The dtype a Python scalar or (nested) list gets: bool, then default_int, then default_float."""
+    if isinstance(x, (list, tuple)): return least_upper_dtype(*[dtypes.from_py(v) for v in x]) if x else dtypes.default_float
+    if isinstance(x, bool): return dtypes.bool
+    if isinstance(x, int): return dtypes.default_int
+    if isinstance(x, float): return dtypes.default_float
+    raise TypeError(f"cannot infer a dtype for {type(x).__name__} {x!r}")
+  @staticmethod
+  def min(dt: DType):
+    if dt.is_bool: return False
+    if dt.is_int: return 0 if dt.is_unsigned else -(1 << (dt.bits - 1))
+    return float("-inf")
+  @staticmethod
+  def max(dt: DType):
+    if dt.is_bool: return True
+    if dt.is_int: return (1 << dt.bits) - 1 if dt.is_unsigned else (1 << (dt.bits - 1)) - 1
+    return float("inf")
+
+def _promote_int_uint(i: DType, u: DType) -> DType:
+  # numpy: a signed type wide enough for both, float64 when none is (uint64 with any signed int)
+  for cand in (dtypes.int16, dtypes.int32, dtypes.int64):
+    if cand.itemsize > u.itemsize and cand.itemsize >= i.itemsize: return cand
+  return dtypes.float64
+
+# The smallest float that holds every value of an integer type exactly (numpy's rule): 8-bit → f16, 16 → f32, else f64.
+_INT_TO_FLOAT = {1: dtypes.float16, 2: dtypes.float32, 4: dtypes.float64, 8: dtypes.float64}
+
+def promote_types(a: DType, b: DType) -> DType:
+  """numpy's `promote_types`, with bfloat16 behaving like float16 and bfloat16+float16 → float32."""
+  if a == b: return a
+  if a.is_bool: return b
+  if b.is_bool: return a
+  if a.is_float and b.is_float:
+    if {a, b} == {dtypes.float16, dtypes.bfloat16}: return dtypes.float32
+    return max(a, b, key=lambda d: d.itemsize)
+  if a.is_float or b.is_float:
+    f, i = (a, b) if a.is_float else (b, a)
+    need = _INT_TO_FLOAT[i.itemsize]
+    if need.itemsize <= f.itemsize: return f
+    return need
+  if a.kind == b.kind: return max(a, b, key=lambda d: d.itemsize)
+  i, u = (a, b) if a.kind == 'i' else (b, a)
+  return _promote_int_uint(i, u)
+
+def least_upper_dtype(*ds: DType) -> DType:
+  out = ds[0]
+  for d in ds[1:]: out = promote_types(out, d)
+  return out
+
+def least_upper_float(dt: DType) -> DType:
+  """The float dtype an op like exp or mean computes in: the dtype itself if float, else default_float."""
+  return dt if dt.is_float else dtypes.default_float
+
+def to_dtype(x) -> DType:
+  """Accept a DType, a dtype name, or a numpy dtype."""
+  if isinstance(x, DType): return x
+  if isinstance(x, str): return dtypes.from_name(x)
+  try: return dtypes.from_np(x)
+  except TypeError: raise TypeError(f"not a dtype: {x!r}") from None

@@ -1,0 +1,253 @@
+"""Autograd primitives: one `Function` per differentiable LazyBuffer op.
+
+`forward` maps input LazyBuffers to an output LazyBuffer; `backward` maps the output's gradient (a LazyBuffer) to
+one gradient per input, or None where an input needs none. Both sides are built from the same lazy primitives,
+so a backward pass is just more graph, scheduled and fused like the forward one. Composite ops (exp, tanh,
+softmax, ...) live in tensor.py and get their gradients by the chain rule through these.
+"""
+from __future__ import annotations
+import math
+from typing import Optional
+from tgrad.dtype import DType, dtypes
+from tgrad.lazy import LazyBuffer
+from tgrad.ops import Ops
+
+LN2 = math.log(2)
+
+class Function:
+  """One recorded op. `parents` are the input Tensors (kept only when a gradient may be needed)."""
+  def __init__(self, device: str, *tensors):
+    self.device = device
+    self.needs_input_grad = [t.requires_grad for t in tensors]
+    if any(self.needs_input_grad): self.requires_grad: Optional[bool] = True
+    elif None in self.needs_input_grad: self.requires_grad = None
+    else: self.requires_grad = False
+    if self.requires_grad: self.parents = tensors
+
+  def forward(self, *args, **kwargs) -> LazyBuffer: raise NotImplementedError(f"forward not implemented for {type(self)}")
+  def backward(self, grad_output: LazyBuffer): raise NotImplementedError(f"backward not implemented for {type(self)}")
+
+  @classmethod
+  def apply(cls, *inputs, **kwargs):
+    """Run forward on the inputs' lazydata; record the op for backward when a gradient is wanted."""
+    from tgrad.tensor import Tensor
+    ctx = cls(inputs[0].device, *inputs)
+    out = Tensor(ctx.forward(*[t.lazydata for t in inputs], **kwargs), device=ctx.device, requires_grad=ctx.requires_grad)
+    if ctx.requires_grad and Tensor.grad_enabled: out._ctx = ctx
+    return out
+
+def _mask_to(mask: LazyBuffer, dtype: DType) -> LazyBuffer: return mask.cast(dtype)
+def _logical_not(mask: LazyBuffer) -> LazyBuffer:
+  return mask.alu(Ops.CMPNE, LazyBuffer.const_of(True, dtypes.bool, mask.device, mask.shape))
+
+# ---- unary
+
+class Contiguous(Function):
+  def forward(self, x: LazyBuffer) -> LazyBuffer: return x.contiguous()
+  def backward(self, grad_output: LazyBuffer) -> LazyBuffer: return grad_output
+
+class Cast(Function):
+  def forward(self, x: LazyBuffer, dtype: DType) -> LazyBuffer:
+    self.input_dtype = x.dtype
+    return x.cast(dtype)
+  def backward(self, grad_output: LazyBuffer) -> LazyBuffer: return grad_output.cast(self.input_dtype)
+
+class ToDevice(Function):
+  def forward(self, x: LazyBuffer, device: str) -> LazyBuffer:
+    self.input_device = x.device
+    return x.copy_to_device(device)
+  def backward(self, grad_output: LazyBuffer) -> LazyBuffer: return grad_output.copy_to_device(self.input_device)
+
+class Neg(Function):
+  def forward(self, x: LazyBuffer) -> LazyBuffer: return x.alu(Ops.NEG)
+  def backward(self, grad_output: LazyBuffer) -> LazyBuffer: return grad_output.alu(Ops.NEG)
+
+class Reciprocal(Function):
+  def forward(self, x: LazyBuffer) -> LazyBuffer:
+    self.ret = x.alu(Ops.RECIP)
+    return self.ret
+  def backward(self, grad_output: LazyBuffer) -> LazyBuffer:   # d(1/x) = -1/x²
+    return grad_output.alu(Ops.NEG).alu(Ops.MUL, self.ret).alu(Ops.MUL, self.ret)
+
+class Sqrt(Function):
+  def forward(self, x: LazyBuffer) -> LazyBuffer:
+    self.ret = x.alu(Ops.SQRT)
+    return self.ret
+  def backward(self, grad_output: LazyBuffer) -> LazyBuffer:   # d√x = 1 / (2√x)
+    return grad_output.alu(Ops.FDIV, self.ret.alu(Ops.MUL, self.ret.const(2)))
+
+class Exp2(Function):
+  def forward(self, x: LazyBuffer) -> LazyBuffer:
+    self.ret = x.alu(Ops.EXP2)
+    return self.ret
+  def backward(self, grad_output: LazyBuffer) -> LazyBuffer:   # d2ˣ = 2ˣ·ln2
+    return grad_output.alu(Ops.MUL, self.ret.alu(Ops.MUL, self.ret.const(LN2)))
+
+class Log2(Function):
+  def forward(self, x: LazyBuffer) -> LazyBuffer:
+    self.x = x
+    return x.alu(Ops.LOG2)
+  def backward(self, grad_output: LazyBuffer) -> LazyBuffer:   # d log2(x) = 1 / (x·ln2)
+    return grad_output.alu(Ops.FDIV, self.x.alu(Ops.MUL, self.x.const(LN2)))
+
+class Sin(Function):
+  def forward(self, x: LazyBuffer) -> LazyBuffer:
+    self.x = x
+    return x.alu(Ops.SIN)
+  def backward(self, grad_output: LazyBuffer) -> LazyBuffer:   # d sin(x) = cos(x) = sin(π/2 − x)
+    cos = self.x.const(math.pi / 2).alu(Ops.ADD, self.x.alu(Ops.NEG)).alu(Ops.SIN)
+    return grad_output.alu(Ops.MUL, cos)
+
+class Relu(Function):
+  def forward(self, x: LazyBuffer) -> LazyBuffer:
+    self.ret = x.alu(Ops.MAX, x.const(0))
+    return self.ret
+  def backward(self, grad_output: LazyBuffer) -> LazyBuffer:
+    return self.ret.const(0).alu(Ops.CMPLT, self.ret).alu(Ops.WHERE, grad_output, grad_output.const(0))
+
+# ---- binary (operands already broadcast to one shape and promoted to one dtype by Tensor)
+
+class Add(Function):
+  def forward(self, x: LazyBuffer, y: LazyBuffer) -> LazyBuffer: return x.alu(Ops.OR if x.dtype.is_bool else Ops.ADD, y)
+  def backward(self, grad_output: LazyBuffer):
+    return (grad_output if self.needs_input_grad[0] else None, grad_output if self.needs_input_grad[1] else None)
+
+class Sub(Function):
+  def forward(self, x: LazyBuffer, y: LazyBuffer) -> LazyBuffer: return x.alu(Ops.ADD, y.alu(Ops.NEG))
+  def backward(self, grad_output: LazyBuffer):
+    return (grad_output if self.needs_input_grad[0] else None,
+            grad_output.alu(Ops.NEG) if self.needs_input_grad[1] else None)
+
+class Mul(Function):
+  def forward(self, x: LazyBuffer, y: LazyBuffer) -> LazyBuffer:
+    self.x, self.y = x, y
+    return x.alu(Ops.AND if x.dtype.is_bool else Ops.MUL, y)
+  def backward(self, grad_output: LazyBuffer):
+    return (grad_output.alu(Ops.MUL, self.y) if self.needs_input_grad[0] else None,
+            grad_output.alu(Ops.MUL, self.x) if self.needs_input_grad[1] else None)
+
+class Div(Function):
+  """IEEE float division (FDIV); integer division is built in Tensor from IDIV and MOD."""
+  def forward(self, x: LazyBuffer, y: LazyBuffer) -> LazyBuffer:
+    self.x, self.y = x, y
+    return x.alu(Ops.FDIV, y)
+  def backward(self, grad_output: LazyBuffer):   # d(x/y) = dx/y − x·dy/y²
+    grad_x = grad_output.alu(Ops.FDIV, self.y) if self.needs_input_grad[0] else None
+    grad_y = None
+    if self.needs_input_grad[1]:
+      grad_y = grad_output.alu(Ops.NEG).alu(Ops.MUL, self.x).alu(Ops.FDIV, self.y.alu(Ops.MUL, self.y))
+    return grad_x, grad_y
+
+class Maximum(Function):
+  """max(x, y); where x == y the gradient is split evenly between the two."""
+  TIE_SHARE = 0.5
+  def forward(self, x: LazyBuffer, y: LazyBuffer) -> LazyBuffer:
+    self.x, self.y = x, y
+    return x.alu(Ops.MAX, y)
+  def backward(self, grad_output: LazyBuffer):
+    dtype = grad_output.dtype
+    x_wins = _mask_to(self.y.alu(Ops.CMPLT, self.x), dtype)
+    tie = _mask_to(_logical_not(self.x.alu(Ops.CMPNE, self.y)), dtype)
+    x_share = x_wins.alu(Ops.ADD, tie.alu(Ops.MUL, tie.const(self.TIE_SHARE)))
+    y_share = x_share.const(1).alu(Ops.ADD, x_share.alu(Ops.NEG))
+    return (grad_output.alu(Ops.MUL, x_share) if self.needs_input_grad[0] else None,
+            grad_output.alu(Ops.MUL, y_share) if self.needs_input_grad[1] else None)
+
+class Where(Function):
+  def forward(self, condition: LazyBuffer, x: LazyBuffer, y: LazyBuffer) -> LazyBuffer:
+    self.condition = condition
+    return condition.alu(Ops.WHERE, x, y)
+  def backward(self, grad_output: LazyBuffer):
+    zero = grad_output.const(0)
+    return (None,
+            self.condition.alu(Ops.WHERE, grad_output, zero) if self.needs_input_grad[1] else None,
+            self.condition.alu(Ops.WHERE, zero, grad_output) if self.needs_input_grad[2] else None)
+
+# ---- reductions (reduced axes stay as size 1; Tensor reshapes them away)
+
+class Sum(Function):
+  def forward(self, x: LazyBuffer, axes: tuple[int, ...]) -> LazyBuffer:
+    self.input_shape = x.shape
+    return x.r(Ops.ADD, axes)
+  def backward(self, grad_output: LazyBuffer) -> LazyBuffer: return grad_output.expand(self.input_shape)
+
+class Max(Function):
+  """The gradient goes to the positions that hold the max, split evenly among ties."""
+  def forward(self, x: LazyBuffer, axes: tuple[int, ...]) -> LazyBuffer:
+    self.x, self.axes = x, axes
+    self.ret = x.r(Ops.MAX, axes)
+    return self.ret
+  def backward(self, grad_output: LazyBuffer) -> LazyBuffer:
+    is_max = _logical_not(self.x.alu(Ops.CMPNE, self.ret.expand(self.x.shape))).cast(grad_output.dtype)
+    count = is_max.r(Ops.ADD, self.axes).expand(self.x.shape)
+    return is_max.alu(Ops.FDIV, count).alu(Ops.MUL, grad_output.expand(self.x.shape))
+
+class Prod(Function):
+  """The gradient of a product is the product of the others; written to stay finite when inputs are zero."""
+  def forward(self, x: LazyBuffer, axes: tuple[int, ...]) -> LazyBuffer:
+    self.x, self.axes = x, axes
+    return x.r(Ops.MUL, axes)
+  def backward(self, grad_output: LazyBuffer) -> LazyBuffer:
+    x, shape = self.x, self.x.shape
+    is_zero = _logical_not(x.alu(Ops.CMPNE, x.const(0)))
+    nonzero_prod = is_zero.alu(Ops.WHERE, x.const(1), x).r(Ops.MUL, self.axes).expand(shape)
+    zero_count = is_zero.cast(x.dtype).r(Ops.ADD, self.axes).expand(shape)
+    no_zeros = zero_count.alu(Ops.CMPLT, x.const(0.5))
+    one_zero_here = is_zero.alu(Ops.AND, zero_count.alu(Ops.CMPLT, x.const(1.5)))
+    others = no_zeros.alu(Ops.WHERE, nonzero_prod.alu(Ops.FDIV, is_zero.alu(Ops.WHERE, x.const(1), x)),
+                          one_zero_here.alu(Ops.WHERE, nonzero_prod, x.const(0)))
+    return others.alu(Ops.MUL, grad_output.expand(shape))
+
+# ---- movement
+
+class Reshape(Function):
+  def forward(self, x: LazyBuffer, shape: tuple[int, ...]) -> LazyBuffer:
+    self.input_shape = x.shape
+    return x.reshape(shape)
+  def backward(self, grad_output: LazyBuffer) -> LazyBuffer: return grad_output.reshape(self.input_shape)
+
+class Permute(Function):
+  def forward(self, x: LazyBuffer, order: tuple[int, ...]) -> LazyBuffer:
+    self.inverse = tuple(sorted(range(len(order)), key=order.__getitem__))
+    return x.permute(order)
+  def backward(self, grad_output: LazyBuffer) -> LazyBuffer: return grad_output.permute(self.inverse)
+
+class Expand(Function):
+  def forward(self, x: LazyBuffer, shape: tuple[int, ...]) -> LazyBuffer:
+    self.expanded_axes = tuple(i for i, (old, new) in enumerate(zip(x.shape, shape)) if old != new)
+    return x.expand(shape)
+  def backward(self, grad_output: LazyBuffer) -> LazyBuffer: return grad_output.r(Ops.ADD, self.expanded_axes)
+
+class Pad(Function):
+  def forward(self, x: LazyBuffer, padding: tuple[tuple[int, int], ...]) -> LazyBuffer:
+    self.bounds = tuple((before, before + size) for size, (before, _) in zip(x.shape, padding))
+    return x.pad(padding)
+  def backward(self, grad_output: LazyBuffer) -> LazyBuffer: return grad_output.shrink(self.bounds)
+
+class Shrink(Function):
+  def forward(self, x: LazyBuffer, bounds: tuple[tuple[int, int], ...]) -> LazyBuffer:
+    self.padding = tuple((begin, size - end) for size, (begin, end) in zip(x.shape, bounds))
+    return x.shrink(bounds)
+  def backward(self, grad_output: LazyBuffer) -> LazyBuffer: return grad_output.pad(self.padding)
+
+class Flip(Function):
+  def forward(self, x: LazyBuffer, axes: tuple[bool, ...]) -> LazyBuffer:
+    self.axes = axes
+    return x.flip(axes)
+  def backward(self, grad_output: LazyBuffer) -> LazyBuffer: return grad_output.flip(self.axes)
+
+class Stride(Function):
+  """Every `step`-th element per axis (steps are positive). Backward spreads the gradient back with zeros between."""
+  def forward(self, x: LazyBuffer, steps: tuple[int, ...]) -> LazyBuffer:
+    self.input_shape, self.steps = x.shape, steps
+    return x.stride(steps)
+  def backward(self, grad_output: LazyBuffer) -> LazyBuffer:
+    grad = grad_output
+    for axis, (size, step) in enumerate(zip(self.input_shape, self.steps)):
+      if step == 1: continue
+      kept = grad.shape[axis]
+      spread = grad.reshape(grad.shape[:axis] + (kept, 1) + grad.shape[axis + 1:])
+      spread = spread.pad(tuple((0, step - 1) if i == axis + 1 else (0, 0) for i in range(len(spread.shape))))
+      spread = spread.reshape(grad.shape[:axis] + (kept * step,) + grad.shape[axis + 1:])
+      grad = spread.shrink(tuple((0, size) if i == axis else (0, s) for i, s in enumerate(spread.shape)))
+    return grad

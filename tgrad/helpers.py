@@ -1,0 +1,67 @@
+"""Small shared helpers and the typed runtime Context.
+
+Environment variables are read once into `Context` fields; `with Context(BEAM=2):` overrides them in a scope.
+Every switch is listed in docs/env.md. Nothing here imports from the rest of tgrad.
+"""
+from __future__ import annotations
+import contextlib, functools, math, os, time
+from dataclasses import dataclass, fields, replace
+from typing import Iterable, TypeVar
+
+T = TypeVar("T")
+
+def prod(xs: Iterable[int]) -> int: return math.prod(xs)
+def all_same(xs: list) -> bool: return all(x == xs[0] for x in xs)
+def dedup(xs: Iterable[T]) -> list[T]: return list(dict.fromkeys(xs))
+def flatten(xss: Iterable[Iterable[T]]) -> list[T]: return [x for xs in xss for x in xs]
+def argsort(xs) -> list[int]: return sorted(range(len(xs)), key=xs.__getitem__)
+def make_tuple(x, n: int) -> tuple: return tuple(x) if isinstance(x, (tuple, list)) else (x,) * n
+def round_up(n: int, multiple: int) -> int: return (n + multiple - 1) // multiple * multiple
+
+def getenv(key: str, default=0):
+  value = os.environ.get(key)
+  if value is None: return default
+  return type(default)(value) if not isinstance(default, bool) else value not in ("", "0", "false", "False")
+
+@dataclass(frozen=True)
+class _Settings:
+  DEBUG: int = 0        # 1 totals, 2 a line per kernel, 3 opts, 4 source, 5 uops
+  BEAM: int = 0         # beam width of the kernel search; 0 uses the heuristics
+  NOOPT: int = 0        # 1 turns the heuristics off (plain loops)
+  DEVICE: str = ""      # default device; empty means CUDA if usable, else LLVM
+  CACHELEVEL: int = 1   # 0 turns every disk cache off
+  IGNORE_BEAM_CACHE: int = 0
+  THREADS: int = 0      # CPU threads for THREAD opts; 0 means all cores
+
+_current = _Settings(**{f.name: getenv(f.name, f.default) for f in fields(_Settings)})
+
+class _ContextMeta(type):
+  def __getattr__(cls, name): return getattr(_current, name)
+
+class Context(contextlib.ContextDecorator, metaclass=_ContextMeta):
+  """Read settings as `Context.DEBUG`; override them in a scope with `with Context(DEBUG=2): ...`."""
+  def __init__(self, **overrides): self.overrides, self.saved = overrides, None
+  def __enter__(self):
+    global _current
+    self.saved, _current = _current, replace(_current, **self.overrides)
+    return self
+  def __exit__(self, *exc):
+    global _current
+    _current = self.saved
+
+def settings_key() -> tuple:
+  """The settings that change generated code: part of every cache key."""
+  return (Context.NOOPT,)
+
+class Timer(contextlib.ContextDecorator):
+  def __init__(self, label: str = "", enabled: bool = True): self.label, self.enabled = label, enabled
+  def __enter__(self):
+    self.start = time.perf_counter()
+    return self
+  def __exit__(self, *exc):
+    self.seconds = time.perf_counter() - self.start
+    if self.enabled and self.label: print(f"{self.label} {self.seconds*1e3:.2f} ms")
+
+@functools.cache
+def cache_dir() -> str:
+  return os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache"))

@@ -1,0 +1,131 @@
+"""The lazy graph: immutable values that say how to compute themselves, and nothing runs until `realize`.
+
+A LazyBuffer is either a *base* — an op (ALU, REDUCE_AXIS, CONST, ARANGE, COPY, EMPTY, CONTIGUOUS, ASSIGN) over
+source LazyBuffers, with a contiguous shape, that may hold a realized device `Buffer` — or a *view*: a base seen
+through a ShapeTracker. Movement ops only make new views; they never copy. Graph building does no fusion:
+the scheduler (schedule.py) decides what becomes a kernel.
+"""
+from __future__ import annotations
+from typing import Any, Optional
+import numpy as np
+from tgrad.dtype import DType, dtypes
+from tgrad.ops import Ops, ELEMENTWISE, COMPARISON, REDUCE_OPS
+from tgrad.shape.shapetracker import ShapeTracker
+from tgrad.device import Buffer, canonical_device
+from tgrad.helpers import prod
+
+class LazyBuffer:
+  """One lazy value. Public fields: device, dtype, shape, st; `base` is itself for a base, else the viewed base."""
+  def __init__(self, device: str, st: ShapeTracker, dtype: DType, op: Optional[Ops] = None,
+               srcs: tuple[LazyBuffer, ...] = (), arg: Any = None, base: Optional[LazyBuffer] = None):
+    self.device, self.st, self.dtype = device, st, dtype
+    self.shape: tuple[int, ...] = st.shape
+    if base is None:
+      self.op, self.srcs, self.arg = op, srcs, arg
+      self.buffer: Optional[Buffer] = None   # set once realized
+      self._base: Optional[LazyBuffer] = None
+    else:
+      assert base.base is base, "a view's base must be a base"
+      self._base = base
+
+  @property
+  def base(self) -> LazyBuffer: return self._base if self._base is not None else self
+  @property
+  def is_base(self) -> bool: return self._base is None
+  @property
+  def realized(self) -> Optional[Buffer]: return self.base.buffer
+  @property
+  def size(self) -> int: return prod(self.shape)
+  def __repr__(self):
+    if self.is_base: return f"<LB {self.device} {self.shape} {self.dtype} {self.op} {'realized' if self.buffer else ''}>"
+    return f"<LB {self.device} {self.shape} {self.dtype} view of {self.base!r}>"
+
+  # ---- creation
+  @staticmethod
+  def loadop(op: Ops, shape: tuple[int, ...], dtype: DType, device: str, arg: Any = None,
+             srcs: tuple[LazyBuffer, ...] = ()) -> LazyBuffer:
+    return LazyBuffer(canonical_device(device), ShapeTracker.from_shape(shape), dtype, op, srcs, arg)
+  @staticmethod
+  def const_of(value, dtype: DType, device: str, shape: tuple[int, ...] = ()) -> LazyBuffer:
+    """A constant of any shape, stored as a 0-d CONST base expanded by a view (no memory is ever used)."""
+    from tgrad.ops import truncate_to
+    scalar = LazyBuffer.loadop(Ops.CONST, (), dtype, device, truncate_to(value, dtype))
+    return scalar.reshape((1,) * len(shape)).expand(shape) if shape else scalar
+  @staticmethod
+  def from_host(data: np.ndarray, device: str) -> LazyBuffer:
+    """Host data to be copied to the device when realized. The array is referenced, not copied: don't mutate it."""
+    dtype = dtypes.from_np(data.dtype) if data.dtype != np.dtype("V2") else dtypes.bfloat16
+    return LazyBuffer.loadop(Ops.COPY, tuple(data.shape), dtype, device, arg=data)
+  @staticmethod
+  def from_buffer(buffer: Buffer, shape: tuple[int, ...]) -> LazyBuffer:
+    out = LazyBuffer.loadop(Ops.EMPTY, shape, buffer.dtype, buffer.device)
+    out.buffer = buffer
+    return out
+  def const(self, value, shape: Optional[tuple[int, ...]] = None) -> LazyBuffer:
+    return LazyBuffer.const_of(value, self.dtype, self.device, self.shape if shape is None else shape)
+  def is_unrealized_const(self) -> bool: return self.base.op is Ops.CONST and self.base.buffer is None
+  def const_value(self): return self.base.arg
+
+  # ---- compute
+  def alu(self, op: Ops, *others: LazyBuffer) -> LazyBuffer:
+    """An elementwise op; every operand must already have this shape (broadcasting is the Tensor's job)."""
+    srcs = (self, *others)
+    for s in srcs:
+      if s.shape != self.shape: raise ValueError(f"{op.name}: operand shapes differ: {[x.shape for x in srcs]}")
+      if s.device != self.device: raise ValueError(f"{op.name}: operands on devices {[x.device for x in srcs]}")
+    if op is Ops.WHERE:
+      if srcs[0].dtype != dtypes.bool: raise TypeError(f"WHERE condition must be bool, got {srcs[0].dtype}")
+      out_dtype = srcs[1].dtype
+      value_dtypes = [srcs[1].dtype, srcs[2].dtype]
+    else:
+      out_dtype = dtypes.bool if op in COMPARISON else self.dtype
+      value_dtypes = [s.dtype for s in srcs]
+    if len(set(value_dtypes)) > 1: raise TypeError(f"{op.name}: operand dtypes differ: {value_dtypes}")
+    return LazyBuffer.loadop(op, self.shape, out_dtype, self.device, srcs=srcs)
+  def cast(self, dtype: DType, bitcast: bool = False) -> LazyBuffer:
+    if dtype == self.dtype: return self
+    if bitcast and dtype.itemsize != self.dtype.itemsize:
+      raise TypeError(f"bitcast needs equal item sizes: {self.dtype} → {dtype}")
+    return LazyBuffer.loadop(Ops.BITCAST if bitcast else Ops.CAST, self.shape, dtype, self.device, srcs=(self,))
+  def r(self, op: Ops, axes: tuple[int, ...]) -> LazyBuffer:
+    """Reduce over `axes` (ADD, MUL or MAX); reduced dims stay as size 1."""
+    if op not in REDUCE_OPS: raise ValueError(f"{op} is not a reduce op")
+    axes = tuple(sorted(set(axes)))
+    if any(not 0 <= a < len(self.shape) for a in axes): raise IndexError(f"reduce axes {axes} for shape {self.shape}")
+    if not axes: return self
+    new_shape = tuple(1 if i in axes else s for i, s in enumerate(self.shape))
+    return LazyBuffer.loadop(Ops.REDUCE_AXIS, new_shape, self.dtype, self.device, arg=(op, axes), srcs=(self,))
+  def contiguous(self) -> LazyBuffer:
+    if self.is_base and self.op is not Ops.CONST: return self
+    return LazyBuffer.loadop(Ops.CONTIGUOUS, self.shape, self.dtype, self.device, srcs=(self,))
+  def copy_to_device(self, device: str) -> LazyBuffer:
+    device = canonical_device(device)
+    if device == self.device: return self
+    return LazyBuffer.loadop(Ops.COPY, self.shape, self.dtype, device, srcs=(self,))
+  def assign(self, value: LazyBuffer) -> LazyBuffer:
+    """Write `value` into this (realized, base) buffer when realized; returns the new lazy value of the buffer."""
+    if value.shape != self.shape or value.dtype != self.dtype:
+      raise ValueError(f"assign of {value.shape} {value.dtype} into {self.shape} {self.dtype}")
+    return LazyBuffer.loadop(Ops.ASSIGN, self.shape, self.dtype, self.device, srcs=(self, value))
+
+  # ---- movement: new views, never copies
+  def _view(self, st: ShapeTracker) -> LazyBuffer:
+    if st.shape == self.base.shape and st.contiguous: return self.base
+    return LazyBuffer(self.device, st, self.dtype, base=self.base)
+  def reshape(self, shape: tuple[int, ...]) -> LazyBuffer:
+    if prod(shape) != self.size: raise ValueError(f"cannot reshape {self.shape} to {shape}")
+    return self if shape == self.shape else self._view(self.st.reshape(shape))
+  def permute(self, order: tuple[int, ...]) -> LazyBuffer:
+    return self if order == tuple(range(len(order))) else self._view(self.st.permute(order))
+  def expand(self, shape: tuple[int, ...]) -> LazyBuffer:
+    return self if shape == self.shape else self._view(self.st.expand(shape))
+  def pad(self, padding: tuple[tuple[int, int], ...]) -> LazyBuffer:
+    return self if all(p == (0, 0) for p in padding) else self._view(self.st.pad(padding))
+  def shrink(self, bounds: tuple[tuple[int, int], ...]) -> LazyBuffer:
+    return self if bounds == tuple((0, s) for s in self.shape) else self._view(self.st.shrink(bounds))
+  def flip(self, axes: tuple[bool, ...]) -> LazyBuffer:
+    return self if not any(axes) else self._view(self.st.flip(axes))
+  def stride(self, steps: tuple[int, ...]) -> LazyBuffer:
+    return self if all(s == 1 for s in steps) else self._view(self.st.stride(steps))
+
+def is_elementwise(lb: LazyBuffer) -> bool: return lb.op in ELEMENTWISE

@@ -1,0 +1,476 @@
+"""The one node type, UOp, its op set with exact semantics, and the pattern-rewrite engine.
+
+A `UOp(op, dtype, src, arg)` is immutable and hash-consed: building the same node twice returns the same object,
+so equality is identity and common subexpressions are shared. `uop.key` is a content hash that is stable across
+processes (the kernel-cache key). Integer UOps know their value range (`vmin`, `vmax`), which is what index
+simplification (`symbolic`) runs on. `graph_rewrite(root, PatternMatcher([...]))` rewrites a graph to a fixpoint.
+"""
+from __future__ import annotations
+import hashlib, math, struct, sys, weakref
+from enum import Enum, auto
+from typing import Any, Callable, Optional
+from tgrad.dtype import DType, dtypes
+
+sys.setrecursionlimit(max(sys.getrecursionlimit(), 20000))
+
+class Ops(Enum):
+  """Every op of every level. Semantics of the ALU ops (what `exec_alu` computes, and what renderers must emit):
+
+  EXP2, LOG2, SIN, SQRT: IEEE float functions. RECIP(x) = 1/x (RECIP(0) = inf). NEG(x) = -x. TRUNC rounds a float
+  toward zero. ADD, MUL: wrap around on integers (two's complement). FDIV: IEEE float division.
+  IDIV: integer division rounding toward zero (C); IDIV(x, 0) = 0. MOD: remainder with the sign of the dividend
+  (C `%`), so IDIV(a, b) * b + MOD(a, b) == a; MOD(x, 0) = 0. MAX: the larger value, NaN if either is NaN.
+  CMPLT (a < b) and CMPNE (a != b) return bool; any comparison with NaN is False except CMPNE, which is True.
+  AND, OR, XOR: bitwise on ints and bools. SHL, SHR: shifts by an amount in [0, bits); SHR is arithmetic for
+  signed, logical for unsigned. WHERE(c, a, b) = a if c else b. CAST converts value (float→int truncates; an
+  out-of-range float→int cast gives an unspecified value, never a fault); BITCAST reinterprets the bits.
+  """
+  # kernel AST and linear program structure
+  SINK = auto(); DEFINE_GLOBAL = auto(); DEFINE_LOCAL = auto(); DEFINE_ACC = auto(); DEFINE_VAR = auto()  # noqa: E702
+  SPECIAL = auto(); RANGE = auto(); ENDRANGE = auto(); IF = auto(); ENDIF = auto(); BARRIER = auto()  # noqa: E702
+  VIEW = auto(); LOAD = auto(); STORE = auto(); CONST = auto(); REDUCE_AXIS = auto(); ASSIGN = auto()  # noqa: E702
+  VECTORIZE = auto(); GEP = auto()  # noqa: E702
+  REDUCE = auto()   # linear level: src=(value, *ranges), arg=(reduce op, accumulator id); reads the accumulator
+  # lazy-graph ops that are not ALU
+  EMPTY = auto(); COPY = auto(); CONTIGUOUS = auto()  # noqa: E702
+  ARANGE = auto()   # a leaf whose value at flat position i of its buffer is i (AST: src=(VIEW,), masked → 0)
+  # unary ALU
+  EXP2 = auto(); LOG2 = auto(); SIN = auto(); SQRT = auto(); RECIP = auto(); NEG = auto(); TRUNC = auto()  # noqa: E702
+  CAST = auto(); BITCAST = auto()  # noqa: E702
+  # binary ALU
+  ADD = auto(); MUL = auto(); IDIV = auto(); FDIV = auto(); MOD = auto(); MAX = auto()  # noqa: E702
+  CMPLT = auto(); CMPNE = auto(); AND = auto(); OR = auto(); XOR = auto(); SHL = auto(); SHR = auto()  # noqa: E702
+  # ternary ALU
+  WHERE = auto()
+  def __repr__(self): return f"Ops.{self.name}"
+
+UNARY = {Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.SQRT, Ops.RECIP, Ops.NEG, Ops.TRUNC}
+BINARY = {Ops.ADD, Ops.MUL, Ops.IDIV, Ops.FDIV, Ops.MOD, Ops.MAX, Ops.CMPLT, Ops.CMPNE, Ops.AND, Ops.OR, Ops.XOR,
+          Ops.SHL, Ops.SHR}
+TERNARY = {Ops.WHERE}
+ALU = UNARY | BINARY | TERNARY
+ELEMENTWISE = ALU | {Ops.CAST, Ops.BITCAST}
+COMMUTATIVE = {Ops.ADD, Ops.MUL, Ops.MAX, Ops.CMPNE, Ops.AND, Ops.OR, Ops.XOR}
+COMPARISON = {Ops.CMPLT, Ops.CMPNE}
+REDUCE_OPS = {Ops.ADD, Ops.MUL, Ops.MAX}   # the reductions REDUCE_AXIS can do (its arg[0])
+
+# ---------------------------------------------------------------------------------------------------------------
+# exact semantics in Python: constant folding, and the oracle the rewrite fuzzers compare against
+
+def _wrap_int(x: int, dtype: DType) -> int:
+  bits = dtype.bits
+  x &= (1 << bits) - 1
+  return x - (1 << bits) if dtype.kind == 'i' and x >= (1 << (bits - 1)) else x
+
+def truncate_to(x, dtype: DType):
+  """A Python value as the dtype holds it: wrapped ints, rounded floats, bools."""
+  if dtype.is_bool: return bool(x)
+  if dtype.is_int:
+    if isinstance(x, float):
+      if not math.isfinite(x): return 0
+      x = int(x)
+    return _wrap_int(int(x), dtype)
+  if dtype == dtypes.float32: return struct.unpack("f", struct.pack("f", x))[0] if math.isfinite(x) and abs(x) < 3.5e38 else float(x) if not math.isfinite(x) else math.copysign(math.inf, x)
+  if dtype == dtypes.float16:
+    try: return struct.unpack("e", struct.pack("e", x))[0]
+    except OverflowError: return math.copysign(math.inf, x)
+  return float(x)
+
+def _c_idiv(a: int, b: int) -> int:
+  if b == 0: return 0
+  q = abs(a) // abs(b)
+  return q if (a >= 0) == (b >= 0) else -q
+
+def _c_mod(a: int, b: int) -> int: return 0 if b == 0 else a - _c_idiv(a, b) * b
+
+def _safe(fn, *args):
+  try: return fn(*args)
+  except (OverflowError, ValueError, ZeroDivisionError): return math.nan
+
+def _fdiv(a, b):
+  if b == 0: return math.nan if a == 0 or math.isnan(a) else math.copysign(math.inf, a) * math.copysign(1, b)
+  return a / b
+
+def _max(a, b):
+  if isinstance(a, float) and math.isnan(a): return a
+  if isinstance(b, float) and math.isnan(b): return b
+  return max(a, b)
+
+_PY_ALU: dict[Ops, Callable] = {
+  Ops.EXP2: lambda x: _safe(lambda v: 2.0 ** v if v < 1024 else math.inf, x),
+  Ops.LOG2: lambda x: -math.inf if x == 0 else math.nan if x < 0 or math.isnan(x) else _safe(math.log2, x),
+  Ops.SIN: lambda x: _safe(math.sin, x), Ops.SQRT: lambda x: math.sqrt(x) if x >= 0 else math.nan,
+  Ops.RECIP: lambda x: _fdiv(1.0, x), Ops.NEG: lambda x: -x,
+  Ops.TRUNC: lambda x: x if not math.isfinite(x) else float(math.trunc(x)),
+  Ops.ADD: lambda a, b: a + b, Ops.MUL: lambda a, b: a * b, Ops.FDIV: _fdiv, Ops.IDIV: _c_idiv, Ops.MOD: _c_mod,
+  Ops.MAX: _max, Ops.CMPLT: lambda a, b: a < b, Ops.CMPNE: lambda a, b: a != b,
+  Ops.AND: lambda a, b: a & b, Ops.OR: lambda a, b: a | b, Ops.XOR: lambda a, b: a ^ b,
+  Ops.SHL: lambda a, b: a << b, Ops.SHR: lambda a, b: a >> b, Ops.WHERE: lambda c, a, b: a if c else b,
+}
+
+def exec_alu(op: Ops, dtype: DType, operands: tuple):
+  """Evaluate one ALU op on Python values exactly as the kernels do; the result is truncated to `dtype`."""
+  if op is Ops.SHR and dtype.is_unsigned: return truncate_to(operands[0] >> operands[1], dtype)
+  return truncate_to(_PY_ALU[op](*operands), dtype)
+
+# ---------------------------------------------------------------------------------------------------------------
+# UOp
+
+def _arg_identity(arg):
+  """What makes two args the same for hash-consing: -0.0 differs from 0.0, NaN equals NaN, 1 differs from True."""
+  if isinstance(arg, float): return ("f", struct.pack("<d", arg))
+  if isinstance(arg, tuple): return tuple(_arg_identity(a) for a in arg)
+  if isinstance(arg, bool): return ("b", arg)
+  return arg
+
+def _stable_repr(arg) -> str:
+  if isinstance(arg, Enum): return f"{type(arg).__name__}.{arg.name}"
+  if isinstance(arg, float): return struct.pack("<d", arg).hex()
+  if isinstance(arg, tuple): return "(" + ",".join(_stable_repr(a) for a in arg) + ")"
+  return repr(arg)
+
+class UOp:
+  """An immutable, hash-consed node. Use the operators (+, *, //, %, .lt, .ne, .where, ...) to build index math."""
+  __slots__ = ("op", "dtype", "src", "arg", "_key", "_bounds", "__weakref__")
+  _interned: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+  op: Ops
+  dtype: DType
+  src: tuple[UOp, ...]
+  arg: Any
+
+  def __new__(cls, op: Ops, dtype: DType = dtypes.void, src: tuple[UOp, ...] = (), arg: Any = None):
+    identity = (op, dtype, src, _arg_identity(arg))
+    if (existing := UOp._interned.get(identity)) is not None: return existing
+    self = object.__new__(cls)
+    object.__setattr__(self, "op", op)
+    object.__setattr__(self, "dtype", dtype)
+    object.__setattr__(self, "src", src)
+    object.__setattr__(self, "arg", arg)
+    object.__setattr__(self, "_key", None)
+    object.__setattr__(self, "_bounds", None)
+    UOp._interned[identity] = self
+    return self
+  def __setattr__(self, name, value): raise AttributeError("UOp is immutable")
+  def __reduce__(self): return (UOp, (self.op, self.dtype, self.src, self.arg))
+  def __repr__(self):
+    return f"UOp({self.op}, {self.dtype}, arg={self.arg!r}, src=({', '.join(s.op.name for s in self.src)}))"
+
+  @property
+  def key(self) -> str:
+    """A sha256 over op, dtype, arg and the children's keys: stable across processes and Python hash seeds."""
+    if self._key is None:
+      h = hashlib.sha256(f"{self.op.name}|{self.dtype.name}|{_stable_repr(self.arg)}|".encode())
+      for s in self.src: h.update(s.key.encode())
+      object.__setattr__(self, "_key", h.hexdigest())
+    return self._key
+
+  # --- construction helpers
+  @staticmethod
+  def const(dtype: DType, value) -> UOp: return UOp(Ops.CONST, dtype, (), truncate_to(value, dtype))
+  @staticmethod
+  def variable(name: str, min_value: int, max_value: int, dtype: DType = dtypes.index) -> UOp:
+    return UOp(Ops.DEFINE_VAR, dtype, (), (name, min_value, max_value))
+  def _lift(self, x) -> UOp: return x if isinstance(x, UOp) else UOp.const(self.dtype, x)
+  def alu(self, op: Ops, *others) -> UOp:
+    srcs = (self, *(self._lift(o) for o in others))
+    out_dtype = dtypes.bool if op in COMPARISON else (srcs[1].dtype if op is Ops.WHERE else self.dtype)
+    return UOp(op, out_dtype, srcs)
+  def __add__(self, x): return self.alu(Ops.ADD, x)
+  def __radd__(self, x): return self._lift(x).alu(Ops.ADD, self)
+  def __mul__(self, x): return self.alu(Ops.MUL, x)
+  def __rmul__(self, x): return self._lift(x).alu(Ops.MUL, self)
+  def __neg__(self): return self.alu(Ops.NEG) if self.dtype.is_float else self * -1
+  def __sub__(self, x): return self + (-self._lift(x))
+  def __rsub__(self, x): return self._lift(x) + (-self)
+  def __floordiv__(self, x): return self.alu(Ops.IDIV, x)
+  def __mod__(self, x): return self.alu(Ops.MOD, x)
+  def __truediv__(self, x): return self.alu(Ops.FDIV, x)
+  def __and__(self, x): return self.alu(Ops.AND, x)
+  def __or__(self, x): return self.alu(Ops.OR, x)
+  def __xor__(self, x): return self.alu(Ops.XOR, x)
+  def lt(self, x) -> UOp: return self.alu(Ops.CMPLT, x)
+  def ne(self, x) -> UOp: return self.alu(Ops.CMPNE, x)
+  def eq(self, x) -> UOp: return self.ne(x).logical_not()
+  def logical_not(self) -> UOp: return self.alu(Ops.CMPNE, True)
+  def maximum(self, x) -> UOp: return self.alu(Ops.MAX, x)
+  def where(self, a, b) -> UOp:
+    a = a if isinstance(a, UOp) else (b.const_like(a) if isinstance(b, UOp) else UOp.const(dtypes.index, a))
+    return UOp(Ops.WHERE, a.dtype, (self, a, a._lift(b)))
+  def cast(self, dtype: DType) -> UOp: return self if dtype == self.dtype else UOp(Ops.CAST, dtype, (self,))
+  def const_like(self, value) -> UOp: return UOp.const(self.dtype, value)
+  def substitute(self, mapping: dict[UOp, UOp]) -> UOp:
+    memo: dict[UOp, UOp] = {}
+    def go(u: UOp) -> UOp:
+      if u in mapping: return mapping[u]
+      if u not in memo:
+        new_src = tuple(go(s) for s in u.src)
+        memo[u] = u if all(a is b for a, b in zip(new_src, u.src)) else UOp(u.op, u.dtype, new_src, u.arg)
+      return memo[u]
+    return go(self)
+
+  def toposort(self) -> list[UOp]:
+    """Every node below and including self, children before parents."""
+    order: list[UOp] = []
+    seen: set[int] = set()
+    stack: list[tuple[UOp, bool]] = [(self, False)]
+    while stack:
+      node, expanded = stack.pop()
+      if id(node) in seen: continue
+      if expanded:
+        seen.add(id(node))
+        order.append(node)
+        continue
+      stack.append((node, True))
+      stack.extend((s, False) for s in reversed(node.src) if id(s) not in seen)
+    return order
+
+  # --- value ranges
+  @property
+  def vmin(self): return self._range()[0]
+  @property
+  def vmax(self): return self._range()[1]
+  def _range(self) -> tuple:
+    if self._bounds is None: object.__setattr__(self, "_bounds", _compute_range(self))
+    return self._bounds
+
+  def render(self) -> str:
+    """A readable infix form of index math, for messages and tests."""
+    if self.op is Ops.CONST: return str(self.arg)
+    if self.op is Ops.DEFINE_VAR: return self.arg[0]
+    if self.op in (Ops.RANGE, Ops.SPECIAL): return str(self.arg[0]) if isinstance(self.arg, tuple) else f"r{self.arg}"
+    symbols = {Ops.ADD: "+", Ops.MUL: "*", Ops.IDIV: "//", Ops.MOD: "%", Ops.CMPLT: "<", Ops.CMPNE: "!=",
+               Ops.AND: "&", Ops.OR: "|", Ops.XOR: "^", Ops.FDIV: "/"}
+    if self.op in symbols: return f"({self.src[0].render()}{symbols[self.op]}{self.src[1].render()})"
+    if self.op is Ops.WHERE: return f"({self.src[0].render()}?{self.src[1].render()}:{self.src[2].render()})"
+    return f"{self.op.name.lower()}({', '.join(s.render() for s in self.src)})"
+
+def _dtype_range(dtype: DType) -> tuple:
+  if dtype.is_bool: return (False, True)
+  if dtype.is_int: return (dtypes.min(dtype), dtypes.max(dtype))
+  return (-math.inf, math.inf)
+
+def _compute_range(u: UOp) -> tuple:
+  if u.op is Ops.CONST: return (u.arg, u.arg)
+  if u.op is Ops.DEFINE_VAR: return (u.arg[1], u.arg[2])
+  if u.op is Ops.RANGE: return (u.src[0].vmin, u.src[1].vmax - 1)
+  if u.op is Ops.SPECIAL: return (0, u.arg[1] - 1)
+  if not (u.dtype.is_int or u.dtype.is_bool) or u.op not in ALU | {Ops.CAST}: return _dtype_range(u.dtype)
+  full = _dtype_range(u.dtype)
+  s = [x._range() for x in u.src]
+  def clamp(lo, hi): return (lo, hi) if full[0] <= lo and hi <= full[1] else full
+  if u.op is Ops.ADD: return clamp(s[0][0] + s[1][0], s[0][1] + s[1][1])
+  if u.op is Ops.MUL:
+    corners = [a * b for a in s[0] for b in s[1]]
+    return clamp(min(corners), max(corners))
+  if u.op is Ops.NEG: return clamp(-s[0][1], -s[0][0])
+  if u.op is Ops.IDIV and u.src[1].op is Ops.CONST and u.src[1].arg != 0:
+    corners = [_c_idiv(a, u.src[1].arg) for a in s[0]]
+    return (min(corners), max(corners))
+  if u.op is Ops.MOD and u.src[1].op is Ops.CONST and u.src[1].arg > 0:
+    c = u.src[1].arg
+    if s[0][0] >= 0: return (s[0][0], s[0][1]) if s[0][1] < c else (0, c - 1)
+    return (-(c - 1), c - 1)
+  if u.op is Ops.MAX: return (max(s[0][0], s[1][0]), max(s[0][1], s[1][1]))
+  if u.op is Ops.WHERE: return (min(s[1][0], s[2][0]), max(s[1][1], s[2][1]))
+  if u.op is Ops.CAST:
+    return s[0] if full[0] <= s[0][0] and s[0][1] <= full[1] and not u.src[0].dtype.is_float else full
+  if u.op is Ops.CMPLT and u.dtype.is_bool:
+    if s[0][1] < s[1][0]: return (True, True)
+    if s[0][0] >= s[1][1]: return (False, False)
+  if u.op is Ops.CMPNE and u.dtype.is_bool:
+    if s[0][1] < s[1][0] or s[1][1] < s[0][0]: return (True, True)
+    if s[0][0] == s[0][1] == s[1][0] == s[1][1]: return (False, False)
+  if u.op is Ops.AND and u.dtype.is_bool: return (s[0][0] and s[1][0], s[0][1] and s[1][1])
+  if u.op is Ops.OR and u.dtype.is_bool: return (s[0][0] or s[1][0], s[0][1] or s[1][1])
+  return full
+
+# ---------------------------------------------------------------------------------------------------------------
+# patterns
+
+class UPat:
+  """A pattern over UOps. `op`/`dtype` may be one value or a tuple of allowed ones; `src` is a tuple (in order),
+  a list (in any order, for commutative ops) or a single UPat every source must match; `name` captures the node.
+  A name used twice must capture the same node."""
+  __slots__ = ("op", "dtype", "src", "arg", "name")
+  def __init__(self, op=None, dtype=None, src=None, arg=None, name: Optional[str] = None):
+    self.op = (op,) if isinstance(op, Ops) else op
+    self.dtype = (dtype,) if isinstance(dtype, DType) else dtype
+    self.src, self.arg, self.name = src, arg, name
+  @staticmethod
+  def var(name: Optional[str] = None, dtype=None) -> UPat: return UPat(dtype=dtype, name=name)
+  @staticmethod
+  def cvar(name: Optional[str] = None, dtype=None) -> UPat: return UPat(Ops.CONST, dtype=dtype, name=name)
+
+  def match(self, u: UOp, captures: dict) -> bool:
+    if self.op is not None and u.op not in self.op: return False
+    if self.dtype is not None and u.dtype not in self.dtype: return False
+    if self.arg is not None and u.arg != self.arg: return False
+    if self.name is not None:
+      if (prev := captures.get(self.name)) is not None and prev is not u: return False
+    if self.src is not None:
+      if isinstance(self.src, UPat):
+        if not all(self.src.match(s, captures) for s in u.src): return False
+      elif isinstance(self.src, list):
+        if len(self.src) != len(u.src): return False
+        for order in ((0, 1), (1, 0)) if len(u.src) == 2 else ((tuple(range(len(u.src)))),):
+          trial = dict(captures)
+          if all(p.match(u.src[i], trial) for p, i in zip(self.src, order)):
+            captures.update(trial)
+            break
+        else: return False
+      else:
+        if len(self.src) != len(u.src) or not all(p.match(s, captures) for p, s in zip(self.src, u.src)): return False
+    if self.name is not None: captures[self.name] = u
+    return True
+
+class PatternMatcher:
+  """An ordered list of (UPat, fn) rules; fn gets the captures as keyword arguments and returns a UOp or None."""
+  def __init__(self, rules: list[tuple[UPat, Callable]]):
+    self.rules = rules
+    self.by_op: dict[Optional[Ops], list[tuple[UPat, Callable]]] = {}
+    for pat, fn in rules:
+      for op in (pat.op or (None,)): self.by_op.setdefault(op, []).append((pat, fn))
+  def __add__(self, other: PatternMatcher) -> PatternMatcher: return PatternMatcher(self.rules + other.rules)
+  def rewrite(self, u: UOp) -> Optional[UOp]:
+    for pat, fn in self.by_op.get(u.op, []) + self.by_op.get(None, []):
+      captures: dict = {}
+      if pat.match(u, captures):
+        out = fn(**{k: v for k, v in captures.items()})
+        if out is not None and out is not u: return out
+    return None
+
+def graph_rewrite(root: UOp, matcher: PatternMatcher) -> UOp:
+  """Rewrite children first, then apply the rules at each node until none matches (a fixpoint)."""
+  memo: dict[UOp, UOp] = {}
+  def rewrite(u: UOp) -> UOp:
+    if (done := memo.get(u)) is not None: return done
+    new_src = tuple(rewrite(s) for s in u.src)
+    node = u if all(a is b for a, b in zip(new_src, u.src)) else UOp(u.op, u.dtype, new_src, u.arg)
+    if (replacement := matcher.rewrite(node)) is not None: node = rewrite(replacement)
+    memo[u] = node
+    memo[node] = node
+    return node
+  return rewrite(root)
+
+# ---------------------------------------------------------------------------------------------------------------
+# symbolic: integer and boolean index simplification, every rule value-preserving (fuzzed in test_symbolic.py)
+
+def split_terms(x: UOp) -> tuple[dict[UOp, int], int]:
+  """x as Σ coefficient·term + constant, looking through ADD and MUL-by-constant."""
+  terms: dict[UOp, int] = {}
+  constant = 0
+  def walk(u: UOp, scale: int):
+    nonlocal constant
+    if u.op is Ops.CONST: constant += u.arg * scale
+    elif u.op is Ops.ADD: walk(u.src[0], scale); walk(u.src[1], scale)  # noqa: E702
+    elif u.op is Ops.MUL and u.src[1].op is Ops.CONST: walk(u.src[0], scale * u.src[1].arg)
+    elif u.op is Ops.MUL and u.src[0].op is Ops.CONST: walk(u.src[1], scale * u.src[0].arg)
+    else: terms[u] = terms.get(u, 0) + scale
+  walk(x, 1)
+  return {t: c for t, c in terms.items() if c != 0}, constant
+
+def build_sum(terms: dict[UOp, int], constant: int, dtype: DType) -> UOp:
+  out: Optional[UOp] = None
+  for term, coef in terms.items():
+    piece = term if coef == 1 else term * UOp.const(dtype, coef)
+    out = piece if out is None else out + piece
+  if out is None: return UOp.const(dtype, constant)
+  return out if constant == 0 else out + UOp.const(dtype, constant)
+
+def _fold_div_mod(x: UOp, c: UOp, is_mod: bool) -> Optional[UOp]:
+  """(Σ aᵢ·tᵢ + k) // c and % c for nonnegative x: move the multiples of c out; divide through by a common gcd."""
+  divisor = c.arg
+  if divisor <= 0 or x.vmin < 0: return None
+  terms, constant = split_terms(x)
+  if any(t.vmin < 0 for t in terms): return None
+  quotient = {t: a // divisor for t, a in terms.items() if a // divisor != 0}
+  remainder_terms = {t: a % divisor for t, a in terms.items() if a % divisor != 0}
+  remainder_const = constant % divisor
+  remainder = build_sum(remainder_terms, remainder_const, x.dtype)
+  if 0 <= remainder.vmin and remainder.vmax < divisor:
+    if is_mod: return remainder
+    return build_sum(quotient, constant // divisor, x.dtype)
+  if quotient and remainder.vmin >= 0:   # x = c·q + r with r >= 0, so x // c = q + r // c and x % c = r % c
+    if is_mod: return remainder % c
+    return build_sum(quotient, constant // divisor, x.dtype) + remainder // c
+  g = math.gcd(divisor, constant, *terms.values())
+  if g > 1 and not is_mod:
+    return build_sum({t: a // g for t, a in terms.items()}, constant // g, x.dtype) // UOp.const(x.dtype, divisor // g)
+  return None
+
+def _fold_const_alu(u: UOp) -> Optional[UOp]:
+  if all(s.op is Ops.CONST for s in u.src) and u.src:
+    try: return UOp.const(u.dtype, exec_alu(u.op, u.dtype, tuple(s.arg for s in u.src)))
+    except (TypeError, OverflowError): return None
+  return None
+
+def _collapse_range(u: UOp) -> Optional[UOp]:
+  """An int/bool ALU node whose range is a single value is that constant."""
+  if (u.dtype.is_int or u.dtype.is_bool) and u.op in ALU and u.vmin == u.vmax: return UOp.const(u.dtype, u.vmin)
+  return None
+
+def _combine_sum(u: UOp) -> Optional[UOp]:
+  """Normalize a sum: like terms combined, one constant at the end. Applied only when it changes the term count."""
+  terms, constant = split_terms(u)
+  n_leaves = 0
+  def count(v: UOp):
+    nonlocal n_leaves
+    if v.op is Ops.ADD: count(v.src[0]); count(v.src[1])  # noqa: E702
+    else: n_leaves += 1
+  count(u)
+  if n_leaves > len(terms) + (constant != 0): return build_sum(terms, constant, u.dtype)
+  if u.src[0].op is Ops.CONST and u.src[1].op is not Ops.CONST: return u.src[1] + u.src[0]
+  return None
+
+def _recombine_div_mod(u: UOp) -> Optional[UOp]:
+  """(x // c) * c + x % c == x for any x (C semantics keep this identity for negatives too)."""
+  terms, constant = split_terms(u)
+  for t, coef in terms.items():
+    if t.op is Ops.IDIV and t.src[1].op is Ops.CONST and coef == t.src[1].arg:
+      partner = t.src[0] % t.src[1]
+      if terms.get(partner) == 1:
+        rest = {k: v for k, v in terms.items() if k is not t and k is not partner}
+        rest[t.src[0]] = rest.get(t.src[0], 0) + 1
+        return build_sum({k: v for k, v in rest.items() if v != 0}, constant, u.dtype)
+  return None
+
+_INT = tuple(dt for dt in dtypes.all() if dt.is_int)
+_x, _y, _c1, _c2 = UPat.var("x"), UPat.var("y"), UPat.cvar("c1"), UPat.cvar("c2")
+
+symbolic = PatternMatcher([
+  # constants and ranges
+  (UPat(tuple(ALU), name="u"), _fold_const_alu),
+  (UPat(tuple(ALU), name="u"), _collapse_range),
+  # identities
+  (UPat(Ops.ADD, src=[_x, UPat(Ops.CONST, arg=0)]), lambda x: x),
+  (UPat(Ops.MUL, src=[_x, UPat(Ops.CONST, arg=1)]), lambda x: x),
+  (UPat(Ops.MUL, dtype=_INT, src=[_x, UPat(Ops.CONST, arg=0, name="z")]), lambda x, z: z),
+  (UPat(Ops.IDIV, src=(_x, UPat(Ops.CONST, arg=1))), lambda x: x),
+  (UPat(Ops.MOD, dtype=_INT, src=(_x, UPat(Ops.CONST, arg=1))), lambda x: x.const_like(0)),
+  (UPat(Ops.MUL, dtype=_INT, src=[UPat(Ops.MUL, src=[_x, _c1]), _c2]), lambda x, c1, c2: x * (c1.arg * c2.arg)),
+  # sums
+  (UPat(Ops.ADD, dtype=_INT, name="u"), _combine_sum),
+  (UPat(Ops.ADD, dtype=_INT, name="u"), _recombine_div_mod),
+  (UPat(Ops.MUL, dtype=_INT, src=[UPat(Ops.ADD, name="s"), _c1]),
+   lambda s, c1: s.src[0] * c1 + s.src[1] * c1 if s.src[1].op is Ops.CONST else None),
+  # division and modulo
+  (UPat(Ops.IDIV, dtype=_INT, src=(_x, _c1)), lambda x, c1: _fold_div_mod(x, c1, is_mod=False)),
+  (UPat(Ops.MOD, dtype=_INT, src=(_x, _c1)), lambda x, c1: _fold_div_mod(x, c1, is_mod=True)),
+  (UPat(Ops.MOD, src=(UPat(Ops.MOD, src=(_x, _c1)), _c2)),
+   lambda x, c1, c2: x % c2 if c2.arg > 0 and c1.arg % c2.arg == 0 else None),
+  (UPat(Ops.IDIV, src=(UPat(Ops.IDIV, src=(_x, _c1)), _c2)),
+   lambda x, c1, c2: x // (c1.arg * c2.arg) if c1.arg > 0 and c2.arg > 0 else None),
+  # booleans and selects
+  (UPat(Ops.AND, dtype=dtypes.bool, src=[_x, UPat(Ops.CONST, arg=True)]), lambda x: x),
+  (UPat(Ops.AND, dtype=dtypes.bool, src=[_x, UPat(Ops.CONST, arg=False, name="f")]), lambda x, f: f),
+  (UPat(Ops.OR, dtype=dtypes.bool, src=[_x, UPat(Ops.CONST, arg=False)]), lambda x: x),
+  (UPat(Ops.AND, src=(_x, _x)), lambda x: x),
+  (UPat(Ops.WHERE, src=(UPat(Ops.CONST, name="c"), _x, _y)), lambda c, x, y: x if c.arg else y),
+  (UPat(Ops.WHERE, src=(UPat.var(), _x, _x)), lambda x: x),
+  # x < c for a sum with a constant: move the constant over
+  (UPat(Ops.CMPLT, src=(UPat(Ops.ADD, src=[_x, _c1]), _c2)),
+   lambda x, c1, c2: x.lt(c2.arg - c1.arg) if x.dtype.is_int else None),
+  (UPat(Ops.MAX, src=[_x, _y]), lambda x, y: x if x.dtype.is_int and x.vmin >= y.vmax else None),
+])
+
+def simplify(u: UOp) -> UOp: return graph_rewrite(u, symbolic)

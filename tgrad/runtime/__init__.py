@@ -1,0 +1,1 @@
+"""Device runtimes, one file per device: each module's `create_device()` returns a `tgrad.device.Compiled`."""

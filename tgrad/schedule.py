@@ -1,0 +1,163 @@
+"""The scheduler: cuts a lazy graph into kernels. Input: the LazyBuffers to realize. Output: ScheduleItems.
+
+All fusion rules live here:
+  1. Elementwise ops never get a kernel of their own: they are inlined into every kernel that reads them (through
+     any view, padding included), so chains, reshapes, permutes and pads between elementwise ops cost nothing.
+  2. A reduce fuses with the elementwise ops that feed it, and with the elementwise consumers of its result when
+     they read it through a plain reshape (same element order, same size); several reduces over the same input
+     shape and axes share a kernel.
+  3. Everything else is realized (gets a buffer): kernel outputs, reduces read through an expand/permute/pad or
+     by a second reduce, COPY/EMPTY/CONTIGUOUS/ASSIGN results, and every realized input.
+A ScheduleItem holds a kernel AST (a SINK of STOREs over LOADs, CONSTs, ARANGEs, ALU and REDUCE_AXIS nodes, each
+memory op carrying a VIEW with its ShapeTracker) and the buffers it touches: outputs first, then inputs.
+"""
+from __future__ import annotations
+from dataclasses import dataclass
+from typing import Optional
+from tgrad.dtype import dtypes
+from tgrad.ops import UOp, Ops, ELEMENTWISE, REDUCE_OPS
+from tgrad.lazy import LazyBuffer
+from tgrad.shape.shapetracker import ShapeTracker
+from tgrad.helpers import prod
+
+REALIZED_OPS = {Ops.COPY, Ops.EMPTY, Ops.CONTIGUOUS, Ops.ASSIGN}
+
+@dataclass(frozen=True)
+class ScheduleItem:
+  """One step: a kernel (`ast.op is SINK`), a copy (`ast.op is COPY`) or an allocation (`ast.op is EMPTY`).
+  `outputs` and `inputs` are base LazyBuffers; DEFINE_GLOBAL i in the AST is (outputs + inputs)[i]."""
+  ast: UOp
+  outputs: tuple[LazyBuffer, ...]
+  inputs: tuple[LazyBuffer, ...]
+  @property
+  def buffers(self) -> tuple[LazyBuffer, ...]: return self.outputs + self.inputs
+
+class _Refuse(Exception):
+  """Raised while building a kernel when a reduce can't be fused: the reduce gets realized and the build retried."""
+  def __init__(self, base: LazyBuffer): self.base = base
+
+class _Reshape(Exception):
+  """Raised when the kernel must index in the shape of a fused reduce's output rather than its own."""
+  def __init__(self, shape: tuple[int, ...]): self.shape = shape
+
+def identity_of_reduce(op: Ops, dtype) -> object:
+  return {Ops.ADD: 0, Ops.MUL: 1, Ops.MAX: dtypes.min(dtype)}[op]
+
+class _KernelBuilder:
+  """Builds one kernel's AST for `output`, reading realized bases (and bases in `realize_set`) as LOADs."""
+  def __init__(self, output: LazyBuffer, realize_set: set[LazyBuffer], kernel_shape: tuple[int, ...]):
+    self.output, self.realize_set, self.kernel_shape = output, realize_set, kernel_shape
+    self.inputs: list[LazyBuffer] = []
+    self.reduce_signature: Optional[tuple] = None   # (input shape, axes) of the fused reduce(s)
+    self.memo: dict[tuple[LazyBuffer, ShapeTracker], UOp] = {}
+
+  def global_for(self, base: LazyBuffer) -> UOp:
+    assign_target = self.output.srcs[0].base if self.output.op is Ops.ASSIGN else None
+    if base is self.output.base or base is assign_target: index = 0
+    else:
+      if base not in self.inputs: self.inputs.append(base)
+      index = 1 + self.inputs.index(base)
+    return UOp(Ops.DEFINE_GLOBAL, base.dtype, (), index)
+
+  def build(self, lb: LazyBuffer, st: ShapeTracker, in_reduce: bool) -> UOp:
+    if not lb.is_base: return self.build(lb.base, lb.st + st, in_reduce)
+    key = (lb, st)
+    if key in self.memo: return self.memo[key]
+    view = UOp(Ops.VIEW, dtypes.void, (), st)
+    if lb.buffer is not None or (lb in self.realize_set and lb is not self.output):
+      out = UOp(Ops.LOAD, lb.dtype, (self.global_for(lb), view))
+    elif lb.op is Ops.CONST: out = UOp(Ops.CONST, lb.dtype, (view,), lb.arg)
+    elif lb.op is Ops.ARANGE: out = UOp(Ops.ARANGE, lb.dtype, (view,))
+    elif lb.op in ELEMENTWISE: out = UOp(lb.op, lb.dtype, tuple(self.build(s, st, in_reduce) for s in lb.srcs))
+    elif lb.op is Ops.REDUCE_AXIS: out = self.build_reduce(lb, st, in_reduce)
+    elif lb.op in (Ops.CONTIGUOUS, Ops.ASSIGN) and lb is self.output:
+      out = self.build(lb.srcs[-1], st, in_reduce)
+    else: raise _Refuse(lb)   # a COPY/EMPTY/... that is not realized yet: realize it first
+    self.memo[key] = out
+    return out
+
+  def build_reduce(self, lb: LazyBuffer, st: ShapeTracker, in_reduce: bool) -> UOp:
+    source = lb.srcs[0]
+    op, axes = lb.arg
+    signature = (source.shape, axes)
+    plain = st.contiguous and st.size == prod(lb.shape)
+    if in_reduce or not plain or (self.reduce_signature not in (None, signature)): raise _Refuse(lb)
+    if st.shape != lb.shape:
+      if self.reduce_signature is None: raise _Reshape(lb.shape)
+      raise _Refuse(lb)
+    self.reduce_signature = signature
+    if prod(source.shape) == 0: return UOp(Ops.CONST, lb.dtype, (UOp(Ops.VIEW, dtypes.void, (), st),),
+                                           identity_of_reduce(op, lb.dtype))
+    inner = self.build(source, ShapeTracker.from_shape(source.shape), in_reduce=True)
+    return UOp(Ops.REDUCE_AXIS, lb.dtype, (inner,), (op, axes))
+
+def _kernel_ast(output: LazyBuffer, realize_set: set[LazyBuffer]) -> tuple[UOp, list[LazyBuffer]]:
+  kernel_shape = output.shape
+  while True:
+    builder = _KernelBuilder(output, realize_set, kernel_shape)
+    store_st = ShapeTracker.from_shape(output.shape).reshape(kernel_shape)
+    try:
+      value = builder.build(output, store_st, in_reduce=False)
+    except _Reshape as r:
+      kernel_shape = r.shape
+      continue
+    if output.op is Ops.ASSIGN: _check_assign_hazard(output, value, realize_set)
+    store = UOp(Ops.STORE, dtypes.void, (builder.global_for(output), UOp(Ops.VIEW, dtypes.void, (), store_st), value))
+    return UOp(Ops.SINK, dtypes.void, (store,)), builder.inputs
+
+def _check_assign_hazard(output: LazyBuffer, value: UOp, realize_set: set[LazyBuffer]) -> None:
+  """An assign whose value reads the target through another view must compute the value into its own buffer."""
+  target_index = 0
+  for u in value.toposort():
+    if u.op is Ops.LOAD and u.src[0].arg == target_index and not u.src[1].arg.contiguous:
+      raise _Refuse(output.srcs[1].base)
+
+def _walk_bases(roots: list[LazyBuffer]) -> list[LazyBuffer]:
+  """All unrealized bases reachable from roots, sources before users."""
+  order: list[LazyBuffer] = []
+  seen: set[int] = set()
+  stack = [(r.base, False) for r in roots]
+  while stack:
+    lb, expanded = stack.pop()
+    if id(lb) in seen: continue
+    if expanded or lb.buffer is not None:
+      seen.add(id(lb))
+      order.append(lb)
+      continue
+    stack.append((lb, True))
+    stack.extend((s.base, False) for s in lb.srcs if id(s.base) not in seen)
+  return [lb for lb in order if lb.buffer is None]
+
+def create_schedule(outs: list[LazyBuffer]) -> list[ScheduleItem]:
+  """Decide which bases are realized, then build one ScheduleItem per realized base, dependencies first."""
+  outs = [o.base for o in outs if o.base.buffer is None]
+  bases = _walk_bases(outs)
+  realize_set: set[LazyBuffer] = set(outs) | {b for b in bases if b.op in REALIZED_OPS}
+  for b in bases:
+    if b.op is Ops.COPY or b.op is Ops.ASSIGN: realize_set.update(s.base for s in b.srcs if s.base.buffer is None)
+  asts: dict[LazyBuffer, tuple[UOp, list[LazyBuffer]]] = {}
+  changed = True
+  while changed:   # building a kernel may refuse a reduce: realize it and build again until stable
+    changed = False
+    for b in [b for b in bases if b in realize_set and b not in asts]:
+      if b.op in (Ops.COPY, Ops.EMPTY): continue
+      try:
+        asts[b] = _kernel_ast(b, realize_set)
+      except _Refuse as refused:
+        realize_set.add(refused.base)
+        asts.clear()
+        changed = True
+        break
+  items: list[ScheduleItem] = []
+  for b in bases:   # `bases` is already in dependency order
+    if b not in realize_set: continue
+    if b.op is Ops.COPY:
+      items.append(ScheduleItem(UOp(Ops.COPY, b.dtype, (), None), (b,), tuple(s.base for s in b.srcs)))
+    elif b.op is Ops.EMPTY: items.append(ScheduleItem(UOp(Ops.EMPTY, b.dtype), (b,), ()))
+    elif prod(b.shape) == 0: items.append(ScheduleItem(UOp(Ops.EMPTY, b.dtype), (b,), ()))
+    else:
+      ast, inputs = asts[b]
+      items.append(ScheduleItem(ast, (b,), tuple(inputs)))
+  return items
+
+__all__ = ["ScheduleItem", "create_schedule", "REDUCE_OPS"]

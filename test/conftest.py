@@ -1,10 +1,13 @@
 """Test-wide setup: a private kernel cache per test session, and skipping of GPU tests on machines without one.
 
 Tests marked `gpu` run only when pycuda imports and a CUDA context opens on device 0. TGRAD_CACHE points into pytest's
-temporary directory (one per xdist worker), so no test reads or writes ~/.cache/tgrad.
+temporary directory (one per xdist worker), so no test reads or writes ~/.cache/tgrad or the user's TGRAD_CACHE.
 """
-import functools
+import functools, os, shutil, tempfile
 import pytest
+
+_saved_env: dict[str, str | None] = {}
+_collection_cache_dir = ""
 
 @functools.cache
 def cuda_usable() -> bool:
@@ -17,6 +20,18 @@ def cuda_usable() -> bool:
     return True
   except Exception:  # no pycuda, no driver, no device: every way of failing means the same thing here
     return False
+
+def pytest_configure(config):
+  # code that runs while test modules are imported (before any fixture) gets a throwaway cache too
+  global _collection_cache_dir
+  _collection_cache_dir = tempfile.mkdtemp(prefix="tgrad-collect-")
+  _saved_env["TGRAD_CACHE"] = os.environ.get("TGRAD_CACHE")
+  os.environ["TGRAD_CACHE"] = os.path.join(_collection_cache_dir, "cache.db")
+
+def pytest_unconfigure(config):
+  if (saved := _saved_env.pop("TGRAD_CACHE", None)) is None: os.environ.pop("TGRAD_CACHE", None)
+  else: os.environ["TGRAD_CACHE"] = saved
+  if _collection_cache_dir: shutil.rmtree(_collection_cache_dir, ignore_errors=True)
 
 def pytest_collection_modifyitems(config, items):
   gpu_items = [item for item in items if item.get_closest_marker("gpu") is not None]

@@ -36,7 +36,7 @@ class Opt:
   def from_json(x: list) -> Opt: return Opt(OptOps[x[0]], x[1], x[2])
 
 MEMORY_OPS = (Ops.LOAD, Ops.STORE, Ops.CONST, Ops.ARANGE)
-MAX_UPCAST = 64   # largest product of upcast/unroll amounts: more unrolled code than this only bloats
+MAX_UPCAST = 256   # largest product of upcast/unroll amounts: more unrolled code only bloats compile time
 
 class Kernel:
   def __init__(self, ast: UOp, renderer):

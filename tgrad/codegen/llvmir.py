@@ -11,7 +11,11 @@ from tgrad.dtype import DType, dtypes
 from tgrad.ops import UOp, Ops
 from tgrad.codegen.renderer import Renderer
 
-REDUCE_FAST_MATH = ("reassoc", "nsz")   # lets the vectorizer reorder a float accumulation, as numpy's pairwise sum does
+# Lets the loop vectorizer reorder a single float accumulation (a sum over a long axis), as numpy's pairwise sum
+# does. With several accumulators (an upcast output tile, e.g. matmul) the tile itself is the vector: reordering the
+# reduce loop would only add horizontal sums.
+REDUCE_FAST_MATH = ("reassoc", "nsz")
+FUSE_MULTIPLY_ADD = ("contract",)   # a*b+c may become one fma: one rounding instead of two, twice the throughput
 _INTRINSICS = {Ops.EXP2: "llvm.exp2", Ops.LOG2: "llvm.log2", Ops.SIN: "llvm.sin", Ops.SQRT: "llvm.sqrt",
                Ops.TRUNC: "llvm.trunc"}
 _I1, _I8, _I16, _I32, _I64 = ir.IntType(1), ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
@@ -45,6 +49,7 @@ class _FunctionBuilder:
     self.values: dict[UOp, ir.Value] = {}
     self.accs: dict[int, ir.Value] = {}
     self.loops: dict[UOp, ir.Block] = {}
+    self.reorder_reduce = sum(1 for u in uops if u.op is Ops.DEFINE_ACC) == 1
 
   def build(self) -> str:
     for u in self.uops: self.emit(u)
@@ -118,8 +123,8 @@ class _FunctionBuilder:
     srcs = [self.value(s) for s in u.src]
     dt = u.src[-1].dtype if u.op is Ops.WHERE else u.src[0].dtype
     is_float = dt.is_float
-    reduce_update = u.op in (Ops.ADD, Ops.MUL) and u.src[0].op is Ops.DEFINE_ACC
-    flags = REDUCE_FAST_MATH if reduce_update else ()
+    reduce_update = self.reorder_reduce and u.op in (Ops.ADD, Ops.MUL) and u.src[0].op is Ops.DEFINE_ACC
+    flags = REDUCE_FAST_MATH + FUSE_MULTIPLY_ADD if reduce_update else FUSE_MULTIPLY_ADD
     if u.op in _INTRINSICS:
       compute_type = ir.FloatType() if dt == dtypes.float16 else register_type(dt)
       x = b.fpext(srcs[0], compute_type) if dt == dtypes.float16 else srcs[0]

@@ -26,8 +26,8 @@ class LLVMAllocator(Allocator):
   def copyout(self, dst: memoryview, handle: np.ndarray) -> None:
     np.frombuffer(dst, dtype=np.uint8)[:] = handle[:len(dst)]
 
-@functools.cache
 def host_target_machine() -> llvm.TargetMachine:
+  """A new TargetMachine for the host CPU (an MCJIT engine takes ownership of the one it is given)."""
   llvm.initialize_native_target()
   llvm.initialize_native_asmprinter()
   target = llvm.Target.from_triple(llvm.get_process_triple())
@@ -37,9 +37,10 @@ def host_target_machine() -> llvm.TargetMachine:
 class LLVMCompiler(Compiler):
   def __init__(self):
     features = hashlib.sha256(llvm.get_host_cpu_features().flatten().encode()).hexdigest()[:16]
+    self.target_machine = host_target_machine()
     self.cache_key = f"llvm-{llvmlite.__version__}-{llvm.get_host_cpu_name()}-{features}-O{OPT_LEVEL}"
   def compile(self, src: str) -> bytes:
-    tm = host_target_machine()
+    tm = self.target_machine
     module = llvm.parse_assembly(src)
     module.triple = llvm.get_process_triple()
     module.verify()

@@ -1,0 +1,218 @@
+"""The UOp simplifier (`symbolic`, `simplify`) must preserve value: random int/bool index expressions are evaluated
+before and after simplification at every combination of leaf values (exec_alu semantics), and every node's value
+must lie in its [vmin, vmax]. sympy is the algebra oracle for linear expressions and for // and % of nonnegative
+operands. Targeted tests check the simplifications the shape layer relies on.
+"""
+import itertools, random
+import pytest
+import sympy
+from tgrad.dtype import dtypes
+from tgrad.ops import Ops, UOp, exec_alu, simplify
+
+INDEX = dtypes.index
+SEED = 1234
+N_RANDOM_EXPRESSIONS = 1500
+N_SYMPY_LINEAR = 300
+N_SYMPY_DIVMOD = 40
+MAX_DEPTH = 5
+MAX_LEAVES = 3
+
+def rng_range(lo: int, hi: int, axis: int) -> UOp:
+  """A loop index running over [lo, hi)."""
+  return UOp(Ops.RANGE, INDEX, (UOp.const(INDEX, lo), UOp.const(INDEX, hi)), arg=axis)
+
+def leaves_of(u: UOp) -> list[UOp]: return [n for n in u.toposort() if n.op in (Ops.RANGE, Ops.DEFINE_VAR)]
+
+def leaf_values(leaf: UOp) -> range: return range(leaf.vmin, leaf.vmax + 1)
+
+def evaluate(u: UOp, env: dict):
+  """u's value with leaves bound by env, node by node with exec_alu; checks every node lies in [vmin, vmax]."""
+  values: dict = {}
+  for node in u.toposort():
+    if node in env: value = env[node]
+    elif node.op is Ops.CONST: value = node.arg
+    else: value = exec_alu(node.op, node.dtype, tuple(values[s] for s in node.src))
+    assert node.vmin <= value <= node.vmax, f"{node.render()} = {value} outside [{node.vmin}, {node.vmax}] at {env}"
+    values[node] = value
+  return values[u]
+
+def assert_same_function(original: UOp, simplified: UOp, context: str = ""):
+  leaves = leaves_of(original)
+  assert set(leaves_of(simplified)) <= set(leaves), f"{context}: new leaves in {simplified.render()}"
+  assert simplified.dtype == original.dtype
+  for combo in itertools.product(*(leaf_values(leaf) for leaf in leaves)):
+    env = dict(zip(leaves, combo))
+    before, after = evaluate(original, env), evaluate(simplified, env)
+    assert before == after, (f"{context}: {original.render()} = {before} but simplified {simplified.render()} = "
+                             f"{after} at {({leaf.render(): v for leaf, v in env.items()})}")
+
+# ---------------------------------------------------------------------------------------------------------------
+# random expressions
+
+class ExpressionGenerator:
+  """Random int and bool index expressions over a few leaves with small ranges (some negative)."""
+  def __init__(self, rng: random.Random):
+    self.rng = rng
+    self.leaves = [self._leaf(k) for k in range(rng.randint(1, MAX_LEAVES))]
+
+  def _leaf(self, k: int) -> UOp:
+    if self.rng.random() < 0.5:
+      lo = self.rng.choice((0, 0, 0, 1, 2))
+      return rng_range(lo, lo + self.rng.randint(1, 8), k)
+    lo = self.rng.randint(-8, 4)
+    return UOp.variable(f"v{k}", lo, lo + self.rng.randint(0, 7))
+
+  def const(self) -> UOp: return UOp.const(INDEX, self.rng.randint(-10, 12))
+  def divisor(self) -> int: return self.rng.choice((1, 2, 2, 3, 3, 4, 4, 5, 6, 8, 16, -1, -2, -3, -4, 0))
+
+  def int_expr(self, depth: int) -> UOp:
+    rng = self.rng
+    if depth == 0 or rng.random() < 0.1: return rng.choice(self.leaves) if rng.random() < 0.85 else self.const()
+    a = self.int_expr(depth - 1)
+    kind = rng.choice(("add", "add", "sub", "mul_const", "mul_const", "mul", "idiv", "idiv", "mod", "mod", "max",
+                       "where", "neg", "add_const"))
+    if kind == "add": return a + self.int_expr(depth - 1)
+    if kind == "sub": return a - self.int_expr(depth - 1)
+    if kind == "add_const": return a + rng.randint(-12, 12)
+    if kind == "mul_const": return a * rng.choice((2, 3, 4, 8, -1, -2, 5, 0, 1))
+    if kind == "mul": return a * self.int_expr(depth - 1)
+    if kind == "idiv": return a // self.divisor()
+    if kind == "mod": return a % self.divisor()
+    if kind == "max": return a.maximum(self.int_expr(depth - 1))
+    if kind == "where": return self.bool_expr(depth - 1).where(a, self.int_expr(depth - 1))
+    return a.alu(Ops.NEG)
+
+  def bool_expr(self, depth: int) -> UOp:
+    rng = self.rng
+    if depth <= 0: return UOp.const(dtypes.bool, rng.random() < 0.5)
+    kind = rng.choice(("lt", "lt", "lt_const", "const_lt", "ne", "and", "or", "not"))
+    if kind == "lt": return self.int_expr(depth - 1).lt(self.int_expr(depth - 1))
+    if kind == "lt_const": return self.int_expr(depth - 1).lt(rng.randint(-8, 12))
+    if kind == "const_lt": return UOp.const(INDEX, rng.randint(-8, 12)).lt(self.int_expr(depth - 1))
+    if kind == "ne": return self.int_expr(depth - 1).ne(self.int_expr(depth - 1) if rng.random() < 0.5 else self.const())
+    if kind == "and": return self.bool_expr(depth - 1) & self.bool_expr(depth - 1)
+    if kind == "or": return self.bool_expr(depth - 1) | self.bool_expr(depth - 1)
+    return self.bool_expr(depth - 1).logical_not()
+
+  def expr(self) -> UOp:
+    depth = self.rng.randint(2, MAX_DEPTH)
+    return self.bool_expr(depth) if self.rng.random() < 0.3 else self.int_expr(depth)
+
+def test_random_expressions_keep_their_value():
+  for n in range(N_RANDOM_EXPRESSIONS):
+    rng = random.Random(SEED * 100_003 + n)
+    expression = ExpressionGenerator(rng).expr()
+    assert_same_function(expression, simplify(expression), f"seed {SEED * 100_003 + n}")
+
+def test_simplify_is_idempotent_on_random_expressions():
+  for n in range(N_RANDOM_EXPRESSIONS // 5):
+    expression = ExpressionGenerator(random.Random(SEED + n)).expr()
+    once = simplify(expression)
+    assert simplify(once) is once, f"{expression.render()} -> {once.render()} -> {simplify(once).render()}"
+
+# ---------------------------------------------------------------------------------------------------------------
+# sympy as the oracle
+
+def to_sympy(u: UOp, symbols: dict):
+  """u as a sympy expression; // and % only for nonnegative dividends and positive divisors (floor semantics)."""
+  if u.op is Ops.CONST: return sympy.Integer(u.arg)
+  if u.op in (Ops.RANGE, Ops.DEFINE_VAR): return symbols[u]
+  args = [to_sympy(s, symbols) for s in u.src]
+  if u.op is Ops.ADD: return args[0] + args[1]
+  if u.op is Ops.MUL: return args[0] * args[1]
+  if u.op is Ops.NEG: return -args[0]
+  if u.op in (Ops.IDIV, Ops.MOD):
+    assert u.src[0].vmin >= 0 and u.src[1].op is Ops.CONST and u.src[1].arg > 0, f"not floor-safe: {u.render()}"
+    return sympy.floor(args[0] / args[1]) if u.op is Ops.IDIV else sympy.Mod(args[0], args[1])
+  raise NotImplementedError(u.op)
+
+def _symbols(leaves: list[UOp]) -> dict:
+  return {leaf: sympy.Symbol(f"s{k}", integer=True, nonnegative=leaf.vmin >= 0) for k, leaf in enumerate(leaves)}
+
+def _linear_expr(rng: random.Random, leaves: list[UOp], depth: int) -> UOp:
+  if depth == 0 or rng.random() < 0.25: return rng.choice(leaves) if rng.random() < 0.8 else UOp.const(INDEX, rng.randint(-9, 9))
+  a, b = _linear_expr(rng, leaves, depth - 1), _linear_expr(rng, leaves, depth - 1)
+  kind = rng.choice(("add", "sub", "scale", "scale_sum"))
+  if kind == "add": return a + b
+  if kind == "sub": return a - b
+  if kind == "scale": return a * rng.randint(-5, 5)
+  return (a + b) * rng.randint(-4, 4)
+
+def test_linear_expressions_match_sympy():
+  for n in range(N_SYMPY_LINEAR):
+    rng = random.Random(SEED + n)
+    leaves = ExpressionGenerator(rng).leaves
+    expression = _linear_expr(rng, leaves, rng.randint(1, 5))
+    simplified = simplify(expression)
+    symbols = _symbols(leaves)
+    difference = sympy.expand(to_sympy(expression, symbols) - to_sympy(simplified, symbols))
+    assert difference == 0, f"{expression.render()} -> {simplified.render()}: differs by {difference}"
+    # a linear expression simplifies to a flat sum: each leaf at most once, at most one constant
+    counts = [n_.op for n_ in simplified.toposort()]
+    assert counts.count(Ops.CONST) <= len(leaves) + 1 and counts.count(Ops.ADD) <= len(leaves), simplified.render()
+
+def _nonnegative_divmod_expr(rng: random.Random, leaves: list[UOp], depth: int) -> UOp:
+  if depth == 0 or rng.random() < 0.25: return rng.choice(leaves) if rng.random() < 0.8 else UOp.const(INDEX, rng.randint(0, 9))
+  a = _nonnegative_divmod_expr(rng, leaves, depth - 1)
+  kind = rng.choice(("add", "scale", "idiv", "mod"))
+  if kind == "add": return a + _nonnegative_divmod_expr(rng, leaves, depth - 1)
+  if kind == "scale": return a * rng.randint(1, 8)
+  return a // rng.randint(1, 9) if kind == "idiv" else a % rng.randint(1, 9)
+
+def test_nonnegative_div_mod_match_sympy():
+  for n in range(N_SYMPY_DIVMOD):
+    rng = random.Random(SEED + n)
+    leaves = [rng_range(0, rng.randint(1, 12), k) for k in range(rng.randint(1, 2))]
+    expression = _nonnegative_divmod_expr(rng, leaves, rng.randint(2, 4))
+    simplified = simplify(expression)
+    symbols = _symbols(leaves)
+    oracle = to_sympy(expression, symbols)
+    for combo in itertools.product(*(leaf_values(leaf) for leaf in leaves)):
+      expected = int(oracle.subs({symbols[leaf]: v for leaf, v in zip(leaves, combo)}))
+      assert evaluate(simplified, dict(zip(leaves, combo))) == expected, f"{expression.render()} at {combo}"
+
+# ---------------------------------------------------------------------------------------------------------------
+# targeted simplifications
+
+i, j, k = rng_range(0, 4, 0), rng_range(0, 8, 1), rng_range(0, 3, 2)
+x = UOp.variable("x", -20, 20)
+n = UOp.variable("n", 0, 100)
+
+@pytest.mark.parametrize("expression,expected", [
+  (lambda: ((i * 8 + j) // 8) % 4, lambda: i),
+  (lambda: (i * 8 + j) % 8, lambda: j),
+  (lambda: (j * 4 + i) // 4, lambda: j),
+  (lambda: (x // 5) * 5 + x % 5, lambda: x),
+  (lambda: (n // 7) * 7 + n % 7, lambda: n),
+  (lambda: (i * 6) // 3, lambda: i * 2),
+  (lambda: (n // 4) // 2, lambda: n // 8),
+  (lambda: (n % 8) % 4, lambda: n % 4),
+  (lambda: i.lt(10), lambda: UOp.const(dtypes.bool, True)),
+  (lambda: i.lt(0), lambda: UOp.const(dtypes.bool, False)),
+  (lambda: UOp.const(INDEX, 3).lt(i), lambda: UOp.const(dtypes.bool, False)),
+  (lambda: x.ne(100), lambda: UOp.const(dtypes.bool, True)),
+  (lambda: (i + 2).lt(3), lambda: i.lt(1)),
+  (lambda: i.maximum(0), lambda: i),
+  (lambda: (x + 3) * 2 + x, lambda: x * 3 + 6),
+  (lambda: x * 0, lambda: UOp.const(INDEX, 0)),
+  (lambda: x // 1, lambda: x),
+  (lambda: x % 1, lambda: UOp.const(INDEX, 0)),
+  (lambda: UOp.const(INDEX, -7) // 2, lambda: UOp.const(INDEX, -3)),   # C: rounds toward zero
+  (lambda: UOp.const(INDEX, -7) % 2, lambda: UOp.const(INDEX, -1)),    # C: sign of the dividend
+  (lambda: UOp.const(dtypes.bool, True).where(i, j), lambda: i),
+  (lambda: (i.lt(2) & UOp.const(dtypes.bool, True)), lambda: i.lt(2)),
+  (lambda: k % 3, lambda: k),
+  (lambda: (i * 8 + j - 8 * i), lambda: j),
+])
+def test_targeted(expression, expected):
+  assert simplify(expression()) is expected(), simplify(expression()).render()
+
+def test_rules_respect_division_by_zero_semantics():
+  # IDIV(x, 0) = 0 and MOD(x, 0) = 0 by definition; no rule may assume a nonzero divisor it did not check
+  for expression in ((n % 0) % 4, (x % 0) % 2, (n // 0) // 3, (n // 3) // 0, (n * 0) // 5, x % 0 + (x // 0) * 0):
+    assert_same_function(expression, simplify(expression), expression.render())
+
+def test_rules_respect_int32_wraparound():
+  big, low = UOp.variable("big", 2 ** 30, 2 ** 30 + 3), UOp.variable("low", -2 ** 31, -2 ** 31 + 3)
+  for expression in ((big + 2 ** 30).lt(0), (low // 65536) // 32768, (big * 4) // 4, (low // -1).lt(0)):
+    assert_same_function(expression, simplify(expression), expression.render())

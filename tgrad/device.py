@@ -29,6 +29,9 @@ class Allocator:
   def copyin(self, handle: Any, src: memoryview) -> None: raise NotImplementedError
   def copyout(self, dst: memoryview, handle: Any) -> None: raise NotImplementedError
 
+class CompileError(Exception):
+  """A compiler rejected a kernel's source; the message holds the numbered source and the compiler's log."""
+
 class Compiler:
   """Source text → binary bytes. `cache_key` names the target and flags; compiled bytes are cached on disk."""
   cache_key: str = ""

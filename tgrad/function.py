@@ -32,7 +32,7 @@ class Function:
     """Run forward on the inputs' lazydata; record the op for backward when a gradient is wanted."""
     from tgrad.tensor import Tensor
     ctx = cls(inputs[0].device, *inputs)
-    out = Tensor(ctx.forward(*[t.lazydata for t in inputs], **kwargs), device=ctx.device, requires_grad=ctx.requires_grad)
+    out = Tensor(ctx.forward(*[t.lazydata for t in inputs], **kwargs), requires_grad=ctx.requires_grad)
     if ctx.requires_grad and Tensor.grad_enabled: out._ctx = ctx
     return out
 
@@ -97,6 +97,16 @@ class Sin(Function):
   def backward(self, grad_output: LazyBuffer) -> LazyBuffer:   # d sin(x) = cos(x) = sin(π/2 − x)
     cos = self.x.const(math.pi / 2).alu(Ops.ADD, self.x.alu(Ops.NEG)).alu(Ops.SIN)
     return grad_output.alu(Ops.MUL, cos)
+
+class Sigmoid(Function):
+  """1 / (1 + e^−x), with the gradient σ(1 − σ): finite where the composite's chain rule would give 0·∞."""
+  def forward(self, x: LazyBuffer) -> LazyBuffer:
+    exp_neg = x.alu(Ops.MUL, x.const(-1 / LN2)).alu(Ops.EXP2)
+    self.ret = exp_neg.alu(Ops.ADD, x.const(1)).alu(Ops.RECIP)
+    return self.ret
+  def backward(self, grad_output: LazyBuffer) -> LazyBuffer:
+    one_minus = self.ret.const(1).alu(Ops.ADD, self.ret.alu(Ops.NEG))
+    return self.ret.alu(Ops.MUL, one_minus).alu(Ops.MUL, grad_output)
 
 class Relu(Function):
   def forward(self, x: LazyBuffer) -> LazyBuffer:
@@ -241,13 +251,16 @@ class Stride(Function):
   def forward(self, x: LazyBuffer, steps: tuple[int, ...]) -> LazyBuffer:
     self.input_shape, self.steps = x.shape, steps
     return x.stride(steps)
-  def backward(self, grad_output: LazyBuffer) -> LazyBuffer:
-    grad = grad_output
-    for axis, (size, step) in enumerate(zip(self.input_shape, self.steps)):
-      if step == 1: continue
-      kept = grad.shape[axis]
-      spread = grad.reshape(grad.shape[:axis] + (kept, 1) + grad.shape[axis + 1:])
-      spread = spread.pad(tuple((0, step - 1) if i == axis + 1 else (0, 0) for i in range(len(spread.shape))))
-      spread = spread.reshape(grad.shape[:axis] + (kept * step,) + grad.shape[axis + 1:])
-      grad = spread.shrink(tuple((0, size) if i == axis else (0, s) for i, s in enumerate(spread.shape)))
-    return grad
+  def backward(self, grad_output: LazyBuffer) -> LazyBuffer: return spread_strided(grad_output, self.steps, self.input_shape)
+
+def spread_strided(x: LazyBuffer, steps: tuple[int, ...], shape: tuple[int, ...]) -> LazyBuffer:
+  """The inverse placement of `stride`: x's values at every `step`-th position of `shape`, zeros between.
+  Per axis: (kept,) → (kept, 1) → pad to (kept, step) → (kept·step,) → shrink to the original size."""
+  for axis, (size, step) in enumerate(zip(shape, steps)):
+    if step == 1: continue
+    kept = x.shape[axis]
+    spread = x.reshape(x.shape[:axis] + (kept, 1) + x.shape[axis + 1:])
+    spread = spread.pad(tuple((0, step - 1) if i == axis + 1 else (0, 0) for i in range(len(spread.shape))))
+    spread = spread.reshape(x.shape[:axis] + (kept * step,) + x.shape[axis + 1:])
+    x = spread.shrink(tuple((0, size) if i == axis else (0, s) for i, s in enumerate(spread.shape)))
+  return x

@@ -52,9 +52,12 @@ class LazyBuffer:
     scalar = LazyBuffer.loadop(Ops.CONST, (), dtype, device, truncate_to(value, dtype))
     return scalar.reshape((1,) * len(shape)).expand(shape) if shape else scalar
   @staticmethod
-  def from_host(data: np.ndarray, device: str) -> LazyBuffer:
-    """Host data to be copied to the device when realized. The array is referenced, not copied: don't mutate it."""
-    dtype = dtypes.from_np(data.dtype) if data.dtype != np.dtype("V2") else dtypes.bfloat16
+  def from_host(data: np.ndarray, device: str, dtype: Optional[DType] = None) -> LazyBuffer:
+    """Host data to be copied to the device when realized. The array is referenced, not copied: don't mutate it.
+    `dtype` reinterprets the bytes (e.g. uint16 data as bfloat16); it must have the array's item size."""
+    dtype = dtype or dtypes.from_np(data.dtype)
+    if dtype.itemsize != data.dtype.itemsize:
+      raise TypeError(f"host data of dtype {data.dtype} can't be read as {dtype}: item sizes differ")
     return LazyBuffer.loadop(Ops.COPY, tuple(data.shape), dtype, device, arg=data)
   @staticmethod
   def from_buffer(buffer: Buffer, shape: tuple[int, ...]) -> LazyBuffer:

@@ -263,13 +263,15 @@ def _compute_range(u: UOp) -> tuple:
     corners = [a * b for a in s[0] for b in s[1]]
     return clamp(min(corners), max(corners))
   if u.op is Ops.NEG: return clamp(-s[0][1], -s[0][0])
-  if u.op is Ops.IDIV and u.src[1].op is Ops.CONST and u.src[1].arg != 0:
+  if u.op in (Ops.IDIV, Ops.MOD) and u.src[1].op is Ops.CONST and u.src[1].arg == 0: return (0, 0)  # x//0 = x%0 = 0
+  if u.op is Ops.IDIV and u.src[1].op is Ops.CONST:   # C division is monotonic in the dividend
     corners = [_c_idiv(a, u.src[1].arg) for a in s[0]]
-    return (min(corners), max(corners))
-  if u.op is Ops.MOD and u.src[1].op is Ops.CONST and u.src[1].arg > 0:
-    c = u.src[1].arg
-    if s[0][0] >= 0: return (s[0][0], s[0][1]) if s[0][1] < c else (0, c - 1)
-    return (-(c - 1), c - 1)
+    return clamp(min(corners), max(corners))
+  if u.op is Ops.MOD and u.src[1].op is Ops.CONST:    # sign of the dividend, magnitude below |divisor|
+    c, (lo, hi) = abs(u.src[1].arg), s[0]
+    if lo >= 0: return (lo, hi) if hi < c else (0, c - 1)
+    if hi <= 0: return (lo, hi) if lo > -c else (-(c - 1), 0)
+    return (max(lo, -(c - 1)), min(hi, c - 1))
   if u.op is Ops.MAX: return (max(s[0][0], s[1][0]), max(s[0][1], s[1][1]))
   if u.op is Ops.WHERE: return (min(s[1][0], s[2][0]), max(s[1][1], s[2][1]))
   if u.op is Ops.CAST:
@@ -377,24 +379,34 @@ def build_sum(terms: dict[UOp, int], constant: int, dtype: DType) -> UOp:
   if out is None: return UOp.const(dtype, constant)
   return out if constant == 0 else out + UOp.const(dtype, constant)
 
+def _fits(value: int, dtype: DType) -> bool: return dtypes.min(dtype) <= value <= dtypes.max(dtype)
+
+def _sum_range(terms: dict[UOp, int], constant: int) -> tuple[int, int]:
+  """The exact-integer range of Σ coefficient·term + constant (no wraparound), from the terms' ranges."""
+  lo = hi = constant
+  for t, a in terms.items():
+    lo, hi = lo + min(a * t.vmin, a * t.vmax), hi + max(a * t.vmin, a * t.vmax)
+  return lo, hi
+
 def _fold_div_mod(x: UOp, c: UOp, is_mod: bool) -> Optional[UOp]:
-  """(Σ aᵢ·tᵢ + k) // c and % c for nonnegative x: move the multiples of c out; divide through by a common gcd."""
+  """(Σ aᵢ·tᵢ + k) // c and % c for c > 0: for nonnegative x move the multiples of c out; a common gcd of c and
+  every coefficient divides through (C division of exact multiples, any sign)."""
   divisor = c.arg
-  if divisor <= 0 or x.vmin < 0: return None
   terms, constant = split_terms(x)
-  if any(t.vmin < 0 for t in terms): return None
-  quotient = {t: a // divisor for t, a in terms.items() if a // divisor != 0}
-  remainder_terms = {t: a % divisor for t, a in terms.items() if a % divisor != 0}
-  remainder_const = constant % divisor
-  remainder = build_sum(remainder_terms, remainder_const, x.dtype)
-  if 0 <= remainder.vmin and remainder.vmax < divisor:
-    if is_mod: return remainder
-    return build_sum(quotient, constant // divisor, x.dtype)
-  if quotient and remainder.vmin >= 0:   # x = c·q + r with r >= 0, so x // c = q + r // c and x % c = r % c
-    if is_mod: return remainder % c
-    return build_sum(quotient, constant // divisor, x.dtype) + remainder // c
+  if divisor <= 0 or not all(_fits(v, x.dtype) for v in _sum_range(terms, constant)): return None   # no wraparound
+  if x.vmin >= 0:
+    # x = c·q + r exactly; when 0 <= r < c, x // c = q and x % c = r
+    remainder = build_sum({t: a % divisor for t, a in terms.items() if a % divisor != 0}, constant % divisor, x.dtype)
+    if 0 <= remainder.vmin and remainder.vmax < divisor:
+      if is_mod: return remainder
+      return build_sum({t: a // divisor for t, a in terms.items() if a // divisor != 0}, constant // divisor, x.dtype)
+    # else take out only the terms that are exact multiples of c: x = c·q + r with r >= 0 gives x // c = q + r // c
+    multiples = {t: a // divisor for t, a in terms.items() if a % divisor == 0}
+    if multiples:
+      rest = build_sum({t: a for t, a in terms.items() if a % divisor != 0}, constant, x.dtype)
+      if rest.vmin >= -1: return rest % c if is_mod else build_sum(multiples, 0, x.dtype) + rest // c
   g = math.gcd(divisor, constant, *terms.values())
-  if g > 1 and not is_mod:
+  if g > 1 and not is_mod and _fits(divisor // g, x.dtype):
     return build_sum({t: a // g for t, a in terms.items()}, constant // g, x.dtype) // UOp.const(x.dtype, divisor // g)
   return None
 
@@ -409,18 +421,10 @@ def _collapse_range(u: UOp) -> Optional[UOp]:
   if (u.dtype.is_int or u.dtype.is_bool) and u.op in ALU and u.vmin == u.vmax: return UOp.const(u.dtype, u.vmin)
   return None
 
-def _combine_sum(u: UOp) -> Optional[UOp]:
-  """Normalize a sum: like terms combined, one constant at the end. Applied only when it changes the term count."""
-  terms, constant = split_terms(u)
-  n_leaves = 0
-  def count(v: UOp):
-    nonlocal n_leaves
-    if v.op is Ops.ADD: count(v.src[0]); count(v.src[1])  # noqa: E702
-    else: n_leaves += 1
-  count(u)
-  if n_leaves > len(terms) + (constant != 0): return build_sum(terms, constant, u.dtype)
-  if u.src[0].op is Ops.CONST and u.src[1].op is not Ops.CONST: return u.src[1] + u.src[0]
-  return None
+def _canonical_sum(u: UOp) -> Optional[UOp]:
+  """A sum (or a scaled sum) in one form: like terms combined, in order of first appearance, the constant last."""
+  canonical = build_sum(*split_terms(u), u.dtype)
+  return canonical if canonical is not u else None
 
 def _recombine_div_mod(u: UOp) -> Optional[UOp]:
   """(x // c) * c + x % c == x for any x (C semantics keep this identity for negatives too)."""
@@ -434,8 +438,36 @@ def _recombine_div_mod(u: UOp) -> Optional[UOp]:
         return build_sum({k: v for k, v in rest.items() if v != 0}, constant, u.dtype)
   return None
 
+def _fold_linear_cmp(x: UOp, bound: int, bound_on_left: bool) -> Optional[UOp]:
+  """`x < bound` (or `bound < x`) for a sum x = d·z + s + k where the small part s cannot change the answer: the
+  same comparison of z alone, with the constant k moved over. Exact integer reasoning, so only without wraparound."""
+  terms, constant = split_terms(x)
+  if not terms or not all(_fits(v, x.dtype) for v in _sum_range(terms, constant)): return None
+  limit = bound - constant
+  for d in sorted({abs(a) for a in terms.values()}, reverse=True):
+    multiples = {t: a // d for t, a in terms.items() if a % d == 0}
+    small_lo, small_hi = _sum_range({t: a for t, a in terms.items() if a % d != 0}, 0)
+    if bound_on_left:   # limit < d·z + s  <=>  z >= ceil((limit + 1 - s) / d)
+      lowest, highest = -((small_hi - limit - 1) // d), -((small_lo - limit - 1) // d)
+    else:               # d·z + s < limit  <=>  z <= (limit - 1 - s) // d
+      lowest, highest = (limit - 1 - small_hi) // d, (limit - 1 - small_lo) // d
+    if lowest != highest: continue
+    z = build_sum(multiples, 0, x.dtype)
+    if not all(_fits(v, x.dtype) for v in (*_sum_range(multiples, 0), lowest - 1, lowest + 1)): return None
+    return UOp.const(x.dtype, lowest - 1).lt(z) if bound_on_left else z.lt(lowest + 1)
+  return None
+
+def _fold_div_cmp(x: UOp, d: int, bound: int, bound_on_left: bool) -> Optional[UOp]:
+  """x // d < c  <=>  x < c·d, and c < x // d  <=>  (c+1)·d - 1 < x, for d > 0 (C division: needs c > 0 or x >= 0)."""
+  if d <= 0: return None
+  threshold = bound + 1 if bound_on_left else bound
+  if not (threshold > 0 or x.vmin >= 0) or not _fits(threshold * d, x.dtype): return None
+  return UOp.const(x.dtype, threshold * d - 1).lt(x) if bound_on_left else x.lt(threshold * d)
+
 _INT = tuple(dt for dt in dtypes.all() if dt.is_int)
+_INT_OR_BOOL = _INT + (dtypes.bool,)
 _x, _y, _c1, _c2 = UPat.var("x"), UPat.var("y"), UPat.cvar("c1"), UPat.cvar("c2")
+_TRUE = UPat(Ops.CONST, arg=True)
 
 symbolic = PatternMatcher([
   # constants and ranges
@@ -447,29 +479,42 @@ symbolic = PatternMatcher([
   (UPat(Ops.MUL, dtype=_INT, src=[_x, UPat(Ops.CONST, arg=0, name="z")]), lambda x, z: z),
   (UPat(Ops.IDIV, src=(_x, UPat(Ops.CONST, arg=1))), lambda x: x),
   (UPat(Ops.MOD, dtype=_INT, src=(_x, UPat(Ops.CONST, arg=1))), lambda x: x.const_like(0)),
-  (UPat(Ops.MUL, dtype=_INT, src=[UPat(Ops.MUL, src=[_x, _c1]), _c2]), lambda x, c1, c2: x * (c1.arg * c2.arg)),
-  # sums
-  (UPat(Ops.ADD, dtype=_INT, name="u"), _combine_sum),
+  (UPat(Ops.NEG, dtype=_INT, src=(_x,)), lambda x: x * -1),   # int negation is a scaled term, so sums see it
+  # sums: one canonical form, so like terms meet
+  (UPat(Ops.ADD, dtype=_INT, name="u"), _canonical_sum),
   (UPat(Ops.ADD, dtype=_INT, name="u"), _recombine_div_mod),
-  (UPat(Ops.MUL, dtype=_INT, src=[UPat(Ops.ADD, name="s"), _c1]),
-   lambda s, c1: s.src[0] * c1 + s.src[1] * c1 if s.src[1].op is Ops.CONST else None),
-  # division and modulo
+  (UPat(Ops.MUL, dtype=_INT, src=[UPat((Ops.ADD, Ops.MUL)), UPat(Ops.CONST)], name="u"), _canonical_sum),
+  # division and modulo; a negative divisor only flips the sign of C division, and does nothing to C modulo
+  (UPat(Ops.IDIV, dtype=_INT, src=(_x, _c1)),
+   lambda x, c1: (x // -c1.arg) * -1 if c1.arg < 0 and _fits(-c1.arg, x.dtype) else None),
+  (UPat(Ops.MOD, dtype=_INT, src=(_x, _c1)), lambda x, c1: x % -c1.arg if c1.arg < 0 and _fits(-c1.arg, x.dtype) else None),
   (UPat(Ops.IDIV, dtype=_INT, src=(_x, _c1)), lambda x, c1: _fold_div_mod(x, c1, is_mod=False)),
   (UPat(Ops.MOD, dtype=_INT, src=(_x, _c1)), lambda x, c1: _fold_div_mod(x, c1, is_mod=True)),
   (UPat(Ops.MOD, src=(UPat(Ops.MOD, src=(_x, _c1)), _c2)),
-   lambda x, c1, c2: x % c2 if c2.arg > 0 and c1.arg % c2.arg == 0 else None),
+   lambda x, c1, c2: x % c2 if c2.arg > 0 and c1.arg != 0 and c1.arg % c2.arg == 0 else None),
   (UPat(Ops.IDIV, src=(UPat(Ops.IDIV, src=(_x, _c1)), _c2)),
-   lambda x, c1, c2: x // (c1.arg * c2.arg) if c1.arg > 0 and c2.arg > 0 else None),
+   lambda x, c1, c2: x // (c1.arg * c2.arg) if c1.arg > 0 and c2.arg > 0 and _fits(c1.arg * c2.arg, x.dtype) else None),
   # booleans and selects
-  (UPat(Ops.AND, dtype=dtypes.bool, src=[_x, UPat(Ops.CONST, arg=True)]), lambda x: x),
+  (UPat(Ops.AND, dtype=dtypes.bool, src=[_x, _TRUE]), lambda x: x),
   (UPat(Ops.AND, dtype=dtypes.bool, src=[_x, UPat(Ops.CONST, arg=False, name="f")]), lambda x, f: f),
   (UPat(Ops.OR, dtype=dtypes.bool, src=[_x, UPat(Ops.CONST, arg=False)]), lambda x: x),
+  (UPat(Ops.OR, dtype=dtypes.bool, src=[_x, UPat(Ops.CONST, arg=True, name="t")]), lambda x, t: t),
   (UPat(Ops.AND, src=(_x, _x)), lambda x: x),
+  (UPat(Ops.OR, src=(_x, _x)), lambda x: x),
+  (UPat(Ops.CMPNE, dtype=dtypes.bool, src=(UPat(Ops.CMPNE, dtype=dtypes.bool, src=(_x, _TRUE)), _TRUE)),
+   lambda x: x if x.dtype is dtypes.bool else None),   # not not x
   (UPat(Ops.WHERE, src=(UPat(Ops.CONST, name="c"), _x, _y)), lambda c, x, y: x if c.arg else y),
   (UPat(Ops.WHERE, src=(UPat.var(), _x, _x)), lambda x: x),
-  # x < c for a sum with a constant: move the constant over
-  (UPat(Ops.CMPLT, src=(UPat(Ops.ADD, src=[_x, _c1]), _c2)),
-   lambda x, c1, c2: x.lt(c2.arg - c1.arg) if x.dtype.is_int else None),
+  # comparisons: x < x is False (also for NaN); x != x is False for ints and bools
+  (UPat(Ops.CMPLT, src=(_x, _x), name="u"), lambda x, u: u.const_like(False)),
+  (UPat(Ops.CMPNE, src=(UPat.var("x", dtype=_INT_OR_BOOL), UPat.var("x")), name="u"), lambda x, u: u.const_like(False)),
+  # comparisons of int sums with a constant: drop what cannot change the answer, move the constant over
+  (UPat(Ops.CMPLT, src=(UPat(Ops.IDIV, dtype=_INT, src=(_x, _c1)), _c2)),
+   lambda x, c1, c2: _fold_div_cmp(x, c1.arg, c2.arg, bound_on_left=False)),
+  (UPat(Ops.CMPLT, src=(_c2, UPat(Ops.IDIV, dtype=_INT, src=(_x, _c1)))),
+   lambda x, c1, c2: _fold_div_cmp(x, c1.arg, c2.arg, bound_on_left=True)),
+  (UPat(Ops.CMPLT, src=(UPat.var("x", dtype=_INT), _c1)), lambda x, c1: _fold_linear_cmp(x, c1.arg, bound_on_left=False)),
+  (UPat(Ops.CMPLT, src=(_c1, UPat.var("x", dtype=_INT))), lambda x, c1: _fold_linear_cmp(x, c1.arg, bound_on_left=True)),
   (UPat(Ops.MAX, src=[_x, _y]), lambda x, y: x if x.dtype.is_int and x.vmin >= y.vmax else None),
 ])
 

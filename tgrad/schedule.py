@@ -3,6 +3,9 @@
 All fusion rules live here:
   1. Elementwise ops never get a kernel of their own: they are inlined into every kernel that reads them (through
      any view, padding included), so chains, reshapes, permutes and pads between elementwise ops cost nothing.
+     An elementwise value read by several kernels is recomputed in each only while it is small (at most
+     MAX_RECOMPUTE_BUFFERS inputs and MAX_RECOMPUTE_OPS ops, e.g. softmax's exp(x - max)); a bigger one is
+     realized once, which also stops a residual stream from growing into every later kernel.
   2. A reduce fuses with the elementwise ops that feed it, and with the elementwise consumers of its result when
      they read it through a plain reshape (same element order, same size); several reduces over the same input
      shape and axes share a kernel.
@@ -21,6 +24,8 @@ from tgrad.shape.shapetracker import ShapeTracker
 from tgrad.helpers import prod
 
 REALIZED_OPS = {Ops.COPY, Ops.EMPTY, Ops.CONTIGUOUS, Ops.ASSIGN}
+MAX_RECOMPUTE_BUFFERS = 2   # a shared elementwise value reading more buffers than this is realized
+MAX_RECOMPUTE_OPS = 8       # ... or computing more ops than this
 
 @dataclass(frozen=True)
 class ScheduleItem:
@@ -128,6 +133,62 @@ def _walk_bases(roots: list[LazyBuffer]) -> list[LazyBuffer]:
     stack.extend((s.base, False) for s in lb.srcs if id(s.base) not in seen)
   return [lb for lb in order if lb.buffer is None]
 
+def _inlined_region(root: LazyBuffer, realize_set: set[LazyBuffer]) -> list[LazyBuffer]:
+  """The unrealized bases a kernel for `root` would inline (stopping at realized values and at `realize_set`)."""
+  region, stack, seen = [], [s.base for s in root.srcs], set()
+  while stack:
+    lb = stack.pop()
+    if id(lb) in seen or lb.buffer is not None or lb in realize_set: continue
+    seen.add(id(lb))
+    region.append(lb)
+    stack.extend(s.base for s in lb.srcs)
+  return region
+
+def _is_small(lb: LazyBuffer, realize_set: set[LazyBuffer]) -> bool:
+  inputs, ops = set(), 1
+  for b in _inlined_region(lb, realize_set):
+    if b.op in ELEMENTWISE: ops += 1
+    elif b.op not in (Ops.CONST, Ops.ARANGE): return False   # a fused reduce is never worth recomputing
+  for b in [lb] + _inlined_region(lb, realize_set):
+    inputs.update(id(s.base) for s in b.srcs if s.base.buffer is not None or s.base in realize_set)
+  return len(inputs) <= MAX_RECOMPUTE_BUFFERS and ops <= MAX_RECOMPUTE_OPS
+
+def _realize_unfusable_reduces(bases: list[LazyBuffer], realize_set: set[LazyBuffer]) -> None:
+  """A reduce fuses into its reader only when it has one reader, read through a plain reshape, and no other reduce
+  sits above it in the same kernel; decide that up front (kernel building double-checks and may still refuse)."""
+  readers: dict[LazyBuffer, list[tuple[LazyBuffer, LazyBuffer]]] = {}
+  for b in bases:
+    for s in b.srcs: readers.setdefault(s.base, []).append((b, s))
+  def reduce_above(lb: LazyBuffer) -> bool:
+    stack, seen = [lb], set()
+    while stack:
+      node = stack.pop()
+      for user, _ in readers.get(node, []):
+        if id(user) in seen or user in realize_set: continue
+        seen.add(id(user))
+        if user.op is Ops.REDUCE_AXIS: return True
+        if user.op in ELEMENTWISE: stack.append(user)
+    return False
+  for b in bases:
+    if b.op is not Ops.REDUCE_AXIS or b in realize_set: continue
+    uses = readers.get(b, [])
+    plain = len(uses) == 1 and (uses[0][1].is_base or (uses[0][1].st.contiguous and uses[0][1].size == b.size))
+    if not plain or (uses and uses[0][0].op is Ops.REDUCE_AXIS) or reduce_above(b): realize_set.add(b)
+
+def _realize_shared_elementwise(bases: list[LazyBuffer], realize_set: set[LazyBuffer]) -> None:
+  """Realize every elementwise value that several kernels would inline and that is too big to recompute."""
+  changed = True
+  while changed:
+    changed = False
+    readers: dict[LazyBuffer, int] = {}
+    for root in [b for b in bases if b in realize_set]:
+      for lb in _inlined_region(root, realize_set): readers[lb] = readers.get(lb, 0) + 1
+    for lb in bases:   # sources first: realizing one may make its users small
+      if readers.get(lb, 0) > 1 and lb.op in ELEMENTWISE and not _is_small(lb, realize_set):
+        realize_set.add(lb)
+        changed = True
+        break
+
 def create_schedule(outs: list[LazyBuffer]) -> list[ScheduleItem]:
   """Decide which bases are realized, then build one ScheduleItem per realized base, dependencies first."""
   outs = [o.base for o in outs if o.base.buffer is None]
@@ -135,6 +196,8 @@ def create_schedule(outs: list[LazyBuffer]) -> list[ScheduleItem]:
   realize_set: set[LazyBuffer] = set(outs) | {b for b in bases if b.op in REALIZED_OPS}
   for b in bases:
     if b.op is Ops.COPY or b.op is Ops.ASSIGN: realize_set.update(s.base for s in b.srcs if s.base.buffer is None)
+  _realize_unfusable_reduces(bases, realize_set)
+  _realize_shared_elementwise(bases, realize_set)
   asts: dict[LazyBuffer, tuple[UOp, list[LazyBuffer]]] = {}
   changed = True
   while changed:   # building a kernel may refuse a reduce: realize it and build again until stable

@@ -1,0 +1,78 @@
+"""CPU benchmark: tgrad (LLVM) vs numpy vs torch (if installed), in one run, as ratios to numpy.
+
+Each case is timed end to end on already-realized inputs: tgrad's time includes scheduling and launching (the
+Python overhead a user pays), after one warm-up run that compiles. The best of REPEATS runs is reported.
+Usage: python bench/cpu.py [--quick]   (BEAM=2 python bench/cpu.py searches kernels first)
+"""
+from __future__ import annotations
+import argparse, os, sys, time
+import numpy as np
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+from tgrad import Tensor  # noqa: E402
+from tgrad.helpers import Context  # noqa: E402
+
+REPEATS = 5
+ELEMENTWISE_SIZE = 16 * 1024 * 1024
+SOFTMAX_SHAPE = (2048, 2048)
+
+try:
+  import torch
+  torch.set_grad_enabled(False)
+except ImportError:
+  torch = None
+
+def best_time(fn, repeats: int = REPEATS) -> float:
+  fn()
+  times = []
+  for _ in range(repeats):
+    start = time.perf_counter()
+    fn()
+    times.append(time.perf_counter() - start)
+  return min(times)
+
+def tgrad_softmax(x: Tensor) -> Tensor: return x.softmax(axis=-1)
+
+def np_softmax(x: np.ndarray) -> np.ndarray:
+  e = np.exp(x - x.max(axis=-1, keepdims=True))
+  return e / e.sum(axis=-1, keepdims=True)
+
+def cases(quick: bool):
+  rng = np.random.default_rng(0)
+  for n in ((512, 1024) if quick else (512, 1024, 2048)):
+    a, b = rng.random((n, n), dtype=np.float32), rng.random((n, n), dtype=np.float32)
+    yield f"matmul {n} fp32", 2 * n**3, "GFLOP/s", (a, b), lambda x, y: x @ y, lambda x, y: x @ y
+  size = ELEMENTWISE_SIZE // (4 if quick else 1)
+  a, b, c = (rng.random(size, dtype=np.float32) for _ in range(3))
+  yield (f"(a*b+c).relu() {size >> 20}M", 4 * size * 4, "GB/s", (a, b, c), lambda x, y, z: (x * y + z).relu(),
+         lambda x, y, z: np.maximum(x * y + z, 0))
+  yield f"sum {size >> 20}M", size * 4, "GB/s", (a,), lambda x: x.sum(), lambda x: x.sum()
+  s = rng.standard_normal(SOFTMAX_SHAPE, dtype=np.float32)
+  yield f"softmax {SOFTMAX_SHAPE[0]}x{SOFTMAX_SHAPE[1]}", 2 * s.size * 4, "GB/s", (s,), tgrad_softmax, np_softmax
+
+def torch_fn(name: str):
+  if name.startswith("matmul"): return lambda x, y: x @ y
+  if name.startswith("(a*b+c)"): return lambda x, y, z: torch.relu(x * y + z)
+  if name.startswith("sum"): return lambda x: x.sum()
+  return lambda x: torch.softmax(x, dim=-1)
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__)
+  parser.add_argument("--quick", action="store_true", help="smaller sizes, for a fast check")
+  args = parser.parse_args()
+  print(f"tgrad LLVM vs numpy {np.__version__}" + (f" vs torch {torch.__version__} ({torch.get_num_threads()} threads)"
+                                                   if torch else "") + f", BEAM={Context.BEAM}")
+  header = f"{'case':28s} {'unit':8s} {'tgrad':>9s} {'numpy':>9s} {'torch':>9s} {'tgrad/numpy':>12s} {'max err':>9s}"
+  print(header)
+  print("-" * len(header))
+  for name, work, unit, inputs, tg_fn, np_fn in cases(args.quick):
+    tensors = [Tensor(x).realize() for x in inputs]
+    t_tg = best_time(lambda: tg_fn(*tensors).realize())
+    t_np = best_time(lambda: np_fn(*inputs))
+    t_torch = best_time(lambda: torch_fn(name)(*[torch.from_numpy(x) for x in inputs])) if torch else None
+    err = float(np.max(np.abs(tg_fn(*tensors).numpy() - np_fn(*inputs))))
+    rate = lambda t: work / t / 1e9
+    torch_rate = f"{rate(t_torch):9.1f}" if t_torch else f"{'-':>9s}"
+    print(f"{name:28s} {unit:8s} {rate(t_tg):9.1f} {rate(t_np):9.1f} {torch_rate} {t_np / t_tg:11.2f}x {err:9.2e}")
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,75 @@
+"""Scheduler fusion rules, checked by counting kernels (and checking the values the fused kernels compute)."""
+import numpy as np
+import pytest
+from tgrad.tensor import Tensor
+from tgrad.ops import Ops
+from tgrad.schedule import create_schedule
+
+def kernel_count(*tensors: Tensor) -> int:
+  items = create_schedule([t.lazydata for t in tensors])
+  return sum(1 for item in items if item.ast.op is Ops.SINK)
+
+def realized(*shape) -> Tensor: return Tensor(np.random.default_rng(0).random(shape, dtype=np.float32)).realize()
+
+def test_multiply_add_sum_is_one_kernel():
+  a, b, c = realized(64, 64), realized(64, 64), realized(64, 64)
+  out = (a * b + c).sum()
+  assert kernel_count(out) == 1
+  np.testing.assert_allclose(out.numpy(), (a.numpy() * b.numpy() + c.numpy()).sum(), rtol=1e-5)
+
+def test_linear_relu_is_one_kernel():
+  x, w, b = realized(16, 32), realized(32, 8), realized(8)
+  out = (x @ w + b).relu()
+  assert kernel_count(out) == 1
+  np.testing.assert_allclose(out.numpy(), np.maximum(x.numpy() @ w.numpy() + b.numpy(), 0), rtol=1e-5, atol=1e-6)
+
+def test_softmax_is_at_most_three_kernels():
+  x = realized(32, 100)
+  out = x.softmax(axis=-1)
+  assert kernel_count(out) <= 3
+  e = np.exp(x.numpy() - x.numpy().max(-1, keepdims=True))
+  np.testing.assert_allclose(out.numpy(), e / e.sum(-1, keepdims=True), rtol=1e-5, atol=1e-7)
+
+def test_chain_of_twenty_elementwise_ops_is_one_kernel():
+  x = realized(1000)
+  out = x
+  for i in range(20): out = (out * 1.01 + 0.5) if i % 2 == 0 else out.relu()
+  assert kernel_count(out) == 1
+  expected = x.numpy()
+  for i in range(20): expected = (expected * np.float32(1.01) + np.float32(0.5)) if i % 2 == 0 else np.maximum(expected, 0)
+  np.testing.assert_allclose(out.numpy(), expected, rtol=1e-5)
+
+@pytest.mark.parametrize("movement", ["reshape", "permute", "pad"])
+def test_movement_between_elementwise_ops_still_one_kernel(movement):
+  x = realized(6, 8)
+  first = (x * 2).exp()
+  moved = {"reshape": lambda t: t.reshape(4, 12), "permute": lambda t: t.permute(1, 0),
+           "pad": lambda t: t.pad(((1, 1), (2, 0)))}[movement](first)
+  out = moved + 1
+  assert kernel_count(out) == 1
+  np_first = np.exp(x.numpy() * 2)
+  np_moved = {"reshape": lambda t: t.reshape(4, 12), "permute": lambda t: t.T,
+              "pad": lambda t: np.pad(t, ((1, 1), (2, 0)))}[movement](np_first)
+  np.testing.assert_allclose(out.numpy(), np_moved + 1, rtol=1e-5)
+
+def test_reduce_read_through_expand_is_realized():
+  x = realized(8, 8)
+  out = x - x.mean(axis=1, keepdim=True)   # the mean is expanded: its own kernel, then the subtraction
+  assert kernel_count(out) == 2
+
+def test_two_reduces_of_the_same_shape_share_a_kernel():
+  x = realized(16, 16)
+  out = x.sum(axis=1) + x.max(axis=1)
+  assert kernel_count(out) == 1
+  np.testing.assert_allclose(out.numpy(), x.numpy().sum(1) + x.numpy().max(1), rtol=1e-5)
+
+def test_nested_reduce_is_split():
+  x = realized(8, 8, 8)
+  out = (x.sum(axis=2) + 1).sum(axis=1)
+  assert kernel_count(out) == 2
+  np.testing.assert_allclose(out.numpy(), (x.numpy().sum(2) + 1).sum(1), rtol=1e-5)
+
+def test_realized_inputs_and_constants_need_no_kernel():
+  x = realized(4, 4)
+  assert kernel_count(x) == 0
+  assert kernel_count(x + 0 * x) == 1

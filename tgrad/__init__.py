@@ -1,0 +1,11 @@
+"""tgrad: a small tinygrad-style lazy tensor framework.
+
+`Tensor` is the whole user API; `dtypes` names the element types; `Device` finds backends; `Context` scopes the
+settings that environment variables set.
+"""
+from tgrad.tensor import Tensor
+from tgrad.dtype import DType, dtypes
+from tgrad.device import Device
+from tgrad.helpers import Context
+
+__all__ = ["Tensor", "DType", "dtypes", "Device", "Context"]

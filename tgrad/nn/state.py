@@ -1,0 +1,135 @@
+"""Model state: safetensors files and the Tensors of a model object.
+
+`safe_load(path)` validates the header (sizes, offsets inside the file, known dtypes, shapes that match their byte
+ranges) and returns Tensors whose data is a memory map of the file: nothing is read until a device needs it.
+`safe_save` writes the same format. `get_state_dict`/`get_parameters` find the Tensors of any object by walking its
+attributes, lists and dicts; `load_state_dict` copies a state dict in with strict name and shape checks.
+"""
+from __future__ import annotations
+import json, os, struct
+from typing import Any, Optional
+import numpy as np
+from tgrad.dtype import DType, dtypes
+from tgrad.lazy import LazyBuffer
+from tgrad.device import canonical_device
+from tgrad.tensor import Tensor
+
+HEADER_LENGTH_BYTES = 8                 # the file starts with the JSON header's length, a little-endian u64
+MAX_HEADER_BYTES = 100 * 1024 * 1024    # the format's own limit on the JSON header (100 MB)
+METADATA_KEY = "__metadata__"
+SAFETENSORS_DTYPES: dict[str, DType] = {
+  "BOOL": dtypes.bool, "I8": dtypes.int8, "U8": dtypes.uint8, "I16": dtypes.int16, "U16": dtypes.uint16,
+  "I32": dtypes.int32, "U32": dtypes.uint32, "I64": dtypes.int64, "U64": dtypes.uint64, "F16": dtypes.float16,
+  "BF16": dtypes.bfloat16, "F32": dtypes.float32, "F64": dtypes.float64}
+DTYPE_NAMES = {dt: name for name, dt in SAFETENSORS_DTYPES.items()}
+
+class SafetensorsError(ValueError):
+  """A safetensors file that does not follow the format; the message names the file and the bad entry."""
+
+def _storage_np(dtype: DType) -> np.dtype:
+  """The numpy dtype holding the raw bytes (bfloat16 has none: its bits travel as uint16)."""
+  return np.dtype(np.uint16) if dtype == dtypes.bfloat16 else dtype.np
+
+def read_header(path: str) -> tuple[dict[str, dict], dict[str, str], int]:
+  """(tensor entries, metadata, byte offset of the data section), every entry checked against the file size."""
+  file_size = os.path.getsize(path)
+  with open(path, "rb") as f:
+    raw_length = f.read(HEADER_LENGTH_BYTES)
+    if len(raw_length) < HEADER_LENGTH_BYTES: raise SafetensorsError(f"{path}: file too short for a header ({file_size} B)")
+    header_length = struct.unpack("<Q", raw_length)[0]
+    if header_length > MAX_HEADER_BYTES: raise SafetensorsError(f"{path}: header length {header_length} exceeds the limit")
+    if HEADER_LENGTH_BYTES + header_length > file_size:
+      raise SafetensorsError(f"{path}: header length {header_length} runs past the end of the {file_size}-byte file")
+    try: header = json.loads(f.read(header_length))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e: raise SafetensorsError(f"{path}: header is not JSON: {e}") from None
+  if not isinstance(header, dict): raise SafetensorsError(f"{path}: header must be a JSON object")
+  metadata = header.pop(METADATA_KEY, {}) or {}
+  data_start = HEADER_LENGTH_BYTES + header_length
+  data_size = file_size - data_start
+  for name, entry in header.items():
+    _check_entry(path, name, entry, data_size)
+  return header, metadata, data_start
+
+def _check_entry(path: str, name: str, entry: Any, data_size: int) -> None:
+  where = f"{path}: tensor {name!r}"
+  if not isinstance(entry, dict) or not {"dtype", "shape", "data_offsets"} <= set(entry):
+    raise SafetensorsError(f"{where}: entry needs dtype, shape and data_offsets, got {entry!r}")
+  if entry["dtype"] not in SAFETENSORS_DTYPES:
+    raise SafetensorsError(f"{where}: unknown dtype {entry['dtype']!r}; known: {', '.join(SAFETENSORS_DTYPES)}")
+  shape, offsets = entry["shape"], entry["data_offsets"]
+  if not isinstance(shape, list) or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in shape):
+    raise SafetensorsError(f"{where}: bad shape {shape!r}")
+  if not (isinstance(offsets, list) and len(offsets) == 2 and all(isinstance(o, int) for o in offsets)):
+    raise SafetensorsError(f"{where}: bad data_offsets {offsets!r}")
+  begin, end = offsets
+  if not 0 <= begin <= end <= data_size:
+    raise SafetensorsError(f"{where}: data_offsets {offsets} outside the {data_size}-byte data section")
+  expected = int(np.prod(shape, dtype=np.int64)) * SAFETENSORS_DTYPES[entry["dtype"]].itemsize
+  if end - begin != expected:
+    raise SafetensorsError(f"{where}: {end - begin} bytes for shape {shape} of {entry['dtype']} (needs {expected})")
+
+def safe_load_metadata(path: str) -> dict[str, str]: return read_header(path)[1]
+
+def safe_load(path: str, device: Optional[str] = None) -> dict[str, Tensor]:
+  """Tensors backed by a read-only memory map of the file: data moves only when a device needs it."""
+  header, _, data_start = read_header(path)
+  mapped = np.memmap(path, dtype=np.uint8, mode="r") if header else None
+  out = {}
+  for name, entry in header.items():
+    dtype = SAFETENSORS_DTYPES[entry["dtype"]]
+    begin, end = entry["data_offsets"]
+    raw = mapped[data_start + begin:data_start + end] if mapped is not None else np.empty(0, np.uint8)
+    data = raw.view(_storage_np(dtype)).reshape(entry["shape"])
+    out[name] = Tensor(LazyBuffer.from_host(data, canonical_device(device), dtype))
+  return out
+
+def safe_save(tensors: dict[str, Tensor], path: str, metadata: Optional[dict[str, str]] = None) -> None:
+  header: dict[str, Any] = {METADATA_KEY: dict(metadata)} if metadata else {}
+  blobs, offset = [], 0
+  for name, t in tensors.items():
+    if t.dtype not in DTYPE_NAMES: raise TypeError(f"tensor {name!r}: dtype {t.dtype} can't be stored in safetensors")
+    raw = (t.bitcast(dtypes.uint16) if t.dtype == dtypes.bfloat16 else t).numpy()
+    blob = np.ascontiguousarray(raw).tobytes()
+    header[name] = {"dtype": DTYPE_NAMES[t.dtype], "shape": list(t.shape), "data_offsets": [offset, offset + len(blob)]}
+    blobs.append(blob)
+    offset += len(blob)
+  encoded = json.dumps(header, separators=(",", ":")).encode()
+  encoded += b" " * (-len(encoded) % HEADER_LENGTH_BYTES)   # pad so the data section is 8-byte aligned
+  with open(path, "wb") as f:
+    f.write(struct.pack("<Q", len(encoded)))
+    f.write(encoded)
+    for blob in blobs: f.write(blob)
+
+def get_state_dict(obj: Any, prefix: str = "") -> dict[str, Tensor]:
+  """Every Tensor reachable through attributes, lists, tuples and dicts, named by its path ('layers.0.weight')."""
+  if isinstance(obj, Tensor): return {prefix.rstrip("."): obj}
+  if isinstance(obj, (list, tuple)):
+    return {k: v for i, item in enumerate(obj) for k, v in get_state_dict(item, f"{prefix}{i}.").items()}
+  if isinstance(obj, dict):
+    return {k: v for key, item in obj.items() for k, v in get_state_dict(item, f"{prefix}{key}.").items()}
+  if hasattr(obj, "__dict__"):
+    return {k: v for key, item in vars(obj).items() for k, v in get_state_dict(item, f"{prefix}{key}.").items()}
+  return {}
+
+def get_parameters(obj: Any) -> list[Tensor]:
+  """The distinct Tensors of an object, in attribute order."""
+  seen: dict[int, Tensor] = {}
+  for t in get_state_dict(obj).values(): seen.setdefault(id(t), t)
+  return list(seen.values())
+
+def load_state_dict(model: Any, state_dict: dict[str, Tensor], strict: bool = True) -> None:
+  """Copy state_dict into the model's Tensors (cast to each parameter's dtype, moved to its device).
+  strict: every model tensor must be given and every given name must exist. Shapes must always match."""
+  model_state = get_state_dict(model)
+  missing = [k for k in model_state if k not in state_dict]
+  unexpected = [k for k in state_dict if k not in model_state]
+  if strict and (missing or unexpected):
+    raise KeyError(f"load_state_dict: missing {missing[:10]}{'…' if len(missing) > 10 else ''}, "
+                   f"unexpected {unexpected[:10]}{'…' if len(unexpected) > 10 else ''}")
+  wrong = [f"{k}: model {model_state[k].shape} vs given {state_dict[k].shape}" for k in model_state
+           if k in state_dict and model_state[k].shape != state_dict[k].shape]
+  if wrong: raise ValueError("load_state_dict: shape mismatch: " + "; ".join(wrong))
+  for name, param in model_state.items():
+    if name not in state_dict: continue
+    value = state_dict[name].to(param.device).cast(param.dtype)
+    param.replace(value.realize())

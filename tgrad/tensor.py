@@ -1,0 +1,1225 @@
+"""The user-facing Tensor: a numpy-like API with autograd, built only from LazyBuffer primitives.
+
+Every method checks its arguments (shapes, dtypes, axes) and raises before any kernel runs, then composes a few
+lazy ops: `alu`, `cast`, `r` (reduce), movement views, constants and ARANGE. Differentiable primitives go through
+tgrad.function; everything else (exp, softmax, matmul, indexing, ...) is a composition of them, so gradients come
+from the chain rule and fuse like forward code. Nothing runs until `realize`, `numpy`, `tolist` or `item`.
+"""
+from __future__ import annotations
+import math, time
+from contextlib import ContextDecorator
+from typing import Any, ClassVar, Optional, Sequence, Union
+import numpy as np
+from tgrad.dtype import DType, dtypes, promote_types, least_upper_dtype, least_upper_float, to_dtype
+from tgrad.lazy import LazyBuffer
+from tgrad.ops import Ops
+from tgrad.device import canonical_device
+from tgrad.helpers import prod, argsort
+import tgrad.function as F
+
+Scalar = Union[bool, int, float]
+LOG2_E = 1 / math.log(2)
+LN2 = math.log(2)
+# random numbers: a counter-based hash. Constants of the murmur3 32-bit finalizer (a bijection with full avalanche)
+# and the 32-bit golden ratio, used to spread (counter, seed, call) over all 32 bits before mixing.
+MURMUR_MULTIPLIER_1, MURMUR_MULTIPLIER_2 = 0x85EBCA6B, 0xC2B2AE35
+GOLDEN_RATIO_32 = 0x9E3779B9
+UINT32_MASK = 0xFFFFFFFF
+# how many random bits make a uniform float in [0, 1): the format's significand, so every value is exact and < 1
+RANDOM_FLOAT_BITS = {dtypes.float16: 11, dtypes.bfloat16: 8, dtypes.float32: 24, dtypes.float64: 32}
+GELU_CUBIC_COEFFICIENT = 0.044715       # the tanh approximation of GELU (Hendrycks & Gimpel)
+SQRT_2_OVER_PI = math.sqrt(2 / math.pi)
+QUICK_GELU_SCALE = 1.702                # x·sigmoid(1.702x), the approximation CLIP uses
+POW_UNROLL_LIMIT = 64                   # integer exponents up to this size become repeated multiplication
+HALF_FLOATS = (dtypes.float16, dtypes.bfloat16)   # reductions over these accumulate in float32
+
+# ---------------------------------------------------------------------------------------------------------------
+# argument checking helpers (pure Python on shapes; they raise the user-facing errors)
+
+def _shape_arg(shape, rest: tuple = ()) -> tuple:
+  """`f(2, 3)`, `f((2, 3))` and `f([2, 3])` all mean shape (2, 3)."""
+  if isinstance(shape, (tuple, list)):
+    if rest: raise TypeError(f"give a shape either as one tuple or as separate ints, not {shape!r} and {rest!r}")
+    return tuple(shape)
+  return (shape, *rest)
+
+def _varargs_shape(args: tuple) -> tuple:
+  """The shape from `*shape` arguments: none (0-d), several ints, or one tuple."""
+  return _shape_arg(args[0], args[1:]) if args else ()
+
+def _check_shape(shape: tuple) -> tuple[int, ...]:
+  for s in shape:
+    if not isinstance(s, (int, np.integer)) or isinstance(s, bool) or s < 0:
+      raise ValueError(f"a shape needs nonnegative ints, got {shape}")
+  return tuple(int(s) for s in shape)
+
+def broadcast_shape(*shapes: tuple[int, ...]) -> tuple[int, ...]:
+  """numpy's broadcasting: align on the right; each dim pair must be equal or contain a 1."""
+  ndim = max((len(s) for s in shapes), default=0)
+  padded = [(1,) * (ndim - len(s)) + tuple(s) for s in shapes]
+  out = []
+  for dims in zip(*padded):
+    sizes = {d for d in dims if d != 1}
+    if len(sizes) > 1: raise ValueError(f"shapes {' and '.join(str(tuple(s)) for s in shapes)} cannot be broadcast together")
+    out.append(sizes.pop() if sizes else 1)
+  return tuple(out)
+
+def _resolve_axis(axis: int, ndim: int, shape: tuple) -> int:
+  if not isinstance(axis, (int, np.integer)) or isinstance(axis, bool):
+    raise TypeError(f"an axis must be an int, got {axis!r}")
+  if not -ndim <= axis < ndim: raise IndexError(f"axis {axis} is out of range for a tensor of shape {shape}")
+  return int(axis) % ndim
+
+def _scalar_dtype(tensor_dtype: DType, scalar: Scalar) -> DType:
+  """Python scalars are weak: they take the tensor's dtype unless their kind is higher (int tensor + 2.5 → float)."""
+  if isinstance(scalar, bool): return tensor_dtype
+  if isinstance(scalar, int): return dtypes.default_int if tensor_dtype.is_bool else tensor_dtype
+  if isinstance(scalar, float): return tensor_dtype if tensor_dtype.is_float else dtypes.default_float
+  raise TypeError(f"expected a Python scalar, got {type(scalar).__name__}")
+
+def _sum_dtype(dtype: DType) -> DType:
+  """The dtype a sum returns: small ints and bools widen to 32 bits (not numpy's int64: documented), others keep."""
+  if dtype.is_bool or (dtype.kind == 'i' and dtype.itemsize < 4): return dtypes.int32
+  if dtype.kind == 'u' and dtype.itemsize < 4: return dtypes.uint32
+  return dtype
+
+def _fmix32(x: int) -> int:
+  """murmur3's finalizer on a Python int: used to turn (seed, call number) into a 32-bit key."""
+  x ^= x >> 16
+  x = (x * MURMUR_MULTIPLIER_1) & UINT32_MASK
+  x ^= x >> 13
+  x = (x * MURMUR_MULTIPLIER_2) & UINT32_MASK
+  return x ^ (x >> 16)
+
+def _realize_lazy(*lbs: LazyBuffer) -> None:
+  from tgrad.realize import realize   # imported on use: the runtime is only needed once something is computed
+  realize(*lbs)
+
+# ---------------------------------------------------------------------------------------------------------------
+
+class Tensor:
+  """An n-dimensional array on a device, computed lazily.
+
+  Autograd: `requires_grad` is None (undecided: no gradient unless an optimizer turns it on), True or False. Ops on
+  tensors that require grad record a `Function` in `_ctx`; `loss.backward()` fills `.grad` of every tensor that
+  requires grad (accumulating across calls), `loss.gradient(*targets)` returns gradients without touching `.grad`.
+  Gradient recording is switched off in a scope with `with Tensor.no_grad():` (also a decorator); the flag it sets
+  is `Tensor.grad_enabled`. Likewise `with Tensor.train():` sets `Tensor.training` (read by dropout).
+  In-place forms (`+=`, `t[i] = v`, `assign`) rebind the tensor to a new lazy value; `t[i] = v` and `assign`
+  are not differentiable.
+  """
+  training: ClassVar[bool] = False
+  grad_enabled: ClassVar[bool] = True
+  _seed: ClassVar[int] = int(time.time())
+  _rng_calls: ClassVar[int] = 0
+
+  class train(ContextDecorator):
+    """`with Tensor.train():` (or `train(False)`) sets `Tensor.training` for the scope."""
+    def __init__(self, mode: bool = True): self.mode = mode
+    def __enter__(self): self.previous, Tensor.training = Tensor.training, self.mode
+    def __exit__(self, *exc): Tensor.training = self.previous
+
+  class no_grad(ContextDecorator):
+    """`with Tensor.no_grad():` records no autograd graph in the scope (`Tensor.grad_enabled` is False)."""
+    def __enter__(self): self.previous, Tensor.grad_enabled = Tensor.grad_enabled, False
+    def __exit__(self, *exc): Tensor.grad_enabled = self.previous
+
+  def __init__(self, data: Any, dtype: Any = None, device: Optional[str] = None, requires_grad: Optional[bool] = None):
+    dtype = to_dtype(dtype) if dtype is not None else None
+    self.grad: Optional[Tensor] = None
+    self.requires_grad: Optional[bool] = requires_grad
+    self._ctx: Optional[F.Function] = None
+    if isinstance(data, Tensor): data = data.lazydata
+    if isinstance(data, LazyBuffer):
+      if device is not None: data = data.copy_to_device(device)
+      self.lazydata: LazyBuffer = data if dtype is None else data.cast(dtype)
+      return
+    device = canonical_device(device)
+    if isinstance(data, (bool, int, float)):
+      self.lazydata = LazyBuffer.const_of(data, dtype or dtypes.from_py(data), device)
+    elif isinstance(data, (list, tuple)):
+      try: inferred = dtypes.from_py(data)
+      except TypeError: inferred = dtypes.from_np(np.asarray(data).dtype)
+      self.lazydata = _from_array(np.asarray(data, dtype=_host_dtype(inferred)), dtype or inferred, device)
+    elif isinstance(data, (np.ndarray, np.generic)):
+      array = np.asarray(data)
+      if array.dtype.kind not in "biuf": raise TypeError(f"cannot make a Tensor from a numpy array of dtype {array.dtype}")
+      self.lazydata = _from_array(array, dtype or dtypes.from_np(array.dtype), device)
+    else: raise TypeError(f"cannot make a Tensor from {type(data).__name__}")
+
+  # ---- properties
+  @property
+  def shape(self) -> tuple[int, ...]: return self.lazydata.shape
+  @property
+  def dtype(self) -> DType: return self.lazydata.dtype
+  @property
+  def device(self) -> str: return self.lazydata.device
+  @property
+  def ndim(self) -> int: return len(self.shape)
+  def numel(self) -> int: return prod(self.shape)
+  def element_size(self) -> int: return self.dtype.itemsize
+  def nbytes(self) -> int: return self.numel() * self.element_size()
+  def size(self, dim: Optional[int] = None):
+    return self.shape if dim is None else self.shape[_resolve_axis(dim, self.ndim, self.shape)]
+  def __len__(self) -> int:
+    if not self.shape: raise TypeError("len() of a 0-d tensor")
+    return self.shape[0]
+  def __iter__(self):
+    for i in range(len(self)): yield self[i]
+  def __repr__(self):
+    grad = self.grad.lazydata if self.grad is not None else None
+    return f"<Tensor {self.lazydata!r} on {self.device} with grad {grad!r}>"
+  def __hash__(self): return id(self)
+  def __bool__(self): raise TypeError("the truth value of a Tensor is ambiguous: use .item(), .any() or .all()")
+  def requires_grad_(self, requires_grad: bool = True) -> Tensor:
+    self.requires_grad = requires_grad
+    return self
+  def detach(self) -> Tensor: return Tensor(self.lazydata, requires_grad=False)
+  def _nograd(self, lb: LazyBuffer) -> Tensor: return Tensor(lb, requires_grad=False)
+
+  # ---- getting data out
+  def realize(self) -> Tensor:
+    """Compute this tensor now (its buffer stays on the device)."""
+    _realize_lazy(self.lazydata)
+    return self
+  def numpy(self) -> np.ndarray:
+    """The values as a numpy array (bfloat16 comes back as float32)."""
+    out_dtype = dtypes.float32 if self.dtype == dtypes.bfloat16 else self.dtype
+    if self.numel() == 0: return np.zeros(self.shape, dtype=out_dtype.np)
+    lb = self.lazydata.cast(out_dtype).contiguous()
+    _realize_lazy(lb)
+    return lb.base.buffer.copyout().reshape(self.shape)
+  def tolist(self) -> Any: return self.numpy().tolist()
+  def item(self) -> Scalar:
+    if self.numel() != 1: raise ValueError(f"item() needs a tensor with one element, got shape {self.shape}")
+    return self.numpy().reshape(()).item()
+  def data(self) -> memoryview: return memoryview(self.numpy())
+
+  # ---- device and dtype
+  def to(self, device: str) -> Tensor:
+    device = canonical_device(device)
+    return self if device == self.device else F.ToDevice.apply(self, device=device)
+  def cast(self, dtype: Any) -> Tensor:
+    dtype = to_dtype(dtype)
+    return self if dtype == self.dtype else F.Cast.apply(self, dtype=dtype)
+  def bitcast(self, dtype: Any) -> Tensor:
+    dtype = to_dtype(dtype)
+    if dtype.itemsize != self.dtype.itemsize:
+      raise TypeError(f"bitcast needs dtypes of one size: {self.dtype} ({self.dtype.itemsize} bytes) → {dtype}")
+    return self if dtype == self.dtype else self._nograd(self.lazydata.cast(dtype, bitcast=True))
+  def float(self) -> Tensor: return self.cast(dtypes.float32)
+  def half(self) -> Tensor: return self.cast(dtypes.float16)
+  def double(self) -> Tensor: return self.cast(dtypes.float64)
+  def int(self) -> Tensor: return self.cast(dtypes.int32)
+  def long(self) -> Tensor: return self.cast(dtypes.int64)
+  def bool(self) -> Tensor: return self.cast(dtypes.bool)
+  def _to_float(self) -> Tensor: return self.cast(least_upper_float(self.dtype))
+  def contiguous(self) -> Tensor: return F.Contiguous.apply(self)
+
+  # ---- creation
+  @staticmethod
+  def empty(*shape, dtype: Any = None, device: Optional[str] = None, **kwargs) -> Tensor:
+    shape = _check_shape(_varargs_shape(shape))
+    lb = LazyBuffer.loadop(Ops.EMPTY, shape, to_dtype(dtype or dtypes.default_float), canonical_device(device))
+    return Tensor(lb, **kwargs)
+  @staticmethod
+  def full(shape, fill_value: Scalar, dtype: Any = None, device: Optional[str] = None, **kwargs) -> Tensor:
+    shape = _check_shape(_shape_arg(shape))
+    dtype = to_dtype(dtype) if dtype is not None else dtypes.from_py(fill_value)
+    return Tensor(LazyBuffer.const_of(fill_value, dtype, canonical_device(device), shape), **kwargs)
+  @staticmethod
+  def zeros(*shape, **kwargs) -> Tensor: return Tensor.full(_varargs_shape(shape), 0.0, **_float_default(kwargs))
+  @staticmethod
+  def ones(*shape, **kwargs) -> Tensor: return Tensor.full(_varargs_shape(shape), 1.0, **_float_default(kwargs))
+  @staticmethod
+  def arange(start, stop=None, step=1, dtype: Any = None, device: Optional[str] = None, **kwargs) -> Tensor:
+    """Values start, start+step, ... below stop; an int dtype unless an argument is a float."""
+    if stop is None: start, stop = 0, start
+    if step == 0: raise ValueError("arange step must not be zero")
+    count = max(0, math.ceil((stop - start) / step))
+    dtype = to_dtype(dtype) if dtype is not None else dtypes.from_py([start, stop, step])
+    counter = LazyBuffer.loadop(Ops.ARANGE, (count,), dtypes.int32, canonical_device(device))
+    if dtype.is_float:   # compute the values in a float dtype: start + i*step
+      compute = dtypes.float32 if dtype in HALF_FLOATS else dtype
+      values = Tensor(counter).cast(compute) * step + start
+    else: values = Tensor(counter).cast(dtype) * int(step) + int(start)
+    return Tensor(values.cast(dtype).lazydata, **kwargs)
+  @staticmethod
+  def linspace(start: Scalar, stop: Scalar, steps: int, dtype: Any = None, device: Optional[str] = None, **kwargs):
+    if steps < 0: raise ValueError(f"linspace needs steps >= 0, got {steps}")
+    dtype = to_dtype(dtype or dtypes.default_float)
+    if steps == 1: return Tensor.full((1,), start, dtype=dtype, device=device, **kwargs)
+    index = Tensor.arange(steps, dtype=dtypes.float32 if dtype in HALF_FLOATS or not dtype.is_float else dtype,
+                          device=device)
+    values = index * ((stop - start) / max(steps - 1, 1)) + start
+    values = (index == steps - 1).where(stop, values)   # the last value is exactly stop, as in numpy
+    return Tensor(values.cast(dtype).lazydata, **kwargs)
+  @staticmethod
+  def eye(n: int, m: Optional[int] = None, dtype: Any = None, device: Optional[str] = None, **kwargs) -> Tensor:
+    m = n if m is None else m
+    rows = Tensor.arange(n, device=device).reshape(n, 1)
+    cols = Tensor.arange(m, device=device).reshape(1, m)
+    return Tensor((rows == cols).cast(to_dtype(dtype or dtypes.default_float)).lazydata, **kwargs)
+  def full_like(self, fill_value: Scalar, **kwargs) -> Tensor:
+    kwargs.setdefault("dtype", self.dtype)
+    kwargs.setdefault("device", self.device)
+    return Tensor.full(self.shape, fill_value, **kwargs)
+  def zeros_like(self, **kwargs) -> Tensor: return self.full_like(0, **kwargs)
+  def ones_like(self, **kwargs) -> Tensor: return self.full_like(1, **kwargs)
+  def empty_like(self, **kwargs) -> Tensor:
+    kwargs.setdefault("dtype", self.dtype)
+    kwargs.setdefault("device", self.device)
+    return Tensor.empty(self.shape, **kwargs)
+
+  # ---- random numbers: uint32 hash of (position, seed, call number); same seed ⇒ same numbers
+  @staticmethod
+  def manual_seed(seed: int = 0) -> None:
+    Tensor._seed, Tensor._rng_calls = int(seed), 0
+  @staticmethod
+  def _random_bits(count: int, device: str) -> LazyBuffer:
+    """`count` random uint32 values. Each call uses a fresh key, so calls differ; the numbers are a pure function of
+    (seed, call number, position), computed in the kernel with MUL/XOR/SHR."""
+    Tensor._rng_calls += 1
+    key = _fmix32((Tensor._seed * GOLDEN_RATIO_32 + _fmix32(Tensor._rng_calls)) & UINT32_MASK)
+    def const(value: int) -> LazyBuffer: return LazyBuffer.const_of(value, dtypes.uint32, device, (count,))
+    def mix(x: LazyBuffer) -> LazyBuffer:   # murmur3 fmix32
+      x = x.alu(Ops.XOR, x.alu(Ops.SHR, const(16))).alu(Ops.MUL, const(MURMUR_MULTIPLIER_1))
+      x = x.alu(Ops.XOR, x.alu(Ops.SHR, const(13))).alu(Ops.MUL, const(MURMUR_MULTIPLIER_2))
+      return x.alu(Ops.XOR, x.alu(Ops.SHR, const(16)))
+    counter = LazyBuffer.loadop(Ops.ARANGE, (count,), dtypes.int32, device).cast(dtypes.uint32)
+    x = mix(counter.alu(Ops.MUL, const(GOLDEN_RATIO_32)).alu(Ops.ADD, const(key)))
+    return mix(x.alu(Ops.XOR, const(_fmix32(key ^ GOLDEN_RATIO_32))))
+  @staticmethod
+  def rand(*shape, dtype: Any = None, device: Optional[str] = None, **kwargs) -> Tensor:
+    """Uniform in [0, 1): the top bits of a random uint32, as many as the float format holds exactly."""
+    shape = _check_shape(_varargs_shape(shape))
+    dtype, device = to_dtype(dtype or dtypes.default_float), canonical_device(device)
+    if not dtype.is_float: raise TypeError(f"rand makes floats, not {dtype}")
+    bits = RANDOM_FLOAT_BITS[dtype]
+    random = Tensor._random_bits(prod(shape), device)
+    if bits < 32: random = random.alu(Ops.SHR, random.const(32 - bits))
+    compute = dtypes.float64 if dtype == dtypes.float64 else dtypes.float32
+    values = random.cast(compute).alu(Ops.MUL, LazyBuffer.const_of(2.0 ** -bits, compute, device, (prod(shape),)))
+    return Tensor(values.cast(dtype).reshape(shape), **kwargs)
+  @staticmethod
+  def randn(*shape, dtype: Any = None, device: Optional[str] = None, **kwargs) -> Tensor:
+    """Standard normal by Box–Muller on two uniforms."""
+    shape = _check_shape(_varargs_shape(shape))
+    dtype = to_dtype(dtype or dtypes.default_float)
+    compute = dtypes.float64 if dtype == dtypes.float64 else dtypes.float32
+    uniform = Tensor.rand(2, prod(shape), dtype=compute, device=device)
+    radius = ((1 - uniform[0]).log() * -2).sqrt()
+    values = radius * (uniform[1] * (2 * math.pi)).cos()
+    return Tensor(values.cast(dtype).reshape(shape).lazydata, **kwargs)
+  @staticmethod
+  def randint(*shape, low: int = 0, high: int = 10, dtype: Any = None, device: Optional[str] = None, **kwargs):
+    """Uniform ints in [low, high). tinygrad's `randint(*shape, low=, high=)`; torch's `randint(low, high, shape)`
+    (three positional arguments, the last a tuple) is accepted too."""
+    if len(shape) == 3 and isinstance(shape[2], (tuple, list)): low, high, shape = shape[0], shape[1], tuple(shape[2])
+    shape = _check_shape(_varargs_shape(shape))
+    if high <= low: raise ValueError(f"randint needs low < high, got low={low}, high={high}")
+    dtype, device = to_dtype(dtype or dtypes.default_int), canonical_device(device)
+    random = Tensor._random_bits(prod(shape), device)
+    offset = random.alu(Ops.MOD, random.const(high - low)).cast(dtypes.int64 if dtype.itemsize > 4 else dtypes.int32)
+    return Tensor((Tensor(offset) + low).cast(dtype).reshape(shape).lazydata, **kwargs)
+  @staticmethod
+  def uniform(*shape, low: float = 0.0, high: float = 1.0, dtype: Any = None, **kwargs) -> Tensor:
+    requires_grad = kwargs.pop("requires_grad", None)
+    values = Tensor.rand(*shape, dtype=dtype, **kwargs) * (high - low) + low
+    return Tensor(values.lazydata, requires_grad=requires_grad)
+  @staticmethod
+  def normal(*shape, mean: float = 0.0, std: float = 1.0, dtype: Any = None, **kwargs) -> Tensor:
+    requires_grad = kwargs.pop("requires_grad", None)
+    values = Tensor.randn(*shape, dtype=dtype, **kwargs) * std + mean
+    return Tensor(values.lazydata, requires_grad=requires_grad)
+  @staticmethod
+  def scaled_uniform(*shape, **kwargs) -> Tensor:
+    """Uniform in ±1/√numel."""
+    shape = _varargs_shape(shape)
+    return Tensor.uniform(shape, low=-1.0, high=1.0, **kwargs) * (prod(shape) ** -0.5)
+  @staticmethod
+  def glorot_uniform(*shape, **kwargs) -> Tensor:
+    """Xavier/Glorot: uniform in ±√(6 / (fan_in + fan_out))."""
+    shape = _varargs_shape(shape)
+    bound = math.sqrt(6 / (shape[0] + prod(shape[1:])))
+    return Tensor.uniform(shape, low=-bound, high=bound, **kwargs)
+  @staticmethod
+  def kaiming_uniform(*shape, a: float = 0.01, **kwargs) -> Tensor:
+    """He/Kaiming: uniform in ±√3·gain/√fan_in, gain = √(2 / (1 + a²)) (torch's default for leaky relu)."""
+    shape = _varargs_shape(shape)
+    bound = math.sqrt(3.0) * math.sqrt(2.0 / (1 + a ** 2)) / math.sqrt(prod(shape[1:]))
+    return Tensor.uniform(shape, low=-bound, high=bound, **kwargs)
+  def rand_like(self, **kwargs) -> Tensor:
+    kwargs.setdefault("dtype", self.dtype if self.dtype.is_float else dtypes.default_float)
+    kwargs.setdefault("device", self.device)
+    return Tensor.rand(self.shape, **kwargs)
+  def randn_like(self, **kwargs) -> Tensor:
+    kwargs.setdefault("dtype", self.dtype if self.dtype.is_float else dtypes.default_float)
+    kwargs.setdefault("device", self.device)
+    return Tensor.randn(self.shape, **kwargs)
+
+  # ---- autograd
+  def _toposort(self) -> list[Tensor]:
+    """Every tensor in the recorded graph below self, inputs before the tensors made from them."""
+    order: list[Tensor] = []
+    visited: set[int] = set()
+    stack: list[tuple[Tensor, bool]] = [(self, False)]
+    while stack:
+      node, inputs_done = stack.pop()
+      if inputs_done:
+        order.append(node)
+        continue
+      if id(node) in visited: continue
+      visited.add(id(node))
+      stack.append((node, True))
+      if node._ctx is not None: stack.extend((p, False) for p in node._ctx.parents if id(p) not in visited)
+    return order
+  def _backprop(self, gradient: Optional[Tensor]) -> tuple[list[Tensor], dict[int, LazyBuffer]]:
+    if gradient is None:
+      if self.numel() != 1:
+        raise ValueError(f"backward without a gradient needs a tensor with one element, got shape {self.shape}")
+      gradient = Tensor.ones(self.shape, dtype=self.dtype, device=self.device)
+    if gradient.shape != self.shape:
+      raise ValueError(f"gradient of shape {gradient.shape} for a tensor of shape {self.shape}")
+    nodes = self._toposort()
+    grads: dict[int, LazyBuffer] = {id(self): gradient.cast(self.dtype).lazydata}
+    for node in reversed(nodes):
+      if node._ctx is None or id(node) not in grads: continue
+      parent_grads = node._ctx.backward(grads[id(node)])
+      if not isinstance(parent_grads, tuple): parent_grads = (parent_grads,)
+      for parent, grad in zip(node._ctx.parents, parent_grads):
+        if grad is None or not parent.requires_grad: continue
+        assert grad.shape == parent.shape, f"gradient shape {grad.shape} for {parent.shape} from {node._ctx}"
+        grad = grad.cast(parent.dtype)
+        grads[id(parent)] = grads[id(parent)].alu(Ops.ADD, grad) if id(parent) in grads else grad
+    return nodes, grads
+  def backward(self, gradient: Optional[Tensor] = None) -> Tensor:
+    """Accumulate d(self)/d(t) into `t.grad` for every tensor t in the graph that requires grad."""
+    if not self.requires_grad: raise ValueError("backward on a tensor that does not require grad")
+    nodes, grads = self._backprop(gradient)
+    for node in nodes:
+      if node.requires_grad and id(node) in grads:
+        grad = Tensor(grads[id(node)], requires_grad=False)
+        node.grad = grad if node.grad is None else Tensor(node.grad.lazydata.alu(Ops.ADD, grad.lazydata))
+    return self
+  def gradient(self, *targets: Tensor, gradient: Optional[Tensor] = None) -> list[Tensor]:
+    """d(self)/d(target) for each target, as new tensors; `.grad` is left alone. Unused targets get zeros."""
+    for t in targets:
+      if not t.requires_grad: raise ValueError(f"gradient target of shape {t.shape} does not require grad")
+    _, grads = self._backprop(gradient)
+    return [Tensor(grads[id(t)], requires_grad=False) if id(t) in grads else t.detach().zeros_like() for t in targets]
+
+  # ---- broadcasting and promotion
+  def _broadcast_to(self, shape: tuple[int, ...]) -> Tensor:
+    if self.shape == shape: return self
+    if len(shape) < self.ndim: raise ValueError(f"cannot broadcast shape {self.shape} to {shape}")
+    x = self.reshape((1,) * (len(shape) - self.ndim) + self.shape)
+    if any(s != n and s != 1 for s, n in zip(x.shape, shape)): raise ValueError(f"cannot broadcast {self.shape} to {shape}")
+    return F.Expand.apply(x, shape=shape) if x.shape != shape else x
+  def _as_tensor(self, x: Any, dtype: Optional[DType] = None) -> Tensor:
+    if isinstance(x, Tensor):
+      if x.device != self.device: raise ValueError(f"tensors on different devices: {self.device} and {x.device}")
+      return x
+    if isinstance(x, (bool, int, float)): return Tensor(x, dtype=dtype or _scalar_dtype(self.dtype, x), device=self.device)
+    return Tensor(x, dtype=dtype, device=self.device)
+  def _operands(self, other: Any, reverse: bool = False, dtype: Optional[DType] = None) -> tuple[Tensor, Tensor]:
+    """self and other broadcast to one shape and promoted to one dtype (Python scalars are weak)."""
+    y = self._as_tensor(other)
+    out_dtype = dtype or promote_types(self.dtype, y.dtype)
+    shape = broadcast_shape(self.shape, y.shape)
+    x, y = self.cast(out_dtype)._broadcast_to(shape), y.cast(out_dtype)._broadcast_to(shape)
+    return (y, x) if reverse else (x, y)
+  def _int_operands(self, other: Any, reverse: bool, op_name: str) -> tuple[Tensor, Tensor]:
+    x, y = self._operands(other, reverse)
+    if x.dtype.is_float: raise TypeError(f"{op_name} needs int or bool tensors, got {self.dtype} and {y.dtype}")
+    return x, y
+
+  # ---- arithmetic
+  def add(self, x: Any, reverse: bool = False) -> Tensor: return F.Add.apply(*self._operands(x, reverse))
+  def sub(self, x: Any, reverse: bool = False) -> Tensor:
+    a, b = self._operands(x, reverse)
+    if a.dtype.is_bool: raise TypeError("subtraction of bool tensors: use ^ (logical xor) instead")
+    return F.Sub.apply(a, b)
+  def mul(self, x: Any, reverse: bool = False) -> Tensor: return F.Mul.apply(*self._operands(x, reverse))
+  def div(self, x: Any, reverse: bool = False, rounding_mode: Optional[str] = None) -> Tensor:
+    """True division (ints give floats); rounding_mode "floor" is `//`, "trunc" rounds toward zero."""
+    if rounding_mode == "floor": return self.floordiv(x, reverse)
+    a, b = self._operands(x, reverse)
+    if rounding_mode == "trunc":
+      return self._nograd(a.lazydata.alu(Ops.IDIV, b.lazydata)) if not a.dtype.is_float else (a / b).trunc()
+    if rounding_mode is not None: raise ValueError(f"rounding_mode must be None, 'floor' or 'trunc', got {rounding_mode!r}")
+    return F.Div.apply(a._to_float(), b._to_float())
+  def floordiv(self, x: Any, reverse: bool = False) -> Tensor:
+    """Python's `//`: rounds toward −∞. Integer division by zero gives 0 (as numpy)."""
+    a, b = self._operands(x, reverse)
+    if a.dtype.is_float: return (a / b).floor()
+    if a.dtype.is_bool: a, b = a.int(), b.int()
+    quotient = a.lazydata.alu(Ops.IDIV, b.lazydata)
+    if a.dtype.is_unsigned: return self._nograd(quotient)
+    return self._nograd(quotient) - _needs_floor_fix(a, b).cast(a.dtype)
+  def mod(self, x: Any, reverse: bool = False) -> Tensor:
+    """Python's `%`: the result has the sign of the divisor. Integer x % 0 gives 0 (as numpy)."""
+    a, b = self._operands(x, reverse)
+    if a.dtype.is_float: return a - b * (a / b).floor()
+    if a.dtype.is_bool: a, b = a.int(), b.int()
+    remainder = self._nograd(a.lazydata.alu(Ops.MOD, b.lazydata))
+    if a.dtype.is_unsigned: return remainder
+    return _needs_floor_fix(a, b).where(remainder + b, remainder)
+  def pow(self, exponent: Any, reverse: bool = False) -> Tensor:
+    """numpy's `**`: negative bases with integer exponents keep their sign; with other exponents they give NaN."""
+    if not reverse and isinstance(exponent, (int, float)) and not isinstance(exponent, bool):
+      if math.isfinite(exponent) and exponent == int(exponent) and abs(exponent) <= POW_UNROLL_LIMIT:
+        if exponent < 0 and not self.dtype.is_float and not isinstance(exponent, float):
+          raise ValueError(f"integers to negative integer powers are not allowed: {self.dtype} ** {exponent}")
+        base = self.int() if self.dtype.is_bool else self
+        base = base.cast(_scalar_dtype(base.dtype, exponent))
+        power = _power_by_squaring(base, abs(int(exponent)))
+        return power.reciprocal() if exponent < 0 else power
+      if exponent == 0.5: return self._to_float().sqrt()
+    base, power = self._operands(exponent, reverse)
+    if base.dtype.is_bool: base, power = base.int(), power.int()
+    if base.dtype.is_float: return _float_pow(base, power)
+    return _int_pow(base, power)
+  def maximum(self, x: Any) -> Tensor:
+    a, b = self._operands(x)
+    if a.dtype.is_bool: return a | b
+    return F.Maximum.apply(a, b)
+  def minimum(self, x: Any) -> Tensor:
+    a, b = self._operands(x)
+    if a.dtype.is_bool: return a & b
+    return a._order_flip().maximum(b._order_flip())._order_flip()
+  def _order_flip(self) -> Tensor:
+    """An order-reversing bijection: −x for floats, ~x for ints (no overflow), not for bools."""
+    return -self if self.dtype.is_float else ~self
+  def where(self, x: Any, y: Any) -> Tensor:
+    """`cond.where(a, b)`: a where cond is true, else b (broadcast and promoted like a binary op)."""
+    condition = self if self.dtype.is_bool else self != 0
+    if isinstance(x, Tensor): a, b = x._operands(y)
+    elif isinstance(y, Tensor): b, a = y._operands(x)
+    else: a, b = Tensor(x, dtype=dtypes.from_py([x, y]), device=self.device)._operands(y)
+    shape = broadcast_shape(condition.shape, a.shape)
+    return F.Where.apply(condition._broadcast_to(shape), a._broadcast_to(shape), b._broadcast_to(shape))
+  def lerp(self, end: Any, weight: Any) -> Tensor: return self + (end - self) * weight
+
+  # ---- comparisons and bitwise (no gradient)
+  def _compare(self, op: Ops, other: Any, reverse: bool = False) -> Tensor:
+    a, b = self._operands(other, reverse)
+    return self._nograd(a.lazydata.alu(op, b.lazydata))
+  def __lt__(self, x: Any) -> Tensor: return self._compare(Ops.CMPLT, x)
+  def __gt__(self, x: Any) -> Tensor: return self._compare(Ops.CMPLT, x, reverse=True)
+  def __le__(self, x: Any) -> Tensor:
+    a, b = self._operands(x)
+    if a.dtype.is_float: return (a < b) | (a == b)      # NaN-correct: NaN <= anything is False
+    return (b < a).logical_not()
+  def __ge__(self, x: Any) -> Tensor:
+    a, b = self._operands(x)
+    return b <= a
+  def __ne__(self, x: Any) -> Tensor: return self._compare(Ops.CMPNE, x)  # type: ignore[override]
+  def __eq__(self, x: Any) -> Tensor: return (self != x).logical_not()  # type: ignore[override]
+  def logical_not(self) -> Tensor:
+    if self.dtype.is_bool: return self._nograd(self.lazydata.alu(Ops.CMPNE, self.lazydata.const(True)))
+    return self == 0
+  def _bitwise(self, op: Ops, other: Any, reverse: bool, name: str) -> Tensor:
+    a, b = self._int_operands(other, reverse, name)
+    return self._nograd(a.lazydata.alu(op, b.lazydata))
+  def bitwise_and(self, x: Any, reverse: bool = False) -> Tensor: return self._bitwise(Ops.AND, x, reverse, "&")
+  def bitwise_or(self, x: Any, reverse: bool = False) -> Tensor: return self._bitwise(Ops.OR, x, reverse, "|")
+  def xor(self, x: Any, reverse: bool = False) -> Tensor: return self._bitwise(Ops.XOR, x, reverse, "^")
+  def bitwise_not(self) -> Tensor:
+    if self.dtype.is_float: raise TypeError(f"~ needs an int or bool tensor, got {self.dtype}")
+    if self.dtype.is_bool: return self.logical_not()
+    return self._nograd(self.lazydata.alu(Ops.XOR, self.lazydata.const(-1 if not self.dtype.is_unsigned else
+                                                                       dtypes.max(self.dtype))))
+  def _shift(self, amount: Any, reverse: bool, left: bool) -> Tensor:
+    x, shift = self._int_operands(amount, reverse, "<<" if left else ">>")
+    if x.dtype.is_bool: x, shift = x.int(), shift.int()
+    bits = x.dtype.bits
+    if isinstance(amount, int) and not reverse and not 0 <= amount < bits:
+      raise ValueError(f"shift amount {amount} is outside [0, {bits}) for {x.dtype}")
+    in_range = (shift >= 0) & (shift < bits)
+    safe = in_range.where(shift, 0)
+    shifted = self._nograd(x.lazydata.alu(Ops.SHL if left else Ops.SHR, safe.lazydata))
+    overflow = 0 if left or x.dtype.is_unsigned else (x < 0).where(-1, 0)   # numpy: shifting out every bit
+    return in_range.where(shifted, overflow).cast(x.dtype)
+  def lshift(self, x: Any, reverse: bool = False) -> Tensor: return self._shift(x, reverse, left=True)
+  def rshift(self, x: Any, reverse: bool = False) -> Tensor: return self._shift(x, reverse, left=False)
+
+  # ---- unary math
+  def neg(self) -> Tensor:
+    if self.dtype.is_bool: raise TypeError("negation of a bool tensor: use logical_not or ~ instead")
+    return F.Neg.apply(self)
+  def _float_math(self, fn) -> Tensor:
+    """Apply a float function; float16/bfloat16 inputs are computed in float32 and rounded back once."""
+    x = self._to_float()
+    return fn(x.cast(dtypes.float32)).cast(x.dtype) if x.dtype in HALF_FLOATS else fn(x)
+  def exp2(self) -> Tensor: return self._float_math(F.Exp2.apply)
+  def log2(self) -> Tensor: return self._float_math(F.Log2.apply)
+  def exp(self) -> Tensor: return self._float_math(lambda x: F.Exp2.apply(x * LOG2_E))
+  def log(self) -> Tensor: return self._float_math(lambda x: F.Log2.apply(x) * LN2)
+  def sqrt(self) -> Tensor: return self._float_math(F.Sqrt.apply)
+  def rsqrt(self) -> Tensor: return self._float_math(lambda x: F.Reciprocal.apply(F.Sqrt.apply(x)))
+  def reciprocal(self) -> Tensor: return self._float_math(F.Reciprocal.apply)
+  def sin(self) -> Tensor: return self._float_math(F.Sin.apply)
+  def cos(self) -> Tensor: return self._float_math(lambda x: F.Sin.apply((math.pi / 2) - x))
+  def tan(self) -> Tensor: return self._float_math(lambda x: F.Sin.apply(x) / F.Sin.apply((math.pi / 2) - x))
+  def square(self) -> Tensor: return self * self
+  def sigmoid(self) -> Tensor: return self._float_math(F.Sigmoid.apply)
+  def tanh(self) -> Tensor: return self._float_math(lambda x: 2.0 * F.Sigmoid.apply(2.0 * x) - 1.0)
+  def relu(self) -> Tensor: return F.Relu.apply(self)
+  def relu6(self) -> Tensor: return self.relu() - (self - 6).relu()
+  def leaky_relu(self, neg_slope: float = 0.01) -> Tensor: return self.relu() - (-self).relu() * neg_slope
+  def elu(self, alpha: float = 1.0) -> Tensor:
+    negative_part = (self._to_float().minimum(0).exp() - 1) * alpha   # exp of min(x, 0) stays finite (and so does its grad)
+    return (self > 0).where(self._to_float(), negative_part)
+  def gelu(self) -> Tensor:
+    x = self._to_float()
+    return 0.5 * x * (1 + (SQRT_2_OVER_PI * (x + GELU_CUBIC_COEFFICIENT * x * x * x)).tanh())
+  def quick_gelu(self) -> Tensor: return self * (self * QUICK_GELU_SCALE).sigmoid()
+  def silu(self) -> Tensor: return self * self.sigmoid()
+  def swish(self) -> Tensor: return self.silu()
+  def softplus(self, beta: float = 1.0) -> Tensor:
+    x = self._to_float() * beta   # log(1 + eˣ) = relu(x) + log(1 + e^−|x|): never overflows
+    return (x.relu() + ((-x.abs()).exp() + 1).log()) * (1 / beta)
+  def mish(self) -> Tensor: return self * self.softplus().tanh()
+  def abs(self) -> Tensor:
+    if self.dtype.is_bool or self.dtype.is_unsigned: return self
+    return self.maximum(-self)
+  def sign(self) -> Tensor:
+    """−1, 0 or 1 (NaN stays NaN); no gradient."""
+    x = self.detach()
+    if x.dtype.is_bool: return x
+    signs = (x > 0).cast(x.dtype) - (x < 0).cast(x.dtype) if not x.dtype.is_unsigned else (x > 0).cast(x.dtype)
+    return x.isnan().where(x, signs) if x.dtype.is_float else signs
+  def clip(self, min_: Any = None, max_: Any = None) -> Tensor:
+    if min_ is None and max_ is None: raise ValueError("clip needs min_ or max_")
+    out = self if min_ is None else self.maximum(min_)
+    return out if max_ is None else out.minimum(max_)
+  def clamp(self, min_: Any = None, max_: Any = None) -> Tensor: return self.clip(min_, max_)
+  def isnan(self) -> Tensor: return self != self if self.dtype.is_float else self.full_like(False, dtype=dtypes.bool)
+  def isinf(self, detect_positive: bool = True, detect_negative: bool = True) -> Tensor:
+    out = self.full_like(False, dtype=dtypes.bool)
+    if not self.dtype.is_float: return out
+    if detect_positive: out = out | (self == math.inf)
+    return out | (self == -math.inf) if detect_negative else out
+  def trunc(self) -> Tensor:
+    if not self.dtype.is_float: return self
+    return self._nograd(self.lazydata.alu(Ops.TRUNC))
+  def floor(self) -> Tensor:
+    if not self.dtype.is_float: return self
+    truncated = self.trunc()
+    return (self.detach() < truncated).where(truncated - 1, truncated)
+  def ceil(self) -> Tensor:
+    if not self.dtype.is_float: return self
+    truncated = self.trunc()
+    return (self.detach() > truncated).where(truncated + 1, truncated)
+  def round(self) -> Tensor:
+    """Round half to even, as numpy."""
+    if not self.dtype.is_float: return self
+    x = self.detach()
+    low = x.floor()
+    fraction = x - low                      # exact in floating point
+    low_is_even = (low * 0.5).floor() * 2 == low
+    round_up = (fraction > 0.5) | ((fraction == 0.5) & low_is_even.logical_not())
+    return round_up.where(low + 1, low)
+
+  # ---- reductions
+  def _reduce_axes(self, axis) -> tuple[int, ...]:
+    if axis is None: return tuple(range(self.ndim))
+    axes = axis if isinstance(axis, (tuple, list)) else (axis,)
+    resolved = tuple(_resolve_axis(a, self.ndim, self.shape) for a in axes)
+    if len(set(resolved)) != len(resolved): raise ValueError(f"repeated axis in {axis} for shape {self.shape}")
+    return resolved
+  def _reduce(self, function: type[F.Function], axes: tuple[int, ...], keepdim: bool) -> Tensor:
+    out = function.apply(self, axes=axes) if axes else self
+    return out if keepdim else out.reshape(tuple(s for i, s in enumerate(self.shape) if i not in axes))
+  def _reduced_shape(self, axes: tuple[int, ...], keepdim: bool) -> tuple[int, ...]:
+    return tuple(1 if i in axes else s for i, s in enumerate(self.shape) if keepdim or i not in axes)
+  def _accumulate(self, function: type[F.Function], identity: Scalar, axis, keepdim: bool, acc_dtype) -> Tensor:
+    axes = self._reduce_axes(axis)
+    out_dtype = _sum_dtype(self.dtype)
+    if acc_dtype is None: acc_dtype = dtypes.float32 if out_dtype in HALF_FLOATS else out_dtype
+    if any(self.shape[a] == 0 for a in axes):
+      return Tensor.full(self._reduced_shape(axes, keepdim), identity, dtype=out_dtype, device=self.device)
+    return self.cast(to_dtype(acc_dtype))._reduce(function, axes, keepdim).cast(out_dtype)
+  def sum(self, axis=None, keepdim: bool = False, acc_dtype: Any = None) -> Tensor:
+    """Sum over `axis` (int, tuple, None: all). Bools and ints narrower than 32 bits sum to int32 (uint32 for
+    unsigned), not to numpy's int64; float16/bfloat16 accumulate in float32."""
+    return self._accumulate(F.Sum, 0, axis, keepdim, acc_dtype)
+  def prod(self, axis=None, keepdim: bool = False, acc_dtype: Any = None) -> Tensor:
+    return self._accumulate(F.Prod, 1, axis, keepdim, acc_dtype)
+  def max(self, axis=None, keepdim: bool = False) -> Tensor:
+    axes = self._reduce_axes(axis)
+    if any(self.shape[a] == 0 for a in axes): raise ValueError(f"max over an empty axis: shape {self.shape}, axis {axis}")
+    if self.dtype.is_bool: return self.cast(dtypes.uint8).max(axis, keepdim).cast(dtypes.bool)
+    return self._reduce(F.Max, axes, keepdim)
+  def min(self, axis=None, keepdim: bool = False) -> Tensor:
+    if self.dtype.is_bool: return self.logical_not().max(axis, keepdim).logical_not()
+    return self._order_flip().max(axis, keepdim)._order_flip()
+  def mean(self, axis=None, keepdim: bool = False) -> Tensor:
+    float_dtype = least_upper_float(self.dtype)
+    acc_dtype = dtypes.float32 if float_dtype in HALF_FLOATS else float_dtype
+    total = self.cast(acc_dtype).sum(axis, keepdim)
+    count = prod(self.shape[a] for a in self._reduce_axes(axis))
+    return (total / count).cast(float_dtype)   # 0 / 0 is NaN for an empty axis, as numpy
+  def var(self, axis=None, keepdim: bool = False, correction: int = 1) -> Tensor:
+    squared = (self._to_float() - self._to_float().mean(axis, keepdim=True)).square()
+    count = prod(self.shape[a] for a in self._reduce_axes(axis))
+    return squared.sum(axis, keepdim) / max(0, count - correction)
+  def std(self, axis=None, keepdim: bool = False, correction: int = 1) -> Tensor:
+    return self.var(axis, keepdim, correction).sqrt()
+  def argmax(self, axis: Optional[int] = None, keepdim: bool = False) -> Tensor:
+    """The index (int32) of the first maximum; NaN counts as the maximum, as in numpy."""
+    if axis is None:
+      out = self.flatten().argmax(0)
+      return out.reshape((1,) * self.ndim) if keepdim else out
+    axis = _resolve_axis(axis, self.ndim, self.shape)
+    size = self.shape[axis]
+    if size == 0: raise ValueError(f"argmax over an empty axis: shape {self.shape}, axis {axis}")
+    x = self.detach()
+    is_max = x == x.max(axis, keepdim=True)
+    if x.dtype.is_float: is_max = is_max | x.isnan()
+    countdown = Tensor.arange(size, 0, -1, device=self.device).reshape((size,) + (1,) * (self.ndim - axis - 1))
+    return size - is_max.where(countdown, 0).max(axis, keepdim)
+  def argmin(self, axis: Optional[int] = None, keepdim: bool = False) -> Tensor:
+    flipped = self.detach().logical_not() if self.dtype.is_bool else self.detach()._order_flip()
+    return flipped.argmax(axis, keepdim)
+  def any(self, axis=None, keepdim: bool = False) -> Tensor:
+    axes = self._reduce_axes(axis)
+    if any(self.shape[a] == 0 for a in axes): return Tensor.full(self._reduced_shape(axes, keepdim), False, device=self.device)
+    return (self != 0).max(axis, keepdim)
+  def all(self, axis=None, keepdim: bool = False) -> Tensor:
+    return self.logical_not().any(axis, keepdim).logical_not()
+  def softmax(self, axis: int = -1) -> Tensor:
+    x = self._to_float()
+    exponentials = (x - x.max(axis, keepdim=True).detach()).exp()
+    return exponentials / exponentials.sum(axis, keepdim=True)
+  def log_softmax(self, axis: int = -1) -> Tensor:
+    x = self._to_float()
+    shifted = x - x.max(axis, keepdim=True).detach()
+    return shifted - shifted.exp().sum(axis, keepdim=True).log()
+  def logsumexp(self, axis=None, keepdim: bool = False) -> Tensor:
+    x = self._to_float()
+    peak = x.max(axis, keepdim=True).detach()
+    peak = peak.isinf().where(0, peak)     # all −inf (or +inf) rows: shift by 0 instead of producing NaN
+    out = (x - peak).exp().sum(axis, keepdim=True).log() + peak
+    return out if keepdim else out.reshape(self._reduced_shape(self._reduce_axes(axis), keepdim=False))
+  def _windows(self, pad_value: Scalar) -> Tensor:
+    """For the last axis of size n: shape (..., n, n) with out[..., i, j] = x[i + j − (n − 1)] (pad_value before 0).
+    A view of x padded on the left by n − 1: expanded, flattened, re-cut with row length n·2, and shrunk."""
+    n = self.shape[-1]
+    length = 2 * n - 1
+    lead = self.shape[:-1]
+    padded = self.pad(((0, 0),) * len(lead) + ((n - 1, 0),), value=pad_value)
+    rows = padded.unsqueeze(-2).expand(*lead, n, length).reshape(*lead, n * length)
+    rows = rows.pad(((0, 0),) * len(lead) + ((0, n),)).reshape(*lead, n, length + 1)
+    return rows.shrink(tuple((0, s) for s in lead) + ((0, n), (0, n)))
+  def cumsum(self, axis: int = 0) -> Tensor:
+    """Running sum along `axis`: an (n, n) window view reduced (O(n²) work, O(n) memory)."""
+    axis = _resolve_axis(axis, self.ndim, self.shape) if self.ndim else 0
+    if self.ndim == 0 or self.shape[axis] <= 1: return self.cast(_sum_dtype(self.dtype))
+    moved = self.transpose(axis, -1)
+    return moved._windows(0).sum(-1).transpose(axis, -1)
+  def cumprod(self, axis: int = 0) -> Tensor:
+    axis = _resolve_axis(axis, self.ndim, self.shape) if self.ndim else 0
+    if self.ndim == 0 or self.shape[axis] <= 1: return self.cast(_sum_dtype(self.dtype))
+    moved = self.transpose(axis, -1)
+    return moved._windows(1).prod(-1).transpose(axis, -1)
+
+  # ---- movement
+  def reshape(self, shape, *args) -> Tensor:
+    """New shape; one dim may be -1 (inferred) and None keeps that dim."""
+    shape = tuple(self.shape[i] if s is None else s for i, s in enumerate(_shape_arg(shape, args)))
+    if shape.count(-1) > 1: raise ValueError(f"reshape of {self.shape}: only one dim can be -1, got {shape}")
+    if -1 in shape:
+      known = prod(s for s in shape if s != -1)
+      if known == 0 or self.numel() % known: raise ValueError(f"cannot reshape tensor of shape {self.shape} to {shape}")
+      shape = tuple(self.numel() // known if s == -1 else s for s in shape)
+    shape = _check_shape(shape)
+    if prod(shape) != self.numel(): raise ValueError(f"cannot reshape tensor of shape {self.shape} to {shape}")
+    return self if shape == self.shape else F.Reshape.apply(self, shape=shape)
+  def view(self, shape, *args) -> Tensor: return self.reshape(shape, *args)
+  def permute(self, order, *args) -> Tensor:
+    order = tuple(_resolve_axis(a, self.ndim, self.shape) for a in _shape_arg(order, args))
+    if sorted(order) != list(range(self.ndim)):
+      raise ValueError(f"permute order {order} is not a permutation of the {self.ndim} dims of {self.shape}")
+    return self if order == tuple(range(self.ndim)) else F.Permute.apply(self, order=order)
+  def transpose(self, dim0: int = 1, dim1: int = 0) -> Tensor:
+    order = list(range(self.ndim))
+    a, b = _resolve_axis(dim0, self.ndim, self.shape), _resolve_axis(dim1, self.ndim, self.shape)
+    order[a], order[b] = order[b], order[a]
+    return self.permute(order)
+  @property
+  def T(self) -> Tensor: return self.permute(tuple(reversed(range(self.ndim))))
+  def expand(self, shape, *args) -> Tensor:
+    """Broadcast to `shape` (-1 keeps a dim; new dims go in front)."""
+    shape = _shape_arg(shape, args)
+    if len(shape) < self.ndim: raise ValueError(f"cannot expand {self.shape} to fewer dims: {shape}")
+    current = (1,) * (len(shape) - self.ndim) + self.shape
+    target = tuple(c if s == -1 else s for s, c in zip(shape, current))
+    if any(c != t and c != 1 for c, t in zip(current, _check_shape(target))):
+      raise ValueError(f"cannot expand {self.shape} to {shape}")
+    return self._broadcast_to(target)
+  def pad(self, padding, value: Scalar = 0.0, mode: str = "constant") -> Tensor:
+    """Pad with `value`: `padding` is ((before, after) or None per dim), or torch's flat (left, right, top, bottom,
+    ...) starting from the last dim. Negative amounts cut."""
+    if mode != "constant": raise ValueError(f"only constant padding is supported, got mode {mode!r}")
+    padding = _normalize_padding(padding, self.shape)
+    if all(p == (0, 0) for p in padding): return self
+    bounds = tuple((-min(b, 0), s + min(a, 0)) for s, (b, a) in zip(self.shape, padding))
+    if any(lo > hi for lo, hi in bounds): raise ValueError(f"padding {padding} cuts more than shape {self.shape}")
+    x = self.shrink(bounds)
+    grow = tuple((max(b, 0), max(a, 0)) for b, a in padding)
+    padded = F.Pad.apply(x, padding=grow) if any(p != (0, 0) for p in grow) else x
+    if value == 0 or padded is x: return padded
+    inside = Tensor(LazyBuffer.const_of(True, dtypes.bool, self.device, x.shape).pad(grow))
+    return inside.where(padded, value)
+  def shrink(self, bounds) -> Tensor:
+    """Keep [start, end) per dim (None keeps the dim)."""
+    if len(bounds) != self.ndim: raise ValueError(f"shrink needs {self.ndim} bounds for shape {self.shape}, got {bounds}")
+    bounds = tuple((0, s) if b is None else (int(b[0]), int(b[1])) for s, b in zip(self.shape, bounds))
+    if any(not 0 <= lo <= hi <= s for s, (lo, hi) in zip(self.shape, bounds)):
+      raise ValueError(f"shrink bounds {bounds} are outside shape {self.shape}")
+    return self if bounds == tuple((0, s) for s in self.shape) else F.Shrink.apply(self, bounds=bounds)
+  def flip(self, axis, *args) -> Tensor:
+    axes = {_resolve_axis(a, self.ndim, self.shape) for a in _shape_arg(axis, args)}
+    if not axes: return self
+    return F.Flip.apply(self, axes=tuple(i in axes for i in range(self.ndim)))
+  def _stride(self, steps: tuple[int, ...]) -> Tensor:
+    return self if all(s == 1 for s in steps) else F.Stride.apply(self, steps=steps)
+  def flatten(self, start_dim: int = 0, end_dim: int = -1) -> Tensor:
+    if self.ndim == 0: return self.reshape(1)
+    start, end = _resolve_axis(start_dim, self.ndim, self.shape), _resolve_axis(end_dim, self.ndim, self.shape)
+    if start > end: raise ValueError(f"flatten: start_dim {start_dim} comes after end_dim {end_dim}")
+    return self.reshape(self.shape[:start] + (prod(self.shape[start:end + 1]),) + self.shape[end + 1:])
+  def unflatten(self, dim: int, sizes) -> Tensor:
+    dim = _resolve_axis(dim, self.ndim, self.shape)
+    return self.reshape(self.shape[:dim] + tuple(sizes) + self.shape[dim + 1:])
+  def squeeze(self, dim: Optional[int] = None) -> Tensor:
+    """Drop size-1 dims (all of them, or `dim` if it has size 1; other sizes are left alone, as in torch)."""
+    if dim is None: return self.reshape(tuple(s for s in self.shape if s != 1))
+    if self.ndim == 0 and dim in (0, -1): return self
+    dim = _resolve_axis(dim, self.ndim, self.shape)
+    return self if self.shape[dim] != 1 else self.reshape(self.shape[:dim] + self.shape[dim + 1:])
+  def unsqueeze(self, dim: int) -> Tensor:
+    dim = _resolve_axis(dim, self.ndim + 1, self.shape)
+    return self.reshape(self.shape[:dim] + (1,) + self.shape[dim:])
+  def repeat(self, repeats, *args) -> Tensor:
+    """Tile like torch's repeat: `repeats` has one count per dim (more dims add leading ones)."""
+    repeats = _shape_arg(repeats, args)
+    if len(repeats) < self.ndim: raise ValueError(f"repeat needs at least {self.ndim} counts for {self.shape}, got {repeats}")
+    base = self.reshape((1,) * (len(repeats) - self.ndim) + self.shape)
+    interleaved = base.reshape(tuple(d for s in base.shape for d in (1, s)))
+    tiled = interleaved.expand(tuple(d for r, s in zip(repeats, base.shape) for d in (r, s)))
+    return tiled.reshape(tuple(r * s for r, s in zip(repeats, base.shape)))
+  def cat(self, *args: Tensor, dim: int = 0) -> Tensor:
+    """Join along `dim`: `a.cat(b, c, dim=0)` or `Tensor.cat(a, b, c)` or `Tensor.cat([a, b, c])`."""
+    tensors = _tensor_list(self, args)
+    first = tensors[0]
+    if first.ndim == 0: raise ValueError("cat of 0-d tensors: use stack")
+    dim = _resolve_axis(dim, first.ndim, first.shape)
+    for t in tensors:
+      if t.ndim != first.ndim or any(a != b for i, (a, b) in enumerate(zip(t.shape, first.shape)) if i != dim):
+        raise ValueError(f"cat along dim {dim}: shapes {[x.shape for x in tensors]} differ outside that dim")
+    dtype = least_upper_dtype(*[t.dtype for t in tensors])
+    total = sum(t.shape[dim] for t in tensors)
+    out, offset = None, 0
+    for t in tensors:
+      padding = tuple((offset, total - offset - t.shape[dim]) if i == dim else (0, 0) for i in range(first.ndim))
+      piece = t.cast(dtype).pad(padding)
+      out = piece if out is None else out + piece
+      offset += t.shape[dim]
+    return out
+  def stack(self, *args: Tensor, dim: int = 0) -> Tensor:
+    """Join along a new `dim`: `a.stack(b, dim=0)`, `Tensor.stack(a, b)` or `Tensor.stack([a, b])`."""
+    tensors = _tensor_list(self, args)
+    for t in tensors:
+      if t.shape != tensors[0].shape: raise ValueError(f"stack needs one shape, got {[x.shape for x in tensors]}")
+    dim = _resolve_axis(dim, tensors[0].ndim + 1, tensors[0].shape)
+    expanded = [t.unsqueeze(dim) for t in tensors]
+    return expanded[0].cat(*expanded[1:], dim=dim)
+  def split(self, sizes, dim: int = 0) -> tuple[Tensor, ...]:
+    """Pieces along `dim`: of `sizes` each (an int; the last may be smaller) or of the listed sizes."""
+    dim = _resolve_axis(dim, self.ndim, self.shape)
+    length = self.shape[dim]
+    if isinstance(sizes, int):
+      if sizes <= 0: raise ValueError(f"split size must be positive, got {sizes}")
+      sizes = [min(sizes, length - start) for start in range(0, length, sizes)] or [0]
+    if sum(sizes) != length: raise ValueError(f"split sizes {list(sizes)} do not add up to {length} (shape {self.shape})")
+    pieces, start = [], 0
+    for size in sizes:
+      pieces.append(self.shrink(tuple((start, start + size) if i == dim else None for i in range(self.ndim))))
+      start += size
+    return tuple(pieces)
+  def chunk(self, chunks: int, dim: int = 0) -> tuple[Tensor, ...]:
+    if chunks <= 0: raise ValueError(f"chunk needs a positive count, got {chunks}")
+    dim = _resolve_axis(dim, self.ndim, self.shape)
+    return self.split(max(1, math.ceil(self.shape[dim] / chunks)), dim)
+
+  # ---- indexing
+  def __getitem__(self, indices) -> Tensor:
+    """numpy indexing: ints (negative count from the end), slices (any step), None, Ellipsis, and int Tensors or
+    lists (a gather, built as a one-hot compare with ARANGE and a sum). Out-of-range tensor indices give 0: they
+    never read outside the buffer and are not checked (that would need the values)."""
+    plan = _IndexPlan(self.shape, indices, self.device)
+    x = self.shrink(plan.bounds).flip(tuple(i for i, f in enumerate(plan.flips) if f))._stride(tuple(plan.steps))
+    x = x.reshape(plan.view_shape)
+    return x if not plan.tensor_indices else x._gather(plan)
+  def _gather(self, plan: _IndexPlan) -> Tensor:
+    dims = [d for d, _ in plan.tensor_indices]
+    rest = [d for d in range(self.ndim) if d not in dims]
+    index_shape = broadcast_shape(*[t.shape for _, t in plan.tensor_indices])
+    ones_index, ones_rest, n_gathered = (1,) * len(index_shape), (1,) * len(rest), len(dims)
+    x = self.permute(rest + dims)
+    x = x.reshape(ones_index + x.shape)
+    mask: Optional[Tensor] = None
+    for k, (dim, index) in enumerate(plan.tensor_indices):
+      size = self.shape[dim]
+      index = index.cast(dtypes.int32)
+      index = (index < 0).where(index + size, index)._broadcast_to(index_shape)
+      one_hot_shape = (1,) * k + (size,) + (1,) * (n_gathered - k - 1)
+      positions = Tensor.arange(size, device=self.device).reshape(ones_index + ones_rest + one_hot_shape)
+      hit = index.reshape(index_shape + ones_rest + (1,) * n_gathered) == positions
+      mask = hit if mask is None else mask & hit
+    assert mask is not None
+    gathered_axes = tuple(range(x.ndim - n_gathered, x.ndim))
+    out = mask.where(x, 0).sum(gathered_axes, acc_dtype=_gather_acc_dtype(self.dtype)).cast(self.dtype)
+    if plan.advanced_adjacent and plan.advanced_position > 0:   # numpy: the index dims replace the indexed dims
+      n_index, position = len(index_shape), plan.advanced_position
+      order = list(range(n_index, n_index + position)) + list(range(n_index)) + list(range(n_index + position, out.ndim))
+      out = out.permute(order)
+    return out
+  def __setitem__(self, indices, value: Any) -> None:
+    """In place on this Tensor: it is rebound to a lazy value with the selected positions replaced (and written into
+    its buffer when that is realized). Basic indices cost O(numel); tensor indices O(numel × selected), where a
+    repeated position takes the last value, as numpy. Not differentiable."""
+    if self.requires_grad and Tensor.grad_enabled:
+      raise ValueError(f"item assignment into a tensor that requires grad (shape {self.shape}); use Tensor.no_grad()")
+    plan = _IndexPlan(self.shape, indices, self.device)
+    value = self._as_tensor(value, dtype=self.dtype if not isinstance(value, Tensor) else None).cast(self.dtype)
+    if plan.tensor_indices: new = self._scatter(indices, value)
+    else:
+      value = value.detach()._broadcast_to(plan.view_shape)
+      placed = plan.place(value.lazydata)
+      inside = plan.place(LazyBuffer.const_of(True, dtypes.bool, self.device, plan.view_shape))
+      new = Tensor(inside).where(Tensor(placed), self.detach())
+    self.assign(new)
+  def _scatter(self, indices, value: Tensor) -> Tensor:
+    positions = Tensor.arange(self.numel(), device=self.device).reshape(self.shape)[indices]
+    value = value.detach()._broadcast_to(positions.shape).flatten()
+    positions = positions.flatten()
+    selected = positions.shape[0]
+    if selected == 0: return self.detach()
+    matches = Tensor.arange(self.numel(), device=self.device).reshape(-1, 1) == positions.reshape(1, -1)
+    order = Tensor.arange(selected, device=self.device).reshape(1, -1)
+    last = matches.where(order, -1).max(1, keepdim=True)        # the last write to each position wins
+    chosen = matches & (order == last)
+    written = chosen.where(value.reshape(1, -1), 0).sum(1, acc_dtype=_gather_acc_dtype(self.dtype)).cast(self.dtype)
+    return (last.reshape(-1) >= 0).where(written, self.detach().flatten()).reshape(self.shape)
+  def assign(self, x: Any) -> Tensor:
+    """Replace this tensor's value with x (same shape; cast to this dtype). When this tensor holds a realized buffer,
+    the buffer itself is written on realize (Ops.ASSIGN). Not tracked by autograd."""
+    x = self._as_tensor(x, dtype=self.dtype if not isinstance(x, Tensor) else None)
+    if x.shape != self.shape:
+      x = x._broadcast_to(self.shape) if broadcast_shape(x.shape, self.shape) == self.shape else x
+      if x.shape != self.shape: raise ValueError(f"assign of shape {x.shape} into a tensor of shape {self.shape}")
+    value = x.cast(self.dtype).lazydata
+    target = self.lazydata
+    self.lazydata = target.assign(value) if target.is_base and target.realized is not None else value
+    self._ctx = None
+    return self
+  def _inplace(self, result: Tensor) -> Tensor:
+    """`x += y` and friends: self becomes the result; autograd sees the old value as its own node."""
+    self.lazydata, self._ctx, self.requires_grad = result.lazydata, result._ctx, result.requires_grad
+    return self
+  def _snapshot(self) -> Tensor:
+    if self.requires_grad and self._ctx is None and Tensor.grad_enabled:
+      raise ValueError(f"in-place op on a leaf tensor that requires grad (shape {self.shape}); use Tensor.no_grad()")
+    old = Tensor(self.lazydata, requires_grad=self.requires_grad)
+    old._ctx = self._ctx
+    return old
+
+  # ---- matrix products
+  def dot(self, w: Tensor, acc_dtype: Any = None) -> Tensor:
+    """numpy's matmul: 1-D operands are vectors, leading dims broadcast as a batch."""
+    w = self._as_tensor(w)
+    if self.ndim == 0 or w.ndim == 0: raise ValueError(f"matmul needs at least 1-D operands, got {self.shape} and {w.shape}")
+    x, y = self.reshape(1, -1) if self.ndim == 1 else self, w.reshape(-1, 1) if w.ndim == 1 else w
+    if x.shape[-1] != y.shape[-2]:
+      raise ValueError(f"matmul: inner dimensions differ: {self.shape} @ {w.shape} ({x.shape[-1]} != {y.shape[-2]})")
+    try: batch = broadcast_shape(x.shape[:-2], y.shape[:-2])
+    except ValueError: raise ValueError(f"matmul: batch dims of {self.shape} and {w.shape} do not broadcast") from None
+    dtype = promote_types(x.dtype, y.dtype)
+    n, k, m = x.shape[-2], x.shape[-1], y.shape[-1]
+    x = x.cast(dtype)._broadcast_to(batch + (n, k)).reshape(batch + (n, 1, k))
+    y = y.cast(dtype)._broadcast_to(batch + (k, m)).transpose(-1, -2).reshape(batch + (1, m, k))
+    out = (x * y).sum(-1, acc_dtype=acc_dtype).cast(dtype)
+    if self.ndim == 1: out = out.squeeze(-2)
+    if w.ndim == 1: out = out.squeeze(-1)
+    return out
+  def matmul(self, x: Tensor, reverse: bool = False) -> Tensor:
+    return self._as_tensor(x).dot(self) if reverse else self.dot(x)
+  def linear(self, weight: Tensor, bias: Optional[Tensor] = None) -> Tensor:
+    """tinygrad's linear: x·weight (weight is (in, out)), plus bias."""
+    out = self * weight if weight.ndim == 1 else self.dot(weight)
+    return out + bias if bias is not None else out
+  @staticmethod
+  def einsum(formula: str, *operands, acc_dtype: Any = None) -> Tensor:
+    """Einstein summation, e.g. "ij,jk->ik", "bij,bjk->bik", "ii->i" (diagonal), "ii" (trace), "i,j->ij",
+    "...ij->...ji". Built from diagonal views, permutes, broadcast multiplies and one sum."""
+    tensors = list(operands[0]) if len(operands) == 1 and isinstance(operands[0], (list, tuple)) else list(operands)
+    return _einsum(formula, tensors, acc_dtype)
+
+  # ---- operators
+  def __neg__(self) -> Tensor: return self.neg()
+  def __invert__(self) -> Tensor: return self.bitwise_not()
+  def __abs__(self) -> Tensor: return self.abs()
+  def __add__(self, x) -> Tensor: return self.add(x)
+  def __sub__(self, x) -> Tensor: return self.sub(x)
+  def __mul__(self, x) -> Tensor: return self.mul(x)
+  def __truediv__(self, x) -> Tensor: return self.div(x)
+  def __floordiv__(self, x) -> Tensor: return self.floordiv(x)
+  def __mod__(self, x) -> Tensor: return self.mod(x)
+  def __pow__(self, x) -> Tensor: return self.pow(x)
+  def __matmul__(self, x) -> Tensor: return self.matmul(x)
+  def __and__(self, x) -> Tensor: return self.bitwise_and(x)
+  def __or__(self, x) -> Tensor: return self.bitwise_or(x)
+  def __xor__(self, x) -> Tensor: return self.xor(x)
+  def __lshift__(self, x) -> Tensor: return self.lshift(x)
+  def __rshift__(self, x) -> Tensor: return self.rshift(x)
+  def __radd__(self, x) -> Tensor: return self.add(x, reverse=True)
+  def __rsub__(self, x) -> Tensor: return self.sub(x, reverse=True)
+  def __rmul__(self, x) -> Tensor: return self.mul(x, reverse=True)
+  def __rtruediv__(self, x) -> Tensor: return self.div(x, reverse=True)
+  def __rfloordiv__(self, x) -> Tensor: return self.floordiv(x, reverse=True)
+  def __rmod__(self, x) -> Tensor: return self.mod(x, reverse=True)
+  def __rpow__(self, x) -> Tensor: return self.pow(x, reverse=True)
+  def __rmatmul__(self, x) -> Tensor: return self.matmul(x, reverse=True)
+  def __rand__(self, x) -> Tensor: return self.bitwise_and(x, reverse=True)
+  def __ror__(self, x) -> Tensor: return self.bitwise_or(x, reverse=True)
+  def __rxor__(self, x) -> Tensor: return self.xor(x, reverse=True)
+  def __rlshift__(self, x) -> Tensor: return self.lshift(x, reverse=True)
+  def __rrshift__(self, x) -> Tensor: return self.rshift(x, reverse=True)
+  def __iadd__(self, x) -> Tensor: return self._inplace(self._snapshot() + x)
+  def __isub__(self, x) -> Tensor: return self._inplace(self._snapshot() - x)
+  def __imul__(self, x) -> Tensor: return self._inplace(self._snapshot() * x)
+  def __itruediv__(self, x) -> Tensor: return self._inplace(self._snapshot() / x)
+  def __ifloordiv__(self, x) -> Tensor: return self._inplace(self._snapshot() // x)
+  def __imod__(self, x) -> Tensor: return self._inplace(self._snapshot() % x)
+  def __ipow__(self, x) -> Tensor: return self._inplace(self._snapshot() ** x)
+  def __imatmul__(self, x) -> Tensor: return self._inplace(self._snapshot() @ x)
+  def __iand__(self, x) -> Tensor: return self._inplace(self._snapshot() & x)
+  def __ior__(self, x) -> Tensor: return self._inplace(self._snapshot() | x)
+  def __ixor__(self, x) -> Tensor: return self._inplace(self._snapshot() ^ x)
+  def __ilshift__(self, x) -> Tensor: return self._inplace(self._snapshot() << x)
+  def __irshift__(self, x) -> Tensor: return self._inplace(self._snapshot() >> x)
+
+# ---------------------------------------------------------------------------------------------------------------
+# helpers that build on Tensor
+
+def _float_default(kwargs: dict) -> dict:
+  kwargs.setdefault("dtype", dtypes.default_float)
+  return kwargs
+
+def _host_dtype(dtype: DType) -> np.dtype:
+  return np.dtype(np.float32) if dtype == dtypes.bfloat16 else dtype.np
+
+def _from_array(array: np.ndarray, dtype: DType, device: str) -> LazyBuffer:
+  """Host data → a COPY leaf (the array is copied, so later changes to it don't leak in). bfloat16 arrives as
+  float32 values and is rounded on the device by CAST."""
+  if dtype == dtypes.bfloat16:
+    return LazyBuffer.from_host(np.array(array, dtype=np.float32, order="C"), device).cast(dtypes.bfloat16)
+  return LazyBuffer.from_host(np.array(array, dtype=dtype.np, order="C"), device)
+
+def _tensor_list(first: Any, rest: tuple) -> list[Tensor]:
+  tensors = list(first) + list(rest) if isinstance(first, (list, tuple)) else [first, *rest]
+  if not tensors: raise ValueError("need at least one tensor")
+  for t in tensors:
+    if not isinstance(t, Tensor): raise TypeError(f"expected Tensors, got {type(t).__name__}")
+  return tensors
+
+def _needs_floor_fix(a: Tensor, b: Tensor) -> Tensor:
+  """Where C's truncating division differs from floor division: a nonzero remainder whose sign differs from b's."""
+  remainder = Tensor(a.lazydata.alu(Ops.MOD, b.lazydata), requires_grad=False)
+  return (remainder != 0) & ((remainder < 0) != (b < 0))
+
+def _power_by_squaring(base: Tensor, exponent: int) -> Tensor:
+  if exponent == 0: return base.ones_like()
+  result: Optional[Tensor] = None
+  square = base
+  while exponent:
+    if exponent & 1: result = square if result is None else result * square
+    exponent >>= 1
+    if exponent: square = square * square
+  assert result is not None
+  return result
+
+def _float_pow(base: Tensor, exponent: Tensor) -> Tensor:
+  """|b|^e through exp2/log2, then numpy's sign rules: a negative base keeps a sign for integer e, else NaN."""
+  magnitude = (exponent * base.abs().log2()).exp2()
+  integer_exponent = exponent == exponent.trunc()
+  half = exponent.detach() * 0.5
+  odd_exponent = integer_exponent & (half != half.trunc())
+  negative = base.detach() < 0
+  signed = (negative & odd_exponent).where(-magnitude, magnitude)
+  out = (negative & integer_exponent.logical_not()).where(math.nan, signed)
+  return ((exponent.detach() == 0) | (base.detach() == 1)).where(1.0, out)
+
+def _int_pow(base: Tensor, exponent: Tensor) -> Tensor:
+  """Integer power by squaring over the exponent's bits. A negative exponent gives 1/b^|e| rounded toward 0:
+  1 for b = 1, ±1 for b = −1, 0 otherwise (numpy raises instead)."""
+  base, exponent = base.detach(), exponent.detach()
+  result, square = base.ones_like(), base
+  for bit in range(exponent.dtype.bits - (0 if exponent.dtype.is_unsigned else 1)):
+    result = ((exponent & (1 << bit)) != 0).where(result * square, result)
+    square = square * square
+  if exponent.dtype.is_unsigned: return result
+  odd = (exponent & 1) != 0
+  negative_power = (base == 1).where(1, (base == -1).where(odd.where(-1, 1), 0))
+  return (exponent < 0).where(negative_power.cast(base.dtype), result)
+
+def _gather_acc_dtype(dtype: DType) -> DType:
+  """A sum that adds one selected value to zeros is exact in the value's own dtype (bools go through int32)."""
+  return dtypes.int32 if dtype.is_bool else dtype
+
+def _normalize_padding(padding, shape: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
+  ndim = len(shape)
+  if all(isinstance(p, (int, np.integer)) for p in padding):
+    if len(padding) % 2 or len(padding) > 2 * ndim:
+      raise ValueError(f"flat padding {padding} needs an even count of at most {2 * ndim} for shape {shape}")
+    pairs = [(0, 0)] * ndim
+    for i in range(len(padding) // 2): pairs[ndim - 1 - i] = (int(padding[2 * i]), int(padding[2 * i + 1]))
+    return tuple(pairs)
+  if len(padding) != ndim: raise ValueError(f"padding {padding} needs one entry per dim of shape {shape}")
+  return tuple((0, 0) if p is None else (int(p[0]), int(p[1])) for p in padding)
+
+class _IndexPlan:
+  """A numpy index taken apart: the shrink/flip/stride that basic indices make, the view shape after ints are
+  dropped and Nones added, and the tensor indices (by dim of that view) with numpy's rule for where their dims go."""
+  def __init__(self, shape: tuple[int, ...], indices, device: str):
+    items = list(indices) if isinstance(indices, tuple) else [indices]
+    items = [Tensor(i, device=device) if isinstance(i, (list, np.ndarray)) else i for i in items]
+    for i in items:
+      if isinstance(i, bool) or not (i is None or i is Ellipsis or isinstance(i, (int, np.integer, slice, Tensor))):
+        raise TypeError(f"unsupported index {i!r}: use ints, slices, None, Ellipsis or int tensors")
+      if isinstance(i, Tensor) and not (i.dtype.is_int):
+        raise IndexError(f"tensor indices must be ints, got {i.dtype} (boolean masks have a data-dependent shape)")
+    if sum(i is Ellipsis for i in items) > 1: raise IndexError("an index can only have a single ellipsis")
+    consumed = sum(i is not None and i is not Ellipsis for i in items)
+    if consumed > len(shape): raise IndexError(f"too many indices for a tensor of shape {shape}: {consumed} were given")
+    fill = [slice(None)] * (len(shape) - consumed)
+    if Ellipsis in items:
+      at = next(k for k, i in enumerate(items) if i is Ellipsis)
+      items = items[:at] + fill + items[at + 1:]
+    else: items = items + fill
+    self.input_shape = shape
+    self.bounds, self.flips, self.steps = [], [], []
+    self.view_shape: tuple[int, ...] = ()
+    self.strided_shape: list[int] = []
+    self.tensor_indices: list[tuple[int, Tensor]] = []
+    advanced_items: list[int] = []   # positions in `items` of tensor (and, with them, int) indices
+    self.advanced_position = 0       # the view dim where the index dims go when the advanced items are adjacent
+    view: list[int] = []
+    dim = 0
+    has_tensor = any(isinstance(i, Tensor) for i in items)
+    for k, item in enumerate(items):
+      if item is None:
+        view.append(1)
+        continue
+      size = shape[dim]
+      if isinstance(item, Tensor):
+        if not advanced_items: self.advanced_position = len(view)
+        advanced_items.append(k)
+        self.tensor_indices.append((len(view), item))
+        self._keep(0, size, 1, False)
+        view.append(size)
+      elif isinstance(item, slice):
+        start, stop, step = item.indices(size)
+        count = len(range(start, stop, step))
+        if count == 0: self._keep(0, 0, 1, False)
+        elif step > 0: self._keep(start, start + (count - 1) * step + 1, step, False)
+        else: self._keep(start + (count - 1) * step, start + 1, -step, True)
+        view.append(count)
+      else:
+        index = int(item)
+        if not -size <= index < size: raise IndexError(f"index {index} is out of bounds for dim {dim} with size {size}")
+        index %= size
+        if has_tensor:
+          if not advanced_items: self.advanced_position = len(view)
+          advanced_items.append(k)
+        self._keep(index, index + 1, 1, False)
+      dim += 1
+    self.view_shape = tuple(view)
+    self.advanced_adjacent = advanced_items == list(range(advanced_items[0], advanced_items[-1] + 1)) \
+      if advanced_items else True
+    if not self.advanced_adjacent: self.advanced_position = 0
+  def _keep(self, begin: int, end: int, step: int, flip: bool) -> None:
+    self.bounds.append((begin, end))
+    self.steps.append(step)
+    self.flips.append(flip)
+    self.strided_shape.append(len(range(0, end - begin, step)))
+  def place(self, value: LazyBuffer) -> LazyBuffer:
+    """The inverse of the basic indexing: `value` (of view_shape) put back at its positions in the input shape,
+    zeros (False) elsewhere."""
+    placed = value.reshape(tuple(self.strided_shape))
+    if any(s != 1 for s in self.steps):
+      placed = F.spread_strided(placed, tuple(self.steps), tuple(hi - lo for lo, hi in self.bounds))
+    placed = placed.flip(tuple(self.flips))
+    return placed.pad(tuple((lo, size - hi) for size, (lo, hi) in zip(self.input_shape, self.bounds)))
+
+def _einsum(formula: str, tensors: list[Tensor], acc_dtype: Any) -> Tensor:
+  formula = formula.replace(" ", "")
+  lhs, arrow, rhs = formula.partition("->")
+  specs = lhs.split(",")
+  if len(specs) != len(tensors): raise ValueError(f"einsum {formula!r} names {len(specs)} operands, got {len(tensors)}")
+  spare = [c for c in "ABCDEFGHIJKLMNOPQRSTUVWXYZ" if c not in formula]
+  ellipsis_ndim = max((t.ndim - (len(s) - 3) for s, t in zip(specs, tensors) if "..." in s), default=0)
+  ellipsis_letters = "".join(spare[:ellipsis_ndim])
+  letters_per_operand = []
+  for spec, t in zip(specs, tensors):
+    if "..." in spec:
+      own = t.ndim - (len(spec) - 3)
+      if own < 0: raise ValueError(f"einsum operand {spec!r} has more letters than dims of shape {t.shape}")
+      spec = spec.replace("...", ellipsis_letters[len(ellipsis_letters) - own:])
+    if len(spec) != t.ndim or not spec.isalpha():
+      raise ValueError(f"einsum operand {spec!r} does not match a tensor of shape {t.shape}")
+    letters_per_operand.append(spec)
+  if arrow:
+    out_letters = rhs.replace("...", ellipsis_letters)
+    if not out_letters.isalpha() and out_letters: raise ValueError(f"bad einsum output {rhs!r}")
+  else:
+    counts = {c: sum(s.count(c) for s in letters_per_operand) for c in set("".join(letters_per_operand))}
+    out_letters = ellipsis_letters + "".join(sorted(c for c, n in counts.items() if n == 1 and c not in ellipsis_letters))
+  # take diagonals where a letter repeats within one operand
+  prepared = []
+  for spec, t in zip(letters_per_operand, tensors):
+    while (repeated := next((c for c in spec if spec.count(c) > 1), None)) is not None:
+      a = spec.index(repeated)
+      b = spec.index(repeated, a + 1)
+      if t.shape[a] != t.shape[b]:
+        raise ValueError(f"einsum: letter {repeated!r} has sizes {t.shape[a]} and {t.shape[b]} in shape {t.shape}")
+      others = [i for i in range(t.ndim) if i not in (a, b)]
+      n = t.shape[a]
+      t = t.permute(others + [a, b]).reshape(*[t.shape[i] for i in others], n * n)
+      t = t._stride((1,) * len(others) + (n + 1,))
+      spec = "".join(spec[i] for i in others) + repeated
+    prepared.append((spec, t))
+  sizes: dict[str, int] = {}
+  for spec, t in prepared:
+    for c, s in zip(spec, t.shape):
+      if c in sizes and 1 not in (sizes[c], s) and sizes[c] != s:
+        raise ValueError(f"einsum: letter {c!r} has sizes {sizes[c]} and {s} in {formula!r}")
+      if c not in sizes or sizes[c] == 1: sizes[c] = s
+  for c in out_letters:
+    if c not in sizes: raise ValueError(f"einsum output letter {c!r} is not in any operand of {formula!r}")
+  summed = [c for c in sizes if c not in out_letters]
+  order = list(out_letters) + summed
+  product: Optional[Tensor] = None
+  for spec, t in prepared:   # put each operand's axes in the global order, with size-1 axes for missing letters
+    axes_in_order = sorted(range(len(spec)), key=lambda i: order.index(spec[i]))
+    own_sizes = {spec[i]: t.shape[i] for i in axes_in_order}
+    aligned = t.permute(axes_in_order).reshape(tuple(own_sizes.get(c, 1) for c in order))
+    product = aligned if product is None else product * aligned
+  assert product is not None
+  product = product._broadcast_to(tuple(sizes[c] for c in order))
+  out = product.sum(tuple(range(len(out_letters), len(order))), acc_dtype=acc_dtype) if summed else product
+  return out.cast(least_upper_dtype(*[t.dtype for t in tensors]))

@@ -175,10 +175,16 @@ class Where(Function):
 
 # ---- reductions (reduced axes stay as size 1; Tensor reshapes them away)
 
+def _reduce(x: LazyBuffer, op: Ops, axes: tuple[int, ...], identity) -> LazyBuffer:
+  """x.r(op, axes), except that a reduce over an empty axis is the op's identity, decided here without a kernel."""
+  if any(x.shape[a] == 0 for a in axes):
+    return x.const(identity, shape=tuple(1 if i in axes else s for i, s in enumerate(x.shape)))
+  return x.r(op, axes)
+
 class Sum(Function):
   def forward(self, x: LazyBuffer, axes: tuple[int, ...]) -> LazyBuffer:
     self.input_shape = x.shape
-    return x.r(Ops.ADD, axes)
+    return _reduce(x, Ops.ADD, axes, 0)
   def backward(self, grad_output: LazyBuffer) -> LazyBuffer: return grad_output.expand(self.input_shape)
 
 class Max(Function):
@@ -196,7 +202,7 @@ class Prod(Function):
   """The gradient of a product is the product of the others; written to stay finite when inputs are zero."""
   def forward(self, x: LazyBuffer, axes: tuple[int, ...]) -> LazyBuffer:
     self.x, self.axes = x, axes
-    return x.r(Ops.MUL, axes)
+    return _reduce(x, Ops.MUL, axes, 1)
   def backward(self, grad_output: LazyBuffer) -> LazyBuffer:
     x, shape = self.x, self.x.shape
     is_zero = _logical_not(x.alu(Ops.CMPNE, x.const(0)))

@@ -404,7 +404,7 @@ def _fold_div_mod(x: UOp, c: UOp, is_mod: bool) -> Optional[UOp]:
     multiples = {t: a // divisor for t, a in terms.items() if a % divisor == 0}
     if multiples:
       rest = build_sum({t: a for t, a in terms.items() if a % divisor != 0}, constant, x.dtype)
-      if rest.vmin >= -1: return rest % c if is_mod else build_sum(multiples, 0, x.dtype) + rest // c
+      if rest.vmin >= 0: return rest % c if is_mod else build_sum(multiples, 0, x.dtype) + rest // c
   g = math.gcd(divisor, constant, *terms.values())
   if g > 1 and not is_mod and _fits(divisor // g, x.dtype):
     return build_sum({t: a // g for t, a in terms.items()}, constant // g, x.dtype) // UOp.const(x.dtype, divisor // g)
@@ -516,6 +516,7 @@ symbolic = PatternMatcher([
   (UPat(Ops.CMPLT, src=(UPat.var("x", dtype=_INT), _c1)), lambda x, c1: _fold_linear_cmp(x, c1.arg, bound_on_left=False)),
   (UPat(Ops.CMPLT, src=(_c1, UPat.var("x", dtype=_INT))), lambda x, c1: _fold_linear_cmp(x, c1.arg, bound_on_left=True)),
   (UPat(Ops.MAX, src=[_x, _y]), lambda x, y: x if x.dtype.is_int and x.vmin >= y.vmax else None),
+  (UPat(Ops.MAX, src=(_x, _x)), lambda x: x),
 ])
 
 def simplify(u: UOp) -> UOp: return graph_rewrite(u, symbolic)

@@ -65,7 +65,14 @@ class _KernelBuilder:
     return UOp(Ops.DEFINE_GLOBAL, base.dtype, (), index)
 
   def build(self, lb: LazyBuffer, st: ShapeTracker, in_reduce: bool) -> UOp:
-    if not lb.is_base: return self.build(lb.base, lb.st + st, in_reduce)
+    if not lb.is_base:
+      composed = lb.st + st
+      value = self.build(lb.base, composed, in_reduce)
+      if lb.base.op in ELEMENTWISE and any(v.mask is not None for v in lb.st.views):
+        # padding of a computed value reads 0, whatever the computation gives there (exp(0) is not 0)
+        valid = UOp(Ops.CONST, dtypes.bool, (UOp(Ops.VIEW, dtypes.void, (), composed),), True)
+        value = UOp(Ops.WHERE, value.dtype, (valid, value, UOp.const(value.dtype, 0)))
+      return value
     key = (lb, st)
     if key in self.memo: return self.memo[key]
     view = UOp(Ops.VIEW, dtypes.void, (), st)

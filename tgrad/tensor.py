@@ -77,6 +77,19 @@ def _scalar_dtype(tensor_dtype: DType, scalar: Scalar) -> DType:
   if isinstance(scalar, float): return tensor_dtype if tensor_dtype.is_float else dtypes.default_float
   raise TypeError(f"expected a Python scalar, got {type(scalar).__name__}")
 
+def _python_dtype(data) -> DType:
+  """The dtype of Python data (nested lists of scalars): any float → default float, else any int → default int,
+  else bool. Scalars are weak, so [1.0, 2] is float32 (numpy's promotion of float32 with int32 would say float64)."""
+  kinds: set[type] = set()
+  stack = [data]
+  while stack:
+    item = stack.pop()
+    if isinstance(item, (list, tuple)): stack.extend(item)
+    elif isinstance(item, (bool, int, float)): kinds.add(type(item))
+    else: raise TypeError(f"cannot infer a dtype for {type(item).__name__} {item!r}")
+  if float in kinds or not kinds: return dtypes.default_float
+  return dtypes.default_int if int in kinds else dtypes.bool
+
 def _sum_dtype(dtype: DType) -> DType:
   """The dtype a sum returns: small ints and bools widen to 32 bits (not numpy's int64: documented), others keep."""
   if dtype.is_bool or (dtype.kind == 'i' and dtype.itemsize < 4): return dtypes.int32
@@ -136,10 +149,9 @@ class Tensor:
       return
     device = canonical_device(device)
     if isinstance(data, (bool, int, float)):
-      self.lazydata = LazyBuffer.const_of(data, dtype or dtypes.from_py(data), device)
+      self.lazydata = LazyBuffer.const_of(data, dtype or _python_dtype(data), device)
     elif isinstance(data, (list, tuple)):
-      try: inferred = dtypes.from_py(data)
-      except TypeError: inferred = dtypes.from_np(np.asarray(data).dtype)
+      inferred = _python_dtype(data)
       self.lazydata = _from_array(np.asarray(data, dtype=_host_dtype(inferred)), dtype or inferred, device)
     elif isinstance(data, (np.ndarray, np.generic)):
       array = np.asarray(data)
@@ -225,7 +237,7 @@ class Tensor:
   @staticmethod
   def full(shape, fill_value: Scalar, dtype: Any = None, device: Optional[str] = None, **kwargs) -> Tensor:
     shape = _check_shape(_shape_arg(shape))
-    dtype = to_dtype(dtype) if dtype is not None else dtypes.from_py(fill_value)
+    dtype = to_dtype(dtype) if dtype is not None else _python_dtype(fill_value)
     return Tensor(LazyBuffer.const_of(fill_value, dtype, canonical_device(device), shape), **kwargs)
   @staticmethod
   def zeros(*shape, **kwargs) -> Tensor: return Tensor.full(_varargs_shape(shape), 0.0, **_float_default(kwargs))
@@ -237,7 +249,7 @@ class Tensor:
     if stop is None: start, stop = 0, start
     if step == 0: raise ValueError("arange step must not be zero")
     count = max(0, math.ceil((stop - start) / step))
-    dtype = to_dtype(dtype) if dtype is not None else dtypes.from_py([start, stop, step])
+    dtype = to_dtype(dtype) if dtype is not None else _python_dtype([start, stop, step])
     counter = LazyBuffer.loadop(Ops.ARANGE, (count,), dtypes.int32, canonical_device(device))
     if dtype.is_float:   # compute the values in a float dtype: start + i*step
       compute = dtypes.float32 if dtype in HALF_FLOATS else dtype
@@ -496,7 +508,7 @@ class Tensor:
     condition = self if self.dtype.is_bool else self != 0
     if isinstance(x, Tensor): a, b = x._operands(y)
     elif isinstance(y, Tensor): b, a = y._operands(x)
-    else: a, b = Tensor(x, dtype=dtypes.from_py([x, y]), device=self.device)._operands(y)
+    else: a, b = Tensor(x, dtype=_python_dtype([x, y]), device=self.device)._operands(y)
     shape = broadcast_shape(condition.shape, a.shape)
     return F.Where.apply(condition._broadcast_to(shape), a._broadcast_to(shape), b._broadcast_to(shape))
   def lerp(self, end: Any, weight: Any) -> Tensor: return self + (end - self) * weight
@@ -634,19 +646,17 @@ class Tensor:
     return out if keepdim else out.reshape(tuple(s for i, s in enumerate(self.shape) if i not in axes))
   def _reduced_shape(self, axes: tuple[int, ...], keepdim: bool) -> tuple[int, ...]:
     return tuple(1 if i in axes else s for i, s in enumerate(self.shape) if keepdim or i not in axes)
-  def _accumulate(self, function: type[F.Function], identity: Scalar, axis, keepdim: bool, acc_dtype) -> Tensor:
+  def _accumulate(self, function: type[F.Function], axis, keepdim: bool, acc_dtype) -> Tensor:
     axes = self._reduce_axes(axis)
     out_dtype = _sum_dtype(self.dtype)
     if acc_dtype is None: acc_dtype = dtypes.float32 if out_dtype in HALF_FLOATS else out_dtype
-    if any(self.shape[a] == 0 for a in axes):
-      return Tensor.full(self._reduced_shape(axes, keepdim), identity, dtype=out_dtype, device=self.device)
     return self.cast(to_dtype(acc_dtype))._reduce(function, axes, keepdim).cast(out_dtype)
   def sum(self, axis=None, keepdim: bool = False, acc_dtype: Any = None) -> Tensor:
     """Sum over `axis` (int, tuple, None: all). Bools and ints narrower than 32 bits sum to int32 (uint32 for
     unsigned), not to numpy's int64; float16/bfloat16 accumulate in float32."""
-    return self._accumulate(F.Sum, 0, axis, keepdim, acc_dtype)
+    return self._accumulate(F.Sum, axis, keepdim, acc_dtype)
   def prod(self, axis=None, keepdim: bool = False, acc_dtype: Any = None) -> Tensor:
-    return self._accumulate(F.Prod, 1, axis, keepdim, acc_dtype)
+    return self._accumulate(F.Prod, axis, keepdim, acc_dtype)
   def max(self, axis=None, keepdim: bool = False) -> Tensor:
     axes = self._reduce_axes(axis)
     if any(self.shape[a] == 0 for a in axes): raise ValueError(f"max over an empty axis: shape {self.shape}, axis {axis}")

@@ -11,7 +11,7 @@ from tgrad.ops import Ops, UOp, exec_alu, simplify
 
 INDEX = dtypes.index
 SEED = 1234
-N_RANDOM_EXPRESSIONS = 1500
+N_RANDOM_EXPRESSIONS = 3000
 N_SYMPY_LINEAR = 300
 N_SYMPY_DIVMOD = 40
 MAX_DEPTH = 5
@@ -77,8 +77,11 @@ class ExpressionGenerator:
     if depth == 0 or rng.random() < 0.1: return rng.choice(self.leaves) if rng.random() < 0.85 else self.const()
     a = self.int_expr(depth - 1)
     kind = rng.choice(("add", "add", "sub", "mul_const", "mul_const", "mul", "idiv", "idiv", "mod", "mod", "max",
-                       "where", "neg", "add_const", "affine", "affine"))
+                       "where", "neg", "add_const", "affine", "affine", "affine_divmod", "affine_divmod"))
     if kind == "affine": return self.affine() + a * rng.choice((1, 2, 3, 4, -1))
+    if kind == "affine_divmod":
+      divided = self.affine() + a * rng.choice((0, 1, 4))
+      return divided // rng.choice((2, 3, 4, 8)) if rng.random() < 0.5 else divided % rng.choice((2, 3, 4, 8))
     if kind == "add": return a + self.int_expr(depth - 1)
     if kind == "sub": return a - self.int_expr(depth - 1)
     if kind == "add_const": return a + rng.randint(-12, 12)
@@ -217,6 +220,12 @@ n = UOp.variable("n", 0, 100)
 ])
 def test_targeted(expression, expected):
   assert simplify(expression()) is expected(), simplify(expression()).render()
+
+def test_div_mod_edges_keep_their_value():
+  shifted = rng_range(1, 3, 0)   # 4*shifted + j - 1 >= 0, but its part j - 1 that is not a multiple of 4 can be -1
+  for expression in ((shifted * 4 + j - 1) % 4, (shifted * 4 + j - 1) // 4, (shifted * 4 + j * 3 + 2) % 4,
+                     (shifted * 4 + j * 3 + 2) // 4, (x * 6 + 4) // 4, (x * -4 + 8) // 4, (n * 3 - 5) % 3):
+    assert_same_function(expression, simplify(expression), expression.render())
 
 def test_rules_respect_division_by_zero_semantics():
   # IDIV(x, 0) = 0 and MOD(x, 0) = 0 by definition; no rule may assume a nonzero divisor it did not check

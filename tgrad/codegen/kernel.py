@@ -43,8 +43,8 @@ class Kernel:
     self.ast, self.renderer = ast, renderer
     nodes = ast.toposort()
     # memory ops (those with a VIEW), stores first; sts[i] is memops[i]'s ShapeTracker
-    self.memops = [u for u in nodes if u.op is Ops.STORE] + \
-                  [u for u in nodes if u.op in MEMORY_OPS and u.op is not Ops.STORE and u.src and u.src[-1].op is Ops.VIEW]
+    reads = [u for u in nodes if u.op in MEMORY_OPS and u.op is not Ops.STORE and u.src and u.src[-1].op is Ops.VIEW]
+    self.memops = [u for u in nodes if u.op is Ops.STORE] + reads
     self.sts: list[ShapeTracker] = [self.view_of(u) for u in self.memops]
     self.reduceops = [u for u in nodes if u.op is Ops.REDUCE_AXIS]
     self.local_dims = self.group_for_reduces = self.upcasted = 0
@@ -67,7 +67,8 @@ class Kernel:
   @property
   def shape_len(self) -> int: return len(self.sts[0].shape)
   @property
-  def full_shape(self) -> tuple[int, ...]: return tuple(max(st.shape[i] for st in self.sts) for i in range(self.shape_len))
+  def full_shape(self) -> tuple[int, ...]:
+    return tuple(max(st.shape[i] for st in self.sts) for i in range(self.shape_len))
   @property
   def output_shape(self) -> tuple[int, ...]: return self.sts[0].shape
   @property
@@ -141,8 +142,11 @@ class Kernel:
   # ---- optimizations
   def apply_opt(self, opt: Opt) -> None:
     """Apply one Opt or raise KernelOptError; the kernel is unchanged when it raises."""
-    before = (list(self.sts), self.local_dims, self.group_for_reduces, self.upcasted, self.threads, self.dont_use_locals)
-    try: self._apply(opt)
+    before = (list(self.sts), self.local_dims, self.group_for_reduces, self.upcasted, self.threads,
+              self.dont_use_locals)
+    try:
+      self._apply(opt)
+      if self.renderer.has_local: self._check_limits()
     except KernelOptError:
       self.sts, self.local_dims, self.group_for_reduces, self.upcasted, self.threads, self.dont_use_locals = before
       raise
@@ -182,15 +186,16 @@ class Kernel:
     elif opt.op is OptOps.LOCAL:
       self._check(caps.has_local and not self.dont_use_locals, f"{opt}: target has no local memory/threads")
       self._check(axis < self.global_dims, f"{opt}: LOCAL needs a global axis")
-      self._check(prod(self.full_shape[self.global_dims:self.first_reduce]) * amount <= caps.max_local_size,
-                  f"{opt}: too many local threads")
+      self._check(prod(self.local_axis_sizes) * amount <= caps.max_local_size, f"{opt}: too many local threads")
       self.shift_to(axis, amount, insert_before=self.first_reduce)
       self.local_dims += 1
     elif opt.op in (OptOps.GROUP, OptOps.GROUPTOP):
       self._check(caps.has_shared and not self.dont_use_locals, f"{opt}: target has no shared memory")
-      self._check(len(self.reduceops) >= 1 and self.first_reduce <= axis < self.first_upcast, f"{opt}: needs reduce axis")
+      self._check(len(self.reduceops) >= 1 and self.first_reduce <= axis < self.first_upcast,
+                  f"{opt}: needs a reduce axis")
       self._check(self.group_for_reduces == 0, f"{opt}: only one GROUP")
-      self.shift_to(axis, amount, top=opt.op is OptOps.GROUPTOP, insert_before=self.first_reduce + self.group_for_reduces)
+      self.shift_to(axis, amount, top=opt.op is OptOps.GROUPTOP,
+                    insert_before=self.first_reduce + self.group_for_reduces)
       self.group_for_reduces += 1
     elif opt.op is OptOps.THREAD:
       self._check(caps.has_threads, f"{opt}: target has no CPU threads")
@@ -207,13 +212,34 @@ class Kernel:
       raise KernelOptError(f"{opt.op} is not supported by this kernel")
 
   # ---- launch facts
+  @property
+  def global_axis_sizes(self) -> tuple[int, ...]: return self.full_shape[:self.global_dims]
+  @property
+  def local_axis_sizes(self) -> tuple[int, ...]:
+    """The block's thread axes: local axes, then group-reduce axes."""
+    return self.full_shape[self.global_dims:self.first_reduce + self.group_for_reduces]
+
   def launch_dims(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """(global_size, local_size) for targets with thread ids; ((threads,), (1,)) on the CPU."""
+    """(global_size, local_size) for targets with thread ids, id 0 first: global_size[i] is the size of gidx{i}
+    (blockIdx.x, .y, .z), local_size[i] of lidx{i}. ((threads,), (1,)) on the CPU. Raises KernelOptError when the
+    axes cannot fit the target's limits."""
     if not self.renderer.has_local: return ((self.threads or 1,), (1,))
-    full = self.full_shape
-    globals_ = full[:self.global_dims]
-    locals_ = full[self.global_dims:self.first_reduce] + full[self.first_reduce:self.first_reduce + self.group_for_reduces]
-    return (fold_dims(globals_, self.renderer.max_global_dims), tuple(locals_) or (1,))
+    caps = self.renderer
+    global_size = fold_dims(self.global_axis_sizes, caps.max_grid[:caps.max_global_dims])
+    local_size = fold_dims(self.local_axis_sizes, caps.max_local_dims)
+    return tuple(prod(g) for g in global_size) or (1,), tuple(prod(g) for g in local_size) or (1,)
+
+  def _check_limits(self) -> None:
+    """Threads per block, grid/block dimension limits and shared memory of a kernel for a target with thread ids."""
+    caps = self.renderer
+    threads = prod(self.local_axis_sizes)
+    self._check(threads <= caps.max_local_size, f"{threads} threads per block > {caps.max_local_size}")
+    self.launch_dims()
+    if self.group_for_reduces:
+      # one shared array per reduce and output upcast replica, one slot per thread (see Linearizer.group_reduce)
+      replicas = prod(self.full_shape[a] for a in self.upcast_axes if not self.is_reduce_axis(a))
+      nbytes = sum(r.dtype.itemsize for r in self.reduceops) * replicas * threads
+      self._check(nbytes <= caps.shared_memory_bytes, f"{nbytes} bytes of shared memory > {caps.shared_memory_bytes}")
 
   def estimate(self) -> tuple[int, int]:
     """(flops, bytes moved): ALU nodes × iterations, plus the bytes each buffer spans (read or written once)."""
@@ -224,9 +250,27 @@ class Kernel:
       elif u.op is Ops.LOAD: nbytes += self.view_of(u).buffer_extent() * u.dtype.itemsize
     return alu_nodes * prod(self.full_shape), nbytes
 
-def fold_dims(dims: tuple[int, ...], max_dims: int) -> tuple[int, ...]:
-  """Fold leading dims together so at most max_dims remain (the linearizer unfolds them with // and %)."""
-  if len(dims) <= max_dims: return tuple(dims) or (1,)
-  extra = len(dims) - max_dims + 1
-  return (prod(dims[:extra]),) + tuple(dims[extra:])
+def _compositions(n: int, parts: int):
+  """Ways to cut n consecutive dims into `parts` non-empty runs, larger leading runs first."""
+  if parts == 1:
+    yield (n,)
+    return
+  for first in range(n - parts + 1, 0, -1):
+    for rest in _compositions(n - first, parts - 1): yield (first,) + rest
+
+def fold_dims(dims: tuple[int, ...], limits: tuple[int, ...]) -> list[tuple[int, ...]]:
+  """Group consecutive dims into thread ids: at most len(limits) groups, each group's size within its id's limit.
+  Returns the groups innermost first (group i is id i; limits[0] is x, the largest). Prefers one dim per id, then
+  folding the leading dims together; the linearizer recovers each dim with // and %. Raises KernelOptError if no
+  grouping fits."""
+  if not dims: return []
+  for n_ids in range(min(len(dims), len(limits)), 0, -1):
+    for lengths in _compositions(len(dims), n_ids):
+      groups, start = [], 0
+      for length in lengths:
+        groups.append(tuple(dims[start:start + length]))
+        start += length
+      groups.reverse()
+      if all(prod(g) <= limit for g, limit in zip(groups, limits)): return groups
+  raise KernelOptError(f"dims {dims} do not fit thread ids with limits {limits}")
 

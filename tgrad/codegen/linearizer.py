@@ -13,26 +13,23 @@ from __future__ import annotations
 import itertools
 from typing import Optional
 from tgrad.dtype import dtypes
-from tgrad.ops import UOp, Ops, simplify, ALU
-from tgrad.codegen.kernel import Kernel
+from tgrad.ops import UOp, Ops, simplify, graph_rewrite, ALU
+from tgrad.codegen.transcendental import decompositions
+from tgrad.codegen.kernel import Kernel, fold_dims
 from tgrad.schedule import identity_of_reduce
 from tgrad.helpers import prod
 
 def _index_const(value: int) -> UOp: return UOp.const(dtypes.index, value)
 
-def _unfolded_specials(prefix: str, dims: tuple[int, ...], max_dims: int) -> list[UOp]:
-  """Thread ids for dims, last dim on id 0 (x: the fastest-varying and the one with the largest limit). When there
-  are more dims than ids, the leading dims share the last id and are recovered with // and %."""
-  if not dims: return []
-  n_ids = min(len(dims), max_dims)
-  folded = len(dims) - n_ids + 1   # how many leading dims share one id
-  specials = [UOp(Ops.SPECIAL, dtypes.index, (), (f"{prefix}{n_ids - 1 - i}", size))
-              for i, size in enumerate((prod(dims[:folded]),) + tuple(dims[folded:]))]
-  out = []
-  for i in range(folded):
-    inner = prod(dims[i + 1:folded])
-    out.append(simplify((specials[0] // inner) % dims[i]) if folded > 1 else specials[0])
-  return out + specials[1:]
+def _unfolded_specials(prefix: str, dims: tuple[int, ...], limits: tuple[int, ...]) -> list[UOp]:
+  """Thread ids for dims, last dim on id 0 (x: the fastest-varying and the one with the largest limit). Dims that
+  share an id (fold_dims: too many dims, or a dim over its id's limit) are recovered with // and %."""
+  out: list[UOp] = []
+  for id_number, group in reversed(list(enumerate(fold_dims(dims, limits)))):   # outermost group first
+    special = UOp(Ops.SPECIAL, dtypes.index, (), (f"{prefix}{id_number}", prod(group)))
+    for i, size in enumerate(group):
+      out.append(simplify((special // prod(group[i + 1:])) % size) if len(group) > 1 else special)
+  return out
 
 class Linearizer:
   def __init__(self, kernel: Kernel):
@@ -50,10 +47,10 @@ class Linearizer:
     idx: list[Optional[UOp]] = [None] * k.shape_len
     def loop(axis: int) -> UOp: return UOp(Ops.RANGE, dtypes.index, (_index_const(0), _index_const(full[axis])), axis)
     if self.renderer.has_local:
-      idx[:k.global_dims] = _unfolded_specials("gidx", full[:k.global_dims], self.renderer.max_global_dims)
-      local_axes = list(range(k.global_dims, k.first_reduce + k.group_for_reduces))
+      caps = self.renderer
+      idx[:k.global_dims] = _unfolded_specials("gidx", k.global_axis_sizes, caps.max_grid[:caps.max_global_dims])
       idx[k.global_dims:k.first_reduce + k.group_for_reduces] = \
-        _unfolded_specials("lidx", tuple(full[a] for a in local_axes), 3)
+        _unfolded_specials("lidx", k.local_axis_sizes, caps.max_local_dims)
     else:
       for axis in range(k.global_dims):
         idx[axis] = UOp(Ops.SPECIAL, dtypes.index, (), ("core", full[0])) if axis == 0 and k.threads else loop(axis)
@@ -67,6 +64,7 @@ class Linearizer:
       index, valid = self.view_of[node].to_indexed(list(idxs))
       out = UOp(Ops.LOAD, node.dtype, (node.src[0], index) + (() if valid.op is Ops.CONST and valid.arg else (valid,)))
       if valid.op is Ops.CONST and not valid.arg: out = UOp.const(node.dtype, 0)
+    elif node.op is Ops.CONST and not node.src: out = node
     elif node.op is Ops.CONST:
       _, valid = self.view_of[node].to_indexed(list(idxs))
       out = simplify(valid.where(UOp.const(node.dtype, node.arg), UOp.const(node.dtype, 0)))
@@ -95,33 +93,32 @@ class Linearizer:
     for v in values[1:]: combined = UOp(op, node.dtype, (combined, v))
     ranges = tuple(self.base_idx[a] for a in loop_axes)
     result = self.new_reduce(op, node.dtype, combined, ranges) if ranges else combined
-    if k.group_for_reduces: result = self.group_reduce(op, node.dtype, result, idxs)
+    if k.group_for_reduces: result = self.group_reduce(op, node.dtype, result)
     return result
 
   def new_reduce(self, op: Ops, dtype, value: UOp, ranges: tuple[UOp, ...]) -> UOp:
     self.acc_count += 1
     return UOp(Ops.REDUCE, dtype, (value, *ranges), (op, self.acc_count - 1))
 
-  def group_reduce(self, op: Ops, dtype, partial: UOp, idxs: tuple[UOp, ...]) -> UOp:
+  def group_reduce(self, op: Ops, dtype, partial: UOp) -> UOp:
     """Reduce across the group's threads: each writes its partial to shared memory, then (after a barrier) every
     thread reduces the group's partials; only the group's first thread stores (see `group_gate`)."""
     k = self.k
     group_axes = list(range(k.first_reduce, k.first_reduce + k.group_for_reduces))
     local_axes = list(range(k.global_dims, k.first_reduce))
-    out_upcast = [a for a in k.upcast_axes if not k.is_reduce_axis(a)]
-    sizes = [k.full_shape[a] for a in local_axes + group_axes + out_upcast]
+    sizes = [k.full_shape[a] for a in local_axes + group_axes]   # each output upcast replica has its own array
     def flat(indices: list[UOp]) -> UOp:
       out = _index_const(0)
       for i, size in zip(indices, sizes): out = out * size + i
       return simplify(out)
     self.acc_count += 1
     shared = UOp(Ops.DEFINE_LOCAL, dtype, (), (f"temp{self.acc_count}", prod(sizes)))
-    mine = [self.base_idx[a] for a in local_axes + group_axes] + [idxs[a] for a in out_upcast]
+    mine = [self.base_idx[a] for a in local_axes + group_axes]
     store = UOp(Ops.STORE, dtypes.void, (shared, flat(mine), partial))
     barrier = UOp(Ops.BARRIER, dtypes.void, (store,))
     group_loops = [UOp(Ops.RANGE, dtypes.index, (_index_const(0), _index_const(k.full_shape[a])), 1000 + a)
                    for a in group_axes]
-    theirs = [self.base_idx[a] for a in local_axes] + group_loops + [idxs[a] for a in out_upcast]
+    theirs = [self.base_idx[a] for a in local_axes] + group_loops
     load = UOp(Ops.LOAD, dtype, (shared, flat(theirs), barrier))
     return self.new_reduce(op, dtype, load, tuple(group_loops))
 
@@ -155,11 +152,18 @@ class Linearizer:
   # ---- step 2: emit in program order
   def linearize(self) -> list[UOp]:
     stores = self.value_graph()
+    if self.renderer.decompose_transcendentals:
+      stores = list(graph_rewrite(UOp(Ops.SINK, dtypes.void, tuple(stores)), decompositions).src)
     program: list[UOp] = []
     emitted: set[UOp] = set()
     scope_stack: list[list[UOp]] = [[]]
     all_nodes = UOp(Ops.SINK, dtypes.void, tuple(stores)).toposort()
     reduces = [u for u in all_nodes if u.op is Ops.REDUCE]
+    open_ranges: set[UOp] = set()
+    free: dict[UOp, frozenset] = {}   # the RANGEs a node's value depends on (a REDUCE binds its own)
+    for u in all_nodes:
+      free[u] = frozenset((u,)) if u.op is Ops.RANGE else frozenset().union(*(free[s] for s in u.src))
+      if u.op is Ops.REDUCE: free[u] -= set(u.src[1:])
 
     def place(u: UOp) -> None:
       program.append(u)
@@ -172,10 +176,17 @@ class Linearizer:
       for s in u.src: emit(s)
       place(u)
 
+    def hoist_invariants(value: UOp) -> None:
+      """Emit, before a loop, what its body reads but does not vary with it: index math and loads of outer axes,
+      and a GROUP's partial, shared-memory store and barrier, which must run once and not once per iteration."""
+      for u in value.toposort():
+        if u not in emitted and u.op is not Ops.CONST and free[u] <= open_ranges: emit(u)
+
     def emit_reduce_group(first: UOp) -> None:
       ranges = first.src[1:]
       group = [r for r in reduces if r.src[1:] == ranges and r not in emitted]
       for r in ranges: emit(r.src[0]); emit(r.src[1])  # noqa: E702
+      for r in group: hoist_invariants(r.src[0])
       accs = {}
       for r in group:
         init = UOp.const(r.dtype, identity_of_reduce(r.arg[0], r.dtype))
@@ -183,6 +194,7 @@ class Linearizer:
         accs[r] = UOp(Ops.DEFINE_ACC, r.dtype, (init,), r.arg[1])
         place(accs[r])
       for r in ranges: place(r)
+      open_ranges.update(ranges)
       scope_stack.append([])
       for r in group:
         emit(r.src[0])
@@ -190,17 +202,21 @@ class Linearizer:
         place(update)
         place(UOp(Ops.ASSIGN, r.dtype, (accs[r], update)))
       for rng in reversed(ranges): program.append(UOp(Ops.ENDRANGE, dtypes.void, (rng,)))
+      open_ranges.difference_update(ranges)
       for u in scope_stack.pop(): emitted.discard(u)
       for r in group: place(r)
 
     globals_ = sorted({u for u in all_nodes if u.op in (Ops.DEFINE_GLOBAL, Ops.DEFINE_LOCAL)},
                       key=lambda u: (u.op is Ops.DEFINE_LOCAL, u.arg if u.op is Ops.DEFINE_GLOBAL else u.arg[0]))
     for g in globals_: place(g)
-    for s in sorted({u for u in all_nodes if u.op is Ops.SPECIAL}, key=lambda u: u.arg[0]): place(s)
+    # every thread id, used or not: a renderer sizes the launch (e.g. __launch_bounds__) from them
+    specials = {u for i in self.base_idx if i is not None for u in i.toposort() if u.op is Ops.SPECIAL}
+    for s in sorted(specials | {u for u in all_nodes if u.op is Ops.SPECIAL}, key=lambda u: u.arg[0]): place(s)
     outer_loops = [i for i in self.base_idx[:self.k.global_dims] if i is not None and i.op is Ops.RANGE]
     for rng in outer_loops:
       emit(rng.src[0]); emit(rng.src[1])  # noqa: E702
       place(rng)
+      open_ranges.add(rng)
     for store in stores: emit(store)
     for rng in reversed(outer_loops): program.append(UOp(Ops.ENDRANGE, dtypes.void, (rng,)))
     return program

@@ -34,6 +34,7 @@ def memory_type(dt: DType) -> ir.Type:
 class LLVMRenderer(Renderer):
   device = "LLVM"
   has_threads = True
+  decompose_transcendentals = True
   def render(self, name: str, uops: list[UOp]) -> str: return _FunctionBuilder(name, uops).build()
 
 class _FunctionBuilder:
@@ -137,10 +138,13 @@ class _FunctionBuilder:
     elif u.op is Ops.FDIV: out = b.fdiv(*srcs)
     elif u.op in (Ops.IDIV, Ops.MOD): out = self.int_division(u, dt, *srcs)
     elif u.op is Ops.MAX:
-      if is_float:
-        bigger = b.or_(b.fcmp_ordered(">", srcs[0], srcs[1]), b.fcmp_unordered("uno", srcs[0], srcs[0]))
-      else: bigger = b.icmp_unsigned(">", *srcs) if dt.is_unsigned or dt.is_bool else b.icmp_signed(">", *srcs)
-      out = b.select(bigger, srcs[0], srcs[1])
+      if is_float:   # llvm.maximum propagates NaN (IEEE 754-2019 maximum) and vectorizes as a reduction
+        name = f"llvm.maximum.{_float_name(srcs[0].type)}"
+        fn = self.module.globals.get(name) or ir.Function(self.module, ir.FunctionType(srcs[0].type, [srcs[0].type] * 2), name)
+        out = b.call(fn, srcs)
+      else:
+        bigger = b.icmp_unsigned(">", *srcs) if dt.is_unsigned or dt.is_bool else b.icmp_signed(">", *srcs)
+        out = b.select(bigger, srcs[0], srcs[1])
     elif u.op is Ops.CMPLT:
       if is_float: out = b.fcmp_ordered("<", *srcs)
       else: out = b.icmp_unsigned("<", *srcs) if dt.is_unsigned or dt.is_bool else b.icmp_signed("<", *srcs)

@@ -13,6 +13,8 @@ class Renderer:
   has_threads: bool = False    # the CPU runtime splits a THREAD axis across cores
   max_local_size: int = 1      # threads per block
   max_global_dims: int = 1     # how many grid dimensions exist
-  max_grid: tuple[int, ...] = (2**31 - 1,)
+  max_grid: tuple[int, ...] = (2**31 - 1,)           # size limit of each grid dimension, x first
+  max_local_dims: tuple[int, ...] = (1,)             # size limit of each block dimension, x first
   shared_memory_bytes: int = 0
+  decompose_transcendentals: bool = False   # exp2/log2/sin as polynomials (see transcendental.py), e.g. for SIMD CPUs
   def render(self, name: str, uops: list[UOp]) -> str: raise NotImplementedError

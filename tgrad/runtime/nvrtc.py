@@ -102,7 +102,8 @@ def compile_cuda(src: str, arch: str = "sm_90", flags: tuple[str, ...] = (), ptx
          "nvrtcCreateProgram")
   try:
     options = [f"--gpu-architecture={arch}", *BASE_FLAGS, *flags]
-    status = lib.nvrtcCompileProgram(program, len(options), (ctypes.c_char_p * len(options))(*[o.encode() for o in options]))
+    encoded = (ctypes.c_char_p * len(options))(*[o.encode() for o in options])
+    status = lib.nvrtcCompileProgram(program, len(options), encoded)
     if status != NVRTC_SUCCESS:
       log = _read(lib, program, "nvrtcGetProgramLogSize", "nvrtcGetProgramLog").decode(errors="replace").rstrip("\0")
       raise CompileError(f"NVRTC failed for {arch} with {lib.nvrtcGetErrorString(status).decode()} "

@@ -32,6 +32,47 @@ def unravel(flat: UOp, shape: tuple[int, ...]) -> list[UOp]:
 def _conjuncts(valid: UOp) -> list[UOp]:
   return [c for s in valid.src for c in _conjuncts(s)] if valid.op is Ops.AND else [valid]
 
+def _bound_of(clause: UOp) -> Optional[tuple[UOp, int, int]]:
+  """(x, lo, hi) when the clause says lo <= x < hi for an int x: `x < c`, `c < x` or `not (x < c)`."""
+  if clause.op is Ops.CMPNE and clause.src[1].op is Ops.CONST and clause.src[1].arg is True:
+    inner = clause.src[0]
+    if inner.op is Ops.CMPLT and inner.src[1].op is Ops.CONST and inner.src[0].dtype.is_int:
+      return inner.src[0], inner.src[1].arg, inner.src[0].vmax + 1
+    return None
+  if clause.op is not Ops.CMPLT or not clause.src[0].dtype.is_int: return None
+  left, right = clause.src
+  if right.op is Ops.CONST and left.op is not Ops.CONST: return left, left.vmin, right.arg
+  if left.op is Ops.CONST and right.op is not Ops.CONST: return right, left.arg + 1, right.vmax + 1
+  return None
+
+NARROWED_NAME = "\x00valid_narrowed"   # names of the stand-in variables; no user variable is called this
+
+def simplify_given_valid(index: UOp, valid: UOp) -> tuple[UOp, UOp]:
+  """Simplify (index, valid) where the index only matters while valid holds: each bound `lo <= x < hi` in valid
+  narrows x to a variable with that range while the index and the other clauses are simplified."""
+  valid = simplify_uop(valid)
+  bounds: dict[UOp, tuple[int, int]] = {}
+  others: list[UOp] = []
+  for clause in _conjuncts(valid):
+    if (bound := _bound_of(clause)) is None:
+      others.append(clause)
+      continue
+    x, lo, hi = bound
+    old_lo, old_hi = bounds.get(x, (x.vmin, x.vmax + 1))
+    bounds[x] = (max(old_lo, lo), min(old_hi, hi))
+  if any(lo >= hi for lo, hi in bounds.values()): return simplify_uop(index), UOp.const(dtypes.bool, False)
+  narrowed = {x: UOp.variable(f"{NARROWED_NAME}{k}", lo, hi - 1, x.dtype) for k, (x, (lo, hi)) in enumerate(bounds.items())}
+  restore = {v: x for x, v in narrowed.items()}
+  def given_bounds(u: UOp) -> UOp: return simplify_uop(simplify_uop(u).substitute(narrowed)).substitute(restore)
+  clauses = [c for x, (lo, hi) in bounds.items() for c in
+             ((UOp.const(x.dtype, lo - 1).lt(x),) if lo > x.vmin else ()) + ((x.lt(hi),) if hi <= x.vmax else ())]
+  clauses += [given_bounds(c) for c in others]
+  if any(c.op is Ops.CONST and not c.arg for c in clauses): return simplify_uop(index), UOp.const(dtypes.bool, False)
+  new_valid = UOp.const(dtypes.bool, True)
+  for c in clauses:
+    if c.op is not Ops.CONST: new_valid = c if new_valid.op is Ops.CONST else new_valid & c
+  return given_bounds(index), new_valid
+
 def _view_from_index(shape: tuple[int, ...], idxs: list[UOp], index: UOp, valid: UOp) -> Optional[View]:
   """The View whose index math is (index, valid) over `idxs`, if index is linear in them and valid is a conjunction
   of bounds on single indices; else None."""
@@ -120,12 +161,11 @@ class ShapeTracker:
   # ---- index math
   def to_indexed(self, idxs: Sequence[UOp]) -> tuple[UOp, UOp]:
     """(memory index, valid) for loop indices with 0 <= idxs[d] < shape[d], both simplified."""
-    index, valid = self.views[-1].to_indexed(idxs)
-    index = simplify_uop(index)
+    index, valid = simplify_given_valid(*self.views[-1].to_indexed(idxs))
     for view in reversed(self.views[:-1]):
-      index, view_valid = view.to_indexed(unravel(index, view.shape))
-      index, valid = simplify_uop(index), valid & view_valid
-    return index, simplify_uop(valid)
+      view_index, view_valid = view.to_indexed(unravel(index, view.shape))
+      index, valid = simplify_given_valid(view_index, valid & view_valid)
+    return index, valid
 
   def real_strides(self, ignore_valid: bool = False) -> tuple[Optional[int], ...]:
     """Per axis the memory stride when moving along that axis adds a constant, else None. An axis the mask depends

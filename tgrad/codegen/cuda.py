@@ -1,0 +1,396 @@
+"""CUDA C renderer: linear UOps (linearizer.py) → the source of one `extern "C" __global__` kernel for NVRTC.
+
+Buffers are `data0..N` (`const T* __restrict__` when only read); SPECIAL gidx0..2/lidx0..2 are blockIdx/threadIdx
+.x..z; RANGE/ENDRANGE are `for` loops, DEFINE_ACC a local variable, DEFINE_LOCAL a `__shared__` array. Semantics are
+the Ops docstring's, as llvmir.py renders them: guarded integer division, NaN-propagating MAX, saturating float→int
+casts, wrapping signed arithmetic, half/bfloat16 math done in float and rounded after every op. `vector_groups`
+turns runs of contiguous, aligned scalar loads/stores into float4-style vector accesses.
+"""
+from __future__ import annotations
+import math
+from dataclasses import dataclass
+from typing import Optional
+from tgrad.dtype import DType, dtypes
+from tgrad.ops import UOp, Ops, split_terms
+from tgrad.codegen.renderer import Renderer
+from tgrad.helpers import prod
+
+# Limits of every CUDA GPU since compute capability 3.0 (CUDA C Programming Guide, "Technical Specifications");
+# the runtime replaces them with the device's own attributes.
+CUDA_MAX_THREADS_PER_BLOCK = 1024
+CUDA_MAX_GRID = (2**31 - 1, 65535, 65535)       # gridDim.x, .y, .z
+CUDA_MAX_BLOCK = (1024, 1024, 64)               # blockDim.x, .y, .z
+CUDA_SHARED_MEMORY_BYTES = 48 * 1024            # static __shared__ per block without an opt-in
+VECTOR_BYTES = 16                               # the widest global load/store instruction (ld.global.v4.b32)
+
+REGISTER_TYPES = {
+  dtypes.bool: "bool", dtypes.int8: "signed char", dtypes.uint8: "unsigned char", dtypes.int16: "short",
+  dtypes.uint16: "unsigned short", dtypes.int32: "int", dtypes.uint32: "unsigned int", dtypes.int64: "long long",
+  dtypes.uint64: "unsigned long long", dtypes.float16: "float", dtypes.bfloat16: "float", dtypes.float32: "float",
+  dtypes.float64: "double"}
+MEMORY_TYPES = {**REGISTER_TYPES, dtypes.float16: "half", dtypes.bfloat16: "bfloat16"}
+# the type that holds the same bits, for wrapping arithmetic and bitcasts
+UNSIGNED_OF = {1: "unsigned char", 2: "unsigned short", 4: "unsigned int", 8: "unsigned long long"}
+@dataclass(frozen=True)
+class VectorType:
+  name: str        # the CUDA vector type (make_<name> builds one)
+  lanes: int
+  lane_type: str   # the C type of one lane (.x)
+
+# per dtype: lanes × itemsize ≤ VECTOR_BYTES and lanes ≤ 4, the most an UPCAST of 4 gives one access
+VECTOR_TYPES: dict[DType, VectorType] = {
+  dtypes.float32: VectorType("float4", 4, "float"), dtypes.int32: VectorType("int4", 4, "int"),
+  dtypes.uint32: VectorType("uint4", 4, "unsigned int"), dtypes.float16: VectorType("ushort4", 4, "unsigned short"),
+  dtypes.bfloat16: VectorType("ushort4", 4, "unsigned short"), dtypes.int16: VectorType("short4", 4, "short"),
+  dtypes.uint16: VectorType("ushort4", 4, "unsigned short"), dtypes.int8: VectorType("char4", 4, "signed char"),
+  dtypes.uint8: VectorType("uchar4", 4, "unsigned char"), dtypes.bool: VectorType("uchar4", 4, "unsigned char"),
+  dtypes.float64: VectorType("double2", 2, "double"), dtypes.int64: VectorType("longlong2", 2, "long long"),
+  dtypes.uint64: VectorType("ulonglong2", 2, "unsigned long long")}
+LANES = "xyzw"
+_FLOAT_INTRINSICS = {Ops.EXP2: "exp2", Ops.LOG2: "log2", Ops.SIN: "sin", Ops.SQRT: "sqrt", Ops.TRUNC: "trunc"}
+_INFIX = {Ops.ADD: "+", Ops.MUL: "*", Ops.FDIV: "/", Ops.CMPLT: "<", Ops.CMPNE: "!=", Ops.AND: "&", Ops.OR: "|",
+          Ops.XOR: "^", Ops.SHL: "<<", Ops.SHR: ">>"}
+# float → integer conversions that round toward zero and saturate (NaN → 0), as llvm.fptosi.sat does
+_FLOAT_TO_INT = {dtypes.int32: "int", dtypes.uint32: "uint", dtypes.int64: "ll", dtypes.uint64: "ull"}
+
+# No CUDA headers: NVRTC's pip wheel ships none, and this keeps half/bfloat16 rounding identical to llvmir.py.
+# half and bfloat16 are their raw 16 bits in memory; registers hold them as float, rounded after every op.
+HALF_PRELUDE = """typedef unsigned short half;
+__device__ __forceinline__ float half_to_float(half h) {
+  float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f;
+}
+__device__ __forceinline__ half float_to_half(float f) {  // round to nearest even
+  half h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h;
+}
+__device__ __forceinline__ half double_to_half(double d) {
+  half h; asm("cvt.rn.f16.f64 %0, %1;" : "=h"(h) : "d"(d)); return h;
+}
+__device__ __forceinline__ float round_half(float f) { return half_to_float(float_to_half(f)); }
+"""
+BFLOAT16_PRELUDE = """typedef unsigned short bfloat16;
+__device__ __forceinline__ float bfloat16_to_float(bfloat16 b) { return __uint_as_float(((unsigned int)b) << 16); }
+__device__ __forceinline__ bfloat16 float_to_bfloat16(float f) {  // round to nearest even; NaN → quiet NaN
+  unsigned int bits = __float_as_uint(f);
+  return f != f ? (bfloat16)0x7FC0u : (bfloat16)((bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16);
+}
+__device__ __forceinline__ float round_bfloat16(float f) { return bfloat16_to_float(float_to_bfloat16(f)); }
+"""
+BITCAST_PRELUDE = """template <typename To, typename From> __device__ __forceinline__ To bit_cast(From x) {
+  static_assert(sizeof(To) == sizeof(From), "bit_cast needs equal sizes");
+  To y; __builtin_memcpy(&y, &x, sizeof(To)); return y;
+}
+"""
+
+class CUDARenderer(Renderer):
+  device = "CUDA"
+  has_local = True
+  has_shared = True
+  max_local_size = CUDA_MAX_THREADS_PER_BLOCK
+  max_global_dims = 3
+  max_grid = CUDA_MAX_GRID
+  max_local_dims = CUDA_MAX_BLOCK
+  shared_memory_bytes = CUDA_SHARED_MEMORY_BYTES
+  def __init__(self, arch: str = "sm_90", max_local_size: int = CUDA_MAX_THREADS_PER_BLOCK,
+               max_grid: tuple[int, ...] = CUDA_MAX_GRID, max_local_dims: tuple[int, ...] = CUDA_MAX_BLOCK,
+               shared_memory_bytes: int = CUDA_SHARED_MEMORY_BYTES):
+    self.arch, self.max_local_size, self.max_grid = arch, max_local_size, tuple(max_grid)
+    self.max_local_dims, self.shared_memory_bytes = tuple(max_local_dims), shared_memory_bytes
+  def render(self, name: str, uops: list[UOp]) -> str: return _KernelWriter(name, uops).write()
+
+# ---------------------------------------------------------------------------------------------------------------
+# grouping scalar memory accesses into vector ones
+
+@dataclass
+class VectorAccess:
+  """`lanes` scalar LOADs or STOREs (program positions, lane order) on one buffer at base, base+1, …: one vector
+  access at `at` (the first load, or the last store, whose operands are all computed by then)."""
+  positions: list[int]
+  at: int
+  vector: VectorType
+
+def _scope_ids(uops: list[UOp]) -> list[int]:
+  """For each position, an id of the loop body instance it lies in (a closed loop's body never recurs)."""
+  stack, counter, out = [0], 0, []
+  for u in uops:
+    out.append(stack[-1])
+    if u.op in (Ops.RANGE, Ops.IF):
+      counter += 1
+      stack.append(counter)
+    elif u.op in (Ops.ENDRANGE, Ops.ENDIF): stack.pop()
+  return out
+
+def _aligned_base(index: UOp, lanes: int) -> Optional[tuple[tuple, int]]:
+  """index as (the terms, a constant) with every coefficient a multiple of lanes, split into (key of the aligned
+  base, lane); None when the base can't be proven a multiple of lanes."""
+  terms, constant = split_terms(index)
+  if any(coef % lanes for coef in terms.values()): return None
+  lane = constant % lanes
+  return (tuple(sorted(((t.key, c) for t, c in terms.items()))), constant - lane), lane
+
+def vector_groups(uops: list[UOp]) -> dict[int, VectorAccess]:
+  """Find groups of LOADs (STOREs) of lanes consecutive elements of a global buffer whose first index is provably a
+  multiple of lanes (so the address is aligned), in one loop body, with the same valid. Buffers that are both read
+  and written are left alone, so reordering the group's accesses can't change what a load sees."""
+  stored = {u.src[0] for u in uops if u.op is Ops.STORE}
+  loaded = {u.src[0] for u in uops if u.op is Ops.LOAD}
+  scopes = _scope_ids(uops)
+  candidates: dict[tuple, dict[int, int]] = {}
+  for pos, u in enumerate(uops):
+    if u.op not in (Ops.LOAD, Ops.STORE) or u.src[0].op is not Ops.DEFINE_GLOBAL: continue
+    buffer = u.src[0]
+    if buffer in stored and buffer in loaded: continue
+    dtype = u.dtype if u.op is Ops.LOAD else u.src[2].dtype
+    if dtype not in VECTOR_TYPES: continue
+    lanes = VECTOR_TYPES[dtype].lanes
+    if (split := _aligned_base(u.src[1], lanes)) is None: continue
+    base, lane = split
+    valid = u.src[2] if len(u.src) > (3 if u.op is Ops.STORE else 2) else None
+    if u.op is Ops.LOAD and valid is not None and valid.dtype != dtypes.bool: valid = None
+    key = (u.op, buffer, scopes[pos], valid, base)
+    candidates.setdefault(key, {}).setdefault(lane, pos)
+  groups: dict[int, VectorAccess] = {}
+  for (op, buffer, *_), by_lane in candidates.items():
+    vector = VECTOR_TYPES[buffer.dtype]
+    if sorted(by_lane) != list(range(vector.lanes)): continue
+    positions = [by_lane[lane] for lane in range(vector.lanes)]
+    access = VectorAccess(positions, min(positions) if op is Ops.LOAD else max(positions), vector)
+    for pos in positions: groups[pos] = access
+  return groups
+
+# ---------------------------------------------------------------------------------------------------------------
+# rendering
+
+def render_const(value, dtype: DType) -> str:
+  if dtype.is_bool: return "true" if value else "false"
+  if dtype.is_int:
+    suffix = {dtypes.int64: "ll", dtypes.uint64: "ull", dtypes.uint32: "u"}.get(dtype, "")
+    if value == dtypes.min(dtype) and not dtype.is_unsigned and dtype.bits >= 32:
+      return f"({value + 1}{suffix}-1)"   # -2147483648 is the negation of an out-of-range literal in C
+    text = f"{value}{suffix}"
+    return f"({text})" if value < 0 else text
+  double = dtype == dtypes.float64
+  if math.isnan(value): return "__longlong_as_double(0x7FF8000000000000ll)" if double else "__int_as_float(0x7FC00000)"
+  if math.isinf(value):
+    bits = ("0x7FF0000000000000ll" if double else "0x7F800000") if value > 0 else \
+           ("0xFFF0000000000000ull" if double else "0xFF800000")
+    return f"__longlong_as_double({bits})" if double else f"__uint_as_float({bits}u)"
+  text = repr(float(value)) + ("" if double else "f")
+  return f"({text})" if text.startswith("-") else text
+
+class _KernelWriter:
+  def __init__(self, name: str, uops: list[UOp]):
+    self.name, self.uops = name, uops
+    self.names: dict[UOp, str] = {}
+    self.acc_names: dict[int, str] = {}
+    self.lines: list[str] = []
+    self.depth = 1
+    self.counter = 0
+    self.vectors = vector_groups(uops)
+    self.vector_names: dict[int, str] = {}   # id of a VectorAccess → its variable
+    dts = {u.dtype for u in uops} | {s.dtype for u in uops for s in u.src}
+    self.needs = {"half": dtypes.float16 in dts, "bfloat16": dtypes.bfloat16 in dts,
+                  "bit_cast": any(u.op is Ops.BITCAST for u in uops)}
+
+  # ---- helpers
+  def line(self, text: str) -> None: self.lines.append("  " * self.depth + text)
+  def fresh(self, prefix: str) -> str:
+    self.counter += 1
+    return f"{prefix}{self.counter}"
+  def value(self, u: UOp) -> str:
+    if u.op is Ops.CONST: return render_const(u.arg, u.dtype)
+    if u.op is Ops.DEFINE_ACC: return self.acc_names[u.arg]
+    return self.names[u]
+  def define(self, u: UOp, expr: str, prefix: str = "val") -> None:
+    name = self.fresh(prefix)
+    self.line(f"{REGISTER_TYPES[u.dtype]} {name} = {expr};")
+    self.names[u] = name
+
+  def write(self) -> str:
+    params: dict[int, str] = {}
+    stored = {u.src[0] for u in self.uops if u.op is Ops.STORE}
+    variables = sorted({u for u in self.uops if u.op is Ops.DEFINE_VAR}, key=lambda u: u.arg[0])
+    for u in self.uops:
+      if u.op is Ops.DEFINE_GLOBAL:
+        const = "" if u in stored else "const "
+        params[u.arg] = f"{const}{MEMORY_TYPES[u.dtype]}* __restrict__ data{u.arg}"
+        self.names[u] = f"data{u.arg}"
+    # a buffer no op reads any more (fully masked away) still takes its place in the argument list
+    args = [params.get(i, f"const void* __restrict__ unused{i}") for i in range(max(params, default=-1) + 1)]
+    args += [f"{REGISTER_TYPES[v.dtype]} {v.arg[0]}" for v in variables]
+    for v in variables: self.names[v] = v.arg[0]
+    threads = prod(u.arg[1] for u in self.uops if u.op is Ops.SPECIAL and u.arg[0].startswith("lidx"))
+    for pos, u in enumerate(self.uops): self.emit(pos, u)
+    prelude = (HALF_PRELUDE if self.needs["half"] else "") + (BFLOAT16_PRELUDE if self.needs["bfloat16"] else "") + \
+              (BITCAST_PRELUDE if self.needs["bit_cast"] else "")
+    head = f'extern "C" __global__ void __launch_bounds__({threads}) {self.name}({", ".join(args)}) {{'
+    return prelude + head + "\n" + "\n".join(self.lines) + "\n}\n"
+
+  # ---- one op
+  def emit(self, pos: int, u: UOp) -> None:
+    op = u.op
+    if op in (Ops.DEFINE_GLOBAL, Ops.DEFINE_VAR, Ops.CONST): return
+    if op is Ops.SPECIAL:
+      name, size = u.arg
+      source = {"g": "blockIdx", "l": "threadIdx"}[name[0]] + "." + LANES[int(name[-1])]
+      self.line(f"const int {name} = {source};  /* {size} */")
+      self.names[u] = name
+    elif op is Ops.DEFINE_LOCAL:
+      name, size = u.arg
+      self.line(f"__shared__ {REGISTER_TYPES[u.dtype]} {name}[{size}];")
+      self.names[u] = name
+    elif op is Ops.DEFINE_ACC:
+      name = f"acc{u.arg}" if u.arg not in self.acc_names else self.fresh(f"acc{u.arg}_")
+      self.acc_names[u.arg] = name
+      self.line(f"{REGISTER_TYPES[u.dtype]} {name} = {self.value(u.src[0])};")
+    elif op is Ops.RANGE:
+      name = f"ridx{u.arg}"
+      self.line(f"for (int {name} = {self.value(u.src[0])}; {name} < {self.value(u.src[1])}; {name}++) {{")
+      self.names[u] = name
+      self.depth += 1
+    elif op in (Ops.ENDRANGE, Ops.ENDIF):
+      self.depth -= 1
+      self.line("}")
+    elif op is Ops.IF:
+      self.line(f"if ({self.value(u.src[0])}) {{")
+      self.depth += 1
+    elif op is Ops.BARRIER: self.line("__syncthreads();")
+    elif op is Ops.ASSIGN: self.line(f"{self.value(u.src[0])} = {self.value(u.src[1])};")
+    elif op is Ops.REDUCE: self.names[u] = self.acc_names[u.arg[1]]
+    elif op is Ops.LOAD: self.load(pos, u)
+    elif op is Ops.STORE: self.store(pos, u)
+    elif op is Ops.CAST: self.define(u, self.cast(self.value(u.src[0]), u.src[0].dtype, u.dtype), "cast")
+    elif op is Ops.BITCAST: self.define(u, self.bitcast(self.value(u.src[0]), u.src[0].dtype, u.dtype), "cast")
+    else: self.define(u, self.alu(u), "alu")
+
+  # ---- memory
+  def load(self, pos: int, u: UOp) -> None:
+    buffer, index = self.value(u.src[0]), self.value(u.src[1])
+    valid = u.src[2] if len(u.src) > 2 and u.src[2].dtype == dtypes.bool else None
+    if (vector := self.vectors.get(pos)) is not None: return self.vector_load(pos, u, vector, valid)
+    from_memory = self.from_memory(f"{buffer}[{index}]", u.dtype, u.src[0].op is Ops.DEFINE_LOCAL)
+    if valid is not None: from_memory = f"({self.value(valid)} ? {from_memory} : {render_const(0, u.dtype)})"
+    self.define(u, from_memory)
+
+  def vector_load(self, pos: int, u: UOp, access: VectorAccess, valid: Optional[UOp]) -> None:
+    lane, vector = access.positions.index(pos), access.vector
+    if pos == access.at:
+      name = self.fresh("vec")
+      self.vector_names[id(access)] = name
+      loaded = f"*((const {vector.name}*)({self.value(u.src[0])} + {self.offset(u.src[1], lane)}))"
+      if valid is not None:
+        loaded = f"({self.value(valid)} ? {loaded} : make_{vector.name}({', '.join(['0'] * vector.lanes)}))"
+      self.line(f"const {vector.name} {name} = {loaded};")
+    element = f"{self.vector_names[id(access)]}.{LANES[lane]}"
+    if vector.lane_type == REGISTER_TYPES[u.dtype]: self.names[u] = element   # the lane is the value
+    else: self.define(u, self.from_memory(element, u.dtype, False))
+
+  def offset(self, index: UOp, lane: int) -> str: return self.value(index) + (f" - {lane}" if lane else "")
+
+  def from_memory(self, element: str, dtype: DType, shared: bool) -> str:
+    if shared: return element   # shared memory holds register values
+    if dtype == dtypes.float16: return f"half_to_float({element})"
+    if dtype == dtypes.bfloat16: return f"bfloat16_to_float({element})"
+    if dtype.is_bool: return f"({element} != 0)"
+    return element
+
+  def to_memory(self, value: str, dtype: DType) -> str:
+    if dtype == dtypes.float16: return f"float_to_half({value})"
+    if dtype == dtypes.bfloat16: return f"float_to_bfloat16({value})"
+    return value
+
+  def store(self, pos: int, u: UOp) -> None:
+    buffer, index, value = self.value(u.src[0]), self.value(u.src[1]), self.value(u.src[2])
+    guard = f"if ({self.value(u.src[3])}) " if len(u.src) > 3 else ""
+    dtype = u.src[2].dtype
+    if (access := self.vectors.get(pos)) is not None:
+      if pos != access.at: return   # the group's last store writes every lane
+      vector = access.vector
+      elements = [self.to_memory(self.value(self.uops[p].src[2]), dtype) for p in access.positions]
+      if vector.lane_type != MEMORY_TYPES[dtype]: elements = [f"({vector.lane_type}){e}" for e in elements]
+      offset = self.offset(u.src[1], access.positions.index(pos))
+      self.line(f"{guard}*(({vector.name}*)({buffer} + {offset})) = make_{vector.name}({', '.join(elements)});")
+      return
+    shared = u.src[0].op is Ops.DEFINE_LOCAL
+    self.line(f"{guard}{buffer}[{index}] = {value if shared else self.to_memory(value, dtype)};")
+
+  # ---- arithmetic
+  def alu(self, u: UOp) -> str:
+    op, dt = u.op, (u.src[-1].dtype if u.op is Ops.WHERE else u.src[0].dtype)
+    s = [self.value(x) for x in u.src]
+    if dt.is_float: out = self.float_alu(op, dt, s)
+    else: out = self.int_alu(u, op, dt, s)
+    if u.dtype == dtypes.float16 and op not in (Ops.MAX, Ops.WHERE, Ops.NEG): return f"round_half({out})"
+    if u.dtype == dtypes.bfloat16 and op not in (Ops.MAX, Ops.WHERE, Ops.NEG): return f"round_bfloat16({out})"
+    return out
+
+  def float_alu(self, op: Ops, dt: DType, s: list[str]) -> str:
+    suffix = "" if dt == dtypes.float64 else "f"
+    if op in _FLOAT_INTRINSICS: return f"{_FLOAT_INTRINSICS[op]}{suffix}({s[0]})"
+    if op is Ops.NEG: return f"(-{s[0]})"
+    if op is Ops.RECIP: return f"({render_const(1.0, dt)} / {s[0]})"
+    if op is Ops.MAX: return f"(({s[0]} > {s[1]}) || ({s[0]} != {s[0]}) ? {s[0]} : {s[1]})"   # NaN wins
+    if op is Ops.WHERE: return f"({s[0]} ? {s[1]} : {s[2]})"
+    if op in _INFIX: return f"({s[0]} {_INFIX[op]} {s[1]})"
+    raise NotImplementedError(f"CUDA renderer: no float rule for {op} on {dt}")
+
+  def int_alu(self, u: UOp, op: Ops, dt: DType, s: list[str]) -> str:
+    ctype = REGISTER_TYPES[dt]
+    if op is Ops.WHERE: return f"({s[0]} ? {s[1]} : {s[2]})"
+    if op is Ops.MAX: return f"({s[0]} > {s[1]} ? {s[0]} : {s[1]})"
+    if op in (Ops.IDIV, Ops.MOD): return self.int_division(u, op, dt, s)
+    if op in (Ops.ADD, Ops.MUL, Ops.NEG, Ops.SHL) and self.may_overflow(u, op, dt):
+      # two's complement wrap-around, computed in an unsigned type where C++ defines it
+      unsigned = UNSIGNED_OF[max(dt.itemsize, 4)]
+      if op is Ops.NEG: return f"({ctype})(0u - ({unsigned}){s[0]})"
+      if op is Ops.SHL: return f"({ctype})(({unsigned}){s[0]} << {s[1]})"
+      return f"({ctype})(({unsigned}){s[0]} {_INFIX[op]} ({unsigned}){s[1]})"
+    if op is Ops.NEG: return f"({ctype})(-{s[0]})"
+    if op in _INFIX:   # narrower types are promoted to int: convert the result back
+      return f"({ctype})({s[0]} {_INFIX[op]} {s[1]})" if dt.itemsize < 4 else f"({s[0]} {_INFIX[op]} {s[1]})"
+    raise NotImplementedError(f"CUDA renderer: no integer rule for {op} on {dt}")
+
+  @staticmethod
+  def may_overflow(u: UOp, op: Ops, dt: DType) -> bool:
+    """Whether C++ would overflow a signed type (undefined behaviour) computing this op plainly. Types narrower than
+    int are promoted to int, where only a 16-bit unsigned product can overflow; a signed shift of a negative value is
+    undefined; 32/64-bit signed math is safe when the range analysis keeps the result inside the type (index math)."""
+    if dt.is_unsigned or dt.is_bool: return op is Ops.MUL and dt.itemsize < 4
+    if op is Ops.SHL: return True
+    if dt.itemsize < 4: return False
+    return u.vmin <= dtypes.min(dt) or u.vmax >= dtypes.max(dt)
+
+  def int_division(self, u: UOp, op: Ops, dt: DType, s: list[str]) -> str:
+    """C division and remainder; x / 0 = 0 and x % 0 = 0; INT_MIN / -1 wraps to INT_MIN and INT_MIN % -1 = 0."""
+    symbol = "/" if op is Ops.IDIV else "%"
+    divisor = u.src[1]
+    if divisor.op is Ops.CONST and divisor.arg not in (0, -1): return f"({s[0]} {symbol} {s[1]})"
+    ctype = REGISTER_TYPES[dt]
+    if dt.kind != 'i': return f"({s[1]} == 0 ? ({ctype})0 : ({ctype})({s[0]} {symbol} {s[1]}))"
+    negated = f"({ctype})(0u - ({UNSIGNED_OF[max(dt.itemsize, 4)]}){s[0]})" if op is Ops.IDIV else f"({ctype})0"
+    return f"({s[1]} == 0 ? ({ctype})0 : {s[1]} == -1 ? {negated} : ({ctype})({s[0]} {symbol} {s[1]}))"
+
+  def cast(self, x: str, src: DType, dst: DType) -> str:
+    to = REGISTER_TYPES[dst]
+    if dst.is_bool: return f"({x} != 0)"
+    if src.is_float and dst.is_float:
+      if dst == dtypes.float16 and src == dtypes.float64: return f"half_to_float(double_to_half({x}))"
+      if dst == dtypes.float16: return f"round_half({x})"
+      if dst == dtypes.bfloat16: return f"round_bfloat16((float){x})"
+      return f"({to}){x}"
+    if src.is_float:   # saturating, truncating, NaN → 0 (cvt.rzi), like llvm.fpto[su]i.sat
+      kind = "double" if src == dtypes.float64 else "float"
+      if dst in _FLOAT_TO_INT: return f"__{kind}2{_FLOAT_TO_INT[dst]}_rz({x})"
+      if dst.is_unsigned: return f"({to})min({dtypes.max(dst)}u, __{kind}2uint_rz({x}))"
+      return f"({to})max({dtypes.min(dst)}, min({dtypes.max(dst)}, __{kind}2int_rz({x})))"
+    if dst.is_float:
+      if dst == dtypes.float16: return f"round_half((float){x})"
+      if dst == dtypes.bfloat16: return f"round_bfloat16((float){x})"
+      return f"({to}){x}"
+    return f"({to}){x}"   # integers: truncate, or extend by the source's signedness, as C does
+
+  def bitcast(self, x: str, src: DType, dst: DType) -> str:
+    if src == dtypes.float16: x = f"float_to_half({x})"
+    if src == dtypes.bfloat16: x = f"float_to_bfloat16({x})"
+    if dst == dtypes.float16: return f"half_to_float(bit_cast<half>({x}))"
+    if dst == dtypes.bfloat16: return f"bfloat16_to_float(bit_cast<bfloat16>({x}))"
+    return f"bit_cast<{REGISTER_TYPES[dst]}>({x})"

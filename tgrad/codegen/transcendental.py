@@ -1,0 +1,86 @@
+"""Transcendental functions as plain arithmetic UOps, so CPU loops over them vectorize (a libm call does not).
+
+`decompositions` rewrites EXP2, LOG2 and SIN of float32 (and of float16/bfloat16, computed in float32) into range
+reduction + polynomial + exponent bit tricks. float64 keeps the native call. Accuracy (measured against numpy in
+test/unit/test_transcendental.py): exp2 within 2 ulp and log2 within 4 ulp over the whole float range (subnormals,
+±inf, NaN included); sin within 4e-7 absolute for |x| < 1e4; beyond that the Cody–Waite reduction loses bits.
+"""
+from __future__ import annotations
+import math
+from tgrad.dtype import dtypes
+from tgrad.ops import UOp, UPat, Ops, PatternMatcher
+
+F32 = dtypes.float32
+I32 = dtypes.int32
+FLOAT32_MANTISSA_BITS = 23
+FLOAT32_EXPONENT_BIAS = 127
+FLOAT32_EXPONENT_MASK = 0xFF
+FLOAT32_MANTISSA_MASK = 0x7FFFFF
+FLOAT32_ONE_BITS = 0x3F800000
+SMALLEST_NORMAL_F32 = 2.0 ** -126
+SUBNORMAL_SCALE_BITS = 23            # multiplying by 2^23 makes every subnormal normal
+# exp2 clamps its input here: below, 2^x rounds to 0; above, it overflows to inf (and both keep 2^n in 2 factors)
+EXP2_MIN_INPUT, EXP2_MAX_INPUT = -150.0, 130.0
+EXP2_TAYLOR_TERMS = 8                # Taylor series of 2^f = e^(f ln2) on |f| <= 1/2: last term ~5e-9 relative
+LOG_SERIES_TERMS = 6                 # ln(m) = 2 atanh(s) with |s| <= 0.172: s^13/13 ~ 1e-11
+SIN_TAYLOR_TERMS = 7                 # sin(r), |r| <= pi/2: r^15/15! ~ 7e-10
+# pi split into parts whose products with k (|k| < 2^15) are exact in float32 (Cody & Waite)
+PI_PART_A, PI_PART_B, PI_PART_C = 3.140625, 9.67502593994140625e-4, 1.509957990978376432e-7
+
+def _f(value: float) -> UOp: return UOp.const(F32, value)
+def _i(value: int) -> UOp: return UOp.const(I32, value)
+def _bitcast(x: UOp, dtype) -> UOp: return UOp(Ops.BITCAST, dtype, (x,))
+def _trunc(x: UOp) -> UOp: return x.alu(Ops.TRUNC)
+def _round(x: UOp) -> UOp: return _trunc(x + x.lt(0.0).where(_f(-0.5), _f(0.5)))
+def _horner(x: UOp, coefficients: list[float]) -> UOp:
+  """c0 + c1·x + c2·x² + …, highest power innermost."""
+  out = _f(coefficients[-1])
+  for c in reversed(coefficients[:-1]): out = out * x + c
+  return out
+def _pow2_int(n: UOp) -> UOp:
+  """2^n for an int32 n in [-126, 127], built from the exponent bits."""
+  return _bitcast((n + FLOAT32_EXPONENT_BIAS).alu(Ops.SHL, _i(FLOAT32_MANTISSA_BITS)), F32)
+
+def exp2_f32(x: UOp) -> UOp:
+  x = x.lt(EXP2_MIN_INPUT).where(_f(EXP2_MIN_INPUT), x)
+  x = _f(EXP2_MAX_INPUT).lt(x).where(_f(EXP2_MAX_INPUT), x)
+  n = _round(x)
+  fraction = x - n
+  poly = _horner(fraction, [math.log(2) ** k / math.factorial(k) for k in range(EXP2_TAYLOR_TERMS)])
+  whole = n.cast(I32)
+  half = whole.alu(Ops.SHR, _i(1))   # 2^n as 2^half · 2^(n-half): both factors stay normal
+  return poly * _pow2_int(half) * _pow2_int(whole - half)
+
+def log2_f32(x: UOp) -> UOp:
+  subnormal = x.lt(SMALLEST_NORMAL_F32)
+  scaled = subnormal.where(x * float(2 ** SUBNORMAL_SCALE_BITS), x)
+  bits = _bitcast(scaled, I32)
+  exponent = (bits.alu(Ops.SHR, _i(FLOAT32_MANTISSA_BITS)).alu(Ops.AND, _i(FLOAT32_EXPONENT_MASK)) -
+              subnormal.where(_i(FLOAT32_EXPONENT_BIAS + SUBNORMAL_SCALE_BITS), _i(FLOAT32_EXPONENT_BIAS)))
+  mantissa = _bitcast(bits.alu(Ops.AND, _i(FLOAT32_MANTISSA_MASK)).alu(Ops.OR, _i(FLOAT32_ONE_BITS)), F32)  # [1, 2)
+  high = _f(math.sqrt(2)).lt(mantissa)
+  mantissa = high.where(mantissa * 0.5, mantissa)   # now in [sqrt(1/2), sqrt(2)]
+  exponent = exponent + high.where(_i(1), _i(0))
+  s = (mantissa - 1.0) / (mantissa + 1.0)
+  ln_mantissa = s * 2.0 * _horner(s * s, [1.0 / (2 * k + 1) for k in range(LOG_SERIES_TERMS)])
+  out = exponent.cast(F32) + ln_mantissa * (1 / math.log(2))
+  out = x.ne(math.inf).where(out, _f(math.inf))
+  out = x.ne(0.0).where(out, _f(-math.inf))
+  return (x.lt(0.0) | x.ne(x)).where(_f(math.nan), out)
+
+def sin_f32(x: UOp) -> UOp:
+  k = _round(x * (1 / math.pi))
+  reduced = x - k * PI_PART_A - k * PI_PART_B - k * PI_PART_C
+  r2 = reduced * reduced
+  poly = reduced * _horner(r2, [(-1) ** j / math.factorial(2 * j + 1) for j in range(SIN_TAYLOR_TERMS)])
+  odd = k.cast(I32).alu(Ops.AND, _i(1)).ne(0)
+  return odd.where(-poly, poly)
+
+_DECOMPOSE = {Ops.EXP2: exp2_f32, Ops.LOG2: log2_f32, Ops.SIN: sin_f32}
+_DECOMPOSED_DTYPES = (dtypes.float16, dtypes.bfloat16, dtypes.float32)
+
+def _decompose(u: UOp) -> UOp:
+  x = u.src[0].cast(F32)
+  return _DECOMPOSE[u.op](x).cast(u.dtype)
+
+decompositions = PatternMatcher([(UPat(tuple(_DECOMPOSE), dtype=_DECOMPOSED_DTYPES, name="u"), _decompose)])

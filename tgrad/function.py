@@ -24,7 +24,7 @@ class Function:
     else: self.requires_grad = False
     if self.requires_grad: self.parents = tensors
 
-  def forward(self, *args, **kwargs) -> LazyBuffer: raise NotImplementedError(f"forward not implemented for {type(self)}")
+  def forward(self, *args, **kwargs) -> LazyBuffer: raise NotImplementedError(f"no forward for {type(self)}")
   def backward(self, grad_output: LazyBuffer): raise NotImplementedError(f"backward not implemented for {type(self)}")
 
   @classmethod
@@ -257,7 +257,8 @@ class Stride(Function):
   def forward(self, x: LazyBuffer, steps: tuple[int, ...]) -> LazyBuffer:
     self.input_shape, self.steps = x.shape, steps
     return x.stride(steps)
-  def backward(self, grad_output: LazyBuffer) -> LazyBuffer: return spread_strided(grad_output, self.steps, self.input_shape)
+  def backward(self, grad_output: LazyBuffer) -> LazyBuffer:
+    return spread_strided(grad_output, self.steps, self.input_shape)
 
 def spread_strided(x: LazyBuffer, steps: tuple[int, ...], shape: tuple[int, ...]) -> LazyBuffer:
   """The inverse placement of `stride`: x's values at every `step`-th position of `shape`, zeros between.

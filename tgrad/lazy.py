@@ -96,6 +96,9 @@ class LazyBuffer:
     axes = tuple(sorted(set(axes)))
     if any(not 0 <= a < len(self.shape) for a in axes): raise IndexError(f"reduce axes {axes} for shape {self.shape}")
     if not axes: return self
+    if (split := _split_reduce(self, op, axes)) is not None: return split
+    return self._reduce(op, axes)
+  def _reduce(self, op: Ops, axes: tuple[int, ...]) -> LazyBuffer:
     new_shape = tuple(1 if i in axes else s for i, s in enumerate(self.shape))
     return LazyBuffer.loadop(Ops.REDUCE_AXIS, new_shape, self.dtype, self.device, arg=(op, axes), srcs=(self,))
   def contiguous(self) -> LazyBuffer:
@@ -132,3 +135,25 @@ class LazyBuffer:
     return self if all(s == 1 for s in steps) else self._view(self.st.stride(steps))
 
 def is_elementwise(lb: LazyBuffer) -> bool: return lb.op in ELEMENTWISE
+
+# A big reduce with few outputs runs as two: partial reduces of chunks, then a reduce of the partials. As one kernel,
+# each output's reduce is one GPU block or one CPU core (a 64M-element sum would use 1 of 132 SMs); split, the
+# partials run in parallel. Thresholds as in tinygrad's split_reduceop: inputs per output ≥ 2^15, and here fewer
+# outputs than an H100 holds blocks at once (132 SMs × 8 blocks); parts: the largest of SPLIT_REDUCE_PARTS dividing.
+SPLIT_REDUCE_MIN_INPUTS = 1 << 15
+SPLIT_REDUCE_MAX_OUTPUTS = 1024
+SPLIT_REDUCE_PARTS = (256, 128, 64, 32, 16, 8)
+
+def _split_reduce(x: LazyBuffer, op: Ops, axes: tuple[int, ...]) -> Optional[LazyBuffer]:
+  """x.r(op, axes) as two reduces when it is big and has few outputs (see SPLIT_REDUCE_*), else None."""
+  inputs = prod(x.shape[a] for a in axes)
+  if inputs < SPLIT_REDUCE_MIN_INPUTS or prod(x.shape) // inputs >= SPLIT_REDUCE_MAX_OUTPUTS: return None
+  for axis in sorted(axes, key=lambda a: -x.shape[a]):
+    parts = next((p for p in SPLIT_REDUCE_PARTS if x.shape[axis] % p == 0), None)
+    if parts is not None: break
+  else: return None
+  split_shape = x.shape[:axis] + (parts, x.shape[axis] // parts) + x.shape[axis + 1:]
+  chunk_axes = tuple(a + (a > axis) for a in axes if a != axis) + (axis + 1,)   # everything reduced but the parts
+  partials = x.reshape(split_shape)._reduce(op, tuple(sorted(chunk_axes)))
+  out_shape = tuple(1 if i in axes else s for i, s in enumerate(x.shape))
+  return partials._reduce(op, (axis,)).reshape(out_shape)

@@ -388,18 +388,37 @@ def _sum_range(terms: dict[UOp, int], constant: int) -> tuple[int, int]:
     lo, hi = lo + min(a * t.vmin, a * t.vmax), hi + max(a * t.vmin, a * t.vmax)
   return lo, hi
 
+MAX_RESIDUE_SEARCH_TERMS = 6   # _split_quotient tries both signs of each residue for at most this many terms
+
+def _split_quotient(terms: dict[UOp, int], constant: int, divisor: int, dtype: DType) -> Optional[tuple[UOp, UOp]]:
+  """Write x = Σ aᵢ·tᵢ + k as divisor·q + r with 0 <= r < divisor everywhere, or None. Each aᵢ keeps a residue of
+  either sign (aᵢ mod divisor, or that minus divisor), the narrowest choices first; the constant then follows."""
+  residue_terms = [t for t, a in terms.items() if a % divisor != 0]
+  if len(residue_terms) > MAX_RESIDUE_SEARCH_TERMS: return None
+  choices = []
+  for signs in range(1 << len(residue_terms)):
+    residues = {t: terms[t] % divisor - (divisor if signs >> bit & 1 else 0) for bit, t in enumerate(residue_terms)}
+    lo, hi = _sum_range(residues, 0)
+    choices.append((hi - lo, lo, hi, residues))
+  for width, lo, hi, residues in sorted(choices, key=lambda choice: choice[0]):
+    if width >= divisor: break
+    residue_constant = -lo + (constant + lo) % divisor   # the one r constant (≡ k) that lifts r's minimum into [0, d)
+    if hi + residue_constant >= divisor: continue
+    quotient = {t: (a - residues.get(t, 0)) // divisor for t, a in terms.items() if a != residues.get(t, 0)}
+    return (build_sum(quotient, (constant - residue_constant) // divisor, dtype),
+            build_sum({t: r for t, r in residues.items() if r != 0}, residue_constant, dtype))
+  return None
+
 def _fold_div_mod(x: UOp, c: UOp, is_mod: bool) -> Optional[UOp]:
-  """(Σ aᵢ·tᵢ + k) // c and % c for c > 0: for nonnegative x move the multiples of c out; a common gcd of c and
-  every coefficient divides through (C division of exact multiples, any sign)."""
+  """(Σ aᵢ·tᵢ + k) // c and % c for c > 0: for nonnegative x take out what c divides; a common gcd of c and every
+  coefficient divides through (C division of exact multiples, any sign)."""
   divisor = c.arg
   terms, constant = split_terms(x)
   if divisor <= 0 or not all(_fits(v, x.dtype) for v in _sum_range(terms, constant)): return None   # no wraparound
   if x.vmin >= 0:
-    # x = c·q + r exactly; when 0 <= r < c, x // c = q and x % c = r
-    remainder = build_sum({t: a % divisor for t, a in terms.items() if a % divisor != 0}, constant % divisor, x.dtype)
-    if 0 <= remainder.vmin and remainder.vmax < divisor:
-      if is_mod: return remainder
-      return build_sum({t: a // divisor for t, a in terms.items() if a // divisor != 0}, constant // divisor, x.dtype)
+    # x = c·q + r exactly with 0 <= r < c: x // c = q and x % c = r
+    if terms and (split := _split_quotient(terms, constant, divisor, x.dtype)) is not None:
+      return split[1] if is_mod else split[0]
     # else take out only the terms that are exact multiples of c: x = c·q + r with r >= 0 gives x // c = q + r // c
     multiples = {t: a // divisor for t, a in terms.items() if a % divisor == 0}
     if multiples:
@@ -452,6 +471,9 @@ def _fold_linear_cmp(x: UOp, bound: int, bound_on_left: bool) -> Optional[UOp]:
     else:               # d·z + s < limit  <=>  z <= (limit - 1 - s) // d
       lowest, highest = (limit - 1 - small_hi) // d, (limit - 1 - small_lo) // d
     if lowest != highest: continue
+    # z >= lowest (bound on the left) or z <= lowest; with z's first coefficient negative, compare -z instead
+    if next(iter(multiples.values())) < 0:
+      multiples, lowest, bound_on_left = {t: -a for t, a in multiples.items()}, -lowest, not bound_on_left
     z = build_sum(multiples, 0, x.dtype)
     if not all(_fits(v, x.dtype) for v in (*_sum_range(multiples, 0), lowest - 1, lowest + 1)): return None
     return UOp.const(x.dtype, lowest - 1).lt(z) if bound_on_left else z.lt(lowest + 1)
@@ -474,7 +496,7 @@ symbolic = PatternMatcher([
   (UPat(tuple(ALU), name="u"), _fold_const_alu),
   (UPat(tuple(ALU), name="u"), _collapse_range),
   # identities
-  (UPat(Ops.ADD, src=[_x, UPat(Ops.CONST, arg=0)]), lambda x: x),
+  (UPat(Ops.ADD, dtype=_INT, src=[_x, UPat(Ops.CONST, arg=0)]), lambda x: x),   # floats: -0.0 + 0 is +0.0
   (UPat(Ops.MUL, src=[_x, UPat(Ops.CONST, arg=1)]), lambda x: x),
   (UPat(Ops.MUL, dtype=_INT, src=[_x, UPat(Ops.CONST, arg=0, name="z")]), lambda x, z: z),
   (UPat(Ops.IDIV, src=(_x, UPat(Ops.CONST, arg=1))), lambda x: x),
@@ -483,11 +505,12 @@ symbolic = PatternMatcher([
   # sums: one canonical form, so like terms meet
   (UPat(Ops.ADD, dtype=_INT, name="u"), _canonical_sum),
   (UPat(Ops.ADD, dtype=_INT, name="u"), _recombine_div_mod),
-  (UPat(Ops.MUL, dtype=_INT, src=[UPat((Ops.ADD, Ops.MUL)), UPat(Ops.CONST)], name="u"), _canonical_sum),
+  (UPat(Ops.MUL, dtype=_INT, src=[UPat.var(), UPat(Ops.CONST)], name="u"), _canonical_sum),   # also c*x -> x*c
   # division and modulo; a negative divisor only flips the sign of C division, and does nothing to C modulo
   (UPat(Ops.IDIV, dtype=_INT, src=(_x, _c1)),
    lambda x, c1: (x // -c1.arg) * -1 if c1.arg < 0 and _fits(-c1.arg, x.dtype) else None),
-  (UPat(Ops.MOD, dtype=_INT, src=(_x, _c1)), lambda x, c1: x % -c1.arg if c1.arg < 0 and _fits(-c1.arg, x.dtype) else None),
+  (UPat(Ops.MOD, dtype=_INT, src=(_x, _c1)),
+   lambda x, c1: x % -c1.arg if c1.arg < 0 and _fits(-c1.arg, x.dtype) else None),
   (UPat(Ops.IDIV, dtype=_INT, src=(_x, _c1)), lambda x, c1: _fold_div_mod(x, c1, is_mod=False)),
   (UPat(Ops.MOD, dtype=_INT, src=(_x, _c1)), lambda x, c1: _fold_div_mod(x, c1, is_mod=True)),
   (UPat(Ops.MOD, src=(UPat(Ops.MOD, src=(_x, _c1)), _c2)),
@@ -513,8 +536,10 @@ symbolic = PatternMatcher([
    lambda x, c1, c2: _fold_div_cmp(x, c1.arg, c2.arg, bound_on_left=False)),
   (UPat(Ops.CMPLT, src=(_c2, UPat(Ops.IDIV, dtype=_INT, src=(_x, _c1)))),
    lambda x, c1, c2: _fold_div_cmp(x, c1.arg, c2.arg, bound_on_left=True)),
-  (UPat(Ops.CMPLT, src=(UPat.var("x", dtype=_INT), _c1)), lambda x, c1: _fold_linear_cmp(x, c1.arg, bound_on_left=False)),
-  (UPat(Ops.CMPLT, src=(_c1, UPat.var("x", dtype=_INT))), lambda x, c1: _fold_linear_cmp(x, c1.arg, bound_on_left=True)),
+  (UPat(Ops.CMPLT, src=(UPat.var("x", dtype=_INT), _c1)),
+   lambda x, c1: _fold_linear_cmp(x, c1.arg, bound_on_left=False)),
+  (UPat(Ops.CMPLT, src=(_c1, UPat.var("x", dtype=_INT))),
+   lambda x, c1: _fold_linear_cmp(x, c1.arg, bound_on_left=True)),
   (UPat(Ops.MAX, src=[_x, _y]), lambda x, y: x if x.dtype.is_int and x.vmin >= y.vmax else None),
   (UPat(Ops.MAX, src=(_x, _x)), lambda x: x),
 ])

@@ -8,13 +8,13 @@ from the chain rule and fuse like forward code. Nothing runs until `realize`, `n
 from __future__ import annotations
 import math, time
 from contextlib import ContextDecorator
-from typing import Any, ClassVar, Optional, Sequence, Union
+from typing import Any, ClassVar, Optional, Union
 import numpy as np
 from tgrad.dtype import DType, dtypes, promote_types, least_upper_dtype, least_upper_float, to_dtype
 from tgrad.lazy import LazyBuffer
 from tgrad.ops import Ops
 from tgrad.device import canonical_device
-from tgrad.helpers import prod, argsort
+from tgrad.helpers import prod
 import tgrad.function as F
 
 Scalar = Union[bool, int, float]
@@ -60,7 +60,8 @@ def broadcast_shape(*shapes: tuple[int, ...]) -> tuple[int, ...]:
   out = []
   for dims in zip(*padded):
     sizes = {d for d in dims if d != 1}
-    if len(sizes) > 1: raise ValueError(f"shapes {' and '.join(str(tuple(s)) for s in shapes)} cannot be broadcast together")
+    if len(sizes) > 1:
+      raise ValueError(f"shapes {' and '.join(str(tuple(s)) for s in shapes)} cannot be broadcast together")
     out.append(sizes.pop() if sizes else 1)
   return tuple(out)
 
@@ -155,7 +156,7 @@ class Tensor:
       self.lazydata = _from_array(np.asarray(data, dtype=_host_dtype(inferred)), dtype or inferred, device)
     elif isinstance(data, (np.ndarray, np.generic)):
       array = np.asarray(data)
-      if array.dtype.kind not in "biuf": raise TypeError(f"cannot make a Tensor from a numpy array of dtype {array.dtype}")
+      if array.dtype.kind not in "biuf": raise TypeError(f"cannot make a Tensor from numpy dtype {array.dtype}")
       self.lazydata = _from_array(array, dtype or dtypes.from_np(array.dtype), device)
     else: raise TypeError(f"cannot make a Tensor from {type(data).__name__}")
 
@@ -426,18 +427,21 @@ class Tensor:
     if self.shape == shape: return self
     if len(shape) < self.ndim: raise ValueError(f"cannot broadcast shape {self.shape} to {shape}")
     x = self.reshape((1,) * (len(shape) - self.ndim) + self.shape)
-    if any(s != n and s != 1 for s, n in zip(x.shape, shape)): raise ValueError(f"cannot broadcast {self.shape} to {shape}")
+    if any(s != n and s != 1 for s, n in zip(x.shape, shape)):
+      raise ValueError(f"cannot broadcast {self.shape} to {shape}")
     return F.Expand.apply(x, shape=shape) if x.shape != shape else x
   def _as_tensor(self, x: Any, dtype: Optional[DType] = None) -> Tensor:
     if isinstance(x, Tensor):
       if x.device != self.device: raise ValueError(f"tensors on different devices: {self.device} and {x.device}")
       return x
-    if isinstance(x, (bool, int, float)): return Tensor(x, dtype=dtype or _scalar_dtype(self.dtype, x), device=self.device)
+    if isinstance(x, (bool, int, float)):
+      return Tensor(x, dtype=dtype or _scalar_dtype(self.dtype, x), device=self.device)
     return Tensor(x, dtype=dtype, device=self.device)
   def _operands(self, other: Any, reverse: bool = False, dtype: Optional[DType] = None) -> tuple[Tensor, Tensor]:
     """self and other broadcast to one shape and promoted to one dtype (Python scalars are weak)."""
     y = self._as_tensor(other)
-    out_dtype = dtype or promote_types(self.dtype, y.dtype)
+    weak = isinstance(other, (bool, int, float))
+    out_dtype = dtype or (y.dtype if weak else promote_types(self.dtype, y.dtype))
     shape = broadcast_shape(self.shape, y.shape)
     x, y = self.cast(out_dtype)._broadcast_to(shape), y.cast(out_dtype)._broadcast_to(shape)
     return (y, x) if reverse else (x, y)
@@ -459,7 +463,8 @@ class Tensor:
     a, b = self._operands(x, reverse)
     if rounding_mode == "trunc":
       return self._nograd(a.lazydata.alu(Ops.IDIV, b.lazydata)) if not a.dtype.is_float else (a / b).trunc()
-    if rounding_mode is not None: raise ValueError(f"rounding_mode must be None, 'floor' or 'trunc', got {rounding_mode!r}")
+    if rounding_mode is not None:
+      raise ValueError(f"rounding_mode must be None, 'floor' or 'trunc', got {rounding_mode!r}")
     return F.Div.apply(a._to_float(), b._to_float())
   def floordiv(self, x: Any, reverse: bool = False) -> Tensor:
     """Python's `//`: rounds toward −∞. Integer division by zero gives 0 (as numpy)."""
@@ -581,7 +586,7 @@ class Tensor:
   def relu6(self) -> Tensor: return self.relu() - (self - 6).relu()
   def leaky_relu(self, neg_slope: float = 0.01) -> Tensor: return self.relu() - (-self).relu() * neg_slope
   def elu(self, alpha: float = 1.0) -> Tensor:
-    negative_part = (self._to_float().minimum(0).exp() - 1) * alpha   # exp of min(x, 0) stays finite (and so does its grad)
+    negative_part = (self._to_float().minimum(0).exp() - 1) * alpha   # exp(min(x, 0)): finite, and so is its grad
     return (self > 0).where(self._to_float(), negative_part)
   def gelu(self) -> Tensor:
     x = self._to_float()
@@ -659,7 +664,8 @@ class Tensor:
     return self._accumulate(F.Prod, axis, keepdim, acc_dtype)
   def max(self, axis=None, keepdim: bool = False) -> Tensor:
     axes = self._reduce_axes(axis)
-    if any(self.shape[a] == 0 for a in axes): raise ValueError(f"max over an empty axis: shape {self.shape}, axis {axis}")
+    if any(self.shape[a] == 0 for a in axes):
+      raise ValueError(f"max over an empty axis: shape {self.shape}, axis {axis}")
     if self.dtype.is_bool: return self.cast(dtypes.uint8).max(axis, keepdim).cast(dtypes.bool)
     return self._reduce(F.Max, axes, keepdim)
   def min(self, axis=None, keepdim: bool = False) -> Tensor:
@@ -695,7 +701,8 @@ class Tensor:
     return flipped.argmax(axis, keepdim)
   def any(self, axis=None, keepdim: bool = False) -> Tensor:
     axes = self._reduce_axes(axis)
-    if any(self.shape[a] == 0 for a in axes): return Tensor.full(self._reduced_shape(axes, keepdim), False, device=self.device)
+    if any(self.shape[a] == 0 for a in axes):
+      return Tensor.full(self._reduced_shape(axes, keepdim), False, device=self.device)
     return (self != 0).max(axis, keepdim)
   def all(self, axis=None, keepdim: bool = False) -> Tensor:
     return self.logical_not().any(axis, keepdim).logical_not()
@@ -785,7 +792,8 @@ class Tensor:
     return inside.where(padded, value)
   def shrink(self, bounds) -> Tensor:
     """Keep [start, end) per dim (None keeps the dim)."""
-    if len(bounds) != self.ndim: raise ValueError(f"shrink needs {self.ndim} bounds for shape {self.shape}, got {bounds}")
+    if len(bounds) != self.ndim:
+      raise ValueError(f"shrink needs {self.ndim} bounds for shape {self.shape}, got {bounds}")
     bounds = tuple((0, s) if b is None else (int(b[0]), int(b[1])) for s, b in zip(self.shape, bounds))
     if any(not 0 <= lo <= hi <= s for s, (lo, hi) in zip(self.shape, bounds)):
       raise ValueError(f"shrink bounds {bounds} are outside shape {self.shape}")
@@ -816,7 +824,8 @@ class Tensor:
   def repeat(self, repeats, *args) -> Tensor:
     """Tile like torch's repeat: `repeats` has one count per dim (more dims add leading ones)."""
     repeats = _shape_arg(repeats, args)
-    if len(repeats) < self.ndim: raise ValueError(f"repeat needs at least {self.ndim} counts for {self.shape}, got {repeats}")
+    if len(repeats) < self.ndim:
+      raise ValueError(f"repeat needs at least {self.ndim} counts for {self.shape}, got {repeats}")
     base = self.reshape((1,) * (len(repeats) - self.ndim) + self.shape)
     interleaved = base.reshape(tuple(d for s in base.shape for d in (1, s)))
     tiled = interleaved.expand(tuple(d for r, s in zip(repeats, base.shape) for d in (r, s)))
@@ -854,7 +863,8 @@ class Tensor:
     if isinstance(sizes, int):
       if sizes <= 0: raise ValueError(f"split size must be positive, got {sizes}")
       sizes = [min(sizes, length - start) for start in range(0, length, sizes)] or [0]
-    if sum(sizes) != length: raise ValueError(f"split sizes {list(sizes)} do not add up to {length} (shape {self.shape})")
+    if sum(sizes) != length:
+      raise ValueError(f"split sizes {list(sizes)} do not add up to {length} (shape {self.shape})")
     pieces, start = [], 0
     for size in sizes:
       pieces.append(self.shrink(tuple((start, start + size) if i == dim else None for i in range(self.ndim))))
@@ -895,7 +905,8 @@ class Tensor:
     out = mask.where(x, 0).sum(gathered_axes, acc_dtype=_gather_acc_dtype(self.dtype)).cast(self.dtype)
     if plan.advanced_adjacent and plan.advanced_position > 0:   # numpy: the index dims replace the indexed dims
       n_index, position = len(index_shape), plan.advanced_position
-      order = list(range(n_index, n_index + position)) + list(range(n_index)) + list(range(n_index + position, out.ndim))
+      before, after = range(n_index, n_index + position), range(n_index + position, out.ndim)
+      order = list(before) + list(range(n_index)) + list(after)
       out = out.permute(order)
     return out
   def __setitem__(self, indices, value: Any) -> None:
@@ -952,7 +963,8 @@ class Tensor:
   def dot(self, w: Tensor, acc_dtype: Any = None) -> Tensor:
     """numpy's matmul: 1-D operands are vectors, leading dims broadcast as a batch."""
     w = self._as_tensor(w)
-    if self.ndim == 0 or w.ndim == 0: raise ValueError(f"matmul needs at least 1-D operands, got {self.shape} and {w.shape}")
+    if self.ndim == 0 or w.ndim == 0:
+      raise ValueError(f"matmul needs at least 1-D operands, got {self.shape} and {w.shape}")
     x, y = self.reshape(1, -1) if self.ndim == 1 else self, w.reshape(-1, 1) if w.ndim == 1 else w
     if x.shape[-1] != y.shape[-2]:
       raise ValueError(f"matmul: inner dimensions differ: {self.shape} @ {w.shape} ({x.shape[-1]} != {y.shape[-2]})")
@@ -1117,7 +1129,7 @@ class _IndexPlan:
     consumed = sum(i is not None and i is not Ellipsis for i in items)
     if consumed > len(shape): raise IndexError(f"too many indices for a tensor of shape {shape}: {consumed} were given")
     fill = [slice(None)] * (len(shape) - consumed)
-    if Ellipsis in items:
+    if any(i is Ellipsis for i in items):
       at = next(k for k, i in enumerate(items) if i is Ellipsis)
       items = items[:at] + fill + items[at + 1:]
     else: items = items + fill
@@ -1198,7 +1210,8 @@ def _einsum(formula: str, tensors: list[Tensor], acc_dtype: Any) -> Tensor:
     if not out_letters.isalpha() and out_letters: raise ValueError(f"bad einsum output {rhs!r}")
   else:
     counts = {c: sum(s.count(c) for s in letters_per_operand) for c in set("".join(letters_per_operand))}
-    out_letters = ellipsis_letters + "".join(sorted(c for c, n in counts.items() if n == 1 and c not in ellipsis_letters))
+    single = sorted(c for c, n in counts.items() if n == 1 and c not in ellipsis_letters)
+    out_letters = ellipsis_letters + "".join(single)
   # take diagonals where a letter repeats within one operand
   prepared = []
   for spec, t in zip(letters_per_operand, tensors):

@@ -97,8 +97,8 @@ class CheckingShapeTracker:
   def expand(self, shape): return self._apply("expand", shape, lambda t: np.broadcast_to(t, shape))
   def pad(self, padding):
     return self._apply("pad", padding, lambda t: np.pad(t, padding, constant_values=PAD_VALUE) if padding else t)
-  def shrink(self, bounds): return self._apply("shrink", bounds, lambda t: t[tuple(slice(lo, hi) for lo, hi in bounds)])
-  def flip(self, axes): return self._apply("flip", axes, lambda t: t[tuple(slice(None, None, -1 if f else 1) for f in axes)])
+  def shrink(self, bounds): return self._apply("shrink", bounds, lambda t: t[tuple(slice(*b) for b in bounds)])
+  def flip(self, axes): return self._apply("flip", axes, lambda t: np.flip(t, [d for d, f in enumerate(axes) if f]))
   def stride(self, steps): return self._apply("stride", steps, lambda t: t[tuple(slice(None, None, k) for k in steps)])
   def check(self):
     assert_matches(self.st, self.expected, f"ops {self.ops}")

@@ -12,37 +12,48 @@ from tgrad.ops import Ops, UOp, exec_alu, simplify
 INDEX = dtypes.index
 SEED = 1234
 N_RANDOM_EXPRESSIONS = 3000
+N_NARROW_DTYPE_EXPRESSIONS = 400
 N_SYMPY_LINEAR = 300
 N_SYMPY_DIVMOD = 40
 MAX_DEPTH = 5
 MAX_LEAVES = 3
 
-def rng_range(lo: int, hi: int, axis: int) -> UOp:
+def rng_range(lo: int, hi: int, axis: int, dtype=INDEX) -> UOp:
   """A loop index running over [lo, hi)."""
-  return UOp(Ops.RANGE, INDEX, (UOp.const(INDEX, lo), UOp.const(INDEX, hi)), arg=axis)
+  return UOp(Ops.RANGE, dtype, (UOp.const(dtype, lo), UOp.const(dtype, hi)), arg=axis)
 
 def leaves_of(u: UOp) -> list[UOp]: return [n for n in u.toposort() if n.op in (Ops.RANGE, Ops.DEFINE_VAR)]
 
 def leaf_values(leaf: UOp) -> range: return range(leaf.vmin, leaf.vmax + 1)
 
-def evaluate(u: UOp, env: dict):
-  """u's value with leaves bound by env, node by node with exec_alu; checks every node lies in [vmin, vmax]."""
-  values: dict = {}
-  for node in u.toposort():
-    if node in env: value = env[node]
-    elif node.op is Ops.CONST: value = node.arg
-    else: value = exec_alu(node.op, node.dtype, tuple(values[s] for s in node.src))
-    assert node.vmin <= value <= node.vmax, f"{node.render()} = {value} outside [{node.vmin}, {node.vmax}] at {env}"
-    values[node] = value
-  return values[u]
+class Evaluator:
+  """Evaluates a UOp node by node with exec_alu for many leaf bindings, checking each node lies in [vmin, vmax]."""
+  def __init__(self, root: UOp):
+    self.nodes = root.toposort()
+    position = {node: k for k, node in enumerate(self.nodes)}
+    self.steps = [(node, node.op, node.dtype, tuple(position[s] for s in node.src), node.vmin, node.vmax)
+                  for node in self.nodes]
+  def __call__(self, env: dict):
+    values: list = []
+    for node, op, dtype, srcs, vmin, vmax in self.steps:
+      if node in env: value = env[node]
+      elif op is Ops.CONST: value = node.arg
+      else: value = exec_alu(op, dtype, tuple(values[k] for k in srcs))
+      if not vmin <= value <= vmax:
+        raise AssertionError(f"{node.render()} = {value} outside [{vmin}, {vmax}] at {env}")
+      values.append(value)
+    return values[-1]
+
+def evaluate(u: UOp, env: dict): return Evaluator(u)(env)
 
 def assert_same_function(original: UOp, simplified: UOp, context: str = ""):
   leaves = leaves_of(original)
   assert set(leaves_of(simplified)) <= set(leaves), f"{context}: new leaves in {simplified.render()}"
   assert simplified.dtype == original.dtype
+  evaluate_original, evaluate_simplified = Evaluator(original), Evaluator(simplified)
   for combo in itertools.product(*(leaf_values(leaf) for leaf in leaves)):
     env = dict(zip(leaves, combo))
-    before, after = evaluate(original, env), evaluate(simplified, env)
+    before, after = evaluate_original(env), evaluate_simplified(env)
     assert before == after, (f"{context}: {original.render()} = {before} but simplified {simplified.render()} = "
                              f"{after} at {({leaf.render(): v for leaf, v in env.items()})}")
 
@@ -51,23 +62,23 @@ def assert_same_function(original: UOp, simplified: UOp, context: str = ""):
 
 class ExpressionGenerator:
   """Random int and bool index expressions over a few leaves with small ranges (some negative)."""
-  def __init__(self, rng: random.Random):
-    self.rng = rng
-    self.leaves = [self._leaf(k) for k in range(rng.randint(1, MAX_LEAVES))]
+  def __init__(self, rng: random.Random, dtype=INDEX, leaf_offset: int = 0):
+    self.rng, self.dtype = rng, dtype
+    self.leaves = [self._leaf(k, leaf_offset) for k in range(rng.randint(1, MAX_LEAVES))]
 
-  def _leaf(self, k: int) -> UOp:
+  def _leaf(self, k: int, offset: int) -> UOp:
     if self.rng.random() < 0.5:
-      lo = self.rng.choice((0, 0, 0, 1, 2))
-      return rng_range(lo, lo + self.rng.randint(1, 8), k)
-    lo = self.rng.randint(-8, 4)
-    return UOp.variable(f"v{k}", lo, lo + self.rng.randint(0, 7))
+      lo = self.rng.choice((0, 0, 0, 1, 2)) + offset
+      return rng_range(lo, lo + self.rng.randint(1, 8), k, self.dtype)
+    lo = self.rng.randint(-8, 4) + offset
+    return UOp.variable(f"v{k}", lo, lo + self.rng.randint(0, 7), self.dtype)
 
-  def const(self) -> UOp: return UOp.const(INDEX, self.rng.randint(-10, 12))
+  def const(self) -> UOp: return UOp.const(self.dtype, self.rng.randint(-10, 12))
   def divisor(self) -> int: return self.rng.choice((1, 2, 2, 3, 3, 4, 4, 5, 6, 8, 16, -1, -2, -3, -4, 0))
 
   def affine(self) -> UOp:
     """Σ cᵢ·leafᵢ + k, the shape of most index math."""
-    out = UOp.const(INDEX, self.rng.randint(-6, 8))
+    out = UOp.const(self.dtype, self.rng.randint(-6, 8))
     for leaf in self.rng.sample(self.leaves, self.rng.randint(1, len(self.leaves))):
       out = out + leaf * self.rng.choice((1, 1, 2, 3, 4, 6, 8, -1, -2, -4))
     return out
@@ -100,9 +111,10 @@ class ExpressionGenerator:
     if kind == "lt": return self.int_expr(depth - 1).lt(self.int_expr(depth - 1))
     if kind == "lt_const": return self.int_expr(depth - 1).lt(rng.randint(-8, 12))
     if kind == "affine_lt": return self.affine().lt(rng.randint(-8, 20)) if rng.random() < 0.5 else \
-      UOp.const(INDEX, rng.randint(-8, 20)).lt(self.affine() // self.divisor())
-    if kind == "const_lt": return UOp.const(INDEX, rng.randint(-8, 12)).lt(self.int_expr(depth - 1))
-    if kind == "ne": return self.int_expr(depth - 1).ne(self.int_expr(depth - 1) if rng.random() < 0.5 else self.const())
+      UOp.const(self.dtype, rng.randint(-8, 20)).lt(self.affine() // self.divisor())
+    if kind == "const_lt": return UOp.const(self.dtype, rng.randint(-8, 12)).lt(self.int_expr(depth - 1))
+    if kind == "ne": return self.int_expr(depth - 1).ne(self.int_expr(depth - 1) if rng.random() < 0.5 else
+                                                        self.const())
     if kind == "and": return self.bool_expr(depth - 1) & self.bool_expr(depth - 1)
     if kind == "or": return self.bool_expr(depth - 1) | self.bool_expr(depth - 1)
     return self.bool_expr(depth - 1).logical_not()
@@ -116,6 +128,15 @@ def test_random_expressions_keep_their_value():
     rng = random.Random(SEED * 100_003 + n)
     expression = ExpressionGenerator(rng).expr()
     assert_same_function(expression, simplify(expression), f"seed {SEED * 100_003 + n}")
+
+@pytest.mark.parametrize("dtype,leaf_offset", [(dtypes.int8, 0), (dtypes.int8, 110), (dtypes.uint8, 10),
+                                               (dtypes.uint8, 240)])
+def test_random_expressions_in_narrow_dtypes_keep_their_value(dtype, leaf_offset):
+  # int8/uint8 wrap around within the fuzzed ranges: every rule must notice when its exact-integer reasoning fails
+  for n in range(N_NARROW_DTYPE_EXPRESSIONS):
+    seed = SEED * 100_003 + n
+    expression = ExpressionGenerator(random.Random(seed), dtype, leaf_offset).expr()
+    assert_same_function(expression, simplify(expression), f"{dtype} seed {seed}")
 
 def test_simplify_is_idempotent_on_random_expressions():
   for n in range(N_RANDOM_EXPRESSIONS // 5):
@@ -143,7 +164,8 @@ def _symbols(leaves: list[UOp]) -> dict:
   return {leaf: sympy.Symbol(f"s{k}", integer=True, nonnegative=leaf.vmin >= 0) for k, leaf in enumerate(leaves)}
 
 def _linear_expr(rng: random.Random, leaves: list[UOp], depth: int) -> UOp:
-  if depth == 0 or rng.random() < 0.25: return rng.choice(leaves) if rng.random() < 0.8 else UOp.const(INDEX, rng.randint(-9, 9))
+  if depth == 0 or rng.random() < 0.25:
+    return rng.choice(leaves) if rng.random() < 0.8 else UOp.const(INDEX, rng.randint(-9, 9))
   a, b = _linear_expr(rng, leaves, depth - 1), _linear_expr(rng, leaves, depth - 1)
   kind = rng.choice(("add", "sub", "scale", "scale_sum"))
   if kind == "add": return a + b
@@ -166,7 +188,8 @@ def test_linear_expressions_match_sympy():
     assert len([u for u in alu if u.op is Ops.ADD]) <= len(leaves), simplified.render()
 
 def _nonnegative_divmod_expr(rng: random.Random, leaves: list[UOp], depth: int) -> UOp:
-  if depth == 0 or rng.random() < 0.25: return rng.choice(leaves) if rng.random() < 0.8 else UOp.const(INDEX, rng.randint(0, 9))
+  if depth == 0 or rng.random() < 0.25:
+    return rng.choice(leaves) if rng.random() < 0.8 else UOp.const(INDEX, rng.randint(0, 9))
   a = _nonnegative_divmod_expr(rng, leaves, depth - 1)
   kind = rng.choice(("add", "scale", "idiv", "mod"))
   if kind == "add": return a + _nonnegative_divmod_expr(rng, leaves, depth - 1)

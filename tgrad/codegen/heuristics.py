@@ -55,8 +55,82 @@ def _cpu_rules(kernel: Kernel) -> None:
   _register_tile(kernel)
   _threads(kernel)
 
+# GPU: 256 threads per block (8 warps) keeps an SM's 2048 thread slots full with 8 blocks and leaves room for
+# registers; the CUDA best-practices guide recommends 128–256.
+GPU_THREADS_PER_BLOCK = 256
+# A float4 access (16 bytes) per thread is the widest load/store; 4 outputs per thread amortize index math.
+GPU_UPCAST = 4
+# Reductions with at most this many outputs cannot fill the GPU with one thread per output (an H100 runs 270k
+# threads at once): each output's reduce is split across a block of threads (GROUP) and combined in shared memory.
+GPU_GROUP_MAX_OUTPUTS = 16384
+GPU_GROUP_MIN_REDUCE = 256      # below this a block-wide combine costs more than one thread looping
+GPU_GROUP_THREADS = 256
+GPU_WARP = 32                   # threads of a warp: enough neighbours on one axis for a coalesced 128-byte access
+# Register tile for reductions that reuse loads across two output axes (matmul): 4×4 accumulators per thread.
+GPU_TILE = 4
+GPU_TILE_THREADS = 16          # 16×16 threads of 4×4 tiles: a block computes a 64×64 output tile
+GPU_UNROLL = 4                  # unroll a reduce loop that is contiguous in some input: float4 loads
+
+def _output_stride(kernel: Kernel, axis: int):
+  return kernel.sts[0].real_strides()[axis]
+
+def _divisor_at_most(size: int, limit: int) -> int:
+  """The largest divisor of size that is <= limit (1 if none is bigger)."""
+  return max(d for d in range(1, min(size, limit) + 1) if size % d == 0)
+
+def _group_small_reduce(kernel: Kernel) -> bool:
+  """A reduce with few outputs (a full sum, softmax rows, matrix–vector): a block of threads per output, each
+  thread reducing a strided share of the inputs, combined in shared memory."""
+  if not kernel.reduceops or kernel.first_reduce >= kernel.first_upcast: return False
+  if prod(kernel.output_shape[:kernel.first_reduce]) > GPU_GROUP_MAX_OUTPUTS: return False
+  if kernel.full_shape[kernel.first_reduce] < GPU_GROUP_MIN_REDUCE: return False
+  threads = GPU_GROUP_THREADS
+  # a reduce that is strided in memory: a warp's worth of threads on the output axis that is contiguous instead
+  if 1 not in _load_strides(kernel, kernel.first_reduce):
+    for out_axis in reversed(range(kernel.global_dims)):
+      if 1 in _load_strides(kernel, out_axis):
+        local = _divisor_at_most(kernel.full_shape[out_axis], GPU_WARP)
+        if local > 1 and try_opt(kernel, Opt(OptOps.LOCAL, out_axis, local)): threads //= local
+        break
+  # unroll first, then group what is left: thread g reads elements 4g..4g+3 of each 4·threads chunk (a float4)
+  axis = kernel.first_reduce
+  if 1 in _load_strides(kernel, axis) and kernel.full_shape[axis] % (GPU_UNROLL * threads) == 0:
+    try_opt(kernel, Opt(OptOps.UNROLL, 0, GPU_UNROLL))
+  group = _divisor_at_most(kernel.full_shape[kernel.first_reduce], threads)
+  return group > 1 and try_opt(kernel, Opt(OptOps.GROUP, 0, group))
+
+def _gpu_upcast(kernel: Kernel) -> None:
+  """Elementwise: 4 outputs per thread along the contiguous output axis (float4 stores and loads). Reductions: a
+  register tile over output axes along which an input is reused (stride 0), then unroll a contiguous reduce."""
+  if not kernel.reduceops:
+    axis = next((a for a in reversed(range(kernel.global_dims)) if _output_stride(kernel, a) == 1), None)
+    if axis is not None and kernel.full_shape[axis] % GPU_UPCAST == 0:
+      try_opt(kernel, Opt(OptOps.UPCAST, axis, GPU_UPCAST))
+    return
+  reused = [a for a in reversed(range(kernel.global_dims)) if 0 in _load_strides(kernel, a)
+            and kernel.full_shape[a] % (GPU_TILE * 2) == 0]
+  for axis in reused[:2]: try_opt(kernel, Opt(OptOps.UPCAST, axis, GPU_TILE))
+  if kernel.first_reduce < kernel.first_upcast and 1 in _load_strides(kernel, kernel.first_reduce) and \
+     kernel.full_shape[kernel.first_reduce] % GPU_UNROLL == 0:
+    try_opt(kernel, Opt(OptOps.UNROLL, 0, GPU_UNROLL))
+
+def _gpu_locals(kernel: Kernel) -> None:
+  """Threads on the output axes up to GPU_THREADS_PER_BLOCK, the innermost axis served first (at most a square tile
+  of them in a reduce, whose loads neighbouring rows and columns share through the cache). They are applied
+  outermost first: the last local axis becomes threadIdx.x, so neighbouring threads touch neighbouring outputs."""
+  budget = GPU_THREADS_PER_BLOCK // prod(kernel.local_axis_sizes)
+  per_axis = GPU_TILE_THREADS if kernel.reduceops and kernel.global_dims > 1 else budget
+  amounts: dict[int, int] = {}
+  for axis in reversed(range(kernel.global_dims)):
+    if budget < 2: break
+    if (local := _divisor_at_most(kernel.full_shape[axis], min(budget, per_axis))) > 1:
+      amounts[axis] = local
+      budget //= local
+  for axis in sorted(amounts): try_opt(kernel, Opt(OptOps.LOCAL, axis, amounts[axis]))
+
 def _gpu_rules(kernel: Kernel) -> None:
-  """GPU defaults (filled in by the CUDA backend work)."""
+  if not _group_small_reduce(kernel): _gpu_upcast(kernel)
+  _gpu_locals(kernel)
 
 def hand_coded_optimizations(kernel: Kernel) -> None:
   if kernel.renderer.has_local: _gpu_rules(kernel)

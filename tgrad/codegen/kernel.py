@@ -13,9 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum, auto
 from typing import Optional
-from tgrad.ops import UOp, Ops, ALU
+from tgrad.ops import UOp, Ops, ALU, exec_alu, truncate_to
 from tgrad.shape.shapetracker import ShapeTracker
-from tgrad.helpers import prod
+from tgrad.helpers import prod, round_up
 
 class KernelOptError(Exception):
   """An optimization that is not legal for this kernel (wrong axis, amount that doesn't divide, …)."""
@@ -37,6 +37,7 @@ class Opt:
 
 MEMORY_OPS = (Ops.LOAD, Ops.STORE, Ops.CONST, Ops.ARANGE)
 MAX_UPCAST = 256   # largest product of upcast/unroll amounts: more unrolled code only bloats compile time
+MAX_PADDING_FRACTION = 1   # PADTO may add fewer positions than the axis has: at most doubles the work (tinygrad's rule)
 
 class Kernel:
   def __init__(self, ast: UOp, renderer):
@@ -166,13 +167,17 @@ class Kernel:
     caps = self.renderer
     if opt.op is OptOps.NOLOCALS:
       self._check(self.local_dims == 0 and self.group_for_reduces == 0, "NOLOCALS after locals")
+      self._check(not self.dont_use_locals, "NOLOCALS twice")
       self.dont_use_locals = True
       return
     axis = self._real_axis(opt)
     size = self.full_shape[axis]
     amount = opt.amount if opt.amount else size
     self._check(amount > 1 or opt.op is OptOps.SWAP, f"{opt}: amount must be > 1")
-    if opt.op is not OptOps.SWAP: self._check(size % amount == 0, f"{opt}: {amount} doesn't divide axis size {size}")
+    if opt.op not in (OptOps.SWAP, OptOps.PADTO):
+      self._check(size % amount == 0, f"{opt}: {amount} doesn't divide axis size {size}")
+    # the launch runs exactly `threads` copies of axis 0 (launch_dims): its size must never change or move
+    self._check(not self.threads or axis != 0, f"{opt}: axis 0 is the THREAD axis of {self.full_shape}")
     if opt.op is OptOps.UPCAST:
       self._check(axis < self.first_reduce, f"{opt}: UPCAST needs a non-reduce axis")
       self._check(self.upcast_size * amount <= MAX_UPCAST, f"{opt}: upcast product over {MAX_UPCAST}")
@@ -208,16 +213,38 @@ class Kernel:
       order = list(range(self.shape_len))
       order[axis], order[other] = order[other], order[axis]
       self.reshape_and_permute(None, order)
+    elif opt.op is OptOps.PADTO: self._pad_to(opt, axis, amount)
     else:
       raise KernelOptError(f"{opt.op} is not supported by this kernel")
+
+  def _pad_to(self, opt: Opt, axis: int, amount: int) -> None:
+    """PADTO: grow a loop axis to a multiple of `amount` with masked-off positions (loads read 0, stores are skipped).
+    A global axis is always safe; a reduce axis only where the padding adds exactly 0 to every reduce."""
+    loop_reduce = self.first_reduce + self.group_for_reduces <= axis < self.first_upcast
+    self._check(axis < self.global_dims or loop_reduce, f"{opt}: PADTO needs a global or reduce loop axis")
+    size = self.full_shape[axis]
+    padded = round_up(size, amount)
+    self._check(padded != size, f"{opt}: axis size {size} is already a multiple of {amount}")
+    self._check(padded - size < size * MAX_PADDING_FRACTION,
+                f"{opt}: padding axis {axis} from {size} to {padded} wastes too much")
+    if self.is_reduce_axis(axis):
+      self._check(all(reduce_ignores_padding(r) for r in self.reduceops),
+                  f"{opt}: padding reduce axis {axis} would change the reduce {[r.arg[0] for r in self.reduceops]}")
+    padding = tuple((0, padded - size) if d == axis else (0, 0) for d in range(self.shape_len))
+    # an output's reduce axes have size 1 and stay so; every other tracker spans the full axis
+    self.sts = [st if st.shape[axis] == 1 else st.pad(padding) for st in self.sts]
 
   # ---- launch facts
   @property
   def global_axis_sizes(self) -> tuple[int, ...]: return self.full_shape[:self.global_dims]
   @property
-  def local_axis_sizes(self) -> tuple[int, ...]:
-    """The block's thread axes: local axes, then group-reduce axes."""
-    return self.full_shape[self.global_dims:self.first_reduce + self.group_for_reduces]
+  def thread_axes(self) -> list[int]:
+    """The block's thread axes, outermost thread id first: group-reduce axes, then local axes, so threadIdx.x is the
+    innermost local (output) axis when there is one, else the innermost group axis."""
+    group = range(self.first_reduce, self.first_reduce + self.group_for_reduces)
+    return list(group) + list(range(self.global_dims, self.first_reduce))
+  @property
+  def local_axis_sizes(self) -> tuple[int, ...]: return tuple(self.full_shape[a] for a in self.thread_axes)
 
   def launch_dims(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """(global_size, local_size) for targets with thread ids, id 0 first: global_size[i] is the size of gidx{i}
@@ -274,3 +301,26 @@ def fold_dims(dims: tuple[int, ...], limits: tuple[int, ...]) -> list[tuple[int,
       if all(prod(g) <= limit for g, limit in zip(groups, limits)): return groups
   raise KernelOptError(f"dims {dims} do not fit thread ids with limits {limits}")
 
+def reduce_ignores_padding(reduce: UOp) -> bool:
+  """Whether a REDUCE_AXIS gives the same result when its axis is padded: it must be an ADD whose source is exactly 0
+  where every memory op reads its padding (LOAD, CONST and ARANGE with a view all read 0 there; see the linearizer).
+  The source is evaluated on those zeros with the kernels' own semantics (exec_alu); anything else is refused."""
+  if reduce.arg[0] is not Ops.ADD: return False
+  value = _value_in_padding(reduce.src[0], {})
+  return value is not None and value == 0   # NaN, inf and 1 all refuse; -0.0 and False are zero
+
+def _value_in_padding(u: UOp, memo: dict) -> Optional[object]:
+  """The value of `u` where every memory op reads 0, or None when it can't be known."""
+  if u in memo: return memo[u]
+  if u.op in MEMORY_OPS and u.src and u.src[-1].op is Ops.VIEW: out = truncate_to(0, u.dtype)
+  elif u.op is Ops.CONST: out = u.arg
+  elif u.op in ALU or u.op is Ops.CAST:
+    operands = [_value_in_padding(s, memo) for s in u.src]
+    if any(x is None for x in operands): out = None
+    elif u.op is Ops.CAST: out = truncate_to(operands[0], u.dtype)
+    else:
+      try: out = exec_alu(u.op, u.dtype, tuple(operands))
+      except (KeyError, TypeError, ValueError, OverflowError): out = None
+  else: out = None   # BITCAST, nested reduces and anything new: unknown, so padding is refused
+  memo[u] = out
+  return out

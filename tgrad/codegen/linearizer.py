@@ -49,8 +49,8 @@ class Linearizer:
     if self.renderer.has_local:
       caps = self.renderer
       idx[:k.global_dims] = _unfolded_specials("gidx", k.global_axis_sizes, caps.max_grid[:caps.max_global_dims])
-      idx[k.global_dims:k.first_reduce + k.group_for_reduces] = \
-        _unfolded_specials("lidx", k.local_axis_sizes, caps.max_local_dims)
+      for axis, index in zip(k.thread_axes, _unfolded_specials("lidx", k.local_axis_sizes, caps.max_local_dims)):
+        idx[axis] = index
     else:
       for axis in range(k.global_dims):
         idx[axis] = UOp(Ops.SPECIAL, dtypes.index, (), ("core", full[0])) if axis == 0 and k.threads else loop(axis)
@@ -106,19 +106,21 @@ class Linearizer:
     k = self.k
     group_axes = list(range(k.first_reduce, k.first_reduce + k.group_for_reduces))
     local_axes = list(range(k.global_dims, k.first_reduce))
-    sizes = [k.full_shape[a] for a in local_axes + group_axes]   # each output upcast replica has its own array
+    # one slot per thread, consecutive local (output) threads in consecutive slots; each output upcast replica has
+    # its own array
+    sizes = [k.full_shape[a] for a in group_axes + local_axes]
     def flat(indices: list[UOp]) -> UOp:
       out = _index_const(0)
       for i, size in zip(indices, sizes): out = out * size + i
       return simplify(out)
     self.acc_count += 1
     shared = UOp(Ops.DEFINE_LOCAL, dtype, (), (f"temp{self.acc_count}", prod(sizes)))
-    mine = [self.base_idx[a] for a in local_axes + group_axes]
+    mine = [self.base_idx[a] for a in group_axes + local_axes]
     store = UOp(Ops.STORE, dtypes.void, (shared, flat(mine), partial))
     barrier = UOp(Ops.BARRIER, dtypes.void, (store,))
     group_loops = [UOp(Ops.RANGE, dtypes.index, (_index_const(0), _index_const(k.full_shape[a])), 1000 + a)
                    for a in group_axes]
-    theirs = [self.base_idx[a] for a in local_axes] + group_loops
+    theirs = group_loops + [self.base_idx[a] for a in local_axes]
     load = UOp(Ops.LOAD, dtype, (shared, flat(theirs), barrier))
     return self.new_reduce(op, dtype, load, tuple(group_loops))
 
@@ -206,7 +208,10 @@ class Linearizer:
       for u in scope_stack.pop(): emitted.discard(u)
       for r in group: place(r)
 
-    globals_ = sorted({u for u in all_nodes if u.op in (Ops.DEFINE_GLOBAL, Ops.DEFINE_LOCAL)},
+    # every buffer of the kernel is a parameter, even one whose loads all turned into constants (fully masked):
+    # renderers number parameters by DEFINE_GLOBAL index, and the launch passes every buffer
+    kernel_buffers = {m.src[0] for m in self.k.memops if m.op in (Ops.LOAD, Ops.STORE)}
+    globals_ = sorted({u for u in all_nodes if u.op in (Ops.DEFINE_GLOBAL, Ops.DEFINE_LOCAL)} | kernel_buffers,
                       key=lambda u: (u.op is Ops.DEFINE_LOCAL, u.arg if u.op is Ops.DEFINE_GLOBAL else u.arg[0]))
     for g in globals_: place(g)
     # every thread id, used or not: a renderer sizes the launch (e.g. __launch_bounds__) from them

@@ -5,6 +5,7 @@ it produces, and `views[0]` maps into memory. Movement ops apply to the last vie
 pushes a new contiguous View. `to_indexed(idxs)` gives the simplified (memory index, valid) UOps for loop indices.
 """
 from __future__ import annotations
+import functools
 from dataclasses import dataclass
 from typing import Optional, Sequence
 from tgrad.dtype import dtypes
@@ -33,80 +34,82 @@ def _conjuncts(valid: UOp) -> list[UOp]:
   return [c for s in valid.src for c in _conjuncts(s)] if valid.op is Ops.AND else [valid]
 
 def _bound_of(clause: UOp) -> Optional[tuple[UOp, int, int]]:
-  """(x, lo, hi) when the clause says lo <= x < hi for an int x: `x < c`, `c < x` or `not (x < c)`."""
-  if clause.op is Ops.CMPNE and clause.src[1].op is Ops.CONST and clause.src[1].arg is True:
-    inner = clause.src[0]
-    if inner.op is Ops.CMPLT and inner.src[1].op is Ops.CONST and inner.src[0].dtype.is_int:
-      return inner.src[0], inner.src[1].arg, inner.src[0].vmax + 1
-    return None
+  """(x, lo, hi) when the clause says lo <= x < hi for an int x: `x < c`, `c < x`, `not (x < c)`, `not (c < x)`."""
+  negated = clause.op is Ops.CMPNE and clause.src[1].op is Ops.CONST and clause.src[1].arg is True
+  if negated: clause = clause.src[0]
   if clause.op is not Ops.CMPLT or not clause.src[0].dtype.is_int: return None
   left, right = clause.src
-  if right.op is Ops.CONST and left.op is not Ops.CONST: return left, left.vmin, right.arg
-  if left.op is Ops.CONST and right.op is not Ops.CONST: return right, left.arg + 1, right.vmax + 1
+  if right.op is Ops.CONST and left.op is not Ops.CONST:   # left < c, or left >= c
+    return (left, right.arg, left.vmax + 1) if negated else (left, left.vmin, right.arg)
+  if left.op is Ops.CONST and right.op is not Ops.CONST:   # c < right, or right <= c
+    return (right, right.vmin, left.arg + 1) if negated else (right, left.arg + 1, right.vmax + 1)
   return None
 
 NARROWED_NAME = "\x00valid_narrowed"   # names of the stand-in variables; no user variable is called this
+MAX_NARROWING_PASSES = 3   # each pass can turn compound bounds into bounds on their parts; a few passes suffice
+
+def _and_all(clauses: list[UOp]) -> UOp:
+  if any(c.op is Ops.CONST and not c.arg for c in clauses): return UOp.const(dtypes.bool, False)
+  out: Optional[UOp] = None
+  for c in clauses:
+    if c.op is not Ops.CONST: out = c if out is None else out & c
+  return UOp.const(dtypes.bool, True) if out is None else out
 
 def simplify_given_valid(index: UOp, valid: UOp) -> tuple[UOp, UOp]:
-  """Simplify (index, valid) where the index only matters while valid holds: each bound `lo <= x < hi` in valid
-  narrows x to a variable with that range while the index and the other clauses are simplified."""
-  valid = simplify_uop(valid)
-  bounds: dict[UOp, tuple[int, int]] = {}
-  others: list[UOp] = []
-  for clause in _conjuncts(valid):
-    if (bound := _bound_of(clause)) is None:
-      others.append(clause)
-      continue
-    x, lo, hi = bound
-    old_lo, old_hi = bounds.get(x, (x.vmin, x.vmax + 1))
-    bounds[x] = (max(old_lo, lo), min(old_hi, hi))
-  if any(lo >= hi for lo, hi in bounds.values()): return simplify_uop(index), UOp.const(dtypes.bool, False)
-  narrowed = {x: UOp.variable(f"{NARROWED_NAME}{k}", lo, hi - 1, x.dtype) for k, (x, (lo, hi)) in enumerate(bounds.items())}
-  restore = {v: x for x, v in narrowed.items()}
-  def given_bounds(u: UOp) -> UOp: return simplify_uop(simplify_uop(u).substitute(narrowed)).substitute(restore)
-  clauses = [c for x, (lo, hi) in bounds.items() for c in
-             ((UOp.const(x.dtype, lo - 1).lt(x),) if lo > x.vmin else ()) + ((x.lt(hi),) if hi <= x.vmax else ())]
-  clauses += [given_bounds(c) for c in others]
-  if any(c.op is Ops.CONST and not c.arg for c in clauses): return simplify_uop(index), UOp.const(dtypes.bool, False)
-  new_valid = UOp.const(dtypes.bool, True)
-  for c in clauses:
-    if c.op is not Ops.CONST: new_valid = c if new_valid.op is Ops.CONST else new_valid & c
-  return given_bounds(index), new_valid
+  """Simplify (index, valid) where the index only matters while valid holds. Each bound `lo <= x < hi` in valid on
+  an x with no other bounded expression inside narrows x to a variable of that range while the index and the other
+  clauses are simplified; bounds on the same x merge into one."""
+  index, valid = simplify_uop(index), simplify_uop(valid)
+  for _ in range(MAX_NARROWING_PASSES):
+    parsed = [(clause, _bound_of(clause)) for clause in _conjuncts(valid)]
+    bounded = {bound[0] for _, bound in parsed if bound is not None}
+    compound = {x for x in bounded if any(y is not x and y in bounded for y in x.toposort())}
+    bounds: dict[UOp, tuple[int, int]] = {}
+    others: list[UOp] = []
+    for clause, bound in parsed:
+      if bound is None or bound[0] in compound:
+        others.append(clause)
+        continue
+      x, lo, hi = bound
+      old_lo, old_hi = bounds.get(x, (x.vmin, x.vmax + 1))
+      bounds[x] = (max(old_lo, lo), min(old_hi, hi))
+    if any(lo >= hi for lo, hi in bounds.values()): return index, UOp.const(dtypes.bool, False)
+    narrowed = {x: UOp.variable(f"{NARROWED_NAME}{k}", lo, hi - 1, x.dtype)
+                for k, (x, (lo, hi)) in enumerate(bounds.items())}
+    restore = {v: x for x, v in narrowed.items()}
+    def given_bounds(u: UOp) -> UOp: return simplify_uop(u.substitute(narrowed)).substitute(restore)
+    clauses = [c for x, (lo, hi) in bounds.items() for c in
+               ((UOp.const(x.dtype, lo - 1).lt(x),) if lo > x.vmin else ()) + ((x.lt(hi),) if hi <= x.vmax else ())]
+    new_index, new_valid = given_bounds(index), _and_all(clauses + [given_bounds(c) for c in others])
+    if new_index is index and new_valid is valid: break
+    index, valid = new_index, new_valid
+  return index, valid
 
 def _view_from_index(shape: tuple[int, ...], idxs: list[UOp], index: UOp, valid: UOp) -> Optional[View]:
   """The View whose index math is (index, valid) over `idxs`, if index is linear in them and valid is a conjunction
   of bounds on single indices; else None."""
+  if valid.op is Ops.CONST and not valid.arg: return View.create(shape, mask=[EMPTY_RANGE] * len(shape))
   terms, offset = split_terms(index)
   if any(all(t is not idx for idx in idxs) for t in terms): return None
-  strides = [terms.get(idx, 0) for idx in idxs]
-  mask = [(0, s) for s in shape]
   axis_of = {idx: d for d, idx in enumerate(idxs)}
+  mask = [(0, s) for s in shape]
   for clause in _conjuncts(valid):
-    if clause.op is Ops.CONST:
-      if not clause.arg: mask = [EMPTY_RANGE] * len(shape)
-      continue
-    if clause.op is Ops.CMPNE and clause.src[1].op is Ops.CONST and clause.src[1].arg is True:   # not (idx < c)
-      negated, clause = True, clause.src[0]
-    else: negated = False
-    if clause.op is not Ops.CMPLT: return None
-    left, right = clause.src
-    if left in axis_of and right.op is Ops.CONST:
-      d = axis_of[left]
-      mask[d] = (max(mask[d][0], right.arg), mask[d][1]) if negated else (mask[d][0], min(mask[d][1], right.arg))
-    elif right in axis_of and left.op is Ops.CONST and not negated:
-      d = axis_of[right]
-      mask[d] = (max(mask[d][0], left.arg + 1), mask[d][1])
-    else: return None
-  return View.create(shape, strides, offset, mask)
+    if clause.op is Ops.CONST: continue   # True; False was handled above
+    if (bound := _bound_of(clause)) is None or bound[0] not in axis_of: return None
+    x, lo, hi = bound
+    d = axis_of[x]
+    mask[d] = (max(mask[d][0], lo), min(mask[d][1], hi))
+  return View.create(shape, [terms.get(idx, 0) for idx in idxs], offset, mask)
 
-def _merge_views(first: View, second: View) -> Optional[View]:
-  """One View equal to `second` indexing into `first`, or None."""
-  if first.contiguous: return second
-  if first.is_fully_masked() and second.ndim > 0: return View.create(second.shape, mask=(EMPTY_RANGE,) * second.ndim)
-  if second.contiguous and second.size == first.size: return first.reshape(second.shape)
-  idxs = [loop_index(d, s) for d, s in enumerate(second.shape)]
-  index, valid = ShapeTracker((first, second)).to_indexed(idxs)
-  return _view_from_index(second.shape, idxs, index, valid)
+def _merge_views(views: tuple[View, ...]) -> Optional[View]:
+  """One View equal to the stack `views` (the last indexing into the one before, and so on), or None."""
+  first, last = views[0], views[-1]
+  if len(views) == 2 and first.contiguous: return last
+  if len(views) == 2 and last.contiguous and last.size == first.size: return first.reshape(last.shape)
+  if any(v.is_fully_masked() for v in views) and last.ndim > 0:
+    return View.create(last.shape, mask=(EMPTY_RANGE,) * last.ndim)
+  idxs = [loop_index(d, s) for d, s in enumerate(last.shape)]
+  return _view_from_index(last.shape, idxs, *ShapeTracker(views).to_indexed(idxs))
 
 @dataclass(frozen=True)
 class ShapeTracker:
@@ -149,13 +152,15 @@ class ShapeTracker:
     if self.size == 0: return ShapeTracker((View.create(self.shape),))
     views = list(self.views)
     merged_any = True
-    while merged_any and len(views) > 1:
+    while merged_any and len(views) > 1:   # try the longest runs of adjacent views first, the last ones first
       merged_any = False
-      for k in range(len(views) - 1, 0, -1):
-        if (merged := _merge_views(views[k - 1], views[k])) is not None:
-          views[k - 1:k + 1] = [merged]
-          merged_any = True
-          break
+      for length in range(len(views), 1, -1):
+        for start in range(len(views) - length, -1, -1):
+          if (merged := _merge_views(tuple(views[start:start + length]))) is not None:
+            views[start:start + length] = [merged]
+            merged_any = True
+            break
+        if merged_any: break
     return ShapeTracker(tuple(views))
 
   # ---- index math
@@ -167,13 +172,18 @@ class ShapeTracker:
       index, valid = simplify_given_valid(view_index, valid & view_valid)
     return index, valid
 
+  @functools.cached_property
+  def _loop_indexed(self) -> tuple[list[UOp], UOp, UOp]:
+    """(loop indices over the shape, index, valid): the index math real_strides and buffer_extent read."""
+    idxs = [loop_index(d, s) for d, s in enumerate(self.shape)]
+    return (idxs, *self.to_indexed(idxs))
+
   def real_strides(self, ignore_valid: bool = False) -> tuple[Optional[int], ...]:
     """Per axis the memory stride when moving along that axis adds a constant, else None. An axis the mask depends
     on is None too, unless `ignore_valid` (positions that are masked off touch no memory)."""
     if self.size == 0: return (0,) * len(self.shape)
     if len(self.views) == 1 and (ignore_valid or self.views[0].mask is None): return self.views[0].strides
-    idxs = [loop_index(d, s) for d, s in enumerate(self.shape)]
-    index, valid = self.to_indexed(idxs)
+    idxs, index, valid = self._loop_indexed
     terms, _ = split_terms(index)
     nonlinear = {u for t in terms if t not in idxs for u in t.toposort()}
     in_valid = set() if ignore_valid else set(valid.toposort())
@@ -187,7 +197,7 @@ class ShapeTracker:
     if self.size == 0: return 0
     extent = _view_extent(self.views[0])
     if len(self.views) > 1 and extent > 0:
-      index, valid = self.to_indexed([loop_index(d, s) for d, s in enumerate(self.shape)])
+      _, index, valid = self._loop_indexed
       if valid.op is Ops.CONST and not valid.arg: return 0
       extent = min(extent, index.vmax + 1)
     return extent

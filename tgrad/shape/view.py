@@ -96,7 +96,8 @@ class View:
     if prod(new_shape) != self.size: raise ValueError(f"cannot reshape {self.shape} (size {self.size}) to {new_shape}")
     if new_shape == self.shape: return self
     if self.size == 0 or self.contiguous: return View.create(new_shape)
-    if self.is_fully_masked(): return View.create(new_shape, mask=(EMPTY_RANGE,) * len(new_shape)) if new_shape else None
+    if self.is_fully_masked():   # a 0-d View cannot be masked: the ShapeTracker keeps the masked view under it
+      return View.create(new_shape, mask=(EMPTY_RANGE,) * len(new_shape)) if new_shape else None
     # Drop size-1 dims, then cut old and new dims into the smallest groups with equal products. Each group of old dims
     # must merge into one flat strided dim whose valid part is one range, which is then split into the new dims.
     old = [(s, st, m) for s, st, m in zip(self.shape, self.strides, self.valid_ranges()) if s != 1]

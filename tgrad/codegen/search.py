@@ -1,0 +1,459 @@
+"""BEAM search: the Opts that make one kernel fastest on this machine, measured, verified against the unoptimized
+kernel, and cached on disk so that a second process does not search again.
+
+Input: a Kernel (normally fresh from the scheduler) and a beam width. Output: the Opts to apply to it. Each round
+applies every legal action (ACTIONS) to every beam member, dedupes the children by rendered source, compiles them in
+spawned worker processes, times each on the device and keeps the `beam_width` fastest that verified. See DESIGN.md §5.
+"""
+from __future__ import annotations
+import atexit, contextlib, hashlib, json, multiprocessing, pickle, signal, sys, time
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Optional
+import numpy as np
+from tqdm import tqdm
+from tgrad.cache import get_cache
+from tgrad.codegen.kernel import Kernel, KernelOptError, Opt, OptOps
+from tgrad.codegen.heuristics import cpu_core_count, hand_coded_optimizations
+from tgrad.codegen.linearizer import linearize
+from tgrad.device import Buffer, Compiled, Device
+from tgrad.dtype import DType, dtypes
+from tgrad.helpers import Context, prod, settings_key
+from tgrad.ops import Ops
+
+# ---- the action space: every Opt the search may add to a kernel (illegal ones raise KernelOptError and are skipped)
+ACTION_AXES = 6          # axes 0..5: merged kernels rarely have more loop axes than that before upcasting
+UPCAST_AMOUNTS = (0, 2, 3, 4, 5, 7, 8, 16, 32)   # 0 = the whole axis; small primes fit odd sizes, 16 = AVX-512 floats
+LOCAL_AMOUNTS = (2, 3, 4, 8, 13, 16, 29, 32)      # GPU threads per axis; 13 and 29 fit odd sizes
+GROUP_AMOUNTS = (0, 4, 8, 16, 32, 64, 128, 256)   # threads that share a reduce through shared memory
+THREAD_AMOUNTS = (2, 3, 4, 5, 6, 7, 8, 12, 16, 24, 32, 48, 64)   # CPU cores; above the core count they are skipped
+PADTO_AMOUNTS = (2, 4, 8, 16, 32)                 # pad odd sizes up to vector/tile multiples
+ACTIONS: list[Opt] = [
+  *[Opt(OptOps.UPCAST, axis, amount) for axis in range(ACTION_AXES) for amount in UPCAST_AMOUNTS],
+  *[Opt(OptOps.UNROLL, axis, amount) for axis in range(4) for amount in UPCAST_AMOUNTS],
+  *[Opt(OptOps.LOCAL, axis, amount) for axis in range(ACTION_AXES) for amount in LOCAL_AMOUNTS],
+  *[Opt(op, axis, amount) for op in (OptOps.GROUP, OptOps.GROUPTOP) for axis in range(3) for amount in GROUP_AMOUNTS],
+  *[Opt(OptOps.THREAD, axis, amount) for axis in range(3) for amount in THREAD_AMOUNTS],
+  *[Opt(OptOps.PADTO, axis, amount) for axis in range(ACTION_AXES) for amount in PADTO_AMOUNTS],
+  *[Opt(OptOps.SWAP, axis, other) for axis in range(ACTION_AXES) for other in range(axis + 1, ACTION_AXES)],
+  Opt(OptOps.NOLOCALS),
+]
+
+# ---- measuring
+TIMING_RUNS = 3             # runs per candidate; its time is the minimum (other processes only ever add time)
+FINAL_RUNS = 5              # interleaved runs of the winner and the heuristic kernel before the winner is accepted
+EARLY_STOP_FACTOR = 3.0     # a candidate this much slower than the best stops running and never joins the beam
+MIN_IMPROVEMENT = 0.01      # a round that speeds the best up by less than this fraction ends the search
+COMPILE_TIMEOUT_SECONDS = 30.0   # a compile that returns nothing for this long is abandoned (and its worker killed)
+SEARCH_DEADLINE_SECONDS = 300.0  # the whole search of one kernel; past it, the best found so far is returned
+COMPILE_WORKERS = 0         # worker processes; 0 means one per CPU core
+# ---- verifying
+RANDOM_INT_LIMIT = 16       # random integer inputs lie in [-16, 16): index-like values, products that stay exact
+POISON_BYTE = 0xFF          # every output byte before a checked run: NaN for floats, -1 for ints, 255 for bools
+# relative tolerance per float dtype for reassociated sums and fused multiply-adds; the absolute tolerance is the same
+# fraction of the output's largest finite magnitude (a sum of many terms can cancel to near 0)
+FLOAT_TOLERANCE = {dtypes.float16: 2e-2, dtypes.bfloat16: 5e-2, dtypes.float32: 1e-3, dtypes.float64: 1e-9}
+
+def action_space_hash() -> str:
+  """sha256 of the action space's JSON: part of the cache key, so changing ACTIONS invalidates cached winners."""
+  return hashlib.sha256(json.dumps([opt.to_json() for opt in ACTIONS]).encode()).hexdigest()
+
+# ---- cache key
+
+def device_arch(device: Compiled) -> str:
+  """The processor the timings belong to: the CPU's LLVM name on LLVM, the GPU architecture elsewhere."""
+  if device.name == "LLVM":
+    import llvmlite.binding as llvm
+    return llvm.get_host_cpu_name()
+  for owner in (device.renderer, device.compiler):
+    if (arch := getattr(owner, "arch", None)): return str(arch)
+  return ""
+
+def renderer_flags(renderer: Any) -> str:
+  """The renderer's class and every public setting of a plain type (capabilities, limits, code-shaping switches)."""
+  names = {n for cls in type(renderer).__mro__ for n in vars(cls) if not n.startswith("_")} | set(vars(renderer))
+  flags = {n: getattr(renderer, n) for n in sorted(names) if not n.startswith("_")
+           and isinstance(getattr(renderer, n, None), (bool, int, float, str, tuple))}
+  return type(renderer).__name__ + json.dumps(flags, sort_keys=True, default=str)
+
+def search_cache_key(kernel: Kernel, beam_width: int, device: Optional[Compiled] = None) -> dict:
+  """Everything a searched winner depends on: the AST, the opts already applied, the device and its processor, the
+  compiler and renderer settings, the code-changing switches, the CPU threads, the action space and the beam width."""
+  device = device or Device[kernel.renderer.device]
+  return {"ast": kernel.ast.key, "start_opts": json.dumps([opt.to_json() for opt in kernel.applied_opts]),
+          "device": device.name, "arch": device_arch(device), "compiler": device.compiler.cache_key,
+          "renderer": renderer_flags(kernel.renderer), "settings": repr(settings_key()),
+          "threads": str(cpu_core_count() if kernel.renderer.has_threads else 0),
+          "actions": action_space_hash(), "beam": str(beam_width)}
+
+# ---- results
+
+@dataclass
+class SearchStats:
+  """What one search did; `from_cache` is True when nothing was searched."""
+  from_cache: bool = False
+  rounds: int = 0
+  candidates: int = 0         # distinct sources rendered (seeds included)
+  duplicates: int = 0         # children whose source an earlier candidate already had
+  compile_failures: int = 0   # render or compile errors and compile timeouts
+  timed: int = 0
+  early_stopped: int = 0
+  rejected: int = 0           # candidates whose output differed from the unoptimized kernel's
+  seconds: float = 0.0
+  best_seconds: float = 0.0       # the winner's kernel time
+  heuristic_seconds: float = 0.0  # the hand-coded kernel's time
+  deadline_hit: bool = False
+
+@dataclass
+class SearchResult:
+  opts: list[Opt]
+  stats: SearchStats
+
+def beam_search_opts(kernel: Kernel, beam_width: int) -> list[Opt]:
+  """The Opts to apply to `kernel` (after those it has): cached, or searched with `beam_width` and then cached."""
+  return search_kernel(kernel, beam_width).opts
+
+def search_kernel(kernel: Kernel, beam_width: int) -> SearchResult:
+  """beam_search_opts with statistics. IGNORE_BEAM_CACHE=1 searches even when a winner is cached."""
+  if beam_width < 1: raise ValueError(f"beam width must be at least 1, got {beam_width}")
+  key = search_cache_key(kernel, beam_width)
+  cache = get_cache()
+  if not Context.IGNORE_BEAM_CACHE and (cached := cache.get_opts(key)) is not None:
+    opts = [Opt.from_json(x) for x in cached]
+    if _applies(kernel, opts):
+      if Context.DEBUG >= 2: print(f"BEAM {kernel.name}: cached opts {opts}")
+      return SearchResult(opts, SearchStats(from_cache=True))
+  result = _Search(kernel, beam_width).run()
+  cache.put_opts(key, [opt.to_json() for opt in result.opts])
+  return result
+
+def _applies(kernel: Kernel, opts: list[Opt]) -> bool:
+  trial = kernel.copy()
+  try:
+    for opt in opts: trial.apply_opt(opt)
+    return True
+  except KernelOptError:
+    return False
+
+# ---- buffers and random data for measuring a kernel without touching the user's buffers
+
+def kernel_buffer_specs(kernel: Kernel) -> list[tuple[DType, int]]:
+  """(dtype, elements) of each DEFINE_GLOBAL in parameter order, from an unoptimized kernel's ShapeTrackers: an output
+  holds prod(shape) elements, an input reaches buffer_extent()."""
+  base = Kernel(kernel.ast, kernel.renderer)
+  specs: dict[int, tuple[DType, int]] = {}
+  for u, st in zip(base.memops, base.sts):
+    if u.op not in (Ops.LOAD, Ops.STORE): continue
+    buffer = u.src[0]
+    size = prod(st.shape) if u.op is Ops.STORE else st.buffer_extent()
+    specs[buffer.arg] = (buffer.dtype, max(size, specs.get(buffer.arg, (buffer.dtype, 0))[1]))
+  assert sorted(specs) == list(range(len(specs))), f"kernel buffers are not numbered 0..n-1: {sorted(specs)}"
+  return [specs[i] for i in range(len(specs))]
+
+def random_data(dtype: DType, size: int, rng: np.random.Generator) -> np.ndarray:
+  """Random values of `dtype` as the numpy array that holds its bits (bfloat16 as uint16)."""
+  if dtype.is_float:
+    values = rng.standard_normal(size, dtype=np.float32)
+    if dtype == dtypes.bfloat16: return (values.view(np.uint32) >> 16).astype(np.uint16)
+    return values.astype(dtype.np)
+  if dtype.is_bool: return rng.integers(0, 2, size).astype(np.bool_)
+  return rng.integers(0 if dtype.is_unsigned else -RANDOM_INT_LIMIT, RANDOM_INT_LIMIT, size).astype(dtype.np)
+
+def outputs_match(out: np.ndarray, ref: np.ndarray, dtype: DType) -> bool:
+  """Equal for ints and bools; for floats close within FLOAT_TOLERANCE, with NaN where the reference has NaN."""
+  if not dtype.is_float: return bool(np.array_equal(out, ref))
+  if dtype == dtypes.bfloat16: out, ref = [(x.astype(np.uint32) << 16).view(np.float32) for x in (out, ref)]
+  out, ref = out.astype(np.float64), ref.astype(np.float64)
+  finite = np.isfinite(ref)
+  scale = max(1.0, float(np.abs(ref[finite]).max())) if finite.any() else 1.0
+  tolerance = FLOAT_TOLERANCE.get(dtype, FLOAT_TOLERANCE[dtypes.float32])
+  return bool(np.isclose(out, ref, rtol=tolerance, atol=tolerance * scale, equal_nan=True).all())
+
+# ---- compiling in worker processes: they get source text and return bytes; they never touch a device
+
+_worker_compiler: Any = None
+_pools: dict[str, Any] = {}
+
+def _compiler_recipe(compiler: Any) -> tuple[str, Any]:
+  """How a worker builds the device's compiler: the pickled instance, or the class when the instance holds native
+  state that can't be pickled (LLVM's TargetMachine); such a compiler must be constructible without arguments."""
+  try: return ("instance", pickle.dumps(compiler))
+  except (pickle.PicklingError, TypeError, AttributeError, ValueError): return ("class", type(compiler))
+
+def _init_worker(recipe: tuple[str, Any]) -> None:
+  global _worker_compiler
+  signal.signal(signal.SIGINT, signal.SIG_IGN)   # Ctrl-C is the parent's to handle; it terminates the pool
+  kind, value = recipe
+  _worker_compiler = pickle.loads(value) if kind == "instance" else value()
+
+def _compile_source(src: str) -> tuple[Optional[bytes], str]:
+  """In a worker: (binary, "") or (None, the error)."""
+  try: return _worker_compiler.compile(src), ""
+  except Exception as error:   # any compiler failure only disqualifies this candidate
+    return None, f"{type(error).__name__}: {error}"
+
+@contextlib.contextmanager
+def _without_main_module() -> Iterator[None]:
+  """Spawned processes re-import the parent's __main__, which would re-run a user script that lacks an
+  `if __name__ == "__main__"` guard (and search again, recursively). Workers only need tgrad, so hide it."""
+  main = sys.modules.get("__main__")
+  saved = {name: getattr(main, name) for name in ("__file__", "__spec__") if hasattr(main, name)}
+  try:
+    for name in saved: setattr(main, name, None)
+    yield
+  finally:
+    for name, value in saved.items(): setattr(main, name, value)
+
+def _compile_pool(compiler: Any) -> Any:
+  """One pool of spawned workers per compiler, kept for the life of the process."""
+  if (pool := _pools.get(compiler.cache_key)) is None:
+    workers = COMPILE_WORKERS or cpu_core_count()
+    with _without_main_module():
+      pool = multiprocessing.get_context("spawn").Pool(workers, _init_worker, (_compiler_recipe(compiler),))
+    _pools[compiler.cache_key] = pool
+  return pool
+
+def _drop_pool(compiler: Any) -> None:
+  if (pool := _pools.pop(compiler.cache_key, None)) is not None: pool.terminate()
+
+@atexit.register
+def _close_pools() -> None:
+  for pool in _pools.values(): pool.terminate()
+  _pools.clear()
+
+def render_candidate(kernel: Kernel, name: str) -> str:
+  """Source text of a kernel: the thing candidates are deduplicated by and compiled from."""
+  return kernel.renderer.render(name, linearize(kernel))
+
+# ---- the search
+
+@dataclass(eq=False)
+class _Candidate:
+  kernel: Kernel
+  src: str
+  pending: Any = None                 # the worker's AsyncResult while compiling
+  runner: Any = None                  # a CompiledKernel once compiled
+  times: list[float] = field(default_factory=list)
+  early_stopped: bool = False
+  verified: Optional[bool] = None     # None until checked
+  @property
+  def time(self) -> float: return min(self.times) if self.times else float("inf")
+
+class _Search:
+  def __init__(self, kernel: Kernel, beam_width: int):
+    self.start, self.beam_width = kernel, beam_width
+    self.device = Device[kernel.renderer.device]
+    self.arch = device_arch(self.device)
+    self.name = f"search_{kernel.name}"   # one function name, so sources differ only where the code does
+    self.started = time.perf_counter()
+    self.stats = SearchStats()
+    self.by_source: dict[str, _Candidate] = {}
+    self.best: Optional[_Candidate] = None
+    self.cache = get_cache()
+    self.bar: Any = None
+    specs = kernel_buffer_specs(kernel)
+    self.buffers = [Buffer(self.device.name, max(size, 1), dtype) for dtype, size in specs]
+    self.dtypes = [dtype for dtype, _ in specs]
+    memops = [u for u in kernel.memops if u.op in (Ops.LOAD, Ops.STORE)]
+    self.outputs = sorted({u.src[0].arg for u in memops if u.op is Ops.STORE})
+    read = {u.src[0].arg for u in memops if u.op is Ops.LOAD}
+    rng = np.random.default_rng(int(kernel.ast.key[:16], 16))   # fresh inputs per kernel, reproducible per kernel
+    # inputs, and outputs the kernel also reads (an in-place update), start from random data before every checked run
+    self.initial = {i: random_data(self.dtypes[i], b.size, rng) for i, b in enumerate(self.buffers)
+                    if i not in self.outputs or i in read}
+    self.reference: dict[int, np.ndarray] = {}
+
+  @property
+  def deadline_passed(self) -> bool:
+    self.stats.deadline_hit = self.stats.deadline_hit or time.perf_counter() - self.started > SEARCH_DEADLINE_SECONDS
+    return self.stats.deadline_hit
+
+  @property
+  def best_time(self) -> float: return self.best.time if self.best is not None else float("inf")
+
+  def run(self) -> SearchResult:
+    with tqdm(desc=f"BEAM {self.beam_width} {self.start.name}", unit="cand", file=sys.stderr, disable=None,
+              leave=False) as self.bar:
+      heuristic, beam = self.first_beam()
+      while beam and not self.deadline_passed:
+        self.stats.rounds += 1
+        before = self.best_time
+        children = self.measure(self.children(beam))
+        beam = self.keep_fastest(children, self.beam_width)
+        for child in children:   # unload the programs that can no longer win
+          if child not in beam and child is not self.best: child.runner = None
+        if not self.best_time < before * (1 - MIN_IMPROVEMENT): break
+      winner = self.final_choice(heuristic)
+    stats = self.stats
+    stats.seconds = time.perf_counter() - self.started
+    stats.best_seconds = winner.time
+    opts = winner.kernel.applied_opts[len(self.start.applied_opts):]
+    if Context.DEBUG >= 2:
+      speedup = stats.heuristic_seconds / winner.time if winner.time > 0 else 1.0
+      print(f"BEAM {self.start.name}: {opts} {winner.time * 1e6:.1f} us, {speedup:.2f}x the heuristics "
+            f"({stats.heuristic_seconds * 1e6:.1f} us); {stats.candidates} candidates, {stats.rounds} rounds, "
+            f"{stats.rejected} rejected, {stats.seconds:.1f} s")
+    return SearchResult(opts, stats)
+
+  def first_beam(self) -> tuple[Optional[_Candidate], list[_Candidate]]:
+    """Run the unoptimized kernel for the reference outputs, then measure the heuristic kernel and each prefix of its
+    opts (so the search can branch off after any of the heuristics' choices). The heuristic kernel always joins the
+    first beam, so the search starts from the default and can only improve on it."""
+    reference, _ = self.candidate_for(Kernel(self.start.ast, self.start.renderer))
+    if reference is None: raise RuntimeError(f"the unoptimized kernel {self.start.name} doesn't render")
+    self.finish_compiles([reference])
+    if reference.runner is None: raise RuntimeError(f"the unoptimized kernel {self.start.name} doesn't compile")
+    try: self.reference, reference.verified = self.checked_run(reference), True
+    except _WroteInput as error: raise RuntimeError(f"the unoptimized kernel {self.start.name} wrote {error}") from None
+    self.best = reference
+    self.record_timing(reference)
+    heuristic_kernel = self.start.copy()
+    hand_coded_optimizations(heuristic_kernel)
+    chain = heuristic_kernel.applied_opts[len(self.start.applied_opts):]
+    seeds = [heuristic_kernel] + [self.start.copy() for _ in chain]
+    for count, seed in enumerate(seeds[1:]):
+      for opt in chain[:count]: seed.apply_opt(opt)
+    found = [self.candidate_for(seed) for seed in seeds]   # the heuristic kernel first: it sets the time to beat
+    measured = self.measure([candidate for candidate, new in found if new])
+    heuristic = found[0][0]
+    if heuristic is None or not self.verify(heuristic): return None, self.keep_fastest(measured, self.beam_width)
+    self.stats.heuristic_seconds = heuristic.time
+    others = [c for c in measured + [reference] if c is not heuristic]
+    return heuristic, [heuristic] + self.keep_fastest(others, self.beam_width - 1)
+
+  def candidate_for(self, kernel: Kernel) -> tuple[Optional[_Candidate], bool]:
+    """(candidate, is new) for a kernel's source; a new source is submitted for compiling at once, so compiles
+    overlap the next renders. (None, False) when the kernel doesn't render."""
+    try: src = render_candidate(kernel, self.name)
+    except Exception as error:   # a kernel the linearizer or renderer can't handle is one failed candidate, not a crash
+      self.stats.compile_failures += 1
+      if Context.DEBUG >= 3: print(f"BEAM candidate {kernel.applied_opts} doesn't render: {error!r}")
+      return None, False
+    if (known := self.by_source.get(src)) is not None:
+      self.stats.duplicates += 1
+      return known, False
+    candidate = self.by_source[src] = _Candidate(kernel, src)
+    self.stats.candidates += 1
+    self.bar.total = self.stats.candidates
+    compiler = self.device.compiler
+    if (binary := self.cache.get_binary(src, compiler.cache_key)) is not None: self.load(candidate, binary)
+    else: candidate.pending = _compile_pool(compiler).apply_async(_compile_source, (src,))
+    return candidate, True
+
+  def children(self, beam: list[_Candidate]) -> list[_Candidate]:
+    max_threads = cpu_core_count()
+    out = []
+    for parent in beam:
+      for action in ACTIONS:
+        if action.op is OptOps.THREAD and action.amount > max_threads: continue
+        if self.deadline_passed: return out
+        child = parent.kernel.copy()
+        try: child.apply_opt(action)
+        except KernelOptError: continue
+        candidate, new = self.candidate_for(child)
+        if new: out.append(candidate)
+    return out
+
+  def load(self, candidate: _Candidate, binary: bytes) -> None:
+    from tgrad.realize import CompiledKernel   # realize runs kernels and calls this module: import it when needed
+    kernel = candidate.kernel
+    global_size, local_size = kernel.launch_dims()
+    flops, nbytes = kernel.estimate()
+    candidate.runner = CompiledKernel(self.name, self.device.program(self.name, binary), global_size, local_size,
+                                      candidate.src, list(kernel.applied_opts), flops, nbytes)
+
+  def finish_compiles(self, candidates: list[_Candidate]) -> None:
+    """Collect the workers' binaries. A compile that shows no progress for COMPILE_TIMEOUT_SECONDS is abandoned and
+    the pool replaced afterwards (a stuck worker can't be interrupted)."""
+    compiler, stuck = self.device.compiler, False
+    last_progress = time.perf_counter()
+    for candidate in candidates:
+      if candidate.pending is None: continue
+      pending, candidate.pending = candidate.pending, None
+      remaining = min(last_progress + COMPILE_TIMEOUT_SECONDS, self.started + SEARCH_DEADLINE_SECONDS)
+      try: binary, error = pending.get(timeout=max(remaining - time.perf_counter(), 0.0))
+      except multiprocessing.TimeoutError:
+        binary, error, stuck = None, f"no result in {COMPILE_TIMEOUT_SECONDS} s", True
+      last_progress = time.perf_counter()
+      if binary is None:
+        self.stats.compile_failures += 1
+        if Context.DEBUG >= 3: print(f"BEAM candidate {candidate.kernel.applied_opts} failed: {error}")
+        continue
+      self.cache.put_binary(candidate.src, compiler.cache_key, binary)
+      self.load(candidate, binary)
+    if stuck: _drop_pool(compiler)
+
+  def measure(self, candidates: list[_Candidate]) -> list[_Candidate]:
+    """Compile, then time each candidate (runs stop early once it is EARLY_STOP_FACTOR slower than the best); one
+    that is faster than the best is verified before it becomes the best."""
+    self.finish_compiles(candidates)
+    measured = []
+    for candidate in candidates:
+      if candidate.runner is None: continue
+      if self.deadline_passed: break
+      for _ in range(TIMING_RUNS):
+        candidate.times.append(candidate.runner(self.buffers, wait=True))
+        if candidate.time > EARLY_STOP_FACTOR * self.best_time:
+          candidate.early_stopped = True
+          self.stats.early_stopped += 1
+          break
+      self.stats.timed += 1
+      self.record_timing(candidate)
+      measured.append(candidate)
+      if candidate.time < self.best_time and self.verify(candidate): self.best = candidate
+      self.bar.set_postfix_str(f"best {self.best_time * 1e6:.1f} us", refresh=False)
+      self.bar.update(1)
+    return measured
+
+  def keep_fastest(self, candidates: list[_Candidate], width: int) -> list[_Candidate]:
+    """The `width` fastest candidates that verify, none EARLY_STOP_FACTOR slower than the best: the next beam."""
+    beam: list[_Candidate] = []
+    for candidate in sorted(candidates, key=lambda c: c.time):
+      if len(beam) >= width or candidate.time > EARLY_STOP_FACTOR * self.best_time: break
+      if not candidate.early_stopped and self.verify(candidate): beam.append(candidate)
+    return beam
+
+  def final_choice(self, heuristic: Optional[_Candidate]) -> _Candidate:
+    """Time the best and the heuristic kernel alternately; the heuristic stays unless the best really is faster."""
+    assert self.best is not None, "the reference kernel always verifies"
+    if heuristic is None or heuristic is self.best or self.best.runner is None or heuristic.runner is None:
+      return self.best
+    best_times, heuristic_times = [], []
+    for _ in range(FINAL_RUNS):
+      best_times.append(self.best.runner(self.buffers, wait=True))
+      heuristic_times.append(heuristic.runner(self.buffers, wait=True))
+    self.best.times += best_times
+    heuristic.times += heuristic_times
+    self.stats.heuristic_seconds = heuristic.time
+    return self.best if min(best_times) < min(heuristic_times) else heuristic
+
+  # ---- checking a candidate against the unoptimized kernel
+
+  def checked_run(self, candidate: _Candidate) -> dict[int, np.ndarray]:
+    """Run once from fresh inputs with poisoned outputs; returns the outputs. Raises if the kernel wrote an input."""
+    poison = {i: np.full(self.buffers[i].nbytes, POISON_BYTE, np.uint8) for i in self.outputs if i not in self.initial}
+    for i, data in self.initial.items(): self.buffers[i].copyin(data)
+    for i, data in poison.items(): self.buffers[i].copyin(data.view(self.dtypes[i].np))
+    candidate.times.append(candidate.runner(self.buffers, wait=True))
+    for i, data in self.initial.items():
+      if i not in self.outputs and not np.array_equal(self.buffers[i].copyout().view(np.uint8), data.view(np.uint8)):
+        raise _WroteInput(f"buffer {i}")
+    return {i: self.buffers[i].copyout() for i in self.outputs}
+
+  def verify(self, candidate: _Candidate) -> bool:
+    if candidate.verified is None:
+      try:
+        outputs = self.checked_run(candidate)
+        candidate.verified = all(outputs_match(outputs[i], self.reference[i], self.dtypes[i]) for i in self.outputs)
+      except _WroteInput:
+        candidate.verified = False
+      if not candidate.verified:
+        self.stats.rejected += 1
+        if Context.DEBUG >= 2: print(f"BEAM {self.start.name}: rejected {candidate.kernel.applied_opts} (wrong output)")
+    return candidate.verified
+
+  def record_timing(self, candidate: _Candidate) -> None:
+    self.cache.add_timing(self.start.ast.key, [opt.to_json() for opt in candidate.kernel.applied_opts],
+                          self.device.name, self.arch, candidate.times)
+
+class _WroteInput(Exception):
+  """A candidate changed one of its input buffers."""

@@ -1,0 +1,597 @@
+"""Gemma 3 text models (google/gemma-3-270m and its family) on tgrad Tensors, matching Hugging Face transformers.
+
+`Gemma3Config` reads an HF config.json; `Gemma3` holds the weights under HF's names, runs `(token ids [B, T],
+start_pos) -> logits [B, T, V]` against a preallocated `Gemma3KVCache`, and loads checkpoints (`from_pretrained`) or
+makes seeded random weights (`random`). `generate` is prefill, then one cached step per new token. All model math is
+Tensor ops; the host only prepares token ids, positions and cache slot numbers, and picks each next token from the
+logits (argmax, or temperature / top-k / top-p sampling in numpy on the final logits row).
+"""
+from __future__ import annotations
+import json, math, os, sys, time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional, Sequence
+import numpy as np
+from tgrad.tensor import Tensor
+from tgrad.dtype import DType, dtypes, to_dtype
+from tgrad.device import canonical_device
+from tgrad.nn.state import safe_load
+from tgrad.realize import realize as realize_lazy
+
+SLIDING, FULL = "sliding_attention", "full_attention"
+LAYER_TYPES = (SLIDING, FULL)
+# transformers' Gemma3TextConfig defaults (configuration_gemma3.py), used where a config.json leaves a key out
+DEFAULT_SLIDING_WINDOW_PATTERN = 6       # every 6th layer is global when `layer_types` is absent
+DEFAULT_QUERY_PRE_ATTN_SCALAR = 256
+DEFAULT_SLIDING_WINDOW = 4096
+DEFAULT_ROPE_THETA = 1_000_000.0         # global (full-attention) layers
+DEFAULT_ROPE_LOCAL_BASE_FREQ = 10_000.0  # sliding layers
+DEFAULT_RMS_NORM_EPS = 1e-6
+DEFAULT_ACTIVATION = "gelu_pytorch_tanh"
+DEFAULT_MAX_POSITIONS = 131072
+DEFAULT_BOS, DEFAULT_EOS, DEFAULT_PAD = 2, 1, 0
+GELU_TANH_NAMES = ("gelu_pytorch_tanh", "gelu_new")   # both are 0.5x(1 + tanh(sqrt(2/pi)(x + 0.044715x^3)))
+ROPE_TYPES = ("default", "linear")                    # what the Gemma 3 family uses; others raise
+MASKED_SCORE = float(np.finfo(np.float32).min)        # HF fills masked attention scores with finfo(float32).min
+EMPTY_SLOT = -1                                       # host position of a KV cache slot that holds nothing yet
+CONTEXT_GRANULE = 256            # generate() rounds the cache length up to this, so nearby lengths share kernels
+DEFAULT_MAX_CONTEXT = 2048       # cache length when forward() is called without reset_cache()
+# random weights, as the reference harness draws them: embeddings N(0, 1/H) so scaled inputs are ~N(0, 1),
+# linears N(0, 1/fan_in), norm offsets N(0, 0.2^2) so the (1 + w) form is exercised
+RANDOM_NORM_STD = 0.2
+
+S, F = SLIDING, FULL
+PRESETS: dict[str, dict[str, Any]] = {
+  # google/gemma-3-270m's config.json (spec section 1)
+  "270m": {"architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text", "vocab_size": 262144,
+           "hidden_size": 640, "intermediate_size": 2048, "num_hidden_layers": 18, "num_attention_heads": 4,
+           "num_key_value_heads": 1, "head_dim": 256, "query_pre_attn_scalar": 256, "sliding_window": 512,
+           "layer_types": [S, S, S, S, S, F] * 3, "_sliding_window_pattern": 6, "rope_theta": 1000000.0,
+           "rope_local_base_freq": 10000.0, "rope_scaling": None, "rms_norm_eps": 1e-06,
+           "hidden_activation": "gelu_pytorch_tanh", "attn_logit_softcapping": None, "final_logit_softcapping": None,
+           "attention_bias": False, "max_position_embeddings": 32768, "bos_token_id": 2, "eos_token_id": 1,
+           "pad_token_id": 0, "torch_dtype": "bfloat16", "use_bidirectional_attention": False},
+  # the reference harness's 'tiny': same structure, nq*D != H, query_pre_attn_scalar != head_dim, W = 8
+  "tiny": {"architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text", "vocab_size": 512,
+           "hidden_size": 80, "intermediate_size": 128, "num_hidden_layers": 4, "num_attention_heads": 2,
+           "num_key_value_heads": 1, "head_dim": 32, "query_pre_attn_scalar": 48, "sliding_window": 8,
+           "layer_types": [S, S, F, S], "_sliding_window_pattern": 3, "rope_theta": 1000000.0,
+           "rope_local_base_freq": 10000.0, "rope_scaling": None, "rms_norm_eps": 1e-06,
+           "hidden_activation": "gelu_pytorch_tanh", "attn_logit_softcapping": None, "final_logit_softcapping": None,
+           "attention_bias": False, "max_position_embeddings": 1024, "bos_token_id": 2, "eos_token_id": 1,
+           "pad_token_id": 0, "torch_dtype": "bfloat16", "use_bidirectional_attention": False},
+}
+
+# ---------------------------------------------------------------------------------------------------------------
+# config
+
+def _rope_entry(entry: Optional[dict], theta: float, where: str) -> tuple[float, float]:
+  """(theta, linear factor) from one rope dict: {"rope_type": "default"|"linear", "factor": f, "rope_theta": t}."""
+  if not entry: return theta, 1.0
+  rope_type = entry.get("rope_type", entry.get("type", "default"))
+  if rope_type not in ROPE_TYPES: raise ValueError(f"{where}: rope_type {rope_type!r} is not supported ({ROPE_TYPES})")
+  factor = float(entry.get("factor", 1.0)) if rope_type == "linear" else 1.0
+  if factor <= 0: raise ValueError(f"{where}: rope factor must be positive, got {factor}")
+  return float(entry.get("rope_theta", theta)), factor
+
+@dataclass(frozen=True)
+class Gemma3Config:
+  """Every size and switch of a Gemma 3 text model, read from an HF config.json by `from_dict`."""
+  vocab_size: int
+  hidden_size: int
+  intermediate_size: int
+  num_hidden_layers: int
+  num_attention_heads: int
+  num_key_value_heads: int
+  head_dim: int
+  query_pre_attn_scalar: float
+  sliding_window: int
+  layer_types: tuple[str, ...]
+  rope_theta: dict[str, float]          # per layer type
+  rope_factor: dict[str, float]         # linear RoPE scaling per layer type (1.0: none)
+  rms_norm_eps: float = DEFAULT_RMS_NORM_EPS
+  hidden_activation: str = DEFAULT_ACTIVATION
+  final_logit_softcapping: Optional[float] = None
+  attn_logit_softcapping: Optional[float] = None
+  tie_word_embeddings: bool = True
+  max_position_embeddings: int = DEFAULT_MAX_POSITIONS
+  bos_token_id: int = DEFAULT_BOS
+  eos_token_ids: tuple[int, ...] = (DEFAULT_EOS,)
+  pad_token_id: int = DEFAULT_PAD
+  extra: dict = field(default_factory=dict, compare=False, repr=False)   # the raw dict, for reference
+
+  @staticmethod
+  def from_dict(raw: dict) -> Gemma3Config:
+    """Interpret a config dict as transformers 5.x does (spec 1.1): `layer_types` first, else every
+    `sliding_window_pattern`-th layer is global; RoPE from `rope_parameters` (5.x) or the legacy keys
+    `rope_theta` / `rope_local_base_freq` / `rope_scaling` (the last applies to global layers only)."""
+    if "text_config" in raw: raw = {**raw["text_config"]}
+    required = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
+    missing = [k for k in required if raw.get(k) is None]
+    if missing: raise ValueError(f"config is missing {missing}")
+    layers, heads = int(raw["num_hidden_layers"]), int(raw["num_attention_heads"])
+    kv_heads = int(raw.get("num_key_value_heads") or heads)
+    if heads % kv_heads: raise ValueError(f"num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}")
+    head_dim = int(raw.get("head_dim") or int(raw["hidden_size"]) // heads)
+    if head_dim % 2: raise ValueError(f"head_dim must be even for rotary embeddings, got {head_dim}")
+    if raw.get("use_bidirectional_attention"): raise ValueError("use_bidirectional_attention=true (EmbeddingGemma) is not supported")
+    if raw.get("layer_types"): layer_types = tuple(raw["layer_types"])
+    else:
+      pattern = int(raw.get("sliding_window_pattern", DEFAULT_SLIDING_WINDOW_PATTERN))
+      layer_types = tuple(FULL if (i + 1) % pattern == 0 else SLIDING for i in range(layers))
+    if len(layer_types) != layers or any(t not in LAYER_TYPES for t in layer_types):
+      raise ValueError(f"layer_types {list(layer_types)} must be {layers} entries of {LAYER_TYPES}")
+    parameters = raw.get("rope_parameters")
+    if isinstance(parameters, dict) and (SLIDING in parameters or FULL in parameters):
+      ropes = {t: _rope_entry(parameters.get(t), DEFAULT_ROPE_THETA if t == FULL else DEFAULT_ROPE_LOCAL_BASE_FREQ,
+                              f"rope_parameters[{t!r}]") for t in LAYER_TYPES}
+    else:
+      global_theta = float(raw.get("rope_theta") or DEFAULT_ROPE_THETA)
+      if isinstance(parameters, dict): global_theta = float(parameters.get("rope_theta", global_theta))
+      local_theta = float(raw.get("rope_local_base_freq") or DEFAULT_ROPE_LOCAL_BASE_FREQ)
+      ropes = {FULL: _rope_entry(raw.get("rope_scaling"), global_theta, "rope_scaling"), SLIDING: (local_theta, 1.0)}
+    activation = raw.get("hidden_activation") or raw.get("hidden_act") or DEFAULT_ACTIVATION
+    if activation not in GELU_TANH_NAMES: raise ValueError(f"hidden_activation {activation!r} is not supported {GELU_TANH_NAMES}")
+    eos = raw.get("eos_token_id", DEFAULT_EOS)
+    eos_ids = tuple(int(e) for e in (eos if isinstance(eos, (list, tuple)) else [] if eos is None else [eos]))
+    def optional_float(key: str) -> Optional[float]: return float(raw[key]) if raw.get(key) is not None else None
+    return Gemma3Config(
+      vocab_size=int(raw["vocab_size"]), hidden_size=int(raw["hidden_size"]), intermediate_size=int(raw["intermediate_size"]),
+      num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=head_dim,
+      query_pre_attn_scalar=float(raw.get("query_pre_attn_scalar") or DEFAULT_QUERY_PRE_ATTN_SCALAR),
+      sliding_window=int(raw.get("sliding_window") or DEFAULT_SLIDING_WINDOW), layer_types=layer_types,
+      rope_theta={t: ropes[t][0] for t in LAYER_TYPES}, rope_factor={t: ropes[t][1] for t in LAYER_TYPES},
+      rms_norm_eps=float(raw.get("rms_norm_eps") or DEFAULT_RMS_NORM_EPS), hidden_activation=activation,
+      final_logit_softcapping=optional_float("final_logit_softcapping"),
+      attn_logit_softcapping=optional_float("attn_logit_softcapping"),
+      tie_word_embeddings=bool(raw.get("tie_word_embeddings", True)),
+      max_position_embeddings=int(raw.get("max_position_embeddings") or DEFAULT_MAX_POSITIONS),
+      bos_token_id=int(raw.get("bos_token_id", DEFAULT_BOS)), eos_token_ids=eos_ids,
+      pad_token_id=int(raw.get("pad_token_id", DEFAULT_PAD) or 0), extra=dict(raw))
+
+  @staticmethod
+  def from_json(path: str) -> Gemma3Config:
+    with open(path) as f: return Gemma3Config.from_dict(json.load(f))
+
+  @staticmethod
+  def preset(name: str) -> Gemma3Config:
+    if name not in PRESETS: raise ValueError(f"unknown preset {name!r}; known: {sorted(PRESETS)}")
+    return Gemma3Config.from_dict(PRESETS[name])
+
+def weight_shapes(config: Gemma3Config) -> dict[str, tuple[int, ...]]:
+  """Every checkpoint tensor (HF names, PyTorch [out, in] layout) and its shape."""
+  H, D, I = config.hidden_size, config.head_dim, config.intermediate_size
+  q_width, kv_width = config.num_attention_heads * D, config.num_key_value_heads * D
+  shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (config.vocab_size, H)}
+  for i in range(config.num_hidden_layers):
+    p = f"model.layers.{i}."
+    shapes.update({
+      p + "input_layernorm.weight": (H,), p + "self_attn.q_proj.weight": (q_width, H),
+      p + "self_attn.k_proj.weight": (kv_width, H), p + "self_attn.v_proj.weight": (kv_width, H),
+      p + "self_attn.o_proj.weight": (H, q_width), p + "self_attn.q_norm.weight": (D,),
+      p + "self_attn.k_norm.weight": (D,), p + "post_attention_layernorm.weight": (H,),
+      p + "pre_feedforward_layernorm.weight": (H,), p + "mlp.gate_proj.weight": (I, H),
+      p + "mlp.up_proj.weight": (I, H), p + "mlp.down_proj.weight": (H, I),
+      p + "post_feedforward_layernorm.weight": (H,)})
+  shapes["model.norm.weight"] = (H,)
+  if not config.tie_word_embeddings: shapes["lm_head.weight"] = (config.vocab_size, H)
+  return shapes
+
+# ---------------------------------------------------------------------------------------------------------------
+# layers: weights are plain Tensors held under HF's attribute names
+
+class Linear:
+  """y = x W^T with W stored as [out, in] (no bias anywhere in Gemma 3)."""
+  def __init__(self, weight: Tensor): self.weight = weight
+  def __call__(self, x: Tensor) -> Tensor: return x @ self.weight.T
+
+class Gemma3RMSNorm:
+  """Gemma's RMSNorm: x / sqrt(mean(x^2) + eps) * (1 + w), all in float32, cast back to x's dtype at the end."""
+  def __init__(self, weight: Tensor, eps: float): self.weight, self.eps = weight, eps
+  def __call__(self, x: Tensor) -> Tensor:
+    x32 = x.float()
+    # its own small kernel: the scheduler otherwise discovers mid-build that this reduce must be realized (a retry)
+    inverse_rms = _materialize((x32.square().mean(-1, keepdim=True) + self.eps).rsqrt())
+    return (x32 * inverse_rms * (self.weight.float() + 1.0)).cast(x.dtype)
+
+class Gemma3Embedding:
+  """Token lookup times sqrt(hidden), the scale rounded to the weight dtype first (HF: 25.25 for H=640 in bf16).
+  The lookup is a one-hot compare with ARANGE and a sum over the vocabulary: it reads the whole table per token,
+  like the tied LM head does, because kernels have no data-dependent loads."""
+  def __init__(self, weight: Tensor):
+    self.weight = weight
+    self.scale = Tensor([math.sqrt(weight.shape[1])], dtype=dtypes.float32, device=weight.device).cast(weight.dtype)
+  def __call__(self, token_ids: Tensor) -> Tensor:
+    vocab = self.weight.shape[0]
+    hit = token_ids.unsqueeze(-1) == Tensor.arange(vocab, device=self.weight.device)   # [B, T, V]
+    rows = hit.unsqueeze(-1).where(self.weight, 0.0).sum(2, acc_dtype=self.weight.dtype)
+    return rows.cast(self.weight.dtype) * self.scale
+
+def _materialize(x: Tensor) -> Tensor:
+  """x computed into its own buffer by the step's schedule (not recomputed inside every kernel that reads it).
+  Workaround: Tensor.contiguous() is a no-op on an unrealized elementwise base (LazyBuffer.contiguous returns it),
+  so go through a reshaped view, which contiguous() does copy."""
+  return x.reshape(1, *x.shape).contiguous().reshape(x.shape)
+
+def _gelu_tanh(x: Tensor) -> Tensor:
+  return x.float().gelu().cast(x.dtype)   # torch evaluates half-precision gelu in float32 and rounds once
+
+def _softcap(x: Tensor, cap: Optional[float]) -> Tensor:
+  return x if cap is None else ((x.float() / cap).tanh() * cap).cast(x.dtype)
+
+def _rotate(x: Tensor, cos: Tensor, sin_signed: Tensor) -> Tensor:
+  """RoPE, half-split layout (HF's rotate_half: dim j pairs with j + D/2, not interleaved pairs). x is viewed as
+  [..., 2, D/2]; rotate_half(x) * sin = flip(x halves) * [-sin, sin], which is one flipped view and no copies."""
+  halves = x.reshape(*x.shape[:-1], 2, x.shape[-1] // 2)
+  return (halves * cos + halves.flip(-2) * sin_signed).reshape(x.shape)
+
+FRESH, DECODE, EXTEND = "fresh", "decode", "extend"
+
+@dataclass(frozen=True)
+class _StepInputs:
+  """Device tensors shared by every layer of one type in one forward call, built from host positions.
+  mode FRESH (start_pos 0): attend over the call's own keys, then fill the cache. DECODE (one token): write its
+  key into the cache first, then attend over the whole cache, so every step has the same kernels. EXTEND (several
+  tokens after a cache): attend over cache + own keys, write the cache after (a sliding ring may be overwritten)."""
+  mode: str
+  cos: Tensor            # [T, 1, D/2] rotary tables in the model dtype (both halves use the same angles)
+  sin_signed: Tensor     # [T, 2, D/2]: -sin for the first half, +sin for the second
+  allowed: Tensor        # [T, K] bool: which keys each query sees (K: the keys attended over, see mode)
+  scatter: Optional[Tensor]   # [S, T] model dtype: 1 where new token t goes to cache slot s (None for one token)
+  written: Tensor        # [S, 1] bool: the cache slots this call overwrites
+
+def _write_cache(cache: Tensor, new: Tensor, step: _StepInputs) -> None:
+  """cache [B, kv_heads, S, D] gets new [B, kv_heads, T, D] at the step's slots; a masked select over the whole
+  cache, so the kernel is the same at every position."""
+  value = new if step.scatter is None else step.scatter @ new
+  cache.assign(step.written.where(value, cache))
+
+class Gemma3Attention:
+  def __init__(self, config: Gemma3Config, weights: dict[str, Tensor], prefix: str):
+    self.q_proj, self.k_proj = Linear(weights[prefix + "q_proj.weight"]), Linear(weights[prefix + "k_proj.weight"])
+    self.v_proj, self.o_proj = Linear(weights[prefix + "v_proj.weight"]), Linear(weights[prefix + "o_proj.weight"])
+    self.q_norm = Gemma3RMSNorm(weights[prefix + "q_norm.weight"], config.rms_norm_eps)
+    self.k_norm = Gemma3RMSNorm(weights[prefix + "k_norm.weight"], config.rms_norm_eps)
+    self.heads, self.kv_heads, self.head_dim = config.num_attention_heads, config.num_key_value_heads, config.head_dim
+    self.scale = config.query_pre_attn_scalar ** -0.5
+    self.softcap = config.attn_logit_softcapping
+
+  def __call__(self, x: Tensor, step: _StepInputs, cache: list[Tensor]) -> tuple[Tensor, Optional[tuple]]:
+    """The attention output [B, T, H], and for EXTEND the (keys, values) to write once the step has run."""
+    B, T, _ = x.shape
+    D, group = self.head_dim, self.heads // self.kv_heads
+    cos, sin = step.cos.reshape(1, T, 1, 1, D // 2), step.sin_signed.reshape(1, T, 1, 2, D // 2)
+    # realized once in [B, T, heads, D]: every score reads each q and k element many times
+    q = _materialize(_rotate(_materialize(self.q_norm(self.q_proj(x).reshape(B, T, self.heads, D))), cos, sin))
+    k = _materialize(_rotate(_materialize(self.k_norm(self.k_proj(x).reshape(B, T, self.kv_heads, D))), cos, sin))
+    v = _materialize(self.v_proj(x).reshape(B, T, self.kv_heads, D))
+    k, v = k.permute(0, 2, 1, 3), v.permute(0, 2, 1, 3)          # [B, kv_heads, T, D]
+    pending = None
+    if step.mode == DECODE:
+      _write_cache(cache[0], k, step)
+      _write_cache(cache[1], v, step)
+      keys, values = cache
+    elif step.mode == FRESH: keys, values = k, v
+    else:
+      keys, values = cache[0].cat(k, dim=2), cache[1].cat(v, dim=2)
+      pending = (k, v)
+    q = q.reshape(B, T, self.kv_heads, group, D).permute(0, 2, 3, 1, 4)           # [B, kv_heads, group, T, D]
+    scores = (q @ keys.unsqueeze(2).transpose(-1, -2)) * self.scale              # [B, kv_heads, group, T, K]
+    scores = step.allowed.where(_softcap(scores, self.softcap), MASKED_SCORE)
+    probs = scores.float().softmax(-1).cast(x.dtype)
+    out = (probs @ values.unsqueeze(2)).permute(0, 3, 1, 2, 4).reshape(B, T, self.heads * D)
+    if step.mode == FRESH:
+      _write_cache(cache[0], k, step)
+      _write_cache(cache[1], v, step)
+    return self.o_proj(out), pending
+
+class Gemma3MLP:
+  def __init__(self, weights: dict[str, Tensor], prefix: str):
+    self.gate_proj, self.up_proj = Linear(weights[prefix + "gate_proj.weight"]), Linear(weights[prefix + "up_proj.weight"])
+    self.down_proj = Linear(weights[prefix + "down_proj.weight"])
+  def __call__(self, x: Tensor) -> Tensor:
+    return self.down_proj(_materialize(_gelu_tanh(self.gate_proj(x)) * self.up_proj(x)))
+
+class Gemma3DecoderLayer:
+  """h + norm(attn(norm(h))), then h + norm(mlp(norm(h))): the post-norms act on each block's output."""
+  def __init__(self, config: Gemma3Config, weights: dict[str, Tensor], index: int):
+    p, eps = f"model.layers.{index}.", config.rms_norm_eps
+    self.layer_type = config.layer_types[index]
+    self.input_layernorm = Gemma3RMSNorm(weights[p + "input_layernorm.weight"], eps)
+    self.self_attn = Gemma3Attention(config, weights, p + "self_attn.")
+    self.post_attention_layernorm = Gemma3RMSNorm(weights[p + "post_attention_layernorm.weight"], eps)
+    self.pre_feedforward_layernorm = Gemma3RMSNorm(weights[p + "pre_feedforward_layernorm.weight"], eps)
+    self.mlp = Gemma3MLP(weights, p + "mlp.")
+    self.post_feedforward_layernorm = Gemma3RMSNorm(weights[p + "post_feedforward_layernorm.weight"], eps)
+  def __call__(self, h: Tensor, step: _StepInputs, cache: list[Tensor]) -> tuple[Tensor, Optional[tuple]]:
+    attended, pending = self.self_attn(_materialize(self.input_layernorm(h)), step, cache)
+    h = _materialize(h + self.post_attention_layernorm(attended))
+    h = h + self.post_feedforward_layernorm(self.mlp(_materialize(self.pre_feedforward_layernorm(h))))
+    return _materialize(h), pending
+
+class Gemma3TextModel:
+  """The decoder stack, named like HF's `Gemma3TextModel` so state-dict names match the checkpoint."""
+  def __init__(self, config: Gemma3Config, weights: dict[str, Tensor]):
+    self.embed_tokens = Gemma3Embedding(weights["model.embed_tokens.weight"])
+    self.layers = [Gemma3DecoderLayer(config, weights, i) for i in range(config.num_hidden_layers)]
+    self.norm = Gemma3RMSNorm(weights["model.norm.weight"], config.rms_norm_eps)
+
+# ---------------------------------------------------------------------------------------------------------------
+# KV cache
+
+class Gemma3KVCache:
+  """Preallocated post-RoPE keys and values per layer ([B, kv_heads, slots, D]), plus, on the host, the absolute
+  position each slot holds. Full-attention layers have `max_context` slots (slot = position). Sliding layers keep a
+  ring of min(sliding_window, max_context) slots (slot = position mod ring), enough for the W keys a query sees:
+  itself (a new key of the call) and the W-1 before it. Shapes never change, so every decode step runs the same
+  kernels; stale and empty slots are masked by position."""
+  def __init__(self, config: Gemma3Config, batch: int, max_context: int, dtype: DType, device: str):
+    if max_context < 1: raise ValueError(f"max_context must be positive, got {max_context}")
+    self.batch, self.max_context = batch, max_context
+    self.slots = {SLIDING: min(config.sliding_window, max_context), FULL: max_context}
+    self.positions = {t: np.full(n, EMPTY_SLOT, dtype=np.int32) for t, n in self.slots.items()}
+    self.layers: list[list[Tensor]] = []   # [keys, values] per layer, zeros so masked slots stay finite
+    for layer_type in config.layer_types:
+      shape = (batch, config.num_key_value_heads, self.slots[layer_type], config.head_dim)
+      self.layers.append([Tensor.zeros(shape, dtype=dtype, device=device).contiguous() for _ in range(2)])
+    realize_lazy(*[t.lazydata for t in self.tensors()])
+    self.next_position = 0
+
+  def tensors(self) -> list[Tensor]: return [t for pair in self.layers for t in pair]
+
+  def destinations(self, layer_type: str, positions: np.ndarray) -> np.ndarray:
+    """The slot each new position is written to; EMPTY_SLOT for one a later token of the same call overwrites."""
+    slots = self.slots[layer_type]
+    out = (positions % slots).astype(np.int32)
+    out[positions < positions[-1] + 1 - slots] = EMPTY_SLOT
+    return out
+
+  def advance(self, positions: np.ndarray) -> None:
+    for layer_type in self.slots:
+      dest = self.destinations(layer_type, positions)
+      kept = dest != EMPTY_SLOT
+      self.positions[layer_type][dest[kept]] = positions[kept]
+    self.next_position = int(positions[-1]) + 1
+
+# ---------------------------------------------------------------------------------------------------------------
+# the causal LM
+
+def _check_weights(config: Gemma3Config, weights: dict[str, Tensor], source: str) -> None:
+  expected = weight_shapes(config)
+  missing = [name for name in expected if name not in weights]
+  wrong = [f"{name}: expected {expected[name]}, got {tuple(weights[name].shape)}" for name in expected
+           if name in weights and tuple(weights[name].shape) != expected[name]]
+  if missing or wrong:
+    parts = ([f"missing tensors {missing}"] if missing else []) + ([f"wrong shapes: {'; '.join(wrong)}"] if wrong else [])
+    raise ValueError(f"{source}: {' and '.join(parts)}")
+
+class Gemma3:
+  """Gemma3ForCausalLM: `model(token_ids [B, T] int, start_pos) -> logits [B, T, V]` in the model dtype.
+
+  Each call is one step of a sequence: it attends over the cache (positions < start_pos) plus its own tokens, then
+  writes its keys and values into the cache. start_pos must be 0 (a new sequence) or the next position."""
+  def __init__(self, config: Gemma3Config, weights: dict[str, Tensor]):
+    _check_weights(config, weights, "Gemma3")
+    self.config = config
+    self.model = Gemma3TextModel(config, weights)
+    self.lm_head = Linear(weights["lm_head.weight"]) if not config.tie_word_embeddings else None
+    embedding = weights["model.embed_tokens.weight"]
+    self.dtype, self.device = embedding.dtype, embedding.device
+    self.cache: Optional[Gemma3KVCache] = None
+    self.inv_freq = {t: self._inverse_frequencies(t) for t in LAYER_TYPES}
+
+  def _inverse_frequencies(self, layer_type: str) -> Tensor:
+    """inv_freq[i] = 1 / theta^(2i/D) / linear factor, in float32 as HF computes it."""
+    D = self.config.head_dim
+    exponents = Tensor.arange(0, D, 2, dtype=dtypes.float32, device=self.device) / D
+    theta = Tensor.full((D // 2,), self.config.rope_theta[layer_type], dtype=dtypes.float32, device=self.device)
+    return ((theta ** exponents).reciprocal() / self.config.rope_factor[layer_type]).realize()
+
+  def state_dict(self) -> dict[str, Tensor]:
+    """The weights under their checkpoint names."""
+    out = {"model.embed_tokens.weight": self.model.embed_tokens.weight}
+    for i, layer in enumerate(self.model.layers):
+      p, attn, mlp = f"model.layers.{i}.", layer.self_attn, layer.mlp
+      out.update({p + "input_layernorm.weight": layer.input_layernorm.weight,
+                  p + "self_attn.q_proj.weight": attn.q_proj.weight, p + "self_attn.k_proj.weight": attn.k_proj.weight,
+                  p + "self_attn.v_proj.weight": attn.v_proj.weight, p + "self_attn.o_proj.weight": attn.o_proj.weight,
+                  p + "self_attn.q_norm.weight": attn.q_norm.weight, p + "self_attn.k_norm.weight": attn.k_norm.weight,
+                  p + "post_attention_layernorm.weight": layer.post_attention_layernorm.weight,
+                  p + "pre_feedforward_layernorm.weight": layer.pre_feedforward_layernorm.weight,
+                  p + "mlp.gate_proj.weight": mlp.gate_proj.weight, p + "mlp.up_proj.weight": mlp.up_proj.weight,
+                  p + "mlp.down_proj.weight": mlp.down_proj.weight,
+                  p + "post_feedforward_layernorm.weight": layer.post_feedforward_layernorm.weight})
+    out["model.norm.weight"] = self.model.norm.weight
+    if self.lm_head is not None: out["lm_head.weight"] = self.lm_head.weight
+    return out
+
+  # ---- construction
+  @staticmethod
+  def from_pretrained(directory: str, dtype: Any = dtypes.float32, device: Optional[str] = None,
+                      progress: bool = True) -> Gemma3:
+    """Load an HF checkpoint directory (config.json + model.safetensors, or a sharded index): every tensor is
+    memory-mapped, moved to the device once and cast to `dtype` there."""
+    config_path = os.path.join(directory, "config.json")
+    if not os.path.isfile(config_path): raise FileNotFoundError(f"{directory}: no config.json")
+    config = Gemma3Config.from_json(config_path)
+    files = _checkpoint_files(directory)
+    tensors: dict[str, Tensor] = {}
+    for path in files: tensors.update(safe_load(path, device))
+    _check_weights(config, tensors, directory)
+    unexpected = sorted(set(tensors) - set(weight_shapes(config)) - {"lm_head.weight"})
+    if unexpected: print(f"gemma3: ignoring {len(unexpected)} unexpected tensors, e.g. {unexpected[:3]}", file=sys.stderr)
+    dtype, device = to_dtype(dtype), canonical_device(device)
+    weights = {}
+    for name in _progress(list(weight_shapes(config)), progress, "loading weights"):
+      weights[name] = tensors.pop(name).to(device).cast(dtype).realize()
+    return Gemma3(config, weights)
+
+  @staticmethod
+  def random(config: Gemma3Config, dtype: Any = dtypes.float32, device: Optional[str] = None, seed: int = 0,
+             progress: bool = True) -> Gemma3:
+    """Seeded random weights drawn on the device (Tensor.normal), with the reference harness's scales."""
+    dtype, device = to_dtype(dtype), canonical_device(device)
+    Tensor.manual_seed(seed)
+    weights = {}
+    for name, shape in _progress(list(weight_shapes(config).items()), progress, "random weights"):
+      if len(shape) == 1: std = RANDOM_NORM_STD
+      elif name.endswith("embed_tokens.weight") or name == "lm_head.weight": std = config.hidden_size ** -0.5
+      else: std = shape[1] ** -0.5
+      bound = std * math.sqrt(3)   # a uniform in ±√3·std has standard deviation std
+      weights[name] = Tensor.uniform(*shape, low=-bound, high=bound, dtype=dtype, device=device).realize()
+    return Gemma3(config, weights)
+
+  # ---- running
+  def reset_cache(self, batch: int = 1, max_context: Optional[int] = None) -> Gemma3KVCache:
+    """A fresh, empty cache for `batch` sequences of up to `max_context` positions."""
+    max_context = max_context or min(DEFAULT_MAX_CONTEXT, self.config.max_position_embeddings)
+    if max_context > self.config.max_position_embeddings:
+      raise ValueError(f"max_context {max_context} exceeds max_position_embeddings {self.config.max_position_embeddings}")
+    self.cache = Gemma3KVCache(self.config, batch, max_context, self.dtype, self.device)
+    return self.cache
+
+  def _step_inputs(self, layer_type: str, positions: np.ndarray, cache: Gemma3KVCache) -> _StepInputs:
+    T, device, half = len(positions), self.device, self.config.head_dim // 2
+    mode = FRESH if cache.next_position == 0 else DECODE if T == 1 else EXTEND
+    slots = cache.slots[layer_type]
+    destination = cache.destinations(layer_type, positions)
+    if mode == FRESH: key_positions = positions
+    elif mode == DECODE:   # the cache as it is after this token's write
+      key_positions = cache.positions[layer_type].copy()
+      key_positions[destination] = positions
+    else: key_positions = np.concatenate([cache.positions[layer_type], positions])
+    query_pos, key_pos = Tensor(positions, device=device), Tensor(key_positions, device=device)
+    distance = query_pos.reshape(T, 1) - key_pos.reshape(1, -1)
+    allowed = (key_pos.reshape(1, -1) >= 0) & (distance >= 0)
+    if layer_type == SLIDING: allowed = allowed & (distance < self.config.sliding_window)
+    angles = query_pos.float().reshape(T, 1, 1) * self.inv_freq[layer_type].reshape(1, 1, half)   # float32, as HF
+    angles = angles.double()   # cos/sin of the float32 angle, with float64 range reduction (positions up to 1e5+)
+    sign = Tensor.arange(2, device=device).reshape(1, 2, 1) * 2 - 1                   # [-1, +1] for the two halves
+    cos = _materialize(angles.cos().float().cast(self.dtype))
+    sin_signed = _materialize(angles.sin().float().cast(self.dtype) * sign.cast(self.dtype))
+    hits = Tensor.arange(slots, device=device).reshape(slots, 1) == Tensor(destination, device=device).reshape(1, T)
+    scatter = hits.cast(self.dtype) if T > 1 else None
+    return _StepInputs(mode, cos, sin_signed, _materialize(allowed), scatter, _materialize(hits.any(1, keepdim=True)))
+
+  def __call__(self, token_ids: Tensor, start_pos: int = 0, last_only: bool = False,
+               return_hidden: bool = False) -> Any:
+    """Logits [B, T, V] (or [B, 1, V] with last_only), realized; with return_hidden also the list of hidden states
+    [B, T, H]: the scaled embedding, each layer's output, and the final norm's output (HF's hooks)."""
+    if token_ids.ndim != 2 or not token_ids.dtype.is_int:
+      raise ValueError(f"token_ids must be a 2-D int tensor [batch, tokens], got shape {token_ids.shape} {token_ids.dtype}")
+    B, T = token_ids.shape
+    if T == 0: raise ValueError("token_ids has no tokens")
+    if start_pos == 0 and (self.cache is None or self.cache.batch != B or self.cache.max_context < T
+                           or self.cache.next_position != 0):
+      size = self.cache.max_context if self.cache is not None and self.cache.batch == B else DEFAULT_MAX_CONTEXT
+      self.reset_cache(B, max(T, min(size, self.config.max_position_embeddings)))
+    cache = self.cache
+    assert cache is not None
+    if start_pos != cache.next_position:
+      raise ValueError(f"start_pos {start_pos} must be 0 or the cache's next position {cache.next_position}")
+    if cache.batch != B: raise ValueError(f"batch {B} differs from the cache's batch {cache.batch}")
+    if start_pos + T > cache.max_context:
+      raise ValueError(f"positions {start_pos}..{start_pos + T - 1} do not fit a cache of {cache.max_context}")
+    positions = np.arange(start_pos, start_pos + T, dtype=np.int32)
+    steps = {t: self._step_inputs(t, positions, cache) for t in set(self.config.layer_types)}
+    h = _materialize(self.model.embed_tokens(token_ids.to(self.device).int()))
+    hidden, pending = [h], []
+    for layer, layer_cache in zip(self.model.layers, cache.layers):
+      h, write = layer(h, steps[layer.layer_type], layer_cache)
+      hidden.append(h)
+      if write is not None: pending.append((layer_cache, write, steps[layer.layer_type]))
+    if last_only: h = h[:, -1:, :]
+    h = _materialize(self.model.norm(h))
+    hidden.append(h)
+    head = self.lm_head.weight if self.lm_head is not None else self.model.embed_tokens.weight
+    logits = _softcap(h @ head.T, self.config.final_logit_softcapping)
+    outputs = [logits] + (hidden if return_hidden else [])
+    # EXTEND writes the cache only after the kernels that read it have run (a schedule orders by data, not writes)
+    realize_lazy(*[t.lazydata for t in outputs + ([] if pending else cache.tensors())])
+    for layer_cache, (k, v), step in pending:
+      _write_cache(layer_cache[0], k, step)
+      _write_cache(layer_cache[1], v, step)
+    if pending: realize_lazy(*[t.lazydata for t in cache.tensors()])
+    cache.advance(positions)
+    return (logits, hidden) if return_hidden else logits
+
+def _checkpoint_files(directory: str) -> list[str]:
+  single = os.path.join(directory, "model.safetensors")
+  if os.path.isfile(single): return [single]
+  index = os.path.join(directory, "model.safetensors.index.json")
+  if os.path.isfile(index):
+    with open(index) as f: shards = sorted(set(json.load(f)["weight_map"].values()))
+    return [os.path.join(directory, shard) for shard in shards]
+  raise FileNotFoundError(f"{directory}: no model.safetensors or model.safetensors.index.json")
+
+def _progress(items: list, enabled: bool, label: str):
+  if not enabled: return items
+  try: from tqdm import tqdm
+  except ImportError: return items
+  return tqdm(items, desc=label, unit="tensor", leave=False, file=sys.stderr)
+
+# ---------------------------------------------------------------------------------------------------------------
+# generation
+
+def choose_token(logits: np.ndarray, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
+                 rng: Optional[np.random.Generator] = None) -> int:
+  """The next token from one row of logits, on the host: argmax when temperature is 0, else a sample after
+  temperature, top-k, then top-p (nucleus) filtering, in that order (as HF's logits processors)."""
+  if temperature <= 0: return int(np.argmax(logits))
+  scores = logits.astype(np.float64) / temperature
+  if 0 < top_k < scores.size: scores[scores < np.partition(scores, -top_k)[-top_k]] = -np.inf
+  probs = np.exp(scores - scores.max())
+  probs /= probs.sum()
+  if top_p < 1.0:
+    order = np.argsort(-probs, kind="stable")
+    before = np.cumsum(probs[order]) - probs[order]      # mass of the tokens ranked above each one
+    probs[order[before >= top_p]] = 0.0                  # the top token always survives (before = 0)
+    probs /= probs.sum()
+  return int((rng or np.random.default_rng()).choice(probs.size, p=probs))
+
+@dataclass
+class GenerationResult:
+  ids: list[int]                 # generated token ids (the EOS id that stopped generation included)
+  prompt_tokens: int
+  prefill_seconds: float         # the prompt's forward pass and the first token's choice
+  decode_seconds: float          # every later token: one cached forward step each
+  step_seconds: list[float] = field(default_factory=list)
+  stopped_at_eos: bool = False
+  @property
+  def decode_tokens(self) -> int: return max(len(self.ids) - 1, 0)
+  @property
+  def prefill_tokens_per_second(self) -> float: return self.prompt_tokens / self.prefill_seconds if self.prefill_seconds else 0.0
+  @property
+  def decode_tokens_per_second(self) -> float: return self.decode_tokens / self.decode_seconds if self.decode_seconds else 0.0
+
+def generate(model: Gemma3, prompt_ids: Sequence[int], max_new_tokens: int, temperature: float = 0.0, top_k: int = 0,
+             top_p: float = 1.0, seed: Optional[int] = None, eos_ids: Sequence[int] = (),
+             on_token: Optional[Callable[[int], None]] = None, max_context: Optional[int] = None) -> GenerationResult:
+  """Prefill the prompt, then decode one token per cached step until max_new_tokens or an EOS id.
+  The cache is sized to the prompt plus max_new_tokens, rounded up to CONTEXT_GRANULE."""
+  prompt = [int(t) for t in prompt_ids]
+  if not prompt: raise ValueError("the prompt has no tokens")
+  if max_new_tokens < 1: raise ValueError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
+  bad = [t for t in prompt if not 0 <= t < model.config.vocab_size]
+  if bad: raise ValueError(f"prompt ids outside the vocabulary [0, {model.config.vocab_size}): {bad[:10]}")
+  needed = len(prompt) + max_new_tokens
+  limit = model.config.max_position_embeddings
+  if needed > limit: raise ValueError(f"prompt ({len(prompt)}) + max_new_tokens ({max_new_tokens}) exceeds {limit} positions")
+  model.reset_cache(1, max_context or min(-(-needed // CONTEXT_GRANULE) * CONTEXT_GRANULE, limit))
+  rng, eos = np.random.default_rng(seed), set(eos_ids)
+  start = time.perf_counter()
+  logits = model(Tensor(np.array([prompt], dtype=np.int32), device=model.device), 0, last_only=True)
+  token = choose_token(logits.numpy()[0, -1], temperature, top_k, top_p, rng)
+  result = GenerationResult([token], len(prompt), time.perf_counter() - start, 0.0)
+  if on_token: on_token(token)
+  position = len(prompt)
+  while token not in eos and len(result.ids) < max_new_tokens:
+    step_start = time.perf_counter()
+    logits = model(Tensor(np.array([[token]], dtype=np.int32), device=model.device), position, last_only=True)
+    token = choose_token(logits.numpy()[0, -1], temperature, top_k, top_p, rng)
+    result.step_seconds.append(time.perf_counter() - step_start)
+    result.ids.append(token)
+    position += 1
+    if on_token: on_token(token)
+  result.decode_seconds = sum(result.step_seconds)
+  result.stopped_at_eos = token in eos
+  return result

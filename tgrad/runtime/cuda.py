@@ -1,0 +1,147 @@
+"""The CUDA device through pycuda: the primary context of GPU 0, a caching allocator, host↔device copies, launches.
+
+Allocator: device memory handles (pycuda DeviceAllocation); freed blocks are kept and reused by exact size; large
+copies stream through two pinned host buffers so the host-side copy of one chunk overlaps the DMA of the other.
+Compiler: NVRTC (nvrtc.py) for the GPU's own sm_XX. Program: a cubin loaded as a module, its kernel `prepare`d with
+pointer arguments and launched with `prepared_call`; `wait=True` times the launch with CUDA events (seconds).
+Limits (threads, block/grid dims, shared memory) come from the device's attributes into its CUDARenderer.
+"""
+from __future__ import annotations
+import atexit, collections
+from typing import Optional
+import numpy as np
+import pycuda.driver as cuda
+from tgrad.device import Allocator, Compiled
+from tgrad.codegen.cuda import CUDARenderer
+from tgrad.runtime.nvrtc import NVRTCCompiler, arch_of
+
+DEVICE_ORDINAL = 0
+# Copies at least this big go through pinned staging: below it the staging setup costs more than pageable copies lose.
+PINNED_COPY_THRESHOLD = 1 << 20
+# Size of each of the two pinned staging chunks: big enough to reach full PCIe/NVLink bandwidth per DMA.
+PINNED_CHUNK_BYTES = 8 << 20
+
+class CUDAContext:
+  """The primary context of one GPU, made current on the thread that creates it (the main thread)."""
+  def __init__(self, ordinal: int = DEVICE_ORDINAL):
+    cuda.init()
+    self.device = cuda.Device(ordinal)
+    self.context = self.device.retain_primary_context()
+    self.context.push()
+    atexit.register(self.close)
+  def close(self) -> None:
+    if self.context is None: return
+    try:
+      cuda.Context.synchronize()
+      self.context.pop()
+    except cuda.Error: pass   # already popped or the driver is shutting down
+    self.context = None
+  def attribute(self, name: str) -> int: return self.device.get_attribute(getattr(cuda.device_attribute, name))
+  @property
+  def compute_capability(self) -> tuple[int, int]: return self.device.compute_capability()
+
+class CUDAAllocator(Allocator):
+  """Device memory with a cache of freed blocks, reused by exact size; the cache is emptied when memory runs out."""
+  def __init__(self):
+    self.cache: dict[int, list] = collections.defaultdict(list)
+    self.cached_bytes = 0
+    self.stream = cuda.Stream()
+    self.staging: Optional[list[np.ndarray]] = None   # two pinned chunks, made at the first large copy
+    self.staged = [cuda.Event(), cuda.Event()]
+
+  def alloc(self, nbytes: int):
+    if self.cache[nbytes]:
+      self.cached_bytes -= nbytes
+      return self.cache[nbytes].pop()
+    try: return cuda.mem_alloc(nbytes)
+    except cuda.MemoryError:
+      self.free_cache()
+      try: return cuda.mem_alloc(nbytes)
+      except cuda.MemoryError as e:
+        free, total = cuda.mem_get_info()
+        raise MemoryError(f"CUDA: cannot allocate {nbytes} bytes ({free} of {total} bytes free)") from e
+
+  def free(self, handle, nbytes: int) -> None:
+    self.cache[nbytes].append(handle)
+    self.cached_bytes += nbytes
+
+  def free_cache(self) -> None:
+    for blocks in self.cache.values():
+      for block in blocks: block.free()
+    self.cache.clear()
+    self.cached_bytes = 0
+
+  def _chunks(self) -> list[np.ndarray]:
+    if self.staging is None: self.staging = [cuda.pagelocked_empty(PINNED_CHUNK_BYTES, np.uint8) for _ in range(2)]
+    return self.staging
+
+  def copyin(self, handle, src: memoryview) -> None:
+    host = np.frombuffer(src, dtype=np.uint8)
+    if host.nbytes < PINNED_COPY_THRESHOLD: return cuda.memcpy_htod(handle, host)
+    chunks = self._chunks()
+    for i, start in enumerate(range(0, host.nbytes, PINNED_CHUNK_BYTES)):
+      part = host[start:start + PINNED_CHUNK_BYTES]
+      slot = i % 2
+      self.staged[slot].synchronize()   # the DMA that last read this chunk is done
+      chunks[slot][:part.nbytes] = part
+      cuda.memcpy_htod_async(int(handle) + start, chunks[slot][:part.nbytes], self.stream)
+      self.staged[slot].record(self.stream)
+    self.stream.synchronize()
+
+  def copyout(self, dst: memoryview, handle) -> None:
+    host = np.frombuffer(dst, dtype=np.uint8)
+    cuda.Context.synchronize()   # kernels run on the default stream; their results must be written
+    if host.nbytes < PINNED_COPY_THRESHOLD: return cuda.memcpy_dtoh(host, handle)
+    chunks = self._chunks()
+    starts = list(range(0, host.nbytes, PINNED_CHUNK_BYTES))
+    def fetch(i: int) -> None:
+      size = min(PINNED_CHUNK_BYTES, host.nbytes - starts[i])
+      cuda.memcpy_dtoh_async(chunks[i % 2][:size], int(handle) + starts[i], self.stream)
+      self.staged[i % 2].record(self.stream)
+    fetch(0)
+    for i, start in enumerate(starts):
+      if i + 1 < len(starts): fetch(i + 1)   # the next chunk's DMA overlaps this chunk's host copy
+      self.staged[i % 2].synchronize()
+      size = min(PINNED_CHUNK_BYTES, host.nbytes - start)
+      host[start:start + size] = chunks[i % 2][:size]
+
+class CUDAProgram:
+  """One kernel of a cubin. Call with device buffers, global_size/local_size (x first), and DEFINE_VAR values."""
+  def __init__(self, name: str, binary: bytes):
+    self.name = name
+    self.module = cuda.module_from_buffer(binary)
+    self.function = self.module.get_function(name)
+    self.prepared_args = -1
+    self.start, self.end = cuda.Event(), cuda.Event()
+
+  def __call__(self, *buffers, global_size=(1,), local_size=(1,), vals=(), wait: bool = False) -> Optional[float]:
+    if self.prepared_args != len(buffers) + len(vals):
+      self.function.prepare("P" * len(buffers) + "i" * len(vals))
+      self.prepared_args = len(buffers) + len(vals)
+    grid = tuple(global_size) + (1,) * (3 - len(global_size))
+    block = tuple(local_size) + (1,) * (3 - len(local_size))
+    args = [int(b) for b in buffers] + [int(v) for v in vals]
+    if not wait:
+      self.function.prepared_call(grid, block, *args)
+      return None
+    self.start.record()
+    self.function.prepared_call(grid, block, *args)
+    self.end.record()
+    self.end.synchronize()
+    return self.start.time_till(self.end) * 1e-3
+
+class CUDADevice(Compiled):
+  def __init__(self):
+    self.context = CUDAContext()
+    attr = self.context.attribute
+    self.arch = arch_of(self.context.compute_capability)
+    renderer = CUDARenderer(
+      arch=self.arch, max_local_size=attr("MAX_THREADS_PER_BLOCK"),
+      max_grid=(attr("MAX_GRID_DIM_X"), attr("MAX_GRID_DIM_Y"), attr("MAX_GRID_DIM_Z")),
+      max_local_dims=(attr("MAX_BLOCK_DIM_X"), attr("MAX_BLOCK_DIM_Y"), attr("MAX_BLOCK_DIM_Z")),
+      shared_memory_bytes=attr("MAX_SHARED_MEMORY_PER_BLOCK"))
+    self.sm_count = attr("MULTIPROCESSOR_COUNT")
+    super().__init__("CUDA", CUDAAllocator(), NVRTCCompiler(self.arch), renderer, CUDAProgram)
+  def synchronize(self) -> None: cuda.Context.synchronize()
+
+def create_device() -> Compiled: return CUDADevice()

@@ -44,3 +44,30 @@ def private_kernel_cache(tmp_path_factory):
   with pytest.MonkeyPatch.context() as patch:
     patch.setenv("TGRAD_CACHE", str(tmp_path_factory.mktemp("kernel_cache") / "cache.db"))
     yield
+
+# ---- opt-in (TGRAD_CUDA_CODEGEN_CHECK=1): every kernel the suite schedules is also compiled for CUDA, without a GPU
+
+@pytest.fixture(scope="session", autouse=True)
+def cuda_codegen_check():
+  """Wrap tgrad.realize.get_runner so each new kernel AST is also optimized with the GPU heuristics, rendered by
+  CUDARenderer and compiled by NVRTC for sm_90; a render or compile error fails the test that scheduled the kernel."""
+  if os.environ.get("TGRAD_CUDA_CODEGEN_CHECK", "") != "1":
+    yield
+    return
+  import tgrad.realize
+  from tgrad.codegen.kernel import Kernel
+  from tgrad.codegen.linearizer import linearize
+  from tgrad.codegen.heuristics import hand_coded_optimizations
+  from tgrad.codegen.cuda import CUDARenderer
+  from tgrad.runtime.nvrtc import compile_cuda
+  original, checked = tgrad.realize.get_runner, set()
+  def get_runner_checking_cuda(device, ast):
+    if ast.key not in checked:
+      kernel = Kernel(ast, CUDARenderer())
+      hand_coded_optimizations(kernel)
+      compile_cuda(kernel.renderer.render("cuda_codegen_check", linearize(kernel)), "sm_90")
+      checked.add(ast.key)
+    return original(device, ast)
+  with pytest.MonkeyPatch.context() as patch:
+    patch.setattr(tgrad.realize, "get_runner", get_runner_checking_cuda)
+    yield

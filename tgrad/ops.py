@@ -7,6 +7,7 @@ simplification (`symbolic`) runs on. `graph_rewrite(root, PatternMatcher([...]))
 """
 from __future__ import annotations
 import hashlib, math, struct, sys, weakref
+import numpy as np
 from enum import Enum, auto
 from typing import Any, Callable, Optional
 from tgrad.dtype import DType, dtypes
@@ -70,11 +71,17 @@ def truncate_to(x, dtype: DType):
       if not math.isfinite(x): return 0
       x = int(x)
     return _wrap_int(int(x), dtype)
-  if dtype == dtypes.float32: return struct.unpack("f", struct.pack("f", x))[0] if math.isfinite(x) and abs(x) < 3.5e38 else float(x) if not math.isfinite(x) else math.copysign(math.inf, x)
-  if dtype == dtypes.float16:
-    try: return struct.unpack("e", struct.pack("e", x))[0]
-    except OverflowError: return math.copysign(math.inf, x)
+  if dtype in (dtypes.float32, dtypes.float16):   # round to the format; out-of-range values become ±inf
+    with np.errstate(over="ignore"): return float(np.array(x, dtype=dtype.np))
+  if dtype == dtypes.bfloat16: return _round_bfloat16(float(x))
   return float(x)
+
+def _round_bfloat16(x: float) -> float:
+  """float32 rounding, then to the nearest bfloat16 (ties to even), as the kernels do."""
+  if not math.isfinite(x): return x
+  with np.errstate(over="ignore"): bits = int(np.array(x, dtype=np.float32).view(np.uint32))
+  bits = ((bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000) & 0xFFFFFFFF
+  return float(np.array(bits, dtype=np.uint32).view(np.float32))
 
 def _c_idiv(a: int, b: int) -> int:
   if b == 0: return 0

@@ -1,7 +1,8 @@
 """View and ShapeTracker against numpy: every op is applied both to a ShapeTracker and to `np.arange(n)` with the
 matching numpy op, and `to_indexed` is evaluated at every index (vectorized) to compare element order.
 Also: the shape of the generated index math (no // or % when contiguous, exactly the needed comparisons), argument
-validation, composition, simplify, real_strides, buffer_extent, and a seeded random fuzzer of op chains.
+validation, composition, simplify, real_strides, buffer_extent, and seeded random fuzzers of op chains (set FUZZ_SEED
+to run another set of seeds; a failure names the seed and the ops).
 """
 import os, random
 import numpy as np
@@ -9,7 +10,7 @@ import pytest
 from tgrad.dtype import dtypes
 from tgrad.helpers import prod
 from tgrad.ops import Ops, UOp, exec_alu
-from tgrad.shape.shapetracker import ShapeTracker, loop_index
+from tgrad.shape.shapetracker import ShapeTracker, loop_index, simplify_given_valid
 from tgrad.shape.view import View
 
 PAD_VALUE = -1                                   # what numpy puts where the ShapeTracker's mask is off
@@ -198,6 +199,16 @@ def test_reshape_back_simplifies_to_one_view():
   assert len(st.simplify().views) == 1
   assert st.simplify() == ShapeTracker.from_shape((3, 4)).permute((1, 0))
 
+def test_simplify_merges_a_run_of_three_views():
+  # neither pair of adjacent views folds into one, but all three together are a single strided view
+  c = CheckingShapeTracker((8,)).reshape((1, 4, 1, 1, 2)).expand((1, 4, 1, 3, 2)).reshape((2, 6, 2))
+  c = c.shrink(((0, 2), (0, 5), (0, 1))).expand((2, 5, 4)).reshape((2, 2, 10)).stride((1, 3, 1)).check()
+  assert len(c.st.views) == 3 and len(c.st.simplify().views) == 1
+
+def test_simplify_of_a_fully_masked_tracker():
+  c = CheckingShapeTracker((3, 4)).permute((1, 0)).reshape((12,)).shrink(((2, 2),)).pad(((1, 1),)).check()
+  assert c.st.simplify().views == (View.create((2,), mask=((0, 0),)),)
+
 # ---------------------------------------------------------------------------------------------------------------
 # the shape of the index math
 
@@ -232,6 +243,17 @@ def test_padded_view_has_exactly_the_needed_comparisons():
   # a loop that only runs inside the valid part needs no check at all
   inner = UOp(Ops.RANGE, dtypes.index, (UOp.const(dtypes.index, 1), UOp.const(dtypes.index, 4)), arg=0)
   assert st.to_indexed([inner, loop_index(1, 4)])[1].arg is True
+
+def test_simplify_given_valid():
+  r = loop_index(0, 11)
+  x = r * 30 + loop_index(1, 30)
+  # the index only matters where valid holds: r < 6 makes (r + 66) % 9 just r + 3, and 0 < (r + 66) % 9 always true
+  index, valid = simplify_given_valid((r + 66) % 9, r.lt(6) & UOp.const(dtypes.index, 0).lt((r + 66) % 9))
+  assert index is r + 3 and valid is r.lt(6)
+  # two bounds on the same expression merge; contradicting bounds make valid False
+  assert simplify_given_valid(x, UOp.const(dtypes.index, 0).lt(x) & UOp.const(dtypes.index, 28).lt(x))[1] is \
+    UOp.const(dtypes.index, 28).lt(x)
+  assert simplify_given_valid(r, r.lt(2) & UOp.const(dtypes.index, 3).lt(r))[1].arg is False
 
 def test_unravel_of_a_merged_contiguous_view_simplifies():
   # two views where the second merely splits the first: the index needs no // or %
@@ -359,27 +381,62 @@ def _random_op(rng: random.Random, shape: tuple[int, ...]):
   if op == "flip": return op, tuple(rng.random() < 0.5 for _ in shape)
   return op, tuple(rng.choice((1, 1, 2, 3, -1, -2)) for _ in shape)
 
-def random_chain(rng: random.Random, shape: tuple[int, ...]) -> CheckingShapeTracker:
-  c = CheckingShapeTracker(shape)
+def random_chain(rng: random.Random, c: CheckingShapeTracker) -> CheckingShapeTracker:
+  """Apply 1 to MAX_CHAIN_LENGTH random legal ops to c (skipping ones that would make it too big)."""
   for _ in range(rng.randint(1, MAX_CHAIN_LENGTH)):
     op, arg = _random_op(rng, c.shape)
-    trial = getattr(ShapeTracker.from_shape(c.shape), op)(arg)
-    if prod(trial.shape) <= MAX_FUZZ_SIZE: getattr(c, op)(arg)
+    if prod(getattr(View.create(c.shape), op)(arg).shape) <= MAX_FUZZ_SIZE: getattr(c, op)(arg)
   return c
+
+def _fuzz_failure(seed: int, ops: str) -> str:
+  return f"fuzz case with seed {seed} failed (FUZZ_SEED={FUZZ_SEED} reruns this run): {ops}"
 
 def test_fuzz_op_chains():
   for chain in range(FUZZ_CHAINS):
     seed = FUZZ_SEED * 1_000_003 + chain
     rng = random.Random(seed)
-    c = random_chain(rng, _random_shape(rng))
-    try: c.check()
-    except AssertionError as e: raise AssertionError(f"fuzz chain with seed {seed} failed: {c.ops}\n{e}") from e
+    c = CheckingShapeTracker(_random_shape(rng))
+    try: random_chain(rng, c).check()
+    except Exception as e: raise AssertionError(_fuzz_failure(seed, str(c.ops))) from e
 
 def test_fuzz_composition():
   for chain in range(FUZZ_CHAINS // 4):
     seed = FUZZ_SEED * 1_000_003 + chain
     rng = random.Random(seed)
-    c1 = random_chain(rng, _random_shape(rng))
-    c2 = random_chain(rng, c1.shape)
-    try: _check_composition(c1, c2)
-    except AssertionError as e: raise AssertionError(f"composition with seed {seed} failed: {c1.ops} + {c2.ops}\n{e}")
+    c1 = CheckingShapeTracker(_random_shape(rng))
+    c2 = CheckingShapeTracker(())
+    try:
+      random_chain(rng, c1)
+      c2 = random_chain(rng, CheckingShapeTracker(c1.shape))
+      _check_composition(c1, c2)
+    except Exception as e: raise AssertionError(_fuzz_failure(seed, f"{c1.ops} + {c2.ops}")) from e
+
+SPLIT_FACTOR = 2   # how an even axis is split into (outer, inner) loops, as an upcast or a thread split would
+
+def test_fuzz_indices_that_are_expressions():
+  # the kernel passes index expressions, not just loop variables: axis = outer * 2 + inner, and constants for size 1
+  for chain in range(FUZZ_CHAINS // 6):
+    seed = FUZZ_SEED * 1_000_003 + chain
+    rng = random.Random(seed)
+    c = CheckingShapeTracker(_random_shape(rng))
+    try:
+      random_chain(rng, c)
+      idxs, loops, loop_shape = [], [], []
+      for size in c.shape:
+        if size == 1: idxs.append(UOp.const(dtypes.index, 0))
+        elif size % SPLIT_FACTOR == 0:
+          outer, inner = loop_index(len(loops), size // SPLIT_FACTOR), loop_index(len(loops) + 1, SPLIT_FACTOR)
+          idxs.append(outer * SPLIT_FACTOR + inner)
+          loops += [outer, inner]
+          loop_shape += [size // SPLIT_FACTOR, SPLIT_FACTOR]
+        else:
+          idxs.append(loop_index(len(loops), size))
+          loops.append(idxs[-1])
+          loop_shape.append(size)
+      index, valid = c.st.to_indexed(idxs)
+      env = dict(zip(loops, np.indices(loop_shape, dtype=np.int64))) if loop_shape else {}
+      got_index = np.broadcast_to(evaluate(index, env), loop_shape)
+      got_valid = np.broadcast_to(evaluate(valid, env), loop_shape)
+      expected = c.expected.reshape(loop_shape)
+      np.testing.assert_array_equal(np.where(got_valid, got_index, PAD_VALUE), expected)
+    except Exception as e: raise AssertionError(_fuzz_failure(seed, str(c.ops))) from e

@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass
 from typing import Optional
 from tgrad.dtype import DType, dtypes
-from tgrad.ops import UOp, Ops, split_terms
+from tgrad.ops import UOp, Ops, ALU, split_terms
 from tgrad.codegen.renderer import Renderer
 from tgrad.helpers import prod
 
@@ -77,7 +77,7 @@ __device__ __forceinline__ float round_bfloat16(float f) { return bfloat16_to_fl
 """
 BITCAST_PRELUDE = """template <typename To, typename From> __device__ __forceinline__ To bit_cast(From x) {
   static_assert(sizeof(To) == sizeof(From), "bit_cast needs equal sizes");
-  To y; __builtin_memcpy(&y, &x, sizeof(To)); return y;
+  To y; memcpy(&y, &x, sizeof(To)); return y;
 }
 """
 
@@ -187,9 +187,25 @@ class _KernelWriter:
     self.counter = 0
     self.vectors = vector_groups(uops)
     self.vector_names: dict[int, str] = {}   # id of a VectorAccess → its variable
+    self.used = self.used_values()
     dts = {u.dtype for u in uops} | {s.dtype for u in uops for s in u.src}
     self.needs = {"half": dtypes.float16 in dts, "bfloat16": dtypes.bfloat16 in dts,
                   "bit_cast": any(u.op is Ops.BITCAST for u in uops)}
+
+  def used_values(self) -> set[UOp]:
+    """Values some rendered op reads. The other lanes of a vector access read no index, and arithmetic nobody reads
+    (those indices) is not written out."""
+    used: set[UOp] = set()
+    for pos, u in enumerate(self.uops):
+      access = self.vectors.get(pos)
+      for s in u.src:
+        if access is not None and s is u.src[1] and pos != self.index_position(access): continue
+        used.add(s)
+    return used
+
+  def index_position(self, access: VectorAccess) -> int:
+    """Whose index a vector access uses: a store's lane 0 (all lanes' indices exist by the last store), else its own."""
+    return access.positions[0] if self.uops[access.at].op is Ops.STORE else access.at
 
   # ---- helpers
   def line(self, text: str) -> None: self.lines.append("  " * self.depth + text)
@@ -229,6 +245,7 @@ class _KernelWriter:
   def emit(self, pos: int, u: UOp) -> None:
     op = u.op
     if op in (Ops.DEFINE_GLOBAL, Ops.DEFINE_VAR, Ops.CONST): return
+    if (op in ALU or op in (Ops.CAST, Ops.BITCAST)) and u not in self.used: return
     if op is Ops.SPECIAL:
       name, size = u.arg
       source = {"g": "blockIdx", "l": "threadIdx"}[name[0]] + "." + LANES[int(name[-1])]
@@ -264,9 +281,9 @@ class _KernelWriter:
 
   # ---- memory
   def load(self, pos: int, u: UOp) -> None:
-    buffer, index = self.value(u.src[0]), self.value(u.src[1])
     valid = u.src[2] if len(u.src) > 2 and u.src[2].dtype == dtypes.bool else None
     if (vector := self.vectors.get(pos)) is not None: return self.vector_load(pos, u, vector, valid)
+    buffer, index = self.value(u.src[0]), self.value(u.src[1])
     from_memory = self.from_memory(f"{buffer}[{index}]", u.dtype, u.src[0].op is Ops.DEFINE_LOCAL)
     if valid is not None: from_memory = f"({self.value(valid)} ? {from_memory} : {render_const(0, u.dtype)})"
     self.define(u, from_memory)
@@ -299,17 +316,17 @@ class _KernelWriter:
     return value
 
   def store(self, pos: int, u: UOp) -> None:
-    buffer, index, value = self.value(u.src[0]), self.value(u.src[1]), self.value(u.src[2])
     guard = f"if ({self.value(u.src[3])}) " if len(u.src) > 3 else ""
-    dtype = u.src[2].dtype
+    buffer, dtype = self.value(u.src[0]), u.src[2].dtype
     if (access := self.vectors.get(pos)) is not None:
       if pos != access.at: return   # the group's last store writes every lane
       vector = access.vector
       elements = [self.to_memory(self.value(self.uops[p].src[2]), dtype) for p in access.positions]
       if vector.lane_type != MEMORY_TYPES[dtype]: elements = [f"({vector.lane_type}){e}" for e in elements]
-      offset = self.offset(u.src[1], access.positions.index(pos))
-      self.line(f"{guard}*(({vector.name}*)({buffer} + {offset})) = make_{vector.name}({', '.join(elements)});")
+      index = self.value(self.uops[self.index_position(access)].src[1])
+      self.line(f"{guard}*(({vector.name}*)({buffer} + {index})) = make_{vector.name}({', '.join(elements)});")
       return
+    index, value = self.value(u.src[1]), self.value(u.src[2])
     shared = u.src[0].op is Ops.DEFINE_LOCAL
     self.line(f"{guard}{buffer}[{index}] = {value if shared else self.to_memory(value, dtype)};")
 

@@ -417,14 +417,11 @@ class _Search:
     assert self.best is not None, "the reference kernel always verifies"
     if heuristic is None or heuristic is self.best or self.best.runner is None or heuristic.runner is None:
       return self.best
-    best_times, heuristic_times = [], []
     for _ in range(FINAL_RUNS):
-      best_times.append(self.best.runner(self.buffers, wait=True))
-      heuristic_times.append(heuristic.runner(self.buffers, wait=True))
-    self.best.times += best_times
-    heuristic.times += heuristic_times
+      self.best.times.append(self.best.runner(self.buffers, wait=True))
+      heuristic.times.append(heuristic.runner(self.buffers, wait=True))
     self.stats.heuristic_seconds = heuristic.time
-    return self.best if min(best_times) < min(heuristic_times) else heuristic
+    return self.best if self.best.time < heuristic.time else heuristic
 
   # ---- checking a candidate against the unoptimized kernel
 

@@ -77,7 +77,7 @@ def simplify_given_valid(index: UOp, valid: UOp) -> tuple[UOp, UOp]:
     narrowed = {x: UOp.variable(f"{NARROWED_NAME}{k}", lo, hi - 1, x.dtype)
                 for k, (x, (lo, hi)) in enumerate(bounds.items())}
     restore = {v: x for x, v in narrowed.items()}
-    def given_bounds(u: UOp) -> UOp: return simplify_uop(u.substitute(narrowed)).substitute(restore)
+    def given_bounds(u: UOp) -> UOp: return simplify_uop(simplify_uop(u.substitute(narrowed)).substitute(restore))
     clauses = [c for x, (lo, hi) in bounds.items() for c in
                ((UOp.const(x.dtype, lo - 1).lt(x),) if lo > x.vmin else ()) + ((x.lt(hi),) if hi <= x.vmax else ())]
     new_index, new_valid = given_bounds(index), _and_all(clauses + [given_bounds(c) for c in others])

@@ -1,0 +1,169 @@
+"""Gemma 3 text generation on tgrad: `python examples/gemma.py [--model DIR_OR_HUB_ID] [--prompt TEXT]`.
+
+Without --model it builds the real gemma-3-270m architecture with seeded random weights (no download), generates a
+few tokens and prints the speed. With --model it loads an HF checkpoint directory (config.json, model.safetensors,
+tokenizer.json) or resolves a Hub id in the local Hugging Face cache (offline). Greedy by default; --temperature,
+--top-k, --top-p and --seed sample (the final token choice is made in numpy from the last logits row).
+"""
+from __future__ import annotations
+import argparse, json, os, sys, time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # run from a checkout without installing
+from tgrad.models.gemma3 import Gemma3, Gemma3Config, PRESETS, format_chat, generate  # noqa: E402
+from tgrad.device import canonical_device  # noqa: E402
+
+RANDOM_NEW_TOKENS = 8           # default for random weights: enough to time decode, quick on a 2-core CPU
+MODEL_NEW_TOKENS = 64           # default with real weights
+DEFAULT_TEXT_PROMPT = "The capital of France is"
+DEFAULT_PROMPT_IDS = [2, 651, 6037, 576, 6081, 603]   # <bos> + arbitrary ids, used when there is no tokenizer
+CHECKPOINT_FILES = ["config.json", "generation_config.json", "*.safetensors", "model.safetensors.index.json",
+                    "tokenizer.json", "tokenizer_config.json"]
+
+class UserError(Exception):
+  """A problem the user can fix (bad path, model not cached, bad option): printed as one line, no traceback."""
+
+def resolve_model(name: str) -> str:
+  """A checkpoint directory for --model: the path itself, or a Hub id found in the local HF cache (offline)."""
+  if os.path.isdir(name): return name
+  if name.startswith((".", "/", "~")) or name.count("/") != 1:   # a Hub id is exactly owner/name
+    raise UserError(f"--model {name}: no such directory")
+  try: from huggingface_hub import snapshot_download
+  except ImportError: raise UserError(f"--model {name}: not a directory, and huggingface_hub is not installed to "
+                                      f"look it up in the Hugging Face cache (pip install huggingface_hub)") from None
+  try: return snapshot_download(repo_id=name, local_files_only=True, allow_patterns=CHECKPOINT_FILES)
+  except Exception as e:   # every way of not finding it offline (not cached, bad id, partial download) means the same
+    raise UserError(f"--model {name}: not found in the local Hugging Face cache ({type(e).__name__}). Download it "
+                    f"once with `huggingface-cli download {name}` (gated models need `huggingface-cli login` and an "
+                    f"accepted license), or pass a directory with --model /path/to/dir") from None
+
+def load_tokenizer(directory: str):
+  path = os.path.join(directory, "tokenizer.json")
+  if not os.path.isfile(path): return None
+  try: from tokenizers import Tokenizer
+  except ImportError:
+    print("note: tokenizer.json found but the `tokenizers` package is missing; prompts are ids", file=sys.stderr)
+    return None
+  return Tokenizer.from_file(path)
+
+def eos_ids(directory: str | None, config: Gemma3Config, tokenizer, chat: bool) -> set[int]:
+  """EOS ids from config.json, plus generation_config.json's (the -it models add <end_of_turn>), plus
+  <end_of_turn> in chat mode."""
+  ids = set(config.eos_token_ids)
+  generation_config = os.path.join(directory, "generation_config.json") if directory else ""
+  if generation_config and os.path.isfile(generation_config):
+    with open(generation_config) as f: extra = json.load(f).get("eos_token_id")
+    if extra is not None: ids.update(extra if isinstance(extra, list) else [extra])
+  if chat and tokenizer is not None and (end_of_turn := tokenizer.token_to_id("<end_of_turn>")) is not None:
+    ids.add(end_of_turn)
+  return ids
+
+def prompt_ids(args, tokenizer, config: Gemma3Config) -> list[int]:
+  if args.prompt_ids:
+    try: return [int(t) for t in args.prompt_ids.replace(" ", "").split(",") if t]
+    except ValueError: raise UserError(f"--prompt-ids must be comma-separated ints, got {args.prompt_ids!r}") from None
+  if tokenizer is None:
+    if args.prompt or args.chat:
+      raise UserError("text prompts need a tokenizer.json next to the weights; use --prompt-ids")
+    return DEFAULT_PROMPT_IDS if config.vocab_size > max(DEFAULT_PROMPT_IDS) else [config.bos_token_id]
+  text = args.prompt or DEFAULT_TEXT_PROMPT
+  if args.chat:
+    system = [{"role": "system", "content": args.system}] if args.system else []
+    text = format_chat(system + [{"role": "user", "content": text}])
+  return [config.bos_token_id] + tokenizer.encode(text, add_special_tokens=False).ids
+
+class Streamer:
+  """Prints generated text as it arrives: decodes all generated ids and prints what is new (byte-fallback pieces
+  only become text once complete). Without a tokenizer it prints ids."""
+  def __init__(self, tokenizer, out):
+    self.tokenizer, self.out, self.ids, self.printed = tokenizer, out, [], ""
+  def __call__(self, token: int) -> None:
+    self.ids.append(token)
+    if self.tokenizer is None:
+      self.out.write(f"{token} ")
+    else:
+      text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
+      if text.endswith("\ufffd"): return   # an incomplete UTF-8 sequence: wait for the next piece
+      self.out.write(text[len(self.printed):] if text.startswith(self.printed) else "\n" + text)
+      self.printed = text
+    self.out.flush()
+
+def build_parser() -> argparse.ArgumentParser:
+  parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("--model", help="checkpoint directory, or a Hub id in the local HF cache (google/gemma-3-270m)")
+  parser.add_argument("--preset", choices=sorted(PRESETS), default="270m",
+                      help="architecture for random weights when there is no --model (default 270m)")
+  parser.add_argument("--config", help="a config.json for random weights (instead of --preset)")
+  parser.add_argument("--prompt", help=f"text prompt (needs a tokenizer; default {DEFAULT_TEXT_PROMPT!r})")
+  parser.add_argument("--prompt-ids", help="prompt as comma-separated token ids, e.g. 2,5,9 (no BOS is added)")
+  parser.add_argument("--chat", action="store_true", help="wrap the prompt in the Gemma 3 chat template (-it models)")
+  parser.add_argument("--system", help="system text for --chat (prepended to the first user turn)")
+  parser.add_argument("--max-new-tokens", type=int,
+                      help=f"default {RANDOM_NEW_TOKENS} with random weights, {MODEL_NEW_TOKENS} with a model")
+  parser.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default)")
+  parser.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0: all)")
+  parser.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (1.0: off)")
+  parser.add_argument("--seed", type=int, default=0, help="sampling seed, and the random weights' seed")
+  parser.add_argument("--ignore-eos", action="store_true", help="always generate --max-new-tokens tokens")
+  parser.add_argument("--device", help="LLVM (CPU) or CUDA (default: CUDA if usable)")
+  parser.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default="float32")
+  parser.add_argument("--json", action="store_true", help="print one JSON line (ids, text, timings) on stdout; "
+                                                          "everything else goes to stderr")
+  return parser
+
+def run(args) -> dict:
+  log = sys.stderr if args.json else sys.stdout
+  device = canonical_device(args.device)
+  start = time.perf_counter()
+  directory = None
+  if args.model:
+    directory = resolve_model(args.model)
+    print(f"loading {directory} ({args.dtype} on {device})", file=log, flush=True)
+    try: model = Gemma3.from_pretrained(directory, args.dtype, device)
+    except ValueError as e: raise UserError(f"cannot load {directory}: {e}") from None
+  else:
+    config = Gemma3Config.from_json(args.config) if args.config else Gemma3Config.preset(args.preset)
+    what = args.config or (f"gemma-3-{args.preset}" if args.preset == "270m" else f"'{args.preset}' preset")
+    print(f"no --model: RANDOM weights (seed {args.seed}) for the {what} architecture, drawn on {device} in "
+          f"{args.dtype}. The output tokens are meaningless; this run checks the pipeline and measures speed.",
+          file=log, flush=True)
+    model = Gemma3.random(config, args.dtype, device, seed=args.seed)
+  load_seconds = time.perf_counter() - start
+  tokenizer = load_tokenizer(directory) if directory else None
+  ids = prompt_ids(args, tokenizer, model.config)
+  stops = set() if args.ignore_eos else eos_ids(directory, model.config, tokenizer, args.chat)
+  new_tokens = args.max_new_tokens or (MODEL_NEW_TOKENS if directory else RANDOM_NEW_TOKENS)
+  shown = repr(tokenizer.decode(ids, skip_special_tokens=False)) if tokenizer else " ".join(map(str, ids))
+  print(f"prompt ({len(ids)} tokens): {shown}", file=log, flush=True)
+  streamer = Streamer(tokenizer, log)
+  try:
+    result = generate(model, ids, new_tokens, args.temperature, args.top_k, args.top_p, args.seed, stops, streamer)
+  except ValueError as e: raise UserError(str(e)) from None
+  print(file=log)
+  first_step = result.step_seconds[0] if result.step_seconds else 0.0
+  print(f"prefill: {result.prompt_tokens} tokens in {result.prefill_seconds:.2f} s "
+        f"({result.prefill_tokens_per_second:.1f} tok/s); decode: {result.decode_tokens} tokens in "
+        f"{result.decode_seconds:.2f} s ({result.decode_tokens_per_second:.2f} tok/s); the first call of each kernel "
+        f"includes its compile (cached on disk for the next run)", file=log, flush=True)
+  summary = {"ids": result.ids, "prompt_ids": ids, "prefill_tokens": result.prompt_tokens,
+             "prefill_seconds": round(result.prefill_seconds, 4),
+             "prefill_tokens_per_second": round(result.prefill_tokens_per_second, 3),
+             "decode_tokens": result.decode_tokens, "decode_seconds": round(result.decode_seconds, 4),
+             "decode_tokens_per_second": round(result.decode_tokens_per_second, 3),
+             "first_decode_step_seconds": round(first_step, 4), "load_seconds": round(load_seconds, 3),
+             "stopped_at_eos": result.stopped_at_eos, "random_weights": directory is None,
+             "model": directory, "device": device, "dtype": args.dtype}
+  if tokenizer is not None: summary["text"] = tokenizer.decode(result.ids, skip_special_tokens=True)
+  return summary
+
+def main(argv=None) -> int:
+  args = build_parser().parse_args(argv)
+  try: summary = run(args)
+  except (UserError, FileNotFoundError) as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
+  if args.json: print(json.dumps(summary))
+  return 0
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,250 @@
+"""CUDA code generation without a GPU: kernels of every ALU op, dtype, cast and opt render to CUDA C NVRTC compiles.
+
+Kernels are LazyBuffer graphs on the LLVM device (nothing runs): scheduled, optimized for CUDARenderer (explicit opts
+or the GPU heuristics), linearized, rendered, and compiled to an sm_90 cubin. Skipped only when libnvrtc cannot be
+found (`pip install nvidia-cuda-nvrtc`, part of the test extra). Results on a real GPU are in test/test_cuda.py.
+"""
+import re
+import numpy as np
+import pytest
+from tgrad.dtype import DType, dtypes
+from tgrad.ops import Ops, UOp
+from tgrad.lazy import LazyBuffer
+from tgrad.schedule import create_schedule
+from tgrad.device import CompileError
+from tgrad.codegen.kernel import Kernel, KernelOptError, Opt, OptOps, fold_dims
+from tgrad.codegen.linearizer import linearize
+from tgrad.codegen.heuristics import hand_coded_optimizations
+from tgrad.codegen.cuda import CUDARenderer, render_const, CUDA_MAX_GRID, CUDA_MAX_BLOCK
+from tgrad.runtime.nvrtc import compile_cuda, nvrtc_available, NVRTCCompiler
+
+pytestmark = pytest.mark.skipif(not nvrtc_available(), reason="libnvrtc not found (pip install nvidia-cuda-nvrtc)")
+
+ARCH = "sm_90"
+FLOATS = [dtypes.float16, dtypes.bfloat16, dtypes.float32, dtypes.float64]
+INTS = [dtypes.int8, dtypes.uint8, dtypes.int16, dtypes.uint16, dtypes.int32, dtypes.uint32, dtypes.int64,
+        dtypes.uint64]
+ALL = [dtypes.bool] + INTS + FLOATS
+
+def host(shape: tuple[int, ...], dtype: DType = dtypes.float32) -> LazyBuffer:
+  return LazyBuffer.from_host(np.zeros(shape, dtype.np), "LLVM", dtype)
+
+def kernels(out: LazyBuffer, opts: tuple[Opt, ...] = (), heuristics: bool = False, renderer=None) -> list[Kernel]:
+  """The kernels realizing `out`, optimized for CUDA with `opts` (applied to the last kernel) or the heuristics."""
+  items = [item for item in create_schedule([out]) if item.ast.op is Ops.SINK]
+  out_kernels = [Kernel(item.ast, renderer or CUDARenderer()) for item in items]
+  for kernel in out_kernels:
+    if heuristics: hand_coded_optimizations(kernel)
+  for opt in opts: out_kernels[-1].apply_opt(opt)
+  return out_kernels
+
+def compiled_source(kernel: Kernel, name: str = "test_kernel") -> str:
+  """Render the kernel, compile it with NVRTC and return its source."""
+  src = kernel.renderer.render(name, linearize(kernel))
+  cubin = compile_cuda(src, ARCH)
+  assert cubin[:4] == b"\x7fELF", "NVRTC must return an ELF cubin"
+  return src
+
+def matmul(a: LazyBuffer, b: LazyBuffer) -> LazyBuffer:
+  (n, k), m = a.shape, b.shape[1]
+  product = a.reshape((n, k, 1)).expand((n, k, m)).alu(Ops.MUL, b.reshape((1, k, m)).expand((n, k, m)))
+  return product.r(Ops.ADD, (1,)).reshape((n, m))
+
+def compile_all(out: LazyBuffer, opts: tuple[Opt, ...] = (), heuristics: bool = False) -> list[str]:
+  return [compiled_source(k) for k in kernels(out, opts, heuristics)]
+
+# ---- elementwise: every ALU op for every dtype it applies to, with the heuristics (UPCAST 4 → vector accesses)
+
+FLOAT_UNARY = [Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.SQRT, Ops.RECIP, Ops.NEG, Ops.TRUNC]
+FLOAT_BINARY = [Ops.ADD, Ops.MUL, Ops.FDIV, Ops.MAX, Ops.CMPLT, Ops.CMPNE]
+INT_BINARY = [Ops.ADD, Ops.MUL, Ops.IDIV, Ops.MOD, Ops.MAX, Ops.CMPLT, Ops.CMPNE, Ops.AND, Ops.OR, Ops.XOR,
+              Ops.SHL, Ops.SHR]
+BOOL_BINARY = [Ops.AND, Ops.OR, Ops.XOR, Ops.CMPNE, Ops.CMPLT, Ops.MAX]
+
+def _op_cases():
+  for dt in FLOATS:
+    for op in FLOAT_UNARY + FLOAT_BINARY + [Ops.WHERE]: yield op, dt
+  for dt in INTS:
+    for op in INT_BINARY + [Ops.NEG, Ops.WHERE]: yield op, dt
+  for op in BOOL_BINARY + [Ops.WHERE]: yield op, dtypes.bool
+
+@pytest.mark.parametrize("op,dtype", list(_op_cases()), ids=lambda x: getattr(x, "name", str(x)))
+def test_elementwise_op(op: Ops, dtype: DType):
+  a, b = host((8, 64), dtype), host((8, 64), dtype)
+  if op is Ops.WHERE: out = a.alu(Ops.CMPNE, b).alu(Ops.WHERE, a, b)
+  elif op in FLOAT_UNARY or op is Ops.NEG: out = a.alu(op)
+  else: out = a.alu(op, b)
+  (src,) = compile_all(out, heuristics=True)
+  if op in (Ops.IDIV, Ops.MOD): assert "== 0 ?" in src, "a divisor that may be 0 must be guarded"
+  if dtype in (dtypes.float16, dtypes.bfloat16) and op in (Ops.ADD, Ops.MUL, Ops.FDIV, Ops.EXP2):
+    assert "round_" in src, "half/bfloat16 math is done in float and rounded after every op"
+  assert re.search(r"const \w+4? vec\d+ = ", src) or dtype.itemsize == 8, f"expected vector loads:\n{src}"
+
+def test_constant_divisor_is_not_guarded():
+  (src,) = compile_all(host((64,), dtypes.int32).alu(Ops.IDIV, host((64,), dtypes.int32).const(7)))
+  assert "== 0 ?" not in src and "/ 7)" in src
+
+@pytest.mark.parametrize("dtype", ALL, ids=lambda d: d.name)
+def test_casts_from(dtype: DType):
+  """One kernel casting to every dtype (and on to float64, summed): every conversion rule compiles."""
+  x = host((4, 32), dtype)
+  total = None
+  for dst in ALL:
+    if dst == dtype: continue
+    term = x.cast(dst).cast(dtypes.float64)
+    total = term if total is None else total.alu(Ops.ADD, term)
+  (src,) = compile_all(total, heuristics=True)
+  if dtype.is_float: assert "_rz(" in src, "float → int casts truncate and saturate (cvt.rzi)"
+
+@pytest.mark.parametrize("dtype", [d for d in ALL if not d.is_bool], ids=lambda d: d.name)
+def test_bitcasts_from(dtype: DType):
+  x = host((4, 32), dtype)
+  targets = [d for d in ALL if d.itemsize == dtype.itemsize and d != dtype and not d.is_bool]
+  total = None
+  for dst in targets:
+    term = x.cast(dst, bitcast=True).cast(dtypes.float64)
+    total = term if total is None else total.alu(Ops.ADD, term)
+  if total is None: pytest.skip(f"no other dtype has {dtype.itemsize}-byte items")
+  (src,) = compile_all(total)
+  assert "bit_cast<" in src
+
+# ---- reductions with GROUP, UNROLL, UPCAST and LOCAL
+
+ROWS_REDUCE = [(), (Opt(OptOps.GROUP, 0, 16),), (Opt(OptOps.GROUPTOP, 0, 16),), (Opt(OptOps.UNROLL, 0, 4),),
+               (Opt(OptOps.UNROLL, 0, 4), Opt(OptOps.GROUP, 0, 16)),
+               (Opt(OptOps.GROUP, 0, 16), Opt(OptOps.UNROLL, 1, 4)),
+               (Opt(OptOps.UPCAST, 0, 4), Opt(OptOps.GROUP, 0, 8)),
+               (Opt(OptOps.LOCAL, 0, 4), Opt(OptOps.GROUPTOP, 0, 8), Opt(OptOps.UPCAST, 0, 2)),
+               (Opt(OptOps.UPCAST, 0, 4), Opt(OptOps.UNROLL, 0, 4), Opt(OptOps.LOCAL, 0, 8))]
+
+@pytest.mark.parametrize("op", [Ops.ADD, Ops.MAX, Ops.MUL], ids=lambda o: o.name)
+def _opts_id(opts) -> str: return "+".join(f"{o.op.name}{o.amount}" for o in opts) or "none"
+
+@pytest.mark.parametrize("opts", ROWS_REDUCE, ids=_opts_id)
+def test_row_reduce_with_opts(op: Ops, opts: tuple[Opt, ...]):
+  (src,) = compile_all(host((64, 256)).alu(Ops.EXP2).r(op, (1,)), opts)
+  grouped = any(o.op in (OptOps.GROUP, OptOps.GROUPTOP) for o in opts)
+  assert ("__syncthreads();" in src) == grouped and ("__shared__" in src) == grouped
+
+@pytest.mark.parametrize("opts", [(), (Opt(OptOps.LOCAL, 0, 32), Opt(OptOps.GROUP, 0, 8)),
+                                  (Opt(OptOps.UPCAST, 0, 4), Opt(OptOps.UNROLL, 0, 4))], ids=str)
+def test_column_reduce_with_opts(opts):
+  compile_all(host((256, 64), dtypes.float16).r(Ops.ADD, (0,)), opts)
+
+def test_group_partials_and_barrier_are_outside_the_group_loop():
+  """The shared-memory store and barrier of a GROUP run once per thread, not once per iteration of the loop that
+  reads the other threads' partials (the linearizer hoists what doesn't depend on a loop)."""
+  (kernel,) = kernels(host((64, 256)).r(Ops.ADD, (1,)), (Opt(OptOps.UNROLL, 0, 4), Opt(OptOps.GROUP, 0, 16)))
+  depth, barrier_depths = 0, []
+  for u in linearize(kernel):
+    if u.op is Ops.RANGE: depth += 1
+    elif u.op is Ops.ENDRANGE: depth -= 1
+    elif u.op is Ops.BARRIER: barrier_depths.append(depth)
+  assert barrier_depths == [0]
+
+def test_full_reduce_is_split_and_grouped():
+  """A 16M-element sum: partial sums of chunks (one block each), then their sum — two kernels, both grouped."""
+  ks = kernels(host((1 << 24,)).r(Ops.ADD, (0,)), heuristics=True)
+  assert len(ks) == 2
+  partials = ks[0]
+  global_size, local_size = partials.launch_dims()
+  assert global_size[0] >= 128 and local_size == (256,), (global_size, local_size)
+  srcs = [compiled_source(k) for k in ks]
+  assert "const float4 vec" in srcs[0], "each thread reads 4 contiguous floats at once"
+
+def test_softmax_like_chain():
+  x = host((32, 1024))
+  m = x.r(Ops.MAX, (1,))
+  e = x.alu(Ops.ADD, m.expand((32, 1024)).alu(Ops.NEG)).alu(Ops.EXP2)
+  out = e.alu(Ops.FDIV, e.r(Ops.ADD, (1,)).expand((32, 1024)))
+  assert len(compile_all(out, heuristics=True)) >= 2
+
+def test_matmul_heuristics_tile_and_vectorize():
+  (kernel,) = kernels(matmul(host((256, 128)), host((128, 512))), heuristics=True)
+  assert [o.op for o in kernel.applied_opts].count(OptOps.UPCAST) == 2
+  src = compiled_source(kernel)
+  assert "make_float4" in src and "__launch_bounds__(256)" in src
+
+@pytest.mark.parametrize("dtype", [dtypes.float16, dtypes.bfloat16, dtypes.int8], ids=lambda d: d.name)
+def test_low_precision_matmul(dtype: DType):
+  compile_all(matmul(host((64, 32), dtype), host((32, 64), dtype)), heuristics=True)
+
+# ---- masks, offsets, ARANGE
+
+def test_padded_loads_are_masked():
+  (src,) = compile_all(host((30, 32)).pad(((1, 1), (0, 0))).alu(Ops.EXP2), heuristics=True)
+  assert re.search(r"\? \*\(\(const float4\*\)", src), f"a masked float4 load: valid ? load : 0\n{src}"
+
+def test_unaligned_loads_stay_scalar():
+  """A shrink by 1 element: the load index is i+1, never a multiple of 4, so no vector load; the store still is."""
+  (src,) = compile_all(host((65,)).shrink(((1, 65),)).alu(Ops.EXP2), heuristics=True)
+  assert "const float4" not in src and "make_float4" in src
+
+def test_arange_and_masked_arange():
+  counter = LazyBuffer.loadop(Ops.ARANGE, (256,), dtypes.int32, "LLVM")
+  compile_all(counter.cast(dtypes.float32).alu(Ops.MUL, host((256,)).const(2.0)), heuristics=True)
+  compile_all(counter.pad(((3, 5),)).alu(Ops.ADD, LazyBuffer.const_of(1, dtypes.int32, "LLVM", (264,))))
+
+# ---- launch limits
+
+def test_fold_dims_respects_every_limit():
+  grid = CUDA_MAX_GRID
+  assert fold_dims((4, 70000), grid) == [(70000,), (4,)]
+  assert fold_dims((70000, 4), grid) == [(70000, 4)]                # y can't hold 70000: everything on x
+  assert fold_dims((3, 70000, 5), grid) == [(70000, 5), (3,)]         # folding the inner dims is what fits
+  assert fold_dims((2, 3, 5, 7), grid) == [(7,), (5,), (2, 3)]       # leading dims fold onto z
+  assert fold_dims((64, 64, 64), CUDA_MAX_BLOCK) == [(64,), (64,), (64,)]
+  with pytest.raises(KernelOptError): fold_dims((2**31, 2), grid)
+
+@pytest.mark.parametrize("shape", [(70000, 4), (3, 70000, 2), (2, 3, 5, 7)], ids=str)
+def test_launch_dims_fit_the_grid(shape):
+  (kernel,) = kernels(host(shape).alu(Ops.EXP2))
+  global_size, local_size = kernel.launch_dims()
+  assert len(global_size) <= 3 and all(g <= limit for g, limit in zip(global_size, CUDA_MAX_GRID))
+  assert np.prod(global_size) == np.prod(shape)
+  src = compiled_source(kernel)
+  specials = {m for m in re.findall(r"const int (gidx\d) = blockIdx\.([xyz])", src)}
+  assert len(specials) == len(global_size)
+
+def test_renderer_limits_refuse_opts():
+  small = CUDARenderer(max_local_size=64, shared_memory_bytes=1024)
+  (kernel,) = kernels(host((64, 1024)).r(Ops.ADD, (1,)), renderer=small)
+  with pytest.raises(KernelOptError): kernel.apply_opt(Opt(OptOps.GROUP, 0, 128))     # 128 threads > 64
+  kernel.apply_opt(Opt(OptOps.GROUP, 0, 64))
+  with pytest.raises(KernelOptError): kernel.apply_opt(Opt(OptOps.UPCAST, 0, 8))     # 8·64·4 bytes shared > 1024
+  assert kernel.applied_opts == [Opt(OptOps.GROUP, 0, 64)]
+
+# ---- rendering details
+
+def test_special_constants():
+  assert render_const(float("nan"), dtypes.float32) == "__int_as_float(0x7FC00000)"
+  assert render_const(float("-inf"), dtypes.float32) == "__uint_as_float(0xFF800000u)"
+  assert render_const(-0.0, dtypes.float32) == "(-0.0f)"
+  assert render_const(0.1, dtypes.float64) == "0.1"
+  assert render_const(-2**31, dtypes.int32) == "(-2147483647-1)"
+  assert render_const(2**64 - 1, dtypes.uint64) == "18446744073709551615ull"
+
+def test_signed_index_math_is_plain_but_data_math_wraps():
+  """Index math is bounded by the range analysis, so it is plain C; int32 data may overflow, so it is computed in
+  unsigned arithmetic (signed overflow is undefined in C++, two's complement wrap-around in tgrad)."""
+  (src,) = compile_all(host((64,), dtypes.int32).alu(Ops.ADD, host((64,), dtypes.int32)))
+  assert "(unsigned int)" in src and re.search(r"int alu\d+ = \(gidx0 \* 64\)|lidx0|gidx0", src)
+
+def test_launch_bounds_is_the_block_size():
+  transposed = host((64, 32)).permute((1, 0)).alu(Ops.EXP2)   # a transpose keeps both axes
+  (kernel,) = kernels(transposed, (Opt(OptOps.LOCAL, 1, 16), Opt(OptOps.LOCAL, 0, 4)))
+  assert kernel.launch_dims()[1] == (4, 16)   # the last local axis applied (from axis 0) is threadIdx.x
+  assert "__launch_bounds__(64)" in compiled_source(kernel)
+
+def test_compile_error_shows_numbered_source_and_log():
+  with pytest.raises(CompileError) as error: compile_cuda('extern "C" __global__ void k() {\n  undefined_name;\n}')
+  assert "   2 |   undefined_name;" in str(error.value) and "undefined" in str(error.value)
+
+def test_compiler_cache_key_names_version_arch_and_flags():
+  key = NVRTCCompiler("sm_80").cache_key
+  assert key.startswith("nvrtc-") and "sm_80" in key and "--std=c++17" in key
+
+def test_every_linear_op_is_rendered():
+  """The ops a linear program can hold (linearizer.py) all have a rendering; an unknown one raises."""
+  u = UOp(Ops.VECTORIZE, dtypes.float32, (UOp.const(dtypes.float32, 1.0),))
+  with pytest.raises(NotImplementedError): CUDARenderer().render("k", [u])

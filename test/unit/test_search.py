@@ -1,0 +1,179 @@
+"""Tests for tgrad/codegen/search.py on the LLVM (CPU) device: the searched opts verify against numpy, a candidate made
+wrong on purpose is rejected, winners round-trip through the cache across processes (the second process does not
+search), IGNORE_BEAM_CACHE searches again, and the cache key follows the device, NOOPT, the action space and the
+beam width. Most tests use a small action space so that a search takes seconds.
+"""
+import json, os, subprocess, sys, types
+from pathlib import Path
+import numpy as np
+import pytest
+import tgrad.codegen.search as search
+from tgrad.cache import get_cache
+from tgrad.codegen.kernel import Kernel, Opt, OptOps
+from tgrad.device import Buffer, Device
+from tgrad.dtype import dtypes
+from tgrad.helpers import Context
+from tgrad.lazy import LazyBuffer
+from tgrad.ops import Ops
+from tgrad.realize import compile_kernel, realize
+from tgrad.schedule import create_schedule
+
+DEVICE = "LLVM"
+REPO_ROOT = Path(__file__).resolve().parents[2]
+SUBPROCESS_TIMEOUT_SECONDS = 240
+SMALL_ACTIONS = [Opt(OptOps.UPCAST, 0, 4), Opt(OptOps.UPCAST, 1, 4), Opt(OptOps.UPCAST, 0, 8), Opt(OptOps.UNROLL, 0, 4),
+                 Opt(OptOps.UNROLL, 0, 0), Opt(OptOps.THREAD, 0, 2), Opt(OptOps.SWAP, 0, 1), Opt(OptOps.PADTO, 0, 16)]
+
+def realized(array: np.ndarray) -> LazyBuffer:
+  lb = LazyBuffer.from_host(array, DEVICE)
+  realize(lb)
+  return lb
+
+def matmul(a: LazyBuffer, b: LazyBuffer) -> LazyBuffer:
+  (n, k), (_, m) = a.shape, b.shape
+  product = a.reshape((n, 1, k)).expand((n, m, k)).alu(Ops.MUL, b.permute((1, 0)).reshape((1, m, k)).expand((n, m, k)))
+  return product.r(Ops.ADD, (2,)).reshape((n, m))
+
+def matmul_case(n: int, k: int, m: int, seed: int = 0):
+  """(fresh Kernel, input buffers, numpy's answer) for an n×k @ k×m matmul."""
+  rng = np.random.default_rng(seed)
+  a, b = rng.standard_normal((n, k)).astype(np.float32), rng.standard_normal((k, m)).astype(np.float32)
+  item = create_schedule([matmul(realized(a), realized(b))])[-1]
+  return Kernel(item.ast, Device[DEVICE].renderer), [lb.base.buffer for lb in item.inputs], a @ b
+
+def row_sum_case(rows: int, cols: int):
+  x = np.random.default_rng(1).standard_normal((rows, cols)).astype(np.float32)
+  item = create_schedule([realized(x).r(Ops.ADD, (1,))])[-1]
+  return Kernel(item.ast, Device[DEVICE].renderer), [lb.base.buffer for lb in item.inputs], x.sum(axis=1)
+
+def run_with_opts(kernel: Kernel, inputs: list, expected: np.ndarray, opts: list[Opt]) -> np.ndarray:
+  kernel = kernel.copy()
+  for opt in opts: kernel.apply_opt(opt)
+  out = Buffer(DEVICE, expected.size, dtypes.float32)
+  compile_kernel(DEVICE, kernel)([out, *inputs])
+  return out.copyout().reshape(expected.shape)
+
+@pytest.fixture
+def small_actions(monkeypatch):
+  monkeypatch.setattr(search, "ACTIONS", SMALL_ACTIONS)
+
+@pytest.fixture
+def fresh_cache(tmp_path, monkeypatch) -> Path:
+  path = tmp_path / "cache.db"
+  monkeypatch.setenv("TGRAD_CACHE", str(path))
+  return path
+
+def test_search_finds_opts_that_verify(small_actions, fresh_cache):
+  kernel, inputs, expected = matmul_case(32, 48, 64)
+  result = search.search_kernel(kernel, 2)
+  stats = result.stats
+  assert not stats.from_cache and stats.rounds >= 1 and stats.timed >= 2 and stats.rejected == 0
+  assert stats.best_seconds <= stats.heuristic_seconds   # never slower than the default
+  assert kernel.applied_opts == []                        # the caller's kernel is left alone
+  np.testing.assert_allclose(run_with_opts(kernel, inputs, expected, result.opts), expected, rtol=1e-4, atol=1e-4)
+  timings = get_cache().get_timings(kernel.ast.key)
+  assert len(timings) == stats.timed + 1 and all(t["device"] == DEVICE and t["times"] for t in timings)  # + reference
+
+def test_beam_in_realize_with_the_full_action_space(fresh_cache):
+  a, b = np.ones((8, 16), np.float32), np.arange(16 * 4, dtype=np.float32).reshape(16, 4)
+  with Context(BEAM=1):
+    out = matmul(realized(a), realized(b))
+    realize(out)
+  np.testing.assert_allclose(out.base.buffer.copyout().reshape(8, 4), a @ b)
+  assert len(get_cache().export_json()["opts"]) == 1   # the winner was cached
+
+def test_wrong_candidate_is_rejected(small_actions, fresh_cache, monkeypatch):
+  kernel, inputs, expected = row_sum_case(16, 64)   # small: the heuristics leave it unoptimized
+  corrupted = []
+  def render_wrongly(candidate: Kernel, name: str) -> str:
+    src = render_candidate(candidate, name)
+    if not candidate.applied_opts: return src
+    corrupted.append(candidate.applied_opts)
+    return src.replace("fadd", "fsub")   # every optimized candidate subtracts instead of adding
+  render_candidate = search.render_candidate
+  monkeypatch.setattr(search, "render_candidate", render_wrongly)
+  result = search.search_kernel(kernel, 2)
+  assert corrupted and result.stats.rejected >= 1
+  assert result.opts == []   # only the unoptimized kernel is right
+  np.testing.assert_allclose(run_with_opts(kernel, inputs, expected, result.opts), expected, rtol=1e-5, atol=1e-5)
+
+SEARCH_SCRIPT = """
+import json, sys
+import numpy as np
+import tgrad.codegen.search as search
+from tgrad.codegen.kernel import Kernel, Opt, OptOps
+from tgrad.device import Device
+from tgrad.lazy import LazyBuffer
+from tgrad.ops import Ops
+from tgrad.realize import realize
+from tgrad.schedule import create_schedule
+search.ACTIONS = [Opt(OptOps.UPCAST, 0, 4), Opt(OptOps.UNROLL, 0, 4), Opt(OptOps.UPCAST, 0, 8)]
+x = LazyBuffer.from_host(np.ones((32, 64), np.float32), "LLVM")
+realize(x)
+kernel = Kernel(create_schedule([x.r(Ops.ADD, (1,))])[-1].ast, Device["LLVM"].renderer)
+result = search.search_kernel(kernel, 1)
+print(json.dumps({"from_cache": result.stats.from_cache, "opts": [o.to_json() for o in result.opts]}))
+"""
+
+def run_search_process(cache_path: Path, **env: str) -> dict:
+  environment = {**os.environ, "TGRAD_CACHE": str(cache_path), "PYTHONPATH": str(REPO_ROOT), **env}
+  done = subprocess.run([sys.executable, "-c", SEARCH_SCRIPT], env=environment, capture_output=True, text=True,
+                        timeout=SUBPROCESS_TIMEOUT_SECONDS)
+  assert done.returncode == 0, done.stderr
+  return json.loads(done.stdout.strip().splitlines()[-1])
+
+def test_cache_round_trip_across_processes(tmp_path):
+  cache_path = tmp_path / "shared.db"
+  first = run_search_process(cache_path)
+  second = run_search_process(cache_path)
+  assert not first["from_cache"] and second["from_cache"] and second["opts"] == first["opts"]
+  assert not run_search_process(cache_path, IGNORE_BEAM_CACHE="1")["from_cache"]
+
+def test_ignore_beam_cache_searches_again(small_actions, fresh_cache):
+  kernel, _, _ = row_sum_case(8, 32)
+  assert not search.search_kernel(kernel, 1).stats.from_cache
+  assert search.search_kernel(kernel, 1).stats.from_cache
+  with Context(IGNORE_BEAM_CACHE=1): assert not search.search_kernel(kernel, 1).stats.from_cache
+
+def test_cache_key_follows_what_changes_the_code(monkeypatch):
+  kernel, _, _ = row_sum_case(8, 32)
+  key = search.search_cache_key(kernel, 2)
+  assert search.search_cache_key(kernel, 2) == key
+  assert search.search_cache_key(kernel, 3) != key
+  llvm = Device[DEVICE]
+  other_device = types.SimpleNamespace(name="CUDA", renderer=types.SimpleNamespace(arch="sm_90"),
+                                       compiler=types.SimpleNamespace(cache_key="nvrtc-12.4-sm_90"))
+  cuda_key = search.search_cache_key(kernel, 2, other_device)
+  assert cuda_key["device"] == "CUDA" and cuda_key["arch"] == "sm_90" and cuda_key != key
+  assert key["arch"] == search.device_arch(llvm) != ""
+  with Context(NOOPT=1): assert search.search_cache_key(kernel, 2) != key
+  optimized = kernel.copy()
+  optimized.apply_opt(Opt(OptOps.UPCAST, 0, 2))
+  assert search.search_cache_key(optimized, 2) != key
+  monkeypatch.setattr(search, "ACTIONS", search.ACTIONS[:-1])
+  assert search.search_cache_key(kernel, 2)["actions"] != key["actions"]
+
+def test_kernel_buffer_specs_cover_what_the_kernel_touches():
+  x = realized(np.zeros((6, 10), np.float32))
+  padded = x.pad(((1, 0), (0, 2))).shrink(((0, 5), (3, 12))).cast(dtypes.int32)   # a window into x
+  item = create_schedule([padded])[-1]
+  specs = search.kernel_buffer_specs(Kernel(item.ast, Device[DEVICE].renderer))
+  assert specs == [(dtypes.int32, 5 * 9), (dtypes.float32, 4 * 10)]   # rows 0..3 of x are read, to its last column
+
+def test_outputs_match_tolerates_reassociation_only():
+  rng = np.random.default_rng(0)
+  ref = rng.standard_normal(1000).astype(np.float32)
+  assert search.outputs_match(ref * np.float32(1 + 1e-6), ref, dtypes.float32)
+  assert not search.outputs_match(ref + 0.05, ref, dtypes.float32)
+  poisoned = ref.copy()
+  poisoned[17] = np.nan
+  assert not search.outputs_match(poisoned, ref, dtypes.float32)   # an element the candidate never wrote
+  assert search.outputs_match(poisoned, poisoned.copy(), dtypes.float32)   # NaN where the reference has NaN
+  ints = np.arange(10, dtype=np.int32)
+  assert search.outputs_match(ints, ints.copy(), dtypes.int32)
+  assert not search.outputs_match(ints + 1, ints, dtypes.int32)
+
+def test_action_space_is_legal_json_and_hashed():
+  assert len(set(search.ACTIONS)) == len(search.ACTIONS)
+  assert all(Opt.from_json(json.loads(json.dumps(opt.to_json()))) == opt for opt in search.ACTIONS)
+  assert len(search.action_space_hash()) == 64

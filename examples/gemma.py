@@ -141,16 +141,20 @@ def run(args) -> dict:
   except ValueError as e: raise UserError(str(e)) from None
   print(file=log)
   first_step = result.step_seconds[0] if result.step_seconds else 0.0
+  later = result.step_seconds[1:]
+  steady = len(later) / sum(later) if later else 0.0   # decode steps after the first, which compiles its kernels
   print(f"prefill: {result.prompt_tokens} tokens in {result.prefill_seconds:.2f} s "
         f"({result.prefill_tokens_per_second:.1f} tok/s); decode: {result.decode_tokens} tokens in "
-        f"{result.decode_seconds:.2f} s ({result.decode_tokens_per_second:.2f} tok/s); the first call of each kernel "
-        f"includes its compile (cached on disk for the next run)", file=log, flush=True)
+        f"{result.decode_seconds:.2f} s ({result.decode_tokens_per_second:.2f} tok/s"
+        + (f", {steady:.2f} tok/s after the first step" if later else "") + "). The first call of each kernel "
+        "includes compiling it (binaries are cached on disk for the next run).", file=log, flush=True)
   summary = {"ids": result.ids, "prompt_ids": ids, "prefill_tokens": result.prompt_tokens,
              "prefill_seconds": round(result.prefill_seconds, 4),
              "prefill_tokens_per_second": round(result.prefill_tokens_per_second, 3),
              "decode_tokens": result.decode_tokens, "decode_seconds": round(result.decode_seconds, 4),
              "decode_tokens_per_second": round(result.decode_tokens_per_second, 3),
-             "first_decode_step_seconds": round(first_step, 4), "load_seconds": round(load_seconds, 3),
+             "first_decode_step_seconds": round(first_step, 4), "decode_steady_tokens_per_second": round(steady, 3),
+             "load_seconds": round(load_seconds, 3),
              "stopped_at_eos": result.stopped_at_eos, "random_weights": directory is None,
              "model": directory, "device": device, "dtype": args.dtype}
   if tokenizer is not None: summary["text"] = tokenizer.decode(result.ids, skip_special_tokens=True)

@@ -10,7 +10,7 @@ import importlib.util, json, math, shutil, subprocess, sys
 from pathlib import Path
 import numpy as np
 import pytest
-from tgrad import Tensor
+from tgrad.tensor import Tensor
 from tgrad.nn.state import safe_load, safe_save
 from tgrad.models.gemma3 import Gemma3, Gemma3Config, PRESETS, FULL, SLIDING, choose_token, format_chat, generate
 

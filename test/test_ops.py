@@ -718,7 +718,20 @@ class TestAutograd:
     x = Tensor([1.0, 2.0, 3.0]).realize()
     x.assign(x * 10)
     assert x.tolist() == [10.0, 20.0, 30.0]
+    x.assign(x.flip(0))           # reads the buffer it writes through another view: copied first
+    assert x.tolist() == [30.0, 20.0, 10.0]
     with pytest.raises(ValueError, match=r"\(2,\)"): x.assign(Tensor([1.0, 2.0]))
+
+  def test_embedding_style_gather_grad(self):
+    table = RNG.uniform(-1, 1, (10, 4)).astype(np.float32)
+    index = np.array([[1, 3, 1], [9, 0, 1]], np.int32)
+    helper_test_op(None, lambda t: t[torch.tensor(index, dtype=torch.long)], lambda t: t[Tensor(index)], values=[table])
+
+  def test_no_grad_decorator(self):
+    @Tensor.no_grad()
+    def double(t): return t * 2
+    out = double(Tensor([1.0], requires_grad=True))
+    assert out._ctx is None and Tensor.grad_enabled
 
 # ---------------------------------------------------------------------------------------------------------------
 # misc API and user errors (all raised before any kernel runs)
@@ -734,6 +747,12 @@ class TestAPI:
     assert Tensor([1.0]).requires_grad_().requires_grad is True
 
 class TestErrors:
+  @pytest.fixture(autouse=True)
+  def no_kernels(self, monkeypatch):
+    """User errors must surface while the graph is built: running anything here fails the test."""
+    def refuse(*lbs): raise AssertionError("a kernel ran before the error was raised")
+    monkeypatch.setattr("tgrad.realize.realize", refuse)
+
   def test_broadcast_mismatch(self):
     with pytest.raises(ValueError, match=r"\(3, 4\).*\(5,\)"): Tensor.ones(3, 4) + Tensor.ones(5)
     with pytest.raises(ValueError, match=r"\(2, 3\)"): Tensor.ones(2, 3).expand(4, 3)
@@ -770,6 +789,12 @@ class TestErrors:
     with pytest.raises(TypeError, match="uint16"): Tensor([1.0]).bitcast(dtypes.uint16)
     with pytest.raises(TypeError): Tensor(["a"])
     with pytest.raises(ValueError): Tensor([2, 3]) ** -1
+
+  def test_setitem(self):
+    x = Tensor.zeros(3, 4)
+    with pytest.raises(ValueError, match=r"\(2,\).*\(3,\)"): x[:, 1] = Tensor.ones(2)
+    with pytest.raises(IndexError): x[5] = 1.0
+    with pytest.raises(ValueError): Tensor.zeros(2, requires_grad=True)[0] = 1.0
 
   def test_item_and_misc(self):
     with pytest.raises(ValueError, match=r"\(2,\)"): Tensor([1, 2]).item()

@@ -71,7 +71,10 @@ class dtypes:
   @staticmethod
   def from_py(x) -> DType:
     """The dtype a Python scalar or (nested) list gets: bool, then default_int, then default_float."""
-    if isinstance(x, (list, tuple)): return least_upper_dtype(*[dtypes.from_py(v) for v in x]) if x else dtypes.default_float
+    if isinstance(x, (list, tuple)):   # Python scalars are weak: any float → default_float, any int → default_int
+      kinds = {dtypes.from_py(v) for v in x}
+      if not kinds: return dtypes.default_float
+      return max(kinds, key=lambda d: {'b': 0, 'i': 1, 'u': 1, 'f': 2}[d.kind] * 100 + d.priority)
     if isinstance(x, bool): return dtypes.bool
     if isinstance(x, int): return dtypes.default_int
     if isinstance(x, float): return dtypes.default_float

@@ -107,7 +107,9 @@ class LazyBuffer:
   def copy_to_device(self, device: str) -> LazyBuffer:
     device = canonical_device(device)
     if device == self.device: return self
-    return LazyBuffer.loadop(Ops.COPY, self.shape, self.dtype, device, srcs=(self,))
+    # a copy moves a whole buffer's bytes: a view that reorders or selects elements is made contiguous first
+    source = self.base if self.st.contiguous and self.size == self.base.size else self.contiguous()
+    return LazyBuffer.loadop(Ops.COPY, self.shape, self.dtype, device, srcs=(source,))
   def assign(self, value: LazyBuffer) -> LazyBuffer:
     """Write `value` into this (realized, base) buffer when realized; returns the new lazy value of the buffer."""
     if value.shape != self.shape or value.dtype != self.dtype:

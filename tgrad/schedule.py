@@ -122,7 +122,11 @@ def _check_assign_hazard(output: LazyBuffer, value: UOp, realize_set: set[LazyBu
   target_index = 0
   for u in value.toposort():
     if u.op is Ops.LOAD and u.src[0].arg == target_index and not u.src[1].arg.contiguous:
-      raise _Refuse(output.srcs[1].base)
+      value = output.srcs[1].base
+      if value.buffer is not None or value is output.srcs[0].base:
+        raise RuntimeError(f"assign into {output.shape} reads its own target through another view: "
+                           "make the value contiguous first (Tensor.assign does)")
+      raise _Refuse(value)
 
 def _walk_bases(roots: list[LazyBuffer]) -> list[LazyBuffer]:
   """All unrealized bases reachable from roots, sources before users."""
@@ -228,6 +232,37 @@ def create_schedule(outs: list[LazyBuffer]) -> list[ScheduleItem]:
     else:
       ast, inputs = asts[b]
       items.append(ScheduleItem(ast, (b,), tuple(inputs)))
-  return items
+  return _order_assigns_after_readers(items)
+
+def _order_assigns_after_readers(items: list[ScheduleItem]) -> list[ScheduleItem]:
+  """An ASSIGN overwrites a buffer that other kernels of the same schedule may still read as its old value (an
+  optimizer step reads every parameter for the other parameters' gradients). Reorder, stably, so that every item
+  reading an assign's target runs before the assign; the data dependencies of `items` are kept."""
+  assign_of_target = {item.outputs[0].srcs[0].base: item for item in items if item.outputs[0].op is Ops.ASSIGN}
+  if not assign_of_target: return items
+  producer = {out: item for item in items for out in item.outputs}
+  must_follow: dict[int, list[ScheduleItem]] = {id(item): [] for item in items}   # item → items that run first
+  for item in items:
+    must_follow[id(item)].extend(producer[b] for b in item.inputs if b in producer)
+    for b in item.inputs:
+      if (assign := assign_of_target.get(b)) is not None and assign is not item: must_follow[id(assign)].append(item)
+  ordered: list[ScheduleItem] = []
+  state: dict[int, str] = {}
+  def visit(item: ScheduleItem) -> None:   # depth-first, in the original order: unchanged where nothing conflicts
+    stack = [(item, False)]
+    while stack:
+      node, inputs_done = stack.pop()
+      if inputs_done:
+        state[id(node)] = "done"
+        ordered.append(node)
+        continue
+      if state.get(id(node)) == "done": continue
+      if state.get(id(node)) == "active":
+        raise RuntimeError(f"a kernel reads both the old and the new value of an assigned buffer {node.outputs[0]}")
+      state[id(node)] = "active"
+      stack.append((node, True))
+      stack.extend((dep, False) for dep in reversed(must_follow[id(node)]) if state.get(id(dep)) != "done")
+  for item in items: visit(item)
+  return ordered
 
 __all__ = ["ScheduleItem", "create_schedule", "REDUCE_OPS"]

@@ -117,9 +117,9 @@ ROWS_REDUCE = [(), (Opt(OptOps.GROUP, 0, 16),), (Opt(OptOps.GROUPTOP, 0, 16),), 
                (Opt(OptOps.LOCAL, 0, 4), Opt(OptOps.GROUPTOP, 0, 8), Opt(OptOps.UPCAST, 0, 2)),
                (Opt(OptOps.UPCAST, 0, 4), Opt(OptOps.UNROLL, 0, 4), Opt(OptOps.LOCAL, 0, 8))]
 
-@pytest.mark.parametrize("op", [Ops.ADD, Ops.MAX, Ops.MUL], ids=lambda o: o.name)
 def _opts_id(opts) -> str: return "+".join(f"{o.op.name}{o.amount}" for o in opts) or "none"
 
+@pytest.mark.parametrize("op", [Ops.ADD, Ops.MAX, Ops.MUL], ids=lambda o: o.name)
 @pytest.mark.parametrize("opts", ROWS_REDUCE, ids=_opts_id)
 def test_row_reduce_with_opts(op: Ops, opts: tuple[Opt, ...]):
   (src,) = compile_all(host((64, 256)).alu(Ops.EXP2).r(op, (1,)), opts)

@@ -97,6 +97,13 @@ def test_wrong_candidate_is_rejected(small_actions, fresh_cache, monkeypatch):
   assert result.opts == []   # only the unoptimized kernel is right
   np.testing.assert_allclose(run_with_opts(kernel, inputs, expected, result.opts), expected, rtol=1e-5, atol=1e-5)
 
+def test_in_place_int_kernel_verifies(small_actions, fresh_cache):
+  x = realized(np.arange(-32, 32, dtype=np.int32).reshape(8, 8))
+  small = x.alu(Ops.CMPLT, x.const(5))
+  item = create_schedule([x.assign(small.alu(Ops.WHERE, x.alu(Ops.MUL, x), x))])[-1]   # reads and writes buffer 0
+  result = search.search_kernel(Kernel(item.ast, Device[DEVICE].renderer), 2)
+  assert result.stats.timed >= 2 and result.stats.rejected == 0   # each checked run starts from the same buffer 0
+
 SEARCH_SCRIPT = """
 import json, sys
 import numpy as np
@@ -116,8 +123,11 @@ print(json.dumps({"from_cache": result.stats.from_cache, "opts": [o.to_json() fo
 """
 
 def run_search_process(cache_path: Path, **env: str) -> dict:
+  """Run SEARCH_SCRIPT as a script file without a main guard: spawned compile workers must not re-run it."""
+  script = cache_path.parent / "search_script.py"
+  script.write_text(SEARCH_SCRIPT)
   environment = {**os.environ, "TGRAD_CACHE": str(cache_path), "PYTHONPATH": str(REPO_ROOT), **env}
-  done = subprocess.run([sys.executable, "-c", SEARCH_SCRIPT], env=environment, capture_output=True, text=True,
+  done = subprocess.run([sys.executable, str(script)], env=environment, capture_output=True, text=True,
                         timeout=SUBPROCESS_TIMEOUT_SECONDS)
   assert done.returncode == 0, done.stderr
   return json.loads(done.stdout.strip().splitlines()[-1])
@@ -172,6 +182,8 @@ def test_outputs_match_tolerates_reassociation_only():
   ints = np.arange(10, dtype=np.int32)
   assert search.outputs_match(ints, ints.copy(), dtypes.int32)
   assert not search.outputs_match(ints + 1, ints, dtypes.int32)
+  poisoned_bools = np.array([0xFF, 1], np.uint8).view(np.bool_)   # numpy calls both True
+  assert not search.outputs_match(poisoned_bools, np.ones(2, np.bool_), dtypes.bool)
 
 def test_action_space_is_legal_json_and_hashed():
   assert len(set(search.ACTIONS)) == len(search.ACTIONS)

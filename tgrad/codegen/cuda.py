@@ -188,6 +188,10 @@ class _KernelWriter:
     self.vectors = vector_groups(uops)
     self.vector_names: dict[int, str] = {}   # id of a VectorAccess → its variable
     self.used = self.used_values()
+    # half values whose exact 16 bits are stored or bitcast: loads and bitcasts keep them, so a copy or a bitcast of
+    # a NaN keeps its payload (cvt.f32.f16 → cvt.rn.f16.f32 would not)
+    self.wants_bits = {u.src[2] for u in uops if u.op is Ops.STORE} | {u.src[0] for u in uops if u.op is Ops.BITCAST}
+    self.half_bits: dict[UOp, str] = {}
     dts = {u.dtype for u in uops} | {s.dtype for u in uops for s in u.src}
     self.needs = {"half": dtypes.float16 in dts, "bfloat16": dtypes.bfloat16 in dts,
                   "bit_cast": any(u.op is Ops.BITCAST for u in uops)}
@@ -276,7 +280,10 @@ class _KernelWriter:
     elif op is Ops.LOAD: self.load(pos, u)
     elif op is Ops.STORE: self.store(pos, u)
     elif op is Ops.CAST: self.define(u, self.cast(self.value(u.src[0]), u.src[0].dtype, u.dtype), "cast")
-    elif op is Ops.BITCAST: self.define(u, self.bitcast(self.value(u.src[0]), u.src[0].dtype, u.dtype), "cast")
+    elif op is Ops.BITCAST:
+      if u.dtype == dtypes.float16 and u in self.wants_bits:
+        self.define(u, f"half_to_float({self.keep_half_bits(u, self.bitcast(u.src[0], dtypes.uint16))})", "cast")
+      else: self.define(u, self.bitcast(u.src[0], u.dtype), "cast")
     else: self.define(u, self.alu(u), "alu")
 
   # ---- memory
@@ -284,9 +291,19 @@ class _KernelWriter:
     valid = u.src[2] if len(u.src) > 2 and u.src[2].dtype == dtypes.bool else None
     if (vector := self.vectors.get(pos)) is not None: return self.vector_load(pos, u, vector, valid)
     buffer, index = self.value(u.src[0]), self.value(u.src[1])
-    from_memory = self.from_memory(f"{buffer}[{index}]", u.dtype, u.src[0].op is Ops.DEFINE_LOCAL)
+    element, shared = f"{buffer}[{index}]", u.src[0].op is Ops.DEFINE_LOCAL
+    if u.dtype == dtypes.float16 and not shared and u in self.wants_bits:
+      element = self.keep_half_bits(u, element if valid is None else f"({self.value(valid)} ? {element} : (half)0)")
+      valid = None
+    from_memory = self.from_memory(element, u.dtype, shared)
     if valid is not None: from_memory = f"({self.value(valid)} ? {from_memory} : {render_const(0, u.dtype)})"
     self.define(u, from_memory)
+
+  def keep_half_bits(self, u: UOp, bits: str) -> str:
+    name = self.fresh("bits")
+    self.line(f"half {name} = {bits};")
+    self.half_bits[u] = name
+    return name
 
   def vector_load(self, pos: int, u: UOp, access: VectorAccess, valid: Optional[UOp]) -> None:
     lane, vector = access.positions.index(pos), access.vector
@@ -298,6 +315,7 @@ class _KernelWriter:
         loaded = f"({self.value(valid)} ? {loaded} : make_{vector.name}({', '.join(['0'] * vector.lanes)}))"
       self.line(f"const {vector.name} {name} = {loaded};")
     element = f"{self.vector_names[id(access)]}.{LANES[lane]}"
+    if u.dtype == dtypes.float16: self.half_bits[u] = element
     if vector.lane_type == REGISTER_TYPES[u.dtype]: self.names[u] = element   # the lane is the value
     else: self.define(u, self.from_memory(element, u.dtype, False))
 
@@ -310,7 +328,9 @@ class _KernelWriter:
     if dtype.is_bool: return f"({element} != 0)"
     return element
 
-  def to_memory(self, value: str, dtype: DType) -> str:
+  def to_memory(self, u: UOp) -> str:
+    value, dtype = self.value(u), u.dtype
+    if u in self.half_bits: return self.half_bits[u]
     if dtype == dtypes.float16: return f"float_to_half({value})"
     if dtype == dtypes.bfloat16: return f"float_to_bfloat16({value})"
     return value
@@ -321,14 +341,14 @@ class _KernelWriter:
     if (access := self.vectors.get(pos)) is not None:
       if pos != access.at: return   # the group's last store writes every lane
       vector = access.vector
-      elements = [self.to_memory(self.value(self.uops[p].src[2]), dtype) for p in access.positions]
+      elements = [self.to_memory(self.uops[p].src[2]) for p in access.positions]
       if vector.lane_type != MEMORY_TYPES[dtype]: elements = [f"({vector.lane_type}){e}" for e in elements]
       index = self.value(self.uops[self.index_position(access)].src[1])
       self.line(f"{guard}*(({vector.name}*)({buffer} + {index})) = make_{vector.name}({', '.join(elements)});")
       return
     index, value = self.value(u.src[1]), self.value(u.src[2])
     shared = u.src[0].op is Ops.DEFINE_LOCAL
-    self.line(f"{guard}{buffer}[{index}] = {value if shared else self.to_memory(value, dtype)};")
+    self.line(f"{guard}{buffer}[{index}] = {value if shared else self.to_memory(u.src[2])};")
 
   # ---- arithmetic
   def alu(self, u: UOp) -> str:
@@ -405,9 +425,9 @@ class _KernelWriter:
       return f"({to}){x}"
     return f"({to}){x}"   # integers: truncate, or extend by the source's signedness, as C does
 
-  def bitcast(self, x: str, src: DType, dst: DType) -> str:
-    if src == dtypes.float16: x = f"float_to_half({x})"
-    if src == dtypes.bfloat16: x = f"float_to_bfloat16({x})"
+  def bitcast(self, source: UOp, dst: DType) -> str:
+    x, src = self.value(source), source.dtype
+    if src in (dtypes.float16, dtypes.bfloat16): x = self.to_memory(source)
     if dst == dtypes.float16: return f"half_to_float(bit_cast<half>({x}))"
     if dst == dtypes.bfloat16: return f"bfloat16_to_float(bit_cast<bfloat16>({x}))"
     return f"bit_cast<{REGISTER_TYPES[dst]}>({x})"

@@ -159,8 +159,9 @@ def random_data(dtype: DType, size: int, rng: np.random.Generator) -> np.ndarray
   return rng.integers(0 if dtype.is_unsigned else -RANDOM_INT_LIMIT, RANDOM_INT_LIMIT, size).astype(dtype.np)
 
 def outputs_match(out: np.ndarray, ref: np.ndarray, dtype: DType) -> bool:
-  """Equal for ints and bools; for floats close within FLOAT_TOLERANCE, with NaN where the reference has NaN."""
-  if not dtype.is_float: return bool(np.array_equal(out, ref))
+  """Equal bytes for ints and bools (a poisoned bool byte 0xFF is not True); for floats close within FLOAT_TOLERANCE,
+  with NaN where the reference has NaN."""
+  if not dtype.is_float: return bool(np.array_equal(out.view(np.uint8), ref.view(np.uint8)))
   if dtype == dtypes.bfloat16: out, ref = [(x.astype(np.uint32) << 16).view(np.float32) for x in (out, ref)]
   out, ref = out.astype(np.float64), ref.astype(np.float64)
   finite = np.isfinite(ref)

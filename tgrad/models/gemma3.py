@@ -199,16 +199,13 @@ class Gemma3RMSNorm:
 
 class Gemma3Embedding:
   """Token lookup times sqrt(hidden), the scale rounded to the weight dtype first (HF: 25.25 for H=640 in bf16).
-  The lookup is a one-hot compare with ARANGE and a sum over the vocabulary: it reads the whole table per token,
-  like the tied LM head does, because kernels have no data-dependent loads."""
+  The lookup (Tensor indexing) is a one-hot compare with ARANGE and a sum over the vocabulary: it reads the whole
+  table per token, like the tied LM head does, because kernels have no data-dependent loads."""
   def __init__(self, weight: Tensor):
     self.weight = weight
-    self.scale = Tensor([math.sqrt(weight.shape[1])], dtype=dtypes.float32, device=weight.device).cast(weight.dtype)
-  def __call__(self, token_ids: Tensor) -> Tensor:
-    vocab = self.weight.shape[0]
-    hit = token_ids.unsqueeze(-1) == Tensor.arange(vocab, device=self.weight.device)   # [B, T, V]
-    rows = hit.unsqueeze(-1).where(self.weight, 0.0).sum(2, acc_dtype=self.weight.dtype)
-    return rows.cast(self.weight.dtype) * self.scale
+    sqrt_hidden = Tensor([math.sqrt(weight.shape[1])], dtype=dtypes.float32, device=weight.device)
+    self.scale = sqrt_hidden.cast(weight.dtype).realize()
+  def __call__(self, token_ids: Tensor) -> Tensor: return self.weight[token_ids] * self.scale
 
 def _materialize(x: Tensor) -> Tensor:
   """x computed into its own buffer by the step's schedule (not recomputed inside every kernel that reads it).
@@ -481,8 +478,7 @@ class Gemma3:
     scatter = hits.cast(self.dtype) if T > 1 else None
     return _StepInputs(mode, cos, sin_signed, _materialize(allowed), scatter, _materialize(hits.any(1, keepdim=True)))
 
-  def __call__(self, token_ids: Tensor, start_pos: int = 0, last_only: bool = False,
-               return_hidden: bool = False) -> Any:
+  def forward(self, token_ids: Tensor, start_pos: int = 0, last_only: bool = False, return_hidden: bool = False) -> Any:
     """Logits [B, T, V] (or [B, 1, V] with last_only), realized; with return_hidden also the list of hidden states
     [B, T, H]: the scaled embedding, each layer's output, and the final norm's output (HF's hooks)."""
     if token_ids.ndim != 2 or not token_ids.dtype.is_int:
@@ -522,6 +518,7 @@ class Gemma3:
     if pending: realize_lazy(*[t.lazydata for t in cache.tensors()])
     cache.advance(positions)
     return (logits, hidden) if return_hidden else logits
+  __call__ = forward
 
 def _checkpoint_files(directory: str) -> list[str]:
   single = os.path.join(directory, "model.safetensors")

@@ -17,6 +17,7 @@ from tgrad.tensor import Tensor
 HEADER_LENGTH_BYTES = 8                 # the file starts with the JSON header's length, a little-endian u64
 MAX_HEADER_BYTES = 100 * 1024 * 1024    # the format's own limit on the JSON header (100 MB)
 METADATA_KEY = "__metadata__"
+MAX_NAMES_SHOWN = 10                    # load_state_dict errors list at most this many names
 SAFETENSORS_DTYPES: dict[str, DType] = {
   "BOOL": dtypes.bool, "I8": dtypes.int8, "U8": dtypes.uint8, "I16": dtypes.int16, "U16": dtypes.uint16,
   "I32": dtypes.int32, "U32": dtypes.uint32, "I64": dtypes.int64, "U64": dtypes.uint64, "F16": dtypes.float16,
@@ -35,13 +36,16 @@ def read_header(path: str) -> tuple[dict[str, dict], dict[str, str], int]:
   file_size = os.path.getsize(path)
   with open(path, "rb") as f:
     raw_length = f.read(HEADER_LENGTH_BYTES)
-    if len(raw_length) < HEADER_LENGTH_BYTES: raise SafetensorsError(f"{path}: file too short for a header ({file_size} B)")
+    if len(raw_length) < HEADER_LENGTH_BYTES:
+      raise SafetensorsError(f"{path}: file too short for a header ({file_size} B)")
     header_length = struct.unpack("<Q", raw_length)[0]
-    if header_length > MAX_HEADER_BYTES: raise SafetensorsError(f"{path}: header length {header_length} exceeds the limit")
+    if header_length > MAX_HEADER_BYTES:
+      raise SafetensorsError(f"{path}: header length {header_length} exceeds the limit of {MAX_HEADER_BYTES}")
     if HEADER_LENGTH_BYTES + header_length > file_size:
       raise SafetensorsError(f"{path}: header length {header_length} runs past the end of the {file_size}-byte file")
     try: header = json.loads(f.read(header_length))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e: raise SafetensorsError(f"{path}: header is not JSON: {e}") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+      raise SafetensorsError(f"{path}: header is not JSON: {e}") from None
   if not isinstance(header, dict): raise SafetensorsError(f"{path}: header must be a JSON object")
   metadata = header.pop(METADATA_KEY, {}) or {}
   data_start = HEADER_LENGTH_BYTES + header_length
@@ -117,19 +121,28 @@ def get_parameters(obj: Any) -> list[Tensor]:
   for t in get_state_dict(obj).values(): seen.setdefault(id(t), t)
   return list(seen.values())
 
+def _name_list(names: list[str]) -> str:
+  shown = ", ".join(names[:MAX_NAMES_SHOWN])
+  return shown + ", …" if len(names) > MAX_NAMES_SHOWN else shown
+
 def load_state_dict(model: Any, state_dict: dict[str, Tensor], strict: bool = True) -> None:
-  """Copy state_dict into the model's Tensors (cast to each parameter's dtype, moved to its device).
-  strict: every model tensor must be given and every given name must exist. Shapes must always match."""
+  """Copy state_dict into the model's Tensors in place (cast to each one's dtype, moved to its device), then realize
+  them all in one schedule. strict: every model tensor must be given and every given name must exist; shapes must
+  always match. Errors are RuntimeErrors, as torch's, raised before anything is copied."""
   model_state = get_state_dict(model)
   missing = [k for k in model_state if k not in state_dict]
   unexpected = [k for k in state_dict if k not in model_state]
-  if strict and (missing or unexpected):
-    raise KeyError(f"load_state_dict: missing {missing[:10]}{'…' if len(missing) > 10 else ''}, "
-                   f"unexpected {unexpected[:10]}{'…' if len(unexpected) > 10 else ''}")
-  wrong = [f"{k}: model {model_state[k].shape} vs given {state_dict[k].shape}" for k in model_state
-           if k in state_dict and model_state[k].shape != state_dict[k].shape]
-  if wrong: raise ValueError("load_state_dict: shape mismatch: " + "; ".join(wrong))
-  for name, param in model_state.items():
-    if name not in state_dict: continue
-    value = state_dict[name].to(param.device).cast(param.dtype)
-    param.replace(value.realize())
+  problems = []
+  if strict and missing: problems.append(f"missing key(s): {_name_list(missing)}")
+  if strict and unexpected: problems.append(f"unexpected key(s): {_name_list(unexpected)}")
+  problems += [f"size mismatch for {k}: the model has shape {model_state[k].shape}, the state dict "
+               f"{state_dict[k].shape}" for k in model_state if k in state_dict and model_state[k].shape !=
+               state_dict[k].shape]
+  if problems: raise RuntimeError(f"error(s) in loading state_dict for {type(model).__name__}: " + "; ".join(problems))
+  loaded = []
+  with Tensor.no_grad():
+    for name, param in model_state.items():
+      if name not in state_dict: continue
+      param.assign(state_dict[name].to(param.device).cast(param.dtype))
+      loaded.append(param)
+  if loaded: Tensor.realize(*loaded)

@@ -101,6 +101,11 @@ def _view_from_index(shape: tuple[int, ...], idxs: list[UOp], index: UOp, valid:
     mask[d] = (max(mask[d][0], lo), min(mask[d][1], hi))
   return View.create(shape, [terms.get(idx, 0) for idx in idxs], offset, mask)
 
+# Merging views costs an index simplification (up to ~0.1 s for a masked 4-view stack, e.g. the gradient of sliding
+# windows), and the scheduler composes the same stacks again for every load of a kernel: remember recent answers.
+MERGE_CACHE_SIZE = 4096
+
+@functools.lru_cache(maxsize=MERGE_CACHE_SIZE)
 def _merge_views(views: tuple[View, ...]) -> Optional[View]:
   """One View equal to the stack `views` (the last indexing into the one before, and so on), or None."""
   first, last = views[0], views[-1]

@@ -396,10 +396,10 @@ class Tensor:
   def _backprop(self, gradient: Optional[Tensor]) -> tuple[list[Tensor], dict[int, LazyBuffer]]:
     if gradient is None:
       if self.numel() != 1:
-        raise ValueError(f"backward without a gradient needs a tensor with one element, got shape {self.shape}")
+        raise RuntimeError(f"backward without a gradient needs a tensor with one element, got shape {self.shape}")
       gradient = Tensor.ones(self.shape, dtype=self.dtype, device=self.device)
     if gradient.shape != self.shape:
-      raise ValueError(f"gradient of shape {gradient.shape} for a tensor of shape {self.shape}")
+      raise RuntimeError(f"gradient of shape {gradient.shape} for a tensor of shape {self.shape}")
     nodes = self._toposort()
     grads: dict[int, LazyBuffer] = {id(self): gradient.cast(self.dtype).lazydata}
     for node in reversed(nodes):
@@ -414,7 +414,7 @@ class Tensor:
     return nodes, grads
   def backward(self, gradient: Optional[Tensor] = None) -> Tensor:
     """Accumulate d(self)/d(t) into `t.grad` for every tensor t in the graph that requires grad."""
-    if not self.requires_grad: raise ValueError("backward on a tensor that does not require grad")
+    if not self.requires_grad: raise RuntimeError("backward on a tensor that does not require grad")
     nodes, grads = self._backprop(gradient)
     for node in nodes:
       if node.requires_grad and id(node) in grads:
@@ -424,7 +424,7 @@ class Tensor:
   def gradient(self, *targets: Tensor, gradient: Optional[Tensor] = None) -> list[Tensor]:
     """d(self)/d(target) for each target, as new tensors; `.grad` is left alone. Unused targets get zeros."""
     for t in targets:
-      if not t.requires_grad: raise ValueError(f"gradient target of shape {t.shape} does not require grad")
+      if not t.requires_grad: raise RuntimeError(f"gradient target of shape {t.shape} does not require grad")
     _, grads = self._backprop(gradient)
     return [Tensor(grads[id(t)], requires_grad=False) if id(t) in grads else t.detach().zeros_like() for t in targets]
 
@@ -920,7 +920,7 @@ class Tensor:
     its buffer when that is realized). Basic indices cost O(numel); tensor indices O(numel × selected), where a
     repeated position takes the last value, as numpy. Not differentiable."""
     if self.requires_grad and Tensor.grad_enabled:
-      raise ValueError(f"item assignment into a tensor that requires grad (shape {self.shape}); use Tensor.no_grad()")
+      raise RuntimeError(f"item assignment into a tensor that requires grad (shape {self.shape}); use Tensor.no_grad()")
     plan = _IndexPlan(self.shape, indices, self.device)
     value = self._as_tensor(value, dtype=self.dtype if not isinstance(value, Tensor) else None).cast(self.dtype)
     if plan.tensor_indices: new = self._scatter(indices, value)
@@ -962,7 +962,7 @@ class Tensor:
     return self
   def _snapshot(self) -> Tensor:
     if self.requires_grad and self._ctx is None and Tensor.grad_enabled:
-      raise ValueError(f"in-place op on a leaf tensor that requires grad (shape {self.shape}); use Tensor.no_grad()")
+      raise RuntimeError(f"in-place op on a leaf tensor that requires grad (shape {self.shape}); use Tensor.no_grad()")
     old = Tensor(self.lazydata, requires_grad=self.requires_grad)
     old._ctx = self._ctx
     return old
@@ -1012,10 +1012,10 @@ class Tensor:
     return offset <= diagonal if lower else offset >= diagonal
   def tril(self, diagonal: int = 0) -> Tensor:
     """The lower triangle of the last two dims (column − row <= diagonal); zeros elsewhere."""
-    return self._triangle_mask(diagonal, lower=True).where(self, 0)
+    return self._triangle_mask(diagonal, lower=True).where(self, self.zeros_like())
   def triu(self, diagonal: int = 0) -> Tensor:
     """The upper triangle of the last two dims (column − row >= diagonal); zeros elsewhere."""
-    return self._triangle_mask(diagonal, lower=False).where(self, 0)
+    return self._triangle_mask(diagonal, lower=False).where(self, self.zeros_like())
 
   # ---- sliding windows: convolution and pooling
   def _pool(self, kernel_size: tuple[int, ...], stride: tuple[int, ...], dilation: tuple[int, ...]) -> Tensor:

@@ -73,3 +73,13 @@ def test_realized_inputs_and_constants_need_no_kernel():
   x = realized(4, 4)
   assert kernel_count(x) == 0
   assert kernel_count(x + 0 * x) == 1
+
+@pytest.mark.parametrize("order", ["assign_first", "assign_last"])
+def test_an_assign_runs_after_every_kernel_reading_the_old_value(order):
+  # write-after-read: b reads a's old value, a is overwritten in the same schedule (an optimizer step reads every
+  # parameter for the others' gradients); whatever order the outputs are given in, b must see the old a
+  a, b = Tensor([1.0, 2.0, 3.0]).realize(), Tensor([0.0, 0.0, 0.0]).realize()
+  b.assign(a * 2)
+  a.assign(a + 1)
+  Tensor.realize(*((a, b) if order == "assign_first" else (b, a)))
+  assert b.tolist() == [2.0, 4.0, 6.0] and a.tolist() == [2.0, 3.0, 4.0]

@@ -75,6 +75,12 @@ __device__ __forceinline__ bfloat16 float_to_bfloat16(float f) {  // round to ne
 }
 __device__ __forceinline__ float round_bfloat16(float f) { return bfloat16_to_float(float_to_bfloat16(f)); }
 """
+# max.NaN.f32 (PTX ISA 7.0, sm_80+): one instruction for a maximum that propagates NaN, instead of compare+select
+MAX_NAN_MIN_SM = 80
+MAX_NAN_PRELUDE = """__device__ __forceinline__ float max_nan(float a, float b) {
+  float r; asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b)); return r;
+}
+"""
 BITCAST_PRELUDE = """template <typename To, typename From> __device__ __forceinline__ To bit_cast(From x) {
   static_assert(sizeof(To) == sizeof(From), "bit_cast needs equal sizes");
   To y; memcpy(&y, &x, sizeof(To)); return y;
@@ -95,7 +101,7 @@ class CUDARenderer(Renderer):
                shared_memory_bytes: int = CUDA_SHARED_MEMORY_BYTES):
     self.arch, self.max_local_size, self.max_grid = arch, max_local_size, tuple(max_grid)
     self.max_local_dims, self.shared_memory_bytes = tuple(max_local_dims), shared_memory_bytes
-  def render(self, name: str, uops: list[UOp]) -> str: return _KernelWriter(name, uops).write()
+  def render(self, name: str, uops: list[UOp]) -> str: return _KernelWriter(name, uops, self.arch).write()
 
 # ---------------------------------------------------------------------------------------------------------------
 # grouping scalar memory accesses into vector ones
@@ -178,8 +184,9 @@ def render_const(value, dtype: DType) -> str:
   return f"({text})" if text.startswith("-") else text
 
 class _KernelWriter:
-  def __init__(self, name: str, uops: list[UOp]):
+  def __init__(self, name: str, uops: list[UOp], arch: str = "sm_90"):
     self.name, self.uops = name, uops
+    self.has_max_nan = int(arch.removeprefix("sm_").rstrip("af")) >= MAX_NAN_MIN_SM
     self.names: dict[UOp, str] = {}
     self.acc_names: dict[int, str] = {}
     self.lines: list[str] = []
@@ -194,7 +201,7 @@ class _KernelWriter:
     self.half_bits: dict[UOp, str] = {}
     dts = {u.dtype for u in uops} | {s.dtype for u in uops for s in u.src}
     self.needs = {"half": dtypes.float16 in dts, "bfloat16": dtypes.bfloat16 in dts,
-                  "bit_cast": any(u.op is Ops.BITCAST for u in uops)}
+                  "bit_cast": any(u.op is Ops.BITCAST for u in uops), "max_nan": False}
 
   def used_values(self) -> set[UOp]:
     """Values some rendered op reads. The other lanes of a vector access read no index, and arithmetic nobody reads
@@ -240,8 +247,9 @@ class _KernelWriter:
     for v in variables: self.names[v] = v.arg[0]
     threads = prod(u.arg[1] for u in self.uops if u.op is Ops.SPECIAL and u.arg[0].startswith("lidx"))
     for pos, u in enumerate(self.uops): self.emit(pos, u)
-    prelude = (HALF_PRELUDE if self.needs["half"] else "") + (BFLOAT16_PRELUDE if self.needs["bfloat16"] else "") + \
-              (BITCAST_PRELUDE if self.needs["bit_cast"] else "")
+    preludes = {"half": HALF_PRELUDE, "bfloat16": BFLOAT16_PRELUDE, "bit_cast": BITCAST_PRELUDE,
+                "max_nan": MAX_NAN_PRELUDE}
+    prelude = "".join(text for need, text in preludes.items() if self.needs[need])
     head = f'extern "C" __global__ void __launch_bounds__({threads}) {self.name}({", ".join(args)}) {{'
     return prelude + head + "\n" + "\n".join(self.lines) + "\n}\n"
 
@@ -365,6 +373,9 @@ class _KernelWriter:
     if op in _FLOAT_INTRINSICS: return f"{_FLOAT_INTRINSICS[op]}{suffix}({s[0]})"
     if op is Ops.NEG: return f"(-{s[0]})"
     if op is Ops.RECIP: return f"({render_const(1.0, dt)} / {s[0]})"
+    if op is Ops.MAX and dt != dtypes.float64 and self.has_max_nan:
+      self.needs["max_nan"] = True
+      return f"max_nan({s[0]}, {s[1]})"
     if op is Ops.MAX: return f"(({s[0]} > {s[1]}) || ({s[0]} != {s[0]}) ? {s[0]} : {s[1]})"   # NaN wins
     if op is Ops.WHERE: return f"({s[0]} ? {s[1]} : {s[2]})"
     if op in _INFIX: return f"({s[0]} {_INFIX[op]} {s[1]})"
@@ -416,6 +427,8 @@ class _KernelWriter:
       return f"({to}){x}"
     if src.is_float:   # saturating, truncating, NaN → 0 (cvt.rzi), like llvm.fpto[su]i.sat
       kind = "double" if src == dtypes.float64 else "float"
+      # measured on an H200: cvt.rzi.s64 of NaN gives INT64_MIN, so 64-bit results check for NaN first
+      if dst.itemsize == 8: return f"({x} != {x} ? 0 : __{kind}2{_FLOAT_TO_INT[dst]}_rz({x}))"
       if dst in _FLOAT_TO_INT: return f"__{kind}2{_FLOAT_TO_INT[dst]}_rz({x})"
       if dst.is_unsigned: return f"({to})min({dtypes.max(dst)}u, __{kind}2uint_rz({x}))"
       return f"({to})max({dtypes.min(dst)}, min({dtypes.max(dst)}, __{kind}2int_rz({x})))"

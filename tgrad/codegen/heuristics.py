@@ -6,7 +6,7 @@ reductions that reuse loads across two output axes (matmul-like), then THREAD ac
 GPU rules live in `_gpu_rules`.
 """
 from __future__ import annotations
-import os
+import math, os
 from tgrad.codegen.kernel import Kernel, KernelOptError, Opt, OptOps
 from tgrad.ops import Ops
 from tgrad.helpers import Context, prod
@@ -65,6 +65,7 @@ GPU_UPCAST = 4
 GPU_GROUP_MAX_OUTPUTS = 16384
 GPU_GROUP_MIN_REDUCE = 256      # below this a block-wide combine costs more than one thread looping
 GPU_GROUP_THREADS = 256
+GPU_GROUP_MIN_THREADS = 64      # two warps: fewer threads per block can't hide memory latency
 GPU_WARP = 32                   # threads of a warp: enough neighbours on one axis for a coalesced 128-byte access
 # Register tile for reductions that reuse loads across two output axes (matmul): 4×4 accumulators per thread.
 GPU_TILE = 4
@@ -92,11 +93,16 @@ def _group_small_reduce(kernel: Kernel) -> bool:
         local = _divisor_at_most(kernel.full_shape[out_axis], GPU_WARP)
         if local > 1 and try_opt(kernel, Opt(OptOps.LOCAL, out_axis, local)): threads //= local
         break
-  # unroll first, then group what is left: thread g reads elements 4g..4g+3 of each 4·threads chunk (a float4)
+  # unroll first, then group what is left: thread g reads elements 4g..4g+3 of each 4·group chunk (a float4)
   axis = kernel.first_reduce
-  if 1 in _load_strides(kernel, axis) and kernel.full_shape[axis] % (GPU_UNROLL * threads) == 0:
+  if 1 in _load_strides(kernel, axis) and kernel.full_shape[axis] % GPU_UNROLL == 0 and \
+     kernel.full_shape[axis] >= GPU_UNROLL * GPU_GROUP_MIN_THREADS:
     try_opt(kernel, Opt(OptOps.UNROLL, 0, GPU_UNROLL))
-  group = _divisor_at_most(kernel.full_shape[kernel.first_reduce], threads)
+  # one thread then reduces the group's partials serially: balance those steps against each thread's share of the
+  # reduce (group ≈ √reduce steps), keeping a few warps per block
+  steps = kernel.full_shape[kernel.first_reduce]
+  balanced = 1 << (math.isqrt(steps).bit_length() - 1)
+  group = _divisor_at_most(steps, min(threads, max(GPU_GROUP_MIN_THREADS, balanced)))
   return group > 1 and try_opt(kernel, Opt(OptOps.GROUP, 0, group))
 
 def _gpu_upcast(kernel: Kernel) -> None:
@@ -129,7 +135,8 @@ def _gpu_locals(kernel: Kernel) -> None:
   for axis in sorted(amounts): try_opt(kernel, Opt(OptOps.LOCAL, axis, amounts[axis]))
 
 def _gpu_rules(kernel: Kernel) -> None:
-  if not _group_small_reduce(kernel): _gpu_upcast(kernel)
+  if _group_small_reduce(kernel): return   # its block is the group (and a warp of outputs for a strided reduce)
+  _gpu_upcast(kernel)
   _gpu_locals(kernel)
 
 def hand_coded_optimizations(kernel: Kernel) -> None:

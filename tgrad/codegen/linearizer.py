@@ -38,6 +38,7 @@ class Linearizer:
     self.acc_count = 0
     self.memo: dict[tuple, UOp] = {}
     self.view_of = {u: st for u, st in zip(kernel.memops, kernel.sts)}
+    self.group_loops: set[UOp] = set()   # the RANGEs over a GROUP's partials
 
   # ---- step 1: the value graph
   def axis_indices(self) -> list[Optional[UOp]]:
@@ -101,8 +102,8 @@ class Linearizer:
     return UOp(Ops.REDUCE, dtype, (value, *ranges), (op, self.acc_count - 1))
 
   def group_reduce(self, op: Ops, dtype, partial: UOp) -> UOp:
-    """Reduce across the group's threads: each writes its partial to shared memory, then (after a barrier) every
-    thread reduces the group's partials; only the group's first thread stores (see `group_gate`)."""
+    """Reduce across the group's threads: each writes its partial to shared memory, then (after a barrier) the
+    group's first thread reduces the partials and stores (`group_gate`); the others skip that loop (an IF)."""
     k = self.k
     group_axes = list(range(k.first_reduce, k.first_reduce + k.group_for_reduces))
     local_axes = list(range(k.global_dims, k.first_reduce))
@@ -120,6 +121,7 @@ class Linearizer:
     barrier = UOp(Ops.BARRIER, dtypes.void, (store,))
     group_loops = [UOp(Ops.RANGE, dtypes.index, (_index_const(0), _index_const(k.full_shape[a])), 1000 + a)
                    for a in group_axes]
+    self.group_loops.update(group_loops)
     theirs = group_loops + [self.base_idx[a] for a in local_axes]
     load = UOp(Ops.LOAD, dtype, (shared, flat(theirs), barrier))
     return self.new_reduce(op, dtype, load, tuple(group_loops))
@@ -195,6 +197,11 @@ class Linearizer:
         emit(init)
         accs[r] = UOp(Ops.DEFINE_ACC, r.dtype, (init,), r.arg[1])
         place(accs[r])
+      # only the thread that stores reduces a GROUP's partials: for the others the accumulator stays the identity
+      branch = UOp(Ops.IF, dtypes.void, (simplify(self.group_gate()),)) if set(ranges) & self.group_loops else None
+      if branch is not None:
+        emit(branch.src[0])
+        place(branch)
       for r in ranges: place(r)
       open_ranges.update(ranges)
       scope_stack.append([])
@@ -204,6 +211,7 @@ class Linearizer:
         place(update)
         place(UOp(Ops.ASSIGN, r.dtype, (accs[r], update)))
       for rng in reversed(ranges): program.append(UOp(Ops.ENDRANGE, dtypes.void, (rng,)))
+      if branch is not None: program.append(UOp(Ops.ENDIF, dtypes.void, (branch,)))
       open_ranges.difference_update(ranges)
       for u in scope_stack.pop(): emitted.discard(u)
       for r in group: place(r)

@@ -8,7 +8,7 @@ registers, rounded to bfloat16 after every op, so results match a bfloat16 devic
 from __future__ import annotations
 import llvmlite.ir as ir
 from tgrad.dtype import DType, dtypes
-from tgrad.ops import UOp, Ops
+from tgrad.ops import UOp, Ops, ALU, COMPARISON
 from tgrad.codegen.renderer import Renderer
 
 # Lets the loop vectorizer reorder a single float accumulation (a sum over a long axis), as numpy's pairwise sum
@@ -31,6 +31,19 @@ def memory_type(dt: DType) -> ir.Type:
   if dt == dtypes.bfloat16: return _I16
   return register_type(dt)
 
+def wide_index_values(uops: list[UOp]) -> set[UOp]:
+  """The index arithmetic: loop counters, thread ids, and every int op computed only from them and constants.
+  It is done in i64, the pointer width, with no sign extension before addressing: LLVM 22's loop vectorizer
+  miscompiled i32 index math under a sext (a load at t*16 + j%16 was vectorized as t*16 + j)."""
+  wide: set[UOp] = set()
+  for u in uops:
+    if u.dtype != dtypes.index: continue
+    if u.op in (Ops.RANGE, Ops.SPECIAL): wide.add(u)
+    elif u.op in ALU:
+      values = u.src[1:] if u.op is Ops.WHERE else u.src
+      if all(s in wide or s.op is Ops.CONST for s in values) and any(s in wide for s in values): wide.add(u)
+  return wide
+
 class LLVMRenderer(Renderer):
   device = "LLVM"
   has_threads = True
@@ -51,6 +64,7 @@ class _FunctionBuilder:
     self.accs: dict[int, ir.Value] = {}
     self.loops: dict[UOp, ir.Block] = {}
     self.reorder_reduce = sum(1 for u in uops if u.op is Ops.DEFINE_ACC) == 1
+    self.wide = wide_index_values(uops)
 
   def build(self) -> str:
     for u in self.uops: self.emit(u)
@@ -59,35 +73,42 @@ class _FunctionBuilder:
     return str(self.module)
 
   def value(self, u: UOp) -> ir.Value:
+    """u's value in its dtype's register type (index values narrowed back from i64)."""
+    return self.as_type(u, register_type(u.dtype))
+
+  def as_type(self, u: UOp, want: ir.Type) -> ir.Value:
+    if u.op is Ops.CONST and isinstance(want, ir.IntType) and u.dtype.is_int: return ir.Constant(want, int(u.arg))
     if u.op is Ops.DEFINE_ACC: return self.b.load(self.accs[u.arg], typ=register_type(u.dtype))
-    return self.values[u]
+    v = self.values[u]
+    if v.type == want or not (isinstance(want, ir.IntType) and isinstance(v.type, ir.IntType)): return v
+    return self.b.trunc(v, want) if v.type.width > want.width else self.b.sext(v, want)
 
   def emit(self, u: UOp) -> None:
     b = self.b
     if u.op is Ops.DEFINE_GLOBAL: self.values[u] = self.fn.args[u.arg]
-    elif u.op is Ops.SPECIAL: self.values[u] = self.fn.args[-1]
+    elif u.op is Ops.SPECIAL: self.values[u] = b.sext(self.fn.args[-1], _I64)
     elif u.op is Ops.CONST: self.values[u] = const(u.dtype, u.arg)
     elif u.op is Ops.DEFINE_ACC:
       slot = self.entry.alloca(register_type(u.dtype))
       self.accs[u.arg] = slot
-      b.store(self.values[u.src[0]], slot)
-    elif u.op is Ops.ASSIGN: b.store(self.values[u.src[1]], self.accs[u.src[0].arg])
+      b.store(self.value(u.src[0]), slot)
+    elif u.op is Ops.ASSIGN: b.store(self.value(u.src[1]), self.accs[u.src[0].arg])
     elif u.op is Ops.REDUCE: self.values[u] = b.load(self.accs[u.arg[1]], typ=register_type(u.dtype))
     elif u.op is Ops.RANGE:
       preheader = b.block
       loop = self.fn.append_basic_block(f"loop{u.arg}")
       b.branch(loop)
       b.position_at_end(loop)
-      counter = b.phi(_I32, name=f"ridx{u.arg}")
-      counter.add_incoming(self.values[u.src[0]], preheader)
+      counter = b.phi(_I64, name=f"ridx{u.arg}")
+      counter.add_incoming(self.as_type(u.src[0], _I64), preheader)
       self.values[u], self.loops[u] = counter, loop
     elif u.op is Ops.ENDRANGE:
       rng = u.src[0]
       counter = self.values[rng]
-      following = b.add(counter, ir.Constant(_I32, 1))
+      following = b.add(counter, ir.Constant(_I64, 1))
       counter.add_incoming(following, b.block)
       done = self.fn.append_basic_block(f"end{rng.arg}")
-      b.cbranch(b.icmp_signed("<", following, self.values[rng.src[1]]), self.loops[rng], done)
+      b.cbranch(b.icmp_signed("<", following, self.as_type(rng.src[1], _I64)), self.loops[rng], done)
       b.position_at_end(done)
     elif u.op is Ops.LOAD: self.values[u] = self.load(u)
     elif u.op is Ops.STORE: self.store(u)
@@ -97,22 +118,22 @@ class _FunctionBuilder:
 
   def load(self, u: UOp) -> ir.Value:
     b = self.b
-    pointer, index = self.values[u.src[0]], self.values[u.src[1]]
-    valid = self.values[u.src[2]] if len(u.src) > 2 and u.src[2].dtype == dtypes.bool else None
-    if valid is not None: index = b.select(valid, index, ir.Constant(_I32, 0))
-    address = b.gep(pointer, [b.sext(index, _I64)], inbounds=True, source_etype=memory_type(u.dtype))
+    pointer, index = self.values[u.src[0]], self.as_type(u.src[1], _I64)
+    valid = self.value(u.src[2]) if len(u.src) > 2 and u.src[2].dtype == dtypes.bool else None
+    if valid is not None: index = b.select(valid, index, ir.Constant(_I64, 0))
+    address = b.gep(pointer, [index], inbounds=True, source_etype=memory_type(u.dtype))
     loaded = from_memory(b, b.load(address, typ=memory_type(u.dtype)), u.dtype)
     return b.select(valid, loaded, const(u.dtype, 0)) if valid is not None else loaded
 
   def store(self, u: UOp) -> None:
     b = self.b
-    pointer, index, value = self.values[u.src[0]], self.values[u.src[1]], self.value(u.src[2])
+    pointer, index, value = self.values[u.src[0]], self.as_type(u.src[1], _I64), self.value(u.src[2])
     dtype = u.src[2].dtype
-    address = b.gep(pointer, [b.sext(index, _I64)], inbounds=True, source_etype=memory_type(dtype))
+    address = b.gep(pointer, [index], inbounds=True, source_etype=memory_type(dtype))
     if len(u.src) > 3:
       then_block = self.fn.append_basic_block("store")
       after = self.fn.append_basic_block("stored")
-      b.cbranch(self.values[u.src[3]], then_block, after)
+      b.cbranch(self.value(u.src[3]), then_block, after)
       b.position_at_end(then_block)
       b.store(to_memory(b, value, dtype), address)
       b.branch(after)
@@ -121,8 +142,12 @@ class _FunctionBuilder:
 
   def alu(self, u: UOp) -> ir.Value:
     b = self.b
-    srcs = [self.value(s) for s in u.src]
     dt = u.src[-1].dtype if u.op is Ops.WHERE else u.src[0].dtype
+    value_srcs = u.src[1:] if u.op is Ops.WHERE else u.src
+    in_i64 = u in self.wide or (u.op in COMPARISON and any(s in self.wide for s in value_srcs))
+    operand_type = _I64 if in_i64 else register_type(dt)
+    srcs = [self.value(s) if s.dtype == dtypes.bool and u.op is Ops.WHERE and i == 0 else self.as_type(s, operand_type)
+            for i, s in enumerate(u.src)]
     is_float = dt.is_float
     reduce_update = self.reorder_reduce and u.op in (Ops.ADD, Ops.MUL) and u.src[0].op is Ops.DEFINE_ACC
     flags = REDUCE_FAST_MATH + FUSE_MULTIPLY_ADD if reduce_update else FUSE_MULTIPLY_ADD

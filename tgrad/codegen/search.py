@@ -310,16 +310,35 @@ class _Search:
     heuristic_kernel = self.start.copy()
     hand_coded_optimizations(heuristic_kernel)
     chain = heuristic_kernel.applied_opts[len(self.start.applied_opts):]
-    seeds = [heuristic_kernel] + [self.start.copy() for _ in chain]
-    for count, seed in enumerate(seeds[1:]):
-      for opt in chain[:count]: seed.apply_opt(opt)
-    found = [self.candidate_for(seed) for seed in seeds]   # the heuristic kernel first: it sets the time to beat
+    found = [self.candidate_for(kernel) for kernel in [heuristic_kernel] + self.prefixes(chain)]
     measured = self.measure([candidate for candidate, new in found if new])
     heuristic = found[0][0]
     if heuristic is None or not self.verify(heuristic): return None, self.keep_fastest(measured, self.beam_width)
     self.stats.heuristic_seconds = heuristic.time
     others = [c for c in measured + [reference] if c is not heuristic]
     return heuristic, [heuristic] + self.keep_fastest(others, self.beam_width - 1)
+
+  def prefixes(self, chain: list[Opt]) -> list[Kernel]:
+    """The start kernel with each prefix of the heuristics' opts, each prefix followed by their THREAD opt, and, when
+    they chose threads, every other THREAD split of their kernel. On a CPU of many cores a kernel without threads is
+    rarely within EARLY_STOP_FACTOR of the best: without these seeds the search could only extend the heuristics'
+    full choice, thread count and threaded axis included."""
+    threads = [opt for opt in chain if opt.op is OptOps.THREAD]
+    rest = [opt for opt in chain if opt.op is not OptOps.THREAD]
+    variants = [rest[:count] + tail for count in range(len(rest) + 1) for tail in ([], threads)]
+    if threads: variants += [rest + [action] for action in self.actions() if action.op is OptOps.THREAD]
+    kernels = []
+    for opts in variants:
+      kernel = self.start.copy()
+      if _applies(kernel, opts):
+        for opt in opts: kernel.apply_opt(opt)
+        kernels.append(kernel)
+    return kernels
+
+  def actions(self) -> list[Opt]:
+    """ACTIONS without THREAD splits over the core count: more threads than cores only queue on the pool."""
+    cores = cpu_core_count()
+    return [action for action in ACTIONS if action.op is not OptOps.THREAD or action.amount <= cores]
 
   def candidate_for(self, kernel: Kernel) -> tuple[Optional[_Candidate], bool]:
     """(candidate, is new) for a kernel's source; a new source is submitted for compiling at once, so compiles
@@ -341,11 +360,9 @@ class _Search:
     return candidate, True
 
   def children(self, beam: list[_Candidate]) -> list[_Candidate]:
-    max_threads = cpu_core_count()
     out = []
     for parent in beam:
-      for action in ACTIONS:
-        if action.op is OptOps.THREAD and action.amount > max_threads: continue
+      for action in self.actions():
         if self.deadline_passed: return out
         child = parent.kernel.copy()
         try: child.apply_opt(action)

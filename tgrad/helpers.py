@@ -18,6 +18,10 @@ def argsort(xs) -> list[int]: return sorted(range(len(xs)), key=xs.__getitem__)
 def make_tuple(x, n: int) -> tuple: return tuple(x) if isinstance(x, (tuple, list)) else (x,) * n
 def round_up(n: int, multiple: int) -> int: return (n + multiple - 1) // multiple * multiple
 
+def cpu_count() -> int:
+  """CPU threads to use: THREADS if set, else every core."""
+  return Context.THREADS or os.cpu_count() or 1
+
 def getenv(key: str, default=0):
   value = os.environ.get(key)
   if value is None: return default

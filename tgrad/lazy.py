@@ -11,8 +11,8 @@ import numpy as np
 from tgrad.dtype import DType, dtypes
 from tgrad.ops import Ops, ELEMENTWISE, COMPARISON, REDUCE_OPS
 from tgrad.shape.shapetracker import ShapeTracker
-from tgrad.device import Buffer, canonical_device
-from tgrad.helpers import prod
+from tgrad.device import Buffer, Device, canonical_device
+from tgrad.helpers import prod, cpu_count
 
 class LazyBuffer:
   """One lazy value. Public fields: device, dtype, shape, st; `base` is itself for a base, else the viewed base."""
@@ -37,7 +37,8 @@ class LazyBuffer:
   @property
   def size(self) -> int: return prod(self.shape)
   def __repr__(self):
-    if self.is_base: return f"<LB {self.device} {self.shape} {self.dtype} {self.op} {'realized' if self.buffer else ''}>"
+    state = "realized" if self.realized else ""
+    if self.is_base: return f"<LB {self.device} {self.shape} {self.dtype} {self.op} {state}>"
     return f"<LB {self.device} {self.shape} {self.dtype} view of {self.base!r}>"
 
   # ---- creation
@@ -102,7 +103,9 @@ class LazyBuffer:
     new_shape = tuple(1 if i in axes else s for i, s in enumerate(self.shape))
     return LazyBuffer.loadop(Ops.REDUCE_AXIS, new_shape, self.dtype, self.device, arg=(op, axes), srcs=(self,))
   def contiguous(self) -> LazyBuffer:
-    if self.is_base and self.op is not Ops.CONST: return self
+    """This value in its own buffer, row-major: a realized base is already that; anything else gets a CONTIGUOUS
+    op, which the scheduler always realizes (so `x.contiguous()` also stops x from being recomputed)."""
+    if self.is_base and (self.buffer is not None or self.op in (Ops.CONTIGUOUS, Ops.COPY, Ops.EMPTY)): return self
     return LazyBuffer.loadop(Ops.CONTIGUOUS, self.shape, self.dtype, self.device, srcs=(self,))
   def copy_to_device(self, device: str) -> LazyBuffer:
     device = canonical_device(device)
@@ -142,6 +145,7 @@ def is_elementwise(lb: LazyBuffer) -> bool: return lb.op in ELEMENTWISE
 # each output's reduce is one GPU block or one CPU core (a 64M-element sum would use 1 of 132 SMs); split, the
 # partials run in parallel. Thresholds as in tinygrad's split_reduceop: inputs per output ≥ 2^15, and here fewer
 # outputs than an H100 holds blocks at once (132 SMs × 8 blocks); parts: the largest of SPLIT_REDUCE_PARTS dividing.
+# On a CPU the THREAD opt already spreads outputs over cores, so only reduces with fewer outputs than cores split.
 SPLIT_REDUCE_MIN_INPUTS = 1 << 15
 SPLIT_REDUCE_MAX_OUTPUTS = 1024
 SPLIT_REDUCE_PARTS = (256, 128, 64, 32, 16, 8)
@@ -149,7 +153,8 @@ SPLIT_REDUCE_PARTS = (256, 128, 64, 32, 16, 8)
 def _split_reduce(x: LazyBuffer, op: Ops, axes: tuple[int, ...]) -> Optional[LazyBuffer]:
   """x.r(op, axes) as two reduces when it is big and has few outputs (see SPLIT_REDUCE_*), else None."""
   inputs = prod(x.shape[a] for a in axes)
-  if inputs < SPLIT_REDUCE_MIN_INPUTS or prod(x.shape) // inputs >= SPLIT_REDUCE_MAX_OUTPUTS: return None
+  max_outputs = SPLIT_REDUCE_MAX_OUTPUTS if Device[x.device].renderer.has_local else cpu_count()
+  if inputs < SPLIT_REDUCE_MIN_INPUTS or prod(x.shape) // inputs >= max_outputs: return None
   for axis in sorted(axes, key=lambda a: -x.shape[a]):
     parts = next((p for p in SPLIT_REDUCE_PARTS if x.shape[axis] % p == 0), None)
     if parts is not None: break

@@ -55,7 +55,8 @@ def compile_kernel(device: str, kernel: Kernel, name: Optional[str] = None) -> C
   if Context.DEBUG >= 4: print(src)
   start = time.perf_counter()
   binary = dev.compiler.compile_cached(src)
-  if Context.DEBUG >= 3: print(f"{name}: opts {kernel.applied_opts}, compiled in {(time.perf_counter()-start)*1e3:.1f} ms")
+  compile_ms = (time.perf_counter() - start) * 1e3
+  if Context.DEBUG >= 3: print(f"{name}: opts {kernel.applied_opts}, compiled in {compile_ms:.1f} ms")
   global_size, local_size = kernel.launch_dims()
   flops, nbytes = kernel.estimate()
   return CompiledKernel(name, dev.program(name, binary), global_size, local_size, src, list(kernel.applied_opts),

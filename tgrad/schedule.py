@@ -103,7 +103,8 @@ class _KernelBuilder:
     inner = self.build(source, ShapeTracker.from_shape(source.shape), in_reduce=True)
     return UOp(Ops.REDUCE_AXIS, lb.dtype, (inner,), (op, axes))
 
-def _kernel_ast(output: LazyBuffer, realize_set: set[LazyBuffer]) -> tuple[UOp, list[LazyBuffer]]:
+def _kernel_ast(output: LazyBuffer, realize_set: set[LazyBuffer]) -> tuple[UOp, list[LazyBuffer], set[LazyBuffer]]:
+  """The kernel AST for `output`, its input bases, and every base it inlined."""
   kernel_shape = output.shape
   while True:
     builder = _KernelBuilder(output, realize_set, kernel_shape)
@@ -115,7 +116,7 @@ def _kernel_ast(output: LazyBuffer, realize_set: set[LazyBuffer]) -> tuple[UOp, 
       continue
     if output.op is Ops.ASSIGN: _check_assign_hazard(output, value, realize_set)
     store = UOp(Ops.STORE, dtypes.void, (builder.global_for(output), UOp(Ops.VIEW, dtypes.void, (), store_st), value))
-    return UOp(Ops.SINK, dtypes.void, (store,)), builder.inputs
+    return UOp(Ops.SINK, dtypes.void, (store,)), builder.inputs, {lb for lb, _ in builder.memo}
 
 def _check_assign_hazard(output: LazyBuffer, value: UOp, realize_set: set[LazyBuffer]) -> None:
   """An assign whose value reads the target through another view must compute the value into its own buffer."""
@@ -209,19 +210,17 @@ def create_schedule(outs: list[LazyBuffer]) -> list[ScheduleItem]:
     if b.op is Ops.COPY or b.op is Ops.ASSIGN: realize_set.update(s.base for s in b.srcs if s.base.buffer is None)
   _realize_unfusable_reduces(bases, realize_set)
   _realize_shared_elementwise(bases, realize_set)
-  asts: dict[LazyBuffer, tuple[UOp, list[LazyBuffer]]] = {}
+  asts: dict[LazyBuffer, tuple[UOp, list[LazyBuffer], set[LazyBuffer]]] = {}
   changed = True
-  while changed:   # building a kernel may refuse a reduce: realize it and build again until stable
+  while changed:   # building a kernel may refuse a reduce: realize it, rebuild only the kernels that inlined it
     changed = False
-    for b in [b for b in bases if b in realize_set and b not in asts]:
-      if b.op in (Ops.COPY, Ops.EMPTY): continue
+    for b in [b for b in bases if b in realize_set and b not in asts and b.op not in (Ops.COPY, Ops.EMPTY)]:
       try:
         asts[b] = _kernel_ast(b, realize_set)
       except _Refuse as refused:
         realize_set.add(refused.base)
-        asts.clear()
+        for stale in [k for k, (_, _, inlined) in asts.items() if refused.base in inlined]: del asts[stale]
         changed = True
-        break
   items: list[ScheduleItem] = []
   for b in bases:   # `bases` is already in dependency order
     if b not in realize_set: continue
@@ -230,7 +229,7 @@ def create_schedule(outs: list[LazyBuffer]) -> list[ScheduleItem]:
     elif b.op is Ops.EMPTY: items.append(ScheduleItem(UOp(Ops.EMPTY, b.dtype), (b,), ()))
     elif prod(b.shape) == 0: items.append(ScheduleItem(UOp(Ops.EMPTY, b.dtype), (b,), ()))
     else:
-      ast, inputs = asts[b]
+      ast, inputs, _ = asts[b]
       items.append(ScheduleItem(ast, (b,), tuple(inputs)))
   return _order_assigns_after_readers(items)
 

@@ -8,6 +8,7 @@ from the chain rule and fuse like forward code. Nothing runs until `realize`, `n
 from __future__ import annotations
 import functools, math, time
 from contextlib import ContextDecorator
+from dataclasses import dataclass
 from typing import Any, ClassVar, Optional, Sequence, Union
 import numpy as np
 from tgrad.dtype import DType, dtypes, promote_types, least_upper_dtype, least_upper_float, to_dtype
@@ -1143,15 +1144,14 @@ class Tensor:
     x = x.pad(((0, 0), (0, 0)) + edges)
     return x.conv2d(flipped, bias, groups=groups, dilation=dilation)
 
-  def _pool_padded(self, kernel_size, stride, dilation, padding, ceil_mode: bool, pad_value, name: str):
-    """Shared by the pools: checks, then (windows, count, kernel, padding, extra) where extra is ceil_mode's padding
-    after the end (windows that start inside the input but run past it, as torch)."""
+  def _pool_geometry(self, kernel_size, stride, dilation, padding, ceil_mode: bool, name: str) -> _PoolGeometry:
+    """Check the pooling arguments as torch does (RuntimeError) and work out the windows over the last dims."""
     count = len(kernel_size) if isinstance(kernel_size, (tuple, list)) else 2
     if self.ndim < count:
       raise RuntimeError(f"{name}: expected an input with at least {count} dims, got shape {self.shape}")
     kernel = _int_tuple(kernel_size, count, "kernel_size")
-    stride = kernel if stride is None or (isinstance(stride, (tuple, list)) and not stride) else \
-      _int_tuple(stride, count, "stride")
+    no_stride = stride is None or (isinstance(stride, (tuple, list)) and not stride)
+    stride = kernel if no_stride else _int_tuple(stride, count, "stride")
     dilation, padding = _int_tuple(dilation, count, "dilation"), _int_tuple(padding, count, "padding")
     if any(k <= 0 for k in kernel): raise RuntimeError(f"{name}: kernel size should be greater than zero, got {kernel}")
     if any(s <= 0 for s in stride): raise RuntimeError(f"{name}: stride should not be zero, got {stride}")
@@ -1160,39 +1160,41 @@ class Tensor:
     if any(p < 0 or p > (d * (k - 1) + 1) // 2 for p, k, d in zip(padding, kernel, dilation)):
       raise RuntimeError(f"{name}: pad should be at most half of effective kernel size, but got pad={padding}, "
                          f"kernel_size={kernel} and dilation={dilation}")
-    spatial = self.shape[-count:]
     extra = []
-    for i, k, s, d, p in zip(spatial, kernel, stride, dilation, padding):
+    for i, k, s, d, p in zip(self.shape[-count:], kernel, stride, dilation, padding):
       span = i + 2 * p - d * (k - 1) - 1
       out = (-(-span // s) if ceil_mode else span // s) + 1
       if ceil_mode and (out - 1) * s >= i + p: out -= 1   # the last window must start inside the input or left pad
-      if out <= 0:
-        raise RuntimeError(f"{name}: given input size {self.shape}, the output size {out} is too small")
+      if out <= 0: raise RuntimeError(f"{name}: given input size {self.shape}, the output size {out} is too small")
       extra.append(max(0, (out - 1) * s + d * (k - 1) + 1 - (i + 2 * p)))
-    lead = ((0, 0),) * (self.ndim - count)
-    padded = self.pad(lead + tuple((p, p + e) for p, e in zip(padding, extra)), value=pad_value)
-    return padded._pool(kernel, stride, dilation), count, kernel, stride, dilation, padding, tuple(extra)
+    return _PoolGeometry(kernel, stride, dilation, padding, tuple(extra))
+  def _pool_windows(self, geometry: _PoolGeometry, pad_value: Scalar) -> Tensor:
+    """(..., *out, *kernel): the input padded with pad_value (and ceil_mode's extra cells), cut into windows."""
+    lead = ((0, 0),) * (self.ndim - len(geometry.kernel))
+    padded = self.pad(lead + tuple((p, p + e) for p, e in zip(geometry.padding, geometry.extra)), value=pad_value)
+    return padded._pool(geometry.kernel, geometry.stride, geometry.dilation)
 
   def max_pool2d(self, kernel_size=(2, 2), stride=None, dilation=1, padding=0, ceil_mode: bool = False) -> Tensor:
     """The max of each window over the last len(kernel_size) dims (2 for an int); stride defaults to the kernel.
     Padding is −inf (the dtype's min for ints), so it never wins."""
+    geometry = self._pool_geometry(kernel_size, stride, dilation, padding, ceil_mode, "max_pool2d")
     pad_value = -math.inf if self.dtype.is_float else dtypes.min(self.dtype)
-    windows, count, *_ = self._pool_padded(kernel_size, stride, dilation, padding, ceil_mode, pad_value, "max_pool2d")
-    return windows.max(tuple(range(-count, 0)))
+    return self._pool_windows(geometry, pad_value).max(geometry.window_axes)
 
   def avg_pool2d(self, kernel_size=(2, 2), stride=None, dilation=1, padding=0, ceil_mode: bool = False,
                  count_include_pad: bool = True) -> Tensor:
     """The mean of each window, as torch: with count_include_pad the divisor counts the zero padding (but not
-    ceil_mode's extra cells past it); without, only the input cells in the window."""
-    windows, count, kernel, stride, dilation, padding, extra = self._pool_padded(
-      kernel_size, stride, dilation, padding, ceil_mode, 0.0, "avg_pool2d")
-    x_windows = windows._to_float()
-    total = x_windows.sum(tuple(range(-count, 0)))
-    if not any(extra) and (count_include_pad or not any(padding)): return total / prod(kernel)
-    inside = Tensor.ones(self.shape[-count:], dtype=total.dtype, device=self.device)
-    counted = inside.pad(tuple((p, p) for p in padding), value=1.0 if count_include_pad else 0.0)
-    counted = counted.pad(tuple((0, e) for e in extra))._pool(kernel, stride, dilation)
-    return total / counted.sum(tuple(range(-count, 0)))
+    ceil_mode's extra cells past it); without, only the input cells in the window. The divisors are the window
+    sums of a constant tensor of ones padded the same way, so they are computed in the kernel."""
+    geometry = self._pool_geometry(kernel_size, stride, dilation, padding, ceil_mode, "avg_pool2d")
+    total = self._to_float()._pool_windows(geometry, 0.0).sum(geometry.window_axes)
+    if not any(geometry.extra) and (count_include_pad or not any(geometry.padding)):
+      return total / prod(geometry.kernel)
+    counted = Tensor.ones(self.shape[-len(geometry.kernel):], dtype=total.dtype, device=self.device)
+    counted = counted.pad(tuple((p, p) for p in geometry.padding), value=1.0 if count_include_pad else 0.0)
+    counted = counted.pad(tuple((0, e) for e in geometry.extra))._pool(geometry.kernel, geometry.stride,
+                                                                       geometry.dilation)
+    return total / counted.sum(geometry.window_axes)
 
   def _adaptive_pool(self, output_size, reduce: str) -> Tensor:
     count = len(output_size) if isinstance(output_size, (tuple, list)) else 2
@@ -1238,7 +1240,7 @@ class Tensor:
     x = self._to_float()
     for k, out_size in enumerate(size):
       axis = self.ndim - len(size) + k
-      if out_size == self.shape[axis] and not mode.startswith("nearest") and not align_corners: continue
+      if out_size == self.shape[axis]: continue   # every mode maps an axis onto itself unchanged
       matrix = Tensor(_interpolation_matrix(self.shape[axis], out_size, mode, align_corners), device=self.device)
       x = (x.transpose(axis, -1) @ matrix.cast(x.dtype)).transpose(axis, -1)
     return x
@@ -1529,6 +1531,18 @@ def _int_tuple(value: Any, count: int, name: str) -> tuple[int, ...]:
   if len(values) != count or not all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in values):
     raise RuntimeError(f"expected {name} to be a single integer value or a list of {count} values, got {name}={value}")
   return tuple(int(v) for v in values)
+
+@dataclass(frozen=True)
+class _PoolGeometry:
+  """Checked pooling arguments, one entry per pooled dim; `extra` is ceil_mode's padding after the end (windows
+  that start inside the input but run past it, as torch allows)."""
+  kernel: tuple[int, ...]
+  stride: tuple[int, ...]
+  dilation: tuple[int, ...]
+  padding: tuple[int, ...]
+  extra: tuple[int, ...]
+  @property
+  def window_axes(self) -> tuple[int, ...]: return tuple(range(-len(self.kernel), 0))
 
 def _conv_padding(padding: Any, kernel: tuple[int, ...], dilation: tuple[int, ...],
                   stride: tuple[int, ...]) -> tuple[tuple[int, int], ...]:

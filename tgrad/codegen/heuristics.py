@@ -6,10 +6,10 @@ reductions that reuse loads across two output axes (matmul-like), then THREAD ac
 GPU rules live in `_gpu_rules`.
 """
 from __future__ import annotations
-import math, os
+import math
 from tgrad.codegen.kernel import Kernel, KernelOptError, Opt, OptOps
 from tgrad.ops import Ops
-from tgrad.helpers import Context, prod
+from tgrad.helpers import cpu_count, prod
 
 # CPU: an AVX-512 register holds 16 float32; an 8×16 tile of accumulators uses 8 of the 32 vector registers and
 # reuses each loaded B vector 8 times (measured on Zen 5, 1024² matmul: 4×16 → 64, 8×16 → 126 GFLOP/s per core).
@@ -18,7 +18,6 @@ CPU_TILE_ROWS = 8
 # Waking the thread pool costs ~20-50 µs; below this many loop iterations one core is faster.
 CPU_THREAD_MIN_WORK = 1 << 17
 
-def cpu_core_count() -> int: return Context.THREADS or os.cpu_count() or 1
 
 def try_opt(kernel: Kernel, opt: Opt) -> bool:
   try:
@@ -45,7 +44,7 @@ def _register_tile(kernel: Kernel) -> None:
 
 def _threads(kernel: Kernel) -> None:
   """Split the outermost output axis across the cores when there is enough work."""
-  cores = cpu_core_count()
+  cores = cpu_count()
   if cores <= 1 or kernel.global_dims == 0 or prod(kernel.full_shape) < CPU_THREAD_MIN_WORK: return
   size = kernel.full_shape[0]
   for threads in range(cores, 1, -1):

@@ -37,7 +37,7 @@ class Opt:
 
 MEMORY_OPS = (Ops.LOAD, Ops.STORE, Ops.CONST, Ops.ARANGE)
 MAX_UPCAST = 256   # largest product of upcast/unroll amounts: more unrolled code only bloats compile time
-MAX_PADDING_FRACTION = 1   # PADTO may add fewer positions than the axis has: at most doubles the work (tinygrad's rule)
+MAX_PADDING_FRACTION = 1   # PADTO adds fewer positions than the axis has: padding never more than doubles its work
 
 class Kernel:
   def __init__(self, ast: UOp, renderer):

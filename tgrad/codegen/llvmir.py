@@ -72,6 +72,10 @@ class _FunctionBuilder:
     self.entry.branch(self.fn.basic_blocks[1])
     return str(self.module)
 
+  def declare(self, name: str, returns: ir.Type, args: list[ir.Type]) -> ir.Function:
+    """An intrinsic by its full LLVM name (llvmlite's declare_intrinsic doesn't know every overload)."""
+    return self.module.globals.get(name) or ir.Function(self.module, ir.FunctionType(returns, args), name=name)
+
   def value(self, u: UOp) -> ir.Value:
     """u's value in its dtype's register type (index values narrowed back from i64)."""
     return self.as_type(u, register_type(u.dtype))
@@ -164,9 +168,7 @@ class _FunctionBuilder:
     elif u.op in (Ops.IDIV, Ops.MOD): out = self.int_division(u, dt, *srcs)
     elif u.op is Ops.MAX:
       if is_float:   # llvm.maximum propagates NaN (IEEE 754-2019 maximum) and vectorizes as a reduction
-        name = f"llvm.maximum.{_float_name(srcs[0].type)}"
-        fn = self.module.globals.get(name) or ir.Function(self.module, ir.FunctionType(srcs[0].type, [srcs[0].type] * 2), name)
-        out = b.call(fn, srcs)
+        out = b.call(self.declare(f"llvm.maximum.{_float_name(srcs[0].type)}", srcs[0].type, [srcs[0].type] * 2), srcs)
       else:
         bigger = b.icmp_unsigned(">", *srcs) if dt.is_unsigned or dt.is_bool else b.icmp_signed(">", *srcs)
         out = b.select(bigger, srcs[0], srcs[1])
@@ -210,8 +212,7 @@ class _FunctionBuilder:
       return round_bf16(b, out) if dst == dtypes.bfloat16 else out
     if src.is_float:   # float → int saturates (NaN → 0): never a fault, never poison
       name = f"llvm.fpto{'u' if dst.is_unsigned else 's'}i.sat.i{dst.bits}.{_float_name(x.type)}"
-      fn = self.module.globals.get(name) or ir.Function(self.module, ir.FunctionType(to, [x.type]), name=name)
-      return b.call(fn, [x])
+      return b.call(self.declare(name, to, [x.type]), [x])
     if dst.is_float:
       out = b.uitofp(x, to) if src.is_unsigned or src.is_bool else b.sitofp(x, to)
       return round_bf16(b, out) if dst == dtypes.bfloat16 else out

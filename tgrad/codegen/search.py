@@ -13,11 +13,11 @@ import numpy as np
 from tqdm import tqdm
 from tgrad.cache import get_cache
 from tgrad.codegen.kernel import Kernel, KernelOptError, Opt, OptOps
-from tgrad.codegen.heuristics import cpu_core_count, hand_coded_optimizations
+from tgrad.codegen.heuristics import hand_coded_optimizations
 from tgrad.codegen.linearizer import linearize
 from tgrad.device import Buffer, Compiled, Device
 from tgrad.dtype import DType, dtypes
-from tgrad.helpers import Context, prod, settings_key
+from tgrad.helpers import Context, cpu_count, prod, settings_key
 from tgrad.ops import Ops
 
 # ---- the action space: every Opt the search may add to a kernel (illegal ones raise KernelOptError and are skipped)
@@ -82,7 +82,7 @@ def search_cache_key(kernel: Kernel, beam_width: int, device: Optional[Compiled]
   return {"ast": kernel.ast.key, "start_opts": json.dumps([opt.to_json() for opt in kernel.applied_opts]),
           "device": device.name, "arch": device_arch(device), "compiler": device.compiler.cache_key,
           "renderer": renderer_flags(kernel.renderer), "settings": repr(settings_key()),
-          "threads": str(cpu_core_count() if kernel.renderer.has_threads else 0),
+          "threads": str(cpu_count() if kernel.renderer.has_threads else 0),
           "actions": action_space_hash(), "beam": str(beam_width)}
 
 # ---- results
@@ -207,7 +207,7 @@ def _without_main_module() -> Iterator[None]:
 def _compile_pool(compiler: Any) -> Any:
   """One pool of spawned workers per compiler, kept for the life of the process."""
   if (pool := _pools.get(compiler.cache_key)) is None:
-    workers = COMPILE_WORKERS or cpu_core_count()
+    workers = COMPILE_WORKERS or cpu_count()
     with _without_main_module():
       pool = multiprocessing.get_context("spawn").Pool(workers, _init_worker, (_compiler_recipe(compiler),))
     _pools[compiler.cache_key] = pool
@@ -337,7 +337,7 @@ class _Search:
 
   def actions(self) -> list[Opt]:
     """ACTIONS without THREAD splits over the core count: more threads than cores only queue on the pool."""
-    cores = cpu_core_count()
+    cores = cpu_count()
     return [action for action in ACTIONS if action.op is not OptOps.THREAD or action.amount <= cores]
 
   def candidate_for(self, kernel: Kernel) -> tuple[Optional[_Candidate], bool]:

@@ -5,14 +5,14 @@ host CPU with all its features. Program: the object loaded into its own MCJIT en
 function once per core index from a thread pool (ctypes releases the GIL, so the calls run in parallel).
 """
 from __future__ import annotations
-import ctypes, functools, hashlib, os, time
+import ctypes, functools, hashlib, time
 from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import llvmlite
 import llvmlite.binding as llvm
 from tgrad.device import Allocator, Compiler, Compiled
 from tgrad.codegen.llvmir import LLVMRenderer
-from tgrad.helpers import Context
+from tgrad.helpers import cpu_count
 
 BUFFER_ALIGNMENT = 64   # bytes: a cache line, and the widest vector load (AVX-512)
 OPT_LEVEL = 3
@@ -53,7 +53,7 @@ class LLVMCompiler(Compiler):
 
 @functools.cache
 def _thread_pool() -> ThreadPoolExecutor:
-  return ThreadPoolExecutor(max_workers=Context.THREADS or os.cpu_count() or 1)
+  return ThreadPoolExecutor(max_workers=cpu_count())
 
 class LLVMProgram:
   """A loaded kernel. Call with buffers (numpy handles) and global_size=(threads,)."""

@@ -207,7 +207,7 @@ def create_schedule(outs: list[LazyBuffer]) -> list[ScheduleItem]:
   bases = _walk_bases(outs)
   realize_set: set[LazyBuffer] = set(outs) | {b for b in bases if b.op in REALIZED_OPS}
   for b in bases:
-    if b.op is Ops.COPY or b.op is Ops.ASSIGN: realize_set.update(s.base for s in b.srcs if s.base.buffer is None)
+    if b.op is Ops.COPY: realize_set.update(s.base for s in b.srcs if s.base.buffer is None)
   _realize_unfusable_reduces(bases, realize_set)
   _realize_shared_elementwise(bases, realize_set)
   asts: dict[LazyBuffer, tuple[UOp, list[LazyBuffer], set[LazyBuffer]]] = {}

@@ -306,9 +306,12 @@ class Tensor:
       x = x.alu(Ops.XOR, x.alu(Ops.SHR, const(16))).alu(Ops.MUL, const(MURMUR_MULTIPLIER_1))
       x = x.alu(Ops.XOR, x.alu(Ops.SHR, const(13))).alu(Ops.MUL, const(MURMUR_MULTIPLIER_2))
       return x.alu(Ops.XOR, x.alu(Ops.SHR, const(16)))
+    # the keys travel in a tiny buffer, not as constants in the kernel, so every call reuses one compiled kernel
+    keys = LazyBuffer.from_host(np.array([key, _fmix32(key ^ GOLDEN_RATIO_32)], dtype=np.uint32), device)
+    def key_at(i: int) -> LazyBuffer: return keys.shrink(((i, i + 1),)).expand((count,))
     counter = LazyBuffer.loadop(Ops.ARANGE, (count,), dtypes.int32, device).cast(dtypes.uint32)
-    x = mix(counter.alu(Ops.MUL, const(GOLDEN_RATIO_32)).alu(Ops.ADD, const(key)))
-    return mix(x.alu(Ops.XOR, const(_fmix32(key ^ GOLDEN_RATIO_32))))
+    x = mix(counter.alu(Ops.MUL, const(GOLDEN_RATIO_32)).alu(Ops.ADD, key_at(0)))
+    return mix(x.alu(Ops.XOR, key_at(1)))
   @staticmethod
   def rand(*shape, dtype: Any = None, device: Optional[str] = None, **kwargs) -> Tensor:
     """Uniform in [0, 1): the top bits of a random uint32, as many as the float format holds exactly."""

@@ -4,6 +4,7 @@ import json, struct
 import numpy as np
 import pytest
 import torch
+from safetensors.numpy import save_file as numpy_save_file, load_file as numpy_load_file
 from safetensors.torch import save_file as torch_save_file, load_file as torch_load_file
 from tgrad import Tensor, dtypes
 from tgrad.ops import Ops
@@ -38,6 +39,16 @@ def test_round_trip_with_the_safetensors_package(tmp_path, dtype):
   np.testing.assert_array_equal(read_by_us["t"].numpy(), want.float().numpy() if dtype == dtypes.bfloat16 else
                                 want.numpy())
   assert safe_load_metadata(str(tmp_path / "ours.safetensors")) == {"format": "pt"}
+
+@pytest.mark.parametrize("dtype", [dtypes.uint16, dtypes.uint32, dtypes.uint64], ids=lambda d: d.name)
+def test_unsigned_round_trip_with_safetensors_numpy(tmp_path, dtype):   # torch lacks most unsigned types
+  values = _values(dtype)
+  safe_save({"t": Tensor(values)}, str(tmp_path / "ours.safetensors"))
+  np.testing.assert_array_equal(numpy_load_file(str(tmp_path / "ours.safetensors"))["t"], values)
+  numpy_save_file({"t": values}, str(tmp_path / "theirs.safetensors"))
+  read_by_us = safe_load(str(tmp_path / "theirs.safetensors"))["t"]
+  assert read_by_us.dtype == dtype
+  np.testing.assert_array_equal(read_by_us.numpy(), values)
 
 def test_loading_is_memory_mapped_and_lazy(tmp_path):
   path = tmp_path / "lazy.safetensors"

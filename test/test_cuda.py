@@ -111,6 +111,10 @@ def test_casts_match_llvm(src: DType):
       assert_same(numpy_of(on("CUDA", data, src).cast(dst)), data.astype(np.float16), "float64 → float16")
       continue
     cuda, llvm = on_both(lambda x: x.cast(dst), (data, src))
+    if src.is_float and dst.is_int:   # NaN → 0 on CUDA; the LLVM device's answer depends on the host CPU's lowering
+      nan = np.isnan(as_float64(data, src))
+      assert (cuda[nan] == 0).all(), f"{src} NaN → {dst}"
+      cuda, llvm = cuda[~nan], llvm[~nan]
     assert_same(cuda, llvm, f"{src} → {dst}")
 
 @pytest.mark.parametrize("src", [d for d in ALL if not d.is_bool], ids=lambda d: d.name)

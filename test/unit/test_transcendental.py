@@ -30,6 +30,10 @@ def test_log2_float32():
   np.testing.assert_array_equal(np.isnan(out), np.isnan(expected))
   np.testing.assert_array_equal(out[np.isinf(expected)], expected[np.isinf(expected)])
 
+def test_sin_float32_is_exact_for_huge_arguments():
+  x = np.array([1e7, 3e9, 1e30, -2.5e12], np.float32)
+  np.testing.assert_allclose(Tensor(x).sin().numpy(), np.sin(x.astype(np.float64)), atol=1e-6)
+
 def test_sin_float32():
   rng = np.random.default_rng(2)
   x = np.concatenate([rng.uniform(-100, 100, 20000), rng.uniform(-1e4, 1e4, 2000)]).astype(np.float32)

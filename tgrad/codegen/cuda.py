@@ -425,13 +425,14 @@ class _KernelWriter:
       if dst == dtypes.float16: return f"round_half({x})"
       if dst == dtypes.bfloat16: return f"round_bfloat16((float){x})"
       return f"({to}){x}"
-    if src.is_float:   # saturating, truncating, NaN → 0 (cvt.rzi), like llvm.fpto[su]i.sat
+    if src.is_float:   # truncating and saturating (cvt.rzi), NaN → 0: like llvm.fpto[su]i.sat
       kind = "double" if src == dtypes.float64 else "float"
-      # measured on an H200: cvt.rzi.s64 of NaN gives INT64_MIN, so 64-bit results check for NaN first
-      if dst.itemsize == 8: return f"({x} != {x} ? 0 : __{kind}2{_FLOAT_TO_INT[dst]}_rz({x}))"
-      if dst in _FLOAT_TO_INT: return f"__{kind}2{_FLOAT_TO_INT[dst]}_rz({x})"
-      if dst.is_unsigned: return f"({to})min({dtypes.max(dst)}u, __{kind}2uint_rz({x}))"
-      return f"({to})max({dtypes.min(dst)}, min({dtypes.max(dst)}, __{kind}2int_rz({x})))"
+      if dst in _FLOAT_TO_INT: converted = f"__{kind}2{_FLOAT_TO_INT[dst]}_rz({x})"
+      elif dst.is_unsigned: converted = f"min({dtypes.max(dst)}u, __{kind}2uint_rz({x}))"
+      else: converted = f"max({dtypes.min(dst)}, min({dtypes.max(dst)}, __{kind}2int_rz({x})))"
+      # cvt.rzi's NaN result depends on the instruction (measured on an H200: 0 for f32 → s32, INT_MIN for f64 → s32
+      # and for 64-bit results), so NaN is tested first
+      return f"({x} != {x} ? ({to})0 : ({to}){converted})"
     if dst.is_float:
       if dst == dtypes.float16: return f"round_half((float){x})"
       if dst == dtypes.bfloat16: return f"round_bfloat16((float){x})"

@@ -206,6 +206,10 @@ class _FunctionBuilder:
     to = register_type(dst)
     if dst.is_bool:
       return b.fcmp_unordered("!=", x, const(src, 0)) if src.is_float else b.icmp_unsigned("!=", x, const(src, 0))
+    # half goes through float: x86 without native f16 lowers f64→f16 and f16→int to libcalls that are not in the
+    # process (a segfault) or that ignore the saturation (NaN → INT_MIN). f64→f32→f16 rounds twice: within 1 ulp.
+    if x.type == ir.HalfType() and to != ir.FloatType(): x, src = b.fpext(x, ir.FloatType()), dtypes.float32
+    if to == ir.HalfType() and x.type == ir.DoubleType(): x, src = b.fptrunc(x, ir.FloatType()), dtypes.float32
     if src.is_float and dst.is_float:
       if x.type == to: out = x
       else: out = b.fpext(x, to) if _float_bits(x.type) < _float_bits(to) else b.fptrunc(x, to)

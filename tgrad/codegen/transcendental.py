@@ -1,9 +1,9 @@
-"""Transcendental functions as plain arithmetic UOps, so CPU loops over them vectorize (a libm call does not).
+"""exp2 and log2 as plain arithmetic UOps, so CPU loops over them vectorize (a libm call does not).
 
-`decompositions` rewrites EXP2, LOG2 and SIN of float32 (and of float16/bfloat16, computed in float32) into range
-reduction + polynomial + exponent bit tricks. float64 keeps the native call. Accuracy (measured against numpy in
-test/unit/test_transcendental.py): exp2 within 2 ulp and log2 within 4 ulp over the whole float range (subnormals,
-±inf, NaN included); sin within 4e-7 absolute for |x| < 1e4; beyond that the Cody–Waite reduction loses bits.
+`decompositions` rewrites EXP2 and LOG2 of float32 (and of float16/bfloat16, computed in float32) into range
+reduction + polynomial + exponent bit tricks. float64 and sin keep the native call. Accuracy (measured against
+numpy in test/unit/test_transcendental.py): exp2 within 2 ulp and log2 within 4 ulp over the whole float range
+(subnormals, ±inf, NaN included).
 """
 from __future__ import annotations
 import math
@@ -23,9 +23,6 @@ SUBNORMAL_SCALE_BITS = 23            # multiplying by 2^23 makes every subnormal
 EXP2_MIN_INPUT, EXP2_MAX_INPUT = -150.0, 130.0
 EXP2_TAYLOR_TERMS = 8                # Taylor series of 2^f = e^(f ln2) on |f| <= 1/2: last term ~5e-9 relative
 LOG_SERIES_TERMS = 6                 # ln(m) = 2 atanh(s) with |s| <= 0.172: s^13/13 ~ 1e-11
-SIN_TAYLOR_TERMS = 7                 # sin(r), |r| <= pi/2: r^15/15! ~ 7e-10
-# pi split into parts whose products with k (|k| < 2^15) are exact in float32 (Cody & Waite)
-PI_PART_A, PI_PART_B, PI_PART_C = 3.140625, 9.67502593994140625e-4, 1.509957990978376432e-7
 
 def _f(value: float) -> UOp: return UOp.const(F32, value)
 def _i(value: int) -> UOp: return UOp.const(I32, value)
@@ -68,15 +65,8 @@ def log2_f32(x: UOp) -> UOp:
   out = x.ne(0.0).where(out, _f(-math.inf))
   return (x.lt(0.0) | x.ne(x)).where(_f(math.nan), out)
 
-def sin_f32(x: UOp) -> UOp:
-  k = _round(x * (1 / math.pi))
-  reduced = x - k * PI_PART_A - k * PI_PART_B - k * PI_PART_C
-  r2 = reduced * reduced
-  poly = reduced * _horner(r2, [(-1) ** j / math.factorial(2 * j + 1) for j in range(SIN_TAYLOR_TERMS)])
-  odd = k.cast(I32).alu(Ops.AND, _i(1)).ne(0)
-  return odd.where(-poly, poly)
-
-_DECOMPOSE = {Ops.EXP2: exp2_f32, Ops.LOG2: log2_f32, Ops.SIN: sin_f32}
+# sin keeps the exact libm call: a float32 polynomial needs a Payne–Hanek reduction to stay right for huge |x|.
+_DECOMPOSE = {Ops.EXP2: exp2_f32, Ops.LOG2: log2_f32}
 _DECOMPOSED_DTYPES = (dtypes.float16, dtypes.bfloat16, dtypes.float32)
 
 def _decompose(u: UOp) -> UOp:

@@ -26,7 +26,7 @@ TEST_FRACTION = 0.2
 HIDDEN = 64
 BATCH_SIZE = 128
 LEARNING_RATE = 0.01
-DEFAULT_STEPS = 600
+DEFAULT_STEPS = 400
 DEFAULT_MIN_ACCURACY = 0.95
 
 def make_spirals(rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:

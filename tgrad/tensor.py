@@ -1008,11 +1008,13 @@ class Tensor:
 
   # ---- triangles
   def _triangle_mask(self, diagonal: int, lower: bool) -> Tensor:
-    if self.ndim < 2: raise RuntimeError(f"{'tril' if lower else 'triu'}: input tensor must have at least 2 dimensions,"
-                                         f" got shape {self.shape}")
+    """True on and below (lower) or on and above the `diagonal`-th diagonal of the last two dims."""
+    if self.ndim < 2:
+      raise RuntimeError(f"{'tril' if lower else 'triu'}: input tensor must have at least 2 dimensions, got shape "
+                         f"{self.shape}")
     rows, cols = self.shape[-2:]
-    offset = Tensor.arange(cols, device=self.device).reshape(1, cols) - Tensor.arange(rows, device=self.device).reshape(
-      rows, 1)
+    column = Tensor.arange(cols, device=self.device).reshape(1, cols)
+    offset = column - Tensor.arange(rows, device=self.device).reshape(rows, 1)   # column − row
     return offset <= diagonal if lower else offset >= diagonal
   def tril(self, diagonal: int = 0) -> Tensor:
     """The lower triangle of the last two dims (column − row <= diagonal); zeros elsewhere."""

@@ -36,7 +36,8 @@ def test_chain_of_twenty_elementwise_ops_is_one_kernel():
   for i in range(20): out = (out * 1.01 + 0.5) if i % 2 == 0 else out.relu()
   assert kernel_count(out) == 1
   expected = x.numpy()
-  for i in range(20): expected = (expected * np.float32(1.01) + np.float32(0.5)) if i % 2 == 0 else np.maximum(expected, 0)
+  for i in range(20):
+    expected = (expected * np.float32(1.01) + np.float32(0.5)) if i % 2 == 0 else np.maximum(expected, 0)
   np.testing.assert_allclose(out.numpy(), expected, rtol=1e-5)
 
 @pytest.mark.parametrize("movement", ["reshape", "permute", "pad"])

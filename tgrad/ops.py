@@ -30,8 +30,13 @@ class Ops(Enum):
   SINK = auto(); DEFINE_GLOBAL = auto(); DEFINE_LOCAL = auto(); DEFINE_ACC = auto(); DEFINE_VAR = auto()  # noqa: E702
   SPECIAL = auto(); RANGE = auto(); ENDRANGE = auto(); IF = auto(); ENDIF = auto(); BARRIER = auto()  # noqa: E702
   VIEW = auto(); LOAD = auto(); STORE = auto(); CONST = auto(); REDUCE_AXIS = auto(); ASSIGN = auto()  # noqa: E702
-  VECTORIZE = auto(); GEP = auto()  # noqa: E702
-  REDUCE = auto()   # linear level: src=(value, *ranges), arg=(reduce op, accumulator id); reads the accumulator
+  # fragments (tensor cores): VECTORIZE src=(x0..xn-1) of one dtype is a fragment of n values (its dtype is the
+  # elements'); GEP src=(fragment,), arg=i is its element i; WMMA src=(a, b, c) fragments, arg=TensorCore (see
+  # codegen/renderer.py), is one warp's D = A·B + C: the new c fragment, dtype the accumulator's
+  VECTORIZE = auto(); GEP = auto(); WMMA = auto()  # noqa: E702
+  # linear level: src=(value, *ranges), arg=(reduce op, accumulator id); reads the accumulator. With reduce op WMMA the
+  # value is a chain of WMMAs that reads the accumulator fragment (a DEFINE_ACC of a VECTORIZE) and replaces it
+  REDUCE = auto()
   # lazy-graph ops that are not ALU
   EMPTY = auto(); COPY = auto(); CONTIGUOUS = auto()  # noqa: E702
   ARANGE = auto()   # a leaf whose value at flat position i of its buffer is i (AST: src=(VIEW,), masked → 0)

@@ -15,7 +15,8 @@ from tgrad.device import CompileError
 from tgrad.codegen.kernel import Kernel, KernelOptError, Opt, OptOps, fold_dims
 from tgrad.codegen.linearizer import linearize
 from tgrad.codegen.heuristics import hand_coded_optimizations
-from tgrad.codegen.cuda import CUDARenderer, render_const, CUDA_MAX_GRID, CUDA_MAX_BLOCK
+from tgrad.codegen.cuda import CUDARenderer, render_const, CUDA_MAX_GRID, CUDA_MAX_BLOCK, TENSOR_CORES
+from tgrad.codegen.llvmir import LLVMRenderer
 from tgrad.runtime.nvrtc import compile_cuda, nvrtc_available, NVRTCCompiler
 
 pytestmark = pytest.mark.skipif(not nvrtc_available(), reason="libnvrtc not found (pip install nvidia-cuda-nvrtc)")
@@ -171,6 +172,101 @@ def test_matmul_heuristics_tile_and_vectorize():
 def test_low_precision_matmul(dtype: DType):
   compile_all(matmul(host((64, 32), dtype), host((32, 64), dtype)), heuristics=True)
 
+# ---- tensor cores: OptOps.TC turns a half/bfloat16 matmul accumulated in float32 into mma.sync (sm_80+)
+
+MMA = {dtypes.float16: "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32",
+       dtypes.bfloat16: "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"}
+TC = Opt(OptOps.TC, 0, 0)
+
+def half_dot(a: LazyBuffer, b: LazyBuffer, cast_first: bool = False) -> LazyBuffer:
+  """a @ b as Tensor.dot builds it for half inputs: products in the inputs' dtype cast to float32, then summed (with
+  cast_first: products of the float32 casts). a's leading axes are a batch; b is (k, m) or has the same batch."""
+  *batch, n, k = a.shape
+  m, batch = b.shape[-1], tuple(batch)
+  x = a.reshape(batch + (n, k, 1)).expand(batch + (n, k, m))
+  y = b.reshape(batch + (1, k, m) if len(b.shape) > 2 else (1,) * len(batch) + (1, k, m)).expand(batch + (n, k, m))
+  product = x.cast(dtypes.float32).alu(Ops.MUL, y.cast(dtypes.float32)) if cast_first else \
+    x.alu(Ops.MUL, y).cast(dtypes.float32)
+  return product.r(Ops.ADD, (len(batch) + 1,)).reshape(batch + (n, m))
+
+TC_SHAPES = [((16, 16), (16, 8)), ((64, 64), (64, 64)), ((48, 32), (32, 80)), ((32, 4096), (4096, 16)),
+             ((3, 32, 64), (3, 64, 24)), ((2, 16, 48), (48, 32))]
+
+@pytest.mark.parametrize("dtype", [dtypes.float16, dtypes.bfloat16], ids=lambda d: d.name)
+@pytest.mark.parametrize("shapes", TC_SHAPES, ids=str)
+def test_tensor_core_matmul(dtype: DType, shapes):
+  """One warp per 16×8 tile, one mma per 16 of K: the lanes are threadIdx.x (tig, 4) and .y (group, 8)."""
+  (kernel,) = kernels(half_dot(host(shapes[0], dtype), host(shapes[1], dtype)), (TC,))
+  assert kernel.launch_dims()[1] == (4, 8)
+  src = compiled_source(kernel)
+  assert src.count(MMA[dtype]) == 1, src
+  assert "for (" in src if shapes[0][-1] > 16 else "for (" not in src   # K = 16: no reduce loop is left
+
+@pytest.mark.parametrize("opts,mmas", [((Opt(OptOps.UPCAST, 0, 2), Opt(OptOps.UPCAST, 1, 4)), 8),
+                                       ((Opt(OptOps.LOCAL, 0, 2), Opt(OptOps.LOCAL, 1, 4), Opt(OptOps.UNROLL, 0, 2)), 2),
+                                       ((Opt(OptOps.UPCAST, 1, 2), Opt(OptOps.LOCAL, 0, 4), Opt(OptOps.PADTO, 0, 8)), 2)],
+                         ids=_opts_id)
+def test_tensor_core_with_later_opts(opts, mmas: int):
+  """UPCAST multiplies the tiles per warp, UNROLL the K steps per loop iteration, LOCAL the warps per block; the
+  lanes stay the innermost 32 threads."""
+  (kernel,) = kernels(half_dot(host((128, 64), dtypes.float16), host((64, 128), dtypes.float16)), (TC,) + opts)
+  assert kernel.launch_dims()[1][:2] == (4, 8)
+  assert compiled_source(kernel).count(MMA[dtypes.float16]) == mmas
+
+def test_tensor_core_forms_and_pair_loads():
+  """Products of float32 casts also qualify. A K-contiguous operand packs two halves with one 32-bit load."""
+  (kernel,) = kernels(half_dot(host((32, 64), dtypes.float16), host((64, 32), dtypes.float16), cast_first=True), (TC,))
+  src = compiled_source(kernel)
+  assert src.count("*((const unsigned int*)(data1 + ") == 4, "A is row-major: its 8 halves are 4 pair loads"
+  assert "(const unsigned int*)(data2" not in src, "B (k, n) is strided along K: its halves are packed one by one"
+
+def test_tensor_core_heuristics():
+  """The GPU heuristics use tensor cores first for a half matmul (then a tile of mmas per warp, warps per block)."""
+  (kernel,) = kernels(half_dot(host((256, 128), dtypes.float16), host((128, 256), dtypes.float16)).cast(dtypes.float16),
+                      heuristics=True)
+  assert kernel.applied_opts[0] == TC and kernel.launch_dims()[1] == (4, 8, 4)
+  assert compiled_source(kernel).count(MMA[dtypes.float16]) == 16
+
+@pytest.mark.parametrize("case", ["llvm", "sm_75", "float32", "half_accumulator", "rows", "columns", "k", "not_first",
+                                  "axis", "amount"])
+def test_tensor_core_refusals(case: str):
+  """TC raises KernelOptError where it can't apply, and leaves the kernel as it was."""
+  a_shape, b_shape, dtype, renderer, opts = (32, 32), (32, 16), dtypes.float16, None, ()
+  if case == "llvm": renderer = LLVMRenderer()
+  if case == "sm_75": renderer = CUDARenderer(arch="sm_75")
+  if case == "float32": dtype = dtypes.float32
+  a_shape, b_shape = {"rows": ((24, 32), (32, 16)), "columns": ((32, 32), (32, 12)),
+                      "k": ((32, 24), (24, 16))}.get(case, (a_shape, b_shape))
+  if case == "not_first": opts = (Opt(OptOps.UPCAST, 0, 2),)
+  a, b = host(a_shape, dtype), host(b_shape, dtype)
+  out = matmul(a, b) if case == "half_accumulator" else half_dot(a, b)
+  (kernel,) = kernels(out, opts, renderer=renderer)
+  shape = kernel.full_shape
+  tc = {"axis": Opt(OptOps.TC, 2, 0), "amount": Opt(OptOps.TC, 0, 1)}.get(case, TC)
+  with pytest.raises(KernelOptError): kernel.apply_opt(tc)
+  assert kernel.full_shape == shape and kernel.applied_opts == list(opts) and kernel.tensor_core is None
+
+@pytest.mark.parametrize("opt", [Opt(OptOps.UPCAST, 3, 2), Opt(OptOps.UPCAST, 2, 2), Opt(OptOps.GROUP, 0, 2),
+                                 Opt(OptOps.NOLOCALS), TC], ids=str)
+def test_opts_after_tensor_core_keep_its_axes(opt: Opt):
+  """The lanes (axes 2, 3 here) and the fragment axes belong to the tensor core: opts that would move them raise."""
+  (kernel,) = kernels(half_dot(host((32, 64), dtypes.float16), host((64, 32), dtypes.float16)), (TC,))
+  assert kernel.tc_lane_axes == (2, 3)
+  with pytest.raises(KernelOptError): kernel.apply_opt(opt)
+  assert kernel.applied_opts == [TC]
+
+@pytest.mark.parametrize("core", TENSOR_CORES, ids=lambda c: c.dtype_in.name)
+def test_fragment_layouts_cover_each_tile_once(core):
+  """Over the 32 lanes, each operand's fragments hold every element of its tile exactly once, and C's layout is the
+  one Kernel._apply_tensor_core's axes assume (row = 8·(i // 2) + group, column = 2·tig + i % 2)."""
+  rows, columns, depth = core.dims
+  for layout, shape in ((core.a, (rows, depth)), (core.b, (depth, columns)), (core.c, (rows, columns))):
+    seen = [layout.position(i, lane // 4, lane % 4) for lane in range(core.lanes) for i in range(len(layout.rows))]
+    assert sorted(seen) == [(r, c) for r in range(shape[0]) for c in range(shape[1])]
+  for lane in range(core.lanes):
+    assert [core.c.position(i, lane // 4, lane % 4) for i in range(4)] == \
+      [(lane // 4 + 8 * (i // 2), 2 * (lane % 4) + i % 2) for i in range(4)]
+
 # ---- masks, offsets, ARANGE
 
 def test_padded_loads_are_masked():
@@ -248,5 +344,5 @@ def test_compiler_cache_key_names_version_arch_and_flags():
 
 def test_every_linear_op_is_rendered():
   """The ops a linear program can hold (linearizer.py) all have a rendering; an unknown one raises."""
-  u = UOp(Ops.VECTORIZE, dtypes.float32, (UOp.const(dtypes.float32, 1.0),))
+  u = UOp(Ops.CONTIGUOUS, dtypes.float32, (UOp.const(dtypes.float32, 1.0),))   # a lazy-graph op, never linear
   with pytest.raises(NotImplementedError): CUDARenderer().render("k", [u])

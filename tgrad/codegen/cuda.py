@@ -4,7 +4,8 @@ Buffers are `data0..N` (`const T* __restrict__` when only read); SPECIAL gidx0..
 .x..z; RANGE/ENDRANGE are `for` loops, DEFINE_ACC a local variable, DEFINE_LOCAL a `__shared__` array. Semantics are
 the Ops docstring's, as llvmir.py renders them: guarded integer division, NaN-propagating MAX, saturating float→int
 casts, wrapping signed arithmetic, half/bfloat16 math done in float and rounded after every op. `vector_groups`
-turns runs of contiguous, aligned scalar loads/stores into float4-style vector accesses.
+turns runs of contiguous, aligned scalar loads/stores into float4-style vector accesses. On sm_80+ WMMA is an inline
+`mma.sync` (tensor cores): fragments are scalar variables, half/bfloat16 pairs packed into 32-bit registers.
 """
 from __future__ import annotations
 import math
@@ -12,7 +13,7 @@ from dataclasses import dataclass
 from typing import Optional
 from tgrad.dtype import DType, dtypes
 from tgrad.ops import UOp, Ops, ALU, split_terms
-from tgrad.codegen.renderer import Renderer
+from tgrad.codegen.renderer import Renderer, FragmentLayout, TensorCore
 from tgrad.helpers import prod
 
 # Limits of every CUDA GPU since compute capability 3.0 (CUDA C Programming Guide, "Technical Specifications");
@@ -81,6 +82,23 @@ MAX_NAN_PRELUDE = """__device__ __forceinline__ float max_nan(float a, float b) 
   float r; asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b)); return r;
 }
 """
+# mma.sync.aligned.m16n8k16.row.col (PTX ISA 7.0, sm_80+), "Matrix Fragments for mma.m16n8k16 with floating point
+# type": lane = 4·group + tig. A (16×16): a0,a1 = A[group][2·tig + 0/1], a2,a3 = A[group + 8][2·tig + 0/1], a4..a7
+# the same 8 columns on; B (16×8): b0,b1 = B[2·tig + 0/1][group], b2,b3 = B[2·tig + 8 + 0/1][group]; C (16×8):
+# c0,c1 = C[group][2·tig + 0/1], c2,c3 = C[group + 8][2·tig + 0/1].
+MMA_M16N8K16 = {"a": FragmentLayout((1, 0), (0, 0, 8, 8, 0, 0, 8, 8), (0, 2), (0, 1, 0, 1, 8, 9, 8, 9)),
+                "b": FragmentLayout((0, 2), (0, 1, 8, 9), (1, 0), (0, 0, 0, 0)),
+                "c": FragmentLayout((1, 0), (0, 0, 8, 8), (0, 2), (0, 1, 0, 1))}
+TENSOR_CORES = tuple(TensorCore(f"mma.sync.aligned.m16n8k16.row.col.f32.{name}.{name}.f32", (16, 8, 16), dtype,
+                                dtypes.float32, **MMA_M16N8K16) for dtype, name in ((dtypes.float16, "f16"),
+                                                                                    (dtypes.bfloat16, "bf16")))
+TENSOR_CORE_MIN_SM = 80   # mma.sync m16n8k16 with f16/bf16 inputs and f32 accumulators: sm_80 (Ampere) and newer
+PACKED_DTYPES = (dtypes.float16, dtypes.bfloat16)   # two per 32-bit register in a fragment
+
+def sm_number(arch: str) -> int:
+  """80 for sm_80, 90 for sm_90a."""
+  return int(arch.removeprefix("sm_").rstrip("af"))
+
 BITCAST_PRELUDE = """template <typename To, typename From> __device__ __forceinline__ To bit_cast(From x) {
   static_assert(sizeof(To) == sizeof(From), "bit_cast needs equal sizes");
   To y; memcpy(&y, &x, sizeof(To)); return y;
@@ -101,6 +119,7 @@ class CUDARenderer(Renderer):
                shared_memory_bytes: int = CUDA_SHARED_MEMORY_BYTES):
     self.arch, self.max_local_size, self.max_grid = arch, max_local_size, tuple(max_grid)
     self.max_local_dims, self.shared_memory_bytes = tuple(max_local_dims), shared_memory_bytes
+    self.tensor_cores = TENSOR_CORES if sm_number(arch) >= TENSOR_CORE_MIN_SM else ()
   def render(self, name: str, uops: list[UOp]) -> str: return _KernelWriter(name, uops, self.arch).write()
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -183,10 +202,20 @@ def render_const(value, dtype: DType) -> str:
   text = repr(float(value)) + ("" if double else "f")
   return f"({text})" if text.startswith("-") else text
 
+def _pairable(low: UOp, high: UOp) -> bool:
+  """Whether two 16-bit loads are one 32-bit load: one global buffer, indices i and i+1 with i provably even (so the
+  address is 4-byte aligned: allocations are), the same valid."""
+  if low.op is not Ops.LOAD or high.op is not Ops.LOAD or low.src[0] is not high.src[0]: return False
+  if low.src[0].op is not Ops.DEFINE_GLOBAL or low.src[2:] != high.src[2:]: return False
+  low_terms, low_constant = split_terms(low.src[1])
+  high_terms, high_constant = split_terms(high.src[1])
+  return low_terms == high_terms and high_constant == low_constant + 1 and low_constant % 2 == 0 and \
+    all(coef % 2 == 0 for coef in low_terms.values())
+
 class _KernelWriter:
   def __init__(self, name: str, uops: list[UOp], arch: str = "sm_90"):
     self.name, self.uops = name, uops
-    self.has_max_nan = int(arch.removeprefix("sm_").rstrip("af")) >= MAX_NAN_MIN_SM
+    self.has_max_nan = sm_number(arch) >= MAX_NAN_MIN_SM
     self.names: dict[UOp, str] = {}
     self.acc_names: dict[int, str] = {}
     self.lines: list[str] = []
@@ -194,11 +223,22 @@ class _KernelWriter:
     self.counter = 0
     self.vectors = vector_groups(uops)
     self.vector_names: dict[int, str] = {}   # id of a VectorAccess → its variable
-    self.used = self.used_values()
     # half values whose exact 16 bits are stored or bitcast: loads and bitcasts keep them, so a copy or a bitcast of
     # a NaN keeps its payload (cvt.f32.f16 → cvt.rn.f16.f32 would not)
     self.wants_bits = {u.src[2] for u in uops if u.op is Ops.STORE} | {u.src[0] for u in uops if u.op is Ops.BITCAST}
     self.half_bits: dict[UOp, str] = {}
+    # tensor-core fragments: the variables of each element; half/bfloat16 elements are packed from their raw bits
+    self.fragments: dict[UOp, list[str]] = {}
+    self.acc_fragments: dict[int, list[str]] = {}
+    self.packed = {s for u in uops if u.op is Ops.VECTORIZE and u.dtype in PACKED_DTYPES for s in u.src}
+    self.read_as_float = {s for u in uops if u.op is not Ops.VECTORIZE for s in u.src}
+    # loads that only ever feed a 32-bit pair load (pair_load) are not written at all
+    paired, unpaired = set(), set(self.read_as_float)
+    for u in uops:
+      if u.op is not Ops.VECTORIZE or u.dtype not in PACKED_DTYPES: continue
+      for low, high in zip(u.src[0::2], u.src[1::2]): (paired if _pairable(low, high) else unpaired).update((low, high))
+    self.pair_only = paired - unpaired
+    self.used = self.used_values()
     dts = {u.dtype for u in uops} | {s.dtype for u in uops for s in u.src}
     self.needs = {"half": dtypes.float16 in dts, "bfloat16": dtypes.bfloat16 in dts,
                   "bit_cast": any(u.op is Ops.BITCAST for u in uops), "max_nan": False}
@@ -208,6 +248,9 @@ class _KernelWriter:
     (those indices) is not written out."""
     used: set[UOp] = set()
     for pos, u in enumerate(self.uops):
+      if u in self.pair_only: continue   # not written; pair_load reads its index and valid
+      if u.op is Ops.VECTORIZE: used.update(x for low, high in zip(u.src[0::2], u.src[1::2])
+                                            if _pairable(low, high) for x in low.src[1:])
       access = self.vectors.get(pos)
       for s in u.src:
         if access is not None and s is u.src[1] and pos != self.index_position(access): continue
@@ -267,6 +310,10 @@ class _KernelWriter:
       name, size = u.arg
       self.line(f"__shared__ {REGISTER_TYPES[u.dtype]} {name}[{size}];")
       self.names[u] = name
+    elif op is Ops.DEFINE_ACC and u.src[0].op is Ops.VECTORIZE:
+      names = [self.fresh(f"acc{u.arg}_") for _ in u.src[0].src]
+      for name, init in zip(names, u.src[0].src): self.line(f"{REGISTER_TYPES[u.dtype]} {name} = {self.value(init)};")
+      self.fragments[u] = self.acc_fragments[u.arg] = names
     elif op is Ops.DEFINE_ACC:
       name = f"acc{u.arg}" if u.arg not in self.acc_names else self.fresh(f"acc{u.arg}_")
       self.acc_names[u.arg] = name
@@ -283,8 +330,14 @@ class _KernelWriter:
       self.line(f"if ({self.value(u.src[0])}) {{")
       self.depth += 1
     elif op is Ops.BARRIER: self.line("__syncthreads();")
+    elif op is Ops.ASSIGN and u.src[0] in self.fragments:
+      for acc, new in zip(self.fragments[u.src[0]], self.fragments[u.src[1]]): self.line(f"{acc} = {new};")
     elif op is Ops.ASSIGN: self.line(f"{self.value(u.src[0])} = {self.value(u.src[1])};")
+    elif op is Ops.REDUCE and u.arg[0] is Ops.WMMA: self.fragments[u] = self.acc_fragments[u.arg[1]]
     elif op is Ops.REDUCE: self.names[u] = self.acc_names[u.arg[1]]
+    elif op is Ops.VECTORIZE: self.vectorize(u)
+    elif op is Ops.WMMA: self.wmma(u)
+    elif op is Ops.GEP: self.names[u] = self.fragments[u.src[0]][u.arg]
     elif op is Ops.LOAD: self.load(pos, u)
     elif op is Ops.STORE: self.store(pos, u)
     elif op is Ops.CAST: self.define(u, self.cast(self.value(u.src[0]), u.src[0].dtype, u.dtype), "cast")
@@ -296,12 +349,15 @@ class _KernelWriter:
 
   # ---- memory
   def load(self, pos: int, u: UOp) -> None:
+    if u in self.pair_only: return
     valid = u.src[2] if len(u.src) > 2 and u.src[2].dtype == dtypes.bool else None
     if (vector := self.vectors.get(pos)) is not None: return self.vector_load(pos, u, vector, valid)
     buffer, index = self.value(u.src[0]), self.value(u.src[1])
     element, shared = f"{buffer}[{index}]", u.src[0].op is Ops.DEFINE_LOCAL
-    if u.dtype == dtypes.float16 and not shared and u in self.wants_bits:
-      element = self.keep_half_bits(u, element if valid is None else f"({self.value(valid)} ? {element} : (half)0)")
+    if not shared and ((u.dtype == dtypes.float16 and u in self.wants_bits) or u in self.packed):
+      zero = f"({MEMORY_TYPES[u.dtype]})0"
+      element = self.keep_half_bits(u, element if valid is None else f"({self.value(valid)} ? {element} : {zero})")
+      if u not in self.read_as_float: return   # only packed into fragments: the bits are all that is needed
       valid = None
     from_memory = self.from_memory(element, u.dtype, shared)
     if valid is not None: from_memory = f"({self.value(valid)} ? {from_memory} : {render_const(0, u.dtype)})"
@@ -309,7 +365,7 @@ class _KernelWriter:
 
   def keep_half_bits(self, u: UOp, bits: str) -> str:
     name = self.fresh("bits")
-    self.line(f"half {name} = {bits};")
+    self.line(f"{MEMORY_TYPES[u.dtype]} {name} = {bits};")
     self.half_bits[u] = name
     return name
 
@@ -323,7 +379,7 @@ class _KernelWriter:
         loaded = f"({self.value(valid)} ? {loaded} : make_{vector.name}({', '.join(['0'] * vector.lanes)}))"
       self.line(f"const {vector.name} {name} = {loaded};")
     element = f"{self.vector_names[id(access)]}.{LANES[lane]}"
-    if u.dtype == dtypes.float16: self.half_bits[u] = element
+    if u.dtype == dtypes.float16 or u in self.packed: self.half_bits[u] = element
     if vector.lane_type == REGISTER_TYPES[u.dtype]: self.names[u] = element   # the lane is the value
     else: self.define(u, self.from_memory(element, u.dtype, False))
 
@@ -337,8 +393,8 @@ class _KernelWriter:
     return element
 
   def to_memory(self, u: UOp) -> str:
-    value, dtype = self.value(u), u.dtype
     if u in self.half_bits: return self.half_bits[u]
+    value, dtype = self.value(u), u.dtype
     if dtype == dtypes.float16: return f"float_to_half({value})"
     if dtype == dtypes.bfloat16: return f"float_to_bfloat16({value})"
     return value
@@ -357,6 +413,44 @@ class _KernelWriter:
     index, value = self.value(u.src[1]), self.value(u.src[2])
     shared = u.src[0].op is Ops.DEFINE_LOCAL
     self.line(f"{guard}{buffer}[{index}] = {value if shared else self.to_memory(u.src[2])};")
+
+  # ---- tensor cores
+  def vectorize(self, u: UOp) -> None:
+    """A fragment: float elements are used as they are; half/bfloat16 pairs (lower element in the low 16 bits, as
+    PTX orders a fragment's elements) go into one 32-bit register, read with one 32-bit load when they are adjacent
+    in memory and aligned."""
+    if u.dtype not in PACKED_DTYPES:
+      self.fragments[u] = [self.value(s) for s in u.src]
+      return
+    registers = []
+    for low, high in zip(u.src[0::2], u.src[1::2]):
+      name = self.fresh("pack")
+      if _pairable(low, high): packed = self.pair_load(low)
+      else: packed = f"((unsigned int){self.to_memory(low)} | ((unsigned int){self.to_memory(high)} << 16))"
+      self.line(f"unsigned int {name} = {packed};")
+      registers.append(name)
+    self.fragments[u] = registers
+
+  def pair_load(self, low: UOp) -> str:
+    """The 32 bits at `low` and the element after it (see _pairable), or 0 where they are masked off."""
+    valid = low.src[2] if len(low.src) > 2 and low.src[2].dtype == dtypes.bool else None
+    loaded = f"*((const unsigned int*)({self.value(low.src[0])} + {self.value(low.src[1])}))"
+    return loaded if valid is None else f"({self.value(valid)} ? {loaded} : 0u)"
+
+  def wmma(self, u: UOp) -> None:
+    """D = A·B + C as inline PTX (no side effects, so plain `asm`: the compiler may schedule it like arithmetic)."""
+    a, b, c = (self.fragments[s] for s in u.src)
+    core: TensorCore = u.arg
+    out = [self.fresh("wmma") for _ in c]
+    for name, init in zip(out, c): self.line(f"{REGISTER_TYPES[u.dtype]} {name} = {init};")
+    def operands(start: int, count: int) -> str: return ", ".join(f"%{i}" for i in range(start, start + count))
+    d_operands = operands(0, len(out))
+    text = (f"{core.instruction} {{{d_operands}}}, {{{operands(len(out), len(a))}}}, "
+            f"{{{operands(len(out) + len(a), len(b))}}}, {{{d_operands}}};")
+    outputs = ", ".join(f'"+f"({name})' for name in out)
+    inputs = ", ".join(f'"r"({name})' for name in a + b)
+    self.line(f'asm("{text}" : {outputs} : {inputs});')
+    self.fragments[u] = out
 
   # ---- arithmetic
   def alu(self, u: UOp) -> str:

@@ -3,7 +3,7 @@
 `hand_coded_optimizations(kernel)` applies Opts in place; every rule tries its Opt and moves on if the kernel
 refuses it (KernelOptError), so a rule never makes a kernel illegal. CPU (LLVM) rules: a register tile for
 reductions that reuse loads across two output axes (matmul-like), then THREAD across cores for big kernels.
-GPU rules live in `_gpu_rules`.
+GPU rules live in `_gpu_rules`; a half/bfloat16 matmul goes to tensor cores first (`_tensor_cores`).
 """
 from __future__ import annotations
 import math
@@ -133,7 +133,29 @@ def _gpu_locals(kernel: Kernel) -> None:
       budget //= local
   for axis in sorted(amounts): try_opt(kernel, Opt(OptOps.LOCAL, axis, amounts[axis]))
 
+# Tensor cores (OptOps.TC, one warp per 16×8 tile): each warp computes GPU_TC_TILE_ROWS × GPU_TC_TILE_COLUMNS tiles,
+# so an A fragment feeds every column tile and a B fragment every row tile (64 f32 accumulators per lane), and a block
+# holds GPU_TC_WARPS_ROWS × GPU_TC_WARPS_COLUMNS warps whose neighbouring tiles share loads through L1.
+GPU_TC_TILE_ROWS = 4
+GPU_TC_TILE_COLUMNS = 4
+GPU_TC_WARPS_ROWS = 2
+GPU_TC_WARPS_COLUMNS = 2
+
+def _tensor_cores(kernel: Kernel) -> bool:
+  """A sum of products of two half/bfloat16 loads into float32 on a GPU with tensor cores: TC, a register tile of mma
+  tiles per warp (UPCAST), then warps per block (LOCAL), each the largest amount that divides its axis."""
+  if not kernel.renderer.tensor_cores or not try_opt(kernel, Opt(OptOps.TC, 0, 0)): return False
+  use = kernel.tensor_core
+  assert use is not None
+  for opt, axis, limit in ((OptOps.UPCAST, use.rows_axis, GPU_TC_TILE_ROWS),
+                           (OptOps.UPCAST, use.columns_axis, GPU_TC_TILE_COLUMNS),
+                           (OptOps.LOCAL, use.rows_axis, GPU_TC_WARPS_ROWS),
+                           (OptOps.LOCAL, use.columns_axis, GPU_TC_WARPS_COLUMNS)):
+    if (amount := _divisor_at_most(kernel.full_shape[axis], limit)) > 1: try_opt(kernel, Opt(opt, axis, amount))
+  return True
+
 def _gpu_rules(kernel: Kernel) -> None:
+  if _tensor_cores(kernel): return
   if _group_small_reduce(kernel): return   # its block is the group (and a warp of outputs for a strided reduce)
   _gpu_upcast(kernel)
   _gpu_locals(kernel)

@@ -8,12 +8,14 @@ renderer. All ShapeTrackers share one rank; axes are ordered by role:
 
 An `Opt(op, axis, amount)` splits an axis and moves the piece to its role's place (`shift_to`). An illegal opt
 raises KernelOptError, so search can try anything. The linearizer (linearizer.py) turns a Kernel into UOps.
+OptOps.TC (tensor cores) lays one warp over a tile of a matmul-like reduce; see `_apply_tensor_core`.
 """
 from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum, auto
 from typing import Optional
 from tgrad.ops import UOp, Ops, ALU, exec_alu, truncate_to
+from tgrad.codegen.renderer import TensorCore
 from tgrad.shape.shapetracker import ShapeTracker
 from tgrad.helpers import prod, round_up
 
@@ -39,6 +41,18 @@ MEMORY_OPS = (Ops.LOAD, Ops.STORE, Ops.CONST, Ops.ARANGE)
 MAX_UPCAST = 256   # largest product of upcast/unroll amounts: more unrolled code only bloats compile time
 MAX_PADDING_FRACTION = 1   # PADTO adds fewer positions than the axis has: padding never more than doubles its work
 
+@dataclass(frozen=True)
+class TensorCoreUse:
+  """How OptOps.TC maps a kernel's reduce onto a tensor core: `reduce` = Σ a·b where `a` (a load of dtype_in) varies
+  with the tile's rows and `b` with its columns; rows_axis and columns_axis are the global axes that TC split (what
+  is left of them counts tiles)."""
+  core: TensorCore
+  reduce: UOp
+  a: UOp
+  b: UOp
+  rows_axis: int
+  columns_axis: int
+
 class Kernel:
   def __init__(self, ast: UOp, renderer):
     self.ast, self.renderer = ast, renderer
@@ -51,6 +65,7 @@ class Kernel:
     self.local_dims = self.group_for_reduces = self.upcasted = 0
     self.threads = 0            # THREAD: axis 0 is split across this many CPU threads
     self.dont_use_locals = False
+    self.tensor_core: Optional[TensorCoreUse] = None
     self.applied_opts: list[Opt] = []
     self._reduce_axes_last()
     self._merge_axes()
@@ -86,6 +101,19 @@ class Kernel:
   def is_reduce_axis(self, axis: int) -> bool: return self.full_shape[axis] != self.output_shape[axis]
   @property
   def upcast_size(self) -> int: return prod(self.full_shape[a] for a in self.upcast_axes)
+  @property
+  def unrolled_size(self) -> int:
+    """The upcast product MAX_UPCAST limits: a tensor core's own axes don't count (the warp's lanes share them)."""
+    return prod(self.full_shape[a] for a in self.upcast_axes if a not in self.tc_upcast_axes)
+  # With TC the warp's lanes are the last two local axes, (group, tig), and the tile's fragment axes the first three
+  # upcast axes, (rows 2, columns 2, K 16): later opts keep them there (LOCAL inserts before the lanes, UPCAST and
+  # UNROLL append after the fragments).
+  @property
+  def tc_lane_axes(self) -> tuple[int, ...]:
+    return (self.first_reduce - 2, self.first_reduce - 1) if self.tensor_core else ()
+  @property
+  def tc_upcast_axes(self) -> tuple[int, ...]:
+    return tuple(self.first_upcast + i for i in range(3)) if self.tensor_core else ()
   @property
   def name(self) -> str:
     kind = "r" if self.reduceops else "E"
@@ -144,12 +172,14 @@ class Kernel:
   def apply_opt(self, opt: Opt) -> None:
     """Apply one Opt or raise KernelOptError; the kernel is unchanged when it raises."""
     before = (list(self.sts), self.local_dims, self.group_for_reduces, self.upcasted, self.threads,
-              self.dont_use_locals)
+              self.dont_use_locals, self.tensor_core)
     try:
-      self._apply(opt)
+      if opt.op is OptOps.TC: self._apply_tensor_core(opt)
+      else: self._apply(opt)
       if self.renderer.has_local: self._check_limits()
     except KernelOptError:
-      self.sts, self.local_dims, self.group_for_reduces, self.upcasted, self.threads, self.dont_use_locals = before
+      (self.sts, self.local_dims, self.group_for_reduces, self.upcasted, self.threads, self.dont_use_locals,
+       self.tensor_core) = before
       raise
     self.applied_opts.append(opt)
 
@@ -178,27 +208,29 @@ class Kernel:
       self._check(size % amount == 0, f"{opt}: {amount} doesn't divide axis size {size}")
     # the launch runs exactly `threads` copies of axis 0 (launch_dims): its size must never change or move
     self._check(not self.threads or axis != 0, f"{opt}: axis 0 is the THREAD axis of {self.full_shape}")
+    self._check(axis not in self.tc_lane_axes + self.tc_upcast_axes, f"{opt}: axis {axis} belongs to the tensor core")
     if opt.op is OptOps.UPCAST:
       self._check(axis < self.first_reduce, f"{opt}: UPCAST needs a non-reduce axis")
-      self._check(self.upcast_size * amount <= MAX_UPCAST, f"{opt}: upcast product over {MAX_UPCAST}")
+      self._check(self.unrolled_size * amount <= MAX_UPCAST, f"{opt}: upcast product over {MAX_UPCAST}")
       self.shift_to(axis, amount)
       self.upcasted += 1
     elif opt.op is OptOps.UNROLL:
       self._check(self.first_reduce + self.group_for_reduces <= axis < self.first_upcast, f"{opt}: needs a reduce axis")
-      self._check(self.upcast_size * amount <= MAX_UPCAST, f"{opt}: upcast product over {MAX_UPCAST}")
+      self._check(self.unrolled_size * amount <= MAX_UPCAST, f"{opt}: upcast product over {MAX_UPCAST}")
       self.shift_to(axis, amount)
       self.upcasted += 1
     elif opt.op is OptOps.LOCAL:
       self._check(caps.has_local and not self.dont_use_locals, f"{opt}: target has no local memory/threads")
       self._check(axis < self.global_dims, f"{opt}: LOCAL needs a global axis")
       self._check(prod(self.local_axis_sizes) * amount <= caps.max_local_size, f"{opt}: too many local threads")
-      self.shift_to(axis, amount, insert_before=self.first_reduce)
+      self.shift_to(axis, amount, insert_before=self.first_reduce - len(self.tc_lane_axes))   # a warp's lanes stay last
       self.local_dims += 1
     elif opt.op in (OptOps.GROUP, OptOps.GROUPTOP):
       self._check(caps.has_shared and not self.dont_use_locals, f"{opt}: target has no shared memory")
       self._check(len(self.reduceops) >= 1 and self.first_reduce <= axis < self.first_upcast,
                   f"{opt}: needs a reduce axis")
       self._check(self.group_for_reduces == 0, f"{opt}: only one GROUP")
+      self._check(self.tensor_core is None, f"{opt}: a tensor core's accumulators can't be shared (GROUP after TC)")
       self.shift_to(axis, amount, top=opt.op is OptOps.GROUPTOP,
                     insert_before=self.first_reduce + self.group_for_reduces)
       self.group_for_reduces += 1
@@ -233,6 +265,74 @@ class Kernel:
     padding = tuple((0, padded - size) if d == axis else (0, 0) for d in range(self.shape_len))
     # an output's reduce axes have size 1 and stay so; every other tracker spans the full axis
     self.sts = [st if st.shape[axis] == 1 else st.pad(padding) for st in self.sts]
+
+  def _apply_tensor_core(self, opt: Opt) -> None:
+    """TC: one warp computes M×N tiles (dims of the tensor core) of a reduce Σ a·b whose loads a and b have the core's
+    input dtype and whose sum has its accumulator dtype, K of the reduce per instruction. `opt.axis` picks the (rows,
+    columns) pair of global axes from `tensor_core_choices` (0: columns innermost), `opt.amount` (0 or None) the core
+    among the renderer's that fit the dtypes. For m16n8k16 the axes become
+
+      rows    → rows/16 (global) · 2 (upcast) · 8 (local: lane group)       row = 8·upcast + group
+      columns → columns/8 (global) · 4 (local: lane tig) · 2 (upcast)       column = 2·tig + upcast
+      K       → K/16 (reduce loop; dropped when it is 1) · 16 (upcast)
+
+    so each output replica is where the C fragment of lane (group, tig) lies; the linearizer indexes a and b by their
+    own fragment layouts. TC comes first (PADTOs only before it)."""
+    caps = self.renderer
+    self._check(bool(caps.tensor_cores), f"{opt}: {type(caps).__name__} {getattr(caps, 'arch', '')} has no tensor core")
+    reshaped = self.local_dims or self.upcasted or self.group_for_reduces or self.threads or self.dont_use_locals
+    self._check(all(o.op is OptOps.PADTO for o in self.applied_opts) and self.tensor_core is None and not reshaped,
+                f"{opt}: TC must be the first opt (after PADTO only), not after {self.applied_opts}")
+    self._check(len(self.reduceops) == 1, f"{opt}: TC needs exactly one reduce, the kernel has {len(self.reduceops)}")
+    reduce = self.reduceops[0]
+    operands = tensor_core_operands(reduce)
+    self._check(operands is not None, f"{opt}: the reduce is not a sum of products of two loads: {reduce.src[0]}")
+    assert operands is not None
+    in_dtypes = tuple(x.dtype for x in operands)
+    cores = [tc for tc in caps.tensor_cores if in_dtypes == (tc.dtype_in,) * 2 and reduce.dtype == tc.dtype_acc]
+    self._check(bool(cores), f"{opt}: no tensor core multiplies {in_dtypes} into {reduce.dtype}")
+    self._check(0 <= (opt.amount or 0) < len(cores), f"{opt}: amount picks one of {len(cores)} tensor cores")
+    core = cores[opt.amount or 0]
+    choices = self.tensor_core_choices(core, operands)
+    self._check(0 <= (opt.axis or 0) < len(choices),
+                f"{opt}: axis picks one of {len(choices)} (rows, columns, K) choices for tile {core.dims} in shape "
+                f"{self.full_shape}")
+    rows, columns, k, a, b = choices[opt.axis or 0]
+    tile_rows, tile_columns, tile_k = core.dims
+    groups = core.lanes // core.lanes_per_group
+    self.shift_to(rows, groups, insert_before=self.first_reduce)              # rows → rows/8 · [group]
+    self.local_dims += 1
+    self.shift_to(rows, tile_rows // groups)                                  # rows/8 → rows/16 · [2]
+    self.upcasted += 1
+    self.shift_to(columns, tile_columns // core.lanes_per_group)              # columns → columns/2 · [2]
+    self.upcasted += 1
+    self.shift_to(columns, core.lanes_per_group, insert_before=self.first_reduce)   # columns/2 → columns/8 · [tig]
+    self.local_dims += 1
+    k += 2   # the two lane axes went in before the reduce axes
+    self.shift_to(k, tile_k)
+    self.upcasted += 1
+    if self.full_shape[k] == 1:   # K = 16: no loop left (a size-1 axis there would count as a local axis)
+      self.reshape_and_permute(lambda shape: shape[:k] + shape[k + 1:], None)
+    self.tensor_core = TensorCoreUse(core, reduce, a, b, rows, columns)
+
+  def tensor_core_choices(self, core: TensorCore, operands: tuple[UOp, UOp]) -> list[tuple[int, int, int, UOp, UOp]]:
+    """(rows axis, columns axis, K axis, a, b) for every pair of global axes where one load (a) is constant along the
+    columns and varies along the rows, the other (b) the reverse, and the sizes divide the tile; K is the innermost
+    reduce axis that divides. Innermost columns axis first (the output's contiguous axis, for coalesced stores)."""
+    full = self.full_shape
+    strides = {u: st.real_strides() for u, st in zip(self.memops, self.sts) if u in operands}
+    reduce_axes = [ax for ax in range(self.first_reduce, self.first_upcast) if self.is_reduce_axis(ax)]
+    k = next((ax for ax in reversed(reduce_axes) if full[ax] % core.dims[2] == 0), None)
+    if k is None: return []
+    choices = []
+    for columns in reversed(range(self.global_dims)):
+      for rows in reversed(range(self.global_dims)):
+        if rows == columns or full[rows] % core.dims[0] or full[columns] % core.dims[1]: continue
+        for a, b in (operands, operands[::-1]):
+          if strides[a][columns] == 0 and strides[b][rows] == 0 and strides[a][rows] != 0 and strides[b][columns] != 0:
+            choices.append((rows, columns, k, a, b))
+            break
+    return choices
 
   # ---- launch facts
   @property
@@ -300,6 +400,23 @@ def fold_dims(dims: tuple[int, ...], limits: tuple[int, ...]) -> list[tuple[int,
       groups.reverse()
       if all(prod(g) <= limit for g, limit in zip(groups, limits)): return groups
   raise KernelOptError(f"dims {dims} do not fit thread ids with limits {limits}")
+
+def _widened(x: UOp) -> UOp:
+  """x without the float casts to wider floats above it (those are exact)."""
+  while x.op is Ops.CAST and x.dtype.is_float and x.src[0].dtype.is_float and \
+        x.dtype.itemsize > x.src[0].dtype.itemsize:
+    x = x.src[0]
+  return x
+
+def tensor_core_operands(reduce: UOp) -> Optional[tuple[UOp, UOp]]:
+  """The two loads (x, y) of a reduce that sums their products, in the forms where every product is exact: an ADD
+  over CAST(MUL(x, y)) to a wider float (Tensor.dot on half inputs: tensor cores skip that product's rounding), or an
+  ADD over MUL(x', y') where x', y' are x, y widened. None for anything else."""
+  if reduce.arg[0] is not Ops.ADD: return None
+  product = _widened(reduce.src[0])
+  if product.op is not Ops.MUL: return None
+  x, y = (_widened(s) for s in product.src)
+  return (x, y) if x.op is Ops.LOAD and y.op is Ops.LOAD else None
 
 def reduce_ignores_padding(reduce: UOp) -> bool:
   """Whether a REDUCE_AXIS gives the same result when its axis is padded: it must be an ADD whose source is exactly 0

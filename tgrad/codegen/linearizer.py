@@ -8,6 +8,10 @@ then the stores. The result reads as a program:
 
   DEFINE_GLOBAL 0, DEFINE_GLOBAL 1, RANGE r0 (0..N), DEFINE_ACC a0, RANGE r1 (0..K), LOAD, ADD, ASSIGN a0,
   ENDRANGE r1, REDUCE (reads a0), STORE, ENDRANGE r0
+
+A tensor-core kernel (Kernel.tensor_core) reduces with WMMAs instead: per K step each lane gathers its A and B
+fragments (VECTORIZE of loads indexed by the core's fragment layouts), one WMMA per tile updates a fragment
+accumulator, and each output replica is one element (GEP) of its tile's accumulator.
 """
 from __future__ import annotations
 import itertools
@@ -16,6 +20,7 @@ from tgrad.dtype import dtypes
 from tgrad.ops import UOp, Ops, simplify, graph_rewrite, ALU
 from tgrad.codegen.transcendental import decompositions
 from tgrad.codegen.kernel import Kernel, fold_dims
+from tgrad.codegen.renderer import FragmentLayout
 from tgrad.schedule import identity_of_reduce
 from tgrad.helpers import prod
 
@@ -39,6 +44,7 @@ class Linearizer:
     self.memo: dict[tuple, UOp] = {}
     self.view_of = {u: st for u, st in zip(kernel.memops, kernel.sts)}
     self.group_loops: set[UOp] = set()   # the RANGEs over a GROUP's partials
+    self.tc_tiles: dict[tuple, UOp] = {}  # a tensor-core tile's accumulated fragment, by (reduce, indices)
 
   # ---- step 1: the value graph
   def axis_indices(self) -> list[Optional[UOp]]:
@@ -79,6 +85,7 @@ class Linearizer:
 
   def build_reduce(self, node: UOp, idxs: tuple[UOp, ...]) -> UOp:
     k = self.k
+    if k.tensor_core is not None and node is k.tensor_core.reduce: return self.build_tc_reduce(node, idxs)
     op = node.arg[0]
     loop_axes = range(k.first_reduce + k.group_for_reduces, k.first_upcast)
     unroll_axes = [a for a in k.upcast_axes if k.is_reduce_axis(a)]
@@ -96,6 +103,68 @@ class Linearizer:
     result = self.new_reduce(op, node.dtype, combined, ranges) if ranges else combined
     if k.group_for_reduces: result = self.group_reduce(op, node.dtype, result)
     return result
+
+  # ---- tensor cores
+  def build_tc_reduce(self, node: UOp, idxs: tuple[UOp, ...]) -> UOp:
+    """This output replica's element of its tile's accumulator: replicas that differ only in the tensor core's own
+    row and column upcasts are the elements of one C fragment (Kernel._apply_tensor_core lays them out so)."""
+    k = self.k
+    core = k.tensor_core.core
+    rows_up, columns_up, _ = k.tc_upcast_axes
+    row_offset = idxs[rows_up].arg * (core.lanes // core.lanes_per_group)   # row = 8·upcast + group
+    column_offset = idxs[columns_up].arg                                      # column = 2·tig + upcast
+    tile = list(idxs)
+    tile[rows_up] = tile[columns_up] = _index_const(0)
+    key = (node, tuple(tile))
+    if key not in self.tc_tiles: self.tc_tiles[key] = self.tc_accumulate(tuple(tile))
+    element = list(zip(core.c.rows, core.c.cols)).index((row_offset, column_offset))
+    return UOp(Ops.GEP, core.dtype_acc, (self.tc_tiles[key],), element)
+
+  def tc_accumulate(self, tile: tuple[UOp, ...]) -> UOp:
+    """One tile's C fragment: a WMMA per K step of 16 (per unrolled replica), inside the reduce loops a REDUCE whose
+    value is that chain of WMMAs on the accumulator fragment."""
+    k, use = self.k, self.k.tensor_core
+    core = use.core
+    _, _, k_up = k.tc_upcast_axes
+    loop_axes = range(k.first_reduce, k.first_upcast)
+    unroll_axes = [a for a in k.upcast_axes if k.is_reduce_axis(a) and a != k_up]
+    inner = list(tile)
+    for a in loop_axes: inner[a] = self.base_idx[a]
+    ranges = tuple(self.base_idx[a] for a in loop_axes)
+    zeros = UOp(Ops.VECTORIZE, core.dtype_acc, tuple(UOp.const(core.dtype_acc, 0.0) for _ in core.c.rows))
+    if ranges:
+      self.acc_count += 1
+      fragment = UOp(Ops.DEFINE_ACC, core.dtype_acc, (zeros,), self.acc_count - 1)
+    else: fragment = zeros
+    accumulator = fragment
+    for combo in itertools.product(*[range(k.full_shape[a]) for a in unroll_axes]):
+      for a, v in zip(unroll_axes, combo): inner[a] = _index_const(v)
+      a_fragment = self.tc_operand(use.a, core.a, tuple(inner), rows_are_k=False)
+      b_fragment = self.tc_operand(use.b, core.b, tuple(inner), rows_are_k=True)
+      fragment = UOp(Ops.WMMA, core.dtype_acc, (a_fragment, b_fragment, fragment), core)
+    return UOp(Ops.REDUCE, core.dtype_acc, (fragment, *ranges), (Ops.WMMA, accumulator.arg)) if ranges else fragment
+
+  def tc_operand(self, operand: UOp, layout: FragmentLayout, inner: tuple[UOp, ...], rows_are_k: bool) -> UOp:
+    """This lane's fragment of A (rows: the tile's rows, columns: K) or B (rows: K, columns: the tile's columns): each
+    element is the operand built at its (row, column) of the tile, put on the kernel's axes. The operand is constant
+    along the other output axis (tensor_core_choices checked), which is indexed 0."""
+    k = self.k
+    core = k.tensor_core.core
+    rows_up, columns_up, k_up = k.tc_upcast_axes
+    group_axis, tig_axis = k.tc_lane_axes
+    group, tig = self.base_idx[group_axis], self.base_idx[tig_axis]
+    groups, column_upcast = core.lanes // core.lanes_per_group, core.dims[1] // core.lanes_per_group
+    elements = []
+    for element in range(len(layout.rows)):
+      row, column = (simplify(x) for x in layout.position(element, group, tig))
+      idxs = list(inner)
+      idxs[group_axis] = idxs[rows_up] = idxs[tig_axis] = idxs[columns_up] = _index_const(0)
+      if rows_are_k:   # B: the tile column is 2·tig + upcast
+        idxs[k_up], idxs[tig_axis], idxs[columns_up] = row, column // column_upcast, column % column_upcast
+      else:            # A: the tile row is 8·upcast + group
+        idxs[group_axis], idxs[rows_up], idxs[k_up] = row % groups, row // groups, column
+      elements.append(self.build(operand, tuple(simplify(x) for x in idxs)))
+    return UOp(Ops.VECTORIZE, operand.dtype, tuple(elements))
 
   def new_reduce(self, op: Ops, dtype, value: UOp, ranges: tuple[UOp, ...]) -> UOp:
     self.acc_count += 1
@@ -193,6 +262,10 @@ class Linearizer:
       for r in group: hoist_invariants(r.src[0])
       accs = {}
       for r in group:
+        if r.arg[0] is Ops.WMMA:   # the fragment accumulator is part of the value (hoisted above): it is replaced
+          accs[r] = next(u for u in r.src[0].toposort() if u.op is Ops.DEFINE_ACC and u.arg == r.arg[1])
+          emit(accs[r])
+          continue
         init = UOp.const(r.dtype, identity_of_reduce(r.arg[0], r.dtype))
         emit(init)
         accs[r] = UOp(Ops.DEFINE_ACC, r.dtype, (init,), r.arg[1])
@@ -207,8 +280,8 @@ class Linearizer:
       scope_stack.append([])
       for r in group:
         emit(r.src[0])
-        update = UOp(r.arg[0], r.dtype, (accs[r], r.src[0]))
-        place(update)
+        update = r.src[0] if r.arg[0] is Ops.WMMA else UOp(r.arg[0], r.dtype, (accs[r], r.src[0]))
+        if update not in emitted: place(update)
         place(UOp(Ops.ASSIGN, r.dtype, (accs[r], update)))
       for rng in reversed(ranges): program.append(UOp(Ops.ENDRANGE, dtypes.void, (rng,)))
       if branch is not None: program.append(UOp(Ops.ENDIF, dtypes.void, (branch,)))

@@ -1,10 +1,40 @@
 """The renderer contract: what a target can do (its capabilities) and `render(name, uops) -> source`.
 
 The Kernel asks a renderer's capabilities (local threads, shared memory, CPU threads, size limits) to decide which
-OptOps are legal; the linearizer asks them how to index the iteration space (thread ids vs loops).
+OptOps are legal; the linearizer asks them how to index the iteration space (thread ids vs loops). `TensorCore`
+describes one warp-wide matrix instruction a target offers (OptOps.TC): its tile shape, dtypes and fragment layouts.
 """
 from __future__ import annotations
+from dataclasses import dataclass
+from tgrad.dtype import DType
 from tgrad.ops import UOp
+
+@dataclass(frozen=True)
+class FragmentLayout:
+  """Where one lane's fragment elements lie in an operand's tile. A lane of the warp is (group, tig) = (lane // 4,
+  lane % 4); its element i sits at row = group·row_lane[0] + tig·row_lane[1] + rows[i], and col likewise."""
+  row_lane: tuple[int, int]
+  rows: tuple[int, ...]
+  col_lane: tuple[int, int]
+  cols: tuple[int, ...]
+  def position(self, element: int, group, tig) -> tuple:
+    """(row, col) of `element` for the lane (group, tig): ints, or index UOps when group and tig are UOps."""
+    return (group * self.row_lane[0] + tig * self.row_lane[1] + self.rows[element],
+            group * self.col_lane[0] + tig * self.col_lane[1] + self.cols[element])
+
+@dataclass(frozen=True)
+class TensorCore:
+  """D = A·B + C for one warp: A is dims[0]×dims[2] (M×K), B is K×N, C and D are M×N, each lane holding fragments
+  of them as its layouts say. `instruction` is the target's name for it (e.g. a PTX mma)."""
+  instruction: str
+  dims: tuple[int, int, int]   # (M, N, K)
+  dtype_in: DType
+  dtype_acc: DType
+  a: FragmentLayout
+  b: FragmentLayout
+  c: FragmentLayout
+  lanes: int = 32
+  lanes_per_group: int = 4     # lane = group·lanes_per_group + tig
 
 class Renderer:
   device: str = ""
@@ -17,4 +47,5 @@ class Renderer:
   max_local_dims: tuple[int, ...] = (1,)             # size limit of each block dimension, x first
   shared_memory_bytes: int = 0
   decompose_transcendentals: bool = False   # exp2/log2/sin as polynomials (see transcendental.py), e.g. for SIMD CPUs
+  tensor_cores: tuple[TensorCore, ...] = ()  # warp-wide matrix instructions OptOps.TC can use (none: TC is refused)
   def render(self, name: str, uops: list[UOp]) -> str: raise NotImplementedError

@@ -27,6 +27,7 @@ LOCAL_AMOUNTS = (2, 3, 4, 8, 13, 16, 29, 32)      # GPU threads per axis; 13 and
 GROUP_AMOUNTS = (0, 4, 8, 16, 32, 64, 128, 256)   # threads that share a reduce through shared memory
 THREAD_AMOUNTS = (2, 3, 4, 5, 6, 7, 8, 12, 16, 24, 32, 48, 64)   # CPU cores; above the core count they are skipped
 PADTO_AMOUNTS = (2, 4, 8, 16, 32)                 # pad odd sizes up to vector/tile multiples
+TC_AXIS_CHOICES = 2       # OptOps.TC's axis: which (rows, columns) pair of output axes; a matmul has one or two
 ACTIONS: list[Opt] = [
   *[Opt(OptOps.UPCAST, axis, amount) for axis in range(ACTION_AXES) for amount in UPCAST_AMOUNTS],
   *[Opt(OptOps.UNROLL, axis, amount) for axis in range(4) for amount in UPCAST_AMOUNTS],
@@ -35,6 +36,7 @@ ACTIONS: list[Opt] = [
   *[Opt(OptOps.THREAD, axis, amount) for axis in range(3) for amount in THREAD_AMOUNTS],
   *[Opt(OptOps.PADTO, axis, amount) for axis in range(ACTION_AXES) for amount in PADTO_AMOUNTS],
   *[Opt(OptOps.SWAP, axis, other) for axis in range(ACTION_AXES) for other in range(axis + 1, ACTION_AXES)],
+  *[Opt(OptOps.TC, axis, 0) for axis in range(TC_AXIS_CHOICES)],
   Opt(OptOps.NOLOCALS),
 ]
 

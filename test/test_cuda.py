@@ -199,6 +199,60 @@ def test_half_matmul():
   got = numpy_of(matmul(on("CUDA", a, dtypes.float16), on("CUDA", b, dtypes.float16)))
   np.testing.assert_allclose(got.astype(np.float32), a.astype(np.float32) @ b.astype(np.float32), rtol=2e-2, atol=0.1)
 
+# ---- tensor cores (OptOps.TC, mma.sync m16n8k16): against float64 products of the exact half/bfloat16 inputs
+
+def half_dot(a: LazyBuffer, b: LazyBuffer) -> LazyBuffer:
+  """a @ b as Tensor.dot builds it for half inputs: products cast to float32, summed. a's leading axes are a batch;
+  b is (k, m) or has the same batch."""
+  *batch, n, k = a.shape
+  m, batch = b.shape[-1], tuple(batch)
+  x = a.reshape(batch + (n, k, 1)).expand(batch + (n, k, m))
+  y = b.reshape(batch + (1, k, m) if len(b.shape) > 2 else (1,) * len(batch) + (1, k, m)).expand(batch + (n, k, m))
+  return x.alu(Ops.MUL, y).cast(dtypes.float32).r(Ops.ADD, (len(batch) + 1,)).reshape(batch + (n, m))
+
+def random_low_precision(shape: tuple[int, ...], dtype: DType) -> np.ndarray:
+  """Standard normal values in dtype (bfloat16: its bits as uint16, rounded to nearest even)."""
+  x = RNG.standard_normal(shape).astype(np.float32)
+  if dtype == dtypes.float16: return x.astype(np.float16)
+  bits = x.view(np.uint32)
+  return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+
+def tc_tolerance(k: int) -> dict:
+  """float32 accumulation of exact products: relative error ~1e-6·√k per term; 1e-3 leaves room, and a wrong
+  fragment layout is off by O(1)."""
+  return {"rtol": 1e-3, "atol": 1e-3 * np.sqrt(k)}
+
+TC = Opt(OptOps.TC, 0, 0)
+TC_CASES = [  # (a shape, b shape, opts after TC, b stored transposed)
+  ((16, 16), (16, 8), [], False), ((64, 64), (64, 64), [], False), ((48, 4096), (4096, 40), [], False),
+  ((64, 128), (128, 64), [Opt(OptOps.UPCAST, 0, 2), Opt(OptOps.UPCAST, 1, 4), Opt(OptOps.LOCAL, 0, 2),
+                          Opt(OptOps.LOCAL, 1, 2), Opt(OptOps.UNROLL, 0, 2)], False),
+  ((3, 32, 64), (3, 64, 24), [Opt(OptOps.UPCAST, 2, 3)], False), ((32, 64), (64, 32), [], True),
+  ((128, 64), (64, 128), [Opt(OptOps.PADTO, 0, 3), Opt(OptOps.LOCAL, 0, 3), Opt(OptOps.UPCAST, 1, 2)], True)]
+
+@pytest.mark.parametrize("dtype", [dtypes.float16, dtypes.bfloat16], ids=lambda d: d.name)
+@pytest.mark.parametrize("a_shape,b_shape,opts,transposed", TC_CASES, ids=str)
+def test_tensor_core_matmul(dtype, a_shape, b_shape, opts, transposed):
+  a, b = random_low_precision(a_shape, dtype), random_low_precision(b_shape, dtype)
+  b_memory = np.ascontiguousarray(np.swapaxes(b, -1, -2)) if transposed else b
+  b_lazy = on("CUDA", b_memory, dtype)
+  if transposed: b_lazy = b_lazy.permute(tuple(range(b.ndim - 2)) + (b.ndim - 1, b.ndim - 2))
+  got = run_with_opts(half_dot(on("CUDA", a, dtype), b_lazy), [TC] + opts)
+  want = as_float64(a, dtype) @ as_float64(b, dtype)
+  np.testing.assert_allclose(got.reshape(want.shape), want, **tc_tolerance(a_shape[-1]))
+
+@pytest.mark.parametrize("dtype", [dtypes.float16, dtypes.bfloat16], ids=lambda d: d.name)
+def test_tensor_core_heuristics_with_epilogue(dtype):
+  """Default opts (tensor cores first) on relu(a @ b + bias) with the result in the inputs' dtype, as Tensor.dot and
+  a linear layer build it: the output replicas and the fused epilogue line up with the C fragments."""
+  n, k, m = 256, 512, 192
+  a, b, bias = (random_low_precision(s, dtype) for s in ((n, k), (k, m), (m,)))
+  product = half_dot(on("CUDA", a, dtype), on("CUDA", b, dtype)).cast(dtype)
+  biased = product.alu(Ops.ADD, on("CUDA", bias, dtype).reshape((1, m)).expand((n, m)))
+  got = as_float64(numpy_of(biased.alu(Ops.MAX, biased.const(0.0))), dtype)
+  want = np.maximum(as_float64(a, dtype) @ as_float64(b, dtype) + as_float64(bias, dtype), 0)
+  np.testing.assert_allclose(got, want, rtol=2e-2 if dtype == dtypes.bfloat16 else 4e-3, atol=1e-3 * np.sqrt(k) * 2)
+
 def test_padding_shrink_and_arange():
   x = RNG.standard_normal((30, 32)).astype(np.float32)
   padded = numpy_of(on("CUDA", x, dtypes.float32).pad(((1, 1), (4, 0))).alu(Ops.SQRT))

@@ -1,0 +1,110 @@
+"""Tensor-core matmul benchmark: an n×n half matmul on CUDA, tgrad against torch, kernel time from CUDA events.
+
+Cases: tgrad's default opts (TC first, see heuristics.py) end to end through Tensor and as the bare kernel; a few
+explicit opt lists after TC (the tile per warp, warps per block, K unroll), each checked against torch; bfloat16 with
+the default opts; and with --beam N a BEAM search (its deadline cut to --beam-seconds). TFLOP/s = 2·n³ / best time.
+Usage: python bench/tc_matmul.py [--size 4096] [--beam 2] [--beam-seconds 45]
+"""
+from __future__ import annotations
+import argparse, os, sys, time
+import numpy as np
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.dirname(__file__))
+from gpu import cuda_event_time, torch_event_time  # noqa: E402
+from tgrad import Tensor  # noqa: E402
+from tgrad.codegen.kernel import Kernel, Opt, OptOps  # noqa: E402
+from tgrad.device import Buffer, Device  # noqa: E402
+from tgrad.dtype import dtypes  # noqa: E402
+from tgrad.ops import Ops  # noqa: E402
+from tgrad.realize import compile_kernel  # noqa: E402
+from tgrad.schedule import create_schedule  # noqa: E402
+
+KERNEL_RUNS = 20
+TC = Opt(OptOps.TC, 0, 0)
+def _opts(*spec: tuple[str, int, int]) -> list[Opt]: return [TC] + [Opt(OptOps[op], axis, n) for op, axis, n in spec]
+# after TC axis 0 counts 16-row tiles and axis 1 8-column tiles: UPCAST = tiles per warp, LOCAL = warps per block
+CONFIGS = {
+  "TC only": _opts(),
+  "up 2x2 warps 2x2": _opts(("UPCAST", 0, 2), ("UPCAST", 1, 2), ("LOCAL", 0, 2), ("LOCAL", 1, 2)),
+  "up 2x4 warps 2x2": _opts(("UPCAST", 0, 2), ("UPCAST", 1, 4), ("LOCAL", 0, 2), ("LOCAL", 1, 2)),
+  "up 4x4 warps 2x2": _opts(("UPCAST", 0, 4), ("UPCAST", 1, 4), ("LOCAL", 0, 2), ("LOCAL", 1, 2)),
+  "up 4x4 warps 2x2 unroll 2": _opts(("UPCAST", 0, 4), ("UPCAST", 1, 4), ("LOCAL", 0, 2), ("LOCAL", 1, 2),
+                                     ("UNROLL", 0, 2)),
+  "up 4x8 warps 2x2": _opts(("UPCAST", 0, 4), ("UPCAST", 1, 8), ("LOCAL", 0, 2), ("LOCAL", 1, 2)),
+  "up 8x4 warps 2x2": _opts(("UPCAST", 0, 8), ("UPCAST", 1, 4), ("LOCAL", 0, 2), ("LOCAL", 1, 2)),
+  "up 4x4 warps 2x4": _opts(("UPCAST", 0, 4), ("UPCAST", 1, 4), ("LOCAL", 0, 2), ("LOCAL", 1, 4)),
+  "up 4x4 warps 4x2": _opts(("UPCAST", 0, 4), ("UPCAST", 1, 4), ("LOCAL", 0, 4), ("LOCAL", 1, 2)),
+  "up 2x8 warps 4x2": _opts(("UPCAST", 0, 2), ("UPCAST", 1, 8), ("LOCAL", 0, 4), ("LOCAL", 1, 2)),
+  "up 2x4 warps 2x2 unroll 2": _opts(("UPCAST", 0, 2), ("UPCAST", 1, 4), ("LOCAL", 0, 2), ("LOCAL", 1, 2),
+                                     ("UNROLL", 0, 2)),
+}
+
+def kernel_seconds(item, opts: list[Opt] | None, name: str) -> tuple[float, np.ndarray, list[Opt]]:
+  """Best kernel time of the matmul's kernel with `opts` (None: the default heuristics), its output and its opts."""
+  from tgrad.codegen.heuristics import hand_coded_optimizations
+  kernel = Kernel(item.ast, Device["CUDA"].renderer)
+  if opts is None: hand_coded_optimizations(kernel)
+  else:
+    for opt in opts: kernel.apply_opt(opt)
+  runner = compile_kernel("CUDA", kernel, name)
+  out = Buffer("CUDA", item.outputs[0].size, item.outputs[0].dtype)
+  buffers = [out] + [lb.buffer for lb in item.inputs]
+  runner(buffers)
+  seconds = min(runner(buffers, wait=True) for _ in range(KERNEL_RUNS))
+  return seconds, out.copyout(), kernel.applied_opts
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__)
+  parser.add_argument("--size", type=int, default=4096)
+  parser.add_argument("--beam", type=int, default=0)
+  parser.add_argument("--beam-seconds", type=float, default=45.0)
+  args = parser.parse_args()
+  import torch
+  n = args.size
+  flops = 2 * n ** 3
+  rng = np.random.default_rng(0)
+  a_np, b_np = (rng.standard_normal((n, n), dtype=np.float32).astype(np.float16) for _ in range(2))
+  print(f"{n}x{n} fp16 matmul on {torch.cuda.get_device_name()}, torch {torch.__version__}")
+  torch_a, torch_b = torch.from_numpy(a_np).cuda(), torch.from_numpy(b_np).cuda()
+  t_torch = torch_event_time(lambda: torch_a @ torch_b, repeats=KERNEL_RUNS)
+  ref = (torch_a.float() @ torch_b.float()).cpu().numpy()
+  scale = np.abs(ref).max()
+  def report(label: str, seconds: float, got: np.ndarray | None = None, extra: str = "") -> None:
+    err = "" if got is None else \
+      f"  max err/max|ref| {np.abs(got.astype(np.float32).reshape(ref.shape) - ref).max() / scale:.1e}"
+    print(f"  {label:34s} {seconds * 1e6:9.1f} us {flops / seconds / 1e12:7.1f} TFLOP/s  "
+          f"{t_torch / seconds:5.2f}x torch{err}{extra}", flush=True)
+  report("torch fp16 (cuBLAS)", t_torch)
+  x, y = Tensor(a_np, device="CUDA").realize(), Tensor(b_np, device="CUDA").realize()
+  t_tensor = cuda_event_time(lambda: (x @ y).realize(), repeats=KERNEL_RUNS)
+  report("tgrad x @ y end to end (default)", t_tensor, (x @ y).numpy())
+  (item,) = [i for i in create_schedule([(x @ y).lazydata]) if i.ast.op is Ops.SINK]
+  seconds, got, opts = kernel_seconds(item, None, "tc_default")
+  report("tgrad kernel, default opts", seconds, got.view(np.float16),
+         f"  {[(o.op.name, o.axis, o.amount) for o in opts]}")
+  for label, config in CONFIGS.items():
+    try: seconds, got, _ = kernel_seconds(item, config, "tc_config")
+    except Exception as error:   # one config that doesn't apply or compile must not end the benchmark
+      print(f"  {label:34s} failed: {error!r}", flush=True)
+      continue
+    report(label, seconds, got.view(np.float16))
+  xb, yb = x.cast(dtypes.bfloat16).realize(), y.cast(dtypes.bfloat16).realize()
+  (bf_item,) = [i for i in create_schedule([(xb @ yb).lazydata]) if i.ast.op is Ops.SINK]
+  seconds, _, _ = kernel_seconds(bf_item, None, "tc_bf16")
+  t_torch_bf16 = torch_event_time(lambda: torch_a.bfloat16() @ torch_b.bfloat16(), repeats=KERNEL_RUNS)
+  print(f"  {'bf16 default opts':34s} {seconds * 1e6:9.1f} us {flops / seconds / 1e12:7.1f} TFLOP/s "
+        f"(torch bf16 incl. 2 casts: {flops / t_torch_bf16 / 1e12:.1f})", flush=True)
+  if args.beam:
+    import tgrad.codegen.search as search
+    search.SEARCH_DEADLINE_SECONDS = args.beam_seconds
+    start = time.perf_counter()
+    result = search.search_kernel(Kernel(item.ast, Device["CUDA"].renderer), args.beam)
+    stats = result.stats
+    print(f"  BEAM={args.beam}: {time.perf_counter() - start:.0f} s, {stats.candidates} candidates, "
+          f"{stats.rounds} rounds, deadline hit {stats.deadline_hit}, rejected {stats.rejected}, "
+          f"opts {[(o.op.name, o.axis, o.amount) for o in result.opts]}", flush=True)
+    seconds, got, _ = kernel_seconds(item, result.opts, "tc_beam")
+    report(f"tgrad kernel, BEAM={args.beam}", seconds, got.view(np.float16))
+
+if __name__ == "__main__":
+  main()

@@ -1,8 +1,8 @@
 """Tensor-core matmul benchmark: an n×n half matmul on CUDA, tgrad against torch, kernel time from CUDA events.
 
-Cases: tgrad's default opts (TC first, see heuristics.py) end to end through Tensor and as the bare kernel; a few
-explicit opt lists after TC (the tile per warp, warps per block, K unroll), each checked against torch; bfloat16 with
-the default opts; and with --beam N a BEAM search (its deadline cut to --beam-seconds). TFLOP/s = 2·n³ / best time.
+Cases: tgrad's default opts (tensor cores, see heuristics.py) end to end through Tensor and as the bare kernel; opt
+lists around TC (tiles per warp, their spread, warps per block, K unroll), each checked against torch; b stored
+transposed; bfloat16; and with --beam N a BEAM search (its deadline cut to --beam-seconds). TFLOP/s = 2·n³ / time.
 Usage: python bench/tc_matmul.py [--size 4096] [--beam 2] [--beam-seconds 45]
 """
 from __future__ import annotations
@@ -21,22 +21,29 @@ from tgrad.schedule import create_schedule  # noqa: E402
 
 KERNEL_RUNS = 20
 TC = Opt(OptOps.TC, 0, 0)
-def _opts(*spec: tuple[str, int, int]) -> list[Opt]: return [TC] + [Opt(OptOps[op], axis, n) for op, axis, n in spec]
-# after TC axis 0 counts 16-row tiles and axis 1 8-column tiles: UPCAST = tiles per warp, LOCAL = warps per block
+def _opts(*spec: tuple[str, int, int]) -> list[Opt]:
+  return [TC if op == "TC" else Opt(OptOps[op], axis, n) for op, axis, n in spec]
+_TC = ("TC", 0, 0)
+# axis 0 counts rows, axis 1 columns (after TC: 16-row and 8-column tiles). UPCAST after TC = tiles per warp; an
+# UPCAST of the columns before TC spreads a warp's column tiles so each lane's columns are adjacent ("spread");
+# LOCAL = warps per block
 CONFIGS = {
-  "TC only": _opts(),
-  "up 2x2 warps 2x2": _opts(("UPCAST", 0, 2), ("UPCAST", 1, 2), ("LOCAL", 0, 2), ("LOCAL", 1, 2)),
-  "up 2x4 warps 2x2": _opts(("UPCAST", 0, 2), ("UPCAST", 1, 4), ("LOCAL", 0, 2), ("LOCAL", 1, 2)),
-  "up 4x4 warps 2x2": _opts(("UPCAST", 0, 4), ("UPCAST", 1, 4), ("LOCAL", 0, 2), ("LOCAL", 1, 2)),
-  "up 4x4 warps 2x2 unroll 2": _opts(("UPCAST", 0, 4), ("UPCAST", 1, 4), ("LOCAL", 0, 2), ("LOCAL", 1, 2),
-                                     ("UNROLL", 0, 2)),
-  "up 4x8 warps 2x2": _opts(("UPCAST", 0, 4), ("UPCAST", 1, 8), ("LOCAL", 0, 2), ("LOCAL", 1, 2)),
-  "up 8x4 warps 2x2": _opts(("UPCAST", 0, 8), ("UPCAST", 1, 4), ("LOCAL", 0, 2), ("LOCAL", 1, 2)),
-  "up 4x4 warps 2x4": _opts(("UPCAST", 0, 4), ("UPCAST", 1, 4), ("LOCAL", 0, 2), ("LOCAL", 1, 4)),
-  "up 4x4 warps 4x2": _opts(("UPCAST", 0, 4), ("UPCAST", 1, 4), ("LOCAL", 0, 4), ("LOCAL", 1, 2)),
-  "up 2x8 warps 4x2": _opts(("UPCAST", 0, 2), ("UPCAST", 1, 8), ("LOCAL", 0, 4), ("LOCAL", 1, 2)),
-  "up 2x4 warps 2x2 unroll 2": _opts(("UPCAST", 0, 2), ("UPCAST", 1, 4), ("LOCAL", 0, 2), ("LOCAL", 1, 2),
-                                     ("UNROLL", 0, 2)),
+  "TC only": _opts(_TC),
+  "tiles 4x4 warps 2x2": _opts(_TC, ("UPCAST", 0, 4), ("UPCAST", 1, 4), ("LOCAL", 0, 2), ("LOCAL", 1, 2)),
+  "tiles 4x8 warps 2x2": _opts(_TC, ("UPCAST", 0, 4), ("UPCAST", 1, 8), ("LOCAL", 0, 2), ("LOCAL", 1, 2)),
+  "spread 8, rows 2, warps 2x2": _opts(("UPCAST", 1, 8), _TC, ("UPCAST", 0, 2), ("LOCAL", 0, 2), ("LOCAL", 1, 2)),
+  "spread 4, rows 4, warps 2x2": _opts(("UPCAST", 1, 4), _TC, ("UPCAST", 0, 4), ("LOCAL", 0, 2), ("LOCAL", 1, 2)),
+  "spread 8, rows 4, one warp (default)": _opts(("UPCAST", 1, 8), _TC, ("UPCAST", 0, 4)),
+  "spread 8, rows 4, one warp, unroll 2": _opts(("UPCAST", 1, 8), _TC, ("UPCAST", 0, 4), ("UNROLL", 0, 2)),
+  "spread 8, rows 4, warps 2x2": _opts(("UPCAST", 1, 8), _TC, ("UPCAST", 0, 4), ("LOCAL", 0, 2), ("LOCAL", 1, 2)),
+  "spread 8, rows 4, warps 2x2, unroll 2": _opts(("UPCAST", 1, 8), _TC, ("UPCAST", 0, 4), ("LOCAL", 0, 2),
+                                                 ("LOCAL", 1, 2), ("UNROLL", 0, 2)),
+  "spread 8, rows 4, warps 2x4": _opts(("UPCAST", 1, 8), _TC, ("UPCAST", 0, 4), ("LOCAL", 0, 2), ("LOCAL", 1, 4)),
+  "spread 8, rows 4, warps 4x2": _opts(("UPCAST", 1, 8), _TC, ("UPCAST", 0, 4), ("LOCAL", 0, 4), ("LOCAL", 1, 2)),
+  "spread 8, rows 8, warps 2x2": _opts(("UPCAST", 1, 8), _TC, ("UPCAST", 0, 8), ("LOCAL", 0, 2), ("LOCAL", 1, 2)),
+  "spread 16, rows 4, warps 2x2": _opts(("UPCAST", 1, 16), _TC, ("UPCAST", 0, 4), ("LOCAL", 0, 2), ("LOCAL", 1, 2)),
+  "spread 8, rows 4, cols 2, warps 2x1": _opts(("UPCAST", 1, 8), _TC, ("UPCAST", 0, 4), ("UPCAST", 1, 2),
+                                               ("LOCAL", 0, 2)),
 }
 
 def kernel_seconds(item, opts: list[Opt] | None, name: str) -> tuple[float, np.ndarray, list[Opt]]:
@@ -88,6 +95,10 @@ def main() -> None:
       print(f"  {label:34s} failed: {error!r}", flush=True)
       continue
     report(label, seconds, got.view(np.float16))
+  x_t = Tensor(np.ascontiguousarray(b_np.T), device="CUDA").realize()   # x @ y with y stored transposed: y = x_t.T
+  (t_item,) = [i for i in create_schedule([(x @ x_t.T).lazydata]) if i.ast.op is Ops.SINK]
+  seconds, got, opts = kernel_seconds(t_item, None, "tc_transposed")
+  report("default opts, b stored transposed", seconds, got.view(np.float16))
   xb, yb = x.cast(dtypes.bfloat16).realize(), y.cast(dtypes.bfloat16).realize()
   (bf_item,) = [i for i in create_schedule([(xb @ yb).lazydata]) if i.ast.op is Ops.SINK]
   seconds, _, _ = kernel_seconds(bf_item, None, "tc_bf16")

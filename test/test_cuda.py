@@ -223,12 +223,15 @@ def tc_tolerance(k: int) -> dict:
   return {"rtol": 1e-3, "atol": 1e-3 * np.sqrt(k)}
 
 TC = Opt(OptOps.TC, 0, 0)
-TC_CASES = [  # (a shape, b shape, opts after TC, b stored transposed)
-  ((16, 16), (16, 8), [], False), ((64, 64), (64, 64), [], False), ((48, 4096), (4096, 40), [], False),
-  ((64, 128), (128, 64), [Opt(OptOps.UPCAST, 0, 2), Opt(OptOps.UPCAST, 1, 4), Opt(OptOps.LOCAL, 0, 2),
-                          Opt(OptOps.LOCAL, 1, 2), Opt(OptOps.UNROLL, 0, 2)], False),
-  ((3, 32, 64), (3, 64, 24), [Opt(OptOps.UPCAST, 2, 3)], False), ((32, 64), (64, 32), [], True),
-  ((128, 64), (64, 128), [Opt(OptOps.PADTO, 0, 3), Opt(OptOps.LOCAL, 0, 3), Opt(OptOps.UPCAST, 1, 2)], True)]
+def _up(axis: int, amount: int) -> Opt: return Opt(OptOps.UPCAST, axis, amount)
+def _local(axis: int, amount: int) -> Opt: return Opt(OptOps.LOCAL, axis, amount)
+TC_CASES = [  # (a shape, b shape, opts, b stored transposed)
+  ((16, 16), (16, 8), [TC], False), ((64, 64), (64, 64), [TC], False), ((48, 4096), (4096, 40), [TC], False),
+  ((64, 128), (128, 64), [TC, _up(0, 2), _up(1, 4), _local(0, 2), _local(1, 2), Opt(OptOps.UNROLL, 0, 2)], False),
+  ((3, 32, 64), (3, 64, 24), [TC, _up(2, 3)], False), ((32, 64), (64, 32), [TC], True),
+  ((128, 64), (64, 128), [TC, Opt(OptOps.PADTO, 0, 3), _local(0, 3), _up(1, 2)], True),
+  ((128, 256), (256, 256), [_up(1, 8), TC, _up(0, 4), _local(0, 2), _local(1, 2)], False),
+  ((64, 128), (128, 128), [Opt(OptOps.UNROLL, 0, 2), _up(1, 4), TC, Opt(OptOps.UNROLL, 0, 0), _up(0, 2)], True)]
 
 @pytest.mark.parametrize("dtype", [dtypes.float16, dtypes.bfloat16], ids=lambda d: d.name)
 @pytest.mark.parametrize("a_shape,b_shape,opts,transposed", TC_CASES, ids=str)
@@ -237,7 +240,7 @@ def test_tensor_core_matmul(dtype, a_shape, b_shape, opts, transposed):
   b_memory = np.ascontiguousarray(np.swapaxes(b, -1, -2)) if transposed else b
   b_lazy = on("CUDA", b_memory, dtype)
   if transposed: b_lazy = b_lazy.permute(tuple(range(b.ndim - 2)) + (b.ndim - 1, b.ndim - 2))
-  got = run_with_opts(half_dot(on("CUDA", a, dtype), b_lazy), [TC] + opts)
+  got = run_with_opts(half_dot(on("CUDA", a, dtype), b_lazy), opts)
   want = as_float64(a, dtype) @ as_float64(b, dtype)
   np.testing.assert_allclose(got.reshape(want.shape), want, **tc_tolerance(a_shape[-1]))
 

@@ -204,30 +204,40 @@ def test_tensor_core_matmul(dtype: DType, shapes):
 
 TC_LATER_OPTS = [  # (opts after TC, mma instructions in the source)
   ((Opt(OptOps.UPCAST, 0, 2), Opt(OptOps.UPCAST, 1, 4)), 8),
+  ((Opt(OptOps.UPCAST, 0, 2), Opt(OptOps.UNROLL, 0, 2)), 4),
   ((Opt(OptOps.LOCAL, 0, 2), Opt(OptOps.LOCAL, 1, 4), Opt(OptOps.UNROLL, 0, 2)), 2),
   ((Opt(OptOps.PADTO, 0, 3), Opt(OptOps.LOCAL, 0, 3), Opt(OptOps.UPCAST, 1, 2)), 2)]
 
 @pytest.mark.parametrize("opts,mmas", TC_LATER_OPTS, ids=[_opts_id(opts) for opts, _ in TC_LATER_OPTS])
-def test_tensor_core_with_later_opts(opts, mmas: int):
+@pytest.mark.parametrize("before", [(), (Opt(OptOps.UPCAST, 1, 2),), (Opt(OptOps.UNROLL, 0, 2),)], ids=_opts_id)
+def test_tensor_core_with_other_opts(before, opts, mmas: int):
   """UPCAST multiplies the tiles per warp, UNROLL the K steps per loop iteration, LOCAL the warps per block; the
-  lanes stay the innermost 32 threads."""
-  (kernel,) = kernels(half_dot(host((128, 64), dtypes.float16), host((64, 128), dtypes.float16)), (TC,) + opts)
+  lanes stay the innermost 32 threads. UPCAST and UNROLL may also come before TC."""
+  (kernel,) = kernels(half_dot(host((128, 64), dtypes.float16), host((64, 128), dtypes.float16)), before + (TC,) + opts)
+  mmas *= 2 if before else 1
   assert kernel.launch_dims()[1][:2] == (4, 8)
   assert compiled_source(kernel).count(MMA[dtypes.float16]) == mmas
 
-def test_tensor_core_forms_and_pair_loads():
-  """Products of float32 casts also qualify. A K-contiguous operand packs two halves with one 32-bit load."""
+def test_tensor_core_operand_loads():
+  """Products of float32 casts also qualify. A lane reads its K positions of a step at 4·tig + 0..3 (linearizer
+  k_order), so a K-contiguous operand is one 8-byte load per fragment row; at an offset of 2 it is 32-bit pair loads."""
   (kernel,) = kernels(half_dot(host((32, 64), dtypes.float16), host((64, 32), dtypes.float16), cast_first=True), (TC,))
   src = compiled_source(kernel)
-  assert src.count("*((const unsigned int*)(data1 + ") == 4, "A is row-major: its 8 halves are 4 pair loads"
-  assert "(const unsigned int*)(data2" not in src, "B (k, n) is strided along K: its halves are packed one by one"
+  assert src.count("const ushort4 vec") == 2, "A is row-major: rows group and group + 8, 4 halves each"
+  assert "data2 +" not in src, "B (k, n) is strided along K: its halves are loaded one by one"
+  shifted = host((32, 68), dtypes.float16).shrink(((0, 32), (2, 66)))
+  (kernel,) = kernels(half_dot(shifted, host((64, 32), dtypes.float16)), (TC,))
+  assert compiled_source(kernel).count("*((const unsigned int*)(data1 + ") == 4
 
 def test_tensor_core_heuristics():
-  """The GPU heuristics use tensor cores first for a half matmul (then a tile of mmas per warp, warps per block)."""
+  """The GPU heuristics use tensor cores for a half matmul: 8 column tiles per warp spread before TC (so each lane's
+  columns are adjacent: vector loads of the row-major B, float4 stores), then 4 row tiles; one warp per block."""
   (kernel,) = kernels(half_dot(host((256, 128), dtypes.float16), host((128, 256), dtypes.float16)).cast(dtypes.float16),
                       heuristics=True)
-  assert kernel.applied_opts[0] == TC and kernel.launch_dims()[1] == (4, 8, 4)
-  assert compiled_source(kernel).count(MMA[dtypes.float16]) == 16
+  assert kernel.applied_opts == [Opt(OptOps.UPCAST, 1, 8), TC, Opt(OptOps.UPCAST, 0, 4)]
+  assert kernel.launch_dims() == ((4, 4), (4, 8))
+  src = compiled_source(kernel)
+  assert src.count(MMA[dtypes.float16]) == 32 and src.count("const ushort4 vec") == 16
 
 @pytest.mark.parametrize("case", ["llvm", "sm_75", "float32", "half_accumulator", "rows", "columns", "k", "not_first",
                                   "axis", "amount"])
@@ -239,7 +249,7 @@ def test_tensor_core_refusals(case: str):
   if case == "float32": dtype = dtypes.float32
   a_shape, b_shape = {"rows": ((40, 32), (32, 24)), "columns": ((32, 32), (32, 12)),
                       "k": ((32, 24), (24, 16))}.get(case, (a_shape, b_shape))
-  if case == "not_first": opts = (Opt(OptOps.UPCAST, 0, 2),)
+  if case == "not_first": opts = (Opt(OptOps.LOCAL, 0, 2),)
   a, b = host(a_shape, dtype), host(b_shape, dtype)
   out = matmul(a, b) if case == "half_accumulator" else half_dot(a, b)
   (kernel,) = kernels(out, opts, renderer=renderer)

@@ -232,12 +232,17 @@ class _KernelWriter:
     self.acc_fragments: dict[int, list[str]] = {}
     self.packed = {s for u in uops if u.op is Ops.VECTORIZE and u.dtype in PACKED_DTYPES for s in u.src}
     self.read_as_float = {s for u in uops if u.op is not Ops.VECTORIZE for s in u.src}
-    # loads that only ever feed a 32-bit pair load (pair_load) are not written at all
-    paired, unpaired = set(), set(self.read_as_float)
+    # adjacent packed halves that no vector access reads become one 32-bit load (pair_load); loads that only ever
+    # feed such pairs are not written at all
+    in_vectors = {uops[pos] for pos in self.vectors}
+    self.pairs: set[tuple[UOp, UOp]] = set()
+    unpaired = set(self.read_as_float)
     for u in uops:
       if u.op is not Ops.VECTORIZE or u.dtype not in PACKED_DTYPES: continue
-      for low, high in zip(u.src[0::2], u.src[1::2]): (paired if _pairable(low, high) else unpaired).update((low, high))
-    self.pair_only = paired - unpaired
+      for low, high in zip(u.src[0::2], u.src[1::2]):
+        if _pairable(low, high) and low not in in_vectors and high not in in_vectors: self.pairs.add((low, high))
+        else: unpaired.update((low, high))
+    self.pair_only = {x for pair in self.pairs for x in pair} - unpaired
     self.used = self.used_values()
     dts = {u.dtype for u in uops} | {s.dtype for u in uops for s in u.src}
     self.needs = {"half": dtypes.float16 in dts, "bfloat16": dtypes.bfloat16 in dts,
@@ -249,8 +254,8 @@ class _KernelWriter:
     used: set[UOp] = set()
     for pos, u in enumerate(self.uops):
       if u in self.pair_only: continue   # not written; pair_load reads its index and valid
-      if u.op is Ops.VECTORIZE: used.update(x for low, high in zip(u.src[0::2], u.src[1::2])
-                                            if _pairable(low, high) for x in low.src[1:])
+      if u.op is Ops.VECTORIZE: used.update(x for pair in zip(u.src[0::2], u.src[1::2]) if pair in self.pairs
+                                            for x in pair[0].src[1:])
       access = self.vectors.get(pos)
       for s in u.src:
         if access is not None and s is u.src[1] and pos != self.index_position(access): continue
@@ -380,6 +385,7 @@ class _KernelWriter:
       self.line(f"const {vector.name} {name} = {loaded};")
     element = f"{self.vector_names[id(access)]}.{LANES[lane]}"
     if u.dtype == dtypes.float16 or u in self.packed: self.half_bits[u] = element
+    if u in self.packed and u not in self.read_as_float: return   # only packed into fragments: the bits suffice
     if vector.lane_type == REGISTER_TYPES[u.dtype]: self.names[u] = element   # the lane is the value
     else: self.define(u, self.from_memory(element, u.dtype, False))
 
@@ -425,7 +431,7 @@ class _KernelWriter:
     registers = []
     for low, high in zip(u.src[0::2], u.src[1::2]):
       name = self.fresh("pack")
-      if _pairable(low, high): packed = self.pair_load(low)
+      if (low, high) in self.pairs: packed = self.pair_load(low)
       else: packed = f"((unsigned int){self.to_memory(low)} | ((unsigned int){self.to_memory(high)} << 16))"
       self.line(f"unsigned int {name} = {packed};")
       registers.append(name)

@@ -134,24 +134,38 @@ def _gpu_locals(kernel: Kernel) -> None:
   for axis in sorted(amounts): try_opt(kernel, Opt(OptOps.LOCAL, axis, amounts[axis]))
 
 # Tensor cores (OptOps.TC, one warp per 16×8 tile): each warp computes GPU_TC_TILE_ROWS × GPU_TC_TILE_COLUMNS tiles,
-# so an A fragment feeds every column tile and a B fragment every row tile (64 f32 accumulators per lane), and a block
-# holds GPU_TC_WARPS_ROWS × GPU_TC_WARPS_COLUMNS warps whose neighbouring tiles share loads through L1.
+# so an A fragment feeds every column tile and a B fragment every row tile (128 f32 accumulators per lane); the
+# column tiles are spread (UPCAST before TC) so each lane's columns are adjacent in memory. Measured on an H200,
+# 4096² fp16 (bench/tc_matmul.py): tiles 4×4 94, 4×8 108, spread 4×8 with 2×2 warps per block 194, with one warp per
+# block 207 TFLOP/s (BEAM's pick: no shared memory, so a block's warps share nothing that the SM's other blocks don't);
+# 8×8 spills registers (54). An UNROLL of 2 adds ~9% but doubles the code the linearizer writes.
 GPU_TC_TILE_ROWS = 4
-GPU_TC_TILE_COLUMNS = 4
-GPU_TC_WARPS_ROWS = 2
-GPU_TC_WARPS_COLUMNS = 2
+GPU_TC_TILE_COLUMNS = 8
+
+def _tc_column_spread(kernel: Kernel, columns: int) -> int:
+  """The largest column-tile count (at most GPU_TC_TILE_COLUMNS) that can be upcast before TC with TC still tiling
+  the same columns axis: then a lane's columns in those tiles are adjacent in memory (vector loads of a row-major B,
+  float4 stores of C)."""
+  for amount in range(GPU_TC_TILE_COLUMNS, 1, -1):
+    trial = kernel.copy()
+    if try_opt(trial, Opt(OptOps.UPCAST, columns, amount)) and try_opt(trial, Opt(OptOps.TC, 0, 0)) and \
+       trial.tensor_core is not None and trial.tensor_core.columns_axis == columns: return amount
+  return 1
 
 def _tensor_cores(kernel: Kernel) -> bool:
-  """A sum of products of two half/bfloat16 loads into float32 on a GPU with tensor cores: TC, a register tile of mma
-  tiles per warp (UPCAST), then warps per block (LOCAL), each the largest amount that divides its axis."""
-  if not kernel.renderer.tensor_cores or not try_opt(kernel, Opt(OptOps.TC, 0, 0)): return False
+  """A sum of products of two half/bfloat16 loads into float32 on a GPU with tensor cores: the warp's column tiles
+  (UPCAST before TC, see _tc_column_spread), TC, then its row tiles (UPCAST, the largest amount that divides); one
+  warp per block."""
+  trial = kernel.copy()
+  if not kernel.renderer.tensor_cores or not try_opt(trial, Opt(OptOps.TC, 0, 0)) or trial.tensor_core is None:
+    return False
+  columns = trial.tensor_core.columns_axis
+  if (spread := _tc_column_spread(kernel, columns)) > 1: kernel.apply_opt(Opt(OptOps.UPCAST, columns, spread))
+  kernel.apply_opt(Opt(OptOps.TC, 0, 0))
   use = kernel.tensor_core
   assert use is not None
-  for opt, axis, limit in ((OptOps.UPCAST, use.rows_axis, GPU_TC_TILE_ROWS),
-                           (OptOps.UPCAST, use.columns_axis, GPU_TC_TILE_COLUMNS),
-                           (OptOps.LOCAL, use.rows_axis, GPU_TC_WARPS_ROWS),
-                           (OptOps.LOCAL, use.columns_axis, GPU_TC_WARPS_COLUMNS)):
-    if (amount := _divisor_at_most(kernel.full_shape[axis], limit)) > 1: try_opt(kernel, Opt(opt, axis, amount))
+  if (rows := _divisor_at_most(kernel.full_shape[use.rows_axis], GPU_TC_TILE_ROWS)) > 1:
+    try_opt(kernel, Opt(OptOps.UPCAST, use.rows_axis, rows))
   return True
 
 def _gpu_rules(kernel: Kernel) -> None:

@@ -45,13 +45,14 @@ MAX_PADDING_FRACTION = 1   # PADTO adds fewer positions than the axis has: paddi
 class TensorCoreUse:
   """How OptOps.TC maps a kernel's reduce onto a tensor core: `reduce` = Σ a·b where `a` (a load of dtype_in) varies
   with the tile's rows and `b` with its columns; rows_axis and columns_axis are the global axes that TC split (what
-  is left of them counts tiles)."""
+  is left of them counts tiles). `upcasts_before` counts the upcast axes made before TC (they stay before its own)."""
   core: TensorCore
   reduce: UOp
   a: UOp
   b: UOp
   rows_axis: int
   columns_axis: int
+  upcasts_before: int = 0
 
 class Kernel:
   def __init__(self, ast: UOp, renderer):
@@ -105,15 +106,16 @@ class Kernel:
   def unrolled_size(self) -> int:
     """The upcast product MAX_UPCAST limits: a tensor core's own axes don't count (the warp's lanes share them)."""
     return prod(self.full_shape[a] for a in self.upcast_axes if a not in self.tc_upcast_axes)
-  # With TC the warp's lanes are the last two local axes, (group, tig), and the tile's fragment axes the first three
-  # upcast axes, (rows 2, columns 2, K 16): later opts keep them there (LOCAL inserts before the lanes, UPCAST and
-  # UNROLL append after the fragments).
+  # With TC the warp's lanes are the last two local axes, (group, tig), and the tile's fragment axes the three upcast
+  # axes (rows 2, columns 2, K 16) after those made before TC: later opts keep them there (LOCAL inserts before the
+  # lanes, UPCAST and UNROLL append after the fragments).
   @property
   def tc_lane_axes(self) -> tuple[int, ...]:
     return (self.first_reduce - 2, self.first_reduce - 1) if self.tensor_core else ()
   @property
   def tc_upcast_axes(self) -> tuple[int, ...]:
-    return tuple(self.first_upcast + i for i in range(3)) if self.tensor_core else ()
+    if self.tensor_core is None: return ()
+    return tuple(self.first_upcast + self.tensor_core.upcasts_before + i for i in range(3))
   @property
   def name(self) -> str:
     kind = "r" if self.reduceops else "E"
@@ -219,6 +221,7 @@ class Kernel:
       self._check(self.unrolled_size * amount <= MAX_UPCAST, f"{opt}: upcast product over {MAX_UPCAST}")
       self.shift_to(axis, amount)
       self.upcasted += 1
+      if self.tensor_core is not None: self._drop_unit_reduce_axis(axis)
     elif opt.op is OptOps.LOCAL:
       self._check(caps.has_local and not self.dont_use_locals, f"{opt}: target has no local memory/threads")
       self._check(axis < self.global_dims, f"{opt}: LOCAL needs a global axis")
@@ -277,12 +280,13 @@ class Kernel:
       K       → K/16 (reduce loop; dropped when it is 1) · 16 (upcast)
 
     so each output replica is where the C fragment of lane (group, tig) lies; the linearizer indexes a and b by their
-    own fragment layouts. TC comes first (PADTOs only before it)."""
+    own fragment layouts. TC comes before any LOCAL, GROUP, THREAD or NOLOCALS; PADTO, UPCAST and UNROLL may come
+    first (an UPCAST of the columns axis before TC spreads a warp's column tiles so that each lane's columns are
+    adjacent in memory: n = (8·tile + column)·amount + upcast)."""
     caps = self.renderer
     self._check(bool(caps.tensor_cores), f"{opt}: {type(caps).__name__} {getattr(caps, 'arch', '')} has no tensor core")
-    reshaped = self.local_dims or self.upcasted or self.group_for_reduces or self.threads or self.dont_use_locals
-    self._check(all(o.op is OptOps.PADTO for o in self.applied_opts) and self.tensor_core is None and not reshaped,
-                f"{opt}: TC must be the first opt (after PADTO only), not after {self.applied_opts}")
+    threaded = self.local_dims or self.group_for_reduces or self.threads or self.dont_use_locals
+    self._check(self.tensor_core is None and not threaded, f"{opt}: TC must come before {self.applied_opts}")
     self._check(len(self.reduceops) == 1, f"{opt}: TC needs exactly one reduce, the kernel has {len(self.reduceops)}")
     reduce = self.reduceops[0]
     operands = tensor_core_operands(reduce)
@@ -298,6 +302,7 @@ class Kernel:
                 f"{opt}: axis picks one of {len(choices)} (rows, columns, K) choices for tile {core.dims} in shape "
                 f"{self.full_shape}")
     rows, columns, k, a, b = choices[opt.axis or 0]
+    upcasts_before = self.upcasted
     tile_rows, tile_columns, tile_k = core.dims
     groups = core.lanes // core.lanes_per_group
     self.shift_to(rows, groups, insert_before=self.first_reduce)              # rows → rows/8 · [group]
@@ -311,9 +316,13 @@ class Kernel:
     k += 2   # the two lane axes went in before the reduce axes
     self.shift_to(k, tile_k)
     self.upcasted += 1
-    if self.full_shape[k] == 1:   # K = 16: no loop left (a size-1 axis there would count as a local axis)
-      self.reshape_and_permute(lambda shape: shape[:k] + shape[k + 1:], None)
-    self.tensor_core = TensorCoreUse(core, reduce, a, b, rows, columns)
+    self._drop_unit_reduce_axis(k)   # K = 16: no loop is left
+    self.tensor_core = TensorCoreUse(core, reduce, a, b, rows, columns, upcasts_before)
+
+  def _drop_unit_reduce_axis(self, axis: int) -> None:
+    """Remove a reduce axis left with size 1: it is no reduce axis any more, so in the loop region it would count as
+    a local axis and move the tensor core's lanes."""
+    if self.full_shape[axis] == 1: self.reshape_and_permute(lambda shape: shape[:axis] + shape[axis + 1:], None)
 
   def tensor_core_choices(self, core: TensorCore, operands: tuple[UOp, UOp]) -> list[tuple[int, int, int, UOp, UOp]]:
     """(rows axis, columns axis, K axis, a, b) for every pair of global axes where one load (a) is constant along the

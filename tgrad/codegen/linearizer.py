@@ -20,7 +20,7 @@ from tgrad.dtype import dtypes
 from tgrad.ops import UOp, Ops, simplify, graph_rewrite, ALU
 from tgrad.codegen.transcendental import decompositions
 from tgrad.codegen.kernel import Kernel, fold_dims
-from tgrad.codegen.renderer import FragmentLayout
+from tgrad.codegen.renderer import FragmentLayout, TensorCore
 from tgrad.schedule import identity_of_reduce
 from tgrad.helpers import prod
 
@@ -35,6 +35,14 @@ def _unfolded_specials(prefix: str, dims: tuple[int, ...], limits: tuple[int, ..
     for i, size in enumerate(group):
       out.append(simplify((special // prod(group[i + 1:])) % size) if len(group) > 1 else special)
   return out
+
+def k_order(core: TensorCore, offset: int, tig: UOp) -> UOp:
+  """Where the kernel reads the k = tig·stride + offset of a tensor-core step (A's column, B's row). Any order of the
+  step's K positions sums the same, as long as A and B agree: lane tig's k (2·tig + 0, 1, 8, 9 for m16n8k16) are
+  read at 4·tig + 0, 1, 2, 3, so a K-contiguous operand is one aligned 8-byte load per row."""
+  offsets = sorted(set(core.a.cols))
+  assert core.a.col_lane == core.b.row_lane and offsets == sorted(set(core.b.rows)), "A and B must share the K layout"
+  return simplify(tig * len(offsets) + offsets.index(offset))
 
 class Linearizer:
   def __init__(self, kernel: Kernel):
@@ -147,7 +155,7 @@ class Linearizer:
   def tc_operand(self, operand: UOp, layout: FragmentLayout, inner: tuple[UOp, ...], rows_are_k: bool) -> UOp:
     """This lane's fragment of A (rows: the tile's rows, columns: K) or B (rows: K, columns: the tile's columns): each
     element is the operand built at its (row, column) of the tile, put on the kernel's axes. The operand is constant
-    along the other output axis (tensor_core_choices checked), which is indexed 0."""
+    along the other output axis (tensor_core_choices checked), which is indexed 0. K is read in `k_order`."""
     k = self.k
     core = k.tensor_core.core
     rows_up, columns_up, k_up = k.tc_upcast_axes
@@ -159,10 +167,9 @@ class Linearizer:
       row, column = (simplify(x) for x in layout.position(element, group, tig))
       idxs = list(inner)
       idxs[group_axis] = idxs[rows_up] = idxs[tig_axis] = idxs[columns_up] = _index_const(0)
-      if rows_are_k:   # B: the tile column is 2·tig + upcast
-        idxs[k_up], idxs[tig_axis], idxs[columns_up] = row, column // column_upcast, column % column_upcast
-      else:            # A: the tile row is 8·upcast + group
-        idxs[group_axis], idxs[rows_up], idxs[k_up] = row % groups, row // groups, column
+      idxs[k_up] = k_order(core, layout.rows[element] if rows_are_k else layout.cols[element], tig)
+      if rows_are_k: idxs[tig_axis], idxs[columns_up] = column // column_upcast, column % column_upcast   # 2·tig + up
+      else: idxs[group_axis], idxs[rows_up] = row % groups, row // groups                                 # 8·up + group
       elements.append(self.build(operand, tuple(simplify(x) for x in idxs)))
     return UOp(Ops.VECTORIZE, operand.dtype, tuple(elements))
 

@@ -1,8 +1,9 @@
 """GPU benchmark: tgrad (CUDA) vs torch, both timed with CUDA events, in one run.
 
-tgrad is timed with pycuda events around `realize()` of the op on already-realized inputs (after a warm-up run
-that compiles), so the time includes tgrad's Python scheduling and launch overhead as a user sees it; the
-kernel-only time (events around each launch, DEBUG-style) is printed too. torch is timed with torch.cuda.Event.
+tgrad is timed two ways, after a warm-up run that compiles: "end to end", pycuda events around `realize()` of the
+op on already-realized inputs, which includes tgrad's Python graph building, scheduling and launching (there is no
+JIT yet, so the GPU idles meanwhile); and "kernels", the sum of CUDA-event times of the op's kernels alone. torch is
+timed with torch.cuda.Event around the eager call. Ratios are torch time / tgrad time (> 1: tgrad faster).
 Usage: python bench/gpu.py [--quick]    (BEAM=2 python bench/gpu.py runs the kernel search first)
 """
 from __future__ import annotations
@@ -31,6 +32,24 @@ def cuda_event_time(fn, repeats: int = REPEATS) -> float:
     end.record()
     end.synchronize()
     best = min(best, end.time_since(start) / 1e3)
+  return best
+
+def kernel_only_time(fn, repeats: int = REPEATS) -> float:
+  """Best over runs of the summed CUDA-event times of the kernels fn() launches (each launch timed alone)."""
+  import tgrad.realize as realize_module
+  original = realize_module.CompiledKernel.__call__
+  total = [0.0]
+  def timed(self, buffers, wait=False):
+    total[0] += original(self, buffers, wait=True) or 0.0
+  realize_module.CompiledKernel.__call__ = timed
+  try:
+    best = float("inf")
+    for _ in range(repeats):
+      total[0] = 0.0
+      fn()
+      best = min(best, total[0])
+  finally:
+    realize_module.CompiledKernel.__call__ = original
   return best
 
 def torch_event_time(fn, repeats: int = REPEATS) -> float:
@@ -72,25 +91,29 @@ def main() -> None:
   torch.backends.cuda.matmul.allow_tf32 = False
   torch.backends.cudnn.allow_tf32 = False
   print(f"tgrad CUDA vs torch {torch.__version__} on {torch.cuda.get_device_name()}, BEAM={Context.BEAM}")
-  header = f"{'case':30s} {'unit':8s} {'tgrad':>9s} {'torch':>9s} {'tgrad/torch':>12s} {'max rel err':>12s}"
+  header = (f"{'case':30s} {'unit':8s} {'end to end':>10s} {'kernels':>9s} {'torch':>9s} {'e2e ratio':>10s} "
+            f"{'kernel ratio':>12s} {'max rel err':>12s}")
   print(header)
   print("-" * len(header))
   for name, work, unit, inputs, tg_fn, torch_fn in cases(args.quick):
     scale = 1e12 if unit == "TFLOP/s" else 1e9
     tensors = [Tensor(x, device="CUDA").realize() for x in inputs]
     t_tg = cuda_event_time(lambda: tg_fn(*tensors).realize())
+    t_kernels = kernel_only_time(lambda: tg_fn(*tensors).realize())
     torch_inputs = [torch.from_numpy(x).cuda() for x in inputs]
     t_torch = torch_event_time(lambda: torch_fn(*torch_inputs))
     ours = tg_fn(*tensors).numpy().astype(np.float64)
     ref = torch_fn(*torch_inputs).float().cpu().numpy().astype(np.float64)
     err = float(np.max(np.abs(ours - ref)) / max(np.max(np.abs(ref)), 1e-30))
-    print(f"{name:30s} {unit:8s} {work / t_tg / scale:9.2f} {work / t_torch / scale:9.2f} "
-          f"{t_torch / t_tg:11.2f}x {err:12.2e}")
+    print(f"{name:30s} {unit:8s} {work / t_tg / scale:10.2f} {work / t_kernels / scale:9.2f} "
+          f"{work / t_torch / scale:9.2f} {t_torch / t_tg:9.2f}x {t_torch / t_kernels:11.2f}x {err:12.2e}")
   probe = Tensor(np.ones(LAUNCH_PROBE_SIZE, np.float32), device="CUDA").realize()
   t_launch = cuda_event_time(lambda: (probe + 1).realize(), repeats=100)
   torch_probe = torch.ones(LAUNCH_PROBE_SIZE, device="cuda")
   t_torch_launch = torch_event_time(lambda: torch_probe + 1, repeats=100)
-  print(f"{'launch overhead (1-elem add)':30s} {'us':8s} {t_launch * 1e6:9.1f} {t_torch_launch * 1e6:9.1f}")
+  t_launch_kernel = kernel_only_time(lambda: (probe + 1).realize(), repeats=100)
+  print(f"{'launch overhead (1-elem add)':30s} {'us':8s} {t_launch * 1e6:10.1f} {t_launch_kernel * 1e6:9.1f} "
+        f"{t_torch_launch * 1e6:9.1f}")
 
 if __name__ == "__main__":
   main()

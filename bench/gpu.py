@@ -107,6 +107,15 @@ def main() -> None:
     err = float(np.max(np.abs(ours - ref)) / max(np.max(np.abs(ref)), 1e-30))
     print(f"{name:30s} {unit:8s} {work / t_tg / scale:10.2f} {work / t_kernels / scale:9.2f} "
           f"{work / t_torch / scale:9.2f} {t_torch / t_tg:9.2f}x {t_torch / t_kernels:11.2f}x {err:12.2e}")
+  # the fused elementwise case against torch.compile, which fuses it into one kernel as tgrad does
+  size = ELEMENTWISE_SIZE // (8 if args.quick else 1)
+  xs = [torch.rand(size, device="cuda") for _ in range(3)]
+  compiled = torch.compile(lambda x, y, z: torch.relu(x * y + z))
+  t_compiled = torch_event_time(lambda: compiled(*xs))
+  tensors = [Tensor(x.cpu().numpy(), device="CUDA").realize() for x in xs]
+  t_kernels = kernel_only_time(lambda: (tensors[0] * tensors[1] + tensors[2]).relu().realize())
+  print(f"{'(a*b+c).relu() vs torch.compile':30s} {'GB/s':8s} {'':>10s} {16 * size / t_kernels / 1e9:9.2f} "
+        f"{16 * size / t_compiled / 1e9:9.2f} {'':>10s} {t_compiled / t_kernels:11.2f}x")
   probe = Tensor(np.ones(LAUNCH_PROBE_SIZE, np.float32), device="CUDA").realize()
   t_launch = cuda_event_time(lambda: (probe + 1).realize(), repeats=100)
   torch_probe = torch.ones(LAUNCH_PROBE_SIZE, device="cuda")

@@ -116,6 +116,21 @@ def _merge_views(views: tuple[View, ...]) -> Optional[View]:
   idxs = [loop_index(d, s) for d, s in enumerate(last.shape)]
   return _view_from_index(last.shape, idxs, *ShapeTracker(views).to_indexed(idxs))
 
+# The scheduler composes (and models reshape) the same trackers for every kernel of every step: remember them.
+COMPOSE_CACHE_SIZE = 16384
+
+@functools.lru_cache(maxsize=COMPOSE_CACHE_SIZE)
+def _compose(first: ShapeTracker, second: ShapeTracker) -> ShapeTracker:
+  if second.buffer_extent() > first.size:
+    raise ValueError(f"a ShapeTracker reaching {second.buffer_extent()} elements cannot index a view of shape "
+                     f"{first.shape} ({first.size} elements)")
+  return ShapeTracker(first.views + second.views).simplify()
+
+@functools.lru_cache(maxsize=COMPOSE_CACHE_SIZE)
+def _reshape(st: ShapeTracker, new_shape: tuple) -> ShapeTracker:
+  view = st.views[-1].reshape(new_shape)
+  return st._with_last(view) if view is not None else ShapeTracker(st.views + (View.create(new_shape),))
+
 @dataclass(frozen=True)
 class ShapeTracker:
   """A stack of Views: views[-1] is indexed by the loop indices, views[0] maps into memory."""
@@ -133,9 +148,7 @@ class ShapeTracker:
 
   # ---- movement ops
   def _with_last(self, view: View) -> ShapeTracker: return ShapeTracker(self.views[:-1] + (view,))
-  def reshape(self, new_shape: Sequence[int]) -> ShapeTracker:
-    view = self.views[-1].reshape(new_shape)
-    return self._with_last(view) if view is not None else ShapeTracker(self.views + (View.create(new_shape),))
+  def reshape(self, new_shape: Sequence[int]) -> ShapeTracker: return _reshape(self, tuple(new_shape))
   def permute(self, order: Sequence[int]) -> ShapeTracker: return self._with_last(self.views[-1].permute(order))
   def expand(self, new_shape: Sequence[int]) -> ShapeTracker: return self._with_last(self.views[-1].expand(new_shape))
   def pad(self, padding: Sequence[tuple[int, int]]) -> ShapeTracker: return self._with_last(self.views[-1].pad(padding))
@@ -147,10 +160,7 @@ class ShapeTracker:
   # ---- composition
   def __add__(self, other: ShapeTracker) -> ShapeTracker:
     """`other` reads a contiguous buffer of shape self.shape, which `self` maps to memory: the composed tracker."""
-    if other.buffer_extent() > self.size:
-      raise ValueError(f"a ShapeTracker reaching {other.buffer_extent()} elements cannot index a view of shape "
-                       f"{self.shape} ({self.size} elements)")
-    return ShapeTracker(self.views + other.views).simplify()
+    return _compose(self, other)
 
   def simplify(self) -> ShapeTracker:
     """Merge adjacent views wherever the later one folds into the earlier, until none does."""

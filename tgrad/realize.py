@@ -72,7 +72,8 @@ def get_runner(device: str, ast: UOp) -> CompiledKernel:
     runner = _runner_cache[key] = compile_kernel(device, kernel, f"{kernel.name}_n{_kernel_counter}")
   return runner
 
-class _Stats:
+class _Totals:
+  """Process-wide kernel counts for DEBUG output (seconds are measured only at DEBUG >= 2)."""
   kernels = 0
   seconds = 0.0
 
@@ -91,7 +92,8 @@ def run_schedule(items: list[ScheduleItem]) -> None:
     for lb in item.outputs:   # the graph above a realized value is no longer needed
       lb.srcs, lb.arg = (), (lb.arg if lb.op is Ops.REDUCE_AXIS else None)
   if Context.DEBUG >= 1 and items:
-    print(f"realized {len(items)} items; {_Stats.kernels} kernels so far, {_Stats.seconds*1e3:.2f} ms in kernels")
+    timed = f", {_Totals.seconds*1e3:.2f} ms in kernels" if Context.DEBUG >= 2 else ""
+    print(f"realized {len(items)} schedule items; {_Totals.kernels} kernels run so far{timed}")
 
 def _run_copy(out: LazyBuffer) -> None:
   buffer = _buffer_for(out)
@@ -104,9 +106,9 @@ def _run_kernel(item: ScheduleItem) -> None:
   buffers = [_buffer_for(out)] + [lb.buffer for lb in item.inputs]
   timing = Context.DEBUG >= 2
   elapsed = runner(buffers, wait=timing)
-  _Stats.kernels += 1
+  _Totals.kernels += 1
   if timing and elapsed is not None:
-    _Stats.seconds += elapsed
+    _Totals.seconds += elapsed
     gflops = runner.flops / elapsed / 1e9 if elapsed > 0 else 0.0
     gbs = runner.nbytes / elapsed / 1e9 if elapsed > 0 else 0.0
     print(f"*** {out.device:5s} {runner.name:40s} out {str(out.shape):20s} {elapsed*1e6:9.1f} us "

@@ -195,11 +195,12 @@ def _realize_shared_elementwise(bases: list[LazyBuffer], realize_set: set[LazyBu
     readers: dict[LazyBuffer, int] = {}
     for root in [b for b in bases if b in realize_set]:
       for lb in _inlined_region(root, realize_set): readers[lb] = readers.get(lb, 0) + 1
-    for lb in bases:   # sources first: realizing one may make its users small
+    # sources first: realizing one may make its users small. It can only add readers to its own sources (already
+    # passed), so one pass handles everything above it and the loop repeats only for what lies below.
+    for lb in bases:
       if readers.get(lb, 0) > 1 and lb.op in ELEMENTWISE and not _is_small(lb, realize_set):
         realize_set.add(lb)
         changed = True
-        break
 
 def create_schedule(outs: list[LazyBuffer]) -> list[ScheduleItem]:
   """Decide which bases are realized, then build one ScheduleItem per realized base, dependencies first."""

@@ -4,8 +4,10 @@
 Tests marked `gpu` run only when pycuda imports and a CUDA context opens on device 0. TGRAD_CACHE points into pytest's
 temporary directory (one per xdist worker), so no test reads or writes ~/.cache/tgrad or the user's TGRAD_CACHE.
 """
-import functools, os, shutil, tempfile
+import functools, os, shutil, sys, tempfile
 import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))   # test helper modules (torch_compare) import by name
 
 _saved_env: dict[str, str | None] = {}
 _collection_cache_dir = ""
@@ -73,40 +75,10 @@ def cuda_codegen_check():
     patch.setattr(tgrad.realize, "get_runner", get_runner_checking_cuda)
     yield
 
-# ---- comparing against torch: one helper for the autograd, nn and optimizer tests
-
-def _numpy_of(x):
-  import torch   # imported on use, as below: most tests never need torch
-  if isinstance(x, torch.Tensor): return x.detach().float().numpy() if x.dtype == torch.bfloat16 else x.detach().numpy()
-  return x.numpy()
-
-def _compare_with_torch(torch_fn, tgrad_fn=None, shapes=(), values=None, atol=1e-5, rtol=1e-5, grad_atol=None,
-                        grad_rtol=None, low=-2.0, high=2.0, grad=True, seed=0):
-  """Run torch_fn and tgrad_fn (default: torch_fn) on the same float32 inputs (random in [low, high) of `shapes`, or
-  the given arrays); compare the outputs, then the gradients of sum(output · random weights) for every input.
-  Gradient tolerances default to 10× the forward ones. Returns the tgrad output."""
-  import numpy as np, torch
-  from tgrad import Tensor
-  rng = np.random.default_rng(seed)
-  inputs = values if values is not None else [rng.uniform(low, high, size=s).astype(np.float32) for s in shapes]
-  torch_inputs = [torch.tensor(x, requires_grad=grad) for x in inputs]
-  tgrad_inputs = [Tensor(x, requires_grad=grad) for x in inputs]
-  want, got = torch_fn(*torch_inputs), (tgrad_fn or torch_fn)(*tgrad_inputs)
-  assert tuple(got.shape) == tuple(want.shape), f"output shape {got.shape} != torch's {tuple(want.shape)}"
-  np.testing.assert_allclose(_numpy_of(got), _numpy_of(want), atol=atol, rtol=rtol, err_msg="forward")
-  if not grad: return got
-  weights = rng.uniform(0.5, 1.5, size=tuple(want.shape)).astype(np.float32)
-  (want * torch.tensor(weights)).sum().backward()
-  (got * Tensor(weights)).sum().backward()
-  for i, (t, g) in enumerate(zip(torch_inputs, tgrad_inputs)):
-    expected = t.grad if t.grad is not None else torch.zeros_like(t)
-    assert g.grad is not None, f"input {i} got no gradient"
-    np.testing.assert_allclose(_numpy_of(g.grad), _numpy_of(expected), atol=grad_atol if grad_atol is not None else
-                               10 * atol, rtol=grad_rtol if grad_rtol is not None else 10 * rtol,
-                               err_msg=f"gradient of input {i}")
-  return got
+# ---- comparing against torch (test/torch_compare.py, shared with test_ops.py)
 
 @pytest.fixture
 def compare_with_torch():
-  """The `_compare_with_torch` helper, for tests that check values and gradients against torch (CPU)."""
-  return _compare_with_torch
+  """`torch_compare.compare_with_torch`, for tests that check values and gradients against torch (CPU)."""
+  from torch_compare import compare_with_torch as compare   # imported on use: most tests never need torch
+  return compare

@@ -9,42 +9,18 @@ import pytest
 import torch
 import torch.nn.functional as F
 from tgrad import Tensor, dtypes
+from torch_compare import compare, compare_with_torch
 
 RNG = np.random.default_rng(0)
 FLOAT_ATOL, FLOAT_RTOL = 1e-6, 1e-5          # float32 arithmetic
 TRANSCENDENTAL_RTOL = 1e-5                   # exp, log, sin, ... (relative)
 GRAD_ATOL, GRAD_RTOL = 1e-5, 1e-4
 
-def _to_numpy(x) -> np.ndarray:
-  if isinstance(x, torch.Tensor):
-    x = x.detach()
-    return (x.float() if x.dtype == torch.bfloat16 else x).numpy()
-  return x.numpy()
-
-def compare(name: str, got, want, atol: float, rtol: float) -> None:
-  got, want = _to_numpy(got), _to_numpy(want)
-  assert got.shape == want.shape, f"{name}: shape {got.shape} != {want.shape}"
-  if want.dtype.kind in "biu": np.testing.assert_array_equal(got, want, err_msg=name)
-  else: np.testing.assert_allclose(got, want, atol=atol, rtol=rtol, err_msg=name)
-
 def helper_test_op(shapes, torch_fn, tgrad_fn=None, atol=FLOAT_ATOL, rtol=FLOAT_RTOL, grad=True, grad_atol=GRAD_ATOL,
                    grad_rtol=GRAD_RTOL, low=-2.0, high=2.0, values=None):
   """Compare tgrad_fn (default: torch_fn) with torch_fn on float32 inputs of `shapes` (or the given `values`)."""
-  tgrad_fn = tgrad_fn or torch_fn
-  inputs = values if values is not None else [RNG.uniform(low, high, size=s).astype(np.float32) for s in shapes]
-  torch_inputs = [torch.tensor(x, requires_grad=grad) for x in inputs]
-  tgrad_inputs = [Tensor(x, requires_grad=grad) for x in inputs]
-  torch_out, tgrad_out = torch_fn(*torch_inputs), tgrad_fn(*tgrad_inputs)
-  compare("forward", tgrad_out, torch_out, atol, rtol)
-  if not grad: return
-  # a scalar that depends on every output element with distinct weights
-  weights = RNG.uniform(0.5, 1.5, size=tuple(torch_out.shape)).astype(np.float32)
-  (torch_out * torch.tensor(weights)).sum().backward()
-  (tgrad_out * Tensor(weights)).sum().backward()
-  for i, (t, g) in enumerate(zip(torch_inputs, tgrad_inputs)):
-    want = t.grad if t.grad is not None else torch.zeros_like(t)
-    assert g.grad is not None, f"input {i} got no gradient"
-    compare(f"grad of input {i}", g.grad, want, grad_atol, grad_rtol)
+  compare_with_torch(torch_fn, tgrad_fn, shapes=shapes, values=values, atol=atol, rtol=rtol, grad_atol=grad_atol,
+                     grad_rtol=grad_rtol, low=low, high=high, grad=grad, rng=RNG)
 
 # ---------------------------------------------------------------------------------------------------------------
 # creation

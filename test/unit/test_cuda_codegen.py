@@ -168,6 +168,12 @@ def test_matmul_heuristics_tile_and_vectorize():
   src = compiled_source(kernel)
   assert "make_float4" in src and "__launch_bounds__(256)" in src
 
+def test_big_matmul_heuristics_8x8_tile():
+  (kernel,) = kernels(matmul(host((2048, 256)), host((256, 2048))), heuristics=True)
+  opts = [(o.op, o.amount) for o in kernel.applied_opts]
+  assert opts == [(OptOps.UPCAST, 8), (OptOps.UPCAST, 8), (OptOps.UNROLL, 4), (OptOps.LOCAL, 8), (OptOps.LOCAL, 8)]
+  assert "__launch_bounds__(64)" in compiled_source(kernel)
+
 @pytest.mark.parametrize("dtype", [dtypes.float16, dtypes.bfloat16, dtypes.int8], ids=lambda d: d.name)
 def test_low_precision_matmul(dtype: DType):
   compile_all(matmul(host((64, 32), dtype), host((32, 64), dtype)), heuristics=True)

@@ -69,6 +69,15 @@ GPU_WARP = 32                   # threads of a warp: enough neighbours on one ax
 # Register tile for reductions that reuse loads across two output axes (matmul): 4×4 accumulators per thread.
 GPU_TILE = 4
 GPU_TILE_THREADS = 16          # 16×16 threads of 4×4 tiles: a block computes a 64×64 output tile
+# Big matmul outputs: 8×8 accumulators per thread load 16 values per 64 FMAs (4×4: 8 per 16), and 8×8 threads
+# per block. Measured on an H200, 4096² fp32 (bench/matmul_sweep.py, TFLOP/s; torch 51): 4×4 tiles with 16×16
+# threads 28.3; 8×8 tiles with 8×8 threads 32.4 (16×8 32.4, 8×16 32.2, 16×16 30.7); 8×4 ≤ 30.9; 4×8 ≤ 24.5; a
+# thread's 8 columns as two float4 groups a warp apart ≤ 27.8; K unrolled by 2 or 8 instead of 4 is slower.
+GPU_BIG_TILE = 8
+GPU_BIG_TILE_THREADS = 8
+# 8×8 tiles only from a 2048² output up: that is 65k threads, about the 132 SMs × 512 threads that ~128 registers
+# per thread leave resident on an H200, so smaller outputs keep 4×4 tiles and more threads.
+GPU_BIG_TILE_MIN_OUTPUTS = 2048 * 2048
 GPU_UNROLL = 4                  # unroll a reduce loop that is contiguous in some input: float4 loads
 
 def _output_stride(kernel: Kernel, axis: int):
@@ -104,27 +113,32 @@ def _group_small_reduce(kernel: Kernel) -> bool:
   group = _divisor_at_most(steps, min(threads, max(GPU_GROUP_MIN_THREADS, balanced)))
   return group > 1 and try_opt(kernel, Opt(OptOps.GROUP, 0, group))
 
-def _gpu_upcast(kernel: Kernel) -> None:
+def _gpu_upcast(kernel: Kernel) -> int:
   """Elementwise: 4 outputs per thread along the contiguous output axis (float4 stores and loads). Reductions: a
-  register tile over output axes along which an input is reused (stride 0), then unroll a contiguous reduce."""
+  register tile over output axes along which an input is reused (stride 0), then unroll a contiguous reduce.
+  Returns the threads per output axis that suit the tile (see _gpu_locals)."""
   if not kernel.reduceops:
     axis = next((a for a in reversed(range(kernel.global_dims)) if _output_stride(kernel, a) == 1), None)
     if axis is not None and kernel.full_shape[axis] % GPU_UPCAST == 0:
       try_opt(kernel, Opt(OptOps.UPCAST, axis, GPU_UPCAST))
-    return
+    return GPU_TILE_THREADS
+  big = prod(kernel.output_shape) >= GPU_BIG_TILE_MIN_OUTPUTS
+  tile, threads = (GPU_BIG_TILE, GPU_BIG_TILE_THREADS) if big else (GPU_TILE, GPU_TILE_THREADS)
   reused = [a for a in reversed(range(kernel.global_dims)) if 0 in _load_strides(kernel, a)
-            and kernel.full_shape[a] % (GPU_TILE * 2) == 0]
-  for axis in reused[:2]: try_opt(kernel, Opt(OptOps.UPCAST, axis, GPU_TILE))
+            and kernel.full_shape[a] % (tile * 2) == 0]
+  tiled = [try_opt(kernel, Opt(OptOps.UPCAST, axis, tile)) for axis in reused[:2]]
   if kernel.first_reduce < kernel.first_upcast and 1 in _load_strides(kernel, kernel.first_reduce) and \
      kernel.full_shape[kernel.first_reduce] % GPU_UNROLL == 0:
     try_opt(kernel, Opt(OptOps.UNROLL, 0, GPU_UNROLL))
+  return threads if tiled == [True, True] else GPU_TILE_THREADS
 
-def _gpu_locals(kernel: Kernel) -> None:
-  """Threads on the output axes up to GPU_THREADS_PER_BLOCK, the innermost axis served first (at most a square tile
-  of them in a reduce, whose loads neighbouring rows and columns share through the cache). They are applied
-  outermost first: the last local axis becomes threadIdx.x, so neighbouring threads touch neighbouring outputs."""
+def _gpu_locals(kernel: Kernel, tile_threads: int = GPU_TILE_THREADS) -> None:
+  """Threads on the output axes up to GPU_THREADS_PER_BLOCK, the innermost axis served first (at most
+  tile_threads of them per axis in a reduce, whose loads neighbouring rows and columns share through the cache). They
+  are applied outermost first: the last local axis becomes threadIdx.x, so neighbouring threads touch neighbouring
+  outputs."""
   budget = GPU_THREADS_PER_BLOCK // prod(kernel.local_axis_sizes)
-  per_axis = GPU_TILE_THREADS if kernel.reduceops and kernel.global_dims > 1 else budget
+  per_axis = tile_threads if kernel.reduceops and kernel.global_dims > 1 else budget
   amounts: dict[int, int] = {}
   for axis in reversed(range(kernel.global_dims)):
     if budget < 2: break
@@ -138,7 +152,9 @@ def _gpu_locals(kernel: Kernel) -> None:
 # column tiles are spread (UPCAST before TC) so each lane's columns are adjacent in memory. Measured on an H200,
 # 4096² fp16 (bench/tc_matmul.py): tiles 4×4 94, 4×8 108, spread 4×8 with 2×2 warps per block 194, with one warp per
 # block 207 TFLOP/s (BEAM's pick: no shared memory, so a block's warps share nothing that the SM's other blocks don't);
-# 8×8 spills registers (54). An UNROLL of 2 adds ~9% but doubles the code the linearizer writes.
+# 8×8 spills registers (54). An UNROLL of 2 adds ~9% but doubles the code the linearizer writes. A later sweep
+# (bench/matmul_sweep.py) found nothing better: default 210, + UNROLL 2 207, + 2×2 warps + UNROLL 2 212, 16×2 tiles
+# 176, 8×2 143, 4×4 141; without shared memory the fragments' global (L1) loads bound it.
 GPU_TC_TILE_ROWS = 4
 GPU_TC_TILE_COLUMNS = 8
 
@@ -171,8 +187,7 @@ def _tensor_cores(kernel: Kernel) -> bool:
 def _gpu_rules(kernel: Kernel) -> None:
   if _tensor_cores(kernel): return
   if _group_small_reduce(kernel): return   # its block is the group (and a warp of outputs for a strided reduce)
-  _gpu_upcast(kernel)
-  _gpu_locals(kernel)
+  _gpu_locals(kernel, _gpu_upcast(kernel))
 
 def hand_coded_optimizations(kernel: Kernel) -> None:
   if kernel.renderer.has_local: _gpu_rules(kernel)

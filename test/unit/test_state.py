@@ -137,6 +137,7 @@ def test_load_state_dict_errors_and_non_strict():
   np.testing.assert_array_equal(model.bias.numpy(), before)   # not given: left alone
 
 def test_a_model_survives_a_save_and_load(tmp_path):
+  Tensor.manual_seed(0)
   net, copy = _Net(), _Net()
   x = Tensor(RNG.standard_normal((1, 1, 4, 4)).astype(np.float32))
   def forward(model):
@@ -144,4 +145,5 @@ def test_a_model_survives_a_save_and_load(tmp_path):
     return model.head["fc"](features)
   safe_save(get_state_dict(net), str(tmp_path / "net.safetensors"))
   load_state_dict(copy, safe_load(str(tmp_path / "net.safetensors")))
-  np.testing.assert_allclose(forward(copy).numpy(), forward(net).numpy(), rtol=1e-6)
+  # the two forwards may fuse differently (loaded weights arrive through an assign), so allow float32 rounding
+  np.testing.assert_allclose(forward(copy).numpy(), forward(net).numpy(), rtol=1e-6, atol=1e-6)

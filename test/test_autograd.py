@@ -75,6 +75,10 @@ def test_maximum_ties_split_the_gradient(compare_with_torch):
   compare_with_torch(torch.maximum, Tensor.maximum, values=values)
   compare_with_torch(torch.minimum, Tensor.minimum, values=values)
 
+def test_clip_gradient_includes_the_bounds(compare_with_torch):
+  values = [np.array([-2.0, -0.5, 0.0, 0.7, 2.0], np.float32)]   # exactly on both bounds: torch's gradient is 1 there
+  compare_with_torch(lambda x: x.clamp(-0.5, 0.7), lambda x: x.clip(-0.5, 0.7), values=values)
+
 def test_cast_passes_the_gradient_through(compare_with_torch):
   compare_with_torch(lambda x: x.half().float() * 3, lambda x: x.half().float() * 3, [(4, 4)], atol=2e-3, rtol=1e-3,
                      grad_atol=1e-5, grad_rtol=1e-5)

@@ -618,9 +618,10 @@ class Tensor:
     signs = (x > 0).cast(x.dtype) - (x < 0).cast(x.dtype) if not x.dtype.is_unsigned else (x > 0).cast(x.dtype)
     return x.isnan().where(x, signs) if x.dtype.is_float else signs
   def clip(self, min_: Any = None, max_: Any = None) -> Tensor:
+    """torch.clamp: NaN stays NaN, and the gradient is 1 wherever min_ <= x <= max_ (bounds included)."""
     if min_ is None and max_ is None: raise ValueError("clip needs min_ or max_")
-    out = self if min_ is None else self.maximum(min_)
-    return out if max_ is None else out.minimum(max_)
+    out = self if min_ is None else (self < min_).where(min_, self)
+    return out if max_ is None else (out > max_).where(max_, out)
   def clamp(self, min_: Any = None, max_: Any = None) -> Tensor: return self.clip(min_, max_)
   def isnan(self) -> Tensor: return self != self if self.dtype.is_float else self.full_like(False, dtype=dtypes.bool)
   def isinf(self, detect_positive: bool = True, detect_negative: bool = True) -> Tensor:

@@ -66,6 +66,7 @@ def test_conv_errors_like_torch():
   with pytest.raises(RuntimeError, match="Kernel size can't be greater"): Tensor.ones(1, 3, 2, 2).conv2d(w)
   with pytest.raises(RuntimeError, match="non-positive stride"): Tensor.ones(1, 3, 5, 5).conv2d(w, stride=0)
   with pytest.raises(RuntimeError, match="negative padding"): Tensor.ones(1, 3, 5, 5).conv2d(w, padding=-1)
+  with pytest.raises(RuntimeError, match="one dtype"): Tensor.ones(1, 3, 5, 5).half().conv2d(w)   # torch: no promotion
   with pytest.raises(RuntimeError, match="bias"): Tensor.ones(1, 3, 5, 5).conv2d(w, Tensor.ones(7))
   with pytest.raises(RuntimeError, match="strided"): Tensor.ones(1, 3, 5, 5).conv2d(w, stride=2, padding="same")
   with pytest.raises(RuntimeError, match=r"kernel_size|stride"): Tensor.ones(1, 3, 5, 5).conv2d(w, stride=(1, 1, 1))

@@ -1062,6 +1062,9 @@ class Tensor:
     padding: an int, one per dim, torch's flat (left, right, top, bottom) order, 'same' or 'valid'.
     Built as pad → window view (`_pool`) → broadcast multiply with the weight → sum over (C_in / groups, *kernel)."""
     if weight.ndim < 3: raise RuntimeError(f"conv weight must have at least 3 dims, got shape {weight.shape}")
+    if weight.dtype != self.dtype or (bias is not None and bias.dtype != self.dtype):   # torch does not promote here
+      raise RuntimeError(f"conv input, weight and bias must have one dtype, got {self.dtype}, {weight.dtype}"
+                         f"{'' if bias is None else f' and {bias.dtype}'}")
     count = weight.ndim - 2
     if self.ndim == count + 1:
       return self.unsqueeze(0).conv2d(weight, bias, groups, stride, dilation, padding, acc_dtype).squeeze(0)
@@ -1105,6 +1108,9 @@ class Tensor:
     *kernel). The input is spread out by the stride (zeros between), padded by dilation·(kernel − 1) − padding
     (plus output_padding after), and convolved with the flipped, group-transposed weight."""
     if weight.ndim < 3: raise RuntimeError(f"conv weight must have at least 3 dims, got shape {weight.shape}")
+    if weight.dtype != self.dtype or (bias is not None and bias.dtype != self.dtype):   # torch does not promote here
+      raise RuntimeError(f"conv input, weight and bias must have one dtype, got {self.dtype}, {weight.dtype}"
+                         f"{'' if bias is None else f' and {bias.dtype}'}")
     count = weight.ndim - 2
     if self.ndim == count + 1:
       return self.unsqueeze(0).conv_transpose2d(weight, bias, groups, stride, dilation, padding,

@@ -4,18 +4,16 @@ Environment variables are read once into `Context` fields; `with Context(BEAM=2)
 Every switch is listed in docs/env.md. Nothing here imports from the rest of tgrad.
 """
 from __future__ import annotations
-import contextlib, functools, math, os, time
+import contextlib, functools, math, os
 from dataclasses import dataclass, fields, replace
 from typing import Iterable, TypeVar
 
 T = TypeVar("T")
 
 def prod(xs: Iterable[int]) -> int: return math.prod(xs)
-def all_same(xs: list) -> bool: return all(x == xs[0] for x in xs)
 def dedup(xs: Iterable[T]) -> list[T]: return list(dict.fromkeys(xs))
 def flatten(xss: Iterable[Iterable[T]]) -> list[T]: return [x for xs in xss for x in xs]
 def argsort(xs) -> list[int]: return sorted(range(len(xs)), key=xs.__getitem__)
-def make_tuple(x, n: int) -> tuple: return tuple(x) if isinstance(x, (tuple, list)) else (x,) * n
 def round_up(n: int, multiple: int) -> int: return (n + multiple - 1) // multiple * multiple
 
 def cpu_count() -> int:
@@ -56,15 +54,6 @@ class Context(contextlib.ContextDecorator, metaclass=_ContextMeta):
 def settings_key() -> tuple:
   """The settings that change generated code: part of every cache key."""
   return (Context.NOOPT,)
-
-class Timer(contextlib.ContextDecorator):
-  def __init__(self, label: str = "", enabled: bool = True): self.label, self.enabled = label, enabled
-  def __enter__(self):
-    self.start = time.perf_counter()
-    return self
-  def __exit__(self, *exc):
-    self.seconds = time.perf_counter() - self.start
-    if self.enabled and self.label: print(f"{self.label} {self.seconds*1e3:.2f} ms")
 
 @functools.cache
 def cache_dir() -> str:

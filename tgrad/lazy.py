@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any, Optional
 import numpy as np
 from tgrad.dtype import DType, dtypes
-from tgrad.ops import Ops, ELEMENTWISE, COMPARISON, REDUCE_OPS
+from tgrad.ops import Ops, COMPARISON, REDUCE_OPS
 from tgrad.shape.shapetracker import ShapeTracker
 from tgrad.device import Buffer, Device, canonical_device
 from tgrad.helpers import prod, cpu_count
@@ -139,7 +139,6 @@ class LazyBuffer:
   def stride(self, steps: tuple[int, ...]) -> LazyBuffer:
     return self if all(s == 1 for s in steps) else self._view(self.st.stride(steps))
 
-def is_elementwise(lb: LazyBuffer) -> bool: return lb.op in ELEMENTWISE
 
 # A big reduce with few outputs runs as two: partial reduces of chunks, then a reduce of the partials. As one kernel,
 # each output's reduce is one GPU block or one CPU core (a 64M-element sum would use 1 of 132 SMs); split, the

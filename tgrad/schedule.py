@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 from tgrad.dtype import dtypes
-from tgrad.ops import UOp, Ops, ELEMENTWISE, REDUCE_OPS
+from tgrad.ops import UOp, Ops, ELEMENTWISE
 from tgrad.lazy import LazyBuffer
 from tgrad.shape.shapetracker import ShapeTracker
 from tgrad.helpers import prod
@@ -265,4 +265,3 @@ def _order_assigns_after_readers(items: list[ScheduleItem]) -> list[ScheduleItem
   for item in items: visit(item)
   return ordered
 
-__all__ = ["ScheduleItem", "create_schedule", "REDUCE_OPS"]

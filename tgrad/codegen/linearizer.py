@@ -17,7 +17,7 @@ from __future__ import annotations
 import itertools
 from typing import Optional
 from tgrad.dtype import dtypes
-from tgrad.ops import UOp, Ops, simplify, graph_rewrite, ALU
+from tgrad.ops import UOp, Ops, simplify, graph_rewrite
 from tgrad.codegen.transcendental import decompositions
 from tgrad.codegen.kernel import Kernel, fold_dims
 from tgrad.codegen.renderer import FragmentLayout, TensorCore
@@ -316,4 +316,3 @@ class Linearizer:
 
 def linearize(kernel: Kernel) -> list[UOp]: return Linearizer(kernel).linearize()
 
-def count_alu(program: list[UOp]) -> int: return sum(1 for u in program if u.op in ALU)

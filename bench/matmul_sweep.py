@@ -11,6 +11,8 @@ from __future__ import annotations
 import argparse, os, sys, time
 import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.dirname(__file__))
+from gpu import torch_event_time  # noqa: E402
 from tgrad import Tensor  # noqa: E402
 from tgrad.codegen.kernel import Kernel, KernelOptError, Opt, OptOps  # noqa: E402
 from tgrad.codegen.heuristics import hand_coded_optimizations  # noqa: E402
@@ -115,17 +117,7 @@ def sweep(kind: str, n: int, dry: bool) -> None:
   torch.backends.cuda.matmul.allow_tf32 = False
   item, a_np, b_np = matmul_ast(n, half, "CUDA")
   ta, tb = torch.from_numpy(a_np).cuda(), torch.from_numpy(b_np).cuda()
-  torch_fn = lambda: ta @ tb   # noqa: E731
-  torch_fn()
-  torch.cuda.synchronize()
-  best_torch = float("inf")
-  for _ in range(KERNEL_RUNS):
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    torch_fn()
-    end.record()
-    end.synchronize()
-    best_torch = min(best_torch, start.elapsed_time(end) / 1e3)
+  best_torch = torch_event_time(lambda: ta @ tb, KERNEL_RUNS)
   ref = (ta.float() @ tb.float()).cpu().numpy()
   scale = float(np.abs(ref).max())
   out = Buffer("CUDA", item.outputs[0].size, item.outputs[0].dtype)

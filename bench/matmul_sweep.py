@@ -28,39 +28,44 @@ def _opt(op: str, axis: int, amount: int) -> Opt:
   return Opt(OptOps.TC, 0, 0) if op == "TC" else Opt(OptOps[op], axis, amount)
 
 def fp32_opts(tile_rows: int, tile_columns: int, threads_rows: int, threads_columns: int, unroll: int,
-              split_columns: bool) -> list[Opt]:
+              split_columns: bool, stage: tuple[int, ...] = ()) -> list[Opt]:
   """Axis 0 = rows, 1 = columns, reduce axis 0 = K. split_columns: each thread's columns are float4 groups that are
-  threads_columns·4 apart (UPCAST 4, LOCAL, then UPCAST the rest), so every warp access is coalesced."""
+  threads_columns·4 apart (UPCAST 4, LOCAL, then UPCAST the rest), so every warp access is coalesced. stage: the
+  padding of A's and B's shared-memory tiles (SMEM), empty for none."""
   inner_columns = 4 if split_columns else tile_columns
   spec = [("UPCAST", 1, inner_columns), ("UPCAST", 0, tile_rows)]
   if unroll > 1: spec.append(("UNROLL", 0, unroll))
   spec += [("LOCAL", 0, threads_rows), ("LOCAL", 1, threads_columns)]
   if split_columns and tile_columns > 4: spec.append(("UPCAST", 1, tile_columns // 4))
+  spec += [("SMEM", operand, padding) for operand, padding in enumerate(stage)]
   return [_opt(*s) for s in spec]
 
 def fp32_candidates() -> dict[str, list[Opt]]:
-  grid = []
-  for threads in [(16, 16), (8, 16), (16, 8), (8, 8), (8, 32), (4, 32)]:
-    for split in (False, True): grid.append((8, 8, *threads, 4, split))
-  grid += [(8, 8, 16, 16, 2, True), (8, 8, 8, 16, 2, True), (8, 8, 16, 16, 1, True)]
-  for threads in [(16, 16), (8, 16), (16, 8), (8, 32), (32, 8)]:
-    for unroll in (4, 8): grid.append((8, 4, *threads, unroll, False))
-  for threads in [(16, 16), (16, 8), (32, 8), (8, 32)]:
-    for split in (False, True): grid.append((4, 8, *threads, 4, split))
-  grid += [(4, 4, 16, 16, 4, False), (4, 4, 16, 16, 8, False), (4, 4, 8, 32, 4, False), (4, 4, 16, 32, 4, False),
-           (4, 4, 32, 32, 4, False)]
-  return {f"tile {r}x{c} threads {tr}x{tc} unroll {u}{' split' if s else ''}": fp32_opts(r, c, tr, tc, u, s)
-          for r, c, tr, tc, u, s in grid}
+  grid = [(8, 8, 8, 8, 4, False, ())]   # the best without shared memory (the default before SMEM)
+  for threads in [(16, 16), (8, 16), (16, 8), (8, 8), (8, 32), (32, 8)]:
+    for unroll in (4, 8):
+      for stage in [(0, 0), (4, 0)]: grid.append((8, 8, *threads, unroll, True, stage))
+  for stage in [(4, 4), (8, 0)]: grid.append((8, 8, 16, 16, 8, True, stage))
+  grid += [(8, 8, 16, 16, 8, False, (4, 0)), (8, 8, 8, 16, 8, False, (4, 0))]
+  for threads in [(16, 16), (32, 8), (16, 32)]:
+    for unroll in (4, 8): grid.append((8, 4, *threads, unroll, False, (4, 0)))
+  for threads in [(16, 16), (8, 32), (32, 16)]:
+    for unroll in (4, 8): grid.append((4, 8, *threads, unroll, True, (4, 0)))
+  grid += [(4, 4, 16, 16, 8, False, (4, 0)), (4, 4, 32, 32, 8, False, (4, 0))]
+  return {f"tile {r}x{c} threads {tr}x{tc} unroll {u}{' split' if s else ''}{f' smem {st}' if st else ''}":
+          fp32_opts(r, c, tr, tc, u, s, st) for r, c, tr, tc, u, s, st in grid}
 
 def fp16_candidates() -> dict[str, list[Opt]]:
   """Spread = column tiles upcast before TC (a lane's columns adjacent); rows = row tiles per warp after TC."""
-  def tc(spread: int, rows: int, warps: tuple[int, int] = (1, 1), unroll: int = 1, columns_after: int = 1):
+  def tc(spread: int, rows: int, warps: tuple[int, int] = (1, 1), unroll: int = 1, columns_after: int = 1,
+         stage: tuple[int, ...] = ()):
     spec = ([("UPCAST", 1, spread)] if spread > 1 else []) + [("TC", 0, 0)]
     if rows > 1: spec.append(("UPCAST", 0, rows))
     if columns_after > 1: spec.append(("UPCAST", 1, columns_after))
     if warps[0] > 1: spec.append(("LOCAL", 0, warps[0]))
     if warps[1] > 1: spec.append(("LOCAL", 1, warps[1]))
     if unroll > 1: spec.append(("UNROLL", 0, unroll))
+    spec += [("SMEM", operand, padding) for operand, padding in enumerate(stage)]
     return [_opt(*s) for s in spec]
   grid = {
     "spread 8 rows 4 (default)": tc(8, 4), "spread 8 rows 4 unroll 2": tc(8, 4, unroll=2),
@@ -78,6 +83,14 @@ def fp16_candidates() -> dict[str, list[Opt]]:
     "spread 4 rows 4 cols 2 unroll 2": tc(4, 4, columns_after=2, unroll=2),
     "spread 8 rows 4 warps 4x1": tc(8, 4, (4, 1)),
   }
+  for warps in [(1, 1), (2, 2), (4, 2), (2, 4)]:
+    for unroll in (1, 2, 4):
+      for stage in [(0, 0), (8, 8), (8, 0)]:
+        grid[f"spread 8 rows 4 warps {warps[0]}x{warps[1]} unroll {unroll} smem {stage}"] = tc(8, 4, warps, unroll,
+                                                                                             stage=stage)
+  for stage in [(0, 0), (8, 8)]:
+    grid[f"spread 8 rows 2 warps 2x2 unroll 2 smem {stage}"] = tc(8, 2, (2, 2), 2, stage=stage)
+    grid[f"spread 4 rows 4 warps 2x2 unroll 2 smem {stage}"] = tc(4, 4, (2, 2), 2, stage=stage)
   return grid
 
 def matmul_ast(n: int, half: bool, device: str):

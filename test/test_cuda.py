@@ -194,6 +194,34 @@ def test_matmul(n, k, m):
   got = numpy_of(matmul(on("CUDA", a, dtypes.float32), on("CUDA", b, dtypes.float32)))
   np.testing.assert_allclose(got, a.astype(np.float64) @ b, rtol=1e-4, atol=1e-3)
 
+def _up(axis: int, amount: int) -> Opt: return Opt(OptOps.UPCAST, axis, amount)
+def _local(axis: int, amount: int) -> Opt: return Opt(OptOps.LOCAL, axis, amount)
+def _unroll(amount: int) -> Opt: return Opt(OptOps.UNROLL, 0, amount)
+def _stage(operand: int, padding: int = 0) -> Opt: return Opt(OptOps.SMEM, operand, padding)
+STAGED_MATMULS = [  # (n, k, m, opts): loads staged in shared memory (OptOps.SMEM) with tiles, threads and padding
+  (256, 512, 256, [_up(0, 8), _up(1, 4), _unroll(8), _local(0, 16), _local(1, 16), _up(1, 2), _stage(0), _stage(1)]),
+  (128, 256, 128, [_up(0, 4), _unroll(4), _local(0, 8), _local(1, 32), _stage(1, 4), _stage(0, 4)]),
+  (64, 96, 64, [_stage(0)]), (64, 96, 64, [_local(1, 16), _stage(1), _up(0, 2)]),
+  (100, 30, 70, [Opt(OptOps.PADTO, 0, 32), Opt(OptOps.PADTO, 1, 16), _local(0, 8), _local(1, 16), _stage(0), _stage(1)]),
+  (60, 48, 52, [_up(0, 3), _local(1, 13), _unroll(3), _stage(0, 1), _stage(1)]),   # a tile not a multiple of threads
+  (16, 4096, 16, [Opt(OptOps.GROUP, 0, 32), _local(1, 4), _stage(0), _stage(1)]),
+  (32, 64, 48, [_unroll(0), _local(0, 4), _local(1, 8), _stage(0)]),   # no reduce loop: one buffer
+]
+
+@pytest.mark.parametrize("n,k,m,opts", STAGED_MATMULS, ids=str)
+def test_staged_matmul(n, k, m, opts):
+  a, b = RNG.standard_normal((n, k)).astype(np.float32), RNG.standard_normal((k, m)).astype(np.float32)
+  got = run_with_opts(matmul(on("CUDA", a, dtypes.float32), on("CUDA", b, dtypes.float32)), opts)
+  np.testing.assert_allclose(got.reshape(n, m), a.astype(np.float64) @ b, rtol=1e-4, atol=1e-3)
+
+def test_staged_masked_input():
+  """A staged load with a mask (a padded input): the copy reads zeros where the kernel would."""
+  a, b = RNG.standard_normal((30, 40)).astype(np.float32), RNG.standard_normal((44, 24)).astype(np.float32)
+  padded = on("CUDA", a, dtypes.float32).pad(((2, 0), (0, 4)))
+  got = run_with_opts(matmul(padded, on("CUDA", b, dtypes.float32)), [_local(1, 8), _up(0, 4), _stage(0), _stage(1)])
+  np.testing.assert_allclose(got.reshape(32, 24), np.pad(a, ((2, 0), (0, 4))).astype(np.float64) @ b, rtol=1e-4,
+                             atol=1e-3)
+
 def test_half_matmul():
   a, b = RNG.standard_normal((128, 64)).astype(np.float16), RNG.standard_normal((64, 128)).astype(np.float16)
   got = numpy_of(matmul(on("CUDA", a, dtypes.float16), on("CUDA", b, dtypes.float16)))
@@ -223,15 +251,17 @@ def tc_tolerance(k: int) -> dict:
   return {"rtol": 1e-3, "atol": 1e-3 * np.sqrt(k)}
 
 TC = Opt(OptOps.TC, 0, 0)
-def _up(axis: int, amount: int) -> Opt: return Opt(OptOps.UPCAST, axis, amount)
-def _local(axis: int, amount: int) -> Opt: return Opt(OptOps.LOCAL, axis, amount)
 TC_CASES = [  # (a shape, b shape, opts, b stored transposed)
   ((16, 16), (16, 8), [TC], False), ((64, 64), (64, 64), [TC], False), ((48, 4096), (4096, 40), [TC], False),
   ((64, 128), (128, 64), [TC, _up(0, 2), _up(1, 4), _local(0, 2), _local(1, 2), Opt(OptOps.UNROLL, 0, 2)], False),
   ((3, 32, 64), (3, 64, 24), [TC, _up(2, 3)], False), ((32, 64), (64, 32), [TC], True),
   ((128, 64), (64, 128), [TC, Opt(OptOps.PADTO, 0, 3), _local(0, 3), _up(1, 2)], True),
   ((128, 256), (256, 256), [_up(1, 8), TC, _up(0, 4), _local(0, 2), _local(1, 2)], False),
-  ((64, 128), (128, 128), [Opt(OptOps.UNROLL, 0, 2), _up(1, 4), TC, Opt(OptOps.UNROLL, 0, 0), _up(0, 2)], True)]
+  ((64, 128), (128, 128), [Opt(OptOps.UNROLL, 0, 2), _up(1, 4), TC, Opt(OptOps.UNROLL, 0, 0), _up(0, 2)], True),
+  ((128, 256), (256, 256), [_up(1, 8), TC, _up(0, 4), _local(0, 2), _local(1, 2), Opt(OptOps.SMEM, 0, 8),
+                            Opt(OptOps.SMEM, 1, 8)], False),
+  ((64, 128), (128, 64), [TC, _up(0, 2), Opt(OptOps.UNROLL, 0, 2), _local(1, 2), Opt(OptOps.SMEM, 1, 0),
+                          Opt(OptOps.SMEM, 0, 0)], True)]
 
 @pytest.mark.parametrize("dtype", [dtypes.float16, dtypes.bfloat16], ids=lambda d: d.name)
 @pytest.mark.parametrize("a_shape,b_shape,opts,transposed", TC_CASES, ids=str)

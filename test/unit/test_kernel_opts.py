@@ -143,6 +143,7 @@ ILLEGAL = [
   ("reduce_rows", [], Opt(OptOps.GROUP, 0, 4)),                 # nor shared memory
   ("reduce_rows", [], Opt(OptOps.GROUPTOP, 0, 4)),
   ("matmul", [], Opt(OptOps.TC, 0, 0)),
+  ("matmul", [], Opt(OptOps.SMEM, 0, 0)),
   ("elementwise", [], Opt(OptOps.UPCAST, 0, 7)),                # 7 doesn't divide 240
   ("elementwise", [], Opt(OptOps.UPCAST, 5, 2)),                # no axis 5
   ("elementwise", [], Opt(OptOps.UPCAST, None, 2)),
@@ -151,7 +152,7 @@ ILLEGAL = [
   ("reduce_rows", [], Opt(OptOps.UPCAST, 1, 4)),                # UPCAST of a reduce axis
   ("elementwise", [], Opt(OptOps.UNROLL, 0, 4)),                # no reduce axis to unroll
   ("reduce_rows", [], Opt(OptOps.UNROLL, -1, 4)),               # UNROLL of the output axis
-  ("matmul", [Opt(OptOps.UPCAST, 1, 32)], Opt(OptOps.UPCAST, 0, 16)),   # upcast product over MAX_UPCAST
+  ("matmul", [Opt(OptOps.UPCAST, 1, 32), Opt(OptOps.UNROLL, 0, 8)], Opt(OptOps.UPCAST, 0, 4)),  # over MAX_UPCAST
   ("matmul", [Opt(OptOps.UPCAST, 1, 32)], Opt(OptOps.UNROLL, 0, 24)),
   ("elementwise", [Opt(OptOps.THREAD, 0, 2)], Opt(OptOps.THREAD, 1, 2)),  # one THREAD
   ("elementwise", [Opt(OptOps.THREAD, 0, 2)], Opt(OptOps.UPCAST, 0, 2)),  # the THREAD axis can't change

@@ -153,23 +153,25 @@ def _aligned_base(index: UOp, lanes: int) -> Optional[tuple[tuple, int]]:
   return (tuple(sorted(((t.key, c) for t, c in terms.items()))), constant - lane), lane
 
 def vector_groups(uops: list[UOp]) -> dict[int, VectorAccess]:
-  """Find groups of LOADs (STOREs) of lanes consecutive elements of a global buffer whose first index is provably a
-  multiple of lanes (so the address is aligned), in one loop body, with the same valid. Buffers that are both read
-  and written are left alone, so reordering the group's accesses can't change what a load sees."""
+  """Find groups of LOADs (STOREs) of lanes consecutive elements of a buffer whose first index is provably a
+  multiple of lanes (so the address is aligned), in one loop body, with the same valid. A global buffer that is both
+  read and written is left alone; in a shared array no access of the other kind may lie between a group's first and
+  last access. Either way, doing the group's accesses at once can't change what a load sees."""
   stored = {u.src[0] for u in uops if u.op is Ops.STORE}
   loaded = {u.src[0] for u in uops if u.op is Ops.LOAD}
   scopes = _scope_ids(uops)
   candidates: dict[tuple, dict[int, int]] = {}
   for pos, u in enumerate(uops):
-    if u.op not in (Ops.LOAD, Ops.STORE) or u.src[0].op is not Ops.DEFINE_GLOBAL: continue
+    if u.op not in (Ops.LOAD, Ops.STORE) or u.src[0].op not in (Ops.DEFINE_GLOBAL, Ops.DEFINE_LOCAL): continue
     buffer = u.src[0]
-    if buffer in stored and buffer in loaded: continue
+    if buffer.op is Ops.DEFINE_GLOBAL and buffer in stored and buffer in loaded: continue
     dtype = u.dtype if u.op is Ops.LOAD else u.src[2].dtype
     if dtype not in VECTOR_TYPES: continue
     lanes = VECTOR_TYPES[dtype].lanes
     if (split := _aligned_base(u.src[1], lanes)) is None: continue
     base, lane = split
-    valid = u.src[2] if len(u.src) > (3 if u.op is Ops.STORE else 2) else None
+    valid_at = 3 if u.op is Ops.STORE else 2
+    valid = u.src[valid_at] if len(u.src) > valid_at else None
     if u.op is Ops.LOAD and valid is not None and valid.dtype != dtypes.bool: valid = None
     key = (u.op, buffer, scopes[pos], valid, base)
     candidates.setdefault(key, {}).setdefault(lane, pos)
@@ -178,6 +180,9 @@ def vector_groups(uops: list[UOp]) -> dict[int, VectorAccess]:
     vector = VECTOR_TYPES[buffer.dtype]
     if sorted(by_lane) != list(range(vector.lanes)): continue
     positions = [by_lane[lane] for lane in range(vector.lanes)]
+    if buffer.op is Ops.DEFINE_LOCAL and any(uops[p].op is not op and uops[p].op in (Ops.LOAD, Ops.STORE) and
+                                             uops[p].src[0] is buffer for p in range(min(positions), max(positions))):
+      continue
     access = VectorAccess(positions, min(positions) if op is Ops.LOAD else max(positions), vector)
     for pos in positions: groups[pos] = access
   return groups
@@ -203,10 +208,10 @@ def render_const(value, dtype: DType) -> str:
   return f"({text})" if text.startswith("-") else text
 
 def _pairable(low: UOp, high: UOp) -> bool:
-  """Whether two 16-bit loads are one 32-bit load: one global buffer, indices i and i+1 with i provably even (so the
-  address is 4-byte aligned: allocations are), the same valid."""
+  """Whether two 16-bit loads are one 32-bit load: one buffer, indices i and i+1 with i provably even (so the
+  address is 4-byte aligned: allocations and shared arrays are), the same valid."""
   if low.op is not Ops.LOAD or high.op is not Ops.LOAD or low.src[0] is not high.src[0]: return False
-  if low.src[0].op is not Ops.DEFINE_GLOBAL or low.src[2:] != high.src[2:]: return False
+  if low.src[2:] != high.src[2:]: return False
   low_terms, low_constant = split_terms(low.src[1])
   high_terms, high_constant = split_terms(high.src[1])
   return low_terms == high_terms and high_constant == low_constant + 1 and low_constant % 2 == 0 and \
@@ -313,7 +318,7 @@ class _KernelWriter:
       self.names[u] = name
     elif op is Ops.DEFINE_LOCAL:
       name, size = u.arg
-      self.line(f"__shared__ {REGISTER_TYPES[u.dtype]} {name}[{size}];")
+      self.line(f"__shared__ __align__({VECTOR_BYTES}) {MEMORY_TYPES[u.dtype]} {name}[{size}];")
       self.names[u] = name
     elif op is Ops.DEFINE_ACC and u.src[0].op is Ops.VECTORIZE:
       names = [self.fresh(f"acc{u.arg}_") for _ in u.src[0].src]
@@ -358,13 +363,13 @@ class _KernelWriter:
     valid = u.src[2] if len(u.src) > 2 and u.src[2].dtype == dtypes.bool else None
     if (vector := self.vectors.get(pos)) is not None: return self.vector_load(pos, u, vector, valid)
     buffer, index = self.value(u.src[0]), self.value(u.src[1])
-    element, shared = f"{buffer}[{index}]", u.src[0].op is Ops.DEFINE_LOCAL
-    if not shared and ((u.dtype == dtypes.float16 and u in self.wants_bits) or u in self.packed):
+    element = f"{buffer}[{index}]"
+    if (u.dtype == dtypes.float16 and u in self.wants_bits) or u in self.packed:
       zero = f"({MEMORY_TYPES[u.dtype]})0"
       element = self.keep_half_bits(u, element if valid is None else f"({self.value(valid)} ? {element} : {zero})")
       if u not in self.read_as_float: return   # only packed into fragments: the bits are all that is needed
       valid = None
-    from_memory = self.from_memory(element, u.dtype, shared)
+    from_memory = self.from_memory(element, u.dtype)
     if valid is not None: from_memory = f"({self.value(valid)} ? {from_memory} : {render_const(0, u.dtype)})"
     self.define(u, from_memory)
 
@@ -387,12 +392,11 @@ class _KernelWriter:
     if u.dtype == dtypes.float16 or u in self.packed: self.half_bits[u] = element
     if u in self.packed and u not in self.read_as_float: return   # only packed into fragments: the bits suffice
     if vector.lane_type == REGISTER_TYPES[u.dtype]: self.names[u] = element   # the lane is the value
-    else: self.define(u, self.from_memory(element, u.dtype, False))
+    else: self.define(u, self.from_memory(element, u.dtype))
 
   def offset(self, index: UOp, lane: int) -> str: return self.value(index) + (f" - {lane}" if lane else "")
 
-  def from_memory(self, element: str, dtype: DType, shared: bool) -> str:
-    if shared: return element   # shared memory holds register values
+  def from_memory(self, element: str, dtype: DType) -> str:
     if dtype == dtypes.float16: return f"half_to_float({element})"
     if dtype == dtypes.bfloat16: return f"bfloat16_to_float({element})"
     if dtype.is_bool: return f"({element} != 0)"
@@ -416,9 +420,7 @@ class _KernelWriter:
       index = self.value(self.uops[self.index_position(access)].src[1])
       self.line(f"{guard}*(({vector.name}*)({buffer} + {index})) = make_{vector.name}({', '.join(elements)});")
       return
-    index, value = self.value(u.src[1]), self.value(u.src[2])
-    shared = u.src[0].op is Ops.DEFINE_LOCAL
-    self.line(f"{guard}{buffer}[{index}] = {value if shared else self.to_memory(u.src[2])};")
+    self.line(f"{guard}{buffer}[{self.value(u.src[1])}] = {self.to_memory(u.src[2])};")
 
   # ---- tensor cores
   def vectorize(self, u: UOp) -> None:

@@ -8,7 +8,8 @@ renderer. All ShapeTrackers share one rank; axes are ordered by role:
 
 An `Opt(op, axis, amount)` splits an axis and moves the piece to its role's place (`shift_to`). An illegal opt
 raises KernelOptError, so search can try anything. The linearizer (linearizer.py) turns a Kernel into UOps.
-OptOps.TC (tensor cores) lays one warp over a tile of a matmul-like reduce; see `_apply_tensor_core`.
+OptOps.TC (tensor cores) lays one warp over a tile of a matmul-like reduce; see `_apply_tensor_core`. OptOps.SMEM
+stages one input's tile in shared memory per step of the reduce loop; see `stage_plan`.
 """
 from __future__ import annotations
 from dataclasses import dataclass
@@ -24,7 +25,7 @@ class KernelOptError(Exception):
 
 class OptOps(Enum):
   UPCAST = auto(); UNROLL = auto(); LOCAL = auto(); GROUP = auto(); GROUPTOP = auto()  # noqa: E702
-  NOLOCALS = auto(); PADTO = auto(); SWAP = auto(); TC = auto(); THREAD = auto()  # noqa: E702
+  NOLOCALS = auto(); PADTO = auto(); SWAP = auto(); TC = auto(); THREAD = auto(); SMEM = auto()  # noqa: E702
   def __repr__(self): return f"OptOps.{self.name}"
   def __lt__(self, other): return self.value < other.value
 
@@ -38,8 +39,34 @@ class Opt:
   def from_json(x: list) -> Opt: return Opt(OptOps[x[0]], x[1], x[2])
 
 MEMORY_OPS = (Ops.LOAD, Ops.STORE, Ops.CONST, Ops.ARANGE)
-MAX_UPCAST = 256   # largest product of upcast/unroll amounts: more unrolled code only bloats compile time
+MAX_UPCAST = 512   # largest product of upcast/unroll amounts (an 8×8 register tile × K unrolled by 8): more unrolled
+                   # code only bloats compile time
 MAX_PADDING_FRACTION = 1   # PADTO adds fewer positions than the axis has: padding never more than doubles its work
+
+# A staged tile is copied by each thread in runs of this many bytes (one 16-byte vector access where aligned).
+STAGE_COPY_BYTES = 16
+
+@dataclass(frozen=True)
+class StagePlan:
+  """How OptOps.SMEM lays out one load's tile in shared memory. The tile is the load's values over the block's thread
+  axes and the upcast axes it depends on, at one step of the reduce loops (the global and loop indices are fixed).
+  `axes` are in the order of the load's memory strides (outermost first): the block copies the tile in that order,
+  so neighbouring threads read neighbouring global addresses. The shared layout serves the reads: a kernel of ALU ops
+  reads, per unrolled reduce step, every output replica's value (an outer product), so the reduce axes go outermost
+  and a row is one step's slice; a tensor core's lanes read pairs of K-adjacent elements, so the reduce axes go
+  innermost and a row is one position's K run. After each row `padding` unused elements shift the next row to other
+  banks. With a reduce loop there are two buffers, alternated by the loop's parity, so one barrier per step
+  separates every write of a buffer from the reads of its previous contents."""
+  axes: tuple[int, ...]
+  sizes: tuple[int, ...]
+  strides: tuple[int, ...]       # each axis's element stride in the shared tile
+  row: int
+  padding: int
+  buffers: int
+  @property
+  def elements(self) -> int: return prod(self.sizes)
+  @property
+  def buffer_elements(self) -> int: return self.elements // self.row * (self.row + self.padding)
 
 @dataclass(frozen=True)
 class TensorCoreUse:
@@ -67,6 +94,7 @@ class Kernel:
     self.threads = 0            # THREAD: axis 0 is split across this many CPU threads
     self.dont_use_locals = False
     self.tensor_core: Optional[TensorCoreUse] = None
+    self.staged: tuple[tuple[UOp, int], ...] = ()   # SMEM: (load, padding per row) staged in shared memory
     self.applied_opts: list[Opt] = []
     self._reduce_axes_last()
     self._merge_axes()
@@ -174,14 +202,14 @@ class Kernel:
   def apply_opt(self, opt: Opt) -> None:
     """Apply one Opt or raise KernelOptError; the kernel is unchanged when it raises."""
     before = (list(self.sts), self.local_dims, self.group_for_reduces, self.upcasted, self.threads,
-              self.dont_use_locals, self.tensor_core)
+              self.dont_use_locals, self.tensor_core, self.staged)
     try:
       if opt.op is OptOps.TC: self._apply_tensor_core(opt)
       else: self._apply(opt)
       if self.renderer.has_local: self._check_limits()
     except KernelOptError:
       (self.sts, self.local_dims, self.group_for_reduces, self.upcasted, self.threads, self.dont_use_locals,
-       self.tensor_core) = before
+       self.tensor_core, self.staged) = before
       raise
     self.applied_opts.append(opt)
 
@@ -198,10 +226,11 @@ class Kernel:
   def _apply(self, opt: Opt) -> None:
     caps = self.renderer
     if opt.op is OptOps.NOLOCALS:
-      self._check(self.local_dims == 0 and self.group_for_reduces == 0, "NOLOCALS after locals")
+      self._check(self.local_dims == 0 and self.group_for_reduces == 0 and not self.staged, "NOLOCALS after locals")
       self._check(not self.dont_use_locals, "NOLOCALS twice")
       self.dont_use_locals = True
       return
+    if opt.op is OptOps.SMEM: return self._stage(opt)
     axis = self._real_axis(opt)
     size = self.full_shape[axis]
     amount = opt.amount if opt.amount else size
@@ -268,6 +297,48 @@ class Kernel:
     padding = tuple((0, padded - size) if d == axis else (0, 0) for d in range(self.shape_len))
     # an output's reduce axes have size 1 and stay so; every other tracker spans the full axis
     self.sts = [st if st.shape[axis] == 1 else st.pad(padding) for st in self.sts]
+
+  # ---- shared-memory staging (OptOps.SMEM)
+  @property
+  def stageable_loads(self) -> list[UOp]:
+    """The loads SMEM can stage, numbered by Opt.axis: global loads that feed the kernel's only reduce."""
+    if len(self.reduceops) != 1: return []
+    under_reduce = set(self.reduceops[0].src[0].toposort())
+    return [u for u in self.memops if u.op is Ops.LOAD and u in under_reduce]
+
+  def _stage(self, opt: Opt) -> None:
+    """SMEM: Opt.axis picks a load of `stageable_loads`, Opt.amount the padding (elements) after each row of its
+    tile. The tile is only laid out when the kernel is linearized (`stage_plan`), so later opts may still reshape it."""
+    self._check(self.renderer.has_shared and not self.dont_use_locals, f"{opt}: target has no shared memory")
+    loads = self.stageable_loads
+    self._check(opt.axis is not None and 0 <= opt.axis < len(loads),
+                f"{opt}: axis picks one of the {len(loads)} loads of a single reduce")
+    load = loads[opt.axis or 0]
+    self._check(all(staged is not load for staged, _ in self.staged), f"{opt}: that load is already staged")
+    self._check(0 <= (opt.amount or 0) <= 64, f"{opt}: padding must be 0..64 elements")
+    self.staged += ((load, opt.amount or 0),)
+
+  def stage_plan(self, load: UOp, padding: int) -> StagePlan:
+    st = self.sts[self.memops.index(load)]
+    strides = st.real_strides()
+    tile_axes = [a for a in self.thread_axes + list(self.upcast_axes) if strides[a] != 0 and self.full_shape[a] > 1]
+    # memory order: the largest stride outermost; an axis without one constant stride (a mask, a reshape) counts as
+    # outermost, and equal strides keep the kernel's axis order
+    def order(axis: int): return (-(strides[axis] if strides[axis] is not None else 1 << 62), axis)
+    axes = sorted(tile_axes, key=order)
+    reduce_axes, other_axes = [a for a in axes if self.is_reduce_axis(a)], [a for a in axes if not self.is_reduce_axis(a)]
+    if self.tensor_core is None: layout_axes, row_axes = reduce_axes + other_axes, len(other_axes)
+    else: layout_axes, row_axes = other_axes + reduce_axes, len(reduce_axes)
+    row = prod(self.full_shape[a] for a in layout_axes[len(layout_axes) - row_axes:])
+    padding = padding if row > 1 and row_axes < len(axes) else 0
+    layout, stride = {}, 1
+    for i in reversed(range(len(layout_axes))):
+      layout[layout_axes[i]] = stride
+      stride *= self.full_shape[layout_axes[i]]
+      if i == len(layout_axes) - row_axes: stride = stride // row * (row + padding)   # the row just closed is padded
+    loops = self.first_reduce + self.group_for_reduces < self.first_upcast
+    return StagePlan(tuple(axes), tuple(self.full_shape[a] for a in axes), tuple(layout[a] for a in axes), row,
+                     padding, 2 if loops else 1)
 
   def _apply_tensor_core(self, opt: Opt) -> None:
     """TC: one warp computes M×N tiles (dims of the tensor core) of a reduce Σ a·b whose loads a and b have the core's
@@ -371,11 +442,15 @@ class Kernel:
     threads = prod(self.local_axis_sizes)
     self._check(threads <= caps.max_local_size, f"{threads} threads per block > {caps.max_local_size}")
     self.launch_dims()
+    nbytes = 0
     if self.group_for_reduces:
       # one shared array per reduce and output upcast replica, one slot per thread (see Linearizer.group_reduce)
       replicas = prod(self.full_shape[a] for a in self.upcast_axes if not self.is_reduce_axis(a))
-      nbytes = sum(r.dtype.itemsize for r in self.reduceops) * replicas * threads
-      self._check(nbytes <= caps.shared_memory_bytes, f"{nbytes} bytes of shared memory > {caps.shared_memory_bytes}")
+      nbytes += sum(r.dtype.itemsize for r in self.reduceops) * replicas * threads
+    for load, padding in self.staged:
+      plan = self.stage_plan(load, padding)
+      nbytes += plan.buffer_elements * plan.buffers * load.dtype.itemsize
+    self._check(nbytes <= caps.shared_memory_bytes, f"{nbytes} bytes of shared memory > {caps.shared_memory_bytes}")
 
   def estimate(self) -> tuple[int, int]:
     """(flops, bytes moved): ALU nodes × iterations, plus the bytes each buffer spans (read or written once)."""

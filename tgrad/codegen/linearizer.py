@@ -12,14 +12,19 @@ then the stores. The result reads as a program:
 A tensor-core kernel (Kernel.tensor_core) reduces with WMMAs instead: per K step each lane gathers its A and B
 fragments (VECTORIZE of loads indexed by the core's fragment layouts), one WMMA per tile updates a fragment
 accumulator, and each output replica is one element (GEP) of its tile's accumulator.
+
+A load staged in shared memory (OptOps.SMEM, Kernel.stage_plan) is read from a DEFINE_LOCAL tile instead: at each
+step of the reduce loop the block's threads copy the tile from global memory (STOREs into the tile), a BARRIER
+follows, and every read of the load becomes a LOAD of the tile that depends on that barrier.
 """
 from __future__ import annotations
 import itertools
+import math
 from typing import Optional
 from tgrad.dtype import dtypes
 from tgrad.ops import UOp, Ops, simplify, graph_rewrite
 from tgrad.codegen.transcendental import decompositions
-from tgrad.codegen.kernel import Kernel, fold_dims
+from tgrad.codegen.kernel import Kernel, StagePlan, STAGE_COPY_BYTES, fold_dims
 from tgrad.codegen.renderer import FragmentLayout, TensorCore
 from tgrad.schedule import identity_of_reduce
 from tgrad.helpers import prod
@@ -53,6 +58,9 @@ class Linearizer:
     self.view_of = {u: st for u, st in zip(kernel.memops, kernel.sts)}
     self.group_loops: set[UOp] = set()   # the RANGEs over a GROUP's partials
     self.tc_tiles: dict[tuple, UOp] = {}  # a tensor-core tile's accumulated fragment, by (reduce, indices)
+    self.stages: dict[UOp, tuple[StagePlan, UOp, UOp]] = {}   # staged load → (plan, its tile, offset of this step's)
+    self.stage_barrier: Optional[UOp] = None    # after the first copy of every staged tile
+    self.stage_next: Optional[tuple[tuple[UOp, ...], UOp]] = None   # (reduce loop ranges, barrier after the next copy)
 
   # ---- step 1: the value graph
   def axis_indices(self) -> list[Optional[UOp]]:
@@ -75,10 +83,8 @@ class Linearizer:
   def build(self, node: UOp, idxs: tuple[UOp, ...]) -> UOp:
     key = (node, idxs)
     if key in self.memo: return self.memo[key]
-    if node.op is Ops.LOAD:
-      index, valid = self.view_of[node].to_indexed(list(idxs))
-      out = UOp(Ops.LOAD, node.dtype, (node.src[0], index) + (() if valid.op is Ops.CONST and valid.arg else (valid,)))
-      if valid.op is Ops.CONST and not valid.arg: out = UOp.const(node.dtype, 0)
+    if node.op is Ops.LOAD and node in self.stages: out = self.staged_load(node, idxs)
+    elif node.op is Ops.LOAD: out = self.global_load(node, idxs)
     elif node.op is Ops.CONST and not node.src: out = node
     elif node.op is Ops.CONST:
       _, valid = self.view_of[node].to_indexed(list(idxs))
@@ -90,6 +96,85 @@ class Linearizer:
     else: out = UOp(node.op, node.dtype, tuple(self.build(s, idxs) for s in node.src), node.arg)
     self.memo[key] = out
     return out
+
+  def global_load(self, node: UOp, idxs: tuple[UOp, ...]) -> UOp:
+    index, valid = self.view_of[node].to_indexed(list(idxs))
+    if valid.op is Ops.CONST and not valid.arg: return UOp.const(node.dtype, 0)
+    return UOp(Ops.LOAD, node.dtype, (node.src[0], index) + (() if valid.op is Ops.CONST and valid.arg else (valid,)))
+
+  # ---- shared-memory staging
+  def stage_loads(self) -> None:
+    """Shared tiles for the staged loads, software-pipelined over the reduce loop: before the loop the block copies
+    step 0's tiles into buffer 0 (then a barrier); each step reads its tiles from buffer step % 2, while the global
+    loads of step + 1's tiles are issued at the top of the body and stored into the other buffer at its end, followed
+    by one barrier (Kernel.StagePlan says why one is enough). Without a reduce loop there is just the first copy."""
+    k = self.k
+    loop_axes = list(range(k.first_reduce + k.group_for_reduces, k.first_upcast))
+    steps = prod(k.full_shape[a] for a in loop_axes)
+    step = _index_const(0)
+    for a in loop_axes: step = step * k.full_shape[a] + self.base_idx[a]
+    plans = [(load, k.stage_plan(load, padding)) for load, padding in k.staged]
+    tiles = {}
+    for load, plan in plans:
+      self.acc_count += 1
+      tiles[load] = UOp(Ops.DEFINE_LOCAL, load.dtype, (), (f"tile{self.acc_count}", plan.buffer_elements * plan.buffers))
+      offset = simplify((step % 2) * plan.buffer_elements) if plan.buffers == 2 else _index_const(0)
+      self.stages[load] = (plan, tiles[load], offset)
+    def loop_indices(flat_step: UOp) -> dict[int, UOp]:
+      out = {}
+      for i, a in enumerate(loop_axes):
+        out[a] = simplify((flat_step // prod(k.full_shape[b] for b in loop_axes[i + 1:])) % k.full_shape[a])
+      return out
+    first = [store for load, plan in plans for store in self.copy_tile(load, plan, tiles[load], loop_indices(
+      _index_const(0)), _index_const(0))]
+    self.stage_barrier = UOp(Ops.BARRIER, dtypes.void, tuple(first))
+    if loop_axes and steps > 1:
+      # the last step copies step 0 again (in bounds, into the buffer nobody reads any more) instead of a guard
+      following = simplify((step + 1) % steps)
+      after = [store for load, plan in plans for store in self.copy_tile(load, plan, tiles[load], loop_indices(
+        following), simplify((following % 2) * plan.buffer_elements))]
+      self.stage_next = (tuple(self.base_idx[a] for a in loop_axes), UOp(Ops.BARRIER, dtypes.void, tuple(after)))
+
+  def copy_tile(self, load: UOp, plan: StagePlan, tile: UOp, loop_indices: dict[int, UOp], offset: UOp) -> list[UOp]:
+    """The STOREs of the block's copy of one tile of `load` (reduce loops at `loop_indices`) into `tile` at
+    `offset`: thread t copies runs of `width` consecutive tile elements (one vector access where the renderer can),
+    runs t, t + threads, t + 2·threads, …; the copy reads global memory where the kernel would (masks included)."""
+    k = self.k
+    thread_axes = k.thread_axes
+    threads = prod(k.full_shape[a] for a in thread_axes)
+    thread = _index_const(0)
+    for a in thread_axes: thread = thread * k.full_shape[a] + self.base_idx[a]
+    width = math.gcd(max(1, STAGE_COPY_BYTES // load.dtype.itemsize), plan.sizes[-1] if plan.sizes else 1)
+    runs = plan.elements // width
+    stores = []
+    for copy in range(-(-runs // threads)):
+      run = simplify(thread + copy * threads)
+      in_tile = simplify(run.lt(runs)) if (copy + 1) * threads > runs else None
+      for lane in range(width):
+        element, coords = simplify(run * width + lane), []
+        for size in reversed(plan.sizes):
+          coords.append(simplify(element % size))   # always in range: the load needs no gate
+          element = simplify(element // size)
+        coords.reverse()
+        idxs = list(self.base_idx)
+        for a in list(thread_axes) + list(k.upcast_axes): idxs[a] = _index_const(0)   # the load ignores these
+        for a, index in loop_indices.items(): idxs[a] = index
+        for a, c in zip(plan.axes, coords): idxs[a] = c
+        value = self.global_load(load, tuple(idxs))
+        stores.append(UOp(Ops.STORE, dtypes.void, (tile, self.tile_index(plan, offset, coords), value) +
+                          (() if in_tile is None else (in_tile,))))
+    return stores
+
+  @staticmethod
+  def tile_index(plan: StagePlan, offset: UOp, coords: list[UOp]) -> UOp:
+    index = offset
+    for c, stride in zip(coords, plan.strides): index = index + c * stride
+    return simplify(index)
+
+  def staged_load(self, node: UOp, idxs: tuple[UOp, ...]) -> UOp:
+    plan, tile, offset = self.stages[node]
+    return UOp(Ops.LOAD, node.dtype, (tile, self.tile_index(plan, offset, [idxs[a] for a in plan.axes]),
+                                      self.stage_barrier))
 
   def build_reduce(self, node: UOp, idxs: tuple[UOp, ...]) -> UOp:
     k = self.k
@@ -108,7 +193,7 @@ class Linearizer:
     combined = values[0]
     for v in values[1:]: combined = UOp(op, node.dtype, (combined, v))
     ranges = tuple(self.base_idx[a] for a in loop_axes)
-    result = self.new_reduce(op, node.dtype, combined, ranges) if ranges else combined
+    result = self.new_reduce(op, node.dtype, combined, ranges, len(values)) if ranges else combined
     if k.group_for_reduces: result = self.group_reduce(op, node.dtype, result)
     return result
 
@@ -173,9 +258,11 @@ class Linearizer:
       elements.append(self.build(operand, tuple(simplify(x) for x in idxs)))
     return UOp(Ops.VECTORIZE, operand.dtype, tuple(elements))
 
-  def new_reduce(self, op: Ops, dtype, value: UOp, ranges: tuple[UOp, ...]) -> UOp:
+  def new_reduce(self, op: Ops, dtype, value: UOp, ranges: tuple[UOp, ...], terms: int = 1) -> UOp:
+    """A loop reduce of `value`, which combines `terms` unrolled values as a left chain of `op` (see build_reduce):
+    the update folds them into the accumulator one by one (acc + v0 + v1 + …, a chain of FMAs for a matmul)."""
     self.acc_count += 1
-    return UOp(Ops.REDUCE, dtype, (value, *ranges), (op, self.acc_count - 1))
+    return UOp(Ops.REDUCE, dtype, (value, *ranges), (op, self.acc_count - 1, terms))
 
   def group_reduce(self, op: Ops, dtype, partial: UOp) -> UOp:
     """Reduce across the group's threads: each writes its partial to shared memory, then (after a barrier) the
@@ -214,6 +301,7 @@ class Linearizer:
     """The STOREs of every output replica (one per combination of the output's upcast axes)."""
     k = self.k
     self.base_idx = self.axis_indices()
+    if k.staged: self.stage_loads()
     stores = []
     out_upcast = [a for a in k.upcast_axes if not k.is_reduce_axis(a)]
     gate = self.group_gate()
@@ -285,11 +373,23 @@ class Linearizer:
       for r in ranges: place(r)
       open_ranges.update(ranges)
       scope_stack.append([])
+      prefetch = self.stage_next[1] if self.stage_next is not None and self.stage_next[0] == ranges else None
+      if prefetch is not None:   # the next step's global loads first: the body's math hides their latency
+        for store in prefetch.src: emit(store.src[2])
+      # every accumulator takes its first unrolled value, then its second, …: an outer product per unrolled step,
+      # which keeps only one step's operands live
+      updates = {r: r.src[0] if r.arg[0] is Ops.WMMA else accs[r] for r in group}
+      terms = {r: [] if r.arg[0] is Ops.WMMA else reduce_terms(r) for r in group}
       for r in group:
-        emit(r.src[0])
-        update = r.src[0] if r.arg[0] is Ops.WMMA else UOp(r.arg[0], r.dtype, (accs[r], r.src[0]))
-        if update not in emitted: place(update)
-        place(UOp(Ops.ASSIGN, r.dtype, (accs[r], update)))
+        if r.arg[0] is Ops.WMMA: emit(r.src[0])
+      for step in range(max((len(t) for t in terms.values()), default=0)):
+        for r in group:
+          if step >= len(terms[r]): continue
+          emit(terms[r][step])
+          updates[r] = UOp(r.arg[0], r.dtype, (updates[r], terms[r][step]))
+          if updates[r] not in emitted: place(updates[r])
+      for r in group: place(UOp(Ops.ASSIGN, r.dtype, (accs[r], updates[r])))
+      if prefetch is not None: emit(prefetch)   # their stores into the other buffer, then the step's one barrier
       for rng in reversed(ranges): program.append(UOp(Ops.ENDRANGE, dtypes.void, (rng,)))
       if branch is not None: program.append(UOp(Ops.ENDIF, dtypes.void, (branch,)))
       open_ranges.difference_update(ranges)
@@ -313,6 +413,14 @@ class Linearizer:
     for store in stores: emit(store)
     for rng in reversed(outer_loops): program.append(UOp(Ops.ENDRANGE, dtypes.void, (rng,)))
     return program
+
+def reduce_terms(reduce: UOp) -> list[UOp]:
+  """The unrolled values a loop REDUCE combines (its source is their left chain, see Linearizer.new_reduce)."""
+  terms, value = [], reduce.src[0]
+  for _ in range(reduce.arg[2] - 1):
+    terms.append(value.src[1])
+    value = value.src[0]
+  return [value] + terms[::-1]
 
 def linearize(kernel: Kernel) -> list[UOp]: return Linearizer(kernel).linearize()
 

@@ -5,7 +5,8 @@ times the bare kernel with CUDA events (best of KERNEL_RUNS). fp32 lists are reg
 thread), threads per block (rows × columns) and a K unroll, with the columns either contiguous per thread or split
 into float4 groups a warp apart; fp16 lists are tensor-core tiles per warp, warps per block and K unrolls. Opt lists
 that don't apply or compile are skipped; the best few are retried with the grid's block order swapped (SWAP).
-Usage: python bench/matmul_sweep.py [--size 4096] [--only fp32|fp16] [--dry]   (--dry: apply and render, no GPU)
+Usage: python bench/matmul_sweep.py [--size 4096] [--only fp32|fp16] [--match TEXT] [--dry]
+(--match: only opt lists whose label contains TEXT; --dry: apply and render, no GPU)
 """
 from __future__ import annotations
 import argparse, os, sys, time
@@ -83,14 +84,15 @@ def fp16_candidates() -> dict[str, list[Opt]]:
     "spread 4 rows 4 cols 2 unroll 2": tc(4, 4, columns_after=2, unroll=2),
     "spread 8 rows 4 warps 4x1": tc(8, 4, (4, 1)),
   }
-  for warps in [(1, 1), (2, 2), (4, 2), (2, 4)]:
-    for unroll in (1, 2, 4):
-      for stage in [(0, 0), (8, 8), (8, 0)]:
+  for warps in [(1, 1), (2, 1), (2, 2), (4, 2), (2, 4), (4, 1)]:
+    for unroll in (1, 2):
+      for stage in [(0, 0), (8, 8), (0, 8)]:
         grid[f"spread 8 rows 4 warps {warps[0]}x{warps[1]} unroll {unroll} smem {stage}"] = tc(8, 4, warps, unroll,
                                                                                              stage=stage)
   for stage in [(0, 0), (8, 8)]:
     grid[f"spread 8 rows 2 warps 2x2 unroll 2 smem {stage}"] = tc(8, 2, (2, 2), 2, stage=stage)
     grid[f"spread 4 rows 4 warps 2x2 unroll 2 smem {stage}"] = tc(4, 4, (2, 2), 2, stage=stage)
+    grid[f"spread 4 rows 4 warps 4x2 unroll 2 smem {stage}"] = tc(4, 4, (4, 2), 2, stage=stage)
   return grid
 
 def matmul_ast(n: int, half: bool, device: str):
@@ -108,9 +110,10 @@ def build(ast, renderer, opts: list[Opt] | None) -> Kernel:
     for opt in opts: kernel.apply_opt(opt)
   return kernel
 
-def sweep(kind: str, n: int, dry: bool) -> None:
+def sweep(kind: str, n: int, dry: bool, match: str = "") -> None:
   half = kind == "fp16"
-  candidates = fp16_candidates() if half else fp32_candidates()
+  candidates = {label: opts for label, opts in (fp16_candidates() if half else fp32_candidates()).items()
+                if match in label}
   flops = 2 * n ** 3
   if dry:
     from tgrad.codegen.cuda import CUDARenderer
@@ -171,10 +174,11 @@ def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__)
   parser.add_argument("--size", type=int, default=4096)
   parser.add_argument("--only", choices=["fp32", "fp16"])
+  parser.add_argument("--match", default="")
   parser.add_argument("--dry", action="store_true")
   args = parser.parse_args()
   for kind in ["fp32", "fp16"]:
-    if args.only in (None, kind): sweep(kind, args.size, args.dry)
+    if args.only in (None, kind): sweep(kind, args.size, args.dry, args.match)
 
 if __name__ == "__main__":
   main()

@@ -202,7 +202,8 @@ STAGED_MATMULS = [  # (n, k, m, opts): loads staged in shared memory (OptOps.SME
   (256, 512, 256, [_up(0, 8), _up(1, 4), _unroll(8), _local(0, 16), _local(1, 16), _up(1, 2), _stage(0), _stage(1)]),
   (128, 256, 128, [_up(0, 4), _unroll(4), _local(0, 8), _local(1, 32), _stage(1, 4), _stage(0, 4)]),
   (64, 96, 64, [_stage(0)]), (64, 96, 64, [_local(1, 16), _stage(1), _up(0, 2)]),
-  (100, 30, 70, [Opt(OptOps.PADTO, 0, 32), Opt(OptOps.PADTO, 1, 16), _local(0, 8), _local(1, 16), _stage(0), _stage(1)]),
+  (100, 30, 70, [Opt(OptOps.PADTO, 0, 32), Opt(OptOps.PADTO, 1, 16), _local(0, 8), _local(1, 16), _stage(0),
+                 _stage(1)]),
   (60, 48, 52, [_up(0, 3), _local(1, 13), _unroll(3), _stage(0, 1), _stage(1)]),   # a tile not a multiple of threads
   (16, 4096, 16, [Opt(OptOps.GROUP, 0, 32), _local(1, 4), _stage(0), _stage(1)]),
   (32, 64, 48, [_unroll(0), _local(0, 4), _local(1, 8), _stage(0)]),   # no reduce loop: one buffer

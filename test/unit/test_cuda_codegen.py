@@ -168,11 +168,59 @@ def test_matmul_heuristics_tile_and_vectorize():
   src = compiled_source(kernel)
   assert "make_float4" in src and "__launch_bounds__(256)" in src
 
-def test_big_matmul_heuristics_8x8_tile():
+def test_big_matmul_heuristics_stage_both_inputs():
+  """A 2048² output: 8×8 register tiles (columns as two float4 groups), 8×16 threads, both inputs staged in shared
+  memory: one copy before the loop and one per step (float4 global loads and shared stores where contiguous), a
+  barrier after each, outer-product reads of float4s from the tiles."""
   (kernel,) = kernels(matmul(host((2048, 256)), host((256, 2048))), heuristics=True)
   opts = [(o.op, o.amount) for o in kernel.applied_opts]
-  assert opts == [(OptOps.UPCAST, 8), (OptOps.UPCAST, 8), (OptOps.UNROLL, 4), (OptOps.LOCAL, 8), (OptOps.LOCAL, 8)]
-  assert "__launch_bounds__(64)" in compiled_source(kernel)
+  assert opts == [(OptOps.UPCAST, 4), (OptOps.UPCAST, 8), (OptOps.UNROLL, 4), (OptOps.LOCAL, 8), (OptOps.LOCAL, 16),
+                  (OptOps.UPCAST, 2), (OptOps.SMEM, 4), (OptOps.SMEM, 0)]
+  src = compiled_source(kernel)
+  assert "__launch_bounds__(128)" in src and src.count("__syncthreads();") == 2
+  assert src.count("__shared__ __align__(16) float tile") == 2
+  loop = src[src.index("for ("):]
+  # the next step's copies: float4 global loads; B's shared store is one float4, A's (transposed) four floats
+  assert loop.count("*((const float4*)(data") == 2 and loop.count("*((float4*)(tile") == 1
+  assert loop.count("*((const float4*)(tile") == 16   # 4 K steps × (2 float4 of A + 2 of B)
+
+@pytest.mark.parametrize("opts", [
+  (Opt(OptOps.SMEM, 0, 0),), (Opt(OptOps.LOCAL, 0, 8), Opt(OptOps.SMEM, 1, 4), Opt(OptOps.UNROLL, 0, 3)),
+  (Opt(OptOps.UPCAST, 1, 4), Opt(OptOps.LOCAL, 1, 13), Opt(OptOps.SMEM, 0, 0), Opt(OptOps.SMEM, 1, 0)),
+  (Opt(OptOps.GROUP, 0, 8), Opt(OptOps.SMEM, 0, 0)), (Opt(OptOps.UNROLL, 0, 0), Opt(OptOps.SMEM, 1, 0))],
+  ids=_opts_id)
+def test_staged_kernels_compile(opts):
+  """Odd sizes (a tile that isn't a multiple of the block's threads: guarded copies), GROUP, no reduce loop."""
+  src = compiled_source(kernels(matmul(host((24, 48)), host((48, 52))), opts)[-1])
+  assert "__shared__" in src and "__syncthreads();" in src
+
+def test_staged_refusals():
+  """SMEM picks one of the loads of a single reduce, once; it needs shared memory and fits in it."""
+  kernel = kernels(matmul(host((64, 64)), host((64, 64))))[-1]
+  for opt in [Opt(OptOps.SMEM, 2, 0), Opt(OptOps.SMEM, None, 0), Opt(OptOps.SMEM, 0, 65)]:
+    with pytest.raises(KernelOptError): kernel.apply_opt(opt)
+  kernel.apply_opt(Opt(OptOps.SMEM, 0, 0))
+  with pytest.raises(KernelOptError): kernel.apply_opt(Opt(OptOps.SMEM, 0, 8))
+  big = kernels(matmul(host((256, 4096)), host((4096, 256))))[-1]
+  for opt in [Opt(OptOps.LOCAL, 0, 16), Opt(OptOps.UPCAST, 0, 8), Opt(OptOps.UNROLL, 0, 64)]: big.apply_opt(opt)
+  with pytest.raises(KernelOptError, match="shared memory"): big.apply_opt(Opt(OptOps.SMEM, 0, 0))
+  assert not big.staged
+  elementwise = kernels(host((64, 64)).alu(Ops.ADD, host((64, 64))))[-1]
+  with pytest.raises(KernelOptError): elementwise.apply_opt(Opt(OptOps.SMEM, 0, 0))
+
+def test_staged_tensor_core_tiles_are_bank_friendly():
+  """Tensor-core tiles keep K innermost and the fragments' rows next to each other: every fragment element is read
+  with 8-byte vector loads from shared memory."""
+  opts = (Opt(OptOps.UPCAST, 1, 8), Opt(OptOps.TC, 0, 0), Opt(OptOps.UPCAST, 0, 4), Opt(OptOps.LOCAL, 0, 2),
+          Opt(OptOps.LOCAL, 1, 2), Opt(OptOps.SMEM, 0, 0), Opt(OptOps.SMEM, 1, 8))
+  kernel = kernels(half_dot(host((256, 256), dtypes.float16), host((256, 256), dtypes.float16)), opts)[-1]
+  k_axis = kernel.tc_upcast_axes[2]
+  for load, padding in kernel.staged:
+    plan = kernel.stage_plan(load, padding)
+    assert plan.strides[plan.axes.index(k_axis)] == 1 and plan.row == 16 and plan.padding == padding
+  loop = compiled_source(kernel)[compiled_source(kernel).index("for ("):]
+  # per K step: 4 row tiles × A fragments of two 4-element runs, 8 column tiles × B fragments of one
+  assert loop.count("*((const ushort4*)(tile") == 4 * 2 + 8 * 1
 
 @pytest.mark.parametrize("dtype", [dtypes.float16, dtypes.bfloat16, dtypes.int8], ids=lambda d: d.name)
 def test_low_precision_matmul(dtype: DType):

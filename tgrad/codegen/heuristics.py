@@ -78,6 +78,13 @@ GPU_BIG_TILE_THREADS = 8
 # 8×8 tiles only from a 2048² output up: that is 65k threads, about the 132 SMs × 512 threads that ~128 registers
 # per thread leave resident on an H200, so smaller outputs keep 4×4 tiles and more threads.
 GPU_BIG_TILE_MIN_OUTPUTS = 2048 * 2048
+# With both inputs staged in shared memory (OptOps.SMEM, software-pipelined): 8×8 tiles whose 8 columns are two float4
+# groups 64 columns apart, 8×16 threads, K unrolled by 4, A's tile rows padded by 4 floats. Measured on an H100,
+# 4096² fp32 (bench/matmul_sweep.py, TFLOP/s; torch 50.4): this 35.6, 8×8 threads 35.8 (32.2 unpadded), 8×32 35.3,
+# 16×16 34.9; K unrolled by 8 ≤ 34.6; 8×4 and 4×8 tiles ≤ 31.5; the best without shared memory 31.0.
+GPU_STAGED_TILE_COLUMNS = 4        # contiguous columns per float4 group
+GPU_STAGED_THREADS = (8, 16)       # (rows, columns)
+GPU_STAGED_PADDING = (4, 0)        # (A, B) floats after each row of the shared tile
 GPU_UNROLL = 4                  # unroll a reduce loop that is contiguous in some input: float4 loads
 
 def _output_stride(kernel: Kernel, axis: int):
@@ -131,6 +138,25 @@ def _gpu_upcast(kernel: Kernel) -> int:
      kernel.full_shape[kernel.first_reduce] % GPU_UNROLL == 0:
     try_opt(kernel, Opt(OptOps.UNROLL, 0, GPU_UNROLL))
   return threads if tiled == [True, True] else GPU_TILE_THREADS
+
+def _staged_matmul(kernel: Kernel) -> bool:
+  """A big matmul-like reduce (two inputs, each reused along one output axis): the register tile of GPU_BIG_TILE
+  rows and columns, both inputs' tiles staged in shared memory. All or nothing: the kernel is unchanged if any opt is
+  refused."""
+  if not kernel.reduceops or prod(kernel.output_shape) < GPU_BIG_TILE_MIN_OUTPUTS or \
+     len(kernel.stageable_loads) != 2 or kernel.first_reduce >= kernel.first_upcast: return False
+  reused = [a for a in reversed(range(kernel.global_dims)) if 0 in _load_strides(kernel, a)]
+  if len(reused) < 2: return False
+  columns, rows = reused[:2]
+  split = GPU_BIG_TILE // GPU_STAGED_TILE_COLUMNS
+  opts = [Opt(OptOps.UPCAST, columns, GPU_STAGED_TILE_COLUMNS), Opt(OptOps.UPCAST, rows, GPU_BIG_TILE),
+          Opt(OptOps.UNROLL, 0, GPU_UNROLL), Opt(OptOps.LOCAL, rows, GPU_STAGED_THREADS[0]),
+          Opt(OptOps.LOCAL, columns, GPU_STAGED_THREADS[1]), Opt(OptOps.UPCAST, columns, split),
+          *[Opt(OptOps.SMEM, operand, padding) for operand, padding in enumerate(GPU_STAGED_PADDING)]]
+  trial = kernel.copy()
+  if not all(try_opt(trial, opt) for opt in opts): return False
+  for opt in opts: kernel.apply_opt(opt)
+  return True
 
 def _gpu_locals(kernel: Kernel, tile_threads: int = GPU_TILE_THREADS) -> None:
   """Threads on the output axes up to GPU_THREADS_PER_BLOCK, the innermost axis served first (at most
@@ -187,6 +213,7 @@ def _tensor_cores(kernel: Kernel) -> bool:
 def _gpu_rules(kernel: Kernel) -> None:
   if _tensor_cores(kernel): return
   if _group_small_reduce(kernel): return   # its block is the group (and a warp of outputs for a strided reduce)
+  if _staged_matmul(kernel): return
   _gpu_locals(kernel, _gpu_upcast(kernel))
 
 def hand_coded_optimizations(kernel: Kernel) -> None:

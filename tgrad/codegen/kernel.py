@@ -53,10 +53,11 @@ class StagePlan:
   `axes` are in the order of the load's memory strides (outermost first): the block copies the tile in that order,
   so neighbouring threads read neighbouring global addresses. The shared layout serves the reads: a kernel of ALU ops
   reads, per unrolled reduce step, every output replica's value (an outer product), so the reduce axes go outermost
-  and a row is one step's slice; a tensor core's lanes read pairs of K-adjacent elements, so the reduce axes go
-  innermost and a row is one position's K run. After each row `padding` unused elements shift the next row to other
-  banks. With a reduce loop there are two buffers, alternated by the loop's parity, so one barrier per step
-  separates every write of a buffer from the reads of its previous contents."""
+  and a row is one step's slice; a tensor core's lanes read runs of K-adjacent elements, so the reduce axes go
+  innermost (a row is one position's K run) and the axes of the core's lanes and fragments just outside them, in
+  memory order: one fragment load of the warp reads neighbouring rows. After each row `padding` unused elements shift
+  the next row to other banks. With a reduce loop there are two buffers, alternated by the loop's parity, so one
+  barrier per step separates every write of a buffer from the reads of its previous contents."""
   axes: tuple[int, ...]
   sizes: tuple[int, ...]
   strides: tuple[int, ...]       # each axis's element stride in the shared tile
@@ -326,9 +327,12 @@ class Kernel:
     # outermost, and equal strides keep the kernel's axis order
     def order(axis: int): return (-(strides[axis] if strides[axis] is not None else 1 << 62), axis)
     axes = sorted(tile_axes, key=order)
-    reduce_axes, other_axes = [a for a in axes if self.is_reduce_axis(a)], [a for a in axes if not self.is_reduce_axis(a)]
+    reduce_axes = [a for a in axes if self.is_reduce_axis(a)]
+    other_axes = [a for a in axes if not self.is_reduce_axis(a)]
     if self.tensor_core is None: layout_axes, row_axes = reduce_axes + other_axes, len(other_axes)
-    else: layout_axes, row_axes = other_axes + reduce_axes, len(reduce_axes)
+    else:   # one fragment load of a warp: neighbouring lanes in neighbouring rows
+      lanes = [a for a in other_axes if a in self.tc_lane_axes + self.tc_upcast_axes]
+      layout_axes, row_axes = [a for a in other_axes if a not in lanes] + lanes + reduce_axes, len(reduce_axes)
     row = prod(self.full_shape[a] for a in layout_axes[len(layout_axes) - row_axes:])
     padding = padding if row > 1 and row_axes < len(axes) else 0
     layout, stride = {}, 1

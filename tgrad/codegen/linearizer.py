@@ -117,7 +117,8 @@ class Linearizer:
     tiles = {}
     for load, plan in plans:
       self.acc_count += 1
-      tiles[load] = UOp(Ops.DEFINE_LOCAL, load.dtype, (), (f"tile{self.acc_count}", plan.buffer_elements * plan.buffers))
+      size = plan.buffer_elements * plan.buffers
+      tiles[load] = UOp(Ops.DEFINE_LOCAL, load.dtype, (), (f"tile{self.acc_count}", size))
       offset = simplify((step % 2) * plan.buffer_elements) if plan.buffers == 2 else _index_const(0)
       self.stages[load] = (plan, tiles[load], offset)
     def loop_indices(flat_step: UOp) -> dict[int, UOp]:
@@ -150,12 +151,13 @@ class Linearizer:
     for copy in range(-(-runs // threads)):
       run = simplify(thread + copy * threads)
       in_tile = simplify(run.lt(runs)) if (copy + 1) * threads > runs else None
+      run_coords, rest = [], run   # the run's position in the tile, its innermost axis counted in runs
+      for size in reversed((plan.sizes[:-1] + (plan.sizes[-1] // width,)) if plan.sizes else ()):
+        run_coords.append(simplify(rest % size))   # always in range: the load needs no gate
+        rest = simplify(rest // size)
+      run_coords.reverse()
       for lane in range(width):
-        element, coords = simplify(run * width + lane), []
-        for size in reversed(plan.sizes):
-          coords.append(simplify(element % size))   # always in range: the load needs no gate
-          element = simplify(element // size)
-        coords.reverse()
+        coords = run_coords[:-1] + [simplify(run_coords[-1] * width + lane)] if run_coords else []
         idxs = list(self.base_idx)
         for a in list(thread_axes) + list(k.upcast_axes): idxs[a] = _index_const(0)   # the load ignores these
         for a, index in loop_indices.items(): idxs[a] = index

@@ -28,6 +28,7 @@ GROUP_AMOUNTS = (0, 4, 8, 16, 32, 64, 128, 256)   # threads that share a reduce 
 THREAD_AMOUNTS = (2, 3, 4, 5, 6, 7, 8, 12, 16, 24, 32, 48, 64)   # CPU cores; above the core count they are skipped
 PADTO_AMOUNTS = (2, 4, 8, 16, 32)                 # pad odd sizes up to vector/tile multiples
 TC_AXIS_CHOICES = 2       # OptOps.TC's axis: which (rows, columns) pair of output axes; a matmul has one or two
+SMEM_PADDINGS = (0, 4, 8)  # elements after each shared tile row: 16 bytes of floats or halves shift rows to other banks
 ACTIONS: list[Opt] = [
   *[Opt(OptOps.UPCAST, axis, amount) for axis in range(ACTION_AXES) for amount in UPCAST_AMOUNTS],
   *[Opt(OptOps.UNROLL, axis, amount) for axis in range(4) for amount in UPCAST_AMOUNTS],
@@ -37,6 +38,7 @@ ACTIONS: list[Opt] = [
   *[Opt(OptOps.PADTO, axis, amount) for axis in range(ACTION_AXES) for amount in PADTO_AMOUNTS],
   *[Opt(OptOps.SWAP, axis, other) for axis in range(ACTION_AXES) for other in range(axis + 1, ACTION_AXES)],
   *[Opt(OptOps.TC, axis, 0) for axis in range(TC_AXIS_CHOICES)],
+  *[Opt(OptOps.SMEM, operand, padding) for operand in range(2) for padding in SMEM_PADDINGS],
   Opt(OptOps.NOLOCALS),
 ]
 

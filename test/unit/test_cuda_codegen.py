@@ -174,15 +174,17 @@ def test_big_matmul_heuristics_stage_both_inputs():
   barrier after each, outer-product reads of float4s from the tiles."""
   (kernel,) = kernels(matmul(host((2048, 256)), host((256, 2048))), heuristics=True)
   opts = [(o.op, o.amount) for o in kernel.applied_opts]
-  assert opts == [(OptOps.UPCAST, 4), (OptOps.UPCAST, 8), (OptOps.UNROLL, 4), (OptOps.LOCAL, 8), (OptOps.LOCAL, 16),
-                  (OptOps.UPCAST, 2), (OptOps.SMEM, 4), (OptOps.SMEM, 0)]
+  assert opts == [(OptOps.UPCAST, 4), (OptOps.UPCAST, 8), (OptOps.UNROLL, 8), (OptOps.LOCAL, 8), (OptOps.LOCAL, 16),
+                  (OptOps.UPCAST, 2), (OptOps.SMEM, 0), (OptOps.SMEM, 0)]
   src = compiled_source(kernel)
   assert "__launch_bounds__(128)" in src and src.count("__syncthreads();") == 2
   assert src.count("__shared__ __align__(16) float tile") == 2
   loop = src[src.index("for ("):]
-  # the next step's copies: float4 global loads; B's shared store is one float4, A's (transposed) four floats
-  assert loop.count("*((const float4*)(data") == 2 and loop.count("*((float4*)(tile") == 1
-  assert loop.count("*((const float4*)(tile") == 16   # 4 K steps × (2 float4 of A + 2 of B)
+  # the next step's copies: A's tile is transposed (float4 global loads into registers, stored as floats at the end of
+  # the step), B's copied as it is with cp.async (16 bytes per thread and copy)
+  assert loop.count("*((const float4*)(data") == 1 and loop.count("async_copy<16>(tile") == 2
+  assert loop.index("async_copy<16>") < loop.index("*((const float4*)(tile"), "B's copy is issued before the math"
+  assert loop.count("*((const float4*)(tile") == 32   # 8 K steps × (2 float4 of A + 2 of B)
 
 @pytest.mark.parametrize("opts", [
   (Opt(OptOps.SMEM, 0, 0),), (Opt(OptOps.LOCAL, 0, 8), Opt(OptOps.SMEM, 1, 4), Opt(OptOps.UNROLL, 0, 3)),
@@ -208,19 +210,19 @@ def test_staged_refusals():
   elementwise = kernels(host((64, 64)).alu(Ops.ADD, host((64, 64))))[-1]
   with pytest.raises(KernelOptError): elementwise.apply_opt(Opt(OptOps.SMEM, 0, 0))
 
-def test_staged_tensor_core_tiles_are_bank_friendly():
-  """Tensor-core tiles keep K innermost and the fragments' rows next to each other: every fragment element is read
-  with 8-byte vector loads from shared memory."""
+def test_staged_tensor_core_tiles_copy_asynchronously():
+  """On sm_80+ tensor-core tiles keep global memory's order (A: K innermost, B: its columns), so every copy is a
+  cp.async issued at the top of the step, and fragments are read from the tiles with 8-byte vector loads."""
   opts = (Opt(OptOps.UPCAST, 1, 8), Opt(OptOps.TC, 0, 0), Opt(OptOps.UPCAST, 0, 4), Opt(OptOps.LOCAL, 0, 2),
           Opt(OptOps.LOCAL, 1, 2), Opt(OptOps.SMEM, 0, 0), Opt(OptOps.SMEM, 1, 8))
   kernel = kernels(half_dot(host((256, 256), dtypes.float16), host((256, 256), dtypes.float16)), opts)[-1]
-  k_axis = kernel.tc_upcast_axes[2]
-  for load, padding in kernel.staged:
-    plan = kernel.stage_plan(load, padding)
-    assert plan.strides[plan.axes.index(k_axis)] == 1 and plan.row == 16 and plan.padding == padding
+  a_plan, b_plan = (kernel.stage_plan(load, padding) for load, padding in kernel.staged)
+  assert a_plan.axes[-1] == kernel.tc_upcast_axes[2] and a_plan.row == 16 and a_plan.direct
+  assert not kernel.is_reduce_axis(b_plan.axes[-1]) and b_plan.row == 128 and b_plan.padding == 8 and b_plan.direct
   loop = compiled_source(kernel)[compiled_source(kernel).index("for ("):]
-  # per K step: 4 row tiles × A fragments of two 4-element runs, 8 column tiles × B fragments of one
-  assert loop.count("*((const ushort4*)(tile") == 4 * 2 + 8 * 1
+  assert "(const ushort4*)(data" not in loop and "bits" not in loop.split("mma.sync")[0]   # no register staging
+  assert loop.index("async_copy<8>") < loop.index("mma.sync")
+  assert loop.count("*((const ushort4*)(tile") >= 8
 
 @pytest.mark.parametrize("dtype", [dtypes.float16, dtypes.bfloat16, dtypes.int8], ids=lambda d: d.name)
 def test_low_precision_matmul(dtype: DType):

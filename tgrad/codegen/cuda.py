@@ -92,6 +92,13 @@ MMA_M16N8K16 = {"a": FragmentLayout((1, 0), (0, 0, 8, 8, 0, 0, 8, 8), (0, 2), (0
 TENSOR_CORES = tuple(TensorCore(f"mma.sync.aligned.m16n8k16.row.col.f32.{name}.{name}.f32", (16, 8, 16), dtype,
                                 dtypes.float32, **MMA_M16N8K16) for dtype, name in ((dtypes.float16, "f16"),
                                                                                     (dtypes.bfloat16, "bf16")))
+ASYNC_COPY_MIN_SM = 80    # cp.async global → shared: sm_80 (Ampere) and newer
+ASYNC_COPY_PRELUDE = """template <int BYTES>
+__device__ __forceinline__ void async_copy(void* shared, const void* global) {
+  unsigned int address = (unsigned int)__cvta_generic_to_shared(shared);
+  asm volatile("cp.async.ca.shared.global [%0], [%1], %2;" :: "r"(address), "l"(global), "n"(BYTES) : "memory");
+}
+"""
 TENSOR_CORE_MIN_SM = 80   # mma.sync m16n8k16 with f16/bf16 inputs and f32 accumulators: sm_80 (Ampere) and newer
 PACKED_DTYPES = (dtypes.float16, dtypes.bfloat16)   # two per 32-bit register in a fragment
 
@@ -120,6 +127,7 @@ class CUDARenderer(Renderer):
     self.arch, self.max_local_size, self.max_grid = arch, max_local_size, tuple(max_grid)
     self.max_local_dims, self.shared_memory_bytes = tuple(max_local_dims), shared_memory_bytes
     self.tensor_cores = TENSOR_CORES if sm_number(arch) >= TENSOR_CORE_MIN_SM else ()
+    self.async_copy = sm_number(arch) >= ASYNC_COPY_MIN_SM
   def render(self, name: str, uops: list[UOp]) -> str: return _KernelWriter(name, uops, self.arch).write()
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -187,6 +195,24 @@ def vector_groups(uops: list[UOp]) -> dict[int, VectorAccess]:
     for pos in positions: groups[pos] = access
   return groups
 
+def async_copies(uops: list[UOp], vectors: dict[int, VectorAccess]) -> dict[int, VectorAccess]:
+  """Vector stores into shared memory whose lanes are exactly one unmasked vector load from global memory, read by
+  nothing else: id of the store's VectorAccess → the load's. Such a pair is one cp.async (sm_80+)."""
+  users: dict[UOp, int] = {}
+  for u in uops:
+    for s in u.src: users[s] = users.get(s, 0) + 1
+  out: dict[int, VectorAccess] = {}
+  for pos, access in vectors.items():
+    u = uops[pos]
+    if id(access) in out or u.op is not Ops.STORE or u.src[0].op is not Ops.DEFINE_LOCAL or pos != access.at: continue
+    values = [uops[p].src[2] for p in access.positions]
+    if any(v.op is not Ops.LOAD or v.src[0].op is not Ops.DEFINE_GLOBAL or len(v.src) > 2 or users.get(v) != 1
+           for v in values): continue
+    value_positions = [max(p for p in range(access.at) if uops[p] is v) for v in values]
+    load_access = vectors.get(value_positions[0])
+    if load_access is not None and load_access.positions == value_positions: out[id(access)] = load_access
+  return out
+
 # ---------------------------------------------------------------------------------------------------------------
 # rendering
 
@@ -227,6 +253,8 @@ class _KernelWriter:
     self.depth = 1
     self.counter = 0
     self.vectors = vector_groups(uops)
+    self.async_copies = async_copies(uops, self.vectors) if sm_number(arch) >= ASYNC_COPY_MIN_SM else {}
+    self.async_loads = {pos for access in self.async_copies.values() for pos in access.positions}
     self.vector_names: dict[int, str] = {}   # id of a VectorAccess → its variable
     # half values whose exact 16 bits are stored or bitcast: loads and bitcasts keep them, so a copy or a bitcast of
     # a NaN keeps its payload (cvt.f32.f16 → cvt.rn.f16.f32 would not)
@@ -251,7 +279,8 @@ class _KernelWriter:
     self.used = self.used_values()
     dts = {u.dtype for u in uops} | {s.dtype for u in uops for s in u.src}
     self.needs = {"half": dtypes.float16 in dts, "bfloat16": dtypes.bfloat16 in dts,
-                  "bit_cast": any(u.op is Ops.BITCAST for u in uops), "max_nan": False}
+                  "bit_cast": any(u.op is Ops.BITCAST for u in uops), "max_nan": False,
+                  "async_copy": bool(self.async_copies)}
 
   def used_values(self) -> set[UOp]:
     """Values some rendered op reads. The other lanes of a vector access read no index, and arithmetic nobody reads
@@ -301,7 +330,7 @@ class _KernelWriter:
     threads = prod(u.arg[1] for u in self.uops if u.op is Ops.SPECIAL and u.arg[0].startswith("lidx"))
     for pos, u in enumerate(self.uops): self.emit(pos, u)
     preludes = {"half": HALF_PRELUDE, "bfloat16": BFLOAT16_PRELUDE, "bit_cast": BITCAST_PRELUDE,
-                "max_nan": MAX_NAN_PRELUDE}
+                "max_nan": MAX_NAN_PRELUDE, "async_copy": ASYNC_COPY_PRELUDE}
     prelude = "".join(text for need, text in preludes.items() if self.needs[need])
     head = f'extern "C" __global__ void __launch_bounds__({threads}) {self.name}({", ".join(args)}) {{'
     return prelude + head + "\n" + "\n".join(self.lines) + "\n}\n"
@@ -339,7 +368,9 @@ class _KernelWriter:
     elif op is Ops.IF:
       self.line(f"if ({self.value(u.src[0])}) {{")
       self.depth += 1
-    elif op is Ops.BARRIER: self.line("__syncthreads();")
+    elif op is Ops.BARRIER:
+      if self.async_copies: self.line('asm volatile("cp.async.wait_all;" ::: "memory");')   # this thread's copies
+      self.line("__syncthreads();")
     elif op is Ops.ASSIGN and u.src[0] in self.fragments:
       for acc, new in zip(self.fragments[u.src[0]], self.fragments[u.src[1]]): self.line(f"{acc} = {new};")
     elif op is Ops.ASSIGN: self.line(f"{self.value(u.src[0])} = {self.value(u.src[1])};")
@@ -359,7 +390,7 @@ class _KernelWriter:
 
   # ---- memory
   def load(self, pos: int, u: UOp) -> None:
-    if u in self.pair_only: return
+    if u in self.pair_only or pos in self.async_loads: return   # (an asynchronous copy's load: see store)
     valid = u.src[2] if len(u.src) > 2 and u.src[2].dtype == dtypes.bool else None
     if (vector := self.vectors.get(pos)) is not None: return self.vector_load(pos, u, vector, valid)
     buffer, index = self.value(u.src[0]), self.value(u.src[1])
@@ -415,6 +446,13 @@ class _KernelWriter:
     if (access := self.vectors.get(pos)) is not None:
       if pos != access.at: return   # the group's last store writes every lane
       vector = access.vector
+      if (source := self.async_copies.get(id(access))) is not None:
+        leader = self.uops[source.at]
+        lane, nbytes = source.positions.index(source.at), vector.lanes * dtype.itemsize
+        shared = f"{buffer} + {self.value(self.uops[self.index_position(access)].src[1])}"
+        source_address = f"{self.value(leader.src[0])} + {self.offset(leader.src[1], lane)}"
+        self.line(f"{guard}async_copy<{nbytes}>({shared}, {source_address});")
+        return
       elements = [self.to_memory(self.uops[p].src[2]) for p in access.positions]
       if vector.lane_type != MEMORY_TYPES[dtype]: elements = [f"({vector.lane_type}){e}" for e in elements]
       index = self.value(self.uops[self.index_position(access)].src[1])

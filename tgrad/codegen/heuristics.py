@@ -78,13 +78,14 @@ GPU_BIG_TILE_THREADS = 8
 # 8×8 tiles only from a 2048² output up: that is 65k threads, about the 132 SMs × 512 threads that ~128 registers
 # per thread leave resident on an H200, so smaller outputs keep 4×4 tiles and more threads.
 GPU_BIG_TILE_MIN_OUTPUTS = 2048 * 2048
-# With both inputs staged in shared memory (OptOps.SMEM, software-pipelined): 8×8 tiles whose 8 columns are two float4
-# groups 64 columns apart, 8×16 threads, K unrolled by 4, A's tile rows padded by 4 floats. Measured on an H100,
-# 4096² fp32 (bench/matmul_sweep.py, TFLOP/s; torch 50.4): this 35.6, 8×8 threads 35.8 (32.2 unpadded), 8×32 35.3,
-# 16×16 34.9; K unrolled by 8 ≤ 34.6; 8×4 and 4×8 tiles ≤ 31.5; the best without shared memory 31.0.
+# With both inputs staged in shared memory (OptOps.SMEM, software-pipelined, B copied with cp.async): 8×8 tiles whose
+# 8 columns are two float4 groups 64 columns apart, 8×16 threads, K unrolled by 8. Measured on an H100, 4096² fp32
+# (bench/matmul_sweep.py, TFLOP/s; torch 51.5): this 43.0, A's rows padded by 4 42.3, 8×32 threads 42.8 (43.8 padded),
+# 8×8 41.9; K unrolled by 4 ≤ 35.7; earlier sweeps: 8×4 and 4×8 tiles ≤ 31.5, the best without shared memory 31.0.
 GPU_STAGED_TILE_COLUMNS = 4        # contiguous columns per float4 group
 GPU_STAGED_THREADS = (8, 16)       # (rows, columns)
-GPU_STAGED_PADDING = (4, 0)        # (A, B) floats after each row of the shared tile
+GPU_STAGED_UNROLL = 8
+GPU_STAGED_PADDING = (0, 0)        # (A, B) floats after each row of the shared tile
 GPU_UNROLL = 4                  # unroll a reduce loop that is contiguous in some input: float4 loads
 
 def _output_stride(kernel: Kernel, axis: int):
@@ -150,7 +151,7 @@ def _staged_matmul(kernel: Kernel) -> bool:
   columns, rows = reused[:2]
   split = GPU_BIG_TILE // GPU_STAGED_TILE_COLUMNS
   opts = [Opt(OptOps.UPCAST, columns, GPU_STAGED_TILE_COLUMNS), Opt(OptOps.UPCAST, rows, GPU_BIG_TILE),
-          Opt(OptOps.UNROLL, 0, GPU_UNROLL), Opt(OptOps.LOCAL, rows, GPU_STAGED_THREADS[0]),
+          Opt(OptOps.UNROLL, 0, GPU_STAGED_UNROLL), Opt(OptOps.LOCAL, rows, GPU_STAGED_THREADS[0]),
           Opt(OptOps.LOCAL, columns, GPU_STAGED_THREADS[1]), Opt(OptOps.UPCAST, columns, split),
           *[Opt(OptOps.SMEM, operand, padding) for operand, padding in enumerate(GPU_STAGED_PADDING)]]
   trial = kernel.copy()

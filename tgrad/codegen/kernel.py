@@ -51,19 +51,20 @@ class StagePlan:
   """How OptOps.SMEM lays out one load's tile in shared memory. The tile is the load's values over the block's thread
   axes and the upcast axes it depends on, at one step of the reduce loops (the global and loop indices are fixed).
   `axes` are in the order of the load's memory strides (outermost first): the block copies the tile in that order,
-  so neighbouring threads read neighbouring global addresses. The shared layout serves the reads: a kernel of ALU ops
-  reads, per unrolled reduce step, every output replica's value (an outer product), so the reduce axes go outermost
-  and a row is one step's slice; a tensor core's lanes read runs of K-adjacent elements, so the reduce axes go
-  innermost (a row is one position's K run) and the axes of the core's lanes and fragments just outside them, in
-  memory order: one fragment load of the warp reads neighbouring rows. After each row `padding` unused elements shift
-  the next row to other banks. With a reduce loop there are two buffers, alternated by the loop's parity, so one
-  barrier per step separates every write of a buffer from the reads of its previous contents."""
+  so neighbouring threads read neighbouring global addresses. The shared layout serves the reads: a kernel of ALU
+  ops reads, per unrolled reduce step, every output replica's value (an outer product), so the reduce axes go
+  outermost and a row is one step's slice. A tensor core's operands keep global memory's order (copies move runs as
+  they are, asynchronously where the target can; a row is the innermost axes contiguous there). After each row
+  `padding` unused elements shift the next row to other banks. With a reduce loop there are two buffers, alternated
+  by the loop's parity, so one barrier per step separates every write of a buffer from the reads of its previous
+  contents."""
   axes: tuple[int, ...]
   sizes: tuple[int, ...]
   strides: tuple[int, ...]       # each axis's element stride in the shared tile
   row: int
   padding: int
   buffers: int
+  direct: bool = False           # the innermost axis is contiguous in both memories: copies move runs as they are
   @property
   def elements(self) -> int: return prod(self.sizes)
   @property
@@ -330,9 +331,11 @@ class Kernel:
     reduce_axes = [a for a in axes if self.is_reduce_axis(a)]
     other_axes = [a for a in axes if not self.is_reduce_axis(a)]
     if self.tensor_core is None: layout_axes, row_axes = reduce_axes + other_axes, len(other_axes)
-    else:   # one fragment load of a warp: neighbouring lanes in neighbouring rows
-      lanes = [a for a in other_axes if a in self.tc_lane_axes + self.tc_upcast_axes]
-      layout_axes, row_axes = [a for a in other_axes if a not in lanes] + lanes + reduce_axes, len(reduce_axes)
+    else:   # global memory's order: runs are copied as they are (cp.async on every GPU with tensor cores)
+      layout_axes, row_axes, expected = axes, 0, 1
+      for axis in reversed(axes):
+        if strides[axis] != expected: break
+        row_axes, expected = row_axes + 1, expected * self.full_shape[axis]
     row = prod(self.full_shape[a] for a in layout_axes[len(layout_axes) - row_axes:])
     padding = padding if row > 1 and row_axes < len(axes) else 0
     layout, stride = {}, 1
@@ -341,8 +344,9 @@ class Kernel:
       stride *= self.full_shape[layout_axes[i]]
       if i == len(layout_axes) - row_axes: stride = stride // row * (row + padding)   # the row just closed is padded
     loops = self.first_reduce + self.group_for_reduces < self.first_upcast
+    direct = bool(axes) and layout[axes[-1]] == 1 and strides[axes[-1]] == 1
     return StagePlan(tuple(axes), tuple(self.full_shape[a] for a in axes), tuple(layout[a] for a in axes), row,
-                     padding, 2 if loops else 1)
+                     padding, 2 if loops else 1, direct)
 
   def _apply_tensor_core(self, opt: Opt) -> None:
     """TC: one warp computes M×N tiles (dims of the tensor core) of a reduce Σ a·b whose loads a and b have the core's

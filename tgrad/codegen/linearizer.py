@@ -61,6 +61,7 @@ class Linearizer:
     self.stages: dict[UOp, tuple[StagePlan, UOp, UOp]] = {}   # staged load → (plan, its tile, offset of this step's)
     self.stage_barrier: Optional[UOp] = None    # after the first copy of every staged tile
     self.stage_next: Optional[tuple[tuple[UOp, ...], UOp]] = None   # (reduce loop ranges, barrier after the next copy)
+    self.early_stores: set[UOp] = set()   # next-step copies issued at the top of the body (asynchronous copies)
 
   # ---- step 1: the value graph
   def axis_indices(self) -> list[Optional[UOp]]:
@@ -107,7 +108,9 @@ class Linearizer:
     """Shared tiles for the staged loads, software-pipelined over the reduce loop: before the loop the block copies
     step 0's tiles into buffer 0 (then a barrier); each step reads its tiles from buffer step % 2, while the global
     loads of step + 1's tiles are issued at the top of the body and stored into the other buffer at its end, followed
-    by one barrier (Kernel.StagePlan says why one is enough). Without a reduce loop there is just the first copy."""
+    by one barrier (Kernel.StagePlan says why one is enough). A target that copies asynchronously (cp.async) gets the
+    stores of direct copies (runs contiguous in both memories) at the top too: it renders such a load and store as one
+    copy that completes by the barrier. Without a reduce loop there is just the first copy."""
     k = self.k
     loop_axes = list(range(k.first_reduce + k.group_for_reduces, k.first_upcast))
     steps = prod(k.full_shape[a] for a in loop_axes)
@@ -132,8 +135,12 @@ class Linearizer:
     if loop_axes and steps > 1:
       # the last step copies step 0 again (in bounds, into the buffer nobody reads any more) instead of a guard
       following = simplify((step + 1) % steps)
-      after = [store for load, plan in plans for store in self.copy_tile(load, plan, tiles[load], loop_indices(
-        following), simplify((following % 2) * plan.buffer_elements))]
+      after = []
+      for load, plan in plans:
+        stores = self.copy_tile(load, plan, tiles[load], loop_indices(following),
+                                simplify((following % 2) * plan.buffer_elements))
+        after += stores
+        if plan.direct and self.renderer.async_copy: self.early_stores.update(stores)
       self.stage_next = (tuple(self.base_idx[a] for a in loop_axes), UOp(Ops.BARRIER, dtypes.void, tuple(after)))
 
   def copy_tile(self, load: UOp, plan: StagePlan, tile: UOp, loop_indices: dict[int, UOp], offset: UOp) -> list[UOp]:
@@ -377,7 +384,7 @@ class Linearizer:
       scope_stack.append([])
       prefetch = self.stage_next[1] if self.stage_next is not None and self.stage_next[0] == ranges else None
       if prefetch is not None:   # the next step's global loads first: the body's math hides their latency
-        for store in prefetch.src: emit(store.src[2])
+        for store in prefetch.src: emit(store if store in self.early_stores else store.src[2])
       # every accumulator takes its first unrolled value, then its second, …: an outer product per unrolled step,
       # which keeps only one step's operands live
       updates = {r: r.src[0] if r.arg[0] is Ops.WMMA else accs[r] for r in group}

@@ -48,4 +48,5 @@ class Renderer:
   shared_memory_bytes: int = 0
   decompose_transcendentals: bool = False   # exp2/log2/sin as polynomials (see transcendental.py), e.g. for SIMD CPUs
   tensor_cores: tuple[TensorCore, ...] = ()  # warp-wide matrix instructions OptOps.TC can use (none: TC is refused)
+  async_copy: bool = False     # a global → shared copy can be issued without waiting for it (CUDA cp.async)
   def render(self, name: str, uops: list[UOp]) -> str: raise NotImplementedError

@@ -32,10 +32,13 @@ class Ops(Enum):
   VIEW = auto(); LOAD = auto(); STORE = auto(); CONST = auto(); REDUCE_AXIS = auto(); ASSIGN = auto()  # noqa: E702
   # fragments (tensor cores): VECTORIZE src=(x0..xn-1) of one dtype is a fragment of n values (its dtype is the
   # elements'); GEP src=(fragment,), arg=i is its element i; WMMA src=(a, b, c) fragments, arg=TensorCore (see
-  # codegen/renderer.py), is one warp's D = A·B + C: the new c fragment, dtype the accumulator's
+  # codegen/renderer.py), is one warp's D = A·B + C: the new c fragment, dtype the accumulator's. A LOAD with
+  # arg=MatrixLoad (codegen/renderer.py) from shared memory is a fragment too: the warp loads it cooperatively, each
+  # lane passing the address in src[1] of one row of one 8×8 matrix
   VECTORIZE = auto(); GEP = auto(); WMMA = auto()  # noqa: E702
-  # linear level: src=(value, *ranges), arg=(reduce op, accumulator id); reads the accumulator. With reduce op WMMA the
-  # value is a chain of WMMAs that reads the accumulator fragment (a DEFINE_ACC of a VECTORIZE) and replaces it
+  # linear level: src=(value, *ranges), arg=(reduce op, accumulator id, unrolled terms): reads the accumulator; the
+  # value is a left chain of `terms` values combined with the reduce op (folded in one by one). With reduce op WMMA
+  # the value is a chain of WMMAs that reads the accumulator fragment (a DEFINE_ACC of a VECTORIZE) and replaces it
   REDUCE = auto()
   # lazy-graph ops that are not ALU
   EMPTY = auto(); COPY = auto(); CONTIGUOUS = auto()  # noqa: E702

@@ -221,7 +221,7 @@ def test_staged_tensor_core_tiles_copy_asynchronously():
   assert not kernel.is_reduce_axis(b_plan.axes[-1]) and b_plan.row == 128 and b_plan.padding == 8 and b_plan.direct
   loop = compiled_source(kernel)[compiled_source(kernel).index("for ("):]
   assert "(const ushort4*)(data" not in loop and "bits" not in loop.split("mma.sync")[0]   # no register staging
-  assert loop.index("async_copy<8>") < loop.index("mma.sync")
+  assert loop.index("async_copy<16>") < loop.index("mma.sync")   # two 8-byte runs per copy, merged
   assert loop.count("*((const ushort4*)(tile") >= 8
 
 @pytest.mark.parametrize("dtype", [dtypes.float16, dtypes.bfloat16, dtypes.int8], ids=lambda d: d.name)

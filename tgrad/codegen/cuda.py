@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Optional
 from tgrad.dtype import DType, dtypes
 from tgrad.ops import UOp, Ops, ALU, split_terms
-from tgrad.codegen.renderer import Renderer, FragmentLayout, TensorCore
+from tgrad.codegen.renderer import Renderer, FragmentLayout, MatrixLoad, TensorCore
 from tgrad.helpers import prod
 
 # Limits of every CUDA GPU since compute capability 3.0 (CUDA C Programming Guide, "Technical Specifications");
@@ -128,6 +128,7 @@ class CUDARenderer(Renderer):
     self.max_local_dims, self.shared_memory_bytes = tuple(max_local_dims), shared_memory_bytes
     self.tensor_cores = TENSOR_CORES if sm_number(arch) >= TENSOR_CORE_MIN_SM else ()
     self.async_copy = sm_number(arch) >= ASYNC_COPY_MIN_SM
+    self.matrix_loads = bool(self.tensor_cores)
   def render(self, name: str, uops: list[UOp]) -> str: return _KernelWriter(name, uops, self.arch).write()
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -171,6 +172,7 @@ def vector_groups(uops: list[UOp]) -> dict[int, VectorAccess]:
   candidates: dict[tuple, dict[int, int]] = {}
   for pos, u in enumerate(uops):
     if u.op not in (Ops.LOAD, Ops.STORE) or u.src[0].op not in (Ops.DEFINE_GLOBAL, Ops.DEFINE_LOCAL): continue
+    if u.op is Ops.LOAD and isinstance(u.arg, MatrixLoad): continue
     buffer = u.src[0]
     if buffer.op is Ops.DEFINE_GLOBAL and buffer in stored and buffer in loaded: continue
     dtype = u.dtype if u.op is Ops.LOAD else u.src[2].dtype
@@ -213,6 +215,45 @@ def async_copies(uops: list[UOp], vectors: dict[int, VectorAccess]) -> dict[int,
     if load_access is not None and load_access.positions == value_positions: out[id(access)] = load_access
   return out
 
+ASYNC_COPY_BYTES = 16   # the widest cp.async
+
+@dataclass
+class AsyncCopy:
+  """One cp.async: `nbytes` from the global address of `load`'s first lane to the shared address of `store`'s."""
+  store: VectorAccess
+  load: VectorAccess
+  nbytes: int
+
+def widen_async_copies(uops: list[UOp], copies: dict[int, VectorAccess], vectors: dict[int, VectorAccess],
+                       ) -> dict[int, Optional[AsyncCopy]]:
+  """Pair copies whose shared and global addresses both continue the other's, 16-byte aligned, into one 16-byte
+  copy (cp.async is unordered until its wait, so merging never changes what a load sees). Maps id of every copy's
+  store access → the copy to issue at its position, or None where its partner issues it."""
+  stores = {id(access): access for access in vectors.values()}
+  scopes = _scope_ids(uops)
+  out: dict[int, Optional[AsyncCopy]] = {}
+  by_base: dict[tuple, dict[int, int]] = {}
+  for key, load in copies.items():
+    store = stores[key]
+    lanes, itemsize = store.vector.lanes, uops[store.at].src[0].dtype.itemsize
+    out[key] = AsyncCopy(store, load, lanes * itemsize)
+    if 2 * lanes * itemsize != ASYNC_COPY_BYTES: continue
+    first_store, first_load = uops[store.positions[0]], uops[load.positions[0]]
+    store_split, load_split = _aligned_base(first_store.src[1], 2 * lanes), _aligned_base(first_load.src[1], 2 * lanes)
+    if store_split is None or load_split is None or store_split[1] != load_split[1]: continue
+    group = (scopes[store.at], first_store.src[0], first_store.src[3:], first_load.src[0], store_split[0],
+             load_split[0])
+    by_base.setdefault(group, {})[store_split[1]] = key
+  for halves in by_base.values():
+    if sorted(halves) != [0, len(halves) and max(halves)] or len(halves) != 2: continue
+    low, high = halves[0], halves[max(halves)]
+    first, second = out[low], out[high]
+    assert first is not None and second is not None
+    issue_at_low = first.store.at > second.store.at   # the later position: both copies' operands exist by then
+    out[low if issue_at_low else high] = AsyncCopy(first.store, first.load, ASYNC_COPY_BYTES)
+    out[high if issue_at_low else low] = None
+  return out
+
 # ---------------------------------------------------------------------------------------------------------------
 # rendering
 
@@ -253,8 +294,9 @@ class _KernelWriter:
     self.depth = 1
     self.counter = 0
     self.vectors = vector_groups(uops)
-    self.async_copies = async_copies(uops, self.vectors) if sm_number(arch) >= ASYNC_COPY_MIN_SM else {}
-    self.async_loads = {pos for access in self.async_copies.values() for pos in access.positions}
+    copies = async_copies(uops, self.vectors) if sm_number(arch) >= ASYNC_COPY_MIN_SM else {}
+    self.async_loads = {pos for access in copies.values() for pos in access.positions}
+    self.async_copies = widen_async_copies(uops, copies, self.vectors)
     self.vector_names: dict[int, str] = {}   # id of a VectorAccess → its variable
     # half values whose exact 16 bits are stored or bitcast: loads and bitcasts keep them, so a copy or a bitcast of
     # a NaN keeps its payload (cvt.f32.f16 → cvt.rn.f16.f32 would not)
@@ -391,6 +433,7 @@ class _KernelWriter:
   # ---- memory
   def load(self, pos: int, u: UOp) -> None:
     if u in self.pair_only or pos in self.async_loads: return   # (an asynchronous copy's load: see store)
+    if isinstance(u.arg, MatrixLoad): return self.matrix_load(u, u.arg)
     valid = u.src[2] if len(u.src) > 2 and u.src[2].dtype == dtypes.bool else None
     if (vector := self.vectors.get(pos)) is not None: return self.vector_load(pos, u, vector, valid)
     buffer, index = self.value(u.src[0]), self.value(u.src[1])
@@ -446,12 +489,13 @@ class _KernelWriter:
     if (access := self.vectors.get(pos)) is not None:
       if pos != access.at: return   # the group's last store writes every lane
       vector = access.vector
-      if (source := self.async_copies.get(id(access))) is not None:
-        leader = self.uops[source.at]
-        lane, nbytes = source.positions.index(source.at), vector.lanes * dtype.itemsize
-        shared = f"{buffer} + {self.value(self.uops[self.index_position(access)].src[1])}"
+      if id(access) in self.async_copies:
+        if (copy := self.async_copies[id(access)]) is None: return   # its partner copies both
+        leader = self.uops[copy.load.at]
+        lane = copy.load.positions.index(copy.load.at)
+        shared = f"{buffer} + {self.value(self.uops[self.index_position(copy.store)].src[1])}"
         source_address = f"{self.value(leader.src[0])} + {self.offset(leader.src[1], lane)}"
-        self.line(f"{guard}async_copy<{nbytes}>({shared}, {source_address});")
+        self.line(f"{guard}async_copy<{copy.nbytes}>({shared}, {source_address});")
         return
       elements = [self.to_memory(self.uops[p].src[2]) for p in access.positions]
       if vector.lane_type != MEMORY_TYPES[dtype]: elements = [f"({vector.lane_type}){e}" for e in elements]
@@ -461,6 +505,17 @@ class _KernelWriter:
     self.line(f"{guard}{buffer}[{self.value(u.src[1])}] = {self.to_memory(u.src[2])};")
 
   # ---- tensor cores
+  def matrix_load(self, u: UOp, load: MatrixLoad) -> None:
+    """A fragment loaded by the warp from shared memory: one 32-bit register per 8×8 matrix (PTX ldmatrix)."""
+    registers = [self.fresh("frag") for _ in range(load.matrices)]
+    self.line(f"unsigned int {', '.join(registers)};")
+    shape = f"m8n8.x{load.matrices}{'.trans' if load.transposed else ''}.shared.b16"
+    outputs = ", ".join(f"%{i}" for i in range(load.matrices))
+    address = f"(unsigned int)__cvta_generic_to_shared({self.value(u.src[0])} + {self.value(u.src[1])})"
+    self.line(f'asm volatile("ldmatrix.sync.aligned.{shape} {{{outputs}}}, [%{load.matrices}];" : '
+              f'{", ".join(f"{chr(34)}=r{chr(34)}({r})" for r in registers)} : "r"({address}));')
+    self.fragments[u] = registers
+
   def vectorize(self, u: UOp) -> None:
     """A fragment: float elements are used as they are; half/bfloat16 pairs (lower element in the low 16 bits, as
     PTX orders a fragment's elements) go into one 32-bit register, read with one 32-bit load when they are adjacent

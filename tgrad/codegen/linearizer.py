@@ -19,13 +19,12 @@ follows, and every read of the load becomes a LOAD of the tile that depends on t
 """
 from __future__ import annotations
 import itertools
-import math
 from typing import Optional
 from tgrad.dtype import dtypes
 from tgrad.ops import UOp, Ops, simplify, graph_rewrite
 from tgrad.codegen.transcendental import decompositions
 from tgrad.codegen.kernel import Kernel, StagePlan, STAGE_COPY_BYTES, fold_dims
-from tgrad.codegen.renderer import FragmentLayout, TensorCore
+from tgrad.codegen.renderer import FragmentLayout, MatrixLoad, TensorCore
 from tgrad.schedule import identity_of_reduce
 from tgrad.helpers import prod
 
@@ -62,6 +61,7 @@ class Linearizer:
     self.stage_barrier: Optional[UOp] = None    # after the first copy of every staged tile
     self.stage_next: Optional[tuple[tuple[UOp, ...], UOp]] = None   # (reduce loop ranges, barrier after the next copy)
     self.early_stores: set[UOp] = set()   # next-step copies issued at the top of the body (asynchronous copies)
+    self.matrix_loads = False   # tensor-core fragments come from staged tiles as MatrixLoads (K read in its order)
 
   # ---- step 1: the value graph
   def axis_indices(self) -> list[Optional[UOp]]:
@@ -152,19 +152,27 @@ class Linearizer:
     threads = prod(k.full_shape[a] for a in thread_axes)
     thread = _index_const(0)
     for a in thread_axes: thread = thread * k.full_shape[a] + self.base_idx[a]
-    width = math.gcd(max(1, STAGE_COPY_BYTES // load.dtype.itemsize), plan.sizes[-1] if plan.sizes else 1)
+    width, covered, part = copy_run(plan, self.view_of[load].real_strides(), STAGE_COPY_BYTES // load.dtype.itemsize)
+    # the run's position: the axes it doesn't cover, the partly covered one counted in parts of `part`
+    outer = len(plan.axes) - covered
+    run_sizes = plan.sizes[:outer - 1] + (plan.sizes[outer - 1] // part,) if outer else ()
     runs = plan.elements // width
     stores = []
     for copy in range(-(-runs // threads)):
       run = simplify(thread + copy * threads)
       in_tile = simplify(run.lt(runs)) if (copy + 1) * threads > runs else None
-      run_coords, rest = [], run   # the run's position in the tile, its innermost axis counted in runs
-      for size in reversed((plan.sizes[:-1] + (plan.sizes[-1] // width,)) if plan.sizes else ()):
+      run_coords, rest = [], run
+      for size in reversed(run_sizes):
         run_coords.append(simplify(rest % size))   # always in range: the load needs no gate
         rest = simplify(rest // size)
       run_coords.reverse()
       for lane in range(width):
-        coords = run_coords[:-1] + [simplify(run_coords[-1] * width + lane)] if run_coords else []
+        inner, rest_lane = [], lane
+        for size in reversed(plan.sizes[outer:]):
+          inner.append(_index_const(rest_lane % size))
+          rest_lane //= size
+        coords = run_coords[:-1] + [simplify(run_coords[-1] * part + rest_lane)] if outer else []
+        coords += inner[::-1]
         idxs = list(self.base_idx)
         for a in list(thread_axes) + list(k.upcast_axes): idxs[a] = _index_const(0)   # the load ignores these
         for a, index in loop_indices.items(): idxs[a] = index
@@ -246,6 +254,45 @@ class Linearizer:
       fragment = UOp(Ops.WMMA, core.dtype_acc, (a_fragment, b_fragment, fragment), core)
     return UOp(Ops.REDUCE, core.dtype_acc, (fragment, *ranges), (Ops.WMMA, accumulator.arg)) if ranges else fragment
 
+  # an m16n8k16 A fragment is four 8×8 matrices (rows 0-7 and 8-15 at K 0-7, then at K 8-15); B's is two, K 0-7 and
+  # 8-15 of a row-major K×N tile, loaded transposed (see MMA_M16N8K16 in cuda.py)
+  MATRIX_LOADS = {False: MatrixLoad(4, False), True: MatrixLoad(2, True)}
+
+  def fragments_are_matrix_loadable(self) -> bool:
+    """Whether both operands of an m16n8k16 core with 16-bit inputs are staged so that every 8×8 matrix row is 16
+    contiguous, 16-byte aligned bytes of the tile: A's K axis and B's (tig, column upcast) pair must be contiguous,
+    every other axis and the buffer size multiples of 8 elements."""
+    k, use = self.k, self.k.tensor_core
+    if use is None or not self.renderer.matrix_loads or use.core.dims != (16, 8, 16) or use.a not in self.stages or \
+       use.b not in self.stages or use.core.dtype_in.itemsize != 2: return False
+    rows_up, columns_up, k_up = k.tc_upcast_axes
+    _, tig_axis = k.tc_lane_axes
+    for operand, contiguous in ((use.a, {k_up: 1}), (use.b, {columns_up: 1, tig_axis: 2})):
+      plan = self.stages[operand][0]
+      if plan.buffer_elements % 8: return False
+      strides = dict(zip(plan.axes, plan.strides))
+      if any(strides.get(axis) != stride for axis, stride in contiguous.items()): return False
+      if any(stride % 8 for axis, stride in strides.items() if axis not in contiguous): return False
+    return True
+
+  def tc_matrix_load(self, operand: UOp, inner: tuple[UOp, ...], rows_are_k: bool) -> UOp:
+    """This lane's row address for the MatrixLoad of A (rows_are_k False) or B at the tile position `inner`."""
+    k = self.k
+    core = k.tensor_core.core
+    rows_up, columns_up, k_up = k.tc_upcast_axes
+    group_axis, tig_axis = k.tc_lane_axes
+    lane = self.base_idx[group_axis] * core.lanes_per_group + self.base_idx[tig_axis]
+    groups = core.lanes // core.lanes_per_group
+    idxs = list(inner)
+    idxs[group_axis] = idxs[rows_up] = idxs[tig_axis] = idxs[columns_up] = _index_const(0)
+    if rows_are_k: idxs[k_up] = lane % 16                            # B: rows K 0-15, the tile's first column
+    else:
+      row = lane % 16                                                # A: rows 0-15 at K 0, then again at K 8
+      idxs[group_axis], idxs[rows_up], idxs[k_up] = row % groups, row // groups, (lane // 16) * 8
+    plan, tile, offset = self.stages[operand]
+    address = self.tile_index(plan, offset, [simplify(idxs[a]) for a in plan.axes])
+    return UOp(Ops.LOAD, operand.dtype, (tile, address, self.stage_barrier), self.MATRIX_LOADS[rows_are_k])
+
   def tc_operand(self, operand: UOp, layout: FragmentLayout, inner: tuple[UOp, ...], rows_are_k: bool) -> UOp:
     """This lane's fragment of A (rows: the tile's rows, columns: K) or B (rows: K, columns: the tile's columns): each
     element is the operand built at its (row, column) of the tile, put on the kernel's axes. The operand is constant
@@ -256,6 +303,7 @@ class Linearizer:
     group_axis, tig_axis = k.tc_lane_axes
     group, tig = self.base_idx[group_axis], self.base_idx[tig_axis]
     groups, column_upcast = core.lanes // core.lanes_per_group, core.dims[1] // core.lanes_per_group
+    if self.matrix_loads: return self.tc_matrix_load(operand, inner, rows_are_k)
     elements = []
     for element in range(len(layout.rows)):
       row, column = (simplify(x) for x in layout.position(element, group, tig))
@@ -311,6 +359,7 @@ class Linearizer:
     k = self.k
     self.base_idx = self.axis_indices()
     if k.staged: self.stage_loads()
+    self.matrix_loads = self.fragments_are_matrix_loadable()
     stores = []
     out_upcast = [a for a in k.upcast_axes if not k.is_reduce_axis(a)]
     gate = self.group_gate()
@@ -422,6 +471,20 @@ class Linearizer:
     for store in stores: emit(store)
     for rng in reversed(outer_loops): program.append(UOp(Ops.ENDRANGE, dtypes.void, (rng,)))
     return program
+
+def copy_run(plan: StagePlan, memory_strides: tuple, limit: int) -> tuple[int, int, int]:
+  """How many consecutive tile elements (at most `limit`) one thread copies: the innermost axes whose elements are
+  consecutive in global memory (one vector load; the stores are one vector too where the tile keeps that order).
+  Returns (width, axes wholly covered, part of the next axis covered; 1 if none)."""
+  width, covered, expected = 1, 0, 1
+  for axis, size in zip(reversed(plan.axes), reversed(plan.sizes)):
+    if memory_strides[axis] != expected: break
+    if limit % (width * size) == 0:
+      width, covered, expected = width * size, covered + 1, expected * size
+      continue
+    part = max(d for d in range(1, size + 1) if size % d == 0 and limit % (width * d) == 0)
+    return width * part, covered, part
+  return width, covered, 1
 
 def reduce_terms(reduce: UOp) -> list[UOp]:
   """The unrolled values a loop REDUCE combines (its source is their left chain, see Linearizer.new_reduce)."""

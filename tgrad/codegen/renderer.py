@@ -36,6 +36,15 @@ class TensorCore:
   lanes: int = 32
   lanes_per_group: int = 4     # lane = group·lanes_per_group + tig
 
+@dataclass(frozen=True)
+class MatrixLoad:
+  """A warp's load of a tensor-core fragment from shared memory (PTX ldmatrix): `matrices` 8×8 matrices of 16-bit
+  elements, each row 16 contiguous bytes; lane l passes the address of row l % 8 of matrix l // 8 and receives one
+  32-bit register per matrix (elements (l // 4, 2·(l % 4)) and the next). `transposed` loads each matrix transposed
+  (a row-major K×N operand becomes the column fragment of B)."""
+  matrices: int
+  transposed: bool
+
 class Renderer:
   device: str = ""
   has_local: bool = False      # thread ids within a block (CUDA threadIdx)
@@ -49,4 +58,5 @@ class Renderer:
   decompose_transcendentals: bool = False   # exp2/log2/sin as polynomials (see transcendental.py), e.g. for SIMD CPUs
   tensor_cores: tuple[TensorCore, ...] = ()  # warp-wide matrix instructions OptOps.TC can use (none: TC is refused)
   async_copy: bool = False     # a global → shared copy can be issued without waiting for it (CUDA cp.async)
+  matrix_loads: bool = False   # tensor-core fragments can be loaded from shared memory by the warp (MatrixLoad)
   def render(self, name: str, uops: list[UOp]) -> str: raise NotImplementedError

@@ -96,6 +96,11 @@ def fp16_candidates() -> dict[str, list[Opt]]:
         for stage in [(8, 8)] if (warps, unroll) != ((2, 2), 2) else [(8, 8), (0, 0), (16, 8)]:
           grid[f"ldmatrix rows {rows} cols {columns} warps {warps[0]}x{warps[1]} unroll {unroll} smem {stage}"] = \
             tc(1, rows, warps, unroll, columns, stage)
+  for rows, columns in [(4, 8), (8, 4), (4, 4), (8, 8)]:   # bigger K steps and tiles: dynamic shared memory
+    for warps in [(2, 2), (4, 2), (2, 4), (4, 4)]:
+      for unroll in (2, 4):
+        label = f"ldmatrix rows {rows} cols {columns} warps {warps[0]}x{warps[1]} unroll {unroll} smem (8, 8)"
+        grid.setdefault(label, tc(1, rows, warps, unroll, columns, (8, 8)))
   for stage in [(0, 0), (8, 8)]:
     grid[f"spread 8 rows 2 warps 2x2 unroll 2 smem {stage}"] = tc(8, 2, (2, 2), 2, stage=stage)
     grid[f"spread 4 rows 4 warps 2x2 unroll 2 smem {stage}"] = tc(4, 4, (2, 2), 2, stage=stage)

@@ -266,7 +266,10 @@ TC_CASES = [  # (a shape, b shape, opts, b stored transposed)
   # fragments loaded from the staged tiles with ldmatrix (B's column tiles contiguous: no UPCAST before TC)
   ((128, 256), (256, 256), [TC, _up(0, 4), _up(1, 4), _local(0, 2), _local(1, 2), Opt(OptOps.UNROLL, 0, 2),
                             Opt(OptOps.SMEM, 0, 8), Opt(OptOps.SMEM, 1, 8)], False),
-  ((96, 64), (64, 48), [TC, _up(1, 3), _local(0, 3), Opt(OptOps.SMEM, 0, 0), Opt(OptOps.SMEM, 1, 0)], False)]
+  ((96, 64), (64, 48), [TC, _up(1, 3), _local(0, 3), Opt(OptOps.SMEM, 0, 0), Opt(OptOps.SMEM, 1, 0)], False),
+  # 72 KiB of tiles: dynamic shared memory
+  ((128, 512), (512, 256), [TC, _up(0, 4), _up(1, 8), _local(0, 2), _local(1, 2), Opt(OptOps.UNROLL, 0, 4),
+                            Opt(OptOps.SMEM, 0, 8), Opt(OptOps.SMEM, 1, 8)], False)]
 
 @pytest.mark.parametrize("dtype", [dtypes.float16, dtypes.bfloat16], ids=lambda d: d.name)
 @pytest.mark.parametrize("a_shape,b_shape,opts,transposed", TC_CASES, ids=str)

@@ -196,6 +196,29 @@ def test_staged_kernels_compile(opts):
   src = compiled_source(kernels(matmul(host((24, 48)), host((48, 52))), opts)[-1])
   assert "__shared__" in src and "__syncthreads();" in src
 
+def test_big_half_matmul_heuristics_stage_for_ldmatrix():
+  """A 2048² half matmul: tensor cores with both inputs staged (2×2 warps of 4×8 tiles), fragments by ldmatrix; K
+  unrolled by 2 within the static 48 KiB (by 4 where the GPU allows more, see test_dynamic_shared_memory_above_48k)."""
+  out = half_dot(host((2048, 256), dtypes.float16), host((256, 2048), dtypes.float16))
+  (kernel,) = kernels(out, heuristics=True)
+  assert [(o.op, o.amount) for o in kernel.applied_opts] == [
+    (OptOps.TC, 0), (OptOps.UPCAST, 4), (OptOps.UPCAST, 8), (OptOps.LOCAL, 2), (OptOps.LOCAL, 2), (OptOps.UNROLL, 2),
+    (OptOps.SMEM, 8), (OptOps.SMEM, 8)]
+  loop = (src := compiled_source(kernel))[src.index("for ("):]
+  assert loop.count("ldmatrix") == 2 * (4 + 8) and loop.count("mma.sync") == 2 * 4 * 8
+  assert "__launch_bounds__(128)" in src
+
+def test_dynamic_shared_memory_above_48k():
+  """Tiles over the static 48 KiB are carved from one dynamic allocation whose size the module publishes."""
+  opts = (Opt(OptOps.TC, 0, 0), Opt(OptOps.UPCAST, 0, 4), Opt(OptOps.UPCAST, 1, 8), Opt(OptOps.LOCAL, 0, 2),
+          Opt(OptOps.LOCAL, 1, 2), Opt(OptOps.UNROLL, 0, 4), Opt(OptOps.SMEM, 0, 8), Opt(OptOps.SMEM, 1, 8))
+  out = half_dot(host((512, 512), dtypes.float16), host((512, 512), dtypes.float16))
+  with pytest.raises(KernelOptError, match="shared memory"): kernels(out, opts)   # a GPU without the opt-in
+  src = compiled_source(kernels(out, opts, renderer=CUDARenderer(shared_memory_bytes=227 * 1024))[-1])
+  assert 'extern "C" __device__ unsigned int test_kernel_dynamic_shared_bytes = 71680;' in src
+  assert "extern __shared__" in src and "__shared__ __align__(16) half" not in src
+  assert src.count("ldmatrix") == 4 * (4 + 8) and "async_copy<16>" in src
+
 def test_staged_refusals():
   """SMEM picks one of the loads of a single reduce, once; it needs shared memory and fits in it."""
   kernel = kernels(matmul(host((64, 64)), host((64, 64))))[-1]

@@ -22,6 +22,9 @@ CUDA_MAX_THREADS_PER_BLOCK = 1024
 CUDA_MAX_GRID = (2**31 - 1, 65535, 65535)       # gridDim.x, .y, .z
 CUDA_MAX_BLOCK = (1024, 1024, 64)               # blockDim.x, .y, .z
 CUDA_SHARED_MEMORY_BYTES = 48 * 1024            # static __shared__ per block without an opt-in
+# Above the static limit a kernel's shared arrays live in one dynamic allocation; the kernel's module carries its size
+# in this global (runtime/cuda.py reads it, opts the function in and launches with it).
+DYNAMIC_SHARED_SUFFIX = "_dynamic_shared_bytes"
 VECTOR_BYTES = 16                               # the widest global load/store instruction (ld.global.v4.b32)
 
 REGISTER_TYPES = {
@@ -319,6 +322,14 @@ class _KernelWriter:
         else: unpaired.update((low, high))
     self.pair_only = {x for pair in self.pairs for x in pair} - unpaired
     self.used = self.used_values()
+    # shared arrays, each 16-byte aligned; above the static limit they are carved from the dynamic allocation
+    self.shared_offsets: dict[UOp, int] = {}
+    shared_bytes = 0
+    for u in uops:
+      if u.op is Ops.DEFINE_LOCAL:
+        self.shared_offsets[u] = shared_bytes
+        shared_bytes += -(-u.arg[1] * u.dtype.itemsize // VECTOR_BYTES) * VECTOR_BYTES
+    self.dynamic_shared = shared_bytes if shared_bytes > CUDA_SHARED_MEMORY_BYTES else 0
     dts = {u.dtype for u in uops} | {s.dtype for u in uops for s in u.src}
     self.needs = {"half": dtypes.float16 in dts, "bfloat16": dtypes.bfloat16 in dts,
                   "bit_cast": any(u.op is Ops.BITCAST for u in uops), "max_nan": False,
@@ -375,6 +386,9 @@ class _KernelWriter:
                 "max_nan": MAX_NAN_PRELUDE, "async_copy": ASYNC_COPY_PRELUDE}
     prelude = "".join(text for need, text in preludes.items() if self.needs[need])
     head = f'extern "C" __global__ void __launch_bounds__({threads}) {self.name}({", ".join(args)}) {{'
+    if self.dynamic_shared:
+      prelude += f'extern "C" __device__ unsigned int {self.name}{DYNAMIC_SHARED_SUFFIX} = {self.dynamic_shared};\n'
+      head += f"\n  extern __shared__ __align__({VECTOR_BYTES}) unsigned char dynamic_shared[];"
     return prelude + head + "\n" + "\n".join(self.lines) + "\n}\n"
 
   # ---- one op
@@ -389,7 +403,10 @@ class _KernelWriter:
       self.names[u] = name
     elif op is Ops.DEFINE_LOCAL:
       name, size = u.arg
-      self.line(f"__shared__ __align__({VECTOR_BYTES}) {MEMORY_TYPES[u.dtype]} {name}[{size}];")
+      if self.dynamic_shared:
+        self.line(f"{MEMORY_TYPES[u.dtype]}* {name} = ({MEMORY_TYPES[u.dtype]}*)(dynamic_shared + "
+                  f"{self.shared_offsets[u]});")
+      else: self.line(f"__shared__ __align__({VECTOR_BYTES}) {MEMORY_TYPES[u.dtype]} {name}[{size}];")
       self.names[u] = name
     elif op is Ops.DEFINE_ACC and u.src[0].op is Ops.VECTORIZE:
       names = [self.fresh(f"acc{u.arg}_") for _ in u.src[0].src]

@@ -184,6 +184,14 @@ def _gpu_locals(kernel: Kernel, tile_threads: int = GPU_TILE_THREADS) -> None:
 # 176, 8×2 143, 4×4 141; without shared memory the fragments' global (L1) loads bound it.
 GPU_TC_TILE_ROWS = 4
 GPU_TC_TILE_COLUMNS = 8
+# Big half matmuls stage both inputs in shared memory (SMEM: cp.async copies, fragments by ldmatrix): 2×2 warps of
+# 4×8 tiles (a 128×128 block tile), K unrolled by 4 (64 per step, 72 KiB of tiles: dynamic shared memory), rows
+# padded by 8 halves so a matrix's 8 rows fall on different banks. Measured on an H100, 4096² fp16
+# (bench/matmul_sweep.py, TFLOP/s; torch 701): this 354.5, K by 2 276.5 (fits 48 KiB), 4×1 warps 327.5, 8×4 tiles with
+# 2×4 warps 320.9, 4×2 warps 309.6; without shared memory ≤ 212.
+GPU_TC_STAGED_WARPS = (2, 2)
+GPU_TC_STAGED_UNROLLS = (4, 2)     # the first whose tiles fit the GPU's shared memory
+GPU_TC_STAGED_PADDING = 8
 
 def _tc_column_spread(kernel: Kernel, columns: int) -> int:
   """The largest column-tile count (at most GPU_TC_TILE_COLUMNS) that can be upcast before TC with TC still tiling
@@ -195,13 +203,31 @@ def _tc_column_spread(kernel: Kernel, columns: int) -> int:
        trial.tensor_core is not None and trial.tensor_core.columns_axis == columns: return amount
   return 1
 
+def _staged_tensor_cores(kernel: Kernel) -> bool:
+  """A big tensor-core matmul with both inputs staged (see GPU_TC_STAGED_*); all or nothing."""
+  if prod(kernel.output_shape) < GPU_BIG_TILE_MIN_OUTPUTS or len(kernel.stageable_loads) != 2: return False
+  for unroll in GPU_TC_STAGED_UNROLLS:
+    trial = kernel.copy()
+    if not try_opt(trial, Opt(OptOps.TC, 0, 0)) or trial.tensor_core is None: return False
+    use = trial.tensor_core
+    rows, columns = use.rows_axis, use.columns_axis
+    opts = [Opt(OptOps.UPCAST, rows, GPU_TC_TILE_ROWS), Opt(OptOps.UPCAST, columns, GPU_TC_TILE_COLUMNS),
+            Opt(OptOps.LOCAL, rows, GPU_TC_STAGED_WARPS[0]), Opt(OptOps.LOCAL, columns, GPU_TC_STAGED_WARPS[1]),
+            Opt(OptOps.UNROLL, 0, unroll),
+            Opt(OptOps.SMEM, 0, GPU_TC_STAGED_PADDING), Opt(OptOps.SMEM, 1, GPU_TC_STAGED_PADDING)]
+    if all(try_opt(trial, opt) for opt in opts):
+      for opt in [Opt(OptOps.TC, 0, 0)] + opts: kernel.apply_opt(opt)
+      return True
+  return False
+
 def _tensor_cores(kernel: Kernel) -> bool:
-  """A sum of products of two half/bfloat16 loads into float32 on a GPU with tensor cores: the warp's column tiles
-  (UPCAST before TC, see _tc_column_spread), TC, then its row tiles (UPCAST, the largest amount that divides); one
-  warp per block."""
+  """A sum of products of two half/bfloat16 loads into float32 on a GPU with tensor cores: big ones staged in shared
+  memory (_staged_tensor_cores); else the warp's column tiles (UPCAST before TC, see _tc_column_spread), TC, then its
+  row tiles (UPCAST, the largest amount that divides); one warp per block."""
   trial = kernel.copy()
   if not kernel.renderer.tensor_cores or not try_opt(trial, Opt(OptOps.TC, 0, 0)) or trial.tensor_core is None:
     return False
+  if _staged_tensor_cores(kernel): return True
   columns = trial.tensor_core.columns_axis
   if (spread := _tc_column_spread(kernel, columns)) > 1: kernel.apply_opt(Opt(OptOps.UPCAST, columns, spread))
   kernel.apply_opt(Opt(OptOps.TC, 0, 0))

@@ -3,7 +3,9 @@
 Allocator: device memory handles (pycuda DeviceAllocation); freed blocks are kept and reused by exact size; large
 copies stream through two pinned host buffers so the host-side copy of one chunk overlaps the DMA of the other.
 Compiler: NVRTC (nvrtc.py) for the GPU's own sm_XX. Program: a cubin loaded as a module, its kernel `prepare`d with
-pointer arguments and launched with `prepared_call`; `wait=True` times the launch with CUDA events (seconds).
+pointer arguments and launched with `prepared_call`; `wait=True` times the launch with CUDA events (seconds). A
+kernel whose shared arrays exceed the static 48 KiB says how much dynamic shared memory it needs in a module global;
+the program opts the function in to that size and launches with it.
 Limits (threads, block/grid dims, shared memory) come from the device's attributes into its CUDARenderer.
 """
 from __future__ import annotations
@@ -12,7 +14,7 @@ from typing import Optional
 import numpy as np
 import pycuda.driver as cuda
 from tgrad.device import Allocator, Compiled
-from tgrad.codegen.cuda import CUDARenderer
+from tgrad.codegen.cuda import CUDARenderer, DYNAMIC_SHARED_SUFFIX
 from tgrad.runtime.nvrtc import NVRTCCompiler, arch_of
 
 DEVICE_ORDINAL = 0
@@ -112,6 +114,14 @@ class CUDAProgram:
     self.module = cuda.module_from_buffer(binary)
     self.function = self.module.get_function(name)
     self.prepared_args = -1
+    self.shared_bytes = 0   # dynamic shared memory: the module says how much (codegen/cuda.py)
+    try: address, _ = self.module.get_global(name + DYNAMIC_SHARED_SUFFIX)
+    except cuda.LogicError: address = None
+    if address is not None:
+      size = np.zeros(1, np.uint32)
+      cuda.memcpy_dtoh(size, address)
+      self.shared_bytes = int(size[0])
+      self.function.set_attribute(cuda.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, self.shared_bytes)
     self.start, self.end = cuda.Event(), cuda.Event()
 
   def __call__(self, *buffers, global_size=(1,), local_size=(1,), vals=(), wait: bool = False) -> Optional[float]:
@@ -122,10 +132,10 @@ class CUDAProgram:
     block = tuple(local_size) + (1,) * (3 - len(local_size))
     args = [int(b) for b in buffers] + [int(v) for v in vals]
     if not wait:
-      self.function.prepared_call(grid, block, *args)
+      self.function.prepared_call(grid, block, *args, shared_size=self.shared_bytes)
       return None
     self.start.record()
-    self.function.prepared_call(grid, block, *args)
+    self.function.prepared_call(grid, block, *args, shared_size=self.shared_bytes)
     self.end.record()
     self.end.synchronize()
     return self.start.time_till(self.end) * 1e-3
@@ -139,7 +149,7 @@ class CUDADevice(Compiled):
       arch=self.arch, max_local_size=attr("MAX_THREADS_PER_BLOCK"),
       max_grid=(attr("MAX_GRID_DIM_X"), attr("MAX_GRID_DIM_Y"), attr("MAX_GRID_DIM_Z")),
       max_local_dims=(attr("MAX_BLOCK_DIM_X"), attr("MAX_BLOCK_DIM_Y"), attr("MAX_BLOCK_DIM_Z")),
-      shared_memory_bytes=attr("MAX_SHARED_MEMORY_PER_BLOCK"))
+      shared_memory_bytes=attr("MAX_SHARED_MEMORY_PER_BLOCK_OPTIN"))   # beyond 48 KiB: dynamic (see CUDAProgram)
     self.sm_count = attr("MULTIPROCESSOR_COUNT")
     super().__init__("CUDA", CUDAAllocator(), NVRTCCompiler(self.arch), renderer, CUDAProgram)
   def synchronize(self) -> None: cuda.Context.synchronize()

@@ -207,6 +207,7 @@ STAGED_MATMULS = [  # (n, k, m, opts): loads staged in shared memory (OptOps.SME
   (60, 48, 52, [_up(0, 3), _local(1, 13), _unroll(3), _stage(0, 1), _stage(1)]),   # a tile not a multiple of threads
   (16, 4096, 16, [Opt(OptOps.GROUP, 0, 32), _local(1, 4), _stage(0), _stage(1)]),
   (32, 64, 48, [_unroll(0), _local(0, 4), _local(1, 8), _stage(0)]),   # no reduce loop: one buffer
+  (64, 40, 64, [_up(0, 4), _up(1, 4), _unroll(8), _local(0, 8), _local(1, 16), _stage(0), _stage(1)]),   # 5 steps
 ]
 
 @pytest.mark.parametrize("n,k,m,opts", STAGED_MATMULS, ids=str)
@@ -267,6 +268,7 @@ TC_CASES = [  # (a shape, b shape, opts, b stored transposed)
   ((128, 256), (256, 256), [TC, _up(0, 4), _up(1, 4), _local(0, 2), _local(1, 2), Opt(OptOps.UNROLL, 0, 2),
                             Opt(OptOps.SMEM, 0, 8), Opt(OptOps.SMEM, 1, 8)], False),
   ((96, 64), (64, 48), [TC, _up(1, 3), _local(0, 3), Opt(OptOps.SMEM, 0, 0), Opt(OptOps.SMEM, 1, 0)], False),
+  ((64, 48), (48, 64), [TC, _up(0, 2), _up(1, 4), Opt(OptOps.SMEM, 0, 8), Opt(OptOps.SMEM, 1, 8)], False),  # 3 steps
   # 72 KiB of tiles: dynamic shared memory
   ((128, 512), (512, 256), [TC, _up(0, 4), _up(1, 8), _local(0, 2), _local(1, 2), Opt(OptOps.UNROLL, 0, 4),
                             Opt(OptOps.SMEM, 0, 8), Opt(OptOps.SMEM, 1, 8)], False)]

@@ -8,7 +8,7 @@ import re
 import numpy as np
 import pytest
 from tgrad.dtype import DType, dtypes
-from tgrad.ops import Ops, UOp
+from tgrad.ops import Ops, UOp, simplify
 from tgrad.lazy import LazyBuffer
 from tgrad.schedule import create_schedule
 from tgrad.device import CompileError
@@ -218,6 +218,28 @@ def test_dynamic_shared_memory_above_48k():
   assert 'extern "C" __device__ unsigned int test_kernel_dynamic_shared_bytes = 71680;' in src
   assert "extern __shared__" in src and "__shared__ __align__(16) half" not in src
   assert src.count("ldmatrix") == 4 * (4 + 8) and "async_copy<16>" in src
+
+@pytest.mark.parametrize("k", [40, 48, 64])
+def test_staged_steps_never_write_the_buffer_they_read(k: int):
+  """With two buffers per tile, every step's copy of the next tile must go to the buffer that step doesn't read, also
+  on the last step (which copies step 0 again instead of a guard) and for an odd number of steps."""
+  opts = (Opt(OptOps.UPCAST, 0, 4), Opt(OptOps.UPCAST, 1, 4), Opt(OptOps.UNROLL, 0, 8), Opt(OptOps.LOCAL, 0, 8),
+          Opt(OptOps.LOCAL, 1, 16), Opt(OptOps.SMEM, 0, 0), Opt(OptOps.SMEM, 1, 0))
+  kernel = kernels(matmul(host((64, k)), host((k, 64))), opts)[-1]
+  uops = linearize(kernel)
+  loop = next(u for u in uops if u.op is Ops.RANGE)
+  body = uops[uops.index(loop) + 1:uops.index(next(u for u in uops if u.op is Ops.ENDRANGE and u.src[0] is loop))]
+  specials = {u: UOp.const(u.dtype, 0) for u in uops if u.op is Ops.SPECIAL}
+  tiles = {u.src[0] for u in body if u.op is Ops.STORE and u.src[0].op is Ops.DEFINE_LOCAL}
+  assert len(tiles) == 2
+  steps = k // 8
+  for step in range(steps):
+    at = {**specials, loop: UOp.const(loop.dtype, step)}
+    for tile in tiles:
+      half = tile.arg[1] // 2   # one buffer
+      def buffers(op, tile=tile, at=at, half=half) -> set[int]:
+        return {simplify(u.src[1].substitute(at)).arg // half for u in body if u.op is op and u.src[0] is tile}
+      assert buffers(Ops.LOAD) == {step % 2} and buffers(Ops.STORE) == {(step + 1) % 2}, (step, steps)
 
 def test_staged_refusals():
   """SMEM picks one of the loads of a single reduce, once; it needs shared memory and fits in it."""

@@ -133,12 +133,12 @@ class Linearizer:
       _index_const(0)), _index_const(0))]
     self.stage_barrier = UOp(Ops.BARRIER, dtypes.void, tuple(first))
     if loop_axes and steps > 1:
-      # the last step copies step 0 again (in bounds, into the buffer nobody reads any more) instead of a guard
+      # the last step copies step 0 again (in bounds, into the buffer this step doesn't read) instead of a guard
       following = simplify((step + 1) % steps)
       after = []
       for load, plan in plans:
         stores = self.copy_tile(load, plan, tiles[load], loop_indices(following),
-                                simplify((following % 2) * plan.buffer_elements))
+                                simplify(((step + 1) % 2) * plan.buffer_elements))
         after += stores
         if plan.direct and self.renderer.async_copy: self.early_stores.update(stores)
       self.stage_next = (tuple(self.base_idx[a] for a in loop_axes), UOp(Ops.BARRIER, dtypes.void, tuple(after)))

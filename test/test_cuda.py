@@ -12,7 +12,7 @@ from tgrad.lazy import LazyBuffer
 from tgrad.device import Device, Buffer
 from tgrad.schedule import create_schedule
 from tgrad.realize import realize, run_schedule, compile_kernel
-from tgrad.codegen.kernel import Kernel, Opt, OptOps
+from tgrad.codegen.kernel import Kernel, KernelOptError, Opt, OptOps
 from tgrad.helpers import Context
 
 pytestmark = pytest.mark.gpu
@@ -142,10 +142,16 @@ def test_max_propagates_nan():
 
 def run_with_opts(out: LazyBuffer, opts: list[Opt]) -> np.ndarray:
   """Realize out's inputs, then run its last kernel on CUDA with exactly `opts`."""
+  def apply(kernel: Kernel) -> None:
+    for opt in opts: kernel.apply_opt(opt)
+  return run_optimized(out, apply)
+
+def run_optimized(out: LazyBuffer, optimize) -> np.ndarray:
+  """Realize out's inputs, then run its last kernel on CUDA after `optimize(kernel)` applied its opts."""
   items = create_schedule([out])
   run_schedule(items[:-1])
   kernel = Kernel(items[-1].ast, Device["CUDA"].renderer)
-  for opt in opts: kernel.apply_opt(opt)
+  optimize(kernel)
   runner = compile_kernel("CUDA", kernel, "test_opts")
   result = Buffer("CUDA", items[-1].outputs[0].size, out.dtype)
   runner([result] + [lb.buffer for lb in items[-1].inputs])
@@ -223,6 +229,50 @@ def test_staged_masked_input():
   got = run_with_opts(matmul(padded, on("CUDA", b, dtypes.float32)), [_local(1, 8), _up(0, 4), _stage(0), _stage(1)])
   np.testing.assert_allclose(got.reshape(32, 24), np.pad(a, ((2, 0), (0, 4))).astype(np.float64) @ b, rtol=1e-4,
                              atol=1e-3)
+
+FUZZ_CASES = 120          # random (matmul, opt sequence) pairs on the GPU
+FUZZ_MAX_OPTS = 7
+FUZZ_TRIES = 40           # random opts tried per case to find legal ones
+
+def _random_opt(rng, half: bool) -> Opt:
+  op = rng.choice([OptOps.UPCAST, OptOps.UPCAST, OptOps.UNROLL, OptOps.LOCAL, OptOps.LOCAL, OptOps.GROUP,
+                   OptOps.GROUPTOP, OptOps.PADTO, OptOps.SMEM, OptOps.SMEM, OptOps.SWAP] + [OptOps.TC] * 2 * half)
+  if op is OptOps.SMEM: return Opt(op, rng.randrange(3), rng.choice([0, 1, 4, 8]))
+  if op is OptOps.TC: return Opt(op, rng.randrange(2), 0)
+  if op is OptOps.SWAP: return Opt(op, rng.randrange(3), rng.randrange(3))
+  return Opt(op, rng.randrange(3), rng.choice([0, 2, 3, 4, 8, 16]))
+
+def test_fuzz_random_opts_with_shared_memory():
+  """Random legal opt sequences (shared-memory staging, tensor cores, threads, groups, padding, tiles) on random
+  matmuls, some of half inputs, some with a padded (masked) input: every result matches numpy."""
+  import random
+  rng = random.Random(11)
+  applied: set[OptOps] = set()
+  for case in range(FUZZ_CASES):
+    n, k, m = (rng.choice([1, 3, 8, 16, 24, 33, 48, 64]) for _ in range(3))
+    half = rng.random() < 0.4
+    a = RNG.standard_normal((n, k)).astype(np.float16 if half else np.float32)
+    b = RNG.standard_normal((k, m)).astype(np.float16 if half else np.float32)
+    dtype = dtypes.float16 if half else dtypes.float32
+    a_lazy, a_ref = on("CUDA", a, dtype), a.astype(np.float64)
+    if rng.random() < 0.25:   # a masked input: rows of zeros above a
+      a_lazy, a_ref = a_lazy.pad(((2, 0), (0, 0))), np.pad(a_ref, ((2, 0), (0, 0)))
+    out = half_dot(a_lazy, on("CUDA", b, dtype)) if half else matmul(a_lazy, on("CUDA", b, dtype))
+    chosen: list[Opt] = []
+    def optimize(kernel: Kernel) -> None:
+      for _ in range(FUZZ_TRIES):
+        if len(chosen) == FUZZ_MAX_OPTS: return
+        opt = _random_opt(rng, half)
+        try: kernel.apply_opt(opt)
+        except KernelOptError: continue
+        chosen.append(opt)
+    got = run_optimized(out, optimize).reshape(a_ref.shape[0], m).astype(np.float64)
+    applied.update(o.op for o in chosen)
+    # half products are rounded to half unless tensor cores (exact) compute them
+    atol = (2e-3 if half else 1e-4) * np.sqrt(k) + 1e-4
+    np.testing.assert_allclose(got, a_ref @ b.astype(np.float64), rtol=1e-3, atol=atol,
+                               err_msg=f"case {case}: {(n, k, m)} half={half} opts {chosen}")
+  assert {OptOps.SMEM, OptOps.TC, OptOps.LOCAL, OptOps.GROUP, OptOps.PADTO, OptOps.UNROLL} <= applied
 
 def test_half_matmul():
   a, b = RNG.standard_normal((128, 64)).astype(np.float16), RNG.standard_normal((64, 128)).astype(np.float16)

@@ -241,6 +241,30 @@ def test_staged_steps_never_write_the_buffer_they_read(k: int):
         return {simplify(u.src[1].substitute(at)).arg // half for u in body if u.op is op and u.src[0] is tile}
       assert buffers(Ops.LOAD) == {step % 2} and buffers(Ops.STORE) == {(step + 1) % 2}, (step, steps)
 
+def test_fuzz_staged_kernels_compile():
+  """Random legal opt sequences with SMEM (and TC for half inputs) on random matmul shapes all linearize, render and
+  compile; test/test_cuda.py runs the same kind of fuzz on a GPU against numpy."""
+  import random
+  rng = random.Random(5)
+  pool = [Opt(OptOps.SMEM, 0, 0), Opt(OptOps.SMEM, 1, 4), Opt(OptOps.SMEM, 1, 8), Opt(OptOps.SMEM, 0, 1),
+          Opt(OptOps.TC, 0, 0), Opt(OptOps.UNROLL, 0, 4), Opt(OptOps.UNROLL, 0, 2), Opt(OptOps.GROUP, 0, 8)]
+  pool += [Opt(op, axis, amount) for op in (OptOps.UPCAST, OptOps.LOCAL, OptOps.PADTO) for axis in range(2)
+           for amount in (2, 3, 4, 8)]
+  staged = 0
+  for _ in range(40):
+    n, k, m = (rng.choice([8, 16, 24, 33, 64]) for _ in range(3))
+    dtype = rng.choice([dtypes.float16, dtypes.float32])
+    out = half_dot(host((n, k), dtype), host((k, m), dtype)) if dtype == dtypes.float16 else \
+      matmul(host((n, k)), host((k, m)))
+    kernel = kernels(out)[-1]
+    for opt in rng.sample(pool, len(pool)):
+      if len(kernel.applied_opts) == 6: break
+      try: kernel.apply_opt(opt)
+      except KernelOptError: pass
+    staged += bool(kernel.staged)
+    compiled_source(kernel)
+  assert staged >= 20
+
 def test_staged_refusals():
   """SMEM picks one of the loads of a single reduce, once; it needs shared memory and fits in it."""
   kernel = kernels(matmul(host((64, 64)), host((64, 64))))[-1]

@@ -37,7 +37,7 @@ class Ops(Enum):
   # lane passing the address in src[1] of one row of one 8×8 matrix
   VECTORIZE = auto(); GEP = auto(); WMMA = auto()  # noqa: E702
   # linear level: src=(value, *ranges), arg=(reduce op, accumulator id, unrolled terms): reads the accumulator; the
-  # value is a left chain of `terms` values combined with the reduce op (folded in one by one). With reduce op WMMA
+  # value is a left chain of `terms` unrolled values combined with the reduce op. With reduce op WMMA
   # the value is a chain of WMMAs that reads the accumulator fragment (a DEFINE_ACC of a VECTORIZE) and replaces it
   REDUCE = auto()
   # lazy-graph ops that are not ALU

@@ -28,6 +28,8 @@ from tgrad.codegen.renderer import FragmentLayout, MatrixLoad, TensorCore
 from tgrad.schedule import identity_of_reduce
 from tgrad.helpers import prod
 
+FOLD_MIN_ACCUMULATORS = 4   # from this many accumulators in one loop, unrolled values fold into each one by one
+
 def _index_const(value: int) -> UOp: return UOp.const(dtypes.index, value)
 
 def _unfolded_specials(prefix: str, dims: tuple[int, ...], limits: tuple[int, ...]) -> list[UOp]:
@@ -317,7 +319,7 @@ class Linearizer:
 
   def new_reduce(self, op: Ops, dtype, value: UOp, ranges: tuple[UOp, ...], terms: int = 1) -> UOp:
     """A loop reduce of `value`, which combines `terms` unrolled values as a left chain of `op` (see build_reduce):
-    the update folds them into the accumulator one by one (acc + v0 + v1 + …, a chain of FMAs for a matmul)."""
+    with many accumulators the update folds them in one by one (acc + v0 + v1 + …, FMAs for a matmul)."""
     self.acc_count += 1
     return UOp(Ops.REDUCE, dtype, (value, *ranges), (op, self.acc_count - 1, terms))
 
@@ -434,10 +436,12 @@ class Linearizer:
       prefetch = self.stage_next[1] if self.stage_next is not None and self.stage_next[0] == ranges else None
       if prefetch is not None:   # the next step's global loads first: the body's math hides their latency
         for store in prefetch.src: emit(store if store in self.early_stores else store.src[2])
-      # every accumulator takes its first unrolled value, then its second, …: an outer product per unrolled step,
-      # which keeps only one step's operands live
+      # with several accumulators (a register tile), every one takes its first unrolled value, then its second, …:
+      # an outer product per unrolled step (FMAs into the accumulators, one step's operands live). A lone
+      # accumulator combines the step's values first, so only one op per step depends on the last step.
+      fold = sum(1 for r in group if r.arg[0] is not Ops.WMMA) >= FOLD_MIN_ACCUMULATORS
       updates = {r: r.src[0] if r.arg[0] is Ops.WMMA else accs[r] for r in group}
-      terms = {r: [] if r.arg[0] is Ops.WMMA else reduce_terms(r) for r in group}
+      terms = {r: [] if r.arg[0] is Ops.WMMA else reduce_terms(r) if fold else [r.src[0]] for r in group}
       for r in group:
         if r.arg[0] is Ops.WMMA: emit(r.src[0])
       for step in range(max((len(t) for t in terms.values()), default=0)):

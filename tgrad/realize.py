@@ -45,11 +45,13 @@ def choose_opts(kernel: Kernel) -> None:
     hand_coded_optimizations(kernel)
 
 def compile_kernel(device: str, kernel: Kernel, name: Optional[str] = None) -> CompiledKernel:
-  """Linearize, render, compile (disk-cached) and load one kernel whose opts are already applied."""
+  """Linearize, render, compile (disk-cached) and load one kernel whose opts are already applied. The function is
+  always called `kernel.function_name`, so the same kernel has the same source wherever it is compiled (BEAM's
+  winner hits the binary cache); `name` only labels the runner in DEBUG output."""
   dev = Device[device]
   name = name or kernel.name
   uops = linearize(kernel)
-  src = dev.renderer.render(name, uops)
+  src = dev.renderer.render(kernel.function_name, uops)
   if Context.DEBUG >= 5:
     for i, u in enumerate(uops): print(f"{i:4d} {u.op.name:14s} {str(u.dtype):18s} {u.arg!r}")
   if Context.DEBUG >= 4: print(src)
@@ -59,8 +61,8 @@ def compile_kernel(device: str, kernel: Kernel, name: Optional[str] = None) -> C
   if Context.DEBUG >= 3: print(f"{name}: opts {kernel.applied_opts}, compiled in {compile_ms:.1f} ms")
   global_size, local_size = kernel.launch_dims()
   flops, nbytes = kernel.estimate()
-  return CompiledKernel(name, dev.program(name, binary), global_size, local_size, src, list(kernel.applied_opts),
-                        flops, nbytes)
+  return CompiledKernel(name, dev.program(kernel.function_name, binary), global_size, local_size, src,
+                        list(kernel.applied_opts), flops, nbytes)
 
 def get_runner(device: str, ast: UOp) -> CompiledKernel:
   global _kernel_counter

@@ -82,6 +82,30 @@ def test_beam_in_realize_with_the_full_action_space(fresh_cache):
   np.testing.assert_allclose(out.base.buffer.copyout().reshape(8, 4), a @ b)
   assert len(get_cache().export_json()["opts"]) == 1   # the winner was cached
 
+def test_realize_reuses_the_winners_binary(small_actions, fresh_cache, monkeypatch):
+  """After a search, realize's kernel has exactly a candidate's source (the same function name), so its binary comes
+  from the cache instead of a second compile."""
+  import tgrad.realize as realize_module
+  a, b = np.ones((32, 48), np.float32), np.ones((48, 64), np.float32)
+  out = matmul(realized(a), realized(b))
+  candidates: set[str] = set()
+  def recording(candidate: Kernel, name: str, original=search.render_candidate) -> str:
+    candidates.add(src := original(candidate, name))
+    return src
+  monkeypatch.setattr(search, "render_candidate", recording)
+  compiler = Device[DEVICE].compiler
+  compiled: list[str] = []
+  def counting(src: str, original=compiler.compile) -> bytes:
+    compiled.append(src)
+    return original(src)
+  monkeypatch.setattr(compiler, "compile", counting)
+  monkeypatch.setattr(realize_module, "_runner_cache", {})   # another test may have run this kernel already
+  with Context(BEAM=2):
+    realize(out)
+  (runner,) = realize_module._runner_cache.values()
+  assert runner.src in candidates and compiled.count(runner.src) <= 1
+  np.testing.assert_allclose(out.base.buffer.copyout().reshape(32, 64), a @ b)
+
 def test_wrong_candidate_is_rejected(small_actions, fresh_cache, monkeypatch):
   kernel, inputs, expected = row_sum_case(16, 64)   # small: the heuristics leave it unoptimized
   corrupted = []

@@ -100,6 +100,7 @@ class Kernel:
     self.applied_opts: list[Opt] = []
     self._reduce_axes_last()
     self._merge_axes()
+    self.function_name = self.name   # the rendered function's name: the unoptimized shape, the same under any opts
 
   @staticmethod
   def view_of(u: UOp) -> ShapeTracker: return (u.src[1] if u.op is Ops.STORE else u.src[-1]).arg

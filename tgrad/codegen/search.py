@@ -248,7 +248,7 @@ class _Search:
     self.start, self.beam_width = kernel, beam_width
     self.device = Device[kernel.renderer.device]
     self.arch = device_arch(self.device)
-    self.name = f"search_{kernel.name}"   # one function name, so sources differ only where the code does
+    self.name = kernel.function_name   # as compile_kernel names it: the winner's source is the one realize compiles
     self.started = time.perf_counter()
     self.stats = SearchStats()
     self.by_source: dict[str, _Candidate] = {}

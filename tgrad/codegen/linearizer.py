@@ -21,7 +21,7 @@ from __future__ import annotations
 import itertools
 from typing import Optional
 from tgrad.dtype import dtypes
-from tgrad.ops import UOp, Ops, simplify, graph_rewrite
+from tgrad.ops import UOp, Ops, simplify, graph_rewrite, split_terms, build_sum
 from tgrad.codegen.transcendental import decompositions
 from tgrad.codegen.kernel import Kernel, StagePlan, STAGE_COPY_BYTES, fold_dims
 from tgrad.codegen.renderer import FragmentLayout, MatrixLoad, TensorCore
@@ -61,9 +61,13 @@ class Linearizer:
     self.tc_tiles: dict[tuple, UOp] = {}  # a tensor-core tile's accumulated fragment, by (reduce, indices)
     self.stages: dict[UOp, tuple[StagePlan, UOp, UOp]] = {}   # staged load → (plan, its tile, offset of this step's)
     self.stage_barrier: Optional[UOp] = None    # after the first copy of every staged tile
+    self.tile_indices: dict[tuple, UOp] = {}   # memo of tile_index's symbolic part
+    self.strides: dict[UOp, tuple] = {}         # memory op → its ShapeTracker's real strides
+    self.indexings: dict[tuple, tuple[UOp, UOp]] = {}   # memo of `indexed`
     self.stage_next: Optional[tuple[tuple[UOp, ...], UOp]] = None   # (reduce loop ranges, barrier after the next copy)
     self.early_stores: set[UOp] = set()   # next-step copies issued at the top of the body (asynchronous copies)
     self.matrix_loads = False   # tensor-core fragments come from staged tiles as MatrixLoads (K read in its order)
+    self.matrix_lane_coords: dict[bool, dict[int, UOp]] = {}   # per operand (B: True): a lane's row coordinates
 
   # ---- step 1: the value graph
   def axis_indices(self) -> list[Optional[UOp]]:
@@ -100,8 +104,22 @@ class Linearizer:
     self.memo[key] = out
     return out
 
+  def indexed(self, memop: UOp, idxs: tuple[UOp, ...]) -> tuple[UOp, UOp]:
+    """(index, valid) of a memory op at idxs. Replicas differ in constant indices: along an axis with a constant
+    stride (which the mask ignores) a constant only moves the index, so each shape of non-constant indices is
+    indexed once (ShapeTracker.to_indexed simplifies, which is most of the linearizer's time) and then offset."""
+    st = self.view_of[memop]
+    if (strides := self.strides.get(memop)) is None: strides = self.strides[memop] = st.real_strides()
+    base, delta = list(idxs), 0
+    for axis, x in enumerate(idxs):
+      if x.op is Ops.CONST and x.arg != 0 and strides[axis] is not None:
+        base[axis], delta = _index_const(0), delta + x.arg * strides[axis]
+    if (key := (memop, tuple(base))) not in self.indexings: self.indexings[key] = st.to_indexed(base)
+    index, valid = self.indexings[key]
+    return offset_by(index, delta), valid
+
   def global_load(self, node: UOp, idxs: tuple[UOp, ...]) -> UOp:
-    index, valid = self.view_of[node].to_indexed(list(idxs))
+    index, valid = self.indexed(node, idxs)
     if valid.op is Ops.CONST and not valid.arg: return UOp.const(node.dtype, 0)
     return UOp(Ops.LOAD, node.dtype, (node.src[0], index) + (() if valid.op is Ops.CONST and valid.arg else (valid,)))
 
@@ -168,27 +186,36 @@ class Linearizer:
         run_coords.append(simplify(rest % size))   # always in range: the load needs no gate
         rest = simplify(rest // size)
       run_coords.reverse()
+      # the run's first element is indexed in full; the others lie `lane` further in global memory (copy_run) and a
+      # constant further in the tile, under the same mask (a masked axis has no constant stride, so no run covers it)
+      coords = (run_coords[:-1] + [simplify(run_coords[-1] * part)] if outer else []) + [_index_const(0)] * covered
+      idxs = list(self.base_idx)
+      for a in list(thread_axes) + list(k.upcast_axes): idxs[a] = _index_const(0)   # the load ignores these
+      for a, index in loop_indices.items(): idxs[a] = index
+      for a, c in zip(plan.axes, coords): idxs[a] = c
+      first_value, first_slot = self.global_load(load, tuple(idxs)), self.tile_index(plan, offset, coords)
       for lane in range(width):
-        inner, rest_lane = [], lane
-        for size in reversed(plan.sizes[outer:]):
-          inner.append(_index_const(rest_lane % size))
+        tile_offset, rest_lane = 0, lane
+        for size, stride in zip(reversed(plan.sizes[outer:]), reversed(plan.strides[outer:])):
+          tile_offset += (rest_lane % size) * stride
           rest_lane //= size
-        coords = run_coords[:-1] + [simplify(run_coords[-1] * part + rest_lane)] if outer else []
-        coords += inner[::-1]
-        idxs = list(self.base_idx)
-        for a in list(thread_axes) + list(k.upcast_axes): idxs[a] = _index_const(0)   # the load ignores these
-        for a, index in loop_indices.items(): idxs[a] = index
-        for a, c in zip(plan.axes, coords): idxs[a] = c
-        value = self.global_load(load, tuple(idxs))
-        stores.append(UOp(Ops.STORE, dtypes.void, (tile, self.tile_index(plan, offset, coords), value) +
+        if outer: tile_offset += rest_lane * plan.strides[outer - 1]
+        value = first_value if first_value.op is not Ops.LOAD else \
+          UOp(Ops.LOAD, load.dtype, (first_value.src[0], offset_by(first_value.src[1], lane)) + first_value.src[2:])
+        stores.append(UOp(Ops.STORE, dtypes.void, (tile, offset_by(first_slot, tile_offset), value) +
                           (() if in_tile is None else (in_tile,))))
     return stores
 
-  @staticmethod
-  def tile_index(plan: StagePlan, offset: UOp, coords: list[UOp]) -> UOp:
-    index = offset
-    for c, stride in zip(coords, plan.strides): index = index + c * stride
-    return simplify(index)
+  def tile_index(self, plan: StagePlan, offset: UOp, coords: list[UOp]) -> UOp:
+    """offset + Σ coordinate·stride: the part of symbolic coordinates simplified once (replicas of a kernel differ
+    only in constant coordinates), the constant part added to it."""
+    constant = sum(c.arg * stride for c, stride in zip(coords, plan.strides) if c.op is Ops.CONST)
+    symbolic = tuple((c, stride) for c, stride in zip(coords, plan.strides) if c.op is not Ops.CONST)
+    if (key := (offset, symbolic)) not in self.tile_indices:
+      index = offset
+      for c, stride in symbolic: index = index + c * stride
+      self.tile_indices[key] = simplify(index)
+    return offset_by(self.tile_indices[key], constant)
 
   def staged_load(self, node: UOp, idxs: tuple[UOp, ...]) -> UOp:
     plan, tile, offset = self.stages[node]
@@ -287,12 +314,15 @@ class Linearizer:
     groups = core.lanes // core.lanes_per_group
     idxs = list(inner)
     idxs[group_axis] = idxs[rows_up] = idxs[tig_axis] = idxs[columns_up] = _index_const(0)
-    if rows_are_k: idxs[k_up] = lane % 16                            # B: rows K 0-15, the tile's first column
-    else:
-      row = lane % 16                                                # A: rows 0-15 at K 0, then again at K 8
-      idxs[group_axis], idxs[rows_up], idxs[k_up] = row % groups, row // groups, (lane // 16) * 8
+    if (lane_coords := self.matrix_lane_coords.get(rows_are_k)) is None:
+      if rows_are_k: lane_coords = {k_up: lane % 16}                   # B: rows K 0-15, the tile's first column
+      else:
+        row = lane % 16                                                # A: rows 0-15 at K 0, then again at K 8
+        lane_coords = {group_axis: row % groups, rows_up: row // groups, k_up: (lane // 16) * 8}
+      lane_coords = self.matrix_lane_coords[rows_are_k] = {a: simplify(x) for a, x in lane_coords.items()}
+    for a, x in lane_coords.items(): idxs[a] = x
     plan, tile, offset = self.stages[operand]
-    address = self.tile_index(plan, offset, [simplify(idxs[a]) for a in plan.axes])
+    address = self.tile_index(plan, offset, [idxs[a] for a in plan.axes])
     return UOp(Ops.LOAD, operand.dtype, (tile, address, self.stage_barrier), self.MATRIX_LOADS[rows_are_k])
 
   def tc_operand(self, operand: UOp, layout: FragmentLayout, inner: tuple[UOp, ...], rows_are_k: bool) -> UOp:
@@ -371,7 +401,7 @@ class Linearizer:
       for a, v in zip(out_upcast, combo): idxs[a] = _index_const(v)
       for store in [u for u in k.memops if u.op is Ops.STORE]:
         value = self.build(store.src[2], tuple(idxs))
-        index, valid = self.view_of[store].to_indexed(idxs)
+        index, valid = self.indexed(store, tuple(idxs))
         if gate is not None: valid = simplify(valid & gate)
         stores.append(UOp(Ops.STORE, dtypes.void, (store.src[0], index, value) +
                           (() if valid.op is Ops.CONST and valid.arg else (valid,))))
@@ -475,6 +505,12 @@ class Linearizer:
     for store in stores: emit(store)
     for rng in reversed(outer_loops): program.append(UOp(Ops.ENDRANGE, dtypes.void, (rng,)))
     return program
+
+def offset_by(index: UOp, delta: int) -> UOp:
+  """index + delta, with the constant folded into index's own sum."""
+  if delta == 0: return index
+  terms, constant = split_terms(index)
+  return build_sum(terms, constant + delta, index.dtype)
 
 def copy_run(plan: StagePlan, memory_strides: tuple, limit: int) -> tuple[int, int, int]:
   """How many consecutive tile elements (at most `limit`) one thread copies: the innermost axes whose elements are

@@ -160,7 +160,8 @@ class Linearizer:
         stores = self.copy_tile(load, plan, tiles[load], loop_indices(following),
                                 simplify(((step + 1) % 2) * plan.buffer_elements))
         after += stores
-        if plan.direct and self.renderer.async_copy: self.early_stores.update(stores)
+        if plan.direct and self.renderer.async_copy:   # only unmasked runs become cp.async; the rest wait for data
+          self.early_stores.update(st for st in stores if st.src[2].op is Ops.LOAD and len(st.src[2].src) == 2)
       self.stage_next = (tuple(self.base_idx[a] for a in loop_axes), UOp(Ops.BARRIER, dtypes.void, tuple(after)))
 
   def copy_tile(self, load: UOp, plan: StagePlan, tile: UOp, loop_indices: dict[int, UOp], offset: UOp) -> list[UOp]:

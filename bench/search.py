@@ -1,7 +1,7 @@
-"""BEAM search on the CPU: float32 matmul GFLOP/s with the default heuristics, with BEAM, and numpy's, plus the
-search time of each kernel. Run it twice: the second run finds every winner in the cache and searches nothing.
+"""BEAM search: float32 matmul GFLOP/s with the default heuristics, with BEAM, and numpy's (torch's on CUDA), plus
+the search time of each kernel. Run it twice: the second run finds every winner in the cache and searches nothing.
 
-Usage: python bench/search.py [--size 1024] [--beam 2] [--runs 10] [--ignore-cache]
+Usage: python bench/search.py [--size 1024] [--beam 2] [--runs 10] [--ignore-cache] [--device LLVM|CUDA]
 The other kernels searched (for the median search time) are a row sum and an elementwise a*b+a of size×size.
 """
 import argparse, statistics, time
@@ -16,7 +16,7 @@ from tgrad.ops import Ops
 from tgrad.realize import compile_kernel, realize
 from tgrad.schedule import create_schedule
 
-DEVICE = "LLVM"
+DEVICE = "LLVM"   # --device replaces it
 
 def realized(array: np.ndarray) -> LazyBuffer:
   lb = LazyBuffer.from_host(array, DEVICE)
@@ -44,7 +44,10 @@ def main() -> None:
   parser.add_argument("--beam", type=int, default=2)
   parser.add_argument("--runs", type=int, default=10, help="timed runs per kernel; the minimum is reported")
   parser.add_argument("--ignore-cache", action="store_true", help="search even when a winner is cached")
+  parser.add_argument("--device", default="LLVM")
   args = parser.parse_args()
+  global DEVICE
+  DEVICE = args.device
   n, rng = args.size, np.random.default_rng(0)
   a, b = (rng.standard_normal((n, n)).astype(np.float32) for _ in range(2))
   la, lb = realized(a), realized(b)
@@ -69,9 +72,15 @@ def main() -> None:
             f"{stats.candidates} candidates, {stats.rounds} rounds, {stats.rejected} rejected)  "
             f"default {default_time * 1e3:8.3f} ms  BEAM={args.beam} {beam_time * 1e3:8.3f} ms  opts {result.opts}")
       if name == "matmul": matmul_times = (default_time, beam_time)
-  numpy_time = min(_timed(lambda: a @ b) for _ in range(args.runs))
+  if DEVICE == "CUDA":   # the reference is torch on the same GPU (TF32 off), timed with CUDA events
+    import torch
+    from gpu import torch_event_time
+    torch.backends.cuda.matmul.allow_tf32 = False
+    ta, tb = torch.from_numpy(a).cuda(), torch.from_numpy(b).cuda()
+    reference, reference_time = "torch", torch_event_time(lambda: ta @ tb, args.runs)
+  else: reference, reference_time = "numpy", min(_timed(lambda: a @ b) for _ in range(args.runs))
   print(f"matmul {n}x{n}x{n} float32 GFLOP/s: default {flops / matmul_times[0] / 1e9:.1f}, "
-        f"BEAM={args.beam} {flops / matmul_times[1] / 1e9:.1f}, numpy {flops / numpy_time / 1e9:.1f}")
+        f"BEAM={args.beam} {flops / matmul_times[1] / 1e9:.1f}, {reference} {flops / reference_time / 1e9:.1f}")
   print(f"search seconds per kernel: median {statistics.median(search_seconds):.2f}, total {sum(search_seconds):.2f}; "
         f"{from_cache} of {len(kernels)} from the cache")
 

@@ -26,6 +26,13 @@ def try_opt(kernel: Kernel, opt: Opt) -> bool:
   except KernelOptError:
     return False
 
+def try_opts(kernel: Kernel, opts: list[Opt]) -> bool:
+  """Apply every opt of the list, or none of them (the kernel is unchanged if one is refused)."""
+  trial = kernel.copy()
+  if not all(try_opt(trial, opt) for opt in opts): return False
+  for opt in opts: kernel.apply_opt(opt)
+  return True
+
 def _load_strides(kernel: Kernel, axis: int) -> list:
   """Each LOAD's memory stride along `axis` (None where it is not one constant)."""
   return [st.real_strides()[axis] for u, st in zip(kernel.memops, kernel.sts) if u.op is Ops.LOAD]
@@ -154,10 +161,7 @@ def _staged_matmul(kernel: Kernel) -> bool:
           Opt(OptOps.UNROLL, 0, GPU_STAGED_UNROLL), Opt(OptOps.LOCAL, rows, GPU_STAGED_THREADS[0]),
           Opt(OptOps.LOCAL, columns, GPU_STAGED_THREADS[1]), Opt(OptOps.UPCAST, columns, split),
           *[Opt(OptOps.SMEM, operand, padding) for operand, padding in enumerate(GPU_STAGED_PADDING)]]
-  trial = kernel.copy()
-  if not all(try_opt(trial, opt) for opt in opts): return False
-  for opt in opts: kernel.apply_opt(opt)
-  return True
+  return try_opts(kernel, opts)
 
 def _gpu_locals(kernel: Kernel, tile_threads: int = GPU_TILE_THREADS) -> None:
   """Threads on the output axes up to GPU_THREADS_PER_BLOCK, the innermost axis served first (at most
@@ -206,18 +210,15 @@ def _tc_column_spread(kernel: Kernel, columns: int) -> int:
 def _staged_tensor_cores(kernel: Kernel) -> bool:
   """A big tensor-core matmul with both inputs staged (see GPU_TC_STAGED_*); all or nothing."""
   if prod(kernel.output_shape) < GPU_BIG_TILE_MIN_OUTPUTS or len(kernel.stageable_loads) != 2: return False
+  trial = kernel.copy()
+  if not try_opt(trial, Opt(OptOps.TC, 0, 0)) or trial.tensor_core is None: return False
+  rows, columns = trial.tensor_core.rows_axis, trial.tensor_core.columns_axis   # the axes TC picks (and leaves)
   for unroll in GPU_TC_STAGED_UNROLLS:
-    trial = kernel.copy()
-    if not try_opt(trial, Opt(OptOps.TC, 0, 0)) or trial.tensor_core is None: return False
-    use = trial.tensor_core
-    rows, columns = use.rows_axis, use.columns_axis
-    opts = [Opt(OptOps.UPCAST, rows, GPU_TC_TILE_ROWS), Opt(OptOps.UPCAST, columns, GPU_TC_TILE_COLUMNS),
-            Opt(OptOps.LOCAL, rows, GPU_TC_STAGED_WARPS[0]), Opt(OptOps.LOCAL, columns, GPU_TC_STAGED_WARPS[1]),
-            Opt(OptOps.UNROLL, 0, unroll),
+    opts = [Opt(OptOps.TC, 0, 0), Opt(OptOps.UPCAST, rows, GPU_TC_TILE_ROWS),
+            Opt(OptOps.UPCAST, columns, GPU_TC_TILE_COLUMNS), Opt(OptOps.LOCAL, rows, GPU_TC_STAGED_WARPS[0]),
+            Opt(OptOps.LOCAL, columns, GPU_TC_STAGED_WARPS[1]), Opt(OptOps.UNROLL, 0, unroll),
             Opt(OptOps.SMEM, 0, GPU_TC_STAGED_PADDING), Opt(OptOps.SMEM, 1, GPU_TC_STAGED_PADDING)]
-    if all(try_opt(trial, opt) for opt in opts):
-      for opt in [Opt(OptOps.TC, 0, 0)] + opts: kernel.apply_opt(opt)
-      return True
+    if try_opts(kernel, opts): return True
   return False
 
 def _tensor_cores(kernel: Kernel) -> bool:

@@ -322,6 +322,7 @@ class Kernel:
     self.staged += ((load, opt.amount or 0),)
 
   def stage_plan(self, load: UOp, padding: int) -> StagePlan:
+    """The shared tile of a staged load under the kernel's current axes (see StagePlan)."""
     st = self.sts[self.memops.index(load)]
     strides = st.real_strides()
     tile_axes = [a for a in self.thread_axes + list(self.upcast_axes) if strides[a] != 0 and self.full_shape[a] > 1]

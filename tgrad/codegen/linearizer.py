@@ -108,8 +108,7 @@ class Linearizer:
     """(index, valid) of a memory op at idxs. Replicas differ in constant indices: along an axis with a constant
     stride (which the mask ignores) a constant only moves the index, so each shape of non-constant indices is
     indexed once (ShapeTracker.to_indexed simplifies, which is most of the linearizer's time) and then offset."""
-    st = self.view_of[memop]
-    if (strides := self.strides.get(memop)) is None: strides = self.strides[memop] = st.real_strides()
+    st, strides = self.view_of[memop], self.memory_strides(memop)
     base, delta = list(idxs), 0
     for axis, x in enumerate(idxs):
       if x.op is Ops.CONST and x.arg != 0 and strides[axis] is not None:
@@ -117,6 +116,10 @@ class Linearizer:
     if (key := (memop, tuple(base))) not in self.indexings: self.indexings[key] = st.to_indexed(base)
     index, valid = self.indexings[key]
     return offset_by(index, delta), valid
+
+  def memory_strides(self, memop: UOp) -> tuple:
+    if (strides := self.strides.get(memop)) is None: strides = self.strides[memop] = self.view_of[memop].real_strides()
+    return strides
 
   def global_load(self, node: UOp, idxs: tuple[UOp, ...]) -> UOp:
     index, valid = self.indexed(node, idxs)
@@ -129,8 +132,8 @@ class Linearizer:
     step 0's tiles into buffer 0 (then a barrier); each step reads its tiles from buffer step % 2, while the global
     loads of step + 1's tiles are issued at the top of the body and stored into the other buffer at its end, followed
     by one barrier (Kernel.StagePlan says why one is enough). A target that copies asynchronously (cp.async) gets the
-    stores of direct copies (runs contiguous in both memories) at the top too: it renders such a load and store as one
-    copy that completes by the barrier. Without a reduce loop there is just the first copy."""
+    stores of unmasked direct copies (runs contiguous in both memories) at the top too: it renders such a load and
+    store as one copy that completes by the barrier. Without a reduce loop there is just the first copy."""
     k = self.k
     loop_axes = list(range(k.first_reduce + k.group_for_reduces, k.first_upcast))
     steps = prod(k.full_shape[a] for a in loop_axes)
@@ -173,7 +176,7 @@ class Linearizer:
     threads = prod(k.full_shape[a] for a in thread_axes)
     thread = _index_const(0)
     for a in thread_axes: thread = thread * k.full_shape[a] + self.base_idx[a]
-    width, covered, part = copy_run(plan, self.view_of[load].real_strides(), STAGE_COPY_BYTES // load.dtype.itemsize)
+    width, covered, part = copy_run(plan, self.memory_strides(load), STAGE_COPY_BYTES // load.dtype.itemsize)
     # the run's position: the axes it doesn't cover, the partly covered one counted in parts of `part`
     outer = len(plan.axes) - covered
     run_sizes = plan.sizes[:outer - 1] + (plan.sizes[outer - 1] // part,) if outer else ()

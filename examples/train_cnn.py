@@ -6,17 +6,17 @@ conv → batchnorm → relu → maxpool → conv → relu → maxpool → linear
 script prints the held-out accuracy and exits with status 1 if it is below --min-accuracy.
 """
 from __future__ import annotations
-import argparse, sys, time
-from dataclasses import dataclass
+import sys
 from pathlib import Path
 import numpy as np
-from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # run from a checkout without installing
+sys.path.insert(0, str(Path(__file__).resolve().parent))       # and when loaded from elsewhere (the tests)
 from tgrad import Tensor  # noqa: E402
 import tgrad.nn as nn  # noqa: E402
 from tgrad.nn.optim import AdamW  # noqa: E402
 from tgrad.nn.state import get_parameters  # noqa: E402
+from classifier_training import TrainResult, command_line, fit  # noqa: E402
 
 IMAGE_SIZE = 16
 CLASSES = 4                        # 0 horizontal, 1 vertical, 2 diagonal (↘), 3 anti-diagonal (↙)
@@ -61,14 +61,6 @@ class BarNet:
     x = self.conv2(x).relu().max_pool2d(2)
     return self.head(x.flatten(1))
 
-@dataclass
-class TrainResult:
-  losses: list[float]
-  test_accuracy: float
-  seconds: float
-
-def accuracy(logits: Tensor, labels: Tensor) -> Tensor: return (logits.argmax(-1) == labels).float().mean()
-
 def train(steps: int = DEFAULT_STEPS, seed: int = 0, progress: bool = True) -> TrainResult:
   rng = np.random.default_rng(seed)
   Tensor.manual_seed(seed)
@@ -76,37 +68,15 @@ def train(steps: int = DEFAULT_STEPS, seed: int = 0, progress: bool = True) -> T
   test_images, test_labels = make_bars(TEST_IMAGES, rng)
   model = BarNet()
   opt = AdamW(get_parameters(model), lr=LEARNING_RATE)   # includes BatchNorm's running stats, realized each step
-  losses: list[float] = []
-  start = time.perf_counter()
-  bar = tqdm(range(steps), desc="cnn", disable=not progress)
-  with Tensor.train():
-    for _ in bar:
-      batch = rng.choice(TRAIN_IMAGES, BATCH_SIZE, replace=False)
-      x, y = Tensor(train_images[batch]), Tensor(train_labels[batch])
-      opt.zero_grad()
-      logits = model(x)
-      loss = logits.cross_entropy(y)
-      loss.backward()
-      batch_accuracy = accuracy(logits.detach(), y)
-      Tensor.realize(loss, batch_accuracy, *opt.schedule_step())
-      losses.append(loss.item())
-      bar.set_postfix(loss=f"{losses[-1]:.3f}", acc=f"{batch_accuracy.item():.2f}")
-  with Tensor.no_grad():   # eval mode: BatchNorm uses its running statistics
-    test_accuracy = accuracy(model(Tensor(test_images)), Tensor(test_labels)).item()
-  return TrainResult(losses, test_accuracy, time.perf_counter() - start)
+  def next_batch() -> tuple[np.ndarray, np.ndarray]:
+    batch = rng.choice(TRAIN_IMAGES, BATCH_SIZE, replace=False)
+    return train_images[batch], train_labels[batch]
+  return fit(model, opt, lambda logits, y: logits.cross_entropy(y), next_batch, (test_images, test_labels), steps,
+             "cnn", progress)
 
 def main(argv: list[str] | None = None) -> int:
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--steps", type=int, default=DEFAULT_STEPS, help=f"optimizer steps (default {DEFAULT_STEPS})")
-  parser.add_argument("--seed", type=int, default=0, help="seed for the data and the weights")
-  parser.add_argument("--min-accuracy", type=float, default=DEFAULT_MIN_ACCURACY,
-                      help=f"held-out accuracy to reach (default {DEFAULT_MIN_ACCURACY})")
-  args = parser.parse_args(argv)
-  result = train(args.steps, args.seed)
-  reached = result.test_accuracy >= args.min_accuracy
-  print(f"loss {result.losses[0]:.3f} -> {result.losses[-1]:.3f}; held-out accuracy {result.test_accuracy:.3f} "
-        f"(target {args.min_accuracy}): {'reached' if reached else 'NOT reached'} in {result.seconds:.1f} s")
-  return 0 if reached else 1
+  return command_line(__doc__.splitlines()[0], train, DEFAULT_STEPS, DEFAULT_MIN_ACCURACY,
+                      "seed for the data and the weights", argv)
 
 if __name__ == "__main__":
   sys.exit(main())

@@ -6,17 +6,17 @@ and exits with status 1 if it is below --min-accuracy. Each step is one schedule
 optimizer update are realized together (`Tensor.realize(loss, accuracy, *opt.schedule_step())`).
 """
 from __future__ import annotations
-import argparse, math, sys, time
-from dataclasses import dataclass
+import math, sys
 from pathlib import Path
 import numpy as np
-from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # run from a checkout without installing
+sys.path.insert(0, str(Path(__file__).resolve().parent))       # and when loaded from elsewhere (the tests)
 from tgrad import Tensor  # noqa: E402
 import tgrad.nn as nn  # noqa: E402
 from tgrad.nn.optim import Adam  # noqa: E402
 from tgrad.nn.state import get_parameters  # noqa: E402
+from classifier_training import TrainResult, command_line, fit  # noqa: E402
 
 CLASSES = 3
 POINTS_PER_CLASS = 300
@@ -44,14 +44,6 @@ class MLP:
     for layer in self.layers[:-1]: x = layer(x).relu()
     return self.layers[-1](x)
 
-@dataclass
-class TrainResult:
-  losses: list[float]
-  test_accuracy: float
-  seconds: float
-
-def accuracy(logits: Tensor, labels: Tensor) -> Tensor: return (logits.argmax(-1) == labels).float().mean()
-
 def train(steps: int = DEFAULT_STEPS, seed: int = 0, progress: bool = True) -> TrainResult:
   rng = np.random.default_rng(seed)
   Tensor.manual_seed(seed)
@@ -61,37 +53,15 @@ def train(steps: int = DEFAULT_STEPS, seed: int = 0, progress: bool = True) -> T
   test, train_rows = order[:test_count], order[test_count:]
   model = MLP()
   opt = Adam(get_parameters(model), lr=LEARNING_RATE)
-  losses: list[float] = []
-  start = time.perf_counter()
-  bar = tqdm(range(steps), desc="mlp", disable=not progress)
-  with Tensor.train():
-    for _ in bar:
-      batch = rng.choice(train_rows, BATCH_SIZE, replace=False)
-      x, y = Tensor(points[batch]), Tensor(labels[batch])
-      opt.zero_grad()
-      logits = model(x)
-      loss = logits.sparse_categorical_crossentropy(y)
-      loss.backward()
-      batch_accuracy = accuracy(logits.detach(), y)
-      Tensor.realize(loss, batch_accuracy, *opt.schedule_step())
-      losses.append(loss.item())
-      bar.set_postfix(loss=f"{losses[-1]:.3f}", acc=f"{batch_accuracy.item():.2f}")
-  with Tensor.no_grad():
-    test_accuracy = accuracy(model(Tensor(points[test])), Tensor(labels[test])).item()
-  return TrainResult(losses, test_accuracy, time.perf_counter() - start)
+  def next_batch() -> tuple[np.ndarray, np.ndarray]:
+    batch = rng.choice(train_rows, BATCH_SIZE, replace=False)
+    return points[batch], labels[batch]
+  return fit(model, opt, lambda logits, y: logits.sparse_categorical_crossentropy(y), next_batch,
+             (points[test], labels[test]), steps, "mlp", progress)
 
 def main(argv: list[str] | None = None) -> int:
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--steps", type=int, default=DEFAULT_STEPS, help=f"optimizer steps (default {DEFAULT_STEPS})")
-  parser.add_argument("--seed", type=int, default=0, help="seed for the data, the split and the weights")
-  parser.add_argument("--min-accuracy", type=float, default=DEFAULT_MIN_ACCURACY,
-                      help=f"held-out accuracy to reach (default {DEFAULT_MIN_ACCURACY})")
-  args = parser.parse_args(argv)
-  result = train(args.steps, args.seed)
-  reached = result.test_accuracy >= args.min_accuracy
-  print(f"loss {result.losses[0]:.3f} -> {result.losses[-1]:.3f}; held-out accuracy {result.test_accuracy:.3f} "
-        f"(target {args.min_accuracy}): {'reached' if reached else 'NOT reached'} in {result.seconds:.1f} s")
-  return 0 if reached else 1
+  return command_line(__doc__.splitlines()[0], train, DEFAULT_STEPS, DEFAULT_MIN_ACCURACY,
+                      "seed for the data, the split and the weights", argv)
 
 if __name__ == "__main__":
   sys.exit(main())

@@ -34,6 +34,7 @@ class _Settings:
   CACHELEVEL: int = 1   # 0 turns every disk cache off
   IGNORE_BEAM_CACHE: int = 0
   THREADS: int = 0      # CPU threads for THREAD opts; 0 means all cores
+  CUDA_GRAPH: int = 1   # 0 replays compiled programs on CUDA kernel by kernel instead of as CUDA graphs
 
 _current = _Settings(**{f.name: getenv(f.name, f.default) for f in fields(_Settings)})
 

@@ -1,0 +1,230 @@
+"""CUDA graphs: a chain of compiled kernels replayed by one driver call, with per-kernel argument patching.
+
+Input: a list of KernelLaunch (a pycuda Function, launch dims, dynamic shared bytes, argument values and kinds).
+Output: a CUDAGraph whose `launch()` runs every kernel in order, asynchronously, on the stream tgrad's eager kernels
+use, and whose `update(i, args)` patches kernel i's arguments (new buffer pointers, new variable values) in the
+instantiated graph. pycuda has no graph bindings, so this module speaks to the driver API (libcuda.so.1) through
+ctypes on pycuda's current context; it imports neither pycuda nor the driver until a graph is built.
+The CUDA_GRAPH switch (docs/env.md) turns graphs off: `graphs_enabled()`.
+"""
+from __future__ import annotations
+import ctypes, functools
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, Sequence
+from tgrad.helpers import Context
+
+DRIVER_LIBRARY = "libcuda.so.1"
+CUDA_SUCCESS = 0
+# Kernels launched by pycuda without a stream go to the NULL stream, which the unsuffixed driver entry points (not
+# the _ptsz ones) read as the legacy default stream: graphs launch there too, so they are ordered with eager work.
+DEFAULT_STREAM = 0
+# cuStreamBeginCapture mode: only this thread's calls are checked for capture safety (CUstreamCaptureMode in cuda.h)
+CAPTURE_MODE_THREAD_LOCAL = 1
+# stream flag (CU_STREAM_NON_BLOCKING): the capture stream does not synchronize with the legacy default stream
+STREAM_NON_BLOCKING = 1
+ARG_KINDS = {"P": (0, 2**64 - 1), "i": (-2**31, 2**31 - 1)}   # kernel argument kind → allowed value range
+
+CUresult, CUfunction, CUgraph, CUgraphNode, CUgraphExec = ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, \
+  ctypes.c_void_p, ctypes.c_void_p
+CUstream, CUkernel, CUcontext = ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p
+
+class KernelNodeParams(ctypes.Structure):
+  """CUDA_KERNEL_NODE_PARAMS_v2 of cuda.h (CUDA 12.0 and later; what CUDA_KERNEL_NODE_PARAMS names there): the v1
+  struct plus `kern` and `ctx`, 72 bytes. Only the _v2 entry points below take this layout."""
+  _fields_ = [("func", CUfunction),
+              ("gridDimX", ctypes.c_uint), ("gridDimY", ctypes.c_uint), ("gridDimZ", ctypes.c_uint),
+              ("blockDimX", ctypes.c_uint), ("blockDimY", ctypes.c_uint), ("blockDimZ", ctypes.c_uint),
+              ("sharedMemBytes", ctypes.c_uint),
+              ("kernelParams", ctypes.POINTER(ctypes.c_void_p)), ("extra", ctypes.POINTER(ctypes.c_void_p)),
+              ("kern", CUkernel), ("ctx", CUcontext)]
+
+_P = ctypes.POINTER
+# Every driver entry point used here, by its exported (versioned) name, with its argument types; all return CUresult.
+DRIVER_FUNCTIONS: dict[str, list] = {
+  "cuGetErrorName": [CUresult, _P(ctypes.c_char_p)],
+  "cuGetErrorString": [CUresult, _P(ctypes.c_char_p)],
+  "cuStreamBeginCapture_v2": [CUstream, ctypes.c_int],
+  "cuStreamEndCapture": [CUstream, _P(CUgraph)],
+  "cuGraphCreate": [_P(CUgraph), ctypes.c_uint],
+  "cuGraphDestroy": [CUgraph],
+  "cuGraphGetNodes": [CUgraph, _P(CUgraphNode), _P(ctypes.c_size_t)],
+  "cuGraphKernelNodeGetParams_v2": [CUgraphNode, _P(KernelNodeParams)],
+  "cuGraphAddKernelNode_v2": [_P(CUgraphNode), CUgraph, _P(CUgraphNode), ctypes.c_size_t, _P(KernelNodeParams)],
+  "cuGraphInstantiateWithFlags": [_P(CUgraphExec), CUgraph, ctypes.c_ulonglong],
+  "cuGraphExecKernelNodeSetParams_v2": [CUgraphExec, CUgraphNode, _P(KernelNodeParams)],
+  "cuGraphUpload": [CUgraphExec, CUstream],
+  "cuGraphLaunch": [CUgraphExec, CUstream],
+  "cuGraphExecDestroy": [CUgraphExec],
+}
+
+class CUDAGraphError(RuntimeError):
+  """A driver call failed, or the driver (libcuda.so.1, CUDA 12.0 or later) could not be loaded."""
+
+def graphs_enabled() -> bool:
+  """Whether compiled programs on CUDA replay as CUDA graphs (CUDA_GRAPH=1, the default) or kernel by kernel."""
+  return bool(Context.CUDA_GRAPH)
+
+@functools.cache
+def driver() -> ctypes.CDLL:
+  """libcuda.so.1 with DRIVER_FUNCTIONS typed; loaded on first use (the CUDA device has already initialized it)."""
+  try: lib = ctypes.CDLL(DRIVER_LIBRARY)
+  except OSError as e: raise CUDAGraphError(f"CUDA graphs need the CUDA driver library {DRIVER_LIBRARY}: {e}") from e
+  for name, argtypes in DRIVER_FUNCTIONS.items():
+    try: function = getattr(lib, name)
+    except AttributeError as e:
+      raise CUDAGraphError(f"{DRIVER_LIBRARY} has no {name}: CUDA graphs need a driver for CUDA 12.0 or later") from e
+    function.argtypes, function.restype = argtypes, CUresult
+  return lib
+
+def error_name(result: int) -> str:
+  """cuGetErrorName and cuGetErrorString of a CUresult, e.g. 'CUDA_ERROR_INVALID_VALUE (1): invalid argument'."""
+  name, text = ctypes.c_char_p(), ctypes.c_char_p()
+  lib = driver()
+  if lib.cuGetErrorName(result, ctypes.byref(name)) != CUDA_SUCCESS or name.value is None: return f"CUresult {result}"
+  described = lib.cuGetErrorString(result, ctypes.byref(text)) == CUDA_SUCCESS and text.value is not None
+  return f"{name.value.decode()} ({result})" + (f": {text.value.decode()}" if described else "")
+
+def check(result: int, call: str) -> None:
+  """Raise CUDAGraphError naming the driver call and its error unless result is CUDA_SUCCESS."""
+  if result != CUDA_SUCCESS: raise CUDAGraphError(f"{call} failed: {error_name(result)}")
+
+@dataclass
+class KernelLaunch:
+  """One kernel node: a pycuda Function, grid and block (x, y, z), dynamic shared bytes, and its arguments: device
+  pointers (kind "P", uint64) followed by variable values (kind "i", int32), one kind letter per argument."""
+  function: Any
+  grid: tuple[int, int, int]
+  block: tuple[int, int, int]
+  shared_bytes: int
+  args: list[int]
+  arg_kinds: str
+
+  def __post_init__(self):
+    for what, dims in (("grid", self.grid), ("block", self.block)):
+      if len(dims) != 3 or not all(isinstance(d, int) and d >= 1 for d in dims):
+        raise ValueError(f"KernelLaunch {what} must be 3 positive ints (x, y, z), got {dims!r}")
+    if not isinstance(self.shared_bytes, int) or self.shared_bytes < 0:
+      raise ValueError(f"KernelLaunch shared_bytes must be an int >= 0, got {self.shared_bytes!r}")
+    if len(self.args) != len(self.arg_kinds):
+      raise ValueError(f"KernelLaunch has {len(self.args)} args but {len(self.arg_kinds)} arg kinds "
+                       f"({self.arg_kinds!r})")
+    for position, (kind, value) in enumerate(zip(self.arg_kinds, self.args)): _check_arg(kind, value, position)
+
+  @staticmethod
+  def for_program(program: Any, pointers: Sequence[int], global_size: Sequence[int], local_size: Sequence[int],
+                  vals: Sequence[int] = ()) -> KernelLaunch:
+    """The launch a CUDAProgram call with these buffers, sizes (x first, up to 3) and variable values would make."""
+    grid = tuple(global_size) + (1,) * (3 - len(global_size))
+    block = tuple(local_size) + (1,) * (3 - len(local_size))
+    return KernelLaunch(program.function, grid, block, program.shared_bytes,  # type: ignore[arg-type]
+                        [int(p) for p in pointers] + [int(v) for v in vals], "P" * len(pointers) + "i" * len(vals))
+
+def _check_arg(kind: str, value: int, position: int) -> None:
+  if kind not in ARG_KINDS: raise ValueError(f"argument {position}: kind {kind!r} is not one of {list(ARG_KINDS)}")
+  low, high = ARG_KINDS[kind]
+  if not isinstance(value, int) or not low <= value <= high:
+    raise ValueError(f"argument {position} of kind {kind!r} must be an int in [{low}, {high}], got {value!r}")
+
+# pycuda's Function does not expose its CUfunction. Launching it once inside a stream capture records a kernel node
+# whose parameters name it: `func` (a CUfunction), or `kern` and `ctx` where the driver loaded it as a CUkernel.
+# They are kept per Function; the strong reference to the Function keeps its id unique.
+_kernel_identities: dict[int, tuple[Any, tuple[int, int, int]]] = {}
+
+def kernel_identity(launch: KernelLaunch) -> tuple[int, int, int]:
+  """(func, kern, ctx) of a kernel node that runs launch.function, learned by capturing (not running) one launch of
+  it through pycuda on a private stream."""
+  if (known := _kernel_identities.get(id(launch.function))) is not None: return known[1]
+  import numpy as np
+  import pycuda.driver as cuda
+  lib, stream, graph = driver(), cuda.Stream(flags=STREAM_NON_BLOCKING), CUgraph()
+  args = [np.uint64(a) if kind == "P" else np.int32(a) for kind, a in zip(launch.arg_kinds, launch.args)]
+  check(lib.cuStreamBeginCapture_v2(stream.handle, CAPTURE_MODE_THREAD_LOCAL), "cuStreamBeginCapture_v2")
+  try: launch.function(*args, grid=launch.grid, block=launch.block, shared=launch.shared_bytes, stream=stream)
+  except BaseException:
+    if lib.cuStreamEndCapture(stream.handle, ctypes.byref(graph)) == CUDA_SUCCESS and graph: lib.cuGraphDestroy(graph)
+    raise
+  check(lib.cuStreamEndCapture(stream.handle, ctypes.byref(graph)), "cuStreamEndCapture")
+  try:
+    node, count = CUgraphNode(), ctypes.c_size_t(1)
+    check(lib.cuGraphGetNodes(graph, ctypes.byref(node), ctypes.byref(count)), "cuGraphGetNodes")
+    if count.value != 1: raise CUDAGraphError(f"capturing one kernel launch recorded {count.value} graph nodes")
+    params = KernelNodeParams()
+    check(lib.cuGraphKernelNodeGetParams_v2(node, ctypes.byref(params)), "cuGraphKernelNodeGetParams_v2")
+  finally: check(lib.cuGraphDestroy(graph), "cuGraphDestroy")
+  if not params.func and not params.kern: raise CUDAGraphError("the captured kernel node names no kernel")
+  identity = (params.func or 0, params.kern or 0, params.ctx or 0)
+  _kernel_identities[id(launch.function)] = (launch.function, identity)
+  return identity
+
+class _KernelNode:
+  """A graph node's parameters and the ctypes storage its kernelParams array points at (kept alive with it)."""
+  def __init__(self, launch: KernelLaunch, identity: tuple[int, int, int]):
+    self.kinds = launch.arg_kinds
+    self.values = [ctypes.c_uint64(a) if kind == "P" else ctypes.c_int32(a) for kind, a in zip(self.kinds, launch.args)]
+    self.pointers = (ctypes.c_void_p * max(1, len(self.values)))(*[ctypes.addressof(v) for v in self.values])
+    func, kern, ctx = identity
+    self.params = KernelNodeParams(func, *launch.grid, *launch.block, launch.shared_bytes,
+                                   ctypes.cast(self.pointers, _P(ctypes.c_void_p)), None, kern, ctx)
+    self.handle = CUgraphNode()
+
+class CUDAGraph:
+  """The launches as one CUDA graph, each kernel depending on the one before, instantiated once and replayed by
+  `launch()`. `update(i, args)` patches kernel i of the instantiated graph; launches already queued keep their
+  arguments. `close()` (or garbage collection) destroys the graph."""
+  def __init__(self, launches: list[KernelLaunch], stream: int = DEFAULT_STREAM):
+    if not launches: raise ValueError("a CUDA graph needs at least one kernel launch")
+    self.stream = CUstream(stream)
+    self.param_updates = 0   # kernel nodes patched by update() (unchanged arguments are not patched)
+    self._lib = driver()
+    self._graph, self._exec = CUgraph(), CUgraphExec()
+    self.nodes = [_KernelNode(launch, kernel_identity(launch)) for launch in launches]
+    check(self._lib.cuGraphCreate(ctypes.byref(self._graph), 0), "cuGraphCreate")
+    try:
+      previous: Optional[_KernelNode] = None
+      for index, node in enumerate(self.nodes):
+        dependencies = ctypes.byref(previous.handle) if previous is not None else None
+        check(self._lib.cuGraphAddKernelNode_v2(ctypes.byref(node.handle), self._graph, dependencies,
+                                                1 if previous is not None else 0, ctypes.byref(node.params)),
+              f"cuGraphAddKernelNode_v2 (node {index} of {len(self.nodes)}, grid {launches[index].grid}, "
+              f"block {launches[index].block}, {launches[index].shared_bytes} shared bytes)")
+        previous = node
+      check(self._lib.cuGraphInstantiateWithFlags(ctypes.byref(self._exec), self._graph, 0),
+            f"cuGraphInstantiateWithFlags ({len(self.nodes)} kernel nodes)")
+      check(self._lib.cuGraphUpload(self._exec, self.stream), "cuGraphUpload")
+    except BaseException:
+      self.close()
+      raise
+    self._launch: Callable[[Any, Any], int] = self._lib.cuGraphLaunch
+
+  def __len__(self) -> int: return len(self.nodes)
+
+  def update(self, index: int, args: Sequence[int]) -> None:
+    """Set kernel `index`'s arguments (same count and kinds as its launch) for later launches; a no-op if unchanged."""
+    if not 0 <= index < len(self.nodes): raise IndexError(f"kernel node {index} of a graph of {len(self.nodes)}")
+    node = self.nodes[index]
+    if len(args) != len(node.values):
+      raise ValueError(f"kernel node {index} takes {len(node.values)} args ({node.kinds!r}), got {len(args)}")
+    changed = [position for position, (slot, value) in enumerate(zip(node.values, args)) if slot.value != value]
+    if not changed: return
+    if not self._exec: raise CUDAGraphError("update() on a closed CUDA graph")
+    for position in changed: _check_arg(node.kinds[position], args[position], position)
+    for position in changed: node.values[position].value = args[position]
+    check(self._lib.cuGraphExecKernelNodeSetParams_v2(self._exec, node.handle, ctypes.byref(node.params)),
+          f"cuGraphExecKernelNodeSetParams_v2 (node {index})")
+    self.param_updates += 1
+
+  def launch(self) -> None:
+    """Queue every kernel of the graph on the stream; returns before they run."""
+    if not self._exec: raise CUDAGraphError("launch() on a closed CUDA graph")
+    if (result := self._launch(self._exec, self.stream)) != CUDA_SUCCESS: check(result, "cuGraphLaunch")
+
+  def close(self) -> None:
+    """Destroy the instantiated and the template graph (queued launches still finish)."""
+    if self._exec: check(self._lib.cuGraphExecDestroy(self._exec), "cuGraphExecDestroy")
+    self._exec = CUgraphExec()
+    if self._graph: check(self._lib.cuGraphDestroy(self._graph), "cuGraphDestroy")
+    self._graph = CUgraph()
+
+  def __del__(self):
+    try: self.close()
+    except (CUDAGraphError, AttributeError): pass   # interpreter shutdown or a half-built graph: nothing to report to

@@ -145,11 +145,13 @@ def test_update_swaps_inputs_and_output_between_replays():
   x_buffer, w_buffer = kernels[0][3][1], kernels[0][3][2]
   z_buffer = kernels[-1][3][0]
   graph = CUDAGraph([launch_of(k) for k in kernels])
+  kept = []   # every replay's buffers stay alive, so the allocator cannot hand back the same pointers
   for replay in range(REPLAYS):
     x, w = random_inputs(rng)
     new = {id(x_buffer): Buffer("CUDA", x.size, dtypes.float32).copyin(x),
            id(w_buffer): Buffer("CUDA", w.size, dtypes.float32).copyin(w),
-           id(z_buffer): Buffer("CUDA", ROWS * COLS, dtypes.float32)}
+           id(z_buffer): Buffer("CUDA", ROWS * COLS, dtypes.float32).copyin(np.full(ROWS * COLS, np.nan, np.float32))}
+    kept.append(new)
     before = graph.param_updates
     for index, kernel in enumerate(kernels):
       graph.update(index, launch_of(kernel, [new.get(id(b), b) for b in kernel[3]]).args)

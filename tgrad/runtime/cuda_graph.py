@@ -159,7 +159,7 @@ def kernel_identity(launch: KernelLaunch) -> tuple[int, int, int]:
 class _KernelNode:
   """A graph node's parameters and the ctypes storage its kernelParams array points at (kept alive with it)."""
   def __init__(self, launch: KernelLaunch, identity: tuple[int, int, int]):
-    self.kinds = launch.arg_kinds
+    self.kinds, self.current = launch.arg_kinds, list(launch.args)
     self.values = [ctypes.c_uint64(a) if kind == "P" else ctypes.c_int32(a) for kind, a in zip(self.kinds, launch.args)]
     self.pointers = (ctypes.c_void_p * max(1, len(self.values)))(*[ctypes.addressof(v) for v in self.values])
     func, kern, ctx = identity
@@ -201,14 +201,15 @@ class CUDAGraph:
   def update(self, index: int, args: Sequence[int]) -> None:
     """Set kernel `index`'s arguments (same count and kinds as its launch) for later launches; a no-op if unchanged."""
     if not 0 <= index < len(self.nodes): raise IndexError(f"kernel node {index} of a graph of {len(self.nodes)}")
-    node = self.nodes[index]
+    node, args = self.nodes[index], list(args)
+    if args == node.current: return
     if len(args) != len(node.values):
       raise ValueError(f"kernel node {index} takes {len(node.values)} args ({node.kinds!r}), got {len(args)}")
-    changed = [position for position, (slot, value) in enumerate(zip(node.values, args)) if slot.value != value]
-    if not changed: return
     if not self._exec: raise CUDAGraphError("update() on a closed CUDA graph")
+    changed = [position for position, (old, new) in enumerate(zip(node.current, args)) if old != new]
     for position in changed: _check_arg(node.kinds[position], args[position], position)
     for position in changed: node.values[position].value = args[position]
+    node.current = args
     check(self._lib.cuGraphExecKernelNodeSetParams_v2(self._exec, node.handle, ctypes.byref(node.params)),
           f"cuGraphExecKernelNodeSetParams_v2 (node {index})")
     self.param_updates += 1

@@ -74,6 +74,7 @@ FLOAT_ATOL = {dtypes.float16: 5e-3, dtypes.bfloat16: 2e-2, dtypes.float32: 2e-4,
 # elements: an output whose values are all small (a mean over many terms) keeps a tolerance in proportion. A few large
 # elements raise the RMS, never the √terms bound; fewer elements give no typical size (one sum may land near 0)
 RMS_CAP_MIN_ELEMENTS = 16
+
 def action_space_hash() -> str:
   """sha256 of the action space's JSON: part of the cache key, so changing ACTIONS invalidates cached winners."""
   return hashlib.sha256(json.dumps([opt.to_json() for opt in ACTIONS]).encode()).hexdigest()
@@ -197,8 +198,8 @@ def output_tolerance(ref: np.ndarray, dtype: DType, least_precise: Optional[DTyp
   if terms < 1: raise ValueError(f"an output element combines at least 1 term, got {terms}")
   least_precise = least_precise or dtype
   rtol = FLOAT_RTOL.get(dtype, FLOAT_RTOL[dtypes.float32])
-  values = _float_view(ref, dtype)
   atol = FLOAT_ATOL.get(least_precise, FLOAT_ATOL[dtypes.float32]) * float(np.sqrt(terms))
+  values = _float_view(ref, dtype)
   finite = values[np.isfinite(values)]
   if finite.size >= RMS_CAP_MIN_ELEMENTS:
     atol = min(atol, FLOAT_RTOL.get(least_precise, FLOAT_RTOL[dtypes.float32]) * float(np.sqrt(np.mean(finite ** 2))))
@@ -499,7 +500,8 @@ class _Search:
 
   def checked_run(self, candidate: _Candidate, poison_byte: int) -> dict[int, np.ndarray]:
     """Run once from fresh inputs with the outputs filled with `poison_byte`; returns the outputs. Raises _WroteInput
-    if the kernel changed an input."""
+    if the kernel changed an input. An output the kernel also reads (an in-place update) starts from its random data
+    instead of poison, so an element it skips there is caught only where the right value differs from the old one."""
     poison = {i: np.full(self.buffers[i].nbytes, poison_byte, np.uint8) for i in self.outputs if i not in self.initial}
     for i, data in self.initial.items(): self.buffers[i].copyin(data)
     for i, data in poison.items(): self.buffers[i].copyin(data.view(self.dtypes[i].np))

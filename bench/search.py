@@ -72,13 +72,15 @@ def main() -> None:
             f"{stats.candidates} candidates, {stats.rounds} rounds, {stats.rejected} rejected)  "
             f"default {default_time * 1e3:8.3f} ms  BEAM={args.beam} {beam_time * 1e3:8.3f} ms  opts {result.opts}")
       if name == "matmul": matmul_times = (default_time, beam_time)
-  if DEVICE == "CUDA":   # the reference is torch on the same GPU (TF32 off), timed with CUDA events
+  # tgrad's times above are kernel times (one launch each); the reference's is its kernel time too on CUDA (torch on
+  # the same GPU, TF32 off, from the torch profiler), and one `a @ b` call on the CPU (numpy)
+  if DEVICE == "CUDA":
     import torch
-    from gpu import torch_event_time
+    from gpu import torch_kernel_time
     torch.backends.cuda.matmul.allow_tf32 = False
     ta, tb = torch.from_numpy(a).cuda(), torch.from_numpy(b).cuda()
-    reference, reference_time = "torch", torch_event_time(lambda: ta @ tb, args.runs)
-  else: reference, reference_time = "numpy", min(_timed(lambda: a @ b) for _ in range(args.runs))
+    reference, reference_time = "torch kernel", torch_kernel_time(lambda: ta @ tb, args.runs)
+  else: reference, reference_time = "numpy call", min(_timed(lambda: a @ b) for _ in range(args.runs))
   print(f"matmul {n}x{n}x{n} float32 GFLOP/s: default {flops / matmul_times[0] / 1e9:.1f}, "
         f"BEAM={args.beam} {flops / matmul_times[1] / 1e9:.1f}, {reference} {flops / reference_time / 1e9:.1f}")
   print(f"search seconds per kernel: median {statistics.median(search_seconds):.2f}, total {sum(search_seconds):.2f}; "

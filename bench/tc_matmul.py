@@ -1,8 +1,12 @@
-"""Tensor-core matmul benchmark: an n×n half matmul on CUDA, tgrad against torch, kernel time from CUDA events.
+"""Tensor-core matmul benchmark: an n×n half matmul on CUDA, tgrad against torch, like against like.
 
-Cases: tgrad's default opts (tensor cores, see heuristics.py) end to end through Tensor and as the bare kernel; opt
-lists around TC (tiles per warp, their spread, warps per block, K unroll), each checked against torch; b stored
-transposed; bfloat16; and with --beam N a BEAM search (its deadline cut to --beam-seconds). TFLOP/s = 2·n³ / time.
+Kernel rows: tgrad's bare kernel (CUDA events around the launch, best of KERNEL_RUNS) against torch's kernel time
+(torch profiler, best of KERNEL_RUNS calls). The end-to-end row: host wall clock of `(x @ y).realize()` against the
+eager `a @ b`, both from and to a synchronized GPU. Cases: tgrad's default opts (tensor cores, see heuristics.py);
+opt lists around TC (tiles per warp, their spread, warps per block, K unroll); b stored transposed; bfloat16 (inputs
+cast before timing on both sides); and with --beam N a BEAM search (its deadline cut to --beam-seconds). Every
+kernel's output is poisoned before its first run and that run is checked element by element against torch (err:
+worst |got - ref| / tolerance, ≤ 1 passes; WRONG otherwise). TFLOP/s = 2·n³ / time.
 Usage: python bench/tc_matmul.py [--size 4096] [--beam 2] [--beam-seconds 45]
 """
 from __future__ import annotations
@@ -10,7 +14,7 @@ import argparse, os, sys, time
 import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.dirname(__file__))
-from gpu import cuda_event_time, torch_event_time  # noqa: E402
+from gpu import error_ratio, poison, torch_kernel_time, wall_time  # noqa: E402
 from tgrad import Tensor  # noqa: E402
 from tgrad.codegen.kernel import Kernel, Opt, OptOps  # noqa: E402
 from tgrad.device import Buffer, Device  # noqa: E402
@@ -20,6 +24,10 @@ from tgrad.realize import compile_kernel  # noqa: E402
 from tgrad.schedule import create_schedule  # noqa: E402
 
 KERNEL_RUNS = 20
+# per element against torch's float32 result of the same half inputs: |got - ref| <= ATOL_PER_ROOT_K·√n + RTOL·|ref|.
+# Both sum exact products in float32 (orders differ: ~1e-4 at n = 4096 near zero); tgrad rounds to half (1 ulp: RTOL)
+RTOL, ATOL_PER_ROOT_K = 2e-3, 2e-4
+RTOL_BFLOAT16 = 1.6e-2   # 1 ulp of bfloat16 (8 significant bits)
 TC = Opt(OptOps.TC, 0, 0)
 def _opts(*spec: tuple[str, int, int]) -> list[Opt]:
   return [TC if op == "TC" else Opt(OptOps[op], axis, n) for op, axis, n in spec]
@@ -55,10 +63,12 @@ def kernel_seconds(item, opts: list[Opt] | None, name: str) -> tuple[float, np.n
     for opt in opts: kernel.apply_opt(opt)
   runner = compile_kernel("CUDA", kernel, name)
   out = Buffer("CUDA", item.outputs[0].size, item.outputs[0].dtype)
+  poison(out)   # a fresh allocation may reuse the last config's memory, with its right answer in it
   buffers = [out] + [lb.buffer for lb in item.inputs]
-  runner(buffers)
+  runner(buffers, wait=True)
+  got = out.copyout()   # the first run's output: checked by the caller
   seconds = min(runner(buffers, wait=True) for _ in range(KERNEL_RUNS))
-  return seconds, out.copyout(), kernel.applied_opts
+  return seconds, got, kernel.applied_opts
 
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__)
@@ -73,18 +83,24 @@ def main() -> None:
   a_np, b_np = (rng.standard_normal((n, n), dtype=np.float32).astype(np.float16) for _ in range(2))
   print(f"{n}x{n} fp16 matmul on {torch.cuda.get_device_name()}, torch {torch.__version__}")
   torch_a, torch_b = torch.from_numpy(a_np).cuda(), torch.from_numpy(b_np).cuda()
-  t_torch = torch_event_time(lambda: torch_a @ torch_b, repeats=KERNEL_RUNS)
+  t_torch = torch_kernel_time(lambda: torch_a @ torch_b, repeats=KERNEL_RUNS)
+  t_torch_e2e = wall_time(lambda: torch_a @ torch_b, repeats=KERNEL_RUNS)
   ref = (torch_a.float() @ torch_b.float()).cpu().numpy()
-  scale = np.abs(ref).max()
-  def report(label: str, seconds: float, got: np.ndarray | None = None, extra: str = "") -> None:
-    err = "" if got is None else \
-      f"  max err/max|ref| {np.abs(got.astype(np.float32).reshape(ref.shape) - ref).max() / scale:.1e}"
+  atol = ATOL_PER_ROOT_K * np.sqrt(n)
+  def report(label: str, seconds: float, got: np.ndarray | None = None, extra: str = "", torch_seconds: float = 0.0,
+             reference: np.ndarray = ref, rtol: float = RTOL) -> None:
+    err = ""
+    if got is not None:
+      ratio = error_ratio(got.astype(np.float32).reshape(reference.shape), reference, rtol, atol)
+      err = f"  err {ratio:.2f}{'' if ratio <= 1 else ' WRONG'}"
+    torch_seconds = torch_seconds or t_torch
     print(f"  {label:34s} {seconds * 1e6:9.1f} us {flops / seconds / 1e12:7.1f} TFLOP/s  "
-          f"{t_torch / seconds:5.2f}x torch{err}{extra}", flush=True)
-  report("torch fp16 (cuBLAS)", t_torch)
+          f"{torch_seconds / seconds:5.2f}x torch{err}{extra}", flush=True)
+  report("torch fp16 (cuBLAS), kernel", t_torch)
+  report("torch fp16 a @ b end to end", t_torch_e2e, torch_seconds=t_torch_e2e)
   x, y = Tensor(a_np, device="CUDA").realize(), Tensor(b_np, device="CUDA").realize()
-  t_tensor = cuda_event_time(lambda: (x @ y).realize(), repeats=KERNEL_RUNS)
-  report("tgrad x @ y end to end (default)", t_tensor, (x @ y).numpy())
+  t_tensor = wall_time(lambda: (x @ y).realize(), repeats=KERNEL_RUNS)
+  report("tgrad x @ y end to end (default)", t_tensor, (x @ y).numpy(), "  (vs torch end to end)", t_torch_e2e)
   (item,) = [i for i in create_schedule([(x @ y).lazydata]) if i.ast.op is Ops.SINK]
   seconds, got, opts = kernel_seconds(item, None, "tc_default")
   report("tgrad kernel, default opts", seconds, got.view(np.float16),
@@ -101,10 +117,12 @@ def main() -> None:
   report("default opts, b stored transposed", seconds, got.view(np.float16))
   xb, yb = x.cast(dtypes.bfloat16).realize(), y.cast(dtypes.bfloat16).realize()
   (bf_item,) = [i for i in create_schedule([(xb @ yb).lazydata]) if i.ast.op is Ops.SINK]
-  seconds, _, _ = kernel_seconds(bf_item, None, "tc_bf16")
-  t_torch_bf16 = torch_event_time(lambda: torch_a.bfloat16() @ torch_b.bfloat16(), repeats=KERNEL_RUNS)
-  print(f"  {'bf16 default opts':34s} {seconds * 1e6:9.1f} us {flops / seconds / 1e12:7.1f} TFLOP/s "
-        f"(torch bf16 incl. 2 casts: {flops / t_torch_bf16 / 1e12:.1f})", flush=True)
+  seconds, got, _ = kernel_seconds(bf_item, None, "tc_bf16")
+  torch_ab, torch_bb = torch_a.bfloat16(), torch_b.bfloat16()   # cast before timing, as tgrad's inputs are
+  t_torch_bf16 = torch_kernel_time(lambda: torch_ab @ torch_bb, repeats=KERNEL_RUNS)
+  bf16_values = (got.astype(np.uint32) << 16).view(np.float32)
+  report("bf16 default opts (vs torch bf16)", seconds, bf16_values, torch_seconds=t_torch_bf16,
+         reference=(torch_ab.float() @ torch_bb.float()).cpu().numpy(), rtol=RTOL_BFLOAT16)
   if args.beam:
     import tgrad.codegen.search as search
     search.SEARCH_DEADLINE_SECONDS = args.beam_seconds

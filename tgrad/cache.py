@@ -73,7 +73,8 @@ class KernelCache:
     row = (binary_key(src, target_key), len(binary), bytes(binary), time.time())
     self._run(lambda c: c.execute(f"INSERT OR REPLACE INTO {BINARIES} VALUES (?, ?, ?, ?)", row), None)
 
-  # *** opts chosen by search: key = sha256 of the canonical JSON of a dict of strings ***
+  # *** opts chosen by search: key = sha256 of the canonical JSON of a dict of strings (search.search_cache_key: the
+  # AST, device, processor, compiler, renderer, settings, action space, beam width and codegen.CODEGEN_VERSION) ***
 
   def get_opts(self, key: dict) -> Optional[list]:
     if not Context.CACHELEVEL: return None

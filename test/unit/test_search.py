@@ -1,7 +1,9 @@
 """Tests for tgrad/codegen/search.py on the LLVM (CPU) device: the searched opts verify against numpy, a candidate made
-wrong on purpose is rejected, winners round-trip through the cache across processes (the second process does not
-search), IGNORE_BEAM_CACHE searches again, and the cache key follows the device, NOOPT, the action space and the
-beam width. Most tests use a small action space so that a search takes seconds.
+wrong on purpose is rejected (a wrong kernel source; a fake runner that is 90% off on one small element, or that
+skips the elements where the reference holds the poison value), the per-element tolerance passes reordered sums only,
+winners round-trip through the cache across processes (the second process does not search), IGNORE_BEAM_CACHE
+searches again, and the cache key follows the device, NOOPT, the action space, the beam width and CODEGEN_VERSION.
+Most tests use a small action space so that a search takes seconds.
 """
 import json, os, subprocess, sys, types
 from pathlib import Path
@@ -116,6 +118,7 @@ def test_wrong_candidate_is_rejected(small_actions, fresh_cache, monkeypatch):
     return src.replace("fadd", "fsub")   # every optimized candidate subtracts instead of adding
   render_candidate = search.render_candidate
   monkeypatch.setattr(search, "render_candidate", render_wrongly)
+  monkeypatch.setattr(search, "EARLY_STOP_FACTOR", 1e9)   # on a loaded machine no candidate may skip verification
   result = search.search_kernel(kernel, 2)
   assert corrupted and result.stats.rejected >= 1
   assert result.opts == []   # only the unoptimized kernel is right
@@ -208,6 +211,117 @@ def test_outputs_match_tolerates_reassociation_only():
   assert not search.outputs_match(ints + 1, ints, dtypes.int32)
   poisoned_bools = np.array([0xFF, 1], np.uint8).view(np.bool_)   # numpy calls both True
   assert not search.outputs_match(poisoned_bools, np.ones(2, np.bool_), dtypes.bool)
+
+@pytest.mark.parametrize("dtype,terms", [(dtypes.float16, 1), (dtypes.bfloat16, 1), (dtypes.float32, 1),
+                                         (dtypes.float64, 1), (dtypes.float16, 1024), (dtypes.float32, 4096)], ids=str)
+def test_a_small_element_is_checked_on_its_own_scale(dtype, terms):
+  """90% off on one small element next to a 1000 is wrong, whatever else the output holds. (Before, the absolute
+  tolerance was a fraction of the output's largest value, so the 1000 let 1.0 become 0.1.)"""
+  values = np.concatenate([[1000.0, 1.0], np.random.default_rng(3).standard_normal(30)])
+  ref = _as_dtype(values, dtype)
+  wrong = _as_dtype(values * np.where(np.arange(values.size) == 1, 0.1, 1.0), dtype)
+  tolerance = search.output_tolerance(ref, dtype, dtype, terms)
+  assert not search.outputs_match(wrong, ref, dtype, tolerance)
+  assert search.outputs_match(ref.copy(), ref, dtype, tolerance)
+
+def _as_dtype(values: np.ndarray, dtype) -> np.ndarray:
+  """float values as the array that holds dtype's bits (bfloat16 as uint16, truncated)."""
+  if dtype == dtypes.bfloat16: return (values.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
+  return values.astype(dtype.np)
+
+def test_tolerance_covers_reordered_sums_only():
+  """float32 sums of 4096 random terms, summed in another order, pass (near-zero sums included); the same sums with
+  the one nearest zero off by 0.1 do not."""
+  rng = np.random.default_rng(4)
+  terms = rng.standard_normal((2000, 4096)).astype(np.float32)
+  sequential = np.zeros(2000, np.float32)
+  for column in terms.T: sequential += column   # the unoptimized kernel's order
+  blocked = terms.reshape(2000, 64, 64).sum(2, dtype=np.float32).sum(1, dtype=np.float32)   # a candidate's order
+  tolerance = search.output_tolerance(sequential, dtypes.float32, dtypes.float32, 4096)
+  assert search.outputs_match(blocked, sequential, dtypes.float32, tolerance)
+  nearest_zero = int(np.abs(sequential).argmin())
+  blocked[nearest_zero] += 0.1   # a tenth, next to sums of ±250: a max-scaled tolerance (0.25) let it through
+  assert not search.outputs_match(blocked, sequential, dtypes.float32, tolerance)
+
+def test_tolerance_of_small_outputs_stays_small():
+  """A mean over many terms is small everywhere: its tolerance shrinks with the output's RMS."""
+  ref = np.random.default_rng(5).standard_normal(100).astype(np.float32) * 1e-3
+  tolerance = search.output_tolerance(ref, dtypes.float32, dtypes.float32, 1 << 20)
+  assert tolerance.atol <= 1e-3 * 2e-3
+  assert not search.outputs_match(ref * 0.5, ref, dtypes.float32, tolerance)
+
+def test_kernel_numerics_names_the_least_precise_float_and_the_reduce_size():
+  x = realized(np.ones((8, 300), np.float16))
+  item = create_schedule([x.cast(dtypes.float32).r(Ops.ADD, (1,))])[-1]
+  assert search.kernel_numerics(Kernel(item.ast, Device[DEVICE].renderer)) == (dtypes.float16, 300)
+  item = create_schedule([realized(np.ones(5, np.int32)).alu(Ops.ADD, realized(np.ones(5, np.int32)))])[-1]
+  assert search.kernel_numerics(Kernel(item.ast, Device[DEVICE].renderer)) == (None, 1)
+
+# ---- verification with a fake candidate: a Python runner that writes what the test chooses
+
+def search_with_reference(out: LazyBuffer) -> tuple[search._Search, Kernel]:
+  """A _Search for out's kernel with its reference taken from the real unoptimized kernel."""
+  item = create_schedule([out])[-1]
+  kernel = Kernel(item.ast, Device[DEVICE].renderer)
+  beam = search._Search(kernel, 1)
+  beam.take_reference(search._Candidate(kernel, "", runner=compile_kernel(DEVICE, kernel.copy())))
+  return beam, kernel
+
+def fake_candidate(kernel: Kernel, output: np.ndarray, written: np.ndarray) -> search._Candidate:
+  """A candidate whose 'kernel' stores output[written] into buffer 0 and leaves the other elements as they were."""
+  def run(buffers, wait=False) -> float:
+    current = buffers[0].copyout()
+    current[written] = output[written]
+    buffers[0].copyin(current)
+    return 1e-6
+  return search._Candidate(kernel.copy(), "", runner=run)
+
+@pytest.mark.parametrize("case", ["nan", "minus_one"])
+def test_unwritten_elements_are_rejected_where_the_reference_holds_the_poison(fresh_cache, case):
+  """sqrt of random normals is NaN at about half the elements, and max(x, -1) of random ints is -1 at many: exactly
+  what the 0xFF poison reads as. A candidate that writes only the other elements holds NaN / -1 there after a
+  0xFF-poisoned run, so one poison can't see it; the run with the second poison does."""
+  if case == "nan":
+    x = realized(np.zeros(256, np.float32))
+    out = x.alu(Ops.SQRT)
+  else:
+    x = realized(np.zeros(256, np.int32))
+    out = x.alu(Ops.MAX, x.const(-1))
+  beam, kernel = search_with_reference(out)
+  reference = beam.reference[0]
+  poison_like = np.isnan(reference) if case == "nan" else reference == -1
+  assert 20 < poison_like.sum() < 236   # the random inputs give both kinds of element
+  everything = np.ones(reference.shape, bool)
+  assert beam.verify(fake_candidate(kernel, reference, everything))     # the fake runner itself is right
+  skipping = fake_candidate(kernel, reference, ~poison_like)
+  assert not beam.verify(skipping) and beam.stats.rejected == 1
+  assert search.outputs_match(beam.checked_run(skipping, search.POISON_BYTES[0])[0], reference, out.dtype,
+                              beam.tolerances[0])   # what a single 0xFF-poisoned run would have accepted
+
+def test_a_small_wrong_element_is_rejected_by_verify(fresh_cache):
+  """exp2(10·x) of random normals spans 2^-30 to 2^30. The element nearest 1.0, off by 90%, is rejected: a tolerance
+  scaled by the output's largest value (~1e9) let it through."""
+  x = realized(np.zeros(512, np.float32))
+  beam, kernel = search_with_reference(x.alu(Ops.MUL, x.const(10.0)).alu(Ops.EXP2))
+  reference = beam.reference[0]
+  near_one = int(np.abs(reference - 1).argmin())
+  assert 0.5 < reference[near_one] < 2 and np.abs(reference).max() > 1e5
+  wrong = reference.copy()
+  wrong[near_one] *= np.float32(0.1)
+  everything = np.ones(reference.shape, bool)
+  assert beam.verify(fake_candidate(kernel, reference, everything))
+  assert not beam.verify(fake_candidate(kernel, wrong, everything))
+
+def test_bumping_the_codegen_version_misses_the_cache(small_actions, fresh_cache, monkeypatch):
+  import tgrad.codegen
+  kernel, _, _ = row_sum_case(8, 32)
+  assert not search.search_kernel(kernel, 1).stats.from_cache
+  assert search.search_kernel(kernel, 1).stats.from_cache
+  key = search.search_cache_key(kernel, 1)
+  monkeypatch.setattr(tgrad.codegen, "CODEGEN_VERSION", tgrad.codegen.CODEGEN_VERSION + 1)
+  assert search.search_cache_key(kernel, 1)["codegen"] != key["codegen"]
+  assert not search.search_kernel(kernel, 1).stats.from_cache   # searched (and verified) again
+  assert search.search_kernel(kernel, 1).stats.from_cache
 
 def test_action_space_is_legal_json_and_hashed():
   assert len(set(search.ACTIONS)) == len(search.ACTIONS)

@@ -3,7 +3,10 @@ kernel, and cached on disk so that a second process does not search again.
 
 Input: a Kernel (normally fresh from the scheduler) and a beam width. Output: the Opts to apply to it. Each round
 applies every legal action (ACTIONS) to every beam member, dedupes the children by rendered source, compiles them in
-spawned worker processes, times each on the device and keeps the `beam_width` fastest that verified. See DESIGN.md §5.
+spawned worker processes, times each on the device and keeps the `beam_width` fastest that verified. A candidate
+verifies when, run twice from the same random inputs with its outputs poisoned by two different byte patterns, it
+leaves the inputs alone, gives the same bytes both times (so it wrote every element) and matches the unoptimized
+kernel element by element (ints exactly, floats within a per-element tolerance). See DESIGN.md §5.
 """
 from __future__ import annotations
 import atexit, contextlib, hashlib, json, multiprocessing, pickle, signal, sys, time
@@ -11,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator, Optional
 import numpy as np
 from tqdm import tqdm
+from tgrad import codegen
 from tgrad.cache import get_cache
 from tgrad.codegen.kernel import Kernel, KernelOptError, Opt, OptOps
 from tgrad.codegen.heuristics import hand_coded_optimizations
@@ -52,10 +56,24 @@ SEARCH_DEADLINE_SECONDS = 300.0  # the whole search of one kernel; past it, the 
 COMPILE_WORKERS = 0         # worker processes; 0 means one per CPU core
 # ---- verifying
 RANDOM_INT_LIMIT = 16       # random integer inputs lie in [-16, 16): index-like values, products that stay exact
-POISON_BYTE = 0xFF          # every output byte before a checked run: NaN for floats, -1 for ints, 255 for bools
-# relative tolerance per float dtype for reassociated sums and fused multiply-adds; the absolute tolerance is the same
-# fraction of the output's largest finite magnitude (a sum of many terms can cancel to near 0)
-FLOAT_TOLERANCE = {dtypes.float16: 2e-2, dtypes.bfloat16: 5e-2, dtypes.float32: 1e-3, dtypes.float64: 1e-9}
+# every output byte before a checked run. Each kernel runs once with each pattern and must give the same bytes both
+# times, so an element it never writes differs between its two runs whatever the reference holds there (a NaN or -1
+# that the kernel computes). 0xFF: NaN for floats, -1 for signed ints, 255 for bools; 0x5A: a finite float
+# (1.5e16 as float32, 203.25 as float16), a large positive int, an invalid bool
+POISON_BYTES = (0xFF, 0x5A)
+# Float outputs match element by element: |out - ref| <= atol + rtol·|ref|.
+# rtol, by the output's dtype: candidates round their last step differently, and may sum in another order
+FLOAT_RTOL = {dtypes.float16: 2e-2, dtypes.bfloat16: 5e-2, dtypes.float32: 1e-3, dtypes.float64: 1e-9}
+# atol = FLOAT_ATOL[d]·√terms, where d is the least precise float the kernel computes in (the largest entry) and terms
+# the values combined into each output element (the reduce size, 1 for an elementwise kernel). The inputs are random
+# and O(1), so where a sum cancels to near 0, a reordered sum or terms rounded differently (half products are exact
+# on tensor cores, rounded to half elsewhere) differ by a few unit roundoffs of d times √terms; these constants hold
+# 6σ of that up to 10^6 terms (float32: sequential accumulation, error ∝ terms, is the larger part there)
+FLOAT_ATOL = {dtypes.float16: 5e-3, dtypes.bfloat16: 2e-2, dtypes.float32: 2e-4, dtypes.float64: 1e-12}
+# ...but at most FLOAT_RTOL[d] times the reference's root mean square when it has RMS_CAP_MIN_ELEMENTS or more
+# elements: an output whose values are all small (a mean over many terms) keeps a tolerance in proportion. A few large
+# elements raise the RMS, never the √terms bound; fewer elements give no typical size (one sum may land near 0)
+RMS_CAP_MIN_ELEMENTS = 16
 
 def action_space_hash() -> str:
   """sha256 of the action space's JSON: part of the cache key, so changing ACTIONS invalidates cached winners."""
@@ -81,13 +99,14 @@ def renderer_flags(renderer: Any) -> str:
 
 def search_cache_key(kernel: Kernel, beam_width: int, device: Optional[Compiled] = None) -> dict:
   """Everything a searched winner depends on: the AST, the opts already applied, the device and its processor, the
-  compiler and renderer settings, the code-changing switches, the CPU threads, the action space and the beam width."""
+  compiler and renderer settings, the code-changing switches, the CPU threads, the action space, the beam width and
+  the version of the code generator (codegen.CODEGEN_VERSION) that produced and verified it."""
   device = device or Device[kernel.renderer.device]
   return {"ast": kernel.ast.key, "start_opts": json.dumps([opt.to_json() for opt in kernel.applied_opts]),
           "device": device.name, "arch": device_arch(device), "compiler": device.compiler.cache_key,
           "renderer": renderer_flags(kernel.renderer), "settings": repr(settings_key()),
           "threads": str(cpu_count() if kernel.renderer.has_threads else 0),
-          "actions": action_space_hash(), "beam": str(beam_width)}
+          "actions": action_space_hash(), "beam": str(beam_width), "codegen": str(codegen.CODEGEN_VERSION)}
 
 # ---- results
 
@@ -162,16 +181,48 @@ def random_data(dtype: DType, size: int, rng: np.random.Generator) -> np.ndarray
   if dtype.is_bool: return rng.integers(0, 2, size).astype(np.bool_)
   return rng.integers(0 if dtype.is_unsigned else -RANDOM_INT_LIMIT, RANDOM_INT_LIMIT, size).astype(dtype.np)
 
-def outputs_match(out: np.ndarray, ref: np.ndarray, dtype: DType) -> bool:
-  """Equal bytes for ints and bools (a poisoned bool byte 0xFF is not True); for floats close within FLOAT_TOLERANCE,
-  with NaN where the reference has NaN."""
+@dataclass(frozen=True)
+class Tolerance:
+  """How far a float output element may be from the reference: |out - ref| <= atol + rtol·|ref|, element by element."""
+  rtol: float
+  atol: float
+
+def _float_view(x: np.ndarray, dtype: DType) -> np.ndarray:
+  """The values of a float buffer as float64 (bfloat16 arrives as its uint16 bits)."""
+  if dtype == dtypes.bfloat16: x = (x.astype(np.uint32) << 16).view(np.float32)
+  return x.astype(np.float64)
+
+def output_tolerance(ref: np.ndarray, dtype: DType, least_precise: Optional[DType] = None, terms: int = 1) -> Tolerance:
+  """The per-element tolerance for a float output of `dtype` whose reference is `ref`, for a kernel that computes in
+  `least_precise` (default: `dtype`) and combines `terms` values into each output element (see FLOAT_ATOL)."""
+  if terms < 1: raise ValueError(f"an output element combines at least 1 term, got {terms}")
+  least_precise = least_precise or dtype
+  rtol = FLOAT_RTOL.get(dtype, FLOAT_RTOL[dtypes.float32])
+  atol = FLOAT_ATOL.get(least_precise, FLOAT_ATOL[dtypes.float32]) * float(np.sqrt(terms))
+  values = _float_view(ref, dtype)
+  finite = values[np.isfinite(values)]
+  if finite.size >= RMS_CAP_MIN_ELEMENTS:
+    atol = min(atol, FLOAT_RTOL.get(least_precise, FLOAT_RTOL[dtypes.float32]) * float(np.sqrt(np.mean(finite ** 2))))
+  return Tolerance(rtol, atol)
+
+def outputs_match(out: np.ndarray, ref: np.ndarray, dtype: DType, tolerance: Optional[Tolerance] = None) -> bool:
+  """Equal bytes for ints and bools (a poisoned bool byte 0xFF is not True); for floats, every element within
+  `tolerance` of the reference's (default: output_tolerance of an elementwise kernel), NaN where the reference has
+  NaN, the same infinities."""
   if not dtype.is_float: return bool(np.array_equal(out.view(np.uint8), ref.view(np.uint8)))
-  if dtype == dtypes.bfloat16: out, ref = [(x.astype(np.uint32) << 16).view(np.float32) for x in (out, ref)]
-  out, ref = out.astype(np.float64), ref.astype(np.float64)
-  finite = np.isfinite(ref)
-  scale = max(1.0, float(np.abs(ref[finite]).max())) if finite.any() else 1.0
-  tolerance = FLOAT_TOLERANCE.get(dtype, FLOAT_TOLERANCE[dtypes.float32])
-  return bool(np.isclose(out, ref, rtol=tolerance, atol=tolerance * scale, equal_nan=True).all())
+  tolerance = tolerance or output_tolerance(ref, dtype)
+  return bool(np.isclose(_float_view(out, dtype), _float_view(ref, dtype), rtol=tolerance.rtol, atol=tolerance.atol,
+                         equal_nan=True).all())
+
+def same_bytes(a: np.ndarray, b: np.ndarray) -> bool: return bool(np.array_equal(a.view(np.uint8), b.view(np.uint8)))
+
+def kernel_numerics(kernel: Kernel) -> tuple[Optional[DType], int]:
+  """(the least precise float dtype the kernel's AST computes in or None, the values combined into each output
+  element): what output_tolerance needs to know about a kernel."""
+  floats = {u.dtype for u in kernel.ast.toposort() if u.dtype.is_float}
+  least_precise = max(floats, key=lambda d: FLOAT_ATOL.get(d, FLOAT_ATOL[dtypes.float32])) if floats else None
+  base = Kernel(kernel.ast, kernel.renderer)
+  return least_precise, max(prod(base.full_shape) // max(prod(base.output_shape), 1), 1)
 
 # ---- compiling in worker processes: they get source text and return bytes; they never touch a device
 
@@ -266,6 +317,7 @@ class _Search:
     self.initial = {i: random_data(self.dtypes[i], b.size, rng) for i, b in enumerate(self.buffers)
                     if i not in self.outputs or i in read}
     self.reference: dict[int, np.ndarray] = {}
+    self.tolerances: dict[int, Optional[Tolerance]] = {}   # per float output, from the reference (take_reference)
 
   @property
   def deadline_passed(self) -> bool:
@@ -307,8 +359,7 @@ class _Search:
     if reference is None: raise RuntimeError(f"the unoptimized kernel {self.start.name} doesn't render")
     self.finish_compiles([reference])
     if reference.runner is None: raise RuntimeError(f"the unoptimized kernel {self.start.name} doesn't compile")
-    try: self.reference, reference.verified = self.checked_run(reference), True
-    except _WroteInput as error: raise RuntimeError(f"the unoptimized kernel {self.start.name} wrote {error}") from None
+    self.take_reference(reference)
     self.best = reference
     self.record_timing(reference)
     heuristic_kernel = self.start.copy()
@@ -447,22 +498,45 @@ class _Search:
 
   # ---- checking a candidate against the unoptimized kernel
 
-  def checked_run(self, candidate: _Candidate) -> dict[int, np.ndarray]:
-    """Run once from fresh inputs with poisoned outputs; returns the outputs. Raises if the kernel wrote an input."""
-    poison = {i: np.full(self.buffers[i].nbytes, POISON_BYTE, np.uint8) for i in self.outputs if i not in self.initial}
+  def checked_run(self, candidate: _Candidate, poison_byte: int) -> dict[int, np.ndarray]:
+    """Run once from fresh inputs with the outputs filled with `poison_byte`; returns the outputs. Raises _WroteInput
+    if the kernel changed an input. An output the kernel also reads (an in-place update) starts from its random data
+    instead of poison, so an element it skips there is caught only where the right value differs from the old one."""
+    poison = {i: np.full(self.buffers[i].nbytes, poison_byte, np.uint8) for i in self.outputs if i not in self.initial}
     for i, data in self.initial.items(): self.buffers[i].copyin(data)
     for i, data in poison.items(): self.buffers[i].copyin(data.view(self.dtypes[i].np))
     candidate.times.append(candidate.runner(self.buffers, wait=True))
     for i, data in self.initial.items():
-      if i not in self.outputs and not np.array_equal(self.buffers[i].copyout().view(np.uint8), data.view(np.uint8)):
-        raise _WroteInput(f"buffer {i}")
+      if i not in self.outputs and not same_bytes(self.buffers[i].copyout(), data): raise _WroteInput(f"buffer {i}")
     return {i: self.buffers[i].copyout() for i in self.outputs}
 
+  def poisoned_runs(self, candidate: _Candidate) -> tuple[dict[int, np.ndarray], list[int]]:
+    """One checked run per POISON_BYTES pattern: (the first run's outputs, the outputs whose bytes differ between the
+    runs, i.e. that hold an element the kernel never wrote)."""
+    first, *others = [self.checked_run(candidate, poison_byte) for poison_byte in POISON_BYTES]
+    return first, [i for i in self.outputs if any(not same_bytes(first[i], other[i]) for other in others)]
+
+  def take_reference(self, reference: _Candidate) -> None:
+    """The unoptimized kernel's outputs become the reference, with each float output's per-element tolerance. It must
+    leave its inputs alone and write every output element."""
+    name = self.start.name
+    try: outputs, unwritten = self.poisoned_runs(reference)
+    except _WroteInput as error: raise RuntimeError(f"the unoptimized kernel {name} wrote {error}") from None
+    if unwritten: raise RuntimeError(f"the unoptimized kernel {name} leaves elements of output buffer(s) {unwritten} "
+                                     f"unwritten (they differ between runs with poison bytes {POISON_BYTES})")
+    self.reference, reference.verified = outputs, True
+    least_precise, terms = kernel_numerics(self.start)
+    self.tolerances = {i: output_tolerance(outputs[i], self.dtypes[i], least_precise, terms) if self.dtypes[i].is_float
+                       else None for i in self.outputs}
+
   def verify(self, candidate: _Candidate) -> bool:
+    """A candidate is right if it leaves its inputs alone, writes every output element (the same bytes after either
+    poison) and matches the reference element by element."""
     if candidate.verified is None:
       try:
-        outputs = self.checked_run(candidate)
-        candidate.verified = all(outputs_match(outputs[i], self.reference[i], self.dtypes[i]) for i in self.outputs)
+        outputs, unwritten = self.poisoned_runs(candidate)
+        candidate.verified = not unwritten and all(
+          outputs_match(outputs[i], self.reference[i], self.dtypes[i], self.tolerances[i]) for i in self.outputs)
       except _WroteInput:
         candidate.verified = False
       if not candidate.verified:

@@ -318,6 +318,19 @@ def _unroll_loop(kernel: Kernel) -> None:
   if loop < kernel.first_upcast and (unroll := _divisor_at_most(kernel.full_shape[loop], MATVEC_MAX_UNROLL)) > 1:
     try_opt(kernel, Opt(OptOps.UNROLL, kernel.group_for_reduces, unroll))
 
+def _k_group(kernel: Kernel, threads: int, power_of_two: bool) -> int:
+  """Threads to split the reduce axis across: its largest divisor up to `threads` (a power of two if asked). When none
+  reaches half of `threads` (an odd or prime K), K is first padded (PADTO: the padding adds zeros to the sum) to a
+  multiple of the largest power of two up to `threads`."""
+  if threads < 2: return 1
+  def best(size: int) -> int:
+    if not power_of_two: return _divisor_at_most(size, threads)
+    return max(d for d in (1 << i for i in range(threads.bit_length())) if d <= threads and size % d == 0)
+  if 2 * (group := best(kernel.full_shape[kernel.first_reduce])) > threads: return group
+  if try_opt(kernel, Opt(OptOps.PADTO, kernel.first_reduce, 1 << (threads.bit_length() - 1))):
+    group = best(kernel.full_shape[kernel.first_reduce])
+  return group
+
 def _matvec_rows(kernel: Kernel, n_axis: int) -> None:
   """W[N, K] with K contiguous: thread t of a row's group reads 16-byte vectors t, t + group, … of the row, so a
   warp's loads cover contiguous bytes; LOCAL puts several rows in a block."""
@@ -325,8 +338,7 @@ def _matvec_rows(kernel: Kernel, n_axis: int) -> None:
   itemsize = max(u.dtype.itemsize for u in kernel.memops if u.op is Ops.LOAD)
   if (lanes := _vector_lanes(kernel, k_size)) > 1: try_opt(kernel, Opt(OptOps.UNROLL, 0, lanes))
   threads = min(MATVEC_MAX_ROW_THREADS, k_size * itemsize // MATVEC_ROW_BYTES)
-  if (group := _divisor_at_most(kernel.full_shape[kernel.first_reduce], threads)) > 1:
-    try_opt(kernel, Opt(OptOps.GROUP, 0, group))
+  if (group := _k_group(kernel, threads, power_of_two=False)) > 1: try_opt(kernel, Opt(OptOps.GROUP, 0, group))
   _unroll_loop(kernel)
   rows = kernel.full_shape[n_axis]
   per_block = _divisor_at_most(rows, MATVEC_ROWS_PER_BLOCK)
@@ -342,10 +354,8 @@ def _matvec_columns(kernel: Kernel, n_axis: int) -> None:
   if lanes > 1: try_opt(kernel, Opt(OptOps.UPCAST, n_axis, lanes))
   if (threads := _divisor_at_most(kernel.full_shape[n_axis], MATVEC_COLUMN_THREADS)) > 1:
     try_opt(kernel, Opt(OptOps.LOCAL, n_axis, threads))
-  k_size = kernel.full_shape[kernel.first_reduce]
-  group = 1 << (min(MATVEC_MAX_K_GROUP, max(k_size // MATVEC_MIN_K_PER_THREAD, 1)).bit_length() - 1)
-  while group > 1 and k_size % group: group //= 2
-  if group > 1: try_opt(kernel, Opt(OptOps.GROUPTOP, 0, group))
+  threads = min(MATVEC_MAX_K_GROUP, kernel.full_shape[kernel.first_reduce] // MATVEC_MIN_K_PER_THREAD)
+  if (group := _k_group(kernel, threads, power_of_two=True)) > 1: try_opt(kernel, Opt(OptOps.GROUPTOP, 0, group))
   _unroll_loop(kernel)
 
 def _gpu_rules(kernel: Kernel) -> None:

@@ -4,8 +4,9 @@ Buffers are `data0..N` (`const T* __restrict__` when only read); SPECIAL gidx0..
 .x..z; RANGE/ENDRANGE are `for` loops, DEFINE_ACC a local variable, DEFINE_LOCAL a `__shared__` array. Semantics are
 the Ops docstring's, as llvmir.py renders them: guarded integer division, NaN-propagating MAX, saturating float→int
 casts, wrapping signed arithmetic, half/bfloat16 math done in float and rounded after every op. `vector_groups`
-turns runs of contiguous, aligned scalar loads/stores into float4-style vector accesses. On sm_80+ WMMA is an inline
-`mma.sync` (tensor cores): fragments are scalar variables, half/bfloat16 pairs packed into 32-bit registers.
+turns runs of contiguous, aligned scalar loads/stores into float4-style vector accesses (16-bit values that ALU ops
+read: 8 per 16-byte uint4). On sm_80+ WMMA is an inline `mma.sync` (tensor cores): fragments are scalar variables,
+half/bfloat16 pairs packed into 32-bit registers.
 """
 from __future__ import annotations
 import math

@@ -3,7 +3,8 @@
 `hand_coded_optimizations(kernel)` applies Opts in place; every rule tries its Opt and moves on if the kernel
 refuses it (KernelOptError), so a rule never makes a kernel illegal. CPU (LLVM) rules: a register tile for
 reductions that reuse loads across two output axes (matmul-like), then THREAD across cores for big kernels.
-GPU rules live in `_gpu_rules`; a half/bfloat16 matmul goes to tensor cores first (`_tensor_cores`).
+GPU rules live in `_gpu_rules`: a matrix–vector product (`matvec_layout`: M ≤ 8 rows of x times a weight matrix)
+gets the bandwidth rules of `_matvec`; a half/bfloat16 matmul goes to tensor cores (`_tensor_cores`).
 """
 from __future__ import annotations
 import math

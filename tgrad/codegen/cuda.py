@@ -4,8 +4,9 @@ Buffers are `data0..N` (`const T* __restrict__` when only read); SPECIAL gidx0..
 .x..z; RANGE/ENDRANGE are `for` loops, DEFINE_ACC a local variable, DEFINE_LOCAL a `__shared__` array. Semantics are
 the Ops docstring's, as llvmir.py renders them: guarded integer division, NaN-propagating MAX, saturating float→int
 casts, wrapping signed arithmetic, half/bfloat16 math done in float and rounded after every op. `vector_groups`
-turns runs of contiguous, aligned scalar loads/stores into float4-style vector accesses. On sm_80+ WMMA is an inline
-`mma.sync` (tensor cores): fragments are scalar variables, half/bfloat16 pairs packed into 32-bit registers.
+turns runs of contiguous, aligned scalar loads/stores into float4-style vector accesses (16-bit values that ALU ops
+read: 8 per 16-byte uint4). On sm_80+ WMMA is an inline `mma.sync` (tensor cores): fragments are scalar variables,
+half/bfloat16 pairs packed into 32-bit registers.
 """
 from __future__ import annotations
 import math
@@ -40,6 +41,13 @@ class VectorType:
   name: str        # the CUDA vector type (make_<name> builds one)
   lanes: int
   lane_type: str   # the C type of one lane (.x)
+  per_word: int = 1   # lanes packed into each 32-bit word of the vector (2: 16-bit lanes of a uint4)
+  def lane(self, vector: str, lane: int) -> str:
+    """The C expression of one lane of a loaded vector."""
+    if self.per_word == 1: return f"{vector}.{LANES[lane]}"
+    bits = 32 // self.per_word
+    word, shift = f"{vector}.{LANES[lane // self.per_word]}", bits * (lane % self.per_word)
+    return f"({self.lane_type})({word} >> {shift})" if shift else f"({self.lane_type}){word}"
 
 # per dtype: lanes × itemsize ≤ VECTOR_BYTES and lanes ≤ 4, the most an UPCAST of 4 gives one access
 VECTOR_TYPES: dict[DType, VectorType] = {
@@ -51,6 +59,13 @@ VECTOR_TYPES: dict[DType, VectorType] = {
   dtypes.float64: VectorType("double2", 2, "double"), dtypes.int64: VectorType("longlong2", 2, "long long"),
   dtypes.uint64: VectorType("ulonglong2", 2, "unsigned long long")}
 LANES = "xyzw"
+# 16-byte loads of 8 16-bit lanes (a uint4, each lane shifted out of its word): the widest load for half/bfloat16. Used
+# for global loads that ALU ops read (a matrix–vector product's weight rows); stores, shared memory and tensor-core
+# fragments keep VECTOR_TYPES, whose lanes match the copies and fragments built from them.
+WIDE_LOAD_TYPES: dict[DType, VectorType] = {
+  dt: VectorType("uint4", 8, lane_type, per_word=2)
+  for dt, lane_type in ((dtypes.float16, "unsigned short"), (dtypes.bfloat16, "unsigned short"),
+                        (dtypes.int16, "short"), (dtypes.uint16, "unsigned short"))}
 _FLOAT_INTRINSICS = {Ops.EXP2: "exp2", Ops.LOG2: "log2", Ops.SIN: "sin", Ops.SQRT: "sqrt", Ops.TRUNC: "trunc"}
 _INFIX = {Ops.ADD: "+", Ops.MUL: "*", Ops.FDIV: "/", Ops.CMPLT: "<", Ops.CMPNE: "!=", Ops.AND: "&", Ops.OR: "|",
           Ops.XOR: "^", Ops.SHL: "<<", Ops.SHR: ">>"}
@@ -168,7 +183,18 @@ def vector_groups(uops: list[UOp]) -> dict[int, VectorAccess]:
   """Find groups of LOADs (STOREs) of lanes consecutive elements of a buffer whose first index is provably a
   multiple of lanes (so the address is aligned), in one loop body, with the same valid. A global buffer that is both
   read and written is left alone; in a shared array no access of the other kind may lie between a group's first and
-  last access. Either way, doing the group's accesses at once can't change what a load sees."""
+  last access. Either way, doing the group's accesses at once can't change what a load sees. Global loads that only
+  ALU ops read are grouped in WIDE_LOAD_TYPES first (16-byte loads of 16-bit values), the rest in VECTOR_TYPES."""
+  kept_whole = {u.src[2] for u in uops if u.op is Ops.STORE} | \
+               {s for u in uops if u.op is Ops.VECTORIZE for s in u.src}   # copies and fragments keep their lanes
+  def wide(u: UOp) -> bool: return u.op is Ops.LOAD and u.src[0].op is Ops.DEFINE_GLOBAL and u not in kept_whole
+  groups = _vector_groups(uops, WIDE_LOAD_TYPES, wide)
+  groups.update(_vector_groups(uops, VECTOR_TYPES, lambda u: True, frozenset(groups)))
+  return groups
+
+def _vector_groups(uops: list[UOp], types: dict[DType, VectorType], eligible, taken: frozenset[int] = frozenset()) \
+    -> dict[int, VectorAccess]:
+  """vector_groups for the accesses `eligible` accepts, not at the positions `taken`, with one table of types."""
   stored = {u.src[0] for u in uops if u.op is Ops.STORE}
   loaded = {u.src[0] for u in uops if u.op is Ops.LOAD}
   scopes = _scope_ids(uops)
@@ -176,11 +202,12 @@ def vector_groups(uops: list[UOp]) -> dict[int, VectorAccess]:
   for pos, u in enumerate(uops):
     if u.op not in (Ops.LOAD, Ops.STORE) or u.src[0].op not in (Ops.DEFINE_GLOBAL, Ops.DEFINE_LOCAL): continue
     if u.op is Ops.LOAD and isinstance(u.arg, MatrixLoad): continue
+    if pos in taken or not eligible(u): continue
     buffer = u.src[0]
     if buffer.op is Ops.DEFINE_GLOBAL and buffer in stored and buffer in loaded: continue
     dtype = u.dtype if u.op is Ops.LOAD else u.src[2].dtype
-    if dtype not in VECTOR_TYPES: continue
-    lanes = VECTOR_TYPES[dtype].lanes
+    if dtype not in types: continue
+    lanes = types[dtype].lanes
     if (split := _aligned_base(u.src[1], lanes)) is None: continue
     base, lane = split
     valid_at = 3 if u.op is Ops.STORE else 2
@@ -190,7 +217,7 @@ def vector_groups(uops: list[UOp]) -> dict[int, VectorAccess]:
     candidates.setdefault(key, {}).setdefault(lane, pos)
   groups: dict[int, VectorAccess] = {}
   for (op, buffer, *_), by_lane in candidates.items():
-    vector = VECTOR_TYPES[buffer.dtype]
+    vector = types[buffer.dtype]
     if sorted(by_lane) != list(range(vector.lanes)): continue
     positions = [by_lane[lane] for lane in range(vector.lanes)]
     if buffer.op is Ops.DEFINE_LOCAL and any(uops[p].op is not op and uops[p].op in (Ops.LOAD, Ops.STORE) and
@@ -477,9 +504,10 @@ class _KernelWriter:
       self.vector_names[id(access)] = name
       loaded = f"*((const {vector.name}*)({self.value(u.src[0])} + {self.offset(u.src[1], lane)}))"
       if valid is not None:
-        loaded = f"({self.value(valid)} ? {loaded} : make_{vector.name}({', '.join(['0'] * vector.lanes)}))"
+        zeros = ", ".join(["0"] * (vector.lanes // vector.per_word))
+        loaded = f"({self.value(valid)} ? {loaded} : make_{vector.name}({zeros}))"
       self.line(f"const {vector.name} {name} = {loaded};")
-    element = f"{self.vector_names[id(access)]}.{LANES[lane]}"
+    element = vector.lane(self.vector_names[id(access)], lane)
     if u.dtype == dtypes.float16 or u in self.packed: self.half_bits[u] = element
     if u in self.packed and u not in self.read_as_float: return   # only packed into fragments: the bits suffice
     if vector.lane_type == REGISTER_TYPES[u.dtype]: self.names[u] = element   # the lane is the value

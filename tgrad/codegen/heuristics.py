@@ -3,10 +3,13 @@
 `hand_coded_optimizations(kernel)` applies Opts in place; every rule tries its Opt and moves on if the kernel
 refuses it (KernelOptError), so a rule never makes a kernel illegal. CPU (LLVM) rules: a register tile for
 reductions that reuse loads across two output axes (matmul-like), then THREAD across cores for big kernels.
-GPU rules live in `_gpu_rules`; a half/bfloat16 matmul goes to tensor cores first (`_tensor_cores`).
+GPU rules live in `_gpu_rules`: a matrix–vector product (`matvec_layout`: M ≤ 8 rows of x times a weight matrix)
+gets the bandwidth rules of `_matvec`; a half/bfloat16 matmul goes to tensor cores (`_tensor_cores`).
 """
 from __future__ import annotations
 import math
+from dataclasses import dataclass
+from typing import Optional
 from tgrad.codegen.kernel import Kernel, KernelOptError, Opt, OptOps
 from tgrad.ops import Ops
 from tgrad.helpers import cpu_count, prod
@@ -238,7 +241,126 @@ def _tensor_cores(kernel: Kernel) -> bool:
     try_opt(kernel, Opt(OptOps.UPCAST, use.rows_axis, rows))
   return True
 
+# Matrix–vector products (M ≤ MATVEC_MAX_M rows of x times a weight matrix W): memory bound, so every rule is about
+# reading W once at full bandwidth with enough loads in flight. Constants from bench/matvec.py --sweep on an H100
+# (gemma-3-270m's decode shapes; docs/benchmarks.md): the 262144×640 head reads W at 92–93% of DRAM bandwidth with
+# these rules (torch: 91% fp32, 84% fp16); the 2048×640 and 640×2048 projections take ~4.5 µs, which is launch latency
+# more than bandwidth, for every candidate.
+MATVEC_MAX_M = 8
+GPU_VECTOR_BYTES = 16          # the widest load: float4, 8 halves
+# W[N, K] with K contiguous (torch.nn.Linear's layout, y = x·Wᵀ): a group of threads shares each row (GROUP, combined in
+# shared memory), each thread reading MATVEC_ROW_BYTES of it in 16-byte loads, all unrolled; rows per block by LOCAL.
+# Head sweep: 32 bytes per thread (fp32 80 threads, fp16 40) 92–93%; 64 bytes 93% fp32 but 84% fp16 with 2 rows per
+# thread; more rows per thread (UPCAST) never helped.
+MATVEC_ROW_BYTES = 32
+MATVEC_MAX_ROW_THREADS = 128
+MATVEC_MAX_UNROLL = 4          # a thread's loads of one row (or K steps) unrolled: all in flight at once
+MATVEC_ROWS_PER_BLOCK = 4
+MATVEC_MIN_BLOCKS = 264        # two blocks per SM of an H100 (132): rows per block shrink until there are this many
+# W[K, N] with N contiguous (y = x·W): threads along N read neighbouring vectors of a row of W, a group of threads
+# splits K in contiguous chunks (GROUPTOP), K unrolled. With few columns, narrower vectors give more threads: the
+# 2048- and 640-wide sweeps' best used 2 elements per thread, 8 threads along N and 32 (K = 640) or 64 (K = 2048)
+# along K.
+MATVEC_MIN_COLUMN_THREADS = 1024
+MATVEC_MIN_LANES = 2
+MATVEC_COLUMN_THREADS = 8
+MATVEC_MAX_K_GROUP = 64
+MATVEC_MIN_K_PER_THREAD = 16   # rows of W each thread of the K group sums at least
+
+@dataclass(frozen=True)
+class MatvecLayout:
+  """The axes of a matrix–vector product's kernel: n_axis (an output axis W varies along), k_axis (the reduce
+  axis), m_axes (output axes along which W is reused: the rows of x) and whether W is contiguous along K."""
+  n_axis: int
+  k_axis: int
+  m_axes: tuple[int, ...]
+  k_contiguous: bool
+
+def matvec_layout(kernel: Kernel) -> Optional[MatvecLayout]:
+  """The layout when an unoptimized kernel is a matrix–vector product: one sum over one reduce axis of a value that
+  reads at least two buffers, the largest of which (W) varies along the reduce axis and an output axis, is
+  contiguous along one of them, and is reused along output axes (M) of at most MATVEC_MAX_M outputs. Else None."""
+  if len(kernel.reduceops) != 1 or kernel.reduceops[0].arg[0] is not Ops.ADD or kernel.applied_opts: return None
+  reduce_axes = [a for a in range(kernel.shape_len) if kernel.is_reduce_axis(a)]
+  if len(reduce_axes) != 1: return None
+  under_reduce = set(kernel.reduceops[0].src[0].toposort())
+  loads = [(u, st) for u, st in zip(kernel.memops, kernel.sts) if u.op is Ops.LOAD and u in under_reduce]
+  if len({u.src[0] for u, _ in loads}) < 2: return None
+  _, weight = max(loads, key=lambda load: load[1].buffer_extent() * load[0].dtype.itemsize)
+  strides, k_axis = weight.real_strides(), reduce_axes[0]
+  outputs = [a for a in range(kernel.first_reduce) if kernel.full_shape[a] > 1]
+  m_axes = tuple(a for a in outputs if strides[a] == 0)
+  n_axes = [a for a in outputs if strides[a] not in (0, None)]
+  if strides[k_axis] in (0, None) or not n_axes: return None
+  if prod(kernel.full_shape[a] for a in m_axes) > MATVEC_MAX_M: return None
+  n_axis = next((a for a in n_axes if strides[a] == 1), n_axes[-1])
+  if strides[k_axis] != 1 and strides[n_axis] != 1: return None
+  return MatvecLayout(n_axis, k_axis, m_axes, strides[k_axis] == 1)
+
+def _vector_lanes(kernel: Kernel, size: int) -> int:
+  """Elements per 16-byte access of the kernel's widest load that divide `size` (a power of two, 1 if none)."""
+  itemsize = max(u.dtype.itemsize for u in kernel.memops if u.op is Ops.LOAD)
+  lanes = GPU_VECTOR_BYTES // itemsize
+  while lanes > 1 and size % lanes: lanes //= 2
+  return lanes
+
+def _matvec(kernel: Kernel) -> bool:
+  """A matrix–vector product (see matvec_layout): the M outputs that share W's loads are upcast (each thread reads W
+  once for all of them), then the rules for W's layout."""
+  if (layout := matvec_layout(kernel)) is None: return False
+  for axis in layout.m_axes: try_opt(kernel, Opt(OptOps.UPCAST, axis, 0))   # whole axes: the axis numbers stay
+  if layout.k_contiguous: _matvec_rows(kernel, layout.n_axis)
+  else: _matvec_columns(kernel, layout.n_axis)
+  return True
+
+def _unroll_loop(kernel: Kernel) -> None:
+  """Unroll the reduce loop left after GROUP by its largest divisor up to MATVEC_MAX_UNROLL."""
+  loop = kernel.first_reduce + kernel.group_for_reduces
+  if loop < kernel.first_upcast and (unroll := _divisor_at_most(kernel.full_shape[loop], MATVEC_MAX_UNROLL)) > 1:
+    try_opt(kernel, Opt(OptOps.UNROLL, kernel.group_for_reduces, unroll))
+
+def _k_group(kernel: Kernel, threads: int, power_of_two: bool) -> int:
+  """Threads to split the reduce axis across: its largest divisor up to `threads` (a power of two if asked). When none
+  reaches half of `threads` (an odd or prime K), K is first padded (PADTO: the padding adds zeros to the sum) to a
+  multiple of the largest power of two up to `threads`."""
+  if threads < 2: return 1
+  def best(size: int) -> int:
+    if not power_of_two: return _divisor_at_most(size, threads)
+    return max(d for d in (1 << i for i in range(threads.bit_length())) if d <= threads and size % d == 0)
+  if 2 * (group := best(kernel.full_shape[kernel.first_reduce])) > threads: return group
+  if try_opt(kernel, Opt(OptOps.PADTO, kernel.first_reduce, 1 << (threads.bit_length() - 1))):
+    group = best(kernel.full_shape[kernel.first_reduce])
+  return group
+
+def _matvec_rows(kernel: Kernel, n_axis: int) -> None:
+  """W[N, K] with K contiguous: thread t of a row's group reads 16-byte vectors t, t + group, … of the row, so a
+  warp's loads cover contiguous bytes; LOCAL puts several rows in a block."""
+  k_size = kernel.full_shape[kernel.first_reduce]
+  itemsize = max(u.dtype.itemsize for u in kernel.memops if u.op is Ops.LOAD)
+  if (lanes := _vector_lanes(kernel, k_size)) > 1: try_opt(kernel, Opt(OptOps.UNROLL, 0, lanes))
+  threads = min(MATVEC_MAX_ROW_THREADS, k_size * itemsize // MATVEC_ROW_BYTES)
+  if (group := _k_group(kernel, threads, power_of_two=False)) > 1: try_opt(kernel, Opt(OptOps.GROUP, 0, group))
+  _unroll_loop(kernel)
+  rows = kernel.full_shape[n_axis]
+  per_block = _divisor_at_most(rows, MATVEC_ROWS_PER_BLOCK)
+  while per_block > 1 and rows // per_block < MATVEC_MIN_BLOCKS: per_block = _divisor_at_most(rows, per_block - 1)
+  if per_block > 1: try_opt(kernel, Opt(OptOps.LOCAL, n_axis, per_block))
+
+def _matvec_columns(kernel: Kernel, n_axis: int) -> None:
+  """W[K, N] with N contiguous: each thread reads `lanes` neighbouring columns per row of W; threads along N, and a
+  group of threads along K, each summing a contiguous chunk of rows (GROUPTOP), unrolled."""
+  columns = kernel.full_shape[n_axis]
+  lanes = _vector_lanes(kernel, columns)
+  while lanes > MATVEC_MIN_LANES and columns // lanes < MATVEC_MIN_COLUMN_THREADS: lanes //= 2
+  if lanes > 1: try_opt(kernel, Opt(OptOps.UPCAST, n_axis, lanes))
+  if (threads := _divisor_at_most(kernel.full_shape[n_axis], MATVEC_COLUMN_THREADS)) > 1:
+    try_opt(kernel, Opt(OptOps.LOCAL, n_axis, threads))
+  threads = min(MATVEC_MAX_K_GROUP, kernel.full_shape[kernel.first_reduce] // MATVEC_MIN_K_PER_THREAD)
+  if (group := _k_group(kernel, threads, power_of_two=True)) > 1: try_opt(kernel, Opt(OptOps.GROUPTOP, 0, group))
+  _unroll_loop(kernel)
+
 def _gpu_rules(kernel: Kernel) -> None:
+  if _matvec(kernel): return
   if _tensor_cores(kernel): return
   if _group_small_reduce(kernel): return   # its block is the group (and a warp of outputs for a strided reduce)
   if _staged_matmul(kernel): return

@@ -28,7 +28,8 @@ from tgrad.ops import Ops
 ACTION_AXES = 6          # axes 0..5: merged kernels rarely have more loop axes than that before upcasting
 UPCAST_AMOUNTS = (0, 2, 3, 4, 5, 7, 8, 16, 32)   # 0 = the whole axis; small primes fit odd sizes, 16 = AVX-512 floats
 LOCAL_AMOUNTS = (2, 3, 4, 8, 13, 16, 29, 32)      # GPU threads per axis; 13 and 29 fit odd sizes
-GROUP_AMOUNTS = (0, 4, 8, 16, 32, 64, 128, 256)   # threads that share a reduce through shared memory
+GROUP_AMOUNTS = (0, 4, 8, 16, 20, 32, 40, 64, 80, 128, 256)   # threads that share a reduce through shared memory;
+                                                            # 20, 40, 80 split K = 640 in 16-byte vectors (matvec)
 THREAD_AMOUNTS = (2, 3, 4, 5, 6, 7, 8, 12, 16, 24, 32, 48, 64)   # CPU cores; above the core count they are skipped
 PADTO_AMOUNTS = (2, 4, 8, 16, 32)                 # pad odd sizes up to vector/tile multiples
 TC_AXIS_CHOICES = 2       # OptOps.TC's axis: which (rows, columns) pair of output axes; a matmul has one or two

@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools, math, time
 from contextlib import ContextDecorator
 from dataclasses import dataclass
-from typing import Any, ClassVar, Optional, Sequence, Union
+from typing import Any, Callable, ClassVar, Optional, Sequence, Union
 import numpy as np
 from tgrad.dtype import DType, dtypes, promote_types, least_upper_dtype, least_upper_float, to_dtype
 from tgrad.lazy import LazyBuffer
@@ -731,27 +731,38 @@ class Tensor:
     peak = peak.isinf().where(0, peak)     # all −inf (or +inf) rows: shift by 0 instead of producing NaN
     out = (x - peak).exp().sum(axis, keepdim=True).log() + peak
     return out if keepdim else out.reshape(self._reduced_shape(self._reduce_axes(axis), keepdim=False))
-  def _windows(self, pad_value: Scalar) -> Tensor:
-    """For the last axis of size n: shape (..., n, n) with out[..., i, j] = x[i + j − (n − 1)] (pad_value before 0).
-    A view of x padded on the left by n − 1: expanded, flattened, re-cut with row length n·2, and shrunk."""
-    n = self.shape[-1]
-    length = 2 * n - 1
-    lead = self.shape[:-1]
-    padded = self.pad(((0, 0),) * len(lead) + ((n - 1, 0),), value=pad_value)
-    rows = padded.unsqueeze(-2).expand(*lead, n, length).reshape(*lead, n * length)
-    rows = rows.pad(((0, 0),) * len(lead) + ((0, n),)).reshape(*lead, n, length + 1)
-    return rows.shrink(tuple((0, s) for s in lead) + ((0, n), (0, n)))
+  # ---- scans: an associative op run along one axis, blocked so the work is O(n·SCAN_BLOCK) in O(log n) kernels
+  def _scan(self, axis: int, kind: str) -> Tensor:
+    """The inclusive scan of `kind` (a key of SCAN_KINDS) along `axis`, in self's dtype (the caller casts)."""
+    axis = _resolve_axis(axis, self.ndim, self.shape) if self.ndim else 0
+    if self.ndim == 0 or self.shape[axis] <= 1: return self
+    return _scan_last(self.transpose(axis, -1), SCAN_KINDS[kind]).transpose(axis, -1)
   def cumsum(self, axis: int = 0) -> Tensor:
-    """Running sum along `axis`: an (n, n) window view reduced (O(n²) work, O(n) memory)."""
-    axis = _resolve_axis(axis, self.ndim, self.shape) if self.ndim else 0
-    if self.ndim == 0 or self.shape[axis] <= 1: return self.cast(_sum_dtype(self.dtype))
-    moved = self.transpose(axis, -1)
-    return moved._windows(0).sum(-1).transpose(axis, -1)
+    """Running sum along `axis`, in sum's dtype (bools and small ints give int32; ints wrap as the dtype does)."""
+    out_dtype = _sum_dtype(self.dtype)
+    return self.cast(dtypes.float32 if out_dtype in HALF_FLOATS else out_dtype)._scan(axis, "sum").cast(out_dtype)
   def cumprod(self, axis: int = 0) -> Tensor:
-    axis = _resolve_axis(axis, self.ndim, self.shape) if self.ndim else 0
-    if self.ndim == 0 or self.shape[axis] <= 1: return self.cast(_sum_dtype(self.dtype))
-    moved = self.transpose(axis, -1)
-    return moved._windows(1).prod(-1).transpose(axis, -1)
+    """Running product along `axis`, in sum's dtype. float32 multiplies in float64 (torch's CPU accumulator): the
+    blocked order multiplies factors near 1 together, where float32 drops the small cross terms (a 10^4-long product
+    of 1 ± 1e-4 factors drifted 3e-5 in float32, against 5e-6 for a sequential loop)."""
+    out_dtype = _sum_dtype(self.dtype)
+    acc_dtype = dtypes.float64 if out_dtype == dtypes.float32 else dtypes.float32 if out_dtype in HALF_FLOATS else \
+      out_dtype
+    return self.cast(acc_dtype)._scan(axis, "prod").cast(out_dtype)
+  def cummax(self, axis: int = 0) -> Tensor:
+    """Running maximum along `axis` (the values only, as tinygrad; torch also returns indices). NaN propagates."""
+    if self.dtype.is_bool: return self.cast(dtypes.uint8)._scan(axis, "max").cast(dtypes.bool)
+    return self._scan(axis, "max")
+  def cummin(self, axis: int = 0) -> Tensor:
+    """Running minimum along `axis` (the values only). NaN propagates."""
+    if self.dtype.is_bool: return self.logical_not().cummax(axis).logical_not()
+    return self._order_flip()._scan(axis, "max")._order_flip()
+  def logcumsumexp(self, axis: int = 0) -> Tensor:
+    """log(cumsum(exp(x))) along `axis`, computed without overflow or underflow (each block shifts by its running
+    max; blocks combine by logaddexp), as torch.logcumsumexp."""
+    x = self._to_float()
+    return x.cast(dtypes.float32)._scan(axis, "logsumexp").cast(x.dtype) if x.dtype in HALF_FLOATS else \
+      x._scan(axis, "logsumexp")
 
   # ---- movement
   def reshape(self, shape, *args) -> Tensor:
@@ -1532,6 +1543,67 @@ def _int_pow(base: Tensor, exponent: Tensor) -> Tensor:
   odd = (exponent & 1) != 0
   negative_power = (base == 1).where(1, (base == -1).where(odd.where(-1, 1), 0))
   return (exponent < 0).where(negative_power.cast(base.dtype), result)
+
+# ---------------------------------------------------------------------------------------------------------------
+# scans (cumsum, cumprod, cummax, logcumsumexp): blocked, O(n·SCAN_BLOCK) work in O(log n) kernels
+
+# A scan splits the axis into blocks of SCAN_BLOCK. The prefix inside each block is a (block × block) lower-triangle
+# reduce, fused in one kernel with taking in the carry; the block totals (one more kernel) are scanned the same way,
+# recursively; the carry of a block is the scan of the totals before it. A level shrinks the axis SCAN_BLOCK-fold,
+# so n elements take 2·⌈log_B n⌉ − 1 kernels and n·B work per level. The block size was chosen by timing a 10^6
+# cumsum on the CPU (docs/design-notes.md, "Scans").
+SCAN_BLOCK = 32
+
+@dataclass(frozen=True)
+class _ScanKind:
+  """An associative op for `_scan_last`: its identity for a dtype; the inclusive prefix along the last axis (of one
+  block, given the (B, B) lower-triangle mask); each block's total; and how a block's prefix takes in its carry."""
+  identity: Callable[[DType], Scalar]
+  block_prefix: Callable[[Tensor, Tensor], Tensor]
+  block_total: Callable[[Tensor], Tensor]
+  combine: Callable[[Tensor, Tensor], Tensor]
+
+def _triangle_windows(x: Tensor, mask: Tensor, identity: Scalar) -> Tensor:
+  """(..., B) → (..., B, B): row i holds x[j] for j <= i and the identity after it."""
+  return mask.where(x.unsqueeze(-2), identity)
+
+def _max_identity(dtype: DType) -> Scalar: return -math.inf if dtype.is_float else dtypes.min(dtype)
+
+def _logsumexp_prefix(x: Tensor, mask: Tensor) -> Tensor:
+  """log Σ_{j<=i} exp(x_j) per row, shifted by the row's running max so that nothing underflows to log(0)."""
+  windows = _triangle_windows(x, mask, -math.inf)
+  peak = windows.max(-1, keepdim=True).detach()
+  peak = peak.isinf().where(0, peak)       # all −inf (or an +inf): shift by 0, as logsumexp does
+  return (windows - peak).exp().sum(-1).log() + peak.squeeze(-1)
+
+def _logaddexp(a: Tensor, b: Tensor) -> Tensor:
+  peak = a.maximum(b).detach()
+  peak = peak.isinf().where(0, peak)
+  return ((a - peak).exp() + (b - peak).exp()).log() + peak
+
+SCAN_KINDS = {
+  "sum": _ScanKind(lambda dtype: 0, lambda x, mask: _triangle_windows(x, mask, 0).sum(-1), lambda x: x.sum(-1),
+                   lambda a, b: a + b),
+  "prod": _ScanKind(lambda dtype: 1, lambda x, mask: _triangle_windows(x, mask, 1).prod(-1), lambda x: x.prod(-1),
+                    lambda a, b: a * b),
+  "max": _ScanKind(_max_identity, lambda x, mask: _triangle_windows(x, mask, _max_identity(x.dtype)).max(-1),
+                   lambda x: x.max(-1), lambda a, b: a.maximum(b)),
+  "logsumexp": _ScanKind(lambda dtype: -math.inf, _logsumexp_prefix, lambda x: x.logsumexp(-1), _logaddexp),
+}
+
+def _scan_last(x: Tensor, kind: _ScanKind) -> Tensor:
+  """The inclusive scan of `kind` along the last axis of x (see SCAN_BLOCK)."""
+  n, lead = x.shape[-1], x.shape[:-1]
+  block = min(n, SCAN_BLOCK)
+  positions = Tensor.arange(block, device=x.device)
+  mask = positions.reshape(1, block) <= positions.reshape(block, 1)      # mask[i, j] = j <= i
+  if n <= SCAN_BLOCK: return kind.block_prefix(x, mask)
+  count, identity, whole_lead = -(-n // block), kind.identity(x.dtype), ((0, 0),) * len(lead)
+  blocks = x.pad(whole_lead + ((0, count * block - n),), value=identity).reshape(*lead, count, block)
+  totals = _scan_last(kind.block_total(blocks), kind)                    # (..., count): inclusive over blocks
+  carry = totals.pad(whole_lead + ((1, 0),), value=identity).shrink(tuple((0, s) for s in lead) + ((0, count),))
+  out = kind.combine(kind.block_prefix(blocks, mask), carry.unsqueeze(-1)).reshape(*lead, count * block)
+  return out.shrink(tuple((0, s) for s in lead) + ((0, n),))
 
 def _gather_acc_dtype(dtype: DType) -> DType:
   """A sum that adds one selected value to zeros is exact in the value's own dtype (bools go through int32)."""

@@ -83,6 +83,18 @@ def _scalar_dtype(tensor_dtype: DType, scalar: Scalar) -> DType:
   if isinstance(scalar, float): return tensor_dtype if tensor_dtype.is_float else dtypes.default_float
   raise TypeError(f"expected a Python scalar, got {type(scalar).__name__}")
 
+def _int_overflow_side(dtype: DType, value: Any) -> int:
+  """+1 if value is a Python int above what the int dtype holds, −1 if below, 0 if it fits (or is not such a pair)."""
+  if not dtype.is_int or not isinstance(value, (int, np.integer)) or isinstance(value, (bool, np.bool_)): return 0
+  return 1 if value > dtypes.max(dtype) else -1 if value < dtypes.min(dtype) else 0
+
+def _check_scalar_fits(value: Any, dtype: DType) -> None:
+  """numpy 2's rule (NEP 50): a Python int that the int dtype it meets can't hold raises OverflowError (int8 + 300,
+  uint8 + (-1), int32 + 2**40), instead of wrapping."""
+  if _int_overflow_side(dtype, value):
+    hint = " (pass dtype=dtypes.int64 for a wider tensor)" if dtype == dtypes.default_int else ""
+    raise OverflowError(f"Python integer {value} out of bounds for {dtype.name}{hint}")
+
 def _python_dtype(data) -> DType:
   """The dtype of Python data (nested lists of scalars): any float → default float, else any int → default int,
   else bool. Scalars are weak, so [1.0, 2] is float32 (numpy's promotion of float32 with int32 would say float64)."""
@@ -111,8 +123,77 @@ def _fmix32(x: int) -> int:
   return x ^ (x >> 16)
 
 def _realize_lazy(*lbs: LazyBuffer) -> None:
+  """Realize lbs, and with them every pending index-bounds check; raise IndexError for the first that failed."""
   from tgrad.realize import realize   # imported on use: the runtime is only needed once something is computed
-  realize(*lbs)
+  checks = _pending_index_checks[:]
+  _pending_index_checks.clear()
+  realize(*lbs, *[check.flag for check in checks])
+  for check in checks:
+    if check.flag.base.buffer.copyout().any():
+      raise check.bounds.error(Tensor(check.index).numpy())
+
+# ---------------------------------------------------------------------------------------------------------------
+# index bounds (docs/design-notes.md, "Index bounds"): an index whose values are on the host is checked at once;
+# one computed on a device gets a lazy check (a 0-d flag: any value out of range) that the next Tensor-level realize
+# computes in the same schedule as the tensors asked for, then reads (one byte) and raises on.
+
+@dataclass(frozen=True)
+class IndexBounds:
+  """Valid indices are low <= i < size, except `ignore` (a loss's ignore_index), which is always allowed. `message`
+  names the op and the dim, with {value} (the first bad index) and {size} filled in."""
+  low: int
+  size: int
+  message: str = "index {value} is out of bounds for dimension 0 with size {size}"
+  ignore: Optional[int] = None
+  def out_of_range(self, values: np.ndarray) -> np.ndarray:
+    bad = (values < self.low) | (values >= self.size)
+    return bad & (values != self.ignore) if self.ignore is not None else bad
+  def error(self, values: np.ndarray) -> IndexError:
+    bad = np.asarray(values).reshape(-1)[self.out_of_range(np.asarray(values).reshape(-1))]
+    value = bad[0].item() if bad.size else "?"
+    return IndexError(self.message.format(value=value, size=self.size))
+
+@dataclass(frozen=True)
+class _IndexCheck:
+  flag: LazyBuffer      # 0-d uint8: nonzero when some index is out of range
+  index: LazyBuffer     # the index values, copied to the host only to name the bad one
+  bounds: IndexBounds
+
+_pending_index_checks: list[_IndexCheck] = []
+
+def _host_values(lb: LazyBuffer) -> Optional[np.ndarray]:
+  """The values of `lb` if they are still on the host: Python or numpy data not realized yet (maybe reshaped, cast
+  from one int dtype to another or moved to another device), or a constant. None when a device computes them."""
+  shape, casts = lb.shape, []
+  while True:
+    if not (lb.is_base or (lb.st.contiguous and lb.size == lb.base.size)): return None   # a view that picks values
+    base = lb.base
+    if base.buffer is not None: return None
+    if base.op is Ops.CONST: values = np.full(shape, base.arg)
+    elif base.op is Ops.COPY and isinstance(base.arg, np.ndarray):   # the bytes may be read as another int dtype
+      values = base.arg if base.arg.dtype == base.dtype.np else base.arg.view(base.dtype.np)
+    elif base.op is Ops.COPY or (base.op is Ops.CAST and base.dtype.is_int and base.srcs[0].dtype.is_int):
+      if base.op is Ops.CAST: casts.append(base.dtype)
+      lb = base.srcs[0]
+      continue
+    else: return None
+    for dtype in reversed(casts): values = values.astype(dtype.np)   # wraps as the device's CAST does
+    return values.reshape(shape)
+
+def check_index_bounds(index: Tensor, bounds: IndexBounds) -> None:
+  """Raise IndexError now if index's values are on the host and one is out of bounds; else register a lazy check."""
+  if index.numel() == 0: return
+  values = _host_values(index.lazydata)
+  if values is not None:
+    if bounds.out_of_range(values).any(): raise bounds.error(values)
+    return
+  x = index.detach()
+  # compare in 64 bits: the bounds may not fit the index dtype, and an int64 index is judged before any cast
+  unsigned = x.dtype.is_unsigned
+  wide = x.cast(dtypes.uint64 if unsigned else dtypes.int64)
+  bad = wide >= bounds.size if unsigned else (wide >= bounds.size) | (wide < bounds.low)
+  if bounds.ignore is not None and (bounds.ignore >= 0 or not unsigned): bad = bad & (wide != bounds.ignore)
+  _pending_index_checks.append(_IndexCheck(bad.cast(dtypes.uint8).max().lazydata, x.lazydata, bounds))
 
 # ---------------------------------------------------------------------------------------------------------------
 
@@ -155,11 +236,15 @@ class Tensor:
       return
     device = canonical_device(device)
     if isinstance(data, (bool, int, float)):
-      self.lazydata = LazyBuffer.const_of(data, dtype or _python_dtype(data), device)
+      dtype = dtype or _python_dtype(data)
+      _check_scalar_fits(data, dtype)
+      self.lazydata = LazyBuffer.const_of(data, dtype, device)
     elif isinstance(data, (list, tuple)):
       try: inferred = _python_dtype(data)
       except TypeError: inferred = dtypes.from_np(np.asarray(data).dtype)   # e.g. a list of numpy scalars
-      self.lazydata = _from_array(np.asarray(data, dtype=_host_dtype(inferred)), dtype or inferred, device)
+      # numpy converts each Python int straight to the target dtype: one it can't hold raises OverflowError
+      host_dtype = dtype if dtype is not None and dtype.is_int and inferred.is_int else inferred
+      self.lazydata = _from_array(np.asarray(data, dtype=_host_dtype(host_dtype)), dtype or inferred, device)
     elif isinstance(data, (np.ndarray, np.generic)):
       array = np.asarray(data)
       if array.dtype.kind not in "biuf": raise TypeError(f"cannot make a Tensor from numpy dtype {array.dtype}")
@@ -246,6 +331,7 @@ class Tensor:
   def full(shape, fill_value: Scalar, dtype: Any = None, device: Optional[str] = None, **kwargs) -> Tensor:
     shape = _check_shape(_shape_arg(shape))
     dtype = to_dtype(dtype) if dtype is not None else _python_dtype(fill_value)
+    _check_scalar_fits(fill_value, dtype)
     return Tensor(LazyBuffer.const_of(fill_value, dtype, canonical_device(device), shape), **kwargs)
   @staticmethod
   def zeros(*shape, **kwargs) -> Tensor: return Tensor.full(_varargs_shape(shape), 0.0, **_float_default(kwargs))
@@ -397,6 +483,11 @@ class Tensor:
       stack.append((node, True))
       if node._ctx is not None: stack.extend((p, False) for p in node._ctx.parents if id(p) not in visited)
     return order
+  def _check_differentiable(self, name: str) -> None:
+    """As torch: differentiating a tensor with no gradient graph is an error, not a silent no-op."""
+    if not self.requires_grad:
+      raise RuntimeError(f"{name} of a tensor of shape {self.shape} that does not require grad and has no gradient "
+                         "graph: it was computed under Tensor.no_grad() or only from tensors that don't require grad")
   def _backprop(self, gradient: Optional[Tensor]) -> tuple[list[Tensor], dict[int, LazyBuffer]]:
     if gradient is None:
       if self.numel() != 1:
@@ -418,7 +509,7 @@ class Tensor:
     return nodes, grads
   def backward(self, gradient: Optional[Tensor] = None) -> Tensor:
     """Accumulate d(self)/d(t) into `t.grad` for every tensor t in the graph that requires grad."""
-    if not self.requires_grad: raise RuntimeError("backward on a tensor that does not require grad")
+    self._check_differentiable("backward")
     nodes, grads = self._backprop(gradient)
     for node in nodes:
       if node.requires_grad and id(node) in grads:
@@ -427,6 +518,7 @@ class Tensor:
     return self
   def gradient(self, *targets: Tensor, gradient: Optional[Tensor] = None) -> list[Tensor]:
     """d(self)/d(target) for each target, as new tensors; `.grad` is left alone. Unused targets get zeros."""
+    self._check_differentiable("gradient")
     for t in targets:
       if not t.requires_grad: raise RuntimeError(f"gradient target of shape {t.shape} does not require grad")
     _, grads = self._backprop(gradient)
@@ -532,16 +624,31 @@ class Tensor:
   def _compare(self, op: Ops, other: Any, reverse: bool = False) -> Tensor:
     a, b = self._operands(other, reverse)
     return self._nograd(a.lazydata.alu(op, b.lazydata))
-  def __lt__(self, x: Any) -> Tensor: return self._compare(Ops.CMPLT, x)
-  def __gt__(self, x: Any) -> Tensor: return self._compare(Ops.CMPLT, x, reverse=True)
+  def _compare_out_of_range(self, x: Any, below_if_above: bool) -> Optional[Tensor]:
+    """A comparison with a Python int the int dtype can't hold has one answer everywhere, as in numpy 2:
+    `below_if_above` is the answer when x is above the dtype's range (self < x, self <= x, self != x)."""
+    side = _int_overflow_side(_scalar_dtype(self.dtype, x), x) if isinstance(x, int) else 0
+    if not side: return None
+    return Tensor.full(self.shape, below_if_above == (side > 0), dtype=dtypes.bool, device=self.device)
+  def __lt__(self, x: Any) -> Tensor:
+    known = self._compare_out_of_range(x, True)
+    return known if known is not None else self._compare(Ops.CMPLT, x)
+  def __gt__(self, x: Any) -> Tensor:
+    known = self._compare_out_of_range(x, False)
+    return known if known is not None else self._compare(Ops.CMPLT, x, reverse=True)
   def __le__(self, x: Any) -> Tensor:
+    if (known := self._compare_out_of_range(x, True)) is not None: return known
     a, b = self._operands(x)
     if a.dtype.is_float: return (a < b) | (a == b)      # NaN-correct: NaN <= anything is False
     return (b < a).logical_not()
   def __ge__(self, x: Any) -> Tensor:
+    if (known := self._compare_out_of_range(x, False)) is not None: return known
     a, b = self._operands(x)
     return b <= a
-  def __ne__(self, x: Any) -> Tensor: return self._compare(Ops.CMPNE, x)  # type: ignore[override]
+  def __ne__(self, x: Any) -> Tensor:  # type: ignore[override]
+    if isinstance(x, int) and _int_overflow_side(_scalar_dtype(self.dtype, x), x):
+      return Tensor.full(self.shape, True, dtype=dtypes.bool, device=self.device)
+    return self._compare(Ops.CMPNE, x)
   def __eq__(self, x: Any) -> Tensor: return (self != x).logical_not()  # type: ignore[override]
   def logical_not(self) -> Tensor:
     if self.dtype.is_bool: return self._nograd(self.lazydata.alu(Ops.CMPNE, self.lazydata.const(True)))
@@ -620,6 +727,8 @@ class Tensor:
   def clip(self, min_: Any = None, max_: Any = None) -> Tensor:
     """torch.clamp: NaN stays NaN, and the gradient is 1 wherever min_ <= x <= max_ (bounds included)."""
     if min_ is None and max_ is None: raise ValueError("clip needs min_ or max_")
+    if self.dtype.is_int:   # a Python int bound beyond the dtype clips nothing on that side (numpy's np.clip)
+      min_, max_ = (_clamp_to_dtype(b, self.dtype) if isinstance(b, int) else b for b in (min_, max_))
     out = self if min_ is None else (self < min_).where(min_, self)
     return out if max_ is None else (out > max_).where(max_, out)
   def clamp(self, min_: Any = None, max_: Any = None) -> Tensor: return self.clip(min_, max_)
@@ -900,8 +1009,9 @@ class Tensor:
   # ---- indexing
   def __getitem__(self, indices) -> Tensor:
     """numpy indexing: ints (negative count from the end), slices (any step), None, Ellipsis, and int Tensors or
-    lists (a gather, built as a one-hot compare with ARANGE and a sum). Out-of-range tensor indices give 0: they
-    never read outside the buffer and are not checked (that would need the values)."""
+    lists (a gather, built as a one-hot compare with ARANGE and a sum). Tensor indices may be negative down to
+    -size; out-of-range ones raise IndexError, at once for host values, else at the next realize (see
+    `check_index_bounds`)."""
     plan = _IndexPlan(self.shape, indices, self.device)
     x = self.shrink(plan.bounds).flip(tuple(i for i, f in enumerate(plan.flips) if f))._stride(tuple(plan.steps))
     x = x.reshape(plan.view_shape)
@@ -914,8 +1024,10 @@ class Tensor:
     x = self.permute(rest + dims)
     x = x.reshape(ones_index + x.shape)
     mask: Optional[Tensor] = None
-    for k, (dim, index) in enumerate(plan.tensor_indices):
+    for k, ((dim, index), input_dim) in enumerate(zip(plan.tensor_indices, plan.tensor_input_dims)):
       size = self.shape[dim]
+      message = f"index {{value}} is out of bounds for dimension {input_dim} with size {{size}}"   # torch's words
+      check_index_bounds(index, IndexBounds(-size, size, message))
       index = index.cast(dtypes.int32)
       index = (index < 0).where(index + size, index)._broadcast_to(index_shape)
       one_hot_shape = (1,) * k + (size,) + (1,) * (n_gathered - k - 1)
@@ -973,8 +1085,10 @@ class Tensor:
     self._ctx = None
     return self
   def _inplace(self, result: Tensor) -> Tensor:
-    """`x += y` and friends: self becomes the result; autograd sees the old value as its own node."""
-    self.lazydata, self._ctx, self.requires_grad = result.lazydata, result._ctx, result.requires_grad
+    """`x += y` and friends: self becomes the result; autograd sees the old value as its own node. Under no_grad
+    (an update of a parameter, say) self keeps its requires_grad, as in torch."""
+    self.lazydata, self._ctx = result.lazydata, result._ctx
+    if Tensor.grad_enabled: self.requires_grad = result.requires_grad
     return self
   def _snapshot(self) -> Tensor:
     if self.requires_grad and self._ctx is None and Tensor.grad_enabled:
@@ -1321,12 +1435,14 @@ class Tensor:
   # ---- classes and losses
   def one_hot(self, num_classes: int = -1) -> Tensor:
     """(..., num_classes) of 0/1 ints (default int dtype); num_classes = -1 reads max + 1 from the data (a kernel
-    runs). Out-of-range indices give a row of zeros."""
+    runs). A class outside [0, num_classes) raises IndexError (see `check_index_bounds` for when)."""
     if not self.dtype.is_int:
       raise RuntimeError(f"one_hot is only applicable to index tensors (ints), got {self.dtype}")
     if num_classes == -1:
       if self.numel() == 0: raise RuntimeError("Can not infer total number of classes from empty tensor.")
       num_classes = int(self.max().item()) + 1
+    check_index_bounds(self, IndexBounds(0, num_classes, "one_hot: class {value} is out of range for num_classes "
+                                                         "{size} (classes must be in [0, num_classes))"))
     classes = Tensor.arange(num_classes, device=self.device)
     return (self.unsqueeze(-1) == classes).cast(dtypes.default_int)
   def _class_nll(self, target: Tensor, axis: int, ignore_index: int, label_smoothing: float, reduction: str) -> Tensor:
@@ -1334,6 +1450,9 @@ class Tensor:
     skipping targets equal to ignore_index; 'mean' divides by the count of targets kept."""
     log_probs = self.log_softmax(axis)
     classes = self.shape[axis]
+    check_index_bounds(target, IndexBounds(0, classes, f"class index {{value}} is out of bounds for {{size}} classes "
+                                           f"(logits of shape {self.shape}, ignore_index {ignore_index})",
+                                           ignore=ignore_index))
     positions = Tensor.arange(classes, device=self.device).reshape((classes,) + (1,) * (self.ndim - axis - 1))
     picked = (target.unsqueeze(axis) == positions).where(log_probs, 0).sum(axis)
     loss = -picked if label_smoothing == 0 else -(1 - label_smoothing) * picked - label_smoothing * log_probs.mean(axis)
@@ -1398,8 +1517,12 @@ class Tensor:
     return dim
   def gather(self, dim: int, index: Tensor) -> Tensor:
     """out[..., j, ...] = self[..., index[..., j, ...], ...] along `dim`, as torch.gather; index may be smaller
-    than self in the other dims. A one-hot compare with ARANGE and a sum: out-of-range indices give 0."""
+    than self in the other dims. A one-hot compare with ARANGE and a sum. Indices must be in [0, size): others
+    raise IndexError (see `check_index_bounds` for when)."""
     dim = self._check_dim_index(dim, index, "gather")
+    check_index_bounds(index, IndexBounds(0, self.shape[dim] if self.ndim else 1,
+                                           f"gather: index {{value}} is out of bounds for dimension {dim} with size "
+                                           "{size}"))
     if self.ndim == 0: return self
     size = self.shape[dim]
     region = self.shrink(tuple(None if d == dim else (0, i) for d, i in enumerate(index.shape)))
@@ -1410,7 +1533,8 @@ class Tensor:
   def scatter(self, dim: int, index: Tensor, src: Any, reduce: Optional[str] = None) -> Tensor:
     """A copy of self with src written at index along `dim`, as torch.scatter (src a tensor at least index's size,
     or a scalar): out[..., index[..., j, ...], ...] = src[..., j, ...]. reduce='add' or 'multiply' combines with
-    the existing value instead. A repeated position takes the last write. Out-of-range indices write nothing."""
+    the existing value instead. A repeated position takes the last write. Indices must be in [0, size): others
+    raise IndexError (see `check_index_bounds` for when)."""
     if reduce not in (None, "add", "multiply"): raise RuntimeError("reduce argument must be either add or multiply.")
     dim = self._check_dim_index(dim, index, "scatter")
     if isinstance(src, Tensor):
@@ -1418,6 +1542,9 @@ class Tensor:
         raise RuntimeError(f"scatter(): Expected index {list(index.shape)} to be no larger than src {list(src.shape)}")
       src = src.shrink(tuple((0, i) for i in index.shape)).cast(self.dtype)
     else: src = Tensor.full(index.shape, src, dtype=self.dtype, device=self.device)
+    check_index_bounds(index, IndexBounds(0, self.shape[dim] if self.ndim else 1,
+                                           f"scatter: index {{value}} is out of bounds for dimension {dim} with size "
+                                           "{size}"))
     if self.ndim == 0 or index.numel() == 0: return self
     size, positions = self.shape[dim], index.shape[dim]
     hit = index.transpose(dim, -1).unsqueeze(-1) == Tensor.arange(size, device=self.device)   # (..., P, size)
@@ -1508,6 +1635,8 @@ def _needs_floor_fix(a: Tensor, b: Tensor) -> Tensor:
   """Where C's truncating division differs from floor division: a nonzero remainder whose sign differs from b's."""
   remainder = Tensor(a.lazydata.alu(Ops.MOD, b.lazydata), requires_grad=False)
   return (remainder != 0) & ((remainder < 0) != (b < 0))
+
+def _clamp_to_dtype(value: int, dtype: DType) -> int: return min(max(value, dtypes.min(dtype)), dtypes.max(dtype))
 
 def _power_by_squaring(base: Tensor, exponent: int) -> Tensor:
   if exponent == 0: return base.ones_like()
@@ -1717,6 +1846,7 @@ class _IndexPlan:
     self.steps: list[int] = []
     self.strided_shape: list[int] = []
     self.tensor_indices: list[tuple[int, Tensor]] = []
+    self.tensor_input_dims: list[int] = []   # the input dim each tensor index indexes (for error messages)
     advanced_items: list[int] = []   # positions in `items` of tensor (and, with them, int) indices
     self.advanced_position = 0       # the view dim where the index dims go when the advanced items are adjacent
     view: list[int] = []
@@ -1731,6 +1861,7 @@ class _IndexPlan:
         if not advanced_items: self.advanced_position = len(view)
         advanced_items.append(k)
         self.tensor_indices.append((len(view), item))
+        self.tensor_input_dims.append(dim)
         self._keep(0, size, 1, False)
         view.append(size)
       elif isinstance(item, slice):

@@ -541,6 +541,11 @@ class Tensor:
     return Tensor(x, dtype=dtype, device=self.device)
   def _operands(self, other: Any, reverse: bool = False, dtype: Optional[DType] = None) -> tuple[Tensor, Tensor]:
     """self and other broadcast to one shape and promoted to one dtype (Python scalars are weak)."""
+    if isinstance(other, (bool, int, float)):   # a constant made at self's shape: no reshape/expand ops to record
+      out_dtype = dtype or _scalar_dtype(self.dtype, other)
+      _check_scalar_fits(other, out_dtype)
+      x, y = self.cast(out_dtype), Tensor(LazyBuffer.const_of(other, out_dtype, self.device, self.shape))
+      return (y, x) if reverse else (x, y)
     y = self._as_tensor(other)
     weak = isinstance(other, (bool, int, float))
     out_dtype = dtype or (y.dtype if weak else promote_types(self.dtype, y.dtype))
@@ -1445,20 +1450,44 @@ class Tensor:
                                                          "{size} (classes must be in [0, num_classes))"))
     classes = Tensor.arange(num_classes, device=self.device)
     return (self.unsqueeze(-1) == classes).cast(dtypes.default_int)
+  def _class_hits(self, target: Tensor, axis: int, ignore_index: int) -> Tensor:
+    """(target == class) as a bool tensor of self's shape (classes on `axis`), after checking the class indices
+    (ignore_index allowed)."""
+    classes = self.shape[axis]
+    check_index_bounds(target, IndexBounds(0, classes, f"class index {{value}} is out of bounds for {{size}} classes "
+                                           f"(input of shape {self.shape}, ignore_index {ignore_index})",
+                                           ignore=ignore_index))
+    positions = Tensor.arange(classes, device=self.device).reshape((classes,) + (1,) * (self.ndim - axis - 1))
+    return target.unsqueeze(axis) == positions
   def _class_nll(self, target: Tensor, axis: int, ignore_index: int, label_smoothing: float, reduction: str) -> Tensor:
     """Cross entropy of logits `self` (classes on `axis`) against class indices: (1 − ε)·nll + ε·mean(−log p),
     skipping targets equal to ignore_index; 'mean' divides by the count of targets kept."""
     log_probs = self.log_softmax(axis)
-    classes = self.shape[axis]
-    check_index_bounds(target, IndexBounds(0, classes, f"class index {{value}} is out of bounds for {{size}} classes "
-                                           f"(logits of shape {self.shape}, ignore_index {ignore_index})",
-                                           ignore=ignore_index))
-    positions = Tensor.arange(classes, device=self.device).reshape((classes,) + (1,) * (self.ndim - axis - 1))
-    picked = (target.unsqueeze(axis) == positions).where(log_probs, 0).sum(axis)
+    picked = self._class_hits(target, axis, ignore_index).where(log_probs, 0).sum(axis)
     loss = -picked if label_smoothing == 0 else -(1 - label_smoothing) * picked - label_smoothing * log_probs.mean(axis)
     kept = target != ignore_index
     loss = kept.where(loss, 0)
     return loss.sum() / kept.sum() if reduction == "mean" else _reduce_loss(loss, reduction)
+  def nll_loss(self, Y: Tensor, weight: Optional[Tensor] = None, ignore_index: int = TORCH_IGNORE_INDEX,
+               reduction: str = "mean") -> Tensor:
+    """torch's nll_loss of log-probabilities (N, C, *d) or (C,) against int class indices Y (N, *d): −self at each
+    target class, times weight[class] (one per class, default 1); targets equal to ignore_index are skipped and
+    'mean' divides by the summed weights of the targets kept."""
+    _check_reduction(reduction)
+    if self.ndim == 0: raise RuntimeError("nll_loss needs log-probabilities with a class dim, got a 0-d tensor")
+    axis = 1 if self.ndim >= 2 else 0
+    if Y.shape != self.shape[:axis] + self.shape[axis + 1:] or not Y.dtype.is_int:
+      raise RuntimeError(f"nll_loss: target of shape {Y.shape} and dtype {Y.dtype} for input {self.shape}: expected "
+                         f"int class indices of shape {self.shape[:axis] + self.shape[axis + 1:]}")
+    if weight is not None and weight.shape != (self.shape[axis],):
+      raise RuntimeError(f"nll_loss: weight of shape {weight.shape} for {self.shape[axis]} classes")
+    hits = self._class_hits(Y, axis, ignore_index)
+    picked = hits.where(self, 0).sum(axis)
+    class_weight = Tensor.ones(self.shape[axis], dtype=self.dtype, device=self.device) if weight is None else weight
+    target_weight = hits.where(class_weight.reshape((-1,) + (1,) * (self.ndim - axis - 1)), 0).sum(axis)
+    target_weight = (Y != ignore_index).where(target_weight, 0)
+    loss = -picked * target_weight
+    return loss.sum() / target_weight.sum() if reduction == "mean" else _reduce_loss(loss, reduction)
   def cross_entropy(self, Y: Tensor, reduction: str = "mean", label_smoothing: float = 0.0,
                     ignore_index: int = TORCH_IGNORE_INDEX) -> Tensor:
     """torch's cross_entropy of logits (N, C, *d) or (C,): Y holds class indices (N, *d) — ints, where ignore_index

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from tgrad import Tensor, dtypes
 from tgrad.nn import Embedding
-import tgrad.tensor as tensor_module
+from tgrad.bounds import drop_pending_checks, pending_checks
 
 RNG = np.random.default_rng(3)
 
@@ -24,9 +24,9 @@ def on_device(values, dtype=dtypes.int32) -> Tensor:
 def no_leftover_checks():
   """A test must not leave a pending check behind for the next one (that would raise in an unrelated test)."""
   yield
-  leftover = list(tensor_module._pending_index_checks)
-  tensor_module._pending_index_checks.clear()
-  assert not leftover, f"pending index checks left behind: {leftover}"
+  leftover = pending_checks()
+  drop_pending_checks()
+  assert not leftover, f"{leftover} pending index checks left behind"
 
 # ---- every entry point, host-known and device-computed indices: (name, build(index) -> Tensor, bad, message)
 TABLE = np.arange(12, dtype=np.float32).reshape(3, 4)

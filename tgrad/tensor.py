@@ -16,6 +16,7 @@ from tgrad.lazy import LazyBuffer
 from tgrad.ops import Ops
 from tgrad.device import canonical_device
 from tgrad.helpers import prod
+from tgrad.bounds import IndexBounds, check_index_bounds, realize_with_checks
 import tgrad.function as F
 
 Scalar = Union[bool, int, float]
@@ -122,79 +123,6 @@ def _fmix32(x: int) -> int:
   x = (x * MURMUR_MULTIPLIER_2) & UINT32_MASK
   return x ^ (x >> 16)
 
-def _realize_lazy(*lbs: LazyBuffer) -> None:
-  """Realize lbs, and with them every pending index-bounds check; raise IndexError for the first that failed."""
-  from tgrad.realize import realize   # imported on use: the runtime is only needed once something is computed
-  checks = _pending_index_checks[:]
-  _pending_index_checks.clear()
-  realize(*lbs, *[check.flag for check in checks])
-  for check in checks:
-    if check.flag.base.buffer.copyout().any():
-      raise check.bounds.error(Tensor(check.index).numpy())
-
-# ---------------------------------------------------------------------------------------------------------------
-# index bounds (docs/design-notes.md, "Index bounds"): an index whose values are on the host is checked at once;
-# one computed on a device gets a lazy check (a 0-d flag: any value out of range) that the next Tensor-level realize
-# computes in the same schedule as the tensors asked for, then reads (one byte) and raises on.
-
-@dataclass(frozen=True)
-class IndexBounds:
-  """Valid indices are low <= i < size, except `ignore` (a loss's ignore_index), which is always allowed. `message`
-  names the op and the dim, with {value} (the first bad index) and {size} filled in."""
-  low: int
-  size: int
-  message: str = "index {value} is out of bounds for dimension 0 with size {size}"
-  ignore: Optional[int] = None
-  def out_of_range(self, values: np.ndarray) -> np.ndarray:
-    bad = (values < self.low) | (values >= self.size)
-    return bad & (values != self.ignore) if self.ignore is not None else bad
-  def error(self, values: np.ndarray) -> IndexError:
-    bad = np.asarray(values).reshape(-1)[self.out_of_range(np.asarray(values).reshape(-1))]
-    value = bad[0].item() if bad.size else "?"
-    return IndexError(self.message.format(value=value, size=self.size))
-
-@dataclass(frozen=True)
-class _IndexCheck:
-  flag: LazyBuffer      # 0-d uint8: nonzero when some index is out of range
-  index: LazyBuffer     # the index values, copied to the host only to name the bad one
-  bounds: IndexBounds
-
-_pending_index_checks: list[_IndexCheck] = []
-
-def _host_values(lb: LazyBuffer) -> Optional[np.ndarray]:
-  """The values of `lb` if they are still on the host: Python or numpy data not realized yet (maybe reshaped, cast
-  from one int dtype to another or moved to another device), or a constant. None when a device computes them."""
-  shape, casts = lb.shape, []
-  while True:
-    if not (lb.is_base or (lb.st.contiguous and lb.size == lb.base.size)): return None   # a view that picks values
-    base = lb.base
-    if base.buffer is not None: return None
-    if base.op is Ops.CONST: values = np.full(shape, base.arg)
-    elif base.op is Ops.COPY and isinstance(base.arg, np.ndarray):   # the bytes may be read as another int dtype
-      values = base.arg if base.arg.dtype == base.dtype.np else base.arg.view(base.dtype.np)
-    elif base.op is Ops.COPY or (base.op is Ops.CAST and base.dtype.is_int and base.srcs[0].dtype.is_int):
-      if base.op is Ops.CAST: casts.append(base.dtype)
-      lb = base.srcs[0]
-      continue
-    else: return None
-    for dtype in reversed(casts): values = values.astype(dtype.np)   # wraps as the device's CAST does
-    return values.reshape(shape)
-
-def check_index_bounds(index: Tensor, bounds: IndexBounds) -> None:
-  """Raise IndexError now if index's values are on the host and one is out of bounds; else register a lazy check."""
-  if index.numel() == 0: return
-  values = _host_values(index.lazydata)
-  if values is not None:
-    if bounds.out_of_range(values).any(): raise bounds.error(values)
-    return
-  x = index.detach()
-  # compare in 64 bits: the bounds may not fit the index dtype, and an int64 index is judged before any cast
-  unsigned = x.dtype.is_unsigned
-  wide = x.cast(dtypes.uint64 if unsigned else dtypes.int64)
-  bad = wide >= bounds.size if unsigned else (wide >= bounds.size) | (wide < bounds.low)
-  if bounds.ignore is not None and (bounds.ignore >= 0 or not unsigned): bad = bad & (wide != bounds.ignore)
-  _pending_index_checks.append(_IndexCheck(bad.cast(dtypes.uint8).max().lazydata, x.lazydata, bounds))
-
 # ---------------------------------------------------------------------------------------------------------------
 
 class Tensor:
@@ -285,14 +213,14 @@ class Tensor:
   def realize(self, *others: Tensor) -> Tensor:
     """Compute this tensor now (its buffer stays on the device); `Tensor.realize(a, b, ...)` or `a.realize(b, ...)`
     computes several in one schedule, so their kernels are planned together."""
-    _realize_lazy(self.lazydata, *[t.lazydata for t in others])
+    realize_with_checks(self.lazydata, *[t.lazydata for t in others])
     return self
   def numpy(self) -> np.ndarray:
     """The values as a numpy array (bfloat16 comes back as float32)."""
     out_dtype = dtypes.float32 if self.dtype == dtypes.bfloat16 else self.dtype
     if self.numel() == 0: return np.zeros(self.shape, dtype=out_dtype.np)
     lb = self.lazydata.cast(out_dtype).contiguous()
-    _realize_lazy(lb)
+    realize_with_checks(lb)
     return lb.base.buffer.copyout().reshape(self.shape)
   def tolist(self) -> Any: return self.numpy().tolist()
   def item(self) -> Scalar:
@@ -1016,7 +944,7 @@ class Tensor:
     """numpy indexing: ints (negative count from the end), slices (any step), None, Ellipsis, and int Tensors or
     lists (a gather, built as a one-hot compare with ARANGE and a sum). Tensor indices may be negative down to
     -size; out-of-range ones raise IndexError, at once for host values, else at the next realize (see
-    `check_index_bounds`)."""
+    tgrad/bounds.py)."""
     plan = _IndexPlan(self.shape, indices, self.device)
     x = self.shrink(plan.bounds).flip(tuple(i for i, f in enumerate(plan.flips) if f))._stride(tuple(plan.steps))
     x = x.reshape(plan.view_shape)
@@ -1032,7 +960,7 @@ class Tensor:
     for k, ((dim, index), input_dim) in enumerate(zip(plan.tensor_indices, plan.tensor_input_dims)):
       size = self.shape[dim]
       message = f"index {{value}} is out of bounds for dimension {input_dim} with size {{size}}"   # torch's words
-      check_index_bounds(index, IndexBounds(-size, size, message))
+      check_index_bounds(index.lazydata, IndexBounds(-size, size, message))
       index = index.cast(dtypes.int32)
       index = (index < 0).where(index + size, index)._broadcast_to(index_shape)
       one_hot_shape = (1,) * k + (size,) + (1,) * (n_gathered - k - 1)
@@ -1440,23 +1368,23 @@ class Tensor:
   # ---- classes and losses
   def one_hot(self, num_classes: int = -1) -> Tensor:
     """(..., num_classes) of 0/1 ints (default int dtype); num_classes = -1 reads max + 1 from the data (a kernel
-    runs). A class outside [0, num_classes) raises IndexError (see `check_index_bounds` for when)."""
+    runs). A class outside [0, num_classes) raises IndexError (see tgrad/bounds.py for when)."""
     if not self.dtype.is_int:
       raise RuntimeError(f"one_hot is only applicable to index tensors (ints), got {self.dtype}")
     if num_classes == -1:
       if self.numel() == 0: raise RuntimeError("Can not infer total number of classes from empty tensor.")
       num_classes = int(self.max().item()) + 1
-    check_index_bounds(self, IndexBounds(0, num_classes, "one_hot: class {value} is out of range for num_classes "
-                                                         "{size} (classes must be in [0, num_classes))"))
+    message = "one_hot: class {value} is out of range for num_classes {size} (classes must be in [0, num_classes))"
+    check_index_bounds(self.lazydata, IndexBounds(0, num_classes, message))
     classes = Tensor.arange(num_classes, device=self.device)
     return (self.unsqueeze(-1) == classes).cast(dtypes.default_int)
   def _class_hits(self, target: Tensor, axis: int, ignore_index: int) -> Tensor:
     """(target == class) as a bool tensor of self's shape (classes on `axis`), after checking the class indices
     (ignore_index allowed)."""
     classes = self.shape[axis]
-    check_index_bounds(target, IndexBounds(0, classes, f"class index {{value}} is out of bounds for {{size}} classes "
-                                           f"(input of shape {self.shape}, ignore_index {ignore_index})",
-                                           ignore=ignore_index))
+    message = (f"class index {{value}} is out of bounds for {{size}} classes (input of shape {self.shape}, "
+               f"ignore_index {ignore_index})")
+    check_index_bounds(target.lazydata, IndexBounds(0, classes, message, ignore=ignore_index))
     positions = Tensor.arange(classes, device=self.device).reshape((classes,) + (1,) * (self.ndim - axis - 1))
     return target.unsqueeze(axis) == positions
   def _class_nll(self, target: Tensor, axis: int, ignore_index: int, label_smoothing: float, reduction: str) -> Tensor:
@@ -1547,11 +1475,9 @@ class Tensor:
   def gather(self, dim: int, index: Tensor) -> Tensor:
     """out[..., j, ...] = self[..., index[..., j, ...], ...] along `dim`, as torch.gather; index may be smaller
     than self in the other dims. A one-hot compare with ARANGE and a sum. Indices must be in [0, size): others
-    raise IndexError (see `check_index_bounds` for when)."""
+    raise IndexError (see tgrad/bounds.py for when)."""
     dim = self._check_dim_index(dim, index, "gather")
-    check_index_bounds(index, IndexBounds(0, self.shape[dim] if self.ndim else 1,
-                                           f"gather: index {{value}} is out of bounds for dimension {dim} with size "
-                                           "{size}"))
+    check_index_bounds(index.lazydata, _dim_bounds("gather", dim, self.shape[dim] if self.ndim else 1))
     if self.ndim == 0: return self
     size = self.shape[dim]
     region = self.shrink(tuple(None if d == dim else (0, i) for d, i in enumerate(index.shape)))
@@ -1563,7 +1489,7 @@ class Tensor:
     """A copy of self with src written at index along `dim`, as torch.scatter (src a tensor at least index's size,
     or a scalar): out[..., index[..., j, ...], ...] = src[..., j, ...]. reduce='add' or 'multiply' combines with
     the existing value instead. A repeated position takes the last write. Indices must be in [0, size): others
-    raise IndexError (see `check_index_bounds` for when)."""
+    raise IndexError (see tgrad/bounds.py for when)."""
     if reduce not in (None, "add", "multiply"): raise RuntimeError("reduce argument must be either add or multiply.")
     dim = self._check_dim_index(dim, index, "scatter")
     if isinstance(src, Tensor):
@@ -1571,9 +1497,7 @@ class Tensor:
         raise RuntimeError(f"scatter(): Expected index {list(index.shape)} to be no larger than src {list(src.shape)}")
       src = src.shrink(tuple((0, i) for i in index.shape)).cast(self.dtype)
     else: src = Tensor.full(index.shape, src, dtype=self.dtype, device=self.device)
-    check_index_bounds(index, IndexBounds(0, self.shape[dim] if self.ndim else 1,
-                                           f"scatter: index {{value}} is out of bounds for dimension {dim} with size "
-                                           "{size}"))
+    check_index_bounds(index.lazydata, _dim_bounds("scatter", dim, self.shape[dim] if self.ndim else 1))
     if self.ndim == 0 or index.numel() == 0: return self
     size, positions = self.shape[dim], index.shape[dim]
     hit = index.transpose(dim, -1).unsqueeze(-1) == Tensor.arange(size, device=self.device)   # (..., P, size)
@@ -1762,6 +1686,10 @@ def _scan_last(x: Tensor, kind: _ScanKind) -> Tensor:
   carry = totals.pad(whole_lead + ((1, 0),), value=identity).shrink(tuple((0, s) for s in lead) + ((0, count),))
   out = kind.combine(kind.block_prefix(blocks, mask), carry.unsqueeze(-1)).reshape(*lead, count * block)
   return out.shrink(tuple((0, s) for s in lead) + ((0, n),))
+
+def _dim_bounds(name: str, dim: int, size: int) -> IndexBounds:
+  """gather's and scatter's indices: 0 <= i < size, as torch (no negative indices)."""
+  return IndexBounds(0, size, f"{name}: index {{value}} is out of bounds for dimension {dim} with size {{size}}")
 
 def _gather_acc_dtype(dtype: DType) -> DType:
   """A sum that adds one selected value to zeros is exact in the value's own dtype (bools go through int32)."""

@@ -227,6 +227,24 @@ def test_sparse_categorical_crossentropy(compare_with_torch):
                      lambda x: x.sparse_categorical_crossentropy(Tensor(labels.astype(np.int32)), label_smoothing=0.1),
                      [(2, 3, 3)])
 
+NLL_CASES = [  # id, kwargs for both (weight given as numpy, one per class)
+  ("mean", dict()), ("sum", dict(reduction="sum")), ("none", dict(reduction="none")),
+  ("weight_mean", dict(weight=np.array([0.5, 2.0, 1.0, 3.0], np.float32))),
+  ("weight_ignore", dict(weight=np.array([0.5, 2.0, 1.0, 3.0], np.float32), ignore_index=1)),
+]
+
+@pytest.mark.parametrize("name, kwargs", NLL_CASES, ids=[c[0] for c in NLL_CASES])
+def test_nll_loss(compare_with_torch, name, kwargs):
+  spatial = RNG.integers(0, 4, (2, 3))
+  for shape, labels in (((5, 4), LABELS), ((2, 4, 3), spatial)):
+    torch_kwargs = {k: torch.tensor(v) if k == "weight" else v for k, v in kwargs.items()}
+    tgrad_kwargs = {k: Tensor(v) if k == "weight" else v for k, v in kwargs.items()}
+    compare_with_torch(lambda x: F.nll_loss(x.log_softmax(1), torch.tensor(labels), **torch_kwargs),
+                       lambda x: x.log_softmax(1).nll_loss(Tensor(labels.astype(np.int32)), **tgrad_kwargs), [shape],
+                       rtol=1e-5)
+  with pytest.raises(RuntimeError, match="nll_loss: target of shape"): Tensor.ones(5, 4).nll_loss(Tensor([1, 2]))
+  with pytest.raises(RuntimeError, match="weight of shape"): Tensor.ones(5, 4).nll_loss(Tensor(LABELS), Tensor.ones(3))
+
 def test_binary_losses_and_mse(compare_with_torch):
   target = RNG.uniform(0, 1, (4, 3)).astype(np.float32)
   compare_with_torch(lambda p: F.binary_cross_entropy(p, torch.tensor(target)),

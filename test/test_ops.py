@@ -277,6 +277,70 @@ class TestPromotion:
     assert (p + 1).tolist() == [2, 2, 1] and (p + 1).dtype == dtypes.int32
     assert p.sum().item() == 2 and p.sum().dtype == dtypes.int32
 
+OVERFLOW_DTYPES = [dtypes.int8, dtypes.uint8, dtypes.int16, dtypes.uint16, dtypes.int32, dtypes.uint32, dtypes.int64,
+                   dtypes.uint64, dtypes.float16, dtypes.float32]
+OVERFLOW_SCALARS = [300, -1, -129, 255, 2 ** 40 + 5, 2 ** 63, -2 ** 63 - 1, 2 ** 64 - 1, 2.5, True]
+ARITHMETIC_OPS = {"+": lambda a, s: a + s, "r-": lambda a, s: s - a, "*": lambda a, s: a * s, "&": lambda a, s: a & s,
+                  "maximum": lambda a, s: a.maximum(s) if isinstance(a, Tensor) else np.maximum(a, s)}
+COMPARISON_OPS = {"<": lambda a, s: a < s, "<=": lambda a, s: a <= s, ">": lambda a, s: a > s,
+                  ">=": lambda a, s: a >= s, "==": lambda a, s: a == s, "!=": lambda a, s: a != s,
+                  "r<": lambda a, s: s < a}
+
+def numpy_outcome(fn, array: np.ndarray, scalar):
+  """numpy 2's result, or the exception type it raises."""
+  try:
+    with np.errstate(all="ignore"): return fn(array, scalar)
+  except (OverflowError, TypeError) as error: return type(error)
+
+class TestScalarOverflow:
+  """A Python int that the tensor's int dtype can't hold raises OverflowError where numpy 2 does (NEP 50)."""
+  @pytest.mark.parametrize("dtype", OVERFLOW_DTYPES, ids=lambda d: d.name)
+  def test_raises_where_numpy_raises(self, dtype):
+    array = np.array([1, 0, 3], dtype=dtype.np)
+    for name, fn in ARITHMETIC_OPS.items():
+      for scalar in OVERFLOW_SCALARS:
+        want = numpy_outcome(fn, array, scalar)
+        if want is TypeError or (name == "&" and dtype.is_float): continue   # float & int is a TypeError in both
+        if isinstance(want, type):
+          with pytest.raises(want, match=f"Python integer {scalar} out of bounds for {dtype.name}"):
+            fn(Tensor(array), scalar)
+        else: fn(Tensor(array), scalar)   # builds without error (values are compared below, where they are cheap)
+
+  @pytest.mark.parametrize("dtype", [dtypes.int8, dtypes.uint8, dtypes.int32, dtypes.uint64], ids=lambda d: d.name)
+  def test_comparisons_with_out_of_range_ints_answer_like_numpy(self, dtype):
+    array = np.array([1, 0, dtypes.max(dtype)], dtype=dtype.np)
+    for name, fn in COMPARISON_OPS.items():
+      for scalar in (300, -1, -129, 2 ** 64, -2 ** 70, dtypes.max(dtype)):
+        np.testing.assert_array_equal(fn(Tensor(array), scalar).numpy(), fn(array, scalar), err_msg=f"{name} {scalar}")
+
+  def test_values_where_numpy_does_not_raise(self):
+    for dtype, scalar in ((dtypes.int8, -128), (dtypes.uint8, 255), (dtypes.int64, 2 ** 63 - 1),
+                          (dtypes.uint64, 2 ** 64 - 1), (dtypes.int32, 2.5), (dtypes.float16, 10 ** 6)):
+      array = np.array([1, 0, 3], dtype=dtype.np)
+      with np.errstate(all="ignore"): want = array + scalar
+      np.testing.assert_array_equal((Tensor(array) + scalar).numpy(), want.astype(np.float32 if scalar == 2.5 else
+                                                                                   want.dtype), err_msg=str(dtype))
+    assert (Tensor([1], dtype=dtypes.uint8) - 1).tolist() == [0]
+
+  def test_creation_and_assignment(self):
+    for make in (lambda: Tensor(300, dtype=dtypes.int8), lambda: Tensor([1, 300], dtype=dtypes.int8),
+                 lambda: Tensor.full((2,), 300, dtype=dtypes.int8),
+                 lambda: Tensor([1, 2], dtype=dtypes.int8).full_like(300),
+                 lambda: Tensor.arange(-5, 5, dtype=dtypes.uint8)):
+      with pytest.raises(OverflowError, match="out of bounds for (u)?int8"): make()
+    with pytest.raises(OverflowError, match="out of bounds for int8"): np.array([1, 300], dtype=np.int8)
+    with pytest.raises(OverflowError, match="pass dtype=dtypes.int64"): Tensor(2 ** 40)
+    assert Tensor([2 ** 40, -1], dtype=dtypes.int64).tolist() == [2 ** 40, -1]
+    t = Tensor([1, 2], dtype=dtypes.int8)
+    with pytest.raises(OverflowError, match="300 out of bounds for int8"): t[0] = 300
+    with pytest.raises(OverflowError, match="300 out of bounds for int8"): (t > 0).where(300, t)
+
+  def test_floats_promote_and_clip_bounds_saturate(self):
+    assert (Tensor([1, 2], dtype=dtypes.int8) * 1e300).dtype == dtypes.float32   # a float scalar makes a float result
+    x = np.array([1, -2, 100], np.int8)
+    np.testing.assert_array_equal(Tensor(x).clip(0, 300).numpy(), np.clip(x, 0, 300))
+    np.testing.assert_array_equal(Tensor(x).clip(-1000, 50).numpy(), np.clip(x, -1000, 50))
+
 UNARY_CASES = [  # (name, torch fn, tgrad fn, low, high, rtol)
   ("neg", lambda x: -x, None, -3, 3, FLOAT_RTOL), ("exp", torch.exp, Tensor.exp, -5, 5, TRANSCENDENTAL_RTOL),
   ("exp2", torch.exp2, Tensor.exp2, -5, 5, TRANSCENDENTAL_RTOL),
@@ -538,11 +602,11 @@ class TestIndexing:
     numpy_order = (lambda t: t[torch_index].T) if isinstance(np_index[0], int) else (lambda t: t[torch_index])
     helper_test_op(None, numpy_order, lambda t: t[tg_index], values=[x])
 
-  def test_gather_ints_and_out_of_range(self):
+  def test_gather_ints_and_negative(self):
     x = np.arange(12, dtype=np.int32).reshape(3, 4)
     np.testing.assert_array_equal(Tensor(x)[[2, 0]].numpy(), x[[2, 0]])
     np.testing.assert_array_equal(Tensor(x)[:, Tensor([3, -4])].numpy(), x[:, [3, -4]])
-    assert Tensor(x)[Tensor([7])].tolist() == [[0, 0, 0, 0]]   # out of range: zeros, no out-of-bounds read
+    with pytest.raises(IndexError, match="index 7 is out of bounds for dimension 0 with size 3"): Tensor(x)[Tensor([7])]
     b = Tensor([True, False, True])
     assert b[Tensor([2, 1])].tolist() == [True, False]
 

@@ -32,8 +32,11 @@ class Function:
     """Run forward on the inputs' lazydata; record the op for backward when a gradient is wanted."""
     from tgrad.tensor import Tensor
     ctx = cls(inputs[0].device, *inputs)
-    out = Tensor(ctx.forward(*[t.lazydata for t in inputs], **kwargs), requires_grad=ctx.requires_grad)
-    if ctx.requires_grad and Tensor.grad_enabled: out._ctx = ctx
+    # under no_grad the output is a constant to autograd, as in torch: it does not require grad, so a backward
+    # from it raises instead of silently reaching nothing
+    requires_grad = ctx.requires_grad if Tensor.grad_enabled else False
+    out = Tensor(ctx.forward(*[t.lazydata for t in inputs], **kwargs), requires_grad=requires_grad)
+    if requires_grad: out._ctx = ctx
     return out
 
 def _mask_to(mask: LazyBuffer, dtype: DType) -> LazyBuffer: return mask.cast(dtype)

@@ -9,13 +9,14 @@ from __future__ import annotations
 import functools, math, time
 from contextlib import ContextDecorator
 from dataclasses import dataclass
-from typing import Any, ClassVar, Optional, Sequence, Union
+from typing import Any, Callable, ClassVar, Optional, Sequence, Union
 import numpy as np
 from tgrad.dtype import DType, dtypes, promote_types, least_upper_dtype, least_upper_float, to_dtype
 from tgrad.lazy import LazyBuffer
 from tgrad.ops import Ops
 from tgrad.device import canonical_device
 from tgrad.helpers import prod
+from tgrad.bounds import IndexBounds, check_index_bounds, realize_with_checks
 import tgrad.function as F
 
 Scalar = Union[bool, int, float]
@@ -83,6 +84,18 @@ def _scalar_dtype(tensor_dtype: DType, scalar: Scalar) -> DType:
   if isinstance(scalar, float): return tensor_dtype if tensor_dtype.is_float else dtypes.default_float
   raise TypeError(f"expected a Python scalar, got {type(scalar).__name__}")
 
+def _int_overflow_side(dtype: DType, value: Any) -> int:
+  """+1 if value is a Python int above what the int dtype holds, −1 if below, 0 if it fits (or is not such a pair)."""
+  if not dtype.is_int or not isinstance(value, (int, np.integer)) or isinstance(value, (bool, np.bool_)): return 0
+  return 1 if value > dtypes.max(dtype) else -1 if value < dtypes.min(dtype) else 0
+
+def _check_scalar_fits(value: Any, dtype: DType) -> None:
+  """numpy 2's rule (NEP 50): a Python int that the int dtype it meets can't hold raises OverflowError (int8 + 300,
+  uint8 + (-1), int32 + 2**40), instead of wrapping."""
+  if _int_overflow_side(dtype, value):
+    hint = " (pass dtype=dtypes.int64 for a wider tensor)" if dtype == dtypes.default_int else ""
+    raise OverflowError(f"Python integer {value} out of bounds for {dtype.name}{hint}")
+
 def _python_dtype(data) -> DType:
   """The dtype of Python data (nested lists of scalars): any float → default float, else any int → default int,
   else bool. Scalars are weak, so [1.0, 2] is float32 (numpy's promotion of float32 with int32 would say float64)."""
@@ -109,10 +122,6 @@ def _fmix32(x: int) -> int:
   x ^= x >> 13
   x = (x * MURMUR_MULTIPLIER_2) & UINT32_MASK
   return x ^ (x >> 16)
-
-def _realize_lazy(*lbs: LazyBuffer) -> None:
-  from tgrad.realize import realize   # imported on use: the runtime is only needed once something is computed
-  realize(*lbs)
 
 # ---------------------------------------------------------------------------------------------------------------
 
@@ -155,11 +164,15 @@ class Tensor:
       return
     device = canonical_device(device)
     if isinstance(data, (bool, int, float)):
-      self.lazydata = LazyBuffer.const_of(data, dtype or _python_dtype(data), device)
+      dtype = dtype or _python_dtype(data)
+      _check_scalar_fits(data, dtype)
+      self.lazydata = LazyBuffer.const_of(data, dtype, device)
     elif isinstance(data, (list, tuple)):
       try: inferred = _python_dtype(data)
       except TypeError: inferred = dtypes.from_np(np.asarray(data).dtype)   # e.g. a list of numpy scalars
-      self.lazydata = _from_array(np.asarray(data, dtype=_host_dtype(inferred)), dtype or inferred, device)
+      # numpy converts each Python int straight to the target dtype: one it can't hold raises OverflowError
+      host_dtype = dtype if dtype is not None and dtype.is_int and inferred.is_int else inferred
+      self.lazydata = _from_array(np.asarray(data, dtype=_host_dtype(host_dtype)), dtype or inferred, device)
     elif isinstance(data, (np.ndarray, np.generic)):
       array = np.asarray(data)
       if array.dtype.kind not in "biuf": raise TypeError(f"cannot make a Tensor from numpy dtype {array.dtype}")
@@ -200,14 +213,14 @@ class Tensor:
   def realize(self, *others: Tensor) -> Tensor:
     """Compute this tensor now (its buffer stays on the device); `Tensor.realize(a, b, ...)` or `a.realize(b, ...)`
     computes several in one schedule, so their kernels are planned together."""
-    _realize_lazy(self.lazydata, *[t.lazydata for t in others])
+    realize_with_checks(self.lazydata, *[t.lazydata for t in others])
     return self
   def numpy(self) -> np.ndarray:
     """The values as a numpy array (bfloat16 comes back as float32)."""
     out_dtype = dtypes.float32 if self.dtype == dtypes.bfloat16 else self.dtype
     if self.numel() == 0: return np.zeros(self.shape, dtype=out_dtype.np)
     lb = self.lazydata.cast(out_dtype).contiguous()
-    _realize_lazy(lb)
+    realize_with_checks(lb)
     return lb.base.buffer.copyout().reshape(self.shape)
   def tolist(self) -> Any: return self.numpy().tolist()
   def item(self) -> Scalar:
@@ -246,6 +259,7 @@ class Tensor:
   def full(shape, fill_value: Scalar, dtype: Any = None, device: Optional[str] = None, **kwargs) -> Tensor:
     shape = _check_shape(_shape_arg(shape))
     dtype = to_dtype(dtype) if dtype is not None else _python_dtype(fill_value)
+    _check_scalar_fits(fill_value, dtype)
     return Tensor(LazyBuffer.const_of(fill_value, dtype, canonical_device(device), shape), **kwargs)
   @staticmethod
   def zeros(*shape, **kwargs) -> Tensor: return Tensor.full(_varargs_shape(shape), 0.0, **_float_default(kwargs))
@@ -397,6 +411,11 @@ class Tensor:
       stack.append((node, True))
       if node._ctx is not None: stack.extend((p, False) for p in node._ctx.parents if id(p) not in visited)
     return order
+  def _check_differentiable(self, name: str) -> None:
+    """As torch: differentiating a tensor with no gradient graph is an error, not a silent no-op."""
+    if not self.requires_grad:
+      raise RuntimeError(f"{name} of a tensor of shape {self.shape} that does not require grad and has no gradient "
+                         "graph: it was computed under Tensor.no_grad() or only from tensors that don't require grad")
   def _backprop(self, gradient: Optional[Tensor]) -> tuple[list[Tensor], dict[int, LazyBuffer]]:
     if gradient is None:
       if self.numel() != 1:
@@ -418,7 +437,7 @@ class Tensor:
     return nodes, grads
   def backward(self, gradient: Optional[Tensor] = None) -> Tensor:
     """Accumulate d(self)/d(t) into `t.grad` for every tensor t in the graph that requires grad."""
-    if not self.requires_grad: raise RuntimeError("backward on a tensor that does not require grad")
+    self._check_differentiable("backward")
     nodes, grads = self._backprop(gradient)
     for node in nodes:
       if node.requires_grad and id(node) in grads:
@@ -427,6 +446,7 @@ class Tensor:
     return self
   def gradient(self, *targets: Tensor, gradient: Optional[Tensor] = None) -> list[Tensor]:
     """d(self)/d(target) for each target, as new tensors; `.grad` is left alone. Unused targets get zeros."""
+    self._check_differentiable("gradient")
     for t in targets:
       if not t.requires_grad: raise RuntimeError(f"gradient target of shape {t.shape} does not require grad")
     _, grads = self._backprop(gradient)
@@ -449,9 +469,13 @@ class Tensor:
     return Tensor(x, dtype=dtype, device=self.device)
   def _operands(self, other: Any, reverse: bool = False, dtype: Optional[DType] = None) -> tuple[Tensor, Tensor]:
     """self and other broadcast to one shape and promoted to one dtype (Python scalars are weak)."""
+    if isinstance(other, (bool, int, float)):   # a constant made at self's shape: no reshape/expand ops to record
+      out_dtype = dtype or _scalar_dtype(self.dtype, other)
+      _check_scalar_fits(other, out_dtype)
+      x, y = self.cast(out_dtype), Tensor(LazyBuffer.const_of(other, out_dtype, self.device, self.shape))
+      return (y, x) if reverse else (x, y)
     y = self._as_tensor(other)
-    weak = isinstance(other, (bool, int, float))
-    out_dtype = dtype or (y.dtype if weak else promote_types(self.dtype, y.dtype))
+    out_dtype = dtype or promote_types(self.dtype, y.dtype)
     shape = broadcast_shape(self.shape, y.shape)
     x, y = self.cast(out_dtype)._broadcast_to(shape), y.cast(out_dtype)._broadcast_to(shape)
     return (y, x) if reverse else (x, y)
@@ -532,16 +556,31 @@ class Tensor:
   def _compare(self, op: Ops, other: Any, reverse: bool = False) -> Tensor:
     a, b = self._operands(other, reverse)
     return self._nograd(a.lazydata.alu(op, b.lazydata))
-  def __lt__(self, x: Any) -> Tensor: return self._compare(Ops.CMPLT, x)
-  def __gt__(self, x: Any) -> Tensor: return self._compare(Ops.CMPLT, x, reverse=True)
+  def _compare_out_of_range(self, x: Any, below_if_above: bool) -> Optional[Tensor]:
+    """A comparison with a Python int the int dtype can't hold has one answer everywhere, as in numpy 2:
+    `below_if_above` is the answer when x is above the dtype's range (self < x, self <= x, self != x)."""
+    side = _int_overflow_side(_scalar_dtype(self.dtype, x), x) if isinstance(x, int) else 0
+    if not side: return None
+    return Tensor.full(self.shape, below_if_above == (side > 0), dtype=dtypes.bool, device=self.device)
+  def __lt__(self, x: Any) -> Tensor:
+    known = self._compare_out_of_range(x, True)
+    return known if known is not None else self._compare(Ops.CMPLT, x)
+  def __gt__(self, x: Any) -> Tensor:
+    known = self._compare_out_of_range(x, False)
+    return known if known is not None else self._compare(Ops.CMPLT, x, reverse=True)
   def __le__(self, x: Any) -> Tensor:
+    if (known := self._compare_out_of_range(x, True)) is not None: return known
     a, b = self._operands(x)
     if a.dtype.is_float: return (a < b) | (a == b)      # NaN-correct: NaN <= anything is False
     return (b < a).logical_not()
   def __ge__(self, x: Any) -> Tensor:
+    if (known := self._compare_out_of_range(x, False)) is not None: return known
     a, b = self._operands(x)
     return b <= a
-  def __ne__(self, x: Any) -> Tensor: return self._compare(Ops.CMPNE, x)  # type: ignore[override]
+  def __ne__(self, x: Any) -> Tensor:  # type: ignore[override]
+    if isinstance(x, int) and _int_overflow_side(_scalar_dtype(self.dtype, x), x):
+      return Tensor.full(self.shape, True, dtype=dtypes.bool, device=self.device)
+    return self._compare(Ops.CMPNE, x)
   def __eq__(self, x: Any) -> Tensor: return (self != x).logical_not()  # type: ignore[override]
   def logical_not(self) -> Tensor:
     if self.dtype.is_bool: return self._nograd(self.lazydata.alu(Ops.CMPNE, self.lazydata.const(True)))
@@ -620,6 +659,8 @@ class Tensor:
   def clip(self, min_: Any = None, max_: Any = None) -> Tensor:
     """torch.clamp: NaN stays NaN, and the gradient is 1 wherever min_ <= x <= max_ (bounds included)."""
     if min_ is None and max_ is None: raise ValueError("clip needs min_ or max_")
+    if self.dtype.is_int:   # a Python int bound beyond the dtype clips nothing on that side (numpy's np.clip)
+      min_, max_ = (_clamp_to_dtype(b, self.dtype) if isinstance(b, int) else b for b in (min_, max_))
     out = self if min_ is None else (self < min_).where(min_, self)
     return out if max_ is None else (out > max_).where(max_, out)
   def clamp(self, min_: Any = None, max_: Any = None) -> Tensor: return self.clip(min_, max_)
@@ -731,27 +772,38 @@ class Tensor:
     peak = peak.isinf().where(0, peak)     # all −inf (or +inf) rows: shift by 0 instead of producing NaN
     out = (x - peak).exp().sum(axis, keepdim=True).log() + peak
     return out if keepdim else out.reshape(self._reduced_shape(self._reduce_axes(axis), keepdim=False))
-  def _windows(self, pad_value: Scalar) -> Tensor:
-    """For the last axis of size n: shape (..., n, n) with out[..., i, j] = x[i + j − (n − 1)] (pad_value before 0).
-    A view of x padded on the left by n − 1: expanded, flattened, re-cut with row length n·2, and shrunk."""
-    n = self.shape[-1]
-    length = 2 * n - 1
-    lead = self.shape[:-1]
-    padded = self.pad(((0, 0),) * len(lead) + ((n - 1, 0),), value=pad_value)
-    rows = padded.unsqueeze(-2).expand(*lead, n, length).reshape(*lead, n * length)
-    rows = rows.pad(((0, 0),) * len(lead) + ((0, n),)).reshape(*lead, n, length + 1)
-    return rows.shrink(tuple((0, s) for s in lead) + ((0, n), (0, n)))
+  # ---- scans: an associative op run along one axis, blocked so the work is O(n·SCAN_BLOCK) in O(log n) kernels
+  def _scan(self, axis: int, kind: str) -> Tensor:
+    """The inclusive scan of `kind` (a key of SCAN_KINDS) along `axis`, in self's dtype (the caller casts)."""
+    axis = _resolve_axis(axis, self.ndim, self.shape) if self.ndim else 0
+    if self.ndim == 0 or self.shape[axis] <= 1: return self
+    return _scan_last(self.transpose(axis, -1), SCAN_KINDS[kind]).transpose(axis, -1)
   def cumsum(self, axis: int = 0) -> Tensor:
-    """Running sum along `axis`: an (n, n) window view reduced (O(n²) work, O(n) memory)."""
-    axis = _resolve_axis(axis, self.ndim, self.shape) if self.ndim else 0
-    if self.ndim == 0 or self.shape[axis] <= 1: return self.cast(_sum_dtype(self.dtype))
-    moved = self.transpose(axis, -1)
-    return moved._windows(0).sum(-1).transpose(axis, -1)
+    """Running sum along `axis`, in sum's dtype (bools and small ints give int32; ints wrap as the dtype does)."""
+    out_dtype = _sum_dtype(self.dtype)
+    return self.cast(dtypes.float32 if out_dtype in HALF_FLOATS else out_dtype)._scan(axis, "sum").cast(out_dtype)
   def cumprod(self, axis: int = 0) -> Tensor:
-    axis = _resolve_axis(axis, self.ndim, self.shape) if self.ndim else 0
-    if self.ndim == 0 or self.shape[axis] <= 1: return self.cast(_sum_dtype(self.dtype))
-    moved = self.transpose(axis, -1)
-    return moved._windows(1).prod(-1).transpose(axis, -1)
+    """Running product along `axis`, in sum's dtype. float32 multiplies in float64 (torch's CPU accumulator): the
+    blocked order multiplies factors near 1 together, where float32 drops the small cross terms (a 10^4-long product
+    of 1 ± 1e-4 factors drifted 3e-5 in float32, against 5e-6 for a sequential loop)."""
+    out_dtype = _sum_dtype(self.dtype)
+    acc_dtype = dtypes.float64 if out_dtype == dtypes.float32 else dtypes.float32 if out_dtype in HALF_FLOATS else \
+      out_dtype
+    return self.cast(acc_dtype)._scan(axis, "prod").cast(out_dtype)
+  def cummax(self, axis: int = 0) -> Tensor:
+    """Running maximum along `axis` (the values only, as tinygrad; torch also returns indices). NaN propagates."""
+    if self.dtype.is_bool: return self.cast(dtypes.uint8)._scan(axis, "max").cast(dtypes.bool)
+    return self._scan(axis, "max")
+  def cummin(self, axis: int = 0) -> Tensor:
+    """Running minimum along `axis` (the values only). NaN propagates."""
+    if self.dtype.is_bool: return self.logical_not().cummax(axis).logical_not()
+    return self._order_flip()._scan(axis, "max")._order_flip()
+  def logcumsumexp(self, axis: int = 0) -> Tensor:
+    """log(cumsum(exp(x))) along `axis`, computed without overflow or underflow (each block shifts by its running
+    max; blocks combine by logaddexp), as torch.logcumsumexp."""
+    x = self._to_float()
+    return x.cast(dtypes.float32)._scan(axis, "logsumexp").cast(x.dtype) if x.dtype in HALF_FLOATS else \
+      x._scan(axis, "logsumexp")
 
   # ---- movement
   def reshape(self, shape, *args) -> Tensor:
@@ -889,8 +941,9 @@ class Tensor:
   # ---- indexing
   def __getitem__(self, indices) -> Tensor:
     """numpy indexing: ints (negative count from the end), slices (any step), None, Ellipsis, and int Tensors or
-    lists (a gather, built as a one-hot compare with ARANGE and a sum). Out-of-range tensor indices give 0: they
-    never read outside the buffer and are not checked (that would need the values)."""
+    lists (a gather, built as a one-hot compare with ARANGE and a sum). Tensor indices may be negative down to
+    -size; out-of-range ones raise IndexError, at once for host values, else at the next realize (see
+    tgrad/bounds.py)."""
     plan = _IndexPlan(self.shape, indices, self.device)
     x = self.shrink(plan.bounds).flip(tuple(i for i, f in enumerate(plan.flips) if f))._stride(tuple(plan.steps))
     x = x.reshape(plan.view_shape)
@@ -903,8 +956,10 @@ class Tensor:
     x = self.permute(rest + dims)
     x = x.reshape(ones_index + x.shape)
     mask: Optional[Tensor] = None
-    for k, (dim, index) in enumerate(plan.tensor_indices):
+    for k, ((dim, index), input_dim) in enumerate(zip(plan.tensor_indices, plan.tensor_input_dims)):
       size = self.shape[dim]
+      message = f"index {{value}} is out of bounds for dimension {input_dim} with size {{size}}"   # torch's words
+      check_index_bounds(index.lazydata, IndexBounds(-size, size, message))
       index = index.cast(dtypes.int32)
       index = (index < 0).where(index + size, index)._broadcast_to(index_shape)
       one_hot_shape = (1,) * k + (size,) + (1,) * (n_gathered - k - 1)
@@ -962,8 +1017,10 @@ class Tensor:
     self._ctx = None
     return self
   def _inplace(self, result: Tensor) -> Tensor:
-    """`x += y` and friends: self becomes the result; autograd sees the old value as its own node."""
-    self.lazydata, self._ctx, self.requires_grad = result.lazydata, result._ctx, result.requires_grad
+    """`x += y` and friends: self becomes the result; autograd sees the old value as its own node. Under no_grad
+    (an update of a parameter, say) self keeps its requires_grad, as in torch."""
+    self.lazydata, self._ctx = result.lazydata, result._ctx
+    if Tensor.grad_enabled: self.requires_grad = result.requires_grad
     return self
   def _snapshot(self) -> Tensor:
     if self.requires_grad and self._ctx is None and Tensor.grad_enabled:
@@ -1310,25 +1367,54 @@ class Tensor:
   # ---- classes and losses
   def one_hot(self, num_classes: int = -1) -> Tensor:
     """(..., num_classes) of 0/1 ints (default int dtype); num_classes = -1 reads max + 1 from the data (a kernel
-    runs). Out-of-range indices give a row of zeros."""
+    runs). A class outside [0, num_classes) raises IndexError (see tgrad/bounds.py for when)."""
     if not self.dtype.is_int:
       raise RuntimeError(f"one_hot is only applicable to index tensors (ints), got {self.dtype}")
     if num_classes == -1:
       if self.numel() == 0: raise RuntimeError("Can not infer total number of classes from empty tensor.")
       num_classes = int(self.max().item()) + 1
+    message = "one_hot: class {value} is out of range for num_classes {size} (classes must be in [0, num_classes))"
+    check_index_bounds(self.lazydata, IndexBounds(0, num_classes, message))
     classes = Tensor.arange(num_classes, device=self.device)
     return (self.unsqueeze(-1) == classes).cast(dtypes.default_int)
+  def _class_hits(self, target: Tensor, axis: int, ignore_index: int) -> Tensor:
+    """(target == class) as a bool tensor of self's shape (classes on `axis`), after checking the class indices
+    (ignore_index allowed)."""
+    classes = self.shape[axis]
+    message = (f"class index {{value}} is out of bounds for {{size}} classes (input of shape {self.shape}, "
+               f"ignore_index {ignore_index})")
+    check_index_bounds(target.lazydata, IndexBounds(0, classes, message, ignore=ignore_index))
+    positions = Tensor.arange(classes, device=self.device).reshape((classes,) + (1,) * (self.ndim - axis - 1))
+    return target.unsqueeze(axis) == positions
   def _class_nll(self, target: Tensor, axis: int, ignore_index: int, label_smoothing: float, reduction: str) -> Tensor:
     """Cross entropy of logits `self` (classes on `axis`) against class indices: (1 − ε)·nll + ε·mean(−log p),
     skipping targets equal to ignore_index; 'mean' divides by the count of targets kept."""
     log_probs = self.log_softmax(axis)
-    classes = self.shape[axis]
-    positions = Tensor.arange(classes, device=self.device).reshape((classes,) + (1,) * (self.ndim - axis - 1))
-    picked = (target.unsqueeze(axis) == positions).where(log_probs, 0).sum(axis)
+    picked = self._class_hits(target, axis, ignore_index).where(log_probs, 0).sum(axis)
     loss = -picked if label_smoothing == 0 else -(1 - label_smoothing) * picked - label_smoothing * log_probs.mean(axis)
     kept = target != ignore_index
     loss = kept.where(loss, 0)
     return loss.sum() / kept.sum() if reduction == "mean" else _reduce_loss(loss, reduction)
+  def nll_loss(self, Y: Tensor, weight: Optional[Tensor] = None, ignore_index: int = TORCH_IGNORE_INDEX,
+               reduction: str = "mean") -> Tensor:
+    """torch's nll_loss of log-probabilities (N, C, *d) or (C,) against int class indices Y (N, *d): −self at each
+    target class, times weight[class] (one per class, default 1); targets equal to ignore_index are skipped and
+    'mean' divides by the summed weights of the targets kept."""
+    _check_reduction(reduction)
+    if self.ndim == 0: raise RuntimeError("nll_loss needs log-probabilities with a class dim, got a 0-d tensor")
+    axis = 1 if self.ndim >= 2 else 0
+    if Y.shape != self.shape[:axis] + self.shape[axis + 1:] or not Y.dtype.is_int:
+      raise RuntimeError(f"nll_loss: target of shape {Y.shape} and dtype {Y.dtype} for input {self.shape}: expected "
+                         f"int class indices of shape {self.shape[:axis] + self.shape[axis + 1:]}")
+    if weight is not None and weight.shape != (self.shape[axis],):
+      raise RuntimeError(f"nll_loss: weight of shape {weight.shape} for {self.shape[axis]} classes")
+    hits = self._class_hits(Y, axis, ignore_index)
+    picked = hits.where(self, 0).sum(axis)
+    class_weight = Tensor.ones(self.shape[axis], dtype=self.dtype, device=self.device) if weight is None else weight
+    target_weight = hits.where(class_weight.reshape((-1,) + (1,) * (self.ndim - axis - 1)), 0).sum(axis)
+    target_weight = (Y != ignore_index).where(target_weight, 0)
+    loss = -picked * target_weight
+    return loss.sum() / target_weight.sum() if reduction == "mean" else _reduce_loss(loss, reduction)
   def cross_entropy(self, Y: Tensor, reduction: str = "mean", label_smoothing: float = 0.0,
                     ignore_index: int = TORCH_IGNORE_INDEX) -> Tensor:
     """torch's cross_entropy of logits (N, C, *d) or (C,): Y holds class indices (N, *d) — ints, where ignore_index
@@ -1387,8 +1473,10 @@ class Tensor:
     return dim
   def gather(self, dim: int, index: Tensor) -> Tensor:
     """out[..., j, ...] = self[..., index[..., j, ...], ...] along `dim`, as torch.gather; index may be smaller
-    than self in the other dims. A one-hot compare with ARANGE and a sum: out-of-range indices give 0."""
+    than self in the other dims. A one-hot compare with ARANGE and a sum. Indices must be in [0, size): others
+    raise IndexError (see tgrad/bounds.py for when)."""
     dim = self._check_dim_index(dim, index, "gather")
+    check_index_bounds(index.lazydata, _dim_bounds("gather", dim, self.shape[dim] if self.ndim else 1))
     if self.ndim == 0: return self
     size = self.shape[dim]
     region = self.shrink(tuple(None if d == dim else (0, i) for d, i in enumerate(index.shape)))
@@ -1399,7 +1487,8 @@ class Tensor:
   def scatter(self, dim: int, index: Tensor, src: Any, reduce: Optional[str] = None) -> Tensor:
     """A copy of self with src written at index along `dim`, as torch.scatter (src a tensor at least index's size,
     or a scalar): out[..., index[..., j, ...], ...] = src[..., j, ...]. reduce='add' or 'multiply' combines with
-    the existing value instead. A repeated position takes the last write. Out-of-range indices write nothing."""
+    the existing value instead. A repeated position takes the last write. Indices must be in [0, size): others
+    raise IndexError (see tgrad/bounds.py for when)."""
     if reduce not in (None, "add", "multiply"): raise RuntimeError("reduce argument must be either add or multiply.")
     dim = self._check_dim_index(dim, index, "scatter")
     if isinstance(src, Tensor):
@@ -1407,6 +1496,7 @@ class Tensor:
         raise RuntimeError(f"scatter(): Expected index {list(index.shape)} to be no larger than src {list(src.shape)}")
       src = src.shrink(tuple((0, i) for i in index.shape)).cast(self.dtype)
     else: src = Tensor.full(index.shape, src, dtype=self.dtype, device=self.device)
+    check_index_bounds(index.lazydata, _dim_bounds("scatter", dim, self.shape[dim] if self.ndim else 1))
     if self.ndim == 0 or index.numel() == 0: return self
     size, positions = self.shape[dim], index.shape[dim]
     hit = index.transpose(dim, -1).unsqueeze(-1) == Tensor.arange(size, device=self.device)   # (..., P, size)
@@ -1498,6 +1588,8 @@ def _needs_floor_fix(a: Tensor, b: Tensor) -> Tensor:
   remainder = Tensor(a.lazydata.alu(Ops.MOD, b.lazydata), requires_grad=False)
   return (remainder != 0) & ((remainder < 0) != (b < 0))
 
+def _clamp_to_dtype(value: int, dtype: DType) -> int: return min(max(value, dtypes.min(dtype)), dtypes.max(dtype))
+
 def _power_by_squaring(base: Tensor, exponent: int) -> Tensor:
   if exponent == 0: return base.ones_like()
   result: Optional[Tensor] = None
@@ -1532,6 +1624,71 @@ def _int_pow(base: Tensor, exponent: Tensor) -> Tensor:
   odd = (exponent & 1) != 0
   negative_power = (base == 1).where(1, (base == -1).where(odd.where(-1, 1), 0))
   return (exponent < 0).where(negative_power.cast(base.dtype), result)
+
+# ---------------------------------------------------------------------------------------------------------------
+# scans (cumsum, cumprod, cummax, logcumsumexp): blocked, O(n·SCAN_BLOCK) work in O(log n) kernels
+
+# A scan splits the axis into blocks of SCAN_BLOCK. The prefix inside each block is a (block × block) lower-triangle
+# reduce, fused in one kernel with taking in the carry; the block totals (one more kernel) are scanned the same way,
+# recursively; the carry of a block is the scan of the totals before it. A level shrinks the axis SCAN_BLOCK-fold,
+# so n elements take 2·⌈log_B n⌉ − 1 kernels and n·B work per level. The block size was chosen by timing a 10^6
+# cumsum on the CPU (docs/design-notes.md, "Scans").
+SCAN_BLOCK = 32
+
+@dataclass(frozen=True)
+class _ScanKind:
+  """An associative op for `_scan_last`: its identity for a dtype; the inclusive prefix along the last axis (of one
+  block, given the (B, B) lower-triangle mask); each block's total; and how a block's prefix takes in its carry."""
+  identity: Callable[[DType], Scalar]
+  block_prefix: Callable[[Tensor, Tensor], Tensor]
+  block_total: Callable[[Tensor], Tensor]
+  combine: Callable[[Tensor, Tensor], Tensor]
+
+def _triangle_windows(x: Tensor, mask: Tensor, identity: Scalar) -> Tensor:
+  """(..., B) → (..., B, B): row i holds x[j] for j <= i and the identity after it."""
+  return mask.where(x.unsqueeze(-2), identity)
+
+def _max_identity(dtype: DType) -> Scalar: return -math.inf if dtype.is_float else dtypes.min(dtype)
+
+def _logsumexp_prefix(x: Tensor, mask: Tensor) -> Tensor:
+  """log Σ_{j<=i} exp(x_j) per row, shifted by the row's running max so that nothing underflows to log(0)."""
+  windows = _triangle_windows(x, mask, -math.inf)
+  peak = windows.max(-1, keepdim=True).detach()
+  peak = peak.isinf().where(0, peak)       # all −inf (or an +inf): shift by 0, as logsumexp does
+  return (windows - peak).exp().sum(-1).log() + peak.squeeze(-1)
+
+def _logaddexp(a: Tensor, b: Tensor) -> Tensor:
+  peak = a.maximum(b).detach()
+  peak = peak.isinf().where(0, peak)
+  return ((a - peak).exp() + (b - peak).exp()).log() + peak
+
+SCAN_KINDS = {
+  "sum": _ScanKind(lambda dtype: 0, lambda x, mask: _triangle_windows(x, mask, 0).sum(-1), lambda x: x.sum(-1),
+                   lambda a, b: a + b),
+  "prod": _ScanKind(lambda dtype: 1, lambda x, mask: _triangle_windows(x, mask, 1).prod(-1), lambda x: x.prod(-1),
+                    lambda a, b: a * b),
+  "max": _ScanKind(_max_identity, lambda x, mask: _triangle_windows(x, mask, _max_identity(x.dtype)).max(-1),
+                   lambda x: x.max(-1), lambda a, b: a.maximum(b)),
+  "logsumexp": _ScanKind(lambda dtype: -math.inf, _logsumexp_prefix, lambda x: x.logsumexp(-1), _logaddexp),
+}
+
+def _scan_last(x: Tensor, kind: _ScanKind) -> Tensor:
+  """The inclusive scan of `kind` along the last axis of x (see SCAN_BLOCK)."""
+  n, lead = x.shape[-1], x.shape[:-1]
+  block = min(n, SCAN_BLOCK)
+  positions = Tensor.arange(block, device=x.device)
+  mask = positions.reshape(1, block) <= positions.reshape(block, 1)      # mask[i, j] = j <= i
+  if n <= SCAN_BLOCK: return kind.block_prefix(x, mask)
+  count, identity, whole_lead = -(-n // block), kind.identity(x.dtype), ((0, 0),) * len(lead)
+  blocks = x.pad(whole_lead + ((0, count * block - n),), value=identity).reshape(*lead, count, block)
+  totals = _scan_last(kind.block_total(blocks), kind)                    # (..., count): inclusive over blocks
+  carry = totals.pad(whole_lead + ((1, 0),), value=identity).shrink(tuple((0, s) for s in lead) + ((0, count),))
+  out = kind.combine(kind.block_prefix(blocks, mask), carry.unsqueeze(-1)).reshape(*lead, count * block)
+  return out.shrink(tuple((0, s) for s in lead) + ((0, n),))
+
+def _dim_bounds(name: str, dim: int, size: int) -> IndexBounds:
+  """gather's and scatter's indices: 0 <= i < size, as torch (no negative indices)."""
+  return IndexBounds(0, size, f"{name}: index {{value}} is out of bounds for dimension {dim} with size {{size}}")
 
 def _gather_acc_dtype(dtype: DType) -> DType:
   """A sum that adds one selected value to zeros is exact in the value's own dtype (bools go through int32)."""
@@ -1645,6 +1802,7 @@ class _IndexPlan:
     self.steps: list[int] = []
     self.strided_shape: list[int] = []
     self.tensor_indices: list[tuple[int, Tensor]] = []
+    self.tensor_input_dims: list[int] = []   # the input dim each tensor index indexes (for error messages)
     advanced_items: list[int] = []   # positions in `items` of tensor (and, with them, int) indices
     self.advanced_position = 0       # the view dim where the index dims go when the advanced items are adjacent
     view: list[int] = []
@@ -1659,6 +1817,7 @@ class _IndexPlan:
         if not advanced_items: self.advanced_position = len(view)
         advanced_items.append(k)
         self.tensor_indices.append((len(view), item))
+        self.tensor_input_dims.append(dim)
         self._keep(0, size, 1, False)
         view.append(size)
       elif isinstance(item, slice):

@@ -9,6 +9,7 @@ import math
 from typing import Optional, Union
 from tgrad.dtype import dtypes
 from tgrad.helpers import prod
+from tgrad.bounds import IndexBounds, check_index_bounds
 from tgrad.tensor import Tensor
 
 # PyTorch initializes Linear/Conv weights with kaiming_uniform(a=√5): a bound of 1/√fan_in, like the bias
@@ -155,6 +156,8 @@ class Embedding:
   def __call__(self, idx: Tensor) -> Tensor:
     if not idx.dtype.is_int:
       raise RuntimeError(f"Embedding: expected indices of an int dtype, got {idx.dtype} (shape {idx.shape})")
+    message = "Embedding: index {value} is out of range for a vocabulary of size {size}"
+    check_index_bounds(idx.lazydata, IndexBounds(0, self.vocab_size, message))   # no negative indices, as torch
     return self.weight[idx]
 
 __all__ = ["Linear", "Conv2d", "ConvTranspose2d", "BatchNorm", "BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "LayerNorm",

@@ -97,9 +97,10 @@ def _python_dtype(data) -> DType:
   return dtypes.default_int if int in kinds else dtypes.bool
 
 def _sum_dtype(dtype: DType) -> DType:
-  """The dtype a sum returns: small ints and bools widen to 32 bits (not numpy's int64: documented), others keep."""
-  if dtype.is_bool or (dtype.kind == 'i' and dtype.itemsize < 4): return dtypes.int32
-  if dtype.kind == 'u' and dtype.itemsize < 4: return dtypes.uint32
+  """The dtype a sum (prod, cumsum) returns, as numpy's: bools and signed ints sum to int64, unsigned ints to uint64,
+  floats keep theirs (docs/design-notes.md, "Accumulation dtypes")."""
+  if dtype.is_bool or dtype.kind == 'i': return dtypes.int64
+  if dtype.kind == 'u': return dtypes.uint64
   return dtype
 
 def _fmix32(x: int) -> int:
@@ -668,8 +669,8 @@ class Tensor:
     if acc_dtype is None: acc_dtype = dtypes.float32 if out_dtype in HALF_FLOATS else out_dtype
     return self.cast(to_dtype(acc_dtype))._reduce(function, axes, keepdim).cast(out_dtype)
   def sum(self, axis=None, keepdim: bool = False, acc_dtype: Any = None) -> Tensor:
-    """Sum over `axis` (int, tuple, None: all). Bools and ints narrower than 32 bits sum to int32 (uint32 for
-    unsigned), not to numpy's int64; float16/bfloat16 accumulate in float32."""
+    """Sum over `axis` (int, tuple, None: all). As numpy: bools and signed ints sum to int64, unsigned ints to uint64;
+    float16/bfloat16 accumulate in float32."""
     return self._accumulate(F.Sum, axis, keepdim, acc_dtype)
   def prod(self, axis=None, keepdim: bool = False, acc_dtype: Any = None) -> Tensor:
     return self._accumulate(F.Prod, axis, keepdim, acc_dtype)
@@ -1328,7 +1329,7 @@ class Tensor:
     loss = -picked if label_smoothing == 0 else -(1 - label_smoothing) * picked - label_smoothing * log_probs.mean(axis)
     kept = target != ignore_index
     loss = kept.where(loss, 0)
-    return loss.sum() / kept.sum() if reduction == "mean" else _reduce_loss(loss, reduction)
+    return loss.sum() / kept.sum().cast(loss.dtype) if reduction == "mean" else _reduce_loss(loss, reduction)
   def cross_entropy(self, Y: Tensor, reduction: str = "mean", label_smoothing: float = 0.0,
                     ignore_index: int = TORCH_IGNORE_INDEX) -> Tensor:
     """torch's cross_entropy of logits (N, C, *d) or (C,): Y holds class indices (N, *d) — ints, where ignore_index

@@ -9,6 +9,10 @@ then the stores. The result reads as a program:
   DEFINE_GLOBAL 0, DEFINE_GLOBAL 1, RANGE r0 (0..N), DEFINE_ACC a0, RANGE r1 (0..K), LOAD, ADD, ASSIGN a0,
   ENDRANGE r1, REDUCE (reads a0), STORE, ENDRANGE r0
 
+A reduce of a value that doesn't change along its loops is no loop (a sum is value × trips: `Tensor.ones(2**40).sum()`
+costs nothing). A float sum whose accumulator would add more than ACCUMULATE_BLOCK values sums in blocks: an inner
+loop adds one block into a fresh accumulator, an outer loop adds the block totals (see `accumulation_split`).
+
 A tensor-core kernel (Kernel.tensor_core) reduces with WMMAs instead: per K step each lane gathers its A and B
 fragments (VECTORIZE of loads indexed by the core's fragment layouts), one WMMA per tile updates a fragment
 accumulator, and each output replica is one element (GEP) of its tile's accumulator.
@@ -29,6 +33,14 @@ from tgrad.schedule import identity_of_reduce
 from tgrad.helpers import prod
 
 FOLD_MIN_ACCUMULATORS = 4   # from this many accumulators in one loop, unrolled values fold into each one by one
+# The most values one float accumulator adds in sequence. A running float32 sum of n values has a rounding error that
+# grows like n·ε (a sum of 2^24 ones stops growing at 16,777,216). Summing blocks of at most this many values and
+# then the block totals bounds it by about (block + n/block)·ε: float32 ones stay exact up to 2^40, and the totals'
+# loop costs a few instructions per 65,536 values. Smaller reduces (every matmul with K < 65,536) are untouched.
+ACCUMULATE_BLOCK = 1 << 16
+# how far below ACCUMULATE_BLOCK a block may shrink to divide its axis exactly (a loop end without a min)
+BLOCK_DIVISOR_SLACK = 2
+BLOCK_LOOP_ARG = 2000   # RANGE arg of the loop over blocks of reduce axis a: BLOCK_LOOP_ARG + a
 
 def _index_const(value: int) -> UOp: return UOp.const(dtypes.index, value)
 
@@ -230,22 +242,55 @@ class Linearizer:
     k = self.k
     if k.tensor_core is not None and node is k.tensor_core.reduce: return self.build_tc_reduce(node, idxs)
     op = node.arg[0]
-    loop_axes = range(k.first_reduce + k.group_for_reduces, k.first_upcast)
+    loop_axes = list(range(k.first_reduce + k.group_for_reduces, k.first_upcast))
     unroll_axes = [a for a in k.upcast_axes if k.is_reduce_axis(a)]
     group_axes = range(k.first_reduce, k.first_reduce + k.group_for_reduces)
-    inner = list(idxs)
-    for a in loop_axes: inner[a] = self.base_idx[a]
-    for a in group_axes: inner[a] = self.base_idx[a]
-    values = []
-    for combo in itertools.product(*[range(k.full_shape[a]) for a in unroll_axes]):
-      for a, v in zip(unroll_axes, combo): inner[a] = _index_const(v)
-      values.append(self.build(node.src[0], tuple(inner)))
-    combined = values[0]
-    for v in values[1:]: combined = UOp(op, node.dtype, (combined, v))
+    def unrolled_value(loop_indices: dict[int, UOp]) -> UOp:
+      """The unrolled replicas of the reduce's source combined with its op (a left chain), at these loop indices."""
+      inner = list(idxs)
+      for a in group_axes: inner[a] = self.base_idx[a]
+      for a, index in loop_indices.items(): inner[a] = index
+      values = []
+      for combo in itertools.product(*[range(k.full_shape[a]) for a in unroll_axes]):
+        for a, v in zip(unroll_axes, combo): inner[a] = _index_const(v)
+        values.append(self.build(node.src[0], tuple(inner)))
+      combined = values[0]
+      for v in values[1:]: combined = UOp(op, node.dtype, (combined, v))
+      return combined
     ranges = tuple(self.base_idx[a] for a in loop_axes)
-    result = self.new_reduce(op, node.dtype, combined, ranges, len(values)) if ranges else combined
+    combined = unrolled_value({a: self.base_idx[a] for a in loop_axes})
+    terms = prod(k.full_shape[a] for a in unroll_axes)
+    if not ranges: result = combined
+    elif (folded := fold_invariant_reduce(op, node.dtype, combined, ranges)) is not None: result = folded
+    elif (split := self.accumulation_split(op, node.dtype, loop_axes, terms)) is not None:
+      axis, chunk = split
+      block, within = block_ranges(axis, k.full_shape[axis], chunk)
+      position = loop_axes.index(axis)
+      inner_ranges = (within,) + ranges[position + 1:]
+      value = unrolled_value({**{a: self.base_idx[a] for a in loop_axes}, axis: within})
+      block_total = self.new_reduce(op, node.dtype, value, inner_ranges, terms)
+      result = self.new_reduce(op, node.dtype, block_total, ranges[:position] + (block,))
+    else: result = self.new_reduce(op, node.dtype, combined, ranges, terms)
     if k.group_for_reduces: result = self.group_reduce(op, node.dtype, result)
     return result
+
+  def accumulation_split(self, op: Ops, dtype, loop_axes: list[int], terms: int) -> Optional[tuple[int, int]]:
+    """(axis, block size) where a float sum's loops add more than ACCUMULATE_BLOCK values into one accumulator, else
+    None. Counting from the innermost loop (times the `terms` unrolled values per iteration), the first axis that
+    takes the run past the limit is cut into blocks, an exact divisor of it where one is close below the limit.
+    Blocking in the kernel keeps the kernel count and needs no memory for partials, unlike splitting the reduce into
+    two kernels (lazy.py's _split_reduce, which is about parallelism). Kernels with staged tiles (SMEM) keep their
+    pipelined loop as it is."""
+    if op is not Ops.ADD or not dtype.is_float or self.k.staged: return None
+    run = terms
+    for axis in reversed(loop_axes):
+      size = self.k.full_shape[axis]
+      if run * size > ACCUMULATE_BLOCK:
+        limit = max(1, ACCUMULATE_BLOCK // run)
+        exact = next((c for c in range(limit, limit // BLOCK_DIVISOR_SLACK, -1) if size % c == 0), None)
+        return axis, exact or limit
+      run *= size
+    return None
 
   # ---- tensor cores
   def build_tc_reduce(self, node: UOp, idxs: tuple[UOp, ...]) -> UOp:
@@ -423,8 +468,8 @@ class Linearizer:
     reduces = [u for u in all_nodes if u.op is Ops.REDUCE]
     open_ranges: set[UOp] = set()
     free: dict[UOp, frozenset] = {}   # the RANGEs a node's value depends on (a REDUCE binds its own)
-    for u in all_nodes:
-      free[u] = frozenset((u,)) if u.op is Ops.RANGE else frozenset().union(*(free[s] for s in u.src))
+    for u in all_nodes:   # a loop's bounds may depend on outer loops (a block of a blocked sum)
+      free[u] = frozenset().union(*(free[s] for s in u.src)) | ({u} if u.op is Ops.RANGE else set())
       if u.op is Ops.REDUCE: free[u] -= set(u.src[1:])
 
     def place(u: UOp) -> None:
@@ -509,6 +554,22 @@ class Linearizer:
     for store in stores: emit(store)
     for rng in reversed(outer_loops): program.append(UOp(Ops.ENDRANGE, dtypes.void, (rng,)))
     return program
+
+def fold_invariant_reduce(op: Ops, dtype, value: UOp, ranges: tuple[UOp, ...]) -> Optional[UOp]:
+  """A reduce over loops of a value that none of them changes: a sum is value × trips (one rounding: the correctly
+  rounded sum; ints wrap as the loop would), a max is the value. None when the value varies or the op is MUL."""
+  if op not in (Ops.ADD, Ops.MAX) or dtype.is_bool or any(r in ranges for r in value.toposort()): return None
+  if op is Ops.MAX: return value
+  return UOp(Ops.MUL, dtype, (value, UOp.const(dtype, prod(r.src[1].arg - r.src[0].arg for r in ranges))))
+
+def block_ranges(axis: int, size: int, block: int) -> tuple[UOp, UOp]:
+  """(loop over the blocks, loop within one) for a reduce axis of `size` cut into blocks of `block`: the inner loop runs
+  over [start, min(start + block, size)), so the axis's index is the inner loop itself and keeps its range [0, size)."""
+  blocks = UOp(Ops.RANGE, dtypes.index, (_index_const(0), _index_const(-(-size // block))), BLOCK_LOOP_ARG + axis)
+  start = simplify(blocks * block)
+  # min(start + block, size) as size - max(size - block - start, 0): its range is exactly [block, size]
+  end = start + block if size % block == 0 else _index_const(size) - (_index_const(size - block) - start).maximum(0)
+  return blocks, UOp(Ops.RANGE, dtypes.index, (start, simplify(end)), axis)
 
 def offset_by(index: UOp, delta: int) -> UOp:
   """index + delta, with the constant folded into index's own sum."""

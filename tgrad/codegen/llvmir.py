@@ -52,7 +52,10 @@ class _FunctionBuilder:
     self.values: dict[UOp, ir.Value] = {}
     self.accs: dict[int, ir.Value] = {}
     self.loops: dict[UOp, ir.Block] = {}
-    self.reorder_reduce = sum(1 for u in uops if u.op is Ops.DEFINE_ACC) == 1
+    # a blocked sum's block totals (an accumulator that adds the REDUCE of another) don't count: the block's own
+    # accumulator is the one loop that may be reordered
+    block_totals = {u.src[0].arg for u in uops if u.op is Ops.ASSIGN and any(s.op is Ops.REDUCE for s in u.src[1].src)}
+    self.reorder_reduce = sum(1 for u in uops if u.op is Ops.DEFINE_ACC and u.arg not in block_totals) == 1
 
   def build(self) -> str:
     for u in self.uops: self.emit(u)

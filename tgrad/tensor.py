@@ -259,7 +259,8 @@ class Tensor:
     if step == 0: raise ValueError("arange step must not be zero")
     count = max(0, math.ceil((stop - start) / step))
     dtype = to_dtype(dtype) if dtype is not None else _python_dtype([start, stop, step])
-    counter = LazyBuffer.loadop(Ops.ARANGE, (count,), dtypes.int32, canonical_device(device))
+    counter_dtype = dtypes.int32 if count <= dtypes.max(dtypes.int32) + 1 else dtypes.int64   # positions past 2^31
+    counter = LazyBuffer.loadop(Ops.ARANGE, (count,), counter_dtype, canonical_device(device))
     if dtype.is_float:   # compute the values in a float dtype: start + i*step
       compute = dtypes.float32 if dtype in HALF_FLOATS else dtype
       values = Tensor(counter).cast(compute) * step + start

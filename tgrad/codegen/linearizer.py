@@ -11,7 +11,8 @@ then the stores. The result reads as a program:
 
 A reduce of a value that doesn't change along its loops is no loop (a sum is value × trips: `Tensor.ones(2**40).sum()`
 costs nothing). A float sum whose accumulator would add more than ACCUMULATE_BLOCK values sums in blocks: an inner
-loop adds one block into a fresh accumulator, an outer loop adds the block totals (see `accumulation_split`).
+loop adds one block into a fresh accumulator, an outer loop adds the block totals with compensated (Kahan) summation
+(see `accumulation_split`).
 
 A tensor-core kernel (Kernel.tensor_core) reduces with WMMAs instead: per K step each lane gathers its A and B
 fragments (VECTORIZE of loads indexed by the core's fragment layouts), one WMMA per tile updates a fragment
@@ -25,7 +26,7 @@ from __future__ import annotations
 import itertools
 from typing import Optional
 from tgrad.dtype import dtypes
-from tgrad.ops import UOp, Ops, simplify, graph_rewrite, split_terms, build_sum
+from tgrad.ops import UOp, Ops, simplify, graph_rewrite, split_terms, build_sum, exec_alu
 from tgrad.codegen.transcendental import decompositions
 from tgrad.codegen.kernel import Kernel, StagePlan, STAGE_COPY_BYTES, fold_dims
 from tgrad.codegen.renderer import FragmentLayout, MatrixLoad, TensorCore
@@ -34,10 +35,11 @@ from tgrad.helpers import prod
 
 FOLD_MIN_ACCUMULATORS = 4   # from this many accumulators in one loop, unrolled values fold into each one by one
 # The most values one float accumulator adds in sequence. A running float32 sum of n values has a rounding error that
-# grows like n·ε (a sum of 2^24 ones stops growing at 16,777,216). Summing blocks of at most this many values and
-# then the block totals bounds it by about (block + n/block)·ε: float32 ones stay exact up to 2^40, and the totals'
-# loop costs a few instructions per 65,536 values. Smaller reduces (every matmul with K < 65,536) are untouched.
-ACCUMULATE_BLOCK = 1 << 16
+# grows like n·ε (a sum of 2^24 ones stops growing at 16,777,216; 65,536 copies of 0.1 are 6e-4 off). Summing blocks of
+# at most this many values, then the block totals with Kahan's compensation, bounds it by about block·ε whatever n is
+# (4e-5 for 0.1 repeated; random values ~1e-7). The totals' loop costs 4 adds per block; LLVM keeps its vectorized
+# block loop (64 lanes of 64 values each). Smaller reduces (every matmul with K < 4096) are untouched.
+ACCUMULATE_BLOCK = 1 << 12
 # how far below ACCUMULATE_BLOCK a block may shrink to divide its axis exactly (a loop end without a min)
 BLOCK_DIVISOR_SLACK = 2
 BLOCK_LOOP_ARG = 2000   # RANGE arg of the loop over blocks of reduce axis a: BLOCK_LOOP_ARG + a
@@ -269,7 +271,7 @@ class Linearizer:
       inner_ranges = (within,) + ranges[position + 1:]
       value = unrolled_value({**{a: self.base_idx[a] for a in loop_axes}, axis: within})
       block_total = self.new_reduce(op, node.dtype, value, inner_ranges, terms)
-      result = self.new_reduce(op, node.dtype, block_total, ranges[:position] + (block,))
+      result = self.new_reduce(op, node.dtype, block_total, ranges[:position] + (block,), compensated=True)
     else: result = self.new_reduce(op, node.dtype, combined, ranges, terms)
     if k.group_for_reduces: result = self.group_reduce(op, node.dtype, result)
     return result
@@ -396,11 +398,13 @@ class Linearizer:
       elements.append(self.build(operand, tuple(simplify(x) for x in idxs)))
     return UOp(Ops.VECTORIZE, operand.dtype, tuple(elements))
 
-  def new_reduce(self, op: Ops, dtype, value: UOp, ranges: tuple[UOp, ...], terms: int = 1) -> UOp:
+  def new_reduce(self, op: Ops, dtype, value: UOp, ranges: tuple[UOp, ...], terms: int = 1,
+                 compensated: bool = False) -> UOp:
     """A loop reduce of `value`, which combines `terms` unrolled values as a left chain of `op` (see build_reduce):
-    with many accumulators the update folds them in one by one (acc + v0 + v1 + …, FMAs for a matmul)."""
+    with many accumulators the update folds them in one by one (acc + v0 + v1 + …, FMAs for a matmul). A compensated
+    sum carries each addition's rounding error into the next (Kahan; linearize emits it)."""
     self.acc_count += 1
-    return UOp(Ops.REDUCE, dtype, (value, *ranges), (op, self.acc_count - 1, terms))
+    return UOp(Ops.REDUCE, dtype, (value, *ranges), (op, self.acc_count - 1, terms) + ((True,) if compensated else ()))
 
   def group_reduce(self, op: Ops, dtype, partial: UOp) -> UOp:
     """Reduce across the group's threads: each writes its partial to shared memory, then (after a barrier) the
@@ -494,7 +498,7 @@ class Linearizer:
       group = [r for r in reduces if r.src[1:] == ranges and r not in emitted]
       for r in ranges: emit(r.src[0]); emit(r.src[1])  # noqa: E702
       for r in group: hoist_invariants(r.src[0])
-      accs = {}
+      accs, compensations, corrections = {}, {}, {}
       for r in group:
         if r.arg[0] is Ops.WMMA:   # the fragment accumulator is part of the value (hoisted above): it is replaced
           accs[r] = next(u for u in r.src[0].toposort() if u.op is Ops.DEFINE_ACC and u.arg == r.arg[1])
@@ -504,6 +508,10 @@ class Linearizer:
         emit(init)
         accs[r] = UOp(Ops.DEFINE_ACC, r.dtype, (init,), r.arg[1])
         place(accs[r])
+        if is_compensated(r):   # the running rounding error of a Kahan sum: an accumulator of its own
+          self.acc_count += 1
+          compensations[r] = UOp(Ops.DEFINE_ACC, r.dtype, (init,), self.acc_count - 1)
+          place(compensations[r])
       # only the thread that stores reduces a GROUP's partials: for the others the accumulator stays the identity
       branch = UOp(Ops.IF, dtypes.void, (simplify(self.group_gate()),)) if set(ranges) & self.group_loops else None
       if branch is not None:
@@ -527,9 +535,14 @@ class Linearizer:
         for r in group:
           if step >= len(terms[r]): continue
           emit(terms[r][step])
+          if r in compensations:
+            updates[r], corrections[r] = kahan_step(updates[r], compensations[r], terms[r][step])
+            emit(corrections[r])
+            continue
           updates[r] = UOp(r.arg[0], r.dtype, (updates[r], terms[r][step]))
           if updates[r] not in emitted: place(updates[r])
       for r in group: place(UOp(Ops.ASSIGN, r.dtype, (accs[r], updates[r])))
+      for r, correction in corrections.items(): place(UOp(Ops.ASSIGN, r.dtype, (compensations[r], correction)))
       if prefetch is not None: emit(prefetch)   # their stores into the other buffer, then the step's one barrier
       for rng in reversed(ranges): program.append(UOp(Ops.ENDRANGE, dtypes.void, (rng,)))
       if branch is not None: program.append(UOp(Ops.ENDIF, dtypes.void, (branch,)))
@@ -555,12 +568,25 @@ class Linearizer:
     for rng in reversed(outer_loops): program.append(UOp(Ops.ENDRANGE, dtypes.void, (rng,)))
     return program
 
+def is_compensated(reduce: UOp) -> bool: return len(reduce.arg) > 3 and reduce.arg[3]
+
+def kahan_step(total: UOp, compensation: UOp, value: UOp) -> tuple[UOp, UOp]:
+  """(new total, new compensation) of Kahan summation: the value corrected by the error carried so far is added, and
+  what that addition rounded away, (new − total) − corrected, is carried to the next. Renderers must not reassociate
+  these ops (llvmir.py allows reordering only for a lone innermost accumulator)."""
+  def minus(x: UOp) -> UOp: return UOp(Ops.NEG, x.dtype, (x,))
+  corrected = UOp(Ops.ADD, value.dtype, (value, minus(compensation)))
+  new_total = UOp(Ops.ADD, value.dtype, (total, corrected))
+  return new_total, UOp(Ops.ADD, value.dtype, (UOp(Ops.ADD, value.dtype, (new_total, minus(total))), minus(corrected)))
+
 def fold_invariant_reduce(op: Ops, dtype, value: UOp, ranges: tuple[UOp, ...]) -> Optional[UOp]:
   """A reduce over loops of a value that none of them changes: a sum is value × trips (one rounding: the correctly
   rounded sum; ints wrap as the loop would), a max is the value. None when the value varies or the op is MUL."""
   if op not in (Ops.ADD, Ops.MAX) or dtype.is_bool or any(r in ranges for r in value.toposort()): return None
   if op is Ops.MAX: return value
-  return UOp(Ops.MUL, dtype, (value, UOp.const(dtype, prod(r.src[1].arg - r.src[0].arg for r in ranges))))
+  trips = UOp.const(dtype, prod(r.src[1].arg - r.src[0].arg for r in ranges))
+  if value.op is Ops.CONST: return UOp.const(dtype, exec_alu(Ops.MUL, dtype, (value.arg, trips.arg)))
+  return UOp(Ops.MUL, dtype, (value, trips))
 
 def block_ranges(axis: int, size: int, block: int) -> tuple[UOp, UOp]:
   """(loop over the blocks, loop within one) for a reduce axis of `size` cut into blocks of `block`: the inner loop runs

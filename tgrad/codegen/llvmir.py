@@ -33,6 +33,23 @@ def memory_type(dt: DType) -> ir.Type:
   if dt == dtypes.bfloat16: return _I16
   return register_type(dt)
 
+def reorderable_accumulators(uops: list[UOp]) -> set:
+  """The accumulator whose updates may be reordered (REDUCE_FAST_MATH), if the program has exactly one innermost
+  accumulator: one with no other accumulator defined inside a loop between its definition and its update. An outer
+  one (a blocked sum's Kahan total and compensation) never is: reordering would cancel the compensation."""
+  innermost = []
+  for position, u in enumerate(uops):
+    if u.op is not Ops.DEFINE_ACC: continue
+    in_loop, nested = False, False
+    for later in uops[position + 1:]:
+      if later.op is Ops.ASSIGN and later.src[0] is u: break
+      in_loop = in_loop or later.op is Ops.RANGE
+      if in_loop and later.op is Ops.DEFINE_ACC:
+        nested = True
+        break
+    if not nested: innermost.append(u.arg)
+  return set(innermost) if len(innermost) == 1 else set()
+
 class LLVMRenderer(Renderer):
   device = "LLVM"
   has_threads = True
@@ -52,10 +69,7 @@ class _FunctionBuilder:
     self.values: dict[UOp, ir.Value] = {}
     self.accs: dict[int, ir.Value] = {}
     self.loops: dict[UOp, ir.Block] = {}
-    # a blocked sum's block totals (an accumulator that adds the REDUCE of another) don't count: the block's own
-    # accumulator is the one loop that may be reordered
-    block_totals = {u.src[0].arg for u in uops if u.op is Ops.ASSIGN and any(s.op is Ops.REDUCE for s in u.src[1].src)}
-    self.reorder_reduce = sum(1 for u in uops if u.op is Ops.DEFINE_ACC and u.arg not in block_totals) == 1
+    self.reorderable = reorderable_accumulators(uops)
 
   def build(self) -> str:
     for u in self.uops: self.emit(u)
@@ -140,7 +154,7 @@ class _FunctionBuilder:
     dt = u.src[-1].dtype if u.op is Ops.WHERE else u.src[0].dtype
     srcs = [self.value(s) for s in u.src]
     is_float = dt.is_float
-    reduce_update = self.reorder_reduce and u.op in (Ops.ADD, Ops.MUL) and u.src[0].op is Ops.DEFINE_ACC
+    reduce_update = u.op in (Ops.ADD, Ops.MUL) and u.src[0].op is Ops.DEFINE_ACC and u.src[0].arg in self.reorderable
     flags = REDUCE_FAST_MATH + FUSE_MULTIPLY_ADD if reduce_update else FUSE_MULTIPLY_ADD
     if u.op in _INTRINSICS:
       compute_type = ir.FloatType() if dt == dtypes.float16 else register_type(dt)

@@ -285,3 +285,18 @@ def test_cuda_blocked_and_folded_sums_compile():
   positions = LazyBuffer.loadop(Ops.ARANGE, (4, 1 << 31), dtypes.int64, "LLVM").cast(dtypes.float32)
   ((_, blocked),) = cuda_sources(positions.r(Ops.ADD, (1,)))
   assert any(re.search(rf"for \(int ridx{BLOCK_LOOP_ARG + axis} = 0;", blocked) for axis in range(4)), blocked
+
+@needs_nvrtc
+@pytest.mark.parametrize("maximum,ctype", [(4096, "int"), (1 << 40, "long long")])
+def test_cuda_variables_are_64_bit_parameters(maximum, ctype):
+  # a symbolic size arrives as a 64-bit kernel parameter (the runtime packs "q") and is narrowed where its bounds fit
+  from tgrad.ops import UOp
+  buffer = UOp(Ops.DEFINE_GLOBAL, dtypes.float32, (), 0)
+  thread = UOp(Ops.SPECIAL, dtypes.index, (), ("gidx0", 1024))
+  position = UOp.variable("pos", 1, maximum)
+  index = thread * position
+  uops = [buffer, thread, position, UOp.const(dtypes.index, 1024), index,
+          UOp(Ops.STORE, dtypes.void, (buffer, index, UOp.const(dtypes.float32, 1.0)))]
+  src = CUDARenderer().render("variable_kernel", uops)
+  assert compile_cuda(src, "sm_90")[:4] == b"\x7fELF"
+  assert "long long pos_arg" in src and f"const {ctype} pos = ({ctype})pos_arg;" in src, src

@@ -1101,7 +1101,8 @@ class Tensor:
     x = x.permute(0, 1, 2, *range(4, 4 + count), 3, *range(4 + count, 4 + 2 * count))  # (N, G, 1, *out, C/G, *k)
     w = weight.reshape(1, groups, out_channels // groups, *(1,) * count, group_channels, *kernel)
     reduce_axes = tuple(range(-1 - count, 0))
-    result = (x * w).sum(reduce_axes, acc_dtype=acc_dtype).reshape(batch, out_channels, *out)
+    product = x * w
+    result = product.sum(reduce_axes, acc_dtype=acc_dtype).cast(product.dtype).reshape(batch, out_channels, *out)
     return result if bias is None else result + bias.reshape(1, out_channels, *(1,) * count)
 
   def conv_transpose2d(self, weight: Tensor, bias: Optional[Tensor] = None, groups: int = 1, stride=1, dilation=1,
@@ -1416,7 +1417,9 @@ class Tensor:
     target = self.transpose(dim, -1)
     fill = tuple((0, t - i) for t, i in zip(target.shape[:-1], hit.shape[:-2])) + ((0, 0),)
     acc_dtype = _gather_acc_dtype(self.dtype)
-    if reduce == "add": return (target + hit.where(values, 0).sum(-2, acc_dtype=acc_dtype).pad(fill)).transpose(dim, -1)
+    if reduce == "add":
+      added = hit.where(values, 0).sum(-2, acc_dtype=acc_dtype).cast(self.dtype).pad(fill)
+      return (target + added).transpose(dim, -1)
     if reduce == "multiply":
       factor = hit.where(values, 1).prod(-2, acc_dtype=acc_dtype).cast(self.dtype)
       return (target * factor.pad(fill, value=1)).transpose(dim, -1)

@@ -27,6 +27,7 @@ CUDA_SHARED_MEMORY_BYTES = 48 * 1024            # static __shared__ per block wi
 # Above the static limit a kernel's shared arrays live in one dynamic allocation; the kernel's module carries its size
 # in this global (runtime/cuda.py reads it, opts the function in and launches with it).
 DYNAMIC_SHARED_SUFFIX = "_dynamic_shared_bytes"
+VARIABLE_ARG_SUFFIX = "_arg"   # a DEFINE_VAR `pos` is the kernel parameter `long long pos_arg`
 VECTOR_BYTES = 16                               # the widest global load/store instruction (ld.global.v4.b32)
 
 REGISTER_TYPES = {
@@ -418,8 +419,12 @@ class _KernelWriter:
         self.names[u] = f"data{u.arg}"
     # a buffer no op reads any more (fully masked away) still takes its place in the argument list
     args = [params.get(i, f"const void* __restrict__ unused{i}") for i in range(max(params, default=-1) + 1)]
-    args += [f"{REGISTER_TYPES[self.computed_dtype(v)]} {v.arg[0]}" for v in variables]
-    for v in variables: self.names[v] = v.arg[0]
+    # a variable arrives as a 64-bit parameter (the runtime packs every value so) and is narrowed where it fits
+    args += [f"long long {v.arg[0]}{VARIABLE_ARG_SUFFIX}" for v in variables]
+    for v in variables:
+      self.names[v] = v.arg[0]
+      self.line(f"const {REGISTER_TYPES[self.computed_dtype(v)]} {v.arg[0]} = "
+                f"({REGISTER_TYPES[self.computed_dtype(v)]}){v.arg[0]}{VARIABLE_ARG_SUFFIX};")
     threads = prod(u.arg[1] for u in self.uops if u.op is Ops.SPECIAL and u.arg[0].startswith("lidx"))
     for pos, u in enumerate(self.uops): self.emit(pos, u)
     preludes = {"half": HALF_PRELUDE, "bfloat16": BFLOAT16_PRELUDE, "bit_cast": BITCAST_PRELUDE,

@@ -111,6 +111,8 @@ def check_long_reduces(device: str):
   ones = Tensor.ones(4, 1 << 31, device=device).sum(1).numpy()
   np.testing.assert_array_equal(ones, np.full(4, 2.0 ** 31, np.float32))
   assert Tensor.ones(BIG, dtype=dtypes.uint8, device=device).sum().item() == BIG
+  found = (positions == BIG - 2).argmax()   # an index past 2^31: argmax counts in int64 on such an axis
+  assert found.dtype == dtypes.int64 and found.item() == BIG - 2
 
 @pytest.mark.big
 def test_copy_past_2_31(llvm_residues):

@@ -697,7 +697,8 @@ class Tensor:
   def std(self, axis=None, keepdim: bool = False, correction: int = 1) -> Tensor:
     return self.var(axis, keepdim, correction).sqrt()
   def argmax(self, axis: Optional[int] = None, keepdim: bool = False) -> Tensor:
-    """The index (int32) of the first maximum; NaN counts as the maximum, as in numpy."""
+    """The index (int32; int64 on an axis past 2^31 elements) of the first maximum; NaN counts as the maximum, as in
+    numpy."""
     if axis is None:
       out = self.flatten().argmax(0)
       return out.reshape((1,) * self.ndim) if keepdim else out
@@ -707,7 +708,9 @@ class Tensor:
     x = self.detach()
     is_max = x == x.max(axis, keepdim=True)
     if x.dtype.is_float: is_max = is_max | x.isnan()
-    countdown = Tensor.arange(size, 0, -1, device=self.device).reshape((size,) + (1,) * (self.ndim - axis - 1))
+    index_dtype = dtypes.int32 if size <= dtypes.max(dtypes.int32) else dtypes.int64
+    countdown = Tensor.arange(size, 0, -1, dtype=index_dtype, device=self.device).reshape((size,) + (1,) *
+                                                                                        (self.ndim - axis - 1))
     return size - is_max.where(countdown, 0).max(axis, keepdim)
   def argmin(self, axis: Optional[int] = None, keepdim: bool = False) -> Tensor:
     flipped = self.detach().logical_not() if self.dtype.is_bool else self.detach()._order_flip()

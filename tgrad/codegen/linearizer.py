@@ -580,13 +580,16 @@ def kahan_step(total: UOp, compensation: UOp, value: UOp) -> tuple[UOp, UOp]:
   return new_total, UOp(Ops.ADD, value.dtype, (UOp(Ops.ADD, value.dtype, (new_total, minus(total))), minus(corrected)))
 
 def fold_invariant_reduce(op: Ops, dtype, value: UOp, ranges: tuple[UOp, ...]) -> Optional[UOp]:
-  """A reduce over loops of a value that none of them changes: a sum is value × trips (one rounding: the correctly
-  rounded sum; ints wrap as the loop would), a max is the value. None when the value varies or the op is MUL."""
+  """A reduce over loops of a value that none of them changes: a sum is value × trips, a max is the value. None when
+  the value varies or the op is MUL. Ints multiply in their own dtype (wrapping exactly as the loop's adds would);
+  floats in float64, where the trip count is exact, then round to the dtype (2^-10 × 2^20 is 1024 in float16, though
+  2^20 itself is not a float16)."""
   if op not in (Ops.ADD, Ops.MAX) or dtype.is_bool or any(r in ranges for r in value.toposort()): return None
   if op is Ops.MAX: return value
-  trips = UOp.const(dtype, prod(r.src[1].arg - r.src[0].arg for r in ranges))
-  if value.op is Ops.CONST: return UOp.const(dtype, exec_alu(Ops.MUL, dtype, (value.arg, trips.arg)))
-  return UOp(Ops.MUL, dtype, (value, trips))
+  trips = prod(r.src[1].arg - r.src[0].arg for r in ranges)
+  compute = dtypes.float64 if dtype.is_float else dtype
+  if value.op is Ops.CONST: return UOp.const(dtype, exec_alu(Ops.MUL, compute, (value.arg, trips)))
+  return UOp(Ops.MUL, compute, (value.cast(compute), UOp.const(compute, trips))).cast(dtype)
 
 def block_ranges(axis: int, size: int, block: int) -> tuple[UOp, UOp]:
   """(loop over the blocks, loop within one) for a reduce axis of `size` cut into blocks of `block`: the inner loop runs

@@ -38,8 +38,12 @@ FOLD_MIN_ACCUMULATORS = 4   # from this many accumulators in one loop, unrolled 
 # grows like n·ε (a sum of 2^24 ones stops growing at 16,777,216; 65,536 copies of 0.1 are 6e-4 off). Summing blocks of
 # at most this many values, then the block totals with Kahan's compensation, bounds it by about block·ε whatever n is
 # (4e-5 for 0.1 repeated; random values ~1e-7). The totals' loop costs 4 adds per block; LLVM keeps its vectorized
-# block loop (64 lanes of 64 values each). Smaller reduces (every matmul with K < 4096) are untouched.
+# block loop (64 lanes of 64 values each). Smaller reduces are untouched.
 ACCUMULATE_BLOCK = 1 << 12
+# The same limit for a register tile (FOLD_MIN_ACCUMULATORS or more accumulators, e.g. a matmul): each block adds two
+# live accumulators per output around the inner loop, so tiles block only past 65,536 values, as BLAS adds K panels
+# (matmuls with K ≤ 65,536 keep their code; a column sum over millions of rows still can't stall at 2^24).
+TILE_ACCUMULATE_BLOCK = 1 << 16
 # how far below ACCUMULATE_BLOCK a block may shrink to divide its axis exactly (a loop end without a min)
 BLOCK_DIVISOR_SLACK = 2
 BLOCK_LOOP_ARG = 2000   # RANGE arg of the loop over blocks of reduce axis a: BLOCK_LOOP_ARG + a
@@ -277,18 +281,22 @@ class Linearizer:
     return result
 
   def accumulation_split(self, op: Ops, dtype, loop_axes: list[int], terms: int) -> Optional[tuple[int, int]]:
-    """(axis, block size) where a float sum's loops add more than ACCUMULATE_BLOCK values into one accumulator, else
-    None. Counting from the innermost loop (times the `terms` unrolled values per iteration), the first axis that
-    takes the run past the limit is cut into blocks, an exact divisor of it where one is close below the limit.
+    """(axis, block size) where a float sum's loops add more than ACCUMULATE_BLOCK (TILE_ACCUMULATE_BLOCK for a
+    register tile) values into one accumulator, else None. Counting from the innermost loop (times the `terms` unrolled
+    values per iteration), the first axis that takes the run past the limit is cut into blocks, an exact divisor of it
+    where one is close below the limit.
     Blocking in the kernel keeps the kernel count and needs no memory for partials, unlike splitting the reduce into
     two kernels (lazy.py's _split_reduce, which is about parallelism). Kernels with staged tiles (SMEM) keep their
     pipelined loop as it is."""
-    if op is not Ops.ADD or not dtype.is_float or self.k.staged: return None
+    k = self.k
+    if op is not Ops.ADD or not dtype.is_float or k.staged: return None
+    accumulators = len(k.reduceops) * prod(k.full_shape[a] for a in k.upcast_axes if not k.is_reduce_axis(a))
+    block = ACCUMULATE_BLOCK if accumulators < FOLD_MIN_ACCUMULATORS else TILE_ACCUMULATE_BLOCK
     run = terms
     for axis in reversed(loop_axes):
-      size = self.k.full_shape[axis]
-      if run * size > ACCUMULATE_BLOCK:
-        limit = max(1, ACCUMULATE_BLOCK // run)
+      size = k.full_shape[axis]
+      if run * size > block:
+        limit = max(1, block // run)
         exact = next((c for c in range(limit, limit // BLOCK_DIVISOR_SLACK, -1) if size % c == 0), None)
         return axis, exact or limit
       run *= size

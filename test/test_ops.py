@@ -275,7 +275,7 @@ class TestPromotion:
     p, q = Tensor([True, True, False]), Tensor([True, False, False])
     assert (p + q).tolist() == [True, True, False] and (p * q).tolist() == [True, False, False]
     assert (p + 1).tolist() == [2, 2, 1] and (p + 1).dtype == dtypes.int32
-    assert p.sum().item() == 2 and p.sum().dtype == dtypes.int32
+    assert p.sum().item() == 2 and p.sum().dtype == dtypes.int64   # numpy: bool sums are int64
 
 OVERFLOW_DTYPES = [dtypes.int8, dtypes.uint8, dtypes.int16, dtypes.uint16, dtypes.int32, dtypes.uint32, dtypes.int64,
                    dtypes.uint64, dtypes.float16, dtypes.float32]
@@ -437,7 +437,10 @@ class TestReduce:
 
   def test_int_and_bool_sums(self):
     a = RNG.integers(-50, 50, size=(6, 7)).astype(np.int32)
-    assert Tensor(a).sum().item() == a.sum() and Tensor(a).sum(0).dtype == dtypes.int32
+    assert Tensor(a).sum().item() == a.sum() and Tensor(a).sum(0).dtype == dtypes.from_np(a.sum(0).dtype)
+    big = np.full(5, 2 ** 30, np.int32)   # numpy promotes int32 sums to int64: no wrap past 2^31
+    assert Tensor(big).sum().item() == big.sum() == 5 * 2 ** 30 and Tensor(big).cumsum().numpy().dtype == np.int64
+    assert Tensor(a.astype(np.uint8)).sum().dtype == dtypes.from_np(a.astype(np.uint8).sum().dtype) == dtypes.uint64
     np.testing.assert_array_equal(Tensor(a).max(1).numpy(), a.max(1))
     np.testing.assert_array_equal(Tensor(a).min(0).numpy(), a.min(0))
     np.testing.assert_array_equal(Tensor(a.astype(np.int8)).sum(1).numpy(), a.sum(1))

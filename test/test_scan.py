@@ -26,8 +26,10 @@ def test_cumsum_long_float(n):
 
 @pytest.mark.parametrize("n", LONG_SIZES)
 def test_cumsum_long_int_exact(n):
-  x = RNG.integers(-2 ** 31, 2 ** 31, n, dtype=np.int64).astype(np.int32)   # the sums wrap, as int32 does
-  np.testing.assert_array_equal(Tensor(x).cumsum().numpy(), np.cumsum(x).astype(np.int32))
+  x = RNG.integers(-2 ** 31, 2 ** 31, n, dtype=np.int64).astype(np.int32)   # int32 sums are int64, as numpy's
+  got = Tensor(x).cumsum()
+  assert got.dtype == dtypes.int64
+  np.testing.assert_array_equal(got.numpy(), np.cumsum(x))
 
 def test_cumsum_ones_past_2_31_window():
   """The old O(n²) window view passed 2^31 elements at n = 32769 and returned zeros."""
@@ -37,8 +39,8 @@ def test_cumsum_ones_past_2_31_window():
 def test_cumprod_long(n):
   x = RNG.uniform(0.999, 1.001, n)     # stays near 1: no overflow over 10^6 factors
   np.testing.assert_allclose(Tensor(x).cumprod().numpy(), np.cumprod(x), rtol=1e-12)
-  ints = RNG.integers(-3, 4, n).astype(np.int32)     # wraps long before the end: exact modular products
-  np.testing.assert_array_equal(Tensor(ints).cumprod().numpy(), np.cumprod(ints).astype(np.int32))
+  ints = RNG.integers(-3, 4, n).astype(np.int32)     # int64 products wrap long before the end: exact modular products
+  np.testing.assert_array_equal(Tensor(ints).cumprod().numpy(), np.cumprod(ints))
   small = RNG.uniform(0.9999, 1.0001, min(n, 32769)).astype(np.float32)
   np.testing.assert_allclose(Tensor(small).cumprod().numpy(), np.cumprod(small.astype(np.float64)), rtol=2e-7)
 
@@ -102,8 +104,8 @@ def test_random_shapes_axes_dtypes(case):
   if expected_dtype is not None: assert got.dtype == expected_dtype, context
 
 def test_sum_dtypes_of_scans():
-  assert Tensor([True, False]).cumsum().dtype == dtypes.int32
-  assert Tensor([1, 2], dtype=dtypes.uint8).cumsum().dtype == dtypes.uint32
+  assert Tensor([True, False]).cumsum().dtype == dtypes.int64     # numpy's: bools and signed ints sum to int64
+  assert Tensor([1, 2], dtype=dtypes.uint8).cumsum().dtype == dtypes.uint64
   assert Tensor([1, 2], dtype=dtypes.int64).cumprod().dtype == dtypes.int64
   assert Tensor([1, 2], dtype=dtypes.float16).cumsum().dtype == dtypes.float16
   assert Tensor([1, 2], dtype=dtypes.int8).cummax().dtype == dtypes.int8

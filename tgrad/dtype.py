@@ -49,7 +49,9 @@ class dtypes:
   half, float, double, int, long, uchar, char, short = float16, float32, float64, int32, int64, uint8, int8, int16
   default_float = float32
   default_int = int32
-  index = int32   # the dtype of index arithmetic in kernels
+  # the dtype of index arithmetic in kernels: 64-bit, so sizes, strides and offsets of any buffer a device can hold are
+  # exact; a renderer may compute a value in 32 bits where its vmin/vmax prove it fits (codegen/cuda.py does)
+  index = int64
 
   @staticmethod
   def all() -> list[DType]:

@@ -145,6 +145,8 @@ class LazyBuffer:
 # partials run in parallel. Thresholds as in tinygrad's split_reduceop: inputs per output ≥ 2^15, and here fewer
 # outputs than an H100 holds blocks at once (132 SMs × 8 blocks); parts: the largest of SPLIT_REDUCE_PARTS dividing.
 # On a CPU the THREAD opt already spreads outputs over cores, so only reduces with fewer outputs than cores split.
+# The split is about parallelism only: the accuracy of long float sums is the kernel's (codegen/linearizer.py sums
+# blocks of ACCUMULATE_BLOCK values and adds the block totals with Kahan compensation), so it needs no extra kernels.
 SPLIT_REDUCE_MIN_INPUTS = 1 << 15
 SPLIT_REDUCE_MAX_OUTPUTS = 1024
 SPLIT_REDUCE_PARTS = (256, 128, 64, 32, 16, 8)

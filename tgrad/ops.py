@@ -36,8 +36,9 @@ class Ops(Enum):
   # arg=MatrixLoad (codegen/renderer.py) from shared memory is a fragment too: the warp loads it cooperatively, each
   # lane passing the address in src[1] of one row of one 8×8 matrix
   VECTORIZE = auto(); GEP = auto(); WMMA = auto()  # noqa: E702
-  # linear level: src=(value, *ranges), arg=(reduce op, accumulator id, unrolled terms): reads the accumulator; the
-  # value is a left chain of `terms` unrolled values combined with the reduce op. With reduce op WMMA
+  # linear level: src=(value, *ranges), arg=(reduce op, accumulator id, unrolled terms[, True]): reads the accumulator;
+  # the value is a left chain of `terms` unrolled values combined with the reduce op; a 4th field True makes an ADD
+  # compensated (Kahan: a second accumulator carries the rounding error; the linearizer emits it). With reduce op WMMA
   # the value is a chain of WMMAs that reads the accumulator fragment (a DEFINE_ACC of a VECTORIZE) and replaces it
   REDUCE = auto()
   # lazy-graph ops that are not ALU

@@ -110,9 +110,10 @@ def _python_dtype(data) -> DType:
   return dtypes.default_int if int in kinds else dtypes.bool
 
 def _sum_dtype(dtype: DType) -> DType:
-  """The dtype a sum returns: small ints and bools widen to 32 bits (not numpy's int64: documented), others keep."""
-  if dtype.is_bool or (dtype.kind == 'i' and dtype.itemsize < 4): return dtypes.int32
-  if dtype.kind == 'u' and dtype.itemsize < 4: return dtypes.uint32
+  """The dtype a sum (prod, cumsum) returns, as numpy's: bools and signed ints sum to int64, unsigned ints to uint64,
+  floats keep theirs (docs/design-notes.md, "Accumulation dtypes")."""
+  if dtype.is_bool or dtype.kind == 'i': return dtypes.int64
+  if dtype.kind == 'u': return dtypes.uint64
   return dtype
 
 def _fmix32(x: int) -> int:
@@ -272,7 +273,8 @@ class Tensor:
     if step == 0: raise ValueError("arange step must not be zero")
     count = max(0, math.ceil((stop - start) / step))
     dtype = to_dtype(dtype) if dtype is not None else _python_dtype([start, stop, step])
-    counter = LazyBuffer.loadop(Ops.ARANGE, (count,), dtypes.int32, canonical_device(device))
+    counter_dtype = dtypes.int32 if count <= dtypes.max(dtypes.int32) + 1 else dtypes.int64   # positions past 2^31
+    counter = LazyBuffer.loadop(Ops.ARANGE, (count,), counter_dtype, canonical_device(device))
     if dtype.is_float:   # compute the values in a float dtype: start + i*step
       compute = dtypes.float32 if dtype in HALF_FLOATS else dtype
       values = Tensor(counter).cast(compute) * step + start
@@ -709,8 +711,8 @@ class Tensor:
     if acc_dtype is None: acc_dtype = dtypes.float32 if out_dtype in HALF_FLOATS else out_dtype
     return self.cast(to_dtype(acc_dtype))._reduce(function, axes, keepdim).cast(out_dtype)
   def sum(self, axis=None, keepdim: bool = False, acc_dtype: Any = None) -> Tensor:
-    """Sum over `axis` (int, tuple, None: all). Bools and ints narrower than 32 bits sum to int32 (uint32 for
-    unsigned), not to numpy's int64; float16/bfloat16 accumulate in float32."""
+    """Sum over `axis` (int, tuple, None: all). As numpy: bools and signed ints sum to int64, unsigned ints to uint64;
+    float16/bfloat16 accumulate in float32."""
     return self._accumulate(F.Sum, axis, keepdim, acc_dtype)
   def prod(self, axis=None, keepdim: bool = False, acc_dtype: Any = None) -> Tensor:
     return self._accumulate(F.Prod, axis, keepdim, acc_dtype)
@@ -736,7 +738,8 @@ class Tensor:
   def std(self, axis=None, keepdim: bool = False, correction: int = 1) -> Tensor:
     return self.var(axis, keepdim, correction).sqrt()
   def argmax(self, axis: Optional[int] = None, keepdim: bool = False) -> Tensor:
-    """The index (int32) of the first maximum; NaN counts as the maximum, as in numpy."""
+    """The index (int32; int64 on an axis past 2^31 elements) of the first maximum; NaN counts as the maximum, as in
+    numpy."""
     if axis is None:
       out = self.flatten().argmax(0)
       return out.reshape((1,) * self.ndim) if keepdim else out
@@ -746,7 +749,9 @@ class Tensor:
     x = self.detach()
     is_max = x == x.max(axis, keepdim=True)
     if x.dtype.is_float: is_max = is_max | x.isnan()
-    countdown = Tensor.arange(size, 0, -1, device=self.device).reshape((size,) + (1,) * (self.ndim - axis - 1))
+    index_dtype = dtypes.int32 if size <= dtypes.max(dtypes.int32) else dtypes.int64
+    countdown = Tensor.arange(size, 0, -1, dtype=index_dtype, device=self.device).reshape((size,) + (1,) *
+                                                                                        (self.ndim - axis - 1))
     return size - is_max.where(countdown, 0).max(axis, keepdim)
   def argmin(self, axis: Optional[int] = None, keepdim: bool = False) -> Tensor:
     flipped = self.detach().logical_not() if self.dtype.is_bool else self.detach()._order_flip()
@@ -779,7 +784,7 @@ class Tensor:
     if self.ndim == 0 or self.shape[axis] <= 1: return self
     return _scan_last(self.transpose(axis, -1), SCAN_KINDS[kind]).transpose(axis, -1)
   def cumsum(self, axis: int = 0) -> Tensor:
-    """Running sum along `axis`, in sum's dtype (bools and small ints give int32; ints wrap as the dtype does)."""
+    """Running sum along `axis`, in sum's dtype (bools and signed ints give int64, unsigned uint64, as numpy)."""
     out_dtype = _sum_dtype(self.dtype)
     return self.cast(dtypes.float32 if out_dtype in HALF_FLOATS else out_dtype)._scan(axis, "sum").cast(out_dtype)
   def cumprod(self, axis: int = 0) -> Tensor:
@@ -1156,7 +1161,8 @@ class Tensor:
     x = x.permute(0, 1, 2, *range(4, 4 + count), 3, *range(4 + count, 4 + 2 * count))  # (N, G, 1, *out, C/G, *k)
     w = weight.reshape(1, groups, out_channels // groups, *(1,) * count, group_channels, *kernel)
     reduce_axes = tuple(range(-1 - count, 0))
-    result = (x * w).sum(reduce_axes, acc_dtype=acc_dtype).reshape(batch, out_channels, *out)
+    product = x * w
+    result = product.sum(reduce_axes, acc_dtype=acc_dtype).cast(product.dtype).reshape(batch, out_channels, *out)
     return result if bias is None else result + bias.reshape(1, out_channels, *(1,) * count)
 
   def conv_transpose2d(self, weight: Tensor, bias: Optional[Tensor] = None, groups: int = 1, stride=1, dilation=1,
@@ -1394,7 +1400,7 @@ class Tensor:
     loss = -picked if label_smoothing == 0 else -(1 - label_smoothing) * picked - label_smoothing * log_probs.mean(axis)
     kept = target != ignore_index
     loss = kept.where(loss, 0)
-    return loss.sum() / kept.sum() if reduction == "mean" else _reduce_loss(loss, reduction)
+    return loss.sum() / kept.sum().cast(loss.dtype) if reduction == "mean" else _reduce_loss(loss, reduction)
   def nll_loss(self, Y: Tensor, weight: Optional[Tensor] = None, ignore_index: int = TORCH_IGNORE_INDEX,
                reduction: str = "mean") -> Tensor:
     """torch's nll_loss of log-probabilities (N, C, *d) or (C,) against int class indices Y (N, *d): −self at each
@@ -1504,7 +1510,9 @@ class Tensor:
     target = self.transpose(dim, -1)
     fill = tuple((0, t - i) for t, i in zip(target.shape[:-1], hit.shape[:-2])) + ((0, 0),)
     acc_dtype = _gather_acc_dtype(self.dtype)
-    if reduce == "add": return (target + hit.where(values, 0).sum(-2, acc_dtype=acc_dtype).pad(fill)).transpose(dim, -1)
+    if reduce == "add":
+      added = hit.where(values, 0).sum(-2, acc_dtype=acc_dtype).cast(self.dtype).pad(fill)
+      return (target + added).transpose(dim, -1)
     if reduce == "multiply":
       factor = hit.where(values, 1).prod(-2, acc_dtype=acc_dtype).cast(self.dtype)
       return (target * factor.pad(fill, value=1)).transpose(dim, -1)

@@ -1,6 +1,8 @@
 """The UOp simplifier (`symbolic`, `simplify`) must preserve value: random int/bool index expressions are evaluated
 before and after simplification at every combination of leaf values (exec_alu semantics), and every node's value
-must lie in its [vmin, vmax]. sympy is the algebra oracle for linear expressions and for // and % of nonnegative
+must lie in its [vmin, vmax]. A second generator puts leaves, constants, scales and divisors near and above 2^31 and
+2^32 (up to ~2^40): 64-bit index math must stay exact there, and int32 data math must wrap exactly as the kernels do.
+sympy is the algebra oracle for linear expressions and for // and % of nonnegative
 operands. Targeted tests check the simplifications the shape layer relies on.
 """
 import itertools, random
@@ -13,6 +15,8 @@ INDEX = dtypes.index
 SEED = 1234
 N_RANDOM_EXPRESSIONS = 2000
 N_NARROW_DTYPE_EXPRESSIONS = 400
+N_BIG_EXPRESSIONS = 1500          # 64-bit index math with values near and past 2^31, 2^32, up to ~2^40
+N_BIG_INT32_EXPRESSIONS = 400     # the same generator in int32: everything near 2^31 wraps
 N_SYMPY_LINEAR = 300
 N_SYMPY_DIVMOD = 40
 MAX_DEPTH = 5
@@ -123,6 +127,35 @@ class ExpressionGenerator:
     depth = self.rng.randint(2, MAX_DEPTH)
     return self.bool_expr(depth) if self.rng.random() < 0.3 else self.int_expr(depth)
 
+# Values where 32-bit index math would break: around 2^31 and 2^32 (signed and unsigned wrap), and far above.
+BIG_OFFSETS = (0, 2 ** 31 - 5, 2 ** 31, 2 ** 32 - 4, 2 ** 32 + 1, 2 ** 40, -2 ** 31 - 3, 3 * 2 ** 30, 2 ** 31 - 20,
+               -2 ** 31 + 12)
+BIG_CONSTANTS = (2 ** 31, 2 ** 31 - 1, 2 ** 31 + 1, -2 ** 31, -2 ** 31 - 1, 2 ** 32, 2 ** 32 - 1, 2 ** 32 + 1,
+                 3 * 2 ** 30, 2 ** 40, 2 ** 40 + 7, 1_000_000_007)
+BIG_SCALES = (65536, 1 << 20, 1 << 31, 1 << 32, 3 << 29, 4_000_000_000, 1 << 24, 1000, -65536, -(1 << 31))
+BIG_DIVISORS = (65536, 1 << 20, 1 << 31, (1 << 31) - 1, (1 << 31) + 1, 1 << 32, 3 << 30, 1_000_000_007, 7, -(1 << 31))
+
+class BigExpressionGenerator(ExpressionGenerator):
+  """ExpressionGenerator with leaves that start near 2^31, 2^32 or 2^40 and constants, scales and divisors of that
+  size, mixed with the small ones (so small-divisor rules meet big values too)."""
+  def _leaf(self, k: int, offset: int) -> UOp:
+    # a leaf's own values must fit its dtype (in int32 the big offsets are the ones just below ±2^31)
+    fitting = [o for o in BIG_OFFSETS if dtypes.min(self.dtype) + 16 <= offset + o <= dtypes.max(self.dtype) - 16]
+    return super()._leaf(k, offset + self.rng.choice(fitting or (0,)))
+  def const(self) -> UOp: return UOp.const(self.dtype, self.rng.choice(BIG_CONSTANTS)) if self.rng.random() < 0.6 \
+    else super().const()
+  def divisor(self) -> int: return self.rng.choice(BIG_DIVISORS) if self.rng.random() < 0.5 else super().divisor()
+  def affine(self) -> UOp:
+    out = self.const()
+    for leaf in self.rng.sample(self.leaves, self.rng.randint(1, len(self.leaves))):
+      out = out + leaf * (self.rng.choice(BIG_SCALES) if self.rng.random() < 0.5 else self.rng.choice((1, 2, -1, 4)))
+    return out
+  def int_expr(self, depth: int) -> UOp:
+    if depth > 0 and self.rng.random() < 0.2:   # a scaled sum, divided or reduced by a big divisor: strides past 2^31
+      scaled = self.int_expr(depth - 1) * self.rng.choice(BIG_SCALES) + self.const()
+      return scaled // self.divisor() if self.rng.random() < 0.5 else scaled % self.divisor()
+    return super().int_expr(depth)
+
 def test_random_expressions_keep_their_value():
   for n in range(N_RANDOM_EXPRESSIONS):
     rng = random.Random(SEED * 100_003 + n)
@@ -137,6 +170,54 @@ def test_random_expressions_in_narrow_dtypes_keep_their_value(dtype, leaf_offset
     seed = SEED * 100_003 + n
     expression = ExpressionGenerator(random.Random(seed), dtype, leaf_offset).expr()
     assert_same_function(expression, simplify(expression), f"{dtype} seed {seed}")
+
+def test_random_big_expressions_keep_their_value():
+  # 64-bit index math past 2^31: no rule may reason in 32 bits, and vmin/vmax must hold there (every node is checked)
+  for n in range(N_BIG_EXPRESSIONS):
+    seed = SEED * 7_919 + n
+    expression = BigExpressionGenerator(random.Random(seed)).expr()
+    assert_same_function(expression, simplify(expression), f"big seed {seed}")
+
+def test_random_big_expressions_in_int32_keep_their_value():
+  # the same values in int32 wrap around: the rules must see where exact-integer reasoning stops holding
+  for n in range(N_BIG_INT32_EXPRESSIONS):
+    seed = SEED * 7_919 + n
+    expression = BigExpressionGenerator(random.Random(seed), dtypes.int32).expr()
+    assert_same_function(expression, simplify(expression), f"int32 big seed {seed}")
+
+def test_big_expressions_match_python_ints():
+  # index math values far from 2^63 are plain Python ints: exec_alu's int64 never wraps on them, so the simplified
+  # form equals a direct evaluation with Python's unbounded ints and C-rounded division
+  checked = 0
+  for n in range(N_BIG_EXPRESSIONS // 5):
+    rng = random.Random(SEED * 31 + n)
+    leaves = [rng_range(offset, offset + rng.randint(1, 6), k) for k, offset in
+              enumerate(rng.sample(BIG_OFFSETS, rng.randint(1, 2)))]
+    expression = UOp.const(INDEX, rng.choice(BIG_CONSTANTS))
+    for leaf in leaves: expression = expression + leaf * rng.choice(BIG_SCALES)
+    if not -2 ** 62 < expression.vmin <= expression.vmax < 2 ** 62: continue   # int64 itself would wrap (2^32·2^31)
+    divisor = rng.choice(BIG_DIVISORS)
+    bound = rng.choice(BIG_CONSTANTS)
+    for candidate in (expression // divisor, expression % divisor, (expression // divisor).lt(bound)):
+      simplified = simplify(candidate)
+      for combo in itertools.product(*(leaf_values(leaf) for leaf in leaves)):
+        env = dict(zip(leaves, combo))
+        total = candidate.src[0].src[0] if candidate.op is Ops.CMPLT else candidate.src[0]
+        exact = _python_value(total, env)
+        quotient = abs(exact) // abs(divisor) * (1 if (exact >= 0) == (divisor >= 0) else -1)   # C: toward zero
+        expected = quotient if candidate.op is Ops.IDIV else exact - quotient * divisor if candidate.op is Ops.MOD \
+          else quotient < candidate.src[1].arg
+        assert evaluate(simplified, env) == expected, f"{candidate.render()} -> {simplified.render()} at {combo}"
+        checked += 1
+  assert checked > 1000
+
+def _python_value(u: UOp, env: dict) -> int:
+  """Σ coefficient·leaf + constant with Python's unbounded ints."""
+  if u in env: return env[u]
+  if u.op is Ops.CONST: return u.arg
+  if u.op is Ops.ADD: return _python_value(u.src[0], env) + _python_value(u.src[1], env)
+  if u.op is Ops.MUL: return _python_value(u.src[0], env) * _python_value(u.src[1], env)
+  raise NotImplementedError(u.op)
 
 def test_simplify_is_idempotent_on_random_expressions():
   for n in range(N_RANDOM_EXPRESSIONS // 5):
@@ -256,6 +337,45 @@ def test_rules_respect_division_by_zero_semantics():
     assert_same_function(expression, simplify(expression), expression.render())
 
 def test_rules_respect_int32_wraparound():
-  big, low = UOp.variable("big", 2 ** 30, 2 ** 30 + 3), UOp.variable("low", -2 ** 31, -2 ** 31 + 3)
+  int32 = dtypes.int32
+  big, low = UOp.variable("big", 2 ** 30, 2 ** 30 + 3, int32), UOp.variable("low", -2 ** 31, -2 ** 31 + 3, int32)
   for expression in ((big + 2 ** 30).lt(0), (low // 65536) // 32768, (big * 4) // 4, (low // -1).lt(0)):
     assert_same_function(expression, simplify(expression), expression.render())
+
+def test_rules_respect_int64_wraparound():
+  big, low = UOp.variable("big", 2 ** 62, 2 ** 62 + 3), UOp.variable("low", -2 ** 63, -2 ** 63 + 3)
+  for expression in ((big + 2 ** 62).lt(0), (low // 2 ** 32) // 2 ** 31, (big * 4) // 4, (low // -1).lt(0)):
+    assert_same_function(expression, simplify(expression), expression.render())
+
+def test_index_math_past_2_31_is_exact():
+  # the issue's wrap: a stride of 2^31 became -2^31 in 32-bit constants
+  row = rng_range(0, 4, 0)
+  index = simplify(row * 2 ** 31 + rng_range(0, 2 ** 31, 1))
+  assert (index.vmin, index.vmax) == (0, 4 * 2 ** 31 - 1)
+  assert simplify((row * 2 ** 31 + 5) // 2 ** 31) is row and simplify((row * 2 ** 32 + 7) % 2 ** 32).arg == 7
+  assert simplify(row.lt(2 ** 31)).arg is True
+
+def test_cuda_narrowing_keeps_every_value():
+  # codegen/cuda.py computes an index value in 32 bits where its operands and vmin/vmax fit: evaluating those nodes
+  # with int32 semantics (wrapping) must give the same values as 64-bit math, at every leaf binding
+  from tgrad.codegen.cuda import narrow_index_values
+  narrowed = 0
+  for n in range(N_BIG_EXPRESSIONS // 3):
+    seed = SEED * 104_729 + n
+    expression = simplify(BigExpressionGenerator(random.Random(seed)).int_expr(4))
+    nodes = expression.toposort()
+    narrow = narrow_index_values(nodes)
+    narrowed += len(narrow)
+    leaves = leaves_of(expression)
+    for combo in itertools.product(*(leaf_values(leaf) for leaf in leaves)):
+      wide: dict = {}
+      as_int: dict = {}
+      for node in nodes:
+        if node in leaves: wide[node] = as_int[node] = combo[leaves.index(node)]
+        elif node.op is Ops.CONST: wide[node] = as_int[node] = node.arg
+        else:
+          wide[node] = exec_alu(node.op, node.dtype, tuple(wide[s] for s in node.src))
+          as_int[node] = exec_alu(node.op, dtypes.int32 if node in narrow else node.dtype,
+                                  tuple(as_int[s] for s in node.src))
+        assert as_int[node] == wide[node], f"seed {seed}: {node.render()} narrowed to 32 bits is {as_int[node]}"
+  assert narrowed > 100

@@ -7,6 +7,7 @@ from tgrad.dtype import dtypes
 from tgrad.ops import Ops, UOp, UPat, PatternMatcher, graph_rewrite, exec_alu
 
 INDEX = dtypes.index
+I32 = dtypes.int32
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 def loop(lo: int, hi: int, axis: int = 0) -> UOp:
@@ -191,8 +192,10 @@ def test_graph_rewrite_handles_deep_graphs():
   (lambda: UOp.const(INDEX, 3).ne(3), (False, False)),
   (lambda: loop(0, 4).lt(9) & loop(0, 4, 1).lt(2), (False, True)),
   (lambda: loop(0, 4).lt(9) | loop(0, 4, 1).lt(2), (True, True)),
-  (lambda: UOp.variable("v", 0, 2 ** 30) * 4, (dtypes.min(INDEX), dtypes.max(INDEX))),   # would wrap: full range
-  (lambda: UOp.variable("v", -2 ** 31, 0) // -1, (dtypes.min(INDEX), dtypes.max(INDEX))),
+  (lambda: UOp.variable("v", 0, 2 ** 30, I32) * 4, (dtypes.min(I32), dtypes.max(I32))),   # would wrap: full range
+  (lambda: UOp.variable("v", -2 ** 31, 0, I32) // -1, (dtypes.min(I32), dtypes.max(I32))),
+  (lambda: UOp.variable("v", 0, 2 ** 30) * 4, (0, 2 ** 32)),   # 64-bit index math is exact past 2^31
+  (lambda: UOp.variable("v", 0, 2 ** 61) * 4, (dtypes.min(INDEX), dtypes.max(INDEX))),
   (lambda: UOp.const(dtypes.float32, 1.0) + UOp.const(dtypes.float32, 2.0), (-math.inf, math.inf)),
 ])
 def test_vmin_vmax(make, expected):

@@ -43,6 +43,10 @@ MAX_UPCAST = 512   # largest product of upcast/unroll amounts (an 8×8 register 
                    # code only bloats compile time
 MAX_PADDING_FRACTION = 1   # PADTO adds fewer positions than the axis has: padding never more than doubles its work
 
+# A global axis too big for the grid is split in two so that the outer part fits a grid dimension's limit; at most this
+# many splits (each halves the largest axis at least; far more than any buffer a GPU can hold needs).
+MAX_GRID_SPLITS = 8
+
 # A staged tile is copied by each thread in runs of this many bytes (one 16-byte vector access where aligned).
 STAGE_COPY_BYTES = 16
 
@@ -100,6 +104,7 @@ class Kernel:
     self.applied_opts: list[Opt] = []
     self._reduce_axes_last()
     self._merge_axes()
+    self._fit_grid()
     self.function_name = self.name   # the rendered function's name: the unoptimized shape, the same under any opts
 
   @staticmethod
@@ -193,6 +198,31 @@ class Kernel:
         def drop(shape, a=axis): return shape[:a] + shape[a + 1:]
         self.reshape_and_permute(drop, None)
       axis -= 1
+
+  def _fit_grid(self) -> None:
+    """On a target with thread ids, make the global axes fit the grid (launch_dims): while they don't, split the
+    largest into (outer, inner) with inner the smallest power of two that leaves outer within the smallest grid
+    limit; an axis it doesn't divide is padded first (masked off: the padding's threads store nothing). So an axis of
+    2^33 becomes (2^15, 2^18): blockIdx.y and a blockIdx.x the heuristics may still split into blocks."""
+    caps = self.renderer
+    if not caps.has_local: return
+    limits = caps.max_grid[:caps.max_global_dims]
+    outer_limit = min(limits)
+    for _ in range(MAX_GRID_SPLITS):
+      try:
+        fold_dims(self.global_axis_sizes, limits)
+        return
+      except KernelOptError: pass
+      axis = max(range(self.global_dims), key=lambda a: self.full_shape[a])
+      size = self.full_shape[axis]
+      inner = max(2, 1 << (-(-size // outer_limit) - 1).bit_length())
+      if inner > limits[0] or size <= 1: break
+      if size % inner:
+        padding = tuple((0, round_up(size, inner) - size) if d == axis else (0, 0) for d in range(self.shape_len))
+        self.sts = [st.pad(padding) for st in self.sts]
+      self.reshape_and_permute(lambda shape: shape[:axis] + (shape[axis] // inner, inner) + shape[axis + 1:], None)
+    raise KernelOptError(f"global dims {self.global_axis_sizes} of kernel shape {self.full_shape} do not fit the grid "
+                         f"limits {limits} of {type(caps).__name__}")
 
   def _mergeable(self, axis: int) -> bool:
     for st in self.sts:

@@ -9,6 +9,11 @@ then the stores. The result reads as a program:
   DEFINE_GLOBAL 0, DEFINE_GLOBAL 1, RANGE r0 (0..N), DEFINE_ACC a0, RANGE r1 (0..K), LOAD, ADD, ASSIGN a0,
   ENDRANGE r1, REDUCE (reads a0), STORE, ENDRANGE r0
 
+A reduce of a value that doesn't change along its loops is no loop (a sum is value × trips: `Tensor.ones(2**40).sum()`
+costs nothing). A float sum whose accumulator would add more than ACCUMULATE_BLOCK values sums in blocks: an inner
+loop adds one block into a fresh accumulator, an outer loop adds the block totals with compensated (Kahan) summation
+(see `accumulation_split`).
+
 A tensor-core kernel (Kernel.tensor_core) reduces with WMMAs instead: per K step each lane gathers its A and B
 fragments (VECTORIZE of loads indexed by the core's fragment layouts), one WMMA per tile updates a fragment
 accumulator, and each output replica is one element (GEP) of its tile's accumulator.
@@ -21,7 +26,7 @@ from __future__ import annotations
 import itertools
 from typing import Optional
 from tgrad.dtype import dtypes
-from tgrad.ops import UOp, Ops, simplify, graph_rewrite, split_terms, build_sum
+from tgrad.ops import UOp, Ops, simplify, graph_rewrite, split_terms, build_sum, exec_alu
 from tgrad.codegen.transcendental import decompositions
 from tgrad.codegen.kernel import Kernel, StagePlan, STAGE_COPY_BYTES, fold_dims
 from tgrad.codegen.renderer import FragmentLayout, MatrixLoad, TensorCore
@@ -29,6 +34,19 @@ from tgrad.schedule import identity_of_reduce
 from tgrad.helpers import prod
 
 FOLD_MIN_ACCUMULATORS = 4   # from this many accumulators in one loop, unrolled values fold into each one by one
+# The most values one float accumulator adds in sequence. A running float32 sum of n values has a rounding error that
+# grows like n·ε (a sum of 2^24 ones stops growing at 16,777,216; 65,536 copies of 0.1 are 6e-4 off). Summing blocks of
+# at most this many values, then the block totals with Kahan's compensation, bounds it by about block·ε whatever n is
+# (4e-5 for 0.1 repeated; random values ~1e-7). The totals' loop costs 4 adds per block; LLVM keeps its vectorized
+# block loop (64 lanes of 64 values each). Smaller reduces are untouched.
+ACCUMULATE_BLOCK = 1 << 12
+# The same limit for a register tile (FOLD_MIN_ACCUMULATORS or more accumulators, e.g. a matmul): each block adds two
+# live accumulators per output around the inner loop, so tiles block only past 65,536 values, as BLAS adds K panels
+# (matmuls with K ≤ 65,536 keep their code; a column sum over millions of rows still can't stall at 2^24).
+TILE_ACCUMULATE_BLOCK = 1 << 16
+# how far below ACCUMULATE_BLOCK a block may shrink to divide its axis exactly (a loop end without a min)
+BLOCK_DIVISOR_SLACK = 2
+BLOCK_LOOP_ARG = 2000   # RANGE arg of the loop over blocks of reduce axis a: BLOCK_LOOP_ARG + a
 
 def _index_const(value: int) -> UOp: return UOp.const(dtypes.index, value)
 
@@ -230,22 +248,59 @@ class Linearizer:
     k = self.k
     if k.tensor_core is not None and node is k.tensor_core.reduce: return self.build_tc_reduce(node, idxs)
     op = node.arg[0]
-    loop_axes = range(k.first_reduce + k.group_for_reduces, k.first_upcast)
+    loop_axes = list(range(k.first_reduce + k.group_for_reduces, k.first_upcast))
     unroll_axes = [a for a in k.upcast_axes if k.is_reduce_axis(a)]
     group_axes = range(k.first_reduce, k.first_reduce + k.group_for_reduces)
-    inner = list(idxs)
-    for a in loop_axes: inner[a] = self.base_idx[a]
-    for a in group_axes: inner[a] = self.base_idx[a]
-    values = []
-    for combo in itertools.product(*[range(k.full_shape[a]) for a in unroll_axes]):
-      for a, v in zip(unroll_axes, combo): inner[a] = _index_const(v)
-      values.append(self.build(node.src[0], tuple(inner)))
-    combined = values[0]
-    for v in values[1:]: combined = UOp(op, node.dtype, (combined, v))
+    def unrolled_value(loop_indices: dict[int, UOp]) -> UOp:
+      """The unrolled replicas of the reduce's source combined with its op (a left chain), at these loop indices."""
+      inner = list(idxs)
+      for a in group_axes: inner[a] = self.base_idx[a]
+      for a, index in loop_indices.items(): inner[a] = index
+      values = []
+      for combo in itertools.product(*[range(k.full_shape[a]) for a in unroll_axes]):
+        for a, v in zip(unroll_axes, combo): inner[a] = _index_const(v)
+        values.append(self.build(node.src[0], tuple(inner)))
+      combined = values[0]
+      for v in values[1:]: combined = UOp(op, node.dtype, (combined, v))
+      return combined
     ranges = tuple(self.base_idx[a] for a in loop_axes)
-    result = self.new_reduce(op, node.dtype, combined, ranges, len(values)) if ranges else combined
+    combined = unrolled_value({a: self.base_idx[a] for a in loop_axes})
+    terms = prod(k.full_shape[a] for a in unroll_axes)
+    if not ranges: result = combined
+    elif (folded := fold_invariant_reduce(op, node.dtype, combined, ranges)) is not None: result = folded
+    elif (split := self.accumulation_split(op, node.dtype, loop_axes, terms)) is not None:
+      axis, chunk = split
+      block, within = block_ranges(axis, k.full_shape[axis], chunk)
+      position = loop_axes.index(axis)
+      inner_ranges = (within,) + ranges[position + 1:]
+      value = unrolled_value({**{a: self.base_idx[a] for a in loop_axes}, axis: within})
+      block_total = self.new_reduce(op, node.dtype, value, inner_ranges, terms)
+      result = self.new_reduce(op, node.dtype, block_total, ranges[:position] + (block,), compensated=True)
+    else: result = self.new_reduce(op, node.dtype, combined, ranges, terms)
     if k.group_for_reduces: result = self.group_reduce(op, node.dtype, result)
     return result
+
+  def accumulation_split(self, op: Ops, dtype, loop_axes: list[int], terms: int) -> Optional[tuple[int, int]]:
+    """(axis, block size) where a float sum's loops add more than ACCUMULATE_BLOCK (TILE_ACCUMULATE_BLOCK for a
+    register tile) values into one accumulator, else None. Counting from the innermost loop (times the `terms` unrolled
+    values per iteration), the first axis that takes the run past the limit is cut into blocks, an exact divisor of it
+    where one is close below the limit.
+    Blocking in the kernel keeps the kernel count and needs no memory for partials, unlike splitting the reduce into
+    two kernels (lazy.py's _split_reduce, which is about parallelism). Kernels with staged tiles (SMEM) keep their
+    pipelined loop as it is."""
+    k = self.k
+    if op is not Ops.ADD or not dtype.is_float or k.staged: return None
+    accumulators = len(k.reduceops) * prod(k.full_shape[a] for a in k.upcast_axes if not k.is_reduce_axis(a))
+    block = ACCUMULATE_BLOCK if accumulators < FOLD_MIN_ACCUMULATORS else TILE_ACCUMULATE_BLOCK
+    run = terms
+    for axis in reversed(loop_axes):
+      size = k.full_shape[axis]
+      if run * size > block:
+        limit = max(1, block // run)
+        exact = next((c for c in range(limit, limit // BLOCK_DIVISOR_SLACK, -1) if size % c == 0), None)
+        return axis, exact or limit
+      run *= size
+    return None
 
   # ---- tensor cores
   def build_tc_reduce(self, node: UOp, idxs: tuple[UOp, ...]) -> UOp:
@@ -351,11 +406,13 @@ class Linearizer:
       elements.append(self.build(operand, tuple(simplify(x) for x in idxs)))
     return UOp(Ops.VECTORIZE, operand.dtype, tuple(elements))
 
-  def new_reduce(self, op: Ops, dtype, value: UOp, ranges: tuple[UOp, ...], terms: int = 1) -> UOp:
+  def new_reduce(self, op: Ops, dtype, value: UOp, ranges: tuple[UOp, ...], terms: int = 1,
+                 compensated: bool = False) -> UOp:
     """A loop reduce of `value`, which combines `terms` unrolled values as a left chain of `op` (see build_reduce):
-    with many accumulators the update folds them in one by one (acc + v0 + v1 + …, FMAs for a matmul)."""
+    with many accumulators the update folds them in one by one (acc + v0 + v1 + …, FMAs for a matmul). A compensated
+    sum carries each addition's rounding error into the next (Kahan; linearize emits it)."""
     self.acc_count += 1
-    return UOp(Ops.REDUCE, dtype, (value, *ranges), (op, self.acc_count - 1, terms))
+    return UOp(Ops.REDUCE, dtype, (value, *ranges), (op, self.acc_count - 1, terms) + ((True,) if compensated else ()))
 
   def group_reduce(self, op: Ops, dtype, partial: UOp) -> UOp:
     """Reduce across the group's threads: each writes its partial to shared memory, then (after a barrier) the
@@ -423,8 +480,8 @@ class Linearizer:
     reduces = [u for u in all_nodes if u.op is Ops.REDUCE]
     open_ranges: set[UOp] = set()
     free: dict[UOp, frozenset] = {}   # the RANGEs a node's value depends on (a REDUCE binds its own)
-    for u in all_nodes:
-      free[u] = frozenset((u,)) if u.op is Ops.RANGE else frozenset().union(*(free[s] for s in u.src))
+    for u in all_nodes:   # a loop's bounds may depend on outer loops (a block of a blocked sum)
+      free[u] = frozenset().union(*(free[s] for s in u.src)) | ({u} if u.op is Ops.RANGE else set())
       if u.op is Ops.REDUCE: free[u] -= set(u.src[1:])
 
     def place(u: UOp) -> None:
@@ -449,7 +506,7 @@ class Linearizer:
       group = [r for r in reduces if r.src[1:] == ranges and r not in emitted]
       for r in ranges: emit(r.src[0]); emit(r.src[1])  # noqa: E702
       for r in group: hoist_invariants(r.src[0])
-      accs = {}
+      accs, compensations, corrections = {}, {}, {}
       for r in group:
         if r.arg[0] is Ops.WMMA:   # the fragment accumulator is part of the value (hoisted above): it is replaced
           accs[r] = next(u for u in r.src[0].toposort() if u.op is Ops.DEFINE_ACC and u.arg == r.arg[1])
@@ -459,6 +516,10 @@ class Linearizer:
         emit(init)
         accs[r] = UOp(Ops.DEFINE_ACC, r.dtype, (init,), r.arg[1])
         place(accs[r])
+        if is_compensated(r):   # the running rounding error of a Kahan sum: an accumulator of its own
+          self.acc_count += 1
+          compensations[r] = UOp(Ops.DEFINE_ACC, r.dtype, (init,), self.acc_count - 1)
+          place(compensations[r])
       # only the thread that stores reduces a GROUP's partials: for the others the accumulator stays the identity
       branch = UOp(Ops.IF, dtypes.void, (simplify(self.group_gate()),)) if set(ranges) & self.group_loops else None
       if branch is not None:
@@ -482,9 +543,14 @@ class Linearizer:
         for r in group:
           if step >= len(terms[r]): continue
           emit(terms[r][step])
+          if r in compensations:
+            updates[r], corrections[r] = kahan_step(updates[r], compensations[r], terms[r][step])
+            emit(corrections[r])
+            continue
           updates[r] = UOp(r.arg[0], r.dtype, (updates[r], terms[r][step]))
           if updates[r] not in emitted: place(updates[r])
       for r in group: place(UOp(Ops.ASSIGN, r.dtype, (accs[r], updates[r])))
+      for r, correction in corrections.items(): place(UOp(Ops.ASSIGN, r.dtype, (compensations[r], correction)))
       if prefetch is not None: emit(prefetch)   # their stores into the other buffer, then the step's one barrier
       for rng in reversed(ranges): program.append(UOp(Ops.ENDRANGE, dtypes.void, (rng,)))
       if branch is not None: program.append(UOp(Ops.ENDIF, dtypes.void, (branch,)))
@@ -509,6 +575,38 @@ class Linearizer:
     for store in stores: emit(store)
     for rng in reversed(outer_loops): program.append(UOp(Ops.ENDRANGE, dtypes.void, (rng,)))
     return program
+
+def is_compensated(reduce: UOp) -> bool: return len(reduce.arg) > 3 and reduce.arg[3]
+
+def kahan_step(total: UOp, compensation: UOp, value: UOp) -> tuple[UOp, UOp]:
+  """(new total, new compensation) of Kahan summation: the value corrected by the error carried so far is added, and
+  what that addition rounded away, (new − total) − corrected, is carried to the next. Renderers must not reassociate
+  these ops (llvmir.py allows reordering only for a lone innermost accumulator)."""
+  def minus(x: UOp) -> UOp: return UOp(Ops.NEG, x.dtype, (x,))
+  corrected = UOp(Ops.ADD, value.dtype, (value, minus(compensation)))
+  new_total = UOp(Ops.ADD, value.dtype, (total, corrected))
+  return new_total, UOp(Ops.ADD, value.dtype, (UOp(Ops.ADD, value.dtype, (new_total, minus(total))), minus(corrected)))
+
+def fold_invariant_reduce(op: Ops, dtype, value: UOp, ranges: tuple[UOp, ...]) -> Optional[UOp]:
+  """A reduce over loops of a value that none of them changes: a sum is value × trips, a max is the value. None when
+  the value varies or the op is MUL. Ints multiply in their own dtype (wrapping exactly as the loop's adds would);
+  floats in float64, where the trip count is exact, then round to the dtype (2^-10 × 2^20 is 1024 in float16, though
+  2^20 itself is not a float16)."""
+  if op not in (Ops.ADD, Ops.MAX) or dtype.is_bool or any(r in ranges for r in value.toposort()): return None
+  if op is Ops.MAX: return value
+  trips = prod(r.src[1].arg - r.src[0].arg for r in ranges)
+  compute = dtypes.float64 if dtype.is_float else dtype
+  if value.op is Ops.CONST: return UOp.const(dtype, exec_alu(Ops.MUL, compute, (value.arg, trips)))
+  return UOp(Ops.MUL, compute, (value.cast(compute), UOp.const(compute, trips))).cast(dtype)
+
+def block_ranges(axis: int, size: int, block: int) -> tuple[UOp, UOp]:
+  """(loop over the blocks, loop within one) for a reduce axis of `size` cut into blocks of `block`: the inner loop runs
+  over [start, min(start + block, size)), so the axis's index is the inner loop itself and keeps its range [0, size)."""
+  blocks = UOp(Ops.RANGE, dtypes.index, (_index_const(0), _index_const(-(-size // block))), BLOCK_LOOP_ARG + axis)
+  start = simplify(blocks * block)
+  # min(start + block, size) as size - max(size - block - start, 0): its range is exactly [block, size]
+  end = start + block if size % block == 0 else _index_const(size) - (_index_const(size - block) - start).maximum(0)
+  return blocks, UOp(Ops.RANGE, dtypes.index, (start, simplify(end)), axis)
 
 def offset_by(index: UOp, delta: int) -> UOp:
   """index + delta, with the constant folded into index's own sum."""

@@ -2,13 +2,15 @@
 
 The function is `void name(ptr noalias %buf0, ..., i32 %core)`: RANGE/ENDRANGE become counted loops with phis,
 DEFINE_ACC an entry-block alloca (promoted to registers by the optimizer), SPECIAL "core" the thread index the
-runtime passes. bool lives as i1 in registers and i8 in memory; bfloat16 lives as i16 in memory and as a float in
-registers, rounded to bfloat16 after every op, so results match a bfloat16 device bit for bit.
+runtime passes. Index math (dtypes.index) is i64, the pointer width, used by loads and stores with no sign extension
+(LLVM 22's loop vectorizer miscompiled i32 index math under a sext: a load at t*16 + j%16 was vectorized as t*16 + j),
+and exact for any buffer the host can hold. bool lives as i1 in registers and i8 in memory; bfloat16 lives as i16 in
+memory and as a float in registers, rounded to bfloat16 after every op, so results match a bfloat16 device bit for bit.
 """
 from __future__ import annotations
 import llvmlite.ir as ir
 from tgrad.dtype import DType, dtypes
-from tgrad.ops import UOp, Ops, ALU, COMPARISON
+from tgrad.ops import UOp, Ops
 from tgrad.codegen.renderer import Renderer
 
 # Lets the loop vectorizer reorder a single float accumulation (a sum over a long axis), as numpy's pairwise sum
@@ -31,18 +33,22 @@ def memory_type(dt: DType) -> ir.Type:
   if dt == dtypes.bfloat16: return _I16
   return register_type(dt)
 
-def wide_index_values(uops: list[UOp]) -> set[UOp]:
-  """The index arithmetic: loop counters, thread ids, and every int op computed only from them and constants.
-  It is done in i64, the pointer width, with no sign extension before addressing: LLVM 22's loop vectorizer
-  miscompiled i32 index math under a sext (a load at t*16 + j%16 was vectorized as t*16 + j)."""
-  wide: set[UOp] = set()
-  for u in uops:
-    if u.dtype != dtypes.index: continue
-    if u.op in (Ops.RANGE, Ops.SPECIAL): wide.add(u)
-    elif u.op in ALU:
-      values = u.src[1:] if u.op is Ops.WHERE else u.src
-      if all(s in wide or s.op is Ops.CONST for s in values) and any(s in wide for s in values): wide.add(u)
-  return wide
+def reorderable_accumulators(uops: list[UOp]) -> set:
+  """The accumulator whose updates may be reordered (REDUCE_FAST_MATH), if the program has exactly one innermost
+  accumulator: one with no other accumulator defined inside a loop between its definition and its update. An outer
+  one (a blocked sum's Kahan total and compensation) never is: reordering would cancel the compensation."""
+  innermost = []
+  for position, u in enumerate(uops):
+    if u.op is not Ops.DEFINE_ACC: continue
+    in_loop, nested = False, False
+    for later in uops[position + 1:]:
+      if later.op is Ops.ASSIGN and later.src[0] is u: break
+      in_loop = in_loop or later.op is Ops.RANGE
+      if in_loop and later.op is Ops.DEFINE_ACC:
+        nested = True
+        break
+    if not nested: innermost.append(u.arg)
+  return set(innermost) if len(innermost) == 1 else set()
 
 class LLVMRenderer(Renderer):
   device = "LLVM"
@@ -63,8 +69,7 @@ class _FunctionBuilder:
     self.values: dict[UOp, ir.Value] = {}
     self.accs: dict[int, ir.Value] = {}
     self.loops: dict[UOp, ir.Block] = {}
-    self.reorder_reduce = sum(1 for u in uops if u.op is Ops.DEFINE_ACC) == 1
-    self.wide = wide_index_values(uops)
+    self.reorderable = reorderable_accumulators(uops)
 
   def build(self) -> str:
     for u in self.uops: self.emit(u)
@@ -77,7 +82,7 @@ class _FunctionBuilder:
     return self.module.globals.get(name) or ir.Function(self.module, ir.FunctionType(returns, args), name=name)
 
   def value(self, u: UOp) -> ir.Value:
-    """u's value in its dtype's register type (index values narrowed back from i64)."""
+    """u's value in its dtype's register type."""
     return self.as_type(u, register_type(u.dtype))
 
   def as_type(self, u: UOp, want: ir.Type) -> ir.Value:
@@ -147,13 +152,9 @@ class _FunctionBuilder:
   def alu(self, u: UOp) -> ir.Value:
     b = self.b
     dt = u.src[-1].dtype if u.op is Ops.WHERE else u.src[0].dtype
-    value_srcs = u.src[1:] if u.op is Ops.WHERE else u.src
-    in_i64 = u in self.wide or (u.op in COMPARISON and any(s in self.wide for s in value_srcs))
-    operand_type = _I64 if in_i64 else register_type(dt)
-    srcs = [self.value(s) if s.dtype == dtypes.bool and u.op is Ops.WHERE and i == 0 else self.as_type(s, operand_type)
-            for i, s in enumerate(u.src)]
+    srcs = [self.value(s) for s in u.src]
     is_float = dt.is_float
-    reduce_update = self.reorder_reduce and u.op in (Ops.ADD, Ops.MUL) and u.src[0].op is Ops.DEFINE_ACC
+    reduce_update = u.op in (Ops.ADD, Ops.MUL) and u.src[0].op is Ops.DEFINE_ACC and u.src[0].arg in self.reorderable
     flags = REDUCE_FAST_MATH + FUSE_MULTIPLY_ADD if reduce_update else FUSE_MULTIPLY_ADD
     if u.op in _INTRINSICS:
       compute_type = ir.FloatType() if dt == dtypes.float16 else register_type(dt)

@@ -126,7 +126,7 @@ class CUDAProgram:
 
   def __call__(self, *buffers, global_size=(1,), local_size=(1,), vals=(), wait: bool = False) -> Optional[float]:
     if self.prepared_args != len(buffers) + len(vals):
-      self.function.prepare("P" * len(buffers) + "i" * len(vals))
+      self.function.prepare("P" * len(buffers) + "q" * len(vals))   # variables are 64-bit parameters (codegen/cuda.py)
       self.prepared_args = len(buffers) + len(vals)
     grid = tuple(global_size) + (1,) * (3 - len(global_size))
     block = tuple(local_size) + (1,) * (3 - len(local_size))

@@ -149,7 +149,7 @@ def sweep(kind: str, n: int, dry: bool, match: str = "") -> None:
   ref = (ta.float() @ tb.float()).cpu().numpy()
   scale = float(np.abs(ref).max())
   out = Buffer("CUDA", item.outputs[0].size, item.outputs[0].dtype)
-  buffers = [out] + [lb.buffer for lb in item.inputs]
+  buffers = [out] + list(item.inputs)
   print(f"{kind} {n}x{n}: torch {best_torch * 1e6:.0f} us = {flops / best_torch / 1e12:.1f} TFLOP/s", flush=True)
 
   def time_opts(label: str, opts: list[Opt] | None):

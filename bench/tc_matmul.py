@@ -55,7 +55,7 @@ def kernel_seconds(item, opts: list[Opt] | None, name: str) -> tuple[float, np.n
     for opt in opts: kernel.apply_opt(opt)
   runner = compile_kernel("CUDA", kernel, name)
   out = Buffer("CUDA", item.outputs[0].size, item.outputs[0].dtype)
-  buffers = [out] + [lb.buffer for lb in item.inputs]
+  buffers = [out] + list(item.inputs)
   runner(buffers)
   seconds = min(runner(buffers, wait=True) for _ in range(KERNEL_RUNS))
   return seconds, out.copyout(), kernel.applied_opts

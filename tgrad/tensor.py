@@ -114,6 +114,10 @@ def _realize_lazy(*lbs: LazyBuffer) -> None:
   from tgrad.realize import realize   # imported on use: the runtime is only needed once something is computed
   realize(*lbs)
 
+def _copy_to_host(lb: LazyBuffer) -> np.ndarray:
+  from tgrad.realize import copy_to_host
+  return copy_to_host(lb.base.buffer)
+
 # ---------------------------------------------------------------------------------------------------------------
 
 class Tensor:
@@ -208,7 +212,7 @@ class Tensor:
     if self.numel() == 0: return np.zeros(self.shape, dtype=out_dtype.np)
     lb = self.lazydata.cast(out_dtype).contiguous()
     _realize_lazy(lb)
-    return lb.base.buffer.copyout().reshape(self.shape)
+    return _copy_to_host(lb).reshape(self.shape)
   def tolist(self) -> Any: return self.numpy().tolist()
   def item(self) -> Scalar:
     if self.numel() != 1: raise ValueError(f"item() needs a tensor with one element, got shape {self.shape}")

@@ -34,6 +34,7 @@ class _Settings:
   CACHELEVEL: int = 1   # 0 turns every disk cache off
   IGNORE_BEAM_CACHE: int = 0
   THREADS: int = 0      # CPU threads for THREAD opts; 0 means all cores
+  JIT_PLAN: int = 1     # 1: a TinyJit packs its transient buffers into one arena per device; 0: one allocation each
 
 _current = _Settings(**{f.name: getenv(f.name, f.default) for f in fields(_Settings)})
 

@@ -3,7 +3,8 @@
 `lower_schedule(items) -> list[ExecItem]` picks each item's runner: a CompiledKernel for a kernel AST (Kernel → opts
 from the BEAM cache/search or the heuristics → compile; made once per AST and settings per process), a BufferCopy
 between devices, or a HostCopy of host data. `run(exec_items)` launches them in order. `realize(*lazybuffers)` is
-create_schedule + lower_schedule + run. While a TinyJit captures (`capturing()`), lowered items are recorded, not
+schedule (create_schedule, through the schedule cache) + lower_schedule + run. While a TinyJit captures
+(`capturing()`), lowered items are recorded, not
 run: the JIT plans their memory and replays them (tgrad/jit.py). DEBUG prints what ran (see docs/env.md).
 """
 from __future__ import annotations
@@ -13,7 +14,8 @@ from typing import Iterator, Optional, Protocol, Sequence, Union
 import numpy as np
 from tgrad.ops import UOp, Ops
 from tgrad.lazy import LazyBuffer
-from tgrad.schedule import ScheduleItem, create_schedule
+from tgrad.schedule import ScheduleItem
+from tgrad.schedule_cache import schedule
 from tgrad.device import Buffer, Device
 from tgrad.codegen.kernel import Kernel
 from tgrad.codegen.compile import CompiledKernel, compile_kernel
@@ -59,6 +61,7 @@ class ExecItem:
   runner: Union[CompiledKernel, BufferCopy, HostCopy]
   bufs: list[Buffer]
   var_vals: dict[str, int] = field(default_factory=dict)
+  output_count: int = 1   # bufs[:output_count] are written, the rest only read
   def run(self, wait: bool = False) -> Optional[float]: return self.runner(self.bufs, wait, self.var_vals)
 
 # ---- lowering
@@ -96,8 +99,8 @@ def lower_schedule(items: Sequence[ScheduleItem]) -> list[ExecItem]:
     if op is Ops.EMPTY: continue
     if op is Ops.COPY:
       runner = HostCopy(item.host_data) if item.host_data is not None else BufferCopy(item.bufs[0].nbytes)
-      lowered.append(ExecItem(runner, list(item.bufs)))
-    else: lowered.append(ExecItem(get_runner(item.bufs[0].device, item.ast), list(item.bufs)))
+      lowered.append(ExecItem(runner, list(item.bufs), output_count=item.output_count))
+    else: lowered.append(ExecItem(get_runner(item.bufs[0].device, item.ast), list(item.bufs), {}, item.output_count))
   return lowered
 
 # ---- running
@@ -160,7 +163,7 @@ def copy_to_host(buffer: Buffer) -> np.ndarray:
 
 def realize(*lbs: LazyBuffer) -> None:
   """Compute the given lazy values into device buffers (afterwards `lb.base.buffer` holds each)."""
-  items = create_schedule(list(lbs), commit=True)
+  items = schedule(list(lbs))
   exec_items = lower_schedule(items)
   if _capture is not None:
     _capture.items.extend(exec_items)

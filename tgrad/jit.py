@@ -315,6 +315,8 @@ class TinyJit:
   def __init__(self, fn: Callable):
     if not callable(fn): raise TypeError(f"TinyJit needs a callable, got {type(fn).__name__}")
     self.fn = fn
+    try: self.signature: Optional[inspect.Signature] = inspect.signature(fn)
+    except (TypeError, ValueError): self.signature = None   # a builtin without one: arguments are named by position
     functools.update_wrapper(self, fn)
     self.reset()
 
@@ -330,7 +332,7 @@ class TinyJit:
     return self if obj is None else functools.partial(self.__call__, obj)
 
   def __call__(self, *args, **kwargs):
-    named = _named_arguments(self.fn, args, kwargs)
+    named = _named_arguments(self.signature, args, kwargs)
     tensors = [(name, value) for name, value in named if isinstance(value, Tensor)]
     others = [(name, value) for name, value in named if not isinstance(value, Tensor)]
     for name, value in others:
@@ -399,10 +401,12 @@ class TinyJit:
     self.captured(input_buffers)
     return self._ret
 
-def _named_arguments(fn: Callable, args: tuple, kwargs: dict) -> list[tuple[str, Any]]:
+def _named_arguments(signature: Optional[inspect.Signature], args: tuple, kwargs: dict) -> list[tuple[str, Any]]:
   """(name, value) of every argument: parameter names where the signature binds, `args[i]` for *args."""
-  try: bound = inspect.signature(fn).bind(*args, **kwargs)
-  except (TypeError, ValueError): return [(f"argument {i}", a) for i, a in enumerate(args)] + list(kwargs.items())
+  try:
+    if signature is None: raise TypeError("no signature")
+    bound = signature.bind(*args, **kwargs)
+  except TypeError: return [(f"argument {i}", a) for i, a in enumerate(args)] + list(kwargs.items())
   out: list[tuple[str, Any]] = []
   for name, value in bound.arguments.items():
     kind = bound.signature.parameters[name].kind

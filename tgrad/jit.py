@@ -127,6 +127,7 @@ class CompiledGraph:
         mine = [s for s in activations if slots[s].device == device]
         self.arena_plans[device] = arena = plan_arena([self.lifetimes[s] for s in mine])
         for s, offset in zip(mine, arena.offsets): slots[s].offset = offset
+    self.allocated_bytes = self.bytes_to_allocate()   # what binding the memory below allocates, per device
     self.check_memory()   # an OutOfMemoryError here comes before any allocation or launch
     self._bind_memory(constants)
     self.state_buffers = {id(slot.buffer) for slot in slots if slot.kind == STATE}
@@ -169,7 +170,7 @@ class CompiledGraph:
   def check_memory(self) -> None:
     """Raise OutOfMemoryError (naming the device, the bytes needed and the bytes available) if a device can't give
     what this graph still has to allocate."""
-    for device, needed in self.bytes_to_allocate().items():
+    for device, needed in self.allocated_bytes.items():
       if needed and needed > (available := Device[device].available_memory()):
         raise OutOfMemoryError(device, needed, available, "a TinyJit's compiled graph")
 

@@ -229,35 +229,21 @@ def graph_from_capture(items: list[ExecItem], inputs: Sequence[tuple[str, Buffer
   after `first_new_serial` were made by the captured call. `items` is emptied: a new Buffer that only the program
   referenced dies (it is an activation), one still referenced elsewhere survives (it is state). A host copy that is
   the first use of the only writer of its buffer is a constant: copied once, at construction, not per call."""
-  slots: list[Slot] = []
-  slot_of: dict[int, int] = {}
-  persistent: dict[int, Buffer] = {}
-  new: dict[int, weakref.ref] = {}
-  for name, buffer in inputs:
-    slot_of[id(buffer)] = len(slots)
-    slots.append(Slot(INPUT, buffer.device, buffer.size, buffer.dtype, name))
-  instructions, written = [], set()
-  for item in items:
-    for buffer in item.bufs:
-      if id(buffer) not in slot_of:
-        slot_of[id(buffer)] = len(slots)
-        if buffer.serial > first_new_serial: new[len(slots)] = weakref.ref(buffer)
-        else: persistent[len(slots)] = buffer
-        slots.append(Slot(STATE, buffer.device, buffer.size, buffer.dtype))
-    args = tuple(slot_of[id(buffer)] for buffer in item.bufs)
-    written.update(args[:item.output_count])
-    instructions.append(Instruction(item.runner, args, item.bufs[0].device, item.output_count, dict(item.var_vals)))
-  del item, buffer   # the loop's last references
+  slots = [Slot(INPUT, buffer.device, buffer.size, buffer.dtype, name) for name, buffer in inputs]
+  instructions, persistent, new = _instructions_of(items, slots, {id(b): s for s, (_, b) in enumerate(inputs)},
+                                                   first_new_serial)
   items.clear()
   gc.collect()   # buffers in reference cycles die now, not later
   for s, ref in new.items():
     if (buffer := ref()) is not None: persistent[s] = buffer
     else: slots[s].kind = ACTIVATION
-  for s, buffer in persistent.items():
-    slots[s].kind, slots[s].buffer = (STATE if s in written else WEIGHT), buffer
-  constants, kept = [], []
-  writers = [sum(1 for ins in instructions if s in ins.args[:ins.output_count]) for s in range(len(slots))]
+  written = {s for ins in instructions for s in ins.args[:ins.output_count]}
+  for s, buffer in persistent.items(): slots[s].kind, slots[s].buffer = (STATE if s in written else WEIGHT), buffer
+  writers = [0] * len(slots)
+  for ins in instructions:
+    for s in ins.args[:ins.output_count]: writers[s] += 1
   first_use = {s: i for i in reversed(range(len(instructions))) for s in instructions[i].args}
+  constants, kept = [], []
   for i, ins in enumerate(instructions):
     target = ins.args[0]
     if isinstance(ins.runner, HostCopy) and writers[target] == 1 and first_use[target] == i and \
@@ -266,6 +252,24 @@ def graph_from_capture(items: list[ExecItem], inputs: Sequence[tuple[str, Buffer
       constants.append((target, ins.runner.data))
     else: kept.append(ins)
   return CompiledGraph(kept, slots, list(range(len(inputs))), plan, constants)
+
+def _instructions_of(items: list[ExecItem], slots: list[Slot], slot_of: dict[int, int], first_new_serial: int
+                     ) -> tuple[list[Instruction], dict[int, Buffer], dict[int, weakref.ref]]:
+  """Instructions over slots (appending a slot per new Buffer), the Buffers that existed before the capture, and
+  weak references to those made by it (kept weak, so that the ones no one else holds can die)."""
+  persistent: dict[int, Buffer] = {}
+  new: dict[int, weakref.ref] = {}
+  instructions = []
+  for item in items:
+    for buffer in item.bufs:
+      if id(buffer) not in slot_of:
+        slot_of[id(buffer)] = len(slots)
+        if buffer.serial > first_new_serial: new[len(slots)] = weakref.ref(buffer)
+        else: persistent[len(slots)] = buffer
+        slots.append(Slot(STATE, buffer.device, buffer.size, buffer.dtype))
+    args = tuple(slot_of[id(buffer)] for buffer in item.bufs)
+    instructions.append(Instruction(item.runner, args, item.bufs[0].device, item.output_count, dict(item.var_vals)))
+  return instructions, persistent, new
 
 # ---------------------------------------------------------------------------------------------------------------
 # TinyJit

@@ -11,6 +11,11 @@ from tgrad.jit import ACTIVATION, INPUT, STATE, WEIGHT, JitError
 from tgrad.nn.optim import SGD, Adam
 from tgrad.nn.state import get_parameters
 
+@pytest.fixture(autouse=True)
+def on_the_cpu():
+  """Every test here runs on LLVM (the memory checks name it) unless it sets another device itself."""
+  with Context(DEVICE="LLVM"): yield
+
 def random_model(seed: int):
   """A small MLP with a random depth, widths and activations, and a numpy-free way to run it."""
   rng = np.random.default_rng(seed)
@@ -227,3 +232,18 @@ def test_graph_building_starts_no_device():
           "print([m for m in sys.modules if m.startswith('tgrad.runtime.')])")
   out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
   assert out.strip() == "[]"
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("plan", [0, 1])
+def test_cuda_replay_equals_eager(plan: int):
+  """On the GPU: planned activations are views (address + offset) of one arena; replays equal eager runs."""
+  with Context(DEVICE="CUDA"): widths, forward = random_model(7)
+  rng = np.random.default_rng(7)
+  with Context(JIT_PLAN=plan, DEVICE="CUDA"):
+    jitted = TinyJit(lambda x: forward(x))
+    for _ in range(4):
+      data = rng.standard_normal((5, widths[0]), dtype=np.float32)
+      got = jitted(Tensor(data, device="CUDA")).numpy()
+      np.testing.assert_array_equal(got, forward(Tensor(data, device="CUDA")).numpy())
+  assert jitted.captured.estimate_memory().keys() == {"CUDA"}
+  check_no_live_overlap(jitted.captured)

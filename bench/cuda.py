@@ -17,7 +17,7 @@ from gpu import error_ratio, poison, torch_kernel_time  # noqa: E402
 from tgrad.ops import Ops  # noqa: E402
 from tgrad.lazy import LazyBuffer  # noqa: E402
 from tgrad.schedule import create_schedule  # noqa: E402
-from tgrad.realize import get_runner, run_schedule, realize, _buffer_for  # noqa: E402
+from tgrad.realize import get_runner, run_schedule, realize  # noqa: E402
 
 REPEATS = 20
 ELEMENTS = 64 * 1024 * 1024   # 64M float32: 256 MB per array, far beyond the 50 MB L2 of an H100
@@ -28,14 +28,13 @@ def tgrad_kernels(out: LazyBuffer) -> list[tuple[str, float, int, list]]:
   """(name, best seconds, bytes, opts) of each kernel that computes out; out is realized afterwards. Each kernel's
   output is poisoned before its first run, so an element it never writes shows in the result."""
   timings = []
-  for item in create_schedule([out]):
+  for item in create_schedule([out], commit=True):
     if item.ast.op is not Ops.SINK:
       run_schedule([item])
       continue
     runner = get_runner(item.outputs[0].device, item.ast)
-    output = _buffer_for(item.outputs[0])
-    poison(output)
-    buffers = [output] + [lb.buffer for lb in item.inputs]
+    poison(item.outputs[0])
+    buffers = [item.outputs[0]] + list(item.inputs)
     runner(buffers, wait=True)   # what later kernels and the comparison read
     best = min(runner(buffers, wait=True) for _ in range(REPEATS))
     timings.append((runner.name, best, runner.nbytes, runner.opts))

@@ -28,7 +28,7 @@ def tiny_kernel():
   """tgrad's compiled `x + 1` kernel (its CompiledKernel), from the schedule of a small LazyBuffer graph."""
   x = LazyBuffer.from_host(np.zeros(TINY_ELEMENTS, np.float32), "CUDA")
   out = x.alu(Ops.ADD, x.const(1.0))
-  items = create_schedule([out])
+  items = create_schedule([out], commit=True)
   run_schedule(items)
   (kernel,) = [item for item in items if item.ast.op is Ops.SINK]
   return get_runner("CUDA", kernel.ast)

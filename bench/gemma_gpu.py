@@ -3,20 +3,26 @@
 Input: a directory written by gemma_reference.py (config.json, model.safetensors, prompt_ids.npy,
 prefill_logits.npy, decode_ids.npy, decode_logits.npy). Prints, for tgrad on CUDA: float32 prefill/decode max abs
 error against HF's logits, float16/bfloat16 top-1 agreement over the prompt's positions, decode tokens/s (batch 1,
-NEW_TOKENS new tokens) for float32 and float16 next to HF transformers' eager decode on the same GPU, and where a
-tgrad decode step's time goes (graph building, scheduling, launching, GPU kernels). Decode speeds are end to end on
-both sides (wall clock of each library's generate(), prefill and the first token excluded the same way).
-Usage: python bench/gemma_gpu.py REFERENCE_DIR [--new-tokens 128]
+NEW_TOKENS new tokens) for float32 and float16, with and without TinyJit, next to HF transformers' eager decode on
+the same GPU; where a decode step's time goes without the JIT (graph building, scheduling, launching, GPU kernels)
+and with it (wall time per step against the GPU time of its kernels, launch cost per kernel); and the JIT's memory
+plans for the prefill and a decode step (planned activation arena vs the sum of all transient sizes,
+estimate_memory(), the bytes the graph allocated, and the device memory measured around the capture call). Decode
+speeds are end to end on both sides (wall clock of each library's generate(), prefill and the first token excluded
+the same way).
+Usage: python bench/gemma_gpu.py REFERENCE_DIR [--new-tokens 128] [--device LLVM]
 """
 from __future__ import annotations
 import argparse, json, os, sys, time
 import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from tgrad import Tensor, dtypes  # noqa: E402
+from tgrad import Tensor, TinyJit, dtypes  # noqa: E402
 from tgrad.models.gemma3 import Gemma3, generate  # noqa: E402
 import tgrad.realize as realize_module  # noqa: E402
+from tgrad.codegen.compile import CompiledKernel  # noqa: E402
 
 DECODE_PROFILE_STEPS = 8
+JIT_PROFILE_STEPS = 32   # replayed decode steps timed for the JIT profile
 DEVICE = "CUDA"   # --device LLVM runs the same checks on the CPU (a smoke test of this script)
 
 def synchronize() -> None:
@@ -47,18 +53,25 @@ def top1_agreement(ref: str, dtype) -> float:
   return float((got == want).mean())
 
 def tgrad_decode_speed(ref: str, dtype, prompt: list[int], new_tokens: int) -> dict:
+  """Prefill seconds and decode tok/s with the JIT (the step captured at step 2, replayed after) and without."""
   model = Gemma3.from_pretrained(ref, dtype, DEVICE, progress=False)
-  generate(model, prompt, 4)   # compile every kernel first
-  result = generate(model, prompt, new_tokens, eos_ids=())
-  return {"prefill_s": result.prefill_seconds, "decode_tok_s": (len(result.ids) - 1) / result.decode_seconds}
+  out = {}
+  for jit in (True, False):
+    generate(model, prompt, 4, jit=jit)   # compile every kernel first
+    result = generate(model, prompt, new_tokens, eos_ids=(), jit=jit)
+    replayed = result.step_seconds[2:]   # steps 1 and 2 run the function normally and capture it
+    out["jit" if jit else "no_jit"] = {"prefill_s": result.prefill_seconds,
+                                       "decode_tok_s": (len(result.ids) - 1) / result.decode_seconds,
+                                       "steady_decode_tok_s": len(replayed) / sum(replayed) if replayed else 0.0}
+  return out
 
 def tgrad_decode_profile(ref: str, prompt: list[int]) -> dict:
   """Time of one decode step split into: building the lazy graph, scheduling, and running (launch + GPU)."""
   model = Gemma3.from_pretrained(ref, dtypes.float32, DEVICE, progress=False)
   generate(model, prompt, 4)
   totals = {"schedule_s": 0.0, "run_s": 0.0, "gpu_kernel_s": 0.0, "kernels": 0}
-  original_schedule, original_run = realize_module.create_schedule, realize_module.run_schedule
-  original_call = realize_module.CompiledKernel.__call__
+  original_schedule, original_run = realize_module.schedule, realize_module.run
+  original_call = CompiledKernel.__call__
   def timed_schedule(*args):
     start = time.perf_counter()
     out = original_schedule(*args)
@@ -70,26 +83,87 @@ def tgrad_decode_profile(ref: str, prompt: list[int]) -> dict:
     original_run(*args)
     synchronize()
     totals["run_s"] += time.perf_counter() - start
-  def timed_call(self, buffers, wait=False):
-    elapsed = original_call(self, buffers, wait=True)
+  def timed_call(self, buffers, wait=False, var_vals=None):
+    elapsed = original_call(self, buffers, True, var_vals)
     totals["gpu_kernel_s"] += elapsed or 0.0
     totals["kernels"] += 1
   model.reset_cache(1, len(prompt) + DECODE_PROFILE_STEPS + 1)
   model(Tensor(np.array([prompt], np.int32), device=DEVICE), 0, last_only=True).numpy()
-  realize_module.create_schedule, realize_module.run_schedule = timed_schedule, timed_run
-  realize_module.CompiledKernel.__call__ = timed_call
+  realize_module.schedule, realize_module.run = timed_schedule, timed_run
+  CompiledKernel.__call__ = timed_call
   start = time.perf_counter()
   try:
     for k in range(DECODE_PROFILE_STEPS):
       model(Tensor(np.array([[prompt[-1]]], np.int32), device=DEVICE), len(prompt) + k, last_only=True).numpy()
   finally:
-    realize_module.create_schedule, realize_module.run_schedule = original_schedule, original_run
-    realize_module.CompiledKernel.__call__ = original_call
+    realize_module.schedule, realize_module.run = original_schedule, original_run
+    CompiledKernel.__call__ = original_call
   step = (time.perf_counter() - start) / DECODE_PROFILE_STEPS
   per_step = {k: v / DECODE_PROFILE_STEPS for k, v in totals.items()}
   per_step["graph_building_and_other_s"] = step - per_step["schedule_s"] - per_step["run_s"]
   per_step["step_s (kernels timed one by one)"] = step
   return per_step
+
+def device_bytes_in_use() -> int:
+  """GPU memory in use (total - free), or this process's resident host memory on LLVM."""
+  if DEVICE == "CUDA":
+    import pycuda.driver as cuda
+    free, total = cuda.mem_get_info()
+    return total - free
+  with open("/proc/self/statm") as f: return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+def tgrad_jit_decode_profile(ref: str, prompt: list[int], dtype) -> dict:
+  """A replayed decode step: its wall time (host prep, replay, reading the logits) against the GPU time of its
+  kernels (each instruction timed alone with events), the kernel count and the host cost per kernel."""
+  model = Gemma3.from_pretrained(ref, dtype, DEVICE, progress=False)
+  model.reset_cache(1, len(prompt) + JIT_PROFILE_STEPS + 8)
+  model(Tensor(np.array([prompt], np.int32), device=DEVICE), 0, last_only=True).numpy()
+  position = len(prompt)
+  def step() -> None:
+    nonlocal position
+    model(Tensor(np.array([[prompt[-1]]], np.int32), device=DEVICE), position, last_only=True, jit=True).numpy()
+    position += 1
+  for _ in range(3): step()   # runs normally, captures, replays
+  synchronize()
+  start = time.perf_counter()
+  for _ in range(JIT_PROFILE_STEPS): step()
+  synchronize()
+  wall = (time.perf_counter() - start) / JIT_PROFILE_STEPS
+  graph = model._decode_jit.captured
+  kernels = [ins for ins in graph.instructions if isinstance(ins.runner, CompiledKernel)]
+  gpu = sum(ins.runner([graph.slots[s].buffer for s in ins.args], True, ins.var_vals) or 0.0 for ins in kernels)
+  return {"kernels": len(kernels), "instructions": len(graph.instructions), "step_wall_s": wall, "gpu_kernel_s": gpu,
+          "wall_over_gpu": wall / gpu if gpu else 0.0,
+          "host_us_per_kernel": (wall - gpu) / max(len(kernels), 1) * 1e6}
+
+def memory_plan(graph, before: int, after: int) -> dict:
+  parts = graph.memory_breakdown()[DEVICE]
+  return {"planned_arena_bytes": parts["activation"], "transient_bytes_sum": parts["activations unplanned"],
+          "arena_over_sum": parts["activation"] / max(parts["activations unplanned"], 1),
+          "estimate_memory": graph.estimate_memory()[DEVICE], "breakdown": parts,
+          "graph_allocated_bytes": graph.allocated_bytes.get(DEVICE, 0),
+          "measured_bytes_during_capture_call": after - before}
+
+def tgrad_memory_plans(ref: str, prompt: list[int]) -> dict:
+  """The JIT's memory plans (float32): a captured prefill of the prompt and a captured decode step."""
+  model = Gemma3.from_pretrained(ref, dtypes.float32, DEVICE, progress=False)
+  tokens = Tensor(np.array([prompt], np.int32), device=DEVICE).realize()
+  prefill = TinyJit(lambda ids: model(ids, 0, last_only=True))   # each call starts a fresh cache
+  prefill(tokens)
+  synchronize()
+  before = device_bytes_in_use()
+  prefill(tokens)
+  synchronize()
+  plans = {"prefill": memory_plan(prefill.captured, before, device_bytes_in_use())}
+  position = len(prompt)
+  model(Tensor(np.array([[prompt[-1]]], np.int32), device=DEVICE), position, last_only=True, jit=True).numpy()
+  synchronize()
+  before = device_bytes_in_use()
+  model(Tensor(np.array([[prompt[-1]]], np.int32), device=DEVICE), position + 1, last_only=True, jit=True).numpy()
+  synchronize()
+  plans["decode_step"] = memory_plan(model._decode_jit.captured, before, device_bytes_in_use())
+  plans["prompt_tokens"] = len(prompt)
+  return plans
 
 def hf_decode_speed(ref: str, torch_dtype, prompt: list[int], new_tokens: int) -> dict:
   """HF's generate() measured as tgrad's generate() reports itself, end to end: prefill = the prompt's forward pass and
@@ -136,6 +210,11 @@ def main() -> None:
                                 "hf_eager": hf_decode_speed(ref, tdt, prompt, args.new_tokens)}
     print(json.dumps(report), flush=True)
   report["decode_step_profile_float32"] = tgrad_decode_profile(ref, prompt)
+  print(json.dumps(report), flush=True)
+  for name, dt in (("float32", dtypes.float32), ("float16", dtypes.float16)):
+    report[f"jit_decode_step_profile_{name}"] = tgrad_jit_decode_profile(ref, prompt, dt)
+    print(json.dumps(report), flush=True)
+  report["jit_memory_plans_float32"] = tgrad_memory_plans(ref, prompt)
   print(json.dumps(report, indent=1))
 
 if __name__ == "__main__":

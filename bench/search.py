@@ -31,7 +31,7 @@ def matmul(a: LazyBuffer, b: LazyBuffer) -> LazyBuffer:
 def kernel_of(out: LazyBuffer) -> tuple[Kernel, list[Buffer], Buffer]:
   item = create_schedule([out])[-1]
   output = Buffer(DEVICE, out.size, out.dtype)
-  return Kernel(item.ast, Device[DEVICE].renderer), [lb.base.buffer for lb in item.inputs], output
+  return Kernel(item.ast, Device[DEVICE].renderer), list(item.inputs), output
 
 def best_seconds(kernel: Kernel, inputs: list[Buffer], output: Buffer, runs: int) -> float:
   runner = compile_kernel(DEVICE, kernel)

@@ -64,7 +64,7 @@ def kernel_seconds(item, opts: list[Opt] | None, name: str) -> tuple[float, np.n
   runner = compile_kernel("CUDA", kernel, name)
   out = Buffer("CUDA", item.outputs[0].size, item.outputs[0].dtype)
   poison(out)   # a fresh allocation may reuse the last config's memory, with its right answer in it
-  buffers = [out] + [lb.buffer for lb in item.inputs]
+  buffers = [out] + list(item.inputs)
   runner(buffers, wait=True)
   got = out.copyout()   # the first run's output: checked by the caller
   seconds = min(runner(buffers, wait=True) for _ in range(KERNEL_RUNS))

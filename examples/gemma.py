@@ -3,7 +3,8 @@
 Without --model it builds the real gemma-3-270m architecture with seeded random weights (no download), generates a
 few tokens and prints the speed. With --model it loads an HF checkpoint directory (config.json, model.safetensors,
 tokenizer.json) or resolves a Hub id in the local Hugging Face cache (offline). Greedy by default; --temperature,
---top-k, --top-p and --seed sample (the final token choice is made in numpy from the last logits row).
+--top-k, --top-p and --seed sample (the final token choice is made in numpy from the last logits row). Decode steps
+replay a TinyJit capture of the step; --no-jit builds and schedules every step (to compare speed).
 """
 from __future__ import annotations
 import argparse, json, os, sys, time
@@ -107,6 +108,8 @@ def build_parser() -> argparse.ArgumentParser:
   parser.add_argument("--ignore-eos", action="store_true", help="always generate --max-new-tokens tokens")
   parser.add_argument("--device", help="LLVM (CPU) or CUDA (default: CUDA if usable)")
   parser.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default="float32")
+  parser.add_argument("--no-jit", action="store_true",
+                      help="decode without the TinyJit capture (build and schedule every step; for comparison)")
   parser.add_argument("--json", action="store_true", help="print one JSON line (ids, text, timings) on stdout; "
                                                           "everything else goes to stderr")
   return parser
@@ -137,24 +140,26 @@ def run(args) -> dict:
   print(f"prompt ({len(ids)} tokens): {shown}", file=log, flush=True)
   streamer = Streamer(tokenizer, log)
   try:
-    result = generate(model, ids, new_tokens, args.temperature, args.top_k, args.top_p, args.seed, stops, streamer)
+    result = generate(model, ids, new_tokens, args.temperature, args.top_k, args.top_p, args.seed, stops, streamer,
+                      jit=not args.no_jit)
   except ValueError as e: raise UserError(str(e)) from None
   print(file=log)
   first_step = result.step_seconds[0] if result.step_seconds else 0.0
   later = result.step_seconds[1:]
   steady = len(later) / sum(later) if later else 0.0   # decode steps after the first, which compiles its kernels
+  decode_mode = "without JIT" if args.no_jit else "TinyJit: step 2 captured, later steps replayed"
   print(f"prefill: {result.prompt_tokens} tokens in {result.prefill_seconds:.2f} s "
         f"({result.prefill_tokens_per_second:.1f} tok/s); decode: {result.decode_tokens} tokens in "
         f"{result.decode_seconds:.2f} s ({result.decode_tokens_per_second:.2f} tok/s"
-        + (f", {steady:.2f} tok/s after the first step" if later else "") + "). The first call of each kernel "
-        "includes compiling it (binaries are cached on disk for the next run).", file=log, flush=True)
+        + (f", {steady:.2f} tok/s after the first step" if later else "") + f"; {decode_mode}). The first call of "
+        "each kernel includes compiling it (binaries are cached on disk for the next run).", file=log, flush=True)
   summary = {"ids": result.ids, "prompt_ids": ids, "prefill_tokens": result.prompt_tokens,
              "prefill_seconds": round(result.prefill_seconds, 4),
              "prefill_tokens_per_second": round(result.prefill_tokens_per_second, 3),
              "decode_tokens": result.decode_tokens, "decode_seconds": round(result.decode_seconds, 4),
              "decode_tokens_per_second": round(result.decode_tokens_per_second, 3),
              "first_decode_step_seconds": round(first_step, 4), "decode_steady_tokens_per_second": round(steady, 3),
-             "load_seconds": round(load_seconds, 3),
+             "load_seconds": round(load_seconds, 3), "jit": not args.no_jit,
              "stopped_at_eos": result.stopped_at_eos, "random_weights": directory is None,
              "model": directory, "device": device, "dtype": args.dtype}
   if tokenizer is not None: summary["text"] = tokenizer.decode(result.ids, skip_special_tokens=True)

@@ -228,7 +228,7 @@ def run_optimized(out: LazyBuffer, optimize) -> np.ndarray:
   optimize(kernel)
   runner = compile_kernel("CUDA", kernel, "test_opts")
   result = Buffer("CUDA", items[-1].outputs[0].size, out.dtype)
-  runner([result] + [lb.buffer for lb in items[-1].inputs])
+  runner([result] + list(items[-1].inputs))
   return result.copyout()
 
 REDUCE_OPTS = [[], [Opt(OptOps.GROUP, 0, 16)], [Opt(OptOps.GROUPTOP, 0, 16)], [Opt(OptOps.UNROLL, 0, 4)],
@@ -478,6 +478,6 @@ def test_event_timing_measures_the_kernel():
   kernel = Kernel(items[-1].ast, Device["CUDA"].renderer)
   runner = compile_kernel("CUDA", kernel, "timed")
   out = Buffer("CUDA", 1 << 24, dtypes.float32)
-  seconds = [runner([out, items[-1].inputs[0].buffer], wait=True) for _ in range(3)]
+  seconds = [runner([out, items[-1].inputs[0]], wait=True) for _ in range(3)]
   assert all(isinstance(s, float) and 1e-6 < s < 0.5 for s in seconds), seconds   # 128 MB moved: µs to ms
   np.testing.assert_allclose(out.copyout()[:4], 2.0)

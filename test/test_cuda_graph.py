@@ -89,13 +89,13 @@ def lowered_kernels(out):
   from tgrad.ops import Ops
   from tgrad.schedule import create_schedule
   from tgrad.realize import get_runner, run_schedule
-  items = create_schedule([out])
+  items = create_schedule([out], commit=True)
   run_schedule(items)
   kernels = []
   for item in items:
     if item.ast.op is not Ops.SINK: continue
     runner = get_runner(item.outputs[0].device, item.ast)
-    buffers = [item.outputs[0].buffer] + [lb.buffer for lb in item.inputs]
+    buffers = list(item.bufs)
     kernels.append((runner.program, runner.global_size, runner.local_size, buffers))
   return kernels
 

@@ -1,11 +1,12 @@
 """tgrad: a small tinygrad-style lazy tensor framework.
 
 `Tensor` is the whole user API; `dtypes` names the element types; `Device` finds backends; `Context` scopes the
-settings that environment variables set.
+settings that environment variables set; `TinyJit` captures a function's kernels and replays them.
 """
 from tgrad.tensor import Tensor
 from tgrad.dtype import DType, dtypes
 from tgrad.device import Device
 from tgrad.helpers import Context
+from tgrad.jit import TinyJit
 
-__all__ = ["Tensor", "DType", "dtypes", "Device", "Context"]
+__all__ = ["Tensor", "DType", "dtypes", "Device", "Context", "TinyJit"]

@@ -85,7 +85,10 @@ def _copy_to_host(lb: LazyBuffer) -> np.ndarray:
 
 def realize_with_checks(*lbs: LazyBuffer) -> None:
   """Realize lbs together with every queued check; then raise IndexError for the first check that failed."""
-  from tgrad.realize import realize   # imported on use: the runtime is only needed once something is computed
+  from tgrad.realize import realize, is_capturing   # imported on use: the runtime is needed only to compute
+  if is_capturing():   # a TinyJit records kernels without running them: the flags are read after the capture
+    realize(*lbs)
+    return
   checks = _pending[:]
   _pending.clear()
   realize(*lbs, *[check.flag for check in checks])

@@ -1,11 +1,14 @@
 """Devices and buffers: the contract every backend implements, and the registry that finds them.
 
-A backend (tgrad/runtime/<name>.py) provides a `Compiled` device: an `Allocator` (alloc, free, copyin, copyout),
-a `Compiler` (source → bytes), a `Program` factory (bytes → callable on buffers), and a renderer class that turns
-linear UOps into its source. `Buffer` is one device allocation with a dtype and element count.
+A backend (tgrad/runtime/<name>.py) provides a `Compiled` device: an `Allocator` (alloc, free, copyin, copyout, and
+view: a window of an allocation), a `Compiler` (source → bytes), a `Program` factory (bytes → callable on buffers,
+with `prepare` for a launch whose arguments are fixed), a renderer class that turns linear UOps into its source, and
+how much memory it can still give. `Buffer` is one device allocation (or a view of one) with a dtype and element
+count. `DEVICE_TRAITS` describes each kind of device without starting it: graph building reads only that.
 """
 from __future__ import annotations
 import functools, importlib, os
+from dataclasses import dataclass
 from typing import Any, Callable, Optional
 import numpy as np
 from tgrad.dtype import DType
@@ -13,6 +16,20 @@ from tgrad.helpers import Context
 
 KNOWN_DEVICES = ("LLVM", "CUDA")
 _ALIASES = {"CPU": "LLVM", "GPU": "CUDA"}
+
+@dataclass(frozen=True)
+class DeviceTraits:
+  """What graph building may know about a kind of device without loading it (the renderer says the same)."""
+  has_local: bool   # thread blocks with local ids (GPU); False: one program instance per CPU core
+
+DEVICE_TRAITS = {"LLVM": DeviceTraits(has_local=False), "CUDA": DeviceTraits(has_local=True)}
+
+class OutOfMemoryError(MemoryError):
+  """A device cannot give the bytes asked for; the message names the device, the bytes needed and those available."""
+  def __init__(self, device: str, needed: int, available: int, what: str = ""):
+    self.device, self.needed, self.available = device, needed, available
+    super().__init__(f"{device}: {what or 'allocation'} needs {needed} bytes ({needed / 2**20:.1f} MiB), only "
+                     f"{available} bytes ({available / 2**20:.1f} MiB) are available")
 
 def canonical_device(name: Optional[str]) -> str:
   """'cuda:0' → 'CUDA', 'cpu' → 'LLVM', None → the default device. Unknown names raise ValueError."""
@@ -23,11 +40,15 @@ def canonical_device(name: Optional[str]) -> str:
   return base
 
 class Allocator:
-  """alloc(nbytes) → opaque handle; free(handle); copyin(handle, host bytes view); copyout(host view, handle)."""
+  """alloc(nbytes) → opaque handle; free(handle); copyin(handle, host bytes view); copyout(host view, handle);
+  view(handle, offset, nbytes) → a handle for `nbytes` bytes at byte `offset` of an allocation (not freed by itself:
+  it lives as long as the allocation); available() → bytes the device can still allocate."""
   def alloc(self, nbytes: int) -> Any: raise NotImplementedError
   def free(self, handle: Any, nbytes: int) -> None: pass
   def copyin(self, handle: Any, src: memoryview) -> None: raise NotImplementedError
   def copyout(self, dst: memoryview, handle: Any) -> None: raise NotImplementedError
+  def view(self, handle: Any, offset: int, nbytes: int) -> Any: raise NotImplementedError
+  def available(self) -> int: raise NotImplementedError
 
 class CompileError(Exception):
   """A compiler rejected a kernel's source; the message holds the numbered source and the compiler's log."""
@@ -50,22 +71,41 @@ class Compiled:
                program: Callable[[str, bytes], Callable]):
     self.name, self.allocator, self.compiler, self.renderer, self.program = name, allocator, compiler, renderer, program
   def synchronize(self) -> None: pass
+  def available_memory(self) -> int:
+    """Bytes this device can still allocate (host memory on a CPU device, free GPU memory on a GPU)."""
+    return self.allocator.available()
 
 class Buffer:
-  """`size` elements of `dtype` on `device`; memory is allocated on first use."""
-  def __init__(self, device: str, size: int, dtype: DType):
+  """`size` elements of `dtype` on `device`; memory is allocated on first use (`handle`). With `base`, the Buffer is
+  a view of `base`'s memory starting `offset` bytes in (nothing is allocated or freed for it). With `initial`, host
+  bytes are copied in when the memory is allocated (a value that exists without any kernel or copy being scheduled).
+  `serial` numbers Buffers in creation order; `Buffer.created` is the newest serial."""
+  created = 0
+  def __init__(self, device: str, size: int, dtype: DType, base: Optional[Buffer] = None, offset: int = 0,
+               initial: Optional[np.ndarray] = None):
     self.device, self.size, self.dtype = device, size, dtype
+    self.base, self.offset, self.initial = base, offset, initial
+    if base is not None and (offset < 0 or offset + self.nbytes > base.nbytes or base.device != device):
+      raise ValueError(f"a view of {self.nbytes} bytes at offset {offset} does not fit {base}")
+    Buffer.created += 1
+    self.serial = Buffer.created
     self._handle: Any = None
   @property
   def nbytes(self) -> int: return self.size * self.dtype.itemsize
   @property
   def handle(self) -> Any:
-    if self._handle is None: self._handle = Device[self.device].allocator.alloc(max(self.nbytes, 1))
+    if self._handle is None:
+      allocator = Device[self.device].allocator
+      if self.base is not None: self._handle = allocator.view(self.base.handle, self.offset, max(self.nbytes, 1))
+      else: self._handle = allocator.alloc(max(self.nbytes, 1))
+      if self.initial is not None:
+        initial, self.initial = self.initial, None
+        self.copyin(initial)
     return self._handle
   @property
   def is_allocated(self) -> bool: return self._handle is not None
   def __del__(self):
-    if self._handle is not None:
+    if self._handle is not None and self.base is None:
       try: Device[self.device].allocator.free(self._handle, max(self.nbytes, 1))
       except Exception: pass   # interpreter shutdown
   def copyin(self, data: np.ndarray) -> Buffer:
@@ -77,7 +117,9 @@ class Buffer:
     out = np.empty(self.size, dtype=self.dtype.np)
     if self.size: Device[self.device].allocator.copyout(memoryview(out.view(np.uint8)), self.handle)
     return out
-  def __repr__(self): return f"<Buffer {self.device} {self.size} {self.dtype}>"
+  def __repr__(self):
+    where = f" view at {self.offset} of {self.base!r}" if self.base is not None else ""
+    return f"<Buffer {self.device} {self.size} {self.dtype}{where}>"
 
 class _DeviceRegistry:
   """`Device["LLVM"]` loads tgrad/runtime/llvm.py once and returns its Compiled device."""
@@ -88,7 +130,10 @@ class _DeviceRegistry:
     return module.create_device()
   @functools.cache
   def available(self, name: str) -> bool:
+    """Whether the device can be used; a runtime's `is_usable()` answers without starting the device."""
     try:
+      module = importlib.import_module(f"tgrad.runtime.{canonical_device(name).lower()}")
+      if hasattr(module, "is_usable"): return bool(module.is_usable())
       self[name]
       return True
     except Exception:

@@ -35,6 +35,7 @@ class _Settings:
   IGNORE_BEAM_CACHE: int = 0
   THREADS: int = 0      # CPU threads for THREAD opts; 0 means all cores
   CUDA_GRAPH: int = 1   # 0 replays compiled programs on CUDA kernel by kernel instead of as CUDA graphs
+  JIT_PLAN: int = 1     # 1: a TinyJit packs its transient buffers into one arena per device; 0: one allocation each
 
 _current = _Settings(**{f.name: getenv(f.name, f.default) for f in fields(_Settings)})
 

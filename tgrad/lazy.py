@@ -11,7 +11,7 @@ import numpy as np
 from tgrad.dtype import DType, dtypes
 from tgrad.ops import Ops, COMPARISON, REDUCE_OPS
 from tgrad.shape.shapetracker import ShapeTracker
-from tgrad.device import Buffer, Device, canonical_device
+from tgrad.device import Buffer, DEVICE_TRAITS, canonical_device
 from tgrad.helpers import prod, cpu_count
 
 class LazyBuffer:
@@ -154,7 +154,7 @@ SPLIT_REDUCE_PARTS = (256, 128, 64, 32, 16, 8)
 def _split_reduce(x: LazyBuffer, op: Ops, axes: tuple[int, ...]) -> Optional[LazyBuffer]:
   """x.r(op, axes) as two reduces when it is big and has few outputs (see SPLIT_REDUCE_*), else None."""
   inputs = prod(x.shape[a] for a in axes)
-  max_outputs = SPLIT_REDUCE_MAX_OUTPUTS if Device[x.device].renderer.has_local else cpu_count()
+  max_outputs = SPLIT_REDUCE_MAX_OUTPUTS if DEVICE_TRAITS[x.device].has_local else cpu_count()   # no device start
   if inputs < SPLIT_REDUCE_MIN_INPUTS or prod(x.shape) // inputs >= max_outputs: return None
   for axis in sorted(axes, key=lambda a: -x.shape[a]):
     parts = next((p for p in SPLIT_REDUCE_PARTS if x.shape[axis] % p == 0), None)

@@ -1,72 +1,89 @@
-"""Running a schedule: each ScheduleItem becomes an allocation, a copy, or a compiled kernel launch.
+"""The lowered schedule: ScheduleItems become ExecItems (a runner, its Buffers, its variable values) for `run`.
 
-`realize(*lazybuffers)` = create_schedule + run_schedule. A kernel AST is turned into a runner once per process
-(Kernel → opts from cache/BEAM/heuristics → linearize → render → compile, binaries cached on disk) and reused for
-every later AST with the same key. DEBUG prints what ran (see docs/env.md).
+`lower_schedule(items) -> list[ExecItem]` picks each item's runner: a CompiledKernel for a kernel AST (Kernel → opts
+from the BEAM cache/search or the heuristics → compile; made once per AST and settings per process), a BufferCopy
+between devices, or a HostCopy of host data. `run(exec_items)` launches them in order. `realize(*lazybuffers)` is
+schedule (create_schedule, through the schedule cache) + lower_schedule + run. While a TinyJit captures
+(`capturing()`), lowered items are recorded, not
+run: the JIT plans their memory and replays them (tgrad/jit.py). DEBUG prints what ran (see docs/env.md).
 """
 from __future__ import annotations
-import time
-from dataclasses import dataclass
-from typing import Any, Callable, Optional
+import contextlib, time
+from dataclasses import dataclass, field
+from typing import Iterator, Optional, Protocol, Sequence, Union
 import numpy as np
 from tgrad.ops import UOp, Ops
 from tgrad.lazy import LazyBuffer
-from tgrad.schedule import ScheduleItem, create_schedule
+from tgrad.schedule import ScheduleItem
+from tgrad.schedule_cache import schedule
 from tgrad.device import Buffer, Device
-from tgrad.codegen.kernel import Kernel, Opt
-from tgrad.codegen.linearizer import linearize
+from tgrad.codegen.kernel import Kernel
+from tgrad.codegen.compile import CompiledKernel, compile_kernel
 from tgrad.helpers import Context, settings_key
 
-@dataclass
-class CompiledKernel:
-  """A kernel ready to launch: its program, launch sizes, source and cost estimate."""
+__all__ = ["ExecItem", "BufferCopy", "HostCopy", "CompiledKernel", "compile_kernel", "choose_opts", "get_runner",
+           "lower_schedule", "run", "run_schedule", "realize", "capturing", "copy_to_host", "JitError"]
+
+class Runner(Protocol):
+  """What an ExecItem runs: `runner(bufs, wait, var_vals)` (seconds when wait), with a name and cost for DEBUG."""
   name: str
-  program: Callable
-  global_size: tuple[int, ...]
-  local_size: tuple[int, ...]
-  src: str
-  opts: list[Opt]
   flops: int
   nbytes: int
-  def __call__(self, buffers: list[Buffer], wait: bool = False) -> Optional[float]:
-    return self.program(*[b.handle for b in buffers], global_size=self.global_size, local_size=self.local_size,
-                        wait=wait)
+  def __call__(self, bufs: Sequence[Buffer], wait: bool = False, var_vals: Optional[dict[str, int]] = None
+               ) -> Optional[float]: ...
 
+class BufferCopy:
+  """Copies bufs[1] into bufs[0] (another device, or the same one) through host memory."""
+  name, flops = "copy", 0
+  def __init__(self, nbytes: int): self.nbytes = nbytes
+  def __call__(self, bufs: Sequence[Buffer], wait: bool = False, var_vals: Optional[dict[str, int]] = None
+               ) -> Optional[float]:
+    start = time.perf_counter()
+    bufs[0].copyin(bufs[1].copyout())
+    return time.perf_counter() - start if wait else None
+
+class HostCopy:
+  """Copies a host array (held here, as bytes) into bufs[0]."""
+  name, flops = "copyin", 0
+  def __init__(self, data: np.ndarray):
+    self.data = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
+    self.nbytes = self.data.nbytes
+  def __call__(self, bufs: Sequence[Buffer], wait: bool = False, var_vals: Optional[dict[str, int]] = None
+               ) -> Optional[float]:
+    start = time.perf_counter()
+    bufs[0].copyin(self.data)
+    return time.perf_counter() - start if wait else None
+
+@dataclass
+class ExecItem:
+  """One launch: a runner, the Buffers it reads and writes (outputs first, as in the ScheduleItem) and the values of
+  its symbolic variables."""
+  runner: Union[CompiledKernel, BufferCopy, HostCopy]
+  bufs: list[Buffer]
+  var_vals: dict[str, int] = field(default_factory=dict)
+  output_count: int = 1   # bufs[:output_count] are written, the rest only read
+  def run(self, wait: bool = False) -> Optional[float]: return self.runner(self.bufs, wait, self.var_vals)
+
+# ---- lowering
+
+# (device, AST, BEAM, code-changing settings) → runner. Holding the AST keeps it interned, so the next identical
+# AST is the same object and the lookup hashes an id instead of computing a content key.
 _runner_cache: dict[tuple, CompiledKernel] = {}
 _kernel_counter = 0
 
 def choose_opts(kernel: Kernel) -> None:
   """Opts for a kernel: a searched winner if BEAM is on, else the hand-written heuristics (unless NOOPT)."""
   if Context.BEAM:
-    from tgrad.codegen.search import beam_search_opts
+    from tgrad.codegen.search import beam_search_opts   # the search is only loaded when it is used
     for opt in beam_search_opts(kernel, Context.BEAM): kernel.apply_opt(opt)
   elif not Context.NOOPT:
     from tgrad.codegen.heuristics import hand_coded_optimizations
     hand_coded_optimizations(kernel)
 
-def compile_kernel(device: str, kernel: Kernel, name: Optional[str] = None) -> CompiledKernel:
-  """Linearize, render, compile (disk-cached) and load one kernel whose opts are already applied. The function is
-  always called `kernel.function_name`, so the same kernel has the same source wherever it is compiled (BEAM's
-  winner hits the binary cache); `name` only labels the runner in DEBUG output."""
-  dev = Device[device]
-  name = name or kernel.name
-  uops = linearize(kernel)
-  src = dev.renderer.render(kernel.function_name, uops)
-  if Context.DEBUG >= 5:
-    for i, u in enumerate(uops): print(f"{i:4d} {u.op.name:14s} {str(u.dtype):18s} {u.arg!r}")
-  if Context.DEBUG >= 4: print(src)
-  start = time.perf_counter()
-  binary = dev.compiler.compile_cached(src)
-  compile_ms = (time.perf_counter() - start) * 1e3
-  if Context.DEBUG >= 3: print(f"{name}: opts {kernel.applied_opts}, compiled in {compile_ms:.1f} ms")
-  global_size, local_size = kernel.launch_dims()
-  flops, nbytes = kernel.estimate()
-  return CompiledKernel(name, dev.program(kernel.function_name, binary), global_size, local_size, src,
-                        list(kernel.applied_opts), flops, nbytes)
-
 def get_runner(device: str, ast: UOp) -> CompiledKernel:
+  """The compiled kernel for `ast` on `device` under the current settings, compiled on first use."""
   global _kernel_counter
-  key = (device, ast.key, Context.BEAM, settings_key())
+  key = (device, ast, Context.BEAM, settings_key())
   if (runner := _runner_cache.get(key)) is None:
     kernel = Kernel(ast, Device[device].renderer)
     choose_opts(kernel)
@@ -74,48 +91,84 @@ def get_runner(device: str, ast: UOp) -> CompiledKernel:
     runner = _runner_cache[key] = compile_kernel(device, kernel, f"{kernel.name}_n{_kernel_counter}")
   return runner
 
+def lower_schedule(items: Sequence[ScheduleItem]) -> list[ExecItem]:
+  """One ExecItem per item that does work (an EMPTY item only names a Buffer, which is allocated on first use)."""
+  lowered: list[ExecItem] = []
+  for item in items:
+    op = item.ast.op
+    if op is Ops.EMPTY: continue
+    if op is Ops.COPY:
+      runner = HostCopy(item.host_data) if item.host_data is not None else BufferCopy(item.bufs[0].nbytes)
+      lowered.append(ExecItem(runner, list(item.bufs), output_count=item.output_count))
+    else: lowered.append(ExecItem(get_runner(item.bufs[0].device, item.ast), list(item.bufs), {}, item.output_count))
+  return lowered
+
+# ---- running
+
 class _Totals:
   """Process-wide kernel counts for DEBUG output (seconds are measured only at DEBUG >= 2)."""
   kernels = 0
   seconds = 0.0
 
-def _buffer_for(lb: LazyBuffer) -> Buffer:
-  if lb.buffer is None:
-    if lb.op is Ops.ASSIGN: lb.buffer = lb.srcs[0].base.buffer
-    else: lb.buffer = Buffer(lb.device, lb.size, lb.dtype)
-  return lb.buffer
-
-def run_schedule(items: list[ScheduleItem]) -> None:
-  for item in items:
-    out = item.outputs[0]
-    if item.ast.op is Ops.EMPTY: _buffer_for(out)
-    elif item.ast.op is Ops.COPY: _run_copy(out)
-    else: _run_kernel(item)
-    for lb in item.outputs:   # the graph above a realized value is no longer needed
-      lb.srcs, lb.arg = (), (lb.arg if lb.op is Ops.REDUCE_AXIS else None)
-  if Context.DEBUG >= 1 and items:
-    timed = f", {_Totals.seconds*1e3:.2f} ms in kernels" if Context.DEBUG >= 2 else ""
-    print(f"realized {len(items)} schedule items; {_Totals.kernels} kernels run so far{timed}")
-
-def _run_copy(out: LazyBuffer) -> None:
-  buffer = _buffer_for(out)
-  data: Any = out.arg if isinstance(out.arg, np.ndarray) else out.srcs[0].base.buffer.copyout()
-  buffer.copyin(np.ascontiguousarray(data).reshape(-1).view(np.uint8))
-
-def _run_kernel(item: ScheduleItem) -> None:
-  out = item.outputs[0]
-  runner = get_runner(out.device, item.ast)
-  buffers = [_buffer_for(out)] + [lb.buffer for lb in item.inputs]
-  timing = Context.DEBUG >= 2
-  elapsed = runner(buffers, wait=timing)
-  _Totals.kernels += 1
-  if timing and elapsed is not None:
+def run(exec_items: Sequence[ExecItem]) -> None:
+  """Launch the items in order (at DEBUG >= 2 each is timed and printed)."""
+  if Context.DEBUG < 2:
+    for item in exec_items: item.runner(item.bufs, False, item.var_vals)
+    _Totals.kernels += len(exec_items)
+    return
+  for item in exec_items:
+    elapsed = item.run(wait=True) or 0.0
+    _Totals.kernels += 1
     _Totals.seconds += elapsed
+    runner, out = item.runner, item.bufs[0]
     gflops = runner.flops / elapsed / 1e9 if elapsed > 0 else 0.0
     gbs = runner.nbytes / elapsed / 1e9 if elapsed > 0 else 0.0
-    print(f"*** {out.device:5s} {runner.name:40s} out {str(out.shape):20s} {elapsed*1e6:9.1f} us "
-          f"{gflops:8.2f} GFLOP/s {gbs:8.2f} GB/s  opts {len(runner.opts)}")
+    opts = f"opts {len(runner.opts)}" if isinstance(runner, CompiledKernel) else ""
+    print(f"*** {out.device:5s} {runner.name:40s} out {out.size:>12d} {str(out.dtype):9s} {elapsed*1e6:9.1f} us "
+          f"{gflops:8.2f} GFLOP/s {gbs:8.2f} GB/s  {opts}")
+
+def run_schedule(items: Sequence[ScheduleItem]) -> None:
+  """Lower and run a schedule."""
+  run(lower_schedule(items))
+
+# ---- capturing (TinyJit)
+
+class JitError(RuntimeError):
+  """A TinyJit cannot capture or replay a function as called; the message says what to change."""
+
+class Capture:
+  """ExecItems recorded, in order, instead of run."""
+  def __init__(self): self.items: list[ExecItem] = []
+
+_capture: Optional[Capture] = None
+
+@contextlib.contextmanager
+def capturing() -> Iterator[Capture]:
+  """Within the scope, `realize` lowers its schedule into the yielded Capture and launches nothing."""
+  global _capture
+  if _capture is not None: raise JitError("a TinyJit is already capturing: a jitted function can't capture another")
+  _capture = Capture()
+  try: yield _capture
+  finally: _capture = None
+
+def is_capturing() -> bool: return _capture is not None
+
+def copy_to_host(buffer: Buffer) -> np.ndarray:
+  """The buffer's values on the host (what Tensor.numpy reads); refused while a TinyJit captures."""
+  if _capture is not None:
+    raise JitError("reading a tensor's values (.numpy(), .item(), .tolist()) inside a TinyJit function: the value "
+                   "would be read once, at capture, and replays would not read it again. Return the tensor from the "
+                   "function and read it after the call")
+  return buffer.copyout()
 
 def realize(*lbs: LazyBuffer) -> None:
   """Compute the given lazy values into device buffers (afterwards `lb.base.buffer` holds each)."""
-  run_schedule(create_schedule(list(lbs)))
+  items = schedule(list(lbs))
+  exec_items = lower_schedule(items)
+  if _capture is not None:
+    _capture.items.extend(exec_items)
+    return
+  run(exec_items)
+  if Context.DEBUG >= 1 and items:
+    timed = f", {_Totals.seconds*1e3:.2f} ms in kernels" if Context.DEBUG >= 2 else ""
+    print(f"realized {len(items)} schedule items; {_Totals.kernels} kernels run so far{timed}")

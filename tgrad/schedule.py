@@ -12,14 +12,19 @@ All fusion rules live here:
   3. Everything else is realized (gets a buffer): kernel outputs, reduces read through an expand/permute/pad or
      by a second reduce, COPY/EMPTY/CONTIGUOUS/ASSIGN results, and every realized input.
 A ScheduleItem holds a kernel AST (a SINK of STOREs over LOADs, CONSTs, ARANGEs, ALU and REDUCE_AXIS nodes, each
-memory op carrying a VIEW with its ShapeTracker) and the buffers it touches: outputs first, then inputs.
+memory op carrying a VIEW with its ShapeTracker) and the device Buffers it touches: outputs first, then inputs.
+Every realized base gets a Buffer (allocated on first use; an ASSIGN writes its target's), so lowering and running
+never see a LazyBuffer. With `commit=True` (what realize does) the bases keep those Buffers and forget their sources;
+without, scheduling changes nothing and can be repeated (for inspecting kernels).
 """
 from __future__ import annotations
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
+import numpy as np
 from tgrad.dtype import dtypes
 from tgrad.ops import UOp, Ops, ELEMENTWISE
 from tgrad.lazy import LazyBuffer
+from tgrad.device import Buffer
 from tgrad.shape.shapetracker import ShapeTracker
 from tgrad.helpers import prod
 
@@ -29,13 +34,23 @@ MAX_RECOMPUTE_OPS = 8       # ... or computing more ops than this
 
 @dataclass(frozen=True)
 class ScheduleItem:
-  """One step: a kernel (`ast.op is SINK`), a copy (`ast.op is COPY`) or an allocation (`ast.op is EMPTY`).
-  `outputs` and `inputs` are base LazyBuffers; DEFINE_GLOBAL i in the AST is (outputs + inputs)[i]."""
+  """One step: a kernel (`ast.op is SINK`), a copy (`ast.op is COPY`: from `host_data` when that is set, else from
+  bufs[1]) or an allocation (`ast.op is EMPTY`). DEFINE_GLOBAL i in a kernel AST is bufs[i]; outputs come first."""
+  ast: UOp
+  bufs: tuple[Buffer, ...]
+  output_count: int = 1
+  host_data: Optional[np.ndarray] = field(default=None, compare=False)
+  @property
+  def outputs(self) -> tuple[Buffer, ...]: return self.bufs[:self.output_count]
+  @property
+  def inputs(self) -> tuple[Buffer, ...]: return self.bufs[self.output_count:]
+
+@dataclass(frozen=True)
+class _Step:
+  """A ScheduleItem before its Buffers are assigned: the same step over base LazyBuffers."""
   ast: UOp
   outputs: tuple[LazyBuffer, ...]
   inputs: tuple[LazyBuffer, ...]
-  @property
-  def buffers(self) -> tuple[LazyBuffer, ...]: return self.outputs + self.inputs
 
 class _Refuse(Exception):
   """Raised while building a kernel when a reduce can't be fused: the reduce gets realized and the build retried."""
@@ -202,8 +217,9 @@ def _realize_shared_elementwise(bases: list[LazyBuffer], realize_set: set[LazyBu
         realize_set.add(lb)
         changed = True
 
-def create_schedule(outs: list[LazyBuffer]) -> list[ScheduleItem]:
-  """Decide which bases are realized, then build one ScheduleItem per realized base, dependencies first."""
+def create_schedule(outs: list[LazyBuffer], commit: bool = False) -> list[ScheduleItem]:
+  """Decide which bases are realized, then build one ScheduleItem per realized base, dependencies first. With
+  `commit`, each realized base keeps its item's Buffer as `lb.buffer` and drops its sources (see the module doc)."""
   outs = [o.base for o in outs if o.base.buffer is None]
   bases = _walk_bases(outs)
   realize_set: set[LazyBuffer] = set(outs) | {b for b in bases if b.op in REALIZED_OPS}
@@ -222,33 +238,49 @@ def create_schedule(outs: list[LazyBuffer]) -> list[ScheduleItem]:
         realize_set.add(refused.base)
         for stale in [k for k, (_, _, inlined) in asts.items() if refused.base in inlined]: del asts[stale]
         changed = True
-  items: list[ScheduleItem] = []
+  items: list[_Step] = []
   for b in bases:   # `bases` is already in dependency order
     if b not in realize_set: continue
     if b.op is Ops.COPY:
-      items.append(ScheduleItem(UOp(Ops.COPY, b.dtype, (), None), (b,), tuple(s.base for s in b.srcs)))
-    elif b.op is Ops.EMPTY: items.append(ScheduleItem(UOp(Ops.EMPTY, b.dtype), (b,), ()))
-    elif prod(b.shape) == 0: items.append(ScheduleItem(UOp(Ops.EMPTY, b.dtype), (b,), ()))
+      items.append(_Step(UOp(Ops.COPY, b.dtype, (), None), (b,), tuple(s.base for s in b.srcs)))
+    elif b.op is Ops.EMPTY: items.append(_Step(UOp(Ops.EMPTY, b.dtype), (b,), ()))
+    elif prod(b.shape) == 0: items.append(_Step(UOp(Ops.EMPTY, b.dtype), (b,), ()))
     else:
       ast, inputs, _ = asts[b]
-      items.append(ScheduleItem(ast, (b,), tuple(inputs)))
-  return _order_assigns_after_readers(items)
+      items.append(_Step(ast, (b,), tuple(inputs)))
+  buffers: dict[LazyBuffer, Buffer] = {}
+  return [_with_buffers(step, buffers, commit) for step in _order_assigns_after_readers(items)]
 
-def _order_assigns_after_readers(items: list[ScheduleItem]) -> list[ScheduleItem]:
+def _with_buffers(step: _Step, buffers: dict[LazyBuffer, Buffer], commit: bool) -> ScheduleItem:
+  """The step over Buffers: each output gets a new Buffer (an ASSIGN its target's), recorded in `buffers` for the
+  steps that read it. A copy from the host keeps the host array in the item. With `commit`, each output keeps its
+  Buffer and drops its sources: the graph above a realized value is never walked again."""
+  def buffer_of(lb: LazyBuffer) -> Buffer: return lb.buffer if lb.buffer is not None else buffers[lb]
+  host_data = step.outputs[0].arg if step.ast.op is Ops.COPY and not step.inputs else None
+  for lb in step.outputs:
+    if lb.buffer is None:
+      buffers[lb] = buffer_of(lb.srcs[0].base) if lb.op is Ops.ASSIGN else Buffer(lb.device, lb.size, lb.dtype)
+  bufs = tuple(buffer_of(lb) for lb in step.outputs + step.inputs)
+  if commit:
+    for lb, buf in zip(step.outputs, bufs):
+      lb.buffer, lb.srcs, lb.arg = buf, (), (lb.arg if lb.op is Ops.REDUCE_AXIS else None)
+  return ScheduleItem(step.ast, bufs, len(step.outputs), host_data)
+
+def _order_assigns_after_readers(items: list[_Step]) -> list[_Step]:
   """An ASSIGN overwrites a buffer that other kernels of the same schedule may still read as its old value (an
   optimizer step reads every parameter for the other parameters' gradients). Reorder, stably, so that every item
   reading an assign's target runs before the assign; the data dependencies of `items` are kept."""
   assign_of_target = {item.outputs[0].srcs[0].base: item for item in items if item.outputs[0].op is Ops.ASSIGN}
   if not assign_of_target: return items
   producer = {out: item for item in items for out in item.outputs}
-  must_follow: dict[int, list[ScheduleItem]] = {id(item): [] for item in items}   # item → items that run first
+  must_follow: dict[int, list[_Step]] = {id(item): [] for item in items}   # item → items that run first
   for item in items:
     must_follow[id(item)].extend(producer[b] for b in item.inputs if b in producer)
     for b in item.inputs:
       if (assign := assign_of_target.get(b)) is not None and assign is not item: must_follow[id(assign)].append(item)
-  ordered: list[ScheduleItem] = []
+  ordered: list[_Step] = []
   state: dict[int, str] = {}
-  def visit(item: ScheduleItem) -> None:   # depth-first, in the original order: unchanged where nothing conflicts
+  def visit(item: _Step) -> None:   # depth-first, in the original order: unchanged where nothing conflicts
     stack = [(item, False)]
     while stack:
       node, inputs_done = stack.pop()

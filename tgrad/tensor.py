@@ -14,7 +14,7 @@ import numpy as np
 from tgrad.dtype import DType, dtypes, promote_types, least_upper_dtype, least_upper_float, to_dtype
 from tgrad.lazy import LazyBuffer
 from tgrad.ops import Ops
-from tgrad.device import canonical_device
+from tgrad.device import Buffer, canonical_device
 from tgrad.helpers import prod
 from tgrad.bounds import IndexBounds, check_index_bounds, realize_with_checks
 import tgrad.function as F
@@ -116,13 +116,9 @@ def _sum_dtype(dtype: DType) -> DType:
   if dtype.kind == 'u': return dtypes.uint64
   return dtype
 
-def _fmix32(x: int) -> int:
-  """murmur3's finalizer on a Python int: used to turn (seed, call number) into a 32-bit key."""
-  x ^= x >> 16
-  x = (x * MURMUR_MULTIPLIER_1) & UINT32_MASK
-  x ^= x >> 13
-  x = (x * MURMUR_MULTIPLIER_2) & UINT32_MASK
-  return x ^ (x >> 16)
+def _copy_to_host(lb: LazyBuffer) -> np.ndarray:
+  from tgrad.realize import copy_to_host
+  return copy_to_host(lb.base.buffer)
 
 # ---------------------------------------------------------------------------------------------------------------
 
@@ -140,7 +136,7 @@ class Tensor:
   training: ClassVar[bool] = False
   grad_enabled: ClassVar[bool] = True
   _seed: ClassVar[int] = int(time.time())
-  _rng_calls: ClassVar[int] = 0
+  _rng_state: ClassVar[dict[str, LazyBuffer]] = {}   # per device: the lazy value of [seed, calls so far] (uint32)
 
   class train(ContextDecorator):
     """`with Tensor.train():` (or `train(False)`) sets `Tensor.training` for the scope."""
@@ -222,7 +218,7 @@ class Tensor:
     if self.numel() == 0: return np.zeros(self.shape, dtype=out_dtype.np)
     lb = self.lazydata.cast(out_dtype).contiguous()
     realize_with_checks(lb)
-    return lb.base.buffer.copyout().reshape(self.shape)
+    return _copy_to_host(lb).reshape(self.shape)
   def tolist(self) -> Any: return self.numpy().tolist()
   def item(self) -> Scalar:
     if self.numel() != 1: raise ValueError(f"item() needs a tensor with one element, got shape {self.shape}")
@@ -310,23 +306,32 @@ class Tensor:
   # ---- random numbers: uint32 hash of (position, seed, call number); same seed ⇒ same numbers
   @staticmethod
   def manual_seed(seed: int = 0) -> None:
-    Tensor._seed, Tensor._rng_calls = int(seed), 0
+    Tensor._seed, Tensor._rng_state = int(seed), {}
   @staticmethod
   def _random_bits(count: int, device: str) -> LazyBuffer:
     """`count` random uint32 values. Each call uses a fresh key, so calls differ; the numbers are a pure function of
-    (seed, call number, position), computed in the kernel with MUL/XOR/SHR."""
-    Tensor._rng_calls += 1
-    key = _fmix32((Tensor._seed * GOLDEN_RATIO_32 + _fmix32(Tensor._rng_calls)) & UINT32_MASK)
-    def const(value: int) -> LazyBuffer: return LazyBuffer.const_of(value, dtypes.uint32, device, (count,))
+    (seed, call number, position), computed in the kernel with MUL/XOR/SHR. The seed and the call count live in a
+    device buffer that every call increments (an ASSIGN), so a TinyJit replay draws new numbers too, and every
+    call reuses the same compiled kernels. The call's two keys are computed into a buffer of their own: a kernel
+    that uses the numbers of several calls then reads their keys, never two versions of the counter."""
+    def const(value: int, size: int) -> LazyBuffer: return LazyBuffer.const_of(value, dtypes.uint32, device, (size,))
     def mix(x: LazyBuffer) -> LazyBuffer:   # murmur3 fmix32
-      x = x.alu(Ops.XOR, x.alu(Ops.SHR, const(16))).alu(Ops.MUL, const(MURMUR_MULTIPLIER_1))
-      x = x.alu(Ops.XOR, x.alu(Ops.SHR, const(13))).alu(Ops.MUL, const(MURMUR_MULTIPLIER_2))
-      return x.alu(Ops.XOR, x.alu(Ops.SHR, const(16)))
-    # the keys travel in a tiny buffer, not as constants in the kernel, so every call reuses one compiled kernel
-    keys = LazyBuffer.from_host(np.array([key, _fmix32(key ^ GOLDEN_RATIO_32)], dtype=np.uint32), device)
+      n = x.shape[0]
+      x = x.alu(Ops.XOR, x.alu(Ops.SHR, const(16, n))).alu(Ops.MUL, const(MURMUR_MULTIPLIER_1, n))
+      x = x.alu(Ops.XOR, x.alu(Ops.SHR, const(13, n))).alu(Ops.MUL, const(MURMUR_MULTIPLIER_2, n))
+      return x.alu(Ops.XOR, x.alu(Ops.SHR, const(16, n)))
+    if (state := Tensor._rng_state.get(device)) is None:   # [seed, 0], copied in when the buffer is first used
+      initial = np.array([Tensor._seed & UINT32_MASK, 0], dtype=np.uint32)
+      state = LazyBuffer.from_buffer(Buffer(device, 2, dtypes.uint32, initial=initial), (2,))
+    one_more_call = LazyBuffer.loadop(Ops.ARANGE, (2,), dtypes.int32, device).cast(dtypes.uint32)   # [0, 1]
+    state = Tensor._rng_state[device] = state.assign(state.alu(Ops.ADD, one_more_call))
+    seed, calls = (state.shrink(((i, i + 1),)) for i in range(2))
+    key = mix(seed.alu(Ops.MUL, const(GOLDEN_RATIO_32, 1)).alu(Ops.ADD, mix(calls)))
+    second_key = mix(key.alu(Ops.XOR, const(GOLDEN_RATIO_32, 1)))
+    keys = key.pad(((0, 1),)).alu(Ops.ADD, second_key.pad(((1, 0),))).contiguous()   # [key, second key]
     def key_at(i: int) -> LazyBuffer: return keys.shrink(((i, i + 1),)).expand((count,))
     counter = LazyBuffer.loadop(Ops.ARANGE, (count,), dtypes.int32, device).cast(dtypes.uint32)
-    x = mix(counter.alu(Ops.MUL, const(GOLDEN_RATIO_32)).alu(Ops.ADD, key_at(0)))
+    x = mix(counter.alu(Ops.MUL, const(GOLDEN_RATIO_32, count)).alu(Ops.ADD, key_at(0)))
     return mix(x.alu(Ops.XOR, key_at(1)))
   @staticmethod
   def rand(*shape, dtype: Any = None, device: Optional[str] = None, **kwargs) -> Tensor:

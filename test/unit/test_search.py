@@ -41,12 +41,12 @@ def matmul_case(n: int, k: int, m: int, seed: int = 0):
   rng = np.random.default_rng(seed)
   a, b = rng.standard_normal((n, k)).astype(np.float32), rng.standard_normal((k, m)).astype(np.float32)
   item = create_schedule([matmul(realized(a), realized(b))])[-1]
-  return Kernel(item.ast, Device[DEVICE].renderer), [lb.base.buffer for lb in item.inputs], a @ b
+  return Kernel(item.ast, Device[DEVICE].renderer), list(item.inputs), a @ b
 
 def row_sum_case(rows: int, cols: int):
   x = np.random.default_rng(1).standard_normal((rows, cols)).astype(np.float32)
   item = create_schedule([realized(x).r(Ops.ADD, (1,))])[-1]
-  return Kernel(item.ast, Device[DEVICE].renderer), [lb.base.buffer for lb in item.inputs], x.sum(axis=1)
+  return Kernel(item.ast, Device[DEVICE].renderer), list(item.inputs), x.sum(axis=1)
 
 def run_with_opts(kernel: Kernel, inputs: list, expected: np.ndarray, opts: list[Opt]) -> np.ndarray:
   kernel = kernel.copy()

@@ -19,6 +19,7 @@ from tgrad.cache import get_cache
 from tgrad.codegen.kernel import Kernel, KernelOptError, Opt, OptOps
 from tgrad.codegen.heuristics import hand_coded_optimizations
 from tgrad.codegen.linearizer import linearize
+from tgrad.codegen.compile import CompiledKernel
 from tgrad.device import Buffer, Compiled, Device
 from tgrad.dtype import DType, dtypes
 from tgrad.helpers import Context, cpu_count, prod, settings_key
@@ -428,7 +429,6 @@ class _Search:
     return out
 
   def load(self, candidate: _Candidate, binary: bytes) -> None:
-    from tgrad.realize import CompiledKernel   # realize runs kernels and calls this module: import it when needed
     kernel = candidate.kernel
     global_size, local_size = kernel.launch_dims()
     flops, nbytes = kernel.estimate()

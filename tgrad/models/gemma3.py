@@ -2,9 +2,10 @@
 
 `Gemma3Config` reads an HF config.json; `Gemma3` holds the weights under HF's names, runs `(token ids [B, T],
 start_pos) -> logits [B, T, V]` against a preallocated `Gemma3KVCache`, and loads checkpoints (`from_pretrained`) or
-makes seeded random weights (`random`). `generate` is prefill, then one cached step per new token. All model math is
-Tensor ops; the host only prepares token ids, positions and cache slot numbers, and picks each next token from the
-logits (argmax, or temperature / top-k / top-p sampling in numpy on the final logits row).
+makes seeded random weights (`random`). `generate` is prefill, then one cached step per new token (by default a
+TinyJit replay of the captured decode step). All model math is Tensor ops; the host only prepares token ids,
+positions and cache slot numbers (one int32 array per call), and picks each next token from the logits (argmax, or
+temperature / top-k / top-p sampling in numpy on the final logits row).
 """
 from __future__ import annotations
 import json, math, os, sys, time
@@ -15,7 +16,7 @@ from tgrad.tensor import Tensor
 from tgrad.dtype import DType, dtypes, to_dtype
 from tgrad.device import canonical_device
 from tgrad.nn.state import safe_load
-from tgrad.realize import realize as realize_lazy
+from tgrad.jit import TinyJit
 
 SLIDING, FULL = "sliding_attention", "full_attention"
 LAYER_TYPES = (SLIDING, FULL)
@@ -335,7 +336,7 @@ class Gemma3KVCache:
     for layer_type in config.layer_types:
       shape = (batch, config.num_key_value_heads, self.slots[layer_type], config.head_dim)
       self.layers.append([Tensor.zeros(shape, dtype=dtype, device=device).contiguous() for _ in range(2)])
-    realize_lazy(*[t.lazydata for t in self.tensors()])
+    Tensor.realize(*self.tensors())
     self.next_position = 0
 
   def tensors(self) -> list[Tensor]: return [t for pair in self.layers for t in pair]
@@ -380,6 +381,8 @@ class Gemma3:
     embedding = weights["model.embed_tokens.weight"]
     self.dtype, self.device = embedding.dtype, embedding.device
     self.cache: Optional[Gemma3KVCache] = None
+    self._decode_jit: Optional[TinyJit] = None         # the captured decode step, for the cache it was captured on
+    self._decode_jit_cache: Optional[Gemma3KVCache] = None
     self.inv_freq = {t: self._inverse_frequencies(t) for t in LAYER_TYPES}
 
   def _inverse_frequencies(self, layer_type: str) -> Tensor:
@@ -456,17 +459,28 @@ class Gemma3:
     self.cache = Gemma3KVCache(self.config, batch, max_context, self.dtype, self.device)
     return self.cache
 
-  def _step_inputs(self, layer_type: str, positions: np.ndarray, cache: Gemma3KVCache) -> _StepInputs:
-    T, device, half = len(positions), self.device, self.config.head_dim // 2
+  def _step_data(self, positions: np.ndarray, cache: Gemma3KVCache) -> tuple[str, np.ndarray]:
+    """The host side of one forward call: its mode, and one int32 array that carries every position-dependent
+    value to the device: the query positions, then for each layer type (sorted) the cache slot each new token goes
+    to and the position of every key attended over (see _StepInputs for the modes)."""
+    T = len(positions)
     mode = FRESH if cache.next_position == 0 else DECODE if T == 1 else EXTEND
+    parts = [positions]
+    for layer_type in sorted(set(self.config.layer_types)):
+      destination = cache.destinations(layer_type, positions)
+      if mode == FRESH: key_positions = positions
+      elif mode == DECODE:   # the cache as it is after this token's write
+        key_positions = cache.positions[layer_type].copy()
+        key_positions[destination] = positions
+      else: key_positions = np.concatenate([cache.positions[layer_type], positions])
+      parts += [destination, key_positions]
+    return mode, np.concatenate(parts).astype(np.int32)
+
+  def _step_inputs(self, layer_type: str, mode: str, query_pos: Tensor, key_pos: Tensor, destination: Tensor,
+                   cache: Gemma3KVCache) -> _StepInputs:
+    """The device tensors of one layer type for a call, from its positions (slices of the step data)."""
+    T, device, half = query_pos.shape[0], self.device, self.config.head_dim // 2
     slots = cache.slots[layer_type]
-    destination = cache.destinations(layer_type, positions)
-    if mode == FRESH: key_positions = positions
-    elif mode == DECODE:   # the cache as it is after this token's write
-      key_positions = cache.positions[layer_type].copy()
-      key_positions[destination] = positions
-    else: key_positions = np.concatenate([cache.positions[layer_type], positions])
-    query_pos, key_pos = Tensor(positions, device=device), Tensor(key_positions, device=device)
     distance = query_pos.reshape(T, 1) - key_pos.reshape(1, -1)
     allowed = (key_pos.reshape(1, -1) >= 0) & (distance >= 0)
     if layer_type == SLIDING: allowed = allowed & (distance < self.config.sliding_window)
@@ -474,13 +488,17 @@ class Gemma3:
     angles = angles.double()   # cos/sin of the float32 angle, with float64 range reduction (positions up to 1e5+)
     cos, sin = angles.cos().float().cast(self.dtype), angles.sin().float().cast(self.dtype)
     cos, sin_signed = _materialize(cos.cat(cos, dim=-1)), _materialize((-sin).cat(sin, dim=-1))
-    hits = Tensor.arange(slots, device=device).reshape(slots, 1) == Tensor(destination, device=device).reshape(1, T)
+    hits = Tensor.arange(slots, device=device).reshape(slots, 1) == destination.reshape(1, T)
     scatter = hits.cast(self.dtype) if T > 1 else None
     return _StepInputs(mode, cos, sin_signed, _materialize(allowed), scatter, _materialize(hits.any(1, keepdim=True)))
 
-  def forward(self, token_ids: Tensor, start_pos: int = 0, last_only: bool = False, return_hidden: bool = False) -> Any:
+  def forward(self, token_ids: Tensor, start_pos: int = 0, last_only: bool = False, return_hidden: bool = False,
+              jit: bool = False) -> Any:
     """Logits [B, T, V] (or [B, 1, V] with last_only), realized; with return_hidden also the list of hidden states
-    [B, T, H]: the scaled embedding, each layer's output, and the final norm's output (HF's hooks)."""
+    [B, T, H]: the scaled embedding, each layer's output, and the final norm's output (HF's hooks).
+    With `jit`, a one-token step with last_only replays a TinyJit capture of the decode step (the same kernels as
+    without; every position-dependent value travels in the step data): the returned logits are then the JIT's
+    buffer, rewritten by the next jitted step (read or copy them first)."""
     if token_ids.ndim != 2 or not token_ids.dtype.is_int:
       raise ValueError(f"token_ids must be a 2-D int tensor [batch, tokens], got {token_ids.shape} {token_ids.dtype}")
     B, T = token_ids.shape
@@ -497,8 +515,33 @@ class Gemma3:
     if start_pos + T > cache.max_context:
       raise ValueError(f"positions {start_pos}..{start_pos + T - 1} do not fit a cache of {cache.max_context}")
     positions = np.arange(start_pos, start_pos + T, dtype=np.int32)
-    steps = {t: self._step_inputs(t, positions, cache) for t in set(self.config.layer_types)}
-    h = _materialize(self.model.embed_tokens(token_ids.to(self.device).int()))
+    mode, step_data = self._step_data(positions, cache)
+    token_ids, data = token_ids.to(self.device).int(), Tensor(step_data, device=self.device)
+    if jit and mode == DECODE and last_only and not return_hidden:
+      if self._decode_jit is None or self._decode_jit_cache is not cache:   # a new cache has new buffers
+        self._decode_jit, self._decode_jit_cache = TinyJit(self._decode_step), cache
+      out = self._decode_jit(token_ids, data)
+    else: out = self._run_step(token_ids, data, mode, last_only, return_hidden)
+    cache.advance(positions)
+    return out
+  __call__ = forward
+
+  def _decode_step(self, token_ids: Tensor, step_data: Tensor) -> Tensor:
+    """The jitted decode step: logits [B, 1, V] for one token per sequence, the cache written in place."""
+    return self._run_step(token_ids, step_data, DECODE, last_only=True, return_hidden=False)
+
+  def _run_step(self, token_ids: Tensor, step_data: Tensor, mode: str, last_only: bool, return_hidden: bool) -> Any:
+    """The device side of a forward call: every layer over the cache, the cache writes, the logits; realized."""
+    cache = self.cache
+    assert cache is not None
+    T = token_ids.shape[1]
+    query_pos, offset, steps = step_data[:T], T, {}
+    for layer_type in sorted(set(self.config.layer_types)):   # the layout _step_data wrote
+      keys = T if mode == FRESH else cache.slots[layer_type] + (T if mode == EXTEND else 0)
+      destination, key_pos = step_data[offset:offset + T], step_data[offset + T:offset + T + keys]
+      steps[layer_type] = self._step_inputs(layer_type, mode, query_pos, key_pos, destination, cache)
+      offset += T + keys
+    h = _materialize(self.model.embed_tokens(token_ids))
     hidden, pending = [h], []
     for layer, layer_cache in zip(self.model.layers, cache.layers):
       h, write = layer(h, steps[layer.layer_type], layer_cache)
@@ -511,14 +554,12 @@ class Gemma3:
     logits = _softcap(h @ head.T, self.config.final_logit_softcapping)
     outputs = [logits] + (hidden if return_hidden else [])
     # EXTEND writes the cache only after the kernels that read it have run (a schedule orders by data, not writes)
-    realize_lazy(*[t.lazydata for t in outputs + ([] if pending else cache.tensors())])
+    Tensor.realize(*outputs, *([] if pending else cache.tensors()))
     for layer_cache, (k, v), step in pending:
       _write_cache(layer_cache[0], k, step)
       _write_cache(layer_cache[1], v, step)
-    if pending: realize_lazy(*[t.lazydata for t in cache.tensors()])
-    cache.advance(positions)
+    if pending: Tensor.realize(*cache.tensors())
     return (logits, hidden) if return_hidden else logits
-  __call__ = forward
 
 def _checkpoint_files(directory: str) -> list[str]:
   single = os.path.join(directory, "model.safetensors")
@@ -587,9 +628,12 @@ class GenerationResult:
 
 def generate(model: Gemma3, prompt_ids: Sequence[int], max_new_tokens: int, temperature: float = 0.0, top_k: int = 0,
              top_p: float = 1.0, seed: Optional[int] = None, eos_ids: Sequence[int] = (),
-             on_token: Optional[Callable[[int], None]] = None, max_context: Optional[int] = None) -> GenerationResult:
+             on_token: Optional[Callable[[int], None]] = None, max_context: Optional[int] = None,
+             jit: bool = True) -> GenerationResult:
   """Prefill the prompt, then decode one token per cached step until max_new_tokens or an EOS id.
-  The cache is sized to the prompt plus max_new_tokens, rounded up to CONTEXT_GRANULE."""
+  The cache is sized to the prompt plus max_new_tokens, rounded up to CONTEXT_GRANULE. With `jit` (the default) the
+  decode step is captured once by a TinyJit and replayed for every later token (the same ids and logits as without:
+  the same kernels run, without building and scheduling the graph again)."""
   prompt = [int(t) for t in prompt_ids]
   if not prompt: raise ValueError("the prompt has no tokens")
   if max_new_tokens < 1: raise ValueError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
@@ -609,7 +653,8 @@ def generate(model: Gemma3, prompt_ids: Sequence[int], max_new_tokens: int, temp
   position = len(prompt)
   while token not in eos and len(result.ids) < max_new_tokens:
     step_start = time.perf_counter()
-    logits = model(Tensor(np.array([[token]], dtype=np.int32), device=model.device), position, last_only=True)
+    logits = model(Tensor(np.array([[token]], dtype=np.int32), device=model.device), position, last_only=True,
+                   jit=jit)
     token = choose_token(logits.numpy()[0, -1], temperature, top_k, top_p, rng)
     result.step_seconds.append(time.perf_counter() - step_start)
     result.ids.append(token)

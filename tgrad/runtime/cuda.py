@@ -7,13 +7,15 @@ pointer arguments and launched with `prepared_call`; `wait=True` times the launc
 kernel whose shared arrays exceed the static 48 KiB says how much dynamic shared memory it needs in a module global;
 the program opts the function in to that size and launches with it.
 Limits (threads, block/grid dims, shared memory) come from the device's attributes into its CUDARenderer.
+A view of an allocation is its address plus the offset (an int, which every pycuda call and launch accepts);
+`prepare` binds a launch's grid, block and argument tuple once, for replaying it in a tight loop.
 """
 from __future__ import annotations
-import atexit, collections
-from typing import Optional
+import atexit, collections, functools
+from typing import Callable, Optional
 import numpy as np
 import pycuda.driver as cuda
-from tgrad.device import Allocator, Compiled
+from tgrad.device import Allocator, Compiled, OutOfMemoryError
 from tgrad.codegen.cuda import CUDARenderer, DYNAMIC_SHARED_SUFFIX
 from tgrad.runtime.nvrtc import NVRTCCompiler, arch_of
 
@@ -60,12 +62,14 @@ class CUDAAllocator(Allocator):
       self.free_cache()
       try: return cuda.mem_alloc(nbytes)
       except cuda.MemoryError as e:
-        free, total = cuda.mem_get_info()
-        raise MemoryError(f"CUDA: cannot allocate {nbytes} bytes ({free} of {total} bytes free)") from e
+        raise OutOfMemoryError("CUDA", nbytes, cuda.mem_get_info()[0], "an allocation") from e
 
   def free(self, handle, nbytes: int) -> None:
     self.cache[nbytes].append(handle)
     self.cached_bytes += nbytes
+
+  def view(self, handle, offset: int, nbytes: int) -> int: return int(handle) + offset
+  def available(self) -> int: return cuda.mem_get_info()[0] + self.cached_bytes
 
   def free_cache(self) -> None:
     for blocks in self.cache.values():
@@ -125,20 +129,25 @@ class CUDAProgram:
     self.start, self.end = cuda.Event(), cuda.Event()
 
   def __call__(self, *buffers, global_size=(1,), local_size=(1,), vals=(), wait: bool = False) -> Optional[float]:
+    launch = self.prepare(buffers, global_size, local_size, vals)
+    if not wait:
+      launch()
+      return None
+    self.start.record()
+    launch()
+    self.end.record()
+    self.end.synchronize()
+    return self.start.time_till(self.end) * 1e-3
+
+  def prepare(self, buffers, global_size=(1,), local_size=(1,), vals=()) -> Callable[[], None]:
+    """A no-argument callable that launches this kernel with these arguments (grid, block and pointers fixed here)."""
     if self.prepared_args != len(buffers) + len(vals):
       self.function.prepare("P" * len(buffers) + "q" * len(vals))   # variables are 64-bit parameters (codegen/cuda.py)
       self.prepared_args = len(buffers) + len(vals)
     grid = tuple(global_size) + (1,) * (3 - len(global_size))
     block = tuple(local_size) + (1,) * (3 - len(local_size))
     args = [int(b) for b in buffers] + [int(v) for v in vals]
-    if not wait:
-      self.function.prepared_call(grid, block, *args, shared_size=self.shared_bytes)
-      return None
-    self.start.record()
-    self.function.prepared_call(grid, block, *args, shared_size=self.shared_bytes)
-    self.end.record()
-    self.end.synchronize()
-    return self.start.time_till(self.end) * 1e-3
+    return functools.partial(self.function.prepared_call, grid, block, *args, shared_size=self.shared_bytes)
 
 class CUDADevice(Compiled):
   def __init__(self):
@@ -155,3 +164,8 @@ class CUDADevice(Compiled):
   def synchronize(self) -> None: cuda.Context.synchronize()
 
 def create_device() -> Compiled: return CUDADevice()
+
+def is_usable() -> bool:
+  """Whether a GPU is there, without creating a context (the device is started on first use)."""
+  cuda.init()
+  return cuda.Device.count() > 0

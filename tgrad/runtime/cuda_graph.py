@@ -22,7 +22,8 @@ DEFAULT_STREAM = 0
 CAPTURE_MODE_THREAD_LOCAL = 1
 # stream flag (CU_STREAM_NON_BLOCKING): the capture stream does not synchronize with the legacy default stream
 STREAM_NON_BLOCKING = 1
-ARG_KINDS = {"P": (0, 2**64 - 1), "i": (-2**31, 2**31 - 1)}   # kernel argument kind → allowed value range
+ARG_KINDS = {"P": (0, 2**64 - 1), "i": (-2**31, 2**31 - 1), "q": (-2**63, 2**63 - 1)}   # kind → allowed value range
+_CTYPE_OF_KIND = {"P": ctypes.c_uint64, "i": ctypes.c_int32, "q": ctypes.c_int64}
 
 CUresult, CUfunction, CUgraph, CUgraphNode, CUgraphExec = ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, \
   ctypes.c_void_p, ctypes.c_void_p
@@ -91,7 +92,8 @@ def check(result: int, call: str) -> None:
 @dataclass
 class KernelLaunch:
   """One kernel node: a pycuda Function, grid and block (x, y, z), dynamic shared bytes, and its arguments: device
-  pointers (kind "P", uint64) followed by variable values (kind "i", int32), one kind letter per argument."""
+  pointers (kind "P", uint64) followed by variable values (kind "q", int64, as tgrad's kernels take them; "i" for
+  int32), one kind letter per argument."""
   function: Any
   grid: tuple[int, int, int]
   block: tuple[int, int, int]
@@ -117,7 +119,7 @@ class KernelLaunch:
     grid = tuple(global_size) + (1,) * (3 - len(global_size))
     block = tuple(local_size) + (1,) * (3 - len(local_size))
     return KernelLaunch(program.function, grid, block, program.shared_bytes,  # type: ignore[arg-type]
-                        [int(p) for p in pointers] + [int(v) for v in vals], "P" * len(pointers) + "i" * len(vals))
+                        [int(p) for p in pointers] + [int(v) for v in vals], "P" * len(pointers) + "q" * len(vals))
 
 def _check_arg(kind: str, value: int, position: int) -> None:
   if kind not in ARG_KINDS: raise ValueError(f"argument {position}: kind {kind!r} is not one of {list(ARG_KINDS)}")
@@ -137,7 +139,8 @@ def kernel_identity(launch: KernelLaunch) -> tuple[int, int, int]:
   import numpy as np
   import pycuda.driver as cuda
   lib, stream, graph = driver(), cuda.Stream(flags=STREAM_NON_BLOCKING), CUgraph()
-  args = [np.uint64(a) if kind == "P" else np.int32(a) for kind, a in zip(launch.arg_kinds, launch.args)]
+  numpy_of_kind = {"P": np.uint64, "i": np.int32, "q": np.int64}
+  args = [numpy_of_kind[kind](a) for kind, a in zip(launch.arg_kinds, launch.args)]
   check(lib.cuStreamBeginCapture_v2(stream.handle, CAPTURE_MODE_THREAD_LOCAL), "cuStreamBeginCapture_v2")
   try: launch.function(*args, grid=launch.grid, block=launch.block, shared=launch.shared_bytes, stream=stream)
   except BaseException:
@@ -160,7 +163,7 @@ class _KernelNode:
   """A graph node's parameters and the ctypes storage its kernelParams array points at (kept alive with it)."""
   def __init__(self, launch: KernelLaunch, identity: tuple[int, int, int]):
     self.kinds, self.current = launch.arg_kinds, list(launch.args)
-    self.values = [ctypes.c_uint64(a) if kind == "P" else ctypes.c_int32(a) for kind, a in zip(self.kinds, launch.args)]
+    self.values = [_CTYPE_OF_KIND[kind](a) for kind, a in zip(self.kinds, launch.args)]
     self.pointers = (ctypes.c_void_p * max(1, len(self.values)))(*[ctypes.addressof(v) for v in self.values])
     func, kern, ctx = identity
     self.params = KernelNodeParams(func, *launch.grid, *launch.block, launch.shared_bytes,
@@ -229,3 +232,50 @@ class CUDAGraph:
   def __del__(self):
     try: self.close()
     except (CUDAGraphError, AttributeError): pass   # interpreter shutdown or a half-built graph: nothing to report to
+
+
+class CUDAGraphRunner:
+  """A TinyJit graph runner (jit.py's GraphRunner contract) for CUDA: each run of consecutive kernel instructions is
+  one CUDAGraph, launched with one call; other instructions (copies) run between them from Python. `bind` patches
+  only the kernel nodes that read a rebound input slot. Instructions are duck-typed: `.runner` (a CompiledKernel has
+  `.program`, `.global_size`, `.local_size`, `.variables`), `.args` (slot indices) and `.var_vals`."""
+  def __init__(self, device: str, instructions: Sequence[Any], slots: Sequence[Any]):
+    self.device, self.slots = device, slots
+    self.steps: list[Any] = []    # a CUDAGraph, or a no-argument call for an instruction that is not a kernel
+    self.node_of: dict[int, list[tuple[CUDAGraph, int, Any]]] = {}   # slot → (graph, node index, instruction)
+    self.instructions = list(instructions)
+    self.built = False
+  def _launch_of(self, instruction: Any) -> KernelLaunch:
+    runner = instruction.runner
+    pointers = [int(self.slots[s].buffer.handle) for s in instruction.args]
+    vals = [int(instruction.var_vals[v]) for v in runner.variables]
+    return KernelLaunch.for_program(runner.program, pointers, runner.global_size, runner.local_size, vals)
+  def _build(self) -> None:
+    pending: list[Any] = []
+    def flush() -> None:
+      if not pending: return
+      graph = CUDAGraph([self._launch_of(ins) for ins in pending])
+      for index, ins in enumerate(pending):
+        for s in dict.fromkeys(ins.args): self.node_of.setdefault(s, []).append((graph, index, ins))
+      self.steps.append(graph)
+      pending.clear()
+    for ins in self.instructions:
+      if hasattr(ins.runner, "program"): pending.append(ins)
+      else:
+        flush()
+        self.steps.append(lambda ins=ins: ins.runner([self.slots[s].buffer for s in ins.args], False, ins.var_vals))
+    flush()
+    self.built = True
+  def bind(self, changed_slots: Sequence[int]) -> None:
+    if not self.built: return   # the first run builds every node from the slots as they are then
+    patched: set[tuple[int, int]] = set()
+    for s in changed_slots:
+      for graph, index, ins in self.node_of.get(s, ()):
+        if (id(graph), index) in patched: continue
+        patched.add((id(graph), index))
+        graph.update(index, self._launch_of(ins).args)
+  def __call__(self) -> None:
+    if not self.built: self._build()
+    for step in self.steps:
+      if isinstance(step, CUDAGraph): step.launch()
+      else: step()

@@ -2,11 +2,14 @@
 
 Compiler: IR text → optimized (new pass manager, O3 with loop and SLP vectorization) → an object file for the
 host CPU with all its features. Program: the object loaded into its own MCJIT engine; a THREAD launch calls the
-function once per core index from a thread pool (ctypes releases the GIL, so the calls run in parallel).
+function once per core index from a thread pool (ctypes releases the GIL, so the calls run in parallel). Memory is
+numpy bytes with their address (HostMemory); a view is a slice with its address; `prepare` binds a launch's
+pointers once, for replaying it in a tight loop.
 """
 from __future__ import annotations
-import ctypes, functools, hashlib, time
+import collections, ctypes, functools, hashlib, os, time
 from concurrent.futures import ThreadPoolExecutor
+from typing import Callable
 import numpy as np
 import llvmlite
 import llvmlite.binding as llvm
@@ -17,14 +20,49 @@ from tgrad.helpers import cpu_count
 BUFFER_ALIGNMENT = 64   # bytes: a cache line, and the widest vector load (AVX-512)
 OPT_LEVEL = 3
 
+# Freed blocks up to this size are kept for reuse by size (an eager op allocates its output every time), up to
+# POOL_MAX_BYTES in all; bigger blocks go back to numpy at once.
+POOL_MAX_BLOCK = 1 << 20
+POOL_MAX_BYTES = 64 << 20
+
+class HostMemory:
+  """An LLVM buffer's memory: numpy bytes and their address, read once (numpy's `.ctypes.data` costs microseconds)."""
+  __slots__ = ("array", "address")
+  def __init__(self, array: np.ndarray, address: int): self.array, self.address = array, address
+
 class LLVMAllocator(Allocator):
-  def alloc(self, nbytes: int) -> np.ndarray:
+  def __init__(self):
+    self.pool: dict[int, list[HostMemory]] = collections.defaultdict(list)
+    self.pooled_bytes = 0
+  def alloc(self, nbytes: int) -> HostMemory:
+    if (blocks := self.pool.get(nbytes)):
+      self.pooled_bytes -= nbytes
+      return blocks.pop()
     raw = np.empty(nbytes + BUFFER_ALIGNMENT, dtype=np.uint8)
-    start = (-raw.ctypes.data) % BUFFER_ALIGNMENT
-    return raw[start:start + nbytes]
-  def copyin(self, handle: np.ndarray, src: memoryview) -> None: handle[:len(src)] = np.frombuffer(src, dtype=np.uint8)
-  def copyout(self, dst: memoryview, handle: np.ndarray) -> None:
-    np.frombuffer(dst, dtype=np.uint8)[:] = handle[:len(dst)]
+    address = raw.ctypes.data
+    start = (-address) % BUFFER_ALIGNMENT
+    return HostMemory(raw[start:start + nbytes], address + start)
+  def free(self, handle: HostMemory, nbytes: int) -> None:
+    if nbytes <= POOL_MAX_BLOCK and self.pooled_bytes + nbytes <= POOL_MAX_BYTES:
+      self.pool[nbytes].append(handle)
+      self.pooled_bytes += nbytes
+  def copyin(self, handle: HostMemory, src: memoryview) -> None:
+    handle.array[:len(src)] = np.frombuffer(src, dtype=np.uint8)
+  def copyout(self, dst: memoryview, handle: HostMemory) -> None:
+    np.frombuffer(dst, dtype=np.uint8)[:] = handle.array[:len(dst)]
+  def view(self, handle: HostMemory, offset: int, nbytes: int) -> HostMemory:
+    return HostMemory(handle.array[offset:offset + nbytes], handle.address + offset)
+  def available(self) -> int: return available_host_memory()
+
+def available_host_memory() -> int:
+  """Bytes of host memory that can still be allocated: MemAvailable from /proc/meminfo (free memory plus what the
+  kernel can reclaim), else the free pages that sysconf reports."""
+  try:
+    with open("/proc/meminfo") as f:
+      for line in f:
+        if line.startswith("MemAvailable:"): return int(line.split()[1]) * 1024
+  except OSError: pass
+  return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 def host_target_machine() -> llvm.TargetMachine:
   """A new TargetMachine for the host CPU (an MCJIT engine takes ownership of the one it is given)."""
@@ -65,15 +103,25 @@ class LLVMProgram:
     self.address = self.engine.get_function_address(name)
     if not self.address: raise RuntimeError(f"kernel {name} not found in its object file")
     self.fn = None
-  def __call__(self, *buffers: np.ndarray, global_size=(1,), local_size=None, vals=(), wait: bool = False):
+  def _function(self, arguments: int):
     if self.fn is None:
-      self.fn = ctypes.CFUNCTYPE(None, *([ctypes.c_void_p] * len(buffers)), ctypes.c_int32)(self.address)
-    pointers = [b.ctypes.data for b in buffers]
+      self.fn = ctypes.CFUNCTYPE(None, *([ctypes.c_void_p] * arguments), ctypes.c_int32)(self.address)
+    return self.fn
+  def __call__(self, *buffers: HostMemory, global_size=(1,), local_size=None, vals=(), wait: bool = False):
+    fn = self.fn or self._function(len(buffers))
+    pointers = [b.address for b in buffers]
     threads = global_size[0] if global_size else 1
-    start = time.perf_counter()
-    if threads <= 1: self.fn(*pointers, 0)
-    else: list(_thread_pool().map(lambda core: self.fn(*pointers, core), range(threads)))
+    start = time.perf_counter() if wait else 0.0
+    if threads <= 1: fn(*pointers, 0)
+    else: list(_thread_pool().map(lambda core: fn(*pointers, core), range(threads)))
     return time.perf_counter() - start if wait else None
+  def prepare(self, buffers, global_size=(1,), local_size=None, vals=()) -> Callable[[], None]:
+    """A no-argument callable that launches this kernel on these buffers: the pointers are read once, here."""
+    fn, pointers = self._function(len(buffers)), [b.address for b in buffers]
+    threads = global_size[0] if global_size else 1
+    if threads <= 1: return functools.partial(fn, *pointers, 0)
+    def run_on_cores() -> None: list(_thread_pool().map(lambda core: fn(*pointers, core), range(threads)))
+    return run_on_cores
 
 def create_device() -> Compiled:
   return Compiled("LLVM", LLVMAllocator(), LLVMCompiler(), LLVMRenderer(), LLVMProgram)

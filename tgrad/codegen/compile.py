@@ -1,0 +1,59 @@
+"""One kernel from opts to a loaded program: linearize, render, compile (binaries cached on disk), load.
+
+Input: a Kernel whose opts are applied (by the heuristics, a searched winner, or a search candidate). Output: a
+CompiledKernel, the runner that launches it on Buffers. This module sits below both the search (which compiles
+candidates) and realize (which compiles the kernels a schedule needs); it decides nothing about opts.
+"""
+from __future__ import annotations
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional, Sequence
+from tgrad.codegen.kernel import Kernel, Opt
+from tgrad.codegen.linearizer import linearize
+from tgrad.device import Buffer, Device
+from tgrad.helpers import Context
+from tgrad.ops import Ops
+
+@dataclass
+class CompiledKernel:
+  """A kernel ready to launch: its program, launch sizes, source and cost estimate. `runner(buffers)` launches it
+  (`wait=True` returns seconds); `prepare(handles)` returns a no-argument launch with its arguments bound."""
+  name: str
+  program: Callable
+  global_size: tuple[int, ...]
+  local_size: tuple[int, ...]
+  src: str
+  opts: list[Opt]
+  flops: int
+  nbytes: int
+  device: str = ""
+  variables: tuple[str, ...] = field(default=())   # DEFINE_VAR names, in the order the program takes their values
+  def __call__(self, buffers: Sequence[Buffer], wait: bool = False, var_vals: Optional[dict[str, int]] = None
+               ) -> Optional[float]:
+    vals = tuple(var_vals[name] for name in self.variables) if self.variables else ()
+    return self.program(*[b.handle for b in buffers], global_size=self.global_size, local_size=self.local_size,
+                        vals=vals, wait=wait)
+  def prepare(self, handles: Sequence[Any], vals: Sequence[int] = ()) -> Callable[[], None]:
+    """A launch of this kernel on these device handles that does no work in Python beyond the call itself."""
+    return self.program.prepare(handles, self.global_size, self.local_size, tuple(vals))
+
+def compile_kernel(device: str, kernel: Kernel, name: Optional[str] = None) -> CompiledKernel:
+  """Linearize, render, compile (disk-cached) and load one kernel whose opts are already applied. The function is
+  always called `kernel.function_name`, so the same kernel has the same source wherever it is compiled (BEAM's
+  winner hits the binary cache); `name` only labels the runner in DEBUG output."""
+  dev = Device[device]
+  name = name or kernel.name
+  uops = linearize(kernel)
+  src = dev.renderer.render(kernel.function_name, uops)
+  if Context.DEBUG >= 5:
+    for i, u in enumerate(uops): print(f"{i:4d} {u.op.name:14s} {str(u.dtype):18s} {u.arg!r}")
+  if Context.DEBUG >= 4: print(src)
+  start = time.perf_counter()
+  binary = dev.compiler.compile_cached(src)
+  compile_ms = (time.perf_counter() - start) * 1e3
+  if Context.DEBUG >= 3: print(f"{name}: opts {kernel.applied_opts}, compiled in {compile_ms:.1f} ms")
+  global_size, local_size = kernel.launch_dims()
+  flops, nbytes = kernel.estimate()
+  variables = tuple(sorted({u.arg[0] for u in uops if u.op is Ops.DEFINE_VAR}))   # the renderers' argument order
+  return CompiledKernel(name, dev.program(kernel.function_name, binary), global_size, local_size, src,
+                        list(kernel.applied_opts), flops, nbytes, device, variables)

@@ -1,0 +1,463 @@
+"""TinyJit: run a function once, capture its kernels on the second call, and replay them as a CompiledGraph after that.
+
+A call's work is what `realize` launches: the ExecItems of its schedules. On the second call TinyJit runs the
+function with realize recording instead of launching (nothing runs during the capture), turns the recorded items into
+a CompiledGraph, plans its memory, checks that it fits, and runs it for that call. Later calls check their arguments
+against the capture and run only the graph: the Python function is not called again.
+
+A CompiledGraph is a flat list of instructions (a runner, its argument slots, launch dims, variable values). A slot
+is one buffer of the program, of one kind:
+  input       a Tensor argument's buffer, swapped in every call;
+  weight      persistent and never written by the program (bound once): parameters, host data copied at capture;
+  state       persistent and written by the program: assigned buffers (KV caches, optimizer moments, updated
+              weights), the returned tensors' buffers, and anything else still referenced after the capture call;
+  activation  transient: made and dead within one call. JIT_PLAN=1 (the default) packs them into one arena per
+              device (memory_planner.py), each a view at its offset; JIT_PLAN=0 gives each its own allocation.
+Each device's run of instructions goes to a graph runner chosen by device (GRAPH_RUNNERS; PlainGraphRunner, a loop
+over launches prepared once, for every device without its own), so a device can replay its part its own way.
+"""
+from __future__ import annotations
+import functools, gc, inspect, weakref
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional, Protocol, Sequence
+import numpy as np
+from tgrad.tensor import Tensor
+from tgrad.dtype import DType, dtypes
+from tgrad.device import Buffer, Device, OutOfMemoryError
+from tgrad.shape.shapetracker import ShapeTracker
+from tgrad.realize import CompiledKernel, ExecItem, HostCopy, JitError, capturing, is_capturing, run
+from tgrad.memory_planner import ArenaPlan, Lifetime, liveness, plan_arena
+from tgrad.helpers import Context
+
+__all__ = ["TinyJit", "CompiledGraph", "Instruction", "Slot", "PlainGraphRunner", "GRAPH_RUNNERS", "JitError",
+           "OutOfMemoryError", "graph_from_capture"]
+
+INPUT, WEIGHT, STATE, ACTIVATION = "input", "weight", "state", "activation"
+SLOT_KINDS = (WEIGHT, STATE, ACTIVATION, INPUT)
+SHOWN_VALUE_CHARS = 60   # a non-Tensor argument in an error message is cut to this many characters
+
+# ---------------------------------------------------------------------------------------------------------------
+# the compiled graph
+
+@dataclass
+class Slot:
+  """One buffer of a program. `buffer` is bound at construction (weights, state, activations) or per call (inputs);
+  `offset` is the byte offset of a planned activation in its device's arena."""
+  kind: str
+  device: str
+  size: int
+  dtype: DType
+  name: str = ""                      # the argument's name, for an input
+  buffer: Optional[Buffer] = None
+  offset: Optional[int] = None
+  @property
+  def nbytes(self) -> int: return self.size * self.dtype.itemsize
+
+@dataclass(frozen=True)
+class Instruction:
+  """One launch: a runner, its argument slots (outputs first), and its symbolic variables' values."""
+  runner: Any
+  args: tuple[int, ...]
+  device: str
+  output_count: int = 1
+  var_vals: dict[str, int] = field(default_factory=dict)
+  @property
+  def name(self) -> str: return self.runner.name
+  @property
+  def launch_dims(self) -> str:
+    if not isinstance(self.runner, CompiledKernel): return "host"
+    return f"global {self.runner.global_size} local {self.runner.local_size}"
+
+class GraphRunner(Protocol):
+  """Runs one device's consecutive instructions. Made once per graph with every slot bound but the inputs; before a
+  run, `bind` gets the input slots whose Buffers changed since the last run (every input slot before the first)."""
+  def __init__(self, device: str, instructions: Sequence[Instruction], slots: Sequence[Slot]): ...
+  def bind(self, changed_slots: Sequence[int]) -> None: ...
+  def __call__(self) -> None: ...
+
+class PlainGraphRunner:
+  """The instructions in order, as no-argument launches prepared once (pointers, launch dims and values bound), so a
+  replay is a loop of calls with no lookups or allocation. A launch that reads a rebound input is prepared again."""
+  def __init__(self, device: str, instructions: Sequence[Instruction], slots: Sequence[Slot]):
+    self.device, self.instructions, self.slots = device, list(instructions), slots
+    self.readers: dict[int, list[int]] = {}   # input slot → positions of the instructions that use it
+    for position, instruction in enumerate(self.instructions):
+      for s in dict.fromkeys(instruction.args):
+        if slots[s].kind == INPUT: self.readers.setdefault(s, []).append(position)
+    self.launches: list[Optional[Callable[[], Any]]] = [None] * len(self.instructions)
+    self.stale = True
+  def bind(self, changed_slots: Sequence[int]) -> None:
+    for s in changed_slots:
+      for position in self.readers.get(s, ()):
+        self.launches[position] = None
+        self.stale = True
+  def __call__(self) -> None:
+    if self.stale: self._prepare()
+    for launch in self.launches: launch()   # type: ignore[misc]
+  def _prepare(self) -> None:
+    for position, instruction in enumerate(self.instructions):
+      if self.launches[position] is None:
+        self.launches[position] = prepared_launch(instruction, [self.slots[s].buffer for s in instruction.args])
+    self.stale = False
+
+def prepared_launch(instruction: Instruction, bufs: list) -> Callable[[], Any]:
+  """A no-argument call that runs the instruction on these Buffers."""
+  runner = instruction.runner
+  if isinstance(runner, CompiledKernel):
+    return runner.prepare([b.handle for b in bufs], tuple(instruction.var_vals[v] for v in runner.variables))
+  return functools.partial(runner, bufs, False, instruction.var_vals)
+
+# device → the graph runner class for its instructions (a device without an entry gets PlainGraphRunner)
+GRAPH_RUNNERS: dict[str, Callable[..., GraphRunner]] = {}
+
+def graph_runner_class(device: str) -> Callable[..., GraphRunner]:
+  """The runner for a device's instructions: a registered one, CUDA graphs on CUDA (unless CUDA_GRAPH=0), else the
+  plain loop."""
+  if device in GRAPH_RUNNERS: return GRAPH_RUNNERS[device]
+  if device == "CUDA":
+    from tgrad.runtime.cuda_graph import CUDAGraphRunner, graphs_enabled   # the CUDA runtime is loaded by now
+    if graphs_enabled(): return CUDAGraphRunner
+  return PlainGraphRunner
+
+class CompiledGraph:
+  """A captured program: instructions over slots, memory planned and bound, replayed by `graph(input_buffers)`.
+  `print(graph)` lists the memory per device and kind, then one instruction per line with each argument as
+  kind#slot@offset+bytes (offset in the device arena for a planned activation, else 0 in its own buffer)."""
+  def __init__(self, instructions: list[Instruction], slots: list[Slot], input_slots: list[int], plan: bool = True,
+               constants: Sequence[tuple[int, np.ndarray]] = ()):
+    self.instructions, self.slots, self.input_slots, self.planned = instructions, slots, input_slots, plan
+    self.arenas: dict[str, Buffer] = {}
+    self.arena_plans: dict[str, ArenaPlan] = {}
+    lifetimes = liveness([ins.args for ins in instructions])
+    activations = [s for s, slot in enumerate(slots) if slot.kind == ACTIVATION]
+    self.lifetimes = {s: Lifetime(*lifetimes[s], slots[s].nbytes) for s in activations}
+    if plan:
+      for device in dict.fromkeys(slots[s].device for s in activations):
+        mine = [s for s in activations if slots[s].device == device]
+        self.arena_plans[device] = arena = plan_arena([self.lifetimes[s] for s in mine])
+        for s, offset in zip(mine, arena.offsets): slots[s].offset = offset
+    self.allocated_bytes = self.bytes_to_allocate()   # what binding the memory below allocates, per device
+    self.check_memory()   # an OutOfMemoryError here comes before any allocation or launch
+    self._bind_memory(constants)
+    self.state_buffers = {id(slot.buffer) for slot in slots if slot.kind == STATE}
+    self.runners: list[GraphRunner] = []
+    start = 0
+    for end in range(1, len(instructions) + 1):   # each device's consecutive instructions go to its runner
+      if end == len(instructions) or instructions[end].device != instructions[start].device:
+        device = instructions[start].device
+        self.runners.append(graph_runner_class(device)(device, instructions[start:end], slots))
+        start = end
+
+  # ---- memory
+  def memory_breakdown(self) -> dict[str, dict[str, int]]:
+    """Per device, bytes of weights, state, activations (the arena when planned, else their sum), inputs, and
+    `activations unplanned` (every activation's size added up, what the arena is compared with)."""
+    out: dict[str, dict[str, int]] = {}
+    for slot in self.slots:
+      parts = out.setdefault(slot.device, {**{kind: 0 for kind in SLOT_KINDS}, "activations unplanned": 0})
+      if slot.kind == ACTIVATION: parts["activations unplanned"] += slot.nbytes
+      else: parts[slot.kind] += slot.nbytes
+    for device, parts in out.items():
+      planned = self.arena_plans.get(device)
+      parts[ACTIVATION] = planned.size if planned is not None else parts["activations unplanned"]
+    return out
+
+  def estimate_memory(self) -> dict[str, int]:
+    """Bytes per device that the program touches: weights + state + activations + inputs (see memory_breakdown)."""
+    return {device: sum(parts[kind] for kind in SLOT_KINDS) for device, parts in self.memory_breakdown().items()}
+
+  def bytes_to_allocate(self) -> dict[str, int]:
+    """Bytes per device not allocated yet: the arena (or each activation), and persistent buffers still unallocated."""
+    out: dict[str, int] = {}
+    for device, arena in self.arena_plans.items(): out[device] = out.get(device, 0) + arena.size
+    for slot in self.slots:
+      unplanned = slot.kind == ACTIVATION and slot.offset is None
+      unallocated = slot.kind in (WEIGHT, STATE) and (slot.buffer is None or not slot.buffer.is_allocated)
+      if unplanned or unallocated: out[slot.device] = out.get(slot.device, 0) + slot.nbytes
+    return out
+
+  def check_memory(self) -> None:
+    """Raise OutOfMemoryError (naming the device, the bytes needed and the bytes available) if a device can't give
+    what this graph still has to allocate."""
+    for device, needed in self.allocated_bytes.items():
+      if needed and needed > (available := Device[device].available_memory()):
+        raise OutOfMemoryError(device, needed, available, "a TinyJit's compiled graph")
+
+  def _bind_memory(self, constants: Sequence[tuple[int, np.ndarray]]) -> None:
+    for device, arena in self.arena_plans.items():
+      self.arenas[device] = Buffer(device, arena.size, dtypes.uint8)
+    for slot in self.slots:
+      if slot.kind == ACTIVATION:   # a view of the arena, or (planning off) an allocation of its own
+        slot.buffer = Buffer(slot.device, slot.size, slot.dtype, self.arenas.get(slot.device), slot.offset or 0)
+      elif slot.kind in (WEIGHT, STATE) and slot.buffer is None:   # a constant whose buffer the call did not keep
+        slot.buffer = Buffer(slot.device, slot.size, slot.dtype)
+      if slot.buffer is not None: _ = slot.buffer.handle   # allocate now, not in the middle of a replay
+    for s, data in constants: self.slots[s].buffer.copyin(data)   # type: ignore[union-attr]
+
+  # ---- running
+  def __call__(self, inputs: Sequence[Buffer]) -> None:
+    """Run the program on these input Buffers (one per input slot, in order)."""
+    if is_capturing(): raise JitError("a TinyJit replayed while another TinyJit captures: jitted functions can't nest")
+    changed = []
+    for s, buffer in zip(self.input_slots, inputs):
+      if self.slots[s].buffer is not buffer:
+        if id(buffer) in self.state_buffers:
+          raise JitError(f"TinyJit: argument {self.slots[s].name!r} is a buffer the compiled program writes (one it "
+                         "returned, or its state): pass a copy (e.g. `x + 0`)")
+        self.slots[s].buffer = buffer
+        changed.append(s)
+    if Context.DEBUG >= 2: return self._run_one_by_one()
+    for runner in self.runners:
+      if changed: runner.bind(changed)
+      runner()
+
+  def _run_one_by_one(self) -> None:
+    for i, ins in enumerate(self.instructions):
+      elapsed = ins.runner([self.slots[s].buffer for s in ins.args], True, ins.var_vals) or 0.0
+      print(f"*** jit {i:4d} {ins.name:40s} {ins.launch_dims:40s} {elapsed*1e6:9.1f} us")
+
+  # ---- printing
+  def describe_arg(self, s: int) -> str:
+    slot = self.slots[s]
+    name = f"{INPUT}:{slot.name}" if slot.kind == INPUT else slot.kind
+    return f"{name}#{s}@{slot.offset or 0}+{slot.nbytes}"
+
+  def __str__(self) -> str:
+    lines = [f"CompiledGraph: {len(self.instructions)} instructions, {len(self.slots)} buffers, memory planning "
+             f"{'on' if self.planned else 'off'}"]
+    for device, parts in self.memory_breakdown().items():
+      lines.append(f"  {device}: " + ", ".join(f"{kind} {nbytes} B" for kind, nbytes in parts.items()))
+    for i, ins in enumerate(self.instructions):
+      lines.append(f"{i:4d} {ins.name:36s} {ins.launch_dims:34s} " + " ".join(self.describe_arg(s) for s in ins.args))
+    return "\n".join(lines)
+  __repr__ = __str__
+
+def graph_from_capture(items: list[ExecItem], inputs: Sequence[tuple[str, Buffer]], first_new_serial: int,
+                       plan: bool = True) -> CompiledGraph:
+  """A CompiledGraph from captured ExecItems. `inputs` are the (argument name, Buffer) of the call; Buffers made
+  after `first_new_serial` were made by the captured call. `items` is emptied: a new Buffer that only the program
+  referenced dies (it is an activation), one still referenced elsewhere survives (it is state). A host copy that is
+  the first use of the only writer of its buffer is a constant: copied once, at construction, not per call."""
+  slots = [Slot(INPUT, buffer.device, buffer.size, buffer.dtype, name) for name, buffer in inputs]
+  instructions, persistent, new = _instructions_of(items, slots, {id(b): s for s, (_, b) in enumerate(inputs)},
+                                                   first_new_serial)
+  items.clear()
+  gc.collect()   # buffers in reference cycles die now, not later
+  for s, ref in new.items():
+    if (buffer := ref()) is not None: persistent[s] = buffer
+    else: slots[s].kind = ACTIVATION
+  written = {s for ins in instructions for s in ins.args[:ins.output_count]}
+  for s, buffer in persistent.items(): slots[s].kind, slots[s].buffer = (STATE if s in written else WEIGHT), buffer
+  writers = [0] * len(slots)
+  for ins in instructions:
+    for s in ins.args[:ins.output_count]: writers[s] += 1
+  first_use = {s: i for i in reversed(range(len(instructions))) for s in instructions[i].args}
+  constants, kept = [], []
+  for i, ins in enumerate(instructions):
+    target = ins.args[0]
+    if isinstance(ins.runner, HostCopy) and writers[target] == 1 and first_use[target] == i and \
+       slots[target].kind != INPUT:
+      slots[target].kind = WEIGHT
+      constants.append((target, ins.runner.data))
+    else: kept.append(ins)
+  return CompiledGraph(kept, slots, list(range(len(inputs))), plan, constants)
+
+def _instructions_of(items: list[ExecItem], slots: list[Slot], slot_of: dict[int, int], first_new_serial: int
+                     ) -> tuple[list[Instruction], dict[int, Buffer], dict[int, weakref.ref]]:
+  """Instructions over slots (appending a slot per new Buffer), the Buffers that existed before the capture, and
+  weak references to those made by it (kept weak, so that the ones no one else holds can die)."""
+  persistent: dict[int, Buffer] = {}
+  new: dict[int, weakref.ref] = {}
+  instructions = []
+  for item in items:
+    for buffer in item.bufs:
+      if id(buffer) not in slot_of:
+        slot_of[id(buffer)] = len(slots)
+        if buffer.serial > first_new_serial: new[len(slots)] = weakref.ref(buffer)
+        else: persistent[len(slots)] = buffer
+        slots.append(Slot(STATE, buffer.device, buffer.size, buffer.dtype))
+    args = tuple(slot_of[id(buffer)] for buffer in item.bufs)
+    instructions.append(Instruction(item.runner, args, item.bufs[0].device, item.output_count, dict(item.var_vals)))
+  return instructions, persistent, new
+
+# ---------------------------------------------------------------------------------------------------------------
+# TinyJit
+
+@dataclass(frozen=True)
+class InputSpec:
+  """What a Tensor argument was at capture: every later call must pass the same."""
+  name: str
+  shape: tuple[int, ...]
+  dtype: DType
+  device: str
+  st: ShapeTracker
+  buffer_size: int
+  @staticmethod
+  def of(name: str, t: Tensor) -> InputSpec:
+    return InputSpec(name, t.shape, t.dtype, t.device, t.lazydata.st, t.lazydata.base.buffer.size)
+  def check(self, name: str, t: Tensor) -> None:
+    problems = []
+    if t.shape != self.shape: problems.append(f"shape {t.shape} (captured {self.shape})")
+    if t.dtype != self.dtype: problems.append(f"dtype {t.dtype} (captured {self.dtype})")
+    if t.device != self.device: problems.append(f"device {t.device} (captured {self.device})")
+    if not problems and (t.lazydata.st != self.st or t.lazydata.base.buffer.size != self.buffer_size):
+      problems.append(f"view {_describe_view(t.lazydata.st, t.lazydata.base.buffer.size)} (captured "
+                      f"{_describe_view(self.st, self.buffer_size)})")
+    if problems:
+      raise JitError(f"TinyJit: argument {name!r} differs from the capture: {'; '.join(problems)}. Pass tensors like "
+                     "the captured ones, or call .reset() to capture again")
+
+def _describe_view(st: ShapeTracker, buffer_size: int) -> str:
+  if st.contiguous: return f"contiguous over a buffer of {buffer_size} elements"
+  return f"{st.views} over a buffer of {buffer_size} elements"
+
+class TinyJit:
+  """`TinyJit(fn)` or `@TinyJit`: call 1 runs `fn` normally; call 2 captures the kernels it runs (realize records them
+  instead of launching) into a CompiledGraph (`.captured`) and runs that; later calls only replay the graph with the
+  new Tensor arguments' buffers swapped in, without calling `fn`.
+
+  - Inputs are the Tensor arguments (positional and keyword); they are realized first. Each later call must pass
+    Tensors of the captured shape, dtype, device and view, and equal non-Tensor arguments, else JitError names the
+    argument. Two arguments may not share a buffer.
+  - Outputs: the returned value is the capture call's, returned again by every replay; its tensors' buffers are the
+    program's and are rewritten by each call (they alias the JIT's memory: copy what you want to keep, e.g.
+    `out.numpy()`). Returned tensors are detached from autograd.
+  - Everything else `fn` does in Python (counters, host arrays turned into tensors, reading values) happens only at
+    capture: host data is baked into the program, and `.numpy()`/`.item()` inside `fn` raise JitError at capture.
+    Device state the kernels update (assigned buffers, Tensor.rand's counter) does change every call.
+  - `reset()` forgets the capture. JIT_PLAN=0 turns memory planning off (see docs/jit.md)."""
+  def __init__(self, fn: Callable):
+    if not callable(fn): raise TypeError(f"TinyJit needs a callable, got {type(fn).__name__}")
+    self.fn = fn
+    try: self.signature: Optional[inspect.Signature] = inspect.signature(fn)
+    except (TypeError, ValueError): self.signature = None   # a builtin without one: arguments are named by position
+    functools.update_wrapper(self, fn)
+    self.reset()
+
+  def reset(self) -> None:
+    """Forget the capture: the next call runs the function normally, the one after captures again."""
+    self.calls = 0
+    self.captured: Optional[CompiledGraph] = None
+    self._inputs: list[InputSpec] = []
+    self._others: list[tuple[str, Any]] = []
+    self._ret: Any = None
+
+  def __get__(self, obj, objtype=None):   # a jitted method: `self` becomes an argument (checked like the others)
+    return self if obj is None else functools.partial(self.__call__, obj)
+
+  def __call__(self, *args, **kwargs):
+    named = _named_arguments(self.signature, args, kwargs)
+    tensors = [(name, value) for name, value in named if isinstance(value, Tensor)]
+    others = [(name, value) for name, value in named if not isinstance(value, Tensor)]
+    for name, value in others:
+      if _tensors_in(value):
+        raise JitError(f"TinyJit: argument {name!r} holds Tensors inside a {type(value).__name__}: pass each Tensor "
+                       "as an argument of its own")
+    if is_capturing(): raise JitError("a TinyJit called while another TinyJit captures: jitted functions can't nest")
+    pending = [t for _, t in tensors if t.lazydata.base.buffer is None]
+    if pending: Tensor.realize(*pending)
+    input_buffers = _input_buffers(tensors)   # every call: two arguments sharing a buffer can't be told apart
+    if self.captured is not None: return self._replay(tensors, input_buffers, others)
+    self.calls += 1
+    if self.calls == 1:
+      ret = self.fn(*args, **kwargs)
+      if (outputs := _tensors_in(ret)): Tensor.realize(*outputs)
+      return ret
+    return self._capture(args, kwargs, tensors, input_buffers, others)
+
+  def _capture(self, args, kwargs, tensors: list[tuple[str, Tensor]], input_buffers: list[Buffer],
+               others: list[tuple[str, Any]]):
+    specs = [InputSpec.of(name, t) for name, t in tensors]
+    first_new_serial = Buffer.created
+    capture = None
+    try:
+      with capturing() as capture:
+        ret = self.fn(*args, **kwargs)
+        outputs = _tensors_in(ret)
+        if outputs: Tensor.realize(*outputs)
+      items = capture.items
+      if not items:
+        raise JitError("TinyJit: the function ran no kernel when it was captured (its second call), so there is "
+                       "nothing to replay; realize its results inside it, or don't jit it")
+      taken = {id(b): name for (name, _), b in zip(tensors, input_buffers)}
+      for t in outputs:
+        if id(t.lazydata.base.buffer) in taken:
+          raise JitError(f"TinyJit: the function returns its argument {taken[id(t.lazydata.base.buffer)]!r} (or a "
+                         "view of it); return a computed tensor (e.g. `x + 0`)")
+    except BaseException:
+      if capture is not None: run(capture.items)   # what was scheduled gets computed: no value is left unwritten
+      raise
+    for t in outputs: t._ctx = None   # the graph behind them belongs to the capture call, not to any replay
+    self._inputs, self._others, self._ret = specs, others, ret
+    plan = Context.JIT_PLAN
+    if plan not in (0, 1): raise ValueError(f"JIT_PLAN must be 0 or 1, got {plan}")
+    del capture, outputs
+    graph = graph_from_capture(items, [(name, b) for (name, _), b in zip(tensors, input_buffers)], first_new_serial,
+                               bool(plan))
+    graph(input_buffers)
+    self.captured = graph
+    return ret
+
+  def _replay(self, tensors: list[tuple[str, Tensor]], input_buffers: list[Buffer], others: list[tuple[str, Any]]):
+    names, captured_names = [name for name, _ in tensors], [spec.name for spec in self._inputs]
+    if names != captured_names:
+      raise JitError(f"TinyJit: called with Tensor arguments {names}, captured with {captured_names}")
+    for (name, t), spec in zip(tensors, self._inputs): spec.check(name, t)
+    if [name for name, _ in others] != [name for name, _ in self._others]:
+      raise JitError(f"TinyJit: called with non-Tensor arguments {[n for n, _ in others]}, captured with "
+                     f"{[n for n, _ in self._others]}")
+    for (name, value), (_, captured) in zip(others, self._others):
+      if not _same_argument(value, captured):
+        raise JitError(f"TinyJit: argument {name!r} is {_shown(value)} in this call but was {_shown(captured)} when "
+                       "captured: non-Tensor arguments are baked into the capture. Pass it as a Tensor, or call "
+                       ".reset() to capture again")
+    assert self.captured is not None
+    self.captured(input_buffers)
+    return self._ret
+
+def _named_arguments(signature: Optional[inspect.Signature], args: tuple, kwargs: dict) -> list[tuple[str, Any]]:
+  """(name, value) of every argument: parameter names where the signature binds, `args[i]` for *args."""
+  try:
+    if signature is None: raise TypeError("no signature")
+    bound = signature.bind(*args, **kwargs)
+  except TypeError: return [(f"argument {i}", a) for i, a in enumerate(args)] + list(kwargs.items())
+  out: list[tuple[str, Any]] = []
+  for name, value in bound.arguments.items():
+    kind = bound.signature.parameters[name].kind
+    if kind is inspect.Parameter.VAR_POSITIONAL: out.extend((f"{name}[{i}]", v) for i, v in enumerate(value))
+    elif kind is inspect.Parameter.VAR_KEYWORD: out.extend(value.items())
+    else: out.append((name, value))
+  return out
+
+def _tensors_in(value: Any) -> list[Tensor]:
+  """The Tensors in a value: itself, or inside (nested) lists, tuples and dict values; each once, in order."""
+  found: dict[int, Tensor] = {}
+  stack = [value]
+  while stack:
+    v = stack.pop()
+    if isinstance(v, Tensor): found.setdefault(id(v), v)
+    elif isinstance(v, (list, tuple)): stack.extend(reversed(v))
+    elif isinstance(v, dict): stack.extend(reversed(list(v.values())))
+  return list(found.values())
+
+def _input_buffers(tensors: list[tuple[str, Tensor]]) -> list[Buffer]:
+  buffers, seen = [], {}
+  for name, t in tensors:
+    buffer = t.lazydata.base.buffer
+    if id(buffer) in seen:
+      raise JitError(f"TinyJit: arguments {seen[id(buffer)]!r} and {name!r} are the same tensor (or views of one "
+                     "buffer): the captured program could not tell them apart later. Pass distinct tensors")
+    seen[id(buffer)] = name
+    buffers.append(buffer)
+  return buffers
+
+def _same_argument(a: Any, b: Any) -> bool:
+  if a is b: return True
+  if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+    return isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and a.dtype == b.dtype and np.array_equal(a, b)
+  try: return type(a) is type(b) and bool(a == b)
+  except Exception: return False   # values that can't be compared count as different
+
+def _shown(value: Any) -> str:
+  text = repr(value)
+  return text if len(text) <= SHOWN_VALUE_CHARS else text[:SHOWN_VALUE_CHARS] + "..."

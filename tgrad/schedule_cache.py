@@ -1,0 +1,126 @@
+"""The schedule cache: a lazy graph with the same structure as one scheduled before reuses that schedule.
+
+Scheduling is a pure function of a graph's structure: its ops, dtypes, args, shapes, views, devices and edges,
+which values are already realized (and which of those share a Buffer), and which values are asked for. A training
+loop or a decode loop builds the same structure every step, around new Buffers and new host data. So
+`schedule(outs)` first computes that structure as a key (one walk over the unrealized part of the graph); on a hit
+it rebuilds the ScheduleItems from the stored template — new Buffers where the template made new ones, this graph's
+realized Buffers and host arrays where the template read them — and commits them to the graph exactly as
+`create_schedule(outs, commit=True)` does. On a miss it calls the scheduler and stores a template of the result.
+Templates hold no LazyBuffer and no Buffer, only positions in the walk.
+"""
+from __future__ import annotations
+from dataclasses import dataclass
+from typing import Any, Optional
+from tgrad.device import Buffer
+from tgrad.dtype import DType
+from tgrad.lazy import LazyBuffer
+from tgrad.ops import Ops, UOp
+from tgrad.schedule import ScheduleItem, create_schedule
+
+# Templates are kept for this many graph nodes in all (oldest dropped first): a key holds one entry per node, so
+# this bounds the cache's memory (about 100 bytes a node) whatever graphs a program builds.
+MAX_CACHED_NODES = 1_000_000
+
+_LEAF = "realized"
+_VIEW = "view"
+
+@dataclass(frozen=True)
+class _Template:
+  """A schedule over positions: refs are ("in", k) for the graph's k-th distinct realized Buffer or ("new", j)."""
+  items: tuple[tuple[UOp, tuple[tuple[str, int], ...], int, Optional[int]], ...]   # ast, bufs, outputs, host node
+  new_buffers: tuple[tuple[str, int, DType], ...]          # (device, size, dtype) of each new Buffer
+  commits: tuple[tuple[int, tuple[str, int]], ...]         # (node position, ref): the values the schedule realizes
+  nodes: int
+
+_templates: dict[tuple, _Template] = {}
+_cached_nodes = 0
+
+class _Walk:
+  """The unrealized graph above `outs` in post-order: every node (views included), its structural entry, and the
+  realized Buffers it reads, numbered by first appearance."""
+  def __init__(self, roots: list[LazyBuffer]):
+    self.nodes: list[LazyBuffer] = []
+    self.unrealized: list[int] = []   # positions of the unrealized bases: the values a schedule may realize
+    self.leaf_buffers: list[Buffer] = []
+    nodes, entries, position, leaf_number = self.nodes, [], {}, {}
+    stack: list[tuple[LazyBuffer, bool]] = [(lb, False) for lb in reversed(roots)]
+    while stack:   # the hot loop of every realize: plain locals, one dict per node
+      lb, expanded = stack.pop()
+      if id(lb) in position: continue
+      is_base = lb.is_base
+      if not expanded:
+        stack.append((lb, True))
+        if not is_base: stack.append((lb.base, False))
+        elif lb.buffer is None: stack.extend((child, False) for child in reversed(lb.srcs))
+        continue
+      if not is_base: entry: tuple = (_VIEW, lb.st, position[id(lb.base)])
+      elif lb.buffer is not None:
+        number = leaf_number.setdefault(id(lb.buffer), len(self.leaf_buffers))
+        if number == len(self.leaf_buffers): self.leaf_buffers.append(lb.buffer)
+        entry = (_LEAF, lb.device, lb.dtype, lb.shape, number)
+      else:
+        entry = (lb.op, lb.device, lb.dtype, lb.shape, _arg_key(lb.arg), tuple([position[id(s)] for s in lb.srcs]))
+        self.unrealized.append(len(nodes))
+      position[id(lb)] = len(nodes)
+      nodes.append(lb)
+      entries.append(entry)
+    self.key = (tuple(entries), tuple(position[id(lb)] for lb in roots))
+
+def _arg_key(arg: Any) -> Any:
+  """An arg as a key: host data by its dtype and shape only (the values are the graph's own, not the structure's);
+  floats by repr, so -0.0 differs from 0.0 and NaN equals NaN."""
+  if hasattr(arg, "__array__"): return ("host", str(arg.dtype), tuple(arg.shape))
+  if isinstance(arg, float): return ("float", repr(arg))
+  return arg
+
+def schedule(outs: list[LazyBuffer]) -> list[ScheduleItem]:
+  """`create_schedule(outs, commit=True)`, from the cache when a graph of the same structure was scheduled before."""
+  roots = list(dict.fromkeys(o.base for o in outs if o.base.buffer is None))
+  if not roots: return []
+  walk = _Walk(roots)
+  template = _templates.get(walk.key)
+  if template is None:
+    host_copies = {p for p in walk.unrealized if walk.nodes[p].op is Ops.COPY and not walk.nodes[p].srcs}
+    items = create_schedule(roots, commit=True)
+    _store(walk, _template_of(walk, items, host_copies))
+    return items
+  return _instantiate(walk, template)
+
+def _template_of(walk: _Walk, items: list[ScheduleItem], host_copies: set[int]) -> _Template:
+  refs: dict[int, tuple[str, int]] = {id(b): ("in", k) for k, b in enumerate(walk.leaf_buffers)}
+  new_buffers: list[tuple[str, int, DType]] = []
+  for item in items:
+    for b in item.bufs:
+      if id(b) not in refs:
+        refs[id(b)] = ("new", len(new_buffers))
+        new_buffers.append((b.device, b.size, b.dtype))
+  commits = [(p, refs[id(walk.nodes[p].buffer)]) for p in walk.unrealized if walk.nodes[p].buffer is not None]
+  node_of_buffer = {id(walk.nodes[p].buffer): p for p, _ in commits if p in host_copies}
+  template_items = tuple((item.ast, tuple(refs[id(b)] for b in item.bufs), item.output_count,
+                          node_of_buffer[id(item.bufs[0])] if item.host_data is not None else None) for item in items)
+  return _Template(template_items, tuple(new_buffers), tuple(commits), len(walk.nodes))
+
+def _store(walk: _Walk, template: _Template) -> None:
+  global _cached_nodes
+  _templates[walk.key] = template
+  _cached_nodes += template.nodes
+  while _cached_nodes > MAX_CACHED_NODES and len(_templates) > 1:
+    _cached_nodes -= _templates.pop(next(iter(_templates))).nodes
+
+def _instantiate(walk: _Walk, template: _Template) -> list[ScheduleItem]:
+  new = [Buffer(device, size, dtype) for device, size, dtype in template.new_buffers]
+  def resolve(ref: tuple[str, int]) -> Buffer: return walk.leaf_buffers[ref[1]] if ref[0] == "in" else new[ref[1]]
+  items = [ScheduleItem(ast, tuple(resolve(r) for r in refs), outputs,
+                        walk.nodes[host_node].arg if host_node is not None else None)
+           for ast, refs, outputs, host_node in template.items]
+  for p, ref in template.commits:   # as create_schedule's commit: the value keeps its Buffer, forgets its sources
+    lb = walk.nodes[p]
+    lb.buffer, lb.srcs, lb.arg = resolve(ref), (), (lb.arg if lb.op is Ops.REDUCE_AXIS else None)
+  return items
+
+def clear() -> None:
+  """Forget every template."""
+  global _cached_nodes
+  _templates.clear()
+  _cached_nodes = 0

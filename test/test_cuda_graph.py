@@ -69,7 +69,7 @@ def test_kernel_launch_for_program_pads_dims():
     function, shared_bytes = "fn", 128
   launch = KernelLaunch.for_program(Program(), [16, 32], (5, 2), (64,), vals=(7,))
   assert (launch.grid, launch.block, launch.shared_bytes) == ((5, 2, 1), (64, 1, 1), 128)
-  assert (launch.args, launch.arg_kinds) == ([16, 32, 7], "PPi")
+  assert (launch.args, launch.arg_kinds) == ([16, 32, 7], "PPq")   # variables are 64-bit kernel parameters
 
 def test_empty_graph_rejected():
   with pytest.raises(ValueError, match="at least one kernel"): CUDAGraph([])

@@ -15,7 +15,7 @@ from tgrad.schedule import ScheduleItem, create_schedule
 from tgrad.device import Buffer, Device
 from tgrad.codegen.kernel import Kernel, Opt
 from tgrad.codegen.linearizer import linearize
-from tgrad.helpers import Context, settings_key
+from tgrad.helpers import Context, gc_paused, settings_key
 
 @dataclass
 class CompiledKernel:
@@ -116,6 +116,7 @@ def _run_kernel(item: ScheduleItem) -> None:
     print(f"*** {out.device:5s} {runner.name:40s} out {str(out.shape):20s} {elapsed*1e6:9.1f} us "
           f"{gflops:8.2f} GFLOP/s {gbs:8.2f} GB/s  opts {len(runner.opts)}")
 
+@gc_paused()
 def realize(*lbs: LazyBuffer) -> None:
   """Compute the given lazy values into device buffers (afterwards `lb.base.buffer` holds each)."""
   run_schedule(create_schedule(list(lbs)))

@@ -4,15 +4,15 @@ A `UOp(op, dtype, src, arg)` is immutable and hash-consed: building the same nod
 so equality is identity and common subexpressions are shared. `uop.key` is a content hash that is stable across
 processes (the kernel-cache key). Integer UOps know their value range (`vmin`, `vmax`), which is what index
 simplification (`symbolic`) runs on. `graph_rewrite(root, PatternMatcher([...]))` rewrites a graph to a fixpoint.
+Every walk over a graph (hashing, ranges, toposort, rewriting, substitution, rendering) keeps its own stack, so graph
+depth is bounded by memory, not by Python's recursion limit (a chain of 100,000 ops is an ordinary graph).
 """
 from __future__ import annotations
-import hashlib, math, struct, sys, weakref
+import hashlib, math, struct, weakref
 import numpy as np
 from enum import Enum, auto
 from typing import Any, Callable, Optional
 from tgrad.dtype import DType, dtypes
-
-sys.setrecursionlimit(max(sys.getrecursionlimit(), 20000))
 
 class Ops(Enum):
   """Every op of every level. Semantics of the ALU ops (what `exec_alu` computes, and what renderers must emit):
@@ -167,7 +167,10 @@ class UOp:
     UOp._interned[identity] = self
     return self
   def __setattr__(self, name, value): raise AttributeError("UOp is immutable")
-  def __reduce__(self): return (UOp, (self.op, self.dtype, self.src, self.arg))
+  def __reduce__(self):   # the whole graph as a flat list (children first), so pickling never recurses down it
+    nodes = self.toposort()
+    position = {u: i for i, u in enumerate(nodes)}
+    return (_graph_from_list, ([(u.op, u.dtype, tuple(position[s] for s in u.src), u.arg) for u in nodes],))
   def __repr__(self):
     return f"UOp({self.op}, {self.dtype}, arg={self.arg!r}, src=({', '.join(s.op.name for s in self.src)}))"
 
@@ -175,9 +178,10 @@ class UOp:
   def key(self) -> str:
     """A sha256 over op, dtype, arg and the children's keys: stable across processes and Python hash seeds."""
     if self._key is None:
-      h = hashlib.sha256(f"{self.op.name}|{self.dtype.name}|{_stable_repr(self.arg)}|".encode())
-      for s in self.src: h.update(s.key.encode())
-      object.__setattr__(self, "_key", h.hexdigest())
+      for u in _unfilled_below(self, "_key"):   # children first, so each node hashes its children's keys
+        h = hashlib.sha256(f"{u.op.name}|{u.dtype.name}|{_stable_repr(u.arg)}|".encode())
+        for s in u.src: h.update(s._key.encode())
+        object.__setattr__(u, "_key", h.hexdigest())
     return self._key
 
   # --- construction helpers
@@ -215,14 +219,14 @@ class UOp:
   def cast(self, dtype: DType) -> UOp: return self if dtype == self.dtype else UOp(Ops.CAST, dtype, (self,))
   def const_like(self, value) -> UOp: return UOp.const(self.dtype, value)
   def substitute(self, mapping: dict[UOp, UOp]) -> UOp:
+    """This graph with every node of `mapping` replaced (its own sources are not looked at)."""
     memo: dict[UOp, UOp] = {}
-    def go(u: UOp) -> UOp:
-      if u in mapping: return mapping[u]
-      if u not in memo:
-        new_src = tuple(go(s) for s in u.src)
+    for u in self.toposort():   # children first
+      if u in mapping: memo[u] = mapping[u]
+      else:
+        new_src = tuple(memo[s] for s in u.src)
         memo[u] = u if all(a is b for a, b in zip(new_src, u.src)) else UOp(u.op, u.dtype, new_src, u.arg)
-      return memo[u]
-    return go(self)
+    return memo[self]
 
   def toposort(self) -> list[UOp]:
     """Every node below and including self, children before parents."""
@@ -246,19 +250,57 @@ class UOp:
   @property
   def vmax(self): return self._range()[1]
   def _range(self) -> tuple:
-    if self._bounds is None: object.__setattr__(self, "_bounds", _compute_range(self))
+    if self._bounds is None:   # children first, so _compute_range finds every child's range already known
+      for u in _unfilled_below(self, "_bounds"): object.__setattr__(u, "_bounds", _compute_range(u))
     return self._bounds
 
   def render(self) -> str:
     """A readable infix form of index math, for messages and tests."""
-    if self.op is Ops.CONST: return str(self.arg)
-    if self.op is Ops.DEFINE_VAR: return self.arg[0]
-    if self.op in (Ops.RANGE, Ops.SPECIAL): return str(self.arg[0]) if isinstance(self.arg, tuple) else f"r{self.arg}"
-    symbols = {Ops.ADD: "+", Ops.MUL: "*", Ops.IDIV: "//", Ops.MOD: "%", Ops.CMPLT: "<", Ops.CMPNE: "!=",
-               Ops.AND: "&", Ops.OR: "|", Ops.XOR: "^", Ops.FDIV: "/"}
-    if self.op in symbols: return f"({self.src[0].render()}{symbols[self.op]}{self.src[1].render()})"
-    if self.op is Ops.WHERE: return f"({self.src[0].render()}?{self.src[1].render()}:{self.src[2].render()})"
-    return f"{self.op.name.lower()}({', '.join(s.render() for s in self.src)})"
+    out: list[str] = []
+    pending: list = [self]   # text still to write, in reverse: strings and nodes still to expand
+    while pending:
+      item = pending.pop()
+      if isinstance(item, str): out.append(item)
+      else: pending.extend(reversed(_render_pieces(item)))
+    return "".join(out)
+
+_RENDER_SYMBOLS = {Ops.ADD: "+", Ops.MUL: "*", Ops.IDIV: "//", Ops.MOD: "%", Ops.CMPLT: "<", Ops.CMPNE: "!=",
+                   Ops.AND: "&", Ops.OR: "|", Ops.XOR: "^", Ops.FDIV: "/"}
+
+def _render_pieces(u: UOp) -> list:
+  """One node of UOp.render: its text around its sources, which are rendered in their place."""
+  if u.op is Ops.CONST: return [str(u.arg)]
+  if u.op is Ops.DEFINE_VAR: return [u.arg[0]]
+  if u.op in (Ops.RANGE, Ops.SPECIAL): return [str(u.arg[0]) if isinstance(u.arg, tuple) else f"r{u.arg}"]
+  if u.op in _RENDER_SYMBOLS: return ["(", u.src[0], _RENDER_SYMBOLS[u.op], u.src[1], ")"]
+  if u.op is Ops.WHERE: return ["(", u.src[0], "?", u.src[1], ":", u.src[2], ")"]
+  pieces: list = [f"{u.op.name.lower()}("]
+  for i, s in enumerate(u.src): pieces += [", ", s] if i else [s]
+  return pieces + [")"]
+
+def _unfilled_below(root: UOp, slot: str) -> list[UOp]:
+  """The nodes below and including `root` whose cached `slot` (_key, _bounds) is still None, children first; the walk
+  stops at nodes that have it. An explicit stack: graphs may be far deeper than Python's recursion limit."""
+  order: list[UOp] = []
+  seen: set[UOp] = set()
+  stack: list[tuple[UOp, bool]] = [(root, False)]
+  while stack:
+    node, expanded = stack.pop()
+    if expanded:
+      order.append(node)
+      continue
+    if node in seen: continue
+    seen.add(node)
+    stack.append((node, True))
+    stack.extend((s, False) for s in node.src if getattr(s, slot) is None and s not in seen)
+  return order
+
+def _graph_from_list(nodes: list[tuple]) -> UOp:
+  """UOp.__reduce__'s inverse: rebuild (op, dtype, source positions, arg) entries, children first; the last is the
+  root."""
+  built: list[UOp] = []
+  for op, dtype, src, arg in nodes: built.append(UOp(op, dtype, tuple(built[i] for i in src), arg))
+  return built[-1]
 
 def _dtype_range(dtype: DType) -> tuple:
   if dtype.is_bool: return (False, True)
@@ -357,18 +399,37 @@ class PatternMatcher:
         if out is not None and out is not u: return out
     return None
 
+# graph_rewrite's stack entries: what to do next with a node
+_VISIT, _REBUILD, _ADOPT = 0, 1, 2
+
 def graph_rewrite(root: UOp, matcher: PatternMatcher) -> UOp:
-  """Rewrite children first, then apply the rules at each node until none matches (a fixpoint)."""
+  """Rewrite children first, then apply the rules at each node until none matches (a fixpoint). A node's result is
+  rewritten again, so `memo` maps every node seen to its fixpoint. Depth-first with an explicit stack, sources in
+  order: the rules see nodes in the order a recursive walk would, at any graph depth."""
   memo: dict[UOp, UOp] = {}
-  def rewrite(u: UOp) -> UOp:
-    if (done := memo.get(u)) is not None: return done
-    new_src = tuple(rewrite(s) for s in u.src)
-    node = u if all(a is b for a, b in zip(new_src, u.src)) else UOp(u.op, u.dtype, new_src, u.arg)
-    if (replacement := matcher.rewrite(node)) is not None: node = rewrite(replacement)
+  in_progress: set[UOp] = set()
+  stack: list[tuple[int, UOp, Optional[UOp]]] = [(_VISIT, root, None)]
+  while stack:
+    action, u, replacement = stack.pop()
+    if action is _VISIT:
+      if u in memo: continue
+      if u in in_progress: raise RuntimeError(f"graph_rewrite: the rules rewrite {u} into a graph that contains it")
+      in_progress.add(u)
+      stack.append((_REBUILD, u, None))
+      stack.extend((_VISIT, s, None) for s in reversed(u.src))
+      continue
+    if action is _REBUILD:
+      new_src = tuple(memo[s] for s in u.src)
+      node = u if all(a is b for a, b in zip(new_src, u.src)) else UOp(u.op, u.dtype, new_src, u.arg)
+      if (replacement := matcher.rewrite(node)) is not None:   # rewrite the replacement, then adopt its fixpoint
+        stack.append((_ADOPT, u, replacement))
+        stack.append((_VISIT, replacement, None))
+        continue
+    else: node = memo[replacement]
+    in_progress.discard(u)
     memo[u] = node
     memo[node] = node
-    return node
-  return rewrite(root)
+  return memo[root]
 
 # ---------------------------------------------------------------------------------------------------------------
 # symbolic: integer and boolean index simplification, every rule value-preserving (fuzzed in test_symbolic.py)
@@ -377,14 +438,14 @@ def split_terms(x: UOp) -> tuple[dict[UOp, int], int]:
   """x as Σ coefficient·term + constant, looking through ADD and MUL-by-constant."""
   terms: dict[UOp, int] = {}
   constant = 0
-  def walk(u: UOp, scale: int):
-    nonlocal constant
+  pending = [(x, 1)]   # (node, scale), left operand on top: terms are met in left-to-right order
+  while pending:
+    u, scale = pending.pop()
     if u.op is Ops.CONST: constant += u.arg * scale
-    elif u.op is Ops.ADD: walk(u.src[0], scale); walk(u.src[1], scale)  # noqa: E702
-    elif u.op is Ops.MUL and u.src[1].op is Ops.CONST: walk(u.src[0], scale * u.src[1].arg)
-    elif u.op is Ops.MUL and u.src[0].op is Ops.CONST: walk(u.src[1], scale * u.src[0].arg)
+    elif u.op is Ops.ADD: pending += [(u.src[1], scale), (u.src[0], scale)]
+    elif u.op is Ops.MUL and u.src[1].op is Ops.CONST: pending.append((u.src[0], scale * u.src[1].arg))
+    elif u.op is Ops.MUL and u.src[0].op is Ops.CONST: pending.append((u.src[1], scale * u.src[0].arg))
     else: terms[u] = terms.get(u, 0) + scale
-  walk(x, 1)
   return {t: c for t, c in terms.items() if c != 0}, constant
 
 def build_sum(terms: dict[UOp, int], constant: int, dtype: DType) -> UOp:

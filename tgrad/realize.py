@@ -19,7 +19,7 @@ from tgrad.schedule_cache import schedule
 from tgrad.device import Buffer, Device
 from tgrad.codegen.kernel import Kernel
 from tgrad.codegen.compile import CompiledKernel, compile_kernel
-from tgrad.helpers import Context, settings_key
+from tgrad.helpers import Context, gc_paused, settings_key
 
 __all__ = ["ExecItem", "BufferCopy", "HostCopy", "CompiledKernel", "compile_kernel", "choose_opts", "get_runner",
            "lower_schedule", "run", "run_schedule", "realize", "capturing", "copy_to_host", "JitError"]
@@ -161,6 +161,7 @@ def copy_to_host(buffer: Buffer) -> np.ndarray:
                    "function and read it after the call")
   return buffer.copyout()
 
+@gc_paused()
 def realize(*lbs: LazyBuffer) -> None:
   """Compute the given lazy values into device buffers (afterwards `lb.base.buffer` holds each)."""
   items = schedule(list(lbs))

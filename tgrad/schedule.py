@@ -10,7 +10,8 @@ All fusion rules live here:
      they read it through a plain reshape (same element order, same size); several reduces over the same input
      shape and axes share a kernel.
   3. Everything else is realized (gets a buffer): kernel outputs, reduces read through an expand/permute/pad or
-     by a second reduce, COPY/EMPTY/CONTIGUOUS/ASSIGN results, and every realized input.
+     by a second reduce, COPY/EMPTY/CONTIGUOUS/ASSIGN results, elementwise values read through a stack of more than
+     MAX_INLINED_VIEWS views, and every realized input.
 A ScheduleItem holds a kernel AST (a SINK of STOREs over LOADs, CONSTs, ARANGEs, ALU and REDUCE_AXIS nodes, each
 memory op carrying a VIEW with its ShapeTracker) and the device Buffers it touches: outputs first, then inputs.
 Every realized base gets a Buffer (allocated on first use; an ASSIGN writes its target's), so lowering and running
@@ -19,18 +20,23 @@ without, scheduling changes nothing and can be repeated (for inspecting kernels)
 """
 from __future__ import annotations
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Generator, Optional
 import numpy as np
 from tgrad.dtype import dtypes
 from tgrad.ops import UOp, Ops, ELEMENTWISE
 from tgrad.lazy import LazyBuffer
 from tgrad.device import Buffer
 from tgrad.shape.shapetracker import ShapeTracker
-from tgrad.helpers import prod
+from tgrad.helpers import gc_paused, prod, run_nested
 
 REALIZED_OPS = {Ops.COPY, Ops.EMPTY, Ops.CONTIGUOUS, Ops.ASSIGN}
 MAX_RECOMPUTE_BUFFERS = 2   # a shared elementwise value reading more buffers than this is realized
 MAX_RECOMPUTE_OPS = 8       # ... or computing more ops than this
+# An elementwise value read through a stack of more views than this (movement ops that don't merge into one View,
+# e.g. a reshape of a transpose) is realized. Composing a stack costs time cubic in its length, and every level of
+# a deep chain of such movements adds one: inlined without a limit, 120 alternating reshape/permute/pad ops took
+# 27 s to schedule. The test suite's deepest inlined stack has 4 views.
+MAX_INLINED_VIEWS = 4
 
 @dataclass(frozen=True)
 class ScheduleItem:
@@ -80,9 +86,16 @@ class _KernelBuilder:
     return UOp(Ops.DEFINE_GLOBAL, base.dtype, (), index)
 
   def build(self, lb: LazyBuffer, st: ShapeTracker, in_reduce: bool) -> UOp:
+    """The AST of `lb` read through `st`. A walk of any depth: `_build` recurses through `run_nested`'s stack."""
+    return run_nested(self._build(lb, st, in_reduce))
+
+  def _build(self, lb: LazyBuffer, st: ShapeTracker, in_reduce: bool) -> Generator[Generator, UOp, UOp]:
     if not lb.is_base:
       composed = lb.st + st
-      value = self.build(lb.base, composed, in_reduce)
+      if len(composed.views) > MAX_INLINED_VIEWS and lb.base.op in ELEMENTWISE and lb.base.buffer is None and \
+         lb.base not in self.realize_set:
+        raise _Refuse(lb.base)   # rule 3: stacked views that don't merge grow with every level inlined
+      value = yield self._build(lb.base, composed, in_reduce)
       if lb.base.op in ELEMENTWISE and any(v.mask is not None for v in lb.st.views):
         # padding of a computed value reads 0, whatever the computation gives there (exp(0) is not 0)
         valid = UOp(Ops.CONST, dtypes.bool, (UOp(Ops.VIEW, dtypes.void, (), composed),), True)
@@ -95,15 +108,18 @@ class _KernelBuilder:
       out = UOp(Ops.LOAD, lb.dtype, (self.global_for(lb), view))
     elif lb.op is Ops.CONST: out = UOp(Ops.CONST, lb.dtype, (view,), lb.arg)
     elif lb.op is Ops.ARANGE: out = UOp(Ops.ARANGE, lb.dtype, (view,))
-    elif lb.op in ELEMENTWISE: out = UOp(lb.op, lb.dtype, tuple(self.build(s, st, in_reduce) for s in lb.srcs))
-    elif lb.op is Ops.REDUCE_AXIS: out = self.build_reduce(lb, st, in_reduce)
+    elif lb.op in ELEMENTWISE:
+      srcs = []
+      for s in lb.srcs: srcs.append((yield self._build(s, st, in_reduce)))
+      out = UOp(lb.op, lb.dtype, tuple(srcs))
+    elif lb.op is Ops.REDUCE_AXIS: out = yield from self._build_reduce(lb, st, in_reduce)
     elif lb.op in (Ops.CONTIGUOUS, Ops.ASSIGN) and lb is self.output:
-      out = self.build(lb.srcs[-1], st, in_reduce)
+      out = yield self._build(lb.srcs[-1], st, in_reduce)
     else: raise _Refuse(lb)   # a COPY/EMPTY/... that is not realized yet: realize it first
     self.memo[key] = out
     return out
 
-  def build_reduce(self, lb: LazyBuffer, st: ShapeTracker, in_reduce: bool) -> UOp:
+  def _build_reduce(self, lb: LazyBuffer, st: ShapeTracker, in_reduce: bool) -> Generator[Generator, UOp, UOp]:
     source = lb.srcs[0]
     op, axes = lb.arg
     signature = (source.shape, axes)
@@ -115,7 +131,7 @@ class _KernelBuilder:
     self.reduce_signature = signature
     if prod(source.shape) == 0: return UOp(Ops.CONST, lb.dtype, (UOp(Ops.VIEW, dtypes.void, (), st),),
                                            identity_of_reduce(op, lb.dtype))
-    inner = self.build(source, ShapeTracker.from_shape(source.shape), in_reduce=True)
+    inner = yield self._build(source, ShapeTracker.from_shape(source.shape), in_reduce=True)
     return UOp(Ops.REDUCE_AXIS, lb.dtype, (inner,), (op, axes))
 
 def _kernel_ast(output: LazyBuffer, realize_set: set[LazyBuffer]) -> tuple[UOp, list[LazyBuffer], set[LazyBuffer]]:
@@ -217,6 +233,7 @@ def _realize_shared_elementwise(bases: list[LazyBuffer], realize_set: set[LazyBu
         realize_set.add(lb)
         changed = True
 
+@gc_paused()
 def create_schedule(outs: list[LazyBuffer], commit: bool = False) -> list[ScheduleItem]:
   """Decide which bases are realized, then build one ScheduleItem per realized base, dependencies first. With
   `commit`, each realized base keeps its item's Buffer as `lb.buffer` and drops its sources (see the module doc)."""

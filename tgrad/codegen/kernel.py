@@ -547,21 +547,22 @@ def reduce_ignores_padding(reduce: UOp) -> bool:
   where every memory op reads its padding (LOAD, CONST and ARANGE with a view all read 0 there; see the linearizer).
   The source is evaluated on those zeros with the kernels' own semantics (exec_alu); anything else is refused."""
   if reduce.arg[0] is not Ops.ADD: return False
-  value = _value_in_padding(reduce.src[0], {})
+  value = _value_in_padding(reduce.src[0])
   return value is not None and value == 0   # NaN, inf and 1 all refuse; -0.0 and False are zero
 
-def _value_in_padding(u: UOp, memo: dict) -> Optional[object]:
-  """The value of `u` where every memory op reads 0, or None when it can't be known."""
-  if u in memo: return memo[u]
-  if u.op in MEMORY_OPS and u.src and u.src[-1].op is Ops.VIEW: out = truncate_to(0, u.dtype)
-  elif u.op is Ops.CONST: out = u.arg
-  elif u.op in ALU or u.op is Ops.CAST:
-    operands = [_value_in_padding(s, memo) for s in u.src]
-    if any(x is None for x in operands): out = None
-    elif u.op is Ops.CAST: out = truncate_to(operands[0], u.dtype)
-    else:
-      try: out = exec_alu(u.op, u.dtype, tuple(operands))
-      except (KeyError, TypeError, ValueError, OverflowError): out = None
-  else: out = None   # BITCAST, nested reduces and anything new: unknown, so padding is refused
-  memo[u] = out
-  return out
+def _value_in_padding(root: UOp) -> Optional[object]:
+  """The value of `root` where every memory op reads 0, or None when it can't be known."""
+  values: dict[UOp, Optional[object]] = {}
+  for u in root.toposort():   # sources first
+    if u.op in MEMORY_OPS and u.src and u.src[-1].op is Ops.VIEW: out = truncate_to(0, u.dtype)
+    elif u.op is Ops.CONST: out = u.arg
+    elif u.op in ALU or u.op is Ops.CAST:
+      operands = [values[s] for s in u.src]
+      if any(x is None for x in operands): out = None
+      elif u.op is Ops.CAST: out = truncate_to(operands[0], u.dtype)
+      else:
+        try: out = exec_alu(u.op, u.dtype, tuple(operands))
+        except (KeyError, TypeError, ValueError, OverflowError): out = None
+    else: out = None   # BITCAST, nested reduces and anything new: unknown, so padding is refused
+    values[u] = out
+  return values[root]

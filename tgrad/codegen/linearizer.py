@@ -33,6 +33,7 @@ from tgrad.codegen.renderer import FragmentLayout, MatrixLoad, TensorCore
 from tgrad.schedule import identity_of_reduce
 from tgrad.helpers import prod
 
+BUILT_WHOLE = (Ops.LOAD, Ops.CONST, Ops.ARANGE, Ops.REDUCE_AXIS)   # the AST nodes Linearizer.build_leaf builds
 FOLD_MIN_ACCUMULATORS = 4   # from this many accumulators in one loop, unrolled values fold into each one by one
 # The most values one float accumulator adds in sequence. A running float32 sum of n values has a rounding error that
 # grows like n·ε (a sum of 2^24 ones stops growing at 16,777,216; 65,536 copies of 0.1 are 6e-4 off). Summing blocks of
@@ -106,21 +107,33 @@ class Linearizer:
     return idx
 
   def build(self, node: UOp, idxs: tuple[UOp, ...]) -> UOp:
-    key = (node, idxs)
-    if key in self.memo: return self.memo[key]
-    if node.op is Ops.LOAD and node in self.stages: out = self.staged_load(node, idxs)
-    elif node.op is Ops.LOAD: out = self.global_load(node, idxs)
-    elif node.op is Ops.CONST and not node.src: out = node
-    elif node.op is Ops.CONST:
+    """The value of AST node `node` at axis indices `idxs`. Elementwise ops are walked on an explicit stack, children
+    first and in order (any depth of chain); memory ops and reduces are built where the walk meets them (a reduce
+    builds its own source with a nested call: one level per reduce inside a kernel)."""
+    stack: list[tuple[UOp, bool]] = [(node, False)]
+    while stack:
+      u, sources_built = stack.pop()
+      key = (u, idxs)
+      if key in self.memo: continue
+      if u.op in BUILT_WHOLE: self.memo[key] = self.build_leaf(u, idxs)
+      elif not sources_built:
+        stack.append((u, True))
+        stack.extend((s, False) for s in reversed(u.src))
+      else: self.memo[key] = UOp(u.op, u.dtype, tuple(self.memo[(s, idxs)] for s in u.src), u.arg)
+    return self.memo[(node, idxs)]
+
+  def build_leaf(self, node: UOp, idxs: tuple[UOp, ...]) -> UOp:
+    """A memory op (load, constant, arange) or a reduce at `idxs`."""
+    if node.op is Ops.LOAD and node in self.stages: return self.staged_load(node, idxs)
+    if node.op is Ops.LOAD: return self.global_load(node, idxs)
+    if node.op is Ops.CONST and not node.src: return node
+    if node.op is Ops.CONST:
       _, valid = self.view_of[node].to_indexed(list(idxs))
-      out = simplify(valid.where(UOp.const(node.dtype, node.arg), UOp.const(node.dtype, 0)))
-    elif node.op is Ops.ARANGE:
+      return simplify(valid.where(UOp.const(node.dtype, node.arg), UOp.const(node.dtype, 0)))
+    if node.op is Ops.ARANGE:
       index, valid = self.view_of[node].to_indexed(list(idxs))
-      out = simplify(valid.where(index, _index_const(0))).cast(node.dtype)
-    elif node.op is Ops.REDUCE_AXIS: out = self.build_reduce(node, idxs)
-    else: out = UOp(node.op, node.dtype, tuple(self.build(s, idxs) for s in node.src), node.arg)
-    self.memo[key] = out
-    return out
+      return simplify(valid.where(index, _index_const(0))).cast(node.dtype)
+    return self.build_reduce(node, idxs)
 
   def indexed(self, memop: UOp, idxs: tuple[UOp, ...]) -> tuple[UOp, UOp]:
     """(index, valid) of a memory op at idxs. Replicas differ in constant indices: along an axis with a constant
@@ -489,11 +502,18 @@ class Linearizer:
       emitted.add(u)
       scope_stack[-1].append(u)
 
-    def emit(u: UOp) -> None:
-      if u in emitted: return
-      if u.op is Ops.REDUCE: return emit_reduce_group(u)
-      for s in u.src: emit(s)
-      place(u)
+    def emit(root: UOp) -> None:
+      """Place `root` after its sources, depth-first in source order (an explicit stack: chains of any length); a
+      REDUCE brings its whole loop (emit_reduce_group)."""
+      stack: list[tuple[UOp, bool]] = [(root, False)]
+      while stack:
+        u, sources_placed = stack.pop()
+        if sources_placed: place(u)
+        elif u in emitted: continue
+        elif u.op is Ops.REDUCE: emit_reduce_group(u)
+        else:
+          stack.append((u, True))
+          stack.extend((s, False) for s in reversed(u.src))
 
     def hoist_invariants(value: UOp) -> None:
       """Emit, before a loop, what its body reads but does not vary with it: index math and loads of outer axes,

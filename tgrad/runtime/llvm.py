@@ -19,6 +19,13 @@ from tgrad.helpers import cpu_count
 
 BUFFER_ALIGNMENT = 64   # bytes: a cache line, and the widest vector load (AVX-512)
 OPT_LEVEL = 3
+# Past these sizes (lines of IR, about one instruction each) compile time would grow quadratically: LLVM 22's loop
+# vectorizer takes 0.7 s on a 2,000-instruction loop body and 5 s on 4,000; instruction scheduling and selection at
+# -O1 and above take 2.7 s on 40,000 instructions and 9 s on 80,000 (fast selection at -O0: 0.25 s). Only very long
+# fused chains get there (the test suite's largest kernel has under 3,000 lines); they lose the loop vectorizer, and
+# the longest also get -O0 code generation, so a chain of 100,000 ops compiles in seconds.
+LOOP_VECTORIZE_MAX_LINES = 4096
+FAST_CODEGEN_MIN_LINES = 16384
 
 # Freed blocks up to this size are kept for reuse by size (an eager op allocates its output every time), up to
 # POOL_MAX_BYTES in all; bigger blocks go back to numpy at once.
@@ -64,26 +71,32 @@ def available_host_memory() -> int:
   except OSError: pass
   return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
-def host_target_machine() -> llvm.TargetMachine:
-  """A new TargetMachine for the host CPU (an MCJIT engine takes ownership of the one it is given)."""
+def host_target_machine(opt: int = OPT_LEVEL) -> llvm.TargetMachine:
+  """A new TargetMachine for the host CPU (an MCJIT engine takes ownership of the one it is given); `opt` is its
+  code generation level."""
   llvm.initialize_native_target()
   llvm.initialize_native_asmprinter()
   target = llvm.Target.from_triple(llvm.get_process_triple())
   return target.create_target_machine(cpu=llvm.get_host_cpu_name(), features=llvm.get_host_cpu_features().flatten(),
-                                      opt=OPT_LEVEL, reloc="pic", codemodel="default")
+                                      opt=opt, reloc="pic", codemodel="default")
 
 class LLVMCompiler(Compiler):
   def __init__(self):
     features = hashlib.sha256(llvm.get_host_cpu_features().flatten().encode()).hexdigest()[:16]
     self.target_machine = host_target_machine()
+    self.fast_target_machine: llvm.TargetMachine | None = None   # -O0 code generation, for huge kernels
     self.cache_key = f"llvm-{llvmlite.__version__}-{llvm.get_host_cpu_name()}-{features}-O{OPT_LEVEL}"
   def compile(self, src: str) -> bytes:
+    lines = src.count("\n")
     tm = self.target_machine
+    if lines >= FAST_CODEGEN_MIN_LINES:
+      if self.fast_target_machine is None: self.fast_target_machine = host_target_machine(opt=0)
+      tm = self.fast_target_machine
     module = llvm.parse_assembly(src)
     module.triple = llvm.get_process_triple()
     module.verify()
     tuning = llvm.create_pipeline_tuning_options(speed_level=OPT_LEVEL)
-    tuning.loop_vectorization = True
+    tuning.loop_vectorization = lines <= LOOP_VECTORIZE_MAX_LINES
     tuning.slp_vectorization = True
     builder = llvm.create_pass_builder(tm, tuning)
     builder.getModulePassManager().run(module, builder)

@@ -550,7 +550,7 @@ class Linearizer:
           if step >= len(terms[r]): continue
           emit(terms[r][step])
           if r in compensations:
-            updates[r], corrections[r] = kahan_step(updates[r], compensations[r], terms[r][step])
+            updates[r], corrections[r] = kahan_step(updates[r], corrections.get(r, compensations[r]), terms[r][step])
             emit(corrections[r])
             continue
           updates[r] = UOp(r.arg[0], r.dtype, (updates[r], terms[r][step]))

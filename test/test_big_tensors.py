@@ -193,7 +193,7 @@ def test_blocked_accumulation_structure(monkeypatch):
   assert loops_and_accumulators(dtypes.float32, Ops.MAX, 3 * ACCUMULATE_BLOCK) == (0, 1)
   assert loops_and_accumulators(dtypes.float32, Ops.ADD, ACCUMULATE_BLOCK) == (0, 1)
 
-def test_blocked_sum_with_several_accumulators_stays_accurate():
+def test_blocked_sum_with_several_accumulators_stays_accurate(no_split_reduce):   # one kernel on any core count
   # four upcast accumulators: LLVM may not reorder their sums (one vector lane each), so without blocks each would add
   # 2^26 values of 0, 1, 2 in sequence and stall past 2^25 (where the float32 spacing is 4); blocked, all stay close
   rows = 1 << 26
@@ -279,7 +279,7 @@ def test_cuda_grid_fits_any_size(shape):
     if any(s % 2 for s in shape): assert "if (" in src, "padded positions must not store"
 
 @needs_nvrtc
-def test_cuda_blocked_and_folded_sums_compile():
+def test_cuda_blocked_and_folded_sums_compile(no_split_reduce):   # 4 outputs split on a CPU of more cores
   ones = LazyBuffer.const_of(1.0, dtypes.float32, "LLVM", (4, 1 << 31))
   ((_, folded),) = cuda_sources(ones.r(Ops.ADD, (1,)))
   # a sum of a constant is value × trips: what loops are left (over a GROUP's partials) are short

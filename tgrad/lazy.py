@@ -99,9 +99,12 @@ class LazyBuffer:
     if not axes: return self
     if (split := _split_reduce(self, op, axes)) is not None: return split
     return self._reduce(op, axes)
-  def _reduce(self, op: Ops, axes: tuple[int, ...]) -> LazyBuffer:
+  def _reduce(self, op: Ops, axes: tuple[int, ...], of_partials: bool = False) -> LazyBuffer:
+    """The reduce itself; of_partials marks a reduce of partial sums (arg (op, axes, True)): a float sum of them adds
+    with compensation in the kernel."""
     new_shape = tuple(1 if i in axes else s for i, s in enumerate(self.shape))
-    return LazyBuffer.loadop(Ops.REDUCE_AXIS, new_shape, self.dtype, self.device, arg=(op, axes), srcs=(self,))
+    return LazyBuffer.loadop(Ops.REDUCE_AXIS, new_shape, self.dtype, self.device,
+                             arg=(op, axes, True) if of_partials else (op, axes), srcs=(self,))
   def contiguous(self) -> LazyBuffer:
     """This value in its own buffer, row-major: a realized base is already that; anything else gets a CONTIGUOUS
     op, which the scheduler always realizes (so `x.contiguous()` also stops x from being recomputed)."""
@@ -147,6 +150,8 @@ class LazyBuffer:
 # On a CPU the THREAD opt already spreads outputs over cores, so only reduces with fewer outputs than cores split.
 # The split is about parallelism only: the accuracy of long float sums is the kernel's (codegen/linearizer.py sums
 # blocks of ACCUMULATE_BLOCK values and adds the block totals with Kahan compensation), so it needs no extra kernels.
+# The reduce of the partials is marked (REDUCE_AXIS arg (op, axes, True)): a float sum of them is compensated too
+# (hundreds of large, alike values, the case where a plain running sum rounds at every step).
 SPLIT_REDUCE_MIN_INPUTS = 1 << 15
 SPLIT_REDUCE_MAX_OUTPUTS = 1024
 SPLIT_REDUCE_PARTS = (256, 128, 64, 32, 16, 8)
@@ -164,4 +169,4 @@ def _split_reduce(x: LazyBuffer, op: Ops, axes: tuple[int, ...]) -> Optional[Laz
   chunk_axes = tuple(a + (a > axis) for a in axes if a != axis) + (axis + 1,)   # everything reduced but the parts
   partials = x.reshape(split_shape)._reduce(op, tuple(sorted(chunk_axes)))
   out_shape = tuple(1 if i in axes else s for i, s in enumerate(x.shape))
-  return partials._reduce(op, (axis,)).reshape(out_shape)
+  return partials._reduce(op, (axis,), of_partials=True).reshape(out_shape)

@@ -121,7 +121,7 @@ class _KernelBuilder:
 
   def _build_reduce(self, lb: LazyBuffer, st: ShapeTracker, in_reduce: bool) -> Generator[Generator, UOp, UOp]:
     source = lb.srcs[0]
-    op, axes = lb.arg
+    op, axes = lb.arg[:2]
     signature = (source.shape, axes)
     plain = st.contiguous and st.size == prod(lb.shape)
     if in_reduce or not plain or (self.reduce_signature not in (None, signature)): raise _Refuse(lb)
@@ -132,7 +132,7 @@ class _KernelBuilder:
     if prod(source.shape) == 0: return UOp(Ops.CONST, lb.dtype, (UOp(Ops.VIEW, dtypes.void, (), st),),
                                            identity_of_reduce(op, lb.dtype))
     inner = yield self._build(source, ShapeTracker.from_shape(source.shape), in_reduce=True)
-    return UOp(Ops.REDUCE_AXIS, lb.dtype, (inner,), (op, axes))
+    return UOp(Ops.REDUCE_AXIS, lb.dtype, (inner,), lb.arg)   # (op, axes[, of partial sums])
 
 def _kernel_ast(output: LazyBuffer, realize_set: set[LazyBuffer]) -> tuple[UOp, list[LazyBuffer], set[LazyBuffer]]:
   """The kernel AST for `output`, its input bases, and every base it inlined."""

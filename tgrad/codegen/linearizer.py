@@ -289,7 +289,8 @@ class Linearizer:
       value = unrolled_value({**{a: self.base_idx[a] for a in loop_axes}, axis: within})
       block_total = self.new_reduce(op, node.dtype, value, inner_ranges, terms)
       result = self.new_reduce(op, node.dtype, block_total, ranges[:position] + (block,), compensated=True)
-    else: result = self.new_reduce(op, node.dtype, combined, ranges, terms)
+    else: result = self.new_reduce(op, node.dtype, combined, ranges, terms,
+                                   compensated=is_sum_of_partials(node) and compensable(op, node.dtype))
     if k.group_for_reduces: result = self.group_reduce(op, node.dtype, result)
     return result
 
@@ -429,7 +430,10 @@ class Linearizer:
 
   def group_reduce(self, op: Ops, dtype, partial: UOp) -> UOp:
     """Reduce across the group's threads: each writes its partial to shared memory, then (after a barrier) the
-    group's first thread reduces the partials and stores (`group_gate`); the others skip that loop (an IF)."""
+    group's first thread reduces the partials and stores (`group_gate`); the others skip that loop (an IF). A float
+    sum combines the partials with Kahan's compensation: they are large (a thread's share of a long axis) and alike,
+    the case where a plain running sum rounds at every step; one thread per block runs that loop, so it costs
+    nothing measurable."""
     k = self.k
     group_axes = list(range(k.first_reduce, k.first_reduce + k.group_for_reduces))
     local_axes = list(range(k.global_dims, k.first_reduce))
@@ -450,7 +454,7 @@ class Linearizer:
     self.group_loops.update(group_loops)
     theirs = group_loops + [self.base_idx[a] for a in local_axes]
     load = UOp(Ops.LOAD, dtype, (shared, flat(theirs), barrier))
-    return self.new_reduce(op, dtype, load, tuple(group_loops))
+    return self.new_reduce(op, dtype, load, tuple(group_loops), compensated=compensable(op, dtype))
 
   def group_gate(self) -> Optional[UOp]:
     k = self.k
@@ -553,10 +557,12 @@ class Linearizer:
         for store in prefetch.src: emit(store if store in self.early_stores else store.src[2])
       # with several accumulators (a register tile), every one takes its first unrolled value, then its second, …:
       # an outer product per unrolled step (FMAs into the accumulators, one step's operands live). A lone
-      # accumulator combines the step's values first, so only one op per step depends on the last step.
+      # accumulator combines the step's values first, so only one op per step depends on the last step. A compensated
+      # sum adds its unrolled values one by one, each with compensation.
       fold = sum(1 for r in group if r.arg[0] is not Ops.WMMA) >= FOLD_MIN_ACCUMULATORS
       updates = {r: r.src[0] if r.arg[0] is Ops.WMMA else accs[r] for r in group}
-      terms = {r: [] if r.arg[0] is Ops.WMMA else reduce_terms(r) if fold else [r.src[0]] for r in group}
+      terms = {r: [] if r.arg[0] is Ops.WMMA else reduce_terms(r) if fold or is_compensated(r) else [r.src[0]]
+               for r in group}
       for r in group:
         if r.arg[0] is Ops.WMMA: emit(r.src[0])
       for step in range(max((len(t) for t in terms.values()), default=0)):
@@ -564,7 +570,7 @@ class Linearizer:
           if step >= len(terms[r]): continue
           emit(terms[r][step])
           if r in compensations:
-            updates[r], corrections[r] = kahan_step(updates[r], compensations[r], terms[r][step])
+            updates[r], corrections[r] = kahan_step(updates[r], corrections.get(r, compensations[r]), terms[r][step])
             emit(corrections[r])
             continue
           updates[r] = UOp(r.arg[0], r.dtype, (updates[r], terms[r][step]))
@@ -597,6 +603,14 @@ class Linearizer:
     return program
 
 def is_compensated(reduce: UOp) -> bool: return len(reduce.arg) > 3 and reduce.arg[3]
+
+def compensable(op: Ops, dtype) -> bool:
+  """Whether a reduce adds with Kahan's compensation where it combines partial sums: float sums only."""
+  return op is Ops.ADD and dtype.is_float
+
+def is_sum_of_partials(reduce_axis: UOp) -> bool:
+  """Whether a REDUCE_AXIS adds partial sums (lazy.py's _split_reduce marks the reduce of its partials)."""
+  return len(reduce_axis.arg) > 2 and reduce_axis.arg[2]
 
 def kahan_step(total: UOp, compensation: UOp, value: UOp) -> tuple[UOp, UOp]:
   """(new total, new compensation) of Kahan summation: the value corrected by the error carried so far is added, and

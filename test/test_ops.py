@@ -335,6 +335,14 @@ class TestUnary:
       np.testing.assert_array_equal(getattr(Tensor(x), name)().numpy(), getattr(np, name)(x), err_msg=name)
     assert Tensor([3, -2]).floor().dtype == dtypes.int32
 
+  @pytest.mark.parametrize("dtype", [np.float32, np.float16])
+  def test_rounding_keeps_the_sign_of_zero(self, dtype):
+    x = np.array([-0.5, -0.4, -0.0, 0.0, 0.3, 0.5, -0.7, -1e-3], dtype)   # found by test/fuzz_ops.py: 3 / round(-0.4)
+    for name in ("trunc", "floor", "ceil", "round"):
+      out, want = getattr(Tensor(x), name)().numpy(), getattr(np, name)(x)
+      np.testing.assert_array_equal(out, want, err_msg=name)
+      np.testing.assert_array_equal(np.signbit(out), np.signbit(want), err_msg=f"sign of {name}")
+
 # ---------------------------------------------------------------------------------------------------------------
 # reductions
 

@@ -648,7 +648,7 @@ class Tensor:
     fraction = x - low                      # exact in floating point
     low_is_even = (low * 0.5).floor() * 2 == low
     round_up = (fraction > 0.5) | ((fraction == 0.5) & low_is_even.logical_not())
-    return round_up.where(low + 1, low)
+    return round_up.where(-(-low - 1), low)   # = low + 1, but −0.0 for x in [−0.5, 0), as numpy
 
   # ---- reductions
   def _reduce_axes(self, axis) -> tuple[int, ...]:

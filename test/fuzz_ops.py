@@ -41,9 +41,11 @@ ROUNDING_ULPS = 2             # fresh error of one rounded op, in units of round
 TRANSCENDENTAL_ULPS = 8       # ... of exp/log/sin/sigmoid (tgrad's polynomials are within 4 ulp)
 TOLERANCE_SAFETY = 4          # the carried error bound times this is the absolute tolerance at the end
 RELATIVE_ULPS = 16            # plus this many units of roundoff of each expected element
+CONSTRUCTOR_FRACTION = 0.12   # leaves made by Tensor.full / arange / eye / zeros / ones instead of from data
+SPECIAL_FRACTION = 0.12       # float leaves with NaN, ±inf and -0.0 among their elements
 BASE_DTYPES = ["float32", "float32", "float16", "int32", "int8", "uint8", "bool", "int64"]
 CATEGORY_WEIGHTS = {"movement": 26, "slice": 8, "index": 7, "unary": 14, "binary": 18, "compare": 8, "cast": 8,
-                    "reduce": 12, "matmul": 5}
+                    "reduce": 12, "matmul": 5, "assign": 4}
 
 # ---------------------------------------------------------------------------------------------------------------
 # dtypes and promotion, as tgrad documents them (numpy's table; Python scalars are weak)
@@ -184,6 +186,7 @@ def ref_softmax(x: np.ndarray, axis: int) -> np.ndarray:
 def ref_logsumexp(x: np.ndarray, axis, keepdim: bool) -> np.ndarray:
   y = x.astype(np.float64)
   peak = y.max(axis=axis, keepdims=True)
+  peak = np.where(np.isinf(peak), 0, peak)   # tgrad: rows of all ±inf shift by 0 instead of making NaN
   out = np.log(np.exp(y - peak).sum(axis=axis, keepdims=True)) + peak
   if not keepdim: out = out.reshape([s for i, s in enumerate(x.shape) if i not in _axes(x, axis)])
   return out.astype(float_of(x.dtype.name))
@@ -253,8 +256,9 @@ class Value:
   """One value of a chain. `bound` ≥ every |element| (ints: a bound that may be the dtype's limit once values can
   wrap). Floats: `err` bounds |tgrad − mirror| (0: they agree exactly); `grid` = q when every element is a multiple
   of 2**-q held exactly, so exact inputs give exact sums and products while they fit the significand. Ops that jump
-  (comparisons, floor, casts to int) are applied only to values with err == 0. `terminal`: may hold inf/NaN, so the
-  chain stops there."""
+  (comparisons, floor, casts to int) are applied only to values with err == 0. `special`: may also hold NaN and ±inf
+  (IEEE rules propagate them the same way in both worlds; `bound` speaks of the finite elements). `terminal`: its
+  finite elements are unbounded too (x / 0), so the chain stops there."""
   name: str
   shape: tuple[int, ...]
   dtype: str
@@ -262,6 +266,7 @@ class Value:
   err: float = 0.0
   grid: Optional[int] = None
   terminal: bool = False
+  special: bool = False
   @property
   def exact(self) -> bool: return not is_float(self.dtype) or (self.err == 0 and self.grid is not None)
   @property
@@ -278,6 +283,9 @@ class Line:
   tgrad: str              # expression over earlier names (tgrad Tensors)
   mirror: str             # the same over numpy arrays, with R
   inputs: tuple[str, ...]
+  statement: bool = False   # tgrad and mirror are statements that bind `name` (x[i] = y), not expressions
+
+  def code(self) -> str: return self.tgrad if self.statement else f"{self.name} = {self.tgrad}"
 
 @dataclass
 class Case:
@@ -305,21 +313,26 @@ class Builder:
     self.lines: list[Line] = []
     self.values: dict[str, Value] = {}
     self.leaf_count = 0
+    self.consumed: set[str] = set()   # values whose buffer a later x[i] = y may have written (torch aliasing)
 
   # ---- bookkeeping
   def add(self, category: str, tgrad: str, mirror: str, inputs: tuple[str, ...], shape, dtype: str, bound: float,
-          err: float = 0.0, grid: Optional[int] = None, terminal: bool = False) -> Value:
-    name = f"v{len(self.lines)}"
+          err: float = 0.0, grid: Optional[int] = None, terminal: bool = False, special: bool = False,
+          statement: bool = False) -> Value:
+    name = self.next_name()
+    special = is_float(dtype) and (special or any(self.values[n].special for n in inputs))
     if is_float(dtype):
       if grid is not None and (err != 0 or not fits(bound, grid, dtype)): grid = None
       if grid is None and err == 0 and category not in ("leaf", "movement", "slice", "index") and not terminal:
         err = ROUNDING_ULPS * roundoff(dtype) * bound
     else: bound, err, grid = min(bound, float(max(abs(x) for x in int_limits(dtype)))), 0.0, None
-    value = Value(name, tuple(int(s) for s in shape), dtype, float(bound), err, grid, terminal)
-    self.lines.append(Line(name, category, tgrad, mirror, inputs))
+    value = Value(name, tuple(int(s) for s in shape), dtype, float(bound), err, grid, terminal, special)
+    self.lines.append(Line(name, category, tgrad, mirror, inputs, statement))
     self.values[name] = value
     return value
 
+  def next_name(self) -> str: return f"v{len(self.lines)}"
+  def usable(self, w: Value) -> bool: return not w.terminal and w.name not in self.consumed
   def choice(self, options: list): return options[self.rng.randrange(len(options))]
   def chance(self, p: float) -> bool: return self.rng.random() < p
 
@@ -347,9 +360,10 @@ class Builder:
     return (self.rng.randint(1, 5), self.rng.randint(100, 300), self.rng.randint(100, 600))
 
   def leaf(self, shape: tuple[int, ...], dtype: str, category: str = "leaf") -> Value:
+    if self.chance(CONSTRUCTOR_FRACTION) and (made := self.constructor_leaf(shape, dtype)) is not None: return made
     key = f"{self.seed}, {self.index}, {self.leaf_count}"
     self.leaf_count += 1
-    grid, bound = None, 0.0
+    grid, bound, special = None, 0.0, False
     if dtype == "bool":
       recipe, bound = f"rng({key}).integers(0, 2, {shape!r}).astype(bool)", 1
     elif is_int(dtype):
@@ -359,7 +373,12 @@ class Builder:
       recipe, bound = f"rng({key}).integers({low}, {high}, {shape!r}, endpoint=True, dtype=np.{dtype})", max(-low, high)
     else:
       style = self.rng.randrange(3)
-      if style == 0:     # small multiples of 1/8: sums and products stay exact, so comparisons and floors are fair
+      if self.chance(SPECIAL_FRACTION):   # small multiples of 1/8 with some NaN, inf, -inf and -0.0 among them
+        recipe = (f"np.where(rng({key}, 1).random({shape!r}) < 0.25, rng({key}, 2).choice(np.array([np.nan, np.inf, "
+                  f"-np.inf, -0.0], np.{dtype}), {shape!r}), (rng({key}).integers(-16, 16, {shape!r}, endpoint=True) "
+                  f"/ 8).astype(np.{dtype}))")
+        bound, grid, special = 2.0, 3, True
+      elif style == 0:     # small multiples of 1/8: sums and products stay exact, so comparisons and floors are fair
         half = self.choice([4, 8, 32])
         recipe = f"(rng({key}).integers({-half}, {half}, {shape!r}, endpoint=True) / 8).astype(np.{dtype})"
         bound, grid = half / 8, 3
@@ -371,7 +390,36 @@ class Builder:
         scale = self.choice([1.0, 3.0, 10.0] if dtype == "float16" else [1.0, 3.0, 10.0, 100.0])
         recipe = f"rng({key}).uniform({-scale}, {scale}, {shape!r}).astype(np.{dtype})"
         bound = scale
-    return self.add(category, f"Tensor({recipe}, device=DEVICE)", recipe, (), shape, dtype, bound, grid=grid)
+    return self.add(category, f"Tensor({recipe}, device=DEVICE)", recipe, (), shape, dtype, bound, grid=grid,
+                    special=special)
+
+  def constructor_leaf(self, shape: tuple[int, ...], dtype: str) -> Optional[Value]:
+    """A leaf made by a tgrad constructor (constants and ARANGE take their own paths through the scheduler)."""
+    kind, n = self.choice(["full", "full", "arange", "arange", "eye", "zeros", "ones"]), math.prod(shape)
+    dtype_code = f"dtype=dtypes.{dtype}, device=DEVICE"
+    if kind == "full":
+      value = self.choice([0.5, -1.25, 3.0, 0.0]) if is_float(dtype) else self.scalar_for(dtype, allow_float=False)
+      if dtype == "bool": value = self.choice([True, False])
+      return self.add("leaf", f"Tensor.full({shape!r}, {value!r}, {dtype_code})",
+                      f"np.full({shape!r}, {value!r}, dtype=np.{dtype})", (), shape, dtype, abs(float(value)),
+                      grid=_scalar_grid(value))
+    if kind in ("zeros", "ones"):
+      return self.add("leaf", f"Tensor.{kind}({shape!r}, {dtype_code})", f"np.{kind}({shape!r}, dtype=np.{dtype})", (),
+                      shape, dtype, 1.0, grid=0)
+    if kind == "eye":
+      if len(shape) != 2: return None
+      return self.add("leaf", f"Tensor.eye({shape[0]}, {shape[1]}, {dtype_code})",
+                      f"np.eye({shape[0]}, {shape[1]}, dtype=np.{dtype})", (), shape, dtype, 1.0, grid=0)
+    if dtype == "bool": return None
+    start = self.choice([0, 0, -3, 5])
+    step = self.choice([1, 1, 2, -1] + ([0.5, -0.25] if is_float(dtype) else []))
+    stop = start + n * step
+    low, high = (min(start, stop), max(start, stop))
+    if is_int(dtype) and (low < int_limits(dtype)[0] or high > int_limits(dtype)[1]): return None
+    if dtype == "float16" and max(abs(low), abs(high)) > 2048: return None
+    return self.add("leaf", f"Tensor.arange({start!r}, {stop!r}, {step!r}, {dtype_code}).reshape({shape!r})",
+                    f"np.arange({start!r}, {stop!r}, {step!r}, dtype=np.{dtype}).reshape({shape!r})", (), shape, dtype,
+                    float(max(abs(low), abs(high))), grid=_scalar_grid(step))
 
   def index_leaf(self, shape: tuple[int, ...], size: int, negative: bool) -> Value:
     """Int indices into an axis of `size` (numpy's range: [-size, size), or [0, size) for gather)."""
@@ -408,7 +456,7 @@ class Builder:
       current = made
       if current.terminal: break
     outputs = [current.name]
-    earlier = [line.name for line in self.lines[:-1] if line.category != "leaf" and not self.values[line.name].terminal]
+    earlier = [line.name for line in self.lines[:-1] if line.category != "leaf" and self.usable(self.values[line.name])]
     if earlier and self.chance(0.15): outputs.append(self.choice(earlier))
     return Case(self.seed, self.index, self.big, self.lines, self.values, outputs)
 
@@ -431,7 +479,7 @@ class Builder:
     r = self.rng.random()
     if allow_scalar and r < 0.25: return self.scalar_for(v.dtype)
     if r < 0.45:
-      partners = [w for w in self.values.values() if w.name != v.name and not w.terminal and
+      partners = [w for w in self.values.values() if w.name != v.name and self.usable(w) and
                   _broadcast(v.shape, w.shape) is not None and (dtype is None or w.dtype == dtype)]
       if partners: return self.choice(partners)
     if r < 0.55 and v.ndim and (dtype is None or dtype == v.dtype):
@@ -583,7 +631,7 @@ def _gen_one_movement(b: Builder, v: Value) -> Optional[Value]:
     else:
       other_shape, shape = v.shape, v.shape[:dim] + (2,) + v.shape[dim:]
     if math.prod(shape) > b.max_numel: return None
-    same = [w for w in b.values.values() if w.shape == other_shape and not w.terminal]
+    same = [w for w in b.values.values() if w.shape == other_shape and b.usable(w)]
     other = b.choice(same) if same and b.chance(0.5) else b.leaf(
       other_shape, v.dtype if b.chance(0.7) else b.choice(BASE_DTYPES))
     dtype = np.promote_types(v.dtype, other.dtype).name
@@ -620,12 +668,18 @@ def _random_reshape(b: Builder, shape: tuple[int, ...]) -> Optional[tuple[int, .
 
 def gen_slice(b: Builder, v: Value) -> Optional[Value]:
   if v.ndim == 0: return None
+  text, shape = _basic_index(b, v)
+  if shape is None: return None
+  return b.add("slice", f"{v.name}[{text}]", f"{v.name}[{text}]", (v.name,), shape, v.dtype, v.bound, v.err, v.grid)
+
+def _basic_index(b: Builder, v: Value, allow_new_axes: bool = True) -> tuple[str, Optional[tuple[int, ...]]]:
+  """numpy basic indexing: ints, slices with any step and out-of-range bounds, None, Ellipsis; and its shape."""
   items = []
   for s in v.shape:
     r = b.rng.random()
     if r < 0.3: items.append(":")
     elif r < 0.45 and s > 0: items.append(str(b.rng.randrange(-s, s)))
-    elif r < 0.55: items.append("None")
+    elif r < 0.55 and allow_new_axes: items.append("None")
     else:
       step = b.choice([1, 2, 3, -1, -2, -3])
       start = b.choice(["", str(b.rng.randint(-s - 2, s + 2))])
@@ -634,13 +688,19 @@ def gen_slice(b: Builder, v: Value) -> Optional[Value]:
   if b.chance(0.15): items.insert(b.rng.randrange(len(items) + 1), "...")
   while items and items[-1] == ":" and b.chance(0.5): items.pop()
   text = ", ".join(items) if items else "..."
-  shape = _shape_of(lambda x: eval(f"x[{text}]", {"x": x}), v.shape)
-  if shape is None: return None
-  return b.add("slice", f"{v.name}[{text}]", f"{v.name}[{text}]", (v.name,), shape, v.dtype, v.bound, v.err, v.grid)
+  return text, _shape_of(lambda x: eval(f"x[{text}]", {"x": x}), v.shape)
 
 def gen_index(b: Builder, v: Value) -> Optional[Value]:
   if v.ndim == 0 or b.big: return None
   if b.chance(0.35): return _gen_gather(b, v)
+  made = _tensor_index(b, v)
+  if made is None: return None
+  text, shape, indices = made
+  inputs = (v.name,) + tuple(w.name for w in indices)
+  return b.add("index", f"{v.name}[{text}]", f"{v.name}[{text}]", inputs, shape, v.dtype, v.bound, v.err, v.grid)
+
+def _tensor_index(b: Builder, v: Value) -> Optional[tuple[str, tuple[int, ...], list[Value]]]:
+  """Indexing with one or two int tensors (in range, negative allowed) among slices: (text, shape, index leaves)."""
   count = 1 if v.ndim == 1 or b.chance(0.6) else 2
   dims = sorted(b.rng.sample(range(v.ndim), count))
   index_shape = b.choice([(), (b.rng.randint(0, 5),), (b.rng.randint(1, 3), b.rng.randint(1, 4))])
@@ -659,8 +719,7 @@ def gen_index(b: Builder, v: Value) -> Optional[Value]:
   if shape is None: return None
   n_axis = max(v.shape[d] for d in dims)
   if math.prod(shape) * max(n_axis, 1) > GATHER_COST_LIMIT or math.prod(shape) > b.max_numel: return None
-  inputs = (v.name,) + tuple(w.name for w in indices.values())
-  return b.add("index", f"{v.name}[{text}]", f"{v.name}[{text}]", inputs, shape, v.dtype, v.bound, v.err, v.grid)
+  return text, shape, list(indices.values())
 
 def _gen_gather(b: Builder, v: Value) -> Optional[Value]:
   dim = b.rng.randrange(v.ndim)
@@ -822,6 +881,12 @@ def gen_binary(b: Builder, v: Value) -> Optional[Value]:
 def _operand_dtype_planned(v: Value, other) -> str:
   return np.promote_types(v.dtype, other.dtype).name if isinstance(other, Value) else weak_scalar_dtype(v.dtype, other)
 
+def _scalar_fits(x, dtype: str) -> bool:
+  """A Python scalar that the dtype holds (out-of-range scalars are an error case, not fuzzed here)."""
+  if not is_int(dtype) or isinstance(x, bool): return True
+  low, high = int_limits(dtype)
+  return low <= x <= high
+
 def _scalar_grid(x) -> Optional[int]:
   """q with x a multiple of 2**-q (small q), or None."""
   for q in range(8):
@@ -861,6 +926,7 @@ def gen_compare(b: Builder, v: Value) -> Optional[Value]:
   if isinstance(a, Value): dt = _operand_dtype_planned(a, c)
   elif isinstance(c, Value): dt = _operand_dtype_planned(c, a)
   else: dt = _python_scalar_dtype([a, c])
+  if not all(_scalar_fits(w, dt) for w in (a, c) if not isinstance(w, Value)): return None
   parts = [w if isinstance(w, Value) else None for w in (a, c)]
   bound = max(w.bound if isinstance(w, Value) else abs(float(w)) for w in (a, c))
   err = max(w.err if w is not None else 0.0 for w in parts)
@@ -876,7 +942,7 @@ def gen_cast(b: Builder, v: Value) -> Optional[Value]:
   name = v.name
   code, mirror = f"{name}.cast(dtypes.{target})", f"R.cast({name}, '{target}')"
   if is_float(v.dtype) and not is_float(target):
-    if not v.agrees: return None
+    if not v.agrees or (v.special and target != "bool"): return None
     if target != "bool":
       low, high = int_limits(target)
       if is_unsigned(target):   # cast |x| (negative floats to unsigned ints are undefined)
@@ -982,9 +1048,43 @@ def gen_matmul(b: Builder, v: Value) -> Optional[Value]:
   return b.add("matmul", f"{v.name} @ {w.name}", f"R.matmul({v.name}, {w.name})", (v.name, w.name), shape,
                out_dtype, bound, 0.0 if exact else err, grid)
 
+def gen_assign(b: Builder, v: Value) -> Optional[Value]:
+  """`t = v.contiguous(); t[index] = value` (realized first or still lazy). contiguous() may return v's own buffer, as
+  in torch, so v is not used again."""
+  if v.ndim == 0 or v.terminal or (b.big and b.chance(0.5)): return None
+  if b.chance(0.7): text, shape = _basic_index(b, v, allow_new_axes=False)
+  else:
+    made = _tensor_index(b, v) if not b.big else None
+    if made is None or math.prod(made[1]) * v.numel > GATHER_COST_LIMIT: return None
+    text, shape, _ = made
+  if shape is None: return None
+  if b.chance(0.35): value = b.scalar_for(v.dtype, allow_float=False) if not is_float(v.dtype) else b.choice(
+    [0.5, -2.0, 3.25])
+  else:
+    value = b.leaf(b.broadcast_partner_shape(shape) if b.chance(0.3) else shape, v.dtype if b.chance(0.7) else
+                   b.choice(BASE_DTYPES))
+    if _broadcast(value.shape, shape) != shape: return None
+    if is_float(value.dtype) and not is_float(v.dtype) and (not value.agrees or value.special or value.bound >=
+                                                             min(abs(x) for x in int_limits(v.dtype) if x) - 1):
+      return None
+    if is_float(value.dtype) and not is_float(v.dtype) and is_unsigned(v.dtype): return None
+  name, realize = b.next_name(), ".realize()" if b.chance(0.5) else ""
+  b.consumed.add(v.name)
+  bound = max(v.bound, value.bound if isinstance(value, Value) else abs(float(value)))
+  err = max(v.err, value.err if isinstance(value, Value) else 0.0)
+  grids = [v.grid, value.grid if isinstance(value, Value) else _scalar_grid(value)]
+  grid = None if any(g is None for g in grids) else max(grids)
+  if isinstance(value, Value) and value.dtype != v.dtype and is_float(v.dtype):
+    err += ROUNDING_ULPS * roundoff(v.dtype) * bound
+  inputs = (v.name,) + ((value.name,) if isinstance(value, Value) else ()) + tuple(
+    w for w in b.values if f"{w}," in text + "," and w != v.name)
+  return b.add("assign", f"{name} = {v.name}.contiguous(){realize}; {name}[{text}] = {_code(value)}",
+               f"{name} = {v.name}.copy(); {name}[{text}] = {_code(value)}", inputs, v.shape, v.dtype, bound, err,
+               grid, special=v.special or (isinstance(value, Value) and value.special), statement=True)
+
 GENERATORS: dict[str, Callable[[Builder, Value], Optional[Value]]] = {
   "movement": gen_movement, "slice": gen_slice, "index": gen_index, "unary": gen_unary, "binary": gen_binary,
-  "compare": gen_compare, "cast": gen_cast, "reduce": gen_reduce, "matmul": gen_matmul}
+  "compare": gen_compare, "cast": gen_cast, "reduce": gen_reduce, "matmul": gen_matmul, "assign": gen_assign}
 
 def build_case(seed: int, index: int) -> Case: return Builder(seed, index).build()
 
@@ -1014,7 +1114,9 @@ def run_reference(lines: list[Line]) -> dict[str, np.ndarray]:
   namespace: dict[str, Any] = {"np": np, "R": R, "rng": rng}
   with np.errstate(all="ignore"), warnings.catch_warnings():
     warnings.simplefilter("ignore")
-    for line in lines: namespace[line.name] = np.asarray(eval(line.mirror, namespace))
+    for line in lines:
+      if line.statement: exec(line.mirror, namespace)
+      else: namespace[line.name] = np.asarray(eval(line.mirror, namespace))
   return namespace
 
 def run_tgrad(lines: list[Line], outputs: list[str], device: str) -> tuple[list, Optional[tuple[str, str]]]:
@@ -1025,7 +1127,8 @@ def run_tgrad(lines: list[Line], outputs: list[str], device: str) -> tuple[list,
   try:
     for line in lines:
       current = line.name
-      namespace[line.name] = eval(line.tgrad, namespace)
+      if line.statement: exec(line.tgrad, namespace)
+      else: namespace[line.name] = eval(line.tgrad, namespace)
     current = outputs[0]
     tensors = [namespace[name] for name in outputs]
     tensors[0].realize(*tensors[1:])
@@ -1105,10 +1208,11 @@ def snippet(case: Case, failure: Failure, device: str) -> str:
   if value is not None: header.append(f"# expected {value.dtype} {value.shape}")
   body = ["import numpy as np", "from tgrad import Tensor, dtypes", f"DEVICE = {device!r}",
           "rng = lambda *key: np.random.default_rng(key)"]
-  body += [f"{line.name} = {line.tgrad}" for line in failure.lines]
+  body += [line.code() for line in failure.lines]
   body.append(f"print({last}.numpy())")
   mirror = ["# numpy mirror (R = test/fuzz_ops.py's reference functions):"]
-  mirror += [f"#   {line.name} = {line.mirror}" for line in failure.lines if line.category != "leaf"]
+  mirror += [f"#   {line.mirror}" if line.statement else f"#   {line.name} = {line.mirror}" for line in failure.lines
+             if line.category != "leaf"]
   return "\n".join(header + body + mirror)
 
 def run_case(seed: int, index: int, device: str) -> tuple[Case, Optional[Failure]]:
@@ -1156,7 +1260,7 @@ def main(argv: Optional[list[str]] = None) -> int:
   for done, index in enumerate(indices, 1):
     if args.verbose: print(f"--- case {index}", flush=True)
     case, failure = run_case(args.seed, index, device)
-    if args.verbose: print("\n".join(f"{line.name} = {line.tgrad}" for line in case.lines), flush=True)
+    if args.verbose: print("\n".join(line.code() for line in case.lines), flush=True)
     categories = {line.category for line in case.lines} - {"leaf"}
     coverage.update(categories)
     if case.big: coverage["big case"] += 1

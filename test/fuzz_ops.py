@@ -299,7 +299,8 @@ class Case:
 def fits(bound: float, grid: Optional[int], dtype: str) -> bool:
   """Multiples of 2**-grid no larger than bound are all exact in dtype."""
   if not is_float(dtype): return True
-  return grid is not None and bound * 2.0 ** grid <= 2.0 ** SIGNIFICAND_BITS[dtype]
+  if grid is None or grid > SIGNIFICAND_BITS[dtype]: return bound == 0 and grid is not None
+  return bound * 2.0 ** grid <= 2.0 ** SIGNIFICAND_BITS[dtype]
 
 def _scalar_code(x) -> str: return repr(x)
 
@@ -1057,38 +1058,44 @@ def gen_matmul(b: Builder, v: Value) -> Optional[Value]:
                out_dtype, bound, 0.0 if exact else err, grid)
 
 def gen_assign(b: Builder, v: Value) -> Optional[Value]:
-  """`t = v.contiguous(); t[index] = value` (realized first or still lazy). contiguous() may return v's own buffer, as
-  in torch, so v is not used again."""
+  """`t = v.contiguous(); t[index] = value` (realized first or still lazy), where value is a scalar, a new tensor or
+  a rearranged piece of v itself. contiguous() may return v's own buffer, as in torch, so v is not used again."""
   if v.ndim == 0 or v.terminal or (b.big and b.chance(0.5)): return None
+  index_names: list[str] = []
   if b.chance(0.7): text, shape = _basic_index(b, v, allow_new_axes=False)
   else:
     made = _tensor_index(b, v) if not b.big else None
     if made is None or math.prod(made[1]) * v.numel > GATHER_COST_LIMIT: return None
-    text, shape, _ = made
+    text, shape, index_values = made
+    index_names = [w.name for w in index_values]
   if shape is None: return None
-  if b.chance(0.35): value = b.scalar_for(v.dtype, allow_float=False) if not is_float(v.dtype) else b.choice(
-    [0.5, -2.0, 3.25])
+  r, value_inputs = b.rng.random(), []
+  if r < 0.3:
+    scalar = b.scalar_for(v.dtype, allow_float=False) if not is_float(v.dtype) else b.choice([0.5, -2.0, 3.25])
+    value_code = value_mirror = _code(scalar)
+    bound, err, value_grid, special = abs(float(scalar)), 0.0, _scalar_grid(scalar), False
+  elif r < 0.5 and len(shape) >= 1:   # the target's own elements, rearranged: read before they are overwritten
+    axis = b.rng.randrange(len(shape))
+    value_code, value_mirror = f"{v.name}[{text}].flip({axis})", f"np.flip({v.name}[{text}], {axis})"
+    bound, err, value_grid, special = v.bound, v.err, v.grid, v.special
   else:
     value = b.leaf(b.broadcast_partner_shape(shape) if b.chance(0.3) else shape, v.dtype if b.chance(0.7) else
                    b.choice(BASE_DTYPES))
     if _broadcast(value.shape, shape) != shape: return None
-    if is_float(value.dtype) and not is_float(v.dtype) and (not value.agrees or value.special or value.bound >=
-                                                             min(abs(x) for x in int_limits(v.dtype) if x) - 1):
-      return None
-    if is_float(value.dtype) and not is_float(v.dtype) and is_unsigned(v.dtype): return None
+    if is_float(value.dtype) and not is_float(v.dtype):   # float into int: in range, never NaN
+      if not value.agrees or value.special or is_unsigned(v.dtype): return None
+      if value.bound >= min(abs(x) for x in int_limits(v.dtype) if x) - 1: return None
+    value_code = value_mirror = value.name
+    bound, err, value_grid, special = value.bound, value.err, value.grid, value.special
+    if value.dtype != v.dtype and is_float(v.dtype): err += ROUNDING_ULPS * roundoff(v.dtype) * value.bound
+    value_inputs = [value.name]
   name, realize = b.next_name(), ".realize()" if b.chance(0.5) else ""
   b.consumed.add(v.name)
-  bound = max(v.bound, value.bound if isinstance(value, Value) else abs(float(value)))
-  err = max(v.err, value.err if isinstance(value, Value) else 0.0)
-  grids = [v.grid, value.grid if isinstance(value, Value) else _scalar_grid(value)]
-  grid = None if any(g is None for g in grids) else max(grids)
-  if isinstance(value, Value) and value.dtype != v.dtype and is_float(v.dtype):
-    err += ROUNDING_ULPS * roundoff(v.dtype) * bound
-  inputs = (v.name,) + ((value.name,) if isinstance(value, Value) else ()) + tuple(
-    w for w in b.values if f"{w}," in text + "," and w != v.name)
-  return b.add("assign", f"{name} = {v.name}.contiguous(){realize}; {name}[{text}] = {_code(value)}",
-               f"{name} = {v.name}.copy(); {name}[{text}] = {_code(value)}", inputs, v.shape, v.dtype, bound, err,
-               grid, special=v.special or (isinstance(value, Value) and value.special), statement=True)
+  grid = None if v.grid is None or value_grid is None else max(v.grid, value_grid)
+  inputs = tuple(dict.fromkeys([v.name, *value_inputs, *index_names]))
+  return b.add("assign", f"{name} = {v.name}.contiguous(){realize}; {name}[{text}] = {value_code}",
+               f"{name} = {v.name}.copy(); {name}[{text}] = {value_mirror}", inputs, v.shape, v.dtype,
+               max(v.bound, bound), max(v.err, err), grid, special=v.special or special, statement=True)
 
 GENERATORS: dict[str, Callable[[Builder, Value], Optional[Value]]] = {
   "movement": gen_movement, "slice": gen_slice, "index": gen_index, "unary": gen_unary, "binary": gen_binary,

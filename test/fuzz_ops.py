@@ -1251,6 +1251,25 @@ def _set_device(device: str) -> str:
   from tgrad.device import canonical_device
   return canonical_device(device)
 
+def check_cuda_codegen_too() -> None:
+  """Every kernel the run builds is also optimized with the GPU heuristics, rendered as CUDA C and compiled by NVRTC
+  for sm_90 (no GPU needed): a render or compile error raises inside the case, which then fails as an exception."""
+  import tgrad.realize
+  from tgrad.codegen.kernel import Kernel
+  from tgrad.codegen.linearizer import linearize
+  from tgrad.codegen.heuristics import hand_coded_optimizations
+  from tgrad.codegen.cuda import CUDARenderer
+  from tgrad.runtime.nvrtc import compile_cuda
+  original, checked = tgrad.realize.get_runner, set()
+  def get_runner_checking_cuda(device, ast):
+    if ast.key not in checked:
+      kernel = Kernel(ast, CUDARenderer())
+      hand_coded_optimizations(kernel)
+      compile_cuda(kernel.renderer.render("fuzz_cuda_check", linearize(kernel)), "sm_90")
+      checked.add(ast.key)
+    return original(device, ast)
+  tgrad.realize.get_runner = get_runner_checking_cuda
+
 def main(argv: Optional[list[str]] = None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
   parser.add_argument("--seed", type=int, default=0, help="seed of the whole run (default 0)")
@@ -1258,6 +1277,9 @@ def main(argv: Optional[list[str]] = None) -> int:
   parser.add_argument("--start", type=int, default=0, help="index of the first case (default 0)")
   parser.add_argument("--case", type=int, default=None, help="run only this case index (replay a failure)")
   parser.add_argument("--device", default="LLVM", help="LLVM or CUDA (default LLVM)")
+  parser.add_argument("--max-seconds", type=float, default=0, help="stop after this long and say where to resume")
+  parser.add_argument("--cuda-codegen-check", action="store_true",
+                      help="also render and NVRTC-compile every kernel for sm_90 (no GPU needed)")
   parser.add_argument("--verbose", action="store_true", help="print each case's code before running it")
   parser.add_argument("--progress", type=int, default=250, help="print a progress line every N cases (0: never)")
   parser.add_argument("--keep-cache", action="store_true", help="use the normal kernel cache, not a throwaway one")
@@ -1267,34 +1289,37 @@ def main(argv: Optional[list[str]] = None) -> int:
     os.environ["TGRAD_CACHE"] = os.path.join(tempfile.mkdtemp(prefix="tgrad-fuzz-"), "cache.db")
   try: device = _set_device(args.device)
   except ValueError as error: parser.error(str(error))
-  faulthandler.enable()
+  faulthandler.enable()   # a crash inside a kernel still prints where (rerun that --case with --verbose)
+  if args.cuda_codegen_check: check_cuda_codegen_too()
   indices = [args.case] if args.case is not None else list(range(args.start, args.start + args.cases))
   import tgrad.realize
   tally: collections.Counter = collections.Counter()
   coverage: collections.Counter = collections.Counter()
   failures: list[Failure] = []
-  start = time.perf_counter()
-  for done, index in enumerate(indices, 1):
+  start, done = time.perf_counter(), 0
+  for index in indices:
+    if args.max_seconds and time.perf_counter() - start > args.max_seconds:
+      print(f"stopped after {args.max_seconds:g} s: resume with --seed {args.seed} --start {index} "
+            f"--cases {indices[-1] + 1 - index}", flush=True)
+      break
     if args.verbose: print(f"--- case {index}", flush=True)
     case, failure = run_case(args.seed, index, device)
+    done += 1
     if args.verbose: print("\n".join(line.code() for line in case.lines), flush=True)
-    categories = {line.category for line in case.lines} - {"leaf"}
-    coverage.update(categories)
+    coverage.update({line.category for line in case.lines} - {"leaf"})
     if case.big: coverage["big case"] += 1
     if failure is None: tally["passed"] += 1
     else:
       failures.append(failure)
       tally[(failure.category, failure.kind)] += 1
-      print(snippet(case, failure, device) if failure.kind != "reference" or case.lines else failure.message,
-            flush=True)
-      print(flush=True)
+      print((snippet(case, failure, device) if case.lines else failure.message) + "\n", flush=True)
     if args.progress and done % args.progress == 0:
       elapsed = time.perf_counter() - start
       print(f"[{done}/{len(indices)}] {len(failures)} failed, {done / elapsed:.2f} cases/s, "
             f"{tgrad.realize._kernel_counter} kernels compiled", flush=True)
   elapsed = time.perf_counter() - start
-  print(f"== fuzz_ops seed {args.seed} on {device}: {len(indices)} cases, {tally['passed']} passed, "
-        f"{len(failures)} failed in {elapsed:.1f} s ({len(indices) / max(elapsed, 1e-9):.2f} cases/s, "
+  print(f"== fuzz_ops seed {args.seed} on {device}: {done} cases, {tally['passed']} passed, {len(failures)} failed "
+        f"in {elapsed:.1f} s ({done / max(elapsed, 1e-9):.2f} cases/s, "
         f"{tgrad.realize._kernel_counter} kernels compiled)")
   print("cases using each op category: " + ", ".join(f"{k} {v}" for k, v in sorted(coverage.items())))
   if failures:

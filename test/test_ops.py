@@ -466,6 +466,12 @@ class TestMovement:
                    lambda x: x.pad(((2, 0), (1, 1)), value=-2.5))
     helper_test_op([(3, 4)], lambda x: F.pad(x, (-1, 2)), lambda x: x.pad((None, (-1, 2))))
 
+  def test_an_element_of_the_padding(self):
+    # found by test/fuzz_ops.py: indexing into the padding of a realized buffer read the data next to it
+    x = Tensor(np.array([3, 7], np.int32)).realize()
+    assert x.pad(((1, 0),))[0].item() == 0 and (x + 1).pad(((1, 0),))[0].item() == 0
+    assert x.pad(((1, 0),), value=5)[0].item() == 5 and x.pad(((0, 2),))[-1].item() == 0
+
   def test_shrink_flip(self):
     helper_test_op([(5, 6)], lambda x: x[1:4, 2:5], lambda x: x.shrink(((1, 4), (2, 5))))
     helper_test_op([(5, 6)], lambda x: x[:, 2:5], lambda x: x.shrink((None, (2, 5))))

@@ -44,6 +44,14 @@ class TestCreation:
     assert out.dtype == data.dtype
     np.testing.assert_array_equal(out, data)
 
+  def test_from_numpy_scalars(self):
+    # np.float64 subclasses Python's float: it made a bool tensor (found by test/fuzz_ops.py)
+    for scalar in (np.float64(0.125), np.float32(-2.5), np.float16(1.5), np.int64(-3), np.int8(7), np.bool_(True)):
+      t = Tensor(scalar)
+      assert t.shape == () and t.dtype == dtypes.from_np(scalar.dtype), (scalar, t.dtype)
+      assert t.item() == scalar
+    assert Tensor([np.float64(0.5)]).dtype == dtypes.float32 and Tensor([np.float64(0.5)]).item() == 0.5
+
   def test_host_array_is_copied(self):
     data = np.arange(4, dtype=np.float32)
     t = Tensor(data)

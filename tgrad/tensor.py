@@ -91,7 +91,8 @@ def _python_dtype(data) -> DType:
   while stack:
     item = stack.pop()
     if isinstance(item, (list, tuple)): stack.extend(item)
-    elif isinstance(item, (bool, int, float)): kinds.add(type(item))
+    elif isinstance(item, (bool, int, float)):   # by isinstance: np.float64 is a float
+      kinds.add(bool if isinstance(item, bool) else int if isinstance(item, int) else float)
     else: raise TypeError(f"cannot infer a dtype for {type(item).__name__} {item!r}")
   if float in kinds or not kinds: return dtypes.default_float
   return dtypes.default_int if int in kinds else dtypes.bool
@@ -154,7 +155,7 @@ class Tensor:
       self.lazydata: LazyBuffer = data if dtype is None else data.cast(dtype)
       return
     device = canonical_device(device)
-    if isinstance(data, (bool, int, float)):
+    if isinstance(data, (bool, int, float)) and not isinstance(data, np.generic):   # np.float64 is a float too
       self.lazydata = LazyBuffer.const_of(data, dtype or _python_dtype(data), device)
     elif isinstance(data, (list, tuple)):
       try: inferred = _python_dtype(data)

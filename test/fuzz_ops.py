@@ -1,14 +1,18 @@
 """A fuzz run at scale: random chains of tensor ops built in tgrad, mirrored in numpy, realized and compared.
 
-    python test/fuzz_ops.py --seed 0 --cases 10000 [--device LLVM|CUDA] [--start I] [--case I] [--verbose]
+    python test/fuzz_ops.py --seed 0 --cases 10000 [--device LLVM|CUDA] [--start I] [--case I] [--max-seconds S]
 
-A case is a short chain of values `v0, v1, ...`: leaves made from seeded numpy arrays (shapes with 0, 1, odd and a
-few large sizes; float32, float16, int32, int8, uint8, bool, int64), then movement ops, basic and tensor indexing,
-gather, elementwise math, comparisons, where, casts, reductions and matmuls, each written once as tgrad code and once
-as its numpy mirror (the `R` functions below, which state tgrad's documented semantics). The last value (sometimes
-with an earlier one) is realized and compared with the mirror: dtype and shape exactly, integers and bools exactly,
-floats within a bound that the generator carries along the chain (see `Value`). Case i of seed s draws from its own
-random streams, so `--seed s --case i` replays exactly that case, and a failure is printed as runnable tgrad code.
+A case is a short chain of values `v0, v1, ...`: leaves made from seeded numpy arrays or by tgrad's constructors
+(shapes with 0, 1, odd and a few large sizes; float32, float16, int32, int8, uint8, bool, int64; floats sometimes
+holding NaN, ±inf and -0.0), then movement ops, basic and tensor indexing, gather, x[i] = y, elementwise math,
+comparisons, where, casts, reductions and matmuls, each written once as tgrad code and once as its numpy mirror (the
+`R` functions below, which state tgrad's documented semantics). The last value (sometimes with an earlier one) is
+realized and compared with the mirror: dtype and shape exactly, integers and bools exactly, floats exactly where the
+generator knows the math is exact, else within an error bound it carries along the chain (see `Value`). Case i of
+seed s draws from its own random streams, so `--seed s --case i` replays exactly that case, and a failure is printed
+as runnable tgrad code: the shortest prefix of the chain that already fails. A summary counts cases, passes and
+failures by category (the op that first goes wrong) and kind (exception, dtype, shape, value; "reference" is a
+mistake of the fuzzer itself), with the rate in cases/s.
 
 Semantics mirrored (tgrad's `Ops` docstring and docs/design-notes.md): numpy's type promotion with weak Python
 scalars (an int tensor plus 2.5 is float32, a bool tensor plus 2 is int32); integer + - * wrap; `//` and `%` round
@@ -17,7 +21,9 @@ bit; float functions of int tensors compute in float32; sums and products of boo
 are int32 (uint32 for unsigned), float16 reduces accumulate in float32. Inputs stay where tgrad's answer is defined:
 float to int casts only of values in range, Python scalars inside the tensor's dtype, indices inside their axis.
 
-Not collected by pytest (the name has no test_ prefix); test/test_fuzz_smoke.py runs a few dozen cases in CI.
+On a GPU: `--device CUDA` (everything else is the same; split long runs with --start/--cases or --max-seconds).
+Without a GPU, `--cuda-codegen-check` also renders and NVRTC-compiles every kernel for sm_90. Not collected by
+pytest (the name has no test_ prefix); test/test_fuzz_smoke.py runs a few dozen cases in CI.
 """
 from __future__ import annotations
 import argparse, collections, faulthandler, math, os, random, sys, tempfile, time, traceback, types, warnings
@@ -36,6 +42,7 @@ GATHER_COST_LIMIT = 1 << 16   # gathers cost (indexed elements x axis length) in
 MATMUL_COST_LIMIT = 1 << 18   # multiply-adds of one matmul in an ordinary case (big: x16)
 SAFE_FLOAT_BOUND = {"float16": 1000.0, "float32": 1e15, "float64": 1e100}   # |values| kept far below overflow
 EXP_INPUT_LIMIT = {"float16": 6.0, "float32": 30.0, "float64": 30.0}        # exp only of values this small
+RUNNER_CACHE_CASES = 500      # drop the compiled kernels this often (an MCJIT engine each; cases rarely share them)
 SIGNIFICAND_BITS = {"float16": 11, "float32": 24, "float64": 53}
 ROUNDING_ULPS = 2             # fresh error of one rounded op, in units of roundoff of the result's bound
 TRANSCENDENTAL_ULPS = 8       # ... of exp/log/sin/sigmoid (tgrad's polynomials are within 4 ulp)
@@ -1298,6 +1305,7 @@ def main(argv: Optional[list[str]] = None) -> int:
   failures: list[Failure] = []
   start, done = time.perf_counter(), 0
   for index in indices:
+    if done and done % RUNNER_CACHE_CASES == 0: tgrad.realize._runner_cache.clear()
     if args.max_seconds and time.perf_counter() - start > args.max_seconds:
       print(f"stopped after {args.max_seconds:g} s: resume with --seed {args.seed} --start {index} "
             f"--cases {indices[-1] + 1 - index}", flush=True)
@@ -1329,4 +1337,6 @@ def main(argv: Optional[list[str]] = None) -> int:
   return 1 if failures else 0
 
 if __name__ == "__main__":
+  # python puts test/ first on the path: put this checkout's root before it, so the tgrad under test is this one
+  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
   sys.exit(main())

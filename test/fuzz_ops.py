@@ -850,6 +850,7 @@ def gen_binary(b: Builder, v: Value) -> Optional[Value]:
   agree = all(w.agrees if isinstance(w, Value) else True for w in (x, y))
   grid = None if any(g is None for g in grids) else max(grids)
   shape = _broadcast(v.shape, other.shape if isinstance(other, Value) else ())
+  if shape is None or math.prod(shape) > b.max_numel: return None
   inputs = tuple(w.name for w in (x, y) if isinstance(w, Value))
   mirror = f"R.bin('{op}', {_code(x)}, {_code(y)})"
   dt, u = out_dtype, roundoff(out_dtype)
@@ -924,6 +925,7 @@ def gen_compare(b: Builder, v: Value) -> Optional[Value]:
     op = b.choice(list(_COMPARE))
     symbol = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}[op]
     shape = _broadcast(v.shape, other.shape if isinstance(other, Value) else ())
+    if shape is None or math.prod(shape) > b.max_numel: return None
     inputs = (name,) + ((other.name,) if isinstance(other, Value) else ())
     return b.add("compare", f"({name} {symbol} {_code(other)})", f"R.bin('{op}', {name}, {_code(other)})", inputs,
                  shape, "bool", 1)

@@ -52,7 +52,7 @@ CONSTRUCTOR_FRACTION = 0.12   # leaves made by Tensor.full / arange / eye / zero
 SPECIAL_FRACTION = 0.12       # float leaves with NaN, ±inf and -0.0 among their elements
 BASE_DTYPES = ["float32", "float32", "float16", "int32", "int8", "uint8", "bool", "int64"]
 CATEGORY_WEIGHTS = {"movement": 26, "slice": 8, "index": 7, "unary": 14, "binary": 18, "compare": 8, "cast": 8,
-                    "reduce": 12, "matmul": 5, "assign": 4}
+                    "reduce": 12, "matmul": 5, "assign": 4, "composite": 5}
 
 # ---------------------------------------------------------------------------------------------------------------
 # dtypes and promotion, as tgrad documents them (numpy's table; Python scalars are weak)
@@ -198,6 +198,20 @@ def ref_logsumexp(x: np.ndarray, axis, keepdim: bool) -> np.ndarray:
   if not keepdim: out = out.reshape([s for i, s in enumerate(x.shape) if i not in _axes(x, axis)])
   return out.astype(float_of(x.dtype.name))
 
+def ref_var(x: np.ndarray, axis, keepdim: bool, correction: int) -> np.ndarray:
+  y = x.astype(np.float64)
+  squared = np.square(y - y.mean(axis=axis, keepdims=True)) if y.size else y
+  count = math.prod(x.shape[a] for a in _axes(x, axis))
+  return (squared.sum(axis=axis, keepdims=keepdim) / max(0, count - correction)).astype(float_of(x.dtype.name))
+
+def ref_log_softmax(x: np.ndarray, axis: int) -> np.ndarray:
+  y = x.astype(np.float64)
+  shifted = y - y.max(axis=axis, keepdims=True)
+  return (shifted - np.log(np.exp(shifted).sum(axis=axis, keepdims=True))).astype(float_of(x.dtype.name))
+
+def ref_one_hot(x: np.ndarray, classes: int) -> np.ndarray:
+  return (x[..., None] == np.arange(classes)).astype(np.int32)
+
 def ref_cast(x: np.ndarray, dt: str) -> np.ndarray: return x.astype(dt)
 
 def ref_where(condition, a, b) -> np.ndarray:
@@ -248,7 +262,8 @@ def ref_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 R = types.SimpleNamespace(
   bin=ref_binary, fn=ref_float_function, un=ref_unary, sum=ref_sum, prod=ref_prod, max=ref_max, min=ref_min,
   mean=ref_mean, any=ref_any, all=ref_all, argmax=ref_argmax, argmin=ref_argmin, softmax=ref_softmax,
-  logsumexp=ref_logsumexp, cast=ref_cast, where=ref_where, clip=ref_clip, shrink=ref_shrink, pad=ref_pad,
+  logsumexp=ref_logsumexp, var=ref_var, log_softmax=ref_log_softmax, one_hot=ref_one_hot, cast=ref_cast,
+  where=ref_where, clip=ref_clip, shrink=ref_shrink, pad=ref_pad,
   squeeze=ref_squeeze, flatten=ref_flatten, cat=ref_cat, stack=ref_stack, gather=ref_gather, matmul=ref_matmul)
 
 def rng(*key: int) -> np.random.Generator:
@@ -1106,9 +1121,45 @@ def gen_assign(b: Builder, v: Value) -> Optional[Value]:
                f"{name} = {v.name}.copy(); {name}[{text}] = {value_mirror}", inputs, v.shape, v.dtype,
                max(v.bound, bound), max(v.err, err), grid, special=v.special or special, statement=True)
 
+def gen_composite(b: Builder, v: Value) -> Optional[Value]:
+  """Tensor methods built from several primitives: var, std, log_softmax, tril, triu, one_hot."""
+  kind, name = b.choice(["var", "std", "log_softmax", "tril", "triu", "one_hot"]), v.name
+  if kind in ("tril", "triu"):
+    if v.ndim < 2: return None
+    diagonal = b.rng.randint(-3, 3)
+    return b.add("composite", f"{name}.{kind}({diagonal})", f"np.{kind}({name}, {diagonal})", (name,), v.shape,
+                 v.dtype, v.bound, v.err, v.grid)
+  if kind == "one_hot":   # of int values that all lie in [0, classes)
+    data = b.arrays[name]
+    if not is_int(v.dtype) or (data.size and data.min() < 0): return None
+    classes = (int(data.max()) + 1 if data.size else 1) + b.rng.randint(0, 2)
+    if v.numel * classes > b.max_numel: return None
+    return b.add("composite", f"{name}.one_hot({classes})", f"R.one_hot({name}, {classes})", (name,),
+                 v.shape + (classes,), "int32", 1)
+  if v.ndim == 0 or float_of(v.dtype) == "float16" and v.bound > 30: return None
+  u, dt = roundoff(float_of(v.dtype)), float_of(v.dtype)
+  if kind == "log_softmax":
+    axis = b.rng.randrange(-v.ndim, v.ndim)
+    if v.shape[axis] == 0: return None
+    err = 2 * v.err + TRANSCENDENTAL_ULPS * u * (2 * v.bound + math.log(v.shape[axis]) + 4)
+    return b.add("composite", f"{name}.log_softmax({axis})", f"R.log_softmax({name}, {axis})", (name,), v.shape, dt,
+                 2 * v.bound + math.log(v.shape[axis]), err)
+  axis, keepdim, correction = _axis_choice(b, v), b.chance(0.4), b.choice([0, 1, 1])
+  shape, count = _reduced(v, axis, keepdim)
+  if count - correction <= 0: return None
+  variance = 4 * v.bound ** 2
+  rounding = (ROUNDING_ULPS * u * _summation_ulps(count) + 4 * u) * variance * count / (count - correction)
+  err = 4 * v.bound * v.err + rounding
+  if variance > SAFE_FLOAT_BOUND[dt]: return None
+  code = f"{name}.{kind}({axis!r}, keepdim={keepdim}, correction={correction})"
+  mirror = f"R.var({name}, {axis!r}, {keepdim}, {correction})"
+  if kind == "std": mirror, err = f"R.fn('sqrt', {mirror})", math.sqrt(err) + 4 * u * math.sqrt(variance)
+  return b.add("composite", code, mirror, (name,), shape, dt, variance, err)
+
 GENERATORS: dict[str, Callable[[Builder, Value], Optional[Value]]] = {
   "movement": gen_movement, "slice": gen_slice, "index": gen_index, "unary": gen_unary, "binary": gen_binary,
-  "compare": gen_compare, "cast": gen_cast, "reduce": gen_reduce, "matmul": gen_matmul, "assign": gen_assign}
+  "compare": gen_compare, "cast": gen_cast, "reduce": gen_reduce, "matmul": gen_matmul, "assign": gen_assign,
+  "composite": gen_composite}
 
 def build_case(seed: int, index: int) -> Case: return Builder(seed, index).build()
 

@@ -351,7 +351,7 @@ class Builder:
     array = np.asarray(run_reference([line], self.arrays)[name])
     finite = array[np.isfinite(array)] if is_float(dtype) else array
     actual = float(np.abs(finite.astype(np.float64)).max()) if finite.size else 0.0
-    special = is_float(dtype) and (special or any(self.values[n].special for n in inputs))
+    special = is_float(dtype) and (special or any(self.values[n].special for n in inputs) or finite.size < array.size)
     if is_float(dtype):
       if grid is not None and (err != 0 or not fits(bound, grid, dtype)): grid = None
       if grid is None and err == 0 and category not in ("leaf", "movement", "slice", "index") and not terminal:

@@ -1306,10 +1306,14 @@ def run_case(seed: int, index: int, device: str) -> tuple[Case, Optional[Failure
 # the command line
 
 def _set_device(device: str) -> str:
-  """Choose the device before tgrad is imported (internal tensors follow DEVICE too); returns its canonical name."""
+  """Choose the device before tgrad is imported (internal tensors follow DEVICE too) and open it; returns its
+  canonical name. Raises ValueError for an unknown name or a device that cannot start."""
   os.environ["DEVICE"] = device
-  from tgrad.device import canonical_device
-  return canonical_device(device)
+  from tgrad.device import Device, canonical_device
+  name = canonical_device(device)
+  try: Device[name]
+  except Exception as error: raise ValueError(f"device {name} cannot start: {type(error).__name__}: {error}") from None
+  return name
 
 def check_cuda_codegen_too() -> None:
   """Every kernel the run builds is also optimized with the GPU heuristics, rendered as CUDA C and compiled by NVRTC

@@ -626,6 +626,20 @@ class TestMatmul:
 # half precision
 
 class TestLowPrecision:
+  @pytest.mark.parametrize("dtype, np_dtype", [(dtypes.float16, np.float16), (dtypes.bfloat16, np.float32)])
+  def test_softmax_family_over_more_than_65504_elements(self, dtype, np_dtype):
+    # the sum of exponentials passes float16's largest value: softmax was all zeros, log_softmax -inf (found by
+    # test/fuzz_ops.py); they compute in float32 like the other float functions of half tensors
+    x = RNG.uniform(-0.25, 0.25, (2, 140000)).astype(np_dtype).astype(np.float32)   # Σ exp(x − max) ≈ 110,000
+    t = Tensor(x, dtype=dtype)
+    shifted = x - x.max(1, keepdims=True)
+    log_total = np.log(np.exp(shifted.astype(np.float64)).sum(1, keepdims=True))
+    for name, got, want in [("softmax", t.softmax(), np.exp(shifted - log_total)),
+                            ("log_softmax", t.log_softmax(), shifted - log_total),
+                            ("logsumexp", t.logsumexp(1), (log_total + x.max(1, keepdims=True))[:, 0])]:
+      assert got.dtype == dtype, name
+      np.testing.assert_allclose(got.numpy().astype(np.float64), want, rtol=1e-2, atol=1e-7, err_msg=name)
+
   @pytest.mark.parametrize("dtype, torch_dtype, rtol", [(dtypes.float16, torch.float16, 2e-3),
                                                         (dtypes.bfloat16, torch.bfloat16, 1.6e-2)])
   def test_ops(self, dtype, torch_dtype, rtol):

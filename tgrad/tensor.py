@@ -718,19 +718,24 @@ class Tensor:
     return (self != 0).max(axis, keepdim)
   def all(self, axis=None, keepdim: bool = False) -> Tensor:
     return self.logical_not().any(axis, keepdim).logical_not()
+  # softmax and friends compute float16/bfloat16 in float32 (_float_math): their sum of exponentials reaches the
+  # axis length, and over 65504 elements a float16 sum is inf (softmax would be all zeros)
   def softmax(self, axis: int = -1) -> Tensor:
-    x = self._to_float()
-    exponentials = (x - x.max(axis, keepdim=True).detach()).exp()
-    return exponentials / exponentials.sum(axis, keepdim=True)
+    def stable(x: Tensor) -> Tensor:
+      exponentials = (x - x.max(axis, keepdim=True).detach()).exp()
+      return exponentials / exponentials.sum(axis, keepdim=True)
+    return self._float_math(stable)
   def log_softmax(self, axis: int = -1) -> Tensor:
-    x = self._to_float()
-    shifted = x - x.max(axis, keepdim=True).detach()
-    return shifted - shifted.exp().sum(axis, keepdim=True).log()
+    def stable(x: Tensor) -> Tensor:
+      shifted = x - x.max(axis, keepdim=True).detach()
+      return shifted - shifted.exp().sum(axis, keepdim=True).log()
+    return self._float_math(stable)
   def logsumexp(self, axis=None, keepdim: bool = False) -> Tensor:
-    x = self._to_float()
-    peak = x.max(axis, keepdim=True).detach()
-    peak = peak.isinf().where(0, peak)     # all −inf (or +inf) rows: shift by 0 instead of producing NaN
-    out = (x - peak).exp().sum(axis, keepdim=True).log() + peak
+    def stable(x: Tensor) -> Tensor:
+      peak = x.max(axis, keepdim=True).detach()
+      peak = peak.isinf().where(0, peak)     # all −inf (or +inf) rows: shift by 0 instead of producing NaN
+      return (x - peak).exp().sum(axis, keepdim=True).log() + peak
+    out = self._float_math(stable)
     return out if keepdim else out.reshape(self._reduced_shape(self._reduce_axes(axis), keepdim=False))
   def _windows(self, pad_value: Scalar) -> Tensor:
     """For the last axis of size n: shape (..., n, n) with out[..., i, j] = x[i + j − (n − 1)] (pad_value before 0).

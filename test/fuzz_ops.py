@@ -1004,15 +1004,14 @@ def gen_reduce(b: Builder, v: Value) -> Optional[Value]:
     if axis is None and not keepdim: shape = ()
     return b.add("reduce", f"{name}.{kind}({axis!r}, keepdim={keepdim})", f"R.{kind}({name}, {axis!r}, {keepdim})",
                  (name,), shape, "int32", count)
+  dt = float_of(v.dtype)
+  u = roundoff(accumulate_dtype(dt))   # softmax and logsumexp of half floats compute in float32, then round once
   if kind == "softmax":
-    if v.ndim == 0 or v.shape[-1] == 0 or float_of(v.dtype) == "float16" or v.bound > EXP_INPUT_LIMIT["float32"]:
-      return None
+    if v.ndim == 0 or v.shape[-1] == 0 or v.bound > EXP_INPUT_LIMIT["float32"]: return None
     axis = b.rng.randrange(-v.ndim, v.ndim)
     if v.shape[axis] == 0: return None
-    u = roundoff(float_of(v.dtype))
-    err = 2 * v.err + TRANSCENDENTAL_ULPS * u * (2 + 2 * v.bound) * 4
-    return b.add("reduce", f"{name}.softmax({axis})", f"R.softmax({name}, {axis})", (name,), v.shape,
-                 float_of(v.dtype), 1.0, err)
+    err = 2 * v.err + TRANSCENDENTAL_ULPS * u * (2 + 2 * v.bound) * 4 + ROUNDING_ULPS * roundoff(dt)
+    return b.add("reduce", f"{name}.softmax({axis})", f"R.softmax({name}, {axis})", (name,), v.shape, dt, 1.0, err)
   axis = _axis_choice(b, v)
   shape, count = _reduced(v, axis, keepdim)
   code, mirror = f"{name}.{kind}({axis!r}, keepdim={keepdim})", f"R.{kind}({name}, {axis!r}, {keepdim})"
@@ -1025,12 +1024,11 @@ def gen_reduce(b: Builder, v: Value) -> Optional[Value]:
       return None
     return b.add("reduce", code, mirror, (name,), shape, v.dtype, v.bound, v.err, v.grid)
   if kind == "logsumexp":
-    if v.ndim == 0 or count == 0 or float_of(v.dtype) == "float16" or v.bound > EXP_INPUT_LIMIT["float32"]:
-      return None
-    u = roundoff(float_of(v.dtype))
+    if v.ndim == 0 or count == 0 or v.bound > EXP_INPUT_LIMIT["float32"]: return None
     out = v.bound + math.log(max(count, 1))
-    err = v.err + TRANSCENDENTAL_ULPS * u * (2 * out + 2 + count)
-    return b.add("reduce", code, mirror, (name,), shape, float_of(v.dtype), out, err)
+    err = (v.err + TRANSCENDENTAL_ULPS * u * (2 * out + 2) + ROUNDING_ULPS * u * _summation_ulps(count) +
+           ROUNDING_ULPS * roundoff(dt) * out)
+    return b.add("reduce", code, mirror, (name,), shape, dt, out, err)
   out_dtype = sum_dtype(v.dtype) if kind in ("sum", "prod") else float_of(v.dtype)
   acc = accumulate_dtype(out_dtype)
   u = roundoff(acc) if is_float(acc) else 0.0
@@ -1141,7 +1139,9 @@ def gen_composite(b: Builder, v: Value) -> Optional[Value]:
   if kind == "log_softmax":
     axis = b.rng.randrange(-v.ndim, v.ndim)
     if v.shape[axis] == 0: return None
-    err = 2 * v.err + TRANSCENDENTAL_ULPS * u * (2 * v.bound + math.log(v.shape[axis]) + 4)
+    out = 2 * v.bound + math.log(v.shape[axis])
+    computed = roundoff(accumulate_dtype(dt))   # in float32 for half floats, then rounded once
+    err = 2 * v.err + TRANSCENDENTAL_ULPS * computed * (out + 4) + ROUNDING_ULPS * u * out
     return b.add("composite", f"{name}.log_softmax({axis})", f"R.log_softmax({name}, {axis})", (name,), v.shape, dt,
                  2 * v.bound + math.log(v.shape[axis]), err)
   axis, keepdim, correction = _axis_choice(b, v), b.chance(0.4), b.choice([0, 1, 1])

@@ -324,8 +324,6 @@ def fits(bound: float, grid: Optional[int], dtype: str) -> bool:
   if grid is None or grid > SIGNIFICAND_BITS[dtype]: return bound == 0 and grid is not None
   return bound * 2.0 ** grid <= 2.0 ** SIGNIFICAND_BITS[dtype]
 
-def _scalar_code(x) -> str: return repr(x)
-
 class Builder:
   """Draws one case: its structure from random.Random((seed, index)), its data from rng(seed, index, leaf)."""
   def __init__(self, seed: int, index: int):
@@ -533,8 +531,9 @@ def _shape_of(expression: Callable[[np.ndarray], Any], shape: tuple[int, ...]) -
   try: return tuple(expression(np.empty(shape, dtype=np.int8)).shape)
   except (IndexError, ValueError): return None
 
-def _code(x) -> str: return x.name if isinstance(x, Value) else _scalar_code(x)
-def _dtype_of(x) -> Optional[str]: return x.dtype if isinstance(x, Value) else None
+def _code(x) -> str:
+  """A value's name, or a Python scalar as source."""
+  return x.name if isinstance(x, Value) else repr(x)
 
 def _axis_choice(b: Builder, v: Value, allow_none: bool = True):
   """A reduce axis argument: None, an int (maybe negative) or a tuple of distinct axes."""
@@ -1019,9 +1018,7 @@ def gen_reduce(b: Builder, v: Value) -> Optional[Value]:
     if not v.agrees: return None
     return b.add("reduce", code, mirror, (name,), shape, "bool", 1)
   if kind in ("max", "min"):
-    if count == 0 and v.numel == 0 or (count == 0): return None
-    if any(v.shape[a % v.ndim] == 0 for a in ((axis,) if isinstance(axis, int) else axis or range(v.ndim))):
-      return None
+    if count == 0: return None   # over an empty axis: an error, as in numpy
     return b.add("reduce", code, mirror, (name,), shape, v.dtype, v.bound, v.err, v.grid)
   if kind == "logsumexp":
     if v.ndim == 0 or count == 0 or v.bound > EXP_INPUT_LIMIT["float32"]: return None

@@ -626,6 +626,17 @@ class TestMatmul:
 # half precision
 
 class TestLowPrecision:
+  @pytest.mark.parametrize("dtype", [dtypes.float16, dtypes.bfloat16])
+  def test_var_std_over_more_than_65504_elements(self, dtype):
+    # the count 149999 was a float16 inf: var came out 0 (or NaN when the sum overflowed too; found by
+    # test/fuzz_ops.py); they compute in float32 like the other float functions of half tensors
+    t = Tensor(RNG.uniform(0, 2, (2, 150000)).astype(np.float32), dtype=dtype)
+    x = t.float().numpy().astype(np.float64)
+    for name, got, want in [("var", t.var(1), x.var(1, ddof=1)), ("std", t.std(1, correction=0), x.std(1)),
+                            ("var all", t.var(), x.var(ddof=1))]:
+      assert got.dtype == dtype, name
+      np.testing.assert_allclose(got.numpy().astype(np.float64), want, rtol=1e-2, err_msg=name)
+
   @pytest.mark.parametrize("dtype, np_dtype", [(dtypes.float16, np.float16), (dtypes.bfloat16, np.float32)])
   def test_softmax_family_over_more_than_65504_elements(self, dtype, np_dtype):
     # the sum of exponentials passes float16's largest value: softmax was all zeros, log_softmax -inf (found by

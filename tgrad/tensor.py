@@ -690,9 +690,11 @@ class Tensor:
     count = prod(self.shape[a] for a in self._reduce_axes(axis))
     return (total / count).cast(float_dtype)   # 0 / 0 is NaN for an empty axis, as numpy
   def var(self, axis=None, keepdim: bool = False, correction: int = 1) -> Tensor:
-    squared = (self._to_float() - self._to_float().mean(axis, keepdim=True)).square()
+    """Computed in float32 for float16/bfloat16 (_float_math): a count over 65504 is inf in float16."""
     count = prod(self.shape[a] for a in self._reduce_axes(axis))
-    return squared.sum(axis, keepdim) / max(0, count - correction)
+    def spread(x: Tensor) -> Tensor:
+      return (x - x.mean(axis, keepdim=True)).square().sum(axis, keepdim) / max(0, count - correction)
+    return self._float_math(spread)
   def std(self, axis=None, keepdim: bool = False, correction: int = 1) -> Tensor:
     return self.var(axis, keepdim, correction).sqrt()
   def argmax(self, axis: Optional[int] = None, keepdim: bool = False) -> Tensor:

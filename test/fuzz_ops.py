@@ -885,7 +885,8 @@ def gen_binary(b: Builder, v: Value) -> Optional[Value]:
     grid = None if grid is None else grids[0] + grids[1]
   elif op == "div":
     dt = float_of(dt)
-    if isinstance(y, Value) and (y.agrees and b.chance(0.25)):   # raw: x / 0 gives inf or NaN, so the chain ends
+    raw_ok = isinstance(y, Value) and y.agrees and (not isinstance(x, Value) or x.agrees)   # then only 1 rounding
+    if raw_ok and b.chance(0.25):   # raw: x / 0 gives inf or NaN, so the chain ends
       return b.add("binary", code, mirror, inputs, shape, dt, math.inf, 0.0, None, terminal=True)
     if not isinstance(y, Value):
       if y == 0: return None

@@ -44,6 +44,14 @@ class TestCreation:
     assert out.dtype == data.dtype
     np.testing.assert_array_equal(out, data)
 
+  def test_from_numpy_scalars(self):
+    # np.float64 subclasses Python's float: it made a bool tensor (found by test/fuzz_ops.py)
+    for scalar in (np.float64(0.125), np.float32(-2.5), np.float16(1.5), np.int64(-3), np.int8(7), np.bool_(True)):
+      t = Tensor(scalar)
+      assert t.shape == () and t.dtype == dtypes.from_np(scalar.dtype), (scalar, t.dtype)
+      assert t.item() == scalar
+    assert Tensor([np.float64(0.5)]).dtype == dtypes.float32 and Tensor([np.float64(0.5)]).item() == 0.5
+
   def test_host_array_is_copied(self):
     data = np.arange(4, dtype=np.float32)
     t = Tensor(data)
@@ -399,6 +407,14 @@ class TestUnary:
       np.testing.assert_array_equal(getattr(Tensor(x), name)().numpy(), getattr(np, name)(x), err_msg=name)
     assert Tensor([3, -2]).floor().dtype == dtypes.int32
 
+  @pytest.mark.parametrize("dtype", [np.float32, np.float16])
+  def test_rounding_keeps_the_sign_of_zero(self, dtype):
+    x = np.array([-0.5, -0.4, -0.0, 0.0, 0.3, 0.5, -0.7, -1e-3], dtype)   # found by test/fuzz_ops.py: 3 / round(-0.4)
+    for name in ("trunc", "floor", "ceil", "round"):
+      out, want = getattr(Tensor(x), name)().numpy(), getattr(np, name)(x)
+      np.testing.assert_array_equal(out, want, err_msg=name)
+      np.testing.assert_array_equal(np.signbit(out), np.signbit(want), err_msg=f"sign of {name}")
+
 # ---------------------------------------------------------------------------------------------------------------
 # reductions
 
@@ -524,6 +540,12 @@ class TestMovement:
     helper_test_op([(3, 4)], lambda x: F.pad(x, (1, 1, 2, 0), value=-2.5),
                    lambda x: x.pad(((2, 0), (1, 1)), value=-2.5))
     helper_test_op([(3, 4)], lambda x: F.pad(x, (-1, 2)), lambda x: x.pad((None, (-1, 2))))
+
+  def test_an_element_of_the_padding(self):
+    # found by test/fuzz_ops.py: indexing into the padding of a realized buffer read the data next to it
+    x = Tensor(np.array([3, 7], np.int32)).realize()
+    assert x.pad(((1, 0),))[0].item() == 0 and (x + 1).pad(((1, 0),))[0].item() == 0
+    assert x.pad(((1, 0),), value=5)[0].item() == 5 and x.pad(((0, 2),))[-1].item() == 0
 
   def test_shrink_flip(self):
     helper_test_op([(5, 6)], lambda x: x[1:4, 2:5], lambda x: x.shrink(((1, 4), (2, 5))))
@@ -671,6 +693,31 @@ class TestMatmul:
 # half precision
 
 class TestLowPrecision:
+  @pytest.mark.parametrize("dtype", [dtypes.float16, dtypes.bfloat16])
+  def test_var_std_over_more_than_65504_elements(self, dtype):
+    # the count 149999 was a float16 inf: var came out 0 (or NaN when the sum overflowed too; found by
+    # test/fuzz_ops.py); they compute in float32 like the other float functions of half tensors
+    t = Tensor(RNG.uniform(0, 2, (2, 150000)).astype(np.float32), dtype=dtype)
+    x = t.float().numpy().astype(np.float64)
+    for name, got, want in [("var", t.var(1), x.var(1, ddof=1)), ("std", t.std(1, correction=0), x.std(1)),
+                            ("var all", t.var(), x.var(ddof=1))]:
+      assert got.dtype == dtype, name
+      np.testing.assert_allclose(got.numpy().astype(np.float64), want, rtol=1e-2, err_msg=name)
+
+  @pytest.mark.parametrize("dtype, np_dtype", [(dtypes.float16, np.float16), (dtypes.bfloat16, np.float32)])
+  def test_softmax_family_over_more_than_65504_elements(self, dtype, np_dtype):
+    # the sum of exponentials passes float16's largest value: softmax was all zeros, log_softmax -inf (found by
+    # test/fuzz_ops.py); they compute in float32 like the other float functions of half tensors
+    x = RNG.uniform(-0.25, 0.25, (2, 140000)).astype(np_dtype).astype(np.float32)   # Σ exp(x − max) ≈ 110,000
+    t = Tensor(x, dtype=dtype)
+    shifted = x - x.max(1, keepdims=True)
+    log_total = np.log(np.exp(shifted.astype(np.float64)).sum(1, keepdims=True))
+    for name, got, want in [("softmax", t.softmax(), np.exp(shifted - log_total)),
+                            ("log_softmax", t.log_softmax(), shifted - log_total),
+                            ("logsumexp", t.logsumexp(1), (log_total + x.max(1, keepdims=True))[:, 0])]:
+      assert got.dtype == dtype, name
+      np.testing.assert_allclose(got.numpy().astype(np.float64), want, rtol=1e-2, atol=1e-7, err_msg=name)
+
   @pytest.mark.parametrize("dtype, torch_dtype, rtol", [(dtypes.float16, torch.float16, 2e-3),
                                                         (dtypes.bfloat16, torch.bfloat16, 1.6e-2)])
   def test_ops(self, dtype, torch_dtype, rtol):

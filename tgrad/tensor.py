@@ -104,7 +104,8 @@ def _python_dtype(data) -> DType:
   while stack:
     item = stack.pop()
     if isinstance(item, (list, tuple)): stack.extend(item)
-    elif isinstance(item, (bool, int, float)): kinds.add(type(item))
+    elif isinstance(item, (bool, int, float)):   # by isinstance: np.float64 is a float
+      kinds.add(bool if isinstance(item, bool) else int if isinstance(item, int) else float)
     else: raise TypeError(f"cannot infer a dtype for {type(item).__name__} {item!r}")
   if float in kinds or not kinds: return dtypes.default_float
   return dtypes.default_int if int in kinds else dtypes.bool
@@ -160,7 +161,7 @@ class Tensor:
       self.lazydata: LazyBuffer = data if dtype is None else data.cast(dtype)
       return
     device = canonical_device(device)
-    if isinstance(data, (bool, int, float)):
+    if isinstance(data, (bool, int, float)) and not isinstance(data, np.generic):   # np.float64 is a float too
       dtype = dtype or _python_dtype(data)
       _check_scalar_fits(data, dtype)
       self.lazydata = LazyBuffer.const_of(data, dtype, device)
@@ -696,7 +697,7 @@ class Tensor:
     fraction = x - low                      # exact in floating point
     low_is_even = (low * 0.5).floor() * 2 == low
     round_up = (fraction > 0.5) | ((fraction == 0.5) & low_is_even.logical_not())
-    return round_up.where(low + 1, low)
+    return round_up.where(-(-low - 1), low)   # = low + 1, but −0.0 for x in [−0.5, 0), as numpy
 
   # ---- reductions
   def _reduce_axes(self, axis) -> tuple[int, ...]:
@@ -737,9 +738,11 @@ class Tensor:
     count = prod(self.shape[a] for a in self._reduce_axes(axis))
     return (total / count).cast(float_dtype)   # 0 / 0 is NaN for an empty axis, as numpy
   def var(self, axis=None, keepdim: bool = False, correction: int = 1) -> Tensor:
-    squared = (self._to_float() - self._to_float().mean(axis, keepdim=True)).square()
+    """Computed in float32 for float16/bfloat16 (_float_math): a count over 65504 is inf in float16."""
     count = prod(self.shape[a] for a in self._reduce_axes(axis))
-    return squared.sum(axis, keepdim) / max(0, count - correction)
+    def spread(x: Tensor) -> Tensor:
+      return (x - x.mean(axis, keepdim=True)).square().sum(axis, keepdim) / max(0, count - correction)
+    return self._float_math(spread)
   def std(self, axis=None, keepdim: bool = False, correction: int = 1) -> Tensor:
     return self.var(axis, keepdim, correction).sqrt()
   def argmax(self, axis: Optional[int] = None, keepdim: bool = False) -> Tensor:
@@ -768,19 +771,24 @@ class Tensor:
     return (self != 0).max(axis, keepdim)
   def all(self, axis=None, keepdim: bool = False) -> Tensor:
     return self.logical_not().any(axis, keepdim).logical_not()
+  # softmax and friends compute float16/bfloat16 in float32 (_float_math): their sum of exponentials reaches the
+  # axis length, and over 65504 elements a float16 sum is inf (softmax would be all zeros)
   def softmax(self, axis: int = -1) -> Tensor:
-    x = self._to_float()
-    exponentials = (x - x.max(axis, keepdim=True).detach()).exp()
-    return exponentials / exponentials.sum(axis, keepdim=True)
+    def stable(x: Tensor) -> Tensor:
+      exponentials = (x - x.max(axis, keepdim=True).detach()).exp()
+      return exponentials / exponentials.sum(axis, keepdim=True)
+    return self._float_math(stable)
   def log_softmax(self, axis: int = -1) -> Tensor:
-    x = self._to_float()
-    shifted = x - x.max(axis, keepdim=True).detach()
-    return shifted - shifted.exp().sum(axis, keepdim=True).log()
+    def stable(x: Tensor) -> Tensor:
+      shifted = x - x.max(axis, keepdim=True).detach()
+      return shifted - shifted.exp().sum(axis, keepdim=True).log()
+    return self._float_math(stable)
   def logsumexp(self, axis=None, keepdim: bool = False) -> Tensor:
-    x = self._to_float()
-    peak = x.max(axis, keepdim=True).detach()
-    peak = peak.isinf().where(0, peak)     # all −inf (or +inf) rows: shift by 0 instead of producing NaN
-    out = (x - peak).exp().sum(axis, keepdim=True).log() + peak
+    def stable(x: Tensor) -> Tensor:
+      peak = x.max(axis, keepdim=True).detach()
+      peak = peak.isinf().where(0, peak)     # all −inf (or +inf) rows: shift by 0 instead of producing NaN
+      return (x - peak).exp().sum(axis, keepdim=True).log() + peak
+    out = self._float_math(stable)
     return out if keepdim else out.reshape(self._reduced_shape(self._reduce_axes(axis), keepdim=False))
   # ---- scans: an associative op run along one axis, blocked so the work is O(n·SCAN_BLOCK) in O(log n) kernels
   def _scan(self, axis: int, kind: str) -> Tensor:

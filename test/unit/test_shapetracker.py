@@ -339,6 +339,13 @@ def test_composition_merges_into_one_view():
   c2 = CheckingShapeTracker(c1.shape).permute((1, 0)).stride((2, 1))
   assert len(_check_composition(c1, c2).views) == 1
 
+def test_composing_a_fully_masked_0d_tracker_keeps_it_masked():
+  # x.pad(((1, 0),))[0] read x[0] instead of 0: merging [masked (1,), (), ()] made an unmasked 0-d View (found by
+  # test/fuzz_ops.py)
+  c = CheckingShapeTracker((2,)).pad(((1, 0),)).shrink(((0, 1),)).reshape(())
+  composed = _check_composition(c, CheckingShapeTracker(()))
+  assert composed.to_indexed([])[1].arg is False
+
 # ---------------------------------------------------------------------------------------------------------------
 # the random fuzzer
 

@@ -88,7 +88,8 @@ def simplify_given_valid(index: UOp, valid: UOp) -> tuple[UOp, UOp]:
 def _view_from_index(shape: tuple[int, ...], idxs: list[UOp], index: UOp, valid: UOp) -> Optional[View]:
   """The View whose index math is (index, valid) over `idxs`, if index is linear in them and valid is a conjunction
   of bounds on single indices; else None."""
-  if valid.op is Ops.CONST and not valid.arg: return View.create(shape, mask=[EMPTY_RANGE] * len(shape))
+  if valid.op is Ops.CONST and not valid.arg:   # nothing valid; a 0-d View cannot say so (it has no mask)
+    return View.create(shape, mask=[EMPTY_RANGE] * len(shape)) if shape else None
   terms, offset = split_terms(index)
   if any(all(t is not idx for idx in idxs) for t in terms): return None
   axis_of = {idx: d for d, idx in enumerate(idxs)}

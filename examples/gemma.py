@@ -5,14 +5,15 @@ few tokens and prints the speed. With --model it loads an HF checkpoint director
 tokenizer.json) or resolves a Hub id in the local Hugging Face cache (offline). Greedy by default; --temperature,
 --top-k, --top-p and --seed sample (the final token choice is made in numpy from the last logits row). Decode steps
 replay a TinyJit capture of the step; --no-jit builds and schedules every step (to compare speed).
+Every argument is checked before any weights load; a bad one prints one `error: ...` line and exits with status 2.
 """
 from __future__ import annotations
-import argparse, json, os, sys, time
+import argparse, json, math, os, sys, time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # run from a checkout without installing
 from tgrad.models.gemma3 import Gemma3, Gemma3Config, PRESETS, format_chat, generate  # noqa: E402
-from tgrad.device import canonical_device  # noqa: E402
+from tgrad.device import Device, DeviceUnavailable, canonical_device  # noqa: E402
 
 RANDOM_NEW_TOKENS = 8           # default for random weights: enough to time decode, quick on a 2-core CPU
 MODEL_NEW_TOKENS = 64           # default with real weights
@@ -23,6 +24,12 @@ CHECKPOINT_FILES = ["config.json", "generation_config.json", "*.safetensors", "m
 
 class UserError(Exception):
   """A problem the user can fix (bad path, model not cached, bad option): printed as one line, no traceback."""
+
+class OneLineParser(argparse.ArgumentParser):
+  """argparse that reports a bad command line as one `error: ...` line (exit status 2), without the usage block."""
+  def error(self, message: str):
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(2)
 
 def resolve_model(name: str) -> str:
   """A checkpoint directory for --model: the path itself, or a Hub id found in the local HF cache (offline)."""
@@ -59,10 +66,20 @@ def eos_ids(directory: str | None, config: Gemma3Config, tokenizer, chat: bool) 
     ids.add(end_of_turn)
   return ids
 
+def parse_prompt_ids(text: str) -> list[int]:
+  try: ids = [int(t) for t in text.replace(" ", "").split(",") if t]
+  except ValueError: raise UserError(f"--prompt-ids must be comma-separated ints, got {text!r}") from None
+  if not ids: raise UserError(f"--prompt-ids has no ids: {text!r}")
+  return ids
+
 def prompt_ids(args, tokenizer, config: Gemma3Config) -> list[int]:
-  if args.prompt_ids:
-    try: return [int(t) for t in args.prompt_ids.replace(" ", "").split(",") if t]
-    except ValueError: raise UserError(f"--prompt-ids must be comma-separated ints, got {args.prompt_ids!r}") from None
+  if args.prompt_ids: ids = parse_prompt_ids(args.prompt_ids)
+  else: ids = text_prompt_ids(args, tokenizer, config)
+  if bad := [t for t in ids if not 0 <= t < config.vocab_size]:
+    raise UserError(f"--prompt-ids outside the vocabulary [0, {config.vocab_size}): {bad[:10]}")
+  return ids
+
+def text_prompt_ids(args, tokenizer, config: Gemma3Config) -> list[int]:
   if tokenizer is None:
     if args.prompt or args.chat:
       raise UserError("text prompts need a tokenizer.json next to the weights; use --prompt-ids")
@@ -90,7 +107,7 @@ class Streamer:
     self.out.flush()
 
 def build_parser() -> argparse.ArgumentParser:
-  parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--model", help="checkpoint directory, or a Hub id in the local HF cache (google/gemma-3-270m)")
   parser.add_argument("--preset", choices=sorted(PRESETS), default="270m",
                       help="architecture for random weights when there is no --model (default 270m)")
@@ -114,28 +131,67 @@ def build_parser() -> argparse.ArgumentParser:
                                                           "everything else goes to stderr")
   return parser
 
+def check_options(args) -> None:
+  """The options that need no files: numbers in range, and options that only make sense together."""
+  if args.max_new_tokens is not None and args.max_new_tokens < 0:
+    raise UserError(f"--max-new-tokens must be >= 0, got {args.max_new_tokens}")
+  if not (math.isfinite(args.temperature) and args.temperature >= 0):
+    raise UserError(f"--temperature must be a finite number >= 0 (0 is greedy), got {args.temperature}")
+  if args.top_k < 0: raise UserError(f"--top-k must be >= 0 (0 keeps every token), got {args.top_k}")
+  if not 0 < args.top_p <= 1: raise UserError(f"--top-p must be in (0, 1] (1 turns it off), got {args.top_p}")
+  if args.seed < 0: raise UserError(f"--seed must be >= 0, got {args.seed}")
+  if args.model and args.config: raise UserError("--config is for random weights; --model brings its own config.json")
+  if args.prompt is not None and args.prompt_ids is not None: raise UserError("give --prompt or --prompt-ids, not both")
+  if args.system is not None and not args.chat: raise UserError("--system needs --chat")
+  if args.prompt_ids is not None: parse_prompt_ids(args.prompt_ids)
+
+def start_device(name: str | None) -> str:
+  """The device to run on, started now (so a missing GPU or package is reported before any weights load)."""
+  try:
+    device = canonical_device(name)
+    Device[device]
+  except (ValueError, DeviceUnavailable) as e:
+    raise UserError(f"--device {name}: {e}" if name is not None else str(e)) from None
+  return device
+
+def load_config(args, directory: str | None) -> Gemma3Config:
+  """The architecture: the checkpoint's config.json, --config, or --preset."""
+  path = os.path.join(directory, "config.json") if directory else args.config
+  if path is None: return Gemma3Config.preset(args.preset)
+  what = f"{directory}: config.json" if directory else f"--config {path}"
+  try: return Gemma3Config.from_json(path)
+  except FileNotFoundError: raise UserError(f"{what}: no such file") from None
+  except IsADirectoryError: raise UserError(f"{what}: is a directory, not a config.json file") from None
+  except json.JSONDecodeError as e: raise UserError(f"{what}: not valid JSON ({e})") from None
+  except (KeyError, TypeError, ValueError, AttributeError) as e:
+    raise UserError(f"{what}: not a Gemma 3 config ({type(e).__name__}: {e})") from None
+
 def run(args) -> dict:
   log = sys.stderr if args.json else sys.stdout
-  device = canonical_device(args.device)
+  check_options(args)
+  device = start_device(args.device)
+  directory = resolve_model(args.model) if args.model else None
+  config = load_config(args, directory)
+  tokenizer = load_tokenizer(directory) if directory else None
+  ids = prompt_ids(args, tokenizer, config)
+  stops = set() if args.ignore_eos else eos_ids(directory, config, tokenizer, args.chat)
+  if args.max_new_tokens is not None: new_tokens = args.max_new_tokens
+  else: new_tokens = MODEL_NEW_TOKENS if directory else RANDOM_NEW_TOKENS
+  if len(ids) + new_tokens > config.max_position_embeddings:
+    raise UserError(f"the prompt ({len(ids)} tokens) + --max-new-tokens ({new_tokens}) exceeds the model's "
+                    f"{config.max_position_embeddings} positions")
   start = time.perf_counter()
-  directory = None
-  if args.model:
-    directory = resolve_model(args.model)
+  if directory:
     print(f"loading {directory} ({args.dtype} on {device})", file=log, flush=True)
     try: model = Gemma3.from_pretrained(directory, args.dtype, device)
     except ValueError as e: raise UserError(f"cannot load {directory}: {e}") from None
   else:
-    config = Gemma3Config.from_json(args.config) if args.config else Gemma3Config.preset(args.preset)
     what = args.config or (f"gemma-3-{args.preset}" if args.preset == "270m" else f"'{args.preset}' preset")
     print(f"no --model: RANDOM weights (seed {args.seed}) for the {what} architecture, drawn on {device} in "
           f"{args.dtype}. The output tokens are meaningless; this run checks the pipeline and measures speed.",
           file=log, flush=True)
     model = Gemma3.random(config, args.dtype, device, seed=args.seed)
   load_seconds = time.perf_counter() - start
-  tokenizer = load_tokenizer(directory) if directory else None
-  ids = prompt_ids(args, tokenizer, model.config)
-  stops = set() if args.ignore_eos else eos_ids(directory, model.config, tokenizer, args.chat)
-  new_tokens = args.max_new_tokens or (MODEL_NEW_TOKENS if directory else RANDOM_NEW_TOKENS)
   shown = repr(tokenizer.decode(ids, skip_special_tokens=False)) if tokenizer else " ".join(map(str, ids))
   print(f"prompt ({len(ids)} tokens): {shown}", file=log, flush=True)
   streamer = Streamer(tokenizer, log)
@@ -166,11 +222,11 @@ def run(args) -> dict:
   return summary
 
 def main(argv=None) -> int:
-  args = build_parser().parse_args(argv)
+  parser = build_parser()
+  args = parser.parse_args(argv)
   try: summary = run(args)
   except (UserError, FileNotFoundError) as e:
-    print(f"error: {e}", file=sys.stderr)
-    return 2
+    parser.error(str(e))
   if args.json: print(json.dumps(summary))
   return 0
 

@@ -17,8 +17,8 @@ mistake of the fuzzer itself), with the rate in cases/s.
 Semantics mirrored (tgrad's `Ops` docstring and docs/design-notes.md): numpy's type promotion with weak Python
 scalars (an int tensor plus 2.5 is float32, a bool tensor plus 2 is int32); integer + - * wrap; `//` and `%` round
 toward -inf and give 0 for a zero divisor, INT_MIN // -1 wraps; shifts by amounts outside [0, bits) shift out every
-bit; float functions of int tensors compute in float32; sums and products of bools and ints narrower than 32 bits
-are int32 (uint32 for unsigned), float16 reduces accumulate in float32. Inputs stay where tgrad's answer is defined:
+bit; float functions of int tensors compute in float32; sums and products of bools and signed ints
+are int64 (uint64 for unsigned), as numpy's, float16 reduces accumulate in float32. Inputs stay where tgrad's answer is defined:
 float to int casts only of values in range, Python scalars inside the tensor's dtype, indices inside their axis.
 
 On a GPU: `--device CUDA` (everything else is the same; split long runs with --start/--cases or --max-seconds).
@@ -79,8 +79,9 @@ def result_dtype(a: str, b) -> str:
 def float_of(dt: str) -> str: return dt if is_float(dt) else "float32"
 
 def sum_dtype(dt: str) -> str:
-  if dt == "bool" or dt in ("int8", "int16"): return "int32"
-  return "uint32" if dt in ("uint8", "uint16") else dt
+  """numpy's: bools and signed ints sum to int64, unsigned ints to uint64 (docs/design-notes.md)."""
+  if dt == "bool" or dt in ("int8", "int16", "int32", "int64"): return "int64"
+  return "uint64" if dt in ("uint8", "uint16", "uint32", "uint64") else dt
 
 def accumulate_dtype(dt: str) -> str: return "float32" if dt == "float16" else dt
 

@@ -1,12 +1,13 @@
 """Gemma 3 on tgrad (tgrad/models/gemma3.py, examples/gemma.py) against Hugging Face transformers.
 
-A module fixture runs the reference harness (shared/reference/gemma_reference.py, 'tiny' preset: W = 8, a 24-token
-prompt so the sliding window binds) once; the tests then load its checkpoint with tgrad and compare, in float32,
-every hidden state, the prefill logits, cached decode logits and greedy ids (1e-4 max abs). A failing prefill names
-the first stage that differs. Also: bad checkpoints fail with the tensor's name, config parsing, sampling, the chat
-template, and the example script end to end (with the checkpoint and with random weights).
+A module fixture (gemma_hf_reference.py, in this folder) writes a random 'tiny' checkpoint (W = 8; a 24-token prompt
+so the sliding window binds) and what transformers computes from it, once per test session; the tests then load the
+checkpoint with tgrad and compare, in float32, every hidden state, the prefill logits, cached decode logits and greedy
+ids (1e-4 max abs). A failing prefill names the first stage that differs. Also: bad checkpoints fail with the tensor's
+name, config parsing, sampling, the chat template, and the example script end to end (with the checkpoint, with
+random weights, and every bad argument as one `error:` line with exit status 2 before any weights load).
 """
-import importlib.util, json, math, shutil, subprocess, sys
+import importlib.util, json, math, os, shutil, subprocess, sys, textwrap, time
 from pathlib import Path
 import numpy as np
 import pytest
@@ -15,26 +16,23 @@ from tgrad.nn.state import safe_load, safe_save
 from tgrad.models.gemma3 import Gemma3, Gemma3Config, PRESETS, FULL, SLIDING, choose_token, format_chat, generate
 
 REPO = Path(__file__).resolve().parents[1]
-HARNESS = Path(__file__).resolve().parents[2] / "shared/reference/gemma_reference.py"
 EXAMPLE = REPO / "examples/gemma.py"
 PROMPT = [2, 5, 9, 17, 33, 65, 129, 257, 300, 301, 302, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19]  # T=24 > W=8
 DECODE_TOKENS = 8
 FP32_TOLERANCE = 1e-4     # max abs logit / hidden-state difference for a float32 implementation (spec section 12)
 BF16_TOLERANCE = 0.15     # bf16 weights and activations vs the float32 reference (spec section 5)
-HARNESS_TIMEOUT_S = 300
 EXAMPLE_TIMEOUT_S = 300
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory) -> Path:
-  """The harness's output directory: config.json, model.safetensors and HF's logits / hidden states / ids."""
-  if not HARNESS.is_file(): pytest.skip(f"reference harness not found at {HARNESS}")
-  missing = [m for m in ("torch", "transformers", "safetensors") if importlib.util.find_spec(m) is None]
-  if missing: pytest.skip(f"the reference harness needs {missing}")
-  out = tmp_path_factory.mktemp("gemma_tiny_reference")
-  command = [sys.executable, str(HARNESS), "--preset", "tiny", "--out", str(out),
-             "--tokens", ",".join(map(str, PROMPT)), "--decode", str(DECODE_TOKENS), "--dtype", "float32"]
-  done = subprocess.run(command, capture_output=True, text=True, timeout=HARNESS_TIMEOUT_S)
-  if done.returncode != 0: pytest.fail(f"reference harness failed ({done.returncode}):\n{done.stderr[-3000:]}")
+  """A directory with the random checkpoint (config.json, model.safetensors) and HF's logits / hidden states / ids."""
+  import gemma_hf_reference
+  missing = [m for m in gemma_hf_reference.NEEDS if importlib.util.find_spec(m) is None]
+  if missing: pytest.skip(f"the Hugging Face reference needs {missing}: pip install -e '.[test]'")
+  began = time.perf_counter()
+  out = gemma_hf_reference.write_reference(tmp_path_factory.mktemp("gemma_tiny_reference"), PRESETS["tiny"], PROMPT,
+                                           DECODE_TOKENS)
+  print(f"HF reference for the tiny preset written in {time.perf_counter() - began:.1f} s")
   return out
 
 @pytest.fixture(scope="module")
@@ -162,3 +160,84 @@ def test_chat_template_matches_spec_example():
           "<start_of_turn>user\nWhy?<end_of_turn>\n<start_of_turn>model\n")   # the spec's rendered example
   assert "<bos>" + format_chat(messages) == want
   with pytest.raises(ValueError, match="alternate"): format_chat([{"role": "assistant", "content": "x"}])
+
+# ---- examples/gemma.py: every bad argument is one `error:` line and exit status 2, before any weights load
+
+def _run_example_raw(*args: str, pythonpath: str = "") -> subprocess.CompletedProcess:
+  env = {k: v for k, v in os.environ.items() if k != "DEVICE"}
+  if pythonpath: env["PYTHONPATH"] = os.pathsep.join(p for p in (pythonpath, env.get("PYTHONPATH", "")) if p)
+  return subprocess.run([sys.executable, str(EXAMPLE), *args], capture_output=True, text=True,
+                        timeout=EXAMPLE_TIMEOUT_S, cwd=REPO, env=env)
+
+def _assert_one_line_error(done: subprocess.CompletedProcess, *fragments: str) -> None:
+  assert done.returncode == 2, (done.returncode, done.stderr[-2000:])
+  lines = done.stderr.strip().splitlines()
+  assert len(lines) == 1 and lines[0].startswith("error: "), done.stderr[-2000:]
+  for fragment in fragments: assert fragment in lines[0], lines[0]
+  assert "RANDOM weights" not in done.stdout and "loading" not in done.stdout   # nothing was loaded
+
+BAD_ARGUMENTS = [
+  (["--device", "NOPE"], ["--device NOPE", "unknown device 'NOPE'", "LLVM, CUDA"]),
+  (["--max-new-tokens", "-1"], ["--max-new-tokens must be >= 0, got -1"]),
+  (["--max-new-tokens", "many"], ["--max-new-tokens", "invalid int value: 'many'"]),
+  (["--top-p", "0"], ["--top-p must be in (0, 1]", "got 0.0"]),
+  (["--top-p", "1.5"], ["--top-p must be in (0, 1]", "got 1.5"]),
+  (["--temperature", "-0.5"], ["--temperature must be a finite number >= 0", "got -0.5"]),
+  (["--temperature", "nan"], ["--temperature must be a finite number >= 0", "got nan"]),
+  (["--top-k", "-3"], ["--top-k must be >= 0", "got -3"]),
+  (["--seed", "-1"], ["--seed must be >= 0"]),
+  (["--preset", "huge"], ["--preset", "invalid choice: 'huge'"]),
+  (["--dtype", "int8"], ["--dtype", "invalid choice: 'int8'"]),
+  (["--prompt-ids", "1,x"], ["--prompt-ids must be comma-separated ints, got '1,x'"]),
+  (["--preset", "tiny", "--prompt-ids", "2,512"], ["--prompt-ids outside the vocabulary [0, 512): [512]"]),
+  (["--preset", "tiny", "--max-new-tokens", "1024"], ["+ --max-new-tokens (1024) exceeds the model's 1024 positions"]),
+  (["--prompt", "hi", "--prompt-ids", "2"], ["give --prompt or --prompt-ids, not both"]),
+  (["--system", "be brief"], ["--system needs --chat"]),
+  (["--model", "/no/such/dir"], ["--model /no/such/dir: no such directory"]),
+  (["--model", ".", "--config", "c.json"], ["--config is for random weights"]),
+  (["--config", "/no/such/config.json"], ["--config /no/such/config.json: no such file"]),
+  (["--config", "README.md"], ["--config README.md: not valid JSON"]),
+  (["--config", "pytest.ini"], ["--config pytest.ini: not valid JSON"]),
+]
+
+@pytest.mark.parametrize("args,fragments", BAD_ARGUMENTS, ids=[" ".join(a) for a, _ in BAD_ARGUMENTS])
+def test_example_bad_argument_is_one_error_line(args, fragments):
+  _assert_one_line_error(_run_example_raw(*args), *fragments)
+
+def test_example_config_that_is_not_gemma(tmp_path):
+  for text, why in (("{}", "config is missing"), ("[1, 2]", "not a Gemma 3 config")):
+    (tmp_path / "config.json").write_text(text)
+    _assert_one_line_error(_run_example_raw("--config", str(tmp_path / "config.json")), "not a Gemma 3 config", why)
+
+def _stub_pycuda(root: Path, driver_source: str) -> str:
+  (root / "pycuda").mkdir()
+  (root / "pycuda/__init__.py").write_text("")
+  (root / "pycuda/driver.py").write_text(textwrap.dedent(driver_source))
+  return str(root)
+
+def test_example_cuda_without_pycuda(tmp_path):
+  """As on a machine without pycuda (a stand-in package that fails to import, as a missing one does)."""
+  (tmp_path / "pycuda").mkdir()
+  (tmp_path / "pycuda/__init__.py").write_text("raise ModuleNotFoundError(\"No module named 'pycuda'\", name='pycuda')")
+  done = _run_example_raw("--device", "CUDA", pythonpath=str(tmp_path))
+  _assert_one_line_error(done, "--device CUDA", "pycuda", "pip install -e '.[cuda]'")
+
+def test_example_cuda_without_a_gpu(tmp_path):
+  """pycuda installed, no GPU visible: a stand-in driver whose cuInit fails as the real one does."""
+  stub = _stub_pycuda(tmp_path, """
+    class Error(Exception): pass
+    class LogicError(Error): pass
+    class MemoryError(Error): pass
+    def init(): raise LogicError("cuInit failed: no CUDA-capable device is detected")
+  """)
+  _assert_one_line_error(_run_example_raw("--device", "CUDA", pythonpath=stub), "--device CUDA",
+                         "no GPU is visible", "DEVICE=LLVM")
+
+def test_example_zero_new_tokens_generates_none():
+  summary = _run_example("--preset", "tiny", "--max-new-tokens", "0")
+  assert summary["ids"] == [] and summary["decode_tokens"] == 0
+
+def test_generate_zero_and_negative_new_tokens(reference, model):
+  result = generate(model, PROMPT, 0)
+  assert result.ids == [] and result.decode_tokens == 0 and result.prompt_tokens == len(PROMPT)
+  with pytest.raises(ValueError, match="max_new_tokens must be >= 0, got -1"): generate(model, PROMPT, -1)

@@ -16,6 +16,13 @@ from tgrad.helpers import Context
 
 KNOWN_DEVICES = ("LLVM", "CUDA")
 _ALIASES = {"CPU": "LLVM", "GPU": "CUDA"}
+# what to run when a device's Python packages are missing, and what a failure to start it usually means
+_INSTALL_COMMANDS = {"LLVM": "pip install -e .", "CUDA": "pip install -e '.[cuda]'"}
+_START_FAILURES = {"CUDA": "no GPU is visible to the CUDA driver (check `nvidia-smi` and CUDA_VISIBLE_DEVICES); "
+                           "DEVICE=LLVM runs on the CPU"}
+
+class DeviceUnavailable(RuntimeError):
+  """A device that can't start: the message says why, and what to install or check."""
 
 @dataclass(frozen=True)
 class DeviceTraits:
@@ -126,8 +133,16 @@ class _DeviceRegistry:
   @functools.cache
   def __getitem__(self, name: str) -> Compiled:
     name = canonical_device(name)
-    module = importlib.import_module(f"tgrad.runtime.{name.lower()}")
-    return module.create_device()
+    try: module = importlib.import_module(f"tgrad.runtime.{name.lower()}")
+    except ImportError as error:
+      package = (error.name or "").split(".")[0]
+      if package == "tgrad": raise   # a bug in tgrad, not a missing package
+      raise DeviceUnavailable(f"device {name} needs the Python package {package or error}, which is not installed: "
+                              f"{_INSTALL_COMMANDS[name]}") from error
+    try: return module.create_device()
+    except Exception as error:
+      reason = _START_FAILURES.get(name, "its runtime failed to start")
+      raise DeviceUnavailable(f"device {name} can't start: {reason} ({type(error).__name__}: {error})") from error
   @functools.cache
   def available(self, name: str) -> bool:
     """Whether the device can be used; a runtime's `is_usable()` answers without starting the device."""
@@ -139,7 +154,13 @@ class _DeviceRegistry:
     except Exception:
       return False
   def default(self) -> str:
-    if (chosen := Context.DEVICE or os.environ.get("DEVICE", "")): return canonical_device(chosen)
+    """DEVICE if set (an unknown name raises ValueError naming it), else CUDA when it starts, else LLVM."""
+    if (chosen := Context.DEVICE or os.environ.get("DEVICE", "").strip()):
+      try: return canonical_device(chosen)
+      except ValueError:
+        allowed = ", ".join(KNOWN_DEVICES + tuple(_ALIASES))
+        raise ValueError(f"DEVICE={chosen!r} is not a device; allowed: {allowed} (any case, optionally with ':N'), "
+                         "or unset for CUDA when a GPU is usable, else LLVM") from None
     return "CUDA" if self.available("CUDA") else "LLVM"
 
 Device = _DeviceRegistry()

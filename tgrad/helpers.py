@@ -6,7 +6,7 @@ Every switch is listed in docs/env.md. Nothing here imports from the rest of tgr
 from __future__ import annotations
 import contextlib, functools, gc, math, os
 from dataclasses import dataclass, fields, replace
-from typing import Any, Generator, Iterable, TypeVar
+from typing import Any, Callable, Generator, Iterable, Optional, TypeVar
 
 T = TypeVar("T")
 
@@ -53,26 +53,68 @@ def getenv(key: str, default=0):
   if value is None: return default
   return type(default)(value) if not isinstance(default, bool) else value not in ("", "0", "false", "False")
 
+class SettingError(ValueError):
+  """An environment variable (or a Context override) with a value tgrad does not accept; the message names the
+  variable, the value and the values allowed."""
+
 @dataclass(frozen=True)
 class _Settings:
   DEBUG: int = 0        # 1 totals, 2 a line per kernel, 3 opts, 4 source, 5 uops
   BEAM: int = 0         # beam width of the kernel search; 0 uses the heuristics
   NOOPT: int = 0        # 1 turns the heuristics off (plain loops)
-  DEVICE: str = ""      # default device; empty means CUDA if usable, else LLVM
+  DEVICE: str = ""      # default device; empty means CUDA if usable, else LLVM (checked by tgrad.device at first use)
   CACHELEVEL: int = 1   # 0 turns every disk cache off
   IGNORE_BEAM_CACHE: int = 0
   THREADS: int = 0      # CPU threads for THREAD opts; 0 means all cores
-  CUDA_GRAPH: int = 1   # 0 replays compiled programs on CUDA kernel by kernel instead of as CUDA graphs
+  CUDA_GRAPH: int = 0   # 1 replays compiled programs on CUDA as CUDA graphs (off: the last H100 run failed it)
   JIT_PLAN: int = 1     # 1: a TinyJit packs its transient buffers into one arena per device; 0: one allocation each
 
-_current = _Settings(**{f.name: getenv(f.name, f.default) for f in fields(_Settings)})
+MAX_DEBUG = 5
+# the integer settings: what each accepts, in words for the error message and as a test
+_ALLOWED_VALUES: dict[str, tuple[str, Callable[[int], bool]]] = {
+  "DEBUG": (f"a whole number from 0 to {MAX_DEBUG}", lambda v: 0 <= v <= MAX_DEBUG),
+  "BEAM": ("a whole number >= 0 (the beam width; 0 uses the heuristics)", lambda v: v >= 0),
+  "NOOPT": ("0 or 1", lambda v: v in (0, 1)),
+  "CACHELEVEL": ("0 or 1", lambda v: v in (0, 1)),
+  "IGNORE_BEAM_CACHE": ("0 or 1", lambda v: v in (0, 1)),
+  "THREADS": ("a whole number >= 0 (0 uses every core)", lambda v: v >= 0),
+}
+
+def _checked(name: str, value: Any, source: str) -> Any:
+  """`value` for setting `name` as tgrad uses it, or SettingError. `source` says where it came from (for the message:
+  'environment variable' or 'Context')."""
+  if name not in _ALLOWED_VALUES:   # DEVICE: any string here; the device registry checks the name
+    if not isinstance(value, str): raise SettingError(f"{source} {name}={value!r} is not valid: expected a device name")
+    return value
+  allowed, test = _ALLOWED_VALUES[name]
+  if isinstance(value, str):
+    try: value = int(value.strip())
+    except ValueError: raise SettingError(f"{source} {name}={value!r} is not valid: expected {allowed}") from None
+  if not isinstance(value, int) or not test(value):
+    raise SettingError(f"{source} {name}={value!r} is not valid: expected {allowed}")
+  return int(value)
+
+def _settings_from_environment() -> _Settings:
+  """Every setting from its environment variable; unset or empty keeps the default."""
+  values = {}
+  for f in fields(_Settings):
+    raw = os.environ.get(f.name, "")
+    values[f.name] = _checked(f.name, raw, "environment variable") if raw.strip() else f.default
+  return _Settings(**values)
+
+_current = _settings_from_environment()
 
 class _ContextMeta(type):
   def __getattr__(cls, name): return getattr(_current, name)
 
 class Context(contextlib.ContextDecorator, metaclass=_ContextMeta):
   """Read settings as `Context.DEBUG`; override them in a scope with `with Context(DEBUG=2): ...`."""
-  def __init__(self, **overrides): self.overrides, self.saved = overrides, None
+  def __init__(self, **overrides):
+    known = {f.name for f in fields(_Settings)}
+    for name in overrides:
+      if name not in known: raise SettingError(f"unknown setting {name!r}; known: {', '.join(sorted(known))}")
+    self.overrides = {name: _checked(name, value, "Context") for name, value in overrides.items()}
+    self.saved: Optional[_Settings] = None
   def __enter__(self):
     global _current
     self.saved, _current = _current, replace(_current, **self.overrides)

@@ -630,15 +630,17 @@ def generate(model: Gemma3, prompt_ids: Sequence[int], max_new_tokens: int, temp
              top_p: float = 1.0, seed: Optional[int] = None, eos_ids: Sequence[int] = (),
              on_token: Optional[Callable[[int], None]] = None, max_context: Optional[int] = None,
              jit: bool = True) -> GenerationResult:
-  """Prefill the prompt, then decode one token per cached step until max_new_tokens or an EOS id.
+  """Prefill the prompt, then decode one token per cached step until max_new_tokens or an EOS id (max_new_tokens 0:
+  nothing runs and no ids come back).
   The cache is sized to the prompt plus max_new_tokens, rounded up to CONTEXT_GRANULE. With `jit` (the default) the
   decode step is captured once by a TinyJit and replayed for every later token (the same ids and logits as without:
   the same kernels run, without building and scheduling the graph again)."""
   prompt = [int(t) for t in prompt_ids]
   if not prompt: raise ValueError("the prompt has no tokens")
-  if max_new_tokens < 1: raise ValueError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
+  if max_new_tokens < 0: raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
   bad = [t for t in prompt if not 0 <= t < model.config.vocab_size]
   if bad: raise ValueError(f"prompt ids outside the vocabulary [0, {model.config.vocab_size}): {bad[:10]}")
+  if max_new_tokens == 0: return GenerationResult([], len(prompt), 0.0, 0.0)
   needed = len(prompt) + max_new_tokens
   limit = model.config.max_position_embeddings
   if needed > limit:

@@ -17,8 +17,8 @@ mistake of the fuzzer itself), with the rate in cases/s.
 Semantics mirrored (tgrad's `Ops` docstring and docs/design-notes.md): numpy's type promotion with weak Python
 scalars (an int tensor plus 2.5 is float32, a bool tensor plus 2 is int32); integer + - * wrap; `//` and `%` round
 toward -inf and give 0 for a zero divisor, INT_MIN // -1 wraps; shifts by amounts outside [0, bits) shift out every
-bit; float functions of int tensors compute in float32; sums and products of bools and signed ints
-are int64 (uint64 for unsigned), as numpy's, float16 reduces accumulate in float32. Inputs stay where tgrad's answer is defined:
+bit; float functions of int tensors compute in float32; sums and products of bools and signed ints are int64
+(uint64 for unsigned), as numpy's, float16 reduces accumulate in float32. Inputs stay where tgrad's answer is defined:
 float to int casts only of values in range, Python scalars inside the tensor's dtype, indices inside their axis.
 
 On a GPU: `--device CUDA` (everything else is the same; split long runs with --start/--cases or --max-seconds).

@@ -78,6 +78,8 @@ _ALLOWED_VALUES: dict[str, tuple[str, Callable[[int], bool]]] = {
   "CACHELEVEL": ("0 or 1", lambda v: v in (0, 1)),
   "IGNORE_BEAM_CACHE": ("0 or 1", lambda v: v in (0, 1)),
   "THREADS": ("a whole number >= 0 (0 uses every core)", lambda v: v >= 0),
+  "CUDA_GRAPH": ("0 or 1", lambda v: v in (0, 1)),
+  "JIT_PLAN": ("0 or 1", lambda v: v in (0, 1)),
 }
 
 def _checked(name: str, value: Any, source: str) -> Any:

@@ -223,7 +223,8 @@ def test_estimate_memory_and_out_of_memory_before_any_launch(monkeypatch):
 def test_invalid_plan_switch():
   jitted = TinyJit(lambda x: x + 1)
   jitted(Tensor.ones(2))
-  with pytest.raises(ValueError, match="JIT_PLAN=2 is not valid: expected 0 or 1"), Context(JIT_PLAN=2): jitted(Tensor.ones(2))
+  with pytest.raises(ValueError, match="JIT_PLAN=2 is not valid: expected 0 or 1"), Context(JIT_PLAN=2):
+    jitted(Tensor.ones(2))
 
 def test_graph_building_starts_no_device():
   code = ("import sys; from tgrad import Tensor; import numpy as np\n"

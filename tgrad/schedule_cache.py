@@ -37,39 +37,45 @@ _templates: dict[tuple, _Template] = {}
 _cached_nodes = 0
 
 class _Walk:
-  """The unrealized graph above `outs` in post-order: every node (views included), its structural entry, and the
-  realized Buffers it reads, numbered by first appearance."""
+  """The unrealized graph above `outs`: every node (views included) numbered in depth-first pre-order from the roots,
+  its structural entry (children named by their numbers), and the realized Buffers it reads, numbered by first
+  appearance. Any numbering fixed by the structure alone works: equal keys mean isomorphic graphs."""
   def __init__(self, roots: list[LazyBuffer]):
-    self.nodes: list[LazyBuffer] = []
-    self.unrealized: list[int] = []   # positions of the unrealized bases: the values a schedule may realize
-    self.leaf_buffers: list[Buffer] = []
-    nodes, entries, position, leaf_number = self.nodes, [], {}, {}
-    stack: list[tuple[LazyBuffer, bool]] = [(lb, False) for lb in reversed(roots)]
-    while stack:   # the hot loop of every realize: plain locals, one dict per node
-      lb, expanded = stack.pop()
+    nodes: list[LazyBuffer] = []
+    position: dict[int, int] = {}
+    stack = roots[::-1]
+    pop, push, extend, append = stack.pop, stack.append, stack.extend, nodes.append
+    while stack:   # the hot loop of every realize: plain locals, attribute reads only
+      lb = pop()
       if id(lb) in position: continue
-      is_base = lb.is_base
-      if not expanded:
-        stack.append((lb, True))
-        if not is_base: stack.append((lb.base, False))
-        elif lb.buffer is None: stack.extend((child, False) for child in reversed(lb.srcs))
-        continue
-      if not is_base: entry: tuple = (_VIEW, lb.st, position[id(lb.base)])
-      elif lb.buffer is not None:
-        number = leaf_number.setdefault(id(lb.buffer), len(self.leaf_buffers))
-        if number == len(self.leaf_buffers): self.leaf_buffers.append(lb.buffer)
-        entry = (_LEAF, lb.device, lb.dtype, lb.shape, number)
-      else:
-        entry = (lb.op, lb.device, lb.dtype, lb.shape, _arg_key(lb.arg), tuple([position[id(s)] for s in lb.srcs]))
-        self.unrealized.append(len(nodes))
       position[id(lb)] = len(nodes)
-      nodes.append(lb)
-      entries.append(entry)
-    self.key = (tuple(entries), tuple(position[id(lb)] for lb in roots))
+      append(lb)
+      if lb._base is not None: push(lb._base)
+      elif lb.buffer is None and lb.srcs: extend(lb.srcs[::-1])
+    entries: list[tuple] = []
+    unrealized: list[int] = []   # positions of the unrealized bases: the values a schedule may realize
+    leaf_buffers: list[Buffer] = []
+    leaf_number: dict[int, int] = {}
+    for p, lb in enumerate(nodes):
+      if lb._base is not None: entries.append((_VIEW, lb.st, position[id(lb._base)]))
+      elif (buffer := lb.buffer) is not None:
+        if (number := leaf_number.get(id(buffer))) is None:
+          number = leaf_number[id(buffer)] = len(leaf_buffers)
+          leaf_buffers.append(buffer)
+        entries.append((_LEAF, lb.device, lb.dtype, lb.shape, number))
+      else:
+        arg = lb.arg
+        entries.append((lb.op, lb.device, lb.dtype, lb.shape, arg if arg is None else _arg_key(arg),
+                        tuple([position[id(s)] for s in lb.srcs])))
+        unrealized.append(p)
+    self.nodes, self.unrealized, self.leaf_buffers = nodes, unrealized, leaf_buffers
+    self.key = (tuple(entries), tuple([position[id(lb)] for lb in roots]))
 
 def _arg_key(arg: Any) -> Any:
   """An arg as a key: host data by its dtype and shape only (the values are the graph's own, not the structure's);
   floats by repr, so -0.0 differs from 0.0 and NaN equals NaN."""
+  kind = type(arg)
+  if kind is int or kind is bool or kind is tuple: return arg   # the common args, with no array inside
   if hasattr(arg, "__array__"): return ("host", str(arg.dtype), tuple(arg.shape))
   if isinstance(arg, float): return ("float", repr(arg))
   return arg

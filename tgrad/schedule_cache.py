@@ -27,11 +27,12 @@ _VIEW = "view"
 
 @dataclass(frozen=True)
 class _Template:
-  """A schedule over positions: refs are ("in", k) for the graph's k-th distinct realized Buffer or ("new", j)."""
-  items: tuple[tuple[UOp, tuple[tuple[str, int], ...], int, Optional[int]], ...]   # ast, bufs, outputs, host node
+  """A schedule over positions. A Buffer is named by its index in one list: the graph's distinct realized Buffers
+  (numbered by the walk; every graph with this key has the same number of them) followed by the new Buffers."""
+  items: tuple[tuple[UOp, tuple[int, ...], int, Optional[int]], ...]   # ast, buffer indices, outputs, host node
   new_buffers: tuple[tuple[str, int, DType], ...]          # (device, size, dtype) of each new Buffer
-  commits: tuple[tuple[int, tuple[str, int]], ...]         # (node position, ref): the values the schedule realizes
-  nodes: int
+  commits: tuple[tuple[int, int, bool], ...]               # (node position, buffer index, keeps its arg): the
+  nodes: int                                               # values the schedule realizes
 
 _templates: dict[tuple, _Template] = {}
 _cached_nodes = 0
@@ -94,18 +95,19 @@ def schedule(outs: list[LazyBuffer]) -> list[ScheduleItem]:
   return _instantiate(walk, template)
 
 def _template_of(walk: _Walk, items: list[ScheduleItem], host_copies: set[int]) -> _Template:
-  refs: dict[int, tuple[str, int]] = {id(b): ("in", k) for k, b in enumerate(walk.leaf_buffers)}
+  index: dict[int, int] = {id(b): k for k, b in enumerate(walk.leaf_buffers)}
   new_buffers: list[tuple[str, int, DType]] = []
   for item in items:
     for b in item.bufs:
-      if id(b) not in refs:
-        refs[id(b)] = ("new", len(new_buffers))
+      if id(b) not in index:
+        index[id(b)] = len(walk.leaf_buffers) + len(new_buffers)
         new_buffers.append((b.device, b.size, b.dtype))
-  commits = [(p, refs[id(walk.nodes[p].buffer)]) for p in walk.unrealized if walk.nodes[p].buffer is not None]
-  node_of_buffer = {id(walk.nodes[p].buffer): p for p, _ in commits if p in host_copies}
-  template_items = tuple((item.ast, tuple(refs[id(b)] for b in item.bufs), item.output_count,
+  commits = tuple((p, index[id(walk.nodes[p].buffer)], walk.nodes[p].op is Ops.REDUCE_AXIS)
+                  for p in walk.unrealized if walk.nodes[p].buffer is not None)
+  node_of_buffer = {id(walk.nodes[p].buffer): p for p, _, _ in commits if p in host_copies}
+  template_items = tuple((item.ast, tuple(index[id(b)] for b in item.bufs), item.output_count,
                           node_of_buffer[id(item.bufs[0])] if item.host_data is not None else None) for item in items)
-  return _Template(template_items, tuple(new_buffers), tuple(commits), len(walk.nodes))
+  return _Template(template_items, tuple(new_buffers), commits, len(walk.nodes))
 
 def _store(walk: _Walk, template: _Template) -> None:
   global _cached_nodes
@@ -115,14 +117,15 @@ def _store(walk: _Walk, template: _Template) -> None:
     _cached_nodes -= _templates.pop(next(iter(_templates))).nodes
 
 def _instantiate(walk: _Walk, template: _Template) -> list[ScheduleItem]:
-  new = [Buffer(device, size, dtype) for device, size, dtype in template.new_buffers]
-  def resolve(ref: tuple[str, int]) -> Buffer: return walk.leaf_buffers[ref[1]] if ref[0] == "in" else new[ref[1]]
-  items = [ScheduleItem(ast, tuple(resolve(r) for r in refs), outputs,
-                        walk.nodes[host_node].arg if host_node is not None else None)
-           for ast, refs, outputs, host_node in template.items]
-  for p, ref in template.commits:   # as create_schedule's commit: the value keeps its Buffer, forgets its sources
-    lb = walk.nodes[p]
-    lb.buffer, lb.srcs, lb.arg = resolve(ref), (), (lb.arg if lb.op is Ops.REDUCE_AXIS else None)
+  nodes = walk.nodes
+  bufs = walk.leaf_buffers + [Buffer(device, size, dtype) for device, size, dtype in template.new_buffers]
+  items = [ScheduleItem(ast, tuple([bufs[i] for i in indices]), outputs,
+                        nodes[host_node].arg if host_node is not None else None)
+           for ast, indices, outputs, host_node in template.items]
+  for p, i, keeps_arg in template.commits:   # as create_schedule's commit: the value keeps its Buffer, forgets its
+    lb = nodes[p]                            # sources (and its arg, but for a reduce's)
+    lb.buffer, lb.srcs = bufs[i], ()
+    if not keeps_arg: lb.arg = None
   return items
 
 def clear() -> None:

@@ -225,7 +225,8 @@ def _canonical_view(shape: tuple[int, ...], strides: Optional[tuple[int, ...]], 
   if mask is not None:
     if len(mask) != len(shape): raise ValueError(f"mask {tuple(mask)} does not match shape {shape}")
     if any(len(m) != 2 for m in mask): raise ValueError(f"mask {mask} must be (start, end) pairs")
-    mask = tuple((max(0, int(operator.index(lo))), min(size, int(operator.index(hi)))) for (lo, hi), size in zip(mask, shape))
+    mask = tuple((max(0, int(operator.index(lo))), min(size, int(operator.index(hi))))
+                 for (lo, hi), size in zip(mask, shape))
     if any(lo >= hi for lo, hi in mask): return View(shape, (0,) * len(shape), 0, (EMPTY_RANGE,) * len(shape), False)
     if all(m == (0, size) for m, size in zip(mask, shape)): mask = None
     else:

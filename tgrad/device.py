@@ -38,12 +38,18 @@ class OutOfMemoryError(MemoryError):
     super().__init__(f"{device}: {what or 'allocation'} needs {needed} bytes ({needed / 2**20:.1f} MiB), only "
                      f"{available} bytes ({available / 2**20:.1f} MiB) are available")
 
+# Names already resolved, and the canonical names themselves: every op's device goes through canonical_device.
+_canonical_names: dict[str, str] = {name: name for name in KNOWN_DEVICES}
+MAX_DEVICE_NAMES = 1024   # bounds the memo of spellings ('cuda:0', 'Cpu', ...) a program may use
+
 def canonical_device(name: Optional[str]) -> str:
   """'cuda:0' → 'CUDA', 'cpu' → 'LLVM', None → the default device. Unknown names raise ValueError."""
   if name is None: return Device.default()
+  if type(name) is str and (known := _canonical_names.get(name)) is not None: return known
   base = name.split(":")[0].upper()
   base = _ALIASES.get(base, base)
   if base not in KNOWN_DEVICES: raise ValueError(f"unknown device {name!r}; known: {', '.join(KNOWN_DEVICES)}")
+  if type(name) is str and len(_canonical_names) < MAX_DEVICE_NAMES: _canonical_names[name] = base
   return base
 
 class Allocator:

@@ -6,13 +6,38 @@ through a ShapeTracker. Movement ops only make new views; they never copy. Graph
 the scheduler (schedule.py) decides what becomes a kernel.
 """
 from __future__ import annotations
+import functools
 from typing import Any, Optional
 import numpy as np
 from tgrad.dtype import DType, dtypes
-from tgrad.ops import Ops, COMPARISON, REDUCE_OPS
+from tgrad.ops import Ops, COMPARISON, REDUCE_OPS, truncate_to
 from tgrad.shape.shapetracker import ShapeTracker
+from tgrad.shape.view import VIEW_CACHE_SIZE, as_int_tuple
 from tgrad.device import Buffer, DEVICE_TRAITS, canonical_device
 from tgrad.helpers import prod, cpu_count
+
+_SCALAR_TRACKER = ShapeTracker.from_shape(())
+
+@functools.lru_cache(maxsize=VIEW_CACHE_SIZE)
+def _const_tracker(shape: tuple[int, ...]) -> ShapeTracker:
+  """The view of a 0-d constant at `shape`: reshaped to all ones, then expanded."""
+  return _SCALAR_TRACKER.reshape((1,) * len(shape)).expand(shape)
+
+# truncate_to rounds through numpy (microseconds); the weak Python scalars of elementwise ops repeat, so their
+# roundings are remembered. Keyed by the value's type too (True == 1 == 1.0); floats equal to 0 (0.0 and -0.0
+# compare equal) and NaN (never equal to itself) are not remembered.
+_truncations: dict[tuple, Any] = {}
+MAX_TRUNCATIONS = 4096
+
+def _truncated(value, dtype: DType):
+  kind = type(value)
+  if (kind is int or kind is float or kind is bool) and value == value and value != 0:
+    key = (kind, value, dtype)
+    if (known := _truncations.get(key)) is not None or key in _truncations: return known
+    if len(_truncations) >= MAX_TRUNCATIONS: _truncations.clear()
+    result = _truncations[key] = truncate_to(value, dtype)
+    return result
+  return truncate_to(value, dtype)
 
 class LazyBuffer:
   """One lazy value. Public fields: device, dtype, shape, st; `base` is itself for a base, else the viewed base."""
@@ -48,10 +73,12 @@ class LazyBuffer:
     return LazyBuffer(canonical_device(device), ShapeTracker.from_shape(shape), dtype, op, srcs, arg)
   @staticmethod
   def const_of(value, dtype: DType, device: str, shape: tuple[int, ...] = ()) -> LazyBuffer:
-    """A constant of any shape, stored as a 0-d CONST base expanded by a view (no memory is ever used)."""
-    from tgrad.ops import truncate_to
-    scalar = LazyBuffer.loadop(Ops.CONST, (), dtype, device, truncate_to(value, dtype))
-    return scalar.reshape((1,) * len(shape)).expand(shape) if shape else scalar
+    """A constant of any shape, stored as a 0-d CONST base expanded by a view (no memory is ever used). Each call
+    makes new LazyBuffers (a realized constant holds a Buffer that an assign may change); only the value's
+    rounding and the immutable ShapeTrackers are remembered."""
+    scalar = LazyBuffer(canonical_device(device), _SCALAR_TRACKER, dtype, Ops.CONST, (), _truncated(value, dtype))
+    if not shape: return scalar
+    return LazyBuffer(scalar.device, _const_tracker(as_int_tuple(shape, "constant shape")), dtype, base=scalar)
   @staticmethod
   def from_host(data: np.ndarray, device: str, dtype: Optional[DType] = None) -> LazyBuffer:
     """Host data to be copied to the device when realized. The array is referenced, not copied: don't mutate it.
@@ -74,9 +101,10 @@ class LazyBuffer:
   def alu(self, op: Ops, *others: LazyBuffer) -> LazyBuffer:
     """An elementwise op; every operand must already have this shape (broadcasting is the Tensor's job)."""
     srcs = (self, *others)
-    for s in srcs:
-      if s.shape != self.shape: raise ValueError(f"{op.name}: operand shapes differ: {[x.shape for x in srcs]}")
-      if s.device != self.device: raise ValueError(f"{op.name}: operands on devices {[x.device for x in srcs]}")
+    shape, device = self.shape, self.device
+    for s in others:
+      if s.shape != shape: raise ValueError(f"{op.name}: operand shapes differ: {[x.shape for x in srcs]}")
+      if s.device != device: raise ValueError(f"{op.name}: operands on devices {[x.device for x in srcs]}")
     if op is Ops.WHERE:
       if srcs[0].dtype != dtypes.bool: raise TypeError(f"WHERE condition must be bool, got {srcs[0].dtype}")
       out_dtype = srcs[1].dtype
@@ -84,8 +112,10 @@ class LazyBuffer:
     else:
       out_dtype = dtypes.bool if op in COMPARISON else self.dtype
       value_dtypes = [s.dtype for s in srcs]
-    if len(set(value_dtypes)) > 1: raise TypeError(f"{op.name}: operand dtypes differ: {value_dtypes}")
-    return LazyBuffer.loadop(op, self.shape, out_dtype, self.device, srcs=srcs)
+    first = value_dtypes[0]
+    if any(d is not first and d != first for d in value_dtypes):
+      raise TypeError(f"{op.name}: operand dtypes differ: {value_dtypes}")
+    return LazyBuffer(device, ShapeTracker.from_shape(shape), out_dtype, op, srcs)
   def cast(self, dtype: DType, bitcast: bool = False) -> LazyBuffer:
     if dtype == self.dtype: return self
     if bitcast and dtype.itemsize != self.dtype.itemsize:

@@ -71,6 +71,10 @@ class ExecItem:
 _runner_cache: dict[tuple, CompiledKernel] = {}
 _kernel_counter = 0
 
+def _settings() -> tuple:
+  """The settings a compiled kernel depends on: BEAM and the code-changing ones."""
+  return (Context.BEAM, settings_key())
+
 def choose_opts(kernel: Kernel) -> None:
   """Opts for a kernel: a searched winner if BEAM is on, else the hand-written heuristics (unless NOOPT)."""
   if Context.BEAM:
@@ -80,10 +84,11 @@ def choose_opts(kernel: Kernel) -> None:
     from tgrad.codegen.heuristics import hand_coded_optimizations
     hand_coded_optimizations(kernel)
 
-def get_runner(device: str, ast: UOp) -> CompiledKernel:
-  """The compiled kernel for `ast` on `device` under the current settings, compiled on first use."""
+def get_runner(device: str, ast: UOp, settings: Optional[tuple] = None) -> CompiledKernel:
+  """The compiled kernel for `ast` on `device` under the current settings (`settings`: `_settings()` read by the
+  caller), compiled on first use."""
   global _kernel_counter
-  key = (device, ast, Context.BEAM, settings_key())
+  key = (device, ast, *(settings or _settings()))
   if (runner := _runner_cache.get(key)) is None:
     kernel = Kernel(ast, Device[device].renderer)
     choose_opts(kernel)
@@ -94,13 +99,16 @@ def get_runner(device: str, ast: UOp) -> CompiledKernel:
 def lower_schedule(items: Sequence[ScheduleItem]) -> list[ExecItem]:
   """One ExecItem per item that does work (an EMPTY item only names a Buffer, which is allocated on first use)."""
   lowered: list[ExecItem] = []
+  settings = _settings() if items else ()
   for item in items:
     op = item.ast.op
     if op is Ops.EMPTY: continue
     if op is Ops.COPY:
       runner = HostCopy(item.host_data) if item.host_data is not None else BufferCopy(item.bufs[0].nbytes)
       lowered.append(ExecItem(runner, list(item.bufs), output_count=item.output_count))
-    else: lowered.append(ExecItem(get_runner(item.bufs[0].device, item.ast), list(item.bufs), {}, item.output_count))
+    else:
+      runner = get_runner(item.bufs[0].device, item.ast, settings)
+      lowered.append(ExecItem(runner, list(item.bufs), {}, item.output_count))
   return lowered
 
 # ---- running
@@ -170,6 +178,6 @@ def realize(*lbs: LazyBuffer) -> None:
     _capture.items.extend(exec_items)
     return
   run(exec_items)
-  if Context.DEBUG >= 1 and items:
+  if items and Context.DEBUG >= 1:
     timed = f", {_Totals.seconds*1e3:.2f} ms in kernels" if Context.DEBUG >= 2 else ""
     print(f"realized {len(items)} schedule items; {_Totals.kernels} kernels run so far{timed}")

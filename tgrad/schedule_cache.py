@@ -27,49 +27,56 @@ _VIEW = "view"
 
 @dataclass(frozen=True)
 class _Template:
-  """A schedule over positions: refs are ("in", k) for the graph's k-th distinct realized Buffer or ("new", j)."""
-  items: tuple[tuple[UOp, tuple[tuple[str, int], ...], int, Optional[int]], ...]   # ast, bufs, outputs, host node
+  """A schedule over positions. A Buffer is named by its index in one list: the graph's distinct realized Buffers
+  (numbered by the walk; every graph with this key has the same number of them) followed by the new Buffers."""
+  items: tuple[tuple[UOp, tuple[int, ...], int, Optional[int]], ...]   # ast, buffer indices, outputs, host node
   new_buffers: tuple[tuple[str, int, DType], ...]          # (device, size, dtype) of each new Buffer
-  commits: tuple[tuple[int, tuple[str, int]], ...]         # (node position, ref): the values the schedule realizes
-  nodes: int
+  commits: tuple[tuple[int, int, bool], ...]               # (node position, buffer index, keeps its arg): the
+  nodes: int                                               # values the schedule realizes
 
 _templates: dict[tuple, _Template] = {}
 _cached_nodes = 0
 
 class _Walk:
-  """The unrealized graph above `outs` in post-order: every node (views included), its structural entry, and the
-  realized Buffers it reads, numbered by first appearance."""
+  """The unrealized graph above `outs`: every node (views included) numbered in depth-first pre-order from the roots,
+  its structural entry (children named by their numbers), and the realized Buffers it reads, numbered by first
+  appearance. Any numbering fixed by the structure alone works: equal keys mean isomorphic graphs."""
   def __init__(self, roots: list[LazyBuffer]):
-    self.nodes: list[LazyBuffer] = []
-    self.unrealized: list[int] = []   # positions of the unrealized bases: the values a schedule may realize
-    self.leaf_buffers: list[Buffer] = []
-    nodes, entries, position, leaf_number = self.nodes, [], {}, {}
-    stack: list[tuple[LazyBuffer, bool]] = [(lb, False) for lb in reversed(roots)]
-    while stack:   # the hot loop of every realize: plain locals, one dict per node
-      lb, expanded = stack.pop()
+    nodes: list[LazyBuffer] = []
+    position: dict[int, int] = {}
+    stack = roots[::-1]
+    pop, push, extend, append = stack.pop, stack.append, stack.extend, nodes.append
+    while stack:   # the hot loop of every realize: plain locals, attribute reads only
+      lb = pop()
       if id(lb) in position: continue
-      is_base = lb.is_base
-      if not expanded:
-        stack.append((lb, True))
-        if not is_base: stack.append((lb.base, False))
-        elif lb.buffer is None: stack.extend((child, False) for child in reversed(lb.srcs))
-        continue
-      if not is_base: entry: tuple = (_VIEW, lb.st, position[id(lb.base)])
-      elif lb.buffer is not None:
-        number = leaf_number.setdefault(id(lb.buffer), len(self.leaf_buffers))
-        if number == len(self.leaf_buffers): self.leaf_buffers.append(lb.buffer)
-        entry = (_LEAF, lb.device, lb.dtype, lb.shape, number)
-      else:
-        entry = (lb.op, lb.device, lb.dtype, lb.shape, _arg_key(lb.arg), tuple([position[id(s)] for s in lb.srcs]))
-        self.unrealized.append(len(nodes))
       position[id(lb)] = len(nodes)
-      nodes.append(lb)
-      entries.append(entry)
-    self.key = (tuple(entries), tuple(position[id(lb)] for lb in roots))
+      append(lb)
+      if lb._base is not None: push(lb._base)
+      elif lb.buffer is None and lb.srcs: extend(lb.srcs[::-1])
+    entries: list[tuple] = []
+    unrealized: list[int] = []   # positions of the unrealized bases: the values a schedule may realize
+    leaf_buffers: list[Buffer] = []
+    leaf_number: dict[int, int] = {}
+    for p, lb in enumerate(nodes):
+      if lb._base is not None: entries.append((_VIEW, lb.st, position[id(lb._base)]))
+      elif (buffer := lb.buffer) is not None:
+        if (number := leaf_number.get(id(buffer))) is None:
+          number = leaf_number[id(buffer)] = len(leaf_buffers)
+          leaf_buffers.append(buffer)
+        entries.append((_LEAF, lb.device, lb.dtype, lb.shape, number))
+      else:
+        arg = lb.arg
+        entries.append((lb.op, lb.device, lb.dtype, lb.shape, arg if arg is None else _arg_key(arg),
+                        tuple([position[id(s)] for s in lb.srcs])))
+        unrealized.append(p)
+    self.nodes, self.unrealized, self.leaf_buffers = nodes, unrealized, leaf_buffers
+    self.key = (tuple(entries), tuple([position[id(lb)] for lb in roots]))
 
 def _arg_key(arg: Any) -> Any:
   """An arg as a key: host data by its dtype and shape only (the values are the graph's own, not the structure's);
   floats by repr, so -0.0 differs from 0.0 and NaN equals NaN."""
+  kind = type(arg)
+  if kind is int or kind is bool or kind is tuple: return arg   # the common args, with no array inside
   if hasattr(arg, "__array__"): return ("host", str(arg.dtype), tuple(arg.shape))
   if isinstance(arg, float): return ("float", repr(arg))
   return arg
@@ -88,18 +95,19 @@ def schedule(outs: list[LazyBuffer]) -> list[ScheduleItem]:
   return _instantiate(walk, template)
 
 def _template_of(walk: _Walk, items: list[ScheduleItem], host_copies: set[int]) -> _Template:
-  refs: dict[int, tuple[str, int]] = {id(b): ("in", k) for k, b in enumerate(walk.leaf_buffers)}
+  index: dict[int, int] = {id(b): k for k, b in enumerate(walk.leaf_buffers)}
   new_buffers: list[tuple[str, int, DType]] = []
   for item in items:
     for b in item.bufs:
-      if id(b) not in refs:
-        refs[id(b)] = ("new", len(new_buffers))
+      if id(b) not in index:
+        index[id(b)] = len(walk.leaf_buffers) + len(new_buffers)
         new_buffers.append((b.device, b.size, b.dtype))
-  commits = [(p, refs[id(walk.nodes[p].buffer)]) for p in walk.unrealized if walk.nodes[p].buffer is not None]
-  node_of_buffer = {id(walk.nodes[p].buffer): p for p, _ in commits if p in host_copies}
-  template_items = tuple((item.ast, tuple(refs[id(b)] for b in item.bufs), item.output_count,
+  commits = tuple((p, index[id(walk.nodes[p].buffer)], walk.nodes[p].op is Ops.REDUCE_AXIS)
+                  for p in walk.unrealized if walk.nodes[p].buffer is not None)
+  node_of_buffer = {id(walk.nodes[p].buffer): p for p, _, _ in commits if p in host_copies}
+  template_items = tuple((item.ast, tuple(index[id(b)] for b in item.bufs), item.output_count,
                           node_of_buffer[id(item.bufs[0])] if item.host_data is not None else None) for item in items)
-  return _Template(template_items, tuple(new_buffers), tuple(commits), len(walk.nodes))
+  return _Template(template_items, tuple(new_buffers), commits, len(walk.nodes))
 
 def _store(walk: _Walk, template: _Template) -> None:
   global _cached_nodes
@@ -109,14 +117,15 @@ def _store(walk: _Walk, template: _Template) -> None:
     _cached_nodes -= _templates.pop(next(iter(_templates))).nodes
 
 def _instantiate(walk: _Walk, template: _Template) -> list[ScheduleItem]:
-  new = [Buffer(device, size, dtype) for device, size, dtype in template.new_buffers]
-  def resolve(ref: tuple[str, int]) -> Buffer: return walk.leaf_buffers[ref[1]] if ref[0] == "in" else new[ref[1]]
-  items = [ScheduleItem(ast, tuple(resolve(r) for r in refs), outputs,
-                        walk.nodes[host_node].arg if host_node is not None else None)
-           for ast, refs, outputs, host_node in template.items]
-  for p, ref in template.commits:   # as create_schedule's commit: the value keeps its Buffer, forgets its sources
-    lb = walk.nodes[p]
-    lb.buffer, lb.srcs, lb.arg = resolve(ref), (), (lb.arg if lb.op is Ops.REDUCE_AXIS else None)
+  nodes = walk.nodes
+  bufs = walk.leaf_buffers + [Buffer(device, size, dtype) for device, size, dtype in template.new_buffers]
+  items = [ScheduleItem(ast, tuple([bufs[i] for i in indices]), outputs,
+                        nodes[host_node].arg if host_node is not None else None)
+           for ast, indices, outputs, host_node in template.items]
+  for p, i, keeps_arg in template.commits:   # as create_schedule's commit: the value keeps its Buffer, forgets its
+    lb = nodes[p]                            # sources (and its arg, but for a reduce's)
+    lb.buffer, lb.srcs = bufs[i], ()
+    if not keeps_arg: lb.arg = None
   return items
 
 def clear() -> None:

@@ -480,7 +480,8 @@ class Tensor:
     if isinstance(other, (bool, int, float)):   # a constant made at self's shape: no reshape/expand ops to record
       out_dtype = dtype or _scalar_dtype(self.dtype, other)
       _check_scalar_fits(other, out_dtype)
-      x, y = self.cast(out_dtype), Tensor(LazyBuffer.const_of(other, out_dtype, self.device, self.shape))
+      x = self if out_dtype is self.lazydata.dtype else self.cast(out_dtype)
+      y = Tensor(LazyBuffer.const_of(other, out_dtype, self.device, self.shape))
       return (y, x) if reverse else (x, y)
     y = self._as_tensor(other)
     out_dtype = dtype or promote_types(self.dtype, y.dtype)

@@ -127,27 +127,41 @@ class CUDAProgram:
       self.shared_bytes = int(size[0])
       self.function.set_attribute(cuda.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, self.shared_bytes)
     self.start, self.end = cuda.Event(), cuda.Event()
+    self.last_sizes: tuple = (None, None)   # the (global_size, local_size) objects last_dims was made from
+    self.last_dims: tuple = ((1, 1, 1), (1, 1, 1))
 
   def __call__(self, *buffers, global_size=(1,), local_size=(1,), vals=(), wait: bool = False) -> Optional[float]:
-    launch = self.prepare(buffers, global_size, local_size, vals)
+    """Launch now (the eager path): straight to prepared_call, with the grid and block of the last launch reused
+    when the sizes are the same tuples (a CompiledKernel passes its own every time)."""
+    if self.prepared_args != len(buffers) + len(vals): self._prepare_arguments(len(buffers), len(vals))
+    if global_size is self.last_sizes[0] and local_size is self.last_sizes[1]: grid, block = self.last_dims
+    else:
+      grid, block = _launch_dims(global_size, local_size)
+      if type(global_size) is tuple and type(local_size) is tuple:   # immutable: the same object, the same sizes
+        self.last_sizes, self.last_dims = (global_size, local_size), (grid, block)
     if not wait:
-      launch()
+      self.function.prepared_call(grid, block, *map(int, buffers), *map(int, vals), shared_size=self.shared_bytes)
       return None
     self.start.record()
-    launch()
+    self.function.prepared_call(grid, block, *map(int, buffers), *map(int, vals), shared_size=self.shared_bytes)
     self.end.record()
     self.end.synchronize()
     return self.start.time_till(self.end) * 1e-3
 
+  def _prepare_arguments(self, buffers: int, vals: int) -> None:
+    self.function.prepare("P" * buffers + "q" * vals)   # variables are 64-bit parameters (codegen/cuda.py)
+    self.prepared_args = buffers + vals
+
   def prepare(self, buffers, global_size=(1,), local_size=(1,), vals=()) -> Callable[[], None]:
     """A no-argument callable that launches this kernel with these arguments (grid, block and pointers fixed here)."""
-    if self.prepared_args != len(buffers) + len(vals):
-      self.function.prepare("P" * len(buffers) + "q" * len(vals))   # variables are 64-bit parameters (codegen/cuda.py)
-      self.prepared_args = len(buffers) + len(vals)
-    grid = tuple(global_size) + (1,) * (3 - len(global_size))
-    block = tuple(local_size) + (1,) * (3 - len(local_size))
+    if self.prepared_args != len(buffers) + len(vals): self._prepare_arguments(len(buffers), len(vals))
+    grid, block = _launch_dims(global_size, local_size)
     args = [int(b) for b in buffers] + [int(v) for v in vals]
     return functools.partial(self.function.prepared_call, grid, block, *args, shared_size=self.shared_bytes)
+
+def _launch_dims(global_size, local_size) -> tuple[tuple[int, ...], tuple[int, ...]]:
+  """(grid, block) as pycuda takes them: three dims each, x first."""
+  return tuple(global_size) + (1,) * (3 - len(global_size)), tuple(local_size) + (1,) * (3 - len(local_size))
 
 class CUDADevice(Compiled):
   def __init__(self):

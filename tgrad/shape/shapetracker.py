@@ -11,7 +11,7 @@ from typing import Optional, Sequence
 from tgrad.dtype import dtypes
 from tgrad.helpers import prod
 from tgrad.ops import Ops, UOp, simplify as simplify_uop, split_terms
-from tgrad.shape.view import View, EMPTY_RANGE
+from tgrad.shape.view import View, EMPTY_RANGE, VIEW_CACHE_SIZE, as_int_tuple
 
 def loop_index(axis: int, size: int) -> UOp:
   """The loop variable of `axis` running over [0, size): the index UOps the shape layer reasons with."""
@@ -132,13 +132,24 @@ def _reshape(st: ShapeTracker, new_shape: tuple) -> ShapeTracker:
   view = st.views[-1].reshape(new_shape)
   return st._with_last(view) if view is not None else ShapeTracker(st.views + (View.create(new_shape),))
 
+@functools.lru_cache(maxsize=VIEW_CACHE_SIZE)
+def _from_shape(shape: tuple[int, ...]) -> ShapeTracker: return ShapeTracker((View.create(shape),))
+
 @dataclass(frozen=True)
 class ShapeTracker:
   """A stack of Views: views[-1] is indexed by the loop indices, views[0] maps into memory."""
   views: tuple[View, ...]
 
+  def __hash__(self) -> int:   # computed once: trackers are keys of the shape caches and of the schedule cache
+    try: return self.__dict__["_hash"]
+    except KeyError:
+      value = self.__dict__["_hash"] = hash(self.views)
+      return value
+  def __getstate__(self) -> dict:   # hashes of None differ between processes: a pickle carries no cached hash
+    return {k: v for k, v in self.__dict__.items() if k != "_hash"}
+
   @staticmethod
-  def from_shape(shape: Sequence[int]) -> ShapeTracker: return ShapeTracker((View.create(shape),))
+  def from_shape(shape: Sequence[int]) -> ShapeTracker: return _from_shape(as_int_tuple(shape, "shape"))
   @property
   def shape(self) -> tuple[int, ...]: return self.views[-1].shape
   @property

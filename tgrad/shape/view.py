@@ -6,7 +6,7 @@ View to a new View without copying; `reshape` returns None when one View cannot 
 `to_indexed(idxs)` turns loop-index UOps into a (memory index, valid) pair of `dtypes.index`/bool UOps.
 """
 from __future__ import annotations
-import operator
+import functools, operator
 from dataclasses import dataclass
 from typing import Optional, Sequence
 from tgrad.dtype import dtypes
@@ -18,9 +18,14 @@ EMPTY_RANGE = (0, 0)   # the canonical valid range of a dim in a view where noth
 
 def as_int_tuple(values: Sequence, what: str) -> tuple[int, ...]:
   """Python/numpy integers as a tuple of int; anything else is a TypeError naming `what`."""
-  try: return tuple(operator.index(v) for v in values)
+  try: return tuple(map(operator.index, values))
   except TypeError: raise TypeError(f"{what} must be integers, got {tuple(values)!r}") from None
 
+# Views are immutable values, and graph building asks for the same few again and again (every op's output shape,
+# every broadcast constant): canonical Views and row-major strides are remembered, keyed by their arguments.
+VIEW_CACHE_SIZE = 1 << 16
+
+@functools.lru_cache(maxsize=VIEW_CACHE_SIZE)
 def strides_for_shape(shape: tuple[int, ...]) -> tuple[int, ...]:
   """Row-major strides of a contiguous buffer, with the canonical stride 0 on size-1 dims."""
   strides, step = [], 1
@@ -54,27 +59,25 @@ class View:
   mask: Optional[Mask]   # per dim the valid [start, end); None means everything is valid
   contiguous: bool       # offset 0, no mask, row-major strides: the index is the flat position
 
+  def __hash__(self) -> int:   # computed once: Views are keys of the shape caches and of the schedule cache
+    try: return self.__dict__["_hash"]
+    except KeyError:
+      value = self.__dict__["_hash"] = hash((self.shape, self.strides, self.offset, self.mask))
+      return value
+  def __getstate__(self) -> dict:   # hashes of None differ between processes: a pickle carries no cached hash
+    return {k: v for k, v in self.__dict__.items() if k != "_hash"}
+
   @staticmethod
   def create(shape: Sequence[int], strides: Optional[Sequence[int]] = None, offset: int = 0,
              mask: Optional[Sequence[tuple[int, int]]] = None) -> View:
     """The canonical View: stride 0 on size-1 dims and on dims with one valid index (its part moved into the offset),
     a mask covering everything becomes None, an empty mask becomes all EMPTY_RANGE with zero strides and offset."""
     shape = as_int_tuple(shape, "shape")
-    if any(s < 0 for s in shape): raise ValueError(f"shape {shape} has a negative dimension")
-    strides = strides_for_shape(shape) if strides is None else as_int_tuple(strides, "strides")
-    if len(strides) != len(shape): raise ValueError(f"strides {strides} do not match shape {shape}")
-    if 0 in shape: return View(shape, strides_for_shape(shape), 0, None, True)
-    strides = tuple(0 if size == 1 else st for size, st in zip(shape, strides))
+    if strides is not None: strides = as_int_tuple(strides, "strides")
     if mask is not None:
-      if len(mask) != len(shape): raise ValueError(f"mask {tuple(mask)} does not match shape {shape}")
-      mask = tuple((max(0, lo), min(size, hi)) for (lo, hi), size in zip(mask, shape))
-      if any(lo >= hi for lo, hi in mask): return View(shape, (0,) * len(shape), 0, (EMPTY_RANGE,) * len(shape), False)
-      if all(m == (0, size) for m, size in zip(mask, shape)): mask = None
-      else:
-        offset += sum(lo * st for (lo, hi), st in zip(mask, strides) if hi - lo == 1)
-        strides = tuple(0 if hi - lo == 1 else st for (lo, hi), st in zip(mask, strides))
-    contiguous = offset == 0 and mask is None and strides == strides_for_shape(shape)
-    return View(shape, strides, offset, mask, contiguous)
+      try: mask = tuple(map(tuple, mask))
+      except TypeError: raise TypeError(f"mask must be (start, end) pairs, got {mask!r}") from None
+    return _canonical_view(shape, strides, offset, mask)
 
   @property
   def ndim(self) -> int: return len(self.shape)
@@ -206,6 +209,31 @@ class View:
       if lo > 0: valid = valid & UOp.const(dtypes.index, lo - 1).lt(idx)
       if hi < size: valid = valid & idx.lt(hi)
     return index, valid
+
+@functools.lru_cache(maxsize=VIEW_CACHE_SIZE)
+def _canonical_view(shape: tuple[int, ...], strides: Optional[tuple[int, ...]], offset: int, mask: Optional[Mask]
+                    ) -> View:
+  """View.create on integer tuples (the key of the cache). Every value is made a plain int here, so a cached View
+  never holds a bool or numpy integer that compared equal to the int a later call asks with."""
+  shape = tuple(map(int, shape))
+  if any(s < 0 for s in shape): raise ValueError(f"shape {shape} has a negative dimension")
+  strides = strides_for_shape(shape) if strides is None else tuple(map(int, strides))
+  if len(strides) != len(shape): raise ValueError(f"strides {strides} do not match shape {shape}")
+  if 0 in shape: return View(shape, strides_for_shape(shape), 0, None, True)
+  offset = operator.index(offset)
+  strides = tuple(0 if size == 1 else st for size, st in zip(shape, strides))
+  if mask is not None:
+    if len(mask) != len(shape): raise ValueError(f"mask {tuple(mask)} does not match shape {shape}")
+    if any(len(m) != 2 for m in mask): raise ValueError(f"mask {mask} must be (start, end) pairs")
+    mask = tuple((max(0, int(operator.index(lo))), min(size, int(operator.index(hi))))
+                 for (lo, hi), size in zip(mask, shape))
+    if any(lo >= hi for lo, hi in mask): return View(shape, (0,) * len(shape), 0, (EMPTY_RANGE,) * len(shape), False)
+    if all(m == (0, size) for m, size in zip(mask, shape)): mask = None
+    else:
+      offset += sum(lo * st for (lo, hi), st in zip(mask, strides) if hi - lo == 1)
+      strides = tuple(0 if hi - lo == 1 else st for (lo, hi), st in zip(mask, strides))
+  contiguous = offset == 0 and mask is None and strides == strides_for_shape(shape)
+  return View(shape, strides, int(offset), mask, contiguous)
 
 def _merge_dims(dims: list[tuple[int, int, tuple[int, int]]]) -> Optional[tuple[int, tuple[int, int], int]]:
   """Merge (size, stride, valid range) dims, outer to inner, into one flat dim whose valid part is one range.

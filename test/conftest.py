@@ -58,21 +58,9 @@ def cuda_codegen_check():
     yield
     return
   import tgrad.realize
-  from tgrad.codegen.kernel import Kernel
-  from tgrad.codegen.linearizer import linearize
-  from tgrad.codegen.heuristics import hand_coded_optimizations
-  from tgrad.codegen.cuda import CUDARenderer
-  from tgrad.runtime.nvrtc import compile_cuda
-  original, checked = tgrad.realize.get_runner, set()
-  def get_runner_checking_cuda(device, ast):
-    if ast.key not in checked:
-      kernel = Kernel(ast, CUDARenderer())
-      hand_coded_optimizations(kernel)
-      compile_cuda(kernel.renderer.render("cuda_codegen_check", linearize(kernel)), "sm_90")
-      checked.add(ast.key)
-    return original(device, ast)
+  from cuda_codegen_check import checking_cuda
   with pytest.MonkeyPatch.context() as patch:
-    patch.setattr(tgrad.realize, "get_runner", get_runner_checking_cuda)
+    patch.setattr(tgrad.realize, "get_runner", checking_cuda(tgrad.realize.get_runner, "cuda_codegen_check"))
     yield
 
 # ---- comparing against torch (test/torch_compare.py, shared with test_ops.py)

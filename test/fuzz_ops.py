@@ -1318,20 +1318,8 @@ def check_cuda_codegen_too() -> None:
   """Every kernel the run builds is also optimized with the GPU heuristics, rendered as CUDA C and compiled by NVRTC
   for sm_90 (no GPU needed): a render or compile error raises inside the case, which then fails as an exception."""
   import tgrad.realize
-  from tgrad.codegen.kernel import Kernel
-  from tgrad.codegen.linearizer import linearize
-  from tgrad.codegen.heuristics import hand_coded_optimizations
-  from tgrad.codegen.cuda import CUDARenderer
-  from tgrad.runtime.nvrtc import compile_cuda
-  original, checked = tgrad.realize.get_runner, set()
-  def get_runner_checking_cuda(device, ast):
-    if ast.key not in checked:
-      kernel = Kernel(ast, CUDARenderer())
-      hand_coded_optimizations(kernel)
-      compile_cuda(kernel.renderer.render("fuzz_cuda_check", linearize(kernel)), "sm_90")
-      checked.add(ast.key)
-    return original(device, ast)
-  tgrad.realize.get_runner = get_runner_checking_cuda
+  from cuda_codegen_check import checking_cuda
+  tgrad.realize.get_runner = checking_cuda(tgrad.realize.get_runner, "fuzz_cuda_check")
 
 def main(argv: Optional[list[str]] = None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)

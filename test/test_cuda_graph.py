@@ -163,7 +163,7 @@ def test_update_swaps_inputs_and_output_between_replays():
       graph.update(index, launch_of(kernel, [new.get(id(b), b) for b in kernel[3]]).args)
     assert graph.param_updates - before == 2
 
-ADD_SOURCE = """extern "C" __global__ void graph_test_add(int* out, const int* in, int n, int k) {
+ADD_SOURCE = """extern "C" __global__ void graph_test_add(int* out, const int* in, long long n, long long k) {
   int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i < n) out[i] = in[i] + k;
 }"""
@@ -226,7 +226,7 @@ def test_update_rejects_bad_arguments():
   pointers = [int(b.handle), int(a.handle)]
   with pytest.raises(IndexError, match="kernel node 1 of a graph of 1"): graph.update(1, pointers + [n, 1])
   with pytest.raises(ValueError, match="takes 4 args"): graph.update(0, pointers + [n])
-  with pytest.raises(ValueError, match="argument 3 of kind 'i'"): graph.update(0, pointers + [n, 2**40])
+  with pytest.raises(ValueError, match="argument 3 of kind 'q'"): graph.update(0, pointers + [n, 2**63])
   with pytest.raises(ValueError, match="argument 1 of kind 'P'"): graph.update(0, [pointers[0], -8, n, 1])
   graph.launch()   # the rejected updates left the node as it was
   np.testing.assert_array_equal(b.copyout(), np.arange(n) + 1)
@@ -237,7 +237,7 @@ def test_driver_errors_name_the_call():
     check(1, "cuGraphLaunch")
 
 SHARED_SOURCE = """extern "C" __device__ unsigned int graph_test_shared_dynamic_shared_bytes = 65536;
-extern "C" __global__ void graph_test_shared(int* out, const int* in, int n) {
+extern "C" __global__ void graph_test_shared(int* out, const int* in, long long n) {
   extern __shared__ int tile[];
   int i = blockIdx.x * blockDim.x + threadIdx.x;
   int slot = 16383 - (int)threadIdx.x * 127;   // up to the last int of 64 KiB: past the 48 KiB default limit

@@ -247,4 +247,4 @@ def test_cuda_replay_equals_eager(plan: int):
       got = jitted(Tensor(data, device="CUDA")).numpy()
       np.testing.assert_array_equal(got, forward(Tensor(data, device="CUDA")).numpy())
   assert jitted.captured.estimate_memory().keys() == {"CUDA"}
-  check_no_live_overlap(jitted.captured)
+  if plan: check_no_live_overlap(jitted.captured)

@@ -66,7 +66,7 @@ class _Settings:
   CACHELEVEL: int = 1   # 0 turns every disk cache off
   IGNORE_BEAM_CACHE: int = 0
   THREADS: int = 0      # CPU threads for THREAD opts; 0 means all cores
-  CUDA_GRAPH: int = 0   # 1 replays compiled programs on CUDA as CUDA graphs (off: the last H100 run failed it)
+  CUDA_GRAPH: int = 1   # 1 replays compiled programs on CUDA as CUDA graphs; 0 launches them kernel by kernel
   JIT_PLAN: int = 1     # 1: a TinyJit packs its transient buffers into one arena per device; 0: one allocation each
 
 MAX_DEBUG = 5

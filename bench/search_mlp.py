@@ -59,6 +59,7 @@ def jit_compare(device: str, steps: int = JIT_STEPS) -> dict:
   import numpy as np
   from tgrad import Tensor, TinyJit, nn
   from tgrad.device import Device
+  from tgrad.helpers import Context
   from tgrad.nn.optim import SGD
   from tgrad.nn.state import get_parameters
   rng = np.random.default_rng(0)
@@ -68,7 +69,7 @@ def jit_compare(device: str, steps: int = JIT_STEPS) -> dict:
   weights = {}
   for use_jit in (False, True):
     Tensor.manual_seed(0)
-    layers = [nn.Linear(IN_FEATURES, HIDDEN), nn.Linear(HIDDEN, CLASSES)]
+    with Context(DEVICE=device): layers = [nn.Linear(IN_FEATURES, HIDDEN), nn.Linear(HIDDEN, CLASSES)]
     optimizer = SGD(get_parameters(layers), lr=0.01, momentum=0.9)
     def step(x: Tensor, y: Tensor) -> Tensor:
       with Tensor.train():

@@ -1,14 +1,14 @@
 """Scans (cumsum, cumprod, cummax, cummin, logcumsumexp) against numpy and torch: long axes, every dtype, any axis.
 
-The scan is blocked (tensor.py, SCAN_BLOCK): these tests cover lengths at and just past block and 2^15 boundaries,
-10^6 elements, random shapes/axes/dtypes, gradients against torch and the kernel count of a long scan.
+The scan is blocked (tgrad/tensor_ops/reduce.py, SCAN_BLOCK): these tests cover lengths at and just past block and
+2^15 boundaries, 10^6 elements, random shapes/axes/dtypes, gradients against torch and the kernel count of a long scan.
 """
 import numpy as np
 import pytest
 import torch
 from tgrad import Tensor, dtypes
 from tgrad.schedule import create_schedule
-from tgrad.tensor import SCAN_BLOCK
+from tgrad.tensor_ops.reduce import SCAN_BLOCK
 from torch_compare import compare_with_torch
 
 RNG = np.random.default_rng(10)

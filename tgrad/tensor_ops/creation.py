@@ -1,0 +1,185 @@
+"""Making tensors from nothing but a shape: full/zeros/ones/empty, arange/linspace/eye, the *_like forms, and
+random numbers (rand/randn/randint/uniform/normal and the initializers), a counter-based hash computed on the device.
+"""
+from __future__ import annotations
+import math
+from typing import TYPE_CHECKING, Any, Optional
+import numpy as np
+from tgrad.dtype import dtypes, to_dtype
+from tgrad.lazy import LazyBuffer
+from tgrad.ops import Ops
+from tgrad.device import Buffer, canonical_device
+from tgrad.helpers import prod
+from tgrad.tensor_ops.args import Scalar, HALF_FLOATS, _shape_arg, _varargs_shape, _check_shape, _check_scalar_fits, \
+  _python_dtype
+if TYPE_CHECKING: from tgrad.tensor import Tensor   # at runtime: bound by tgrad/tensor.py (see __init__.py)
+
+# random numbers: a counter-based hash. Constants of the murmur3 32-bit finalizer (a bijection with full avalanche)
+# and the 32-bit golden ratio, used to spread (counter, seed, call) over all 32 bits before mixing.
+MURMUR_MULTIPLIER_1, MURMUR_MULTIPLIER_2 = 0x85EBCA6B, 0xC2B2AE35
+GOLDEN_RATIO_32 = 0x9E3779B9
+UINT32_MASK = 0xFFFFFFFF
+# how many random bits make a uniform float in [0, 1): the format's significand, so every value is exact and < 1
+RANDOM_FLOAT_BITS = {dtypes.float16: 11, dtypes.bfloat16: 8, dtypes.float32: 24, dtypes.float64: 32}
+
+class CreationMixin:
+  """Tensor's constructors (static methods) and the *_like forms."""
+  # ---- creation
+  @staticmethod
+  def empty(*shape, dtype: Any = None, device: Optional[str] = None, **kwargs) -> Tensor:
+    shape = _check_shape(_varargs_shape(shape))
+    lb = LazyBuffer.loadop(Ops.EMPTY, shape, to_dtype(dtype or dtypes.default_float), canonical_device(device))
+    return Tensor(lb, **kwargs)
+  @staticmethod
+  def full(shape, fill_value: Scalar, dtype: Any = None, device: Optional[str] = None, **kwargs) -> Tensor:
+    shape = _check_shape(_shape_arg(shape))
+    dtype = to_dtype(dtype) if dtype is not None else _python_dtype(fill_value)
+    _check_scalar_fits(fill_value, dtype)
+    return Tensor(LazyBuffer.const_of(fill_value, dtype, canonical_device(device), shape), **kwargs)
+  @staticmethod
+  def zeros(*shape, **kwargs) -> Tensor: return Tensor.full(_varargs_shape(shape), 0.0, **_float_default(kwargs))
+  @staticmethod
+  def ones(*shape, **kwargs) -> Tensor: return Tensor.full(_varargs_shape(shape), 1.0, **_float_default(kwargs))
+  @staticmethod
+  def arange(start, stop=None, step=1, dtype: Any = None, device: Optional[str] = None, **kwargs) -> Tensor:
+    """Values start, start+step, ... below stop; an int dtype unless an argument is a float."""
+    if stop is None: start, stop = 0, start
+    if step == 0: raise ValueError("arange step must not be zero")
+    count = max(0, math.ceil((stop - start) / step))
+    dtype = to_dtype(dtype) if dtype is not None else _python_dtype([start, stop, step])
+    counter_dtype = dtypes.int32 if count <= dtypes.max(dtypes.int32) + 1 else dtypes.int64   # positions past 2^31
+    counter = LazyBuffer.loadop(Ops.ARANGE, (count,), counter_dtype, canonical_device(device))
+    if dtype.is_float:   # compute the values in a float dtype: start + i*step
+      compute = dtypes.float32 if dtype in HALF_FLOATS else dtype
+      values = Tensor(counter).cast(compute) * step + start
+    else: values = Tensor(counter).cast(dtype) * int(step) + int(start)
+    return Tensor(values.cast(dtype).lazydata, **kwargs)
+  @staticmethod
+  def linspace(start: Scalar, stop: Scalar, steps: int, dtype: Any = None, device: Optional[str] = None, **kwargs):
+    if steps < 0: raise ValueError(f"linspace needs steps >= 0, got {steps}")
+    dtype = to_dtype(dtype or dtypes.default_float)
+    if steps == 1: return Tensor.full((1,), start, dtype=dtype, device=device, **kwargs)
+    index = Tensor.arange(steps, dtype=dtypes.float32 if dtype in HALF_FLOATS or not dtype.is_float else dtype,
+                          device=device)
+    values = index * ((stop - start) / max(steps - 1, 1)) + start
+    values = (index == steps - 1).where(stop, values)   # the last value is exactly stop, as in numpy
+    return Tensor(values.cast(dtype).lazydata, **kwargs)
+  @staticmethod
+  def eye(n: int, m: Optional[int] = None, dtype: Any = None, device: Optional[str] = None, **kwargs) -> Tensor:
+    m = n if m is None else m
+    rows = Tensor.arange(n, device=device).reshape(n, 1)
+    cols = Tensor.arange(m, device=device).reshape(1, m)
+    return Tensor((rows == cols).cast(to_dtype(dtype or dtypes.default_float)).lazydata, **kwargs)
+  def full_like(self, fill_value: Scalar, **kwargs) -> Tensor:
+    kwargs.setdefault("dtype", self.dtype)
+    kwargs.setdefault("device", self.device)
+    return Tensor.full(self.shape, fill_value, **kwargs)
+  def zeros_like(self, **kwargs) -> Tensor: return self.full_like(0, **kwargs)
+  def ones_like(self, **kwargs) -> Tensor: return self.full_like(1, **kwargs)
+  def empty_like(self, **kwargs) -> Tensor:
+    kwargs.setdefault("dtype", self.dtype)
+    kwargs.setdefault("device", self.device)
+    return Tensor.empty(self.shape, **kwargs)
+
+  # ---- random numbers: uint32 hash of (position, seed, call number); same seed ⇒ same numbers
+  @staticmethod
+  def manual_seed(seed: int = 0) -> None:
+    Tensor._seed, Tensor._rng_state = int(seed), {}
+  @staticmethod
+  def _random_bits(count: int, device: str) -> LazyBuffer:
+    """`count` random uint32 values. Each call uses a fresh key, so calls differ; the numbers are a pure function of
+    (seed, call number, position), computed in the kernel with MUL/XOR/SHR. The seed and the call count live in a
+    device buffer that every call increments (an ASSIGN), so a TinyJit replay draws new numbers too, and every
+    call reuses the same compiled kernels. The call's two keys are computed into a buffer of their own: a kernel
+    that uses the numbers of several calls then reads their keys, never two versions of the counter."""
+    def const(value: int, size: int) -> LazyBuffer: return LazyBuffer.const_of(value, dtypes.uint32, device, (size,))
+    def mix(x: LazyBuffer) -> LazyBuffer:   # murmur3 fmix32
+      n = x.shape[0]
+      x = x.alu(Ops.XOR, x.alu(Ops.SHR, const(16, n))).alu(Ops.MUL, const(MURMUR_MULTIPLIER_1, n))
+      x = x.alu(Ops.XOR, x.alu(Ops.SHR, const(13, n))).alu(Ops.MUL, const(MURMUR_MULTIPLIER_2, n))
+      return x.alu(Ops.XOR, x.alu(Ops.SHR, const(16, n)))
+    if (state := Tensor._rng_state.get(device)) is None:   # [seed, 0], copied in when the buffer is first used
+      initial = np.array([Tensor._seed & UINT32_MASK, 0], dtype=np.uint32)
+      state = LazyBuffer.from_buffer(Buffer(device, 2, dtypes.uint32, initial=initial), (2,))
+    one_more_call = LazyBuffer.loadop(Ops.ARANGE, (2,), dtypes.int32, device).cast(dtypes.uint32)   # [0, 1]
+    state = Tensor._rng_state[device] = state.assign(state.alu(Ops.ADD, one_more_call))
+    seed, calls = (state.shrink(((i, i + 1),)) for i in range(2))
+    key = mix(seed.alu(Ops.MUL, const(GOLDEN_RATIO_32, 1)).alu(Ops.ADD, mix(calls)))
+    second_key = mix(key.alu(Ops.XOR, const(GOLDEN_RATIO_32, 1)))
+    keys = key.pad(((0, 1),)).alu(Ops.ADD, second_key.pad(((1, 0),))).contiguous()   # [key, second key]
+    def key_at(i: int) -> LazyBuffer: return keys.shrink(((i, i + 1),)).expand((count,))
+    counter = LazyBuffer.loadop(Ops.ARANGE, (count,), dtypes.int32, device).cast(dtypes.uint32)
+    x = mix(counter.alu(Ops.MUL, const(GOLDEN_RATIO_32, count)).alu(Ops.ADD, key_at(0)))
+    return mix(x.alu(Ops.XOR, key_at(1)))
+  @staticmethod
+  def rand(*shape, dtype: Any = None, device: Optional[str] = None, **kwargs) -> Tensor:
+    """Uniform in [0, 1): the top bits of a random uint32, as many as the float format holds exactly."""
+    shape = _check_shape(_varargs_shape(shape))
+    dtype, device = to_dtype(dtype or dtypes.default_float), canonical_device(device)
+    if not dtype.is_float: raise TypeError(f"rand makes floats, not {dtype}")
+    bits = RANDOM_FLOAT_BITS[dtype]
+    random = Tensor._random_bits(prod(shape), device)
+    if bits < 32: random = random.alu(Ops.SHR, random.const(32 - bits))
+    compute = dtypes.float64 if dtype == dtypes.float64 else dtypes.float32
+    values = random.cast(compute).alu(Ops.MUL, LazyBuffer.const_of(2.0 ** -bits, compute, device, (prod(shape),)))
+    return Tensor(values.cast(dtype).reshape(shape), **kwargs)
+  @staticmethod
+  def randn(*shape, dtype: Any = None, device: Optional[str] = None, **kwargs) -> Tensor:
+    """Standard normal by Box–Muller on two uniforms."""
+    shape = _check_shape(_varargs_shape(shape))
+    dtype = to_dtype(dtype or dtypes.default_float)
+    compute = dtypes.float64 if dtype == dtypes.float64 else dtypes.float32
+    uniform = Tensor.rand(2, prod(shape), dtype=compute, device=device)
+    radius = ((1 - uniform[0]).log() * -2).sqrt()
+    values = radius * (uniform[1] * (2 * math.pi)).cos()
+    return Tensor(values.cast(dtype).reshape(shape).lazydata, **kwargs)
+  @staticmethod
+  def randint(*shape, low: int = 0, high: int = 10, dtype: Any = None, device: Optional[str] = None, **kwargs):
+    """Uniform ints in [low, high). tinygrad's `randint(*shape, low=, high=)`; torch's `randint(low, high, shape)`
+    (three positional arguments, the last a tuple) is accepted too."""
+    if len(shape) == 3 and isinstance(shape[2], (tuple, list)): low, high, shape = shape[0], shape[1], tuple(shape[2])
+    shape = _check_shape(_varargs_shape(shape))
+    if high <= low: raise ValueError(f"randint needs low < high, got low={low}, high={high}")
+    dtype, device = to_dtype(dtype or dtypes.default_int), canonical_device(device)
+    random = Tensor._random_bits(prod(shape), device)
+    offset = random.alu(Ops.MOD, random.const(high - low)).cast(dtypes.int64 if dtype.itemsize > 4 else dtypes.int32)
+    return Tensor((Tensor(offset) + low).cast(dtype).reshape(shape).lazydata, **kwargs)
+  @staticmethod
+  def uniform(*shape, low: float = 0.0, high: float = 1.0, dtype: Any = None, **kwargs) -> Tensor:
+    requires_grad = kwargs.pop("requires_grad", None)
+    values = Tensor.rand(*shape, dtype=dtype, **kwargs) * (high - low) + low
+    return Tensor(values.lazydata, requires_grad=requires_grad)
+  @staticmethod
+  def normal(*shape, mean: float = 0.0, std: float = 1.0, dtype: Any = None, **kwargs) -> Tensor:
+    requires_grad = kwargs.pop("requires_grad", None)
+    values = Tensor.randn(*shape, dtype=dtype, **kwargs) * std + mean
+    return Tensor(values.lazydata, requires_grad=requires_grad)
+  @staticmethod
+  def scaled_uniform(*shape, **kwargs) -> Tensor:
+    """Uniform in ±1/√numel."""
+    shape = _varargs_shape(shape)
+    return Tensor.uniform(shape, low=-1.0, high=1.0, **kwargs) * (prod(shape) ** -0.5)
+  @staticmethod
+  def glorot_uniform(*shape, **kwargs) -> Tensor:
+    """Xavier/Glorot: uniform in ±√(6 / (fan_in + fan_out))."""
+    shape = _varargs_shape(shape)
+    bound = math.sqrt(6 / (shape[0] + prod(shape[1:])))
+    return Tensor.uniform(shape, low=-bound, high=bound, **kwargs)
+  @staticmethod
+  def kaiming_uniform(*shape, a: float = 0.01, **kwargs) -> Tensor:
+    """He/Kaiming: uniform in ±√3·gain/√fan_in, gain = √(2 / (1 + a²)) (torch's default for leaky relu)."""
+    shape = _varargs_shape(shape)
+    bound = math.sqrt(3.0) * math.sqrt(2.0 / (1 + a ** 2)) / math.sqrt(prod(shape[1:]))
+    return Tensor.uniform(shape, low=-bound, high=bound, **kwargs)
+  def rand_like(self, **kwargs) -> Tensor:
+    kwargs.setdefault("dtype", self.dtype if self.dtype.is_float else dtypes.default_float)
+    kwargs.setdefault("device", self.device)
+    return Tensor.rand(self.shape, **kwargs)
+  def randn_like(self, **kwargs) -> Tensor:
+    kwargs.setdefault("dtype", self.dtype if self.dtype.is_float else dtypes.default_float)
+    kwargs.setdefault("device", self.device)
+    return Tensor.randn(self.shape, **kwargs)
+
+def _float_default(kwargs: dict) -> dict:
+  kwargs.setdefault("dtype", dtypes.default_float)
+  return kwargs

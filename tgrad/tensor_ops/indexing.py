@@ -1,0 +1,239 @@
+"""Indexing: numpy's `t[...]` and `t[...] = v` (basic indices are views; int tensors and lists gather by a one-hot
+compare with ARANGE and a sum), torch's gather and scatter along one dim, and one_hot. Out-of-range tensor indices
+raise IndexError through tgrad/bounds.py.
+"""
+from __future__ import annotations
+from typing import TYPE_CHECKING, Any, Optional
+import numpy as np
+from tgrad.dtype import DType, dtypes
+from tgrad.lazy import LazyBuffer
+from tgrad.bounds import IndexBounds, check_index_bounds
+from tgrad.tensor_ops.args import broadcast_shape, _resolve_axis
+import tgrad.function as F
+if TYPE_CHECKING: from tgrad.tensor import Tensor   # at runtime: bound by tgrad/tensor.py (see __init__.py)
+
+class IndexingMixin:
+  """Tensor's indexing, gather/scatter and one_hot."""
+  # ---- indexing
+  def __getitem__(self, indices) -> Tensor:
+    """numpy indexing: ints (negative count from the end), slices (any step), None, Ellipsis, and int Tensors or
+    lists (a gather, built as a one-hot compare with ARANGE and a sum). Tensor indices may be negative down to
+    -size; out-of-range ones raise IndexError, at once for host values, else at the next realize (see
+    tgrad/bounds.py)."""
+    plan = _IndexPlan(self.shape, indices, self.device)
+    x = self.shrink(plan.bounds).flip(tuple(i for i, f in enumerate(plan.flips) if f))._stride(tuple(plan.steps))
+    x = x.reshape(plan.view_shape)
+    return x if not plan.tensor_indices else x._gather(plan)
+  def _gather(self, plan: _IndexPlan) -> Tensor:
+    dims = [d for d, _ in plan.tensor_indices]
+    rest = [d for d in range(self.ndim) if d not in dims]
+    index_shape = broadcast_shape(*[t.shape for _, t in plan.tensor_indices])
+    ones_index, ones_rest, n_gathered = (1,) * len(index_shape), (1,) * len(rest), len(dims)
+    x = self.permute(rest + dims)
+    x = x.reshape(ones_index + x.shape)
+    mask: Optional[Tensor] = None
+    for k, ((dim, index), input_dim) in enumerate(zip(plan.tensor_indices, plan.tensor_input_dims)):
+      size = self.shape[dim]
+      message = f"index {{value}} is out of bounds for dimension {input_dim} with size {{size}}"   # torch's words
+      check_index_bounds(index.lazydata, IndexBounds(-size, size, message))
+      index = index.cast(dtypes.int32)
+      index = (index < 0).where(index + size, index)._broadcast_to(index_shape)
+      one_hot_shape = (1,) * k + (size,) + (1,) * (n_gathered - k - 1)
+      positions = Tensor.arange(size, device=self.device).reshape(ones_index + ones_rest + one_hot_shape)
+      hit = index.reshape(index_shape + ones_rest + (1,) * n_gathered) == positions
+      mask = hit if mask is None else mask & hit
+    assert mask is not None
+    gathered_axes = tuple(range(x.ndim - n_gathered, x.ndim))
+    out = mask.where(x, 0).sum(gathered_axes, acc_dtype=_gather_acc_dtype(self.dtype)).cast(self.dtype)
+    if plan.advanced_adjacent and plan.advanced_position > 0:   # numpy: the index dims replace the indexed dims
+      n_index, position = len(index_shape), plan.advanced_position
+      before, after = range(n_index, n_index + position), range(n_index + position, out.ndim)
+      order = list(before) + list(range(n_index)) + list(after)
+      out = out.permute(order)
+    return out
+  def __setitem__(self, indices, value: Any) -> None:
+    """In place on this Tensor: it is rebound to a lazy value with the selected positions replaced (and written into
+    its buffer when that is realized). Basic indices cost O(numel); tensor indices O(numel × selected), where a
+    repeated position takes the last value, as numpy. Not differentiable."""
+    if self.requires_grad and Tensor.grad_enabled:
+      raise RuntimeError(f"item assignment into a tensor that requires grad (shape {self.shape}); use Tensor.no_grad()")
+    plan = _IndexPlan(self.shape, indices, self.device)
+    value = self._as_tensor(value, dtype=self.dtype if not isinstance(value, Tensor) else None).cast(self.dtype)
+    if plan.tensor_indices: new = self._scatter(indices, value)
+    else:
+      value = value.detach()._broadcast_to(plan.view_shape)
+      placed = plan.place(value.lazydata)
+      inside = plan.place(LazyBuffer.const_of(True, dtypes.bool, self.device, plan.view_shape))
+      new = Tensor(inside).where(Tensor(placed), self.detach())
+    self.assign(new)
+  def _scatter(self, indices, value: Tensor) -> Tensor:
+    positions = Tensor.arange(self.numel(), device=self.device).reshape(self.shape)[indices]
+    value = value.detach()._broadcast_to(positions.shape).flatten()
+    positions = positions.flatten()
+    selected = positions.shape[0]
+    if selected == 0: return self.detach()
+    matches = Tensor.arange(self.numel(), device=self.device).reshape(-1, 1) == positions.reshape(1, -1)
+    order = Tensor.arange(selected, device=self.device).reshape(1, -1)
+    last = matches.where(order, -1).max(1, keepdim=True)        # the last write to each position wins
+    chosen = matches & (order == last)
+    written = chosen.where(value.reshape(1, -1), 0).sum(1, acc_dtype=_gather_acc_dtype(self.dtype)).cast(self.dtype)
+    return (last.reshape(-1) >= 0).where(written, self.detach().flatten()).reshape(self.shape)
+
+  # ---- classes as one-hot rows
+  def one_hot(self, num_classes: int = -1) -> Tensor:
+    """(..., num_classes) of 0/1 ints (default int dtype); num_classes = -1 reads max + 1 from the data (a kernel
+    runs). A class outside [0, num_classes) raises IndexError (see tgrad/bounds.py for when)."""
+    if not self.dtype.is_int:
+      raise RuntimeError(f"one_hot is only applicable to index tensors (ints), got {self.dtype}")
+    if num_classes == -1:
+      if self.numel() == 0: raise RuntimeError("Can not infer total number of classes from empty tensor.")
+      num_classes = int(self.max().item()) + 1
+    message = "one_hot: class {value} is out of range for num_classes {size} (classes must be in [0, num_classes))"
+    check_index_bounds(self.lazydata, IndexBounds(0, num_classes, message))
+    classes = Tensor.arange(num_classes, device=self.device)
+    return (self.unsqueeze(-1) == classes).cast(dtypes.default_int)
+
+  # ---- gather and scatter along one dim
+  def _check_dim_index(self, dim: int, index: Tensor, name: str) -> int:
+    if not isinstance(index, Tensor) or not index.dtype.is_int:
+      raise RuntimeError(f"{name}(): expected an int index tensor, got {getattr(index, 'dtype', type(index).__name__)}")
+    if index.ndim != self.ndim:
+      raise RuntimeError(f"{name}(): Index tensor must have the same number of dimensions as input tensor: index "
+                         f"{index.shape}, input {self.shape}")
+    dim = _resolve_axis(dim, self.ndim, self.shape) if self.ndim else 0
+    if any(i > s for d, (i, s) in enumerate(zip(index.shape, self.shape)) if d != dim):
+      raise RuntimeError(f"{name}(): Size does not match at dimension {dim}: expected index {list(index.shape)} to be "
+                         f"no larger than self {list(self.shape)} apart from dimension {dim}")
+    return dim
+  def gather(self, dim: int, index: Tensor) -> Tensor:
+    """out[..., j, ...] = self[..., index[..., j, ...], ...] along `dim`, as torch.gather; index may be smaller
+    than self in the other dims. A one-hot compare with ARANGE and a sum. Indices must be in [0, size): others
+    raise IndexError (see tgrad/bounds.py for when)."""
+    dim = self._check_dim_index(dim, index, "gather")
+    check_index_bounds(index.lazydata, _dim_bounds("gather", dim, self.shape[dim] if self.ndim else 1))
+    if self.ndim == 0: return self
+    size = self.shape[dim]
+    region = self.shrink(tuple(None if d == dim else (0, i) for d, i in enumerate(index.shape)))
+    values = region.transpose(dim, -1).unsqueeze(-2)                       # (..., 1, size)
+    hit = index.transpose(dim, -1).unsqueeze(-1) == Tensor.arange(size, device=self.device)   # (..., P, size)
+    out = hit.where(values, 0).sum(-1, acc_dtype=_gather_acc_dtype(self.dtype)).cast(self.dtype)
+    return out.transpose(dim, -1)
+  def scatter(self, dim: int, index: Tensor, src: Any, reduce: Optional[str] = None) -> Tensor:
+    """A copy of self with src written at index along `dim`, as torch.scatter (src a tensor at least index's size,
+    or a scalar): out[..., index[..., j, ...], ...] = src[..., j, ...]. reduce='add' or 'multiply' combines with
+    the existing value instead. A repeated position takes the last write. Indices must be in [0, size): others
+    raise IndexError (see tgrad/bounds.py for when)."""
+    if reduce not in (None, "add", "multiply"): raise RuntimeError("reduce argument must be either add or multiply.")
+    dim = self._check_dim_index(dim, index, "scatter")
+    if isinstance(src, Tensor):
+      if src.ndim != index.ndim or any(i > s for i, s in zip(index.shape, src.shape)):
+        raise RuntimeError(f"scatter(): Expected index {list(index.shape)} to be no larger than src {list(src.shape)}")
+      src = src.shrink(tuple((0, i) for i in index.shape)).cast(self.dtype)
+    else: src = Tensor.full(index.shape, src, dtype=self.dtype, device=self.device)
+    check_index_bounds(index.lazydata, _dim_bounds("scatter", dim, self.shape[dim] if self.ndim else 1))
+    if self.ndim == 0 or index.numel() == 0: return self
+    size, positions = self.shape[dim], index.shape[dim]
+    hit = index.transpose(dim, -1).unsqueeze(-1) == Tensor.arange(size, device=self.device)   # (..., P, size)
+    values = src.transpose(dim, -1).unsqueeze(-1)                                              # (..., P, 1)
+    target = self.transpose(dim, -1)
+    fill = tuple((0, t - i) for t, i in zip(target.shape[:-1], hit.shape[:-2])) + ((0, 0),)
+    acc_dtype = _gather_acc_dtype(self.dtype)
+    if reduce == "add":
+      added = hit.where(values, 0).sum(-2, acc_dtype=acc_dtype).cast(self.dtype).pad(fill)
+      return (target + added).transpose(dim, -1)
+    if reduce == "multiply":
+      factor = hit.where(values, 1).prod(-2, acc_dtype=acc_dtype).cast(self.dtype)
+      return (target * factor.pad(fill, value=1)).transpose(dim, -1)
+    order = Tensor.arange(positions, device=self.device).reshape(positions, 1)
+    last = hit.where(order, -1).max(-2, keepdim=True)                      # the last write to each position wins
+    chosen = hit & (order == last)
+    written = chosen.where(values, 0).sum(-2, acc_dtype=acc_dtype).cast(self.dtype).pad(fill)
+    touched = (last.squeeze(-2) >= 0).pad(fill, value=False)
+    return touched.where(written, target).transpose(dim, -1)
+
+def _dim_bounds(name: str, dim: int, size: int) -> IndexBounds:
+  """gather's and scatter's indices: 0 <= i < size, as torch (no negative indices)."""
+  return IndexBounds(0, size, f"{name}: index {{value}} is out of bounds for dimension {dim} with size {{size}}")
+
+def _gather_acc_dtype(dtype: DType) -> DType:
+  """A sum that adds one selected value to zeros is exact in the value's own dtype (bools go through int32)."""
+  return dtypes.int32 if dtype.is_bool else dtype
+
+def _index_items(indices, shape: tuple[int, ...], device: str) -> list:
+  """One index item per dim (plus the Nones): lists become Tensors, the Ellipsis (or the end) becomes full slices."""
+  items = list(indices) if isinstance(indices, tuple) else [indices]
+  items = [Tensor(i, device=device) if isinstance(i, (list, np.ndarray)) else i for i in items]
+  for i in items:
+    if isinstance(i, bool) or not (i is None or i is Ellipsis or isinstance(i, (int, np.integer, slice, Tensor))):
+      raise TypeError(f"unsupported index {i!r}: use ints, slices, None, Ellipsis or int tensors")
+    if isinstance(i, Tensor) and not i.dtype.is_int:
+      raise IndexError(f"tensor indices must be ints, got {i.dtype} (boolean masks have a data-dependent shape)")
+  if sum(i is Ellipsis for i in items) > 1: raise IndexError("an index can only have a single ellipsis")
+  consumed = sum(i is not None and i is not Ellipsis for i in items)
+  if consumed > len(shape): raise IndexError(f"too many indices for a tensor of shape {shape}: {consumed} were given")
+  fill = [slice(None)] * (len(shape) - consumed)
+  at = next((k for k, i in enumerate(items) if i is Ellipsis), None)
+  return items + fill if at is None else items[:at] + fill + items[at + 1:]
+
+class _IndexPlan:
+  """A numpy index taken apart: the shrink/flip/stride that basic indices make, the view shape after ints are
+  dropped and Nones added, and the tensor indices (by dim of that view) with numpy's rule for where their dims go."""
+  def __init__(self, shape: tuple[int, ...], indices, device: str):
+    items = _index_items(indices, shape, device)
+    self.input_shape = shape
+    self.bounds: list[tuple[int, int]] = []
+    self.flips: list[bool] = []
+    self.steps: list[int] = []
+    self.strided_shape: list[int] = []
+    self.tensor_indices: list[tuple[int, Tensor]] = []
+    self.tensor_input_dims: list[int] = []   # the input dim each tensor index indexes (for error messages)
+    advanced_items: list[int] = []   # positions in `items` of tensor (and, with them, int) indices
+    self.advanced_position = 0       # the view dim where the index dims go when the advanced items are adjacent
+    view: list[int] = []
+    dim = 0
+    has_tensor = any(isinstance(i, Tensor) for i in items)
+    for k, item in enumerate(items):
+      if item is None:
+        view.append(1)
+        continue
+      size = shape[dim]
+      if isinstance(item, Tensor):
+        if not advanced_items: self.advanced_position = len(view)
+        advanced_items.append(k)
+        self.tensor_indices.append((len(view), item))
+        self.tensor_input_dims.append(dim)
+        self._keep(0, size, 1, False)
+        view.append(size)
+      elif isinstance(item, slice):
+        start, stop, step = item.indices(size)
+        count = len(range(start, stop, step))
+        if count == 0: self._keep(0, 0, 1, False)
+        elif step > 0: self._keep(start, start + (count - 1) * step + 1, step, False)
+        else: self._keep(start + (count - 1) * step, start + 1, -step, True)
+        view.append(count)
+      else:
+        index = int(item)
+        if not -size <= index < size: raise IndexError(f"index {index} is out of bounds for dim {dim} with size {size}")
+        index %= size
+        if has_tensor:
+          if not advanced_items: self.advanced_position = len(view)
+          advanced_items.append(k)
+        self._keep(index, index + 1, 1, False)
+      dim += 1
+    self.view_shape = tuple(view)
+    self.advanced_adjacent = advanced_items == list(range(advanced_items[0], advanced_items[-1] + 1)) \
+      if advanced_items else True
+    if not self.advanced_adjacent: self.advanced_position = 0
+  def _keep(self, begin: int, end: int, step: int, flip: bool) -> None:
+    self.bounds.append((begin, end))
+    self.steps.append(step)
+    self.flips.append(flip)
+    self.strided_shape.append(len(range(0, end - begin, step)))
+  def place(self, value: LazyBuffer) -> LazyBuffer:
+    """The inverse of the basic indexing: `value` (of view_shape) put back at its positions in the input shape,
+    zeros (False) elsewhere."""
+    placed = value.reshape(tuple(self.strided_shape))
+    if any(s != 1 for s in self.steps):
+      placed = F.spread_strided(placed, tuple(self.steps), tuple(hi - lo for lo, hi in self.bounds))
+    placed = placed.flip(tuple(self.flips))
+    return placed.pad(tuple((lo, size - hi) for size, (lo, hi) in zip(self.input_shape, self.bounds)))

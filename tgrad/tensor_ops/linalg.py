@@ -1,0 +1,115 @@
+"""Linear algebra: matmul/dot (numpy's rules for 1-D operands and batch broadcasting), einsum, and the triangles
+tril/triu. Products are a broadcast multiply and a sum, so they fuse and get their gradients from the chain rule.
+"""
+from __future__ import annotations
+from typing import TYPE_CHECKING, Any, Optional
+from tgrad.dtype import promote_types, least_upper_dtype
+from tgrad.tensor_ops.args import broadcast_shape
+if TYPE_CHECKING: from tgrad.tensor import Tensor   # at runtime: bound by tgrad/tensor.py (see __init__.py)
+
+class LinalgMixin:
+  """Tensor's matrix products and triangles."""
+  # ---- matrix products
+  def dot(self, w: Tensor, acc_dtype: Any = None) -> Tensor:
+    """numpy's matmul: 1-D operands are vectors, leading dims broadcast as a batch."""
+    w = self._as_tensor(w)
+    if self.ndim == 0 or w.ndim == 0:
+      raise ValueError(f"matmul needs at least 1-D operands, got {self.shape} and {w.shape}")
+    x, y = self.reshape(1, -1) if self.ndim == 1 else self, w.reshape(-1, 1) if w.ndim == 1 else w
+    if x.shape[-1] != y.shape[-2]:
+      raise ValueError(f"matmul: inner dimensions differ: {self.shape} @ {w.shape} ({x.shape[-1]} != {y.shape[-2]})")
+    try: batch = broadcast_shape(x.shape[:-2], y.shape[:-2])
+    except ValueError: raise ValueError(f"matmul: batch dims of {self.shape} and {w.shape} do not broadcast") from None
+    dtype = promote_types(x.dtype, y.dtype)
+    n, k, m = x.shape[-2], x.shape[-1], y.shape[-1]
+    x = x.cast(dtype)._broadcast_to(batch + (n, k)).reshape(batch + (n, 1, k))
+    y = y.cast(dtype)._broadcast_to(batch + (k, m)).transpose(-1, -2).reshape(batch + (1, m, k))
+    out = (x * y).sum(-1, acc_dtype=acc_dtype).cast(dtype)
+    if self.ndim == 1: out = out.squeeze(-2)
+    if w.ndim == 1: out = out.squeeze(-1)
+    return out
+  def matmul(self, x: Tensor, reverse: bool = False) -> Tensor:
+    return self._as_tensor(x).dot(self) if reverse else self.dot(x)
+  @staticmethod
+  def einsum(formula: str, *operands, acc_dtype: Any = None) -> Tensor:
+    """Einstein summation, e.g. "ij,jk->ik", "bij,bjk->bik", "ii->i" (diagonal), "ii" (trace), "i,j->ij",
+    "...ij->...ji". Built from diagonal views, permutes, broadcast multiplies and one sum."""
+    tensors = list(operands[0]) if len(operands) == 1 and isinstance(operands[0], (list, tuple)) else list(operands)
+    return _einsum(formula, tensors, acc_dtype)
+
+  # ---- triangles
+  def _triangle_mask(self, diagonal: int, lower: bool) -> Tensor:
+    """True on and below (lower) or on and above the `diagonal`-th diagonal of the last two dims."""
+    if self.ndim < 2:
+      raise RuntimeError(f"{'tril' if lower else 'triu'}: input tensor must have at least 2 dimensions, got shape "
+                         f"{self.shape}")
+    rows, cols = self.shape[-2:]
+    column = Tensor.arange(cols, device=self.device).reshape(1, cols)
+    offset = column - Tensor.arange(rows, device=self.device).reshape(rows, 1)   # column − row
+    return offset <= diagonal if lower else offset >= diagonal
+  def tril(self, diagonal: int = 0) -> Tensor:
+    """The lower triangle of the last two dims (column − row <= diagonal); zeros elsewhere."""
+    return self._triangle_mask(diagonal, lower=True).where(self, self.zeros_like())
+  def triu(self, diagonal: int = 0) -> Tensor:
+    """The upper triangle of the last two dims (column − row >= diagonal); zeros elsewhere."""
+    return self._triangle_mask(diagonal, lower=False).where(self, self.zeros_like())
+
+def _einsum(formula: str, tensors: list[Tensor], acc_dtype: Any) -> Tensor:
+  formula = formula.replace(" ", "")
+  lhs, arrow, rhs = formula.partition("->")
+  specs = lhs.split(",")
+  if len(specs) != len(tensors): raise ValueError(f"einsum {formula!r} names {len(specs)} operands, got {len(tensors)}")
+  spare = [c for c in "ABCDEFGHIJKLMNOPQRSTUVWXYZ" if c not in formula]
+  ellipsis_ndim = max((t.ndim - (len(s) - 3) for s, t in zip(specs, tensors) if "..." in s), default=0)
+  ellipsis_letters = "".join(spare[:ellipsis_ndim])
+  letters_per_operand = []
+  for spec, t in zip(specs, tensors):
+    if "..." in spec:
+      own = t.ndim - (len(spec) - 3)
+      if own < 0: raise ValueError(f"einsum operand {spec!r} has more letters than dims of shape {t.shape}")
+      spec = spec.replace("...", ellipsis_letters[len(ellipsis_letters) - own:])
+    if len(spec) != t.ndim or not spec.isalpha():
+      raise ValueError(f"einsum operand {spec!r} does not match a tensor of shape {t.shape}")
+    letters_per_operand.append(spec)
+  if arrow:
+    out_letters = rhs.replace("...", ellipsis_letters)
+    if not out_letters.isalpha() and out_letters: raise ValueError(f"bad einsum output {rhs!r}")
+  else:
+    counts = {c: sum(s.count(c) for s in letters_per_operand) for c in set("".join(letters_per_operand))}
+    single = sorted(c for c, n in counts.items() if n == 1 and c not in ellipsis_letters)
+    out_letters = ellipsis_letters + "".join(single)
+  # take diagonals where a letter repeats within one operand
+  prepared = []
+  for spec, t in zip(letters_per_operand, tensors):
+    while (repeated := next((c for c in spec if spec.count(c) > 1), None)) is not None:
+      a = spec.index(repeated)
+      b = spec.index(repeated, a + 1)
+      if t.shape[a] != t.shape[b]:
+        raise ValueError(f"einsum: letter {repeated!r} has sizes {t.shape[a]} and {t.shape[b]} in shape {t.shape}")
+      others = [i for i in range(t.ndim) if i not in (a, b)]
+      n = t.shape[a]
+      t = t.permute(others + [a, b]).reshape(*[t.shape[i] for i in others], n * n)
+      t = t._stride((1,) * len(others) + (n + 1,))
+      spec = "".join(spec[i] for i in others) + repeated
+    prepared.append((spec, t))
+  sizes: dict[str, int] = {}
+  for spec, t in prepared:
+    for c, s in zip(spec, t.shape):
+      if c in sizes and 1 not in (sizes[c], s) and sizes[c] != s:
+        raise ValueError(f"einsum: letter {c!r} has sizes {sizes[c]} and {s} in {formula!r}")
+      if c not in sizes or sizes[c] == 1: sizes[c] = s
+  for c in out_letters:
+    if c not in sizes: raise ValueError(f"einsum output letter {c!r} is not in any operand of {formula!r}")
+    if out_letters.count(c) > 1: raise ValueError(f"einsum output letter {c!r} repeats in {formula!r}")
+  summed = [c for c in sizes if c not in out_letters]
+  order = list(out_letters) + summed
+  product: Optional[Tensor] = None
+  for spec, t in prepared:   # put each operand's axes in the global order, with size-1 axes for missing letters
+    axes_in_order = sorted(range(len(spec)), key=lambda i: order.index(spec[i]))
+    own_sizes = {spec[i]: t.shape[i] for i in axes_in_order}
+    aligned = t.permute(axes_in_order).reshape(tuple(own_sizes.get(c, 1) for c in order))
+    product = aligned if product is None else product * aligned
+  assert product is not None
+  product = product._broadcast_to(tuple(sizes[c] for c in order))
+  out = product.sum(tuple(range(len(out_letters), len(order))), acc_dtype=acc_dtype) if summed else product
+  return out.cast(least_upper_dtype(*[t.dtype for t in tensors]))

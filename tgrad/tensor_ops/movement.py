@@ -1,0 +1,166 @@
+"""Movement ops: views that rearrange elements without computing (reshape, permute, expand, pad, shrink, flip,
+strides, squeeze/unsqueeze/flatten) and the joins and cuts built on them (repeat, cat, stack, split, chunk).
+"""
+from __future__ import annotations
+import math
+from typing import TYPE_CHECKING, Any, Optional
+import numpy as np
+from tgrad.dtype import dtypes, least_upper_dtype
+from tgrad.lazy import LazyBuffer
+from tgrad.helpers import prod
+from tgrad.tensor_ops.args import Scalar, _shape_arg, _check_shape, _resolve_axis
+import tgrad.function as F
+if TYPE_CHECKING: from tgrad.tensor import Tensor   # at runtime: bound by tgrad/tensor.py (see __init__.py)
+
+class MovementMixin:
+  """Tensor's movement ops, joins and cuts."""
+  # ---- movement
+  def reshape(self, shape, *args) -> Tensor:
+    """New shape; one dim may be -1 (inferred) and None keeps that dim."""
+    shape = tuple(self.shape[i] if s is None else s for i, s in enumerate(_shape_arg(shape, args)))
+    if shape.count(-1) > 1: raise ValueError(f"reshape of {self.shape}: only one dim can be -1, got {shape}")
+    if -1 in shape:
+      known = prod(s for s in shape if s != -1)
+      if known == 0 or self.numel() % known: raise ValueError(f"cannot reshape tensor of shape {self.shape} to {shape}")
+      shape = tuple(self.numel() // known if s == -1 else s for s in shape)
+    shape = _check_shape(shape)
+    if prod(shape) != self.numel(): raise ValueError(f"cannot reshape tensor of shape {self.shape} to {shape}")
+    return self if shape == self.shape else F.Reshape.apply(self, shape=shape)
+  def view(self, shape, *args) -> Tensor: return self.reshape(shape, *args)
+  def permute(self, order, *args) -> Tensor:
+    order = tuple(_resolve_axis(a, self.ndim, self.shape) for a in _shape_arg(order, args))
+    if sorted(order) != list(range(self.ndim)):
+      raise ValueError(f"permute order {order} is not a permutation of the {self.ndim} dims of {self.shape}")
+    return self if order == tuple(range(self.ndim)) else F.Permute.apply(self, order=order)
+  def transpose(self, dim0: int = 1, dim1: int = 0) -> Tensor:
+    order = list(range(self.ndim))
+    a, b = _resolve_axis(dim0, self.ndim, self.shape), _resolve_axis(dim1, self.ndim, self.shape)
+    order[a], order[b] = order[b], order[a]
+    return self.permute(order)
+  @property
+  def T(self) -> Tensor: return self.permute(tuple(reversed(range(self.ndim))))
+  def expand(self, shape, *args) -> Tensor:
+    """Broadcast to `shape` (-1 keeps a dim; new dims go in front)."""
+    shape = _shape_arg(shape, args)
+    if len(shape) < self.ndim: raise ValueError(f"cannot expand {self.shape} to fewer dims: {shape}")
+    current = (1,) * (len(shape) - self.ndim) + self.shape
+    target = tuple(c if s == -1 else s for s, c in zip(shape, current))
+    if any(c != t and c != 1 for c, t in zip(current, _check_shape(target))):
+      raise ValueError(f"cannot expand {self.shape} to {shape}")
+    return self._broadcast_to(target)
+  def pad(self, padding, value: Scalar = 0.0, mode: str = "constant") -> Tensor:
+    """Pad with `value`: `padding` is ((before, after) or None per dim), or torch's flat (left, right, top, bottom,
+    ...) starting from the last dim. Negative amounts cut."""
+    if mode != "constant": raise ValueError(f"only constant padding is supported, got mode {mode!r}")
+    padding = _normalize_padding(padding, self.shape)
+    if all(p == (0, 0) for p in padding): return self
+    bounds = tuple((-min(b, 0), s + min(a, 0)) for s, (b, a) in zip(self.shape, padding))
+    if any(lo > hi for lo, hi in bounds): raise ValueError(f"padding {padding} cuts more than shape {self.shape}")
+    x = self.shrink(bounds)
+    grow = tuple((max(b, 0), max(a, 0)) for b, a in padding)
+    padded = F.Pad.apply(x, padding=grow) if any(p != (0, 0) for p in grow) else x
+    if value == 0 or padded is x: return padded
+    inside = Tensor(LazyBuffer.const_of(True, dtypes.bool, self.device, x.shape).pad(grow))
+    return inside.where(padded, value)
+  def shrink(self, bounds) -> Tensor:
+    """Keep [start, end) per dim (None keeps the dim)."""
+    if len(bounds) != self.ndim:
+      raise ValueError(f"shrink needs {self.ndim} bounds for shape {self.shape}, got {bounds}")
+    bounds = tuple((0, s) if b is None else (int(b[0]), int(b[1])) for s, b in zip(self.shape, bounds))
+    if any(not 0 <= lo <= hi <= s for s, (lo, hi) in zip(self.shape, bounds)):
+      raise ValueError(f"shrink bounds {bounds} are outside shape {self.shape}")
+    return self if bounds == tuple((0, s) for s in self.shape) else F.Shrink.apply(self, bounds=bounds)
+  def flip(self, axis, *args) -> Tensor:
+    axes = {_resolve_axis(a, self.ndim, self.shape) for a in _shape_arg(axis, args)}
+    if not axes: return self
+    return F.Flip.apply(self, axes=tuple(i in axes for i in range(self.ndim)))
+  def _stride(self, steps: tuple[int, ...]) -> Tensor:
+    return self if all(s == 1 for s in steps) else F.Stride.apply(self, steps=steps)
+  def flatten(self, start_dim: int = 0, end_dim: int = -1) -> Tensor:
+    if self.ndim == 0: return self.reshape(1)
+    start, end = _resolve_axis(start_dim, self.ndim, self.shape), _resolve_axis(end_dim, self.ndim, self.shape)
+    if start > end: raise ValueError(f"flatten: start_dim {start_dim} comes after end_dim {end_dim}")
+    return self.reshape(self.shape[:start] + (prod(self.shape[start:end + 1]),) + self.shape[end + 1:])
+  def unflatten(self, dim: int, sizes) -> Tensor:
+    dim = _resolve_axis(dim, self.ndim, self.shape)
+    return self.reshape(self.shape[:dim] + tuple(sizes) + self.shape[dim + 1:])
+  def squeeze(self, dim: Optional[int] = None) -> Tensor:
+    """Drop size-1 dims (all of them, or `dim` if it has size 1; other sizes are left alone, as in torch)."""
+    if dim is None: return self.reshape(tuple(s for s in self.shape if s != 1))
+    if self.ndim == 0 and dim in (0, -1): return self
+    dim = _resolve_axis(dim, self.ndim, self.shape)
+    return self if self.shape[dim] != 1 else self.reshape(self.shape[:dim] + self.shape[dim + 1:])
+  def unsqueeze(self, dim: int) -> Tensor:
+    dim = _resolve_axis(dim, self.ndim + 1, self.shape)
+    return self.reshape(self.shape[:dim] + (1,) + self.shape[dim:])
+  def repeat(self, repeats, *args) -> Tensor:
+    """Tile like torch's repeat: `repeats` has one count per dim (more dims add leading ones)."""
+    repeats = _shape_arg(repeats, args)
+    if len(repeats) < self.ndim:
+      raise ValueError(f"repeat needs at least {self.ndim} counts for {self.shape}, got {repeats}")
+    base = self.reshape((1,) * (len(repeats) - self.ndim) + self.shape)
+    interleaved = base.reshape(tuple(d for s in base.shape for d in (1, s)))
+    tiled = interleaved.expand(tuple(d for r, s in zip(repeats, base.shape) for d in (r, s)))
+    return tiled.reshape(tuple(r * s for r, s in zip(repeats, base.shape)))
+  def cat(self, *args: Tensor, dim: int = 0) -> Tensor:
+    """Join along `dim`: `a.cat(b, c, dim=0)` or `Tensor.cat(a, b, c)` or `Tensor.cat([a, b, c])`."""
+    tensors = _tensor_list(self, args)
+    first = tensors[0]
+    if first.ndim == 0: raise ValueError("cat of 0-d tensors: use stack")
+    dim = _resolve_axis(dim, first.ndim, first.shape)
+    for t in tensors:
+      if t.ndim != first.ndim or any(a != b for i, (a, b) in enumerate(zip(t.shape, first.shape)) if i != dim):
+        raise ValueError(f"cat along dim {dim}: shapes {[x.shape for x in tensors]} differ outside that dim")
+    dtype = least_upper_dtype(*[t.dtype for t in tensors])
+    total = sum(t.shape[dim] for t in tensors)
+    out, offset = None, 0
+    for t in tensors:
+      padding = tuple((offset, total - offset - t.shape[dim]) if i == dim else (0, 0) for i in range(first.ndim))
+      piece = t.cast(dtype).pad(padding)
+      out = piece if out is None else out + piece
+      offset += t.shape[dim]
+    return out
+  def stack(self, *args: Tensor, dim: int = 0) -> Tensor:
+    """Join along a new `dim`: `a.stack(b, dim=0)`, `Tensor.stack(a, b)` or `Tensor.stack([a, b])`."""
+    tensors = _tensor_list(self, args)
+    for t in tensors:
+      if t.shape != tensors[0].shape: raise ValueError(f"stack needs one shape, got {[x.shape for x in tensors]}")
+    dim = _resolve_axis(dim, tensors[0].ndim + 1, tensors[0].shape)
+    expanded = [t.unsqueeze(dim) for t in tensors]
+    return expanded[0].cat(*expanded[1:], dim=dim)
+  def split(self, sizes, dim: int = 0) -> tuple[Tensor, ...]:
+    """Pieces along `dim`: of `sizes` each (an int; the last may be smaller) or of the listed sizes."""
+    dim = _resolve_axis(dim, self.ndim, self.shape)
+    length = self.shape[dim]
+    if isinstance(sizes, int):
+      if sizes <= 0: raise ValueError(f"split size must be positive, got {sizes}")
+      sizes = [min(sizes, length - start) for start in range(0, length, sizes)] or [0]
+    if sum(sizes) != length:
+      raise ValueError(f"split sizes {list(sizes)} do not add up to {length} (shape {self.shape})")
+    pieces, start = [], 0
+    for size in sizes:
+      pieces.append(self.shrink(tuple((start, start + size) if i == dim else None for i in range(self.ndim))))
+      start += size
+    return tuple(pieces)
+  def chunk(self, chunks: int, dim: int = 0) -> tuple[Tensor, ...]:
+    if chunks <= 0: raise ValueError(f"chunk needs a positive count, got {chunks}")
+    dim = _resolve_axis(dim, self.ndim, self.shape)
+    return self.split(max(1, math.ceil(self.shape[dim] / chunks)), dim)
+
+def _tensor_list(first: Any, rest: tuple) -> list[Tensor]:
+  tensors = list(first) + list(rest) if isinstance(first, (list, tuple)) else [first, *rest]
+  if not tensors: raise ValueError("need at least one tensor")
+  for t in tensors:
+    if not isinstance(t, Tensor): raise TypeError(f"expected Tensors, got {type(t).__name__}")
+  return tensors
+
+def _normalize_padding(padding, shape: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
+  ndim = len(shape)
+  if all(isinstance(p, (int, np.integer)) for p in padding):
+    if len(padding) % 2 or len(padding) > 2 * ndim:
+      raise ValueError(f"flat padding {padding} needs an even count of at most {2 * ndim} for shape {shape}")
+    pairs = [(0, 0)] * ndim
+    for i in range(len(padding) // 2): pairs[ndim - 1 - i] = (int(padding[2 * i]), int(padding[2 * i + 1]))
+    return tuple(pairs)
+  if len(padding) != ndim: raise ValueError(f"padding {padding} needs one entry per dim of shape {shape}")
+  return tuple((0, 0) if p is None else (int(p[0]), int(p[1])) for p in padding)

@@ -1,0 +1,199 @@
+"""Reductions and scans: sum/prod/max/min/mean/var/std, argmax/argmin, any/all, softmax/log_softmax/logsumexp, and
+the running forms cumsum/cumprod/cummax/cummin/logcumsumexp (a blocked scan: O(n·SCAN_BLOCK) work in O(log n) kernels).
+"""
+from __future__ import annotations
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Optional
+from tgrad.dtype import DType, dtypes, least_upper_float, to_dtype
+from tgrad.helpers import prod
+from tgrad.tensor_ops.args import Scalar, HALF_FLOATS, _resolve_axis, _sum_dtype
+import tgrad.function as F
+if TYPE_CHECKING: from tgrad.tensor import Tensor   # at runtime: bound by tgrad/tensor.py (see __init__.py)
+
+class ReduceMixin:
+  """Tensor's reductions and scans."""
+  # ---- reductions
+  def _reduce_axes(self, axis) -> tuple[int, ...]:
+    if axis is None: return tuple(range(self.ndim))
+    axes = axis if isinstance(axis, (tuple, list)) else (axis,)
+    resolved = tuple(_resolve_axis(a, self.ndim, self.shape) for a in axes)
+    if len(set(resolved)) != len(resolved): raise ValueError(f"repeated axis in {axis} for shape {self.shape}")
+    return resolved
+  def _reduce(self, function: type[F.Function], axes: tuple[int, ...], keepdim: bool) -> Tensor:
+    out = function.apply(self, axes=axes) if axes else self
+    return out if keepdim else out.reshape(tuple(s for i, s in enumerate(self.shape) if i not in axes))
+  def _reduced_shape(self, axes: tuple[int, ...], keepdim: bool) -> tuple[int, ...]:
+    return tuple(1 if i in axes else s for i, s in enumerate(self.shape) if keepdim or i not in axes)
+  def _accumulate(self, function: type[F.Function], axis, keepdim: bool, acc_dtype) -> Tensor:
+    axes = self._reduce_axes(axis)
+    out_dtype = _sum_dtype(self.dtype)
+    if acc_dtype is None: acc_dtype = dtypes.float32 if out_dtype in HALF_FLOATS else out_dtype
+    return self.cast(to_dtype(acc_dtype))._reduce(function, axes, keepdim).cast(out_dtype)
+  def sum(self, axis=None, keepdim: bool = False, acc_dtype: Any = None) -> Tensor:
+    """Sum over `axis` (int, tuple, None: all). As numpy: bools and signed ints sum to int64, unsigned ints to uint64;
+    float16/bfloat16 accumulate in float32."""
+    return self._accumulate(F.Sum, axis, keepdim, acc_dtype)
+  def prod(self, axis=None, keepdim: bool = False, acc_dtype: Any = None) -> Tensor:
+    return self._accumulate(F.Prod, axis, keepdim, acc_dtype)
+  def max(self, axis=None, keepdim: bool = False) -> Tensor:
+    axes = self._reduce_axes(axis)
+    if any(self.shape[a] == 0 for a in axes):
+      raise ValueError(f"max over an empty axis: shape {self.shape}, axis {axis}")
+    if self.dtype.is_bool: return self.cast(dtypes.uint8).max(axis, keepdim).cast(dtypes.bool)
+    return self._reduce(F.Max, axes, keepdim)
+  def min(self, axis=None, keepdim: bool = False) -> Tensor:
+    if self.dtype.is_bool: return self.logical_not().max(axis, keepdim).logical_not()
+    return self._order_flip().max(axis, keepdim)._order_flip()
+  def mean(self, axis=None, keepdim: bool = False) -> Tensor:
+    float_dtype = least_upper_float(self.dtype)
+    acc_dtype = dtypes.float32 if float_dtype in HALF_FLOATS else float_dtype
+    total = self.cast(acc_dtype).sum(axis, keepdim)
+    count = prod(self.shape[a] for a in self._reduce_axes(axis))
+    return (total / count).cast(float_dtype)   # 0 / 0 is NaN for an empty axis, as numpy
+  def var(self, axis=None, keepdim: bool = False, correction: int = 1) -> Tensor:
+    """Computed in float32 for float16/bfloat16 (_float_math): a count over 65504 is inf in float16."""
+    count = prod(self.shape[a] for a in self._reduce_axes(axis))
+    def spread(x: Tensor) -> Tensor:
+      return (x - x.mean(axis, keepdim=True)).square().sum(axis, keepdim) / max(0, count - correction)
+    return self._float_math(spread)
+  def std(self, axis=None, keepdim: bool = False, correction: int = 1) -> Tensor:
+    return self.var(axis, keepdim, correction).sqrt()
+  def argmax(self, axis: Optional[int] = None, keepdim: bool = False) -> Tensor:
+    """The index (int32; int64 on an axis past 2^31 elements) of the first maximum; NaN counts as the maximum, as in
+    numpy."""
+    if axis is None:
+      out = self.flatten().argmax(0)
+      return out.reshape((1,) * self.ndim) if keepdim else out
+    axis = _resolve_axis(axis, self.ndim, self.shape)
+    size = self.shape[axis]
+    if size == 0: raise ValueError(f"argmax over an empty axis: shape {self.shape}, axis {axis}")
+    x = self.detach()
+    is_max = x == x.max(axis, keepdim=True)
+    if x.dtype.is_float: is_max = is_max | x.isnan()
+    index_dtype = dtypes.int32 if size <= dtypes.max(dtypes.int32) else dtypes.int64
+    countdown = Tensor.arange(size, 0, -1, dtype=index_dtype, device=self.device).reshape((size,) + (1,) *
+                                                                                        (self.ndim - axis - 1))
+    return size - is_max.where(countdown, 0).max(axis, keepdim)
+  def argmin(self, axis: Optional[int] = None, keepdim: bool = False) -> Tensor:
+    flipped = self.detach().logical_not() if self.dtype.is_bool else self.detach()._order_flip()
+    return flipped.argmax(axis, keepdim)
+  def any(self, axis=None, keepdim: bool = False) -> Tensor:
+    axes = self._reduce_axes(axis)
+    if any(self.shape[a] == 0 for a in axes):
+      return Tensor.full(self._reduced_shape(axes, keepdim), False, device=self.device)
+    return (self != 0).max(axis, keepdim)
+  def all(self, axis=None, keepdim: bool = False) -> Tensor:
+    return self.logical_not().any(axis, keepdim).logical_not()
+  # softmax and friends compute float16/bfloat16 in float32 (_float_math): their sum of exponentials reaches the
+  # axis length, and over 65504 elements a float16 sum is inf (softmax would be all zeros)
+  def softmax(self, axis: int = -1) -> Tensor:
+    def stable(x: Tensor) -> Tensor:
+      exponentials = (x - x.max(axis, keepdim=True).detach()).exp()
+      return exponentials / exponentials.sum(axis, keepdim=True)
+    return self._float_math(stable)
+  def log_softmax(self, axis: int = -1) -> Tensor:
+    def stable(x: Tensor) -> Tensor:
+      shifted = x - x.max(axis, keepdim=True).detach()
+      return shifted - shifted.exp().sum(axis, keepdim=True).log()
+    return self._float_math(stable)
+  def logsumexp(self, axis=None, keepdim: bool = False) -> Tensor:
+    def stable(x: Tensor) -> Tensor:
+      peak = x.max(axis, keepdim=True).detach()
+      peak = peak.isinf().where(0, peak)     # all −inf (or +inf) rows: shift by 0 instead of producing NaN
+      return (x - peak).exp().sum(axis, keepdim=True).log() + peak
+    out = self._float_math(stable)
+    return out if keepdim else out.reshape(self._reduced_shape(self._reduce_axes(axis), keepdim=False))
+  # ---- scans: an associative op run along one axis, blocked so the work is O(n·SCAN_BLOCK) in O(log n) kernels
+  def _scan(self, axis: int, kind: str) -> Tensor:
+    """The inclusive scan of `kind` (a key of SCAN_KINDS) along `axis`, in self's dtype (the caller casts)."""
+    axis = _resolve_axis(axis, self.ndim, self.shape) if self.ndim else 0
+    if self.ndim == 0 or self.shape[axis] <= 1: return self
+    return _scan_last(self.transpose(axis, -1), SCAN_KINDS[kind]).transpose(axis, -1)
+  def cumsum(self, axis: int = 0) -> Tensor:
+    """Running sum along `axis`, in sum's dtype (bools and signed ints give int64, unsigned uint64, as numpy)."""
+    out_dtype = _sum_dtype(self.dtype)
+    return self.cast(dtypes.float32 if out_dtype in HALF_FLOATS else out_dtype)._scan(axis, "sum").cast(out_dtype)
+  def cumprod(self, axis: int = 0) -> Tensor:
+    """Running product along `axis`, in sum's dtype. float32 multiplies in float64 (torch's CPU accumulator): the
+    blocked order multiplies factors near 1 together, where float32 drops the small cross terms (a 10^4-long product
+    of 1 ± 1e-4 factors drifted 3e-5 in float32, against 5e-6 for a sequential loop)."""
+    out_dtype = _sum_dtype(self.dtype)
+    acc_dtype = dtypes.float64 if out_dtype == dtypes.float32 else dtypes.float32 if out_dtype in HALF_FLOATS else \
+      out_dtype
+    return self.cast(acc_dtype)._scan(axis, "prod").cast(out_dtype)
+  def cummax(self, axis: int = 0) -> Tensor:
+    """Running maximum along `axis` (the values only, as tinygrad; torch also returns indices). NaN propagates."""
+    if self.dtype.is_bool: return self.cast(dtypes.uint8)._scan(axis, "max").cast(dtypes.bool)
+    return self._scan(axis, "max")
+  def cummin(self, axis: int = 0) -> Tensor:
+    """Running minimum along `axis` (the values only). NaN propagates."""
+    if self.dtype.is_bool: return self.logical_not().cummax(axis).logical_not()
+    return self._order_flip()._scan(axis, "max")._order_flip()
+  def logcumsumexp(self, axis: int = 0) -> Tensor:
+    """log(cumsum(exp(x))) along `axis`, computed without overflow or underflow (each block shifts by its running
+    max; blocks combine by logaddexp), as torch.logcumsumexp."""
+    x = self._to_float()
+    return x.cast(dtypes.float32)._scan(axis, "logsumexp").cast(x.dtype) if x.dtype in HALF_FLOATS else \
+      x._scan(axis, "logsumexp")
+
+# ---------------------------------------------------------------------------------------------------------------
+# scans (cumsum, cumprod, cummax, logcumsumexp): blocked, O(n·SCAN_BLOCK) work in O(log n) kernels
+
+# A scan splits the axis into blocks of SCAN_BLOCK. The prefix inside each block is a (block × block) lower-triangle
+# reduce, fused in one kernel with taking in the carry; the block totals (one more kernel) are scanned the same way,
+# recursively; the carry of a block is the scan of the totals before it. A level shrinks the axis SCAN_BLOCK-fold,
+# so n elements take 2·⌈log_B n⌉ − 1 kernels and n·B work per level. The block size was chosen by timing a 10^6
+# cumsum on the CPU (docs/design-notes.md, "Scans").
+SCAN_BLOCK = 32
+
+@dataclass(frozen=True)
+class _ScanKind:
+  """An associative op for `_scan_last`: its identity for a dtype; the inclusive prefix along the last axis (of one
+  block, given the (B, B) lower-triangle mask); each block's total; and how a block's prefix takes in its carry."""
+  identity: Callable[[DType], Scalar]
+  block_prefix: Callable[[Tensor, Tensor], Tensor]
+  block_total: Callable[[Tensor], Tensor]
+  combine: Callable[[Tensor, Tensor], Tensor]
+
+def _triangle_windows(x: Tensor, mask: Tensor, identity: Scalar) -> Tensor:
+  """(..., B) → (..., B, B): row i holds x[j] for j <= i and the identity after it."""
+  return mask.where(x.unsqueeze(-2), identity)
+
+def _max_identity(dtype: DType) -> Scalar: return -math.inf if dtype.is_float else dtypes.min(dtype)
+
+def _logsumexp_prefix(x: Tensor, mask: Tensor) -> Tensor:
+  """log Σ_{j<=i} exp(x_j) per row, shifted by the row's running max so that nothing underflows to log(0)."""
+  windows = _triangle_windows(x, mask, -math.inf)
+  peak = windows.max(-1, keepdim=True).detach()
+  peak = peak.isinf().where(0, peak)       # all −inf (or an +inf): shift by 0, as logsumexp does
+  return (windows - peak).exp().sum(-1).log() + peak.squeeze(-1)
+
+def _logaddexp(a: Tensor, b: Tensor) -> Tensor:
+  peak = a.maximum(b).detach()
+  peak = peak.isinf().where(0, peak)
+  return ((a - peak).exp() + (b - peak).exp()).log() + peak
+
+SCAN_KINDS = {
+  "sum": _ScanKind(lambda dtype: 0, lambda x, mask: _triangle_windows(x, mask, 0).sum(-1), lambda x: x.sum(-1),
+                   lambda a, b: a + b),
+  "prod": _ScanKind(lambda dtype: 1, lambda x, mask: _triangle_windows(x, mask, 1).prod(-1), lambda x: x.prod(-1),
+                    lambda a, b: a * b),
+  "max": _ScanKind(_max_identity, lambda x, mask: _triangle_windows(x, mask, _max_identity(x.dtype)).max(-1),
+                   lambda x: x.max(-1), lambda a, b: a.maximum(b)),
+  "logsumexp": _ScanKind(lambda dtype: -math.inf, _logsumexp_prefix, lambda x: x.logsumexp(-1), _logaddexp),
+}
+
+def _scan_last(x: Tensor, kind: _ScanKind) -> Tensor:
+  """The inclusive scan of `kind` along the last axis of x (see SCAN_BLOCK)."""
+  n, lead = x.shape[-1], x.shape[:-1]
+  block = min(n, SCAN_BLOCK)
+  positions = Tensor.arange(block, device=x.device)
+  mask = positions.reshape(1, block) <= positions.reshape(block, 1)      # mask[i, j] = j <= i
+  if n <= SCAN_BLOCK: return kind.block_prefix(x, mask)
+  count, identity, whole_lead = -(-n // block), kind.identity(x.dtype), ((0, 0),) * len(lead)
+  blocks = x.pad(whole_lead + ((0, count * block - n),), value=identity).reshape(*lead, count, block)
+  totals = _scan_last(kind.block_total(blocks), kind)                    # (..., count): inclusive over blocks
+  carry = totals.pad(whole_lead + ((1, 0),), value=identity).shrink(tuple((0, s) for s in lead) + ((0, count),))
+  out = kind.combine(kind.block_prefix(blocks, mask), carry.unsqueeze(-1)).reshape(*lead, count * block)
+  return out.shrink(tuple((0, s) for s in lead) + ((0, n),))

@@ -215,20 +215,102 @@ def test_backward_errors():
   assert x.grad is None   # nothing ran
 
 def test_backward_of_a_graph_built_under_no_grad_raises_like_torch():
-  """torch: "element 0 of tensors does not require grad and does not have a grad_fn". Here the same RuntimeError,
-  from backward and from gradient, and nothing is written into .grad."""
+  """torch: "element 0 of tensors does not require grad and does not have a grad_fn". Here the same RuntimeError
+  from backward, and nothing is written into .grad; `gradient` is functional and gives zeros (nothing recorded)."""
   w = Tensor([1.0, 2.0], requires_grad=True)
   with Tensor.no_grad(): loss = (w * w).sum()
   assert loss.requires_grad is False and loss._ctx is None
   with pytest.raises(RuntimeError, match="does not require grad.*no_grad"): loss.backward()
-  with pytest.raises(RuntimeError, match="does not require grad"): loss.gradient(w)
   with pytest.raises(RuntimeError, match="does not require grad"): Tensor([1.0, 2.0]).sum().backward()
+  assert loss.gradient(w)[0].tolist() == [0.0, 0.0]   # functional: no recorded op leads from w to loss
   assert w.grad is None
   tw = torch.tensor([1.0, 2.0], requires_grad=True)
   with torch.no_grad(): torch_loss = (tw * tw).sum()
   with pytest.raises(RuntimeError, match="does not require grad"): torch_loss.backward()
   w.sum().backward()   # a leaf that requires grad still works (torch too)
   assert w.grad.tolist() == [1.0, 1.0]
+
+# ---- functional gradients, as tinygrad: `loss.gradient(*tensors)` for tensors made with no requires_grad flag
+# (undecided, None), the way tinygrad's op tests take gradients; backward() fills .grad only where requires_grad=True
+
+FUNCTIONAL = [(name, torch_fn, tgrad_fn, [(3, 5)], low, high) for name, torch_fn, tgrad_fn, low, high in UNARY] + \
+  [(name, fn, None, [shape_x, shape_y], -2, 2) for name, fn, shape_x, shape_y in BINARY] + \
+  [(name, torch_fn, tgrad_fn, [(2, 3, 4)], 0.5, 1.5) for name, torch_fn, tgrad_fn in REDUCTIONS] + \
+  [(name, torch_fn, tgrad_fn, [(2, 3, 4)], -2, 2) for name, torch_fn, tgrad_fn in MOVEMENT] + \
+  [(name, torch_fn, tgrad_fn, shapes, -2, 2) for name, shapes, torch_fn, tgrad_fn in MATMUL]
+
+@pytest.mark.parametrize("name, torch_fn, tgrad_fn, shapes, low, high", FUNCTIONAL, ids=[f[0] for f in FUNCTIONAL])
+def test_functional_gradient_of_undecided_inputs(compare_with_torch, name, torch_fn, tgrad_fn, shapes, low, high):
+  compare_with_torch(torch_fn, tgrad_fn, shapes, low=low, high=high, atol=TRANSCENDENTAL_ATOL,
+                     rtol=TRANSCENDENTAL_RTOL, functional=True)
+
+def test_functional_gradient_through_nn_ops(compare_with_torch):
+  compare_with_torch(lambda x, w, b: F.max_pool2d(F.conv2d(x, w, b, padding=1).relu(), 2),
+                     lambda x, w, b: x.conv2d(w, b, padding=1).relu().max_pool2d(2), [(2, 3, 6, 6), (4, 3, 3, 3), (4,)],
+                     atol=1e-4, rtol=1e-4, functional=True)
+  labels = torch.tensor([2, 0, 1])
+  compare_with_torch(lambda x: F.cross_entropy(x, labels), lambda x: x.cross_entropy(Tensor(labels.numpy())),
+                     [(3, 4)], functional=True)
+  compare_with_torch(lambda x: F.layer_norm(x, (5,)), lambda x: x.layernorm(), [(3, 5)], atol=1e-4, rtol=1e-4,
+                     functional=True)
+
+def test_gradient_reaches_any_tensor_whatever_its_flag():
+  """x requires grad, y is undecided, c said requires_grad=False, h is an intermediate: gradient returns each one's
+  gradient, as torch.autograd.grad does when they all require grad; backward fills only x.grad."""
+  values = [np.array(v, np.float32) for v in ([0.5, -1.0, 2.0], [1.5, 0.25, -0.5], [2.0, 3.0, -1.0])]
+  x, y, c = Tensor(values[0], requires_grad=True), Tensor(values[1]), Tensor(values[2], requires_grad=False)
+  tx, ty, tc = (torch.tensor(v, requires_grad=True) for v in values)
+  h, th = x * y, tx * ty
+  loss, torch_loss = (h.sin() * c + y.exp()).sum(), (th.sin() * tc + ty.exp()).sum()
+  for got, want in zip(loss.gradient(x, y, c, h), torch.autograd.grad(torch_loss, (tx, ty, tc, th), retain_graph=True)):
+    np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5, atol=1e-6)
+  assert x.grad is None and y.grad is None and c.grad is None
+  loss.backward()
+  np.testing.assert_allclose(x.grad.numpy(), torch.autograd.grad(torch_loss, tx)[0].numpy(), rtol=1e-5)
+  assert y.grad is None and c.grad is None   # undecided and opted-out tensors get no .grad (tinygrad up to 0.12)
+
+def test_undecided_graph_records_and_optimizer_marks_parameters():
+  x, w = Tensor([[1.0, 2.0]]), Tensor([[0.5], [-1.0]])
+  loss = (x @ w).square().sum()
+  assert loss.requires_grad is None and loss._ctx is not None
+  with pytest.raises(RuntimeError, match="does not require grad.*gradient"): loss.backward()   # nothing to fill
+  np.testing.assert_allclose(loss.gradient(w)[0].numpy(), [[-3.0], [-6.0]])   # 2·(x·w)·xᵀ, x·w = −1.5
+  from tgrad.nn.optim import SGD
+  SGD([w], lr=0.1)
+  assert w.requires_grad is True
+  (x @ w).square().sum().backward()
+  np.testing.assert_allclose(w.grad.numpy(), [[-3.0], [-6.0]])
+  assert x.grad is None
+
+def test_comparison_gradients_are_zero():
+  a, b = Tensor([1.0, -2.0, 3.0]), Tensor([2.0, -3.0, 3.0], requires_grad=True)
+  da, db = (a < b).sum().gradient(a, b)   # an int loss that depends on a and b only through a comparison
+  assert da.tolist() == [0.0, 0.0, 0.0] and db.tolist() == [0.0, 0.0, 0.0] and da.dtype == dtypes.float32
+  ta, tb = torch.tensor(a.numpy(), requires_grad=True), torch.tensor(b.numpy(), requires_grad=True)
+  fns = [lambda p, q: ((p < q).float() * 3 + (p >= q).float() * p + (p == q).float()).sum(),
+         lambda p, q: ((p != q).where(p * q, q) if isinstance(p, Tensor) else torch.where(p != q, p * q, q)).sum()]
+  for fn in fns:
+    for got, want in zip(fn(a, b).gradient(a, b), torch.autograd.grad(fn(ta, tb), (ta, tb), allow_unused=True)):
+      np.testing.assert_allclose(got.numpy(), np.zeros(3) if want is None else want.numpy())
+
+def test_gradient_targets_must_be_float():
+  x = Tensor([1, 2, 3])
+  with pytest.raises(RuntimeError, match="only float tensors have gradients"): (x * 2.0).sum().gradient(x)
+
+def test_gradient_builds_nothing_for_inputs_off_the_path():
+  """Undecided inputs no target depends on get no gradient graph: an op learns which of its inputs need one."""
+  x, data = Tensor([1.0, 2.0]), Tensor([3.0, 4.0])
+  product = x * data.exp()
+  loss = product.sum()
+  assert loss.gradient(x)[0].numpy().tolist() == pytest.approx(np.exp([3.0, 4.0]).tolist(), rel=1e-6)
+  assert product._ctx.needs_input_grad == [True, False]
+
+def test_ops_on_tensors_that_opted_out_record_nothing():
+  """requires_grad=False inputs with scalar operands (made False too, as tinygrad) record no graph; undecided do."""
+  constant, undecided = Tensor([1.0, 2.0], requires_grad=False), Tensor([1.0, 2.0])
+  assert (constant * 2 + 1)._ctx is None and (constant * 2 + 1).requires_grad is False
+  assert (undecided * 2)._ctx is not None and (undecided * 2).requires_grad is None
+  assert (constant.detach() * 2).requires_grad is False
 
 def test_inplace_update_under_no_grad_keeps_requires_grad():
   w = Tensor([1.0, 2.0], requires_grad=True)

@@ -15,14 +15,16 @@ from tgrad.ops import Ops
 LN2 = math.log(2)
 
 class Function:
-  """One recorded op. `parents` are the input Tensors (kept only when a gradient may be needed)."""
+  """One recorded op. `parents` are the input Tensors, kept unless every input said requires_grad=False: undecided
+  (None) inputs are recorded too, so that `loss.gradient(t)` reaches any tensor, as tinygrad's functional gradients.
+  `needs_input_grad` says which inputs a backward builds gradients for; the autograd walk (Tensor._backprop) narrows
+  it to the inputs on a path to a target before it calls `backward`."""
   def __init__(self, device: str, *tensors):
     self.device = device
-    self.needs_input_grad = [t.requires_grad for t in tensors]
-    if any(self.needs_input_grad): self.requires_grad: Optional[bool] = True
-    elif None in self.needs_input_grad: self.requires_grad = None
-    else: self.requires_grad = False
-    if self.requires_grad: self.parents = tensors
+    flags = [t.requires_grad for t in tensors]
+    self.requires_grad: Optional[bool] = True if any(flags) else None if None in flags else False
+    self.needs_input_grad = [flag is not False for flag in flags]
+    if self.requires_grad is not False: self.parents = tensors
 
   def forward(self, *args, **kwargs) -> LazyBuffer: raise NotImplementedError(f"no forward for {type(self)}")
   def backward(self, grad_output: LazyBuffer): raise NotImplementedError(f"backward not implemented for {type(self)}")
@@ -36,7 +38,7 @@ class Function:
     # from it raises instead of silently reaching nothing
     requires_grad = ctx.requires_grad if Tensor.grad_enabled else False
     out = Tensor(ctx.forward(*[t.lazydata for t in inputs], **kwargs), requires_grad=requires_grad)
-    if requires_grad: out._ctx = ctx
+    if requires_grad is not False: out._ctx = ctx
     return out
 
 @functools.cache

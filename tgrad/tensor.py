@@ -10,7 +10,7 @@ in-place updates); the other methods live in mixins by concern in tgrad/tensor_o
 from __future__ import annotations
 import time
 from contextlib import ContextDecorator
-from typing import Any, ClassVar, Optional
+from typing import Any, Callable, ClassVar, Optional
 import numpy as np
 from tgrad.dtype import DType, dtypes, promote_types, least_upper_float, to_dtype
 from tgrad.lazy import LazyBuffer
@@ -39,9 +39,10 @@ def _copy_to_host(lb: LazyBuffer) -> np.ndarray:
 class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, IndexingMixin, LinalgMixin, NNMixin):
   """An n-dimensional array on a device, computed lazily.
 
-  Autograd: `requires_grad` is None (undecided: no gradient unless an optimizer turns it on), True or False. Ops on
-  tensors that require grad record a `Function` in `_ctx`; `loss.backward()` fills `.grad` of every tensor that
-  requires grad (accumulating across calls), `loss.gradient(*targets)` returns gradients without touching `.grad`.
+  Autograd: `requires_grad` is None (undecided: no `.grad` unless an optimizer turns it on), True or False. Ops on
+  tensors that don't all say False record a `Function` in `_ctx`; `loss.backward()` fills `.grad` of every tensor
+  that requires grad (accumulating across calls), `loss.gradient(*targets)` returns gradients with respect to any
+  tensors in the graph, undecided ones included, without touching `.grad`.
   Gradient recording is switched off in a scope with `with Tensor.no_grad():` (also a decorator); the flag it sets
   is `Tensor.grad_enabled`. Likewise `with Tensor.train():` sets `Tensor.training` (read by dropout).
   In-place forms (`+=`, `t[i] = v`, `assign`) rebind the tensor to a new lazy value; `t[i] = v` and `assign`
@@ -176,12 +177,11 @@ class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, Indexi
       stack.append((node, True))
       if node._ctx is not None: stack.extend((p, False) for p in node._ctx.parents if id(p) not in visited)
     return order
-  def _check_differentiable(self, name: str) -> None:
-    """As torch: differentiating a tensor with no gradient graph is an error, not a silent no-op."""
-    if not self.requires_grad:
-      raise RuntimeError(f"{name} of a tensor of shape {self.shape} that does not require grad and has no gradient "
-                         "graph: it was computed under Tensor.no_grad() or only from tensors that don't require grad")
-  def _backprop(self, gradient: Optional[Tensor]) -> tuple[list[Tensor], dict[int, LazyBuffer]]:
+  def _backprop(self, gradient: Optional[Tensor], is_target: Callable[[Tensor], bool]) -> tuple[list[Tensor],
+                                                                                              dict[int, LazyBuffer]]:
+    """Gradients of self, keyed by tensor id, for the tensors in the recorded graph on a path to a target. Every op
+    learns from `needs_input_grad` which of its inputs lie on such a path: no gradient is built for the others
+    (constants, undecided inputs no target depends on)."""
     if gradient is None:
       if self.numel() != 1:
         raise RuntimeError(f"backward without a gradient needs a tensor with one element, got shape {self.shape}")
@@ -189,32 +189,46 @@ class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, Indexi
     if gradient.shape != self.shape:
       raise RuntimeError(f"gradient of shape {gradient.shape} for a tensor of shape {self.shape}")
     nodes = self._toposort()
+    on_path: set[int] = set()   # a target, or made (through recorded ops) from one
+    for node in nodes:
+      if is_target(node) or (node._ctx is not None and any(id(p) in on_path for p in node._ctx.parents)):
+        on_path.add(id(node))
     grads: dict[int, LazyBuffer] = {id(self): gradient.cast(self.dtype).lazydata}
     for node in reversed(nodes):
-      if node._ctx is None or id(node) not in grads: continue
+      if node._ctx is None or id(node) not in grads or id(node) not in on_path: continue
+      node._ctx.needs_input_grad = [id(p) in on_path for p in node._ctx.parents]
       parent_grads = node._ctx.backward(grads[id(node)])
       if not isinstance(parent_grads, tuple): parent_grads = (parent_grads,)
       for parent, grad in zip(node._ctx.parents, parent_grads):
-        if grad is None or not parent.requires_grad: continue
+        if grad is None or id(parent) not in on_path: continue
         assert grad.shape == parent.shape, f"gradient shape {grad.shape} for {parent.shape} from {node._ctx}"
         grad = grad.cast(parent.dtype)
         grads[id(parent)] = grads[id(parent)].alu(Ops.ADD, grad) if id(parent) in grads else grad
     return nodes, grads
   def backward(self, gradient: Optional[Tensor] = None) -> Tensor:
-    """Accumulate d(self)/d(t) into `t.grad` for every tensor t in the graph that requires grad."""
-    self._check_differentiable("backward")
-    nodes, grads = self._backprop(gradient)
+    """Accumulate d(self)/d(t) into `t.grad` for every tensor t in the graph with requires_grad=True (optimizers set
+    it on their parameters). Undecided tensors (requires_grad None) get no `.grad`, as in tinygrad while it had the
+    flag (up to 0.12): ask for their gradients with `gradient`. As torch, a tensor that no tensor requiring grad went
+    into has nothing to fill, and backward of it is an error, not a silent no-op."""
+    if not self.requires_grad:
+      raise RuntimeError(f"backward of a tensor of shape {self.shape} that does not require grad: no tensor with "
+                         "requires_grad=True went into it, or it was computed under Tensor.no_grad(). Mark the inputs "
+                         "with requires_grad=True, or use loss.gradient(*tensors)")
+    nodes, grads = self._backprop(gradient, lambda node: bool(node.requires_grad))
     for node in nodes:
       if node.requires_grad and id(node) in grads:
         grad = Tensor(grads[id(node)], requires_grad=False)
         node.grad = grad if node.grad is None else Tensor(node.grad.lazydata.alu(Ops.ADD, grad.lazydata))
     return self
   def gradient(self, *targets: Tensor, gradient: Optional[Tensor] = None) -> list[Tensor]:
-    """d(self)/d(target) for each target, as new tensors; `.grad` is left alone. Unused targets get zeros."""
-    self._check_differentiable("gradient")
+    """d(self)/d(target) for each target, as new tensors; `.grad` is left alone. As tinygrad's functional gradients,
+    a target is any float tensor, whether or not it was marked requires_grad: ops on undecided tensors are recorded
+    too. Where no recorded op leads from a target to self (an unused target, a path through a comparison, detach or
+    an op run under no_grad) the gradient is zeros, not an error."""
     for t in targets:
-      if not t.requires_grad: raise RuntimeError(f"gradient target of shape {t.shape} does not require grad")
-    _, grads = self._backprop(gradient)
+      if not t.dtype.is_float: raise RuntimeError(f"only float tensors have gradients, got a target of dtype {t.dtype}")
+    target_ids = {id(t) for t in targets}
+    _, grads = self._backprop(gradient, lambda node: id(node) in target_ids)
     return [Tensor(grads[id(t)], requires_grad=False) if id(t) in grads else t.detach().zeros_like() for t in targets]
 
   # ---- broadcasting and promotion
@@ -238,7 +252,7 @@ class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, Indexi
       out_dtype = dtype or _scalar_dtype(self.dtype, other)
       _check_scalar_fits(other, out_dtype)
       x = self if out_dtype is self.lazydata.dtype else self.cast(out_dtype)
-      y = Tensor(LazyBuffer.const_of(other, out_dtype, self.device, self.shape))
+      y = Tensor(LazyBuffer.const_of(other, out_dtype, self.device, self.shape), requires_grad=False)
       return (y, x) if reverse else (x, y)
     y = self._as_tensor(other)
     out_dtype = dtype or promote_types(self.dtype, y.dtype)

@@ -204,7 +204,8 @@ class ElementwiseMixin:
     def fn(x: Tensor) -> Tensor:
       large = x > LARGE_ARGUMENT
       safe = large.where(1.0, x)
-      return large.where(x.log() + LN2, (safe + ((safe - 1) * (safe + 1)).sqrt()).log())
+      out = large.where(x.log() + LN2, (safe + ((safe - 1) * (safe + 1)).sqrt()).log())
+      return (x < 1).where(math.nan, out)    # (x − 1)(x + 1) overflows to +inf for x <= −2^64, not NaN
     return self._float_math(fn)
   def atanh(self) -> Tensor:
     """½·log((1 + x) / (1 − x)): ±inf at ±1, NaN outside [−1, 1]."""
@@ -252,7 +253,8 @@ class ElementwiseMixin:
     a, b = a.detach(), b.detach()
     exact = a == b
     if not a.dtype.is_float: a, b = a._to_float(), b._to_float()
-    close = exact | ((a - b).abs() <= atol + rtol * b.abs())
+    finite = (a.isinf() | b.isinf()).logical_not()          # an infinity is close only to itself
+    close = exact | (finite & ((a - b).abs() <= atol + rtol * b.abs()))
     return close | (a.isnan() & b.isnan()) if equal_nan else close
   def clone(self) -> Tensor:
     """A copy in a buffer of its own (writes into self, e.g. `self.assign(...)`, don't reach it); differentiable."""
@@ -292,10 +294,14 @@ class ElementwiseMixin:
     return (x.relu() + ((-x.abs()).exp() + 1).log()) * (1 / beta)
   def mish(self) -> Tensor: return self * self.softplus().tanh()
   def hardsigmoid(self, alpha: float = 1 / 6, beta: float = 0.5) -> Tensor:
-    """clip(alpha·x + beta, 0, 1); torch's hardsigmoid is the default alpha and beta, relu6(x + 3) / 6."""
+    """clip(alpha·x + beta, 0, 1); torch's hardsigmoid is the default alpha and beta, relu6(x + 3) / 6. The gradient
+    is alpha strictly inside (0, 1) and 0 at and past the corners, as torch."""
     scaled = self._to_float() * alpha + beta
-    return scaled.relu() - (scaled - 1).relu()
-  def hardswish(self) -> Tensor: return self._to_float() * (self._to_float() + 3).relu6() * (1 / 6)
+    return (scaled <= 0).where(0.0, (scaled >= 1).where(1.0, scaled))
+  def hardswish(self) -> Tensor:
+    """x·relu6(x + 3) / 6, as torch (−inf gives NaN, inf gives inf; the clip keeps inf − inf out of relu6)."""
+    x = self._to_float()
+    return x * (x + 3).clip(0, 6) * (1 / 6)
   def hardtanh(self, min_val: float = -1, max_val: float = 1) -> Tensor:
     if min_val > max_val: raise ValueError(f"hardtanh: min_val {min_val} is greater than max_val {max_val}")
     return self.clip(min_val, max_val)

@@ -229,7 +229,8 @@ class TestMovementExtra:
     assert x.pad((2, 0), mode="reflect").shape == (2, 5) and x.pad((3, 3), mode="circular").shape == (2, 9)
 
   @pytest.mark.parametrize("shape,shifts,dims", [((7,), 3, 0), ((7,), -10, 0), ((3, 5), 2, None),
-                                                 ((3, 5), (1, -2), (0, 1)), ((3, 5), (4, 4), (1, 1)), ((1,), 5, 0), ((), 3, None), ((3, 5), 0, 1)])
+                                                 ((3, 5), (1, -2), (0, 1)), ((3, 5), (4, 4), (1, 1)), ((1,), 5, 0),
+                                                 ((), 3, None), ((3, 5), 0, 1)])
   def test_roll(self, shape, shifts, dims):
     helper_test_op([shape], lambda x: torch.roll(x, shifts, dims), lambda x: x.roll(shifts, dims))
 
@@ -238,7 +239,8 @@ class TestMovementExtra:
     with pytest.raises(IndexError): Tensor.ones(2, 3).roll(1, 2)
 
   @pytest.mark.parametrize("shape,args", [((7,), (0, 3, 2)), ((7,), (0, 7, 1)), ((3, 8), (1, 3, 3)),
-                                          ((3, 8), (0, 2, 1)), ((2, 5, 4), (-2, 2, 2)), ((1,), (0, 1, 1)), ((), (0, 1, 1)),
+                                          ((3, 8), (0, 2, 1)), ((2, 5, 4), (-2, 2, 2)), ((1,), (0, 1, 1)),
+                                          ((), (0, 1, 1)),
                                           ((4, 5), (1, 1, 4))])
   def test_unfold(self, shape, args):
     helper_test_op([shape], lambda x: x.unfold(*args))
@@ -264,7 +266,8 @@ class TestMovementExtra:
     with pytest.raises(ValueError, match="1-d"): Tensor.ones(2, 2).meshgrid(Tensor.ones(3))
 
   @pytest.mark.parametrize("shape,repeats,dim", [((3, 5), 2, 1), ((3, 5), 3, 0), ((3, 5), 2, None),
-                                                 ((3,), [1, 0, 3], 0), ((2, 3), [2, 1], 0), ((1,), 4, 0), ((), 3, None), ((3, 5), 1, -1),
+                                                 ((3,), [1, 0, 3], 0), ((2, 3), [2, 1], 0), ((1,), 4, 0), ((), 3, None),
+                                                 ((3, 5), 1, -1),
                                                  ((3, 5), 0, 1)])
   def test_repeat_interleave(self, shape, repeats, dim):
     want_repeats = torch.tensor(repeats) if isinstance(repeats, list) else repeats

@@ -3,7 +3,7 @@
 
 Elementwise math and activations, softmin/var_mean/std_mean/normalize, movement (pad modes, roll, unfold, meshgrid,
 repeat_interleave), diagonals, data-dependent selections (masked_select, nonzero), scatter_reduce, sort/argsort/topk,
-losses, max_pool2d's indices and max_unpool2d, dtype.min/max and sum/prod(dtype=).
+losses, max_pool2d's indices and max_unpool2d, dtype.min/max, sum/prod(dtype=) and attention's enable_gqa.
 """
 import math
 import numpy as np
@@ -491,3 +491,15 @@ class TestPoolIndices:
     with pytest.raises(ValueError, match="indices"): pooled.max_unpool2d(indices.float(), 2)
     with pytest.raises(ValueError, match="indices"): pooled.max_unpool2d(indices[0], 2)
     with pytest.raises(IndexError): pooled.max_unpool2d(indices + 100, 2).realize()
+
+class TestAttentionGQA:
+  @pytest.mark.parametrize("q_heads,kv_heads,causal", [(4, 2, False), (6, 2, True), (3, 1, False), (2, 2, False)])
+  def test_enable_gqa(self, q_heads, kv_heads, causal):
+    keys = 5 if causal else 7
+    helper_test_op([(2, q_heads, 5, 8), (2, kv_heads, keys, 8), (2, kv_heads, keys, 4)],
+                   lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True),
+                   lambda q, k, v: q.scaled_dot_product_attention(k, v, is_causal=causal, enable_gqa=True), atol=1e-5)
+
+  def test_enable_gqa_errors(self):
+    q, k = Tensor.ones(1, 4, 2, 8), Tensor.ones(1, 3, 2, 8)
+    with pytest.raises(ValueError, match="enable_gqa"): q.scaled_dot_product_attention(k, k, enable_gqa=True)

@@ -353,8 +353,10 @@ class NNMixin:
   # ---- attention
   def scaled_dot_product_attention(self, key: Tensor, value: Tensor, attn_mask: Optional[Tensor] = None,
                                    dropout_p: float = 0.0, is_causal: bool = False,
-                                   scale: Optional[float] = None) -> Tensor:
+                                   scale: Optional[float] = None, enable_gqa: bool = False) -> Tensor:
     """softmax(q·kᵀ·scale + mask)·v for q (..., L, E), k (..., S, E), v (..., S, Ev); scale defaults to 1/√E.
+    enable_gqa (grouped-query attention, as torch): k and v may have fewer heads (dim −3) than q, a divisor of its
+    count; each of their heads serves that many consecutive query heads.
     A bool mask keeps True positions; a float mask is added. is_causal keeps key s <= query l. Dropout on the
     attention weights applies only while `Tensor.training` (as tinygrad; torch's functional applies it always)."""
     if is_causal and attn_mask is not None:
@@ -362,6 +364,12 @@ class NNMixin:
     if min(self.ndim, key.ndim, value.ndim) < 2 or self.shape[-1] != key.shape[-1] or key.shape[-2] != value.shape[-2]:
       raise RuntimeError(f"scaled_dot_product_attention: query {self.shape}, key {key.shape} and value {value.shape} "
                          "need (..., L, E), (..., S, E) and (..., S, Ev)")
+    if enable_gqa and min(self.ndim, key.ndim, value.ndim) >= 3 and key.shape[-3] != self.shape[-3]:
+      heads, kv_heads = self.shape[-3], key.shape[-3]
+      if value.shape[-3] != kv_heads or heads % kv_heads:
+        raise ValueError(f"scaled_dot_product_attention: enable_gqa needs key and value heads ({kv_heads}, "
+                         f"{value.shape[-3]}) to be one count that divides the query heads ({heads})")
+      key, value = key.repeat_interleave(heads // kv_heads, -3), value.repeat_interleave(heads // kv_heads, -3)
     scale = 1 / math.sqrt(self.shape[-1]) if scale is None else scale
     scores = (self @ key.transpose(-2, -1)) * scale
     if is_causal: attn_mask = Tensor.ones(scores.shape[-2:], dtype=dtypes.bool, device=self.device).tril()

@@ -28,6 +28,10 @@ class DType:
   def np(self) -> np.dtype: return np.dtype(self.np_name)
   @property
   def bits(self) -> int: return self.itemsize * 8
+  @property
+  def min(self): return dtypes.min(self)     # the lowest value (−inf for floats), as tinygrad's dtype.min
+  @property
+  def max(self): return dtypes.max(self)
 
 class dtypes:
   """The dtype namespace, as in tinygrad: `dtypes.float32`, `dtypes.from_np(...)`, `dtypes.default_float`."""

@@ -29,6 +29,7 @@ from tgrad.tensor_ops.movement import MovementMixin
 from tgrad.tensor_ops.indexing import IndexingMixin
 from tgrad.tensor_ops.linalg import LinalgMixin
 from tgrad.tensor_ops.nn import NNMixin
+from tgrad.tensor_ops.sorting import SortingMixin
 
 def _copy_to_host(lb: LazyBuffer) -> np.ndarray:
   from tgrad.realize import copy_to_host
@@ -36,7 +37,8 @@ def _copy_to_host(lb: LazyBuffer) -> np.ndarray:
 
 # ---------------------------------------------------------------------------------------------------------------
 
-class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, IndexingMixin, LinalgMixin, NNMixin):
+class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, IndexingMixin, LinalgMixin, NNMixin,
+             SortingMixin):
   """An n-dimensional array on a device, computed lazily.
 
   Autograd: `requires_grad` is None (undecided: no `.grad` unless an optimizer turns it on), True or False. Ops on

@@ -7,6 +7,7 @@ import math
 from typing import TYPE_CHECKING, Any, Optional
 from tgrad.dtype import DType, dtypes
 from tgrad.ops import Ops
+from tgrad.lazy import LazyBuffer
 from tgrad.tensor_ops.args import HALF_FLOATS, broadcast_shape, _scalar_dtype, _int_overflow_side, _python_dtype
 import tgrad.function as F
 if TYPE_CHECKING: from tgrad.tensor import Tensor   # at runtime: bound by tgrad/tensor.py (see __init__.py)
@@ -17,6 +18,17 @@ GELU_CUBIC_COEFFICIENT = 0.044715       # the tanh approximation of GELU (Hendry
 SQRT_2_OVER_PI = math.sqrt(2 / math.pi)
 QUICK_GELU_SCALE = 1.702                # x·sigmoid(1.702x), the approximation CLIP uses
 POW_UNROLL_LIMIT = 64                   # integer exponents up to this size become repeated multiplication
+LOG10_2 = math.log10(2)
+SQRT_HALF = math.sqrt(0.5)
+SELU_ALPHA = 1.6732632423543772848170429916717     # Klambauer et al., "Self-Normalizing Neural Networks"
+SELU_SCALE = 1.0507009873554804934193349852946
+ATAN_HALVINGS = 2     # atan(x) = 2·atan(x / (1 + √(1 + x²))): two halvings take |x| <= 1 to |x| <= tan(π/16) ≈ 0.2
+ATAN_SERIES_TERMS = 8  # x − x³/3 + ... − x¹⁵/15 at |x| <= 0.2: truncation error 0.2¹⁷/17 ≈ 8e-14
+# erfc(|x|) ≈ t·exp(−x² + P(t)) with t = 1 / (1 + |x|/2): the Chebyshev fit of Numerical Recipes (erfcc), relative
+# error below 1.2e-7 everywhere; P's coefficients from the constant term up
+ERFC_CHEBYSHEV = (-1.26551223, 1.00002368, 0.37409196, 0.09678418, -0.18628806, 0.27886807, -1.13520398, 1.48851587,
+                  -0.82215223, 0.17087277)
+LARGE_ARGUMENT = 2.0 ** 60  # asinh/acosh of |x| beyond this are log(2|x|) to float64 precision (x² would overflow)
 
 class ElementwiseMixin:
   """Tensor's elementwise methods and operators."""
@@ -165,6 +177,99 @@ class ElementwiseMixin:
   def cos(self) -> Tensor: return self._float_math(lambda x: F.Sin.apply((math.pi / 2) - x))
   def tan(self) -> Tensor: return self._float_math(lambda x: F.Sin.apply(x) / F.Sin.apply((math.pi / 2) - x))
   def square(self) -> Tensor: return self * self
+  def log10(self) -> Tensor: return self._float_math(lambda x: F.Log2.apply(x) * LOG10_2)
+  def sinh(self) -> Tensor: return self._float_math(lambda x: (x.exp() - (-x).exp()) * 0.5)
+  def cosh(self) -> Tensor: return self._float_math(lambda x: (x.exp() + (-x).exp()) * 0.5)
+  def atan(self) -> Tensor:
+    """Built from sqrt and a short series: |x| > 1 maps to π/2 − atan(1/|x|), then ATAN_HALVINGS halvings of the
+    angle bring |x| to <= 0.2, where ATAN_SERIES_TERMS terms of the Taylor series are exact in float32."""
+    return self._float_math(_atan)
+  def asin(self) -> Tensor:
+    """atan(x / √((1 − x)(1 + x))): ±π/2 at ±1, NaN outside [−1, 1]."""
+    return self._float_math(lambda x: _atan(x / ((1 - x) * (1 + x)).sqrt()))
+  def acos(self) -> Tensor:
+    """2·atan(√((1 − x) / (1 + x))): accurate near 1, where π/2 − asin(x) would cancel."""
+    return self._float_math(lambda x: 2 * _atan(((1 - x) / (1 + x)).sqrt()))
+  def asinh(self) -> Tensor:
+    """sign(x)·log(|x| + √(x² + 1)), and log(2|x|) beyond LARGE_ARGUMENT where x² would overflow."""
+    def fn(x: Tensor) -> Tensor:
+      magnitude = x.abs()
+      large = magnitude > LARGE_ARGUMENT
+      safe = large.where(1.0, magnitude)    # keeps the unused branch finite, so its gradient is 0, not NaN
+      out = large.where(magnitude.log() + LN2, (safe + (safe * safe + 1).sqrt()).log())
+      return (x < 0).where(-out, out)
+    return self._float_math(fn)
+  def acosh(self) -> Tensor:
+    """log(x + √((x − 1)(x + 1))) for x >= 1 (NaN below), log(2x) beyond LARGE_ARGUMENT."""
+    def fn(x: Tensor) -> Tensor:
+      large = x > LARGE_ARGUMENT
+      safe = large.where(1.0, x)
+      out = large.where(x.log() + LN2, (safe + ((safe - 1) * (safe + 1)).sqrt()).log())
+      return (x < 1).where(math.nan, out)    # (x − 1)(x + 1) overflows to +inf for x <= −2^64, not NaN
+    return self._float_math(fn)
+  def atanh(self) -> Tensor:
+    """½·log((1 + x) / (1 − x)): ±inf at ±1, NaN outside [−1, 1]."""
+    return self._float_math(lambda x: ((1 + x) / (1 - x)).log() * 0.5)
+  def erf(self) -> Tensor:
+    """The error function, as 1 − erfc(|x|) with erfc's Chebyshev fit ERFC_CHEBYSHEV (absolute error < 1.2e-7),
+    signed. Its gradient comes from the chain rule through the fit."""
+    def fn(x: Tensor) -> Tensor:
+      magnitude = x.abs()
+      t = 1 / (1 + 0.5 * magnitude)
+      polynomial = t * 0 + ERFC_CHEBYSHEV[-1]
+      for coefficient in reversed(ERFC_CHEBYSHEV[:-1]): polynomial = polynomial * t + coefficient
+      out = 1 - t * (polynomial - magnitude * magnitude).exp()
+      return (x < 0).where(-out, out)
+    return self._float_math(fn)
+  def logaddexp(self, other: Any) -> Tensor:
+    """log(exp(self) + exp(other)), shifted by the larger so that nothing overflows; −inf and −inf give −inf."""
+    a, b = self._operands(other)
+    a, b = a._to_float(), b._to_float()
+    peak = a.maximum(b).detach()
+    peak = peak.isinf().where(0, peak)
+    return ((a - peak).exp() + (b - peak).exp()).log() + peak
+  def copysign(self, other: Any) -> Tensor:
+    """|self| with the sign bit of other (so −0.0 and negative NaNs count as negative), in a float dtype."""
+    a, b = self._operands(other)
+    a = a._to_float()
+    b = b.cast(a.dtype).detach()
+    negative = b.bitcast(SIGNED_OF_SIZE[b.dtype.itemsize]) < 0
+    magnitude = a.abs()
+    return negative.where(-magnitude, magnitude)
+  def fmod(self, other: Any) -> Tensor:
+    """C's fmod, as torch.fmod: the remainder of division rounded toward zero, with the sign of self."""
+    a, b = self._operands(other)
+    if a.dtype.is_bool: a, b = a.int(), b.int()
+    if a.dtype.is_float: return a - b * (a / b).trunc().detach()
+    return self._nograd(a.lazydata.alu(Ops.MOD, b.lazydata))
+  def isfinite(self) -> Tensor:
+    if not self.dtype.is_float: return self.full_like(True, dtype=dtypes.bool)
+    return (self.isinf() | self.isnan()).logical_not()
+  def isclose(self, other: Any, rtol: float = 1e-05, atol: float = 1e-08, equal_nan: bool = False) -> Tensor:
+    """|self − other| <= atol + rtol·|other| elementwise, as torch.isclose (infinities are close only to
+    themselves; NaNs to each other only with equal_nan)."""
+    if rtol < 0 or atol < 0: raise ValueError(f"isclose: rtol {rtol} and atol {atol} must be nonnegative")
+    a, b = self._operands(other)
+    a, b = a.detach(), b.detach()
+    exact = a == b
+    if not a.dtype.is_float: a, b = a._to_float(), b._to_float()
+    finite = (a.isinf() | b.isinf()).logical_not()          # an infinity is close only to itself
+    close = exact | (finite & ((a - b).abs() <= atol + rtol * b.abs()))
+    return close | (a.isnan() & b.isnan()) if equal_nan else close
+  def clone(self) -> Tensor:
+    """A copy in a buffer of its own (writes into self, e.g. `self.assign(...)`, don't reach it); differentiable."""
+    return _Clone.apply(self)
+  def masked_fill(self, mask: Tensor, value: Any) -> Tensor:
+    """value where the bool mask is true, self elsewhere (mask broadcasts against self; the result keeps self's
+    shape and dtype)."""
+    if not isinstance(mask, Tensor) or not mask.dtype.is_bool:
+      raise TypeError(f"masked_fill: mask must be a bool tensor, got {getattr(mask, 'dtype', type(mask).__name__)}")
+    if broadcast_shape(mask.shape, self.shape) != self.shape:
+      raise ValueError(f"masked_fill: mask of shape {mask.shape} does not broadcast to {self.shape}")
+    if isinstance(value, Tensor) and value.ndim != 0:
+      raise ValueError(f"masked_fill: value must be a scalar or a 0-d tensor, got shape {value.shape}")
+    fill = value.cast(self.dtype) if isinstance(value, Tensor) else Tensor(value, dtype=self.dtype, device=self.device)
+    return mask.where(fill, self)
   def sigmoid(self) -> Tensor: return self._float_math(F.Sigmoid.apply)
   def tanh(self) -> Tensor: return self._float_math(lambda x: 2.0 * F.Sigmoid.apply(2.0 * x) - 1.0)
   def relu(self) -> Tensor: return F.Relu.apply(self)
@@ -173,8 +278,13 @@ class ElementwiseMixin:
   def elu(self, alpha: float = 1.0) -> Tensor:
     negative_part = (self._to_float().minimum(0).exp() - 1) * alpha   # exp(min(x, 0)): finite, and so is its grad
     return (self > 0).where(self._to_float(), negative_part)
-  def gelu(self) -> Tensor:
+  def gelu(self, approximate: str = "tanh") -> Tensor:
+    """x·Φ(x). approximate='tanh' (the default, as tinygrad) is the tanh approximation of Φ; 'none' is exact,
+    0.5·(1 + erf(x/√2)), torch's default."""
+    if approximate not in ("none", "tanh"):
+      raise ValueError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
     x = self._to_float()
+    if approximate == "none": return 0.5 * x * (1 + (x * SQRT_HALF).erf())
     return 0.5 * x * (1 + (SQRT_2_OVER_PI * (x + GELU_CUBIC_COEFFICIENT * x * x * x)).tanh())
   def quick_gelu(self) -> Tensor: return self * (self * QUICK_GELU_SCALE).sigmoid()
   def silu(self) -> Tensor: return self * self.sigmoid()
@@ -183,6 +293,29 @@ class ElementwiseMixin:
     x = self._to_float() * beta   # log(1 + eˣ) = relu(x) + log(1 + e^−|x|): never overflows
     return (x.relu() + ((-x.abs()).exp() + 1).log()) * (1 / beta)
   def mish(self) -> Tensor: return self * self.softplus().tanh()
+  def hardsigmoid(self, alpha: float = 1 / 6, beta: float = 0.5) -> Tensor:
+    """clip(alpha·x + beta, 0, 1); torch's hardsigmoid is the default alpha and beta, relu6(x + 3) / 6. The gradient
+    is alpha strictly inside (0, 1) and 0 at and past the corners, as torch."""
+    scaled = self._to_float() * alpha + beta
+    return (scaled <= 0).where(0.0, (scaled >= 1).where(1.0, scaled))
+  def hardswish(self) -> Tensor:
+    """x·relu6(x + 3) / 6, as torch (−inf gives NaN, inf gives inf; the clip keeps inf − inf out of relu6)."""
+    x = self._to_float()
+    return x * (x + 3).clip(0, 6) * (1 / 6)
+  def hardtanh(self, min_val: float = -1, max_val: float = 1) -> Tensor:
+    if min_val > max_val: raise ValueError(f"hardtanh: min_val {min_val} is greater than max_val {max_val}")
+    return self.clip(min_val, max_val)
+  def softsign(self) -> Tensor: return self / (1 + self.abs())
+  def celu(self, alpha: float = 1.0) -> Tensor:
+    """max(0, x) + min(0, alpha·(exp(x / alpha) − 1))."""
+    if alpha == 0: raise ValueError("celu: alpha must not be 0 (it divides x)")
+    x = self._to_float()
+    return x.relu() + ((x.minimum(0) * (1 / alpha)).exp() - 1) * alpha
+  def selu(self) -> Tensor:
+    """scale·(max(0, x) + alpha·(exp(min(0, x)) − 1)), with the constants of Klambauer et al."""
+    x = self._to_float()
+    return (x.relu() + (x.minimum(0).exp() - 1) * SELU_ALPHA) * SELU_SCALE
+  def logsigmoid(self) -> Tensor: return -(-self).softplus()
   def abs(self) -> Tensor:
     if self.dtype.is_bool or self.dtype.is_unsigned: return self
     return self.maximum(-self)
@@ -270,6 +403,27 @@ class ElementwiseMixin:
   def __ixor__(self, x) -> Tensor: return self._inplace(self._snapshot() ^ x)
   def __ilshift__(self, x) -> Tensor: return self._inplace(self._snapshot() << x)
   def __irshift__(self, x) -> Tensor: return self._inplace(self._snapshot() >> x)
+
+SIGNED_OF_SIZE = {2: dtypes.int16, 4: dtypes.int32, 8: dtypes.int64}   # a float's bits, read as an int: sign bit
+
+class _Clone(F.Function):
+  """A copy into a new buffer (an explicit CONTIGUOUS, even of a realized buffer); the gradient passes through."""
+  def forward(self, x: LazyBuffer) -> LazyBuffer:
+    return LazyBuffer.loadop(Ops.CONTIGUOUS, x.shape, x.dtype, x.device, srcs=(x,))
+  def backward(self, grad_output: LazyBuffer) -> LazyBuffer: return grad_output
+
+def _atan(x: Tensor) -> Tensor:
+  magnitude = x.abs()
+  outside = magnitude > 1
+  reduced = outside.where(1 / outside.where(magnitude, 1.0), magnitude)   # in [0, 1]; no 1/0 on the unused side
+  for _ in range(ATAN_HALVINGS): reduced = reduced / (1 + (1 + reduced * reduced).sqrt())
+  square, power, series = reduced * reduced, reduced, reduced
+  for k in range(1, ATAN_SERIES_TERMS):
+    power = power * square
+    series = series + power * ((-1) ** k / (2 * k + 1))
+  angle = series * 2 ** ATAN_HALVINGS
+  angle = outside.where(math.pi / 2 - angle, angle)
+  return (x < 0).where(-angle, angle)
 
 def _needs_floor_fix(a: Tensor, b: Tensor) -> Tensor:
   """Where C's truncating division differs from floor division: a nonzero remainder whose sign differs from b's."""

@@ -12,6 +12,8 @@ from tgrad.tensor_ops.args import broadcast_shape, _resolve_axis
 import tgrad.function as F
 if TYPE_CHECKING: from tgrad.tensor import Tensor   # at runtime: bound by tgrad/tensor.py (see __init__.py)
 
+SCATTER_REDUCTIONS = ("sum", "prod", "mean", "amax", "amin")
+
 class IndexingMixin:
   """Tensor's indexing, gather/scatter and one_hot."""
   # ---- indexing
@@ -150,6 +152,100 @@ class IndexingMixin:
     written = chosen.where(values, 0).sum(-2, acc_dtype=acc_dtype).cast(self.dtype).pad(fill)
     touched = (last.squeeze(-2) >= 0).pad(fill, value=False)
     return touched.where(written, target).transpose(dim, -1)
+
+  def scatter_reduce(self, dim: int, index: Tensor, src: Tensor, reduce: str, include_self: bool = True) -> Tensor:
+    """torch.scatter_reduce: combine src into a copy of self at index along `dim` with reduce 'sum', 'prod', 'mean',
+    'amax' or 'amin'; include_self folds self's value at each written position in too (else it is replaced).
+    Positions nothing is written to keep self. Integer 'mean' rounds down, as torch. One (positions × size) compare,
+    as scatter."""
+    if reduce not in SCATTER_REDUCTIONS:
+      raise ValueError(f"scatter_reduce: reduce must be one of {SCATTER_REDUCTIONS}, got {reduce!r}")
+    if not isinstance(src, Tensor): raise TypeError(f"scatter_reduce: src must be a Tensor, got {type(src).__name__}")
+    dim = self._check_dim_index(dim, index, "scatter_reduce")
+    if src.ndim != index.ndim or any(i > s for i, s in zip(index.shape, src.shape)):
+      raise ValueError(f"scatter_reduce: index {list(index.shape)} must be no larger than src {list(src.shape)}")
+    check_index_bounds(index.lazydata, _dim_bounds("scatter_reduce", dim, self.shape[dim] if self.ndim else 1))
+    if self.ndim == 0:
+      return self.reshape(1).scatter_reduce(0, index.reshape(1), src.reshape(1), reduce, include_self).reshape(())
+    if index.numel() == 0: return self
+    src = src.shrink(tuple((0, i) for i in index.shape)).cast(self.dtype)
+    hit = index.transpose(dim, -1).unsqueeze(-1) == Tensor.arange(self.shape[dim], device=self.device)  # (.., P, size)
+    values = src.transpose(dim, -1).unsqueeze(-1)                                                       # (.., P, 1)
+    target = self.transpose(dim, -1)
+    fill = tuple((0, t - i) for t, i in zip(target.shape[:-1], hit.shape[:-2])) + ((0, 0),)
+    acc_dtype = _gather_acc_dtype(self.dtype)
+    if reduce in ("sum", "mean"): combined = hit.where(values, 0).sum(-2, acc_dtype=acc_dtype)
+    elif reduce == "prod": combined = hit.where(values, 1).prod(-2, acc_dtype=acc_dtype)
+    elif reduce == "amax": combined = hit.where(values, dtypes.min(self.dtype)).max(-2)
+    else: combined = hit.where(values, dtypes.max(self.dtype)).min(-2)
+    combined = combined.cast(self.dtype).pad(fill)
+    touched = hit.any(-2).pad(fill, value=False)
+    if reduce == "mean":
+      count = hit.sum(-2).pad(fill).cast(self.dtype) + (1 if include_self else 0)
+      total = combined + target if include_self else combined
+      safe_count = touched.where(count, 1)
+      combined = total / safe_count if self.dtype.is_float else total // safe_count
+    elif include_self:
+      combined = {"sum": target + combined, "prod": target * combined, "amax": target.maximum(combined),
+                  "amin": target.minimum(combined)}[reduce]
+    return touched.where(combined.cast(self.dtype), target).transpose(dim, -1)
+
+  # ---- diagonals
+  def diagonal(self, offset: int = 0, dim1: int = 0, dim2: int = 1) -> Tensor:
+    """The `offset`-th diagonal of the (dim1, dim2) planes, as torch.diagonal: those dims go, the diagonal is a new
+    last dim. A view (a strided read of the flattened plane)."""
+    first, second = _resolve_axis(dim1, self.ndim, self.shape), _resolve_axis(dim2, self.ndim, self.shape)
+    if first == second: raise ValueError(f"diagonal: dim1 {dim1} and dim2 {dim2} are the same dim of {self.shape}")
+    rest = [d for d in range(self.ndim) if d not in (first, second)]
+    x = self.permute(rest + [first, second])
+    rows, cols = x.shape[-2:]
+    lead = tuple((0, s) for s in x.shape[:-2])
+    length = max(0, min(rows + min(offset, 0), cols - max(offset, 0)))
+    row_start, col_start = min(max(-offset, 0), rows), min(max(offset, 0), cols)
+    x = x.shrink(lead + ((row_start, row_start + length), (col_start, col_start + length)))
+    if length == 0: return x.reshape(x.shape[:-2] + (0,))
+    return x.reshape(x.shape[:-2] + (length * length,))._stride((1,) * len(lead) + (length + 1,))
+  def diag(self, diagonal: int = 0) -> Tensor:
+    """torch.diag: a 1-D tensor becomes the square matrix with it on the `diagonal`-th diagonal; a 2-D tensor
+    gives its `diagonal`-th diagonal."""
+    if self.ndim == 2: return self.diagonal(diagonal)
+    if self.ndim != 1: raise ValueError(f"diag: expects a 1-D or 2-D tensor, got shape {self.shape}")
+    n, shift = self.shape[0], abs(diagonal)
+    size = n + shift
+    rows = Tensor.arange(size, device=self.device).reshape(size, 1)
+    on_diagonal = Tensor.arange(size, device=self.device).reshape(1, size) - rows == diagonal
+    padded = self.pad(((0, shift),))      # the value of row i (diagonal >= 0) or of column j (below it)
+    along = padded.reshape(size, 1) if diagonal >= 0 else padded.reshape(1, size)
+    return on_diagonal.where(along, along.zeros_like())
+
+  # ---- selections with a data-dependent shape: the count is read back to the host (a sync, as in torch)
+  def _compaction(self, mask: Tensor) -> Tensor:
+    """(count, n) bools for a flat bool mask (n,): row j is true at the j-th true position. O(count·n) work."""
+    count = int(mask.sum().item())
+    rank = mask.cast(dtypes.int32).cumsum(0) - 1
+    slots = Tensor.arange(count, device=self.device).reshape(count, 1)
+    return mask.reshape(1, -1) & (rank.cast(dtypes.int32).reshape(1, -1) == slots)
+  def masked_select(self, mask: Tensor) -> Tensor:
+    """The elements where the bool mask (broadcast with self) is true, as a 1-D tensor in row-major order, as
+    torch.masked_select. The mask is realized to count them; the selection is a compare and a sum
+    (O(count·numel)), differentiable in self."""
+    if not isinstance(mask, Tensor) or not mask.dtype.is_bool:
+      raise TypeError(f"masked_select: mask must be a bool tensor, got {getattr(mask, 'dtype', type(mask).__name__)}")
+    shape = broadcast_shape(self.shape, mask.shape)
+    values, flat_mask = self._broadcast_to(shape).flatten(), mask._broadcast_to(shape).flatten()
+    selection = self._compaction(flat_mask)
+    return selection.where(values.reshape(1, -1), 0).sum(1, acc_dtype=_gather_acc_dtype(self.dtype)).cast(self.dtype)
+  def nonzero(self) -> Tensor:
+    """The (count, ndim) coordinates of the nonzero elements in row-major order, as torch.nonzero (int32, tinygrad's
+    index dtype, where the numel fits; else int64). Realizes the mask to count them; O(count·numel)."""
+    flat = (self != 0).flatten()
+    index_dtype = dtypes.int32 if self.numel() <= dtypes.max(dtypes.int32) else dtypes.int64
+    positions = Tensor.arange(self.numel(), dtype=index_dtype, device=self.device).reshape(1, -1)
+    flat_index = self._compaction(flat).where(positions, 0).sum(1, acc_dtype=index_dtype).cast(index_dtype)
+    strides = [int(np.prod(self.shape[d + 1:], dtype=np.int64)) for d in range(self.ndim)]
+    columns = [((flat_index // stride) % size).reshape(-1, 1) for stride, size in zip(strides, self.shape)]
+    if not columns: return Tensor.zeros(flat_index.shape[0], 0, dtype=index_dtype, device=self.device)
+    return columns[0].cat(*columns[1:], dim=1) if len(columns) > 1 else columns[0]
 
 def _dim_bounds(name: str, dim: int, size: int) -> IndexBounds:
   """gather's and scatter's indices: 0 <= i < size, as torch (no negative indices)."""

@@ -50,9 +50,11 @@ class MovementMixin:
     return self._broadcast_to(target)
   def pad(self, padding, value: Scalar = 0.0, mode: str = "constant") -> Tensor:
     """Pad with `value`: `padding` is ((before, after) or None per dim), or torch's flat (left, right, top, bottom,
-    ...) starting from the last dim. Negative amounts cut."""
-    if mode != "constant": raise ValueError(f"only constant padding is supported, got mode {mode!r}")
+    ...) starting from the last dim. Negative amounts cut. mode (torch's): 'constant'; 'reflect' (mirror without
+    the edge, amounts < the dim), 'replicate' (repeat the edge), 'circular' (wrap around, amounts <= the dim)."""
+    if mode not in PAD_MODES: raise ValueError(f"pad: mode must be one of {PAD_MODES}, got {mode!r}")
     padding = _normalize_padding(padding, self.shape)
+    if mode != "constant": return self._pad_from_edges(padding, mode)
     if all(p == (0, 0) for p in padding): return self
     bounds = tuple((-min(b, 0), s + min(a, 0)) for s, (b, a) in zip(self.shape, padding))
     if any(lo > hi for lo, hi in bounds): raise ValueError(f"padding {padding} cuts more than shape {self.shape}")
@@ -62,6 +64,82 @@ class MovementMixin:
     if value == 0 or padded is x: return padded
     inside = Tensor(LazyBuffer.const_of(True, dtypes.bool, self.device, x.shape).pad(grow))
     return inside.where(padded, value)
+  def _pad_from_edges(self, padding: tuple[tuple[int, int], ...], mode: str) -> Tensor:
+    """reflect / replicate / circular padding: per dim, cat the pieces cut (and flipped) from the input's edges."""
+    x = self
+    for dim, (before, after) in enumerate(padding):
+      if before == after == 0: continue
+      size = x.shape[dim]
+      if before < 0 or after < 0: raise ValueError(f"pad: mode {mode!r} needs nonnegative padding, got {padding}")
+      limit = size - 1 if mode == "reflect" else size if mode == "circular" else math.inf
+      if max(before, after) > limit or size == 0:
+        raise ValueError(f"pad: mode {mode!r} padding {(before, after)} is too large for dim {dim} of size {size} "
+                         f"(shape {self.shape})")
+      def cut(start: int, end: int, tensor: Tensor = x, axis: int = dim) -> Tensor:
+        return tensor.shrink(tuple((start, end) if i == axis else None for i in range(tensor.ndim)))
+      if mode == "reflect": left, right = cut(1, before + 1).flip(dim), cut(size - 1 - after, size - 1).flip(dim)
+      elif mode == "circular": left, right = cut(size - before, size), cut(0, after)
+      else:
+        edge_shape = lambda count: tuple(count if i == dim else s for i, s in enumerate(x.shape))  # noqa: E731
+        left, right = cut(0, 1).expand(edge_shape(before)), cut(size - 1, size).expand(edge_shape(after))
+      x = Tensor.cat(*[piece for piece, count in ((left, before), (x, 1), (right, after)) if count], dim=dim)
+    return x
+  def roll(self, shifts, dims=None) -> Tensor:
+    """Shift elements along dims, wrapping around (torch.roll); dims=None rolls the flattened tensor."""
+    if dims is None: return self.flatten().roll(shifts, 0).reshape(self.shape)
+    shifts = tuple(shifts) if isinstance(shifts, (tuple, list)) else (shifts,)
+    dims = tuple(dims) if isinstance(dims, (tuple, list)) else (dims,)
+    if len(shifts) != len(dims): raise ValueError(f"roll: shifts {shifts} and dims {dims} differ in length")
+    x = self
+    for shift, dim in zip(shifts, dims):
+      dim = _resolve_axis(dim, self.ndim, self.shape) if self.ndim else 0
+      size = x.shape[dim] if x.ndim else 1
+      amount = int(shift) % size if size else 0
+      if amount == 0: continue
+      x = x.pad(tuple((amount, 0) if i == dim else (0, 0) for i in range(x.ndim)), mode="circular")
+      x = x.shrink(tuple((0, size) if i == dim else None for i in range(x.ndim)))
+    return x
+  def unfold(self, dimension: int, size: int, step: int) -> Tensor:
+    """torch's Tensor.unfold: every window of `size` along `dimension`, `step` apart; the windows replace that dim
+    and their elements go in a new last dim. A view (no copy)."""
+    if self.ndim == 0: return self.reshape(1).unfold(dimension, size, step).reshape(size)
+    dim = _resolve_axis(dimension, self.ndim, self.shape)
+    if not isinstance(size, int) or not 0 < size <= self.shape[dim]:
+      raise ValueError(f"unfold: size {size} must be in [1, {self.shape[dim]}] for dim {dim} of shape {self.shape}")
+    if not isinstance(step, int) or step <= 0: raise ValueError(f"unfold: step must be positive, got {step}")
+    windows = self.transpose(dim, -1)._pool((size,), (step,), (1,))     # (..., windows, size)
+    return windows.transpose(dim, -2)
+  def meshgrid(self, *args: Tensor, indexing: str = "ij") -> tuple[Tensor, ...]:
+    """Coordinate grids from 1-D (or 0-d) tensors, as torch.meshgrid: 'ij' gives shape (len(a), len(b), ...), 'xy'
+    swaps the first two dims (Cartesian). `a.meshgrid(b)` or `Tensor.meshgrid(a, b)`."""
+    if indexing not in ("ij", "xy"): raise ValueError(f"meshgrid: indexing must be 'ij' or 'xy', got {indexing!r}")
+    tensors = [t.flatten() if t.ndim == 0 else t for t in _tensor_list(self, args)]
+    for t in tensors:
+      if t.ndim != 1: raise ValueError(f"meshgrid: expects 0-d or 1-d tensors, got shape {t.shape}")
+    axes = list(range(len(tensors)))
+    if indexing == "xy" and len(tensors) > 1: axes[0], axes[1] = 1, 0
+    shape = [0] * len(tensors)
+    for t, axis in zip(tensors, axes): shape[axis] = t.shape[0]
+    return tuple(t.reshape(tuple(s if i == axis else 1 for i, s in enumerate(shape))).expand(tuple(shape))
+                 for t, axis in zip(tensors, axes))
+  def repeat_interleave(self, repeats, dim: Optional[int] = None) -> Tensor:
+    """Repeat each element along `dim` (None: of the flattened tensor) `repeats` times, as torch: an int, or one
+    count per element (a list, or an int Tensor, which is read back to the host: the output shape depends on it)."""
+    if dim is None: return self.flatten().repeat_interleave(repeats, 0)
+    dim = _resolve_axis(dim, self.ndim, self.shape) if self.ndim else 0
+    x = self.reshape(1) if self.ndim == 0 else self
+    if isinstance(repeats, Tensor): repeats = repeats.tolist()
+    if isinstance(repeats, list) and len(repeats) == 1: repeats = repeats[0]
+    if isinstance(repeats, (int, np.integer)):
+      if repeats < 0: raise ValueError(f"repeat_interleave: repeats must be nonnegative, got {repeats}")
+      spread = x.unsqueeze(dim + 1).expand(x.shape[:dim + 1] + (int(repeats),) + x.shape[dim + 1:])
+      return spread.flatten(dim, dim + 1)
+    counts = [int(r) for r in np.asarray(repeats).reshape(-1)]
+    if len(counts) != x.shape[dim] or any(c < 0 for c in counts):
+      raise ValueError(f"repeat_interleave: repeats {counts} needs {x.shape[dim]} nonnegative counts for dim {dim}")
+    source = [i for i, c in enumerate(counts) for _ in range(c)]     # host-side: which input each output takes
+    if not source: return x.shrink(tuple((0, 0) if i == dim else None for i in range(x.ndim)))
+    return x[(slice(None),) * dim + (Tensor(source, device=x.device),)]
   def shrink(self, bounds) -> Tensor:
     """Keep [start, end) per dim (None keeps the dim)."""
     if len(bounds) != self.ndim:
@@ -146,6 +224,8 @@ class MovementMixin:
     if chunks <= 0: raise ValueError(f"chunk needs a positive count, got {chunks}")
     dim = _resolve_axis(dim, self.ndim, self.shape)
     return self.split(max(1, math.ceil(self.shape[dim] / chunks)), dim)
+
+PAD_MODES = ("constant", "reflect", "replicate", "circular")
 
 def _tensor_list(first: Any, rest: tuple) -> list[Tensor]:
   tensors = list(first) + list(rest) if isinstance(first, (list, tuple)) else [first, *rest]

@@ -193,12 +193,58 @@ class NNMixin:
     padded = self.pad(lead + tuple((p, p + e) for p, e in zip(geometry.padding, geometry.extra)), value=pad_value)
     return padded._pool(geometry.kernel, geometry.stride, geometry.dilation)
 
-  def max_pool2d(self, kernel_size=(2, 2), stride=None, dilation=1, padding=0, ceil_mode: bool = False) -> Tensor:
+  def max_pool2d(self, kernel_size=(2, 2), stride=None, dilation=1, padding=0, ceil_mode: bool = False,
+                 return_indices: bool = False):
     """The max of each window over the last len(kernel_size) dims (2 for an int); stride defaults to the kernel.
-    Padding is −inf (the dtype's min for ints), so it never wins."""
+    Padding is −inf (the dtype's min for ints), so it never wins. return_indices also gives, as torch, where each
+    max came from: its flat index into the pooled dims of the input (int64; the first max of a window)."""
     geometry = self._pool_geometry(kernel_size, stride, dilation, padding, ceil_mode, "max_pool2d")
     pad_value = -math.inf if self.dtype.is_float else dtypes.min(self.dtype)
-    return self._pool_windows(geometry, pad_value).max(geometry.window_axes)
+    windows = self._pool_windows(geometry, pad_value)
+    values = windows.max(geometry.window_axes)
+    if not return_indices: return values
+    spatial = self.shape[-len(geometry.kernel):]
+    flat_positions = Tensor.arange(prod(spatial), dtype=dtypes.int64, device=self.device).reshape(spatial)
+    position_windows = flat_positions._pool_windows(geometry, -1)                 # (*out, *kernel)
+    window_size = prod(geometry.kernel)
+    out_shape = windows.shape[:-len(geometry.kernel)]
+    first_max = windows.reshape(*out_shape, window_size).argmax(-1)              # (..., *out)
+    chosen = first_max.unsqueeze(-1) == Tensor.arange(window_size, device=self.device)
+    positions = position_windows.reshape(*position_windows.shape[:-len(geometry.kernel)], window_size)
+    return values, chosen.where(positions, 0).sum(-1, acc_dtype=dtypes.int64).cast(dtypes.int64)
+
+  def max_unpool2d(self, indices: Tensor, kernel_size=(2, 2), stride=None, dilation=1, padding=0,
+                   output_size=None) -> Tensor:
+    """The inverse of max_pool2d(return_indices=True), as torch: each value goes to its flat index in the output's
+    last len(kernel_size) dims, zeros elsewhere. The output size is (in − 1)·stride − 2·padding +
+    dilation·(kernel − 1) + 1 per dim, or output_size (its last dims). A one-hot compare of indices with the output
+    positions and a sum (O(input · output) per plane); differentiable in self."""
+    count = len(kernel_size) if isinstance(kernel_size, (tuple, list)) else 2
+    kernel = _int_tuple(kernel_size, count, "kernel_size")
+    no_stride = stride is None or (isinstance(stride, (tuple, list)) and not stride)
+    strides = kernel if no_stride else _int_tuple(stride, count, "stride")
+    dilation, padding = _int_tuple(dilation, count, "dilation"), _int_tuple(padding, count, "padding")
+    if not isinstance(indices, Tensor) or indices.shape != self.shape or not indices.dtype.is_int:
+      raise ValueError(f"max_unpool2d: indices must be an int tensor of the input's shape {self.shape}, got "
+                       f"{getattr(indices, 'shape', type(indices).__name__)}")
+    if self.ndim < count: raise ValueError(f"max_unpool2d: input of shape {self.shape} has fewer than {count} dims")
+    if output_size is None:
+      out = tuple((i - 1) * s - 2 * p + d * (k - 1) + 1
+                  for i, s, p, d, k in zip(self.shape[-count:], strides, padding, dilation, kernel))
+    else: out = tuple(int(o) for o in tuple(output_size)[-count:])
+    if len(out) != count or any(o <= 0 for o in out):
+      raise ValueError(f"max_unpool2d: output_size {output_size} gives output {out} for input {self.shape}")
+    lead, plane = self.shape[:-count], prod(out)
+    message = f"max_unpool2d: index {{value}} is out of bounds for an output plane of {{size}} elements ({out})"
+    check_index_bounds(indices.lazydata, IndexBounds(0, plane, message))
+    flat_values, flat_indices = self.reshape(*lead, -1, 1), indices.reshape(*lead, -1, 1)
+    placed = flat_indices == Tensor.arange(plane, dtype=indices.dtype, device=self.device)       # (..., in, plane)
+    if self.numel() == 0: return Tensor.zeros(*lead, *out, dtype=self.dtype, device=self.device)
+    # overlapping windows can pick one input twice: both copies hold its value, so the max is that value (their
+    # gradient is split between them, where torch gives each the whole)
+    lowest = -math.inf if self.dtype.is_float else dtypes.min(self.dtype)
+    written = placed.where(flat_values, lowest).max(-2)
+    return placed.any(-2).where(written, 0).cast(self.dtype).reshape(*lead, *out)
 
   def avg_pool2d(self, kernel_size=(2, 2), stride=None, dilation=1, padding=0, ceil_mode: bool = False,
                  count_include_pad: bool = True) -> Tensor:
@@ -272,6 +318,15 @@ class NNMixin:
     if p == 1: return self * 0
     keep = Tensor.rand(*self.shape, device=self.device) >= p
     return keep.where(self, 0) * (1 / (1 - p))
+  def normalize(self, p: float = 2.0, dim: int = 1, eps: float = 1e-12) -> Tensor:
+    """self / max(‖self‖_p, eps) along `dim`, as torch.nn.functional.normalize."""
+    x = self._to_float()
+    if p == 2: norm = x.square().sum(dim, keepdim=True).sqrt()
+    elif p == 1: norm = x.abs().sum(dim, keepdim=True)
+    elif p == math.inf: norm = x.abs().max(dim, keepdim=True)
+    elif p <= 0: raise ValueError(f"normalize: p must be positive, got {p}")
+    else: norm = x.abs().pow(p).sum(dim, keepdim=True).pow(1 / p)
+    return x / norm.maximum(eps)
   def layernorm(self, axis=-1, eps: float = 1e-5) -> Tensor:
     """(x − mean) / sqrt(var + eps) over `axis` (biased variance); no affine part (nn.LayerNorm adds it)."""
     x = self._to_float()
@@ -298,8 +353,10 @@ class NNMixin:
   # ---- attention
   def scaled_dot_product_attention(self, key: Tensor, value: Tensor, attn_mask: Optional[Tensor] = None,
                                    dropout_p: float = 0.0, is_causal: bool = False,
-                                   scale: Optional[float] = None) -> Tensor:
+                                   scale: Optional[float] = None, enable_gqa: bool = False) -> Tensor:
     """softmax(q·kᵀ·scale + mask)·v for q (..., L, E), k (..., S, E), v (..., S, Ev); scale defaults to 1/√E.
+    enable_gqa (grouped-query attention, as torch): k and v may have fewer heads (dim −3) than q, a divisor of its
+    count; each of their heads serves that many consecutive query heads.
     A bool mask keeps True positions; a float mask is added. is_causal keeps key s <= query l. Dropout on the
     attention weights applies only while `Tensor.training` (as tinygrad; torch's functional applies it always)."""
     if is_causal and attn_mask is not None:
@@ -307,6 +364,12 @@ class NNMixin:
     if min(self.ndim, key.ndim, value.ndim) < 2 or self.shape[-1] != key.shape[-1] or key.shape[-2] != value.shape[-2]:
       raise RuntimeError(f"scaled_dot_product_attention: query {self.shape}, key {key.shape} and value {value.shape} "
                          "need (..., L, E), (..., S, E) and (..., S, Ev)")
+    if enable_gqa and min(self.ndim, key.ndim, value.ndim) >= 3 and key.shape[-3] != self.shape[-3]:
+      heads, kv_heads = self.shape[-3], key.shape[-3]
+      if value.shape[-3] != kv_heads or heads % kv_heads:
+        raise ValueError(f"scaled_dot_product_attention: enable_gqa needs key and value heads ({kv_heads}, "
+                         f"{value.shape[-3]}) to be one count that divides the query heads ({heads})")
+      key, value = key.repeat_interleave(heads // kv_heads, -3), value.repeat_interleave(heads // kv_heads, -3)
     scale = 1 / math.sqrt(self.shape[-1]) if scale is None else scale
     scores = (self @ key.transpose(-2, -1)) * scale
     if is_causal: attn_mask = Tensor.ones(scores.shape[-2:], dtype=dtypes.bool, device=self.device).tril()

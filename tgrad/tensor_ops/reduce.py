@@ -30,11 +30,14 @@ class ReduceMixin:
     out_dtype = _sum_dtype(self.dtype)
     if acc_dtype is None: acc_dtype = dtypes.float32 if out_dtype in HALF_FLOATS else out_dtype
     return self.cast(to_dtype(acc_dtype))._reduce(function, axes, keepdim).cast(out_dtype)
-  def sum(self, axis=None, keepdim: bool = False, acc_dtype: Any = None) -> Tensor:
+  def sum(self, axis=None, keepdim: bool = False, acc_dtype: Any = None, dtype: Any = None) -> Tensor:
     """Sum over `axis` (int, tuple, None: all). As numpy: bools and signed ints sum to int64, unsigned ints to uint64;
-    float16/bfloat16 accumulate in float32."""
+    float16/bfloat16 accumulate in float32. dtype (torch's): cast the input to it first; the result has it."""
+    if dtype is not None: return self.cast(to_dtype(dtype))._accumulate(F.Sum, axis, keepdim, acc_dtype).cast(dtype)
     return self._accumulate(F.Sum, axis, keepdim, acc_dtype)
-  def prod(self, axis=None, keepdim: bool = False, acc_dtype: Any = None) -> Tensor:
+  def prod(self, axis=None, keepdim: bool = False, acc_dtype: Any = None, dtype: Any = None) -> Tensor:
+    """Product over `axis`, in sum's dtype; dtype (torch's): cast the input to it first; the result has it."""
+    if dtype is not None: return self.cast(to_dtype(dtype))._accumulate(F.Prod, axis, keepdim, acc_dtype).cast(dtype)
     return self._accumulate(F.Prod, axis, keepdim, acc_dtype)
   def max(self, axis=None, keepdim: bool = False) -> Tensor:
     axes = self._reduce_axes(axis)
@@ -59,6 +62,12 @@ class ReduceMixin:
     return self._float_math(spread)
   def std(self, axis=None, keepdim: bool = False, correction: int = 1) -> Tensor:
     return self.var(axis, keepdim, correction).sqrt()
+  def var_mean(self, axis=None, keepdim: bool = False, correction: int = 1) -> tuple[Tensor, Tensor]:
+    """(var, mean) over `axis`, as torch.var_mean."""
+    return self.var(axis, keepdim, correction), self._to_float().mean(axis, keepdim)
+  def std_mean(self, axis=None, keepdim: bool = False, correction: int = 1) -> tuple[Tensor, Tensor]:
+    """(std, mean) over `axis`, as torch.std_mean."""
+    return self.std(axis, keepdim, correction), self._to_float().mean(axis, keepdim)
   def argmax(self, axis: Optional[int] = None, keepdim: bool = False) -> Tensor:
     """The index (int32; int64 on an axis past 2^31 elements) of the first maximum; NaN counts as the maximum, as in
     numpy."""
@@ -92,6 +101,7 @@ class ReduceMixin:
       exponentials = (x - x.max(axis, keepdim=True).detach()).exp()
       return exponentials / exponentials.sum(axis, keepdim=True)
     return self._float_math(stable)
+  def softmin(self, axis: int = -1) -> Tensor: return (-self._to_float()).softmax(axis)
   def log_softmax(self, axis: int = -1) -> Tensor:
     def stable(x: Tensor) -> Tensor:
       shifted = x - x.max(axis, keepdim=True).detach()
@@ -169,11 +179,6 @@ def _logsumexp_prefix(x: Tensor, mask: Tensor) -> Tensor:
   peak = peak.isinf().where(0, peak)       # all −inf (or an +inf): shift by 0, as logsumexp does
   return (windows - peak).exp().sum(-1).log() + peak.squeeze(-1)
 
-def _logaddexp(a: Tensor, b: Tensor) -> Tensor:
-  peak = a.maximum(b).detach()
-  peak = peak.isinf().where(0, peak)
-  return ((a - peak).exp() + (b - peak).exp()).log() + peak
-
 SCAN_KINDS = {
   "sum": _ScanKind(lambda dtype: 0, lambda x, mask: _triangle_windows(x, mask, 0).sum(-1), lambda x: x.sum(-1),
                    lambda a, b: a + b),
@@ -181,7 +186,8 @@ SCAN_KINDS = {
                     lambda a, b: a * b),
   "max": _ScanKind(_max_identity, lambda x, mask: _triangle_windows(x, mask, _max_identity(x.dtype)).max(-1),
                    lambda x: x.max(-1), lambda a, b: a.maximum(b)),
-  "logsumexp": _ScanKind(lambda dtype: -math.inf, _logsumexp_prefix, lambda x: x.logsumexp(-1), _logaddexp),
+  "logsumexp": _ScanKind(lambda dtype: -math.inf, _logsumexp_prefix, lambda x: x.logsumexp(-1),
+                         lambda a, b: a.logaddexp(b)),
 }
 
 def _scan_last(x: Tensor, kind: _ScanKind) -> Tensor:

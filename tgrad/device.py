@@ -108,7 +108,7 @@ class Buffer:
   @property
   def handle(self) -> Any:
     if self._handle is None:
-      allocator = Device[self.device].allocator
+      allocator = self._allocator = Device[self.device].allocator   # kept for __del__: no registry lookup there
       if self.base is not None: self._handle = allocator.view(self.base.handle, self.offset, max(self.nbytes, 1))
       else: self._handle = allocator.alloc(max(self.nbytes, 1))
       if self.initial is not None:
@@ -119,7 +119,7 @@ class Buffer:
   def is_allocated(self) -> bool: return self._handle is not None
   def __del__(self):
     if self._handle is not None and self.base is None:
-      try: Device[self.device].allocator.free(self._handle, max(self.nbytes, 1))
+      try: self._allocator.free(self._handle, max(self.nbytes, 1))
       except Exception: pass   # interpreter shutdown
   def copyin(self, data: np.ndarray) -> Buffer:
     data = np.ascontiguousarray(data)

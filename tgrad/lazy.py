@@ -115,7 +115,8 @@ class LazyBuffer:
     first = value_dtypes[0]
     if any(d is not first and d != first for d in value_dtypes):
       raise TypeError(f"{op.name}: operand dtypes differ: {value_dtypes}")
-    return LazyBuffer(device, ShapeTracker.from_shape(shape), out_dtype, op, srcs)
+    st = self.st if self._base is None else ShapeTracker.from_shape(shape)   # a base's tracker is already that
+    return LazyBuffer(device, st, out_dtype, op, srcs)
   def cast(self, dtype: DType, bitcast: bool = False) -> LazyBuffer:
     if dtype == self.dtype: return self
     if bitcast and dtype.itemsize != self.dtype.itemsize:

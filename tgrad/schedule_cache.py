@@ -42,6 +42,9 @@ class _Walk:
   its structural entry (children named by their numbers), and the realized Buffers it reads, numbered by first
   appearance. Any numbering fixed by the structure alone works: equal keys mean isomorphic graphs."""
   def __init__(self, roots: list[LazyBuffer]):
+    if len(roots) == 1 and _reads_only_realized(roots[0]):
+      self._one_op(roots[0])
+      return
     nodes: list[LazyBuffer] = []
     position: dict[int, int] = {}
     stack = roots[::-1]
@@ -72,6 +75,34 @@ class _Walk:
     self.nodes, self.unrealized, self.leaf_buffers = nodes, unrealized, leaf_buffers
     self.key = (tuple(entries), tuple([position[id(lb)] for lb in roots]))
 
+  def _one_op(self, root: LazyBuffer) -> None:
+    """The walk of one op whose sources are all realized bases (an eager op on realized tensors): the same nodes,
+    numbers and key as the general walk gives, without its stack."""
+    nodes, position = [root], {id(root): 0}
+    entries: list[Optional[tuple]] = [None]
+    leaf_buffers: list[Buffer] = []
+    leaf_number: dict[int, int] = {}
+    for lb in root.srcs:   # pre-order from the root visits its sources in order; a repeated one keeps its number
+      if id(lb) in position: continue
+      position[id(lb)] = len(nodes)
+      nodes.append(lb)
+      buffer = lb.buffer
+      if (number := leaf_number.get(id(buffer))) is None:
+        number = leaf_number[id(buffer)] = len(leaf_buffers)
+        leaf_buffers.append(buffer)
+      entries.append((_LEAF, lb.device, lb.dtype, lb.shape, number))
+    arg = root.arg
+    entries[0] = (root.op, root.device, root.dtype, root.shape, arg if arg is None else _arg_key(arg),
+                  tuple([position[id(s)] for s in root.srcs]))
+    self.nodes, self.unrealized, self.leaf_buffers = nodes, [0], leaf_buffers
+    self.key = (tuple(entries), (0,))
+
+def _reads_only_realized(root: LazyBuffer) -> bool:
+  """Whether every source of the (unrealized base) root is a realized base: no views, nothing else to compute."""
+  for lb in root.srcs:
+    if lb._base is not None or lb.buffer is None: return False
+  return True
+
 def _arg_key(arg: Any) -> Any:
   """An arg as a key: host data by its dtype and shape only (the values are the graph's own, not the structure's);
   floats by repr, so -0.0 differs from 0.0 and NaN equals NaN."""
@@ -83,7 +114,8 @@ def _arg_key(arg: Any) -> Any:
 
 def schedule(outs: list[LazyBuffer]) -> list[ScheduleItem]:
   """`create_schedule(outs, commit=True)`, from the cache when a graph of the same structure was scheduled before."""
-  roots = list(dict.fromkeys(o.base for o in outs if o.base.buffer is None))
+  if len(outs) == 1: roots = [base] if (base := outs[0].base).buffer is None else []   # the eager case
+  else: roots = list(dict.fromkeys(o.base for o in outs if o.base.buffer is None))
   if not roots: return []
   walk = _Walk(roots)
   template = _templates.get(walk.key)

@@ -88,20 +88,26 @@ class Compiled:
     """Bytes this device can still allocate (host memory on a CPU device, free GPU memory on a GPU)."""
     return self.allocator.available()
 
+_buffers_created = 0
+
+def newest_buffer_serial() -> int:
+  """The serial of the newest Buffer (0 before any): a Buffer made later has a higher one."""
+  return _buffers_created
+
 class Buffer:
   """`size` elements of `dtype` on `device`; memory is allocated on first use (`handle`). With `base`, the Buffer is
   a view of `base`'s memory starting `offset` bytes in (nothing is allocated or freed for it). With `initial`, host
   bytes are copied in when the memory is allocated (a value that exists without any kernel or copy being scheduled).
-  `serial` numbers Buffers in creation order; `Buffer.created` is the newest serial."""
-  created = 0
+  `serial` numbers Buffers in creation order; `newest_buffer_serial()` is the newest serial."""
   def __init__(self, device: str, size: int, dtype: DType, base: Optional[Buffer] = None, offset: int = 0,
                initial: Optional[np.ndarray] = None):
     self.device, self.size, self.dtype = device, size, dtype
     self.base, self.offset, self.initial = base, offset, initial
     if base is not None and (offset < 0 or offset + self.nbytes > base.nbytes or base.device != device):
       raise ValueError(f"a view of {self.nbytes} bytes at offset {offset} does not fit {base}")
-    Buffer.created += 1
-    self.serial = Buffer.created
+    global _buffers_created   # a module counter: writing a class attribute would void every Buffer's attribute caches
+    _buffers_created += 1
+    self.serial = _buffers_created
     self._handle: Any = None
   @property
   def nbytes(self) -> int: return self.size * self.dtype.itemsize

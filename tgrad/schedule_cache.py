@@ -22,6 +22,10 @@ from tgrad.schedule import ScheduleItem, create_schedule
 # this bounds the cache's memory (about 100 bytes a node) whatever graphs a program builds.
 MAX_CACHED_NODES = 1_000_000
 
+# The one-op walk (an op whose sources are all realized) finds repeated sources by scanning lists: quadratic in the
+# number of sources, so ops with more than this many take the general walk (elementwise ops have at most 3).
+ONE_OP_MAX_SOURCES = 8
+
 _LEAF = "realized"
 _VIEW = "view"
 
@@ -77,28 +81,33 @@ class _Walk:
 
   def _one_op(self, root: LazyBuffer) -> None:
     """The walk of one op whose sources are all realized bases (an eager op on realized tensors): the same nodes,
-    numbers and key as the general walk gives, without its stack."""
-    nodes, position = [root], {id(root): 0}
-    entries: list[Optional[tuple]] = [None]
+    numbers and key as the general walk gives, without its stack. A few sources: found again by identity in short
+    lists (`in` and `index` compare by identity: neither LazyBuffer nor Buffer defines equality), not by id dicts."""
+    nodes: list[LazyBuffer] = [root]
+    entries: list[Any] = [None]
     leaf_buffers: list[Buffer] = []
-    leaf_number: dict[int, int] = {}
+    positions: list[int] = []
     for lb in root.srcs:   # pre-order from the root visits its sources in order; a repeated one keeps its number
-      if id(lb) in position: continue
-      position[id(lb)] = len(nodes)
+      if lb in nodes:
+        positions.append(nodes.index(lb))
+        continue
+      positions.append(len(nodes))
       nodes.append(lb)
       buffer = lb.buffer
-      if (number := leaf_number.get(id(buffer))) is None:
-        number = leaf_number[id(buffer)] = len(leaf_buffers)
+      if buffer in leaf_buffers: number = leaf_buffers.index(buffer)
+      else:
+        number = len(leaf_buffers)
         leaf_buffers.append(buffer)
       entries.append((_LEAF, lb.device, lb.dtype, lb.shape, number))
     arg = root.arg
-    entries[0] = (root.op, root.device, root.dtype, root.shape, arg if arg is None else _arg_key(arg),
-                  tuple([position[id(s)] for s in root.srcs]))
+    entries[0] = (root.op, root.device, root.dtype, root.shape, arg if arg is None else _arg_key(arg), tuple(positions))
     self.nodes, self.unrealized, self.leaf_buffers = nodes, [0], leaf_buffers
     self.key = (tuple(entries), (0,))
 
 def _reads_only_realized(root: LazyBuffer) -> bool:
-  """Whether every source of the (unrealized base) root is a realized base: no views, nothing else to compute."""
+  """Whether every source of the (unrealized base) root is a realized base (no views, nothing else to compute), and
+  there are few enough of them for the one-op walk's list scans."""
+  if len(root.srcs) > ONE_OP_MAX_SOURCES: return False
   for lb in root.srcs:
     if lb._base is not None or lb.buffer is None: return False
   return True

@@ -187,3 +187,32 @@ def test_dtype_equality_and_hash_survive_copies():
   assert dtypes.float32 != dtypes.int32 and dtypes.float32 != "float32" and not dtypes.float32 == 1
   assert sorted([dtypes.float32, dtypes.int8]) == [dtypes.int8, dtypes.float32]
   assert DType(11, 4, "float32", 'f', 'float32') == dtypes.float32
+
+def test_gc_paused_nests_and_restores_the_collector():
+  """gc_paused (without contextlib now) pauses the collector in its scope, nested or not, raising or not, and
+  leaves it as it found it."""
+  import gc
+  from tgrad.helpers import gc_paused
+  @gc_paused()
+  def failing():
+    assert not gc.isenabled()
+    raise KeyError("inside")
+  was_enabled = gc.isenabled()
+  gc.enable()
+  try:
+    pause = gc_paused()
+    with pause:
+      with pause:
+        assert not gc.isenabled()
+      assert not gc.isenabled()
+      with pytest.raises(KeyError): failing()
+      assert not gc.isenabled()
+    assert gc.isenabled()
+    with pytest.raises(KeyError): failing()
+    assert gc.isenabled()
+    gc.disable()
+    with gc_paused(): pass
+    assert not gc.isenabled()   # it was off before: it stays off
+  finally:
+    if was_enabled: gc.enable()
+    else: gc.disable()

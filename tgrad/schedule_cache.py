@@ -22,8 +22,8 @@ from tgrad.schedule import ScheduleItem, create_schedule
 # this bounds the cache's memory (about 100 bytes a node) whatever graphs a program builds.
 MAX_CACHED_NODES = 1_000_000
 
-# The one-op walk (an op whose sources are all realized) finds repeated sources by scanning lists: quadratic in the
-# number of sources, so ops with more than this many take the general walk (elementwise ops have at most 3).
+# The one-op walk (an op over realized values and constants) finds repeated nodes by scanning lists: quadratic in
+# the number of sources, so ops with more than this many take the general walk (elementwise ops have at most 3).
 ONE_OP_MAX_SOURCES = 8
 
 _LEAF = "realized"
@@ -46,7 +46,7 @@ class _Walk:
   its structural entry (children named by their numbers), and the realized Buffers it reads, numbered by first
   appearance. Any numbering fixed by the structure alone works: equal keys mean isomorphic graphs."""
   def __init__(self, roots: list[LazyBuffer]):
-    if len(roots) == 1 and _reads_only_realized(roots[0]):
+    if len(roots) == 1 and _is_one_op(roots[0]):
       self._one_op(roots[0])
       return
     nodes: list[LazyBuffer] = []
@@ -80,36 +80,42 @@ class _Walk:
     self.key = (tuple(entries), tuple([position[id(lb)] for lb in roots]))
 
   def _one_op(self, root: LazyBuffer) -> None:
-    """The walk of one op whose sources are all realized bases (an eager op on realized tensors): the same nodes,
-    numbers and key as the general walk gives, without its stack. A few sources: found again by identity in short
-    lists (`in` and `index` compare by identity: neither LazyBuffer nor Buffer defines equality), not by id dicts."""
+    """The walk of one op over sources that need no computing (an eager op on realized tensors and constants; see
+    `_is_one_op`): the same nodes, numbers and key as the general walk gives, without its stack and dicts. Nodes are
+    found again by identity in short lists (`in` and `index` compare by identity: neither LazyBuffer nor Buffer
+    defines equality)."""
     nodes: list[LazyBuffer] = [root]
-    entries: list[Any] = [None]
-    leaf_buffers: list[Buffer] = []
-    positions: list[int] = []
-    for lb in root.srcs:   # pre-order from the root visits its sources in order; a repeated one keeps its number
-      if lb in nodes:
-        positions.append(nodes.index(lb))
-        continue
-      positions.append(len(nodes))
+    for lb in root.srcs:   # pre-order from the root: each source, then (a view's) its base; seen ones are skipped
+      if lb in nodes: continue
       nodes.append(lb)
-      buffer = lb.buffer
-      if buffer in leaf_buffers: number = leaf_buffers.index(buffer)
+      if (base := lb._base) is not None and base not in nodes: nodes.append(base)
+    entries: list[tuple] = []
+    unrealized: list[int] = []
+    leaf_buffers: list[Buffer] = []
+    for p, lb in enumerate(nodes):
+      if lb._base is not None: entries.append((_VIEW, lb.st, nodes.index(lb._base)))
+      elif (buffer := lb.buffer) is not None:
+        if buffer in leaf_buffers: number = leaf_buffers.index(buffer)
+        else:
+          number = len(leaf_buffers)
+          leaf_buffers.append(buffer)
+        entries.append((_LEAF, lb.device, lb.dtype, lb.shape, number))
       else:
-        number = len(leaf_buffers)
-        leaf_buffers.append(buffer)
-      entries.append((_LEAF, lb.device, lb.dtype, lb.shape, number))
-    arg = root.arg
-    entries[0] = (root.op, root.device, root.dtype, root.shape, arg if arg is None else _arg_key(arg), tuple(positions))
-    self.nodes, self.unrealized, self.leaf_buffers = nodes, [0], leaf_buffers
+        arg = lb.arg
+        entries.append((lb.op, lb.device, lb.dtype, lb.shape, arg if arg is None else _arg_key(arg),
+                        tuple([nodes.index(s) for s in lb.srcs])))
+        unrealized.append(p)
+    self.nodes, self.unrealized, self.leaf_buffers = nodes, unrealized, leaf_buffers
     self.key = (tuple(entries), (0,))
 
-def _reads_only_realized(root: LazyBuffer) -> bool:
-  """Whether every source of the (unrealized base) root is a realized base (no views, nothing else to compute), and
-  there are few enough of them for the one-op walk's list scans."""
+def _is_one_op(root: LazyBuffer) -> bool:
+  """Whether the (unrealized base) root is one op over sources that need no computing: each source, or the base it
+  views, is realized or has no sources itself (a constant, host data, an empty buffer); and there are few enough of
+  them for the one-op walk's list scans."""
   if len(root.srcs) > ONE_OP_MAX_SOURCES: return False
   for lb in root.srcs:
-    if lb._base is not None or lb.buffer is None: return False
+    base = lb if lb._base is None else lb._base
+    if base.buffer is None and base.srcs: return False
   return True
 
 def _arg_key(arg: Any) -> Any:

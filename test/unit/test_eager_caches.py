@@ -125,21 +125,30 @@ def test_random_eager_binary_ops_match_numpy_with_cache_hits(seed, monkeypatch):
   assert op_misses < RANDOM_OP_STEPS * 3 // 5, op_misses   # structures repeat: many op realizes were cache hits
 
 def test_one_op_walk_gives_the_general_walks_key(monkeypatch):
-  """The schedule cache's walk of one op on realized bases gives the same key, nodes and Buffers as the general walk,
-  for distinct inputs, one tensor twice, two LazyBuffers of one Buffer, sourceless ops and host data."""
+  """The schedule cache's one-op walk gives the same key, nodes and Buffers as the general walk: distinct inputs, one
+  tensor twice, two LazyBuffers of one Buffer, sourceless ops, host data, constants (0-d and expanded), views of
+  realized values; graphs it doesn't take (nested ops) take the general walk."""
   a, b = _realized(np.ones((3, 4), np.float32)), _realized(np.full((3, 4), 2, np.float32))
   alias = LazyBuffer.from_buffer(a.lazydata.base.buffer, (3, 4))
+  scalar = _realized(np.float32(3.0))
+  host = Tensor(np.arange(12, dtype=np.float32).reshape(3, 4), device="LLVM")   # unrealized host data
   graphs = [(a + b).lazydata, (a + a).lazydata, (a < b).lazydata, a.cast(dtypes.int32).lazydata,
             a.lazydata.alu(Ops.ADD, alias), Tensor.empty(3, device="LLVM").lazydata,
-            Tensor([1.0, 2.0], device="LLVM").lazydata, (a * 2).lazydata]   # the last reads a view: general walk
+            Tensor([1.0, 2.0], device="LLVM").lazydata, (a * 2).lazydata, (2 - a).lazydata, (scalar + 1).lazydata,
+            (a.T.T + b).lazydata, (a.permute(1, 0) + b.permute(1, 0)).lazydata, (a[:, :2] * b[:, 1:3]).lazydata,
+            (a + host).lazydata, (host + 1).lazydata, (a * a[:1]).lazydata, (a < 0.5).where(a, b).lazydata,
+            (a + (b + 1)).lazydata, a.sum(0).lazydata, (Tensor.empty(3, 4, device="LLVM") + a).lazydata]
+  one_op_graphs = 0
   for lb in graphs:
+    one_op_graphs += schedule_cache._is_one_op(lb.base)
     fast = schedule_cache._Walk([lb.base])
     with monkeypatch.context() as patch:
-      patch.setattr(schedule_cache, "_reads_only_realized", lambda root: False)
+      patch.setattr(schedule_cache, "_is_one_op", lambda root: False)
       general = schedule_cache._Walk([lb.base])
     assert fast.key == general.key and fast.unrealized == general.unrealized
     assert [id(n) for n in fast.nodes] == [id(n) for n in general.nodes]
     assert [id(b) for b in fast.leaf_buffers] == [id(b) for b in general.leaf_buffers]
+  assert one_op_graphs >= len(graphs) - 3   # all but the nested ones (the where, a + (b + 1), the sum's reduce)
   one_buffer_twice = schedule_cache._Walk([a.lazydata.alu(Ops.ADD, alias)])
   assert len(one_buffer_twice.leaf_buffers) == 1   # a different structure from a + b: two nodes, one Buffer
 

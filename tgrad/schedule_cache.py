@@ -85,14 +85,21 @@ class _Walk:
     found again by identity in short lists (`in` and `index` compare by identity: neither LazyBuffer nor Buffer
     defines equality)."""
     nodes: list[LazyBuffer] = [root]
-    for lb in root.srcs:   # pre-order from the root: each source, then (a view's) its base; seen ones are skipped
-      if lb in nodes: continue
+    positions: list[int] = []   # of the root's sources
+    for lb in root.srcs:   # pre-order from the root: each source, then (a view's) its base; seen ones keep their number
+      if lb in nodes:
+        positions.append(nodes.index(lb))
+        continue
+      positions.append(len(nodes))
       nodes.append(lb)
       if (base := lb._base) is not None and base not in nodes: nodes.append(base)
-    entries: list[tuple] = []
-    unrealized: list[int] = []
+    arg = root.arg
+    entries: list[tuple] = [(root.op, root.device, root.dtype, root.shape, arg if arg is None else _arg_key(arg),
+                             tuple(positions))]
+    unrealized: list[int] = [0]
     leaf_buffers: list[Buffer] = []
-    for p, lb in enumerate(nodes):
+    for p in range(1, len(nodes)):
+      lb = nodes[p]
       if lb._base is not None: entries.append((_VIEW, lb.st, nodes.index(lb._base)))
       elif (buffer := lb.buffer) is not None:
         if buffer in leaf_buffers: number = leaf_buffers.index(buffer)
@@ -100,10 +107,9 @@ class _Walk:
           number = len(leaf_buffers)
           leaf_buffers.append(buffer)
         entries.append((_LEAF, lb.device, lb.dtype, lb.shape, number))
-      else:
+      else:   # a sourceless op (a constant, host data, an empty buffer)
         arg = lb.arg
-        entries.append((lb.op, lb.device, lb.dtype, lb.shape, arg if arg is None else _arg_key(arg),
-                        tuple([nodes.index(s) for s in lb.srcs])))
+        entries.append((lb.op, lb.device, lb.dtype, lb.shape, arg if arg is None else _arg_key(arg), ()))
         unrealized.append(p)
     self.nodes, self.unrealized, self.leaf_buffers = nodes, unrealized, leaf_buffers
     self.key = (tuple(entries), (0,))

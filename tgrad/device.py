@@ -88,27 +88,33 @@ class Compiled:
     """Bytes this device can still allocate (host memory on a CPU device, free GPU memory on a GPU)."""
     return self.allocator.available()
 
+_buffers_created = 0
+
+def newest_buffer_serial() -> int:
+  """The serial of the newest Buffer (0 before any): a Buffer made later has a higher one."""
+  return _buffers_created
+
 class Buffer:
   """`size` elements of `dtype` on `device`; memory is allocated on first use (`handle`). With `base`, the Buffer is
   a view of `base`'s memory starting `offset` bytes in (nothing is allocated or freed for it). With `initial`, host
   bytes are copied in when the memory is allocated (a value that exists without any kernel or copy being scheduled).
-  `serial` numbers Buffers in creation order; `Buffer.created` is the newest serial."""
-  created = 0
+  `serial` numbers Buffers in creation order; `newest_buffer_serial()` is the newest serial."""
   def __init__(self, device: str, size: int, dtype: DType, base: Optional[Buffer] = None, offset: int = 0,
                initial: Optional[np.ndarray] = None):
     self.device, self.size, self.dtype = device, size, dtype
     self.base, self.offset, self.initial = base, offset, initial
     if base is not None and (offset < 0 or offset + self.nbytes > base.nbytes or base.device != device):
       raise ValueError(f"a view of {self.nbytes} bytes at offset {offset} does not fit {base}")
-    Buffer.created += 1
-    self.serial = Buffer.created
+    global _buffers_created   # a module counter: writing a class attribute would void every Buffer's attribute caches
+    _buffers_created += 1
+    self.serial = _buffers_created
     self._handle: Any = None
   @property
   def nbytes(self) -> int: return self.size * self.dtype.itemsize
   @property
   def handle(self) -> Any:
     if self._handle is None:
-      allocator = Device[self.device].allocator
+      allocator = self._allocator = Device[self.device].allocator   # kept for __del__: no registry lookup there
       if self.base is not None: self._handle = allocator.view(self.base.handle, self.offset, max(self.nbytes, 1))
       else: self._handle = allocator.alloc(max(self.nbytes, 1))
       if self.initial is not None:
@@ -119,7 +125,7 @@ class Buffer:
   def is_allocated(self) -> bool: return self._handle is not None
   def __del__(self):
     if self._handle is not None and self.base is None:
-      try: Device[self.device].allocator.free(self._handle, max(self.nbytes, 1))
+      try: self._allocator.free(self._handle, max(self.nbytes, 1))
       except Exception: pass   # interpreter shutdown
   def copyin(self, data: np.ndarray) -> Buffer:
     data = np.ascontiguousarray(data)

@@ -16,6 +16,25 @@ class DType:
   kind: str       # 'b' bool, 'i' signed int, 'u' unsigned int, 'f' float, 'v' void
   np_name: str    # the numpy dtype name with the same bit layout ('uint16' stands in for bfloat16)
   def __repr__(self): return f"dtypes.{self.name}"
+  # Equality and hashing are on every eager op's path (casts, promotion, the schedule cache's keys): the dataclass's
+  # own compare field tuples each time. The dtypes are module singletons, so identity answers almost every compare;
+  # a DType made elsewhere (a copy, an unpickled one) still compares by its fields. The hash is computed once.
+  def __eq__(self, other) -> bool:
+    if self is other: return True
+    if other.__class__ is not DType: return NotImplemented
+    return self._fields() == other._fields()
+  def __ne__(self, other) -> bool:
+    if self is other: return False
+    if other.__class__ is not DType: return NotImplemented
+    return self._fields() != other._fields()
+  def __hash__(self) -> int:
+    try: return self.__dict__["_hash"]
+    except KeyError:
+      value = self.__dict__["_hash"] = hash(self._fields())
+      return value
+  def __getstate__(self) -> dict:   # string hashes differ between processes: a pickle carries no cached hash
+    return {k: v for k, v in self.__dict__.items() if k != "_hash"}
+  def _fields(self) -> tuple: return (self.priority, self.itemsize, self.name, self.kind, self.np_name)
   @property
   def is_float(self) -> bool: return self.kind == 'f'
   @property

@@ -32,17 +32,28 @@ def run_nested(call: Generator) -> Any:
     stack.append(sub_call)
     value = None
 
-@contextlib.contextmanager
-def gc_paused():
+class gc_paused:
   """Pause Python's cyclic garbage collector in a graph pass. The passes allocate many small objects that outlive a
   young generation (memos, nodes), and each such wave makes the collector walk every live object again: on a graph
   of 100,000 ops that doubled the scheduling and lowering time. They make no reference cycles, so nothing waits;
-  what others made is collected after the pass. Usable as a decorator; nests."""
-  was_enabled = gc.isenabled()
-  gc.disable()
-  try: yield
-  finally:
-    if was_enabled: gc.enable()
+  what others made is collected after the pass. Usable as `with gc_paused():` or as the decorator `@gc_paused()`;
+  nests. Written without contextlib: the decorator runs around every eager realize, where contextlib's generator
+  machinery cost more than the two gc calls."""
+  def __init__(self): self._was_enabled: list[bool] = []
+  def __enter__(self):
+    self._was_enabled.append(gc.isenabled())
+    gc.disable()
+  def __exit__(self, *exc):
+    if self._was_enabled.pop(): gc.enable()
+  def __call__(self, fn: Callable) -> Callable:
+    @functools.wraps(fn)
+    def paused(*args, **kwargs):
+      was_enabled = gc.isenabled()
+      gc.disable()
+      try: return fn(*args, **kwargs)
+      finally:
+        if was_enabled: gc.enable()
+    return paused
 
 def cpu_count() -> int:
   """CPU threads to use: THREADS if set, else every core."""
@@ -125,9 +136,15 @@ class Context(contextlib.ContextDecorator, metaclass=_ContextMeta):
     global _current
     _current = self.saved
 
-def settings_key() -> tuple:
-  """The settings that change generated code: part of every cache key."""
-  return (Context.NOOPT,)
+def current_settings() -> _Settings:
+  """Every setting as now in force, as one frozen object: a hot path reads it once instead of asking `Context` for
+  each field. A `Context` scope replaces the object (and restores the old one on exit), so the object's identity
+  changes whenever any setting does."""
+  return _current
+
+def settings_key(settings: Optional[_Settings] = None) -> tuple:
+  """The settings that change generated code (of `settings`, else the current ones): part of every cache key."""
+  return ((settings or _current).NOOPT,)
 
 @functools.cache
 def cache_dir() -> str:

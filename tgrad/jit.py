@@ -23,7 +23,7 @@ from typing import Any, Callable, Optional, Protocol, Sequence
 import numpy as np
 from tgrad.tensor import Tensor
 from tgrad.dtype import DType, dtypes
-from tgrad.device import Buffer, Device, OutOfMemoryError
+from tgrad.device import Buffer, Device, OutOfMemoryError, newest_buffer_serial
 from tgrad.shape.shapetracker import ShapeTracker
 from tgrad.realize import CompiledKernel, ExecItem, HostCopy, JitError, capturing, is_capturing, run
 from tgrad.memory_planner import ArenaPlan, Lifetime, liveness, plan_arena
@@ -368,7 +368,7 @@ class TinyJit:
   def _capture(self, args, kwargs, tensors: list[tuple[str, Tensor]], input_buffers: list[Buffer],
                others: list[tuple[str, Any]]):
     specs = [InputSpec.of(name, t) for name, t in tensors]
-    first_new_serial = Buffer.created
+    first_new_serial = newest_buffer_serial()
     capture = None
     try:
       with capturing() as capture:

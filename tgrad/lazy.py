@@ -113,9 +113,10 @@ class LazyBuffer:
       out_dtype = dtypes.bool if op in COMPARISON else self.dtype
       value_dtypes = [s.dtype for s in srcs]
     first = value_dtypes[0]
-    if any(d is not first and d != first for d in value_dtypes):
-      raise TypeError(f"{op.name}: operand dtypes differ: {value_dtypes}")
-    return LazyBuffer(device, ShapeTracker.from_shape(shape), out_dtype, op, srcs)
+    for d in value_dtypes:   # a plain loop: a generator in any() costs more than the check on this per-op path
+      if d is not first and d != first: raise TypeError(f"{op.name}: operand dtypes differ: {value_dtypes}")
+    st = self.st if self._base is None else ShapeTracker.from_shape(shape)   # a base's tracker is already that
+    return LazyBuffer(device, st, out_dtype, op, srcs)
   def cast(self, dtype: DType, bitcast: bool = False) -> LazyBuffer:
     if dtype == self.dtype: return self
     if bitcast and dtype.itemsize != self.dtype.itemsize:

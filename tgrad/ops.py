@@ -26,6 +26,9 @@ class Ops(Enum):
   signed, logical for unsigned. WHERE(c, a, b) = a if c else b. CAST converts value (float→int truncates; an
   out-of-range float→int cast gives an unspecified value, never a fault); BITCAST reinterprets the bits.
   """
+  # by identity, in C: Enum's own hash is a Python call (hash of the name), paid by every key holding an op (the
+  # schedule cache hashes one per node of each eager op); members are singletons, so equality is identity anyway
+  __hash__ = object.__hash__
   # kernel AST and linear program structure
   SINK = auto(); DEFINE_GLOBAL = auto(); DEFINE_LOCAL = auto(); DEFINE_ACC = auto(); DEFINE_VAR = auto()  # noqa: E702
   SPECIAL = auto(); RANGE = auto(); ENDRANGE = auto(); IF = auto(); ENDIF = auto(); BARRIER = auto()  # noqa: E702

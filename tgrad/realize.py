@@ -19,7 +19,7 @@ from tgrad.schedule_cache import schedule
 from tgrad.device import Buffer, Device
 from tgrad.codegen.kernel import Kernel
 from tgrad.codegen.compile import CompiledKernel, compile_kernel
-from tgrad.helpers import Context, gc_paused, settings_key
+from tgrad.helpers import Context, current_settings, gc_paused, settings_key
 
 __all__ = ["ExecItem", "BufferCopy", "HostCopy", "CompiledKernel", "compile_kernel", "choose_opts", "get_runner",
            "lower_schedule", "run", "run_schedule", "realize", "capturing", "copy_to_host", "JitError"]
@@ -71,9 +71,16 @@ class ExecItem:
 _runner_cache: dict[tuple, CompiledKernel] = {}
 _kernel_counter = 0
 
+_settings_memo: tuple = (None, ())   # (the settings object, its _settings tuple): the last answer, kept
+
 def _settings() -> tuple:
-  """The settings a compiled kernel depends on: BEAM and the code-changing ones."""
-  return (Context.BEAM, settings_key())
+  """The settings a compiled kernel depends on: BEAM and the code-changing ones. Remembered for the settings object
+  in force (settings objects are frozen, and any Context change installs another), so an eager realize pays one
+  identity compare."""
+  global _settings_memo
+  current = current_settings()
+  if _settings_memo[0] is not current: _settings_memo = (current, (current.BEAM, settings_key(current)))
+  return _settings_memo[1]
 
 def choose_opts(kernel: Kernel) -> None:
   """Opts for a kernel: a searched winner if BEAM is on, else the hand-written heuristics (unless NOOPT)."""
@@ -118,9 +125,9 @@ class _Totals:
   kernels = 0
   seconds = 0.0
 
-def run(exec_items: Sequence[ExecItem]) -> None:
-  """Launch the items in order (at DEBUG >= 2 each is timed and printed)."""
-  if Context.DEBUG < 2:
+def run(exec_items: Sequence[ExecItem], debug: Optional[int] = None) -> None:
+  """Launch the items in order (at DEBUG >= 2 each is timed and printed; `debug`: DEBUG as the caller read it)."""
+  if (current_settings().DEBUG if debug is None else debug) < 2:
     for item in exec_items: item.runner(item.bufs, False, item.var_vals)
     _Totals.kernels += len(exec_items)
     return
@@ -177,7 +184,8 @@ def realize(*lbs: LazyBuffer) -> None:
   if _capture is not None:
     _capture.items.extend(exec_items)
     return
-  run(exec_items)
-  if items and Context.DEBUG >= 1:
-    timed = f", {_Totals.seconds*1e3:.2f} ms in kernels" if Context.DEBUG >= 2 else ""
+  debug = current_settings().DEBUG
+  run(exec_items, debug)
+  if items and debug >= 1:
+    timed = f", {_Totals.seconds*1e3:.2f} ms in kernels" if debug >= 2 else ""
     print(f"realized {len(items)} schedule items; {_Totals.kernels} kernels run so far{timed}")

@@ -22,6 +22,10 @@ from tgrad.schedule import ScheduleItem, create_schedule
 # this bounds the cache's memory (about 100 bytes a node) whatever graphs a program builds.
 MAX_CACHED_NODES = 1_000_000
 
+# The one-op walk (an op over realized values and constants) finds repeated nodes by scanning lists: quadratic in
+# the number of sources, so ops with more than this many take the general walk (elementwise ops have at most 3).
+ONE_OP_MAX_SOURCES = 8
+
 _LEAF = "realized"
 _VIEW = "view"
 
@@ -42,6 +46,9 @@ class _Walk:
   its structural entry (children named by their numbers), and the realized Buffers it reads, numbered by first
   appearance. Any numbering fixed by the structure alone works: equal keys mean isomorphic graphs."""
   def __init__(self, roots: list[LazyBuffer]):
+    if len(roots) == 1 and _is_one_op(roots[0]):
+      self._one_op(roots[0])
+      return
     nodes: list[LazyBuffer] = []
     position: dict[int, int] = {}
     stack = roots[::-1]
@@ -72,6 +79,51 @@ class _Walk:
     self.nodes, self.unrealized, self.leaf_buffers = nodes, unrealized, leaf_buffers
     self.key = (tuple(entries), tuple([position[id(lb)] for lb in roots]))
 
+  def _one_op(self, root: LazyBuffer) -> None:
+    """The walk of one op over sources that need no computing (an eager op on realized tensors and constants; see
+    `_is_one_op`): the same nodes, numbers and key as the general walk gives, without its stack and dicts. Nodes are
+    found again by identity in short lists (`in` and `index` compare by identity: neither LazyBuffer nor Buffer
+    defines equality)."""
+    nodes: list[LazyBuffer] = [root]
+    positions: list[int] = []   # of the root's sources
+    for lb in root.srcs:   # pre-order from the root: each source, then (a view's) its base; seen ones keep their number
+      if lb in nodes:
+        positions.append(nodes.index(lb))
+        continue
+      positions.append(len(nodes))
+      nodes.append(lb)
+      if (base := lb._base) is not None and base not in nodes: nodes.append(base)
+    arg = root.arg
+    entries: list[tuple] = [(root.op, root.device, root.dtype, root.shape, arg if arg is None else _arg_key(arg),
+                             tuple(positions))]
+    unrealized: list[int] = [0]
+    leaf_buffers: list[Buffer] = []
+    for p in range(1, len(nodes)):
+      lb = nodes[p]
+      if lb._base is not None: entries.append((_VIEW, lb.st, nodes.index(lb._base)))
+      elif (buffer := lb.buffer) is not None:
+        if buffer in leaf_buffers: number = leaf_buffers.index(buffer)
+        else:
+          number = len(leaf_buffers)
+          leaf_buffers.append(buffer)
+        entries.append((_LEAF, lb.device, lb.dtype, lb.shape, number))
+      else:   # a sourceless op (a constant, host data, an empty buffer)
+        arg = lb.arg
+        entries.append((lb.op, lb.device, lb.dtype, lb.shape, arg if arg is None else _arg_key(arg), ()))
+        unrealized.append(p)
+    self.nodes, self.unrealized, self.leaf_buffers = nodes, unrealized, leaf_buffers
+    self.key = (tuple(entries), (0,))
+
+def _is_one_op(root: LazyBuffer) -> bool:
+  """Whether the (unrealized base) root is one op over sources that need no computing: each source, or the base it
+  views, is realized or has no sources itself (a constant, host data, an empty buffer); and there are few enough of
+  them for the one-op walk's list scans."""
+  if len(root.srcs) > ONE_OP_MAX_SOURCES: return False
+  for lb in root.srcs:
+    base = lb if lb._base is None else lb._base
+    if base.buffer is None and base.srcs: return False
+  return True
+
 def _arg_key(arg: Any) -> Any:
   """An arg as a key: host data by its dtype and shape only (the values are the graph's own, not the structure's);
   floats by repr, so -0.0 differs from 0.0 and NaN equals NaN."""
@@ -83,7 +135,8 @@ def _arg_key(arg: Any) -> Any:
 
 def schedule(outs: list[LazyBuffer]) -> list[ScheduleItem]:
   """`create_schedule(outs, commit=True)`, from the cache when a graph of the same structure was scheduled before."""
-  roots = list(dict.fromkeys(o.base for o in outs if o.base.buffer is None))
+  if len(outs) == 1: roots = [base] if (base := outs[0].base).buffer is None else []   # the eager case
+  else: roots = list(dict.fromkeys(o.base for o in outs if o.base.buffer is None))
   if not roots: return []
   walk = _Walk(roots)
   template = _templates.get(walk.key)

@@ -250,6 +250,10 @@ class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, Indexi
     return Tensor(x, dtype=dtype, device=self.device)
   def _operands(self, other: Any, reverse: bool = False, dtype: Optional[DType] = None) -> tuple[Tensor, Tensor]:
     """self and other broadcast to one shape and promoted to one dtype (Python scalars are weak)."""
+    if dtype is None and isinstance(other, Tensor):   # the common case, as is: one device, shape and dtype
+      mine, theirs = self.lazydata, other.lazydata
+      if mine.dtype is theirs.dtype and mine.shape == theirs.shape and mine.device == theirs.device:
+        return (other, self) if reverse else (self, other)
     if isinstance(other, (bool, int, float)):   # a constant made at self's shape: no reshape/expand ops to record
       out_dtype = dtype or _scalar_dtype(self.dtype, other)
       _check_scalar_fits(other, out_dtype)

@@ -31,8 +31,9 @@ class CompiledKernel:
   def __call__(self, buffers: Sequence[Buffer], wait: bool = False, var_vals: Optional[dict[str, int]] = None
                ) -> Optional[float]:
     vals = tuple(var_vals[name] for name in self.variables) if self.variables else ()
-    return self.program(*[b.handle for b in buffers], global_size=self.global_size, local_size=self.local_size,
-                        vals=vals, wait=wait)
+    # a Buffer's handle is allocated on first use; an allocated one is read straight (the property is per launch)
+    handles = [handle if (handle := b._handle) is not None else b.handle for b in buffers]
+    return self.program(*handles, global_size=self.global_size, local_size=self.local_size, vals=vals, wait=wait)
   def prepare(self, handles: Sequence[Any], vals: Sequence[int] = ()) -> Callable[[], None]:
     """A launch of this kernel on these device handles that does no work in Python beyond the call itself."""
     return self.program.prepare(handles, self.global_size, self.local_size, tuple(vals))

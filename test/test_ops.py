@@ -83,6 +83,15 @@ class TestCreation:
     assert got.dtype == (np.float32 if any(isinstance(a, float) for a in args) else np.int32)
     np.testing.assert_allclose(got, want, atol=1e-6)
 
+  @pytest.mark.parametrize("args", [(0, 0, -1), (5, 4, -1), (200, 3, -7), (10, 0, -3), (255, -1, -1)])
+  @pytest.mark.parametrize("npdtype", [np.uint8, np.uint64])
+  def test_arange_unsigned_negative_step(self, args, npdtype):
+    # fuzz_ops seed 0 cases 3632, 7301: a negative step raised OverflowError for unsigned dtypes (torch allows it)
+    got = Tensor.arange(*args, dtype=dtypes.uint8 if npdtype is np.uint8 else dtypes.uint64).numpy()
+    want = np.arange(*args).astype(npdtype)
+    assert got.dtype == npdtype
+    np.testing.assert_array_equal(got, want)
+
   def test_linspace_eye(self):
     np.testing.assert_allclose(Tensor.linspace(-1, 3, 7).numpy(), np.linspace(-1, 3, 7), rtol=1e-6)
     np.testing.assert_allclose(Tensor.linspace(0, 1, 1).numpy(), np.linspace(0, 1, 1))

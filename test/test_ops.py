@@ -499,6 +499,17 @@ class TestReduce:
     assert Tensor(x).argmax(axis, keepdim=True).shape == np.argmax(x, axis, keepdims=True).shape
     assert Tensor([1.0, np.nan, 3.0, np.nan]).argmax().item() == 1
 
+  def test_argmin_of_the_nan_mean_of_an_empty_axis(self):
+    # fuzz_ops seed 0 case 1302: the mean of an empty axis is a constant NaN (0/0) that the kernel computed, and NVRTC
+    # mis-folded `x != x` of it, so argmin answered 1 on CUDA; kernels now fold constant ALU ops themselves
+    x = np.full((6, 1), 3.0, np.float32)[:, -3::-3]
+    got = Tensor(x).unsqueeze(0).repeat((3, 1, 1, 3)).permute((1, 0, 2, 3)).mean(-1).argmin(-3)
+    want = np.argmin(np.transpose(np.tile(x[None], (3, 1, 1, 3)), (1, 0, 2, 3)).mean(-1), -3)
+    np.testing.assert_array_equal(got.numpy(), want)
+    nan = Tensor.full((4, 3), 0.0) / 0.0
+    np.testing.assert_array_equal((-nan).argmin(0).numpy(), np.zeros(3, np.int32))
+    np.testing.assert_array_equal((-nan).argmax(1).numpy(), np.zeros(4, np.int32))
+
   @pytest.mark.parametrize("shape, axis", [((5, 7), -1), ((3, 4, 5), 1), ((1,), 0)])
   def test_softmax_family(self, shape, axis):
     helper_test_op([shape], lambda x: x.softmax(axis), lambda x: x.softmax(axis), rtol=1e-5)

@@ -8,7 +8,7 @@ import re
 import numpy as np
 import pytest
 from tgrad.dtype import DType, dtypes
-from tgrad.ops import Ops, UOp, simplify
+from tgrad.ops import ALU, Ops, UOp, simplify
 from tgrad.lazy import LazyBuffer
 from tgrad.schedule import create_schedule
 from tgrad.device import CompileError
@@ -458,6 +458,20 @@ def test_special_constants():
   assert render_const(0.1, dtypes.float64) == "0.1"
   assert render_const(-2**31, dtypes.int32) == "(-2147483647-1)"
   assert render_const(2**64 - 1, dtypes.uint64) == "18446744073709551615ull"
+
+def test_alu_ops_of_constants_are_folded():
+  """NVRTC treats `0.0f / 0.0f` as undefined: it folded `(-(0.0f / 0.0f)) != (-(0.0f / 0.0f))` to false, so an
+  argmin over the NaN mean of an empty axis answered 1 on an H100 (fuzz_ops seed 0 case 1302). The linearizer folds
+  every ALU op of constants with exec_alu, and NaN is rendered by its bits."""
+  zero = LazyBuffer.const_of(0.0, dtypes.float32, "LLVM", (16,))
+  minus_nan = zero.alu(Ops.FDIV, zero).alu(Ops.NEG)
+  data = host((16,))
+  out = minus_nan.alu(Ops.CMPNE, data).alu(Ops.OR, minus_nan.alu(Ops.CMPNE, minus_nan))
+  (kernel,) = kernels(out, heuristics=True)
+  program = linearize(kernel)
+  assert not [u for u in program if u.op in ALU and u.src and all(s.op is Ops.CONST for s in u.src)]
+  src = compiled_source(kernel)
+  assert "0.0f / 0.0f" not in src and "__int_as_float(0x7FC00000)" in src
 
 def test_signed_index_math_is_plain_but_data_math_wraps():
   """Index math is bounded by the range analysis, so it is plain C; int32 data may overflow, so it is computed in

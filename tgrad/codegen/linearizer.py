@@ -26,7 +26,7 @@ from __future__ import annotations
 import itertools
 from typing import Optional
 from tgrad.dtype import dtypes
-from tgrad.ops import UOp, Ops, simplify, graph_rewrite, split_terms, build_sum, exec_alu
+from tgrad.ops import UOp, Ops, ALU, simplify, graph_rewrite, split_terms, build_sum, exec_alu
 from tgrad.codegen.transcendental import decompositions
 from tgrad.codegen.kernel import Kernel, StagePlan, STAGE_COPY_BYTES, fold_dims
 from tgrad.codegen.renderer import FragmentLayout, MatrixLoad, TensorCore
@@ -50,6 +50,14 @@ BLOCK_DIVISOR_SLACK = 2
 BLOCK_LOOP_ARG = 2000   # RANGE arg of the loop over blocks of reduce axis a: BLOCK_LOOP_ARG + a
 
 def _index_const(value: int) -> UOp: return UOp.const(dtypes.index, value)
+
+def fold_constants(u: UOp) -> UOp:
+  """An ALU op of constants is the constant exec_alu computes. Kernels never hand such an op to a device compiler:
+  NVRTC's C++ front end treats `0.0f / 0.0f` as undefined and folded `(-(0.0f / 0.0f)) != (-(0.0f / 0.0f))` to
+  false (an argmin over the NaN mean of an empty axis answered 1, not 0: fuzz_ops seed 0 case 1302)."""
+  if u.op not in ALU or not u.src or any(s.op is not Ops.CONST for s in u.src): return u
+  try: return UOp.const(u.dtype, exec_alu(u.op, u.dtype, tuple(s.arg for s in u.src)))
+  except (TypeError, OverflowError): return u
 
 def _unfolded_specials(prefix: str, dims: tuple[int, ...], limits: tuple[int, ...]) -> list[UOp]:
   """Thread ids for dims, last dim on id 0 (x: the fastest-varying and the one with the largest limit). Dims that
@@ -119,7 +127,7 @@ class Linearizer:
       elif not sources_built:
         stack.append((u, True))
         stack.extend((s, False) for s in reversed(u.src))
-      else: self.memo[key] = UOp(u.op, u.dtype, tuple(self.memo[(s, idxs)] for s in u.src), u.arg)
+      else: self.memo[key] = fold_constants(UOp(u.op, u.dtype, tuple(self.memo[(s, idxs)] for s in u.src), u.arg))
     return self.memo[(node, idxs)]
 
   def build_leaf(self, node: UOp, idxs: tuple[UOp, ...]) -> UOp:

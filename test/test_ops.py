@@ -460,6 +460,17 @@ class TestReduce:
     helper_test_op([(5, 7)], lambda x: x.std(0, correction=0), lambda x: x.std(0, correction=0))
     helper_test_op([(5, 7)], lambda x: x.var(), lambda x: x.var())
 
+  @pytest.mark.parametrize("shape", [(3, 1), (1, 2), (3, 4), (2, 100), (2, 5000), (6, 16)])
+  @pytest.mark.parametrize("npdtype", [np.float16, np.float32, np.float64])
+  def test_sum_of_negative_zeros_is_positive_zero(self, shape, npdtype):
+    # numpy and torch sum from +0.0, so -0.0s sum to +0.0; tgrad gave -0.0 where a reduce was a size-1 axis, fully
+    # unrolled, or a loop whose accumulator LLVM was allowed to start at -0.0 ("nsz"); x // sum was then -inf
+    x = np.full(shape, -0.0, npdtype)
+    for axis in (None, 0, 1):
+      got, want = Tensor(x).sum(axis).numpy(), x.sum(axis)
+      np.testing.assert_array_equal(np.signbit(got), np.signbit(want), err_msg=f"axis {axis}")
+      np.testing.assert_array_equal(got, want)
+
   def test_int_and_bool_sums(self):
     a = RNG.integers(-50, 50, size=(6, 7)).astype(np.int32)
     assert Tensor(a).sum().item() == a.sum() and Tensor(a).sum(0).dtype == dtypes.from_np(a.sum(0).dtype)
@@ -699,6 +710,23 @@ class TestMatmul:
     np.testing.assert_array_equal(out.numpy(), a @ b)
     helper_test_op([(4, 3), (3, 2), (2,)], lambda x, w, b: x @ w + b, lambda x, w, b: x.linear(w, b), atol=1e-5)
     helper_test_op([(4, 3), (3, 2)], lambda x, w: x @ w, lambda x, w: x.dot(w), atol=1e-5)
+
+  def test_matmul_signed_zeros_and_floordiv(self):
+    # fuzz_ops seed 0 cases 7834, 8843: products that are all -0.0 sum to +0.0 in numpy's matmul (and torch's sums);
+    # tgrad gave -0.0 (K = 1 and K = 2), so 7 // (a @ b) was -inf instead of inf
+    a = np.array([[-0.5], [0.5], [0.0], [-1.0]], np.float32)
+    b = np.array([[0.0, -0.0, 3.0, -1.5, 2.0]], np.float32)
+    with np.errstate(all="ignore"):
+      for got, want in (((Tensor(a) @ Tensor(b)).numpy(), a @ b),
+                        ((7.0 // (Tensor(a) @ Tensor(b))).numpy(), 7.0 // (a @ b)),
+                        ((Tensor(a) // (Tensor(a) @ Tensor(b)).minimum(Tensor(b))).numpy(), a // np.minimum(a @ b, b))):
+        np.testing.assert_array_equal(got, want)
+        np.testing.assert_array_equal(np.signbit(got), np.signbit(want))
+      c = np.array([[[-1.0, 2.0], [0.0, -3.0]]], np.float16)
+      d = np.array([[[0, 0, 1], [0, 0, 0]]], np.int32)
+      got, want = (7.0 // (Tensor(c) @ Tensor(d))).numpy(), 7.0 // (c @ d)
+      assert got.dtype == want.dtype == np.float64
+      np.testing.assert_array_equal(got, want)
 
   @pytest.mark.parametrize("formula, shapes", [
     ("ij,jk->ik", [(3, 4), (4, 5)]), ("bij,bjk->bik", [(2, 3, 4), (2, 4, 5)]), ("ij->ji", [(3, 4)]),

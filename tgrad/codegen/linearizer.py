@@ -287,7 +287,9 @@ class Linearizer:
     ranges = tuple(self.base_idx[a] for a in loop_axes)
     combined = unrolled_value({a: self.base_idx[a] for a in loop_axes})
     terms = prod(k.full_shape[a] for a in unroll_axes)
-    if not ranges: result = combined
+    if not ranges:   # a float sum starts from +0.0 as a loop's accumulator does: -0.0 + -0.0 is +0.0, as in numpy
+      result = UOp(Ops.ADD, node.dtype, (combined, UOp.const(node.dtype, 0.0))) if compensable(op, node.dtype) \
+        else combined
     elif (folded := fold_invariant_reduce(op, node.dtype, combined, ranges)) is not None: result = folded
     elif (split := self.accumulation_split(op, node.dtype, loop_axes, terms)) is not None:
       axis, chunk = split
@@ -640,13 +642,16 @@ def fold_invariant_reduce(op: Ops, dtype, value: UOp, ranges: tuple[UOp, ...]) -
   """A reduce over loops of a value that none of them changes: a sum is value × trips, a max is the value. None when
   the value varies or the op is MUL. Ints multiply in their own dtype (wrapping exactly as the loop's adds would);
   floats in float64, where the trip count is exact, then round to the dtype (2^-10 × 2^20 is 1024 in float16, though
-  2^20 itself is not a float16)."""
+  2^20 itself is not a float16). A float sum starts from +0.0, as the loop's accumulator (and numpy's and torch's
+  sums) do, so -0.0 × trips is +0.0."""
   if op not in (Ops.ADD, Ops.MAX) or dtype.is_bool or any(r in ranges for r in value.toposort()): return None
   if op is Ops.MAX: return value
   trips = prod(r.src[1].arg - r.src[0].arg for r in ranges)
   compute = dtypes.float64 if dtype.is_float else dtype
-  if value.op is Ops.CONST: return UOp.const(dtype, exec_alu(Ops.MUL, compute, (value.arg, trips)))
-  return UOp(Ops.MUL, compute, (value.cast(compute), UOp.const(compute, trips))).cast(dtype)
+  if value.op is Ops.CONST: return UOp.const(dtype, exec_alu(Ops.MUL, compute, (value.arg, trips)) + 0)
+  total = UOp(Ops.MUL, compute, (value.cast(compute), UOp.const(compute, trips)))
+  if dtype.is_float: total = UOp(Ops.ADD, compute, (total, UOp.const(compute, 0.0)))
+  return total.cast(dtype)
 
 def block_ranges(axis: int, size: int, block: int) -> tuple[UOp, UOp]:
   """(loop over the blocks, loop within one) for a reduce axis of `size` cut into blocks of `block`: the inner loop runs

@@ -15,8 +15,9 @@ from tgrad.codegen.renderer import Renderer
 
 # Lets the loop vectorizer reorder a single float accumulation (a sum over a long axis), as numpy's pairwise sum
 # does. With several accumulators (an upcast output tile, e.g. matmul) the tile itself is the vector: reordering the
-# reduce loop would only add horizontal sums.
-REDUCE_FAST_MATH = ("reassoc", "nsz")
+# reduce loop would only add horizontal sums. Not "nsz": it let LLVM drop the accumulator's +0.0 start, so a sum of
+# -0.0s was -0.0 (numpy and torch: +0.0, and x // sum then gave -inf, not inf); the vectorizer needs only reassoc.
+REDUCE_FAST_MATH = ("reassoc",)
 FUSE_MULTIPLY_ADD = ("contract",)   # a*b+c may become one fma: one rounding instead of two, twice the throughput
 _INTRINSICS = {Ops.EXP2: "llvm.exp2", Ops.LOG2: "llvm.log2", Ops.SIN: "llvm.sin", Ops.SQRT: "llvm.sqrt",
                Ops.TRUNC: "llvm.trunc"}

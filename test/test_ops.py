@@ -197,6 +197,31 @@ class TestBinary:
     b = (RNG.uniform(0.5, 2, 30) * RNG.choice([-1, 1], 30)).astype(np.float32)
     np.testing.assert_allclose((Tensor(a) % Tensor(b)).numpy(), np.mod(a, b).astype(np.float32), atol=1e-5)
 
+  @pytest.mark.parametrize("npdtype", [np.float16, np.float32, np.float64])
+  def test_float_floordiv_mod_edge_cases_match_numpy(self, npdtype):
+    # numpy's (and torch's) float // and % come from the exact fmod; a - b*floor(a/b) differed: 7 // -inf was -0.0
+    # (numpy: -1), 7 % -inf NaN (numpy: -inf), and signs of zero and huge quotients were off
+    a = np.array([7, -7, 7, -7, np.inf, -np.inf, 7, 0, -0.0, 5, 1e30, 3, 5.5, -5.5, 0.0, -0.0, 1, -1, 1e-45, np.nan, 2],
+                 np.float32).astype(npdtype)
+    b = np.array([-np.inf, np.inf, np.inf, -np.inf, 2, 2, 0, 0, 3, -0.0, 3e-30, 1e30, 2, 2, -3, -3, 0.1, 0.1, -3, 1,
+                  np.nan], np.float32).astype(npdtype)
+    with np.errstate(all="ignore"):
+      for got, want in (((Tensor(a) // Tensor(b)).numpy(), np.floor_divide(a, b)),
+                        ((Tensor(a) % Tensor(b)).numpy(), np.remainder(a, b))):
+        assert got.dtype == want.dtype
+        np.testing.assert_array_equal(got, want)
+        np.testing.assert_array_equal(np.signbit(got[~np.isnan(got)]), np.signbit(want[~np.isnan(want)]))
+
+  def test_float_mod_of_big_ints_is_exact(self):
+    # fuzz_ops seed 0 case 3999: int64 values near 2^40 % 3.0 are float32 % float32, exactly as numpy computes it
+    # (a - b*floor(a/b) in float32 gave 32768 or 0 for remainders 0, 1, 2)
+    x = np.random.default_rng(3999).integers(-2**40, 2**40, (143, 6), endpoint=True, dtype=np.int64)
+    got, want = (Tensor(x) % 3.0).numpy(), x.astype(np.float32) % np.float32(3.0)
+    assert got.dtype == want.dtype == np.float32
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal((Tensor(x) // 3.0).numpy(), x.astype(np.float32) // np.float32(3.0))
+    helper_test_op([(4, 5), (4, 5)], lambda x, y: x % y, low=0.5, high=4)   # gradients: 1 and -(x // y)
+
   def test_int_division_is_float(self):
     out = Tensor([1, 2, 3]) / Tensor([2, 2, 2])
     assert out.dtype == dtypes.float32
@@ -715,7 +740,7 @@ class TestMatmul:
     # fuzz_ops seed 0 cases 7834, 8843: products that are all -0.0 sum to +0.0 in numpy's matmul (and torch's sums);
     # tgrad gave -0.0 (K = 1 and K = 2), so 7 // (a @ b) was -inf instead of inf
     a = np.array([[-0.5], [0.5], [0.0], [-1.0]], np.float32)
-    b = np.array([[0.0, -0.0, 3.0, -1.5, 2.0]], np.float32)
+    b = np.array([[0.0, -0.0, np.inf, -np.inf, 2.0]], np.float32)
     with np.errstate(all="ignore"):
       for got, want in (((Tensor(a) @ Tensor(b)).numpy(), a @ b),
                         ((7.0 // (Tensor(a) @ Tensor(b))).numpy(), 7.0 // (a @ b)),

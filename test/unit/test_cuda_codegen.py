@@ -57,7 +57,7 @@ def compile_all(out: LazyBuffer, opts: tuple[Opt, ...] = (), heuristics: bool = 
 # ---- elementwise: every ALU op for every dtype it applies to, with the heuristics (UPCAST 4 → vector accesses)
 
 FLOAT_UNARY = [Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.SQRT, Ops.RECIP, Ops.NEG, Ops.TRUNC]
-FLOAT_BINARY = [Ops.ADD, Ops.MUL, Ops.FDIV, Ops.MAX, Ops.CMPLT, Ops.CMPNE]
+FLOAT_BINARY = [Ops.ADD, Ops.MUL, Ops.FDIV, Ops.MOD, Ops.MAX, Ops.CMPLT, Ops.CMPNE]   # MOD: fmod
 INT_BINARY = [Ops.ADD, Ops.MUL, Ops.IDIV, Ops.MOD, Ops.MAX, Ops.CMPLT, Ops.CMPNE, Ops.AND, Ops.OR, Ops.XOR,
               Ops.SHL, Ops.SHR]
 BOOL_BINARY = [Ops.AND, Ops.OR, Ops.XOR, Ops.CMPNE, Ops.CMPLT, Ops.MAX]
@@ -76,7 +76,8 @@ def test_elementwise_op(op: Ops, dtype: DType):
   elif op in FLOAT_UNARY or op is Ops.NEG: out = a.alu(op)
   else: out = a.alu(op, b)
   (src,) = compile_all(out, heuristics=True)
-  if op in (Ops.IDIV, Ops.MOD): assert "== 0 ?" in src, "a divisor that may be 0 must be guarded"
+  if op in (Ops.IDIV, Ops.MOD) and not dtype.is_float: assert "== 0 ?" in src, "a divisor that may be 0 must be guarded"
+  if op is Ops.MOD and dtype.is_float: assert "fmod" in src, "float MOD is C fmod (exact)"
   if dtype in (dtypes.float16, dtypes.bfloat16) and op in (Ops.ADD, Ops.MUL, Ops.FDIV, Ops.EXP2):
     assert "round_" in src, "half/bfloat16 math is done in float and rounded after every op"
   assert re.search(r"const \w+4? vec\d+ = ", src) or dtype.itemsize == 8, f"expected vector loads:\n{src}"

@@ -167,6 +167,7 @@ class _FunctionBuilder:
     elif u.op is Ops.ADD: out = b.fadd(*srcs, flags=flags) if is_float else b.add(*srcs)
     elif u.op is Ops.MUL: out = b.fmul(*srcs, flags=flags) if is_float else b.mul(*srcs)
     elif u.op is Ops.FDIV: out = b.fdiv(*srcs)
+    elif u.op is Ops.MOD and is_float: out = b.frem(*srcs)   # C fmod (a libm call on the CPU), exact
     elif u.op in (Ops.IDIV, Ops.MOD): out = self.int_division(u, dt, *srcs)
     elif u.op is Ops.MAX:
       if is_float:   # llvm.maximum propagates NaN (IEEE 754-2019 maximum) and vectorizes as a reduction

@@ -119,8 +119,9 @@ def ref_binary(op: str, a, b) -> np.ndarray:
   if op == "sub": return a - b
   if op == "mul": return np.logical_and(a, b) if dt == "bool" else a * b
   if op == "div": return a.astype(float_of(dt)) / b.astype(float_of(dt))
-  if op == "floordiv": return np.floor(a / b) if is_float(dt) else np.floor_divide(a, b)
-  if op == "mod": return a - b * np.floor(a / b) if is_float(dt) else np.mod(a, b)
+  # floats as numpy and torch: from the exact fmod (tgrad's float_divmod), so 2.0**40 % 3.0 is 1 and 7 // -inf is -1
+  if op == "floordiv": return np.floor_divide(a, b)
+  if op == "mod": return np.mod(a, b)
   if op == "maximum": return np.logical_or(a, b) if dt == "bool" else np.maximum(a, b)
   if op == "minimum": return np.logical_and(a, b) if dt == "bool" else np.minimum(a, b)
   if op == "lshift": return np.left_shift(a, b)     # numpy: amounts outside [0, bits) shift out every bit

@@ -83,6 +83,15 @@ class TestCreation:
     assert got.dtype == (np.float32 if any(isinstance(a, float) for a in args) else np.int32)
     np.testing.assert_allclose(got, want, atol=1e-6)
 
+  @pytest.mark.parametrize("args", [(0, 0, -1), (5, 4, -1), (200, 3, -7), (10, 0, -3), (255, -1, -1)])
+  @pytest.mark.parametrize("npdtype", [np.uint8, np.uint64])
+  def test_arange_unsigned_negative_step(self, args, npdtype):
+    # fuzz_ops seed 0 cases 3632, 7301: a negative step raised OverflowError for unsigned dtypes (torch allows it)
+    got = Tensor.arange(*args, dtype=dtypes.uint8 if npdtype is np.uint8 else dtypes.uint64).numpy()
+    want = np.arange(*args).astype(npdtype)
+    assert got.dtype == npdtype
+    np.testing.assert_array_equal(got, want)
+
   def test_linspace_eye(self):
     np.testing.assert_allclose(Tensor.linspace(-1, 3, 7).numpy(), np.linspace(-1, 3, 7), rtol=1e-6)
     np.testing.assert_allclose(Tensor.linspace(0, 1, 1).numpy(), np.linspace(0, 1, 1))
@@ -187,6 +196,31 @@ class TestBinary:
     a = RNG.uniform(-5, 5, 30).astype(np.float32)
     b = (RNG.uniform(0.5, 2, 30) * RNG.choice([-1, 1], 30)).astype(np.float32)
     np.testing.assert_allclose((Tensor(a) % Tensor(b)).numpy(), np.mod(a, b).astype(np.float32), atol=1e-5)
+
+  @pytest.mark.parametrize("npdtype", [np.float16, np.float32, np.float64])
+  def test_float_floordiv_mod_edge_cases_match_numpy(self, npdtype):
+    # numpy's (and torch's) float // and % come from the exact fmod; a - b*floor(a/b) differed: 7 // -inf was -0.0
+    # (numpy: -1), 7 % -inf NaN (numpy: -inf), and signs of zero and huge quotients were off
+    a = np.array([7, -7, 7, -7, np.inf, -np.inf, 7, 0, -0.0, 5, 1e30, 3, 5.5, -5.5, 0.0, -0.0, 1, -1, 1e-45, np.nan, 2],
+                 np.float32).astype(npdtype)
+    b = np.array([-np.inf, np.inf, np.inf, -np.inf, 2, 2, 0, 0, 3, -0.0, 3e-30, 1e30, 2, 2, -3, -3, 0.1, 0.1, -3, 1,
+                  np.nan], np.float32).astype(npdtype)
+    with np.errstate(all="ignore"):
+      for got, want in (((Tensor(a) // Tensor(b)).numpy(), np.floor_divide(a, b)),
+                        ((Tensor(a) % Tensor(b)).numpy(), np.remainder(a, b))):
+        assert got.dtype == want.dtype
+        np.testing.assert_array_equal(got, want)
+        np.testing.assert_array_equal(np.signbit(got[~np.isnan(got)]), np.signbit(want[~np.isnan(want)]))
+
+  def test_float_mod_of_big_ints_is_exact(self):
+    # fuzz_ops seed 0 case 3999: int64 values near 2^40 % 3.0 are float32 % float32, exactly as numpy computes it
+    # (a - b*floor(a/b) in float32 gave 32768 or 0 for remainders 0, 1, 2)
+    x = np.random.default_rng(3999).integers(-2**40, 2**40, (143, 6), endpoint=True, dtype=np.int64)
+    got, want = (Tensor(x) % 3.0).numpy(), x.astype(np.float32) % np.float32(3.0)
+    assert got.dtype == want.dtype == np.float32
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal((Tensor(x) // 3.0).numpy(), x.astype(np.float32) // np.float32(3.0))
+    helper_test_op([(4, 5), (4, 5)], lambda x, y: x % y, low=0.5, high=4)   # gradients: 1 and -(x // y)
 
   def test_int_division_is_float(self):
     out = Tensor([1, 2, 3]) / Tensor([2, 2, 2])
@@ -451,6 +485,17 @@ class TestReduce:
     helper_test_op([(5, 7)], lambda x: x.std(0, correction=0), lambda x: x.std(0, correction=0))
     helper_test_op([(5, 7)], lambda x: x.var(), lambda x: x.var())
 
+  @pytest.mark.parametrize("shape", [(3, 1), (1, 2), (3, 4), (2, 100), (2, 5000), (6, 16)])
+  @pytest.mark.parametrize("npdtype", [np.float16, np.float32, np.float64])
+  def test_sum_of_negative_zeros_is_positive_zero(self, shape, npdtype):
+    # numpy and torch sum from +0.0, so -0.0s sum to +0.0; tgrad gave -0.0 where a reduce was a size-1 axis, fully
+    # unrolled, or a loop whose accumulator LLVM was allowed to start at -0.0 ("nsz"); x // sum was then -inf
+    x = np.full(shape, -0.0, npdtype)
+    for axis in (None, 0, 1):
+      got, want = Tensor(x).sum(axis).numpy(), x.sum(axis)
+      np.testing.assert_array_equal(np.signbit(got), np.signbit(want), err_msg=f"axis {axis}")
+      np.testing.assert_array_equal(got, want)
+
   def test_int_and_bool_sums(self):
     a = RNG.integers(-50, 50, size=(6, 7)).astype(np.int32)
     assert Tensor(a).sum().item() == a.sum() and Tensor(a).sum(0).dtype == dtypes.from_np(a.sum(0).dtype)
@@ -489,6 +534,17 @@ class TestReduce:
     np.testing.assert_array_equal(got_min.numpy(), np.argmin(x, axis))
     assert Tensor(x).argmax(axis, keepdim=True).shape == np.argmax(x, axis, keepdims=True).shape
     assert Tensor([1.0, np.nan, 3.0, np.nan]).argmax().item() == 1
+
+  def test_argmin_of_the_nan_mean_of_an_empty_axis(self):
+    # fuzz_ops seed 0 case 1302: the mean of an empty axis is a constant NaN (0/0) that the kernel computed, and NVRTC
+    # mis-folded `x != x` of it, so argmin answered 1 on CUDA; kernels now fold constant ALU ops themselves
+    x = np.full((6, 1), 3.0, np.float32)[:, -3::-3]
+    got = Tensor(x).unsqueeze(0).repeat((3, 1, 1, 3)).permute((1, 0, 2, 3)).mean(-1).argmin(-3)
+    want = np.argmin(np.transpose(np.tile(x[None], (3, 1, 1, 3)), (1, 0, 2, 3)).mean(-1), -3)
+    np.testing.assert_array_equal(got.numpy(), want)
+    nan = Tensor.full((4, 3), 0.0) / 0.0
+    np.testing.assert_array_equal((-nan).argmin(0).numpy(), np.zeros(3, np.int32))
+    np.testing.assert_array_equal((-nan).argmax(1).numpy(), np.zeros(4, np.int32))
 
   @pytest.mark.parametrize("shape, axis", [((5, 7), -1), ((3, 4, 5), 1), ((1,), 0)])
   def test_softmax_family(self, shape, axis):
@@ -679,6 +735,23 @@ class TestMatmul:
     np.testing.assert_array_equal(out.numpy(), a @ b)
     helper_test_op([(4, 3), (3, 2), (2,)], lambda x, w, b: x @ w + b, lambda x, w, b: x.linear(w, b), atol=1e-5)
     helper_test_op([(4, 3), (3, 2)], lambda x, w: x @ w, lambda x, w: x.dot(w), atol=1e-5)
+
+  def test_matmul_signed_zeros_and_floordiv(self):
+    # fuzz_ops seed 0 cases 7834, 8843: products that are all -0.0 sum to +0.0 in numpy's matmul (and torch's sums);
+    # tgrad gave -0.0 (K = 1 and K = 2), so 7 // (a @ b) was -inf instead of inf
+    a = np.array([[-0.5], [0.5], [0.0], [-1.0]], np.float32)
+    b = np.array([[0.0, -0.0, np.inf, -np.inf, 2.0]], np.float32)
+    with np.errstate(all="ignore"):
+      for got, want in (((Tensor(a) @ Tensor(b)).numpy(), a @ b),
+                        ((7.0 // (Tensor(a) @ Tensor(b))).numpy(), 7.0 // (a @ b)),
+                        ((Tensor(a) // (Tensor(a) @ Tensor(b)).minimum(Tensor(b))).numpy(), a // np.minimum(a @ b, b))):
+        np.testing.assert_array_equal(got, want)
+        np.testing.assert_array_equal(np.signbit(got), np.signbit(want))
+      c = np.array([[[-1.0, 2.0], [0.0, -3.0]]], np.float16)
+      d = np.array([[[0, 0, 1], [0, 0, 0]]], np.int32)
+      got, want = (7.0 // (Tensor(c) @ Tensor(d))).numpy(), 7.0 // (c @ d)
+      assert got.dtype == want.dtype == np.float64
+      np.testing.assert_array_equal(got, want)
 
   @pytest.mark.parametrize("formula, shapes", [
     ("ij,jk->ik", [(3, 4), (4, 5)]), ("bij,bjk->bik", [(2, 3, 4), (2, 4, 5)]), ("ij->ji", [(3, 4)]),

@@ -139,6 +139,43 @@ class Sub(Function):
     return (grad_output if self.needs_input_grad[0] else None,
             grad_output.alu(Ops.NEG) if self.needs_input_grad[1] else None)
 
+def _zero_with_sign_of(x: LazyBuffer) -> LazyBuffer:
+  """copysign(0, x): -0.0 where x is negative or -0.0 (1/x < 0), else +0.0."""
+  zero = x.const(0.0)
+  negative = x.alu(Ops.CMPLT, zero).alu(Ops.OR, x.alu(Ops.RECIP).alu(Ops.CMPLT, zero))
+  return negative.alu(Ops.WHERE, x.const(-0.0), zero)
+
+def float_divmod(a: LazyBuffer, b: LazyBuffer) -> tuple[LazyBuffer, LazyBuffer]:
+  """(a // b, a % b) of floats as numpy (npy_divmod) and torch compute them: from the exact remainder fmod(a, b), so
+  `2.0**40 % 3.0` is 1 (a - b*floor(a/b) rounds to 0 or 32768 in float32), 7 // -inf is -1 and 7 % -inf is -inf.
+  a // 0 is a / 0 (±inf, or NaN for 0 // 0) and a % 0 is NaN."""
+  zero, one = a.const(0.0), a.const(1.0)
+  remainder = a.alu(Ops.MOD, b)
+  quotient = a.alu(Ops.ADD, remainder.alu(Ops.NEG)).alu(Ops.FDIV, b)   # very nearly an integer
+  remainder_nonzero = remainder.alu(Ops.CMPNE, zero)   # NaN counts as nonzero, as in C
+  signs_differ = b.alu(Ops.CMPLT, zero).alu(Ops.CMPNE, remainder.alu(Ops.CMPLT, zero))
+  to_floor = remainder_nonzero.alu(Ops.AND, signs_differ)   # fmod has the dividend's sign; % has the divisor's
+  mod = to_floor.alu(Ops.WHERE, remainder.alu(Ops.ADD, b),
+                     remainder_nonzero.alu(Ops.WHERE, remainder, _zero_with_sign_of(b)))
+  quotient = to_floor.alu(Ops.WHERE, quotient.alu(Ops.ADD, one.alu(Ops.NEG)), quotient)
+  truncated = quotient.alu(Ops.TRUNC)
+  floored = quotient.alu(Ops.CMPLT, truncated).alu(Ops.WHERE, truncated.alu(Ops.ADD, one.alu(Ops.NEG)), truncated)
+  above_half = a.const(0.5).alu(Ops.CMPLT, quotient.alu(Ops.ADD, floored.alu(Ops.NEG)))   # snap to the nearest
+  floored = above_half.alu(Ops.WHERE, floored.alu(Ops.ADD, one), floored)
+  ratio = a.alu(Ops.FDIV, b)
+  floordiv = quotient.alu(Ops.CMPNE, zero).alu(Ops.WHERE, floored, _zero_with_sign_of(ratio))
+  divisor_zero = b.alu(Ops.CMPNE, zero).alu(Ops.CMPNE, LazyBuffer.const_of(True, dtypes.bool, a.device, a.shape))
+  return divisor_zero.alu(Ops.WHERE, ratio, floordiv), divisor_zero.alu(Ops.WHERE, remainder, mod)
+
+class FloatMod(Function):
+  """numpy's float `%` (float_divmod); the gradient is 1 for the dividend and -(a // b) for the divisor."""
+  def forward(self, x: LazyBuffer, y: LazyBuffer) -> LazyBuffer:
+    self.floordiv, mod = float_divmod(x, y)
+    return mod
+  def backward(self, grad_output: LazyBuffer):
+    return (grad_output if self.needs_input_grad[0] else None,
+            grad_output.alu(Ops.MUL, self.floordiv).alu(Ops.NEG) if self.needs_input_grad[1] else None)
+
 class Mul(Function):
   def forward(self, x: LazyBuffer, y: LazyBuffer) -> LazyBuffer:
     self.x, self.y = x, y

@@ -20,7 +20,8 @@ class Ops(Enum):
   EXP2, LOG2, SIN, SQRT: IEEE float functions. RECIP(x) = 1/x (RECIP(0) = inf). NEG(x) = -x. TRUNC rounds a float
   toward zero. ADD, MUL: wrap around on integers (two's complement). FDIV: IEEE float division.
   IDIV: integer division rounding toward zero (C); IDIV(x, 0) = 0. MOD: remainder with the sign of the dividend
-  (C `%`), so IDIV(a, b) * b + MOD(a, b) == a; MOD(x, 0) = 0. MAX: the larger value, NaN if either is NaN.
+  (C `%`), so IDIV(a, b) * b + MOD(a, b) == a; MOD(x, 0) = 0. On floats MOD is C's fmod, exact: fmod(x, 0) and
+  fmod(±inf, y) are NaN, fmod(x, ±inf) = x. MAX: the larger value, NaN if either is NaN.
   CMPLT (a < b) and CMPNE (a != b) return bool; any comparison with NaN is False except CMPNE, which is True.
   AND, OR, XOR: bitwise on ints and bools. SHL, SHR: shifts by an amount in [0, bits); SHR is arithmetic for
   signed, logical for unsigned. WHERE(c, a, b) = a if c else b. CAST converts value (float→int truncates; an
@@ -100,7 +101,11 @@ def _c_idiv(a: int, b: int) -> int:
   q = abs(a) // abs(b)
   return q if (a >= 0) == (b >= 0) else -q
 
-def _c_mod(a: int, b: int) -> int: return 0 if b == 0 else a - _c_idiv(a, b) * b
+def _c_mod(a, b):
+  if isinstance(a, float) or isinstance(b, float):   # C fmod, exact
+    if b == 0 or math.isinf(a) or math.isnan(a) or math.isnan(b): return math.nan
+    return a if math.isinf(b) else math.fmod(a, b)
+  return 0 if b == 0 else a - _c_idiv(a, b) * b
 
 def _safe(fn, *args):
   try: return fn(*args)

@@ -266,6 +266,7 @@ def create_schedule(outs: list[LazyBuffer], commit: bool = False) -> list[Schedu
       ast, inputs, _ = asts[b]
       items.append(_Step(ast, (b,), tuple(inputs)))
   buffers: dict[LazyBuffer, Buffer] = {}
+  items = _snapshot_old_values_read_after_assigns(items)
   return [_with_buffers(step, buffers, commit) for step in _order_assigns_after_readers(items)]
 
 def _with_buffers(step: _Step, buffers: dict[LazyBuffer, Buffer], commit: bool) -> ScheduleItem:
@@ -282,6 +283,36 @@ def _with_buffers(step: _Step, buffers: dict[LazyBuffer, Buffer], commit: bool) 
     for lb, buf in zip(step.outputs, bufs):
       lb.buffer, lb.srcs, lb.arg = buf, (), (lb.arg if lb.op is Ops.REDUCE_AXIS else None)
   return ScheduleItem(step.ast, bufs, len(step.outputs), host_data)
+
+def _snapshot_old_values_read_after_assigns(items: list[_Step]) -> list[_Step]:
+  """A kernel that reads the old value of an assigned buffer but also depends on the assign (it reads the new value
+  too, or something computed from it) can't run before the assign: the old value is copied first (a snapshot kernel,
+  which runs before the assign as any other reader does) and such kernels read the copy. `x2 = x.contiguous()` of a
+  realized x is x's own buffer, so `x2[i] = v; y = x2 - x` reads both (fuzz_ops seed 0 cases 4290, 7915, 9802)."""
+  assign_of_target = {item.outputs[0].srcs[0].base: item for item in items if item.outputs[0].op is Ops.ASSIGN}
+  if not assign_of_target: return items
+  producer = {out: item for item in items for out in item.outputs}
+  after: dict[int, frozenset] = {}   # item → ids of the assign items it depends on, transitively (items are in order)
+  for item in items:
+    found = frozenset().union(*(after.get(id(producer[b]), frozenset()) for b in item.inputs if b in producer))
+    after[id(item)] = found | {id(producer[b]) for b in item.inputs
+                               if b in producer and producer[b].outputs[0].op is Ops.ASSIGN}
+  snapshots: dict[LazyBuffer, _Step] = {}
+  out: list[_Step] = []
+  for item in items:
+    stale = [b for b in item.inputs if (a := assign_of_target.get(b)) is not None and a is not item
+             and id(a) in after[id(item)]]
+    for target in stale:
+      if target not in snapshots:
+        copy = LazyBuffer.loadop(Ops.CONTIGUOUS, target.shape, target.dtype, target.device, srcs=(target,))
+        ast, inputs, _ = _kernel_ast(copy, {target})
+        snapshots[target] = _Step(ast, (copy,), tuple(inputs))
+        out.insert(next((i for i, x in enumerate(out) if x is assign_of_target[target]), len(out)), snapshots[target])
+    if stale:
+      old = {target: snapshots[target].outputs[0] for target in stale}
+      item = _Step(item.ast, item.outputs, tuple(old.get(b, b) for b in item.inputs))
+    out.append(item)
+  return out
 
 def _order_assigns_after_readers(items: list[_Step]) -> list[_Step]:
   """An ASSIGN overwrites a buffer that other kernels of the same schedule may still read as its old value (an

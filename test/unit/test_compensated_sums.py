@@ -47,8 +47,10 @@ def group_combines(src: str) -> list[tuple[int, str]]:
 def accumulators_updated(body: str) -> int: return len(re.findall(r"^\s*acc\d+ = \w+;$", body, re.M))
 
 def is_kahan(body: str) -> bool:
-  """Two accumulators (total, compensation) and the compensation's negations: value − c, (t' − t) − corrected."""
-  return accumulators_updated(body) == 2 and len(re.findall(r"= \(-\w+\);", body)) == 3
+  """Two accumulators (total, compensation), the compensation's negations: value − c, (t' − t) − corrected, and the
+  finiteness test t' − t' != 0 that zeroes it once the total is ±inf or NaN."""
+  return (accumulators_updated(body) == 2 and len(re.findall(r"= \(-\w+\);", body)) == 4
+          and re.search(r"= \(\w+ \? 0\.0f : \w+\);", body) is not None)
 
 # ---- CUDA: the combine of a GROUP's partials
 
@@ -122,6 +124,38 @@ def test_random_sums_of_partials_are_correctly_rounded(seed, opts):
   exact = partials.astype(np.float64).sum(1)
   got = run_llvm(partial_sums(partials, True), opts)
   assert within_half_a_spacing(got, exact), (got - exact)
+
+@pytest.mark.parametrize("opts", [(), (Opt(OptOps.UPCAST, 0, 4),), (Opt(OptOps.UNROLL, 0, 4),)], ids=str)
+def test_sums_of_partials_with_infinities(opts):
+  # inf − inf in the carried error made any compensated sum holding an inf NaN: a 10,000-element float32 sum on the
+  # CPU, and a CUDA gather whose GROUP combine saw −inf (fuzz_ops seed 0 case 499)
+  partials = np.ones((8, 64), np.float32)
+  partials[1, 3] = np.inf
+  partials[2, 5] = -np.inf
+  partials[3, 0], partials[3, 63] = np.inf, -np.inf
+  partials[4, 7] = partials[4, 8] = 3e38   # the sum overflows to inf
+  partials[5, 9] = np.nan
+  partials[6, 62] = -np.inf                # the last value
+  with np.errstate(over="ignore", invalid="ignore"): want = partials.sum(1)
+  np.testing.assert_array_equal(run_llvm(partial_sums(partials, True), opts), want)
+
+def test_long_sums_with_infinities():
+  # past ACCUMULATE_BLOCK values the kernel adds block totals with compensation
+  x = np.ones((4, 10_000), np.float32)
+  x[0, 5], x[1, 9_000], x[2, 7], x[2, 8_000] = np.inf, -np.inf, np.inf, -np.inf
+  with np.errstate(invalid="ignore"): want = x.sum(1)
+  np.testing.assert_array_equal(Tensor(x, device="LLVM").sum(1).numpy(), want)
+  np.testing.assert_array_equal(Tensor(x[0], device="LLVM").sum().numpy(), np.float32(np.inf))
+
+@needs_nvrtc
+def test_gather_with_infinities_renders_a_guarded_combine():
+  # fuzz_ops seed 0 case 499: v0[:, i] on (15, 16, 1) is a 16-long masked sum per output, a GROUP of 2 threads on CUDA
+  # whose combine adds the partials with compensation; it must zero the carried error once the total is −inf
+  x = Tensor(np.zeros((15, 16, 1), np.float32), device="LLVM")
+  index = Tensor(np.array(10, np.int32), device="LLVM").realize()
+  (src,) = cuda_sources(x[:, index].lazydata)
+  combines = group_combines(src)
+  assert combines and all(is_kahan(body) for _, body in combines), src
 
 def lazy_reduces(out: LazyBuffer) -> list[LazyBuffer]:
   found, stack, seen = [], [out], set()

@@ -8,7 +8,7 @@ import re
 import numpy as np
 import pytest
 from tgrad.dtype import DType, dtypes
-from tgrad.ops import Ops, UOp, simplify
+from tgrad.ops import ALU, Ops, UOp, simplify
 from tgrad.lazy import LazyBuffer
 from tgrad.schedule import create_schedule
 from tgrad.device import CompileError
@@ -57,7 +57,7 @@ def compile_all(out: LazyBuffer, opts: tuple[Opt, ...] = (), heuristics: bool = 
 # ---- elementwise: every ALU op for every dtype it applies to, with the heuristics (UPCAST 4 → vector accesses)
 
 FLOAT_UNARY = [Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.SQRT, Ops.RECIP, Ops.NEG, Ops.TRUNC]
-FLOAT_BINARY = [Ops.ADD, Ops.MUL, Ops.FDIV, Ops.MAX, Ops.CMPLT, Ops.CMPNE]
+FLOAT_BINARY = [Ops.ADD, Ops.MUL, Ops.FDIV, Ops.MOD, Ops.MAX, Ops.CMPLT, Ops.CMPNE]   # MOD: fmod
 INT_BINARY = [Ops.ADD, Ops.MUL, Ops.IDIV, Ops.MOD, Ops.MAX, Ops.CMPLT, Ops.CMPNE, Ops.AND, Ops.OR, Ops.XOR,
               Ops.SHL, Ops.SHR]
 BOOL_BINARY = [Ops.AND, Ops.OR, Ops.XOR, Ops.CMPNE, Ops.CMPLT, Ops.MAX]
@@ -76,7 +76,8 @@ def test_elementwise_op(op: Ops, dtype: DType):
   elif op in FLOAT_UNARY or op is Ops.NEG: out = a.alu(op)
   else: out = a.alu(op, b)
   (src,) = compile_all(out, heuristics=True)
-  if op in (Ops.IDIV, Ops.MOD): assert "== 0 ?" in src, "a divisor that may be 0 must be guarded"
+  if op in (Ops.IDIV, Ops.MOD) and not dtype.is_float: assert "== 0 ?" in src, "a divisor that may be 0 must be guarded"
+  if op is Ops.MOD and dtype.is_float: assert "fmod" in src, "float MOD is C fmod (exact)"
   if dtype in (dtypes.float16, dtypes.bfloat16) and op in (Ops.ADD, Ops.MUL, Ops.FDIV, Ops.EXP2):
     assert "round_" in src, "half/bfloat16 math is done in float and rounded after every op"
   assert re.search(r"const \w+4? vec\d+ = ", src) or dtype.itemsize == 8, f"expected vector loads:\n{src}"
@@ -458,6 +459,20 @@ def test_special_constants():
   assert render_const(0.1, dtypes.float64) == "0.1"
   assert render_const(-2**31, dtypes.int32) == "(-2147483647-1)"
   assert render_const(2**64 - 1, dtypes.uint64) == "18446744073709551615ull"
+
+def test_alu_ops_of_constants_are_folded():
+  """NVRTC treats `0.0f / 0.0f` as undefined: it folded `(-(0.0f / 0.0f)) != (-(0.0f / 0.0f))` to false, so an
+  argmin over the NaN mean of an empty axis answered 1 on an H100 (fuzz_ops seed 0 case 1302). The linearizer folds
+  every ALU op of constants with exec_alu, and NaN is rendered by its bits."""
+  zero = LazyBuffer.const_of(0.0, dtypes.float32, "LLVM", (16,))
+  minus_nan = zero.alu(Ops.FDIV, zero).alu(Ops.NEG)
+  data = host((16,))
+  out = minus_nan.alu(Ops.CMPNE, data).alu(Ops.OR, minus_nan.alu(Ops.CMPNE, minus_nan))
+  (kernel,) = kernels(out, heuristics=True)
+  program = linearize(kernel)
+  assert not [u for u in program if u.op in ALU and u.src and all(s.op is Ops.CONST for s in u.src)]
+  src = compiled_source(kernel)
+  assert "0.0f / 0.0f" not in src and "__int_as_float(0x7FC00000)" in src
 
 def test_signed_index_math_is_plain_but_data_math_wraps():
   """Index math is bounded by the range analysis, so it is plain C; int32 data may overflow, so it is computed in

@@ -662,6 +662,7 @@ class _KernelWriter:
     if op in _FLOAT_INTRINSICS: return f"{_FLOAT_INTRINSICS[op]}{suffix}({s[0]})"
     if op is Ops.NEG: return f"(-{s[0]})"
     if op is Ops.RECIP: return f"({render_const(1.0, dt)} / {s[0]})"
+    if op is Ops.MOD: return f"fmod{suffix}({s[0]}, {s[1]})"   # exact, as C's fmod
     if op is Ops.MAX and dt != dtypes.float64 and self.has_max_nan:
       self.needs["max_nan"] = True
       return f"max_nan({s[0]}, {s[1]})"

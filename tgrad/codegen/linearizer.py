@@ -26,7 +26,7 @@ from __future__ import annotations
 import itertools
 from typing import Optional
 from tgrad.dtype import dtypes
-from tgrad.ops import UOp, Ops, simplify, graph_rewrite, split_terms, build_sum, exec_alu
+from tgrad.ops import UOp, Ops, ALU, simplify, graph_rewrite, split_terms, build_sum, exec_alu
 from tgrad.codegen.transcendental import decompositions
 from tgrad.codegen.kernel import Kernel, StagePlan, STAGE_COPY_BYTES, fold_dims
 from tgrad.codegen.renderer import FragmentLayout, MatrixLoad, TensorCore
@@ -50,6 +50,14 @@ BLOCK_DIVISOR_SLACK = 2
 BLOCK_LOOP_ARG = 2000   # RANGE arg of the loop over blocks of reduce axis a: BLOCK_LOOP_ARG + a
 
 def _index_const(value: int) -> UOp: return UOp.const(dtypes.index, value)
+
+def fold_constants(u: UOp) -> UOp:
+  """An ALU op of constants is the constant exec_alu computes. Kernels never hand such an op to a device compiler:
+  NVRTC's C++ front end treats `0.0f / 0.0f` as undefined and folded `(-(0.0f / 0.0f)) != (-(0.0f / 0.0f))` to
+  false (an argmin over the NaN mean of an empty axis answered 1, not 0: fuzz_ops seed 0 case 1302)."""
+  if u.op not in ALU or not u.src or any(s.op is not Ops.CONST for s in u.src): return u
+  try: return UOp.const(u.dtype, exec_alu(u.op, u.dtype, tuple(s.arg for s in u.src)))
+  except (TypeError, OverflowError): return u
 
 def _unfolded_specials(prefix: str, dims: tuple[int, ...], limits: tuple[int, ...]) -> list[UOp]:
   """Thread ids for dims, last dim on id 0 (x: the fastest-varying and the one with the largest limit). Dims that
@@ -119,7 +127,7 @@ class Linearizer:
       elif not sources_built:
         stack.append((u, True))
         stack.extend((s, False) for s in reversed(u.src))
-      else: self.memo[key] = UOp(u.op, u.dtype, tuple(self.memo[(s, idxs)] for s in u.src), u.arg)
+      else: self.memo[key] = fold_constants(UOp(u.op, u.dtype, tuple(self.memo[(s, idxs)] for s in u.src), u.arg))
     return self.memo[(node, idxs)]
 
   def build_leaf(self, node: UOp, idxs: tuple[UOp, ...]) -> UOp:
@@ -279,7 +287,9 @@ class Linearizer:
     ranges = tuple(self.base_idx[a] for a in loop_axes)
     combined = unrolled_value({a: self.base_idx[a] for a in loop_axes})
     terms = prod(k.full_shape[a] for a in unroll_axes)
-    if not ranges: result = combined
+    if not ranges:   # a float sum starts from +0.0 as a loop's accumulator does: -0.0 + -0.0 is +0.0, as in numpy
+      result = UOp(Ops.ADD, node.dtype, (combined, UOp.const(node.dtype, 0.0))) if compensable(op, node.dtype) \
+        else combined
     elif (folded := fold_invariant_reduce(op, node.dtype, combined, ranges)) is not None: result = folded
     elif (split := self.accumulation_split(op, node.dtype, loop_axes, terms)) is not None:
       axis, chunk = split
@@ -615,23 +625,33 @@ def is_sum_of_partials(reduce_axis: UOp) -> bool:
 def kahan_step(total: UOp, compensation: UOp, value: UOp) -> tuple[UOp, UOp]:
   """(new total, new compensation) of Kahan summation: the value corrected by the error carried so far is added, and
   what that addition rounded away, (new − total) − corrected, is carried to the next. Renderers must not reassociate
-  these ops (llvmir.py allows reordering only for a lone innermost accumulator)."""
+  these ops (llvmir.py allows reordering only for a lone innermost accumulator).
+  Once the total is ±inf or NaN the carried error is 0: (inf − total) − corrected would be inf − inf = NaN, and a sum
+  holding one inf came out NaN (a 10,000-element float32 sum on the CPU; a grouped GPU gather, fuzz_ops seed 0
+  case 499). `t − t != 0` is exactly "t is not finite"."""
   def minus(x: UOp) -> UOp: return UOp(Ops.NEG, x.dtype, (x,))
-  corrected = UOp(Ops.ADD, value.dtype, (value, minus(compensation)))
-  new_total = UOp(Ops.ADD, value.dtype, (total, corrected))
-  return new_total, UOp(Ops.ADD, value.dtype, (UOp(Ops.ADD, value.dtype, (new_total, minus(total))), minus(corrected)))
+  def add(x: UOp, y: UOp) -> UOp: return UOp(Ops.ADD, value.dtype, (x, y))
+  corrected = add(value, minus(compensation))
+  new_total = add(total, corrected)
+  error = add(add(new_total, minus(total)), minus(corrected))
+  zero = UOp.const(value.dtype, 0.0)
+  not_finite = UOp(Ops.CMPNE, dtypes.bool, (add(new_total, minus(new_total)), zero))
+  return new_total, UOp(Ops.WHERE, value.dtype, (not_finite, zero, error))
 
 def fold_invariant_reduce(op: Ops, dtype, value: UOp, ranges: tuple[UOp, ...]) -> Optional[UOp]:
   """A reduce over loops of a value that none of them changes: a sum is value × trips, a max is the value. None when
   the value varies or the op is MUL. Ints multiply in their own dtype (wrapping exactly as the loop's adds would);
   floats in float64, where the trip count is exact, then round to the dtype (2^-10 × 2^20 is 1024 in float16, though
-  2^20 itself is not a float16)."""
+  2^20 itself is not a float16). A float sum starts from +0.0, as the loop's accumulator (and numpy's and torch's
+  sums) do, so -0.0 × trips is +0.0."""
   if op not in (Ops.ADD, Ops.MAX) or dtype.is_bool or any(r in ranges for r in value.toposort()): return None
   if op is Ops.MAX: return value
   trips = prod(r.src[1].arg - r.src[0].arg for r in ranges)
   compute = dtypes.float64 if dtype.is_float else dtype
-  if value.op is Ops.CONST: return UOp.const(dtype, exec_alu(Ops.MUL, compute, (value.arg, trips)))
-  return UOp(Ops.MUL, compute, (value.cast(compute), UOp.const(compute, trips))).cast(dtype)
+  if value.op is Ops.CONST: return UOp.const(dtype, exec_alu(Ops.MUL, compute, (value.arg, trips)) + 0)
+  total = UOp(Ops.MUL, compute, (value.cast(compute), UOp.const(compute, trips)))
+  if dtype.is_float: total = UOp(Ops.ADD, compute, (total, UOp.const(compute, 0.0)))
+  return total.cast(dtype)
 
 def block_ranges(axis: int, size: int, block: int) -> tuple[UOp, UOp]:
   """(loop over the blocks, loop within one) for a reduce axis of `size` cut into blocks of `block`: the inner loop runs

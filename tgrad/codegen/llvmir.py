@@ -15,8 +15,9 @@ from tgrad.codegen.renderer import Renderer
 
 # Lets the loop vectorizer reorder a single float accumulation (a sum over a long axis), as numpy's pairwise sum
 # does. With several accumulators (an upcast output tile, e.g. matmul) the tile itself is the vector: reordering the
-# reduce loop would only add horizontal sums.
-REDUCE_FAST_MATH = ("reassoc", "nsz")
+# reduce loop would only add horizontal sums. Not "nsz": it let LLVM drop the accumulator's +0.0 start, so a sum of
+# -0.0s was -0.0 (numpy and torch: +0.0, and x // sum then gave -inf, not inf); the vectorizer needs only reassoc.
+REDUCE_FAST_MATH = ("reassoc",)
 FUSE_MULTIPLY_ADD = ("contract",)   # a*b+c may become one fma: one rounding instead of two, twice the throughput
 _INTRINSICS = {Ops.EXP2: "llvm.exp2", Ops.LOG2: "llvm.log2", Ops.SIN: "llvm.sin", Ops.SQRT: "llvm.sqrt",
                Ops.TRUNC: "llvm.trunc"}
@@ -166,6 +167,7 @@ class _FunctionBuilder:
     elif u.op is Ops.ADD: out = b.fadd(*srcs, flags=flags) if is_float else b.add(*srcs)
     elif u.op is Ops.MUL: out = b.fmul(*srcs, flags=flags) if is_float else b.mul(*srcs)
     elif u.op is Ops.FDIV: out = b.fdiv(*srcs)
+    elif u.op is Ops.MOD and is_float: out = b.frem(*srcs)   # C fmod (a libm call on the CPU), exact
     elif u.op in (Ops.IDIV, Ops.MOD): out = self.int_division(u, dt, *srcs)
     elif u.op is Ops.MAX:
       if is_float:   # llvm.maximum propagates NaN (IEEE 754-2019 maximum) and vectorizes as a reduction

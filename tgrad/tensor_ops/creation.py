@@ -52,6 +52,8 @@ class CreationMixin:
     if dtype.is_float:   # compute the values in a float dtype: start + i*step
       compute = dtypes.float32 if dtype in HALF_FLOATS else dtype
       values = Tensor(counter).cast(compute) * step + start
+    elif step < 0 and dtype.kind == 'u':   # a negative step of an unsigned dtype counts down from start (torch)
+      values = int(start) - Tensor(counter).cast(dtype) * int(-step)
     else: values = Tensor(counter).cast(dtype) * int(step) + int(start)
     return Tensor(values.cast(dtype).lazydata, **kwargs)
   @staticmethod

@@ -51,7 +51,8 @@ class ElementwiseMixin:
   def floordiv(self, x: Any, reverse: bool = False) -> Tensor:
     """Python's `//`: rounds toward −∞. Integer division by zero gives 0 (as numpy)."""
     a, b = self._operands(x, reverse)
-    if a.dtype.is_float: return (a / b).floor()
+    if a.dtype in HALF_FLOATS: return a.cast(dtypes.float32).floordiv(b.cast(dtypes.float32)).cast(a.dtype)
+    if a.dtype.is_float: return self._nograd(F.float_divmod(a.lazydata, b.lazydata)[0])   # numpy's, from fmod
     if a.dtype.is_bool: a, b = a.int(), b.int()
     quotient = a.lazydata.alu(Ops.IDIV, b.lazydata)
     if a.dtype.is_unsigned: return self._nograd(quotient)
@@ -59,7 +60,8 @@ class ElementwiseMixin:
   def mod(self, x: Any, reverse: bool = False) -> Tensor:
     """Python's `%`: the result has the sign of the divisor. Integer x % 0 gives 0 (as numpy)."""
     a, b = self._operands(x, reverse)
-    if a.dtype.is_float: return a - b * (a / b).floor()
+    if a.dtype in HALF_FLOATS: return a.cast(dtypes.float32).mod(b.cast(dtypes.float32)).cast(a.dtype)
+    if a.dtype.is_float: return F.FloatMod.apply(a, b)   # numpy's, from the exact fmod
     if a.dtype.is_bool: a, b = a.int(), b.int()
     remainder = self._nograd(a.lazydata.alu(Ops.MOD, b.lazydata))
     if a.dtype.is_unsigned: return remainder

@@ -12,9 +12,9 @@ from tgrad.dtype import dtypes
 from tgrad.helpers import dedup
 from tgrad.tensor import Tensor
 
-def _scalar_state(value: float) -> Tensor:
-  """A realized 0-d float32 buffer: kernels read it instead of baking the value in as a constant."""
-  return Tensor.full((), value, dtype=dtypes.float32, requires_grad=False).contiguous().realize()
+def _scalar_state(value: float, device: str) -> Tensor:
+  """A realized 0-d float32 buffer on the parameters' device: kernels read it instead of baking the value in."""
+  return Tensor.full((), value, dtype=dtypes.float32, device=device, requires_grad=False).contiguous().realize()
 
 class Optimizer:
   """Holds the parameters to train and the step logic. `params` may include tensors with requires_grad=False (say a
@@ -29,7 +29,10 @@ class Optimizer:
     self.params: list[Tensor] = dedup([t for t in params if t.requires_grad])
     self.buffers: list[Tensor] = dedup([t for t in params if not t.requires_grad])
     if not self.params: raise ValueError("optimizer got an empty parameter list")
-    self.lr = _scalar_state(lr)
+    self.device = self.params[0].device
+    if other := [t.device for t in self.params if t.device != self.device]:
+      raise ValueError(f"optimizer parameters must share one device: got {self.device} and {other[0]}")
+    self.lr = _scalar_state(lr, self.device)
     self.steps_taken = 0
     Tensor.realize(*self.params, *self.buffers)   # a realized parameter is then updated in its own buffer
 
@@ -104,7 +107,8 @@ class Adam(Optimizer):
     if weight_decay < 0: raise ValueError(f"Invalid weight_decay value: {weight_decay}")
     super().__init__(params, lr)
     self.b1, self.b2, self.eps, self.weight_decay = b1, b2, eps, weight_decay
-    self.b1_power, self.b2_power = _scalar_state(1.0), _scalar_state(1.0)   # β1ᵗ and β2ᵗ after t steps
+    # β1ᵗ and β2ᵗ after t steps
+    self.b1_power, self.b2_power = _scalar_state(1.0, self.device), _scalar_state(1.0, self.device)
     self.first_moments = [self._zeros_like(t) for t in self.params]
     self.second_moments = [self._zeros_like(t) for t in self.params]
 

@@ -15,6 +15,7 @@ import atexit, collections, functools
 from typing import Callable, Optional
 import numpy as np
 import pycuda.driver as cuda
+from pycuda._pvt_struct import pack as pack_kernel_args   # the packer prepared_call uses, imported once
 from tgrad.device import Allocator, Compiled, OutOfMemoryError
 from tgrad.codegen.cuda import CUDARenderer, DYNAMIC_SHARED_SUFFIX
 from tgrad.runtime.nvrtc import NVRTCCompiler, arch_of
@@ -131,19 +132,22 @@ class CUDAProgram:
     self.last_dims: tuple = ((1, 1, 1), (1, 1, 1))
 
   def __call__(self, *buffers, global_size=(1,), local_size=(1,), vals=(), wait: bool = False) -> Optional[float]:
-    """Launch now (the eager path): straight to prepared_call, with the grid and block of the last launch reused
-    when the sizes are the same tuples (a CompiledKernel passes its own every time)."""
+    """Launch now (the eager path): the arguments packed in the prepared format and handed straight to the launch
+    that pycuda's prepared_call ends in (skipping its per-call keyword and texture handling, which tgrad never
+    uses), with the grid and block of the last launch reused when the sizes are the same tuples (a CompiledKernel
+    passes its own every time)."""
     if self.prepared_args != len(buffers) + len(vals): self._prepare_arguments(len(buffers), len(vals))
     if global_size is self.last_sizes[0] and local_size is self.last_sizes[1]: grid, block = self.last_dims
     else:
       grid, block = _launch_dims(global_size, local_size)
       if type(global_size) is tuple and type(local_size) is tuple:   # immutable: the same object, the same sizes
         self.last_sizes, self.last_dims = (global_size, local_size), (grid, block)
+    args = pack_kernel_args(self.function.arg_format, *map(int, buffers), *map(int, vals))
     if not wait:
-      self.function.prepared_call(grid, block, *map(int, buffers), *map(int, vals), shared_size=self.shared_bytes)
+      self.function._launch_kernel(grid, block, args, self.shared_bytes, None)
       return None
     self.start.record()
-    self.function.prepared_call(grid, block, *map(int, buffers), *map(int, vals), shared_size=self.shared_bytes)
+    self.function._launch_kernel(grid, block, args, self.shared_bytes, None)
     self.end.record()
     self.end.synchronize()
     return self.start.time_till(self.end) * 1e-3

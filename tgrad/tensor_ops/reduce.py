@@ -17,6 +17,9 @@ class ReduceMixin:
   def _reduce_axes(self, axis) -> tuple[int, ...]:
     if axis is None: return tuple(range(self.ndim))
     axes = axis if isinstance(axis, (tuple, list)) else (axis,)
+    if self.ndim == 0:   # as torch: a 0-d tensor takes axis 0 or -1 (its one element), and reducing it is a no-op
+      for a in axes: _resolve_axis(a, 1, self.shape)
+      return ()
     resolved = tuple(_resolve_axis(a, self.ndim, self.shape) for a in axes)
     if len(set(resolved)) != len(resolved): raise ValueError(f"repeated axis in {axis} for shape {self.shape}")
     return resolved
@@ -74,6 +77,9 @@ class ReduceMixin:
     if axis is None:
       out = self.flatten().argmax(0)
       return out.reshape((1,) * self.ndim) if keepdim else out
+    if self.ndim == 0:   # as torch: axis 0 or -1 of a 0-d tensor is its one element, at index 0
+      _resolve_axis(axis, 1, self.shape)
+      return self.reshape(1).argmax(0)
     axis = _resolve_axis(axis, self.ndim, self.shape)
     size = self.shape[axis]
     if size == 0: raise ValueError(f"argmax over an empty axis: shape {self.shape}, axis {axis}")

@@ -531,8 +531,15 @@ class TestZeroDimEdges:
   @pytest.mark.parametrize("axis", [1, -2])
   def test_reductions_on_0d_out_of_range(self, axis):
     with pytest.raises(IndexError): torch.tensor(self.SCALAR).sum(axis)
-    for name in ["sum", "max", "argmax", "softmax", "logsumexp"]:
+    with pytest.raises(IndexError): torch.tensor(self.SCALAR).cumsum(axis)
+    for name in ["sum", "max", "argmax", "softmax", "logsumexp", "cumsum", "cummax"]:
       with pytest.raises(IndexError, match="out of range"): getattr(Tensor(self.SCALAR), name)(axis)
+
+  def test_reductions_on_0d_repeated_axis(self):
+    """torch raises RuntimeError for dims (0, -1) of a 0-d tensor; tgrad's repeated-axis error is ValueError."""
+    with pytest.raises(RuntimeError): torch.tensor(self.SCALAR).sum((0, -1))
+    with pytest.raises(ValueError, match="repeated axis"): Tensor(self.SCALAR).sum((0, -1))
+    helper_test_op([()], lambda x: x.sum((0,)), lambda x: x.sum((0,)))
 
   @pytest.mark.parametrize("shapes", [((3,), (3,)), ((3,), (3, 2)), ((2, 3), (3,)), ((4, 2, 3), (3,)),
                                       ((3,), (4, 3, 2))])

@@ -6,6 +6,7 @@ repeat_interleave), diagonals, data-dependent selections (masked_select, nonzero
 losses, max_pool2d's indices and max_unpool2d, dtype.min/max, sum/prod(dtype=) and attention's enable_gqa.
 """
 import math
+import re
 import numpy as np
 import pytest
 import torch
@@ -503,3 +504,84 @@ class TestAttentionGQA:
   def test_enable_gqa_errors(self):
     q, k = Tensor.ones(1, 4, 2, 8), Tensor.ones(1, 3, 2, 8)
     with pytest.raises(ValueError, match="enable_gqa"): q.scaled_dot_product_attention(k, k, enable_gqa=True)
+
+class TestZeroDimEdges:
+  """Issue 16: 0-d tensors, matmul operand ranks, cat/stack of scalars, bad reshape/permute arguments, as torch."""
+  SCALAR = 2.5
+  REDUCTIONS = ["sum", "mean", "prod", "amax", "amin", "logsumexp", "softmax", "log_softmax", "cumsum"]
+
+  @pytest.mark.parametrize("axis", [0, -1])
+  @pytest.mark.parametrize("name", REDUCTIONS)
+  def test_reductions_on_0d(self, name, axis):
+    tgrad_name = {"amax": "max", "amin": "min"}.get(name, name)
+    helper_test_op([()], lambda x: getattr(x, name)(axis), lambda x: getattr(x, tgrad_name)(axis))
+
+  @pytest.mark.parametrize("axis", [0, -1])
+  def test_keepdim_argmax_softmin_on_0d(self, axis):
+    x = Tensor(self.SCALAR)
+    for name in ["sum", "mean", "prod", "max", "min"]:
+      out = getattr(x, name)(axis, keepdim=True)
+      assert out.shape == () and out.item() == self.SCALAR
+    for name in ["argmax", "argmin"]:
+      out = getattr(x, name)(axis)
+      want = getattr(torch.tensor(self.SCALAR), name)(axis)
+      assert out.shape == tuple(want.shape) == () and out.item() == want.item()
+    helper_test_op([()], lambda t: F.softmin(t, axis), lambda t: t.softmin(axis))
+
+  @pytest.mark.parametrize("axis", [1, -2])
+  def test_reductions_on_0d_out_of_range(self, axis):
+    with pytest.raises(IndexError): torch.tensor(self.SCALAR).sum(axis)
+    with pytest.raises(IndexError): torch.tensor(self.SCALAR).cumsum(axis)
+    for name in ["sum", "max", "argmax", "softmax", "logsumexp", "cumsum", "cummax"]:
+      with pytest.raises(IndexError, match="out of range"): getattr(Tensor(self.SCALAR), name)(axis)
+
+  def test_reductions_on_0d_repeated_axis(self):
+    """torch raises RuntimeError for dims (0, -1) of a 0-d tensor; tgrad's repeated-axis error is ValueError."""
+    with pytest.raises(RuntimeError): torch.tensor(self.SCALAR).sum((0, -1))
+    with pytest.raises(ValueError, match="repeated axis"): Tensor(self.SCALAR).sum((0, -1))
+    helper_test_op([()], lambda x: x.sum((0,)), lambda x: x.sum((0,)))
+
+  @pytest.mark.parametrize("shapes", [((3,), (3,)), ((3,), (3, 2)), ((2, 3), (3,)), ((4, 2, 3), (3,)),
+                                      ((3,), (4, 3, 2))])
+  def test_matmul_vector_shapes(self, shapes):
+    helper_test_op(list(shapes), lambda a, b: a @ b, lambda a, b: a @ b, atol=1e-5)
+    helper_test_op(list(shapes), torch.matmul, lambda a, b: a.matmul(b), atol=1e-5)
+
+  def test_dot_vectors_is_0d(self):
+    helper_test_op([(3,), (3,)], torch.dot, lambda a, b: a.dot(b), atol=1e-5)
+
+  @pytest.mark.parametrize("shapes", [((), (3,)), ((3,), ()), ((), ()), ((), (3, 2))])
+  def test_matmul_0d_raises(self, shapes):
+    """torch raises RuntimeError; tgrad's shape errors are ValueError, naming both shapes."""
+    with pytest.raises(RuntimeError): torch.ones(shapes[0]) @ torch.ones(shapes[1])
+    with pytest.raises(ValueError, match=re.escape(f"{shapes[0]} and {shapes[1]}")):
+      Tensor.ones(*shapes[0]) @ Tensor.ones(*shapes[1])
+
+  @pytest.mark.parametrize("dim", [0, -1])
+  def test_stack_0d(self, dim):
+    helper_test_op([(), (), ()], lambda a, b, c: torch.stack([a, b, c], dim),
+                   lambda a, b, c: Tensor.stack(a, b, c, dim=dim))
+
+  @pytest.mark.parametrize("shapes", [[(), ()], [(1,), ()], [(), (1,)]])
+  def test_cat_0d_raises(self, shapes):
+    with pytest.raises(RuntimeError): torch.cat([torch.ones(s) for s in shapes])
+    with pytest.raises(ValueError, match=re.escape(str(shapes))): Tensor.cat([Tensor.ones(*s) for s in shapes])
+
+  @pytest.mark.parametrize("shape", [(-1, -1), (-1, 2, -1)])
+  def test_reshape_several_minus_one_raises(self, shape):
+    with pytest.raises(RuntimeError): torch.ones(2, 3, 4).reshape(shape)
+    with pytest.raises(ValueError, match="only one dim can be -1"): Tensor.ones(2, 3, 4).reshape(shape)
+
+  @pytest.mark.parametrize("order", [(0, 0, 1), (0, -3, 1), (1, 0)])
+  def test_permute_not_a_permutation_raises(self, order):
+    with pytest.raises(RuntimeError): torch.ones(2, 3, 4).permute(order)
+    with pytest.raises(ValueError, match="not a permutation"): Tensor.ones(2, 3, 4).permute(order)
+
+  @pytest.mark.parametrize("order", [(0, 1, 3), (0, 1, -4)])
+  def test_permute_out_of_range_raises(self, order):
+    with pytest.raises(IndexError): torch.ones(2, 3, 4).permute(order)
+    with pytest.raises(IndexError, match="out of range"): Tensor.ones(2, 3, 4).permute(order)
+
+  @pytest.mark.parametrize("order", [(-1, 0, -2), (2, -2, 0), (-3, -2, -1)])
+  def test_permute_negative_axes(self, order):
+    helper_test_op([(2, 3, 4)], lambda x: x.permute(order), lambda x: x.permute(order))

@@ -184,7 +184,8 @@ class MovementMixin:
     """Join along `dim`: `a.cat(b, c, dim=0)` or `Tensor.cat(a, b, c)` or `Tensor.cat([a, b, c])`."""
     tensors = _tensor_list(self, args)
     first = tensors[0]
-    if first.ndim == 0: raise ValueError("cat of 0-d tensors: use stack")
+    if any(t.ndim == 0 for t in tensors):   # as torch, any 0-d operand is an error, not only the first
+      raise ValueError(f"cat of 0-d tensors (shapes {[t.shape for t in tensors]}): use stack")
     dim = _resolve_axis(dim, first.ndim, first.shape)
     for t in tensors:
       if t.ndim != first.ndim or any(a != b for i, (a, b) in enumerate(zip(t.shape, first.shape)) if i != dim):

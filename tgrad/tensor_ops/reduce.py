@@ -17,9 +17,10 @@ class ReduceMixin:
   def _reduce_axes(self, axis) -> tuple[int, ...]:
     if axis is None: return tuple(range(self.ndim))
     axes = axis if isinstance(axis, (tuple, list)) else (axis,)
-    resolved = tuple(_resolve_axis(a, self.ndim, self.shape) for a in axes)
+    # as torch: a 0-d tensor takes axis 0 or -1 (its one element), and reducing over it is a no-op
+    resolved = tuple(_resolve_axis(a, max(self.ndim, 1), self.shape) for a in axes)
     if len(set(resolved)) != len(resolved): raise ValueError(f"repeated axis in {axis} for shape {self.shape}")
-    return resolved
+    return resolved if self.ndim else ()
   def _reduce(self, function: type[F.Function], axes: tuple[int, ...], keepdim: bool) -> Tensor:
     out = function.apply(self, axes=axes) if axes else self
     return out if keepdim else out.reshape(tuple(s for i, s in enumerate(self.shape) if i not in axes))
@@ -74,6 +75,9 @@ class ReduceMixin:
     if axis is None:
       out = self.flatten().argmax(0)
       return out.reshape((1,) * self.ndim) if keepdim else out
+    if self.ndim == 0:   # as torch: axis 0 or -1 of a 0-d tensor is its one element, at index 0
+      _resolve_axis(axis, 1, self.shape)
+      return self.reshape(1).argmax(0)
     axis = _resolve_axis(axis, self.ndim, self.shape)
     size = self.shape[axis]
     if size == 0: raise ValueError(f"argmax over an empty axis: shape {self.shape}, axis {axis}")
@@ -117,7 +121,7 @@ class ReduceMixin:
   # ---- scans: an associative op run along one axis, blocked so the work is O(n·SCAN_BLOCK) in O(log n) kernels
   def _scan(self, axis: int, kind: str) -> Tensor:
     """The inclusive scan of `kind` (a key of SCAN_KINDS) along `axis`, in self's dtype (the caller casts)."""
-    axis = _resolve_axis(axis, self.ndim, self.shape) if self.ndim else 0
+    axis = _resolve_axis(axis, max(self.ndim, 1), self.shape)   # a 0-d tensor takes axis 0 or -1, as torch
     if self.ndim == 0 or self.shape[axis] <= 1: return self
     return _scan_last(self.transpose(axis, -1), SCAN_KINDS[kind]).transpose(axis, -1)
   def cumsum(self, axis: int = 0) -> Tensor:

@@ -415,7 +415,10 @@ class NNMixin:
     target_weight = hits.where(class_weight.reshape((-1,) + (1,) * (self.ndim - axis - 1)), 0).sum(axis)
     target_weight = (Y != ignore_index).where(target_weight, 0)
     loss = -picked * target_weight
-    return loss.sum() / target_weight.sum() if reduction == "mean" else _reduce_loss(loss, reduction)
+    if reduction != "mean": return _reduce_loss(loss, reduction)
+    total, nothing_kept = target_weight.sum(), target_weight.sum() == 0
+    # every target ignored: NaN as torch (0/0), with zero gradients (the division never sees the zero)
+    return nothing_kept.where(float("nan"), loss.sum() / nothing_kept.where(1, total))
   def cross_entropy(self, Y: Tensor, reduction: str = "mean", label_smoothing: float = 0.0,
                     ignore_index: int = TORCH_IGNORE_INDEX) -> Tensor:
     """torch's cross_entropy of logits (N, C, *d) or (C,): Y holds class indices (N, *d) — ints, where ignore_index

@@ -15,8 +15,6 @@ import atexit, collections, functools
 from typing import Callable, Optional
 import numpy as np
 import pycuda.driver as cuda
-try: from pycuda._pvt_struct import pack as pack_kernel_args   # the packer prepared_call uses, imported once
-except ImportError: pack_kernel_args = None   # a pycuda without it: every launch goes through prepared_call
 from tgrad.device import Allocator, Compiled, OutOfMemoryError
 from tgrad.codegen.cuda import CUDARenderer, DYNAMIC_SHARED_SUFFIX
 from tgrad.runtime.nvrtc import NVRTCCompiler, arch_of
@@ -116,7 +114,8 @@ class CUDAAllocator(Allocator):
 class CUDAProgram:
   """One kernel of a cubin. Call with device buffers, global_size/local_size (x first), and DEFINE_VAR values."""
   def __init__(self, name: str, binary: bytes):
-    self.name = name
+    from pycuda._pvt_struct import pack   # the packer prepared_call uses; imported once a real device loads a kernel
+    self.name, self.pack_args = name, pack
     self.module = cuda.module_from_buffer(binary)
     self.function = self.module.get_function(name)
     self.prepared_args = -1
@@ -143,16 +142,7 @@ class CUDAProgram:
       grid, block = _launch_dims(global_size, local_size)
       if type(global_size) is tuple and type(local_size) is tuple:   # immutable: the same object, the same sizes
         self.last_sizes, self.last_dims = (global_size, local_size), (grid, block)
-    if pack_kernel_args is None:
-      launch = functools.partial(self.function.prepared_call, grid, block, *map(int, buffers), *map(int, vals),
-                                 shared_size=self.shared_bytes)
-      if not wait: return launch()
-      self.start.record()
-      launch()
-      self.end.record()
-      self.end.synchronize()
-      return self.start.time_till(self.end) * 1e-3
-    args = pack_kernel_args(self.function.arg_format, *map(int, buffers), *map(int, vals))
+    args = self.pack_args(self.function.arg_format, *map(int, buffers), *map(int, vals))
     if not wait:
       self.function._launch_kernel(grid, block, args, self.shared_bytes, None)
       return None

@@ -61,17 +61,22 @@ class NNMixin:
     return x.permute(tuple(range(len(lead))) + tuple(len(lead) + 2 * j + 1 for j in range(count)) +
                      tuple(len(lead) + 2 * j for j in range(count)))
 
+  def _conv_dims(self, weight: Tensor, bias: Optional[Tensor]) -> int:
+    """The number of spatial dims of a convolution with this weight, after the checks conv2d and conv_transpose2d
+    share: a weight of at least 3 dims, and one dtype for input, weight and bias (torch does not promote here)."""
+    if weight.ndim < 3: raise RuntimeError(f"conv weight must have at least 3 dims, got shape {weight.shape}")
+    if weight.dtype != self.dtype or (bias is not None and bias.dtype != self.dtype):
+      raise RuntimeError(f"conv input, weight and bias must have one dtype, got {self.dtype}, {weight.dtype}"
+                         f"{'' if bias is None else f' and {bias.dtype}'}")
+    return weight.ndim - 2
+
   def conv2d(self, weight: Tensor, bias: Optional[Tensor] = None, groups: int = 1, stride=1, dilation=1,
              padding: Any = 0, acc_dtype: Any = None) -> Tensor:
     """Cross-correlation, as torch's conv2d, over the last weight.ndim − 2 dims (so it is conv1d/conv3d too).
     self (N, C_in, *spatial) or unbatched (C_in, *spatial); weight (C_out, C_in / groups, *kernel); bias (C_out,).
     padding: an int, one per dim, torch's flat (left, right, top, bottom) order, 'same' or 'valid'.
     Built as pad → window view (`_pool`) → broadcast multiply with the weight → sum over (C_in / groups, *kernel)."""
-    if weight.ndim < 3: raise RuntimeError(f"conv weight must have at least 3 dims, got shape {weight.shape}")
-    if weight.dtype != self.dtype or (bias is not None and bias.dtype != self.dtype):   # torch does not promote here
-      raise RuntimeError(f"conv input, weight and bias must have one dtype, got {self.dtype}, {weight.dtype}"
-                         f"{'' if bias is None else f' and {bias.dtype}'}")
-    count = weight.ndim - 2
+    count = self._conv_dims(weight, bias)
     if self.ndim == count + 1:
       return self.unsqueeze(0).conv2d(weight, bias, groups, stride, dilation, padding, acc_dtype).squeeze(0)
     if self.ndim != count + 2:
@@ -114,11 +119,7 @@ class NNMixin:
     """The gradient of conv2d with respect to its input, as torch's conv_transpose2d: weight (C_in, C_out / groups,
     *kernel). The input is spread out by the stride (zeros between), padded by dilation·(kernel − 1) − padding
     (plus output_padding after), and convolved with the flipped, group-transposed weight."""
-    if weight.ndim < 3: raise RuntimeError(f"conv weight must have at least 3 dims, got shape {weight.shape}")
-    if weight.dtype != self.dtype or (bias is not None and bias.dtype != self.dtype):   # torch does not promote here
-      raise RuntimeError(f"conv input, weight and bias must have one dtype, got {self.dtype}, {weight.dtype}"
-                         f"{'' if bias is None else f' and {bias.dtype}'}")
-    count = weight.ndim - 2
+    count = self._conv_dims(weight, bias)
     if self.ndim == count + 1:
       return self.unsqueeze(0).conv_transpose2d(weight, bias, groups, stride, dilation, padding,
                                                 output_padding).squeeze(0)
@@ -416,7 +417,8 @@ class NNMixin:
     target_weight = (Y != ignore_index).where(target_weight, 0)
     loss = -picked * target_weight
     if reduction != "mean": return _reduce_loss(loss, reduction)
-    total, nothing_kept = target_weight.sum(), target_weight.sum() == 0
+    total = target_weight.sum()
+    nothing_kept = total == 0
     # every target ignored: NaN as torch (0/0), with zero gradients (the division never sees the zero)
     return nothing_kept.where(float("nan"), loss.sum() / nothing_kept.where(1, total))
   def cross_entropy(self, Y: Tensor, reduction: str = "mean", label_smoothing: float = 0.0,

@@ -455,6 +455,36 @@ def test_copies_of_views(to_device):
   for view, want in [(source.permute((1, 0)), x.T), (source.shrink(((1, 4), (2, 8))), x[1:4, 2:8])]:
     np.testing.assert_array_equal(numpy_of(view.copy_to_device(to_device).alu(Ops.NEG)), -want)
 
+@pytest.mark.parametrize("device", ["CUDA", "LLVM"])
+def test_stream_ordered_copies(device):
+  """copyin_async lands after the queued kernels and before later ones; copyout_async reads what the queued work
+  left; more reads in flight than the pinned ring has slots keep their values; copies past a slot fall back."""
+  rng = np.random.default_rng(5)
+  from tgrad.runtime.cuda import ASYNC_SLOTS, ASYNC_SLOT_BYTES
+  buffer = Buffer(device, 256, dtypes.int32).copyin(np.zeros(256, np.int32))
+  reads = []
+  for _ in range(3 * ASYNC_SLOTS):
+    value = rng.integers(-1000, 1000, 256, dtype=np.int32)
+    buffer.copyin_async(value)
+    value[:] = 0   # the source may be reused at once: the allocator staged it
+    reads.append(buffer.copyout_async())
+  for read in reads: assert read.wait().shape == (256,) and read.wait().dtype == np.int32
+  rng = np.random.default_rng(5)
+  for step, read in enumerate(reads):
+    np.testing.assert_array_equal(read.wait(), rng.integers(-1000, 1000, 256, dtype=np.int32), err_msg=f"{step}")
+  big = np.arange(ASYNC_SLOT_BYTES // 4 + 7, dtype=np.int32)
+  large = Buffer(device, big.size, dtypes.int32).copyin_async(big)
+  np.testing.assert_array_equal(large.copyout_async().wait(), big)
+  # ordered with kernels: a kernel's result is read back without a synchronize, and a later copyin does not race it
+  x = RNG.standard_normal(4096).astype(np.float32)
+  lazy = on(device, x, dtypes.float32)
+  out = lazy.alu(Ops.MUL, lazy.const(2.0))
+  realize(out)
+  pending = out.base.buffer.copyout_async()
+  out.base.buffer.copyin_async(np.zeros(4096, np.float32))
+  np.testing.assert_array_equal(pending.wait(), x * 2)
+  np.testing.assert_array_equal(out.base.buffer.copyout_async().wait(), np.zeros(4096, np.float32))
+
 def test_allocator_reuses_freed_blocks_by_exact_size():
   allocator = Device["CUDA"].allocator
   first = allocator.alloc(4096)

@@ -36,3 +36,43 @@ def test_generate_with_and_without_jit(model: Gemma3):
   parts = graph.memory_breakdown()[model.device]
   cache_bytes = sum(t.nbytes() for t in model.cache.tensors())
   assert parts["state"] >= cache_bytes and parts["activation"] <= parts["activations unplanned"]
+
+def test_decode_greedy_is_the_argmax_of_the_jitted_logits(model: Gemma3):
+  """decode_greedy (argmax on the device inside the captured step) picks the token np.argmax picks from the logits
+  of the same step run without the JIT, for a batch of two sequences; bad calls raise before anything runs."""
+  prompts = np.array([PROMPT, PROMPT[::-1]], np.int32)
+  model.reset_cache(2, 64)
+  first = model(Tensor(prompts), 0, last_only=True).numpy()[:, -1].argmax(-1)
+  model.reset_cache(2, 64)
+  model(Tensor(prompts), 0, last_only=True)
+  with pytest.raises(ValueError, match="one int token per sequence"): model.decode_greedy([1])
+  with pytest.raises(ValueError, match="outside the vocabulary"): model.decode_greedy([1, model.config.vocab_size])
+  greedy_tokens, tokens = [], first.tolist()
+  for _ in range(STEPS):
+    tokens = model.decode_greedy(tokens)
+    greedy_tokens.append(tokens)
+  model.reset_cache(2, 64)
+  model(Tensor(prompts), 0, last_only=True)
+  tokens = first.tolist()
+  for k in range(STEPS):
+    logits = model(Tensor(np.array(tokens, np.int32).reshape(2, 1)), len(PROMPT) + k, last_only=True).numpy()
+    tokens = logits[:, -1].argmax(-1).tolist()
+    assert tokens == greedy_tokens[k], f"step {k}"
+  model.reset_cache(1, 64)
+  with pytest.raises(ValueError, match="run its prompt"): model.decode_greedy([1])
+
+def test_pipelined_greedy_generate_stops_at_eos_like_the_plain_loop(model: Gemma3):
+  """generate's jitted greedy loop queues a step ahead of the one it reads; with an EOS id met mid-way it returns
+  the same ids as the plain loop and drops the extra step's token; a count past the cache raises first."""
+  plain = generate(model, PROMPT, STEPS, jit=False)
+  eos = plain.ids[STEPS // 2]
+  first_eos = plain.ids.index(eos)
+  without = generate(model, PROMPT, STEPS, jit=False, eos_ids=[eos])
+  with_jit = generate(model, PROMPT, STEPS, jit=True, eos_ids=[eos])
+  assert with_jit.ids == without.ids == plain.ids[:first_eos + 1] and with_jit.stopped_at_eos
+  assert len(with_jit.step_seconds) == len(with_jit.ids) - 1
+  model.reset_cache(1, 16)
+  model(Tensor(np.array([PROMPT], np.int32)), 0, last_only=True)
+  with pytest.raises(ValueError, match="do not fit a cache of 16"): model.greedy_tokens([1], 10)
+  with pytest.raises(ValueError, match="count must be"): model.greedy_tokens([1], -1)
+  assert list(model.greedy_tokens([1], 0)) == []

@@ -52,14 +52,36 @@ def canonical_device(name: Optional[str]) -> str:
   if type(name) is str and len(_canonical_names) < MAX_DEVICE_NAMES: _canonical_names[name] = base
   return base
 
+class PendingRead:
+  """A device→host copy that may still be in flight: `wait()` blocks until it is done and returns the bytes (a uint8
+  array the caller owns). A device whose copies are synchronous makes one that is already done."""
+  def __init__(self, data: Optional[np.ndarray] = None, finish: Optional[Callable[[], np.ndarray]] = None):
+    self._data, self._finish = data, finish
+  @property
+  def done(self) -> bool: return self._data is not None
+  def wait(self) -> np.ndarray:
+    if self._data is None:
+      assert self._finish is not None
+      self._data, self._finish = self._finish(), None
+    return self._data
+
 class Allocator:
   """alloc(nbytes) → opaque handle; free(handle); copyin(handle, host bytes view); copyout(host view, handle);
   view(handle, offset, nbytes) → a handle for `nbytes` bytes at byte `offset` of an allocation (not freed by itself:
-  it lives as long as the allocation); available() → bytes the device can still allocate."""
+  it lives as long as the allocation); available() → bytes the device can still allocate.
+  Stream-ordered copies, for a host loop that keeps the device busy: `copyin_async` writes after the device work
+  queued so far and before any queued later, and returns at once (the source may be reused: it is staged);
+  `copyout_async` reads the value the queued work leaves and returns a PendingRead. On a device whose work runs
+  synchronously they are copyin and copyout."""
   def alloc(self, nbytes: int) -> Any: raise NotImplementedError
   def free(self, handle: Any, nbytes: int) -> None: pass
   def copyin(self, handle: Any, src: memoryview) -> None: raise NotImplementedError
   def copyout(self, dst: memoryview, handle: Any) -> None: raise NotImplementedError
+  def copyin_async(self, handle: Any, src: memoryview) -> None: self.copyin(handle, src)
+  def copyout_async(self, handle: Any, nbytes: int) -> PendingRead:
+    out = np.empty(nbytes, dtype=np.uint8)
+    self.copyout(memoryview(out), handle)
+    return PendingRead(out)
   def view(self, handle: Any, offset: int, nbytes: int) -> Any: raise NotImplementedError
   def available(self) -> int: raise NotImplementedError
 
@@ -136,6 +158,18 @@ class Buffer:
     out = np.empty(self.size, dtype=self.dtype.np)
     if self.size: Device[self.device].allocator.copyout(memoryview(out.view(np.uint8)), self.handle)
     return out
+  def copyin_async(self, data: np.ndarray) -> Buffer:
+    """copyin ordered with the device's queued work, returning before it lands (Allocator.copyin_async)."""
+    data = np.ascontiguousarray(data)
+    if data.nbytes != self.nbytes: raise ValueError(f"copyin of {data.nbytes} bytes into a {self.nbytes}-byte buffer")
+    Device[self.device].allocator.copyin_async(self.handle, memoryview(data.reshape(-1).view(np.uint8)))
+    return self
+  def copyout_async(self) -> PendingRead:
+    """The value the device's queued work leaves here, read without waiting: `.wait()` gives the array (of the
+    buffer's dtype)."""
+    raw = Device[self.device].allocator.copyout_async(self.handle, self.nbytes)
+    dtype = self.dtype.np
+    return PendingRead(finish=lambda: raw.wait().view(dtype))
   def __repr__(self):
     where = f" view at {self.offset} of {self.base!r}" if self.base is not None else ""
     return f"<Buffer {self.device} {self.size} {self.dtype}{where}>"

@@ -8,9 +8,9 @@ positions and cache slot numbers (one int32 array per call), and picks each next
 temperature / top-k / top-p sampling in numpy on the final logits row).
 """
 from __future__ import annotations
-import json, math, os, sys, time
+import collections, json, math, os, sys, time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Iterator, Optional, Sequence
 import numpy as np
 from tgrad.tensor import Tensor
 from tgrad.dtype import DType, dtypes, to_dtype
@@ -208,6 +208,10 @@ class Gemma3Embedding:
     self.scale = sqrt_hidden.cast(weight.dtype).realize()
   def __call__(self, token_ids: Tensor) -> Tensor: return self.weight[token_ids] * self.scale
 
+def _device_input(shape: tuple[int, ...], device: str) -> Tensor:
+  """A realized int32 tensor whose buffer the host rewrites in place (an input of the jitted decode step)."""
+  return Tensor.zeros(*shape, dtype=dtypes.int32, device=device).contiguous().realize()
+
 def _materialize(x: Tensor) -> Tensor:
   """x computed into its own buffer by the step's schedule (not recomputed inside every kernel that reads it).
   Workaround: Tensor.contiguous() is a no-op on an unrealized elementwise base (LazyBuffer.contiguous returns it),
@@ -383,6 +387,10 @@ class Gemma3:
     self.cache: Optional[Gemma3KVCache] = None
     self._decode_jit: Optional[TinyJit] = None         # the captured decode step, for the cache it was captured on
     self._decode_jit_cache: Optional[Gemma3KVCache] = None
+    # the jitted step's own inputs, rewritten in place (the same buffers every replay: nothing in the captured
+    # program is patched): the token ids (state: the step writes its argmax there) and the step data
+    self._decode_tokens: Optional[Tensor] = None
+    self._decode_data: Optional[Tensor] = None
     self.inv_freq = {t: self._inverse_frequencies(t) for t in LAYER_TYPES}
 
   def _inverse_frequencies(self, layer_type: str) -> Tensor:
@@ -516,19 +524,86 @@ class Gemma3:
       raise ValueError(f"positions {start_pos}..{start_pos + T - 1} do not fit a cache of {cache.max_context}")
     positions = np.arange(start_pos, start_pos + T, dtype=np.int32)
     mode, step_data = self._step_data(positions, cache)
-    token_ids, data = token_ids.to(self.device).int(), Tensor(step_data, device=self.device)
-    if jit and mode == DECODE and last_only and not return_hidden:
-      if self._decode_jit is None or self._decode_jit_cache is not cache:   # a new cache has new buffers
-        self._decode_jit, self._decode_jit_cache = TinyJit(self._decode_step), cache
-      out = self._decode_jit(token_ids, data)
-    else: out = self._run_step(token_ids, data, mode, last_only, return_hidden)
+    token_ids = token_ids.to(self.device).int()
+    if jit and mode == DECODE and last_only and not return_hidden: out = self._replay_decode(token_ids, step_data)
+    else: out = self._run_step(token_ids, Tensor(step_data, device=self.device), mode, last_only, return_hidden)
     cache.advance(positions)
     return out
   __call__ = forward
 
-  def _decode_step(self, token_ids: Tensor, step_data: Tensor) -> Tensor:
-    """The jitted decode step: logits [B, 1, V] for one token per sequence, the cache written in place."""
-    return self._run_step(token_ids, step_data, DECODE, last_only=True, return_hidden=False)
+  def decode_greedy(self, tokens: Sequence[int]) -> list[int]:
+    """One jitted greedy decode step at the cache's next position: the next token of each sequence (the argmax of
+    its logits: the first on ties, NaN counting as the largest, as numpy's argmax). See greedy_tokens."""
+    return next(self.greedy_tokens(tokens, 1))
+
+  def greedy_tokens(self, tokens: Sequence[int], count: int) -> Iterator[list[int]]:
+    """The next `count` greedy tokens of each sequence (one list per step), continuing from `tokens` (one per
+    sequence) at the cache's next position, each step a replay of the captured decode step.
+    The argmax runs on the device inside the step and is written into the next step's token input there, so the
+    host never waits for a step before queueing the next: it keeps one step queued ahead of the one whose tokens it
+    reads (4 bytes per sequence, copied out in stream order), and its own work (the step data, the replay call)
+    overlaps the GPU's. A consumer that stops early (at an EOS id) leaves that one queued step run: its token is
+    dropped, and the cache holds keys and values up to the last yielded token's input, one position past what the
+    unpipelined loop writes. Arguments are checked here, before anything runs."""
+    cache = self.cache
+    if cache is None or cache.next_position == 0:
+      raise ValueError("greedy decoding continues a sequence: run its prompt through the model first")
+    ids = np.asarray(tokens)
+    if ids.ndim != 1 or ids.shape[0] != cache.batch or (ids.size and ids.dtype.kind not in "iu"):
+      raise ValueError(f"greedy decoding takes one int token per sequence ({cache.batch}), got {ids.shape} {ids.dtype}")
+    if ((ids < 0) | (ids >= self.config.vocab_size)).any():
+      raise ValueError(f"token ids outside the vocabulary [0, {self.config.vocab_size}): {ids.tolist()}")
+    if count < 0: raise ValueError(f"count must be >= 0, got {count}")
+    if cache.next_position + count > cache.max_context:
+      raise ValueError(f"{count} steps from position {cache.next_position} do not fit a cache of {cache.max_context}")
+    tokens_in = self._decode_inputs(ids.shape[0])[0]
+    tokens_in.lazydata.base.buffer.copyin(ids.astype(np.int32).reshape(-1, 1))
+    return self._pipelined_steps(count)
+
+  def _pipelined_steps(self, count: int) -> Iterator[list[int]]:
+    cache, queued = self.cache, collections.deque()
+    assert cache is not None
+    def queue_step() -> None:
+      positions = np.array([cache.next_position], dtype=np.int32)
+      self._replay_decode(None, self._step_data(positions, cache)[1], synchronous=False)
+      cache.advance(positions)
+      queued.append(self._decode_tokens.lazydata.base.buffer.copyout_async())   # type: ignore[union-attr]
+    for step in range(count):
+      if step == 0: queue_step()
+      if step + 1 < count: queue_step()   # the step after this one, queued before this one's tokens are read
+      yield queued.popleft().wait().reshape(-1).tolist()
+
+  def _decode_inputs(self, batch: int) -> tuple[Tensor, Optional[Tensor]]:
+    """The jitted step's token input [B, 1] (which the step overwrites with its argmax) and step data, made for a
+    new cache (a new cache has new buffers: a new capture)."""
+    cache = self.cache
+    if self._decode_jit is None or self._decode_jit_cache is not cache:
+      self._decode_jit, self._decode_jit_cache = TinyJit(self._decode_step), cache
+      self._decode_tokens, self._decode_data = _device_input((batch, 1), self.device), None
+    assert self._decode_tokens is not None
+    return self._decode_tokens, self._decode_data
+
+  def _replay_decode(self, token_ids: Optional[Tensor], step_data: np.ndarray, synchronous: bool = True) -> Tensor:
+    """The decode step through its TinyJit, the step data written into the step's own input buffer (stream-ordered
+    when not synchronous); `token_ids` (if given) are copied into the token input first. Returns the logits
+    [B, 1, V], the JIT's buffer."""
+    assert self.cache is not None
+    tokens_in, data = self._decode_inputs(self.cache.batch)
+    if token_ids is not None: tokens_in.assign(token_ids.cast(dtypes.int32)).realize()
+    if data is None: data = self._decode_data = _device_input(step_data.shape, self.device)
+    buffer = data.lazydata.base.buffer
+    if synchronous: buffer.copyin(step_data)
+    else: buffer.copyin_async(step_data)
+    return self._decode_jit(data)   # type: ignore[misc]
+
+  def _decode_step(self, step_data: Tensor) -> Tensor:
+    """The jitted decode step: logits [B, 1, V] for the tokens in the token input, the cache written in place, and
+    the argmax of the logits written into the token input (the next step's tokens)."""
+    tokens = self._decode_tokens
+    assert tokens is not None
+    logits = self._run_step(tokens, step_data, DECODE, last_only=True, return_hidden=False)
+    tokens.assign(logits[:, -1].argmax(-1, keepdim=True)).realize()
+    return logits
 
   def _run_step(self, token_ids: Tensor, step_data: Tensor, mode: str, last_only: bool, return_hidden: bool) -> Any:
     """The device side of a forward call: every layer over the cache, the cache writes, the logits; realized."""
@@ -653,6 +728,14 @@ def generate(model: Gemma3, prompt_ids: Sequence[int], max_new_tokens: int, temp
   result = GenerationResult([token], len(prompt), time.perf_counter() - start, 0.0)
   if on_token: on_token(token)
   position = len(prompt)
+  if jit and temperature <= 0 and token not in eos:   # the argmax on the device, the host one step ahead
+    step_start = time.perf_counter()
+    for (token,) in model.greedy_tokens([token], max_new_tokens - 1):
+      result.step_seconds.append(time.perf_counter() - step_start)
+      result.ids.append(token)
+      if on_token: on_token(token)
+      if token in eos: break
+      step_start = time.perf_counter()
   while token not in eos and len(result.ids) < max_new_tokens:
     step_start = time.perf_counter()
     logits = model(Tensor(np.array([[token]], dtype=np.int32), device=model.device), position, last_only=True,

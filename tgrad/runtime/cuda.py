@@ -1,7 +1,8 @@
 """The CUDA device through pycuda: the primary context of GPU 0, a caching allocator, host↔device copies, launches.
 
 Allocator: device memory handles (pycuda DeviceAllocation); freed blocks are kept and reused by exact size; large
-copies stream through two pinned host buffers so the host-side copy of one chunk overlaps the DMA of the other.
+copies stream through two pinned host buffers so the host-side copy of one chunk overlaps the DMA of the other;
+small stream-ordered copies (copyin_async / copyout_async) go through a ring of pinned slots without synchronizing.
 Compiler: NVRTC (nvrtc.py) for the GPU's own sm_XX. Program: a cubin loaded as a module, its kernel `prepare`d with
 pointer arguments and launched with `prepared_call`; `wait=True` times the launch with CUDA events (seconds). A
 kernel whose shared arrays exceed the static 48 KiB says how much dynamic shared memory it needs in a module global;
@@ -15,7 +16,7 @@ import atexit, collections, functools
 from typing import Callable, Optional
 import numpy as np
 import pycuda.driver as cuda
-from tgrad.device import Allocator, Compiled, OutOfMemoryError
+from tgrad.device import Allocator, Compiled, OutOfMemoryError, PendingRead
 from tgrad.codegen.cuda import CUDARenderer, DYNAMIC_SHARED_SUFFIX
 from tgrad.runtime.nvrtc import NVRTCCompiler, arch_of
 
@@ -24,6 +25,9 @@ DEVICE_ORDINAL = 0
 PINNED_COPY_THRESHOLD = 1 << 20
 # Size of each of the two pinned staging chunks: big enough to reach full PCIe/NVLink bandwidth per DMA.
 PINNED_CHUNK_BYTES = 8 << 20
+# Stream-ordered copies (copyin_async / copyout_async) stage through a ring of pinned slots of this size; a bigger
+# copy is done synchronously. Enough slots that a host loop a few steps ahead of the GPU never waits for one.
+ASYNC_SLOT_BYTES, ASYNC_SLOTS = 64 << 10, 8
 
 class CUDAContext:
   """The primary context of one GPU, made current on the thread that creates it (the main thread)."""
@@ -52,6 +56,9 @@ class CUDAAllocator(Allocator):
     self.stream = cuda.Stream()
     self.staging: Optional[list[np.ndarray]] = None   # two pinned chunks, made at the first large copy
     self.staged = [cuda.Event(), cuda.Event()]
+    self.async_slots: Optional[list[tuple[np.ndarray, cuda.Event]]] = None   # made at the first async copy
+    self.next_async_slot = 0
+    self.slot_readers: dict[int, PendingRead] = {}   # slot → the read whose bytes are still in it
 
   def alloc(self, nbytes: int):
     if self.cache[nbytes]:
@@ -76,6 +83,39 @@ class CUDAAllocator(Allocator):
       for block in blocks: block.free()
     self.cache.clear()
     self.cached_bytes = 0
+
+  # ---- stream-ordered copies: on the legacy default stream, where kernels and CUDA graphs run, so a copy lands
+  # between the work queued before it and the work queued after it
+  def _async_slot(self) -> tuple[np.ndarray, "cuda.Event"]:
+    """The next pinned slot of the ring, free: the copy that last used it has completed, and a read still waiting
+    for its owner has been taken out of it."""
+    if self.async_slots is None:
+      self.async_slots = [(cuda.pagelocked_empty(ASYNC_SLOT_BYTES, np.uint8), cuda.Event()) for _ in range(ASYNC_SLOTS)]
+    slot = self.async_slots[self.next_async_slot]
+    self.next_async_slot = (self.next_async_slot + 1) % ASYNC_SLOTS
+    if (reader := self.slot_readers.pop(id(slot[0]), None)) is not None: reader.wait()
+    slot[1].synchronize()
+    return slot
+
+  def copyin_async(self, handle, src: memoryview) -> None:
+    host = np.frombuffer(src, dtype=np.uint8)
+    if host.nbytes > ASYNC_SLOT_BYTES: return self.copyin(handle, src)   # pageable: ordered on the default stream
+    staging, copied = self._async_slot()
+    staging[:host.nbytes] = host
+    cuda.memcpy_htod_async(handle, staging[:host.nbytes], None)
+    copied.record(None)
+
+  def copyout_async(self, handle, nbytes: int) -> PendingRead:
+    if nbytes > ASYNC_SLOT_BYTES: return super().copyout_async(handle, nbytes)
+    staging, copied = self._async_slot()
+    cuda.memcpy_dtoh_async(staging[:nbytes], handle, None)
+    copied.record(None)
+    def finish() -> np.ndarray:
+      copied.synchronize()
+      self.slot_readers.pop(id(staging), None)
+      return staging[:nbytes].copy()
+    read = self.slot_readers[id(staging)] = PendingRead(finish=finish)
+    return read
 
   def _chunks(self) -> list[np.ndarray]:
     if self.staging is None: self.staging = [cuda.pagelocked_empty(PINNED_CHUNK_BYTES, np.uint8) for _ in range(2)]

@@ -118,30 +118,34 @@ def tgrad_jit_decode_profile(ref: str, prompt: list[int], dtype) -> dict:
   kernels (replays queued back to back, timed with events), the kernel count and the host cost per kernel; the sum
   of the kernels each launched and synchronized alone is reported beside it."""
   model = Gemma3.from_pretrained(ref, dtype, DEVICE, progress=False)
-  model.reset_cache(1, len(prompt) + 2 * JIT_PROFILE_STEPS + 8)
+  model.reset_cache(1, len(prompt) + 3 * JIT_PROFILE_STEPS + 8)
   model(Tensor(np.array([prompt], np.int32), device=DEVICE), 0, last_only=True).numpy()
   token = prompt[-1]
-  def greedy_step() -> None:   # what generate() does per greedy token: the argmax on the device, 4 bytes read back
+  def greedy_step() -> None:   # one step, waited for: the argmax on the device, 4 bytes read back
     nonlocal token
     token = model.decode_greedy([token])[0]
   def logits_step() -> None:   # forward(jit=True) and reading the logits row (1 MB in float32) to the host
     model(Tensor(np.array([[prompt[-1]]], np.int32), device=DEVICE), model.cache.next_position, last_only=True,
           jit=True).numpy()
-  def timed(step) -> float:
+  def timed(run_steps) -> float:
     synchronize()
     start = time.perf_counter()
-    for _ in range(JIT_PROFILE_STEPS): step()
+    run_steps()
     synchronize()
     return (time.perf_counter() - start) / JIT_PROFILE_STEPS
   for _ in range(3): greedy_step()   # runs normally, captures, replays
-  wall = timed(greedy_step)
-  wall_logits = timed(logits_step)
+  # what generate() does: greedy_tokens keeps one step queued ahead of the one whose token it reads
+  wall = timed(lambda: list(model.greedy_tokens([token], JIT_PROFILE_STEPS)))
+  wall_waited = timed(lambda: [greedy_step() for _ in range(JIT_PROFILE_STEPS)])
+  wall_logits = timed(lambda: [logits_step() for _ in range(JIT_PROFILE_STEPS)])
   graph = model._decode_jit.captured
   kernels = [ins for ins in graph.instructions if isinstance(ins.runner, CompiledKernel)]
   gpu = replayed_gpu_seconds(graph)
   alone = sum(ins.runner([graph.slots[s].buffer for s in ins.args], True, ins.var_vals) or 0.0 for ins in kernels)
   return {"kernels": len(kernels), "instructions": len(graph.instructions), "step_wall_s": wall, "gpu_kernel_s": gpu,
           "wall_over_gpu": wall / gpu if gpu else 0.0,
+          "step_wall_each_step_waited_s": wall_waited,
+          "wall_each_step_waited_over_gpu": wall_waited / gpu if gpu else 0.0,
           "step_wall_reading_logits_s": wall_logits, "wall_reading_logits_over_gpu": wall_logits / gpu if gpu else 0.0,
           "host_us_per_kernel": (wall - gpu) / max(len(kernels), 1) * 1e6,
           "kernels_timed_alone_s (each launch synchronized)": alone}

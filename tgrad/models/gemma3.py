@@ -251,10 +251,29 @@ def _write_cache(cache: Tensor, new: Tensor, step: _StepInputs) -> None:
   value = new if step.scatter is None else step.scatter @ new
   cache.assign(step.written.where(value, cache))
 
+def _stacked_rows(*weights: Tensor) -> tuple[Tensor, list[Tensor]]:
+  """The [out, in] weights stacked along their output rows into one realized buffer, so one matrix-vector kernel
+  reads them all (decode is bound by reading weights, and each kernel costs a launch), and each weight again as a
+  view of it (the checkpoint's names keep working and the memory is held once)."""
+  stacked = weights[0].cat(*weights[1:], dim=0).realize()
+  views, start = [], 0
+  for w in weights:
+    views.append(stacked[start:start + w.shape[0]])
+    start += w.shape[0]
+  return stacked, views
+
+def _fuse_into_consumer(x: Tensor) -> Tensor:
+  """A one-token step (decode) leaves an elementwise producer (a norm's scaling, GELU times up) unrealized, so it
+  is computed inside the matrix-vector kernel that reads it: one kernel and one launch fewer, and the vector is tiny.
+  A longer step realizes it once, because a matmul reads each input element many times."""
+  return x if x.shape[-2] == 1 else _materialize(x)
+
 class Gemma3Attention:
   def __init__(self, config: Gemma3Config, weights: dict[str, Tensor], prefix: str):
-    self.q_proj, self.k_proj = Linear(weights[prefix + "q_proj.weight"]), Linear(weights[prefix + "k_proj.weight"])
-    self.v_proj, self.o_proj = Linear(weights[prefix + "v_proj.weight"]), Linear(weights[prefix + "o_proj.weight"])
+    names = [prefix + name + "_proj.weight" for name in ("q", "k", "v")]
+    self.qkv_weight, (q_weight, k_weight, v_weight) = _stacked_rows(*(weights[name] for name in names))
+    self.q_proj, self.k_proj, self.v_proj = Linear(q_weight), Linear(k_weight), Linear(v_weight)
+    self.o_proj = Linear(weights[prefix + "o_proj.weight"])
     self.q_norm = Gemma3RMSNorm(weights[prefix + "q_norm.weight"], config.rms_norm_eps)
     self.k_norm = Gemma3RMSNorm(weights[prefix + "k_norm.weight"], config.rms_norm_eps)
     self.heads, self.kv_heads, self.head_dim = config.num_attention_heads, config.num_key_value_heads, config.head_dim
@@ -266,10 +285,15 @@ class Gemma3Attention:
     B, T, _ = x.shape
     D, group = self.head_dim, self.heads // self.kv_heads
     cos, sin = step.cos.reshape(1, T, 1, D), step.sin_signed.reshape(1, T, 1, D)
-    # realized once in [B, T, heads, D]: every score reads each q and k element many times
-    q = _materialize(_rotate(_materialize(self.q_norm(self.q_proj(x).reshape(B, T, self.heads, D))), cos, sin))
-    k = _materialize(_rotate(_materialize(self.k_norm(self.k_proj(x).reshape(B, T, self.kv_heads, D))), cos, sin))
-    v = _materialize(self.v_proj(x).reshape(B, T, self.kv_heads, D))
+    qkv = _materialize(x @ self.qkv_weight.T)   # q, k and v projections in one kernel: [B, T, (heads + 2 kv) D]
+    q_width, kv_width = self.heads * D, self.kv_heads * D
+    q = qkv[..., :q_width].reshape(B, T, self.heads, D)
+    k = qkv[..., q_width:q_width + kv_width].reshape(B, T, self.kv_heads, D)
+    v = qkv[..., q_width + kv_width:].reshape(B, T, self.kv_heads, D)
+    # normed and rotated in one kernel each, realized once in [B, T, heads, D]: every score reads each q and k
+    # element many times (RoPE reads two normed elements per output: recomputing the norm's scaling is cheaper than a
+    # kernel)
+    q, k = _materialize(_rotate(self.q_norm(q), cos, sin)), _materialize(_rotate(self.k_norm(k), cos, sin))
     k, v = k.permute(0, 2, 1, 3), v.permute(0, 2, 1, 3)          # [B, kv_heads, T, D]
     pending = None
     if step.mode == DECODE:
@@ -291,12 +315,15 @@ class Gemma3Attention:
     return self.o_proj(out), pending
 
 class Gemma3MLP:
+  """down(gelu(gate(x)) * up(x)), the gate and up projections as one matrix-vector kernel over their stacked rows."""
   def __init__(self, weights: dict[str, Tensor], prefix: str):
-    self.gate_proj = Linear(weights[prefix + "gate_proj.weight"])
-    self.up_proj = Linear(weights[prefix + "up_proj.weight"])
+    self.gate_up_weight, (gate_weight, up_weight) = _stacked_rows(weights[prefix + "gate_proj.weight"],
+                                                                  weights[prefix + "up_proj.weight"])
+    self.gate_proj, self.up_proj = Linear(gate_weight), Linear(up_weight)
     self.down_proj = Linear(weights[prefix + "down_proj.weight"])
   def __call__(self, x: Tensor) -> Tensor:
-    return self.down_proj(_materialize(_gelu_tanh(self.gate_proj(x)) * self.up_proj(x)))
+    gate_up, width = _materialize(x @ self.gate_up_weight.T), self.gate_proj.weight.shape[0]
+    return self.down_proj(_fuse_into_consumer(_gelu_tanh(gate_up[..., :width]) * gate_up[..., width:]))
 
 class Gemma3DecoderLayer:
   """h + norm(attn(norm(h))), then h + norm(mlp(norm(h))): the post-norms act on each block's output."""
@@ -310,9 +337,9 @@ class Gemma3DecoderLayer:
     self.mlp = Gemma3MLP(weights, p + "mlp.")
     self.post_feedforward_layernorm = Gemma3RMSNorm(weights[p + "post_feedforward_layernorm.weight"], eps)
   def __call__(self, h: Tensor, step: _StepInputs, cache: list[Tensor]) -> tuple[Tensor, Optional[tuple]]:
-    attended, pending = self.self_attn(_materialize(self.input_layernorm(h)), step, cache)
+    attended, pending = self.self_attn(_fuse_into_consumer(self.input_layernorm(h)), step, cache)
     h = _materialize(h + self.post_attention_layernorm(attended))
-    h = h + self.post_feedforward_layernorm(self.mlp(_materialize(self.pre_feedforward_layernorm(h))))
+    h = h + self.post_feedforward_layernorm(self.mlp(_fuse_into_consumer(self.pre_feedforward_layernorm(h))))
     return _materialize(h), pending
 
 class Gemma3TextModel:

@@ -120,7 +120,9 @@ class Buffer:
   """`size` elements of `dtype` on `device`; memory is allocated on first use (`handle`). With `base`, the Buffer is
   a view of `base`'s memory starting `offset` bytes in (nothing is allocated or freed for it). With `initial`, host
   bytes are copied in when the memory is allocated (a value that exists without any kernel or copy being scheduled).
-  `serial` numbers Buffers in creation order; `newest_buffer_serial()` is the newest serial."""
+  `serial` numbers Buffers in creation order; `newest_buffer_serial()` is the newest serial. A Buffer of a symbolic
+  size is allocated at its maximum; `symbolic_size` (set by the scheduler) is its size in the variables."""
+  symbolic_size: Any = None
   def __init__(self, device: str, size: int, dtype: DType, base: Optional[Buffer] = None, offset: int = 0,
                initial: Optional[np.ndarray] = None):
     self.device, self.size, self.dtype = device, size, dtype

@@ -10,9 +10,10 @@ import functools
 from typing import Any, Optional
 import numpy as np
 from tgrad.dtype import DType, dtypes
-from tgrad.ops import Ops, COMPARISON, REDUCE_OPS, truncate_to
+from tgrad.ops import Ops, UOp, COMPARISON, REDUCE_OPS, truncate_to
 from tgrad.shape.shapetracker import ShapeTracker
-from tgrad.shape.view import VIEW_CACHE_SIZE, as_int_tuple
+from tgrad.shape.view import VIEW_CACHE_SIZE, as_shape_tuple
+from tgrad.shape.sint import is_symbolic, sym_eq
 from tgrad.device import Buffer, DEVICE_TRAITS, canonical_device
 from tgrad.helpers import prod, cpu_count
 
@@ -76,9 +77,11 @@ class LazyBuffer:
     """A constant of any shape, stored as a 0-d CONST base expanded by a view (no memory is ever used). Each call
     makes new LazyBuffers (a realized constant holds a Buffer that an assign may change); only the value's
     rounding and the immutable ShapeTrackers are remembered."""
-    scalar = LazyBuffer(canonical_device(device), _SCALAR_TRACKER, dtype, Ops.CONST, (), _truncated(value, dtype))
+    # a symbolic value (an index UOp over bound variables, e.g. a mean's count) stays a UOp: the kernel computes it
+    arg = value if isinstance(value, UOp) else _truncated(value, dtype)
+    scalar = LazyBuffer(canonical_device(device), _SCALAR_TRACKER, dtype, Ops.CONST, (), arg)
     if not shape: return scalar
-    return LazyBuffer(scalar.device, _const_tracker(as_int_tuple(shape, "constant shape")), dtype, base=scalar)
+    return LazyBuffer(scalar.device, _const_tracker(as_shape_tuple(shape, "constant shape")), dtype, base=scalar)
   @staticmethod
   def from_host(data: np.ndarray, device: str, dtype: Optional[DType] = None) -> LazyBuffer:
     """Host data to be copied to the device when realized. The array is referenced, not copied: don't mutate it.
@@ -158,7 +161,7 @@ class LazyBuffer:
     if st.shape == self.base.shape and st.contiguous: return self.base
     return LazyBuffer(self.device, st, self.dtype, base=self.base)
   def reshape(self, shape: tuple[int, ...]) -> LazyBuffer:
-    if prod(shape) != self.size: raise ValueError(f"cannot reshape {self.shape} to {shape}")
+    if sym_eq(prod(shape), self.size) is not True: raise ValueError(f"cannot reshape {self.shape} to {shape}")
     return self if shape == self.shape else self._view(self.st.reshape(shape))
   def permute(self, order: tuple[int, ...]) -> LazyBuffer:
     return self if order == tuple(range(len(order))) else self._view(self.st.permute(order))
@@ -189,6 +192,7 @@ SPLIT_REDUCE_PARTS = (256, 128, 64, 32, 16, 8)
 
 def _split_reduce(x: LazyBuffer, op: Ops, axes: tuple[int, ...]) -> Optional[LazyBuffer]:
   """x.r(op, axes) as two reduces when it is big and has few outputs (see SPLIT_REDUCE_*), else None."""
+  if is_symbolic(x.shape): return None   # the split needs the sizes; a symbolic reduce stays one kernel
   inputs = prod(x.shape[a] for a in axes)
   max_outputs = SPLIT_REDUCE_MAX_OUTPUTS if DEVICE_TRAITS[x.device].has_local else cpu_count()   # no device start
   if inputs < SPLIT_REDUCE_MIN_INPUTS or prod(x.shape) // inputs >= max_outputs: return None

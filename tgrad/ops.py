@@ -33,6 +33,9 @@ class Ops(Enum):
   # kernel AST and linear program structure
   SINK = auto(); DEFINE_GLOBAL = auto(); DEFINE_LOCAL = auto(); DEFINE_ACC = auto(); DEFINE_VAR = auto()  # noqa: E702
   SPECIAL = auto(); RANGE = auto(); ENDRANGE = auto(); IF = auto(); ENDIF = auto(); BARRIER = auto()  # noqa: E702
+  # a symbolic dimension's value: src=(DEFINE_VAR, CONST value). Shapes above the scheduler hold BINDs; the scheduler
+  # replaces each by its DEFINE_VAR (so kernels key on the variable, not the value) and passes the values at launch
+  BIND = auto()
   VIEW = auto(); LOAD = auto(); STORE = auto(); CONST = auto(); REDUCE_AXIS = auto(); ASSIGN = auto()  # noqa: E702
   # fragments (tensor cores): VECTORIZE src=(x0..xn-1) of one dtype is a fragment of n values (its dtype is the
   # elements'); GEP src=(fragment,), arg=i is its element i; WMMA src=(a, b, c) fragments, arg=TensorCore (see
@@ -148,10 +151,18 @@ def _arg_identity(arg):
   return arg
 
 def _stable_repr(arg) -> str:
+  if isinstance(arg, UOp): return f"uop:{arg.key}"
+  if hasattr(arg, "stable_repr"): return arg.stable_repr()   # ShapeTrackers: a complete text even with UOp sizes
   if isinstance(arg, Enum): return f"{type(arg).__name__}.{arg.name}"
   if isinstance(arg, float): return struct.pack("<d", arg).hex()
   if isinstance(arg, tuple): return "(" + ",".join(_stable_repr(a) for a in arg) + ")"
   return repr(arg)
+
+class _SymbolicState:
+  """Whether any variable was ever bound: until then no shape holds one, and the scheduler skips looking for them."""
+  bound = False
+
+def symbolic_in_use() -> bool: return _SymbolicState.bound
 
 class UOp:
   """An immutable, hash-consed node. Use the operators (+, *, //, %, .lt, .ne, .where, ...) to build index math."""
@@ -180,6 +191,9 @@ class UOp:
     position = {u: i for i, u in enumerate(nodes)}
     return (_graph_from_list, ([(u.op, u.dtype, tuple(position[s] for s in u.src), u.arg) for u in nodes],))
   def __repr__(self):
+    if self.op in (Ops.DEFINE_VAR, Ops.BIND) or (self.op in ALU and self.dtype is dtypes.index and all(
+        u.op in ALU or u.op in (Ops.CONST, Ops.DEFINE_VAR, Ops.BIND) for u in self.toposort())):
+      return f"<{self.render()}>"   # a symbolic size, as it reads: <n=3>, <(n*64)>
     return f"UOp({self.op}, {self.dtype}, arg={self.arg!r}, src=({', '.join(s.op.name for s in self.src)}))"
 
   @property
@@ -198,6 +212,20 @@ class UOp:
   @staticmethod
   def variable(name: str, min_value: int, max_value: int, dtype: DType = dtypes.index) -> UOp:
     return UOp(Ops.DEFINE_VAR, dtype, (), (name, min_value, max_value))
+  def bind(self, value: int) -> UOp:
+    """This variable standing for `value`: a BIND usable as a dimension. Out of the variable's bounds is a ValueError."""
+    if self.op is not Ops.DEFINE_VAR: raise TypeError(f"only a Variable can be bound, not {self.render()}")
+    name, lo, hi = self.arg
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+      raise TypeError(f"Variable {name!r} can only be bound to an int, got {value!r}")
+    if not lo <= value <= hi:
+      raise ValueError(f"Variable {name!r} is bounded to [{lo}, {hi}]: it can't be bound to {value}")
+    _SymbolicState.bound = True
+    return UOp(Ops.BIND, self.dtype, (self, UOp.const(self.dtype, int(value))))
+  def unbind(self) -> tuple[UOp, int]:
+    """(the variable, its value) of a BIND."""
+    if self.op is not Ops.BIND: raise TypeError(f"{self.render()} is not a bound variable")
+    return self.src[0], self.src[1].arg
   def _lift(self, x) -> UOp: return x if isinstance(x, UOp) else UOp.const(self.dtype, x)
   def alu(self, op: Ops, *others) -> UOp:
     srcs = (self, *(self._lift(o) for o in others))
@@ -279,6 +307,7 @@ def _render_pieces(u: UOp) -> list:
   """One node of UOp.render: its text around its sources, which are rendered in their place."""
   if u.op is Ops.CONST: return [str(u.arg)]
   if u.op is Ops.DEFINE_VAR: return [u.arg[0]]
+  if u.op is Ops.BIND: return [u.src[0].arg[0], f"={u.src[1].arg}"]
   if u.op in (Ops.RANGE, Ops.SPECIAL): return [str(u.arg[0]) if isinstance(u.arg, tuple) else f"r{u.arg}"]
   if u.op in _RENDER_SYMBOLS: return ["(", u.src[0], _RENDER_SYMBOLS[u.op], u.src[1], ")"]
   if u.op is Ops.WHERE: return ["(", u.src[0], "?", u.src[1], ":", u.src[2], ")"]
@@ -318,8 +347,9 @@ def _dtype_range(dtype: DType) -> tuple:
 def _compute_range(u: UOp) -> tuple:
   if u.op is Ops.CONST: return (u.arg, u.arg)
   if u.op is Ops.DEFINE_VAR: return (u.arg[1], u.arg[2])
+  if u.op is Ops.BIND: return u.src[0]._range()   # the variable's bounds: what is simplified holds for every value
   if u.op is Ops.RANGE: return (u.src[0].vmin, u.src[1].vmax - 1)
-  if u.op is Ops.SPECIAL: return (0, u.arg[1] - 1)
+  if u.op is Ops.SPECIAL: return (0, (u.arg[1].vmax if isinstance(u.arg[1], UOp) else u.arg[1]) - 1)
   if not (u.dtype.is_int or u.dtype.is_bool) or u.op not in ALU | {Ops.CAST}: return _dtype_range(u.dtype)
   full = _dtype_range(u.dtype)
   s = [x._range() for x in u.src]

@@ -115,7 +115,7 @@ def lower_schedule(items: Sequence[ScheduleItem]) -> list[ExecItem]:
       lowered.append(ExecItem(runner, list(item.bufs), output_count=item.output_count))
     else:
       runner = get_runner(item.bufs[0].device, item.ast, settings)
-      lowered.append(ExecItem(runner, list(item.bufs), {}, item.output_count))
+      lowered.append(ExecItem(runner, list(item.bufs), item.var_vals, item.output_count))
   return lowered
 
 # ---- running

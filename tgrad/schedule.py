@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 from typing import Generator, Optional
 import numpy as np
 from tgrad.dtype import dtypes
-from tgrad.ops import UOp, Ops, ELEMENTWISE
+from tgrad.ops import UOp, Ops, ELEMENTWISE, symbolic_in_use
+from tgrad.shape.sint import unbind, vmax_of
 from tgrad.lazy import LazyBuffer
 from tgrad.device import Buffer
 from tgrad.shape.shapetracker import ShapeTracker
@@ -46,6 +47,7 @@ class ScheduleItem:
   bufs: tuple[Buffer, ...]
   output_count: int = 1
   host_data: Optional[np.ndarray] = field(default=None, compare=False)
+  var_vals: dict[str, int] = field(default_factory=dict, compare=False)   # the values of the AST's variables
   @property
   def outputs(self) -> tuple[Buffer, ...]: return self.bufs[:self.output_count]
   @property
@@ -277,12 +279,32 @@ def _with_buffers(step: _Step, buffers: dict[LazyBuffer, Buffer], commit: bool) 
   host_data = step.outputs[0].arg if step.ast.op is Ops.COPY and not step.inputs else None
   for lb in step.outputs:
     if lb.buffer is None:
-      buffers[lb] = buffer_of(lb.srcs[0].base) if lb.op is Ops.ASSIGN else Buffer(lb.device, lb.size, lb.dtype)
+      if lb.op is Ops.ASSIGN: buffers[lb] = buffer_of(lb.srcs[0].base)
+      else:   # a symbolic size is allocated at its maximum (sint.py)
+        buffers[lb] = Buffer(lb.device, vmax_of(lb.size), lb.dtype)
+        if isinstance(lb.size, UOp): buffers[lb].symbolic_size = unbind(lb.size)[0]
   bufs = tuple(buffer_of(lb) for lb in step.outputs + step.inputs)
   if commit:
     for lb, buf in zip(step.outputs, bufs):
       lb.buffer, lb.srcs, lb.arg = buf, (), (lb.arg if lb.op is Ops.REDUCE_AXIS else None)
-  return ScheduleItem(step.ast, bufs, len(step.outputs), host_data)
+  ast, var_vals = unbind_ast(step.ast) if symbolic_in_use() else (step.ast, {})
+  return ScheduleItem(ast, bufs, len(step.outputs), host_data, var_vals)
+
+def unbind_ast(ast: UOp) -> tuple[UOp, dict[str, int]]:
+  """The AST with every bound variable (in its views' ShapeTrackers and in symbolic constants) replaced by the bare
+  variable, and the bound values: kernels are compiled and cached for the variables, the values come at launch."""
+  values: dict[str, int] = {}
+  new: dict[UOp, UOp] = {}
+  for u in ast.toposort():   # children first
+    arg, found = u.arg, {}
+    if u.op is Ops.VIEW and u.arg.symbolic: arg, found = u.arg.unbind()
+    elif u.op is Ops.CONST and isinstance(u.arg, UOp): arg, found = unbind(u.arg)
+    for name, value in found.items():
+      if values.setdefault(name, value) != value:
+        raise ValueError(f"variable {name!r} is bound to both {values[name]} and {value} in one kernel")
+    src = tuple(new[s] for s in u.src)
+    new[u] = u if arg is u.arg and all(a is b for a, b in zip(src, u.src)) else UOp(u.op, u.dtype, src, arg)
+  return new[ast], values
 
 def _snapshot_old_values_read_after_assigns(items: list[_Step]) -> list[_Step]:
   """A kernel that reads the old value of an assigned buffer but also depends on the assign (it reads the new value

@@ -15,7 +15,9 @@ from typing import Any, Optional
 from tgrad.device import Buffer
 from tgrad.dtype import DType
 from tgrad.lazy import LazyBuffer
-from tgrad.ops import Ops, UOp
+from tgrad.ops import Ops, UOp, symbolic_in_use
+from tgrad.shape.shapetracker import ShapeTracker
+from tgrad.shape.sint import unbind
 from tgrad.schedule import ScheduleItem, create_schedule
 
 # Templates are kept for this many graph nodes in all (oldest dropped first): a key holds one entry per node, so
@@ -33,8 +35,9 @@ _VIEW = "view"
 class _Template:
   """A schedule over positions. A Buffer is named by its index in one list: the graph's distinct realized Buffers
   (numbered by the walk; every graph with this key has the same number of them) followed by the new Buffers."""
-  items: tuple[tuple[UOp, tuple[int, ...], int, Optional[int]], ...]   # ast, buffer indices, outputs, host node
-  new_buffers: tuple[tuple[str, int, DType], ...]          # (device, size, dtype) of each new Buffer
+  items: tuple[tuple[UOp, tuple[int, ...], int, Optional[int], tuple[str, ...]], ...]   # ast, buffer indices,
+                                                                          # outputs, host node, variable names
+  new_buffers: tuple[tuple[str, int, DType, Any], ...]     # (device, size, dtype, symbolic size) of each new Buffer
   commits: tuple[tuple[int, int, bool], ...]               # (node position, buffer index, keeps its arg): the
   nodes: int                                               # values the schedule realizes
 
@@ -77,6 +80,8 @@ class _Walk:
                         tuple([position[id(s)] for s in lb.srcs])))
         unrealized.append(p)
     self.nodes, self.unrealized, self.leaf_buffers = nodes, unrealized, leaf_buffers
+    self.var_vals: dict[str, int] = {}
+    if symbolic_in_use(): entries, self.var_vals = _unbound_entries(entries)
     self.key = (tuple(entries), tuple([position[id(lb)] for lb in roots]))
 
   def _one_op(self, root: LazyBuffer) -> None:
@@ -112,6 +117,8 @@ class _Walk:
         entries.append((lb.op, lb.device, lb.dtype, lb.shape, arg if arg is None else _arg_key(arg), ()))
         unrealized.append(p)
     self.nodes, self.unrealized, self.leaf_buffers = nodes, unrealized, leaf_buffers
+    self.var_vals = {}
+    if symbolic_in_use(): entries, self.var_vals = _unbound_entries(entries)
     self.key = (tuple(entries), (0,))
 
 def _is_one_op(root: LazyBuffer) -> bool:
@@ -123,6 +130,23 @@ def _is_one_op(root: LazyBuffer) -> bool:
     base = lb if lb._base is None else lb._base
     if base.buffer is None and base.srcs: return False
   return True
+
+def _unbound_entries(entries: list[tuple]) -> tuple[list[tuple], dict[str, int]]:
+  """The walk's entries with bound variables replaced by the bare variables (in views, shapes and symbolic constants),
+  and their values: a graph with the same structure at another value of the variables has the same key."""
+  values: dict[str, int] = {}
+  def unbound(x: Any) -> Any:
+    if isinstance(x, ShapeTracker):
+      st, found = x.unbind()
+      values.update(found)
+      return st
+    if isinstance(x, UOp):
+      size, found = unbind(x)
+      values.update(found)
+      return size
+    if type(x) is tuple and any(isinstance(s, UOp) for s in x): return tuple(unbound(s) for s in x)
+    return x
+  return [tuple(unbound(x) for x in entry) for entry in entries], values
 
 def _arg_key(arg: Any) -> Any:
   """An arg as a key: host data by its dtype and shape only (the values are the graph's own, not the structure's);
@@ -149,17 +173,18 @@ def schedule(outs: list[LazyBuffer]) -> list[ScheduleItem]:
 
 def _template_of(walk: _Walk, items: list[ScheduleItem], host_copies: set[int]) -> _Template:
   index: dict[int, int] = {id(b): k for k, b in enumerate(walk.leaf_buffers)}
-  new_buffers: list[tuple[str, int, DType]] = []
+  new_buffers: list[tuple[str, int, DType, Any]] = []
   for item in items:
     for b in item.bufs:
       if id(b) not in index:
         index[id(b)] = len(walk.leaf_buffers) + len(new_buffers)
-        new_buffers.append((b.device, b.size, b.dtype))
+        new_buffers.append((b.device, b.size, b.dtype, b.symbolic_size))
   commits = tuple((p, index[id(walk.nodes[p].buffer)], walk.nodes[p].op is Ops.REDUCE_AXIS)
                   for p in walk.unrealized if walk.nodes[p].buffer is not None)
   node_of_buffer = {id(walk.nodes[p].buffer): p for p, _, _ in commits if p in host_copies}
   template_items = tuple((item.ast, tuple(index[id(b)] for b in item.bufs), item.output_count,
-                          node_of_buffer[id(item.bufs[0])] if item.host_data is not None else None) for item in items)
+                          node_of_buffer[id(item.bufs[0])] if item.host_data is not None else None,
+                          tuple(item.var_vals)) for item in items)
   return _Template(template_items, tuple(new_buffers), commits, len(walk.nodes))
 
 def _store(walk: _Walk, template: _Template) -> None:
@@ -171,15 +196,21 @@ def _store(walk: _Walk, template: _Template) -> None:
 
 def _instantiate(walk: _Walk, template: _Template) -> list[ScheduleItem]:
   nodes = walk.nodes
-  bufs = walk.leaf_buffers + [Buffer(device, size, dtype) for device, size, dtype in template.new_buffers]
+  bufs = walk.leaf_buffers + [_new_buffer(*spec) for spec in template.new_buffers]
   items = [ScheduleItem(ast, tuple([bufs[i] for i in indices]), outputs,
-                        nodes[host_node].arg if host_node is not None else None)
-           for ast, indices, outputs, host_node in template.items]
+                        nodes[host_node].arg if host_node is not None else None,
+                        {name: walk.var_vals[name] for name in names} if names else {})
+           for ast, indices, outputs, host_node, names in template.items]
   for p, i, keeps_arg in template.commits:   # as create_schedule's commit: the value keeps its Buffer, forgets its
     lb = nodes[p]                            # sources (and its arg, but for a reduce's)
     lb.buffer, lb.srcs = bufs[i], ()
     if not keeps_arg: lb.arg = None
   return items
+
+def _new_buffer(device: str, size: int, dtype: DType, symbolic_size: Any) -> Buffer:
+  buffer = Buffer(device, size, dtype)
+  if symbolic_size is not None: buffer.symbolic_size = symbolic_size
+  return buffer
 
 def clear() -> None:
   """Forget every template."""

@@ -14,9 +14,10 @@ from typing import Any, Callable, ClassVar, Optional
 import numpy as np
 from tgrad.dtype import DType, dtypes, promote_types, least_upper_float, to_dtype
 from tgrad.lazy import LazyBuffer
-from tgrad.ops import Ops
+from tgrad.ops import Ops, UOp
 from tgrad.device import canonical_device
 from tgrad.helpers import prod
+from tgrad.shape.sint import evaluate
 from tgrad.bounds import realize_with_checks
 import tgrad.function as F
 from tgrad.tensor_ops import bind_tensor_class
@@ -132,10 +133,12 @@ class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, Indexi
   def numpy(self) -> np.ndarray:
     """The values as a numpy array (bfloat16 comes back as float32)."""
     out_dtype = dtypes.float32 if self.dtype == dtypes.bfloat16 else self.dtype
-    if self.numel() == 0: return np.zeros(self.shape, dtype=out_dtype.np)
+    shape = tuple(evaluate(s) for s in self.shape)   # a symbolic dim at its bound value
+    if prod(shape) == 0: return np.zeros(shape, dtype=out_dtype.np)
     lb = self.lazydata.cast(out_dtype).contiguous()
     realize_with_checks(lb)
-    return _copy_to_host(lb).reshape(self.shape)
+    # a symbolic buffer is allocated at the variables' maximum; its first elements are the row-major values
+    return _copy_to_host(lb)[:prod(shape)].reshape(shape)
   def tolist(self) -> Any: return self.numpy().tolist()
   def item(self) -> Scalar:
     if self.numel() != 1: raise ValueError(f"item() needs a tensor with one element, got shape {self.shape}")
@@ -247,6 +250,8 @@ class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, Indexi
       return x
     if isinstance(x, (bool, int, float)):
       return Tensor(x, dtype=dtype or _scalar_dtype(self.dtype, x), device=self.device)
+    if isinstance(x, UOp):   # a symbolic size as a value (e.g. a count over a symbolic axis)
+      return Tensor(LazyBuffer.const_of(x, dtype or _scalar_dtype(self.dtype, 1), self.device), device=self.device)
     return Tensor(x, dtype=dtype, device=self.device)
   def _operands(self, other: Any, reverse: bool = False, dtype: Optional[DType] = None) -> tuple[Tensor, Tensor]:
     """self and other broadcast to one shape and promoted to one dtype (Python scalars are weak)."""

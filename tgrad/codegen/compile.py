@@ -13,6 +13,7 @@ from tgrad.codegen.linearizer import linearize
 from tgrad.device import Buffer, Device
 from tgrad.helpers import Context
 from tgrad.ops import Ops
+from tgrad.shape.sint import evaluate, is_symbolic
 
 @dataclass
 class CompiledKernel:
@@ -28,15 +29,23 @@ class CompiledKernel:
   nbytes: int
   device: str = ""
   variables: tuple[str, ...] = field(default=())   # DEFINE_VAR names, in the order the program takes their values
+  def __post_init__(self):   # a launch size may be symbolic (an index UOp over the variables): evaluated per launch
+    self.symbolic_dims = is_symbolic(self.global_size) or is_symbolic(self.local_size)
+  def launch_dims(self, var_vals: Optional[dict[str, int]] = None) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(global_size, local_size) for these variable values."""
+    if not self.symbolic_dims: return self.global_size, self.local_size
+    return (tuple(evaluate(s, var_vals) for s in self.global_size), tuple(evaluate(s, var_vals) for s in self.local_size))
   def __call__(self, buffers: Sequence[Buffer], wait: bool = False, var_vals: Optional[dict[str, int]] = None
                ) -> Optional[float]:
     vals = tuple(var_vals[name] for name in self.variables) if self.variables else ()
     # a Buffer's handle is allocated on first use; an allocated one is read straight (the property is per launch)
     handles = [handle if (handle := b._handle) is not None else b.handle for b in buffers]
-    return self.program(*handles, global_size=self.global_size, local_size=self.local_size, vals=vals, wait=wait)
+    global_size, local_size = self.launch_dims(var_vals) if self.symbolic_dims else (self.global_size, self.local_size)
+    return self.program(*handles, global_size=global_size, local_size=local_size, vals=vals, wait=wait)
   def prepare(self, handles: Sequence[Any], vals: Sequence[int] = ()) -> Callable[[], None]:
     """A launch of this kernel on these device handles that does no work in Python beyond the call itself."""
-    return self.program.prepare(handles, self.global_size, self.local_size, tuple(vals))
+    global_size, local_size = self.launch_dims(dict(zip(self.variables, vals)))
+    return self.program.prepare(handles, global_size, local_size, tuple(vals))
 
 def compile_kernel(device: str, kernel: Kernel, name: Optional[str] = None) -> CompiledKernel:
   """Linearize, render, compile (disk-cached) and load one kernel whose opts are already applied. The function is

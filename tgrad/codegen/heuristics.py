@@ -366,6 +366,19 @@ def _gpu_rules(kernel: Kernel) -> None:
   if _staged_matmul(kernel): return
   _gpu_locals(kernel, _gpu_upcast(kernel))
 
+# A kernel with symbolic sizes: on a GPU, a block of up to this many threads over the innermost axis of known size
+# that divides (the symbolic axes themselves are never split: see Kernel._apply); on a CPU the loops stay as they are.
+SYMBOLIC_LOCAL_THREADS = 64
+
+def _symbolic_rules(kernel: Kernel) -> None:
+  """The rules for a kernel whose loops have symbolic trip counts: only opts on axes of known size."""
+  if not kernel.renderer.has_local: return
+  for axis in reversed(range(kernel.global_dims)):
+    size = kernel.full_shape[axis]
+    if isinstance(size, int) and (local := _divisor_at_most(size, SYMBOLIC_LOCAL_THREADS)) > 1 and \
+       try_opt(kernel, Opt(OptOps.LOCAL, axis, local)): return
+
 def hand_coded_optimizations(kernel: Kernel) -> None:
-  if kernel.renderer.has_local: _gpu_rules(kernel)
+  if kernel.symbolic: _symbolic_rules(kernel)
+  elif kernel.renderer.has_local: _gpu_rules(kernel)
   elif kernel.renderer.has_threads: _cpu_rules(kernel)

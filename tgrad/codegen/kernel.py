@@ -18,6 +18,7 @@ from typing import Optional
 from tgrad.ops import UOp, Ops, ALU, exec_alu, truncate_to
 from tgrad.codegen.renderer import TensorCore
 from tgrad.shape.shapetracker import ShapeTracker
+from tgrad.shape.sint import is_symbolic, render as render_size, vmax_of
 from tgrad.helpers import prod, round_up
 
 class KernelOptError(Exception):
@@ -121,7 +122,13 @@ class Kernel:
   def shape_len(self) -> int: return len(self.sts[0].shape)
   @property
   def full_shape(self) -> tuple[int, ...]:
-    return tuple(max(st.shape[i] for st in self.sts) for i in range(self.shape_len))
+    """Per axis the size of the loop: every tracker has it, or 1 (a reduced axis of an output). A symbolic size
+    (a variable's expression) is a loop bound the kernel takes as an argument."""
+    shapes = [st.shape for st in self.sts]
+    if not any(is_symbolic(s) for s in shapes): return tuple(max(s[i] for s in shapes) for i in range(self.shape_len))
+    return tuple(next((s[i] for s in shapes if s[i] != 1), 1) for i in range(self.shape_len))
+  @property
+  def symbolic(self) -> bool: return is_symbolic(self.full_shape)
   @property
   def output_shape(self) -> tuple[int, ...]: return self.sts[0].shape
   @property
@@ -155,7 +162,8 @@ class Kernel:
   @property
   def name(self) -> str:
     kind = "r" if self.reduceops else "E"
-    return kind + "_" + "_".join(str(s) for s in self.full_shape) if self.full_shape else kind
+    def size(s) -> str: return "".join(c if c.isalnum() else "_" for c in render_size(s)).strip("_")
+    return kind + "_" + "_".join(size(s) for s in self.full_shape) if self.full_shape else kind
 
   # ---- reshaping every ShapeTracker at once
   def reshape_and_permute(self, new_shape_fn, order: Optional[list[int]]) -> None:
@@ -192,7 +200,7 @@ class Kernel:
       full, out = self.full_shape, self.output_shape
       same_role = self.is_reduce_axis(axis) == self.is_reduce_axis(axis + 1)
       if same_role and self._mergeable(axis):
-        def merge(shape, a=axis): return shape[:a] + (shape[a] * shape[a + 1],) + shape[a + 2:]
+        def merge(shape, a=axis): return shape[:a] + (prod(shape[a:a + 2]),) + shape[a + 2:]
         self.reshape_and_permute(merge, None)
       elif full[axis] == 1 and out[axis] == 1 and self.shape_len > 1:   # drop size-1 axes
         def drop(shape, a=axis): return shape[:a] + shape[a + 1:]
@@ -213,8 +221,9 @@ class Kernel:
         fold_dims(self.global_axis_sizes, limits)
         return
       except KernelOptError: pass
-      axis = max(range(self.global_dims), key=lambda a: self.full_shape[a])
+      axis = max(range(self.global_dims), key=lambda a: vmax_of(self.full_shape[a]))
       size = self.full_shape[axis]
+      if not isinstance(size, int): break   # a symbolic axis is not split: its bound must fit the grid
       inner = max(2, 1 << (-(-size // outer_limit) - 1).bit_length())
       if inner > limits[0] or size <= 1: break
       if size % inner:
@@ -226,7 +235,7 @@ class Kernel:
 
   def _mergeable(self, axis: int) -> bool:
     for st in self.sts:
-      merged = st.reshape(st.shape[:axis] + (st.shape[axis] * st.shape[axis + 1],) + st.shape[axis + 2:])
+      merged = st.reshape(st.shape[:axis] + (prod(st.shape[axis:axis + 2]),) + st.shape[axis + 2:])
       if len(merged.views) > len(st.views): return False
       if len(st.views) > 1 and merged.views[:-1] != st.views[:-1]: return False
     return True
@@ -266,6 +275,9 @@ class Kernel:
     if opt.op is OptOps.SMEM: return self._stage(opt)
     axis = self._real_axis(opt)
     size = self.full_shape[axis]
+    # a symbolic axis has no size to divide: only SWAP moves it (LOCAL/GROUP would need a guard for every value)
+    self._check(isinstance(size, int) or opt.op is OptOps.SWAP, f"{opt}: axis {axis} has the symbolic size "
+                f"{render_size(size)}; {opt.op.name} needs a known size")
     amount = opt.amount if opt.amount else size
     self._check(amount > 1 or opt.op is OptOps.SWAP, f"{opt}: amount must be > 1")
     if opt.op not in (OptOps.SWAP, OptOps.PADTO):
@@ -342,6 +354,7 @@ class Kernel:
   def _stage(self, opt: Opt) -> None:
     """SMEM: Opt.axis picks a load of `stageable_loads`, Opt.amount the padding (elements) after each row of its
     tile. The tile is only laid out when the kernel is linearized (`stage_plan`), so later opts may still reshape it."""
+    self._check(not self.symbolic, f"{opt}: a kernel with symbolic sizes stages no tile")
     self._check(self.renderer.has_shared and not self.dont_use_locals, f"{opt}: target has no shared memory")
     loads = self.stageable_loads
     self._check(opt.axis is not None and 0 <= opt.axis < len(loads),
@@ -395,6 +408,7 @@ class Kernel:
     first (an UPCAST of the columns axis before TC spreads a warp's column tiles so that each lane's columns are
     adjacent in memory: n = (8·tile + column)·amount + upcast)."""
     caps = self.renderer
+    self._check(not self.symbolic, f"{opt}: tensor cores need known sizes")
     self._check(bool(caps.tensor_cores), f"{opt}: {type(caps).__name__} {getattr(caps, 'arch', '')} has no tensor core")
     threaded = self.local_dims or self.group_for_reduces or self.threads or self.dont_use_locals
     self._check(self.tensor_core is None and not threaded, f"{opt}: TC must come before {self.applied_opts}")
@@ -469,7 +483,8 @@ class Kernel:
   def launch_dims(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """(global_size, local_size) for targets with thread ids, id 0 first: global_size[i] is the size of gidx{i}
     (blockIdx.x, .y, .z), local_size[i] of lidx{i}. ((threads,), (1,)) on the CPU. Raises KernelOptError when the
-    axes cannot fit the target's limits."""
+    axes cannot fit the target's limits (a symbolic size by its bound). A global size may be symbolic (an index UOp
+    over the variables): the runner evaluates it per launch."""
     if not self.renderer.has_local: return ((self.threads or 1,), (1,))
     caps = self.renderer
     global_size = fold_dims(self.global_axis_sizes, caps.max_grid[:caps.max_global_dims])
@@ -497,9 +512,9 @@ class Kernel:
     alu_nodes = sum(1 for u in self.ast.toposort() if u.op in ALU)
     nbytes = 0
     for u in self.memops:
-      if u.op is Ops.STORE: nbytes += prod(self.output_shape) * u.src[2].dtype.itemsize
+      if u.op is Ops.STORE: nbytes += vmax_of(prod(self.output_shape)) * u.src[2].dtype.itemsize
       elif u.op is Ops.LOAD: nbytes += self.view_of(u).buffer_extent() * u.dtype.itemsize
-    return alu_nodes * prod(self.full_shape), nbytes
+    return alu_nodes * vmax_of(prod(self.full_shape)), nbytes   # at the variables' maximum
 
 def _compositions(n: int, parts: int):
   """Ways to cut n consecutive dims into `parts` non-empty runs, larger leading runs first."""
@@ -522,7 +537,7 @@ def fold_dims(dims: tuple[int, ...], limits: tuple[int, ...]) -> list[tuple[int,
         groups.append(tuple(dims[start:start + length]))
         start += length
       groups.reverse()
-      if all(prod(g) <= limit for g, limit in zip(groups, limits)): return groups
+      if all(vmax_of(prod(g)) <= limit for g, limit in zip(groups, limits)): return groups
   raise KernelOptError(f"dims {dims} do not fit thread ids with limits {limits}")
 
 def _widened(x: UOp) -> UOp:

@@ -31,6 +31,7 @@ from tgrad.codegen.transcendental import decompositions
 from tgrad.codegen.kernel import Kernel, StagePlan, STAGE_COPY_BYTES, fold_dims
 from tgrad.codegen.renderer import FragmentLayout, MatrixLoad, TensorCore
 from tgrad.schedule import identity_of_reduce
+from tgrad.shape.sint import canonical, ceil_div, to_uop, vmax_of
 from tgrad.helpers import prod
 
 BUILT_WHOLE = (Ops.LOAD, Ops.CONST, Ops.ARANGE, Ops.REDUCE_AXIS)   # the AST nodes Linearizer.build_leaf builds
@@ -102,7 +103,7 @@ class Linearizer:
     k = self.k
     full = k.full_shape
     idx: list[Optional[UOp]] = [None] * k.shape_len
-    def loop(axis: int) -> UOp: return UOp(Ops.RANGE, dtypes.index, (_index_const(0), _index_const(full[axis])), axis)
+    def loop(axis: int) -> UOp: return UOp(Ops.RANGE, dtypes.index, (_index_const(0), to_uop(full[axis])), axis)
     if self.renderer.has_local:
       caps = self.renderer
       idx[:k.global_dims] = _unfolded_specials("gidx", k.global_axis_sizes, caps.max_grid[:caps.max_global_dims])
@@ -135,6 +136,9 @@ class Linearizer:
     if node.op is Ops.LOAD and node in self.stages: return self.staged_load(node, idxs)
     if node.op is Ops.LOAD: return self.global_load(node, idxs)
     if node.op is Ops.CONST and not node.src: return node
+    if node.op is Ops.CONST and isinstance(node.arg, UOp):   # a symbolic constant (e.g. a mean's count): its value
+      _, valid = self.view_of[node].to_indexed(list(idxs))
+      return simplify(valid.where(node.arg.cast(node.dtype), UOp.const(node.dtype, 0)))
     if node.op is Ops.CONST:
       _, valid = self.view_of[node].to_indexed(list(idxs))
       return simplify(valid.where(UOp.const(node.dtype, node.arg), UOp.const(node.dtype, 0)))
@@ -318,12 +322,13 @@ class Linearizer:
     block = ACCUMULATE_BLOCK if accumulators < FOLD_MIN_ACCUMULATORS else TILE_ACCUMULATE_BLOCK
     run = terms
     for axis in reversed(loop_axes):
-      size = k.full_shape[axis]
-      if run * size > block:
+      size = k.full_shape[axis]   # a symbolic size blocks when its bound could pass the limit
+      if run * vmax_of(size) > block:
         limit = max(1, block // run)
+        if not isinstance(size, int): return axis, limit
         exact = next((c for c in range(limit, limit // BLOCK_DIVISOR_SLACK, -1) if size % c == 0), None)
         return axis, exact or limit
-      run *= size
+      run *= vmax_of(size)
     return None
 
   # ---- tensor cores
@@ -646,20 +651,23 @@ def fold_invariant_reduce(op: Ops, dtype, value: UOp, ranges: tuple[UOp, ...]) -
   sums) do, so -0.0 × trips is +0.0."""
   if op not in (Ops.ADD, Ops.MAX) or dtype.is_bool or any(r in ranges for r in value.toposort()): return None
   if op is Ops.MAX: return value
-  trips = prod(r.src[1].arg - r.src[0].arg for r in ranges)
+  trips = prod(canonical(r.src[1] - r.src[0]) for r in ranges)   # symbolic with a variable's loop
   compute = dtypes.float64 if dtype.is_float else dtype
-  if value.op is Ops.CONST: return UOp.const(dtype, exec_alu(Ops.MUL, compute, (value.arg, trips)) + 0)
-  total = UOp(Ops.MUL, compute, (value.cast(compute), UOp.const(compute, trips)))
+  if value.op is Ops.CONST and isinstance(trips, int):
+    return UOp.const(dtype, exec_alu(Ops.MUL, compute, (value.arg, trips)) + 0)
+  count = UOp.const(compute, trips) if isinstance(trips, int) else trips.cast(compute)
+  total = UOp(Ops.MUL, compute, (value.cast(compute), count))
   if dtype.is_float: total = UOp(Ops.ADD, compute, (total, UOp.const(compute, 0.0)))
   return total.cast(dtype)
 
 def block_ranges(axis: int, size: int, block: int) -> tuple[UOp, UOp]:
   """(loop over the blocks, loop within one) for a reduce axis of `size` cut into blocks of `block`: the inner loop runs
   over [start, min(start + block, size)), so the axis's index is the inner loop itself and keeps its range [0, size)."""
-  blocks = UOp(Ops.RANGE, dtypes.index, (_index_const(0), _index_const(-(-size // block))), BLOCK_LOOP_ARG + axis)
+  blocks = UOp(Ops.RANGE, dtypes.index, (_index_const(0), to_uop(ceil_div(size, block))), BLOCK_LOOP_ARG + axis)
   start = simplify(blocks * block)
   # min(start + block, size) as size - max(size - block - start, 0): its range is exactly [block, size]
-  end = start + block if size % block == 0 else _index_const(size) - (_index_const(size - block) - start).maximum(0)
+  end = start + block if isinstance(size, int) and size % block == 0 else \
+    to_uop(size) - (to_uop(canonical(size - block)) - start).maximum(0)
   return blocks, UOp(Ops.RANGE, dtypes.index, (start, simplify(end)), axis)
 
 def offset_by(index: UOp, delta: int) -> UOp:

@@ -1,6 +1,7 @@
 """LLVM IR renderer: linear UOps → the text of an LLVM module with one function (built with llvmlite.ir).
 
-The function is `void name(ptr noalias %buf0, ..., i32 %core)`: RANGE/ENDRANGE become counted loops with phis,
+The function is `void name(ptr noalias %buf0, ..., i64 %var0, ..., i32 %core)` (one i64 per DEFINE_VAR, sorted
+by name: a symbolic size's value at launch): RANGE/ENDRANGE become counted loops with phis,
 DEFINE_ACC an entry-block alloca (promoted to registers by the optimizer), SPECIAL "core" the thread index the
 runtime passes. Index math (dtypes.index) is i64, the pointer width, used by loads and stores with no sign extension
 (LLVM 22's loop vectorizer miscompiled i32 index math under a sext: a load at t*16 + j%16 was vectorized as t*16 + j),
@@ -62,9 +63,11 @@ class _FunctionBuilder:
     self.uops = uops
     self.module = ir.Module(name=name)
     buffers = [u for u in uops if u.op is Ops.DEFINE_GLOBAL]
-    fn_type = ir.FunctionType(ir.VoidType(), [ir.PointerType() for _ in buffers] + [_I32])
+    self.variables = sorted({u for u in uops if u.op is Ops.DEFINE_VAR}, key=lambda u: u.arg[0])
+    fn_type = ir.FunctionType(ir.VoidType(), [ir.PointerType() for _ in buffers] + [_I64] * len(self.variables) + [_I32])
     self.fn = ir.Function(self.module, fn_type, name=name)
-    for arg in self.fn.args[:-1]: arg.add_attribute("noalias")
+    for arg in self.fn.args[:len(buffers)]: arg.add_attribute("noalias")
+    self.variable_args = dict(zip(self.variables, self.fn.args[len(buffers):-1]))
     self.entry = ir.IRBuilder(self.fn.append_basic_block("entry"))
     self.b = ir.IRBuilder(self.fn.append_basic_block("body"))
     self.values: dict[UOp, ir.Value] = {}
@@ -96,6 +99,7 @@ class _FunctionBuilder:
   def emit(self, u: UOp) -> None:
     b = self.b
     if u.op is Ops.DEFINE_GLOBAL: self.values[u] = self.fn.args[u.arg]
+    elif u.op is Ops.DEFINE_VAR: self.values[u] = self.variable_args[u]
     elif u.op is Ops.SPECIAL: self.values[u] = b.sext(self.fn.args[-1], _I64)
     elif u.op is Ops.CONST: self.values[u] = const(u.dtype, u.arg)
     elif u.op is Ops.DEFINE_ACC:

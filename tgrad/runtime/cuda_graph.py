@@ -201,11 +201,15 @@ class CUDAGraph:
 
   def __len__(self) -> int: return len(self.nodes)
 
-  def update(self, index: int, args: Sequence[int]) -> None:
-    """Set kernel `index`'s arguments (same count and kinds as its launch) for later launches; a no-op if unchanged."""
+  def update(self, index: int, args: Sequence[int], grid: Optional[Sequence[int]] = None) -> None:
+    """Set kernel `index`'s arguments (same count and kinds as its launch) and, if given, its grid (x, y, z: a launch
+    size that depends on a symbolic variable) for later launches; a no-op if unchanged."""
     if not 0 <= index < len(self.nodes): raise IndexError(f"kernel node {index} of a graph of {len(self.nodes)}")
     node, args = self.nodes[index], list(args)
-    if args == node.current: return
+    params = node.params
+    new_grid = tuple(grid) if grid is not None else (params.gridDimX, params.gridDimY, params.gridDimZ)
+    grid_changed = new_grid != (params.gridDimX, params.gridDimY, params.gridDimZ)
+    if args == node.current and not grid_changed: return
     if len(args) != len(node.values):
       raise ValueError(f"kernel node {index} takes {len(node.values)} args ({node.kinds!r}), got {len(args)}")
     if not self._exec: raise CUDAGraphError("update() on a closed CUDA graph")
@@ -213,6 +217,7 @@ class CUDAGraph:
     for position in changed: _check_arg(node.kinds[position], args[position], position)
     for position in changed: node.values[position].value = args[position]
     node.current = args
+    params.gridDimX, params.gridDimY, params.gridDimZ = new_grid
     check(self._lib.cuGraphExecKernelNodeSetParams_v2(self._exec, node.handle, ctypes.byref(node.params)),
           f"cuGraphExecKernelNodeSetParams_v2 (node {index})")
     self.param_updates += 1
@@ -249,7 +254,8 @@ class CUDAGraphRunner:
     runner = instruction.runner
     pointers = [int(self.slots[s].buffer.handle) for s in instruction.args]
     vals = [int(instruction.var_vals[v]) for v in runner.variables]
-    return KernelLaunch.for_program(runner.program, pointers, runner.global_size, runner.local_size, vals)
+    global_size, local_size = runner.launch_dims(instruction.var_vals)   # sizes of symbolic kernels per call
+    return KernelLaunch.for_program(runner.program, pointers, global_size, local_size, vals)
   def _build(self) -> None:
     pending: list[Any] = []
     def flush() -> None:
@@ -274,6 +280,14 @@ class CUDAGraphRunner:
         if (id(graph), index) in patched: continue
         patched.add((id(graph), index))
         graph.update(index, self._launch_of(ins).args)
+  def rebind_variables(self, instructions: Sequence[Any]) -> None:
+    """Patch the kernel nodes of these instructions (whose var_vals changed): new variable arguments and grid."""
+    if not self.built: return
+    wanted = {id(ins) for ins in instructions}
+    for graph, index, ins in {(id(g), i): (g, i, n) for nodes in self.node_of.values() for g, i, n in nodes}.values():
+      if id(ins) in wanted:
+        launch = self._launch_of(ins)
+        graph.update(index, launch.args, launch.grid)
   def __call__(self) -> None:
     if not self.built: self._build()
     for step in self.steps:

@@ -116,13 +116,14 @@ class LLVMProgram:
     self.address = self.engine.get_function_address(name)
     if not self.address: raise RuntimeError(f"kernel {name} not found in its object file")
     self.fn = None
-  def _function(self, arguments: int):
+  def _function(self, arguments: int, variables: int = 0):
     if self.fn is None:
-      self.fn = ctypes.CFUNCTYPE(None, *([ctypes.c_void_p] * arguments), ctypes.c_int32)(self.address)
+      self.fn = ctypes.CFUNCTYPE(None, *([ctypes.c_void_p] * arguments), *([ctypes.c_int64] * variables),
+                                 ctypes.c_int32)(self.address)
     return self.fn
   def __call__(self, *buffers: HostMemory, global_size=(1,), local_size=None, vals=(), wait: bool = False):
-    fn = self.fn or self._function(len(buffers))
-    pointers = [b.address for b in buffers]
+    fn = self.fn or self._function(len(buffers), len(vals))
+    pointers = [b.address for b in buffers] + list(vals)   # the variables' values follow the buffers
     threads = global_size[0] if global_size else 1
     start = time.perf_counter() if wait else 0.0
     if threads <= 1: fn(*pointers, 0)
@@ -130,7 +131,7 @@ class LLVMProgram:
     return time.perf_counter() - start if wait else None
   def prepare(self, buffers, global_size=(1,), local_size=None, vals=()) -> Callable[[], None]:
     """A no-argument callable that launches this kernel on these buffers: the pointers are read once, here."""
-    fn, pointers = self._function(len(buffers)), [b.address for b in buffers]
+    fn, pointers = self._function(len(buffers), len(vals)), [b.address for b in buffers] + list(vals)
     threads = global_size[0] if global_size else 1
     if threads <= 1: return functools.partial(fn, *pointers, 0)
     def run_on_cores() -> None: list(_thread_pool().map(lambda core: fn(*pointers, core), range(threads)))

@@ -11,11 +11,12 @@ from typing import Optional, Sequence
 from tgrad.dtype import dtypes
 from tgrad.helpers import prod
 from tgrad.ops import Ops, UOp, simplify as simplify_uop, split_terms
-from tgrad.shape.view import View, EMPTY_RANGE, VIEW_CACHE_SIZE, as_int_tuple
+from tgrad.shape.view import View, EMPTY_RANGE, VIEW_CACHE_SIZE, as_shape_tuple
+from tgrad.shape.sint import sint, canonical, is_symbolic, to_uop, unbind, vmax_of
 
-def loop_index(axis: int, size: int) -> UOp:
+def loop_index(axis: int, size: sint) -> UOp:
   """The loop variable of `axis` running over [0, size): the index UOps the shape layer reasons with."""
-  return UOp(Ops.RANGE, dtypes.index, (UOp.const(dtypes.index, 0), UOp.const(dtypes.index, size)), arg=axis)
+  return UOp(Ops.RANGE, dtypes.index, (UOp.const(dtypes.index, 0), to_uop(size)), arg=axis)
 
 def unravel(flat: UOp, shape: tuple[int, ...]) -> list[UOp]:
   """Row-major indices of `shape` for a flat position in [0, prod(shape)). The outermost non-1 dim needs no `%`."""
@@ -122,7 +123,7 @@ COMPOSE_CACHE_SIZE = 16384
 
 @functools.lru_cache(maxsize=COMPOSE_CACHE_SIZE)
 def _compose(first: ShapeTracker, second: ShapeTracker) -> ShapeTracker:
-  if second.buffer_extent() > first.size:
+  if second.buffer_extent() > vmax_of(first.size):
     raise ValueError(f"a ShapeTracker reaching {second.buffer_extent()} elements cannot index a view of shape "
                      f"{first.shape} ({first.size} elements)")
   return ShapeTracker(first.views + second.views).simplify()
@@ -149,7 +150,7 @@ class ShapeTracker:
     return {k: v for k, v in self.__dict__.items() if k != "_hash"}
 
   @staticmethod
-  def from_shape(shape: Sequence[int]) -> ShapeTracker: return _from_shape(as_int_tuple(shape, "shape"))
+  def from_shape(shape: Sequence[sint]) -> ShapeTracker: return _from_shape(as_shape_tuple(shape, "shape"))
   @property
   def shape(self) -> tuple[int, ...]: return self.views[-1].shape
   @property
@@ -157,6 +158,24 @@ class ShapeTracker:
   @property
   def contiguous(self) -> bool: return len(self.views) == 1 and self.views[0].contiguous
   def __repr__(self): return f"ShapeTracker(views={self.views!r})"
+  @functools.cached_property
+  def symbolic(self) -> bool:
+    """Whether any size, stride, offset or mask bound holds a variable."""
+    return any(is_symbolic(_view_fields(v)) for v in self.views)
+  def stable_repr(self) -> str:
+    """The text a kernel key hashes: the repr, with each symbolic value spelled out completely."""
+    if not self.symbolic: return repr(self)
+    return "ShapeTracker(" + ";".join(",".join(x.key if isinstance(x, UOp) else repr(x) for x in _view_fields(v))
+                                      for v in self.views) + ")"
+  def unbind(self) -> tuple[ShapeTracker, dict[str, int]]:
+    """(this tracker with every bound variable replaced by its variable, {name: value})."""
+    if not self.symbolic: return self, {}
+    return _unbind_tracker(self)
+  def variables(self) -> list[UOp]:
+    """The DEFINE_VARs of an unbound tracker, by name."""
+    found = {u for v in self.views for x in _view_fields(v) if isinstance(x, UOp) for u in x.toposort()
+             if u.op is Ops.DEFINE_VAR}
+    return sorted(found, key=lambda u: u.arg[0])
 
   # ---- movement ops
   def _with_last(self, view: View) -> ShapeTracker: return ShapeTracker(self.views[:-1] + (view,))
@@ -230,6 +249,27 @@ class ShapeTracker:
     return extent
 
 def _view_extent(view: View) -> int:
+  """1 + the largest memory index a valid position touches (an upper bound over the variables' values)."""
   if view.size == 0 or view.is_fully_masked(): return 0
   ranges = view.valid_ranges()
-  return 1 + view.offset + sum((hi - 1) * st if st > 0 else lo * st for (lo, hi), st in zip(ranges, view.strides))
+  extent = 1 + view.offset + sum((hi - 1) * st if (st.vmin if isinstance(st, UOp) else st) >= 0 else lo * st
+                                 for (lo, hi), st in zip(ranges, view.strides))
+  return vmax_of(canonical(extent))
+
+def _view_fields(view: View) -> tuple:
+  """A View's values, flat: shape, strides, offset and mask bounds."""
+  return view.shape + view.strides + (view.offset,) + tuple(x for m in (view.mask or ()) for x in m)
+
+@functools.lru_cache(maxsize=COMPOSE_CACHE_SIZE)
+def _unbind_tracker(st: ShapeTracker) -> tuple[ShapeTracker, dict[str, int]]:
+  values: dict[str, int] = {}
+  def unbound(x):
+    new, found = unbind(x)
+    values.update(found)
+    return new
+  views = []
+  for v in st.views:
+    mask = tuple((unbound(lo), unbound(hi)) for lo, hi in v.mask) if v.mask is not None else None
+    views.append(View(tuple(map(unbound, v.shape)), tuple(map(unbound, v.strides)), unbound(v.offset), mask,
+                      v.contiguous))
+  return ShapeTracker(tuple(views)), values

@@ -4,6 +4,8 @@ A View maps an index tuple `i` of `shape` to the memory position `offset + Σ i[
 every `mask[d][0] <= i[d] < mask[d][1]`. Movement ops (reshape, permute, expand, pad, shrink, flip, stride) take a
 View to a new View without copying; `reshape` returns None when one View cannot express the result.
 `to_indexed(idxs)` turns loop-index UOps into a (memory index, valid) pair of `dtypes.index`/bool UOps.
+Sizes, strides, the offset and mask bounds may be symbolic (`sint`, see sint.py): every rule that needs an order
+between sizes decides it from the variables' bounds, and a reshape one View can't prove for every value returns None.
 """
 from __future__ import annotations
 import functools, operator
@@ -12,8 +14,9 @@ from typing import Optional, Sequence
 from tgrad.dtype import dtypes
 from tgrad.helpers import prod
 from tgrad.ops import UOp
+from tgrad.shape.sint import sint, canonical, ceil_div, definitely_le, is_symbolic, smax, smin, sym_eq, to_uop, vmin_of
 
-Mask = tuple[tuple[int, int], ...]
+Mask = tuple[tuple[sint, sint], ...]
 EMPTY_RANGE = (0, 0)   # the canonical valid range of a dim in a view where nothing is valid
 
 def as_int_tuple(values: Sequence, what: str) -> tuple[int, ...]:
@@ -21,20 +24,29 @@ def as_int_tuple(values: Sequence, what: str) -> tuple[int, ...]:
   try: return tuple(map(operator.index, values))
   except TypeError: raise TypeError(f"{what} must be integers, got {tuple(values)!r}") from None
 
+def as_shape_tuple(values: Sequence, what: str) -> tuple[sint, ...]:
+  """Sizes as a tuple of int or canonical index UOps (symbolic sizes); anything else is a TypeError naming `what`."""
+  if not any(isinstance(v, UOp) for v in values): return as_int_tuple(values, what)
+  out = []
+  for v in values:
+    if isinstance(v, UOp):
+      if not v.dtype.is_int: raise TypeError(f"{what} must be integers, got {v.render()} of dtype {v.dtype}")
+      out.append(canonical(v))
+    else: out.append(operator.index(v))
+  return tuple(out)
+
 # Views are immutable values, and graph building asks for the same few again and again (every op's output shape,
 # every broadcast constant): canonical Views and row-major strides are remembered, keyed by their arguments.
 VIEW_CACHE_SIZE = 1 << 16
 
 @functools.lru_cache(maxsize=VIEW_CACHE_SIZE)
-def strides_for_shape(shape: tuple[int, ...]) -> tuple[int, ...]:
+def strides_for_shape(shape: tuple[sint, ...]) -> tuple[sint, ...]:
   """Row-major strides of a contiguous buffer, with the canonical stride 0 on size-1 dims."""
   strides, step = [], 1
   for size in reversed(shape):
     strides.append(0 if size == 1 else step)
-    step *= size
+    step = step * size if type(step) is int and type(size) is int else canonical(step * size)
   return tuple(reversed(strides))
-
-def _ceil_div(a: int, b: int) -> int: return -(-a // b)
 
 def _split_range(lo: int, hi: int, sizes: tuple[int, ...]) -> Optional[list[tuple[int, int]]]:
   """The non-empty flat range [lo, hi) of a dim of size prod(sizes), as one range per dim of `sizes` (row-major),
@@ -72,8 +84,9 @@ class View:
              mask: Optional[Sequence[tuple[int, int]]] = None) -> View:
     """The canonical View: stride 0 on size-1 dims and on dims with one valid index (its part moved into the offset),
     a mask covering everything becomes None, an empty mask becomes all EMPTY_RANGE with zero strides and offset."""
-    shape = as_int_tuple(shape, "shape")
-    if strides is not None: strides = as_int_tuple(strides, "strides")
+    shape = as_shape_tuple(shape, "shape")
+    if strides is not None: strides = as_shape_tuple(strides, "strides")
+    if isinstance(offset, UOp): offset = canonical(offset)
     if mask is not None:
       try: mask = tuple(map(tuple, mask))
       except TypeError: raise TypeError(f"mask must be (start, end) pairs, got {mask!r}") from None
@@ -86,7 +99,7 @@ class View:
   def valid_ranges(self) -> Mask:
     """The mask with None spelled out as the full range of every dim."""
     return self.mask if self.mask is not None else tuple((0, s) for s in self.shape)
-  def is_fully_masked(self) -> bool: return self.mask is not None and any(lo >= hi for lo, hi in self.mask)
+  def is_fully_masked(self) -> bool: return self.mask is not None and any(definitely_le(hi, lo) for lo, hi in self.mask)
 
   def _check_arity(self, args: Sequence, what: str):
     if len(args) != self.ndim: raise ValueError(f"{what} {tuple(args)} needs one entry per dim of shape {self.shape}")
@@ -94,13 +107,15 @@ class View:
   # ---- movement ops
   def reshape(self, new_shape: Sequence[int]) -> Optional[View]:
     """The same elements in row-major order with a new shape, or None when no single View expresses that."""
-    new_shape = as_int_tuple(new_shape, "reshape shape")
-    if any(s < 0 for s in new_shape): raise ValueError(f"cannot reshape {self.shape} to {new_shape}: negative dim")
-    if prod(new_shape) != self.size: raise ValueError(f"cannot reshape {self.shape} (size {self.size}) to {new_shape}")
+    new_shape = as_shape_tuple(new_shape, "reshape shape")
+    if any(vmin_of(s) < 0 for s in new_shape): raise ValueError(f"cannot reshape {self.shape} to {new_shape}: negative dim")
+    if not sym_eq(prod(new_shape), self.size):
+      raise ValueError(f"cannot reshape {self.shape} (size {self.size}) to {new_shape}")
     if new_shape == self.shape: return self
     if self.size == 0 or self.contiguous: return View.create(new_shape)
     if self.is_fully_masked():   # a 0-d View cannot be masked: the ShapeTracker keeps the masked view under it
       return View.create(new_shape, mask=(EMPTY_RANGE,) * len(new_shape)) if new_shape else None
+    if is_symbolic(self.shape) or is_symbolic(new_shape): return self._reshape_symbolic(new_shape)
     # Drop size-1 dims, then cut old and new dims into the smallest groups with equal products. Each group of old dims
     # must merge into one flat strided dim whose valid part is one range, which is then split into the new dims.
     old = [(s, st, m) for s, st, m in zip(self.shape, self.strides, self.valid_ranges()) if s != 1]
@@ -127,6 +142,38 @@ class View:
     full_mask = [(0, 1) if s == 1 else next(mask_iter) for s in new_shape]
     return View.create(new_shape, full_strides, offset, full_mask)
 
+  def _reshape_symbolic(self, new_shape: tuple[sint, ...]) -> Optional[View]:
+    """A reshape that keeps every symbolic dim as it is (same UOps, same order) and regroups only the int dims
+    between them, each run of int dims reshaped as a View of its own; None for anything else."""
+    def runs(shape):
+      groups, symbols, current = [], [], []
+      for d, size in enumerate(shape):
+        if isinstance(size, UOp):
+          groups.append(current)
+          symbols.append(size)
+          current = []
+        else: current.append(d)
+      return groups + [current], symbols
+    old_groups, old_symbols = runs(self.shape)
+    new_groups, new_symbols = runs(new_shape)
+    if len(old_symbols) != len(new_symbols) or any(a is not b for a, b in zip(old_symbols, new_symbols)): return None
+    ranges = self.valid_ranges()
+    strides: list[sint] = [0] * len(new_shape)
+    mask: list[tuple[sint, sint]] = [(0, s) for s in new_shape]
+    offset: sint = self.offset
+    for old, new in zip(old_groups, new_groups):
+      sub_shape = tuple(new_shape[d] for d in new)
+      if prod(self.shape[d] for d in old) != prod(sub_shape): return None
+      piece = View.create(tuple(self.shape[d] for d in old), tuple(self.strides[d] for d in old), 0,
+                          tuple(ranges[d] for d in old)).reshape(sub_shape)
+      if piece is None or len(piece.shape) != len(new): return None
+      offset = offset + piece.offset
+      for d, stride, valid in zip(new, piece.strides, piece.valid_ranges()): strides[d], mask[d] = stride, valid
+    old_symbol_dims = [d for d, s in enumerate(self.shape) if isinstance(s, UOp)]
+    new_symbol_dims = [d for d, s in enumerate(new_shape) if isinstance(s, UOp)]
+    for old_d, new_d in zip(old_symbol_dims, new_symbol_dims): strides[new_d], mask[new_d] = self.strides[old_d], ranges[old_d]
+    return View.create(new_shape, strides, offset, mask)
+
   def permute(self, order: Sequence[int]) -> View:
     order = as_int_tuple(order, "permute order")
     if sorted(order) != list(range(self.ndim)):
@@ -136,9 +183,9 @@ class View:
 
   def expand(self, new_shape: Sequence[int]) -> View:
     """Broadcast size-1 dims to `new_shape` (stride 0); other dims must keep their size."""
-    new_shape = as_int_tuple(new_shape, "expand shape")
+    new_shape = as_shape_tuple(new_shape, "expand shape")
     self._check_arity(new_shape, "expand shape")
-    if any(s != n and (s != 1 or n < 0) for s, n in zip(self.shape, new_shape)):
+    if any(s != n and (s != 1 or vmin_of(n) < 0) for s, n in zip(self.shape, new_shape)):
       raise ValueError(f"cannot expand {self.shape} to {new_shape}: only size-1 dims can change")
     mask = None
     if self.mask is not None:
@@ -148,37 +195,42 @@ class View:
   def pad(self, padding: Sequence[tuple[int, int]]) -> View:
     """Add `before` and `after` masked-off elements to each dim."""
     self._check_arity(padding, "padding")
-    padding = tuple(as_int_tuple(p, "padding") for p in padding)
-    if any(len(p) != 2 or p[0] < 0 or p[1] < 0 for p in padding):
+    padding = tuple(as_shape_tuple(p, "padding") for p in padding)
+    if any(len(p) != 2 or vmin_of(p[0]) < 0 or vmin_of(p[1]) < 0 for p in padding):
       raise ValueError(f"padding {padding} of shape {self.shape} must be nonnegative (before, after) pairs")
     if all(p == (0, 0) for p in padding): return self
-    shape = tuple(s + before + after for s, (before, after) in zip(self.shape, padding))
-    offset = self.offset - sum(before * st for (before, _), st in zip(padding, self.strides))
-    mask = tuple((lo + before, hi + before) for (lo, hi), (before, _) in zip(self.valid_ranges(), padding))
+    shape = tuple(canonical(s + before + after) for s, (before, after) in zip(self.shape, padding))
+    offset = canonical(self.offset - sum(before * st for (before, _), st in zip(padding, self.strides)))
+    mask = tuple((canonical(lo + before), canonical(hi + before))
+                 for (lo, hi), (before, _) in zip(self.valid_ranges(), padding))
     if self.size == 0: mask = (EMPTY_RANGE,) * self.ndim
     return View.create(shape, self.strides, offset, mask)
 
   def shrink(self, bounds: Sequence[tuple[int, int]]) -> View:
     """Keep [start, end) of each dim."""
     self._check_arity(bounds, "shrink bounds")
-    bounds = tuple(as_int_tuple(b, "shrink bounds") for b in bounds)
-    if any(len(b) != 2 or not 0 <= b[0] <= b[1] <= s for b, s in zip(bounds, self.shape)):
-      raise ValueError(f"shrink bounds {bounds} are out of range for shape {self.shape}")
-    shape = tuple(end - start for start, end in bounds)
-    offset = self.offset + sum(start * st for (start, _), st in zip(bounds, self.strides))
+    bounds = tuple(as_shape_tuple(b, "shrink bounds") for b in bounds)
+    if any(len(b) != 2 or not (definitely_le(0, b[0]) and definitely_le(b[0], b[1]) and definitely_le(b[1], s))
+           for b, s in zip(bounds, self.shape)):
+      raise ValueError(f"shrink bounds {bounds} are out of range for shape {self.shape}"
+                       + (" for some value of the variables" if is_symbolic(self.shape) or
+                          any(is_symbolic(b) for b in bounds) else ""))
+    shape = tuple(canonical(end - start) for start, end in bounds)
+    offset = canonical(self.offset + sum(start * st for (start, _), st in zip(bounds, self.strides)))
     mask = None
     if self.mask is not None:
-      mask = tuple((max(lo, start) - start, min(hi, end) - start) for (lo, hi), (start, end) in zip(self.mask, bounds))
+      mask = tuple((canonical(smax(lo, start) - start), canonical(smin(hi, end) - start))
+                   for (lo, hi), (start, end) in zip(self.mask, bounds))
     return View.create(shape, self.strides, offset, mask)
 
   def flip(self, axes: Sequence[bool]) -> View:
     """Reverse the dims where `axes` is True."""
     self._check_arity(axes, "flip axes")
     if self.size == 0: return self
-    offset = self.offset + sum((s - 1) * st for s, st, f in zip(self.shape, self.strides, axes) if f)
-    strides = tuple(-st if f else st for st, f in zip(self.strides, axes))
+    offset = canonical(self.offset + sum((s - 1) * st for s, st, f in zip(self.shape, self.strides, axes) if f))
+    strides = tuple(canonical(-st) if f else st for st, f in zip(self.strides, axes))
     mask = None
-    if self.mask is not None: mask = tuple((s - hi, s - lo) if f else (lo, hi) for (lo, hi), s, f in
+    if self.mask is not None: mask = tuple((canonical(s - hi), canonical(s - lo)) if f else (lo, hi) for (lo, hi), s, f in
                                            zip(self.mask, self.shape, axes))
     return View.create(self.shape, strides, offset, mask)
 
@@ -189,25 +241,25 @@ class View:
     if 0 in steps: raise ValueError(f"stride steps {steps} for shape {self.shape} must be nonzero")
     view = self.flip(tuple(k < 0 for k in steps)) if any(k < 0 for k in steps) else self
     steps = tuple(abs(k) for k in steps)
-    shape = tuple(_ceil_div(s, k) for s, k in zip(view.shape, steps))
-    strides = tuple(st * k for st, k in zip(view.strides, steps))
+    shape = tuple(ceil_div(s, k) for s, k in zip(view.shape, steps))
+    strides = tuple(canonical(st * k) for st, k in zip(view.strides, steps))
     mask = None
     if view.mask is not None:
-      mask = tuple((_ceil_div(lo, k), _ceil_div(hi, k)) for (lo, hi), k in zip(view.mask, steps))
+      mask = tuple((ceil_div(lo, k), ceil_div(hi, k)) for (lo, hi), k in zip(view.mask, steps))
     return View.create(shape, strides, view.offset, mask)
 
   # ---- index math
   def to_indexed(self, idxs: Sequence[UOp]) -> tuple[UOp, UOp]:
     """(memory index, valid) for loop indices `idxs` with 0 <= idxs[d] < shape[d]; not simplified."""
     if len(idxs) != self.ndim: raise ValueError(f"{len(idxs)} indices for a view of shape {self.shape}")
-    index = UOp.const(dtypes.index, self.offset)
+    index = to_uop(self.offset)
     for idx, size, st in zip(idxs, self.shape, self.strides):
       if size != 1 and st != 0: index = index + (idx if st == 1 else idx * st)
     valid = UOp.const(dtypes.bool, not self.is_fully_masked())
     if self.mask is None or self.is_fully_masked(): return index, valid
     for idx, size, (lo, hi) in zip(idxs, self.shape, self.mask):
-      if lo > 0: valid = valid & UOp.const(dtypes.index, lo - 1).lt(idx)
-      if hi < size: valid = valid & idx.lt(hi)
+      if not definitely_le(lo, 0): valid = valid & to_uop(canonical(lo - 1)).lt(idx)
+      if not definitely_le(size, hi): valid = valid & idx.lt(to_uop(hi))
     return index, valid
 
 @functools.lru_cache(maxsize=VIEW_CACHE_SIZE)
@@ -215,25 +267,27 @@ def _canonical_view(shape: tuple[int, ...], strides: Optional[tuple[int, ...]], 
                     ) -> View:
   """View.create on integer tuples (the key of the cache). Every value is made a plain int here, so a cached View
   never holds a bool or numpy integer that compared equal to the int a later call asks with."""
-  shape = tuple(map(int, shape))
-  if any(s < 0 for s in shape): raise ValueError(f"shape {shape} has a negative dimension")
-  strides = strides_for_shape(shape) if strides is None else tuple(map(int, strides))
+  shape = tuple(s if isinstance(s, UOp) else int(s) for s in shape)
+  if any(vmin_of(s) < 0 for s in shape): raise ValueError(f"shape {shape} has a negative dimension")
+  strides = strides_for_shape(shape) if strides is None else tuple(s if isinstance(s, UOp) else int(s) for s in strides)
   if len(strides) != len(shape): raise ValueError(f"strides {strides} do not match shape {shape}")
   if 0 in shape: return View(shape, strides_for_shape(shape), 0, None, True)
-  offset = operator.index(offset)
+  offset = offset if isinstance(offset, UOp) else operator.index(offset)
   strides = tuple(0 if size == 1 else st for size, st in zip(shape, strides))
   if mask is not None:
     if len(mask) != len(shape): raise ValueError(f"mask {tuple(mask)} does not match shape {shape}")
     if any(len(m) != 2 for m in mask): raise ValueError(f"mask {mask} must be (start, end) pairs")
-    mask = tuple((max(0, int(operator.index(lo))), min(size, int(operator.index(hi))))
-                 for (lo, hi), size in zip(mask, shape))
-    if any(lo >= hi for lo, hi in mask): return View(shape, (0,) * len(shape), 0, (EMPTY_RANGE,) * len(shape), False)
+    mask = tuple((smax(0, lo if isinstance(lo, UOp) else int(operator.index(lo))),
+                  smin(size, hi if isinstance(hi, UOp) else int(operator.index(hi)))) for (lo, hi), size in zip(mask, shape))
+    if any(definitely_le(hi, lo) for lo, hi in mask):
+      return View(shape, (0,) * len(shape), 0, (EMPTY_RANGE,) * len(shape), False)
     if all(m == (0, size) for m, size in zip(mask, shape)): mask = None
     else:
-      offset += sum(lo * st for (lo, hi), st in zip(mask, strides) if hi - lo == 1)
-      strides = tuple(0 if hi - lo == 1 else st for (lo, hi), st in zip(mask, strides))
+      single = [sym_eq(hi - lo, 1) is True for lo, hi in mask]
+      offset = canonical(offset + sum(lo * st for (lo, _), st, one in zip(mask, strides, single) if one))
+      strides = tuple(0 if one else st for one, st in zip(single, strides))
   contiguous = offset == 0 and mask is None and strides == strides_for_shape(shape)
-  return View(shape, strides, int(offset), mask, contiguous)
+  return View(shape, strides, offset if isinstance(offset, UOp) else int(offset), mask, contiguous)
 
 def _merge_dims(dims: list[tuple[int, int, tuple[int, int]]]) -> Optional[tuple[int, tuple[int, int], int]]:
   """Merge (size, stride, valid range) dims, outer to inner, into one flat dim whose valid part is one range.

@@ -7,6 +7,8 @@ from __future__ import annotations
 from typing import Any, Union
 import numpy as np
 from tgrad.dtype import DType, dtypes
+from tgrad.ops import UOp
+from tgrad.shape.sint import canonical
 
 Scalar = Union[bool, int, float]
 HALF_FLOATS = (dtypes.float16, dtypes.bfloat16)   # reductions over these accumulate in float32
@@ -22,11 +24,14 @@ def _varargs_shape(args: tuple) -> tuple:
   """The shape from `*shape` arguments: none (0-d), several ints, or one tuple."""
   return _shape_arg(args[0], args[1:]) if args else ()
 
-def _check_shape(shape: tuple) -> tuple[int, ...]:
+def _check_shape(shape: tuple) -> tuple:
+  """Nonnegative ints, or symbolic sizes (bound Variables and expressions of them, see shape/sint.py)."""
   for s in shape:
-    if not isinstance(s, (int, np.integer)) or isinstance(s, bool) or s < 0:
+    if isinstance(s, UOp):
+      if not s.dtype.is_int or s.vmin < 0: raise ValueError(f"a shape needs nonnegative sizes, got {s.render()}")
+    elif not isinstance(s, (int, np.integer)) or isinstance(s, bool) or s < 0:
       raise ValueError(f"a shape needs nonnegative ints, got {shape}")
-  return tuple(int(s) for s in shape)
+  return tuple(canonical(s) if isinstance(s, UOp) else int(s) for s in shape)
 
 def broadcast_shape(*shapes: tuple[int, ...]) -> tuple[int, ...]:
   """numpy's broadcasting: align on the right; each dim pair must be equal or contain a 1."""

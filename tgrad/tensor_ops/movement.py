@@ -8,6 +8,8 @@ import numpy as np
 from tgrad.dtype import dtypes, least_upper_dtype
 from tgrad.lazy import LazyBuffer
 from tgrad.helpers import prod
+from tgrad.ops import UOp
+from tgrad.shape.sint import canonical, definitely_le, smax, smin, sym_eq
 from tgrad.tensor_ops.args import Scalar, _shape_arg, _check_shape, _resolve_axis
 import tgrad.function as F
 if TYPE_CHECKING: from tgrad.tensor import Tensor   # at runtime: bound by tgrad/tensor.py (see __init__.py)
@@ -20,11 +22,14 @@ class MovementMixin:
     shape = tuple(self.shape[i] if s is None else s for i, s in enumerate(_shape_arg(shape, args)))
     if shape.count(-1) > 1: raise ValueError(f"reshape of {self.shape}: only one dim can be -1, got {shape}")
     if -1 in shape:
-      known = prod(s for s in shape if s != -1)
-      if known == 0 or self.numel() % known: raise ValueError(f"cannot reshape tensor of shape {self.shape} to {shape}")
-      shape = tuple(self.numel() // known if s == -1 else s for s in shape)
+      known, numel = prod(s for s in shape if s != -1), self.numel()
+      inferred = numel // known if isinstance(known, int) and known != 0 else None
+      if inferred is None or sym_eq(canonical(inferred * known), numel) is not True:
+        raise ValueError(f"cannot reshape tensor of shape {self.shape} to {shape}")
+      shape = tuple(canonical(inferred) if s == -1 else s for s in shape)
     shape = _check_shape(shape)
-    if prod(shape) != self.numel(): raise ValueError(f"cannot reshape tensor of shape {self.shape} to {shape}")
+    if sym_eq(prod(shape), self.numel()) is not True:
+      raise ValueError(f"cannot reshape tensor of shape {self.shape} to {shape}")
     return self if shape == self.shape else F.Reshape.apply(self, shape=shape)
   def view(self, shape, *args) -> Tensor: return self.reshape(shape, *args)
   def permute(self, order, *args) -> Tensor:
@@ -56,10 +61,11 @@ class MovementMixin:
     padding = _normalize_padding(padding, self.shape)
     if mode != "constant": return self._pad_from_edges(padding, mode)
     if all(p == (0, 0) for p in padding): return self
-    bounds = tuple((-min(b, 0), s + min(a, 0)) for s, (b, a) in zip(self.shape, padding))
-    if any(lo > hi for lo, hi in bounds): raise ValueError(f"padding {padding} cuts more than shape {self.shape}")
+    bounds = tuple((canonical(-smin(b, 0)), canonical(s + smin(a, 0))) for s, (b, a) in zip(self.shape, padding))
+    if any(not definitely_le(lo, hi) for lo, hi in bounds):
+      raise ValueError(f"padding {padding} cuts more than shape {self.shape}")
     x = self.shrink(bounds)
-    grow = tuple((max(b, 0), max(a, 0)) for b, a in padding)
+    grow = tuple((smax(b, 0), smax(a, 0)) for b, a in padding)
     padded = F.Pad.apply(x, padding=grow) if any(p != (0, 0) for p in grow) else x
     if value == 0 or padded is x: return padded
     inside = Tensor(LazyBuffer.const_of(True, dtypes.bool, self.device, x.shape).pad(grow))
@@ -144,8 +150,9 @@ class MovementMixin:
     """Keep [start, end) per dim (None keeps the dim)."""
     if len(bounds) != self.ndim:
       raise ValueError(f"shrink needs {self.ndim} bounds for shape {self.shape}, got {bounds}")
-    bounds = tuple((0, s) if b is None else (int(b[0]), int(b[1])) for s, b in zip(self.shape, bounds))
-    if any(not 0 <= lo <= hi <= s for s, (lo, hi) in zip(self.shape, bounds)):
+    bounds = tuple((0, s) if b is None else (_size_arg(b[0]), _size_arg(b[1])) for s, b in zip(self.shape, bounds))
+    if any(not (definitely_le(0, lo) and definitely_le(lo, hi) and definitely_le(hi, s))
+           for s, (lo, hi) in zip(self.shape, bounds)):
       raise ValueError(f"shrink bounds {bounds} are outside shape {self.shape}")
     return self if bounds == tuple((0, s) for s in self.shape) else F.Shrink.apply(self, bounds=bounds)
   def flip(self, axis, *args) -> Tensor:
@@ -244,4 +251,8 @@ def _normalize_padding(padding, shape: tuple[int, ...]) -> tuple[tuple[int, int]
     for i in range(len(padding) // 2): pairs[ndim - 1 - i] = (int(padding[2 * i]), int(padding[2 * i + 1]))
     return tuple(pairs)
   if len(padding) != ndim: raise ValueError(f"padding {padding} needs one entry per dim of shape {shape}")
-  return tuple((0, 0) if p is None else (int(p[0]), int(p[1])) for p in padding)
+  return tuple((0, 0) if p is None else (_size_arg(p[0]), _size_arg(p[1])) for p in padding)
+
+def _size_arg(x):
+  """An int, or a symbolic size (a bound Variable or an expression of one) as it is."""
+  return canonical(x) if isinstance(x, UOp) else int(x)

@@ -1,0 +1,91 @@
+"""Symbolic sizes: a dimension, stride, offset or mask bound is an `int` or an index UOp over variables (a `sint`).
+
+Above the scheduler a symbolic size holds BINDs (a variable with its value, `Variable("n", 1, 64).bind(5)`); in a
+kernel AST it holds the bare DEFINE_VARs. Every expression is kept in the `symbolic` simplifier's canonical form, so
+two equal sizes built the same way are the same (hash-consed) UOp and `==` on sizes is identity. Comparisons that
+must hold for every value use the bounds (`vmin`/`vmax`): `definitely_le`, `sym_eq`. `evaluate` gives the value for
+given variable values, `unbind` splits the BINDs out of a size.
+"""
+from __future__ import annotations
+import functools
+from typing import Optional, Union
+from tgrad.dtype import dtypes
+from tgrad.ops import UOp, Ops, simplify, exec_alu
+
+sint = Union[int, UOp]
+
+def canonical(x: sint) -> sint:
+  """An int stays; an index UOp is simplified, and becomes an int when it is a constant."""
+  if isinstance(x, UOp):
+    x = simplify(x) if x.op not in (Ops.DEFINE_VAR, Ops.BIND) else x
+    return x.arg if x.op is Ops.CONST else x
+  return x
+
+def is_symbolic(shape) -> bool: return any(isinstance(s, UOp) for s in shape)
+def to_uop(x: sint) -> UOp: return x if isinstance(x, UOp) else UOp.const(dtypes.index, x)
+def vmax_of(x: sint) -> int: return x.vmax if isinstance(x, UOp) else x
+def vmin_of(x: sint) -> int: return x.vmin if isinstance(x, UOp) else x
+
+def sym_eq(a: sint, b: sint) -> Optional[bool]:
+  """True when a == b for every value of the variables, False when never, None when it depends."""
+  if not isinstance(a, UOp) and not isinstance(b, UOp): return a == b
+  if a is b: return True
+  diff = canonical(to_uop(a) - to_uop(b))
+  if isinstance(diff, int): return diff == 0
+  return False if diff.vmin > 0 or diff.vmax < 0 else None
+
+def definitely_le(a: sint, b: sint) -> bool:
+  """a <= b for every value of the variables."""
+  if not isinstance(a, UOp) and not isinstance(b, UOp): return a <= b
+  return vmin_of(canonical(to_uop(b) - to_uop(a))) >= 0
+
+def smax(a: sint, b: sint) -> sint:
+  if not isinstance(a, UOp) and not isinstance(b, UOp): return max(a, b)
+  if definitely_le(b, a): return a
+  if definitely_le(a, b): return b
+  return canonical(to_uop(a).maximum(to_uop(b)))
+
+def smin(a: sint, b: sint) -> sint:
+  if not isinstance(a, UOp) and not isinstance(b, UOp): return min(a, b)
+  if definitely_le(a, b): return a
+  if definitely_le(b, a): return b
+  return canonical((to_uop(a) * -1).maximum(to_uop(b) * -1) * -1)
+
+def ceil_div(a: sint, b: int) -> sint:
+  """ceil(a / b) for a >= 0 and b > 0."""
+  return -(-a // b) if not isinstance(a, UOp) else canonical((a + (b - 1)) // b)
+
+def variables_of(x: sint) -> list[UOp]:
+  """The DEFINE_VARs in a size (under its BINDs too), in a fixed order."""
+  if not isinstance(x, UOp): return []
+  return sorted({u for u in x.toposort() if u.op is Ops.DEFINE_VAR}, key=lambda u: u.arg[0])
+
+@functools.lru_cache(maxsize=1 << 14)
+def _unbind_uop(x: UOp) -> tuple[UOp, tuple[tuple[str, int], ...]]:
+  binds = [u for u in x.toposort() if u.op is Ops.BIND]
+  if not binds: return x, ()
+  return x.substitute({b: b.src[0] for b in binds}), tuple(sorted((b.src[0].arg[0], b.src[1].arg) for b in binds))
+
+def unbind(x: sint) -> tuple[sint, dict[str, int]]:
+  """(x with each BIND replaced by its variable, {variable name: bound value})."""
+  if not isinstance(x, UOp): return x, {}
+  unbound, values = _unbind_uop(x)
+  return unbound, dict(values)
+
+def evaluate(x: sint, var_vals: Optional[dict[str, int]] = None) -> int:
+  """The value of a size with the variables at `var_vals` (a BIND brings its own value)."""
+  if not isinstance(x, UOp): return x
+  values: dict[UOp, int] = {}
+  nodes = x.toposort()
+  var_vals = {**(var_vals or {}), **{u.src[0].arg[0]: u.src[1].arg for u in nodes if u.op is Ops.BIND}}
+  for u in nodes:
+    if u.op is Ops.CONST: values[u] = u.arg
+    elif u.op is Ops.BIND: values[u] = u.src[1].arg
+    elif u.op is Ops.DEFINE_VAR:
+      if u.arg[0] not in var_vals:
+        raise ValueError(f"the value of variable {u.arg[0]!r} is needed to evaluate {x.render()}")
+      values[u] = var_vals[u.arg[0]]
+    else: values[u] = exec_alu(u.op, u.dtype, tuple(values[s] for s in u.src))
+  return values[x]
+
+def render(x: sint) -> str: return x.render() if isinstance(x, UOp) else str(x)

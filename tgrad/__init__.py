@@ -1,12 +1,13 @@
 """tgrad: a small tinygrad-style lazy tensor framework.
 
 `Tensor` is the whole user API; `dtypes` names the element types; `Device` finds backends; `Context` scopes the
-settings that environment variables set; `TinyJit` captures a function's kernels and replays them.
+settings that environment variables set; `TinyJit` captures a function's kernels and replays them; `Variable` names a symbolic size (docs/symbolic.md).
 """
 from tgrad.tensor import Tensor
 from tgrad.dtype import DType, dtypes
 from tgrad.device import Device
 from tgrad.helpers import Context
 from tgrad.jit import TinyJit
+from tgrad.shape.sint import Variable
 
-__all__ = ["Tensor", "DType", "dtypes", "Device", "Context", "TinyJit"]
+__all__ = ["Tensor", "DType", "dtypes", "Device", "Context", "TinyJit", "Variable"]

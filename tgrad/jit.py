@@ -15,6 +15,9 @@ is one buffer of the program, of one kind:
               device (memory_planner.py), each a view at its offset; JIT_PLAN=0 gives each its own allocation.
 Each device's run of instructions goes to a graph runner chosen by device (GRAPH_RUNNERS; PlainGraphRunner, a loop
 over launches prepared once, for every device without its own), so a device can replay its part its own way.
+Symbolic shapes: a capture made with a variable bound to one value replays for any value in its range. The values
+of a call come from its Tensor arguments' shapes and views and from bound Variables passed as arguments; the
+instructions whose kernels take a changed variable get the new values (and launch sizes) before the run.
 """
 from __future__ import annotations
 import functools, gc, inspect, weakref
@@ -28,6 +31,8 @@ from tgrad.shape.shapetracker import ShapeTracker
 from tgrad.realize import CompiledKernel, ExecItem, HostCopy, JitError, capturing, is_capturing, run
 from tgrad.memory_planner import ArenaPlan, Lifetime, liveness, plan_arena
 from tgrad.helpers import Context
+from tgrad.ops import Ops, UOp, symbolic_in_use
+from tgrad.lazy import LazyBuffer
 
 __all__ = ["TinyJit", "CompiledGraph", "Instruction", "Slot", "PlainGraphRunner", "GRAPH_RUNNERS", "JitError",
            "OutOfMemoryError", "graph_from_capture"]
@@ -73,6 +78,7 @@ class GraphRunner(Protocol):
   run, `bind` gets the input slots whose Buffers changed since the last run (every input slot before the first)."""
   def __init__(self, device: str, instructions: Sequence[Instruction], slots: Sequence[Slot]): ...
   def bind(self, changed_slots: Sequence[int]) -> None: ...
+  def rebind_variables(self, instructions: Sequence[Instruction]) -> None: ...   # their var_vals changed
   def __call__(self) -> None: ...
 
 class PlainGraphRunner:
@@ -89,6 +95,12 @@ class PlainGraphRunner:
   def bind(self, changed_slots: Sequence[int]) -> None:
     for s in changed_slots:
       for position in self.readers.get(s, ()):
+        self.launches[position] = None
+        self.stale = True
+  def rebind_variables(self, instructions: Sequence[Instruction]) -> None:
+    wanted = {id(ins) for ins in instructions}
+    for position, instruction in enumerate(self.instructions):
+      if id(instruction) in wanted:
         self.launches[position] = None
         self.stale = True
   def __call__(self) -> None:
@@ -140,6 +152,11 @@ class CompiledGraph:
     self.check_memory()   # an OutOfMemoryError here comes before any allocation or launch
     self._bind_memory(constants)
     self.state_buffers = {id(slot.buffer) for slot in slots if slot.kind == STATE}
+    # symbolic variables: the values last run, and which instructions take which
+    self.var_vals: dict[str, int] = {k: v for ins in instructions for k, v in ins.var_vals.items()}
+    self.users_of_variable: dict[str, list[Instruction]] = {}
+    for ins in instructions:
+      for name in ins.var_vals: self.users_of_variable.setdefault(name, []).append(ins)
     self.runners: list[GraphRunner] = []
     start = 0
     for end in range(1, len(instructions) + 1):   # each device's consecutive instructions go to its runner
@@ -195,9 +212,11 @@ class CompiledGraph:
     for s, data in constants: self.slots[s].buffer.copyin(data)   # type: ignore[union-attr]
 
   # ---- running
-  def __call__(self, inputs: Sequence[Buffer]) -> None:
-    """Run the program on these input Buffers (one per input slot, in order)."""
+  def __call__(self, inputs: Sequence[Buffer], var_vals: Optional[dict[str, int]] = None) -> None:
+    """Run the program on these input Buffers (one per input slot, in order) and symbolic variable values (a
+    variable not given keeps its last value)."""
     if is_capturing(): raise JitError("a TinyJit replayed while another TinyJit captures: jitted functions can't nest")
+    if var_vals: self._set_variables(var_vals)
     changed = []
     for s, buffer in zip(self.input_slots, inputs):
       if self.slots[s].buffer is not buffer:
@@ -210,6 +229,14 @@ class CompiledGraph:
     for runner in self.runners:
       if changed: runner.bind(changed)
       runner()
+
+  def _set_variables(self, var_vals: dict[str, int]) -> None:
+    changed = {name: value for name, value in var_vals.items() if name in self.var_vals and self.var_vals[name] != value}
+    if not changed: return
+    self.var_vals.update(changed)
+    touched = {id(ins): ins for name in changed for ins in self.users_of_variable[name]}
+    for ins in touched.values(): ins.var_vals.update({k: v for k, v in changed.items() if k in ins.var_vals})
+    for runner in self.runners: runner.rebind_variables(list(touched.values()))
 
   def _run_one_by_one(self) -> None:
     for i, ins in enumerate(self.instructions):
@@ -293,15 +320,17 @@ class InputSpec:
   st: ShapeTracker
   buffer_size: int
   @staticmethod
-  def of(name: str, t: Tensor) -> InputSpec:
-    return InputSpec(name, t.shape, t.dtype, t.device, t.lazydata.st, t.lazydata.base.buffer.size)
+  def of(name: str, t: Tensor) -> InputSpec:   # symbolic sizes by their variables: any value in range matches
+    st = t.lazydata.st.unbind()[0]
+    return InputSpec(name, st.shape, t.dtype, t.device, st, t.lazydata.base.buffer.size)
   def check(self, name: str, t: Tensor) -> None:
     problems = []
-    if t.shape != self.shape: problems.append(f"shape {t.shape} (captured {self.shape})")
+    st = t.lazydata.st.unbind()[0]
+    if st.shape != self.shape: problems.append(f"shape {t.shape} (captured {self.shape})")
     if t.dtype != self.dtype: problems.append(f"dtype {t.dtype} (captured {self.dtype})")
     if t.device != self.device: problems.append(f"device {t.device} (captured {self.device})")
-    if not problems and (t.lazydata.st != self.st or t.lazydata.base.buffer.size != self.buffer_size):
-      problems.append(f"view {_describe_view(t.lazydata.st, t.lazydata.base.buffer.size)} (captured "
+    if not problems and (st != self.st or t.lazydata.base.buffer.size != self.buffer_size):
+      problems.append(f"view {_describe_view(st, t.lazydata.base.buffer.size)} (captured "
                       f"{_describe_view(self.st, self.buffer_size)})")
     if problems:
       raise JitError(f"TinyJit: argument {name!r} differs from the capture: {'; '.join(problems)}. Pass tensors like "
@@ -412,8 +441,12 @@ class TinyJit:
                        "captured: non-Tensor arguments are baked into the capture. Pass it as a Tensor, or call "
                        ".reset() to capture again")
     assert self.captured is not None
-    self.captured(input_buffers)
-    return self._ret
+    if not symbolic_in_use():
+      self.captured(input_buffers)
+      return self._ret
+    var_vals = _variable_values(tensors, others)
+    self.captured(input_buffers, var_vals)
+    return _rebound(self._ret, var_vals) if var_vals else self._ret
 
 def _named_arguments(signature: Optional[inspect.Signature], args: tuple, kwargs: dict) -> list[tuple[str, Any]]:
   """(name, value) of every argument: parameter names where the signature binds, `args[i]` for *args."""
@@ -451,8 +484,30 @@ def _input_buffers(tensors: list[tuple[str, Tensor]]) -> list[Buffer]:
     buffers.append(buffer)
   return buffers
 
+def _variable_values(tensors: list[tuple[str, Tensor]], others: list[tuple[str, Any]]) -> dict[str, int]:
+  """The symbolic variables' values a call brings: in its Tensor arguments' views, and bound Variable arguments."""
+  values: dict[str, int] = {}
+  for _, t in tensors: values.update(t.lazydata.st.unbind()[1])
+  for _, value in others:
+    if isinstance(value, UOp) and value.op is Ops.BIND:
+      variable, bound = value.unbind()
+      values[variable.arg[0]] = bound
+  return values
+
+def _rebound(value: Any, var_vals: dict[str, int]) -> Any:
+  """The returned value with each symbolic Tensor's shape bound to this call's values (same buffers)."""
+  if isinstance(value, Tensor):
+    lb = value.lazydata
+    if not lb.st.symbolic or lb.base.buffer is None: return value
+    base = LazyBuffer.from_buffer(lb.base.buffer, lb.base.st.bind(var_vals).shape)
+    return Tensor(base if lb.is_base else LazyBuffer(lb.device, lb.st.bind(var_vals), lb.dtype, base=base))
+  if isinstance(value, (list, tuple)): return type(value)(_rebound(v, var_vals) for v in value)
+  if isinstance(value, dict): return {k: _rebound(v, var_vals) for k, v in value.items()}
+  return value
+
 def _same_argument(a: Any, b: Any) -> bool:
   if a is b: return True
+  if isinstance(a, UOp) and isinstance(b, UOp) and a.op is b.op is Ops.BIND: return a.src[0] is b.src[0]   # any value
   if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
     return isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and a.dtype == b.dtype and np.array_equal(a, b)
   try: return type(a) is type(b) and bool(a == b)

@@ -12,7 +12,7 @@ from tgrad.dtype import dtypes
 from tgrad.helpers import prod
 from tgrad.ops import Ops, UOp, simplify as simplify_uop, split_terms
 from tgrad.shape.view import View, EMPTY_RANGE, VIEW_CACHE_SIZE, as_shape_tuple
-from tgrad.shape.sint import sint, canonical, is_symbolic, to_uop, unbind, vmax_of
+from tgrad.shape.sint import sint, bind_values, canonical, is_symbolic, to_uop, unbind, vmax_of
 
 def loop_index(axis: int, size: sint) -> UOp:
   """The loop variable of `axis` running over [0, size): the index UOps the shape layer reasons with."""
@@ -171,6 +171,10 @@ class ShapeTracker:
     """(this tracker with every bound variable replaced by its variable, {name: value})."""
     if not self.symbolic: return self, {}
     return _unbind_tracker(self)
+  def bind(self, var_vals: dict[str, int]) -> ShapeTracker:
+    """This tracker with its variables bound to (or rebound to) these values."""
+    if not self.symbolic: return self
+    return _map_sizes(self, lambda x: bind_values(x, var_vals))
   def variables(self) -> list[UOp]:
     """The DEFINE_VARs of an unbound tracker, by name."""
     found = {u for v in self.views for x in _view_fields(v) if isinstance(x, UOp) for u in x.toposort()
@@ -260,6 +264,15 @@ def _view_fields(view: View) -> tuple:
   """A View's values, flat: shape, strides, offset and mask bounds."""
   return view.shape + view.strides + (view.offset,) + tuple(x for m in (view.mask or ()) for x in m)
 
+def _map_sizes(st: ShapeTracker, fn) -> ShapeTracker:
+  """The tracker with `fn` applied to every size, stride, offset and mask bound (a renaming of variables: the views
+  stay canonical)."""
+  views = []
+  for v in st.views:
+    mask = tuple((fn(lo), fn(hi)) for lo, hi in v.mask) if v.mask is not None else None
+    views.append(View(tuple(map(fn, v.shape)), tuple(map(fn, v.strides)), fn(v.offset), mask, v.contiguous))
+  return ShapeTracker(tuple(views))
+
 @functools.lru_cache(maxsize=COMPOSE_CACHE_SIZE)
 def _unbind_tracker(st: ShapeTracker) -> tuple[ShapeTracker, dict[str, int]]:
   values: dict[str, int] = {}
@@ -267,9 +280,4 @@ def _unbind_tracker(st: ShapeTracker) -> tuple[ShapeTracker, dict[str, int]]:
     new, found = unbind(x)
     values.update(found)
     return new
-  views = []
-  for v in st.views:
-    mask = tuple((unbound(lo), unbound(hi)) for lo, hi in v.mask) if v.mask is not None else None
-    views.append(View(tuple(map(unbound, v.shape)), tuple(map(unbound, v.strides)), unbound(v.offset), mask,
-                      v.contiguous))
-  return ShapeTracker(tuple(views)), values
+  return _map_sizes(st, unbound), values

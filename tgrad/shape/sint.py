@@ -72,6 +72,13 @@ def unbind(x: sint) -> tuple[sint, dict[str, int]]:
   unbound, values = _unbind_uop(x)
   return unbound, dict(values)
 
+def bind_values(x: sint, var_vals: dict[str, int]) -> sint:
+  """A size with each variable named in `var_vals` bound to that value (a bound one is rebound)."""
+  if not isinstance(x, UOp): return x
+  x = unbind(x)[0]
+  found = {u: u.bind(var_vals[u.arg[0]]) for u in x.toposort() if u.op is Ops.DEFINE_VAR and u.arg[0] in var_vals}
+  return x.substitute(found) if found else x
+
 def evaluate(x: sint, var_vals: Optional[dict[str, int]] = None) -> int:
   """The value of a size with the variables at `var_vals` (a BIND brings its own value)."""
   if not isinstance(x, UOp): return x
@@ -89,3 +96,13 @@ def evaluate(x: sint, var_vals: Optional[dict[str, int]] = None) -> int:
   return values[x]
 
 def render(x: sint) -> str: return x.render() if isinstance(x, UOp) else str(x)
+
+def Variable(name: str, min_value: int, max_value: int) -> UOp:
+  """A symbolic size `name` in [min_value, max_value]; `.bind(value)` makes it stand for one value (a BIND), which
+  can be used as a dimension (reshape, shrink, pad, slices, Tensor.empty/zeros/ones/full)."""
+  if not isinstance(name, str) or not name.isidentifier():
+    raise ValueError(f"a Variable's name must be an identifier, got {name!r}")
+  if any(isinstance(b, bool) or not isinstance(b, int) for b in (min_value, max_value)) or \
+     not 0 <= min_value <= max_value:
+    raise ValueError(f"Variable {name!r} needs int bounds 0 <= min <= max, got [{min_value}, {max_value}]")
+  return UOp.variable(name, min_value, max_value)

@@ -7,6 +7,8 @@ from typing import TYPE_CHECKING, Any, Optional
 import numpy as np
 from tgrad.dtype import DType, dtypes
 from tgrad.lazy import LazyBuffer
+from tgrad.ops import UOp
+from tgrad.shape.sint import canonical, definitely_le, render
 from tgrad.bounds import IndexBounds, check_index_bounds
 from tgrad.tensor_ops.args import broadcast_shape, _resolve_axis
 import tgrad.function as F
@@ -271,6 +273,20 @@ def _index_items(indices, shape: tuple[int, ...], device: str) -> list:
   at = next((k for k, i in enumerate(items) if i is Ellipsis), None)
   return items + fill if at is None else items[:at] + fill + items[at + 1:]
 
+def _symbolic_slice(item: slice, size) -> bool:
+  return any(isinstance(x, UOp) for x in (item.start, item.stop, item.step, size))
+
+def _symbolic_slice_bounds(item: slice, size, dim: int) -> tuple:
+  """(start, stop) of a slice with a symbolic bound or dim size: step 1, no negative counting from the end, and
+  0 <= start <= stop <= size for every value of the variables."""
+  if item.step not in (None, 1): raise IndexError(f"a slice of a symbolic size takes step 1, got {item.step!r}")
+  start = 0 if item.start is None else item.start
+  stop = size if item.stop is None else item.stop
+  if not (definitely_le(0, start) and definitely_le(start, stop) and definitely_le(stop, size)):
+    raise IndexError(f"slice {render(start)}:{render(stop)} of dim {dim} (size {render(size)}) must satisfy "
+                     "0 <= start <= stop <= size for every value of its variables")
+  return start, stop
+
 class _IndexPlan:
   """A numpy index taken apart: the shrink/flip/stride that basic indices make, the view shape after ints are
   dropped and Nones added, and the tensor indices (by dim of that view) with numpy's rule for where their dims go."""
@@ -300,6 +316,10 @@ class _IndexPlan:
         self.tensor_input_dims.append(dim)
         self._keep(0, size, 1, False)
         view.append(size)
+      elif isinstance(item, slice) and _symbolic_slice(item, size):
+        start, stop = _symbolic_slice_bounds(item, size, dim)
+        self._keep(start, stop, 1, False)
+        view.append(canonical(stop - start))
       elif isinstance(item, slice):
         start, stop, step = item.indices(size)
         count = len(range(start, stop, step))
@@ -324,7 +344,7 @@ class _IndexPlan:
     self.bounds.append((begin, end))
     self.steps.append(step)
     self.flips.append(flip)
-    self.strided_shape.append(len(range(0, end - begin, step)))
+    self.strided_shape.append(len(range(0, end - begin, step)) if step != 1 else canonical(end - begin))
   def place(self, value: LazyBuffer) -> LazyBuffer:
     """The inverse of the basic indexing: `value` (of view_shape) put back at its positions in the input shape,
     zeros (False) elsewhere."""

@@ -29,7 +29,8 @@ from tgrad.dtype import DType, dtypes
 from tgrad.device import Buffer, Device, OutOfMemoryError, newest_buffer_serial
 from tgrad.shape.shapetracker import ShapeTracker
 from tgrad.realize import CompiledKernel, ExecItem, HostCopy, JitError, capturing, is_capturing, run
-from tgrad.memory_planner import ArenaPlan, Lifetime, liveness, plan_arena
+from tgrad.memory_planner import ArenaPlan, Lifetime, liveness, plan_arena, symbolic_peak
+from tgrad.shape.sint import to_sympy
 from tgrad.helpers import Context
 from tgrad.ops import Ops, UOp, symbolic_in_use
 from tgrad.lazy import LazyBuffer
@@ -55,8 +56,12 @@ class Slot:
   name: str = ""                      # the argument's name, for an input
   buffer: Optional[Buffer] = None
   offset: Optional[int] = None
+  symbolic_size: Any = None           # the size in the symbolic variables (`size` is its maximum), if it has one
   @property
   def nbytes(self) -> int: return self.size * self.dtype.itemsize
+  def symbolic_nbytes(self) -> Any:
+    """Bytes as a sympy expression in the symbolic variables (a constant for a buffer of fixed size)."""
+    return to_sympy(self.symbolic_size if self.symbolic_size is not None else self.size) * self.dtype.itemsize
 
 @dataclass(frozen=True)
 class Instruction:
@@ -179,9 +184,23 @@ class CompiledGraph:
       parts[ACTIVATION] = planned.size if planned is not None else parts["activations unplanned"]
     return out
 
-  def estimate_memory(self) -> dict[str, int]:
-    """Bytes per device that the program touches: weights + state + activations + inputs (see memory_breakdown)."""
+  def estimate_memory(self, symbolic: bool = False) -> dict[str, Any]:
+    """Bytes per device that the program touches: weights + state + activations + inputs (see memory_breakdown),
+    with symbolic buffers at their maximum. With `symbolic=True`, each device's bytes as a sympy expression in the
+    symbolic variables (`.subs(n, 100)` evaluates it): every buffer at its symbolic size, activations as their
+    largest live total (memory_planner.symbolic_peak); the arena itself is allocated once, at the maximum."""
+    if symbolic: return self._symbolic_memory()
     return {device: sum(parts[kind] for kind in SLOT_KINDS) for device, parts in self.memory_breakdown().items()}
+
+  def _symbolic_memory(self) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for device in dict.fromkeys(slot.device for slot in self.slots):
+      fixed = sum((slot.symbolic_nbytes() for slot in self.slots if slot.device == device and slot.kind != ACTIVATION),
+                  to_sympy(0))
+      transients = [s for s, slot in enumerate(self.slots) if slot.device == device and slot.kind == ACTIVATION]
+      out[device] = fixed + symbolic_peak([self.lifetimes[s] for s in transients],
+                                          [self.slots[s].symbolic_nbytes() for s in transients])
+    return out
 
   def bytes_to_allocate(self) -> dict[str, int]:
     """Bytes per device not allocated yet: the arena (or each activation), and persistent buffers still unallocated."""
@@ -265,7 +284,8 @@ def graph_from_capture(items: list[ExecItem], inputs: Sequence[tuple[str, Buffer
   after `first_new_serial` were made by the captured call. `items` is emptied: a new Buffer that only the program
   referenced dies (it is an activation), one still referenced elsewhere survives (it is state). A host copy that is
   the first use of the only writer of its buffer is a constant: copied once, at construction, not per call."""
-  slots = [Slot(INPUT, buffer.device, buffer.size, buffer.dtype, name) for name, buffer in inputs]
+  slots = [Slot(INPUT, buffer.device, buffer.size, buffer.dtype, name, symbolic_size=buffer.symbolic_size)
+           for name, buffer in inputs]
   instructions, persistent, new = _instructions_of(items, slots, {id(b): s for s, (_, b) in enumerate(inputs)},
                                                    first_new_serial)
   items.clear()
@@ -302,7 +322,7 @@ def _instructions_of(items: list[ExecItem], slots: list[Slot], slot_of: dict[int
         slot_of[id(buffer)] = len(slots)
         if buffer.serial > first_new_serial: new[len(slots)] = weakref.ref(buffer)
         else: persistent[len(slots)] = buffer
-        slots.append(Slot(STATE, buffer.device, buffer.size, buffer.dtype))
+        slots.append(Slot(STATE, buffer.device, buffer.size, buffer.dtype, symbolic_size=buffer.symbolic_size))
     args = tuple(slot_of[id(buffer)] for buffer in item.bufs)
     instructions.append(Instruction(item.runner, args, item.bufs[0].device, item.output_count, dict(item.var_vals)))
   return instructions, persistent, new

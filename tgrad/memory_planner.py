@@ -14,7 +14,7 @@ Two greedy packings are tried and the smaller arena kept:
 from __future__ import annotations
 import bisect, heapq
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 from tgrad.helpers import round_up
 
 # Offsets and sizes are rounded up to this: cudaMalloc's alignment (256 bytes), so a view is as aligned as an
@@ -41,6 +41,16 @@ def liveness(uses: Sequence[Sequence[int]]) -> dict[int, tuple[int, int]]:
   for i, ids in enumerate(uses):
     for b in ids: out[b] = (out[b][0], i) if b in out else (i, i)
   return out
+
+def symbolic_peak(lifetimes: Sequence[Lifetime], nbytes: Sequence[Any]) -> Any:
+  """The most bytes live at once over the instructions, as a sympy expression: the Max over instructions of the
+  sum of the live transients' sizes (`nbytes`: sympy expressions in the symbolic variables, one per lifetime). What
+  an ideal packing needs at each value of the variables (alignment not counted); the planned arena is sized for the
+  variables' maximum, so its offsets hold for every value."""
+  import sympy
+  steps = sorted({t.first for t in lifetimes})
+  sums = {sum((b for t, b in zip(lifetimes, nbytes) if t.first <= i <= t.last), sympy.Integer(0)) for i in steps}
+  return sympy.Max(*sums) if sums else sympy.Integer(0)
 
 def plan_arena(lifetimes: Sequence[Lifetime], alignment: int = ARENA_ALIGNMENT) -> ArenaPlan:
   """Offsets for the transients; see the module doc. An empty list needs an arena of 0 bytes."""

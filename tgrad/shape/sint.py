@@ -8,7 +8,7 @@ given variable values, `unbind` splits the BINDs out of a size.
 """
 from __future__ import annotations
 import functools
-from typing import Optional, Union
+from typing import Any, Optional, Union
 from tgrad.dtype import dtypes
 from tgrad.ops import UOp, Ops, simplify, exec_alu
 
@@ -94,6 +94,25 @@ def evaluate(x: sint, var_vals: Optional[dict[str, int]] = None) -> int:
       values[u] = var_vals[u.arg[0]]
     else: values[u] = exec_alu(u.op, u.dtype, tuple(values[s] for s in u.src))
   return values[x]
+
+def to_sympy(x: sint):
+  """A size as a sympy expression (variables are integer sympy Symbols of their names): for showing and evaluating
+  memory as a function of the variables. sympy is imported only here."""
+  import sympy
+  if not isinstance(x, UOp): return sympy.Integer(x)
+  values: dict[UOp, Any] = {}
+  for u in unbind(x)[0].toposort():
+    s = [values[v] for v in u.src]
+    if u.op is Ops.CONST: values[u] = sympy.Integer(u.arg)
+    elif u.op is Ops.DEFINE_VAR: values[u] = sympy.Symbol(u.arg[0], integer=True, nonnegative=True)
+    elif u.op is Ops.ADD: values[u] = s[0] + s[1]
+    elif u.op is Ops.MUL: values[u] = s[0] * s[1]
+    elif u.op is Ops.NEG: values[u] = -s[0]
+    elif u.op is Ops.IDIV: values[u] = sympy.floor(s[0] / s[1])   # sizes are nonnegative: C division is floor
+    elif u.op is Ops.MOD: values[u] = sympy.Mod(s[0], s[1])
+    elif u.op is Ops.MAX: values[u] = sympy.Max(s[0], s[1])
+    else: raise ValueError(f"no sympy form for {u.op} in the size {x.render()}")
+  return values[unbind(x)[0]]
 
 def render(x: sint) -> str: return x.render() if isinstance(x, UOp) else str(x)
 

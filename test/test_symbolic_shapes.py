@@ -1,0 +1,269 @@
+"""Symbolic shapes (docs/symbolic.md): a bound Variable as a dimension, one compile for every value, JIT replay across
+values, memory as a function of the variables. Results are compared with numpy at several values of each variable."""
+import random
+import numpy as np
+import pytest
+import sympy
+from tgrad import Tensor, TinyJit, Variable, dtypes
+from tgrad.ops import UOp, Ops
+from tgrad.lazy import LazyBuffer
+from tgrad.schedule import create_schedule
+from tgrad.shape.shapetracker import ShapeTracker
+from tgrad.shape.sint import evaluate, to_sympy
+from tgrad.codegen.kernel import Kernel, KernelOptError, Opt, OptOps
+from tgrad.codegen.cuda import CUDARenderer
+from tgrad.codegen.heuristics import hand_coded_optimizations
+from tgrad.codegen.linearizer import linearize
+from tgrad.runtime.nvrtc import nvrtc_available
+import tgrad.realize as realize_module
+import tgrad.schedule_cache as schedule_cache
+
+MAX_ROWS = 12
+ROWS = Variable("rows", 1, MAX_ROWS)
+VALUES = (1, 5, MAX_ROWS)
+
+def compiles() -> int: return realize_module._kernel_counter
+
+@pytest.fixture(scope="module")
+def data():
+  rng = np.random.default_rng(0)
+  x = rng.standard_normal((MAX_ROWS, 8)).astype(np.float32)
+  w = rng.standard_normal((8, 6)).astype(np.float32)
+  return x, w, Tensor(x).realize(), Tensor(w).realize()
+
+# ---- the Variable API
+
+def test_bind_out_of_range_raises_naming_variable_bounds_and_value():
+  with pytest.raises(ValueError, match=r"'rows'.*\[1, 12\].*13"): ROWS.bind(13)
+  with pytest.raises(ValueError, match=r"'rows'.*\[1, 12\].*0"): ROWS.bind(0)
+  with pytest.raises(TypeError): ROWS.bind(2.5)
+  with pytest.raises(ValueError): Variable("bad name", 1, 4)
+  with pytest.raises(ValueError): Variable("n", 5, 4)
+
+def test_shape_shows_the_symbol_and_numpy_uses_the_value(data):
+  x, _, tx, _ = data
+  n = ROWS.bind(4)
+  y = tx[:n]
+  assert y.shape[0] is n and y.shape[1] == 8 and "rows" in repr(y.shape)
+  np.testing.assert_array_equal(y.numpy(), x[:4])
+  assert Tensor.zeros(n, 3).numpy().shape == (4, 3)
+  assert Tensor.empty(n, 2).shape[0] is n
+  np.testing.assert_array_equal(Tensor.full((2, n), 7.0).numpy(), np.full((2, 4), 7.0, np.float32))
+
+def test_symbolic_bounds_must_hold_for_every_value(data):
+  _, _, tx, _ = data
+  wide = Variable("wide", 1, MAX_ROWS + 1).bind(3)
+  with pytest.raises(IndexError, match="every value"): tx[:wide]
+  with pytest.raises(ValueError): tx.shrink(((0, wide), None))
+  with pytest.raises(ValueError): tx[:ROWS.bind(3)].reshape(3, 8)   # rows*8 is not 24 for every value
+
+# ---- symbolic vs concrete: random op chains at several values, against numpy
+
+def _chain(rng: random.Random, depth: int):
+  """A random chain of ops, each (tgrad op, numpy op) on a (rows, 8) float tensor; some keep the shape."""
+  ops = [
+    (lambda t: t * 2 + 1, lambda a: a * 2 + 1),
+    (lambda t: t.relu(), lambda a: np.maximum(a, 0)),
+    (lambda t: (t * 0.25).exp(), lambda a: np.exp(a * 0.25)),
+    (lambda t: (t > 0).where(t, -t), lambda a: np.where(a > 0, a, -a)),
+    (lambda t: t - t.max(1, keepdim=True), lambda a: a - a.max(1, keepdims=True)),
+    (lambda t: t - t.sum(0, keepdim=True), lambda a: a - a.sum(0, keepdims=True)),
+    (lambda t: t / (t.mean(0, keepdim=True).abs() + 1), lambda a: a / (np.abs(a.mean(0, keepdims=True)) + 1)),
+    (lambda t: t.reshape(t.shape[0], 2, 4).permute(0, 2, 1).reshape(t.shape[0], 8),
+     lambda a: a.reshape(a.shape[0], 2, 4).transpose(0, 2, 1).reshape(a.shape[0], 8)),
+    (lambda t: t.flip(0), lambda a: a[::-1]),
+  ]
+  return [rng.choice(ops) for _ in range(depth)]
+
+FINISHERS = [
+  ("identity", lambda t, w: t, lambda a, w: a),
+  ("sum0", lambda t, w: t.sum(0), lambda a, w: a.sum(0)),
+  ("sum1", lambda t, w: t.sum(1), lambda a, w: a.sum(1)),
+  ("sum", lambda t, w: t.sum(), lambda a, w: a.sum()),
+  ("mean0", lambda t, w: t.mean(0), lambda a, w: a.mean(0)),
+  ("matmul", lambda t, w: t @ w, lambda a, w: a @ w),
+  ("gram", lambda t, w: t.T @ t, lambda a, w: a.T @ a),
+  ("outer", lambda t, w: t @ t.T, lambda a, w: a @ a.T),
+  ("pad", lambda t, w: t.pad(((0, MAX_ROWS - t.shape[0]), None)),
+   lambda a, w: np.pad(a, ((0, MAX_ROWS - a.shape[0]), (0, 0)))),
+]
+
+@pytest.mark.parametrize("seed", range(12))
+def test_fuzz_symbolic_chains_against_numpy(seed, data):
+  x, w, tx, tw = data
+  rng = random.Random(seed)
+  chain = _chain(rng, rng.randint(1, 4))
+  name, finish, finish_np = FINISHERS[seed % len(FINISHERS)]
+  for value in VALUES:
+    t, a = tx[:ROWS.bind(value)], x[:value]
+    for op, op_np in chain: t, a = op(t), op_np(a)
+    out, ref = finish(t, tw).numpy(), finish_np(a, w)
+    np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4, err_msg=f"seed {seed} ({name}) at rows={value}")
+
+# ---- one compile for every value
+
+def test_second_value_compiles_nothing_and_hits_the_schedule_cache(data):
+  x, w, tx, tw = data
+  def step(value):
+    t = tx[:ROWS.bind(value)]
+    return ((t @ tw).relu().sum(0) / t.shape[0] + t.max()).numpy()
+  step(3)
+  compiled, templates = compiles(), len(schedule_cache._templates)
+  for value in (7, 12, 1):
+    out = step(value)
+    np.testing.assert_allclose(out, np.maximum(x[:value] @ w, 0).sum(0) / value + x[:value].max(), rtol=1e-5)
+  assert compiles() == compiled
+  assert len(schedule_cache._templates) == templates
+
+def test_kernel_ast_holds_the_variable_not_the_value(data):
+  _, _, tx, _ = data
+  keys = set()
+  for value in (2, 9):
+    (item,) = [i for i in create_schedule([(tx[:ROWS.bind(value)] * 3).lazydata]) if i.ast.op is Ops.SINK]
+    assert item.var_vals == {"rows": value}
+    assert not any(u.op is Ops.BIND for u in item.ast.toposort())
+    keys.add(item.ast.key)
+  assert len(keys) == 1
+
+# ---- index math with bounds, against brute force
+
+MOVEMENTS = [
+  lambda st, n: st.permute((1, 0)),
+  lambda st, n: st.shrink(((0, st.shape[0]), (1, 3))),
+  lambda st, n: st.pad(((1, 2), (0, 0))),
+  lambda st, n: st.flip((True, False)),
+  lambda st, n: st.reshape((st.shape[0] * 2, 2)) if st.shape[1] == 4 else st,
+]
+
+def _numpy_movement(k: int, a: np.ndarray) -> np.ndarray:
+  if k == 0: return a.T
+  if k == 1: return a[:, 1:3]
+  if k == 2: return np.pad(a, ((1, 2), (0, 0)), constant_values=-1)
+  if k == 3: return a[::-1]
+  return a.reshape(a.shape[0] * 2, 2) if a.shape[1] == 4 else a
+
+@pytest.mark.parametrize("seed", range(6))
+def test_symbolic_index_math_matches_brute_force(seed):
+  rng = random.Random(seed)
+  ops = [rng.randrange(len(MOVEMENTS)) for _ in range(3)]
+  n = Variable("n", 1, 6)
+  st = ShapeTracker.from_shape((n, 4))
+  for k in ops: st = MOVEMENTS[k](st, n)
+  idxs = [UOp(Ops.RANGE, dtypes.index, (UOp.const(dtypes.index, 0), s if isinstance(s, UOp) else
+              UOp.const(dtypes.index, s)), d) for d, s in enumerate(st.shape)]
+  index, valid = st.to_indexed(idxs)
+  for value in range(1, 7):
+    ref = np.arange(value * 4).reshape(value, 4)
+    for k in ops: ref = _numpy_movement(k, ref)
+    assert tuple(evaluate(s, {"n": value}) for s in st.shape) == ref.shape
+    for position in np.ndindex(*ref.shape):
+      env = {"n": value, **{f"i{d}": p for d, p in enumerate(position)}}
+      at = {i: UOp.const(dtypes.index, p) for i, p in zip(idxs, position)} | {n: UOp.const(dtypes.index, value)}
+      ok = evaluate(valid.substitute(at), env)
+      assert (ref[position] != -1) == bool(ok), (ops, value, position)
+      if ok: assert evaluate(index.substitute(at), env) == ref[position], (ops, value, position)
+
+def test_simplification_uses_the_variable_bounds():
+  n = Variable("n", 1, 64)
+  i = UOp(Ops.RANGE, dtypes.index, (UOp.const(dtypes.index, 0), n), 0)
+  st = ShapeTracker.from_shape((n, 16)).reshape((n * 16,)).reshape((n, 4, 4))
+  index, valid = st.to_indexed([i, UOp.variable("j", 0, 3), UOp.variable("k", 0, 3)])
+  assert valid.op is Ops.CONST and valid.arg is True
+  assert index.render().count("//") == 0 and index.render().count("%") == 0, index.render()
+
+# ---- opts: legality from the bounds
+
+def _kernel(out: LazyBuffer, renderer=None) -> Kernel:
+  (item,) = [i for i in create_schedule([out]) if i.ast.op is Ops.SINK]
+  from tgrad.device import Device
+  return Kernel(item.ast, renderer or Device["LLVM"].renderer)
+
+def test_opts_on_a_symbolic_axis_are_refused(data):
+  _, _, tx, _ = data
+  kernel = _kernel((tx[:ROWS.bind(5)] * 2).contiguous().lazydata, CUDARenderer())
+  symbolic_axis = next(a for a, s in enumerate(kernel.full_shape) if isinstance(s, UOp))
+  for opt in (Opt(OptOps.UPCAST, symbolic_axis, 2), Opt(OptOps.LOCAL, symbolic_axis, 2),
+              Opt(OptOps.PADTO, symbolic_axis, 32)):
+    with pytest.raises(KernelOptError, match="symbolic"): kernel.copy().apply_opt(opt)
+  reduce_kernel = _kernel(tx[:ROWS.bind(5)].sum(0).lazydata, CUDARenderer())
+  for opt in (Opt(OptOps.UNROLL, 0, 2), Opt(OptOps.GROUP, 0, 4)):
+    with pytest.raises(KernelOptError, match="symbolic"): reduce_kernel.copy().apply_opt(opt)
+
+# ---- TinyJit across values
+
+def test_jit_replays_any_value_without_compiling_or_capturing(data):
+  x, w, tx, tw = data
+  captures = []
+  @TinyJit
+  def f(t, n):
+    captures.append(1)
+    rows = t.shrink(((0, n), None))
+    return ((rows @ tw).relu().sum(0) / n).realize()
+  for value in (3, 4):
+    f(tx, ROWS.bind(value))
+  compiled = compiles()
+  for value in (1, 9, 12, 2):
+    out = f(tx, ROWS.bind(value)).numpy()
+    np.testing.assert_allclose(out, np.maximum(x[:value] @ w, 0).sum(0) / value, rtol=1e-5)
+  assert len(captures) == 2 and compiles() == compiled
+
+def test_jit_with_symbolic_tensor_input_returns_symbolic_output(data):
+  x, _, tx, _ = data
+  @TinyJit
+  def g(t): return (t * 2).sum(1).realize()
+  for value in (3, 6, 10, 1):
+    out = g(tx[:ROWS.bind(value)])
+    assert out.shape[0].src[1].arg == value
+    np.testing.assert_allclose(out.numpy(), (x[:value] * 2).sum(1), rtol=1e-5)
+
+def test_memory_estimate_as_a_sympy_expression_and_offsets_valid_for_every_value(data):
+  _, _, tx, tw = data
+  @TinyJit
+  def h(t):
+    hidden = (t @ tw).relu()
+    return (hidden.exp() * 2).sum(1).realize()
+  for value in (4, 7, 2): h(tx[:ROWS.bind(value)])
+  graph = h.captured
+  (device, expression), = graph.estimate_memory(symbolic=True).items()
+  rows = sympy.Symbol("rows", integer=True, nonnegative=True)
+  assert expression.free_symbols == {rows}
+  fixed = sum(s.nbytes for s in graph.slots if s.kind != "activation")   # at the maximum
+  activations = [s for s in graph.slots if s.kind == "activation"]
+  assert activations and all(s.symbolic_size is not None for s in activations)
+  for value in range(1, MAX_ROWS + 1):
+    # at each value: the symbolic buffers' bytes at that value, and the live activations' largest total
+    at = int(expression.subs(rows, value))
+    assert at <= graph.estimate_memory()[device]
+    sizes = {id(s): int(to_sympy(s.symbolic_size).subs(rows, value)) * s.dtype.itemsize for s in activations}
+    assert all(size <= s.nbytes for s, size in zip(activations, sizes.values()))
+    # arena offsets: activations live at the same time never overlap at any value
+    for i, a in enumerate(activations):
+      for b in activations[i + 1:]:
+        la, lb = graph.lifetimes[graph.slots.index(a)], graph.lifetimes[graph.slots.index(b)]
+        if la.overlaps(lb):
+          assert a.offset + sizes[id(a)] <= b.offset or b.offset + sizes[id(b)] <= a.offset
+  assert int(expression.subs(rows, MAX_ROWS)) - int(expression.subs(rows, 1)) > 0
+  assert fixed > 0
+
+# ---- CUDA: kernels with variables compile with NVRTC
+
+needs_nvrtc = pytest.mark.skipif(not nvrtc_available(), reason="libnvrtc not found (pip install nvidia-cuda-nvrtc)")
+
+@needs_nvrtc
+@pytest.mark.parametrize("case", ["elementwise", "reduce_symbolic_axis", "reduce_other_axis", "matmul", "mean"])
+def test_cuda_kernels_with_variables_compile(case, data):
+  from tgrad.runtime.nvrtc import compile_cuda
+  _, _, tx, tw = data
+  t = tx[:ROWS.bind(5)]
+  out = {"elementwise": lambda: (t * 2 + 1).exp(), "reduce_symbolic_axis": lambda: t.sum(0),
+         "reduce_other_axis": lambda: t.max(1), "matmul": lambda: t @ tw, "mean": lambda: t.mean(0)}[case]()
+  for item in create_schedule([out.contiguous().lazydata]):
+    if item.ast.op is not Ops.SINK: continue
+    kernel = Kernel(item.ast, CUDARenderer())
+    hand_coded_optimizations(kernel)
+    src = kernel.renderer.render("symbolic_kernel", linearize(kernel))
+    # a loop over the symbolic axis takes the value as an argument; a grid over it needs none
+    if case in ("reduce_symbolic_axis", "mean") and kernel.reduceops: assert "long long rows_arg" in src, src
+    assert compile_cuda(src, "sm_90")[:4] == b"\x7fELF"
+    global_size, _ = kernel.launch_dims()
+    assert all(evaluate(g, {"rows": 5}) >= 1 for g in global_size)

@@ -1,7 +1,8 @@
 """tgrad: a small tinygrad-style lazy tensor framework.
 
 `Tensor` is the whole user API; `dtypes` names the element types; `Device` finds backends; `Context` scopes the
-settings that environment variables set; `TinyJit` captures a function's kernels and replays them; `Variable` names a symbolic size (docs/symbolic.md).
+settings that environment variables set; `TinyJit` captures a function's kernels and replays them; `Variable` names
+a symbolic size (docs/symbolic.md).
 """
 from tgrad.tensor import Tensor
 from tgrad.dtype import DType, dtypes

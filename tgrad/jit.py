@@ -250,7 +250,8 @@ class CompiledGraph:
       runner()
 
   def _set_variables(self, var_vals: dict[str, int]) -> None:
-    changed = {name: value for name, value in var_vals.items() if name in self.var_vals and self.var_vals[name] != value}
+    changed = {name: value for name, value in var_vals.items()
+               if name in self.var_vals and self.var_vals[name] != value}
     if not changed: return
     self.var_vals.update(changed)
     touched = {id(ins): ins for name in changed for ins in self.users_of_variable[name]}

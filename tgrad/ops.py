@@ -213,7 +213,7 @@ class UOp:
   def variable(name: str, min_value: int, max_value: int, dtype: DType = dtypes.index) -> UOp:
     return UOp(Ops.DEFINE_VAR, dtype, (), (name, min_value, max_value))
   def bind(self, value: int) -> UOp:
-    """This variable standing for `value`: a BIND usable as a dimension. Out of the variable's bounds is a ValueError."""
+    """This variable standing for `value`: a BIND usable as a dimension; out of its bounds is a ValueError."""
     if self.op is not Ops.DEFINE_VAR: raise TypeError(f"only a Variable can be bound, not {self.render()}")
     name, lo, hi = self.arg
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):

@@ -34,7 +34,8 @@ class CompiledKernel:
   def launch_dims(self, var_vals: Optional[dict[str, int]] = None) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """(global_size, local_size) for these variable values."""
     if not self.symbolic_dims: return self.global_size, self.local_size
-    return (tuple(evaluate(s, var_vals) for s in self.global_size), tuple(evaluate(s, var_vals) for s in self.local_size))
+    return (tuple(evaluate(s, var_vals) for s in self.global_size),
+            tuple(evaluate(s, var_vals) for s in self.local_size))
   def __call__(self, buffers: Sequence[Buffer], wait: bool = False, var_vals: Optional[dict[str, int]] = None
                ) -> Optional[float]:
     vals = tuple(var_vals[name] for name in self.variables) if self.variables else ()

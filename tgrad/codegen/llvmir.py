@@ -64,7 +64,8 @@ class _FunctionBuilder:
     self.module = ir.Module(name=name)
     buffers = [u for u in uops if u.op is Ops.DEFINE_GLOBAL]
     self.variables = sorted({u for u in uops if u.op is Ops.DEFINE_VAR}, key=lambda u: u.arg[0])
-    fn_type = ir.FunctionType(ir.VoidType(), [ir.PointerType() for _ in buffers] + [_I64] * len(self.variables) + [_I32])
+    fn_type = ir.FunctionType(ir.VoidType(),
+                              [ir.PointerType() for _ in buffers] + [_I64] * len(self.variables) + [_I32])
     self.fn = ir.Function(self.module, fn_type, name=name)
     for arg in self.fn.args[:len(buffers)]: arg.add_attribute("noalias")
     self.variable_args = dict(zip(self.variables, self.fn.args[len(buffers):-1]))

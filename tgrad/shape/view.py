@@ -108,7 +108,8 @@ class View:
   def reshape(self, new_shape: Sequence[int]) -> Optional[View]:
     """The same elements in row-major order with a new shape, or None when no single View expresses that."""
     new_shape = as_shape_tuple(new_shape, "reshape shape")
-    if any(vmin_of(s) < 0 for s in new_shape): raise ValueError(f"cannot reshape {self.shape} to {new_shape}: negative dim")
+    if any(vmin_of(s) < 0 for s in new_shape):
+      raise ValueError(f"cannot reshape {self.shape} to {new_shape}: negative dim")
     if not sym_eq(prod(new_shape), self.size):
       raise ValueError(f"cannot reshape {self.shape} (size {self.size}) to {new_shape}")
     if new_shape == self.shape: return self
@@ -171,7 +172,8 @@ class View:
       for d, stride, valid in zip(new, piece.strides, piece.valid_ranges()): strides[d], mask[d] = stride, valid
     old_symbol_dims = [d for d, s in enumerate(self.shape) if isinstance(s, UOp)]
     new_symbol_dims = [d for d, s in enumerate(new_shape) if isinstance(s, UOp)]
-    for old_d, new_d in zip(old_symbol_dims, new_symbol_dims): strides[new_d], mask[new_d] = self.strides[old_d], ranges[old_d]
+    for old_d, new_d in zip(old_symbol_dims, new_symbol_dims):
+      strides[new_d], mask[new_d] = self.strides[old_d], ranges[old_d]
     return View.create(new_shape, strides, offset, mask)
 
   def permute(self, order: Sequence[int]) -> View:
@@ -230,8 +232,9 @@ class View:
     offset = canonical(self.offset + sum((s - 1) * st for s, st, f in zip(self.shape, self.strides, axes) if f))
     strides = tuple(canonical(-st) if f else st for st, f in zip(self.strides, axes))
     mask = None
-    if self.mask is not None: mask = tuple((canonical(s - hi), canonical(s - lo)) if f else (lo, hi) for (lo, hi), s, f in
-                                           zip(self.mask, self.shape, axes))
+    if self.mask is not None:
+      mask = tuple((canonical(s - hi), canonical(s - lo)) if f else (lo, hi)
+                   for (lo, hi), s, f in zip(self.mask, self.shape, axes))
     return View.create(self.shape, strides, offset, mask)
 
   def stride(self, steps: Sequence[int]) -> View:
@@ -277,8 +280,8 @@ def _canonical_view(shape: tuple[int, ...], strides: Optional[tuple[int, ...]], 
   if mask is not None:
     if len(mask) != len(shape): raise ValueError(f"mask {tuple(mask)} does not match shape {shape}")
     if any(len(m) != 2 for m in mask): raise ValueError(f"mask {mask} must be (start, end) pairs")
-    mask = tuple((smax(0, lo if isinstance(lo, UOp) else int(operator.index(lo))),
-                  smin(size, hi if isinstance(hi, UOp) else int(operator.index(hi)))) for (lo, hi), size in zip(mask, shape))
+    def bound(x): return x if isinstance(x, UOp) else int(operator.index(x))
+    mask = tuple((smax(0, bound(lo)), smin(size, bound(hi))) for (lo, hi), size in zip(mask, shape))
     if any(definitely_le(hi, lo) for lo, hi in mask):
       return View(shape, (0,) * len(shape), 0, (EMPTY_RANGE,) * len(shape), False)
     if all(m == (0, size) for m, size in zip(mask, shape)): mask = None

@@ -178,16 +178,41 @@ def _kernel(out: LazyBuffer, renderer=None) -> Kernel:
   from tgrad.device import Device
   return Kernel(item.ast, renderer or Device["LLVM"].renderer)
 
-def test_opts_on_a_symbolic_axis_are_refused(data):
+def test_opt_legality_from_the_bounds(data):
   _, _, tx, _ = data
+  # (rows, 8) elementwise merges to one axis of rows*8: 2 divides it for every value, 3 doesn't
   kernel = _kernel((tx[:ROWS.bind(5)] * 2).contiguous().lazydata, CUDARenderer())
-  symbolic_axis = next(a for a, s in enumerate(kernel.full_shape) if isinstance(s, UOp))
-  for opt in (Opt(OptOps.UPCAST, symbolic_axis, 2), Opt(OptOps.LOCAL, symbolic_axis, 2),
-              Opt(OptOps.PADTO, symbolic_axis, 32)):
+  axis = next(a for a, s in enumerate(kernel.full_shape) if isinstance(s, UOp))
+  kernel.copy().apply_opt(Opt(OptOps.UPCAST, axis, 2))
+  for opt in (Opt(OptOps.UPCAST, axis, 3), Opt(OptOps.PADTO, axis, 32), Opt(OptOps.THREAD, axis, 2)):
     with pytest.raises(KernelOptError, match="symbolic"): kernel.copy().apply_opt(opt)
-  reduce_kernel = _kernel(tx[:ROWS.bind(5)].sum(0).lazydata, CUDARenderer())
-  for opt in (Opt(OptOps.UNROLL, 0, 2), Opt(OptOps.GROUP, 0, 4)):
-    with pytest.raises(KernelOptError, match="symbolic"): reduce_kernel.copy().apply_opt(opt)
+  guarded = kernel.copy()
+  guarded.apply_opt(Opt(OptOps.LOCAL, axis, 3))   # with a guard: padded to ceil(rows*8/3)*3, masked
+  global_size, local_size = guarded.launch_dims()
+  assert local_size == (3,) and evaluate(global_size[0], {"rows": 5}) == 14
+  # a reduce over rows: no unroll by what doesn't divide it; a sum groups with a guard, a max doesn't
+  total = _kernel(tx[:ROWS.bind(5)].sum(0).lazydata, CUDARenderer())
+  with pytest.raises(KernelOptError, match="symbolic"): total.copy().apply_opt(Opt(OptOps.UNROLL, 0, 2))
+  total.copy().apply_opt(Opt(OptOps.GROUP, 0, 4))
+  maximum = _kernel(tx[:ROWS.bind(5)].max(0).lazydata, CUDARenderer())
+  with pytest.raises(KernelOptError, match="symbolic"): maximum.copy().apply_opt(Opt(OptOps.GROUP, 0, 4))
+
+@pytest.mark.parametrize("opt", [Opt(OptOps.UPCAST, 0, 4), Opt(OptOps.UPCAST, 0, 8)], ids=str)
+def test_symbolic_kernel_with_opts_runs_at_every_value(opt, data):
+  from tgrad.codegen.compile import compile_kernel
+  x, _, tx, _ = data
+  for value in VALUES:
+    (item,) = [i for i in create_schedule([((tx[:ROWS.bind(value)] + 1) * 3).contiguous().lazydata])
+               if i.ast.op is Ops.SINK]
+    kernel = _kernel_of(item)
+    kernel.apply_opt(opt)
+    compile_kernel("LLVM", kernel)(list(item.bufs), var_vals=item.var_vals)
+    out = item.bufs[0].copyout().view(np.float32)[:value * 8].reshape(value, 8)
+    np.testing.assert_allclose(out, (x[:value] + 1) * 3, rtol=1e-6)
+
+def _kernel_of(item) -> Kernel:
+  from tgrad.device import Device
+  return Kernel(item.ast, Device["LLVM"].renderer)
 
 # ---- TinyJit across values
 

@@ -13,6 +13,7 @@ from typing import Optional
 from tgrad.codegen.kernel import Kernel, KernelOptError, Opt, OptOps
 from tgrad.ops import Ops
 from tgrad.helpers import cpu_count, prod
+from tgrad.shape.sint import vmax_of
 
 # CPU: an AVX-512 register holds 16 float32; an 8×16 tile of accumulators uses 8 of the 32 vector registers and
 # reuses each loaded B vector 8 times (measured on Zen 5, 1024² matmul: 4×16 → 64, 8×16 → 126 GFLOP/s per core).
@@ -366,17 +367,27 @@ def _gpu_rules(kernel: Kernel) -> None:
   if _staged_matmul(kernel): return
   _gpu_locals(kernel, _gpu_upcast(kernel))
 
-# A kernel with symbolic sizes: on a GPU, a block of up to this many threads over the innermost axis of known size
-# that divides (the symbolic axes themselves are never split: see Kernel._apply); on a CPU the loops stay as they are.
+# A kernel with symbolic sizes (no unrolling: a symbolic axis splits only by what divides it for every value, or
+# with a guard, see Kernel._split_symbolic_axis). On a GPU: a reduce with few outputs gets a group of threads per
+# output (a sum over a symbolic axis too, guarded); otherwise a block of up to SYMBOLIC_LOCAL_THREADS threads over the
+# innermost global axis, a known size that it divides, else the innermost symbolic one, guarded. On a CPU the
+# loops stay as they are.
 SYMBOLIC_LOCAL_THREADS = 64
+SYMBOLIC_GROUP_THREADS = 64
 
 def _symbolic_rules(kernel: Kernel) -> None:
-  """The rules for a kernel whose loops have symbolic trip counts: only opts on axes of known size."""
+  """The rules for a kernel whose loops have symbolic trip counts."""
   if not kernel.renderer.has_local: return
+  few_outputs = vmax_of(prod(kernel.output_shape[:kernel.first_reduce])) <= GPU_GROUP_MAX_OUTPUTS
+  if kernel.reduceops and kernel.first_reduce < kernel.first_upcast and few_outputs:
+    reduce_size = kernel.full_shape[kernel.first_reduce]
+    group = _divisor_at_most(reduce_size, SYMBOLIC_GROUP_THREADS) if isinstance(reduce_size, int) \
+      else SYMBOLIC_GROUP_THREADS
+    if group > 1 and try_opt(kernel, Opt(OptOps.GROUP, 0, group)): return
   for axis in reversed(range(kernel.global_dims)):
     size = kernel.full_shape[axis]
-    if isinstance(size, int) and (local := _divisor_at_most(size, SYMBOLIC_LOCAL_THREADS)) > 1 and \
-       try_opt(kernel, Opt(OptOps.LOCAL, axis, local)): return
+    local = _divisor_at_most(size, SYMBOLIC_LOCAL_THREADS) if isinstance(size, int) else SYMBOLIC_LOCAL_THREADS
+    if local > 1 and try_opt(kernel, Opt(OptOps.LOCAL, axis, local)): return
 
 def hand_coded_optimizations(kernel: Kernel) -> None:
   if kernel.symbolic: _symbolic_rules(kernel)

@@ -18,7 +18,7 @@ from typing import Optional
 from tgrad.ops import UOp, Ops, ALU, exec_alu, truncate_to
 from tgrad.codegen.renderer import TensorCore
 from tgrad.shape.shapetracker import ShapeTracker
-from tgrad.shape.sint import is_symbolic, render as render_size, vmax_of
+from tgrad.shape.sint import canonical, ceil_div, is_symbolic, render as render_size, vmax_of
 from tgrad.helpers import prod, round_up
 
 class KernelOptError(Exception):
@@ -182,7 +182,9 @@ class Kernel:
     if moved < insert_before: insert_before += 1
     def split(shape):
       size = shape[axis]
-      piece = ((amount, size // amount) if top else (size // amount, amount)) if size > 1 else (1, 1)
+      if isinstance(size, int) and size <= 1: return shape[:axis] + (1, 1) + shape[axis + 1:]
+      rest = canonical(size // amount)
+      piece = (amount, rest) if top else (rest, amount)
       return shape[:axis] + piece + shape[axis + 1:]
     order = [i for i in range(insert_before) if i != moved] + [moved] + \
             [i for i in range(insert_before, self.shape_len + 1) if i != moved]
@@ -275,13 +277,13 @@ class Kernel:
     if opt.op is OptOps.SMEM: return self._stage(opt)
     axis = self._real_axis(opt)
     size = self.full_shape[axis]
-    # a symbolic axis has no size to divide: only SWAP moves it (LOCAL/GROUP would need a guard for every value)
-    self._check(isinstance(size, int) or opt.op is OptOps.SWAP, f"{opt}: axis {axis} has the symbolic size "
-                f"{render_size(size)}; {opt.op.name} needs a known size")
+    if not isinstance(size, int) and opt.op is not OptOps.SWAP:
+      self._split_symbolic_axis(opt, axis, size)
+      size = self.full_shape[axis]
     amount = opt.amount if opt.amount else size
     self._check(amount > 1 or opt.op is OptOps.SWAP, f"{opt}: amount must be > 1")
     if opt.op not in (OptOps.SWAP, OptOps.PADTO):
-      self._check(size % amount == 0, f"{opt}: {amount} doesn't divide axis size {size}")
+      self._check(canonical(size % amount) == 0, f"{opt}: {amount} doesn't divide axis size {render_size(size)}")
     # the launch runs exactly `threads` copies of axis 0 (launch_dims): its size must never change or move
     self._check(not self.threads or axis != 0, f"{opt}: axis 0 is the THREAD axis of {self.full_shape}")
     self._check(axis not in self.tc_lane_axes + self.tc_upcast_axes, f"{opt}: axis {axis} belongs to the tensor core")
@@ -325,6 +327,23 @@ class Kernel:
     elif opt.op is OptOps.PADTO: self._pad_to(opt, axis, amount)
     else:
       raise KernelOptError(f"{opt.op} is not supported by this kernel")
+
+  def _split_symbolic_axis(self, opt: Opt, axis: int, size) -> None:
+    """Legality of splitting an axis of symbolic size, from the bounds: UPCAST, UNROLL, LOCAL and GROUP by an amount
+    that divides the size for every value of the variables (n*64 by 4) split it as it is. A LOCAL of any other
+    symbolic axis, or a GROUP of one whose reduces ignore padding (sums), first pads it to a multiple of the amount:
+    the padded positions are masked off (the guard: their threads load nothing and store nothing)."""
+    splits = (OptOps.UPCAST, OptOps.UNROLL, OptOps.LOCAL, OptOps.GROUP, OptOps.GROUPTOP)
+    self._check(opt.op in splits and opt.amount is not None and opt.amount > 1,
+                f"{opt}: axis {axis} has the symbolic size {render_size(size)}; {opt.op.name} needs a known size")
+    amount = opt.amount or 1
+    if canonical(size % amount) == 0: return
+    guarded = opt.op is OptOps.LOCAL and axis < self.global_dims or \
+      opt.op in (OptOps.GROUP, OptOps.GROUPTOP) and all(reduce_ignores_padding(r) for r in self.reduceops)
+    self._check(guarded, f"{opt}: axis {axis} has the symbolic size {render_size(size)}, not a multiple of {amount} "
+                f"for every value; {opt.op.name} needs one (symbolic sizes are never unrolled with a guard)")
+    padded = canonical(ceil_div(size, amount) * amount)   # >= size for every value: ceil(n/a)*a
+    self.sts = [st if st.shape[axis] == 1 else st.pad_end_to(axis, padded) for st in self.sts]
 
   def _pad_to(self, opt: Opt, axis: int, amount: int) -> None:
     """PADTO: grow a loop axis to a multiple of `amount` with masked-off positions (loads read 0, stores are skipped).

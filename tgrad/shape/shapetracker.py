@@ -187,6 +187,8 @@ class ShapeTracker:
   def permute(self, order: Sequence[int]) -> ShapeTracker: return self._with_last(self.views[-1].permute(order))
   def expand(self, new_shape: Sequence[int]) -> ShapeTracker: return self._with_last(self.views[-1].expand(new_shape))
   def pad(self, padding: Sequence[tuple[int, int]]) -> ShapeTracker: return self._with_last(self.views[-1].pad(padding))
+  def pad_end_to(self, axis: int, new_size: sint) -> ShapeTracker:
+    return self._with_last(self.views[-1].pad_end_to(axis, new_size))
   def shrink(self, bounds: Sequence[tuple[int, int]]) -> ShapeTracker:
     return self._with_last(self.views[-1].shrink(bounds))
   def flip(self, axes: Sequence[bool]) -> ShapeTracker: return self._with_last(self.views[-1].flip(axes))

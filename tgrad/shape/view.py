@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Optional, Sequence
 from tgrad.dtype import dtypes
 from tgrad.helpers import prod
-from tgrad.ops import UOp
+from tgrad.ops import UOp, Ops, split_terms
 from tgrad.shape.sint import sint, canonical, ceil_div, definitely_le, is_symbolic, smax, smin, sym_eq, to_uop, vmin_of
 
 Mask = tuple[tuple[sint, sint], ...]
@@ -51,6 +51,9 @@ def strides_for_shape(shape: tuple[sint, ...]) -> tuple[sint, ...]:
 def _split_range(lo: int, hi: int, sizes: tuple[int, ...]) -> Optional[list[tuple[int, int]]]:
   """The non-empty flat range [lo, hi) of a dim of size prod(sizes), as one range per dim of `sizes` (row-major),
   or None when the flat range is not such a product."""
+  if is_symbolic((lo, hi, *sizes)):   # symbolic: only the whole range, or one dim
+    if sym_eq(lo, 0) is True and sym_eq(hi, prod(sizes)) is True: return [(0, s) for s in sizes]
+    return [(lo, hi)] if len(sizes) == 1 else None
   out: list[tuple[int, int]] = []
   for d in range(len(sizes) - 1):
     inner = prod(sizes[d + 1:])
@@ -116,7 +119,7 @@ class View:
     if self.size == 0 or self.contiguous: return View.create(new_shape)
     if self.is_fully_masked():   # a 0-d View cannot be masked: the ShapeTracker keeps the masked view under it
       return View.create(new_shape, mask=(EMPTY_RANGE,) * len(new_shape)) if new_shape else None
-    if is_symbolic(self.shape) or is_symbolic(new_shape): return self._reshape_symbolic(new_shape)
+    symbolic = is_symbolic(self.shape) or is_symbolic(new_shape)
     # Drop size-1 dims, then cut old and new dims into the smallest groups with equal products. Each group of old dims
     # must merge into one flat strided dim whose valid part is one range, which is then split into the new dims.
     old = [(s, st, m) for s, st, m in zip(self.shape, self.strides, self.valid_ranges()) if s != 1]
@@ -126,8 +129,14 @@ class View:
     while i < len(old):
       i_end, j_end, old_size, new_size = i + 1, j + 1, old[i][0], new[j]
       while old_size != new_size:
-        if old_size < new_size: old_size, i_end = old_size * old[i_end][0], i_end + 1
-        else: new_size, j_end = new_size * new[j_end], j_end + 1
+        if not symbolic: grow_old = old_size < new_size
+        elif sym_eq(old_size, new_size) is True: break
+        elif _divides(old_size, new_size): grow_old = True
+        elif _divides(new_size, old_size): grow_old = False
+        else: return None   # symbolic sizes that don't group by factors: a View of its own
+        if grow_old and i_end < len(old): old_size, i_end = prod((old_size, old[i_end][0])), i_end + 1
+        elif not grow_old and j_end < len(new): new_size, j_end = prod((new_size, new[j_end])), j_end + 1
+        else: return None
       merged = _merge_dims(old[i:i_end])
       if merged is None: return None
       stride, (lo, hi), offset_change = merged
@@ -135,46 +144,13 @@ class View:
       ranges = _split_range(lo, hi, group_sizes)
       if ranges is None: return None
       offset += offset_change
-      new_strides += [stride * prod(group_sizes[d + 1:]) for d in range(len(group_sizes))]
+      new_strides += [canonical(stride * prod(group_sizes[d + 1:])) for d in range(len(group_sizes))]
       new_mask += ranges
       i, j = i_end, j_end
     strides_iter, mask_iter = iter(new_strides), iter(new_mask)
     full_strides = [0 if s == 1 else next(strides_iter) for s in new_shape]
     full_mask = [(0, 1) if s == 1 else next(mask_iter) for s in new_shape]
     return View.create(new_shape, full_strides, offset, full_mask)
-
-  def _reshape_symbolic(self, new_shape: tuple[sint, ...]) -> Optional[View]:
-    """A reshape that keeps every symbolic dim as it is (same UOps, same order) and regroups only the int dims
-    between them, each run of int dims reshaped as a View of its own; None for anything else."""
-    def runs(shape):
-      groups, symbols, current = [], [], []
-      for d, size in enumerate(shape):
-        if isinstance(size, UOp):
-          groups.append(current)
-          symbols.append(size)
-          current = []
-        else: current.append(d)
-      return groups + [current], symbols
-    old_groups, old_symbols = runs(self.shape)
-    new_groups, new_symbols = runs(new_shape)
-    if len(old_symbols) != len(new_symbols) or any(a is not b for a, b in zip(old_symbols, new_symbols)): return None
-    ranges = self.valid_ranges()
-    strides: list[sint] = [0] * len(new_shape)
-    mask: list[tuple[sint, sint]] = [(0, s) for s in new_shape]
-    offset: sint = self.offset
-    for old, new in zip(old_groups, new_groups):
-      sub_shape = tuple(new_shape[d] for d in new)
-      if prod(self.shape[d] for d in old) != prod(sub_shape): return None
-      piece = View.create(tuple(self.shape[d] for d in old), tuple(self.strides[d] for d in old), 0,
-                          tuple(ranges[d] for d in old)).reshape(sub_shape)
-      if piece is None or len(piece.shape) != len(new): return None
-      offset = offset + piece.offset
-      for d, stride, valid in zip(new, piece.strides, piece.valid_ranges()): strides[d], mask[d] = stride, valid
-    old_symbol_dims = [d for d, s in enumerate(self.shape) if isinstance(s, UOp)]
-    new_symbol_dims = [d for d, s in enumerate(new_shape) if isinstance(s, UOp)]
-    for old_d, new_d in zip(old_symbol_dims, new_symbol_dims):
-      strides[new_d], mask[new_d] = self.strides[old_d], ranges[old_d]
-    return View.create(new_shape, strides, offset, mask)
 
   def permute(self, order: Sequence[int]) -> View:
     order = as_int_tuple(order, "permute order")
@@ -207,6 +183,13 @@ class View:
                  for (lo, hi), (before, _) in zip(self.valid_ranges(), padding))
     if self.size == 0: mask = (EMPTY_RANGE,) * self.ndim
     return View.create(shape, self.strides, offset, mask)
+
+  def pad_end_to(self, axis: int, new_size: sint) -> View:
+    """Grow dim `axis` to `new_size` with masked-off positions at its end. For a symbolic size whose padded form the
+    bounds can't order (ceil(n/4)*4 >= n): the caller knows new_size >= the size for every value."""
+    ranges = list(self.valid_ranges())
+    shape = self.shape[:axis] + (new_size,) + self.shape[axis + 1:]
+    return View.create(shape, self.strides, self.offset, ranges if self.size != 0 else (EMPTY_RANGE,) * self.ndim)
 
   def shrink(self, bounds: Sequence[tuple[int, int]]) -> View:
     """Keep [start, end) of each dim."""
@@ -298,10 +281,35 @@ def _merge_dims(dims: list[tuple[int, int, tuple[int, int]]]) -> Optional[tuple[
   size, stride, (lo, hi) = dims[-1]
   offset_change = 0
   for outer_size, outer_stride, (outer_lo, outer_hi) in reversed(dims[:-1]):
-    if outer_hi - outer_lo == 1:   # one valid outer index: its memory part is a constant, whatever the stride
-      offset_change += outer_lo * (outer_stride - size * stride)
-      lo, hi = outer_lo * size + lo, outer_lo * size + hi
-    elif (lo, hi) == (0, size) and outer_stride == size * stride: lo, hi = outer_lo * size, outer_hi * size
+    if sym_eq(outer_hi - outer_lo, 1) is True:   # one valid outer index: its memory part is a constant
+      offset_change = canonical(offset_change + outer_lo * (outer_stride - size * stride))
+      lo, hi = canonical(outer_lo * size + lo), canonical(outer_lo * size + hi)
+    elif (lo, hi) == (0, size) and sym_eq(outer_stride, size * stride) is True:
+      lo, hi = canonical(outer_lo * size), canonical(outer_hi * size)
     else: return None
-    size *= outer_size
+    size = prod((size, outer_size))
   return stride, (lo, hi), offset_change
+
+def _monomial(x: sint) -> tuple[int, list]:
+  """A size as coefficient × factors: an int, or c·v1·v2… over symbolic factors (any other expression is one
+  factor). Reshapes group symbolic dims by these factors."""
+  if not isinstance(x, UOp): return x, []
+  terms, constant = split_terms(x)
+  if constant != 0 or len(terms) != 1: return 1, [x]
+  (term, coefficient), = terms.items()
+  factors, pending = [], [term]
+  while pending:
+    u = pending.pop()
+    if u.op is Ops.MUL and all(f.op is not Ops.CONST for f in u.src): pending.extend(u.src)
+    else: factors.append(u)
+  return coefficient, factors
+
+def _divides(a: sint, b: sint) -> bool:
+  """a divides b as monomials (its coefficient divides b's and its factors are among b's), and a != b."""
+  (ca, fa), (cb, fb) = _monomial(a), _monomial(b)
+  if ca == 0 or cb % ca: return False
+  rest = list(fb)
+  for f in fa:
+    if f not in rest: return False
+    rest.remove(f)
+  return bool(rest) or cb != ca

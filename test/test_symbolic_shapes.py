@@ -197,6 +197,42 @@ def test_opt_legality_from_the_bounds(data):
   maximum = _kernel(tx[:ROWS.bind(5)].max(0).lazydata, CUDARenderer())
   with pytest.raises(KernelOptError, match="symbolic"): maximum.copy().apply_opt(Opt(OptOps.GROUP, 0, 4))
 
+def _indexed_at(st: ShapeTracker, position: tuple, env: dict) -> tuple[int, bool]:
+  """(memory index, valid) of a tracker at one position, with the variables at env's values."""
+  idxs = [UOp.variable(f"i{d}", 0, 1 << 20) for d in range(len(st.shape))]
+  index, valid = st.to_indexed(idxs)
+  at = {i: UOp.const(dtypes.index, p) for i, p in zip(idxs, position)}
+  return evaluate(index.substitute(at), env), bool(evaluate(valid.substitute(at), env))
+
+@pytest.mark.parametrize("opt", [Opt(OptOps.LOCAL, 0, 3), Opt(OptOps.LOCAL, 0, 16)], ids=str)
+def test_guarded_local_masks_the_padding_at_every_value(opt, data):
+  _, _, tx, _ = data
+  kernel = _kernel((tx[:ROWS.bind(5)] * 2).contiguous().lazydata, CUDARenderer())
+  kernel.apply_opt(opt)
+  for value in VALUES:
+    env = {"rows": value}
+    shape = tuple(evaluate(s, env) for s in kernel.full_shape)
+    assert shape[0] * shape[1] >= value * 8 > (shape[0] - 1) * shape[1]
+    for st in [st for u, st in zip(kernel.memops, kernel.sts) if u.op in (Ops.LOAD, Ops.STORE)]:
+      for position in np.ndindex(*shape):
+        flat = position[0] * shape[1] + position[1]
+        index, valid = _indexed_at(st, position, env)
+        assert valid == (flat < value * 8) and (not valid or index == flat), (value, position)
+
+def test_guarded_group_of_a_sum_masks_the_padding(data):
+  _, _, tx, _ = data
+  kernel = _kernel(tx[:ROWS.bind(5)].sum(0).lazydata, CUDARenderer())
+  kernel.apply_opt(Opt(OptOps.GROUP, 0, 4))
+  load = next(st for u, st in zip(kernel.memops, kernel.sts) if u.op is Ops.LOAD)
+  for value in VALUES:
+    env = {"rows": value}
+    shape = tuple(evaluate(s, env) for s in kernel.full_shape)   # (columns, group, loop)
+    seen = []
+    for position in np.ndindex(*shape):
+      index, valid = _indexed_at(load, position, env)
+      if valid: seen.append((index % 8, index // 8, position[0]))
+    assert sorted(seen) == sorted((c, r, c) for c in range(8) for r in range(value)), value
+
 @pytest.mark.parametrize("opt", [Opt(OptOps.UPCAST, 0, 4), Opt(OptOps.UPCAST, 0, 8)], ids=str)
 def test_symbolic_kernel_with_opts_runs_at_every_value(opt, data):
   from tgrad.codegen.compile import compile_kernel

@@ -187,9 +187,11 @@ class View:
   def pad_end_to(self, axis: int, new_size: sint) -> View:
     """Grow dim `axis` to `new_size` with masked-off positions at its end. For a symbolic size whose padded form the
     bounds can't order (ceil(n/4)*4 >= n): the caller knows new_size >= the size for every value."""
-    ranges = list(self.valid_ranges())
-    shape = self.shape[:axis] + (new_size,) + self.shape[axis + 1:]
-    return View.create(shape, self.strides, self.offset, ranges if self.size != 0 else (EMPTY_RANGE,) * self.ndim)
+    if self.size == 0: return View.create(self.shape[:axis] + (new_size,) + self.shape[axis + 1:])
+    # built directly, not through View.create: its clamp of the mask to the new size can't be proven for symbolic sizes
+    # (min(n, ceil(n/4)*4) would stay a MAX in every index), and every other field is already canonical
+    return View(self.shape[:axis] + (new_size,) + self.shape[axis + 1:], self.strides, self.offset,
+                self.valid_ranges(), False)
 
   def shrink(self, bounds: Sequence[tuple[int, int]]) -> View:
     """Keep [start, end) of each dim."""

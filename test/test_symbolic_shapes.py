@@ -328,3 +328,26 @@ def test_cuda_kernels_with_variables_compile(case, data):
     assert compile_cuda(src, "sm_90")[:4] == b"\x7fELF"
     global_size, _ = kernel.launch_dims()
     assert all(evaluate(g, {"rows": 5}) >= 1 for g in global_size)
+
+# ---- BEAM on symbolic kernels
+
+def test_beam_searches_once_for_every_value(data):
+  from tgrad import Context
+  from tgrad.cache import get_cache
+  from tgrad.codegen.search import search_cache_key
+  x, w, tx, tw = data
+  def step(value):
+    t = tx[:ROWS.bind(value)]
+    return ((t @ tw).relu().sum(0) / t.shape[0]).numpy()
+  with Context(BEAM=2, IGNORE_BEAM_CACHE=1):
+    for value in (5, 12):   # searched (timed at rows=12, checked at 1 and 12), then compiled once
+      np.testing.assert_allclose(step(value), np.maximum(x[:value] @ w, 0).sum(0) / value, rtol=1e-4)
+    compiled = compiles()
+    for value in (1, 8):
+      np.testing.assert_allclose(step(value), np.maximum(x[:value] @ w, 0).sum(0) / value, rtol=1e-4)
+    assert compiles() == compiled
+  from tgrad.device import Device
+  t = tx[:ROWS.bind(3)]
+  items = [i for i in create_schedule([((t @ tw).relu().sum(0) / t.shape[0]).lazydata]) if i.ast.op is Ops.SINK]
+  for item in items:   # each winner is cached under the symbolic AST's key
+    assert get_cache().get_opts(search_cache_key(Kernel(item.ast, Device[tx.device].renderer), 2)) is not None

@@ -130,6 +130,10 @@ class Kernel:
   @property
   def symbolic(self) -> bool: return is_symbolic(self.full_shape)
   @property
+  def variables(self) -> list[UOp]:
+    """The DEFINE_VARs of the kernel's trackers, by name: every one is a parameter of the program (linearizer)."""
+    return sorted({v for st in self.sts for v in st.variables()}, key=lambda v: v.arg[0])
+  @property
   def output_shape(self) -> tuple[int, ...]: return self.sts[0].shape
   @property
   def first_reduce(self) -> int:

@@ -605,6 +605,9 @@ class Linearizer:
     globals_ = sorted({u for u in all_nodes if u.op in (Ops.DEFINE_GLOBAL, Ops.DEFINE_LOCAL)} | kernel_buffers,
                       key=lambda u: (u.op is Ops.DEFINE_LOCAL, u.arg if u.op is Ops.DEFINE_GLOBAL else u.arg[0]))
     for g in globals_: place(g)
+    # every variable of the kernel is a parameter too, used or not (a grid over a symbolic axis may need no value in
+    # the code): the launch passes the values of all of them, in name order (CompiledKernel.variables)
+    for v in self.k.variables: place(v)
     # every thread id, used or not: a renderer sizes the launch (e.g. __launch_bounds__) from them
     specials = {u for i in self.base_idx if i is not None for u in i.toposort() if u.op is Ops.SPECIAL}
     for s in sorted(specials | {u for u in all_nodes if u.op is Ops.SPECIAL}, key=lambda u: u.arg[0]): place(s)

@@ -24,6 +24,7 @@ from tgrad.device import Buffer, Compiled, Device
 from tgrad.dtype import DType, dtypes
 from tgrad.helpers import Context, cpu_count, prod, settings_key
 from tgrad.ops import Ops
+from tgrad.shape.sint import evaluate, vmax_of
 
 # ---- the action space: every Opt the search may add to a kernel (illegal ones raise KernelOptError and are skipped)
 ACTION_AXES = 6          # axes 0..5: merged kernels rarely have more loop axes than that before upcasting
@@ -169,7 +170,7 @@ def kernel_buffer_specs(kernel: Kernel) -> list[tuple[DType, int]]:
   for u, st in zip(base.memops, base.sts):
     if u.op not in (Ops.LOAD, Ops.STORE): continue
     buffer = u.src[0]
-    size = prod(st.shape) if u.op is Ops.STORE else st.buffer_extent()
+    size = vmax_of(prod(st.shape)) if u.op is Ops.STORE else st.buffer_extent()   # symbolic: at the maximum
     specs[buffer.arg] = (buffer.dtype, max(size, specs.get(buffer.arg, (buffer.dtype, 0))[1]))
   assert sorted(specs) == list(range(len(specs))), f"kernel buffers are not numbered 0..n-1: {sorted(specs)}"
   return [specs[i] for i in range(len(specs))]
@@ -224,7 +225,7 @@ def kernel_numerics(kernel: Kernel) -> tuple[Optional[DType], int]:
   floats = {u.dtype for u in kernel.ast.toposort() if u.dtype.is_float}
   least_precise = max(floats, key=lambda d: FLOAT_ATOL.get(d, FLOAT_ATOL[dtypes.float32])) if floats else None
   base = Kernel(kernel.ast, kernel.renderer)
-  return least_precise, max(prod(base.full_shape) // max(prod(base.output_shape), 1), 1)
+  return least_precise, max(vmax_of(prod(base.full_shape)) // max(vmax_of(prod(base.output_shape)), 1), 1)
 
 # ---- compiling in worker processes: they get source text and return bytes; they never touch a device
 
@@ -318,8 +319,18 @@ class _Search:
     # inputs, and outputs the kernel also reads (an in-place update), start from random data before every checked run
     self.initial = {i: random_data(self.dtypes[i], b.size, rng) for i, b in enumerate(self.buffers)
                     if i not in self.outputs or i in read}
-    self.reference: dict[int, np.ndarray] = {}
-    self.tolerances: dict[int, Optional[Tolerance]] = {}   # per float output, from the reference (take_reference)
+    # symbolic variables: candidates are timed with each variable at its maximum (the most work, and what buffers are
+    # sized for) and checked at both bounds; the winner is cached under the kernel's symbolic key (one search serves
+    # every value). `check_values[0]` is the timing value; an output is compared over its elements at each value.
+    variables = sorted({v.arg for u in kernel.ast.toposort() if u.op is Ops.VIEW for v in u.arg.variables()})
+    self.timing_values = {name: high for name, _, high in variables}
+    self.check_values = [self.timing_values] + ([{name: low for name, low, _ in variables}] if variables else [])
+    base = Kernel(kernel.ast, kernel.renderer)
+    store_shapes = {u.src[0].arg: st.shape for u, st in zip(base.memops, base.sts) if u.op is Ops.STORE}
+    self.output_elements = [{i: evaluate(prod(shape), values) for i, shape in store_shapes.items()}
+                            for values in self.check_values]
+    self.reference: list[dict[int, np.ndarray]] = []
+    self.tolerances: list[dict[int, Optional[Tolerance]]] = []   # per float output (take_reference), per value
 
   @property
   def deadline_passed(self) -> bool:
@@ -433,7 +444,8 @@ class _Search:
     global_size, local_size = kernel.launch_dims()
     flops, nbytes = kernel.estimate()
     candidate.runner = CompiledKernel(self.name, self.device.program(self.name, binary), global_size, local_size,
-                                      candidate.src, list(kernel.applied_opts), flops, nbytes)
+                                      candidate.src, list(kernel.applied_opts), flops, nbytes, self.device.name,
+                                      tuple(v.arg[0] for v in kernel.variables))
 
   def finish_compiles(self, candidates: list[_Candidate]) -> None:
     """Collect the workers' binaries. A compile that shows no progress for COMPILE_TIMEOUT_SECONDS is abandoned and
@@ -465,7 +477,7 @@ class _Search:
       if candidate.runner is None: continue
       if self.deadline_passed: break
       for _ in range(TIMING_RUNS):
-        candidate.times.append(candidate.runner(self.buffers, wait=True))
+        candidate.times.append(candidate.runner(self.buffers, wait=True, var_vals=self.timing_values))
         if candidate.time > EARLY_STOP_FACTOR * self.best_time:
           candidate.early_stopped = True
           self.stats.early_stopped += 1
@@ -492,52 +504,59 @@ class _Search:
     if heuristic is None or heuristic is self.best or self.best.runner is None or heuristic.runner is None:
       return self.best
     for _ in range(FINAL_RUNS):
-      self.best.times.append(self.best.runner(self.buffers, wait=True))
-      heuristic.times.append(heuristic.runner(self.buffers, wait=True))
+      self.best.times.append(self.best.runner(self.buffers, wait=True, var_vals=self.timing_values))
+      heuristic.times.append(heuristic.runner(self.buffers, wait=True, var_vals=self.timing_values))
     self.stats.heuristic_seconds = heuristic.time
     return self.best if self.best.time < heuristic.time else heuristic
 
   # ---- checking a candidate against the unoptimized kernel
 
-  def checked_run(self, candidate: _Candidate, poison_byte: int) -> dict[int, np.ndarray]:
+  def checked_run(self, candidate: _Candidate, poison_byte: int, check: int = 0) -> dict[int, np.ndarray]:
     """Run once from fresh inputs with the outputs filled with `poison_byte`; returns the outputs. Raises _WroteInput
     if the kernel changed an input. An output the kernel also reads (an in-place update) starts from its random data
     instead of poison, so an element it skips there is caught only where the right value differs from the old one."""
     poison = {i: np.full(self.buffers[i].nbytes, poison_byte, np.uint8) for i in self.outputs if i not in self.initial}
     for i, data in self.initial.items(): self.buffers[i].copyin(data)
     for i, data in poison.items(): self.buffers[i].copyin(data.view(self.dtypes[i].np))
-    candidate.times.append(candidate.runner(self.buffers, wait=True))
+    seconds = candidate.runner(self.buffers, wait=True, var_vals=self.check_values[check])
+    if check == 0: candidate.times.append(seconds)   # only runs at the timing value are timings
     for i, data in self.initial.items():
       if i not in self.outputs and not same_bytes(self.buffers[i].copyout(), data): raise _WroteInput(f"buffer {i}")
-    return {i: self.buffers[i].copyout() for i in self.outputs}
+    return {i: self.buffers[i].copyout()[:self.output_elements[check][i]] for i in self.outputs}
 
-  def poisoned_runs(self, candidate: _Candidate) -> tuple[dict[int, np.ndarray], list[int]]:
+  def poisoned_runs(self, candidate: _Candidate, check: int = 0) -> tuple[dict[int, np.ndarray], list[int]]:
     """One checked run per POISON_BYTES pattern: (the first run's outputs, the outputs whose bytes differ between the
     runs, i.e. that hold an element the kernel never wrote)."""
-    first, *others = [self.checked_run(candidate, poison_byte) for poison_byte in POISON_BYTES]
+    first, *others = [self.checked_run(candidate, poison_byte, check) for poison_byte in POISON_BYTES]
     return first, [i for i in self.outputs if any(not same_bytes(first[i], other[i]) for other in others)]
 
   def take_reference(self, reference: _Candidate) -> None:
     """The unoptimized kernel's outputs become the reference, with each float output's per-element tolerance. It must
     leave its inputs alone and write every output element."""
     name = self.start.name
-    try: outputs, unwritten = self.poisoned_runs(reference)
-    except _WroteInput as error: raise RuntimeError(f"the unoptimized kernel {name} wrote {error}") from None
-    if unwritten: raise RuntimeError(f"the unoptimized kernel {name} leaves elements of output buffer(s) {unwritten} "
-                                     f"unwritten (they differ between runs with poison bytes {POISON_BYTES})")
-    self.reference, reference.verified = outputs, True
     least_precise, terms = kernel_numerics(self.start)
-    self.tolerances = {i: output_tolerance(outputs[i], self.dtypes[i], least_precise, terms) if self.dtypes[i].is_float
-                       else None for i in self.outputs}
+    for check in range(len(self.check_values)):
+      try: outputs, unwritten = self.poisoned_runs(reference, check)
+      except _WroteInput as error: raise RuntimeError(f"the unoptimized kernel {name} wrote {error}") from None
+      if unwritten:
+        raise RuntimeError(f"the unoptimized kernel {name} leaves elements of output buffer(s) {unwritten} "
+                           f"unwritten (they differ between runs with poison bytes {POISON_BYTES})")
+      self.reference.append(outputs)
+      self.tolerances.append({i: output_tolerance(outputs[i], self.dtypes[i], least_precise, terms)
+                              if self.dtypes[i].is_float else None for i in self.outputs})
+    reference.verified = True
 
   def verify(self, candidate: _Candidate) -> bool:
     """A candidate is right if it leaves its inputs alone, writes every output element (the same bytes after either
     poison) and matches the reference element by element."""
     if candidate.verified is None:
       try:
-        outputs, unwritten = self.poisoned_runs(candidate)
-        candidate.verified = not unwritten and all(
-          outputs_match(outputs[i], self.reference[i], self.dtypes[i], self.tolerances[i]) for i in self.outputs)
+        candidate.verified = True
+        for check in range(len(self.check_values)):   # at the timing value, and at the variables' minimum
+          outputs, unwritten = self.poisoned_runs(candidate, check)
+          candidate.verified = candidate.verified and not unwritten and all(
+            outputs_match(outputs[i], self.reference[check][i], self.dtypes[i], self.tolerances[check][i])
+            for i in self.outputs)
       except _WroteInput:
         candidate.verified = False
       if not candidate.verified:

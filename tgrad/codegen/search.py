@@ -329,8 +329,9 @@ class _Search:
     store_shapes = {u.src[0].arg: st.shape for u, st in zip(base.memops, base.sts) if u.op is Ops.STORE}
     self.output_elements = [{i: evaluate(prod(shape), values) for i, shape in store_shapes.items()}
                             for values in self.check_values]
-    self.reference: list[dict[int, np.ndarray]] = []
-    self.tolerances: list[dict[int, Optional[Tolerance]]] = []   # per float output (take_reference), per value
+    self.reference: dict[int, np.ndarray] = {}
+    self.tolerances: dict[int, Optional[Tolerance]] = {}   # per float output, from the reference (take_reference)
+    self.references_at: list[tuple[dict, dict]] = []       # (reference, tolerances) per check value
 
   @property
   def deadline_passed(self) -> bool:
@@ -477,7 +478,7 @@ class _Search:
       if candidate.runner is None: continue
       if self.deadline_passed: break
       for _ in range(TIMING_RUNS):
-        candidate.times.append(candidate.runner(self.buffers, wait=True, var_vals=self.timing_values))
+        candidate.times.append(self.launch(candidate, self.timing_values))
         if candidate.time > EARLY_STOP_FACTOR * self.best_time:
           candidate.early_stopped = True
           self.stats.early_stopped += 1
@@ -504,12 +505,17 @@ class _Search:
     if heuristic is None or heuristic is self.best or self.best.runner is None or heuristic.runner is None:
       return self.best
     for _ in range(FINAL_RUNS):
-      self.best.times.append(self.best.runner(self.buffers, wait=True, var_vals=self.timing_values))
-      heuristic.times.append(heuristic.runner(self.buffers, wait=True, var_vals=self.timing_values))
+      self.best.times.append(self.launch(self.best, self.timing_values))
+      heuristic.times.append(self.launch(heuristic, self.timing_values))
     self.stats.heuristic_seconds = heuristic.time
     return self.best if self.best.time < heuristic.time else heuristic
 
   # ---- checking a candidate against the unoptimized kernel
+
+  def launch(self, candidate: _Candidate, var_vals: dict[str, int]) -> float:
+    """One timed run of a candidate on the search's buffers, with these variable values."""
+    if var_vals: return candidate.runner(self.buffers, wait=True, var_vals=var_vals)
+    return candidate.runner(self.buffers, wait=True)
 
   def checked_run(self, candidate: _Candidate, poison_byte: int, check: int = 0) -> dict[int, np.ndarray]:
     """Run once from fresh inputs with the outputs filled with `poison_byte`; returns the outputs. Raises _WroteInput
@@ -518,7 +524,7 @@ class _Search:
     poison = {i: np.full(self.buffers[i].nbytes, poison_byte, np.uint8) for i in self.outputs if i not in self.initial}
     for i, data in self.initial.items(): self.buffers[i].copyin(data)
     for i, data in poison.items(): self.buffers[i].copyin(data.view(self.dtypes[i].np))
-    seconds = candidate.runner(self.buffers, wait=True, var_vals=self.check_values[check])
+    seconds = self.launch(candidate, self.check_values[check])
     if check == 0: candidate.times.append(seconds)   # only runs at the timing value are timings
     for i, data in self.initial.items():
       if i not in self.outputs and not same_bytes(self.buffers[i].copyout(), data): raise _WroteInput(f"buffer {i}")
@@ -541,9 +547,9 @@ class _Search:
       if unwritten:
         raise RuntimeError(f"the unoptimized kernel {name} leaves elements of output buffer(s) {unwritten} "
                            f"unwritten (they differ between runs with poison bytes {POISON_BYTES})")
-      self.reference.append(outputs)
-      self.tolerances.append({i: output_tolerance(outputs[i], self.dtypes[i], least_precise, terms)
-                              if self.dtypes[i].is_float else None for i in self.outputs})
+      self.references_at.append((outputs, {i: output_tolerance(outputs[i], self.dtypes[i], least_precise, terms)
+                                           if self.dtypes[i].is_float else None for i in self.outputs}))
+    self.reference, self.tolerances = self.references_at[0]
     reference.verified = True
 
   def verify(self, candidate: _Candidate) -> bool:
@@ -554,9 +560,9 @@ class _Search:
         candidate.verified = True
         for check in range(len(self.check_values)):   # at the timing value, and at the variables' minimum
           outputs, unwritten = self.poisoned_runs(candidate, check)
+          reference, tolerances = self.references_at[check]
           candidate.verified = candidate.verified and not unwritten and all(
-            outputs_match(outputs[i], self.reference[check][i], self.dtypes[i], self.tolerances[check][i])
-            for i in self.outputs)
+            outputs_match(outputs[i], reference[i], self.dtypes[i], tolerances[i]) for i in self.outputs)
       except _WroteInput:
         candidate.verified = False
       if not candidate.verified:

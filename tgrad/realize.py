@@ -10,7 +10,7 @@ run: the JIT plans their memory and replays them (tgrad/jit.py). DEBUG prints wh
 from __future__ import annotations
 import contextlib, time
 from dataclasses import dataclass, field
-from typing import Iterator, Optional, Protocol, Sequence, Union
+from typing import Iterator, Mapping, Optional, Protocol, Sequence, Union
 import numpy as np
 from tgrad.ops import UOp, Ops
 from tgrad.lazy import LazyBuffer
@@ -60,7 +60,7 @@ class ExecItem:
   its symbolic variables."""
   runner: Union[CompiledKernel, BufferCopy, HostCopy]
   bufs: list[Buffer]
-  var_vals: dict[str, int] = field(default_factory=dict)
+  var_vals: Mapping[str, int] = field(default_factory=dict)
   output_count: int = 1   # bufs[:output_count] are written, the rest only read
   def run(self, wait: bool = False) -> Optional[float]: return self.runner(self.bufs, wait, self.var_vals)
 

@@ -20,7 +20,8 @@ without, scheduling changes nothing and can be repeated (for inspecting kernels)
 """
 from __future__ import annotations
 from dataclasses import dataclass, field
-from typing import Generator, Optional
+from types import MappingProxyType
+from typing import Generator, Mapping, Optional
 import numpy as np
 from tgrad.dtype import dtypes
 from tgrad.ops import UOp, Ops, ELEMENTWISE, symbolic_in_use
@@ -30,6 +31,7 @@ from tgrad.device import Buffer
 from tgrad.shape.shapetracker import ShapeTracker
 from tgrad.helpers import gc_paused, prod, run_nested
 
+NO_VARIABLES: Mapping[str, int] = MappingProxyType({})   # the var_vals of every kernel without variables (shared)
 REALIZED_OPS = {Ops.COPY, Ops.EMPTY, Ops.CONTIGUOUS, Ops.ASSIGN}
 MAX_RECOMPUTE_BUFFERS = 2   # a shared elementwise value reading more buffers than this is realized
 MAX_RECOMPUTE_OPS = 8       # ... or computing more ops than this
@@ -47,7 +49,7 @@ class ScheduleItem:
   bufs: tuple[Buffer, ...]
   output_count: int = 1
   host_data: Optional[np.ndarray] = field(default=None, compare=False)
-  var_vals: dict[str, int] = field(default_factory=dict, compare=False)   # the values of the AST's variables
+  var_vals: Mapping[str, int] = field(default_factory=lambda: NO_VARIABLES, compare=False)   # the AST's variables'
   @property
   def outputs(self) -> tuple[Buffer, ...]: return self.bufs[:self.output_count]
   @property
@@ -287,7 +289,7 @@ def _with_buffers(step: _Step, buffers: dict[LazyBuffer, Buffer], commit: bool) 
   if commit:
     for lb, buf in zip(step.outputs, bufs):
       lb.buffer, lb.srcs, lb.arg = buf, (), (lb.arg if lb.op is Ops.REDUCE_AXIS else None)
-  ast, var_vals = unbind_ast(step.ast) if symbolic_in_use() else (step.ast, {})
+  ast, var_vals = unbind_ast(step.ast) if symbolic_in_use() else (step.ast, NO_VARIABLES)
   return ScheduleItem(ast, bufs, len(step.outputs), host_data, var_vals)
 
 def unbind_ast(ast: UOp) -> tuple[UOp, dict[str, int]]:

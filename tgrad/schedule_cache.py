@@ -15,10 +15,10 @@ from typing import Any, Optional
 from tgrad.device import Buffer
 from tgrad.dtype import DType
 from tgrad.lazy import LazyBuffer
-from tgrad.ops import Ops, UOp, symbolic_in_use
+from tgrad.ops import Ops, UOp, _SymbolicState
 from tgrad.shape.shapetracker import ShapeTracker
 from tgrad.shape.sint import unbind
-from tgrad.schedule import ScheduleItem, create_schedule
+from tgrad.schedule import NO_VARIABLES, ScheduleItem, create_schedule
 
 # Templates are kept for this many graph nodes in all (oldest dropped first): a key holds one entry per node, so
 # this bounds the cache's memory (about 100 bytes a node) whatever graphs a program builds.
@@ -47,7 +47,9 @@ _cached_nodes = 0
 class _Walk:
   """The unrealized graph above `outs`: every node (views included) numbered in depth-first pre-order from the roots,
   its structural entry (children named by their numbers), and the realized Buffers it reads, numbered by first
-  appearance. Any numbering fixed by the structure alone works: equal keys mean isomorphic graphs."""
+  appearance. Any numbering fixed by the structure alone works: equal keys mean isomorphic graphs. With symbolic
+  shapes the key holds the variables, and `var_vals` their values."""
+  var_vals: dict[str, int] = {}   # only set (on the instance) when a variable was ever bound
   def __init__(self, roots: list[LazyBuffer]):
     if len(roots) == 1 and _is_one_op(roots[0]):
       self._one_op(roots[0])
@@ -80,8 +82,7 @@ class _Walk:
                         tuple([position[id(s)] for s in lb.srcs])))
         unrealized.append(p)
     self.nodes, self.unrealized, self.leaf_buffers = nodes, unrealized, leaf_buffers
-    self.var_vals: dict[str, int] = {}
-    if symbolic_in_use(): entries, self.var_vals = _unbound_entries(entries)
+    if _SymbolicState.bound: entries, self.var_vals = _unbound_entries(entries)
     self.key = (tuple(entries), tuple([position[id(lb)] for lb in roots]))
 
   def _one_op(self, root: LazyBuffer) -> None:
@@ -117,8 +118,7 @@ class _Walk:
         entries.append((lb.op, lb.device, lb.dtype, lb.shape, arg if arg is None else _arg_key(arg), ()))
         unrealized.append(p)
     self.nodes, self.unrealized, self.leaf_buffers = nodes, unrealized, leaf_buffers
-    self.var_vals = {}
-    if symbolic_in_use(): entries, self.var_vals = _unbound_entries(entries)
+    if _SymbolicState.bound: entries, self.var_vals = _unbound_entries(entries)
     self.key = (tuple(entries), (0,))
 
 def _is_one_op(root: LazyBuffer) -> bool:
@@ -196,10 +196,12 @@ def _store(walk: _Walk, template: _Template) -> None:
 
 def _instantiate(walk: _Walk, template: _Template) -> list[ScheduleItem]:
   nodes = walk.nodes
-  bufs = walk.leaf_buffers + [_new_buffer(*spec) for spec in template.new_buffers]
+  bufs = walk.leaf_buffers + [Buffer(device, size, dtype) if symbolic_size is None else
+                              _new_buffer(device, size, dtype, symbolic_size)
+                              for device, size, dtype, symbolic_size in template.new_buffers]
   items = [ScheduleItem(ast, tuple([bufs[i] for i in indices]), outputs,
                         nodes[host_node].arg if host_node is not None else None,
-                        {name: walk.var_vals[name] for name in names} if names else {})
+                        {name: walk.var_vals[name] for name in names} if names else NO_VARIABLES)
            for ast, indices, outputs, host_node, names in template.items]
   for p, i, keeps_arg in template.commits:   # as create_schedule's commit: the value keeps its Buffer, forgets its
     lb = nodes[p]                            # sources (and its arg, but for a reduce's)

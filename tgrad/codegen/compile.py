@@ -41,8 +41,10 @@ class CompiledKernel:
     vals = tuple(var_vals[name] for name in self.variables) if self.variables else ()
     # a Buffer's handle is allocated on first use; an allocated one is read straight (the property is per launch)
     handles = [handle if (handle := b._handle) is not None else b.handle for b in buffers]
-    global_size, local_size = self.launch_dims(var_vals) if self.symbolic_dims else (self.global_size, self.local_size)
-    return self.program(*handles, global_size=global_size, local_size=local_size, vals=vals, wait=wait)
+    if self.symbolic_dims:
+      global_size, local_size = self.launch_dims(var_vals)
+      return self.program(*handles, global_size=global_size, local_size=local_size, vals=vals, wait=wait)
+    return self.program(*handles, global_size=self.global_size, local_size=self.local_size, vals=vals, wait=wait)
   def prepare(self, handles: Sequence[Any], vals: Sequence[int] = ()) -> Callable[[], None]:
     """A launch of this kernel on these device handles that does no work in Python beyond the call itself."""
     global_size, local_size = self.launch_dims(dict(zip(self.variables, vals)))

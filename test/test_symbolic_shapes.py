@@ -351,3 +351,31 @@ def test_beam_searches_once_for_every_value(data):
   items = [i for i in create_schedule([((t @ tw).relu().sum(0) / t.shape[0]).lazydata]) if i.ast.op is Ops.SINK]
   for item in items:   # each winner is cached under the symbolic AST's key
     assert get_cache().get_opts(search_cache_key(Kernel(item.ast, Device[tx.device].renderer), 2)) is not None
+
+# ---- CUDA graphs: a new value patches the kernel nodes' arguments and grid (no GPU: a recording graph)
+
+def test_cuda_graph_runner_patches_variable_args_and_grid(monkeypatch):
+  import tgrad.runtime.cuda_graph as cuda_graph
+  from tgrad.codegen.compile import CompiledKernel
+  from tgrad.jit import Instruction
+  class RecordingGraph:
+    def __init__(self, launches): self.launches, self.updates = launches, []
+    def update(self, index, args, grid=None): self.updates.append((index, list(args), tuple(grid)))
+    def launch(self): pass
+  monkeypatch.setattr(cuda_graph, "CUDAGraph", RecordingGraph)
+  class Program:
+    function, shared_bytes = "kernel", 0
+  class Slot:
+    class buffer: handle = 4096
+  rows = Variable("rows", 1, 4096)
+  blocks = (rows * 8 + 63) // 64
+  runner = CompiledKernel("k", Program(), (blocks,), (64,), "", [], 0, 0, "CUDA", ("rows",))
+  runner.program = Program()
+  instruction = Instruction(runner, (0,), "CUDA", 1, {"rows": 5})
+  graph_runner = cuda_graph.CUDAGraphRunner("CUDA", [instruction], [Slot()])
+  graph_runner()
+  (graph,) = graph_runner.steps
+  assert graph.launches[0].grid == (1, 1, 1) and graph.launches[0].args == [4096, 5]
+  instruction.var_vals["rows"] = 100
+  graph_runner.rebind_variables([instruction])
+  assert graph.updates == [(0, [4096, 100], (13, 1, 1))]   # ceil(800 / 64) blocks

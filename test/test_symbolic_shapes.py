@@ -72,6 +72,10 @@ def _chain(rng: random.Random, depth: int):
     (lambda t: t.reshape(t.shape[0], 2, 4).permute(0, 2, 1).reshape(t.shape[0], 8),
      lambda a: a.reshape(a.shape[0], 2, 4).transpose(0, 2, 1).reshape(a.shape[0], 8)),
     (lambda t: t.flip(0), lambda a: a[::-1]),
+    (lambda t: t.softmax(0), lambda a: np.exp(a - a.max(0)) / np.exp(a - a.max(0)).sum(0)),
+    (lambda t: t.cat(t * 2, dim=1)[:, 4:12], lambda a: np.concatenate([a, a * 2], 1)[:, 4:12]),
+    (lambda t: Tensor.ones(1, 8).expand(t.shape[0], 8) + t, lambda a: a + 1),
+    (lambda t: t - t.std(1, keepdim=True), lambda a: a - a.std(1, ddof=1, keepdims=True)),
   ]
   return [rng.choice(ops) for _ in range(depth)]
 
@@ -86,9 +90,14 @@ FINISHERS = [
   ("outer", lambda t, w: t @ t.T, lambda a, w: a @ a.T),
   ("pad", lambda t, w: t.pad(((0, MAX_ROWS - t.shape[0]), None)),
    lambda a, w: np.pad(a, ((0, MAX_ROWS - a.shape[0]), (0, 0)))),
+  ("argmax0", lambda t, w: t.argmax(0), lambda a, w: a.argmax(0)),
+  ("attention", lambda t, w: (t[:, :6].T @ t).softmax(-1) @ t.T,
+   lambda a, w: (lambda s: np.exp(s - s.max(-1, keepdims=True)) / np.exp(s - s.max(-1, keepdims=True)).sum(
+     -1, keepdims=True))(a[:, :6].T @ a) @ a.T),
+  ("cat0", lambda t, w: t.cat(t + 1, dim=0).sum(0), lambda a, w: np.concatenate([a, a + 1], 0).sum(0)),
 ]
 
-@pytest.mark.parametrize("seed", range(12))
+@pytest.mark.parametrize("seed", range(24))
 def test_fuzz_symbolic_chains_against_numpy(seed, data):
   x, w, tx, tw = data
   rng = random.Random(seed)

@@ -7,7 +7,8 @@ from typing import TYPE_CHECKING, Any, Optional
 import numpy as np
 from tgrad.dtype import dtypes, to_dtype
 from tgrad.lazy import LazyBuffer
-from tgrad.ops import Ops
+from tgrad.ops import Ops, UOp
+from tgrad.shape.sint import canonical
 from tgrad.device import Buffer, canonical_device
 from tgrad.helpers import prod
 from tgrad.tensor_ops.args import Scalar, HALF_FLOATS, _shape_arg, _varargs_shape, _check_shape, _check_scalar_fits, \
@@ -45,6 +46,11 @@ class CreationMixin:
     """Values start, start+step, ... below stop; an int dtype unless an argument is a float."""
     if stop is None: start, stop = 0, start
     if step == 0: raise ValueError("arange step must not be zero")
+    if isinstance(stop, UOp) and start == 0 and step == 1:   # 0, 1, ..., n-1 for a symbolic n
+      counter_dtype = dtypes.int32 if stop.vmax <= dtypes.max(dtypes.int32) + 1 else dtypes.int64
+      counter = LazyBuffer.loadop(Ops.ARANGE, (canonical(stop),), counter_dtype, canonical_device(device))
+      return Tensor(Tensor(counter).cast(to_dtype(dtype) if dtype is not None else dtypes.default_int).lazydata,
+                    **kwargs)
     count = max(0, math.ceil((stop - start) / step))
     dtype = to_dtype(dtype) if dtype is not None else _python_dtype([start, stop, step])
     counter_dtype = dtypes.int32 if count <= dtypes.max(dtypes.int32) + 1 else dtypes.int64   # positions past 2^31

@@ -7,6 +7,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Optional
 from tgrad.dtype import DType, dtypes, least_upper_float, to_dtype
 from tgrad.helpers import prod
+from tgrad.ops import UOp
+from tgrad.shape.sint import canonical, smax, vmax_of
 from tgrad.tensor_ops.args import Scalar, HALF_FLOATS, _resolve_axis, _sum_dtype
 import tgrad.function as F
 if TYPE_CHECKING: from tgrad.tensor import Tensor   # at runtime: bound by tgrad/tensor.py (see __init__.py)
@@ -59,7 +61,7 @@ class ReduceMixin:
     """Computed in float32 for float16/bfloat16 (_float_math): a count over 65504 is inf in float16."""
     count = prod(self.shape[a] for a in self._reduce_axes(axis))
     def spread(x: Tensor) -> Tensor:
-      return (x - x.mean(axis, keepdim=True)).square().sum(axis, keepdim) / max(0, count - correction)
+      return (x - x.mean(axis, keepdim=True)).square().sum(axis, keepdim) / smax(0, canonical(count - correction))
     return self._float_math(spread)
   def std(self, axis=None, keepdim: bool = False, correction: int = 1) -> Tensor:
     return self.var(axis, keepdim, correction).sqrt()
@@ -84,7 +86,11 @@ class ReduceMixin:
     x = self.detach()
     is_max = x == x.max(axis, keepdim=True)
     if x.dtype.is_float: is_max = is_max | x.isnan()
-    index_dtype = dtypes.int32 if size <= dtypes.max(dtypes.int32) else dtypes.int64
+    index_dtype = dtypes.int32 if vmax_of(size) <= dtypes.max(dtypes.int32) else dtypes.int64
+    if isinstance(size, UOp):   # a symbolic axis: size - i, with the size computed in the kernel
+      shape = (size,) + (1,) * (self.ndim - axis - 1)
+      countdown = (Tensor.arange(size, dtype=index_dtype, device=self.device) * -1 + size).reshape(shape)
+      return is_max.where(countdown, 0).max(axis, keepdim) * -1 + size
     countdown = Tensor.arange(size, 0, -1, dtype=index_dtype, device=self.device).reshape((size,) + (1,) *
                                                                                         (self.ndim - axis - 1))
     return size - is_max.where(countdown, 0).max(axis, keepdim)
@@ -122,6 +128,9 @@ class ReduceMixin:
   def _scan(self, axis: int, kind: str) -> Tensor:
     """The inclusive scan of `kind` (a key of SCAN_KINDS) along `axis`, in self's dtype (the caller casts)."""
     axis = _resolve_axis(axis, max(self.ndim, 1), self.shape)   # a 0-d tensor takes axis 0 or -1, as torch
+    if self.ndim and isinstance(self.shape[axis], UOp):
+      raise NotImplementedError(f"a scan ({kind}) over the symbolic axis {axis} of {self.shape}: its blocks need "
+                                "a known size")
     if self.ndim == 0 or self.shape[axis] <= 1: return self
     return _scan_last(self.transpose(axis, -1), SCAN_KINDS[kind]).transpose(axis, -1)
   def cumsum(self, axis: int = 0) -> Tensor:

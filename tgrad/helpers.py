@@ -14,8 +14,8 @@ def prod(xs: Iterable[int]) -> int:
   """The product; of symbolic sizes (index UOps), in canonical form (see shape/sint.py)."""
   result = math.prod(xs)
   if type(result) is int: return result
-  from tgrad.shape.sint import canonical   # only symbolic sizes get here
-  return canonical(result)
+  from tgrad.shape.sint import canonical_product   # only symbolic sizes get here
+  return canonical_product(result)
 def dedup(xs: Iterable[T]) -> list[T]: return list(dict.fromkeys(xs))
 def flatten(xss: Iterable[Iterable[T]]) -> list[T]: return [x for xs in xss for x in xs]
 def argsort(xs) -> list[int]: return sorted(range(len(xs)), key=xs.__getitem__)

@@ -447,3 +447,73 @@ def test_fuzz_indices_that_are_expressions():
       expected = c.expected.reshape(loop_shape)
       np.testing.assert_array_equal(np.where(got_valid, got_index, PAD_VALUE), expected)
     except Exception as e: raise AssertionError(_fuzz_failure(seed, str(c.ops))) from e
+
+# ---------------------------------------------------------------------------------------------------------------
+# the random fuzzer with a symbolic dim: one tracker built over a Variable, checked at several values against the
+# concrete tracker (and numpy) built with the value in its place
+
+SYMBOLIC_VALUES = (1, 2, 5)
+SYMBOLIC_CHAINS = 120
+
+def _concrete(arg, value: int):
+  """An op argument with the variable's expressions evaluated at `value`."""
+  from tgrad.shape.sint import evaluate
+  if isinstance(arg, UOp): return evaluate(arg, {"n": value})
+  if isinstance(arg, tuple): return tuple(_concrete(a, value) for a in arg)
+  return arg
+
+def _random_symbolic_op(rng: random.Random, shape: tuple):
+  """A random op for a shape holding symbolic dims: reshapes regroup the int dims around them (the symbolic dims keep
+  their places), shrinks keep [0, n) or [1, n) of a symbolic dim, expands may turn a 1 into the variable."""
+  n_var = next(u for s in shape if isinstance(s, UOp) for u in s.toposort() if u.op is Ops.DEFINE_VAR)
+  op = rng.choice(("reshape", "reshape", "permute", "expand", "pad", "shrink", "flip", "stride"))
+  if op == "reshape":
+    ints = [s for s in shape if not isinstance(s, UOp)]
+    regrouped = list(_random_reshape(rng, tuple(ints))) if ints else []
+    symbols = [(d, s) for d, s in enumerate(shape) if isinstance(s, UOp)]
+    for d, s in symbols: regrouped.insert(min(d, len(regrouped)), s)
+    return op, tuple(regrouped)
+  if op == "permute": return op, tuple(rng.sample(range(len(shape)), len(shape)))
+  if op == "flip": return op, tuple(rng.random() < 0.5 for _ in shape)
+  if op == "expand":
+    return op, tuple((n_var if rng.random() < 0.5 else rng.choice((2, 3))) if s == 1 and rng.random() < 0.7 else s
+                     for s in shape)
+  if op == "pad": return op, tuple((rng.choice((0, 0, 1, 2)), rng.choice((0, 0, 1, 3))) for _ in shape)
+  if op == "shrink":
+    bounds = []
+    for s in shape:
+      if isinstance(s, UOp): bounds.append((rng.choice((0, 1)) if s.vmin >= 1 else 0, s))
+      elif rng.random() < 0.5 or s == 0: bounds.append((0, s))
+      else: bounds.append((lo := rng.randint(0, s - 1), rng.randint(lo + 1, s)))
+    return op, tuple(bounds)
+  return op, tuple(1 if isinstance(s, UOp) else rng.choice((1, 2, -1)) for s in shape)
+
+def test_fuzz_symbolic_op_chains():
+  n = UOp.variable("n", 1, max(SYMBOLIC_VALUES))
+  for chain in range(SYMBOLIC_CHAINS):
+    seed = FUZZ_SEED * 1_000_003 + chain
+    rng = random.Random(seed)
+    shape = list(_random_shape(rng))[:3]
+    shape.insert(rng.randint(0, len(shape)), n)
+    st, ops = ShapeTracker.from_shape(tuple(shape)), []
+    try:
+      for _ in range(rng.randint(1, MAX_CHAIN_LENGTH)):
+        op, arg = _random_symbolic_op(rng, st.shape)
+        if max(prod(_concrete(getattr(View.create(_concrete(st.shape, v)), op)(_concrete(arg, v)).shape, v))
+               for v in SYMBOLIC_VALUES) > MAX_FUZZ_SIZE: continue
+        st = getattr(st, op)(arg)
+        ops.append((op, arg))
+      idxs = [loop_index(d, s) for d, s in enumerate(st.shape)]
+      index, valid = st.to_indexed(idxs)
+      for value in SYMBOLIC_VALUES:
+        c = CheckingShapeTracker(tuple(_concrete(s, value) for s in shape))
+        for op, arg in ops: getattr(c, op)(_concrete(arg, value))
+        concrete_shape = tuple(_concrete(s, value) for s in st.shape)
+        assert concrete_shape == c.expected.shape, (concrete_shape, c.expected.shape)
+        grids = np.indices(concrete_shape, dtype=np.int64) if concrete_shape else []
+        env = {**dict(zip(idxs, grids)), n: np.int64(value)}
+        got_valid = np.broadcast_to(evaluate(valid, env), concrete_shape)
+        got_index = np.broadcast_to(evaluate(index, env), concrete_shape)
+        np.testing.assert_array_equal(got_valid, c.expected != PAD_VALUE)
+        np.testing.assert_array_equal(np.where(got_valid, got_index, PAD_VALUE), c.expected)
+    except Exception as e: raise AssertionError(_fuzz_failure(seed, f"{shape} {ops}")) from e

@@ -21,6 +21,23 @@ def canonical(x: sint) -> sint:
     return x.arg if x.op is Ops.CONST else x
   return x
 
+def canonical_product(x: UOp) -> sint:
+  """A product of sizes in one form whatever the order of its factors: the factors under its MULs (sums and other
+  expressions are single factors), the symbolic ones sorted by key, times the product of the ints. So 14·(n+1)·(n+3)
+  and 7·(n+3)·(n+1)·2 are the same UOp (the simplifier alone would distribute 14·(n+1) and lose the factor)."""
+  coefficient, factors, pending = 1, [], [x]
+  while pending:
+    u = pending.pop()
+    if u.op is Ops.MUL: pending.extend(u.src)
+    elif u.op is Ops.CONST: coefficient *= u.arg
+    else: factors.append(canonical(u))
+  if coefficient == 0: return 0
+  product: Optional[UOp] = None
+  for f in sorted(factors, key=lambda f: f.key):
+    if isinstance(f, int): coefficient *= f
+    else: product = f if product is None else UOp(Ops.MUL, f.dtype, (product, f))
+  return coefficient if product is None else canonical(product * coefficient)
+
 def is_symbolic(shape) -> bool: return any(isinstance(s, UOp) for s in shape)
 def to_uop(x: sint) -> UOp: return x if isinstance(x, UOp) else UOp.const(dtypes.index, x)
 def vmax_of(x: sint) -> int: return x.vmax if isinstance(x, UOp) else x

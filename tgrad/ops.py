@@ -158,11 +158,11 @@ def _stable_repr(arg) -> str:
   if isinstance(arg, tuple): return "(" + ",".join(_stable_repr(a) for a in arg) + ")"
   return repr(arg)
 
-class _SymbolicState:
+class SymbolicState:
   """Whether any variable was ever bound: until then no shape holds one, and the scheduler skips looking for them."""
   bound = False
 
-def symbolic_in_use() -> bool: return _SymbolicState.bound
+def symbolic_in_use() -> bool: return SymbolicState.bound
 
 class UOp:
   """An immutable, hash-consed node. Use the operators (+, *, //, %, .lt, .ne, .where, ...) to build index math."""
@@ -220,7 +220,7 @@ class UOp:
       raise TypeError(f"Variable {name!r} can only be bound to an int, got {value!r}")
     if not lo <= value <= hi:
       raise ValueError(f"Variable {name!r} is bounded to [{lo}, {hi}]: it can't be bound to {value}")
-    _SymbolicState.bound = True
+    SymbolicState.bound = True
     return UOp(Ops.BIND, self.dtype, (self, UOp.const(self.dtype, int(value))))
   def unbind(self) -> tuple[UOp, int]:
     """(the variable, its value) of a BIND."""

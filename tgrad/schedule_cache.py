@@ -15,7 +15,7 @@ from typing import Any, Optional
 from tgrad.device import Buffer
 from tgrad.dtype import DType
 from tgrad.lazy import LazyBuffer
-from tgrad.ops import Ops, UOp, _SymbolicState
+from tgrad.ops import Ops, UOp, SymbolicState
 from tgrad.shape.shapetracker import ShapeTracker
 from tgrad.shape.sint import unbind
 from tgrad.schedule import NO_VARIABLES, ScheduleItem, create_schedule
@@ -82,7 +82,7 @@ class _Walk:
                         tuple([position[id(s)] for s in lb.srcs])))
         unrealized.append(p)
     self.nodes, self.unrealized, self.leaf_buffers = nodes, unrealized, leaf_buffers
-    if _SymbolicState.bound: entries, self.var_vals = _unbound_entries(entries)
+    if SymbolicState.bound: entries, self.var_vals = _unbound_entries(entries)
     self.key = (tuple(entries), tuple([position[id(lb)] for lb in roots]))
 
   def _one_op(self, root: LazyBuffer) -> None:
@@ -118,7 +118,7 @@ class _Walk:
         entries.append((lb.op, lb.device, lb.dtype, lb.shape, arg if arg is None else _arg_key(arg), ()))
         unrealized.append(p)
     self.nodes, self.unrealized, self.leaf_buffers = nodes, unrealized, leaf_buffers
-    if _SymbolicState.bound: entries, self.var_vals = _unbound_entries(entries)
+    if SymbolicState.bound: entries, self.var_vals = _unbound_entries(entries)
     self.key = (tuple(entries), (0,))
 
 def _is_one_op(root: LazyBuffer) -> bool:

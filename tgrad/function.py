@@ -276,7 +276,8 @@ class Gather(Function):
     if not self.needs_input_grad[0]: return None, None
     axis, rows, shape = self.axis, self.table_shape[self.axis], grad_output.shape
     spread = shape[:axis + 1] + (rows,) + shape[axis + 1:]   # (..., index positions, table rows, ...)
-    def per_row(x: LazyBuffer) -> LazyBuffer: return x.reshape(shape[:axis + 1] + (1,) + shape[axis + 1:]).expand(spread)
+    def per_row(x: LazyBuffer) -> LazyBuffer:   # index-shaped, repeated for every table row
+      return x.reshape(shape[:axis + 1] + (1,) + shape[axis + 1:]).expand(spread)
     row_dtype = dtypes.int32 if rows <= dtypes.max(dtypes.int32) else dtypes.int64
     row_numbers = LazyBuffer.loadop(Ops.ARANGE, (rows,), row_dtype, grad_output.device)
     row_numbers = row_numbers.reshape((1,) * (axis + 1) + (rows,) + (1,) * (len(shape) - axis - 1)).expand(spread)

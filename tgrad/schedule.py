@@ -16,7 +16,8 @@ All fusion rules live here:
      by a second reduce, COPY/EMPTY/CONTIGUOUS/ASSIGN results, elementwise values read through a stack of more than
      MAX_INLINED_VIEWS views, and every realized input.
 A ScheduleItem holds a kernel AST (a SINK of STOREs over LOADs, CONSTs, ARANGEs, ALU and REDUCE_AXIS nodes, each
-memory op carrying a VIEW with its ShapeTracker as its last source; a gather LOAD also has its index value) and the device Buffers it touches: outputs first, then inputs.
+memory op carrying a VIEW with its ShapeTracker as its last source; a gather LOAD also has its index value) and the
+device Buffers it touches: outputs first, then inputs.
 Every realized base gets a Buffer (allocated on first use; an ASSIGN writes its target's), so lowering and running
 never see a LazyBuffer. With `commit=True` (what realize does) the bases keep those Buffers and forget their sources;
 without, scheduling changes nothing and can be repeated (for inspecting kernels).

@@ -436,8 +436,8 @@ def test_gather_reads_rows_clamped(index_dtype, table_dtype, opts):
   """A data-dependent load (GATHER) times 2: the heuristics' or explicit opts; out-of-range ids read clamped rows."""
   rows, hidden = 100, 64
   bits = RNG.integers(0, 1 << 14, (rows, hidden)).astype(np.uint16)   # small positive half/bfloat16 values
-  table = {dtypes.float32: RNG.standard_normal((rows, hidden)).astype(np.float32), dtypes.float16: bits.view(np.float16),
-           dtypes.bfloat16: bits}[table_dtype]
+  table = {dtypes.float32: RNG.standard_normal((rows, hidden)).astype(np.float32),
+           dtypes.float16: bits.view(np.float16), dtypes.bfloat16: bits}[table_dtype]
   ids = np.array([3, 99, 0, -4, 120, 7], index_dtype.np)
   index = on("CUDA", ids, index_dtype).reshape((6, 1)).expand((6, hidden))
   out = on("CUDA", table, table_dtype).gather(index, 0)

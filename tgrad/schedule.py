@@ -6,13 +6,13 @@ All fusion rules live here:
      An elementwise value read by several kernels is recomputed in each only while it is small (at most
      MAX_RECOMPUTE_BUFFERS inputs and MAX_RECOMPUTE_OPS ops, e.g. softmax's exp(x - max)); a bigger one is
      realized once, which also stops a residual stream from growing into every later kernel.
+  1b. A gather (GATHER: a data-dependent load) is inlined like an elementwise op, through any view, into every
+     kernel that reads it (`emb[ids] * scale` is one kernel); its index is built like any value (fused elementwise ops);
+     its table is always realized, since the kernel addresses the table's memory with the loaded index.
   2. A reduce fuses with the elementwise ops that feed it, and with the elementwise consumers of its result when
      they read it through a plain reshape (same element order, same size); several reduces over the same input
      shape and axes share a kernel.
-  3. A gather (GATHER: a data-dependent load) is inlined like an elementwise op, through any view, into every kernel
-     that reads it (`emb[ids] * scale` is one kernel); its index is built like any value (fused elementwise ops);
-     its table is always realized, since the kernel addresses the table's memory with the loaded index.
-  4. Everything else is realized (gets a buffer): kernel outputs, reduces read through an expand/permute/pad or
+  3. Everything else is realized (gets a buffer): kernel outputs, reduces read through an expand/permute/pad or
      by a second reduce, COPY/EMPTY/CONTIGUOUS/ASSIGN results, elementwise values read through a stack of more than
      MAX_INLINED_VIEWS views, and every realized input.
 A ScheduleItem holds a kernel AST (a SINK of STOREs over LOADs, CONSTs, ARANGEs, ALU and REDUCE_AXIS nodes, each
@@ -96,8 +96,8 @@ class _KernelBuilder:
   def _build(self, lb: LazyBuffer, st: ShapeTracker, in_reduce: bool) -> Generator[Generator, UOp, UOp]:
     if not lb.is_base:
       composed = lb.st + st
-      if len(composed.views) > MAX_INLINED_VIEWS and lb.base.op in ELEMENTWISE and lb.base.buffer is None and \
-         lb.base not in self.realize_set:
+      if len(composed.views) > MAX_INLINED_VIEWS and (lb.base.op in ELEMENTWISE or lb.base.op is Ops.GATHER) and \
+         lb.base.buffer is None and lb.base not in self.realize_set:
         raise _Refuse(lb.base)   # rule 3: stacked views that don't merge grow with every level inlined
       value = yield self._build(lb.base, composed, in_reduce)
       if lb.base.op in ELEMENTWISE and any(v.mask is not None for v in lb.st.views):
@@ -140,7 +140,7 @@ class _KernelBuilder:
     return UOp(Ops.REDUCE_AXIS, lb.dtype, (inner,), lb.arg)   # (op, axes[, of partial sums])
 
   def _build_gather(self, lb: LazyBuffer, st: ShapeTracker, in_reduce: bool) -> Generator[Generator, UOp, UOp]:
-    """Rule 3: a LOAD of the realized table through its own view at row 0 of the gathered axis (composed with `st`),
+    """Rule 1b: a LOAD of the realized table through its own view at row 0 of the gathered axis (composed with `st`),
     plus the index value (built through `st` like any value) times the table's stride along the axis."""
     table, index = lb.srcs
     axis = lb.arg
@@ -260,7 +260,7 @@ def create_schedule(outs: list[LazyBuffer], commit: bool = False) -> list[Schedu
   realize_set: set[LazyBuffer] = set(outs) | {b for b in bases if b.op in REALIZED_OPS}
   for b in bases:
     if b.op is Ops.COPY: realize_set.update(s.base for s in b.srcs if s.base.buffer is None)
-    if b.op is Ops.GATHER and b.srcs[0].base.buffer is None: realize_set.add(b.srcs[0].base)   # rule 3: tables
+    if b.op is Ops.GATHER and b.srcs[0].base.buffer is None: realize_set.add(b.srcs[0].base)   # rule 1b: tables
   _realize_unfusable_reduces(bases, realize_set)
   _realize_shared_elementwise(bases, realize_set)
   asts: dict[LazyBuffer, tuple[UOp, list[LazyBuffer], set[LazyBuffer]]] = {}

@@ -136,6 +136,18 @@ def test_kernel_clamps_indices_it_was_not_meant_to_see():
   realize(out)
   np.testing.assert_array_equal(out.base.buffer.copyout().reshape(6, 4), table[np.clip(ids, 0, 9)])
 
+@pytest.mark.parametrize("index_dtype,size,upper_clamp", [(dtypes.int8, 1000, False), (dtypes.int32, 1000, True),
+                                                          (dtypes.uint8, 256, False), (dtypes.int64, 7, True)])
+def test_clamped_index_range_is_exactly_the_table(index_dtype, size, upper_clamp):
+  """The range analysis knows a loaded index only through its clamp: [0, size - 1] where the dtype can reach past it,
+  the dtype's own range where it can't (an int8 index into 1000 rows needs no upper clamp)."""
+  from tgrad.ops import UOp
+  from tgrad.codegen.linearizer import clamp_index
+  loaded = UOp(Ops.LOAD, index_dtype, (UOp(Ops.DEFINE_GLOBAL, index_dtype, (), 1), UOp.const(dtypes.index, 0)))
+  row = clamp_index(loaded, size)
+  assert row.vmin == 0 and row.vmax == (size - 1 if upper_clamp else dtypes.max(index_dtype))
+  assert any(u.arg == 1 - size for u in row.toposort() if u.op is Ops.CONST) == upper_clamp
+
 # ---- gradients against torch
 
 @pytest.mark.parametrize("dim", [0, 1, -1])

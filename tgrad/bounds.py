@@ -4,6 +4,8 @@ Input: an int index LazyBuffer and its `IndexBounds`. Index values still on the 
 constant) are checked at once. Otherwise a lazy one-byte flag (any index out of range) is queued, and
 `realize_with_checks(*lbs)` — the realize every Tensor-level realize goes through — computes the queued flags in the
 same schedule as lbs, reads them and raises IndexError for the first one set (docs/design-notes.md, "Index bounds").
+Memory safety never rests on these checks: a gather kernel clamps every index it loads into its table's rows
+(codegen/linearizer.py, `clamp_index`), so a bad index that no check saw reads a valid row, never outside the buffer.
 """
 from __future__ import annotations
 import functools

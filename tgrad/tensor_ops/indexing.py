@@ -1,8 +1,16 @@
-"""Indexing: numpy's `t[...]` and `t[...] = v` (basic indices are views; int tensors and lists gather by a one-hot
-compare with ARANGE and a sum), torch's gather and scatter along one dim, and one_hot. Out-of-range tensor indices
-raise IndexError through tgrad/bounds.py.
+"""Indexing: numpy's `t[...]` and `t[...] = v` (basic indices are views; int tensors and lists gather), torch's gather
+and scatter along one dim, and one_hot.
+
+Gathers (`t[ids]`, `t.gather(dim, index)`, nn.Embedding) are data-dependent loads (LazyBuffer.gather, a GATHER in the
+lazy graph): each output element reads one table element, so the work is proportional to the output, never to the
+indexed axis (an embedding reads its rows, not its table). Out-of-range indices raise IndexError through
+tgrad/bounds.py, as torch: at once for indices still on the host, else at the next realize (a lazy flag). Whatever the
+index buffer holds, a gather kernel clamps each loaded index into [0, size), so it never reads outside the table.
+Empty tensors keep the older one-hot formulation (a compare with ARANGE and a sum over the indexed axis), which also
+serves as the reference the benchmark (bench/gather.py) compares with.
 """
 from __future__ import annotations
+import math
 from typing import TYPE_CHECKING, Any, Optional
 import numpy as np
 from tgrad.dtype import DType, dtypes
@@ -19,14 +27,55 @@ class IndexingMixin:
   # ---- indexing
   def __getitem__(self, indices) -> Tensor:
     """numpy indexing: ints (negative count from the end), slices (any step), None, Ellipsis, and int Tensors or
-    lists (a gather, built as a one-hot compare with ARANGE and a sum). Tensor indices may be negative down to
-    -size; out-of-range ones raise IndexError, at once for host values, else at the next realize (see
+    lists (a gather: one data-dependent load per output element, see `_gather`). Tensor indices may be negative down
+    to -size; out-of-range ones raise IndexError, at once for host values, else at the next realize (see
     tgrad/bounds.py)."""
     plan = _IndexPlan(self.shape, indices, self.device)
     x = self.shrink(plan.bounds).flip(tuple(i for i, f in enumerate(plan.flips) if f))._stride(tuple(plan.steps))
     x = x.reshape(plan.view_shape)
     return x if not plan.tensor_indices else x._gather(plan)
   def _gather(self, plan: _IndexPlan) -> Tensor:
+    """The tensor indices of `plan` (dims of self, the basic-indexed view): their dims are moved together (numpy puts
+    the index dims where the first indexed dim was when the advanced indices are adjacent, else in front) and
+    flattened into one; the indices, checked and normalized (negative ones count from the end), combine into one
+    flat index; then `_take` gathers along the flattened dim. An empty tensor takes `_gather_one_hot`."""
+    if self.numel() == 0: return self._gather_one_hot(plan)
+    dims = [d for d, _ in plan.tensor_indices]
+    rest = [d for d in range(self.ndim) if d not in dims]
+    position = plan.advanced_position if plan.advanced_adjacent else 0
+    x = self.permute(rest[:position] + dims + rest[position:])
+    sizes = [self.shape[d] for d in dims]
+    rows = math.prod(sizes)
+    flat_dtype = dtypes.int32 if rows <= dtypes.max(dtypes.int32) else dtypes.int64
+    flat: Optional[Tensor] = None
+    for k, ((dim, index), input_dim) in enumerate(zip(plan.tensor_indices, plan.tensor_input_dims)):
+      size = self.shape[dim]
+      message = f"index {{value}} is out of bounds for dimension {input_dim} with size {{size}}"   # torch's words
+      check_index_bounds(index.lazydata, IndexBounds(-size, size, message))
+      index = index.cast(flat_dtype)
+      index = (index < 0).where(index + size, index)
+      stride = math.prod(sizes[k + 1:])
+      term = index * stride if stride != 1 else index
+      flat = term if flat is None else flat + term
+    assert flat is not None
+    index_shape = broadcast_shape(*[t.shape for _, t in plan.tensor_indices])
+    x = x.reshape(x.shape[:position] + (rows,) + x.shape[position + len(dims):])
+    return x._take(position, flat._broadcast_to(index_shape))
+  def _take(self, dim: int, index: Tensor) -> Tensor:
+    """self[:, ..., index, ...] with index at `dim` (numpy's take): shape self.shape[:dim] + index.shape +
+    self.shape[dim + 1:]. Indices must already be in [0, size) (callers check and normalize them). One GATHER
+    (LazyBuffer.gather) along the index's last dim, the table expanded over the index's other dims (a view)."""
+    before, after, rows = self.shape[:dim], self.shape[dim + 1:], self.shape[dim]
+    index_shape = index.shape or (1,)
+    out_shape = before + index_shape + after
+    table = self.reshape(before + (1,) * (len(index_shape) - 1) + (rows,) + after)
+    table = table.expand(before + index_shape[:-1] + (rows,) + after)
+    positions = index.reshape((1,) * len(before) + index_shape + (1,) * len(after)).expand(out_shape)
+    gathered = F.Gather.apply(table, positions, axis=len(before) + len(index_shape) - 1)
+    return gathered.reshape(before + index.shape + after)
+  def _gather_one_hot(self, plan: _IndexPlan) -> Tensor:
+    """The tensor indices of `plan` as a one-hot compare with ARANGE and a sum over the indexed dims: work
+    proportional to output × indexed sizes. Only empty tensors use it (and bench/gather.py, as the baseline)."""
     dims = [d for d, _ in plan.tensor_indices]
     rest = [d for d in range(self.ndim) if d not in dims]
     index_shape = broadcast_shape(*[t.shape for _, t in plan.tensor_indices])
@@ -109,14 +158,19 @@ class IndexingMixin:
     return dim
   def gather(self, dim: int, index: Tensor) -> Tensor:
     """out[..., j, ...] = self[..., index[..., j, ...], ...] along `dim`, as torch.gather; index may be smaller
-    than self in the other dims. A one-hot compare with ARANGE and a sum. Indices must be in [0, size): others
-    raise IndexError (see tgrad/bounds.py for when)."""
+    than self in the other dims. One data-dependent load per output element (LazyBuffer.gather). Indices must be
+    in [0, size): others raise IndexError (see tgrad/bounds.py for when)."""
     dim = self._check_dim_index(dim, index, "gather")
     check_index_bounds(index.lazydata, _dim_bounds("gather", dim, self.shape[dim] if self.ndim else 1))
     if self.ndim == 0: return self
-    size = self.shape[dim]
     region = self.shrink(tuple(None if d == dim else (0, i) for d, i in enumerate(index.shape)))
-    values = region.transpose(dim, -1).unsqueeze(-2)                       # (..., 1, size)
+    if index.numel() == 0 or self.numel() == 0: return region._gather_dim_one_hot(dim, index)
+    return F.Gather.apply(region, index, axis=dim)
+  def _gather_dim_one_hot(self, dim: int, index: Tensor) -> Tensor:
+    """gather along `dim` of a region of index's shape but along dim, as a one-hot compare with ARANGE and a sum (for
+    empty tensors, where there is nothing to load)."""
+    size = self.shape[dim]
+    values = self.transpose(dim, -1).unsqueeze(-2)                         # (..., 1, size)
     hit = index.transpose(dim, -1).unsqueeze(-1) == Tensor.arange(size, device=self.device)   # (..., P, size)
     out = hit.where(values, 0).sum(-1, acc_dtype=_gather_acc_dtype(self.dtype)).cast(self.dtype)
     return out.transpose(dim, -1)

@@ -11,15 +11,16 @@ class LinalgMixin:
   """Tensor's matrix products and triangles."""
   # ---- matrix products
   def dot(self, w: Tensor, acc_dtype: Any = None) -> Tensor:
-    """numpy's matmul: 1-D operands are vectors, leading dims broadcast as a batch."""
+    """numpy's matmul: 1-D operands are vectors, leading dims broadcast as a batch. Bad shapes (a 0-d operand,
+    inner dims that differ) raise RuntimeError, as torch."""
     w = self._as_tensor(w)
     if self.ndim == 0 or w.ndim == 0:
-      raise ValueError(f"matmul needs at least 1-D operands, got {self.shape} and {w.shape}")
+      raise RuntimeError(f"matmul needs at least 1-D operands, got {self.shape} and {w.shape}")
     x, y = self.reshape(1, -1) if self.ndim == 1 else self, w.reshape(-1, 1) if w.ndim == 1 else w
     if x.shape[-1] != y.shape[-2]:
-      raise ValueError(f"matmul: inner dimensions differ: {self.shape} @ {w.shape} ({x.shape[-1]} != {y.shape[-2]})")
+      raise RuntimeError(f"matmul: inner dimensions differ: {self.shape} @ {w.shape} ({x.shape[-1]} != {y.shape[-2]})")
     try: batch = broadcast_shape(x.shape[:-2], y.shape[:-2])
-    except ValueError: raise ValueError(f"matmul: batch dims of {self.shape} and {w.shape} do not broadcast") from None
+    except ValueError: raise RuntimeError(f"matmul: batch dims of {self.shape} and {w.shape} do not broadcast") from None
     dtype = promote_types(x.dtype, y.dtype)
     n, k, m = x.shape[-2], x.shape[-1], y.shape[-1]
     x = x.cast(dtype)._broadcast_to(batch + (n, k)).reshape(batch + (n, 1, k))
@@ -33,7 +34,8 @@ class LinalgMixin:
   @staticmethod
   def einsum(formula: str, *operands, acc_dtype: Any = None) -> Tensor:
     """Einstein summation, e.g. "ij,jk->ik", "bij,bjk->bik", "ii->i" (diagonal), "ii" (trace), "i,j->ij",
-    "...ij->...ji". Built from diagonal views, permutes, broadcast multiplies and one sum."""
+    "...ij->...ji", "->" and ",i->i" (0-d operands). Built from diagonal views, permutes, broadcast multiplies and one
+    sum. A formula that does not fit the operands raises RuntimeError, as torch."""
     tensors = list(operands[0]) if len(operands) == 1 and isinstance(operands[0], (list, tuple)) else list(operands)
     return _einsum(formula, tensors, acc_dtype)
 
@@ -58,7 +60,7 @@ def _einsum(formula: str, tensors: list[Tensor], acc_dtype: Any) -> Tensor:
   formula = formula.replace(" ", "")
   lhs, arrow, rhs = formula.partition("->")
   specs = lhs.split(",")
-  if len(specs) != len(tensors): raise ValueError(f"einsum {formula!r} names {len(specs)} operands, got {len(tensors)}")
+  if len(specs) != len(tensors): raise RuntimeError(f"einsum {formula!r} names {len(specs)} operands, got {len(tensors)}")
   spare = [c for c in "ABCDEFGHIJKLMNOPQRSTUVWXYZ" if c not in formula]
   ellipsis_ndim = max((t.ndim - (len(s) - 3) for s, t in zip(specs, tensors) if "..." in s), default=0)
   ellipsis_letters = "".join(spare[:ellipsis_ndim])
@@ -66,14 +68,14 @@ def _einsum(formula: str, tensors: list[Tensor], acc_dtype: Any) -> Tensor:
   for spec, t in zip(specs, tensors):
     if "..." in spec:
       own = t.ndim - (len(spec) - 3)
-      if own < 0: raise ValueError(f"einsum operand {spec!r} has more letters than dims of shape {t.shape}")
+      if own < 0: raise RuntimeError(f"einsum operand {spec!r} has more letters than dims of shape {t.shape}")
       spec = spec.replace("...", ellipsis_letters[len(ellipsis_letters) - own:])
-    if len(spec) != t.ndim or not spec.isalpha():
-      raise ValueError(f"einsum operand {spec!r} does not match a tensor of shape {t.shape}")
+    if len(spec) != t.ndim or (spec and not spec.isalpha()):
+      raise RuntimeError(f"einsum operand {spec!r} does not match a tensor of shape {t.shape}")
     letters_per_operand.append(spec)
   if arrow:
     out_letters = rhs.replace("...", ellipsis_letters)
-    if not out_letters.isalpha() and out_letters: raise ValueError(f"bad einsum output {rhs!r}")
+    if not out_letters.isalpha() and out_letters: raise RuntimeError(f"bad einsum output {rhs!r}")
   else:
     counts = {c: sum(s.count(c) for s in letters_per_operand) for c in set("".join(letters_per_operand))}
     single = sorted(c for c, n in counts.items() if n == 1 and c not in ellipsis_letters)
@@ -85,7 +87,7 @@ def _einsum(formula: str, tensors: list[Tensor], acc_dtype: Any) -> Tensor:
       a = spec.index(repeated)
       b = spec.index(repeated, a + 1)
       if t.shape[a] != t.shape[b]:
-        raise ValueError(f"einsum: letter {repeated!r} has sizes {t.shape[a]} and {t.shape[b]} in shape {t.shape}")
+        raise RuntimeError(f"einsum: letter {repeated!r} has sizes {t.shape[a]} and {t.shape[b]} in shape {t.shape}")
       others = [i for i in range(t.ndim) if i not in (a, b)]
       n = t.shape[a]
       t = t.permute(others + [a, b]).reshape(*[t.shape[i] for i in others], n * n)
@@ -96,11 +98,11 @@ def _einsum(formula: str, tensors: list[Tensor], acc_dtype: Any) -> Tensor:
   for spec, t in prepared:
     for c, s in zip(spec, t.shape):
       if c in sizes and 1 not in (sizes[c], s) and sizes[c] != s:
-        raise ValueError(f"einsum: letter {c!r} has sizes {sizes[c]} and {s} in {formula!r}")
+        raise RuntimeError(f"einsum: letter {c!r} has sizes {sizes[c]} and {s} in {formula!r}")
       if c not in sizes or sizes[c] == 1: sizes[c] = s
   for c in out_letters:
-    if c not in sizes: raise ValueError(f"einsum output letter {c!r} is not in any operand of {formula!r}")
-    if out_letters.count(c) > 1: raise ValueError(f"einsum output letter {c!r} repeats in {formula!r}")
+    if c not in sizes: raise RuntimeError(f"einsum output letter {c!r} is not in any operand of {formula!r}")
+    if out_letters.count(c) > 1: raise RuntimeError(f"einsum output letter {c!r} repeats in {formula!r}")
   summed = [c for c in sizes if c not in out_letters]
   order = list(out_letters) + summed
   product: Optional[Tensor] = None

@@ -16,21 +16,34 @@ class MovementMixin:
   """Tensor's movement ops, joins and cuts."""
   # ---- movement
   def reshape(self, shape, *args) -> Tensor:
-    """New shape; one dim may be -1 (inferred) and None keeps that dim."""
+    """New shape; one dim may be -1 (inferred) and None keeps that dim. A bad shape raises RuntimeError, as torch."""
     shape = tuple(self.shape[i] if s is None else s for i, s in enumerate(_shape_arg(shape, args)))
-    if shape.count(-1) > 1: raise ValueError(f"reshape of {self.shape}: only one dim can be -1, got {shape}")
+    for i, s in enumerate(shape):
+      if not isinstance(s, (int, np.integer)) or isinstance(s, bool):
+        raise TypeError(f"reshape of {self.shape}: sizes must be ints, got {s!r} in {shape}")
+      if s < -1: raise RuntimeError(f"reshape of {self.shape}: invalid size {s} at index {i} of {shape}")
+    if shape.count(-1) > 1: raise RuntimeError(f"reshape of {self.shape}: only one dim can be -1, got {shape}")
     if -1 in shape:
       known = prod(s for s in shape if s != -1)
-      if known == 0 or self.numel() % known: raise ValueError(f"cannot reshape tensor of shape {self.shape} to {shape}")
+      if known == 0 or self.numel() % known:
+        raise RuntimeError(f"cannot reshape tensor of shape {self.shape} ({self.numel()} elements) to {shape}")
       shape = tuple(self.numel() // known if s == -1 else s for s in shape)
     shape = _check_shape(shape)
-    if prod(shape) != self.numel(): raise ValueError(f"cannot reshape tensor of shape {self.shape} to {shape}")
+    if prod(shape) != self.numel():
+      raise RuntimeError(f"cannot reshape tensor of shape {self.shape} ({self.numel()} elements) to {shape}")
     return self if shape == self.shape else F.Reshape.apply(self, shape=shape)
   def view(self, shape, *args) -> Tensor: return self.reshape(shape, *args)
   def permute(self, order, *args) -> Tensor:
-    order = tuple(_resolve_axis(a, self.ndim, self.shape) for a in _shape_arg(order, args))
-    if sorted(order) != list(range(self.ndim)):
-      raise ValueError(f"permute order {order} is not a permutation of the {self.ndim} dims of {self.shape}")
+    """Reorder the dims. As torch: a wrong count or a repeated dim raises RuntimeError, an out-of-range one
+    IndexError."""
+    given = _shape_arg(order, args)
+    if len(given) != self.ndim:
+      raise RuntimeError(f"permute order {tuple(given)} is not a permutation of the {self.ndim} dims of {self.shape}: "
+                         f"it names {len(given)} dims")
+    order = tuple(_resolve_axis(a, self.ndim, self.shape) for a in given)
+    if len(set(order)) != len(order):
+      raise RuntimeError(f"permute order {tuple(given)} is not a permutation of the {self.ndim} dims of {self.shape}: "
+                         "a dim repeats")
     return self if order == tuple(range(self.ndim)) else F.Permute.apply(self, order=order)
   def transpose(self, dim0: int = 1, dim1: int = 0) -> Tensor:
     order = list(range(self.ndim))
@@ -52,12 +65,12 @@ class MovementMixin:
     """Pad with `value`: `padding` is ((before, after) or None per dim), or torch's flat (left, right, top, bottom,
     ...) starting from the last dim. Negative amounts cut. mode (torch's): 'constant'; 'reflect' (mirror without
     the edge, amounts < the dim), 'replicate' (repeat the edge), 'circular' (wrap around, amounts <= the dim)."""
-    if mode not in PAD_MODES: raise ValueError(f"pad: mode must be one of {PAD_MODES}, got {mode!r}")
+    if mode not in PAD_MODES: raise NotImplementedError(f"pad: mode must be one of {PAD_MODES}, got {mode!r}")
     padding = _normalize_padding(padding, self.shape)
     if mode != "constant": return self._pad_from_edges(padding, mode)
     if all(p == (0, 0) for p in padding): return self
     bounds = tuple((-min(b, 0), s + min(a, 0)) for s, (b, a) in zip(self.shape, padding))
-    if any(lo > hi for lo, hi in bounds): raise ValueError(f"padding {padding} cuts more than shape {self.shape}")
+    if any(lo > hi for lo, hi in bounds): raise RuntimeError(f"padding {padding} cuts more than shape {self.shape}")
     x = self.shrink(bounds)
     grow = tuple((max(b, 0), max(a, 0)) for b, a in padding)
     padded = F.Pad.apply(x, padding=grow) if any(p != (0, 0) for p in grow) else x
@@ -65,24 +78,37 @@ class MovementMixin:
     inside = Tensor(LazyBuffer.const_of(True, dtypes.bool, self.device, x.shape).pad(grow))
     return inside.where(padded, value)
   def _pad_from_edges(self, padding: tuple[tuple[int, int], ...], mode: str) -> Tensor:
-    """reflect / replicate / circular padding: per dim, cat the pieces cut (and flipped) from the input's edges."""
+    """reflect / replicate / circular padding: per dim, cat the pieces cut (and flipped) from the input's edges.
+    Negative amounts cut, as torch: reflect and replicate pad the whole input and then cut; circular cuts first and
+    wraps what is left. Amounts too large for the input raise RuntimeError (torch's class)."""
     x = self
     for dim, (before, after) in enumerate(padding):
       if before == after == 0: continue
       size = x.shape[dim]
-      if before < 0 or after < 0: raise ValueError(f"pad: mode {mode!r} needs nonnegative padding, got {padding}")
+      if mode == "circular":
+        if size + min(before, 0) + min(after, 0) < 0:
+          raise RuntimeError(f"pad: padding {(before, after)} cuts more than dim {dim} of size {size} (shape {self.shape})")
+        x = x.shrink(tuple((max(-before, 0), size - max(-after, 0)) if i == dim else None for i in range(x.ndim)))
+        size, before, after = x.shape[dim], max(before, 0), max(after, 0)
+        if before == after == 0: continue
+      elif size + before + after <= 0:
+        raise RuntimeError(f"pad: mode {mode!r} padding {(before, after)} leaves nothing of dim {dim} of size {size} "
+                           f"(shape {self.shape})")
       limit = size - 1 if mode == "reflect" else size if mode == "circular" else math.inf
       if max(before, after) > limit or size == 0:
-        raise ValueError(f"pad: mode {mode!r} padding {(before, after)} is too large for dim {dim} of size {size} "
-                         f"(shape {self.shape})")
+        raise RuntimeError(f"pad: mode {mode!r} padding {(before, after)} is too large for dim {dim} of size {size} "
+                           f"(shape {self.shape})")
       def cut(start: int, end: int, tensor: Tensor = x, axis: int = dim) -> Tensor:
         return tensor.shrink(tuple((start, end) if i == axis else None for i in range(tensor.ndim)))
-      if mode == "reflect": left, right = cut(1, before + 1).flip(dim), cut(size - 1 - after, size - 1).flip(dim)
-      elif mode == "circular": left, right = cut(size - before, size), cut(0, after)
+      grow_before, grow_after = max(before, 0), max(after, 0)
+      if mode == "reflect":
+        left, right = cut(1, grow_before + 1).flip(dim), cut(size - 1 - grow_after, size - 1).flip(dim)
+      elif mode == "circular": left, right = cut(size - grow_before, size), cut(0, grow_after)
       else:
         edge_shape = lambda count: tuple(count if i == dim else s for i, s in enumerate(x.shape))  # noqa: E731
-        left, right = cut(0, 1).expand(edge_shape(before)), cut(size - 1, size).expand(edge_shape(after))
-      x = Tensor.cat(*[piece for piece, count in ((left, before), (x, 1), (right, after)) if count], dim=dim)
+        left, right = cut(0, 1).expand(edge_shape(grow_before)), cut(size - 1, size).expand(edge_shape(grow_after))
+      x = Tensor.cat(*[piece for piece, count in ((left, grow_before), (x, 1), (right, grow_after)) if count], dim=dim)
+      if before < 0 or after < 0: x = cut(max(-before, 0), x.shape[dim] - max(-after, 0), x)
     return x
   def roll(self, shifts, dims=None) -> Tensor:
     """Shift elements along dims, wrapping around (torch.roll); dims=None rolls the flattened tensor."""
@@ -149,7 +175,12 @@ class MovementMixin:
       raise ValueError(f"shrink bounds {bounds} are outside shape {self.shape}")
     return self if bounds == tuple((0, s) for s in self.shape) else F.Shrink.apply(self, bounds=bounds)
   def flip(self, axis, *args) -> Tensor:
-    axes = {_resolve_axis(a, self.ndim, self.shape) for a in _shape_arg(axis, args)}
+    """Reverse the order of elements along the given axes; an axis named twice raises RuntimeError, as torch."""
+    given = _shape_arg(axis, args)
+    resolved = [_resolve_axis(a, self.ndim, self.shape) for a in given]
+    if len(set(resolved)) != len(resolved):
+      raise RuntimeError(f"flip of shape {self.shape}: dims {tuple(given)} name one axis more than once")
+    axes = set(resolved)
     if not axes: return self
     return F.Flip.apply(self, axes=tuple(i in axes for i in range(self.ndim)))
   def _stride(self, steps: tuple[int, ...]) -> Tensor:
@@ -239,7 +270,7 @@ def _normalize_padding(padding, shape: tuple[int, ...]) -> tuple[tuple[int, int]
   ndim = len(shape)
   if all(isinstance(p, (int, np.integer)) for p in padding):
     if len(padding) % 2 or len(padding) > 2 * ndim:
-      raise ValueError(f"flat padding {padding} needs an even count of at most {2 * ndim} for shape {shape}")
+      raise RuntimeError(f"flat padding {padding} needs an even count of at most {2 * ndim} for shape {shape}")
     pairs = [(0, 0)] * ndim
     for i in range(len(padding) // 2): pairs[ndim - 1 - i] = (int(padding[2 * i]), int(padding[2 * i + 1]))
     return tuple(pairs)

@@ -21,7 +21,7 @@ from tgrad.bounds import realize_with_checks
 import tgrad.function as F
 from tgrad.tensor_ops import bind_tensor_class
 from tgrad.tensor_ops.args import Scalar, broadcast_shape, _resolve_axis, _scalar_dtype, _check_scalar_fits, \
-  _python_dtype
+  _python_dtype, DTypeNotSupportedError
 from tgrad.tensor_ops.creation import CreationMixin
 from tgrad.tensor_ops.elementwise import ElementwiseMixin
 from tgrad.tensor_ops.reduce import ReduceMixin
@@ -266,9 +266,10 @@ class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, Indexi
     x, y = self.cast(out_dtype)._broadcast_to(shape), y.cast(out_dtype)._broadcast_to(shape)
     return (y, x) if reverse else (x, y)
   def _int_operands(self, other: Any, reverse: bool, op_name: str) -> tuple[Tensor, Tensor]:
-    x, y = self._operands(other, reverse)
-    if x.dtype.is_float: raise TypeError(f"{op_name} needs int or bool tensors, got {self.dtype} and {y.dtype}")
-    return x, y
+    other_dtype = other.dtype if isinstance(other, Tensor) else type(other).__name__
+    if self.dtype.is_float or (isinstance(other, Tensor) and other.dtype.is_float) or isinstance(other, float):
+      raise DTypeNotSupportedError(f"{op_name} needs int or bool operands, got {self.dtype} and {other_dtype}")
+    return self._operands(other, reverse)
 
   # ---- in-place updates: `t[i] = v` (indexing.py), `+=` and friends (elementwise.py) and assign rebind the tensor
   def assign(self, x: Any) -> Tensor:

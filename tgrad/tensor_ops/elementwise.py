@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING, Any, Optional
 from tgrad.dtype import DType, dtypes
 from tgrad.ops import Ops
 from tgrad.lazy import LazyBuffer
-from tgrad.tensor_ops.args import HALF_FLOATS, broadcast_shape, _scalar_dtype, _int_overflow_side, _python_dtype
+from tgrad.tensor_ops.args import HALF_FLOATS, broadcast_shape, _scalar_dtype, _int_overflow_side, _python_dtype, \
+  DTypeNotSupportedError
 import tgrad.function as F
 if TYPE_CHECKING: from tgrad.tensor import Tensor   # at runtime: bound by tgrad/tensor.py (see __init__.py)
 
@@ -40,13 +41,14 @@ class ElementwiseMixin:
     return F.Sub.apply(a, b)
   def mul(self, x: Any, reverse: bool = False) -> Tensor: return F.Mul.apply(*self._operands(x, reverse))
   def div(self, x: Any, reverse: bool = False, rounding_mode: Optional[str] = None) -> Tensor:
-    """True division (ints give floats); rounding_mode "floor" is `//`, "trunc" rounds toward zero."""
+    """True division (ints give floats); rounding_mode "floor" is `//`, "trunc" rounds toward zero (both keep an
+    int dtype, as torch). Another rounding_mode raises RuntimeError, as torch."""
+    if rounding_mode not in (None, "floor", "trunc"):
+      raise RuntimeError(f"div: rounding_mode must be None, 'floor' or 'trunc', got {rounding_mode!r}")
     if rounding_mode == "floor": return self.floordiv(x, reverse)
     a, b = self._operands(x, reverse)
     if rounding_mode == "trunc":
       return self._nograd(a.lazydata.alu(Ops.IDIV, b.lazydata)) if not a.dtype.is_float else (a / b).trunc()
-    if rounding_mode is not None:
-      raise ValueError(f"rounding_mode must be None, 'floor' or 'trunc', got {rounding_mode!r}")
     return F.Div.apply(a._to_float(), b._to_float())
   def floordiv(self, x: Any, reverse: bool = False) -> Tensor:
     """Python's `//`: rounds toward −∞. Integer division by zero gives 0 (as numpy)."""
@@ -69,9 +71,10 @@ class ElementwiseMixin:
   def pow(self, exponent: Any, reverse: bool = False) -> Tensor:
     """numpy's `**`: negative bases with integer exponents keep their sign; with other exponents they give NaN."""
     if not reverse and isinstance(exponent, (int, float)) and not isinstance(exponent, bool):
+      if isinstance(exponent, int) and exponent < 0 and not self.dtype.is_float:
+        raise RuntimeError(f"integers to negative integer powers are not allowed: {self.dtype} ** {exponent} "
+                           "(cast the base to a float dtype first)")
       if math.isfinite(exponent) and exponent == int(exponent) and abs(exponent) <= POW_UNROLL_LIMIT:
-        if exponent < 0 and not self.dtype.is_float and not isinstance(exponent, float):
-          raise ValueError(f"integers to negative integer powers are not allowed: {self.dtype} ** {exponent}")
         base = self.int() if self.dtype.is_bool else self
         base = base.cast(_scalar_dtype(base.dtype, exponent))
         power = _power_by_squaring(base, abs(int(exponent)))
@@ -142,16 +145,14 @@ class ElementwiseMixin:
   def bitwise_or(self, x: Any, reverse: bool = False) -> Tensor: return self._bitwise(Ops.OR, x, reverse, "|")
   def xor(self, x: Any, reverse: bool = False) -> Tensor: return self._bitwise(Ops.XOR, x, reverse, "^")
   def bitwise_not(self) -> Tensor:
-    if self.dtype.is_float: raise TypeError(f"~ needs an int or bool tensor, got {self.dtype}")
+    if self.dtype.is_float: raise DTypeNotSupportedError(f"~ needs an int or bool tensor, got {self.dtype}")
     if self.dtype.is_bool: return self.logical_not()
     return self._nograd(self.lazydata.alu(Ops.XOR, self.lazydata.const(-1 if not self.dtype.is_unsigned else
                                                                        dtypes.max(self.dtype))))
   def _shift(self, amount: Any, reverse: bool, left: bool) -> Tensor:
     x, shift = self._int_operands(amount, reverse, "<<" if left else ">>")
     if x.dtype.is_bool: x, shift = x.int(), shift.int()
-    bits = x.dtype.bits
-    if isinstance(amount, int) and not reverse and not 0 <= amount < bits:
-      raise ValueError(f"shift amount {amount} is outside [0, {bits}) for {x.dtype}")
+    bits = x.dtype.bits   # as torch, an amount outside [0, bits) shifts out every bit
     in_range = (shift >= 0) & (shift < bits)
     safe = in_range.where(shift, 0)
     shifted = self._nograd(x.lazydata.alu(Ops.SHL if left else Ops.SHR, safe.lazydata))

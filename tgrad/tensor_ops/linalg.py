@@ -20,7 +20,8 @@ class LinalgMixin:
     if x.shape[-1] != y.shape[-2]:
       raise RuntimeError(f"matmul: inner dimensions differ: {self.shape} @ {w.shape} ({x.shape[-1]} != {y.shape[-2]})")
     try: batch = broadcast_shape(x.shape[:-2], y.shape[:-2])
-    except ValueError: raise RuntimeError(f"matmul: batch dims of {self.shape} and {w.shape} do not broadcast") from None
+    except ValueError:
+      raise RuntimeError(f"matmul: batch dims of {self.shape} and {w.shape} do not broadcast") from None
     dtype = promote_types(x.dtype, y.dtype)
     n, k, m = x.shape[-2], x.shape[-1], y.shape[-1]
     x = x.cast(dtype)._broadcast_to(batch + (n, k)).reshape(batch + (n, 1, k))
@@ -60,7 +61,8 @@ def _einsum(formula: str, tensors: list[Tensor], acc_dtype: Any) -> Tensor:
   formula = formula.replace(" ", "")
   lhs, arrow, rhs = formula.partition("->")
   specs = lhs.split(",")
-  if len(specs) != len(tensors): raise RuntimeError(f"einsum {formula!r} names {len(specs)} operands, got {len(tensors)}")
+  if len(specs) != len(tensors):
+    raise RuntimeError(f"einsum {formula!r} names {len(specs)} operands, got {len(tensors)}")
   spare = [c for c in "ABCDEFGHIJKLMNOPQRSTUVWXYZ" if c not in formula]
   ellipsis_ndim = max((t.ndim - (len(s) - 3) for s, t in zip(specs, tensors) if "..." in s), default=0)
   ellipsis_letters = "".join(spare[:ellipsis_ndim])

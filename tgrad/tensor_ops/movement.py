@@ -87,7 +87,8 @@ class MovementMixin:
       size = x.shape[dim]
       if mode == "circular":
         if size + min(before, 0) + min(after, 0) < 0:
-          raise RuntimeError(f"pad: padding {(before, after)} cuts more than dim {dim} of size {size} (shape {self.shape})")
+          raise RuntimeError(f"pad: padding {(before, after)} cuts more than dim {dim} of size {size} "
+                             f"(shape {self.shape})")
         x = x.shrink(tuple((max(-before, 0), size - max(-after, 0)) if i == dim else None for i in range(x.ndim)))
         size, before, after = x.shape[dim], max(before, 0), max(after, 0)
         if before == after == 0: continue

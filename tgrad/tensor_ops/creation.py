@@ -58,7 +58,11 @@ class CreationMixin:
     return Tensor(values.cast(dtype).lazydata, **kwargs)
   @staticmethod
   def linspace(start: Scalar, stop: Scalar, steps: int, dtype: Any = None, device: Optional[str] = None, **kwargs):
-    if steps < 0: raise ValueError(f"linspace needs steps >= 0, got {steps}")
+    """`steps` values from start to stop inclusive, evenly spaced. As torch: steps must be an int (TypeError) and
+    nonnegative (RuntimeError)."""
+    if not isinstance(steps, (int, np.integer)) or isinstance(steps, bool):
+      raise TypeError(f"linspace: steps must be an int, got {type(steps).__name__} {steps!r}")
+    if steps < 0: raise RuntimeError(f"linspace: number of steps must be non-negative, got {steps}")
     dtype = to_dtype(dtype or dtypes.default_float)
     if steps == 1: return Tensor.full((1,), start, dtype=dtype, device=device, **kwargs)
     index = Tensor.arange(steps, dtype=dtypes.float32 if dtype in HALF_FLOATS or not dtype.is_float else dtype,

@@ -282,8 +282,8 @@ def _index_items(indices, shape: tuple[int, ...], device: str) -> list:
   for i in items:
     if _is_mask(i):
       if i.shape != shape[dim:dim + i.ndim]:
-        raise IndexError(f"the shape of the mask {i.shape} at index {dim} does not match the shape {shape[dim:dim + i.ndim]} "
-                         f"of the indexed tensor {shape} there")
+        raise IndexError(f"the shape of the mask {i.shape} at index {dim} does not match the shape "
+                         f"{shape[dim:dim + i.ndim]} of the indexed tensor {shape} there")
       positions = i.nonzero()
       expanded.extend(positions[:, d] for d in range(i.ndim))
     else: expanded.append(i)

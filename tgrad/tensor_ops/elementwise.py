@@ -18,7 +18,7 @@ LN2 = math.log(2)
 GELU_CUBIC_COEFFICIENT = 0.044715       # the tanh approximation of GELU (Hendrycks & Gimpel)
 SQRT_2_OVER_PI = math.sqrt(2 / math.pi)
 QUICK_GELU_SCALE = 1.702                # x·sigmoid(1.702x), the approximation CLIP uses
-POW_UNROLL_LIMIT = 64                   # integer exponents up to this size become repeated multiplication
+POW_UNROLL_LIMIT = 64                   # positive integer exponents up to this size become repeated multiplication
 LOG10_2 = math.log10(2)
 SQRT_HALF = math.sqrt(0.5)
 SELU_ALPHA = 1.6732632423543772848170429916717     # Klambauer et al., "Self-Normalizing Neural Networks"
@@ -74,15 +74,15 @@ class ElementwiseMixin:
       if isinstance(exponent, int) and exponent < 0 and not self.dtype.is_float:
         raise RuntimeError(f"integers to negative integer powers are not allowed: {self.dtype} ** {exponent} "
                            "(cast the base to a float dtype first)")
-      if math.isfinite(exponent) and exponent == int(exponent) and abs(exponent) <= POW_UNROLL_LIMIT:
+      if math.isfinite(exponent) and exponent == int(exponent) and 0 < exponent <= POW_UNROLL_LIMIT:
         base = self.int() if self.dtype.is_bool else self
         base = base.cast(_scalar_dtype(base.dtype, exponent))
-        power = _power_by_squaring(base, abs(int(exponent)))
-        return power.reciprocal() if exponent < 0 else power
+        return _power_by_squaring(base, int(exponent))
       if exponent == 0.5: return self._to_float().sqrt()
+      if exponent == -0.5: return self._to_float().rsqrt()   # torch's: (−0) ** −0.5 is −inf there, not C's +inf
     base, power = self._operands(exponent, reverse)
     if base.dtype.is_bool: base, power = base.int(), power.int()
-    if base.dtype.is_float: return _float_pow(base, power)
+    if base.dtype.is_float: return _FloatPow.apply(base, power)
     return _int_pow(base, power)
   def maximum(self, x: Any) -> Tensor:
     a, b = self._operands(x)
@@ -225,12 +225,16 @@ class ElementwiseMixin:
       return (x < 0).where(-out, out)
     return self._float_math(fn)
   def logaddexp(self, other: Any) -> Tensor:
-    """log(exp(self) + exp(other)), shifted by the larger so that nothing overflows; −inf and −inf give −inf."""
+    """log(exp(self) + exp(other)) = max + log1p(exp(−|self − other|)): nothing overflows, an infinite max is the
+    result (−inf and −inf give −inf), and the gradients are torch's 1 / (1 + exp(other − self)) — 0.5 each at a tie,
+    finite at ±inf. float16/bfloat16 compute in float32."""
     a, b = self._operands(other)
     a, b = a._to_float(), b._to_float()
-    peak = a.maximum(b).detach()
-    peak = peak.isinf().where(0, peak)
-    return ((a - peak).exp() + (b - peak).exp()).log() + peak
+    if a.dtype in HALF_FLOATS: return a.cast(dtypes.float32).logaddexp(b.cast(dtypes.float32)).cast(a.dtype)
+    a_wins = a >= b
+    peak = a_wins.where(a, b)
+    gap = a_wins.where(b - a, a - b)                           # −|a − b|, split evenly between a and b at a tie
+    return peak.isinf().where(peak, peak + _log1p(gap.exp()))
   def copysign(self, other: Any) -> Tensor:
     """|self| with the sign bit of other (so −0.0 and negative NaNs count as negative), in a float dtype."""
     a, b = self._operands(other)
@@ -279,22 +283,27 @@ class ElementwiseMixin:
   def relu6(self) -> Tensor: return self.relu() - (self - 6).relu()
   def leaky_relu(self, neg_slope: float = 0.01) -> Tensor: return self.relu() - (-self).relu() * neg_slope
   def elu(self, alpha: float = 1.0) -> Tensor:
-    negative_part = (self._to_float().minimum(0).exp() - 1) * alpha   # exp(min(x, 0)): finite, and so is its grad
-    return (self > 0).where(self._to_float(), negative_part)
+    """x for x > 0, else alpha·(exp(x) − 1); the gradient at 0 is alpha, as torch."""
+    def fn(x: Tensor) -> Tensor:
+      positive = x > 0
+      return positive.where(x, (positive.where(0.0, x).exp() - 1) * alpha)   # exp of a clamped x: finite grads
+    return self._float_math(fn)
   def gelu(self, approximate: str = "tanh") -> Tensor:
     """x·Φ(x). approximate='tanh' (the default, as tinygrad) is the tanh approximation of Φ; 'none' is exact,
     0.5·(1 + erf(x/√2)), torch's default."""
     if approximate not in ("none", "tanh"):
       raise ValueError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
-    x = self._to_float()
-    if approximate == "none": return 0.5 * x * (1 + (x * SQRT_HALF).erf())
-    return 0.5 * x * (1 + (SQRT_2_OVER_PI * (x + GELU_CUBIC_COEFFICIENT * x * x * x)).tanh())
+    if approximate == "none": return self._float_math(lambda x: 0.5 * x * (1 + (x * SQRT_HALF).erf()))
+    def tanh_form(x: Tensor) -> Tensor:
+      return 0.5 * x * (1 + (SQRT_2_OVER_PI * (x + GELU_CUBIC_COEFFICIENT * x * x * x)).tanh())
+    return self._float_math(tanh_form)
   def quick_gelu(self) -> Tensor: return self * (self * QUICK_GELU_SCALE).sigmoid()
   def silu(self) -> Tensor: return self * self.sigmoid()
   def swish(self) -> Tensor: return self.silu()
   def softplus(self, beta: float = 1.0) -> Tensor:
-    x = self._to_float() * beta   # log(1 + eˣ) = relu(x) + log(1 + e^−|x|): never overflows
-    return (x.relu() + ((-x.abs()).exp() + 1).log()) * (1 / beta)
+    """log(1 + exp(beta·x)) / beta, as logaddexp(beta·x, 0): no overflow, torch's tiny values for very negative x
+    (log1p), gradient 0.5 at 0."""
+    return self._float_math(lambda x: (x * beta).logaddexp(0.0) * (1 / beta))
   def mish(self) -> Tensor: return self * self.softplus().tanh()
   def hardsigmoid(self, alpha: float = 1 / 6, beta: float = 0.5) -> Tensor:
     """clip(alpha·x + beta, 0, 1); torch's hardsigmoid is the default alpha and beta, relu6(x + 3) / 6. The gradient
@@ -312,12 +321,13 @@ class ElementwiseMixin:
   def celu(self, alpha: float = 1.0) -> Tensor:
     """max(0, x) + min(0, alpha·(exp(x / alpha) − 1))."""
     if alpha == 0: raise ValueError("celu: alpha must not be 0 (it divides x)")
-    x = self._to_float()
-    return x.relu() + ((x.minimum(0) * (1 / alpha)).exp() - 1) * alpha
+    def fn(x: Tensor) -> Tensor:
+      positive = x > 0
+      return positive.where(x, ((positive.where(0.0, x) * (1 / alpha)).exp() - 1) * alpha)
+    return self._float_math(fn)
   def selu(self) -> Tensor:
     """scale·(max(0, x) + alpha·(exp(min(0, x)) − 1)), with the constants of Klambauer et al."""
-    x = self._to_float()
-    return (x.relu() + (x.minimum(0).exp() - 1) * SELU_ALPHA) * SELU_SCALE
+    return self.elu(SELU_ALPHA) * SELU_SCALE
   def logsigmoid(self) -> Tensor: return -(-self).softplus()
   def abs(self) -> Tensor:
     if self.dtype.is_bool or self.dtype.is_unsigned: return self
@@ -428,6 +438,12 @@ def _atan(x: Tensor) -> Tensor:
   angle = outside.where(math.pi / 2 - angle, angle)
   return (x < 0).where(-angle, angle)
 
+def _log1p(x: Tensor) -> Tensor:
+  """log(1 + x) for finite x > −1, exact for tiny x too: log(u)·x / (u − 1) with u = 1 + x corrects u's rounding
+  (Goldberg's trick)."""
+  u = x + 1
+  return (u == 1).where(x, u.log() * (x / (u == 1).where(1.0, u - 1)))
+
 def _needs_floor_fix(a: Tensor, b: Tensor) -> Tensor:
   """Where C's truncating division differs from floor division: a nonzero remainder whose sign differs from b's."""
   remainder = Tensor(a.lazydata.alu(Ops.MOD, b.lazydata), requires_grad=False)
@@ -447,15 +463,39 @@ def _power_by_squaring(base: Tensor, exponent: int) -> Tensor:
   return result
 
 def _float_pow(base: Tensor, exponent: Tensor) -> Tensor:
-  """|b|^e through exp2/log2, then numpy's sign rules: a negative base keeps a sign for integer e, else NaN."""
+  """C's pow (torch's values), from |b|^e = exp2(e·log2|b|): a negative base keeps its sign for odd integer e and
+  gives NaN for a non-integer e (unless it is −inf); x^0 = 1^y = (−1)^±inf = 1 (NaNs included); ±0 and ±inf give
+  C's signed zeros and infinities. float16/bfloat16 compute in float32."""
+  if base.dtype in HALF_FLOATS:
+    return _float_pow(base.cast(dtypes.float32), exponent.cast(dtypes.float32)).cast(base.dtype)
   magnitude = (exponent * base.abs().log2()).exp2()
-  integer_exponent = exponent == exponent.trunc()
-  half = exponent.detach() * 0.5
+  integer_exponent = exponent == exponent.trunc()   # ±inf included, NaN not
+  half = exponent * 0.5
   odd_exponent = integer_exponent & (half != half.trunc())
-  negative = base.detach() < 0
-  signed = (negative & odd_exponent).where(-magnitude, magnitude)
-  out = (negative & integer_exponent.logical_not()).where(math.nan, signed)
-  return ((exponent.detach() == 0) | (base.detach() == 1)).where(1.0, out)
+  sign_bit = (base < 0) | ((base == 0) & (base.reciprocal() < 0))   # −0 too
+  signed = (sign_bit & odd_exponent).where(-magnitude, magnitude)
+  out = ((base < 0) & base.isfinite() & integer_exponent.logical_not()).where(math.nan, signed)
+  is_one = (exponent == 0) | (base == 1) | ((base.abs() == 1) & exponent.isinf())
+  return is_one.where(1.0, out)
+
+class _FloatPow(F.Function):
+  """base ** exponent for floats, with torch's gradients: d/db = e·b^(e−1) (0 where e = 0) and d/de = b^e·ln b (0
+  where b = 0 and e >= 0), so x² at 0, 0^y and the like have finite gradients where torch's do, instead of the
+  0·inf NaNs of the chain rule through exp2/log2. Both sides are built from Tensor ops on unrecorded inputs."""
+  def forward(self, base: LazyBuffer, exponent: LazyBuffer) -> LazyBuffer:
+    self.base, self.exponent = Tensor(base, requires_grad=False), Tensor(exponent, requires_grad=False)
+    self.ret = _float_pow(self.base, self.exponent)
+    return self.ret.lazydata
+  def backward(self, grad_output: LazyBuffer) -> tuple[Optional[LazyBuffer], Optional[LazyBuffer]]:
+    grad, base, exponent = Tensor(grad_output, requires_grad=False), self.base, self.exponent
+    base_grad = exponent_grad = None
+    if self.needs_input_grad[0]:
+      slope = (exponent == 0).where(0.0, exponent * _float_pow(base, exponent - 1))
+      base_grad = (grad * slope).lazydata
+    if self.needs_input_grad[1]:
+      slope = ((base == 0) & (exponent >= 0)).where(0.0, self.ret * base.log())
+      exponent_grad = (grad * slope).lazydata
+    return base_grad, exponent_grad
 
 def _int_pow(base: Tensor, exponent: Tensor) -> Tensor:
   """Integer power by squaring over the exponent's bits. A negative exponent gives 1/b^|e| rounded toward 0:

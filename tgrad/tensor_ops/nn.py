@@ -467,14 +467,17 @@ class NNMixin:
     _check_reduction(reduction)
     if Y.shape != self.shape: raise ValueError(f"Target size {Y.shape} must be the same as input size {self.shape}")
     log_p, log_not_p = self.log().maximum(BCE_LOG_FLOOR), (1 - self).log().maximum(BCE_LOG_FLOOR)
+    Y = Y.cast(log_p.dtype)   # int or bool targets (tinygrad takes them) must not promote a float32 loss to float64
     return _reduce_loss(-(Y * log_p + (1 - Y) * log_not_p), reduction)
   def binary_crossentropy_logits(self, Y: Tensor, reduction: str = "mean", pos_weight: Optional[Tensor] = None):
     """binary_crossentropy of sigmoid(self), computed stably from the logits: (1 − y)·x + w·log(1 + e^−x) with
     w = 1 + (pos_weight − 1)·y (log(1 + e^−x) = softplus(−x) never overflows)."""
     _check_reduction(reduction)
     if Y.shape != self.shape: raise ValueError(f"Target size {Y.shape} must be the same as input size {self.shape}")
-    weight = 1 if pos_weight is None else 1 + (pos_weight - 1) * Y
-    return _reduce_loss((1 - Y) * self + weight * (-self).softplus(), reduction)
+    x = self._to_float()
+    Y = Y.cast(x.dtype)   # int or bool targets: the loss keeps the logits' float dtype
+    weight = 1 if pos_weight is None else 1 + (pos_weight.cast(x.dtype) - 1) * Y
+    return _reduce_loss((1 - Y) * x + weight * (-x).softplus(), reduction)
 
 def _int_tuple(value: Any, count: int, name: str) -> tuple[int, ...]:
   """An int or a sequence of `count` ints (torch's convention for kernel_size, stride, ...) as a tuple."""

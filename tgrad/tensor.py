@@ -129,6 +129,11 @@ class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, Indexi
     computes several in one schedule, so their kernels are planned together."""
     realize_with_checks(self.lazydata, *[t.lazydata for t in others])
     return self
+  def schedule(self, *others: Tensor) -> list:
+    """The kernels (ScheduleItems) that realizing this tensor (and others) would run, planned without running or
+    committing anything (tinygrad's Tensor.schedule; count them to check fusion)."""
+    from tgrad.schedule import create_schedule
+    return create_schedule([self.lazydata, *[t.lazydata for t in others]])
   def numpy(self) -> np.ndarray:
     """The values as a numpy array (bfloat16 comes back as float32)."""
     out_dtype = dtypes.float32 if self.dtype == dtypes.bfloat16 else self.dtype
@@ -146,6 +151,17 @@ class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, Indexi
   def to(self, device: str) -> Tensor:
     device = canonical_device(device)
     return self if device == self.device else F.ToDevice.apply(self, device=device)
+  def to_(self, device: str) -> Tensor:
+    """Move this tensor (and its .grad) to `device` in place."""
+    moved = self.to(device)
+    if self.grad is not None: self.grad = self.grad.to(device)
+    return self.replace(moved)
+  def replace(self, x: Tensor) -> Tensor:
+    """Make this tensor hold x's value (same shape; x's dtype and device), as tinygrad's replace; not differentiable
+    through, and unlike assign no buffer is written."""
+    if x.shape != self.shape: raise ValueError(f"replace: shape {x.shape} for a tensor of shape {self.shape}")
+    self.lazydata, self._ctx = x.lazydata, x._ctx
+    return self
   def cast(self, dtype: Any) -> Tensor:
     dtype = to_dtype(dtype)
     return self if dtype == self.dtype else F.Cast.apply(self, dtype=dtype)
@@ -157,6 +173,9 @@ class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, Indexi
   def float(self) -> Tensor: return self.cast(dtypes.float32)
   def half(self) -> Tensor: return self.cast(dtypes.float16)
   def double(self) -> Tensor: return self.cast(dtypes.float64)
+  def bfloat16(self) -> Tensor: return self.cast(dtypes.bfloat16)
+  def short(self) -> Tensor: return self.cast(dtypes.int16)
+  def is_floating_point(self) -> bool: return self.dtype.is_float
   def int(self) -> Tensor: return self.cast(dtypes.int32)
   def long(self) -> Tensor: return self.cast(dtypes.int64)
   def bool(self) -> Tensor: return self.cast(dtypes.bool)
@@ -241,6 +260,12 @@ class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, Indexi
     if any(s != n and s != 1 for s, n in zip(x.shape, shape)):
       raise ValueError(f"cannot broadcast {self.shape} to {shape}")
     return F.Expand.apply(x, shape=shape) if x.shape != shape else x
+  def const_like(self, value: Scalar) -> Tensor:
+    """A constant of self's shape, dtype and device (no buffer: it folds into the kernels that read it)."""
+    return Tensor(LazyBuffer.const_of(value, self.dtype, self.device, self.shape), requires_grad=False)
+  def ufix(self, x: Any) -> Tensor:
+    """x as a tensor beside self: a Tensor as is, a Python scalar as a weak constant of self's kind (tinygrad's)."""
+    return self._as_tensor(x)
   def _as_tensor(self, x: Any, dtype: Optional[DType] = None) -> Tensor:
     if isinstance(x, Tensor):
       if x.device != self.device: raise ValueError(f"tensors on different devices: {self.device} and {x.device}")

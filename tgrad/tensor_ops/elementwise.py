@@ -135,6 +135,8 @@ class ElementwiseMixin:
       return Tensor.full(self.shape, True, dtype=dtypes.bool, device=self.device)
     return self._compare(Ops.CMPNE, x)
   def __eq__(self, x: Any) -> Tensor: return (self != x).logical_not()  # type: ignore[override]
+  def ne(self, x: Any) -> Tensor: return self != x
+  def eq(self, x: Any) -> Tensor: return self == x
   def logical_not(self) -> Tensor:
     if self.dtype.is_bool: return self._nograd(self.lazydata.alu(Ops.CMPNE, self.lazydata.const(True)))
     return self == 0
@@ -144,6 +146,7 @@ class ElementwiseMixin:
   def bitwise_and(self, x: Any, reverse: bool = False) -> Tensor: return self._bitwise(Ops.AND, x, reverse, "&")
   def bitwise_or(self, x: Any, reverse: bool = False) -> Tensor: return self._bitwise(Ops.OR, x, reverse, "|")
   def xor(self, x: Any, reverse: bool = False) -> Tensor: return self._bitwise(Ops.XOR, x, reverse, "^")
+  def bitwise_xor(self, x: Any, reverse: bool = False) -> Tensor: return self.xor(x, reverse)
   def bitwise_not(self) -> Tensor:
     if self.dtype.is_float: raise DTypeNotSupportedError(f"~ needs an int or bool tensor, got {self.dtype}")
     if self.dtype.is_bool: return self.logical_not()
@@ -266,6 +269,22 @@ class ElementwiseMixin:
   def clone(self) -> Tensor:
     """A copy in a buffer of its own (writes into self, e.g. `self.assign(...)`, don't reach it); differentiable."""
     return _Clone.apply(self)
+  def contiguous_backward(self) -> Tensor:
+    """self unchanged; in the backward pass its gradient is made contiguous (realized as one buffer) there."""
+    return _ContiguousBackward.apply(self)
+  def allclose(self, other: Any, rtol: float = 1e-05, atol: float = 1e-08, equal_nan: bool = False) -> bool:
+    """Whether every element is isclose to other (a kernel runs)."""
+    return bool(self.isclose(other, rtol=rtol, atol=atol, equal_nan=equal_nan).all().item())
+  def usum(self, *others: Any) -> Tensor:
+    """self + others[0] + ... (| for bools), tinygrad's n-ary sum."""
+    out = self
+    for x in _flat_args(others): out = out | x if out.dtype.is_bool else out + x
+    return out
+  def uprod(self, *others: Any) -> Tensor:
+    """self · others[0] · ... (& for bools), tinygrad's n-ary product."""
+    out = self
+    for x in _flat_args(others): out = out & x if out.dtype.is_bool else out * x
+    return out
   def masked_fill(self, mask: Tensor, value: Any) -> Tensor:
     """value where the bool mask is true, self elsewhere (mask broadcasts against self; the result keeps self's
     shape and dtype)."""
@@ -418,6 +437,14 @@ class ElementwiseMixin:
   def __irshift__(self, x) -> Tensor: return self._inplace(self._snapshot() >> x)
 
 SIGNED_OF_SIZE = {2: dtypes.int16, 4: dtypes.int32, 8: dtypes.int64}   # a float's bits, read as an int: sign bit
+
+def _flat_args(args: tuple) -> tuple:
+  return tuple(args[0]) if len(args) == 1 and isinstance(args[0], (list, tuple)) else args
+
+class _ContiguousBackward(F.Function):
+  """Identity forward; the gradient flowing back is made contiguous (tinygrad's contiguous_backward)."""
+  def forward(self, x: LazyBuffer) -> LazyBuffer: return x
+  def backward(self, grad_output: LazyBuffer) -> LazyBuffer: return grad_output.contiguous()
 
 class _Clone(F.Function):
   """A copy into a new buffer (an explicit CONTIGUOUS, even of a realized buffer); the gradient passes through."""

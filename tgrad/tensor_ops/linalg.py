@@ -40,6 +40,46 @@ class LinalgMixin:
     tensors = list(operands[0]) if len(operands) == 1 and isinstance(operands[0], (list, tuple)) else list(operands)
     return _einsum(formula, tensors, acc_dtype)
 
+  # ---- factorizations
+  def qr(self) -> tuple[Tensor, Tensor]:
+    """Householder QR of the last two dims (m, n), as LAPACK's geqrf (torch.linalg.qr(mode='complete')): Q (m, m)
+    orthogonal, R (m, n) upper triangular with R[i, i] = −sign(x₀)·‖x‖, and no reflection where a column is already
+    reduced. min(m − 1, n) reflections, each a rank-1 update of R and Q; differentiable."""
+    if self.ndim < 2: raise RuntimeError(f"qr: expected a tensor with 2 or more dimensions, got shape {self.shape}")
+    m, n = self.shape[-2:]
+    R = self._to_float()
+    Q = Tensor.eye(m, dtype=R.dtype, device=self.device).reshape((1,) * (self.ndim - 2) + (m, m))
+    Q = Q._broadcast_to(self.shape[:-2] + (m, m))
+    rows = Tensor.arange(m, device=self.device)
+    for i in range(min(m - 1, n)):
+      column = R[..., :, i] * (rows >= i)                                   # x below the diagonal, zeros above
+      alpha = R[..., i, i]
+      rest_norm = (column * (rows > i)).square().sum(-1).sqrt()
+      norm = column.square().sum(-1).sqrt()
+      sign = (alpha >= 0).where(-1.0, 1.0)                                 # −sign(alpha), −1 at 0 (LAPACK's beta)
+      pivot = alpha - sign * norm                                          # v = x / pivot, v[i] = 1
+      reflect = rest_norm != 0
+      safe_pivot = reflect.where(pivot, 1.0)
+      v = (rows == i).where(1.0, column / safe_pivot.unsqueeze(-1))
+      tau = reflect.where(-sign * pivot / reflect.where(norm, 1.0), 0.0)  # H = I − tau·v·vᵀ
+      v_col, v_row = v.unsqueeze(-1), v.unsqueeze(-2)
+      R = R - (tau.unsqueeze(-1).unsqueeze(-1) * v_col) * (v_row @ R)
+      Q = Q - ((Q @ v_col) * tau.unsqueeze(-1).unsqueeze(-1)) @ v_row
+    return Q, R.triu()
+  def newton_schulz(self, steps: int, params: tuple, eps: float = 1.0e-7) -> Tensor:
+    """The Newton–Schulz iteration toward the orthogonal factor of the last two dims (Muon's): X ← Σᵢ pᵢ·(XXᵀ)ⁱX
+    on X normalized by its Frobenius norm (+ eps); a tall matrix is iterated transposed."""
+    if self.ndim < 2: raise RuntimeError(f"newton_schulz: needs 2 or more dims, got shape {self.shape}")
+    if self.shape[-2] > self.shape[-1]: return self.transpose(-2, -1).newton_schulz(steps, params, eps).transpose(-2, -1)
+    x = self / (self.square().sum(axis=(-2, -1), keepdim=True).sqrt() + eps)
+    for _ in range(steps):
+      gram, term, total = x @ x.transpose(-2, -1), x, None
+      for coefficient in params:
+        total = term * coefficient if total is None else total + term * coefficient
+        term = gram @ term
+      x = total if total is not None else x * 0
+    return x
+
   # ---- triangles
   def _triangle_mask(self, diagonal: int, lower: bool) -> Tensor:
     """True on and below (lower) or on and above the `diagonal`-th diagonal of the last two dims."""

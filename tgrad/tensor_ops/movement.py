@@ -167,6 +167,21 @@ class MovementMixin:
     source = [i for i, c in enumerate(counts) for _ in range(c)]     # host-side: which input each output takes
     if not source: return x.shrink(tuple((0, 0) if i == dim else None for i in range(x.ndim)))
     return x[(slice(None),) * dim + (Tensor(source, device=x.device),)]
+  def shrink_to(self, shape, *args) -> Tensor:
+    """Keep the first `shape[i]` elements of each dim (None keeps the dim): tinygrad's shrink from 0."""
+    shape = _shape_arg(shape, args)
+    if len(shape) != self.ndim: raise ValueError(f"shrink_to: shape {shape} for a tensor of shape {self.shape}")
+    return self.shrink(tuple(None if s is None else (0, s) for s in shape))
+  def pad_to(self, shape, *args) -> Tensor:
+    """Pad at the end of each dim up to `shape[i]` (None keeps the dim), with zeros."""
+    shape = _shape_arg(shape, args)
+    if len(shape) != self.ndim: raise ValueError(f"pad_to: cannot pad shape {self.shape} to {shape}")
+    return self.pad(tuple((0, 0) if s is None else (0, s - n) for n, s in zip(self.shape, shape)))
+  def rearrange(self, formula: str, **sizes: int) -> Tensor:
+    """einops' rearrange: "b c (h w) -> b h w c" style formulas of axis names, parenthesized groups (split on the
+    left, merged on the right), "..." for the dims not named, and "()" or "1" for a unit dim; `sizes` give the
+    sizes a split needs (one per group may be left out). A reshape, a permute and a reshape."""
+    return _rearrange(self, formula, sizes)
   def shrink(self, bounds) -> Tensor:
     """Keep [start, end) per dim (None keeps the dim)."""
     if len(bounds) != self.ndim:
@@ -277,3 +292,55 @@ def _normalize_padding(padding, shape: tuple[int, ...]) -> tuple[tuple[int, int]
     return tuple(pairs)
   if len(padding) != ndim: raise ValueError(f"padding {padding} needs one entry per dim of shape {shape}")
   return tuple((0, 0) if p is None else (int(p[0]), int(p[1])) for p in padding)
+
+def _rearrange_side(side: str) -> list[list[str]]:
+  """One side of a rearrange formula as groups of axis names ("..." is a name; "()" and "1" are empty groups)."""
+  groups: list[list[str]] = []
+  current: Optional[list[str]] = None
+  for token in side.replace("(", " ( ").replace(")", " ) ").split():
+    if token == "(":
+      if current is not None: raise ValueError(f"rearrange: nested parentheses in {side!r}")
+      current = []
+    elif token == ")":
+      if current is None: raise ValueError(f"rearrange: unbalanced parentheses in {side!r}")
+      groups.append(current)
+      current = None
+    elif token == "1": (current if current is not None else groups).append([] if current is None else "1")
+    elif not (token == "..." or token.isidentifier()): raise ValueError(f"rearrange: bad axis name {token!r}")
+    elif current is not None: current.append(token)
+    else: groups.append([token])
+  if current is not None: raise ValueError(f"rearrange: unbalanced parentheses in {side!r}")
+  return [[n for n in g if n != "1"] for g in groups]
+
+def _rearrange(x: Tensor, formula: str, sizes: dict[str, int]) -> Tensor:
+  if formula.count("->") != 1: raise ValueError(f"rearrange: need exactly one '->' in {formula!r}")
+  lhs, rhs = (_rearrange_side(side) for side in formula.split("->"))
+  if sum(g.count("...") for g in lhs) > 1: raise ValueError(f"rearrange: more than one '...' in {formula!r}")
+  if any("..." in g and len(g) > 1 for g in lhs): raise ValueError("rearrange: '...' inside a group on the left")
+  named_dims = sum(1 for g in lhs if g != ["..."])
+  ellipsis = [f"...{i}" for i in range(x.ndim - named_dims)] if ["..."] in lhs else []
+  if named_dims + len(ellipsis) != x.ndim:
+    raise ValueError(f"rearrange: {formula!r} names {named_dims} dims, the tensor has shape {x.shape}")
+  def expand(groups: list[list[str]]) -> list[list[str]]:   # "..." alone: one group per dim; in a group: merged
+    out: list[list[str]] = []
+    for g in groups:
+      if g == ["..."]: out.extend([n] for n in ellipsis)
+      else: out.append([m for n in g for m in (ellipsis if n == "..." else [n])])
+    return out
+  lhs, rhs = expand(lhs), expand(rhs)
+  left, right = [n for g in lhs for n in g], [n for g in rhs for n in g]
+  if sorted(left) != sorted(right) or len(set(left)) != len(left):
+    raise ValueError(f"rearrange: the axes of {formula!r} differ between the sides or repeat")
+  for name in sizes:
+    if name not in left: raise ValueError(f"rearrange: size given for {name!r}, which {formula!r} does not use")
+  axis_size: dict[str, int] = {}
+  for group, dim in zip(lhs, x.shape):
+    unknown = [n for n in group if n not in sizes]
+    known = prod(sizes[n] for n in group if n in sizes)
+    if len(unknown) > 1: raise ValueError(f"rearrange: give sizes for all but one of {group} in {formula!r}")
+    if (unknown and (known == 0 or dim % known)) or (not unknown and known != dim):
+      raise ValueError(f"rearrange: dim of size {dim} cannot be split as {group} with sizes {sizes}")
+    for n in group: axis_size[n] = sizes[n] if n in sizes else dim // known
+  split = x.reshape(tuple(axis_size[n] for n in left))
+  moved = split.permute(tuple(left.index(n) for n in right))
+  return moved.reshape(tuple(prod(axis_size[n] for n in g) for g in rhs))

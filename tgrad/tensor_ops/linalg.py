@@ -70,7 +70,8 @@ class LinalgMixin:
     """The Newton–Schulz iteration toward the orthogonal factor of the last two dims (Muon's): X ← Σᵢ pᵢ·(XXᵀ)ⁱX
     on X normalized by its Frobenius norm (+ eps); a tall matrix is iterated transposed."""
     if self.ndim < 2: raise RuntimeError(f"newton_schulz: needs 2 or more dims, got shape {self.shape}")
-    if self.shape[-2] > self.shape[-1]: return self.transpose(-2, -1).newton_schulz(steps, params, eps).transpose(-2, -1)
+    if self.shape[-2] > self.shape[-1]:
+      return self.transpose(-2, -1).newton_schulz(steps, params, eps).transpose(-2, -1)
     x = self / (self.square().sum(axis=(-2, -1), keepdim=True).sqrt() + eps)
     for _ in range(steps):
       gram, term, total = x @ x.transpose(-2, -1), x, None

@@ -153,6 +153,10 @@ class ElementwiseMixin:
     return self._nograd(self.lazydata.alu(Ops.XOR, self.lazydata.const(-1 if not self.dtype.is_unsigned else
                                                                        dtypes.max(self.dtype))))
   def _shift(self, amount: Any, reverse: bool, left: bool) -> Tensor:
+    if not reverse and isinstance(amount, int) and not isinstance(amount, bool) and not self.dtype.is_float and \
+        not 0 <= amount < self.dtype.bits:   # every bit shifted out, as torch (the amount may not fit the dtype)
+      x = self.int() if self.dtype.is_bool else self
+      return x.zeros_like() if left or x.dtype.is_unsigned else (x < 0).where(-1, 0).cast(x.dtype)
     x, shift = self._int_operands(amount, reverse, "<<" if left else ">>")
     if x.dtype.is_bool: x, shift = x.int(), shift.int()
     bits = x.dtype.bits   # as torch, an amount outside [0, bits) shifts out every bit

@@ -294,7 +294,10 @@ class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, Indexi
     other_dtype = other.dtype if isinstance(other, Tensor) else type(other).__name__
     if self.dtype.is_float or (isinstance(other, Tensor) and other.dtype.is_float) or isinstance(other, float):
       raise DTypeNotSupportedError(f"{op_name} needs int or bool operands, got {self.dtype} and {other_dtype}")
-    return self._operands(other, reverse)
+    x, y = self._operands(other, reverse)
+    if x.dtype.is_float:
+      raise DTypeNotSupportedError(f"{op_name} needs int or bool operands, got {self.dtype} and {other!r}")
+    return x, y
 
   # ---- in-place updates: `t[i] = v` (indexing.py), `+=` and friends (elementwise.py) and assign rebind the tensor
   def assign(self, x: Any) -> Tensor:

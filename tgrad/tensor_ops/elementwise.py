@@ -69,7 +69,9 @@ class ElementwiseMixin:
     if a.dtype.is_unsigned: return remainder
     return _needs_floor_fix(a, b).where(remainder + b, remainder)
   def pow(self, exponent: Any, reverse: bool = False) -> Tensor:
-    """numpy's `**`: negative bases with integer exponents keep their sign; with other exponents they give NaN."""
+    """`**` with C's (torch's) values: negative bases with integer exponents keep their sign, with other exponents
+    they give NaN; ±0, ±inf and NaN as C's pow. Small positive integer Python exponents are repeated multiplication,
+    small negative ones its reciprocal (exact); float gradients are torch's (see _FloatPow)."""
     if not reverse and isinstance(exponent, (int, float)) and not isinstance(exponent, bool):
       if isinstance(exponent, int) and exponent < 0 and not self.dtype.is_float:
         raise RuntimeError(f"integers to negative integer powers are not allowed: {self.dtype} ** {exponent} "
@@ -82,7 +84,10 @@ class ElementwiseMixin:
       if exponent == -0.5: return self._to_float().rsqrt()   # torch's: (−0) ** −0.5 is −inf there, not C's +inf
     base, power = self._operands(exponent, reverse)
     if base.dtype.is_bool: base, power = base.int(), power.int()
-    if base.dtype.is_float: return _FloatPow.apply(base, power)
+    if base.dtype.is_float:
+      small_negative = not reverse and isinstance(exponent, (int, float)) and math.isfinite(exponent) and \
+        exponent == int(exponent) and -POW_UNROLL_LIMIT <= exponent < 0
+      return _FloatPow.apply(base, power, integer_exponent=int(exponent) if small_negative else None)
     return _int_pow(base, power)
   def maximum(self, x: Any) -> Tensor:
     a, b = self._operands(x)
@@ -513,15 +518,24 @@ class _FloatPow(F.Function):
   """base ** exponent for floats, with torch's gradients: d/db = e·b^(e−1) (0 where e = 0) and d/de = b^e·ln b (0
   where b = 0 and e >= 0), so x² at 0, 0^y and the like have finite gradients where torch's do, instead of the
   0·inf NaNs of the chain rule through exp2/log2. Both sides are built from Tensor ops on unrecorded inputs."""
-  def forward(self, base: LazyBuffer, exponent: LazyBuffer) -> LazyBuffer:
+  def forward(self, base: LazyBuffer, exponent: LazyBuffer, integer_exponent: Optional[int] = None) -> LazyBuffer:
+    """integer_exponent: a small negative int exponent, computed as 1 / b^|e| by squaring (exact, as torch)."""
     self.base, self.exponent = Tensor(base, requires_grad=False), Tensor(exponent, requires_grad=False)
-    self.ret = _float_pow(self.base, self.exponent)
+    self.integer_exponent = integer_exponent
+    self.ret = self._power(self.base, self.exponent, integer_exponent)
     return self.ret.lazydata
+  @staticmethod
+  def _power(base: Tensor, exponent: Tensor, integer_exponent: Optional[int]) -> Tensor:
+    if integer_exponent is None: return _float_pow(base, exponent)
+    if integer_exponent == 0: return base.ones_like()
+    power = _power_by_squaring(base, abs(integer_exponent))
+    return power.reciprocal() if integer_exponent < 0 else power
   def backward(self, grad_output: LazyBuffer) -> tuple[Optional[LazyBuffer], Optional[LazyBuffer]]:
     grad, base, exponent = Tensor(grad_output, requires_grad=False), self.base, self.exponent
     base_grad = exponent_grad = None
     if self.needs_input_grad[0]:
-      slope = (exponent == 0).where(0.0, exponent * _float_pow(base, exponent - 1))
+      below = None if self.integer_exponent is None else self.integer_exponent - 1
+      slope = (exponent == 0).where(0.0, exponent * self._power(base, exponent - 1, below))
       base_grad = (grad * slope).lazydata
     if self.needs_input_grad[1]:
       slope = ((base == 0) & (exponent >= 0)).where(0.0, self.ret * base.log())

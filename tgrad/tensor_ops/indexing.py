@@ -271,6 +271,8 @@ def _index_items(indices, shape: tuple[int, ...], device: str) -> list:
       raise TypeError(f"unsupported index {i!r}: use ints, slices, None, Ellipsis, int tensors or bool masks")
     if isinstance(i, Tensor) and not (i.dtype.is_int or i.dtype.is_bool):
       raise IndexError(f"tensor indices must be ints or bools (a mask), got {i.dtype}")
+    if isinstance(i, Tensor) and i.dtype.is_bool and i.ndim == 0:
+      raise IndexError("a 0-d bool index is not supported (it adds a dim or empties the tensor, by its value)")
   if sum(i is Ellipsis for i in items) > 1: raise IndexError("an index can only have a single ellipsis")
   def dims_taken(i) -> int: return 0 if i is None or i is Ellipsis else i.ndim if _is_mask(i) else 1
   consumed = sum(dims_taken(i) for i in items)

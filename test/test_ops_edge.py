@@ -192,6 +192,9 @@ class TestFancyIndexing:
     with pytest.raises(IndexError, match="5"): Tensor.ones(2, 3)[[0, 5]].realize()
     with pytest.raises(IndexError): Tensor.ones(2, 3)[[-3]].realize()
 
+  def test_0d_bool_index_raises(self):
+    with pytest.raises(IndexError, match="0-d bool"): Tensor.ones(3)[Tensor(True)]
+
   def test_float_index_raises(self):
     assert_same_error(lambda: torch.ones(3)[torch.tensor([1.0])], lambda: Tensor.ones(3)[Tensor([1.0])],
                       error=IndexError)
@@ -384,6 +387,14 @@ class TestPowEdges:
   def test_scalar_bases(self, base):
     _compare_pow(lambda e: base ** e, lambda e: base ** e, [[0., -1., 2., 0.5, 1., -np.inf, np.inf, 3.]])
 
+  @pytest.mark.parametrize("exponent", [-1, -2, -4])
+  def test_negative_integer_exponents(self, exponent):
+    """−1 and −2 are torch's exact reciprocals 1/x and 1/(x·x); −4 is pow (1e10 ** −4 is a denormal, not 1/inf)."""
+    x = np.array([3.0, 7.0, -0.1, 1e-3, 1e10, 0.37], np.float32)
+    want = (torch.tensor(x) ** exponent).numpy()
+    if exponent > -4: np.testing.assert_array_equal((Tensor(x) ** exponent).numpy(), want)
+    else: np.testing.assert_allclose((Tensor(x) ** exponent).numpy(), want, rtol=1e-5, atol=0)
+
   def test_square_gradient_at_zero(self):
     x = Tensor([0.0, -0.0], requires_grad=True)
     (x ** 2).sum().backward()
@@ -461,6 +472,9 @@ class TestShifts:
       with pytest.raises(NotImplementedError): fn(torch.tensor(a), torch_b)
       with pytest.raises(NotImplementedError, match="int or bool"): fn(Tensor(a), tgrad_b)
       with pytest.raises(TypeError): fn(Tensor(a), tgrad_b)   # also a TypeError, Python's convention
+
+  def test_float_list_amount_raises(self):
+    with pytest.raises(NotImplementedError): Tensor([1, 2]) << [1.0, 2.0]
 
   @pytest.mark.parametrize("dtype", ["int32", "uint8", "int8"])
   @pytest.mark.parametrize("amount", [-1, 0, 3, 7, 8, 31, 32, 40])

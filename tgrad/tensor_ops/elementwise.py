@@ -71,7 +71,7 @@ class ElementwiseMixin:
   def pow(self, exponent: Any, reverse: bool = False) -> Tensor:
     """`**` with C's (torch's) values: negative bases with integer exponents keep their sign, with other exponents
     they give NaN; ±0, ±inf and NaN as C's pow. Small positive integer Python exponents are repeated multiplication,
-    small negative ones its reciprocal (exact); float gradients are torch's (see _FloatPow)."""
+    −1 and −2 its reciprocal (as torch); float gradients are torch's (see _FloatPow)."""
     if not reverse and isinstance(exponent, (int, float)) and not isinstance(exponent, bool):
       if isinstance(exponent, int) and exponent < 0 and not self.dtype.is_float:
         raise RuntimeError(f"integers to negative integer powers are not allowed: {self.dtype} ** {exponent} "
@@ -86,7 +86,7 @@ class ElementwiseMixin:
     if base.dtype.is_bool: base, power = base.int(), power.int()
     if base.dtype.is_float:
       small_negative = not reverse and isinstance(exponent, (int, float)) and math.isfinite(exponent) and \
-        exponent == int(exponent) and -POW_UNROLL_LIMIT <= exponent < 0
+        exponent in (-1, -2)   # torch's 1/x and 1/(x·x), bit for bit; larger ones go through exp2/log2 as powf
       return _FloatPow.apply(base, power, integer_exponent=int(exponent) if small_negative else None)
     return _int_pow(base, power)
   def maximum(self, x: Any) -> Tensor:
@@ -519,7 +519,7 @@ class _FloatPow(F.Function):
   where b = 0 and e >= 0), so x² at 0, 0^y and the like have finite gradients where torch's do, instead of the
   0·inf NaNs of the chain rule through exp2/log2. Both sides are built from Tensor ops on unrecorded inputs."""
   def forward(self, base: LazyBuffer, exponent: LazyBuffer, integer_exponent: Optional[int] = None) -> LazyBuffer:
-    """integer_exponent: a small negative int exponent, computed as 1 / b^|e| by squaring (exact, as torch)."""
+    """integer_exponent: −1 or −2, computed as 1 / b^|e| by multiplication (torch's values)."""
     self.base, self.exponent = Tensor(base, requires_grad=False), Tensor(exponent, requires_grad=False)
     self.integer_exponent = integer_exponent
     self.ret = self._power(self.base, self.exponent, integer_exponent)

@@ -606,6 +606,23 @@ class TestAddedMethods:
                        lambda x: sum(m.sum() * w for m, w in zip(x.qr(), (1.0, 0.5))), shapes=[(4, 4)], rng=RNG,
                        atol=1e-4, rtol=1e-4)
 
+  @pytest.mark.parametrize("shape", [(3, 3), (5, 3), (3, 5), (2, 3, 3), (1, 4)])
+  @pytest.mark.parametrize("full_matrices", [True, False])
+  def test_svd(self, shape, full_matrices):
+    """torch's singular values and shapes; U·diag(S)·Vᵀ gives the input back and U, Vᵀ are orthonormal (singular
+    vectors are unique only up to sign, so they are not compared one by one)."""
+    a = RNG.standard_normal(shape).astype(np.float32)
+    u, s, vt = (t.numpy() for t in Tensor(a).svd(full_matrices))
+    want_u, want_s, want_vt = torch.linalg.svd(torch.tensor(a), full_matrices=full_matrices)
+    assert (u.shape, s.shape, vt.shape) == (tuple(want_u.shape), tuple(want_s.shape), tuple(want_vt.shape))
+    np.testing.assert_allclose(s, want_s.numpy(), rtol=1e-5, atol=1e-6)
+    k = min(shape[-2:])
+    np.testing.assert_allclose((u[..., :, :k] * s[..., None, :]) @ vt[..., :k, :], a, atol=1e-5)
+    np.testing.assert_allclose(np.swapaxes(u, -1, -2) @ u, np.broadcast_to(np.eye(u.shape[-1]), u.shape[:-2] +
+                                                                            (u.shape[-1],) * 2), atol=1e-5)
+    np.testing.assert_allclose(vt @ np.swapaxes(vt, -1, -2), np.broadcast_to(np.eye(vt.shape[-2]), vt.shape[:-2] +
+                                                                              (vt.shape[-2],) * 2), atol=1e-5)
+
   def test_newton_schulz(self):
     g = RNG.standard_normal((4, 6)).astype(np.float32)
     params = (3.4445, -4.7750, 2.0315)

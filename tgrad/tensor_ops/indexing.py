@@ -18,10 +18,11 @@ class IndexingMixin:
   """Tensor's indexing, gather/scatter and one_hot."""
   # ---- indexing
   def __getitem__(self, indices) -> Tensor:
-    """numpy indexing: ints (negative count from the end), slices (any step), None, Ellipsis, and int Tensors or
-    lists (a gather, built as a one-hot compare with ARANGE and a sum). Tensor indices may be negative down to
-    -size; out-of-range ones raise IndexError, at once for host values, else at the next realize (see
-    tgrad/bounds.py)."""
+    """numpy indexing: ints (negative count from the end), slices (any step), None, Ellipsis, int Tensors or
+    lists (a gather, built as a one-hot compare with ARANGE and a sum) and bool masks (through nonzero: a kernel
+    runs). As torch, ints are basic indices beside tensor indices, so only tensor indices decide where the index
+    dims go. Tensor indices may be negative down to -size; out-of-range ones raise IndexError, at once for host
+    values, else at the next realize (see tgrad/bounds.py)."""
     plan = _IndexPlan(self.shape, indices, self.device)
     x = self.shrink(plan.bounds).flip(tuple(i for i, f in enumerate(plan.flips) if f))._stride(tuple(plan.steps))
     x = x.reshape(plan.view_shape)

@@ -16,6 +16,10 @@ from tgrad.dtype import dtypes
 from tgrad.lazy import LazyBuffer
 from tgrad.ops import Ops
 
+class IndexOutOfBoundsError(IndexError, RuntimeError):
+  """An index out of range. numpy-style code catches IndexError; torch raises RuntimeError for gather, scatter and
+  one_hot (IndexError for `t[i]`): this is both."""
+
 @dataclass(frozen=True)
 class IndexBounds:
   """Valid indices are low <= i < size, except `ignore` (a loss's ignore_index), which is always allowed. `message`
@@ -30,7 +34,7 @@ class IndexBounds:
   def error(self, values: np.ndarray) -> IndexError:
     flat = np.asarray(values).reshape(-1)
     bad = flat[self.out_of_range(flat)]
-    return IndexError(self.message.format(value=bad[0].item() if bad.size else "?", size=self.size))
+    return IndexOutOfBoundsError(self.message.format(value=bad[0].item() if bad.size else "?", size=self.size))
 
 @dataclass(frozen=True)
 class _PendingCheck:

@@ -9,6 +9,10 @@ import numpy as np
 from tgrad.dtype import DType, dtypes
 
 Scalar = Union[bool, int, float]
+
+class DTypeNotSupportedError(NotImplementedError, TypeError):
+  """An op with no meaning for an operand's dtype (a shift of floats, say). torch raises NotImplementedError there,
+  Python's convention is TypeError: this is both, so either `except` catches it."""
 HALF_FLOATS = (dtypes.float16, dtypes.bfloat16)   # reductions over these accumulate in float32
 
 def _shape_arg(shape, rest: tuple = ()) -> tuple:

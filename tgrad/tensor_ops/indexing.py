@@ -26,10 +26,11 @@ class IndexingMixin:
   """Tensor's indexing, gather/scatter and one_hot."""
   # ---- indexing
   def __getitem__(self, indices) -> Tensor:
-    """numpy indexing: ints (negative count from the end), slices (any step), None, Ellipsis, and int Tensors or
-    lists (a gather: one data-dependent load per output element, see `_gather`). Tensor indices may be negative down
-    to -size; out-of-range ones raise IndexError, at once for host values, else at the next realize (see
-    tgrad/bounds.py)."""
+    """numpy indexing: ints (negative count from the end), slices (any step), None, Ellipsis, int Tensors or
+    lists (a gather: one data-dependent load per output element, see `_gather`) and bool masks (through nonzero: a
+    kernel runs). As torch, ints are basic indices beside tensor indices, so only tensor indices decide where the
+    index dims go. Tensor indices may be negative down to -size; out-of-range ones raise IndexError, at once for host
+    values, else at the next realize (see tgrad/bounds.py)."""
     plan = _IndexPlan(self.shape, indices, self.device)
     x = self.shrink(plan.bounds).flip(tuple(i for i, f in enumerate(plan.flips) if f))._stride(tuple(plan.steps))
     x = x.reshape(plan.view_shape)
@@ -133,9 +134,12 @@ class IndexingMixin:
   # ---- classes as one-hot rows
   def one_hot(self, num_classes: int = -1) -> Tensor:
     """(..., num_classes) of 0/1 ints (default int dtype); num_classes = -1 reads max + 1 from the data (a kernel
-    runs). A class outside [0, num_classes) raises IndexError (see tgrad/bounds.py for when)."""
+    runs). A class outside [0, num_classes) raises IndexOutOfBoundsError, an IndexError and torch's RuntimeError
+    (see tgrad/bounds.py for when)."""
     if not self.dtype.is_int:
       raise RuntimeError(f"one_hot is only applicable to index tensors (ints), got {self.dtype}")
+    if not isinstance(num_classes, (int, np.integer)) or isinstance(num_classes, bool) or num_classes < -1:
+      raise RuntimeError(f"one_hot: num_classes must be a nonnegative int or -1 (inferred), got {num_classes!r}")
     if num_classes == -1:
       if self.numel() == 0: raise RuntimeError("Can not infer total number of classes from empty tensor.")
       num_classes = int(self.max().item()) + 1
@@ -182,6 +186,8 @@ class IndexingMixin:
     if reduce not in (None, "add", "multiply"): raise RuntimeError("reduce argument must be either add or multiply.")
     dim = self._check_dim_index(dim, index, "scatter")
     if isinstance(src, Tensor):
+      if src.dtype != self.dtype:
+        raise RuntimeError(f"scatter(): Expected self.dtype to be equal to src.dtype: {self.dtype} and {src.dtype}")
       if src.ndim != index.ndim or any(i > s for i, s in zip(index.shape, src.shape)):
         raise RuntimeError(f"scatter(): Expected index {list(index.shape)} to be no larger than src {list(src.shape)}")
       src = src.shrink(tuple((0, i) for i in index.shape)).cast(self.dtype)
@@ -310,24 +316,47 @@ def _gather_acc_dtype(dtype: DType) -> DType:
   return dtypes.int32 if dtype.is_bool else dtype
 
 def _index_items(indices, shape: tuple[int, ...], device: str) -> list:
-  """One index item per dim (plus the Nones): lists become Tensors, the Ellipsis (or the end) becomes full slices."""
+  """One index item per dim (plus the Nones): lists become Tensors (an empty one an int tensor), a bool mask becomes
+  the int tensors of its True positions (one per dim it covers: a data-dependent shape, so a kernel runs now), the
+  Ellipsis (or the end) becomes full slices."""
   items = list(indices) if isinstance(indices, tuple) else [indices]
-  items = [Tensor(i, device=device) if isinstance(i, (list, np.ndarray)) else i for i in items]
+  items = [_as_index_tensor(i, device) if isinstance(i, (list, np.ndarray)) else i for i in items]
   for i in items:
     if isinstance(i, bool) or not (i is None or i is Ellipsis or isinstance(i, (int, np.integer, slice, Tensor))):
-      raise TypeError(f"unsupported index {i!r}: use ints, slices, None, Ellipsis or int tensors")
-    if isinstance(i, Tensor) and not i.dtype.is_int:
-      raise IndexError(f"tensor indices must be ints, got {i.dtype} (boolean masks have a data-dependent shape)")
+      raise TypeError(f"unsupported index {i!r}: use ints, slices, None, Ellipsis, int tensors or bool masks")
+    if isinstance(i, Tensor) and not (i.dtype.is_int or i.dtype.is_bool):
+      raise IndexError(f"tensor indices must be ints or bools (a mask), got {i.dtype}")
+    if isinstance(i, Tensor) and i.dtype.is_bool and i.ndim == 0:
+      raise IndexError("a 0-d bool index is not supported (it adds a dim or empties the tensor, by its value)")
   if sum(i is Ellipsis for i in items) > 1: raise IndexError("an index can only have a single ellipsis")
-  consumed = sum(i is not None and i is not Ellipsis for i in items)
+  def dims_taken(i) -> int: return 0 if i is None or i is Ellipsis else i.ndim if _is_mask(i) else 1
+  consumed = sum(dims_taken(i) for i in items)
   if consumed > len(shape): raise IndexError(f"too many indices for a tensor of shape {shape}: {consumed} were given")
   fill = [slice(None)] * (len(shape) - consumed)
   at = next((k for k, i in enumerate(items) if i is Ellipsis), None)
-  return items + fill if at is None else items[:at] + fill + items[at + 1:]
+  items = items + fill if at is None else items[:at] + fill + items[at + 1:]
+  expanded, dim = [], 0
+  for i in items:
+    if _is_mask(i):
+      if i.shape != shape[dim:dim + i.ndim]:
+        raise IndexError(f"the shape of the mask {i.shape} at index {dim} does not match the shape "
+                         f"{shape[dim:dim + i.ndim]} of the indexed tensor {shape} there")
+      positions = i.nonzero()
+      expanded.extend(positions[:, d] for d in range(i.ndim))
+    else: expanded.append(i)
+    dim += dims_taken(i)
+  return expanded
+
+def _as_index_tensor(index, device: str) -> Tensor:
+  if isinstance(index, list) and not index: return Tensor.zeros(0, dtype=dtypes.default_int, device=device)
+  return Tensor(index, device=device)
+
+def _is_mask(index) -> bool: return isinstance(index, Tensor) and index.dtype.is_bool and index.ndim > 0
 
 class _IndexPlan:
   """A numpy index taken apart: the shrink/flip/stride that basic indices make, the view shape after ints are
-  dropped and Nones added, and the tensor indices (by dim of that view) with numpy's rule for where their dims go."""
+  dropped and Nones added, and the tensor indices (by dim of that view) with numpy's rule for where their dims go
+  (in front when they are not adjacent), as torch applies it: ints and 0-d tensors do not count as advanced."""
   def __init__(self, shape: tuple[int, ...], indices, device: str):
     items = _index_items(indices, shape, device)
     self.input_shape = shape
@@ -341,15 +370,15 @@ class _IndexPlan:
     self.advanced_position = 0       # the view dim where the index dims go when the advanced items are adjacent
     view: list[int] = []
     dim = 0
-    has_tensor = any(isinstance(i, Tensor) for i in items)
     for k, item in enumerate(items):
       if item is None:
         view.append(1)
         continue
       size = shape[dim]
       if isinstance(item, Tensor):
-        if not advanced_items: self.advanced_position = len(view)
-        advanced_items.append(k)
+        if item.ndim:   # a 0-d tensor index adds no dims: torch places the others as if it were an int
+          if not advanced_items: self.advanced_position = len(view) - len(self.tensor_indices)   # kept dims before
+          advanced_items.append(k)
         self.tensor_indices.append((len(view), item))
         self.tensor_input_dims.append(dim)
         self._keep(0, size, 1, False)
@@ -364,10 +393,7 @@ class _IndexPlan:
       else:
         index = int(item)
         if not -size <= index < size: raise IndexError(f"index {index} is out of bounds for dim {dim} with size {size}")
-        index %= size
-        if has_tensor:
-          if not advanced_items: self.advanced_position = len(view)
-          advanced_items.append(k)
+        index %= size   # as torch (and tinygrad), an int is a basic index even beside tensor indices
         self._keep(index, index + 1, 1, False)
       dim += 1
     self.view_shape = tuple(view)

@@ -429,6 +429,31 @@ def test_padding_shrink_and_arange():
   counter = LazyBuffer.loadop(Ops.ARANGE, (1000,), dtypes.int32, "CUDA").pad(((2, 2),))
   np.testing.assert_array_equal(numpy_of(counter), np.pad(np.arange(1000, dtype=np.int32), 2))
 
+@pytest.mark.parametrize("index_dtype,table_dtype", [(dtypes.int32, dtypes.float32), (dtypes.int8, dtypes.float16),
+                                                     (dtypes.int64, dtypes.bfloat16)])
+@pytest.mark.parametrize("opts", [None, (Opt(OptOps.UPCAST, 1, 4), Opt(OptOps.LOCAL, 1, 8), Opt(OptOps.LOCAL, 0, 2))])
+def test_gather_reads_rows_clamped(index_dtype, table_dtype, opts):
+  """A data-dependent load (GATHER) times 2: the heuristics' or explicit opts; out-of-range ids read clamped rows."""
+  rows, hidden = 100, 64
+  bits = RNG.integers(0, 1 << 14, (rows, hidden)).astype(np.uint16)   # small positive half/bfloat16 values
+  table = {dtypes.float32: RNG.standard_normal((rows, hidden)).astype(np.float32),
+           dtypes.float16: bits.view(np.float16), dtypes.bfloat16: bits}[table_dtype]
+  ids = np.array([3, 99, 0, -4, 120, 7], index_dtype.np)
+  index = on("CUDA", ids, index_dtype).reshape((6, 1)).expand((6, hidden))
+  out = on("CUDA", table, table_dtype).gather(index, 0)
+  out = out.alu(Ops.MUL, out.const(2.0))
+  (item,) = [i for i in create_schedule([out]) if i.ast.op is Ops.SINK]
+  kernel = Kernel(item.ast, Device["CUDA"].renderer)
+  if opts is None: got = numpy_of(out)
+  else:
+    for opt in opts: kernel.apply_opt(opt)
+    result = Buffer("CUDA", 6 * hidden, table_dtype)
+    compile_kernel("CUDA", kernel)([result, *item.inputs])
+    got = result.copyout().reshape(6, hidden)
+    if table_dtype == dtypes.bfloat16: got = got.view(np.uint16)
+  rows_read = as_float64(table, table_dtype)[np.clip(ids.astype(np.int64), 0, rows - 1)]
+  np.testing.assert_array_equal(as_float64(got, table_dtype), rows_read * 2)
+
 @pytest.mark.parametrize("shape", [(70000, 4), (3, 70000, 2)], ids=str)
 def test_grid_limits_without_opts(shape):
   """One thread per element and no LOCAL: a 70000 axis can't be blockIdx.y (≤ 65535), so it is folded."""

@@ -678,10 +678,11 @@ class TestIndexing:
     np_index = make_index()
     tg_index = tuple(Tensor(np.array(i, np.int32)) if isinstance(i, (list, np.ndarray)) else i for i in np_index)
     torch_index = tuple(torch.tensor(i) if isinstance(i, (list, np.ndarray)) else i for i in np_index)
-    np.testing.assert_array_equal(Tensor(x)[tg_index].numpy(), x[np_index])
-    # torch applies an int index first, so an int and a tensor index separated by a slice keep numpy's order only here
-    numpy_order = (lambda t: t[torch_index].T) if isinstance(np_index[0], int) else (lambda t: t[torch_index])
-    helper_test_op(None, numpy_order, lambda t: t[tg_index], values=[x])
+    # torch (and tinygrad) apply an int index first: an int and a tensor index separated by a slice are not
+    # "non-adjacent advanced indices" as in numpy, so there tgrad follows torch, not numpy
+    if not any(isinstance(i, int) for i in np_index): np.testing.assert_array_equal(Tensor(x)[tg_index].numpy(),
+                                                                                   x[np_index])
+    helper_test_op(None, lambda t: t[torch_index], lambda t: t[tg_index], values=[x])
 
   def test_gather_ints_and_negative(self):
     x = np.arange(12, dtype=np.int32).reshape(3, 4)
@@ -929,13 +930,13 @@ class TestErrors:
     with pytest.raises(ValueError, match=r"\(2, 3\)"): Tensor.ones(2, 3).expand(4, 3)
 
   def test_matmul(self):
-    with pytest.raises(ValueError, match=r"\(3, 4\).*\(5, 2\)"): Tensor.ones(3, 4) @ Tensor.ones(5, 2)
-    with pytest.raises(ValueError, match=r"\(2, 3, 4\).*\(5, 4, 2\)"): Tensor.ones(2, 3, 4) @ Tensor.ones(5, 4, 2)
-    with pytest.raises(ValueError): Tensor(1.0) @ Tensor.ones(3)
+    with pytest.raises(RuntimeError, match=r"\(3, 4\).*\(5, 2\)"): Tensor.ones(3, 4) @ Tensor.ones(5, 2)
+    with pytest.raises(RuntimeError, match=r"\(2, 3, 4\).*\(5, 4, 2\)"): Tensor.ones(2, 3, 4) @ Tensor.ones(5, 4, 2)
+    with pytest.raises(RuntimeError): Tensor(1.0) @ Tensor.ones(3)
 
   def test_reshape_and_cat(self):
-    with pytest.raises(ValueError, match=r"\(2, 3\).*\(4, 2\)"): Tensor.ones(2, 3).reshape(4, 2)
-    with pytest.raises(ValueError, match=r"\(2, 3\)"): Tensor.ones(2, 3).reshape(-1, 4)
+    with pytest.raises(RuntimeError, match=r"\(2, 3\).*\(4, 2\)"): Tensor.ones(2, 3).reshape(4, 2)
+    with pytest.raises(RuntimeError, match=r"\(2, 3\)"): Tensor.ones(2, 3).reshape(-1, 4)
     with pytest.raises(ValueError, match=r"\(2, 3\).*\(2, 4\)"): Tensor.ones(2, 3).cat(Tensor.ones(2, 4))
     with pytest.raises(ValueError): Tensor.ones(2, 3).stack(Tensor.ones(3, 2))
     with pytest.raises(ValueError, match=r"\(3,\)"): Tensor.ones(3).split([1, 1])
@@ -944,7 +945,7 @@ class TestErrors:
     with pytest.raises(IndexError, match=r"\(2, 3\)"): Tensor.ones(2, 3).sum(2)
     with pytest.raises(IndexError, match=r"\(2, 3\)"): Tensor.ones(2, 3).max(-3)
     with pytest.raises(IndexError): Tensor.ones(2, 3).permute(0, 2)
-    with pytest.raises(ValueError): Tensor.ones(2, 3).permute(0, 0)
+    with pytest.raises(RuntimeError): Tensor.ones(2, 3).permute(0, 0)
     with pytest.raises(IndexError): Tensor.ones(2, 3).transpose(0, 5)
     with pytest.raises(IndexError): Tensor.ones(2, 3).unsqueeze(3)
     with pytest.raises(IndexError, match="size 2"): Tensor.ones(2, 3)[2]
@@ -959,7 +960,7 @@ class TestErrors:
     with pytest.raises(TypeError): -Tensor([True])
     with pytest.raises(TypeError, match="uint16"): Tensor([1.0]).bitcast(dtypes.uint16)
     with pytest.raises(TypeError): Tensor(["a"])
-    with pytest.raises(ValueError): Tensor([2, 3]) ** -1
+    with pytest.raises(RuntimeError): Tensor([2, 3]) ** -1
 
   def test_setitem(self):
     x = Tensor.zeros(3, 4)
@@ -971,6 +972,6 @@ class TestErrors:
     with pytest.raises(ValueError, match=r"\(2,\)"): Tensor([1, 2]).item()
     with pytest.raises(TypeError): bool(Tensor([1]))
     with pytest.raises(TypeError): len(Tensor(1.0))
-    with pytest.raises(ValueError): Tensor.einsum("ij,jk->ik", Tensor.ones(2, 3), Tensor.ones(4, 5))
+    with pytest.raises(RuntimeError): Tensor.einsum("ij,jk->ik", Tensor.ones(2, 3), Tensor.ones(4, 5))
     with pytest.raises(ValueError): Tensor.ones(2).pad(((1, 1), (1, 1)))
     with pytest.raises(ValueError): Tensor.ones(2, 2).shrink(((0, 3), None))

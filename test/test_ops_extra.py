@@ -223,10 +223,10 @@ class TestMovementExtra:
 
   def test_pad_mode_errors(self):
     x = Tensor.ones(2, 3)
-    with pytest.raises(ValueError, match="mode"): x.pad((1, 1), mode="wrap")
-    with pytest.raises(ValueError, match="too large"): x.pad((3, 0), mode="reflect")
-    with pytest.raises(ValueError, match="too large"): x.pad((0, 4), mode="circular")
-    with pytest.raises(ValueError, match="nonnegative"): x.pad((-1, 0), mode="replicate")
+    with pytest.raises(NotImplementedError, match="mode"): x.pad((1, 1), mode="wrap")
+    with pytest.raises(RuntimeError, match="too large"): x.pad((3, 0), mode="reflect")
+    with pytest.raises(RuntimeError, match="too large"): x.pad((0, 4), mode="circular")
+    with pytest.raises(RuntimeError, match="leaves nothing"): x.pad((-3, 0), mode="replicate")
     assert x.pad((2, 0), mode="reflect").shape == (2, 5) and x.pad((3, 3), mode="circular").shape == (2, 9)
 
   @pytest.mark.parametrize("shape,shifts,dims", [((7,), 3, 0), ((7,), -10, 0), ((3, 5), 2, None),
@@ -553,9 +553,9 @@ class TestZeroDimEdges:
 
   @pytest.mark.parametrize("shapes", [((), (3,)), ((3,), ()), ((), ()), ((), (3, 2))])
   def test_matmul_0d_raises(self, shapes):
-    """torch raises RuntimeError; tgrad's shape errors are ValueError, naming both shapes."""
+    """torch raises RuntimeError; so does tgrad, naming both shapes."""
     with pytest.raises(RuntimeError): torch.ones(shapes[0]) @ torch.ones(shapes[1])
-    with pytest.raises(ValueError, match=re.escape(f"{shapes[0]} and {shapes[1]}")):
+    with pytest.raises(RuntimeError, match=re.escape(f"{shapes[0]} and {shapes[1]}")):
       Tensor.ones(*shapes[0]) @ Tensor.ones(*shapes[1])
 
   @pytest.mark.parametrize("dim", [0, -1])
@@ -571,12 +571,12 @@ class TestZeroDimEdges:
   @pytest.mark.parametrize("shape", [(-1, -1), (-1, 2, -1)])
   def test_reshape_several_minus_one_raises(self, shape):
     with pytest.raises(RuntimeError): torch.ones(2, 3, 4).reshape(shape)
-    with pytest.raises(ValueError, match="only one dim can be -1"): Tensor.ones(2, 3, 4).reshape(shape)
+    with pytest.raises(RuntimeError, match="only one dim can be -1"): Tensor.ones(2, 3, 4).reshape(shape)
 
   @pytest.mark.parametrize("order", [(0, 0, 1), (0, -3, 1), (1, 0)])
   def test_permute_not_a_permutation_raises(self, order):
     with pytest.raises(RuntimeError): torch.ones(2, 3, 4).permute(order)
-    with pytest.raises(ValueError, match="not a permutation"): Tensor.ones(2, 3, 4).permute(order)
+    with pytest.raises(RuntimeError, match="not a permutation"): Tensor.ones(2, 3, 4).permute(order)
 
   @pytest.mark.parametrize("order", [(0, 1, 3), (0, 1, -4)])
   def test_permute_out_of_range_raises(self, order):

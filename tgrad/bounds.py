@@ -4,6 +4,8 @@ Input: an int index LazyBuffer and its `IndexBounds`. Index values still on the 
 constant) are checked at once. Otherwise a lazy one-byte flag (any index out of range) is queued, and
 `realize_with_checks(*lbs)` — the realize every Tensor-level realize goes through — computes the queued flags in the
 same schedule as lbs, reads them and raises IndexError for the first one set (docs/design-notes.md, "Index bounds").
+Memory safety never rests on these checks: a gather kernel clamps every index it loads into its table's rows
+(codegen/linearizer.py, `clamp_index`), so a bad index that no check saw reads a valid row, never outside the buffer.
 """
 from __future__ import annotations
 import functools
@@ -13,6 +15,10 @@ import numpy as np
 from tgrad.dtype import dtypes
 from tgrad.lazy import LazyBuffer
 from tgrad.ops import Ops
+
+class IndexOutOfBoundsError(IndexError, RuntimeError):
+  """An index out of range. numpy-style code catches IndexError; torch raises RuntimeError for gather, scatter and
+  one_hot (IndexError for `t[i]`): this is both."""
 
 @dataclass(frozen=True)
 class IndexBounds:
@@ -28,7 +34,7 @@ class IndexBounds:
   def error(self, values: np.ndarray) -> IndexError:
     flat = np.asarray(values).reshape(-1)
     bad = flat[self.out_of_range(flat)]
-    return IndexError(self.message.format(value=bad[0].item() if bad.size else "?", size=self.size))
+    return IndexOutOfBoundsError(self.message.format(value=bad[0].item() if bad.size else "?", size=self.size))
 
 @dataclass(frozen=True)
 class _PendingCheck:

@@ -262,6 +262,31 @@ class Prod(Function):
                           one_zero_here.alu(Ops.WHERE, nonzero_prod, x.const(0)))
     return others.alu(Ops.MUL, grad_output.expand(shape))
 
+# ---- data-dependent loads
+
+class Gather(Function):
+  """out = table.gather(index, axis) (see LazyBuffer.gather): one table element read per output element. The table's
+  gradient is the scatter-add of grad_output into the rows the index picked, built as a one-hot compare of the index
+  with ARANGE over the table's axis and a sum over the index's positions along that axis (work: index elements ×
+  table rows along the axis). 16-bit floats add in float32. The index gets no gradient."""
+  def forward(self, table: LazyBuffer, index: LazyBuffer, axis: int) -> LazyBuffer:
+    self.table_shape, self.table_dtype, self.index, self.axis = table.shape, table.dtype, index, axis
+    return table.gather(index, axis)
+  def backward(self, grad_output: LazyBuffer):
+    if not self.needs_input_grad[0]: return None, None
+    axis, rows, shape = self.axis, self.table_shape[self.axis], grad_output.shape
+    spread = shape[:axis + 1] + (rows,) + shape[axis + 1:]   # (..., index positions, table rows, ...)
+    def per_row(x: LazyBuffer) -> LazyBuffer:   # index-shaped, repeated for every table row
+      return x.reshape(shape[:axis + 1] + (1,) + shape[axis + 1:]).expand(spread)
+    row_dtype = dtypes.int32 if rows <= dtypes.max(dtypes.int32) else dtypes.int64
+    row_numbers = LazyBuffer.loadop(Ops.ARANGE, (rows,), row_dtype, grad_output.device)
+    row_numbers = row_numbers.reshape((1,) * (axis + 1) + (rows,) + (1,) * (len(shape) - axis - 1)).expand(spread)
+    hit = _logical_not(per_row(self.index.cast(row_dtype)).alu(Ops.CMPNE, row_numbers))
+    acc_dtype = dtypes.float32 if self.table_dtype.is_float and self.table_dtype.itemsize < 4 else self.table_dtype
+    picked = hit.alu(Ops.WHERE, per_row(grad_output.cast(acc_dtype)), LazyBuffer.const_of(0, acc_dtype,
+                                                                                           grad_output.device, spread))
+    return _reduce(picked, Ops.ADD, (axis,), 0).reshape(self.table_shape).cast(self.table_dtype), None
+
 # ---- movement
 
 class Reshape(Function):

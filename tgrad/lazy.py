@@ -1,7 +1,7 @@
 """The lazy graph: immutable values that say how to compute themselves, and nothing runs until `realize`.
 
-A LazyBuffer is either a *base* — an op (ALU, REDUCE_AXIS, CONST, ARANGE, COPY, EMPTY, CONTIGUOUS, ASSIGN) over
-source LazyBuffers, with a contiguous shape, that may hold a realized device `Buffer` — or a *view*: a base seen
+A LazyBuffer is either a *base* — an op (ALU, REDUCE_AXIS, CONST, ARANGE, GATHER, COPY, EMPTY, CONTIGUOUS, ASSIGN)
+over source LazyBuffers, with a contiguous shape, that may hold a realized device `Buffer` — or a *view*: a base seen
 through a ShapeTracker. Movement ops only make new views; they never copy. Graph building does no fusion:
 the scheduler (schedule.py) decides what becomes a kernel.
 """
@@ -139,6 +139,19 @@ class LazyBuffer:
     new_shape = tuple(1 if i in axes else s for i, s in enumerate(self.shape))
     return LazyBuffer.loadop(Ops.REDUCE_AXIS, new_shape, self.dtype, self.device,
                              arg=(op, axes, True) if of_partials else (op, axes), srcs=(self,))
+  def gather(self, index: LazyBuffer, axis: int) -> LazyBuffer:
+    """out[i] = self[i with i[axis] := index[i]], of index's shape: self (the table) has that shape except along
+    `axis`. A data-dependent load (GATHER): a kernel reads one table element per output element, never the whole
+    axis. Index values must lie in [0, self.shape[axis]) (the caller checks them; a kernel clamps them into range)."""
+    if not index.dtype.is_int: raise TypeError(f"gather: the index must be an int, got {index.dtype}")
+    if len(index.shape) != len(self.shape) or not 0 <= axis < len(self.shape) or \
+       any(a != b for d, (a, b) in enumerate(zip(self.shape, index.shape)) if d != axis):
+      raise ValueError(f"gather along axis {axis}: table {self.shape} and index {index.shape} must agree elsewhere")
+    if index.device != self.device: raise ValueError(f"gather: table on {self.device}, index on {index.device}")
+    if self.shape[axis] == 0: raise IndexError(f"gather along axis {axis} of an empty table {self.shape}")
+    # the kernel moves along the axis by a constant stride: a view that can't (a pad or reshape across it) is copied
+    table = self if self.st.real_strides()[axis] is not None else self.contiguous()
+    return LazyBuffer.loadop(Ops.GATHER, index.shape, self.dtype, self.device, arg=axis, srcs=(table, index))
   def contiguous(self) -> LazyBuffer:
     """This value in its own buffer, row-major: a realized base is already that; anything else gets a CONTIGUOUS
     op, which the scheduler always realizes (so `x.contiguous()` also stops x from being recomputed)."""

@@ -10,6 +10,7 @@ depth is bounded by memory, not by Python's recursion limit (a chain of 100,000 
 from __future__ import annotations
 import hashlib, math, struct, weakref
 import numpy as np
+from dataclasses import dataclass
 from enum import Enum, auto
 from typing import Any, Callable, Optional
 from tgrad.dtype import DType, dtypes
@@ -51,6 +52,11 @@ class Ops(Enum):
   # lazy-graph ops that are not ALU
   EMPTY = auto(); COPY = auto(); CONTIGUOUS = auto()  # noqa: E702
   ARANGE = auto()   # a leaf whose value at flat position i of its buffer is i (AST: src=(VIEW,), masked → 0)
+  # a data-dependent load. Lazy graph: src=(table, index), arg=axis; index has the output's shape, table the same
+  # except along axis (its size there is the table's): out[i] = table[i with i[axis] := index[i]]. Kernel AST: a LOAD
+  # src=(DEFINE_GLOBAL, index value, VIEW), arg=GatherAxis: VIEW maps the output position to the table row at
+  # axis 0, and the address adds clamp(index value, 0, size - 1) · stride (a read never leaves the table)
+  GATHER = auto()
   # unary ALU
   EXP2 = auto(); LOG2 = auto(); SIN = auto(); SQRT = auto(); RECIP = auto(); NEG = auto(); TRUNC = auto()  # noqa: E702
   CAST = auto(); BITCAST = auto()  # noqa: E702
@@ -60,6 +66,14 @@ class Ops(Enum):
   # ternary ALU
   WHERE = auto()
   def __repr__(self): return f"Ops.{self.name}"
+
+@dataclass(frozen=True)
+class GatherAxis:
+  """The data-dependent part of a gather LOAD's address: `clamp(index value, 0, size - 1) · stride` elements on top
+  of what its VIEW gives. The clamp makes every read land in the table whatever the index buffer holds (bad indices
+  raise IndexError through tgrad/bounds.py; the kernel itself stays memory-safe)."""
+  size: int
+  stride: int
 
 UNARY = {Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.SQRT, Ops.RECIP, Ops.NEG, Ops.TRUNC}
 BINARY = {Ops.ADD, Ops.MUL, Ops.IDIV, Ops.FDIV, Ops.MOD, Ops.MAX, Ops.CMPLT, Ops.CMPNE, Ops.AND, Ops.OR, Ops.XOR,

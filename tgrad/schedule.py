@@ -6,6 +6,9 @@ All fusion rules live here:
      An elementwise value read by several kernels is recomputed in each only while it is small (at most
      MAX_RECOMPUTE_BUFFERS inputs and MAX_RECOMPUTE_OPS ops, e.g. softmax's exp(x - max)); a bigger one is
      realized once, which also stops a residual stream from growing into every later kernel.
+  1b. A gather (GATHER: a data-dependent load) is inlined like an elementwise op, through any view, into every
+     kernel that reads it (`emb[ids] * scale` is one kernel); its index is built like any value (fused elementwise ops);
+     its table is always realized, since the kernel addresses the table's memory with the loaded index.
   2. A reduce fuses with the elementwise ops that feed it, and with the elementwise consumers of its result when
      they read it through a plain reshape (same element order, same size); several reduces over the same input
      shape and axes share a kernel.
@@ -13,7 +16,8 @@ All fusion rules live here:
      by a second reduce, COPY/EMPTY/CONTIGUOUS/ASSIGN results, elementwise values read through a stack of more than
      MAX_INLINED_VIEWS views, and every realized input.
 A ScheduleItem holds a kernel AST (a SINK of STOREs over LOADs, CONSTs, ARANGEs, ALU and REDUCE_AXIS nodes, each
-memory op carrying a VIEW with its ShapeTracker) and the device Buffers it touches: outputs first, then inputs.
+memory op carrying a VIEW with its ShapeTracker as its last source; a gather LOAD also has its index value) and the
+device Buffers it touches: outputs first, then inputs.
 Every realized base gets a Buffer (allocated on first use; an ASSIGN writes its target's), so lowering and running
 never see a LazyBuffer. With `commit=True` (what realize does) the bases keep those Buffers and forget their sources;
 without, scheduling changes nothing and can be repeated (for inspecting kernels).
@@ -24,7 +28,7 @@ from types import MappingProxyType
 from typing import Generator, Mapping, Optional
 import numpy as np
 from tgrad.dtype import dtypes
-from tgrad.ops import UOp, Ops, ELEMENTWISE, symbolic_in_use
+from tgrad.ops import UOp, Ops, ELEMENTWISE, GatherAxis, symbolic_in_use
 from tgrad.shape.sint import unbind, vmax_of
 from tgrad.lazy import LazyBuffer
 from tgrad.device import Buffer
@@ -96,8 +100,8 @@ class _KernelBuilder:
   def _build(self, lb: LazyBuffer, st: ShapeTracker, in_reduce: bool) -> Generator[Generator, UOp, UOp]:
     if not lb.is_base:
       composed = lb.st + st
-      if len(composed.views) > MAX_INLINED_VIEWS and lb.base.op in ELEMENTWISE and lb.base.buffer is None and \
-         lb.base not in self.realize_set:
+      if len(composed.views) > MAX_INLINED_VIEWS and (lb.base.op in ELEMENTWISE or lb.base.op is Ops.GATHER) and \
+         lb.base.buffer is None and lb.base not in self.realize_set:
         raise _Refuse(lb.base)   # rule 3: stacked views that don't merge grow with every level inlined
       value = yield self._build(lb.base, composed, in_reduce)
       if lb.base.op in ELEMENTWISE and any(v.mask is not None for v in lb.st.views):
@@ -117,6 +121,7 @@ class _KernelBuilder:
       for s in lb.srcs: srcs.append((yield self._build(s, st, in_reduce)))
       out = UOp(lb.op, lb.dtype, tuple(srcs))
     elif lb.op is Ops.REDUCE_AXIS: out = yield from self._build_reduce(lb, st, in_reduce)
+    elif lb.op is Ops.GATHER: out = yield from self._build_gather(lb, st, in_reduce)
     elif lb.op in (Ops.CONTIGUOUS, Ops.ASSIGN) and lb is self.output:
       out = yield self._build(lb.srcs[-1], st, in_reduce)
     else: raise _Refuse(lb)   # a COPY/EMPTY/... that is not realized yet: realize it first
@@ -138,6 +143,19 @@ class _KernelBuilder:
     inner = yield self._build(source, ShapeTracker.from_shape(source.shape), in_reduce=True)
     return UOp(Ops.REDUCE_AXIS, lb.dtype, (inner,), lb.arg)   # (op, axes[, of partial sums])
 
+  def _build_gather(self, lb: LazyBuffer, st: ShapeTracker, in_reduce: bool) -> Generator[Generator, UOp, UOp]:
+    """Rule 1b: a LOAD of the realized table through its own view at row 0 of the gathered axis (composed with `st`),
+    plus the index value (built through `st` like any value) times the table's stride along the axis."""
+    table, index = lb.srcs
+    axis = lb.arg
+    if table.base.buffer is None and table.base not in self.realize_set: raise _Refuse(table.base)
+    first_row = tuple((0, 1) if d == axis else (0, size) for d, size in enumerate(table.shape))
+    row_view = table.st.shrink(first_row).expand(lb.shape) + st
+    value = yield self._build(index, st, in_reduce)
+    gathered = GatherAxis(table.shape[axis], table.st.real_strides()[axis])
+    return UOp(Ops.LOAD, lb.dtype, (self.global_for(table.base), value, UOp(Ops.VIEW, dtypes.void, (), row_view)),
+               gathered)
+
 def _kernel_ast(output: LazyBuffer, realize_set: set[LazyBuffer]) -> tuple[UOp, list[LazyBuffer], set[LazyBuffer]]:
   """The kernel AST for `output`, its input bases, and every base it inlined."""
   kernel_shape = output.shape
@@ -157,7 +175,7 @@ def _check_assign_hazard(output: LazyBuffer, value: UOp, realize_set: set[LazyBu
   """An assign whose value reads the target through another view must compute the value into its own buffer."""
   target_index = 0
   for u in value.toposort():
-    if u.op is Ops.LOAD and u.src[0].arg == target_index and not u.src[1].arg.contiguous:
+    if u.op is Ops.LOAD and u.src[0].arg == target_index and not u.src[-1].arg.contiguous:
       value = output.srcs[1].base
       if value.buffer is not None or value is output.srcs[0].base:
         raise RuntimeError(f"assign into {output.shape} reads its own target through another view: "
@@ -246,6 +264,7 @@ def create_schedule(outs: list[LazyBuffer], commit: bool = False) -> list[Schedu
   realize_set: set[LazyBuffer] = set(outs) | {b for b in bases if b.op in REALIZED_OPS}
   for b in bases:
     if b.op is Ops.COPY: realize_set.update(s.base for s in b.srcs if s.base.buffer is None)
+    if b.op is Ops.GATHER and b.srcs[0].base.buffer is None: realize_set.add(b.srcs[0].base)   # rule 1b: tables
   _realize_unfusable_reduces(bases, realize_set)
   _realize_shared_elementwise(bases, realize_set)
   asts: dict[LazyBuffer, tuple[UOp, list[LazyBuffer], set[LazyBuffer]]] = {}

@@ -22,7 +22,7 @@ from tgrad.bounds import realize_with_checks
 import tgrad.function as F
 from tgrad.tensor_ops import bind_tensor_class
 from tgrad.tensor_ops.args import Scalar, broadcast_shape, _resolve_axis, _scalar_dtype, _check_scalar_fits, \
-  _python_dtype
+  _python_dtype, DTypeNotSupportedError
 from tgrad.tensor_ops.creation import CreationMixin
 from tgrad.tensor_ops.elementwise import ElementwiseMixin
 from tgrad.tensor_ops.reduce import ReduceMixin
@@ -130,6 +130,11 @@ class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, Indexi
     computes several in one schedule, so their kernels are planned together."""
     realize_with_checks(self.lazydata, *[t.lazydata for t in others])
     return self
+  def schedule(self, *others: Tensor) -> list:
+    """The kernels (ScheduleItems) that realizing this tensor (and others) would run, planned without running or
+    committing anything (tinygrad's Tensor.schedule; count them to check fusion)."""
+    from tgrad.schedule import create_schedule
+    return create_schedule([self.lazydata, *[t.lazydata for t in others]])
   def numpy(self) -> np.ndarray:
     """The values as a numpy array (bfloat16 comes back as float32)."""
     out_dtype = dtypes.float32 if self.dtype == dtypes.bfloat16 else self.dtype
@@ -149,6 +154,17 @@ class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, Indexi
   def to(self, device: str) -> Tensor:
     device = canonical_device(device)
     return self if device == self.device else F.ToDevice.apply(self, device=device)
+  def to_(self, device: str) -> Tensor:
+    """Move this tensor (and its .grad) to `device` in place."""
+    moved = self.to(device)
+    if self.grad is not None: self.grad = self.grad.to(device)
+    return self.replace(moved)
+  def replace(self, x: Tensor) -> Tensor:
+    """Make this tensor hold x's value (same shape; x's dtype and device), as tinygrad's replace; not differentiable
+    through, and unlike assign no buffer is written."""
+    if x.shape != self.shape: raise ValueError(f"replace: shape {x.shape} for a tensor of shape {self.shape}")
+    self.lazydata, self._ctx = x.lazydata, x._ctx
+    return self
   def cast(self, dtype: Any) -> Tensor:
     dtype = to_dtype(dtype)
     return self if dtype == self.dtype else F.Cast.apply(self, dtype=dtype)
@@ -160,6 +176,9 @@ class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, Indexi
   def float(self) -> Tensor: return self.cast(dtypes.float32)
   def half(self) -> Tensor: return self.cast(dtypes.float16)
   def double(self) -> Tensor: return self.cast(dtypes.float64)
+  def bfloat16(self) -> Tensor: return self.cast(dtypes.bfloat16)
+  def short(self) -> Tensor: return self.cast(dtypes.int16)
+  def is_floating_point(self) -> bool: return self.dtype.is_float
   def int(self) -> Tensor: return self.cast(dtypes.int32)
   def long(self) -> Tensor: return self.cast(dtypes.int64)
   def bool(self) -> Tensor: return self.cast(dtypes.bool)
@@ -244,6 +263,12 @@ class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, Indexi
     if any(s != n and s != 1 for s, n in zip(x.shape, shape)):
       raise ValueError(f"cannot broadcast {self.shape} to {shape}")
     return F.Expand.apply(x, shape=shape) if x.shape != shape else x
+  def const_like(self, value: Scalar) -> Tensor:
+    """A constant of self's shape, dtype and device (no buffer: it folds into the kernels that read it)."""
+    return Tensor(LazyBuffer.const_of(value, self.dtype, self.device, self.shape), requires_grad=False)
+  def ufix(self, x: Any) -> Tensor:
+    """x as a tensor beside self: a Tensor as is, a Python scalar as a weak constant of self's kind (tinygrad's)."""
+    return self._as_tensor(x)
   def _as_tensor(self, x: Any, dtype: Optional[DType] = None) -> Tensor:
     if isinstance(x, Tensor):
       if x.device != self.device: raise ValueError(f"tensors on different devices: {self.device} and {x.device}")
@@ -271,8 +296,12 @@ class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, Indexi
     x, y = self.cast(out_dtype)._broadcast_to(shape), y.cast(out_dtype)._broadcast_to(shape)
     return (y, x) if reverse else (x, y)
   def _int_operands(self, other: Any, reverse: bool, op_name: str) -> tuple[Tensor, Tensor]:
+    other_dtype = other.dtype if isinstance(other, Tensor) else type(other).__name__
+    if self.dtype.is_float or (isinstance(other, Tensor) and other.dtype.is_float) or isinstance(other, float):
+      raise DTypeNotSupportedError(f"{op_name} needs int or bool operands, got {self.dtype} and {other_dtype}")
     x, y = self._operands(other, reverse)
-    if x.dtype.is_float: raise TypeError(f"{op_name} needs int or bool tensors, got {self.dtype} and {y.dtype}")
+    if x.dtype.is_float:
+      raise DTypeNotSupportedError(f"{op_name} needs int or bool operands, got {self.dtype} and {other!r}")
     return x, y
 
   # ---- in-place updates: `t[i] = v` (indexing.py), `+=` and friends (elementwise.py) and assign rebind the tensor

@@ -161,10 +161,11 @@ def _fits_narrow(lo, hi) -> bool: return dtypes.min(NARROW_DTYPE) <= lo and hi <
 
 def narrow_index_values(uops: list[UOp]) -> set[UOp]:
   """The 64-bit integer values (dtypes.index) that are computed as 32-bit `int`: thread ids; variables and loops whose
-  bounds fit (a loop's end too, so `ridx++` can't overflow); and integer ALU ops whose own range and every operand fit
-  (a narrow value or a constant that fits). vmin/vmax are exact or safely wide (a possible wrap gives the whole int64
-  range), so an op whose operands and result all fit 32 bits gives the same value in 32-bit arithmetic. A 64-bit op
-  that reads a narrow value converts it to `long long` first (see _KernelWriter.operand)."""
+  bounds fit (a loop's end too, so `ridx++` can't overflow); casts of ints whose range fits (a gather's loaded index);
+  and integer ALU ops whose own range and every operand fit (a narrow value or a constant that fits). vmin/vmax are
+  exact or safely wide (a possible wrap gives the whole int64 range), so an op whose operands and result all fit 32
+  bits gives the same value in 32-bit arithmetic. A 64-bit op that reads a narrow value converts it to `long long`
+  first (see _KernelWriter.operand)."""
   narrow: set[UOp] = set()
   def fits(x: UOp) -> bool: return x in narrow or (x.op is Ops.CONST and _fits_narrow(x.arg, x.arg))
   for u in uops:
@@ -176,6 +177,8 @@ def narrow_index_values(uops: list[UOp]) -> set[UOp]:
       narrow.add(u)
     elif u.op in ALU and u.op not in COMPARISON and _fits_narrow(u.vmin, u.vmax) and \
          all(fits(s) for s in (u.src[1:] if u.op is Ops.WHERE else u.src)):
+      narrow.add(u)
+    elif u.op is Ops.CAST and u.src[0].dtype.is_int and _fits_narrow(u.vmin, u.vmax):   # a loaded int as an index
       narrow.add(u)
   return narrow
 
@@ -513,7 +516,7 @@ class _KernelWriter:
     elif op is Ops.GEP: self.names[u] = self.fragments[u.src[0]][u.arg]
     elif op is Ops.LOAD: self.load(pos, u)
     elif op is Ops.STORE: self.store(pos, u)
-    elif op is Ops.CAST: self.define(u, self.cast(self.value(u.src[0]), u.src[0].dtype, u.dtype), "cast")
+    elif op is Ops.CAST: self.define(u, self.cast(self.value(u.src[0]), u.src[0].dtype, self.computed_dtype(u)), "cast")
     elif op is Ops.BITCAST:
       if u.dtype == dtypes.float16 and u in self.wants_bits:
         self.define(u, f"half_to_float({self.keep_half_bits(u, self.bitcast(u.src[0], dtypes.uint16))})", "cast")

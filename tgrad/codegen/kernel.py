@@ -9,13 +9,15 @@ renderer. All ShapeTrackers share one rank; axes are ordered by role:
 An `Opt(op, axis, amount)` splits an axis and moves the piece to its role's place (`shift_to`). An illegal opt
 raises KernelOptError, so search can try anything. The linearizer (linearizer.py) turns a Kernel into UOps.
 OptOps.TC (tensor cores) lays one warp over a tile of a matmul-like reduce; see `_apply_tensor_core`. OptOps.SMEM
-stages one input's tile in shared memory per step of the reduce loop; see `stage_plan`.
+stages one input's tile in shared memory per step of the reduce loop; see `stage_plan`. A gather LOAD (arg GatherAxis,
+see ops.py) is a memory op like any other: its VIEW is reshaped by every opt; only its row along the gathered axis
+comes from a loaded value, so it is never staged in shared memory nor fed to a tensor core.
 """
 from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum, auto
 from typing import Optional
-from tgrad.ops import UOp, Ops, ALU, exec_alu, truncate_to
+from tgrad.ops import UOp, Ops, ALU, GatherAxis, exec_alu, truncate_to
 from tgrad.codegen.renderer import TensorCore
 from tgrad.shape.shapetracker import ShapeTracker
 from tgrad.shape.sint import canonical, ceil_div, is_symbolic, render as render_size, vmax_of
@@ -372,7 +374,7 @@ class Kernel:
     """The loads SMEM can stage, numbered by Opt.axis: global loads that feed the kernel's only reduce."""
     if len(self.reduceops) != 1: return []
     under_reduce = set(self.reduceops[0].src[0].toposort())
-    return [u for u in self.memops if u.op is Ops.LOAD and u in under_reduce]
+    return [u for u in self.memops if u.op is Ops.LOAD and u in under_reduce and not is_gather_load(u)]
 
   def _stage(self, opt: Opt) -> None:
     """SMEM: Opt.axis picks a load of `stageable_loads`, Opt.amount the padding (elements) after each row of its
@@ -536,6 +538,8 @@ class Kernel:
     nbytes = 0
     for u in self.memops:
       if u.op is Ops.STORE: nbytes += vmax_of(prod(self.output_shape)) * u.src[2].dtype.itemsize
+      elif is_gather_load(u):   # at most one table element per position, within the rows the index can pick
+        nbytes += min(memory_extent(u, self.view_of(u)), vmax_of(prod(self.full_shape))) * u.dtype.itemsize
       elif u.op is Ops.LOAD: nbytes += self.view_of(u).buffer_extent() * u.dtype.itemsize
     return alu_nodes * vmax_of(prod(self.full_shape)), nbytes   # at the variables' maximum
 
@@ -578,7 +582,18 @@ def tensor_core_operands(reduce: UOp) -> Optional[tuple[UOp, UOp]]:
   product = _widened(reduce.src[0])
   if product.op is not Ops.MUL: return None
   x, y = (_widened(s) for s in product.src)
-  return (x, y) if x.op is Ops.LOAD and y.op is Ops.LOAD else None
+  return (x, y) if all(u.op is Ops.LOAD and not is_gather_load(u) for u in (x, y)) else None
+
+def is_gather_load(u: UOp) -> bool:
+  """Whether an AST node is a gather LOAD: its address along one axis comes from a loaded value (see ops.GatherAxis)."""
+  return u.op is Ops.LOAD and isinstance(u.arg, GatherAxis)
+
+def memory_extent(memop: UOp, st: ShapeTracker) -> int:
+  """1 + the largest element index a memory op may touch (0 if none): a gather's VIEW gives its first row; the loaded
+  index may pick any row up to GatherAxis.size - 1."""
+  extent = st.buffer_extent()
+  if is_gather_load(memop) and extent > 0: extent += max(0, (memop.arg.size - 1) * memop.arg.stride)
+  return extent
 
 def reduce_ignores_padding(reduce: UOp) -> bool:
   """Whether a REDUCE_AXIS gives the same result when its axis is padded: it must be an ADD whose source is exactly 0

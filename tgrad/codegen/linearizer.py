@@ -18,6 +18,9 @@ A tensor-core kernel (Kernel.tensor_core) reduces with WMMAs instead: per K step
 fragments (VECTORIZE of loads indexed by the core's fragment layouts), one WMMA per tile updates a fragment
 accumulator, and each output replica is one element (GEP) of its tile's accumulator.
 
+A gather (a LOAD with arg GatherAxis) adds to its VIEW's address the index value it reads, clamped into the table's
+rows (`clamp_index`): a data-dependent load that can never leave the table.
+
 A load staged in shared memory (OptOps.SMEM, Kernel.stage_plan) is read from a DEFINE_LOCAL tile instead: at each
 step of the reduce loop the block's threads copy the tile from global memory (STOREs into the tile), a BARRIER
 follows, and every read of the load becomes a LOAD of the tile that depends on that barrier.
@@ -28,7 +31,7 @@ from typing import Optional
 from tgrad.dtype import dtypes
 from tgrad.ops import UOp, Ops, ALU, simplify, graph_rewrite, split_terms, build_sum, exec_alu
 from tgrad.codegen.transcendental import decompositions
-from tgrad.codegen.kernel import Kernel, StagePlan, STAGE_COPY_BYTES, fold_dims
+from tgrad.codegen.kernel import Kernel, StagePlan, STAGE_COPY_BYTES, fold_dims, is_gather_load
 from tgrad.codegen.renderer import FragmentLayout, MatrixLoad, TensorCore
 from tgrad.schedule import identity_of_reduce
 from tgrad.shape.sint import canonical, ceil_div, to_uop, vmax_of
@@ -134,6 +137,7 @@ class Linearizer:
   def build_leaf(self, node: UOp, idxs: tuple[UOp, ...]) -> UOp:
     """A memory op (load, constant, arange) or a reduce at `idxs`."""
     if node.op is Ops.LOAD and node in self.stages: return self.staged_load(node, idxs)
+    if is_gather_load(node): return self.gather_load(node, idxs)
     if node.op is Ops.LOAD: return self.global_load(node, idxs)
     if node.op is Ops.CONST and not node.src: return node
     if node.op is Ops.CONST and isinstance(node.arg, UOp):   # a symbolic constant (e.g. a mean's count): its value
@@ -167,6 +171,15 @@ class Linearizer:
   def global_load(self, node: UOp, idxs: tuple[UOp, ...]) -> UOp:
     index, valid = self.indexed(node, idxs)
     if valid.op is Ops.CONST and not valid.arg: return UOp.const(node.dtype, 0)
+    return UOp(Ops.LOAD, node.dtype, (node.src[0], index) + (() if valid.op is Ops.CONST and valid.arg else (valid,)))
+
+  def gather_load(self, node: UOp, idxs: tuple[UOp, ...]) -> UOp:
+    """A data-dependent load (ops.GatherAxis): the VIEW's address (row 0 of the gathered axis) plus the index value at
+    these idxs, clamped into the table's rows, times the row stride. A masked position loads nothing."""
+    row_start, valid = self.indexed(node, idxs)
+    if valid.op is Ops.CONST and not valid.arg: return UOp.const(node.dtype, 0)
+    row = clamp_index(self.build(node.src[1], idxs), node.arg.size)
+    index = simplify(row_start + row * node.arg.stride)
     return UOp(Ops.LOAD, node.dtype, (node.src[0], index) + (() if valid.op is Ops.CONST and valid.arg else (valid,)))
 
   # ---- shared-memory staging
@@ -672,6 +685,13 @@ def block_ranges(axis: int, size: int, block: int) -> tuple[UOp, UOp]:
   end = start + block if isinstance(size, int) and size % block == 0 else \
     to_uop(size) - (to_uop(canonical(size - block)) - start).maximum(0)
   return blocks, UOp(Ops.RANGE, dtypes.index, (start, simplify(end)), axis)
+
+def clamp_index(value: UOp, size: int) -> UOp:
+  """An int value read from memory as an index in [0, size): cast to the index dtype, then clamped, so a gather never
+  reads outside its table whatever the index buffer holds. min(x, size - 1) is written -max(-x, 1 - size): the range
+  analysis then knows exactly [0, size - 1] and nothing more (the value itself is only known at run time)."""
+  nonnegative = value.cast(dtypes.index).maximum(_index_const(0))
+  return simplify((nonnegative * -1).maximum(_index_const(1 - size)) * -1)
 
 def offset_by(index: UOp, delta: int) -> UOp:
   """index + delta, with the constant folded into index's own sum."""

@@ -16,7 +16,7 @@ import numpy as np
 from tqdm import tqdm
 from tgrad import codegen
 from tgrad.cache import get_cache
-from tgrad.codegen.kernel import Kernel, KernelOptError, Opt, OptOps
+from tgrad.codegen.kernel import Kernel, KernelOptError, Opt, OptOps, memory_extent
 from tgrad.codegen.heuristics import hand_coded_optimizations
 from tgrad.codegen.linearizer import linearize
 from tgrad.codegen.compile import CompiledKernel
@@ -170,7 +170,8 @@ def kernel_buffer_specs(kernel: Kernel) -> list[tuple[DType, int]]:
   for u, st in zip(base.memops, base.sts):
     if u.op not in (Ops.LOAD, Ops.STORE): continue
     buffer = u.src[0]
-    size = vmax_of(prod(st.shape)) if u.op is Ops.STORE else st.buffer_extent()   # symbolic: at the maximum
+    # symbolic: an output at the variables' maximum; a gather's table: every row
+    size = vmax_of(prod(st.shape)) if u.op is Ops.STORE else memory_extent(u, st)
     specs[buffer.arg] = (buffer.dtype, max(size, specs.get(buffer.arg, (buffer.dtype, 0))[1]))
   assert sorted(specs) == list(range(len(specs))), f"kernel buffers are not numbered 0..n-1: {sorted(specs)}"
   return [specs[i] for i in range(len(specs))]

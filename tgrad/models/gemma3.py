@@ -200,8 +200,8 @@ class Gemma3RMSNorm:
 
 class Gemma3Embedding:
   """Token lookup times sqrt(hidden), the scale rounded to the weight dtype first (HF: 25.25 for H=640 in bf16).
-  The lookup (Tensor indexing) is a one-hot compare with ARANGE and a sum over the vocabulary: it reads the whole
-  table per token, like the tied LM head does, because kernels have no data-dependent loads."""
+  The lookup (Tensor indexing) is a data-dependent load: one kernel reads the token's rows of the table and scales
+  them (the gather fuses with the multiply), never the whole vocabulary."""
   def __init__(self, weight: Tensor):
     self.weight = weight
     sqrt_hidden = Tensor([math.sqrt(weight.shape[1])], dtype=dtypes.float32, device=weight.device)

@@ -158,7 +158,7 @@ class Embedding:
       raise RuntimeError(f"Embedding: expected indices of an int dtype, got {idx.dtype} (shape {idx.shape})")
     message = "Embedding: index {value} is out of range for a vocabulary of size {size}"
     check_index_bounds(idx.lazydata, IndexBounds(0, self.vocab_size, message))   # no negative indices, as torch
-    return self.weight[idx]
+    return self.weight._take(0, idx)   # reads one row per index (a data-dependent load), never the table
 
 __all__ = ["Linear", "Conv2d", "ConvTranspose2d", "BatchNorm", "BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "LayerNorm",
            "RMSNorm", "GroupNorm", "Embedding"]

@@ -11,6 +11,10 @@ from tgrad.ops import UOp
 from tgrad.shape.sint import canonical
 
 Scalar = Union[bool, int, float]
+
+class DTypeNotSupportedError(NotImplementedError, TypeError):
+  """An op with no meaning for an operand's dtype (a shift of floats, say). torch raises NotImplementedError there,
+  Python's convention is TypeError: this is both, so either `except` catches it."""
 HALF_FLOATS = (dtypes.float16, dtypes.bfloat16)   # reductions over these accumulate in float32
 
 def _shape_arg(shape, rest: tuple = ()) -> tuple:

@@ -64,7 +64,11 @@ class CreationMixin:
     return Tensor(values.cast(dtype).lazydata, **kwargs)
   @staticmethod
   def linspace(start: Scalar, stop: Scalar, steps: int, dtype: Any = None, device: Optional[str] = None, **kwargs):
-    if steps < 0: raise ValueError(f"linspace needs steps >= 0, got {steps}")
+    """`steps` values from start to stop inclusive, evenly spaced. As torch: steps must be an int (TypeError) and
+    nonnegative (RuntimeError)."""
+    if not isinstance(steps, (int, np.integer)) or isinstance(steps, bool):
+      raise TypeError(f"linspace: steps must be an int, got {type(steps).__name__} {steps!r}")
+    if steps < 0: raise RuntimeError(f"linspace: number of steps must be non-negative, got {steps}")
     dtype = to_dtype(dtype or dtypes.default_float)
     if steps == 1: return Tensor.full((1,), start, dtype=dtype, device=device, **kwargs)
     index = Tensor.arange(steps, dtype=dtypes.float32 if dtype in HALF_FLOATS or not dtype.is_float else dtype,
@@ -179,6 +183,35 @@ class CreationMixin:
     shape = _varargs_shape(shape)
     bound = math.sqrt(3.0) * math.sqrt(2.0 / (1 + a ** 2)) / math.sqrt(prod(shape[1:]))
     return Tensor.uniform(shape, low=-bound, high=bound, **kwargs)
+  @staticmethod
+  def kaiming_normal(*shape, a: float = 0.01, **kwargs) -> Tensor:
+    """He/Kaiming normal: mean 0, std gain/√fan_in, gain = √(2 / (1 + a²)) (torch's kaiming_normal_ for leaky relu)."""
+    shape = _varargs_shape(shape)
+    std = math.sqrt(2.0 / (1 + a ** 2)) / math.sqrt(prod(shape[1:]))
+    return Tensor.normal(*shape, mean=0.0, std=std, **kwargs)
+  @staticmethod
+  def randperm(n: int, device: Optional[str] = None, dtype: Any = None, **kwargs) -> Tensor:
+    """A random permutation of 0..n−1 (int32 by default, as tinygrad): the argsort of n uniform draws."""
+    if not isinstance(n, (int, np.integer)) or isinstance(n, bool) or n < 0:
+      raise RuntimeError(f"randperm: n must be a nonnegative int, got {n!r}")
+    order = Tensor.rand(int(n), device=device).argsort() if n else Tensor.zeros(0, device=device)
+    return Tensor(order.cast(to_dtype(dtype or dtypes.int32)).lazydata, **kwargs)
+  def multinomial(self, num_samples: int = 1, replacement: bool = False) -> Tensor:
+    """Indices drawn from the categorical distributions given by the rows of self (1-D or 2-D nonnegative weights,
+    not necessarily summing to 1), as torch.multinomial: (num_samples,) or (rows, num_samples), int32. Without
+    replacement only one sample per row is supported (tinygrad's limit). Each draw counts the cumulative
+    probabilities that a uniform number is at or above."""
+    if self.ndim not in (1, 2): raise RuntimeError(f"multinomial: prob_dist must be 1 or 2 dim, got shape {self.shape}")
+    if not isinstance(num_samples, int) or num_samples <= 0:
+      raise RuntimeError(f"multinomial: cannot sample num_samples={num_samples!r} (must be a positive int)")
+    if not replacement and num_samples > 1:
+      raise NotImplementedError("multinomial without replacement supports num_samples=1 only")
+    weights = self._to_float().reshape(-1, self.shape[-1])
+    cumulative = weights.cumsum(1)
+    cdf = cumulative / cumulative[:, -1:]
+    draws = Tensor.rand(num_samples, weights.shape[0], 1, device=self.device)
+    picked = (draws >= cdf.unsqueeze(0)).sum(-1).permute(1, 0).minimum(self.shape[-1] - 1).cast(dtypes.int32)
+    return picked.reshape(num_samples) if self.ndim == 1 else picked
   def rand_like(self, **kwargs) -> Tensor:
     kwargs.setdefault("dtype", self.dtype if self.dtype.is_float else dtypes.default_float)
     kwargs.setdefault("device", self.device)

@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING, Any, Optional
 from tgrad.dtype import DType, dtypes
 from tgrad.ops import Ops
 from tgrad.lazy import LazyBuffer
-from tgrad.tensor_ops.args import HALF_FLOATS, broadcast_shape, _scalar_dtype, _int_overflow_side, _python_dtype
+from tgrad.tensor_ops.args import HALF_FLOATS, broadcast_shape, _scalar_dtype, _int_overflow_side, _python_dtype, \
+  DTypeNotSupportedError
 import tgrad.function as F
 if TYPE_CHECKING: from tgrad.tensor import Tensor   # at runtime: bound by tgrad/tensor.py (see __init__.py)
 
@@ -17,7 +18,7 @@ LN2 = math.log(2)
 GELU_CUBIC_COEFFICIENT = 0.044715       # the tanh approximation of GELU (Hendrycks & Gimpel)
 SQRT_2_OVER_PI = math.sqrt(2 / math.pi)
 QUICK_GELU_SCALE = 1.702                # x·sigmoid(1.702x), the approximation CLIP uses
-POW_UNROLL_LIMIT = 64                   # integer exponents up to this size become repeated multiplication
+POW_UNROLL_LIMIT = 64                   # positive integer exponents up to this size become repeated multiplication
 LOG10_2 = math.log10(2)
 SQRT_HALF = math.sqrt(0.5)
 SELU_ALPHA = 1.6732632423543772848170429916717     # Klambauer et al., "Self-Normalizing Neural Networks"
@@ -40,13 +41,14 @@ class ElementwiseMixin:
     return F.Sub.apply(a, b)
   def mul(self, x: Any, reverse: bool = False) -> Tensor: return F.Mul.apply(*self._operands(x, reverse))
   def div(self, x: Any, reverse: bool = False, rounding_mode: Optional[str] = None) -> Tensor:
-    """True division (ints give floats); rounding_mode "floor" is `//`, "trunc" rounds toward zero."""
+    """True division (ints give floats); rounding_mode "floor" is `//`, "trunc" rounds toward zero (both keep an
+    int dtype, as torch). Another rounding_mode raises RuntimeError, as torch."""
+    if rounding_mode not in (None, "floor", "trunc"):
+      raise RuntimeError(f"div: rounding_mode must be None, 'floor' or 'trunc', got {rounding_mode!r}")
     if rounding_mode == "floor": return self.floordiv(x, reverse)
     a, b = self._operands(x, reverse)
     if rounding_mode == "trunc":
       return self._nograd(a.lazydata.alu(Ops.IDIV, b.lazydata)) if not a.dtype.is_float else (a / b).trunc()
-    if rounding_mode is not None:
-      raise ValueError(f"rounding_mode must be None, 'floor' or 'trunc', got {rounding_mode!r}")
     return F.Div.apply(a._to_float(), b._to_float())
   def floordiv(self, x: Any, reverse: bool = False) -> Tensor:
     """Python's `//`: rounds toward −∞. Integer division by zero gives 0 (as numpy)."""
@@ -67,19 +69,25 @@ class ElementwiseMixin:
     if a.dtype.is_unsigned: return remainder
     return _needs_floor_fix(a, b).where(remainder + b, remainder)
   def pow(self, exponent: Any, reverse: bool = False) -> Tensor:
-    """numpy's `**`: negative bases with integer exponents keep their sign; with other exponents they give NaN."""
+    """`**` with C's (torch's) values: negative bases with integer exponents keep their sign, with other exponents
+    they give NaN; ±0, ±inf and NaN as C's pow. Small positive integer Python exponents are repeated multiplication,
+    −1 and −2 its reciprocal (as torch); float gradients are torch's (see _FloatPow)."""
     if not reverse and isinstance(exponent, (int, float)) and not isinstance(exponent, bool):
-      if math.isfinite(exponent) and exponent == int(exponent) and abs(exponent) <= POW_UNROLL_LIMIT:
-        if exponent < 0 and not self.dtype.is_float and not isinstance(exponent, float):
-          raise ValueError(f"integers to negative integer powers are not allowed: {self.dtype} ** {exponent}")
+      if isinstance(exponent, int) and exponent < 0 and not self.dtype.is_float:
+        raise RuntimeError(f"integers to negative integer powers are not allowed: {self.dtype} ** {exponent} "
+                           "(cast the base to a float dtype first)")
+      if math.isfinite(exponent) and exponent == int(exponent) and 0 < exponent <= POW_UNROLL_LIMIT:
         base = self.int() if self.dtype.is_bool else self
         base = base.cast(_scalar_dtype(base.dtype, exponent))
-        power = _power_by_squaring(base, abs(int(exponent)))
-        return power.reciprocal() if exponent < 0 else power
+        return _power_by_squaring(base, int(exponent))
       if exponent == 0.5: return self._to_float().sqrt()
+      if exponent == -0.5: return self._to_float().rsqrt()   # torch's: (−0) ** −0.5 is −inf there, not C's +inf
     base, power = self._operands(exponent, reverse)
     if base.dtype.is_bool: base, power = base.int(), power.int()
-    if base.dtype.is_float: return _float_pow(base, power)
+    if base.dtype.is_float:
+      small_negative = not reverse and isinstance(exponent, (int, float)) and math.isfinite(exponent) and \
+        exponent in (-1, -2)   # torch's 1/x and 1/(x·x), bit for bit; larger ones go through exp2/log2 as powf
+      return _FloatPow.apply(base, power, integer_exponent=int(exponent) if small_negative else None)
     return _int_pow(base, power)
   def maximum(self, x: Any) -> Tensor:
     a, b = self._operands(x)
@@ -132,6 +140,8 @@ class ElementwiseMixin:
       return Tensor.full(self.shape, True, dtype=dtypes.bool, device=self.device)
     return self._compare(Ops.CMPNE, x)
   def __eq__(self, x: Any) -> Tensor: return (self != x).logical_not()  # type: ignore[override]
+  def ne(self, x: Any) -> Tensor: return self != x
+  def eq(self, x: Any) -> Tensor: return self == x
   def logical_not(self) -> Tensor:
     if self.dtype.is_bool: return self._nograd(self.lazydata.alu(Ops.CMPNE, self.lazydata.const(True)))
     return self == 0
@@ -141,17 +151,20 @@ class ElementwiseMixin:
   def bitwise_and(self, x: Any, reverse: bool = False) -> Tensor: return self._bitwise(Ops.AND, x, reverse, "&")
   def bitwise_or(self, x: Any, reverse: bool = False) -> Tensor: return self._bitwise(Ops.OR, x, reverse, "|")
   def xor(self, x: Any, reverse: bool = False) -> Tensor: return self._bitwise(Ops.XOR, x, reverse, "^")
+  def bitwise_xor(self, x: Any, reverse: bool = False) -> Tensor: return self.xor(x, reverse)
   def bitwise_not(self) -> Tensor:
-    if self.dtype.is_float: raise TypeError(f"~ needs an int or bool tensor, got {self.dtype}")
+    if self.dtype.is_float: raise DTypeNotSupportedError(f"~ needs an int or bool tensor, got {self.dtype}")
     if self.dtype.is_bool: return self.logical_not()
     return self._nograd(self.lazydata.alu(Ops.XOR, self.lazydata.const(-1 if not self.dtype.is_unsigned else
                                                                        dtypes.max(self.dtype))))
   def _shift(self, amount: Any, reverse: bool, left: bool) -> Tensor:
+    if not reverse and isinstance(amount, int) and not isinstance(amount, bool) and not self.dtype.is_float and \
+        not 0 <= amount < self.dtype.bits:   # every bit shifted out, as torch (the amount may not fit the dtype)
+      x = self.int() if self.dtype.is_bool else self
+      return x.zeros_like() if left or x.dtype.is_unsigned else (x < 0).where(-1, 0).cast(x.dtype)
     x, shift = self._int_operands(amount, reverse, "<<" if left else ">>")
     if x.dtype.is_bool: x, shift = x.int(), shift.int()
-    bits = x.dtype.bits
-    if isinstance(amount, int) and not reverse and not 0 <= amount < bits:
-      raise ValueError(f"shift amount {amount} is outside [0, {bits}) for {x.dtype}")
+    bits = x.dtype.bits   # as torch, an amount outside [0, bits) shifts out every bit
     in_range = (shift >= 0) & (shift < bits)
     safe = in_range.where(shift, 0)
     shifted = self._nograd(x.lazydata.alu(Ops.SHL if left else Ops.SHR, safe.lazydata))
@@ -224,12 +237,16 @@ class ElementwiseMixin:
       return (x < 0).where(-out, out)
     return self._float_math(fn)
   def logaddexp(self, other: Any) -> Tensor:
-    """log(exp(self) + exp(other)), shifted by the larger so that nothing overflows; −inf and −inf give −inf."""
+    """log(exp(self) + exp(other)) = max + log1p(exp(−|self − other|)): nothing overflows, an infinite max is the
+    result (−inf and −inf give −inf), and the gradients are torch's 1 / (1 + exp(other − self)) — 0.5 each at a tie,
+    finite at ±inf. float16/bfloat16 compute in float32."""
     a, b = self._operands(other)
     a, b = a._to_float(), b._to_float()
-    peak = a.maximum(b).detach()
-    peak = peak.isinf().where(0, peak)
-    return ((a - peak).exp() + (b - peak).exp()).log() + peak
+    if a.dtype in HALF_FLOATS: return a.cast(dtypes.float32).logaddexp(b.cast(dtypes.float32)).cast(a.dtype)
+    a_wins = a >= b
+    peak = a_wins.where(a, b)
+    gap = a_wins.where(b - a, a - b)                           # −|a − b|, split evenly between a and b at a tie
+    return peak.isinf().where(peak, peak + _log1p(gap.exp()))
   def copysign(self, other: Any) -> Tensor:
     """|self| with the sign bit of other (so −0.0 and negative NaNs count as negative), in a float dtype."""
     a, b = self._operands(other)
@@ -261,6 +278,22 @@ class ElementwiseMixin:
   def clone(self) -> Tensor:
     """A copy in a buffer of its own (writes into self, e.g. `self.assign(...)`, don't reach it); differentiable."""
     return _Clone.apply(self)
+  def contiguous_backward(self) -> Tensor:
+    """self unchanged; in the backward pass its gradient is made contiguous (realized as one buffer) there."""
+    return _ContiguousBackward.apply(self)
+  def allclose(self, other: Any, rtol: float = 1e-05, atol: float = 1e-08, equal_nan: bool = False) -> bool:
+    """Whether every element is isclose to other (a kernel runs)."""
+    return bool(self.isclose(other, rtol=rtol, atol=atol, equal_nan=equal_nan).all().item())
+  def usum(self, *others: Any) -> Tensor:
+    """self + others[0] + ... (| for bools), tinygrad's n-ary sum."""
+    out = self
+    for x in _flat_args(others): out = out | x if out.dtype.is_bool else out + x
+    return out
+  def uprod(self, *others: Any) -> Tensor:
+    """self · others[0] · ... (& for bools), tinygrad's n-ary product."""
+    out = self
+    for x in _flat_args(others): out = out & x if out.dtype.is_bool else out * x
+    return out
   def masked_fill(self, mask: Tensor, value: Any) -> Tensor:
     """value where the bool mask is true, self elsewhere (mask broadcasts against self; the result keeps self's
     shape and dtype)."""
@@ -278,22 +311,27 @@ class ElementwiseMixin:
   def relu6(self) -> Tensor: return self.relu() - (self - 6).relu()
   def leaky_relu(self, neg_slope: float = 0.01) -> Tensor: return self.relu() - (-self).relu() * neg_slope
   def elu(self, alpha: float = 1.0) -> Tensor:
-    negative_part = (self._to_float().minimum(0).exp() - 1) * alpha   # exp(min(x, 0)): finite, and so is its grad
-    return (self > 0).where(self._to_float(), negative_part)
+    """x for x > 0, else alpha·(exp(x) − 1); the gradient at 0 is alpha, as torch."""
+    def fn(x: Tensor) -> Tensor:
+      positive = x > 0
+      return positive.where(x, (positive.where(0.0, x).exp() - 1) * alpha)   # exp of a clamped x: finite grads
+    return self._float_math(fn)
   def gelu(self, approximate: str = "tanh") -> Tensor:
     """x·Φ(x). approximate='tanh' (the default, as tinygrad) is the tanh approximation of Φ; 'none' is exact,
     0.5·(1 + erf(x/√2)), torch's default."""
     if approximate not in ("none", "tanh"):
       raise ValueError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
-    x = self._to_float()
-    if approximate == "none": return 0.5 * x * (1 + (x * SQRT_HALF).erf())
-    return 0.5 * x * (1 + (SQRT_2_OVER_PI * (x + GELU_CUBIC_COEFFICIENT * x * x * x)).tanh())
+    if approximate == "none": return self._float_math(lambda x: 0.5 * x * (1 + (x * SQRT_HALF).erf()))
+    def tanh_form(x: Tensor) -> Tensor:
+      return 0.5 * x * (1 + (SQRT_2_OVER_PI * (x + GELU_CUBIC_COEFFICIENT * x * x * x)).tanh())
+    return self._float_math(tanh_form)
   def quick_gelu(self) -> Tensor: return self * (self * QUICK_GELU_SCALE).sigmoid()
   def silu(self) -> Tensor: return self * self.sigmoid()
   def swish(self) -> Tensor: return self.silu()
   def softplus(self, beta: float = 1.0) -> Tensor:
-    x = self._to_float() * beta   # log(1 + eˣ) = relu(x) + log(1 + e^−|x|): never overflows
-    return (x.relu() + ((-x.abs()).exp() + 1).log()) * (1 / beta)
+    """log(1 + exp(beta·x)) / beta, as logaddexp(beta·x, 0): no overflow, torch's tiny values for very negative x
+    (log1p), gradient 0.5 at 0."""
+    return self._float_math(lambda x: (x * beta).logaddexp(0.0) * (1 / beta))
   def mish(self) -> Tensor: return self * self.softplus().tanh()
   def hardsigmoid(self, alpha: float = 1 / 6, beta: float = 0.5) -> Tensor:
     """clip(alpha·x + beta, 0, 1); torch's hardsigmoid is the default alpha and beta, relu6(x + 3) / 6. The gradient
@@ -311,12 +349,13 @@ class ElementwiseMixin:
   def celu(self, alpha: float = 1.0) -> Tensor:
     """max(0, x) + min(0, alpha·(exp(x / alpha) − 1))."""
     if alpha == 0: raise ValueError("celu: alpha must not be 0 (it divides x)")
-    x = self._to_float()
-    return x.relu() + ((x.minimum(0) * (1 / alpha)).exp() - 1) * alpha
+    def fn(x: Tensor) -> Tensor:
+      positive = x > 0
+      return positive.where(x, ((positive.where(0.0, x) * (1 / alpha)).exp() - 1) * alpha)
+    return self._float_math(fn)
   def selu(self) -> Tensor:
     """scale·(max(0, x) + alpha·(exp(min(0, x)) − 1)), with the constants of Klambauer et al."""
-    x = self._to_float()
-    return (x.relu() + (x.minimum(0).exp() - 1) * SELU_ALPHA) * SELU_SCALE
+    return self.elu(SELU_ALPHA) * SELU_SCALE
   def logsigmoid(self) -> Tensor: return -(-self).softplus()
   def abs(self) -> Tensor:
     if self.dtype.is_bool or self.dtype.is_unsigned: return self
@@ -408,6 +447,14 @@ class ElementwiseMixin:
 
 SIGNED_OF_SIZE = {2: dtypes.int16, 4: dtypes.int32, 8: dtypes.int64}   # a float's bits, read as an int: sign bit
 
+def _flat_args(args: tuple) -> tuple:
+  return tuple(args[0]) if len(args) == 1 and isinstance(args[0], (list, tuple)) else args
+
+class _ContiguousBackward(F.Function):
+  """Identity forward; the gradient flowing back is made contiguous (tinygrad's contiguous_backward)."""
+  def forward(self, x: LazyBuffer) -> LazyBuffer: return x
+  def backward(self, grad_output: LazyBuffer) -> LazyBuffer: return grad_output.contiguous()
+
 class _Clone(F.Function):
   """A copy into a new buffer (an explicit CONTIGUOUS, even of a realized buffer); the gradient passes through."""
   def forward(self, x: LazyBuffer) -> LazyBuffer:
@@ -426,6 +473,12 @@ def _atan(x: Tensor) -> Tensor:
   angle = series * 2 ** ATAN_HALVINGS
   angle = outside.where(math.pi / 2 - angle, angle)
   return (x < 0).where(-angle, angle)
+
+def _log1p(x: Tensor) -> Tensor:
+  """log(1 + x) for finite x > −1, exact for tiny x too: log(u)·x / (u − 1) with u = 1 + x corrects u's rounding
+  (Goldberg's trick)."""
+  u = x + 1
+  return (u == 1).where(x, u.log() * (x / (u == 1).where(1.0, u - 1)))
 
 def _needs_floor_fix(a: Tensor, b: Tensor) -> Tensor:
   """Where C's truncating division differs from floor division: a nonzero remainder whose sign differs from b's."""
@@ -446,15 +499,48 @@ def _power_by_squaring(base: Tensor, exponent: int) -> Tensor:
   return result
 
 def _float_pow(base: Tensor, exponent: Tensor) -> Tensor:
-  """|b|^e through exp2/log2, then numpy's sign rules: a negative base keeps a sign for integer e, else NaN."""
+  """C's pow (torch's values), from |b|^e = exp2(e·log2|b|): a negative base keeps its sign for odd integer e and
+  gives NaN for a non-integer e (unless it is −inf); x^0 = 1^y = (−1)^±inf = 1 (NaNs included); ±0 and ±inf give
+  C's signed zeros and infinities. float16/bfloat16 compute in float32."""
+  if base.dtype in HALF_FLOATS:
+    return _float_pow(base.cast(dtypes.float32), exponent.cast(dtypes.float32)).cast(base.dtype)
   magnitude = (exponent * base.abs().log2()).exp2()
-  integer_exponent = exponent == exponent.trunc()
-  half = exponent.detach() * 0.5
+  integer_exponent = exponent == exponent.trunc()   # ±inf included, NaN not
+  half = exponent * 0.5
   odd_exponent = integer_exponent & (half != half.trunc())
-  negative = base.detach() < 0
-  signed = (negative & odd_exponent).where(-magnitude, magnitude)
-  out = (negative & integer_exponent.logical_not()).where(math.nan, signed)
-  return ((exponent.detach() == 0) | (base.detach() == 1)).where(1.0, out)
+  sign_bit = (base < 0) | ((base == 0) & (base.reciprocal() < 0))   # −0 too
+  signed = (sign_bit & odd_exponent).where(-magnitude, magnitude)
+  out = ((base < 0) & base.isfinite() & integer_exponent.logical_not()).where(math.nan, signed)
+  is_one = (exponent == 0) | (base == 1) | ((base.abs() == 1) & exponent.isinf())
+  return is_one.where(1.0, out)
+
+class _FloatPow(F.Function):
+  """base ** exponent for floats, with torch's gradients: d/db = e·b^(e−1) (0 where e = 0) and d/de = b^e·ln b (0
+  where b = 0 and e >= 0), so x² at 0, 0^y and the like have finite gradients where torch's do, instead of the
+  0·inf NaNs of the chain rule through exp2/log2. Both sides are built from Tensor ops on unrecorded inputs."""
+  def forward(self, base: LazyBuffer, exponent: LazyBuffer, integer_exponent: Optional[int] = None) -> LazyBuffer:
+    """integer_exponent: −1 or −2, computed as 1 / b^|e| by multiplication (torch's values)."""
+    self.base, self.exponent = Tensor(base, requires_grad=False), Tensor(exponent, requires_grad=False)
+    self.integer_exponent = integer_exponent
+    self.ret = self._power(self.base, self.exponent, integer_exponent)
+    return self.ret.lazydata
+  @staticmethod
+  def _power(base: Tensor, exponent: Tensor, integer_exponent: Optional[int]) -> Tensor:
+    if integer_exponent is None: return _float_pow(base, exponent)
+    if integer_exponent == 0: return base.ones_like()
+    power = _power_by_squaring(base, abs(integer_exponent))
+    return power.reciprocal() if integer_exponent < 0 else power
+  def backward(self, grad_output: LazyBuffer) -> tuple[Optional[LazyBuffer], Optional[LazyBuffer]]:
+    grad, base, exponent = Tensor(grad_output, requires_grad=False), self.base, self.exponent
+    base_grad = exponent_grad = None
+    if self.needs_input_grad[0]:
+      below = None if self.integer_exponent is None else self.integer_exponent - 1
+      slope = (exponent == 0).where(0.0, exponent * self._power(base, exponent - 1, below))
+      base_grad = (grad * slope).lazydata
+    if self.needs_input_grad[1]:
+      slope = ((base == 0) & (exponent >= 0)).where(0.0, self.ret * base.log())
+      exponent_grad = (grad * slope).lazydata
+    return base_grad, exponent_grad
 
 def _int_pow(base: Tensor, exponent: Tensor) -> Tensor:
   """Integer power by squaring over the exponent's bits. A negative exponent gives 1/b^|e| rounded toward 0:

@@ -1,8 +1,16 @@
-"""Indexing: numpy's `t[...]` and `t[...] = v` (basic indices are views; int tensors and lists gather by a one-hot
-compare with ARANGE and a sum), torch's gather and scatter along one dim, and one_hot. Out-of-range tensor indices
-raise IndexError through tgrad/bounds.py.
+"""Indexing: numpy's `t[...]` and `t[...] = v` (basic indices are views; int tensors and lists gather), torch's gather
+and scatter along one dim, and one_hot.
+
+Gathers (`t[ids]`, `t.gather(dim, index)`, nn.Embedding) are data-dependent loads (LazyBuffer.gather, a GATHER in the
+lazy graph): each output element reads one table element, so the work is proportional to the output, never to the
+indexed axis (an embedding reads its rows, not its table). Out-of-range indices raise IndexError through
+tgrad/bounds.py, as torch: at once for indices still on the host, else at the next realize (a lazy flag). Whatever the
+index buffer holds, a gather kernel clamps each loaded index into [0, size), so it never reads outside the table.
+Empty tensors keep the older one-hot formulation (a compare with ARANGE and a sum over the indexed axis), which also
+serves as the reference the benchmark (bench/gather.py) compares with.
 """
 from __future__ import annotations
+import math
 from typing import TYPE_CHECKING, Any, Optional
 import numpy as np
 from tgrad.dtype import DType, dtypes
@@ -20,15 +28,57 @@ class IndexingMixin:
   """Tensor's indexing, gather/scatter and one_hot."""
   # ---- indexing
   def __getitem__(self, indices) -> Tensor:
-    """numpy indexing: ints (negative count from the end), slices (any step), None, Ellipsis, and int Tensors or
-    lists (a gather, built as a one-hot compare with ARANGE and a sum). Tensor indices may be negative down to
-    -size; out-of-range ones raise IndexError, at once for host values, else at the next realize (see
-    tgrad/bounds.py)."""
+    """numpy indexing: ints (negative count from the end), slices (any step), None, Ellipsis, int Tensors or
+    lists (a gather: one data-dependent load per output element, see `_gather`) and bool masks (through nonzero: a
+    kernel runs). As torch, ints are basic indices beside tensor indices, so only tensor indices decide where the
+    index dims go. Tensor indices may be negative down to -size; out-of-range ones raise IndexError, at once for host
+    values, else at the next realize (see tgrad/bounds.py)."""
     plan = _IndexPlan(self.shape, indices, self.device)
     x = self.shrink(plan.bounds).flip(tuple(i for i, f in enumerate(plan.flips) if f))._stride(tuple(plan.steps))
     x = x.reshape(plan.view_shape)
     return x if not plan.tensor_indices else x._gather(plan)
   def _gather(self, plan: _IndexPlan) -> Tensor:
+    """The tensor indices of `plan` (dims of self, the basic-indexed view): their dims are moved together (numpy puts
+    the index dims where the first indexed dim was when the advanced indices are adjacent, else in front) and
+    flattened into one; the indices, checked and normalized (negative ones count from the end), combine into one
+    flat index; then `_take` gathers along the flattened dim. An empty tensor takes `_gather_one_hot`."""
+    if self.numel() == 0: return self._gather_one_hot(plan)
+    dims = [d for d, _ in plan.tensor_indices]
+    rest = [d for d in range(self.ndim) if d not in dims]
+    position = plan.advanced_position if plan.advanced_adjacent else 0
+    x = self.permute(rest[:position] + dims + rest[position:])
+    sizes = [self.shape[d] for d in dims]
+    rows = math.prod(sizes)
+    flat_dtype = dtypes.int32 if rows <= dtypes.max(dtypes.int32) else dtypes.int64
+    flat: Optional[Tensor] = None
+    for k, ((dim, index), input_dim) in enumerate(zip(plan.tensor_indices, plan.tensor_input_dims)):
+      size = self.shape[dim]
+      message = f"index {{value}} is out of bounds for dimension {input_dim} with size {{size}}"   # torch's words
+      check_index_bounds(index.lazydata, IndexBounds(-size, size, message))
+      index = index.cast(flat_dtype)
+      index = (index < 0).where(index + size, index)
+      stride = math.prod(sizes[k + 1:])
+      term = index * stride if stride != 1 else index
+      flat = term if flat is None else flat + term
+    assert flat is not None
+    index_shape = broadcast_shape(*[t.shape for _, t in plan.tensor_indices])
+    x = x.reshape(x.shape[:position] + (rows,) + x.shape[position + len(dims):])
+    return x._take(position, flat._broadcast_to(index_shape))
+  def _take(self, dim: int, index: Tensor) -> Tensor:
+    """self[:, ..., index, ...] with index at `dim` (numpy's take): shape self.shape[:dim] + index.shape +
+    self.shape[dim + 1:]. Indices must already be in [0, size) (callers check and normalize them). One GATHER
+    (LazyBuffer.gather) along the index's last dim, the table expanded over the index's other dims (a view)."""
+    before, after, rows = self.shape[:dim], self.shape[dim + 1:], self.shape[dim]
+    index_shape = index.shape or (1,)
+    out_shape = before + index_shape + after
+    table = self.reshape(before + (1,) * (len(index_shape) - 1) + (rows,) + after)
+    table = table.expand(before + index_shape[:-1] + (rows,) + after)
+    positions = index.reshape((1,) * len(before) + index_shape + (1,) * len(after)).expand(out_shape)
+    gathered = F.Gather.apply(table, positions, axis=len(before) + len(index_shape) - 1)
+    return gathered.reshape(before + index.shape + after)
+  def _gather_one_hot(self, plan: _IndexPlan) -> Tensor:
+    """The tensor indices of `plan` as a one-hot compare with ARANGE and a sum over the indexed dims: work
+    proportional to output × indexed sizes. Only empty tensors use it (and bench/gather.py, as the baseline)."""
     dims = [d for d, _ in plan.tensor_indices]
     rest = [d for d in range(self.ndim) if d not in dims]
     index_shape = broadcast_shape(*[t.shape for _, t in plan.tensor_indices])
@@ -86,9 +136,12 @@ class IndexingMixin:
   # ---- classes as one-hot rows
   def one_hot(self, num_classes: int = -1) -> Tensor:
     """(..., num_classes) of 0/1 ints (default int dtype); num_classes = -1 reads max + 1 from the data (a kernel
-    runs). A class outside [0, num_classes) raises IndexError (see tgrad/bounds.py for when)."""
+    runs). A class outside [0, num_classes) raises IndexOutOfBoundsError, an IndexError and torch's RuntimeError
+    (see tgrad/bounds.py for when)."""
     if not self.dtype.is_int:
       raise RuntimeError(f"one_hot is only applicable to index tensors (ints), got {self.dtype}")
+    if not isinstance(num_classes, (int, np.integer)) or isinstance(num_classes, bool) or num_classes < -1:
+      raise RuntimeError(f"one_hot: num_classes must be a nonnegative int or -1 (inferred), got {num_classes!r}")
     if num_classes == -1:
       if self.numel() == 0: raise RuntimeError("Can not infer total number of classes from empty tensor.")
       num_classes = int(self.max().item()) + 1
@@ -111,14 +164,19 @@ class IndexingMixin:
     return dim
   def gather(self, dim: int, index: Tensor) -> Tensor:
     """out[..., j, ...] = self[..., index[..., j, ...], ...] along `dim`, as torch.gather; index may be smaller
-    than self in the other dims. A one-hot compare with ARANGE and a sum. Indices must be in [0, size): others
-    raise IndexError (see tgrad/bounds.py for when)."""
+    than self in the other dims. One data-dependent load per output element (LazyBuffer.gather). Indices must be
+    in [0, size): others raise IndexError (see tgrad/bounds.py for when)."""
     dim = self._check_dim_index(dim, index, "gather")
     check_index_bounds(index.lazydata, _dim_bounds("gather", dim, self.shape[dim] if self.ndim else 1))
     if self.ndim == 0: return self
-    size = self.shape[dim]
     region = self.shrink(tuple(None if d == dim else (0, i) for d, i in enumerate(index.shape)))
-    values = region.transpose(dim, -1).unsqueeze(-2)                       # (..., 1, size)
+    if index.numel() == 0 or self.numel() == 0: return region._gather_dim_one_hot(dim, index)
+    return F.Gather.apply(region, index, axis=dim)
+  def _gather_dim_one_hot(self, dim: int, index: Tensor) -> Tensor:
+    """gather along `dim` of a region of index's shape but along dim, as a one-hot compare with ARANGE and a sum (for
+    empty tensors, where there is nothing to load)."""
+    size = self.shape[dim]
+    values = self.transpose(dim, -1).unsqueeze(-2)                         # (..., 1, size)
     hit = index.transpose(dim, -1).unsqueeze(-1) == Tensor.arange(size, device=self.device)   # (..., P, size)
     out = hit.where(values, 0).sum(-1, acc_dtype=_gather_acc_dtype(self.dtype)).cast(self.dtype)
     return out.transpose(dim, -1)
@@ -130,6 +188,8 @@ class IndexingMixin:
     if reduce not in (None, "add", "multiply"): raise RuntimeError("reduce argument must be either add or multiply.")
     dim = self._check_dim_index(dim, index, "scatter")
     if isinstance(src, Tensor):
+      if src.dtype != self.dtype:
+        raise RuntimeError(f"scatter(): Expected self.dtype to be equal to src.dtype: {self.dtype} and {src.dtype}")
       if src.ndim != index.ndim or any(i > s for i, s in zip(index.shape, src.shape)):
         raise RuntimeError(f"scatter(): Expected index {list(index.shape)} to be no larger than src {list(src.shape)}")
       src = src.shrink(tuple((0, i) for i in index.shape)).cast(self.dtype)
@@ -258,20 +318,42 @@ def _gather_acc_dtype(dtype: DType) -> DType:
   return dtypes.int32 if dtype.is_bool else dtype
 
 def _index_items(indices, shape: tuple[int, ...], device: str) -> list:
-  """One index item per dim (plus the Nones): lists become Tensors, the Ellipsis (or the end) becomes full slices."""
+  """One index item per dim (plus the Nones): lists become Tensors (an empty one an int tensor), a bool mask becomes
+  the int tensors of its True positions (one per dim it covers: a data-dependent shape, so a kernel runs now), the
+  Ellipsis (or the end) becomes full slices."""
   items = list(indices) if isinstance(indices, tuple) else [indices]
-  items = [Tensor(i, device=device) if isinstance(i, (list, np.ndarray)) else i for i in items]
+  items = [_as_index_tensor(i, device) if isinstance(i, (list, np.ndarray)) else i for i in items]
   for i in items:
     if isinstance(i, bool) or not (i is None or i is Ellipsis or isinstance(i, (int, np.integer, slice, Tensor))):
-      raise TypeError(f"unsupported index {i!r}: use ints, slices, None, Ellipsis or int tensors")
-    if isinstance(i, Tensor) and not i.dtype.is_int:
-      raise IndexError(f"tensor indices must be ints, got {i.dtype} (boolean masks have a data-dependent shape)")
+      raise TypeError(f"unsupported index {i!r}: use ints, slices, None, Ellipsis, int tensors or bool masks")
+    if isinstance(i, Tensor) and not (i.dtype.is_int or i.dtype.is_bool):
+      raise IndexError(f"tensor indices must be ints or bools (a mask), got {i.dtype}")
+    if isinstance(i, Tensor) and i.dtype.is_bool and i.ndim == 0:
+      raise IndexError("a 0-d bool index is not supported (it adds a dim or empties the tensor, by its value)")
   if sum(i is Ellipsis for i in items) > 1: raise IndexError("an index can only have a single ellipsis")
-  consumed = sum(i is not None and i is not Ellipsis for i in items)
+  def dims_taken(i) -> int: return 0 if i is None or i is Ellipsis else i.ndim if _is_mask(i) else 1
+  consumed = sum(dims_taken(i) for i in items)
   if consumed > len(shape): raise IndexError(f"too many indices for a tensor of shape {shape}: {consumed} were given")
   fill = [slice(None)] * (len(shape) - consumed)
   at = next((k for k, i in enumerate(items) if i is Ellipsis), None)
-  return items + fill if at is None else items[:at] + fill + items[at + 1:]
+  items = items + fill if at is None else items[:at] + fill + items[at + 1:]
+  expanded, dim = [], 0
+  for i in items:
+    if _is_mask(i):
+      if i.shape != shape[dim:dim + i.ndim]:
+        raise IndexError(f"the shape of the mask {i.shape} at index {dim} does not match the shape "
+                         f"{shape[dim:dim + i.ndim]} of the indexed tensor {shape} there")
+      positions = i.nonzero()
+      expanded.extend(positions[:, d] for d in range(i.ndim))
+    else: expanded.append(i)
+    dim += dims_taken(i)
+  return expanded
+
+def _as_index_tensor(index, device: str) -> Tensor:
+  if isinstance(index, list) and not index: return Tensor.zeros(0, dtype=dtypes.default_int, device=device)
+  return Tensor(index, device=device)
+
+def _is_mask(index) -> bool: return isinstance(index, Tensor) and index.dtype.is_bool and index.ndim > 0
 
 def _symbolic_slice(item: slice, size) -> bool:
   return any(isinstance(x, UOp) for x in (item.start, item.stop, item.step, size))
@@ -289,7 +371,8 @@ def _symbolic_slice_bounds(item: slice, size, dim: int) -> tuple:
 
 class _IndexPlan:
   """A numpy index taken apart: the shrink/flip/stride that basic indices make, the view shape after ints are
-  dropped and Nones added, and the tensor indices (by dim of that view) with numpy's rule for where their dims go."""
+  dropped and Nones added, and the tensor indices (by dim of that view) with numpy's rule for where their dims go
+  (in front when they are not adjacent), as torch applies it: ints and 0-d tensors do not count as advanced."""
   def __init__(self, shape: tuple[int, ...], indices, device: str):
     items = _index_items(indices, shape, device)
     self.input_shape = shape
@@ -303,15 +386,15 @@ class _IndexPlan:
     self.advanced_position = 0       # the view dim where the index dims go when the advanced items are adjacent
     view: list[int] = []
     dim = 0
-    has_tensor = any(isinstance(i, Tensor) for i in items)
     for k, item in enumerate(items):
       if item is None:
         view.append(1)
         continue
       size = shape[dim]
       if isinstance(item, Tensor):
-        if not advanced_items: self.advanced_position = len(view)
-        advanced_items.append(k)
+        if item.ndim:   # a 0-d tensor index adds no dims: torch places the others as if it were an int
+          if not advanced_items: self.advanced_position = len(view) - len(self.tensor_indices)   # kept dims before
+          advanced_items.append(k)
         self.tensor_indices.append((len(view), item))
         self.tensor_input_dims.append(dim)
         self._keep(0, size, 1, False)
@@ -330,10 +413,7 @@ class _IndexPlan:
       else:
         index = int(item)
         if not -size <= index < size: raise IndexError(f"index {index} is out of bounds for dim {dim} with size {size}")
-        index %= size
-        if has_tensor:
-          if not advanced_items: self.advanced_position = len(view)
-          advanced_items.append(k)
+        index %= size   # as torch (and tinygrad), an int is a basic index even beside tensor indices
         self._keep(index, index + 1, 1, False)
       dim += 1
     self.view_shape = tuple(view)

@@ -18,24 +18,36 @@ class MovementMixin:
   """Tensor's movement ops, joins and cuts."""
   # ---- movement
   def reshape(self, shape, *args) -> Tensor:
-    """New shape; one dim may be -1 (inferred) and None keeps that dim."""
+    """New shape; one dim may be -1 (inferred) and None keeps that dim. A bad shape raises RuntimeError, as torch."""
     shape = tuple(self.shape[i] if s is None else s for i, s in enumerate(_shape_arg(shape, args)))
-    if shape.count(-1) > 1: raise ValueError(f"reshape of {self.shape}: only one dim can be -1, got {shape}")
+    for i, s in enumerate(shape):
+      if isinstance(s, UOp): continue   # a symbolic size (docs/symbolic.md)
+      if not isinstance(s, (int, np.integer)) or isinstance(s, bool):
+        raise TypeError(f"reshape of {self.shape}: sizes must be ints, got {s!r} in {shape}")
+      if s < -1: raise RuntimeError(f"reshape of {self.shape}: invalid size {s} at index {i} of {shape}")
+    if shape.count(-1) > 1: raise RuntimeError(f"reshape of {self.shape}: only one dim can be -1, got {shape}")
     if -1 in shape:
       known, numel = prod(s for s in shape if s != -1), self.numel()
       inferred = numel // known if isinstance(known, int) and known != 0 else None
       if inferred is None or sym_eq(canonical(inferred * known), numel) is not True:
-        raise ValueError(f"cannot reshape tensor of shape {self.shape} to {shape}")
+        raise RuntimeError(f"cannot reshape tensor of shape {self.shape} ({self.numel()} elements) to {shape}")
       shape = tuple(canonical(inferred) if s == -1 else s for s in shape)
     shape = _check_shape(shape)
     if sym_eq(prod(shape), self.numel()) is not True:
-      raise ValueError(f"cannot reshape tensor of shape {self.shape} to {shape}")
+      raise RuntimeError(f"cannot reshape tensor of shape {self.shape} ({self.numel()} elements) to {shape}")
     return self if shape == self.shape else F.Reshape.apply(self, shape=shape)
   def view(self, shape, *args) -> Tensor: return self.reshape(shape, *args)
   def permute(self, order, *args) -> Tensor:
-    order = tuple(_resolve_axis(a, self.ndim, self.shape) for a in _shape_arg(order, args))
-    if sorted(order) != list(range(self.ndim)):
-      raise ValueError(f"permute order {order} is not a permutation of the {self.ndim} dims of {self.shape}")
+    """Reorder the dims. As torch: a wrong count or a repeated dim raises RuntimeError, an out-of-range one
+    IndexError."""
+    given = _shape_arg(order, args)
+    if len(given) != self.ndim:
+      raise RuntimeError(f"permute order {tuple(given)} is not a permutation of the {self.ndim} dims of {self.shape}: "
+                         f"it names {len(given)} dims")
+    order = tuple(_resolve_axis(a, self.ndim, self.shape) for a in given)
+    if len(set(order)) != len(order):
+      raise RuntimeError(f"permute order {tuple(given)} is not a permutation of the {self.ndim} dims of {self.shape}: "
+                         "a dim repeats")
     return self if order == tuple(range(self.ndim)) else F.Permute.apply(self, order=order)
   def transpose(self, dim0: int = 1, dim1: int = 0) -> Tensor:
     order = list(range(self.ndim))
@@ -57,13 +69,13 @@ class MovementMixin:
     """Pad with `value`: `padding` is ((before, after) or None per dim), or torch's flat (left, right, top, bottom,
     ...) starting from the last dim. Negative amounts cut. mode (torch's): 'constant'; 'reflect' (mirror without
     the edge, amounts < the dim), 'replicate' (repeat the edge), 'circular' (wrap around, amounts <= the dim)."""
-    if mode not in PAD_MODES: raise ValueError(f"pad: mode must be one of {PAD_MODES}, got {mode!r}")
+    if mode not in PAD_MODES: raise NotImplementedError(f"pad: mode must be one of {PAD_MODES}, got {mode!r}")
     padding = _normalize_padding(padding, self.shape)
     if mode != "constant": return self._pad_from_edges(padding, mode)
     if all(p == (0, 0) for p in padding): return self
     bounds = tuple((canonical(-smin(b, 0)), canonical(s + smin(a, 0))) for s, (b, a) in zip(self.shape, padding))
     if any(not definitely_le(lo, hi) for lo, hi in bounds):
-      raise ValueError(f"padding {padding} cuts more than shape {self.shape}")
+      raise RuntimeError(f"padding {padding} cuts more than shape {self.shape}")
     x = self.shrink(bounds)
     grow = tuple((smax(b, 0), smax(a, 0)) for b, a in padding)
     padded = F.Pad.apply(x, padding=grow) if any(p != (0, 0) for p in grow) else x
@@ -71,24 +83,38 @@ class MovementMixin:
     inside = Tensor(LazyBuffer.const_of(True, dtypes.bool, self.device, x.shape).pad(grow))
     return inside.where(padded, value)
   def _pad_from_edges(self, padding: tuple[tuple[int, int], ...], mode: str) -> Tensor:
-    """reflect / replicate / circular padding: per dim, cat the pieces cut (and flipped) from the input's edges."""
+    """reflect / replicate / circular padding: per dim, cat the pieces cut (and flipped) from the input's edges.
+    Negative amounts cut, as torch: reflect and replicate pad the whole input and then cut; circular cuts first and
+    wraps what is left. Amounts too large for the input raise RuntimeError (torch's class)."""
     x = self
     for dim, (before, after) in enumerate(padding):
       if before == after == 0: continue
       size = x.shape[dim]
-      if before < 0 or after < 0: raise ValueError(f"pad: mode {mode!r} needs nonnegative padding, got {padding}")
+      if mode == "circular":
+        if size + min(before, 0) + min(after, 0) < 0:
+          raise RuntimeError(f"pad: padding {(before, after)} cuts more than dim {dim} of size {size} "
+                             f"(shape {self.shape})")
+        x = x.shrink(tuple((max(-before, 0), size - max(-after, 0)) if i == dim else None for i in range(x.ndim)))
+        size, before, after = x.shape[dim], max(before, 0), max(after, 0)
+        if before == after == 0: continue
+      elif size + before + after <= 0:
+        raise RuntimeError(f"pad: mode {mode!r} padding {(before, after)} leaves nothing of dim {dim} of size {size} "
+                           f"(shape {self.shape})")
       limit = size - 1 if mode == "reflect" else size if mode == "circular" else math.inf
       if max(before, after) > limit or size == 0:
-        raise ValueError(f"pad: mode {mode!r} padding {(before, after)} is too large for dim {dim} of size {size} "
-                         f"(shape {self.shape})")
+        raise RuntimeError(f"pad: mode {mode!r} padding {(before, after)} is too large for dim {dim} of size {size} "
+                           f"(shape {self.shape})")
       def cut(start: int, end: int, tensor: Tensor = x, axis: int = dim) -> Tensor:
         return tensor.shrink(tuple((start, end) if i == axis else None for i in range(tensor.ndim)))
-      if mode == "reflect": left, right = cut(1, before + 1).flip(dim), cut(size - 1 - after, size - 1).flip(dim)
-      elif mode == "circular": left, right = cut(size - before, size), cut(0, after)
+      grow_before, grow_after = max(before, 0), max(after, 0)
+      if mode == "reflect":
+        left, right = cut(1, grow_before + 1).flip(dim), cut(size - 1 - grow_after, size - 1).flip(dim)
+      elif mode == "circular": left, right = cut(size - grow_before, size), cut(0, grow_after)
       else:
         edge_shape = lambda count: tuple(count if i == dim else s for i, s in enumerate(x.shape))  # noqa: E731
-        left, right = cut(0, 1).expand(edge_shape(before)), cut(size - 1, size).expand(edge_shape(after))
-      x = Tensor.cat(*[piece for piece, count in ((left, before), (x, 1), (right, after)) if count], dim=dim)
+        left, right = cut(0, 1).expand(edge_shape(grow_before)), cut(size - 1, size).expand(edge_shape(grow_after))
+      x = Tensor.cat(*[piece for piece, count in ((left, grow_before), (x, 1), (right, grow_after)) if count], dim=dim)
+      if before < 0 or after < 0: x = cut(max(-before, 0), x.shape[dim] - max(-after, 0), x)
     return x
   def roll(self, shifts, dims=None) -> Tensor:
     """Shift elements along dims, wrapping around (torch.roll); dims=None rolls the flattened tensor."""
@@ -146,6 +172,21 @@ class MovementMixin:
     source = [i for i, c in enumerate(counts) for _ in range(c)]     # host-side: which input each output takes
     if not source: return x.shrink(tuple((0, 0) if i == dim else None for i in range(x.ndim)))
     return x[(slice(None),) * dim + (Tensor(source, device=x.device),)]
+  def shrink_to(self, shape, *args) -> Tensor:
+    """Keep the first `shape[i]` elements of each dim (None keeps the dim): tinygrad's shrink from 0."""
+    shape = _shape_arg(shape, args)
+    if len(shape) != self.ndim: raise ValueError(f"shrink_to: shape {shape} for a tensor of shape {self.shape}")
+    return self.shrink(tuple(None if s is None else (0, s) for s in shape))
+  def pad_to(self, shape, *args) -> Tensor:
+    """Pad at the end of each dim up to `shape[i]` (None keeps the dim), with zeros."""
+    shape = _shape_arg(shape, args)
+    if len(shape) != self.ndim: raise ValueError(f"pad_to: cannot pad shape {self.shape} to {shape}")
+    return self.pad(tuple((0, 0) if s is None else (0, s - n) for n, s in zip(self.shape, shape)))
+  def rearrange(self, formula: str, **sizes: int) -> Tensor:
+    """einops' rearrange: "b c (h w) -> b h w c" style formulas of axis names, parenthesized groups (split on the
+    left, merged on the right), "..." for the dims not named, and "()" or "1" for a unit dim; `sizes` give the
+    sizes a split needs (one per group may be left out). A reshape, a permute and a reshape."""
+    return _rearrange(self, formula, sizes)
   def shrink(self, bounds) -> Tensor:
     """Keep [start, end) per dim (None keeps the dim)."""
     if len(bounds) != self.ndim:
@@ -156,7 +197,12 @@ class MovementMixin:
       raise ValueError(f"shrink bounds {bounds} are outside shape {self.shape}")
     return self if bounds == tuple((0, s) for s in self.shape) else F.Shrink.apply(self, bounds=bounds)
   def flip(self, axis, *args) -> Tensor:
-    axes = {_resolve_axis(a, self.ndim, self.shape) for a in _shape_arg(axis, args)}
+    """Reverse the order of elements along the given axes; an axis named twice raises RuntimeError, as torch."""
+    given = _shape_arg(axis, args)
+    resolved = [_resolve_axis(a, self.ndim, self.shape) for a in given]
+    if len(set(resolved)) != len(resolved):
+      raise RuntimeError(f"flip of shape {self.shape}: dims {tuple(given)} name one axis more than once")
+    axes = set(resolved)
     if not axes: return self
     return F.Flip.apply(self, axes=tuple(i in axes for i in range(self.ndim)))
   def _stride(self, steps: tuple[int, ...]) -> Tensor:
@@ -246,7 +292,7 @@ def _normalize_padding(padding, shape: tuple[int, ...]) -> tuple[tuple[int, int]
   ndim = len(shape)
   if all(isinstance(p, (int, np.integer)) for p in padding):
     if len(padding) % 2 or len(padding) > 2 * ndim:
-      raise ValueError(f"flat padding {padding} needs an even count of at most {2 * ndim} for shape {shape}")
+      raise RuntimeError(f"flat padding {padding} needs an even count of at most {2 * ndim} for shape {shape}")
     pairs = [(0, 0)] * ndim
     for i in range(len(padding) // 2): pairs[ndim - 1 - i] = (int(padding[2 * i]), int(padding[2 * i + 1]))
     return tuple(pairs)
@@ -256,3 +302,55 @@ def _normalize_padding(padding, shape: tuple[int, ...]) -> tuple[tuple[int, int]
 def _size_arg(x):
   """An int, or a symbolic size (a bound Variable or an expression of one) as it is."""
   return canonical(x) if isinstance(x, UOp) else int(x)
+
+def _rearrange_side(side: str) -> list[list[str]]:
+  """One side of a rearrange formula as groups of axis names ("..." is a name; "()" and "1" are empty groups)."""
+  groups: list[list[str]] = []
+  current: Optional[list[str]] = None
+  for token in side.replace("(", " ( ").replace(")", " ) ").split():
+    if token == "(":
+      if current is not None: raise ValueError(f"rearrange: nested parentheses in {side!r}")
+      current = []
+    elif token == ")":
+      if current is None: raise ValueError(f"rearrange: unbalanced parentheses in {side!r}")
+      groups.append(current)
+      current = None
+    elif token == "1": (current if current is not None else groups).append([] if current is None else "1")
+    elif not (token == "..." or token.isidentifier()): raise ValueError(f"rearrange: bad axis name {token!r}")
+    elif current is not None: current.append(token)
+    else: groups.append([token])
+  if current is not None: raise ValueError(f"rearrange: unbalanced parentheses in {side!r}")
+  return [[n for n in g if n != "1"] for g in groups]
+
+def _rearrange(x: Tensor, formula: str, sizes: dict[str, int]) -> Tensor:
+  if formula.count("->") != 1: raise ValueError(f"rearrange: need exactly one '->' in {formula!r}")
+  lhs, rhs = (_rearrange_side(side) for side in formula.split("->"))
+  if sum(g.count("...") for g in lhs) > 1: raise ValueError(f"rearrange: more than one '...' in {formula!r}")
+  if any("..." in g and len(g) > 1 for g in lhs): raise ValueError("rearrange: '...' inside a group on the left")
+  named_dims = sum(1 for g in lhs if g != ["..."])
+  ellipsis = [f"...{i}" for i in range(x.ndim - named_dims)] if ["..."] in lhs else []
+  if named_dims + len(ellipsis) != x.ndim:
+    raise ValueError(f"rearrange: {formula!r} names {named_dims} dims, the tensor has shape {x.shape}")
+  def expand(groups: list[list[str]]) -> list[list[str]]:   # "..." alone: one group per dim; in a group: merged
+    out: list[list[str]] = []
+    for g in groups:
+      if g == ["..."]: out.extend([n] for n in ellipsis)
+      else: out.append([m for n in g for m in (ellipsis if n == "..." else [n])])
+    return out
+  lhs, rhs = expand(lhs), expand(rhs)
+  left, right = [n for g in lhs for n in g], [n for g in rhs for n in g]
+  if sorted(left) != sorted(right) or len(set(left)) != len(left):
+    raise ValueError(f"rearrange: the axes of {formula!r} differ between the sides or repeat")
+  for name in sizes:
+    if name not in left: raise ValueError(f"rearrange: size given for {name!r}, which {formula!r} does not use")
+  axis_size: dict[str, int] = {}
+  for group, dim in zip(lhs, x.shape):
+    unknown = [n for n in group if n not in sizes]
+    known = prod(sizes[n] for n in group if n in sizes)
+    if len(unknown) > 1: raise ValueError(f"rearrange: give sizes for all but one of {group} in {formula!r}")
+    if (unknown and (known == 0 or dim % known)) or (not unknown and known != dim):
+      raise ValueError(f"rearrange: dim of size {dim} cannot be split as {group} with sizes {sizes}")
+    for n in group: axis_size[n] = sizes[n] if n in sizes else dim // known
+  split = x.reshape(tuple(axis_size[n] for n in left))
+  moved = split.permute(tuple(left.index(n) for n in right))
+  return moved.reshape(tuple(prod(axis_size[n] for n in g) for g in rhs))

@@ -172,31 +172,38 @@ class NNMixin:
     kernel = _int_tuple(kernel_size, count, "kernel_size")
     no_stride = stride is None or (isinstance(stride, (tuple, list)) and not stride)
     stride = kernel if no_stride else _int_tuple(stride, count, "stride")
-    dilation, padding = _int_tuple(dilation, count, "dilation"), _int_tuple(padding, count, "padding")
+    dilation = _int_tuple(dilation, count, "dilation")
     if any(k <= 0 for k in kernel): raise RuntimeError(f"{name}: kernel size should be greater than zero, got {kernel}")
     if any(s <= 0 for s in stride): raise RuntimeError(f"{name}: stride should not be zero, got {stride}")
     if any(d <= 0 for d in dilation):
       raise RuntimeError(f"{name}: dilation should be greater than zero, got {dilation}")
-    if any(p < 0 or p > (d * (k - 1) + 1) // 2 for p, k, d in zip(padding, kernel, dilation)):
-      raise RuntimeError(f"{name}: pad should be at most half of effective kernel size, but got pad={padding}, "
-                         f"kernel_size={kernel} and dilation={dilation}")
+    if isinstance(padding, (tuple, list)) and len(padding) == 2 * count:   # tinygrad's (left, right, top, bottom)
+      pads = _conv_padding(padding, kernel, dilation, stride)
+    else:   # torch's: one amount per dim on both sides, at most half the effective kernel
+      symmetric = _int_tuple(padding, count, "padding")
+      if any(p < 0 or p > (d * (k - 1) + 1) // 2 for p, k, d in zip(symmetric, kernel, dilation)):
+        raise RuntimeError(f"{name}: pad should be at most half of effective kernel size, but got pad={symmetric}, "
+                           f"kernel_size={kernel} and dilation={dilation}")
+      pads = tuple((p, p) for p in symmetric)
     extra = []
-    for i, k, s, d, p in zip(self.shape[-count:], kernel, stride, dilation, padding):
-      span = i + 2 * p - d * (k - 1) - 1
+    for i, k, s, d, (before, after) in zip(self.shape[-count:], kernel, stride, dilation, pads):
+      span = i + before + after - d * (k - 1) - 1
       out = (-(-span // s) if ceil_mode else span // s) + 1
-      if ceil_mode and (out - 1) * s >= i + p: out -= 1   # the last window must start inside the input or left pad
+      if ceil_mode and (out - 1) * s >= i + before: out -= 1   # the last window must start inside the input or pad
       if out <= 0: raise RuntimeError(f"{name}: given input size {self.shape}, the output size {out} is too small")
-      extra.append(max(0, (out - 1) * s + d * (k - 1) + 1 - (i + 2 * p)))
-    return _PoolGeometry(kernel, stride, dilation, padding, tuple(extra))
+      extra.append(max(0, (out - 1) * s + d * (k - 1) + 1 - (i + before + after)))
+    return _PoolGeometry(kernel, stride, dilation, pads, tuple(extra))
   def _pool_windows(self, geometry: _PoolGeometry, pad_value: Scalar) -> Tensor:
     """(..., *out, *kernel): the input padded with pad_value (and ceil_mode's extra cells), cut into windows."""
     lead = ((0, 0),) * (self.ndim - len(geometry.kernel))
-    padded = self.pad(lead + tuple((p, p + e) for p, e in zip(geometry.padding, geometry.extra)), value=pad_value)
+    padded = self.pad(lead + tuple((b, a + e) for (b, a), e in zip(geometry.padding, geometry.extra)), value=pad_value)
     return padded._pool(geometry.kernel, geometry.stride, geometry.dilation)
 
   def max_pool2d(self, kernel_size=(2, 2), stride=None, dilation=1, padding=0, ceil_mode: bool = False,
                  return_indices: bool = False):
     """The max of each window over the last len(kernel_size) dims (2 for an int); stride defaults to the kernel.
+    padding: an int or one per dim (torch's, both sides, at most half the kernel), or tinygrad's 2 per dim
+    (left, right, top, bottom: last dim first) for asymmetric padding.
     Padding is −inf (the dtype's min for ints), so it never wins. return_indices also gives, as torch, where each
     max came from: its flat index into the pooled dims of the input (int64; the first max of a window)."""
     geometry = self._pool_geometry(kernel_size, stride, dilation, padding, ceil_mode, "max_pool2d")
@@ -249,15 +256,16 @@ class NNMixin:
 
   def avg_pool2d(self, kernel_size=(2, 2), stride=None, dilation=1, padding=0, ceil_mode: bool = False,
                  count_include_pad: bool = True) -> Tensor:
-    """The mean of each window, as torch: with count_include_pad the divisor counts the zero padding (but not
+    """The mean of each window, as torch (padding as max_pool2d's, tinygrad's asymmetric form included): with
+    count_include_pad the divisor counts the zero padding (but not
     ceil_mode's extra cells past it); without, only the input cells in the window. The divisors are the window
     sums of a constant tensor of ones padded the same way, so they are computed in the kernel."""
     geometry = self._pool_geometry(kernel_size, stride, dilation, padding, ceil_mode, "avg_pool2d")
     total = self._to_float()._pool_windows(geometry, 0.0).sum(geometry.window_axes)
-    if not any(geometry.extra) and (count_include_pad or not any(geometry.padding)):
+    if not any(geometry.extra) and (count_include_pad or all(p == (0, 0) for p in geometry.padding)):
       return total / prod(geometry.kernel)
     counted = Tensor.ones(self.shape[-len(geometry.kernel):], dtype=total.dtype, device=self.device)
-    counted = counted.pad(tuple((p, p) for p in geometry.padding), value=1.0 if count_include_pad else 0.0)
+    counted = counted.pad(geometry.padding, value=1.0 if count_include_pad else 0.0)
     counted = counted.pad(tuple((0, e) for e in geometry.extra))._pool(geometry.kernel, geometry.stride,
                                                                        geometry.dilation)
     return total / counted.sum(geometry.window_axes)
@@ -293,7 +301,8 @@ class NNMixin:
 
   def interpolate(self, size, mode: str = "linear", align_corners: bool = False) -> Tensor:
     """Resize the last len(size) dims, as torch's F.interpolate(x, size=...): mode 'nearest', 'nearest-exact',
-    or 'linear' ('bilinear'/'trilinear' are the same here: linear along each dim). Each axis is one multiply by a
+    or 'linear' ('bilinear'/'trilinear' are the same here: linear along each dim); an int input (a uint8 image)
+    gives its own dtype, rounded, as torch. Each axis is one multiply by a
     resampling matrix built from the shapes, so the gradient comes for free."""
     if mode not in INTERPOLATE_MODES:
       raise NotImplementedError(f"interpolate mode {mode!r}; known: {INTERPOLATE_MODES}")
@@ -309,7 +318,9 @@ class NNMixin:
       if out_size == self.shape[axis]: continue   # every mode maps an axis onto itself unchanged
       matrix = Tensor(_interpolation_matrix(self.shape[axis], out_size, mode, align_corners), device=self.device)
       x = (x.transpose(axis, -1) @ matrix.cast(x.dtype)).transpose(axis, -1)
-    return x
+    if self.dtype.is_float: return x
+    # ints (uint8 images) keep their dtype, as torch: linear modes round to the nearest value within the dtype's range
+    return x.round().clip(dtypes.min(self.dtype), dtypes.max(self.dtype)).cast(self.dtype)
 
   # ---- regularization and normalization
   def dropout(self, p: float = 0.5) -> Tensor:
@@ -456,14 +467,17 @@ class NNMixin:
     _check_reduction(reduction)
     if Y.shape != self.shape: raise ValueError(f"Target size {Y.shape} must be the same as input size {self.shape}")
     log_p, log_not_p = self.log().maximum(BCE_LOG_FLOOR), (1 - self).log().maximum(BCE_LOG_FLOOR)
+    Y = Y.cast(log_p.dtype)   # int or bool targets (tinygrad takes them) must not promote a float32 loss to float64
     return _reduce_loss(-(Y * log_p + (1 - Y) * log_not_p), reduction)
   def binary_crossentropy_logits(self, Y: Tensor, reduction: str = "mean", pos_weight: Optional[Tensor] = None):
     """binary_crossentropy of sigmoid(self), computed stably from the logits: (1 − y)·x + w·log(1 + e^−x) with
     w = 1 + (pos_weight − 1)·y (log(1 + e^−x) = softplus(−x) never overflows)."""
     _check_reduction(reduction)
     if Y.shape != self.shape: raise ValueError(f"Target size {Y.shape} must be the same as input size {self.shape}")
-    weight = 1 if pos_weight is None else 1 + (pos_weight - 1) * Y
-    return _reduce_loss((1 - Y) * self + weight * (-self).softplus(), reduction)
+    x = self._to_float()
+    Y = Y.cast(x.dtype)   # int or bool targets: the loss keeps the logits' float dtype
+    weight = 1 if pos_weight is None else 1 + (pos_weight.cast(x.dtype) - 1) * Y
+    return _reduce_loss((1 - Y) * x + weight * (-x).softplus(), reduction)
 
 def _int_tuple(value: Any, count: int, name: str) -> tuple[int, ...]:
   """An int or a sequence of `count` ints (torch's convention for kernel_size, stride, ...) as a tuple."""
@@ -475,11 +489,11 @@ def _int_tuple(value: Any, count: int, name: str) -> tuple[int, ...]:
 @dataclass(frozen=True)
 class _PoolGeometry:
   """Checked pooling arguments, one entry per pooled dim; `extra` is ceil_mode's padding after the end (windows
-  that start inside the input but run past it, as torch allows)."""
+  that start inside the input but run past it, as torch allows); `padding` is (before, after) per dim."""
   kernel: tuple[int, ...]
   stride: tuple[int, ...]
   dilation: tuple[int, ...]
-  padding: tuple[int, ...]
+  padding: tuple[tuple[int, int], ...]
   extra: tuple[int, ...]
   @property
   def window_axes(self) -> tuple[int, ...]: return tuple(range(-len(self.kernel), 0))

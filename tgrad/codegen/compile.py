@@ -15,6 +15,8 @@ from tgrad.helpers import Context
 from tgrad.ops import Ops
 from tgrad.shape.sint import evaluate, is_symbolic
 
+LAUNCH_DIMS_MEMO = 256   # launch dims of a symbolic kernel remembered per variable values (a decode loop's positions)
+
 @dataclass
 class CompiledKernel:
   """A kernel ready to launch: its program, launch sizes, source and cost estimate. `runner(buffers)` launches it
@@ -31,11 +33,16 @@ class CompiledKernel:
   variables: tuple[str, ...] = field(default=())   # DEFINE_VAR names, in the order the program takes their values
   def __post_init__(self):   # a launch size may be symbolic (an index UOp over the variables): evaluated per launch
     self.symbolic_dims = is_symbolic(self.global_size) or is_symbolic(self.local_size)
+    self._dims_at: dict[tuple, tuple[tuple[int, ...], tuple[int, ...]]] = {}   # variable values → launch dims
   def launch_dims(self, var_vals: Optional[dict[str, int]] = None) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """(global_size, local_size) for these variable values."""
+    """(global_size, local_size) for these variable values (remembered for the last LAUNCH_DIMS_MEMO values)."""
     if not self.symbolic_dims: return self.global_size, self.local_size
-    return (tuple(evaluate(s, var_vals) for s in self.global_size),
-            tuple(evaluate(s, var_vals) for s in self.local_size))
+    key = tuple((var_vals or {}).get(name) for name in self.variables)
+    if (dims := self._dims_at.get(key)) is None:
+      if len(self._dims_at) >= LAUNCH_DIMS_MEMO: self._dims_at.clear()
+      dims = self._dims_at[key] = (tuple(evaluate(s, var_vals) for s in self.global_size),
+                                   tuple(evaluate(s, var_vals) for s in self.local_size))
+    return dims
   def __call__(self, buffers: Sequence[Buffer], wait: bool = False, var_vals: Optional[dict[str, int]] = None
                ) -> Optional[float]:
     vals = tuple(var_vals[name] for name in self.variables) if self.variables else ()

@@ -14,8 +14,8 @@ All fusion rules live here:
      reduces over the same rows of those, and the final elementwise value are one kernel, when all of that has one
      output (`_plan_row_kernels`). The kernel reduces each row once per reduce and then stores the row.
   3. Everything else is realized (gets a buffer): kernel outputs, reduces read through an expand/permute/pad or
-     by a second reduce (outside row kernels), COPY/EMPTY/CONTIGUOUS/ASSIGN results, elementwise values read through a stack of more than
-     MAX_INLINED_VIEWS views, and every realized input.
+     by a second reduce (outside row kernels), COPY/EMPTY/CONTIGUOUS/ASSIGN results, elementwise values read
+     through a stack of more than MAX_INLINED_VIEWS views, and every realized input.
 A ScheduleItem holds a kernel AST (a SINK of STOREs over LOADs, CONSTs, ARANGEs, ALU and REDUCE_AXIS nodes, each
 memory op carrying a VIEW with its ShapeTracker) and the device Buffers it touches: outputs first, then inputs.
 Every realized base gets a Buffer (allocated on first use; an ASSIGN writes its target's), so lowering and running

@@ -124,6 +124,12 @@ class Kernel:
     return True
 
   @property
+  def row_passes(self) -> int:
+    """How many times the kernel walks each row: once per pass of reduces (`reduce_levels`), once more for a row
+    store. 1 for a plain reduce kernel, 0 without reduces."""
+    return max(self.reduce_levels.values(), default=-1) + 1 + self.row_store
+
+  @property
   def reduce_levels(self) -> dict[UOp, int]:
     """Each reduce's pass over the rows: 0 for one that reads no other reduce, else one more than the latest pass it
     reads (a row kernel's variance reads its mean: passes 0 and 1; its store runs after the last)."""

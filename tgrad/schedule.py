@@ -226,13 +226,16 @@ def _is_plain_read(view: LazyBuffer, base: LazyBuffer) -> bool:
 
 def _row_read(user: LazyBuffer, view: LazyBuffer, member: LazyBuffer, row_shape: tuple[int, ...],
               reduced_shape: tuple[int, ...], axes: tuple[int, ...]) -> Optional[str]:
-  """How `user` reads `member` of a row kernel over rows `row_shape` (results `reduced_shape`): "plain" (the same
-  element order, both of one of those shapes), "broadcast" (a row-shaped op reads a result at every position of its
-  row), "nested" (a reduce over the same rows); None when the read can't be part of the row kernel."""
+  """How `user` reads `member` of a row kernel over rows `row_shape` (results `reduced_shape`): "plain" (row-shaped
+  values in the same order, or result-sized ones through a reshape that keeps the order: a mean read as (N,) not
+  (N, 1)), "broadcast" (a row-shaped op reads a result at every position of its row), "nested" (a reduce over the
+  same rows); None when the read can't be part of the row kernel."""
+  result_size = prod(reduced_shape)
+  in_order = view.is_base or (view.st.contiguous and view.size == member.size)
   if user.op in ELEMENTWISE:
-    if user.shape == member.shape and user.shape in (row_shape, reduced_shape) and _is_plain_read(view, member):
+    if in_order and (user.shape == member.shape == row_shape or user.size == member.size == result_size):
       return "plain"
-    if member.shape == reduced_shape and user.shape == row_shape and not view.is_base and \
+    if member.size == result_size and user.shape == row_shape and not view.is_base and \
        is_row_broadcast(view.st, reduced_shape, row_shape): return "broadcast"
   if user.op is Ops.REDUCE_AXIS and len(user.arg) == 2 and user.arg[1] == axes and member.shape == row_shape and \
      user.srcs[0].shape == row_shape and _is_plain_read(view, member): return "nested"

@@ -1,4 +1,5 @@
-"""Row-kernel benchmark: softmax and rms_norm over the last axis, tgrad (LLVM, CPU) vs torch (CPU), with kernel counts.
+"""Row-kernel benchmark: softmax and rms_norm over the last axis, tgrad (LLVM, CPU; DEVICE=CUDA for the GPU) vs torch
+(CPU), with kernel counts.
 
 For each case: the kernels tgrad schedules for it (count), their time alone (the lowered schedule run on realized
 inputs, best of REPEATS), tgrad end to end (build, schedule, launch: what a user pays per call) and torch's time,
@@ -14,6 +15,7 @@ from tgrad import Tensor  # noqa: E402
 from tgrad.ops import Ops  # noqa: E402
 from tgrad.schedule import create_schedule  # noqa: E402
 from tgrad.realize import lower_schedule, run  # noqa: E402
+from tgrad.device import Device  # noqa: E402
 import torch  # noqa: E402
 
 REPEATS = 20
@@ -52,8 +54,14 @@ def main() -> None:
       items = create_schedule([tg_fn(x).lazydata])
       kernels = sum(1 for item in items if item.ast.op is Ops.SINK)
       exec_items = lower_schedule(items)
-      t_kernels = best_time(lambda: run(exec_items), args.repeats)
-      t_e2e = best_time(lambda: tg_fn(x).realize(), args.repeats)
+      def kernels_only() -> None:
+        run(exec_items)
+        Device[x.device].synchronize()
+      t_kernels = best_time(kernels_only, args.repeats)
+      def end_to_end() -> None:
+        tg_fn(x).realize()
+        Device[x.device].synchronize()
+      t_e2e = best_time(end_to_end, args.repeats)
       t_torch = best_time(lambda: torch_fn(xt), args.repeats)
       err = float(np.max(np.abs(tg_fn(x).numpy() - torch_fn(xt).numpy())))
       label = f"{name} {shape[0]}x{shape[1]}"

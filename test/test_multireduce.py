@@ -92,6 +92,12 @@ def test_other_row_reductions_are_one_kernel():
     assert kernel_count(got) == 1
     np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5, atol=1e-5)
 
+def test_contiguous_softmax_is_one_kernel():
+  x = data(8, 100, seed=12)
+  out = Tensor(x).realize().softmax(-1).contiguous()
+  assert kernel_count(out) == 1
+  np.testing.assert_allclose(out.numpy(), torch.softmax(torch.from_numpy(x), -1).numpy(), rtol=1e-5, atol=1e-7)
+
 def test_a_row_kernel_over_a_middle_axis():
   x = data(4, 50, 6, seed=4)
   out = Tensor(x).realize().softmax(axis=1)

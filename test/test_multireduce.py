@@ -197,6 +197,21 @@ def test_cuda_heuristics_compile(name, size):
   if size >= 64: assert kernel.group_for_reduces == 1, "a block shares each row"
   assert compile_cuda(kernel.renderer.render("row_kernel", linearize(kernel)), "sm_90")[:4] == b"\x7fELF"
 
+@needs_nvrtc
+@pytest.mark.parametrize("reduction", ["logsumexp", "var"])
+def test_cuda_reduce_of_a_reduce_compiles(reduction):
+  """A second reduce reads the first (no row store): every thread combines the first's partials, then its own pass;
+  only the block's first thread stores."""
+  x = Tensor(data(8, 1000)).realize()
+  out = x.logsumexp(-1) if reduction == "logsumexp" else x.var(-1)
+  (item,) = [i for i in create_schedule([out.lazydata]) if i.ast.op is Ops.SINK]
+  kernel = Kernel(item.ast, CUDARenderer())
+  hand_coded_optimizations(kernel)
+  assert not kernel.row_store and kernel.row_passes == 2 and kernel.group_for_reduces == 1
+  src = kernel.renderer.render("nested", linearize(kernel))
+  assert compile_cuda(src, "sm_90")[:4] == b"\x7fELF"
+  assert src.count("__syncthreads();") == 2 and src.count("if (") == 1
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", OPS)
 @pytest.mark.parametrize("shape", [(5, 7), (3, 640), (2, 1000), (4, 4096), (2, MAX_ROW_FUSION_SIZE), (1, 1)])

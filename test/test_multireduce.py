@@ -165,11 +165,35 @@ def test_padded_unrolled_rms_norm_row_is_right_on_the_cpu():
   (item,) = [i for i in create_schedule([Tensor(x).realize().rmsnorm(-1, RMS_EPS).lazydata]) if i.ast.op is Ops.SINK]
   kernel = Kernel(item.ast, LLVMRenderer())
   for opt in (Opt(OptOps.PADTO, 1, 64), Opt(OptOps.UNROLL, 0, 4), Opt(OptOps.UPCAST, 0, 2)): kernel.apply_opt(opt)
-  out = Buffer("LLVM", x.size, dtypes.float32)
-  out.copyin(np.full(x.size, np.nan, np.float32))   # an element the kernel forgets stays NaN
-  compile_kernel("LLVM", kernel)([out, *item.inputs])
   want = torch.nn.functional.rms_norm(torch.from_numpy(x), (60,), eps=RMS_EPS).numpy()
-  np.testing.assert_allclose(out.copyout().reshape(x.shape), want, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(run_on_cpu(kernel, item.inputs, x.size).reshape(x.shape), want, rtol=1e-5, atol=1e-6)
+
+OPT_FUZZ_CASES = 30
+OPT_FUZZ_OPTS = 3
+
+def run_on_cpu(kernel: Kernel, inputs, size: int) -> np.ndarray:
+  out = Buffer("LLVM", size, dtypes.float32)
+  out.copyin(np.full(size, np.nan, np.float32))   # an element the kernel forgets stays NaN
+  compile_kernel("LLVM", kernel)([out, *inputs])
+  return out.copyout()
+
+@pytest.mark.parametrize("seed", range(OPT_FUZZ_CASES))
+def test_random_legal_opts_on_row_kernels_match_torch(seed):
+  """Random legal UPCAST/UNROLL/THREAD/PADTO/SWAP sequences on a row kernel (LLVM) keep its values."""
+  rng = random.Random(seed)
+  name = rng.choice(list(OPS))
+  shape = (rng.choice([1, 2, 3, 4, 6, 8]), rng.choice([2, 3, 5, 12, 16, 17, 64]))
+  x = data(*shape, seed=seed)
+  (item,) = [i for i in create_schedule([OPS[name][0](Tensor(x).realize()).lazydata]) if i.ast.op is Ops.SINK]
+  kernel = Kernel(item.ast, LLVMRenderer())
+  for _ in range(OPT_FUZZ_OPTS * 10):
+    if len(kernel.applied_opts) == OPT_FUZZ_OPTS: break
+    op = rng.choice([OptOps.UPCAST, OptOps.UNROLL, OptOps.UNROLL, OptOps.THREAD, OptOps.PADTO, OptOps.SWAP])
+    try: kernel.apply_opt(Opt(op, rng.randrange(kernel.shape_len + 1), rng.choice([0, 2, 3, 4, 8, 16])))
+    except KernelOptError: continue
+  want = OPS[name][1](torch.from_numpy(x)).numpy()
+  np.testing.assert_allclose(run_on_cpu(kernel, item.inputs, x.size).reshape(shape), want, rtol=1e-5, atol=1e-5,
+                             err_msg=f"{name} {shape} {kernel.applied_opts}")
 
 CUDA_OPTS = [[], [Opt(OptOps.GROUP, 0, 16)], [Opt(OptOps.GROUPTOP, 0, 8)],
              [Opt(OptOps.UNROLL, 0, 4), Opt(OptOps.GROUP, 0, 8)], [Opt(OptOps.UPCAST, 0, 2), Opt(OptOps.GROUP, 0, 32)],

@@ -46,8 +46,8 @@ def reorderable_accumulators(uops: list[UOp]) -> set:
     if u.op is Ops.RANGE: open_loops.append(position)
     elif u.op is Ops.ENDRANGE: open_loops.pop()
     elif u.op is Ops.ASSIGN and open_loops: loop_of[position] = open_loops[-1]
-  out = set()
-  for position, loop in loop_of.items():
+  body: dict[int, tuple[set, bool]] = {}   # loop position → (accumulators assigned in it, whether it defines one)
+  for loop in set(loop_of.values()):
     depth, assigned, defines = 0, set(), False
     for u in uops[loop:]:
       if u.op is Ops.RANGE: depth += 1
@@ -56,8 +56,9 @@ def reorderable_accumulators(uops: list[UOp]) -> set:
         if depth == 0: break
       elif u.op is Ops.ASSIGN: assigned.add(u.src[0].arg)
       elif u.op is Ops.DEFINE_ACC: defines = True
-    if assigned == {uops[position].src[0].arg} and not defines: out.add(uops[position].src[0].arg)
-  return out
+    body[loop] = (assigned, defines)
+  return {uops[position].src[0].arg for position, loop in loop_of.items()
+          if body[loop][0] == {uops[position].src[0].arg} and not body[loop][1]}
 
 class LLVMRenderer(Renderer):
   device = "LLVM"

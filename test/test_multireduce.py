@@ -17,7 +17,7 @@ from tgrad.codegen.kernel import Kernel, KernelOptError, Opt, OptOps
 from tgrad.codegen.linearizer import linearize
 from tgrad.codegen.heuristics import hand_coded_optimizations
 from tgrad.codegen.cuda import CUDARenderer
-from tgrad.codegen.llvmir import LLVMRenderer
+from tgrad.codegen.llvmir import LLVMRenderer, reorderable_accumulators
 from tgrad.runtime.nvrtc import compile_cuda, nvrtc_available
 from tgrad.helpers import prod
 
@@ -150,6 +150,12 @@ def test_each_pass_is_one_loop_over_the_row(name, passes):
   row_loops = [u for u in uops if u.op is Ops.RANGE and u.src[1].arg == 96]
   assert len(row_loops) == passes, "the row is walked once per pass"
   assert sum(u.op is Ops.STORE for u in uops) == 1
+
+def test_each_pass_sum_may_be_vectorized_on_the_cpu():
+  """layer_norm's mean and variance sums are each the only accumulator of their loop: LLVM may reorder both."""
+  uops = linearize(row_kernel("layer_norm", (4, 96), LLVMRenderer()))
+  accumulators = {u.arg for u in uops if u.op is Ops.DEFINE_ACC}
+  assert len(accumulators) == 2 and reorderable_accumulators(uops) == accumulators
 
 def test_opts_that_would_break_a_row_kernel_are_refused():
   kernel = row_kernel("softmax", (4, 64), CUDARenderer())

@@ -320,13 +320,15 @@ def test_memory_estimate_as_a_sympy_expression_and_offsets_valid_for_every_value
 needs_nvrtc = pytest.mark.skipif(not nvrtc_available(), reason="libnvrtc not found (pip install nvidia-cuda-nvrtc)")
 
 @needs_nvrtc
-@pytest.mark.parametrize("case", ["elementwise", "reduce_symbolic_axis", "reduce_other_axis", "matmul", "mean"])
+@pytest.mark.parametrize("case", ["elementwise", "reduce_symbolic_axis", "reduce_other_axis", "matmul", "mean",
+                                  "softmax_rows", "argmax"])
 def test_cuda_kernels_with_variables_compile(case, data):
   from tgrad.runtime.nvrtc import compile_cuda
   _, _, tx, tw = data
   t = tx[:ROWS.bind(5)]
   out = {"elementwise": lambda: (t * 2 + 1).exp(), "reduce_symbolic_axis": lambda: t.sum(0),
-         "reduce_other_axis": lambda: t.max(1), "matmul": lambda: t @ tw, "mean": lambda: t.mean(0)}[case]()
+         "reduce_other_axis": lambda: t.max(1), "matmul": lambda: t @ tw, "mean": lambda: t.mean(0),
+         "softmax_rows": lambda: t.T.softmax(-1), "argmax": lambda: t.argmax(0)}[case]()
   for item in create_schedule([out.contiguous().lazydata]):
     if item.ast.op is not Ops.SINK: continue
     kernel = Kernel(item.ast, CUDARenderer())

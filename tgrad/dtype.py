@@ -1,8 +1,9 @@
 """Data types and numpy-like type promotion.
 
 A `DType` is a frozen value: its name, byte size, kind ('b' bool, 'i' signed, 'u' unsigned, 'f' float) and the
-numpy dtype used to move data in and out of buffers. `promote_types` is numpy's promotion table, extended with
-bfloat16 (which promotes like float16), and `least_upper_dtype` folds it over many dtypes.
+numpy dtype used to move data in and out of buffers. `promote_types` is torch's promotion table (numpy's between
+ints and between floats, bfloat16 promoting like float16; an int with a float gives the float), and
+`least_upper_dtype` folds it over many dtypes.
 """
 from __future__ import annotations
 from dataclasses import dataclass
@@ -121,22 +122,17 @@ def _promote_int_uint(i: DType, u: DType) -> DType:
     if cand.itemsize > u.itemsize and cand.itemsize >= i.itemsize: return cand
   return dtypes.float64
 
-# The smallest float that holds every value of an integer type exactly (numpy's rule): 8-bit → f16, 16 → f32, else f64.
-_INT_TO_FLOAT = {1: dtypes.float16, 2: dtypes.float32, 4: dtypes.float64, 8: dtypes.float64}
-
 def promote_types(a: DType, b: DType) -> DType:
-  """numpy's `promote_types`, with bfloat16 behaving like float16 and bfloat16+float16 → float32."""
+  """numpy's `promote_types` between ints and between floats (bfloat16 behaving like float16, bfloat16+float16 →
+  float32); an int with a float gives the float, whatever the int's width (torch's and tinygrad's rule: an int32
+  tensor times a float32 tensor is float32, where numpy says float64)."""
   if a == b: return a
   if a.is_bool: return b
   if b.is_bool: return a
   if a.is_float and b.is_float:
     if {a, b} == {dtypes.float16, dtypes.bfloat16}: return dtypes.float32
     return max(a, b, key=lambda d: d.itemsize)
-  if a.is_float or b.is_float:
-    f, i = (a, b) if a.is_float else (b, a)
-    need = _INT_TO_FLOAT[i.itemsize]
-    if need.itemsize <= f.itemsize: return f
-    return need
+  if a.is_float or b.is_float: return a if a.is_float else b   # torch's and tinygrad's rule: the float wins
   if a.kind == b.kind: return max(a, b, key=lambda d: d.itemsize)
   i, u = (a, b) if a.kind == 'i' else (b, a)
   return _promote_int_uint(i, u)

@@ -12,9 +12,13 @@ All fusion rules live here:
   2. A reduce fuses with the elementwise ops that feed it, and with the elementwise consumers of its result when
      they read it through a plain reshape (same element order, same size); several reduces over the same input
      shape and axes share a kernel.
+  2b. Row kernels (softmax, log_softmax, layernorm, rmsnorm, var, logsumexp): a reduce over rows of at most
+     MAX_ROW_FUSION_SIZE elements, the elementwise ops that read its result broadcast back over the row, further
+     reduces over the same rows of those, and the final elementwise value are one kernel, when all of that has one
+     output (`_plan_row_kernels`). The kernel reduces each row once per reduce and then stores the row.
   3. Everything else is realized (gets a buffer): kernel outputs, reduces read through an expand/permute/pad or
-     by a second reduce, COPY/EMPTY/CONTIGUOUS/ASSIGN results, elementwise values read through a stack of more than
-     MAX_INLINED_VIEWS views, and every realized input.
+     by a second reduce (outside row kernels), COPY/EMPTY/CONTIGUOUS/ASSIGN results, elementwise values read
+     through a stack of more than MAX_INLINED_VIEWS views, and every realized input.
 A ScheduleItem holds a kernel AST (a SINK of STOREs over LOADs, CONSTs, ARANGEs, ALU and REDUCE_AXIS nodes, each
 memory op carrying a VIEW with its ShapeTracker as its last source; a gather LOAD also has its index value) and the
 device Buffers it touches: outputs first, then inputs.
@@ -44,6 +48,10 @@ MAX_RECOMPUTE_OPS = 8       # ... or computing more ops than this
 # a deep chain of such movements adds one: inlined without a limit, 120 alternating reshape/permute/pad ops took
 # 27 s to schedule. The test suite's deepest inlined stack has 4 views.
 MAX_INLINED_VIEWS = 4
+# Row kernels (rule 2b) re-read each row once per reduce and once more for the store: a row of up to this many
+# elements (32 KiB of float32) stays in a CPU core's L1/L2 and in a GPU block's L1 between the passes, so the passes
+# after the first cost no DRAM traffic. Longer rows keep one kernel per reduce.
+MAX_ROW_FUSION_SIZE = 8192
 
 @dataclass(frozen=True)
 class ScheduleItem:
@@ -79,8 +87,10 @@ def identity_of_reduce(op: Ops, dtype) -> object:
 
 class _KernelBuilder:
   """Builds one kernel's AST for `output`, reading realized bases (and bases in `realize_set`) as LOADs."""
-  def __init__(self, output: LazyBuffer, realize_set: set[LazyBuffer], kernel_shape: tuple[int, ...]):
+  def __init__(self, output: LazyBuffer, realize_set: set[LazyBuffer], kernel_shape: tuple[int, ...],
+               row_reduces: frozenset[LazyBuffer] = frozenset()):
     self.output, self.realize_set, self.kernel_shape = output, realize_set, kernel_shape
+    self.row_reduces = row_reduces   # reduces that may be read broadcast over their rows (rule 2b)
     self.inputs: list[LazyBuffer] = []
     self.reduce_signature: Optional[tuple] = None   # (input shape, axes) of the fused reduce(s)
     self.memo: dict[tuple[LazyBuffer, ShapeTracker], UOp] = {}
@@ -133,8 +143,10 @@ class _KernelBuilder:
     op, axes = lb.arg[:2]
     signature = (source.shape, axes)
     plain = st.contiguous and st.size == prod(lb.shape)
-    if in_reduce or not plain or (self.reduce_signature not in (None, signature)): raise _Refuse(lb)
-    if st.shape != lb.shape:
+    # a row reduce read broadcast over its rows: by the row phase (the store) or by a later reduce over the same rows
+    row_read = lb in self.row_reduces and is_row_broadcast(st, lb.shape, source.shape)
+    if (in_reduce or not plain) and not row_read or (self.reduce_signature not in (None, signature)): raise _Refuse(lb)
+    if st.shape != lb.shape and not row_read:
       if self.reduce_signature is None: raise _Reshape(lb.shape)
       raise _Refuse(lb)
     self.reduce_signature = signature
@@ -156,11 +168,17 @@ class _KernelBuilder:
     return UOp(Ops.LOAD, lb.dtype, (self.global_for(table.base), value, UOp(Ops.VIEW, dtypes.void, (), row_view)),
                gathered)
 
-def _kernel_ast(output: LazyBuffer, realize_set: set[LazyBuffer]) -> tuple[UOp, list[LazyBuffer], set[LazyBuffer]]:
+def is_row_broadcast(st: ShapeTracker, reduced_shape: tuple[int, ...], row_shape: tuple[int, ...]) -> bool:
+  """Whether `st` reads a reduce's result (of `reduced_shape`) at every position of its rows (`row_shape`): the
+  result expanded over the reduced axes, nothing else."""
+  return st.shape == row_shape and st.views == ShapeTracker.from_shape(reduced_shape).expand(row_shape).views
+
+def _kernel_ast(output: LazyBuffer, realize_set: set[LazyBuffer], row_reduces: frozenset[LazyBuffer] = frozenset()
+                ) -> tuple[UOp, list[LazyBuffer], set[LazyBuffer]]:
   """The kernel AST for `output`, its input bases, and every base it inlined."""
   kernel_shape = output.shape
   while True:
-    builder = _KernelBuilder(output, realize_set, kernel_shape)
+    builder = _KernelBuilder(output, realize_set, kernel_shape, row_reduces)
     store_st = ShapeTracker.from_shape(output.shape).reshape(kernel_shape)
     try:
       value = builder.build(output, store_st, in_reduce=False)
@@ -218,12 +236,73 @@ def _is_small(lb: LazyBuffer, realize_set: set[LazyBuffer]) -> bool:
     inputs.update(id(s.base) for s in b.srcs if s.base.buffer is not None or s.base in realize_set)
   return len(inputs) <= MAX_RECOMPUTE_BUFFERS and ops <= MAX_RECOMPUTE_OPS
 
-def _realize_unfusable_reduces(bases: list[LazyBuffer], realize_set: set[LazyBuffer]) -> None:
-  """A reduce fuses into its reader only when it has one reader, read through a plain reshape, and no other reduce
-  sits above it in the same kernel; decide that up front (kernel building double-checks and may still refuse)."""
+def _readers_of(bases: list[LazyBuffer]) -> dict[LazyBuffer, list[tuple[LazyBuffer, LazyBuffer]]]:
+  """base → [(user, the source as the user reads it: the base or a view of it)]."""
   readers: dict[LazyBuffer, list[tuple[LazyBuffer, LazyBuffer]]] = {}
   for b in bases:
     for s in b.srcs: readers.setdefault(s.base, []).append((b, s))
+  return readers
+
+def _is_plain_read(view: LazyBuffer, base: LazyBuffer) -> bool:
+  return view.is_base or (view.st.contiguous and view.shape == base.shape)
+
+def _row_read(user: LazyBuffer, view: LazyBuffer, member: LazyBuffer, row_shape: tuple[int, ...],
+              reduced_shape: tuple[int, ...], axes: tuple[int, ...]) -> Optional[str]:
+  """How `user` reads `member` of a row kernel over rows `row_shape` (results `reduced_shape`): "plain" (row-shaped
+  values in the same order, or result-sized ones through a reshape that keeps the order: a mean read as (N,) not
+  (N, 1)), "broadcast" (a row-shaped op reads a result at every position of its row), "nested" (a reduce over the
+  same rows); None when the read can't be part of the row kernel."""
+  result_size = prod(reduced_shape)
+  in_order = view.is_base or (view.st.contiguous and view.size == member.size)
+  if user.op in ELEMENTWISE or user.op is Ops.CONTIGUOUS:   # a CONTIGUOUS is realized: it becomes the output
+    if in_order and (user.shape == member.shape == row_shape or user.size == member.size == result_size):
+      return "plain"
+    if member.size == result_size and user.shape == row_shape and not view.is_base and \
+       is_row_broadcast(view.st, reduced_shape, row_shape): return "broadcast"
+  if user.op is Ops.REDUCE_AXIS and len(user.arg) == 2 and user.arg[1] == axes and member.shape == row_shape and \
+     user.srcs[0].shape == row_shape and _is_plain_read(view, member): return "nested"
+  return None
+
+def _plan_row_kernels(bases: list[LazyBuffer], realize_set: set[LazyBuffer]) -> frozenset[LazyBuffer]:
+  """Rule 2b, decided up front: for each reduce over rows of at most MAX_ROW_FUSION_SIZE elements, follow its
+  readers through elementwise ops of the row or result shape and through further reduces over the same rows. When
+  every value reached is read only inside that region but for one (the kernel's output) and some read is a broadcast
+  or a nested reduce, the output is realized and the region's reduces become row reduces (returned); kernel building
+  then inlines them through those reads. Otherwise the reduce keeps the other rules (gradients reading the forward's
+  intermediates, for example, leave several outputs)."""
+  readers = _readers_of(bases)
+  row_reduces: set[LazyBuffer] = set()
+  for start in bases:
+    if start.op is not Ops.REDUCE_AXIS or start in realize_set or start in row_reduces or len(start.arg) != 2: continue
+    row_shape, axes = start.srcs[0].shape, start.arg[1]
+    if vmax_of(prod(row_shape[a] for a in axes)) > MAX_ROW_FUSION_SIZE: continue   # a symbolic row: its maximum
+    members, outputs, reduces, fused_read = {start}, set(), [start], False
+    stack = [start]
+    while stack and len(outputs) <= 1:
+      member = stack.pop()
+      if member in realize_set:
+        outputs.add(member)
+        continue
+      for user, view in readers.get(member, []):
+        kind = _row_read(user, view, member, row_shape, start.shape, axes)
+        if kind is None:
+          outputs.add(member)
+          continue
+        fused_read = fused_read or kind != "plain"
+        if user not in members:
+          members.add(user)
+          stack.append(user)
+          if user.op is Ops.REDUCE_AXIS: reduces.append(user)
+    if len(outputs) == 1 and fused_read:
+      realize_set.update(outputs)
+      row_reduces.update(reduces)
+  return frozenset(row_reduces)
+
+def _realize_unfusable_reduces(bases: list[LazyBuffer], realize_set: set[LazyBuffer],
+                               row_reduces: frozenset[LazyBuffer] = frozenset()) -> None:
+  """A reduce fuses into its reader only when it has one reader, read through a plain reshape, and no other reduce
+  sits above it in the same kernel; decide that up front (kernel building double-checks and may still refuse)."""
+  readers = _readers_of(bases)
   def reduce_above(lb: LazyBuffer) -> bool:
     stack, seen = [lb], set()
     while stack:
@@ -235,7 +314,7 @@ def _realize_unfusable_reduces(bases: list[LazyBuffer], realize_set: set[LazyBuf
         if user.op in ELEMENTWISE: stack.append(user)
     return False
   for b in bases:
-    if b.op is not Ops.REDUCE_AXIS or b in realize_set: continue
+    if b.op is not Ops.REDUCE_AXIS or b in realize_set or b in row_reduces: continue
     uses = readers.get(b, [])
     plain = len(uses) == 1 and (uses[0][1].is_base or (uses[0][1].st.contiguous and uses[0][1].size == b.size))
     if not plain or (uses and uses[0][0].op is Ops.REDUCE_AXIS) or reduce_above(b): realize_set.add(b)
@@ -265,7 +344,8 @@ def create_schedule(outs: list[LazyBuffer], commit: bool = False) -> list[Schedu
   for b in bases:
     if b.op is Ops.COPY: realize_set.update(s.base for s in b.srcs if s.base.buffer is None)
     if b.op is Ops.GATHER and b.srcs[0].base.buffer is None: realize_set.add(b.srcs[0].base)   # rule 1b: tables
-  _realize_unfusable_reduces(bases, realize_set)
+  row_reduces = _plan_row_kernels(bases, realize_set)
+  _realize_unfusable_reduces(bases, realize_set, row_reduces)
   _realize_shared_elementwise(bases, realize_set)
   asts: dict[LazyBuffer, tuple[UOp, list[LazyBuffer], set[LazyBuffer]]] = {}
   changed = True
@@ -273,7 +353,7 @@ def create_schedule(outs: list[LazyBuffer], commit: bool = False) -> list[Schedu
     changed = False
     for b in [b for b in bases if b in realize_set and b not in asts and b.op not in (Ops.COPY, Ops.EMPTY)]:
       try:
-        asts[b] = _kernel_ast(b, realize_set)
+        asts[b] = _kernel_ast(b, realize_set, row_reduces)
       except _Refuse as refused:
         realize_set.add(refused.base)
         for stale in [k for k, (_, _, inlined) in asts.items() if refused.base in inlined]: del asts[stale]

@@ -55,8 +55,15 @@ def test_movement_between_elementwise_ops_still_one_kernel(movement):
 
 def test_reduce_read_through_expand_is_realized():
   x = realized(8, 8)
-  out = x - x.mean(axis=1, keepdim=True)   # the mean is expanded: its own kernel, then the subtraction
+  out = x + x.sum(axis=1).reshape(1, 8)   # row i's sum is read along a column: its own kernel, then the addition
   assert kernel_count(out) == 2
+  np.testing.assert_allclose(out.numpy(), x.numpy() + x.numpy().sum(1)[None, :], rtol=1e-5)
+
+def test_reduce_read_back_over_its_rows_is_one_kernel():
+  x = realized(8, 8)
+  out = x - x.mean(axis=1, keepdim=True)   # a row kernel (schedule.py rule 2b): reduce each row, then store it
+  assert kernel_count(out) == 1
+  np.testing.assert_allclose(out.numpy(), x.numpy() - x.numpy().mean(1, keepdims=True), rtol=1e-5, atol=1e-6)
 
 def test_two_reduces_of_the_same_shape_share_a_kernel():
   x = realized(16, 16)

@@ -74,6 +74,10 @@ GPU_UPCAST = 4
 # threads at once): each output's reduce is split across a block of threads (GROUP) and combined in shared memory.
 GPU_GROUP_MAX_OUTPUTS = 16384
 GPU_GROUP_MIN_REDUCE = 256      # below this a block-wide combine costs more than one thread looping
+# A row kernel (softmax, norms: Kernel.row_passes > 1) walks each row several times: a block shares each row whatever
+# the number of rows, from a warp's worth of elements (one thread per row would read rows D elements apart, uncoalesced,
+# and run the passes one after the other).
+GPU_ROW_MIN_GROUP = 32
 GPU_GROUP_THREADS = 256
 GPU_GROUP_MIN_THREADS = 64      # two warps: fewer threads per block can't hide memory latency
 GPU_WARP = 32                   # threads of a warp: enough neighbours on one axis for a coalesced 128-byte access
@@ -107,11 +111,12 @@ def _divisor_at_most(size: int, limit: int) -> int:
   return max(d for d in range(1, min(size, limit) + 1) if size % d == 0)
 
 def _group_small_reduce(kernel: Kernel) -> bool:
-  """A reduce with few outputs (a full sum, softmax rows, matrix–vector): a block of threads per output, each
-  thread reducing a strided share of the inputs, combined in shared memory."""
+  """A reduce with few outputs (a full sum, matrix–vector) or a row kernel's rows (GPU_ROW_MIN_GROUP): a block of
+  threads per output, each thread reducing a strided share of the inputs, combined in shared memory."""
   if not kernel.reduceops or kernel.first_reduce >= kernel.first_upcast: return False
-  if prod(kernel.output_shape[:kernel.first_reduce]) > GPU_GROUP_MAX_OUTPUTS: return False
-  if kernel.full_shape[kernel.first_reduce] < GPU_GROUP_MIN_REDUCE: return False
+  rows = kernel.row_passes > 1
+  if not rows and prod(kernel.output_shape[:kernel.first_reduce]) > GPU_GROUP_MAX_OUTPUTS: return False
+  if kernel.full_shape[kernel.first_reduce] < (GPU_ROW_MIN_GROUP if rows else GPU_GROUP_MIN_REDUCE): return False
   threads = GPU_GROUP_THREADS
   # a reduce that is strided in memory: a warp's worth of threads on the output axis that is contiguous instead
   if 1 not in _load_strides(kernel, kernel.first_reduce):

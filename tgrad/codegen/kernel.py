@@ -99,6 +99,7 @@ class Kernel:
     self.memops = [u for u in nodes if u.op is Ops.STORE] + reads
     self.sts: list[ShapeTracker] = [self.view_of(u) for u in self.memops]
     self.reduceops = [u for u in nodes if u.op is Ops.REDUCE_AXIS]
+    self.row_store = self._add_row_reference()
     self.local_dims = self.group_for_reduces = self.upcasted = 0
     self.threads = 0            # THREAD: axis 0 is split across this many CPU threads
     self.dont_use_locals = False
@@ -112,6 +113,33 @@ class Kernel:
 
   @staticmethod
   def view_of(u: UOp) -> ShapeTracker: return (u.src[1] if u.op is Ops.STORE else u.src[-1]).arg
+
+  def _add_row_reference(self) -> bool:
+    """A row kernel (schedule.py rule 2b) stores the whole row it reduces: its STORE spans the reduce axes. Axis roles
+    come from sts[0] (`output_shape`), so such a kernel gets a reference tracker there, of the reduces' result shape
+    (the reduce axes have size 1), paired in `memops` with the first reduce; the STORE follows it. Every opt reshapes
+    it with the others, so the roles stay right. Returns whether the kernel is one."""
+    if not self.reduceops: return False
+    axes, store_shape = self.reduceops[0].arg[1], self.sts[0].shape
+    if all(store_shape[a] == 1 for a in axes): return False
+    self.memops.insert(0, self.reduceops[0])
+    self.sts.insert(0, ShapeTracker.from_shape(tuple(1 if i in axes else s for i, s in enumerate(store_shape))))
+    return True
+
+  @property
+  def row_passes(self) -> int:
+    """How many times the kernel walks each row: once per pass of reduces (`reduce_levels`), once more for a row
+    store. 1 for a plain reduce kernel, 0 without reduces."""
+    return max(self.reduce_levels.values(), default=-1) + 1 + self.row_store
+
+  @property
+  def reduce_levels(self) -> dict[UOp, int]:
+    """Each reduce's pass over the rows: 0 for one that reads no other reduce, else one more than the latest pass it
+    reads (a row kernel's variance reads its mean: passes 0 and 1; its store runs after the last)."""
+    levels: dict[UOp, int] = {}
+    for r in self.reduceops:   # sources first (toposort order)
+      levels[r] = 1 + max((levels[u] for u in r.src[0].toposort() if u.op is Ops.REDUCE_AXIS), default=-1)
+    return levels
 
   def copy(self) -> Kernel:
     other = object.__new__(Kernel)
@@ -372,7 +400,7 @@ class Kernel:
   @property
   def stageable_loads(self) -> list[UOp]:
     """The loads SMEM can stage, numbered by Opt.axis: global loads that feed the kernel's only reduce."""
-    if len(self.reduceops) != 1: return []
+    if len(self.reduceops) != 1 or self.row_store: return []
     under_reduce = set(self.reduceops[0].src[0].toposort())
     return [u for u in self.memops if u.op is Ops.LOAD and u in under_reduce and not is_gather_load(u)]
 
@@ -381,6 +409,7 @@ class Kernel:
     tile. The tile is only laid out when the kernel is linearized (`stage_plan`), so later opts may still reshape it."""
     self._check(not self.symbolic, f"{opt}: a kernel with symbolic sizes stages no tile")
     self._check(self.renderer.has_shared and not self.dont_use_locals, f"{opt}: target has no shared memory")
+    self._check(not self.row_store, f"{opt}: a row kernel's store reads its loads again, outside the staged loop")
     loads = self.stageable_loads
     self._check(opt.axis is not None and 0 <= opt.axis < len(loads),
                 f"{opt}: axis picks one of the {len(loads)} loads of a single reduce")
@@ -437,7 +466,8 @@ class Kernel:
     self._check(bool(caps.tensor_cores), f"{opt}: {type(caps).__name__} {getattr(caps, 'arch', '')} has no tensor core")
     threaded = self.local_dims or self.group_for_reduces or self.threads or self.dont_use_locals
     self._check(self.tensor_core is None and not threaded, f"{opt}: TC must come before {self.applied_opts}")
-    self._check(len(self.reduceops) == 1, f"{opt}: TC needs exactly one reduce, the kernel has {len(self.reduceops)}")
+    self._check(len(self.reduceops) == 1 and not self.row_store,
+                f"{opt}: TC needs exactly one reduce and no row store, the kernel has {len(self.reduceops)}")
     reduce = self.reduceops[0]
     operands = tensor_core_operands(reduce)
     self._check(operands is not None, f"{opt}: the reduce is not a sum of products of two loads: {reduce.src[0]}")

@@ -52,6 +52,12 @@ TILE_ACCUMULATE_BLOCK = 1 << 16
 # how far below ACCUMULATE_BLOCK a block may shrink to divide its axis exactly (a loop end without a min)
 BLOCK_DIVISOR_SLACK = 2
 BLOCK_LOOP_ARG = 2000   # RANGE arg of the loop over blocks of reduce axis a: BLOCK_LOOP_ARG + a
+GROUP_LOOP_ARG = 1000   # RANGE arg of the loop over a GROUP's partials along axis a: GROUP_LOOP_ARG + a
+# A row kernel (Kernel.row_store, schedule.py rule 2b) walks its rows in several passes: pass 0 holds the reduces that
+# read no other reduce, pass p the reduces reading pass p - 1's results, and the store runs in a pass after the last.
+# Each pass has loops of its own (the same loop reused would fuse passes that must run one after the other): pass p's
+# RANGE args are those of pass 0 plus PASS_LOOP_ARG·p.
+PASS_LOOP_ARG = 10000
 
 def _index_const(value: int) -> UOp: return UOp.const(dtypes.index, value)
 
@@ -88,7 +94,13 @@ class Linearizer:
     self.acc_count = 0
     self.memo: dict[tuple, UOp] = {}
     self.view_of = {u: st for u, st in zip(kernel.memops, kernel.sts)}
-    self.group_loops: set[UOp] = set()   # the RANGEs over a GROUP's partials
+    self.group_loops: set[UOp] = set()   # the RANGEs over a GROUP's partials that only the storing thread runs
+    self.levels = kernel.reduce_levels    # each reduce's pass (see PASS_LOOP_ARG)
+    self.store_pass = max(self.levels.values()) + 1 if kernel.row_store else None
+    # every thread of a GROUP needs each reduce's result when a later pass reads it: all of them combine the partials
+    self.shared_results = kernel.row_store or any(self.levels.values())
+    self.pass_loops: dict[int, dict[int, UOp]] = {}   # pass → reduce loop axis → its RANGE in that pass
+    self.reduces: dict[tuple, UOp] = {}   # (REDUCE_AXIS, indices with the reduce axes at 0) → its value
     self.tc_tiles: dict[tuple, UOp] = {}  # a tensor-core tile's accumulated fragment, by (reduce, indices)
     self.stages: dict[UOp, tuple[StagePlan, UOp, UOp]] = {}   # staged load → (plan, its tile, offset of this step's)
     self.stage_barrier: Optional[UOp] = None    # after the first copy of every staged tile
@@ -117,6 +129,17 @@ class Linearizer:
         idx[axis] = UOp(Ops.SPECIAL, dtypes.index, (), ("core", full[0])) if axis == 0 and k.threads else loop(axis)
     for axis in range(k.first_reduce + k.group_for_reduces, k.first_upcast): idx[axis] = loop(axis)
     return idx
+
+  def pass_indices(self, level: int) -> dict[int, UOp]:
+    """The index of each reduce loop axis in pass `level`: pass 0 uses the kernel's own loops (axis_indices), later
+    passes loops of their own (PASS_LOOP_ARG)."""
+    k = self.k
+    if level not in self.pass_loops:
+      loop_axes = range(k.first_reduce + k.group_for_reduces, k.first_upcast)
+      self.pass_loops[level] = {a: self.base_idx[a] if level == 0 else
+                                UOp(Ops.RANGE, dtypes.index, (_index_const(0), to_uop(k.full_shape[a])),
+                                    PASS_LOOP_ARG * level + a) for a in loop_axes}
+    return self.pass_loops[level]
 
   def build(self, node: UOp, idxs: tuple[UOp, ...]) -> UOp:
     """The value of AST node `node` at axis indices `idxs`. Elementwise ops are walked on an explicit stack, children
@@ -149,7 +172,11 @@ class Linearizer:
     if node.op is Ops.ARANGE:
       index, valid = self.view_of[node].to_indexed(list(idxs))
       return simplify(valid.where(index, _index_const(0))).cast(node.dtype)
-    return self.build_reduce(node, idxs)
+    # a reduce's result doesn't vary along its own axes: one per position of the others, wherever it is read (a row
+    # kernel reads it at every position of the row, and inside later reduces' loops)
+    canonical = tuple(_index_const(0) if self.k.is_reduce_axis(a) else x for a, x in enumerate(idxs))
+    if (node, canonical) not in self.reduces: self.reduces[(node, canonical)] = self.build_reduce(node, canonical)
+    return self.reduces[(node, canonical)]
 
   def indexed(self, memop: UOp, idxs: tuple[UOp, ...]) -> tuple[UOp, UOp]:
     """(index, valid) of a memory op at idxs. Replicas differ in constant indices: along an axis with a constant
@@ -285,7 +312,8 @@ class Linearizer:
   def build_reduce(self, node: UOp, idxs: tuple[UOp, ...]) -> UOp:
     k = self.k
     if k.tensor_core is not None and node is k.tensor_core.reduce: return self.build_tc_reduce(node, idxs)
-    op = node.arg[0]
+    op, level = node.arg[0], self.levels[node]
+    loops = self.pass_indices(level)
     loop_axes = list(range(k.first_reduce + k.group_for_reduces, k.first_upcast))
     unroll_axes = [a for a in k.upcast_axes if k.is_reduce_axis(a)]
     group_axes = range(k.first_reduce, k.first_reduce + k.group_for_reduces)
@@ -301,8 +329,8 @@ class Linearizer:
       combined = values[0]
       for v in values[1:]: combined = UOp(op, node.dtype, (combined, v))
       return combined
-    ranges = tuple(self.base_idx[a] for a in loop_axes)
-    combined = unrolled_value({a: self.base_idx[a] for a in loop_axes})
+    ranges = tuple(loops[a] for a in loop_axes)
+    combined = unrolled_value(loops)
     terms = prod(k.full_shape[a] for a in unroll_axes)
     if not ranges:   # a float sum starts from +0.0 as a loop's accumulator does: -0.0 + -0.0 is +0.0, as in numpy
       result = UOp(Ops.ADD, node.dtype, (combined, UOp.const(node.dtype, 0.0))) if compensable(op, node.dtype) \
@@ -310,15 +338,15 @@ class Linearizer:
     elif (folded := fold_invariant_reduce(op, node.dtype, combined, ranges)) is not None: result = folded
     elif (split := self.accumulation_split(op, node.dtype, loop_axes, terms)) is not None:
       axis, chunk = split
-      block, within = block_ranges(axis, k.full_shape[axis], chunk)
+      block, within = block_ranges(axis, k.full_shape[axis], chunk, PASS_LOOP_ARG * level)
       position = loop_axes.index(axis)
       inner_ranges = (within,) + ranges[position + 1:]
-      value = unrolled_value({**{a: self.base_idx[a] for a in loop_axes}, axis: within})
+      value = unrolled_value({**loops, axis: within})
       block_total = self.new_reduce(op, node.dtype, value, inner_ranges, terms)
       result = self.new_reduce(op, node.dtype, block_total, ranges[:position] + (block,), compensated=True)
     else: result = self.new_reduce(op, node.dtype, combined, ranges, terms,
                                    compensated=is_sum_of_partials(node) and compensable(op, node.dtype))
-    if k.group_for_reduces: result = self.group_reduce(op, node.dtype, result)
+    if k.group_for_reduces: result = self.group_reduce(op, node.dtype, result, level)
     return result
 
   def accumulation_split(self, op: Ops, dtype, loop_axes: list[int], terms: int) -> Optional[tuple[int, int]]:
@@ -456,12 +484,14 @@ class Linearizer:
     self.acc_count += 1
     return UOp(Ops.REDUCE, dtype, (value, *ranges), (op, self.acc_count - 1, terms) + ((True,) if compensated else ()))
 
-  def group_reduce(self, op: Ops, dtype, partial: UOp) -> UOp:
+  def group_reduce(self, op: Ops, dtype, partial: UOp, level: int = 0) -> UOp:
     """Reduce across the group's threads: each writes its partial to shared memory, then (after a barrier) the
     group's first thread reduces the partials and stores (`group_gate`); the others skip that loop (an IF). A float
     sum combines the partials with Kahan's compensation: they are large (a thread's share of a long axis) and alike,
     the case where a plain running sum rounds at every step; one thread per block runs that loop, so it costs
-    nothing measurable."""
+    nothing measurable. When a later pass of a row kernel reads the result (`shared_results`), every thread combines
+    the partials itself (broadcast reads of the same shared words) and no thread skips; each reduce has its own
+    array, written once, so the one barrier before the reads is all it needs."""
     k = self.k
     group_axes = list(range(k.first_reduce, k.first_reduce + k.group_for_reduces))
     local_axes = list(range(k.global_dims, k.first_reduce))
@@ -477,9 +507,9 @@ class Linearizer:
     mine = [self.base_idx[a] for a in group_axes + local_axes]
     store = UOp(Ops.STORE, dtypes.void, (shared, flat(mine), partial))
     barrier = UOp(Ops.BARRIER, dtypes.void, (store,))
-    group_loops = [UOp(Ops.RANGE, dtypes.index, (_index_const(0), _index_const(k.full_shape[a])), 1000 + a)
-                   for a in group_axes]
-    self.group_loops.update(group_loops)
+    group_loops = [UOp(Ops.RANGE, dtypes.index, (_index_const(0), _index_const(k.full_shape[a])),
+                       PASS_LOOP_ARG * level + GROUP_LOOP_ARG + a) for a in group_axes]
+    if not self.shared_results: self.group_loops.update(group_loops)
     theirs = group_loops + [self.base_idx[a] for a in local_axes]
     load = UOp(Ops.LOAD, dtype, (shared, flat(theirs), barrier))
     return self.new_reduce(op, dtype, load, tuple(group_loops), compensated=compensable(op, dtype))
@@ -493,17 +523,19 @@ class Linearizer:
     return gate
 
   def value_graph(self) -> list[UOp]:
-    """The STOREs of every output replica (one per combination of the output's upcast axes)."""
+    """The STOREs of every output replica (one per combination of the output's upcast axes). A row kernel stores its
+    whole rows: each thread of a GROUP its share, in the store pass's loops, one replica per unrolled position."""
     k = self.k
     self.base_idx = self.axis_indices()
     if k.staged: self.stage_loads()
     self.matrix_loads = self.fragments_are_matrix_loadable()
     stores = []
-    out_upcast = [a for a in k.upcast_axes if not k.is_reduce_axis(a)]
-    gate = self.group_gate()
+    out_upcast = [a for a in k.upcast_axes if not k.is_reduce_axis(a) or k.row_store]
+    gate = None if k.row_store else self.group_gate()
+    row_indices = self.row_store_indices() if k.row_store else {}
     for combo in itertools.product(*[range(k.full_shape[a]) for a in out_upcast]):
       idxs = list(self.base_idx)
-      for a in range(k.first_reduce, k.shape_len): idxs[a] = _index_const(0)   # reduce axes: size 1 in outputs
+      for a in range(k.first_reduce, k.shape_len): idxs[a] = row_indices.get(a, _index_const(0))   # reduce axes
       for a, v in zip(out_upcast, combo): idxs[a] = _index_const(v)
       for store in [u for u in k.memops if u.op is Ops.STORE]:
         value = self.build(store.src[2], tuple(idxs))
@@ -512,6 +544,14 @@ class Linearizer:
         stores.append(UOp(Ops.STORE, dtypes.void, (store.src[0], index, value) +
                           (() if valid.op is Ops.CONST and valid.arg else (valid,))))
     return stores
+
+  def row_store_indices(self) -> dict[int, UOp]:
+    """A row kernel's store: the thread ids of a GROUP's axes and the store pass's loops over the rest of the row
+    (unrolled axes are replicas, set per store)."""
+    k = self.k
+    group_axes = range(k.first_reduce, k.first_reduce + k.group_for_reduces)
+    assert self.store_pass is not None
+    return {**{a: self.base_idx[a] for a in group_axes}, **self.pass_indices(self.store_pass)}
 
   # ---- step 2: emit in program order
   def linearize(self) -> list[UOp]:
@@ -629,8 +669,17 @@ class Linearizer:
       emit(rng.src[0]); emit(rng.src[1])  # noqa: E702
       place(rng)
       open_ranges.add(rng)
+    # a row kernel: every pass's reduces (and whatever else doesn't vary along the row) first, then the store pass's
+    # loops around the stores
+    row_loops = list(self.pass_loops.get(self.store_pass, {}).values()) if self.store_pass is not None else []
+    if row_loops:
+      for store in stores: hoist_invariants(store)
+    for rng in row_loops:
+      emit(rng.src[0]); emit(rng.src[1])  # noqa: E702
+      place(rng)
+      open_ranges.add(rng)
     for store in stores: emit(store)
-    for rng in reversed(outer_loops): program.append(UOp(Ops.ENDRANGE, dtypes.void, (rng,)))
+    for rng in reversed(outer_loops + row_loops): program.append(UOp(Ops.ENDRANGE, dtypes.void, (rng,)))
     return program
 
 def is_compensated(reduce: UOp) -> bool: return len(reduce.arg) > 3 and reduce.arg[3]
@@ -676,15 +725,18 @@ def fold_invariant_reduce(op: Ops, dtype, value: UOp, ranges: tuple[UOp, ...]) -
   if dtype.is_float: total = UOp(Ops.ADD, compute, (total, UOp.const(compute, 0.0)))
   return total.cast(dtype)
 
-def block_ranges(axis: int, size: int, block: int) -> tuple[UOp, UOp]:
+def block_ranges(axis: int, size: int, block: int, pass_arg: int = 0) -> tuple[UOp, UOp]:
   """(loop over the blocks, loop within one) for a reduce axis of `size` cut into blocks of `block`: the inner loop runs
-  over [start, min(start + block, size)), so the axis's index is the inner loop itself and keeps its range [0, size)."""
-  blocks = UOp(Ops.RANGE, dtypes.index, (_index_const(0), to_uop(ceil_div(size, block))), BLOCK_LOOP_ARG + axis)
+  over [start, min(start + block, size)), so the axis's index is the inner loop itself and keeps its range [0, size).
+  `pass_arg` offsets the loops' args in a row kernel's later passes (PASS_LOOP_ARG). A symbolic size blocks the same
+  way, with a symbolic count of blocks and the min always taken."""
+  blocks = UOp(Ops.RANGE, dtypes.index, (_index_const(0), to_uop(ceil_div(size, block))),
+               pass_arg + BLOCK_LOOP_ARG + axis)
   start = simplify(blocks * block)
   # min(start + block, size) as size - max(size - block - start, 0): its range is exactly [block, size]
   end = start + block if isinstance(size, int) and size % block == 0 else \
     to_uop(size) - (to_uop(canonical(size - block)) - start).maximum(0)
-  return blocks, UOp(Ops.RANGE, dtypes.index, (start, simplify(end)), axis)
+  return blocks, UOp(Ops.RANGE, dtypes.index, (start, simplify(end)), pass_arg + axis)
 
 def clamp_index(value: UOp, size: int) -> UOp:
   """An int value read from memory as an index in [0, size): cast to the index dtype, then clamped, so a gather never

@@ -36,21 +36,30 @@ def memory_type(dt: DType) -> ir.Type:
   return register_type(dt)
 
 def reorderable_accumulators(uops: list[UOp]) -> set:
-  """The accumulator whose updates may be reordered (REDUCE_FAST_MATH), if the program has exactly one innermost
-  accumulator: one with no other accumulator defined inside a loop between its definition and its update. An outer
-  one (a blocked sum's Kahan total and compensation) never is: reordering would cancel the compensation."""
-  innermost = []
+  """The accumulators whose updates may be reordered (REDUCE_FAST_MATH): each one that is the only accumulator
+  updated in its loop (the innermost loop around its ASSIGN) when that loop defines no accumulator of its own. A
+  register tile's accumulators share a loop (the tile itself is the vector); an outer one (a blocked sum's Kahan
+  total and compensation) never is: reordering would cancel the compensation. A row kernel's passes are loops one
+  after the other, each with its own accumulator: each may be reordered."""
+  loop_of: dict[int, int] = {}   # position of an ASSIGN → position of the innermost RANGE open there
+  open_loops: list[int] = []
   for position, u in enumerate(uops):
-    if u.op is not Ops.DEFINE_ACC: continue
-    in_loop, nested = False, False
-    for later in uops[position + 1:]:
-      if later.op is Ops.ASSIGN and later.src[0] is u: break
-      in_loop = in_loop or later.op is Ops.RANGE
-      if in_loop and later.op is Ops.DEFINE_ACC:
-        nested = True
-        break
-    if not nested: innermost.append(u.arg)
-  return set(innermost) if len(innermost) == 1 else set()
+    if u.op is Ops.RANGE: open_loops.append(position)
+    elif u.op is Ops.ENDRANGE: open_loops.pop()
+    elif u.op is Ops.ASSIGN and open_loops: loop_of[position] = open_loops[-1]
+  body: dict[int, tuple[set, bool]] = {}   # loop position → (accumulators assigned in it, whether it defines one)
+  for loop in set(loop_of.values()):
+    depth, assigned, defines = 0, set(), False
+    for u in uops[loop:]:
+      if u.op is Ops.RANGE: depth += 1
+      elif u.op is Ops.ENDRANGE:
+        depth -= 1
+        if depth == 0: break
+      elif u.op is Ops.ASSIGN: assigned.add(u.src[0].arg)
+      elif u.op is Ops.DEFINE_ACC: defines = True
+    body[loop] = (assigned, defines)
+  return {uops[position].src[0].arg for position, loop in loop_of.items()
+          if body[loop][0] == {uops[position].src[0].arg} and not body[loop][1]}
 
 class LLVMRenderer(Renderer):
   device = "LLVM"

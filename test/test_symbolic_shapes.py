@@ -109,6 +109,13 @@ def test_fuzz_symbolic_chains_against_numpy(seed, data):
     out, ref = finish(t, tw).numpy(), finish_np(a, w)
     np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4, err_msg=f"seed {seed} ({name}) at rows={value}")
 
+def test_gather_of_a_symbolic_number_of_indices():
+  rng = np.random.default_rng(1)
+  table, ids = rng.standard_normal((20, 4)).astype(np.float32), rng.integers(0, 20, MAX_ROWS).astype(np.int32)
+  ttable, tids = Tensor(table).realize(), Tensor(ids).realize()
+  for value in VALUES:   # an embedding lookup of the first `rows` tokens
+    np.testing.assert_array_equal(ttable[tids[:ROWS.bind(value)]].numpy(), table[ids[:value]])
+
 # ---- one compile for every value
 
 def test_second_value_compiles_nothing_and_hits_the_schedule_cache(data):

@@ -194,8 +194,7 @@ class Gemma3RMSNorm:
   def __init__(self, weight: Tensor, eps: float): self.weight, self.eps = weight, eps
   def __call__(self, x: Tensor) -> Tensor:
     x32 = x.float()
-    # its own small kernel: the scheduler otherwise discovers mid-build that this reduce must be realized (a retry)
-    inverse_rms = _materialize((x32.square().mean(-1, keepdim=True) + self.eps).rsqrt())
+    inverse_rms = (x32.square().mean(-1, keepdim=True) + self.eps).rsqrt()   # one row kernel with its readers
     return (x32 * inverse_rms * (self.weight.float() + 1.0)).cast(x.dtype)
 
 class Gemma3Embedding:
@@ -213,10 +212,8 @@ def _device_input(shape: tuple[int, ...], device: str) -> Tensor:
   return Tensor.zeros(*shape, dtype=dtypes.int32, device=device).contiguous().realize()
 
 def _materialize(x: Tensor) -> Tensor:
-  """x computed into its own buffer by the step's schedule (not recomputed inside every kernel that reads it).
-  Workaround: Tensor.contiguous() is a no-op on an unrealized elementwise base (LazyBuffer.contiguous returns it),
-  so go through a reshaped view, which contiguous() does copy."""
-  return x.reshape(1, *x.shape).contiguous().reshape(x.shape)
+  """x computed into its own buffer by the step's schedule (not recomputed inside every kernel that reads it)."""
+  return x.contiguous()
 
 def _gelu_tanh(x: Tensor) -> Tensor:
   return x.float().gelu().cast(x.dtype)   # torch evaluates half-precision gelu in float32 and rounds once
@@ -340,7 +337,7 @@ class Gemma3DecoderLayer:
     attended, pending = self.self_attn(_fuse_into_consumer(self.input_layernorm(h)), step, cache)
     h = _materialize(h + self.post_attention_layernorm(attended))
     h = h + self.post_feedforward_layernorm(self.mlp(_fuse_into_consumer(self.pre_feedforward_layernorm(h))))
-    return _materialize(h), pending
+    return h, pending   # a row kernel's output (the post-norm and the residual add): realized by the schedule
 
 class Gemma3TextModel:
   """The decoder stack, named like HF's `Gemma3TextModel` so state-dict names match the checkpoint."""

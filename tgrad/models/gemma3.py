@@ -265,6 +265,22 @@ def _fuse_into_consumer(x: Tensor) -> Tensor:
   A longer step realizes it once, because a matmul reads each input element many times."""
   return x if x.shape[-2] == 1 else _materialize(x)
 
+def _decode_attention_values(scores: Tensor, values: Tensor) -> Tensor:
+  """softmax(scores) @ values for one query token, as one row kernel: scores [B, kv_heads, group, 1, K] (realized),
+  values [B, kv_heads, K, D] → [B, kv_heads, group, 1, D]. Each output element's row is its query's K scores beside
+  one value column: the row's max, its sum of exponentials and the probability-weighted sum of the value column are
+  three reduces over the same row (schedule rule 2b), so the scores are read from cache and each value once, in one
+  launch. The max and the sum are recomputed for every d of a head: K·D extra exponentials, nothing next to one
+  launch in decode. The probabilities are rounded to the model dtype before the product, as HF's softmax → matmul."""
+  B, kv_heads, group, _, K = scores.shape
+  D = values.shape[-1]
+  rows = (B, kv_heads, group, 1, D, K)
+  s = scores.float().reshape(B, kv_heads, group, 1, 1, K).expand(rows)
+  e = (s - s.max(-1, keepdim=True)).exp()
+  probs = (e / e.sum(-1, keepdim=True)).cast(values.dtype)
+  weighted = probs.float() * values.transpose(-1, -2).reshape(B, kv_heads, 1, 1, D, K).float()
+  return weighted.sum(-1).cast(values.dtype)
+
 class Gemma3Attention:
   def __init__(self, config: Gemma3Config, weights: dict[str, Tensor], prefix: str):
     names = [prefix + name + "_proj.weight" for name in ("q", "k", "v")]
@@ -304,8 +320,9 @@ class Gemma3Attention:
     q = q.reshape(B, T, self.kv_heads, group, D).permute(0, 2, 3, 1, 4)           # [B, kv_heads, group, T, D]
     scores = (q @ keys.unsqueeze(2).transpose(-1, -2)) * self.scale              # [B, kv_heads, group, T, K]
     scores = step.allowed.where(_softcap(scores, self.softcap), MASKED_SCORE)
-    probs = scores.float().softmax(-1).cast(x.dtype)
-    out = (probs @ values.unsqueeze(2)).permute(0, 3, 1, 2, 4).reshape(B, T, self.heads * D)
+    if T == 1: out = _decode_attention_values(_materialize(scores), values)
+    else: out = scores.float().softmax(-1).cast(x.dtype) @ values.unsqueeze(2)   # [B, kv_heads, group, T, D]
+    out = out.permute(0, 3, 1, 2, 4).reshape(B, T, self.heads * D)
     if step.mode == FRESH:
       _write_cache(cache[0], k, step)
       _write_cache(cache[1], v, step)

@@ -196,6 +196,13 @@ class Gemma3RMSNorm:
     x32 = x.float()
     inverse_rms = (x32.square().mean(-1, keepdim=True) + self.eps).rsqrt()   # one row kernel with its readers
     return (x32 * inverse_rms * (self.weight.float() + 1.0)).cast(x.dtype)
+  def rotated(self, x: Tensor, cos: Tensor, sin_signed: Tensor) -> Tensor:
+    """RoPE of the normed x, as one row kernel: the norm's 1/rms is one number per row, so it multiplies the rotation
+    of the weighted x (x · (1 + w), in float32) after it — the rotation reads x at two positions of the row, which
+    would otherwise keep the norm's reduce in a kernel of its own. Rounded to x's dtype once, at the end."""
+    x32 = x.float()
+    inverse_rms = (x32.square().mean(-1, keepdim=True) + self.eps).rsqrt()
+    return (_rotate(x32 * (self.weight.float() + 1.0), cos.float(), sin_signed.float()) * inverse_rms).cast(x.dtype)
 
 class Gemma3Embedding:
   """Token lookup times sqrt(hidden), the scale rounded to the weight dtype first (HF: 25.25 for H=640 in bf16).
@@ -304,9 +311,8 @@ class Gemma3Attention:
     k = qkv[..., q_width:q_width + kv_width].reshape(B, T, self.kv_heads, D)
     v = qkv[..., q_width + kv_width:].reshape(B, T, self.kv_heads, D)
     # normed and rotated in one kernel each, realized once in [B, T, heads, D]: every score reads each q and k
-    # element many times (RoPE reads two normed elements per output: recomputing the norm's scaling is cheaper than a
-    # kernel)
-    q, k = _materialize(_rotate(self.q_norm(q), cos, sin)), _materialize(_rotate(self.k_norm(k), cos, sin))
+    # element many times
+    q, k = _materialize(self.q_norm.rotated(q, cos, sin)), _materialize(self.k_norm.rotated(k, cos, sin))
     k, v = k.permute(0, 2, 1, 3), v.permute(0, 2, 1, 3)          # [B, kv_heads, T, D]
     pending = None
     if step.mode == DECODE:

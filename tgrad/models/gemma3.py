@@ -249,9 +249,10 @@ class _StepInputs:
   scatter: Optional[Tensor]   # [S, T] model dtype: 1 where new token t goes to cache slot s (None for one token)
   written: Tensor        # [S, 1] bool: the cache slots this call overwrites
 
-def _write_cache(cache: Tensor, new: Tensor, step: _StepInputs) -> None:
-  """cache [B, kv_heads, S, D] gets new [B, kv_heads, T, D] at the step's slots; a masked select over the whole
-  cache, so the kernel is the same at every position."""
+def _write_cache(cache: Tensor, keys: Tensor, values: Tensor, step: _StepInputs) -> None:
+  """A layer's cache [2, B, kv_heads, S, D] gets the new keys and values [B, kv_heads, T, D] at the step's slots, in
+  one kernel: a masked select over the whole cache, so the kernel is the same at every position."""
+  new = keys.stack(values)
   value = new if step.scatter is None else step.scatter @ new
   cache.assign(step.written.where(value, cache))
 
@@ -300,8 +301,9 @@ class Gemma3Attention:
     self.scale = config.query_pre_attn_scalar ** -0.5
     self.softcap = config.attn_logit_softcapping
 
-  def __call__(self, x: Tensor, step: _StepInputs, cache: list[Tensor]) -> tuple[Tensor, Optional[tuple]]:
-    """The attention output [B, T, H], and for EXTEND the (keys, values) to write once the step has run."""
+  def __call__(self, x: Tensor, step: _StepInputs, cache: Tensor) -> tuple[Tensor, Optional[tuple]]:
+    """The attention output [B, T, H], and for EXTEND the (keys, values) to write once the step has run. `cache` is
+    the layer's keys and values, stacked: [2, B, kv_heads, slots, D]."""
     B, T, _ = x.shape
     D, group = self.head_dim, self.heads // self.kv_heads
     cos, sin = step.cos.reshape(1, T, 1, D), step.sin_signed.reshape(1, T, 1, D)
@@ -316,9 +318,8 @@ class Gemma3Attention:
     k, v = k.permute(0, 2, 1, 3), v.permute(0, 2, 1, 3)          # [B, kv_heads, T, D]
     pending = None
     if step.mode == DECODE:
-      _write_cache(cache[0], k, step)
-      _write_cache(cache[1], v, step)
-      keys, values = cache
+      _write_cache(cache, k, v, step)
+      keys, values = cache[0], cache[1]
     elif step.mode == FRESH: keys, values = k, v
     else:
       keys, values = cache[0].cat(k, dim=2), cache[1].cat(v, dim=2)
@@ -329,9 +330,7 @@ class Gemma3Attention:
     if T == 1: out = _decode_attention_values(_materialize(scores), values)
     else: out = scores.float().softmax(-1).cast(x.dtype) @ values.unsqueeze(2)   # [B, kv_heads, group, T, D]
     out = out.permute(0, 3, 1, 2, 4).reshape(B, T, self.heads * D)
-    if step.mode == FRESH:
-      _write_cache(cache[0], k, step)
-      _write_cache(cache[1], v, step)
+    if step.mode == FRESH: _write_cache(cache, k, v, step)
     return self.o_proj(out), pending
 
 class Gemma3MLP:
@@ -356,7 +355,7 @@ class Gemma3DecoderLayer:
     self.pre_feedforward_layernorm = Gemma3RMSNorm(weights[p + "pre_feedforward_layernorm.weight"], eps)
     self.mlp = Gemma3MLP(weights, p + "mlp.")
     self.post_feedforward_layernorm = Gemma3RMSNorm(weights[p + "post_feedforward_layernorm.weight"], eps)
-  def __call__(self, h: Tensor, step: _StepInputs, cache: list[Tensor]) -> tuple[Tensor, Optional[tuple]]:
+  def __call__(self, h: Tensor, step: _StepInputs, cache: Tensor) -> tuple[Tensor, Optional[tuple]]:
     attended, pending = self.self_attn(_fuse_into_consumer(self.input_layernorm(h)), step, cache)
     h = _materialize(h + self.post_attention_layernorm(attended))
     h = h + self.post_feedforward_layernorm(self.mlp(_fuse_into_consumer(self.pre_feedforward_layernorm(h))))
@@ -373,24 +372,26 @@ class Gemma3TextModel:
 # KV cache
 
 class Gemma3KVCache:
-  """Preallocated post-RoPE keys and values per layer ([B, kv_heads, slots, D]), plus, on the host, the absolute
-  position each slot holds. Full-attention layers have `max_context` slots (slot = position). Sliding layers keep a
-  ring of min(sliding_window, max_context) slots (slot = position mod ring), enough for the W keys a query sees:
-  itself (a new key of the call) and the W-1 before it. Shapes never change, so every decode step runs the same
-  kernels; stale and empty slots are masked by position."""
+  """Preallocated post-RoPE keys and values per layer ([2, B, kv_heads, slots, D]: keys, then values), plus, on the
+  host, the absolute position each slot holds. Full-attention layers have `max_context` slots (slot = position).
+  Sliding layers keep a ring of min(sliding_window, max_context) slots (slot = position mod ring), enough for the W
+  keys a query sees: itself (a new key of the call) and the W-1 before it. Shapes never change, so every decode step
+  runs the same kernels; stale and empty slots are masked by position."""
   def __init__(self, config: Gemma3Config, batch: int, max_context: int, dtype: DType, device: str):
     if max_context < 1: raise ValueError(f"max_context must be positive, got {max_context}")
     self.batch, self.max_context = batch, max_context
     self.slots = {SLIDING: min(config.sliding_window, max_context), FULL: max_context}
     self.positions = {t: np.full(n, EMPTY_SLOT, dtype=np.int32) for t, n in self.slots.items()}
-    self.layers: list[list[Tensor]] = []   # [keys, values] per layer, zeros so masked slots stay finite
+    # per layer: keys and values stacked, [2, B, kv_heads, slots, D] (one kernel writes both), zeros so masked slots
+    # stay finite
+    self.layers: list[Tensor] = []
     for layer_type in config.layer_types:
-      shape = (batch, config.num_key_value_heads, self.slots[layer_type], config.head_dim)
-      self.layers.append([Tensor.zeros(shape, dtype=dtype, device=device).contiguous() for _ in range(2)])
+      shape = (2, batch, config.num_key_value_heads, self.slots[layer_type], config.head_dim)
+      self.layers.append(Tensor.zeros(shape, dtype=dtype, device=device).contiguous())
     Tensor.realize(*self.tensors())
     self.next_position = 0
 
-  def tensors(self) -> list[Tensor]: return [t for pair in self.layers for t in pair]
+  def tensors(self) -> list[Tensor]: return list(self.layers)
 
   def destinations(self, layer_type: str, positions: np.ndarray) -> np.ndarray:
     """The slot each new position is written to; EMPTY_SLOT for one a later token of the same call overwrites."""
@@ -678,8 +679,7 @@ class Gemma3:
     # EXTEND writes the cache only after the kernels that read it have run (a schedule orders by data, not writes)
     Tensor.realize(*outputs, *([] if pending else cache.tensors()))
     for layer_cache, (k, v), step in pending:
-      _write_cache(layer_cache[0], k, step)
-      _write_cache(layer_cache[1], v, step)
+      _write_cache(layer_cache, k, v, step)
     if pending: Tensor.realize(*cache.tensors())
     return (logits, hidden) if return_hidden else logits
 

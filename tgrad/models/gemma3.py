@@ -359,7 +359,7 @@ class Gemma3DecoderLayer:
     attended, pending = self.self_attn(_fuse_into_consumer(self.input_layernorm(h)), step, cache)
     h = _materialize(h + self.post_attention_layernorm(attended))
     h = h + self.post_feedforward_layernorm(self.mlp(_fuse_into_consumer(self.pre_feedforward_layernorm(h))))
-    return h, pending   # a row kernel's output (the post-norm and the residual add): realized by the schedule
+    return _materialize(h), pending   # the post-norm and the residual add: one row kernel, its output realized
 
 class Gemma3TextModel:
   """The decoder stack, named like HF's `Gemma3TextModel` so state-dict names match the checkpoint."""

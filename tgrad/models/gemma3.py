@@ -196,6 +196,17 @@ class Gemma3RMSNorm:
     x32 = x.float()
     inverse_rms = (x32.square().mean(-1, keepdim=True) + self.eps).rsqrt()   # one row kernel with its readers
     return (x32 * inverse_rms * (self.weight.float() + 1.0)).cast(x.dtype)
+  def matvec(self, x: Tensor, weight: Tensor) -> Tensor:
+    """self(x) @ weight.T ([out, in] weight) as one kernel, for a one-token step: 1/rms is one number per row of x,
+    so it multiplies the product of the weighted x (x · (1 + w), float32) with the weight after the sum, and its own
+    sum of squares runs over the same [out, in] rows as the product's (recomputed for every output: in-many FMAs
+    beside the weight's read), so both reduces share the matrix–vector kernel. Rounded to x's dtype once."""
+    x32 = x.float()
+    rows = x.shape[:-1] + tuple(weight.shape)
+    product = ((x32 * (self.weight.float() + 1.0)).unsqueeze(-2) * weight.float()).sum(-1)
+    squares = x32.square().unsqueeze(-2).expand(rows).sum(-1)
+    return (product * (squares / weight.shape[1] + self.eps).rsqrt()).cast(x.dtype)
+
   def rotated(self, x: Tensor, cos: Tensor, sin_signed: Tensor) -> Tensor:
     """RoPE of the normed x, as one row kernel: the norm's 1/rms is one number per row, so it multiplies the rotation
     of the weighted x (x · (1 + w), in float32) after it — the rotation reads x at two positions of the row, which
@@ -267,6 +278,11 @@ def _stacked_rows(*weights: Tensor) -> tuple[Tensor, list[Tensor]]:
     start += w.shape[0]
   return stacked, views
 
+def _normed_projection(norm: Gemma3RMSNorm, h: Tensor, weight: Tensor) -> Tensor:
+  """norm(h) @ weight.T ([out, in] weight), realized: for a one-token step one kernel (Gemma3RMSNorm.matvec), else
+  the norm realized once and then a matmul (which reads each normed element many times)."""
+  return _materialize(norm.matvec(h, weight) if h.shape[-2] == 1 else _materialize(norm(h)) @ weight.T)
+
 def _fuse_into_consumer(x: Tensor) -> Tensor:
   """A one-token step (decode) leaves an elementwise producer (a norm's scaling, GELU times up) unrealized, so it
   is computed inside the matrix-vector kernel that reads it: one kernel and one launch fewer, and the vector is tiny.
@@ -301,13 +317,14 @@ class Gemma3Attention:
     self.scale = config.query_pre_attn_scalar ** -0.5
     self.softcap = config.attn_logit_softcapping
 
-  def __call__(self, x: Tensor, step: _StepInputs, cache: Tensor) -> tuple[Tensor, Optional[tuple]]:
-    """The attention output [B, T, H], and for EXTEND the (keys, values) to write once the step has run. `cache` is
-    the layer's keys and values, stacked: [2, B, kv_heads, slots, D]."""
-    B, T, _ = x.shape
+  def __call__(self, h: Tensor, norm: Gemma3RMSNorm, step: _StepInputs, cache: Tensor
+               ) -> tuple[Tensor, Optional[tuple]]:
+    """The attention output [B, T, H] of norm(h), and for EXTEND the (keys, values) to write once the step has run.
+    `cache` is the layer's keys and values, stacked: [2, B, kv_heads, slots, D]."""
+    B, T, _ = h.shape
     D, group = self.head_dim, self.heads // self.kv_heads
     cos, sin = step.cos.reshape(1, T, 1, D), step.sin_signed.reshape(1, T, 1, D)
-    qkv = _materialize(x @ self.qkv_weight.T)   # q, k and v projections in one kernel: [B, T, (heads + 2 kv) D]
+    qkv = _normed_projection(norm, h, self.qkv_weight)   # q, k and v in one kernel: [B, T, (heads + 2 kv) D]
     q_width, kv_width = self.heads * D, self.kv_heads * D
     q = qkv[..., :q_width].reshape(B, T, self.heads, D)
     k = qkv[..., q_width:q_width + kv_width].reshape(B, T, self.kv_heads, D)
@@ -328,7 +345,7 @@ class Gemma3Attention:
     scores = (q @ keys.unsqueeze(2).transpose(-1, -2)) * self.scale              # [B, kv_heads, group, T, K]
     scores = step.allowed.where(_softcap(scores, self.softcap), MASKED_SCORE)
     if T == 1: out = _decode_attention_values(_materialize(scores), values)
-    else: out = scores.float().softmax(-1).cast(x.dtype) @ values.unsqueeze(2)   # [B, kv_heads, group, T, D]
+    else: out = scores.float().softmax(-1).cast(h.dtype) @ values.unsqueeze(2)   # [B, kv_heads, group, T, D]
     out = out.permute(0, 3, 1, 2, 4).reshape(B, T, self.heads * D)
     if step.mode == FRESH: _write_cache(cache, k, v, step)
     return self.o_proj(out), pending
@@ -340,8 +357,9 @@ class Gemma3MLP:
                                                                   weights[prefix + "up_proj.weight"])
     self.gate_proj, self.up_proj = Linear(gate_weight), Linear(up_weight)
     self.down_proj = Linear(weights[prefix + "down_proj.weight"])
-  def __call__(self, x: Tensor) -> Tensor:
-    gate_up, width = _materialize(x @ self.gate_up_weight.T), self.gate_proj.weight.shape[0]
+  def __call__(self, h: Tensor, norm: Gemma3RMSNorm) -> Tensor:
+    """mlp(norm(h))."""
+    gate_up, width = _normed_projection(norm, h, self.gate_up_weight), self.gate_proj.weight.shape[0]
     return self.down_proj(_fuse_into_consumer(_gelu_tanh(gate_up[..., :width]) * gate_up[..., width:]))
 
 class Gemma3DecoderLayer:
@@ -356,9 +374,9 @@ class Gemma3DecoderLayer:
     self.mlp = Gemma3MLP(weights, p + "mlp.")
     self.post_feedforward_layernorm = Gemma3RMSNorm(weights[p + "post_feedforward_layernorm.weight"], eps)
   def __call__(self, h: Tensor, step: _StepInputs, cache: Tensor) -> tuple[Tensor, Optional[tuple]]:
-    attended, pending = self.self_attn(_fuse_into_consumer(self.input_layernorm(h)), step, cache)
+    attended, pending = self.self_attn(h, self.input_layernorm, step, cache)
     h = _materialize(h + self.post_attention_layernorm(attended))
-    h = h + self.post_feedforward_layernorm(self.mlp(_fuse_into_consumer(self.pre_feedforward_layernorm(h))))
+    h = h + self.post_feedforward_layernorm(self.mlp(h, self.pre_feedforward_layernorm))
     return _materialize(h), pending   # the post-norm and the residual add: one row kernel, its output realized
 
 class Gemma3TextModel:

@@ -7,4 +7,4 @@ BEAM winner in the cache (search.py), so a winner found and verified under older
 # Bump when a change here alters the code that some AST and Opt list produce, or what an Opt means: kernel.py (opts,
 # axes), the linearizer, a renderer, the heuristics that seed the search, or how search verifies. Changes that only
 # rename or restructure without changing generated code need no bump.
-CODEGEN_VERSION = 2   # 2: gathers (data-dependent loads); int casts as narrow CUDA index math
+CODEGEN_VERSION = 3   # 2: gathers (data-dependent loads); int casts as narrow CUDA index math. 3: row kernels

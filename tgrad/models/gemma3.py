@@ -194,9 +194,26 @@ class Gemma3RMSNorm:
   def __init__(self, weight: Tensor, eps: float): self.weight, self.eps = weight, eps
   def __call__(self, x: Tensor) -> Tensor:
     x32 = x.float()
-    # its own small kernel: the scheduler otherwise discovers mid-build that this reduce must be realized (a retry)
-    inverse_rms = _materialize((x32.square().mean(-1, keepdim=True) + self.eps).rsqrt())
+    inverse_rms = (x32.square().mean(-1, keepdim=True) + self.eps).rsqrt()   # one row kernel with its readers
     return (x32 * inverse_rms * (self.weight.float() + 1.0)).cast(x.dtype)
+  def matvec(self, x: Tensor, weight: Tensor) -> Tensor:
+    """self(x) @ weight.T ([out, in] weight) as one kernel, for a one-token step: 1/rms is one number per row of x,
+    so it multiplies the product of the weighted x (x · (1 + w), float32) with the weight after the sum, and its own
+    sum of squares runs over the same [out, in] rows as the product's (recomputed for every output: in-many FMAs
+    beside the weight's read), so both reduces share the matrix–vector kernel. Rounded to x's dtype once."""
+    x32 = x.float()
+    rows = x.shape[:-1] + tuple(weight.shape)
+    product = ((x32 * (self.weight.float() + 1.0)).unsqueeze(-2) * weight.float()).sum(-1)
+    squares = x32.square().unsqueeze(-2).expand(rows).sum(-1)
+    return (product * (squares / weight.shape[1] + self.eps).rsqrt()).cast(x.dtype)
+
+  def rotated(self, x: Tensor, cos: Tensor, sin_signed: Tensor) -> Tensor:
+    """RoPE of the normed x, as one row kernel: the norm's 1/rms is one number per row, so it multiplies the rotation
+    of the weighted x (x · (1 + w), in float32) after it — the rotation reads x at two positions of the row, which
+    would otherwise keep the norm's reduce in a kernel of its own. Rounded to x's dtype once, at the end."""
+    x32 = x.float()
+    inverse_rms = (x32.square().mean(-1, keepdim=True) + self.eps).rsqrt()
+    return (_rotate(x32 * (self.weight.float() + 1.0), cos.float(), sin_signed.float()) * inverse_rms).cast(x.dtype)
 
 class Gemma3Embedding:
   """Token lookup times sqrt(hidden), the scale rounded to the weight dtype first (HF: 25.25 for H=640 in bf16).
@@ -213,10 +230,8 @@ def _device_input(shape: tuple[int, ...], device: str) -> Tensor:
   return Tensor.zeros(*shape, dtype=dtypes.int32, device=device).contiguous().realize()
 
 def _materialize(x: Tensor) -> Tensor:
-  """x computed into its own buffer by the step's schedule (not recomputed inside every kernel that reads it).
-  Workaround: Tensor.contiguous() is a no-op on an unrealized elementwise base (LazyBuffer.contiguous returns it),
-  so go through a reshaped view, which contiguous() does copy."""
-  return x.reshape(1, *x.shape).contiguous().reshape(x.shape)
+  """x computed into its own buffer by the step's schedule (not recomputed inside every kernel that reads it)."""
+  return x.contiguous()
 
 def _gelu_tanh(x: Tensor) -> Tensor:
   return x.float().gelu().cast(x.dtype)   # torch evaluates half-precision gelu in float32 and rounds once
@@ -245,9 +260,10 @@ class _StepInputs:
   scatter: Optional[Tensor]   # [S, T] model dtype: 1 where new token t goes to cache slot s (None for one token)
   written: Tensor        # [S, 1] bool: the cache slots this call overwrites
 
-def _write_cache(cache: Tensor, new: Tensor, step: _StepInputs) -> None:
-  """cache [B, kv_heads, S, D] gets new [B, kv_heads, T, D] at the step's slots; a masked select over the whole
-  cache, so the kernel is the same at every position."""
+def _write_cache(cache: Tensor, keys: Tensor, values: Tensor, step: _StepInputs) -> None:
+  """A layer's cache [2, B, kv_heads, S, D] gets the new keys and values [B, kv_heads, T, D] at the step's slots, in
+  one kernel: a masked select over the whole cache, so the kernel is the same at every position."""
+  new = keys.stack(values)
   value = new if step.scatter is None else step.scatter @ new
   cache.assign(step.written.where(value, cache))
 
@@ -262,11 +278,32 @@ def _stacked_rows(*weights: Tensor) -> tuple[Tensor, list[Tensor]]:
     start += w.shape[0]
   return stacked, views
 
+def _normed_projection(norm: Gemma3RMSNorm, h: Tensor, weight: Tensor) -> Tensor:
+  """norm(h) @ weight.T ([out, in] weight), realized: for a one-token step one kernel (Gemma3RMSNorm.matvec), else
+  the norm realized once and then a matmul (which reads each normed element many times)."""
+  return _materialize(norm.matvec(h, weight) if h.shape[-2] == 1 else _materialize(norm(h)) @ weight.T)
+
 def _fuse_into_consumer(x: Tensor) -> Tensor:
   """A one-token step (decode) leaves an elementwise producer (a norm's scaling, GELU times up) unrealized, so it
   is computed inside the matrix-vector kernel that reads it: one kernel and one launch fewer, and the vector is tiny.
   A longer step realizes it once, because a matmul reads each input element many times."""
   return x if x.shape[-2] == 1 else _materialize(x)
+
+def _decode_attention_values(scores: Tensor, values: Tensor) -> Tensor:
+  """softmax(scores) @ values for one query token, as one row kernel: scores [B, kv_heads, group, 1, K] (realized),
+  values [B, kv_heads, K, D] → [B, kv_heads, group, 1, D]. Each output element's row is its query's K scores beside
+  one value column: the row's max, its sum of exponentials and the probability-weighted sum of the value column are
+  three reduces over the same row (schedule rule 2b), so the scores are read from cache and each value once, in one
+  launch. The max and the sum are recomputed for every d of a head: K·D extra exponentials, nothing next to one
+  launch in decode. The probabilities are rounded to the model dtype before the product, as HF's softmax → matmul."""
+  B, kv_heads, group, _, K = scores.shape
+  D = values.shape[-1]
+  rows = (B, kv_heads, group, 1, D, K)
+  s = scores.float().reshape(B, kv_heads, group, 1, 1, K).expand(rows)
+  e = (s - s.max(-1, keepdim=True)).exp()
+  probs = (e / e.sum(-1, keepdim=True)).cast(values.dtype)
+  weighted = probs.float() * values.transpose(-1, -2).reshape(B, kv_heads, 1, 1, D, K).float()
+  return weighted.sum(-1).cast(values.dtype)
 
 class Gemma3Attention:
   def __init__(self, config: Gemma3Config, weights: dict[str, Tensor], prefix: str):
@@ -280,26 +317,26 @@ class Gemma3Attention:
     self.scale = config.query_pre_attn_scalar ** -0.5
     self.softcap = config.attn_logit_softcapping
 
-  def __call__(self, x: Tensor, step: _StepInputs, cache: list[Tensor]) -> tuple[Tensor, Optional[tuple]]:
-    """The attention output [B, T, H], and for EXTEND the (keys, values) to write once the step has run."""
-    B, T, _ = x.shape
+  def __call__(self, h: Tensor, norm: Gemma3RMSNorm, step: _StepInputs, cache: Tensor
+               ) -> tuple[Tensor, Optional[tuple]]:
+    """The attention output [B, T, H] of norm(h), and for EXTEND the (keys, values) to write once the step has run.
+    `cache` is the layer's keys and values, stacked: [2, B, kv_heads, slots, D]."""
+    B, T, _ = h.shape
     D, group = self.head_dim, self.heads // self.kv_heads
     cos, sin = step.cos.reshape(1, T, 1, D), step.sin_signed.reshape(1, T, 1, D)
-    qkv = _materialize(x @ self.qkv_weight.T)   # q, k and v projections in one kernel: [B, T, (heads + 2 kv) D]
+    qkv = _normed_projection(norm, h, self.qkv_weight)   # q, k and v in one kernel: [B, T, (heads + 2 kv) D]
     q_width, kv_width = self.heads * D, self.kv_heads * D
     q = qkv[..., :q_width].reshape(B, T, self.heads, D)
     k = qkv[..., q_width:q_width + kv_width].reshape(B, T, self.kv_heads, D)
     v = qkv[..., q_width + kv_width:].reshape(B, T, self.kv_heads, D)
     # normed and rotated in one kernel each, realized once in [B, T, heads, D]: every score reads each q and k
-    # element many times (RoPE reads two normed elements per output: recomputing the norm's scaling is cheaper than a
-    # kernel)
-    q, k = _materialize(_rotate(self.q_norm(q), cos, sin)), _materialize(_rotate(self.k_norm(k), cos, sin))
+    # element many times
+    q, k = _materialize(self.q_norm.rotated(q, cos, sin)), _materialize(self.k_norm.rotated(k, cos, sin))
     k, v = k.permute(0, 2, 1, 3), v.permute(0, 2, 1, 3)          # [B, kv_heads, T, D]
     pending = None
     if step.mode == DECODE:
-      _write_cache(cache[0], k, step)
-      _write_cache(cache[1], v, step)
-      keys, values = cache
+      _write_cache(cache, k, v, step)
+      keys, values = cache[0], cache[1]
     elif step.mode == FRESH: keys, values = k, v
     else:
       keys, values = cache[0].cat(k, dim=2), cache[1].cat(v, dim=2)
@@ -307,11 +344,10 @@ class Gemma3Attention:
     q = q.reshape(B, T, self.kv_heads, group, D).permute(0, 2, 3, 1, 4)           # [B, kv_heads, group, T, D]
     scores = (q @ keys.unsqueeze(2).transpose(-1, -2)) * self.scale              # [B, kv_heads, group, T, K]
     scores = step.allowed.where(_softcap(scores, self.softcap), MASKED_SCORE)
-    probs = scores.float().softmax(-1).cast(x.dtype)
-    out = (probs @ values.unsqueeze(2)).permute(0, 3, 1, 2, 4).reshape(B, T, self.heads * D)
-    if step.mode == FRESH:
-      _write_cache(cache[0], k, step)
-      _write_cache(cache[1], v, step)
+    if T == 1: out = _decode_attention_values(_materialize(scores), values)
+    else: out = scores.float().softmax(-1).cast(h.dtype) @ values.unsqueeze(2)   # [B, kv_heads, group, T, D]
+    out = out.permute(0, 3, 1, 2, 4).reshape(B, T, self.heads * D)
+    if step.mode == FRESH: _write_cache(cache, k, v, step)
     return self.o_proj(out), pending
 
 class Gemma3MLP:
@@ -321,8 +357,9 @@ class Gemma3MLP:
                                                                   weights[prefix + "up_proj.weight"])
     self.gate_proj, self.up_proj = Linear(gate_weight), Linear(up_weight)
     self.down_proj = Linear(weights[prefix + "down_proj.weight"])
-  def __call__(self, x: Tensor) -> Tensor:
-    gate_up, width = _materialize(x @ self.gate_up_weight.T), self.gate_proj.weight.shape[0]
+  def __call__(self, h: Tensor, norm: Gemma3RMSNorm) -> Tensor:
+    """mlp(norm(h))."""
+    gate_up, width = _normed_projection(norm, h, self.gate_up_weight), self.gate_proj.weight.shape[0]
     return self.down_proj(_fuse_into_consumer(_gelu_tanh(gate_up[..., :width]) * gate_up[..., width:]))
 
 class Gemma3DecoderLayer:
@@ -336,11 +373,11 @@ class Gemma3DecoderLayer:
     self.pre_feedforward_layernorm = Gemma3RMSNorm(weights[p + "pre_feedforward_layernorm.weight"], eps)
     self.mlp = Gemma3MLP(weights, p + "mlp.")
     self.post_feedforward_layernorm = Gemma3RMSNorm(weights[p + "post_feedforward_layernorm.weight"], eps)
-  def __call__(self, h: Tensor, step: _StepInputs, cache: list[Tensor]) -> tuple[Tensor, Optional[tuple]]:
-    attended, pending = self.self_attn(_fuse_into_consumer(self.input_layernorm(h)), step, cache)
+  def __call__(self, h: Tensor, step: _StepInputs, cache: Tensor) -> tuple[Tensor, Optional[tuple]]:
+    attended, pending = self.self_attn(h, self.input_layernorm, step, cache)
     h = _materialize(h + self.post_attention_layernorm(attended))
-    h = h + self.post_feedforward_layernorm(self.mlp(_fuse_into_consumer(self.pre_feedforward_layernorm(h))))
-    return _materialize(h), pending
+    h = h + self.post_feedforward_layernorm(self.mlp(h, self.pre_feedforward_layernorm))
+    return _materialize(h), pending   # the post-norm and the residual add: one row kernel, its output realized
 
 class Gemma3TextModel:
   """The decoder stack, named like HF's `Gemma3TextModel` so state-dict names match the checkpoint."""
@@ -353,24 +390,26 @@ class Gemma3TextModel:
 # KV cache
 
 class Gemma3KVCache:
-  """Preallocated post-RoPE keys and values per layer ([B, kv_heads, slots, D]), plus, on the host, the absolute
-  position each slot holds. Full-attention layers have `max_context` slots (slot = position). Sliding layers keep a
-  ring of min(sliding_window, max_context) slots (slot = position mod ring), enough for the W keys a query sees:
-  itself (a new key of the call) and the W-1 before it. Shapes never change, so every decode step runs the same
-  kernels; stale and empty slots are masked by position."""
+  """Preallocated post-RoPE keys and values per layer ([2, B, kv_heads, slots, D]: keys, then values), plus, on the
+  host, the absolute position each slot holds. Full-attention layers have `max_context` slots (slot = position).
+  Sliding layers keep a ring of min(sliding_window, max_context) slots (slot = position mod ring), enough for the W
+  keys a query sees: itself (a new key of the call) and the W-1 before it. Shapes never change, so every decode step
+  runs the same kernels; stale and empty slots are masked by position."""
   def __init__(self, config: Gemma3Config, batch: int, max_context: int, dtype: DType, device: str):
     if max_context < 1: raise ValueError(f"max_context must be positive, got {max_context}")
     self.batch, self.max_context = batch, max_context
     self.slots = {SLIDING: min(config.sliding_window, max_context), FULL: max_context}
     self.positions = {t: np.full(n, EMPTY_SLOT, dtype=np.int32) for t, n in self.slots.items()}
-    self.layers: list[list[Tensor]] = []   # [keys, values] per layer, zeros so masked slots stay finite
+    # per layer: keys and values stacked, [2, B, kv_heads, slots, D] (one kernel writes both), zeros so masked slots
+    # stay finite
+    self.layers: list[Tensor] = []
     for layer_type in config.layer_types:
-      shape = (batch, config.num_key_value_heads, self.slots[layer_type], config.head_dim)
-      self.layers.append([Tensor.zeros(shape, dtype=dtype, device=device).contiguous() for _ in range(2)])
+      shape = (2, batch, config.num_key_value_heads, self.slots[layer_type], config.head_dim)
+      self.layers.append(Tensor.zeros(shape, dtype=dtype, device=device).contiguous())
     Tensor.realize(*self.tensors())
     self.next_position = 0
 
-  def tensors(self) -> list[Tensor]: return [t for pair in self.layers for t in pair]
+  def tensors(self) -> list[Tensor]: return list(self.layers)
 
   def destinations(self, layer_type: str, positions: np.ndarray) -> np.ndarray:
     """The slot each new position is written to; EMPTY_SLOT for one a later token of the same call overwrites."""
@@ -658,8 +697,7 @@ class Gemma3:
     # EXTEND writes the cache only after the kernels that read it have run (a schedule orders by data, not writes)
     Tensor.realize(*outputs, *([] if pending else cache.tensors()))
     for layer_cache, (k, v), step in pending:
-      _write_cache(layer_cache[0], k, step)
-      _write_cache(layer_cache[1], v, step)
+      _write_cache(layer_cache, k, v, step)
     if pending: Tensor.realize(*cache.tensors())
     return (logits, hidden) if return_hidden else logits
 

@@ -207,6 +207,18 @@ class Gemma3RMSNorm:
     squares = x32.square().unsqueeze(-2).expand(rows).sum(-1)
     return (product * (squares / weight.shape[1] + self.eps).rsqrt()).cast(x.dtype)
 
+  def rotated_scores(self, q: Tensor, cos: Tensor, sin_signed: Tensor, keys: Tensor) -> Tensor:
+    """rotated(q) @ keysᵀ for one query token as one kernel: q [B, kv_heads, group, 1, D] (unnormed), keys
+    [B, kv_heads, K, D] → [B, kv_heads, group, 1, K] in q's dtype. As in `matvec`, 1/rms multiplies each score after
+    the sum, and the sum of squares runs over the same [K, D] rows as the dot products."""
+    q32 = q.float()
+    D = q.shape[-1]
+    rotated = _rotate(q32 * (self.weight.float() + 1.0), cos.float(), sin_signed.float())
+    rows = q.shape[:-1] + (keys.shape[-2], D)
+    product = (rotated.unsqueeze(-2) * keys.unsqueeze(2).unsqueeze(3).float()).sum(-1)
+    squares = q32.square().unsqueeze(-2).expand(rows).sum(-1)
+    return (product * (squares / D + self.eps).rsqrt()).cast(q.dtype)
+
   def rotated(self, x: Tensor, cos: Tensor, sin_signed: Tensor) -> Tensor:
     """RoPE of the normed x, as one row kernel: the norm's 1/rms is one number per row, so it multiplies the rotation
     of the weighted x (x · (1 + w), in float32) after it — the rotation reads x at two positions of the row, which
@@ -331,7 +343,9 @@ class Gemma3Attention:
     v = qkv[..., q_width + kv_width:].reshape(B, T, self.kv_heads, D)
     # normed and rotated in one kernel each, realized once in [B, T, heads, D]: every score reads each q and k
     # element many times
-    q, k = _materialize(self.q_norm.rotated(q, cos, sin)), _materialize(self.k_norm.rotated(k, cos, sin))
+    k = _materialize(self.k_norm.rotated(k, cos, sin))
+    # one token: q's norm and RoPE are computed inside the scores kernel (Gemma3RMSNorm.rotated_scores)
+    if T > 1: q = _materialize(self.q_norm.rotated(q, cos, sin))
     k, v = k.permute(0, 2, 1, 3), v.permute(0, 2, 1, 3)          # [B, kv_heads, T, D]
     pending = None
     if step.mode == DECODE:
@@ -342,7 +356,9 @@ class Gemma3Attention:
       keys, values = cache[0].cat(k, dim=2), cache[1].cat(v, dim=2)
       pending = (k, v)
     q = q.reshape(B, T, self.kv_heads, group, D).permute(0, 2, 3, 1, 4)           # [B, kv_heads, group, T, D]
-    scores = (q @ keys.unsqueeze(2).transpose(-1, -2)) * self.scale              # [B, kv_heads, group, T, K]
+    if T == 1: scores = self.q_norm.rotated_scores(q, cos.reshape(1, 1, 1, 1, D), sin.reshape(1, 1, 1, 1, D), keys)
+    else: scores = (q @ keys.unsqueeze(2).transpose(-1, -2))                      # [B, kv_heads, group, T, K]
+    scores = scores * self.scale
     scores = step.allowed.where(_softcap(scores, self.softcap), MASKED_SCORE)
     if T == 1: out = _decode_attention_values(_materialize(scores), values)
     else: out = scores.float().softmax(-1).cast(h.dtype) @ values.unsqueeze(2)   # [B, kv_heads, group, T, D]

@@ -375,7 +375,23 @@ class Gemma3MLP:
     self.down_proj = Linear(weights[prefix + "down_proj.weight"])
   def __call__(self, h: Tensor, norm: Gemma3RMSNorm) -> Tensor:
     """mlp(norm(h))."""
-    gate_up, width = _normed_projection(norm, h, self.gate_up_weight), self.gate_proj.weight.shape[0]
+    return self._down(_normed_projection(norm, h, self.gate_up_weight))
+
+  def after_residual(self, h: Tensor, attended: Tensor, post_norm: Gemma3RMSNorm, pre_norm: Gemma3RMSNorm) -> Tensor:
+    """mlp(pre_norm(h + post_norm(attended))) for one token, its gate/up projection one row kernel: every [gate/up
+    row, hidden] row of the matvec recomputes post_norm's sum of squares of `attended`, the residual sum, pre_norm's
+    sum of squares of that, and the weighted product (three reduces over the same rows), so the residual sum is never
+    stored. Rounded as the unfused layer: the residual sum in the model dtype."""
+    rows = h.shape[:-1] + tuple(self.gate_up_weight.shape)
+    o = attended.float().unsqueeze(-2).expand(rows)
+    normed = (o * (o.square().mean(-1, keepdim=True) + post_norm.eps).rsqrt() * (post_norm.weight.float() + 1.0))
+    x = (h.unsqueeze(-2).expand(rows) + normed.cast(h.dtype)).float()
+    product = (x * (pre_norm.weight.float() + 1.0) * self.gate_up_weight.float()).sum(-1)
+    gate_up = product * (x.square().mean(-1) + pre_norm.eps).rsqrt()
+    return self._down(_materialize(gate_up.cast(h.dtype)))
+
+  def _down(self, gate_up: Tensor) -> Tensor:
+    width = self.gate_proj.weight.shape[0]
     return self.down_proj(_fuse_into_consumer(_gelu_tanh(gate_up[..., :width]) * gate_up[..., width:]))
 
 class Gemma3DecoderLayer:
@@ -391,9 +407,17 @@ class Gemma3DecoderLayer:
     self.post_feedforward_layernorm = Gemma3RMSNorm(weights[p + "post_feedforward_layernorm.weight"], eps)
   def __call__(self, h: Tensor, step: _StepInputs, cache: Tensor) -> tuple[Tensor, Optional[tuple]]:
     attended, pending = self.self_attn(h, self.input_layernorm, step, cache)
-    h = _materialize(h + self.post_attention_layernorm(attended))
-    h = h + self.post_feedforward_layernorm(self.mlp(h, self.pre_feedforward_layernorm))
-    return _materialize(h), pending   # the post-norm and the residual add: one row kernel, its output realized
+    if h.shape[-2] == 1:
+      # one token: the attention block's output h + norm(attended) is never stored; the MLP's first kernel and the
+      # layer's last kernel each recompute it over their own rows (Gemma3MLP.after_residual)
+      attended = _materialize(attended)
+      mlp_out = self.mlp.after_residual(h, attended, self.post_attention_layernorm, self.pre_feedforward_layernorm)
+      h = h + self.post_attention_layernorm(attended)
+    else:
+      h = _materialize(h + self.post_attention_layernorm(attended))
+      mlp_out = self.mlp(h, self.pre_feedforward_layernorm)
+    # the post-norm and the residual add: one row kernel, its output realized
+    return _materialize(h + self.post_feedforward_layernorm(mlp_out)), pending
 
 class Gemma3TextModel:
   """The decoder stack, named like HF's `Gemma3TextModel` so state-dict names match the checkpoint."""

@@ -219,6 +219,12 @@ class Gemma3RMSNorm:
     squares = q32.square().unsqueeze(-2).expand(rows).sum(-1)
     return (product * (squares / D + self.eps).rsqrt()).cast(q.dtype)
 
+  def rotated_rows(self, x32: Tensor, cos: Tensor, sin_signed: Tensor) -> Tensor:
+    """`rotated` of a float32 x whose rows may be broadcast copies (each computes its own sum of squares), in
+    float32."""
+    inverse_rms = (x32.square().mean(-1, keepdim=True) + self.eps).rsqrt()
+    return _rotate(x32 * (self.weight.float() + 1.0), cos.float(), sin_signed.float()) * inverse_rms
+
   def rotated(self, x: Tensor, cos: Tensor, sin_signed: Tensor) -> Tensor:
     """RoPE of the normed x, as one row kernel: the norm's 1/rms is one number per row, so it multiplies the rotation
     of the weighted x (x · (1 + w), in float32) after it — the rotation reads x at two positions of the row, which
@@ -317,6 +323,18 @@ def _decode_attention_values(scores: Tensor, values: Tensor) -> Tensor:
   weighted = probs.float() * values.transpose(-1, -2).reshape(B, kv_heads, 1, 1, D, K).float()
   return weighted.sum(-1).cast(values.dtype)
 
+def _write_cache_decode(cache: Tensor, keys: Tensor, values: Tensor, k_norm: Gemma3RMSNorm, cos: Tensor,
+                        sin_signed: Tensor, step: _StepInputs) -> None:
+  """_write_cache for one token whose keys [B, kv_heads, 1, D] are not yet normed and rotated, as one row kernel: the
+  cache's own [2, B, kv_heads, slots, D] elements are the rows, each recomputing the key's sum of squares over D
+  (slots·D FMAs, beside reading and writing the cache), so the normed, rotated key is never stored apart."""
+  full = cache.shape
+  k32 = keys.float().unsqueeze(0).expand(full)
+  normed = (k_norm.rotated_rows(k32, cos, sin_signed)).cast(cache.dtype)
+  is_key = Tensor.arange(2, device=cache.device).reshape(2, 1, 1, 1, 1) == 0
+  value = is_key.where(normed, values.unsqueeze(0).expand(full))
+  cache.assign(step.written.where(value, cache))
+
 class Gemma3Attention:
   def __init__(self, config: Gemma3Config, weights: dict[str, Tensor], prefix: str):
     names = [prefix + name + "_proj.weight" for name in ("q", "k", "v")]
@@ -343,13 +361,13 @@ class Gemma3Attention:
     v = qkv[..., q_width + kv_width:].reshape(B, T, self.kv_heads, D)
     # normed and rotated in one kernel each, realized once in [B, T, heads, D]: every score reads each q and k
     # element many times
-    k = _materialize(self.k_norm.rotated(k, cos, sin))
-    # one token: q's norm and RoPE are computed inside the scores kernel (Gemma3RMSNorm.rotated_scores)
-    if T > 1: q = _materialize(self.q_norm.rotated(q, cos, sin))
+    # one token: q's norm and RoPE are computed inside the scores kernel (Gemma3RMSNorm.rotated_scores), k's inside
+    # the cache write (_write_cache_decode)
+    if T > 1: q, k = _materialize(self.q_norm.rotated(q, cos, sin)), _materialize(self.k_norm.rotated(k, cos, sin))
     k, v = k.permute(0, 2, 1, 3), v.permute(0, 2, 1, 3)          # [B, kv_heads, T, D]
     pending = None
     if step.mode == DECODE:
-      _write_cache(cache, k, v, step)
+      _write_cache_decode(cache, k, v, self.k_norm, cos.reshape(1, 1, 1, D), sin.reshape(1, 1, 1, D), step)
       keys, values = cache[0], cache[1]
     elif step.mode == FRESH: keys, values = k, v
     else:

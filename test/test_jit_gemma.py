@@ -76,3 +76,14 @@ def test_pipelined_greedy_generate_stops_at_eos_like_the_plain_loop(model: Gemma
   with pytest.raises(ValueError, match="do not fit a cache of 16"): model.greedy_tokens([1], 10)
   with pytest.raises(ValueError, match="count must be"): model.greedy_tokens([1], -1)
   assert list(model.greedy_tokens([1], 0)) == []
+
+def test_decode_step_kernels_per_layer(model: Gemma3):
+  """The captured decode step runs at most 8 kernels per decoder layer (issue target), plus a fixed few for the
+  embedding, the step's position tables, the final norm, the head and the argmax."""
+  model.reset_cache(1, 64)
+  model(Tensor(np.array([PROMPT], np.int32)), 0, last_only=True)
+  for _ in range(3): model.decode_greedy([5])
+  instructions = model._decode_jit.captured.instructions
+  layers = model.config.num_hidden_layers
+  fixed = len(instructions) - 8 * layers
+  assert fixed <= 12, [ins.name for ins in instructions]

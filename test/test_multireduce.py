@@ -291,3 +291,20 @@ def test_random_chains_against_numpy(seed):
     kernel = Kernel(item.ast, CUDARenderer())
     hand_coded_optimizations(kernel)
     compile_cuda(kernel.renderer.render("chain", linearize(kernel)), "sm_90")
+
+def test_row_kernel_assigned_in_place_is_one_kernel():
+  """A row kernel whose value is assigned into an existing buffer (a cache write of a normed row) stores straight
+  into the target: one kernel, no separate buffer and copy; the values match torch."""
+  rng = np.random.default_rng(11)
+  x_np, target_np = rng.standard_normal((6, 40)).astype(np.float32), rng.standard_normal((6, 40)).astype(np.float32)
+  mask_np = rng.random((6, 1)) < 0.5
+  target, x, mask = Tensor(target_np).realize(), Tensor(x_np).realize(), Tensor(mask_np).realize()
+  normed = x * (x.square().mean(-1, keepdim=True) + 1e-6).rsqrt()
+  assigned = target.assign(mask.where(normed, target))
+  items = [i for i in create_schedule([assigned.lazydata]) if i.ast.op is Ops.SINK]
+  assert len(items) == 1
+  assigned.realize()
+  xt = torch.tensor(x_np)
+  want = torch.where(torch.tensor(mask_np), xt * torch.rsqrt(xt.square().mean(-1, keepdim=True) + 1e-6),
+                     torch.tensor(target_np))
+  np.testing.assert_allclose(target.numpy(), want.numpy(), rtol=1e-5, atol=1e-6)

@@ -254,7 +254,8 @@ def _row_read(user: LazyBuffer, view: LazyBuffer, member: LazyBuffer, row_shape:
   same rows); None when the read can't be part of the row kernel."""
   result_size = prod(reduced_shape)
   in_order = view.is_base or (view.st.contiguous and view.size == member.size)
-  if user.op in ELEMENTWISE or user.op is Ops.CONTIGUOUS:   # a CONTIGUOUS is realized: it becomes the output
+  # a CONTIGUOUS or an ASSIGN (of the region's value into its target) is realized: it becomes the output
+  if user.op in ELEMENTWISE or user.op is Ops.CONTIGUOUS or (user.op is Ops.ASSIGN and user.srcs[1] is view):
     if in_order and (user.shape == member.shape == row_shape or user.size == member.size == result_size):
       return "plain"
     if member.size == result_size and user.shape == row_shape and not view.is_base and \

@@ -207,6 +207,24 @@ class Gemma3RMSNorm:
     squares = x32.square().unsqueeze(-2).expand(rows).sum(-1)
     return (product * (squares / weight.shape[1] + self.eps).rsqrt()).cast(x.dtype)
 
+  def rotated_scores(self, q: Tensor, cos: Tensor, sin_signed: Tensor, keys: Tensor) -> Tensor:
+    """rotated(q) @ keysᵀ for one query token as one kernel: q [B, kv_heads, group, 1, D] (unnormed), keys
+    [B, kv_heads, K, D] → [B, kv_heads, group, 1, K] in q's dtype. As in `matvec`, 1/rms multiplies each score after
+    the sum, and the sum of squares runs over the same [K, D] rows as the dot products."""
+    q32 = q.float()
+    D = q.shape[-1]
+    rotated = _rotate(q32 * (self.weight.float() + 1.0), cos.float(), sin_signed.float())
+    rows = q.shape[:-1] + (keys.shape[-2], D)
+    product = (rotated.unsqueeze(-2) * keys.unsqueeze(2).unsqueeze(3).float()).sum(-1)
+    squares = q32.square().unsqueeze(-2).expand(rows).sum(-1)
+    return (product * (squares / D + self.eps).rsqrt()).cast(q.dtype)
+
+  def rotated_rows(self, x32: Tensor, cos: Tensor, sin_signed: Tensor) -> Tensor:
+    """`rotated` of a float32 x whose rows may be broadcast copies (each computes its own sum of squares), in
+    float32."""
+    inverse_rms = (x32.square().mean(-1, keepdim=True) + self.eps).rsqrt()
+    return _rotate(x32 * (self.weight.float() + 1.0), cos.float(), sin_signed.float()) * inverse_rms
+
   def rotated(self, x: Tensor, cos: Tensor, sin_signed: Tensor) -> Tensor:
     """RoPE of the normed x, as one row kernel: the norm's 1/rms is one number per row, so it multiplies the rotation
     of the weighted x (x · (1 + w), in float32) after it — the rotation reads x at two positions of the row, which
@@ -305,6 +323,18 @@ def _decode_attention_values(scores: Tensor, values: Tensor) -> Tensor:
   weighted = probs.float() * values.transpose(-1, -2).reshape(B, kv_heads, 1, 1, D, K).float()
   return weighted.sum(-1).cast(values.dtype)
 
+def _write_cache_decode(cache: Tensor, keys: Tensor, values: Tensor, k_norm: Gemma3RMSNorm, cos: Tensor,
+                        sin_signed: Tensor, step: _StepInputs) -> None:
+  """_write_cache for one token whose keys [B, kv_heads, 1, D] are not yet normed and rotated, as one row kernel: the
+  cache's own [2, B, kv_heads, slots, D] elements are the rows, each recomputing the key's sum of squares over D
+  (slots·D FMAs, beside reading and writing the cache), so the normed, rotated key is never stored apart."""
+  full = cache.shape
+  k32 = keys.float().unsqueeze(0).expand(full)
+  normed = (k_norm.rotated_rows(k32, cos, sin_signed)).cast(cache.dtype)
+  is_key = Tensor.arange(2, device=cache.device).reshape(2, 1, 1, 1, 1) == 0
+  value = is_key.where(normed, values.unsqueeze(0).expand(full))
+  cache.assign(step.written.where(value, cache))
+
 class Gemma3Attention:
   def __init__(self, config: Gemma3Config, weights: dict[str, Tensor], prefix: str):
     names = [prefix + name + "_proj.weight" for name in ("q", "k", "v")]
@@ -331,18 +361,22 @@ class Gemma3Attention:
     v = qkv[..., q_width + kv_width:].reshape(B, T, self.kv_heads, D)
     # normed and rotated in one kernel each, realized once in [B, T, heads, D]: every score reads each q and k
     # element many times
-    q, k = _materialize(self.q_norm.rotated(q, cos, sin)), _materialize(self.k_norm.rotated(k, cos, sin))
+    # one token: q's norm and RoPE are computed inside the scores kernel (Gemma3RMSNorm.rotated_scores), k's inside
+    # the cache write (_write_cache_decode)
+    if T > 1: q, k = _materialize(self.q_norm.rotated(q, cos, sin)), _materialize(self.k_norm.rotated(k, cos, sin))
     k, v = k.permute(0, 2, 1, 3), v.permute(0, 2, 1, 3)          # [B, kv_heads, T, D]
     pending = None
     if step.mode == DECODE:
-      _write_cache(cache, k, v, step)
+      _write_cache_decode(cache, k, v, self.k_norm, cos.reshape(1, 1, 1, D), sin.reshape(1, 1, 1, D), step)
       keys, values = cache[0], cache[1]
     elif step.mode == FRESH: keys, values = k, v
     else:
       keys, values = cache[0].cat(k, dim=2), cache[1].cat(v, dim=2)
       pending = (k, v)
     q = q.reshape(B, T, self.kv_heads, group, D).permute(0, 2, 3, 1, 4)           # [B, kv_heads, group, T, D]
-    scores = (q @ keys.unsqueeze(2).transpose(-1, -2)) * self.scale              # [B, kv_heads, group, T, K]
+    if T == 1: scores = self.q_norm.rotated_scores(q, cos.reshape(1, 1, 1, 1, D), sin.reshape(1, 1, 1, 1, D), keys)
+    else: scores = (q @ keys.unsqueeze(2).transpose(-1, -2))                      # [B, kv_heads, group, T, K]
+    scores = scores * self.scale
     scores = step.allowed.where(_softcap(scores, self.softcap), MASKED_SCORE)
     if T == 1: out = _decode_attention_values(_materialize(scores), values)
     else: out = scores.float().softmax(-1).cast(h.dtype) @ values.unsqueeze(2)   # [B, kv_heads, group, T, D]
@@ -359,7 +393,23 @@ class Gemma3MLP:
     self.down_proj = Linear(weights[prefix + "down_proj.weight"])
   def __call__(self, h: Tensor, norm: Gemma3RMSNorm) -> Tensor:
     """mlp(norm(h))."""
-    gate_up, width = _normed_projection(norm, h, self.gate_up_weight), self.gate_proj.weight.shape[0]
+    return self._down(_normed_projection(norm, h, self.gate_up_weight))
+
+  def after_residual(self, h: Tensor, attended: Tensor, post_norm: Gemma3RMSNorm, pre_norm: Gemma3RMSNorm) -> Tensor:
+    """mlp(pre_norm(h + post_norm(attended))) for one token, its gate/up projection one row kernel: every [gate/up
+    row, hidden] row of the matvec recomputes post_norm's sum of squares of `attended`, the residual sum, pre_norm's
+    sum of squares of that, and the weighted product (three reduces over the same rows), so the residual sum is never
+    stored. Rounded as the unfused layer: the residual sum in the model dtype."""
+    rows = h.shape[:-1] + tuple(self.gate_up_weight.shape)
+    o = attended.float().unsqueeze(-2).expand(rows)
+    normed = (o * (o.square().mean(-1, keepdim=True) + post_norm.eps).rsqrt() * (post_norm.weight.float() + 1.0))
+    x = (h.unsqueeze(-2).expand(rows) + normed.cast(h.dtype)).float()
+    product = (x * (pre_norm.weight.float() + 1.0) * self.gate_up_weight.float()).sum(-1)
+    gate_up = product * (x.square().mean(-1) + pre_norm.eps).rsqrt()
+    return self._down(_materialize(gate_up.cast(h.dtype)))
+
+  def _down(self, gate_up: Tensor) -> Tensor:
+    width = self.gate_proj.weight.shape[0]
     return self.down_proj(_fuse_into_consumer(_gelu_tanh(gate_up[..., :width]) * gate_up[..., width:]))
 
 class Gemma3DecoderLayer:
@@ -375,9 +425,17 @@ class Gemma3DecoderLayer:
     self.post_feedforward_layernorm = Gemma3RMSNorm(weights[p + "post_feedforward_layernorm.weight"], eps)
   def __call__(self, h: Tensor, step: _StepInputs, cache: Tensor) -> tuple[Tensor, Optional[tuple]]:
     attended, pending = self.self_attn(h, self.input_layernorm, step, cache)
-    h = _materialize(h + self.post_attention_layernorm(attended))
-    h = h + self.post_feedforward_layernorm(self.mlp(h, self.pre_feedforward_layernorm))
-    return _materialize(h), pending   # the post-norm and the residual add: one row kernel, its output realized
+    if h.shape[-2] == 1:
+      # one token: the attention block's output h + norm(attended) is never stored; the MLP's first kernel and the
+      # layer's last kernel each recompute it over their own rows (Gemma3MLP.after_residual)
+      attended = _materialize(attended)
+      mlp_out = self.mlp.after_residual(h, attended, self.post_attention_layernorm, self.pre_feedforward_layernorm)
+      h = h + self.post_attention_layernorm(attended)
+    else:
+      h = _materialize(h + self.post_attention_layernorm(attended))
+      mlp_out = self.mlp(h, self.pre_feedforward_layernorm)
+    # the post-norm and the residual add: one row kernel, its output realized
+    return _materialize(h + self.post_feedforward_layernorm(mlp_out)), pending
 
 class Gemma3TextModel:
   """The decoder stack, named like HF's `Gemma3TextModel` so state-dict names match the checkpoint."""

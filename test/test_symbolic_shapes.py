@@ -258,13 +258,13 @@ def test_symbolic_kernel_with_opts_runs_at_every_value(opt, data):
                if i.ast.op is Ops.SINK]
     kernel = _kernel_of(item)
     kernel.apply_opt(opt)
-    compile_kernel("LLVM", kernel)(list(item.bufs), var_vals=item.var_vals)
+    compile_kernel(item.bufs[0].device, kernel)(list(item.bufs), var_vals=item.var_vals)
     out = item.bufs[0].copyout().view(np.float32)[:value * 8].reshape(value, 8)
     np.testing.assert_allclose(out, (x[:value] + 1) * 3, rtol=1e-6)
 
 def _kernel_of(item) -> Kernel:
   from tgrad.device import Device
-  return Kernel(item.ast, Device["LLVM"].renderer)
+  return Kernel(item.ast, Device[item.bufs[0].device].renderer)
 
 # ---- TinyJit across values
 

@@ -17,7 +17,8 @@ import argparse, json, os, sys, time
 import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from tgrad import Tensor, TinyJit, dtypes  # noqa: E402
-from tgrad.models.gemma3 import Gemma3, generate  # noqa: E402
+from tgrad.models.gemma3 import Gemma3  # noqa: E402
+from tgrad.models.generation import generate  # noqa: E402
 import tgrad.realize as realize_module  # noqa: E402
 from tgrad.codegen.compile import CompiledKernel  # noqa: E402
 

@@ -12,7 +12,8 @@ import argparse, json, math, os, sys, time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # run from a checkout without installing
-from tgrad.models.gemma3 import Gemma3, Gemma3Config, PRESETS, format_chat, generate  # noqa: E402
+from tgrad.models.gemma3 import Gemma3, Gemma3Config, PRESETS  # noqa: E402
+from tgrad.models.generation import format_chat, generate  # noqa: E402
 from tgrad.device import Device, DeviceUnavailable, canonical_device  # noqa: E402
 
 RANDOM_NEW_TOKENS = 8           # default for random weights: enough to time decode, quick on a 2-core CPU

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 from tgrad.tensor import Tensor
 from tgrad.nn.state import safe_load, safe_save
-from tgrad.models.gemma3 import Gemma3, Gemma3Config, PRESETS, FULL, SLIDING, choose_token, format_chat, generate
+from tgrad.models.gemma3 import Gemma3, Gemma3Config, PRESETS, FULL, SLIDING
+from tgrad.models.generation import choose_token, format_chat, generate
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples/gemma.py"

@@ -3,7 +3,8 @@ same logits at every step (tiny preset, seeded random weights; no Hugging Face n
 import numpy as np
 import pytest
 from tgrad import Tensor
-from tgrad.models.gemma3 import Gemma3, Gemma3Config, generate
+from tgrad.models.gemma3 import Gemma3, Gemma3Config
+from tgrad.models.generation import generate
 
 PROMPT = [2, 17, 301, 5, 88, 412, 9]
 STEPS = 12   # past the tiny preset's sliding window (8): the ring cache wraps while the JIT replays

@@ -51,8 +51,8 @@ def tgrad_kernel_time(fn, repeats: int = REPEATS) -> float:
   import tgrad.realize as realize_module
   original = realize_module.CompiledKernel.__call__
   total = [0.0]
-  def timed(self, buffers, wait=False):
-    total[0] += original(self, buffers, wait=True) or 0.0
+  def timed(self, buffers, wait=False, var_vals=None):
+    total[0] += original(self, buffers, True, var_vals) or 0.0
   fn()
   realize_module.CompiledKernel.__call__ = timed
   try:

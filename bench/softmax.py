@@ -8,7 +8,7 @@ of an older checkout (docs/benchmarks.md lists both).
 Usage: python bench/softmax.py [--repeats N]
 """
 from __future__ import annotations
-import argparse, os, sys, time
+import argparse, os, sys
 import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from tgrad import Tensor  # noqa: E402
@@ -17,19 +17,11 @@ from tgrad.schedule import create_schedule  # noqa: E402
 from tgrad.realize import lower_schedule, run  # noqa: E402
 from tgrad.device import Device  # noqa: E402
 import torch  # noqa: E402
+from cpu import best_time  # noqa: E402
 
 REPEATS = 20
 SHAPES = ((4096, 4096), (1, 640))
 RMS_EPS = 1e-6
-
-def best_time(fn, repeats: int) -> float:
-  fn()
-  times = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    fn()
-    times.append(time.perf_counter() - start)
-  return min(times)
 
 CASES = {
   "softmax": (lambda x: x.softmax(-1), lambda x: torch.softmax(x, dim=-1)),

@@ -57,8 +57,6 @@ class PendingRead:
   array the caller owns). A device whose copies are synchronous makes one that is already done."""
   def __init__(self, data: Optional[np.ndarray] = None, finish: Optional[Callable[[], np.ndarray]] = None):
     self._data, self._finish = data, finish
-  @property
-  def done(self) -> bool: return self._data is not None
   def wait(self) -> np.ndarray:
     if self._data is None:
       assert self._finish is not None
@@ -151,10 +149,13 @@ class Buffer:
     if self._handle is not None and self.base is None:
       try: self._allocator.free(self._handle, max(self.nbytes, 1))
       except Exception: pass   # interpreter shutdown
-  def copyin(self, data: np.ndarray) -> Buffer:
+  def _bytes_of(self, data: np.ndarray) -> memoryview:
+    """data's bytes for a copy into this buffer (checked to be exactly its size)."""
     data = np.ascontiguousarray(data)
     if data.nbytes != self.nbytes: raise ValueError(f"copyin of {data.nbytes} bytes into a {self.nbytes}-byte buffer")
-    Device[self.device].allocator.copyin(self.handle, memoryview(data.reshape(-1).view(np.uint8)))
+    return memoryview(data.reshape(-1).view(np.uint8))
+  def copyin(self, data: np.ndarray) -> Buffer:
+    Device[self.device].allocator.copyin(self.handle, self._bytes_of(data))
     return self
   def copyout(self) -> np.ndarray:
     out = np.empty(self.size, dtype=self.dtype.np)
@@ -162,9 +163,7 @@ class Buffer:
     return out
   def copyin_async(self, data: np.ndarray) -> Buffer:
     """copyin ordered with the device's queued work, returning before it lands (Allocator.copyin_async)."""
-    data = np.ascontiguousarray(data)
-    if data.nbytes != self.nbytes: raise ValueError(f"copyin of {data.nbytes} bytes into a {self.nbytes}-byte buffer")
-    Device[self.device].allocator.copyin_async(self.handle, memoryview(data.reshape(-1).view(np.uint8)))
+    Device[self.device].allocator.copyin_async(self.handle, self._bytes_of(data))
     return self
   def copyout_async(self) -> PendingRead:
     """The value the device's queued work leaves here, read without waiting: `.wait()` gives the array (of the

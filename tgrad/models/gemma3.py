@@ -193,8 +193,13 @@ class Gemma3RMSNorm:
   def __init__(self, weight: Tensor, eps: float): self.weight, self.eps = weight, eps
   def __call__(self, x: Tensor) -> Tensor:
     x32 = x.float()
-    inverse_rms = (x32.square().mean(-1, keepdim=True) + self.eps).rsqrt()   # one row kernel with its readers
-    return (x32 * inverse_rms * (self.weight.float() + 1.0)).cast(x.dtype)
+    return (x32 * self.inverse_rms(x32) * (self.weight.float() + 1.0)).cast(x.dtype)   # one row kernel
+  def inverse_rms(self, x32: Tensor, keepdim: bool = True) -> Tensor:
+    """1 / sqrt(mean(x²) + eps) over the last axis of a float32 x."""
+    return (x32.square().mean(-1, keepdim=keepdim) + self.eps).rsqrt()
+  def weighted(self, x32: Tensor) -> Tensor:
+    """x · (1 + w), float32: the norm without its 1/rms."""
+    return x32 * (self.weight.float() + 1.0)
   def matvec(self, x: Tensor, weight: Tensor) -> Tensor:
     """self(x) @ weight.T ([out, in] weight) as one kernel, for a one-token step: 1/rms is one number per row of x,
     so it multiplies the product of the weighted x (x · (1 + w), float32) with the weight after the sum, and its own
@@ -202,35 +207,29 @@ class Gemma3RMSNorm:
     beside the weight's read), so both reduces share the matrix–vector kernel. Rounded to x's dtype once."""
     x32 = x.float()
     rows = x.shape[:-1] + tuple(weight.shape)
-    product = ((x32 * (self.weight.float() + 1.0)).unsqueeze(-2) * weight.float()).sum(-1)
-    squares = x32.square().unsqueeze(-2).expand(rows).sum(-1)
-    return (product * (squares / weight.shape[1] + self.eps).rsqrt()).cast(x.dtype)
+    product = (self.weighted(x32).unsqueeze(-2) * weight.float()).sum(-1)
+    return (product * self.inverse_rms(x32.unsqueeze(-2).expand(rows), keepdim=False)).cast(x.dtype)
 
   def rotated_scores(self, q: Tensor, cos: Tensor, sin_signed: Tensor, keys: Tensor) -> Tensor:
     """rotated(q) @ keysᵀ for one query token as one kernel: q [B, kv_heads, group, 1, D] (unnormed), keys
     [B, kv_heads, K, D] → [B, kv_heads, group, 1, K] in q's dtype. As in `matvec`, 1/rms multiplies each score after
     the sum, and the sum of squares runs over the same [K, D] rows as the dot products."""
     q32 = q.float()
-    D = q.shape[-1]
-    rotated = _rotate(q32 * (self.weight.float() + 1.0), cos.float(), sin_signed.float())
-    rows = q.shape[:-1] + (keys.shape[-2], D)
+    rotated = _rotate(self.weighted(q32), cos.float(), sin_signed.float())
+    rows = q.shape[:-1] + (keys.shape[-2], q.shape[-1])
     product = (rotated.unsqueeze(-2) * keys.unsqueeze(2).unsqueeze(3).float()).sum(-1)
-    squares = q32.square().unsqueeze(-2).expand(rows).sum(-1)
-    return (product * (squares / D + self.eps).rsqrt()).cast(q.dtype)
+    return (product * self.inverse_rms(q32.unsqueeze(-2).expand(rows), keepdim=False)).cast(q.dtype)
 
   def rotated_rows(self, x32: Tensor, cos: Tensor, sin_signed: Tensor) -> Tensor:
     """`rotated` of a float32 x whose rows may be broadcast copies (each computes its own sum of squares), in
     float32."""
-    inverse_rms = (x32.square().mean(-1, keepdim=True) + self.eps).rsqrt()
-    return _rotate(x32 * (self.weight.float() + 1.0), cos.float(), sin_signed.float()) * inverse_rms
+    return _rotate(self.weighted(x32), cos.float(), sin_signed.float()) * self.inverse_rms(x32)
 
   def rotated(self, x: Tensor, cos: Tensor, sin_signed: Tensor) -> Tensor:
     """RoPE of the normed x, as one row kernel: the norm's 1/rms is one number per row, so it multiplies the rotation
     of the weighted x (x · (1 + w), in float32) after it — the rotation reads x at two positions of the row, which
     would otherwise keep the norm's reduce in a kernel of its own. Rounded to x's dtype once, at the end."""
-    x32 = x.float()
-    inverse_rms = (x32.square().mean(-1, keepdim=True) + self.eps).rsqrt()
-    return (_rotate(x32 * (self.weight.float() + 1.0), cos.float(), sin_signed.float()) * inverse_rms).cast(x.dtype)
+    return self.rotated_rows(x.float(), cos, sin_signed).cast(x.dtype)
 
 class Gemma3Embedding:
   """Token lookup times sqrt(hidden), the scale rounded to the weight dtype first (HF: 25.25 for H=640 in bf16).
@@ -358,10 +357,9 @@ class Gemma3Attention:
     q = qkv[..., :q_width].reshape(B, T, self.heads, D)
     k = qkv[..., q_width:q_width + kv_width].reshape(B, T, self.kv_heads, D)
     v = qkv[..., q_width + kv_width:].reshape(B, T, self.kv_heads, D)
-    # normed and rotated in one kernel each, realized once in [B, T, heads, D]: every score reads each q and k
-    # element many times
-    # one token: q's norm and RoPE are computed inside the scores kernel (Gemma3RMSNorm.rotated_scores), k's inside
-    # the cache write (_write_cache_decode)
+    # several tokens: q and k normed and rotated in one kernel each, realized once in [B, T, heads, D] (every score
+    # reads each element many times); one token: q's norm and RoPE are computed inside the scores kernel
+    # (Gemma3RMSNorm.rotated_scores), k's inside the cache write (_write_cache_decode)
     if T > 1: q, k = _materialize(self.q_norm.rotated(q, cos, sin)), _materialize(self.k_norm.rotated(k, cos, sin))
     k, v = k.permute(0, 2, 1, 3), v.permute(0, 2, 1, 3)          # [B, kv_heads, T, D]
     pending = None
@@ -401,10 +399,10 @@ class Gemma3MLP:
     stored. Rounded as the unfused layer: the residual sum in the model dtype."""
     rows = h.shape[:-1] + tuple(self.gate_up_weight.shape)
     o = attended.float().unsqueeze(-2).expand(rows)
-    normed = (o * (o.square().mean(-1, keepdim=True) + post_norm.eps).rsqrt() * (post_norm.weight.float() + 1.0))
+    normed = o * post_norm.inverse_rms(o) * (post_norm.weight.float() + 1.0)
     x = (h.unsqueeze(-2).expand(rows) + normed.cast(h.dtype)).float()
-    product = (x * (pre_norm.weight.float() + 1.0) * self.gate_up_weight.float()).sum(-1)
-    gate_up = product * (x.square().mean(-1) + pre_norm.eps).rsqrt()
+    product = (pre_norm.weighted(x) * self.gate_up_weight.float()).sum(-1)
+    gate_up = product * pre_norm.inverse_rms(x, keepdim=False)
     return self._down(_materialize(gate_up.cast(h.dtype)))
 
   def _down(self, gate_up: Tensor) -> Tensor:
@@ -691,8 +689,8 @@ class Gemma3:
       self._replay_decode(None, self._step_data(positions, cache)[1], synchronous=False)
       cache.advance(positions)
       queued.append(self._decode_tokens.lazydata.base.buffer.copyout_async())   # type: ignore[union-attr]
+    if count: queue_step()
     for step in range(count):
-      if step == 0: queue_step()
       if step + 1 < count: queue_step()   # the step after this one, queued before this one's tokens are read
       yield queued.popleft().wait().reshape(-1).tolist()
 

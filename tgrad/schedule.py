@@ -264,14 +264,14 @@ def _row_read(user: LazyBuffer, view: LazyBuffer, member: LazyBuffer, row_shape:
      user.srcs[0].shape == row_shape and _is_plain_read(view, member): return "nested"
   return None
 
-def _plan_row_kernels(bases: list[LazyBuffer], realize_set: set[LazyBuffer]) -> frozenset[LazyBuffer]:
+def _plan_row_kernels(bases: list[LazyBuffer], readers: dict[LazyBuffer, list[tuple[LazyBuffer, LazyBuffer]]],
+                      realize_set: set[LazyBuffer]) -> frozenset[LazyBuffer]:
   """Rule 2b, decided up front: for each reduce over rows of at most MAX_ROW_FUSION_SIZE elements, follow its
   readers through elementwise ops of the row or result shape and through further reduces over the same rows. When
   every value reached is read only inside that region but for one (the kernel's output) and some read is a broadcast
   or a nested reduce, the output is realized and the region's reduces become row reduces (returned); kernel building
   then inlines them through those reads. Otherwise the reduce keeps the other rules (gradients reading the forward's
   intermediates, for example, leave several outputs)."""
-  readers = _readers_of(bases)
   row_reduces: set[LazyBuffer] = set()
   for start in bases:
     if start.op is not Ops.REDUCE_AXIS or start in realize_set or start in row_reduces or len(start.arg) != 2: continue
@@ -299,11 +299,10 @@ def _plan_row_kernels(bases: list[LazyBuffer], realize_set: set[LazyBuffer]) -> 
       row_reduces.update(reduces)
   return frozenset(row_reduces)
 
-def _realize_unfusable_reduces(bases: list[LazyBuffer], realize_set: set[LazyBuffer],
-                               row_reduces: frozenset[LazyBuffer] = frozenset()) -> None:
+def _realize_unfusable_reduces(bases: list[LazyBuffer], readers: dict[LazyBuffer, list[tuple[LazyBuffer, LazyBuffer]]],
+                               realize_set: set[LazyBuffer], row_reduces: frozenset[LazyBuffer] = frozenset()) -> None:
   """A reduce fuses into its reader only when it has one reader, read through a plain reshape, and no other reduce
   sits above it in the same kernel; decide that up front (kernel building double-checks and may still refuse)."""
-  readers = _readers_of(bases)
   def reduce_above(lb: LazyBuffer) -> bool:
     stack, seen = [lb], set()
     while stack:
@@ -345,8 +344,9 @@ def create_schedule(outs: list[LazyBuffer], commit: bool = False) -> list[Schedu
   for b in bases:
     if b.op is Ops.COPY: realize_set.update(s.base for s in b.srcs if s.base.buffer is None)
     if b.op is Ops.GATHER and b.srcs[0].base.buffer is None: realize_set.add(b.srcs[0].base)   # rule 1b: tables
-  row_reduces = _plan_row_kernels(bases, realize_set)
-  _realize_unfusable_reduces(bases, realize_set, row_reduces)
+  readers = _readers_of(bases)   # who reads each base: the same for both decisions (realizing adds no readers)
+  row_reduces = _plan_row_kernels(bases, readers, realize_set)
+  _realize_unfusable_reduces(bases, readers, realize_set, row_reduces)
   _realize_shared_elementwise(bases, realize_set)
   asts: dict[LazyBuffer, tuple[UOp, list[LazyBuffer], set[LazyBuffer]]] = {}
   changed = True

@@ -143,7 +143,9 @@ def tgrad_jit_decode_profile(ref: str, prompt: list[int], dtype) -> dict:
   kernels = [ins for ins in graph.instructions if isinstance(ins.runner, CompiledKernel)]
   gpu = replayed_gpu_seconds(graph)
   alone = sum(ins.runner([graph.slots[s].buffer for s in ins.args], True, ins.var_vals) or 0.0 for ins in kernels)
+  step_bytes = sum(ins.runner.nbytes for ins in kernels)   # each kernel's bytes read and written, as counted for DEBUG
   return {"kernels": len(kernels), "instructions": len(graph.instructions), "step_wall_s": wall, "gpu_kernel_s": gpu,
+          "step_bytes": step_bytes, "achieved_GB_s": step_bytes / gpu / 1e9 if gpu else 0.0,
           "wall_over_gpu": wall / gpu if gpu else 0.0,
           "step_wall_each_step_waited_s": wall_waited,
           "wall_each_step_waited_over_gpu": wall_waited / gpu if gpu else 0.0,
@@ -178,6 +180,20 @@ def memory_plan(graph, before: int, after: int) -> dict:
           "graph_allocated_bytes": graph.allocated_bytes.get(DEVICE, 0),
           "measured_bytes_during_capture_call": after - before}
 
+def tgrad_prefill_profile(ref: str, prompt: list[int], dtype) -> dict:
+  """A captured prefill of the prompt replayed: GPU time of its kernels (events) and achieved TFLOP/s, with the FLOPs
+  each kernel counts (multiply-adds as 2)."""
+  model = Gemma3.from_pretrained(ref, dtype, DEVICE, progress=False)
+  tokens = Tensor(np.array([prompt], np.int32), device=DEVICE).realize()
+  prefill = TinyJit(lambda ids: model(ids, 0, last_only=True))
+  for _ in range(3): prefill(tokens)   # runs, captures, replays
+  graph = prefill.captured
+  gpu = replayed_gpu_seconds(graph)
+  flops = sum(ins.runner.flops for ins in graph.instructions if isinstance(ins.runner, CompiledKernel))
+  return {"prompt_tokens": len(prompt), "gpu_kernel_s": gpu, "flops": flops,
+          "TFLOP_s": flops / gpu / 1e12 if gpu else 0,
+          "kernels": sum(isinstance(ins.runner, CompiledKernel) for ins in graph.instructions)}
+
 def tgrad_memory_plans(ref: str, prompt: list[int]) -> dict:
   """The JIT's memory plans (float32): a captured prefill of the prompt and a captured decode step."""
   model = Gemma3.from_pretrained(ref, dtypes.float32, DEVICE, progress=False)
@@ -199,23 +215,29 @@ def tgrad_memory_plans(ref: str, prompt: list[int]) -> dict:
   plans["prompt_tokens"] = len(prompt)
   return plans
 
-def hf_decode_speed(ref: str, torch_dtype, prompt: list[int], new_tokens: int) -> dict:
+def hf_decode_speed(ref: str, torch_dtype, prompt: list[int], new_tokens: int, compiled: bool = False) -> dict:
   """HF's generate() measured as tgrad's generate() reports itself, end to end: prefill = the prompt's forward pass and
-  the first token (generate with 1 new token); decode = the other tokens over the time they add to it."""
+  the first token (generate with 1 new token); decode = the other tokens over the time they add to it. `compiled`:
+  HF's fast path — a static KV cache and the forward compiled with torch.compile (mode "reduce-overhead": CUDA
+  graphs), warmed up (compiled) before timing."""
   import torch
   from transformers import Gemma3ForCausalLM
   device = "cuda" if DEVICE == "CUDA" else "cpu"
   model = Gemma3ForCausalLM.from_pretrained(ref, dtype=torch_dtype, attn_implementation="eager").to(device).eval()
   ids = torch.tensor([prompt], device=device)
   sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+  extra = {}
+  if compiled:
+    model.forward = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
+    extra = {"cache_implementation": "static"}
   def timed_generate(count: int) -> tuple[float, int]:
     sync()
     start = time.perf_counter()
-    out = model.generate(ids, max_new_tokens=count, min_new_tokens=count, do_sample=False)
+    out = model.generate(ids, max_new_tokens=count, min_new_tokens=count, do_sample=False, **extra)
     sync()
     return time.perf_counter() - start, out.shape[1] - len(prompt)
   with torch.no_grad():
-    timed_generate(4)   # warm-up
+    for _ in range(3 if compiled else 1): timed_generate(new_tokens if compiled else 4)   # warm-up (and compile)
     prefill, _ = timed_generate(1)
     total, generated = timed_generate(new_tokens)
   return {"prefill_s": prefill, "decode_tok_s": (generated - 1) / max(total - prefill, 1e-9)}
@@ -225,6 +247,7 @@ def main() -> None:
   parser.add_argument("reference_dir")
   parser.add_argument("--new-tokens", type=int, default=128)
   parser.add_argument("--device", default="CUDA")
+  parser.add_argument("--hf-compile", action="store_true", help="also time HF with a static cache and torch.compile")
   args = parser.parse_args()
   global DEVICE
   DEVICE = args.device
@@ -239,15 +262,21 @@ def main() -> None:
   print(json.dumps(report), flush=True)
   for name in ("float16", "bfloat16"): report[f"{name}_top1_agreement"] = top1_agreement(ref, getattr(dtypes, name))
   print(json.dumps(report), flush=True)
-  for name, dt, tdt in (("float32", dtypes.float32, torch.float32), ("float16", dtypes.float16, torch.float16)):
+  for name, dt, tdt in (("float32", dtypes.float32, torch.float32), ("float16", dtypes.float16, torch.float16),
+                        ("bfloat16", dtypes.bfloat16, torch.bfloat16)):
     report[f"decode_{name}"] = {"tgrad": tgrad_decode_speed(ref, dt, prompt, args.new_tokens),
                                 "hf_eager": hf_decode_speed(ref, tdt, prompt, args.new_tokens)}
+    if args.hf_compile and name != "bfloat16":
+      try: report[f"decode_{name}"]["hf_static_compiled"] = hf_decode_speed(ref, tdt, prompt, args.new_tokens, True)
+      except Exception as failure: report[f"decode_{name}"]["hf_static_compiled"] = f"failed: {failure!r}"[:400]
     print(json.dumps(report), flush=True)
   report["decode_step_profile_float32"] = tgrad_decode_profile(ref, prompt)
   print(json.dumps(report), flush=True)
   for name, dt in (("float32", dtypes.float32), ("float16", dtypes.float16)):
     report[f"jit_decode_step_profile_{name}"] = tgrad_jit_decode_profile(ref, prompt, dt)
     print(json.dumps(report), flush=True)
+  for name, dt in (("float32", dtypes.float32), ("float16", dtypes.float16)):
+    report[f"prefill_profile_{name}"] = tgrad_prefill_profile(ref, prompt, dt)
   report["jit_memory_plans_float32"] = tgrad_memory_plans(ref, prompt)
   print(json.dumps(report, indent=1))
 

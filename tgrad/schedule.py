@@ -335,9 +335,12 @@ def _realize_shared_elementwise(bases: list[LazyBuffer], realize_set: set[LazyBu
         changed = True
 
 @gc_paused()
-def create_schedule(outs: list[LazyBuffer], commit: bool = False) -> list[ScheduleItem]:
+def create_schedule(outs: list[LazyBuffer], commit: bool = False,
+                    buffers: Optional[dict[LazyBuffer, Buffer]] = None) -> list[ScheduleItem]:
   """Decide which bases are realized, then build one ScheduleItem per realized base, dependencies first. With
-  `commit`, each realized base keeps its item's Buffer as `lb.buffer` and drops its sources (see the module doc)."""
+  `commit`, each realized base keeps its item's Buffer as `lb.buffer` and drops its sources (see the module doc).
+  `buffers`, when given, receives the Buffer of every base the schedule realizes (how a caller that does not commit,
+  e.g. a path being measured, finds its outputs)."""
   outs = [o.base for o in outs if o.base.buffer is None]
   bases = _walk_bases(outs)
   realize_set: set[LazyBuffer] = set(outs) | {b for b in bases if b.op in REALIZED_OPS}
@@ -369,7 +372,7 @@ def create_schedule(outs: list[LazyBuffer], commit: bool = False) -> list[Schedu
     else:
       ast, inputs, _ = asts[b]
       items.append(_Step(ast, (b,), tuple(inputs)))
-  buffers: dict[LazyBuffer, Buffer] = {}
+  buffers = {} if buffers is None else buffers
   items = _snapshot_old_values_read_after_assigns(items)
   return [_with_buffers(step, buffers, commit) for step in _order_assigns_after_readers(items)]
 

@@ -348,7 +348,7 @@ def _recorded_elsewhere(summary: PathSummary, fingerprint: dict, tgrad_version: 
     reasons.append(f"other tgrad version (record vs here): {summary.tgrad_version} vs {tgrad_version}")
   if summary.settings != settings:
     names = sorted(set(summary.settings) | set(settings), key=str)
-    changed = [f"{n}={summary.settings.get(n)!r} vs {settings.get(n)!r}" for n in names
+    changed = [f"{n}: {summary.settings.get(n)!r} vs {settings.get(n)!r}" for n in names
                if summary.settings.get(n) != settings.get(n)]
     reasons.append(f"other settings (record vs here): {', '.join(changed)}")
   return "; ".join(reasons)

@@ -4,6 +4,8 @@ Input: plain keys (source text and a target key, or a dict of strings); output: 
 The file is ~/.cache/tgrad/cache.db (TGRAD_CACHE overrides); CACHELEVEL=0 makes gets miss and puts do nothing.
 Values are JSON text or raw bytes, never pickle, so a cache file cannot run code. A damaged, unreadable or locked
 file warns once per process and the run goes on without a cache. `python -m tgrad.cache [info|clear|export [FILE]]`.
+`SqliteStore` is that file handling alone; the benchmark database of execution paths (tgrad/paths/db.py) keeps its
+own tables in the same file through it.
 """
 from __future__ import annotations
 import argparse, hashlib, json, os, re, sqlite3, sys, threading, time, warnings

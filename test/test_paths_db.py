@@ -281,6 +281,17 @@ def test_records_from_elsewhere_are_rejected_naming_the_difference():
   assert nothing_here.chosen is None
   assert nothing_here.reason == "no records for this hardware, tgrad version and settings (3 paths recorded elsewhere)"
 
+def test_paths_on_several_devices_compare_with_their_own_fingerprint():
+  cpu = {"device": "LLVM", "cpu_model": "AMD EPYC", "cores": 2}
+  runs = [run("gpu", times=(5e-6,)), run("cpu", times=(2e-6,), device="LLVM", fingerprint=cpu),
+          run("other_cpu", times=(1e-6,), device="LLVM", fingerprint={**cpu, "cores": 64})]
+  fingerprints = {"CUDA": H100, "LLVM": cpu}
+  selection = select(runs, 1e-5, fingerprints.__getitem__, VERSION, SETTINGS)
+  assert selection.chosen.path_id == "cpu"
+  assert {s.path_id: why for s, why in selection.rejected} == {
+    "gpu": "slower: 5.0 us vs 2.0 us", "other_cpu": "other hardware (record vs here): other core count: 64 vs 2"}
+  assert select(runs, 1e-5, H100, VERSION, SETTINGS).chosen.path_id == "gpu"   # one fingerprint: the CPU is foreign
+
 def test_select_checks_its_arguments():
   for bad in (-1e-5, math.nan, math.inf, "1e-5", True):
     with pytest.raises(ValueError, match="tolerance"): select([run("a")], bad, H100, VERSION, SETTINGS)

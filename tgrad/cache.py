@@ -56,6 +56,7 @@ class SqliteStore:
   the statements that index them; KernelCache here, PathsDB (tgrad/paths/db.py) in the same file."""
   TABLES: dict[str, str] = {}
   INDEXES: tuple[str, ...] = ()
+  TABLE_NAME = re.compile(r"$^")   # names of this store's tables in any schema version (clear drops the others)
   WHAT = "cache"   # what the warning calls this store
 
   def __init__(self, path: str):
@@ -67,6 +68,27 @@ class SqliteStore:
 
   def size_bytes(self) -> int:
     return sum(os.path.getsize(p) for p in (self.path, self.path + "-wal") if os.path.exists(p))
+
+  def row_counts(self) -> dict[str, int]:
+    """The number of rows of each of this store's tables (zeros once the store is off)."""
+    def count_rows(conn: sqlite3.Connection) -> dict[str, int]:
+      return {table: conn.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0] for table in self.TABLES}
+    return self._run(count_rows, {table: 0 for table in self.TABLES})
+
+  def clear(self) -> None:
+    """Delete every row of this store's tables, drop its tables of other schema versions, and give the space back to
+    the file system."""
+    def delete_everything(conn: sqlite3.Connection) -> None:
+      names = [row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
+      with write_transaction(conn):
+        for table in self.TABLES: conn.execute(f"DELETE FROM {table}")
+        for table in names:
+          if self.TABLE_NAME.match(table) and table not in self.TABLES: conn.execute(f"DROP TABLE {table}")
+      try:
+        conn.execute("VACUUM")
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+      except sqlite3.OperationalError: pass  # another process is reading: the rows are gone, the space is reused later
+    self._run(delete_everything, None)
 
   def close(self) -> None:
     with self._lock:
@@ -116,10 +138,21 @@ class SqliteStore:
       warnings.warn(f"tgrad {self.WHAT} {self.path} is unusable ({self.error}); running without a {self.WHAT}",
                     CacheWarning, stacklevel=4)
 
+class write_transaction:
+  """`with write_transaction(conn):` one write transaction, taken at once (BEGIN IMMEDIATE) so that concurrent
+  writers queue on the busy timeout instead of failing halfway; committed at the end, rolled back if the block
+  raises."""
+  def __init__(self, conn: sqlite3.Connection): self.conn = conn
+  def __enter__(self): self.conn.execute("BEGIN IMMEDIATE")
+  def __exit__(self, kind, *exc):
+    if kind is None: self.conn.execute("COMMIT")
+    elif self.conn.in_transaction: self.conn.execute("ROLLBACK")
+
 class KernelCache(SqliteStore):
   """Compiled binaries, opts chosen by search and measured kernel timings. `stats`, `clear` and `export_json` are
   maintenance calls and ignore CACHELEVEL."""
   TABLES = TABLE_COLUMNS
+  TABLE_NAME = CACHE_TABLE_NAME
   INDEXES = (f"CREATE INDEX IF NOT EXISTS {TIMINGS}_by_kernel ON {TIMINGS} (kernel_key)",)
 
   # *** kernel binaries: key = sha256(source + target key) ***
@@ -171,30 +204,8 @@ class KernelCache(SqliteStore):
 
   def stats(self) -> dict:
     """The path, the size of the file and its write-ahead log in bytes, and the row count of each table."""
-    def count_rows(conn: sqlite3.Connection) -> dict:
-      return {table: conn.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0] for table in TABLE_COLUMNS}
-    rows = self._run(count_rows, {table: 0 for table in TABLE_COLUMNS})
-    return {"path": self.path, "schema_version": SCHEMA_VERSION, "size_bytes": self.size_bytes(), "rows": rows,
-            "error": self.error}
-
-  def clear(self) -> None:
-    """Delete every row, drop the tables of other schema versions, and give the space back to the file system."""
-    def delete_everything(conn: sqlite3.Connection) -> None:
-      names = [row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
-      conn.execute("BEGIN IMMEDIATE")
-      try:
-        for table in TABLE_COLUMNS: conn.execute(f"DELETE FROM {table}")
-        for table in names:
-          if CACHE_TABLE_NAME.match(table) and table not in TABLE_COLUMNS: conn.execute(f"DROP TABLE {table}")
-        conn.execute("COMMIT")
-      except BaseException:
-        conn.execute("ROLLBACK")
-        raise
-      try:
-        conn.execute("VACUUM")
-        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-      except sqlite3.OperationalError: pass  # another process is reading: the rows are gone, the space is reused later
-    self._run(delete_everything, None)
+    return {"path": self.path, "schema_version": SCHEMA_VERSION, "size_bytes": self.size_bytes(),
+            "rows": self.row_counts(), "error": self.error}
 
   def export_json(self) -> dict:
     """Every row as JSON-ready values; binaries appear as their size, not their bytes."""

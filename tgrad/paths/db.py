@@ -10,8 +10,8 @@ with no records. Schema, selection rule, default tolerances and sanity bounds: d
 from __future__ import annotations
 import json, math, re, sqlite3, statistics, threading, time
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence, Union
-from tgrad.cache import SqliteStore, cache_path
+from typing import Any, Callable, Optional, Sequence, Union
+from tgrad.cache import SqliteStore, cache_path, write_transaction
 from tgrad.dtype import DType, dtypes
 from tgrad.helpers import Context
 from tgrad.paths.fingerprint import describe_difference, fingerprint_key
@@ -113,6 +113,7 @@ class PathsDB(SqliteStore):
   another. Reads find nothing and writes are dropped under CACHELEVEL=0 or once the file failed (one CacheWarning per
   process); `clear` and `stats` are maintenance calls and ignore CACHELEVEL."""
   TABLES = TABLE_COLUMNS
+  TABLE_NAME = PATHS_TABLE_NAME
   INDEXES = (f"CREATE INDEX IF NOT EXISTS {RUNS}_by_graph ON {RUNS} (graph_key, device)",
              f"CREATE INDEX IF NOT EXISTS {RUNS}_by_device ON {RUNS} (device)")
   WHAT = "benchmark database"
@@ -130,7 +131,7 @@ class PathsDB(SqliteStore):
     graph_row = (m.graph_key, _canonical_json(m.graph_desc), time.time())
     hardware_row = (fingerprint_key(m.fingerprint), _canonical_json(m.fingerprint))
     def write(conn: sqlite3.Connection) -> bool:
-      with _transaction(conn):
+      with write_transaction(conn):
         conn.execute(f"INSERT OR IGNORE INTO {GRAPHS} VALUES (?, ?, ?)", graph_row)
         conn.execute(f"INSERT OR IGNORE INTO {HARDWARE} VALUES (?, ?)", hardware_row)
         conn.execute(f"INSERT INTO {RUNS} ({', '.join(RUN_COLUMNS[1:])}) VALUES ({', '.join('?' * len(run_row))})",
@@ -174,31 +175,13 @@ class PathsDB(SqliteStore):
 
   def stats(self) -> dict:
     """The path, the schema version, the row count of each table, and why the database is off (None while it works)."""
-    def count_rows(conn: sqlite3.Connection) -> dict:
-      return {table: conn.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0] for table in TABLE_COLUMNS}
-    rows = self._run(count_rows, {table: 0 for table in TABLE_COLUMNS})
-    return {"path": self.path, "schema_version": DB_SCHEMA_VERSION, "rows": rows, "error": self.error}
+    return {"path": self.path, "schema_version": DB_SCHEMA_VERSION, "rows": self.row_counts(), "error": self.error}
 
   def clear(self) -> None:
     """Delete every record and drop the path tables of other schema versions (the kernel cache's tables stay)."""
-    def delete_everything(conn: sqlite3.Connection) -> None:
-      names = [row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
-      with _transaction(conn):
-        for table in TABLE_COLUMNS: conn.execute(f"DELETE FROM {table}")
-        for table in names:
-          if PATHS_TABLE_NAME.match(table) and table not in TABLE_COLUMNS: conn.execute(f"DROP TABLE {table}")
-    self._run(delete_everything, None)
+    super().clear()
     self._known_to_have_records.clear()
     self._found_empty_at.clear()
-
-class _transaction:
-  """`with _transaction(conn):` one write transaction (taken at once, so concurrent writers queue on the busy
-  timeout instead of failing halfway); rolled back if the block raises."""
-  def __init__(self, conn: sqlite3.Connection): self.conn = conn
-  def __enter__(self): self.conn.execute("BEGIN IMMEDIATE")
-  def __exit__(self, kind, *exc):
-    if kind is None: self.conn.execute("COMMIT")
-    elif self.conn.in_transaction: self.conn.execute("ROLLBACK")
 
 _instance: Optional[PathsDB] = None
 _instance_lock = threading.Lock()
@@ -306,23 +289,26 @@ class Selection:
 # the order in which rejected paths are listed: the near misses first
 _SLOWER, _BEYOND_TOLERANCE, _FAILED, _ELSEWHERE = range(4)
 
-def select(runs: Sequence[Measurement], tolerance: float, fingerprint: dict, tgrad_version: str,
-           settings: dict) -> Selection:
+def select(runs: Sequence[Measurement], tolerance: float, fingerprint: Union[dict, Callable[[str], dict]],
+           tgrad_version: str, settings: dict) -> Selection:
   """The fastest verified path of one graph whose max relative error (worst over its runs) is <= `tolerance`, among
   the paths recorded on this `fingerprint`, by this `tgrad_version`, under these code-changing `settings`. Fastest
   is the least min_time; ties go to the lower median_time, then the lower path_id. Failed paths are never chosen.
+  `fingerprint` may be a function of the device name (`hardware_fingerprint`) when the runs are on several devices:
+  each path is then compared with its own device's fingerprint.
   Only `runs` are read, so another tolerance re-selects from the same records without measuring again."""
   if not isinstance(tolerance, (int, float)) or isinstance(tolerance, bool) or not 0 <= tolerance < math.inf:
     raise ValueError(f"tolerance must be a finite number >= 0, got {tolerance!r}")
   if not runs: return Selection(None, "no records")
   if len(graph_keys := {m.graph_key for m in runs}) > 1:
     raise ValueError(f"select() takes the runs of one graph, got {len(graph_keys)}: {sorted(graph_keys)}")
-  # compared in the form the records hold
-  fingerprint, settings = json.loads(json.dumps(fingerprint)), json.loads(json.dumps(settings))
+  settings = json.loads(json.dumps(settings))   # compared in the form the records hold
+  fingerprint_of = fingerprint if callable(fingerprint) else lambda device: fingerprint
   verdicts: list[tuple[int, PathSummary, str]] = []
   eligible: list[PathSummary] = []
   for summary in summarize(runs):
-    if (elsewhere := _recorded_elsewhere(summary, fingerprint, tgrad_version, settings)):
+    here = json.loads(json.dumps(fingerprint_of(summary.device)))
+    if (elsewhere := _recorded_elsewhere(summary, here, tgrad_version, settings)):
       verdicts.append((_ELSEWHERE, summary, elsewhere))
     elif summary.status != "ok": verdicts.append((_FAILED, summary, f"failed: {summary.error or 'no error text'}"))
     elif not summary.max_rel_error <= tolerance:   # NaN is never within

@@ -173,7 +173,7 @@ def test_locked_file_warns_and_runs_without_records(paths_db, monkeypatch):
   try:
     with pytest.warns(CacheWarning, match="locked"):
       paths_db.add(run("b"))
-    assert paths_db.runs(GRAPH) == [] and not paths_db.has_records("LLVM")
+    assert paths_db.runs(GRAPH) == [] and not paths_db.has_records("CUDA")   # off: even what this process added
   finally:
     holder.execute("ROLLBACK")
     holder.close()

@@ -161,7 +161,7 @@ class PathsDB(SqliteStore):
   def has_records(self, device: Optional[str] = None) -> bool:
     """Whether any run (on `device` when given) is stored: cheap enough to ask before every selection. A yes is
     remembered; a no is asked again after HAS_RECORDS_RECHECK_SECONDS."""
-    if not Context.CACHELEVEL: return False
+    if not Context.CACHELEVEL or self.error is not None: return False
     key = device or ""
     if key in self._known_to_have_records: return True
     now = time.monotonic()

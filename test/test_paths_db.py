@@ -291,6 +291,13 @@ def test_paths_on_several_devices_compare_with_their_own_fingerprint():
   assert {s.path_id: why for s, why in selection.rejected} == {
     "gpu": "slower: 5.0 us vs 2.0 us", "other_cpu": "other hardware (record vs here): other core count: 64 vs 2"}
   assert select(runs, 1e-5, H100, VERSION, SETTINGS).chosen.path_id == "gpu"   # one fingerprint: the CPU is foreign
+  def no_gpu_here(device: str) -> dict:
+    if device == "CUDA": raise RuntimeError("device CUDA can't start: no GPU is visible")
+    return cpu
+  selection = select(runs, 1e-5, no_gpu_here, VERSION, SETTINGS)
+  assert selection.chosen.path_id == "cpu"
+  assert dict((s.path_id, why) for s, why in selection.rejected)["gpu"] == \
+         "other hardware: no CUDA here (RuntimeError: device CUDA can't start: no GPU is visible)"
 
 def test_select_checks_its_arguments():
   for bad in (-1e-5, math.nan, math.inf, "1e-5", True):

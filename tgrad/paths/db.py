@@ -303,12 +303,11 @@ def select(runs: Sequence[Measurement], tolerance: float, fingerprint: Union[dic
   if len(graph_keys := {m.graph_key for m in runs}) > 1:
     raise ValueError(f"select() takes the runs of one graph, got {len(graph_keys)}: {sorted(graph_keys)}")
   settings = json.loads(json.dumps(settings))   # compared in the form the records hold
-  fingerprint_of = fingerprint if callable(fingerprint) else lambda device: fingerprint
+  fingerprints = _FingerprintsHere(fingerprint)
   verdicts: list[tuple[int, PathSummary, str]] = []
   eligible: list[PathSummary] = []
   for summary in summarize(runs):
-    here = json.loads(json.dumps(fingerprint_of(summary.device)))
-    if (elsewhere := _recorded_elsewhere(summary, here, tgrad_version, settings)):
+    if (elsewhere := _recorded_elsewhere(summary, fingerprints, tgrad_version, settings)):
       verdicts.append((_ELSEWHERE, summary, elsewhere))
     elif summary.status != "ok": verdicts.append((_FAILED, summary, f"failed: {summary.error or 'no error text'}"))
     elif not summary.max_rel_error <= tolerance:   # NaN is never within
@@ -325,10 +324,25 @@ def select(runs: Sequence[Measurement], tolerance: float, fingerprint: Union[dic
   verdicts.sort(key=lambda v: (v[0], v[1].min_time, v[1].path_id))
   return Selection(best, reason, tuple((summary, why) for _, summary, why in verdicts))
 
-def _recorded_elsewhere(summary: PathSummary, fingerprint: dict, tgrad_version: str, settings: dict) -> str:
+class _FingerprintsHere:
+  """This machine's fingerprint for each device, asked once per device; a device whose fingerprint can't be had (no
+  GPU here: DeviceUnavailable) gets None, so its records count as made elsewhere."""
+  def __init__(self, fingerprint: Union[dict, Callable[[str], dict]]):
+    self.fingerprint, self.known, self.unavailable = fingerprint, {}, {}
+  def __call__(self, device: str) -> Optional[dict]:
+    if not callable(self.fingerprint): return json.loads(json.dumps(self.fingerprint))
+    if device not in self.known and device not in self.unavailable:
+      try: self.known[device] = json.loads(json.dumps(self.fingerprint(device)))
+      except (RuntimeError, ValueError) as error: self.unavailable[device] = f"{type(error).__name__}: {error}"
+    return self.known.get(device)
+
+def _recorded_elsewhere(summary: PathSummary, fingerprints: _FingerprintsHere, tgrad_version: str,
+                        settings: dict) -> str:
   """Why a path's records do not apply here (other hardware, tgrad version or settings), '' when they do."""
   reasons = []
-  if (hardware := describe_difference(summary.fingerprint, fingerprint)):
+  if (here := fingerprints(summary.device)) is None:
+    reasons.append(f"other hardware: no {summary.device} here ({fingerprints.unavailable[summary.device]})")
+  elif (hardware := describe_difference(summary.fingerprint, here)):
     reasons.append(f"other hardware (record vs here): {hardware}")
   if summary.tgrad_version != tgrad_version:
     reasons.append(f"other tgrad version (record vs here): {summary.tgrad_version} vs {tgrad_version}")

@@ -42,10 +42,11 @@ def _fingerprint_of(device: str) -> dict:
   return makers[device]()
 
 def _cuda_fingerprint() -> dict:
-  import pycuda.driver as cuda
   from tgrad.device import Device
+  device = Device["CUDA"]   # first: without pycuda or a GPU this raises DeviceUnavailable, saying why
+  import pycuda.driver as cuda
   from tgrad.runtime.nvrtc import nvrtc_version
-  return cuda_fingerprint(Device["CUDA"].context, cuda.get_driver_version(), cuda.get_version(), nvrtc_version())
+  return cuda_fingerprint(device.context, cuda.get_driver_version(), cuda.get_version(), nvrtc_version())
 
 def cuda_fingerprint(context: Any, driver_version: int, cuda_version: tuple, nvrtc: tuple) -> dict:
   """The fingerprint of the GPU behind a runtime/cuda.py CUDAContext (its pycuda `device`, `compute_capability` and

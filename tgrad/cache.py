@@ -4,6 +4,8 @@ Input: plain keys (source text and a target key, or a dict of strings); output: 
 The file is ~/.cache/tgrad/cache.db (TGRAD_CACHE overrides); CACHELEVEL=0 makes gets miss and puts do nothing.
 Values are JSON text or raw bytes, never pickle, so a cache file cannot run code. A damaged, unreadable or locked
 file warns once per process and the run goes on without a cache. `python -m tgrad.cache [info|clear|export [FILE]]`.
+`SqliteStore` is that file handling alone; the benchmark database of execution paths (tgrad/paths/db.py) keeps its
+own tables in the same file through it.
 """
 from __future__ import annotations
 import argparse, hashlib, json, os, re, sqlite3, sys, threading, time, warnings
@@ -47,16 +49,111 @@ def opts_key(key: dict) -> str:
 def _sha256(text: str) -> str: return hashlib.sha256(text.encode()).hexdigest()
 def _canonical_json(value: Any) -> str: return json.dumps(value, sort_keys=True, separators=(",", ":"))
 
-class KernelCache:
-  """One sqlite file, opened on first use. Safe across threads, forked children and concurrent processes.
-  The first sqlite or OS error warns and turns this instance off; after that every get misses and every put is
-  dropped. `stats`, `clear` and `export_json` are maintenance calls and ignore CACHELEVEL."""
+class SqliteStore:
+  """Tables of one sqlite file, opened on first use. Safe across threads, forked children and concurrent processes.
+  The first sqlite or OS error warns (once per process) and turns this instance off: from then on `_run` returns its
+  `on_failure` value, so reads find nothing and writes are dropped. A subclass names its tables (name → columns) and
+  the statements that index them; KernelCache here, PathsDB (tgrad/paths/db.py) in the same file."""
+  TABLES: dict[str, str] = {}
+  INDEXES: tuple[str, ...] = ()
+  TABLE_NAME = re.compile(r"$^")   # names of this store's tables in any schema version (clear drops the others)
+  WHAT = "cache"   # what the warning calls this store
+
   def __init__(self, path: str):
     self.path = path
-    self.error: Optional[str] = None  # why this cache was turned off, None while it works
+    self.error: Optional[str] = None  # why this store was turned off, None while it works
     self._conn: Optional[sqlite3.Connection] = None
     self._conn_pid = 0
     self._lock = threading.Lock()
+
+  def size_bytes(self) -> int:
+    return sum(os.path.getsize(p) for p in (self.path, self.path + "-wal") if os.path.exists(p))
+
+  def row_counts(self) -> dict[str, int]:
+    """The number of rows of each of this store's tables (zeros once the store is off)."""
+    def count_rows(conn: sqlite3.Connection) -> dict[str, int]:
+      return {table: conn.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0] for table in self.TABLES}
+    return self._run(count_rows, {table: 0 for table in self.TABLES})
+
+  def clear(self) -> None:
+    """Delete every row of this store's tables, drop its tables of other schema versions, and give the space back to
+    the file system."""
+    def delete_everything(conn: sqlite3.Connection) -> None:
+      names = [row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
+      with write_transaction(conn):
+        for table in self.TABLES: conn.execute(f"DELETE FROM {table}")
+        for table in names:
+          if self.TABLE_NAME.match(table) and table not in self.TABLES: conn.execute(f"DROP TABLE {table}")
+      try:
+        conn.execute("VACUUM")
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+      except sqlite3.OperationalError: pass  # another process is reading: the rows are gone, the space is reused later
+    self._run(delete_everything, None)
+
+  def close(self) -> None:
+    with self._lock:
+      if self._conn is not None and self._conn_pid == os.getpid(): self._conn.close()
+      self._conn = None
+
+  # *** the one place that touches sqlite ***
+
+  def _run(self, work: Callable[[sqlite3.Connection], T], on_failure: T) -> T:
+    """Run `work` on the connection; a failing file turns the store off with one warning and returns `on_failure`."""
+    if self.error is not None: return on_failure
+    with self._lock:
+      try:
+        return work(self._connection())
+      except (sqlite3.Error, OSError) as error:
+        self._turn_off(error)
+        return on_failure
+
+  def _connection(self) -> sqlite3.Connection:
+    if self._conn is not None and self._conn_pid == os.getpid(): return self._conn
+    # a connection inherited through fork belongs to the parent: closing it here could checkpoint or remove the
+    # parent's write-ahead log, so it is kept, unused, for the life of this process
+    if self._conn is not None: _inherited_connections.append(self._conn)
+    self._conn = None
+    os.makedirs(os.path.dirname(self.path), exist_ok=True)
+    conn = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_SECONDS, isolation_level=None, check_same_thread=False)
+    try:
+      conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_SECONDS * 1000)}")
+      conn.execute("PRAGMA journal_mode = WAL")  # readers never block the writer: several processes share the file
+      for table, columns in self.TABLES.items(): conn.execute(f"CREATE TABLE IF NOT EXISTS {table} ({columns})")
+      for statement in self.INDEXES: conn.execute(statement)
+    except BaseException:
+      conn.close()
+      raise
+    self._conn, self._conn_pid = conn, os.getpid()
+    return conn
+
+  def _turn_off(self, error: BaseException) -> None:
+    global _warned
+    self.error = f"{type(error).__name__}: {error}"
+    if self._conn is not None and self._conn_pid == os.getpid():
+      try: self._conn.close()
+      except sqlite3.Error: pass  # the file is already unusable; nothing more to release
+    self._conn = None
+    if not _warned:
+      _warned = True
+      warnings.warn(f"tgrad {self.WHAT} {self.path} is unusable ({self.error}); running without a {self.WHAT}",
+                    CacheWarning, stacklevel=4)
+
+class write_transaction:
+  """`with write_transaction(conn):` one write transaction, taken at once (BEGIN IMMEDIATE) so that concurrent
+  writers queue on the busy timeout instead of failing halfway; committed at the end, rolled back if the block
+  raises."""
+  def __init__(self, conn: sqlite3.Connection): self.conn = conn
+  def __enter__(self): self.conn.execute("BEGIN IMMEDIATE")
+  def __exit__(self, kind, *exc):
+    if kind is None: self.conn.execute("COMMIT")
+    elif self.conn.in_transaction: self.conn.execute("ROLLBACK")
+
+class KernelCache(SqliteStore):
+  """Compiled binaries, opts chosen by search and measured kernel timings. `stats`, `clear` and `export_json` are
+  maintenance calls and ignore CACHELEVEL."""
+  TABLES = TABLE_COLUMNS
+  TABLE_NAME = CACHE_TABLE_NAME
+  INDEXES = (f"CREATE INDEX IF NOT EXISTS {TIMINGS}_by_kernel ON {TIMINGS} (kernel_key)",)
 
   # *** kernel binaries: key = sha256(source + target key) ***
 
@@ -107,33 +204,8 @@ class KernelCache:
 
   def stats(self) -> dict:
     """The path, the size of the file and its write-ahead log in bytes, and the row count of each table."""
-    def count_rows(conn: sqlite3.Connection) -> dict:
-      return {table: conn.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0] for table in TABLE_COLUMNS}
-    rows = self._run(count_rows, {table: 0 for table in TABLE_COLUMNS})
-    return {"path": self.path, "schema_version": SCHEMA_VERSION, "size_bytes": self.size_bytes(), "rows": rows,
-            "error": self.error}
-
-  def size_bytes(self) -> int:
-    return sum(os.path.getsize(p) for p in (self.path, self.path + "-wal") if os.path.exists(p))
-
-  def clear(self) -> None:
-    """Delete every row, drop the tables of other schema versions, and give the space back to the file system."""
-    def delete_everything(conn: sqlite3.Connection) -> None:
-      names = [row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
-      conn.execute("BEGIN IMMEDIATE")
-      try:
-        for table in TABLE_COLUMNS: conn.execute(f"DELETE FROM {table}")
-        for table in names:
-          if CACHE_TABLE_NAME.match(table) and table not in TABLE_COLUMNS: conn.execute(f"DROP TABLE {table}")
-        conn.execute("COMMIT")
-      except BaseException:
-        conn.execute("ROLLBACK")
-        raise
-      try:
-        conn.execute("VACUUM")
-        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-      except sqlite3.OperationalError: pass  # another process is reading: the rows are gone, the space is reused later
-    self._run(delete_everything, None)
+    return {"path": self.path, "schema_version": SCHEMA_VERSION, "size_bytes": self.size_bytes(),
+            "rows": self.row_counts(), "error": self.error}
 
   def export_json(self) -> dict:
     """Every row as JSON-ready values; binaries appear as their size, not their bytes."""
@@ -147,54 +219,6 @@ class KernelCache:
       return {"binaries": binaries, "opts": opts, "timings": timings}
     tables = self._run(read_everything, {"binaries": [], "opts": [], "timings": []})
     return {"path": self.path, "schema_version": SCHEMA_VERSION, "error": self.error, **tables}
-
-  def close(self) -> None:
-    with self._lock:
-      if self._conn is not None and self._conn_pid == os.getpid(): self._conn.close()
-      self._conn = None
-
-  # *** the one place that touches sqlite ***
-
-  def _run(self, work: Callable[[sqlite3.Connection], T], on_failure: T) -> T:
-    """Run `work` on the connection; a failing file turns the cache off with one warning and returns `on_failure`."""
-    if self.error is not None: return on_failure
-    with self._lock:
-      try:
-        return work(self._connection())
-      except (sqlite3.Error, OSError) as error:
-        self._turn_off(error)
-        return on_failure
-
-  def _connection(self) -> sqlite3.Connection:
-    if self._conn is not None and self._conn_pid == os.getpid(): return self._conn
-    # a connection inherited through fork belongs to the parent: closing it here could checkpoint or remove the
-    # parent's write-ahead log, so it is kept, unused, for the life of this process
-    if self._conn is not None: _inherited_connections.append(self._conn)
-    self._conn = None
-    os.makedirs(os.path.dirname(self.path), exist_ok=True)
-    conn = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_SECONDS, isolation_level=None, check_same_thread=False)
-    try:
-      conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_SECONDS * 1000)}")
-      conn.execute("PRAGMA journal_mode = WAL")  # readers never block the writer: several processes share the file
-      for table, columns in TABLE_COLUMNS.items(): conn.execute(f"CREATE TABLE IF NOT EXISTS {table} ({columns})")
-      conn.execute(f"CREATE INDEX IF NOT EXISTS {TIMINGS}_by_kernel ON {TIMINGS} (kernel_key)")
-    except BaseException:
-      conn.close()
-      raise
-    self._conn, self._conn_pid = conn, os.getpid()
-    return conn
-
-  def _turn_off(self, error: BaseException) -> None:
-    global _warned
-    self.error = f"{type(error).__name__}: {error}"
-    if self._conn is not None and self._conn_pid == os.getpid():
-      try: self._conn.close()
-      except sqlite3.Error: pass  # the file is already unusable; nothing more to release
-    self._conn = None
-    if not _warned:
-      _warned = True
-      warnings.warn(f"tgrad cache {self.path} is unusable ({self.error}); running without a cache", CacheWarning,
-                    stacklevel=4)
 
 def _timing_row(row: tuple) -> dict:
   kernel_key, opts, device, arch, times, created = row

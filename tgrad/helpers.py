@@ -84,6 +84,7 @@ class _Settings:
   THREADS: int = 0      # CPU threads for THREAD opts; 0 means all cores
   CUDA_GRAPH: int = 1   # 1 replays compiled programs on CUDA as CUDA graphs; 0 launches them kernel by kernel
   JIT_PLAN: int = 1     # 1: a TinyJit packs its transient buffers into one arena per device; 0: one allocation each
+  TOLERANCE: Optional[float] = None   # max relative error of a selected execution path; None: per dtype (tgrad/paths)
 
 MAX_DEBUG = 5
 # the integer settings: what each accepts, in words for the error message and as a test
@@ -97,10 +98,16 @@ _ALLOWED_VALUES: dict[str, tuple[str, Callable[[int], bool]]] = {
   "CUDA_GRAPH": ("0 or 1", lambda v: v in (0, 1)),
   "JIT_PLAN": ("0 or 1", lambda v: v in (0, 1)),
 }
+# the float settings, the same way; None (unset) is always allowed for these
+_ALLOWED_FLOATS: dict[str, tuple[str, Callable[[float], bool]]] = {
+  "TOLERANCE": ("a number >= 0 (the largest relative error a selected path may have), or unset for the per-dtype "
+                "default", lambda v: 0 <= v < math.inf),
+}
 
 def _checked(name: str, value: Any, source: str) -> Any:
   """`value` for setting `name` as tgrad uses it, or SettingError. `source` says where it came from (for the message:
   'environment variable' or 'Context')."""
+  if name in _ALLOWED_FLOATS: return _checked_float(name, value, source)
   if name not in _ALLOWED_VALUES:   # DEVICE: any string here; the device registry checks the name
     if not isinstance(value, str): raise SettingError(f"{source} {name}={value!r} is not valid: expected a device name")
     return value
@@ -111,6 +118,16 @@ def _checked(name: str, value: Any, source: str) -> Any:
   if not isinstance(value, int) or not test(value):
     raise SettingError(f"{source} {name}={value!r} is not valid: expected {allowed}")
   return int(value)
+
+def _checked_float(name: str, value: Any, source: str) -> Optional[float]:
+  allowed, test = _ALLOWED_FLOATS[name]
+  if value is None: return None
+  if isinstance(value, str):
+    try: value = float(value.strip())
+    except ValueError: raise SettingError(f"{source} {name}={value!r} is not valid: expected {allowed}") from None
+  if isinstance(value, bool) or not isinstance(value, (int, float)) or not test(value):  # NaN fails the test too
+    raise SettingError(f"{source} {name}={value!r} is not valid: expected {allowed}")
+  return float(value)
 
 def _settings_from_environment() -> _Settings:
   """Every setting from its environment variable; unset or empty keeps the default."""
@@ -147,9 +164,20 @@ def current_settings() -> _Settings:
   changes whenever any setting does."""
   return _current
 
+# The settings that change generated code. Not TOLERANCE: it changes which measured path is selected, never the code
+# of a path, so kernels and binaries cached under one tolerance serve every other.
+CODE_SETTINGS = ("NOOPT",)
+
 def settings_key(settings: Optional[_Settings] = None) -> tuple:
   """The settings that change generated code (of `settings`, else the current ones): part of every cache key."""
-  return ((settings or _current).NOOPT,)
+  settings = settings or _current
+  return tuple(getattr(settings, name) for name in CODE_SETTINGS)
+
+def code_settings(settings: Optional[_Settings] = None) -> dict:
+  """`settings_key` with names, as JSON-ready values: what a benchmark record of an execution path was measured
+  under (tgrad/paths/db.py), so a record made under other code-changing settings is not used."""
+  settings = settings or _current
+  return {name: getattr(settings, name) for name in CODE_SETTINGS}
 
 @functools.cache
 def cache_dir() -> str:

@@ -88,16 +88,18 @@ class Sqrt(Function):
     return grad_output.alu(Ops.FDIV, self.ret.alu(Ops.MUL, self.ret.const(2)))
 
 class Exp2(Function):
-  def forward(self, x: LazyBuffer) -> LazyBuffer:
-    self.ret = x.alu(Ops.EXP2)
+  """`lowering` (an EXP2 arg: "poly", "libm", "fast"; see tensor_ops/composite.py) says how a kernel computes it."""
+  def forward(self, x: LazyBuffer, lowering: Optional[str] = None) -> LazyBuffer:
+    self.ret = x.alu(Ops.EXP2, arg=lowering)
     return self.ret
   def backward(self, grad_output: LazyBuffer) -> LazyBuffer:   # d2ˣ = 2ˣ·ln2
     return grad_output.alu(Ops.MUL, self.ret.alu(Ops.MUL, self.ret.const(LN2)))
 
 class Log2(Function):
-  def forward(self, x: LazyBuffer) -> LazyBuffer:
+  """`lowering` as Exp2's."""
+  def forward(self, x: LazyBuffer, lowering: Optional[str] = None) -> LazyBuffer:
     self.x = x
-    return x.alu(Ops.LOG2)
+    return x.alu(Ops.LOG2, arg=lowering)
   def backward(self, grad_output: LazyBuffer) -> LazyBuffer:   # d log2(x) = 1 / (x·ln2)
     return grad_output.alu(Ops.FDIV, self.x.alu(Ops.MUL, self.x.const(LN2)))
 
@@ -108,6 +110,16 @@ class Sin(Function):
   def backward(self, grad_output: LazyBuffer) -> LazyBuffer:   # d sin(x) = cos(x) = sin(π/2 − x)
     cos = self.x.const(math.pi / 2).alu(Ops.ADD, self.x.alu(Ops.NEG)).alu(Ops.SIN)
     return grad_output.alu(Ops.MUL, cos)
+
+class Tanh(Function):
+  """The TANH op (the "native" and "fast" lowerings of the tanh composite; `lowering` is its arg); gradient
+  1 − tanh²."""
+  def forward(self, x: LazyBuffer, lowering: Optional[str] = None) -> LazyBuffer:
+    self.ret = x.alu(Ops.TANH, arg=lowering)
+    return self.ret
+  def backward(self, grad_output: LazyBuffer) -> LazyBuffer:
+    one_minus_square = self.ret.const(1).alu(Ops.ADD, self.ret.alu(Ops.MUL, self.ret).alu(Ops.NEG))
+    return grad_output.alu(Ops.MUL, one_minus_square)
 
 class Sigmoid(Function):
   """1 / (1 + e^−x), with the gradient σ(1 − σ): finite where the composite's chain rule would give 0·∞."""

@@ -41,7 +41,10 @@ def _truncated(value, dtype: DType):
   return truncate_to(value, dtype)
 
 class LazyBuffer:
-  """One lazy value. Public fields: device, dtype, shape, st; `base` is itself for a base, else the viewed base."""
+  """One lazy value. Public fields: device, dtype, shape, st; `base` is itself for a base, else the viewed base.
+  `region`: the composite op (tensor_ops/composite.py Region) whose output this base is, set by `composite` only; a
+  class default, so building any other value sets nothing."""
+  region: Any = None
   def __init__(self, device: str, st: ShapeTracker, dtype: DType, op: Optional[Ops] = None,
                srcs: tuple[LazyBuffer, ...] = (), arg: Any = None, base: Optional[LazyBuffer] = None):
     self.device, self.st, self.dtype = device, st, dtype
@@ -101,8 +104,9 @@ class LazyBuffer:
   def const_value(self): return self.base.arg
 
   # ---- compute
-  def alu(self, op: Ops, *others: LazyBuffer) -> LazyBuffer:
-    """An elementwise op; every operand must already have this shape (broadcasting is the Tensor's job)."""
+  def alu(self, op: Ops, *others: LazyBuffer, arg: Any = None) -> LazyBuffer:
+    """An elementwise op; every operand must already have this shape (broadcasting is the Tensor's job). `arg` names
+    how a kernel computes a transcendental (EXP2/LOG2/TANH: see tensor_ops/composite.py); None is the default."""
     srcs = (self, *others)
     shape, device = self.shape, self.device
     for s in others:
@@ -119,7 +123,7 @@ class LazyBuffer:
     for d in value_dtypes:   # a plain loop: a generator in any() costs more than the check on this per-op path
       if d is not first and d != first: raise TypeError(f"{op.name}: operand dtypes differ: {value_dtypes}")
     st = self.st if self._base is None else ShapeTracker.from_shape(shape)   # a base's tracker is already that
-    return LazyBuffer(device, st, out_dtype, op, srcs)
+    return LazyBuffer(device, st, out_dtype, op, srcs, arg)
   def cast(self, dtype: DType, bitcast: bool = False) -> LazyBuffer:
     if dtype == self.dtype: return self
     if bitcast and dtype.itemsize != self.dtype.itemsize:

@@ -18,8 +18,10 @@ from tgrad.dtype import DType, dtypes
 class Ops(Enum):
   """Every op of every level. Semantics of the ALU ops (what `exec_alu` computes, and what renderers must emit):
 
-  EXP2, LOG2, SIN, SQRT: IEEE float functions. RECIP(x) = 1/x (RECIP(0) = inf). NEG(x) = -x. TRUNC rounds a float
-  toward zero. ADD, MUL: wrap around on integers (two's complement). FDIV: IEEE float division.
+  EXP2, LOG2, SIN, SQRT, TANH: IEEE float functions (an EXP2/LOG2/TANH arg may name how a kernel computes it:
+  see tgrad/tensor_ops/composite.py; None is the renderer's default). RECIP(x) = 1/x (RECIP(0) = inf).
+  NEG(x) = -x. TRUNC rounds a float toward zero. ADD, MUL: wrap around on integers (two's complement). FDIV: IEEE
+  float division.
   IDIV: integer division rounding toward zero (C); IDIV(x, 0) = 0. MOD: remainder with the sign of the dividend
   (C `%`), so IDIV(a, b) * b + MOD(a, b) == a; MOD(x, 0) = 0. On floats MOD is C's fmod, exact: fmod(x, 0) and
   fmod(±inf, y) are NaN, fmod(x, ±inf) = x. MAX: the larger value, NaN if either is NaN.
@@ -59,6 +61,7 @@ class Ops(Enum):
   GATHER = auto()
   # unary ALU
   EXP2 = auto(); LOG2 = auto(); SIN = auto(); SQRT = auto(); RECIP = auto(); NEG = auto(); TRUNC = auto()  # noqa: E702
+  TANH = auto()   # the "native" lowering of the tanh composite (tensor_ops/composite.py), not Tensor.tanh's default
   CAST = auto(); BITCAST = auto()  # noqa: E702
   # binary ALU
   ADD = auto(); MUL = auto(); IDIV = auto(); FDIV = auto(); MOD = auto(); MAX = auto()  # noqa: E702
@@ -75,7 +78,7 @@ class GatherAxis:
   size: int
   stride: int
 
-UNARY = {Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.SQRT, Ops.RECIP, Ops.NEG, Ops.TRUNC}
+UNARY = {Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.SQRT, Ops.RECIP, Ops.NEG, Ops.TRUNC, Ops.TANH}
 BINARY = {Ops.ADD, Ops.MUL, Ops.IDIV, Ops.FDIV, Ops.MOD, Ops.MAX, Ops.CMPLT, Ops.CMPNE, Ops.AND, Ops.OR, Ops.XOR,
           Ops.SHL, Ops.SHR}
 TERNARY = {Ops.WHERE}
@@ -141,6 +144,7 @@ _PY_ALU: dict[Ops, Callable] = {
   Ops.EXP2: lambda x: _safe(lambda v: 2.0 ** v if v < 1024 else math.inf, x),
   Ops.LOG2: lambda x: -math.inf if x == 0 else math.nan if x < 0 or math.isnan(x) else _safe(math.log2, x),
   Ops.SIN: lambda x: _safe(math.sin, x), Ops.SQRT: lambda x: math.sqrt(x) if x >= 0 else math.nan,
+  Ops.TANH: math.tanh,
   Ops.RECIP: lambda x: _fdiv(1.0, x), Ops.NEG: lambda x: -x,
   Ops.TRUNC: lambda x: x if not math.isfinite(x) else float(math.trunc(x)),
   Ops.ADD: lambda a, b: a + b, Ops.MUL: lambda a, b: a * b, Ops.FDIV: _fdiv, Ops.IDIV: _c_idiv, Ops.MOD: _c_mod,

@@ -129,7 +129,7 @@ class _KernelBuilder:
     elif lb.op in ELEMENTWISE:
       srcs = []
       for s in lb.srcs: srcs.append((yield self._build(s, st, in_reduce)))
-      out = UOp(lb.op, lb.dtype, tuple(srcs))
+      out = UOp(lb.op, lb.dtype, tuple(srcs), lb.arg)   # arg: an EXP2/LOG2/TANH lowering, None for every other op
     elif lb.op is Ops.REDUCE_AXIS: out = yield from self._build_reduce(lb, st, in_reduce)
     elif lb.op is Ops.GATHER: out = yield from self._build_gather(lb, st, in_reduce)
     elif lb.op in (Ops.CONTIGUOUS, Ops.ASSIGN) and lb is self.output:
@@ -392,6 +392,7 @@ def _with_buffers(step: _Step, buffers: dict[LazyBuffer, Buffer], commit: bool) 
   if commit:
     for lb, buf in zip(step.outputs, bufs):
       lb.buffer, lb.srcs, lb.arg = buf, (), (lb.arg if lb.op is Ops.REDUCE_AXIS else None)
+      if lb.region is not None: lb.region = None   # a composite's region holds its inputs: let them go too
   ast, var_vals = unbind_ast(step.ast) if symbolic_in_use() else (step.ast, NO_VARIABLES)
   return ScheduleItem(ast, bufs, len(step.outputs), host_data, var_vals)
 

@@ -207,6 +207,7 @@ def _instantiate(walk: _Walk, template: _Template) -> list[ScheduleItem]:
     lb = nodes[p]                            # sources (and its arg, but for a reduce's)
     lb.buffer, lb.srcs = bufs[i], ()
     if not keeps_arg: lb.arg = None
+    if lb.region is not None: lb.region = None   # a composite's region holds its inputs: let them go too
   return items
 
 def _new_buffer(device: str, size: int, dtype: DType, symbolic_size: Any) -> Buffer:

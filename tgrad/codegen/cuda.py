@@ -69,7 +69,8 @@ WIDE_LOAD_TYPES: dict[DType, VectorType] = {
   dt: VectorType("uint4", 8, lane_type, per_word=2)
   for dt, lane_type in ((dtypes.float16, "unsigned short"), (dtypes.bfloat16, "unsigned short"),
                         (dtypes.int16, "short"), (dtypes.uint16, "unsigned short"))}
-_FLOAT_INTRINSICS = {Ops.EXP2: "exp2", Ops.LOG2: "log2", Ops.SIN: "sin", Ops.SQRT: "sqrt", Ops.TRUNC: "trunc"}
+_FLOAT_INTRINSICS = {Ops.EXP2: "exp2", Ops.LOG2: "log2", Ops.SIN: "sin", Ops.SQRT: "sqrt", Ops.TRUNC: "trunc",
+                     Ops.TANH: "tanh"}
 _INFIX = {Ops.ADD: "+", Ops.MUL: "*", Ops.FDIV: "/", Ops.CMPLT: "<", Ops.CMPNE: "!=", Ops.AND: "&", Ops.OR: "|",
           Ops.XOR: "^", Ops.SHL: "<<", Ops.SHR: ">>"}
 # float → integer conversions that round toward zero and saturate (NaN → 0), as llvm.fptosi.sat does
@@ -120,6 +121,17 @@ __device__ __forceinline__ void async_copy(void* shared, const void* global) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], %2;" :: "r"(address), "l"(global), "n"(BYTES) : "memory");
 }
 """
+# The "fast" lowerings of exp, log and tanh (tensor_ops/composite.py): an EXP2/LOG2/TANH of arg "fast" on a 32-bit
+# float is one MUFU instruction (PTX ex2.approx.f32 / lg2.approx.f32: about 2 ulp, inputs flushed to zero near the
+# subnormals; tanh.approx.f32: about 2^-11 relative, sm_75+). Below FAST_TANH_MIN_SM a "fast" tanh is tanhf.
+FAST_MATH = "fast"
+FAST_TANH_MIN_SM = 75
+FAST_INSTRUCTIONS = {Ops.EXP2: ("fast_exp2", "ex2.approx.f32"), Ops.LOG2: ("fast_log2", "lg2.approx.f32"),
+                     Ops.TANH: ("fast_tanh", "tanh.approx.f32")}
+FAST_PRELUDES = {name: f"""__device__ __forceinline__ float {name}(float x) {{
+  float r; asm("{instruction} %0, %1;" : "=f"(r) : "f"(x)); return r;
+}}
+""" for name, instruction in FAST_INSTRUCTIONS.values()}
 TENSOR_CORE_MIN_SM = 80   # mma.sync m16n8k16 with f16/bf16 inputs and f32 accumulators: sm_80 (Ampere) and newer
 PACKED_DTYPES = (dtypes.float16, dtypes.bfloat16)   # two per 32-bit register in a fragment
 
@@ -351,6 +363,7 @@ class _KernelWriter:
   def __init__(self, name: str, uops: list[UOp], arch: str = "sm_90"):
     self.name, self.uops = name, uops
     self.has_max_nan = sm_number(arch) >= MAX_NAN_MIN_SM
+    self.has_fast_tanh = sm_number(arch) >= FAST_TANH_MIN_SM
     self.names: dict[UOp, str] = {}
     self.acc_names: dict[int, str] = {}
     self.lines: list[str] = []
@@ -394,7 +407,7 @@ class _KernelWriter:
     dts = {u.dtype for u in uops} | {s.dtype for u in uops for s in u.src}
     self.needs = {"half": dtypes.float16 in dts, "bfloat16": dtypes.bfloat16 in dts,
                   "bit_cast": any(u.op is Ops.BITCAST for u in uops), "max_nan": False,
-                  "async_copy": bool(self.async_copies)}
+                  "async_copy": bool(self.async_copies), **{name: False for name in FAST_PRELUDES}}
 
   def used_values(self) -> set[UOp]:
     """Values some rendered op reads. The other lanes of a vector access read no index, and arithmetic nobody reads
@@ -458,7 +471,7 @@ class _KernelWriter:
     threads = prod(u.arg[1] for u in self.uops if u.op is Ops.SPECIAL and u.arg[0].startswith("lidx"))
     for pos, u in enumerate(self.uops): self.emit(pos, u)
     preludes = {"half": HALF_PRELUDE, "bfloat16": BFLOAT16_PRELUDE, "bit_cast": BITCAST_PRELUDE,
-                "max_nan": MAX_NAN_PRELUDE, "async_copy": ASYNC_COPY_PRELUDE}
+                "max_nan": MAX_NAN_PRELUDE, "async_copy": ASYNC_COPY_PRELUDE, **FAST_PRELUDES}
     prelude = "".join(text for need, text in preludes.items() if self.needs[need])
     head = f'extern "C" __global__ void __launch_bounds__({threads}) {self.name}({", ".join(args)}) {{'
     if self.dynamic_shared:
@@ -654,14 +667,21 @@ class _KernelWriter:
     # 32-bit math for a narrow value, and for a comparison of narrow values (C compares mixed widths exactly)
     narrow = u in self.narrow or (op in COMPARISON and all(x in self.narrow or x.op is Ops.CONST for x in values))
     s = [self.operand(x, narrow) for x in u.src]
-    if dt.is_float: out = self.float_alu(op, dt, s)
+    if dt.is_float: out = self.float_alu(op, dt, s, u.arg)
     else: out = self.int_alu(u, op, NARROW_DTYPE if u in self.narrow else dt, s)
     if u.dtype == dtypes.float16 and op not in (Ops.MAX, Ops.WHERE, Ops.NEG): return f"round_half({out})"
     if u.dtype == dtypes.bfloat16 and op not in (Ops.MAX, Ops.WHERE, Ops.NEG): return f"round_bfloat16({out})"
     return out
 
-  def float_alu(self, op: Ops, dt: DType, s: list[str]) -> str:
+  def float_alu(self, op: Ops, dt: DType, s: list[str], arg=None) -> str:
+    """One float op; `arg` FAST_MATH on an EXP2/LOG2/TANH of a 32-bit (or narrower) float picks its fast instruction
+    (any other arg is the default call: CUDA's "libm" is its math library)."""
     suffix = "" if dt == dtypes.float64 else "f"
+    if arg == FAST_MATH and op in FAST_INSTRUCTIONS and dt != dtypes.float64 and \
+       (op is not Ops.TANH or self.has_fast_tanh):
+      name = FAST_INSTRUCTIONS[op][0]
+      self.needs[name] = True
+      return f"{name}({s[0]})"
     if op in _FLOAT_INTRINSICS: return f"{_FLOAT_INTRINSICS[op]}{suffix}({s[0]})"
     if op is Ops.NEG: return f"(-{s[0]})"
     if op is Ops.RECIP: return f"({render_const(1.0, dt)} / {s[0]})"

@@ -29,8 +29,8 @@ from __future__ import annotations
 import itertools
 from typing import Optional
 from tgrad.dtype import dtypes
-from tgrad.ops import UOp, Ops, ALU, simplify, graph_rewrite, split_terms, build_sum, exec_alu
-from tgrad.codegen.transcendental import decompositions
+from tgrad.ops import UOp, Ops, ALU, simplify, split_terms, build_sum, exec_alu
+from tgrad.codegen.transcendental import decompose
 from tgrad.codegen.kernel import Kernel, StagePlan, STAGE_COPY_BYTES, fold_dims, is_gather_load
 from tgrad.codegen.renderer import FragmentLayout, MatrixLoad, TensorCore
 from tgrad.schedule import identity_of_reduce
@@ -556,8 +556,7 @@ class Linearizer:
   # ---- step 2: emit in program order
   def linearize(self) -> list[UOp]:
     stores = self.value_graph()
-    if self.renderer.decompose_transcendentals:
-      stores = list(graph_rewrite(UOp(Ops.SINK, dtypes.void, tuple(stores)), decompositions).src)
+    stores = decompose(stores, self.renderer.decompose_transcendentals)
     program: list[UOp] = []
     emitted: set[UOp] = set()
     scope_stack: list[list[UOp]] = [[]]

@@ -22,6 +22,9 @@ REDUCE_FAST_MATH = ("reassoc",)
 FUSE_MULTIPLY_ADD = ("contract",)   # a*b+c may become one fma: one rounding instead of two, twice the throughput
 _INTRINSICS = {Ops.EXP2: "llvm.exp2", Ops.LOG2: "llvm.log2", Ops.SIN: "llvm.sin", Ops.SQRT: "llvm.sqrt",
                Ops.TRUNC: "llvm.trunc"}
+# TANH has no LLVM intrinsic here: it calls the C library's tanhf/tanh, which the in-process JIT resolves from the
+# Python process's own libm (a call: the loop around it does not vectorize)
+_LIBM_TANH = {dtypes.float32: "tanhf", dtypes.float64: "tanh"}
 _I1, _I8, _I16, _I32, _I64 = ir.IntType(1), ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
 
 def register_type(dt: DType) -> ir.Type:
@@ -171,10 +174,13 @@ class _FunctionBuilder:
     is_float = dt.is_float
     reduce_update = u.op in (Ops.ADD, Ops.MUL) and u.src[0].op is Ops.DEFINE_ACC and u.src[0].arg in self.reorderable
     flags = REDUCE_FAST_MATH + FUSE_MULTIPLY_ADD if reduce_update else FUSE_MULTIPLY_ADD
-    if u.op in _INTRINSICS:
+    if u.op in _INTRINSICS or u.op is Ops.TANH:
       compute_type = ir.FloatType() if dt == dtypes.float16 else register_type(dt)
       x = b.fpext(srcs[0], compute_type) if dt == dtypes.float16 else srcs[0]
-      out = b.call(self.module.declare_intrinsic(_INTRINSICS[u.op], [compute_type]), [x])
+      if u.op is Ops.TANH:
+        name = _LIBM_TANH[dtypes.float64 if compute_type == ir.DoubleType() else dtypes.float32]
+        out = b.call(self.declare(name, compute_type, [compute_type]), [x])
+      else: out = b.call(self.module.declare_intrinsic(_INTRINSICS[u.op], [compute_type]), [x])
       out = b.fptrunc(out, register_type(dt)) if dt == dtypes.float16 else out
     elif u.op is Ops.NEG: out = b.fneg(srcs[0]) if is_float else b.neg(srcs[0])
     elif u.op is Ops.RECIP: out = b.fdiv(const(dt, 1.0), srcs[0])

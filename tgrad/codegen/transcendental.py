@@ -1,14 +1,17 @@
 """exp2 and log2 as plain arithmetic UOps, so CPU loops over them vectorize (a libm call does not).
 
-`decompositions` rewrites EXP2 and LOG2 of float32 (and of float16/bfloat16, computed in float32) into range
-reduction + polynomial + exponent bit tricks. float64 and sin keep the native call. Accuracy (measured against
+`decompose(stores, by_default)` rewrites EXP2 and LOG2 of float32 (and of float16/bfloat16, computed in float32) into
+range reduction + polynomial + exponent bit tricks: those with arg "poly" always, those with arg None when the
+renderer decomposes by default (`by_default`); "libm" and "fast" (composite.py's lowerings) keep the device's call.
+float64 and sin keep the native call. Accuracy (measured against
 numpy in test/unit/test_transcendental.py): exp2 within 2 ulp and log2 within 4 ulp over the whole float range
 (subnormals, ±inf, NaN included).
 """
 from __future__ import annotations
 import math
+from typing import Optional
 from tgrad.dtype import dtypes
-from tgrad.ops import UOp, UPat, Ops, PatternMatcher
+from tgrad.ops import UOp, UPat, Ops, PatternMatcher, graph_rewrite
 
 F32 = dtypes.float32
 I32 = dtypes.int32
@@ -69,8 +72,22 @@ def log2_f32(x: UOp) -> UOp:
 _DECOMPOSE = {Ops.EXP2: exp2_f32, Ops.LOG2: log2_f32}
 _DECOMPOSED_DTYPES = (dtypes.float16, dtypes.bfloat16, dtypes.float32)
 
-def _decompose(u: UOp) -> UOp:
+POLYNOMIAL = "poly"   # the arg of an EXP2/LOG2 that is decomposed on every device
+
+def _decompose(u: UOp) -> Optional[UOp]:
   x = u.src[0].cast(F32)
   return _DECOMPOSE[u.op](x).cast(u.dtype)
 
-decompositions = PatternMatcher([(UPat(tuple(_DECOMPOSE), dtype=_DECOMPOSED_DTYPES, name="u"), _decompose)])
+def _decompose_requested(u: UOp) -> Optional[UOp]: return _decompose(u) if u.arg == POLYNOMIAL else None
+def _decompose_default(u: UOp) -> Optional[UOp]: return _decompose(u) if u.arg in (None, POLYNOMIAL) else None
+
+_TRANSCENDENTAL = UPat(tuple(_DECOMPOSE), dtype=_DECOMPOSED_DTYPES, name="u")
+decompositions = PatternMatcher([(_TRANSCENDENTAL, _decompose_default)])       # for renderers that decompose
+requested_decompositions = PatternMatcher([(_TRANSCENDENTAL, _decompose_requested)])   # for those that don't
+
+def decompose(stores: list[UOp], by_default: bool) -> list[UOp]:
+  """The kernel's stores with its EXP2/LOG2 decomposed as their args say (see the module docstring). A kernel of a
+  renderer that doesn't decompose by default, with no "poly" op, is returned as it is (no rewrite pass)."""
+  sink = UOp(Ops.SINK, dtypes.void, tuple(stores))
+  if not by_default and not any(u.arg == POLYNOMIAL for u in sink.toposort() if u.op in _DECOMPOSE): return stores
+  return list(graph_rewrite(sink, decompositions if by_default else requested_decompositions).src)

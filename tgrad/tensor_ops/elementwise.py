@@ -10,17 +10,13 @@ from tgrad.ops import Ops
 from tgrad.lazy import LazyBuffer
 from tgrad.tensor_ops.args import HALF_FLOATS, broadcast_shape, _scalar_dtype, _int_overflow_side, _python_dtype, \
   DTypeNotSupportedError
+from tgrad.tensor_ops.composite import composite, LN2
 import tgrad.function as F
 if TYPE_CHECKING: from tgrad.tensor import Tensor   # at runtime: bound by tgrad/tensor.py (see __init__.py)
 
-LOG2_E = 1 / math.log(2)
-LN2 = math.log(2)
-GELU_CUBIC_COEFFICIENT = 0.044715       # the tanh approximation of GELU (Hendrycks & Gimpel)
-SQRT_2_OVER_PI = math.sqrt(2 / math.pi)
 QUICK_GELU_SCALE = 1.702                # x·sigmoid(1.702x), the approximation CLIP uses
 POW_UNROLL_LIMIT = 64                   # positive integer exponents up to this size become repeated multiplication
 LOG10_2 = math.log10(2)
-SQRT_HALF = math.sqrt(0.5)
 SELU_ALPHA = 1.6732632423543772848170429916717     # Klambauer et al., "Self-Normalizing Neural Networks"
 SELU_SCALE = 1.0507009873554804934193349852946
 ATAN_HALVINGS = 2     # atan(x) = 2·atan(x / (1 + √(1 + x²))): two halvings take |x| <= 1 to |x| <= tan(π/16) ≈ 0.2
@@ -183,8 +179,8 @@ class ElementwiseMixin:
     return fn(x.cast(dtypes.float32)).cast(x.dtype) if x.dtype in HALF_FLOATS else fn(x)
   def exp2(self) -> Tensor: return self._float_math(F.Exp2.apply)
   def log2(self) -> Tensor: return self._float_math(F.Log2.apply)
-  def exp(self) -> Tensor: return self._float_math(lambda x: F.Exp2.apply(x * LOG2_E))
-  def log(self) -> Tensor: return self._float_math(lambda x: F.Log2.apply(x) * LN2)
+  def exp(self) -> Tensor: return composite("exp", (self,))      # exp2(x·log2 e) (tensor_ops/composite.py)
+  def log(self) -> Tensor: return composite("log", (self,))      # log2(x)·ln 2
   def sqrt(self) -> Tensor: return self._float_math(F.Sqrt.apply)
   def rsqrt(self) -> Tensor: return self._float_math(lambda x: F.Reciprocal.apply(F.Sqrt.apply(x)))
   def reciprocal(self) -> Tensor: return self._float_math(F.Reciprocal.apply)
@@ -305,8 +301,8 @@ class ElementwiseMixin:
       raise ValueError(f"masked_fill: value must be a scalar or a 0-d tensor, got shape {value.shape}")
     fill = value.cast(self.dtype) if isinstance(value, Tensor) else Tensor(value, dtype=self.dtype, device=self.device)
     return mask.where(fill, self)
-  def sigmoid(self) -> Tensor: return self._float_math(F.Sigmoid.apply)
-  def tanh(self) -> Tensor: return self._float_math(lambda x: 2.0 * F.Sigmoid.apply(2.0 * x) - 1.0)
+  def sigmoid(self) -> Tensor: return composite("sigmoid", (self,))
+  def tanh(self) -> Tensor: return composite("tanh", (self,))    # 2·sigmoid(2x) − 1 by default
   def relu(self) -> Tensor: return F.Relu.apply(self)
   def relu6(self) -> Tensor: return self.relu() - (self - 6).relu()
   def leaky_relu(self, neg_slope: float = 0.01) -> Tensor: return self.relu() - (-self).relu() * neg_slope
@@ -321,10 +317,7 @@ class ElementwiseMixin:
     0.5·(1 + erf(x/√2)), torch's default."""
     if approximate not in ("none", "tanh"):
       raise ValueError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
-    if approximate == "none": return self._float_math(lambda x: 0.5 * x * (1 + (x * SQRT_HALF).erf()))
-    def tanh_form(x: Tensor) -> Tensor:
-      return 0.5 * x * (1 + (SQRT_2_OVER_PI * (x + GELU_CUBIC_COEFFICIENT * x * x * x)).tanh())
-    return self._float_math(tanh_form)
+    return composite("gelu", (self,), approximate=approximate)
   def quick_gelu(self) -> Tensor: return self * (self * QUICK_GELU_SCALE).sigmoid()
   def silu(self) -> Tensor: return self * self.sigmoid()
   def swish(self) -> Tensor: return self.silu()

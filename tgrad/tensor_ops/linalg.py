@@ -3,8 +3,9 @@ tril/triu. Products are a broadcast multiply and a sum, so they fuse and get the
 """
 from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Optional
-from tgrad.dtype import promote_types, least_upper_dtype
+from tgrad.dtype import least_upper_dtype, to_dtype
 from tgrad.tensor_ops.args import broadcast_shape
+from tgrad.tensor_ops.composite import composite
 if TYPE_CHECKING: from tgrad.tensor import Tensor   # at runtime: bound by tgrad/tensor.py (see __init__.py)
 
 # cyclic Jacobi sweeps of svd: the method converges quadratically, and 6 sweeps reach float32 precision (torch's
@@ -23,17 +24,11 @@ class LinalgMixin:
     x, y = self.reshape(1, -1) if self.ndim == 1 else self, w.reshape(-1, 1) if w.ndim == 1 else w
     if x.shape[-1] != y.shape[-2]:
       raise RuntimeError(f"matmul: inner dimensions differ: {self.shape} @ {w.shape} ({x.shape[-1]} != {y.shape[-2]})")
-    try: batch = broadcast_shape(x.shape[:-2], y.shape[:-2])
+    try: broadcast_shape(x.shape[:-2], y.shape[:-2])
     except ValueError:
       raise RuntimeError(f"matmul: batch dims of {self.shape} and {w.shape} do not broadcast") from None
-    dtype = promote_types(x.dtype, y.dtype)
-    n, k, m = x.shape[-2], x.shape[-1], y.shape[-1]
-    x = x.cast(dtype)._broadcast_to(batch + (n, k)).reshape(batch + (n, 1, k))
-    y = y.cast(dtype)._broadcast_to(batch + (k, m)).transpose(-1, -2).reshape(batch + (1, m, k))
-    out = (x * y).sum(-1, acc_dtype=acc_dtype).cast(dtype)
-    if self.ndim == 1: out = out.squeeze(-2)
-    if w.ndim == 1: out = out.squeeze(-1)
-    return out
+    # the composite "matmul" (tensor_ops/composite.py): a broadcast multiply and a sum over k
+    return composite("matmul", (self, w), acc_dtype=None if acc_dtype is None else to_dtype(acc_dtype).name)
   def matmul(self, x: Tensor, reverse: bool = False) -> Tensor:
     return self._as_tensor(x).dot(self) if reverse else self.dot(x)
   @staticmethod

@@ -12,6 +12,7 @@ from tgrad.dtype import dtypes
 from tgrad.helpers import prod
 from tgrad.bounds import IndexBounds, check_index_bounds
 from tgrad.tensor_ops.args import Scalar
+from tgrad.tensor_ops.composite import composite, attention
 if TYPE_CHECKING: from tgrad.tensor import Tensor   # at runtime: bound by tgrad/tensor.py (see __init__.py)
 
 LOSS_REDUCTIONS = ("none", "mean", "sum")
@@ -340,14 +341,14 @@ class NNMixin:
     else: norm = x.abs().pow(p).sum(dim, keepdim=True).pow(1 / p)
     return x / norm.maximum(eps)
   def layernorm(self, axis=-1, eps: float = 1e-5) -> Tensor:
-    """(x − mean) / sqrt(var + eps) over `axis` (biased variance); no affine part (nn.LayerNorm adds it)."""
-    x = self._to_float()
-    centered = x - x.mean(axis, keepdim=True)
-    return centered * (centered.square().mean(axis, keepdim=True) + eps).rsqrt()
-  def rmsnorm(self, axis=-1, eps: float = 1e-6) -> Tensor:
-    """x / sqrt(mean(x²) + eps) over `axis`; no scale (nn.RMSNorm adds it)."""
-    x = self._to_float()
-    return x * (x.square().mean(axis, keepdim=True) + eps).rsqrt()
+    """(x − mean) / sqrt(var + eps) over `axis` (biased variance); no affine part (nn.LayerNorm adds it). The
+    composite "layer_norm" (tensor_ops/composite.py)."""
+    return composite("layer_norm", (self,), axis=axis, eps=eps)
+  def rms_norm(self, axis=-1, eps: float = 1e-6) -> Tensor:
+    """x / sqrt(mean(x²) + eps) over `axis` (an int or a tuple), in x's float dtype; no scale (nn.RMSNorm adds it).
+    The composite "rms_norm" (tensor_ops/composite.py)."""
+    return composite("rms_norm", (self,), axis=axis, eps=eps)
+  def rmsnorm(self, axis=-1, eps: float = 1e-6) -> Tensor: return self.rms_norm(axis, eps)
   def batchnorm(self, weight: Optional[Tensor], bias: Optional[Tensor], mean: Tensor, invstd: Tensor,
                 axis=1) -> Tensor:
     """(x − mean)·invstd·weight + bias, where the statistics and parameters are indexed by `axis` (an int or a tuple;
@@ -381,13 +382,12 @@ class NNMixin:
       if value.shape[-3] != kv_heads or heads % kv_heads:
         raise ValueError(f"scaled_dot_product_attention: enable_gqa needs key and value heads ({kv_heads}, "
                          f"{value.shape[-3]}) to be one count that divides the query heads ({heads})")
-      key, value = key.repeat_interleave(heads // kv_heads, -3), value.repeat_interleave(heads // kv_heads, -3)
-    scale = 1 / math.sqrt(self.shape[-1]) if scale is None else scale
-    scores = (self @ key.transpose(-2, -1)) * scale
-    if is_causal: attn_mask = Tensor.ones(scores.shape[-2:], dtype=dtypes.bool, device=self.device).tril()
-    if attn_mask is not None:
-      scores = attn_mask.where(scores, -math.inf) if attn_mask.dtype.is_bool else scores + attn_mask
-    return scores.softmax(-1).dropout(dropout_p) @ value
+    params = {"is_causal": is_causal, "scale": 1 / math.sqrt(self.shape[-1]) if scale is None else scale,
+              "enable_gqa": enable_gqa}
+    inputs = (self, key, value) if attn_mask is None else (self, key, value, attn_mask)
+    # with dropout in effect the composite is not a region: an alternative would draw other random numbers
+    if Tensor.training and dropout_p: return attention(*inputs, dropout_p=dropout_p, **params)
+    return composite("scaled_dot_product_attention", inputs, **params)
 
   # ---- losses
   def _class_hits(self, target: Tensor, axis: int, ignore_index: int) -> Tensor:

@@ -10,6 +10,7 @@ from tgrad.helpers import prod
 from tgrad.ops import UOp
 from tgrad.shape.sint import canonical, smax, vmax_of
 from tgrad.tensor_ops.args import Scalar, HALF_FLOATS, _resolve_axis, _sum_dtype
+from tgrad.tensor_ops.composite import composite
 import tgrad.function as F
 if TYPE_CHECKING: from tgrad.tensor import Tensor   # at runtime: bound by tgrad/tensor.py (see __init__.py)
 
@@ -104,19 +105,10 @@ class ReduceMixin:
     return (self != 0).max(axis, keepdim)
   def all(self, axis=None, keepdim: bool = False) -> Tensor:
     return self.logical_not().any(axis, keepdim).logical_not()
-  # softmax and friends compute float16/bfloat16 in float32 (_float_math): their sum of exponentials reaches the
-  # axis length, and over 65504 elements a float16 sum is inf (softmax would be all zeros)
-  def softmax(self, axis: int = -1) -> Tensor:
-    def stable(x: Tensor) -> Tensor:
-      exponentials = (x - x.max(axis, keepdim=True).detach()).exp()
-      return exponentials / exponentials.sum(axis, keepdim=True)
-    return self._float_math(stable)
+  # softmax and log_softmax are composites (tensor_ops/composite.py: computed in float32 for float16/bfloat16)
+  def softmax(self, axis: int = -1) -> Tensor: return composite("softmax", (self,), axis=axis)
   def softmin(self, axis: int = -1) -> Tensor: return (-self._to_float()).softmax(axis)
-  def log_softmax(self, axis: int = -1) -> Tensor:
-    def stable(x: Tensor) -> Tensor:
-      shifted = x - x.max(axis, keepdim=True).detach()
-      return shifted - shifted.exp().sum(axis, keepdim=True).log()
-    return self._float_math(stable)
+  def log_softmax(self, axis: int = -1) -> Tensor: return composite("log_softmax", (self,), axis=axis)
   def logsumexp(self, axis=None, keepdim: bool = False) -> Tensor:
     def stable(x: Tensor) -> Tensor:
       peak = x.max(axis, keepdim=True).detach()

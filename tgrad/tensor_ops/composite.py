@@ -1,0 +1,312 @@
+"""Composite ops as named regions of the lazy graph, each with alternative lowerings (DESIGN.md §8).
+
+A Tensor method never hard-codes its decomposition: it calls `composite(name, inputs, **params)`, which builds the
+"default" lowering (tgrad's decomposition, with autograd through its Functions: the graph, kernels and results are
+exactly those of a plain method) and records a `Region` on the output's base (`LazyBuffer.region`): the composite's
+name, its input values, its params and that base, the region's root. A later step lists `regions_above(*outputs)`,
+asks `lowerings_for(region)` and calls `apply_lowering(region, name)`, which rewrites the root in place to compute
+the alternative (built from the inputs, without autograd); `apply_lowering(region, "default")` puts the original back.
+Gradients keep coming from the default's Functions: they hold the default's intermediate values, which an
+alternative never changes, and where they hold the root itself its value is the composite's whatever computes it.
+
+    x = Tensor.randn(4, 8); y = x.tanh()              # default: 2·sigmoid(2x) − 1, one kernel, region "tanh"
+    [region] = regions_above(y.lazydata)
+    lowerings_for(region)                               # ["default", "native", "via_exp"] on LLVM (+ "fast" on CUDA)
+    apply_lowering(region, "native")                    # y's base is now a TANH op: tanhf / CUDA's tanhf
+
+Lowerings of exp and log are an arg of the EXP2/LOG2 op (None: the renderer's default: polynomials on LLVM, exp2f on
+CUDA; "poly", "libm", "fast"), carried into the kernel; codegen/transcendental.py and the renderers honour it.
+Regions nest: an alternative (or a default) that calls another composite records that one's region too, and
+`regions_above` finds it under the current lowerings.
+
+Not registered, and why:
+- an "online" (single-pass) softmax: it needs a reduce of two values at once (running max and rescaled sum), which
+  REDUCE_AXIS (one value per reduce) cannot express; "three_kernels" is the only alternative.
+- a "tf32" matmul: the codegen's tensor cores take float16/bfloat16 inputs only (codegen/cuda.py TENSOR_CORES, the
+  PTX mma m16n8k16 f16/bf16 forms); there is no TF32 path to choose.
+"""
+from __future__ import annotations
+import math
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Optional
+from tgrad.dtype import dtypes, promote_types, to_dtype
+from tgrad.helpers import prod
+from tgrad.lazy import LazyBuffer
+from tgrad.ops import Ops
+from tgrad.tensor_ops.args import broadcast_shape
+import tgrad.function as F
+if TYPE_CHECKING: from tgrad.tensor import Tensor   # at runtime: bound by tgrad/tensor.py (see __init__.py)
+
+LOG2_E = 1 / math.log(2)
+LN2 = math.log(2)
+GELU_CUBIC_COEFFICIENT = 0.044715       # the tanh approximation of GELU (Hendrycks & Gimpel)
+SQRT_2_OVER_PI = math.sqrt(2 / math.pi)
+SQRT_HALF = math.sqrt(0.5)
+DEFAULT = "default"
+CUDA_ONLY = frozenset({"CUDA"})
+FLOAT32_AND_NARROWER = frozenset({dtypes.float32, dtypes.float16, dtypes.bfloat16})   # what fast instructions take
+
+@dataclass(frozen=True)
+class Lowering:
+  """One way to compute a composite: `build(*input Tensors, **params) -> Tensor` from Tensor ops. `exactness` ranks
+  the lowerings of one composite against a float64 reference (highest: the most exact)."""
+  name: str                     # stable: it goes in the benchmark database
+  description: str
+  build: Callable[..., Tensor]
+  exactness: int
+  devices: Optional[frozenset[str]] = None   # None: every device
+  dtypes: Optional[frozenset] = None          # of the composite's output; None: every float dtype
+
+@dataclass(eq=False)
+class Region:
+  """One composite in the lazy graph: `root` is an unrealized base whose value is its output, computed now by the
+  lowering `current`. The private fields remember the default's (op, srcs, arg) and each alternative built, so
+  switching back and forth builds nothing twice."""
+  name: str
+  inputs: tuple[LazyBuffer, ...]
+  params: tuple[tuple[str, Any], ...]    # sorted (name, value) pairs, JSON-able
+  root: LazyBuffer
+  current: str = DEFAULT
+  _built: dict[str, tuple] = field(default_factory=dict, repr=False)
+
+# ---------------------------------------------------------------------------------------------------------------
+# the builds: each takes the composite's input Tensors and its params
+
+def _exp(x: Tensor, lowering: Optional[str] = None) -> Tensor:
+  if lowering is None: return x._float_math(lambda v: F.Exp2.apply(v * LOG2_E))
+  return x._float_math(lambda v: F.Exp2.apply(v * LOG2_E, lowering=lowering))
+
+def _log(x: Tensor, lowering: Optional[str] = None) -> Tensor:
+  if lowering is None: return x._float_math(lambda v: F.Log2.apply(v) * LN2)
+  return x._float_math(lambda v: F.Log2.apply(v, lowering=lowering) * LN2)
+
+def _tanh_via_sigmoid(x: Tensor) -> Tensor: return x._float_math(lambda v: 2.0 * F.Sigmoid.apply(2.0 * v) - 1.0)
+def _tanh_via_exp(x: Tensor) -> Tensor:
+  """sign(x)·(1 − e^(−2|x|)) / (1 + e^(−2|x|)): the exponential lies in (0, 1], so nothing overflows."""
+  def fn(v: Tensor) -> Tensor:
+    decay = (v.abs() * -2.0).exp()
+    magnitude = (1.0 - decay) / (1.0 + decay)
+    return (v < 0).where(-magnitude, magnitude)
+  return x._float_math(fn)
+def _tanh_op(x: Tensor, lowering: Optional[str] = None) -> Tensor:
+  return x._float_math(lambda v: F.Tanh.apply(v, lowering=lowering))
+
+def _sigmoid(x: Tensor) -> Tensor: return x._float_math(F.Sigmoid.apply)
+def _sigmoid_via_tanh(x: Tensor) -> Tensor: return x._float_math(lambda v: 0.5 * (v * 0.5).tanh() + 0.5)
+
+def _gelu_erf(x: Tensor, approximate: str = "none") -> Tensor:
+  return x._float_math(lambda v: 0.5 * v * (1 + (v * SQRT_HALF).erf()))
+def _gelu_tanh(x: Tensor, approximate: str = "tanh") -> Tensor:
+  def tanh_form(v: Tensor) -> Tensor:
+    return 0.5 * v * (1 + (SQRT_2_OVER_PI * (v + GELU_CUBIC_COEFFICIENT * v * v * v)).tanh())
+  return x._float_math(tanh_form)
+def _gelu(x: Tensor, approximate: str) -> Tensor:
+  return _gelu_erf(x) if approximate == "none" else _gelu_tanh(x)
+
+# softmax and friends compute float16/bfloat16 in float32 (_float_math): their sum of exponentials reaches the axis
+# length, and over 65504 elements a float16 sum is inf (softmax would be all zeros)
+def _softmax(x: Tensor, axis: int) -> Tensor:
+  def stable(v: Tensor) -> Tensor:
+    exponentials = (v - v.max(axis, keepdim=True).detach()).exp()
+    return exponentials / exponentials.sum(axis, keepdim=True)
+  return x._float_math(stable)
+def _softmax_three_kernels(x: Tensor, axis: int) -> Tensor:
+  """The row max, the sum of exponentials and the division as three kernels (each of the first two realized)."""
+  def stable(v: Tensor) -> Tensor:
+    shifted = v - v.max(axis, keepdim=True).detach().contiguous()
+    return shifted.exp() / shifted.exp().sum(axis, keepdim=True).contiguous()
+  return x._float_math(stable)
+def _log_softmax(x: Tensor, axis: int) -> Tensor:
+  def stable(v: Tensor) -> Tensor:
+    shifted = v - v.max(axis, keepdim=True).detach()
+    return shifted - shifted.exp().sum(axis, keepdim=True).log()
+  return x._float_math(stable)
+def _log_softmax_three_kernels(x: Tensor, axis: int) -> Tensor:
+  def stable(v: Tensor) -> Tensor:
+    shifted = v - v.max(axis, keepdim=True).detach().contiguous()
+    return shifted - shifted.exp().sum(axis, keepdim=True).contiguous().log()
+  return x._float_math(stable)
+
+def _rms_norm(x: Tensor, axis: Any, eps: float) -> Tensor:
+  v = x._to_float()
+  return v * (v.square().mean(axis, keepdim=True) + eps).rsqrt()
+def _rms_norm_recip_sqrt(x: Tensor, axis: Any, eps: float) -> Tensor:
+  v = x._to_float()
+  return v / (v.square().mean(axis, keepdim=True) + eps).sqrt()
+def _layer_norm(x: Tensor, axis: Any, eps: float) -> Tensor:
+  v = x._to_float()
+  centered = v - v.mean(axis, keepdim=True)
+  return centered * (centered.square().mean(axis, keepdim=True) + eps).rsqrt()
+def _layer_norm_recip_sqrt(x: Tensor, axis: Any, eps: float) -> Tensor:
+  v = x._to_float()
+  centered = v - v.mean(axis, keepdim=True)
+  return centered / (centered.square().mean(axis, keepdim=True) + eps).sqrt()
+
+def attention(query: Tensor, key: Tensor, value: Tensor, attn_mask: Optional[Tensor] = None, *, is_causal: bool,
+              scale: float, enable_gqa: bool, dropout_p: float = 0.0, unfused: bool = False) -> Tensor:
+  """softmax(q·kᵀ·scale + mask)·v, the arguments already checked (Tensor.scaled_dot_product_attention); `unfused`
+  realizes the scores before the softmax."""
+  if enable_gqa and min(query.ndim, key.ndim, value.ndim) >= 3 and key.shape[-3] != query.shape[-3]:
+    repeats = query.shape[-3] // key.shape[-3]
+    key, value = key.repeat_interleave(repeats, -3), value.repeat_interleave(repeats, -3)
+  scores = (query @ key.transpose(-2, -1)) * scale
+  if is_causal: attn_mask = Tensor.ones(scores.shape[-2:], dtype=dtypes.bool, device=query.device).tril()
+  if attn_mask is not None:
+    scores = attn_mask.where(scores, -math.inf) if attn_mask.dtype.is_bool else scores + attn_mask
+  if unfused: scores = scores.contiguous()
+  return scores.softmax(-1).dropout(dropout_p) @ value
+def _attention_unfused(query: Tensor, key: Tensor, value: Tensor, attn_mask: Optional[Tensor] = None,
+                       **params) -> Tensor:
+  return attention(query, key, value, attn_mask, unfused=True, **params)
+
+def _matmul(x: Tensor, w: Tensor, acc_dtype: Optional[str] = None) -> Tensor:
+  """numpy's matmul as a broadcast multiply and a sum over k (Tensor.dot checks the shapes first); `acc_dtype` (a
+  dtype name) is the sum's accumulator, None for sum's own choice (float32 for float16/bfloat16)."""
+  x2, y2 = x.reshape(1, -1) if x.ndim == 1 else x, w.reshape(-1, 1) if w.ndim == 1 else w
+  batch = broadcast_shape(x2.shape[:-2], y2.shape[:-2])
+  dtype = promote_types(x2.dtype, y2.dtype)
+  n, k, m = x2.shape[-2], x2.shape[-1], y2.shape[-1]
+  x2 = x2.cast(dtype)._broadcast_to(batch + (n, k)).reshape(batch + (n, 1, k))
+  y2 = y2.cast(dtype)._broadcast_to(batch + (k, m)).transpose(-1, -2).reshape(batch + (1, m, k))
+  out = (x2 * y2).sum(-1, acc_dtype=None if acc_dtype is None else to_dtype(acc_dtype)).cast(dtype)
+  if x.ndim == 1: out = out.squeeze(-2)
+  if w.ndim == 1: out = out.squeeze(-1)
+  return out
+def _matmul_acc(acc_dtype: str) -> Callable[..., Tensor]:
+  return lambda x, w, **_: _matmul(x, w, acc_dtype)   # the composite's own acc_dtype param is overridden
+
+# ---------------------------------------------------------------------------------------------------------------
+# the registry
+
+def _registry(*lowerings: Lowering) -> dict[str, Lowering]:
+  assert lowerings[0].name == DEFAULT, "the default lowering comes first"
+  return {lowering.name: lowering for lowering in lowerings}
+
+def _transcendental(name: str, build: Callable[..., Tensor], what: str) -> dict[str, Lowering]:
+  return _registry(
+    Lowering(DEFAULT, f"{what}: the renderer's choice (polynomials on LLVM, the math library on CUDA)",
+             lambda x: build(x), 2),
+    Lowering("poly", f"{what}: tgrad's range reduction + polynomial on every device (vectorizes on CPUs)",
+             lambda x: build(x, "poly"), 1),
+    Lowering("libm", f"{what}: the device's math library (LLVM intrinsic, CUDA {name}2f)", lambda x: build(x, "libm"),
+             3),
+    Lowering("fast", f"{what}: the hardware approximation (PTX {'ex2' if name == 'exp' else 'lg2'}.approx.f32)",
+             lambda x: build(x, "fast"), 0, CUDA_ONLY, FLOAT32_AND_NARROWER))
+
+LOWERINGS: dict[str, dict[str, Lowering]] = {
+  "exp": _transcendental("exp", _exp, "exp2(x·log2 e)"),
+  "log": _transcendental("log", _log, "log2(x)·ln 2"),
+  "tanh": _registry(
+    Lowering(DEFAULT, "2·sigmoid(2x) − 1", _tanh_via_sigmoid, 1),
+    Lowering("via_exp", "sign(x)·(1 − e^(−2|x|)) / (1 + e^(−2|x|))", _tanh_via_exp, 2),
+    Lowering("native", "the TANH op: the C library's tanhf on LLVM, CUDA tanhf", _tanh_op, 3),
+    Lowering("fast", "the TANH op as PTX tanh.approx.f32 (sm_75+; tanhf below)",
+             lambda x: _tanh_op(x, "fast"), 0, CUDA_ONLY, FLOAT32_AND_NARROWER)),
+  "sigmoid": _registry(
+    Lowering(DEFAULT, "1 / (1 + e^−x) (the Sigmoid Function)", _sigmoid, 2),
+    Lowering("via_tanh", "0.5·tanh(x/2) + 0.5", _sigmoid_via_tanh, 1)),
+  "gelu": _registry(
+    Lowering(DEFAULT, "as `approximate` says: the tanh approximation ('tanh'), or the erf form ('none')", _gelu, 1),
+    Lowering("erf", "x·Φ(x) exactly: 0.5·x·(1 + erf(x/√2))", _gelu_erf, 2),
+    Lowering("tanh", "the tanh approximation: 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))", _gelu_tanh, 0)),
+  "softmax": _registry(
+    Lowering(DEFAULT, "exp(x − max) / Σ exp(x − max), one row kernel where the rows fit", _softmax, 1),
+    Lowering("three_kernels", "max, Σ exp and the division as three kernels", _softmax_three_kernels, 0)),
+  "log_softmax": _registry(
+    Lowering(DEFAULT, "(x − max) − log Σ exp(x − max), one row kernel where the rows fit", _log_softmax, 1),
+    Lowering("three_kernels", "max, Σ exp and the subtraction as three kernels", _log_softmax_three_kernels, 0)),
+  "rms_norm": _registry(
+    Lowering(DEFAULT, "x · rsqrt(mean(x²) + eps): one reciprocal square root per row", _rms_norm, 1),
+    Lowering("recip_sqrt", "x / sqrt(mean(x²) + eps): a division per element", _rms_norm_recip_sqrt, 2)),
+  "layer_norm": _registry(
+    Lowering(DEFAULT, "(x − mean) · rsqrt(var + eps): one reciprocal square root per row", _layer_norm, 1),
+    Lowering("recip_sqrt", "(x − mean) / sqrt(var + eps): a division per element", _layer_norm_recip_sqrt, 2)),
+  "scaled_dot_product_attention": _registry(
+    Lowering(DEFAULT, "softmax(q·kᵀ·scale + mask)·v, the scores fused into the softmax's kernel", attention, 1),
+    Lowering("unfused_softmax", "the scores realized before the softmax", _attention_unfused, 0)),
+  "matmul": _registry(
+    Lowering(DEFAULT, "Σ_k x·w in sum's accumulator (float32 for float16/bfloat16, else the dtype)", _matmul, 1),
+    Lowering("acc_float32", "Σ_k x·w accumulated in float32", _matmul_acc("float32"), 2, None,
+             frozenset({dtypes.float16, dtypes.bfloat16})),
+    Lowering("acc_float16", "Σ_k x·w accumulated in float16", _matmul_acc("float16"), 0, None,
+             frozenset({dtypes.float16}))),
+}
+
+# ---------------------------------------------------------------------------------------------------------------
+# regions
+
+def composite(name: str, inputs: tuple[Tensor, ...], **params) -> Tensor:
+  """The composite `name` of `inputs` by its default lowering, with autograd, recorded as a Region on the output's
+  base when the output is that base or a contiguous reshape of it (a composite whose output is some other view of a
+  value gets no region: rewriting that value would change more than the composite). A region on a base that already
+  has one (a composite whose default is another composite) replaces it: the outer one names the whole value."""
+  out = LOWERINGS[name][DEFAULT].build(*inputs, **params)
+  lb = out.lazydata
+  root = lb._base if lb._base is not None else lb
+  if root.buffer is None and root.srcs and (lb is root or (lb.st.contiguous and lb.size == root.size)):
+    root.region = Region(name, tuple([t.lazydata for t in inputs]), tuple(sorted(params.items())), root)
+  return out
+
+def _valid(region: Region, lowering: Lowering) -> bool:
+  device, dtype = region.root.device.split(":")[0], region.root.dtype
+  if lowering.devices is not None and device not in lowering.devices: return False
+  if lowering.name == DEFAULT: return True
+  return dtype in lowering.dtypes if lowering.dtypes is not None else dtype.is_float
+
+def lowerings_for(region: Region) -> list[str]:
+  """The lowerings valid for the region's device and output dtype: "default" first, then the rest sorted."""
+  valid = [name for name, lowering in LOWERINGS[region.name].items() if name != DEFAULT and _valid(region, lowering)]
+  return [DEFAULT] + sorted(valid)
+
+def apply_lowering(region: Region, name: str) -> None:
+  """Make the region's root compute lowering `name`: it takes the op, sources and arg of the alternative's output
+  (built once from the inputs, without autograd); when that output is a view (a reshape of a base of another shape),
+  the root becomes a CAST to its own dtype of it, an elementwise identity that fuses. "default" restores the original
+  (op, srcs, arg) exactly. ValueError for an unknown lowering, one not valid for the device or dtype, or a realized
+  root."""
+  lowerings = LOWERINGS[region.name]
+  if name not in lowerings:
+    raise ValueError(f"composite {region.name!r} has no lowering {name!r}; it has {list(lowerings)}")
+  if not _valid(region, lowerings[name]):
+    raise ValueError(f"lowering {name!r} of composite {region.name!r} is not valid on {region.root.device} for "
+                     f"{region.root.dtype}; valid: {lowerings_for(region)}")
+  root = region.root
+  if root.buffer is not None:
+    raise ValueError(f"composite {region.name!r} is already realized: lowering {name!r} can't be applied")
+  if DEFAULT not in region._built: region._built[DEFAULT] = (root.op, root.srcs, root.arg)
+  if name not in region._built: region._built[name] = _build_alternative(region, lowerings[name])
+  root.op, root.srcs, root.arg = region._built[name]
+  region.current = name
+
+def _build_alternative(region: Region, lowering: Lowering) -> tuple:
+  root = region.root
+  out = lowering.build(*[Tensor(lb, requires_grad=False) for lb in region.inputs], **dict(region.params)).lazydata
+  if out.dtype != root.dtype or out.size != prod(root.shape):
+    raise RuntimeError(f"lowering {lowering.name!r} of {region.name!r} gives {out.shape} {out.dtype}, not "
+                       f"{root.shape} {root.dtype}")
+  out = out.reshape(root.shape)
+  if out.is_base and out.buffer is None and out.srcs: return (out.op, out.srcs, out.arg)
+  return (Ops.CAST, (out,), None)
+
+def regions_above(*lbs: LazyBuffer) -> list[Region]:
+  """The regions in the unrealized graph above `lbs` under the current lowerings: depth-first from the roots in
+  order, each region at its first visit (so an enclosing region comes before the regions inside it)."""
+  found: list[Region] = []
+  seen: set[int] = set()
+  stack = list(lbs[::-1])
+  while stack:
+    lb = stack.pop()
+    if id(lb) in seen: continue
+    seen.add(id(lb))
+    if lb._base is not None:
+      stack.append(lb._base)
+      continue
+    if lb.buffer is not None: continue
+    if lb.region is not None: found.append(lb.region)
+    stack.extend(lb.srcs[::-1])
+  return found
+
+def exact_lowering(name: str) -> str:
+  """The most exact lowering of composite `name` (the highest exactness; on a tie, the first registered)."""
+  lowerings = list(LOWERINGS[name].values())
+  return max(lowerings, key=lambda lowering: (lowering.exactness, -lowerings.index(lowering))).name

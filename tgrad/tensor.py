@@ -32,6 +32,18 @@ from tgrad.tensor_ops.linalg import LinalgMixin
 from tgrad.tensor_ops.nn import NNMixin
 from tgrad.tensor_ops.sorting import SortingMixin
 
+_path_context_for: Optional[Callable] = None   # tgrad.paths.select.context_for, loaded by the first realize
+
+def _realize(*lbs: LazyBuffer) -> None:
+  """Every Tensor-level realize: in the context of the execution path selected for the graph (tgrad/paths/select.py:
+  nothing while the benchmark database has no record for the device), with the queued index checks."""
+  global _path_context_for
+  if _path_context_for is None:
+    from tgrad.paths.select import context_for
+    _path_context_for = context_for
+  if (context := _path_context_for(lbs)) is None: return realize_with_checks(*lbs)
+  with context: realize_with_checks(*lbs)
+
 def _copy_to_host(lb: LazyBuffer) -> np.ndarray:
   from tgrad.realize import copy_to_host
   return copy_to_host(lb.base.buffer)
@@ -128,7 +140,7 @@ class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, Indexi
   def realize(self, *others: Tensor) -> Tensor:
     """Compute this tensor now (its buffer stays on the device); `Tensor.realize(a, b, ...)` or `a.realize(b, ...)`
     computes several in one schedule, so their kernels are planned together."""
-    realize_with_checks(self.lazydata, *[t.lazydata for t in others])
+    _realize(self.lazydata, *[t.lazydata for t in others])
     return self
   def schedule(self, *others: Tensor) -> list:
     """The kernels (ScheduleItems) that realizing this tensor (and others) would run, planned without running or
@@ -141,7 +153,7 @@ class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, Indexi
     shape = tuple(evaluate(s) for s in self.shape)   # a symbolic dim at its bound value
     if prod(shape) == 0: return np.zeros(shape, dtype=out_dtype.np)
     lb = self.lazydata.cast(out_dtype).contiguous()
-    realize_with_checks(lb)
+    _realize(lb)
     # a symbolic buffer is allocated at the variables' maximum; its first elements are the row-major values
     return _copy_to_host(lb)[:prod(shape)].reshape(shape)
   def tolist(self) -> Any: return self.numpy().tolist()

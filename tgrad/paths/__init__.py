@@ -1,6 +1,12 @@
-"""Execution paths: the ways to run a lazy graph (a lowering per composite op, opts per kernel, a device per part),
-measured and stored in a benchmark database, and the selection of the fastest within a tolerance.
+"""Execution paths: the ways to realize a graph, measured for time and accuracy, and selected within a tolerance.
 
-db.py stores measurements and selects; fingerprint.py says what hardware and which code a measurement belongs to.
-Nothing is imported here, so importing a submodule stays cheap.
+  iterate(*tensors)        the PathSpace of realizing them: iterate it for Paths (.id, .description); .count
+  realize_path(path)       realize the tensors along one path
+  python -m tgrad.paths profile|show|best   record a program's paths, inspect the database, list the selection
+See docs/paths.md: composite regions and their lowerings (tgrad/tensor_ops/composite.py), paths (path.py), the
+float64 reference and graph keys (graph.py), the benchmark database (db.py, fingerprint.py), selection at realize
+time (select.py) and the profiler (profile.py).
 """
+from tgrad.paths.path import Path, PathSpace, iterate, realize_path, measure
+
+__all__ = ["Path", "PathSpace", "iterate", "realize_path", "measure"]

@@ -26,12 +26,13 @@ TABLE_COLUMNS = {
         "path_desc TEXT NOT NULL, device TEXT NOT NULL, parts TEXT NOT NULL, fingerprint_key TEXT NOT NULL, "
         "tgrad_version TEXT NOT NULL, "
         "settings TEXT NOT NULL, times TEXT NOT NULL, max_rel_error REAL, max_abs_error REAL, "
-        "input_distribution TEXT NOT NULL, status TEXT NOT NULL, error TEXT NOT NULL, measured_at REAL NOT NULL",
+        "input_distribution TEXT NOT NULL, status TEXT NOT NULL, error TEXT NOT NULL, measured_at REAL NOT NULL, "
+        "choices TEXT NOT NULL, opts TEXT NOT NULL",
 }
 PATHS_TABLE_NAME = re.compile(r"^paths_(graphs|hardware|runs)_v\d+$")   # tables of this or any other schema version
 RUN_COLUMNS = ("id", "graph_key", "path_id", "path_desc", "device", "parts", "fingerprint_key", "tgrad_version",
                "settings", "times", "max_rel_error", "max_abs_error", "input_distribution", "status", "error",
-               "measured_at")
+               "measured_at", "choices", "opts")
 # A negative answer of has_records is asked again after this long: another process (a profiler) may be adding rows.
 # A positive answer is kept until clear(): rows are only ever added.
 HAS_RECORDS_RECHECK_SECONDS = 1.0
@@ -62,6 +63,8 @@ class Measurement:
   status: str               # "ok", or "failed": beyond the dtype's sanity bound or crashed (see `error`)
   error: str = ""
   measured_at: float = 0.0  # unix time
+  choices: tuple[str, ...] = ()   # the path itself: the lowering of each composite region, in the graph's region order
+  opts: str = "heuristic"         # the path's kernel opts: "heuristic" or "beam2"
 
   def __post_init__(self):
     for name in ("graph_key", "path_id", "device"):
@@ -81,13 +84,14 @@ class Measurement:
     if self.status == "ok" and not times: raise ValueError("a Measurement with status 'ok' needs at least one timing")
     object.__setattr__(self, "times", times)
     object.__setattr__(self, "parts", tuple(self.parts) or (self.device,))
+    object.__setattr__(self, "choices", tuple(str(c) for c in self.choices))
     for name in ("max_rel_error", "max_abs_error", "measured_at"):
       object.__setattr__(self, name, float(getattr(self, name)))
 
 def _run_row(m: Measurement, measured_at: float) -> tuple:
   return (m.graph_key, m.path_id, m.path_desc, m.device, json.dumps(list(m.parts)), fingerprint_key(m.fingerprint),
           m.tgrad_version, _canonical_json(m.settings), json.dumps(list(m.times)), m.max_rel_error, m.max_abs_error,
-          m.input_distribution, m.status, m.error, measured_at)
+          m.input_distribution, m.status, m.error, measured_at, json.dumps(list(m.choices)), m.opts)
 
 def _measurement(row: tuple) -> Measurement:
   """A Measurement from a row of RUNS joined with its graph_desc and fingerprint; bad JSON is a damaged file."""
@@ -100,7 +104,8 @@ def _measurement(row: tuple) -> Measurement:
                        times=tuple(json.loads(values["times"])), max_rel_error=_stored_float(values["max_rel_error"]),
                        max_abs_error=_stored_float(values["max_abs_error"]),
                        input_distribution=values["input_distribution"], status=values["status"],
-                       error=values["error"], measured_at=values["measured_at"])
+                       error=values["error"], measured_at=values["measured_at"],
+                       choices=tuple(json.loads(values["choices"])), opts=values["opts"])
   except (TypeError, ValueError) as error:
     raise sqlite3.DatabaseError(f"damaged row {values['id']} of {RUNS}: {error}") from None
 
@@ -254,6 +259,8 @@ class PathSummary:
   fingerprint: dict
   tgrad_version: str
   settings: dict
+  choices: tuple[str, ...] = ()   # the path's lowering per region (see Measurement)
+  opts: str = "heuristic"
 
 def summarize(runs: Sequence[Measurement]) -> list[PathSummary]:
   """One PathSummary per (graph, path, fingerprint, tgrad version, settings), in the order each first appears."""
@@ -273,7 +280,8 @@ def _summary(group: list[Measurement]) -> PathSummary:
                      max_rel_error=_worst(m.max_rel_error for m in group),
                      max_abs_error=_worst(m.max_abs_error for m in group),
                      status="failed" if failed else "ok", error=failed[0].error if failed else "",
-                     fingerprint=first.fingerprint, tgrad_version=first.tgrad_version, settings=first.settings)
+                     fingerprint=first.fingerprint, tgrad_version=first.tgrad_version, settings=first.settings,
+                     choices=first.choices, opts=first.opts)
 
 def _worst(errors) -> float:
   errors = list(errors)

@@ -310,3 +310,12 @@ def exact_lowering(name: str) -> str:
   """The most exact lowering of composite `name` (the highest exactness; on a tie, the first registered)."""
   lowerings = list(LOWERINGS[name].values())
   return max(lowerings, key=lambda lowering: (lowering.exactness, -lowerings.index(lowering))).name
+
+# Composites whose alternatives compute a different function from the one asked for (gelu's erf form and its tanh
+# approximation differ by up to ~1e-3): their float64 reference is the function the region asks for, its default.
+REFERENCE_IS_AS_ASKED = frozenset({"gelu"})
+
+def reference_lowering(region: Region) -> str:
+  """The lowering of the float64 reference of `region`: the most exact way to compute the function it asks for (so
+  a path's error measures how far it is from *that* function)."""
+  return DEFAULT if region.name in REFERENCE_IS_AS_ASKED else exact_lowering(region.name)

@@ -1,0 +1,87 @@
+"""`python -m tgrad.paths profile|show|best`: record a program's paths, inspect the database, list the selection.
+
+  profile [--budget S] [--max-paths N] [--device D] [--beam] [--repeats R] SCRIPT [ARGS...]
+      run SCRIPT (with ARGS as its sys.argv) and measure the paths of every graph it realizes (resumable)
+  show [GRAPH]      every recorded graph (or those whose key starts with GRAPH): each path's timings (min, median),
+                    errors and status, which path each tolerance selects, and why foreign records are not used
+  best [--tolerance T]   the path each graph's selection takes at T (default: each graph's dtype default)
+"""
+from __future__ import annotations
+import argparse, os, runpy, sys
+from typing import Optional
+from tgrad.paths.db import PathsDB, select, summarize, default_tolerance
+from tgrad.paths.fingerprint import hardware_fingerprint, tgrad_version
+from tgrad.helpers import code_settings
+
+SHOWN_TOLERANCES = (1e-2, 1e-4, 1e-6)
+
+def _profile(args: argparse.Namespace) -> int:
+  if args.device: os.environ["DEVICE"] = args.device
+  from tgrad.paths.profile import Profiler, watching
+  profiler = Profiler(budget=args.budget, max_paths=args.max_paths, repeats=args.repeats,
+                      opts=("heuristic", "beam2") if args.beam else ("heuristic",))
+  sys.argv = [args.script, *args.args]
+  with watching(profiler):
+    try: runpy.run_path(args.script, run_name="__main__")
+    except SystemExit as exit_:
+      if exit_.code not in (None, 0): print(f"the profiled program exited with {exit_.code}")
+  print(f"profiled {len(profiler.graphs_seen)} graphs: {profiler.measured} paths measured "
+        f"({profiler.failed} failed), {profiler.skipped} already recorded")
+  return 0
+
+def _graph_dtype_tolerance(desc: dict) -> float:
+  from tgrad.dtype import to_dtype
+  floats = [to_dtype(d) for _, d in desc.get("outputs", []) if to_dtype(d).is_float]
+  return min((default_tolerance(d) for d in floats), default=1e-5)
+
+def _selections(db: PathsDB, key: str, device: str, tolerance: float):
+  return select(db.runs(key, device), tolerance, hardware_fingerprint(device), tgrad_version(), code_settings())
+
+def _show(args: argparse.Namespace) -> int:
+  db = PathsDB()
+  graphs = [(k, d) for k, d in db.graphs() if not args.graph or k.startswith(args.graph)]
+  if not graphs: print("no recorded graphs" + (f" with a key starting {args.graph}" if args.graph else ""))
+  for key, desc in graphs:
+    device = desc.get("device", "")
+    print(f"graph {key[:16]} on {device}: outputs {desc.get('outputs')}, composites {desc.get('composites')}, "
+          f"{desc.get('nodes')} nodes")
+    runs = db.runs(key, device)
+    chosen = {t: _selections(db, key, device, t) for t in SHOWN_TOLERANCES}
+    reasons = {summary.path_id: why for summary, why in chosen[SHOWN_TOLERANCES[0]].rejected}
+    for s in sorted(summarize(runs), key=lambda s: (s.status != "ok", s.min_time)):
+      picks = [f"{t:g}" for t, sel in chosen.items() if sel.chosen is not None and sel.chosen.path_id == s.path_id]
+      note = f"selected at TOLERANCE {', '.join(picks)}" if picks else reasons.get(s.path_id, "")
+      print(f"  {s.path_id}  {s.min_time*1e6:10.1f} us min {s.median_time*1e6:10.1f} us median  "
+            f"rel {s.max_rel_error:9.2e} abs {s.max_abs_error:9.2e}  {s.status:6s} runs {s.runs}  {s.path_desc}"
+            + (f"\n      {note}" if note else ""))
+  return 0
+
+def _best(args: argparse.Namespace) -> int:
+  db = PathsDB()
+  for key, desc in db.graphs():
+    device = desc.get("device", "")
+    tolerance = args.tolerance if args.tolerance is not None else _graph_dtype_tolerance(desc)
+    sel = _selections(db, key, device, tolerance)
+    what = f"{sel.chosen.path_id} {sel.chosen.path_desc}" if sel.chosen else "default (guess)"
+    print(f"graph {key[:16]} on {device} at TOLERANCE {tolerance:g}: {what} — {sel.reason}")
+  return 0
+
+def main(argv: Optional[list[str]] = None) -> int:
+  parser = argparse.ArgumentParser(prog="python -m tgrad.paths", description=__doc__.splitlines()[0])
+  sub = parser.add_subparsers(dest="command", required=True)
+  profile = sub.add_parser("profile", help="measure the paths of the graphs a Python script realizes")
+  profile.add_argument("--budget", type=float, default=600.0, help="seconds of measuring (default 600)")
+  profile.add_argument("--max-paths", type=int, default=64, help="paths measured per graph (default 64)")
+  profile.add_argument("--device", default=None, help="DEVICE for the script (CUDA, LLVM)")
+  profile.add_argument("--beam", action="store_true", help="also measure paths whose kernels are searched (BEAM=2)")
+  profile.add_argument("--repeats", type=int, default=5, help="timed runs per path (default 5)")
+  profile.add_argument("script")
+  profile.add_argument("args", nargs=argparse.REMAINDER)
+  show = sub.add_parser("show", help="the recorded paths of every graph")
+  show.add_argument("graph", nargs="?", default="", help="a graph key or its prefix")
+  best = sub.add_parser("best", help="the path each graph's selection takes")
+  best.add_argument("--tolerance", type=float, default=None)
+  args = parser.parse_args(argv)
+  return {"profile": _profile, "show": _show, "best": _best}[args.command](args)
+
+if __name__ == "__main__": sys.exit(main())

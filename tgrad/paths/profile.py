@@ -1,0 +1,96 @@
+"""The profiler: measure the paths of every graph a program realizes, and record them in the benchmark database.
+
+`Profiler` watches Tensor-level realizes (installed with `watching()`): before a graph that holds composite regions
+is realized, it enumerates the graph's paths (uniform paths first, see path.py), computes the float64 reference once,
+and measures each path not yet recorded for this hardware and tgrad version (so a rerun resumes where the last one
+stopped), within a time budget and a per-graph path limit. Each measurement becomes a database row; a path whose
+error passes the dtype's sanity bound, or that fails to compile or run, is recorded as failed and never selected.
+Then the program's own realize goes on as usual. The inputs are the program's own (the record says so).
+"""
+from __future__ import annotations
+import contextlib, itertools, time
+from typing import Iterator, Optional, Sequence
+from tqdm import tqdm
+from tgrad.lazy import LazyBuffer
+from tgrad.paths.db import Measurement, PathsDB, sanity_bound
+from tgrad.paths.fingerprint import hardware_fingerprint, tgrad_version
+from tgrad.helpers import code_settings
+from tgrad.paths.graph import ReferenceUnavailable
+from tgrad.paths.path import PathSpace, measure, reference_outputs, DEFAULT_REPEATS
+from tgrad.paths import select
+
+INPUT_DISTRIBUTION = "the profiled program's own inputs"
+DEFAULT_BUDGET_SECONDS = 600.0
+DEFAULT_MAX_PATHS = 64
+
+class Profiler:
+  def __init__(self, db: Optional[PathsDB] = None, budget: float = DEFAULT_BUDGET_SECONDS,
+               max_paths: int = DEFAULT_MAX_PATHS, opts: Sequence[str] = ("heuristic",),
+               repeats: int = DEFAULT_REPEATS, progress: bool = True):
+    self.db = db or select.database()
+    self.budget, self.max_paths, self.opts, self.repeats = budget, max_paths, tuple(opts), repeats
+    self.deadline = time.monotonic() + budget
+    self.graphs_seen: set[str] = set()
+    self.measured = self.skipped = self.failed = 0
+    self.bar = tqdm(total=round(budget), unit="s", desc="profiling paths", disable=not progress,
+                    bar_format="{desc}: {n:.0f}/{total:.0f}s budget |{bar}| {postfix} [{elapsed}<{remaining}]")
+    self._last = time.monotonic()
+
+  def out_of_budget(self) -> bool: return time.monotonic() >= self.deadline
+
+  def _tick(self) -> None:
+    now = time.monotonic()
+    self.bar.update(min(now - self._last, max(0.0, self.bar.total - self.bar.n)))
+    self._last = now
+    self.bar.set_postfix_str(f"{len(self.graphs_seen)} graphs, {self.measured} paths measured, "
+                             f"{self.skipped} already recorded, {self.failed} failed")
+
+  def observe(self, outs: Sequence[LazyBuffer]) -> None:
+    """Measure the paths of realizing outs (not yet realized); called before the program's realize."""
+    outs = [o for o in outs if o.base.buffer is None]
+    if not outs or self.out_of_budget(): return
+    try: space = PathSpace(outs, self.opts)
+    except ValueError: return
+    if not space.regions or space.key in self.graphs_seen: return
+    self.graphs_seen.add(space.key)
+    fingerprint, version, settings = hardware_fingerprint(space.device), tgrad_version(), code_settings()
+    recorded = {r.path_id for r in self.db.runs(space.key, space.device)
+                if r.fingerprint == fingerprint and r.tgrad_version == version and r.settings == settings}
+    reference = None
+    description = space.description()
+    for path in itertools.islice(space, self.max_paths):
+      if self.out_of_budget(): break
+      if path.id in recorded:
+        self.skipped += 1
+        continue
+      if reference is None:
+        try: reference = reference_outputs(space)
+        except ReferenceUnavailable: return
+      run = measure(space, path, reference, self.repeats)
+      bound = min(sanity_bound(o.dtype) for o in outs)
+      failed = bool(run.error) or not run.max_rel_error <= bound
+      error = run.error or (f"max relative error {run.max_rel_error:.3g} beyond the sanity bound {bound:g}"
+                            if failed else "")
+      self.db.add(Measurement(
+        graph_key=space.key, graph_desc=description, path_id=path.id, path_desc=path.description,
+        device=space.device, parts=(space.device,), fingerprint=fingerprint, tgrad_version=version,
+        settings=settings, times=run.times, max_rel_error=run.max_rel_error, max_abs_error=run.max_abs_error,
+        input_distribution=INPUT_DISTRIBUTION, status="failed" if failed else "ok", error=error,
+        measured_at=time.time(), choices=path.choices, opts=path.opts))
+      self.measured += 1
+      self.failed += failed
+      self._tick()
+    select.forget()   # the database changed: selections are made again from it
+
+  def close(self) -> None:
+    self._tick()
+    self.bar.close()
+
+@contextlib.contextmanager
+def watching(profiler: Profiler) -> Iterator[Profiler]:
+  """Within the scope, every Tensor-level realize is profiled first."""
+  select.observers.append(profiler.observe)
+  try: yield profiler
+  finally:
+    select.observers.remove(profiler.observe)
+    profiler.close()

@@ -165,7 +165,7 @@ def _rebuilt(lb: LazyBuffer, made: dict[int, LazyBuffer], host: dict[int, np.nda
     values = values.astype(dtype.np) if dtype.is_float else values
     if not isinstance(lb.size, int):
       raise ReferenceUnavailable(f"a realized input of symbolic shape {lb.shape} (bind the value and copy it first)")
-    return LazyBuffer.from_host(np.ascontiguousarray(values[:lb.size]), device, dtype).reshape(lb.shape)
+    return LazyBuffer.from_host(np.ascontiguousarray(values[:lb.size].reshape(lb.shape)), device, dtype)
   srcs = tuple(made[id(s)] for s in lb.srcs)
   op, arg = lb.op, lb.arg
   if op is Ops.CONST: return LazyBuffer.const_of(arg, dtype, device)
@@ -174,19 +174,23 @@ def _rebuilt(lb: LazyBuffer, made: dict[int, LazyBuffer], host: dict[int, np.nda
       values = np.asarray(arg)
       if lb.dtype == dtypes.bfloat16: values = (values.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
       return LazyBuffer.from_host(np.ascontiguousarray(values.astype(dtype.np)), device, dtype)
-    return srcs[0]   # a device copy: the reference is all on one device
+    return _as_base(srcs[0])   # a device copy: the reference is all on one device
   if op is Ops.EMPTY: raise ReferenceUnavailable("the graph reads an unrealized empty tensor (uninitialized memory)")
   if op is Ops.BITCAST and (lb.dtype.is_float or lb.srcs[0].dtype.is_float):
     raise ReferenceUnavailable(f"a bitcast {lb.srcs[0].dtype} → {lb.dtype} has no float64 meaning")
   if op is Ops.CAST: return srcs[0].cast(dtype)
   if op is Ops.BITCAST: return srcs[0].cast(dtype, bitcast=True)
   if op is Ops.CONTIGUOUS: return srcs[0].contiguous()
-  if op is Ops.ASSIGN: return srcs[1]   # the reference computes the value; it writes nothing
+  if op is Ops.ASSIGN: return _as_base(srcs[1])   # the reference computes the value; it writes nothing
   if op is Ops.REDUCE_AXIS: return LazyBuffer.loadop(op, lb.shape, dtype, device, arg=arg, srcs=srcs)
   if op is Ops.GATHER: return LazyBuffer.loadop(op, lb.shape, dtype, device, arg=arg, srcs=srcs)
   if op is Ops.ARANGE: return LazyBuffer.loadop(op, lb.shape, dtype, device, arg=arg)
   # elementwise: the exact form of every op (a lowering flavour on EXP2/LOG2 is dropped)
   return LazyBuffer(device, ShapeTracker.from_shape(lb.shape), dtype, op, srcs, _exact_arg(op, arg))
+
+def _as_base(lb: LazyBuffer) -> LazyBuffer:
+  """A base with lb's value (views of the rebuilt graph are made over bases, as in the original)."""
+  return lb if lb.is_base else lb.contiguous()
 
 def _exact_arg(op: Ops, arg: Any) -> Any:
   """A transcendental's lowering flavour (fast, polynomial, ...) is dropped: float64 takes the math library's."""

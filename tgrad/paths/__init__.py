@@ -1,0 +1,1 @@
+from tgrad.paths.equivalence import equivalent, Verdict  # noqa: F401

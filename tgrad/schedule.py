@@ -1,6 +1,6 @@
 """The scheduler: cuts a lazy graph into kernels. Input: the LazyBuffers to realize. Output: ScheduleItems.
-
-All fusion rules live here:
+First the graph is simplified (graph_simplify.py: constants folded, identities such as x·1 removed); then the
+fusion rules, which all live here:
   1. Elementwise ops never get a kernel of their own: they are inlined into every kernel that reads them (through
      any view, padding included), so chains, reshapes, permutes and pads between elementwise ops cost nothing.
      An elementwise value read by several kernels is recomputed in each only while it is small (at most
@@ -35,6 +35,7 @@ from tgrad.dtype import dtypes
 from tgrad.ops import UOp, Ops, ELEMENTWISE, GatherAxis, symbolic_in_use
 from tgrad.shape.sint import unbind, vmax_of
 from tgrad.lazy import LazyBuffer
+from tgrad.graph_simplify import simplify_graph, commit_replacements
 from tgrad.device import Buffer
 from tgrad.shape.shapetracker import ShapeTracker
 from tgrad.helpers import gc_paused, prod, run_nested
@@ -338,7 +339,8 @@ def _realize_shared_elementwise(bases: list[LazyBuffer], realize_set: set[LazyBu
 def create_schedule(outs: list[LazyBuffer], commit: bool = False) -> list[ScheduleItem]:
   """Decide which bases are realized, then build one ScheduleItem per realized base, dependencies first. With
   `commit`, each realized base keeps its item's Buffer as `lb.buffer` and drops its sources (see the module doc)."""
-  outs = [o.base for o in outs if o.base.buffer is None]
+  given = [o.base for o in outs if o.base.buffer is None]
+  outs, rebuilt = simplify_graph(given)   # constants folded, identities removed (graph_simplify.py)
   bases = _walk_bases(outs)
   realize_set: set[LazyBuffer] = set(outs) | {b for b in bases if b.op in REALIZED_OPS}
   for b in bases:
@@ -371,7 +373,9 @@ def create_schedule(outs: list[LazyBuffer], commit: bool = False) -> list[Schedu
       items.append(_Step(ast, (b,), tuple(inputs)))
   buffers: dict[LazyBuffer, Buffer] = {}
   items = _snapshot_old_values_read_after_assigns(items)
-  return [_with_buffers(step, buffers, commit) for step in _order_assigns_after_readers(items)]
+  scheduled = [_with_buffers(step, buffers, commit) for step in _order_assigns_after_readers(items)]
+  if commit: commit_replacements(rebuilt)
+  return scheduled
 
 def _with_buffers(step: _Step, buffers: dict[LazyBuffer, Buffer], commit: bool) -> ScheduleItem:
   """The step over Buffers: each output gets a new Buffer (an ASSIGN its target's), recorded in `buffers` for the

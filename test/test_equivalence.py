@@ -20,6 +20,7 @@ def softmax_unshifted(x): return x.exp() / x.exp().sum(-1, keepdim=True)
 
 X = (4, 5)
 SQ = (4, 4)
+BIG = (16, 8)   # more output positions than the prover's case split takes
 F16 = dict(dtype=dtypes.float16)
 I32 = dict(dtype=dtypes.int32)
 
@@ -66,9 +67,12 @@ PAIRS = [
   ("mean vs sum/n", lambda x: x.mean(1), lambda x: x.sum(1) / 5, [X], "proven"),
   ("einsum vs matmul", lambda a, b: Tensor.einsum("ij,jk->ik", a, b), lambda a, b: a @ b, [(3, 4), (4, 5)],
    "proven"),
+  ("softmax shifted vs unshifted", lambda x: x.softmax(-1), softmax_unshifted, [X], "proven"),
   ("sum of scaled vs scaled sum", lambda x: (2 * x).sum(1), lambda x: 2 * x.sum(1), [X], "proven"),
   # equal, but beyond the prover (or not equal over the reals everywhere): the numbers decide
-  ("softmax shifted vs unshifted", lambda x: x.softmax(-1), softmax_unshifted, [X], "numeric"),
+  ("softmax shifted vs unshifted, big", lambda x: x.softmax(-1), softmax_unshifted, [BIG], "numeric"),
+  ("attention scores, 1/sqrt(8) vs 8^-0.5", lambda q, k: (q @ k.transpose(-1, -2) / 8 ** 0.5).softmax(-1),
+   lambda q, k: ((k @ q.transpose(-1, -2)).transpose(-1, -2) * 8 ** -0.5).softmax(-1), [(2, 4, 8)] * 2, "numeric"),
   ("softmax float16 vs unshifted", lambda x: x.softmax(-1), softmax_unshifted, [(X, F16)], "numeric"),
   ("sum both axes vs sum twice", lambda x: x.sum(), lambda x: x.sum(0).sum(0), [X], "proven"),
   ("where(x>0, x, 0) vs relu", lambda x: (x > 0).where(x, 0), lambda x: x.relu(), [X], "numeric"),
@@ -121,7 +125,7 @@ def test_verdict_fields():
   k = example.position
   assert example.f_outputs[0][k] != example.g_outputs[0][k]
   np.testing.assert_allclose(example.f_outputs[0], example.inputs[0] * np.float32(1.0001), rtol=1e-6)
-  numeric = equivalent(lambda x: x.softmax(-1), softmax_unshifted, x)
+  numeric = equivalent(lambda x: x.softmax(-1), softmax_unshifted, rand(16, 8))
   assert numeric.kind == "numeric" and 0.0 < numeric.max_error < 1e-6
   with pytest.raises(TypeError): equivalent(lambda x: x, lambda x: x, np.zeros(3))
   assert isinstance(proven, Verdict)

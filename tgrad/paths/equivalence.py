@@ -6,7 +6,7 @@ the inputs' shapes, dtypes and devices. Output: a Verdict whose kind is "proven"
    only the lazy graphs are built. Each graph becomes one sympy expression for the output element at a symbolic
    position (i0, i1, ...): every movement op is folded into the index at which an input is read (the ShapeTracker's
    own index math, `to_indexed`), so an input read is `in0(3*i1 + i0)`; a reduce is a Sum / Product / ReduceMax of
-   its body over fresh index variables (r0, r1, ... numbered in the order they are met), which makes `(a@b).T` and
+   its body over fresh index variables (named by a hash of what the reduce computes), which makes `(a@b).T` and
    `b.T@a.T` the same Sum; constants are exact (see `_exact_constant`). sympy's own canonical forms do the rest:
    + and × chains flattened and sorted, constants folded, x − y as x + (−1)·y, x / y as x·y⁻¹, −(−x) = x. Equal
    expressions are proven; otherwise `simplify` of their difference, with exp/log/tanh rewritten into exp, must be 0,
@@ -165,6 +165,8 @@ def _cast_is_exact(source: DType, target: DType) -> bool:
     dtypes.max(source) <= dtypes.max(target)
   return False
 
+REDUCE_NAME_DIGITS = 12   # hex digits of a reduce variable's content hash: collisions only between equal reduces
+
 class _ExpressionBuilder:
   """Builds the sympy expression of a lazy value at given index UOps (one per dim of its shape). Inputs are the
   functions in0, in1, ... of a flat index; other leaves (realized tensors, host data) are functions named by their
@@ -232,11 +234,18 @@ class _ExpressionBuilder:
     for d in axes:
       var = UOp(Ops.RANGE, dtypes.index, (UOp.const(dtypes.index, 0), UOp.const(dtypes.index, source.shape[d])),
                 arg=("reduce", self.reduce_count))
-      symbol = self.symbols[var] = sympy.Symbol(f"r{self.reduce_count}", integer=True, nonnegative=True)
+      symbol = self.symbols[var] = sympy.Symbol(f"t{self.reduce_count}", integer=True, nonnegative=True)
       self.reduce_count += 1
       source_idxs[d] = var
       bounds.append((symbol, 0, source.shape[d] - 1))
     body = self.value(source, tuple(source_idxs))
+    # each variable is named after what its reduce computes (op, sizes and the body with placeholders for the
+    # variables): two reduces of the same thing bind the same names, in whatever order they were met
+    placeholders = {t: sympy.Symbol(f"_{k}") for k, (t, _, _) in enumerate(bounds)}
+    content = f"{op.name}{[hi for _, _, hi in bounds]}{sympy.srepr(body.xreplace(placeholders))}"
+    digest = hashlib.sha256(content.encode()).hexdigest()[:REDUCE_NAME_DIGITS]
+    names = {t: sympy.Symbol(f"r{digest}_{k}", integer=True, nonnegative=True) for k, (t, _, _) in enumerate(bounds)}
+    body, bounds = body.xreplace(names), [(names[t], lo, hi) for t, lo, hi in bounds]
     if op is Ops.ADD: return sympy.Sum(body, *bounds)
     if op is Ops.MUL: return sympy.Product(body, *bounds)
     return _opaque("reduce_max", body, *(b[0] for b in bounds))

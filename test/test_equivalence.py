@@ -123,7 +123,8 @@ def test_verdict_fields():
   assert not near and near.counterexample is not None
   example = near.counterexample
   k = example.position
-  assert example.f_outputs[0][k] != example.g_outputs[0][k]
+  assert example.f_outputs[0][k] != example.g_outputs[0][k] and example.differs[k]
+  np.testing.assert_array_equal(example.differs, ~np.isclose(example.f_outputs[0], example.g_outputs[0], 1e-5, 1e-6))
   np.testing.assert_allclose(example.f_outputs[0], example.inputs[0] * np.float32(1.0001), rtol=1e-6)
   numeric = equivalent(lambda x: x.softmax(-1), softmax_unshifted, rand(16, 8))
   assert numeric.kind == "numeric" and 0.0 < numeric.max_error < 1e-6

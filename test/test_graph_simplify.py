@@ -167,3 +167,17 @@ def test_roots_keep_their_identity_and_buffers():
     Tensor.realize(z, w)
     assert z.lazydata.base.realized is not None and w.lazydata.base.realized is not None
     assert z.item() == 12.0 and w.item() == 15.0
+
+@pytest.mark.parametrize("dtype,rtol", [(dtypes.float32, 1e-6), (dtypes.float16, 1e-3)])
+def test_folded_chains_match_kernels(dtype, rtol):
+  """Random chains of unary and binary ops on constants, folded, against the same chains computed by a kernel."""
+  rng = np.random.default_rng(7)
+  steps = [lambda t: t.exp(), lambda t: (t.abs() + 1).log(), lambda t: t.sigmoid(), lambda t: t * 1.7 - 0.3,
+           lambda t: t.square().sqrt(), lambda t: 1 / (t + 3), lambda t: t.maximum(0.25), lambda t: t.sin()]
+  for _ in range(10):
+    chain = [steps[i] for i in rng.integers(0, len(steps), 5)]
+    start = float(rng.standard_normal())
+    folded, kernel = Tensor.full((2,), start, dtype=dtype), Tensor.full((2,), start, dtype=dtype).contiguous()
+    for step in chain: folded, kernel = step(folded), step(kernel)
+    assert graph_ops(folded, True) <= 1   # the whole chain is one constant (read by the root)
+    np.testing.assert_allclose(folded.numpy().astype(np.float64), kernel.numpy().astype(np.float64), rtol=rtol)

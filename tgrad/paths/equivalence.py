@@ -55,6 +55,7 @@ class Counterexample:
   g_outputs: tuple[np.ndarray, ...]
   output: int                 # which output differs
   position: tuple[int, ...]   # the first index where it differs
+  differs: np.ndarray         # bool, the output's shape: where it differs beyond tolerance
 
 @dataclass(frozen=True)
 class Verdict:
@@ -317,9 +318,8 @@ def _run(fn: Callable, arrays: Sequence[np.ndarray], examples: Sequence[Tensor])
     outs = _outputs(fn, inputs, "the function")
     return tuple(o.float().numpy() if o.dtype == dtypes.bfloat16 else o.numpy() for o in outs)
 
-def _mismatch(a: np.ndarray, b: np.ndarray, rtol: float, atol: float) -> tuple[Optional[tuple[int, ...]], float]:
-  """(the first index where a and b differ beyond tolerance, or None; the largest absolute difference where both are
-  finite)."""
+def _mismatch(a: np.ndarray, b: np.ndarray, rtol: float, atol: float) -> tuple[np.ndarray, float]:
+  """(where a and b differ beyond tolerance, the largest absolute difference where both are finite)."""
   if a.dtype.kind in "biu":
     bad = a != b
     error = float(np.max(np.abs(a.astype(np.float64) - b.astype(np.float64)), initial=0.0))
@@ -328,8 +328,7 @@ def _mismatch(a: np.ndarray, b: np.ndarray, rtol: float, atol: float) -> tuple[O
     bad = ~np.isclose(a64, b64, rtol=rtol, atol=atol, equal_nan=True)
     finite = np.isfinite(a64) & np.isfinite(b64)
     error = float(np.max(np.abs(a64 - b64)[finite], initial=0.0))
-  where = np.argwhere(bad)
-  return (tuple(int(i) for i in where[0]) if len(where) else None), error
+  return np.asarray(bad), error
 
 def _compare_numerically(f: Callable, g: Callable, examples: Sequence[Tensor], trials: int, seed: int,
                          tolerances: Sequence[tuple[float, float]]) -> Verdict:
@@ -342,10 +341,11 @@ def _compare_numerically(f: Callable, g: Callable, examples: Sequence[Tensor], t
     for k, (a, b) in enumerate(zip(f_outs, g_outs)):
       if a.shape != b.shape:
         return Verdict("different", math.inf, None, f"output {k}: shapes differ: {a.shape} and {b.shape}")
-      position, error = _mismatch(a, b, *tolerances[k])
+      differs, error = _mismatch(a, b, *tolerances[k])
       max_error = max(max_error, error)
-      if position is not None:
-        example = Counterexample(arrays, f_outs, g_outs, k, position)
+      if differs.any():
+        position = tuple(int(i) for i in np.argwhere(differs)[0])
+        example = Counterexample(arrays, f_outs, g_outs, k, position, differs)
         return Verdict("different", max_error, example,
                        f"output {k} differs at {position} in trial {trial}: f gives {a[position]!r}, g {b[position]!r}")
   return Verdict("numeric", max_error, None, f"no proof; equal within tolerance on {trials} random input sets")

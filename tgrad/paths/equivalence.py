@@ -166,7 +166,9 @@ def _cast_is_exact(source: DType, target: DType) -> bool:
     dtypes.max(source) <= dtypes.max(target)
   return False
 
-REDUCE_NAME_DIGITS = 12   # hex digits of a reduce variable's content hash: collisions only between equal reduces
+# ops whose exact meaning the prover does not model (selects, comparisons, C division, shifts): compared structurally
+_UNINTERPRETED = {Ops.CMPLT, Ops.WHERE, Ops.IDIV, Ops.MOD, Ops.TRUNC, Ops.SHL, Ops.SHR}
+REDUCE_NAME_DIGITS = 12   # hex digits of a reduce variable's content hash (48 bits: a collision is never expected)
 
 class _ExpressionBuilder:
   """Builds the sympy expression of a lazy value at given index UOps (one per dim of its shape). Inputs are the
@@ -223,8 +225,7 @@ class _ExpressionBuilder:
     if op is Ops.MAX and lb.dtype.is_int: return sympy.Max(*srcs)
     if op in (Ops.CMPNE, Ops.AND, Ops.OR, Ops.XOR) or (op is Ops.MAX and lb.dtype.is_bool):
       return _opaque(op.name.lower(), *srcs, commutative=True)
-    if op is not None and op.name in ("CMPLT", "WHERE", "IDIV", "MOD", "TRUNC", "SHL", "SHR"):
-      return _opaque(f"{op.name.lower()}_{lb.dtype.name}", *srcs)
+    if op in _UNINTERPRETED: return _opaque(f"{op.name.lower()}_{lb.dtype.name}", *srcs)
     raise _Unprovable(f"no exact meaning for {op}")
 
   def _reduce(self, lb: LazyBuffer, idxs: tuple[UOp, ...]) -> sympy.Expr:

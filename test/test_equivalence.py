@@ -238,3 +238,24 @@ def test_fuzz_proofs_agree_with_numbers():
       np.testing.assert_allclose(f(*inputs).numpy(), g(*inputs).numpy(), rtol=1e-4, atol=1e-5,
                                  err_msg=f"{tree} {other}")
   assert kinds.count("different") >= FUZZ_CASES // 2, kinds
+
+MOVES = [lambda t: t.T, lambda t: t.flip(0), lambda t: t.flip(1), lambda t: t.reshape(t.shape[1], t.shape[0]),
+         lambda t: t.pad(((1, 0), (0, 1)))[1:, :-1], lambda t: t.reshape(-1).reshape(t.shape),
+         lambda t: t.permute(1, 0).permute(1, 0)]
+
+def test_fuzz_movement_chains():
+  """Two random chains of movement ops on a square input: proven exactly when they read the same elements."""
+  rng = random.Random(5)
+  x = rand(4, 4)
+  arange = np.arange(16, dtype=np.float32).reshape(4, 4)
+  for _ in range(FUZZ_CASES):
+    first, second = [rng.choice(MOVES) for _ in range(3)], [rng.choice(MOVES) for _ in range(3)]
+    def f(t, chain=first):
+      for move in chain: t = move(t)
+      return t
+    def g(t, chain=second):
+      for move in chain: t = move(t)
+      return t
+    same = np.array_equal(f(Tensor(arange)).numpy(), g(Tensor(arange)).numpy())
+    verdict = equivalent(f, g, x)
+    assert verdict.kind == ("proven" if same else "different"), verdict.reason

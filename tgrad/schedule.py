@@ -1,6 +1,6 @@
 """The scheduler: cuts a lazy graph into kernels. Input: the LazyBuffers to realize. Output: ScheduleItems.
-
-All fusion rules live here:
+First the graph is simplified (graph_simplify.py: constants folded, identities such as x·1 removed); then the
+fusion rules, which all live here:
   1. Elementwise ops never get a kernel of their own: they are inlined into every kernel that reads them (through
      any view, padding included), so chains, reshapes, permutes and pads between elementwise ops cost nothing.
      An elementwise value read by several kernels is recomputed in each only while it is small (at most
@@ -35,6 +35,7 @@ from tgrad.dtype import dtypes
 from tgrad.ops import UOp, Ops, ELEMENTWISE, GatherAxis, symbolic_in_use
 from tgrad.shape.sint import unbind, vmax_of
 from tgrad.lazy import LazyBuffer
+from tgrad.graph_simplify import simplify_graph, commit_replacements
 from tgrad.device import Buffer
 from tgrad.shape.shapetracker import ShapeTracker
 from tgrad.helpers import gc_paused, prod, run_nested
@@ -341,7 +342,8 @@ def create_schedule(outs: list[LazyBuffer], commit: bool = False,
   `commit`, each realized base keeps its item's Buffer as `lb.buffer` and drops its sources (see the module doc).
   `buffers`, when given, receives the Buffer of every base the schedule realizes (how a caller that does not commit,
   e.g. a path being measured, finds its outputs)."""
-  outs = [o.base for o in outs if o.base.buffer is None]
+  given = [o.base for o in outs if o.base.buffer is None]
+  outs, rebuilt = simplify_graph(given)   # constants folded, identities removed (graph_simplify.py)
   bases = _walk_bases(outs)
   realize_set: set[LazyBuffer] = set(outs) | {b for b in bases if b.op in REALIZED_OPS}
   for b in bases:
@@ -374,7 +376,11 @@ def create_schedule(outs: list[LazyBuffer], commit: bool = False,
       items.append(_Step(ast, (b,), tuple(inputs)))
   buffers = {} if buffers is None else buffers
   items = _snapshot_old_values_read_after_assigns(items)
-  return [_with_buffers(step, buffers, commit) for step in _order_assigns_after_readers(items)]
+  scheduled = [_with_buffers(step, buffers, commit) for step in _order_assigns_after_readers(items)]
+  for old, new in rebuilt:   # the caller's nodes, by the Buffers their simplified copies got
+    if new in buffers: buffers[old] = buffers[new]
+  if commit: commit_replacements(rebuilt)
+  return scheduled
 
 def _with_buffers(step: _Step, buffers: dict[LazyBuffer, Buffer], commit: bool) -> ScheduleItem:
   """The step over Buffers: each output gets a new Buffer (an ASSIGN its target's), recorded in `buffers` for the

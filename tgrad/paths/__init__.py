@@ -5,8 +5,10 @@
   python -m tgrad.paths profile|show|best   record a program's paths, inspect the database, list the selection
 See docs/paths.md: composite regions and their lowerings (tgrad/tensor_ops/composite.py), paths (path.py), the
 float64 reference and graph keys (graph.py), the benchmark database (db.py, fingerprint.py), selection at realize
-time (select.py) and the profiler (profile.py).
+time (select.py), the profiler (profile.py), and the graph-equivalence checker (equivalence.py).
+  equivalent(f, g, *example_inputs)   proven / numeric / different, with the max error and a counterexample
 """
 from tgrad.paths.path import Path, PathSpace, iterate, realize_path, measure
+from tgrad.paths.equivalence import equivalent, Verdict
 
-__all__ = ["Path", "PathSpace", "iterate", "realize_path", "measure"]
+__all__ = ["Path", "PathSpace", "iterate", "realize_path", "measure", "equivalent", "Verdict"]

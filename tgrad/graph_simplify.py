@@ -1,0 +1,104 @@
+"""Graph simplification before scheduling: constant folding and identity removal on the lazy graph.
+
+Input: the bases to realize. Output: the same number of bases, each computing the same values, over a graph with
+fewer ops. The scheduler (schedule.py) runs this first, so it costs nothing on a schedule-cache hit: graph building
+(lazy.py) stays as cheap as it is, and only a graph's first schedule pays one walk. Rules, each value-preserving
+(tests: test/test_graph_simplify.py):
+  - an elementwise op or CAST over unrealized, unpadded constants is the constant `exec_alu` gives (the kernels'
+    semantics: ints wrap, float16 rounds); symbolic constants (UOps) and BITCAST are left alone;
+  - x + 0 on ints (and x + −0.0 on floats: +0.0 would turn −0.0 into +0.0), x | False, x & True, x · 1, x / 1,
+    x · 0 on ints only (on floats NaN · 0 and inf · 0 are NaN), −(−x), where(constant, a, b).
+Movement identities need nothing here: a reshape, permute or expand to the base's own layout already returns the
+base, and chains of views compose into one ShapeTracker as they are built.
+The given bases keep their identity: a base whose sources change is rebuilt as a new node with the same op, and
+`commit_replacements` hands the Buffers the schedule gives the new nodes back to the old ones.
+"""
+from __future__ import annotations
+import copy, math
+from typing import Optional
+from tgrad.lazy import LazyBuffer
+from tgrad.ops import Ops, UOp, ALU, exec_alu, truncate_to
+
+FOLDABLE = ALU | {Ops.CAST}
+
+def _const_value(lb: LazyBuffer) -> Optional[object]:
+  """The value of an unrealized constant read without padding (a padded view reads 0 outside), else None."""
+  base = lb.base
+  if base.op is not Ops.CONST or base.buffer is not None or isinstance(base.arg, UOp): return None
+  if lb is not base and any(v.mask is not None for v in lb.st.views): return None
+  return base.arg
+
+def _is_zero(value, dtype) -> bool:
+  """x + value == x for every x: 0 on ints, only −0.0 on floats."""
+  return value == 0 and (not dtype.is_float or math.copysign(1.0, value) < 0)
+
+def _seen_through(value: LazyBuffer, reader: LazyBuffer) -> LazyBuffer:
+  """`value` (which replaces reader's base, with that base's shape) read the way `reader` reads the base."""
+  if reader.is_base: return value
+  if value.is_base: return LazyBuffer(reader.device, reader.st, reader.dtype, base=value)
+  st = value.st + reader.st
+  if st.shape == value.base.shape and st.contiguous: return value.base
+  return LazyBuffer(reader.device, st, reader.dtype, base=value.base)
+
+def _simplified(lb: LazyBuffer) -> Optional[LazyBuffer]:
+  """What the (rebuilt) base `lb` simplifies to, with its shape, or None."""
+  op, srcs, dtype = lb.op, lb.srcs, lb.dtype
+  if op not in FOLDABLE: return None
+  values = [_const_value(s) for s in srcs]
+  if all(v is not None for v in values):
+    try: folded = truncate_to(values[0], dtype) if op is Ops.CAST else exec_alu(op, dtype, tuple(values))
+    except (TypeError, OverflowError, ValueError): return None
+    return LazyBuffer.const_of(folded, dtype, lb.device, lb.shape)
+  if op is Ops.WHERE and values[0] is not None: return srcs[1] if values[0] else srcs[2]
+  if op is Ops.NEG and srcs[0].is_base and srcs[0].op is Ops.NEG and srcs[0].buffer is None: return srcs[0].srcs[0]
+  if len(srcs) != 2: return None
+  for x, value in ((srcs[0], values[1]), (srcs[1], values[0])):
+    if value is None or (x is srcs[1] and op not in (Ops.ADD, Ops.MUL, Ops.OR, Ops.AND)): continue
+    if op is Ops.ADD and _is_zero(value, dtype): return x
+    if op is Ops.OR and value is False: return x
+    if op is Ops.AND and value is True: return x
+    if op is Ops.MUL and value == 1 and not dtype.is_bool: return x
+    if op is Ops.MUL and value == 0 and dtype.is_int: return lb.const(0)
+    if op is Ops.FDIV and x is srcs[0] and value == 1: return x
+  return None
+
+def simplify_graph(roots: list[LazyBuffer]) -> tuple[list[LazyBuffer], list[tuple[LazyBuffer, LazyBuffer]]]:
+  """(the roots over the simplified graph, [(old base, its rebuilt node)]). A root is never replaced by what it
+  simplifies to, only rebuilt over simplified sources: it must get a Buffer of its own. Nothing changes in place."""
+  root_ids = {id(r) for r in roots}
+  replacement: dict[int, LazyBuffer] = {}   # id(old base) -> its value in the new graph (a base or a view)
+  rebuilt: list[tuple[LazyBuffer, LazyBuffer]] = []
+  for lb in _toposort(roots):
+    srcs = tuple(_seen_through(replacement[id(s.base)], s) if id(s.base) in replacement else s for s in lb.srcs)
+    node = lb
+    if any(a is not b for a, b in zip(srcs, lb.srcs)):
+      node = copy.copy(lb)   # every field (op, arg, dtype, view, whatever else a base carries), new sources
+      node.srcs = srcs
+      rebuilt.append((lb, node))
+    if id(lb) not in root_ids and (value := _simplified(node)) is not None: node = value
+    if node is not lb: replacement[id(lb)] = node
+  return [replacement.get(id(r), r) for r in roots], rebuilt
+
+def commit_replacements(rebuilt: list[tuple[LazyBuffer, LazyBuffer]]) -> None:
+  """After a committed schedule: an old base whose rebuilt node got a Buffer takes it, and forgets its sources, as
+  the scheduler's commit does (a reduce keeps its arg), so the caller's graph shows what was realized."""
+  for old, new in rebuilt:
+    if new.buffer is not None:
+      old.buffer, old.srcs, old.region = new.buffer, (), None   # as the scheduler's commit: a region holds inputs
+      if old.op is not Ops.REDUCE_AXIS: old.arg = None
+
+def _toposort(roots: list[LazyBuffer]) -> list[LazyBuffer]:
+  """The unrealized bases above `roots`, sources first (an explicit stack: graphs can be deep)."""
+  order: list[LazyBuffer] = []
+  seen: set[int] = set()
+  stack = [(r.base, False) for r in roots]
+  while stack:
+    lb, expanded = stack.pop()
+    if expanded:
+      order.append(lb)
+      continue
+    if id(lb) in seen or lb.buffer is not None: continue
+    seen.add(id(lb))
+    stack.append((lb, True))
+    stack.extend((s.base, False) for s in lb.srcs if id(s.base) not in seen)
+  return order

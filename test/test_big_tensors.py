@@ -20,7 +20,8 @@ from tgrad.schedule import create_schedule
 from tgrad.device import Buffer, Device
 from tgrad.realize import compile_kernel
 from tgrad.codegen.kernel import Kernel, Opt, OptOps
-from tgrad.codegen.linearizer import linearize, ACCUMULATE_BLOCK, BLOCK_LOOP_ARG
+from tgrad.codegen.linearizer import linearize
+from tgrad.codegen.reduces import ACCUMULATE_BLOCK, BLOCK_LOOP_ARG
 from tgrad.codegen.heuristics import hand_coded_optimizations
 from tgrad.codegen.cuda import CUDARenderer, CUDA_MAX_GRID
 from tgrad.runtime.nvrtc import compile_cuda, nvrtc_available

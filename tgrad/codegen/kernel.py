@@ -394,7 +394,7 @@ class Kernel:
     self.launch_dims()
     nbytes = 0
     if self.group_for_reduces:
-      # one shared array per reduce and output upcast replica, one slot per thread (see Linearizer.group_reduce)
+      # one shared array per reduce and output upcast replica, one slot per thread (see reduces.group_combine)
       replicas = prod(self.full_shape[a] for a in self.upcast_axes if not self.is_reduce_axis(a))
       nbytes += sum(r.dtype.itemsize for r in self.reduceops) * replicas * threads
     for load, padding in self.staged:

@@ -5,8 +5,8 @@ index math, LOADs, ALU ops and REDUCE nodes that the emitter (emit.py) orders in
      share one), or None for an upcast axis (a constant per replica);
   2. `Addressing`: each memory op's ShapeTracker at given axis indices → (index, valid), memoized per shape of
      non-constant indices (replicas only add a constant); a gather (a LOAD with arg GatherAxis) adds the index value
-     it reads, clamped into the table's rows (`gather_load`, `clamp_index`): a data-dependent load that can never
-     leave the table;
+     it reads, clamped into the table's rows (`ValueBuilder.gather_load`, `gather_address`, `clamp_index`): a
+     data-dependent load that can never leave the table;
   3. `ValueBuilder.build`: the AST at axis indices, children first (elementwise ops on an explicit stack); memory
      ops by Addressing, staged loads from their shared tiles (staging.py), reduces as loop reduces (reduces.py: row
      passes, blocking, invariant folding, the GROUP combine) or tensor-core fragments (tensor_cores.py);
@@ -266,7 +266,8 @@ def build_value_graph(kernel: Kernel) -> ValueGraph:
   builder = ValueBuilder(kernel, indices, addressing, tiles, ids)
   stores = build_stores(builder)
   level = store_pass(kernel)
+  row_loops = tuple(row_pass_loops(kernel, indices, level).values()) if level is not None else ()
+  next_copy = tiles.next_copy if tiles is not None else None
+  early_stores = frozenset(tiles.early_stores) if tiles is not None else frozenset()
   return ValueGraph(tuple(stores), tuple(indices), frozenset(builder.gated_loops), group_gate(kernel, indices),
-                    tuple(row_pass_loops(kernel, indices, level).values()) if level is not None else (),
-                    tiles.next_copy if tiles is not None else None,
-                    frozenset(tiles.early_stores) if tiles is not None else frozenset(), next(ids) - 1)
+                    row_loops, next_copy, early_stores, accumulators=next(ids) - 1)

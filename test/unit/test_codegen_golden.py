@@ -4,8 +4,9 @@ The programs cover elementwise chains, broadcasting, reductions (small, blocked,
 cores, shared-memory staging), gathers, row kernels (softmax, layernorm, RMSNorm), GROUP reduces, symbolic shapes and
 float16/bfloat16. Each kernel is linearized and rendered for the CUDA renderer (sm_75 and sm_90; no GPU needed) and
 for the LLVM renderer, unoptimized, with the heuristics, with a few fixed opt lists and along seeded random walks over
-the search's actions. The sha256 of every source is compared with test/unit/codegen_golden.json, so any change to the
-code that codegen makes is visible: a refactor must leave it unchanged; a deliberate change regenerates the file with
+a frozen copy of the search's actions. The sha256 of every source is compared with test/unit/codegen_golden.json, so
+any change to the code that scheduling and codegen make is visible: a refactor must leave it unchanged; a deliberate
+change (and bump of codegen.CODEGEN_VERSION where generated code changes) regenerates the file with
 
   PYTHONPATH=. python test/unit/test_codegen_golden.py --update
 
@@ -26,7 +27,6 @@ from tgrad.schedule import create_schedule
 from tgrad.codegen.kernel import Kernel, KernelOptError, Opt, OptOps
 from tgrad.codegen.linearizer import linearize
 from tgrad.codegen.heuristics import hand_coded_optimizations
-from tgrad.codegen.search import ACTIONS
 from tgrad.codegen.cuda import CUDARenderer
 from tgrad.codegen.llvmir import LLVMRenderer
 
@@ -39,6 +39,23 @@ BIG_SHARED_MEMORY = 227 * 1024   # an H100's opt-in shared memory per block: til
 RENDERERS: dict[str, Callable] = {
   "cuda_sm90": lambda: CUDARenderer("sm_90"), "cuda_sm75": lambda: CUDARenderer("sm_75"),
   "cuda_sm90_big_shared": lambda: CUDARenderer("sm_90", shared_memory_bytes=BIG_SHARED_MEMORY), "llvm": LLVMRenderer}
+
+# The random walks' opts: search.py's action space as of this file's golden hashes, frozen here so that a change to the
+# search space (not to code generation) leaves the walks as they are.
+WALK_AXES = 6
+WALK_ACTIONS: list[Opt] = [
+  *[Opt(OptOps.UPCAST, axis, amount) for axis in range(WALK_AXES) for amount in (0, 2, 3, 4, 5, 7, 8, 16, 32)],
+  *[Opt(OptOps.UNROLL, axis, amount) for axis in range(4) for amount in (0, 2, 3, 4, 5, 7, 8, 16, 32)],
+  *[Opt(OptOps.LOCAL, axis, amount) for axis in range(WALK_AXES) for amount in (2, 3, 4, 8, 13, 16, 29, 32)],
+  *[Opt(op, axis, amount) for op in (OptOps.GROUP, OptOps.GROUPTOP) for axis in range(3)
+    for amount in (0, 4, 8, 16, 20, 32, 40, 64, 80, 128, 256)],
+  *[Opt(OptOps.THREAD, axis, amount) for axis in range(3) for amount in (2, 3, 4, 5, 6, 7, 8, 12, 16, 24, 32, 48, 64)],
+  *[Opt(OptOps.PADTO, axis, amount) for axis in range(WALK_AXES) for amount in (2, 4, 8, 16, 32)],
+  *[Opt(OptOps.SWAP, axis, other) for axis in range(WALK_AXES) for other in range(axis + 1, WALK_AXES)],
+  *[Opt(OptOps.TC, axis, 0) for axis in range(2)],
+  *[Opt(OptOps.SMEM, operand, padding) for operand in range(2) for padding in (0, 4, 8)],
+  Opt(OptOps.NOLOCALS),
+]
 
 def data(*shape: int, dtype=np.float32, seed: int = 0) -> Tensor:
   return Tensor(np.random.default_rng(seed).standard_normal(shape).astype(dtype), device=DEVICE)
@@ -138,7 +155,7 @@ def _variants(kernel: Kernel, renderer_name: str, last: bool, seed: int) -> Iter
   for walk in range(RANDOM_WALKS):
     walked = kernel.copy()
     for _ in range(RANDOM_WALK_STEPS):
-      try: walked.apply_opt(rng.choice(ACTIONS))
+      try: walked.apply_opt(rng.choice(WALK_ACTIONS))
       except KernelOptError: pass
     yield f"walk{walk}", walked
 

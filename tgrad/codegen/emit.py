@@ -68,23 +68,13 @@ class ProgramEmitter:
       if u not in self.emitted and u.op is not Ops.CONST and self.free[u] <= self.open_ranges: self.emit(u)
 
   def emit_reduce_group(self, first: UOp) -> None:
+    """`first` and every other REDUCE over the same ranges: one loop, its invariants hoisted above it, an accumulator
+    each, the staged tiles' next copy around the body where the loop is the staged one."""
     ranges = first.src[1:]
     group = [r for r in self.reduces if r.src[1:] == ranges and r not in self.emitted]
     for r in ranges: self.emit(r.src[0]); self.emit(r.src[1])  # noqa: E702
     for r in group: self.hoist_invariants(r.src[0])
-    accs, compensations, corrections = {}, {}, {}
-    for r in group:
-      if r.arg[0] is Ops.WMMA:   # the fragment accumulator is part of the value (hoisted above): it is replaced
-        accs[r] = next(u for u in r.src[0].toposort() if u.op is Ops.DEFINE_ACC and u.arg == r.arg[1])
-        self.emit(accs[r])
-        continue
-      init = UOp.const(r.dtype, identity_of_reduce(r.arg[0], r.dtype))
-      self.emit(init)
-      accs[r] = UOp(Ops.DEFINE_ACC, r.dtype, (init,), r.arg[1])
-      self.place(accs[r])
-      if is_compensated(r):   # the running rounding error of a Kahan sum: an accumulator of its own
-        compensations[r] = UOp(Ops.DEFINE_ACC, r.dtype, (init,), next(self.ids) - 1)
-        self.place(compensations[r])
+    accs, compensations = self.define_accumulators(group)
     # only the thread that stores reduces a GROUP's partials: for the others the accumulator stays the identity
     branch = UOp(Ops.IF, dtypes.void, (simplify(self.graph.gate),)) if set(ranges) & self.graph.gated_loops else None
     if branch is not None:
@@ -97,14 +87,42 @@ class ProgramEmitter:
     prefetch = next_copy[1] if next_copy is not None and next_copy[0] == ranges else None
     if prefetch is not None:   # the next step's global loads first: the body's math hides their latency
       for store in prefetch.src: self.emit(store if store in self.graph.early_stores else store.src[2])
-    # with several accumulators (a register tile), every one takes its first unrolled value, then its second, …:
-    # an outer product per unrolled step (FMAs into the accumulators, one step's operands live). A lone
-    # accumulator combines the step's values first, so only one op per step depends on the last step. A compensated
-    # sum adds its unrolled values one by one, each with compensation.
+    self.emit_updates(group, accs, compensations)
+    if prefetch is not None: self.emit(prefetch)   # their stores into the other buffer, then the step's one barrier
+    for rng in reversed(ranges): self.program.append(UOp(Ops.ENDRANGE, dtypes.void, (rng,)))
+    if branch is not None: self.program.append(UOp(Ops.ENDIF, dtypes.void, (branch,)))
+    self.open_ranges.difference_update(ranges)
+    for u in self.scopes.pop(): self.emitted.discard(u)
+    for r in group: self.place(r)
+
+  def define_accumulators(self, group: list[UOp]) -> tuple[dict[UOp, UOp], dict[UOp, UOp]]:
+    """Each reduce's accumulator, starting at its identity (a WMMA's fragment accumulator is part of its value,
+    hoisted above, and only emitted here), and for a Kahan sum the accumulator of its running rounding error."""
+    accs, compensations = {}, {}
+    for r in group:
+      if r.arg[0] is Ops.WMMA:
+        accs[r] = next(u for u in r.src[0].toposort() if u.op is Ops.DEFINE_ACC and u.arg == r.arg[1])
+        self.emit(accs[r])
+        continue
+      init = UOp.const(r.dtype, identity_of_reduce(r.arg[0], r.dtype))
+      self.emit(init)
+      accs[r] = UOp(Ops.DEFINE_ACC, r.dtype, (init,), r.arg[1])
+      self.place(accs[r])
+      if is_compensated(r):
+        compensations[r] = UOp(Ops.DEFINE_ACC, r.dtype, (init,), next(self.ids) - 1)
+        self.place(compensations[r])
+    return accs, compensations
+
+  def emit_updates(self, group: list[UOp], accs: dict[UOp, UOp], compensations: dict[UOp, UOp]) -> None:
+    """The loop body: each reduce's update and its ASSIGN. With several accumulators (a register tile), every one
+    takes its first unrolled value, then its second, …: an outer product per unrolled step (FMAs into the
+    accumulators, one step's operands live). A lone accumulator combines the step's values first, so only one op per
+    step depends on the last step. A compensated sum adds its unrolled values one by one, each with compensation."""
     fold = sum(1 for r in group if r.arg[0] is not Ops.WMMA) >= FOLD_MIN_ACCUMULATORS
     updates = {r: r.src[0] if r.arg[0] is Ops.WMMA else accs[r] for r in group}
     terms = {r: [] if r.arg[0] is Ops.WMMA else reduce_terms(r) if fold or is_compensated(r) else [r.src[0]]
              for r in group}
+    corrections: dict[UOp, UOp] = {}
     for r in group:
       if r.arg[0] is Ops.WMMA: self.emit(r.src[0])
     for step in range(max((len(t) for t in terms.values()), default=0)):
@@ -119,12 +137,6 @@ class ProgramEmitter:
         if updates[r] not in self.emitted: self.place(updates[r])
     for r in group: self.place(UOp(Ops.ASSIGN, r.dtype, (accs[r], updates[r])))
     for r, correction in corrections.items(): self.place(UOp(Ops.ASSIGN, r.dtype, (compensations[r], correction)))
-    if prefetch is not None: self.emit(prefetch)   # their stores into the other buffer, then the step's one barrier
-    for rng in reversed(ranges): self.program.append(UOp(Ops.ENDRANGE, dtypes.void, (rng,)))
-    if branch is not None: self.program.append(UOp(Ops.ENDIF, dtypes.void, (branch,)))
-    self.open_ranges.difference_update(ranges)
-    for u in self.scopes.pop(): self.emitted.discard(u)
-    for r in group: self.place(r)
 
 def _parameters(kernel: Kernel, graph: ValueGraph, nodes: list[UOp]) -> list[UOp]:
   """The program's head: buffers, variables and thread ids, in the order renderers number them."""

@@ -146,25 +146,26 @@ class StagedTiles:
       tiles[load] = UOp(Ops.DEFINE_LOCAL, load.dtype, (), (f"tile{next(ids)}", size))
       offset = simplify((step % 2) * plan.buffer_elements) if plan.buffers == 2 else to_uop(0)
       self.stages[load] = (plan, tiles[load], offset)
-    def loop_indices(flat_step: UOp) -> dict[int, UOp]:
-      out = {}
-      for i, a in enumerate(loop_axes):
-        out[a] = simplify((flat_step // prod(k.full_shape[b] for b in loop_axes[i + 1:])) % k.full_shape[a])
-      return out
     first = [store for load, plan in plans
-             for store in self.copy_tile(load, plan, tiles[load], loop_indices(to_uop(0)), to_uop(0))]
+             for store in self.copy_tile(load, plan, tiles[load], self.loop_indices(loop_axes, to_uop(0)), to_uop(0))]
     self.first_barrier = UOp(Ops.BARRIER, dtypes.void, tuple(first))
     if loop_axes and steps > 1:
       # the last step copies step 0 again (in bounds, into the buffer this step doesn't read) instead of a guard
       following = simplify((step + 1) % steps)
       after = []
       for load, plan in plans:
-        stores = self.copy_tile(load, plan, tiles[load], loop_indices(following),
+        stores = self.copy_tile(load, plan, tiles[load], self.loop_indices(loop_axes, following),
                                 simplify(((step + 1) % 2) * plan.buffer_elements))
         after += stores
         if plan.direct and k.renderer.async_copy:   # only unmasked runs become cp.async; the rest wait for data
           self.early_stores.update(st for st in stores if st.src[2].op is Ops.LOAD and len(st.src[2].src) == 2)
       self.next_copy = (tuple(indices[a] for a in loop_axes), UOp(Ops.BARRIER, dtypes.void, tuple(after)))
+
+  def loop_indices(self, loop_axes: list[int], flat_step: UOp) -> dict[int, UOp]:
+    """Each reduce loop's index at a step of the flattened loops (the last loop fastest)."""
+    full = self.kernel.full_shape
+    return {a: simplify((flat_step // prod(full[b] for b in loop_axes[i + 1:])) % full[a])
+            for i, a in enumerate(loop_axes)}
 
   def copy_tile(self, load: UOp, plan: StagePlan, tile: UOp, loop_indices: dict[int, UOp], offset: UOp) -> list[UOp]:
     """The STOREs of the block's copy of one tile of `load` (reduce loops at `loop_indices`) into `tile` at

@@ -177,6 +177,22 @@ class ValueBuilder:
     if valid.op is Ops.CONST and not valid.arg: return UOp.const(node.dtype, 0)
     return _load(node, gather_address(row_start, self.build(node.src[1], idxs), node.arg), valid)
 
+  def unrolled_value(self, node: UOp, idxs: tuple[UOp, ...], loop_indices: dict[int, UOp]) -> UOp:
+    """The unrolled replicas of a reduce's source combined with its op (a left chain: reduces.reduce_terms splits it
+    again), at idxs with the GROUP's thread ids and these loop indices on the reduce axes."""
+    k, op = self.kernel, node.arg[0]
+    unroll_axes = [a for a in k.upcast_axes if k.is_reduce_axis(a)]
+    inner = list(idxs)
+    for a in group_axes(k): inner[a] = self.indices[a]
+    for a, index in loop_indices.items(): inner[a] = index
+    values = []
+    for combo in itertools.product(*[range(k.full_shape[a]) for a in unroll_axes]):
+      for a, v in zip(unroll_axes, combo): inner[a] = to_uop(v)
+      values.append(self.build(node.src[0], tuple(inner)))
+    combined = values[0]
+    for v in values[1:]: combined = UOp(op, node.dtype, (combined, v))
+    return combined
+
   def build_reduce(self, node: UOp, idxs: tuple[UOp, ...]) -> UOp:
     """A REDUCE_AXIS at idxs (its own axes at 0): tensor-core fragments, or a loop reduce in its row pass, blocked
     or folded where reduces.py says so, then combined across a GROUP's threads."""
@@ -186,22 +202,9 @@ class ValueBuilder:
     op, level = node.arg[0], self.levels[node]
     loops = row_pass_loops(k, self.indices, level)
     loop_order = loop_axes(k)
-    unroll_axes = [a for a in k.upcast_axes if k.is_reduce_axis(a)]
-    def unrolled_value(loop_indices: dict[int, UOp]) -> UOp:
-      """The unrolled replicas of the reduce's source combined with its op (a left chain), at these loop indices."""
-      inner = list(idxs)
-      for a in group_axes(k): inner[a] = self.indices[a]
-      for a, index in loop_indices.items(): inner[a] = index
-      values = []
-      for combo in itertools.product(*[range(k.full_shape[a]) for a in unroll_axes]):
-        for a, v in zip(unroll_axes, combo): inner[a] = to_uop(v)
-        values.append(self.build(node.src[0], tuple(inner)))
-      combined = values[0]
-      for v in values[1:]: combined = UOp(op, node.dtype, (combined, v))
-      return combined
     ranges = tuple(loops[a] for a in loop_order)
-    combined = unrolled_value(loops)
-    terms = prod(k.full_shape[a] for a in unroll_axes)
+    combined = self.unrolled_value(node, idxs, loops)
+    terms = prod(k.full_shape[a] for a in k.upcast_axes if k.is_reduce_axis(a))
     if not ranges:   # a float sum starts from +0.0 as a loop's accumulator does: -0.0 + -0.0 is +0.0, as in numpy
       result = UOp(Ops.ADD, node.dtype, (combined, UOp.const(node.dtype, 0.0))) if compensable(op, node.dtype) \
         else combined
@@ -211,7 +214,7 @@ class ValueBuilder:
       block, within = block_ranges(axis, k.full_shape[axis], chunk, PASS_LOOP_ARG * level)
       position = loop_order.index(axis)
       inner_ranges = (within,) + ranges[position + 1:]
-      value = unrolled_value({**loops, axis: within})
+      value = self.unrolled_value(node, idxs, {**loops, axis: within})
       block_total = new_reduce(self.ids, op, node.dtype, value, inner_ranges, terms)
       result = new_reduce(self.ids, op, node.dtype, block_total, ranges[:position] + (block,), compensated=True)
     else: result = new_reduce(self.ids, op, node.dtype, combined, ranges, terms,

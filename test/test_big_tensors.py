@@ -6,7 +6,7 @@ workers (a file lock), so a 2-core job with ~7 GB free holds them. Values are ch
 around 2^31, the last) against closed forms; nothing large is copied back to the host. The same ops run on a GPU in
 the tests marked `gpu`. Without a GPU, the CUDA code of kernels over more than 2^31 elements is still rendered and
 compiled with NVRTC, and its index math is checked: 64-bit where values pass 2^31, 32-bit where the bounds fit.
-Float32 sums over huge axes accumulate in blocks (linearizer.ACCUMULATE_BLOCK) and are checked against float64.
+Float32 sums over huge axes accumulate in blocks (reduces.ACCUMULATE_BLOCK) and are checked against float64.
 """
 import fcntl, os, re, tempfile
 import numpy as np

@@ -6,7 +6,7 @@ workers (a file lock), so a 2-core job with ~7 GB free holds them. Values are ch
 around 2^31, the last) against closed forms; nothing large is copied back to the host. The same ops run on a GPU in
 the tests marked `gpu`. Without a GPU, the CUDA code of kernels over more than 2^31 elements is still rendered and
 compiled with NVRTC, and its index math is checked: 64-bit where values pass 2^31, 32-bit where the bounds fit.
-Float32 sums over huge axes accumulate in blocks (linearizer.ACCUMULATE_BLOCK) and are checked against float64.
+Float32 sums over huge axes accumulate in blocks (reduces.ACCUMULATE_BLOCK) and are checked against float64.
 """
 import fcntl, os, re, tempfile
 import numpy as np
@@ -20,7 +20,8 @@ from tgrad.schedule import create_schedule
 from tgrad.device import Buffer, Device
 from tgrad.realize import compile_kernel
 from tgrad.codegen.kernel import Kernel, Opt, OptOps
-from tgrad.codegen.linearizer import linearize, ACCUMULATE_BLOCK, BLOCK_LOOP_ARG
+from tgrad.codegen.linearizer import linearize
+from tgrad.codegen.reduces import ACCUMULATE_BLOCK, BLOCK_LOOP_ARG
 from tgrad.codegen.heuristics import hand_coded_optimizations
 from tgrad.codegen.cuda import CUDARenderer, CUDA_MAX_GRID
 from tgrad.runtime.nvrtc import compile_cuda, nvrtc_available

@@ -142,7 +142,7 @@ def test_clamped_index_range_is_exactly_the_table(index_dtype, size, upper_clamp
   """The range analysis knows a loaded index only through its clamp: [0, size - 1] where the dtype can reach past it,
   the dtype's own range where it can't (an int8 index into 1000 rows needs no upper clamp)."""
   from tgrad.ops import UOp
-  from tgrad.codegen.linearizer import clamp_index
+  from tgrad.codegen.value_graph import clamp_index
   loaded = UOp(Ops.LOAD, index_dtype, (UOp(Ops.DEFINE_GLOBAL, index_dtype, (), 1), UOp.const(dtypes.index, 0)))
   row = clamp_index(loaded, size)
   assert row.vmin == 0 and row.vmax == (size - 1 if upper_clamp else dtypes.max(index_dtype))

@@ -5,7 +5,7 @@ constant) are checked at once. Otherwise a lazy one-byte flag (any index out of 
 `realize_with_checks(*lbs)` — the realize every Tensor-level realize goes through — computes the queued flags in the
 same schedule as lbs, reads them and raises IndexError for the first one set (docs/design-notes.md, "Index bounds").
 Memory safety never rests on these checks: a gather kernel clamps every index it loads into its table's rows
-(codegen/linearizer.py, `clamp_index`), so a bad index that no check saw reads a valid row, never outside the buffer.
+(codegen/value_graph.py, `clamp_index`), so a bad index that no check saw reads a valid row, never outside the buffer.
 """
 from __future__ import annotations
 import functools

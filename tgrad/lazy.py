@@ -199,7 +199,7 @@ class LazyBuffer:
 # partials run in parallel. Thresholds as in tinygrad's split_reduceop: inputs per output ≥ 2^15, and here fewer
 # outputs than an H100 holds blocks at once (132 SMs × 8 blocks); parts: the largest of SPLIT_REDUCE_PARTS dividing.
 # On a CPU the THREAD opt already spreads outputs over cores, so only reduces with fewer outputs than cores split.
-# The split is about parallelism only: the accuracy of long float sums is the kernel's (codegen/linearizer.py sums
+# The split is about parallelism only: the accuracy of long float sums is the kernel's (codegen/reduces.py sums
 # blocks of ACCUMULATE_BLOCK values and adds the block totals with Kahan compensation), so it needs no extra kernels.
 # The reduce of the partials is marked (REDUCE_AXIS arg (op, axes, True)): a float sum of them is compensated too
 # (hundreds of large, alike values, the case where a plain running sum rounds at every step).

@@ -78,6 +78,10 @@ class GatherAxis:
   size: int
   stride: int
 
+def is_gather_load(u: UOp) -> bool:
+  """Whether an AST node is a gather LOAD: its address along one axis comes from a loaded value (see GatherAxis)."""
+  return u.op is Ops.LOAD and isinstance(u.arg, GatherAxis)
+
 UNARY = {Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.SQRT, Ops.RECIP, Ops.NEG, Ops.TRUNC, Ops.TANH}
 BINARY = {Ops.ADD, Ops.MUL, Ops.IDIV, Ops.FDIV, Ops.MOD, Ops.MAX, Ops.CMPLT, Ops.CMPNE, Ops.AND, Ops.OR, Ops.XOR,
           Ops.SHL, Ops.SHR}
@@ -87,6 +91,11 @@ ELEMENTWISE = ALU | {Ops.CAST, Ops.BITCAST}
 COMMUTATIVE = {Ops.ADD, Ops.MUL, Ops.MAX, Ops.CMPNE, Ops.AND, Ops.OR, Ops.XOR}
 COMPARISON = {Ops.CMPLT, Ops.CMPNE}
 REDUCE_OPS = {Ops.ADD, Ops.MUL, Ops.MAX}   # the reductions REDUCE_AXIS can do (its arg[0])
+
+def identity_of_reduce(op: Ops, dtype: DType) -> object:
+  """The value a reduce of nothing gives (and its accumulator starts from): 0 for ADD, 1 for MUL, the least value for
+  MAX."""
+  return {Ops.ADD: 0, Ops.MUL: 1, Ops.MAX: dtypes.min(dtype)}[op]
 
 # ---------------------------------------------------------------------------------------------------------------
 # exact semantics in Python: constant folding, and the oracle the rewrite fuzzers compare against

@@ -32,7 +32,7 @@ from types import MappingProxyType
 from typing import Generator, Mapping, Optional
 import numpy as np
 from tgrad.dtype import dtypes
-from tgrad.ops import UOp, Ops, ELEMENTWISE, GatherAxis, symbolic_in_use
+from tgrad.ops import UOp, Ops, ELEMENTWISE, GatherAxis, identity_of_reduce, symbolic_in_use
 from tgrad.shape.sint import unbind, vmax_of
 from tgrad.lazy import LazyBuffer
 from tgrad.graph_simplify import simplify_graph, commit_replacements
@@ -82,9 +82,6 @@ class _Refuse(Exception):
 class _Reshape(Exception):
   """Raised when the kernel must index in the shape of a fused reduce's output rather than its own."""
   def __init__(self, shape: tuple[int, ...]): self.shape = shape
-
-def identity_of_reduce(op: Ops, dtype) -> object:
-  return {Ops.ADD: 0, Ops.MUL: 1, Ops.MAX: dtypes.min(dtype)}[op]
 
 class _KernelBuilder:
   """Builds one kernel's AST for `output`, reading realized bases (and bases in `realize_set`) as LOADs."""

@@ -17,6 +17,7 @@ from tgrad.codegen.linearizer import linearize
 from tgrad.codegen.heuristics import hand_coded_optimizations
 from tgrad.codegen.cuda import CUDARenderer, render_const, CUDA_MAX_GRID, CUDA_MAX_BLOCK, TENSOR_CORES
 from tgrad.codegen.llvmir import LLVMRenderer
+from tgrad.codegen.staging import stage_plan
 from tgrad.runtime.nvrtc import compile_cuda, nvrtc_available, NVRTCCompiler
 
 pytestmark = pytest.mark.skipif(not nvrtc_available(), reason="libnvrtc not found (pip install nvidia-cuda-nvrtc)")
@@ -289,7 +290,7 @@ def test_staged_tensor_core_tiles_copy_asynchronously():
   opts = (Opt(OptOps.UPCAST, 1, 8), Opt(OptOps.TC, 0, 0), Opt(OptOps.UPCAST, 0, 4), Opt(OptOps.LOCAL, 0, 2),
           Opt(OptOps.LOCAL, 1, 2), Opt(OptOps.SMEM, 0, 0), Opt(OptOps.SMEM, 1, 8))
   kernel = kernels(half_dot(host((256, 256), dtypes.float16), host((256, 256), dtypes.float16)), opts)[-1]
-  a_plan, b_plan = (kernel.stage_plan(load, padding) for load, padding in kernel.staged)
+  a_plan, b_plan = (stage_plan(kernel, load, padding) for load, padding in kernel.staged)
   assert a_plan.axes[-1] == kernel.tc_upcast_axes[2] and a_plan.row == 16 and a_plan.direct
   assert not kernel.is_reduce_axis(b_plan.axes[-1]) and b_plan.row == 128 and b_plan.padding == 8 and b_plan.direct
   loop = compiled_source(kernel)[compiled_source(kernel).index("for ("):]
@@ -399,7 +400,7 @@ def test_opts_after_tensor_core_keep_its_axes(opt: Opt):
 @pytest.mark.parametrize("core", TENSOR_CORES, ids=lambda c: c.dtype_in.name)
 def test_fragment_layouts_cover_each_tile_once(core):
   """Over the 32 lanes, each operand's fragments hold every element of its tile exactly once, and C's layout is the
-  one Kernel._apply_tensor_core's axes assume (row = 8·(i // 2) + group, column = 2·tig + i % 2)."""
+  one tensor_cores.apply_tensor_core's axes assume (row = 8·(i // 2) + group, column = 2·tig + i % 2)."""
   rows, columns, depth = core.dims
   for layout, shape in ((core.a, (rows, depth)), (core.b, (depth, columns)), (core.c, (rows, columns))):
     seen = [layout.position(i, lane // 4, lane % 4) for lane in range(core.lanes) for i in range(len(layout.rows))]

@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass
 from typing import Optional
 from tgrad.codegen.kernel import Kernel, KernelOptError, Opt, OptOps
+from tgrad.codegen.staging import stageable_loads
 from tgrad.ops import Ops
 from tgrad.helpers import cpu_count, prod
 from tgrad.shape.sint import vmax_of
@@ -161,7 +162,7 @@ def _staged_matmul(kernel: Kernel) -> bool:
   rows and columns, both inputs' tiles staged in shared memory. All or nothing: the kernel is unchanged if any opt is
   refused."""
   if not kernel.reduceops or prod(kernel.output_shape) < GPU_BIG_TILE_MIN_OUTPUTS or \
-     len(kernel.stageable_loads) != 2 or kernel.first_reduce >= kernel.first_upcast: return False
+     len(stageable_loads(kernel)) != 2 or kernel.first_reduce >= kernel.first_upcast: return False
   reused = [a for a in reversed(range(kernel.global_dims)) if 0 in _load_strides(kernel, a)]
   if len(reused) < 2: return False
   columns, rows = reused[:2]
@@ -218,7 +219,7 @@ def _tc_column_spread(kernel: Kernel, columns: int) -> int:
 
 def _staged_tensor_cores(kernel: Kernel) -> bool:
   """A big tensor-core matmul with both inputs staged (see GPU_TC_STAGED_*); all or nothing."""
-  if prod(kernel.output_shape) < GPU_BIG_TILE_MIN_OUTPUTS or len(kernel.stageable_loads) != 2: return False
+  if prod(kernel.output_shape) < GPU_BIG_TILE_MIN_OUTPUTS or len(stageable_loads(kernel)) != 2: return False
   trial = kernel.copy()
   if not try_opt(trial, Opt(OptOps.TC, 0, 0)) or trial.tensor_core is None: return False
   rows, columns = trial.tensor_core.rows_axis, trial.tensor_core.columns_axis   # the axes TC picks (and leaves)

@@ -8,17 +8,18 @@ renderer. All ShapeTrackers share one rank; axes are ordered by role:
 
 An `Opt(op, axis, amount)` splits an axis and moves the piece to its role's place (`shift_to`). An illegal opt
 raises KernelOptError, so search can try anything. The linearizer (linearizer.py) turns a Kernel into UOps.
-OptOps.TC (tensor cores) lays one warp over a tile of a matmul-like reduce; see `_apply_tensor_core`. OptOps.SMEM
-stages one input's tile in shared memory per step of the reduce loop; see `stage_plan`. A gather LOAD (arg GatherAxis,
-see ops.py) is a memory op like any other: its VIEW is reshaped by every opt; only its row along the gathered axis
-comes from a loaded value, so it is never staged in shared memory nor fed to a tensor core.
+OptOps.TC (tensor cores) lays one warp over a tile of a matmul-like reduce: its legality and layout are in
+tensor_cores.py. OptOps.SMEM stages one input's tile in shared memory per step of the reduce loop: staging.py. A gather
+LOAD (arg GatherAxis, see ops.py) is a memory op like any other: its VIEW is reshaped by every opt; only its row along
+the gathered axis comes from a loaded value, so it is never staged in shared memory nor fed to a tensor core.
 """
 from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum, auto
 from typing import Optional
-from tgrad.ops import UOp, Ops, ALU, GatherAxis, exec_alu, truncate_to
-from tgrad.codegen.renderer import TensorCore
+from tgrad.ops import UOp, Ops, ALU, exec_alu, truncate_to, is_gather_load
+from tgrad.codegen.staging import apply_stage, stage_plan
+from tgrad.codegen.tensor_cores import TensorCoreUse, apply_tensor_core
 from tgrad.shape.shapetracker import ShapeTracker
 from tgrad.shape.sint import canonical, ceil_div, is_symbolic, render as render_size, vmax_of
 from tgrad.helpers import prod, round_up
@@ -49,46 +50,6 @@ MAX_PADDING_FRACTION = 1   # PADTO adds fewer positions than the axis has: paddi
 # A global axis too big for the grid is split in two so that the outer part fits a grid dimension's limit; at most this
 # many splits (each halves the largest axis at least; far more than any buffer a GPU can hold needs).
 MAX_GRID_SPLITS = 8
-
-# A staged tile is copied by each thread in runs of this many bytes (one 16-byte vector access where aligned).
-STAGE_COPY_BYTES = 16
-
-@dataclass(frozen=True)
-class StagePlan:
-  """How OptOps.SMEM lays out one load's tile in shared memory. The tile is the load's values over the block's thread
-  axes and the upcast axes it depends on, at one step of the reduce loops (the global and loop indices are fixed).
-  `axes` are in the order of the load's memory strides (outermost first): the block copies the tile in that order,
-  so neighbouring threads read neighbouring global addresses. The shared layout serves the reads: a kernel of ALU
-  ops reads, per unrolled reduce step, every output replica's value (an outer product), so the reduce axes go
-  outermost and a row is one step's slice. A tensor core's operands keep global memory's order (copies move runs as
-  they are, asynchronously where the target can; a row is the innermost axes contiguous there). After each row
-  `padding` unused elements shift the next row to other banks. With a reduce loop there are two buffers, alternated
-  by the loop's parity, so one barrier per step separates every write of a buffer from the reads of its previous
-  contents."""
-  axes: tuple[int, ...]
-  sizes: tuple[int, ...]
-  strides: tuple[int, ...]       # each axis's element stride in the shared tile
-  row: int
-  padding: int
-  buffers: int
-  direct: bool = False           # the innermost axis is contiguous in both memories: copies move runs as they are
-  @property
-  def elements(self) -> int: return prod(self.sizes)
-  @property
-  def buffer_elements(self) -> int: return self.elements // self.row * (self.row + self.padding)
-
-@dataclass(frozen=True)
-class TensorCoreUse:
-  """How OptOps.TC maps a kernel's reduce onto a tensor core: `reduce` = Σ a·b where `a` (a load of dtype_in) varies
-  with the tile's rows and `b` with its columns; rows_axis and columns_axis are the global axes that TC split (what
-  is left of them counts tiles). `upcasts_before` counts the upcast axes made before TC (they stay before its own)."""
-  core: TensorCore
-  reduce: UOp
-  a: UOp
-  b: UOp
-  rows_axis: int
-  columns_axis: int
-  upcasts_before: int = 0
 
 class Kernel:
   def __init__(self, ast: UOp, renderer):
@@ -282,7 +243,7 @@ class Kernel:
     before = (list(self.sts), self.local_dims, self.group_for_reduces, self.upcasted, self.threads,
               self.dont_use_locals, self.tensor_core, self.staged)
     try:
-      if opt.op is OptOps.TC: self._apply_tensor_core(opt)
+      if opt.op is OptOps.TC: apply_tensor_core(self, opt)
       else: self._apply(opt)
       if self.renderer.has_local: self._check_limits()
     except KernelOptError:
@@ -308,7 +269,7 @@ class Kernel:
       self._check(not self.dont_use_locals, "NOLOCALS twice")
       self.dont_use_locals = True
       return
-    if opt.op is OptOps.SMEM: return self._stage(opt)
+    if opt.op is OptOps.SMEM: return apply_stage(self, opt)
     axis = self._real_axis(opt)
     size = self.full_shape[axis]
     if not isinstance(size, int) and opt.op is not OptOps.SWAP:
@@ -331,7 +292,7 @@ class Kernel:
       self._check(self.unrolled_size * amount <= MAX_UPCAST, f"{opt}: upcast product over {MAX_UPCAST}")
       self.shift_to(axis, amount)
       self.upcasted += 1
-      if self.tensor_core is not None: self._drop_unit_reduce_axis(axis)
+      if self.tensor_core is not None: self.drop_unit_reduce_axis(axis)
     elif opt.op is OptOps.LOCAL:
       self._check(caps.has_local and not self.dont_use_locals, f"{opt}: target has no local memory/threads")
       self._check(axis < self.global_dims, f"{opt}: LOCAL needs a global axis")
@@ -396,132 +357,11 @@ class Kernel:
     # an output's reduce axes have size 1 and stay so; every other tracker spans the full axis
     self.sts = [st if st.shape[axis] == 1 else st.pad(padding) for st in self.sts]
 
-  # ---- shared-memory staging (OptOps.SMEM)
-  @property
-  def stageable_loads(self) -> list[UOp]:
-    """The loads SMEM can stage, numbered by Opt.axis: global loads that feed the kernel's only reduce."""
-    if len(self.reduceops) != 1 or self.row_store: return []
-    under_reduce = set(self.reduceops[0].src[0].toposort())
-    return [u for u in self.memops if u.op is Ops.LOAD and u in under_reduce and not is_gather_load(u)]
-
-  def _stage(self, opt: Opt) -> None:
-    """SMEM: Opt.axis picks a load of `stageable_loads`, Opt.amount the padding (elements) after each row of its
-    tile. The tile is only laid out when the kernel is linearized (`stage_plan`), so later opts may still reshape it."""
-    self._check(not self.symbolic, f"{opt}: a kernel with symbolic sizes stages no tile")
-    self._check(self.renderer.has_shared and not self.dont_use_locals, f"{opt}: target has no shared memory")
-    self._check(not self.row_store, f"{opt}: a row kernel's store reads its loads again, outside the staged loop")
-    loads = self.stageable_loads
-    self._check(opt.axis is not None and 0 <= opt.axis < len(loads),
-                f"{opt}: axis picks one of the {len(loads)} loads of a single reduce")
-    load = loads[opt.axis or 0]
-    self._check(all(staged is not load for staged, _ in self.staged), f"{opt}: that load is already staged")
-    self._check(0 <= (opt.amount or 0) <= 64, f"{opt}: padding must be 0..64 elements")
-    self.staged += ((load, opt.amount or 0),)
-
-  def stage_plan(self, load: UOp, padding: int) -> StagePlan:
-    """The shared tile of a staged load under the kernel's current axes (see StagePlan)."""
-    st = self.sts[self.memops.index(load)]
-    strides = st.real_strides()
-    tile_axes = [a for a in self.thread_axes + list(self.upcast_axes) if strides[a] != 0 and self.full_shape[a] > 1]
-    # memory order: the largest stride outermost; an axis without one constant stride (a mask, a reshape) counts as
-    # outermost, and equal strides keep the kernel's axis order
-    def order(axis: int): return (-(strides[axis] if strides[axis] is not None else 1 << 62), axis)
-    axes = sorted(tile_axes, key=order)
-    reduce_axes = [a for a in axes if self.is_reduce_axis(a)]
-    other_axes = [a for a in axes if not self.is_reduce_axis(a)]
-    if self.tensor_core is None: layout_axes, row_axes = reduce_axes + other_axes, len(other_axes)
-    else:   # global memory's order: runs are copied as they are (cp.async on every GPU with tensor cores)
-      layout_axes, row_axes, expected = axes, 0, 1
-      for axis in reversed(axes):
-        if strides[axis] != expected: break
-        row_axes, expected = row_axes + 1, expected * self.full_shape[axis]
-    row = prod(self.full_shape[a] for a in layout_axes[len(layout_axes) - row_axes:])
-    padding = padding if row > 1 and row_axes < len(axes) else 0
-    layout, stride = {}, 1
-    for i in reversed(range(len(layout_axes))):
-      layout[layout_axes[i]] = stride
-      stride *= self.full_shape[layout_axes[i]]
-      if i == len(layout_axes) - row_axes: stride = stride // row * (row + padding)   # the row just closed is padded
-    loops = self.first_reduce + self.group_for_reduces < self.first_upcast
-    direct = bool(axes) and layout[axes[-1]] == 1 and strides[axes[-1]] == 1
-    return StagePlan(tuple(axes), tuple(self.full_shape[a] for a in axes), tuple(layout[a] for a in axes), row,
-                     padding, 2 if loops else 1, direct)
-
-  def _apply_tensor_core(self, opt: Opt) -> None:
-    """TC: one warp computes M×N tiles (dims of the tensor core) of a reduce Σ a·b whose loads a and b have the core's
-    input dtype and whose sum has its accumulator dtype, K of the reduce per instruction. `opt.axis` picks the (rows,
-    columns) pair of global axes from `tensor_core_choices` (0: columns innermost), `opt.amount` (0 or None) the core
-    among the renderer's that fit the dtypes. For m16n8k16 the axes become
-
-      rows    → rows/16 (global) · 2 (upcast) · 8 (local: lane group)       row = 8·upcast + group
-      columns → columns/8 (global) · 4 (local: lane tig) · 2 (upcast)       column = 2·tig + upcast
-      K       → K/16 (reduce loop; dropped when it is 1) · 16 (upcast)
-
-    so each output replica is where the C fragment of lane (group, tig) lies; the linearizer indexes a and b by their
-    own fragment layouts. TC comes before any LOCAL, GROUP, THREAD or NOLOCALS; PADTO, UPCAST and UNROLL may come
-    first (an UPCAST of the columns axis before TC spreads a warp's column tiles so that each lane's columns are
-    adjacent in memory: n = (8·tile + column)·amount + upcast)."""
-    caps = self.renderer
-    self._check(not self.symbolic, f"{opt}: tensor cores need known sizes")
-    self._check(bool(caps.tensor_cores), f"{opt}: {type(caps).__name__} {getattr(caps, 'arch', '')} has no tensor core")
-    threaded = self.local_dims or self.group_for_reduces or self.threads or self.dont_use_locals
-    self._check(self.tensor_core is None and not threaded, f"{opt}: TC must come before {self.applied_opts}")
-    self._check(len(self.reduceops) == 1 and not self.row_store,
-                f"{opt}: TC needs exactly one reduce and no row store, the kernel has {len(self.reduceops)}")
-    reduce = self.reduceops[0]
-    operands = tensor_core_operands(reduce)
-    self._check(operands is not None, f"{opt}: the reduce is not a sum of products of two loads: {reduce.src[0]}")
-    assert operands is not None
-    in_dtypes = tuple(x.dtype for x in operands)
-    cores = [tc for tc in caps.tensor_cores if in_dtypes == (tc.dtype_in,) * 2 and reduce.dtype == tc.dtype_acc]
-    self._check(bool(cores), f"{opt}: no tensor core multiplies {in_dtypes} into {reduce.dtype}")
-    self._check(0 <= (opt.amount or 0) < len(cores), f"{opt}: amount picks one of {len(cores)} tensor cores")
-    core = cores[opt.amount or 0]
-    choices = self.tensor_core_choices(core, operands)
-    self._check(0 <= (opt.axis or 0) < len(choices),
-                f"{opt}: axis picks one of {len(choices)} (rows, columns, K) choices for tile {core.dims} in shape "
-                f"{self.full_shape}")
-    rows, columns, k, a, b = choices[opt.axis or 0]
-    upcasts_before = self.upcasted
-    tile_rows, tile_columns, tile_k = core.dims
-    groups = core.lanes // core.lanes_per_group
-    self.shift_to(rows, groups, insert_before=self.first_reduce)              # rows → rows/8 · [group]
-    self.local_dims += 1
-    self.shift_to(rows, tile_rows // groups)                                  # rows/8 → rows/16 · [2]
-    self.upcasted += 1
-    self.shift_to(columns, tile_columns // core.lanes_per_group)              # columns → columns/2 · [2]
-    self.upcasted += 1
-    self.shift_to(columns, core.lanes_per_group, insert_before=self.first_reduce)   # columns/2 → columns/8 · [tig]
-    self.local_dims += 1
-    k += 2   # the two lane axes went in before the reduce axes
-    self.shift_to(k, tile_k)
-    self.upcasted += 1
-    self._drop_unit_reduce_axis(k)   # K = 16: no loop is left
-    self.tensor_core = TensorCoreUse(core, reduce, a, b, rows, columns, upcasts_before)
-
-  def _drop_unit_reduce_axis(self, axis: int) -> None:
+  # ---- tensor cores (OptOps.TC, tensor_cores.py)
+  def drop_unit_reduce_axis(self, axis: int) -> None:
     """Remove a reduce axis left with size 1: it is no reduce axis any more, so in the loop region it would count as
     a local axis and move the tensor core's lanes."""
     if self.full_shape[axis] == 1: self.reshape_and_permute(lambda shape: shape[:axis] + shape[axis + 1:], None)
-
-  def tensor_core_choices(self, core: TensorCore, operands: tuple[UOp, UOp]) -> list[tuple[int, int, int, UOp, UOp]]:
-    """(rows axis, columns axis, K axis, a, b) for every pair of global axes where one load (a) is constant along the
-    columns and varies along the rows, the other (b) the reverse, and the sizes divide the tile; K is the innermost
-    reduce axis that divides. Innermost columns axis first (the output's contiguous axis, for coalesced stores)."""
-    full = self.full_shape
-    strides = {u: st.real_strides() for u, st in zip(self.memops, self.sts) if u in operands}
-    reduce_axes = [ax for ax in range(self.first_reduce, self.first_upcast) if self.is_reduce_axis(ax)]
-    k = next((ax for ax in reversed(reduce_axes) if full[ax] % core.dims[2] == 0), None)
-    if k is None: return []
-    choices = []
-    for columns in reversed(range(self.global_dims)):
-      for rows in reversed(range(self.global_dims)):
-        if rows == columns or full[rows] % core.dims[0] or full[columns] % core.dims[1]: continue
-        for a, b in (operands, operands[::-1]):
-          if strides[a][columns] == 0 and strides[b][rows] == 0 and strides[a][rows] != 0 and strides[b][columns] != 0:
-            choices.append((rows, columns, k, a, b))
-            break
-    return choices
 
   # ---- launch facts
   @property
@@ -554,11 +394,11 @@ class Kernel:
     self.launch_dims()
     nbytes = 0
     if self.group_for_reduces:
-      # one shared array per reduce and output upcast replica, one slot per thread (see Linearizer.group_reduce)
+      # one shared array per reduce and output upcast replica, one slot per thread (see reduces.group_combine)
       replicas = prod(self.full_shape[a] for a in self.upcast_axes if not self.is_reduce_axis(a))
       nbytes += sum(r.dtype.itemsize for r in self.reduceops) * replicas * threads
     for load, padding in self.staged:
-      plan = self.stage_plan(load, padding)
+      plan = stage_plan(self, load, padding)
       nbytes += plan.buffer_elements * plan.buffers * load.dtype.itemsize
     self._check(nbytes <= caps.shared_memory_bytes, f"{nbytes} bytes of shared memory > {caps.shared_memory_bytes}")
 
@@ -596,27 +436,6 @@ def fold_dims(dims: tuple[int, ...], limits: tuple[int, ...]) -> list[tuple[int,
       groups.reverse()
       if all(vmax_of(prod(g)) <= limit for g, limit in zip(groups, limits)): return groups
   raise KernelOptError(f"dims {dims} do not fit thread ids with limits {limits}")
-
-def _widened(x: UOp) -> UOp:
-  """x without the float casts to wider floats above it (those are exact)."""
-  while x.op is Ops.CAST and x.dtype.is_float and x.src[0].dtype.is_float and \
-        x.dtype.itemsize > x.src[0].dtype.itemsize:
-    x = x.src[0]
-  return x
-
-def tensor_core_operands(reduce: UOp) -> Optional[tuple[UOp, UOp]]:
-  """The two loads (x, y) of a reduce that sums their products, in the forms where every product is exact: an ADD
-  over CAST(MUL(x, y)) to a wider float (Tensor.dot on half inputs: tensor cores skip that product's rounding), or an
-  ADD over MUL(x', y') where x', y' are x, y widened. None for anything else."""
-  if reduce.arg[0] is not Ops.ADD: return None
-  product = _widened(reduce.src[0])
-  if product.op is not Ops.MUL: return None
-  x, y = (_widened(s) for s in product.src)
-  return (x, y) if all(u.op is Ops.LOAD and not is_gather_load(u) for u in (x, y)) else None
-
-def is_gather_load(u: UOp) -> bool:
-  """Whether an AST node is a gather LOAD: its address along one axis comes from a loaded value (see ops.GatherAxis)."""
-  return u.op is Ops.LOAD and isinstance(u.arg, GatherAxis)
 
 def memory_extent(memop: UOp, st: ShapeTracker) -> int:
   """1 + the largest element index a memory op may touch (0 if none): a gather's VIEW gives its first row; the loaded

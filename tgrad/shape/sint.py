@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 from typing import Any, Optional, Union
 from tgrad.dtype import dtypes
-from tgrad.ops import UOp, Ops, simplify, exec_alu
+from tgrad.ops import UOp, Ops, simplify, exec_alu, split_terms, build_sum
 
 sint = Union[int, UOp]
 
@@ -40,6 +40,11 @@ def canonical_product(x: UOp) -> sint:
 
 def is_symbolic(shape) -> bool: return any(isinstance(s, UOp) for s in shape)
 def to_uop(x: sint) -> UOp: return x if isinstance(x, UOp) else UOp.const(dtypes.index, x)
+def offset_by(index: UOp, delta: int) -> UOp:
+  """index + delta, with the constant folded into index's own sum (replicas of a kernel differ by such constants)."""
+  if delta == 0: return index
+  terms, constant = split_terms(index)
+  return build_sum(terms, constant + delta, index.dtype)
 def vmax_of(x: sint) -> int: return x.vmax if isinstance(x, UOp) else x
 def vmin_of(x: sint) -> int: return x.vmin if isinstance(x, UOp) else x
 

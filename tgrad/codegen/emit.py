@@ -1,0 +1,172 @@
+"""Order and emit: a ValueGraph's stores (value_graph.py) → the flat program a renderer walks top to bottom.
+
+`emit_program` places, in order: the kernel's parameters (every buffer, every variable), its thread ids, the global
+loops, a row kernel's store loops (with every pass's reduces hoisted above them), then each store after its sources,
+depth-first. A REDUCE brings its whole loop (`ProgramEmitter.emit_reduce_group`): the reduces over the same ranges
+share one loop; their loop-invariant inputs are hoisted above it; each gets an accumulator (DEFINE_ACC, plus one for
+the running error of a Kahan sum), the loop (behind an IF for a GROUP's gated combine), the staged tiles' next-step
+copy at the top of the body, the updates (folded term by term for a register tile), the ASSIGNs, the next copy's stores
+and barrier, ENDRANGE. The result reads as a program:
+
+  DEFINE_GLOBAL 0, DEFINE_GLOBAL 1, RANGE r0 (0..N), DEFINE_ACC a0, RANGE r1 (0..K), LOAD, ADD, ASSIGN a0,
+  ENDRANGE r1, REDUCE (reads a0), STORE, ENDRANGE r0
+"""
+from __future__ import annotations
+import itertools
+from typing import Iterator, Optional
+from tgrad.dtype import dtypes
+from tgrad.ops import UOp, Ops, simplify, identity_of_reduce
+from tgrad.codegen.kernel import Kernel
+from tgrad.codegen.value_graph import ValueGraph
+from tgrad.codegen.reduces import FOLD_MIN_ACCUMULATORS, is_compensated, kahan_step, reduce_terms
+
+class ProgramEmitter:
+  """Places UOps into one program. `emitted` is what the current scope may reuse (a loop body's values are forgotten
+  when the loop ends); `open_ranges` the loops around the current position; `free` the RANGEs each node's value
+  depends on (a REDUCE binds its own)."""
+  def __init__(self, graph: ValueGraph, stores: list[UOp], ids: Iterator[int]):
+    self.graph, self.ids = graph, ids
+    self.program: list[UOp] = []
+    self.emitted: set[UOp] = set()
+    self.scopes: list[list[UOp]] = [[]]
+    self.open_ranges: set[UOp] = set()
+    self.nodes = UOp(Ops.SINK, dtypes.void, tuple(stores)).toposort()
+    self.reduces = [u for u in self.nodes if u.op is Ops.REDUCE]
+    self.free: dict[UOp, frozenset] = {}
+    for u in self.nodes:   # a loop's bounds may depend on outer loops (a block of a blocked sum)
+      self.free[u] = frozenset().union(*(self.free[s] for s in u.src)) | ({u} if u.op is Ops.RANGE else set())
+      if u.op is Ops.REDUCE: self.free[u] -= set(u.src[1:])
+
+  def place(self, u: UOp) -> None:
+    self.program.append(u)
+    self.emitted.add(u)
+    self.scopes[-1].append(u)
+
+  def emit(self, root: UOp) -> None:
+    """Place `root` after its sources, depth-first in source order (an explicit stack: chains of any length); a
+    REDUCE brings its whole loop (emit_reduce_group)."""
+    stack: list[tuple[UOp, bool]] = [(root, False)]
+    while stack:
+      u, sources_placed = stack.pop()
+      if sources_placed: self.place(u)
+      elif u in self.emitted: continue
+      elif u.op is Ops.REDUCE: self.emit_reduce_group(u)
+      else:
+        stack.append((u, True))
+        stack.extend((s, False) for s in reversed(u.src))
+
+  def open_loop(self, rng: UOp) -> None:
+    self.emit(rng.src[0])
+    self.emit(rng.src[1])
+    self.place(rng)
+    self.open_ranges.add(rng)
+
+  def hoist_invariants(self, value: UOp) -> None:
+    """Emit, before a loop, what its body reads but does not vary with it: index math and loads of outer axes,
+    and a GROUP's partial, shared-memory store and barrier, which must run once and not once per iteration."""
+    for u in value.toposort():
+      if u not in self.emitted and u.op is not Ops.CONST and self.free[u] <= self.open_ranges: self.emit(u)
+
+  def emit_reduce_group(self, first: UOp) -> None:
+    """`first` and every other REDUCE over the same ranges: one loop, its invariants hoisted above it, an accumulator
+    each, the staged tiles' next copy around the body where the loop is the staged one."""
+    ranges = first.src[1:]
+    group = [r for r in self.reduces if r.src[1:] == ranges and r not in self.emitted]
+    for r in ranges: self.emit(r.src[0]); self.emit(r.src[1])  # noqa: E702
+    for r in group: self.hoist_invariants(r.src[0])
+    accs, compensations = self.define_accumulators(group)
+    # only the thread that stores reduces a GROUP's partials: for the others the accumulator stays the identity
+    branch = UOp(Ops.IF, dtypes.void, (simplify(self.graph.gate),)) if set(ranges) & self.graph.gated_loops else None
+    if branch is not None:
+      self.emit(branch.src[0])
+      self.place(branch)
+    for r in ranges: self.place(r)
+    self.open_ranges.update(ranges)
+    self.scopes.append([])
+    next_copy = self.graph.next_copy
+    prefetch = next_copy[1] if next_copy is not None and next_copy[0] == ranges else None
+    if prefetch is not None:   # the next step's global loads first: the body's math hides their latency
+      for store in prefetch.src: self.emit(store if store in self.graph.early_stores else store.src[2])
+    self.emit_updates(group, accs, compensations)
+    if prefetch is not None: self.emit(prefetch)   # their stores into the other buffer, then the step's one barrier
+    for rng in reversed(ranges): self.program.append(UOp(Ops.ENDRANGE, dtypes.void, (rng,)))
+    if branch is not None: self.program.append(UOp(Ops.ENDIF, dtypes.void, (branch,)))
+    self.open_ranges.difference_update(ranges)
+    for u in self.scopes.pop(): self.emitted.discard(u)
+    for r in group: self.place(r)
+
+  def define_accumulators(self, group: list[UOp]) -> tuple[dict[UOp, UOp], dict[UOp, UOp]]:
+    """Each reduce's accumulator, starting at its identity (a WMMA's fragment accumulator is part of its value,
+    hoisted above, and only emitted here), and for a Kahan sum the accumulator of its running rounding error."""
+    accs, compensations = {}, {}
+    for r in group:
+      if r.arg[0] is Ops.WMMA:
+        accs[r] = next(u for u in r.src[0].toposort() if u.op is Ops.DEFINE_ACC and u.arg == r.arg[1])
+        self.emit(accs[r])
+        continue
+      init = UOp.const(r.dtype, identity_of_reduce(r.arg[0], r.dtype))
+      self.emit(init)
+      accs[r] = UOp(Ops.DEFINE_ACC, r.dtype, (init,), r.arg[1])
+      self.place(accs[r])
+      if is_compensated(r):
+        compensations[r] = UOp(Ops.DEFINE_ACC, r.dtype, (init,), next(self.ids) - 1)
+        self.place(compensations[r])
+    return accs, compensations
+
+  def emit_updates(self, group: list[UOp], accs: dict[UOp, UOp], compensations: dict[UOp, UOp]) -> None:
+    """The loop body: each reduce's update and its ASSIGN. With several accumulators (a register tile), every one
+    takes its first unrolled value, then its second, …: an outer product per unrolled step (FMAs into the
+    accumulators, one step's operands live). A lone accumulator combines the step's values first, so only one op per
+    step depends on the last step. A compensated sum adds its unrolled values one by one, each with compensation."""
+    fold = sum(1 for r in group if r.arg[0] is not Ops.WMMA) >= FOLD_MIN_ACCUMULATORS
+    updates = {r: r.src[0] if r.arg[0] is Ops.WMMA else accs[r] for r in group}
+    terms = {r: [] if r.arg[0] is Ops.WMMA else reduce_terms(r) if fold or is_compensated(r) else [r.src[0]]
+             for r in group}
+    corrections: dict[UOp, UOp] = {}
+    for r in group:
+      if r.arg[0] is Ops.WMMA: self.emit(r.src[0])
+    for step in range(max((len(t) for t in terms.values()), default=0)):
+      for r in group:
+        if step >= len(terms[r]): continue
+        self.emit(terms[r][step])
+        if r in compensations:
+          updates[r], corrections[r] = kahan_step(updates[r], corrections.get(r, compensations[r]), terms[r][step])
+          self.emit(corrections[r])
+          continue
+        updates[r] = UOp(r.arg[0], r.dtype, (updates[r], terms[r][step]))
+        if updates[r] not in self.emitted: self.place(updates[r])
+    for r in group: self.place(UOp(Ops.ASSIGN, r.dtype, (accs[r], updates[r])))
+    for r, correction in corrections.items(): self.place(UOp(Ops.ASSIGN, r.dtype, (compensations[r], correction)))
+
+def _parameters(kernel: Kernel, graph: ValueGraph, nodes: list[UOp]) -> list[UOp]:
+  """The program's head: buffers, variables and thread ids, in the order renderers number them."""
+  # every buffer of the kernel is a parameter, even one whose loads all turned into constants (fully masked):
+  # renderers number parameters by DEFINE_GLOBAL index, and the launch passes every buffer
+  kernel_buffers = {m.src[0] for m in kernel.memops if m.op in (Ops.LOAD, Ops.STORE)}
+  buffers = sorted({u for u in nodes if u.op in (Ops.DEFINE_GLOBAL, Ops.DEFINE_LOCAL)} | kernel_buffers,
+                   key=lambda u: (u.op is Ops.DEFINE_LOCAL, u.arg if u.op is Ops.DEFINE_GLOBAL else u.arg[0]))
+  # every variable of the kernel is a parameter too, used or not (a grid over a symbolic axis may need no value in
+  # the code): the launch passes the values of all of them, in name order (CompiledKernel.variables)
+  # every thread id, used or not: a renderer sizes the launch (e.g. __launch_bounds__) from them
+  specials = {u for i in graph.indices if i is not None for u in i.toposort() if u.op is Ops.SPECIAL}
+  specials |= {u for u in nodes if u.op is Ops.SPECIAL}
+  return buffers + list(kernel.variables) + sorted(specials, key=lambda u: u.arg[0])
+
+def emit_program(kernel: Kernel, graph: ValueGraph, stores: Optional[list[UOp]] = None) -> list[UOp]:
+  """The linear program of a value graph: `stores` (default graph.stores; the decomposed ones where a renderer wants
+  them) inside the global loops and a row kernel's store loops. A Kahan sum's compensation takes the next accumulator
+  number after the graph's."""
+  stores = list(graph.stores) if stores is None else stores
+  emitter = ProgramEmitter(graph, stores, itertools.count(graph.accumulators + 1))
+  for u in _parameters(kernel, graph, emitter.nodes): emitter.place(u)
+  outer_loops = [i for i in graph.indices[:kernel.global_dims] if i is not None and i.op is Ops.RANGE]
+  for rng in outer_loops: emitter.open_loop(rng)
+  # a row kernel: every pass's reduces (and whatever else doesn't vary along the row) first, then the store pass's
+  # loops around the stores
+  if graph.row_loops:
+    for store in stores: emitter.hoist_invariants(store)
+  for rng in graph.row_loops: emitter.open_loop(rng)
+  for store in stores: emitter.emit(store)
+  for rng in reversed(outer_loops + list(graph.row_loops)):
+    emitter.program.append(UOp(Ops.ENDRANGE, dtypes.void, (rng,)))
+  return emitter.program

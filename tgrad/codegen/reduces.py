@@ -1,0 +1,215 @@
+"""Reduces in the linear program: how a REDUCE_AXIS becomes loops, accumulators and shared-memory combines.
+
+The value graph (value_graph.py) builds each reduce from the pieces here, in this order:
+
+  1. row-kernel passes (`reduce_levels`, `row_pass_loops`): a row kernel (multi-reduce fusion, schedule.py rule 2b)
+     walks its rows once per pass of reduces and once more for its store, each pass with loops of its own;
+  2. the loop reduce: a REDUCE node over the pass's loops whose source is the unrolled replicas' left chain
+     (`new_reduce`, `reduce_terms`); a value none of the loops changes is no loop (`fold_invariant_reduce`); a long
+     float sum adds in blocks whose totals add with Kahan's compensation (`accumulation_split`, `block_ranges`);
+  3. the group combine (split-K, OptOps.GROUP): each thread's partial goes to shared memory, and after a barrier the
+     group's first thread (or, in a row kernel, every thread) reduces the partials (`group_combine`, `group_gate`).
+
+The emitter (emit.py) turns each REDUCE into its accumulator and loop, with `kahan_step` for compensated sums.
+A reduce of a value that doesn't change along its loops is no loop (a sum is value × trips: `Tensor.ones(2**40).sum()`
+costs nothing). A float sum whose accumulator would add more than ACCUMULATE_BLOCK values sums in blocks: an inner
+loop adds one block into a fresh accumulator, an outer loop adds the block totals with compensated (Kahan) summation.
+"""
+from __future__ import annotations
+from typing import TYPE_CHECKING, Iterator, Optional
+from tgrad.dtype import dtypes
+from tgrad.ops import UOp, Ops, simplify, exec_alu
+from tgrad.shape.sint import canonical, ceil_div, to_uop, vmax_of
+from tgrad.helpers import prod
+if TYPE_CHECKING:
+  from tgrad.codegen.kernel import Kernel
+
+FOLD_MIN_ACCUMULATORS = 4   # from this many accumulators in one loop, unrolled values fold into each one by one
+# The most values one float accumulator adds in sequence. A running float32 sum of n values has a rounding error that
+# grows like n·ε (a sum of 2^24 ones stops growing at 16,777,216; 65,536 copies of 0.1 are 6e-4 off). Summing blocks of
+# at most this many values, then the block totals with Kahan's compensation, bounds it by about block·ε whatever n is
+# (4e-5 for 0.1 repeated; random values ~1e-7). The totals' loop costs 4 adds per block; LLVM keeps its vectorized
+# block loop (64 lanes of 64 values each). Smaller reduces are untouched.
+ACCUMULATE_BLOCK = 1 << 12
+# The same limit for a register tile (FOLD_MIN_ACCUMULATORS or more accumulators, e.g. a matmul): each block adds two
+# live accumulators per output around the inner loop, so tiles block only past 65,536 values, as BLAS adds K panels
+# (matmuls with K ≤ 65,536 keep their code; a column sum over millions of rows still can't stall at 2^24).
+TILE_ACCUMULATE_BLOCK = 1 << 16
+# how far below ACCUMULATE_BLOCK a block may shrink to divide its axis exactly (a loop end without a min)
+BLOCK_DIVISOR_SLACK = 2
+BLOCK_LOOP_ARG = 2000   # RANGE arg of the loop over blocks of reduce axis a: BLOCK_LOOP_ARG + a
+GROUP_LOOP_ARG = 1000   # RANGE arg of the loop over a GROUP's partials along axis a: GROUP_LOOP_ARG + a
+# A row kernel (Kernel.row_store, schedule.py rule 2b) walks its rows in several passes: pass 0 holds the reduces that
+# read no other reduce, pass p the reduces reading pass p - 1's results, and the store runs in a pass after the last.
+# Each pass has loops of its own (the same loop reused would fuse passes that must run one after the other): pass p's
+# RANGE args are those of pass 0 plus PASS_LOOP_ARG·p.
+PASS_LOOP_ARG = 10000
+
+def loop_axes(kernel: Kernel) -> list[int]:
+  """The reduce axes that are loops (not a GROUP's threads, not unrolled)."""
+  return list(range(kernel.first_reduce + kernel.group_for_reduces, kernel.first_upcast))
+
+def group_axes(kernel: Kernel) -> list[int]:
+  """The reduce axes a GROUP spreads over the block's threads."""
+  return list(range(kernel.first_reduce, kernel.first_reduce + kernel.group_for_reduces))
+
+# ---- 1. row-kernel passes
+
+def store_pass(kernel: Kernel) -> Optional[int]:
+  """The pass of a row kernel's store (after its last pass of reduces); None for a kernel that stores no rows."""
+  return max(kernel.reduce_levels.values()) + 1 if kernel.row_store else None
+
+def shares_results(kernel: Kernel) -> bool:
+  """Whether every thread of a GROUP needs each reduce's result (a later pass, or the row store, reads it): then all of
+  them combine the partials."""
+  return kernel.row_store or any(kernel.reduce_levels.values())
+
+def row_pass_loops(kernel: Kernel, indices: list[Optional[UOp]], level: int) -> dict[int, UOp]:
+  """The index of each reduce loop axis in pass `level`: pass 0 uses the kernel's own loops (axis_indices), later
+  passes loops of their own (PASS_LOOP_ARG)."""
+  return {a: indices[a] if level == 0 else
+          UOp(Ops.RANGE, dtypes.index, (to_uop(0), to_uop(kernel.full_shape[a])), PASS_LOOP_ARG * level + a)
+          for a in loop_axes(kernel)}
+
+def row_store_indices(kernel: Kernel, indices: list[Optional[UOp]]) -> dict[int, UOp]:
+  """A row kernel's store: the thread ids of a GROUP's axes and the store pass's loops over the rest of the row
+  (unrolled axes are replicas, set per store)."""
+  level = store_pass(kernel)
+  assert level is not None
+  return {**{a: indices[a] for a in group_axes(kernel)}, **row_pass_loops(kernel, indices, level)}
+
+# ---- 2. the loop reduce
+
+def new_reduce(ids: Iterator[int], op: Ops, dtype, value: UOp, ranges: tuple[UOp, ...], terms: int = 1,
+               compensated: bool = False) -> UOp:
+  """A loop reduce of `value`, which combines `terms` unrolled values as a left chain of `op` (see
+  ValueBuilder.loop_reduce): with many accumulators the update folds them in one by one (acc + v0 + v1 + …, FMAs for
+  a matmul). A compensated sum carries each addition's rounding error into the next (Kahan; the emitter emits it)."""
+  return UOp(Ops.REDUCE, dtype, (value, *ranges), (op, next(ids) - 1, terms) + ((True,) if compensated else ()))
+
+def reduce_terms(reduce: UOp) -> list[UOp]:
+  """The unrolled values a loop REDUCE combines (its source is their left chain, see new_reduce)."""
+  terms, value = [], reduce.src[0]
+  for _ in range(reduce.arg[2] - 1):
+    terms.append(value.src[1])
+    value = value.src[0]
+  return [value] + terms[::-1]
+
+def is_compensated(reduce: UOp) -> bool: return len(reduce.arg) > 3 and reduce.arg[3]
+
+def compensable(op: Ops, dtype) -> bool:
+  """Whether a reduce adds with Kahan's compensation where it combines partial sums: float sums only."""
+  return op is Ops.ADD and dtype.is_float
+
+def is_sum_of_partials(reduce_axis: UOp) -> bool:
+  """Whether a REDUCE_AXIS adds partial sums (lazy.py's _split_reduce marks the reduce of its partials)."""
+  return len(reduce_axis.arg) > 2 and reduce_axis.arg[2]
+
+def kahan_step(total: UOp, compensation: UOp, value: UOp) -> tuple[UOp, UOp]:
+  """(new total, new compensation) of Kahan summation: the value corrected by the error carried so far is added, and
+  what that addition rounded away, (new − total) − corrected, is carried to the next. Renderers must not reassociate
+  these ops (llvmir.py allows reordering only for a lone innermost accumulator).
+  Once the total is ±inf or NaN the carried error is 0: (inf − total) − corrected would be inf − inf = NaN, and a sum
+  holding one inf came out NaN (a 10,000-element float32 sum on the CPU; a grouped GPU gather, fuzz_ops seed 0
+  case 499). `t − t != 0` is exactly "t is not finite"."""
+  def minus(x: UOp) -> UOp: return UOp(Ops.NEG, x.dtype, (x,))
+  def add(x: UOp, y: UOp) -> UOp: return UOp(Ops.ADD, value.dtype, (x, y))
+  corrected = add(value, minus(compensation))
+  new_total = add(total, corrected)
+  error = add(add(new_total, minus(total)), minus(corrected))
+  zero = UOp.const(value.dtype, 0.0)
+  not_finite = UOp(Ops.CMPNE, dtypes.bool, (add(new_total, minus(new_total)), zero))
+  return new_total, UOp(Ops.WHERE, value.dtype, (not_finite, zero, error))
+
+def fold_invariant_reduce(op: Ops, dtype, value: UOp, ranges: tuple[UOp, ...]) -> Optional[UOp]:
+  """A reduce over loops of a value that none of them changes: a sum is value × trips, a max is the value. None when
+  the value varies or the op is MUL. Ints multiply in their own dtype (wrapping exactly as the loop's adds would);
+  floats in float64, where the trip count is exact, then round to the dtype (2^-10 × 2^20 is 1024 in float16, though
+  2^20 itself is not a float16). A float sum starts from +0.0, as the loop's accumulator (and numpy's and torch's
+  sums) do, so -0.0 × trips is +0.0."""
+  if op not in (Ops.ADD, Ops.MAX) or dtype.is_bool or any(r in ranges for r in value.toposort()): return None
+  if op is Ops.MAX: return value
+  trips = prod(canonical(r.src[1] - r.src[0]) for r in ranges)   # symbolic with a variable's loop
+  compute = dtypes.float64 if dtype.is_float else dtype
+  if value.op is Ops.CONST and isinstance(trips, int):
+    return UOp.const(dtype, exec_alu(Ops.MUL, compute, (value.arg, trips)) + 0)
+  count = UOp.const(compute, trips) if isinstance(trips, int) else trips.cast(compute)
+  total = UOp(Ops.MUL, compute, (value.cast(compute), count))
+  if dtype.is_float: total = UOp(Ops.ADD, compute, (total, UOp.const(compute, 0.0)))
+  return total.cast(dtype)
+
+def accumulation_split(kernel: Kernel, op: Ops, dtype, loops: list[int], terms: int) -> Optional[tuple[int, int]]:
+  """(axis, block size) where a float sum's loops add more than ACCUMULATE_BLOCK (TILE_ACCUMULATE_BLOCK for a
+  register tile) values into one accumulator, else None. Counting from the innermost loop (times the `terms` unrolled
+  values per iteration), the first axis that takes the run past the limit is cut into blocks, an exact divisor of it
+  where one is close below the limit.
+  Blocking in the kernel keeps the kernel count and needs no memory for partials, unlike splitting the reduce into
+  two kernels (lazy.py's _split_reduce, which is about parallelism). Kernels with staged tiles (SMEM) keep their
+  pipelined loop as it is."""
+  k = kernel
+  if op is not Ops.ADD or not dtype.is_float or k.staged: return None
+  accumulators = len(k.reduceops) * prod(k.full_shape[a] for a in k.upcast_axes if not k.is_reduce_axis(a))
+  block = ACCUMULATE_BLOCK if accumulators < FOLD_MIN_ACCUMULATORS else TILE_ACCUMULATE_BLOCK
+  run = terms
+  for axis in reversed(loops):
+    size = k.full_shape[axis]   # a symbolic size blocks when its bound could pass the limit
+    if run * vmax_of(size) > block:
+      limit = max(1, block // run)
+      if not isinstance(size, int): return axis, limit
+      exact = next((c for c in range(limit, limit // BLOCK_DIVISOR_SLACK, -1) if size % c == 0), None)
+      return axis, exact or limit
+    run *= vmax_of(size)
+  return None
+
+def block_ranges(axis: int, size, block: int, pass_arg: int = 0) -> tuple[UOp, UOp]:
+  """(loop over the blocks, loop within one) for a reduce axis of `size` cut into blocks of `block`: the inner loop runs
+  over [start, min(start + block, size)), so the axis's index is the inner loop itself and keeps its range [0, size).
+  `pass_arg` offsets the loops' args in a row kernel's later passes (PASS_LOOP_ARG). A symbolic size blocks the same
+  way, with a symbolic count of blocks and the min always taken."""
+  blocks = UOp(Ops.RANGE, dtypes.index, (to_uop(0), to_uop(ceil_div(size, block))), pass_arg + BLOCK_LOOP_ARG + axis)
+  start = simplify(blocks * block)
+  # min(start + block, size) as size - max(size - block - start, 0): its range is exactly [block, size]
+  end = start + block if isinstance(size, int) and size % block == 0 else \
+    to_uop(size) - (to_uop(canonical(size - block)) - start).maximum(0)
+  return blocks, UOp(Ops.RANGE, dtypes.index, (start, simplify(end)), pass_arg + axis)
+
+# ---- 3. the group combine (split-K)
+
+def group_combine(kernel: Kernel, indices: list[Optional[UOp]], ids: Iterator[int], op: Ops, dtype, partial: UOp,
+                  level: int = 0) -> tuple[UOp, tuple[UOp, ...]]:
+  """Reduce across the group's threads: each writes its partial to shared memory, then (after a barrier) the
+  group's first thread reduces the partials and stores (`group_gate`); the others skip that loop (an IF). Returns
+  (the combined value, the loops over the partials that only the gated thread runs). A float sum combines the
+  partials with Kahan's compensation: they are large (a thread's share of a long axis) and alike, the case where a
+  plain running sum rounds at every step; one thread per block runs that loop, so it costs nothing measurable. When a
+  later pass of a row kernel reads the result (`shares_results`), every thread combines the partials itself
+  (broadcast reads of the same shared words), no thread skips and no loop is gated; each reduce has its own array,
+  written once, so the one barrier before the reads is all it needs."""
+  k = kernel
+  grouped = group_axes(k)
+  local_axes = list(range(k.global_dims, k.first_reduce))
+  # one slot per thread, consecutive local (output) threads in consecutive slots; each output upcast replica has
+  # its own array
+  sizes = [k.full_shape[a] for a in grouped + local_axes]
+  def flat(slot_indices: list[UOp]) -> UOp:
+    out = to_uop(0)
+    for i, size in zip(slot_indices, sizes): out = out * size + i
+    return simplify(out)
+  shared = UOp(Ops.DEFINE_LOCAL, dtype, (), (f"temp{next(ids)}", prod(sizes)))
+  mine = [indices[a] for a in grouped + local_axes]
+  store = UOp(Ops.STORE, dtypes.void, (shared, flat(mine), partial))
+  barrier = UOp(Ops.BARRIER, dtypes.void, (store,))
+  group_loops = [UOp(Ops.RANGE, dtypes.index, (to_uop(0), to_uop(k.full_shape[a])),
+                     PASS_LOOP_ARG * level + GROUP_LOOP_ARG + a) for a in grouped]
+  theirs = group_loops + [indices[a] for a in local_axes]
+  load = UOp(Ops.LOAD, dtype, (shared, flat(theirs), barrier))
+  combined = new_reduce(ids, op, dtype, load, tuple(group_loops), compensated=compensable(op, dtype))
+  return combined, () if shares_results(k) else tuple(group_loops)
+
+def group_gate(kernel: Kernel, indices: list[Optional[UOp]]) -> Optional[UOp]:
+  """The condition of the one thread of a GROUP that combines the partials and stores: every group thread id is 0."""
+  gate = None
+  for a in group_axes(kernel):
+    cond = indices[a].eq(0)
+    gate = cond if gate is None else gate & cond
+  return gate

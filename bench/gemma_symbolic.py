@@ -2,8 +2,9 @@
 
 Prints one JSON report: for each prompt length (7, 100, 333, 520 by default) the kernels compiled by its prefill, the
 decode captures and prefill captures made so far, and the prefill's seconds (first call of each length); then a
-greedy decode step's time at a small and a large position of one big cache (the pipelined greedy loop, STEPS steps
-from each position: host wall clock per step, and on CUDA the device time between two events around the steps).
+greedy decode step's time at a small and a large position of one big cache (the pipelined greedy loop, ROUNDS rounds
+of STEPS steps from each position: host wall clock per step, and on CUDA the device time between two events around
+each round).
 Before symbolic shapes a new prompt length compiled new kernels and a decode step read the whole cache; after, one
 compile serves every length and a step reads the filled part only.
 Usage: python bench/gemma_symbolic.py [CHECKPOINT_DIR] [--preset tiny] [--device LLVM] [--dtype float32]
@@ -18,7 +19,8 @@ from tgrad import Tensor, dtypes  # noqa: E402
 from tgrad.models.gemma3 import Gemma3, Gemma3Config, PRESETS  # noqa: E402
 import tgrad.realize as realize_module  # noqa: E402
 
-STEPS = 32          # greedy decode steps timed from each position
+STEPS = 16          # greedy decode steps per timed round
+ROUNDS = 5          # timed rounds from each position (the machine may be shared: the best round is the cleanest)
 WARMUP_STEPS = 4    # steps run first at each position (the first two run the step normally and capture it)
 PROMPT_SEED = 0
 
@@ -64,28 +66,33 @@ def prefill_compiles(model: Gemma3, lengths: list[int], cache: int, device: str)
   return rows
 
 def decode_step_time(model: Gemma3, position: int, cache: int, device: str) -> dict:
-  """Greedy decode steps from `position` in a cache of `cache` positions: host wall seconds per step of the pipelined
-  loop (generate's), and on CUDA the device seconds per step between two events."""
+  """Greedy decode steps from `position` in a cache of `cache` positions, ROUNDS rounds of STEPS: host wall seconds
+  per step of the pipelined loop (generate's), the best and the median round, and on CUDA the device seconds per step
+  between two events around each round (best round)."""
   rng = np.random.default_rng(PROMPT_SEED)
   model.reset_cache(1, cache)
   prompt = rng.integers(3, model.config.vocab_size, size=(1, position), dtype=np.int32)
   token = int(model(Tensor(prompt, device=device), 0, last_only=True).numpy()[0, -1].argmax())
   for (token,) in model.greedy_tokens([token], WARMUP_STEPS): pass
   compiled = compiled_kernels()
-  synchronize(device)
-  events = None
-  if device == "CUDA":
-    import pycuda.driver as cuda
-    events = (cuda.Event(), cuda.Event())
-    events[0].record()
-  start = time.perf_counter()
-  for (token,) in model.greedy_tokens([token], STEPS): pass
-  if events is not None: events[1].record()
-  synchronize(device)
-  wall = (time.perf_counter() - start) / STEPS
-  out = {"position": position, "cache": cache, "step_wall_s": wall, "tok_s": 1 / wall,
+  walls, gpu = [], []
+  for _ in range(ROUNDS):
+    synchronize(device)
+    events = None
+    if device == "CUDA":
+      import pycuda.driver as cuda
+      events = (cuda.Event(), cuda.Event())
+      events[0].record()
+    start = time.perf_counter()
+    for (token,) in model.greedy_tokens([token], STEPS): pass
+    if events is not None: events[1].record()
+    synchronize(device)
+    walls.append((time.perf_counter() - start) / STEPS)
+    if events is not None: gpu.append(events[0].time_till(events[1]) / 1e3 / STEPS)
+  out = {"position": position, "cache": cache, "step_wall_s_best": min(walls),
+         "step_wall_s_median": float(np.median(walls)), "tok_s_best": 1 / min(walls),
          "kernels_compiled_while_timed": compiled_kernels() - compiled}
-  if events is not None: out["step_gpu_s"] = events[0].time_till(events[1]) / 1e3 / STEPS
+  if gpu: out["step_gpu_s_best"] = min(gpu)
   return out
 
 def main() -> None:

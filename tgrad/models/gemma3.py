@@ -423,10 +423,9 @@ class Gemma3:
     self.cache: Optional[Gemma3KVCache] = None
     self._decode_jit: Optional[TinyJit] = None         # the captured decode step, for the cache it was captured on
     self._decode_jit_cache: Optional[Gemma3KVCache] = None
-    # the jitted step's own inputs, rewritten in place (the same buffers every replay: nothing in the captured
-    # program is patched): the token ids (state: the step writes its argmax there) and the step data
+    # the jitted step's token ids, rewritten in place (state: the step writes its argmax there); its position comes
+    # as bound Variables
     self._decode_tokens: Optional[Tensor] = None
-    self._decode_data: Optional[Tensor] = None
     # the captured prefill (the prompt length a Variable), for the cache it was captured on, and its padded ids input
     self._prefill_jit: Optional[TinyJit] = None
     self._prefill_jit_cache: Optional[Gemma3KVCache] = None
@@ -512,13 +511,12 @@ class Gemma3:
 
   def _step_data(self, positions: np.ndarray, cache: Gemma3KVCache) -> tuple[str, Optional[np.ndarray]]:
     """The host side of one forward call: its mode (see gemma3_cache.py), and the int32 array that carries its
-    position-dependent values to the device. FRESH: none (positions are an arange of the prompt length). DECODE: the
-    query position (its slots and the keys it reads are bound Variables). EXTEND: the query positions, then for each
-    layer type (sorted) the cache slot each new token goes to and the position of every key attended over."""
+    position-dependent values to the device. FRESH and DECODE: none (their positions, slots and key counts are bound
+    Variables: a prompt's length, a step's position). EXTEND: the query positions, then for each layer type (sorted)
+    the cache slot each new token goes to and the position of every key attended over."""
     T = len(positions)
     mode = FRESH if cache.next_position == 0 else DECODE if T == 1 else EXTEND
-    if mode == FRESH: return mode, None
-    if mode == DECODE: return mode, positions.astype(np.int32)
+    if mode != EXTEND: return mode, None
     parts = [positions]
     for layer_type in sorted(set(self.config.layer_types)):
       key_positions = np.concatenate([cache.positions[layer_type], positions])
@@ -546,8 +544,12 @@ class Gemma3:
         out[layer_type] = StepInputs(FRESH, *self._rotary_tables(layer_type, query_pos), allowed=allowed,
                                      filled=T, ring=cache.is_ring(layer_type))
       return out
-    assert step_data is not None
-    query_pos, offset = step_data[:T], T
+    if mode == DECODE:   # the query position is the bound `position` Variable, a constant computed in the kernel
+      query_pos = Tensor.full((1,), variables[0], dtype=dtypes.int32, device=self.device)
+    else:
+      assert step_data is not None
+      query_pos = step_data[:T]
+    offset = T
     for layer_type in types:
       tables = self._rotary_tables(layer_type, query_pos)
       if mode == DECODE:
@@ -601,9 +603,10 @@ class Gemma3:
       else: out = self._run_step(Tensor(ids, device=self.device).shrink((None, (0, length))), None, FRESH, last_only,
                                  return_hidden, length)
     else:
-      token_ids, data = token_ids.to(self.device).int(), Tensor(step_data, device=self.device)
+      token_ids = token_ids.to(self.device).int()
+      data = Tensor(step_data, device=self.device) if step_data is not None else None
       variables = cache.decode_variables(start_pos) if mode == DECODE else None
-      if compiled and mode == DECODE: out = self._replay_decode(token_ids, step_data, variables)
+      if compiled and mode == DECODE: out = self._replay_decode(token_ids, variables)
       else: out = self._run_step(token_ids, data, mode, last_only, return_hidden, variables)
     cache.advance(positions)
     return out
@@ -619,8 +622,8 @@ class Gemma3:
     sequence) at the cache's next position, each step a replay of the captured decode step.
     The argmax runs on the device inside the step and is written into the next step's token input there, so the
     host never waits for a step before queueing the next: it keeps one step queued ahead of the one whose tokens it
-    reads (4 bytes per sequence, copied out in stream order), and its own work (the step data, the replay call with
-    the step's position Variables) overlaps the GPU's. A consumer that stops early (at an EOS id) leaves that one
+    reads (4 bytes per sequence, copied out in stream order), and its own work (the replay call with the step's
+    position Variables) overlaps the GPU's. A consumer that stops early (at an EOS id) leaves that one
     queued step run: its token is dropped, and the cache holds keys and values up to the last yielded token's input,
     one position past what the unpipelined loop writes. Arguments are checked here, before anything runs."""
     cache = self.cache
@@ -634,7 +637,7 @@ class Gemma3:
     if count < 0: raise ValueError(f"count must be >= 0, got {count}")
     if cache.next_position + count > cache.max_context:
       raise ValueError(f"{count} steps from position {cache.next_position} do not fit a cache of {cache.max_context}")
-    tokens_in = self._decode_inputs(ids.shape[0])[0]
+    tokens_in = self._decode_inputs(ids.shape[0])
     tokens_in.lazydata.base.buffer.copyin(ids.astype(np.int32).reshape(-1, 1))
     return self._pipelined_steps(count)
 
@@ -644,7 +647,7 @@ class Gemma3:
     def queue_step() -> None:
       position = cache.next_position
       positions = np.array([position], dtype=np.int32)
-      self._replay_decode(None, positions, cache.decode_variables(position), synchronous=False)
+      self._replay_decode(None, cache.decode_variables(position))
       cache.advance(positions)
       queued.append(self._decode_tokens.lazydata.base.buffer.copyout_async())   # type: ignore[union-attr]
     if count: queue_step()
@@ -652,37 +655,31 @@ class Gemma3:
       if step + 1 < count: queue_step()   # the step after this one, queued before this one's tokens are read
       yield queued.popleft().wait().reshape(-1).tolist()
 
-  def _decode_inputs(self, batch: int) -> tuple[Tensor, Optional[Tensor]]:
-    """The jitted step's token input [B, 1] (which the step overwrites with its argmax) and step data, made for a
-    new cache (a new cache has new buffers: a new capture)."""
+  def _decode_inputs(self, batch: int) -> Tensor:
+    """The jitted step's token input [B, 1] (which the step overwrites with its argmax), made for a new cache (a new
+    cache has new buffers: a new capture)."""
     cache = self.cache
     if self._decode_jit is None or self._decode_jit_cache is not cache:
       self._decode_jit, self._decode_jit_cache = TinyJit(self._decode_step), cache
-      self._decode_tokens, self._decode_data = _device_input((batch, 1), self.device), None
+      self._decode_tokens = _device_input((batch, 1), self.device)
     assert self._decode_tokens is not None
-    return self._decode_tokens, self._decode_data
+    return self._decode_tokens
 
-  def _replay_decode(self, token_ids: Optional[Tensor], step_data: np.ndarray, variables: tuple,
-                     synchronous: bool = True) -> Tensor:
-    """The decode step through its TinyJit, the step data written into the step's own input buffer (stream-ordered
-    when not synchronous) and the position's bound Variables passed (the JIT sets them in the kernels that take
-    them); `token_ids` (if given) are copied into the token input first. Returns the logits [B, 1, V], the JIT's
-    buffer."""
+  def _replay_decode(self, token_ids: Optional[Tensor], variables: tuple) -> Tensor:
+    """The decode step through its TinyJit with the position's bound Variables (the JIT sets them in the kernels that
+    take them; nothing is copied to the device); `token_ids` (if given) are copied into the token input first.
+    Returns the logits [B, 1, V], the JIT's buffer."""
     assert self.cache is not None
-    tokens_in, data = self._decode_inputs(self.cache.batch)
+    tokens_in = self._decode_inputs(self.cache.batch)
     if token_ids is not None: tokens_in.assign(token_ids.cast(dtypes.int32)).realize()
-    if data is None: data = self._decode_data = _device_input(step_data.shape, self.device)
-    buffer = data.lazydata.base.buffer
-    if synchronous: buffer.copyin(step_data)
-    else: buffer.copyin_async(step_data)
-    return self._decode_jit(data, *variables)   # type: ignore[misc]
+    return self._decode_jit(*variables)   # type: ignore[misc]
 
-  def _decode_step(self, step_data: Tensor, position: Any, ring_slot: Any, ring_filled: Any) -> Tensor:
+  def _decode_step(self, position: Any, ring_slot: Any, ring_filled: Any) -> Tensor:
     """The jitted decode step: logits [B, 1, V] for the tokens in the token input, the cache written in place, and
     the argmax of the logits written into the token input (the next step's tokens)."""
     tokens = self._decode_tokens
     assert tokens is not None
-    logits = self._run_step(tokens, step_data, DECODE, True, False, (position, ring_slot, ring_filled))
+    logits = self._run_step(tokens, None, DECODE, True, False, (position, ring_slot, ring_filled))
     tokens.assign(logits[:, -1].argmax(-1, keepdim=True)).realize()
     return logits
 

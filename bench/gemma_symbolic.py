@@ -1,7 +1,7 @@
 """Gemma 3 with symbolic shapes: prefill compiles per prompt length, and decode step time against the position.
 
-Prints one JSON report: for each prompt length (7, 100, 333, 520 by default) the kernels compiled by its prefill, the
-decode captures and prefill captures made so far, and the prefill's seconds (first call of each length); then a
+Prints one JSON report: for each prompt length (7, 100, 333, 520 by default) the kernels compiled by its first prefill,
+the seconds of its first and second (warm) prefill, and the captured programs the model holds; then a
 greedy decode step's time at a small and a large position of one big cache (the pipelined greedy loop, ROUNDS rounds
 of STEPS steps from each position: host wall clock per step, and on CUDA the device time between two events around
 each round).
@@ -48,21 +48,24 @@ def captures(model: Gemma3) -> dict:
   return out
 
 def prefill_compiles(model: Gemma3, lengths: list[int], cache: int, device: str) -> list[dict]:
-  """Each prompt length prefilled once (a new sequence each, as generate() does), twice for the first length (the
-  second call is where a TinyJit captures): kernels compiled and seconds per call."""
+  """Each prompt length prefilled twice (each call a new sequence, as generate() starts one): the kernels compiled by
+  the first call, and the seconds of both (the second is warm: compiled, and for the first length captured by the
+  prefill's TinyJit, which happens at its second call)."""
   rng = np.random.default_rng(PROMPT_SEED)
   rows = []
-  for i, length in enumerate([lengths[0]] + lengths):
+  for length in lengths:
     prompt = rng.integers(3, model.config.vocab_size, size=(1, length), dtype=np.int32)
-    model.reset_cache(1, cache)
-    before = compiled_kernels()
-    synchronize(device)
-    start = time.perf_counter()
-    model(Tensor(prompt, device=device), 0, last_only=True, jit=True).numpy()
-    seconds = time.perf_counter() - start
-    rows.append({"prompt_len": length, "call": "first" if i == 0 else "again" if i == 1 else "new length",
-                 "kernels_compiled": compiled_kernels() - before, "seconds": round(seconds, 4),
-                 "captures": captures(model)})
+    row: dict = {"prompt_len": length}
+    for call in ("first", "second"):
+      model.reset_cache(1, cache)
+      before = compiled_kernels()
+      synchronize(device)
+      start = time.perf_counter()
+      model(Tensor(prompt, device=device), 0, last_only=True, jit=True).numpy()
+      row[f"{call}_call_s"] = round(time.perf_counter() - start, 4)
+      row[f"{call}_call_kernels_compiled"] = compiled_kernels() - before
+    row["captures"] = captures(model)
+    rows.append(row)
   return rows
 
 def decode_step_time(model: Gemma3, position: int, cache: int, device: str) -> dict:

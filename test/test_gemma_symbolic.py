@@ -116,3 +116,13 @@ def test_decode_kernels_loop_over_the_filled_slots(model):
   assert sum("ring_filled" in ins.var_vals for ins in graph.instructions) >= 2 * sliding_layers
   for ins in graph.instructions:
     assert str(CACHE) not in ins.name.split("_"), f"{ins.name} loops over the whole cache"
+
+def test_cache_shorter_than_the_sliding_window(model, reference):
+  """A cache of 6 positions (< W = 8): the sliding layers' cache is no ring (slot = position, as the full layers'),
+  written by region and read to position + 1; prefill of 3 and decode to the last slot give HF's logits."""
+  model.reset_cache(1, 6)
+  assert not model.cache.is_ring("sliding_attention")
+  first = model(Tensor(np.array([PROMPT[:3]], np.int32)), 0, last_only=True, jit=True).numpy()[0, -1]
+  rows = [first] + [model(Tensor(np.array([[PROMPT[p]]], np.int32)), p, last_only=True, jit=True).numpy()[0, -1]
+                    for p in range(3, 6)]
+  assert np.abs(np.stack(rows) - reference["prefill"][2:6]).max() <= FP32_TOLERANCE

@@ -17,6 +17,7 @@ from tgrad.codegen.linearizer import linearize
 from tgrad.runtime.nvrtc import nvrtc_available
 import tgrad.realize as realize_module
 import tgrad.schedule_cache as schedule_cache
+from tgrad.helpers import prod
 
 MAX_ROWS = 12
 ROWS = Variable("rows", 1, MAX_ROWS)
@@ -397,3 +398,33 @@ def test_cuda_graph_runner_patches_variable_args_and_grid(monkeypatch):
   instruction.var_vals["rows"] = 100
   graph_runner.rebind_variables([instruction])
   assert graph.updates == [(0, [4096, 100], (13, 1, 1))]   # ceil(800 / 64) blocks
+
+# ---- assign into a region (Tensor.assign_region): a KV-cache write of one slot
+
+def test_assign_region_writes_only_the_region_at_every_position():
+  """A write of [pos, pos + 1) along axis 2 of a realized [2, 3, 16, 4] buffer: one kernel over the 24 written
+  elements (its store goes through the symbolic shrink), compiled once for every position; reads after it in the
+  same graph see the new values, the other slots keep theirs."""
+  position = Variable("slot", 0, 15)
+  cache = Tensor.zeros(2, 3, 16, 4).contiguous().realize()
+  want = np.zeros((2, 3, 16, 4), np.float32)
+  rng = np.random.default_rng(0)
+  for k, value in enumerate((0, 5, 15, 3, 5)):
+    new = rng.standard_normal((2, 3, 1, 4)).astype(np.float32)
+    slot = position.bind(value)
+    cache.assign_region((None, None, (slot, slot + 1), None), Tensor(new))
+    filled = cache.shrink((None, None, (0, slot + 1), None)).sum(2)   # reads the cache after the write
+    items = create_schedule([filled.lazydata])
+    write = [i for i in items if i.ast.op is Ops.SINK and i.bufs[0] is cache.lazydata.base.srcs[0].base.buffer]
+    assert len(write) == 1 and prod(write[0].ast.src[0].src[1].arg.shape) == 24
+    if k == 1: compiled = compiles()
+    want[:, :, value] = new[:, :, 0]
+    np.testing.assert_allclose(filled.numpy(), want[:, :, :value + 1].sum(2), rtol=1e-6)
+  assert compiles() == compiled
+  np.testing.assert_array_equal(cache.numpy(), want)
+
+def test_assign_region_errors():
+  cache = Tensor.zeros(4, 8).contiguous().realize()
+  with pytest.raises(ValueError, match="region of"): cache.assign_region((None, (0, 2)), Tensor.ones(4, 3))
+  with pytest.raises(ValueError, match="unrealized"): (cache + 1).assign_region((None, (0, 2)), Tensor.ones(4, 2))
+  with pytest.raises(ValueError, match="outside shape"): cache.assign_region((None, (6, 9)), Tensor.ones(4, 3))

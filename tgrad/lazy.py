@@ -167,11 +167,14 @@ class LazyBuffer:
     # a copy moves a whole buffer's bytes: a view that reorders or selects elements is made contiguous first
     source = self.base if self.st.contiguous and self.size == self.base.size else self.contiguous()
     return LazyBuffer.loadop(Ops.COPY, self.shape, self.dtype, device, srcs=(source,))
-  def assign(self, value: LazyBuffer) -> LazyBuffer:
-    """Write `value` into this (realized, base) buffer when realized; returns the new lazy value of the buffer."""
-    if value.shape != self.shape or value.dtype != self.dtype:
-      raise ValueError(f"assign of {value.shape} {value.dtype} into {self.shape} {self.dtype}")
-    return LazyBuffer.loadop(Ops.ASSIGN, self.shape, self.dtype, self.device, srcs=(self, value))
+  def assign(self, value: LazyBuffer, region: Optional[ShapeTracker] = None) -> LazyBuffer:
+    """Write `value` into this (realized, base) buffer when realized; returns the new lazy value of the buffer.
+    With `region` (a view of this buffer, e.g. a shrink, whose shape is the value's) only those elements are written:
+    the kernel runs over the value and stores through the region (the arg), and the result is the whole buffer."""
+    target_shape = self.shape if region is None else region.shape
+    if value.shape != target_shape or value.dtype != self.dtype:
+      raise ValueError(f"assign of {value.shape} {value.dtype} into {target_shape} {self.dtype}")
+    return LazyBuffer.loadop(Ops.ASSIGN, self.shape, self.dtype, self.device, arg=region, srcs=(self, value))
 
   # ---- movement: new views, never copies
   def _view(self, st: ShapeTracker) -> LazyBuffer:

@@ -173,13 +173,17 @@ def is_row_broadcast(st: ShapeTracker, reduced_shape: tuple[int, ...], row_shape
 
 def _kernel_ast(output: LazyBuffer, realize_set: set[LazyBuffer], row_reduces: frozenset[LazyBuffer] = frozenset()
                 ) -> tuple[UOp, list[LazyBuffer], set[LazyBuffer]]:
-  """The kernel AST for `output`, its input bases, and every base it inlined."""
-  kernel_shape = output.shape
+  """The kernel AST for `output`, its input bases, and every base it inlined. An ASSIGN into a region (its arg: a
+  view of the target) runs over the value's shape and stores through the region; any other kernel stores in order."""
+  region: Optional[ShapeTracker] = output.arg if output.op is Ops.ASSIGN else None
+  value_shape = output.shape if region is None else region.shape
+  kernel_shape = value_shape
   while True:
     builder = _KernelBuilder(output, realize_set, kernel_shape, row_reduces)
-    store_st = ShapeTracker.from_shape(output.shape).reshape(kernel_shape)
+    value_st = ShapeTracker.from_shape(value_shape).reshape(kernel_shape)
+    store_st = value_st if region is None else region.reshape(kernel_shape)
     try:
-      value = builder.build(output, store_st, in_reduce=False)
+      value = builder.build(output, value_st, in_reduce=False)
     except _Reshape as r:
       kernel_shape = r.shape
       continue

@@ -60,8 +60,8 @@ class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, Indexi
   tensors in the graph, undecided ones included, without touching `.grad`.
   Gradient recording is switched off in a scope with `with Tensor.no_grad():` (also a decorator); the flag it sets
   is `Tensor.grad_enabled`. Likewise `with Tensor.train():` sets `Tensor.training` (read by dropout).
-  In-place forms (`+=`, `t[i] = v`, `assign`) rebind the tensor to a new lazy value; `t[i] = v` and `assign`
-  are not differentiable.
+  In-place forms (`+=`, `t[i] = v`, `assign`, `assign_region`) rebind the tensor to a new lazy value; `t[i] = v`
+  and the assigns are not differentiable.
   """
   training: ClassVar[bool] = False
   grad_enabled: ClassVar[bool] = True
@@ -330,6 +330,19 @@ class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, Indexi
     else:   # a rearranged view of the target itself must be copied out before it is written over
       self.lazydata = target.assign(value.contiguous() if value.base is target and value is not target else value)
     self._ctx = None
+    return self
+  def assign_region(self, bounds, x: Tensor) -> Tensor:
+    """Write x into `self.shrink(bounds)` of this realized tensor's buffer and nothing else (one kernel over x's
+    elements: a one-token KV-cache write costs one row, not the cache; bounds may be symbolic, e.g. (pos, pos + 1)).
+    This tensor becomes the whole buffer after the write. Not tracked by autograd."""
+    region = self.shrink(bounds)
+    target = self.lazydata
+    if not (target.is_base and target.realized is not None):
+      raise ValueError(f"assign_region writes a realized buffer; this tensor of shape {self.shape} is unrealized")
+    if x.shape != region.shape: raise ValueError(f"assign_region of shape {x.shape} into a region of {region.shape}")
+    value = x.cast(self.dtype).lazydata
+    if value.base is target: value = value.contiguous()   # reading the target itself: copy it out first
+    self.lazydata, self._ctx = target.assign(value, region.lazydata.st), None
     return self
   def _inplace(self, result: Tensor) -> Tensor:
     """`x += y` and friends: self becomes the result; autograd sees the old value as its own node. Under no_grad

@@ -3,7 +3,7 @@ torch/numpy (float64) on random odd-sized inputs in float32 and float16 on the C
 apply_lowering → "default" leaves the same kernels (AST keys) and values; regions_above's order; gradients after a
 lowering is applied; refusals. The CUDA-only lowerings are rendered for CUDA and compiled by NVRTC (no GPU needed).
 """
-import math
+import math, zlib
 import numpy as np
 import pytest
 import torch
@@ -15,6 +15,12 @@ from tgrad.tensor_ops.composite import LOWERINGS, Region, apply_lowering, exact_
 
 RNG = np.random.default_rng(7)
 torch_f = torch.nn.functional
+
+@pytest.fixture(autouse=True)
+def _data_of_each_test_fixed(request):
+  """Each test draws the same inputs however the tests are ordered or spread over workers."""
+  global RNG
+  RNG = np.random.default_rng(zlib.crc32(request.node.name.encode()))
 
 def data(shape, low=-3.0, high=3.0) -> np.ndarray: return RNG.uniform(low, high, shape)
 
@@ -42,8 +48,10 @@ CASES = {
 TOLERANCE = {dtypes.float32: (2e-6, 2e-5), dtypes.float16: (2e-3, 4e-3)}
 # where a lowering or the composite's own float16 arithmetic is looser than the output's rounding: a float16 matmul
 # rounds each product to float16 (2^-11 relative, 37 of them summed: ~0.03 absolute at these magnitudes), and an
-# accumulator in float16 rounds every partial sum too
-LOOSER = {("matmul", dtypes.float16): (5e-2, 1e-2), ("matmul", "acc_float16"): (1.5e-1, 2e-2)}
+# accumulator in float16 rounds every partial sum too; attention in float16 rounds its scores and weights to float16
+# before the second product
+LOOSER = {("matmul", dtypes.float16): (5e-2, 1e-2), ("matmul", "acc_float16"): (1.5e-1, 2e-2),
+          ("scaled_dot_product_attention", dtypes.float16): (2e-2, 1e-2)}
 
 def tolerance(name: str, lowering: str, dtype) -> tuple[float, float]:
   return LOOSER.get((name, lowering), LOOSER.get((name, dtype), TOLERANCE[dtype]))

@@ -57,7 +57,7 @@ def compile_all(out: LazyBuffer, opts: tuple[Opt, ...] = (), heuristics: bool = 
 
 # ---- elementwise: every ALU op for every dtype it applies to, with the heuristics (UPCAST 4 → vector accesses)
 
-FLOAT_UNARY = [Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.SQRT, Ops.RECIP, Ops.NEG, Ops.TRUNC]
+FLOAT_UNARY = [Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.SQRT, Ops.RECIP, Ops.NEG, Ops.TRUNC, Ops.TANH]
 FLOAT_BINARY = [Ops.ADD, Ops.MUL, Ops.FDIV, Ops.MOD, Ops.MAX, Ops.CMPLT, Ops.CMPNE]   # MOD: fmod
 INT_BINARY = [Ops.ADD, Ops.MUL, Ops.IDIV, Ops.MOD, Ops.MAX, Ops.CMPLT, Ops.CMPNE, Ops.AND, Ops.OR, Ops.XOR,
               Ops.SHL, Ops.SHR]
@@ -82,6 +82,19 @@ def test_elementwise_op(op: Ops, dtype: DType):
   if dtype in (dtypes.float16, dtypes.bfloat16) and op in (Ops.ADD, Ops.MUL, Ops.FDIV, Ops.EXP2):
     assert "round_" in src, "half/bfloat16 math is done in float and rounded after every op"
   assert re.search(r"const \w+4? vec\d+ = ", src) or dtype.itemsize == 8, f"expected vector loads:\n{src}"
+
+# the lowering args of EXP2/LOG2/TANH (tensor_ops/composite.py): "fast" is one MUFU instruction for 32-bit and
+# narrower floats (float64 keeps the library call), "libm" the library call, "poly" tgrad's polynomial (no call)
+LOWERING_CASES = [(op, arg, dt) for op in (Ops.EXP2, Ops.LOG2) for arg in ("fast", "libm", "poly") for dt in FLOATS] + \
+  [(Ops.TANH, "fast", dt) for dt in FLOATS]
+
+@pytest.mark.parametrize("op,arg,dtype", LOWERING_CASES, ids=lambda x: getattr(x, "name", str(x)))
+def test_transcendental_lowering_args(op: Ops, arg: str, dtype: DType):
+  (src,) = compile_all(host((8, 64), dtype).alu(op, arg=arg), heuristics=True)
+  call = {Ops.EXP2: "exp2", Ops.LOG2: "log2", Ops.TANH: "tanh"}[op] + ("(" if dtype == dtypes.float64 else "f(")
+  if arg == "fast" and dtype != dtypes.float64: assert ".approx.f32" in src and call not in src, src
+  elif arg == "poly" and dtype != dtypes.float64: assert call not in src and ("<<" in src or ">>" in src), src
+  else: assert call in src, src
 
 def test_constant_divisor_is_not_guarded():
   (src,) = compile_all(host((64,), dtypes.int32).alu(Ops.IDIV, host((64,), dtypes.int32).const(7)))

@@ -129,7 +129,7 @@ class RMSNorm:
   def __call__(self, x: Tensor) -> Tensor:
     if x.shape[x.ndim - len(self.normalized_shape):] != self.normalized_shape:
       raise RuntimeError(f"RMSNorm over {self.normalized_shape} got input of shape {x.shape}")
-    out = x.rmsnorm(self.axis, self.eps)
+    out = x.rms_norm(self.axis, self.eps)
     return out if self.weight is None else out * self.weight
 
 class GroupNorm:

@@ -185,9 +185,8 @@ def tgrad_prefill_profile(ref: str, prompt: list[int], dtype) -> dict:
   each kernel counts (multiply-adds as 2)."""
   model = Gemma3.from_pretrained(ref, dtype, DEVICE, progress=False)
   tokens = Tensor(np.array([prompt], np.int32), device=DEVICE).realize()
-  prefill = TinyJit(lambda ids: model(ids, 0, last_only=True))
-  for _ in range(3): prefill(tokens)   # runs, captures, replays
-  graph = prefill.captured
+  for _ in range(3): model(tokens, 0, last_only=True, jit=True)   # runs, captures, replays the model's prefill
+  graph = model._prefill_jit.captured
   gpu = replayed_gpu_seconds(graph)
   flops = sum(ins.runner.flops for ins in graph.instructions if isinstance(ins.runner, CompiledKernel))
   return {"prompt_tokens": len(prompt), "gpu_kernel_s": gpu, "flops": flops,

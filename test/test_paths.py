@@ -10,7 +10,8 @@ from tgrad.paths.db import PathsDB, Measurement
 from tgrad.paths.fingerprint import hardware_fingerprint, tgrad_version
 from tgrad.helpers import code_settings
 from tgrad.paths.graph import graph_key
-from tgrad.paths.path import DEFAULT, PathSpace, errors, iterate, measure, realize_path, reference_outputs
+from tgrad.paths.path import DEFAULT, PathSpace, errors, iterate, measure, realize_path, reference_outputs, \
+  relative_floor
 from tgrad.paths.profile import Profiler, watching
 
 SEED = 1234
@@ -95,7 +96,10 @@ def test_reference_is_float64_and_errors_of_float16_are_its_rounding():
 
 def test_errors_relative_floor_and_nan():
   ref = [np.array([1.0, 1e-9, np.nan, np.inf])]
-  assert errors([np.array([1.0, 0.0, np.nan, np.inf])], ref) == (pytest.approx(1e-6), pytest.approx(1e-9))
+  floor = relative_floor(dtypes.float32)   # √ε of float32: 3.5e-4
+  assert floor == pytest.approx(3.45e-4, rel=1e-2) and relative_floor(dtypes.float16) == pytest.approx(3.1e-2, rel=1e-2)
+  assert errors([np.array([1.0, 0.0, np.nan, np.inf])], ref) == (pytest.approx(1e-9 / floor), pytest.approx(1e-9))
+  assert errors([np.array([1.0, 0.0, np.nan, np.inf])], ref, [0.5]) == (pytest.approx(2e-9), pytest.approx(1e-9))
   rel, _ = errors([np.array([1.1, 1e-9, 0.0, np.inf])], ref)
   assert rel == np.inf   # NaN where the reference has a number (or a number where it has NaN) is an infinite error
 

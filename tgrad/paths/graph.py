@@ -19,6 +19,7 @@ from tgrad.dtype import DType, dtypes
 from tgrad.lazy import LazyBuffer
 from tgrad.ops import Ops, UOp
 from tgrad.shape.shapetracker import ShapeTracker
+from tgrad.shape.sint import unbind
 
 DEFAULT = "default"
 TRANSCENDENTAL_FLAVOURED = (Ops.EXP2, Ops.LOG2, Ops.TANH)   # ALU ops whose arg picks how a kernel computes them
@@ -27,18 +28,19 @@ REFERENCE_DTYPE = dtypes.float64
 GRAPH_KEY_VERSION = 1   # bump when what the key covers changes: records under old keys are then not found
 
 def _arg_text(arg: Any) -> Any:
-  """A JSON-able, process-independent form of a lazy op's arg."""
+  """A JSON-able, process-independent form of a lazy op's arg (symbolic sizes by their variables: one key serves
+  every value, as one compiled kernel does)."""
   if arg is None or isinstance(arg, (bool, int, str)): return arg
   if isinstance(arg, float): return repr(arg)   # keeps nan/inf/-0.0 apart
   if isinstance(arg, np.ndarray): return ["host", list(arg.shape), str(arg.dtype)]
-  if isinstance(arg, UOp): return ["uop", arg.key]
+  if isinstance(arg, UOp): return ["uop", unbind(arg)[0].key]   # a symbolic value: its variables, not their values
   if isinstance(arg, Enum): return arg.name
   if isinstance(arg, DType): return str(arg)
   if isinstance(arg, (tuple, list)): return [_arg_text(a) for a in arg]
   return repr(arg)
 
 def _view_text(st: ShapeTracker) -> Any:
-  def size(s): return s.key if isinstance(s, UOp) else s
+  def size(s): return unbind(s)[0].key if isinstance(s, UOp) else s
   return [[[size(s) for s in v.shape], [size(s) for s in v.strides], size(v.offset),
            None if v.mask is None else [[size(a), size(b)] for a, b in v.mask]] for v in st.views]
 
@@ -136,7 +138,9 @@ def reference_graph(outs: list[LazyBuffer], host: Optional[dict[int, np.ndarray]
   copied through the host; `host` caches their values by Buffer id across calls). Raises ReferenceUnavailable."""
   host = {} if host is None else host
   made: dict[int, LazyBuffer] = {}
-  for lb in _sources_first(outs): made[id(lb)] = _rebuilt(lb, made, host)
+  for lb in _sources_first(outs):
+    value = _rebuilt(lb, made, host)
+    made[id(lb)] = value if not lb.is_base else _as_base(value)   # a base stays a base (a widened cast is no op)
   return [made[id(o)] for o in outs]
 
 def _sources_first(outs: list[LazyBuffer]) -> list[LazyBuffer]:
@@ -158,7 +162,7 @@ def _sources_first(outs: list[LazyBuffer]) -> list[LazyBuffer]:
 
 def _rebuilt(lb: LazyBuffer, made: dict[int, LazyBuffer], host: dict[int, np.ndarray]) -> LazyBuffer:
   device, dtype = REFERENCE_DEVICE, _widen(lb.dtype)
-  if not lb.is_base: return LazyBuffer(device, lb.st, dtype, base=made[id(lb.base)])
+  if not lb.is_base: return LazyBuffer(device, lb.st, dtype, base=_as_base(made[id(lb.base)]))
   if lb.buffer is not None:
     if id(lb.buffer) not in host: host[id(lb.buffer)] = _host_values(lb.buffer)
     values = host[id(lb.buffer)][:lb.buffer.size]
@@ -181,7 +185,9 @@ def _rebuilt(lb: LazyBuffer, made: dict[int, LazyBuffer], host: dict[int, np.nda
   if op is Ops.CAST: return srcs[0].cast(dtype)
   if op is Ops.BITCAST: return srcs[0].cast(dtype, bitcast=True)
   if op is Ops.CONTIGUOUS: return srcs[0].contiguous()
-  if op is Ops.ASSIGN: return _as_base(srcs[1])   # the reference computes the value; it writes nothing
+  if op is Ops.ASSIGN:   # a whole-buffer write is its value; a write into a region stays a write, into the copy
+    if arg is None: return _as_base(srcs[1])
+    return LazyBuffer.loadop(op, lb.shape, dtype, device, arg=arg, srcs=(_as_base(srcs[0]), srcs[1]))
   if op is Ops.REDUCE_AXIS: return LazyBuffer.loadop(op, lb.shape, dtype, device, arg=arg, srcs=srcs)
   if op is Ops.GATHER: return LazyBuffer.loadop(op, lb.shape, dtype, device, arg=arg, srcs=srcs)
   if op is Ops.ARANGE: return LazyBuffer.loadop(op, lb.shape, dtype, device, arg=arg)

@@ -26,7 +26,8 @@ from tgrad.helpers import Context, prod
 from tgrad.shape.sint import evaluate
 from tgrad.schedule import create_schedule
 from tgrad.realize import lower_schedule, realize
-from tgrad.tensor_ops.composite import Region, apply_lowering, lowerings_for, reference_lowering, regions_above
+from tgrad.tensor_ops.composite import Region, apply_lowering, lowering_part, lowerings_for, reference_lowering, \
+  regions_above
 from tgrad.paths.graph import graph_key, graph_description, reference_graph
 
 OPTS_CHOICES = ("heuristic", "beam2")   # what a path may say about kernel opts (beam2: searched with BEAM=2)
@@ -41,6 +42,7 @@ class Path:
   names: tuple[str, ...]    # the composite name of each region, for the description
   opts: str
   device: str
+  parts: tuple[str, ...] = ()   # the devices it uses: its own first, then others its lowerings run on ("NUMPY", ...)
   space: Optional[PathSpace] = field(default=None, compare=False, repr=False)   # the graph it is a path of
   @property
   def id(self) -> str:
@@ -53,7 +55,8 @@ class Path:
     for name, choice in zip(self.names, self.choices):
       if choice != DEFAULT: groups[(name, choice)] = groups.get((name, choice), 0) + 1
     lowered = ", ".join(f"{n}={c}" + (f" ×{k}" if k > 1 else "") for (n, c), k in sorted(groups.items()))
-    return f"{lowered or 'all default'}; opts {self.opts}; {self.device}"
+    where = self.device if len(self.parts) <= 1 else " + ".join(self.parts)
+    return f"{lowered or 'all default'}; opts {self.opts}; {where}"
 
 class PathSpace:
   """The paths of realizing `outs` (LazyBuffers), over the regions of their unrealized graph."""
@@ -119,7 +122,19 @@ class PathSpace:
 
   def _path(self, assignment: dict[int, str], opts: str) -> Path:
     choices = tuple(assignment.get(i, DEFAULT) for i in range(len(self.regions)))
-    return Path(self._canonical(choices), self.names, opts, self.device)
+    return self._make(self._canonical(choices), opts)
+
+  def _make(self, choices: tuple[str, ...], opts: str) -> Path:
+    return Path(choices, self.names, opts, self.device, self.parts_of(choices))
+
+  def parts_of(self, choices: Sequence[str]) -> tuple[str, ...]:
+    """The devices a path with these (canonical) lowerings uses: the space's device, then each other part in region
+    order (a lowering's `part`: "LLVM" for on_LLVM, "NUMPY" for the host backend)."""
+    parts = [self.device]
+    for region, choice in zip(self.regions, choices):
+      part = lowering_part(region, choice)
+      if part is not None and part not in parts: parts.append(part)
+    return tuple(parts)
 
   def _canonical(self, choices: tuple[str, ...]) -> tuple[str, ...]:
     """Regions inside a non-default ancestor don't exist on that path: they read as default."""
@@ -145,7 +160,7 @@ class PathSpace:
           chosen = {names[w]: c for w, c in zip(which, combo)}
           choices = tuple(chosen[n] if n in chosen and chosen[n] in self.options[i] else DEFAULT
                           for i, n in enumerate(self.names))
-          yield Path(self._canonical(choices), self.names, opts, self.device)
+          yield self._make(self._canonical(choices), opts)
 
   def __iter__(self) -> Iterator[Path]:
     """Every distinct path once: uniform paths first, then the rest in lowering order, region by region."""

@@ -73,7 +73,7 @@ class Profiler:
                             if failed else "")
       self.db.add(Measurement(
         graph_key=space.key, graph_desc=description, path_id=path.id, path_desc=path.description,
-        device=space.device, parts=(space.device,), fingerprint=fingerprint, tgrad_version=version,
+        device=space.device, parts=path.parts, fingerprint=fingerprint, tgrad_version=version,
         settings=settings, times=run.times, max_rel_error=run.max_rel_error, max_abs_error=run.max_abs_error,
         input_distribution=INPUT_DISTRIBUTION, status="failed" if failed else "ok", error=error,
         measured_at=time.time(), choices=path.choices, opts=path.opts))

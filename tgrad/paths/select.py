@@ -19,7 +19,7 @@ from tgrad.helpers import Context, current_settings
 from tgrad.paths.db import PathsDB, Selection, default_tolerance, select
 from tgrad.paths.fingerprint import hardware_fingerprint, tgrad_version
 from tgrad.helpers import code_settings
-from tgrad.paths.path import PathSpace, DEFAULT
+from tgrad.paths.path import Path, PathSpace, DEFAULT
 
 _db: Optional[PathsDB] = None
 _has_records: dict[str, bool] = {}
@@ -59,8 +59,13 @@ def choose(space: PathSpace, tolerance: float) -> tuple[Selection, Optional[tupl
   runs = database().runs(space.key, space.device)
   selection = select(runs, tolerance, hardware_fingerprint, tgrad_version(), code_settings())
   choices, opts = None, "heuristic"
-  if selection.chosen is not None and len(selection.chosen.choices) == len(space.regions):
-    choices, opts = selection.chosen.choices, selection.chosen.opts
+  chosen = selection.chosen
+  # a record is used only for the regions it was made for, with lowerings still offered here (a user kernel that
+  # failed verification in this process never is)
+  if chosen is not None and len(chosen.choices) == len(space.regions) and \
+     all(c in options for c, options in zip(chosen.choices, space.options)) and \
+     Path(tuple(chosen.choices), space.names, chosen.opts, space.device).id == chosen.path_id:
+    choices, opts = chosen.choices, chosen.opts
   _memo[memo_key] = (selection, choices, opts)
   return _memo[memo_key]
 

@@ -2,7 +2,9 @@
 
 Every Tensor-level realize asks `realize_context(lbs)` for the context to realize in. While the benchmark database
 holds no record for this hardware (the usual case until `python -m tgrad.paths profile` ran), that is a no-op and
-costs one flag check. Otherwise the graph's regions are found, its canonical key is looked up, and `db.select` picks
+costs one flag check. Otherwise round trips to another device that the database says are slower than computing on
+the CPU are rewritten first (coalesce.py), then the graph's regions are found, its canonical key is looked up, and
+`db.select` picks
 the fastest verified path whose max relative error is within the tolerance — `TOLERANCE` (environment or
 `Context`), or the default for the outputs' dtype — on this hardware, tgrad version and settings. Its lowerings are
 applied to the graph (and BEAM=2 set when the path's kernels were searched) before scheduling. With no usable
@@ -93,6 +95,10 @@ def realize_context(lbs: Sequence[LazyBuffer]) -> Iterator[None]:
   from tgrad.realize import is_capturing
   if not is_capturing():   # a TinyJit capture records what the first call (profiled then) already ran
     for observe in list(observers): observe(outs)
+  from tgrad.paths.coalesce import coalesce_copies
+  log: Optional[list[str]] = [] if current_settings().DEBUG >= 2 else None
+  coalesce_copies(outs, database(), log=log)   # the planner's copy coalescing, decided from the database first
+  for line in log or []: print(f"paths: copy coalescing: {line}")
   space = PathSpace(outs)
   if not space.regions:
     yield

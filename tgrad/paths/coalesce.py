@@ -92,10 +92,12 @@ def copy_key(source: str, destination: str, shape: tuple[int, ...], dtype: DType
   """The key of copying a realized value of this shape and dtype from `source` to `destination`."""
   return graph_key([_copy_graph(source, destination, shape, dtype)])
 
-def recorded_time(db: PathsDB, key: str, device: str, dtype: DType, fingerprint: Callable = hardware_fingerprint
+def recorded_time(db: PathsDB, key: str, device: str, dtype: DType, fingerprint: Optional[Callable] = None
                   ) -> Optional[float]:
-  """min_time of the path selection picks among the graph's records, or None."""
-  chosen = select(db.runs(key, device), default_tolerance(dtype), fingerprint, tgrad_version(), code_settings()).chosen
+  """min_time of the path selection picks among the graph's records (`fingerprint`: of a device, default this
+  machine's), or None."""
+  chosen = select(db.runs(key, device), default_tolerance(dtype), fingerprint or hardware_fingerprint, tgrad_version(),
+                  code_settings()).chosen
   return None if chosen is None else chosen.min_time
 
 @dataclass(frozen=True)
@@ -114,7 +116,7 @@ def decide(t_host: Optional[float], t_device: Optional[float], t_copies: Sequenc
   return Decision(False, f"host {t_host*1e6:.1f} us >= device {t_device*1e6:.1f} us + copies "
                          f"{sum(t_copies)*1e6:.1f} us")
 
-def decision_for(trip: RoundTrip, db: PathsDB, fingerprint: Callable = hardware_fingerprint) -> Decision:
+def decision_for(trip: RoundTrip, db: PathsDB, fingerprint: Optional[Callable] = None) -> Decision:
   region, device = trip.region, trip.device
   dtype = region.root.dtype
   t_host = recorded_time(db, region_key(region, HOST), HOST, dtype, fingerprint)
@@ -138,7 +140,7 @@ def rewrite_on_host(trip: RoundTrip) -> None:
       moved.root, out.region, value.region = out, moved, None
   else: out.op, out.srcs, out.arg = Ops.CAST, (value,), None
 
-def coalesce_copies(outs: Sequence[LazyBuffer], db: PathsDB, fingerprint: Callable = hardware_fingerprint,
+def coalesce_copies(outs: Sequence[LazyBuffer], db: PathsDB, fingerprint: Optional[Callable] = None,
                     log: Optional[list[str]] = None) -> int:
   """Rewrite every round trip above outs that the database says is faster on the host; how many were rewritten
   (each decision's reason is appended to `log` when given)."""

@@ -54,20 +54,20 @@ def tolerance_for(outs: Sequence[LazyBuffer]) -> float:
   floats = [o.dtype for o in outs if o.dtype.is_float]
   return min((default_tolerance(d) for d in floats), default=default_tolerance(outs[0].dtype))
 
+def usable(space: PathSpace, choices: Sequence[str], opts: str, path_id: str) -> bool:
+  """Whether a record can be used here: it is a path of this space's regions, with lowerings still offered (a user
+  kernel that failed verification in this process never is)."""
+  return len(choices) == len(space.regions) and all(c in o for c, o in zip(choices, space.options)) and \
+    Path(tuple(choices), space.names, opts, space.device).id == path_id
+
 def choose(space: PathSpace, tolerance: float) -> tuple[Selection, Optional[tuple[str, ...]], str]:
   """(the selection, the chosen path's lowerings or None for the default, its opts) for a space."""
   memo_key = (space.key, tolerance)
   if (known := _memo.get(memo_key)) is not None: return known
-  runs = database().runs(space.key, space.device)
+  runs = [r for r in database().runs(space.key, space.device) if usable(space, r.choices, r.opts, r.path_id)]
   selection = select(runs, tolerance, hardware_fingerprint, tgrad_version(), code_settings())
   choices, opts = None, "heuristic"
-  chosen = selection.chosen
-  # a record is used only for the regions it was made for, with lowerings still offered here (a user kernel that
-  # failed verification in this process never is)
-  if chosen is not None and len(chosen.choices) == len(space.regions) and \
-     all(c in options for c, options in zip(chosen.choices, space.options)) and \
-     Path(tuple(chosen.choices), space.names, chosen.opts, space.device).id == chosen.path_id:
-    choices, opts = chosen.choices, chosen.opts
+  if selection.chosen is not None: choices, opts = tuple(selection.chosen.choices), selection.chosen.opts
   _memo[memo_key] = (selection, choices, opts)
   return _memo[memo_key]
 

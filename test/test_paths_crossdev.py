@@ -162,3 +162,21 @@ def test_realize_context_coalesces(tmp_path, monkeypatch):
     path_select.forget()   # the database changed (as the profiler does after recording)
     np.testing.assert_allclose(y.numpy(), np.tanh(data), atol=1e-6)   # would need a GPU without the rewrite
   finally: path_select.forget()
+
+@pytest.mark.gpu
+def test_profiler_measures_round_trips_and_on_llvm_runs(tmp_path):
+  from tgrad.paths.profile import Profiler, watching
+  db = PathsDB(str(tmp_path / "paths.db"))
+  data = _data(64, 64)
+  with watching(Profiler(db, budget=60, progress=False)):
+    y = _round_trip(Tensor(data).realize())
+    [trip] = find_round_trips([y.lazydata])
+    y.realize()
+  for source, destination in (("LLVM", "CUDA"), ("CUDA", "LLVM")):
+    assert db.runs(copy_key(source, destination, (64, 64), dtypes.float32), destination)
+  assert db.runs(region_key(trip.region, "LLVM"), "LLVM") and db.runs(region_key(trip.region, "CUDA"), "CUDA")
+  np.testing.assert_allclose(y.numpy(), np.tanh(data), atol=1e-6)
+  out = Tensor(data, device="CUDA").tanh()   # the on_LLVM path runs: copies there and back
+  region = regions_above(out.lazydata)[0]
+  apply_lowering(region, "on_LLVM")
+  np.testing.assert_allclose(out.numpy(), np.tanh(data), atol=1e-6)

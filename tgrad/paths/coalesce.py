@@ -116,7 +116,22 @@ def decide(t_host: Optional[float], t_device: Optional[float], t_copies: Sequenc
   return Decision(False, f"host {t_host*1e6:.1f} us >= device {t_device*1e6:.1f} us + copies "
                          f"{sum(t_copies)*1e6:.1f} us")
 
+_decisions: dict[tuple, Decision] = {}   # a round trip's signature → the decision (until forget(): records changed)
+
+def forget() -> None: _decisions.clear()
+
 def decision_for(trip: RoundTrip, db: PathsDB, fingerprint: Optional[Callable] = None) -> Decision:
+  """The decision for one round trip, remembered per signature (composite, params, input and output shapes and
+  dtypes, device) while the records stay the same."""
+  region = trip.region
+  signature = (region.name, region.params, tuple((x.shape, x.dtype) for x in region.inputs), region.root.shape,
+               region.root.dtype, trip.device, db.path, fingerprint)
+  try: known = _decisions.get(signature)
+  except TypeError: return _decide_now(trip, db, fingerprint)   # a param that can't be a key
+  if known is None: known = _decisions[signature] = _decide_now(trip, db, fingerprint)
+  return known
+
+def _decide_now(trip: RoundTrip, db: PathsDB, fingerprint: Optional[Callable]) -> Decision:
   region, device = trip.region, trip.device
   dtype = region.root.dtype
   t_host = recorded_time(db, region_key(region, HOST), HOST, dtype, fingerprint)

@@ -41,6 +41,8 @@ def forget() -> None:
   _has_records.clear()
   _memo.clear()
   applied.clear()
+  from tgrad.paths.coalesce import forget as forget_coalescing
+  forget_coalescing()
 
 def active(device: str) -> bool:
   """Whether a realize on `device` may select anything: a profiler watches, or the database has records."""

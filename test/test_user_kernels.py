@@ -54,6 +54,8 @@ def test_sites_found_and_near_misses_not(kernels):
   assert len(find_sites([rms(_t(6, 16)).lazydata], r)) == 1             # other shapes: found too
   assert find_sites([(x * ((x * x).mean(0, keepdim=True) + 1e-6).rsqrt()).lazydata], r) == []   # other axis
   assert find_sites([(x * ((x * x).mean(-1, keepdim=True) + 1e-5).rsqrt()).lazydata], r) == []  # other eps
+  assert len(find_sites([rms(x).lazydata], rms, example=([(3, 8)], [x.dtype]))) == 1   # a bare reference
+  assert find_sites([rms(x).lazydata], rms, example=([(6, 16)], [x.dtype])) == []     # at other shapes
 
 def test_wrong_kernel_fails_verification_and_is_never_offered(kernels, db_file):
   k = kernels("bad", reference=fma_relu, devices=["LLVM"], numpy=lambda a, b, c: a * b + c)   # relu forgotten

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence, Union
 import numpy as np
 from tgrad.custom import LANGUAGES, NUMPY, HostFunction, SourceKernel, host_values
-from tgrad.device import Buffer, canonical_device
+from tgrad.device import Buffer, KNOWN_DEVICES, canonical_device
 from tgrad.dtype import DType, dtypes
 from tgrad.helpers import prod
 from tgrad.lazy import LazyBuffer
@@ -203,10 +203,12 @@ def _unrealized_bases(outs: Sequence[LazyBuffer]) -> list[LazyBuffer]:
     stack.extend(lb.srcs[::-1])
   return found
 
-def find_sites(outs: Sequence[LazyBuffer], kernel: UserKernel,
+def find_sites(outs: Sequence[LazyBuffer], kernel: Union[UserKernel, Callable[..., Tensor]],
                example: Optional[tuple[Sequence[tuple[int, ...]], Sequence[DType]]] = None) -> list[Site]:
-  """The sites of `kernel` in the unrealized graph above outs (see the module doc), in graph order; `example`
-  (shapes, dtypes) only matches at those input shapes and dtypes."""
+  """The sites of `kernel` (a registered kernel, or a bare reference function) in the unrealized graph above outs
+  (see the module doc), in graph order; `example` (shapes, dtypes) only matches at those input shapes and dtypes."""
+  if not isinstance(kernel, UserKernel):
+    kernel = UserKernel(getattr(kernel, "__name__", "reference"), kernel, frozenset(KNOWN_DEVICES), {}, "", {}, None)
   sites: list[Site] = []
   for candidate in _unrealized_bases(outs):
     if candidate.device not in kernel.devices or (kernel.root_op is not None and candidate.op is not kernel.root_op):

@@ -19,6 +19,10 @@ CUDA; "poly", "libm", "fast"), carried into the kernel; codegen/transcendental.p
 Regions nest: an alternative (or a default) that calls another composite records that one's region too, and
 `regions_above` finds it under the current lowerings.
 
+Every float composite also has two device alternatives (`_with_device_alternatives`): "on_LLVM" (the default on the
+CPU device, with copies there and back; for regions elsewhere) and "numpy" (tensor_ops/numpy_backend.py as a CUSTOM op
+on the host). `Lowering.part` says where such a lowering's work runs; neither is ever the float64 reference.
+
 Not registered, and why:
 - an "online" (single-pass) softmax: it needs a reduce of two values at once (running max and rescaled sum), which
   REDUCE_AXIS (one value per reduce) cannot express; "three_kernels" is the only alternative.

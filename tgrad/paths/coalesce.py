@@ -155,10 +155,13 @@ def rewrite_on_host(trip: RoundTrip) -> None:
       moved.root, out.region, value.region = out, moved, None
   else: out.op, out.srcs, out.arg = Ops.CAST, (value,), None
 
-def coalesce_copies(outs: Sequence[LazyBuffer], db: PathsDB, fingerprint: Optional[Callable] = None,
+def coalesce_copies(outs: Sequence[LazyBuffer], db: Optional[PathsDB] = None, fingerprint: Optional[Callable] = None,
                     log: Optional[list[str]] = None) -> int:
-  """Rewrite every round trip above outs that the database says is faster on the host; how many were rewritten
-  (each decision's reason is appended to `log` when given)."""
+  """Rewrite every round trip above outs that the database (default: the one selection reads) says is faster on the
+  host; how many were rewritten (each decision's reason is appended to `log` when given)."""
+  if db is None:
+    from tgrad.paths.select import database
+    db = database()
   rewritten = 0
   for trip in find_round_trips(outs):
     decision = decision_for(trip, db, fingerprint)

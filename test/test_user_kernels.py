@@ -1,7 +1,7 @@
 """User fused kernels (tgrad/paths/user_kernels.py): matching the reference's graph (sites found, near misses not),
 verification (a wrong kernel warns and is never offered), selection of a kernel from a record, an LLVM IR kernel run
 through a path, and the CUDA C kernel of examples/custom_kernel.py compiled by NVRTC."""
-import importlib.util, sys, warnings
+import importlib.util, itertools, sys, warnings
 from pathlib import Path
 import numpy as np
 import pytest
@@ -141,3 +141,14 @@ def test_cuda_kernels_verified_and_run_on_the_gpu(kernels):
   assert "fma_gpu" in space.options[0]
   realize_path(next(p for p in space if p.choices == ("fma_gpu",)))
   np.testing.assert_allclose(out.numpy(), np.maximum(data[0] * data[1] + data[2], 0), rtol=1e-6)
+
+def test_site_holding_a_composite_nests_it_and_counts_stay_exact(kernels):
+  kernels("tanh2", reference=lambda x: x.tanh() * 2, devices=["LLVM"], numpy=lambda x: 2 * np.tanh(x))
+  x = _t(4, 6)
+  space = PathSpace([(x.tanh() * 2 + 1).lazydata])
+  assert space.names == ("user:tanh2", "tanh") and space.parent == [None, 0]
+  paths = list(space)
+  distinct = {space._canonical(tuple(c)) for c in itertools.product(*space.options)}
+  assert space.count == len(paths) == len({p.id for p in paths}) == len(distinct) == 1 + len(space.options[1])
+  assert ("tanh2:numpy", "default") in [p.choices for p in paths]   # the tanh inside it does not exist then
+  realize_path(next(p for p in paths if p.choices[0] == "tanh2:numpy"))

@@ -111,13 +111,16 @@ def test_registry_shape_and_exact_lowerings():
   assert exact_lowering("softmax") == "default"
 
 def test_lowerings_for_device_and_dtype():
-  assert lowerings_for(_region_of("exp", dtypes.float32)) == ["default", "libm", "poly"]
-  assert lowerings_for(_region_of("exp", dtypes.float32, "CUDA")) == ["default", "fast", "libm", "poly"]
-  assert lowerings_for(_region_of("exp", dtypes.float64, "CUDA")) == ["default", "libm", "poly"]   # no fast float64
-  assert lowerings_for(_region_of("tanh", dtypes.float16, "CUDA")) == ["default", "fast", "native", "via_exp"]
-  assert lowerings_for(_region_of("matmul", dtypes.float32)) == ["default"]   # no TF32 path in the codegen
-  assert lowerings_for(_region_of("matmul", dtypes.float16)) == ["default", "acc_float16", "acc_float32"]
-  assert lowerings_for(_region_of("matmul", dtypes.bfloat16)) == ["default", "acc_float32"]
+  # every float composite also has the device alternatives: "numpy" anywhere, "on_LLVM" where it is not on LLVM
+  assert lowerings_for(_region_of("exp", dtypes.float32)) == ["default", "libm", "numpy", "poly"]
+  assert lowerings_for(_region_of("exp", dtypes.float32, "CUDA")) == ["default", "fast", "libm", "numpy", "on_LLVM",
+                                                                      "poly"]
+  assert lowerings_for(_region_of("exp", dtypes.float64, "CUDA")) == ["default", "libm", "numpy", "on_LLVM", "poly"]
+  assert lowerings_for(_region_of("tanh", dtypes.float16, "CUDA")) == ["default", "fast", "native", "numpy", "on_LLVM",
+                                                                       "via_exp"]
+  assert lowerings_for(_region_of("matmul", dtypes.float32)) == ["default", "numpy"]   # no TF32 path in the codegen
+  assert lowerings_for(_region_of("matmul", dtypes.float16)) == ["default", "acc_float16", "acc_float32", "numpy"]
+  assert lowerings_for(_region_of("matmul", dtypes.bfloat16)) == ["default", "acc_float32", "numpy"]
   ints = (Tensor(np.arange(6, dtype=np.int32).reshape(2, 3)) @ Tensor(np.ones((3, 2), np.int32))).lazydata
   assert lowerings_for(regions_above(ints)[0]) == ["default"]
 

@@ -1,6 +1,6 @@
 """The training examples, shortened: a few steps must lower the loss, and the command line must report the
 held-out accuracy with the exit status saying whether --min-accuracy was reached."""
-import importlib.util, subprocess, sys
+import importlib.util, os, subprocess, sys
 from pathlib import Path
 import numpy as np
 
@@ -37,3 +37,14 @@ def test_mlp_command_line():
                         "--min-accuracy", "0"], capture_output=True, text=True, timeout=120)
   assert run.returncode == 0, run.stderr[-2000:]
   assert "held-out accuracy" in run.stdout and "reached" in run.stdout
+
+def test_custom_kernel_example(tmp_path):
+  """Registers the fused kernels, profiles both graphs into a temporary database and shows what it chose (on a
+  CPU-only machine: the LLVM IR and numpy versions)."""
+  env = {**os.environ, "TGRAD_CACHE": str(tmp_path / "cache.db")}
+  run = subprocess.run([sys.executable, str(EXAMPLES / "custom_kernel.py"), "--budget", "60"], capture_output=True,
+                       text=True, timeout=300, env=env)
+  assert run.returncode == 0, run.stderr[-2000:]
+  assert "profiled 2 graphs" in run.stdout and "0 failed" in run.stdout
+  assert "user:fma_relu=fma_relu:numpy" in run.stdout and "user:rms_norm=rms_norm:numpy" in run.stdout
+  assert run.stdout.count("selected at TOLERANCE") >= 2   # show: the database chose a path for each graph

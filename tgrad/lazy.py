@@ -1,6 +1,7 @@
 """The lazy graph: immutable values that say how to compute themselves, and nothing runs until `realize`.
 
-A LazyBuffer is either a *base* — an op (ALU, REDUCE_AXIS, CONST, ARANGE, GATHER, COPY, EMPTY, CONTIGUOUS, ASSIGN)
+A LazyBuffer is either a *base* — an op (ALU, REDUCE_AXIS, CONST, ARANGE, GATHER, COPY, EMPTY, CONTIGUOUS, ASSIGN,
+CUSTOM)
 over source LazyBuffers, with a contiguous shape, that may hold a realized device `Buffer` — or a *view*: a base seen
 through a ShapeTracker. Movement ops only make new views; they never copy. Graph building does no fusion:
 the scheduler (schedule.py) decides what becomes a kernel.
@@ -167,6 +168,18 @@ class LazyBuffer:
     # a copy moves a whole buffer's bytes: a view that reorders or selects elements is made contiguous first
     source = self.base if self.st.contiguous and self.size == self.base.size else self.contiguous()
     return LazyBuffer.loadop(Ops.COPY, self.shape, self.dtype, device, srcs=(source,))
+  @staticmethod
+  def custom(kernel: Any, srcs: tuple[LazyBuffer, ...], shape: tuple[int, ...], dtype: DType) -> LazyBuffer:
+    """The value a CustomKernel (tgrad/custom.py) computes from srcs, on srcs' device: each source is passed as a
+    whole row-major buffer of its shape (a view that reorders or selects elements is made contiguous first)."""
+    name = getattr(kernel, "name", kernel)
+    if not srcs: raise ValueError(f"custom kernel {name!r} needs at least one input")
+    device = srcs[0].device
+    if any(s.device != device for s in srcs):
+      raise ValueError(f"custom kernel {name!r}: inputs on devices {[s.device for s in srcs]}")
+    whole = tuple(s.base if s.st.contiguous and s.size == s.base.size and s.base.op is not Ops.CONST
+                  else s.contiguous() for s in srcs)
+    return LazyBuffer.loadop(Ops.CUSTOM, shape, dtype, device, arg=kernel, srcs=whole)
   def assign(self, value: LazyBuffer, region: Optional[ShapeTracker] = None) -> LazyBuffer:
     """Write `value` into this (realized, base) buffer when realized; returns the new lazy value of the buffer.
     With `region` (a view of this buffer, e.g. a shrink, whose shape is the value's) only those elements are written:

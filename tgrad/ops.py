@@ -59,6 +59,10 @@ class Ops(Enum):
   # src=(DEFINE_GLOBAL, index value, VIEW), arg=GatherAxis: VIEW maps the output position to the table row at
   # axis 0, and the address adds clamp(index value, 0, size - 1) · stride (a read never leaves the table)
   GATHER = auto()
+  # a value computed outside the kernel pipeline. Lazy graph: src=(inputs), arg=a CustomKernel (tgrad/custom.py: a host
+  # function, or a user kernel in CUDA C / LLVM IR) that writes the output buffer from the realized, row-major inputs;
+  # the scheduler always realizes it and its sources (as COPY). Schedule AST: a sourceless UOp with the same arg
+  CUSTOM = auto()
   # unary ALU
   EXP2 = auto(); LOG2 = auto(); SIN = auto(); SQRT = auto(); RECIP = auto(); NEG = auto(); TRUNC = auto()  # noqa: E702
   TANH = auto()   # the "native" lowering of the tanh composite (tensor_ops/composite.py), not Tensor.tanh's default

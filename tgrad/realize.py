@@ -2,7 +2,8 @@
 
 `lower_schedule(items) -> list[ExecItem]` picks each item's runner: a CompiledKernel for a kernel AST (Kernel → opts
 from the BEAM cache/search or the heuristics → compile; made once per AST and settings per process), a BufferCopy
-between devices, or a HostCopy of host data. `run(exec_items)` launches them in order. `realize(*lazybuffers)` is
+between devices, a HostCopy of host data, or a custom kernel's runner (tgrad/custom.py: a host function of the NUMPY
+backend, or a user kernel's compiled source). `run(exec_items)` launches them in order. `realize(*lazybuffers)` is
 schedule (create_schedule, through the schedule cache) + lower_schedule + run. While a TinyJit captures
 (`capturing()`), lowered items are recorded, not
 run: the JIT plans their memory and replays them (tgrad/jit.py). DEBUG prints what ran (see docs/env.md).
@@ -10,7 +11,7 @@ run: the JIT plans their memory and replays them (tgrad/jit.py). DEBUG prints wh
 from __future__ import annotations
 import contextlib, time
 from dataclasses import dataclass, field
-from typing import Iterator, Mapping, Optional, Protocol, Sequence, Union
+from typing import Iterator, Mapping, Optional, Protocol, Sequence
 import numpy as np
 from tgrad.ops import UOp, Ops
 from tgrad.lazy import LazyBuffer
@@ -19,6 +20,7 @@ from tgrad.schedule_cache import schedule
 from tgrad.device import Buffer, Device
 from tgrad.codegen.kernel import Kernel
 from tgrad.codegen.compile import CompiledKernel, compile_kernel
+from tgrad.custom import runner_for
 from tgrad.helpers import Context, current_settings, gc_paused, settings_key
 
 __all__ = ["ExecItem", "BufferCopy", "HostCopy", "CompiledKernel", "compile_kernel", "choose_opts", "get_runner",
@@ -58,7 +60,7 @@ class HostCopy:
 class ExecItem:
   """One launch: a runner, the Buffers it reads and writes (outputs first, as in the ScheduleItem) and the values of
   its symbolic variables."""
-  runner: Union[CompiledKernel, BufferCopy, HostCopy]
+  runner: Runner   # a CompiledKernel, BufferCopy, HostCopy, or a custom kernel's runner
   bufs: list[Buffer]
   var_vals: Mapping[str, int] = field(default_factory=dict)
   output_count: int = 1   # bufs[:output_count] are written, the rest only read
@@ -110,7 +112,9 @@ def lower_schedule(items: Sequence[ScheduleItem]) -> list[ExecItem]:
   for item in items:
     op = item.ast.op
     if op is Ops.EMPTY: continue
-    if op is Ops.COPY:
+    if op is Ops.CUSTOM:
+      lowered.append(ExecItem(runner_for(item.ast.arg, item.bufs[0].device), list(item.bufs)))
+    elif op is Ops.COPY:
       runner = HostCopy(item.host_data) if item.host_data is not None else BufferCopy(item.bufs[0].nbytes)
       lowered.append(ExecItem(runner, list(item.bufs), output_count=item.output_count))
     else:

@@ -17,7 +17,8 @@ fusion rules, which all live here:
      reduces over the same rows of those, and the final elementwise value are one kernel, when all of that has one
      output (`_plan_row_kernels`). The kernel reduces each row once per reduce and then stores the row.
   3. Everything else is realized (gets a buffer): kernel outputs, reduces read through an expand/permute/pad or
-     by a second reduce (outside row kernels), COPY/EMPTY/CONTIGUOUS/ASSIGN results, elementwise values read
+     by a second reduce (outside row kernels), COPY/EMPTY/CONTIGUOUS/ASSIGN/CUSTOM results (and the sources of a
+     COPY or CUSTOM: their runners read whole buffers), elementwise values read
      through a stack of more than MAX_INLINED_VIEWS views, and every realized input.
 A ScheduleItem holds a kernel AST (a SINK of STOREs over LOADs, CONSTs, ARANGEs, ALU and REDUCE_AXIS nodes, each
 memory op carrying a VIEW with its ShapeTracker as its last source; a gather LOAD also has its index value) and the
@@ -41,7 +42,8 @@ from tgrad.shape.shapetracker import ShapeTracker
 from tgrad.helpers import gc_paused, prod, run_nested
 
 NO_VARIABLES: Mapping[str, int] = MappingProxyType({})   # the var_vals of every kernel without variables (shared)
-REALIZED_OPS = {Ops.COPY, Ops.EMPTY, Ops.CONTIGUOUS, Ops.ASSIGN}
+REALIZED_OPS = {Ops.COPY, Ops.EMPTY, Ops.CONTIGUOUS, Ops.ASSIGN, Ops.CUSTOM}
+NOT_KERNELS = (Ops.COPY, Ops.EMPTY, Ops.CUSTOM)   # realized values whose step is not a kernel AST
 MAX_RECOMPUTE_BUFFERS = 2   # a shared elementwise value reading more buffers than this is realized
 MAX_RECOMPUTE_OPS = 8       # ... or computing more ops than this
 # An elementwise value read through a stack of more views than this (movement ops that don't merge into one View,
@@ -57,7 +59,8 @@ MAX_ROW_FUSION_SIZE = 8192
 @dataclass(frozen=True)
 class ScheduleItem:
   """One step: a kernel (`ast.op is SINK`), a copy (`ast.op is COPY`: from `host_data` when that is set, else from
-  bufs[1]) or an allocation (`ast.op is EMPTY`). DEFINE_GLOBAL i in a kernel AST is bufs[i]; outputs come first."""
+  bufs[1]), a custom kernel (`ast.op is CUSTOM`, its CustomKernel in `ast.arg`: bufs[0] from bufs[1:]) or an
+  allocation (`ast.op is EMPTY`). DEFINE_GLOBAL i in a kernel AST is bufs[i]; outputs come first."""
   ast: UOp
   bufs: tuple[Buffer, ...]
   output_count: int = 1
@@ -348,7 +351,7 @@ def create_schedule(outs: list[LazyBuffer], commit: bool = False,
   bases = _walk_bases(outs)
   realize_set: set[LazyBuffer] = set(outs) | {b for b in bases if b.op in REALIZED_OPS}
   for b in bases:
-    if b.op is Ops.COPY: realize_set.update(s.base for s in b.srcs if s.base.buffer is None)
+    if b.op in (Ops.COPY, Ops.CUSTOM): realize_set.update(s.base for s in b.srcs if s.base.buffer is None)
     if b.op is Ops.GATHER and b.srcs[0].base.buffer is None: realize_set.add(b.srcs[0].base)   # rule 1b: tables
   readers = _readers_of(bases)   # who reads each base: the same for both decisions (realizing adds no readers)
   row_reduces = _plan_row_kernels(bases, readers, realize_set)
@@ -358,7 +361,7 @@ def create_schedule(outs: list[LazyBuffer], commit: bool = False,
   changed = True
   while changed:   # building a kernel may refuse a reduce: realize it, rebuild only the kernels that inlined it
     changed = False
-    for b in [b for b in bases if b in realize_set and b not in asts and b.op not in (Ops.COPY, Ops.EMPTY)]:
+    for b in [b for b in bases if b in realize_set and b not in asts and b.op not in NOT_KERNELS]:
       try:
         asts[b] = _kernel_ast(b, realize_set, row_reduces)
       except _Refuse as refused:
@@ -370,6 +373,8 @@ def create_schedule(outs: list[LazyBuffer], commit: bool = False,
     if b not in realize_set: continue
     if b.op is Ops.COPY:
       items.append(_Step(UOp(Ops.COPY, b.dtype, (), None), (b,), tuple(s.base for s in b.srcs)))
+    elif b.op is Ops.CUSTOM:
+      items.append(_Step(UOp(Ops.CUSTOM, b.dtype, (), b.arg), (b,), tuple(s.base for s in b.srcs)))
     elif b.op is Ops.EMPTY: items.append(_Step(UOp(Ops.EMPTY, b.dtype), (b,), ()))
     elif prod(b.shape) == 0: items.append(_Step(UOp(Ops.EMPTY, b.dtype), (b,), ()))
     else:

@@ -34,6 +34,7 @@ def _arg_text(arg: Any) -> Any:
   if isinstance(arg, float): return repr(arg)   # keeps nan/inf/-0.0 apart
   if isinstance(arg, np.ndarray): return ["host", list(arg.shape), str(arg.dtype)]
   if isinstance(arg, UOp): return ["uop", unbind(arg)[0].key]   # a symbolic value: its variables, not their values
+  if hasattr(arg, "stable_repr"): return arg.stable_repr()   # a CUSTOM op's kernel (tgrad/custom.py)
   if isinstance(arg, Enum): return arg.name
   if isinstance(arg, DType): return str(arg)
   if isinstance(arg, (tuple, list)): return [_arg_text(a) for a in arg]
@@ -180,6 +181,7 @@ def _rebuilt(lb: LazyBuffer, made: dict[int, LazyBuffer], host: dict[int, np.nda
       return LazyBuffer.from_host(np.ascontiguousarray(values.astype(dtype.np)), device, dtype)
     return _as_base(srcs[0])   # a device copy: the reference is all on one device
   if op is Ops.EMPTY: raise ReferenceUnavailable("the graph reads an unrealized empty tensor (uninitialized memory)")
+  if op is Ops.CUSTOM: raise ReferenceUnavailable(f"custom kernel {getattr(arg, 'name', arg)!r} has no float64 form")
   if op is Ops.BITCAST and (lb.dtype.is_float or lb.srcs[0].dtype.is_float):
     raise ReferenceUnavailable(f"a bitcast {lb.srcs[0].dtype} → {lb.dtype} has no float64 meaning")
   if op is Ops.CAST: return srcs[0].cast(dtype)

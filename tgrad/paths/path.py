@@ -30,8 +30,10 @@ from tgrad.helpers import Context, prod
 from tgrad.shape.sint import evaluate
 from tgrad.schedule import create_schedule
 from tgrad.realize import lower_schedule, realize
-from tgrad.tensor_ops.composite import Region, apply_lowering, lowerings_for, reference_lowering, regions_above
+from tgrad.tensor_ops.composite import Region, apply_lowering, lowering_part, reference_lowering, \
+  regions_above
 from tgrad.paths.graph import graph_key, graph_description, reference_graph
+from tgrad.paths.user_kernels import USER_KERNELS, USER_PREFIX, user_regions, verified_lowerings
 
 OPTS_CHOICES = ("heuristic", "beam2")   # what a path may say about kernel opts (beam2: searched with BEAM=2)
 DEFAULT_REPEATS = 5
@@ -44,6 +46,7 @@ class Path:
   names: tuple[str, ...]    # the composite name of each region, for the description
   opts: str
   device: str
+  parts: tuple[str, ...] = ()   # the devices it uses: its own first, then others its lowerings run on ("NUMPY", ...)
   space: Optional[PathSpace] = field(default=None, compare=False, repr=False)   # the graph it is a path of
   @property
   def id(self) -> str:
@@ -56,7 +59,8 @@ class Path:
     for name, choice in zip(self.names, self.choices):
       if choice != DEFAULT: groups[(name, choice)] = groups.get((name, choice), 0) + 1
     lowered = ", ".join(f"{n}={c}" + (f" ×{k}" if k > 1 else "") for (n, c), k in sorted(groups.items()))
-    return f"{lowered or 'all default'}; opts {self.opts}; {self.device}"
+    where = self.device if len(self.parts) <= 1 else " + ".join(self.parts)
+    return f"{lowered or 'all default'}; opts {self.opts}; {where}"
 
 class PathSpace:
   """The paths of realizing `outs` (LazyBuffers), over the regions of their unrealized graph."""
@@ -71,12 +75,17 @@ class PathSpace:
     self.regions: list[Region] = regions_above(*self.outs)
     if any(r.current != DEFAULT for r in self.regions):
       raise ValueError("a region is already lowered away from its default: paths start from the graph as built")
-    self.options: list[list[str]] = [lowerings_for(r) for r in self.regions]
+    if USER_KERNELS: self.regions = _in_graph_order(self.outs, self.regions + user_regions(self.outs))
+    # a user kernel's lowering is offered only where it passed verification (user_kernels.verify)
+    self.options: list[list[str]] = [verified_lowerings(r) for r in self.regions]
     self.names = tuple(r.name for r in self.regions)
     self.parent = self._nesting()
     self.children: dict[Optional[int], list[int]] = {}
     for i, p in enumerate(self.parent): self.children.setdefault(p, []).append(i)
     self.key = graph_key(self.outs)
+    user = sorted({r.name for r in self.regions if r.name.startswith(USER_PREFIX)})
+    if user:   # the user kernels that apply are part of what a record of this graph's paths means
+      self.key = hashlib.sha256(json.dumps([self.key, user]).encode()).hexdigest()
     # what errors are measured on: every output but a write into part of a buffer (an ASSIGN with a region, e.g. one
     # KV cache slot), whose buffer holds values the graph doesn't compute; what it writes is checked through the
     # outputs that read it
@@ -84,18 +93,21 @@ class PathSpace:
 
   def _nesting(self) -> list[Optional[int]]:
     """For each region, the innermost region whose default body holds its root (None at top level)."""
-    index = {id(r.root): i for i, r in enumerate(self.regions)}
+    index: dict[int, list[int]] = {}   # a root → its regions (a user kernel's site may share a composite's root)
+    for i, r in enumerate(self.regions): index.setdefault(id(r.root), []).append(i)
     parent: list[Optional[int]] = [None] * len(self.regions)
     depth: list[int] = [0] * len(self.regions)
     for i, region in enumerate(self.regions):   # outer regions come first (depth-first from the roots)
       inputs = {id(x) for x in region.inputs}
+      for j in index[id(region.root)]:   # a later region on the same root lies inside this one
+        if j > i and parent[j] is None: parent[j], depth[j] = i, depth[i] + 1
       seen, stack = set(), list(region.root.srcs)
       while stack:
         lb = stack.pop()
         if id(lb) in seen or id(lb) in inputs: continue
         seen.add(id(lb))
-        if (j := index.get(id(lb))) is not None and j != i and (parent[j] is None or depth[i] >= depth[parent[j]]):
-          parent[j], depth[j] = i, depth[i] + 1
+        for j in index.get(id(lb), ()):
+          if j != i and (parent[j] is None or depth[i] >= depth[parent[j]]): parent[j], depth[j] = i, depth[i] + 1
         base = lb.base
         if base is not lb: stack.append(base)
         elif base.buffer is None: stack.extend(base.srcs)
@@ -126,7 +138,19 @@ class PathSpace:
 
   def _path(self, assignment: dict[int, str], opts: str) -> Path:
     choices = tuple(assignment.get(i, DEFAULT) for i in range(len(self.regions)))
-    return Path(self._canonical(choices), self.names, opts, self.device)
+    return self._make(self._canonical(choices), opts)
+
+  def _make(self, choices: tuple[str, ...], opts: str) -> Path:
+    return Path(choices, self.names, opts, self.device, self.parts_of(choices))
+
+  def parts_of(self, choices: Sequence[str]) -> tuple[str, ...]:
+    """The devices a path with these (canonical) lowerings uses: the space's device, then each other part in region
+    order (a lowering's `part`: "LLVM" for on_LLVM, "NUMPY" for the host backend)."""
+    parts = [self.device]
+    for region, choice in zip(self.regions, choices):
+      part = lowering_part(region, choice)
+      if part is not None and part not in parts: parts.append(part)
+    return tuple(parts)
 
   def _canonical(self, choices: tuple[str, ...]) -> tuple[str, ...]:
     """Regions inside a non-default ancestor don't exist on that path: they read as default."""
@@ -152,7 +176,7 @@ class PathSpace:
           chosen = {names[w]: c for w, c in zip(which, combo)}
           choices = tuple(chosen[n] if n in chosen and chosen[n] in self.options[i] else DEFAULT
                           for i, n in enumerate(self.names))
-          yield Path(self._canonical(choices), self.names, opts, self.device)
+          yield self._make(self._canonical(choices), opts)
 
   def __iter__(self) -> Iterator[Path]:
     """Every distinct path once: uniform paths first, then the rest in lowering order, region by region."""
@@ -186,6 +210,19 @@ class PathSpace:
     """The lowerings of the float64 reference: each region's most exact one (composite.reference_lowering)."""
     return self._canonical(tuple(reference_lowering(r) if reference_lowering(r) in opts else DEFAULT
                                  for r, opts in zip(self.regions, self.options)))
+
+def _in_graph_order(outs: Sequence[LazyBuffer], regions: list[Region]) -> list[Region]:
+  """Regions by their root's first visit depth-first from outs (regions_above's order); on one root, a user kernel's
+  site (which then holds the composite) first."""
+  order: dict[int, int] = {}
+  stack = list(outs[::-1])
+  while stack:
+    lb = stack.pop()
+    if id(lb) in order: continue
+    order[id(lb)] = len(order)
+    if not lb.is_base: stack.append(lb.base)
+    elif lb.buffer is None: stack.extend(lb.srcs[::-1])
+  return sorted(regions, key=lambda r: (order[id(r.root)], not r.name.startswith(USER_PREFIX)))
 
 def iterate(*tensors, opts: Sequence[str] = ("heuristic",)) -> PathSpace:
   """The paths of realizing these Tensors: a PathSpace (iterate it; `len()`-like `.count`)."""

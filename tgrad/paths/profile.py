@@ -5,7 +5,9 @@ is realized, it enumerates the graph's paths (uniform paths first, see path.py),
 and measures each path not yet recorded for this hardware and tgrad version (so a rerun resumes where the last one
 stopped), within a time budget and a per-graph path limit. Each measurement becomes a database row; a path whose
 error passes the dtype's sanity bound, or that fails to compile or run, is recorded as failed and never selected.
-Then the program's own realize goes on as usual. The inputs are the program's own (the record says so).
+Then the program's own realize goes on as usual. The inputs are the program's own (the record says so). A graph with
+round trips to another device (coalesce.py) also gets what coalescing compares measured: each copy, and the region
+alone on both devices (over random inputs).
 """
 from __future__ import annotations
 import contextlib, itertools, time
@@ -22,6 +24,19 @@ from tgrad.paths import select
 INPUT_DISTRIBUTION = "the profiled program's own inputs"
 DEFAULT_BUDGET_SECONDS = 600.0
 DEFAULT_MAX_PATHS = 64
+
+STANDALONE_SEED = 0
+
+def standalone_region(region, device: str):
+  """The region alone on `device`: its composite over random realized inputs of its input shapes and dtypes (the
+  graph coalesce.region_key names)."""
+  import numpy as np
+  from tgrad.tensor import Tensor
+  from tgrad.tensor_ops.composite import composite
+  rng = np.random.default_rng(STANDALONE_SEED)
+  inputs = tuple(Tensor(rng.standard_normal(x.shape).astype(np.float32), device=device).cast(x.dtype).realize()
+                 for x in region.inputs)
+  return composite(region.name, inputs, **dict(region.params))
 
 class Profiler:
   def __init__(self, db: Optional[PathsDB] = None, budget: float = DEFAULT_BUDGET_SECONDS,
@@ -49,6 +64,7 @@ class Profiler:
     """Measure the paths of realizing outs (not yet realized); called before the program's realize."""
     outs = [o for o in outs if o.base.buffer is None]
     if not outs or self.out_of_budget(): return
+    self._round_trips(outs)
     try: space = PathSpace(outs, self.opts)
     except ValueError: return
     if not space.regions or space.key in self.graphs_seen: return
@@ -73,7 +89,7 @@ class Profiler:
                             if failed else "")
       self.db.add(Measurement(
         graph_key=space.key, graph_desc=description, path_id=path.id, path_desc=path.description,
-        device=space.device, parts=(space.device,), fingerprint=fingerprint, tgrad_version=version,
+        device=space.device, parts=path.parts, fingerprint=fingerprint, tgrad_version=version,
         settings=settings, times=run.times, max_rel_error=run.max_rel_error, max_abs_error=run.max_abs_error,
         input_distribution=INPUT_DISTRIBUTION, status="failed" if failed else "ok", error=error,
         measured_at=time.time(), choices=path.choices, opts=path.opts))
@@ -81,6 +97,21 @@ class Profiler:
       self.failed += failed
       self._tick()
     select.forget()   # the database changed: selections are made again from it
+
+  def _round_trips(self, outs: Sequence[LazyBuffer]) -> None:
+    """For each round trip copy coalescing would judge (coalesce.py), measure what it compares: the region alone on
+    LLVM and on the other device (as graphs over random realized inputs, profiled like any graph) and each copy."""
+    from tgrad.device import Device
+    from tgrad.paths.coalesce import HOST, copy_key, find_round_trips, record_copy_times
+    for trip in find_round_trips(outs):
+      region, device = trip.region, trip.device
+      if not Device.available(device) or self.out_of_budget(): continue
+      copies = [(HOST, device, x.shape, x.dtype) for x in region.inputs] + \
+               [(device, HOST, region.root.shape, region.root.dtype)]
+      for source, destination, shape, dtype in copies:
+        if not self.db.runs(copy_key(source, destination, shape, dtype), destination):
+          record_copy_times(self.db, source, destination, shape, dtype, self.repeats)
+      for where in (HOST, device): self.observe([standalone_region(region, where).lazydata])
 
   def close(self) -> None:
     self._tick()

@@ -2,7 +2,9 @@
 
 Every Tensor-level realize asks `realize_context(lbs)` for the context to realize in. While the benchmark database
 holds no record for this hardware (the usual case until `python -m tgrad.paths profile` ran), that is a no-op and
-costs one flag check. Otherwise the graph's regions are found, its canonical key is looked up, and `db.select` picks
+costs one flag check. Otherwise round trips to another device that the database says are slower than computing on
+the CPU are rewritten first (coalesce.py), then the graph's regions are found, its canonical key is looked up, and
+`db.select` picks
 the fastest verified path whose max relative error is within the tolerance — `TOLERANCE` (environment or
 `Context`), or the default for the outputs' dtype — on this hardware, tgrad version and settings. Its lowerings are
 applied to the graph (and BEAM=2 set when the path's kernels were searched) before scheduling. With no usable
@@ -19,7 +21,7 @@ from tgrad.helpers import Context, current_settings
 from tgrad.paths.db import PathsDB, Selection, default_tolerance, select
 from tgrad.paths.fingerprint import hardware_fingerprint, tgrad_version
 from tgrad.helpers import code_settings
-from tgrad.paths.path import PathSpace, DEFAULT
+from tgrad.paths.path import Path, PathSpace, DEFAULT
 
 _db: Optional[PathsDB] = None
 _has_records: dict[str, bool] = {}
@@ -39,6 +41,8 @@ def forget() -> None:
   _has_records.clear()
   _memo.clear()
   applied.clear()
+  from tgrad.paths.coalesce import forget as forget_coalescing
+  forget_coalescing()
 
 def active(device: str) -> bool:
   """Whether a realize on `device` may select anything: a profiler watches, or the database has records."""
@@ -52,15 +56,20 @@ def tolerance_for(outs: Sequence[LazyBuffer]) -> float:
   floats = [o.dtype for o in outs if o.dtype.is_float]
   return min((default_tolerance(d) for d in floats), default=default_tolerance(outs[0].dtype))
 
+def usable(space: PathSpace, choices: Sequence[str], opts: str, path_id: str) -> bool:
+  """Whether a record can be used here: it is a path of this space's regions, with lowerings still offered (a user
+  kernel that failed verification in this process never is)."""
+  return len(choices) == len(space.regions) and all(c in o for c, o in zip(choices, space.options)) and \
+    Path(tuple(choices), space.names, opts, space.device).id == path_id
+
 def choose(space: PathSpace, tolerance: float) -> tuple[Selection, Optional[tuple[str, ...]], str]:
   """(the selection, the chosen path's lowerings or None for the default, its opts) for a space."""
   memo_key = (space.key, tolerance)
   if (known := _memo.get(memo_key)) is not None: return known
-  runs = database().runs(space.key, space.device)
+  runs = [r for r in database().runs(space.key, space.device) if usable(space, r.choices, r.opts, r.path_id)]
   selection = select(runs, tolerance, hardware_fingerprint, tgrad_version(), code_settings())
   choices, opts = None, "heuristic"
-  if selection.chosen is not None and len(selection.chosen.choices) == len(space.regions):
-    choices, opts = selection.chosen.choices, selection.chosen.opts
+  if selection.chosen is not None: choices, opts = tuple(selection.chosen.choices), selection.chosen.opts
   _memo[memo_key] = (selection, choices, opts)
   return _memo[memo_key]
 
@@ -88,6 +97,10 @@ def realize_context(lbs: Sequence[LazyBuffer]) -> Iterator[None]:
   from tgrad.realize import is_capturing
   if not is_capturing():   # a TinyJit capture records what the first call (profiled then) already ran
     for observe in list(observers): observe(outs)
+  from tgrad.paths.coalesce import coalesce_copies
+  log: Optional[list[str]] = [] if current_settings().DEBUG >= 2 else None
+  coalesce_copies(outs, database(), log=log)   # the planner's copy coalescing, decided from the database first
+  for line in log or []: print(f"paths: copy coalescing: {line}")
   space = PathSpace(outs)
   if not space.regions:
     yield

@@ -19,6 +19,10 @@ CUDA; "poly", "libm", "fast"), carried into the kernel; codegen/transcendental.p
 Regions nest: an alternative (or a default) that calls another composite records that one's region too, and
 `regions_above` finds it under the current lowerings.
 
+Every float composite also has two device alternatives (`_with_device_alternatives`): "on_LLVM" (the default on the
+CPU device, with copies there and back; for regions elsewhere) and "numpy" (tensor_ops/numpy_backend.py as a CUSTOM op
+on the host). `Lowering.part` says where such a lowering's work runs; neither is ever the float64 reference.
+
 Not registered, and why:
 - an "online" (single-pass) softmax: it needs a reduce of two values at once (running max and rescaled sum), which
   REDUCE_AXIS (one value per reduce) cannot express; "three_kernels" is the only alternative.
@@ -29,11 +33,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Optional
+from tgrad.custom import NUMPY, HostFunction
+from tgrad.device import KNOWN_DEVICES
 from tgrad.dtype import dtypes, promote_types, to_dtype
 from tgrad.helpers import prod
 from tgrad.lazy import LazyBuffer
 from tgrad.ops import Ops
 from tgrad.tensor_ops.args import broadcast_shape
+from tgrad.tensor_ops.numpy_backend import FUNCTIONS as NUMPY_FUNCTIONS
 import tgrad.function as F
 if TYPE_CHECKING: from tgrad.tensor import Tensor   # at runtime: bound by tgrad/tensor.py (see __init__.py)
 
@@ -56,6 +63,7 @@ class Lowering:
   exactness: int
   devices: Optional[frozenset[str]] = None   # None: every device
   dtypes: Optional[frozenset] = None          # of the composite's output; None: every float dtype
+  part: Optional[str] = None                  # where its work runs when not on the region's device ("LLVM", NUMPY)
 
 @dataclass(eq=False)
 class Region:
@@ -193,6 +201,37 @@ def _transcendental(name: str, build: Callable[..., Tensor], what: str) -> dict[
     Lowering("fast", f"{what}: the hardware approximation (PTX {'ex2' if name == 'exp' else 'lg2'}.approx.f32)",
              lambda x: build(x, "fast"), 0, CUDA_ONLY, FLOAT32_AND_NARROWER))
 
+# Device alternatives, added to every composite: "on_LLVM" runs the default lowering on the CPU device (inputs copied
+# there, the result copied back: the copies are launches of the path, so a measurement includes them), for regions
+# on any other device; "numpy" runs the NUMPY backend (tensor_ops/numpy_backend.py) as a CUSTOM op on any device.
+# Neither is ever the float64 reference (exactness below every kernel lowering).
+ON_LLVM, NUMPY_LOWERING, LLVM = "on_LLVM", "numpy", "LLVM"
+NOT_LLVM = frozenset(KNOWN_DEVICES) - {LLVM}
+DEVICE_ALTERNATIVE_EXACTNESS = -1
+
+def _on_llvm(name: str) -> Callable[..., Tensor]:
+  def build(*inputs: Tensor, **params) -> Tensor:
+    home = inputs[0].device
+    return LOWERINGS[name][DEFAULT].build(*[x.to(LLVM) for x in inputs], **params).to(home)
+  return build
+
+def _numpy(name: str) -> Callable[..., Tensor]:
+  def build(*inputs: Tensor, **params) -> Tensor:
+    shaped = LOWERINGS[name][DEFAULT].build(*inputs, **params)   # for its shape and dtype only: nothing runs
+    kernel = HostFunction(name, NUMPY_FUNCTIONS[name], tuple(x.shape for x in inputs), shaped.shape,
+                          tuple(sorted(params.items())))
+    return Tensor(LazyBuffer.custom(kernel, tuple(x.lazydata for x in inputs), shaped.shape, shaped.dtype),
+                  requires_grad=False)
+  return build
+
+def _with_device_alternatives(name: str, registry: dict[str, Lowering]) -> dict[str, Lowering]:
+  return {**registry,
+          ON_LLVM: Lowering(ON_LLVM, "the default lowering on the LLVM device: inputs copied there, the result back",
+                            _on_llvm(name), DEVICE_ALTERNATIVE_EXACTNESS, NOT_LLVM, part=LLVM),
+          NUMPY_LOWERING: Lowering(NUMPY_LOWERING, "numpy on the host in float64 (the NUMPY backend): inputs copied "
+                                   "out, the result rounded and copied in", _numpy(name),
+                                   DEVICE_ALTERNATIVE_EXACTNESS, part=NUMPY)}
+
 LOWERINGS: dict[str, dict[str, Lowering]] = {
   "exp": _transcendental("exp", _exp, "exp2(x·log2 e)"),
   "log": _transcendental("log", _log, "log2(x)·ln 2"),
@@ -231,6 +270,7 @@ LOWERINGS: dict[str, dict[str, Lowering]] = {
     Lowering("acc_float16", "Σ_k x·w accumulated in float16", _matmul_acc("float16"), 0, None,
              frozenset({dtypes.float16}))),
 }
+LOWERINGS = {name: _with_device_alternatives(name, registry) for name, registry in LOWERINGS.items()}
 
 # ---------------------------------------------------------------------------------------------------------------
 # regions
@@ -257,6 +297,10 @@ def lowerings_for(region: Region) -> list[str]:
   """The lowerings valid for the region's device and output dtype: "default" first, then the rest sorted."""
   valid = [name for name, lowering in LOWERINGS[region.name].items() if name != DEFAULT and _valid(region, lowering)]
   return [DEFAULT] + sorted(valid)
+
+def lowering_part(region: Region, name: str) -> Optional[str]:
+  """Where lowering `name` of the region runs when not on the region's device ("LLVM", "NUMPY"), else None."""
+  return LOWERINGS[region.name][name].part
 
 def apply_lowering(region: Region, name: str) -> None:
   """Make the region's root compute lowering `name`: it takes the op, sources and arg of the alternative's output

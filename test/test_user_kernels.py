@@ -1,0 +1,154 @@
+"""User fused kernels (tgrad/paths/user_kernels.py): matching the reference's graph (sites found, near misses not),
+verification (a wrong kernel warns and is never offered), selection of a kernel from a record, an LLVM IR kernel run
+through a path, and the CUDA C kernel of examples/custom_kernel.py compiled by NVRTC."""
+import importlib.util, itertools, sys, warnings
+from pathlib import Path
+import numpy as np
+import pytest
+from tgrad import Tensor
+from tgrad.helpers import code_settings
+from tgrad.paths import select as path_select
+from tgrad.paths.db import Measurement
+from tgrad.paths.fingerprint import hardware_fingerprint, tgrad_version
+from tgrad.paths.path import PathSpace, realize_path
+from tgrad.paths.user_kernels import UserKernelWarning, find_sites, register_kernel, unregister_kernel
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "custom_kernel.py"
+RNG = np.random.default_rng(11)
+
+def _t(*shape): return Tensor(RNG.standard_normal(shape).astype(np.float32)).realize()
+
+def _load_example():
+  spec = importlib.util.spec_from_file_location("example_custom_kernel", EXAMPLE)
+  module = importlib.util.module_from_spec(spec)
+  sys.modules[spec.name] = module
+  spec.loader.exec_module(module)
+  return module
+
+@pytest.fixture
+def kernels():
+  names = []
+  def register(name, **kw):
+    names.append(name)
+    return register_kernel(name, **kw)
+  yield register
+  for name in names: unregister_kernel(name)
+
+def fma_relu(a, b, c): return (a * b + c).relu()
+def rms(x): return x * ((x * x).mean(-1, keepdim=True) + 1e-6).rsqrt()
+
+def test_sites_found_and_near_misses_not(kernels):
+  k = kernels("fma", reference=fma_relu, devices=["LLVM"], numpy=lambda a, b, c: np.maximum(a * b + c, 0))
+  a, b, c = _t(4, 5), _t(4, 5), _t(4, 5)
+  [site] = find_sites([((b * a + c).relu() * 3).lazydata], k)        # commuted operands
+  assert {id(x) for x in site.inputs} == {id(a.lazydata), id(b.lazydata), id(c.lazydata)}
+  assert site.inputs[2] is c.lazydata                                   # bound by position in the reference
+  assert len(find_sites([((a * b + c).relu() + (c * a + b).relu()).lazydata], k)) == 2
+  assert find_sites([(a * b + c).maximum(0.5).lazydata], k) == []       # a different constant
+  assert find_sites([(a * b * c).relu().lazydata], k) == []             # a different op
+  [minus] = find_sites([(a * b - c).relu().lazydata], k)               # a·b + (−c): c's wildcard binds −c
+  assert minus.inputs[2].op.name == "NEG"
+  r = kernels("rms", reference=rms, devices=["LLVM"], numpy=lambda x: x / np.sqrt((x * x).mean(-1, keepdims=True)))
+  x = _t(3, 8)
+  assert len(find_sites([rms(x).lazydata], r)) == 1
+  assert len(find_sites([rms(_t(6, 16)).lazydata], r)) == 1             # other shapes: found too
+  assert find_sites([(x * ((x * x).mean(0, keepdim=True) + 1e-6).rsqrt()).lazydata], r) == []   # other axis
+  assert find_sites([(x * ((x * x).mean(-1, keepdim=True) + 1e-5).rsqrt()).lazydata], r) == []  # other eps
+  assert len(find_sites([rms(x).lazydata], rms, example=([(3, 8)], [x.dtype]))) == 1   # a bare reference
+  assert find_sites([rms(x).lazydata], rms, example=([(6, 16)], [x.dtype])) == []     # at other shapes
+
+def test_wrong_kernel_fails_verification_and_is_never_offered(kernels, db_file):
+  k = kernels("bad", reference=fma_relu, devices=["LLVM"], numpy=lambda a, b, c: a * b + c)   # relu forgotten
+  a, b, c = _t(4, 5), _t(4, 5), _t(4, 5)
+  out = fma_relu(a, b, c)
+  with pytest.warns(UserKernelWarning, match="bad.*failed verification"):
+    space = PathSpace([out.lazydata])
+  assert space.names == ("user:bad",) and space.options == [["default"]] and space.count == 1
+  [(key, reason)] = k.failures.items()
+  assert key[0] == "bad:numpy" and "relative error" in reason
+  # a record that says it is fastest is still not used
+  _record(space, ("bad:numpy",), 1e-9)
+  _record(space, ("default",), 1e-3)
+  path_select.forget()
+  with warnings.catch_warnings():
+    warnings.simplefilter("error")   # warned once per signature: not again
+    out.realize()
+    assert path_select.applied[space.key].startswith("all default")
+    np.testing.assert_allclose(out.numpy(), np.maximum(a.numpy() * b.numpy() + c.numpy(), 0), rtol=1e-6)
+
+def _record(space, choices, seconds):
+  from tgrad.paths.path import Path as PathOf
+  path = PathOf(tuple(choices), space.names, "heuristic", space.device)
+  path_select.database().add(Measurement(
+    graph_key=space.key, graph_desc=space.description(), path_id=path.id, path_desc=path.description,
+    device=space.device, fingerprint=hardware_fingerprint(space.device), tgrad_version=tgrad_version(),
+    settings=code_settings(), times=(seconds,), max_rel_error=0.0, max_abs_error=0.0, input_distribution="test",
+    status="ok", choices=path.choices))
+
+@pytest.fixture
+def db_file(tmp_path, monkeypatch):
+  monkeypatch.setenv("TGRAD_CACHE", str(tmp_path / "paths.db"))
+  path_select.forget()
+  yield
+  path_select.forget()
+
+def test_correct_kernel_selected_from_its_record(kernels, db_file):
+  calls = []
+  def numpy_fma(a, b, c):
+    calls.append(a.shape)
+    return np.maximum(a * b + c, 0)
+  kernels("good", reference=fma_relu, devices=["LLVM"], numpy=numpy_fma)
+  a, b, c = _t(4, 5), _t(4, 5), _t(4, 5)
+  space = PathSpace([fma_relu(a, b, c).lazydata])
+  assert space.options == [["default", "good:numpy"]] and len(calls) == 1   # verified once
+  _record(space, ("good:numpy",), 1e-6)
+  _record(space, ("default",), 1e-3)
+  path_select.forget()
+  out = fma_relu(a, b, c).realize()   # the graph the records are of (.numpy() alone would realize a copy of it)
+  np.testing.assert_allclose(out.numpy(), np.maximum(a.numpy() * b.numpy() + c.numpy(), 0), rtol=1e-6)
+  assert len(calls) == 2 and "user:good=good:numpy" in path_select.applied[space.key]
+  _record(space, ("default",), 1e-9)   # now the default is faster: chosen instead
+  path_select.forget()
+  fma_relu(a, b, c).realize()
+  assert len(calls) == 2
+
+def test_llvm_ir_kernel_verified_and_run(kernels):
+  example = _load_example()
+  kernels("fma_ir", reference=fma_relu, devices=["LLVM"], source=example.FMA_RELU_LLVM_IR.replace(
+    "@fma_relu", "@fma_ir"), language="llvm", launch=example.llvm_launch)
+  a, b, c = _t(7, 9), _t(7, 9), _t(7, 9)
+  out = fma_relu(a, b, c) * 2
+  space = PathSpace([out.lazydata])
+  assert space.options == [["default", "fma_ir"]]
+  realize_path(next(p for p in space if p.choices == ("fma_ir",)))
+  np.testing.assert_allclose(out.numpy(), 2 * np.maximum(a.numpy() * b.numpy() + c.numpy(), 0), rtol=1e-6)
+
+def test_cuda_sources_compile_with_nvrtc():
+  from tgrad.runtime.nvrtc import compile_cuda, nvrtc_available
+  if not nvrtc_available(): pytest.skip("libnvrtc not found")
+  example = _load_example()
+  for source in (example.FMA_RELU_CUDA, example.RMS_NORM_CUDA):
+    assert compile_cuda(source, "sm_90")[:4] == b"\x7fELF"
+
+@pytest.mark.gpu
+def test_cuda_kernels_verified_and_run_on_the_gpu(kernels):
+  example = _load_example()
+  kernels("fma_gpu", reference=fma_relu, devices=["CUDA"], source=example.FMA_RELU_CUDA.replace(
+    "fma_relu", "fma_gpu"), language="cuda", launch=example.cuda_launch)
+  data = [RNG.standard_normal((64, 33)).astype(np.float32) for _ in range(3)]
+  out = fma_relu(*[Tensor(d, device="CUDA").realize() for d in data])
+  space = PathSpace([out.lazydata])
+  assert "fma_gpu" in space.options[0]
+  realize_path(next(p for p in space if p.choices == ("fma_gpu",)))
+  np.testing.assert_allclose(out.numpy(), np.maximum(data[0] * data[1] + data[2], 0), rtol=1e-6)
+
+def test_site_holding_a_composite_nests_it_and_counts_stay_exact(kernels):
+  kernels("tanh2", reference=lambda x: x.tanh() * 2, devices=["LLVM"], numpy=lambda x: 2 * np.tanh(x))
+  x = _t(4, 6)
+  space = PathSpace([(x.tanh() * 2 + 1).lazydata])
+  assert space.names == ("user:tanh2", "tanh") and space.parent == [None, 0]
+  paths = list(space)
+  distinct = {space._canonical(tuple(c)) for c in itertools.product(*space.options)}
+  assert space.count == len(paths) == len({p.id for p in paths}) == len(distinct) == 1 + len(space.options[1])
+  assert ("tanh2:numpy", "default") in [p.choices for p in paths]   # the tanh inside it does not exist then
+  realize_path(next(p for p in paths if p.choices[0] == "tanh2:numpy"))

@@ -1,0 +1,300 @@
+"""User fused kernels: a kernel with a reference in tgrad ops becomes a candidate lowering wherever the reference's
+graph appears in a graph being realized.
+
+`register_kernel(name, reference=, devices=, ...)` takes a kernel as CUDA C source or LLVM IR text (with its launch
+rule, tgrad/custom.py gives the argument convention: the output buffer first, then the inputs in order, then the
+launch's int64 scalars; LLVM adds the call index last) and/or a numpy callable (the NUMPY backend), and a reference:
+a Python function of Tensors computing the same value. It registers a composite "user:<name>" (composite.LOWERINGS)
+whose lowerings are "default" (the graph as written), "<name>" (the compiled source, on the device of its language)
+and "<name>:numpy" (the numpy callable, on any of `devices`).
+
+`find_sites(outs, kernel)` finds where the reference's graph appears: an exact structural match (see `_match`) of the
+reference built on placeholder inputs against the unrealized graph above outs — the inputs are wildcards bound
+consistently (one target value each), commutative ops' operands match in either order, views match by ShapeTracker
+equality after the same movement ops, constants by value and type, reduces by op and axes. Shapes come first from a
+shape-blind match (which also binds the wildcards), then the reference is built at those shapes and matched exactly,
+so a site matches only where the reference at its own shapes is the very same graph. Each site is a `Region` of kind
+"user:<name>" that PathSpace enumerates like a composite's.
+
+Before first use, each lowering is verified at the site's shapes, dtypes and device against the reference on random
+inputs (VERIFY_TOLERANCE); a lowering that fails (wrong values, or it does not compile or run) warns once
+(UserKernelWarning), is recorded in `kernel.failures`, and is never offered.
+"""
+from __future__ import annotations
+import warnings
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence, Union
+import numpy as np
+from tgrad.custom import LANGUAGES, NUMPY, HostFunction, SourceKernel, host_values
+from tgrad.device import Buffer, KNOWN_DEVICES, canonical_device
+from tgrad.dtype import DType, dtypes
+from tgrad.helpers import prod
+from tgrad.lazy import LazyBuffer
+from tgrad.ops import COMMUTATIVE, Ops
+from tgrad.realize import realize
+from tgrad.tensor_ops.composite import DEFAULT, LOWERINGS, Lowering, Region, lowerings_for
+if TYPE_CHECKING: from tgrad.tensor import Tensor
+
+USER_PREFIX = "user:"
+NUMPY_SUFFIX = ":numpy"
+VERIFY_SEED = 0
+# max relative error (path.errors: over the larger of |reference| and 1e-3 × the largest |reference|) a kernel may
+# show against the reference computed by tgrad in the same dtype: ~1000 eps of float32, a few eps of the half types
+VERIFY_TOLERANCE = {dtypes.float64: 1e-10, dtypes.float32: 1e-4, dtypes.float16: 1e-2, dtypes.bfloat16: 5e-2}
+USER_KERNEL_EXACTNESS = 0   # never the float64 reference: the reference graph (the default) is
+
+class UserKernelWarning(UserWarning):
+  """A registered kernel failed verification at some site: it is not used there."""
+
+@dataclass(eq=False)
+class UserKernel:
+  """A registered kernel (see register_kernel). `failures`: (lowering, device, shapes, dtypes) → why it failed."""
+  name: str
+  reference: Callable[..., Tensor]
+  devices: frozenset[str]
+  sources: dict[str, str]                      # language → source
+  entry: str
+  launches: dict[str, Callable[..., Any]]      # language → launch rule
+  numpy: Optional[Callable[..., np.ndarray]]
+  verified: dict[tuple, str] = field(default_factory=dict, repr=False)   # key → "" (passed) or the failure
+  patterns: dict[tuple, Any] = field(default_factory=dict, repr=False)   # (device, shapes, dtypes) → pattern
+  root_op: Optional[Ops] = None                                # the reference's output op, once a pattern is built
+  @property
+  def composite(self) -> str: return USER_PREFIX + self.name
+  @property
+  def failures(self) -> dict[tuple, str]: return {k: v for k, v in self.verified.items() if v}
+
+USER_KERNELS: dict[str, UserKernel] = {}
+
+def _per_language(value: Any, language: Optional[str], what: str) -> dict[str, Any]:
+  if value is None: return {}
+  if isinstance(value, dict):
+    bad = [k for k in value if k not in LANGUAGES]
+    if bad: raise ValueError(f"{what}: unknown languages {bad}; use {sorted(LANGUAGES)}")
+    return dict(value)
+  if language not in LANGUAGES: raise ValueError(f"{what} needs language= one of {sorted(LANGUAGES)}, got {language!r}")
+  return {language: value}
+
+def register_kernel(name: str, *, reference: Callable[..., Tensor], devices: Sequence[str],
+                    source: Union[str, dict[str, str], None] = None, language: Optional[str] = None,
+                    entry: Optional[str] = None, launch: Union[Callable, dict[str, Callable], None] = None,
+                    numpy: Optional[Callable[..., np.ndarray]] = None) -> UserKernel:
+  """Register a fused kernel (see the module doc). `source` and `launch` may be dicts by language ("cuda", "llvm") to
+  give one kernel in both; `entry` is the kernel function's name (default: `name`); `launch(*input shapes)` returns a
+  custom.Launch or (global_size, local_size[, scalars]); `numpy(*float64 arrays)` returns the output array. A new
+  registration under a name replaces the old one."""
+  if not name or ":" in name: raise ValueError(f"kernel name {name!r}: non-empty, without ':'")
+  sources, launches = _per_language(source, language, f"kernel {name!r} source"), \
+    _per_language(launch, language, f"kernel {name!r} launch")
+  if set(sources) != set(launches):
+    raise ValueError(f"kernel {name!r}: a launch rule for each source language (sources {sorted(sources)}, "
+                     f"launch rules {sorted(launches)})")
+  if not sources and numpy is None: raise ValueError(f"kernel {name!r}: give source= (with launch=) or numpy=")
+  kernel = UserKernel(name, reference, frozenset(canonical_device(d) for d in devices), sources, entry or name,
+                      launches, numpy)
+  lowerings = {DEFAULT: Lowering(DEFAULT, f"the reference graph of {name} as written", reference, 1)}
+  source_devices = frozenset(LANGUAGES[lang] for lang in sources) & kernel.devices
+  if source_devices:
+    lowerings[name] = Lowering(name, f"user kernel {name} ({', '.join(sorted(sources))})", _build(kernel, False),
+                               USER_KERNEL_EXACTNESS, source_devices)
+  if numpy is not None:
+    lowerings[name + NUMPY_SUFFIX] = Lowering(name + NUMPY_SUFFIX, f"user kernel {name} in numpy on the host",
+                                              _build(kernel, True), USER_KERNEL_EXACTNESS, kernel.devices, part=NUMPY)
+  USER_KERNELS[name] = kernel
+  LOWERINGS[kernel.composite] = lowerings
+  return kernel
+
+def unregister_kernel(name: str) -> None:
+  if (kernel := USER_KERNELS.pop(name, None)) is not None: LOWERINGS.pop(kernel.composite, None)
+
+def _build(kernel: UserKernel, host: bool) -> Callable[..., Tensor]:
+  """The lowering's build: a CUSTOM op of the kernel over the site's inputs (shape and dtype from the reference)."""
+  def build(*inputs: Tensor) -> Tensor:
+    from tgrad.tensor import Tensor
+    shaped = kernel.reference(*inputs)   # only its shape and dtype: nothing runs
+    in_shapes = tuple(tuple(x.shape) for x in inputs)
+    device = inputs[0].device
+    if host: custom = HostFunction(kernel.name, kernel.numpy, in_shapes, tuple(shaped.shape))
+    else:
+      language = next(lang for lang, dev in LANGUAGES.items() if dev == device and lang in kernel.sources)
+      custom = SourceKernel(kernel.name, language, kernel.sources[language], kernel.entry, kernel.launches[language],
+                            in_shapes, tuple(shaped.shape))
+    return Tensor(LazyBuffer.custom(custom, tuple(x.lazydata for x in inputs), shaped.shape, shaped.dtype),
+                  requires_grad=False)
+  return build
+
+# ---- matching
+
+def _placeholders(device: str, shapes: Sequence[tuple[int, ...]], dtypes_: Sequence[DType]) -> list[LazyBuffer]:
+  """Realized-looking inputs of these shapes (their Buffers are never allocated: nothing runs)."""
+  return [LazyBuffer.from_buffer(Buffer(device, max(prod(s), 1), d), tuple(s)) for s, d in zip(shapes, dtypes_)]
+
+def reference_pattern(kernel: UserKernel, device: str, shapes: Sequence[tuple[int, ...]], dtypes_: Sequence[DType]
+                      ) -> tuple[LazyBuffer, list[LazyBuffer]]:
+  """The reference's graph on placeholder inputs: (its output base, the placeholders), remembered per signature."""
+  key = (device, tuple(map(tuple, shapes)), tuple(dtypes_))
+  if key not in kernel.patterns:
+    from tgrad.tensor import Tensor
+    placeholders = _placeholders(device, shapes, dtypes_)
+    out = kernel.reference(*[Tensor(p, requires_grad=False) for p in placeholders]).lazydata
+    if not (out.is_base or (out.st.contiguous and out.size == out.base.size)):
+      raise ValueError(f"kernel {kernel.name!r}: the reference's result must be a computed value, not a view of one")
+    kernel.patterns[key] = (out.base, placeholders)
+    kernel.root_op = out.base.op
+  return kernel.patterns[key]
+
+def _same_const(a: Any, b: Any) -> bool: return type(a) is type(b) and (a == b or (a != a and b != b))
+def _same_arg(a: Any, b: Any) -> bool:
+  return a is b or (not isinstance(a, np.ndarray) and type(a) is type(b) and a == b)
+
+def _match(p: LazyBuffer, t: LazyBuffer, wild: dict[int, LazyBuffer], binding: dict[int, LazyBuffer],
+           exact: bool) -> bool:
+  """Whether target t is pattern p with the wildcards (placeholder id → placeholder) bound in `binding`
+  (extended in place on success). Shape-blind when not exact: views are looked through, constants compare by op."""
+  if id(p) in wild:
+    bound = binding.get(id(p))
+    if bound is not None: return bound is t
+    if exact and (t.shape != p.shape or t.dtype != p.dtype): return False
+    binding[id(p)] = t
+    return True
+  if not p.is_base:
+    if t.is_base: return not exact and _match(p.base, t, wild, binding, exact)
+    if exact and p.st != t.st: return False
+    return _match(p.base, t.base, wild, binding, exact)
+  if not t.is_base:
+    if exact: return False
+    t = t.base
+  if t.buffer is not None or t.op is not p.op or t.dtype != p.dtype or len(t.srcs) != len(p.srcs): return False
+  if t.device != p.device: return False
+  if exact and t.shape != p.shape: return False
+  if p.op is Ops.CONST: return not exact or _same_const(p.arg, t.arg)
+  if p.op is Ops.REDUCE_AXIS and p.arg[:2] != t.arg[:2]: return False
+  if p.op is not Ops.REDUCE_AXIS and exact and not _same_arg(p.arg, t.arg): return False
+  orders = [t.srcs]
+  if p.op in COMMUTATIVE and len(t.srcs) == 2: orders.append(t.srcs[::-1])
+  for srcs in orders:
+    trial = dict(binding)
+    if all(_match(ps, ts, wild, trial, exact) for ps, ts in zip(p.srcs, srcs)):
+      binding.clear()
+      binding.update(trial)
+      return True
+  return False
+
+@dataclass(frozen=True)
+class Site:
+  """Where a kernel's reference appears: the root (an unrealized base) and the target values bound to its inputs."""
+  kernel: UserKernel
+  root: LazyBuffer
+  inputs: tuple[LazyBuffer, ...]
+
+def _unrealized_bases(outs: Sequence[LazyBuffer]) -> list[LazyBuffer]:
+  """Unrealized bases above outs, depth-first pre-order from the roots (composite.regions_above's order)."""
+  found, seen, stack = [], set(), list(outs[::-1])
+  while stack:
+    lb = stack.pop()
+    if id(lb) in seen: continue
+    seen.add(id(lb))
+    if not lb.is_base:
+      stack.append(lb.base)
+      continue
+    if lb.buffer is not None: continue
+    found.append(lb)
+    stack.extend(lb.srcs[::-1])
+  return found
+
+def find_sites(outs: Sequence[LazyBuffer], kernel: Union[UserKernel, Callable[..., Tensor]],
+               example: Optional[tuple[Sequence[tuple[int, ...]], Sequence[DType]]] = None) -> list[Site]:
+  """The sites of `kernel` (a registered kernel, or a bare reference function) in the unrealized graph above outs
+  (see the module doc), in graph order; `example` (shapes, dtypes) only matches at those input shapes and dtypes."""
+  if not isinstance(kernel, UserKernel):
+    kernel = UserKernel(getattr(kernel, "__name__", "reference"), kernel, frozenset(KNOWN_DEVICES), {}, "", {}, None)
+  sites: list[Site] = []
+  for candidate in _unrealized_bases(outs):
+    if candidate.device not in kernel.devices or (kernel.root_op is not None and candidate.op is not kernel.root_op):
+      continue
+    if example is not None:
+      shapes, dtypes_ = example
+    else:   # a shape-blind match on a small pattern gives the input shapes and dtypes
+      guess = _shape_guess(kernel, candidate)
+      if guess is None: continue
+      shapes, dtypes_ = guess
+    try: root, placeholders = reference_pattern(kernel, candidate.device, shapes, dtypes_)
+    except Exception: continue   # the reference does not apply at these shapes
+    binding: dict[int, LazyBuffer] = {}
+    wild = {id(p): p for p in placeholders}
+    if _match(root, candidate, wild, binding, exact=True) and len(binding) == len(placeholders):
+      sites.append(Site(kernel, candidate, tuple(binding[id(p)] for p in placeholders)))
+  return sites
+
+SHAPE_GUESS_SIZE = 4   # the shape-blind pattern is built with inputs of shape (4,) ... any shape would do
+
+def _shape_guess(kernel: UserKernel, candidate: LazyBuffer) -> Optional[tuple[list, list]]:
+  """Input shapes and dtypes for an exact match at `candidate`: bind the wildcards by a shape-blind match of the
+  reference built at a probe shape (the candidate's own shape, for every input, of the candidate's dtype)."""
+  arity = _arity(kernel)
+  probe = tuple(candidate.shape) if candidate.shape else (SHAPE_GUESS_SIZE,)
+  try: root, placeholders = reference_pattern(kernel, candidate.device, [probe] * arity, [candidate.dtype] * arity)
+  except Exception: return None
+  binding: dict[int, LazyBuffer] = {}
+  wild = {id(p): p for p in placeholders}
+  if not _match(root, candidate, wild, binding, exact=False) or len(binding) != arity: return None
+  bound = [binding[id(p)] for p in placeholders]
+  return [tuple(b.shape) for b in bound], [b.dtype for b in bound]
+
+def _arity(kernel: UserKernel) -> int:
+  import inspect
+  params = inspect.signature(kernel.reference).parameters.values()
+  return sum(1 for p in params if p.default is inspect.Parameter.empty and p.kind in (p.POSITIONAL_ONLY,
+                                                                                        p.POSITIONAL_OR_KEYWORD))
+
+def user_regions(outs: Sequence[LazyBuffer]) -> list[Region]:
+  """A Region ("user:<name>", the bound inputs, the site's root) for every site of every registered kernel."""
+  regions: list[Region] = []
+  for kernel in list(USER_KERNELS.values()):
+    for site in find_sites(outs, kernel):
+      regions.append(Region(kernel.composite, site.inputs, (), site.root))
+  return regions
+
+# ---- verification
+
+def verified_lowerings(region: Region) -> list[str]:
+  """lowerings_for(region), without the user-kernel lowerings that fail verification at this site."""
+  names = lowerings_for(region)
+  if not region.name.startswith(USER_PREFIX): return names
+  kernel = USER_KERNELS[region.name[len(USER_PREFIX):]]
+  return [n for n in names if n == DEFAULT or verify(kernel, n, region) == ""]
+
+def verify(kernel: UserKernel, lowering: str, region: Region) -> str:
+  """"" when lowering `lowering` of the kernel computes its reference at this site's signature (remembered), else
+  why not (warned once)."""
+  device = region.root.device
+  shapes, in_dtypes = tuple(tuple(x.shape) for x in region.inputs), tuple(x.dtype for x in region.inputs)
+  key = (lowering, device, shapes, in_dtypes)
+  if key not in kernel.verified:
+    kernel.verified[key] = reason = _check(kernel, lowering, device, shapes, in_dtypes)
+    if reason:
+      warnings.warn(f"user kernel {kernel.name!r} ({lowering}) failed verification on {device} for inputs {shapes} "
+                    f"{[str(d) for d in in_dtypes]}: {reason}; it will not be used there", UserKernelWarning,
+                    stacklevel=2)
+  return kernel.verified[key]
+
+def _random_input(rng: np.random.Generator, shape: tuple[int, ...], dtype: DType) -> np.ndarray:
+  if dtype.is_float: return rng.standard_normal(shape).astype(np.float32 if dtype == dtypes.bfloat16 else dtype.np)
+  if dtype == dtypes.bool: return rng.random(shape) < 0.5
+  return rng.integers(-8, 8, shape).astype(dtype.np)
+
+def _check(kernel: UserKernel, lowering: str, device: str, shapes: tuple, in_dtypes: tuple) -> str:
+  from tgrad.tensor import Tensor
+  rng = np.random.default_rng(VERIFY_SEED)
+  try:
+    inputs = [Tensor(_random_input(rng, s, d), device=device).cast(d).realize() for s, d in zip(shapes, in_dtypes)]
+    want = kernel.reference(*inputs).lazydata.contiguous()
+    got = LOWERINGS[kernel.composite][lowering].build(*inputs).lazydata.contiguous()
+    realize(want, got)
+    reference, values = host_values(want.base.buffer, want.shape), host_values(got.base.buffer, got.shape)
+  except Exception as failure:
+    return f"{type(failure).__name__}: {failure}"
+  from tgrad.paths.path import errors   # path.py imports this module: the measure of error is shared, not copied
+  error = errors([values], [reference])[0] if values.shape == reference.shape else float("inf")
+  bound = VERIFY_TOLERANCE.get(want.dtype, 0.0)
+  return "" if error <= bound else f"max relative error {error:.3g} against the reference (allowed {bound:g})"

@@ -158,7 +158,7 @@ def test_realize_context_coalesces(tmp_path, monkeypatch):
   path_select.forget()
   try:
     data = _data(8, 8)
-    y = _round_trip(Tensor(data).realize())
+    y = _round_trip(Tensor(data, device="LLVM").realize())   # host data on the CPU, whatever the default device
     [trip] = find_round_trips([y.lazydata])
     monkeypatch.setattr("tgrad.paths.coalesce.hardware_fingerprint", FAKE_FINGERPRINTS.get)
     _fill(path_select.database(), trip.region, 1e-6, 5e-6, 5e-6)
@@ -172,7 +172,7 @@ def test_profiler_measures_round_trips_and_on_llvm_runs(tmp_path):
   db = PathsDB(str(tmp_path / "paths.db"))
   data = _data(64, 64)
   with watching(Profiler(db, budget=60, progress=False)):
-    y = _round_trip(Tensor(data).realize())
+    y = _round_trip(Tensor(data, device="LLVM").realize())   # host data on the CPU, whatever the default device
     [trip] = find_round_trips([y.lazydata])
     y.realize()
   for source, destination in (("LLVM", "CUDA"), ("CUDA", "LLVM")):

@@ -140,7 +140,8 @@ def test_cuda_kernels_verified_and_run_on_the_gpu(kernels):
   space = PathSpace([out.lazydata])
   assert "fma_gpu" in space.options[0]
   realize_path(next(p for p in space if p.choices == ("fma_gpu",)))
-  np.testing.assert_allclose(out.numpy(), np.maximum(data[0] * data[1] + data[2], 0), rtol=1e-6)
+  # the CUDA kernel may contract a*b + c into one fused multiply-add (rounded once; numpy rounds twice)
+  np.testing.assert_allclose(out.numpy(), np.maximum(data[0] * data[1] + data[2], 0), rtol=1e-5, atol=1e-7)
 
 def test_site_holding_a_composite_nests_it_and_counts_stay_exact(kernels):
   kernels("tanh2", reference=lambda x: x.tanh() * 2, devices=["LLVM"], numpy=lambda x: 2 * np.tanh(x))

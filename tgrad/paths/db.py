@@ -212,9 +212,11 @@ def get_paths_db() -> PathsDB:
 DEFAULT_TOLERANCES = {"float64": 1e-12, "float32": 1e-5, "float16": 1e-2, "bfloat16": 5e-2}
 # Sanity bound per dtype: a run whose max relative error is beyond it computed a wrong answer (a bug, garbage, a
 # crash), not an imprecise one; the profiler records it as 'failed' and selection never picks it, whatever
-# TOLERANCE says. 1e-6 for float64 is 10^10 ulps; 1e-2 for float32 is 2 of its 7 digits left, ~1000x the default
-# tolerance; the half types keep 1 (float16, 1e-1) or less (bfloat16, 2.5e-1) digit.
-SANITY_BOUNDS = {"float64": 1e-6, "float32": 1e-2, "float16": 1e-1, "bfloat16": 2.5e-1}
+# TOLERANCE says. 1e-6 for float64 is 10^10 ulps; 5e-2 for float32 leaves 1–2 of its 7 digits: a deep graph's
+# correct kernels measure up to 1.3e-2 elementwise (gemma-3-270m's 520-token prefill, KV caches included: the
+# relative error of small elements grows through 18 layers), so the bound sits above that; the half types keep 1
+# (float16, 1e-1) or less (bfloat16, 2.5e-1) digit.
+SANITY_BOUNDS = {"float64": 1e-6, "float32": 5e-2, "float16": 1e-1, "bfloat16": 2.5e-1}
 EXACT = 0.0   # integer and bool results have one right answer: any error is a failure
 
 def _dtype_name(dtype: Union[DType, str]) -> str:

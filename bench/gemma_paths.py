@@ -3,7 +3,8 @@
 For float16 and float32: profile the graphs of a short generate() (the prefill and the first decode step, with every
 path of their composite regions: gelu, tanh, exp, ...) into the database, then for TOLERANCE 1e-2, 1e-4 and 1e-6 load
 the model fresh, generate NEW_TOKENS tokens with the JIT (the decode step is captured along the selected path) and
-report the lowerings chosen, decode tok/s (end to end, and of the replayed steps), and the max logit error of the decode steps against HF float32's logits.
+report the lowerings chosen, decode tok/s (end to end, and of the replayed steps), and the max logit error of the
+decode steps against HF float32's logits.
 Input: a directory written by gemma_reference.py (as bench/gemma_gpu.py). Uses the database at TGRAD_CACHE.
 Usage: python bench/gemma_paths.py REFERENCE_DIR [--new-tokens 128] [--budget 120] [--max-paths 24] [--device CUDA]
 """

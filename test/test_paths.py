@@ -193,3 +193,4 @@ def test_cli_show_and_best(db_file):
                            env={**os.environ, "TGRAD_CACHE": db_file}, check=True).stdout
   assert "selected at TOLERANCE" in env_out and env_out.count("\n") >= 1 + profiler.measured
   assert main(["best", "--tolerance", "1e-2"]) == 0
+  assert main(["best"]) == 0   # each graph at its dtype's default tolerance

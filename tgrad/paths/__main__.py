@@ -30,8 +30,11 @@ def _profile(args: argparse.Namespace) -> int:
   return 0
 
 def _graph_dtype_tolerance(desc: dict) -> float:
+  """The default tolerance of a recorded graph's narrowest float output (its description names dtypes as str() does,
+  e.g. "dtypes.float16")."""
   from tgrad.dtype import to_dtype
-  floats = [to_dtype(d) for _, d in desc.get("outputs", []) if to_dtype(d).is_float]
+  names = [str(d).rsplit(".", 1)[-1] for _, d in desc.get("outputs", [])]
+  floats = [to_dtype(n) for n in names if to_dtype(n).is_float]
   return min((default_tolerance(d) for d in floats), default=1e-5)
 
 def _selections(db: PathsDB, key: str, device: str, tolerance: float):

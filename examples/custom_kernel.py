@@ -2,11 +2,14 @@
 reference in tgrad ops, found in a small graph, verified, profiled into a benchmark database, and selected only if
 they win.
 
-  python examples/custom_kernel.py [--budget SECONDS]
+  python examples/custom_kernel.py [--budget SECONDS] [--gemma-preset tiny|270m] [--new-tokens N]
 
 The kernels: relu(a·b + c) as CUDA C, LLVM IR and numpy; RMSNorm over the last axis as CUDA C and numpy. On a machine
 without a GPU the LLVM IR and numpy versions run; with one, CUDA's too. The database is a temporary file (TGRAD_CACHE)
 unless TGRAD_CACHE is already set; `python -m tgrad.paths show` prints what it recorded and chose.
+Then the same in Gemma's decode step (random weights of a preset, float32, batch 1): its graphs hold RMSNorm sites
+(the model's plain norms) and no multiply-add-ReLU; decode tok/s of the replayed steps is measured without the
+kernels registered and with them (profiled, then selected from the records), and what was chosen is printed.
 """
 from __future__ import annotations
 import argparse, math, os, subprocess, sys, tempfile
@@ -100,9 +103,49 @@ def graphs(device: str, seed: int = 0):
   x = Tensor(rng.standard_normal((64, 1024)).astype(np.float32), device=device).realize()
   return [fma_relu_reference(a, b, c) * 2, rms_norm_reference(x) + 1]
 
+GEMMA_PROMPT = [2, 65, 37, 76, 81, 103]   # <bos> + arbitrary ids (inside the tiny preset's 512-token vocabulary)
+
+def gemma_decode_tok_s(device: str, preset: str, new_tokens: int) -> float:
+  """tok/s of the replayed decode steps of a fresh random-weight Gemma (what the database selects, if anything)."""
+  from tgrad import dtypes
+  from tgrad.models.gemma3 import Gemma3, Gemma3Config
+  from tgrad.models.generation import generate
+  model = Gemma3.random(Gemma3Config.preset(preset), dtypes.float32, device, progress=False)
+  generate(model, GEMMA_PROMPT, 4, eos_ids=(), jit=True)   # compiles
+  replayed = generate(model, GEMMA_PROMPT, new_tokens, eos_ids=(), jit=True).step_seconds[2:]
+  return len(replayed) / sum(replayed)
+
+def gemma(device: str, preset: str, new_tokens: int, budget: float, tolerance: float) -> None:
+  """Gemma's decode with and without the two kernels registered (see the module doc), selecting at `tolerance`."""
+  from tgrad import dtypes
+  from tgrad.helpers import Context
+  from tgrad.models.gemma3 import Gemma3, Gemma3Config
+  from tgrad.models.generation import generate
+  from tgrad.paths import select as path_select, unregister_kernel
+  from tgrad.paths.profile import Profiler, watching
+  for name in ("fma_relu", "rms_norm"): unregister_kernel(name)
+  path_select.forget()
+  without = gemma_decode_tok_s(device, preset, new_tokens)
+  register()
+  with watching(Profiler(budget=budget, progress=False)) as profiler:
+    model = Gemma3.random(Gemma3Config.preset(preset), dtypes.float32, device, progress=False)
+    generate(model, GEMMA_PROMPT, 3, eos_ids=(), jit=True)
+  print(f"gemma {preset}: profiled {len(profiler.graphs_seen)} graphs, {profiler.measured} paths measured")
+  path_select.forget()
+  with Context(TOLERANCE=tolerance): with_kernels = gemma_decode_tok_s(device, preset, new_tokens)
+  for key, what in path_select.applied.items(): print(f"gemma graph {key[:12]}: ran {what}")
+  for name in ("fma_relu", "rms_norm"): unregister_kernel(name)   # the baseline once more: the machine's noise
+  without = max(without, gemma_decode_tok_s(device, preset, new_tokens))
+  print(f"gemma {preset} decode at TOLERANCE {tolerance:g}: {without:.1f} tok/s without the kernels registered "
+        f"(best of 2), {with_kernels:.1f} tok/s with them ({with_kernels / without:.2f}x)")
+
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--budget", type=float, default=60.0, help="seconds of profiling (default 60)")
+  parser.add_argument("--gemma-preset", default="tiny", help="Gemma preset of the decode part (none: skip)")
+  parser.add_argument("--new-tokens", type=int, default=16, help="decode tokens timed in the Gemma part")
+  parser.add_argument("--tolerance", type=float, default=1e-3,
+                      help="TOLERANCE of the Gemma part's selection (a whole model's float32 error is ~1e-4)")
   args = parser.parse_args(argv)
   os.environ.setdefault("TGRAD_CACHE", os.path.join(tempfile.mkdtemp(prefix="tgrad-custom-kernel-"), "cache.db"))
   from tgrad.device import Device
@@ -119,6 +162,7 @@ def main(argv=None) -> int:
   for out in graphs(device, seed=1):   # the same graphs again: now selected from the records
     out.realize()
   for key, what in path_select.applied.items(): print(f"graph {key[:12]}: ran {what}")
+  if args.gemma_preset != "none": gemma(device, args.gemma_preset, args.new_tokens, args.budget, args.tolerance)
   shown = subprocess.run([sys.executable, "-m", "tgrad.paths", "show"], capture_output=True, text=True,
                          env=dict(os.environ))
   print(shown.stdout, end="")

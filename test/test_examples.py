@@ -42,9 +42,11 @@ def test_custom_kernel_example(tmp_path):
   """Registers the fused kernels, profiles both graphs into a temporary database and shows what it chose (on a
   CPU-only machine: the LLVM IR and numpy versions)."""
   env = {**os.environ, "TGRAD_CACHE": str(tmp_path / "cache.db")}
-  run = subprocess.run([sys.executable, str(EXAMPLES / "custom_kernel.py"), "--budget", "60"], capture_output=True,
-                       text=True, timeout=300, env=env)
+  run = subprocess.run([sys.executable, str(EXAMPLES / "custom_kernel.py"), "--budget", "20", "--new-tokens", "4"],
+                       capture_output=True, text=True, timeout=300, env=env)
   assert run.returncode == 0, run.stderr[-2000:]
   assert "profiled 2 graphs" in run.stdout and "0 failed" in run.stdout
+  assert "gemma tiny: profiled 2 graphs" in run.stdout and "gemma tiny decode at TOLERANCE" in run.stdout
+  assert "user:rms_norm" in run.stdout   # Gemma's graphs hold RMSNorm sites (show lists their paths)
   assert "user:fma_relu=fma_relu:numpy" in run.stdout and "user:rms_norm=rms_norm:numpy" in run.stdout
   assert run.stdout.count("selected at TOLERANCE") >= 2   # show: the database chose a path for each graph

@@ -11,7 +11,7 @@ from tgrad.paths import select as path_select
 from tgrad.paths.db import Measurement
 from tgrad.paths.fingerprint import hardware_fingerprint, tgrad_version
 from tgrad.paths.path import PathSpace, realize_path
-from tgrad.paths.user_kernels import UserKernelWarning, find_sites, register_kernel, unregister_kernel
+from tgrad.paths.user_kernels import USER_KERNELS, UserKernelWarning, find_sites, register_kernel, unregister_kernel
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "custom_kernel.py"
 RNG = np.random.default_rng(11)
@@ -153,3 +153,29 @@ def test_site_holding_a_composite_nests_it_and_counts_stay_exact(kernels):
   assert space.count == len(paths) == len({p.id for p in paths}) == len(distinct) == 1 + len(space.options[1])
   assert ("tanh2:numpy", "default") in [p.choices for p in paths]   # the tanh inside it does not exist then
   realize_path(next(p for p in paths if p.choices[0] == "tanh2:numpy"))
+
+def test_sites_found_by_equivalence_not_by_form():
+  """A reference written unlike the model's code (x / sqrt(Σx²/n + eps) against rms_norm's x · rsqrt(mean(x²) + eps))
+  matches no graph structurally, but the equivalence checker finds it equal to the rms_norm composite: a site there.
+  The same formula with another eps is not a site."""
+  from tgrad.paths.user_kernels import equivalent_sites
+  eps = 1e-6
+  def other_form(x): return x / ((x ** 2).sum(-1, keepdim=True) / x.shape[-1] + eps).sqrt()
+  def rms_numpy(x): return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps)
+  register_kernel("rms_other_form", reference=other_form, devices=["LLVM"], numpy=rms_numpy)
+  try:
+    x = Tensor(np.random.default_rng(0).standard_normal((8, 64)).astype(np.float32), device="LLVM").realize()
+    out = x.rms_norm(-1, eps) * 2 + x.softmax(-1)
+    kernel = USER_KERNELS["rms_other_form"]
+    assert find_sites([out.lazydata], kernel) == []
+    [site] = equivalent_sites([out.lazydata], kernel, set())
+    assert site.root.region is not None and site.root.region.name == "rms_norm"
+    space = PathSpace([out.lazydata])
+    assert "user:rms_other_form" in space.names and "rms_other_form:numpy" in space.options[0]
+    path = next(p for p in space if "rms_other_form:numpy" in p.choices)
+    realize_path(path)
+    e = np.exp(x.numpy() - x.numpy().max(-1, keepdims=True))
+    want = rms_numpy(x.numpy()) * 2 + e / e.sum(-1, keepdims=True)
+    np.testing.assert_allclose(out.numpy(), want, rtol=1e-5, atol=1e-6)
+    assert equivalent_sites([(x.rms_norm(-1, 1e-3) * 2).lazydata], kernel, set()) == []
+  finally: unregister_kernel("rms_other_form")

@@ -44,6 +44,15 @@ def forget() -> None:
   from tgrad.paths.coalesce import forget as forget_coalescing
   forget_coalescing()
 
+@contextlib.contextmanager
+def unobserved() -> Iterator[None]:
+  """Realizes inside the scope are not profiled (the checks a profiled program's own machinery makes, e.g. the
+  equivalence checker's random trials, are not the program's graphs)."""
+  saved = observers[:]
+  observers.clear()
+  try: yield
+  finally: observers[:] = saved
+
 def active(device: str) -> bool:
   """Whether a realize on `device` may select anything: a profiler watches, or the database has records."""
   if observers: return True

@@ -14,7 +14,9 @@ consistently (one target value each), commutative ops' operands match in either 
 equality after the same movement ops, constants by value and type, reduces by op and axes. Shapes come first from a
 shape-blind match (which also binds the wildcards), then the reference is built at those shapes and matched exactly,
 so a site matches only where the reference at its own shapes is the very same graph. Each site is a `Region` of kind
-"user:<name>" that PathSpace enumerates like a composite's.
+"user:<name>" that PathSpace enumerates like a composite's. Beyond form, `equivalent_sites` matches by meaning:
+a composite region (rms_norm, softmax, ...) whose function the graph-equivalence checker finds equal to the
+reference (proven, or on random inputs) is a site too, however differently the reference is written.
 
 Before first use, each lowering is verified at the site's shapes, dtypes and device against the reference on random
 inputs (VERIFY_TOLERANCE); a lowering that fails (wrong values, or it does not compile or run) warns once
@@ -32,7 +34,7 @@ from tgrad.helpers import prod
 from tgrad.lazy import LazyBuffer
 from tgrad.ops import COMMUTATIVE, Ops
 from tgrad.realize import realize
-from tgrad.tensor_ops.composite import DEFAULT, LOWERINGS, Lowering, Region, lowerings_for
+from tgrad.tensor_ops.composite import DEFAULT, LOWERINGS, Lowering, Region, lowerings_for, regions_above
 if TYPE_CHECKING: from tgrad.tensor import Tensor
 
 USER_PREFIX = "user:"
@@ -59,6 +61,8 @@ class UserKernel:
   verified: dict[tuple, str] = field(default_factory=dict, repr=False)   # key → "" (passed) or the failure
   patterns: dict[tuple, Any] = field(default_factory=dict, repr=False)   # (device, shapes, dtypes) → pattern
   root_op: Optional[Ops] = None                                # the reference's output op, once a pattern is built
+  # (composite, params, device, input shapes, dtypes) → whether that composite computes the reference (equivalence)
+  equal_composites: dict[tuple, bool] = field(default_factory=dict, repr=False)
   @property
   def composite(self) -> str: return USER_PREFIX + self.name
   @property
@@ -247,12 +251,43 @@ def _arity(kernel: UserKernel) -> int:
   return sum(1 for p in params if p.default is inspect.Parameter.empty and p.kind in (p.POSITIONAL_ONLY,
                                                                                         p.POSITIONAL_OR_KEYWORD))
 
+def equivalent_sites(outs: Sequence[LazyBuffer], kernel: UserKernel, taken: set[int]) -> list[Site]:
+  """Sites found by meaning rather than by form: every composite region above outs (not already a site, roots in
+  `taken`) whose function the graph-equivalence checker (tgrad/paths/equivalence.py) finds equal to the kernel's
+  reference, proven or on random inputs, at the region's input shapes and dtypes. A reference written differently
+  from the model's code (x / sqrt(...) against rsqrt, a mean as sum · 1/n) is found this way. Each (composite,
+  params, signature) is checked once per kernel."""
+  arity, sites = _arity(kernel), []
+  for region in regions_above(*outs):
+    root, inputs = region.root, region.inputs
+    if region.name.startswith(USER_PREFIX) or id(root) in taken or len(inputs) != arity: continue
+    if root.device not in kernel.devices or not root.dtype.is_float: continue
+    if any(not isinstance(s, int) for x in inputs for s in x.shape): continue   # symbolic: no example inputs
+    signature = (tuple(tuple(x.shape) for x in inputs), tuple(x.dtype for x in inputs))
+    key = (region.name, region.params, root.device, signature)
+    if key not in kernel.equal_composites: kernel.equal_composites[key] = _computes_reference(kernel, region)
+    if kernel.equal_composites[key]: sites.append(Site(kernel, root, tuple(inputs)))
+  return sites
+
+def _computes_reference(kernel: UserKernel, region: Region) -> bool:
+  from tgrad.tensor import Tensor
+  from tgrad.paths.equivalence import equivalent
+  build, params = LOWERINGS[region.name][DEFAULT].build, dict(region.params)
+  examples = [Tensor(LazyBuffer.loadop(Ops.EMPTY, tuple(x.shape), x.dtype, x.device)) for x in region.inputs]
+  from tgrad.paths.select import unobserved
+  try:
+    with unobserved(): verdict = equivalent(lambda *xs: build(*xs, **params), kernel.reference, *examples)
+  except Exception: return False   # the reference does not apply to these inputs
+  return verdict.kind in ("proven", "numeric")
+
 def user_regions(outs: Sequence[LazyBuffer]) -> list[Region]:
-  """A Region ("user:<name>", the bound inputs, the site's root) for every site of every registered kernel."""
+  """A Region ("user:<name>", the bound inputs, the site's root) for every site of every registered kernel: the
+  structural sites (find_sites), then composite regions equivalent to the reference (equivalent_sites)."""
   regions: list[Region] = []
   for kernel in list(USER_KERNELS.values()):
-    for site in find_sites(outs, kernel):
-      regions.append(Region(kernel.composite, site.inputs, (), site.root))
+    sites = find_sites(outs, kernel)
+    sites += equivalent_sites(outs, kernel, {id(site.root) for site in sites})
+    for site in sites: regions.append(Region(kernel.composite, site.inputs, (), site.root))
   return regions
 
 # ---- verification

@@ -17,11 +17,11 @@ from __future__ import annotations
 import contextlib
 from typing import Callable, Iterator, Optional, Sequence
 from tgrad.lazy import LazyBuffer
-from tgrad.helpers import Context, current_settings
+from tgrad.helpers import Context, code_settings, current_settings
 from tgrad.paths.db import PathsDB, Selection, default_tolerance, select
 from tgrad.paths.fingerprint import hardware_fingerprint, tgrad_version
-from tgrad.helpers import code_settings
 from tgrad.paths.path import Path, PathSpace, DEFAULT
+from tgrad.tensor_ops.composite import regions_above
 
 _db: Optional[PathsDB] = None
 _has_records: dict[str, bool] = {}
@@ -96,11 +96,17 @@ def context_for(lbs: Sequence[LazyBuffer]):
     if lb.base.buffer is None: return realize_context(lbs) if active(lb.device) else None
   return None
 
+def _may_have_paths(outs: Sequence[LazyBuffer]) -> bool:
+  """Whether the graph can have more than one path: a composite region, or a registered user kernel (whose sites
+  need no region). A plain eager op has neither: its realize then pays one short walk, not a graph key."""
+  from tgrad.paths.user_kernels import USER_KERNELS
+  return bool(USER_KERNELS) or bool(regions_above(*outs))
+
 @contextlib.contextmanager
 def realize_context(lbs: Sequence[LazyBuffer]) -> Iterator[None]:
   """Apply the selected path's lowerings (and BEAM) around a realize of lbs; nothing when there is no record."""
   outs = [lb for lb in lbs if lb.base.buffer is None]
-  if not outs or not active(outs[0].device):
+  if not outs or not active(outs[0].device) or not _may_have_paths(outs):
     yield
     return
   from tgrad.realize import is_capturing

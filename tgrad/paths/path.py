@@ -18,7 +18,7 @@ the error of the products of size ~max that made it), not by its own magnitude; 
 in float32, 3.1e-2 in float16, 8.8e-2 in bfloat16.
 """
 from __future__ import annotations
-import contextlib, hashlib, itertools, json, math, time
+import contextlib, hashlib, itertools, json, math
 from dataclasses import dataclass, field, replace
 from typing import Iterator, Optional, Sequence
 import numpy as np
@@ -344,4 +344,3 @@ def measure(space: PathSpace, path: Path, reference: Optional[list[np.ndarray]] 
   max_rel, max_abs = errors(outputs, reference, [relative_floor(o.dtype) for o in space.compared])
   return Run(path, tuple(times), max_rel, max_abs, kernels)
 
-def timestamp() -> float: return time.time()

@@ -9,7 +9,7 @@ own tables in the same file through it.
 """
 from __future__ import annotations
 import argparse, hashlib, json, os, re, sqlite3, sys, threading, time, warnings
-from typing import Any, Callable, Optional, TypeVar
+from typing import Any, Callable, Generic, Optional, TypeVar
 from tgrad.helpers import Context, cache_dir
 
 T = TypeVar("T")
@@ -225,18 +225,26 @@ def _timing_row(row: tuple) -> dict:
   return {"kernel_key": kernel_key, "opts": json.loads(opts), "device": device, "arch": arch,
           "times": json.loads(times), "timestamp": created}
 
-_instance: Optional[KernelCache] = None
-_instance_lock = threading.Lock()
+S = TypeVar("S", bound=SqliteStore)
+
+class ProcessWide(Generic[S]):
+  """One store of a kind per process, for the current TGRAD_CACHE path: `.get()` returns it, and a changed path
+  closes it and opens a fresh one (the kernel cache and the benchmark database each keep one)."""
+  def __init__(self, make: Callable[[str], S]):
+    self._make, self._instance, self._lock = make, None, threading.Lock()
+  def get(self) -> S:
+    path = cache_path()
+    with self._lock:
+      if self._instance is None or self._instance.path != path:
+        if self._instance is not None: self._instance.close()
+        self._instance = self._make(path)
+      return self._instance
+
+_cache = ProcessWide(KernelCache)
 
 def get_cache() -> KernelCache:
   """The process-wide cache for the current TGRAD_CACHE path; a changed path gets a fresh instance."""
-  global _instance
-  path = cache_path()
-  with _instance_lock:
-    if _instance is None or _instance.path != path:
-      if _instance is not None: _instance.close()
-      _instance = KernelCache(path)
-    return _instance
+  return _cache.get()
 
 # *** command line: python -m tgrad.cache [info|clear|export [FILE]] ***
 

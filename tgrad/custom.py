@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence, Union
 import numpy as np
 from tgrad.device import Buffer, Device
-from tgrad.dtype import DType, dtypes
+from tgrad.dtype import DType, bfloat16_to_float32, dtypes
 from tgrad.helpers import prod
 
 NUMPY = "NUMPY"   # the name of the host backend in a path's parts (it is not a Device: its runner runs on the host)
@@ -62,7 +62,7 @@ def runner_for(kernel: CustomKernel, device: str) -> Any:
 def host_values(buffer: Buffer, shape: tuple[int, ...]) -> np.ndarray:
   """A buffer's first prod(shape) values as a numpy array of `shape` (floats as float64; bfloat16 from its bits)."""
   data = buffer.copyout()[:prod(shape)]
-  if buffer.dtype == dtypes.bfloat16: data = (data.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+  if buffer.dtype == dtypes.bfloat16: data = bfloat16_to_float32(data)
   return (data.astype(np.float64) if buffer.dtype.is_float else data).reshape(shape)
 
 def device_values(values: np.ndarray, dtype: DType) -> np.ndarray:

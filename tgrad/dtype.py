@@ -146,6 +146,11 @@ def least_upper_float(dt: DType) -> DType:
   """The float dtype an op like exp or mean computes in: the dtype itself if float, else default_float."""
   return dt if dt.is_float else dtypes.default_float
 
+def bfloat16_to_float32(bits: np.ndarray) -> np.ndarray:
+  """bfloat16 values held as their 16 bits (how buffers and host copies keep them) as float32: the bits are the upper
+  half of the float32 with the same value."""
+  return (np.asarray(bits).view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+
 def to_dtype(x) -> DType:
   """Accept a DType, a dtype name, or a numpy dtype."""
   if isinstance(x, DType): return x

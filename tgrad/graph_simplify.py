@@ -16,7 +16,7 @@ The given bases keep their identity: a base whose sources change is rebuilt as a
 from __future__ import annotations
 import copy, math
 from typing import Optional
-from tgrad.lazy import LazyBuffer
+from tgrad.lazy import LazyBuffer, unrealized_bases
 from tgrad.ops import Ops, UOp, ALU, exec_alu, truncate_to
 
 FOLDABLE = ALU | {Ops.CAST}
@@ -68,7 +68,7 @@ def simplify_graph(roots: list[LazyBuffer]) -> tuple[list[LazyBuffer], list[tupl
   root_ids = {id(r) for r in roots}
   replacement: dict[int, LazyBuffer] = {}   # id(old base) -> its value in the new graph (a base or a view)
   rebuilt: list[tuple[LazyBuffer, LazyBuffer]] = []
-  for lb in _toposort(roots):
+  for lb in unrealized_bases(roots):
     srcs = tuple(_seen_through(replacement[id(s.base)], s) if id(s.base) in replacement else s for s in lb.srcs)
     node = lb
     if any(a is not b for a, b in zip(srcs, lb.srcs)):
@@ -86,19 +86,3 @@ def commit_replacements(rebuilt: list[tuple[LazyBuffer, LazyBuffer]]) -> None:
     if new.buffer is not None:
       old.buffer, old.srcs, old.region = new.buffer, (), None   # as the scheduler's commit: a region holds inputs
       if old.op is not Ops.REDUCE_AXIS: old.arg = None
-
-def _toposort(roots: list[LazyBuffer]) -> list[LazyBuffer]:
-  """The unrealized bases above `roots`, sources first (an explicit stack: graphs can be deep)."""
-  order: list[LazyBuffer] = []
-  seen: set[int] = set()
-  stack = [(r.base, False) for r in roots]
-  while stack:
-    lb, expanded = stack.pop()
-    if expanded:
-      order.append(lb)
-      continue
-    if id(lb) in seen or lb.buffer is not None: continue
-    seen.add(id(lb))
-    stack.append((lb, True))
-    stack.extend((s.base, False) for s in lb.srcs if id(s.base) not in seen)
-  return order

@@ -210,6 +210,24 @@ class LazyBuffer:
     return self if all(s == 1 for s in steps) else self._view(self.st.stride(steps))
 
 
+def unrealized_bases(roots: list[LazyBuffer]) -> list[LazyBuffer]:
+  """Every unrealized base reachable from roots (through views), sources before their users; an explicit stack, so
+  graphs of any depth are walked (the scheduler's and the graph simplifier's order)."""
+  order: list[LazyBuffer] = []
+  seen: set[int] = set()
+  stack = [(r.base, False) for r in roots]
+  while stack:
+    lb, expanded = stack.pop()
+    if id(lb) in seen: continue
+    if expanded or lb.buffer is not None:
+      seen.add(id(lb))
+      order.append(lb)
+      continue
+    stack.append((lb, True))
+    stack.extend((s.base, False) for s in lb.srcs if id(s.base) not in seen)
+  return [lb for lb in order if lb.buffer is None]
+
+
 # A big reduce with few outputs runs as two: partial reduces of chunks, then a reduce of the partials. As one kernel,
 # each output's reduce is one GPU block or one CPU core (a 64M-element sum would use 1 of 132 SMs); split, the
 # partials run in parallel. Thresholds as in tinygrad's split_reduceop: inputs per output ≥ 2^15, and here fewer

@@ -35,7 +35,7 @@ import numpy as np
 from tgrad.dtype import dtypes
 from tgrad.ops import UOp, Ops, ELEMENTWISE, GatherAxis, identity_of_reduce, symbolic_in_use
 from tgrad.shape.sint import unbind, vmax_of
-from tgrad.lazy import LazyBuffer
+from tgrad.lazy import LazyBuffer, unrealized_bases
 from tgrad.graph_simplify import simplify_graph, commit_replacements
 from tgrad.device import Buffer
 from tgrad.shape.shapetracker import ShapeTracker
@@ -205,22 +205,6 @@ def _check_assign_hazard(output: LazyBuffer, value: UOp, realize_set: set[LazyBu
                            "make the value contiguous first (Tensor.assign does)")
       raise _Refuse(value)
 
-def _walk_bases(roots: list[LazyBuffer]) -> list[LazyBuffer]:
-  """All unrealized bases reachable from roots, sources before users."""
-  order: list[LazyBuffer] = []
-  seen: set[int] = set()
-  stack = [(r.base, False) for r in roots]
-  while stack:
-    lb, expanded = stack.pop()
-    if id(lb) in seen: continue
-    if expanded or lb.buffer is not None:
-      seen.add(id(lb))
-      order.append(lb)
-      continue
-    stack.append((lb, True))
-    stack.extend((s.base, False) for s in lb.srcs if id(s.base) not in seen)
-  return [lb for lb in order if lb.buffer is None]
-
 def _inlined_region(root: LazyBuffer, realize_set: set[LazyBuffer]) -> list[LazyBuffer]:
   """The unrealized bases a kernel for `root` would inline (stopping at realized values and at `realize_set`)."""
   region, stack, seen = [], [s.base for s in root.srcs], set()
@@ -348,7 +332,7 @@ def create_schedule(outs: list[LazyBuffer], commit: bool = False,
   e.g. a path being measured, finds its outputs)."""
   given = [o.base for o in outs if o.base.buffer is None]
   outs, rebuilt = simplify_graph(given)   # constants folded, identities removed (graph_simplify.py)
-  bases = _walk_bases(outs)
+  bases = unrealized_bases(outs)
   realize_set: set[LazyBuffer] = set(outs) | {b for b in bases if b.op in REALIZED_OPS}
   for b in bases:
     if b.op in (Ops.COPY, Ops.CUSTOM): realize_set.update(s.base for s in b.srcs if s.base.buffer is None)

@@ -21,7 +21,7 @@ from tgrad.codegen.heuristics import hand_coded_optimizations
 from tgrad.codegen.linearizer import linearize
 from tgrad.codegen.compile import CompiledKernel
 from tgrad.device import Buffer, Compiled, Device
-from tgrad.dtype import DType, dtypes
+from tgrad.dtype import DType, bfloat16_to_float32, dtypes
 from tgrad.helpers import Context, cpu_count, prod, settings_key
 from tgrad.ops import Ops
 from tgrad.shape.sint import evaluate, vmax_of
@@ -193,7 +193,7 @@ class Tolerance:
 
 def _float_view(x: np.ndarray, dtype: DType) -> np.ndarray:
   """The values of a float buffer as float64 (bfloat16 arrives as its uint16 bits)."""
-  if dtype == dtypes.bfloat16: x = (x.astype(np.uint32) << 16).view(np.float32)
+  if dtype == dtypes.bfloat16: x = bfloat16_to_float32(x)
   return x.astype(np.float64)
 
 def output_tolerance(ref: np.ndarray, dtype: DType, least_precise: Optional[DType] = None, terms: int = 1) -> Tolerance:

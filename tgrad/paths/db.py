@@ -8,10 +8,10 @@ file (tgrad/cache.py): JSON text and numbers, never pickle; a damaged or locked 
 with no records. Schema, selection rule, default tolerances and sanity bounds: docs/paths.md.
 """
 from __future__ import annotations
-import json, math, re, sqlite3, statistics, threading, time
+import json, math, re, sqlite3, statistics, time
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence, Union
-from tgrad.cache import SqliteStore, cache_path, write_transaction
+from tgrad.cache import ProcessWide, SqliteStore, cache_path, write_transaction
 from tgrad.dtype import DType, dtypes
 from tgrad.helpers import Context
 from tgrad.paths.fingerprint import describe_difference, fingerprint_key
@@ -185,21 +185,18 @@ class PathsDB(SqliteStore):
   def clear(self) -> None:
     """Delete every record and drop the path tables of other schema versions (the kernel cache's tables stay)."""
     super().clear()
+    self.recheck()
+
+  def recheck(self) -> None:
+    """Forget what has_records answered: the next call asks the file (another writer may have added rows)."""
     self._known_to_have_records.clear()
     self._found_empty_at.clear()
 
-_instance: Optional[PathsDB] = None
-_instance_lock = threading.Lock()
+_database = ProcessWide(PathsDB)
 
 def get_paths_db() -> PathsDB:
   """The process-wide database for the current TGRAD_CACHE path; a changed path gets a fresh instance."""
-  global _instance
-  path = cache_path()
-  with _instance_lock:
-    if _instance is None or _instance.path != path:
-      if _instance is not None: _instance.close()
-      _instance = PathsDB(path)
-    return _instance
+  return _database.get()
 
 # ---- tolerances: what selection accepts, and what counts as a failed run
 

@@ -15,7 +15,7 @@ import hashlib, json
 from enum import Enum
 from typing import Any, Optional
 import numpy as np
-from tgrad.dtype import DType, dtypes
+from tgrad.dtype import DType, bfloat16_to_float32, dtypes
 from tgrad.lazy import LazyBuffer
 from tgrad.ops import Ops, UOp
 from tgrad.shape.shapetracker import ShapeTracker
@@ -130,9 +130,7 @@ def _widen(dtype: DType) -> DType: return REFERENCE_DTYPE if dtype.is_float else
 
 def _host_values(buffer) -> np.ndarray:
   data = buffer.copyout()
-  if buffer.dtype == dtypes.bfloat16:   # raw 16 bits: the upper half of a float32
-    data = (data.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
-  return data
+  return bfloat16_to_float32(data) if buffer.dtype == dtypes.bfloat16 else data
 
 def reference_graph(outs: list[LazyBuffer], host: Optional[dict[int, np.ndarray]] = None) -> list[LazyBuffer]:
   """The graph above outs rebuilt on REFERENCE_DEVICE with float dtypes widened to float64 (realized inputs are
@@ -177,7 +175,7 @@ def _rebuilt(lb: LazyBuffer, made: dict[int, LazyBuffer], host: dict[int, np.nda
   if op is Ops.COPY:
     if not srcs:
       values = np.asarray(arg)
-      if lb.dtype == dtypes.bfloat16: values = (values.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+      if lb.dtype == dtypes.bfloat16: values = bfloat16_to_float32(values)
       return LazyBuffer.from_host(np.ascontiguousarray(values.astype(dtype.np)), device, dtype)
     return _as_base(srcs[0])   # a device copy: the reference is all on one device
   if op is Ops.EMPTY: raise ReferenceUnavailable("the graph reads an unrealized empty tensor (uninitialized memory)")

@@ -26,7 +26,8 @@ from tgrad.lazy import LazyBuffer
 from tgrad.ops import Ops
 from tgrad.dtype import DType, dtypes
 from tgrad.device import Buffer
-from tgrad.helpers import Context, prod
+from tgrad.helpers import Context
+from tgrad.custom import host_values
 from tgrad.shape.sint import evaluate
 from tgrad.schedule import create_schedule
 from tgrad.realize import lower_schedule, realize
@@ -270,17 +271,19 @@ def _run_unrealized(space: PathSpace, repeats: int) -> tuple[list[float], list[n
   buffers: dict[LazyBuffer, Buffer] = {}
   items = create_schedule(space.outs, commit=False, buffers=buffers)
   exec_items = lower_schedule(items)
-  written = {id(b): b for item in items for b in item.outputs if b in _realized_buffers(space.outs)}
+  inputs = {id(b) for b in _realized_buffers(space.outs)}
+  written = {id(b): b for item in items for b in item.outputs if id(b) in inputs}   # ASSIGN targets
   saved = {k: b.copyout() for k, b in written.items()}
   times: list[float] = []
   for repeat in range(repeats + 1):
     elapsed = sum(item.run(wait=True) or 0.0 for item in exec_items)
     if repeat: times.append(elapsed)
-    outputs = [_values(buffers[o.base], o.base) for o in space.compared]
+    if repeat == repeats: outputs = [_values(buffers[o.base], o.base) for o in space.compared]
     for k, b in written.items(): b.copyin(saved[k])
   return times, outputs, len(exec_items)
 
 def _realized_buffers(outs: list[LazyBuffer]) -> list[Buffer]:
+  """The Buffers of the realized inputs of the graph above outs."""
   found, seen, stack = [], set(), list(outs)
   while stack:
     lb = stack.pop()
@@ -294,10 +297,7 @@ def _realized_buffers(outs: list[LazyBuffer]) -> list[Buffer]:
 def _values(buffer: Buffer, base: LazyBuffer) -> np.ndarray:
   """A realized base's values as float64 (bfloat16 from its raw bits; a symbolic size at its bound value). Outputs
   are compared as the bases the kernels write: a view of one only selects or repeats those values."""
-  data = buffer.copyout()
-  if buffer.dtype.name == "bfloat16": data = (data.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
-  shape = tuple(evaluate(s) for s in base.shape)
-  return data[:prod(shape)].reshape(shape).astype(np.float64)
+  return host_values(buffer, tuple(evaluate(s) for s in base.shape)).astype(np.float64)
 
 def reference_outputs(space: PathSpace) -> list[np.ndarray]:
   """The float64 reference of the space's outputs, computed on the LLVM device with the most exact lowerings."""

@@ -18,26 +18,23 @@ import contextlib
 from typing import Callable, Iterator, Optional, Sequence
 from tgrad.lazy import LazyBuffer
 from tgrad.helpers import Context, code_settings, current_settings
-from tgrad.paths.db import PathsDB, Selection, default_tolerance, select
+from tgrad.paths.db import PathsDB, Selection, default_tolerance, get_paths_db, select
 from tgrad.paths.fingerprint import hardware_fingerprint, tgrad_version
 from tgrad.paths.path import Path, PathSpace, DEFAULT
 from tgrad.tensor_ops.composite import regions_above
 
-_db: Optional[PathsDB] = None
 _has_records: dict[str, bool] = {}
 _memo: dict[tuple[str, float], tuple[Selection, Optional[tuple[str, ...]], str]] = {}
 applied: dict[str, str] = {}   # graph key → what the last realize of it chose (the path's description, or why none)
 observers: list[Callable[[Sequence[LazyBuffer]], None]] = []   # the profiler's hooks, called before each realize
 
 def database() -> PathsDB:
-  global _db
-  if _db is None: _db = PathsDB()
-  return _db
+  """The database selection reads: the process-wide one of the current TGRAD_CACHE (db.get_paths_db)."""
+  return get_paths_db()
 
 def forget() -> None:
   """Drop what this process remembers of the database (after it changed, or to use another file)."""
-  global _db
-  _db = None
+  database().recheck()
   _has_records.clear()
   _memo.clear()
   applied.clear()

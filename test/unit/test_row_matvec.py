@@ -1,0 +1,81 @@
+"""The GPU rule for a row kernel whose last pass is a matrix–vector product (heuristics.py `_row_matvec`): gemma's
+decode step fuses the post-attention norm, the residual add and the pre-feedforward norm into its gate/up projection,
+a 4096×640 matvec whose every block first walks the 640-wide rows.
+
+Without a GPU: a two-layer model with gemma-3-270m's layer shapes (and a small vocabulary) runs one decode step on
+LLVM; its gate/up kernel is a row kernel that the rule gives 16-byte weight loads, a group of ROW_MATVEC_GROUP threads
+per row and several rows per block, the rendered CUDA compiles with NVRTC, and kernels outside the rule keep their
+opts. With a GPU (marked `gpu`): the same decode step's logits on CUDA against LLVM's.
+"""
+import numpy as np
+import pytest
+import tgrad.realize as realize_module
+from tgrad import Tensor
+from tgrad.codegen.cuda import CUDARenderer
+from tgrad.codegen.heuristics import ROW_MATVEC_GROUP, hand_coded_optimizations
+from tgrad.codegen.kernel import Kernel, OptOps
+from tgrad.codegen.linearizer import linearize
+from tgrad.dtype import dtypes
+from tgrad.models.gemma3 import Gemma3, Gemma3Config, PRESETS
+from tgrad.runtime.nvrtc import compile_cuda, nvrtc_available
+
+needs_nvrtc = pytest.mark.skipif(not nvrtc_available(), reason="libnvrtc not found (pip install nvidia-cuda-nvrtc)")
+LAYER_SHAPES = {**PRESETS["270m"], "num_hidden_layers": 2, "layer_types": ["sliding_attention", "full_attention"],
+                "vocab_size": 1024}
+PROMPT = [2, 17, 99, 5, 300]
+CACHE = 16
+
+def decode_asts(dtype, device: str = "LLVM") -> tuple[list, np.ndarray]:
+  """The kernel ASTs one greedy decode step runs (after a prompt), and that step's logits."""
+  model = Gemma3.random(Gemma3Config.from_dict(LAYER_SHAPES), dtype, device, seed=0, progress=False)
+  model.reset_cache(1, CACHE)
+  model(Tensor(np.array([PROMPT], np.int32), device=device), 0, last_only=True).realize()
+  asts, get_runner = [], realize_module.get_runner
+  def recording(device, ast, *rest):
+    asts.append(ast)
+    return get_runner(device, ast, *rest)
+  realize_module.get_runner = recording
+  try:
+    logits = model(Tensor(np.array([[7]], np.int32), device=device), len(PROMPT), last_only=True).numpy()
+  finally:
+    realize_module.get_runner = get_runner
+  return list({ast.key: ast for ast in asts}.values()), logits
+
+def gate_up_kernel(asts) -> Kernel:
+  rows = 2 * LAYER_SHAPES["intermediate_size"]
+  (ast,) = [a for a in asts if Kernel(a, CUDARenderer()).full_shape == (rows, LAYER_SHAPES["hidden_size"])]
+  return Kernel(ast, CUDARenderer())
+
+@needs_nvrtc
+@pytest.mark.parametrize("dtype", [dtypes.float32, dtypes.float16])
+def test_gate_up_row_kernel_gets_rows_per_block(dtype):
+  asts, _ = decode_asts(dtype)
+  kernel = gate_up_kernel(asts)
+  assert kernel.row_passes >= 2
+  hand_coded_optimizations(kernel)
+  opts = {opt.op: opt.amount for opt in kernel.applied_opts}
+  assert opts[OptOps.UNROLL] * dtype.itemsize == 16, kernel.applied_opts   # 16-byte loads of W
+  assert opts[OptOps.GROUP] == ROW_MATVEC_GROUP and opts[OptOps.LOCAL] == 8, kernel.applied_opts
+  src = kernel.renderer.render("gate_up", linearize(kernel))
+  compile_cuda(src, "sm_90")
+
+@needs_nvrtc
+def test_single_row_kernels_keep_the_generic_rule():
+  """The decode step's 640-wide norm kernels (one output row) are not matvecs: no LOCAL rows."""
+  asts, _ = decode_asts(dtypes.float32)
+  checked = 0
+  for ast in asts:
+    kernel = Kernel(ast, CUDARenderer())
+    if kernel.row_passes < 2 or kernel.full_shape != (LAYER_SHAPES["hidden_size"],): continue
+    checked += 1
+    hand_coded_optimizations(kernel)
+    assert OptOps.LOCAL not in {opt.op for opt in kernel.applied_opts}, (kernel.full_shape, kernel.applied_opts)
+  assert checked >= 1
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype,rtol", [(dtypes.float32, 1e-4), (dtypes.float16, 2e-2)])
+def test_gpu_decode_step_matches_llvm(dtype, rtol):
+  _, cpu = decode_asts(dtype, "LLVM")
+  _, gpu = decode_asts(dtype, "CUDA")
+  cpu, gpu = cpu.astype(np.float64), gpu.astype(np.float64)
+  np.testing.assert_allclose(gpu, cpu, rtol=rtol, atol=rtol * np.abs(cpu).max())

@@ -244,10 +244,13 @@ def hf_decode_speed(ref: str, torch_dtype, prompt: list[int], new_tokens: int, c
 
 def hf_compiled_in_subprocess(ref: str, dtype_name: str, new_tokens: int) -> object:
   """hf_decode_speed(compiled=True) in a process of its own: torch.compile's CUDA graphs and this process's pycuda
-  context do not share a process safely (a segfault was seen), and a crash there must not end this benchmark."""
+  context do not share a process safely (a segfault was seen), and a crash there must not end this benchmark.
+  Inductor's static CUDA launcher is turned off (TORCHINDUCTOR_USE_STATIC_CUDA_LAUNCHER=0): on the H100 with torch
+  2.13 it segfaulted while autotuning a kernel inside the CUDA-graph tree, even alone in its process."""
   import subprocess
   command = [sys.executable, __file__, ref, "--hf-compile-only", dtype_name, "--new-tokens", str(new_tokens)]
-  done = subprocess.run(command, capture_output=True, text=True)
+  env = {**os.environ, "TORCHINDUCTOR_USE_STATIC_CUDA_LAUNCHER": "0"}
+  done = subprocess.run(command, capture_output=True, text=True, env=env)
   lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
   if done.returncode != 0 or not lines: return f"failed (exit {done.returncode}): {done.stderr[-300:]}"
   return json.loads(lines[-1])

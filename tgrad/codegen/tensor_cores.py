@@ -29,9 +29,10 @@ MATRIX_ROW_ELEMENTS = 8   # a MatrixLoad's 8×8 matrix rows: 8 16-bit elements, 
 
 @dataclass(frozen=True)
 class TensorCoreUse:
-  """How OptOps.TC maps a kernel's reduce onto a tensor core: `reduce` = Σ a·b where `a` (a load of dtype_in) varies
-  with the tile's rows and `b` with its columns; rows_axis and columns_axis are the global axes that TC split (what
-  is left of them counts tiles). `upcasts_before` counts the upcast axes made before TC (they stay before its own)."""
+  """How OptOps.TC maps a kernel's reduce onto a tensor core: `reduce` = Σ a·b where `a` (a load of dtype_in, or for
+  a TF32 core a float32 load rounded to TF32) varies with the tile's rows and `b` with its columns; rows_axis and
+  columns_axis are the global axes that TC split (what is left of them counts tiles). `upcasts_before` counts the
+  upcast axes made before TC (they stay before its own)."""
   core: TensorCore
   reduce: UOp
   a: UOp
@@ -107,9 +108,9 @@ def apply_tensor_core(kernel: Kernel, opt: Opt) -> None:
 
   so each output replica is where the C fragment of lane (group, tig) lies; the linearizer indexes a and b by their
   own fragment layouts. m16n8k8 (TF32) is the same with K/8 · 8; its fragment elements are the operands' rounded
-  values (each lane rounds what it loads). TC comes before any LOCAL, GROUP, THREAD or NOLOCALS; PADTO, UPCAST and UNROLL may come
-  first (an UPCAST of the columns axis before TC spreads a warp's column tiles so that each lane's columns are
-  adjacent in memory: n = (8·tile + column)·amount + upcast)."""
+  values (each lane rounds what it loads). TC comes before any LOCAL, GROUP, THREAD or NOLOCALS; PADTO, UPCAST and
+  UNROLL may come first (an UPCAST of the columns axis before TC spreads a warp's column tiles so that each lane's
+  columns are adjacent in memory: n = (8·tile + column)·amount + upcast)."""
   k, caps = kernel, kernel.renderer
   k._check(not k.symbolic, f"{opt}: tensor cores need known sizes")
   k._check(bool(caps.tensor_cores), f"{opt}: {type(caps).__name__} {getattr(caps, 'arch', '')} has no tensor core")

@@ -11,7 +11,8 @@ from tgrad import Tensor
 from tgrad.dtype import dtypes
 from tgrad.ops import Ops, exec_alu
 from tgrad.schedule import create_schedule
-from tgrad.tensor_ops.composite import LOWERINGS, Region, apply_lowering, exact_lowering, lowerings_for, regions_above
+from tgrad.tensor_ops.composite import LOWERINGS, Region, apply_lowering, exact_lowering, lowerings_for, \
+  regions_above, round_to_tf32
 
 RNG = np.random.default_rng(7)
 torch_f = torch.nn.functional
@@ -295,7 +296,6 @@ TF32_EDGE_BITS = [0x00000000, 0x80000000, 0x7F800000, 0xFF800000,   # ±0, ±inf
                   0x00000001, 0x00000FFF, 0x00001000, 0x00001FFF, 0x007FFFFF, 0x807FF000]   # subnormals
 
 def test_round_to_tf32_matches_the_reference():
-  from tgrad.tensor_ops.composite import round_to_tf32
   random_bits = RNG.integers(0, 2**32, 4096, dtype=np.uint64).astype(np.uint32)
   bits = np.concatenate([np.array(TF32_EDGE_BITS, np.uint32), random_bits])
   x = bits.view(np.float32)
@@ -323,6 +323,14 @@ def test_tf32_matmul_is_the_float32_sum_of_rounded_inputs(shapes):
   assert np.max(np.abs(got - rounded) / scale) < 1e-6
   off_exact = np.max(np.abs(got - x.astype(np.float64) @ w.astype(np.float64)) / scale)
   assert 1e-5 < off_exact < 2e-3, off_exact
+
+def test_tf32_matmul_of_mixed_inputs():
+  """A float32 result from a float16 and a float32 input: both are widened to float32 before the rounding."""
+  x, w = data((6, 16)).astype(np.float16), data((16, 5)).astype(np.float32)
+  got = LOWERINGS["matmul"]["tf32"].build(Tensor(x), Tensor(w)).numpy()
+  want = tf32_reference(x.astype(np.float32)).astype(np.float64) @ tf32_reference(w).astype(np.float64)
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+  with pytest.raises(TypeError, match="float32"): round_to_tf32(Tensor(x))
 
 def test_tf32_region_on_cuda_rounds_both_inputs():
   """The lowering applied to a CUDA region (built without a GPU) rounds both inputs in the matmul's one kernel."""

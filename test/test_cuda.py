@@ -494,6 +494,23 @@ def test_tf32_lowering_through_the_tensor_api():
   exact = (Tensor(a, device="CUDA") @ Tensor(b, device="CUDA")).numpy()
   np.testing.assert_allclose(exact, a.astype(np.float64) @ b, rtol=1e-4, atol=1e-4)
 
+def test_tf32_path_is_measured():
+  """The tf32 path of a CUDA matmul measures against the float64 reference (built from the default lowering, so its
+  bitcasts don't stop it) with TF32's error, far above the default's."""
+  from tgrad import Tensor
+  from tgrad.paths.path import iterate, measure, reference_outputs
+  a, b = RNG.standard_normal((256, 128)).astype(np.float32), RNG.standard_normal((128, 128)).astype(np.float32)
+  space = iterate(Tensor(a, device="CUDA") @ Tensor(b, device="CUDA"))
+  assert "tf32" in space.options[0]
+  reference = reference_outputs(space)
+  runs = {path.choices[0]: measure(space, path, reference, repeats=2) for path in space
+          if path.choices[0] in ("default", "tf32")}
+  assert not runs["tf32"].error and not runs["default"].error
+  # K = 128 products of N(0, 1) values: float32's sum is off by ~2e-5 at most, TF32's input rounding (~2.8e-4 rms
+  # relative per input) by ~0.015 (numpy, same shapes)
+  assert runs["default"].max_abs_error < 1e-4
+  assert 2e-3 < runs["tf32"].max_abs_error < 5e-2 and runs["tf32"].kernels == runs["default"].kernels
+
 def test_round_to_tf32_on_cuda_is_bit_exact():
   """The rounding's bit arithmetic on the GPU: the same bits as on the CPU (NaN payloads, inf, ties, subnormals)."""
   from tgrad import Tensor

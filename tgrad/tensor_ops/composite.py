@@ -191,6 +191,7 @@ def round_to_tf32(x: Tensor) -> Tensor:
   """float32 x rounded to TF32 (10 mantissa bits; to nearest, ties away from zero, as PTX cvt.rna.tf32.f32; NaN
   kept; see dtype.TF32_*), still as float32: from its bits, where(x != x, x, bits(bits(x) + bias & mask)). Not
   differentiable. codegen/tensor_cores.tf32_rounded_load recognizes exactly this graph over a load."""
+  if x.dtype != dtypes.float32: raise TypeError(f"round_to_tf32 takes float32, not {x.dtype}")
   bits = x.bitcast(dtypes.uint32)
   rounded = ((bits + TF32_ROUNDING_BIAS) & TF32_KEEP_MASK).bitcast(dtypes.float32)
   return (x != x).where(x, rounded)
@@ -200,7 +201,7 @@ def _matmul_tf32(x: Tensor, w: Tensor, **_) -> Tensor:
   by 11 significant bits; unless it overflows or underflows), so this is what a TF32 tensor core computes, up to the
   order of the sum: on CUDA sm_80+ the GPU heuristics (and BEAM) put the reduce on mma m16n8k8 .tf32
   (codegen/tensor_cores.py); elsewhere the same numbers come from FMA."""
-  return _matmul(round_to_tf32(x), round_to_tf32(w))
+  return _matmul(round_to_tf32(x.cast(dtypes.float32)), round_to_tf32(w.cast(dtypes.float32)))   # (a float32 result)
 
 # ---------------------------------------------------------------------------------------------------------------
 # the registry

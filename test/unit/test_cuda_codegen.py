@@ -427,6 +427,7 @@ def test_fragment_layouts_cover_each_tile_once(core):
 # on mma.sync m16n8k8 .tf32; plain float32 loads never do
 
 MMA_TF32 = "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32"
+H100_SHARED = 227 * 1024   # shared memory per block an H100 kernel may opt in to
 [TF32_CORE] = [core for core in TENSOR_CORES if core.tf32]
 
 def tf32_dot(a_shape: tuple[int, ...], b_shape: tuple[int, ...]) -> LazyBuffer:
@@ -478,6 +479,10 @@ def test_tf32_tensor_core_heuristics():
   assert big.applied_opts[0] == TC and Opt(OptOps.SMEM, 0, 8) in big.applied_opts
   src = compiled_for(big, "sm_90")
   assert "async_copy<16>" in src and "ldmatrix" not in src and src.count(MMA_TF32) == 64
+  # an H100's shared memory (227 KiB per block, opted in): K unrolled by 4, 74 KiB of float32 tiles, dynamic
+  h100 = CUDARenderer(shared_memory_bytes=H100_SHARED)
+  (big,) = kernels(tf32_dot((2048, 64), (64, 2048)), heuristics=True, renderer=h100)
+  assert Opt(OptOps.UNROLL, 0, 4) in big.applied_opts and "dynamic_shared" in compiled_for(big, "sm_90")
 
 STAGED_TF32_OPTS = [(Opt(OptOps.UPCAST, 0, 2), Opt(OptOps.UNROLL, 0, 2), Opt(OptOps.LOCAL, 1, 2),
                      Opt(OptOps.SMEM, 1, 0), Opt(OptOps.SMEM, 0, 0)),

@@ -4,7 +4,8 @@ Kernel rows: tgrad's bare kernel (CUDA events around the launch, best of KERNEL_
 (torch profiler, best of KERNEL_RUNS calls). The end-to-end row: host wall clock of `(x @ y).realize()` against the
 eager `a @ b`, both from and to a synchronized GPU. Cases: tgrad's default opts (tensor cores, see heuristics.py);
 opt lists around TC (tiles per warp, their spread, warps per block, K unroll); b stored transposed; bfloat16 (inputs
-cast before timing on both sides); and with --beam N a BEAM search (its deadline cut to --beam-seconds). Every
+cast before timing on both sides); float32 through the matmul lowering "tf32" (TF32 tensor cores) against torch with
+TF32 allowed; and with --beam N a BEAM search (its deadline cut to --beam-seconds). Every
 kernel's output is poisoned before its first run and that run is checked element by element against torch (err:
 worst |got - ref| / tolerance, ≤ 1 passes; WRONG otherwise). TFLOP/s = 2·n³ / time.
 Usage: python bench/tc_matmul.py [--size 4096] [--beam 2] [--beam-seconds 45]
@@ -123,6 +124,20 @@ def main() -> None:
   bf16_values = (got.astype(np.uint32) << 16).view(np.float32)
   report("bf16 default opts (vs torch bf16)", seconds, bf16_values, torch_seconds=t_torch_bf16,
          reference=(torch_ab.float() @ torch_bb.float()).cpu().numpy(), rtol=RTOL_BFLOAT16)
+  # TF32: the matmul lowering "tf32" of the same values as float32, against torch's float32 matmul with TF32 allowed
+  # (cuBLAS on TF32 tensor cores). Half values are TF32 values (11 significant bits), so the rounding changes nothing
+  # and the reference is the fp16 one: both sum the same exact products in float32.
+  from tgrad.tensor_ops.composite import LOWERINGS
+  xf, yf = x.float().realize(), y.float().realize()
+  (tf32_item,) = [i for i in create_schedule([LOWERINGS["matmul"]["tf32"].build(xf, yf).lazydata])
+                  if i.ast.op is Ops.SINK]
+  seconds, got, opts = kernel_seconds(tf32_item, None, "tc_tf32")
+  torch_af, torch_bf = torch_a.float(), torch_b.float()
+  torch.backends.cuda.matmul.allow_tf32 = True
+  t_torch_tf32 = torch_kernel_time(lambda: torch_af @ torch_bf, repeats=KERNEL_RUNS)
+  torch.backends.cuda.matmul.allow_tf32 = False
+  report("tf32 default opts (vs torch tf32)", seconds, got.view(np.float32), torch_seconds=t_torch_tf32,
+         extra=f"  {[(o.op.name, o.axis, o.amount) for o in opts]}")
   if args.beam:
     import tgrad.codegen.search as search
     search.SEARCH_DEADLINE_SECONDS = args.beam_seconds

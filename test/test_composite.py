@@ -11,7 +11,8 @@ from tgrad import Tensor
 from tgrad.dtype import dtypes
 from tgrad.ops import Ops, exec_alu
 from tgrad.schedule import create_schedule
-from tgrad.tensor_ops.composite import LOWERINGS, Region, apply_lowering, exact_lowering, lowerings_for, regions_above
+from tgrad.tensor_ops.composite import LOWERINGS, Region, apply_lowering, exact_lowering, lowerings_for, \
+  regions_above, round_to_tf32
 
 RNG = np.random.default_rng(7)
 torch_f = torch.nn.functional
@@ -118,7 +119,9 @@ def test_lowerings_for_device_and_dtype():
   assert lowerings_for(_region_of("exp", dtypes.float64, "CUDA")) == ["default", "libm", "numpy", "on_LLVM", "poly"]
   assert lowerings_for(_region_of("tanh", dtypes.float16, "CUDA")) == ["default", "fast", "native", "numpy", "on_LLVM",
                                                                        "via_exp"]
-  assert lowerings_for(_region_of("matmul", dtypes.float32)) == ["default", "numpy"]   # no TF32 path in the codegen
+  assert lowerings_for(_region_of("matmul", dtypes.float32)) == ["default", "numpy"]   # tf32 is offered on CUDA only
+  assert lowerings_for(_region_of("matmul", dtypes.float32, "CUDA")) == ["default", "numpy", "on_LLVM", "tf32"]
+  assert "tf32" not in lowerings_for(_region_of("matmul", dtypes.float16, "CUDA"))
   assert lowerings_for(_region_of("matmul", dtypes.float16)) == ["default", "acc_float16", "acc_float32", "numpy"]
   assert lowerings_for(_region_of("matmul", dtypes.bfloat16)) == ["default", "acc_float32", "numpy"]
   ints = (Tensor(np.arange(6, dtype=np.int32).reshape(2, 3)) @ Tensor(np.ones((3, 2), np.int32))).lazydata
@@ -130,6 +133,8 @@ def test_refusals():
   with pytest.raises(ValueError, match="'fast' of composite 'tanh'.*LLVM"): apply_lowering(region, "fast")
   with pytest.raises(ValueError, match="acc_float16.*matmul"): apply_lowering(_region_of("matmul", dtypes.float32),
                                                                               "acc_float16")
+  with pytest.raises(ValueError, match="'tf32' of composite 'matmul'.*LLVM"):
+    apply_lowering(_region_of("matmul", dtypes.float32), "tf32")
   out = Tensor(data((3, 5)).astype(np.float32)).tanh()
   region = regions_above(out.lazydata)[0]
   out.realize()
@@ -246,13 +251,15 @@ CUDA_CASES = [("exp", "default", "exp2f(", "ex2.approx"), ("exp", "fast", "ex2.a
               ("tanh", "native", "tanhf(", "exp2f("), ("tanh", "fast", "tanh.approx.f32", "tanhf("),
               ("tanh", "via_exp", "exp2f(", "tanhf("), ("sigmoid", "via_tanh", "exp2f(", "tanhf("),
               ("gelu", "erf", "exp2f(", "tanhf("), ("matmul", "acc_float16", "", ""),
-              ("matmul", "acc_float32", "", ""), ("softmax", "three_kernels", "exp2f(", "")]
+              ("matmul", "acc_float32", "", ""), ("matmul", "tf32", "4294959104u", ""),   # TF32's keep mask
+              ("softmax", "three_kernels", "exp2f(", "")]
+MATMUL_LOWERING_DTYPES = {"acc_float16": dtypes.float16, "acc_float32": dtypes.float16, "tf32": dtypes.float32}
 
 @pytest.mark.parametrize("name, lowering, present, absent", CUDA_CASES, ids=[f"{c[0]}-{c[1]}" for c in CUDA_CASES])
 @pytest.mark.parametrize("dtype", [dtypes.float32, dtypes.float16], ids=["float32", "float16"])
 def test_cuda_lowerings_compile(name, lowering, present, absent, dtype):
   needs_nvrtc()
-  if name == "matmul" and dtype == dtypes.float32: pytest.skip("float32 matmul has only its default (no TF32 path)")
+  if name == "matmul" and dtype != MATMUL_LOWERING_DTYPES[lowering]: pytest.skip(f"{lowering} is not for {dtype}")
   region = _region_of(name, dtype, "CUDA")
   assert lowering in lowerings_for(region)
   apply_lowering(region, lowering)
@@ -261,3 +268,73 @@ def test_cuda_lowerings_compile(name, lowering, present, absent, dtype):
   if name == "softmax": assert len(sources) == 3
   text = "\n".join(sources)
   assert present in text and (not absent or absent not in text), text
+
+# ---------------------------------------------------------------------------------------------------------------
+# matmul "tf32": inputs rounded to TF32 in the graph, then the float32 sum (on TF32 tensor cores on CUDA sm_80+)
+
+TF32_ULP_EXPONENT_OFFSET = 11   # a TF32 value in [2^(e-1), 2^e) is a multiple of 2^(e-11) (10 mantissa bits)
+FLOAT32_MIN_NORMAL_EXPONENT = -125   # frexp's exponent of 2^-126: below it (subnormals) the spacing stays fixed
+
+def tf32_reference(x: np.ndarray) -> np.ndarray:
+  """float32 x rounded to the nearest TF32 value, ties away from zero, computed in float64 arithmetic (exact here):
+  |x| over the TF32 spacing at its magnitude, + 1/2, floored; past the largest finite float32 it is inf. NaN and inf
+  are kept."""
+  x = np.asarray(x, np.float32)
+  finite = np.isfinite(x)
+  magnitude = np.abs(np.where(finite, x, 0).astype(np.float64))
+  _, exponent = np.frexp(magnitude)
+  spacing = np.ldexp(1.0, np.maximum(exponent, FLOAT32_MIN_NORMAL_EXPONENT) - TF32_ULP_EXPONENT_OFFSET)
+  rounded = np.floor(magnitude / spacing + 0.5) * spacing
+  with np.errstate(over="ignore"):
+    out = np.where(np.signbit(x), -rounded, rounded).astype(np.float32)
+  return np.where(finite, out, x)
+
+TF32_EDGE_BITS = [0x00000000, 0x80000000, 0x7F800000, 0xFF800000,   # ±0, ±inf
+                  0x7FC00000, 0x7F800001, 0x7FFFFFFF, 0xFFFFFFFF, 0xFF801FFF,   # NaNs whose payloads would carry
+                  0x7F7FFFFF, 0xFF7FFFFF, 0x7F7FEFFF, 0x7F7FF000,   # max finite → inf; just below and at the tie
+                  0x3F801000, 0xBF801000, 0x3F803000, 0x3F800FFF,   # ties (away from zero, not to even), below one
+                  0x00000001, 0x00000FFF, 0x00001000, 0x00001FFF, 0x007FFFFF, 0x807FF000]   # subnormals
+
+def test_round_to_tf32_matches_the_reference():
+  random_bits = RNG.integers(0, 2**32, 4096, dtype=np.uint64).astype(np.uint32)
+  bits = np.concatenate([np.array(TF32_EDGE_BITS, np.uint32), random_bits])
+  x = bits.view(np.float32)
+  got = round_to_tf32(Tensor(x)).numpy()
+  want = tf32_reference(x)
+  np.testing.assert_array_equal(got.view(np.uint32) & 0x1FFF, np.where(np.isnan(x), bits & 0x1FFF, 0))
+  nan = np.isnan(x)
+  np.testing.assert_array_equal(got.view(np.uint32)[nan], bits[nan])   # a NaN is kept, payload and all
+  np.testing.assert_array_equal(got.view(np.uint32)[~nan], want.view(np.uint32)[~nan])
+  assert got.view(np.uint32)[TF32_EDGE_BITS.index(0x7F7FFFFF)] == 0x7F800000   # rounds up to inf
+  assert got.view(np.uint32)[TF32_EDGE_BITS.index(0x3F801000)] == 0x3F802000   # a tie goes away from zero
+  assert got.view(np.uint32)[TF32_EDGE_BITS.index(0x007FFFFF)] == 0x00800000   # into the smallest normal
+
+TF32_MATMUL_SHAPES = [((5, 37), (37, 3)), ((64, 64), (64, 64)), ((128, 40), (40, 96)), ((3, 32, 64), (3, 64, 24)),
+                      ((2, 16, 48), (48, 32)), ((40,), (40, 8))]
+
+@pytest.mark.parametrize("shapes", TF32_MATMUL_SHAPES, ids=str)
+def test_tf32_matmul_is_the_float32_sum_of_rounded_inputs(shapes):
+  """On the CPU (FMA) the lowering gives numpy's matmul of the TF32-rounded inputs to float32 accuracy, and differs
+  from the float32 matmul by TF32's rounding (2^-11 relative per input): the rounding is there."""
+  x, w = (data(s).astype(np.float32) for s in shapes)
+  got = LOWERINGS["matmul"]["tf32"].build(Tensor(x), Tensor(w)).numpy().astype(np.float64)
+  rounded = tf32_reference(x).astype(np.float64) @ tf32_reference(w).astype(np.float64)
+  scale = np.abs(tf32_reference(x).astype(np.float64)) @ np.abs(tf32_reference(w).astype(np.float64))  # Σ |x'·w'|
+  assert np.max(np.abs(got - rounded) / scale) < 1e-6
+  off_exact = np.max(np.abs(got - x.astype(np.float64) @ w.astype(np.float64)) / scale)
+  assert 1e-5 < off_exact < 2e-3, off_exact
+
+def test_tf32_matmul_of_mixed_inputs():
+  """A float32 result from a float16 and a float32 input: both are widened to float32 before the rounding."""
+  x, w = data((6, 16)).astype(np.float16), data((16, 5)).astype(np.float32)
+  got = LOWERINGS["matmul"]["tf32"].build(Tensor(x), Tensor(w)).numpy()
+  want = tf32_reference(x.astype(np.float32)).astype(np.float64) @ tf32_reference(w).astype(np.float64)
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+  with pytest.raises(TypeError, match="float32"): round_to_tf32(Tensor(x))
+
+def test_tf32_region_on_cuda_rounds_both_inputs():
+  """The lowering applied to a CUDA region (built without a GPU) rounds both inputs in the matmul's one kernel."""
+  region = _region_of("matmul", dtypes.float32, "CUDA")
+  apply_lowering(region, "tf32")
+  [kernel] = [item for item in create_schedule([region.root], commit=False) if item.ast.op is Ops.SINK]
+  assert sum(u.op is Ops.BITCAST and u.dtype == dtypes.uint32 for u in kernel.ast.toposort()) == 2

@@ -420,6 +420,109 @@ def test_tensor_core_heuristics_with_epilogue(dtype):
   want = np.maximum(as_float64(a, dtype) @ as_float64(b, dtype) + as_float64(bias, dtype), 0)
   np.testing.assert_allclose(got, want, rtol=2e-2 if dtype == dtypes.bfloat16 else 4e-3, atol=1e-3 * np.sqrt(k) * 2)
 
+# ---- TF32 tensor cores (mma.sync m16n8k8 .tf32): float32 inputs rounded to TF32 in the graph (the matmul lowering
+# "tf32", composite.round_to_tf32), summed in float32: against float64 products of the rounded inputs
+
+TF32_KEEP_MASK_BITS = 0xFFFFE000
+TF32_HALF_ULP_BITS = 0x1000
+# TF32 products are exact; the core's float32 sums (truncating, in K blocks of 8) stay within a few units of 2^-23 of
+# each partial sum, far below this fraction of Σ|a'·b'| (a wrong fragment layout is off by O(1) of it)
+TF32_SUM_TOLERANCE = 1e-5
+
+def tf32_values(x: np.ndarray) -> np.ndarray:
+  """Finite float32 values rounded to TF32 (to nearest, ties away from zero), as test_composite.py checks bit by bit."""
+  return ((x.astype(np.float32).view(np.uint32) + np.uint32(TF32_HALF_ULP_BITS)) &
+          np.uint32(TF32_KEEP_MASK_BITS)).view(np.float32)
+
+def tf32_rounded_on_cuda(x: np.ndarray) -> LazyBuffer:
+  from tgrad import Tensor
+  from tgrad.tensor_ops.composite import round_to_tf32
+  return round_to_tf32(Tensor(on("CUDA", x, dtypes.float32))).lazydata
+
+def tf32_dot(a: LazyBuffer, b: LazyBuffer) -> LazyBuffer:
+  """a @ b as float32 products summed in float32 (a's leading axes a batch; b is (k, m) or has the same batch)."""
+  *batch, n, k = a.shape
+  m, batch = b.shape[-1], tuple(batch)
+  x = a.reshape(batch + (n, k, 1)).expand(batch + (n, k, m))
+  y = b.reshape(batch + (1, k, m) if len(b.shape) > 2 else (1,) * len(batch) + (1, k, m)).expand(batch + (n, k, m))
+  return x.alu(Ops.MUL, y).r(Ops.ADD, (len(batch) + 1,)).reshape(batch + (n, m))
+
+def assert_tf32_matmul(got: np.ndarray, a: np.ndarray, b: np.ndarray) -> None:
+  a64, b64 = tf32_values(a).astype(np.float64), tf32_values(b).astype(np.float64)
+  want, scale = a64 @ b64, np.abs(a64) @ np.abs(b64)
+  error = np.max(np.abs(got.reshape(want.shape) - want) / scale)
+  assert error < TF32_SUM_TOLERANCE, error
+
+@pytest.mark.parametrize("a_shape,b_shape,opts,transposed", TC_CASES, ids=str)
+def test_tf32_tensor_core_matmul(a_shape, b_shape, opts, transposed):
+  """Every opt sequence of the half tensor-core cases on the TF32 core (the staged ones read fragments from the
+  tiles: TF32 has no ldmatrix form)."""
+  a, b = RNG.standard_normal(a_shape).astype(np.float32), RNG.standard_normal(b_shape).astype(np.float32)
+  b_memory = np.ascontiguousarray(np.swapaxes(b, -1, -2)) if transposed else b
+  b_lazy = tf32_rounded_on_cuda(b_memory)
+  if transposed: b_lazy = b_lazy.permute(tuple(range(b.ndim - 2)) + (b.ndim - 1, b.ndim - 2))
+  got = run_with_opts(tf32_dot(tf32_rounded_on_cuda(a), b_lazy), opts)
+  assert_tf32_matmul(got, a, b)
+
+@pytest.mark.parametrize("a_shape,b_shape,uses_tc", [((64, 64), (64, 64), True), ((128, 40), (40, 96), True),
+                                                     ((3, 32, 64), (3, 64, 24), True), ((256, 512), (512, 192), True),
+                                                     ((2048, 64), (64, 2048), True), ((100, 30), (30, 70), False)],
+                         ids=str)
+def test_tf32_tensor_core_heuristics(a_shape, b_shape, uses_tc):
+  """The default opts: tensor cores where the shape tiles (a 2048² output stages both inputs), FMA where it doesn't
+  (K = 30): the same numbers either way."""
+  from tgrad.codegen.heuristics import hand_coded_optimizations
+  a, b = RNG.standard_normal(a_shape).astype(np.float32), RNG.standard_normal(b_shape).astype(np.float32)
+  kernels: list[Kernel] = []
+  def optimize(kernel: Kernel) -> None:
+    hand_coded_optimizations(kernel)
+    kernels.append(kernel)
+  got = run_optimized(tf32_dot(tf32_rounded_on_cuda(a), tf32_rounded_on_cuda(b)), optimize)
+  assert (kernels[0].tensor_core is not None) == uses_tc
+  assert_tf32_matmul(got, a, b)
+
+def test_tf32_lowering_through_the_tensor_api():
+  """Tensor @ on CUDA with the region's lowering set to "tf32" (as a selected path does), then with BEAM=2: the same
+  numbers; the default float32 matmul stays on FMA and exact to float32."""
+  from tgrad import Tensor
+  from tgrad.tensor_ops.composite import apply_lowering, regions_above
+  a, b = RNG.standard_normal((128, 96)).astype(np.float32), RNG.standard_normal((96, 64)).astype(np.float32)
+  for beam in (0, 2):
+    out = Tensor(a, device="CUDA") @ Tensor(b, device="CUDA")
+    apply_lowering(regions_above(out.lazydata)[0], "tf32")
+    with Context(BEAM=beam): assert_tf32_matmul(out.numpy(), a, b)
+  exact = (Tensor(a, device="CUDA") @ Tensor(b, device="CUDA")).numpy()
+  np.testing.assert_allclose(exact, a.astype(np.float64) @ b, rtol=1e-4, atol=1e-4)
+
+def test_tf32_path_is_measured():
+  """The tf32 path of a CUDA matmul measures against the float64 reference (built from the default lowering, so its
+  bitcasts don't stop it) with TF32's error, far above the default's."""
+  from tgrad import Tensor
+  from tgrad.paths.path import iterate, measure, reference_outputs
+  a, b = RNG.standard_normal((256, 128)).astype(np.float32), RNG.standard_normal((128, 128)).astype(np.float32)
+  space = iterate(Tensor(a, device="CUDA") @ Tensor(b, device="CUDA"))
+  assert "tf32" in space.options[0]
+  reference = reference_outputs(space)
+  runs = {path.choices[0]: measure(space, path, reference, repeats=2) for path in space
+          if path.choices[0] in ("default", "tf32")}
+  assert not runs["tf32"].error and not runs["default"].error
+  # K = 128 products of N(0, 1) values: float32's sum is off by ~2e-5 at most, TF32's input rounding (~2.8e-4 rms
+  # relative per input) by ~0.015 (numpy, same shapes)
+  assert runs["default"].max_abs_error < 1e-4
+  assert 2e-3 < runs["tf32"].max_abs_error < 5e-2 and runs["tf32"].kernels == runs["default"].kernels
+
+def test_round_to_tf32_on_cuda_is_bit_exact():
+  """The rounding's bit arithmetic on the GPU: the same bits as on the CPU (NaN payloads, inf, ties, subnormals)."""
+  from tgrad import Tensor
+  from tgrad.tensor_ops.composite import round_to_tf32
+  bits = np.concatenate([np.array([0x7F800001, 0x7FFFFFFF, 0xFFFFFFFF, 0x7F7FFFFF, 0x3F801000, 0xBF801000,
+                                   0x00001000, 0x007FFFFF, 0x80000000, 0xFF800000], np.uint32),
+                         RNG.integers(0, 2**32, 4096, dtype=np.uint64).astype(np.uint32)])
+  x = bits.view(np.float32)
+  on_gpu = round_to_tf32(Tensor(x, device="CUDA")).numpy().view(np.uint32)
+  on_cpu = round_to_tf32(Tensor(x, device="LLVM")).numpy().view(np.uint32)
+  np.testing.assert_array_equal(on_gpu, on_cpu)
+
 def test_padding_shrink_and_arange():
   x = RNG.standard_normal((30, 32)).astype(np.float32)
   padded = numpy_of(on("CUDA", x, dtypes.float32).pad(((1, 1), (4, 0))).alu(Ops.SQRT))

@@ -151,6 +151,16 @@ def bfloat16_to_float32(bits: np.ndarray) -> np.ndarray:
   half of the float32 with the same value."""
   return (np.asarray(bits).view(np.uint16).astype(np.uint32) << 16).view(np.float32)
 
+# TF32 (the tensor cores' "tensor float 32"): float32's sign and 8 exponent bits with the top 10 of its 23 mantissa
+# bits. A float32 is rounded to it (to nearest, ties away from zero, as PTX cvt.rna.tf32.f32) by adding half of the
+# last kept bit to its 32 bits and clearing the 13 dropped ones: a carry into the exponent is the right rounding up,
+# past the largest finite value to inf. A NaN's payload could carry into the sign, so NaN is kept as it is.
+# tensor_ops/composite.round_to_tf32 builds this; codegen/tensor_cores.tf32_rounded_load recognizes it.
+TF32_MANTISSA_BITS = 10
+TF32_DROPPED_BITS = 23 - TF32_MANTISSA_BITS                                  # 13
+TF32_ROUNDING_BIAS = 1 << (TF32_DROPPED_BITS - 1)                            # 0x1000
+TF32_KEEP_MASK = (0xFFFFFFFF >> TF32_DROPPED_BITS) << TF32_DROPPED_BITS      # 0xFFFFE000
+
 def to_dtype(x) -> DType:
   """Accept a DType, a dtype name, or a numpy dtype."""
   if isinstance(x, DType): return x

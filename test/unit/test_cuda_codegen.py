@@ -5,6 +5,7 @@ or the GPU heuristics), linearized, rendered, and compiled to an sm_90 cubin. Sk
 found (`pip install nvidia-cuda-nvrtc`, part of the test extra). Results on a real GPU are in test/test_cuda.py.
 """
 import re
+from typing import Optional
 import numpy as np
 import pytest
 from tgrad.dtype import DType, dtypes
@@ -421,6 +422,112 @@ def test_fragment_layouts_cover_each_tile_once(core):
   for lane in range(core.lanes):
     assert [core.c.position(i, lane // 4, lane % 4) for i in range(4)] == \
       [(lane // 4 + 8 * (i // 2), 2 * (lane % 4) + i % 2) for i in range(4)]
+
+# ---- TF32 tensor cores: a float32 matmul whose inputs are rounded to TF32 in the graph (matmul lowering "tf32") runs
+# on mma.sync m16n8k8 .tf32; plain float32 loads never do
+
+MMA_TF32 = "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32"
+H100_SHARED = 227 * 1024   # shared memory per block an H100 kernel may opt in to
+[TF32_CORE] = [core for core in TENSOR_CORES if core.tf32]
+
+def tf32_dot(a_shape: tuple[int, ...], b_shape: tuple[int, ...]) -> LazyBuffer:
+  """The matmul lowering "tf32" of zeros of these shapes on the LLVM device (the kernels are only rendered)."""
+  from tgrad import Tensor
+  from tgrad.tensor_ops.composite import LOWERINGS
+  a, b = (Tensor(np.zeros(shape, np.float32)) for shape in (a_shape, b_shape))
+  return LOWERINGS["matmul"]["tf32"].build(a, b).lazydata
+
+def compiled_for(kernel: Kernel, arch: str) -> str:
+  src = kernel.renderer.render("test_kernel", linearize(kernel))
+  assert compile_cuda(src, arch)[:4] == b"\x7fELF"
+  return src
+
+def test_tf32_fragment_layouts_are_the_ptx_ones():
+  """PTX ISA, "Matrix Fragments for mma.m16n8k8", .tf32: a0..a3 at (group, tig), (group + 8, tig), (group, tig + 4),
+  (group + 8, tig + 4); b0, b1 at (tig, group), (tig + 4, group)."""
+  assert TF32_CORE.dims == (16, 8, 8) and TF32_CORE.instruction == MMA_TF32 and TF32_CORE.dtype_in == dtypes.float32
+  for lane in range(TF32_CORE.lanes):
+    group, tig = lane // 4, lane % 4
+    assert [TF32_CORE.a.position(i, group, tig) for i in range(4)] == \
+      [(group, tig), (group + 8, tig), (group, tig + 4), (group + 8, tig + 4)]
+    assert [TF32_CORE.b.position(i, group, tig) for i in range(2)] == [(tig, group), (tig + 4, group)]
+
+TF32_SHAPES = [((16, 8), (8, 8)), ((64, 64), (64, 64)), ((128, 40), (40, 96)), ((3, 32, 64), (3, 64, 24)),
+               ((2, 16, 48), (48, 32))]
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+@pytest.mark.parametrize("shapes", TF32_SHAPES, ids=str)
+def test_tf32_tensor_core_matmul(shapes, arch: str):
+  """One warp per 16×8 tile, one m16n8k8 per 8 of K; each fragment element is its loaded float rounded to TF32 and
+  passed as its bits."""
+  (kernel,) = kernels(tf32_dot(*shapes), (TC,), renderer=CUDARenderer(arch))
+  assert kernel.tensor_core is not None and kernel.tensor_core.core is TF32_CORE
+  assert kernel.launch_dims()[1] == (4, 8)
+  src = compiled_for(kernel, arch)
+  assert src.count(MMA_TF32) == 1 and "m16n8k16" not in src
+  assert src.count("__float_as_uint(") == 6, "4 A and 2 B registers"
+  assert src.count("& 4294959104u") == 6, "each fragment element rounded once"
+  assert ("for (" in src) == (shapes[0][-1] > 8)   # K = 8: no reduce loop is left
+
+def test_tf32_tensor_core_heuristics():
+  """The GPU heuristics treat a TF32-rounded matmul as a half one: column tiles spread before TC, 4 row tiles; a big
+  output stages both inputs in shared memory (fragments read from the tiles, as TF32 has no ldmatrix form)."""
+  (kernel,) = kernels(tf32_dot((256, 128), (128, 256)), heuristics=True)
+  assert kernel.applied_opts == [Opt(OptOps.UPCAST, 1, 8), TC, Opt(OptOps.UPCAST, 0, 4)]
+  assert compiled_for(kernel, "sm_80").count(MMA_TF32) == 32
+  (big,) = kernels(tf32_dot((2048, 64), (64, 2048)), heuristics=True)
+  assert big.applied_opts[0] == TC and Opt(OptOps.SMEM, 0, 8) in big.applied_opts
+  src = compiled_for(big, "sm_90")
+  assert "async_copy<16>" in src and "ldmatrix" not in src and src.count(MMA_TF32) == 64
+  # an H100's shared memory (227 KiB per block, opted in): K unrolled by 4, 74 KiB of float32 tiles, dynamic
+  h100 = CUDARenderer(shared_memory_bytes=H100_SHARED)
+  (big,) = kernels(tf32_dot((2048, 64), (64, 2048)), heuristics=True, renderer=h100)
+  assert Opt(OptOps.UNROLL, 0, 4) in big.applied_opts and "dynamic_shared" in compiled_for(big, "sm_90")
+
+STAGED_TF32_OPTS = [(Opt(OptOps.UPCAST, 0, 2), Opt(OptOps.UNROLL, 0, 2), Opt(OptOps.LOCAL, 1, 2),
+                     Opt(OptOps.SMEM, 1, 0), Opt(OptOps.SMEM, 0, 0)),
+                    (Opt(OptOps.UPCAST, 0, 4), Opt(OptOps.UPCAST, 1, 4), Opt(OptOps.LOCAL, 0, 2),
+                     Opt(OptOps.LOCAL, 1, 2), Opt(OptOps.UNROLL, 0, 2), Opt(OptOps.SMEM, 0, 8),
+                     Opt(OptOps.SMEM, 1, 8))]
+
+@pytest.mark.parametrize("opts", STAGED_TF32_OPTS, ids=_opts_id)
+def test_tf32_tensor_core_with_staged_tiles(opts):
+  (kernel,) = kernels(tf32_dot((128, 64), (64, 128)), (TC,) + opts)
+  src = compiled_for(kernel, "sm_80")
+  assert "__shared__" in src and src.count(MMA_TF32) > 1 and "ldmatrix" not in src
+
+def test_default_float32_matmul_never_uses_a_tensor_core():
+  """Plain float32 loads (the default matmul) don't qualify for the TF32 core: TC refuses, the heuristics keep FMA."""
+  (kernel,) = kernels(matmul(host((64, 64)), host((64, 64))))
+  with pytest.raises(KernelOptError, match="float32, float32"): kernel.apply_opt(TC)
+  (kernel,) = kernels(matmul(host((256, 128)), host((128, 256))), heuristics=True)
+  assert kernel.tensor_core is None and "mma" not in compiled_source(kernel)
+
+def _rounded_dot(a_mask: Optional[int]) -> LazyBuffer:
+  """a' @ b' of zeros (32×32 by 32×16) with b' = b rounded to TF32 and a' = a rounded as round_to_tf32 does but with
+  `a_mask` (TF32's when 0xFFFFE000; None: a as it is)."""
+  from tgrad import Tensor
+  from tgrad.tensor_ops.composite import round_to_tf32
+  a, b = Tensor(np.zeros((32, 32), np.float32)), round_to_tf32(Tensor(np.zeros((32, 16), np.float32)))
+  if a_mask is not None:
+    a = (a != a).where(a, ((a.bitcast(dtypes.uint32) + 0x1000) & a_mask).bitcast(dtypes.float32))
+  return (a.reshape(32, 32, 1) * b.reshape(1, 32, 16)).sum(1).lazydata
+
+def test_tf32_operands_must_be_rounded_as_round_to_tf32_does():
+  (kernel,) = kernels(_rounded_dot(0xFFFFE000), (TC,))   # the same graph by hand: the TF32 core
+  assert kernel.tensor_core is not None and kernel.tensor_core.core.tf32
+
+TF32_REFUSALS = {"other_mask": "not a sum of products", "one_plain": "multiplies \\(float32, float32 rounded to TF32",
+                 "k": "0 \\(rows, columns, K\\) choices", "sm_75": "has no tensor core"}
+
+@pytest.mark.parametrize("case", list(TF32_REFUSALS))
+def test_tf32_tensor_core_refusals(case: str):
+  """TC on the TF32 core needs both operands rounded exactly as round_to_tf32 does, K a multiple of 8, and sm_80+."""
+  out = {"other_mask": lambda: _rounded_dot(0xFFFF0000), "one_plain": lambda: _rounded_dot(None),
+         "k": lambda: tf32_dot((32, 36), (36, 16)), "sm_75": lambda: tf32_dot((32, 32), (32, 16))}[case]()
+  (kernel,) = kernels(out, renderer=CUDARenderer("sm_75" if case == "sm_75" else "sm_90"))
+  with pytest.raises(KernelOptError, match=TF32_REFUSALS[case]): kernel.apply_opt(TC)
+  assert kernel.tensor_core is None and kernel.applied_opts == []
 
 # ---- masks, offsets, ARANGE
 

@@ -8,7 +8,7 @@ casts, wrapping signed arithmetic, half/bfloat16 math done in float and rounded 
 at twice the speed with half the registers (`narrow_index_values`). `vector_groups` turns runs of contiguous, aligned
 scalar loads/stores into float4-style vector accesses (16-bit values that ALU ops read: 8 per 16-byte uint4). On sm_80+
 WMMA is an inline `mma.sync` (tensor cores): fragments are scalar variables, half/bfloat16 pairs packed into 32-bit
-registers.
+registers, TF32 operands one float's bits per register.
 """
 from __future__ import annotations
 import math
@@ -111,9 +111,18 @@ MAX_NAN_PRELUDE = """__device__ __forceinline__ float max_nan(float a, float b) 
 MMA_M16N8K16 = {"a": FragmentLayout((1, 0), (0, 0, 8, 8, 0, 0, 8, 8), (0, 2), (0, 1, 0, 1, 8, 9, 8, 9)),
                 "b": FragmentLayout((0, 2), (0, 1, 8, 9), (1, 0), (0, 0, 0, 0)),
                 "c": FragmentLayout((1, 0), (0, 0, 8, 8), (0, 2), (0, 1, 0, 1))}
+# mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 (PTX ISA 7.0, sm_80+), "Matrix Fragments for mma.m16n8k8", .tf32:
+# one 32-bit register per element (the float's bits; the core reads its TF32 part, so the graph rounds them first:
+# tensor_cores.tf32_rounded_load). A (16×8): a0 = A[group][tig], a1 = A[group + 8][tig], a2, a3 the same at column
+# tig + 4; B (8×8): b0 = B[tig][group], b1 = B[tig + 4][group]; C (16×8) as m16n8k16's.
+MMA_M16N8K8_TF32 = {"a": FragmentLayout((1, 0), (0, 8, 0, 8), (0, 1), (0, 0, 4, 4)),
+                    "b": FragmentLayout((0, 1), (0, 4), (1, 0), (0, 0)),
+                    "c": MMA_M16N8K16["c"]}
 TENSOR_CORES = tuple(TensorCore(f"mma.sync.aligned.m16n8k16.row.col.f32.{name}.{name}.f32", (16, 8, 16), dtype,
                                 dtypes.float32, **MMA_M16N8K16) for dtype, name in ((dtypes.float16, "f16"),
-                                                                                    (dtypes.bfloat16, "bf16")))
+                                                                                    (dtypes.bfloat16, "bf16"))) + \
+  (TensorCore("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32", (16, 8, 8), dtypes.float32, dtypes.float32,
+              **MMA_M16N8K8_TF32, tf32=True),)
 ASYNC_COPY_MIN_SM = 80    # cp.async global → shared: sm_80 (Ampere) and newer
 ASYNC_COPY_PRELUDE = """template <int BYTES>
 __device__ __forceinline__ void async_copy(void* shared, const void* global) {
@@ -132,7 +141,7 @@ FAST_PRELUDES = {name: f"""__device__ __forceinline__ float {name}(float x) {{
   float r; asm("{instruction} %0, %1;" : "=f"(r) : "f"(x)); return r;
 }}
 """ for name, instruction in FAST_INSTRUCTIONS.values()}
-TENSOR_CORE_MIN_SM = 80   # mma.sync m16n8k16 with f16/bf16 inputs and f32 accumulators: sm_80 (Ampere) and newer
+TENSOR_CORE_MIN_SM = 80   # mma.sync m16n8k16 f16/bf16 and m16n8k8 tf32, f32 accumulators: sm_80 (Ampere) and newer
 PACKED_DTYPES = (dtypes.float16, dtypes.bfloat16)   # two per 32-bit register in a fragment
 
 def sm_number(arch: str) -> int:
@@ -656,7 +665,10 @@ class _KernelWriter:
     text = (f"{core.instruction} {{{d_operands}}}, {{{operands(len(out), len(a))}}}, "
             f"{{{operands(len(out) + len(a), len(b))}}}, {{{d_operands}}};")
     outputs = ", ".join(f'"+f"({name})' for name in out)
-    inputs = ", ".join(f'"r"({name})' for name in a + b)
+    # 32-bit registers: packed half pairs as they are, a float's bits (TF32 operands) through __float_as_uint
+    registers = [name if s.dtype in PACKED_DTYPES else f"__float_as_uint({name})"
+                 for s, names in ((u.src[0], a), (u.src[1], b)) for name in names]
+    inputs = ", ".join(f'"r"({name})' for name in registers)
     self.line(f'asm("{text}" : {outputs} : {inputs});')
     self.fragments[u] = out
 

@@ -4,7 +4,8 @@
 refuses it (KernelOptError), so a rule never makes a kernel illegal. CPU (LLVM) rules: a register tile for
 reductions that reuse loads across two output axes (matmul-like), then THREAD across cores for big kernels.
 GPU rules live in `_gpu_rules`: a matrix–vector product (`matvec_layout`: M ≤ 8 rows of x times a weight matrix)
-gets the bandwidth rules of `_matvec`; a half/bfloat16 matmul goes to tensor cores (`_tensor_cores`).
+gets the bandwidth rules of `_matvec`; a half/bfloat16 matmul, or a float32 one whose inputs are rounded to TF32 in
+the graph (the matmul lowering "tf32"), goes to tensor cores (`_tensor_cores`).
 """
 from __future__ import annotations
 import math
@@ -232,9 +233,10 @@ def _staged_tensor_cores(kernel: Kernel) -> bool:
   return False
 
 def _tensor_cores(kernel: Kernel) -> bool:
-  """A sum of products of two half/bfloat16 loads into float32 on a GPU with tensor cores: big ones staged in shared
-  memory (_staged_tensor_cores); else the warp's column tiles (UPCAST before TC, see _tc_column_spread), TC, then its
-  row tiles (UPCAST, the largest amount that divides); one warp per block."""
+  """A sum of products of two half/bfloat16 loads (or TF32-rounded float32 loads: whatever TC accepts) into float32
+  on a GPU with tensor cores: big ones staged in shared memory (_staged_tensor_cores); else the warp's column tiles
+  (UPCAST before TC, see _tc_column_spread), TC, then its row tiles (UPCAST, the largest amount that divides); one
+  warp per block. The constants were measured on half matmuls; TF32 has not been swept yet."""
   trial = kernel.copy()
   if not kernel.renderer.tensor_cores or not try_opt(trial, Opt(OptOps.TC, 0, 0)) or trial.tensor_core is None:
     return False

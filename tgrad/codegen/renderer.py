@@ -35,6 +35,7 @@ class TensorCore:
   c: FragmentLayout
   lanes: int = 32
   lanes_per_group: int = 4     # lane = group·lanes_per_group + tig
+  tf32: bool = False           # float32 inputs used as TF32: only loads rounded to TF32 in the graph qualify
 
 @dataclass(frozen=True)
 class MatrixLoad:

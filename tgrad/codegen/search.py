@@ -35,6 +35,7 @@ GROUP_AMOUNTS = (0, 4, 8, 16, 20, 32, 40, 64, 80, 128, 256)   # threads that sha
 THREAD_AMOUNTS = (2, 3, 4, 5, 6, 7, 8, 12, 16, 24, 32, 48, 64)   # CPU cores; above the core count they are skipped
 PADTO_AMOUNTS = (2, 4, 8, 16, 32)                 # pad odd sizes up to vector/tile multiples
 TC_AXIS_CHOICES = 2       # OptOps.TC's axis: which (rows, columns) pair of output axes; a matmul has one or two
+                          # (amount 0: the one core that fits the operands, f16, bf16 or TF32-rounded f32)
 SMEM_PADDINGS = (0, 4, 8)  # elements after each shared tile row: 16 bytes of floats or halves shift rows to other banks
 ACTIONS: list[Opt] = [
   *[Opt(OptOps.UPCAST, axis, amount) for axis in range(ACTION_AXES) for amount in UPCAST_AMOUNTS],

@@ -1,7 +1,8 @@
 """Tensor cores (OptOps.TC): one warp computes M×N tiles of a matmul-like reduce with a target's matrix instruction.
 Everything about it is here, in the order it is used:
 
-  1. which reduces qualify: `tensor_core_operands` (a sum of exact products of two loads of the core's input dtype);
+  1. which reduces qualify: `tensor_core_operands` (a sum of exact products of two loads of the core's input dtype,
+     or, for a TF32 core, of two float32 loads rounded to TF32 in the graph: `tf32_rounded_load`);
   2. the opt: `apply_tensor_core` picks the (rows, columns, K) axes (`tensor_core_choices`) and lays a warp's lanes
      and fragment axes over them (Kernel.tensor_core, a TensorCoreUse);
   3. the lowering (linearizer): `TensorCoreFragments` builds, per output tile, each lane's A and B fragments
@@ -16,6 +17,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Iterator, Optional
+from tgrad.dtype import TF32_KEEP_MASK, TF32_ROUNDING_BIAS, dtypes
 from tgrad.ops import UOp, Ops, simplify, is_gather_load
 from tgrad.codegen.renderer import FragmentLayout, MatrixLoad, TensorCore
 from tgrad.shape.sint import to_uop
@@ -27,9 +29,10 @@ MATRIX_ROW_ELEMENTS = 8   # a MatrixLoad's 8×8 matrix rows: 8 16-bit elements, 
 
 @dataclass(frozen=True)
 class TensorCoreUse:
-  """How OptOps.TC maps a kernel's reduce onto a tensor core: `reduce` = Σ a·b where `a` (a load of dtype_in) varies
-  with the tile's rows and `b` with its columns; rows_axis and columns_axis are the global axes that TC split (what
-  is left of them counts tiles). `upcasts_before` counts the upcast axes made before TC (they stay before its own)."""
+  """How OptOps.TC maps a kernel's reduce onto a tensor core: `reduce` = Σ a·b where `a` (a load of dtype_in, or for
+  a TF32 core a float32 load rounded to TF32) varies with the tile's rows and `b` with its columns; rows_axis and
+  columns_axis are the global axes that TC split (what is left of them counts tiles). `upcasts_before` counts the
+  upcast axes made before TC (they stay before its own)."""
   core: TensorCore
   reduce: UOp
   a: UOp
@@ -47,15 +50,49 @@ def _widened(x: UOp) -> UOp:
     x = x.src[0]
   return x
 
+def _const_arg(u: UOp):
+  """The value of an AST constant (a CONST over its view), else None."""
+  return u.arg if u.op is Ops.CONST and not isinstance(u.arg, UOp) else None
+
+def tf32_rounded_load(x: UOp) -> Optional[UOp]:
+  """The float32 load that x rounds to TF32 when x is exactly the graph composite.round_to_tf32 builds over a load:
+  WHERE(load != load, load, BITCAST(AND(ADD(BITCAST(load, uint32), TF32_ROUNDING_BIAS), TF32_KEEP_MASK), float32)).
+  Else None: a plain float32 load never qualifies for the TF32 core (its low 13 bits would be dropped unrounded)."""
+  if x.op is not Ops.WHERE or x.dtype != dtypes.float32: return None
+  is_nan, load, rounded = x.src
+  if load.op is not Ops.LOAD or is_gather_load(load) or is_nan.op is not Ops.CMPNE or is_nan.src != (load, load) or \
+     rounded.op is not Ops.BITCAST or rounded.src[0].op is not Ops.AND: return None
+  masked, mask = _split_constant(rounded.src[0])
+  if _const_arg(mask) != TF32_KEEP_MASK or masked is None or masked.op is not Ops.ADD: return None
+  bits, bias = _split_constant(masked)
+  if _const_arg(bias) != TF32_ROUNDING_BIAS or bits is None or bits.op is not Ops.BITCAST or \
+     bits.dtype != dtypes.uint32 or bits.src[0] is not load: return None
+  return load
+
+def _split_constant(u: UOp) -> tuple[Optional[UOp], Optional[UOp]]:
+  """A binary op's (other operand, constant operand), in either order; (None, None) without one constant."""
+  a, b = u.src
+  if _const_arg(b) is not None: return a, b
+  return (b, a) if _const_arg(a) is not None else (None, None)
+
+def operand_load(x: UOp) -> Optional[UOp]:
+  """The load a tensor-core operand reads: x itself (a plain load), or the load x rounds to TF32; None otherwise."""
+  if x.op is Ops.LOAD: return None if is_gather_load(x) else x
+  return tf32_rounded_load(x)
+
 def tensor_core_operands(reduce: UOp) -> Optional[tuple[UOp, UOp]]:
-  """The two loads (x, y) of a reduce that sums their products, in the forms where every product is exact: an ADD
+  """The two operands (x, y) of a reduce that sums their products, in the forms where every product is exact: an ADD
   over CAST(MUL(x, y)) to a wider float (Tensor.dot on half inputs: tensor cores skip that product's rounding), or an
-  ADD over MUL(x', y') where x', y' are x, y widened. None for anything else."""
+  ADD over MUL(x', y') where x', y' are x, y widened, where x and y are loads or float32 loads rounded to TF32 (the
+  product of two TF32 values is exact in float32). None for anything else."""
   if reduce.arg[0] is not Ops.ADD: return None
   product = _widened(reduce.src[0])
   if product.op is not Ops.MUL: return None
   x, y = (_widened(s) for s in product.src)
-  return (x, y) if all(u.op is Ops.LOAD and not is_gather_load(u) for u in (x, y)) else None
+  return (x, y) if all(operand_load(u) is not None for u in (x, y)) else None
+
+def _operand_format(x: UOp) -> str:
+  return f"{x.dtype.name} rounded to TF32" if x.op is not Ops.LOAD else x.dtype.name
 
 # ---- 2. the opt
 
@@ -70,9 +107,10 @@ def apply_tensor_core(kernel: Kernel, opt: Opt) -> None:
     K       → K/16 (reduce loop; dropped when it is 1) · 16 (upcast)
 
   so each output replica is where the C fragment of lane (group, tig) lies; the linearizer indexes a and b by their
-  own fragment layouts. TC comes before any LOCAL, GROUP, THREAD or NOLOCALS; PADTO, UPCAST and UNROLL may come
-  first (an UPCAST of the columns axis before TC spreads a warp's column tiles so that each lane's columns are
-  adjacent in memory: n = (8·tile + column)·amount + upcast)."""
+  own fragment layouts. m16n8k8 (TF32) is the same with K/8 · 8; its fragment elements are the operands' rounded
+  values (each lane rounds what it loads). TC comes before any LOCAL, GROUP, THREAD or NOLOCALS; PADTO, UPCAST and
+  UNROLL may come first (an UPCAST of the columns axis before TC spreads a warp's column tiles so that each lane's
+  columns are adjacent in memory: n = (8·tile + column)·amount + upcast)."""
   k, caps = kernel, kernel.renderer
   k._check(not k.symbolic, f"{opt}: tensor cores need known sizes")
   k._check(bool(caps.tensor_cores), f"{opt}: {type(caps).__name__} {getattr(caps, 'arch', '')} has no tensor core")
@@ -84,9 +122,10 @@ def apply_tensor_core(kernel: Kernel, opt: Opt) -> None:
   operands = tensor_core_operands(reduce)
   k._check(operands is not None, f"{opt}: the reduce is not a sum of products of two loads: {reduce.src[0]}")
   assert operands is not None
-  in_dtypes = tuple(x.dtype for x in operands)
-  cores = [tc for tc in caps.tensor_cores if in_dtypes == (tc.dtype_in,) * 2 and reduce.dtype == tc.dtype_acc]
-  k._check(bool(cores), f"{opt}: no tensor core multiplies {in_dtypes} into {reduce.dtype}")
+  formats = tuple((x.dtype, x.op is not Ops.LOAD) for x in operands)   # (dtype, rounded to TF32)
+  cores = [tc for tc in caps.tensor_cores if formats == ((tc.dtype_in, tc.tf32),) * 2 and reduce.dtype == tc.dtype_acc]
+  k._check(bool(cores), f"{opt}: no tensor core multiplies ({', '.join(_operand_format(x) for x in operands)}) into "
+                        f"{reduce.dtype}")
   k._check(0 <= (opt.amount or 0) < len(cores), f"{opt}: amount picks one of {len(cores)} tensor cores")
   core = cores[opt.amount or 0]
   choices = tensor_core_choices(k, core, operands)
@@ -118,7 +157,8 @@ def tensor_core_choices(kernel: Kernel, core: TensorCore, operands: tuple[UOp, U
   reduce axis that divides. Innermost columns axis first (the output's contiguous axis, for coalesced stores)."""
   k = kernel
   full = k.full_shape
-  strides = {u: st.real_strides() for u, st in zip(k.memops, k.sts) if u in operands}
+  loads = {x: operand_load(x) for x in operands}
+  strides = {x: st.real_strides() for x in operands for u, st in zip(k.memops, k.sts) if u is loads[x]}
   reduce_axes = [ax for ax in range(k.first_reduce, k.first_upcast) if k.is_reduce_axis(ax)]
   k_axis = next((ax for ax in reversed(reduce_axes) if full[ax] % core.dims[2] == 0), None)
   if k_axis is None: return []

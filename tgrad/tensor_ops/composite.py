@@ -23,11 +23,15 @@ Every float composite also has two device alternatives (`_with_device_alternativ
 CPU device, with copies there and back; for regions elsewhere) and "numpy" (tensor_ops/numpy_backend.py as a CUSTOM op
 on the host). `Lowering.part` says where such a lowering's work runs; neither is ever the float64 reference.
 
+matmul's "tf32" lowering states its numbers in the graph, whatever runs it: both inputs rounded to TF32
+(`round_to_tf32`), then the default's float32 sum of products. The codegen recognizes TF32-rounded loads and puts
+such a reduce on TF32 tensor cores (codegen/tensor_cores.py); the same graph gives the same numbers (up to the order
+of the sum) on FMA, so it is checked on the CPU. It is offered on CUDA only (on the CPU it is the default made
+slower and less exact), for float32 inputs; the default float32 matmul never runs on a TF32 core.
+
 Not registered, and why:
 - an "online" (single-pass) softmax: it needs a reduce of two values at once (running max and rescaled sum), which
   REDUCE_AXIS (one value per reduce) cannot express; "three_kernels" is the only alternative.
-- a "tf32" matmul: the codegen's tensor cores take float16/bfloat16 inputs only (codegen/cuda.py TENSOR_CORES, the
-  PTX mma m16n8k16 f16/bf16 forms); there is no TF32 path to choose.
 """
 from __future__ import annotations
 import math
@@ -35,7 +39,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Optional
 from tgrad.custom import NUMPY, HostFunction
 from tgrad.device import KNOWN_DEVICES
-from tgrad.dtype import dtypes, promote_types, to_dtype
+from tgrad.dtype import TF32_KEEP_MASK, TF32_ROUNDING_BIAS, dtypes, promote_types, to_dtype
 from tgrad.helpers import prod
 from tgrad.lazy import LazyBuffer
 from tgrad.ops import Ops
@@ -183,6 +187,22 @@ def _matmul(x: Tensor, w: Tensor, acc_dtype: Optional[str] = None) -> Tensor:
 def _matmul_acc(acc_dtype: str) -> Callable[..., Tensor]:
   return lambda x, w, **_: _matmul(x, w, acc_dtype)   # the composite's own acc_dtype param is overridden
 
+def round_to_tf32(x: Tensor) -> Tensor:
+  """float32 x rounded to TF32 (10 mantissa bits; to nearest, ties away from zero, as PTX cvt.rna.tf32.f32; NaN
+  kept; see dtype.TF32_*), still as float32: from its bits, where(x != x, x, bits(bits(x) + bias & mask)). Not
+  differentiable. codegen/tensor_cores.tf32_rounded_load recognizes exactly this graph over a load."""
+  if x.dtype != dtypes.float32: raise TypeError(f"round_to_tf32 takes float32, not {x.dtype}")
+  bits = x.bitcast(dtypes.uint32)
+  rounded = ((bits + TF32_ROUNDING_BIAS) & TF32_KEEP_MASK).bitcast(dtypes.float32)
+  return (x != x).where(x, rounded)
+
+def _matmul_tf32(x: Tensor, w: Tensor, **_) -> Tensor:
+  """Σ_k x'·w' in float32 with x', w' = x, w rounded to TF32. A product of two TF32 values is exact in float32 (11
+  by 11 significant bits; unless it overflows or underflows), so this is what a TF32 tensor core computes, up to the
+  order of the sum: on CUDA sm_80+ the GPU heuristics (and BEAM) put the reduce on mma m16n8k8 .tf32
+  (codegen/tensor_cores.py); elsewhere the same numbers come from FMA."""
+  return _matmul(round_to_tf32(x.cast(dtypes.float32)), round_to_tf32(w.cast(dtypes.float32)))   # (a float32 result)
+
 # ---------------------------------------------------------------------------------------------------------------
 # the registry
 
@@ -268,7 +288,9 @@ LOWERINGS: dict[str, dict[str, Lowering]] = {
     Lowering("acc_float32", "Σ_k x·w accumulated in float32", _matmul_acc("float32"), 2, None,
              frozenset({dtypes.float16, dtypes.bfloat16})),
     Lowering("acc_float16", "Σ_k x·w accumulated in float16", _matmul_acc("float16"), 0, None,
-             frozenset({dtypes.float16}))),
+             frozenset({dtypes.float16})),
+    Lowering("tf32", "Σ_k x·w with x, w rounded to TF32 (10-bit mantissa), on TF32 tensor cores (CUDA sm_80+; "
+             "the same products on FMA below)", _matmul_tf32, 0, CUDA_ONLY, frozenset({dtypes.float32}))),
 }
 LOWERINGS = {name: _with_device_alternatives(name, registry) for name, registry in LOWERINGS.items()}
 

@@ -79,3 +79,16 @@ def test_gpu_decode_step_matches_llvm(dtype, rtol):
   _, gpu = decode_asts(dtype, "CUDA")
   cpu, gpu = cpu.astype(np.float64), gpu.astype(np.float64)
   np.testing.assert_allclose(gpu, cpu, rtol=rtol, atol=rtol * np.abs(cpu).max())
+
+@pytest.mark.parametrize("width,group", [(4096, 128), (8192, 128), (1024, 64), (640, 40)])
+def test_softmax_rows_group_grows_with_the_row(width, group):
+  """A softmax's rows (one load, varying with its row) are not a matvec: one row per block, its group of threads
+  growing with the row up to GPU_ROW_MAX_GROUP (heuristics.py GPU_ROW_STEPS_PER_THREAD)."""
+  from tgrad.ops import Ops
+  from tgrad.schedule import create_schedule
+  x = Tensor.empty(64, width, dtype=dtypes.float32, device="LLVM")
+  (item,) = [i for i in create_schedule([x.softmax(-1).lazydata]) if i.ast.op is Ops.SINK]
+  kernel = Kernel(item.ast, CUDARenderer())
+  hand_coded_optimizations(kernel)
+  opts = {opt.op: opt.amount for opt in kernel.applied_opts}
+  assert opts.get(OptOps.GROUP) == group and OptOps.LOCAL not in opts, kernel.applied_opts

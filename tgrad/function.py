@@ -258,6 +258,19 @@ class Max(Function):
     count = is_max.r(Ops.ADD, self.axes).expand(self.x.shape)
     return is_max.alu(Ops.FDIV, count).alu(Ops.MUL, grad_output.expand(self.x.shape))
 
+class LogSumExp(Function):
+  """log Σ exp(x) over `axes` in one pass over x (the LOGADDEXP reduce: the online softmax's running max and rescaled
+  sum); log 0 = −inf over an empty axis. The gradient is the softmax exp(x − lse), NaN where lse is ±inf (as torch)."""
+  def forward(self, x: LazyBuffer, axes: tuple[int, ...]) -> LazyBuffer:
+    self.x = x
+    self.ret = _reduce(x, Ops.LOGADDEXP, axes, -math.inf)
+    return self.ret
+  def backward(self, grad_output: LazyBuffer) -> LazyBuffer:
+    shape = self.x.shape
+    shifted = self.x.alu(Ops.ADD, self.ret.expand(shape).alu(Ops.NEG))
+    softmax = shifted.alu(Ops.MUL, shifted.const(1 / LN2)).alu(Ops.EXP2)
+    return softmax.alu(Ops.MUL, grad_output.expand(shape))
+
 class Prod(Function):
   """The gradient of a product is the product of the others; written to stay finite when inputs are zero."""
   def forward(self, x: LazyBuffer, axes: tuple[int, ...]) -> LazyBuffer:

@@ -11,7 +11,7 @@ import functools
 from typing import Any, Optional
 import numpy as np
 from tgrad.dtype import DType, dtypes
-from tgrad.ops import Ops, UOp, COMPARISON, REDUCE_OPS, truncate_to
+from tgrad.ops import Ops, UOp, COMPARISON, FLOAT_ONLY_REDUCES, REDUCE_OPS, truncate_to
 from tgrad.shape.shapetracker import ShapeTracker
 from tgrad.shape.view import VIEW_CACHE_SIZE, as_shape_tuple
 from tgrad.shape.sint import is_symbolic, sym_eq
@@ -131,8 +131,9 @@ class LazyBuffer:
       raise TypeError(f"bitcast needs equal item sizes: {self.dtype} → {dtype}")
     return LazyBuffer.loadop(Ops.BITCAST if bitcast else Ops.CAST, self.shape, dtype, self.device, srcs=(self,))
   def r(self, op: Ops, axes: tuple[int, ...]) -> LazyBuffer:
-    """Reduce over `axes` (ADD, MUL or MAX); reduced dims stay as size 1."""
+    """Reduce over `axes` (ADD, MUL, MAX, or LOGADDEXP of floats); reduced dims stay as size 1."""
     if op not in REDUCE_OPS: raise ValueError(f"{op} is not a reduce op")
+    if op in FLOAT_ONLY_REDUCES and not self.dtype.is_float: raise TypeError(f"{op.name} reduces floats, not {self.dtype}")
     axes = tuple(sorted(set(axes)))
     if any(not 0 <= a < len(self.shape) for a in axes): raise IndexError(f"reduce axes {axes} for shape {self.shape}")
     if not axes: return self

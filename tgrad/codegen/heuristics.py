@@ -62,8 +62,23 @@ def _threads(kernel: Kernel) -> None:
   for threads in range(cores, 1, -1):
     if size % threads == 0 and try_opt(kernel, Opt(OptOps.THREAD, 0, threads)): return
 
+# An online log-sum-exp (a LOGADDEXP reduce: the "online" softmax) merges each step's state into its running (max,
+# rescaled sum) with one exponential and a compare: unrolled, a step's values make their own state first
+# (independent exponentials the SLP vectorizer packs), one merge per CPU_ONLINE_UNROLL values, and the sum rounds
+# once per step instead of once per value.
+CPU_ONLINE_UNROLL = 16
+
+def _unroll_online(kernel: Kernel) -> None:
+  """Unroll the innermost reduce axis of a kernel with a LOGADDEXP reduce by its largest divisor up to
+  CPU_ONLINE_UNROLL."""
+  if not any(r.arg[0] is Ops.LOGADDEXP for r in kernel.reduceops) or kernel.first_reduce >= kernel.first_upcast: return
+  axis = kernel.first_upcast - 1
+  if (unroll := _divisor_at_most(kernel.full_shape[axis], CPU_ONLINE_UNROLL)) > 1:
+    try_opt(kernel, Opt(OptOps.UNROLL, axis - kernel.first_reduce, unroll))
+
 def _cpu_rules(kernel: Kernel) -> None:
   _register_tile(kernel)
+  _unroll_online(kernel)
   _threads(kernel)
 
 # GPU: 256 threads per block (8 warps) keeps an SM's 2048 thread slots full with 8 blocks and leaves room for

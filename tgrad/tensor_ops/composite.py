@@ -124,6 +124,18 @@ def _softmax_three_kernels(x: Tensor, axis: int) -> Tensor:
     shifted = v - v.max(axis, keepdim=True).detach().contiguous()
     return shifted.exp() / shifted.exp().sum(axis, keepdim=True).contiguous()
   return x._float_math(stable)
+def _log_sum_exp(v: Tensor, axis: Any) -> Tensor:
+  """log Σ exp over `axis` (kept as size 1) in one pass: the LOGADDEXP reduce (the online softmax's state). Over axes of
+  size 1 it is the value itself: no reduce, so the consumer is no reduce kernel either."""
+  return v._reduce(F.LogSumExp, tuple(a for a in v._reduce_axes(axis) if v.shape[a] != 1), keepdim=True)
+def _online_shift(v: Tensor, axis: int) -> Tensor:
+  """log Σ exp over `axis`, NaN where it is ±inf: a row holding +inf (or only −inf) is NaN everywhere, as torch's and
+  the default's (x − max is inf − inf there). Per row, so a row kernel computes it once, before the store pass."""
+  lse = _log_sum_exp(v, axis)
+  return lse + (lse - lse)
+def _softmax_online(x: Tensor, axis: int) -> Tensor:
+  """exp(x − log Σ exp x): one pass over the row for log Σ exp (running max and rescaled sum), one for the output."""
+  return x._float_math(lambda v: (v - _online_shift(v, axis)).exp())
 def _log_softmax(x: Tensor, axis: int) -> Tensor:
   def stable(v: Tensor) -> Tensor:
     shifted = v - v.max(axis, keepdim=True).detach()
@@ -134,6 +146,9 @@ def _log_softmax_three_kernels(x: Tensor, axis: int) -> Tensor:
     shifted = v - v.max(axis, keepdim=True).detach().contiguous()
     return shifted - shifted.exp().sum(axis, keepdim=True).contiguous().log()
   return x._float_math(stable)
+
+def _log_softmax_online(x: Tensor, axis: int) -> Tensor:
+  return x._float_math(lambda v: v - _online_shift(v, axis))
 
 def _rms_norm(x: Tensor, axis: Any, eps: float) -> Tensor:
   v = x._to_float()
@@ -250,10 +265,14 @@ LOWERINGS: dict[str, dict[str, Lowering]] = {
     Lowering("tanh", "the tanh approximation: 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))", _gelu_tanh, 0)),
   "softmax": _registry(
     Lowering(DEFAULT, "exp(x − max) / Σ exp(x − max), one row kernel where the rows fit", _softmax, 1),
-    Lowering("three_kernels", "max, Σ exp and the division as three kernels", _softmax_three_kernels, 0)),
+    Lowering("three_kernels", "max, Σ exp and the division as three kernels", _softmax_three_kernels, 0),
+    Lowering("online", "exp(x − log Σ exp x), log Σ exp in one pass (running max and rescaled sum), one row kernel "
+             "where the rows fit", _softmax_online, 0)),
   "log_softmax": _registry(
     Lowering(DEFAULT, "(x − max) − log Σ exp(x − max), one row kernel where the rows fit", _log_softmax, 1),
-    Lowering("three_kernels", "max, Σ exp and the subtraction as three kernels", _log_softmax_three_kernels, 0)),
+    Lowering("three_kernels", "max, Σ exp and the subtraction as three kernels", _log_softmax_three_kernels, 0),
+    Lowering("online", "x − log Σ exp x, log Σ exp in one pass (running max and rescaled sum), one row kernel where "
+             "the rows fit", _log_softmax_online, 0)),
   "rms_norm": _registry(
     Lowering(DEFAULT, "x · rsqrt(mean(x²) + eps): one reciprocal square root per row", _rms_norm, 1),
     Lowering("recip_sqrt", "x / sqrt(mean(x²) + eps): a division per element", _rms_norm_recip_sqrt, 2)),

@@ -150,6 +150,21 @@ def _log_softmax_three_kernels(x: Tensor, axis: int) -> Tensor:
 def _log_softmax_online(x: Tensor, axis: int) -> Tensor:
   return x._float_math(lambda v: v - _online_shift(v, axis))
 
+def _axis_param(axis: Any) -> Any: return tuple(axis) if isinstance(axis, list) else axis   # params hold lists
+def _logsumexp(x: Tensor, axis: Any, keepdim: bool) -> Tensor:
+  """log Σ exp(x − max) + max, the max (detached) 0 where it is ±inf: an all −inf (or +inf) row gives −inf (+inf)."""
+  axis = _axis_param(axis)
+  def stable(v: Tensor) -> Tensor:
+    peak = v.max(axis, keepdim=True).detach()
+    peak = peak.isinf().where(0, peak)
+    return (v - peak).exp().sum(axis, keepdim=True).log() + peak
+  out = x._float_math(stable)
+  return out if keepdim else out.reshape(x._reduced_shape(x._reduce_axes(axis), keepdim=False))
+def _logsumexp_online(x: Tensor, axis: Any, keepdim: bool) -> Tensor:
+  axis = _axis_param(axis)
+  out = x._float_math(lambda v: _log_sum_exp(v, axis))
+  return out if keepdim else out.reshape(x._reduced_shape(x._reduce_axes(axis), keepdim=False))
+
 def _rms_norm(x: Tensor, axis: Any, eps: float) -> Tensor:
   v = x._to_float()
   return v * (v.square().mean(axis, keepdim=True) + eps).rsqrt()
@@ -273,6 +288,11 @@ LOWERINGS: dict[str, dict[str, Lowering]] = {
     Lowering("three_kernels", "max, Σ exp and the subtraction as three kernels", _log_softmax_three_kernels, 0),
     Lowering("online", "x − log Σ exp x, log Σ exp in one pass (running max and rescaled sum), one row kernel where "
              "the rows fit", _log_softmax_online, 0)),
+  "logsumexp": _registry(
+    Lowering(DEFAULT, "log Σ exp(x − max) + max: the max, then the sum, one row kernel where the rows fit", _logsumexp,
+             1),
+    Lowering("online", "log Σ exp in one pass (running max and rescaled sum: the LOGADDEXP reduce)", _logsumexp_online,
+             0)),
   "rms_norm": _registry(
     Lowering(DEFAULT, "x · rsqrt(mean(x²) + eps): one reciprocal square root per row", _rms_norm, 1),
     Lowering("recip_sqrt", "x / sqrt(mean(x²) + eps): a division per element", _rms_norm_recip_sqrt, 2)),

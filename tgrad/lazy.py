@@ -133,7 +133,8 @@ class LazyBuffer:
   def r(self, op: Ops, axes: tuple[int, ...]) -> LazyBuffer:
     """Reduce over `axes` (ADD, MUL, MAX, or LOGADDEXP of floats); reduced dims stay as size 1."""
     if op not in REDUCE_OPS: raise ValueError(f"{op} is not a reduce op")
-    if op in FLOAT_ONLY_REDUCES and not self.dtype.is_float: raise TypeError(f"{op.name} reduces floats, not {self.dtype}")
+    if op in FLOAT_ONLY_REDUCES and not self.dtype.is_float:
+      raise TypeError(f"{op.name} reduces floats, not {self.dtype}")
     axes = tuple(sorted(set(axes)))
     if any(not 0 <= a < len(self.shape) for a in axes): raise IndexError(f"reduce axes {axes} for shape {self.shape}")
     if not axes: return self

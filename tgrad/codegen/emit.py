@@ -4,9 +4,10 @@
 loops, a row kernel's store loops (with every pass's reduces hoisted above them), then each store after its sources,
 depth-first. A REDUCE brings its whole loop (`ProgramEmitter.emit_reduce_group`): the reduces over the same ranges
 share one loop; their loop-invariant inputs are hoisted above it; each gets an accumulator (DEFINE_ACC, plus a partner:
-the running error of a Kahan sum, the rescaled sum of a LOGADDEXP whose accumulator is the running max), the loop (behind an IF for a GROUP's gated combine), the staged tiles' next-step
-copy at the top of the body, the updates (folded term by term for a register tile), the ASSIGNs, the next copy's stores
-and barrier, ENDRANGE (and a LOGADDEXP's m + log d into its accumulator). The result reads as a program:
+the running error of a Kahan sum, the rescaled sum of a LOGADDEXP whose accumulator is the running max), the loop
+(behind an IF for a GROUP's gated combine), the staged tiles' next-step copy at the top of the body, the updates (folded
+term by term for a register tile), the ASSIGNs, the next copy's stores and barrier, ENDRANGE (and a LOGADDEXP's
+m + log d into its accumulator). The result reads as a program:
 
   DEFINE_GLOBAL 0, DEFINE_GLOBAL 1, RANGE r0 (0..N), DEFINE_ACC a0, RANGE r1 (0..K), LOAD, ADD, ASSIGN a0,
   ENDRANGE r1, REDUCE (reads a0), STORE, ENDRANGE r0

@@ -229,8 +229,8 @@ class _ExpressionBuilder:
     raise _Unprovable(f"no exact meaning for {op}")
 
   def _reduce(self, lb: LazyBuffer, idxs: tuple[UOp, ...]) -> sympy.Expr:
-    """A reduce at `idxs`: its body over fresh variables along the reduced axes, summed (multiplied; a max or a log Σ exp
-    is an uninterpreted function of the body, named after its op)."""
+    """A reduce at `idxs`: its body over fresh variables along the reduced axes, summed (multiplied; a max or a
+    log Σ exp is an uninterpreted function of the body, named after its op)."""
     source = lb.srcs[0]
     op, axes = lb.arg[:2]
     source_idxs, bounds = list(idxs), []

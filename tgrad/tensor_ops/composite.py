@@ -23,9 +23,10 @@ Every float composite also has two device alternatives (`_with_device_alternativ
 CPU device, with copies there and back; for regions elsewhere) and "numpy" (tensor_ops/numpy_backend.py as a CUSTOM op
 on the host). `Lowering.part` says where such a lowering's work runs; neither is ever the float64 reference.
 
+softmax, log_softmax and logsumexp have an "online" lowering: log Σ exp by the LOGADDEXP reduce, one pass over x whose
+running max and rescaled sum live in two accumulators of the kernel (codegen/reduces.py), then exp(x − lse) or x − lse;
+REDUCE_AXIS still holds one value, log Σ exp, so a GROUP or a split reduce combines results with the same reduce.
 Not registered, and why:
-- an "online" (single-pass) softmax: it needs a reduce of two values at once (running max and rescaled sum), which
-  REDUCE_AXIS (one value per reduce) cannot express; "three_kernels" is the only alternative.
 - a "tf32" matmul: the codegen's tensor cores take float16/bfloat16 inputs only (codegen/cuda.py TENSOR_CORES, the
   PTX mma m16n8k16 f16/bf16 forms); there is no TF32 path to choose.
 """

@@ -63,9 +63,10 @@ def _threads(kernel: Kernel) -> None:
     if size % threads == 0 and try_opt(kernel, Opt(OptOps.THREAD, 0, threads)): return
 
 # An online log-sum-exp (a LOGADDEXP reduce: the "online" softmax) merges each step's state into its running (max,
-# rescaled sum) with one exponential and a compare: unrolled, a step's values make their own state first
-# (independent exponentials the SLP vectorizer packs), one merge per CPU_ONLINE_UNROLL values, and the sum rounds
-# once per step instead of once per value.
+# rescaled sum) with one exponential: unrolled, a step's values make their own state first (exponentials off the
+# loop-carried path), one merge per CPU_ONLINE_UNROLL values, and the running sum rounds once per step, not per value.
+# Measured on a 256×4096 float32 softmax (2 shared cores): unrolled by 1, 8, 16, 32: 3.6, 3.4, 3.1, 2.9 ms and
+# 1.3e-5, 2.2e-6, 2.0e-6, 1.9e-6 relative error against float64; 16 keeps the kernel half as long as 32.
 CPU_ONLINE_UNROLL = 16
 
 def _unroll_online(kernel: Kernel) -> None:

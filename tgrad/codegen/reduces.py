@@ -183,7 +183,9 @@ def online_merge(peak: UOp, total: UOp, step_peak: UOp, step_total: UOp) -> tupl
   grows = _alu(Ops.CMPLT, dtypes.bool, peak, step_peak)
   gap = _alu(Ops.WHERE, dtype, grows, _sub(peak, step_peak), _sub(step_peak, peak))   # −|m − m'|
   scale = _alu(Ops.WHERE, dtype, _alu(Ops.CMPNE, dtypes.bool, peak, step_peak), _exp(gap), UOp.const(dtype, 1.0))
-  def scaled_sum(small: UOp, large: UOp) -> UOp: return _alu(Ops.ADD, dtype, _alu(Ops.MUL, dtype, small, scale), large)
+  def scaled_sum(small: UOp, large: UOp) -> UOp:   # a step of one value has the sum 1: its scaled sum is the scale
+    scaled = scale if small.op is Ops.CONST and small.arg == 1.0 else _alu(Ops.MUL, dtype, small, scale)
+    return _alu(Ops.ADD, dtype, scaled, large)
   new_total = _alu(Ops.WHERE, dtype, grows, scaled_sum(total, step_total), scaled_sum(step_total, total))
   return _alu(Ops.MAX, dtype, peak, step_peak), new_total
 

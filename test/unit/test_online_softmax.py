@@ -276,3 +276,12 @@ def test_values_on_the_gpu(name, shape):
   out = online(name, x, device="CUDA")
   assert kernels(out) == 1
   np.testing.assert_allclose(out.numpy(), torch_of(name, x), rtol=RTOL_F32, atol=2e-6)
+
+@pytest.mark.parametrize("axis", [(0, 2), [0, 2], None, 1])
+def test_logsumexp_composite_over_several_axes_in_every_lowering(axis):
+  x = normal(3, 4, 5, seed=15)
+  want = torch.logsumexp(torch.tensor(x, dtype=torch.float64), tuple(range(3)) if axis is None else axis).numpy()
+  for lowering in ("default", "online", "numpy"):
+    out = Tensor(x).logsumexp(axis)
+    apply_lowering(regions_above(out.lazydata)[0], lowering)
+    np.testing.assert_allclose(out.numpy(), want, rtol=1e-6, atol=1e-6, err_msg=lowering)

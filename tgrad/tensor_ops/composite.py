@@ -151,10 +151,8 @@ def _log_softmax_three_kernels(x: Tensor, axis: int) -> Tensor:
 def _log_softmax_online(x: Tensor, axis: int) -> Tensor:
   return x._float_math(lambda v: v - _online_shift(v, axis))
 
-def _axis_param(axis: Any) -> Any: return tuple(axis) if isinstance(axis, list) else axis   # params hold lists
 def _logsumexp(x: Tensor, axis: Any, keepdim: bool) -> Tensor:
   """log Σ exp(x − max) + max, the max (detached) 0 where it is ±inf: an all −inf (or +inf) row gives −inf (+inf)."""
-  axis = _axis_param(axis)
   def stable(v: Tensor) -> Tensor:
     peak = v.max(axis, keepdim=True).detach()
     peak = peak.isinf().where(0, peak)
@@ -162,7 +160,6 @@ def _logsumexp(x: Tensor, axis: Any, keepdim: bool) -> Tensor:
   out = x._float_math(stable)
   return out if keepdim else out.reshape(x._reduced_shape(x._reduce_axes(axis), keepdim=False))
 def _logsumexp_online(x: Tensor, axis: Any, keepdim: bool) -> Tensor:
-  axis = _axis_param(axis)
   out = x._float_math(lambda v: _log_sum_exp(v, axis))
   return out if keepdim else out.reshape(x._reduced_shape(x._reduce_axes(axis), keepdim=False))
 

@@ -112,7 +112,7 @@ class ReduceMixin:
   def logsumexp(self, axis=None, keepdim: bool = False) -> Tensor:
     """log Σ exp over `axis`, a composite (tensor_ops/composite.py: the default shifts by the max; "online" is one
     pass); float16/bfloat16 compute in float32."""
-    return composite("logsumexp", (self,), axis=list(axis) if isinstance(axis, tuple) else axis, keepdim=keepdim)
+    return composite("logsumexp", (self,), axis=tuple(axis) if isinstance(axis, list) else axis, keepdim=keepdim)
   # ---- scans: an associative op run along one axis, blocked so the work is O(n·SCAN_BLOCK) in O(log n) kernels
   def _scan(self, axis: int, kind: str) -> Tensor:
     """The inclusive scan of `kind` (a key of SCAN_KINDS) along `axis`, in self's dtype (the caller casts)."""

@@ -260,16 +260,21 @@ class Max(Function):
 
 class LogSumExp(Function):
   """log Σ exp(x) over `axes` in one pass over x (the LOGADDEXP reduce: the online softmax's running max and rescaled
-  sum); log 0 = −inf over an empty axis. The gradient is the softmax exp(x − lse), NaN where lse is ±inf (as torch)."""
-  def forward(self, x: LazyBuffer, axes: tuple[int, ...]) -> LazyBuffer:
+  sum), in `dtype` (default x's; wider keeps the result's rounding off x − lse); log 0 = −inf over an empty axis. The
+  gradient is the softmax exp(x − lse), NaN where lse is ±inf (as torch)."""
+  def forward(self, x: LazyBuffer, axes: tuple[int, ...], dtype: Optional[DType] = None) -> LazyBuffer:
     self.x = x
-    self.ret = _reduce(x, Ops.LOGADDEXP, axes, -math.inf)
+    dtype = dtype or x.dtype
+    if any(x.shape[a] == 0 for a in axes):
+      self.ret = LazyBuffer.const_of(-math.inf, dtype, x.device, tuple(1 if i in axes else s
+                                                                       for i, s in enumerate(x.shape)))
+    else: self.ret = x.r(Ops.LOGADDEXP, axes, dtype)
     return self.ret
   def backward(self, grad_output: LazyBuffer) -> LazyBuffer:
-    shape = self.x.shape
-    shifted = self.x.alu(Ops.ADD, self.ret.expand(shape).alu(Ops.NEG))
+    x, shape = self.x, self.x.shape
+    shifted = x.cast(self.ret.dtype).alu(Ops.ADD, self.ret.expand(shape).alu(Ops.NEG)).cast(x.dtype)
     softmax = shifted.alu(Ops.MUL, shifted.const(1 / LN2)).alu(Ops.EXP2)
-    return softmax.alu(Ops.MUL, grad_output.expand(shape))
+    return softmax.alu(Ops.MUL, grad_output.expand(shape).cast(x.dtype))
 
 class Prod(Function):
   """The gradient of a product is the product of the others; written to stay finite when inputs are zero."""

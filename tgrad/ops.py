@@ -74,7 +74,8 @@ class Ops(Enum):
   WHERE = auto()
   # a reduce op only (REDUCE_AXIS/REDUCE arg[0], never an ALU node): log(e^a + e^b), the combine of an online
   # log-sum-exp. Associative and commutative, identity -inf; -inf with -inf is -inf, +inf wins over any non-NaN value,
-  # NaN propagates (as torch.logsumexp). The linearizer keeps its state as two accumulators (codegen/reduces.py)
+  # NaN propagates (as torch.logsumexp). The linearizer keeps its state as two accumulators (codegen/reduces.py) in
+  # the source's dtype; the REDUCE_AXIS's own dtype, that of its result, may be a wider float (LazyBuffer.r)
   LOGADDEXP = auto()
   def __repr__(self): return f"Ops.{self.name}"
 

@@ -3,11 +3,11 @@
 `emit_program` places, in order: the kernel's parameters (every buffer, every variable), its thread ids, the global
 loops, a row kernel's store loops (with every pass's reduces hoisted above them), then each store after its sources,
 depth-first. A REDUCE brings its whole loop (`ProgramEmitter.emit_reduce_group`): the reduces over the same ranges
-share one loop; their loop-invariant inputs are hoisted above it; each gets an accumulator (DEFINE_ACC, plus a partner:
-the running error of a Kahan sum, the rescaled sum of a LOGADDEXP whose accumulator is the running max), the loop
-(behind an IF for a GROUP's gated combine), the staged tiles' next-step copy at the top of the body, the updates (folded
-term by term for a register tile), the ASSIGNs, the next copy's stores and barrier, ENDRANGE (and a LOGADDEXP's
-m + log d into its accumulator). The result reads as a program:
+share one loop; their loop-invariant inputs are hoisted above it; each gets an accumulator (DEFINE_ACC, plus the
+running error of a Kahan sum, or a LOGADDEXP's state: running max and rescaled sum), the loop (behind an IF for a
+GROUP's gated combine), the staged tiles' next-step copy at the top of the body, the updates (folded term by term for a
+register tile), the ASSIGNs, the next copy's stores and barrier, ENDRANGE (and a LOGADDEXP's m + log d into its
+accumulator). The result reads as a program:
 
   DEFINE_GLOBAL 0, DEFINE_GLOBAL 1, RANGE r0 (0..N), DEFINE_ACC a0, RANGE r1 (0..K), LOAD, ADD, ASSIGN a0,
   ENDRANGE r1, REDUCE (reads a0), STORE, ENDRANGE r0
@@ -30,6 +30,7 @@ class ProgramEmitter:
   itself builds (a LOGADDEXP's updates), as linearizer.decompose for the value graph's."""
   def __init__(self, graph: ValueGraph, stores: list[UOp], ids: Iterator[int], decompose_by_default: bool = False):
     self.graph, self.ids, self.decompose_by_default = graph, ids, decompose_by_default
+    self.online_states: dict[UOp, tuple[UOp, UOp]] = {}   # a LOGADDEXP's (running max, rescaled sum) accumulators
     self.program: list[UOp] = []
     self.emitted: set[UOp] = set()
     self.scopes: list[list[UOp]] = [[]]
@@ -98,7 +99,7 @@ class ProgramEmitter:
     self.open_ranges.difference_update(ranges)
     for u in self.scopes.pop(): self.emitted.discard(u)
     for r in group:   # a LOGADDEXP's value: log Σ exp = m + log d, into the accumulator its REDUCE reads
-      if r.arg[0] is Ops.LOGADDEXP: self.assign(accs[r], self.built(online_result(accs[r], partners[r])))
+      if r.arg[0] is Ops.LOGADDEXP: self.assign(accs[r], self.built(online_result(*self.online_states[r], r.dtype)))
     for r in group: self.place(r)
 
   def built(self, value: UOp) -> UOp:
@@ -112,8 +113,9 @@ class ProgramEmitter:
 
   def define_accumulators(self, group: list[UOp]) -> tuple[dict[UOp, UOp], dict[UOp, UOp]]:
     """Each reduce's accumulator, starting at its identity (a WMMA's fragment accumulator is part of its value,
-    hoisted above, and only emitted here), and its partner where it has one: a Kahan sum's running rounding error, or a
-    LOGADDEXP's rescaled sum of exponentials (from 0; its accumulator is the running max)."""
+    hoisted above, and only emitted here), and a Kahan sum's partner, its running rounding error. A LOGADDEXP's
+    accumulator takes its result after the loop; its state (running max from −inf, rescaled sum from 0) has two more,
+    in its source's dtype (`online_states`)."""
     accs, partners = {}, {}
     for r in group:
       if r.arg[0] is Ops.WMMA:
@@ -124,11 +126,16 @@ class ProgramEmitter:
       self.emit(init)
       accs[r] = UOp(Ops.DEFINE_ACC, r.dtype, (init,), r.arg[1])
       self.place(accs[r])
-      if is_compensated(r) or r.arg[0] is Ops.LOGADDEXP:
-        partner_init = UOp.const(r.dtype, 0.0) if r.arg[0] is Ops.LOGADDEXP else init
-        self.emit(partner_init)
-        partners[r] = UOp(Ops.DEFINE_ACC, r.dtype, (partner_init,), next(self.ids) - 1)
+      if is_compensated(r):
+        partners[r] = UOp(Ops.DEFINE_ACC, r.dtype, (init,), next(self.ids) - 1)
         self.place(partners[r])
+      if r.arg[0] is Ops.LOGADDEXP:
+        state_dtype = r.src[0].dtype
+        starts = [UOp.const(state_dtype, identity_of_reduce(Ops.LOGADDEXP, state_dtype)), UOp.const(state_dtype, 0.0)]
+        for start in starts: self.emit(start)
+        state = tuple(UOp(Ops.DEFINE_ACC, state_dtype, (start,), next(self.ids) - 1) for start in starts)
+        for acc in state: self.place(acc)
+        self.online_states[r] = state
     return accs, partners
 
   def emit_updates(self, group: list[UOp], accs: dict[UOp, UOp], partners: dict[UOp, UOp]) -> None:
@@ -143,10 +150,11 @@ class ProgramEmitter:
     terms = {r: [] if r.arg[0] in (Ops.WMMA, Ops.LOGADDEXP) else reduce_terms(r) if fold or is_compensated(r) else
              [r.src[0]] for r in group}
     corrections: dict[UOp, UOp] = {}
+    online_updates: list[tuple[UOp, UOp]] = []   # (state accumulator, its new value), assigned after every update
     for r in online:
       for term in reduce_terms(r): self.emit(term)
-      peak, total = online_merge(accs[r], partners[r], *online_step(reduce_terms(r)))
-      updates[r], corrections[r] = self.built(peak), self.built(total)
+      peak, total = online_merge(*self.online_states[r], *online_step(reduce_terms(r)))
+      online_updates += [(acc, self.built(value)) for acc, value in zip(self.online_states[r], (peak, total))]
     for r in group:
       if r.arg[0] is Ops.WMMA: self.emit(r.src[0])
     for step in range(max((len(t) for t in terms.values()), default=0)):
@@ -159,8 +167,10 @@ class ProgramEmitter:
           continue
         updates[r] = UOp(r.arg[0], r.dtype, (updates[r], terms[r][step]))
         if updates[r] not in self.emitted: self.place(updates[r])
-    for r in group: self.assign(accs[r], updates[r])
+    for r in group:
+      if r.arg[0] is not Ops.LOGADDEXP: self.assign(accs[r], updates[r])
     for r, correction in corrections.items(): self.assign(partners[r], correction)
+    for acc, value in online_updates: self.assign(acc, value)
 
 def _parameters(kernel: Kernel, graph: ValueGraph, nodes: list[UOp]) -> list[UOp]:
   """The program's head: buffers, variables and thread ids, in the order renderers number them."""
@@ -178,8 +188,8 @@ def _parameters(kernel: Kernel, graph: ValueGraph, nodes: list[UOp]) -> list[UOp
 
 def emit_program(kernel: Kernel, graph: ValueGraph, stores: Optional[list[UOp]] = None) -> list[UOp]:
   """The linear program of a value graph: `stores` (default graph.stores; the decomposed ones where a renderer wants
-  them) inside the global loops and a row kernel's store loops. A Kahan sum's compensation (a LOGADDEXP's rescaled
-  sum) takes the next accumulator number after the graph's."""
+  them) inside the global loops and a row kernel's store loops. A Kahan sum's compensation and a LOGADDEXP's state take
+  the next accumulator numbers after the graph's."""
   stores = list(graph.stores) if stores is None else stores
   emitter = ProgramEmitter(graph, stores, itertools.count(graph.accumulators + 1),
                            kernel.renderer.decompose_transcendentals)

@@ -136,11 +136,12 @@ def chain_op(op: Ops) -> Ops:
 
 # ---- LOGADDEXP: log Σ exp in one pass, the online softmax's reduce
 # A LOGADDEXP REDUCE keeps the streaming state of the online softmax in two accumulators: m, the running max, and d,
-# the sum of exp(x − m) rescaled whenever m grows; its value is m + log(d). Folding the state into one float
-# l = m + log(d) and combining with log(e^l + e^x) loses the small terms: l's rounding (ulp(20) ≈ 2e-6 for normal·5
-# rows) swallows each exp(x − l) below it, and a 4096-long row drifted 2e-4 relative. With (m, d) the sum d rounds
-# relative to itself (a float sum), and m is exact. A step's unrolled values first make a state of their own
-# (online_step: their max and the sum of their exponentials), which is merged with one more exponential
+# the sum of exp(x − m) rescaled whenever m grows, both in the source's dtype; its value is m + log(d) in the REDUCE's
+# dtype, which may be wider (the online softmax takes it in float64, so x − lse keeps no rounding of lse). Folding the
+# state into one float l = m + log(d) and combining with log(e^l + e^x) loses the small terms: l's rounding (ulp(20) ≈
+# 2e-6 for normal·5 rows) swallows each exp(x − l) below it, and a 4096-long row drifted 2e-4 relative. With (m, d) the
+# sum d rounds relative to itself (a float sum), and m is exact. A step's unrolled values first make a state of their
+# own (online_step: their max and the sum of their exponentials), which is merged with one more exponential
 # (online_merge): exp(−|m − m'|) rescales whichever side had the smaller max. A GROUP's partials are results
 # m + log(d) combined by the same reduce (each thread's one rounding, not one per element). Infinities: a side at −inf
 # adds nothing (exp(−inf) = 0), equal infinities add as equals (the difference inf − inf would be NaN), +inf wins;
@@ -189,9 +190,14 @@ def online_merge(peak: UOp, total: UOp, step_peak: UOp, step_total: UOp) -> tupl
   new_total = _alu(Ops.WHERE, dtype, grows, scaled_sum(total, step_total), scaled_sum(step_total, total))
   return _alu(Ops.MAX, dtype, peak, step_peak), new_total
 
-def online_result(peak: UOp, total: UOp) -> UOp:
-  """log Σ exp from the state: m + log(d) (−inf for no values: d = 0)."""
-  return _alu(Ops.ADD, peak.dtype, peak, _log(total))
+def _cast(x: UOp, dtype) -> UOp:
+  if x.dtype == dtype: return x
+  return UOp.const(dtype, x.arg) if x.op is Ops.CONST else UOp(Ops.CAST, dtype, (x,))
+
+def online_result(peak: UOp, total: UOp, dtype) -> UOp:
+  """log Σ exp from the state, in the reduce's dtype (which may be wider than the state's): m + log(d) (−inf for no
+  values: d = 0)."""
+  return _alu(Ops.ADD, dtype, _cast(peak, dtype), _log(_cast(total, dtype)))
 
 def fold_invariant_reduce(op: Ops, dtype, value: UOp, ranges: tuple[UOp, ...]) -> Optional[UOp]:
   """A reduce over loops of a value that none of them changes: a sum is value × trips, a max is the value. None when

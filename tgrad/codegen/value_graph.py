@@ -192,7 +192,7 @@ class ValueBuilder:
       for a, v in zip(unroll_axes, combo): inner[a] = to_uop(v)
       values.append(self.build(node.src[0], tuple(inner)))
     combined = values[0]
-    for v in values[1:]: combined = UOp(op, node.dtype, (combined, v))
+    for v in values[1:]: combined = UOp(op, v.dtype, (combined, v))   # the source's dtype (a LOGADDEXP's may differ)
     return combined
 
   def build_reduce(self, node: UOp, idxs: tuple[UOp, ...]) -> UOp:
@@ -208,7 +208,7 @@ class ValueBuilder:
     combined = self.unrolled_value(node, idxs, loops)
     terms = prod(k.full_shape[a] for a in k.upcast_axes if k.is_reduce_axis(a))
     if not ranges and op is Ops.LOGADDEXP:   # every value unrolled: the state of one step is the whole reduce
-      result = online_result(*online_step(chain_terms(combined, terms))) if terms > 1 else combined
+      result = online_result(*online_step(chain_terms(combined, terms)), node.dtype)
     elif not ranges:   # a float sum starts from +0.0 as a loop's accumulator does: -0.0 + -0.0 is +0.0, as in numpy
       result = UOp(Ops.ADD, node.dtype, (combined, UOp.const(node.dtype, 0.0))) if compensable(op, node.dtype) \
         else combined

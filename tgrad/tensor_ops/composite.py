@@ -24,8 +24,9 @@ CPU device, with copies there and back; for regions elsewhere) and "numpy" (tens
 on the host). `Lowering.part` says where such a lowering's work runs; neither is ever the float64 reference.
 
 softmax, log_softmax and logsumexp have an "online" lowering: log Σ exp by the LOGADDEXP reduce, one pass over x whose
-running max and rescaled sum live in two accumulators of the kernel (codegen/reduces.py), then exp(x − lse) or x − lse;
-REDUCE_AXIS still holds one value, log Σ exp, so a GROUP or a split reduce combines results with the same reduce.
+running max and rescaled sum live in two float32 accumulators of the kernel (codegen/reduces.py), its result log Σ exp
+in float64, then exp(x − lse) or x − lse with x − lse in float64 (rounded once); REDUCE_AXIS still holds one value,
+log Σ exp, so a GROUP or a split reduce combines results with the same reduce.
 Not registered, and why:
 - a "tf32" matmul: the codegen's tensor cores take float16/bfloat16 inputs only (codegen/cuda.py TENSOR_CORES, the
   PTX mma m16n8k16 f16/bf16 forms); there is no TF32 path to choose.
@@ -125,18 +126,26 @@ def _softmax_three_kernels(x: Tensor, axis: int) -> Tensor:
     shifted = v - v.max(axis, keepdim=True).detach().contiguous()
     return shifted.exp() / shifted.exp().sum(axis, keepdim=True).contiguous()
   return x._float_math(stable)
+# The online lowerings' log Σ exp is a float64 value (its state, the running max and rescaled sum, stays in the input's
+# float32): rounded to float32 it would put half an ulp of itself into x − lse (5e-4 relative on rows around 1e4);
+# x − lse in float64, rounded once, is as exact as the default's x − max
+ONLINE_RESULT_DTYPE = dtypes.float64
+
 def _log_sum_exp(v: Tensor, axis: Any) -> Tensor:
-  """log Σ exp over `axis` (kept as size 1) in one pass: the LOGADDEXP reduce (the online softmax's state). Over axes of
-  size 1 it is the value itself: no reduce, so the consumer is no reduce kernel either."""
-  return v._reduce(F.LogSumExp, tuple(a for a in v._reduce_axes(axis) if v.shape[a] != 1), keepdim=True)
-def _online_shift(v: Tensor, axis: int) -> Tensor:
-  """log Σ exp over `axis`, NaN where it is ±inf: a row holding +inf (or only −inf) is NaN everywhere, as torch's and
-  the default's (x − max is inf − inf there). Per row, so a row kernel computes it once, before the store pass."""
+  """log Σ exp over `axis` (kept as size 1) in one pass, in ONLINE_RESULT_DTYPE: the LOGADDEXP reduce (the online
+  softmax's state). Over axes of size 1 it is the value itself: no reduce, so the consumer is no reduce kernel."""
+  axes = tuple(a for a in v._reduce_axes(axis) if v.shape[a] != 1)
+  if not axes: return v.cast(ONLINE_RESULT_DTYPE)
+  return F.LogSumExp.apply(v, axes=axes, dtype=ONLINE_RESULT_DTYPE)
+def _online_shifted(v: Tensor, axis: int) -> Tensor:
+  """x − log Σ exp x, computed in float64 and rounded to x's dtype once; NaN on a row holding +inf (or only −inf), as
+  torch's and the default's (x − max is inf − inf there). lse + (lse − lse) is per row: a row kernel computes it once,
+  before its store pass."""
   lse = _log_sum_exp(v, axis)
-  return lse + (lse - lse)
+  return (v.cast(lse.dtype) - (lse + (lse - lse))).cast(v.dtype)
 def _softmax_online(x: Tensor, axis: int) -> Tensor:
   """exp(x − log Σ exp x): one pass over the row for log Σ exp (running max and rescaled sum), one for the output."""
-  return x._float_math(lambda v: (v - _online_shift(v, axis)).exp())
+  return x._float_math(lambda v: _online_shifted(v, axis).exp())
 def _log_softmax(x: Tensor, axis: int) -> Tensor:
   def stable(v: Tensor) -> Tensor:
     shifted = v - v.max(axis, keepdim=True).detach()
@@ -149,7 +158,7 @@ def _log_softmax_three_kernels(x: Tensor, axis: int) -> Tensor:
   return x._float_math(stable)
 
 def _log_softmax_online(x: Tensor, axis: int) -> Tensor:
-  return x._float_math(lambda v: v - _online_shift(v, axis))
+  return x._float_math(lambda v: _online_shifted(v, axis))
 
 def _logsumexp(x: Tensor, axis: Any, keepdim: bool) -> Tensor:
   """log Σ exp(x − max) + max, the max (detached) 0 where it is ±inf: an all −inf (or +inf) row gives −inf (+inf)."""
@@ -160,7 +169,7 @@ def _logsumexp(x: Tensor, axis: Any, keepdim: bool) -> Tensor:
   out = x._float_math(stable)
   return out if keepdim else out.reshape(x._reduced_shape(x._reduce_axes(axis), keepdim=False))
 def _logsumexp_online(x: Tensor, axis: Any, keepdim: bool) -> Tensor:
-  out = x._float_math(lambda v: _log_sum_exp(v, axis))
+  out = x._float_math(lambda v: _log_sum_exp(v, axis).cast(v.dtype))
   return out if keepdim else out.reshape(x._reduced_shape(x._reduce_axes(axis), keepdim=False))
 
 def _rms_norm(x: Tensor, axis: Any, eps: float) -> Tensor:

@@ -138,7 +138,7 @@ class LazyBuffer:
       raise TypeError(f"{op.name} reduces floats, not {self.dtype}")
     if dtype is not None and dtype != self.dtype and (op is not Ops.LOGADDEXP or not dtype.is_float or
                                                       dtype.itemsize < self.dtype.itemsize):
-      raise TypeError(f"a {op.name} reduce of {self.dtype} can't give {dtype}")
+      raise TypeError(f"a {op.name} reduce of {self.dtype.name} can't give {dtype.name}")
     axes = tuple(sorted(set(axes)))
     if any(not 0 <= a < len(self.shape) for a in axes): raise IndexError(f"reduce axes {axes} for shape {self.shape}")
     if not axes: return self.cast(dtype or self.dtype)

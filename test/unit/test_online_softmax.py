@@ -288,3 +288,12 @@ def test_logsumexp_composite_over_several_axes_in_every_lowering(axis):
     out = Tensor(x).logsumexp(axis)
     apply_lowering(regions_above(out.lazydata)[0], lowering)
     np.testing.assert_allclose(out.numpy(), want, rtol=1e-6, atol=1e-6, err_msg=lowering)
+
+def test_reduce_dtype_refusals():
+  x = Tensor(normal(4, 8)).lazydata
+  with pytest.raises(TypeError, match="LOGADDEXP reduces floats"): Tensor(np.ones((2, 3), np.int32)).lazydata.r(
+    Ops.LOGADDEXP, (1,))
+  with pytest.raises(TypeError, match="ADD reduce of float32 can't give float64"): x.r(Ops.ADD, (1,), dtypes.float64)
+  with pytest.raises(TypeError, match="LOGADDEXP reduce of float32 can't give float16"):
+    x.r(Ops.LOGADDEXP, (1,), dtypes.float16)
+  assert x.r(Ops.LOGADDEXP, (1,), dtypes.float64).dtype == dtypes.float64

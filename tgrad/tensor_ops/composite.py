@@ -126,9 +126,20 @@ def _softmax_three_kernels(x: Tensor, axis: int) -> Tensor:
     shifted = v - v.max(axis, keepdim=True).detach().contiguous()
     return shifted.exp() / shifted.exp().sum(axis, keepdim=True).contiguous()
   return x._float_math(stable)
+def _log_softmax(x: Tensor, axis: int) -> Tensor:
+  def stable(v: Tensor) -> Tensor:
+    shifted = v - v.max(axis, keepdim=True).detach()
+    return shifted - shifted.exp().sum(axis, keepdim=True).log()
+  return x._float_math(stable)
+def _log_softmax_three_kernels(x: Tensor, axis: int) -> Tensor:
+  def stable(v: Tensor) -> Tensor:
+    shifted = v - v.max(axis, keepdim=True).detach().contiguous()
+    return shifted - shifted.exp().sum(axis, keepdim=True).contiguous().log()
+  return x._float_math(stable)
+
 # The online lowerings' log Σ exp is a float64 value (its state, the running max and rescaled sum, stays in the input's
-# float32): rounded to float32 it would put half an ulp of itself into x − lse (5e-4 relative on rows around 1e4);
-# x − lse in float64, rounded once, is as exact as the default's x − max
+# dtype: float32, also for half inputs): rounded to float32 it would put half an ulp of itself into x − lse (5e-4
+# relative on rows around 1e4); x − lse in float64, rounded once, is as exact as the default's x − max
 ONLINE_RESULT_DTYPE = dtypes.float64
 
 def _log_sum_exp(v: Tensor, axis: Any) -> Tensor:
@@ -146,17 +157,6 @@ def _online_shifted(v: Tensor, axis: int) -> Tensor:
 def _softmax_online(x: Tensor, axis: int) -> Tensor:
   """exp(x − log Σ exp x): one pass over the row for log Σ exp (running max and rescaled sum), one for the output."""
   return x._float_math(lambda v: _online_shifted(v, axis).exp())
-def _log_softmax(x: Tensor, axis: int) -> Tensor:
-  def stable(v: Tensor) -> Tensor:
-    shifted = v - v.max(axis, keepdim=True).detach()
-    return shifted - shifted.exp().sum(axis, keepdim=True).log()
-  return x._float_math(stable)
-def _log_softmax_three_kernels(x: Tensor, axis: int) -> Tensor:
-  def stable(v: Tensor) -> Tensor:
-    shifted = v - v.max(axis, keepdim=True).detach().contiguous()
-    return shifted - shifted.exp().sum(axis, keepdim=True).contiguous().log()
-  return x._float_math(stable)
-
 def _log_softmax_online(x: Tensor, axis: int) -> Tensor:
   return x._float_math(lambda v: _online_shifted(v, axis))
 

@@ -297,3 +297,8 @@ def test_reduce_dtype_refusals():
   with pytest.raises(TypeError, match="LOGADDEXP reduce of float32 can't give float16"):
     x.r(Ops.LOGADDEXP, (1,), dtypes.float16)
   assert x.r(Ops.LOGADDEXP, (1,), dtypes.float64).dtype == dtypes.float64
+
+@pytest.mark.parametrize("name", list(OPS))
+@pytest.mark.parametrize("size", [7, 1000, 4096])
+def test_one_kernel_on_cuda_too(name, size):   # scheduled for CUDA, no GPU needed
+  assert kernels(online(name, normal(3, size, seed=16), device="CUDA")) == 1

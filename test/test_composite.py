@@ -37,6 +37,7 @@ CASES = {
   "gelu": (lambda: [data((5, 7), -5, 5)], lambda x: x.gelu(), gelu_tanh_reference, {"erf": gelu_exact_reference}),
   "softmax": (lambda: [data((5, 33), -8, 8)], lambda x: x.softmax(), lambda x: torch.softmax(x, -1), {}),
   "log_softmax": (lambda: [data((7, 9), -8, 8)], lambda x: x.log_softmax(0), lambda x: torch.log_softmax(x, 0), {}),
+  "logsumexp": (lambda: [data((6, 35), -8, 8)], lambda x: x.logsumexp(-1), lambda x: torch.logsumexp(x, -1), {}),
   "rms_norm": (lambda: [data((4, 19))], lambda x: x.rms_norm(eps=1e-5),
                lambda x: torch_f.rms_norm(x, (19,), eps=1e-5), {}),
   "layer_norm": (lambda: [data((4, 19))], lambda x: x.layernorm(), lambda x: torch_f.layer_norm(x, (19,)), {}),
@@ -109,7 +110,7 @@ def test_registry_shape_and_exact_lowerings():
     assert all(lowering.name == key and lowering.description for key, lowering in lowerings.items())
   assert [exact_lowering(n) for n in ("exp", "log", "tanh", "sigmoid", "gelu", "rms_norm", "matmul")] == \
     ["libm", "libm", "native", "default", "erf", "recip_sqrt", "acc_float32"]
-  assert exact_lowering("softmax") == "default"
+  assert exact_lowering("softmax") == exact_lowering("logsumexp") == "default"
 
 def test_lowerings_for_device_and_dtype():
   # every float composite also has the device alternatives: "numpy" anywhere, "on_LLVM" where it is not on LLVM
@@ -186,7 +187,8 @@ def test_a_view_output_gets_a_cast_identity_root():
                              rtol=rtol)
 
 GRADIENT_CASES = [("tanh", "native"), ("tanh", "via_exp"), ("sigmoid", "via_tanh"), ("gelu", "erf"),
-                  ("softmax", "three_kernels"), ("log_softmax", "three_kernels"), ("rms_norm", "recip_sqrt"),
+                  ("softmax", "three_kernels"), ("log_softmax", "three_kernels"), ("softmax", "online"),
+                  ("log_softmax", "online"), ("logsumexp", "online"), ("rms_norm", "recip_sqrt"),
                   ("layer_norm", "recip_sqrt"), ("exp", "libm"), ("log", "poly"),
                   ("scaled_dot_product_attention", "unfused_softmax")]
 
@@ -252,8 +254,11 @@ CUDA_CASES = [("exp", "default", "exp2f(", "ex2.approx"), ("exp", "fast", "ex2.a
               ("tanh", "via_exp", "exp2f(", "tanhf("), ("sigmoid", "via_tanh", "exp2f(", "tanhf("),
               ("gelu", "erf", "exp2f(", "tanhf("), ("matmul", "acc_float16", "", ""),
               ("matmul", "acc_float32", "", ""), ("matmul", "tf32", "4294959104u", ""),   # TF32's keep mask
-              ("softmax", "three_kernels", "exp2f(", "")]
+              ("softmax", "three_kernels", "exp2f(", ""),
+              ("softmax", "online", "exp2f(", ""), ("log_softmax", "online", "log2(", ""),
+              ("logsumexp", "online", "log2(", "")]   # log Σ exp in float64
 MATMUL_LOWERING_DTYPES = {"acc_float16": dtypes.float16, "acc_float32": dtypes.float16, "tf32": dtypes.float32}
+SOFTMAX_KERNELS = {"three_kernels": 3, "online": 1}
 
 @pytest.mark.parametrize("name, lowering, present, absent", CUDA_CASES, ids=[f"{c[0]}-{c[1]}" for c in CUDA_CASES])
 @pytest.mark.parametrize("dtype", [dtypes.float32, dtypes.float16], ids=["float32", "float16"])
@@ -265,7 +270,7 @@ def test_cuda_lowerings_compile(name, lowering, present, absent, dtype):
   apply_lowering(region, lowering)
   out = Tensor(region.root)
   sources = cuda_sources(out)
-  if name == "softmax": assert len(sources) == 3
+  if name == "softmax": assert len(sources) == SOFTMAX_KERNELS[lowering]
   text = "\n".join(sources)
   assert present in text and (not absent or absent not in text), text
 

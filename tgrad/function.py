@@ -258,6 +258,24 @@ class Max(Function):
     count = is_max.r(Ops.ADD, self.axes).expand(self.x.shape)
     return is_max.alu(Ops.FDIV, count).alu(Ops.MUL, grad_output.expand(self.x.shape))
 
+class LogSumExp(Function):
+  """log Σ exp(x) over `axes` in one pass over x (the LOGADDEXP reduce: the online softmax's running max and rescaled
+  sum), in `dtype` (default x's; wider keeps the result's rounding off x − lse); log 0 = −inf over an empty axis. The
+  gradient is the softmax exp(x − lse), NaN where lse is ±inf (as torch)."""
+  def forward(self, x: LazyBuffer, axes: tuple[int, ...], dtype: Optional[DType] = None) -> LazyBuffer:
+    self.x = x
+    dtype = dtype or x.dtype
+    if any(x.shape[a] == 0 for a in axes):
+      self.ret = LazyBuffer.const_of(-math.inf, dtype, x.device, tuple(1 if i in axes else s
+                                                                       for i, s in enumerate(x.shape)))
+    else: self.ret = x.r(Ops.LOGADDEXP, axes, dtype)
+    return self.ret
+  def backward(self, grad_output: LazyBuffer) -> LazyBuffer:
+    x, shape = self.x, self.x.shape
+    shifted = x.cast(self.ret.dtype).alu(Ops.ADD, self.ret.expand(shape).alu(Ops.NEG)).cast(x.dtype)
+    softmax = shifted.alu(Ops.MUL, shifted.const(1 / LN2)).alu(Ops.EXP2)
+    return softmax.alu(Ops.MUL, grad_output.expand(shape).cast(x.dtype))
+
 class Prod(Function):
   """The gradient of a product is the product of the others; written to stay finite when inputs are zero."""
   def forward(self, x: LazyBuffer, axes: tuple[int, ...]) -> LazyBuffer:

@@ -11,7 +11,7 @@ import functools
 from typing import Any, Optional
 import numpy as np
 from tgrad.dtype import DType, dtypes
-from tgrad.ops import Ops, UOp, COMPARISON, REDUCE_OPS, truncate_to
+from tgrad.ops import Ops, UOp, COMPARISON, FLOAT_ONLY_REDUCES, REDUCE_OPS, truncate_to
 from tgrad.shape.shapetracker import ShapeTracker
 from tgrad.shape.view import VIEW_CACHE_SIZE, as_shape_tuple
 from tgrad.shape.sint import is_symbolic, sym_eq
@@ -130,19 +130,26 @@ class LazyBuffer:
     if bitcast and dtype.itemsize != self.dtype.itemsize:
       raise TypeError(f"bitcast needs equal item sizes: {self.dtype} → {dtype}")
     return LazyBuffer.loadop(Ops.BITCAST if bitcast else Ops.CAST, self.shape, dtype, self.device, srcs=(self,))
-  def r(self, op: Ops, axes: tuple[int, ...]) -> LazyBuffer:
-    """Reduce over `axes` (ADD, MUL or MAX); reduced dims stay as size 1."""
+  def r(self, op: Ops, axes: tuple[int, ...], dtype: Optional[DType] = None) -> LazyBuffer:
+    """Reduce over `axes` (ADD, MUL, MAX, or LOGADDEXP of floats); reduced dims stay as size 1. `dtype`, for a
+    LOGADDEXP only, is its result's (a float at least as wide as self's: the state stays in self's dtype)."""
     if op not in REDUCE_OPS: raise ValueError(f"{op} is not a reduce op")
+    if op in FLOAT_ONLY_REDUCES and not self.dtype.is_float:
+      raise TypeError(f"{op.name} reduces floats, not {self.dtype}")
+    if dtype is not None and dtype != self.dtype and (op is not Ops.LOGADDEXP or not dtype.is_float or
+                                                      dtype.itemsize < self.dtype.itemsize):
+      raise TypeError(f"a {op.name} reduce of {self.dtype.name} can't give {dtype.name}")
     axes = tuple(sorted(set(axes)))
     if any(not 0 <= a < len(self.shape) for a in axes): raise IndexError(f"reduce axes {axes} for shape {self.shape}")
-    if not axes: return self
-    if (split := _split_reduce(self, op, axes)) is not None: return split
-    return self._reduce(op, axes)
-  def _reduce(self, op: Ops, axes: tuple[int, ...], of_partials: bool = False) -> LazyBuffer:
+    if not axes: return self.cast(dtype or self.dtype)
+    if (split := _split_reduce(self, op, axes, dtype or self.dtype)) is not None: return split
+    return self._reduce(op, axes, dtype=dtype)
+  def _reduce(self, op: Ops, axes: tuple[int, ...], of_partials: bool = False,
+              dtype: Optional[DType] = None) -> LazyBuffer:
     """The reduce itself; of_partials marks a reduce of partial sums (arg (op, axes, True)): a float sum of them adds
     with compensation in the kernel."""
     new_shape = tuple(1 if i in axes else s for i, s in enumerate(self.shape))
-    return LazyBuffer.loadop(Ops.REDUCE_AXIS, new_shape, self.dtype, self.device,
+    return LazyBuffer.loadop(Ops.REDUCE_AXIS, new_shape, dtype or self.dtype, self.device,
                              arg=(op, axes, True) if of_partials else (op, axes), srcs=(self,))
   def gather(self, index: LazyBuffer, axis: int) -> LazyBuffer:
     """out[i] = self[i with i[axis] := index[i]], of index's shape: self (the table) has that shape except along
@@ -241,8 +248,9 @@ SPLIT_REDUCE_MIN_INPUTS = 1 << 15
 SPLIT_REDUCE_MAX_OUTPUTS = 1024
 SPLIT_REDUCE_PARTS = (256, 128, 64, 32, 16, 8)
 
-def _split_reduce(x: LazyBuffer, op: Ops, axes: tuple[int, ...]) -> Optional[LazyBuffer]:
-  """x.r(op, axes) as two reduces when it is big and has few outputs (see SPLIT_REDUCE_*), else None."""
+def _split_reduce(x: LazyBuffer, op: Ops, axes: tuple[int, ...], dtype: DType) -> Optional[LazyBuffer]:
+  """x.r(op, axes, dtype) as two reduces when it is big and has few outputs (see SPLIT_REDUCE_*), else None; the
+  partials have the result's dtype."""
   if is_symbolic(x.shape): return None   # the split needs the sizes; a symbolic reduce stays one kernel
   inputs = prod(x.shape[a] for a in axes)
   max_outputs = SPLIT_REDUCE_MAX_OUTPUTS if DEVICE_TRAITS[x.device].has_local else cpu_count()   # no device start
@@ -253,6 +261,6 @@ def _split_reduce(x: LazyBuffer, op: Ops, axes: tuple[int, ...]) -> Optional[Laz
   else: return None
   split_shape = x.shape[:axis] + (parts, x.shape[axis] // parts) + x.shape[axis + 1:]
   chunk_axes = tuple(a + (a > axis) for a in axes if a != axis) + (axis + 1,)   # everything reduced but the parts
-  partials = x.reshape(split_shape)._reduce(op, tuple(sorted(chunk_axes)))
+  partials = x.reshape(split_shape)._reduce(op, tuple(sorted(chunk_axes)), dtype=dtype)
   out_shape = tuple(1 if i in axes else s for i, s in enumerate(x.shape))
   return partials._reduce(op, (axis,), of_partials=True).reshape(out_shape)

@@ -72,6 +72,11 @@ class Ops(Enum):
   CMPLT = auto(); CMPNE = auto(); AND = auto(); OR = auto(); XOR = auto(); SHL = auto(); SHR = auto()  # noqa: E702
   # ternary ALU
   WHERE = auto()
+  # a reduce op only (REDUCE_AXIS/REDUCE arg[0], never an ALU node): log(e^a + e^b), the combine of an online
+  # log-sum-exp. Associative and commutative, identity -inf; -inf with -inf is -inf, +inf wins over any non-NaN value,
+  # NaN propagates (as torch.logsumexp). The linearizer keeps its state as two accumulators (codegen/reduces.py) in
+  # the source's dtype; the REDUCE_AXIS's own dtype, that of its result, may be a wider float (LazyBuffer.r)
+  LOGADDEXP = auto()
   def __repr__(self): return f"Ops.{self.name}"
 
 @dataclass(frozen=True)
@@ -94,11 +99,13 @@ ALU = UNARY | BINARY | TERNARY
 ELEMENTWISE = ALU | {Ops.CAST, Ops.BITCAST}
 COMMUTATIVE = {Ops.ADD, Ops.MUL, Ops.MAX, Ops.CMPNE, Ops.AND, Ops.OR, Ops.XOR}
 COMPARISON = {Ops.CMPLT, Ops.CMPNE}
-REDUCE_OPS = {Ops.ADD, Ops.MUL, Ops.MAX}   # the reductions REDUCE_AXIS can do (its arg[0])
+REDUCE_OPS = {Ops.ADD, Ops.MUL, Ops.MAX, Ops.LOGADDEXP}   # the reductions REDUCE_AXIS can do (its arg[0])
+FLOAT_ONLY_REDUCES = {Ops.LOGADDEXP}
 
 def identity_of_reduce(op: Ops, dtype: DType) -> object:
   """The value a reduce of nothing gives (and its accumulator starts from): 0 for ADD, 1 for MUL, the least value for
-  MAX."""
+  MAX, -inf for LOGADDEXP (log 0)."""
+  if op is Ops.LOGADDEXP: return -math.inf
   return {Ops.ADD: 0, Ops.MUL: 1, Ops.MAX: dtypes.min(dtype)}[op]
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -148,6 +155,13 @@ def _fdiv(a, b):
   if b == 0: return math.nan if a == 0 or math.isnan(a) else math.copysign(math.inf, a) * math.copysign(1, b)
   return a / b
 
+def _logaddexp(a: float, b: float) -> float:
+  """log(e^a + e^b) in float64, as the LOGADDEXP reduce combines (see Ops): equal infinities give themselves."""
+  if math.isnan(a) or math.isnan(b): return math.nan
+  high, low = max(a, b), min(a, b)
+  if high == low and math.isinf(high): return high
+  return high + math.log1p(math.exp(low - high))
+
 def _max(a, b):
   if isinstance(a, float) and math.isnan(a): return a
   if isinstance(b, float) and math.isnan(b): return b
@@ -164,6 +178,7 @@ _PY_ALU: dict[Ops, Callable] = {
   Ops.MAX: _max, Ops.CMPLT: lambda a, b: a < b, Ops.CMPNE: lambda a, b: a != b,
   Ops.AND: lambda a, b: a & b, Ops.OR: lambda a, b: a | b, Ops.XOR: lambda a, b: a ^ b,
   Ops.SHL: lambda a, b: a << b, Ops.SHR: lambda a, b: a >> b, Ops.WHERE: lambda c, a, b: a if c else b,
+  Ops.LOGADDEXP: _logaddexp,   # a reduce's combine: exec_alu is its oracle (no kernel has a LOGADDEXP ALU node)
 }
 
 def exec_alu(op: Ops, dtype: DType, operands: tuple):

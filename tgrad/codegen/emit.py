@@ -3,10 +3,11 @@
 `emit_program` places, in order: the kernel's parameters (every buffer, every variable), its thread ids, the global
 loops, a row kernel's store loops (with every pass's reduces hoisted above them), then each store after its sources,
 depth-first. A REDUCE brings its whole loop (`ProgramEmitter.emit_reduce_group`): the reduces over the same ranges
-share one loop; their loop-invariant inputs are hoisted above it; each gets an accumulator (DEFINE_ACC, plus one for
-the running error of a Kahan sum), the loop (behind an IF for a GROUP's gated combine), the staged tiles' next-step
-copy at the top of the body, the updates (folded term by term for a register tile), the ASSIGNs, the next copy's stores
-and barrier, ENDRANGE. The result reads as a program:
+share one loop; their loop-invariant inputs are hoisted above it; each gets an accumulator (DEFINE_ACC, plus the
+running error of a Kahan sum, or a LOGADDEXP's state: running max and rescaled sum), the loop (behind an IF for a
+GROUP's gated combine), the staged tiles' next-step copy at the top of the body, the updates (folded term by term for a
+register tile), the ASSIGNs, the next copy's stores and barrier, ENDRANGE (and a LOGADDEXP's m + log d into its
+accumulator). The result reads as a program:
 
   DEFINE_GLOBAL 0, DEFINE_GLOBAL 1, RANGE r0 (0..N), DEFINE_ACC a0, RANGE r1 (0..K), LOAD, ADD, ASSIGN a0,
   ENDRANGE r1, REDUCE (reads a0), STORE, ENDRANGE r0
@@ -18,14 +19,18 @@ from tgrad.dtype import dtypes
 from tgrad.ops import UOp, Ops, simplify, identity_of_reduce
 from tgrad.codegen.kernel import Kernel
 from tgrad.codegen.value_graph import ValueGraph
-from tgrad.codegen.reduces import FOLD_MIN_ACCUMULATORS, is_compensated, kahan_step, reduce_terms
+from tgrad.codegen.reduces import (FOLD_MIN_ACCUMULATORS, is_compensated, kahan_step, online_merge, online_result,
+                                   online_step, reduce_terms)
+from tgrad.codegen.transcendental import decompose
 
 class ProgramEmitter:
   """Places UOps into one program. `emitted` is what the current scope may reuse (a loop body's values are forgotten
   when the loop ends); `open_ranges` the loops around the current position; `free` the RANGEs each node's value
-  depends on (a REDUCE binds its own)."""
-  def __init__(self, graph: ValueGraph, stores: list[UOp], ids: Iterator[int]):
-    self.graph, self.ids = graph, ids
+  depends on (a REDUCE binds its own). `decompose_by_default`: the renderer's choice for the EXP2/LOG2 the emitter
+  itself builds (a LOGADDEXP's updates), as linearizer.decompose for the value graph's."""
+  def __init__(self, graph: ValueGraph, stores: list[UOp], ids: Iterator[int], decompose_by_default: bool = False):
+    self.graph, self.ids, self.decompose_by_default = graph, ids, decompose_by_default
+    self.online_states: dict[UOp, tuple[UOp, UOp]] = {}   # a LOGADDEXP's (running max, rescaled sum) accumulators
     self.program: list[UOp] = []
     self.emitted: set[UOp] = set()
     self.scopes: list[list[UOp]] = [[]]
@@ -74,7 +79,7 @@ class ProgramEmitter:
     group = [r for r in self.reduces if r.src[1:] == ranges and r not in self.emitted]
     for r in ranges: self.emit(r.src[0]); self.emit(r.src[1])  # noqa: E702
     for r in group: self.hoist_invariants(r.src[0])
-    accs, compensations = self.define_accumulators(group)
+    accs, partners = self.define_accumulators(group)
     # only the thread that stores reduces a GROUP's partials: for the others the accumulator stays the identity
     branch = UOp(Ops.IF, dtypes.void, (simplify(self.graph.gate),)) if set(ranges) & self.graph.gated_loops else None
     if branch is not None:
@@ -87,18 +92,31 @@ class ProgramEmitter:
     prefetch = next_copy[1] if next_copy is not None and next_copy[0] == ranges else None
     if prefetch is not None:   # the next step's global loads first: the body's math hides their latency
       for store in prefetch.src: self.emit(store if store in self.graph.early_stores else store.src[2])
-    self.emit_updates(group, accs, compensations)
+    self.emit_updates(group, accs, partners)
     if prefetch is not None: self.emit(prefetch)   # their stores into the other buffer, then the step's one barrier
     for rng in reversed(ranges): self.program.append(UOp(Ops.ENDRANGE, dtypes.void, (rng,)))
     if branch is not None: self.program.append(UOp(Ops.ENDIF, dtypes.void, (branch,)))
     self.open_ranges.difference_update(ranges)
     for u in self.scopes.pop(): self.emitted.discard(u)
+    for r in group:   # a LOGADDEXP's value: log Σ exp = m + log d, into the accumulator its REDUCE reads
+      if r.arg[0] is Ops.LOGADDEXP: self.assign(accs[r], self.built(online_result(*self.online_states[r], r.dtype)))
     for r in group: self.place(r)
+
+  def built(self, value: UOp) -> UOp:
+    """An update value the emitter built, its EXP2/LOG2 decomposed as the renderer wants (transcendental.py), placed
+    after its sources."""
+    [value] = decompose([value], self.decompose_by_default)
+    self.emit(value)
+    return value
+
+  def assign(self, acc: UOp, value: UOp) -> None: self.place(UOp(Ops.ASSIGN, acc.dtype, (acc, value)))
 
   def define_accumulators(self, group: list[UOp]) -> tuple[dict[UOp, UOp], dict[UOp, UOp]]:
     """Each reduce's accumulator, starting at its identity (a WMMA's fragment accumulator is part of its value,
-    hoisted above, and only emitted here), and for a Kahan sum the accumulator of its running rounding error."""
-    accs, compensations = {}, {}
+    hoisted above, and only emitted here), and a Kahan sum's partner, its running rounding error. A LOGADDEXP's
+    accumulator takes its result after the loop; its state (running max from −inf, rescaled sum from 0) has two more,
+    in its source's dtype (`online_states`)."""
+    accs, partners = {}, {}
     for r in group:
       if r.arg[0] is Ops.WMMA:
         accs[r] = next(u for u in r.src[0].toposort() if u.op is Ops.DEFINE_ACC and u.arg == r.arg[1])
@@ -109,34 +127,50 @@ class ProgramEmitter:
       accs[r] = UOp(Ops.DEFINE_ACC, r.dtype, (init,), r.arg[1])
       self.place(accs[r])
       if is_compensated(r):
-        compensations[r] = UOp(Ops.DEFINE_ACC, r.dtype, (init,), next(self.ids) - 1)
-        self.place(compensations[r])
-    return accs, compensations
+        partners[r] = UOp(Ops.DEFINE_ACC, r.dtype, (init,), next(self.ids) - 1)
+        self.place(partners[r])
+      if r.arg[0] is Ops.LOGADDEXP:
+        state_dtype = r.src[0].dtype
+        starts = [UOp.const(state_dtype, identity_of_reduce(Ops.LOGADDEXP, state_dtype)), UOp.const(state_dtype, 0.0)]
+        for start in starts: self.emit(start)
+        state = tuple(UOp(Ops.DEFINE_ACC, state_dtype, (start,), next(self.ids) - 1) for start in starts)
+        for acc in state: self.place(acc)
+        self.online_states[r] = state
+    return accs, partners
 
-  def emit_updates(self, group: list[UOp], accs: dict[UOp, UOp], compensations: dict[UOp, UOp]) -> None:
+  def emit_updates(self, group: list[UOp], accs: dict[UOp, UOp], partners: dict[UOp, UOp]) -> None:
     """The loop body: each reduce's update and its ASSIGN. With several accumulators (a register tile), every one
     takes its first unrolled value, then its second, …: an outer product per unrolled step (FMAs into the
     accumulators, one step's operands live). A lone accumulator combines the step's values first, so only one op per
-    step depends on the last step. A compensated sum adds its unrolled values one by one, each with compensation."""
+    step depends on the last step. A compensated sum adds its unrolled values one by one, each with compensation. A
+    LOGADDEXP makes the state of the step's values and merges it into (max, rescaled sum) (reduces.online_merge)."""
     fold = sum(1 for r in group if r.arg[0] is not Ops.WMMA) >= FOLD_MIN_ACCUMULATORS
+    online = [r for r in group if r.arg[0] is Ops.LOGADDEXP]
     updates = {r: r.src[0] if r.arg[0] is Ops.WMMA else accs[r] for r in group}
-    terms = {r: [] if r.arg[0] is Ops.WMMA else reduce_terms(r) if fold or is_compensated(r) else [r.src[0]]
-             for r in group}
+    terms = {r: [] if r.arg[0] in (Ops.WMMA, Ops.LOGADDEXP) else reduce_terms(r) if fold or is_compensated(r) else
+             [r.src[0]] for r in group}
     corrections: dict[UOp, UOp] = {}
+    online_updates: list[tuple[UOp, UOp]] = []   # (state accumulator, its new value), assigned after every update
+    for r in online:
+      for term in reduce_terms(r): self.emit(term)
+      peak, total = online_merge(*self.online_states[r], *online_step(reduce_terms(r)))
+      online_updates += [(acc, self.built(value)) for acc, value in zip(self.online_states[r], (peak, total))]
     for r in group:
       if r.arg[0] is Ops.WMMA: self.emit(r.src[0])
     for step in range(max((len(t) for t in terms.values()), default=0)):
       for r in group:
         if step >= len(terms[r]): continue
         self.emit(terms[r][step])
-        if r in compensations:
-          updates[r], corrections[r] = kahan_step(updates[r], corrections.get(r, compensations[r]), terms[r][step])
+        if r in partners:
+          updates[r], corrections[r] = kahan_step(updates[r], corrections.get(r, partners[r]), terms[r][step])
           self.emit(corrections[r])
           continue
         updates[r] = UOp(r.arg[0], r.dtype, (updates[r], terms[r][step]))
         if updates[r] not in self.emitted: self.place(updates[r])
-    for r in group: self.place(UOp(Ops.ASSIGN, r.dtype, (accs[r], updates[r])))
-    for r, correction in corrections.items(): self.place(UOp(Ops.ASSIGN, r.dtype, (compensations[r], correction)))
+    for r in group:
+      if r.arg[0] is not Ops.LOGADDEXP: self.assign(accs[r], updates[r])
+    for r, correction in corrections.items(): self.assign(partners[r], correction)
+    for acc, value in online_updates: self.assign(acc, value)
 
 def _parameters(kernel: Kernel, graph: ValueGraph, nodes: list[UOp]) -> list[UOp]:
   """The program's head: buffers, variables and thread ids, in the order renderers number them."""
@@ -154,10 +188,11 @@ def _parameters(kernel: Kernel, graph: ValueGraph, nodes: list[UOp]) -> list[UOp
 
 def emit_program(kernel: Kernel, graph: ValueGraph, stores: Optional[list[UOp]] = None) -> list[UOp]:
   """The linear program of a value graph: `stores` (default graph.stores; the decomposed ones where a renderer wants
-  them) inside the global loops and a row kernel's store loops. A Kahan sum's compensation takes the next accumulator
-  number after the graph's."""
+  them) inside the global loops and a row kernel's store loops. A Kahan sum's compensation and a LOGADDEXP's state take
+  the next accumulator numbers after the graph's."""
   stores = list(graph.stores) if stores is None else stores
-  emitter = ProgramEmitter(graph, stores, itertools.count(graph.accumulators + 1))
+  emitter = ProgramEmitter(graph, stores, itertools.count(graph.accumulators + 1),
+                           kernel.renderer.decompose_transcendentals)
   for u in _parameters(kernel, graph, emitter.nodes): emitter.place(u)
   outer_loops = [i for i in graph.indices[:kernel.global_dims] if i is not None and i.op is Ops.RANGE]
   for rng in outer_loops: emitter.open_loop(rng)

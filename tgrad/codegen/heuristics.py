@@ -63,8 +63,24 @@ def _threads(kernel: Kernel) -> None:
   for threads in range(cores, 1, -1):
     if size % threads == 0 and try_opt(kernel, Opt(OptOps.THREAD, 0, threads)): return
 
+# An online log-sum-exp (a LOGADDEXP reduce: the "online" softmax) merges each step's state into its running (max,
+# rescaled sum) with one exponential: unrolled, a step's values make their own state first (exponentials off the
+# loop-carried path), one merge per CPU_ONLINE_UNROLL values, and the running sum rounds once per step, not per value.
+# Measured on a 256×4096 float32 softmax (2 shared cores): unrolled by 1, 8, 16, 32: 3.6, 3.4, 3.1, 2.9 ms and
+# 1.3e-5, 2.2e-6, 2.0e-6, 1.9e-6 relative error against float64; 16 keeps the kernel half as long as 32.
+CPU_ONLINE_UNROLL = 16
+
+def _unroll_online(kernel: Kernel) -> None:
+  """Unroll the innermost reduce axis of a kernel with a LOGADDEXP reduce by its largest divisor up to
+  CPU_ONLINE_UNROLL."""
+  if not any(r.arg[0] is Ops.LOGADDEXP for r in kernel.reduceops) or kernel.first_reduce >= kernel.first_upcast: return
+  axis = kernel.first_upcast - 1
+  if (unroll := _divisor_at_most(kernel.full_shape[axis], CPU_ONLINE_UNROLL)) > 1:
+    try_opt(kernel, Opt(OptOps.UNROLL, axis - kernel.first_reduce, unroll))
+
 def _cpu_rules(kernel: Kernel) -> None:
   _register_tile(kernel)
+  _unroll_online(kernel)
   _threads(kernel)
 
 # GPU: 256 threads per block (8 warps) keeps an SM's 2048 thread slots full with 8 blocks and leaves room for

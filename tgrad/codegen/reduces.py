@@ -10,12 +10,14 @@ The value graph (value_graph.py) builds each reduce from the pieces here, in thi
   3. the group combine (split-K, OptOps.GROUP): each thread's partial goes to shared memory, and after a barrier the
      group's first thread (or, in a row kernel, every thread) reduces the partials (`group_combine`, `group_gate`).
 
-The emitter (emit.py) turns each REDUCE into its accumulator and loop, with `kahan_step` for compensated sums.
+The emitter (emit.py) turns each REDUCE into its accumulator and loop, with `kahan_step` for compensated sums and
+`online_step`/`online_merge`/`online_result` for a LOGADDEXP reduce (log Σ exp, the online softmax's one pass).
 A reduce of a value that doesn't change along its loops is no loop (a sum is value × trips: `Tensor.ones(2**40).sum()`
 costs nothing). A float sum whose accumulator would add more than ACCUMULATE_BLOCK values sums in blocks: an inner
 loop adds one block into a fresh accumulator, an outer loop adds the block totals with compensated (Kahan) summation.
 """
 from __future__ import annotations
+import math
 from typing import TYPE_CHECKING, Iterator, Optional
 from tgrad.dtype import dtypes
 from tgrad.ops import UOp, Ops, simplify, exec_alu
@@ -44,6 +46,8 @@ GROUP_LOOP_ARG = 1000   # RANGE arg of the loop over a GROUP's partials along ax
 # Each pass has loops of its own (the same loop reused would fuse passes that must run one after the other): pass p's
 # RANGE args are those of pass 0 plus PASS_LOOP_ARG·p.
 PASS_LOOP_ARG = 10000
+
+LOG2_E, LN2 = 1 / math.log(2), math.log(2)
 
 def loop_axes(kernel: Kernel) -> list[int]:
   """The reduce axes that are loops (not a GROUP's threads, not unrolled)."""
@@ -89,8 +93,12 @@ def new_reduce(ids: Iterator[int], op: Ops, dtype, value: UOp, ranges: tuple[UOp
 
 def reduce_terms(reduce: UOp) -> list[UOp]:
   """The unrolled values a loop REDUCE combines (its source is their left chain, see new_reduce)."""
-  terms, value = [], reduce.src[0]
-  for _ in range(reduce.arg[2] - 1):
+  return chain_terms(reduce.src[0], reduce.arg[2])
+
+def chain_terms(chain: UOp, count: int) -> list[UOp]:
+  """The `count` values of a left chain of binary ops, first to last."""
+  terms, value = [], chain
+  for _ in range(count - 1):
     terms.append(value.src[1])
     value = value.src[0]
   return [value] + terms[::-1]
@@ -120,6 +128,76 @@ def kahan_step(total: UOp, compensation: UOp, value: UOp) -> tuple[UOp, UOp]:
   zero = UOp.const(value.dtype, 0.0)
   not_finite = UOp(Ops.CMPNE, dtypes.bool, (add(new_total, minus(new_total)), zero))
   return new_total, UOp(Ops.WHERE, value.dtype, (not_finite, zero, error))
+
+def chain_op(op: Ops) -> Ops:
+  """The op that chains a loop REDUCE's unrolled values (see new_reduce): the reduce op itself, except for LOGADDEXP,
+  which is no ALU op: its chain is their MAX (the step's running max, online_step), and the emitter splits it again."""
+  return Ops.MAX if op is Ops.LOGADDEXP else op
+
+# ---- LOGADDEXP: log Σ exp in one pass, the online softmax's reduce
+# A LOGADDEXP REDUCE keeps the streaming state of the online softmax in two accumulators: m, the running max, and d,
+# the sum of exp(x − m) rescaled whenever m grows, both in the source's dtype; its value is m + log(d) in the REDUCE's
+# dtype, which may be wider (the online softmax takes it in float64, so x − lse keeps no rounding of lse). Folding the
+# state into one float l = m + log(d) and combining with log(e^l + e^x) loses the small terms: l's rounding (ulp(20) ≈
+# 2e-6 for normal·5 rows) swallows each exp(x − l) below it, and a 4096-long row drifted 2e-4 relative. With (m, d) the
+# sum d rounds relative to itself (a float sum), and m is exact. A step's unrolled values first make a state of their
+# own (online_step: their max and the sum of their exponentials), which is merged with one more exponential
+# (online_merge): exp(−|m − m'|) rescales whichever side had the smaller max. A GROUP's partials are results
+# m + log(d) combined by the same reduce (each thread's one rounding, not one per element). Infinities: a side at −inf
+# adds nothing (exp(−inf) = 0), equal infinities add as equals (the difference inf − inf would be NaN), +inf wins;
+# NaN propagates through MAX and the exponential.
+
+def _alu(op: Ops, dtype, *src: UOp) -> UOp:
+  """An ALU node, or the constant exec_alu gives when every source is one (no device compiler sees an op of
+  constants: see value_graph.fold_constants)."""
+  if all(s.op is Ops.CONST for s in src):
+    try: return UOp.const(dtype, exec_alu(op, dtype, tuple(s.arg for s in src)))
+    except (TypeError, OverflowError): pass
+  return UOp(op, dtype, src)
+
+def _exp(x: UOp) -> UOp: return _alu(Ops.EXP2, x.dtype, _alu(Ops.MUL, x.dtype, x, UOp.const(x.dtype, LOG2_E)))
+def _log(x: UOp) -> UOp: return _alu(Ops.MUL, x.dtype, _alu(Ops.LOG2, x.dtype, x), UOp.const(x.dtype, LN2))
+def _sub(x: UOp, y: UOp) -> UOp: return _alu(Ops.ADD, x.dtype, x, _alu(Ops.NEG, y.dtype, y))
+
+def _exp_below(x: UOp, peak: UOp) -> UOp:
+  """exp(x − peak) for x <= peak, 1 where they are equal (also both −inf or both +inf, where x − peak is NaN)."""
+  return _alu(Ops.WHERE, x.dtype, _alu(Ops.CMPNE, dtypes.bool, x, peak), _exp(_sub(x, peak)), UOp.const(x.dtype, 1.0))
+
+def _tree(op: Ops, values: list[UOp]) -> UOp:
+  """The values combined pairwise (a balanced tree: log2(n) ops deep, where a chain would be n − 1)."""
+  while len(values) > 1:
+    values = [_alu(op, values[i].dtype, values[i], values[i + 1]) if i + 1 < len(values) else values[i]
+              for i in range(0, len(values), 2)]
+  return values[0]
+
+def online_step(terms: list[UOp]) -> tuple[UOp, UOp]:
+  """(max, Σ exp(value − max)) of one step's unrolled values: the state of those values alone, both reduced as
+  balanced trees (independent of the accumulators, so the CPU overlaps steps; the tree keeps each step short)."""
+  peak = _tree(Ops.MAX, terms)
+  if len(terms) == 1: return peak, UOp.const(peak.dtype, 1.0)
+  return peak, _tree(Ops.ADD, [_exp_below(t, peak) for t in terms])
+
+def online_merge(peak: UOp, total: UOp, step_peak: UOp, step_total: UOp) -> tuple[UOp, UOp]:
+  """The state (m, d) after merging the state of a step: the new max, and both sums rescaled to it. The smaller side
+  is scaled by exp(−|m − m'|), one exponential per merge."""
+  dtype = peak.dtype
+  grows = _alu(Ops.CMPLT, dtypes.bool, peak, step_peak)
+  gap = _alu(Ops.WHERE, dtype, grows, _sub(peak, step_peak), _sub(step_peak, peak))   # −|m − m'|
+  scale = _alu(Ops.WHERE, dtype, _alu(Ops.CMPNE, dtypes.bool, peak, step_peak), _exp(gap), UOp.const(dtype, 1.0))
+  def scaled_sum(small: UOp, large: UOp) -> UOp:   # a step of one value has the sum 1: its scaled sum is the scale
+    scaled = scale if small.op is Ops.CONST and small.arg == 1.0 else _alu(Ops.MUL, dtype, small, scale)
+    return _alu(Ops.ADD, dtype, scaled, large)
+  new_total = _alu(Ops.WHERE, dtype, grows, scaled_sum(total, step_total), scaled_sum(step_total, total))
+  return _alu(Ops.MAX, dtype, peak, step_peak), new_total
+
+def _cast(x: UOp, dtype) -> UOp:
+  if x.dtype == dtype: return x
+  return UOp.const(dtype, x.arg) if x.op is Ops.CONST else UOp(Ops.CAST, dtype, (x,))
+
+def online_result(peak: UOp, total: UOp, dtype) -> UOp:
+  """log Σ exp from the state, in the reduce's dtype (which may be wider than the state's): m + log(d) (−inf for no
+  values: d = 0)."""
+  return _alu(Ops.ADD, dtype, _cast(peak, dtype), _log(_cast(total, dtype)))
 
 def fold_invariant_reduce(op: Ops, dtype, value: UOp, ranges: tuple[UOp, ...]) -> Optional[UOp]:
   """A reduce over loops of a value that none of them changes: a sum is value × trips, a max is the value. None when

@@ -25,8 +25,9 @@ from tgrad.ops import UOp, Ops, ALU, GatherAxis, simplify, exec_alu, is_gather_l
 from tgrad.codegen.kernel import Kernel, fold_dims
 from tgrad.codegen.staging import StagedTiles
 from tgrad.codegen.tensor_cores import TensorCoreFragments
-from tgrad.codegen.reduces import (PASS_LOOP_ARG, accumulation_split, block_ranges, compensable, fold_invariant_reduce,
-                                   group_combine, group_axes, group_gate, is_sum_of_partials, loop_axes, new_reduce,
+from tgrad.codegen.reduces import (PASS_LOOP_ARG, accumulation_split, block_ranges, chain_op, chain_terms,
+                                   compensable, fold_invariant_reduce, group_combine, group_axes, group_gate,
+                                   is_sum_of_partials, loop_axes, new_reduce, online_result, online_step,
                                    row_pass_loops, row_store_indices, store_pass)
 from tgrad.shape.shapetracker import ShapeTracker
 from tgrad.shape.sint import offset_by, to_uop
@@ -178,9 +179,10 @@ class ValueBuilder:
     return _load(node, gather_address(row_start, self.build(node.src[1], idxs), node.arg), valid)
 
   def unrolled_value(self, node: UOp, idxs: tuple[UOp, ...], loop_indices: dict[int, UOp]) -> UOp:
-    """The unrolled replicas of a reduce's source combined with its op (a left chain: reduces.reduce_terms splits it
-    again), at idxs with the GROUP's thread ids and these loop indices on the reduce axes."""
-    k, op = self.kernel, node.arg[0]
+    """The unrolled replicas of a reduce's source combined with its op (a left chain of reduces.chain_op:
+    reduces.reduce_terms splits it again), at idxs with the GROUP's thread ids and these loop indices on the reduce
+    axes."""
+    k, op = self.kernel, chain_op(node.arg[0])
     unroll_axes = [a for a in k.upcast_axes if k.is_reduce_axis(a)]
     inner = list(idxs)
     for a in group_axes(k): inner[a] = self.indices[a]
@@ -190,7 +192,7 @@ class ValueBuilder:
       for a, v in zip(unroll_axes, combo): inner[a] = to_uop(v)
       values.append(self.build(node.src[0], tuple(inner)))
     combined = values[0]
-    for v in values[1:]: combined = UOp(op, node.dtype, (combined, v))
+    for v in values[1:]: combined = UOp(op, v.dtype, (combined, v))   # the source's dtype (a LOGADDEXP's may differ)
     return combined
 
   def build_reduce(self, node: UOp, idxs: tuple[UOp, ...]) -> UOp:
@@ -205,7 +207,9 @@ class ValueBuilder:
     ranges = tuple(loops[a] for a in loop_order)
     combined = self.unrolled_value(node, idxs, loops)
     terms = prod(k.full_shape[a] for a in k.upcast_axes if k.is_reduce_axis(a))
-    if not ranges:   # a float sum starts from +0.0 as a loop's accumulator does: -0.0 + -0.0 is +0.0, as in numpy
+    if not ranges and op is Ops.LOGADDEXP:   # every value unrolled: the state of one step is the whole reduce
+      result = online_result(*online_step(chain_terms(combined, terms)), node.dtype)
+    elif not ranges:   # a float sum starts from +0.0 as a loop's accumulator does: -0.0 + -0.0 is +0.0, as in numpy
       result = UOp(Ops.ADD, node.dtype, (combined, UOp.const(node.dtype, 0.0))) if compensable(op, node.dtype) \
         else combined
     elif (folded := fold_invariant_reduce(op, node.dtype, combined, ranges)) is not None: result = folded

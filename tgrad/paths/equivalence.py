@@ -229,7 +229,8 @@ class _ExpressionBuilder:
     raise _Unprovable(f"no exact meaning for {op}")
 
   def _reduce(self, lb: LazyBuffer, idxs: tuple[UOp, ...]) -> sympy.Expr:
-    """A reduce at `idxs`: its body over fresh variables along the reduced axes, summed (multiplied, maximized)."""
+    """A reduce at `idxs`: its body over fresh variables along the reduced axes, summed (multiplied; a max or a
+    log Σ exp is an uninterpreted function of the body, named after its op)."""
     source = lb.srcs[0]
     op, axes = lb.arg[:2]
     source_idxs, bounds = list(idxs), []
@@ -250,7 +251,7 @@ class _ExpressionBuilder:
     body, bounds = body.xreplace(names), [(names[t], lo, hi) for t, lo, hi in bounds]
     if op is Ops.ADD: return sympy.Sum(body, *bounds)
     if op is Ops.MUL: return sympy.Product(body, *bounds)
-    return _opaque("reduce_max", body, *(b[0] for b in bounds))
+    return _opaque(f"reduce_{op.name.lower()}", body, *(b[0] for b in bounds))   # MAX, LOGADDEXP: uninterpreted
 
 def _flat_index(idxs: tuple[UOp, ...], shape: tuple[int, ...]) -> UOp:
   """The row-major position of per-dim indices in a buffer of `shape`, simplified."""

@@ -29,9 +29,10 @@ such a reduce on TF32 tensor cores (codegen/tensor_cores.py); the same graph giv
 of the sum) on FMA, so it is checked on the CPU. It is offered on CUDA only (on the CPU it is the default made
 slower and less exact), for float32 inputs; the default float32 matmul never runs on a TF32 core.
 
-Not registered, and why:
-- an "online" (single-pass) softmax: it needs a reduce of two values at once (running max and rescaled sum), which
-  REDUCE_AXIS (one value per reduce) cannot express; "three_kernels" is the only alternative.
+softmax, log_softmax and logsumexp have an "online" lowering: log Σ exp by the LOGADDEXP reduce, one pass over x whose
+running max and rescaled sum live in two float32 accumulators of the kernel (codegen/reduces.py), its result log Σ exp
+in float64, then exp(x − lse) or x − lse with x − lse in float64 (rounded once); REDUCE_AXIS still holds one value,
+log Σ exp, so a GROUP or a split reduce combines results with the same reduce.
 """
 from __future__ import annotations
 import math
@@ -138,6 +139,41 @@ def _log_softmax_three_kernels(x: Tensor, axis: int) -> Tensor:
     shifted = v - v.max(axis, keepdim=True).detach().contiguous()
     return shifted - shifted.exp().sum(axis, keepdim=True).contiguous().log()
   return x._float_math(stable)
+
+# The online lowerings' log Σ exp is a float64 value (its state, the running max and rescaled sum, stays in the input's
+# dtype: float32, also for half inputs): rounded to float32 it would put half an ulp of itself into x − lse (5e-4
+# relative on rows around 1e4); x − lse in float64, rounded once, is as exact as the default's x − max
+ONLINE_RESULT_DTYPE = dtypes.float64
+
+def _log_sum_exp(v: Tensor, axis: Any) -> Tensor:
+  """log Σ exp over `axis` (kept as size 1) in one pass, in ONLINE_RESULT_DTYPE: the LOGADDEXP reduce (the online
+  softmax's state). Over axes of size 1 it is the value itself: no reduce, so the consumer is no reduce kernel."""
+  axes = tuple(a for a in v._reduce_axes(axis) if v.shape[a] != 1)
+  if not axes: return v.cast(ONLINE_RESULT_DTYPE)
+  return F.LogSumExp.apply(v, axes=axes, dtype=ONLINE_RESULT_DTYPE)
+def _online_shifted(v: Tensor, axis: int) -> Tensor:
+  """x − log Σ exp x, computed in float64 and rounded to x's dtype once; NaN on a row holding +inf (or only −inf), as
+  torch's and the default's (x − max is inf − inf there). lse + (lse − lse) is per row: a row kernel computes it once,
+  before its store pass."""
+  lse = _log_sum_exp(v, axis)
+  return (v.cast(lse.dtype) - (lse + (lse - lse))).cast(v.dtype)
+def _softmax_online(x: Tensor, axis: int) -> Tensor:
+  """exp(x − log Σ exp x): one pass over the row for log Σ exp (running max and rescaled sum), one for the output."""
+  return x._float_math(lambda v: _online_shifted(v, axis).exp())
+def _log_softmax_online(x: Tensor, axis: int) -> Tensor:
+  return x._float_math(lambda v: _online_shifted(v, axis))
+
+def _logsumexp(x: Tensor, axis: Any, keepdim: bool) -> Tensor:
+  """log Σ exp(x − max) + max, the max (detached) 0 where it is ±inf: an all −inf (or +inf) row gives −inf (+inf)."""
+  def stable(v: Tensor) -> Tensor:
+    peak = v.max(axis, keepdim=True).detach()
+    peak = peak.isinf().where(0, peak)
+    return (v - peak).exp().sum(axis, keepdim=True).log() + peak
+  out = x._float_math(stable)
+  return out if keepdim else out.reshape(x._reduced_shape(x._reduce_axes(axis), keepdim=False))
+def _logsumexp_online(x: Tensor, axis: Any, keepdim: bool) -> Tensor:
+  out = x._float_math(lambda v: _log_sum_exp(v, axis).cast(v.dtype))
+  return out if keepdim else out.reshape(x._reduced_shape(x._reduce_axes(axis), keepdim=False))
 
 def _rms_norm(x: Tensor, axis: Any, eps: float) -> Tensor:
   v = x._to_float()
@@ -270,10 +306,19 @@ LOWERINGS: dict[str, dict[str, Lowering]] = {
     Lowering("tanh", "the tanh approximation: 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))", _gelu_tanh, 0)),
   "softmax": _registry(
     Lowering(DEFAULT, "exp(x − max) / Σ exp(x − max), one row kernel where the rows fit", _softmax, 1),
-    Lowering("three_kernels", "max, Σ exp and the division as three kernels", _softmax_three_kernels, 0)),
+    Lowering("three_kernels", "max, Σ exp and the division as three kernels", _softmax_three_kernels, 0),
+    Lowering("online", "exp(x − log Σ exp x), log Σ exp in one pass (running max and rescaled sum), one row kernel "
+             "where the rows fit", _softmax_online, 0)),
   "log_softmax": _registry(
     Lowering(DEFAULT, "(x − max) − log Σ exp(x − max), one row kernel where the rows fit", _log_softmax, 1),
-    Lowering("three_kernels", "max, Σ exp and the subtraction as three kernels", _log_softmax_three_kernels, 0)),
+    Lowering("three_kernels", "max, Σ exp and the subtraction as three kernels", _log_softmax_three_kernels, 0),
+    Lowering("online", "x − log Σ exp x, log Σ exp in one pass (running max and rescaled sum), one row kernel where "
+             "the rows fit", _log_softmax_online, 0)),
+  "logsumexp": _registry(
+    Lowering(DEFAULT, "log Σ exp(x − max) + max: the max, then the sum, one row kernel where the rows fit", _logsumexp,
+             1),
+    Lowering("online", "log Σ exp in one pass (running max and rescaled sum: the LOGADDEXP reduce)", _logsumexp_online,
+             0)),
   "rms_norm": _registry(
     Lowering(DEFAULT, "x · rsqrt(mean(x²) + eps): one reciprocal square root per row", _rms_norm, 1),
     Lowering("recip_sqrt", "x / sqrt(mean(x²) + eps): a division per element", _rms_norm_recip_sqrt, 2)),

@@ -30,6 +30,12 @@ def log_softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
   shifted = x - x.max(axis, keepdims=True)
   return shifted - np.log(np.exp(shifted).sum(axis, keepdims=True))
 
+def logsumexp(x: np.ndarray, axis: Any = None, keepdim: bool = False) -> np.ndarray:
+  peak = np.max(x, _axes(axis), keepdims=True)
+  peak = np.where(np.isinf(peak), 0.0, peak)
+  out = np.log(np.sum(np.exp(x - peak), _axes(axis), keepdims=True)) + peak
+  return out if keepdim else np.squeeze(out, _axes(axis))
+
 def rms_norm(x: np.ndarray, axis: Any = -1, eps: float = 1e-6) -> np.ndarray:
   return x / np.sqrt(np.mean(x * x, _axes(axis), keepdims=True) + eps)
 def layer_norm(x: np.ndarray, axis: Any = -1, eps: float = 1e-5) -> np.ndarray:
@@ -53,6 +59,6 @@ def scaled_dot_product_attention(query: np.ndarray, key: np.ndarray, value: np.n
 
 FUNCTIONS: dict[str, Callable[..., np.ndarray]] = {
   "exp": exp, "log": log, "tanh": tanh, "sigmoid": sigmoid, "gelu": gelu, "softmax": softmax,
-  "log_softmax": log_softmax, "rms_norm": rms_norm, "layer_norm": layer_norm, "matmul": matmul,
+  "log_softmax": log_softmax, "logsumexp": logsumexp, "rms_norm": rms_norm, "layer_norm": layer_norm, "matmul": matmul,
   "scaled_dot_product_attention": scaled_dot_product_attention,
 }

@@ -110,12 +110,9 @@ class ReduceMixin:
   def softmin(self, axis: int = -1) -> Tensor: return (-self._to_float()).softmax(axis)
   def log_softmax(self, axis: int = -1) -> Tensor: return composite("log_softmax", (self,), axis=axis)
   def logsumexp(self, axis=None, keepdim: bool = False) -> Tensor:
-    def stable(x: Tensor) -> Tensor:
-      peak = x.max(axis, keepdim=True).detach()
-      peak = peak.isinf().where(0, peak)     # all −inf (or +inf) rows: shift by 0 instead of producing NaN
-      return (x - peak).exp().sum(axis, keepdim=True).log() + peak
-    out = self._float_math(stable)
-    return out if keepdim else out.reshape(self._reduced_shape(self._reduce_axes(axis), keepdim=False))
+    """log Σ exp over `axis`, a composite (tensor_ops/composite.py: the default shifts by the max; "online" is one
+    pass); float16/bfloat16 compute in float32."""
+    return composite("logsumexp", (self,), axis=tuple(axis) if isinstance(axis, list) else axis, keepdim=keepdim)
   # ---- scans: an associative op run along one axis, blocked so the work is O(n·SCAN_BLOCK) in O(log n) kernels
   def _scan(self, axis: int, kind: str) -> Tensor:
     """The inclusive scan of `kind` (a key of SCAN_KINDS) along `axis`, in self's dtype (the caller casts)."""

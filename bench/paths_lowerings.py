@@ -1,4 +1,5 @@
-"""Each lowering of tanh, gelu and softmax: its time and its max relative error against the float64 reference.
+"""Each lowering of tanh, gelu, softmax, log_softmax and matmul: its time and its max relative error against the
+float64 reference.
 
 For every (op, shape, dtype), builds the op on a random normal input, enumerates every path of realizing it
 (tgrad.paths.iterate: each composite region's lowerings, nested ones included) and measures each (time: the sum of
@@ -13,8 +14,10 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from tgrad import Tensor, dtypes  # noqa: E402
 from tgrad.paths.path import iterate, measure, reference_outputs  # noqa: E402
 
-SHAPES = ((4, 16), (4096, 4096))
-OPS = {"tanh": lambda x: x.tanh(), "gelu": lambda x: x.gelu(), "softmax": lambda x: x.softmax(-1)}
+OPS = {"tanh": lambda x: x.tanh(), "gelu": lambda x: x.gelu(), "softmax": lambda x: x.softmax(-1),
+       "log_softmax": lambda x: x.log_softmax(-1)}
+MATMUL_SIZE = 1024   # x·x for a square x of this size (its float64 reference runs on the CPU: 1024³ stays quick)
+SHAPES = ((4, 16), (4096, 4096), (MATMUL_SIZE, MATMUL_SIZE))
 SEED = 0
 
 def main() -> None:
@@ -26,10 +29,12 @@ def main() -> None:
   rng = np.random.default_rng(SEED)
   rows = []
   for shape in SHAPES:
-    data = rng.standard_normal(shape).astype(np.float32) * 3
+    data = rng.standard_normal(shape).astype(np.float32) * (1 if shape == (MATMUL_SIZE, MATMUL_SIZE) else 3)
     for dtype in (dtypes.float32, dtypes.float16):
       x = Tensor(data, device=args.device).cast(dtype).realize()
-      for name, op in OPS.items():
+      ops = dict(OPS)
+      if shape == (MATMUL_SIZE, MATMUL_SIZE): ops = {"matmul": lambda x: x @ x}
+      for name, op in ops.items():
         space = iterate(op(x))
         reference = reference_outputs(space)
         for path in space:

@@ -393,10 +393,10 @@ def _gpu_rules(kernel: Kernel) -> None:
 
 # A kernel with symbolic sizes gets the GPU rules of a concrete kernel of its structure on every axis whose size is
 # known (unrolls, register tiles, groups, locals), and guarded splits of its symbolic axes (Kernel._split_symbolic_axis:
-# LOCAL and GROUP pad the axis and mask the padding; UPCAST and UNROLL only by what divides every value). A reduce over a
-# symbolic axis with few outputs, or a row kernel's rows (decode attention over the filled cache slots, softmax over a
-# symbolic row): a group of threads splits the reduce axis (_group_symbolic_reduce); otherwise the concrete rules. On a
-# CPU the loops stay as they are (LLVM vectorizes them).
+# LOCAL and GROUP pad the axis and mask the padding; UPCAST and UNROLL only by what divides every value). A reduce
+# over a symbolic axis with few outputs, or a row kernel's rows (decode attention over the filled cache slots, softmax
+# over a symbolic row): a group of threads splits the reduce axis (_group_symbolic_reduce); otherwise the concrete
+# rules. On a CPU the loops stay as they are (LLVM vectorizes them).
 # Blocks a symbolic reduce's group layout keeps at least: one per SM of an H100 (132), as a power of two; fewer blocks
 # leave SMs idle (decode attention at position 2000 ran 16 blocks of 64 threads, each looping over every key).
 SYMBOLIC_MIN_BLOCKS = 128
@@ -437,7 +437,8 @@ def _symbolic_rules(kernel: Kernel) -> None:
   """The rules for a kernel whose loops have symbolic trip counts (see above)."""
   if not kernel.renderer.has_local: return
   if _group_symbolic_reduce(kernel): return
-  if kernel.reduceops and isinstance(kernel.full_shape[kernel.first_reduce], int) and _group_small_reduce(kernel): return
+  known_reduce = kernel.reduceops and isinstance(kernel.full_shape[kernel.first_reduce], int)
+  if known_reduce and _group_small_reduce(kernel): return
   _gpu_locals(kernel, _gpu_upcast(kernel))
 
 def hand_coded_optimizations(kernel: Kernel) -> None:

@@ -352,7 +352,8 @@ class Kernel:
     valid is exactly "not padding" at any indices. It is no memory op of the AST: the value graph asks it for that
     valid and gives each reduce its identity where it is false (value_graph.ValueBuilder.unrolled_value)."""
     st = ShapeTracker.from_shape(tuple(size if a == axis else 1 for a in range(self.shape_len))).expand(self.full_shape)
-    guard = UOp(Ops.CONST, dtypes.bool, (UOp(Ops.VIEW, dtypes.void, (), st),), ("padding guard", len(self.padding_guards)))
+    view = UOp(Ops.VIEW, dtypes.void, (), st)
+    guard = UOp(Ops.CONST, dtypes.bool, (view,), ("padding guard", len(self.padding_guards)))
     self.memops, self.sts = self.memops + [guard], self.sts + [st]
     self.padding_guards += (guard,)
 

@@ -99,7 +99,7 @@ class Addressing:
     st, strides = self.view_of[memop], self.memory_strides(memop)
     base, delta = list(idxs), 0
     for axis, x in enumerate(idxs):
-      if x.op is Ops.CONST and x.arg != 0 and strides[axis] is not None:
+      if x.op is Ops.CONST and x.arg != 0 and isinstance(strides[axis], int):   # not None, nor symbolic (n*n)
         base[axis], delta = to_uop(0), delta + x.arg * strides[axis]
     if (key := (memop, tuple(base))) not in self.indexings: self.indexings[key] = st.to_indexed(base)
     index, valid = self.indexings[key]

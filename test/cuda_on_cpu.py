@@ -1,10 +1,10 @@
 """Run a rendered CUDA kernel on the CPU, without a GPU: a test helper for what only a GPU could otherwise check (the
 values of kernels with thread blocks, shared memory and barriers: GROUP combines, guarded LOCAL and GROUP splits).
 
-The CUDA C source is compiled as C++20 by g++ with a small header that stands in for the CUDA built-ins: each thread of
-a block is an OS thread (threadIdx is thread-local), `__shared__` arrays are static (one copy, and the blocks run one
-after another), `__syncthreads()` is a std::barrier of the block's threads, float2/float4 are plain structs. Only float32
-kernels without inline PTX qualify: render them for sm_75 (no max.NaN asm, no tensor cores, no cp.async).
+The CUDA C source is compiled as C++20 by g++ with a small header that stands in for the CUDA built-ins: each thread
+of a block is an OS thread (threadIdx is thread-local), `__shared__` arrays are static (one copy, and the blocks run
+one after another), `__syncthreads()` is a std::barrier of the block's threads, float2/float4 are plain structs. Only
+float32 kernels without inline PTX qualify: render them for sm_75 (no max.NaN asm, no tensor cores, no cp.async).
 `run_on_cpu(source, name, global_size, local_size, buffers, variables)` launches it once; the buffers are numpy
 arrays, written in place.
 """

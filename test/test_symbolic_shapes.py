@@ -207,12 +207,18 @@ def test_opt_legality_from_the_bounds(data):
   guarded.apply_opt(Opt(OptOps.LOCAL, axis, 3))   # with a guard: padded to ceil(rows*8/3)*3, masked
   global_size, local_size = guarded.launch_dims()
   assert local_size == (3,) and evaluate(global_size[0], {"rows": 5}) == 14
-  # a reduce over rows: no unroll by what doesn't divide it; a sum groups with a guard, a max doesn't
+  # a reduce over rows: no unroll by what doesn't divide it; a sum groups with a guard (its padding adds 0), a max
+  # with a padding guard too (its padding reads the max's identity, -inf)
   total = _kernel(tx[:ROWS.bind(5)].sum(0).lazydata, CUDARenderer())
   with pytest.raises(KernelOptError, match="symbolic"): total.copy().apply_opt(Opt(OptOps.UNROLL, 0, 2))
-  total.copy().apply_opt(Opt(OptOps.GROUP, 0, 4))
+  grouped = total.copy()
+  grouped.apply_opt(Opt(OptOps.GROUP, 0, 4))
+  assert grouped.padding_guards == ()
   maximum = _kernel(tx[:ROWS.bind(5)].max(0).lazydata, CUDARenderer())
-  with pytest.raises(KernelOptError, match="symbolic"): maximum.copy().apply_opt(Opt(OptOps.GROUP, 0, 4))
+  grouped = maximum.copy()
+  grouped.apply_opt(Opt(OptOps.GROUP, 0, 4))
+  assert len(grouped.padding_guards) == 1 and maximum.padding_guards == () and len(maximum.memops) == \
+    len(maximum.sts) == len(grouped.sts) - 1
 
 def _indexed_at(st: ShapeTracker, position: tuple, env: dict) -> tuple[int, bool]:
   """(memory index, valid) of a tracker at one position, with the variables at env's values."""

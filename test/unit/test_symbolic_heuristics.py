@@ -97,6 +97,19 @@ class SoftmaxRows(Problem):
     p = np.exp(s - s.max(-1, keepdims=True))
     return (p / p.sum(-1, keepdims=True)).reshape(-1)
 
+class DecodeScores(Problem):
+  """q·kᵀ of one query token: q [4, 256] (4 heads of one key head), k [n, 256] the filled cache slots: out [4, n]."""
+  variable_name = "filled"
+  HEADS, HEAD_DIM = 4, 256
+  def __init__(self, seed: int = 0):
+    super().__init__(seed)
+    self.q = self.rng.standard_normal((self.HEADS, self.HEAD_DIM), dtype=np.float32)
+    self.k = self.rng.standard_normal((BOUND, self.HEAD_DIM), dtype=np.float32)
+    self.tq, self.tk = Tensor(self.q, device="LLVM").realize(), Tensor(self.k, device="LLVM").realize()
+  def build(self, bound) -> Tensor: return self.tq @ self.tk[:bound].T
+  def reference(self, value: int) -> np.ndarray:
+    return (self.q.astype(np.float64) @ self.k[:value].T.astype(np.float64)).reshape(-1)
+
 class PrefillScores(Problem):
   """q·kᵀ of a prefill: q [4, n, 256], k [n, 256] (one key head), both axes of the output symbolic."""
   HEADS, HEAD_DIM = 4, 256
@@ -118,8 +131,10 @@ GEMMA_CHOICES = {
               opts_of(("UPCAST", 1, 8), ("UNROLL", 0, 4), ("LOCAL", 0, 16), ("LOCAL", 1, 16))),
   "down": (lambda: Matmul(640, 2048),
            opts_of(("UPCAST", 1, 4), ("UNROLL", 0, 4), ("LOCAL", 0, 16), ("LOCAL", 1, 16))),
-  # 8 head-dim outputs per block (a 32-byte sector of each value row), 32 threads over the filled slots: 128 blocks
-  "decode_attention": (DecodeAttention, opts_of(("LOCAL", 1, 8), ("GROUP", 0, 32))),
+  # 4 head-dim outputs per block (16 bytes of each value row), 64 threads over the filled slots: 256 blocks
+  "decode_attention": (DecodeAttention, opts_of(("LOCAL", 1, 4), ("GROUP", 0, 64))),
+  # a block per key: its 64 threads read the key row once (float4s) for all 4 heads (UPCAST whole)
+  "decode_scores": (DecodeScores, opts_of(("UPCAST", 0, 0), ("UNROLL", 0, 4), ("GROUP", 0, 64))),
   "softmax_rows": (SoftmaxRows, opts_of(("GROUP", 0, 64))),
   # the 4 heads share each key load (UPCAST 4), the head dim unrolled by 4, 16×16 threads over queries and keys
   "prefill_scores": (PrefillScores,
@@ -160,8 +175,8 @@ def test_cpu_keeps_symbolic_kernels_as_they_are():
 # ---- values: the CUDA kernels run on the CPU, their UPCAST/UNROLL opts on LLVM, and on a GPU
 
 # smaller shapes of the same structure (the same kinds of opts), so the emulated threads finish quickly
-VALUE_CASES = {"matmul": lambda: Matmul(96, 64), "decode_attention": DecodeAttention, "softmax_rows": SoftmaxRows,
-               "prefill_scores": PrefillScores}
+VALUE_CASES = {"matmul": lambda: Matmul(96, 64), "decode_attention": DecodeAttention, "decode_scores": DecodeScores,
+               "softmax_rows": SoftmaxRows, "prefill_scores": PrefillScores}
 
 def check(out: np.ndarray, ref: np.ndarray, value: int) -> None:
   out = out[:ref.size].astype(np.float64)
@@ -284,4 +299,4 @@ def test_gemma_symbolic_kernels_on_cpu(gemma_symbolic_asts):
       np.testing.assert_allclose(out.astype(np.float64), ref, rtol=RTOL, atol=GEMMA_ATOL * scale, equal_nan=True,
                                  err_msg=f"{kernel.name} at {var_vals}")
   # the decode attention kernels over the filled ring and the filled full cache are among them, grouped
-  assert {"r_4_32_8_32_ring_filled_31___32", "r_4_32_8_32_position_32___32"} <= names, sorted(names)
+  assert {"r_4_64_4_64_ring_filled_63___64", "r_4_64_4_64_position_64___64"} <= names, sorted(names)

@@ -397,9 +397,10 @@ def _gpu_rules(kernel: Kernel) -> None:
 # over a symbolic axis with few outputs, or a row kernel's rows (decode attention over the filled cache slots, softmax
 # over a symbolic row): a group of threads splits the reduce axis (_group_symbolic_reduce); otherwise the concrete
 # rules. On a CPU the loops stay as they are (LLVM vectorizes them).
-# Blocks a symbolic reduce's group layout keeps at least: one per SM of an H100 (132), as a power of two; fewer blocks
-# leave SMs idle (decode attention at position 2000 ran 16 blocks of 64 threads, each looping over every key).
-SYMBOLIC_MIN_BLOCKS = 128
+# Blocks a symbolic reduce's group layout keeps at least: two per SM of an H100 (132 SMs; MATVEC_MIN_BLOCKS's reason),
+# as a power of two. Fewer blocks leave SMs idle and make each thread's loop longer: decode attention at position 2000
+# ran 16 blocks of 64 threads, each looping over every key (117 µs a layer on an H100).
+SYMBOLIC_MIN_BLOCKS = 256
 
 def _largest_load(kernel: Kernel) -> Optional[int]:
   """The index in kernel.sts of the load that reads the most bytes (at the variables' maximum), None without loads."""
@@ -433,12 +434,25 @@ def _group_symbolic_reduce(kernel: Kernel) -> bool:
   group = _thread_split(reduce_size, threads if local > 1 else min(threads, max(GPU_GROUP_MIN_THREADS, balanced)))
   return group > 1 and try_opt(kernel, Opt(OptOps.GROUP, 0, group))
 
+def _group_known_reduce(kernel: Kernel) -> bool:
+  """A reduce of known size with few outputs (at the bounds): _group_small_reduce's block per output, after the small
+  known output axes along which the biggest input is reused are upcast whole (decode attention's scores: the 4 query
+  heads of one key head read each key row once, as a matrix–vector product's rows of x). All or nothing."""
+  if not kernel.reduceops or not isinstance(kernel.full_shape[kernel.first_reduce], int): return False
+  trial = kernel.copy()
+  if trial.row_passes <= 1 and (largest := _largest_load(trial)) is not None:
+    strides, sizes = trial.sts[largest].real_strides(), trial.full_shape
+    for axis in [a for a in range(trial.global_dims) if strides[a] == 0 and isinstance(sizes[a], int)
+                 and 1 < sizes[a] <= MATVEC_MAX_M]:
+      try_opt(trial, Opt(OptOps.UPCAST, axis, 0))   # whole axes: the axis numbers stay
+  if not _group_small_reduce(trial): return False
+  for opt in trial.applied_opts[len(kernel.applied_opts):]: kernel.apply_opt(opt)
+  return True
+
 def _symbolic_rules(kernel: Kernel) -> None:
   """The rules for a kernel whose loops have symbolic trip counts (see above)."""
   if not kernel.renderer.has_local: return
-  if _group_symbolic_reduce(kernel): return
-  known_reduce = kernel.reduceops and isinstance(kernel.full_shape[kernel.first_reduce], int)
-  if known_reduce and _group_small_reduce(kernel): return
+  if _group_symbolic_reduce(kernel) or _group_known_reduce(kernel): return
   _gpu_locals(kernel, _gpu_upcast(kernel))
 
 def hand_coded_optimizations(kernel: Kernel) -> None:

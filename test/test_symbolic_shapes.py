@@ -180,6 +180,31 @@ def test_symbolic_index_math_matches_brute_force(seed):
       assert (ref[position] != -1) == bool(ok), (ops, value, position)
       if ok: assert evaluate(index.substitute(at), env) == ref[position], (ops, value, position)
 
+@pytest.mark.parametrize("amount,top", [(4, False), (16, True), (3, False)])
+def test_guarded_split_is_indexed_without_division(amount, top):
+  """A symbolic axis padded to a multiple of `amount` and split (what a guarded GROUP or LOCAL does, then a permute):
+  the view before the split gets its indices directly (shapetracker.split_indices), so the index math has no // or %,
+  and it addresses the same elements as the unsplit axis, with the padding masked, at every value."""
+  from tgrad.shape.sint import canonical, ceil_div
+  n = Variable("n", 1, 40)
+  padded = canonical(ceil_div(n, amount) * amount)
+  base = ShapeTracker.from_shape((3, n)).permute((1, 0)).pad_end_to(0, padded)   # [padded keys, 3], keys stride 1
+  pieces = (amount, canonical(padded // amount)) if top else (canonical(padded // amount), amount)
+  st = base.reshape(pieces + (3,)).permute((2, 1, 0))
+  assert len(st.views) == 2, st
+  idxs = [UOp.variable(f"i{d}", 0, 1 << 10) for d in range(3)]
+  index, valid = st.to_indexed(idxs)
+  divided = [u.src[0] for u in index.toposort() + valid.toposort() if u.op in (Ops.IDIV, Ops.MOD)]
+  assert not any(i in d.toposort() for d in divided for i in idxs), "only sizes are divided, never an index"
+  for value in (1, 5, 17, 40):
+    shape = tuple(evaluate(size, {"n": value}) for size in st.shape)
+    for position in np.ndindex(*shape):
+      key = position[2] * shape[1] + position[1]   # the split pieces, outer first, permuted behind the 3-dim
+      at = {i: UOp.const(dtypes.index, p) for i, p in zip(idxs, position)}
+      env = {"n": value}
+      assert bool(evaluate(valid.substitute(at), env)) == (key < value), (value, position)
+      if key < value: assert evaluate(index.substitute(at), env) == position[0] * value + key, (value, position)
+
 def test_simplification_uses_the_variable_bounds():
   n = Variable("n", 1, 64)
   i = UOp(Ops.RANGE, dtypes.index, (UOp.const(dtypes.index, 0), n), 0)

@@ -160,13 +160,13 @@ def _gpu_upcast(kernel: Kernel) -> int:
     if axis is not None and _divides(kernel.full_shape[axis], GPU_UPCAST):
       try_opt(kernel, Opt(OptOps.UPCAST, axis, GPU_UPCAST))
     return GPU_TILE_THREADS
-  big = vmax_of(prod(kernel.output_shape)) >= GPU_BIG_TILE_MIN_OUTPUTS
+  # a symbolic kernel never takes big tiles: its sizes at the bound overstate the usual work (a 520-token prefill in a
+  # 4096-position cache), and a tile of a symbolic axis would need a guarded upcast
+  big = not kernel.symbolic and prod(kernel.output_shape) >= GPU_BIG_TILE_MIN_OUTPUTS
   tile, threads = (GPU_BIG_TILE, GPU_BIG_TILE_THREADS) if big else (GPU_TILE, GPU_TILE_THREADS)
   # an axis keeps at least two tiles for its threads; in a symbolic kernel the symbolic axes (which can't be tiled)
-  # have the threads, so a known axis may be tiled whole, by less than a big tile (attention's 4 heads)
-  def tile_of(size: sint) -> int:
-    if not kernel.symbolic: return tile if _divides(size, tile * 2) else 1
-    return amount if (amount := _divisor_at_most(size, tile)) >= GPU_TILE else 1
+  # have the threads, so a known axis may be tiled whole (attention's 4 heads)
+  def tile_of(size: sint) -> int: return tile if _divides(size, tile * (1 if kernel.symbolic else 2)) else 1
   reused = [a for a in reversed(range(kernel.global_dims)) if 0 in _load_strides(kernel, a)
             and tile_of(kernel.full_shape[a]) > 1]
   tiled = [try_opt(kernel, Opt(OptOps.UPCAST, axis, tile_of(kernel.full_shape[axis]))) for axis in reused[:2]]

@@ -35,11 +35,14 @@ def _times(a: sint, b: sint) -> sint: return a * b if isinstance(a, int) and isi
 
 def split_indices(view: View, outer_shape: tuple[sint, ...], idxs: list[UOp]) -> Optional[list[UOp]]:
   """The indices of `outer_shape` for loop indices `idxs` of `view`, when `view` reads a contiguous buffer of that
-  shape by splitting its dims and permuting the pieces (no mask, offset 0, strides a permuted row-major chain whose
-  runs multiply to the outer dims): each outer index is its run's indices combined (i·inner + j), where unravelling
-  the flat position would divide by the outer sizes (symbolic ones: 64-bit divisions in a kernel's loop). Else None."""
+  shape by splitting its dims, permuting the pieces and expanding (no mask, offset 0, the strides other than 0 a
+  permuted row-major chain whose runs multiply to the outer dims): each outer index is its run's indices combined
+  (i·inner + j), where unravelling the flat position would divide by the outer sizes (symbolic ones: 64-bit divisions
+  in a kernel's loop). Else None."""
   if view.mask is not None or not (isinstance(view.offset, int) and view.offset == 0): return None
-  remaining = [d for d, size in enumerate(view.shape) if size != 1]
+  # a dim of stride 0 (an expand) moves no flat position: the outer indices don't depend on it
+  remaining = [d for d, size in enumerate(view.shape) if size != 1 and not (isinstance(view.strides[d], int)
+                                                                            and view.strides[d] == 0)]
   chain, step = [], 1   # the view's dims, innermost (stride 1) first
   while remaining:
     d = next((d for d in remaining if sym_eq(view.strides[d], step) is True), None)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import numpy as np
 import pytest
-from tgrad import Tensor, Variable
+from tgrad import Tensor, Variable, dtypes
 from tgrad.codegen.cuda import CUDARenderer
 from tgrad.codegen.heuristics import hand_coded_optimizations
 from tgrad.codegen.kernel import Kernel, KernelOptError, Opt, OptOps
@@ -70,11 +70,11 @@ class DecodeAttention(Problem):
   decode over the filled cache slots, gemma3_cache.decode_attention_values)."""
   variable_name = "filled"
   HEADS, HEAD_DIM = 4, 256
-  def __init__(self, seed: int = 0):
+  def __init__(self, seed: int = 0, dtype=dtypes.float32):
     super().__init__(seed)
     self.scores = 3 * self.rng.standard_normal((1, 1, self.HEADS, 1, BOUND), dtype=np.float32)
     self.values = self.rng.standard_normal((1, 1, BOUND, self.HEAD_DIM), dtype=np.float32)
-    self.ts, self.tv = Tensor(self.scores, device="LLVM").realize(), Tensor(self.values, device="LLVM").realize()
+    self.ts, self.tv = [Tensor(x, device="LLVM").cast(dtype).realize() for x in (self.scores, self.values)]
   def build(self, bound) -> Tensor:
     return decode_attention_values(self.ts.shrink((None, None, None, None, (0, bound))),
                                    self.tv.shrink((None, None, (0, bound), None)))
@@ -151,6 +151,15 @@ def test_heuristic_opts_compile(name):
   assert compile_cuda(src, ARCH)[:4] == b"\x7fELF"
   assert "/" not in "".join(line for line in src.splitlines() if "for (" in line or "data" in line), \
     "no division in the index math of the loops (a guarded split indexes its pieces directly)"
+
+@needs_nvrtc
+@pytest.mark.parametrize("dtype", [dtypes.float16, dtypes.bfloat16], ids=str)
+def test_half_decode_attention_gets_the_same_opts(dtype):
+  """A half cache is read through a view that splits and expands the cache's: it is indexed directly (no strides
+  lost), so the values' head dim is still found contiguous and shared by the block."""
+  kernel = heuristic_kernel(DecodeAttention(dtype=dtype).item(), CUDARenderer())
+  assert kernel.applied_opts == GEMMA_CHOICES["decode_attention"][1]
+  assert compile_cuda(kernel.renderer.render("attention", linearize(kernel)), ARCH)[:4] == b"\x7fELF"
 
 def test_decode_attention_fills_the_gpu():
   """At least SYMBOLIC_MIN_BLOCKS blocks of 256 threads whatever the number of filled slots."""

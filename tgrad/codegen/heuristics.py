@@ -4,7 +4,8 @@
 refuses it (KernelOptError), so a rule never makes a kernel illegal. CPU (LLVM) rules: a register tile for
 reductions that reuse loads across two output axes (matmul-like), then THREAD across cores for big kernels.
 GPU rules live in `_gpu_rules`: a matrix–vector product (`matvec_layout`: M ≤ 8 rows of x times a weight matrix)
-gets the bandwidth rules of `_matvec`; a half/bfloat16 matmul goes to tensor cores (`_tensor_cores`).
+gets the bandwidth rules of `_matvec`; a half/bfloat16 matmul goes to tensor cores (`_tensor_cores`). A kernel with
+symbolic sizes gets the same GPU rules on its known axes and guarded splits of its symbolic ones (`_symbolic_rules`).
 """
 from __future__ import annotations
 import math

@@ -5,7 +5,9 @@ Without a GPU: the opts `hand_coded_optimizations` chooses on the CUDA renderer 
 softmax over a symbolic row, the prefill's attention scores with both axes symbolic), rendered and compiled by NVRTC;
 the same opts' values at several bound values (1, 7, 64, 100, 1000) against numpy: the whole CUDA kernel run on the CPU
 (test/cuda_on_cpu.py: g++, a thread per CUDA thread), and its UPCAST/UNROLL opts on LLVM. With a GPU (marked `gpu`):
-the heuristic kernels on CUDA at the same values against numpy, on poisoned outputs.
+the heuristic kernels on CUDA at the same values against numpy, on poisoned outputs. Guarded GROUPs of every kind of
+reduce over a symbolic axis (sum, max, min, logsumexp, softmax, var, argmax), run on the CPU against numpy; every
+symbolic kernel of a gemma-3-270m-shaped model's prefill and decode, CUDA-optimized and run on the CPU, against LLVM.
 """
 from __future__ import annotations
 import math
@@ -309,3 +311,46 @@ def test_gemma_symbolic_kernels_on_cpu(gemma_symbolic_asts):
                                  err_msg=f"{kernel.name} at {var_vals}")
   # the decode attention kernels over the filled ring and the filled full cache are among them, grouped
   assert {"r_4_64_4_64_ring_filled_63___64", "r_4_64_4_64_position_64___64"} <= names, sorted(names)
+
+# ---- guarded GROUPs of every kind of reduce over a symbolic axis, run on the CPU
+
+GUARDED_REDUCES = {
+  "sum": (lambda t: t.sum(0), lambda x: x.sum(0)),
+  "max": (lambda t: t.max(0), lambda x: x.max(0)),
+  "min": (lambda t: t.min(0), lambda x: x.min(0)),
+  "logsumexp": (lambda t: t.logsumexp(0), lambda x: np.log(np.exp(x - x.max(0)).sum(0)) + x.max(0)),
+  "softmax": (lambda t: t.softmax(0), lambda x: np.exp(x - x.max(0)) / np.exp(x - x.max(0)).sum(0)),
+  "var": (lambda t: t.var(0, correction=0), lambda x: x.var(0)),
+  "argmax": (lambda t: t.argmax(0).float(), lambda x: x.argmax(0).astype(np.float64)),
+}
+GUARDED_OPTS = {"group16": opts_of(("GROUP", 0, 16)), "grouptop64": opts_of(("GROUPTOP", 0, 64)),
+                "local8_group32": opts_of(("LOCAL", 0, 8), ("GROUP", 0, 32))}
+GUARDED_COLUMNS = 24
+
+@needs_cpu_compiler
+@pytest.mark.parametrize("opts", GUARDED_OPTS)
+@pytest.mark.parametrize("reduce", GUARDED_REDUCES)
+def test_guarded_groups_on_cpu(reduce, opts):
+  """Each reduce over the rows x[:n] (all negative, so a padding read as 0 would win a max), with a GROUP of the
+  symbolic axis that pads it: a sum ignores the padding, every other reduce gets a padding guard. The kernels run on
+  the CPU at every value against numpy."""
+  build, reference = GUARDED_REDUCES[reduce]
+  x = -1 - np.random.default_rng(1).random((BOUND, GUARDED_COLUMNS), dtype=np.float32)
+  n = Variable("n", 1, BOUND)
+  items = [i for i in create_schedule([build(Tensor(x, device="LLVM").realize()[:n.bind(5)]).lazydata])
+           if i.ast.op is Ops.SINK]
+  kernels = []
+  for item in items:   # the kernels in order (each reads the earlier ones' outputs)
+    kernel = Kernel(item.ast, CUDARenderer(CPU_ARCH))
+    for opt in GUARDED_OPTS[opts]: kernel.apply_opt(opt)
+    kernels.append((kernel, kernel.renderer.render("kernel", linearize(kernel)), *kernel.launch_dims()))
+  if reduce != "sum": assert kernels[-1][0].padding_guards, "the padding would change this reduce: it is guarded"
+  for value in (1, 7, 100, 1000):
+    written: dict[int, np.ndarray] = {}   # id of a Buffer → what the emulated kernels wrote there
+    for item, (kernel, src, global_size, local_size) in zip(items, kernels):
+      inputs = [written[id(b)] if id(b) in written else b.copyout() for b in item.inputs]
+      out = np.full(item.bufs[0].size, np.nan, np.float32)
+      run_on_cpu(src, "kernel", tuple(evaluate(g, {"n": value}) for g in global_size), local_size, [out, *inputs],
+                 [value])
+      written[id(item.bufs[0])] = out
+    check(written[id(items[-1].bufs[0])], reference(x[:value].astype(np.float64)).reshape(-1), value)

@@ -205,6 +205,30 @@ def test_guarded_split_is_indexed_without_division(amount, top):
       assert bool(evaluate(valid.substitute(at), env)) == (key < value), (value, position)
       if key < value: assert evaluate(index.substitute(at), env) == position[0] * value + key, (value, position)
 
+def test_two_guarded_splits_are_indexed_without_division():
+  """Both axes of an [n, n] tracker split with a guard, one after the other (a matmul's LOCALs over queries and keys):
+  the second pads the first split's view, whose mask then bounds its padded dim; still no index is divided."""
+  from tgrad.shape.sint import canonical, ceil_div
+  n = Variable("n", 1, 40)
+  st = ShapeTracker.from_shape((n, n))
+  for axis, amount in ((0, 4), (2, 8)):   # after the first split the second n is axis 2
+    padded = canonical(ceil_div(n, amount) * amount)
+    st = st.pad_end_to(axis, padded)
+    st = st.reshape(st.shape[:axis] + (canonical(padded // amount), amount) + st.shape[axis + 1:])
+  assert len(st.views) == 3, st
+  idxs = [UOp.variable(f"i{d}", 0, 1 << 10) for d in range(4)]
+  index, valid = st.to_indexed(idxs)
+  divided = [u.src[0] for u in index.toposort() + valid.toposort() if u.op in (Ops.IDIV, Ops.MOD)]
+  assert not any(i in d.toposort() for d in divided for i in idxs), "only sizes are divided, never an index"
+  for value in (1, 5, 17, 40):
+    shape = tuple(evaluate(size, {"n": value}) for size in st.shape)
+    for position in np.ndindex(*shape):
+      row, column = position[0] * 4 + position[1], position[2] * 8 + position[3]
+      at = {i: UOp.const(dtypes.index, p) for i, p in zip(idxs, position)}
+      ok = bool(evaluate(valid.substitute(at), {"n": value}))
+      assert ok == (row < value and column < value), (value, position)
+      if ok: assert evaluate(index.substitute(at), {"n": value}) == row * value + column, (value, position)
+
 def test_simplification_uses_the_variable_bounds():
   n = Variable("n", 1, 64)
   i = UOp(Ops.RANGE, dtypes.index, (UOp.const(dtypes.index, 0), n), 0)

@@ -180,6 +180,55 @@ def test_symbolic_index_math_matches_brute_force(seed):
       assert (ref[position] != -1) == bool(ok), (ops, value, position)
       if ok: assert evaluate(index.substitute(at), env) == ref[position], (ops, value, position)
 
+@pytest.mark.parametrize("amount,top", [(4, False), (16, True), (3, False)])
+def test_guarded_split_is_indexed_without_division(amount, top):
+  """A symbolic axis padded to a multiple of `amount` and split (what a guarded GROUP or LOCAL does, then a permute):
+  the view before the split gets its indices directly (shapetracker.split_indices), so the index math has no // or %,
+  and it addresses the same elements as the unsplit axis, with the padding masked, at every value."""
+  from tgrad.shape.sint import canonical, ceil_div
+  n = Variable("n", 1, 40)
+  padded = canonical(ceil_div(n, amount) * amount)
+  base = ShapeTracker.from_shape((3, n)).permute((1, 0)).pad_end_to(0, padded)   # [padded keys, 3], keys stride 1
+  pieces = (amount, canonical(padded // amount)) if top else (canonical(padded // amount), amount)
+  st = base.reshape(pieces + (3,)).permute((2, 1, 0))
+  assert len(st.views) == 2, st
+  idxs = [UOp.variable(f"i{d}", 0, 1 << 10) for d in range(3)]
+  index, valid = st.to_indexed(idxs)
+  divided = [u.src[0] for u in index.toposort() + valid.toposort() if u.op in (Ops.IDIV, Ops.MOD)]
+  assert not any(i in d.toposort() for d in divided for i in idxs), "only sizes are divided, never an index"
+  for value in (1, 5, 17, 40):
+    shape = tuple(evaluate(size, {"n": value}) for size in st.shape)
+    for position in np.ndindex(*shape):
+      key = position[2] * shape[1] + position[1]   # the split pieces, outer first, permuted behind the 3-dim
+      at = {i: UOp.const(dtypes.index, p) for i, p in zip(idxs, position)}
+      env = {"n": value}
+      assert bool(evaluate(valid.substitute(at), env)) == (key < value), (value, position)
+      if key < value: assert evaluate(index.substitute(at), env) == position[0] * value + key, (value, position)
+
+def test_two_guarded_splits_are_indexed_without_division():
+  """Both axes of an [n, n] tracker split with a guard, one after the other (a matmul's LOCALs over queries and keys):
+  the second pads the first split's view, whose mask then bounds its padded dim; still no index is divided."""
+  from tgrad.shape.sint import canonical, ceil_div
+  n = Variable("n", 1, 40)
+  st = ShapeTracker.from_shape((n, n))
+  for axis, amount in ((0, 4), (2, 8)):   # after the first split the second n is axis 2
+    padded = canonical(ceil_div(n, amount) * amount)
+    st = st.pad_end_to(axis, padded)
+    st = st.reshape(st.shape[:axis] + (canonical(padded // amount), amount) + st.shape[axis + 1:])
+  assert len(st.views) == 3, st
+  idxs = [UOp.variable(f"i{d}", 0, 1 << 10) for d in range(4)]
+  index, valid = st.to_indexed(idxs)
+  divided = [u.src[0] for u in index.toposort() + valid.toposort() if u.op in (Ops.IDIV, Ops.MOD)]
+  assert not any(i in d.toposort() for d in divided for i in idxs), "only sizes are divided, never an index"
+  for value in (1, 5, 17, 40):
+    shape = tuple(evaluate(size, {"n": value}) for size in st.shape)
+    for position in np.ndindex(*shape):
+      row, column = position[0] * 4 + position[1], position[2] * 8 + position[3]
+      at = {i: UOp.const(dtypes.index, p) for i, p in zip(idxs, position)}
+      ok = bool(evaluate(valid.substitute(at), {"n": value}))
+      assert ok == (row < value and column < value), (value, position)
+      if ok: assert evaluate(index.substitute(at), {"n": value}) == row * value + column, (value, position)
+
 def test_simplification_uses_the_variable_bounds():
   n = Variable("n", 1, 64)
   i = UOp(Ops.RANGE, dtypes.index, (UOp.const(dtypes.index, 0), n), 0)
@@ -207,12 +256,18 @@ def test_opt_legality_from_the_bounds(data):
   guarded.apply_opt(Opt(OptOps.LOCAL, axis, 3))   # with a guard: padded to ceil(rows*8/3)*3, masked
   global_size, local_size = guarded.launch_dims()
   assert local_size == (3,) and evaluate(global_size[0], {"rows": 5}) == 14
-  # a reduce over rows: no unroll by what doesn't divide it; a sum groups with a guard, a max doesn't
+  # a reduce over rows: no unroll by what doesn't divide it; a sum groups with a guard (its padding adds 0), a max
+  # with a padding guard too (its padding reads the max's identity, -inf)
   total = _kernel(tx[:ROWS.bind(5)].sum(0).lazydata, CUDARenderer())
   with pytest.raises(KernelOptError, match="symbolic"): total.copy().apply_opt(Opt(OptOps.UNROLL, 0, 2))
-  total.copy().apply_opt(Opt(OptOps.GROUP, 0, 4))
+  grouped = total.copy()
+  grouped.apply_opt(Opt(OptOps.GROUP, 0, 4))
+  assert grouped.padding_guards == ()
   maximum = _kernel(tx[:ROWS.bind(5)].max(0).lazydata, CUDARenderer())
-  with pytest.raises(KernelOptError, match="symbolic"): maximum.copy().apply_opt(Opt(OptOps.GROUP, 0, 4))
+  grouped = maximum.copy()
+  grouped.apply_opt(Opt(OptOps.GROUP, 0, 4))
+  assert len(grouped.padding_guards) == 1 and maximum.padding_guards == () and len(maximum.memops) == \
+    len(maximum.sts) == len(grouped.sts) - 1
 
 def _indexed_at(st: ShapeTracker, position: tuple, env: dict) -> tuple[int, bool]:
   """(memory index, valid) of a tracker at one position, with the variables at env's values."""

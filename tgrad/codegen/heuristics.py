@@ -5,7 +5,8 @@ refuses it (KernelOptError), so a rule never makes a kernel illegal. CPU (LLVM) 
 reductions that reuse loads across two output axes (matmul-like), then THREAD across cores for big kernels.
 GPU rules live in `_gpu_rules`: a matrix–vector product (`matvec_layout`: M ≤ 8 rows of x times a weight matrix)
 gets the bandwidth rules of `_matvec`; a half/bfloat16 matmul, or a float32 one whose inputs are rounded to TF32 in
-the graph (the matmul lowering "tf32"), goes to tensor cores (`_tensor_cores`).
+the graph (the matmul lowering "tf32"), goes to tensor cores (`_tensor_cores`). A kernel with symbolic sizes gets the
+same GPU rules on its known axes and guarded splits of its symbolic ones (`_symbolic_rules`).
 """
 from __future__ import annotations
 import math
@@ -15,7 +16,7 @@ from tgrad.codegen.kernel import Kernel, KernelOptError, Opt, OptOps
 from tgrad.codegen.staging import stageable_loads
 from tgrad.ops import Ops
 from tgrad.helpers import cpu_count, prod
-from tgrad.shape.sint import vmax_of
+from tgrad.shape.sint import canonical, sint, vmax_of
 
 # CPU: an AVX-512 register holds 16 float32; an 8×16 tile of accumulators uses 8 of the 32 vector registers and
 # reuses each loaded B vector 8 times (measured on Zen 5, 1024² matmul: 4×16 → 64, 8×16 → 126 GFLOP/s per core).
@@ -131,16 +132,29 @@ GPU_UNROLL = 4                  # unroll a reduce loop that is contiguous in som
 def _output_stride(kernel: Kernel, axis: int):
   return kernel.sts[0].real_strides()[axis]
 
-def _divisor_at_most(size: int, limit: int) -> int:
-  """The largest divisor of size that is <= limit (1 if none is bigger)."""
-  return max(d for d in range(1, min(size, limit) + 1) if size % d == 0)
+def _divides(size: sint, amount: int) -> bool:
+  """Whether `amount` divides `size` for every value of its variables (n*64 by 4, not n by 4)."""
+  return canonical(size % amount) == 0
+
+def _divisor_at_most(size: sint, limit: int) -> int:
+  """The largest divisor of size that is <= limit (1 if none is bigger); of a symbolic size, the largest that divides it
+  for every value of its variables (4 of n*4, 1 of n)."""
+  if isinstance(size, int): return max(d for d in range(1, min(size, limit) + 1) if size % d == 0)
+  return max(d for d in range(1, min(vmax_of(size), limit) + 1) if _divides(size, d))
+
+def _thread_split(size: sint, limit: int) -> int:
+  """Threads to spread an axis over (LOCAL, GROUP), at most `limit`: a known size's largest divisor; a symbolic size's
+  largest power of two up to its bound, which the kernel pads when it doesn't divide every value (a guarded split,
+  Kernel._split_symbolic_axis: the padding's threads load and store nothing)."""
+  if isinstance(size, int): return _divisor_at_most(size, limit)
+  return 1 << (max(1, min(limit, vmax_of(size))).bit_length() - 1)
 
 def _group_small_reduce(kernel: Kernel) -> bool:
   """A reduce with few outputs (a full sum, matrix–vector) or a row kernel's rows (GPU_ROW_MIN_GROUP): a block of
   threads per output, each thread reducing a strided share of the inputs, combined in shared memory."""
   if not kernel.reduceops or kernel.first_reduce >= kernel.first_upcast: return False
   rows = kernel.row_passes > 1
-  if not rows and prod(kernel.output_shape[:kernel.first_reduce]) > GPU_GROUP_MAX_OUTPUTS: return False
+  if not rows and vmax_of(prod(kernel.output_shape[:kernel.first_reduce])) > GPU_GROUP_MAX_OUTPUTS: return False
   if kernel.full_shape[kernel.first_reduce] < (GPU_ROW_MIN_GROUP if rows else GPU_GROUP_MIN_REDUCE): return False
   threads = GPU_GROUP_THREADS
   # a reduce that is strided in memory: a warp's worth of threads on the output axis that is contiguous instead
@@ -169,16 +183,21 @@ def _gpu_upcast(kernel: Kernel) -> int:
   Returns the threads per output axis that suit the tile (see _gpu_locals)."""
   if not kernel.reduceops:
     axis = next((a for a in reversed(range(kernel.global_dims)) if _output_stride(kernel, a) == 1), None)
-    if axis is not None and kernel.full_shape[axis] % GPU_UPCAST == 0:
+    if axis is not None and _divides(kernel.full_shape[axis], GPU_UPCAST):
       try_opt(kernel, Opt(OptOps.UPCAST, axis, GPU_UPCAST))
     return GPU_TILE_THREADS
-  big = prod(kernel.output_shape) >= GPU_BIG_TILE_MIN_OUTPUTS
+  # a symbolic kernel never takes big tiles: its sizes at the bound overstate the usual work (a 520-token prefill in a
+  # 4096-position cache), and a tile of a symbolic axis would need a guarded upcast
+  big = not kernel.symbolic and prod(kernel.output_shape) >= GPU_BIG_TILE_MIN_OUTPUTS
   tile, threads = (GPU_BIG_TILE, GPU_BIG_TILE_THREADS) if big else (GPU_TILE, GPU_TILE_THREADS)
+  # an axis keeps at least two tiles for its threads; in a symbolic kernel the symbolic axes (which can't be tiled)
+  # have the threads, so a known axis may be tiled whole (attention's 4 heads)
+  def tile_of(size: sint) -> int: return tile if _divides(size, tile * (1 if kernel.symbolic else 2)) else 1
   reused = [a for a in reversed(range(kernel.global_dims)) if 0 in _load_strides(kernel, a)
-            and kernel.full_shape[a] % (tile * 2) == 0]
-  tiled = [try_opt(kernel, Opt(OptOps.UPCAST, axis, tile)) for axis in reused[:2]]
+            and tile_of(kernel.full_shape[a]) > 1]
+  tiled = [try_opt(kernel, Opt(OptOps.UPCAST, axis, tile_of(kernel.full_shape[axis]))) for axis in reused[:2]]
   if kernel.first_reduce < kernel.first_upcast and 1 in _load_strides(kernel, kernel.first_reduce) and \
-     kernel.full_shape[kernel.first_reduce] % GPU_UNROLL == 0:
+     _divides(kernel.full_shape[kernel.first_reduce], GPU_UNROLL):
     try_opt(kernel, Opt(OptOps.UNROLL, 0, GPU_UNROLL))
   return threads if tiled == [True, True] else GPU_TILE_THREADS
 
@@ -208,7 +227,7 @@ def _gpu_locals(kernel: Kernel, tile_threads: int = GPU_TILE_THREADS) -> None:
   amounts: dict[int, int] = {}
   for axis in reversed(range(kernel.global_dims)):
     if budget < 2: break
-    if (local := _divisor_at_most(kernel.full_shape[axis], min(budget, per_axis))) > 1:
+    if (local := _thread_split(kernel.full_shape[axis], min(budget, per_axis))) > 1:
       amounts[axis] = local
       budget //= local
   for axis in sorted(amounts): try_opt(kernel, Opt(OptOps.LOCAL, axis, amounts[axis]))
@@ -436,27 +455,69 @@ def _gpu_rules(kernel: Kernel) -> None:
   if _staged_matmul(kernel): return
   _gpu_locals(kernel, _gpu_upcast(kernel))
 
-# A kernel with symbolic sizes (no unrolling: a symbolic axis splits only by what divides it for every value, or
-# with a guard, see Kernel._split_symbolic_axis). On a GPU: a reduce with few outputs gets a group of threads per
-# output (a sum over a symbolic axis too, guarded); otherwise a block of up to SYMBOLIC_LOCAL_THREADS threads over the
-# innermost global axis, a known size that it divides, else the innermost symbolic one, guarded. On a CPU the
-# loops stay as they are.
-SYMBOLIC_LOCAL_THREADS = 64
-SYMBOLIC_GROUP_THREADS = 64
+# A kernel with symbolic sizes gets the GPU rules of a concrete kernel of its structure on every axis whose size is
+# known (unrolls, register tiles, groups, locals), and guarded splits of its symbolic axes (Kernel._split_symbolic_axis:
+# LOCAL and GROUP pad the axis and mask the padding; UPCAST and UNROLL only by what divides every value). A reduce
+# over a symbolic axis with few outputs, or a row kernel's rows (decode attention over the filled cache slots, softmax
+# over a symbolic row): a group of threads splits the reduce axis (_group_symbolic_reduce); otherwise the concrete
+# rules. On a CPU the loops stay as they are (LLVM vectorizes them).
+# Blocks a symbolic reduce's group layout keeps at least: two per SM of an H100 (132 SMs; MATVEC_MIN_BLOCKS's reason),
+# as a power of two. Fewer blocks leave SMs idle and make each thread's loop longer: decode attention at position 2000
+# ran 16 blocks of 64 threads, each looping over every key (117 µs a layer on an H100).
+SYMBOLIC_MIN_BLOCKS = 256
+
+def _largest_load(kernel: Kernel) -> Optional[int]:
+  """The index in kernel.sts of the load that reads the most bytes (at the variables' maximum), None without loads."""
+  loads = [i for i, u in enumerate(kernel.memops) if u.op is Ops.LOAD]
+  if not loads: return None
+  return max(loads, key=lambda i: kernel.sts[i].buffer_extent() * kernel.memops[i].dtype.itemsize)
+
+def _group_symbolic_reduce(kernel: Kernel) -> bool:
+  """A reduce over a symbolic axis with few outputs (at most GPU_GROUP_MAX_OUTPUTS at the variables' bounds), or a row
+  kernel's rows: a block of GPU_GROUP_THREADS threads per output splits the reduce (a guarded GROUP: a max or a sum of
+  exponentials sees its identity in the padding). When the biggest input is strided along the reduce and contiguous
+  along an output axis (decode attention's values: keys × head dim), a few neighbouring outputs share the block along
+  that axis, as many as keep SYMBOLIC_MIN_BLOCKS blocks, so a warp reads whole 32-byte sectors of each row."""
+  if not kernel.reduceops or kernel.first_reduce >= kernel.first_upcast: return False
+  reduce_size = kernel.full_shape[kernel.first_reduce]
+  if isinstance(reduce_size, int): return False
+  outputs = vmax_of(prod(kernel.output_shape[:kernel.first_reduce]))
+  if kernel.row_passes <= 1 and outputs > GPU_GROUP_MAX_OUTPUTS: return False
+  threads, local = GPU_GROUP_THREADS, 1
+  if (largest := _largest_load(kernel)) is not None and kernel.sts[largest].real_strides()[kernel.first_reduce] != 1:
+    strides = kernel.sts[largest].real_strides()
+    out_axis = next((a for a in reversed(range(kernel.global_dims)) if strides[a] == 1), None)
+    if out_axis is not None:
+      local = _divisor_at_most(kernel.full_shape[out_axis], GPU_WARP)
+      while local > 1 and outputs // local < SYMBOLIC_MIN_BLOCKS: local //= 2
+      if local > 1 and try_opt(kernel, Opt(OptOps.LOCAL, out_axis, local)): threads //= local
+      else: local = 1
+  # a group that fills the block when outputs share it; alone, group ≈ √(reduce steps at the bound), as
+  # _group_small_reduce balances a thread's share of the reduce against the combine
+  balanced = 1 << (math.isqrt(vmax_of(reduce_size)).bit_length() - 1)
+  group = _thread_split(reduce_size, threads if local > 1 else min(threads, max(GPU_GROUP_MIN_THREADS, balanced)))
+  return group > 1 and try_opt(kernel, Opt(OptOps.GROUP, 0, group))
+
+def _group_known_reduce(kernel: Kernel) -> bool:
+  """A reduce of known size with few outputs (at the bounds): _group_small_reduce's block per output, after the small
+  known output axes along which the biggest input is reused are upcast whole (decode attention's scores: the 4 query
+  heads of one key head read each key row once, as a matrix–vector product's rows of x). All or nothing."""
+  if not kernel.reduceops or not isinstance(kernel.full_shape[kernel.first_reduce], int): return False
+  trial = kernel.copy()
+  if trial.row_passes <= 1 and (largest := _largest_load(trial)) is not None:
+    strides, sizes = trial.sts[largest].real_strides(), trial.full_shape
+    for axis in [a for a in range(trial.global_dims) if strides[a] == 0 and isinstance(sizes[a], int)
+                 and 1 < sizes[a] <= MATVEC_MAX_M]:
+      try_opt(trial, Opt(OptOps.UPCAST, axis, 0))   # whole axes: the axis numbers stay
+  if not _group_small_reduce(trial): return False
+  for opt in trial.applied_opts[len(kernel.applied_opts):]: kernel.apply_opt(opt)
+  return True
 
 def _symbolic_rules(kernel: Kernel) -> None:
-  """The rules for a kernel whose loops have symbolic trip counts."""
+  """The rules for a kernel whose loops have symbolic trip counts (see above)."""
   if not kernel.renderer.has_local: return
-  few_outputs = vmax_of(prod(kernel.output_shape[:kernel.first_reduce])) <= GPU_GROUP_MAX_OUTPUTS
-  if kernel.reduceops and kernel.first_reduce < kernel.first_upcast and few_outputs:
-    reduce_size = kernel.full_shape[kernel.first_reduce]
-    group = _divisor_at_most(reduce_size, SYMBOLIC_GROUP_THREADS) if isinstance(reduce_size, int) \
-      else SYMBOLIC_GROUP_THREADS
-    if group > 1 and try_opt(kernel, Opt(OptOps.GROUP, 0, group)): return
-  for axis in reversed(range(kernel.global_dims)):
-    size = kernel.full_shape[axis]
-    local = _divisor_at_most(size, SYMBOLIC_LOCAL_THREADS) if isinstance(size, int) else SYMBOLIC_LOCAL_THREADS
-    if local > 1 and try_opt(kernel, Opt(OptOps.LOCAL, axis, local)): return
+  if _group_symbolic_reduce(kernel) or _group_known_reduce(kernel): return
+  _gpu_locals(kernel, _gpu_upcast(kernel))
 
 def hand_coded_optimizations(kernel: Kernel) -> None:
   if kernel.symbolic: _symbolic_rules(kernel)

@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum, auto
 from typing import Optional
+from tgrad.dtype import dtypes
 from tgrad.ops import UOp, Ops, ALU, exec_alu, truncate_to, is_gather_load
 from tgrad.codegen.staging import apply_stage, stage_plan
 from tgrad.codegen.tensor_cores import TensorCoreUse, apply_tensor_core
@@ -66,6 +67,9 @@ class Kernel:
     self.dont_use_locals = False
     self.tensor_core: Optional[TensorCoreUse] = None
     self.staged: tuple[tuple[UOp, int], ...] = ()   # SMEM: (load, padding per row) staged in shared memory
+    # guarded GROUPs of symbolic reduce axes whose reduces don't ignore padding: one tracker each (in memops/sts, so
+    # every opt reshapes it), valid exactly where the split axis is not padding (see _add_padding_guard)
+    self.padding_guards: tuple[UOp, ...] = ()
     self.applied_opts: list[Opt] = []
     self._reduce_axes_last()
     self._merge_axes()
@@ -240,15 +244,15 @@ class Kernel:
   # ---- optimizations
   def apply_opt(self, opt: Opt) -> None:
     """Apply one Opt or raise KernelOptError; the kernel is unchanged when it raises."""
-    before = (list(self.sts), self.local_dims, self.group_for_reduces, self.upcasted, self.threads,
-              self.dont_use_locals, self.tensor_core, self.staged)
+    before = (list(self.sts), list(self.memops), self.local_dims, self.group_for_reduces, self.upcasted, self.threads,
+              self.dont_use_locals, self.tensor_core, self.staged, self.padding_guards)
     try:
       if opt.op is OptOps.TC: apply_tensor_core(self, opt)
       else: self._apply(opt)
       if self.renderer.has_local: self._check_limits()
     except KernelOptError:
-      (self.sts, self.local_dims, self.group_for_reduces, self.upcasted, self.threads, self.dont_use_locals,
-       self.tensor_core, self.staged) = before
+      (self.sts, self.memops, self.local_dims, self.group_for_reduces, self.upcasted, self.threads,
+       self.dont_use_locals, self.tensor_core, self.staged, self.padding_guards) = before
       raise
     self.applied_opts.append(opt)
 
@@ -326,19 +330,32 @@ class Kernel:
   def _split_symbolic_axis(self, opt: Opt, axis: int, size) -> None:
     """Legality of splitting an axis of symbolic size, from the bounds: UPCAST, UNROLL, LOCAL and GROUP by an amount
     that divides the size for every value of the variables (n*64 by 4) split it as it is. A LOCAL of any other
-    symbolic axis, or a GROUP of one whose reduces ignore padding (sums), first pads it to a multiple of the amount:
-    the padded positions are masked off (the guard: their threads load nothing and store nothing)."""
+    symbolic global axis, or a GROUP of any other symbolic reduce axis, first pads it to a multiple of the amount: the
+    padded positions are masked off (the guard: their threads load nothing and store nothing). Where some reduce
+    would change with the padding (a max, a sum of exponentials), a padding guard makes every reduce see its identity
+    there instead (_add_padding_guard)."""
     splits = (OptOps.UPCAST, OptOps.UNROLL, OptOps.LOCAL, OptOps.GROUP, OptOps.GROUPTOP)
     self._check(opt.op in splits and opt.amount is not None and opt.amount > 1,
                 f"{opt}: axis {axis} has the symbolic size {render_size(size)}; {opt.op.name} needs a known size")
     amount = opt.amount or 1
     if canonical(size % amount) == 0: return
-    guarded = opt.op is OptOps.LOCAL and axis < self.global_dims or \
-      opt.op in (OptOps.GROUP, OptOps.GROUPTOP) and all(reduce_ignores_padding(r) for r in self.reduceops)
+    group = opt.op in (OptOps.GROUP, OptOps.GROUPTOP)
+    guarded = opt.op is OptOps.LOCAL and axis < self.global_dims or group and self.is_reduce_axis(axis)
     self._check(guarded, f"{opt}: axis {axis} has the symbolic size {render_size(size)}, not a multiple of {amount} "
                 f"for every value; {opt.op.name} needs one (symbolic sizes are never unrolled with a guard)")
+    if group and not all(reduce_ignores_padding(r) for r in self.reduceops): self._add_padding_guard(axis, size)
     padded = canonical(ceil_div(size, amount) * amount)   # >= size for every value: ceil(n/a)*a
     self.sts = [st if st.shape[axis] == 1 else st.pad_end_to(axis, padded) for st in self.sts]
+
+  def _add_padding_guard(self, axis: int, size) -> None:
+    """A tracker of the kernel's shape that varies along `axis` only (stride 0 elsewhere): padded with the others, its
+    valid is exactly "not padding" at any indices. It is no memory op of the AST: the value graph asks it for that
+    valid and gives each reduce its identity where it is false (value_graph.ValueBuilder.unrolled_value)."""
+    st = ShapeTracker.from_shape(tuple(size if a == axis else 1 for a in range(self.shape_len))).expand(self.full_shape)
+    view = UOp(Ops.VIEW, dtypes.void, (), st)
+    guard = UOp(Ops.CONST, dtypes.bool, (view,), ("padding guard", len(self.padding_guards)))
+    self.memops, self.sts = self.memops + [guard], self.sts + [st]
+    self.padding_guards += (guard,)
 
   def _pad_to(self, opt: Opt, axis: int, amount: int) -> None:
     """PADTO: grow a loop axis to a multiple of `amount` with masked-off positions (loads read 0, stores are skipped).

@@ -21,8 +21,8 @@ import itertools
 from dataclasses import dataclass
 from typing import Iterator, Optional
 from tgrad.dtype import dtypes
-from tgrad.ops import UOp, Ops, ALU, GatherAxis, simplify, exec_alu, is_gather_load
-from tgrad.codegen.kernel import Kernel, fold_dims
+from tgrad.ops import UOp, Ops, ALU, GatherAxis, simplify, exec_alu, identity_of_reduce, is_gather_load
+from tgrad.codegen.kernel import Kernel, fold_dims, reduce_ignores_padding
 from tgrad.codegen.staging import StagedTiles
 from tgrad.codegen.tensor_cores import TensorCoreFragments
 from tgrad.codegen.reduces import (PASS_LOOP_ARG, accumulation_split, block_ranges, chain_op, chain_terms,
@@ -100,7 +100,7 @@ class Addressing:
     st, strides = self.view_of[memop], self.memory_strides(memop)
     base, delta = list(idxs), 0
     for axis, x in enumerate(idxs):
-      if x.op is Ops.CONST and x.arg != 0 and strides[axis] is not None:
+      if x.op is Ops.CONST and x.arg != 0 and isinstance(strides[axis], int):   # not None, nor symbolic (n*n)
         base[axis], delta = to_uop(0), delta + x.arg * strides[axis]
     if (key := (memop, tuple(base))) not in self.indexings: self.indexings[key] = st.to_indexed(base)
     index, valid = self.indexings[key]
@@ -187,13 +187,24 @@ class ValueBuilder:
     inner = list(idxs)
     for a in group_axes(k): inner[a] = self.indices[a]
     for a, index in loop_indices.items(): inner[a] = index
+    guarded = bool(k.padding_guards) and not reduce_ignores_padding(node)
+    identity = UOp.const(node.dtype, identity_of_reduce(op, node.dtype))
     values = []
     for combo in itertools.product(*[range(k.full_shape[a]) for a in unroll_axes]):
       for a, v in zip(unroll_axes, combo): inner[a] = to_uop(v)
-      values.append(self.build(node.src[0], tuple(inner)))
+      value = self.build(node.src[0], tuple(inner))
+      if guarded: value = simplify(self.not_padding(tuple(inner)).where(value, identity))
+      values.append(value)
     combined = values[0]
     for v in values[1:]: combined = UOp(op, v.dtype, (combined, v))   # the source's dtype (a LOGADDEXP's may differ)
     return combined
+
+  def not_padding(self, idxs: tuple[UOp, ...]) -> UOp:
+    """Where no guarded GROUP's padding is (Kernel.padding_guards): a reduce that the padding would change (a max, a
+    sum of exponentials) combines its identity there instead of its value."""
+    valid = UOp.const(dtypes.bool, True)
+    for guard in self.kernel.padding_guards: valid = valid & self.addressing.indexed(guard, idxs)[1]
+    return simplify(valid)
 
   def build_reduce(self, node: UOp, idxs: tuple[UOp, ...]) -> UOp:
     """A REDUCE_AXIS at idxs (its own axes at 0): tensor-core fragments, or a loop reduce in its row pass, blocked

@@ -12,7 +12,7 @@ from tgrad.dtype import dtypes
 from tgrad.helpers import prod
 from tgrad.ops import Ops, UOp, simplify as simplify_uop, split_terms
 from tgrad.shape.view import View, EMPTY_RANGE, VIEW_CACHE_SIZE, as_shape_tuple
-from tgrad.shape.sint import sint, bind_values, canonical, is_symbolic, to_uop, unbind, vmax_of
+from tgrad.shape.sint import sint, bind_values, canonical, is_symbolic, sym_eq, to_uop, unbind, vmax_of
 
 def loop_index(axis: int, size: sint) -> UOp:
   """The loop variable of `axis` running over [0, size): the index UOps the shape layer reasons with."""
@@ -30,6 +30,38 @@ def unravel(flat: UOp, shape: tuple[int, ...]) -> list[UOp]:
       idxs.append(quotient if d == outermost else quotient % shape[d])
     inner *= shape[d]
   return idxs[::-1]
+
+def _times(a: sint, b: sint) -> sint: return a * b if isinstance(a, int) and isinstance(b, int) else canonical(a * b)
+
+def split_indices(view: View, outer_shape: tuple[sint, ...], idxs: list[UOp]) -> Optional[list[UOp]]:
+  """The indices of `outer_shape` for loop indices `idxs` of `view`, when `view` reads a contiguous buffer of that
+  shape by splitting its dims, permuting the pieces and expanding (offset 0, the strides other than 0 a
+  permuted row-major chain whose runs multiply to the outer dims): each outer index is its run's indices combined
+  (i·inner + j), where unravelling the flat position would divide by the outer sizes (symbolic ones: 64-bit divisions
+  in a kernel's loop). Else None. A mask of `view` stays the caller's (its valid comes from `view.to_indexed`); a dim
+  masked to [0, hi) counts as hi long (a later guarded split padded it: the positions past hi are never valid)."""
+  if not (isinstance(view.offset, int) and view.offset == 0): return None
+  extent = [hi if view.mask is not None and isinstance(lo, int) and lo == 0 else size
+            for size, (lo, hi) in zip(view.shape, view.mask or [(0, 0)] * len(view.shape))]
+  # a dim of stride 0 (an expand) moves no flat position: the outer indices don't depend on it
+  remaining = [d for d, size in enumerate(extent) if size != 1 and not (isinstance(view.strides[d], int)
+                                                                        and view.strides[d] == 0)]
+  chain, step = [], 1   # the view's dims, innermost (stride 1) first
+  while remaining:
+    d = next((d for d in remaining if sym_eq(view.strides[d], step) is True), None)
+    if d is None: return None
+    chain.append(d)
+    remaining.remove(d)
+    step = _times(step, extent[d])
+  out, position = [], 0
+  for size in reversed(outer_shape):
+    index, run = UOp.const(dtypes.index, 0), 1
+    while sym_eq(run, size) is not True:
+      if position == len(chain): return None
+      d = chain[position]
+      index, run, position = index + (idxs[d] if run == 1 else idxs[d] * run), _times(run, extent[d]), position + 1
+    out.append(index)
+  return out[::-1] if position == len(chain) else None
 
 def _conjuncts(valid: UOp) -> list[UOp]:
   return [c for s in valid.src for c in _conjuncts(s)] if valid.op is Ops.AND else [valid]
@@ -217,9 +249,18 @@ class ShapeTracker:
 
   # ---- index math
   def to_indexed(self, idxs: Sequence[UOp]) -> tuple[UOp, UOp]:
-    """(memory index, valid) for loop indices with 0 <= idxs[d] < shape[d], both simplified."""
-    index, valid = simplify_given_valid(*self.views[-1].to_indexed(idxs))
-    for view in reversed(self.views[:-1]):
+    """(memory index, valid) for loop indices with 0 <= idxs[d] < shape[d], both simplified. A last view that only
+    splits and permutes the dims of the view before it (a guarded split of a symbolic axis: the padded axis cut into
+    blocks) hands that view its indices directly (`split_indices`), without a flat index to divide again."""
+    views, idxs = list(self.views), list(idxs)
+    valid = UOp.const(dtypes.bool, True)
+    while len(views) > 1 and is_symbolic(views[-2].shape) and \
+          (outer := split_indices(views[-1], views[-2].shape, idxs)) is not None:
+      valid = valid & views[-1].to_indexed(idxs)[1]   # the split view's own mask (padding of a later guarded split)
+      views, idxs = views[:-1], outer
+    index, last_valid = views[-1].to_indexed(idxs)
+    index, valid = simplify_given_valid(index, valid & last_valid)
+    for view in reversed(views[:-1]):
       view_index, view_valid = view.to_indexed(unravel(index, view.shape))
       index, valid = simplify_given_valid(view_index, valid & view_valid)
     return index, valid

@@ -1,0 +1,359 @@
+"""The GPU heuristics for kernels with symbolic sizes (tgrad/codegen/heuristics.py `_symbolic_rules`).
+
+Without a GPU: the opts `hand_coded_optimizations` chooses on the CUDA renderer for gemma-3-270m's symbolic kernels
+(a prefill matmul whose rows are the prompt length, decode attention's softmax·values over the filled cache slots, a
+softmax over a symbolic row, the prefill's attention scores with both axes symbolic), rendered and compiled by NVRTC;
+the same opts' values at several bound values (1, 7, 64, 100, 1000) against numpy: the whole CUDA kernel run on the CPU
+(test/cuda_on_cpu.py: g++, a thread per CUDA thread), and its UPCAST/UNROLL opts on LLVM. With a GPU (marked `gpu`):
+the heuristic kernels on CUDA at the same values against numpy, on poisoned outputs. Guarded GROUPs of every kind of
+reduce over a symbolic axis (sum, max, min, logsumexp, softmax, var, argmax), run on the CPU against numpy; every
+symbolic kernel of a gemma-3-270m-shaped model's prefill and decode, CUDA-optimized and run on the CPU, against LLVM.
+"""
+from __future__ import annotations
+import math, re
+import numpy as np
+import pytest
+from tgrad import Tensor, Variable, dtypes
+from tgrad.codegen.cuda import CUDARenderer
+from tgrad.codegen.heuristics import hand_coded_optimizations
+from tgrad.codegen.kernel import Kernel, KernelOptError, Opt, OptOps
+from tgrad.codegen.linearizer import linearize
+from tgrad.codegen.compile import compile_kernel
+from tgrad.device import Buffer, Device
+from tgrad.models.gemma3_cache import decode_attention_values
+from tgrad.ops import Ops
+from tgrad.runtime.nvrtc import compile_cuda, nvrtc_available
+from tgrad.schedule import ScheduleItem, create_schedule
+from tgrad.shape.sint import evaluate
+from cuda_on_cpu import CPU_ARCH, cpu_available, run_on_cpu
+
+needs_nvrtc = pytest.mark.skipif(not nvrtc_available(), reason="libnvrtc not found (pip install nvidia-cuda-nvrtc)")
+needs_cpu_compiler = pytest.mark.skipif(not cpu_available(), reason="g++ not found")
+ARCH = "sm_90"
+VALUES = (1, 7, 64, 100, 1000)   # bound values the kernels are checked at
+BOUND = 1024                     # the variables' maximum
+RTOL = 1e-4
+
+def opts_of(*spec) -> list[Opt]: return [Opt(OptOps[op], axis, amount) for op, axis, amount in spec]
+
+def single_kernel(out: Tensor) -> ScheduleItem:
+  (item,) = [i for i in create_schedule([out.lazydata]) if i.ast.op is Ops.SINK]
+  return item
+
+def heuristic_kernel(item: ScheduleItem, renderer) -> Kernel:
+  kernel = Kernel(item.ast, renderer)
+  hand_coded_optimizations(kernel)
+  return kernel
+
+# ---- the kernels: numpy inputs, the tgrad graph at a bound value, the float64 reference at a value
+
+class Problem:
+  """A symbolic kernel and its inputs: `build(bound)` is the output tensor for a bound variable, `reference(value)` the
+  float64 result at that value (flattened, as the output buffer holds it)."""
+  variable_name = "n"
+  def __init__(self, seed: int):
+    self.rng = np.random.default_rng(seed)
+    self.variable = Variable(self.variable_name, 1, BOUND)
+  def item(self, value: int = 5) -> ScheduleItem: return single_kernel(self.build(self.variable.bind(value)))
+
+class Matmul(Problem):
+  """y = x[:n] · Wᵀ (a prefill projection: n the prompt length, W[N, K] as gemma3's Linear)."""
+  def __init__(self, columns: int, depth: int, seed: int = 0):
+    super().__init__(seed)
+    self.x = self.rng.standard_normal((BOUND, depth), dtype=np.float32)
+    self.w = (self.rng.standard_normal((columns, depth), dtype=np.float32) / math.sqrt(depth)).astype(np.float32)
+    self.tx, self.tw = Tensor(self.x, device="LLVM").realize(), Tensor(self.w, device="LLVM").realize()
+  def build(self, bound) -> Tensor: return self.tx[:bound] @ self.tw.T
+  def reference(self, value: int) -> np.ndarray:
+    return (self.x[:value].astype(np.float64) @ self.w.T.astype(np.float64)).reshape(-1)
+
+class DecodeAttention(Problem):
+  """softmax(scores[..., :n]) · values[:n] for one query token of 4 heads sharing one value head of 256 (gemma3's
+  decode over the filled cache slots, gemma3_cache.decode_attention_values)."""
+  variable_name = "filled"
+  HEADS, HEAD_DIM = 4, 256
+  def __init__(self, seed: int = 0, dtype=dtypes.float32):
+    super().__init__(seed)
+    self.scores = 3 * self.rng.standard_normal((1, 1, self.HEADS, 1, BOUND), dtype=np.float32)
+    self.values = self.rng.standard_normal((1, 1, BOUND, self.HEAD_DIM), dtype=np.float32)
+    self.ts, self.tv = [Tensor(x, device="LLVM").cast(dtype).realize() for x in (self.scores, self.values)]
+  def build(self, bound) -> Tensor:
+    return decode_attention_values(self.ts.shrink((None, None, None, None, (0, bound))),
+                                   self.tv.shrink((None, None, (0, bound), None)))
+  def reference(self, value: int) -> np.ndarray:
+    s = self.scores[..., :value].astype(np.float64)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    return (p.reshape(self.HEADS, value) @ self.values[0, 0, :value].astype(np.float64)).reshape(-1)
+
+class SoftmaxRows(Problem):
+  """softmax over a symbolic row: x[:, :n].softmax(-1), one row kernel that stores its rows."""
+  ROWS = 48
+  def __init__(self, seed: int = 0):
+    super().__init__(seed)
+    self.x = 4 * self.rng.standard_normal((self.ROWS, BOUND), dtype=np.float32)
+    self.tx = Tensor(self.x, device="LLVM").realize()
+  def build(self, bound) -> Tensor: return self.tx[:, :bound].softmax(-1)
+  def reference(self, value: int) -> np.ndarray:
+    s = self.x[:, :value].astype(np.float64)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    return (p / p.sum(-1, keepdims=True)).reshape(-1)
+
+class DecodeScores(Problem):
+  """q·kᵀ of one query token: q [4, 256] (4 heads of one key head), k [n, 256] the filled cache slots: out [4, n]."""
+  variable_name = "filled"
+  HEADS, HEAD_DIM = 4, 256
+  def __init__(self, seed: int = 0):
+    super().__init__(seed)
+    self.q = self.rng.standard_normal((self.HEADS, self.HEAD_DIM), dtype=np.float32)
+    self.k = self.rng.standard_normal((BOUND, self.HEAD_DIM), dtype=np.float32)
+    self.tq, self.tk = Tensor(self.q, device="LLVM").realize(), Tensor(self.k, device="LLVM").realize()
+  def build(self, bound) -> Tensor: return self.tq @ self.tk[:bound].T
+  def reference(self, value: int) -> np.ndarray:
+    return (self.q.astype(np.float64) @ self.k[:value].T.astype(np.float64)).reshape(-1)
+
+class PrefillScores(Problem):
+  """q·kᵀ of a prefill: q [4, n, 256], k [n, 256] (one key head), both axes of the output symbolic."""
+  HEADS, HEAD_DIM = 4, 256
+  def __init__(self, seed: int = 0):
+    super().__init__(seed)
+    self.q = self.rng.standard_normal((self.HEADS, BOUND, self.HEAD_DIM), dtype=np.float32)
+    self.k = self.rng.standard_normal((BOUND, self.HEAD_DIM), dtype=np.float32)
+    self.tq, self.tk = Tensor(self.q, device="LLVM").realize(), Tensor(self.k, device="LLVM").realize()
+  def build(self, bound) -> Tensor: return self.tq[:, :bound] @ self.tk[:bound].T
+  def reference(self, value: int) -> np.ndarray:
+    return (self.q[:, :value].astype(np.float64) @ self.k[:value].T.astype(np.float64)).reshape(-1)
+
+# ---- the opts chosen on the CUDA renderer for gemma-3-270m's shapes, compiled by NVRTC
+
+GEMMA_CHOICES = {
+  # gate and up (N = 2·2048, K = 640): columns upcast by 4 and K unrolled by 4 (float4 loads of x and W), 16×16
+  # threads with the prompt rows guarded
+  "gate_up": (lambda: Matmul(4096, 640),
+              opts_of(("UPCAST", 1, 4), ("UNROLL", 0, 4), ("LOCAL", 0, 16), ("LOCAL", 1, 16))),
+  "down": (lambda: Matmul(640, 2048),
+           opts_of(("UPCAST", 1, 4), ("UNROLL", 0, 4), ("LOCAL", 0, 16), ("LOCAL", 1, 16))),
+  # 4 head-dim outputs per block (16 bytes of each value row), 64 threads over the filled slots: 256 blocks
+  "decode_attention": (DecodeAttention, opts_of(("LOCAL", 1, 4), ("GROUP", 0, 64))),
+  # a block per key: its 64 threads read the key row once (float4s) for all 4 heads (UPCAST whole)
+  "decode_scores": (DecodeScores, opts_of(("UPCAST", 0, 0), ("UNROLL", 0, 4), ("GROUP", 0, 64))),
+  "softmax_rows": (SoftmaxRows, opts_of(("GROUP", 0, 64))),
+  # the 4 heads share each key load (UPCAST 4), the head dim unrolled by 4, 16×16 threads over queries and keys
+  "prefill_scores": (PrefillScores,
+                     opts_of(("UPCAST", 0, 4), ("UNROLL", 0, 4), ("LOCAL", 1, 16), ("LOCAL", 2, 16))),
+}
+
+@needs_nvrtc
+@pytest.mark.parametrize("name", GEMMA_CHOICES)
+def test_heuristic_opts_compile(name):
+  problem, expected = GEMMA_CHOICES[name]
+  kernel = heuristic_kernel(problem().item(), CUDARenderer())
+  assert kernel.symbolic and kernel.applied_opts == expected
+  src = kernel.renderer.render(name, linearize(kernel))
+  assert compile_cuda(src, ARCH)[:4] == b"\x7fELF"
+  # a guarded split indexes its pieces directly: no index is divided, only a grouped loop's trip count ceil(n/group)
+  code = [line.strip() for line in re.sub(r"/\*.*?\*/", "", src).splitlines() if "asm(" not in line]
+  integer_math = [line for line in code if re.search(r"[/%]", line) and not line.startswith("float")]
+  assert len(integer_math) <= 1 and all(re.fullmatch(r"int alu\d+ = \(alu\d+ / \d+\);", x) for x in integer_math), \
+    integer_math
+
+@needs_nvrtc
+@pytest.mark.parametrize("dtype", [dtypes.float16, dtypes.bfloat16], ids=str)
+def test_half_decode_attention_gets_the_same_opts(dtype):
+  """A half cache is read through a view that splits and expands the cache's: it is indexed directly (no strides
+  lost), so the values' head dim is still found contiguous and shared by the block."""
+  kernel = heuristic_kernel(DecodeAttention(dtype=dtype).item(), CUDARenderer())
+  assert kernel.applied_opts == GEMMA_CHOICES["decode_attention"][1]
+  assert compile_cuda(kernel.renderer.render("attention", linearize(kernel)), ARCH)[:4] == b"\x7fELF"
+
+def test_decode_attention_fills_the_gpu():
+  """At least SYMBOLIC_MIN_BLOCKS blocks of 256 threads whatever the number of filled slots."""
+  from tgrad.codegen.heuristics import SYMBOLIC_MIN_BLOCKS
+  kernel = heuristic_kernel(DecodeAttention().item(), CUDARenderer())
+  global_size, local_size = kernel.launch_dims()
+  assert math.prod(local_size) == 256 and math.prod(evaluate(g, {"filled": 2000}) for g in global_size) >= \
+    SYMBOLIC_MIN_BLOCKS
+
+def test_group_of_a_max_gets_a_padding_guard():
+  """A guarded GROUP of a max over a symbolic axis is legal: the padding reads the max's identity, not 0."""
+  kernel = Kernel(SoftmaxRows().item().ast, CUDARenderer())
+  kernel.apply_opt(Opt(OptOps.GROUP, 0, 32))
+  assert len(kernel.padding_guards) == 1
+  src = kernel.renderer.render("softmax", linearize(kernel))
+  assert "0xFF800000u" in src, "-inf stands in for the padding of the max"
+
+def test_cpu_keeps_symbolic_kernels_as_they_are():
+  for name, (problem, _) in GEMMA_CHOICES.items():
+    assert heuristic_kernel(problem().item(), Device["LLVM"].renderer).applied_opts == [], name
+
+# ---- values: the CUDA kernels run on the CPU, their UPCAST/UNROLL opts on LLVM, and on a GPU
+
+# smaller shapes of the same structure (the same kinds of opts), so the emulated threads finish quickly
+VALUE_CASES = {"matmul": lambda: Matmul(96, 64), "decode_attention": DecodeAttention, "decode_scores": DecodeScores,
+               "softmax_rows": SoftmaxRows, "prefill_scores": PrefillScores}
+
+def check(out: np.ndarray, ref: np.ndarray, value: int) -> None:
+  out = out[:ref.size].astype(np.float64)
+  tol = RTOL * (np.abs(ref) + np.sqrt(np.mean(ref ** 2)))
+  assert np.all(np.abs(out - ref) <= tol), f"at {value}: max err/tol {np.max(np.abs(out - ref) / tol)}"
+
+def input_arrays(item: ScheduleItem) -> list[np.ndarray]:
+  return [b.copyout() for b in item.inputs]
+
+@needs_cpu_compiler
+@pytest.mark.parametrize("name", VALUE_CASES)
+def test_cuda_kernel_values_on_cpu(name):
+  problem = VALUE_CASES[name]()
+  item = problem.item()
+  kernel = heuristic_kernel(item, CUDARenderer(CPU_ARCH))
+  assert any(o.op in (OptOps.LOCAL, OptOps.GROUP) for o in kernel.applied_opts), kernel.applied_opts
+  src = kernel.renderer.render("kernel", linearize(kernel))
+  inputs = input_arrays(item)
+  global_size, local_size = kernel.launch_dims()
+  for value in VALUES:
+    var_vals = {problem.variable_name: value}
+    out = np.full(item.bufs[0].size, np.nan, np.float32)
+    run_on_cpu(src, "kernel", tuple(evaluate(g, var_vals) for g in global_size), local_size, [out, *inputs],
+               [var_vals[v.arg[0]] for v in kernel.variables])
+    check(out, problem.reference(value), value)
+
+@pytest.mark.parametrize("name", VALUE_CASES)
+def test_upcasts_and_unrolls_on_llvm(name):
+  """On LLVM (no thread blocks) the CUDA choice's UPCAST and UNROLL opts that apply, at every value."""
+  problem = VALUE_CASES[name]()
+  item = problem.item()
+  kernel = Kernel(item.ast, Device["LLVM"].renderer)
+  for opt in heuristic_kernel(item, CUDARenderer()).applied_opts:
+    if opt.op not in (OptOps.UPCAST, OptOps.UNROLL): continue
+    try: kernel.apply_opt(opt)
+    except KernelOptError: pass
+  runner = compile_kernel("LLVM", kernel)
+  for value in VALUES:
+    out = Buffer("LLVM", item.bufs[0].size, item.bufs[0].dtype).copyin(np.full(item.bufs[0].size, np.nan, np.float32))
+    runner([out, *item.inputs], var_vals={problem.variable_name: value})
+    check(out.copyout(), problem.reference(value), value)
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", VALUE_CASES)
+def test_gpu_heuristic_kernels_match_numpy(name):
+  problem = VALUE_CASES[name]()
+  item = problem.item()
+  kernel = heuristic_kernel(item, Device["CUDA"].renderer)
+  runner = compile_kernel("CUDA", kernel)
+  inputs = [Buffer("CUDA", a.size, item.bufs[0].dtype).copyin(a) for a in input_arrays(item)]
+  for value in VALUES:
+    out = Buffer("CUDA", item.bufs[0].size, item.bufs[0].dtype).copyin(np.full(item.bufs[0].size, np.nan, np.float32))
+    runner([out, *inputs], var_vals={problem.variable_name: value})
+    check(out.copyout(), problem.reference(value), value)
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["gate_up", "decode_attention"])
+def test_gpu_gemma_shaped_kernels_match_numpy(name):
+  problem = GEMMA_CHOICES[name][0]()
+  item = problem.item()
+  runner = compile_kernel("CUDA", heuristic_kernel(item, Device["CUDA"].renderer))
+  inputs = [Buffer("CUDA", a.size, item.bufs[0].dtype).copyin(a) for a in input_arrays(item)]
+  for value in VALUES:
+    out = Buffer("CUDA", item.bufs[0].size, item.bufs[0].dtype).copyin(np.full(item.bufs[0].size, np.nan, np.float32))
+    runner([out, *inputs], var_vals={problem.variable_name: value})
+    check(out.copyout(), problem.reference(value), value)
+
+# ---- every symbolic kernel of a gemma-3-270m-shaped model: the CUDA heuristic kernel on the CPU against LLVM
+
+GEMMA_VALUES = (1, 300)   # a prompt of one token and one of 300; decode with 1 and 300 filled slots
+GEMMA_PROMPT = 20
+GEMMA_ATOL = 1e-5   # of the largest output element
+
+@pytest.fixture(scope="module")
+def gemma_symbolic_asts() -> list:
+  """The kernel ASTs of a 2-layer model of gemma-3-270m's sizes (one sliding and one full-attention layer, a small
+  vocabulary): a jitted prefill and greedy decode steps, on LLVM."""
+  import tgrad.realize as realize_module
+  from tgrad.models.gemma3 import Gemma3, Gemma3Config, PRESETS
+  asts: dict = {}
+  get_runner = realize_module.get_runner
+  def recording(device, ast, *rest):
+    asts.setdefault(ast.key, ast)
+    return get_runner(device, ast, *rest)
+  config = {**PRESETS["270m"], "num_hidden_layers": 2, "layer_types": ["sliding_attention", "full_attention"],
+            "vocab_size": 1024}
+  with pytest.MonkeyPatch.context() as patch:
+    patch.setattr(realize_module, "get_runner", recording)
+    model = Gemma3.random(Gemma3Config.from_dict(config), "float32", "LLVM", seed=0, progress=False)
+    model.reset_cache(1, BOUND)
+    prompt = Tensor(np.arange(3, 3 + GEMMA_PROMPT, dtype=np.int32).reshape(1, -1), device="LLVM")
+    token = int(model(prompt, 0, last_only=True, jit=True).numpy()[0, -1].argmax())
+    for _ in model.greedy_tokens([token], 3): pass
+  return [ast for ast in asts.values() if Kernel(ast, Device["LLVM"].renderer).symbolic]
+
+@needs_cpu_compiler
+def test_gemma_symbolic_kernels_on_cpu(gemma_symbolic_asts):
+  from tgrad.codegen.search import kernel_buffer_specs, random_data
+  rng = np.random.default_rng(0)
+  names = set()
+  for ast in gemma_symbolic_asts:
+    plain = Kernel(ast, Device["LLVM"].renderer)
+    kernel = heuristic_kernel(ScheduleItem(ast, ()), CUDARenderer(CPU_ARCH))
+    names.add(kernel.name)
+    src = kernel.renderer.render("kernel", linearize(kernel))
+    specs = kernel_buffer_specs(plain)
+    arrays = [random_data(dtype, size, rng) for dtype, size in specs]
+    global_size, local_size = kernel.launch_dims()
+    for value in GEMMA_VALUES:
+      var_vals = {v.arg[0]: min(max(value, v.arg[1]), v.arg[2]) for v in kernel.variables}
+      buffers = [Buffer("LLVM", size, dtype).copyin(a) for (dtype, size), a in zip(specs, arrays)]
+      buffers[0].copyin(np.full(specs[0][1], np.nan, specs[0][0].np))
+      compile_kernel("LLVM", plain)(buffers, var_vals=var_vals)
+      ref = buffers[0].copyout().astype(np.float64)
+      out = np.full(specs[0][1], np.nan, specs[0][0].np)
+      run_on_cpu(src, "kernel", tuple(evaluate(g, var_vals) for g in global_size), local_size,
+                 [out, *[a.copy() for a in arrays[1:]]], [var_vals[v.arg[0]] for v in kernel.variables])
+      # random N(0, 1) inputs: long sums of products cancel, so an element's error is relative to the largest
+      scale = np.max(np.abs(ref[np.isfinite(ref)]), initial=1.0)
+      np.testing.assert_allclose(out.astype(np.float64), ref, rtol=RTOL, atol=GEMMA_ATOL * scale, equal_nan=True,
+                                 err_msg=f"{kernel.name} at {var_vals}")
+  # the decode attention kernels over the filled ring and the filled full cache are among them, grouped
+  assert {"r_4_64_4_64_ring_filled_63___64", "r_4_64_4_64_position_64___64"} <= names, sorted(names)
+
+# ---- guarded GROUPs of every kind of reduce over a symbolic axis, run on the CPU
+
+GUARDED_REDUCES = {
+  "sum": (lambda t: t.sum(0), lambda x: x.sum(0)),
+  "max": (lambda t: t.max(0), lambda x: x.max(0)),
+  "min": (lambda t: t.min(0), lambda x: x.min(0)),
+  "logsumexp": (lambda t: t.logsumexp(0), lambda x: np.log(np.exp(x - x.max(0)).sum(0)) + x.max(0)),
+  "softmax": (lambda t: t.softmax(0), lambda x: np.exp(x - x.max(0)) / np.exp(x - x.max(0)).sum(0)),
+  "var": (lambda t: t.var(0, correction=0), lambda x: x.var(0)),
+  "argmax": (lambda t: t.argmax(0).float(), lambda x: x.argmax(0).astype(np.float64)),
+}
+GUARDED_OPTS = {"group16": opts_of(("GROUP", 0, 16)), "grouptop64": opts_of(("GROUPTOP", 0, 64)),
+                "local8_group32": opts_of(("LOCAL", 0, 8), ("GROUP", 0, 32))}
+GUARDED_COLUMNS = 24
+
+@needs_cpu_compiler
+@pytest.mark.parametrize("opts", GUARDED_OPTS)
+@pytest.mark.parametrize("reduce", GUARDED_REDUCES)
+def test_guarded_groups_on_cpu(reduce, opts):
+  """Each reduce over the rows x[:n] (all negative, so a padding read as 0 would win a max), with a GROUP of the
+  symbolic axis that pads it: a sum ignores the padding, every other reduce gets a padding guard. The kernels run on
+  the CPU at every value against numpy."""
+  build, reference = GUARDED_REDUCES[reduce]
+  x = -1 - np.random.default_rng(1).random((BOUND, GUARDED_COLUMNS), dtype=np.float32)
+  n = Variable("n", 1, BOUND)
+  items = [i for i in create_schedule([build(Tensor(x, device="LLVM").realize()[:n.bind(5)]).lazydata])
+           if i.ast.op is Ops.SINK]
+  kernels = []
+  for item in items:   # the kernels in order (each reads the earlier ones' outputs)
+    kernel = Kernel(item.ast, CUDARenderer(CPU_ARCH))
+    for opt in GUARDED_OPTS[opts]: kernel.apply_opt(opt)
+    kernels.append((kernel, kernel.renderer.render("kernel", linearize(kernel)), *kernel.launch_dims()))
+  if reduce != "sum": assert kernels[-1][0].padding_guards, "the padding would change this reduce: it is guarded"
+  for value in (1, 7, 100, 1000):
+    written: dict[int, np.ndarray] = {}   # id of a Buffer → what the emulated kernels wrote there
+    for item, (kernel, src, global_size, local_size) in zip(items, kernels):
+      inputs = [written[id(b)] if id(b) in written else b.copyout() for b in item.inputs]
+      out = np.full(item.bufs[0].size, np.nan, np.float32)
+      run_on_cpu(src, "kernel", tuple(evaluate(g, {"n": value}) for g in global_size), local_size, [out, *inputs],
+                 [value])
+      written[id(item.bufs[0])] = out
+    check(written[id(items[-1].bufs[0])], reference(x[:value].astype(np.float64)).reshape(-1), value)

@@ -295,7 +295,7 @@ def _computes_reference(kernel: UserKernel, region: Region) -> bool:
 # inputs are values of their own (leaves, or read outside the body) first, then the nearest in size.
 MAX_FRONTIER_DEPTH = 12
 MAX_CUTS_PER_NODE = 16
-MAX_PROOFS_PER_GRAPH = 16
+MAX_PROOFS_PER_GRAPH = 16   # (root, cut) pairs compared by canonical forms, each in every order of its inputs
 MAX_NUMERIC_CHECKS_PER_GRAPH = 2
 # a numeric check only for a body of at most this many times the reference's base ops (and at least 1/this): a
 # function written differently is about as big (the where-form of relu(a·b + c) repeats a·b + c: 2×)
@@ -498,22 +498,27 @@ def subgraph_sites(outs: Sequence[LazyBuffer], kernel: UserKernel, covered: set[
     if not root.is_base or root.buffer is not None or not root.srcs or id(root) in covered: continue
     if root.device not in kernel.devices or not root.dtype.is_float or root.op in NOT_IN_BODIES: continue
     if any(not isinstance(s, int) for s in root.shape): continue   # symbolic: no example inputs
+    candidates: list[_Candidate] = []
     for cut, _ in cuts.get(number[id(root)], []):
-      if len(cut) != arity or cut == (number[id(root)],) or id(root) in covered: continue
+      if len(cut) != arity or cut == (number[id(root)],): continue
       frontier = [nodes[i] for i in cut]
       if any(not isinstance(s, int) for x in frontier for s in x.shape): continue
-      for candidate in _candidates(kernel, root, frontier, readers, outputs):
-        verdict = kernel.equal_subgraphs.get(candidate.key)
-        if verdict is None and proofs > 0:
-          proofs -= 1
-          verdict = kernel.equal_subgraphs[candidate.key] = _proven(kernel, candidate)
-        if verdict in (PROVEN, NUMERIC):
-          sites.append(Site(kernel, root, candidate.frontier))
-          covered |= _covered(sites[-1:])
-          break
-        if verdict == UNPROVEN and candidate.distance <= math.log(NUMERIC_SIZE_RATIO): unproven.append(candidate)
+      candidates += _candidates(kernel, root, frontier, readers, outputs)
+    proven_pairs: set[tuple[int, ...]] = set()
+    # inputs that are values of their own first, then the nearest in size (a stable sort: cut order among equals)
+    for candidate in sorted(candidates, key=lambda c: (-c.outside, c.distance)):
+      verdict = kernel.equal_subgraphs.get(candidate.key)
+      pair = tuple(sorted(number[id(x)] for x in candidate.frontier))
+      if verdict is None and (pair in proven_pairs or len(proven_pairs) < proofs):
+        proven_pairs.add(pair)
+        verdict = kernel.equal_subgraphs[candidate.key] = _proven(kernel, candidate)
+      if verdict in (PROVEN, NUMERIC):
+        sites.append(Site(kernel, root, candidate.frontier))
+        covered |= _covered(sites[-1:])
+        break
+      if verdict == UNPROVEN and candidate.distance <= math.log(NUMERIC_SIZE_RATIO): unproven.append(candidate)
+    proofs -= len(proven_pairs)
   groups: dict[tuple[int, ...], list[_Candidate]] = {}   # (root, cut) → its candidate orders
-  # inputs that are values of their own first, then the nearest in size; graph order among equals (a stable sort)
   for candidate in sorted(unproven, key=lambda c: (-c.outside, c.distance)):
     pair = (number[id(candidate.root)], *sorted(number[id(x)] for x in candidate.frontier))
     groups.setdefault(pair, []).append(candidate)

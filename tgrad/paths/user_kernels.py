@@ -280,7 +280,7 @@ def _computes_reference(kernel: UserKernel, region: Region) -> bool:
   examples = [Tensor(LazyBuffer.loadop(Ops.EMPTY, tuple(x.shape), x.dtype, x.device)) for x in region.inputs]
   from tgrad.paths.select import unobserved
   try:
-    with unobserved(): verdict = equivalent(lambda *xs: build(*xs, **params), kernel.reference, *examples)
+    with unobserved(), _Checking(): verdict = equivalent(lambda *xs: build(*xs, **params), kernel.reference, *examples)
   except Exception: return False   # the reference does not apply to these inputs
   return verdict.kind in ("proven", "numeric")
 
@@ -460,7 +460,7 @@ def _numerically_equal(kernel: UserKernel, candidate: _Candidate) -> str:
   from tgrad.paths.select import unobserved
   examples = [Tensor(LazyBuffer.loadop(Ops.EMPTY, tuple(x.shape), x.dtype, x.device)) for x in candidate.frontier]
   try:
-    with unobserved():
+    with unobserved(), _Checking():
       verdict = equivalent(_subgraph_function(candidate.root, candidate.frontier), kernel.reference, *examples,
                            thorough=False)
   except Exception: return DIFFERENT
@@ -539,10 +539,18 @@ def subgraph_sites(outs: Sequence[LazyBuffer], kernel: UserKernel, covered: set[
   kernel.subgraph_sites[graph] = [(number[id(s.root)], tuple(number[id(x)] for x in s.inputs)) for s in sites]
   return sites
 
+class _Checking:
+  """Whether an equivalence check runs its trial graphs now: their realizes look for no sites (a trial graph is a
+  candidate's body, whose search would start the same check again)."""
+  depth = 0
+  def __enter__(self) -> None: _Checking.depth += 1
+  def __exit__(self, *_) -> None: _Checking.depth -= 1
+
 def user_regions(outs: Sequence[LazyBuffer]) -> list[Region]:
   """A Region ("user:<name>", the bound inputs, the site's root) for every site of every registered kernel: the
   structural sites (find_sites), then composite regions equivalent to the reference (equivalent_sites), then any
-  other subgraph equivalent to it (subgraph_sites)."""
+  other subgraph equivalent to it (subgraph_sites). None while an equivalence check runs its trials."""
+  if _Checking.depth: return []
   regions: list[Region] = []
   for kernel in list(USER_KERNELS.values()):
     sites = find_sites(outs, kernel)

@@ -16,7 +16,15 @@ shape-blind match (which also binds the wildcards), then the reference is built 
 so a site matches only where the reference at its own shapes is the very same graph. Each site is a `Region` of kind
 "user:<name>" that PathSpace enumerates like a composite's. Beyond form, `equivalent_sites` matches by meaning:
 a composite region (rms_norm, softmax, ...) whose function the graph-equivalence checker finds equal to the
-reference (proven, or on random inputs) is a site too, however differently the reference is written.
+reference (proven, or on random inputs) is a site too, however differently the reference is written. And
+`subgraph_sites` matches by meaning anywhere else: for each unrealized float base (the root), from the outputs down,
+the cuts below it of as many nodes as the reference has inputs (sets every path down passes through, within
+MAX_FRONTIER_DEPTH ops; enumerated bottom-up over the graph, at most MAX_CUTS_PER_NODE per node), each in every
+order whose shapes and dtypes give the reference the root's shape and dtype and whose body has the reference's
+reduces, are compared with the reference: by canonical forms first (a few ms), then, for the few nearest in size
+with inputs that are values of their own, on random inputs (budgets per graph: MAX_PROOFS_PER_GRAPH,
+MAX_NUMERIC_CHECKS_PER_GRAPH). A user's own RMSNorm written as x / sqrt(Σx²/n + eps) or relu(a·b + c) written as
+`(s > 0).where(s, 0)` is found so. Verdicts are remembered per body structure, sites per graph key.
 
 Before first use, each lowering is verified at the site's shapes, dtypes and device against the reference on random
 inputs (VERIFY_TOLERANCE); a lowering that fails (wrong values, or it does not compile or run) warns once
@@ -63,7 +71,7 @@ class UserKernel:
   root_op: Optional[Ops] = None                                # the reference's output op, once a pattern is built
   # (composite, params, device, input shapes, dtypes) → whether that composite computes the reference (equivalence)
   equal_composites: dict[tuple, bool] = field(default_factory=dict, repr=False)
-  # a subgraph's structure (graph_key of its body on fresh inputs) → "proven", "numeric", "different" or "unproven"
+  # a subgraph's structure (_body_key) → "proven", "numeric", "different" or "unproven"
   equal_subgraphs: dict[str, str] = field(default_factory=dict, repr=False)
   # a graph's key → its subgraph sites as (root, inputs) positions in graph.graph_nodes's order
   subgraph_sites: dict[str, list[tuple[int, tuple[int, ...]]]] = field(default_factory=dict, repr=False)
@@ -383,7 +391,7 @@ class _Candidate:
   its body's op count is from the reference's (the numeric checks go to the nearest)."""
   root: LazyBuffer
   frontier: tuple[LazyBuffer, ...]
-  key: str          # the body's structure: graph_key of it rebuilt on fresh inputs
+  key: str          # the body's structure (_body_key)
   distance: float
   outside: float    # the share of its inputs that are leaves or read outside its body (values of their own)
 
@@ -481,10 +489,10 @@ def subgraph_sites(outs: Sequence[LazyBuffer], kernel: UserKernel, covered: set[
   by graph_key and walk positions): a graph built again (a decode step) costs one walk and one key."""
   from tgrad.paths.graph import graph_key, graph_nodes
   nodes = graph_nodes(list(outs))
-  graph = graph_key(list(outs))
+  number = {id(lb): i for i, lb in enumerate(nodes)}
+  graph = f"{graph_key(list(outs))}:{sorted(number[i] for i in covered if i in number)}"
   if graph in kernel.subgraph_sites:
     return [Site(kernel, nodes[r], tuple(nodes[i] for i in inputs)) for r, inputs in kernel.subgraph_sites[graph]]
-  number = {id(lb): i for i, lb in enumerate(nodes)}
   readers: dict[int, set[int]] = {}
   for lb in nodes:
     for src in ((lb.base,) if not lb.is_base else lb.srcs if lb.buffer is None else ()):

@@ -80,8 +80,7 @@ def decode_attention_values(scores: Tensor, values: Tensor) -> Tensor:
 
 class DecodeAttention(Problem):
   """softmax(scores[..., :n]) · values[:n] for one query token of 4 heads sharing one value head of 256 (gemma3's
-  decode over the filled cache slots: `decode_attention_values` below, the graph branch gemma-symbolic's model
-  builds)."""
+  decode over the filled cache slots: `decode_attention_values` below, the graph the symbolic model builds)."""
   variable_name = "filled"
   HEADS, HEAD_DIM = 4, 256
   def __init__(self, seed: int = 0, dtype=dtypes.float32):

@@ -179,3 +179,150 @@ def test_sites_found_by_equivalence_not_by_form():
     np.testing.assert_allclose(out.numpy(), want, rtol=1e-5, atol=1e-6)
     assert equivalent_sites([(x.rms_norm(-1, 1e-3) * 2).lazydata], kernel, set()) == []
   finally: unregister_kernel("rms_other_form")
+
+# ---- sites by meaning at any subgraph (user_kernels.subgraph_sites)
+
+RMS_EPS = 1e-6
+def rms_numpy(x): return x / np.sqrt((x * x).mean(-1, keepdims=True) + RMS_EPS)
+def fma_relu_numpy(a, b, c): return np.maximum(a * b + c, 0)
+
+def test_differently_written_rms_norm_found_outside_composites(kernels):
+  """The user's own RMSNorm, written with other ops than the kernel's reference and not as a composite, is a site;
+  the numpy kernel is selected there and computes the graph's value."""
+  from tgrad.paths.user_kernels import subgraph_sites
+  calls = []
+  def numpy_rms(x):
+    calls.append(x.shape)
+    return rms_numpy(x)
+  k = kernels("rms_any", reference=rms, devices=["LLVM"], numpy=numpy_rms)
+  x = _t(6, 16)
+  y = x * 0.5 + 1   # an unrealized input: the site's input is an intermediate value
+  written = [(y * y).sum(-1, keepdim=True).mul(1 / 16).add(RMS_EPS).rsqrt() * y,
+             y / ((y ** 2).sum(-1, keepdim=True) / 16 + RMS_EPS).sqrt()]
+  for out in written:
+    graph = out * 3 - y.sum()
+    assert find_sites([graph.lazydata], k) == []   # not the reference's form
+    [site] = subgraph_sites([graph.lazydata], k, set())
+    assert site.root is out.lazydata.base and site.inputs == (y.lazydata,)
+    space = PathSpace([graph.lazydata])
+    assert space.names == ("user:rms_any",) and space.options == [["default", "rms_any:numpy"]]
+    calls.clear()
+    realize_path(next(p for p in space if p.choices == ("rms_any:numpy",)))
+    assert calls == [(6, 16)]   # the kernel ran, on the site's input
+    yv = x.numpy() * 0.5 + 1
+    np.testing.assert_allclose(graph.numpy(), rms_numpy(yv) * 3 - yv.sum(), rtol=1e-5, atol=1e-4)
+
+def test_multiply_add_relu_written_with_other_ops_found(kernels, db_file):
+  """(c + b·a).where-form of relu(a·b + c) is found (numerically: a select is no canonical max) and the kernel
+  selected from its record; max(·, 1) and relu(a·b − c) are near misses."""
+  from tgrad.paths.user_kernels import subgraph_sites
+  k = kernels("fma_any", reference=fma_relu, devices=["LLVM"], numpy=fma_relu_numpy)
+  a, b, c = _t(4, 5), _t(4, 5), _t(4, 5)
+  def written(a, b, c):
+    s = c + b * a
+    return (s > 0).where(s, 0)
+  out = written(a, b, c) * 2
+  assert find_sites([out.lazydata], k) == []
+  [site] = subgraph_sites([out.lazydata], k, set())
+  assert site.root.op.name == "WHERE"
+  assert site.inputs == (a.lazydata, b.lazydata, c.lazydata) or site.inputs == (b.lazydata, a.lazydata, c.lazydata)
+  s = c + b * a
+  assert subgraph_sites([(s > 1).where(s, 1).lazydata], k, set()) == []          # max(·, 1): another function
+  assert subgraph_sites([(c + b * a).maximum(1).lazydata], k, set()) == []
+  m = b * a - c
+  assert subgraph_sites([(m > 0).where(m, 0).lazydata], k, set()) == []          # a·b − c over inputs a, b, c
+  space = PathSpace([out.lazydata])
+  assert space.options == [["default", "fma_any:numpy"]]
+  _record(space, ("fma_any:numpy",), 1e-6)
+  _record(space, ("default",), 1e-3)
+  path_select.forget()
+  written(a, b, c).mul(2).realize()
+  assert "user:fma_any=fma_any:numpy" in path_select.applied[space.key]
+  got = written(a, b, c).mul(2).numpy()
+  np.testing.assert_allclose(got, 2 * fma_relu_numpy(a.numpy(), b.numpy(), c.numpy()), rtol=1e-6)
+
+def test_rms_norm_near_miss_not_matched(kernels):
+  from tgrad.paths.user_kernels import subgraph_sites
+  k = kernels("rms_miss", reference=rms, devices=["LLVM"], numpy=rms_numpy)
+  x = _t(6, 16)
+  y = x.exp() + 1
+  assert subgraph_sites([(y / ((y ** 2).sum(-1, keepdim=True) / 16 + 1e-2).sqrt()).lazydata], k, set()) == []
+  assert subgraph_sites([(y / ((y ** 2).sum(0, keepdim=True) / 6 + RMS_EPS).sqrt()).lazydata], k, set()) == []
+  assert subgraph_sites([(y / (y.sum(-1, keepdim=True) / 16 + RMS_EPS).sqrt()).lazydata], k, set()) == []
+
+def test_subgraph_memo_and_determinism(kernels, monkeypatch):
+  """A graph built again finds the same sites without the checker (the sites per graph key; a body's verdict per
+  its structure), and the search is deterministic."""
+  from tgrad.paths import user_kernels
+  k = kernels("rms_memo", reference=rms, devices=["LLVM"], numpy=rms_numpy)
+  def graph(x):
+    y = x.exp() + 1
+    return (y / ((y ** 2).sum(-1, keepdim=True) / 16 + RMS_EPS).sqrt() + y * 2).lazydata
+  x = _t(6, 16)
+  first = user_kernels.subgraph_sites([graph(x)], k, set())
+  assert len(first) == 1 and len(k.subgraph_sites) == 1
+  checked = []
+  monkeypatch.setattr(user_kernels, "_proven", lambda *a: checked.append(a) or user_kernels.DIFFERENT)
+  again_graph = graph(x)
+  again = user_kernels.subgraph_sites([again_graph], k, set())
+  assert checked == [] and len(again) == 1 and again[0].root is not first[0].root   # a new graph, the same site
+  assert again[0].root.op is first[0].root.op
+  k.subgraph_sites.clear()   # the graph memo gone: the body verdicts alone still answer
+  assert len(user_kernels.subgraph_sites([again_graph], k, set())) == 1 and checked == []
+  monkeypatch.undo()
+  fresh = kernels("rms_memo2", reference=rms, devices=["LLVM"], numpy=rms_numpy)
+  g = graph(_t(6, 16))
+  one, two = user_kernels.subgraph_sites([g], fresh, set()), user_kernels.subgraph_sites([g], fresh, set())
+  fresh.subgraph_sites.clear(), fresh.equal_subgraphs.clear()
+  three = user_kernels.subgraph_sites([g], fresh, set())
+  assert [(s.root, s.inputs) for s in one] == [(s.root, s.inputs) for s in two] == [(s.root, s.inputs) for s in three]
+
+def test_graph_without_match_costs_little(kernels):
+  """A graph with no site: bounded work (no numeric check runs on a body far from the reference in size), and the
+  second time the graph memo answers."""
+  import time
+  from tgrad.paths import user_kernels
+  k = kernels("fma_none", reference=fma_relu, devices=["LLVM"], numpy=fma_relu_numpy)
+  a, b = _t(8, 8), _t(8, 8)
+  out = ((a @ b).softmax(-1) * a).sum(0) + b.max(0)
+  start = time.perf_counter()
+  assert user_kernels.subgraph_sites([out.lazydata], k, set()) == []
+  cold = time.perf_counter() - start
+  start = time.perf_counter()
+  assert user_kernels.subgraph_sites([out.lazydata], k, set()) == []
+  warm = time.perf_counter() - start
+  assert cold < 1.0 and warm < 0.05, (cold, warm)
+  assert not any(v in (user_kernels.NUMERIC, user_kernels.PROVEN) for v in k.equal_subgraphs.values())
+
+# a tiny Gemma's decode graph (1224 nodes): user_regions with both example kernels registered. Measured on this
+# 2-core machine: 0.94 s for the first one in a fresh process (sympy's and the numeric checks' first compiles
+# included), ~15 ms for the next position's graph (another key, the same bodies); the bounds leave room for load.
+GEMMA_SEARCH_SECONDS = 3.0
+GEMMA_REPEAT_SECONDS = 0.3
+
+def test_gemma_decode_search_is_bounded(monkeypatch):
+  import time
+  import tgrad.tensor as tensor_module
+  from tgrad.models.gemma3 import Gemma3, Gemma3Config
+  from tgrad.paths.graph import graph_nodes
+  from tgrad.paths.user_kernels import user_regions
+  example = _load_example()
+  model = Gemma3.random(Gemma3Config.preset("tiny"), seed=3, progress=False)
+  model(Tensor([[2, 65, 37]]), 0, last_only=True)
+  graphs, original = [], tensor_module._realize
+  def watch(*lbs):
+    if len(graph_nodes(list(lbs))) > 500:
+      start = time.perf_counter()
+      regions = user_regions(list(lbs))
+      graphs.append((time.perf_counter() - start, len(regions), sorted({r.name for r in regions})))
+    return original(*lbs)
+  example.register()
+  try:
+    monkeypatch.setattr(tensor_module, "_realize", watch)
+    model(Tensor([[5]]), 3, last_only=True)
+    model(Tensor([[7]]), 4, last_only=True)   # another position: another graph key, the same bodies
+  finally:
+    for name in ("fma_relu", "rms_norm"): unregister_kernel(name)
+  (cold, sites, names), (warm, sites_again, _) = graphs
+  assert names == ["user:rms_norm"] and sites == sites_again > 0   # the model's norms; no multiply-add-ReLU
+  assert cold < GEMMA_SEARCH_SECONDS and warm < GEMMA_REPEAT_SECONDS, (cold, warm)

@@ -27,7 +27,7 @@ REFERENCE_DEVICE = "LLVM"
 REFERENCE_DTYPE = dtypes.float64
 GRAPH_KEY_VERSION = 1   # bump when what the key covers changes: records under old keys are then not found
 
-def _arg_text(arg: Any) -> Any:
+def arg_text(arg: Any) -> Any:
   """A JSON-able, process-independent form of a lazy op's arg (symbolic sizes by their variables: one key serves
   every value, as one compiled kernel does)."""
   if arg is None or isinstance(arg, (bool, int, str)): return arg
@@ -37,15 +37,15 @@ def _arg_text(arg: Any) -> Any:
   if hasattr(arg, "stable_repr"): return arg.stable_repr()   # a CUSTOM op's kernel (tgrad/custom.py)
   if isinstance(arg, Enum): return arg.name
   if isinstance(arg, DType): return str(arg)
-  if isinstance(arg, (tuple, list)): return [_arg_text(a) for a in arg]
+  if isinstance(arg, (tuple, list)): return [arg_text(a) for a in arg]
   return repr(arg)
 
-def _view_text(st: ShapeTracker) -> Any:
+def view_text(st: ShapeTracker) -> Any:
   def size(s): return unbind(s)[0].key if isinstance(s, UOp) else s
   return [[[size(s) for s in v.shape], [size(s) for s in v.strides], size(v.offset),
            None if v.mask is None else [[size(a), size(b)] for a, b in v.mask]] for v in st.views]
 
-def _walk(outs: list[LazyBuffer], as_built: bool = True) -> list[LazyBuffer]:
+def graph_nodes(outs: list[LazyBuffer], as_built: bool = True) -> list[LazyBuffer]:
   """Every node of the unrealized graph above outs (views included), depth-first pre-order from the roots; as built
   (regions at their default lowerings) or as lowered now."""
   order: list[LazyBuffer] = []
@@ -73,22 +73,22 @@ def _default_op(lb: LazyBuffer) -> tuple[Any, Any]:
 
 def graph_entries(outs: list[LazyBuffer]) -> list[Any]:
   """The canonical structure of the graph above outs, one entry per node (see the module doc)."""
-  nodes = _walk(outs)
+  nodes = graph_nodes(outs)
   number = {id(lb): i for i, lb in enumerate(nodes)}
   leaves: dict[int, int] = {}
   entries: list[Any] = []
   for lb in nodes:
     if not lb.is_base:
-      entries.append(["view", _view_text(lb.st), number[id(lb.base)]])
+      entries.append(["view", view_text(lb.st), number[id(lb.base)]])
     elif lb.buffer is not None:
       leaf = leaves.setdefault(id(lb.buffer), len(leaves))
-      entries.append(["input", lb.device, str(lb.dtype), _arg_text(lb.shape), leaf])
+      entries.append(["input", lb.device, str(lb.dtype), arg_text(lb.shape), leaf])
     else:
       op, arg = _default_op(lb)
-      entry = [op.name, lb.device, str(lb.dtype), _arg_text(lb.shape), _arg_text(arg),
+      entry = [op.name, lb.device, str(lb.dtype), arg_text(lb.shape), arg_text(arg),
                [number[id(s)] for s in _default_srcs(lb)]]
       region = lb.region
-      if region is not None and region.root is lb: entry.append(["composite", region.name, _arg_text(region.params)])
+      if region is not None and region.root is lb: entry.append(["composite", region.name, arg_text(region.params)])
       entries.append(entry)
   return entries
 
@@ -102,7 +102,7 @@ def number_of_out(outs: list[LazyBuffer], out: LazyBuffer) -> int:
 
 def graph_description(outs: list[LazyBuffer]) -> dict:
   """What `show` prints about a graph: its outputs, its inputs and how many of each composite and op it holds."""
-  nodes = _walk(outs)
+  nodes = graph_nodes(outs)
   composites: dict[str, int] = {}
   ops: dict[str, int] = {}
   inputs = []
@@ -112,12 +112,12 @@ def graph_description(outs: list[LazyBuffer]) -> dict:
     if lb.buffer is not None:
       if id(lb.buffer) not in seen_buffers:
         seen_buffers.add(id(lb.buffer))
-        inputs.append([_arg_text(lb.shape), str(lb.dtype)])
+        inputs.append([arg_text(lb.shape), str(lb.dtype)])
       continue
     ops[_default_op(lb)[0].name] = ops.get(_default_op(lb)[0].name, 0) + 1
     region = lb.region
     if region is not None and region.root is lb: composites[region.name] = composites.get(region.name, 0) + 1
-  return {"outputs": [[_arg_text(o.shape), str(o.dtype)] for o in outs], "device": outs[0].device if outs else "",
+  return {"outputs": [[arg_text(o.shape), str(o.dtype)] for o in outs], "device": outs[0].device if outs else "",
           "inputs": inputs[:16], "input_count": len(inputs), "composites": composites, "ops": ops,
           "nodes": len(nodes)}
 
@@ -137,12 +137,12 @@ def reference_graph(outs: list[LazyBuffer], host: Optional[dict[int, np.ndarray]
   copied through the host; `host` caches their values by Buffer id across calls). Raises ReferenceUnavailable."""
   host = {} if host is None else host
   made: dict[int, LazyBuffer] = {}
-  for lb in _sources_first(outs):
+  for lb in sources_first(outs):
     value = _rebuilt(lb, made, host)
     made[id(lb)] = value if not lb.is_base else _as_base(value)   # a base stays a base (a widened cast is no op)
   return [made[id(o)] for o in outs]
 
-def _sources_first(outs: list[LazyBuffer]) -> list[LazyBuffer]:
+def sources_first(outs: list[LazyBuffer]) -> list[LazyBuffer]:
   """The unrealized graph above outs as lowered now, each node after everything it reads (iterative post-order)."""
   order: list[LazyBuffer] = []
   done: set[int] = set()

@@ -187,15 +187,27 @@ def _gpu_upcast(kernel: Kernel) -> int:
       try_opt(kernel, Opt(OptOps.UPCAST, axis, GPU_UPCAST))
     return GPU_TILE_THREADS
   # a symbolic kernel never takes big tiles: its sizes at the bound overstate the usual work (a 520-token prefill in a
-  # 4096-position cache), and a tile of a symbolic axis would need a guarded upcast
+  # 4096-position cache)
   big = not kernel.symbolic and prod(kernel.output_shape) >= GPU_BIG_TILE_MIN_OUTPUTS
   tile, threads = (GPU_BIG_TILE, GPU_BIG_TILE_THREADS) if big else (GPU_TILE, GPU_TILE_THREADS)
-  # an axis keeps at least two tiles for its threads; in a symbolic kernel the symbolic axes (which can't be tiled)
-  # have the threads, so a known axis may be tiled whole (attention's 4 heads)
-  def tile_of(size: sint) -> int: return tile if _divides(size, tile * (1 if kernel.symbolic else 2)) else 1
+  # an axis keeps at least two tiles for its threads; in a symbolic kernel a symbolic axis is tiled with a guard
+  # (Kernel.pad_symbolic_axis: a prefill matmul's prompt rows, 4×4 as a concrete matmul) and a known axis may be tiled
+  # whole (attention's 4 heads): the symbolic axes have the threads
+  def tile_of(size: sint) -> int:
+    if not isinstance(size, int): return tile
+    return tile if _divides(size, tile * (1 if kernel.symbolic else 2)) else 1
+  def upcast(axis: int) -> bool:
+    size = kernel.full_shape[axis]
+    amount = tile_of(size)
+    if isinstance(size, int) or _divides(size, amount): return try_opt(kernel, Opt(OptOps.UPCAST, axis, amount))
+    # a symbolic axis is padded once to its block's share (the tile × its threads, Kernel._pad_to), so the upcast and
+    # the LOCAL after it divide and each replica tests only its own position (row < n); a guarded upcast alone where
+    # that padding is refused (a small bound)
+    return try_opts(kernel, [Opt(OptOps.PADTO, axis, amount * threads), Opt(OptOps.UPCAST, axis, amount)]) or \
+      try_opt(kernel, Opt(OptOps.UPCAST, axis, amount))
   reused = [a for a in reversed(range(kernel.global_dims)) if 0 in _load_strides(kernel, a)
             and tile_of(kernel.full_shape[a]) > 1]
-  tiled = [try_opt(kernel, Opt(OptOps.UPCAST, axis, tile_of(kernel.full_shape[axis]))) for axis in reused[:2]]
+  tiled = [upcast(axis) for axis in reused[:2]]
   if kernel.first_reduce < kernel.first_upcast and 1 in _load_strides(kernel, kernel.first_reduce) and \
      _divides(kernel.full_shape[kernel.first_reduce], GPU_UNROLL):
     try_opt(kernel, Opt(OptOps.UNROLL, 0, GPU_UNROLL))

@@ -22,7 +22,7 @@ from tgrad.ops import UOp, Ops, ALU, exec_alu, truncate_to, is_gather_load
 from tgrad.codegen.staging import apply_stage, stage_plan
 from tgrad.codegen.tensor_cores import TensorCoreUse, apply_tensor_core
 from tgrad.shape.shapetracker import ShapeTracker
-from tgrad.shape.sint import canonical, ceil_div, is_symbolic, render as render_size, vmax_of
+from tgrad.shape.sint import canonical, ceil_div, divides, is_symbolic, render as render_size, vmax_of
 from tgrad.helpers import prod, round_up
 
 class KernelOptError(Exception):
@@ -284,7 +284,7 @@ class Kernel:
     amount = opt.amount if opt.amount else size
     self._check(amount > 1 or opt.op is OptOps.SWAP, f"{opt}: amount must be > 1")
     if opt.op not in (OptOps.SWAP, OptOps.PADTO):
-      self._check(canonical(size % amount) == 0, f"{opt}: {amount} doesn't divide axis size {render_size(size)}")
+      self._check(divides(amount, size), f"{opt}: {amount} doesn't divide axis size {render_size(size)}")
     # the launch runs exactly `threads` copies of axis 0 (launch_dims): its size must never change or move
     self._check(not self.threads or axis != 0, f"{opt}: axis 0 is the THREAD axis of {self.full_shape}")
     self._check(axis not in self.tc_lane_axes + self.tc_upcast_axes, f"{opt}: axis {axis} belongs to the tensor core")
@@ -341,7 +341,7 @@ class Kernel:
     self._check(opt.op in splits and opt.amount is not None and opt.amount > 1,
                 f"{opt}: axis {axis} has the symbolic size {render_size(size)}; {opt.op.name} needs a known size")
     amount = opt.amount or 1
-    if canonical(size % amount) == 0: return
+    if divides(amount, size): return
     group = opt.op in (OptOps.GROUP, OptOps.GROUPTOP)
     guarded = opt.op in (OptOps.LOCAL, OptOps.UPCAST) and axis < self.global_dims or group and self.is_reduce_axis(axis)
     self._check(guarded, f"{opt}: axis {axis} has the symbolic size {render_size(size)}, not a multiple of {amount} "
@@ -388,7 +388,7 @@ class Kernel:
     size = self.full_shape[axis]
     if not isinstance(size, int):
       self._check(axis < self.global_dims, f"{opt}: PADTO of the symbolic reduce axis {axis} ({render_size(size)})")
-      self._check(canonical(size % amount) != 0, f"{opt}: axis size {render_size(size)} is already a multiple")
+      self._check(not divides(amount, size), f"{opt}: axis size {render_size(size)} is already a multiple")
       self._check(amount - 1 < vmax_of(size) * MAX_PADDING_FRACTION,
                   f"{opt}: padding axis {axis} of at most {vmax_of(size)} to a multiple of {amount} wastes too much")
       return self.pad_symbolic_axis(axis, amount)

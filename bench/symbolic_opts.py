@@ -5,6 +5,7 @@ one full-attention) and each kernel AST with a variable is optimized for the CUD
 Prints one Markdown table row per kernel: the unoptimized name, the name after the opts (what a profile shows), the
 opts, and the launch dims at the given values (a prompt of --prompt-len tokens, decode at --position).
 Usage: python bench/symbolic_opts.py [--preset 270m] [--cache 4096] [--prompt-len 520] [--position 1999]
+                                     [--dtype float32|float16|bfloat16]
 """
 from __future__ import annotations
 import argparse, os, sys
@@ -22,7 +23,7 @@ PROMPT_TOKENS = 20      # the prompt the model runs (its kernels serve every len
 DECODE_STEPS = 2
 SMALL_VOCABULARY = 1024  # the head is a concrete matvec: its size doesn't matter here
 
-def symbolic_asts(preset: str, cache: int) -> list:
+def symbolic_asts(preset: str, cache: int, dtype=dtypes.float32) -> list:
   """The kernel ASTs with variables of a jitted prefill and a few greedy decode steps."""
   asts: dict = {}
   get_runner = realize_module.get_runner
@@ -34,7 +35,7 @@ def symbolic_asts(preset: str, cache: int) -> list:
     config = {**PRESETS[preset], "num_hidden_layers": 2, "layer_types": ["sliding_attention", "full_attention"],
               "vocab_size": SMALL_VOCABULARY,
               "max_position_embeddings": max(cache, PRESETS[preset]["max_position_embeddings"])}
-    model = Gemma3.random(Gemma3Config.from_dict(config), dtypes.float32, "LLVM", seed=0, progress=False)
+    model = Gemma3.random(Gemma3Config.from_dict(config), dtype, "LLVM", seed=0, progress=False)
     model.reset_cache(1, cache)
     prompt = Tensor(np.arange(3, 3 + PROMPT_TOKENS, dtype=np.int32).reshape(1, -1), device="LLVM")
     token = int(model(prompt, 0, last_only=True, jit=True).numpy()[0, -1].argmax())
@@ -49,12 +50,13 @@ def main() -> None:
   parser.add_argument("--cache", type=int, default=4096)
   parser.add_argument("--prompt-len", type=int, default=520)
   parser.add_argument("--position", type=int, default=1999)
+  parser.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
   args = parser.parse_args()
   ring = PRESETS[args.preset]["sliding_window"]
   values = {"prompt_len": args.prompt_len, "position": args.position, "ring_filled": min(args.position + 1, ring),
             "ring_slot": args.position % ring}
   print("| kernel | after opts | opts | grid | block |\n|---|---|---|---|---|")
-  for ast in symbolic_asts(args.preset, args.cache):
+  for ast in symbolic_asts(args.preset, args.cache, getattr(dtypes, args.dtype)):
     kernel = Kernel(ast, CUDARenderer())
     name = kernel.name
     hand_coded_optimizations(kernel)

@@ -192,18 +192,15 @@ def _gpu_upcast(kernel: Kernel) -> int:
   def tile_of(size: sint) -> int:
     if not isinstance(size, int): return tile
     return tile if divides(tile * (1 if kernel.symbolic else 2), size) else 1
-  def upcast(axis: int) -> bool:
-    size = kernel.full_shape[axis]
-    amount = tile_of(size)
-    if isinstance(size, int) or divides(amount, size): return try_opt(kernel, Opt(OptOps.UPCAST, axis, amount))
-    # a symbolic axis is padded once to its block's share (the tile × its threads, Kernel._pad_to), so the upcast and
-    # the LOCAL after it divide and each replica tests only its own position (row < n); a guarded upcast alone where
-    # that padding is refused (a small bound)
-    return try_opts(kernel, [Opt(OptOps.PADTO, axis, amount * threads), Opt(OptOps.UPCAST, axis, amount)]) or \
-      try_opt(kernel, Opt(OptOps.UPCAST, axis, amount))
   reused = [a for a in reversed(range(kernel.global_dims)) if 0 in _load_strides(kernel, a)
-            and tile_of(kernel.full_shape[a]) > 1]
-  tiled = [upcast(axis) for axis in reused[:2]]
+            and tile_of(kernel.full_shape[a]) > 1][:2]
+  # a symbolic axis is first padded to its block's share (the tile × its threads, Kernel._pad_to), every one before
+  # any split, so the upcast and the LOCAL after it divide and each replica tests only its own position (row < n);
+  # where that padding is refused (a small bound), the upcast is guarded alone
+  for axis in reused:
+    if not divides(tile, size := kernel.full_shape[axis]) and not isinstance(size, int):
+      try_opt(kernel, Opt(OptOps.PADTO, axis, tile * threads))
+  tiled = [try_opt(kernel, Opt(OptOps.UPCAST, axis, tile_of(kernel.full_shape[axis]))) for axis in reused]
   if kernel.first_reduce < kernel.first_upcast and 1 in _load_strides(kernel, kernel.first_reduce) and \
      divides(GPU_UNROLL, kernel.full_shape[kernel.first_reduce]):
     try_opt(kernel, Opt(OptOps.UNROLL, 0, GPU_UNROLL))

@@ -354,13 +354,16 @@ class Kernel:
     masked off: loads there read 0 and stores there are skipped. Along a global (output) axis, a tracker that doesn't
     move along it (stride 0: the weights of a matmul along its rows) is stretched instead of masked: a padded position
     reads the same valid memory as the axis' first, so an upcast's replicas share that load, and what the padding
-    computes is never stored. Along a reduce axis every tracker is masked (the padding must add nothing)."""
+    computes is never stored. Only where its last view is that expand: a later view that splits an earlier one keeps
+    its split (stretched, it would be indexed through a flat position divided by symbolic sizes), so it is masked; pad
+    every symbolic axis before splitting any (the heuristics do). Along a reduce axis every tracker is masked (the
+    padding must add nothing)."""
     size = self.full_shape[axis]
     padded = canonical(ceil_div(size, amount) * amount)
     output_axis = axis < self.global_dims
     def pad(st: ShapeTracker) -> ShapeTracker:
       if st.shape[axis] == 1: return st
-      if output_axis and st.real_strides()[axis] == 0:
+      if output_axis and st.views[-1].strides[axis] == 0 and st.real_strides()[axis] == 0:
         try: return st.shrink(tuple((0, 1) if a == axis else (0, s) for a, s in enumerate(st.shape))) \
           .expand(st.shape[:axis] + (padded,) + st.shape[axis + 1:])
         except ValueError: pass   # an axis that may be empty has no first position: masked

@@ -380,6 +380,23 @@ def test_symbolic_tensor_core_values_on_cpu(dtype, opts):
   assert kernel.tensor_core is not None
   emulated_rows(kernel, item, problem, dtype)
 
+@needs_cpu_compiler
+def test_symbolic_tf32_tensor_core_values_on_cpu():
+  """A float32 matmul whose inputs the graph rounds to TF32 (m16n8k8 core), its symbolic rows padded, emulated at
+  1..520 rows against numpy on the rounded inputs (to nearest, ties away: dtype.TF32_*), poisoned outputs."""
+  from tgrad.dtype import TF32_KEEP_MASK, TF32_ROUNDING_BIAS
+  from tgrad.tensor_ops.composite import round_to_tf32
+  problem = Matmul(96, 64)
+  item = single_kernel(round_to_tf32(problem.tx[:problem.variable.bind(5)]) @ round_to_tf32(problem.tw).T)
+  kernel = Kernel(item.ast, CUDARenderer(TENSOR_CORE_ARCH))
+  kernel.apply_opt(Opt(OptOps.TC, 0, 0))
+  assert kernel.tensor_core is not None and kernel.tensor_core.core.tf32
+  def rounded(a: np.ndarray) -> np.ndarray:
+    bits = a.astype(np.float32).view(np.uint32)
+    return ((bits + np.uint32(TF32_ROUNDING_BIAS)) & np.uint32(TF32_KEEP_MASK)).view(np.float32)
+  problem.x, problem.w = rounded(problem.x), rounded(problem.w)   # the reference multiplies the rounded values
+  emulated_rows(kernel, item, problem, dtypes.float32)
+
 def test_tensor_cores_refuse_a_symbolic_reduce():
   """The keys of a prefill's p·v are its reduce: symbolic K has no tensor core (and PADTO pads no symbolic reduce)."""
   n = Variable("n", 1, BOUND)

@@ -397,6 +397,27 @@ def test_symbolic_tf32_tensor_core_values_on_cpu():
   problem.x, problem.w = rounded(problem.x), rounded(problem.w)   # the reference multiplies the rounded values
   emulated_rows(kernel, item, problem, dtypes.float32)
 
+@needs_cpu_compiler
+def test_half_prefill_scores_tensor_cores_on_cpu():
+  """q·kᵀ of a half prefill: rows (queries) and columns (keys) both symbolic, both padded to the warp's tiles; the
+  heuristics' tensor-core kernel emulated at several lengths against numpy, nothing written past the n×n scores."""
+  problem = PrefillScores()
+  tq, tk = problem.tq.cast(dtypes.float16).realize(), problem.tk.cast(dtypes.float16).realize()
+  q, k = (t.float().numpy().astype(np.float64) for t in (tq, tk))
+  bound = problem.variable.bind(5)
+  item = single_kernel(tq[:, :bound] @ tk[:bound].T)
+  kernel = heuristic_kernel(item, CUDARenderer(TENSOR_CORE_ARCH))
+  assert kernel.tensor_core is not None and [o.op for o in kernel.applied_opts[:2]] == [OptOps.PADTO, OptOps.PADTO]
+  src = kernel.renderer.render("kernel", linearize(kernel))
+  inputs, (global_size, local_size) = input_arrays(item), kernel.launch_dims()
+  for value in (1, 7, 17, 100):
+    out = poisoned_output(item)
+    run_on_cpu(src, "kernel", tuple(evaluate(g, {"n": value}) for g in global_size), local_size, [out, *inputs],
+               [value])
+    ref = (q[:, :value] @ k[:value].T).reshape(-1)
+    assert np.all(out.view(np.uint16)[ref.size:] == POISON_BITS), f"at {value}: a padded score was stored"
+    np.testing.assert_allclose(out[:ref.size].astype(np.float64), ref, rtol=2.0 ** -10, atol=2.0 ** -10 * 16)
+
 def test_tensor_cores_refuse_a_symbolic_reduce():
   """The keys of a prefill's p·v are its reduce: symbolic K has no tensor core (and PADTO pads no symbolic reduce)."""
   n = Variable("n", 1, BOUND)

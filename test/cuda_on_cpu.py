@@ -1,11 +1,18 @@
 """Run a rendered CUDA kernel on the CPU, without a GPU: a test helper for what only a GPU could otherwise check (the
-values of kernels with thread blocks, shared memory and barriers: GROUP combines, guarded LOCAL and GROUP splits).
+values of kernels with thread blocks, shared memory and barriers: GROUP combines, guarded LOCAL and GROUP splits;
+tensor-core kernels).
 
 The CUDA C source is compiled as C++20 by g++ with a small header that stands in for the CUDA built-ins: each thread
 of a block is an OS thread (threadIdx is thread-local), `__shared__` arrays are static (one copy, and the blocks run
-one after another), `__syncthreads()` is a std::barrier of the block's threads, float2/float4 are plain structs. Only
-float32 kernels without inline PTX qualify: render them for sm_75 (no max.NaN asm, no tensor cores, no cp.async).
-`run_on_cpu(source, name, global_size, local_size, buffers, variables)` launches it once; the buffers are numpy
+one after another), `__syncthreads()` is a std::barrier of the block's threads, float2/float4/ushort4/... are plain
+structs. Render float32 kernels for sm_75 (CPU_ARCH: no inline PTX). Half, bfloat16 and tensor-core kernels render for
+sm_80 (TENSOR_CORE_ARCH) with a few PTX instructions, which `emulable` rewrites into calls of C++ stand-ins written
+from the PTX ISA's definitions (not from the renderer's tables, so they check them): cvt between f16 and f32/f64
+(_Float16, round to nearest even), max.NaN.f32, and mma.sync m16n8k16 (f16, bf16) and m16n8k8 (tf32) with f32
+accumulators. An mma is a warp's: each lane puts its A and B registers in a block-wide exchange, the block waits at
+its barrier, each lane computes its own C elements from its warp's registers, and waits again (so every thread of the
+block must reach each mma, as the tensor-core kernels' uniform loops do). Staged kernels (cp.async, ldmatrix) don't
+run. `run_on_cpu(source, name, global_size, local_size, buffers, variables)` launches it once; the buffers are numpy
 arrays, written in place.
 """
 from __future__ import annotations
@@ -13,6 +20,7 @@ import ctypes, hashlib, os, re, shutil, subprocess, tempfile
 import numpy as np
 
 CPU_ARCH = "sm_75"   # the arch to render for: its kernels use no inline PTX for float32
+TENSOR_CORE_ARCH = "sm_80"   # the oldest arch with the tensor cores the renderer uses (mma.sync, emulated)
 COMPILER = shutil.which("g++")
 
 HEADER = r"""
@@ -41,7 +49,100 @@ static inline float __uint_as_float(unsigned int u) { float f; std::memcpy(&f, &
 static inline float __int_as_float(int u) { float f; std::memcpy(&f, &u, 4); return f; }
 static inline unsigned int __float_as_uint(float f) { unsigned int u; std::memcpy(&u, &f, 4); return u; }
 static inline double __longlong_as_double(long long u) { double f; std::memcpy(&f, &u, 8); return f; }
+struct ushort2 { unsigned short x, y; };
+struct ushort4 { unsigned short x, y, z, w; };
+struct uint2 { unsigned int x, y; };
+struct uint4 { unsigned int x, y, z, w; };
+static inline ushort2 make_ushort2(unsigned short x, unsigned short y) { return {x, y}; }
+static inline ushort4 make_ushort4(unsigned short x, unsigned short y, unsigned short z, unsigned short w) {
+  return {x, y, z, w};
+}
+static inline uint2 make_uint2(unsigned int x, unsigned int y) { return {x, y}; }
+static inline uint4 make_uint4(unsigned int x, unsigned int y, unsigned int z, unsigned int w) { return {x, y, z, w}; }
+
+// ---- PTX stand-ins (see the module docstring)
+static inline float emu_f16_to_f32(unsigned short h) { _Float16 x; std::memcpy(&x, &h, 2); return (float)x; }
+static inline unsigned short emu_bits(_Float16 x) { unsigned short h; std::memcpy(&h, &x, 2); return h; }
+static inline unsigned short emu_f32_to_f16(float f) { return emu_bits((_Float16)f); }   // round to nearest even
+static inline unsigned short emu_f64_to_f16(double d) { return emu_bits((_Float16)d); }
+static inline float emu_bf16_to_f32(unsigned short b) { return __uint_as_float(((unsigned int)b) << 16); }
+static inline float emu_max_nan(float a, float b) { return (a != a || b != b) ? NAN : (a > b ? a : b); }
+static thread_local unsigned int emu_thread;          // the thread's linear id in its block
+static unsigned int emu_registers[1024][6];           // each thread's A (4) and B (2) registers at an mma
+static inline float emu_half_of(unsigned int reg, int k, bool bf16) {   // element k % 2 of a packed pair
+  unsigned short bits = (unsigned short)(reg >> (16 * (k % 2)));
+  return bf16 ? emu_bf16_to_f32(bits) : emu_f16_to_f32(bits);
+}
+// mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16}: PTX ISA "Matrix Fragments for mma.m16n8k16 with floating point
+// type", groupID = lane >> 2, threadID_in_group = lane % 4. A[row][k]: lane (row % 8)·4 + (k % 8)/2, register
+// (row >= 8) + 2·(k >= 8), half k % 2. B[k][col]: lane col·4 + (k % 8)/2, register k >= 8, half k % 2.
+// C[row][col]: lane (row % 8)·4 + col/2, element 2·(row >= 8) + col % 2.
+static void emu_mma_k16(float& d0, float& d1, float& d2, float& d3, unsigned int a0, unsigned int a1,
+                        unsigned int a2, unsigned int a3, unsigned int b0, unsigned int b1, bool bf16) {
+  unsigned int* mine = emu_registers[emu_thread];
+  mine[0] = a0; mine[1] = a1; mine[2] = a2; mine[3] = a3; mine[4] = b0; mine[5] = b1;
+  block_barrier->arrive_and_wait();
+  unsigned int warp = emu_thread & ~31u, lane = emu_thread & 31u;
+  float* d[4] = {&d0, &d1, &d2, &d3};
+  for (int e = 0; e < 4; e++) {
+    int row = (int)(lane >> 2) + 8 * (e >= 2), col = 2 * (int)(lane & 3) + e % 2;
+    double sum = 0;
+    for (int k = 0; k < 16; k++) {
+      unsigned int* a = emu_registers[warp + (row % 8) * 4 + (k % 8) / 2];
+      unsigned int* b = emu_registers[warp + col * 4 + (k % 8) / 2];
+      sum += (double)emu_half_of(a[(row >= 8) + 2 * (k >= 8)], k, bf16) * emu_half_of(b[4 + (k >= 8)], k, bf16);
+    }
+    *d[e] = (float)(sum + (double)*d[e]);
+  }
+  block_barrier->arrive_and_wait();
+}
+// mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32: A[row][k]: lane (row % 8)·4 + k % 4, register (row >= 8) +
+// 2·(k >= 4); B[k][col]: lane col·4 + k % 4, register k >= 4; C as m16n8k16. The core reads the TF32 part of each
+// float (its low 13 bits dropped).
+static void emu_mma_tf32(float& d0, float& d1, float& d2, float& d3, unsigned int a0, unsigned int a1,
+                         unsigned int a2, unsigned int a3, unsigned int b0, unsigned int b1) {
+  unsigned int* mine = emu_registers[emu_thread];
+  mine[0] = a0; mine[1] = a1; mine[2] = a2; mine[3] = a3; mine[4] = b0; mine[5] = b1;
+  block_barrier->arrive_and_wait();
+  unsigned int warp = emu_thread & ~31u, lane = emu_thread & 31u;
+  float* d[4] = {&d0, &d1, &d2, &d3};
+  for (int e = 0; e < 4; e++) {
+    int row = (int)(lane >> 2) + 8 * (e >= 2), col = 2 * (int)(lane & 3) + e % 2;
+    double sum = 0;
+    for (int k = 0; k < 8; k++) {
+      unsigned int a = emu_registers[warp + (row % 8) * 4 + k % 4][(row >= 8) + 2 * (k >= 4)];
+      unsigned int b = emu_registers[warp + col * 4 + k % 4][4 + (k >= 4)];
+      sum += (double)__uint_as_float(a & 0xFFFFE000u) * __uint_as_float(b & 0xFFFFE000u);
+    }
+    *d[e] = (float)(sum + (double)*d[e]);
+  }
+  block_barrier->arrive_and_wait();
+}
 """
+
+MMA_OPERANDS = ", ".join(f"{{{i}}}" for i in range(10))   # D (4 floats), A (4 registers), B (2)
+# inline PTX the header stands in for: instruction → a C++ statement over the asm's operands (outputs first)
+PTX_STAND_INS = {
+  "cvt.f32.f16 %0, %1;": "{0} = emu_f16_to_f32({1});",
+  "cvt.rn.f16.f32 %0, %1;": "{0} = emu_f32_to_f16({1});",
+  "cvt.rn.f16.f64 %0, %1;": "{0} = emu_f64_to_f16({1});",
+  "max.NaN.f32 %0, %1, %2;": "{0} = emu_max_nan({1}, {2});",
+  "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32": "emu_mma_k16(" + MMA_OPERANDS + ", false);",
+  "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32": "emu_mma_k16(" + MMA_OPERANDS + ", true);",
+  "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32": "emu_mma_tf32(" + MMA_OPERANDS + ");",
+}
+ASM = re.compile(r'asm(?: volatile)?\("([^"]*)"\s*:(.*?):(.*?)\);')
+OPERAND = re.compile(r'"[=+]?\w"\(((?:[^()]|\([^()]*\))*)\)')
+
+def emulable(source: str) -> str:
+  """The source with each inline PTX statement replaced by its stand-in's call (PTX_STAND_INS); an instruction without
+  one raises NotImplementedError."""
+  def replace(match: re.Match) -> str:
+    text, outputs, inputs = match.groups()
+    stand_in = next((call for instruction, call in PTX_STAND_INS.items() if text.startswith(instruction)), None)
+    if stand_in is None: raise NotImplementedError(f"no CPU stand-in for the PTX {text!r}")
+    return stand_in.format(*OPERAND.findall(outputs), *OPERAND.findall(inputs))
+  return ASM.sub(replace, source)
 
 LAUNCHER = r"""
 extern "C" void launch(void** buffers, long long* variables, const unsigned int* grid, const unsigned int* block) {
@@ -51,6 +152,7 @@ extern "C" void launch(void** buffers, long long* variables, const unsigned int*
   std::vector<std::thread> pool;
   for (unsigned int t = 0; t < threads; t++) pool.emplace_back([=, &barrier] {
     threadIdx = {t % block[0], (t / block[0]) % block[1], t / (block[0] * block[1])};
+    emu_thread = t;
     for (unsigned int z = 0; z < grid[2]; z++) for (unsigned int y = 0; y < grid[1]; y++)
       for (unsigned int x = 0; x < grid[0]; x++) {
         blockIdx = {x, y, z};
@@ -82,7 +184,7 @@ def _compile(source: str, name: str) -> ctypes.CDLL:
     else:
       call_args.append(f"variables[{variable_count}]")
       variable_count += 1
-  program = HEADER + source + LAUNCHER.replace("CALL", f"{name}({', '.join(call_args)})")
+  program = HEADER + emulable(source) + LAUNCHER.replace("CALL", f"{name}({', '.join(call_args)})")
   key = hashlib.sha256(program.encode()).hexdigest()[:24]
   if key in _loaded: return _loaded[key]
   folder = tempfile.mkdtemp(prefix="tgrad-cuda-on-cpu-")

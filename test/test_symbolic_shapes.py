@@ -250,16 +250,24 @@ def test_opt_legality_from_the_bounds(data):
   kernel = _kernel((tx[:ROWS.bind(5)] * 2).contiguous().lazydata, CUDARenderer())
   axis = next(a for a, s in enumerate(kernel.full_shape) if isinstance(s, UOp))
   kernel.copy().apply_opt(Opt(OptOps.UPCAST, axis, 2))
-  for opt in (Opt(OptOps.UPCAST, axis, 3), Opt(OptOps.PADTO, axis, 32), Opt(OptOps.THREAD, axis, 2)):
-    with pytest.raises(KernelOptError, match="symbolic"): kernel.copy().apply_opt(opt)
+  with pytest.raises(KernelOptError, match="symbolic"): kernel.copy().apply_opt(Opt(OptOps.THREAD, axis, 2))
   guarded = kernel.copy()
   guarded.apply_opt(Opt(OptOps.LOCAL, axis, 3))   # with a guard: padded to ceil(rows*8/3)*3, masked
   global_size, local_size = guarded.launch_dims()
   assert local_size == (3,) and evaluate(global_size[0], {"rows": 5}) == 14
+  upcast = kernel.copy()
+  upcast.apply_opt(Opt(OptOps.UPCAST, axis, 3))   # a guarded upcast: the same padding, 3 replicas per thread
+  assert upcast.full_shape[-1] == 3 and evaluate(upcast.full_shape[axis], {"rows": 5}) == 14
+  padded = kernel.copy()
+  padded.apply_opt(Opt(OptOps.PADTO, axis, 32))   # PADTO of a symbolic global axis: the guard alone
+  assert evaluate(padded.full_shape[axis], {"rows": 5}) == 64
+  padded.apply_opt(Opt(OptOps.UPCAST, axis, 4))   # which 4 now divides
+  assert padded.upcasted == 1 and evaluate(padded.full_shape[axis], {"rows": 5}) == 16
   # a reduce over rows: no unroll by what doesn't divide it; a sum groups with a guard (its padding adds 0), a max
   # with a padding guard too (its padding reads the max's identity, -inf)
   total = _kernel(tx[:ROWS.bind(5)].sum(0).lazydata, CUDARenderer())
   with pytest.raises(KernelOptError, match="symbolic"): total.copy().apply_opt(Opt(OptOps.UNROLL, 0, 2))
+  with pytest.raises(KernelOptError, match="symbolic"): total.copy().apply_opt(Opt(OptOps.PADTO, total.first_reduce, 8))
   grouped = total.copy()
   grouped.apply_opt(Opt(OptOps.GROUP, 0, 4))
   assert grouped.padding_guards == ()
@@ -276,7 +284,8 @@ def _indexed_at(st: ShapeTracker, position: tuple, env: dict) -> tuple[int, bool
   at = {i: UOp.const(dtypes.index, p) for i, p in zip(idxs, position)}
   return evaluate(index.substitute(at), env), bool(evaluate(valid.substitute(at), env))
 
-@pytest.mark.parametrize("opt", [Opt(OptOps.LOCAL, 0, 3), Opt(OptOps.LOCAL, 0, 16)], ids=str)
+@pytest.mark.parametrize("opt", [Opt(OptOps.LOCAL, 0, 3), Opt(OptOps.LOCAL, 0, 16), Opt(OptOps.UPCAST, 0, 3),
+                                 Opt(OptOps.UPCAST, 0, 16)], ids=str)
 def test_guarded_local_masks_the_padding_at_every_value(opt, data):
   _, _, tx, _ = data
   kernel = _kernel((tx[:ROWS.bind(5)] * 2).contiguous().lazydata, CUDARenderer())

@@ -23,7 +23,7 @@ from tgrad.ops import Ops
 from tgrad.runtime.nvrtc import compile_cuda, nvrtc_available
 from tgrad.schedule import ScheduleItem, create_schedule
 from tgrad.shape.sint import evaluate
-from cuda_on_cpu import CPU_ARCH, cpu_available, run_on_cpu
+from cuda_on_cpu import CPU_ARCH, TENSOR_CORE_ARCH, cpu_available, run_on_cpu
 
 needs_nvrtc = pytest.mark.skipif(not nvrtc_available(), reason="libnvrtc not found (pip install nvidia-cuda-nvrtc)")
 needs_cpu_compiler = pytest.mark.skipif(not cpu_available(), reason="g++ not found")
@@ -55,12 +55,14 @@ class Problem:
   def item(self, value: int = 5) -> ScheduleItem: return single_kernel(self.build(self.variable.bind(value)))
 
 class Matmul(Problem):
-  """y = x[:n] · Wᵀ (a prefill projection: n the prompt length, W[N, K] as gemma3's Linear)."""
-  def __init__(self, columns: int, depth: int, seed: int = 0):
+  """y = x[:n] · Wᵀ (a prefill projection: n the prompt length, W[N, K] as gemma3's Linear), in float32 or a half
+  type (the inputs rounded to it; the reference multiplies the rounded values in float64)."""
+  def __init__(self, columns: int, depth: int, seed: int = 0, dtype=dtypes.float32):
     super().__init__(seed)
-    self.x = self.rng.standard_normal((BOUND, depth), dtype=np.float32)
-    self.w = (self.rng.standard_normal((columns, depth), dtype=np.float32) / math.sqrt(depth)).astype(np.float32)
-    self.tx, self.tw = Tensor(self.x, device="LLVM").realize(), Tensor(self.w, device="LLVM").realize()
+    x = self.rng.standard_normal((BOUND, depth), dtype=np.float32)
+    w = (self.rng.standard_normal((columns, depth), dtype=np.float32) / math.sqrt(depth)).astype(np.float32)
+    self.tx, self.tw = (Tensor(a, device="LLVM").cast(dtype).realize() for a in (x, w))
+    self.x, self.w = (t.float().numpy() for t in (self.tx, self.tw))
   def build(self, bound) -> Tensor: return self.tx[:bound] @ self.tw.T
   def reference(self, value: int) -> np.ndarray:
     return (self.x[:value].astype(np.float64) @ self.w.T.astype(np.float64)).reshape(-1)
@@ -137,21 +139,28 @@ class PrefillScores(Problem):
 
 # ---- the opts chosen on the CUDA renderer for gemma-3-270m's shapes, compiled by NVRTC
 
+# a prefill matmul's register tile, as a concrete matmul's: 4 columns (float4 loads of x and W along K, stores along
+# N) × 4 prompt rows, the rows padded once to the block's 64 (PADTO: each replica tests row < n), K unrolled by 4,
+# 16×16 threads
+PREFILL_MATMUL_OPTS = opts_of(("PADTO", 0, 64), ("UPCAST", 1, 4), ("UPCAST", 0, 4), ("UNROLL", 0, 4), ("LOCAL", 0, 16),
+                              ("LOCAL", 1, 16))
+# half: the rows padded to 4 row tiles of 16, 8 column tiles spread before TC (adjacent columns per lane), TC, 4 row
+# tiles: one warp of 64×64 outputs, as a concrete half matmul whose rows are the tiles' rows
+PREFILL_TC_OPTS = opts_of(("PADTO", 0, 64), ("UPCAST", 1, 8), ("TC", 0, 0), ("UPCAST", 0, 4))
+
 GEMMA_CHOICES = {
-  # gate and up (N = 2·2048, K = 640): columns upcast by 4 and K unrolled by 4 (float4 loads of x and W), 16×16
-  # threads with the prompt rows guarded
-  "gate_up": (lambda: Matmul(4096, 640),
-              opts_of(("UPCAST", 1, 4), ("UNROLL", 0, 4), ("LOCAL", 0, 16), ("LOCAL", 1, 16))),
-  "down": (lambda: Matmul(640, 2048),
-           opts_of(("UPCAST", 1, 4), ("UNROLL", 0, 4), ("LOCAL", 0, 16), ("LOCAL", 1, 16))),
+  "gate_up": (lambda: Matmul(4096, 640), PREFILL_MATMUL_OPTS),   # N = 2·2048, K = 640
+  "down": (lambda: Matmul(640, 2048), PREFILL_MATMUL_OPTS),
   # 4 head-dim outputs per block (16 bytes of each value row), 64 threads over the filled slots: 256 blocks
   "decode_attention": (DecodeAttention, opts_of(("LOCAL", 1, 4), ("GROUP", 0, 64))),
   # a block per key: its 64 threads read the key row once (float4s) for all 4 heads (UPCAST whole)
   "decode_scores": (DecodeScores, opts_of(("UPCAST", 0, 0), ("UNROLL", 0, 4), ("GROUP", 0, 64))),
   "softmax_rows": (SoftmaxRows, opts_of(("GROUP", 0, 64))),
-  # the 4 heads share each key load (UPCAST 4), the head dim unrolled by 4, 16×16 threads over queries and keys
+  # 4 keys × 4 queries per thread (both symbolic: padded to 64 and upcast with the guard), the head dim unrolled by 4,
+  # 16×16 threads over queries and keys
   "prefill_scores": (PrefillScores,
-                     opts_of(("UPCAST", 0, 4), ("UNROLL", 0, 4), ("LOCAL", 1, 16), ("LOCAL", 2, 16))),
+                     opts_of(("PADTO", 2, 64), ("PADTO", 1, 64), ("UPCAST", 2, 4), ("UPCAST", 1, 4), ("UNROLL", 0, 4),
+                             ("LOCAL", 1, 16), ("LOCAL", 2, 16))),
 }
 
 @needs_nvrtc
@@ -268,6 +277,190 @@ def test_gpu_gemma_shaped_kernels_match_numpy(name):
     out = Buffer("CUDA", item.bufs[0].size, item.bufs[0].dtype).copyin(np.full(item.bufs[0].size, np.nan, np.float32))
     runner([out, *inputs], var_vals={problem.variable_name: value})
     check(out.copyout(), problem.reference(value), value)
+
+# ---- Gemma's prefill matmuls: the prompt rows symbolic, tiled with a guard (float32) or on tensor cores (half)
+
+PREFILL_MATMULS = {"qkv": (1536, 640), "o_proj": (640, 1024), "gate_up": (4096, 640), "down": (640, 2048)}   # (N, K)
+PREFILL_OPTS = {dtypes.float32: PREFILL_MATMUL_OPTS, dtypes.float16: PREFILL_TC_OPTS}
+PREFILL_ROWS_PER_THREAD = {dtypes.float32: 4, dtypes.float16: 8}   # a 4-row tile; 4 row tiles × a lane's 2 rows
+GUARDED_LENGTHS = (1, 7, 16, 17, 100, 520)   # prompt lengths: below, at and just past a tile and a block
+POISON_BITS = 0xFFFF   # a NaN as float16 and as bfloat16 (outputs are filled with it: what no kernel writes)
+
+def code_lines(src: str) -> list[str]: return [line.strip() for line in src.splitlines()]
+
+@needs_nvrtc
+@pytest.mark.parametrize("dtype", [dtypes.float32, dtypes.float16], ids=str)
+@pytest.mark.parametrize("name", PREFILL_MATMULS)
+def test_gemma_prefill_matmul_opts(name, dtype):
+  """Gemma's four prefill projections get the concrete matmul's register tile (float32: 4×4 per thread, 16×16
+  threads) or tensor cores (float16), the prompt rows guarded: NVRTC compiles them; every load of x (data1) is masked
+  and every store gated, by one test per row of the thread's tile (each upcast replica its own row < n); W's loads
+  (data2) are not masked (a padded row reads the first row's W: each load is shared by the thread's rows)."""
+  kernel = heuristic_kernel(Matmul(*PREFILL_MATMULS[name], dtype=dtype).item(), CUDARenderer())
+  assert kernel.applied_opts == PREFILL_OPTS[dtype]
+  src = kernel.renderer.render(name, linearize(kernel))
+  assert compile_cuda(src, ARCH)[:4] == b"\x7fELF"
+  lines = code_lines(src)
+  x_loads, w_loads = [x for x in lines if "(data1 + " in x], [x for x in lines if "(data2 + " in x]
+  stores = [x for x in lines if re.search(r"data0\[|\(data0 \+", x)]
+  assert x_loads and all(re.search(r"\((alu\d+) \? \*", x) for x in x_loads), x_loads
+  assert w_loads and not any("?" in x for x in w_loads), w_loads
+  gates = {re.match(r"if \((alu\d+)\)", x).group(1) for x in stores if x.startswith("if (")}
+  assert len(stores) >= len(gates) == PREFILL_ROWS_PER_THREAD[dtype] and all(x.startswith("if (") for x in stores)
+  assert {re.search(r"\((alu\d+) \? \*", x).group(1) for x in x_loads} == gates   # the same row tests
+
+def float64_values(out: np.ndarray, dtype) -> np.ndarray:
+  """An output buffer's values (bfloat16 is its raw bits in uint16)."""
+  if dtype == dtypes.bfloat16: return (out.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+  return out.astype(np.float64)
+
+def poisoned_output(item: ScheduleItem) -> np.ndarray:
+  return np.full(item.bufs[0].size * item.bufs[0].dtype.itemsize, 0xFF, np.uint8).view(item.bufs[0].dtype.np)
+
+def check_rows(out: np.ndarray, problem: Matmul, value: int, dtype) -> None:
+  """Rows < value match numpy (to the output's rounding); every element from row `value` on is still the poison:
+  a padded row's replica stored nothing."""
+  ref = problem.reference(value)
+  assert np.all(out.view(np.uint8)[ref.size * out.itemsize:] == 0xFF), f"at {value}: a padded row was stored"
+  eps = {dtypes.float32: RTOL, dtypes.float16: 2.0 ** -10, dtypes.bfloat16: 2.0 ** -7}[dtype]
+  got, tol = float64_values(out[:ref.size], dtype), eps * (np.abs(ref) + np.sqrt(np.mean(ref ** 2)))
+  assert np.all(np.abs(got - ref) <= tol), f"at {value}: max err/tol {np.max(np.abs(got - ref) / tol)}"
+
+def emulated_rows(kernel: Kernel, item: ScheduleItem, problem: Matmul, dtype) -> None:
+  """Run the kernel on the CPU at every GUARDED_LENGTHS value and check its rows (check_rows)."""
+  src = kernel.renderer.render("kernel", linearize(kernel))
+  inputs, (global_size, local_size) = input_arrays(item), kernel.launch_dims()
+  for value in GUARDED_LENGTHS:
+    out = poisoned_output(item)
+    run_on_cpu(src, "kernel", tuple(evaluate(g, {"n": value}) for g in global_size), local_size, [out, *inputs],
+               [value])
+    check_rows(out, problem, value, dtype)
+
+# guarded UPCASTs of the rows axis, alone or with other guards; None: the heuristics' choice
+GUARDED_UPCASTS = {
+  "heuristic": None,
+  "upcast_then_local": opts_of(("UPCAST", 0, 4), ("UPCAST", 1, 4), ("UNROLL", 0, 4), ("LOCAL", 0, 8), ("LOCAL", 1, 8)),
+  "local_then_upcast": opts_of(("LOCAL", 0, 16), ("UPCAST", 0, 4), ("LOCAL", 1, 4)),
+  "upcast3_twice": opts_of(("UPCAST", 0, 3), ("UPCAST", 0, 2), ("LOCAL", 1, 16)),
+  "padto_upcast": opts_of(("PADTO", 0, 32), ("UPCAST", 0, 8), ("LOCAL", 0, 4)),
+}
+
+def guarded_kernel(item: ScheduleItem, renderer, opts) -> Kernel:
+  if opts is None: return heuristic_kernel(item, renderer)
+  kernel = Kernel(item.ast, renderer)
+  for opt in opts: kernel.apply_opt(opt)
+  return kernel
+
+@needs_cpu_compiler
+@pytest.mark.parametrize("opts", GUARDED_UPCASTS)
+def test_guarded_upcast_values_on_cpu(opts):
+  """A prefill-shaped float32 matmul whose symbolic rows are upcast with a guard, run on the CPU at 1..520 rows
+  against numpy, on a poisoned output: the rows < n are right and nothing past them is written (at n = 17 the last
+  tile of 4 rows has 3 padded replicas)."""
+  problem = Matmul(96, 64)
+  item = problem.item()
+  kernel = guarded_kernel(item, CUDARenderer(CPU_ARCH), GUARDED_UPCASTS[opts])
+  assert any(o.op is OptOps.UPCAST and o.axis == 0 for o in kernel.applied_opts), kernel.applied_opts
+  emulated_rows(kernel, item, problem, dtypes.float32)
+
+@pytest.mark.parametrize("opts", ["upcast", "upcast_unroll", "padto_upcast"])
+def test_guarded_upcast_values_on_llvm(opts):
+  """The same guarded upcasts on LLVM (no threads: the padded rows are loop iterations), poisoned outputs."""
+  problem = Matmul(96, 64)
+  item = problem.item()
+  spec = {"upcast": opts_of(("UPCAST", 0, 4)), "upcast_unroll": opts_of(("UPCAST", 0, 4), ("UPCAST", 1, 4),
+                                                                        ("UNROLL", 0, 4)),
+          "padto_upcast": opts_of(("PADTO", 0, 16), ("UPCAST", 0, 4), ("UPCAST", 0, 2))}[opts]
+  runner = compile_kernel("LLVM", guarded_kernel(item, Device["LLVM"].renderer, spec))
+  for value in GUARDED_LENGTHS:
+    out = Buffer("LLVM", item.bufs[0].size, item.bufs[0].dtype).copyin(poisoned_output(item))
+    runner([out, *item.inputs], var_vals={"n": value})
+    check_rows(out.copyout(), problem, value, dtypes.float32)
+
+@needs_cpu_compiler
+@pytest.mark.parametrize("opts", ["heuristic", "tc_alone", "tc_local"])
+@pytest.mark.parametrize("dtype", [dtypes.float16, dtypes.bfloat16], ids=str)
+def test_symbolic_tensor_core_values_on_cpu(dtype, opts):
+  """A half matmul whose symbolic rows feed a tensor core (padded: masked fragment loads, gated stores), its mma.sync
+  emulated on the CPU (test/cuda_on_cpu.py), at 1..520 rows against numpy on a poisoned output."""
+  problem = Matmul(96, 64, dtype=dtype)
+  item = problem.item()
+  spec = {"heuristic": None, "tc_alone": opts_of(("TC", 0, 0)),
+          "tc_local": opts_of(("TC", 0, 0), ("UPCAST", 0, 2), ("LOCAL", 0, 2), ("LOCAL", 1, 3))}[opts]
+  kernel = guarded_kernel(item, CUDARenderer(TENSOR_CORE_ARCH), spec)
+  assert kernel.tensor_core is not None
+  emulated_rows(kernel, item, problem, dtype)
+
+@needs_cpu_compiler
+def test_symbolic_tf32_tensor_core_values_on_cpu():
+  """A float32 matmul whose inputs the graph rounds to TF32 (m16n8k8 core), its symbolic rows padded, emulated at
+  1..520 rows against numpy on the rounded inputs (to nearest, ties away: dtype.TF32_*), poisoned outputs."""
+  from tgrad.dtype import TF32_KEEP_MASK, TF32_ROUNDING_BIAS
+  from tgrad.tensor_ops.composite import round_to_tf32
+  problem = Matmul(96, 64)
+  item = single_kernel(round_to_tf32(problem.tx[:problem.variable.bind(5)]) @ round_to_tf32(problem.tw).T)
+  kernel = Kernel(item.ast, CUDARenderer(TENSOR_CORE_ARCH))
+  kernel.apply_opt(Opt(OptOps.TC, 0, 0))
+  assert kernel.tensor_core is not None and kernel.tensor_core.core.tf32
+  def rounded(a: np.ndarray) -> np.ndarray:
+    bits = a.astype(np.float32).view(np.uint32)
+    return ((bits + np.uint32(TF32_ROUNDING_BIAS)) & np.uint32(TF32_KEEP_MASK)).view(np.float32)
+  problem.x, problem.w = rounded(problem.x), rounded(problem.w)   # the reference multiplies the rounded values
+  emulated_rows(kernel, item, problem, dtypes.float32)
+
+@needs_cpu_compiler
+def test_half_prefill_scores_tensor_cores_on_cpu():
+  """q·kᵀ of a half prefill: rows (queries) and columns (keys) both symbolic, both padded to the warp's tiles; the
+  heuristics' tensor-core kernel emulated at several lengths against numpy, nothing written past the n×n scores."""
+  problem = PrefillScores()
+  tq, tk = problem.tq.cast(dtypes.float16).realize(), problem.tk.cast(dtypes.float16).realize()
+  q, k = (t.float().numpy().astype(np.float64) for t in (tq, tk))
+  bound = problem.variable.bind(5)
+  item = single_kernel(tq[:, :bound] @ tk[:bound].T)
+  kernel = heuristic_kernel(item, CUDARenderer(TENSOR_CORE_ARCH))
+  assert kernel.tensor_core is not None and [o.op for o in kernel.applied_opts[:2]] == [OptOps.PADTO, OptOps.PADTO]
+  src = kernel.renderer.render("kernel", linearize(kernel))
+  inputs, (global_size, local_size) = input_arrays(item), kernel.launch_dims()
+  for value in (1, 7, 17, 100):
+    out = poisoned_output(item)
+    run_on_cpu(src, "kernel", tuple(evaluate(g, {"n": value}) for g in global_size), local_size, [out, *inputs],
+               [value])
+    ref = (q[:, :value] @ k[:value].T).reshape(-1)
+    assert np.all(out.view(np.uint16)[ref.size:] == POISON_BITS), f"at {value}: a padded score was stored"
+    np.testing.assert_allclose(out[:ref.size].astype(np.float64), ref, rtol=2.0 ** -10, atol=2.0 ** -10 * 16)
+
+def test_tensor_cores_refuse_a_symbolic_reduce():
+  """The keys of a prefill's p·v are its reduce: symbolic K has no tensor core (and PADTO pads no symbolic reduce)."""
+  n = Variable("n", 1, BOUND)
+  p, v = Tensor.empty(BOUND, BOUND, dtype=dtypes.float16), Tensor.empty(BOUND, 64, dtype=dtypes.float16)
+  kernel = Kernel(single_kernel(p[:n.bind(5), :n.bind(5)] @ v[:n.bind(5)]).ast, CUDARenderer())
+  for opt in opts_of(("TC", 0, 0), ("PADTO", kernel.first_reduce, 16)):
+    with pytest.raises(KernelOptError): kernel.apply_opt(opt)
+
+def test_rounded_up_size_is_at_least_its_size():
+  """ceil(n/64)·64 >= n for every n (what a guard's padding needs), which the bounds of the difference can't show."""
+  from tgrad.shape.sint import ceil_div, canonical, definitely_le, smin
+  n = Variable("n", 1, 4096)
+  padded = canonical(ceil_div(n, 64) * 64)
+  assert definitely_le(n, padded) and not definitely_le(padded, n) and not definitely_le(n + 1, padded)
+  assert definitely_le(n, canonical(ceil_div(canonical(ceil_div(n, 4) * 4), 16) * 16))   # a guard of a guard
+  assert smin(n, padded) is n   # a mask bound clamped to the padded size stays n
+  assert all(v <= (v + 63) // 64 * 64 for v in range(1, 4097))
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [dtypes.float32, dtypes.float16, dtypes.bfloat16], ids=str)
+@pytest.mark.parametrize("name", PREFILL_MATMULS)
+def test_gpu_prefill_matmuls_match_numpy(name, dtype):
+  """Gemma's prefill projections with the heuristics' guarded tiles (float32) or tensor cores (half) on CUDA at
+  1..520 prompt rows against numpy, on poisoned outputs (nothing past row n is written)."""
+  problem = Matmul(*PREFILL_MATMULS[name], dtype=dtype)
+  item = problem.item()
+  runner = compile_kernel("CUDA", heuristic_kernel(item, Device["CUDA"].renderer))
+  inputs = [Buffer("CUDA", b.size, b.dtype).copyin(a) for b, a in zip(item.inputs, input_arrays(item))]
+  for value in GUARDED_LENGTHS:
+    out = Buffer("CUDA", item.bufs[0].size, item.bufs[0].dtype).copyin(poisoned_output(item))
+    runner([out, *inputs], var_vals={"n": value})
+    check_rows(out.copyout(), problem, value, dtype)
 
 # ---- guarded GROUPs of every kind of reduce over a symbolic axis, run on the CPU
 

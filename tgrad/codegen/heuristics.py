@@ -16,7 +16,7 @@ from tgrad.codegen.kernel import Kernel, KernelOptError, Opt, OptOps
 from tgrad.codegen.staging import stageable_loads
 from tgrad.ops import Ops
 from tgrad.helpers import cpu_count, prod
-from tgrad.shape.sint import canonical, sint, vmax_of
+from tgrad.shape.sint import divides, sint, vmax_of
 
 # CPU: an AVX-512 register holds 16 float32; an 8×16 tile of accumulators uses 8 of the 32 vector registers and
 # reuses each loaded B vector 8 times (measured on Zen 5, 1024² matmul: 4×16 → 64, 8×16 → 126 GFLOP/s per core).
@@ -132,15 +132,11 @@ GPU_UNROLL = 4                  # unroll a reduce loop that is contiguous in som
 def _output_stride(kernel: Kernel, axis: int):
   return kernel.sts[0].real_strides()[axis]
 
-def _divides(size: sint, amount: int) -> bool:
-  """Whether `amount` divides `size` for every value of its variables (n*64 by 4, not n by 4)."""
-  return canonical(size % amount) == 0
-
 def _divisor_at_most(size: sint, limit: int) -> int:
   """The largest divisor of size that is <= limit (1 if none is bigger); of a symbolic size, the largest that divides it
   for every value of its variables (4 of n*4, 1 of n)."""
   if isinstance(size, int): return max(d for d in range(1, min(size, limit) + 1) if size % d == 0)
-  return max(d for d in range(1, min(vmax_of(size), limit) + 1) if _divides(size, d))
+  return max(d for d in range(1, min(vmax_of(size), limit) + 1) if divides(d, size))
 
 def _thread_split(size: sint, limit: int) -> int:
   """Threads to spread an axis over (LOCAL, GROUP), at most `limit`: a known size's largest divisor; a symbolic size's
@@ -183,21 +179,30 @@ def _gpu_upcast(kernel: Kernel) -> int:
   Returns the threads per output axis that suit the tile (see _gpu_locals)."""
   if not kernel.reduceops:
     axis = next((a for a in reversed(range(kernel.global_dims)) if _output_stride(kernel, a) == 1), None)
-    if axis is not None and _divides(kernel.full_shape[axis], GPU_UPCAST):
+    if axis is not None and divides(GPU_UPCAST, kernel.full_shape[axis]):
       try_opt(kernel, Opt(OptOps.UPCAST, axis, GPU_UPCAST))
     return GPU_TILE_THREADS
   # a symbolic kernel never takes big tiles: its sizes at the bound overstate the usual work (a 520-token prefill in a
-  # 4096-position cache), and a tile of a symbolic axis would need a guarded upcast
+  # 4096-position cache)
   big = not kernel.symbolic and prod(kernel.output_shape) >= GPU_BIG_TILE_MIN_OUTPUTS
   tile, threads = (GPU_BIG_TILE, GPU_BIG_TILE_THREADS) if big else (GPU_TILE, GPU_TILE_THREADS)
-  # an axis keeps at least two tiles for its threads; in a symbolic kernel the symbolic axes (which can't be tiled)
-  # have the threads, so a known axis may be tiled whole (attention's 4 heads)
-  def tile_of(size: sint) -> int: return tile if _divides(size, tile * (1 if kernel.symbolic else 2)) else 1
+  # an axis keeps at least two tiles for its threads; in a symbolic kernel a symbolic axis is tiled with a guard
+  # (Kernel.pad_symbolic_axis: a prefill matmul's prompt rows, 4×4 as a concrete matmul) and a known axis may be tiled
+  # whole (attention's 4 heads): the symbolic axes have the threads
+  def tile_of(size: sint) -> int:
+    if not isinstance(size, int): return tile
+    return tile if divides(tile * (1 if kernel.symbolic else 2), size) else 1
   reused = [a for a in reversed(range(kernel.global_dims)) if 0 in _load_strides(kernel, a)
-            and tile_of(kernel.full_shape[a]) > 1]
-  tiled = [try_opt(kernel, Opt(OptOps.UPCAST, axis, tile_of(kernel.full_shape[axis]))) for axis in reused[:2]]
+            and tile_of(kernel.full_shape[a]) > 1][:2]
+  # a symbolic axis is first padded to its block's share (the tile × its threads, Kernel._pad_to), every one before
+  # any split, so the upcast and the LOCAL after it divide and each replica tests only its own position (row < n);
+  # where that padding is refused (a small bound), the upcast is guarded alone
+  for axis in reused:
+    if not divides(tile, size := kernel.full_shape[axis]) and not isinstance(size, int):
+      try_opt(kernel, Opt(OptOps.PADTO, axis, tile * threads))
+  tiled = [try_opt(kernel, Opt(OptOps.UPCAST, axis, tile_of(kernel.full_shape[axis]))) for axis in reused]
   if kernel.first_reduce < kernel.first_upcast and 1 in _load_strides(kernel, kernel.first_reduce) and \
-     _divides(kernel.full_shape[kernel.first_reduce], GPU_UNROLL):
+     divides(GPU_UNROLL, kernel.full_shape[kernel.first_reduce]):
     try_opt(kernel, Opt(OptOps.UNROLL, 0, GPU_UNROLL))
   return threads if tiled == [True, True] else GPU_TILE_THREADS
 
@@ -279,12 +284,17 @@ def _tensor_cores(kernel: Kernel) -> bool:
   """A sum of products of two half/bfloat16 loads (or TF32-rounded float32 loads: whatever TC accepts) into float32
   on a GPU with tensor cores: big ones staged in shared memory (_staged_tensor_cores); else the warp's column tiles
   (UPCAST before TC, see _tc_column_spread), TC, then its row tiles (UPCAST, the largest amount that divides); one
-  warp per block. The constants were measured on half matmuls; TF32 has not been swept yet."""
+  warp per block. The constants were measured on half matmuls; TF32 has not been swept yet. A symbolic rows or
+  columns axis (a prefill's prompt rows) is first padded to the warp's tiles (PADTO, the guard of a split: one test
+  per row, rows × GPU_TC_TILE_ROWS), so the tiles divide it; symbolic kernels are never staged."""
   trial = kernel.copy()
   if not kernel.renderer.tensor_cores or not try_opt(trial, Opt(OptOps.TC, 0, 0)) or trial.tensor_core is None:
     return False
-  if _staged_tensor_cores(kernel): return True
-  columns = trial.tensor_core.columns_axis
+  if not kernel.symbolic and _staged_tensor_cores(kernel): return True
+  rows_axis, columns = trial.tensor_core.rows_axis, trial.tensor_core.columns_axis
+  tile_rows, tile_columns, _ = trial.tensor_core.core.dims
+  for axis, warp_tile in ((rows_axis, tile_rows * GPU_TC_TILE_ROWS), (columns, tile_columns * GPU_TC_TILE_COLUMNS)):
+    if not isinstance(kernel.full_shape[axis], int): try_opt(kernel, Opt(OptOps.PADTO, axis, warp_tile))
   if (spread := _tc_column_spread(kernel, columns)) > 1: kernel.apply_opt(Opt(OptOps.UPCAST, columns, spread))
   kernel.apply_opt(Opt(OptOps.TC, 0, 0))
   use = kernel.tensor_core
@@ -516,7 +526,7 @@ def _group_known_reduce(kernel: Kernel) -> bool:
 def _symbolic_rules(kernel: Kernel) -> None:
   """The rules for a kernel whose loops have symbolic trip counts (see above)."""
   if not kernel.renderer.has_local: return
-  if _group_symbolic_reduce(kernel) or _group_known_reduce(kernel): return
+  if _group_symbolic_reduce(kernel) or _group_known_reduce(kernel) or _tensor_cores(kernel): return
   _gpu_locals(kernel, _gpu_upcast(kernel))
 
 def hand_coded_optimizations(kernel: Kernel) -> None:

@@ -22,7 +22,7 @@ from tgrad.ops import UOp, Ops, ALU, exec_alu, truncate_to, is_gather_load
 from tgrad.codegen.staging import apply_stage, stage_plan
 from tgrad.codegen.tensor_cores import TensorCoreUse, apply_tensor_core
 from tgrad.shape.shapetracker import ShapeTracker
-from tgrad.shape.sint import canonical, ceil_div, is_symbolic, render as render_size, vmax_of
+from tgrad.shape.sint import canonical, ceil_div, divides, is_symbolic, render as render_size, vmax_of
 from tgrad.helpers import prod, round_up
 
 class KernelOptError(Exception):
@@ -276,13 +276,15 @@ class Kernel:
     if opt.op is OptOps.SMEM: return apply_stage(self, opt)
     axis = self._real_axis(opt)
     size = self.full_shape[axis]
-    if not isinstance(size, int) and opt.op is not OptOps.SWAP:
+    if not isinstance(size, int) and opt.op is OptOps.PADTO:
+      self._check(bool(opt.amount), f"{opt}: PADTO of the symbolic axis {axis} needs an amount")
+    elif not isinstance(size, int) and opt.op is not OptOps.SWAP:
       self._split_symbolic_axis(opt, axis, size)
       size = self.full_shape[axis]
     amount = opt.amount if opt.amount else size
     self._check(amount > 1 or opt.op is OptOps.SWAP, f"{opt}: amount must be > 1")
     if opt.op not in (OptOps.SWAP, OptOps.PADTO):
-      self._check(canonical(size % amount) == 0, f"{opt}: {amount} doesn't divide axis size {render_size(size)}")
+      self._check(divides(amount, size), f"{opt}: {amount} doesn't divide axis size {render_size(size)}")
     # the launch runs exactly `threads` copies of axis 0 (launch_dims): its size must never change or move
     self._check(not self.threads or axis != 0, f"{opt}: axis 0 is the THREAD axis of {self.full_shape}")
     self._check(axis not in self.tc_lane_axes + self.tc_upcast_axes, f"{opt}: axis {axis} belongs to the tensor core")
@@ -329,23 +331,44 @@ class Kernel:
 
   def _split_symbolic_axis(self, opt: Opt, axis: int, size) -> None:
     """Legality of splitting an axis of symbolic size, from the bounds: UPCAST, UNROLL, LOCAL and GROUP by an amount
-    that divides the size for every value of the variables (n*64 by 4) split it as it is. A LOCAL of any other
-    symbolic global axis, or a GROUP of any other symbolic reduce axis, first pads it to a multiple of the amount: the
-    padded positions are masked off (the guard: their threads load nothing and store nothing). Where some reduce
-    would change with the padding (a max, a sum of exponentials), a padding guard makes every reduce see its identity
-    there instead (_add_padding_guard)."""
+    that divides the size for every value of the variables (n*64 by 4) split it as it is. A LOCAL or UPCAST of any
+    other symbolic global axis, or a GROUP of any other symbolic reduce axis, first pads it to a multiple of the amount
+    (the guard, `pad_symbolic_axis`): the padded positions load nothing and store nothing (an upcast's replicas each
+    test their own position). Where some reduce would change with the padding (a max, a sum of exponentials), a
+    padding guard makes every reduce see its identity there instead (_add_padding_guard). An UNROLL of a symbolic
+    reduce axis is never guarded."""
     splits = (OptOps.UPCAST, OptOps.UNROLL, OptOps.LOCAL, OptOps.GROUP, OptOps.GROUPTOP)
     self._check(opt.op in splits and opt.amount is not None and opt.amount > 1,
                 f"{opt}: axis {axis} has the symbolic size {render_size(size)}; {opt.op.name} needs a known size")
     amount = opt.amount or 1
-    if canonical(size % amount) == 0: return
+    if divides(amount, size): return
     group = opt.op in (OptOps.GROUP, OptOps.GROUPTOP)
-    guarded = opt.op is OptOps.LOCAL and axis < self.global_dims or group and self.is_reduce_axis(axis)
+    guarded = opt.op in (OptOps.LOCAL, OptOps.UPCAST) and axis < self.global_dims or group and self.is_reduce_axis(axis)
     self._check(guarded, f"{opt}: axis {axis} has the symbolic size {render_size(size)}, not a multiple of {amount} "
-                f"for every value; {opt.op.name} needs one (symbolic sizes are never unrolled with a guard)")
+                f"for every value; {opt.op.name} needs one (a symbolic reduce axis is never unrolled with a guard)")
     if group and not all(reduce_ignores_padding(r) for r in self.reduceops): self._add_padding_guard(axis, size)
-    padded = canonical(ceil_div(size, amount) * amount)   # >= size for every value: ceil(n/a)*a
-    self.sts = [st if st.shape[axis] == 1 else st.pad_end_to(axis, padded) for st in self.sts]
+    self.pad_symbolic_axis(axis, amount)
+
+  def pad_symbolic_axis(self, axis: int, amount: int) -> None:
+    """The guard of a split of a symbolic axis: pad it to ceil(n/amount)*amount (>= n for every value), the padding
+    masked off: loads there read 0 and stores there are skipped. Along a global (output) axis, a tracker that doesn't
+    move along it (stride 0: the weights of a matmul along its rows) is stretched instead of masked: a padded position
+    reads the same valid memory as the axis' first, so an upcast's replicas share that load, and what the padding
+    computes is never stored. Only where its last view is that expand: a later view that splits an earlier one keeps
+    its split (stretched, it would be indexed through a flat position divided by symbolic sizes), so it is masked; pad
+    every symbolic axis before splitting any (the heuristics do). Along a reduce axis every tracker is masked (the
+    padding must add nothing)."""
+    size = self.full_shape[axis]
+    padded = canonical(ceil_div(size, amount) * amount)
+    output_axis = axis < self.global_dims
+    def pad(st: ShapeTracker) -> ShapeTracker:
+      if st.shape[axis] == 1: return st
+      if output_axis and st.views[-1].strides[axis] == 0 and st.real_strides()[axis] == 0:
+        try: return st.shrink(tuple((0, 1) if a == axis else (0, s) for a, s in enumerate(st.shape))) \
+          .expand(st.shape[:axis] + (padded,) + st.shape[axis + 1:])
+        except ValueError: pass   # an axis that may be empty has no first position: masked
+      return st.pad_end_to(axis, padded)
+    self.sts = [pad(st) for st in self.sts]
 
   def _add_padding_guard(self, axis: int, size) -> None:
     """A tracker of the kernel's shape that varies along `axis` only (stride 0 elsewhere): padded with the others, its
@@ -359,10 +382,19 @@ class Kernel:
 
   def _pad_to(self, opt: Opt, axis: int, amount: int) -> None:
     """PADTO: grow a loop axis to a multiple of `amount` with masked-off positions (loads read 0, stores are skipped).
-    A global axis is always safe; a reduce axis only where the padding adds exactly 0 to every reduce."""
+    A global axis is always safe; a reduce axis only where the padding adds exactly 0 to every reduce. A symbolic
+    global axis gets the guard of a split (pad_symbolic_axis; ceil(n/amount)*amount), so that the splits after it
+    divide and test one position each: a prompt's rows padded to a 64-row block tile, then upcast by 4 and spread
+    over 16 threads, check row < n once per replica."""
     loop_reduce = self.first_reduce + self.group_for_reduces <= axis < self.first_upcast
     self._check(axis < self.global_dims or loop_reduce, f"{opt}: PADTO needs a global or reduce loop axis")
     size = self.full_shape[axis]
+    if not isinstance(size, int):
+      self._check(axis < self.global_dims, f"{opt}: PADTO of the symbolic reduce axis {axis} ({render_size(size)})")
+      self._check(not divides(amount, size), f"{opt}: axis size {render_size(size)} is already a multiple")
+      self._check(amount - 1 < vmax_of(size) * MAX_PADDING_FRACTION,
+                  f"{opt}: padding axis {axis} of at most {vmax_of(size)} to a multiple of {amount} wastes too much")
+      return self.pad_symbolic_axis(axis, amount)
     padded = round_up(size, amount)
     self._check(padded != size, f"{opt}: axis size {size} is already a multiple of {amount}")
     self._check(padded - size < size * MAX_PADDING_FRACTION,

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Callable, Iterator, Optional
 from tgrad.dtype import TF32_KEEP_MASK, TF32_ROUNDING_BIAS, dtypes
 from tgrad.ops import UOp, Ops, simplify, is_gather_load
 from tgrad.codegen.renderer import FragmentLayout, MatrixLoad, TensorCore
-from tgrad.shape.sint import to_uop
+from tgrad.shape.sint import divides, is_symbolic, sint, to_uop
 if TYPE_CHECKING:
   from tgrad.codegen.kernel import Kernel, Opt
   from tgrad.codegen.staging import StagedTiles
@@ -112,7 +112,7 @@ def apply_tensor_core(kernel: Kernel, opt: Opt) -> None:
   UNROLL may come first (an UPCAST of the columns axis before TC spreads a warp's column tiles so that each lane's
   columns are adjacent in memory: n = (8·tile + column)·amount + upcast)."""
   k, caps = kernel, kernel.renderer
-  k._check(not k.symbolic, f"{opt}: tensor cores need known sizes")
+  k._check(not is_symbolic(k.full_shape[k.first_reduce:]), f"{opt}: tensor cores need a reduce of known size")
   k._check(bool(caps.tensor_cores), f"{opt}: {type(caps).__name__} {getattr(caps, 'arch', '')} has no tensor core")
   threaded = k.local_dims or k.group_for_reduces or k.threads or k.dont_use_locals
   k._check(k.tensor_core is None and not threaded, f"{opt}: TC must come before {k.applied_opts}")
@@ -135,6 +135,10 @@ def apply_tensor_core(kernel: Kernel, opt: Opt) -> None:
   rows, columns, k_axis, a, b = choices[opt.axis or 0]
   upcasts_before = k.upcasted
   tile_rows, tile_columns, tile_k = core.dims
+  # a symbolic rows or columns axis (a prompt's rows) that the tile doesn't divide for every value is padded with the
+  # guard of a split: its padded positions' fragment elements load 0 and their outputs are not stored
+  for axis, tile in ((rows, tile_rows), (columns, tile_columns)):
+    if not divides(tile, k.full_shape[axis]): k.pad_symbolic_axis(axis, tile)
   groups = core.lanes // core.lanes_per_group
   k.shift_to(rows, groups, insert_before=k.first_reduce)              # rows → rows/8 · [group]
   k.local_dims += 1
@@ -153,8 +157,9 @@ def apply_tensor_core(kernel: Kernel, opt: Opt) -> None:
 def tensor_core_choices(kernel: Kernel, core: TensorCore, operands: tuple[UOp, UOp]
                         ) -> list[tuple[int, int, int, UOp, UOp]]:
   """(rows axis, columns axis, K axis, a, b) for every pair of global axes where one load (a) is constant along the
-  columns and varies along the rows, the other (b) the reverse, and the sizes divide the tile; K is the innermost
-  reduce axis that divides. Innermost columns axis first (the output's contiguous axis, for coalesced stores)."""
+  columns and varies along the rows, the other (b) the reverse, and the sizes divide the tile (a symbolic size always
+  qualifies: apply_tensor_core pads it); K is the innermost reduce axis that divides. Innermost columns axis first
+  (the output's contiguous axis, for coalesced stores)."""
   k = kernel
   full = k.full_shape
   loads = {x: operand_load(x) for x in operands}
@@ -162,10 +167,11 @@ def tensor_core_choices(kernel: Kernel, core: TensorCore, operands: tuple[UOp, U
   reduce_axes = [ax for ax in range(k.first_reduce, k.first_upcast) if k.is_reduce_axis(ax)]
   k_axis = next((ax for ax in reversed(reduce_axes) if full[ax] % core.dims[2] == 0), None)
   if k_axis is None: return []
+  def fits(size: sint, tile: int) -> bool: return isinstance(size, UOp) or size % tile == 0
   choices = []
   for columns in reversed(range(k.global_dims)):
     for rows in reversed(range(k.global_dims)):
-      if rows == columns or full[rows] % core.dims[0] or full[columns] % core.dims[1]: continue
+      if rows == columns or not fits(full[rows], core.dims[0]) or not fits(full[columns], core.dims[1]): continue
       for a, b in (operands, operands[::-1]):
         if strides[a][columns] == 0 and strides[b][rows] == 0 and strides[a][rows] != 0 and strides[b][columns] != 0:
           choices.append((rows, columns, k_axis, a, b))

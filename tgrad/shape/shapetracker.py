@@ -12,7 +12,8 @@ from tgrad.dtype import dtypes
 from tgrad.helpers import prod
 from tgrad.ops import Ops, UOp, simplify as simplify_uop, split_terms
 from tgrad.shape.view import View, EMPTY_RANGE, VIEW_CACHE_SIZE, as_shape_tuple
-from tgrad.shape.sint import sint, bind_values, canonical, is_symbolic, sym_eq, to_uop, unbind, vmax_of
+from tgrad.shape.sint import (sint, bind_values, canonical, canonical_product, is_symbolic, sym_eq, to_uop, unbind,
+                              vmax_of)
 
 def loop_index(axis: int, size: sint) -> UOp:
   """The loop variable of `axis` running over [0, size): the index UOps the shape layer reasons with."""
@@ -33,6 +34,12 @@ def unravel(flat: UOp, shape: tuple[int, ...]) -> list[UOp]:
 
 def _times(a: sint, b: sint) -> sint: return a * b if isinstance(a, int) and isinstance(b, int) else canonical(a * b)
 
+def _same_size(a: sint, b: sint) -> bool:
+  """a == b for every value of the variables, products too whose factors the simplifier groups differently
+  (((n+63)//64)·16384·((n+63)//64)·64 and ((n+63)//64)·65536·((n+63)//64)·16: two guarded splits' strides)."""
+  if sym_eq(a, b) is True: return True
+  return isinstance(a, UOp) and isinstance(b, UOp) and canonical_product(a) is canonical_product(b)
+
 def split_indices(view: View, outer_shape: tuple[sint, ...], idxs: list[UOp]) -> Optional[list[UOp]]:
   """The indices of `outer_shape` for loop indices `idxs` of `view`, when `view` reads a contiguous buffer of that
   shape by splitting its dims, permuting the pieces and expanding (offset 0, the strides other than 0 a
@@ -48,7 +55,7 @@ def split_indices(view: View, outer_shape: tuple[sint, ...], idxs: list[UOp]) ->
                                                                         and view.strides[d] == 0)]
   chain, step = [], 1   # the view's dims, innermost (stride 1) first
   while remaining:
-    d = next((d for d in remaining if sym_eq(view.strides[d], step) is True), None)
+    d = next((d for d in remaining if _same_size(view.strides[d], step)), None)
     if d is None: return None
     chain.append(d)
     remaining.remove(d)
@@ -56,7 +63,7 @@ def split_indices(view: View, outer_shape: tuple[sint, ...], idxs: list[UOp]) ->
   out, position = [], 0
   for size in reversed(outer_shape):
     index, run = UOp.const(dtypes.index, 0), 1
-    while sym_eq(run, size) is not True:
+    while not _same_size(run, size):
       if position == len(chain): return None
       d = chain[position]
       index, run, position = index + (idxs[d] if run == 1 else idxs[d] * run), _times(run, extent[d]), position + 1

@@ -57,9 +57,21 @@ def sym_eq(a: sint, b: sint) -> Optional[bool]:
   return False if diff.vmin > 0 or diff.vmax < 0 else None
 
 def definitely_le(a: sint, b: sint) -> bool:
-  """a <= b for every value of the variables."""
+  """a <= b for every value of the variables: from the bounds of b - a, else, where b is a size rounded to a
+  multiple (the padding of a guarded split), from what it is at least."""
   if not isinstance(a, UOp) and not isinstance(b, UOp): return a <= b
-  return vmin_of(canonical(to_uop(b) - to_uop(a))) >= 0
+  if vmin_of(canonical(to_uop(b) - to_uop(a))) >= 0: return True
+  return (lower := _rounded_lower_bound(b)) is not None and definitely_le(a, lower)
+
+def _rounded_lower_bound(x: sint) -> Optional[sint]:
+  """For x = ((y + c) // d) * d (ceil_div(y, d) * d when c = d - 1), the bound x >= y + c - (d - 1); else None. The
+  bounds alone can't see it: ceil(n/64)*64 - n spans [64 - 4096, 4095] for n in [1, 4096]."""
+  if not isinstance(x, UOp) or x.op is not Ops.MUL or x.src[0].op is not Ops.IDIV: return None
+  divided, multiple = x.src[0], x.src[1]
+  divisor = divided.src[1]
+  if multiple.op is not Ops.CONST or divisor.op is not Ops.CONST or multiple.arg != divisor.arg or divisor.arg < 1:
+    return None
+  return canonical(divided.src[0] - (divisor.arg - 1))
 
 def smax(a: sint, b: sint) -> sint:
   if not isinstance(a, UOp) and not isinstance(b, UOp): return max(a, b)
@@ -72,6 +84,10 @@ def smin(a: sint, b: sint) -> sint:
   if definitely_le(a, b): return a
   if definitely_le(b, a): return b
   return canonical((to_uop(a) * -1).maximum(to_uop(b) * -1) * -1)
+
+def divides(amount: int, size: sint) -> bool:
+  """Whether `amount` divides `size` for every value of its variables (4 divides n*64, not n)."""
+  return canonical(size % amount) == 0
 
 def ceil_div(a: sint, b: int) -> sint:
   """ceil(a / b) for a >= 0 and b > 0."""

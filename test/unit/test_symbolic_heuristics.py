@@ -19,6 +19,7 @@ from tgrad.codegen.kernel import Kernel, KernelOptError, Opt, OptOps
 from tgrad.codegen.linearizer import linearize
 from tgrad.codegen.compile import compile_kernel
 from tgrad.device import Buffer, Device
+from tgrad.models.gemma3 import decode_attention_values
 from tgrad.ops import Ops
 from tgrad.runtime.nvrtc import compile_cuda, nvrtc_available
 from tgrad.schedule import ScheduleItem, create_schedule
@@ -67,22 +68,9 @@ class Matmul(Problem):
   def reference(self, value: int) -> np.ndarray:
     return (self.x[:value].astype(np.float64) @ self.w.T.astype(np.float64)).reshape(-1)
 
-def decode_attention_values(scores: Tensor, values: Tensor) -> Tensor:
-  """softmax(scores) @ values for one query token as one row kernel: scores [B, kv_heads, group, 1, K], values
-  [B, kv_heads, K, D] → [B, kv_heads, group, 1, D]; each output's row is its query's K scores beside one value column
-  (the max, the sum of exponentials and the weighted sum are three reduces over the same row)."""
-  B, kv_heads, group, _, K = scores.shape
-  D = values.shape[-1]
-  rows = (B, kv_heads, group, 1, D, K)
-  s = scores.float().reshape(B, kv_heads, group, 1, 1, K).expand(rows)
-  e = (s - s.max(-1, keepdim=True)).exp()
-  probs = (e / e.sum(-1, keepdim=True)).cast(values.dtype)
-  weighted = probs.float() * values.transpose(-1, -2).reshape(B, kv_heads, 1, 1, D, K).float()
-  return weighted.sum(-1).cast(values.dtype)
-
 class DecodeAttention(Problem):
   """softmax(scores[..., :n]) · values[:n] for one query token of 4 heads sharing one value head of 256 (gemma3's
-  decode over the filled cache slots: `decode_attention_values` below, the graph the symbolic model builds)."""
+  decode over the filled cache slots: gemma3.decode_attention_values over a symbolic key count)."""
   variable_name = "filled"
   HEADS, HEAD_DIM = 4, 256
   def __init__(self, seed: int = 0, dtype=dtypes.float32):

@@ -305,7 +305,7 @@ def _fuse_into_consumer(x: Tensor) -> Tensor:
   A longer step realizes it once, because a matmul reads each input element many times."""
   return x if x.shape[-2] == 1 else _materialize(x)
 
-def _decode_attention_values(scores: Tensor, values: Tensor) -> Tensor:
+def decode_attention_values(scores: Tensor, values: Tensor) -> Tensor:
   """softmax(scores) @ values for one query token, as one row kernel: scores [B, kv_heads, group, 1, K] (realized),
   values [B, kv_heads, K, D] → [B, kv_heads, group, 1, D]. Each output element's row is its query's K scores beside
   one value column: the row's max, its sum of exponentials and the probability-weighted sum of the value column are
@@ -375,7 +375,7 @@ class Gemma3Attention:
     else: scores = (q @ keys.unsqueeze(2).transpose(-1, -2))                      # [B, kv_heads, group, T, K]
     scores = scores * self.scale
     scores = step.allowed.where(_softcap(scores, self.softcap), MASKED_SCORE)
-    if T == 1: out = _decode_attention_values(_materialize(scores), values)
+    if T == 1: out = decode_attention_values(_materialize(scores), values)
     else: out = scores.float().softmax(-1).cast(h.dtype) @ values.unsqueeze(2)   # [B, kv_heads, group, T, D]
     out = out.permute(0, 3, 1, 2, 4).reshape(B, T, self.heads * D)
     if step.mode == FRESH: _write_cache(cache, k, v, step)

@@ -394,6 +394,14 @@ def _k_group(kernel: Kernel, threads: int, power_of_two: bool) -> int:
     group = best(kernel.full_shape[kernel.first_reduce])
   return group
 
+def _rows_per_block(kernel: Kernel, rows_axis: int, most: int) -> None:
+  """LOCAL on a matvec's rows: the largest divisor of the rows up to `most`, smaller while that leaves fewer than
+  MATVEC_MIN_BLOCKS blocks."""
+  rows = kernel.full_shape[rows_axis]
+  per_block = _divisor_at_most(rows, most)
+  while per_block > 1 and rows // per_block < MATVEC_MIN_BLOCKS: per_block = _divisor_at_most(rows, per_block - 1)
+  if per_block > 1: try_opt(kernel, Opt(OptOps.LOCAL, rows_axis, per_block))
+
 def _matvec_rows(kernel: Kernel, n_axis: int) -> None:
   """W[N, K] with K contiguous: thread t of a row's group reads 16-byte vectors t, t + group, … of the row, so a
   warp's loads cover contiguous bytes; LOCAL puts several rows in a block."""
@@ -403,10 +411,7 @@ def _matvec_rows(kernel: Kernel, n_axis: int) -> None:
   threads = min(MATVEC_MAX_ROW_THREADS, k_size * itemsize // MATVEC_ROW_BYTES)
   if (group := _k_group(kernel, threads, power_of_two=False)) > 1: try_opt(kernel, Opt(OptOps.GROUP, 0, group))
   _unroll_loop(kernel)
-  rows = kernel.full_shape[n_axis]
-  per_block = _divisor_at_most(rows, MATVEC_ROWS_PER_BLOCK)
-  while per_block > 1 and rows // per_block < MATVEC_MIN_BLOCKS: per_block = _divisor_at_most(rows, per_block - 1)
-  if per_block > 1: try_opt(kernel, Opt(OptOps.LOCAL, n_axis, per_block))
+  _rows_per_block(kernel, n_axis, MATVEC_ROWS_PER_BLOCK)
 
 def _matvec_columns(kernel: Kernel, n_axis: int) -> None:
   """W[K, N] with N contiguous: each thread reads `lanes` neighbouring columns per row of W; threads along N, and a
@@ -440,10 +445,10 @@ def _row_matvec(kernel: Kernel) -> bool:
   MATVEC_MIN_BLOCKS blocks."""
   k = kernel
   if k.row_passes < 2 or k.applied_opts or k.first_reduce + 1 != k.first_upcast: return False
-  loads = [st.real_strides() for u, st in zip(k.memops, k.sts) if u.op is Ops.LOAD]
+  along_k = [st.real_strides() for u, st in zip(k.memops, k.sts) if u.op is Ops.LOAD and
+             st.real_strides()[k.first_reduce] == 1]
   def is_matvec_rows(axis: int) -> bool:
     """W varies along `axis` and is contiguous along the reduce; the vector (another load) is shared by every row."""
-    along_k = [s for s in loads if s[k.first_reduce] == 1]
     return k.full_shape[axis] >= ROW_MATVEC_MIN_ROWS and any(s[axis] not in (0, None) for s in along_k) and \
       any(s[axis] == 0 for s in along_k)
   rows_axis = next((a for a in reversed(range(k.first_reduce)) if is_matvec_rows(a)), None)
@@ -451,10 +456,7 @@ def _row_matvec(kernel: Kernel) -> bool:
   if (lanes := _vector_lanes(k, k.full_shape[k.first_reduce])) > 1: try_opt(k, Opt(OptOps.UNROLL, 0, lanes))
   if (group := _divisor_at_most(k.full_shape[k.first_reduce], ROW_MATVEC_GROUP)) > 1:
     try_opt(k, Opt(OptOps.GROUP, 0, group))
-  rows = k.full_shape[rows_axis]
-  per_block = _divisor_at_most(rows, ROW_MATVEC_ROWS_PER_BLOCK)
-  while per_block > 1 and rows // per_block < MATVEC_MIN_BLOCKS: per_block = _divisor_at_most(rows, per_block - 1)
-  if per_block > 1: try_opt(k, Opt(OptOps.LOCAL, rows_axis, per_block))
+  _rows_per_block(k, rows_axis, ROW_MATVEC_ROWS_PER_BLOCK)
   return True
 
 def _gpu_rules(kernel: Kernel) -> None:

@@ -73,46 +73,34 @@ static inline float emu_half_of(unsigned int reg, int k, bool bf16) {   // eleme
   unsigned short bits = (unsigned short)(reg >> (16 * (k % 2)));
   return bf16 ? emu_bf16_to_f32(bits) : emu_f16_to_f32(bits);
 }
-// mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16}: PTX ISA "Matrix Fragments for mma.m16n8k16 with floating point
-// type", groupID = lane >> 2, threadID_in_group = lane % 4. A[row][k]: lane (row % 8)·4 + (k % 8)/2, register
-// (row >= 8) + 2·(k >= 8), half k % 2. B[k][col]: lane col·4 + (k % 8)/2, register k >= 8, half k % 2.
-// C[row][col]: lane (row % 8)·4 + col/2, element 2·(row >= 8) + col % 2.
-static void emu_mma_k16(float& d0, float& d1, float& d2, float& d3, unsigned int a0, unsigned int a1,
-                        unsigned int a2, unsigned int a3, unsigned int b0, unsigned int b1, bool bf16) {
-  unsigned int* mine = emu_registers[emu_thread];
-  mine[0] = a0; mine[1] = a1; mine[2] = a2; mine[3] = a3; mine[4] = b0; mine[5] = b1;
-  block_barrier->arrive_and_wait();
-  unsigned int warp = emu_thread & ~31u, lane = emu_thread & 31u;
-  float* d[4] = {&d0, &d1, &d2, &d3};
-  for (int e = 0; e < 4; e++) {
-    int row = (int)(lane >> 2) + 8 * (e >= 2), col = 2 * (int)(lane & 3) + e % 2;
-    double sum = 0;
-    for (int k = 0; k < 16; k++) {
-      unsigned int* a = emu_registers[warp + (row % 8) * 4 + (k % 8) / 2];
-      unsigned int* b = emu_registers[warp + col * 4 + (k % 8) / 2];
-      sum += (double)emu_half_of(a[(row >= 8) + 2 * (k >= 8)], k, bf16) * emu_half_of(b[4 + (k >= 8)], k, bf16);
-    }
-    *d[e] = (float)(sum + (double)*d[e]);
-  }
-  block_barrier->arrive_and_wait();
+// The warp's mma: each lane stores its A (4) and B (2) registers, and after a barrier computes its 4 C elements from
+// the warp's registers (sums in double). PTX ISA "Matrix Fragments for mma.m16n8k16 / m16n8k8", groupID = lane >> 2,
+// threadID_in_group = lane % 4; with K the step's depth and P the elements per register (2 for f16/bf16 pairs, 1 for
+// tf32): A[row][k] is lane (row % 8)·4 + (k % (K/2))/P, register (row >= 8) + 2·(k >= K/2); B[k][col] is lane col·4 +
+// (k % (K/2))/P, register k >= K/2; within a register, element k % P. C[row][col]: lane (row % 8)·4 + col/2, element
+// 2·(row >= 8) + col % 2. m16n8k16 (f16, bf16): K 16, P 2; m16n8k8 (tf32): K 8, P 1, and the core reads the TF32 part
+// of each float (its low 13 bits dropped).
+enum EmuMmaInput { EMU_F16, EMU_BF16, EMU_TF32 };
+static inline float emu_mma_element(unsigned int reg, int k, EmuMmaInput input) {
+  if (input == EMU_TF32) return __uint_as_float(reg & 0xFFFFE000u);
+  return emu_half_of(reg, k, input == EMU_BF16);
 }
-// mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32: A[row][k]: lane (row % 8)·4 + k % 4, register (row >= 8) +
-// 2·(k >= 4); B[k][col]: lane col·4 + k % 4, register k >= 4; C as m16n8k16. The core reads the TF32 part of each
-// float (its low 13 bits dropped).
-static void emu_mma_tf32(float& d0, float& d1, float& d2, float& d3, unsigned int a0, unsigned int a1,
-                         unsigned int a2, unsigned int a3, unsigned int b0, unsigned int b1) {
+static void emu_mma(float& d0, float& d1, float& d2, float& d3, unsigned int a0, unsigned int a1, unsigned int a2,
+                    unsigned int a3, unsigned int b0, unsigned int b1, EmuMmaInput input) {
   unsigned int* mine = emu_registers[emu_thread];
   mine[0] = a0; mine[1] = a1; mine[2] = a2; mine[3] = a3; mine[4] = b0; mine[5] = b1;
   block_barrier->arrive_and_wait();
+  const int depth = input == EMU_TF32 ? 8 : 16, per_register = input == EMU_TF32 ? 1 : 2, half = depth / 2;
   unsigned int warp = emu_thread & ~31u, lane = emu_thread & 31u;
   float* d[4] = {&d0, &d1, &d2, &d3};
   for (int e = 0; e < 4; e++) {
     int row = (int)(lane >> 2) + 8 * (e >= 2), col = 2 * (int)(lane & 3) + e % 2;
     double sum = 0;
-    for (int k = 0; k < 8; k++) {
-      unsigned int a = emu_registers[warp + (row % 8) * 4 + k % 4][(row >= 8) + 2 * (k >= 4)];
-      unsigned int b = emu_registers[warp + col * 4 + k % 4][4 + (k >= 4)];
-      sum += (double)__uint_as_float(a & 0xFFFFE000u) * __uint_as_float(b & 0xFFFFE000u);
+    for (int k = 0; k < depth; k++) {
+      unsigned int* a = emu_registers[warp + (row % 8) * 4 + (k % half) / per_register];
+      unsigned int* b = emu_registers[warp + col * 4 + (k % half) / per_register];
+      sum += (double)emu_mma_element(a[(row >= 8) + 2 * (k >= half)], k, input) *
+             emu_mma_element(b[4 + (k >= half)], k, input);
     }
     *d[e] = (float)(sum + (double)*d[e]);
   }
@@ -127,9 +115,9 @@ PTX_STAND_INS = {
   "cvt.rn.f16.f32 %0, %1;": "{0} = emu_f32_to_f16({1});",
   "cvt.rn.f16.f64 %0, %1;": "{0} = emu_f64_to_f16({1});",
   "max.NaN.f32 %0, %1, %2;": "{0} = emu_max_nan({1}, {2});",
-  "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32": "emu_mma_k16(" + MMA_OPERANDS + ", false);",
-  "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32": "emu_mma_k16(" + MMA_OPERANDS + ", true);",
-  "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32": "emu_mma_tf32(" + MMA_OPERANDS + ");",
+  "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32": "emu_mma(" + MMA_OPERANDS + ", EMU_F16);",
+  "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32": "emu_mma(" + MMA_OPERANDS + ", EMU_BF16);",
+  "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32": "emu_mma(" + MMA_OPERANDS + ", EMU_TF32);",
 }
 ASM = re.compile(r'asm(?: volatile)?\("([^"]*)"\s*:(.*?):(.*?)\);')
 OPERAND = re.compile(r'"[=+]?\w"\(((?:[^()]|\([^()]*\))*)\)')

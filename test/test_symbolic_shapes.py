@@ -180,6 +180,13 @@ def test_symbolic_index_math_matches_brute_force(seed):
       assert (ref[position] != -1) == bool(ok), (ops, value, position)
       if ok: assert evaluate(index.substitute(at), env) == ref[position], (ops, value, position)
 
+def indexed_without_division(st: ShapeTracker, idxs: list) -> tuple:
+  """st.to_indexed(idxs), asserting that its index and mask divide only sizes (// and % never take an index)."""
+  index, valid = st.to_indexed(idxs)
+  divided = [u.src[0] for u in index.toposort() + valid.toposort() if u.op in (Ops.IDIV, Ops.MOD)]
+  assert not any(i in d.toposort() for d in divided for i in idxs), "only sizes are divided, never an index"
+  return index, valid
+
 @pytest.mark.parametrize("amount,top", [(4, False), (16, True), (3, False)])
 def test_guarded_split_is_indexed_without_division(amount, top):
   """A symbolic axis padded to a multiple of `amount` and split (what a guarded GROUP or LOCAL does, then a permute):
@@ -193,9 +200,7 @@ def test_guarded_split_is_indexed_without_division(amount, top):
   st = base.reshape(pieces + (3,)).permute((2, 1, 0))
   assert len(st.views) == 2, st
   idxs = [UOp.variable(f"i{d}", 0, 1 << 10) for d in range(3)]
-  index, valid = st.to_indexed(idxs)
-  divided = [u.src[0] for u in index.toposort() + valid.toposort() if u.op in (Ops.IDIV, Ops.MOD)]
-  assert not any(i in d.toposort() for d in divided for i in idxs), "only sizes are divided, never an index"
+  index, valid = indexed_without_division(st, idxs)
   for value in (1, 5, 17, 40):
     shape = tuple(evaluate(size, {"n": value}) for size in st.shape)
     for position in np.ndindex(*shape):
@@ -217,9 +222,7 @@ def test_two_guarded_splits_are_indexed_without_division():
     st = st.reshape(st.shape[:axis] + (canonical(padded // amount), amount) + st.shape[axis + 1:])
   assert len(st.views) == 3, st
   idxs = [UOp.variable(f"i{d}", 0, 1 << 10) for d in range(4)]
-  index, valid = st.to_indexed(idxs)
-  divided = [u.src[0] for u in index.toposort() + valid.toposort() if u.op in (Ops.IDIV, Ops.MOD)]
-  assert not any(i in d.toposort() for d in divided for i in idxs), "only sizes are divided, never an index"
+  index, valid = indexed_without_division(st, idxs)
   for value in (1, 5, 17, 40):
     shape = tuple(evaluate(size, {"n": value}) for size in st.shape)
     for position in np.ndindex(*shape):

@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse, json, os, sys, time
 import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from tgrad import Tensor, TinyJit, dtypes  # noqa: E402
+from tgrad import Tensor, dtypes  # noqa: E402
 from tgrad.models.gemma3 import Gemma3  # noqa: E402
 from tgrad.models.generation import generate  # noqa: E402
 import tgrad.realize as realize_module  # noqa: E402
@@ -185,9 +185,8 @@ def tgrad_prefill_profile(ref: str, prompt: list[int], dtype) -> dict:
   each kernel counts (multiply-adds as 2)."""
   model = Gemma3.from_pretrained(ref, dtype, DEVICE, progress=False)
   tokens = Tensor(np.array([prompt], np.int32), device=DEVICE).realize()
-  prefill = TinyJit(lambda ids: model(ids, 0, last_only=True))
-  for _ in range(3): prefill(tokens)   # runs, captures, replays
-  graph = prefill.captured
+  for _ in range(3): model(tokens, 0, last_only=True, jit=True)   # runs, captures, replays the model's prefill
+  graph = model._prefill_jit.captured
   gpu = replayed_gpu_seconds(graph)
   flops = sum(ins.runner.flops for ins in graph.instructions if isinstance(ins.runner, CompiledKernel))
   return {"prompt_tokens": len(prompt), "gpu_kernel_s": gpu, "flops": flops,
@@ -198,13 +197,15 @@ def tgrad_memory_plans(ref: str, prompt: list[int]) -> dict:
   """The JIT's memory plans (float32): a captured prefill of the prompt and a captured decode step."""
   model = Gemma3.from_pretrained(ref, dtypes.float32, DEVICE, progress=False)
   tokens = Tensor(np.array([prompt], np.int32), device=DEVICE).realize()
-  prefill = TinyJit(lambda ids: model(ids, 0, last_only=True))   # each call starts a fresh cache
-  prefill(tokens)
+  def prefill() -> None:   # the model's own captured prefill (symbolic: planned for a prompt as long as the cache)
+    model.reset_cache(1, len(prompt) + 2)
+    model(tokens, 0, last_only=True, jit=True)
+  prefill()
   synchronize()
   before = device_bytes_in_use()
-  prefill(tokens)
+  prefill()
   synchronize()
-  plans = {"prefill": memory_plan(prefill.captured, before, device_bytes_in_use())}
+  plans = {"prefill": memory_plan(model._prefill_jit.captured, before, device_bytes_in_use())}
   position = len(prompt)
   model(Tensor(np.array([[prompt[-1]]], np.int32), device=DEVICE), position, last_only=True, jit=True).numpy()
   synchronize()

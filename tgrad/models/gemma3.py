@@ -3,8 +3,10 @@
 `Gemma3Config` reads an HF config.json; `Gemma3` holds the weights under HF's names, runs `(token ids [B, T],
 start_pos) -> logits [B, T, V]` against a preallocated `Gemma3KVCache`, and loads checkpoints (`from_pretrained`) or
 makes seeded random weights (`random`); `greedy_tokens` runs greedy decode steps as replays of one captured step.
-All model math is Tensor ops; the host only prepares token ids, positions and cache slot numbers (one int32 array per
-call). Text generation (`generate`, sampling, the chat template) is in tgrad/models/generation.py.
+All model math is Tensor ops; the host only prepares token ids, positions and the bound Variables of a call (a
+prompt's length, a decode step's cache slots: one compiled and captured program serves every length and position).
+The KV cache and the cache writes are in tgrad/models/gemma3_cache.py; text generation (`generate`, sampling, the chat
+template) in tgrad/models/generation.py.
 """
 from __future__ import annotations
 import collections, json, math, os, sys
@@ -12,13 +14,14 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator, Optional, Sequence
 import numpy as np
 from tgrad.tensor import Tensor
-from tgrad.dtype import DType, dtypes, to_dtype
+from tgrad.dtype import dtypes, to_dtype
 from tgrad.device import canonical_device
 from tgrad.nn.state import safe_load
 from tgrad.jit import TinyJit
+from tgrad.models.gemma3_cache import (SLIDING, FULL, LAYER_TYPES, FRESH, DECODE, EXTEND, StepInputs, Gemma3KVCache,
+                                       write_cache_scatter, write_cache_fresh, write_cache_decode, filled_keys_values,
+                                       decode_attention_values)
 
-SLIDING, FULL = "sliding_attention", "full_attention"
-LAYER_TYPES = (SLIDING, FULL)
 # transformers' Gemma3TextConfig defaults (configuration_gemma3.py), used where a config.json leaves a key out
 DEFAULT_SLIDING_WINDOW_PATTERN = 6       # every 6th layer is global when `layer_types` is absent
 DEFAULT_QUERY_PRE_ATTN_SCALAR = 256
@@ -32,7 +35,6 @@ DEFAULT_BOS, DEFAULT_EOS, DEFAULT_PAD = 2, 1, 0
 GELU_TANH_NAMES = ("gelu_pytorch_tanh", "gelu_new")   # both are 0.5x(1 + tanh(sqrt(2/pi)(x + 0.044715x^3)))
 ROPE_TYPES = ("default", "linear")                    # what the Gemma 3 family uses; others raise
 MASKED_SCORE = float(np.finfo(np.float32).min)        # HF fills masked attention scores with finfo(float32).min
-EMPTY_SLOT = -1                                       # host position of a KV cache slot that holds nothing yet
 CONTEXT_GRANULE = 256            # generate() rounds the cache length up to this, so nearby lengths share kernels
 DEFAULT_MAX_CONTEXT = 2048       # cache length when forward() is called without reset_cache()
 # random weights with the reference harness's standard deviations: embeddings 1/sqrt(H) (scaled inputs ~ unit
@@ -261,28 +263,6 @@ def _rotate(x: Tensor, cos: Tensor, sin_signed: Tensor) -> Tensor:
   half = x.shape[-1] // 2
   return x * cos + x[..., half:].cat(x[..., :half], dim=-1) * sin_signed
 
-FRESH, DECODE, EXTEND = "fresh", "decode", "extend"
-
-@dataclass(frozen=True)
-class _StepInputs:
-  """Device tensors shared by every layer of one type in one forward call, built from host positions.
-  mode FRESH (start_pos 0): attend over the call's own keys, then fill the cache. DECODE (one token): write its
-  key into the cache first, then attend over the whole cache, so every step has the same kernels. EXTEND (several
-  tokens after a cache): attend over cache + own keys, write the cache after (a sliding ring may be overwritten)."""
-  mode: str
-  cos: Tensor            # [T, D] rotary tables in the model dtype: cos of the angles, twice
-  sin_signed: Tensor     # [T, D]: -sin of the angles for the first half, +sin for the second
-  allowed: Tensor        # [T, K] bool: which keys each query sees (K: the keys attended over, see mode)
-  scatter: Optional[Tensor]   # [S, T] model dtype: 1 where new token t goes to cache slot s (None for one token)
-  written: Tensor        # [S, 1] bool: the cache slots this call overwrites
-
-def _write_cache(cache: Tensor, keys: Tensor, values: Tensor, step: _StepInputs) -> None:
-  """A layer's cache [2, B, kv_heads, S, D] gets the new keys and values [B, kv_heads, T, D] at the step's slots, in
-  one kernel: a masked select over the whole cache, so the kernel is the same at every position."""
-  new = keys.stack(values)
-  value = new if step.scatter is None else step.scatter @ new
-  cache.assign(step.written.where(value, cache))
-
 def _stacked_rows(*weights: Tensor) -> tuple[Tensor, list[Tensor]]:
   """The [out, in] weights stacked along their output rows into one realized buffer, so one matrix-vector kernel
   reads them all (decode is bound by reading weights, and each kernel costs a launch), and each weight again as a
@@ -305,34 +285,6 @@ def _fuse_into_consumer(x: Tensor) -> Tensor:
   A longer step realizes it once, because a matmul reads each input element many times."""
   return x if x.shape[-2] == 1 else _materialize(x)
 
-def decode_attention_values(scores: Tensor, values: Tensor) -> Tensor:
-  """softmax(scores) @ values for one query token, as one row kernel: scores [B, kv_heads, group, 1, K] (realized),
-  values [B, kv_heads, K, D] → [B, kv_heads, group, 1, D]. Each output element's row is its query's K scores beside
-  one value column: the row's max, its sum of exponentials and the probability-weighted sum of the value column are
-  three reduces over the same row (schedule rule 2b), so the scores are read from cache and each value once, in one
-  launch. The max and the sum are recomputed for every d of a head: K·D extra exponentials, nothing next to one
-  launch in decode. The probabilities are rounded to the model dtype before the product, as HF's softmax → matmul."""
-  B, kv_heads, group, _, K = scores.shape
-  D = values.shape[-1]
-  rows = (B, kv_heads, group, 1, D, K)
-  s = scores.float().reshape(B, kv_heads, group, 1, 1, K).expand(rows)
-  e = (s - s.max(-1, keepdim=True)).exp()
-  probs = (e / e.sum(-1, keepdim=True)).cast(values.dtype)
-  weighted = probs.float() * values.transpose(-1, -2).reshape(B, kv_heads, 1, 1, D, K).float()
-  return weighted.sum(-1).cast(values.dtype)
-
-def _write_cache_decode(cache: Tensor, keys: Tensor, values: Tensor, k_norm: Gemma3RMSNorm, cos: Tensor,
-                        sin_signed: Tensor, step: _StepInputs) -> None:
-  """_write_cache for one token whose keys [B, kv_heads, 1, D] are not yet normed and rotated, as one row kernel: the
-  cache's own [2, B, kv_heads, slots, D] elements are the rows, each recomputing the key's sum of squares over D
-  (slots·D FMAs, beside reading and writing the cache), so the normed, rotated key is never stored apart."""
-  full = cache.shape
-  k32 = keys.float().unsqueeze(0).expand(full)
-  normed = (k_norm.rotated_rows(k32, cos, sin_signed)).cast(cache.dtype)
-  is_key = Tensor.arange(2, device=cache.device).reshape(2, 1, 1, 1, 1) == 0
-  value = is_key.where(normed, values.unsqueeze(0).expand(full))
-  cache.assign(step.written.where(value, cache))
-
 class Gemma3Attention:
   def __init__(self, config: Gemma3Config, weights: dict[str, Tensor], prefix: str):
     names = [prefix + name + "_proj.weight" for name in ("q", "k", "v")]
@@ -345,7 +297,7 @@ class Gemma3Attention:
     self.scale = config.query_pre_attn_scalar ** -0.5
     self.softcap = config.attn_logit_softcapping
 
-  def __call__(self, h: Tensor, norm: Gemma3RMSNorm, step: _StepInputs, cache: Tensor
+  def __call__(self, h: Tensor, norm: Gemma3RMSNorm, step: StepInputs, cache: Tensor
                ) -> tuple[Tensor, Optional[tuple]]:
     """The attention output [B, T, H] of norm(h), and for EXTEND the (keys, values) to write once the step has run.
     `cache` is the layer's keys and values, stacked: [2, B, kv_heads, slots, D]."""
@@ -359,26 +311,28 @@ class Gemma3Attention:
     v = qkv[..., q_width + kv_width:].reshape(B, T, self.kv_heads, D)
     # several tokens: q and k normed and rotated in one kernel each, realized once in [B, T, heads, D] (every score
     # reads each element many times); one token: q's norm and RoPE are computed inside the scores kernel
-    # (Gemma3RMSNorm.rotated_scores), k's inside the cache write (_write_cache_decode)
-    if T > 1: q, k = _materialize(self.q_norm.rotated(q, cos, sin)), _materialize(self.k_norm.rotated(k, cos, sin))
+    # (Gemma3RMSNorm.rotated_scores), k's inside the cache write (write_cache_decode)
+    one_token = T == 1   # a concrete 1: a decode step (a prefill's length is symbolic, even when it is 1)
+    if not one_token:
+      q, k = _materialize(self.q_norm.rotated(q, cos, sin)), _materialize(self.k_norm.rotated(k, cos, sin))
     k, v = k.permute(0, 2, 1, 3), v.permute(0, 2, 1, 3)          # [B, kv_heads, T, D]
     pending = None
-    if step.mode == DECODE:
-      _write_cache_decode(cache, k, v, self.k_norm, cos.reshape(1, 1, 1, D), sin.reshape(1, 1, 1, D), step)
-      keys, values = cache[0], cache[1]
+    if step.mode == DECODE:   # write the new slot, then read the filled slots: every one is a key the query sees
+      write_cache_decode(cache, k, v, self.k_norm, cos.reshape(1, 1, 1, D), sin.reshape(1, 1, 1, D), step)
+      keys, values = filled_keys_values(cache, step)
     elif step.mode == FRESH: keys, values = k, v
     else:
       keys, values = cache[0].cat(k, dim=2), cache[1].cat(v, dim=2)
       pending = (k, v)
     q = q.reshape(B, T, self.kv_heads, group, D).permute(0, 2, 3, 1, 4)           # [B, kv_heads, group, T, D]
-    if T == 1: scores = self.q_norm.rotated_scores(q, cos.reshape(1, 1, 1, 1, D), sin.reshape(1, 1, 1, 1, D), keys)
+    if one_token: scores = self.q_norm.rotated_scores(q, cos.reshape(1, 1, 1, 1, D), sin.reshape(1, 1, 1, 1, D), keys)
     else: scores = (q @ keys.unsqueeze(2).transpose(-1, -2))                      # [B, kv_heads, group, T, K]
-    scores = scores * self.scale
-    scores = step.allowed.where(_softcap(scores, self.softcap), MASKED_SCORE)
-    if T == 1: out = decode_attention_values(_materialize(scores), values)
+    scores = _softcap(scores * self.scale, self.softcap)
+    if step.allowed is not None: scores = step.allowed.where(scores, MASKED_SCORE)
+    if one_token: out = decode_attention_values(_materialize(scores), values)
     else: out = scores.float().softmax(-1).cast(h.dtype) @ values.unsqueeze(2)   # [B, kv_heads, group, T, D]
     out = out.permute(0, 3, 1, 2, 4).reshape(B, T, self.heads * D)
-    if step.mode == FRESH: _write_cache(cache, k, v, step)
+    if step.mode == FRESH: write_cache_fresh(cache, k, v, step)
     return self.o_proj(out), pending
 
 class Gemma3MLP:
@@ -420,7 +374,7 @@ class Gemma3DecoderLayer:
     self.pre_feedforward_layernorm = Gemma3RMSNorm(weights[p + "pre_feedforward_layernorm.weight"], eps)
     self.mlp = Gemma3MLP(weights, p + "mlp.")
     self.post_feedforward_layernorm = Gemma3RMSNorm(weights[p + "post_feedforward_layernorm.weight"], eps)
-  def __call__(self, h: Tensor, step: _StepInputs, cache: Tensor) -> tuple[Tensor, Optional[tuple]]:
+  def __call__(self, h: Tensor, step: StepInputs, cache: Tensor) -> tuple[Tensor, Optional[tuple]]:
     attended, pending = self.self_attn(h, self.input_layernorm, step, cache)
     if h.shape[-2] == 1:
       # one token: the attention block's output h + norm(attended) is never stored; the MLP's first kernel and the
@@ -440,45 +394,6 @@ class Gemma3TextModel:
     self.embed_tokens = Gemma3Embedding(weights["model.embed_tokens.weight"])
     self.layers = [Gemma3DecoderLayer(config, weights, i) for i in range(config.num_hidden_layers)]
     self.norm = Gemma3RMSNorm(weights["model.norm.weight"], config.rms_norm_eps)
-
-# ---------------------------------------------------------------------------------------------------------------
-# KV cache
-
-class Gemma3KVCache:
-  """Preallocated post-RoPE keys and values per layer ([2, B, kv_heads, slots, D]: keys, then values), plus, on the
-  host, the absolute position each slot holds. Full-attention layers have `max_context` slots (slot = position).
-  Sliding layers keep a ring of min(sliding_window, max_context) slots (slot = position mod ring), enough for the W
-  keys a query sees: itself (a new key of the call) and the W-1 before it. Shapes never change, so every decode step
-  runs the same kernels; stale and empty slots are masked by position."""
-  def __init__(self, config: Gemma3Config, batch: int, max_context: int, dtype: DType, device: str):
-    if max_context < 1: raise ValueError(f"max_context must be positive, got {max_context}")
-    self.batch, self.max_context = batch, max_context
-    self.slots = {SLIDING: min(config.sliding_window, max_context), FULL: max_context}
-    self.positions = {t: np.full(n, EMPTY_SLOT, dtype=np.int32) for t, n in self.slots.items()}
-    # per layer: keys and values stacked, [2, B, kv_heads, slots, D] (one kernel writes both), zeros so masked slots
-    # stay finite
-    self.layers: list[Tensor] = []
-    for layer_type in config.layer_types:
-      shape = (2, batch, config.num_key_value_heads, self.slots[layer_type], config.head_dim)
-      self.layers.append(Tensor.zeros(shape, dtype=dtype, device=device).contiguous())
-    Tensor.realize(*self.tensors())
-    self.next_position = 0
-
-  def tensors(self) -> list[Tensor]: return list(self.layers)
-
-  def destinations(self, layer_type: str, positions: np.ndarray) -> np.ndarray:
-    """The slot each new position is written to; EMPTY_SLOT for one a later token of the same call overwrites."""
-    slots = self.slots[layer_type]
-    out = (positions % slots).astype(np.int32)
-    out[positions < positions[-1] + 1 - slots] = EMPTY_SLOT
-    return out
-
-  def advance(self, positions: np.ndarray) -> None:
-    for layer_type in self.slots:
-      dest = self.destinations(layer_type, positions)
-      kept = dest != EMPTY_SLOT
-      self.positions[layer_type][dest[kept]] = positions[kept]
-    self.next_position = int(positions[-1]) + 1
 
 # ---------------------------------------------------------------------------------------------------------------
 # the causal LM
@@ -508,10 +423,13 @@ class Gemma3:
     self.cache: Optional[Gemma3KVCache] = None
     self._decode_jit: Optional[TinyJit] = None         # the captured decode step, for the cache it was captured on
     self._decode_jit_cache: Optional[Gemma3KVCache] = None
-    # the jitted step's own inputs, rewritten in place (the same buffers every replay: nothing in the captured
-    # program is patched): the token ids (state: the step writes its argmax there) and the step data
+    # the jitted step's token ids, rewritten in place (state: the step writes its argmax there); its position comes
+    # as bound Variables
     self._decode_tokens: Optional[Tensor] = None
-    self._decode_data: Optional[Tensor] = None
+    # the captured prefill (the prompt length a Variable), for the cache it was captured on, and its padded ids input
+    self._prefill_jit: Optional[TinyJit] = None
+    self._prefill_jit_cache: Optional[Gemma3KVCache] = None
+    self._prefill_tokens: Optional[Tensor] = None
     self.inv_freq = {t: self._inverse_frequencies(t) for t in LAYER_TYPES}
 
   def _inverse_frequencies(self, layer_type: str) -> Tensor:
@@ -580,54 +498,85 @@ class Gemma3:
 
   # ---- running
   def reset_cache(self, batch: int = 1, max_context: Optional[int] = None) -> Gemma3KVCache:
-    """A fresh, empty cache for `batch` sequences of up to `max_context` positions."""
+    """An empty cache for `batch` sequences of up to `max_context` positions: the current one cleared when it has
+    these sizes (its buffers, and the prefill and decode programs captured on them, serve the new sequence), else a
+    new one."""
     max_context = max_context or min(DEFAULT_MAX_CONTEXT, self.config.max_position_embeddings)
     if max_context > self.config.max_position_embeddings:
       raise ValueError(f"max_context {max_context} exceeds max_position_embeddings "
                        f"{self.config.max_position_embeddings}")
-    self.cache = Gemma3KVCache(self.config, batch, max_context, self.dtype, self.device)
+    if self.cache is not None and self.cache.fits(batch, max_context, self.dtype, self.device): self.cache.clear()
+    else: self.cache = Gemma3KVCache(self.config, batch, max_context, self.dtype, self.device)
     return self.cache
 
-  def _step_data(self, positions: np.ndarray, cache: Gemma3KVCache) -> tuple[str, np.ndarray]:
-    """The host side of one forward call: its mode, and one int32 array that carries every position-dependent
-    value to the device: the query positions, then for each layer type (sorted) the cache slot each new token goes
-    to and the position of every key attended over (see _StepInputs for the modes)."""
+  def _step_data(self, positions: np.ndarray, cache: Gemma3KVCache) -> tuple[str, Optional[np.ndarray]]:
+    """The host side of one forward call: its mode (see gemma3_cache.py), and the int32 array that carries its
+    position-dependent values to the device. FRESH and DECODE: none (their positions, slots and key counts are bound
+    Variables: a prompt's length, a step's position). EXTEND: the query positions, then for each layer type (sorted)
+    the cache slot each new token goes to and the position of every key attended over."""
     T = len(positions)
     mode = FRESH if cache.next_position == 0 else DECODE if T == 1 else EXTEND
+    if mode != EXTEND: return mode, None
     parts = [positions]
     for layer_type in sorted(set(self.config.layer_types)):
-      destination = cache.destinations(layer_type, positions)
-      if mode == FRESH: key_positions = positions
-      elif mode == DECODE:   # the cache as it is after this token's write
-        key_positions = cache.positions[layer_type].copy()
-        key_positions[destination] = positions
-      else: key_positions = np.concatenate([cache.positions[layer_type], positions])
-      parts += [destination, key_positions]
+      key_positions = np.concatenate([cache.positions[layer_type], positions])
+      parts += [cache.destinations(layer_type, positions), key_positions]
     return mode, np.concatenate(parts).astype(np.int32)
 
-  def _step_inputs(self, layer_type: str, mode: str, query_pos: Tensor, key_pos: Tensor, destination: Tensor,
-                   cache: Gemma3KVCache) -> _StepInputs:
-    """The device tensors of one layer type for a call, from its positions (slices of the step data)."""
-    T, device, half = query_pos.shape[0], self.device, self.config.head_dim // 2
-    slots = cache.slots[layer_type]
-    distance = query_pos.reshape(T, 1) - key_pos.reshape(1, -1)
-    allowed = (key_pos.reshape(1, -1) >= 0) & (distance >= 0)
-    if layer_type == SLIDING: allowed = allowed & (distance < self.config.sliding_window)
+  def _rotary_tables(self, layer_type: str, query_pos: Tensor) -> tuple[Tensor, Tensor]:
+    """cos and signed sin [T, D] of the query positions' angles, in the model dtype."""
+    T, half = query_pos.shape[0], self.config.head_dim // 2
     angles = query_pos.float().reshape(T, 1) * self.inv_freq[layer_type].reshape(1, half)   # float32, as HF
     angles = angles.double()   # cos/sin of the float32 angle, with float64 range reduction (positions up to 1e5+)
     cos, sin = angles.cos().float().cast(self.dtype), angles.sin().float().cast(self.dtype)
-    cos, sin_signed = _materialize(cos.cat(cos, dim=-1)), _materialize((-sin).cat(sin, dim=-1))
-    hits = Tensor.arange(slots, device=device).reshape(slots, 1) == destination.reshape(1, T)
-    scatter = hits.cast(self.dtype) if T > 1 else None
-    return _StepInputs(mode, cos, sin_signed, _materialize(allowed), scatter, _materialize(hits.any(1, keepdim=True)))
+    return _materialize(cos.cat(cos, dim=-1)), _materialize((-sin).cat(sin, dim=-1))
+
+  def _step_inputs(self, mode: str, step_data: Optional[Tensor], T: Any, variables: Any,
+                   cache: Gemma3KVCache) -> dict[str, StepInputs]:
+    """The device tensors of each layer type for a call (T: its token count; variables: the prompt length's bound
+    Variable for FRESH, cache.decode_variables for DECODE)."""
+    types, window, out = sorted(set(self.config.layer_types)), self.config.sliding_window, {}
+    if mode == FRESH:
+      query_pos = Tensor.arange(T, dtype=dtypes.int32, device=self.device)
+      distance = query_pos.reshape(T, 1) - query_pos.reshape(1, T)
+      for layer_type in types:
+        allowed = (distance >= 0) & (distance < window) if layer_type == SLIDING else distance >= 0
+        out[layer_type] = StepInputs(FRESH, *self._rotary_tables(layer_type, query_pos), allowed=allowed,
+                                     filled=T, ring=cache.is_ring(layer_type))
+      return out
+    if mode == DECODE:   # the query position is the bound `position` Variable, a constant computed in the kernel
+      query_pos = Tensor.full((1,), variables[0], dtype=dtypes.int32, device=self.device)
+    else:
+      assert step_data is not None
+      query_pos = step_data[:T]
+    offset = T
+    for layer_type in types:
+      tables = self._rotary_tables(layer_type, query_pos)
+      if mode == DECODE:
+        slot, filled = cache.decode_slots(layer_type, variables)
+        out[layer_type] = StepInputs(DECODE, *tables, slot=slot, filled=filled, ring=cache.is_ring(layer_type))
+        continue
+      slots = cache.slots[layer_type]
+      destination, key_pos = step_data[offset:offset + T], step_data[offset + T:offset + 2 * T + slots]
+      offset += 2 * T + slots
+      distance = query_pos.reshape(T, 1) - key_pos.reshape(1, -1)
+      allowed = (key_pos.reshape(1, -1) >= 0) & (distance >= 0)
+      if layer_type == SLIDING: allowed = allowed & (distance < window)
+      hits = Tensor.arange(slots, device=self.device).reshape(slots, 1) == destination.reshape(1, T)
+      out[layer_type] = StepInputs(EXTEND, *tables, allowed=_materialize(allowed), scatter=hits.cast(self.dtype),
+                                   written=_materialize(hits.any(1, keepdim=True)), ring=cache.is_ring(layer_type))
+    return out
 
   def forward(self, token_ids: Tensor, start_pos: int = 0, last_only: bool = False, return_hidden: bool = False,
               jit: bool = False) -> Any:
     """Logits [B, T, V] (or [B, 1, V] with last_only), realized; with return_hidden also the list of hidden states
     [B, T, H]: the scaled embedding, each layer's output, and the final norm's output (HF's hooks).
-    With `jit`, a one-token step with last_only replays a TinyJit capture of the decode step (the same kernels as
-    without; every position-dependent value travels in the step data): the returned logits are then the JIT's
-    buffer, rewritten by the next jitted step (read or copy them first)."""
+    A prompt (start_pos 0) runs with its length as a bound Variable (`cache.prompt_length`): its outputs' T is
+    symbolic (`.numpy()` gives the values), and every length up to the cache's runs the same kernels. A one-token
+    step reads only the cache's filled slots (symbolic too).
+    With `jit` and last_only (no hidden states), a prompt replays a TinyJit capture of the prefill and a one-token
+    step one of the decode step (the same kernels as without; one capture serves every length and position): the
+    returned logits are then the JIT's buffer, rewritten by its next call (read or copy them first)."""
     if token_ids.ndim != 2 or not token_ids.dtype.is_int:
       raise ValueError(f"token_ids must be a 2-D int tensor [batch, tokens], got {token_ids.shape} {token_ids.dtype}")
     B, T = token_ids.shape
@@ -645,9 +594,20 @@ class Gemma3:
       raise ValueError(f"positions {start_pos}..{start_pos + T - 1} do not fit a cache of {cache.max_context}")
     positions = np.arange(start_pos, start_pos + T, dtype=np.int32)
     mode, step_data = self._step_data(positions, cache)
-    token_ids = token_ids.to(self.device).int()
-    if jit and mode == DECODE and last_only and not return_hidden: out = self._replay_decode(token_ids, step_data)
-    else: out = self._run_step(token_ids, Tensor(step_data, device=self.device), mode, last_only, return_hidden)
+    compiled = jit and last_only and not return_hidden
+    if mode == FRESH:   # the prompt padded to the cache's length on the host, shrunk to its length on the device
+      ids = np.zeros((B, cache.max_context), dtype=np.int32)
+      ids[:, :T] = token_ids.numpy()
+      length = cache.prompt_length.bind(T)
+      if compiled: out = self._replay_prefill(ids, length)
+      else: out = self._run_step(Tensor(ids, device=self.device).shrink((None, (0, length))), None, FRESH, last_only,
+                                 return_hidden, length)
+    else:
+      token_ids = token_ids.to(self.device).int()
+      data = Tensor(step_data, device=self.device) if step_data is not None else None
+      variables = cache.decode_variables(start_pos) if mode == DECODE else None
+      if compiled and mode == DECODE: out = self._replay_decode(token_ids, variables)
+      else: out = self._run_step(token_ids, data, mode, last_only, return_hidden, variables)
     cache.advance(positions)
     return out
   __call__ = forward
@@ -662,10 +622,10 @@ class Gemma3:
     sequence) at the cache's next position, each step a replay of the captured decode step.
     The argmax runs on the device inside the step and is written into the next step's token input there, so the
     host never waits for a step before queueing the next: it keeps one step queued ahead of the one whose tokens it
-    reads (4 bytes per sequence, copied out in stream order), and its own work (the step data, the replay call)
-    overlaps the GPU's. A consumer that stops early (at an EOS id) leaves that one queued step run: its token is
-    dropped, and the cache holds keys and values up to the last yielded token's input, one position past what the
-    unpipelined loop writes. Arguments are checked here, before anything runs."""
+    reads (4 bytes per sequence, copied out in stream order), and its own work (the replay call with the step's
+    position Variables) overlaps the GPU's. A consumer that stops early (at an EOS id) leaves that one
+    queued step run: its token is dropped, and the cache holds keys and values up to the last yielded token's input,
+    one position past what the unpipelined loop writes. Arguments are checked here, before anything runs."""
     cache = self.cache
     if cache is None or cache.next_position == 0:
       raise ValueError("greedy decoding continues a sequence: run its prompt through the model first")
@@ -677,7 +637,7 @@ class Gemma3:
     if count < 0: raise ValueError(f"count must be >= 0, got {count}")
     if cache.next_position + count > cache.max_context:
       raise ValueError(f"{count} steps from position {cache.next_position} do not fit a cache of {cache.max_context}")
-    tokens_in = self._decode_inputs(ids.shape[0])[0]
+    tokens_in = self._decode_inputs(ids.shape[0])
     tokens_in.lazydata.base.buffer.copyin(ids.astype(np.int32).reshape(-1, 1))
     return self._pipelined_steps(count)
 
@@ -685,8 +645,9 @@ class Gemma3:
     cache, queued = self.cache, collections.deque()
     assert cache is not None
     def queue_step() -> None:
-      positions = np.array([cache.next_position], dtype=np.int32)
-      self._replay_decode(None, self._step_data(positions, cache)[1], synchronous=False)
+      position = cache.next_position
+      positions = np.array([position], dtype=np.int32)
+      self._replay_decode(None, cache.decode_variables(position))
       cache.advance(positions)
       queued.append(self._decode_tokens.lazydata.base.buffer.copyout_async())   # type: ignore[union-attr]
     if count: queue_step()
@@ -694,56 +655,65 @@ class Gemma3:
       if step + 1 < count: queue_step()   # the step after this one, queued before this one's tokens are read
       yield queued.popleft().wait().reshape(-1).tolist()
 
-  def _decode_inputs(self, batch: int) -> tuple[Tensor, Optional[Tensor]]:
-    """The jitted step's token input [B, 1] (which the step overwrites with its argmax) and step data, made for a
-    new cache (a new cache has new buffers: a new capture)."""
+  def _decode_inputs(self, batch: int) -> Tensor:
+    """The jitted step's token input [B, 1] (which the step overwrites with its argmax), made for a new cache (a new
+    cache has new buffers: a new capture)."""
     cache = self.cache
     if self._decode_jit is None or self._decode_jit_cache is not cache:
       self._decode_jit, self._decode_jit_cache = TinyJit(self._decode_step), cache
-      self._decode_tokens, self._decode_data = _device_input((batch, 1), self.device), None
+      self._decode_tokens = _device_input((batch, 1), self.device)
     assert self._decode_tokens is not None
-    return self._decode_tokens, self._decode_data
+    return self._decode_tokens
 
-  def _replay_decode(self, token_ids: Optional[Tensor], step_data: np.ndarray, synchronous: bool = True) -> Tensor:
-    """The decode step through its TinyJit, the step data written into the step's own input buffer (stream-ordered
-    when not synchronous); `token_ids` (if given) are copied into the token input first. Returns the logits
-    [B, 1, V], the JIT's buffer."""
+  def _replay_decode(self, token_ids: Optional[Tensor], variables: tuple) -> Tensor:
+    """The decode step through its TinyJit with the position's bound Variables (the JIT sets them in the kernels that
+    take them; nothing is copied to the device); `token_ids` (if given) are copied into the token input first.
+    Returns the logits [B, 1, V], the JIT's buffer."""
     assert self.cache is not None
-    tokens_in, data = self._decode_inputs(self.cache.batch)
+    tokens_in = self._decode_inputs(self.cache.batch)
     if token_ids is not None: tokens_in.assign(token_ids.cast(dtypes.int32)).realize()
-    if data is None: data = self._decode_data = _device_input(step_data.shape, self.device)
-    buffer = data.lazydata.base.buffer
-    if synchronous: buffer.copyin(step_data)
-    else: buffer.copyin_async(step_data)
-    return self._decode_jit(data)   # type: ignore[misc]
+    return self._decode_jit(*variables)   # type: ignore[misc]
 
-  def _decode_step(self, step_data: Tensor) -> Tensor:
+  def _decode_step(self, position: Any, ring_slot: Any, ring_filled: Any) -> Tensor:
     """The jitted decode step: logits [B, 1, V] for the tokens in the token input, the cache written in place, and
     the argmax of the logits written into the token input (the next step's tokens)."""
     tokens = self._decode_tokens
     assert tokens is not None
-    logits = self._run_step(tokens, step_data, DECODE, last_only=True, return_hidden=False)
+    logits = self._run_step(tokens, None, DECODE, True, False, (position, ring_slot, ring_filled))
     tokens.assign(logits[:, -1].argmax(-1, keepdim=True)).realize()
     return logits
 
-  def _run_step(self, token_ids: Tensor, step_data: Tensor, mode: str, last_only: bool, return_hidden: bool) -> Any:
+  def _replay_prefill(self, ids: np.ndarray, length: Any) -> Tensor:
+    """A prompt through the prefill's TinyJit (one capture for every length up to the cache's, made for this cache):
+    the ids [B, max_context] (padded) copied into the step's own input buffer, the length a bound Variable. Returns
+    the last position's logits [B, 1, V], the JIT's buffer."""
+    cache = self.cache
+    assert cache is not None
+    if self._prefill_jit is None or self._prefill_jit_cache is not cache:
+      self._prefill_jit, self._prefill_jit_cache = TinyJit(self._prefill_step), cache
+      self._prefill_tokens = _device_input(ids.shape, self.device)
+    assert self._prefill_tokens is not None
+    self._prefill_tokens.lazydata.base.buffer.copyin(ids)
+    return self._prefill_jit(self._prefill_tokens, length)
+
+  def _prefill_step(self, padded_ids: Tensor, length: Any) -> Tensor:
+    """The jitted prefill: the logits of the last of `length` prompt tokens, the cache filled."""
+    return self._run_step(padded_ids.shrink((None, (0, length))), None, FRESH, True, False, length)
+
+  def _run_step(self, token_ids: Tensor, step_data: Optional[Tensor], mode: str, last_only: bool,
+                return_hidden: bool, variables: Any) -> Any:
     """The device side of a forward call: every layer over the cache, the cache writes, the logits; realized."""
     cache = self.cache
     assert cache is not None
     T = token_ids.shape[1]
-    query_pos, offset, steps = step_data[:T], T, {}
-    for layer_type in sorted(set(self.config.layer_types)):   # the layout _step_data wrote
-      keys = T if mode == FRESH else cache.slots[layer_type] + (T if mode == EXTEND else 0)
-      destination, key_pos = step_data[offset:offset + T], step_data[offset + T:offset + T + keys]
-      steps[layer_type] = self._step_inputs(layer_type, mode, query_pos, key_pos, destination, cache)
-      offset += T + keys
+    steps = self._step_inputs(mode, step_data, T, variables, cache)
     h = _materialize(self.model.embed_tokens(token_ids))
     hidden, pending = [h], []
     for layer, layer_cache in zip(self.model.layers, cache.layers):
       h, write = layer(h, steps[layer.layer_type], layer_cache)
       hidden.append(h)
       if write is not None: pending.append((layer_cache, write, steps[layer.layer_type]))
-    if last_only: h = h[:, -1:, :]
+    if last_only: h = h.shrink((None, (T - 1, T), None))
     h = _materialize(self.model.norm(h))
     hidden.append(h)
     head = self.lm_head.weight if self.lm_head is not None else self.model.embed_tokens.weight
@@ -752,7 +722,7 @@ class Gemma3:
     # EXTEND writes the cache only after the kernels that read it have run (a schedule orders by data, not writes)
     Tensor.realize(*outputs, *([] if pending else cache.tensors()))
     for layer_cache, (k, v), step in pending:
-      _write_cache(layer_cache, k, v, step)
+      write_cache_scatter(layer_cache, k, v, step)
     if pending: Tensor.realize(*cache.tensors())
     return (logits, hidden) if return_hidden else logits
 

@@ -63,9 +63,11 @@ def generate(model: Gemma3, prompt_ids: Sequence[int], max_new_tokens: int, temp
              jit: bool = True) -> GenerationResult:
   """Prefill the prompt, then decode one token per cached step until max_new_tokens or an EOS id (max_new_tokens 0:
   nothing runs and no ids come back).
-  The cache is sized to the prompt plus max_new_tokens, rounded up to CONTEXT_GRANULE. With `jit` (the default) the
-  decode step is captured once by a TinyJit and replayed for every later token (the same ids and logits as without:
-  the same kernels run, without building and scheduling the graph again)."""
+  The cache is sized to the prompt plus max_new_tokens, rounded up to CONTEXT_GRANULE (a cache of the model's last
+  size is reused, with the programs captured on it). With `jit` (the default) the prefill and the decode step are
+  each captured once by a TinyJit and replayed (the prompt's length and the position are bound Variables: one capture
+  serves every length and position; the same ids and logits as without: the same kernels run, without building and
+  scheduling the graph again)."""
   prompt = [int(t) for t in prompt_ids]
   if not prompt: raise ValueError("the prompt has no tokens")
   if max_new_tokens < 0: raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
@@ -79,7 +81,7 @@ def generate(model: Gemma3, prompt_ids: Sequence[int], max_new_tokens: int, temp
   model.reset_cache(1, max_context or min(-(-needed // CONTEXT_GRANULE) * CONTEXT_GRANULE, limit))
   rng, eos = np.random.default_rng(seed), set(eos_ids)
   start = time.perf_counter()
-  logits = model(Tensor(np.array([prompt], dtype=np.int32), device=model.device), 0, last_only=True)
+  logits = model(Tensor(np.array([prompt], dtype=np.int32), device=model.device), 0, last_only=True, jit=jit)
   token = choose_token(logits.numpy()[0, -1], temperature, top_k, top_p, rng)
   result = GenerationResult([token], len(prompt), time.perf_counter() - start, 0.0)
   if on_token: on_token(token)

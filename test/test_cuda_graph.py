@@ -219,6 +219,26 @@ def test_graph_is_ordered_with_eager_kernels():
     np.testing.assert_array_equal(w.copyout(), start + step + 1115, err_msg=f"step {step}")
 
 @gpu
+def test_update_variables_patches_values_and_grid_keeps_pointers():
+  """A symbolic kernel's replay patches only its variable values and grid: n = 1000 then 130 (a smaller grid) then
+  1000 again; the elements past the second n keep what the first launch wrote."""
+  program, n = add_program(), 1000
+  start = np.random.default_rng(5).integers(-1000, 1000, n)
+  a, b = int_buffer(start), int_buffer(np.zeros(n))
+  graph = CUDAGraph([add_launch(program, b, a, n, 1)])
+  graph.launch()
+  np.testing.assert_array_equal(b.copyout(), start + 1)
+  graph.update_variables(0, [130, 7], (-(-130 // ADD_BLOCK),))
+  assert graph.nodes[0].current[:2] == [int(b.handle), int(a.handle)]
+  graph.launch()
+  np.testing.assert_array_equal(b.copyout(), np.concatenate([start[:130] + 7, start[130:] + 1]))
+  graph.update_variables(0, [n, 2], (-(-n // ADD_BLOCK),))
+  graph.launch()
+  np.testing.assert_array_equal(b.copyout(), start + 2)
+  with pytest.raises(ValueError, match="argument 3 of kind 'q'"): graph.update_variables(0, [n, 2**63], (8,))
+  with pytest.raises(ValueError, match="takes 4 args"): graph.update_variables(0, [1, 2, 3, 4, 5], (8,))
+
+@gpu
 def test_update_rejects_bad_arguments():
   program, n = add_program(), 64
   a, b = int_buffer(np.arange(n)), int_buffer(np.zeros(n))

@@ -446,7 +446,7 @@ def test_cuda_graph_runner_patches_variable_args_and_grid(monkeypatch):
   from tgrad.jit import Instruction
   class RecordingGraph:
     def __init__(self, launches): self.launches, self.updates = launches, []
-    def update(self, index, args, grid=None): self.updates.append((index, list(args), tuple(grid)))
+    def update_variables(self, index, values, global_size): self.updates.append((index, list(values), tuple(global_size)))
     def launch(self): pass
   monkeypatch.setattr(cuda_graph, "CUDAGraph", RecordingGraph)
   class Program:
@@ -464,7 +464,7 @@ def test_cuda_graph_runner_patches_variable_args_and_grid(monkeypatch):
   assert graph.launches[0].grid == (1, 1, 1) and graph.launches[0].args == [4096, 5]
   instruction.var_vals["rows"] = 100
   graph_runner.rebind_variables([instruction])
-  assert graph.updates == [(0, [4096, 100], (13, 1, 1))]   # ceil(800 / 64) blocks
+  assert graph.updates == [(0, [100], (13,))]   # ceil(800 / 64) blocks
 
 # ---- assign into a region (Tensor.assign_region): a KV-cache write of one slot
 

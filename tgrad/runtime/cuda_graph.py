@@ -222,6 +222,17 @@ class CUDAGraph:
           f"cuGraphExecKernelNodeSetParams_v2 (node {index})")
     self.param_updates += 1
 
+  def update_variables(self, index: int, values: Sequence[int], global_size: Sequence[int]) -> None:
+    """Set kernel `index`'s variable values (its last arguments, after the pointers) and its grid (the launch's
+    global size, x first) for later launches; its pointers stay. A no-op if unchanged."""
+    if not 0 <= index < len(self.nodes): raise IndexError(f"kernel node {index} of a graph of {len(self.nodes)}")
+    node = self.nodes[index]
+    pointers = len(node.current) - len(values)
+    if pointers < 0:
+      raise ValueError(f"kernel node {index} takes {len(node.values)} args ({node.kinds!r}), got {len(values)} values")
+    self.update(index, node.current[:pointers] + [int(v) for v in values],
+                tuple(global_size) + (1,) * (3 - len(global_size)))
+
   def launch(self) -> None:
     """Queue every kernel of the graph on the stream; returns before they run."""
     if not self._exec: raise CUDAGraphError("launch() on a closed CUDA graph")
@@ -248,6 +259,7 @@ class CUDAGraphRunner:
     self.device, self.slots = device, slots
     self.steps: list[Any] = []    # a CUDAGraph, or a no-argument call for an instruction that is not a kernel
     self.node_of: dict[int, list[tuple[CUDAGraph, int, Any]]] = {}   # slot → (graph, node index, instruction)
+    self.node_of_instruction: dict[int, tuple[CUDAGraph, int]] = {}   # id(kernel instruction) → (graph, node index)
     self.instructions = list(instructions)
     self.built = False
   def _launch_of(self, instruction: Any) -> KernelLaunch:
@@ -263,6 +275,7 @@ class CUDAGraphRunner:
       graph = CUDAGraph([self._launch_of(ins) for ins in pending])
       for index, ins in enumerate(pending):
         for s in dict.fromkeys(ins.args): self.node_of.setdefault(s, []).append((graph, index, ins))
+        self.node_of_instruction[id(ins)] = (graph, index)
       self.steps.append(graph)
       pending.clear()
     for ins in self.instructions:
@@ -281,13 +294,13 @@ class CUDAGraphRunner:
         patched.add((id(graph), index))
         graph.update(index, self._launch_of(ins).args)
   def rebind_variables(self, instructions: Sequence[Any]) -> None:
-    """Patch the kernel nodes of these instructions (whose var_vals changed): new variable arguments and grid."""
+    """Patch the kernel nodes of these instructions (whose var_vals changed): new variable arguments and grid. Runs
+    every replay of a symbolic program, so it does only that: no pointers read, no launch rebuilt."""
     if not self.built: return
-    wanted = {id(ins) for ins in instructions}
-    for graph, index, ins in {(id(g), i): (g, i, n) for nodes in self.node_of.values() for g, i, n in nodes}.values():
-      if id(ins) in wanted:
-        launch = self._launch_of(ins)
-        graph.update(index, launch.args, launch.grid)
+    for ins in instructions:
+      if (node := self.node_of_instruction.get(id(ins))) is None: continue   # not a kernel of these graphs
+      runner = ins.runner
+      node[0].update_variables(node[1], [ins.var_vals[v] for v in runner.variables], runner.launch_dims(ins.var_vals)[0])
   def __call__(self) -> None:
     if not self.built: self._build()
     for step in self.steps:

@@ -446,7 +446,8 @@ def test_cuda_graph_runner_patches_variable_args_and_grid(monkeypatch):
   from tgrad.jit import Instruction
   class RecordingGraph:
     def __init__(self, launches): self.launches, self.updates = launches, []
-    def update_variables(self, index, values, global_size): self.updates.append((index, list(values), tuple(global_size)))
+    def update_variables(self, index, values, global_size):
+      self.updates.append((index, list(values), tuple(global_size)))
     def launch(self): pass
   monkeypatch.setattr(cuda_graph, "CUDAGraph", RecordingGraph)
   class Program:
@@ -465,6 +466,57 @@ def test_cuda_graph_runner_patches_variable_args_and_grid(monkeypatch):
   instruction.var_vals["rows"] = 100
   graph_runner.rebind_variables([instruction])
   assert graph.updates == [(0, [100], (13,))]   # ceil(800 / 64) blocks
+
+def test_cuda_graph_runner_variable_patches_fuzz(monkeypatch):
+  """Seeded: a program of kernels taking random subsets of three variables, replayed through the CUDA graph runner
+  at random values (each call sets a random subset); after every call each node holds exactly the launch a fresh
+  build at the current values would make (pointers, values, grid), and only the kernels taking a changed variable
+  are patched."""
+  import tgrad.runtime.cuda_graph as cuda_graph
+  from tgrad.codegen.compile import CompiledKernel
+  from tgrad.jit import Instruction
+  class RecordingGraph:
+    def __init__(self, launches):
+      self.state, self.patches = [(list(launch.args), launch.grid) for launch in launches], 0
+    def update_variables(self, index, values, global_size):
+      pointers = len(self.state[index][0]) - len(values)
+      grid = tuple(global_size) + (1,) * (3 - len(global_size))
+      self.state[index], self.patches = (self.state[index][0][:pointers] + list(values), grid), self.patches + 1
+    def launch(self): pass
+  monkeypatch.setattr(cuda_graph, "CUDAGraph", RecordingGraph)
+  class Program:
+    function, shared_bytes = "kernel", 0
+  class Slot:
+    def __init__(self, handle):
+      self.buffer = type("B", (), {"handle": handle})()
+  rng = random.Random(13)
+  variables = {name: Variable(name, 1, 500) for name in ("a", "b", "c")}
+  slots = [Slot(4096 * (i + 1)) for i in range(6)]
+  instructions = []
+  for k in range(12):
+    names = sorted(rng.sample(sorted(variables), rng.randint(0, 3)))
+    grid = (variables[names[0]] * 3 + 31) // 32 if names else 4
+    runner = CompiledKernel(f"k{k}", Program(), (grid, 2), (32,), "", [], 0, 0, "CUDA", tuple(names))
+    runner.program = Program()
+    args = tuple(rng.sample(range(len(slots)), rng.randint(1, 3)))
+    instructions.append(Instruction(runner, args, "CUDA", 1, {n: 1 for n in names}))
+  graph_runner = cuda_graph.CUDAGraphRunner("CUDA", instructions, slots)
+  graph_runner()
+  graphs = [step for step in graph_runner.steps]
+  current = {"a": 1, "b": 1, "c": 1}
+  for _ in range(40):
+    changed = {n: rng.randint(1, 500) for n in rng.sample(sorted(current), rng.randint(1, 3))}
+    current.update(changed)
+    touched = [ins for ins in instructions if any(n in ins.var_vals for n in changed)]
+    for ins in touched: ins.var_vals.update({n: v for n, v in changed.items() if n in ins.var_vals})
+    (graph,) = graphs
+    patches = graph.patches
+    graph_runner.rebind_variables(touched)
+    assert graph.patches == patches + len(touched)
+    for index, ins in enumerate(instructions):
+      want = graph_runner._launch_of(ins)
+      assert graph.state[index] == (want.args, want.grid), (index, ins.var_vals)
+      assert want.args[len(ins.args):] == [current[n] for n in ins.runner.variables]
 
 # ---- assign into a region (Tensor.assign_region): a KV-cache write of one slot
 

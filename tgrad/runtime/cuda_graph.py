@@ -299,8 +299,9 @@ class CUDAGraphRunner:
     if not self.built: return
     for ins in instructions:
       if (node := self.node_of_instruction.get(id(ins))) is None: continue   # not a kernel of these graphs
+      graph, index = node
       runner = ins.runner
-      node[0].update_variables(node[1], [ins.var_vals[v] for v in runner.variables], runner.launch_dims(ins.var_vals)[0])
+      graph.update_variables(index, [ins.var_vals[v] for v in runner.variables], runner.launch_dims(ins.var_vals)[0])
   def __call__(self) -> None:
     if not self.built: self._build()
     for step in self.steps:

@@ -34,6 +34,7 @@ def arg_text(arg: Any) -> Any:
   if isinstance(arg, float): return repr(arg)   # keeps nan/inf/-0.0 apart
   if isinstance(arg, np.ndarray): return ["host", list(arg.shape), str(arg.dtype)]
   if isinstance(arg, UOp): return ["uop", unbind(arg)[0].key]   # a symbolic value: its variables, not their values
+  if isinstance(arg, ShapeTracker): return ["view", view_text(arg)]   # an ASSIGN's region: unbound, as views are
   if hasattr(arg, "stable_repr"): return arg.stable_repr()   # a CUSTOM op's kernel (tgrad/custom.py)
   if isinstance(arg, Enum): return arg.name
   if isinstance(arg, DType): return str(arg)

@@ -23,6 +23,7 @@ from tgrad.device import Buffer
 from tgrad.realize import compile_kernel
 from tgrad.runtime.nvrtc import compile_cuda, nvrtc_available
 from tgrad.tensor_ops.composite import apply_lowering, lowerings_for, regions_above, _log_sum_exp
+from cuda_on_cpu import CPU_ARCH, cpu_available, run_on_cpu
 
 inf, nan = math.inf, math.nan
 needs_nvrtc = pytest.mark.skipif(not nvrtc_available(), reason="libnvrtc not found (pip install nvidia-cuda-nvrtc)")
@@ -270,6 +271,38 @@ def test_cuda_heuristics_group_the_row_and_compile(size):
   hand_coded_optimizations(kernel)
   if size >= 64: assert kernel.group_for_reduces == 1, "a block shares each row"
   assert compile_cuda(kernel.renderer.render("online", linearize(kernel)), "sm_90")[:4] == b"\x7fELF"
+
+# rows whose threads' partials cover the combine's cases: ordinary, some threads' shares all −inf, a fully masked
+# row, one and two +inf, NaN, a 1e4 spread (one element dominates), equal values (every partial equal)
+def combine_rows(width: int) -> np.ndarray:
+  rows = normal(12, width, seed=21)   # 12: every opt list above divides it
+  rows[1, : width // 2] = -inf
+  rows[2] = -inf
+  rows[3, 5] = inf
+  rows[4, [3, width - 1]] = inf
+  rows[5, 7] = nan
+  rows[6] *= 2e3
+  rows[7] = 0.25
+  rows[8, : width - 1] = -inf
+  return rows
+
+@pytest.mark.skipif(not cpu_available(), reason="no C++ compiler for the CUDA emulation")
+@pytest.mark.parametrize("name", list(OPS))
+@pytest.mark.parametrize("opts", [o for o in CUDA_OPTS if any(opt.op in (OptOps.GROUP, OptOps.GROUPTOP) for opt in o)],
+                         ids=lambda opts: "-".join(o.op.name for o in opts))
+def test_group_combine_values_emulated_on_cpu(name, opts):
+  """The GROUP combine of a CUDA kernel (the threads' partials: their max, then a float32 sum of exponentials,
+  reduces.logaddexp_of_partials) run on the CPU (test/cuda_on_cpu.py) against torch, on rows with infinities and NaN."""
+  x = combine_rows(128)
+  [item] = [i for i in create_schedule([online(name, Tensor(x).realize()).lazydata]) if i.ast.op is Ops.SINK]
+  kernel = Kernel(item.ast, CUDARenderer(CPU_ARCH))
+  for opt in opts: kernel.apply_opt(opt)
+  assert kernel.group_for_reduces
+  want = torch_of(name, x)
+  out = np.full(want.size, np.nan, np.float32)
+  global_size, local_size = kernel.launch_dims()
+  run_on_cpu(kernel.renderer.render("kernel", linearize(kernel)), "kernel", global_size, local_size, [out, x], [])
+  np.testing.assert_allclose(out.reshape(want.shape), want, rtol=RTOL_F32, atol=2e-6, err_msg=f"{name} {opts}")
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", list(OPS))

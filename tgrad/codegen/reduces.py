@@ -18,7 +18,7 @@ loop adds one block into a fresh accumulator, an outer loop adds the block total
 """
 from __future__ import annotations
 import math
-from typing import TYPE_CHECKING, Iterator, Optional
+from typing import TYPE_CHECKING, Callable, Iterator, Optional
 from tgrad.dtype import dtypes
 from tgrad.ops import UOp, Ops, simplify, exec_alu
 from tgrad.shape.sint import canonical, ceil_div, to_uop, vmax_of
@@ -41,6 +41,7 @@ TILE_ACCUMULATE_BLOCK = 1 << 16
 BLOCK_DIVISOR_SLACK = 2
 BLOCK_LOOP_ARG = 2000   # RANGE arg of the loop over blocks of reduce axis a: BLOCK_LOOP_ARG + a
 GROUP_LOOP_ARG = 1000   # RANGE arg of the loop over a GROUP's partials along axis a: GROUP_LOOP_ARG + a
+GROUP_RESCALE_LOOP_ARG = 1500   # a LOGADDEXP combine's second loop over the partials (logaddexp_of_partials)
 # A row kernel (Kernel.row_store, schedule.py rule 2b) walks its rows in several passes: pass 0 holds the reduces that
 # read no other reduce, pass p the reduces reading pass p - 1's results, and the store runs in a pass after the last.
 # Each pass has loops of its own (the same loop reused would fuse passes that must run one after the other): pass p's
@@ -143,9 +144,9 @@ def chain_op(op: Ops) -> Ops:
 # sum d rounds relative to itself (a float sum), and m is exact. A step's unrolled values first make a state of their
 # own (online_step: their max and the sum of their exponentials), which is merged with one more exponential
 # (online_merge): exp(−|m − m'|) rescales whichever side had the smaller max. A GROUP's partials are results
-# m + log(d) combined by the same reduce (each thread's one rounding, not one per element). Infinities: a side at −inf
-# adds nothing (exp(−inf) = 0), equal infinities add as equals (the difference inf − inf would be NaN), +inf wins;
-# NaN propagates through MAX and the exponential.
+# m + log(d) (each thread's one rounding, not one per element), combined by their max and a float32 sum of
+# exponentials (logaddexp_of_partials). Infinities: a side at −inf adds nothing (exp(−inf) = 0), equal infinities add
+# as equals (the difference inf − inf would be NaN), +inf wins; NaN propagates through MAX and the exponential.
 
 def _alu(op: Ops, dtype, *src: UOp) -> UOp:
   """An ALU node, or the constant exec_alu gives when every source is one (no device compiler sees an op of
@@ -277,12 +278,34 @@ def group_combine(kernel: Kernel, indices: list[Optional[UOp]], ids: Iterator[in
   mine = [indices[a] for a in grouped + local_axes]
   store = UOp(Ops.STORE, dtypes.void, (shared, flat(mine), partial))
   barrier = UOp(Ops.BARRIER, dtypes.void, (store,))
-  group_loops = [UOp(Ops.RANGE, dtypes.index, (to_uop(0), to_uop(k.full_shape[a])),
-                     PASS_LOOP_ARG * level + GROUP_LOOP_ARG + a) for a in grouped]
-  theirs = group_loops + [indices[a] for a in local_axes]
-  load = UOp(Ops.LOAD, dtype, (shared, flat(theirs), barrier))
-  combined = new_reduce(ids, op, dtype, load, tuple(group_loops), compensated=compensable(op, dtype))
+  def partials(loop_arg: int) -> tuple[list[UOp], UOp]:   # loops over the group's partials, and the partial they read
+    loops = [UOp(Ops.RANGE, dtypes.index, (to_uop(0), to_uop(k.full_shape[a])), PASS_LOOP_ARG * level + loop_arg + a)
+             for a in grouped]
+    return loops, UOp(Ops.LOAD, dtype, (shared, flat(loops + [indices[a] for a in local_axes]), barrier))
+  group_loops, load = partials(GROUP_LOOP_ARG)
+  if op is Ops.LOGADDEXP:
+    rescale_loops, again = partials(GROUP_RESCALE_LOOP_ARG)
+    combined = logaddexp_of_partials(new_reduce(ids, Ops.MAX, dtype, load, tuple(group_loops)), again,
+                                     lambda term: new_reduce(ids, Ops.ADD, term.dtype, term, tuple(rescale_loops)))
+    group_loops += rescale_loops
+  else: combined = new_reduce(ids, op, dtype, load, tuple(group_loops), compensated=compensable(op, dtype))
   return combined, () if shares_results(k) else tuple(group_loops)
+
+def logaddexp_of_partials(peak: UOp, partial: UOp, sum_of: Callable[[UOp], UOp]) -> UOp:
+  """log Σ exp of a GROUP's partial results (each a thread's m + log d, in the reduce's dtype, float64 for the online
+  softmax) from two loops over them: their max M, then Σ exp(partial − M) with the difference taken in the partials'
+  dtype and the exponentials in float32 (`sum_of` makes that sum a reduce over the second loop); M + log Σ in the
+  partials' dtype. Each term is within float32's relative error and adds to a sum of at most the group's size, so the
+  result is off by about float32's epsilon in absolute terms, the accuracy of the float32 softmax it feeds — where a
+  LOGADDEXP over the partials would take one exponential in the partials' dtype per partial in every thread (a
+  float64 exp2 is a long software routine on a GPU). Infinities and NaN as online_merge: a partial equal to M adds
+  exactly 1 (both −inf, both +inf), NaN propagates through the max and the difference."""
+  dtype = partial.dtype
+  term_dtype = dtypes.float32 if dtype.itemsize >= 4 else dtype
+  difference = _cast(_sub(partial, peak), term_dtype)
+  term = _alu(Ops.WHERE, term_dtype, _alu(Ops.CMPNE, dtypes.bool, partial, peak), _exp(difference),
+              UOp.const(term_dtype, 1.0))
+  return _alu(Ops.ADD, dtype, peak, _log(_cast(sum_of(term), dtype)))
 
 def group_gate(kernel: Kernel, indices: list[Optional[UOp]]) -> Optional[UOp]:
   """The condition of the one thread of a GROUP that combines the partials and stores: every group thread id is 0."""

@@ -227,6 +227,15 @@ class Gemma3RMSNorm:
     float32."""
     return _rotate(self.weighted(x32), cos.float(), sin_signed.float()) * self.inverse_rms(x32)
 
+  def rotated_per_element(self, x32: Tensor, cos: Tensor, sin_signed: Tensor) -> Tensor:
+    """`rotated_rows` with each element's 1/rms from its own broadcast copy of its row (a reduce over [..., D, D] whose
+    result has x's shape, as in `rotated_scores`): no view follows the reduce, so what the result feeds stays in its
+    kernel (a decode step's cache write: D² multiply-adds beside one launch, where the row's own reduce was a kernel of
+    its own)."""
+    rows = x32.shape + (x32.shape[-1],)
+    inverse_rms = self.inverse_rms(x32.unsqueeze(-2).expand(rows), keepdim=False)
+    return _rotate(self.weighted(x32), cos.float(), sin_signed.float()) * inverse_rms
+
   def rotated(self, x: Tensor, cos: Tensor, sin_signed: Tensor) -> Tensor:
     """RoPE of the normed x, as one row kernel: the norm's 1/rms is one number per row, so it multiplies the rotation
     of the weighted x (x · (1 + w), in float32) after it — the rotation reads x at two positions of the row, which

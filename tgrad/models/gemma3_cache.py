@@ -121,11 +121,17 @@ def write_cache_fresh(cache: Tensor, keys: Tensor, values: Tensor, step: StepInp
 
 def write_cache_decode(cache: Tensor, keys: Tensor, values: Tensor, k_norm: Any, cos: Tensor, sin_signed: Tensor,
                        step: StepInputs) -> None:
-  """DECODE: one token's keys [B, kv_heads, 1, D] (not yet normed and rotated: k_norm.rotated_rows does both in the
-  same kernel) and values into its slot: a region assign of [slot, slot + 1), one row per layer whatever the
-  cache's size or the position."""
-  normed = k_norm.rotated_rows(keys.float(), cos, sin_signed).cast(cache.dtype)
-  cache.assign_region((None, None, None, (step.slot, step.slot + 1), None), normed.stack(values))
+  """DECODE: one token's keys [B, kv_heads, 1, D] (not yet normed and rotated) and values into its slot: a region
+  assign of [slot, slot + 1), one kernel per layer whatever the cache's size or the position. The key's norm, its
+  rotation and the write are that one kernel: both halves of the [2, ...] written value compute the key's normed
+  rotation (k_norm.rotated_per_element: each element its own sum of squares, so no view follows the reduce) and the
+  value half selects the values instead — a stack of the two would pad the reduce's result, which ends a kernel."""
+  keys32 = keys.float()
+  both = keys32.unsqueeze(0).expand(2, *keys32.shape)
+  normed = k_norm.rotated_per_element(both, cos, sin_signed).cast(cache.dtype)
+  is_key = Tensor.arange(2, device=keys.device).reshape(2, *([1] * keys.ndim)) == 0
+  new = is_key.where(normed, values.unsqueeze(0).expand(2, *values.shape))
+  cache.assign_region((None, None, None, (step.slot, step.slot + 1), None), new)
 
 def filled_keys_values(cache: Tensor, step: StepInputs) -> tuple[Tensor, Tensor]:
   """DECODE: the keys and values [B, kv_heads, filled, D] of the filled slots (a symbolic shrink: every kernel that

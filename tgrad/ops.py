@@ -705,4 +705,16 @@ symbolic = PatternMatcher([
   (UPat(Ops.MAX, src=(_x, _x)), lambda x: x),
 ])
 
-def simplify(u: UOp) -> UOp: return graph_rewrite(u, symbolic)
+# simplify is a pure function of its (interned, immutable) UOp: results are remembered across calls, so the same
+# index expression built again (every layer of a model, every kernel reading one view) is simplified once. Cleared
+# when full (the entries keep their UOps alive).
+SIMPLIFY_MEMO_LIMIT = 1 << 16
+_simplified: dict[UOp, UOp] = {}
+
+def simplify(u: UOp) -> UOp:
+  """u in the `symbolic` rules' canonical form (a fixpoint: simplify(simplify(u)) is simplify(u))."""
+  if (done := _simplified.get(u)) is not None: return done
+  out = graph_rewrite(u, symbolic)
+  if len(_simplified) >= SIMPLIFY_MEMO_LIMIT: _simplified.clear()
+  _simplified[u] = _simplified[out] = out
+  return out

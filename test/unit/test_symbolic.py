@@ -9,7 +9,8 @@ import itertools, random
 import pytest
 import sympy
 from tgrad.dtype import dtypes
-from tgrad.ops import Ops, UOp, exec_alu, simplify
+import tgrad.ops as ops_module
+from tgrad.ops import Ops, UOp, exec_alu, graph_rewrite, simplify, symbolic
 
 INDEX = dtypes.index
 SEED = 1234
@@ -220,10 +221,24 @@ def _python_value(u: UOp, env: dict) -> int:
   raise NotImplementedError(u.op)
 
 def test_simplify_is_idempotent_on_random_expressions():
+  """The rules' fixpoint is one: rewriting a simplified expression again (without simplify's memo, which would
+  answer from what it stored) changes nothing."""
   for n in range(N_RANDOM_EXPRESSIONS // 5):
     expression = ExpressionGenerator(random.Random(SEED + n)).expr()
     once = simplify(expression)
-    assert simplify(once) is once, f"{expression.render()} -> {once.render()} -> {simplify(once).render()}"
+    again = graph_rewrite(once, symbolic)
+    assert again is once, f"{expression.render()} -> {once.render()} -> {again.render()}"
+
+def test_simplify_memo_answers_as_the_rules_and_stays_bounded(monkeypatch):
+  """simplify remembers its results: each answer is what the rules give a fresh rewrite, a repeated call returns the
+  same UOp, and the memo never holds more than its limit (it is cleared when full)."""
+  monkeypatch.setattr(ops_module, "SIMPLIFY_MEMO_LIMIT", 64)
+  monkeypatch.setattr(ops_module, "_simplified", {})
+  for n in range(300):
+    expression = ExpressionGenerator(random.Random(SEED + 7919 * n)).expr()
+    answer = simplify(expression)
+    assert answer is graph_rewrite(expression, symbolic) and simplify(expression) is answer
+    assert len(ops_module._simplified) <= 64 + 2
 
 # ---------------------------------------------------------------------------------------------------------------
 # sympy as the oracle

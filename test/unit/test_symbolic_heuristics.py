@@ -21,6 +21,7 @@ from tgrad.codegen.compile import compile_kernel
 from tgrad.device import Buffer, Device
 from tgrad.models.gemma3 import decode_attention_values
 from tgrad.ops import Ops
+from tgrad.helpers import cpu_count
 from tgrad.runtime.nvrtc import compile_cuda, nvrtc_available
 from tgrad.schedule import ScheduleItem, create_schedule
 from tgrad.shape.sint import evaluate
@@ -190,9 +191,29 @@ def test_group_of_a_max_gets_a_padding_guard():
   src = kernel.renderer.render("softmax", linearize(kernel))
   assert "0xFF800000u" in src, "-inf stands in for the padding of the max"
 
-def test_cpu_keeps_symbolic_kernels_as_they_are():
+def test_cpu_rules_split_only_known_axes():
+  """On a CPU a symbolic kernel gets the concrete CPU rules on its axes of known size (the register tile, the thread
+  split of a prefill matmul's columns) and nothing on a symbolic axis: no guard, its loop runs to the call's value."""
   for name, (problem, _) in GEMMA_CHOICES.items():
-    assert heuristic_kernel(problem().item(), Device["LLVM"].renderer).applied_opts == [], name
+    item = problem().item()
+    kernel = heuristic_kernel(item, Device["LLVM"].renderer)
+    unoptimized = Kernel(item.ast, Device["LLVM"].renderer)
+    assert not kernel.padding_guards, name
+    assert [s for s in kernel.full_shape if not isinstance(s, int)] == \
+      [s for s in unoptimized.full_shape if not isinstance(s, int)], (name, kernel.applied_opts)
+  gate_up = heuristic_kernel(GEMMA_CHOICES["gate_up"][0]().item(), Device["LLVM"].renderer)
+  if cpu_count() > 1: assert [o.op for o in gate_up.applied_opts] == [OptOps.THREAD]   # its columns across the cores
+
+@pytest.mark.parametrize("name", ["gate_up", "decode_attention", "softmax_rows", "prefill_scores"])
+def test_cpu_heuristic_kernels_on_llvm(name):
+  """The CPU heuristics' symbolic kernels (threads included) on LLVM at several values, against numpy."""
+  problem = GEMMA_CHOICES[name][0]()
+  item = problem.item()
+  runner = compile_kernel("LLVM", heuristic_kernel(item, Device["LLVM"].renderer))
+  for value in (1, 7, 33):
+    out = Buffer("LLVM", item.bufs[0].size, item.bufs[0].dtype).copyin(np.full(item.bufs[0].size, np.nan, np.float32))
+    runner([out, *item.inputs], var_vals={problem.variable_name: value})
+    check(out.copyout(), problem.reference(value), value)
 
 # ---- values: the CUDA kernels run on the CPU, their UPCAST/UNROLL opts on LLVM, and on a GPU
 

@@ -44,11 +44,13 @@ def _load_strides(kernel: Kernel, axis: int) -> list:
   """Each LOAD's memory stride along `axis` (None where it is not one constant)."""
   return [st.real_strides()[axis] for u, st in zip(kernel.memops, kernel.sts) if u.op is Ops.LOAD]
 
+def _known(kernel: Kernel, axis: int) -> bool: return isinstance(kernel.full_shape[axis], int)
+
 def _register_tile(kernel: Kernel) -> None:
   """Upcast two output axes along which some input is reused (stride 0): the vector axis is contiguous in one
-  input; the rows axis replicates the other input's loads."""
+  input; the rows axis replicates the other input's loads. Axes of known size only (a symbolic one stays whole)."""
   if not kernel.reduceops: return
-  candidates = [a for a in range(kernel.global_dims) if 0 in _load_strides(kernel, a)]
+  candidates = [a for a in range(kernel.global_dims) if 0 in _load_strides(kernel, a) and _known(kernel, a)]
   vector_axis = next((a for a in candidates if 1 in _load_strides(kernel, a)
                       and kernel.full_shape[a] % CPU_TILE_COLUMNS == 0), None)
   if vector_axis is None: return
@@ -57,12 +59,17 @@ def _register_tile(kernel: Kernel) -> None:
   if rows_axis is not None: try_opt(kernel, Opt(OptOps.UPCAST, rows_axis, CPU_TILE_ROWS))
 
 def _threads(kernel: Kernel) -> None:
-  """Split the outermost output axis across the cores when there is enough work."""
+  """Split the outermost output axis of known size across the cores when there is enough work (judged at the
+  variables' bounds: a symbolic kernel's loops run to the values of the call)."""
   cores = cpu_count()
-  if cores <= 1 or kernel.global_dims == 0 or prod(kernel.full_shape) < CPU_THREAD_MIN_WORK: return
-  size = kernel.full_shape[0]
+  if cores <= 1 or vmax_of(prod(kernel.full_shape)) < CPU_THREAD_MIN_WORK: return
+  if kernel.global_dims == 0: return
+  axis = 0 if not kernel.symbolic else \
+    next((a for a in range(kernel.global_dims) if _known(kernel, a) and kernel.full_shape[a] > 1), None)
+  if axis is None: return
+  size = kernel.full_shape[axis]
   for threads in range(cores, 1, -1):
-    if size % threads == 0 and try_opt(kernel, Opt(OptOps.THREAD, 0, threads)): return
+    if size % threads == 0 and try_opt(kernel, Opt(OptOps.THREAD, axis, threads)): return
 
 # An online log-sum-exp (a LOGADDEXP reduce: the "online" softmax) merges each step's state into its running (max,
 # rescaled sum) with one exponential: unrolled, a step's values make their own state first (exponentials off the
@@ -472,7 +479,8 @@ def _gpu_rules(kernel: Kernel) -> None:
 # LOCAL and GROUP pad the axis and mask the padding; UPCAST and UNROLL only by what divides every value). A reduce
 # over a symbolic axis with few outputs, or a row kernel's rows (decode attention over the filled cache slots, softmax
 # over a symbolic row): a group of threads splits the reduce axis (_group_symbolic_reduce); otherwise the concrete
-# rules. On a CPU the loops stay as they are (LLVM vectorizes them).
+# rules. On a CPU the concrete CPU rules on the axes of known size: the register tile and the thread split (a
+# prefill matmul's columns across the cores); a symbolic axis stays one loop (LLVM vectorizes it).
 # Blocks a symbolic reduce's group layout keeps at least: two per SM of an H100 (132 SMs; MATVEC_MIN_BLOCKS's reason),
 # as a power of two. Fewer blocks leave SMs idle and make each thread's loop longer: decode attention at position 2000
 # ran 16 blocks of 64 threads, each looping over every key (117 µs a layer on an H100).
@@ -525,9 +533,29 @@ def _group_known_reduce(kernel: Kernel) -> bool:
   for opt in trial.applied_opts[len(kernel.applied_opts):]: kernel.apply_opt(opt)
   return True
 
+# A symbolic kernel is threaded on the CPU when it has enough work with each symbolic size at this value (capped by its
+# bound): a prefill of a prompt this long amortizes waking the threads. Judged at the bound instead, decode attention
+# (its sizes the filled cache slots) was threaded too, and a tiny-Gemma step on 2 cores took 0.35 ms at position 100
+# and 0.76 at 2000 where one core took 0.26 and 0.62.
+CPU_THREAD_SYMBOLIC_SIZE = 64
+
+def _symbolic_cpu_rules(kernel: Kernel) -> None:
+  """The CPU rules on the axes of known size: the register tile (not for a symbolic reduce into outputs of known
+  count, decode attention's values over the filled slots, where it was slower; a prefill's p·v over the keys gains),
+  an online reduce's unroll, and the thread split of a known output axis when the work at CPU_THREAD_SYMBOLIC_SIZE is
+  enough."""
+  outputs_known = all(isinstance(size, int) for size in kernel.full_shape[:kernel.first_reduce])
+  if not outputs_known or all(isinstance(size, int) for size in kernel.full_shape[kernel.first_reduce:]):
+    _register_tile(kernel)
+  _unroll_online(kernel)
+  if prod(s if isinstance(s, int) else min(vmax_of(s), CPU_THREAD_SYMBOLIC_SIZE) for s in kernel.full_shape) >= \
+     CPU_THREAD_MIN_WORK: _threads(kernel)
+
 def _symbolic_rules(kernel: Kernel) -> None:
   """The rules for a kernel whose loops have symbolic trip counts (see above)."""
-  if not kernel.renderer.has_local: return
+  if not kernel.renderer.has_local:
+    if kernel.renderer.has_threads: _symbolic_cpu_rules(kernel)
+    return
   if _group_symbolic_reduce(kernel) or _group_known_reduce(kernel) or _tensor_cores(kernel): return
   _gpu_locals(kernel, _gpu_upcast(kernel))
 

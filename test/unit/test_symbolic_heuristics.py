@@ -128,11 +128,11 @@ class PrefillScores(Problem):
 
 # ---- the opts chosen on the CUDA renderer for gemma-3-270m's shapes, compiled by NVRTC
 
-# a prefill matmul's register tile, as a concrete matmul's: 4 columns (float4 loads of x and W along K, stores along
-# N) × 4 prompt rows, the rows padded once to the block's 64 (PADTO: each replica tests row < n), K unrolled by 4,
-# 16×16 threads
-PREFILL_MATMUL_OPTS = opts_of(("PADTO", 0, 64), ("UPCAST", 1, 4), ("UPCAST", 0, 4), ("UNROLL", 0, 4), ("LOCAL", 0, 16),
-                              ("LOCAL", 1, 16))
+# a prefill matmul's staged tiles, as a big concrete matmul's: the prompt rows padded once to the block's 64 (each
+# replica tests row < n; the tile copies of x are masked), 8 rows × 8 columns per thread (two float4 groups), K
+# unrolled by 8, 8×16 threads, x's and W's tiles in shared memory
+PREFILL_MATMUL_OPTS = opts_of(("PADTO", 0, 64), ("UPCAST", 1, 4), ("UPCAST", 0, 8), ("UNROLL", 0, 8), ("LOCAL", 0, 8),
+                              ("LOCAL", 1, 16), ("UPCAST", 1, 2), ("SMEM", 0, 0), ("SMEM", 1, 0))
 # half: the rows padded to 4 row tiles of 16, 8 column tiles spread before TC (adjacent columns per lane), TC, 4 row
 # tiles: one warp of 64×64 outputs, as a concrete half matmul whose rows are the tiles' rows
 PREFILL_TC_OPTS = opts_of(("PADTO", 0, 64), ("UPCAST", 1, 8), ("TC", 0, 0), ("UPCAST", 0, 4))
@@ -163,6 +163,9 @@ def test_heuristic_opts_compile(name):
   # a guarded split indexes its pieces directly: no index is divided, only a grouped loop's trip count ceil(n/group)
   code = [line.strip() for line in re.sub(r"/\*.*?\*/", "", src).splitlines() if "asm(" not in line]
   integer_math = [line for line in code if re.search(r"[/%]", line) and not line.startswith("float")]
+  if kernel.staged:   # the block's tile copies place each thread's runs and the pipeline wraps its step: 32-bit math
+    assert all(re.fullmatch(r"int alu\d+ = \(\w+ [/%] \d+\);", x) for x in integer_math), integer_math   # by constants
+    return
   assert len(integer_math) <= 1 and all(re.fullmatch(r"int alu\d+ = \(alu\d+ / \d+\);", x) for x in integer_math), \
     integer_math
 
@@ -218,8 +221,9 @@ def test_cpu_heuristic_kernels_on_llvm(name):
 # ---- values: the CUDA kernels run on the CPU, their UPCAST/UNROLL opts on LLVM, and on a GPU
 
 # smaller shapes of the same structure (the same kinds of opts), so the emulated threads finish quickly
-VALUE_CASES = {"matmul": lambda: Matmul(96, 64), "decode_attention": DecodeAttention, "decode_scores": DecodeScores,
-               "softmax_rows": SoftmaxRows, "prefill_scores": PrefillScores}
+VALUE_CASES = {"matmul": lambda: Matmul(96, 64), "staged_matmul": lambda: Matmul(256, 64),
+               "decode_attention": DecodeAttention, "decode_scores": DecodeScores, "softmax_rows": SoftmaxRows,
+               "prefill_scores": PrefillScores}
 
 def check(out: np.ndarray, ref: np.ndarray, value: int) -> None:
   out = out[:ref.size].astype(np.float64)
@@ -291,7 +295,7 @@ def test_gpu_gemma_shaped_kernels_match_numpy(name):
 
 PREFILL_MATMULS = {"qkv": (1536, 640), "o_proj": (640, 1024), "gate_up": (4096, 640), "down": (640, 2048)}   # (N, K)
 PREFILL_OPTS = {dtypes.float32: PREFILL_MATMUL_OPTS, dtypes.float16: PREFILL_TC_OPTS}
-PREFILL_ROWS_PER_THREAD = {dtypes.float32: 4, dtypes.float16: 8}   # a 4-row tile; 4 row tiles × a lane's 2 rows
+PREFILL_ROWS_PER_THREAD = {dtypes.float32: 8, dtypes.float16: 8}   # an 8-row tile; 4 row tiles × a lane's 2 rows
 GUARDED_LENGTHS = (1, 7, 16, 17, 100, 520)   # prompt lengths: below, at and just past a tile and a block
 POISON_BITS = 0xFFFF   # a NaN as float16 and as bfloat16 (outputs are filled with it: what no kernel writes)
 
@@ -301,9 +305,10 @@ def code_lines(src: str) -> list[str]: return [line.strip() for line in src.spli
 @pytest.mark.parametrize("dtype", [dtypes.float32, dtypes.float16], ids=str)
 @pytest.mark.parametrize("name", PREFILL_MATMULS)
 def test_gemma_prefill_matmul_opts(name, dtype):
-  """Gemma's four prefill projections get the concrete matmul's register tile (float32: 4×4 per thread, 16×16
-  threads) or tensor cores (float16), the prompt rows guarded: NVRTC compiles them; every load of x (data1) is masked
-  and every store gated, by one test per row of the thread's tile (each upcast replica its own row < n); W's loads
+  """Gemma's four prefill projections get the big concrete matmul's staged tiles (float32: 8×8 per thread, 8×16
+  threads, both inputs in shared memory) or tensor cores (float16), the prompt rows guarded: NVRTC compiles them;
+  every load of x (data1) is masked and every store gated, by one test per row of the thread's tile (each upcast
+  replica its own row < n; staged, x's loads are the block's tile copies, masked by the row each copies); W's loads
   (data2) are not masked (a padded row reads the first row's W: each load is shared by the thread's rows)."""
   kernel = heuristic_kernel(Matmul(*PREFILL_MATMULS[name], dtype=dtype).item(), CUDARenderer())
   assert kernel.applied_opts == PREFILL_OPTS[dtype]
@@ -316,7 +321,8 @@ def test_gemma_prefill_matmul_opts(name, dtype):
   assert w_loads and not any("?" in x for x in w_loads), w_loads
   gates = {re.match(r"if \((alu\d+)\)", x).group(1) for x in stores if x.startswith("if (")}
   assert len(stores) >= len(gates) == PREFILL_ROWS_PER_THREAD[dtype] and all(x.startswith("if (") for x in stores)
-  assert {re.search(r"\((alu\d+) \? \*", x).group(1) for x in x_loads} == gates   # the same row tests
+  if dtype == dtypes.float16:   # unstaged: each replica's loads and store test the same row
+    assert {re.search(r"\((alu\d+) \? \*", x).group(1) for x in x_loads} == gates
 
 def float64_values(out: np.ndarray, dtype) -> np.ndarray:
   """An output buffer's values (bfloat16 is its raw bits in uint16)."""
@@ -399,6 +405,29 @@ def test_symbolic_tensor_core_values_on_cpu(dtype, opts):
   kernel = guarded_kernel(item, CUDARenderer(TENSOR_CORE_ARCH), spec)
   assert kernel.tensor_core is not None
   emulated_rows(kernel, item, problem, dtype)
+
+STAGED_SYMBOLIC_OPTS = {"heuristic": PREFILL_MATMUL_OPTS, "smem_x": opts_of(("SMEM", 0, 0)),
+                        "group_smem": opts_of(("GROUP", 0, 8), ("SMEM", 0, 0)),
+                        "local_smem_padded": opts_of(("LOCAL", 0, 8), ("SMEM", 1, 4), ("UNROLL", 0, 4)),
+                        "padto_staged_w": opts_of(("PADTO", 0, 32), ("UPCAST", 0, 4), ("LOCAL", 0, 8), ("LOCAL", 1, 16),
+                                                  ("UNROLL", 0, 8), ("SMEM", 1, 0))}
+
+@needs_cpu_compiler
+@pytest.mark.parametrize("opts", STAGED_SYMBOLIC_OPTS)
+def test_staged_symbolic_matmul_values_on_cpu(opts):
+  """A float32 matmul over x[:n] with tiles staged in shared memory (the heuristics' staged prefill tiles, and other
+  legal SMEM lists), emulated at 1..520 rows against numpy on poisoned outputs: the masked tile copies read nothing
+  past row n and the padded rows store nothing."""
+  problem = Matmul(256, 64)
+  item = problem.item()
+  kernel = Kernel(item.ast, CUDARenderer(CPU_ARCH))
+  for opt in STAGED_SYMBOLIC_OPTS[opts]: kernel.apply_opt(opt)
+  assert kernel.staged
+  emulated_rows(kernel, item, problem, dtypes.float32)
+
+def test_a_symbolic_reduce_stages_no_tile():
+  kernel = Kernel(DecodeAttention().item().ast, CUDARenderer())
+  with pytest.raises(KernelOptError, match="symbolic length"): kernel.apply_opt(Opt(OptOps.SMEM, 0, 0))
 
 @needs_cpu_compiler
 def test_symbolic_tf32_tensor_core_values_on_cpu():

@@ -58,7 +58,10 @@ def stageable_loads(kernel: Kernel) -> list[UOp]:
 def apply_stage(kernel: Kernel, opt: Opt) -> None:
   """SMEM: Opt.axis picks a load of `stageable_loads`, Opt.amount the padding (elements) after each row of its
   tile. The tile is only laid out when the kernel is linearized (`stage_plan`), so later opts may still reshape it."""
-  kernel._check(not kernel.symbolic, f"{opt}: a kernel with symbolic sizes stages no tile")
+  # a symbolic kernel stages tiles of its known axes: its reduce must be known (the steps of the pipelined copy), its
+  # symbolic output axes are block indices (padded and split first, the padding's loads masked like the kernel's)
+  kernel._check(all(isinstance(size, int) for size in kernel.full_shape[kernel.first_reduce:]),
+                f"{opt}: a reduce of symbolic length stages no tile")
   kernel._check(kernel.renderer.has_shared and not kernel.dont_use_locals, f"{opt}: target has no shared memory")
   kernel._check(not kernel.row_store, f"{opt}: a row kernel's store reads its loads again, outside the staged loop")
   loads = stageable_loads(kernel)

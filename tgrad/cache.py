@@ -118,8 +118,15 @@ class SqliteStore:
     try:
       conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_SECONDS * 1000)}")
       conn.execute("PRAGMA journal_mode = WAL")  # readers never block the writer: several processes share the file
-      for table, columns in self.TABLES.items(): conn.execute(f"CREATE TABLE IF NOT EXISTS {table} ({columns})")
-      for statement in self.INDEXES: conn.execute(statement)
+      # commits without an fsync each (the WAL is synced at checkpoints): a writer holds the lock for less time, and a
+      # power loss can drop only the last commits of a cache
+      conn.execute("PRAGMA synchronous = NORMAL")
+      # the schema in one write transaction taken at once: a CREATE ... IF NOT EXISTS alone reads the schema first and
+      # then upgrades to a write, which SQLite refuses at once ("database is locked", no busy wait) when another
+      # process wrote in between — four processes opening a new file at once hit it
+      with write_transaction(conn):
+        for table, columns in self.TABLES.items(): conn.execute(f"CREATE TABLE IF NOT EXISTS {table} ({columns})")
+        for statement in self.INDEXES: conn.execute(statement)
     except BaseException:
       conn.close()
       raise

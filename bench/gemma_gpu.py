@@ -143,7 +143,8 @@ def tgrad_jit_decode_profile(ref: str, prompt: list[int], dtype) -> dict:
   kernels = [ins for ins in graph.instructions if isinstance(ins.runner, CompiledKernel)]
   gpu = replayed_gpu_seconds(graph)
   alone = sum(ins.runner([graph.slots[s].buffer for s in ins.args], True, ins.var_vals) or 0.0 for ins in kernels)
-  step_bytes = sum(ins.runner.nbytes for ins in kernels)   # each kernel's bytes read and written, as counted for DEBUG
+  # each kernel's bytes read and written at this step's variable values, as counted for DEBUG
+  step_bytes = sum(ins.runner.cost(ins.var_vals)[1] for ins in kernels)
   return {"kernels": len(kernels), "instructions": len(graph.instructions), "step_wall_s": wall, "gpu_kernel_s": gpu,
           "step_bytes": step_bytes, "achieved_GB_s": step_bytes / gpu / 1e9 if gpu else 0.0,
           "wall_over_gpu": wall / gpu if gpu else 0.0,
@@ -188,7 +189,7 @@ def tgrad_prefill_profile(ref: str, prompt: list[int], dtype) -> dict:
   for _ in range(3): model(tokens, 0, last_only=True, jit=True)   # runs, captures, replays the model's prefill
   graph = model._prefill_jit.captured
   gpu = replayed_gpu_seconds(graph)
-  flops = sum(ins.runner.flops for ins in graph.instructions if isinstance(ins.runner, CompiledKernel))
+  flops = sum(ins.runner.cost(ins.var_vals)[0] for ins in graph.instructions if isinstance(ins.runner, CompiledKernel))
   return {"prompt_tokens": len(prompt), "gpu_kernel_s": gpu, "flops": flops,
           "TFLOP_s": flops / gpu / 1e12 if gpu else 0,
           "kernels": sum(isinstance(ins.runner, CompiledKernel) for ins in graph.instructions)}

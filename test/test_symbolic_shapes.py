@@ -518,6 +518,31 @@ def test_cuda_graph_runner_variable_patches_fuzz(monkeypatch):
       assert graph.state[index] == (want.args, want.grid), (index, ins.var_vals)
       assert want.args[len(ins.args):] == [current[n] for n in ins.runner.variables]
 
+COST_CASES = {
+  "matmul": lambda x, w, rows: x[:rows] @ w.T,
+  "row_softmax": lambda x, w, rows: x[:rows].softmax(-1),
+  "reduce_over_rows": lambda x, w, rows: (x[:rows] * 2).sum(0),
+  "padded": lambda x, w, rows: x[:rows].pad(((1, 2), None)).exp() + 1,
+}
+
+@pytest.mark.parametrize("case", COST_CASES)
+def test_symbolic_kernel_cost_at_a_value_is_the_concrete_kernels(case):
+  """A symbolic kernel's (flops, bytes) evaluated at a value (CompiledKernel.cost, what DEBUG and the benches report)
+  equal the estimate of the same graph built with that value as a concrete size; without values, the maximum's."""
+  rng = np.random.default_rng(5)
+  x = Tensor(rng.standard_normal((64, 48), dtype=np.float32)).realize()
+  w = Tensor(rng.standard_normal((16, 48), dtype=np.float32)).realize()
+  rows = Variable("rows", 1, 64)
+  def runners(size):
+    items = [i for i in create_schedule([COST_CASES[case](x, w, size).lazydata]) if i.ast.op is Ops.SINK]
+    return [realize_module.get_runner("LLVM", i.ast) for i in items]
+  symbolic = runners(rows.bind(3))
+  assert symbolic and any(not isinstance(r.flops, int) for r in symbolic)
+  for value in (1, 7, 64):
+    concrete = runners(value)
+    assert [r.cost({"rows": value}) for r in symbolic] == [r.cost() for r in concrete], value
+  assert [r.cost() for r in symbolic] == [r.cost() for r in runners(64)]
+
 # ---- assign into a region (Tensor.assign_region): a KV-cache write of one slot
 
 def test_assign_region_writes_only_the_region_at_every_position():

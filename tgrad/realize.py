@@ -140,8 +140,9 @@ def run(exec_items: Sequence[ExecItem], debug: Optional[int] = None) -> None:
     _Totals.kernels += 1
     _Totals.seconds += elapsed
     runner, out = item.runner, item.bufs[0]
-    gflops = runner.flops / elapsed / 1e9 if elapsed > 0 else 0.0
-    gbs = runner.nbytes / elapsed / 1e9 if elapsed > 0 else 0.0
+    flops, nbytes = runner.cost(item.var_vals) if isinstance(runner, CompiledKernel) else (runner.flops, runner.nbytes)
+    gflops = flops / elapsed / 1e9 if elapsed > 0 else 0.0
+    gbs = nbytes / elapsed / 1e9 if elapsed > 0 else 0.0
     opts = f"opts {len(runner.opts)}" if isinstance(runner, CompiledKernel) else ""
     print(f"*** {out.device:5s} {runner.name:40s} out {out.size:>12d} {str(out.dtype):9s} {elapsed*1e6:9.1f} us "
           f"{gflops:8.2f} GFLOP/s {gbs:8.2f} GB/s  {opts}")

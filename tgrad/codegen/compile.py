@@ -13,7 +13,7 @@ from tgrad.codegen.linearizer import linearize
 from tgrad.device import Buffer, Device
 from tgrad.helpers import Context
 from tgrad.ops import Ops
-from tgrad.shape.sint import evaluate, is_symbolic
+from tgrad.shape.sint import evaluate, is_symbolic, sint, vmax_of
 
 LAUNCH_DIMS_MEMO = 256   # launch dims of a symbolic kernel remembered per variable values (a decode loop's positions)
 
@@ -27,13 +27,17 @@ class CompiledKernel:
   local_size: tuple[int, ...]
   src: str
   opts: list[Opt]
-  flops: int
-  nbytes: int
+  flops: sint    # per launch: an expression of the variables for a symbolic kernel (`cost` evaluates it)
+  nbytes: sint
   device: str = ""
   variables: tuple[str, ...] = field(default=())   # DEFINE_VAR names, in the order the program takes their values
   def __post_init__(self):   # a launch size may be symbolic (an index UOp over the variables): evaluated per launch
     self.symbolic_dims = is_symbolic(self.global_size) or is_symbolic(self.local_size)
     self._dims_at: dict[tuple, tuple[tuple[int, ...], tuple[int, ...]]] = {}   # variable values → launch dims
+  def cost(self, var_vals: Optional[dict[str, int]] = None) -> tuple[int, int]:
+    """(flops, bytes) of one launch at these variable values; at the variables' maximum without them."""
+    def at(x: sint) -> int: return x if isinstance(x, int) else evaluate(x, var_vals) if var_vals else vmax_of(x)
+    return at(self.flops), at(self.nbytes)
   def launch_dims(self, var_vals: Optional[dict[str, int]] = None) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """(global_size, local_size) for these variable values (remembered for the last LAUNCH_DIMS_MEMO values)."""
     if not self.symbolic_dims: return self.global_size, self.local_size

@@ -22,7 +22,7 @@ from tgrad.ops import UOp, Ops, ALU, exec_alu, truncate_to, is_gather_load
 from tgrad.codegen.staging import apply_stage, stage_plan
 from tgrad.codegen.tensor_cores import TensorCoreUse, apply_tensor_core
 from tgrad.shape.shapetracker import ShapeTracker
-from tgrad.shape.sint import canonical, ceil_div, divides, is_symbolic, render as render_size, vmax_of
+from tgrad.shape.sint import sint, canonical, ceil_div, divides, is_symbolic, render as render_size, vmax_of
 from tgrad.helpers import prod, round_up
 
 class KernelOptError(Exception):
@@ -451,16 +451,18 @@ class Kernel:
       nbytes += plan.buffer_elements * plan.buffers * load.dtype.itemsize
     self._check(nbytes <= caps.shared_memory_bytes, f"{nbytes} bytes of shared memory > {caps.shared_memory_bytes}")
 
-  def estimate(self) -> tuple[int, int]:
-    """(flops, bytes moved): ALU nodes × iterations, plus the bytes each buffer spans (read or written once)."""
+  def estimate(self) -> tuple[sint, sint]:
+    """(flops, bytes moved): ALU nodes × iterations, plus the bytes each buffer spans (read or written once). For a
+    symbolic kernel both are expressions of its variables (a gather's, or a load through several Views, count at the
+    variables' maximum); CompiledKernel.cost evaluates them per launch."""
     alu_nodes = sum(1 for u in self.ast.toposort() if u.op in ALU)
-    nbytes = 0
+    nbytes: sint = 0
     for u in self.memops:
-      if u.op is Ops.STORE: nbytes += vmax_of(prod(self.output_shape)) * u.src[2].dtype.itemsize
+      if u.op is Ops.STORE: nbytes = nbytes + prod(self.output_shape) * u.src[2].dtype.itemsize
       elif is_gather_load(u):   # at most one table element per position, within the rows the index can pick
-        nbytes += min(memory_extent(u, self.view_of(u)), vmax_of(prod(self.full_shape))) * u.dtype.itemsize
-      elif u.op is Ops.LOAD: nbytes += self.view_of(u).buffer_extent() * u.dtype.itemsize
-    return alu_nodes * vmax_of(prod(self.full_shape)), nbytes   # at the variables' maximum
+        nbytes = nbytes + min(memory_extent(u, self.view_of(u)), vmax_of(prod(self.full_shape))) * u.dtype.itemsize
+      elif u.op is Ops.LOAD: nbytes = nbytes + self.view_of(u).buffer_extent_of_variables() * u.dtype.itemsize
+    return canonical(alu_nodes * prod(self.full_shape)), canonical(nbytes)
 
 def _compositions(n: int, parts: int):
   """Ways to cut n consecutive dims into `parts` non-empty runs, larger leading runs first."""

@@ -291,6 +291,11 @@ class ShapeTracker:
 
   def unit_stride_axes(self) -> list[int]: return [d for d, st in enumerate(self.real_strides()) if st == 1]
 
+  def buffer_extent_of_variables(self) -> sint:
+    """`buffer_extent` as an expression of the variables for one View (a symbolic kernel's bytes at a call's values);
+    with several Views, their bound (an int)."""
+    return _view_extent_of_variables(self.views[0]) if len(self.views) == 1 else self.buffer_extent()
+
   def buffer_extent(self) -> int:
     """1 + the largest memory index a valid position touches (0 when none does): exact for one View, an upper bound
     for several (the extent of views[0], or of the index's range if that is smaller)."""
@@ -304,11 +309,16 @@ class ShapeTracker:
 
 def _view_extent(view: View) -> int:
   """1 + the largest memory index a valid position touches (an upper bound over the variables' values)."""
+  return vmax_of(_view_extent_of_variables(view))
+
+def _view_extent_of_variables(view: View) -> sint:
+  """1 + the largest memory index a valid position touches, as an expression of the variables (exact for each value
+  where the strides' signs don't depend on it)."""
   if view.size == 0 or view.is_fully_masked(): return 0
   ranges = view.valid_ranges()
   extent = 1 + view.offset + sum((hi - 1) * st if (st.vmin if isinstance(st, UOp) else st) >= 0 else lo * st
                                  for (lo, hi), st in zip(ranges, view.strides))
-  return vmax_of(canonical(extent))
+  return canonical(extent)
 
 def _view_fields(view: View) -> tuple:
   """A View's values, flat: shape, strides, offset and mask bounds."""

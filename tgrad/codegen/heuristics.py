@@ -233,7 +233,7 @@ def _staged_opts(columns: int, rows: int) -> list[Opt]:
           *[Opt(OptOps.SMEM, operand, padding) for operand, padding in enumerate(GPU_STAGED_PADDING)]]
 
 # A symbolic prefill matmul (rows = the prompt length, columns and the reduce known) takes the staged 8×8 tiles at any
-# size: its rows padded to a block's 64 first. Measured on an H100, float32 y = x[:n]·Wᵀ (.gpu/symstage.py, µs,
+# size: its rows padded to a block's 64 first. Measured on an H100, float32 y = x[:n]·Wᵀ (bench/symbolic_matmul.py, µs,
 # guarded 4×4 tiles → staged): 4096×640 at n = 7 / 100 / 520 / 2048: 94 / 99 / 468 / 1503 → 45 / 49 / 105 / 276;
 # 1536×640 191 → 49 at 520; 640×1024 155 → 76; 640×2048 307 → 148.
 GPU_STAGED_ROWS_PER_BLOCK = GPU_BIG_TILE * GPU_STAGED_THREADS[0]

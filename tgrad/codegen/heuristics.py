@@ -17,7 +17,7 @@ from tgrad.codegen.staging import stageable_loads
 from tgrad.ops import Ops
 from tgrad.dtype import dtypes
 from tgrad.helpers import cpu_count, prod
-from tgrad.shape.sint import divides, sint, vmax_of
+from tgrad.shape.sint import divides, is_symbolic, sint, vmax_of
 
 # CPU: an AVX-512 register holds 16 float32; an 8×16 tile of accumulators uses 8 of the 32 vector registers and
 # reuses each loaded B vector 8 times (measured on Zen 5, 1024² matmul: 4×16 → 64, 8×16 → 126 GFLOP/s per core).
@@ -214,16 +214,21 @@ def _gpu_upcast(kernel: Kernel) -> int:
     try_opt(kernel, Opt(OptOps.UNROLL, 0, GPU_UNROLL))
   return threads if tiled == [True, True] else GPU_TILE_THREADS
 
+def _stageable_matmul_axes(kernel: Kernel) -> Optional[tuple[int, int]]:
+  """(columns, rows) of a matmul-like reduce whose two inputs SMEM can stage, each reused (stride 0) along one output
+  axis; None for any other kernel."""
+  if not kernel.reduceops or len(stageable_loads(kernel)) != 2 or kernel.first_reduce >= kernel.first_upcast:
+    return None
+  reused = [a for a in reversed(range(kernel.global_dims)) if 0 in _load_strides(kernel, a)]
+  return (reused[0], reused[1]) if len(reused) >= 2 else None
+
 def _staged_matmul(kernel: Kernel) -> bool:
   """A big matmul-like reduce (two inputs, each reused along one output axis): the register tile of GPU_BIG_TILE
   rows and columns, both inputs' tiles staged in shared memory. All or nothing: the kernel is unchanged if any opt is
   refused."""
-  if not kernel.reduceops or prod(kernel.output_shape) < GPU_BIG_TILE_MIN_OUTPUTS or \
-     len(stageable_loads(kernel)) != 2 or kernel.first_reduce >= kernel.first_upcast: return False
-  reused = [a for a in reversed(range(kernel.global_dims)) if 0 in _load_strides(kernel, a)]
-  if len(reused) < 2: return False
-  columns, rows = reused[:2]
-  return try_opts(kernel, _staged_opts(columns, rows))
+  if prod(kernel.output_shape) < GPU_BIG_TILE_MIN_OUTPUTS or (axes := _stageable_matmul_axes(kernel)) is None:
+    return False
+  return try_opts(kernel, _staged_opts(*axes))
 
 def _staged_opts(columns: int, rows: int) -> list[Opt]:
   split = GPU_BIG_TILE // GPU_STAGED_TILE_COLUMNS
@@ -243,14 +248,10 @@ def _staged_symbolic_matmul(kernel: Kernel) -> bool:
   block's share, then the staged tiles (_staged_opts). All or nothing. Half inputs keep the unstaged tiles where
   tensor cores don't apply: staged, the float16 prefill's o_proj (its x computed in the kernel) made the 520-token
   prefill 12.1 → 14.2 ms on an H100."""
-  loads = stageable_loads(kernel)
-  if not kernel.reduceops or len(loads) != 2 or any(u.dtype != dtypes.float32 for u in loads) or \
-     kernel.first_reduce >= kernel.first_upcast or \
-     not all(isinstance(size, int) for size in kernel.full_shape[kernel.first_reduce:]): return False
-  reused = [a for a in reversed(range(kernel.global_dims)) if 0 in _load_strides(kernel, a)]
-  if len(reused) < 2: return False
-  columns, rows = reused[:2]
-  if not isinstance(kernel.full_shape[columns], int) or isinstance(kernel.full_shape[rows], int): return False
+  if (axes := _stageable_matmul_axes(kernel)) is None or is_symbolic(kernel.full_shape[kernel.first_reduce:]) or \
+     any(u.dtype != dtypes.float32 for u in stageable_loads(kernel)): return False
+  columns, rows = axes
+  if not _known(kernel, columns) or _known(kernel, rows): return False
   return try_opts(kernel, [Opt(OptOps.PADTO, rows, GPU_STAGED_ROWS_PER_BLOCK), *_staged_opts(columns, rows)])
 
 def _gpu_locals(kernel: Kernel, tile_threads: int = GPU_TILE_THREADS) -> None:
@@ -568,8 +569,7 @@ def _symbolic_cpu_rules(kernel: Kernel) -> None:
   count, decode attention's values over the filled slots, where it was slower; a prefill's p·v over the keys gains),
   an online reduce's unroll, and the thread split of a known output axis when the work at CPU_THREAD_SYMBOLIC_SIZE is
   enough."""
-  outputs_known = all(isinstance(size, int) for size in kernel.full_shape[:kernel.first_reduce])
-  if not outputs_known or all(isinstance(size, int) for size in kernel.full_shape[kernel.first_reduce:]):
+  if is_symbolic(kernel.full_shape[:kernel.first_reduce]) or not is_symbolic(kernel.full_shape[kernel.first_reduce:]):
     _register_tile(kernel)
   _unroll_online(kernel)
   if prod(s if isinstance(s, int) else min(vmax_of(s), CPU_THREAD_SYMBOLIC_SIZE) for s in kernel.full_shape) >= \

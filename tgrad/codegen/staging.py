@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterator, Optional
 from tgrad.dtype import dtypes
 from tgrad.ops import UOp, Ops, simplify, is_gather_load
-from tgrad.shape.sint import offset_by, to_uop
+from tgrad.shape.sint import is_symbolic, offset_by, to_uop
 from tgrad.helpers import prod
 if TYPE_CHECKING:
   from tgrad.codegen.kernel import Kernel, Opt
@@ -60,7 +60,7 @@ def apply_stage(kernel: Kernel, opt: Opt) -> None:
   tile. The tile is only laid out when the kernel is linearized (`stage_plan`), so later opts may still reshape it."""
   # a symbolic kernel stages tiles of its known axes: its reduce must be known (the steps of the pipelined copy), its
   # symbolic output axes are block indices (padded and split first, the padding's loads masked like the kernel's)
-  kernel._check(all(isinstance(size, int) for size in kernel.full_shape[kernel.first_reduce:]),
+  kernel._check(not is_symbolic(kernel.full_shape[kernel.first_reduce:]),
                 f"{opt}: a reduce of symbolic length stages no tile")
   kernel._check(kernel.renderer.has_shared and not kernel.dont_use_locals, f"{opt}: target has no shared memory")
   kernel._check(not kernel.row_store, f"{opt}: a row kernel's store reads its loads again, outside the staged loop")

@@ -199,6 +199,11 @@ class Gemma3RMSNorm:
   def inverse_rms(self, x32: Tensor, keepdim: bool = True) -> Tensor:
     """1 / sqrt(mean(x²) + eps) over the last axis of a float32 x."""
     return (x32.square().mean(-1, keepdim=keepdim) + self.eps).rsqrt()
+  def inverse_rms_of_copies(self, x32: Tensor, rows: tuple) -> Tensor:
+    """`inverse_rms` of x32's last axis once for every output of a kernel over `rows` (x32's rows broadcast to
+    rows[:-1], the last axis summed): each output sums its own copy of its row, so the reduce runs over the same rows
+    as the kernel's other reduces and no view follows it (shape rows[:-1])."""
+    return self.inverse_rms(x32.unsqueeze(-2).expand(rows), keepdim=False)
   def weighted(self, x32: Tensor) -> Tensor:
     """x · (1 + w), float32: the norm without its 1/rms."""
     return x32 * (self.weight.float() + 1.0)
@@ -210,7 +215,7 @@ class Gemma3RMSNorm:
     x32 = x.float()
     rows = x.shape[:-1] + tuple(weight.shape)
     product = (self.weighted(x32).unsqueeze(-2) * weight.float()).sum(-1)
-    return (product * self.inverse_rms(x32.unsqueeze(-2).expand(rows), keepdim=False)).cast(x.dtype)
+    return (product * self.inverse_rms_of_copies(x32, rows)).cast(x.dtype)
 
   def rotated_scores(self, q: Tensor, cos: Tensor, sin_signed: Tensor, keys: Tensor) -> Tensor:
     """rotated(q) @ keysᵀ for one query token as one kernel: q [B, kv_heads, group, 1, D] (unnormed), keys
@@ -220,27 +225,22 @@ class Gemma3RMSNorm:
     rotated = _rotate(self.weighted(q32), cos.float(), sin_signed.float())
     rows = q.shape[:-1] + (keys.shape[-2], q.shape[-1])
     product = (rotated.unsqueeze(-2) * keys.unsqueeze(2).unsqueeze(3).float()).sum(-1)
-    return (product * self.inverse_rms(q32.unsqueeze(-2).expand(rows), keepdim=False)).cast(q.dtype)
-
-  def rotated_rows(self, x32: Tensor, cos: Tensor, sin_signed: Tensor) -> Tensor:
-    """`rotated` of a float32 x whose rows may be broadcast copies (each computes its own sum of squares), in
-    float32."""
-    return _rotate(self.weighted(x32), cos.float(), sin_signed.float()) * self.inverse_rms(x32)
+    return (product * self.inverse_rms_of_copies(q32, rows)).cast(q.dtype)
 
   def rotated_per_element(self, x32: Tensor, cos: Tensor, sin_signed: Tensor) -> Tensor:
-    """`rotated_rows` with each element's 1/rms from its own broadcast copy of its row (a reduce over [..., D, D] whose
-    result has x's shape, as in `rotated_scores`): no view follows the reduce, so what the result feeds stays in its
+    """The normed rotation of a float32 x (as `rotated`, in float32) with each element's 1/rms from its own copy of its
+    row (`inverse_rms_of_copies` over [..., D, D]): no view follows the reduce, so what the result feeds stays in its
     kernel (a decode step's cache write: D² multiply-adds beside one launch, where the row's own reduce was a kernel of
     its own)."""
     rows = x32.shape + (x32.shape[-1],)
-    inverse_rms = self.inverse_rms(x32.unsqueeze(-2).expand(rows), keepdim=False)
-    return _rotate(self.weighted(x32), cos.float(), sin_signed.float()) * inverse_rms
+    return _rotate(self.weighted(x32), cos.float(), sin_signed.float()) * self.inverse_rms_of_copies(x32, rows)
 
   def rotated(self, x: Tensor, cos: Tensor, sin_signed: Tensor) -> Tensor:
     """RoPE of the normed x, as one row kernel: the norm's 1/rms is one number per row, so it multiplies the rotation
     of the weighted x (x · (1 + w), in float32) after it — the rotation reads x at two positions of the row, which
     would otherwise keep the norm's reduce in a kernel of its own. Rounded to x's dtype once, at the end."""
-    return self.rotated_rows(x.float(), cos, sin_signed).cast(x.dtype)
+    x32 = x.float()
+    return (_rotate(self.weighted(x32), cos.float(), sin_signed.float()) * self.inverse_rms(x32)).cast(x.dtype)
 
 class Gemma3Embedding:
   """Token lookup times sqrt(hidden), the scale rounded to the weight dtype first (HF: 25.25 for H=640 in bf16).

@@ -187,6 +187,18 @@ def indexed_without_division(st: ShapeTracker, idxs: list) -> tuple:
   assert not any(i in d.toposort() for d in divided for i in idxs), "only sizes are divided, never an index"
   return index, valid
 
+def assert_addresses(st, idxs, index, valid, element_of, values=(1, 5, 17, 40)) -> None:
+  """At every value of n and every position of st (its shape evaluated there), the indexed tracker is valid exactly
+  where element_of(position, shape, value) gives an element, and addresses that element (brute force)."""
+  for value in values:
+    env = {"n": value}
+    shape = tuple(evaluate(size, env) for size in st.shape)
+    for position in np.ndindex(*shape):
+      at = {i: UOp.const(dtypes.index, p) for i, p in zip(idxs, position)}
+      want = element_of(position, shape, value)
+      assert bool(evaluate(valid.substitute(at), env)) == (want is not None), (value, position)
+      if want is not None: assert evaluate(index.substitute(at), env) == want, (value, position)
+
 @pytest.mark.parametrize("amount,top", [(4, False), (16, True), (3, False)])
 def test_guarded_split_is_indexed_without_division(amount, top):
   """A symbolic axis padded to a multiple of `amount` and split (what a guarded GROUP or LOCAL does, then a permute):
@@ -201,14 +213,10 @@ def test_guarded_split_is_indexed_without_division(amount, top):
   assert len(st.views) == 2, st
   idxs = [UOp.variable(f"i{d}", 0, 1 << 10) for d in range(3)]
   index, valid = indexed_without_division(st, idxs)
-  for value in (1, 5, 17, 40):
-    shape = tuple(evaluate(size, {"n": value}) for size in st.shape)
-    for position in np.ndindex(*shape):
-      key = position[2] * shape[1] + position[1]   # the split pieces, outer first, permuted behind the 3-dim
-      at = {i: UOp.const(dtypes.index, p) for i, p in zip(idxs, position)}
-      env = {"n": value}
-      assert bool(evaluate(valid.substitute(at), env)) == (key < value), (value, position)
-      if key < value: assert evaluate(index.substitute(at), env) == position[0] * value + key, (value, position)
+  def element_of(position, shape, value):
+    key = position[2] * shape[1] + position[1]   # the split pieces, outer first, permuted behind the 3-dim
+    return position[0] * value + key if key < value else None
+  assert_addresses(st, idxs, index, valid, element_of)
 
 def test_two_guarded_splits_are_indexed_without_division():
   """Both axes of an [n, n] tracker split with a guard, one after the other (a matmul's LOCALs over queries and keys):
@@ -223,14 +231,10 @@ def test_two_guarded_splits_are_indexed_without_division():
   assert len(st.views) == 3, st
   idxs = [UOp.variable(f"i{d}", 0, 1 << 10) for d in range(4)]
   index, valid = indexed_without_division(st, idxs)
-  for value in (1, 5, 17, 40):
-    shape = tuple(evaluate(size, {"n": value}) for size in st.shape)
-    for position in np.ndindex(*shape):
-      row, column = position[0] * 4 + position[1], position[2] * 8 + position[3]
-      at = {i: UOp.const(dtypes.index, p) for i, p in zip(idxs, position)}
-      ok = bool(evaluate(valid.substitute(at), {"n": value}))
-      assert ok == (row < value and column < value), (value, position)
-      if ok: assert evaluate(index.substitute(at), {"n": value}) == row * value + column, (value, position)
+  def element_of(position, shape, value):
+    row, column = position[0] * 4 + position[1], position[2] * 8 + position[3]
+    return row * value + column if row < value and column < value else None
+  assert_addresses(st, idxs, index, valid, element_of)
 
 def test_simplification_uses_the_variable_bounds():
   n = Variable("n", 1, 64)

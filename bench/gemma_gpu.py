@@ -16,6 +16,8 @@ from __future__ import annotations
 import argparse, json, os, sys, time
 import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.dirname(__file__))
+from gpu import event_seconds  # noqa: E402
 from tgrad import Tensor, dtypes  # noqa: E402
 from tgrad.models.gemma3 import Gemma3  # noqa: E402
 from tgrad.models.generation import generate  # noqa: E402
@@ -159,19 +161,11 @@ def replayed_gpu_seconds(graph) -> float:
   events (the host queues faster than the GPU runs them, so the GPU never waits), divided by REPLAYS. On LLVM the
   replays run on the host and the same loop is timed with the host clock."""
   replay = lambda: [runner() for runner in graph.runners]  # noqa: E731
+  if DEVICE == "CUDA": return event_seconds(replay, REPLAYS)
   replay()
-  if DEVICE != "CUDA":
-    start = time.perf_counter()
-    for _ in range(REPLAYS): replay()
-    return (time.perf_counter() - start) / REPLAYS
-  import pycuda.driver as cuda
-  synchronize()
-  start, end = cuda.Event(), cuda.Event()
-  start.record()
+  start = time.perf_counter()
   for _ in range(REPLAYS): replay()
-  end.record()
-  end.synchronize()
-  return start.time_till(end) / 1e3 / REPLAYS
+  return (time.perf_counter() - start) / REPLAYS
 
 def memory_plan(graph, before: int, after: int) -> dict:
   parts = graph.memory_breakdown()[DEVICE]

@@ -34,6 +34,20 @@ def synchronize_all() -> None:
   import torch
   torch.cuda.synchronize()
 
+def event_seconds(queue, repeats: int = REPEATS) -> float:
+  """GPU seconds per queue() call: one call first (warm), then `repeats` calls queued back to back between two CUDA
+  events on tgrad's stream (the host queues faster than the GPU runs them, so the GPU never waits)."""
+  import pycuda.driver as cuda
+  from tgrad.device import Device
+  queue()
+  Device["CUDA"].synchronize()
+  start, end = cuda.Event(), cuda.Event()
+  start.record()
+  for _ in range(repeats): queue()
+  end.record()
+  end.synchronize()
+  return start.time_till(end) / 1e3 / repeats
+
 def wall_time(fn, repeats: int = REPEATS) -> float:
   """End to end: best host seconds of one fn() call, from synchronized devices until the devices are done."""
   fn()

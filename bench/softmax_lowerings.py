@@ -7,6 +7,8 @@ from __future__ import annotations
 import argparse, json, os, sys
 import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.dirname(__file__))
+from gpu import event_seconds  # noqa: E402
 from tgrad import Tensor, TinyJit  # noqa: E402
 from tgrad.tensor_ops.composite import apply_lowering, regions_above  # noqa: E402
 
@@ -14,16 +16,7 @@ REPEATS = 20
 LOWERINGS = (None, "online", "three_kernels")   # None: the default
 
 def replayed_microseconds(captured) -> float:
-  import pycuda.driver as cuda
-  for runner in captured.runners: runner()
-  cuda.Context.synchronize()
-  start, end = cuda.Event(), cuda.Event()
-  start.record()
-  for _ in range(REPEATS):
-    for runner in captured.runners: runner()
-  end.record()
-  end.synchronize()
-  return start.time_till(end) / REPEATS * 1e3
+  return event_seconds(lambda: [runner() for runner in captured.runners], REPEATS) * 1e6
 
 def main() -> None:
   import torch

@@ -2,14 +2,17 @@
 choice (staged 8×8 tiles, heuristics._staged_symbolic_matmul) next to the guarded register tile the symbolic rules
 used before it (4×4 outputs per thread, 16×16 threads), kernel time against kernel time.
 
-One compile per kernel serves every n: each is timed at several prompt lengths by CUDA events around
-REPEATS launches (after one warm launch), and checked against numpy in float64 (max error over max |y|).
+One compile per kernel serves every n: each is timed at several prompt lengths by CUDA events around REPEATS
+launches (after one warm launch; bench/gpu.py's event_seconds), and checked against numpy in float64 (max error over
+max |y|).
 Usage: python bench/symbolic_matmul.py [--lengths 7 100 520 2048] [--json FILE]
 """
 from __future__ import annotations
 import argparse, json, os, sys
 import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.dirname(__file__))
+from gpu import event_seconds  # noqa: E402
 from tgrad import Tensor, Variable  # noqa: E402
 from tgrad.device import Buffer, Device  # noqa: E402
 from tgrad.ops import Ops  # noqa: E402
@@ -24,17 +27,6 @@ REPEATS = 20
 # the symbolic rules' tile before the staged one: rows padded to 64, 4 columns × 4 rows per thread, K by 4, 16×16
 REGISTER_TILE = [Opt(OptOps.PADTO, 0, 64), Opt(OptOps.UPCAST, 1, 4), Opt(OptOps.UPCAST, 0, 4), Opt(OptOps.UNROLL, 0, 4),
                  Opt(OptOps.LOCAL, 0, 16), Opt(OptOps.LOCAL, 1, 16)]
-
-def gpu_microseconds(launch) -> float:
-  import pycuda.driver as cuda
-  launch()
-  cuda.Context.synchronize()
-  start, end = cuda.Event(), cuda.Event()
-  start.record()
-  for _ in range(REPEATS): launch()
-  end.record()
-  end.synchronize()
-  return start.time_till(end) / REPEATS * 1e3
 
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -56,7 +48,7 @@ def main() -> None:
       runner = compile_kernel("CUDA", kernel)
       out = Buffer("CUDA", item.bufs[0].size, item.bufs[0].dtype)
       for n in args.lengths:
-        us = gpu_microseconds(runner.prepare([out.handle, *[b.handle for b in item.inputs]], (n,)))
+        us = event_seconds(runner.prepare([out.handle, *[b.handle for b in item.inputs]], (n,)), REPEATS) * 1e6
         want = x_np[:n].astype(np.float64) @ w_np.T.astype(np.float64)
         error = float(np.abs(out.copyout()[:n * N].reshape(n, N) - want).max() / np.abs(want).max())
         row = {"us": round(us, 1), "TFLOP_s": round(2 * n * N * K / us / 1e6, 2), "rel_error": error,

@@ -1,0 +1,269 @@
+"""Block-quantized weights in llama.cpp's ggml formats, kept packed on the device and dequantized by tgrad ops.
+
+Input: a weight's blocks exactly as a GGUF file stores them, as a uint8 Tensor of shape (*rows, blocks_per_row,
+block_bytes). Output: `QuantizedTensor.dequantize(dtype)`, a lazy Tensor of the logical shape built only from views
+of those bytes (shrink, reshape, expand), bit operations and multiplies. Every step is elementwise over views of the
+packed buffer, so the scheduler fuses the dequantization into the kernel that consumes the weight: `linear(x)` streams
+the packed bytes through the matmul's reduce. The float32 values equal llama.cpp's (`gguf.quants.dequantize`) bit for
+bit: each product below is exact in float32 (an fp16 scale has 11 significant bits, a 6-bit scale times a 6-bit
+quant adds 12), so only the final add of a min rounds, and it rounds the same whether or not it fuses into an fma.
+"""
+from __future__ import annotations
+from dataclasses import dataclass
+from enum import IntEnum
+from typing import Callable, Optional
+import numpy as np
+from tgrad.dtype import DType, dtypes
+from tgrad.device import canonical_device
+from tgrad.lazy import LazyBuffer
+from tgrad.tensor import Tensor
+
+class GGMLType(IntEnum):
+  """ggml's tensor type ids, as GGUF files store them (ggml.h's `enum ggml_type`; ids 4, 5, 31-33 are retired)."""
+  F32 = 0; F16 = 1; Q4_0 = 2; Q4_1 = 3; Q5_0 = 6; Q5_1 = 7; Q8_0 = 8; Q8_1 = 9                       # noqa: E702
+  Q2_K = 10; Q3_K = 11; Q4_K = 12; Q5_K = 13; Q6_K = 14; Q8_K = 15                                   # noqa: E702
+  IQ2_XXS = 16; IQ2_XS = 17; IQ3_XXS = 18; IQ1_S = 19; IQ4_NL = 20; IQ3_S = 21; IQ2_S = 22; IQ4_XS = 23  # noqa: E702
+  I8 = 24; I16 = 25; I32 = 26; I64 = 27; F64 = 28; IQ1_M = 29; BF16 = 30                            # noqa: E702
+  TQ1_0 = 34; TQ2_0 = 35; MXFP4 = 39                                                                 # noqa: E702
+
+@dataclass(frozen=True)
+class BlockLayout:
+  """How many values one block holds and how many bytes it takes (ggml's `ggml_type_traits`)."""
+  block_size: int
+  block_bytes: int
+
+SUPER_BLOCK = 256   # values in one block of the K-quants (ggml's QK_K)
+BLOCK_LAYOUTS: dict[GGMLType, BlockLayout] = {
+  GGMLType.F32: BlockLayout(1, 4), GGMLType.F16: BlockLayout(1, 2), GGMLType.BF16: BlockLayout(1, 2),
+  GGMLType.F64: BlockLayout(1, 8), GGMLType.I8: BlockLayout(1, 1), GGMLType.I16: BlockLayout(1, 2),
+  GGMLType.I32: BlockLayout(1, 4), GGMLType.I64: BlockLayout(1, 8),
+  GGMLType.Q4_0: BlockLayout(32, 18), GGMLType.Q4_1: BlockLayout(32, 20), GGMLType.Q5_0: BlockLayout(32, 22),
+  GGMLType.Q5_1: BlockLayout(32, 24), GGMLType.Q8_0: BlockLayout(32, 34), GGMLType.Q8_1: BlockLayout(32, 40),
+  GGMLType.Q2_K: BlockLayout(SUPER_BLOCK, 84), GGMLType.Q3_K: BlockLayout(SUPER_BLOCK, 110),
+  GGMLType.Q4_K: BlockLayout(SUPER_BLOCK, 144), GGMLType.Q5_K: BlockLayout(SUPER_BLOCK, 176),
+  GGMLType.Q6_K: BlockLayout(SUPER_BLOCK, 210), GGMLType.Q8_K: BlockLayout(SUPER_BLOCK, 292),
+  GGMLType.IQ2_XXS: BlockLayout(SUPER_BLOCK, 66), GGMLType.IQ2_XS: BlockLayout(SUPER_BLOCK, 74),
+  GGMLType.IQ3_XXS: BlockLayout(SUPER_BLOCK, 98), GGMLType.IQ1_S: BlockLayout(SUPER_BLOCK, 50),
+  GGMLType.IQ4_NL: BlockLayout(32, 18), GGMLType.IQ3_S: BlockLayout(SUPER_BLOCK, 110),
+  GGMLType.IQ2_S: BlockLayout(SUPER_BLOCK, 82), GGMLType.IQ4_XS: BlockLayout(SUPER_BLOCK, 136),
+  GGMLType.IQ1_M: BlockLayout(SUPER_BLOCK, 56), GGMLType.TQ1_0: BlockLayout(SUPER_BLOCK, 54),
+  GGMLType.TQ2_0: BlockLayout(SUPER_BLOCK, 66), GGMLType.MXFP4: BlockLayout(32, 17)}
+
+# types whose bytes are plain numbers of one tgrad dtype: a loader hands them out as ordinary Tensors
+PLAIN_DTYPES: dict[GGMLType, DType] = {
+  GGMLType.F32: dtypes.float32, GGMLType.F16: dtypes.float16, GGMLType.BF16: dtypes.bfloat16,
+  GGMLType.F64: dtypes.float64, GGMLType.I8: dtypes.int8, GGMLType.I16: dtypes.int16, GGMLType.I32: dtypes.int32,
+  GGMLType.I64: dtypes.int64}
+
+NIBBLE_MASK = 0x0F
+NIBBLE_BITS = 4
+BYTE_BITS = 8
+SIX_BITS = 6             # a K-quant sub-block scale or min is 6 bits
+SIX_BIT_MASK = (1 << SIX_BITS) - 1
+TWO_BIT_MASK = 0x03      # Q6_K's high bits come two at a time
+Q4_OFFSET = 8            # Q4_0 stores q + 8 in a nibble
+Q5_OFFSET = 16           # Q5_0 stores q + 16 in 5 bits
+Q6_OFFSET = 32           # Q6_K stores q + 32 in 6 bits
+HALF_BLOCK = 16          # the 32-value blocks keep values 0..15 in low nibbles and 16..31 in high nibbles
+
+class QuantError(ValueError):
+  """Packed data that does not fit its ggml type: a wrong byte count, a row not made of whole blocks, a type that
+  tgrad cannot dequantize."""
+
+# ---- views of the packed bytes
+def _bytes(blocks: Tensor, start: int, count: int) -> Tensor:
+  """Bytes start..start+count of every block: a (n_blocks, count) view."""
+  return blocks.shrink(((0, blocks.shape[0]), (start, start + count)))
+
+def _half(blocks: Tensor, start: int) -> Tensor:
+  """The little-endian float16 at byte `start` of every block, as (n_blocks, 1) float32 (exact: a widening)."""
+  low, high = _bytes(blocks, start, 1).cast(dtypes.uint16), _bytes(blocks, start + 1, 1).cast(dtypes.uint16)
+  return ((high << BYTE_BITS) | low).bitcast(dtypes.float16).cast(dtypes.float32)
+
+def _shifts(count: int, step: int, shape: tuple[int, ...], device: str) -> Tensor:
+  """Shift amounts 0, step, 2·step, ... laid out along `shape` (an arange: computed in the kernel, no buffer)."""
+  return Tensor.arange(0, count * step, step, dtype=dtypes.uint8, device=device).reshape(shape)
+
+# ---- one dequantizer per type: (n_blocks, block_bytes) uint8 → (n_blocks, block_size) float32
+def _dequant_f32(blocks: Tensor) -> Tensor:
+  words = [_bytes(blocks, i, 1).cast(dtypes.uint32) << (BYTE_BITS * i) for i in range(4)]
+  return (words[0] | words[1] | words[2] | words[3]).bitcast(dtypes.float32)
+
+def _dequant_f16(blocks: Tensor) -> Tensor: return _half(blocks, 0)
+
+def _dequant_bf16(blocks: Tensor) -> Tensor:
+  """A bfloat16 is the high half of a float32: its two bytes go to bits 16..31."""
+  low, high = _bytes(blocks, 0, 1).cast(dtypes.uint32), _bytes(blocks, 1, 1).cast(dtypes.uint32)
+  return ((high << (3 * BYTE_BITS)) | (low << (2 * BYTE_BITS))).bitcast(dtypes.float32)
+
+def _nibbles32(blocks: Tensor, start: int) -> Tensor:
+  """The 32 4-bit values of a 16-byte run as (n, 2, 16): value h·16+i is nibble h of byte i."""
+  n = blocks.shape[0]
+  packed = _bytes(blocks, start, HALF_BLOCK).reshape(n, 1, HALF_BLOCK).expand(n, 2, HALF_BLOCK)
+  return (packed >> _shifts(2, NIBBLE_BITS, (1, 2, 1), blocks.device)) & NIBBLE_MASK
+
+def _fifth_bits32(blocks: Tensor, start: int) -> Tensor:
+  """Bit j of the little-endian uint32 at `start`, as (n, 2, 16) laid out like `_nibbles32`, shifted to bit 4."""
+  n = blocks.shape[0]
+  packed = _bytes(blocks, start, 4).reshape(n, 2, 2, 1).expand(n, 2, 2, BYTE_BITS)   # byte j // 8 of value j
+  bits = (packed >> _shifts(BYTE_BITS, 1, (1, 1, 1, BYTE_BITS), blocks.device)) & 1
+  return bits.reshape(n, 2, HALF_BLOCK) << NIBBLE_BITS
+
+def _legacy(blocks: Tensor, quants: Tensor, offset: int, has_min: bool) -> Tensor:
+  """The 32-value formats: d·(q − offset), or d·q + m with a min; quants (n, 2, 16) unsigned."""
+  n, scale = blocks.shape[0], _half(blocks, 0).reshape(blocks.shape[0], 1, 1)
+  if has_min: values = scale * quants.cast(dtypes.float32) + _half(blocks, 2).reshape(n, 1, 1)
+  else: values = scale * (quants.cast(dtypes.int8) - offset).cast(dtypes.float32)
+  return values.reshape(n, 2 * HALF_BLOCK)
+
+def _dequant_q4_0(blocks: Tensor) -> Tensor: return _legacy(blocks, _nibbles32(blocks, 2), Q4_OFFSET, False)
+def _dequant_q4_1(blocks: Tensor) -> Tensor: return _legacy(blocks, _nibbles32(blocks, 4), 0, True)
+def _dequant_q5_0(blocks: Tensor) -> Tensor:
+  return _legacy(blocks, _nibbles32(blocks, 6) | _fifth_bits32(blocks, 2), Q5_OFFSET, False)
+def _dequant_q5_1(blocks: Tensor) -> Tensor:
+  return _legacy(blocks, _nibbles32(blocks, 8) | _fifth_bits32(blocks, 4), 0, True)
+
+def _dequant_q8_0(blocks: Tensor) -> Tensor:
+  return _bytes(blocks, 2, 32).bitcast(dtypes.int8).cast(dtypes.float32) * _half(blocks, 0)
+
+# Q4_K and Q5_K: 8 sub-blocks of 32 values, each with a 6-bit scale and a 6-bit min packed into 12 bytes. Bytes 0-3
+# hold scales 0-3 in their low 6 bits, bytes 4-7 mins 0-3; sub-blocks 4-7 take their low 4 bits from bytes 8-11
+# (scale in the low nibble, min in the high one) and their top 2 bits from the spare top bits of bytes 0-3 / 4-7.
+K_SCALES_START = 4
+K_SCALE_BYTES = 12
+K_SUB_BLOCKS = 8
+K_SUB_BLOCK = 32
+
+def _k_scales_mins(blocks: Tensor) -> tuple[Tensor, Tensor]:
+  """(scales, mins) of the 8 sub-blocks of Q4_K/Q5_K, each (n, 4, 2, 1) float32 for sub-block 2c+h."""
+  n, quarter = blocks.shape[0], K_SCALE_BYTES // 3
+  first, second, third = (_bytes(blocks, K_SCALES_START + quarter * i, quarter) for i in range(3))
+  scales = (first & SIX_BIT_MASK).cat((third & NIBBLE_MASK) | ((first >> SIX_BITS) << NIBBLE_BITS), dim=1)
+  mins = (second & SIX_BIT_MASK).cat((third >> NIBBLE_BITS) | ((second >> SIX_BITS) << NIBBLE_BITS), dim=1)
+  shape = (n, K_SUB_BLOCKS // 2, 2, 1)
+  return scales.cast(dtypes.float32).reshape(shape), mins.cast(dtypes.float32).reshape(shape)
+
+def _k_nibbles(blocks: Tensor, start: int) -> Tensor:
+  """128 bytes as 256 4-bit values (n, 4, 2, 32): chunk c of 32 bytes gives sub-block 2c (low) and 2c+1 (high)."""
+  n, chunks = blocks.shape[0], K_SUB_BLOCKS // 2
+  packed = _bytes(blocks, start, chunks * K_SUB_BLOCK).reshape(n, chunks, 1, K_SUB_BLOCK)
+  packed = packed.expand(n, chunks, 2, K_SUB_BLOCK)
+  return (packed >> _shifts(2, NIBBLE_BITS, (1, 1, 2, 1), blocks.device)) & NIBBLE_MASK
+
+def _k_scaled(blocks: Tensor, quants: Tensor) -> Tensor:
+  """(d·scale)·q − dmin·min per sub-block, as llama.cpp groups it; quants (n, 4, 2, 32)."""
+  n = blocks.shape[0]
+  scales, mins = _k_scales_mins(blocks)
+  d, dmin = _half(blocks, 0).reshape(n, 1, 1, 1), _half(blocks, 2).reshape(n, 1, 1, 1)
+  return ((d * scales) * quants.cast(dtypes.float32) - dmin * mins).reshape(n, SUPER_BLOCK)
+
+Q4_K_QS_START = K_SCALES_START + K_SCALE_BYTES
+Q5_K_QH_START = K_SCALES_START + K_SCALE_BYTES
+Q5_K_QS_START = Q5_K_QH_START + SUPER_BLOCK // BYTE_BITS
+
+def _dequant_q4_k(blocks: Tensor) -> Tensor: return _k_scaled(blocks, _k_nibbles(blocks, Q4_K_QS_START))
+
+def _dequant_q5_k(blocks: Tensor) -> Tensor:
+  """Q4_K plus a fifth bit: bit s of byte i of the 32-byte qh run belongs to value i of sub-block s."""
+  n = blocks.shape[0]
+  high = _bytes(blocks, Q5_K_QH_START, K_SUB_BLOCK).reshape(n, 1, 1, K_SUB_BLOCK).expand(n, 4, 2, K_SUB_BLOCK)
+  bits = (high >> _shifts(K_SUB_BLOCKS, 1, (1, 4, 2, 1), blocks.device)) & 1
+  return _k_scaled(blocks, _k_nibbles(blocks, Q5_K_QS_START) | (bits << NIBBLE_BITS))
+
+# Q6_K: 16 sub-blocks of 16 values with an int8 scale each and one fp16 d at the end. Value o = 128a + 64b + 32k + i
+# (a, b, k in 0..1, i in 0..31) takes nibble b of low byte 64a + 32k + i and bits 4b+2k.. of high byte 32a + i.
+Q6_K_QH_START = SUPER_BLOCK // 2
+Q6_K_SCALES_START = Q6_K_QH_START + SUPER_BLOCK // 4
+Q6_K_D_START = Q6_K_SCALES_START + SUPER_BLOCK // 16
+
+def _dequant_q6_k(blocks: Tensor) -> Tensor:
+  n, half_run, sixteen = blocks.shape[0], K_SUB_BLOCK // 2, SUPER_BLOCK // 16
+  shape = (n, 2, 2, 2, 2, half_run)   # (a, b, k, i // 16, i % 16)
+  low = _bytes(blocks, 0, Q6_K_QH_START).reshape(n, 2, 1, 2, 2, half_run).expand(shape)
+  high = _bytes(blocks, Q6_K_QH_START, SUPER_BLOCK // 4).reshape(n, 2, 1, 1, 2, half_run).expand(shape)
+  low = (low >> _shifts(2, NIBBLE_BITS, (1, 1, 2, 1, 1, 1), blocks.device)) & NIBBLE_MASK
+  high = (high >> _shifts(4, 2, (1, 1, 2, 2, 1, 1), blocks.device)) & TWO_BIT_MASK
+  quants = ((low | (high << NIBBLE_BITS)).cast(dtypes.int8) - Q6_OFFSET).cast(dtypes.float32)
+  scales = _bytes(blocks, Q6_K_SCALES_START, sixteen).bitcast(dtypes.int8).cast(dtypes.float32)
+  d = _half(blocks, Q6_K_D_START).reshape(n, 1, 1, 1, 1, 1)
+  return ((d * scales.reshape(n, 2, 2, 2, 2, 1)) * quants).reshape(n, SUPER_BLOCK)
+
+DEQUANTIZERS: dict[GGMLType, Callable[[Tensor], Tensor]] = {
+  GGMLType.F32: _dequant_f32, GGMLType.F16: _dequant_f16, GGMLType.BF16: _dequant_bf16,
+  GGMLType.Q4_0: _dequant_q4_0, GGMLType.Q4_1: _dequant_q4_1, GGMLType.Q5_0: _dequant_q5_0,
+  GGMLType.Q5_1: _dequant_q5_1, GGMLType.Q8_0: _dequant_q8_0, GGMLType.Q4_K: _dequant_q4_k,
+  GGMLType.Q5_K: _dequant_q5_k, GGMLType.Q6_K: _dequant_q6_k}
+
+def dequantize_blocks(blocks: Tensor, ggml_type: GGMLType) -> Tensor:
+  """(n_blocks, block_bytes) uint8 → (n_blocks, block_size) float32, lazily."""
+  if ggml_type not in DEQUANTIZERS:
+    raise QuantError(f"no dequantization for ggml type {GGMLType(ggml_type).name}; tgrad has "
+                     f"{', '.join(t.name for t in DEQUANTIZERS)}")
+  layout = BLOCK_LAYOUTS[ggml_type]
+  if blocks.dtype != dtypes.uint8 or blocks.ndim != 2 or blocks.shape[1] != layout.block_bytes:
+    raise QuantError(f"{ggml_type.name} blocks must be uint8 (n, {layout.block_bytes}), got {blocks.dtype} "
+                     f"{blocks.shape}")
+  return DEQUANTIZERS[ggml_type](blocks)
+
+def packed_nbytes(ggml_type: GGMLType, shape: tuple[int, ...]) -> int:
+  """Bytes a tensor of `shape` takes in `ggml_type`; its last dim must be whole blocks."""
+  layout = BLOCK_LAYOUTS[ggml_type]
+  if not shape or shape[-1] % layout.block_size:
+    raise QuantError(f"{ggml_type.name} needs a last dim that is a multiple of {layout.block_size}, got shape {shape}")
+  count = 1
+  for size in shape: count *= size
+  return count // layout.block_size * layout.block_bytes
+
+class QuantizedTensor:
+  """A weight of logical `shape` in `ggml_type`, kept as its packed blocks: `packed` is a uint8 Tensor of shape
+  (*shape[:-1], shape[-1] // block_size, block_bytes). Nothing here is dequantized until a graph that uses
+  `dequantize()` or `linear()` is realized, and then inside the kernel that reads the weight."""
+  def __init__(self, packed: Tensor, ggml_type: GGMLType, shape: tuple[int, ...]):
+    self.ggml_type, self.shape = GGMLType(ggml_type), tuple(shape)
+    layout = BLOCK_LAYOUTS[self.ggml_type]
+    expected = (*self.shape[:-1], self.shape[-1] // layout.block_size, layout.block_bytes) if self.shape else ()
+    packed_nbytes(self.ggml_type, self.shape)   # checks whole blocks
+    if packed.dtype != dtypes.uint8 or packed.shape != expected:
+      raise QuantError(f"{self.ggml_type.name} tensor of shape {self.shape} needs packed uint8 {expected}, got "
+                       f"{packed.dtype} {packed.shape}")
+    self.packed = packed
+
+  @staticmethod
+  def from_bytes(data: np.ndarray, ggml_type: GGMLType, shape: tuple[int, ...],
+                 device: Optional[str] = None) -> QuantizedTensor:
+    """Blocks from host bytes (a memory map or an array: referenced, copied to the device when first needed)."""
+    ggml_type = GGMLType(ggml_type)
+    nbytes, layout = packed_nbytes(ggml_type, tuple(shape)), BLOCK_LAYOUTS[ggml_type]
+    raw = np.asarray(data).reshape(-1).view(np.uint8)
+    if raw.size != nbytes:
+      raise QuantError(f"{ggml_type.name} tensor of shape {tuple(shape)} takes {nbytes} bytes, got {raw.size}")
+    packed_shape = (*shape[:-1], shape[-1] // layout.block_size, layout.block_bytes)
+    lazy = LazyBuffer.from_host(raw.reshape(packed_shape), canonical_device(device), dtypes.uint8)
+    return QuantizedTensor(Tensor(lazy), ggml_type, tuple(shape))
+
+  @property
+  def device(self) -> str: return self.packed.device
+  @property
+  def ndim(self) -> int: return len(self.shape)
+  @property
+  def nbytes(self) -> int: return packed_nbytes(self.ggml_type, self.shape)
+  def __repr__(self) -> str: return f"<QuantizedTensor {self.ggml_type.name} {self.shape} on {self.device}>"
+
+  def dequantize(self, dtype: DType = dtypes.float32) -> Tensor:
+    """The values as a lazy Tensor of `shape`: computed in float32 (llama.cpp's values exactly), then cast."""
+    layout = BLOCK_LAYOUTS[self.ggml_type]
+    values = dequantize_blocks(self.packed.reshape(-1, layout.block_bytes), self.ggml_type)
+    return values.reshape(self.shape).cast(dtype)
+
+  def linear(self, x: Tensor, bias: Optional[Tensor] = None) -> Tensor:
+    """x·Wᵀ (+ bias) for a weight of shape (out_features, in_features), dequantized inside the matmul each call."""
+    if self.ndim != 2 or x.ndim == 0 or x.shape[-1] != self.shape[1]:
+      raise QuantError(f"linear: input of shape {x.shape} for a quantized weight of shape {self.shape}")
+    weight = self.dequantize(x.dtype if x.dtype.is_float else dtypes.float32)
+    return x.linear(weight.transpose(), bias)
+
+  def to(self, device: str) -> QuantizedTensor:
+    return QuantizedTensor(self.packed.to(device), self.ggml_type, self.shape)
+  def realize(self) -> QuantizedTensor:
+    self.packed.realize()
+    return self

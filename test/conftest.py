@@ -1,8 +1,9 @@
 """Test-wide setup: a private kernel cache per test session, skipping of GPU tests on machines without one, and the
 `compare_with_torch` fixture (values and gradients against torch).
 
-Tests marked `gpu` run only when pycuda imports and a CUDA context opens on device 0. TGRAD_CACHE points into pytest's
-temporary directory (one per xdist worker), so no test reads or writes ~/.cache/tgrad or the user's TGRAD_CACHE.
+Tests marked `gpu` run only when pycuda imports and a CUDA context opens on device 0. TGRAD_CACHE and
+TGRAD_CACHE_SECRET point into pytest's temporary directory (one per xdist worker), so no test reads or writes
+~/.cache/tgrad, the user's TGRAD_CACHE or the user's cache secret.
 """
 import functools, os, shutil, sys, tempfile
 import pytest
@@ -28,12 +29,14 @@ def pytest_configure(config):
   # code that runs while test modules are imported (before any fixture) gets a throwaway cache too
   global _collection_cache_dir
   _collection_cache_dir = tempfile.mkdtemp(prefix="tgrad-collect-")
-  _saved_env["TGRAD_CACHE"] = os.environ.get("TGRAD_CACHE")
-  os.environ["TGRAD_CACHE"] = os.path.join(_collection_cache_dir, "cache.db")
+  for name, file in (("TGRAD_CACHE", "cache.db"), ("TGRAD_CACHE_SECRET", "cache-secret")):
+    _saved_env[name] = os.environ.get(name)
+    os.environ[name] = os.path.join(_collection_cache_dir, file)
 
 def pytest_unconfigure(config):
-  if (saved := _saved_env.pop("TGRAD_CACHE", None)) is None: os.environ.pop("TGRAD_CACHE", None)
-  else: os.environ["TGRAD_CACHE"] = saved
+  for name in ("TGRAD_CACHE", "TGRAD_CACHE_SECRET"):
+    if (saved := _saved_env.pop(name, None)) is None: os.environ.pop(name, None)
+    else: os.environ[name] = saved
   if _collection_cache_dir: shutil.rmtree(_collection_cache_dir, ignore_errors=True)
 
 def pytest_collection_modifyitems(config, items):
@@ -45,7 +48,9 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="session", autouse=True)
 def private_kernel_cache(tmp_path_factory):
   with pytest.MonkeyPatch.context() as patch:
-    patch.setenv("TGRAD_CACHE", str(tmp_path_factory.mktemp("kernel_cache") / "cache.db"))
+    folder = tmp_path_factory.mktemp("kernel_cache")
+    patch.setenv("TGRAD_CACHE", str(folder / "cache.db"))
+    patch.setenv("TGRAD_CACHE_SECRET", str(folder / "cache-secret"))   # the HMAC secret, never the user's own
     yield
 
 # ---- opt-in (TGRAD_CUDA_CODEGEN_CHECK=1): every kernel the suite schedules is also compiled for CUDA, without a GPU

@@ -157,13 +157,15 @@ def test_damaged_file_warns_once_and_runs_without_records(paths_db):
     assert PathsDB().runs(GRAPH) == []   # another instance on the same bad file: also silent, the warning was given
     assert select(paths_db.runs(GRAPH), 1e-5, H100, VERSION, SETTINGS).reason == "no records"
 
-def test_damaged_row_turns_the_database_off(paths_db):
+def test_damaged_row_is_dropped_and_the_rest_kept(paths_db):
   paths_db.add(run("a"))
+  paths_db.add(run("b"))
   conn = sqlite3.connect(paths_db.path, isolation_level=None)
-  conn.execute(f"UPDATE {RUNS} SET times = 'not json'")
+  conn.execute(f"UPDATE {RUNS} SET times = 'not json' WHERE path_id = 'a'")
+  with pytest.warns(CacheWarning, match="dropped run 1 .failed authentication"):
+    assert [r.path_id for r in paths_db.runs(GRAPH)] == ["b"]
+  assert conn.execute(f"SELECT path_id FROM {RUNS}").fetchall() == [("b",)] and paths_db.error is None
   conn.close()
-  with pytest.warns(CacheWarning, match="damaged row"):
-    assert paths_db.runs(GRAPH) == []
 
 def test_locked_file_warns_and_runs_without_records(paths_db, monkeypatch):
   monkeypatch.setattr(cache_module, "BUSY_TIMEOUT_SECONDS", 0.05)

@@ -80,6 +80,7 @@ class _Settings:
   NOOPT: int = 0        # 1 turns the heuristics off (plain loops)
   DEVICE: str = ""      # default device; empty means CUDA if usable, else LLVM (checked by tgrad.device at first use)
   CACHELEVEL: int = 1   # 0 turns every disk cache off
+  CACHE_MAX_BYTES: int = 1 << 30   # bytes of compiled binaries the disk cache keeps; least recently used go first
   IGNORE_BEAM_CACHE: int = 0
   THREADS: int = 0      # CPU threads for THREAD opts; 0 means all cores
   CUDA_GRAPH: int = 1   # 1 replays compiled programs on CUDA as CUDA graphs; 0 launches them kernel by kernel
@@ -93,6 +94,7 @@ _ALLOWED_VALUES: dict[str, tuple[str, Callable[[int], bool]]] = {
   "BEAM": ("a whole number >= 0 (the beam width; 0 uses the heuristics)", lambda v: v >= 0),
   "NOOPT": ("0 or 1", lambda v: v in (0, 1)),
   "CACHELEVEL": ("0 or 1", lambda v: v in (0, 1)),
+  "CACHE_MAX_BYTES": ("a whole number >= 1 (bytes of compiled binaries the disk cache keeps)", lambda v: v >= 1),
   "IGNORE_BEAM_CACHE": ("0 or 1", lambda v: v in (0, 1)),
   "THREADS": ("a whole number >= 0 (0 uses every core)", lambda v: v >= 0),
   "CUDA_GRAPH": ("0 or 1", lambda v: v in (0, 1)),

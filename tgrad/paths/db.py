@@ -4,8 +4,9 @@ Input: `Measurement`s, one run of one path of one graph each (every timing; the 
 against a float64 reference; the hardware fingerprint, tgrad's version and the code-changing settings it ran under).
 Output: the runs of a graph, their `PathSummary`s, and a `Selection`: the fastest verified path whose error is within
 the tolerance, with the reason every other path lost. The rows live in versioned tables of the kernel cache's sqlite
-file (tgrad/cache.py): JSON text and numbers, never pickle; a damaged or locked file warns once and the run goes on
-with no records. Schema, selection rule, default tolerances and sanity bounds: docs/paths.md.
+file (tgrad/cache.py): JSON text and numbers, never pickle, each row authenticated by the cache's HMAC (a row that
+fails it is deleted with a warning, so the file alone can't choose which code runs); a damaged or locked file warns
+once and the run goes on with no records. Schema, selection rule, default tolerances and sanity bounds: docs/paths.md.
 """
 from __future__ import annotations
 import json, math, re, sqlite3, statistics, time
@@ -16,18 +17,19 @@ from tgrad.dtype import DType, dtypes
 from tgrad.helpers import Context
 from tgrad.paths.fingerprint import describe_difference, fingerprint_key
 
-DB_SCHEMA_VERSION = 1   # bump when a column or the meaning of a value changes; tables of other versions are ignored
+DB_SCHEMA_VERSION = 2   # bump when a column or the meaning of a value changes; tables of other versions are ignored
+                        # (2: every row carries an HMAC, see SqliteStore)
 GRAPHS, HARDWARE, RUNS = (f"paths_graphs_v{DB_SCHEMA_VERSION}", f"paths_hardware_v{DB_SCHEMA_VERSION}",
                           f"paths_runs_v{DB_SCHEMA_VERSION}")
 TABLE_COLUMNS = {
-  GRAPHS: "graph_key TEXT PRIMARY KEY, graph_desc TEXT NOT NULL, created REAL NOT NULL",
-  HARDWARE: "fingerprint_key TEXT PRIMARY KEY, fingerprint TEXT NOT NULL",
+  GRAPHS: "graph_key TEXT PRIMARY KEY, graph_desc TEXT NOT NULL, created REAL NOT NULL, mac BLOB NOT NULL",
+  HARDWARE: "fingerprint_key TEXT PRIMARY KEY, fingerprint TEXT NOT NULL, mac BLOB NOT NULL",
   RUNS: "id INTEGER PRIMARY KEY AUTOINCREMENT, graph_key TEXT NOT NULL, path_id TEXT NOT NULL, "
         "path_desc TEXT NOT NULL, device TEXT NOT NULL, parts TEXT NOT NULL, fingerprint_key TEXT NOT NULL, "
         "tgrad_version TEXT NOT NULL, "
         "settings TEXT NOT NULL, times TEXT NOT NULL, max_rel_error REAL, max_abs_error REAL, "
         "input_distribution TEXT NOT NULL, status TEXT NOT NULL, error TEXT NOT NULL, measured_at REAL NOT NULL, "
-        "choices TEXT NOT NULL, opts TEXT NOT NULL",
+        "choices TEXT NOT NULL, opts TEXT NOT NULL, mac BLOB NOT NULL",
 }
 PATHS_TABLE_NAME = re.compile(r"^paths_(graphs|hardware|runs)_v\d+$")   # tables of this or any other schema version
 RUN_COLUMNS = ("id", "graph_key", "path_id", "path_desc", "device", "parts", "fingerprint_key", "tgrad_version",
@@ -119,8 +121,8 @@ class PathsDB(SqliteStore):
   process); `clear` and `stats` are maintenance calls and ignore CACHELEVEL."""
   TABLES = TABLE_COLUMNS
   TABLE_NAME = PATHS_TABLE_NAME
-  INDEXES = (f"CREATE INDEX IF NOT EXISTS {RUNS}_by_graph ON {RUNS} (graph_key, device)",
-             f"CREATE INDEX IF NOT EXISTS {RUNS}_by_device ON {RUNS} (device)")
+  SCHEMA = (f"CREATE INDEX IF NOT EXISTS {RUNS}_by_graph ON {RUNS} (graph_key, device)",
+            f"CREATE INDEX IF NOT EXISTS {RUNS}_by_device ON {RUNS} (device)")
   WHAT = "benchmark database"
 
   def __init__(self, path: Optional[str] = None):
@@ -137,30 +139,60 @@ class PathsDB(SqliteStore):
     hardware_row = (fingerprint_key(m.fingerprint), _canonical_json(m.fingerprint))
     def write(conn: sqlite3.Connection) -> bool:
       with write_transaction(conn):
-        conn.execute(f"INSERT OR IGNORE INTO {GRAPHS} VALUES (?, ?, ?)", graph_row)
-        conn.execute(f"INSERT OR IGNORE INTO {HARDWARE} VALUES (?, ?)", hardware_row)
-        conn.execute(f"INSERT INTO {RUNS} ({', '.join(RUN_COLUMNS[1:])}) VALUES ({', '.join('?' * len(run_row))})",
-                     run_row)
+        conn.execute(f"INSERT OR IGNORE INTO {GRAPHS} VALUES (?, ?, ?, ?)",
+                     (*graph_row, self._mac(GRAPHS, *graph_row[:2])))
+        conn.execute(f"INSERT OR IGNORE INTO {HARDWARE} VALUES (?, ?, ?)", (*hardware_row, self._mac(HARDWARE,
+                                                                                                 *hardware_row)))
+        conn.execute(f"INSERT INTO {RUNS} ({', '.join(RUN_COLUMNS[1:])}, mac) "
+                     f"VALUES ({', '.join('?' * (len(run_row) + 1))})", (*run_row, self._mac(RUNS, *run_row)))
       return True
     if self._run(write, False): self._known_to_have_records.update(("", m.device))
 
   def runs(self, graph_key: str, device: Optional[str] = None) -> list[Measurement]:
-    """Every run of `graph_key` (on `device` when given), oldest first."""
+    """Every run of `graph_key` (on `device` when given), oldest first. A run, graph or hardware row that fails
+    authentication or doesn't parse is deleted with a CacheWarning (a damaged graph or hardware row hides its runs
+    until the next `add` writes it again)."""
     if not Context.CACHELEVEL: return []
     where, arguments = "r.graph_key = ?", [graph_key]
     if device is not None: where, arguments = where + " AND r.device = ?", arguments + [device]
-    query = (f"SELECT {', '.join('r.' + c for c in RUN_COLUMNS)}, g.graph_desc, h.fingerprint FROM {RUNS} r "
-             f"JOIN {GRAPHS} g ON g.graph_key = r.graph_key JOIN {HARDWARE} h ON h.fingerprint_key = r.fingerprint_key "
-             f"WHERE {where} ORDER BY r.id")
-    return self._run(lambda conn: [_measurement(row) for row in conn.execute(query, arguments)], [])
+    query = (f"SELECT {', '.join('r.' + c for c in RUN_COLUMNS)}, r.mac, g.graph_desc, g.mac, h.fingerprint, h.mac "
+             f"FROM {RUNS} r JOIN {GRAPHS} g ON g.graph_key = r.graph_key "
+             f"JOIN {HARDWARE} h ON h.fingerprint_key = r.fingerprint_key WHERE {where} ORDER BY r.id")
+    def read(conn: sqlite3.Connection) -> list[Measurement]:
+      good, dropped_parents = [], set()
+      for *run, run_mac, graph_desc, graph_mac, fingerprint, hardware_mac in conn.execute(query, arguments).fetchall():
+        row_id, key, fingerprint_id = run[0], run[1], run[6]
+        if not self._verified(run_mac, RUNS, *run[1:]):
+          self._drop(conn, RUNS, "id = ?", (row_id,), f"run {row_id}", "failed authentication")
+        elif not self._verified(graph_mac, GRAPHS, key, graph_desc):
+          if (GRAPHS, key) not in dropped_parents:
+            dropped_parents.add((GRAPHS, key))
+            self._drop(conn, GRAPHS, "graph_key = ?", (key,), f"graph {key[:16]}", "failed authentication")
+        elif not self._verified(hardware_mac, HARDWARE, fingerprint_id, fingerprint):
+          if (HARDWARE, fingerprint_id) not in dropped_parents:
+            dropped_parents.add((HARDWARE, fingerprint_id))
+            self._drop(conn, HARDWARE, "fingerprint_key = ?", (fingerprint_id,), f"hardware {fingerprint_id[:16]}",
+                       "failed authentication")
+        else:
+          try: good.append(_measurement((*run, graph_desc, fingerprint)))
+          except sqlite3.DatabaseError as error:
+            self._drop(conn, RUNS, "id = ?", (row_id,), f"run {row_id}", str(error))
+      return good
+    return self._run(read, [])
 
   def graphs(self) -> list[tuple[str, dict]]:
     """(graph_key, graph_desc) of every graph with records, in the order they were first added."""
     if not Context.CACHELEVEL: return []
     def read(conn: sqlite3.Connection) -> list[tuple[str, dict]]:
-      try: return [(key, json.loads(desc)) for key, desc in conn.execute(f"SELECT graph_key, graph_desc FROM {GRAPHS} "
-                                                                          "ORDER BY rowid")]
-      except ValueError as error: raise sqlite3.DatabaseError(f"damaged row of {GRAPHS}: {error}") from None
+      good = []
+      for key, desc, mac in conn.execute(f"SELECT graph_key, graph_desc, mac FROM {GRAPHS} ORDER BY rowid").fetchall():
+        try:
+          if not self._verified(mac, GRAPHS, key, desc): raise ValueError("failed authentication")
+          if not isinstance(parsed := json.loads(desc), dict): raise ValueError(f"not a JSON object: {desc!r:.60}")
+          good.append((key, parsed))
+        except (TypeError, ValueError) as error:
+          self._drop(conn, GRAPHS, "graph_key = ?", (key,), f"graph {key[:16]}", str(error))
+      return good
     return self._run(read, [])
 
   def has_records(self, device: Optional[str] = None) -> bool:

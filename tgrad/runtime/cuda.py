@@ -10,9 +10,11 @@ the program opts the function in to that size and launches with it.
 Limits (threads, block/grid dims, shared memory) come from the device's attributes into its CUDARenderer.
 A view of an allocation is its address plus the offset (an int, which every pycuda call and launch accepts);
 `prepare` binds a launch's grid, block and argument tuple once, for replaying it in a tight loop.
+Fork: the driver can't start again in a child forked after the parent's cuInit (it fails with "initialization
+error"), so such a child forgets the parent's contexts and starting CUDA there raises CUDAForkError (use 'spawn').
 """
 from __future__ import annotations
-import atexit, collections, functools
+import atexit, collections, functools, os
 from typing import Callable, Optional
 import numpy as np
 import pycuda.driver as cuda
@@ -29,13 +31,48 @@ PINNED_CHUNK_BYTES = 8 << 20
 # copy is done synchronously. Enough slots that a host loop a few steps ahead of the GPU never waits for one.
 ASYNC_SLOT_BYTES, ASYNC_SLOTS = 64 << 10, 8
 
+class CUDAForkError(RuntimeError):
+  """CUDA used in a process forked after its parent started the driver: the driver refuses (cuInit fails)."""
+
+class _DriverState:
+  """Which process started the driver (cuInit), and the contexts it made: a forked child inherits both but can use
+  neither, so `_after_fork_in_child` forgets the contexts and makes every later start raise CUDAForkError."""
+  started_in_pid: Optional[int] = None
+  forked_from_pid: Optional[int] = None
+  contexts: list[CUDAContext] = []
+
+def _start_driver() -> None:
+  if _DriverState.forked_from_pid is not None:
+    raise CUDAForkError(f"CUDA was started in process {_DriverState.forked_from_pid} before this process "
+                        f"({os.getpid()}) was forked from it, and the driver can't start again in a forked child: "
+                        "create worker processes with multiprocessing's 'spawn' or 'forkserver' start method "
+                        "(multiprocessing.get_context('spawn')), or use DEVICE=LLVM in the child")
+  cuda.init()
+  _DriverState.started_in_pid = os.getpid()
+
+def _after_fork_in_child() -> None:
+  """In a forked child: the parent's contexts, allocations and streams are not this process's. Drop the contexts
+  (closing them would call the driver), and make the device registry start CUDA again, which now raises
+  CUDAForkError (and `Device.available('CUDA')` answers False, so the default device is LLVM)."""
+  if _DriverState.started_in_pid is None: return   # the parent never started the driver: the child may
+  _DriverState.forked_from_pid = _DriverState.started_in_pid
+  _DriverState.started_in_pid = None
+  for context in _DriverState.contexts: context.context = None
+  _DriverState.contexts = []
+  from tgrad.device import Device
+  type(Device).__getitem__.cache_clear()
+  type(Device).available.cache_clear()
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
 class CUDAContext:
   """The primary context of one GPU, made current on the thread that creates it (the main thread)."""
   def __init__(self, ordinal: int = DEVICE_ORDINAL):
-    cuda.init()
+    _start_driver()
     self.device = cuda.Device(ordinal)
     self.context = self.device.retain_primary_context()
     self.context.push()
+    _DriverState.contexts.append(self)
     atexit.register(self.close)
   def close(self) -> None:
     if self.context is None: return
@@ -224,6 +261,8 @@ class CUDADevice(Compiled):
 def create_device() -> Compiled: return CUDADevice()
 
 def is_usable() -> bool:
-  """Whether a GPU is there, without creating a context (the device is started on first use)."""
-  cuda.init()
+  """Whether a GPU is there, without creating a context (the device is started on first use). False in a child
+  forked after the parent started the driver."""
+  if _DriverState.forked_from_pid is not None: return False
+  _start_driver()
   return cuda.Device.count() > 0

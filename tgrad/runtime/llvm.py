@@ -2,9 +2,9 @@
 
 Compiler: IR text → optimized (new pass manager, O3 with loop and SLP vectorization) → an object file for the
 host CPU with all its features. Program: the object loaded into its own MCJIT engine; a THREAD launch calls the
-function once per core index from a thread pool (ctypes releases the GIL, so the calls run in parallel). Memory is
-numpy bytes with their address (HostMemory); a view is a slice with its address; `prepare` binds a launch's
-pointers once, for replaying it in a tight loop.
+function once per core index from a thread pool (ctypes releases the GIL, so the calls run in parallel); a forked
+child starts a pool of its own. Memory is numpy bytes with their address (HostMemory); a view is a slice with its
+address; `prepare` binds a launch's pointers once, for replaying it in a tight loop.
 """
 from __future__ import annotations
 import collections, ctypes, functools, hashlib, os, time
@@ -105,6 +105,10 @@ class LLVMCompiler(Compiler):
 @functools.cache
 def _thread_pool() -> ThreadPoolExecutor:
   return ThreadPoolExecutor(max_workers=cpu_count())
+
+# A forked child inherits the pool object but not its threads: work queued on it would wait forever. The child makes a
+# pool of its own on first use (the parent's is left alone: shutting it down would join threads that are not there).
+os.register_at_fork(after_in_child=_thread_pool.cache_clear)
 
 class LLVMProgram:
   """A loaded kernel. Call with buffers (numpy handles) and global_size=(threads,)."""

@@ -1,0 +1,139 @@
+"""tgrad/nn/quant.py: every ggml block type's dequantization equals llama.cpp's (gguf.quants.dequantize) bit for bit,
+on random blocks whose fp16 scales include NaN, ±inf, subnormals and signed zeros, for odd block counts and several
+shapes; the packed matvec is one kernel; errors for bytes that do not fit their type."""
+import numpy as np
+import pytest
+from tgrad import Tensor, dtypes
+from tgrad.nn.quant import BLOCK_LAYOUTS, DEQUANTIZERS, GGMLType, QuantError, QuantizedTensor, dequantize_blocks
+
+gguf = pytest.importorskip("gguf")
+
+# fp16 bit patterns every scale position sees: quiet/signalling/negative NaN, ±inf, the smallest and largest
+# subnormals, ±0, the largest finite, 1.0
+SPECIAL_HALVES = np.array([0x7E00, 0x7C01, 0xFE00, 0x7C00, 0xFC00, 0x0001, 0x03FF, 0x8001, 0x0000, 0x8000, 0x7BFF,
+                           0x3C00], dtype=np.uint16)
+# byte offsets of the fp16 scales (d, and dmin/m where the type has one) inside a block
+HALF_POSITIONS = {GGMLType.Q4_0: (0,), GGMLType.Q4_1: (0, 2), GGMLType.Q5_0: (0,), GGMLType.Q5_1: (0, 2),
+                  GGMLType.Q8_0: (0,), GGMLType.Q4_K: (0, 2), GGMLType.Q5_K: (0, 2), GGMLType.Q6_K: (208,),
+                  GGMLType.F16: (0,), GGMLType.BF16: (0,), GGMLType.F32: (0, 2)}
+QUANT_TYPES = list(DEQUANTIZERS)
+SHAPES_IN_BLOCKS = [(1,), (7,), (3, 5), (2, 3, 5)]   # the last dim counts blocks; odd counts on purpose
+MATVEC_TYPES = [GGMLType.Q8_0, GGMLType.Q5_0, GGMLType.Q4_K, GGMLType.Q6_K]
+MATVEC_RTOL = 1e-4    # a float32 dot product of K terms against numpy's, summed in another order
+
+def random_blocks(ggml_type: GGMLType, n_blocks: int, seed: int) -> np.ndarray:
+  """(n_blocks, block_bytes) random bytes; the fp16 scales of every odd block cycle through SPECIAL_HALVES (30 blocks
+  see them all), even blocks keep random scales (mostly finite: a NaN scale would hide every other bit of a block)."""
+  rng = np.random.default_rng(seed)
+  blocks = rng.integers(0, 256, size=(n_blocks, BLOCK_LAYOUTS[ggml_type].block_bytes), dtype=np.uint8)
+  specials = SPECIAL_HALVES.view(np.uint8).reshape(-1, 2)
+  for i in range(1, n_blocks, 2):
+    for j, position in enumerate(HALF_POSITIONS[ggml_type]):
+      blocks[i, position:position + 2] = specials[(i // 2 + j * 5) % len(specials)]
+  return blocks
+
+def assert_bits_equal(got: np.ndarray, expected: np.ndarray) -> None:
+  """Equal float32 bit patterns, except that any NaN matches any NaN."""
+  assert got.shape == expected.shape and got.dtype == expected.dtype == np.float32
+  got_nan, expected_nan = np.isnan(got), np.isnan(expected)
+  np.testing.assert_array_equal(got_nan, expected_nan)
+  np.testing.assert_array_equal(got.view(np.uint32)[~got_nan], expected.view(np.uint32)[~expected_nan])
+
+def reference(raw: np.ndarray, ggml_type: GGMLType) -> np.ndarray:
+  with np.errstate(invalid="ignore", over="ignore"):   # inf·0 and NaN scales are part of the test
+    return gguf.quants.dequantize(raw, gguf.GGMLQuantizationType(int(ggml_type)))
+
+@pytest.mark.parametrize("ggml_type", QUANT_TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("shape_in_blocks", SHAPES_IN_BLOCKS, ids=str)
+def test_dequantize_matches_llama_cpp_bit_for_bit(ggml_type, shape_in_blocks):
+  layout = BLOCK_LAYOUTS[ggml_type]
+  n_blocks = int(np.prod(shape_in_blocks))
+  raw = random_blocks(ggml_type, n_blocks, seed=n_blocks + int(ggml_type)).reshape(
+    *shape_in_blocks[:-1], shape_in_blocks[-1] * layout.block_bytes)
+  shape = (*shape_in_blocks[:-1], shape_in_blocks[-1] * layout.block_size)
+  expected = reference(raw, ggml_type)
+  assert expected.shape == shape
+  assert_bits_equal(QuantizedTensor.from_bytes(raw, ggml_type, shape).dequantize().numpy(), expected)
+
+@pytest.mark.parametrize("ggml_type", [GGMLType.Q4_K, GGMLType.Q5_0], ids=lambda t: t.name)
+def test_dequantize_to_half_is_the_cast_of_float32(ggml_type):
+  raw = random_blocks(ggml_type, 5, seed=1)
+  with np.errstate(over="ignore"): expected = reference(raw, ggml_type).astype(np.float16)   # beyond 65504: inf
+  got = QuantizedTensor.from_bytes(raw, ggml_type, expected.shape).dequantize(dtypes.float16).numpy()
+  assert got.dtype == np.float16
+  np.testing.assert_array_equal(got, expected)
+
+def test_known_blocks_without_the_reference():
+  """Blocks built by hand, values worked out by hand: checks the layouts without trusting gguf.quants."""
+  q8 = np.zeros(34, np.uint8)
+  q8[0:2] = np.array([0.5], np.float16).view(np.uint8)
+  q8[2:] = np.arange(-16, 16, dtype=np.int8).view(np.uint8)
+  np.testing.assert_array_equal(QuantizedTensor.from_bytes(q8, GGMLType.Q8_0, (32,)).dequantize().numpy(),
+                                np.arange(-16, 16, dtype=np.float32) * 0.5)
+  q4 = np.zeros(18, np.uint8)
+  q4[0:2] = np.array([2.0], np.float16).view(np.uint8)
+  q4[2:] = np.arange(16, dtype=np.uint8) | (np.uint8(15) << 4)    # low nibbles 0..15, high nibbles all 15
+  expected = np.concatenate([np.arange(16) - 8, np.full(16, 15 - 8)]).astype(np.float32) * 2
+  np.testing.assert_array_equal(QuantizedTensor.from_bytes(q4, GGMLType.Q4_0, (32,)).dequantize().numpy(), expected)
+  # Q4_K: d = 1, dmin = 0.5; sub-block 0 has scale 3 and min 2, sub-block 5 has scale 33 (low nibble 1 in byte 9,
+  # top bits 10 in byte 1) and min 17 (high nibble 1 in byte 9, top bits 01 in byte 5); all quants are 7
+  q4k = np.zeros(144, np.uint8)
+  q4k[0:4] = np.array([1.0, 0.5], np.float16).view(np.uint8)
+  scales = q4k[4:16]
+  scales[0], scales[4] = 3, 2
+  scales[9], scales[1], scales[5] = 0x11, 0b10 << 6, 0b01 << 6
+  q4k[16:] = 0x77
+  got = QuantizedTensor.from_bytes(q4k, GGMLType.Q4_K, (256,)).dequantize().numpy().reshape(8, 32)
+  np.testing.assert_array_equal(got[0], np.full(32, 3 * 7 - 0.5 * 2, np.float32))
+  np.testing.assert_array_equal(got[5], np.full(32, 33 * 7 - 0.5 * 17, np.float32))
+  np.testing.assert_array_equal(got[1], np.zeros(32, np.float32))   # scale 0 and min 0 (byte 5's low bits)
+
+def test_block_layouts_match_ggml():
+  for ggml_type, layout in BLOCK_LAYOUTS.items():
+    assert gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(int(ggml_type))] == (layout.block_size,
+                                                                               layout.block_bytes), ggml_type.name
+
+@pytest.mark.parametrize("ggml_type, out_features, in_features", [
+  (GGMLType.Q8_0, 2048, 640), (GGMLType.Q5_0, 2048, 640), (GGMLType.Q4_K, 640, 1024), (GGMLType.Q6_K, 640, 2048)],
+  ids=lambda v: v.name if isinstance(v, GGMLType) else str(v))
+def test_packed_linear_is_one_kernel(ggml_type, out_features, in_features):
+  """x·dequant(W)ᵀ reads the packed bytes inside the matmul: one kernel, no float copy of the weight."""
+  layout = BLOCK_LAYOUTS[ggml_type]
+  raw = random_blocks(ggml_type, out_features * in_features // layout.block_size, seed=3)
+  for position in HALF_POSITIONS[ggml_type]:   # finite scales: the product is compared with a tolerance
+    raw[:, position:position + 2] = np.array([1 / 64], np.float16).view(np.uint8)
+  raw = raw.reshape(out_features, -1)
+  weight = QuantizedTensor.from_bytes(raw, ggml_type, (out_features, in_features)).realize()
+  x_np = np.random.default_rng(4).standard_normal((1, in_features)).astype(np.float32)
+  x = Tensor(x_np).realize()
+  out = weight.linear(x)
+  assert len(out.schedule()) == 1
+  expected = x_np.astype(np.float64) @ reference(raw, ggml_type).astype(np.float64).T
+  np.testing.assert_allclose(weight.linear(x).numpy(), expected, rtol=MATVEC_RTOL,
+                             atol=MATVEC_RTOL * np.abs(expected).max())
+
+def test_dequantize_of_packed_weight_is_one_kernel():
+  weight = QuantizedTensor.from_bytes(random_blocks(GGMLType.Q6_K, 6, seed=5).reshape(2, -1), GGMLType.Q6_K,
+                                      (2, 768)).realize()
+  assert len(weight.dequantize().schedule()) == 1
+
+def test_packed_bytes_are_the_device_memory():
+  raw = random_blocks(GGMLType.Q4_K, 10, seed=6).reshape(5, -1)
+  weight = QuantizedTensor.from_bytes(raw, GGMLType.Q4_K, (5, 512)).realize()
+  buffer = weight.packed.lazydata.realized
+  assert buffer is not None and buffer.dtype == dtypes.uint8 and buffer.nbytes == raw.nbytes == weight.nbytes
+  assert weight.packed.shape == (5, 2, 144)
+
+def test_errors_name_the_problem():
+  raw = random_blocks(GGMLType.Q8_0, 3, seed=7)
+  with pytest.raises(QuantError, match="takes 102 bytes, got 101"):
+    QuantizedTensor.from_bytes(raw.reshape(-1)[:101], GGMLType.Q8_0, (96,))
+  with pytest.raises(QuantError, match="multiple of 32, got shape \\(3, 20\\)"):
+    QuantizedTensor.from_bytes(raw, GGMLType.Q8_0, (3, 20))
+  with pytest.raises(QuantError, match="no dequantization for ggml type Q2_K"):
+    QuantizedTensor.from_bytes(np.zeros(84, np.uint8), GGMLType.Q2_K, (256,)).dequantize()
+  with pytest.raises(QuantError, match="uint8 \\(n, 34\\)"):
+    dequantize_blocks(Tensor(np.zeros((2, 33), np.uint8)), GGMLType.Q8_0)
+  weight = QuantizedTensor.from_bytes(raw, GGMLType.Q8_0, (1, 96))
+  with pytest.raises(QuantError, match="input of shape \\(2, 95\\)"):
+    weight.linear(Tensor.zeros(2, 95))

@@ -200,13 +200,16 @@ class CreationMixin:
     """Indices drawn from the categorical distributions given by the rows of self (1-D or 2-D nonnegative weights,
     not necessarily summing to 1), as torch.multinomial: (num_samples,) or (rows, num_samples), int32. Without
     replacement only one sample per row is supported (tinygrad's limit). Each draw counts the cumulative
-    probabilities that a uniform number is at or above."""
+    probabilities that a uniform number is at or above. Weights that are negative, inf or nan, or a row that sums to
+    0, raise ValueError (torch raises for the same rows): checking realizes the weights with one small reduction
+    and reads back two flags, a sync per call."""
     if self.ndim not in (1, 2): raise RuntimeError(f"multinomial: prob_dist must be 1 or 2 dim, got shape {self.shape}")
     if not isinstance(num_samples, int) or num_samples <= 0:
       raise RuntimeError(f"multinomial: cannot sample num_samples={num_samples!r} (must be a positive int)")
     if not replacement and num_samples > 1:
       raise NotImplementedError("multinomial without replacement supports num_samples=1 only")
     weights = self._to_float().reshape(-1, self.shape[-1])
+    _check_distributions(weights)
     cumulative = weights.cumsum(1)
     cdf = cumulative / cumulative[:, -1:]
     draws = Tensor.rand(num_samples, weights.shape[0], 1, device=self.device)
@@ -220,6 +223,17 @@ class CreationMixin:
     kwargs.setdefault("dtype", self.dtype if self.dtype.is_float else dtypes.default_float)
     kwargs.setdefault("device", self.device)
     return Tensor.randn(self.shape, **kwargs)
+
+def _check_distributions(weights: Tensor) -> None:
+  """Raise ValueError unless every row of `weights` [rows, classes] is finite, nonnegative and sums to more than 0.
+  The weights are realized together with the two flags, so the sampling that follows reads them, not their graph."""
+  bad_entries = ((weights < 0) | (weights != weights) | (weights.abs() == math.inf)).any()
+  empty_rows = (weights.sum(1) <= 0).any()
+  weights.realize(bad_entries, empty_rows)
+  if bad_entries.item():
+    raise ValueError(f"multinomial: weights of shape {weights.shape} hold a negative, inf or nan entry")
+  if empty_rows.item():
+    raise ValueError(f"multinomial: a row of the weights of shape {weights.shape} sums to 0 (no category to draw)")
 
 def _float_default(kwargs: dict) -> dict:
   kwargs.setdefault("dtype", dtypes.default_float)

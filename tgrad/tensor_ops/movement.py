@@ -191,7 +191,8 @@ class MovementMixin:
     """Keep [start, end) per dim (None keeps the dim)."""
     if len(bounds) != self.ndim:
       raise ValueError(f"shrink needs {self.ndim} bounds for shape {self.shape}, got {bounds}")
-    bounds = tuple((0, s) if b is None else (_size_arg(b[0]), _size_arg(b[1])) for s, b in zip(self.shape, bounds))
+    bounds = tuple((0, s) if b is None else _amount_pair(b, "shrink bounds", bounds)
+                   for s, b in zip(self.shape, bounds))
     if any(not (definitely_le(0, lo) and definitely_le(lo, hi) and definitely_le(hi, s))
            for s, (lo, hi) in zip(self.shape, bounds)):
       raise ValueError(f"shrink bounds {bounds} are outside shape {self.shape}")
@@ -290,18 +291,26 @@ def _tensor_list(first: Any, rest: tuple) -> list[Tensor]:
 
 def _normalize_padding(padding, shape: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
   ndim = len(shape)
-  if all(isinstance(p, (int, np.integer)) for p in padding):
-    if len(padding) % 2 or len(padding) > 2 * ndim:
-      raise RuntimeError(f"flat padding {padding} needs an even count of at most {2 * ndim} for shape {shape}")
-    pairs = [(0, 0)] * ndim
-    for i in range(len(padding) // 2): pairs[ndim - 1 - i] = (int(padding[2 * i]), int(padding[2 * i + 1]))
-    return tuple(pairs)
-  if len(padding) != ndim: raise ValueError(f"padding {padding} needs one entry per dim of shape {shape}")
-  return tuple((0, 0) if p is None else (_size_arg(p[0]), _size_arg(p[1])) for p in padding)
+  if padding and all(p is None or isinstance(p, (tuple, list)) for p in padding):
+    if len(padding) != ndim: raise ValueError(f"padding {padding} needs one entry per dim of shape {shape}")
+    return tuple((0, 0) if p is None else _amount_pair(p, "padding", padding) for p in padding)
+  amounts = [_size_arg(p, "padding", padding) for p in padding]   # torch's flat form, last dim first
+  if len(amounts) % 2 or len(amounts) > 2 * ndim:
+    raise RuntimeError(f"flat padding {padding} needs an even count of at most {2 * ndim} for shape {shape}")
+  pairs = [(0, 0)] * ndim
+  for i in range(len(amounts) // 2): pairs[ndim - 1 - i] = (amounts[2 * i], amounts[2 * i + 1])
+  return tuple(pairs)
 
-def _size_arg(x):
-  """An int, or a symbolic size (a bound Variable or an expression of one) as it is."""
-  return canonical(x) if isinstance(x, UOp) else int(x)
+def _amount_pair(pair, argument: str, given) -> tuple:
+  if len(pair) != 2: raise ValueError(f"{argument}: each entry must be a (start, end) pair, got {pair!r} in {given}")
+  return _size_arg(pair[0], argument, given), _size_arg(pair[1], argument, given)
+
+def _size_arg(x, argument: str, given):
+  """An int, or a symbolic size (a bound Variable or an expression of one) as it is; anything else (a float, which
+  would be truncated, a bool) raises TypeError naming the argument."""
+  if isinstance(x, UOp): return canonical(x)
+  if isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_)): return int(x)
+  raise TypeError(f"{argument} must hold ints, got {x!r} ({type(x).__name__}) in {given!r}")
 
 def _rearrange_side(side: str) -> list[list[str]]:
   """One side of a rearrange formula as groups of axis names ("..." is a name; "()" and "1" are empty groups)."""

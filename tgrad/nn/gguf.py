@@ -218,12 +218,12 @@ class GGUFFile:
     what = f"{self.path}: tensor {name!r} ({ggml_type.name}, shape {shape})"
     data_size = file_size - self.data_start
     layout = BLOCK_LAYOUTS[ggml_type]
-    max_dim = max(data_size, 0) // layout.block_bytes * layout.block_size   # values the data section could hold
-    if any(dim > max_dim for dim in shape):
-      raise GGUFError(f"{what}: a dim exceeds the {max_dim} values the {data_size}-byte data section could hold")
     row = shape[-1] if shape else 1   # n_dims 0: one value, as llama.cpp reads it
     if row % layout.block_size:
       raise GGUFError(f"{what}: the first GGUF dim {row} is not a multiple of the block size {layout.block_size}")
+    max_dim = max(data_size, 0) // layout.block_bytes * layout.block_size   # values the data section could hold
+    if any(dim > max_dim for dim in shape):
+      raise GGUFError(f"{what}: a dim exceeds the {max_dim} values the {data_size}-byte data section could hold")
     count = 1
     for dim in shape: count *= dim
     nbytes = count // layout.block_size * layout.block_bytes

@@ -101,7 +101,7 @@ class GGUFTokenizer:
   @staticmethod
   def _spell(piece: str) -> str:
     """Gemma files store pieces made only of spaces with real spaces; text reaches BPE as "▁", so spell them so."""
-    return SPACE_MARK * len(piece) if piece and set(piece) == {" "} else piece
+    return SPACE_MARK * len(piece) if " " in piece and not piece.strip(" ") else piece
 
   # ---- the public API
 
@@ -145,8 +145,7 @@ def merges_in_file_order(pieces: Sequence[str], vocab: Mapping[str, int]) -> lis
   for rank, piece in enumerate(pieces):
     if vocab[piece] != rank: continue   # a repeated piece ranks at its last position, where it is reached
     for cut in range(len(piece) - 1, 0, -1):
-      left, right = piece[:cut], piece[cut:]
-      if left in vocab and right in vocab: merges.append((left, right))
+      if (left := piece[:cut]) in vocab and (right := piece[cut:]) in vocab: merges.append((left, right))
   return merges
 
 def _content_text(content: str | Sequence[Mapping[str, Any]]) -> str:

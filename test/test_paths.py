@@ -194,3 +194,32 @@ def test_cli_show_and_best(db_file):
   assert "selected at TOLERANCE" in env_out and env_out.count("\n") >= 1 + profiler.measured
   assert main(["best", "--tolerance", "1e-2"]) == 0
   assert main(["best"]) == 0   # each graph at its dtype's default tolerance
+
+def _paths_cli(*args: str, cwd=None) -> subprocess.CompletedProcess:
+  return subprocess.run([sys.executable, "-m", "tgrad.paths", *args], capture_output=True, text=True, timeout=300,
+                        env={**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))},
+                        cwd=cwd)
+
+@pytest.mark.parametrize("args, message", [
+  (["best", "--tolerance", "-1"], "argument --tolerance: must be a finite number >= 0, got -1"),
+  (["best", "--tolerance", "nan"], "argument --tolerance: must be a finite number >= 0, got nan"),
+  (["profile", "--budget", "-5", "x.py"], "argument --budget: must be a finite number > 0, got -5"),
+  (["profile", "--repeats", "0", "x.py"], "argument --repeats: must be a finite number >= 1, got 0"),
+  (["profile", "--max-paths", "-1", "x.py"], "argument --max-paths: must be a finite number >= 1, got -1"),
+  (["profile", "--repeats", "2.5", "x.py"], "argument --repeats: '2.5' is not an int"),
+  (["profile", "no_such_script.py"], "profile: script 'no_such_script.py': no such file")])
+def test_cli_bad_arguments_are_one_error_line(db_file, tmp_path, args, message):
+  result = _paths_cli(*args, cwd=tmp_path)
+  assert result.returncode == 2 and result.stderr.strip() == f"error: {message}" and result.stdout == ""
+
+def test_cli_profile_exits_with_the_programs_status(db_file, tmp_path):
+  script = tmp_path / "exits.py"
+  script.write_text("import sys\nprint('ran', sys.argv[1:])\nsys.exit(int(sys.argv[1]))\n")
+  for status in (3, 0):
+    result = _paths_cli("profile", "--budget", "5", str(script), str(status))
+    assert result.returncode == status and f"ran ['{status}']" in result.stdout, result.stderr[-2000:]
+
+@pytest.mark.parametrize("argument, value", [("budget", 0), ("max_paths", 0), ("repeats", -1)])
+def test_profiler_rejects_bad_limits(db_file, argument, value):
+  with pytest.raises(ValueError, match=rf"Profiler: {argument} must be"):
+    Profiler(PathsDB(db_file), progress=False, **{argument: value})

@@ -42,6 +42,9 @@ class Profiler:
   def __init__(self, db: Optional[PathsDB] = None, budget: float = DEFAULT_BUDGET_SECONDS,
                max_paths: int = DEFAULT_MAX_PATHS, opts: Sequence[str] = ("heuristic",),
                repeats: int = DEFAULT_REPEATS, progress: bool = True):
+    if not budget > 0: raise ValueError(f"Profiler: budget must be > 0 seconds, got {budget}")
+    if max_paths < 1: raise ValueError(f"Profiler: max_paths must be >= 1, got {max_paths}")
+    if repeats < 1: raise ValueError(f"Profiler: repeats must be >= 1, got {repeats}")
     self.db = db or select.database()
     self.budget, self.max_paths, self.opts, self.repeats = budget, max_paths, tuple(opts), repeats
     self.deadline = time.monotonic() + budget

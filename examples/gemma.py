@@ -53,7 +53,9 @@ def load_tokenizer(directory: str):
   except ImportError:
     print("note: tokenizer.json found but the `tokenizers` package is missing; prompts are ids", file=sys.stderr)
     return None
-  return Tokenizer.from_file(path)
+  try: return Tokenizer.from_file(path)
+  except Exception as e:   # tokenizers raises a bare Exception for a file it can't parse
+    raise UserError(f"{path}: not a tokenizer the `tokenizers` package can read ({e})") from None
 
 def eos_ids(directory: str | None, config: Gemma3Config, tokenizer, chat: bool) -> set[int]:
   """EOS ids from config.json, plus generation_config.json's (the -it models add <end_of_turn>), plus

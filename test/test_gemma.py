@@ -210,6 +210,58 @@ def test_example_config_that_is_not_gemma(tmp_path):
     (tmp_path / "config.json").write_text(text)
     _assert_one_line_error(_run_example_raw("--config", str(tmp_path / "config.json")), "not a Gemma 3 config", why)
 
+@pytest.mark.parametrize("key, value", [("num_hidden_layers", 0), ("vocab_size", -5), ("hidden_size", 1.5),
+                                        ("num_attention_heads", True), ("max_position_embeddings", "many")])
+def test_example_config_sizes_must_be_positive_ints(tmp_path, key, value):
+  (tmp_path / "config.json").write_text(json.dumps({**PRESETS["tiny"], key: value}))
+  _assert_one_line_error(_run_example_raw("--config", str(tmp_path / "config.json")),
+                         f"config {key} must be a positive int, got {value!r}")
+  with pytest.raises(ValueError, match=f"config {key} must be a positive int"):
+    Gemma3Config.from_dict({**PRESETS["tiny"], key: value})
+
+def _model_folder(root: Path, index=None, tokenizer: str = "") -> Path:
+  """A checkpoint folder with the tiny config and, as asked, an index file and a tokenizer.json."""
+  folder = root / "model"
+  folder.mkdir()
+  (folder / "config.json").write_text(json.dumps(PRESETS["tiny"]))
+  if index is not None: (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+  if tokenizer: (folder / "tokenizer.json").write_text(tokenizer)
+  return folder
+
+def _assert_one_error_line_after_loading(done: subprocess.CompletedProcess, *fragments: str) -> None:
+  assert done.returncode == 2, (done.returncode, done.stderr[-2000:])
+  lines = done.stderr.strip().splitlines()
+  assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in done.stderr, done.stderr[-2000:]
+  for fragment in fragments: assert fragment in lines[0], lines[0]
+
+@pytest.mark.parametrize("index, fragments", [
+  ({"metadata": {}}, ["model.safetensors.index.json: needs a non-empty 'weight_map'"]),
+  ({"weight_map": {"a": 5}}, ["weight_map entries must be file names, not 5"]),
+  ({"weight_map": {"model.embed_tokens.weight": "../outside.safetensors"}},
+   ["shard '../outside.safetensors' is outside the model folder"])])
+def test_example_bad_index_file(tmp_path, index, fragments):
+  safe_save({"model.embed_tokens.weight": Tensor.zeros(2, 2)}, str(tmp_path / "outside.safetensors"))
+  folder = _model_folder(tmp_path, index)
+  done = _run_example_raw("--model", str(folder), "--device", "LLVM", "--prompt-ids", "2")
+  _assert_one_error_line_after_loading(done, "cannot load", *fragments)
+
+def test_index_shard_through_a_link_out_of_the_folder_is_refused(tmp_path):
+  from tgrad.models.gemma3 import _checkpoint_files
+  safe_save({"x": Tensor.zeros(1)}, str(tmp_path / "outside.safetensors"))
+  folder = _model_folder(tmp_path, {"weight_map": {"x": "shard.safetensors"}})
+  (folder / "shard.safetensors").symlink_to(tmp_path / "outside.safetensors")
+  with pytest.raises(ValueError, match="'shard.safetensors' is outside the model folder"):
+    _checkpoint_files(str(folder))
+  (folder / "shard.safetensors").unlink()
+  safe_save({"x": Tensor.zeros(1)}, str(folder / "shard.safetensors"))
+  assert _checkpoint_files(str(folder)) == [os.path.realpath(folder / "shard.safetensors")]
+
+@pytest.mark.skipif(importlib.util.find_spec("tokenizers") is None, reason="needs the tokenizers package")
+def test_example_corrupt_tokenizer_is_one_error_line(tmp_path):
+  folder = _model_folder(tmp_path, tokenizer="{not json")
+  done = _run_example_raw("--model", str(folder), "--device", "LLVM", "--prompt-ids", "2")
+  _assert_one_line_error(done, "tokenizer.json: not a tokenizer the `tokenizers` package can read")
+
 def _stub_pycuda(root: Path, driver_source: str) -> str:
   (root / "pycuda").mkdir()
   (root / "pycuda/__init__.py").write_text("")

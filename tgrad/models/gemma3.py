@@ -75,6 +75,16 @@ def _rope_entry(entry: Optional[dict], theta: float, where: str) -> tuple[float,
   if factor <= 0: raise ValueError(f"{where}: rope factor must be positive, got {factor}")
   return float(entry.get("rope_theta", theta)), factor
 
+# sizes that must be ints >= 1 when a config gives them (0 layers or a negative vocabulary would fail far later)
+POSITIVE_INT_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                     "num_key_value_heads", "head_dim", "sliding_window", "max_position_embeddings")
+
+def _check_positive_int(key: str, value: Any) -> None:
+  """ValueError naming the key unless value is an int >= 1 (a float with an int value, as JSON may write, passes)."""
+  integral = isinstance(value, int) or (isinstance(value, float) and value.is_integer())
+  if isinstance(value, bool) or not integral or value < 1:
+    raise ValueError(f"config {key} must be a positive int, got {value!r}")
+
 @dataclass(frozen=True)
 class Gemma3Config:
   """Every size and switch of a Gemma 3 text model, read from an HF config.json by `from_dict`."""
@@ -110,6 +120,8 @@ class Gemma3Config:
     required = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
     missing = [k for k in required if raw.get(k) is None]
     if missing: raise ValueError(f"config is missing {missing}")
+    for key in POSITIVE_INT_KEYS:
+      if raw.get(key) is not None: _check_positive_int(key, raw[key])
     layers, heads = int(raw["num_hidden_layers"]), int(raw["num_attention_heads"])
     kv_heads = int(raw.get("num_key_value_heads") or heads)
     if heads % kv_heads:
@@ -739,10 +751,28 @@ def _checkpoint_files(directory: str) -> list[str]:
   single = os.path.join(directory, "model.safetensors")
   if os.path.isfile(single): return [single]
   index = os.path.join(directory, "model.safetensors.index.json")
-  if os.path.isfile(index):
-    with open(index) as f: shards = sorted(set(json.load(f)["weight_map"].values()))
-    return [os.path.join(directory, shard) for shard in shards]
+  if os.path.isfile(index): return _index_shards(directory, index)
   raise FileNotFoundError(f"{directory}: no model.safetensors or model.safetensors.index.json")
+
+def _index_shards(directory: str, index: str) -> list[str]:
+  """The shard files an index's weight_map names, each resolved (links followed) and required to stay inside the
+  model folder: an index must not make the loader open files elsewhere."""
+  with open(index) as f:
+    try: weight_map = json.load(f).get("weight_map")
+    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as e:
+      raise ValueError(f"{index}: not a JSON object ({e})") from None
+  if not isinstance(weight_map, dict) or not weight_map:
+    raise ValueError(f"{index}: needs a non-empty 'weight_map' object of tensor name -> shard file")
+  if bad := [name for name, shard in weight_map.items() if not isinstance(shard, str)]:
+    raise ValueError(f"{index}: weight_map entries must be file names, not {weight_map[bad[0]]!r} (for {bad[0]!r})")
+  folder = os.path.realpath(directory)
+  shards = []
+  for shard in sorted(set(weight_map.values())):
+    path = os.path.realpath(os.path.join(folder, shard))
+    if os.path.commonpath([folder, path]) != folder or path == folder:
+      raise ValueError(f"{index}: shard {shard!r} is outside the model folder {folder}")
+    shards.append(path)
+  return shards
 
 def _progress(items: list, enabled: bool, label: str):
   if not enabled: return items

@@ -362,7 +362,6 @@ class KernelCache(SqliteStore):
                      (key, len(binary), binary, now, now, self._mac(BINARIES, key, binary)))
         self._evict(conn, Context.CACHE_MAX_BYTES, keep=key)
     self._run(write, None)
-    self._touched.add(key)
 
   def binary_bytes(self) -> int:
     """The total length of the cached binaries (what CACHE_MAX_BYTES bounds)."""

@@ -135,7 +135,7 @@ class SourceKernelRunner:
                        f"not {device}")
     dev = Device[device]
     self.name, self.kernel = f"user:{kernel.name}", kernel
-    self.program = dev.program(kernel.entry, dev.compiler.compile_cached(kernel.source))
+    self.program = dev.load_program(kernel.entry, kernel.source)
     self.launch = as_launch(kernel.launch(*kernel.in_shapes))
     self.nbytes = 0
   def __call__(self, bufs: Sequence[Buffer], wait: bool = False, var_vals: Optional[dict[str, int]] = None

@@ -86,6 +86,10 @@ class Allocator:
 class CompileError(Exception):
   """A compiler rejected a kernel's source; the message holds the numbered source and the compiler's log."""
 
+class BinaryLoadError(Exception):
+  """A runtime rejected a binary (malformed, or not for this device): raised by a Program factory before it runs any of
+  the binary's code, so the caller can drop a cached binary and compile again."""
+
 class Compiler:
   """Source text → binary bytes. `cache_key` names the target and flags; compiled bytes are cached on disk."""
   cache_key: str = ""
@@ -107,6 +111,14 @@ class Compiled:
   def available_memory(self) -> int:
     """Bytes this device can still allocate (host memory on a CPU device, free GPU memory on a GPU)."""
     return self.allocator.available()
+  def load_program(self, name: str, src: str) -> Callable:
+    """The program `name` of `src`, from its cached binary; a cached binary the runtime rejects (BinaryLoadError) is
+    dropped from the cache with a warning and compiled afresh."""
+    try: return self.program(name, self.compiler.compile_cached(src))
+    except BinaryLoadError as error:
+      from tgrad.cache import get_cache
+      get_cache().drop_binary(src, self.compiler.cache_key, f"rejected by the {self.name} loader: {error}")
+    return self.program(name, self.compiler.compile_cached(src))
 
 _buffers_created = 0
 

@@ -73,11 +73,11 @@ def compile_kernel(device: str, kernel: Kernel, name: Optional[str] = None) -> C
     for i, u in enumerate(uops): print(f"{i:4d} {u.op.name:14s} {str(u.dtype):18s} {u.arg!r}")
   if Context.DEBUG >= 4: print(src)
   start = time.perf_counter()
-  binary = dev.compiler.compile_cached(src)
+  program = dev.load_program(kernel.function_name, src)
   compile_ms = (time.perf_counter() - start) * 1e3
-  if Context.DEBUG >= 3: print(f"{name}: opts {kernel.applied_opts}, compiled in {compile_ms:.1f} ms")
+  if Context.DEBUG >= 3: print(f"{name}: opts {kernel.applied_opts}, compiled and loaded in {compile_ms:.1f} ms")
   global_size, local_size = kernel.launch_dims()
   flops, nbytes = kernel.estimate()
   variables = tuple(sorted({u.arg[0] for u in uops if u.op is Ops.DEFINE_VAR}))   # the renderers' argument order
-  return CompiledKernel(name, dev.program(kernel.function_name, binary), global_size, local_size, src,
+  return CompiledKernel(name, program, global_size, local_size, src,
                         list(kernel.applied_opts), flops, nbytes, device, variables)

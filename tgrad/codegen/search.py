@@ -20,7 +20,7 @@ from tgrad.codegen.kernel import Kernel, KernelOptError, Opt, OptOps, memory_ext
 from tgrad.codegen.heuristics import hand_coded_optimizations
 from tgrad.codegen.linearizer import linearize
 from tgrad.codegen.compile import CompiledKernel
-from tgrad.device import Buffer, Compiled, Device
+from tgrad.device import BinaryLoadError, Buffer, Compiled, Device
 from tgrad.dtype import DType, bfloat16_to_float32, dtypes
 from tgrad.helpers import Context, cpu_count, prod, settings_key
 from tgrad.ops import Ops
@@ -145,13 +145,27 @@ def search_kernel(kernel: Kernel, beam_width: int) -> SearchResult:
   key = search_cache_key(kernel, beam_width)
   cache = get_cache()
   if not Context.IGNORE_BEAM_CACHE and (cached := cache.get_opts(key)) is not None:
-    opts = [Opt.from_json(x) for x in cached]
-    if _applies(kernel, opts):
+    try: opts = cached_opts(cached)
+    except ValueError as error:   # authenticated but not opts (written by another codegen version, or a bug)
+      cache.drop_opts(key, str(error))
+      opts = None
+    if opts is not None and _applies(kernel, opts):
       if Context.DEBUG >= 2: print(f"BEAM {kernel.name}: cached opts {opts}")
       return SearchResult(opts, SearchStats(from_cache=True))
   result = _Search(kernel, beam_width).run()
   cache.put_opts(key, [opt.to_json() for opt in result.opts])
   return result
+
+def cached_opts(entries: list) -> list[Opt]:
+  """Opts from their cached JSON form ([op name, axis, amount] each, axis and amount whole numbers or null); ValueError
+  naming the first entry that is not one."""
+  opts = []
+  for entry in entries:
+    if not (isinstance(entry, list) and len(entry) == 3 and isinstance(entry[0], str) and entry[0] in OptOps.__members__
+            and all(x is None or (isinstance(x, int) and not isinstance(x, bool)) for x in entry[1:])):
+      raise ValueError(f"cached opt {entry!r:.80} is not [op name, axis, amount]")
+    opts.append(Opt.from_json(entry))
+  return opts
 
 def _applies(kernel: Kernel, opts: list[Opt]) -> bool:
   trial = kernel.copy()
@@ -426,8 +440,10 @@ class _Search:
     self.stats.candidates += 1
     self.bar.total = self.stats.candidates
     compiler = self.device.compiler
-    if (binary := self.cache.get_binary(src, compiler.cache_key)) is not None: self.load(candidate, binary)
-    else: candidate.pending = _compile_pool(compiler).apply_async(_compile_source, (src,))
+    if (binary := self.cache.get_binary(src, compiler.cache_key)) is not None:
+      try: self.load(candidate, binary)
+      except BinaryLoadError as error: self.cache.drop_binary(src, compiler.cache_key, f"loader rejected it: {error}")
+    if candidate.runner is None: candidate.pending = _compile_pool(compiler).apply_async(_compile_source, (src,))
     return candidate, True
 
   def children(self, beam: list[_Candidate]) -> list[_Candidate]:

@@ -9,6 +9,7 @@ bit: each product below is exact in float32 (an fp16 scale has 11 significant bi
 quant adds 12), so only the final add of a min rounds, and it rounds the same whether or not it fuses into an fma.
 """
 from __future__ import annotations
+import functools
 from dataclasses import dataclass
 from enum import IntEnum
 from typing import Callable, Optional
@@ -55,12 +56,8 @@ PLAIN_DTYPES: dict[GGMLType, DType] = {
   GGMLType.F64: dtypes.float64, GGMLType.I8: dtypes.int8, GGMLType.I16: dtypes.int16, GGMLType.I32: dtypes.int32,
   GGMLType.I64: dtypes.int64}
 
-NIBBLE_MASK = 0x0F
-NIBBLE_BITS = 4
 BYTE_BITS = 8
-SIX_BITS = 6             # a K-quant sub-block scale or min is 6 bits
-SIX_BIT_MASK = (1 << SIX_BITS) - 1
-TWO_BIT_MASK = 0x03      # Q6_K's high bits come two at a time
+NIBBLE = 16              # a 4-bit field takes values below 16; × NIBBLE moves a value to the high nibble
 Q4_OFFSET = 8            # Q4_0 stores q + 8 in a nibble
 Q5_OFFSET = 16           # Q5_0 stores q + 16 in 5 bits
 Q6_OFFSET = 32           # Q6_K stores q + 32 in 6 bits
@@ -70,7 +67,27 @@ class QuantError(ValueError):
   """Packed data that does not fit its ggml type: a wrong byte count, a row not made of whole blocks, a type that
   tgrad cannot dequantize."""
 
-# ---- views of the packed bytes
+# ---- bit fields of the packed bytes, as ops a kernel vectorizes. Constants are literals (Tensor.full, or a Python
+# divisor, which `//` and `%` keep literal), not kernel parameters: a division or remainder by a power of two is then
+# a shift or a mask. A field whose position varies along an axis is read by one multiply and one literal division:
+# (byte · 2^(8 − width − shift)) mod 256 drops the bits above the field, // 2^(8 − width) drops those below.
+def _literal(value: int, like: Tensor) -> Tensor: return Tensor.full((), value, dtype=like.dtype, device=like.device)
+
+def _field(packed: Tensor, width: int) -> Tensor: return packed // (1 << (BYTE_BITS - width))
+
+@functools.cache
+def _field_multipliers(width: int, shifts: tuple[int, ...], device: str) -> Tensor:
+  """The uint8 multipliers that move the field of `width` bits at each of `shifts` to the top of a byte: a tiny
+  buffer made once per device (numpy only builds the table; the field arithmetic runs in the kernel)."""
+  table = np.array([1 << (BYTE_BITS - width - shift) for shift in shifts], dtype=np.uint8)
+  return Tensor(table, device=device).realize()
+
+def _fields(packed: Tensor, width: int, shifts: tuple[int, ...], axes_shape: tuple[int, ...]) -> Tensor:
+  """Field k (`width` bits at bit shifts[k]) of each byte of `packed`, with k laid out along `axes_shape` (the
+  multipliers reshaped to it and broadcast over the bytes)."""
+  multipliers = _field_multipliers(width, shifts, packed.device).reshape(axes_shape)
+  return _field(packed * multipliers, width)
+
 def _bytes(blocks: Tensor, start: int, count: int) -> Tensor:
   """Bytes start..start+count of every block: a (n_blocks, count) view."""
   return blocks.shrink(((0, blocks.shape[0]), (start, start + count)))
@@ -78,43 +95,47 @@ def _bytes(blocks: Tensor, start: int, count: int) -> Tensor:
 def _half(blocks: Tensor, start: int) -> Tensor:
   """The little-endian float16 at byte `start` of every block, as (n_blocks, 1) float32 (exact: a widening)."""
   low, high = _bytes(blocks, start, 1).cast(dtypes.uint16), _bytes(blocks, start + 1, 1).cast(dtypes.uint16)
-  return ((high << BYTE_BITS) | low).bitcast(dtypes.float16).cast(dtypes.float32)
+  return (high * _literal(1 << BYTE_BITS, high) + low).bitcast(dtypes.float16).cast(dtypes.float32)
 
-def _shifts(count: int, step: int, shape: tuple[int, ...], device: str) -> Tensor:
-  """Shift amounts 0, step, 2·step, ... laid out along `shape` (an arange: computed in the kernel, no buffer)."""
-  return Tensor.arange(0, count * step, step, dtype=dtypes.uint8, device=device).reshape(shape)
-
-# ---- one dequantizer per type: (n_blocks, block_bytes) uint8 → (n_blocks, block_size) float32
+# ---- one dequantizer per type: (n_blocks, block_bytes) uint8 → float32 (n_blocks, *block axes), the block axes in
+# row-major order of the block's values. Keeping the axes (not one axis of block_size) keeps every read a plain
+# strided view, so a consumer that keeps them too (QuantizedTensor.linear) computes no index divisions.
 def _dequant_f32(blocks: Tensor) -> Tensor:
-  words = [_bytes(blocks, i, 1).cast(dtypes.uint32) << (BYTE_BITS * i) for i in range(4)]
-  return (words[0] | words[1] | words[2] | words[3]).bitcast(dtypes.float32)
+  word = _bytes(blocks, 0, 1).cast(dtypes.uint32)
+  for i in range(1, 4): word = word + _bytes(blocks, i, 1).cast(dtypes.uint32) * _literal(1 << (BYTE_BITS * i), word)
+  return word.bitcast(dtypes.float32)
 
 def _dequant_f16(blocks: Tensor) -> Tensor: return _half(blocks, 0)
 
 def _dequant_bf16(blocks: Tensor) -> Tensor:
   """A bfloat16 is the high half of a float32: its two bytes go to bits 16..31."""
   low, high = _bytes(blocks, 0, 1).cast(dtypes.uint32), _bytes(blocks, 1, 1).cast(dtypes.uint32)
-  return ((high << (3 * BYTE_BITS)) | (low << (2 * BYTE_BITS))).bitcast(dtypes.float32)
+  return (high * _literal(1 << (3 * BYTE_BITS), high) + low * _literal(1 << (2 * BYTE_BITS), low)).bitcast(
+    dtypes.float32)
+
+NIBBLE_SHIFTS = (0, 4)   # the low nibble holds the first value, the high nibble the second
 
 def _nibbles32(blocks: Tensor, start: int) -> Tensor:
-  """The 32 4-bit values of a 16-byte run as (n, 2, 16): value h·16+i is nibble h of byte i."""
+  """The 32 4-bit values of a 16-byte run as (n, 2, 2, 8): value 16h + 8a + b is nibble h of byte 8a + b."""
   n = blocks.shape[0]
-  packed = _bytes(blocks, start, HALF_BLOCK).reshape(n, 1, HALF_BLOCK).expand(n, 2, HALF_BLOCK)
-  return (packed >> _shifts(2, NIBBLE_BITS, (1, 2, 1), blocks.device)) & NIBBLE_MASK
+  packed = _bytes(blocks, start, HALF_BLOCK).reshape(n, 1, 2, BYTE_BITS).expand(n, 2, 2, BYTE_BITS)
+  return _fields(packed, 4, NIBBLE_SHIFTS, (1, 2, 1, 1))
 
 def _fifth_bits32(blocks: Tensor, start: int) -> Tensor:
-  """Bit j of the little-endian uint32 at `start`, as (n, 2, 16) laid out like `_nibbles32`, shifted to bit 4."""
+  """Bit j of the little-endian uint32 at `start` (byte j // 8, bit j % 8), as (n, 2, 2, 8) like `_nibbles32`,
+  moved to bit 4."""
   n = blocks.shape[0]
-  packed = _bytes(blocks, start, 4).reshape(n, 2, 2, 1).expand(n, 2, 2, BYTE_BITS)   # byte j // 8 of value j
-  bits = (packed >> _shifts(BYTE_BITS, 1, (1, 1, 1, BYTE_BITS), blocks.device)) & 1
-  return bits.reshape(n, 2, HALF_BLOCK) << NIBBLE_BITS
+  packed = _bytes(blocks, start, 4).reshape(n, 2, 2, 1).expand(n, 2, 2, BYTE_BITS)
+  bits = _fields(packed, 1, tuple(range(BYTE_BITS)), (1, 1, 1, BYTE_BITS))
+  return bits * _literal(NIBBLE, bits)
 
 def _legacy(blocks: Tensor, quants: Tensor, offset: int, has_min: bool) -> Tensor:
-  """The 32-value formats: d·(q − offset), or d·q + m with a min; quants (n, 2, 16) unsigned."""
-  n, scale = blocks.shape[0], _half(blocks, 0).reshape(blocks.shape[0], 1, 1)
-  if has_min: values = scale * quants.cast(dtypes.float32) + _half(blocks, 2).reshape(n, 1, 1)
-  else: values = scale * (quants.cast(dtypes.int8) - offset).cast(dtypes.float32)
-  return values.reshape(n, 2 * HALF_BLOCK)
+  """The 32-value formats: d·(q − offset), or d·q + m with a min; quants (n, 2, 2, 8) unsigned."""
+  n = blocks.shape[0]
+  scale = _half(blocks, 0).reshape(n, 1, 1, 1)
+  if has_min: return scale * quants.cast(dtypes.float32) + _half(blocks, 2).reshape(n, 1, 1, 1)
+  signed = quants.cast(dtypes.int8)
+  return scale * (signed - _literal(offset, signed)).cast(dtypes.float32)
 
 def _dequant_q4_0(blocks: Tensor) -> Tensor: return _legacy(blocks, _nibbles32(blocks, 2), Q4_OFFSET, False)
 def _dequant_q4_1(blocks: Tensor) -> Tensor: return _legacy(blocks, _nibbles32(blocks, 4), 0, True)
@@ -133,13 +154,15 @@ K_SCALES_START = 4
 K_SCALE_BYTES = 12
 K_SUB_BLOCKS = 8
 K_SUB_BLOCK = 32
+SIX_BITS = 64            # a K-quant sub-block scale or min takes values below 64
 
 def _k_scales_mins(blocks: Tensor) -> tuple[Tensor, Tensor]:
   """(scales, mins) of the 8 sub-blocks of Q4_K/Q5_K, each (n, 4, 2, 1) float32 for sub-block 2c+h."""
   n, quarter = blocks.shape[0], K_SCALE_BYTES // 3
   first, second, third = (_bytes(blocks, K_SCALES_START + quarter * i, quarter) for i in range(3))
-  scales = (first & SIX_BIT_MASK).cat((third & NIBBLE_MASK) | ((first >> SIX_BITS) << NIBBLE_BITS), dim=1)
-  mins = (second & SIX_BIT_MASK).cat((third >> NIBBLE_BITS) | ((second >> SIX_BITS) << NIBBLE_BITS), dim=1)
+  top = _literal(NIBBLE, first)   # bits 6-7 of a byte moved to bits 4-5: // 64 then × 16
+  scales = (first % SIX_BITS).cat(third % NIBBLE + (first // SIX_BITS) * top, dim=1)
+  mins = (second % SIX_BITS).cat(third // NIBBLE + (second // SIX_BITS) * top, dim=1)
   shape = (n, K_SUB_BLOCKS // 2, 2, 1)
   return scales.cast(dtypes.float32).reshape(shape), mins.cast(dtypes.float32).reshape(shape)
 
@@ -147,15 +170,14 @@ def _k_nibbles(blocks: Tensor, start: int) -> Tensor:
   """128 bytes as 256 4-bit values (n, 4, 2, 32): chunk c of 32 bytes gives sub-block 2c (low) and 2c+1 (high)."""
   n, chunks = blocks.shape[0], K_SUB_BLOCKS // 2
   packed = _bytes(blocks, start, chunks * K_SUB_BLOCK).reshape(n, chunks, 1, K_SUB_BLOCK)
-  packed = packed.expand(n, chunks, 2, K_SUB_BLOCK)
-  return (packed >> _shifts(2, NIBBLE_BITS, (1, 1, 2, 1), blocks.device)) & NIBBLE_MASK
+  return _fields(packed.expand(n, chunks, 2, K_SUB_BLOCK), 4, NIBBLE_SHIFTS, (1, 1, 2, 1))
 
 def _k_scaled(blocks: Tensor, quants: Tensor) -> Tensor:
   """(d·scale)·q − dmin·min per sub-block, as llama.cpp groups it; quants (n, 4, 2, 32)."""
   n = blocks.shape[0]
   scales, mins = _k_scales_mins(blocks)
   d, dmin = _half(blocks, 0).reshape(n, 1, 1, 1), _half(blocks, 2).reshape(n, 1, 1, 1)
-  return ((d * scales) * quants.cast(dtypes.float32) - dmin * mins).reshape(n, SUPER_BLOCK)
+  return (d * scales) * quants.cast(dtypes.float32) - dmin * mins
 
 Q4_K_QS_START = K_SCALES_START + K_SCALE_BYTES
 Q5_K_QH_START = K_SCALES_START + K_SCALE_BYTES
@@ -167,26 +189,28 @@ def _dequant_q5_k(blocks: Tensor) -> Tensor:
   """Q4_K plus a fifth bit: bit s of byte i of the 32-byte qh run belongs to value i of sub-block s."""
   n = blocks.shape[0]
   high = _bytes(blocks, Q5_K_QH_START, K_SUB_BLOCK).reshape(n, 1, 1, K_SUB_BLOCK).expand(n, 4, 2, K_SUB_BLOCK)
-  bits = (high >> _shifts(K_SUB_BLOCKS, 1, (1, 4, 2, 1), blocks.device)) & 1
-  return _k_scaled(blocks, _k_nibbles(blocks, Q5_K_QS_START) | (bits << NIBBLE_BITS))
+  bits = _fields(high, 1, tuple(range(K_SUB_BLOCKS)), (1, 4, 2, 1))
+  return _k_scaled(blocks, _k_nibbles(blocks, Q5_K_QS_START) | bits * _literal(NIBBLE, bits))
 
 # Q6_K: 16 sub-blocks of 16 values with an int8 scale each and one fp16 d at the end. Value o = 128a + 64b + 32k + i
 # (a, b, k in 0..1, i in 0..31) takes nibble b of low byte 64a + 32k + i and bits 4b+2k.. of high byte 32a + i.
 Q6_K_QH_START = SUPER_BLOCK // 2
 Q6_K_SCALES_START = Q6_K_QH_START + SUPER_BLOCK // 4
 Q6_K_D_START = Q6_K_SCALES_START + SUPER_BLOCK // 16
+Q6_K_HIGH_SHIFTS = (0, 2, 4, 6)   # 2-bit fields, for (b, k) = (0, 0), (0, 1), (1, 0), (1, 1)
 
 def _dequant_q6_k(blocks: Tensor) -> Tensor:
   n, half_run, sixteen = blocks.shape[0], K_SUB_BLOCK // 2, SUPER_BLOCK // 16
   shape = (n, 2, 2, 2, 2, half_run)   # (a, b, k, i // 16, i % 16)
   low = _bytes(blocks, 0, Q6_K_QH_START).reshape(n, 2, 1, 2, 2, half_run).expand(shape)
   high = _bytes(blocks, Q6_K_QH_START, SUPER_BLOCK // 4).reshape(n, 2, 1, 1, 2, half_run).expand(shape)
-  low = (low >> _shifts(2, NIBBLE_BITS, (1, 1, 2, 1, 1, 1), blocks.device)) & NIBBLE_MASK
-  high = (high >> _shifts(4, 2, (1, 1, 2, 2, 1, 1), blocks.device)) & TWO_BIT_MASK
-  quants = ((low | (high << NIBBLE_BITS)).cast(dtypes.int8) - Q6_OFFSET).cast(dtypes.float32)
+  low = _fields(low, 4, NIBBLE_SHIFTS, (1, 1, 2, 1, 1, 1))
+  high = _fields(high, 2, Q6_K_HIGH_SHIFTS, (1, 1, 2, 2, 1, 1))
+  signed = (low + high * _literal(NIBBLE, high)).cast(dtypes.int8)
+  quants = (signed - _literal(Q6_OFFSET, signed)).cast(dtypes.float32)
   scales = _bytes(blocks, Q6_K_SCALES_START, sixteen).bitcast(dtypes.int8).cast(dtypes.float32)
   d = _half(blocks, Q6_K_D_START).reshape(n, 1, 1, 1, 1, 1)
-  return ((d * scales.reshape(n, 2, 2, 2, 2, 1)) * quants).reshape(n, SUPER_BLOCK)
+  return (d * scales.reshape(n, 2, 2, 2, 2, 1)) * quants
 
 DEQUANTIZERS: dict[GGMLType, Callable[[Tensor], Tensor]] = {
   GGMLType.F32: _dequant_f32, GGMLType.F16: _dequant_f16, GGMLType.BF16: _dequant_bf16,
@@ -194,8 +218,8 @@ DEQUANTIZERS: dict[GGMLType, Callable[[Tensor], Tensor]] = {
   GGMLType.Q5_1: _dequant_q5_1, GGMLType.Q8_0: _dequant_q8_0, GGMLType.Q4_K: _dequant_q4_k,
   GGMLType.Q5_K: _dequant_q5_k, GGMLType.Q6_K: _dequant_q6_k}
 
-def dequantize_blocks(blocks: Tensor, ggml_type: GGMLType) -> Tensor:
-  """(n_blocks, block_bytes) uint8 → (n_blocks, block_size) float32, lazily."""
+def dequantize_structured(blocks: Tensor, ggml_type: GGMLType) -> Tensor:
+  """(n_blocks, block_bytes) uint8 → float32 (n_blocks, *block axes), lazily (see DEQUANTIZERS)."""
   if ggml_type not in DEQUANTIZERS:
     raise QuantError(f"no dequantization for ggml type {GGMLType(ggml_type).name}; tgrad has "
                      f"{', '.join(t.name for t in DEQUANTIZERS)}")
@@ -204,6 +228,10 @@ def dequantize_blocks(blocks: Tensor, ggml_type: GGMLType) -> Tensor:
     raise QuantError(f"{ggml_type.name} blocks must be uint8 (n, {layout.block_bytes}), got {blocks.dtype} "
                      f"{blocks.shape}")
   return DEQUANTIZERS[ggml_type](blocks)
+
+def dequantize_blocks(blocks: Tensor, ggml_type: GGMLType) -> Tensor:
+  """(n_blocks, block_bytes) uint8 → (n_blocks, block_size) float32, lazily."""
+  return dequantize_structured(blocks, ggml_type).reshape(blocks.shape[0], BLOCK_LAYOUTS[ggml_type].block_size)
 
 def packed_nbytes(ggml_type: GGMLType, shape: tuple[int, ...]) -> int:
   """Bytes a tensor of `shape` takes in `ggml_type`; its last dim must be whole blocks."""
@@ -256,11 +284,19 @@ class QuantizedTensor:
     return values.reshape(self.shape).cast(dtype)
 
   def linear(self, x: Tensor, bias: Optional[Tensor] = None) -> Tensor:
-    """x·Wᵀ (+ bias) for a weight of shape (out_features, in_features), dequantized inside the matmul each call."""
+    """x·Wᵀ (+ bias) for a weight of shape (out_features, in_features), dequantized inside the matmul each call. The
+    product keeps the block axes: x is viewed as (..., 1, blocks_per_row, *block axes) and the sum runs over them, so
+    the kernel reads the packed bytes through plain strided views."""
     if self.ndim != 2 or x.ndim == 0 or x.shape[-1] != self.shape[1]:
       raise QuantError(f"linear: input of shape {x.shape} for a quantized weight of shape {self.shape}")
-    weight = self.dequantize(x.dtype if x.dtype.is_float else dtypes.float32)
-    return x.linear(weight.transpose(), bias)
+    layout = BLOCK_LAYOUTS[self.ggml_type]
+    weight = dequantize_structured(self.packed.reshape(-1, layout.block_bytes), self.ggml_type)
+    dtype = x.dtype if x.dtype.is_float else dtypes.float32
+    block_axes = weight.shape[1:]
+    weight = weight.reshape(self.shape[0], self.shape[1] // layout.block_size, *block_axes).cast(dtype)
+    rows = x.cast(dtype).reshape(*x.shape[:-1], 1, self.shape[1] // layout.block_size, *block_axes)
+    out = (rows * weight).sum(axis=tuple(range(-1 - len(block_axes), 0)))
+    return out if bias is None else out + bias
 
   def to(self, device: str) -> QuantizedTensor:
     return QuantizedTensor(self.packed.to(device), self.ggml_type, self.shape)

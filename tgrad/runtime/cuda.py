@@ -18,7 +18,7 @@ import atexit, collections, functools, os
 from typing import Callable, Optional
 import numpy as np
 import pycuda.driver as cuda
-from tgrad.device import Allocator, Compiled, OutOfMemoryError, PendingRead
+from tgrad.device import Allocator, BinaryLoadError, Compiled, OutOfMemoryError, PendingRead
 from tgrad.codegen.cuda import CUDARenderer, DYNAMIC_SHARED_SUFFIX
 from tgrad.runtime.nvrtc import NVRTCCompiler, arch_of
 
@@ -193,8 +193,11 @@ class CUDAProgram:
   def __init__(self, name: str, binary: bytes):
     from pycuda._pvt_struct import pack   # the packer prepared_call uses; imported once a real device loads a kernel
     self.name, self.pack_args = name, pack
-    self.module = cuda.module_from_buffer(binary)
-    self.function = self.module.get_function(name)
+    try:
+      self.module = cuda.module_from_buffer(binary)
+      self.function = self.module.get_function(name)
+    except cuda.Error as error:   # the driver rejected the cubin (CUDA_ERROR_INVALID_IMAGE, NOT_FOUND, ...)
+      raise BinaryLoadError(f"kernel {name}: {type(error).__name__}: {error}") from error
     self.prepared_args = -1
     self.shared_bytes = 0   # dynamic shared memory: the module says how much (codegen/cuda.py)
     try: address, _ = self.module.get_global(name + DYNAMIC_SHARED_SUFFIX)

@@ -7,13 +7,13 @@ child starts a pool of its own. Memory is numpy bytes with their address (HostMe
 address; `prepare` binds a launch's pointers once, for replaying it in a tight loop.
 """
 from __future__ import annotations
-import collections, ctypes, functools, hashlib, os, time
+import collections, ctypes, functools, hashlib, os, struct, sys, time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 import numpy as np
 import llvmlite
 import llvmlite.binding as llvm
-from tgrad.device import Allocator, Compiler, Compiled
+from tgrad.device import Allocator, BinaryLoadError, Compiler, Compiled
 from tgrad.codegen.llvmir import LLVMRenderer
 from tgrad.helpers import cpu_count
 
@@ -110,15 +110,54 @@ def _thread_pool() -> ThreadPoolExecutor:
 # pool of its own on first use (the parent's is left alone: shutting it down would join threads that are not there).
 os.register_at_fork(after_in_child=_thread_pool.cache_clear)
 
+# The ELF64 fields check_object reads (System V gABI): the file header, section headers, symbols and relocations.
+ELF_HEADER = struct.Struct("<16sHHIQQQIHHHHHH")   # ident, type, machine, version, entry, phoff, shoff, flags, ehsize,
+                                                 # phentsize, phnum, shentsize, shnum, shstrndx
+ELF_SECTION = struct.Struct("<IIQQQQIIQQ")        # name, type, flags, addr, offset, size, link, info, align, entsize
+ELF_SYMBOL = struct.Struct("<IBBHQQ")             # name, info, other, shndx, value, size
+ELF_RELA = struct.Struct("<QQq")                  # offset, info (symbol << 32 | type), addend
+ELF_MAGIC_64_LE = b"\x7fELF\x02\x01"             # ELF, 64-bit, little endian
+ET_REL, SHT_SYMTAB, SHT_RELA, SHT_NOBITS, SHN_LORESERVE = 1, 2, 4, 8, 0xff00
+
+def check_object(binary: bytes) -> None:
+  """Raise BinaryLoadError unless `binary` is a well-formed relocatable ELF64 object: every section, symbol and
+  relocation inside the file and pointing at sections and symbols that exist. llvmlite hands any bytes to LLVM's
+  loader, which aborts or crashes the process on a malformed object instead of raising."""
+  if len(binary) < ELF_HEADER.size or not binary.startswith(ELF_MAGIC_64_LE):
+    raise BinaryLoadError(f"not a 64-bit little-endian ELF object ({len(binary)} bytes, starting {binary[:8]!r})")
+  header = ELF_HEADER.unpack_from(binary)
+  kind, section_table, section_size, sections, names = header[1], header[6], header[11], header[12], header[13]
+  if kind != ET_REL or section_size != ELF_SECTION.size or names >= sections or \
+     section_table + sections * ELF_SECTION.size > len(binary):
+    raise BinaryLoadError(f"malformed ELF header: type {kind}, {sections} sections of {section_size} bytes at "
+                          f"{section_table}, names in section {names}, file of {len(binary)} bytes")
+  table = [ELF_SECTION.unpack_from(binary, section_table + i * ELF_SECTION.size) for i in range(sections)]
+  for index, (_, section_type, _, _, offset, size, link, info, _, entry_size) in enumerate(table):
+    if section_type != SHT_NOBITS and offset + size > len(binary):
+      raise BinaryLoadError(f"ELF section {index} ({size} bytes at {offset}) runs past the file ({len(binary)} bytes)")
+    if link >= sections: raise BinaryLoadError(f"ELF section {index} links to section {link} of {sections}")
+    if section_type == SHT_SYMTAB:
+      for start in range(offset, offset + size - ELF_SYMBOL.size + 1, ELF_SYMBOL.size):
+        if sections <= (shndx := ELF_SYMBOL.unpack_from(binary, start)[3]) < SHN_LORESERVE:
+          raise BinaryLoadError(f"ELF symbol at {start} is in section {shndx} of {sections}")
+    if section_type == SHT_RELA:
+      symbols = table[link][5] // ELF_SYMBOL.size
+      if info >= sections or entry_size != ELF_RELA.size:
+        raise BinaryLoadError(f"ELF relocations {index} apply to section {info} of {sections}, entries of {entry_size}")
+      for start in range(offset, offset + size - ELF_RELA.size + 1, ELF_RELA.size):
+        if (symbol := ELF_RELA.unpack_from(binary, start)[1] >> 32) >= symbols:
+          raise BinaryLoadError(f"ELF relocation at {start} names symbol {symbol} of {symbols}")
+
 class LLVMProgram:
   """A loaded kernel. Call with buffers (numpy handles) and global_size=(threads,)."""
   def __init__(self, name: str, binary: bytes):
     self.name = name
+    if sys.platform.startswith("linux"): check_object(binary)   # the host's objects are ELF there
     self.engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""), host_target_machine())
     self.engine.add_object_file(llvm.ObjectFileRef.from_data(binary))
     self.engine.finalize_object()
     self.address = self.engine.get_function_address(name)
-    if not self.address: raise RuntimeError(f"kernel {name} not found in its object file")
+    if not self.address: raise BinaryLoadError(f"kernel {name} not found in its object file")
     self.fn = None
   def _function(self, arguments: int, variables: int = 0):
     if self.fn is None:

@@ -482,8 +482,9 @@ class Gemma3:
   @staticmethod
   def from_pretrained(directory: str, dtype: Any = dtypes.float32, device: Optional[str] = None,
                       progress: bool = True) -> Gemma3:
-    """Load an HF checkpoint directory (config.json + model.safetensors, or a sharded index): every tensor is
-    memory-mapped, moved to the device once and cast to `dtype` there."""
+    """Load an HF checkpoint directory (config.json + model.safetensors, or a sharded index whose shards must lie in
+    the directory): every tensor is read into host memory (safe_load), moved to the device once and cast to `dtype`
+    there."""
     config_path = os.path.join(directory, "config.json")
     if not os.path.isfile(config_path): raise FileNotFoundError(f"{directory}: no config.json")
     config = Gemma3Config.from_json(config_path)

@@ -1,11 +1,14 @@
 """Model state: safetensors files and the Tensors of a model object.
 
 `safe_load(path)` validates the header (sizes, offsets inside the file, known dtypes, shapes that match their byte
-ranges) and returns Tensors holding a snapshot of the bytes, read at load (file_snapshot.py; about 0.3 s per GB from
-the page cache, and the file's size in host memory until each tensor is realized on its device): a file rewritten,
-truncated or deleted later changes nothing. `safe_save` writes the same format to a temporary file moved over the
-path (atomic). `get_state_dict`/`get_parameters` find the Tensors of any object by walking its
-attributes, lists and dicts; `load_state_dict` copies a state dict in with strict name and shape checks.
+ranges) and returns Tensors holding a snapshot of the bytes, read at load (file_snapshot.py): a file rewritten,
+truncated or deleted later changes nothing. Cost, measured on a 512 MiB file in the page cache (2-core VM, realized
+on LLVM): safe_load 0.16 s in a warm process and 0.5-0.9 s in a fresh one, where a memory map took 3 ms and read at
+realize; load + realize 0.33 s vs 0.18 s warm, about 1.6 s vs 0.2-0.7 s fresh. Peak RSS is the same (1.1 GB), but the
+copy is anonymous memory the kernel can't drop under pressure, held until each tensor is realized.
+`safe_save` writes the same format to a temporary file moved over the path (atomic). `get_state_dict` and
+`get_parameters` find the Tensors of any object by walking its attributes, lists and dicts; `load_state_dict` copies
+a state dict in with strict name and shape checks.
 """
 from __future__ import annotations
 import json, struct

@@ -137,3 +137,16 @@ def test_errors_name_the_problem():
   weight = QuantizedTensor.from_bytes(raw, GGMLType.Q8_0, (1, 96))
   with pytest.raises(QuantError, match="input of shape \\(2, 95\\)"):
     weight.linear(Tensor.zeros(2, 95))
+
+def test_linear_with_batch_and_bias():
+  raw = random_blocks(GGMLType.Q4_K, 6, seed=8)
+  for position in HALF_POSITIONS[GGMLType.Q4_K]: raw[:, position:position + 2] = np.array([0.25], np.float16).view(
+    np.uint8)
+  raw = raw.reshape(3, -1)
+  weight = QuantizedTensor.from_bytes(raw, GGMLType.Q4_K, (3, 512))
+  rng = np.random.default_rng(9)
+  x, bias = rng.standard_normal((2, 4, 512)).astype(np.float32), rng.standard_normal(3).astype(np.float32)
+  expected = x.astype(np.float64) @ reference(raw, GGMLType.Q4_K).astype(np.float64).T + bias
+  got = weight.linear(Tensor(x), Tensor(bias)).numpy()
+  assert got.shape == (2, 4, 3)
+  np.testing.assert_allclose(got, expected, rtol=MATVEC_RTOL, atol=MATVEC_RTOL * np.abs(expected).max())

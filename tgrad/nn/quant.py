@@ -2,11 +2,13 @@
 
 Input: a weight's blocks exactly as a GGUF file stores them, as a uint8 Tensor of shape (*rows, blocks_per_row,
 block_bytes). Output: `QuantizedTensor.dequantize(dtype)`, a lazy Tensor of the logical shape built only from views
-of those bytes (shrink, reshape, expand), bit operations and multiplies. Every step is elementwise over views of the
-packed buffer, so the scheduler fuses the dequantization into the kernel that consumes the weight: `linear(x)` streams
-the packed bytes through the matmul's reduce. The float32 values equal llama.cpp's (`gguf.quants.dequantize`) bit for
-bit: each product below is exact in float32 (an fp16 scale has 11 significant bits, a 6-bit scale times a 6-bit
-quant adds 12), so only the final add of a min rounds, and it rounds the same whether or not it fuses into an fma.
+of those bytes (shrink, reshape, expand), bit-field arithmetic (uint8 multiplies, divisions and remainders by literal
+powers of two), a bitcast of byte pairs to float16 for the scales, and float multiplies. Every step is elementwise over
+views of the packed buffer, so the scheduler fuses the dequantization into the kernel that consumes the weight:
+`linear(x)` streams the packed bytes through the matmul's reduce (one kernel). The float32 values equal llama.cpp's
+(`gguf.quants.dequantize`) bit for bit: each product below is exact in float32 (an fp16 scale has 11 significant bits,
+a 6-bit scale times a 6-bit quant adds 12), so only the final add of a min rounds, and it rounds the same whether or
+not the backend fuses it into an fma.
 """
 from __future__ import annotations
 import functools

@@ -8,6 +8,7 @@ from tgrad import Tensor, TinyJit, Variable, dtypes
 from tgrad.ops import UOp, Ops
 from tgrad.lazy import LazyBuffer
 from tgrad.schedule import create_schedule
+from tgrad.scalars import param_bits
 from tgrad.shape.shapetracker import ShapeTracker
 from tgrad.shape.sint import evaluate, to_sympy
 from tgrad.codegen.kernel import Kernel, KernelOptError, Opt, OptOps
@@ -137,7 +138,7 @@ def test_kernel_ast_holds_the_variable_not_the_value(data):
   keys = set()
   for value in (2, 9):
     (item,) = [i for i in create_schedule([(tx[:ROWS.bind(value)] * 3).lazydata]) if i.ast.op is Ops.SINK]
-    assert item.var_vals == {"rows": value}
+    assert item.var_vals == {"rows": value, "scalar0": param_bits(3.0, dtypes.float32)}   # `* 3`: tgrad/scalars.py
     assert not any(u.op is Ops.BIND for u in item.ast.toposort())
     keys.add(item.ast.key)
   assert len(keys) == 1

@@ -5,7 +5,8 @@ fewer ops. The scheduler (schedule.py) runs this first, so it costs nothing on a
 (lazy.py) stays as cheap as it is, and only a graph's first schedule pays one walk. Rules, each value-preserving
 (tests: test/test_graph_simplify.py):
   - an elementwise op or CAST over unrealized, unpadded constants is the constant `exec_alu` gives (the kernels'
-    semantics: ints wrap, float16 rounds); symbolic constants (UOps) and BITCAST are left alone;
+    semantics: ints wrap, float16 rounds); symbolic constants (UOps), lifted scalars (kernel parameters, whose
+    values the schedule cache does not key on) and BITCAST are left alone;
   - x + 0 on ints (and x + −0.0 on floats: +0.0 would turn −0.0 into +0.0), x | False, x & True, x · 1, x / 1,
     x · 0 on ints only (on floats NaN · 0 and inf · 0 are NaN), −(−x), where(constant, a, b).
 Movement identities need nothing here: a reshape, permute or expand to the base's own layout already returns the
@@ -20,13 +21,33 @@ from tgrad.lazy import LazyBuffer, unrealized_bases
 from tgrad.ops import Ops, UOp, ALU, exec_alu, truncate_to
 
 FOLDABLE = ALU | {Ops.CAST}
+# is_constant_expression looks at no more nodes than this: a bigger constant expression counts as data (its Python
+# scalars become kernel parameters: correct, only not folded). Far above any chain of a few composite ops (~60).
+MAX_CONSTANT_EXPRESSION_NODES = 256
 
 def _const_value(lb: LazyBuffer) -> Optional[object]:
-  """The value of an unrealized constant read without padding (a padded view reads 0 outside), else None."""
+  """The value of an unrealized constant read without padding (a padded view reads 0 outside), else None. A lifted
+  scalar (a kernel parameter: tgrad/scalars.py) has no value here: the schedule cache keys it without one."""
   base = lb.base
-  if base.op is not Ops.CONST or base.buffer is not None or isinstance(base.arg, UOp): return None
+  if base.op is not Ops.CONST or base.buffer is not None or base.lifted or isinstance(base.arg, UOp): return None
   if lb is not base and any(v.mask is not None for v in lb.st.views): return None
   return base.arg
+
+def is_constant_expression(lb: LazyBuffer) -> bool:
+  """Whether `lb` is computed from literal constants only, so that simplify_graph folds it into one constant: then a
+  Python scalar operand beside it stays a literal too (Tensor._operands), and `Tensor.full(s, 3.0).exp() * 2` folds.
+  A walk that stops at the first realized value, padded view or op that doesn't fold (data: the common case, one
+  step) and at MAX_CONSTANT_EXPRESSION_NODES."""
+  stack, seen = [lb], set()
+  while stack:
+    node = stack.pop()
+    if id(node) in seen or _const_value(node) is not None: continue
+    seen.add(id(node))
+    base = node.base
+    if len(seen) > MAX_CONSTANT_EXPRESSION_NODES or base.buffer is not None or base.op not in FOLDABLE or \
+       (node is not base and any(v.mask is not None for v in node.st.views)): return False
+    stack.extend(base.srcs)
+  return True
 
 def _is_zero(value, dtype) -> bool:
   """x + value == x for every x: 0 on ints, only −0.0 on floats."""

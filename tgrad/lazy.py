@@ -17,6 +17,7 @@ from tgrad.shape.view import VIEW_CACHE_SIZE, as_shape_tuple
 from tgrad.shape.sint import is_symbolic, sym_eq
 from tgrad.device import Buffer, DEVICE_TRAITS, canonical_device
 from tgrad.helpers import prod, cpu_count
+from tgrad.scalars import is_liftable
 
 _SCALAR_TRACKER = ShapeTracker.from_shape(())
 
@@ -46,6 +47,7 @@ class LazyBuffer:
   `region`: the composite op (tensor_ops/composite.py Region) whose output this base is, set by `composite` only; a
   class default, so building any other value sets nothing."""
   region: Any = None
+  lifted: bool = False   # a CONST base of a Python scalar that kernels take as a parameter (tgrad/scalars.py)
   def __init__(self, device: str, st: ShapeTracker, dtype: DType, op: Optional[Ops] = None,
                srcs: tuple[LazyBuffer, ...] = (), arg: Any = None, base: Optional[LazyBuffer] = None):
     self.device, self.st, self.dtype = device, st, dtype
@@ -77,13 +79,15 @@ class LazyBuffer:
              srcs: tuple[LazyBuffer, ...] = ()) -> LazyBuffer:
     return LazyBuffer(canonical_device(device), ShapeTracker.from_shape(shape), dtype, op, srcs, arg)
   @staticmethod
-  def const_of(value, dtype: DType, device: str, shape: tuple[int, ...] = ()) -> LazyBuffer:
+  def const_of(value, dtype: DType, device: str, shape: tuple[int, ...] = (), weak: bool = False) -> LazyBuffer:
     """A constant of any shape, stored as a 0-d CONST base expanded by a view (no memory is ever used). Each call
     makes new LazyBuffers (a realized constant holds a Buffer that an assign may change); only the value's
-    rounding and the immutable ShapeTrackers are remembered."""
+    rounding and the immutable ShapeTrackers are remembered. `weak`: a Python scalar operand of an elementwise op,
+    which kernels take as a parameter unless its value is one the simplifiers fold (tgrad/scalars.py)."""
     # a symbolic value (an index UOp over bound variables, e.g. a mean's count) stays a UOp: the kernel computes it
     arg = value if isinstance(value, UOp) else _truncated(value, dtype)
     scalar = LazyBuffer(canonical_device(device), _SCALAR_TRACKER, dtype, Ops.CONST, (), arg)
+    if weak and is_liftable(arg, dtype): scalar.lifted = True
     if not shape: return scalar
     return LazyBuffer(scalar.device, _const_tracker(as_shape_tuple(shape, "constant shape")), dtype, base=scalar)
   @staticmethod

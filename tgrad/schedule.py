@@ -30,13 +30,14 @@ without, scheduling changes nothing and can be repeated (for inspecting kernels)
 from __future__ import annotations
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Generator, Mapping, Optional
+from typing import Generator, Mapping, Optional, Sequence
 import numpy as np
 from tgrad.dtype import dtypes
 from tgrad.ops import UOp, Ops, ELEMENTWISE, GatherAxis, identity_of_reduce, symbolic_in_use
 from tgrad.shape.sint import unbind, vmax_of
 from tgrad.lazy import LazyBuffer, unrealized_bases
 from tgrad.graph_simplify import simplify_graph, commit_replacements
+from tgrad.scalars import param_bits, param_name, scalar_param
 from tgrad.device import Buffer
 from tgrad.shape.shapetracker import ShapeTracker
 from tgrad.helpers import gc_paused, prod, run_nested
@@ -95,6 +96,7 @@ class _KernelBuilder:
     self.inputs: list[LazyBuffer] = []
     self.reduce_signature: Optional[tuple] = None   # (input shape, axes) of the fused reduce(s)
     self.memo: dict[tuple[LazyBuffer, ShapeTracker], UOp] = {}
+    self.scalars: list[LazyBuffer] = []   # the lifted constants read, in the order of their kernel parameters
 
   def global_for(self, base: LazyBuffer) -> UOp:
     assign_target = self.output.srcs[0].base if self.output.op is Ops.ASSIGN else None
@@ -125,7 +127,7 @@ class _KernelBuilder:
     view = UOp(Ops.VIEW, dtypes.void, (), st)
     if lb.buffer is not None or (lb in self.realize_set and lb is not self.output):
       out = UOp(Ops.LOAD, lb.dtype, (self.global_for(lb), view))
-    elif lb.op is Ops.CONST: out = UOp(Ops.CONST, lb.dtype, (view,), lb.arg)
+    elif lb.op is Ops.CONST: out = UOp(Ops.CONST, lb.dtype, (view,), self.scalar_param(lb) if lb.lifted else lb.arg)
     elif lb.op is Ops.ARANGE: out = UOp(Ops.ARANGE, lb.dtype, (view,))
     elif lb.op in ELEMENTWISE:
       srcs = []
@@ -138,6 +140,12 @@ class _KernelBuilder:
     else: raise _Refuse(lb)   # a COPY/EMPTY/... that is not realized yet: realize it first
     self.memo[key] = out
     return out
+
+  def scalar_param(self, lb: LazyBuffer) -> UOp:
+    """The kernel parameter standing for a lifted constant (tgrad/scalars.py), numbered by first use: the same
+    structure gives the same parameters whatever the values."""
+    if lb not in self.scalars: self.scalars.append(lb)
+    return scalar_param(self.scalars.index(lb), lb.dtype)
 
   def _build_reduce(self, lb: LazyBuffer, st: ShapeTracker, in_reduce: bool) -> Generator[Generator, UOp, UOp]:
     source = lb.srcs[0]
@@ -174,10 +182,11 @@ def is_row_broadcast(st: ShapeTracker, reduced_shape: tuple[int, ...], row_shape
   result expanded over the reduced axes, nothing else."""
   return st.shape == row_shape and st.views == ShapeTracker.from_shape(reduced_shape).expand(row_shape).views
 
-def _kernel_ast(output: LazyBuffer, realize_set: set[LazyBuffer], row_reduces: frozenset[LazyBuffer] = frozenset()
-                ) -> tuple[UOp, list[LazyBuffer], set[LazyBuffer]]:
-  """The kernel AST for `output`, its input bases, and every base it inlined. An ASSIGN into a region (its arg: a
-  view of the target) runs over the value's shape and stores through the region; any other kernel stores in order."""
+def _kernel_ast(output: LazyBuffer, realize_set: set[LazyBuffer], row_reduces: frozenset[LazyBuffer] = frozenset(),
+                scalars: Optional[list[LazyBuffer]] = None) -> tuple[UOp, list[LazyBuffer], set[LazyBuffer]]:
+  """The kernel AST for `output`, its input bases, and every base it inlined (`scalars`, when given, receives the
+  lifted constants behind its scalar parameters, in parameter order). An ASSIGN into a region (its arg: a view of the
+  target) runs over the value's shape and stores through the region; any other kernel stores in order."""
   region: Optional[ShapeTracker] = output.arg if output.op is Ops.ASSIGN else None
   value_shape = output.shape if region is None else region.shape
   kernel_shape = value_shape
@@ -192,6 +201,7 @@ def _kernel_ast(output: LazyBuffer, realize_set: set[LazyBuffer], row_reduces: f
       continue
     if output.op is Ops.ASSIGN: _check_assign_hazard(output, value, realize_set)
     store = UOp(Ops.STORE, dtypes.void, (builder.global_for(output), UOp(Ops.VIEW, dtypes.void, (), store_st), value))
+    if scalars is not None: scalars[:] = builder.scalars
     return UOp(Ops.SINK, dtypes.void, (store,)), builder.inputs, {lb for lb, _ in builder.memo}
 
 def _check_assign_hazard(output: LazyBuffer, value: UOp, realize_set: set[LazyBuffer]) -> None:
@@ -324,8 +334,8 @@ def _realize_shared_elementwise(bases: list[LazyBuffer], realize_set: set[LazyBu
         changed = True
 
 @gc_paused()
-def create_schedule(outs: list[LazyBuffer], commit: bool = False,
-                    buffers: Optional[dict[LazyBuffer, Buffer]] = None) -> list[ScheduleItem]:
+def create_schedule(outs: list[LazyBuffer], commit: bool = False, buffers: Optional[dict[LazyBuffer, Buffer]] = None,
+                    scalar_nodes: Optional[list[tuple[LazyBuffer, ...]]] = None) -> list[ScheduleItem]:
   """Decide which bases are realized, then build one ScheduleItem per realized base, dependencies first. With
   `commit`, each realized base keeps its item's Buffer as `lb.buffer` and drops its sources (see the module doc).
   `buffers`, when given, receives the Buffer of every base the schedule realizes (how a caller that does not commit,
@@ -342,12 +352,14 @@ def create_schedule(outs: list[LazyBuffer], commit: bool = False,
   _realize_unfusable_reduces(bases, readers, realize_set, row_reduces)
   _realize_shared_elementwise(bases, realize_set)
   asts: dict[LazyBuffer, tuple[UOp, list[LazyBuffer], set[LazyBuffer]]] = {}
+  scalars_of: dict[LazyBuffer, list[LazyBuffer]] = {}   # each kernel's lifted constants, in parameter order
   changed = True
   while changed:   # building a kernel may refuse a reduce: realize it, rebuild only the kernels that inlined it
     changed = False
     for b in [b for b in bases if b in realize_set and b not in asts and b.op not in NOT_KERNELS]:
       try:
-        asts[b] = _kernel_ast(b, realize_set, row_reduces)
+        scalars_of[b] = []
+        asts[b] = _kernel_ast(b, realize_set, row_reduces, scalars_of[b])
       except _Refuse as refused:
         realize_set.add(refused.base)
         for stale in [k for k, (_, _, inlined) in asts.items() if refused.base in inlined]: del asts[stale]
@@ -366,13 +378,16 @@ def create_schedule(outs: list[LazyBuffer], commit: bool = False,
       items.append(_Step(ast, (b,), tuple(inputs)))
   buffers = {} if buffers is None else buffers
   items = _snapshot_old_values_read_after_assigns(items)
-  scheduled = [_with_buffers(step, buffers, commit) for step in _order_assigns_after_readers(items)]
+  steps = _order_assigns_after_readers(items)
+  if scalar_nodes is not None: scalar_nodes[:] = [tuple(scalars_of.get(step.outputs[0], ())) for step in steps]
+  scheduled = [_with_buffers(step, buffers, commit, scalars_of.get(step.outputs[0], ())) for step in steps]
   for old, new in rebuilt:   # the caller's nodes, by the Buffers their simplified copies got
     if new in buffers: buffers[old] = buffers[new]
   if commit: commit_replacements(rebuilt)
   return scheduled
 
-def _with_buffers(step: _Step, buffers: dict[LazyBuffer, Buffer], commit: bool) -> ScheduleItem:
+def _with_buffers(step: _Step, buffers: dict[LazyBuffer, Buffer], commit: bool, scalars: Sequence[LazyBuffer] = ()
+                  ) -> ScheduleItem:
   """The step over Buffers: each output gets a new Buffer (an ASSIGN its target's), recorded in `buffers` for the
   steps that read it. A copy from the host keeps the host array in the item. With `commit`, each output keeps its
   Buffer and drops its sources: the graph above a realized value is never walked again."""
@@ -385,12 +400,17 @@ def _with_buffers(step: _Step, buffers: dict[LazyBuffer, Buffer], commit: bool) 
         buffers[lb] = Buffer(lb.device, vmax_of(lb.size), lb.dtype)
         if isinstance(lb.size, UOp): buffers[lb].symbolic_size = unbind(lb.size)[0]
   bufs = tuple(buffer_of(lb) for lb in step.outputs + step.inputs)
+  ast, var_vals = unbind_ast(step.ast) if symbolic_in_use() else (step.ast, NO_VARIABLES)
+  if scalars: var_vals = {**var_vals, **scalar_values(scalars)}   # read before a commit drops a root's arg
   if commit:
     for lb, buf in zip(step.outputs, bufs):
       lb.buffer, lb.srcs, lb.arg = buf, (), (lb.arg if lb.op is Ops.REDUCE_AXIS else None)
       if lb.region is not None: lb.region = None   # a composite's region holds its inputs: let them go too
-  ast, var_vals = unbind_ast(step.ast) if symbolic_in_use() else (step.ast, NO_VARIABLES)
   return ScheduleItem(ast, bufs, len(step.outputs), host_data, var_vals)
+
+def scalar_values(scalars: Sequence[LazyBuffer]) -> dict[str, int]:
+  """The var_vals of a kernel's scalar parameters: parameter k carries lifted constant k's value as 64 bits."""
+  return {param_name(k): param_bits(lb.arg, lb.dtype) for k, lb in enumerate(scalars)}
 
 def unbind_ast(ast: UOp) -> tuple[UOp, dict[str, int]]:
   """The AST with every bound variable (in its views' ShapeTrackers and in symbolic constants) replaced by the bare

@@ -18,7 +18,8 @@ from tgrad.lazy import LazyBuffer
 from tgrad.ops import Ops, UOp, SymbolicState
 from tgrad.shape.shapetracker import ShapeTracker
 from tgrad.shape.sint import unbind
-from tgrad.schedule import NO_VARIABLES, ScheduleItem, create_schedule
+from tgrad.scalars import param_name
+from tgrad.schedule import NO_VARIABLES, ScheduleItem, create_schedule, scalar_values
 
 # Templates are kept for this many graph nodes in all (oldest dropped first): a key holds one entry per node, so
 # this bounds the cache's memory (about 100 bytes a node) whatever graphs a program builds.
@@ -30,13 +31,14 @@ ONE_OP_MAX_SOURCES = 8
 
 _LEAF = "realized"
 _VIEW = "view"
+_LIFTED = "lifted scalar"   # the arg key of a lifted constant: its value is a kernel parameter, not structure
 
 @dataclass(frozen=True)
 class _Template:
   """A schedule over positions. A Buffer is named by its index in one list: the graph's distinct realized Buffers
   (numbered by the walk; every graph with this key has the same number of them) followed by the new Buffers."""
-  items: tuple[tuple[UOp, tuple[int, ...], int, Optional[int], tuple[str, ...]], ...]   # ast, buffer indices,
-                                                                          # outputs, host node, variable names
+  # ast, buffer indices, outputs, host node, variable names, node positions of its scalar parameters' constants
+  items: tuple[tuple[UOp, tuple[int, ...], int, Optional[int], tuple[str, ...], tuple[int, ...]], ...]
   new_buffers: tuple[tuple[str, int, DType, Any], ...]     # (device, size, dtype, symbolic size) of each new Buffer
   commits: tuple[tuple[int, int, bool], ...]               # (node position, buffer index, keeps its arg): the
   nodes: int                                               # values the schedule realizes
@@ -77,7 +79,7 @@ class _Walk:
           leaf_buffers.append(buffer)
         entries.append((_LEAF, lb.device, lb.dtype, lb.shape, number))
       else:
-        arg = lb.arg
+        arg = _LIFTED if lb.lifted else lb.arg
         entries.append((lb.op, lb.device, lb.dtype, lb.shape, arg if arg is None else _arg_key(arg),
                         tuple([position[id(s)] for s in lb.srcs])))
         unrealized.append(p)
@@ -99,7 +101,7 @@ class _Walk:
       positions.append(len(nodes))
       nodes.append(lb)
       if (base := lb._base) is not None and base not in nodes: nodes.append(base)
-    arg = root.arg
+    arg = _LIFTED if root.lifted else root.arg
     entries: list[tuple] = [(root.op, root.device, root.dtype, root.shape, arg if arg is None else _arg_key(arg),
                              tuple(positions))]
     unrealized: list[int] = [0]
@@ -114,7 +116,7 @@ class _Walk:
           leaf_buffers.append(buffer)
         entries.append((_LEAF, lb.device, lb.dtype, lb.shape, number))
       else:   # a sourceless op (a constant, host data, an empty buffer)
-        arg = lb.arg
+        arg = _LIFTED if lb.lifted else lb.arg
         entries.append((lb.op, lb.device, lb.dtype, lb.shape, arg if arg is None else _arg_key(arg), ()))
         unrealized.append(p)
     self.nodes, self.unrealized, self.leaf_buffers = nodes, unrealized, leaf_buffers
@@ -166,12 +168,16 @@ def schedule(outs: list[LazyBuffer]) -> list[ScheduleItem]:
   template = _templates.get(walk.key)
   if template is None:
     host_copies = {p for p in walk.unrealized if walk.nodes[p].op is Ops.COPY and not walk.nodes[p].srcs}
-    items = create_schedule(roots, commit=True)
-    _store(walk, _template_of(walk, items, host_copies))
+    scalar_nodes: list[tuple[LazyBuffer, ...]] = []
+    items = create_schedule(roots, commit=True, scalar_nodes=scalar_nodes)
+    _store(walk, _template_of(walk, items, host_copies, scalar_nodes))
     return items
   return _instantiate(walk, template)
 
-def _template_of(walk: _Walk, items: list[ScheduleItem], host_copies: set[int]) -> _Template:
+def _template_of(walk: _Walk, items: list[ScheduleItem], host_copies: set[int],
+                 scalar_nodes: list[tuple[LazyBuffer, ...]]) -> _Template:
+  """The schedule over positions; `scalar_nodes[i]`: item i's lifted constants (the nodes its scalar parameters read,
+  in parameter order), kept as their walk positions."""
   index: dict[int, int] = {id(b): k for k, b in enumerate(walk.leaf_buffers)}
   new_buffers: list[tuple[str, int, DType, Any]] = []
   for item in items:
@@ -182,9 +188,12 @@ def _template_of(walk: _Walk, items: list[ScheduleItem], host_copies: set[int]) 
   commits = tuple((p, index[id(walk.nodes[p].buffer)], walk.nodes[p].op is Ops.REDUCE_AXIS)
                   for p in walk.unrealized if walk.nodes[p].buffer is not None)
   node_of_buffer = {id(walk.nodes[p].buffer): p for p, _, _ in commits if p in host_copies}
+  position = {id(lb): p for p, lb in enumerate(walk.nodes)} if any(scalar_nodes) else {}
   template_items = tuple((item.ast, tuple(index[id(b)] for b in item.bufs), item.output_count,
                           node_of_buffer[id(item.bufs[0])] if item.host_data is not None else None,
-                          tuple(item.var_vals)) for item in items)
+                          tuple(name for name in item.var_vals if name not in map(param_name, range(len(scalars)))),
+                          tuple(position[id(lb)] for lb in scalars))
+                         for item, scalars in zip(items, scalar_nodes))
   return _Template(template_items, tuple(new_buffers), commits, len(walk.nodes))
 
 def _store(walk: _Walk, template: _Template) -> None:
@@ -201,14 +210,21 @@ def _instantiate(walk: _Walk, template: _Template) -> list[ScheduleItem]:
                               for device, size, dtype, symbolic_size in template.new_buffers]
   items = [ScheduleItem(ast, tuple([bufs[i] for i in indices]), outputs,
                         nodes[host_node].arg if host_node is not None else None,
-                        {name: walk.var_vals[name] for name in names} if names else NO_VARIABLES)
-           for ast, indices, outputs, host_node, names in template.items]
+                        _values(walk, names, scalars) if names or scalars else NO_VARIABLES)
+           for ast, indices, outputs, host_node, names, scalars in template.items]
   for p, i, keeps_arg in template.commits:   # as create_schedule's commit: the value keeps its Buffer, forgets its
     lb = nodes[p]                            # sources (and its arg, but for a reduce's)
     lb.buffer, lb.srcs = bufs[i], ()
     if not keeps_arg: lb.arg = None
     if lb.region is not None: lb.region = None   # a composite's region holds its inputs: let them go too
   return items
+
+def _values(walk: _Walk, names: tuple[str, ...], scalars: tuple[int, ...]) -> dict[str, int]:
+  """An item's var_vals in this graph: its variables' values, and its scalar parameters' from the constants at their
+  positions (read before the commits, which drop a root's arg)."""
+  values = {name: walk.var_vals[name] for name in names}
+  if scalars: values.update(scalar_values([walk.nodes[p] for p in scalars]))
+  return values
 
 def _new_buffer(device: str, size: int, dtype: DType, symbolic_size: Any) -> Buffer:
   buffer = Buffer(device, size, dtype)

@@ -19,6 +19,7 @@ from tgrad.device import canonical_device
 from tgrad.helpers import prod
 from tgrad.shape.sint import evaluate
 from tgrad.bounds import realize_with_checks
+from tgrad.graph_simplify import is_constant_expression
 import tgrad.function as F
 from tgrad.tensor_ops import bind_tensor_class
 from tgrad.tensor_ops.args import Scalar, broadcast_shape, _resolve_axis, _scalar_dtype, _check_scalar_fits, \
@@ -300,7 +301,9 @@ class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, Indexi
       out_dtype = dtype or _scalar_dtype(self.dtype, other)
       _check_scalar_fits(other, out_dtype)
       x = self if out_dtype is self.lazydata.dtype else self.cast(out_dtype)
-      y = Tensor(LazyBuffer.const_of(other, out_dtype, self.device, self.shape), requires_grad=False)
+      # weak: a kernel parameter (tgrad/scalars.py), unless it joins a constant expression, which folds instead
+      weak = not is_constant_expression(self.lazydata)
+      y = Tensor(LazyBuffer.const_of(other, out_dtype, self.device, self.shape, weak=weak), requires_grad=False)
       return (y, x) if reverse else (x, y)
     y = self._as_tensor(other)
     out_dtype = dtype or promote_types(self.dtype, y.dtype)

@@ -509,8 +509,9 @@ def _rounded_dot(a_mask: Optional[int]) -> LazyBuffer:
   from tgrad import Tensor
   from tgrad.tensor_ops.composite import round_to_tf32
   a, b = Tensor(np.zeros((32, 32), np.float32)), round_to_tf32(Tensor(np.zeros((32, 16), np.float32)))
-  if a_mask is not None:
-    a = (a != a).where(a, ((a.bitcast(dtypes.uint32) + 0x1000) & a_mask).bitcast(dtypes.float32))
+  if a_mask is not None:   # literal constants, as round_to_tf32's (Python scalars would be kernel parameters)
+    bits = a.bitcast(dtypes.uint32)
+    a = (a != a).where(a, ((bits + bits.const_like(0x1000)) & bits.const_like(a_mask)).bitcast(dtypes.float32))
   return (a.reshape(32, 32, 1) * b.reshape(1, 32, 16)).sum(1).lazydata
 
 def test_tf32_operands_must_be_rounded_as_round_to_tf32_does():

@@ -178,6 +178,14 @@ class CUDARenderer(Renderer):
 
 NARROW_DTYPE = dtypes.int32   # the C `int` that index values fitting its range are computed in
 
+def parameter_value(v: UOp, dtype: DType) -> str:
+  """A DEFINE_VAR's value from its 64-bit parameter, in `dtype`: a symbolic size or an int scalar converted, a float
+  scalar parameter (tgrad/scalars.py) reinterpreted from its bits (a float32's in the low 32)."""
+  arg = f"{v.arg[0]}{VARIABLE_ARG_SUFFIX}"
+  if v.dtype == dtypes.float64: return f"__longlong_as_double({arg})"
+  if v.dtype == dtypes.float32: return f"__int_as_float((int){arg})"
+  return f"({REGISTER_TYPES[dtype]}){arg}"
+
 def _fits_narrow(lo, hi) -> bool: return dtypes.min(NARROW_DTYPE) <= lo and hi <= dtypes.max(NARROW_DTYPE)
 
 def narrow_index_values(uops: list[UOp]) -> set[UOp]:
@@ -475,8 +483,8 @@ class _KernelWriter:
     args += [f"long long {v.arg[0]}{VARIABLE_ARG_SUFFIX}" for v in variables]
     for v in variables:
       self.names[v] = v.arg[0]
-      self.line(f"const {REGISTER_TYPES[self.computed_dtype(v)]} {v.arg[0]} = "
-                f"({REGISTER_TYPES[self.computed_dtype(v)]}){v.arg[0]}{VARIABLE_ARG_SUFFIX};")
+      dtype = self.computed_dtype(v)
+      self.line(f"const {REGISTER_TYPES[dtype]} {v.arg[0]} = {parameter_value(v, dtype)};")
     threads = prod(u.arg[1] for u in self.uops if u.op is Ops.SPECIAL and u.arg[0].startswith("lidx"))
     for pos, u in enumerate(self.uops): self.emit(pos, u)
     preludes = {"half": HALF_PRELUDE, "bfloat16": BFLOAT16_PRELUDE, "bit_cast": BITCAST_PRELUDE,

@@ -179,12 +179,12 @@ def _parameters(kernel: Kernel, graph: ValueGraph, nodes: list[UOp]) -> list[UOp
   kernel_buffers = {m.src[0] for m in kernel.memops if m.op in (Ops.LOAD, Ops.STORE)}
   buffers = sorted({u for u in nodes if u.op in (Ops.DEFINE_GLOBAL, Ops.DEFINE_LOCAL)} | kernel_buffers,
                    key=lambda u: (u.op is Ops.DEFINE_LOCAL, u.arg if u.op is Ops.DEFINE_GLOBAL else u.arg[0]))
-  # every variable of the kernel is a parameter too, used or not (a grid over a symbolic axis may need no value in
-  # the code): the launch passes the values of all of them, in name order (CompiledKernel.variables)
+  # every variable and scalar parameter of the kernel is a parameter too, used or not (a grid over a symbolic axis may
+  # need no value in the code): the launch passes the values of all of them, in name order (CompiledKernel.variables)
   # every thread id, used or not: a renderer sizes the launch (e.g. __launch_bounds__) from them
   specials = {u for i in graph.indices if i is not None for u in i.toposort() if u.op is Ops.SPECIAL}
   specials |= {u for u in nodes if u.op is Ops.SPECIAL}
-  return buffers + list(kernel.variables) + sorted(specials, key=lambda u: u.arg[0])
+  return buffers + kernel.parameters + sorted(specials, key=lambda u: u.arg[0])
 
 def emit_program(kernel: Kernel, graph: ValueGraph, stores: Optional[list[UOp]] = None) -> list[UOp]:
   """The linear program of a value graph: `stores` (default graph.stores; the decomposed ones where a renderer wants

@@ -24,6 +24,7 @@ from tgrad.codegen.tensor_cores import TensorCoreUse, apply_tensor_core
 from tgrad.shape.shapetracker import ShapeTracker
 from tgrad.shape.sint import sint, canonical, ceil_div, divides, is_symbolic, render as render_size, vmax_of
 from tgrad.helpers import prod, round_up
+from tgrad.scalars import is_scalar_param
 
 class KernelOptError(Exception):
   """An optimization that is not legal for this kernel (wrong axis, amount that doesn't divide, …)."""
@@ -128,6 +129,15 @@ class Kernel:
   def variables(self) -> list[UOp]:
     """The DEFINE_VARs of the kernel's trackers, by name: every one is a parameter of the program (linearizer)."""
     return sorted({v for st in self.sts for v in st.variables()}, key=lambda v: v.arg[0])
+  @property
+  def scalar_params(self) -> list[UOp]:
+    """The scalar parameters of its lifted constants (tgrad/scalars.py), by name: parameters of the program too."""
+    return sorted({u.arg for u in self.ast.toposort() if u.op is Ops.CONST and isinstance(u.arg, UOp) and
+                   is_scalar_param(u.arg)}, key=lambda v: v.arg[0])
+  @property
+  def parameters(self) -> list[UOp]:
+    """Every DEFINE_VAR the program takes, in the order renderers and launches pass them (by name)."""
+    return sorted(self.variables + self.scalar_params, key=lambda v: v.arg[0])
   @property
   def output_shape(self) -> tuple[int, ...]: return self.sts[0].shape
   @property

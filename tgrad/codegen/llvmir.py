@@ -1,7 +1,8 @@
 """LLVM IR renderer: linear UOps → the text of an LLVM module with one function (built with llvmlite.ir).
 
 The function is `void name(ptr noalias %buf0, ..., i64 %var0, ..., i32 %core)` (one i64 per DEFINE_VAR, sorted
-by name: a symbolic size's value at launch): RANGE/ENDRANGE become counted loops with phis,
+by name: a symbolic size's value at launch, or a scalar parameter's bits, reinterpreted in the entry block as its
+float32/float64: tgrad/scalars.py): RANGE/ENDRANGE become counted loops with phis,
 DEFINE_ACC an entry-block alloca (promoted to registers by the optimizer), SPECIAL "core" the thread index the
 runtime passes. Index math (dtypes.index) is i64, the pointer width, used by loads and stores with no sign extension
 (LLVM 22's loop vectorizer miscompiled i32 index math under a sext: a load at t*16 + j%16 was vectorized as t*16 + j),
@@ -109,10 +110,18 @@ class _FunctionBuilder:
     if v.type == want or not (isinstance(want, ir.IntType) and isinstance(v.type, ir.IntType)): return v
     return self.b.trunc(v, want) if v.type.width > want.width else self.b.sext(v, want)
 
+  def parameter(self, u: UOp) -> ir.Value:
+    """A DEFINE_VAR's value from its i64 argument: a symbolic size's or an int scalar's as it is, a float scalar
+    parameter's (tgrad/scalars.py) reinterpreted from its bits (a float32's in the low 32)."""
+    arg = self.variable_args[u]
+    if u.dtype == dtypes.float64: return self.entry.bitcast(arg, ir.DoubleType())
+    if u.dtype == dtypes.float32: return self.entry.bitcast(self.entry.trunc(arg, _I32), ir.FloatType())
+    return arg
+
   def emit(self, u: UOp) -> None:
     b = self.b
     if u.op is Ops.DEFINE_GLOBAL: self.values[u] = self.fn.args[u.arg]
-    elif u.op is Ops.DEFINE_VAR: self.values[u] = self.variable_args[u]
+    elif u.op is Ops.DEFINE_VAR: self.values[u] = self.parameter(u)
     elif u.op is Ops.SPECIAL: self.values[u] = b.sext(self.fn.args[-1], _I64)
     elif u.op is Ops.CONST: self.values[u] = const(u.dtype, u.arg)
     elif u.op is Ops.DEFINE_ACC:

@@ -24,6 +24,7 @@ from tgrad.device import BinaryLoadError, Buffer, Compiled, Device
 from tgrad.dtype import DType, bfloat16_to_float32, dtypes
 from tgrad.helpers import Context, cpu_count, prod, settings_key
 from tgrad.ops import Ops
+from tgrad.scalars import param_bits
 from tgrad.shape.sint import evaluate, vmax_of
 
 # ---- the action space: every Opt the search may add to a kernel (illegal ones raise KernelOptError and are skipped)
@@ -60,6 +61,7 @@ SEARCH_DEADLINE_SECONDS = 300.0  # the whole search of one kernel; past it, the 
 COMPILE_WORKERS = 0         # worker processes; 0 means one per CPU core
 # ---- verifying
 RANDOM_INT_LIMIT = 16       # random integer inputs lie in [-16, 16): index-like values, products that stay exact
+SEARCH_SCALAR_VALUE = 3     # the value every scalar parameter (a lifted Python scalar) takes while candidates run
 # every output byte before a checked run. Each kernel runs once with each pattern and must give the same bytes both
 # times, so an element it never writes differs between its two runs whatever the reference holds there (a NaN or -1
 # that the kernel computes). 0xFF: NaN for floats, -1 for signed ints, 255 for bools; 0x5A: a finite float
@@ -339,8 +341,12 @@ class _Search:
     # sized for) and checked at both bounds; the winner is cached under the kernel's symbolic key (one search serves
     # every value). `check_values[0]` is the timing value; an output is compared over its elements at each value.
     variables = sorted({v.arg for u in kernel.ast.toposort() if u.op is Ops.VIEW for v in u.arg.variables()})
-    self.timing_values = {name: high for name, _, high in variables}
-    self.check_values = [self.timing_values] + ([{name: low for name, low, _ in variables}] if variables else [])
+    # scalar parameters (tgrad/scalars.py) take one sample value: the search is made for every value of them
+    scalars = {v.arg[0]: param_bits(float(SEARCH_SCALAR_VALUE) if v.dtype.is_float else SEARCH_SCALAR_VALUE, v.dtype)
+               for v in kernel.scalar_params}
+    self.timing_values = {**{name: high for name, _, high in variables}, **scalars}
+    self.check_values = [self.timing_values] + ([{**{name: low for name, low, _ in variables}, **scalars}]
+                                                if variables else [])
     base = Kernel(kernel.ast, kernel.renderer)
     store_shapes = {u.src[0].arg: st.shape for u, st in zip(base.memops, base.sts) if u.op is Ops.STORE}
     self.output_elements = [{i: evaluate(prod(shape), values) for i, shape in store_shapes.items()}
@@ -464,7 +470,7 @@ class _Search:
     flops, nbytes = kernel.estimate()
     candidate.runner = CompiledKernel(self.name, self.device.program(self.name, binary), global_size, local_size,
                                       candidate.src, list(kernel.applied_opts), flops, nbytes, self.device.name,
-                                      tuple(v.arg[0] for v in kernel.variables))
+                                      tuple(v.arg[0] for v in kernel.parameters))
 
   def finish_compiles(self, candidates: list[_Candidate]) -> None:
     """Collect the workers' binaries. A compile that shows no progress for COMPILE_TIMEOUT_SECONDS is abandoned and

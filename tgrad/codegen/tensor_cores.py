@@ -50,9 +50,9 @@ def _widened(x: UOp) -> UOp:
     x = x.src[0]
   return x
 
-def _const_arg(u: UOp):
-  """The value of an AST constant (a CONST over its view), else None."""
-  return u.arg if u.op is Ops.CONST and not isinstance(u.arg, UOp) else None
+def _const_arg(u: Optional[UOp]):
+  """The value of an AST constant (a CONST over its view), else None (also for no node, and for a scalar parameter)."""
+  return u.arg if u is not None and u.op is Ops.CONST and not isinstance(u.arg, UOp) else None
 
 def tf32_rounded_load(x: UOp) -> Optional[UOp]:
   """The float32 load that x rounds to TF32 when x is exactly the graph composite.round_to_tf32 builds over a load:

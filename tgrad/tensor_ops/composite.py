@@ -229,7 +229,8 @@ def round_to_tf32(x: Tensor) -> Tensor:
   differentiable. codegen/tensor_cores.tf32_rounded_load recognizes exactly this graph over a load."""
   if x.dtype != dtypes.float32: raise TypeError(f"round_to_tf32 takes float32, not {x.dtype}")
   bits = x.bitcast(dtypes.uint32)
-  rounded = ((bits + TF32_ROUNDING_BIAS) & TF32_KEEP_MASK).bitcast(dtypes.float32)
+  # literal constants (const_like, not Python scalars, which kernels take as parameters): the pattern matches values
+  rounded = ((bits + bits.const_like(TF32_ROUNDING_BIAS)) & bits.const_like(TF32_KEEP_MASK)).bitcast(dtypes.float32)
   return (x != x).where(x, rounded)
 
 def _matmul_tf32(x: Tensor, w: Tensor, **_) -> Tensor:

@@ -44,7 +44,7 @@ class ElementwiseMixin:
     if rounding_mode == "floor": return self.floordiv(x, reverse)
     a, b = self._operands(x, reverse)
     if rounding_mode == "trunc":
-      return self._nograd(a.lazydata.alu(Ops.IDIV, b.lazydata)) if not a.dtype.is_float else (a / b).trunc()
+      return self._nograd(a.lazydata.alu(Ops.IDIV, _literal(b).lazydata)) if not a.dtype.is_float else (a / b).trunc()
     return F.Div.apply(a._to_float(), b._to_float())
   def floordiv(self, x: Any, reverse: bool = False) -> Tensor:
     """Python's `//`: rounds toward −∞. Integer division by zero gives 0 (as numpy)."""
@@ -52,6 +52,7 @@ class ElementwiseMixin:
     if a.dtype in HALF_FLOATS: return a.cast(dtypes.float32).floordiv(b.cast(dtypes.float32)).cast(a.dtype)
     if a.dtype.is_float: return self._nograd(F.float_divmod(a.lazydata, b.lazydata)[0])   # numpy's, from fmod
     if a.dtype.is_bool: a, b = a.int(), b.int()
+    b = _literal(b)
     quotient = a.lazydata.alu(Ops.IDIV, b.lazydata)
     if a.dtype.is_unsigned: return self._nograd(quotient)
     return self._nograd(quotient) - _needs_floor_fix(a, b).cast(a.dtype)
@@ -61,6 +62,7 @@ class ElementwiseMixin:
     if a.dtype in HALF_FLOATS: return a.cast(dtypes.float32).mod(b.cast(dtypes.float32)).cast(a.dtype)
     if a.dtype.is_float: return F.FloatMod.apply(a, b)   # numpy's, from the exact fmod
     if a.dtype.is_bool: a, b = a.int(), b.int()
+    b = _literal(b)
     remainder = self._nograd(a.lazydata.alu(Ops.MOD, b.lazydata))
     if a.dtype.is_unsigned: return remainder
     return _needs_floor_fix(a, b).where(remainder + b, remainder)
@@ -160,6 +162,7 @@ class ElementwiseMixin:
       return x.zeros_like() if left or x.dtype.is_unsigned else (x < 0).where(-1, 0).cast(x.dtype)
     x, shift = self._int_operands(amount, reverse, "<<" if left else ">>")
     if x.dtype.is_bool: x, shift = x.int(), shift.int()
+    shift = _literal(shift)
     bits = x.dtype.bits   # as torch, an amount outside [0, bits) shifts out every bit
     in_range = (shift >= 0) & (shift < bits)
     safe = in_range.where(shift, 0)
@@ -472,6 +475,12 @@ def _log1p(x: Tensor) -> Tensor:
   (Goldberg's trick)."""
   u = x + 1
   return (u == 1).where(x, u.log() * (x / (u == 1).where(1.0, u - 1)))
+
+def _literal(x: Tensor) -> Tensor:
+  """x, with a Python scalar that kernels would take as a parameter (a lifted constant: tgrad/scalars.py) made a
+  literal again. For integer divisors and shift amounts: division by a known constant is a multiply and a shift that
+  vectorizes, by a parameter it is a division per element (x86 has no vector integer division)."""
+  return x.const_like(x.lazydata.const_value()) if x.lazydata.base.lifted else x
 
 def _needs_floor_fix(a: Tensor, b: Tensor) -> Tensor:
   """Where C's truncating division differs from floor division: a nonzero remainder whose sign differs from b's."""

@@ -7,7 +7,8 @@ loop or a decode loop builds the same structure every step, around new Buffers a
 it rebuilds the ScheduleItems from the stored template — new Buffers where the template made new ones, this graph's
 realized Buffers and host arrays where the template read them — and commits them to the graph exactly as
 `create_schedule(outs, commit=True)` does. On a miss it calls the scheduler and stores a template of the result.
-Templates hold no LazyBuffer and no Buffer, only positions in the walk.
+Templates hold no LazyBuffer and no Buffer, only positions in the walk. A lifted Python scalar (tgrad/scalars.py) is
+keyed without its value: its kernel takes it as a parameter, read from the constant at its position on every hit.
 """
 from __future__ import annotations
 from dataclasses import dataclass

@@ -11,12 +11,13 @@ template) in tgrad/models/generation.py.
 from __future__ import annotations
 import collections, json, math, os, sys
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Optional, Sequence
+from typing import Any, Iterator, Optional, Sequence, Union
 import numpy as np
 from tgrad.tensor import Tensor
 from tgrad.dtype import dtypes, to_dtype
 from tgrad.device import canonical_device
 from tgrad.nn.state import safe_load
+from tgrad.nn.quant import BLOCK_LAYOUTS, QuantizedTensor, dequantize_blocks, dequantize_structured
 from tgrad.jit import TinyJit
 from tgrad.models.gemma3_cache import (SLIDING, FULL, LAYER_TYPES, FRESH, DECODE, EXTEND, StepInputs, Gemma3KVCache,
                                        write_cache_scatter, write_cache_fresh, write_cache_decode, filled_keys_values,
@@ -195,12 +196,36 @@ def weight_shapes(config: Gemma3Config) -> dict[str, tuple[int, ...]]:
   return shapes
 
 # ---------------------------------------------------------------------------------------------------------------
-# layers: weights are plain Tensors held under HF's attribute names
+# layers: weights are held under HF's attribute names, each a Tensor or (a GGUF model kept packed) a QuantizedTensor
+
+Weight = Union[Tensor, QuantizedTensor]   # a projection or embedding weight: dense, or ggml blocks dequantized in use
+
+def project(x: Tensor, weight: Weight) -> Tensor:
+  """x @ weight.T for an [out, in] weight, in x's dtype; a packed weight is dequantized inside the matmul's kernel
+  (QuantizedTensor.linear), so only its blocks are ever stored."""
+  return weight.linear(x) if isinstance(weight, QuantizedTensor) else x @ weight.T
+
+def weight_values(weight: Weight) -> Tensor:
+  """An [out, in] weight as float32 [out, *input axes]: a dense weight as it is (input axes (in,)), a packed one
+  dequantized lazily with its blocks' structure kept (input axes (blocks per row, *block axes)), so a kernel that sums
+  over the input axes reads the packed bytes through plain strided views and the dequantization fuses into it."""
+  if not isinstance(weight, QuantizedTensor): return weight.float()
+  layout = BLOCK_LAYOUTS[weight.ggml_type]
+  values = dequantize_structured(weight.packed.reshape(-1, layout.block_bytes), weight.ggml_type)
+  return values.reshape(weight.shape[0], weight.shape[1] // layout.block_size, *values.shape[1:])
+
+def split_inputs(x: Tensor, values: Tensor) -> Tensor:
+  """x [..., in] viewed as [..., *input axes] of `values` (weight_values' layout)."""
+  return x.reshape(*x.shape[:-1], *values.shape[1:])
+
+def input_axes(values: Tensor) -> tuple[int, ...]:
+  """The (negative) axes of weight_values' input axes: what a matrix-vector product sums over."""
+  return tuple(range(1 - values.ndim, 0))
 
 class Linear:
-  """y = x W^T with W stored as [out, in] (no bias anywhere in Gemma 3)."""
-  def __init__(self, weight: Tensor): self.weight = weight
-  def __call__(self, x: Tensor) -> Tensor: return x @ self.weight.T
+  """y = x W^T with W stored as [out, in] (no bias anywhere in Gemma 3), dense or packed."""
+  def __init__(self, weight: Weight): self.weight = weight
+  def __call__(self, x: Tensor) -> Tensor: return project(x, self.weight)
 
 class Gemma3RMSNorm:
   """Gemma's RMSNorm: x / sqrt(mean(x^2) + eps) * (1 + w), all in float32, cast back to x's dtype at the end."""
@@ -214,19 +239,24 @@ class Gemma3RMSNorm:
   def inverse_rms_of_copies(self, x32: Tensor, rows: tuple) -> Tensor:
     """`inverse_rms` of x32's last axis once for every output of a kernel over `rows` (x32's rows broadcast to
     rows[:-1], the last axis summed): each output sums its own copy of its row, so the reduce runs over the same rows
-    as the kernel's other reduces and no view follows it (shape rows[:-1])."""
-    return self.inverse_rms(x32.unsqueeze(-2).expand(rows), keepdim=False)
+    as the kernel's other reduces and no view follows it. The rows may end in several axes that split x32's last axis
+    (a packed weight's input axes, weight_values), which are all summed: shape rows[:x32.ndim - 1]."""
+    split = len(rows) - x32.ndim   # the axes x32's last axis is split into: 1 for a dense weight
+    copies = x32.reshape(*x32.shape[:-1], 1, *rows[-split:]).expand(rows)
+    return (copies.square().mean(tuple(range(-split, 0))) + self.eps).rsqrt()
   def weighted(self, x32: Tensor) -> Tensor:
     """x · (1 + w), float32: the norm without its 1/rms."""
     return x32 * (self.weight.float() + 1.0)
-  def matvec(self, x: Tensor, weight: Tensor) -> Tensor:
-    """self(x) @ weight.T ([out, in] weight) as one kernel, for a one-token step: 1/rms is one number per row of x,
-    so it multiplies the product of the weighted x (x · (1 + w), float32) with the weight after the sum, and its own
-    sum of squares runs over the same [out, in] rows as the product's (recomputed for every output: in-many FMAs
-    beside the weight's read), so both reduces share the matrix–vector kernel. Rounded to x's dtype once."""
-    x32 = x.float()
-    rows = x.shape[:-1] + tuple(weight.shape)
-    product = (self.weighted(x32).unsqueeze(-2) * weight.float()).sum(-1)
+  def matvec(self, x: Tensor, weight: Weight) -> Tensor:
+    """self(x) @ weight.T ([out, in] weight, dense or packed) as one kernel, for a one-token step: 1/rms is one
+    number per row of x, so it multiplies the product of the weighted x (x · (1 + w), float32) with the weight after
+    the sum, and its own sum of squares runs over the same [out, in] rows as the product's (recomputed for every
+    output: in-many FMAs beside the weight's read), so both reduces share the matrix–vector kernel. A packed weight is
+    dequantized in that kernel, both reduces over its input axes (weight_values). Rounded to x's dtype once."""
+    x32, values = x.float(), weight_values(weight)
+    axes = input_axes(values)
+    rows = x.shape[:-1] + tuple(values.shape)
+    product = (split_inputs(self.weighted(x32), values).unsqueeze(-1 - len(axes)) * values).sum(axes)
     return (product * self.inverse_rms_of_copies(x32, rows)).cast(x.dtype)
 
   def rotated_scores(self, q: Tensor, cos: Tensor, sin_signed: Tensor, keys: Tensor) -> Tensor:
@@ -255,14 +285,23 @@ class Gemma3RMSNorm:
     return (_rotate(self.weighted(x32), cos.float(), sin_signed.float()) * self.inverse_rms(x32)).cast(x.dtype)
 
 class Gemma3Embedding:
-  """Token lookup times sqrt(hidden), the scale rounded to the weight dtype first (HF: 25.25 for H=640 in bf16).
+  """Token lookup times sqrt(hidden), the scale rounded to the model dtype first (HF: 25.25 for H=640 in bf16).
   The lookup (Tensor indexing) is a data-dependent load: one kernel reads the token's rows of the table and scales
-  them (the gather fuses with the multiply), never the whole vocabulary."""
-  def __init__(self, weight: Tensor):
-    self.weight = weight
+  them (the gather fuses with the multiply), never the whole vocabulary. A packed table gathers the tokens' rows of
+  blocks and dequantizes only those (the gather, then the dequantization and the scale in the consumer's kernel)."""
+  def __init__(self, weight: Weight, dtype: Any):
+    self.weight, self.dtype = weight, to_dtype(dtype)
     sqrt_hidden = Tensor([math.sqrt(weight.shape[1])], dtype=dtypes.float32, device=weight.device)
-    self.scale = sqrt_hidden.cast(weight.dtype).realize()
-  def __call__(self, token_ids: Tensor) -> Tensor: return self.weight[token_ids] * self.scale
+    self.scale = sqrt_hidden.cast(self.dtype).realize()
+  def __call__(self, token_ids: Tensor) -> Tensor: return self.rows(token_ids) * self.scale
+  def rows(self, token_ids: Tensor) -> Tensor:
+    """The unscaled embedding rows [*token_ids.shape, hidden] in the model dtype."""
+    if not isinstance(self.weight, QuantizedTensor): return self.weight[token_ids]
+    blocks = self.weight.packed[token_ids]   # [*ids, blocks per row, block bytes]: the tokens' rows, still packed
+    count = 1
+    for size in blocks.shape[:-1]: count = count * size
+    values = dequantize_blocks(blocks.reshape(count, blocks.shape[-1]), self.weight.ggml_type)
+    return values.reshape(*token_ids.shape, self.weight.shape[1]).cast(self.dtype)
 
 def _device_input(shape: tuple[int, ...], device: str) -> Tensor:
   """A realized int32 tensor whose buffer the host rewrites in place (an input of the jitted decode step)."""
@@ -284,21 +323,56 @@ def _rotate(x: Tensor, cos: Tensor, sin_signed: Tensor) -> Tensor:
   half = x.shape[-1] // 2
   return x * cos + x[..., half:].cat(x[..., :half], dim=-1) * sin_signed
 
-def _stacked_rows(*weights: Tensor) -> tuple[Tensor, list[Tensor]]:
-  """The [out, in] weights stacked along their output rows into one realized buffer, so one matrix-vector kernel
-  reads them all (decode is bound by reading weights, and each kernel costs a launch), and each weight again as a
-  view of it (the checkpoint's names keep working and the memory is held once)."""
-  stacked = weights[0].cat(*weights[1:], dim=0).realize()
+def _stackable(a: Weight, b: Weight) -> bool:
+  """Whether two [out, in] weights can share one buffer: both dense, or both packed in the same ggml type."""
+  if isinstance(a, QuantizedTensor) or isinstance(b, QuantizedTensor):
+    return isinstance(a, QuantizedTensor) and isinstance(b, QuantizedTensor) and a.ggml_type == b.ggml_type
+  return True
+
+def _stack(weights: list[Weight]) -> tuple[Weight, list[Weight]]:
+  """Stackable weights as one realized buffer along their output rows, and each again as a view of it."""
+  if isinstance(weights[0], QuantizedTensor):
+    ggml_type, width = weights[0].ggml_type, weights[0].shape[1]
+    packed = [w.packed for w in weights if isinstance(w, QuantizedTensor)]
+    buffer = packed[0].cat(*packed[1:], dim=0).realize() if len(packed) > 1 else packed[0].realize()
+    stacked: Weight = QuantizedTensor(buffer, ggml_type, (buffer.shape[0], width))
+    def view(start: int, end: int) -> Weight: return QuantizedTensor(buffer[start:end], ggml_type, (end - start, width))
+  else:
+    dense = [w for w in weights if isinstance(w, Tensor)]
+    stacked = dense[0].cat(*dense[1:], dim=0).realize() if len(dense) > 1 else dense[0].realize()
+    def view(start: int, end: int) -> Weight: return stacked[start:end]   # type: ignore[index]
   views, start = [], 0
   for w in weights:
-    views.append(stacked[start:start + w.shape[0]])
+    views.append(view(start, start + w.shape[0]))
     start += w.shape[0]
   return stacked, views
 
-def _normed_projection(norm: Gemma3RMSNorm, h: Tensor, weight: Tensor) -> Tensor:
-  """norm(h) @ weight.T ([out, in] weight), realized: for a one-token step one kernel (Gemma3RMSNorm.matvec), else
-  the norm realized once and then a matmul (which reads each normed element many times)."""
-  return _materialize(norm.matvec(h, weight) if h.shape[-2] == 1 else _materialize(norm(h)) @ weight.T)
+def _stacked_rows(*weights: Weight) -> tuple[list[Weight], list[Weight]]:
+  """The [out, in] weights stacked along their output rows into realized buffers, so one matrix-vector kernel reads
+  each buffer (decode is bound by reading weights, and each kernel costs a launch), and each weight again as a view
+  (the checkpoint's names keep working and the memory is held once). Dense weights make one buffer; packed ones one
+  per run of the same ggml type (a GGUF file may quantize q and k unlike v)."""
+  groups: list[list[Weight]] = [[weights[0]]]
+  for w in weights[1:]:
+    if _stackable(groups[-1][-1], w): groups[-1].append(w)
+    else: groups.append([w])
+  stacked, views = [], []
+  for group in groups:
+    buffer, group_views = _stack(group)
+    stacked.append(buffer)
+    views += group_views
+  return stacked, views
+
+def _concat_outputs(outputs: list[Tensor]) -> Tensor:
+  return outputs[0] if len(outputs) == 1 else outputs[0].cat(*outputs[1:], dim=-1)
+
+def _normed_projection(norm: Gemma3RMSNorm, h: Tensor, weights: list[Weight]) -> Tensor:
+  """norm(h) @ W.T for the stacked weights W (their outputs side by side), realized: for a one-token step one kernel
+  per buffer (Gemma3RMSNorm.matvec), else the norm realized once and then a matmul per buffer (which reads each normed
+  element many times)."""
+  if h.shape[-2] == 1: return _concat_outputs([_materialize(norm.matvec(h, w)) for w in weights])
+  normed = _materialize(norm(h))
+  return _concat_outputs([_materialize(project(normed, w)) for w in weights])
 
 def _fuse_into_consumer(x: Tensor) -> Tensor:
   """A one-token step (decode) leaves an elementwise producer (a norm's scaling, GELU times up) unrealized, so it
@@ -307,9 +381,9 @@ def _fuse_into_consumer(x: Tensor) -> Tensor:
   return x if x.shape[-2] == 1 else _materialize(x)
 
 class Gemma3Attention:
-  def __init__(self, config: Gemma3Config, weights: dict[str, Tensor], prefix: str):
+  def __init__(self, config: Gemma3Config, weights: dict[str, Weight], prefix: str):
     names = [prefix + name + "_proj.weight" for name in ("q", "k", "v")]
-    self.qkv_weight, (q_weight, k_weight, v_weight) = _stacked_rows(*(weights[name] for name in names))
+    self.qkv_weights, (q_weight, k_weight, v_weight) = _stacked_rows(*(weights[name] for name in names))
     self.q_proj, self.k_proj, self.v_proj = Linear(q_weight), Linear(k_weight), Linear(v_weight)
     self.o_proj = Linear(weights[prefix + "o_proj.weight"])
     self.q_norm = Gemma3RMSNorm(weights[prefix + "q_norm.weight"], config.rms_norm_eps)
@@ -325,7 +399,7 @@ class Gemma3Attention:
     B, T, _ = h.shape
     D, group = self.head_dim, self.heads // self.kv_heads
     cos, sin = step.cos.reshape(1, T, 1, D), step.sin_signed.reshape(1, T, 1, D)
-    qkv = _normed_projection(norm, h, self.qkv_weight)   # q, k and v in one kernel: [B, T, (heads + 2 kv) D]
+    qkv = _normed_projection(norm, h, self.qkv_weights)   # q, k and v in one kernel (dense): [B, T, (heads + 2 kv) D]
     q_width, kv_width = self.heads * D, self.kv_heads * D
     q = qkv[..., :q_width].reshape(B, T, self.heads, D)
     k = qkv[..., q_width:q_width + kv_width].reshape(B, T, self.kv_heads, D)
@@ -358,27 +432,40 @@ class Gemma3Attention:
 
 class Gemma3MLP:
   """down(gelu(gate(x)) * up(x)), the gate and up projections as one matrix-vector kernel over their stacked rows."""
-  def __init__(self, weights: dict[str, Tensor], prefix: str):
-    self.gate_up_weight, (gate_weight, up_weight) = _stacked_rows(weights[prefix + "gate_proj.weight"],
-                                                                  weights[prefix + "up_proj.weight"])
+  def __init__(self, weights: dict[str, Weight], prefix: str):
+    self.gate_up_weights, (gate_weight, up_weight) = _stacked_rows(weights[prefix + "gate_proj.weight"],
+                                                                   weights[prefix + "up_proj.weight"])
     self.gate_proj, self.up_proj = Linear(gate_weight), Linear(up_weight)
     self.down_proj = Linear(weights[prefix + "down_proj.weight"])
   def __call__(self, h: Tensor, norm: Gemma3RMSNorm) -> Tensor:
     """mlp(norm(h))."""
-    return self._down(_normed_projection(norm, h, self.gate_up_weight))
+    return self._down(_normed_projection(norm, h, self.gate_up_weights))
 
   def after_residual(self, h: Tensor, attended: Tensor, post_norm: Gemma3RMSNorm, pre_norm: Gemma3RMSNorm) -> Tensor:
     """mlp(pre_norm(h + post_norm(attended))) for one token, its gate/up projection one row kernel: every [gate/up
     row, hidden] row of the matvec recomputes post_norm's sum of squares of `attended`, the residual sum, pre_norm's
     sum of squares of that, and the weighted product (three reduces over the same rows), so the residual sum is never
-    stored. Rounded as the unfused layer: the residual sum in the model dtype."""
-    rows = h.shape[:-1] + tuple(self.gate_up_weight.shape)
-    o = attended.float().unsqueeze(-2).expand(rows)
-    normed = o * post_norm.inverse_rms(o) * (post_norm.weight.float() + 1.0)
-    x = (h.unsqueeze(-2).expand(rows) + normed.cast(h.dtype)).float()
-    product = (pre_norm.weighted(x) * self.gate_up_weight.float()).sum(-1)
-    gate_up = product * pre_norm.inverse_rms(x, keepdim=False)
-    return self._down(_materialize(gate_up.cast(h.dtype)))
+    stored. Rounded as the unfused layer: the residual sum in the model dtype. A packed weight is dequantized in the
+    kernel, which then keeps every row split into the weight's input axes (weight_values); with several stacked
+    buffers (packed types that differ) it is one kernel per buffer."""
+    return self._down(_concat_outputs([_materialize(self._gate_up_after_residual(h, attended, post_norm, pre_norm, w))
+                                       for w in self.gate_up_weights]))
+
+  @staticmethod
+  def _gate_up_after_residual(h: Tensor, attended: Tensor, post_norm: Gemma3RMSNorm, pre_norm: Gemma3RMSNorm,
+                              weight: Weight) -> Tensor:
+    values = weight_values(weight)
+    axes = input_axes(values)
+    rows = h.shape[:-1] + tuple(values.shape)
+    def spread(x: Tensor) -> Tensor: return split_inputs(x, values).unsqueeze(-1 - len(axes)).expand(rows)
+    def scale(norm: Gemma3RMSNorm) -> Tensor: return split_inputs(norm.weight.float() + 1.0, values)
+    def inverse_rms(norm: Gemma3RMSNorm, x32: Tensor, keepdim: bool) -> Tensor:
+      return (x32.square().mean(axes, keepdim=keepdim) + norm.eps).rsqrt()
+    o = spread(attended.float())
+    normed = o * inverse_rms(post_norm, o, True) * scale(post_norm)
+    x = (spread(h) + normed.cast(h.dtype)).float()
+    product = (x * scale(pre_norm) * values).sum(axes)
+    return (product * inverse_rms(pre_norm, x, False)).cast(h.dtype)
 
   def _down(self, gate_up: Tensor) -> Tensor:
     width = self.gate_proj.weight.shape[0]
@@ -386,7 +473,7 @@ class Gemma3MLP:
 
 class Gemma3DecoderLayer:
   """h + norm(attn(norm(h))), then h + norm(mlp(norm(h))): the post-norms act on each block's output."""
-  def __init__(self, config: Gemma3Config, weights: dict[str, Tensor], index: int):
+  def __init__(self, config: Gemma3Config, weights: dict[str, Weight], index: int):
     p, eps = f"model.layers.{index}.", config.rms_norm_eps
     self.layer_type = config.layer_types[index]
     self.input_layernorm = Gemma3RMSNorm(weights[p + "input_layernorm.weight"], eps)
@@ -411,15 +498,15 @@ class Gemma3DecoderLayer:
 
 class Gemma3TextModel:
   """The decoder stack, named like HF's `Gemma3TextModel` so state-dict names match the checkpoint."""
-  def __init__(self, config: Gemma3Config, weights: dict[str, Tensor]):
-    self.embed_tokens = Gemma3Embedding(weights["model.embed_tokens.weight"])
+  def __init__(self, config: Gemma3Config, weights: dict[str, Weight], dtype: Any):
+    self.embed_tokens = Gemma3Embedding(weights["model.embed_tokens.weight"], dtype)
     self.layers = [Gemma3DecoderLayer(config, weights, i) for i in range(config.num_hidden_layers)]
     self.norm = Gemma3RMSNorm(weights["model.norm.weight"], config.rms_norm_eps)
 
 # ---------------------------------------------------------------------------------------------------------------
 # the causal LM
 
-def _check_weights(config: Gemma3Config, weights: dict[str, Tensor], source: str) -> None:
+def _check_weights(config: Gemma3Config, weights: dict[str, Weight], source: str) -> None:
   expected = weight_shapes(config)
   missing = [name for name in expected if name not in weights]
   wrong = [f"{name}: expected {expected[name]}, got {tuple(weights[name].shape)}" for name in expected
@@ -433,14 +520,18 @@ class Gemma3:
   """Gemma3ForCausalLM: `model(token_ids [B, T] int, start_pos) -> logits [B, T, V]` in the model dtype.
 
   Each call is one step of a sequence: it attends over the cache (positions < start_pos) plus its own tokens, then
-  writes its keys and values into the cache. start_pos must be 0 (a new sequence) or the next position."""
-  def __init__(self, config: Gemma3Config, weights: dict[str, Tensor]):
+  writes its keys and values into the cache. start_pos must be 0 (a new sequence) or the next position.
+  Weights are Tensors, or QuantizedTensors for projections and the embedding kept packed (tgrad/models/gemma3_gguf.py);
+  `dtype` is the compute dtype (activations, cache, logits): by default the embedding's, float32 for a packed one."""
+  def __init__(self, config: Gemma3Config, weights: dict[str, Weight], dtype: Any = None):
     _check_weights(config, weights, "Gemma3")
     self.config = config
-    self.model = Gemma3TextModel(config, weights)
-    self.lm_head = Linear(weights["lm_head.weight"]) if not config.tie_word_embeddings else None
     embedding = weights["model.embed_tokens.weight"]
-    self.dtype, self.device = embedding.dtype, embedding.device
+    if dtype is not None: self.dtype = to_dtype(dtype)
+    else: self.dtype = embedding.dtype if isinstance(embedding, Tensor) else dtypes.float32
+    self.device = embedding.device
+    self.model = Gemma3TextModel(config, weights, self.dtype)
+    self.lm_head = Linear(weights["lm_head.weight"]) if not config.tie_word_embeddings else None
     self.cache: Optional[Gemma3KVCache] = None
     self._decode_jit: Optional[TinyJit] = None         # the captured decode step, for the cache it was captured on
     self._decode_jit_cache: Optional[Gemma3KVCache] = None
@@ -460,8 +551,8 @@ class Gemma3:
     theta = Tensor.full((D // 2,), self.config.rope_theta[layer_type], dtype=dtypes.float32, device=self.device)
     return ((theta ** exponents).reciprocal() / self.config.rope_factor[layer_type]).realize()
 
-  def state_dict(self) -> dict[str, Tensor]:
-    """The weights under their checkpoint names."""
+  def state_dict(self) -> dict[str, Weight]:
+    """The weights under their checkpoint names (packed ones as QuantizedTensors)."""
     out = {"model.embed_tokens.weight": self.model.embed_tokens.weight}
     for i, layer in enumerate(self.model.layers):
       p, attn, mlp = f"model.layers.{i}.", layer.self_attn, layer.mlp
@@ -739,7 +830,7 @@ class Gemma3:
     h = _materialize(self.model.norm(h))
     hidden.append(h)
     head = self.lm_head.weight if self.lm_head is not None else self.model.embed_tokens.weight
-    logits = _softcap(h @ head.T, self.config.final_logit_softcapping)
+    logits = _softcap(project(h, head), self.config.final_logit_softcapping)
     outputs = [logits] + (hidden if return_hidden else [])
     # EXTEND writes the cache only after the kernels that read it have run (a schedule orders by data, not writes)
     Tensor.realize(*outputs, *([] if pending else cache.tensors()))

@@ -38,6 +38,11 @@ ROPE_TYPES = ("default", "linear")                    # what the Gemma 3 family 
 MASKED_SCORE = float(np.finfo(np.float32).min)        # HF fills masked attention scores with finfo(float32).min
 CONTEXT_GRANULE = 256            # generate() rounds the cache length up to this, so nearby lengths share kernels
 DEFAULT_MAX_CONTEXT = 2048       # cache length when forward() is called without reset_cache()
+# Gemma 3's residual stream outgrows float16 (max 65504): gemma-3-270m's reaches 1.04e5 by layer 15 on a six-token
+# prompt and float16 turns it into inf. A float16 model therefore keeps the residual stream (the embedding, each layer's
+# sums, the final norm's input) in float32; projections, attention and the cache stay float16 (as llama.cpp's GPU
+# backends keep activations in F32 around F16 matmuls). bfloat16 has float32's range and keeps its stream.
+RESIDUAL_DTYPES = {dtypes.float16: dtypes.float32}
 # random weights with the reference harness's standard deviations: embeddings 1/sqrt(H) (scaled inputs ~ unit
 # variance), linears 1/sqrt(fan_in), norm offsets 0.2 (so the (1 + w) form is exercised)
 RANDOM_NORM_STD = 0.2
@@ -228,11 +233,15 @@ class Linear:
   def __call__(self, x: Tensor) -> Tensor: return project(x, self.weight)
 
 class Gemma3RMSNorm:
-  """Gemma's RMSNorm: x / sqrt(mean(x^2) + eps) * (1 + w), all in float32, cast back to x's dtype at the end."""
-  def __init__(self, weight: Tensor, eps: float): self.weight, self.eps = weight, eps
+  """Gemma's RMSNorm: x / sqrt(mean(x^2) + eps) * (1 + w), all in float32, cast at the end to `out_dtype` (a norm
+  that reads the residual stream hands its sub-block the compute dtype, RESIDUAL_DTYPES), else back to x's dtype."""
+  def __init__(self, weight: Tensor, eps: float, out_dtype: Any = None):
+    self.weight, self.eps = weight, eps
+    self.out_dtype = to_dtype(out_dtype) if out_dtype is not None else None
+  def output_dtype(self, x: Tensor) -> Any: return self.out_dtype or x.dtype
   def __call__(self, x: Tensor) -> Tensor:
     # the rms_norm composite (a region a path may lower), the same graph as x32 · inverse_rms(x32): one row kernel
-    return (x.float().rms_norm(-1, self.eps) * (self.weight.float() + 1.0)).cast(x.dtype)
+    return (x.float().rms_norm(-1, self.eps) * (self.weight.float() + 1.0)).cast(self.output_dtype(x))
   def inverse_rms(self, x32: Tensor, keepdim: bool = True) -> Tensor:
     """1 / sqrt(mean(x²) + eps) over the last axis of a float32 x."""
     return (x32.square().mean(-1, keepdim=keepdim) + self.eps).rsqrt()
@@ -252,12 +261,13 @@ class Gemma3RMSNorm:
     number per row of x, so it multiplies the product of the weighted x (x · (1 + w), float32) with the weight after
     the sum, and its own sum of squares runs over the same [out, in] rows as the product's (recomputed for every
     output: in-many FMAs beside the weight's read), so both reduces share the matrix–vector kernel. A packed weight is
-    dequantized in that kernel, both reduces over its input axes (weight_values). Rounded to x's dtype once."""
+    dequantized in that kernel, both reduces over its input axes (weight_values). Rounded once, to the norm's output
+    dtype."""
     x32, values = x.float(), weight_values(weight)
     axes = input_axes(values)
     rows = x.shape[:-1] + tuple(values.shape)
     product = (split_inputs(self.weighted(x32), values).unsqueeze(-1 - len(axes)) * values).sum(axes)
-    return (product * self.inverse_rms_of_copies(x32, rows)).cast(x.dtype)
+    return (product * self.inverse_rms_of_copies(x32, rows)).cast(self.output_dtype(x))
 
   def rotated_scores(self, q: Tensor, cos: Tensor, sin_signed: Tensor, keys: Tensor) -> Tensor:
     """rotated(q) @ keysᵀ for one query token as one kernel: q [B, kv_heads, group, 1, D] (unnormed), keys
@@ -291,9 +301,12 @@ class Gemma3Embedding:
   blocks and dequantizes only those (the gather, then the dequantization and the scale in the consumer's kernel)."""
   def __init__(self, weight: Weight, dtype: Any):
     self.weight, self.dtype = weight, to_dtype(dtype)
+    self.residual_dtype = RESIDUAL_DTYPES.get(self.dtype, self.dtype)
     sqrt_hidden = Tensor([math.sqrt(weight.shape[1])], dtype=dtypes.float32, device=weight.device)
-    self.scale = sqrt_hidden.cast(self.dtype).realize()
-  def __call__(self, token_ids: Tensor) -> Tensor: return self.rows(token_ids) * self.scale
+    self.scale = sqrt_hidden.cast(self.dtype).cast(self.residual_dtype).realize()
+  def __call__(self, token_ids: Tensor) -> Tensor:
+    """The scaled rows [*token_ids.shape, hidden], in the residual stream's dtype (RESIDUAL_DTYPES)."""
+    return self.rows(token_ids).cast(self.residual_dtype) * self.scale
   def rows(self, token_ids: Tensor) -> Tensor:
     """The unscaled embedding rows [*token_ids.shape, hidden] in the model dtype."""
     if not isinstance(self.weight, QuantizedTensor): return self.weight[token_ids]
@@ -425,7 +438,7 @@ class Gemma3Attention:
     scores = _softcap(scores * self.scale, self.softcap)
     if step.allowed is not None: scores = step.allowed.where(scores, MASKED_SCORE)
     if one_token: out = decode_attention_values(_materialize(scores), values)
-    else: out = scores.float().softmax(-1).cast(h.dtype) @ values.unsqueeze(2)   # [B, kv_heads, group, T, D]
+    else: out = scores.float().softmax(-1).cast(values.dtype) @ values.unsqueeze(2)   # [B, kv_heads, group, T, D]
     out = out.permute(0, 3, 1, 2, 4).reshape(B, T, self.heads * D)
     if step.mode == FRESH: write_cache_fresh(cache, k, v, step)
     return self.o_proj(out), pending
@@ -445,7 +458,8 @@ class Gemma3MLP:
     """mlp(pre_norm(h + post_norm(attended))) for one token, its gate/up projection one row kernel: every [gate/up
     row, hidden] row of the matvec recomputes post_norm's sum of squares of `attended`, the residual sum, pre_norm's
     sum of squares of that, and the weighted product (three reduces over the same rows), so the residual sum is never
-    stored. Rounded as the unfused layer: the residual sum in the model dtype. A packed weight is dequantized in the
+    stored. Rounded as the unfused layer: the post-norm in attended's dtype, the residual sum in h's. A packed weight
+    is dequantized in the
     kernel, which then keeps every row split into the weight's input axes (weight_values); with several stacked
     buffers (packed types that differ) it is one kernel per buffer."""
     return self._down(_concat_outputs([_materialize(self._gate_up_after_residual(h, attended, post_norm, pre_norm, w))
@@ -463,9 +477,9 @@ class Gemma3MLP:
       return (x32.square().mean(axes, keepdim=keepdim) + norm.eps).rsqrt()
     o = spread(attended.float())
     normed = o * inverse_rms(post_norm, o, True) * scale(post_norm)
-    x = (spread(h) + normed.cast(h.dtype)).float()
+    x = (spread(h) + normed.cast(attended.dtype).cast(h.dtype)).float()
     product = (x * scale(pre_norm) * values).sum(axes)
-    return (product * inverse_rms(pre_norm, x, False)).cast(h.dtype)
+    return (product * inverse_rms(pre_norm, x, False)).cast(pre_norm.output_dtype(h))
 
   def _down(self, gate_up: Tensor) -> Tensor:
     width = self.gate_proj.weight.shape[0]
@@ -473,13 +487,13 @@ class Gemma3MLP:
 
 class Gemma3DecoderLayer:
   """h + norm(attn(norm(h))), then h + norm(mlp(norm(h))): the post-norms act on each block's output."""
-  def __init__(self, config: Gemma3Config, weights: dict[str, Weight], index: int):
+  def __init__(self, config: Gemma3Config, weights: dict[str, Weight], index: int, dtype: Any):
     p, eps = f"model.layers.{index}.", config.rms_norm_eps
     self.layer_type = config.layer_types[index]
-    self.input_layernorm = Gemma3RMSNorm(weights[p + "input_layernorm.weight"], eps)
+    self.input_layernorm = Gemma3RMSNorm(weights[p + "input_layernorm.weight"], eps, dtype)
     self.self_attn = Gemma3Attention(config, weights, p + "self_attn.")
     self.post_attention_layernorm = Gemma3RMSNorm(weights[p + "post_attention_layernorm.weight"], eps)
-    self.pre_feedforward_layernorm = Gemma3RMSNorm(weights[p + "pre_feedforward_layernorm.weight"], eps)
+    self.pre_feedforward_layernorm = Gemma3RMSNorm(weights[p + "pre_feedforward_layernorm.weight"], eps, dtype)
     self.mlp = Gemma3MLP(weights, p + "mlp.")
     self.post_feedforward_layernorm = Gemma3RMSNorm(weights[p + "post_feedforward_layernorm.weight"], eps)
   def __call__(self, h: Tensor, step: StepInputs, cache: Tensor) -> tuple[Tensor, Optional[tuple]]:
@@ -500,8 +514,8 @@ class Gemma3TextModel:
   """The decoder stack, named like HF's `Gemma3TextModel` so state-dict names match the checkpoint."""
   def __init__(self, config: Gemma3Config, weights: dict[str, Weight], dtype: Any):
     self.embed_tokens = Gemma3Embedding(weights["model.embed_tokens.weight"], dtype)
-    self.layers = [Gemma3DecoderLayer(config, weights, i) for i in range(config.num_hidden_layers)]
-    self.norm = Gemma3RMSNorm(weights["model.norm.weight"], config.rms_norm_eps)
+    self.layers = [Gemma3DecoderLayer(config, weights, i, dtype) for i in range(config.num_hidden_layers)]
+    self.norm = Gemma3RMSNorm(weights["model.norm.weight"], config.rms_norm_eps, dtype)
 
 # ---------------------------------------------------------------------------------------------------------------
 # the causal LM

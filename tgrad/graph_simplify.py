@@ -104,6 +104,4 @@ def commit_replacements(rebuilt: list[tuple[LazyBuffer, LazyBuffer]]) -> None:
   """After a committed schedule: an old base whose rebuilt node got a Buffer takes it, and forgets its sources, as
   the scheduler's commit does (a reduce keeps its arg), so the caller's graph shows what was realized."""
   for old, new in rebuilt:
-    if new.buffer is not None:
-      old.buffer, old.srcs, old.region = new.buffer, (), None   # as the scheduler's commit: a region holds inputs
-      if old.op is not Ops.REDUCE_AXIS: old.arg = None
+    if new.buffer is not None and old.buffer is None: old.commit(new.buffer, keep_arg=old.op is Ops.REDUCE_AXIS)

@@ -28,7 +28,7 @@ from tgrad.tensor import Tensor
 from tgrad.dtype import DType, dtypes
 from tgrad.device import Buffer, Device, OutOfMemoryError, newest_buffer_serial
 from tgrad.shape.shapetracker import ShapeTracker
-from tgrad.realize import CompiledKernel, ExecItem, HostCopy, JitError, capturing, is_capturing, run
+from tgrad.realize import CompiledKernel, ExecItem, HostCopy, JitError, capturing, is_capturing, keep_old_values_of, run
 from tgrad.memory_planner import ArenaPlan, Lifetime, liveness, plan_arena, symbolic_peak
 from tgrad.shape.sint import to_sympy
 from tgrad.helpers import Context
@@ -157,6 +157,7 @@ class CompiledGraph:
     self.check_memory()   # an OutOfMemoryError here comes before any allocation or launch
     self._bind_memory(constants)
     self.state_buffers = {id(slot.buffer) for slot in slots if slot.kind == STATE}
+    self.written_state = [slot.buffer for slot in slots if slot.kind == STATE and slot.buffer is not None]
     # symbolic variables: the values last run, and which instructions take which
     self.var_vals: dict[str, int] = {k: v for ins in instructions for k, v in ins.var_vals.items()}
     self.users_of_variable: dict[str, list[Instruction]] = {}
@@ -244,6 +245,7 @@ class CompiledGraph:
                          "returned, or its state): pass a copy (e.g. `x + 0`)")
         self.slots[s].buffer = buffer
         changed.append(s)
+    keep_old_values_of(self.written_state)   # values built before this call that read state keep its old data
     if Context.DEBUG >= 2: return self._run_one_by_one()
     for runner in self.runners:
       if changed: runner.bind(changed)

@@ -5,9 +5,15 @@ CUSTOM)
 over source LazyBuffers, with a contiguous shape, that may hold a realized device `Buffer` — or a *view*: a base seen
 through a ShapeTracker. Movement ops only make new views; they never copy. Graph building does no fusion:
 the scheduler (schedule.py) decides what becomes a kernel.
+
+Value semantics (docs/semantics.md): a LazyBuffer is a value, fixed when it is built. Two records keep that true
+when a realized buffer is written in place (an ASSIGN): every base remembers, weakly, the unrealized values built
+to read it (`readers`), so the realize that writes a buffer can first give the old value a copy when a reader is
+still pending (`pending_readers`); and the value a Tensor *names* moves on through `successor` (set by the Tensor's
+in-place writes) and `origin` (the aliasing movement a view was made by), which `latest` follows.
 """
 from __future__ import annotations
-import functools
+import functools, weakref
 from typing import Any, Optional
 import numpy as np
 from tgrad.dtype import DType, dtypes
@@ -48,6 +54,11 @@ class LazyBuffer:
   class default, so building any other value sets nothing."""
   region: Any = None
   lifted: bool = False   # a CONST base of a Python scalar that kernels take as a parameter (tgrad/scalars.py)
+  successor: Optional[LazyBuffer] = None   # the value an in-place write of a Tensor holding this one gave it
+  origin: Optional[tuple] = None           # (parent, method, arguments) of a value that aliases its parent: a view
+                                           # made by reshape/permute/expand/shrink/stride, or a contiguous() of a base
+  _readers: Optional[list] = None          # weak references to the unrealized bases built with this one as a source
+  _self_ref: Optional[weakref.ref] = None
   def __init__(self, device: str, st: ShapeTracker, dtype: DType, op: Optional[Ops] = None,
                srcs: tuple[LazyBuffer, ...] = (), arg: Any = None, base: Optional[LazyBuffer] = None):
     self.device, self.st, self.dtype = device, st, dtype
@@ -56,10 +67,49 @@ class LazyBuffer:
       self.op, self.srcs, self.arg = op, srcs, arg
       self.buffer: Optional[Buffer] = None   # set once realized
       self._base: Optional[LazyBuffer] = None
+      if srcs:
+        me = self._self_ref = weakref.ref(self)
+        for s in srcs: (s if s._base is None else s._base)._add_reader(me)
     else:
       assert base.base is base, "a view's base must be a base"
       self._base = base
 
+  def _add_reader(self, reader: weakref.ref) -> None:
+    readers = self._readers
+    if readers is None: self._readers = readers = []
+    elif len(readers) >= READERS_COMPACT_AT and len(readers) & (len(readers) - 1) == 0:   # at powers of two
+      readers[:] = [r for r in readers if (lb := r()) is not None and (lb._base is not None or lb.buffer is None)]
+    readers.append(reader)
+  def pending_readers(self) -> list[LazyBuffer]:
+    """The live unrealized values built to read this base: what an in-place write of its buffer would change."""
+    if self._readers is None: return []
+    return [lb for r in self._readers if (lb := r()) is not None and (lb._base is not None or lb.buffer is None)]
+  def commit(self, buffer: Buffer, keep_arg: bool = False) -> None:
+    """This base is realized into `buffer`: it keeps the Buffer and forgets its sources (and its arg, unless
+    `keep_arg`), so the graph above a realized value is never walked again. The Buffer remembers, weakly, the values
+    it holds, so a TinyJit replay that writes it can keep their old data for pending readers (`holders_of`)."""
+    self.buffer, self.srcs = buffer, ()
+    if not keep_arg: self.arg = None
+    if self.region is not None: self.region = None   # a composite's region holds its inputs: let them go too
+    _hold(buffer, self)
+    if self.origin is not None and self.origin[1] == "contiguous" and self.origin[0].is_base and \
+       self.origin[0].buffer is None:
+      self.origin[0].commit(buffer)   # the value it is the buffer of: the same data, and its graph can go
+  def move_readers_to(self, old_value: LazyBuffer) -> None:
+    """The pending readers of this realized base read `old_value` (a copy of its data) instead: what a TinyJit
+    replay does before it writes this base's Buffer, which the tensors naming this base must go on seeing."""
+    for reader in self.pending_readers():
+      if reader._base is not None: reader._base = old_value   # a pad or flip of this base's data
+      else: reader.srcs = tuple(old_value if s is self else old_value._view(s.st) if s.base is self else s
+                                for s in reader.srcs)
+      old_value._add_reader(reader._self_ref)
+    self._readers = None
+  def keep_value_in(self, buffer: Buffer) -> None:
+    """This realized base's value now lives in `buffer` (a copy taken before its own Buffer was written in place)."""
+    if self.buffer is None or buffer.size != self.buffer.size or buffer.dtype != self.buffer.dtype:
+      raise ValueError(f"{self} can't move its value to {buffer}")
+    self.buffer = buffer
+    _hold(buffer, self)
   @property
   def base(self) -> LazyBuffer: return self._base if self._base is not None else self
   @property
@@ -102,6 +152,7 @@ class LazyBuffer:
   def from_buffer(buffer: Buffer, shape: tuple[int, ...]) -> LazyBuffer:
     out = LazyBuffer.loadop(Ops.EMPTY, shape, buffer.dtype, buffer.device)
     out.buffer = buffer
+    _hold(buffer, out)
     return out
   def const(self, value, shape: Optional[tuple[int, ...]] = None) -> LazyBuffer:
     return LazyBuffer.const_of(value, self.dtype, self.device, self.shape if shape is None else shape)
@@ -168,11 +219,17 @@ class LazyBuffer:
     # the kernel moves along the axis by a constant stride: a view that can't (a pad or reshape across it) is copied
     table = self if self.st.real_strides()[axis] is not None else self.contiguous()
     return LazyBuffer.loadop(Ops.GATHER, index.shape, self.dtype, self.device, arg=axis, srcs=(table, index))
-  def contiguous(self) -> LazyBuffer:
+  def contiguous(self, alias: bool = True) -> LazyBuffer:
     """This value in its own buffer, row-major: a realized base is already that; anything else gets a CONTIGUOUS
-    op, which the scheduler always realizes (so `x.contiguous()` also stops x from being recomputed)."""
-    if self.is_base and (self.buffer is not None or self.op in (Ops.CONTIGUOUS, Ops.COPY, Ops.EMPTY)): return self
-    return LazyBuffer.loadop(Ops.CONTIGUOUS, self.shape, self.dtype, self.device, srcs=(self,))
+    op, which the scheduler always realizes (so `x.contiguous()` also stops x from being recomputed). With `alias`,
+    the result names the same storage as self where torch's contiguous() would return self (see below)."""
+    if self.is_base and (self.buffer is not None or self.op in (Ops.CONTIGUOUS, Ops.COPY, Ops.EMPTY, Ops.ASSIGN)):
+      return self
+    out = LazyBuffer.loadop(Ops.CONTIGUOUS, self.shape, self.dtype, self.device, srcs=(self,))
+    # contiguous() of a value already row-major (a computed value; a pad or flip, copies in torch; a row-major view) is
+    # that value in a buffer, so a Tensor holding either names one storage, as in torch; else it is a copy
+    if alias and (self.origin is None or self.st.row_major()): out.origin = (self, "contiguous", ())
+    return out
   def copy_to_device(self, device: str) -> LazyBuffer:
     device = canonical_device(device)
     if device == self.device: return self
@@ -201,24 +258,84 @@ class LazyBuffer:
     return LazyBuffer.loadop(Ops.ASSIGN, self.shape, self.dtype, self.device, arg=region, srcs=(self, value))
 
   # ---- movement: new views, never copies
-  def _view(self, st: ShapeTracker) -> LazyBuffer:
-    if st.shape == self.base.shape and st.contiguous: return self.base
-    return LazyBuffer(self.device, st, self.dtype, base=self.base)
+  # reshape, permute, expand, shrink and stride alias their source as torch's views do (the view records how it was
+  # made, so `latest` can make it again over a source written in place); pad and flip are copies in torch: their
+  # views are values of their own.
+  def _view(self, st: ShapeTracker, origin: Optional[tuple] = None) -> LazyBuffer:
+    # the base itself, when the view is all of it in order and aliases it (a flip, even of a size-1 axis, or a flip
+    # of a flip, is a value of its own)
+    if st.shape == self.base.shape and st.contiguous and origin is not None and \
+       (self.is_base or view_root(self) is self.base):
+      return self.base
+    view = LazyBuffer(self.device, st, self.dtype, base=self.base)
+    if origin is not None: view.origin = (self, origin[0], origin[1:])
+    else:   # a pad or flip is a value of its own (a copy in torch) that reads the base's data: a reader of it
+      view._self_ref = weakref.ref(view)
+      view.base._add_reader(view._self_ref)
+    return view
   def reshape(self, shape: tuple[int, ...]) -> LazyBuffer:
     if sym_eq(prod(shape), self.size) is not True: raise ValueError(f"cannot reshape {self.shape} to {shape}")
-    return self if shape == self.shape else self._view(self.st.reshape(shape))
+    return self if shape == self.shape else self._view(self.st.reshape(shape), ("reshape", shape))
   def permute(self, order: tuple[int, ...]) -> LazyBuffer:
-    return self if order == tuple(range(len(order))) else self._view(self.st.permute(order))
+    return self if order == tuple(range(len(order))) else self._view(self.st.permute(order), ("permute", order))
   def expand(self, shape: tuple[int, ...]) -> LazyBuffer:
-    return self if shape == self.shape else self._view(self.st.expand(shape))
+    return self if shape == self.shape else self._view(self.st.expand(shape), ("expand", shape))
   def pad(self, padding: tuple[tuple[int, int], ...]) -> LazyBuffer:
     return self if all(p == (0, 0) for p in padding) else self._view(self.st.pad(padding))
   def shrink(self, bounds: tuple[tuple[int, int], ...]) -> LazyBuffer:
-    return self if bounds == tuple((0, s) for s in self.shape) else self._view(self.st.shrink(bounds))
+    if bounds == tuple((0, s) for s in self.shape): return self
+    return self._view(self.st.shrink(bounds), ("shrink", bounds))
   def flip(self, axes: tuple[bool, ...]) -> LazyBuffer:
     return self if not any(axes) else self._view(self.st.flip(axes))
   def stride(self, steps: tuple[int, ...]) -> LazyBuffer:
-    return self if all(s == 1 for s in steps) else self._view(self.st.stride(steps))
+    return self if all(s == 1 for s in steps) else self._view(self.st.stride(steps), ("stride", steps))
+
+
+def _hold(buffer: Buffer, lb: LazyBuffer) -> None:
+  holders = buffer.__dict__.setdefault("lazy_holders", [])
+  if len(holders) >= READERS_COMPACT_AT and len(holders) & (len(holders) - 1) == 0:
+    holders[:] = [r for r in holders if (h := r()) is not None and h.buffer is buffer]
+  holders.append(lb._self_ref or weakref.ref(lb))
+
+def holders_of(buffer: Buffer) -> list[LazyBuffer]:
+  """The live realized values whose data is in `buffer`."""
+  return [h for r in buffer.__dict__.get("lazy_holders", ()) if (h := r()) is not None and h.buffer is buffer]
+
+# Dead and realized readers are dropped from a base's list when it reaches this length, and at each doubling after.
+READERS_COMPACT_AT = 64
+
+def latest(lb: LazyBuffer) -> LazyBuffer:
+  """The value a Tensor holding `lb` names now: `lb`'s successor (an in-place write of a Tensor holding it, followed
+  to the newest), or, for a view that aliases its source, the same view of the source's latest value."""
+  chain: list[LazyBuffer] = []
+  while True:   # up the aliasing views to the first value that was written, or to the top
+    while lb.successor is not None: lb = lb.successor
+    if lb.origin is None: break
+    chain.append(lb)
+    lb = lb.origin[0]
+  for view in reversed(chain):   # down again, each view made anew over its source's latest value
+    parent, method, args = view.origin
+    lb = view if lb is parent else getattr(lb, method)(*args)
+  return lb
+
+def view_root(lb: LazyBuffer) -> LazyBuffer:
+  """The value a chain of aliasing views starts from: a base, or a view that is a value of its own (pad, flip)."""
+  while lb.origin is not None and lb.origin[1] != "contiguous": lb = lb.origin[0]
+  return lb
+
+def is_writable_view(lb: LazyBuffer) -> bool:
+  """Whether writing through the aliasing view `lb` changes each element of its storage once: no element of the
+  storage is seen at two positions (an expand not shrunk away) and none is padding."""
+  view, broadcast = lb, False
+  while view.origin is not None and view.origin[1] != "contiguous":
+    parent, method, _ = view.origin
+    broadcast |= method == "expand" and view.shape != parent.shape
+    view = parent
+  if lb.is_base: return True
+  if any(v.mask is not None for v in lb.st.views): return False
+  if len(lb.st.views) == 1:   # movement ops overlap positions only through a stride of 0 (an expand not shrunk away)
+    return all(stride != 0 or size == 1 for stride, size in zip(lb.st.views[0].strides, lb.shape))
+  return not broadcast
 
 
 def unrealized_bases(roots: list[LazyBuffer]) -> list[LazyBuffer]:

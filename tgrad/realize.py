@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Iterator, Mapping, Optional, Protocol, Sequence
 import numpy as np
 from tgrad.ops import UOp, Ops
-from tgrad.lazy import LazyBuffer
+from tgrad.lazy import LazyBuffer, holders_of
 from tgrad.schedule import ScheduleItem
 from tgrad.schedule_cache import schedule
 from tgrad.device import Buffer, Device
@@ -182,9 +182,21 @@ def copy_to_host(buffer: Buffer) -> np.ndarray:
   return buffer.copyout()
 
 @gc_paused()
+def keep_old_values_of(buffers: Sequence[Buffer]) -> None:
+  """Before a run that writes `buffers` in place without scheduling (a TinyJit replay): a realized value whose data
+  is in one of them and that a pending value still reads gets a copy of its data first (docs/semantics.md; the
+  scheduler does the same for ASSIGNs it schedules, schedule.keep_old_values)."""
+  for buffer in buffers:
+    for holder in holders_of(buffer):
+      if not holder.pending_readers(): continue
+      source = LazyBuffer.from_buffer(buffer, (buffer.size,))
+      old = LazyBuffer.loadop(Ops.CONTIGUOUS, source.shape, source.dtype, source.device, srcs=(source,))
+      realize(old)
+      holder.move_readers_to(old)
+
 def realize(*lbs: LazyBuffer) -> None:
   """Compute the given lazy values into device buffers (afterwards `lb.base.buffer` holds each)."""
-  items = schedule(list(lbs))
+  items = schedule(list(lbs), keep_old=_capture is None)
   exec_items = lower_schedule(items)
   if _capture is not None:
     _capture.items.extend(exec_items)

@@ -35,7 +35,7 @@ import numpy as np
 from tgrad.dtype import dtypes
 from tgrad.ops import UOp, Ops, ELEMENTWISE, GatherAxis, identity_of_reduce, symbolic_in_use
 from tgrad.shape.sint import unbind, vmax_of
-from tgrad.lazy import LazyBuffer, unrealized_bases
+from tgrad.lazy import LazyBuffer, holders_of, unrealized_bases
 from tgrad.graph_simplify import simplify_graph, commit_replacements
 from tgrad.scalars import param_bits, param_name, scalar_param
 from tgrad.device import Buffer
@@ -56,6 +56,10 @@ MAX_INLINED_VIEWS = 4
 # elements (32 KiB of float32) stays in a CPU core's L1/L2 and in a GPU block's L1 between the passes, so the passes
 # after the first cost no DRAM traffic. Longer rows keep one kernel per reduce.
 MAX_ROW_FUSION_SIZE = 8192
+# A kernel takes at most this many lifted Python scalars as parameters (tgrad/scalars.py); the rest stay literals. A
+# chain of 50,000 `x * c + d` ops in one kernel would otherwise pass 100,000 arguments (and the schedule cache keys a
+# graph with more lifted constants than this by their values, so a literal is never replayed for another value).
+MAX_SCALAR_PARAMS = 64
 
 @dataclass(frozen=True)
 class ScheduleItem:
@@ -144,7 +148,9 @@ class _KernelBuilder:
   def scalar_param(self, lb: LazyBuffer) -> UOp:
     """The kernel parameter standing for a lifted constant (tgrad/scalars.py), numbered by first use: the same
     structure gives the same parameters whatever the values."""
-    if lb not in self.scalars: self.scalars.append(lb)
+    if lb not in self.scalars:
+      if len(self.scalars) >= MAX_SCALAR_PARAMS: return lb.arg   # past the cap: a literal (schedule_cache keys it)
+      self.scalars.append(lb)
     return scalar_param(self.scalars.index(lb), lb.dtype)
 
   def _build_reduce(self, lb: LazyBuffer, st: ShapeTracker, in_reduce: bool) -> Generator[Generator, UOp, UOp]:
@@ -403,9 +409,7 @@ def _with_buffers(step: _Step, buffers: dict[LazyBuffer, Buffer], commit: bool, 
   ast, var_vals = unbind_ast(step.ast) if symbolic_in_use() else (step.ast, NO_VARIABLES)
   if scalars: var_vals = {**var_vals, **scalar_values(scalars)}   # read before a commit drops a root's arg
   if commit:
-    for lb, buf in zip(step.outputs, bufs):
-      lb.buffer, lb.srcs, lb.arg = buf, (), (lb.arg if lb.op is Ops.REDUCE_AXIS else None)
-      if lb.region is not None: lb.region = None   # a composite's region holds its inputs: let them go too
+    for lb, buf in zip(step.outputs, bufs): lb.commit(buf, keep_arg=lb.op is Ops.REDUCE_AXIS)
   return ScheduleItem(ast, bufs, len(step.outputs), host_data, var_vals)
 
 def scalar_values(scalars: Sequence[LazyBuffer]) -> dict[str, int]:
@@ -427,6 +431,43 @@ def unbind_ast(ast: UOp) -> tuple[UOp, dict[str, int]]:
     src = tuple(new[s] for s in u.src)
     new[u] = u if arg is u.arg and all(a is b for a, b in zip(src, u.src)) else UOp(u.op, u.dtype, src, arg)
   return new[ast], values
+
+def keep_old_values(items: list[ScheduleItem], assigns: list[tuple[LazyBuffer, LazyBuffer]]) -> list[ScheduleItem]:
+  """Value semantics across realizes (docs/semantics.md). `assigns` are the (target, ASSIGN) pairs of a schedule
+  that has committed: an ASSIGN writes its target's Buffer in place, so a value that holds the old data (the target,
+  or another realized value in the same Buffer) and that a value this schedule did not compute still reads
+  (`pending_readers`: `b = x + 1` before `x[0] = 7`, then `x` realized alone) would read the new data. Such a holder
+  alone gets a copy of the Buffer, taken right before the write; when nothing pending reads an old value (the usual
+  case: a training or decode step) nothing is added."""
+  newest: dict[int, LazyBuffer] = {}   # the ASSIGN whose data each Buffer ends with
+  for _, assign in assigns:
+    known = newest.get(id(assign.buffer))
+    if known is None or _assign_depth(assign, assigns) > _assign_depth(known, assigns):
+      newest[id(assign.buffer)] = assign
+  hazards = [(holder, assign.buffer) for assign in newest.values() for holder in holders_of(assign.buffer)
+             if holder is not assign and holder.pending_readers()]
+  if not hazards: return items
+  items = list(items)
+  for holder, buffer in hazards:
+    # the write that ends the holder's data: the ASSIGNs writing this Buffer run in the order of the chain of values
+    # it holds, after the kernel that made its first value when this schedule made that too
+    writers = [i for i, item in enumerate(items) if item.ast.op is Ops.SINK and item.output_count == 1 and
+               item.outputs[0] is buffer]
+    assign_writers = writers[len(writers) - sum(1 for _, a in assigns if a.buffer is buffer):]
+    source = LazyBuffer.from_buffer(buffer, (buffer.size,))
+    old = LazyBuffer.loadop(Ops.CONTIGUOUS, source.shape, source.dtype, source.device, srcs=(source,))
+    [copy] = create_schedule([old], commit=True)
+    items.insert(assign_writers[_assign_depth(holder, assigns)], copy)
+    holder.keep_value_in(old.buffer)
+  return items
+
+def _assign_depth(target: LazyBuffer, assigns: list[tuple[LazyBuffer, LazyBuffer]]) -> int:
+  """How many ASSIGNs of `assigns` wrote the Buffer before `target` held it (0 for a value not made by one)."""
+  made_by = {id(a): t for t, a in assigns}
+  depth = 0
+  while id(target) in made_by:
+    target, depth = made_by[id(target)], depth + 1
+  return depth
 
 def _snapshot_old_values_read_after_assigns(items: list[_Step]) -> list[_Step]:
   """A kernel that reads the old value of an assigned buffer but also depends on the assign (it reads the new value

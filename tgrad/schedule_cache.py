@@ -20,7 +20,8 @@ from tgrad.ops import Ops, UOp, SymbolicState
 from tgrad.shape.shapetracker import ShapeTracker
 from tgrad.shape.sint import unbind
 from tgrad.scalars import param_name
-from tgrad.schedule import NO_VARIABLES, ScheduleItem, create_schedule, scalar_values
+from tgrad.schedule import (MAX_SCALAR_PARAMS, NO_VARIABLES, ScheduleItem, create_schedule, keep_old_values,
+                            scalar_values)
 
 # Templates are kept for this many graph nodes in all (oldest dropped first): a key holds one entry per node, so
 # this bounds the cache's memory (about 100 bytes a node) whatever graphs a program builds.
@@ -72,6 +73,8 @@ class _Walk:
     unrealized: list[int] = []   # positions of the unrealized bases: the values a schedule may realize
     leaf_buffers: list[Buffer] = []
     leaf_number: dict[int, int] = {}
+    # past MAX_SCALAR_PARAMS lifted constants a kernel may bake some as literals: then the values are structure
+    lift = sum(1 for lb in nodes if lb.lifted) <= MAX_SCALAR_PARAMS
     for p, lb in enumerate(nodes):
       if lb._base is not None: entries.append((_VIEW, lb.st, position[id(lb._base)]))
       elif (buffer := lb.buffer) is not None:
@@ -80,7 +83,7 @@ class _Walk:
           leaf_buffers.append(buffer)
         entries.append((_LEAF, lb.device, lb.dtype, lb.shape, number))
       else:
-        arg = _LIFTED if lb.lifted else lb.arg
+        arg = _LIFTED if lb.lifted and lift else lb.arg
         entries.append((lb.op, lb.device, lb.dtype, lb.shape, arg if arg is None else _arg_key(arg),
                         tuple([position[id(s)] for s in lb.srcs])))
         unrealized.append(p)
@@ -160,20 +163,26 @@ def _arg_key(arg: Any) -> Any:
   if isinstance(arg, float): return ("float", repr(arg))
   return arg
 
-def schedule(outs: list[LazyBuffer]) -> list[ScheduleItem]:
-  """`create_schedule(outs, commit=True)`, from the cache when a graph of the same structure was scheduled before."""
+def schedule(outs: list[LazyBuffer], keep_old: bool = True) -> list[ScheduleItem]:
+  """`create_schedule(outs, commit=True)`, from the cache when a graph of the same structure was scheduled before.
+  With `keep_old`, a buffer that an ASSIGN writes is first copied for values still pending that read its old data
+  (schedule.keep_old_values); a TinyJit capture passes False (docs/semantics.md, "Inside a TinyJit")."""
   if len(outs) == 1: roots = [base] if (base := outs[0].base).buffer is None else []   # the eager case
   else: roots = list(dict.fromkeys(o.base for o in outs if o.base.buffer is None))
   if not roots: return []
   walk = _Walk(roots)
+  nodes = walk.nodes
+  assigns = [(nodes[p].srcs[0].base, nodes[p]) for p in walk.unrealized if nodes[p].op is Ops.ASSIGN]
   template = _templates.get(walk.key)
   if template is None:
-    host_copies = {p for p in walk.unrealized if walk.nodes[p].op is Ops.COPY and not walk.nodes[p].srcs}
+    host_copies = {p for p in walk.unrealized if nodes[p].op is Ops.COPY and not nodes[p].srcs}
     scalar_nodes: list[tuple[LazyBuffer, ...]] = []
     items = create_schedule(roots, commit=True, scalar_nodes=scalar_nodes)
     _store(walk, _template_of(walk, items, host_copies, scalar_nodes))
-    return items
-  return _instantiate(walk, template)
+  else: items = _instantiate(walk, template)
+  if not assigns or not keep_old: return items
+  del walk, nodes, roots   # the graph's values this schedule did not realize live on only where something holds them
+  return keep_old_values(items, assigns)
 
 def _template_of(walk: _Walk, items: list[ScheduleItem], host_copies: set[int],
                  scalar_nodes: list[tuple[LazyBuffer, ...]]) -> _Template:
@@ -214,10 +223,7 @@ def _instantiate(walk: _Walk, template: _Template) -> list[ScheduleItem]:
                         _values(walk, names, scalars) if names or scalars else NO_VARIABLES)
            for ast, indices, outputs, host_node, names, scalars in template.items]
   for p, i, keeps_arg in template.commits:   # as create_schedule's commit: the value keeps its Buffer, forgets its
-    lb = nodes[p]                            # sources (and its arg, but for a reduce's)
-    lb.buffer, lb.srcs = bufs[i], ()
-    if not keeps_arg: lb.arg = None
-    if lb.region is not None: lb.region = None   # a composite's region holds its inputs: let them go too
+    nodes[p].commit(bufs[i], keep_arg=keeps_arg)   # sources (and its arg, but for a reduce's)
   return items
 
 def _values(walk: _Walk, names: tuple[str, ...], scalars: tuple[int, ...]) -> dict[str, int]:

@@ -13,7 +13,7 @@ from contextlib import ContextDecorator
 from typing import Any, Callable, ClassVar, Optional
 import numpy as np
 from tgrad.dtype import DType, dtypes, promote_types, least_upper_float, to_dtype
-from tgrad.lazy import LazyBuffer
+from tgrad.lazy import LazyBuffer, latest, is_writable_view, view_root
 from tgrad.ops import Ops, UOp
 from tgrad.device import canonical_device
 from tgrad.helpers import prod
@@ -88,7 +88,7 @@ class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, Indexi
     if isinstance(data, Tensor): data = data.lazydata
     if isinstance(data, LazyBuffer):
       if device is not None: data = data.copy_to_device(device)
-      self.lazydata: LazyBuffer = data if dtype is None else data.cast(dtype)
+      self._lazydata: LazyBuffer = data if dtype is None else data.cast(dtype)
       return
     device = canonical_device(device)
     if isinstance(data, (bool, int, float)) and not isinstance(data, np.generic):   # np.float64 is a float too
@@ -106,6 +106,18 @@ class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, Indexi
       if array.dtype.kind not in "biuf": raise TypeError(f"cannot make a Tensor from numpy dtype {array.dtype}")
       self.lazydata = _from_array(array, dtype or dtypes.from_np(array.dtype), device)
     else: raise TypeError(f"cannot make a Tensor from {type(data).__name__}")
+
+  # ---- the value: `lazydata` follows writes into this tensor or into the tensor it is a view of (docs/semantics.md)
+  _graph_freed = False   # backward freed the record of the ops that made this tensor
+  _pinned = False   # a tensor standing for one fixed value (autograd's record of a value written over) never follows
+  @property
+  def lazydata(self) -> LazyBuffer:
+    lb = self._lazydata
+    if (lb.successor is not None or lb.origin is not None) and not self._pinned:
+      if (now := latest(lb)) is not lb: self._lazydata = lb = now
+    return lb
+  @lazydata.setter
+  def lazydata(self, lb: LazyBuffer) -> None: self._lazydata = lb
 
   # ---- properties
   @property
@@ -196,7 +208,12 @@ class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, Indexi
   def long(self) -> Tensor: return self.cast(dtypes.int64)
   def bool(self) -> Tensor: return self.cast(dtypes.bool)
   def _to_float(self) -> Tensor: return self.cast(least_upper_float(self.dtype))
-  def contiguous(self) -> Tensor: return F.Contiguous.apply(self)
+  def contiguous(self) -> Tensor:
+    """This tensor in row-major order. As torch, a tensor already laid out so (a realized buffer, or a row-major
+    slice of one) is returned itself; anything else is copied into a buffer of its own."""
+    lb = self.lazydata
+    if not lb.is_base and lb.base.realized is not None and lb.st.row_major(): return self
+    return F.Contiguous.apply(self)
 
   # ---- autograd
   def _toposort(self) -> list[Tensor]:
@@ -212,7 +229,8 @@ class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, Indexi
       if id(node) in visited: continue
       visited.add(id(node))
       stack.append((node, True))
-      if node._ctx is not None: stack.extend((p, False) for p in node._ctx.parents if id(p) not in visited)
+      if node._ctx is not None:
+        stack.extend((p, False) for p in node._ctx.parents if p is not None and id(p) not in visited)
     return order
   def _backprop(self, gradient: Optional[Tensor], is_target: Callable[[Tensor], bool]) -> tuple[list[Tensor],
                                                                                               dict[int, LazyBuffer]]:
@@ -242,11 +260,16 @@ class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, Indexi
         grad = grad.cast(parent.dtype)
         grads[id(parent)] = grads[id(parent)].alu(Ops.ADD, grad) if id(parent) in grads else grad
     return nodes, grads
-  def backward(self, gradient: Optional[Tensor] = None) -> Tensor:
+  def backward(self, gradient: Optional[Tensor] = None, retain_graph: bool = False) -> Tensor:
     """Accumulate d(self)/d(t) into `t.grad` for every tensor t in the graph with requires_grad=True (optimizers set
     it on their parameters). Undecided tensors (requires_grad None) get no `.grad`, as in tinygrad while it had the
     flag (up to 0.12): ask for their gradients with `gradient`. As torch, a tensor that no tensor requiring grad went
-    into has nothing to fill, and backward of it is an error, not a silent no-op."""
+    into has nothing to fill, and backward of it is an error, not a silent no-op. As torch, the record of the graph is
+    freed (unless `retain_graph`): the intermediate values it held die with it, so an optimizer step that overwrites
+    the parameters next has nothing pending to keep old values for (docs/semantics.md); a second backward raises."""
+    if self._graph_freed:
+      raise RuntimeError(f"backward through the graph of a tensor of shape {self.shape} a second time: the first "
+                         "backward freed it; pass retain_graph=True to the first one")
     if not self.requires_grad:
       raise RuntimeError(f"backward of a tensor of shape {self.shape} that does not require grad: no tensor with "
                          "requires_grad=True went into it, or it was computed under Tensor.no_grad(). Mark the inputs "
@@ -256,6 +279,9 @@ class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, Indexi
       if node.requires_grad and id(node) in grads:
         grad = Tensor(grads[id(node)], requires_grad=False)
         node.grad = grad if node.grad is None else Tensor(node.grad.lazydata.alu(Ops.ADD, grad.lazydata))
+    if not retain_graph:
+      for node in nodes:
+        if node._ctx is not None: node._ctx, node._graph_freed = None, True
     return self
   def gradient(self, *targets: Tensor, gradient: Optional[Tensor] = None) -> list[Tensor]:
     """d(self)/d(target) for each target, as new tensors; `.grad` is left alone. As tinygrad's functional gradients,
@@ -321,43 +347,86 @@ class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, Indexi
 
   # ---- in-place updates: `t[i] = v` (indexing.py), `+=` and friends (elementwise.py) and assign rebind the tensor
   def assign(self, x: Any) -> Tensor:
-    """Replace this tensor's value with x (same shape; cast to this dtype). When this tensor holds a realized buffer,
-    the buffer itself is written on realize (Ops.ASSIGN). Not tracked by autograd."""
+    """Write x (same shape, or broadcast to it; cast to this dtype) into this tensor: every tensor sharing its storage
+    (views, detach, ...) sees the new value, values computed from the old one keep it (docs/semantics.md). A realized
+    buffer is written on realize (Ops.ASSIGN). Not tracked by autograd."""
     x = self._as_tensor(x, dtype=self.dtype if not isinstance(x, Tensor) else None)
     if x.shape != self.shape:
       x = x._broadcast_to(self.shape) if broadcast_shape(x.shape, self.shape) == self.shape else x
       if x.shape != self.shape: raise ValueError(f"assign of shape {x.shape} into a tensor of shape {self.shape}")
-    value = x.cast(self.dtype).lazydata
-    target = self.lazydata
-    if not (target.is_base and target.realized is not None): self.lazydata = value
-    else:   # a rearranged view of the target itself must be copied out before it is written over
-      self.lazydata = target.assign(value.contiguous() if value.base is target and value is not target else value)
+    self._write(x.cast(self.dtype).lazydata)
     self._ctx = None
     return self
   def assign_region(self, bounds, x: Tensor) -> Tensor:
     """Write x into `self.shrink(bounds)` of this realized tensor's buffer and nothing else (one kernel over x's
     elements: a one-token KV-cache write costs one row, not the cache; bounds may be symbolic, e.g. (pos, pos + 1)).
     This tensor becomes the whole buffer after the write. Not tracked by autograd."""
-    region = self.shrink(bounds)
     target = self.lazydata
     if not (target.is_base and target.realized is not None):
       raise ValueError(f"assign_region writes a realized buffer; this tensor of shape {self.shape} is unrealized")
+    region = self.shrink(bounds)
     if x.shape != region.shape: raise ValueError(f"assign_region of shape {x.shape} into a region of {region.shape}")
     value = x.cast(self.dtype).lazydata
     if value.base is target: value = value.contiguous()   # reading the target itself: copy it out first
-    self.lazydata, self._ctx = target.assign(value, region.lazydata.st), None
+    target.successor = target.assign(value, region.lazydata.st)
+    self.lazydata, self._ctx = target.successor, None
     return self
+  def _write(self, value: LazyBuffer) -> None:
+    """Make `value` (this tensor's shape and dtype) the value of this tensor's storage. A view that aliases its base
+    (reshape, permute, shrink, stride of it) writes the base's elements it covers, the base realized first if it is
+    not; a realized base is written in place (an ASSIGN); the buffer of a computed value (its contiguous()) writes
+    that value; anything else is a value of its own, replaced."""
+    current = self.lazydata
+    if current.origin is not None and current.origin[1] == "contiguous": current = current.origin[0]
+    if current.origin is not None:   # a view aliasing a storage: the storage's elements under it are written
+      root = view_root(current)
+      if root.origin is not None:   # the buffer of a value (its contiguous()): that value is the storage
+        storage = root.origin[0]
+        if not storage.is_base:
+          raise RuntimeError(f"can't write into a tensor of shape {self.shape}: a view of the contiguous() of a "
+                             "view; write into that view, or realize the contiguous() first")
+      elif root is not root.base:
+        # a view of a value that is a copy in torch (a pad, a flip, a broadcast constant): that value gets a buffer
+        storage = root.contiguous(alias=False)
+        _realize(storage)
+        root.successor = storage
+        current = latest(current)
+      else: storage = root
+      if not is_writable_view(current):
+        raise RuntimeError(f"can't write into a tensor of shape {self.shape} whose elements share memory (an "
+                           "expanded view): make it contiguous() first")
+      if storage.realized is None: _realize(storage)
+      if value.base is storage: value = value.contiguous()   # a view of the target itself: copied out first
+      storage.successor = storage.assign(value, current.st)
+    elif current is current.base and current.realized is not None:
+      # a rearranged view of the target itself must be copied out before it is written over
+      current.successor = current.assign(value.contiguous() if value.base is current and value is not current
+                                         else value)
+    else: current.successor = value
+    self.lazydata = latest(self.lazydata)
   def _inplace(self, result: Tensor) -> Tensor:
-    """`x += y` and friends: self becomes the result; autograd sees the old value as its own node. Under no_grad
-    (an update of a parameter, say) self keeps its requires_grad, as in torch."""
-    self.lazydata, self._ctx = result.lazydata, result._ctx
+    """`x += y` and friends: self, and every tensor sharing its storage, becomes the result; autograd sees the old
+    value as its own node. Under no_grad (an update of a parameter, say) self keeps its requires_grad, as in torch."""
+    if self.lazydata.origin is not None:   # a view: the base's elements are written
+      if result.requires_grad and Tensor.grad_enabled:
+        raise RuntimeError(f"in-place op on a view (shape {self.shape}) of a tensor, with autograd on: tgrad does not "
+                           "record it; compute out of place, or use Tensor.no_grad()")
+      self._write(result.lazydata)
+      self._ctx = None
+      return self
+    self._write_value(result.lazydata)
+    self._ctx = result._ctx
     if Tensor.grad_enabled: self.requires_grad = result.requires_grad
     return self
+  def _write_value(self, value: LazyBuffer) -> None:
+    """self and the tensors sharing its value now hold `value`; no buffer is written."""
+    self.lazydata.successor = value
+    self.lazydata = value
   def _snapshot(self) -> Tensor:
     if self.requires_grad and self._ctx is None and Tensor.grad_enabled:
       raise RuntimeError(f"in-place op on a leaf tensor that requires grad (shape {self.shape}); use Tensor.no_grad()")
     old = Tensor(self.lazydata, requires_grad=self.requires_grad)
-    old._ctx = self._ctx
+    old._ctx, old._pinned = self._ctx, True
     return old
 
 # ---------------------------------------------------------------------------------------------------------------

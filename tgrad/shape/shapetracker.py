@@ -11,7 +11,7 @@ from typing import Optional, Sequence
 from tgrad.dtype import dtypes
 from tgrad.helpers import prod
 from tgrad.ops import Ops, UOp, simplify as simplify_uop, split_terms
-from tgrad.shape.view import View, EMPTY_RANGE, VIEW_CACHE_SIZE, as_shape_tuple
+from tgrad.shape.view import View, EMPTY_RANGE, VIEW_CACHE_SIZE, as_shape_tuple, strides_for_shape
 from tgrad.shape.sint import (sint, bind_values, canonical, canonical_product, is_symbolic, sym_eq, to_uop, unbind,
                               vmax_of)
 
@@ -196,6 +196,11 @@ class ShapeTracker:
   def size(self) -> int: return prod(self.shape)
   @property
   def contiguous(self) -> bool: return len(self.views) == 1 and self.views[0].contiguous
+  def row_major(self) -> bool:
+    """Whether this reads its buffer in row-major order from some offset (one View, no mask, concrete shape)."""
+    if len(self.views) != 1 or (view := self.views[0]).mask is not None or is_symbolic(view.shape): return False
+    return all(stride == want for stride, want, size in zip(view.strides, strides_for_shape(view.shape), view.shape)
+               if size != 1)
   def __repr__(self): return f"ShapeTracker(views={self.views!r})"
   @functools.cached_property
   def symbolic(self) -> bool:

@@ -96,12 +96,14 @@ def lowered_kernels(out):
     if item.ast.op is not Ops.SINK: continue
     runner = get_runner(item.outputs[0].device, item.ast)
     buffers = list(item.bufs)
-    kernels.append((runner.program, runner.global_size, runner.local_size, buffers))
+    values = [int(item.var_vals[name]) for name in runner.variables]   # e.g. the lifted Python scalar 0.5
+    kernels.append((runner.program, runner.global_size, runner.local_size, buffers, values))
   return kernels
 
 def launch_of(kernel, buffers=None) -> KernelLaunch:
-  program, global_size, local_size, own_buffers = kernel
-  return KernelLaunch.for_program(program, [int(b.handle) for b in buffers or own_buffers], global_size, local_size)
+  program, global_size, local_size, own_buffers, values = kernel
+  return KernelLaunch.for_program(program, [int(b.handle) for b in buffers or own_buffers], global_size, local_size,
+                                  values)
 
 def pipeline(x_host: np.ndarray, w_host: np.ndarray):
   """Three tgrad kernels: y = relu(x·w + 1); s = Σ_cols y; z = 0.5·exp2(y / (s + 1)). Returns (z lazy, reference)."""

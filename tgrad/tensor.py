@@ -377,7 +377,13 @@ class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, Indexi
     not; a realized base is written in place (an ASSIGN); the buffer of a computed value (its contiguous()) writes
     that value; anything else is a value of its own, replaced."""
     current = self.lazydata
-    if current.origin is not None and current.origin[1] == "contiguous": current = current.origin[0]
+    if current.origin is not None and current.origin[1] == "contiguous":   # the buffer of a value (its contiguous())
+      if current.realized is not None:   # written in place; the value it holds names the result too
+        current.successor = current.origin[0].successor = current.assign(
+          value.contiguous() if value.base is current and value is not current else value)
+        self.lazydata = latest(self.lazydata)
+        return
+      current = current.origin[0]
     if current.origin is not None:   # a view aliasing a storage: the storage's elements under it are written
       root = view_root(current)
       if root.origin is not None:   # the buffer of a value (its contiguous()): that value is the storage

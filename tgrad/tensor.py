@@ -95,6 +95,15 @@ class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, Indexi
       dtype = dtype or _python_dtype(data)
       _check_scalar_fits(data, dtype)
       self.lazydata = LazyBuffer.const_of(data, dtype, device)
+    elif isinstance(data, (list, tuple)) and any(isinstance(x, Tensor) for x in data):
+      # a list of tensors of one shape, as torch.tensor takes 0-d ones: stacked (copied) on `device`
+      if not all(isinstance(x, Tensor) for x in data):
+        raise TypeError(f"a list mixing Tensors and {sorted({type(x).__name__ for x in data} - {'Tensor'})} can't "
+                        "make a Tensor: make every element a Tensor, or none")
+      if len({x.shape for x in data}) != 1:
+        raise ValueError(f"a list of Tensors of different shapes {[x.shape for x in data]} can't make a Tensor")
+      stacked = Tensor.stack(*[x.detach().to(device) for x in data])
+      self._lazydata = (stacked if dtype is None else stacked.cast(dtype)).contiguous().lazydata
     elif isinstance(data, (list, tuple)):
       try: inferred = _python_dtype(data)
       except TypeError: inferred = dtypes.from_np(np.asarray(data).dtype)   # e.g. a list of numpy scalars

@@ -6,6 +6,7 @@ Python scalar, Python data or a sum takes. Nothing here makes a Tensor, so every
 from __future__ import annotations
 from typing import Any, Union
 import numpy as np
+from tgrad.helpers import prod
 from tgrad.dtype import DType, dtypes
 from tgrad.ops import UOp
 from tgrad.shape.sint import canonical
@@ -35,7 +36,14 @@ def _check_shape(shape: tuple) -> tuple:
       if not s.dtype.is_int or s.vmin < 0: raise ValueError(f"a shape needs nonnegative sizes, got {s.render()}")
     elif not isinstance(s, (int, np.integer)) or isinstance(s, bool) or s < 0:
       raise ValueError(f"a shape needs nonnegative ints, got {shape}")
-  return tuple(canonical(s) if isinstance(s, UOp) else int(s) for s in shape)
+  out = tuple(canonical(s) if isinstance(s, UOp) else int(s) for s in shape)
+  if (count := prod(s for s in out if not isinstance(s, UOp))) > MAX_ELEMENTS:
+    raise ValueError(f"a shape of {count} elements ({shape}) is more than any device can index (2^62)")
+  return out
+
+# Kernels index elements with 64-bit ints and address bytes from them (an element is up to 8 bytes): a tensor of more
+# than 2^62 elements can't be indexed, and no device holds it anyway.
+MAX_ELEMENTS = 1 << 62
 
 def broadcast_shape(*shapes: tuple[int, ...]) -> tuple[int, ...]:
   """numpy's broadcasting: align on the right; each dim pair must be equal or contain a 1."""

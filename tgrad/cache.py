@@ -159,6 +159,7 @@ class SqliteStore:
     self._conn_pid = 0
     self._secret = b""
     self._lock = threading.Lock()
+    _new_lock_in_forked_child(self)
 
   def size_bytes(self) -> int:
     return sum(os.path.getsize(p) for p in (self.path, self.path + "-wal") if os.path.exists(p))
@@ -509,6 +510,14 @@ def _timing_row(row: tuple) -> dict:
   return {"kernel_key": kernel_key, "opts": opts, "device": device, "arch": arch, "times": times,
           "timestamp": created}
 
+def _new_lock_in_forked_child(owner: Any) -> None:
+  """A forked child gets a fresh `owner._lock`: one that another thread of the parent held at the fork would stay held
+  in the child for ever (the thread that would release it does not exist there)."""
+  ref = weakref.ref(owner)
+  def renew() -> None:
+    if (alive := ref()) is not None: alive._lock = threading.Lock()
+  os.register_at_fork(after_in_child=renew)
+
 S = TypeVar("S", bound=SqliteStore)
 
 class ProcessWide(Generic[S]):
@@ -516,6 +525,7 @@ class ProcessWide(Generic[S]):
   closes it and opens a fresh one (the kernel cache and the benchmark database each keep one)."""
   def __init__(self, make: Callable[[str], S]):
     self._make, self._instance, self._lock = make, None, threading.Lock()
+    _new_lock_in_forked_child(self)
   def get(self) -> S:
     path = cache_path()
     with self._lock:

@@ -9,7 +9,7 @@ leaves the inputs alone, gives the same bytes both times (so it wrote every elem
 kernel element by element (ints exactly, floats within a per-element tolerance). See DESIGN.md §5.
 """
 from __future__ import annotations
-import atexit, contextlib, hashlib, json, multiprocessing, pickle, signal, sys, time
+import atexit, contextlib, hashlib, json, multiprocessing, os, pickle, signal, sys, time
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Optional
 import numpy as np
@@ -291,6 +291,15 @@ def _compile_pool(compiler: Any) -> Any:
 
 def _drop_pool(compiler: Any) -> None:
   if (pool := _pools.pop(compiler.cache_key, None)) is not None: pool.terminate()
+
+_inherited_pools: list[Any] = []   # a forked child's copies of the parent's pools: never used, never finalized there
+
+def _forget_pools_in_child() -> None:
+  """A forked child inherits the pools without their worker threads: it makes its own on first use."""
+  _inherited_pools.extend(_pools.values())
+  _pools.clear()
+
+os.register_at_fork(after_in_child=_forget_pools_in_child)
 
 @atexit.register
 def _close_pools() -> None:

@@ -172,15 +172,16 @@ def test_padded_unrolled_rms_norm_row_is_right_on_the_cpu():
   kernel = Kernel(item.ast, LLVMRenderer())
   for opt in (Opt(OptOps.PADTO, 1, 64), Opt(OptOps.UNROLL, 0, 4), Opt(OptOps.UPCAST, 0, 2)): kernel.apply_opt(opt)
   want = torch.nn.functional.rms_norm(torch.from_numpy(x), (60,), eps=RMS_EPS).numpy()
-  np.testing.assert_allclose(run_on_cpu(kernel, item.inputs, x.size).reshape(x.shape), want, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(run_on_cpu(kernel, item, x.size).reshape(x.shape), want, rtol=1e-5, atol=1e-6)
 
 OPT_FUZZ_CASES = 30
 OPT_FUZZ_OPTS = 3
 
-def run_on_cpu(kernel: Kernel, inputs, size: int) -> np.ndarray:
+def run_on_cpu(kernel: Kernel, item, size: int) -> np.ndarray:
+  """Run `item`'s kernel, with its opts, on its inputs and scalar parameters (item.var_vals) on the LLVM device."""
   out = Buffer("LLVM", size, dtypes.float32)
   out.copyin(np.full(size, np.nan, np.float32))   # an element the kernel forgets stays NaN
-  compile_kernel("LLVM", kernel)([out, *inputs])
+  compile_kernel("LLVM", kernel)([out, *item.inputs], var_vals=item.var_vals)
   return out.copyout()
 
 @pytest.mark.parametrize("seed", range(OPT_FUZZ_CASES))
@@ -198,7 +199,7 @@ def test_random_legal_opts_on_row_kernels_match_torch(seed):
     try: kernel.apply_opt(Opt(op, rng.randrange(kernel.shape_len + 1), rng.choice([0, 2, 3, 4, 8, 16])))
     except KernelOptError: continue
   want = OPS[name][1](torch.from_numpy(x)).numpy()
-  np.testing.assert_allclose(run_on_cpu(kernel, item.inputs, x.size).reshape(shape), want, rtol=1e-5, atol=1e-5,
+  np.testing.assert_allclose(run_on_cpu(kernel, item, x.size).reshape(shape), want, rtol=1e-5, atol=1e-5,
                              err_msg=f"{name} {shape} {kernel.applied_opts}")
 
 CUDA_OPTS = [[], [Opt(OptOps.GROUP, 0, 16)], [Opt(OptOps.GROUPTOP, 0, 8)],

@@ -215,7 +215,7 @@ def test_cpu_heuristic_kernels_on_llvm(name):
   runner = compile_kernel("LLVM", heuristic_kernel(item, Device["LLVM"].renderer))
   for value in (1, 7, 33):
     out = Buffer("LLVM", item.bufs[0].size, item.bufs[0].dtype).copyin(np.full(item.bufs[0].size, np.nan, np.float32))
-    runner([out, *item.inputs], var_vals={problem.variable_name: value})
+    runner([out, *item.inputs], var_vals=values_at(item, problem.variable_name, value))
     check(out.copyout(), problem.reference(value), value)
 
 # ---- values: the CUDA kernels run on the CPU, their UPCAST/UNROLL opts on LLVM, and on a GPU
@@ -233,6 +233,14 @@ def check(out: np.ndarray, ref: np.ndarray, value: int) -> None:
 def input_arrays(item: ScheduleItem) -> list[np.ndarray]:
   return [b.copyout() for b in item.inputs]
 
+def values_at(item: ScheduleItem, name: str, value: int) -> dict[str, int]:
+  """The item's var_vals (its lifted scalars' parameters too) with the variable `name` at `value`."""
+  return {**item.var_vals, name: value}
+
+def launch_values(kernel: Kernel, var_vals: dict[str, int]) -> list[int]:
+  """The values of the kernel's parameters in the order the emulated launch takes them (by name)."""
+  return [var_vals[v.arg[0]] for v in kernel.parameters]
+
 @needs_cpu_compiler
 @pytest.mark.parametrize("name", VALUE_CASES)
 def test_cuda_kernel_values_on_cpu(name):
@@ -244,10 +252,10 @@ def test_cuda_kernel_values_on_cpu(name):
   inputs = input_arrays(item)
   global_size, local_size = kernel.launch_dims()
   for value in VALUES:
-    var_vals = {problem.variable_name: value}
+    var_vals = values_at(item, problem.variable_name, value)
     out = np.full(item.bufs[0].size, np.nan, np.float32)
     run_on_cpu(src, "kernel", tuple(evaluate(g, var_vals) for g in global_size), local_size, [out, *inputs],
-               [var_vals[v.arg[0]] for v in kernel.variables])
+               launch_values(kernel, var_vals))
     check(out, problem.reference(value), value)
 
 @pytest.mark.parametrize("name", VALUE_CASES)
@@ -263,7 +271,7 @@ def test_upcasts_and_unrolls_on_llvm(name):
   runner = compile_kernel("LLVM", kernel)
   for value in VALUES:
     out = Buffer("LLVM", item.bufs[0].size, item.bufs[0].dtype).copyin(np.full(item.bufs[0].size, np.nan, np.float32))
-    runner([out, *item.inputs], var_vals={problem.variable_name: value})
+    runner([out, *item.inputs], var_vals=values_at(item, problem.variable_name, value))
     check(out.copyout(), problem.reference(value), value)
 
 @pytest.mark.gpu
@@ -276,7 +284,7 @@ def test_gpu_heuristic_kernels_match_numpy(name):
   inputs = [Buffer("CUDA", a.size, item.bufs[0].dtype).copyin(a) for a in input_arrays(item)]
   for value in VALUES:
     out = Buffer("CUDA", item.bufs[0].size, item.bufs[0].dtype).copyin(np.full(item.bufs[0].size, np.nan, np.float32))
-    runner([out, *inputs], var_vals={problem.variable_name: value})
+    runner([out, *inputs], var_vals=values_at(item, problem.variable_name, value))
     check(out.copyout(), problem.reference(value), value)
 
 @pytest.mark.gpu
@@ -288,7 +296,7 @@ def test_gpu_gemma_shaped_kernels_match_numpy(name):
   inputs = [Buffer("CUDA", a.size, item.bufs[0].dtype).copyin(a) for a in input_arrays(item)]
   for value in VALUES:
     out = Buffer("CUDA", item.bufs[0].size, item.bufs[0].dtype).copyin(np.full(item.bufs[0].size, np.nan, np.float32))
-    runner([out, *inputs], var_vals={problem.variable_name: value})
+    runner([out, *inputs], var_vals=values_at(item, problem.variable_name, value))
     check(out.copyout(), problem.reference(value), value)
 
 # ---- Gemma's prefill matmuls: the prompt rows symbolic, tiled with a guard (float32) or on tensor cores (half)
@@ -348,7 +356,7 @@ def emulated_rows(kernel: Kernel, item: ScheduleItem, problem: Matmul, dtype) ->
   for value in GUARDED_LENGTHS:
     out = poisoned_output(item)
     run_on_cpu(src, "kernel", tuple(evaluate(g, {"n": value}) for g in global_size), local_size, [out, *inputs],
-               [value])
+               launch_values(kernel, values_at(item, "n", value)))
     check_rows(out, problem, value, dtype)
 
 # guarded UPCASTs of the rows axis, alone or with other guards; None: the heuristics' choice
@@ -389,7 +397,7 @@ def test_guarded_upcast_values_on_llvm(opts):
   runner = compile_kernel("LLVM", guarded_kernel(item, Device["LLVM"].renderer, spec))
   for value in GUARDED_LENGTHS:
     out = Buffer("LLVM", item.bufs[0].size, item.bufs[0].dtype).copyin(poisoned_output(item))
-    runner([out, *item.inputs], var_vals={"n": value})
+    runner([out, *item.inputs], var_vals=values_at(item, "n", value))
     check_rows(out.copyout(), problem, value, dtypes.float32)
 
 @needs_cpu_compiler
@@ -462,7 +470,7 @@ def test_half_prefill_scores_tensor_cores_on_cpu():
   for value in (1, 7, 17, 100):
     out = poisoned_output(item)
     run_on_cpu(src, "kernel", tuple(evaluate(g, {"n": value}) for g in global_size), local_size, [out, *inputs],
-               [value])
+               launch_values(kernel, values_at(item, "n", value)))
     ref = (q[:, :value] @ k[:value].T).reshape(-1)
     assert np.all(out.view(np.uint16)[ref.size:] == POISON_BITS), f"at {value}: a padded score was stored"
     np.testing.assert_allclose(out[:ref.size].astype(np.float64), ref, rtol=2.0 ** -10, atol=2.0 ** -10 * 16)
@@ -497,7 +505,7 @@ def test_gpu_prefill_matmuls_match_numpy(name, dtype):
   inputs = [Buffer("CUDA", b.size, b.dtype).copyin(a) for b, a in zip(item.inputs, input_arrays(item))]
   for value in GUARDED_LENGTHS:
     out = Buffer("CUDA", item.bufs[0].size, item.bufs[0].dtype).copyin(poisoned_output(item))
-    runner([out, *inputs], var_vals={"n": value})
+    runner([out, *inputs], var_vals=values_at(item, "n", value))
     check_rows(out.copyout(), problem, value, dtype)
 
 # ---- guarded GROUPs of every kind of reduce over a symbolic axis, run on the CPU
@@ -539,6 +547,6 @@ def test_guarded_groups_on_cpu(reduce, opts):
       inputs = [written[id(b)] if id(b) in written else b.copyout() for b in item.inputs]
       out = np.full(item.bufs[0].size, np.nan, np.float32)
       run_on_cpu(src, "kernel", tuple(evaluate(g, {"n": value}) for g in global_size), local_size, [out, *inputs],
-                 [value])
+                 launch_values(kernel, values_at(item, "n", value)))
       written[id(item.bufs[0])] = out
     check(written[id(items[-1].bufs[0])], reference(x[:value].astype(np.float64)).reshape(-1), value)

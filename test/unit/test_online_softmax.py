@@ -238,7 +238,7 @@ def test_random_legal_opts_keep_the_values(seed):
   want = torch_of(name, x)
   out = Buffer("LLVM", want.size, dtypes.float32)
   out.copyin(np.full(want.size, np.nan, np.float32))   # an element the kernel forgets stays NaN
-  compile_kernel("LLVM", kernel)([out, *item.inputs])
+  compile_kernel("LLVM", kernel)([out, *item.inputs], var_vals=item.var_vals)
   np.testing.assert_allclose(out.copyout().reshape(want.shape), want, rtol=1e-5, atol=1e-6,
                              err_msg=f"{name} {shape} {kernel.applied_opts}")
 
@@ -301,7 +301,8 @@ def test_group_combine_values_emulated_on_cpu(name, opts):
   want = torch_of(name, x)
   out = np.full(want.size, np.nan, np.float32)
   global_size, local_size = kernel.launch_dims()
-  run_on_cpu(kernel.renderer.render("kernel", linearize(kernel)), "kernel", global_size, local_size, [out, x], [])
+  run_on_cpu(kernel.renderer.render("kernel", linearize(kernel)), "kernel", global_size, local_size, [out, x],
+             [item.var_vals[v.arg[0]] for v in kernel.parameters])   # the lifted scalars' values
   np.testing.assert_allclose(out.reshape(want.shape), want, rtol=RTOL_F32, atol=2e-6, err_msg=f"{name} {opts}")
 
 @pytest.mark.gpu

@@ -19,7 +19,7 @@ class Function:
   (None) inputs are recorded too, so that `loss.gradient(t)` reaches any tensor, as tinygrad's functional gradients.
   `needs_input_grad` says which inputs a backward builds gradients for; the autograd walk (Tensor._backprop) narrows
   it to the inputs on a path to a target before it calls `backward`. Only float tensors carry gradients (as in
-  torch): an int or bool input counts as requires_grad=False, and a parent that can't get a gradient is kept as None,
+  torch): an int or bool input counts as requires_grad=False and is kept as None among the parents,
   so the record never holds values no backward reads (an index built from a buffer that is then written in place
   would otherwise stay pending, and the write would copy the buffer for it: docs/semantics.md)."""
   def __init__(self, device: str, *tensors):
@@ -28,7 +28,7 @@ class Function:
     self.requires_grad: Optional[bool] = True if any(flags) else None if None in flags else False
     self.needs_input_grad = [flag is not False for flag in flags]
     if self.requires_grad is not False:
-      self.parents = tuple(t if flag is not False else None for t, flag in zip(tensors, flags))
+      self.parents = tuple(t if t.dtype.is_float else None for t in tensors)
 
   def forward(self, *args, **kwargs) -> LazyBuffer: raise NotImplementedError(f"no forward for {type(self)}")
   def backward(self, grad_output: LazyBuffer): raise NotImplementedError(f"backward not implemented for {type(self)}")

@@ -457,7 +457,9 @@ def keep_old_values(items: list[ScheduleItem], assigns: list[tuple[LazyBuffer, L
     source = LazyBuffer.from_buffer(buffer, (buffer.size,))
     old = LazyBuffer.loadop(Ops.CONTIGUOUS, source.shape, source.dtype, source.device, srcs=(source,))
     [copy] = create_schedule([old], commit=True)
-    items.insert(assign_writers[_assign_depth(holder, assigns)], copy)
+    # right before the first write for a value this schedule did not make, else right after the write that made it
+    made_by_write = min(_assign_depth(holder, assigns), len(assign_writers))
+    items.insert(assign_writers[0] if made_by_write == 0 else assign_writers[made_by_write - 1] + 1, copy)
     holder.keep_value_in(old.buffer)
   return items
 

@@ -386,6 +386,7 @@ class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, Indexi
     not; a realized base is written in place (an ASSIGN); the buffer of a computed value (its contiguous()) writes
     that value; anything else is a value of its own, replaced."""
     current = self.lazydata
+    if (count := self.numel()) == 0 and isinstance(count, int): return   # nothing to write
     if current.origin is not None and current.origin[1] == "contiguous":   # the buffer of a value (its contiguous())
       if current.realized is not None:   # written in place; the value it holds names the result too
         current.successor = current.origin[0].successor = current.assign(

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Optional
 from tgrad.codegen.kernel import Kernel, KernelOptError, Opt, OptOps
 from tgrad.codegen.staging import stageable_loads
-from tgrad.ops import Ops
+from tgrad.ops import Ops, UOp
 from tgrad.dtype import dtypes
 from tgrad.helpers import cpu_count, prod
 from tgrad.shape.sint import divides, is_symbolic, sint, vmax_of
@@ -391,9 +391,10 @@ def matvec_layout(kernel: Kernel) -> Optional[MatvecLayout]:
   if strides[k_axis] != 1 and strides[n_axis] != 1: return None
   return MatvecLayout(n_axis, k_axis, m_axes, strides[k_axis] == 1)
 
-def _vector_lanes(kernel: Kernel, size: int) -> int:
-  """Elements per 16-byte access of the kernel's widest load that divide `size` (a power of two, 1 if none)."""
-  itemsize = max(u.dtype.itemsize for u in kernel.memops if u.op is Ops.LOAD)
+def _vector_lanes(kernel: Kernel, size: int, loads: Optional[list[UOp]] = None) -> int:
+  """Elements per 16-byte access of the widest of `loads` (all the kernel's loads if None) that divide `size` (a power
+  of two, 1 if none)."""
+  itemsize = max(u.dtype.itemsize for u in (loads or [u for u in kernel.memops if u.op is Ops.LOAD]))
   lanes = GPU_VECTOR_BYTES // itemsize
   while lanes > 1 and size % lanes: lanes //= 2
   return lanes
@@ -477,15 +478,17 @@ def _row_matvec(kernel: Kernel) -> bool:
   MATVEC_MIN_BLOCKS blocks."""
   k = kernel
   if k.row_passes < 2 or k.applied_opts or k.first_reduce + 1 != k.first_upcast: return False
-  along_k = [st.real_strides() for u, st in zip(k.memops, k.sts) if u.op is Ops.LOAD and
+  along_k = [(u, st.real_strides()) for u, st in zip(k.memops, k.sts) if u.op is Ops.LOAD and
              st.real_strides()[k.first_reduce] == 1]
   def is_matvec_rows(axis: int) -> bool:
     """W varies along `axis` and is contiguous along the reduce; the vector (another load) is shared by every row."""
-    return k.full_shape[axis] >= ROW_MATVEC_MIN_ROWS and any(s[axis] not in (0, None) for s in along_k) and \
-      any(s[axis] == 0 for s in along_k)
+    return k.full_shape[axis] >= ROW_MATVEC_MIN_ROWS and any(s[axis] not in (0, None) for _, s in along_k) and \
+      any(s[axis] == 0 for _, s in along_k)
   rows_axis = next((a for a in reversed(range(k.first_reduce)) if is_matvec_rows(a)), None)
   if rows_axis is None or not isinstance(k.full_shape[k.first_reduce], int): return False
-  if (lanes := _vector_lanes(k, k.full_shape[k.first_reduce])) > 1: try_opt(k, Opt(OptOps.UNROLL, 0, lanes))
+  # the UNROLL is sized by W's loads, not a wider vector's (a float16 model's float32 residual stream)
+  w_loads = [u for u, s in along_k if s[rows_axis] not in (0, None)]
+  if (lanes := _vector_lanes(k, k.full_shape[k.first_reduce], w_loads)) > 1: try_opt(k, Opt(OptOps.UNROLL, 0, lanes))
   if (group := _divisor_at_most(k.full_shape[k.first_reduce], ROW_MATVEC_GROUP)) > 1:
     try_opt(k, Opt(OptOps.GROUP, 0, group))
   _rows_per_block(k, rows_axis, ROW_MATVEC_ROWS_PER_BLOCK)

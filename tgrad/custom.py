@@ -23,6 +23,7 @@ import numpy as np
 from tgrad.device import Buffer, Device
 from tgrad.dtype import DType, bfloat16_to_float32, dtypes
 from tgrad.helpers import prod
+from tgrad.shape.sint import evaluate, sint, unbind
 
 NUMPY = "NUMPY"   # the name of the host backend in a path's parts (it is not a Device: its runner runs on the host)
 LANGUAGES = {"cuda": "CUDA", "llvm": "LLVM"}   # a SourceKernel's language → the device whose compiler takes it
@@ -58,6 +59,14 @@ def runner_for(kernel: CustomKernel, device: str) -> Any:
   return runner
 
 # ---- the NUMPY backend: host functions
+
+def concrete_shape(shape: tuple[sint, ...], var_vals: Optional[dict[str, int]] = None) -> tuple[int, ...]:
+  """A site's shape at this launch: a symbolic size (a prefill's prompt length) at the launch's variable values, else
+  at the value it was bound to when the graph was built."""
+  def size(s: sint) -> int:
+    unbound, bound = unbind(s)
+    return evaluate(unbound, {**bound, **(var_vals or {})})
+  return tuple(size(s) for s in shape)
 
 def host_values(buffer: Buffer, shape: tuple[int, ...]) -> np.ndarray:
   """A buffer's first prod(shape) values as a numpy array of `shape` (floats as float64; bfloat16 from its bits)."""
@@ -97,12 +106,14 @@ class HostFunctionRunner:
                ) -> Optional[float]:
     start = time.perf_counter()
     kernel = self.kernel
-    inputs = [host_values(b, shape) for b, shape in zip(bufs[1:], kernel.in_shapes)]
+    inputs = [host_values(b, concrete_shape(shape, var_vals)) for b, shape in zip(bufs[1:], kernel.in_shapes)]
     with np.errstate(all="ignore"): result = np.asarray(kernel.fn(*inputs, **dict(kernel.params)))
-    if result.shape != tuple(kernel.out_shape):
-      raise ValueError(f"host function {kernel.name!r} returned shape {result.shape}, not {kernel.out_shape}")
-    out = bufs[0]
-    out.copyin(device_values(result, out.dtype).reshape(-1)[:out.size])
+    if result.shape != (out_shape := concrete_shape(kernel.out_shape, var_vals)):
+      raise ValueError(f"host function {kernel.name!r} returned shape {result.shape}, not {out_shape}")
+    out, values = bufs[0], device_values(result, bufs[0].dtype).reshape(-1)[:bufs[0].size]
+    # a symbolic site's output buffer is allocated at the sizes' maximum: the values fill its start
+    if values.size < out.size: out = Buffer(out.device, values.size, out.dtype, base=out)
+    out.copyin(values)
     self.nbytes = sum(b.nbytes for b in bufs)
     return time.perf_counter() - start if wait else None
 

@@ -57,7 +57,7 @@ class LazyBuffer:
   successor: Optional[LazyBuffer] = None   # the value an in-place write of a Tensor holding this one gave it
   origin: Optional[tuple] = None           # (parent, method, arguments) of a value that aliases its parent: a view
                                            # made by reshape/permute/expand/shrink/stride, or a contiguous() of a base
-  _readers: Optional[list] = None          # weak references to the unrealized bases built with this one as a source
+  _readers: Any = None   # weak references (one, or a list) to the unrealized values built with this one as a source
   _self_ref: Optional[weakref.ref] = None
   def __init__(self, device: str, st: ShapeTracker, dtype: DType, op: Optional[Ops] = None,
                srcs: tuple[LazyBuffer, ...] = (), arg: Any = None, base: Optional[LazyBuffer] = None):
@@ -75,15 +75,20 @@ class LazyBuffer:
       self._base = base
 
   def _add_reader(self, reader: weakref.ref) -> None:
+    # one reader (the common case) is kept as the bare weak reference: fewer objects for the garbage collector
     readers = self._readers
-    if readers is None: self._readers = readers = []
-    elif len(readers) >= READERS_COMPACT_AT and len(readers) & (len(readers) - 1) == 0:   # at powers of two
-      readers[:] = [r for r in readers if (lb := r()) is not None and (lb._base is not None or lb.buffer is None)]
-    readers.append(reader)
+    if readers is None: self._readers = reader
+    elif type(readers) is not list: self._readers = [readers, reader]
+    else:
+      if len(readers) >= READERS_COMPACT_AT and len(readers) & (len(readers) - 1) == 0:   # at powers of two
+        readers[:] = [r for r in readers if (lb := r()) is not None and (lb._base is not None or lb.buffer is None)]
+      readers.append(reader)
   def pending_readers(self) -> list[LazyBuffer]:
     """The live unrealized values built to read this base: what an in-place write of its buffer would change."""
-    if self._readers is None: return []
-    return [lb for r in self._readers if (lb := r()) is not None and (lb._base is not None or lb.buffer is None)]
+    readers = self._readers
+    if readers is None: return []
+    if type(readers) is not list: readers = [readers]
+    return [lb for r in readers if (lb := r()) is not None and (lb._base is not None or lb.buffer is None)]
   def commit(self, buffer: Buffer, keep_arg: bool = False) -> None:
     """This base is realized into `buffer`: it keeps the Buffer and forgets its sources (and its arg, unless
     `keep_arg`), so the graph above a realized value is never walked again. The Buffer remembers, weakly, the values

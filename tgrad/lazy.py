@@ -81,7 +81,7 @@ class LazyBuffer:
     elif type(readers) is not list: self._readers = [readers, reader]
     else:
       if len(readers) >= READERS_COMPACT_AT and len(readers) & (len(readers) - 1) == 0:   # at powers of two
-        readers[:] = [r for r in readers if (lb := r()) is not None and (lb._base is not None or lb.buffer is None)]
+        readers[:] = [lb._self_ref for lb in self.pending_readers()]
       readers.append(reader)
   def pending_readers(self) -> list[LazyBuffer]:
     """The live unrealized values built to read this base: what an in-place write of its buffer would change."""
@@ -153,6 +153,12 @@ class LazyBuffer:
     if dtype.itemsize != data.dtype.itemsize:
       raise TypeError(f"host data of dtype {data.dtype} can't be read as {dtype}: item sizes differ")
     return LazyBuffer.loadop(Ops.COPY, tuple(data.shape), dtype, device, arg=data)
+  @staticmethod
+  def copy_of_buffer(buffer: Buffer) -> LazyBuffer:
+    """A value (unrealized) that copies all of `buffer`'s data into a new Buffer: how an old value is kept before its
+    Buffer is written in place (schedule.keep_old_values, realize.keep_old_values_of)."""
+    source = LazyBuffer.from_buffer(buffer, (buffer.size,))
+    return LazyBuffer.loadop(Ops.CONTIGUOUS, source.shape, source.dtype, source.device, srcs=(source,))
   @staticmethod
   def from_buffer(buffer: Buffer, shape: tuple[int, ...]) -> LazyBuffer:
     out = LazyBuffer.loadop(Ops.EMPTY, shape, buffer.dtype, buffer.device)
@@ -298,9 +304,9 @@ class LazyBuffer:
 
 def _hold(buffer: Buffer, lb: LazyBuffer) -> None:
   holders = buffer.__dict__.setdefault("lazy_holders", [])
-  if len(holders) >= READERS_COMPACT_AT and len(holders) & (len(holders) - 1) == 0:
-    holders[:] = [r for r in holders if (h := r()) is not None and h.buffer is buffer]
-  holders.append(lb._self_ref or weakref.ref(lb))
+  if len(holders) >= READERS_COMPACT_AT and len(holders) & (len(holders) - 1) == 0:   # at powers of two
+    holders[:] = [weakref.ref(h) for h in holders_of(buffer)]
+  holders.append(weakref.ref(lb))
 
 def holders_of(buffer: Buffer) -> list[LazyBuffer]:
   """The live realized values whose data is in `buffer`."""

@@ -189,8 +189,7 @@ def keep_old_values_of(buffers: Sequence[Buffer]) -> None:
   for buffer in buffers:
     for holder in holders_of(buffer):
       if not holder.pending_readers(): continue
-      source = LazyBuffer.from_buffer(buffer, (buffer.size,))
-      old = LazyBuffer.loadop(Ops.CONTIGUOUS, source.shape, source.dtype, source.device, srcs=(source,))
+      old = LazyBuffer.copy_of_buffer(buffer)
       realize(old)
       holder.move_readers_to(old)
 

@@ -439,36 +439,32 @@ def keep_old_values(items: list[ScheduleItem], assigns: list[tuple[LazyBuffer, L
   (`pending_readers`: `b = x + 1` before `x[0] = 7`, then `x` realized alone) would read the new data. Such a holder
   alone gets a copy of the Buffer, taken right before the write; when nothing pending reads an old value (the usual
   case: a training or decode step) nothing is added."""
-  newest: dict[int, LazyBuffer] = {}   # the ASSIGN whose data each Buffer ends with
-  for _, assign in assigns:
-    known = newest.get(id(assign.buffer))
-    if known is None or _assign_depth(assign, assigns) > _assign_depth(known, assigns):
-      newest[id(assign.buffer)] = assign
-  hazards = [(holder, assign.buffer) for assign in newest.values() for holder in holders_of(assign.buffer)
-             if holder is not assign and holder.pending_readers()]
+  targets = {id(target) for target, _ in assigns}
+  newest = [assign for _, assign in assigns if id(assign) not in targets]   # the ASSIGN each Buffer ends with
+  hazards = list({id(holder): (holder, assign.buffer) for assign in newest for holder in holders_of(assign.buffer)
+                   if holder not in newest and holder.pending_readers()}.values())
   if not hazards: return items
   items = list(items)
+  made_by = {id(assign): target for target, assign in assigns}
   for holder, buffer in hazards:
     # the write that ends the holder's data: the ASSIGNs writing this Buffer run in the order of the chain of values
     # it holds, after the kernel that made its first value when this schedule made that too
     writers = [i for i, item in enumerate(items) if item.ast.op is Ops.SINK and item.output_count == 1 and
                item.outputs[0] is buffer]
     assign_writers = writers[len(writers) - sum(1 for _, a in assigns if a.buffer is buffer):]
-    source = LazyBuffer.from_buffer(buffer, (buffer.size,))
-    old = LazyBuffer.loadop(Ops.CONTIGUOUS, source.shape, source.dtype, source.device, srcs=(source,))
-    [copy] = create_schedule([old], commit=True)
+    [copy] = create_schedule([old := LazyBuffer.copy_of_buffer(buffer)], commit=True)
     # right before the first write for a value this schedule did not make, else right after the write that made it
-    made_by_write = min(_assign_depth(holder, assigns), len(assign_writers))
+    made_by_write = min(_assign_depth(holder, made_by), len(assign_writers))
     items.insert(assign_writers[0] if made_by_write == 0 else assign_writers[made_by_write - 1] + 1, copy)
     holder.keep_value_in(old.buffer)
   return items
 
-def _assign_depth(target: LazyBuffer, assigns: list[tuple[LazyBuffer, LazyBuffer]]) -> int:
-  """How many ASSIGNs of `assigns` wrote the Buffer before `target` held it (0 for a value not made by one)."""
-  made_by = {id(a): t for t, a in assigns}
+def _assign_depth(value: LazyBuffer, made_by: dict[int, LazyBuffer]) -> int:
+  """How many ASSIGNs (`made_by`: id of each ASSIGN → its target) wrote the Buffer before `value` held it (0 for a
+  value not made by one)."""
   depth = 0
-  while id(target) in made_by:
-    target, depth = made_by[id(target)], depth + 1
+  while id(value) in made_by:
+    value, depth = made_by[id(value)], depth + 1
   return depth
 
 def _snapshot_old_values_read_after_assigns(items: list[_Step]) -> list[_Step]:

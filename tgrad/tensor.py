@@ -387,14 +387,11 @@ class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, Indexi
     that value; anything else is a value of its own, replaced."""
     current = self.lazydata
     if (count := self.numel()) == 0 and isinstance(count, int): return   # nothing to write
+    copied = None   # the value whose contiguous() this tensor is the realized buffer of: it names the result too
     if current.origin is not None and current.origin[1] == "contiguous":   # the buffer of a value (its contiguous())
-      if current.realized is not None:   # written in place; the value it holds names the result too
-        current.successor = current.origin[0].successor = current.assign(
-          value.contiguous() if value.base is current and value is not current else value)
-        self.lazydata = latest(self.lazydata)
-        return
-      current = current.origin[0]
-    if current.origin is not None:   # a view aliasing a storage: the storage's elements under it are written
+      if current.realized is not None: copied = current.origin[0]   # written in place, below
+      else: current = current.origin[0]
+    if copied is None and current.origin is not None:   # a view aliasing a storage: its elements under it are written
       root = view_root(current)
       if root.origin is not None:   # the buffer of a value (its contiguous()): that value is the storage
         storage = root.origin[0]
@@ -418,6 +415,7 @@ class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, Indexi
       # a rearranged view of the target itself must be copied out before it is written over
       current.successor = current.assign(value.contiguous() if value.base is current and value is not current
                                          else value)
+      if copied is not None: copied.successor = current.successor
     else: current.successor = value
     self.lazydata = latest(self.lazydata)
   def _inplace(self, result: Tensor) -> Tensor:

@@ -138,6 +138,15 @@ def test_the_issue_probes():
   y[0] = 99
   assert x.tolist() == [1, 2, 99]
 
+def test_in_place_op_on_a_contiguous_buffer_with_autograd():
+  # h is the buffer of x * 2 (contiguous() of a computed value aliases it): += stays a recorded op, as before
+  x = Tensor([1.0, 2, 3], requires_grad=True)
+  y = x * 2
+  h = y.contiguous()
+  h += 1
+  (h * h).sum().backward()
+  assert x.grad.tolist() == [12.0, 20.0, 28.0] and y.tolist() == [3.0, 5.0, 7.0]
+
 def test_writing_an_expanded_view_raises():
   x = Tensor([1.0, 2, 3]).realize()
   y = x.reshape(1, 3).expand(2, 3)

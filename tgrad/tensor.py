@@ -421,21 +421,21 @@ class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, Indexi
   def _inplace(self, result: Tensor) -> Tensor:
     """`x += y` and friends: self, and every tensor sharing its storage, becomes the result; autograd sees the old
     value as its own node. Under no_grad (an update of a parameter, say) self keeps its requires_grad, as in torch."""
-    if self.lazydata.origin is not None:   # a view: the base's elements are written
+    origin = self.lazydata.origin
+    if origin is not None and origin[1] != "contiguous":   # a view: the base's elements are written
       if result.requires_grad and Tensor.grad_enabled:
         raise RuntimeError(f"in-place op on a view (shape {self.shape}) of a tensor, with autograd on: tgrad does not "
                            "record it; compute out of place, or use Tensor.no_grad()")
       self._write(result.lazydata)
       self._ctx = None
       return self
-    self._write_value(result.lazydata)
+    # self and the tensors sharing its value (with the value it is the contiguous() buffer of) now hold the result;
+    # no buffer is written, so autograd records it as any op
+    if origin is not None: origin[0].successor = result.lazydata
+    self.lazydata.successor = self.lazydata = result.lazydata
     self._ctx = result._ctx
     if Tensor.grad_enabled: self.requires_grad = result.requires_grad
     return self
-  def _write_value(self, value: LazyBuffer) -> None:
-    """self and the tensors sharing its value now hold `value`; no buffer is written."""
-    self.lazydata.successor = value
-    self.lazydata = value
   def _snapshot(self) -> Tensor:
     if self.requires_grad and self._ctx is None and Tensor.grad_enabled:
       raise RuntimeError(f"in-place op on a leaf tensor that requires grad (shape {self.shape}); use Tensor.no_grad()")

@@ -150,3 +150,53 @@ def test_linear_with_batch_and_bias():
   got = weight.linear(Tensor(x), Tensor(bias)).numpy()
   assert got.shape == (2, 4, 3)
   np.testing.assert_allclose(got, expected, rtol=MATVEC_RTOL, atol=MATVEC_RTOL * np.abs(expected).max())
+
+# ---- the two ways to use a packed weight are lowerings of the `dequantize` composite: paths the database measures
+def _finite_weight(ggml_type: GGMLType, out_features: int, in_features: int,
+                   seed: int) -> tuple[np.ndarray, QuantizedTensor]:
+  layout = BLOCK_LAYOUTS[ggml_type]
+  raw = random_blocks(ggml_type, out_features * in_features // layout.block_size, seed=seed)
+  scales = np.random.default_rng(seed).uniform(1e-3, 1e-1, (raw.shape[0], 1)).astype(np.float16)   # 11-bit scales:
+  for position in HALF_POSITIONS[ggml_type]: raw[:, position:position + 2] = scales.view(np.uint8)  # products round
+  raw = raw.reshape(out_features, -1)
+  return raw, QuantizedTensor.from_bytes(raw, ggml_type, (out_features, in_features)).realize()
+
+@pytest.mark.parametrize("ggml_type", MATVEC_TYPES, ids=lambda t: t.name)
+def test_dequantize_lowerings_compute_the_weight_as_their_dtype_says(ggml_type):
+  """Every lowering's linear equals x·(W rounded to its copy's dtype)ᵀ; the copy is made once and read after."""
+  from tgrad.nn.quant import DEQUANTIZE, _dense_copies
+  from tgrad.tensor_ops.composite import apply_lowering, lowerings_for, regions_above
+  raw, weight = _finite_weight(ggml_type, 48, 512, seed=11)
+  x_np = np.random.default_rng(12).standard_normal((3, 512)).astype(np.float32)
+  x = Tensor(x_np).realize()
+  values = reference(raw, ggml_type)
+  rounded = {"default": values, "dequant_float32": values, "dequant_float16": values.astype(np.float16),
+             "dequant_bfloat16": Tensor(values).cast(dtypes.bfloat16).float().numpy()}
+  copies = []
+  for lowering, w in rounded.items():
+    for _ in range(2):
+      out = weight.linear(x)
+      [region] = [r for r in regions_above(out.lazydata) if r.name == DEQUANTIZE]
+      assert lowerings_for(region) == ["default", "dequant_bfloat16", "dequant_float16", "dequant_float32"]
+      apply_lowering(region, lowering)
+      expected = x_np.astype(np.float64) @ w.astype(np.float64).T
+      np.testing.assert_allclose(out.numpy(), expected, rtol=MATVEC_RTOL, atol=MATVEC_RTOL * np.abs(expected).max())
+    copies.append(dict(_dense_copies.get(weight.packed.lazydata, {})))
+  assert copies[0] == {}                                  # the packed path stores nothing but the blocks
+  assert [len(c) for c in copies[1:]] == [1, 2, 3]        # one copy per dtype, made on first use only
+  assert copies[3][dtypes.float32] is copies[1][dtypes.float32]
+
+def test_dequantize_paths_are_measured_against_float64():
+  """The paths of a packed matvec: the packed default and a dequantized copy per dtype, each with its time and its
+  error against the float64 reference (built through the float16 scales' bitcast), ordered as the copies' rounding."""
+  from tgrad.paths import iterate, measure
+  _, weight = _finite_weight(GGMLType.Q4_K, 64, 512, seed=13)
+  x = Tensor(np.random.default_rng(14).standard_normal((1, 512)).astype(np.float32)).realize()
+  space = iterate(weight.linear(x))
+  runs = {path.description.split(";")[0]: measure(space, path, repeats=1) for path in space}
+  assert set(runs) == {"all default", *(f"dequantize=dequant_{d}" for d in ("float32", "float16", "bfloat16"))}
+  errors = {name: run.max_rel_error for name, run in runs.items()}
+  assert all(run.times and not run.error for run in runs.values())
+  assert errors["all default"] < 1e-3 and errors["dequantize=dequant_float32"] < 1e-3   # float32 sums of 512 terms
+  assert errors["dequantize=dequant_float32"] < errors["dequantize=dequant_float16"]
+  assert errors["dequantize=dequant_float16"] < errors["dequantize=dequant_bfloat16"] < 2

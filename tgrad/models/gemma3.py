@@ -17,7 +17,7 @@ from tgrad.tensor import Tensor
 from tgrad.dtype import dtypes, to_dtype
 from tgrad.device import canonical_device
 from tgrad.nn.state import safe_load
-from tgrad.nn.quant import BLOCK_LAYOUTS, QuantizedTensor, dequantize_blocks, dequantize_structured
+from tgrad.nn.quant import QuantizedTensor, dequantize_blocks, dequantized_values
 from tgrad.jit import TinyJit
 from tgrad.models.gemma3_cache import (SLIDING, FULL, LAYER_TYPES, FRESH, DECODE, EXTEND, StepInputs, Gemma3KVCache,
                                        write_cache_scatter, write_cache_fresh, write_cache_decode, filled_keys_values,
@@ -215,9 +215,7 @@ def weight_values(weight: Weight) -> Tensor:
   dequantized lazily with its blocks' structure kept (input axes (blocks per row, *block axes)), so a kernel that sums
   over the input axes reads the packed bytes through plain strided views and the dequantization fuses into it."""
   if not isinstance(weight, QuantizedTensor): return weight.float()
-  layout = BLOCK_LAYOUTS[weight.ggml_type]
-  values = dequantize_structured(weight.packed.reshape(-1, layout.block_bytes), weight.ggml_type)
-  return values.reshape(weight.shape[0], weight.shape[1] // layout.block_size, *values.shape[1:])
+  return dequantized_values(weight.packed, weight.ggml_type, weight.shape)
 
 def split_inputs(x: Tensor, values: Tensor) -> Tensor:
   """x [..., in] viewed as [..., *input axes] of `values` (weight_values' layout)."""

@@ -12,6 +12,7 @@ not the backend fuses it into an fma.
 """
 from __future__ import annotations
 import functools
+import weakref
 from dataclasses import dataclass
 from enum import IntEnum
 from typing import Callable, Optional
@@ -19,7 +20,9 @@ import numpy as np
 from tgrad.dtype import DType, dtypes
 from tgrad.device import canonical_device
 from tgrad.lazy import LazyBuffer
+from tgrad.realize import is_capturing
 from tgrad.tensor import Tensor
+from tgrad.tensor_ops.composite import DEFAULT, LOWERINGS, Lowering, composite
 
 class GGMLType(IntEnum):
   """ggml's tensor type ids, as GGUF files store them (ggml.h's `enum ggml_type`; ids 4, 5, 31-33 are retired)."""
@@ -244,6 +247,55 @@ def packed_nbytes(ggml_type: GGMLType, shape: tuple[int, ...]) -> int:
   for size in shape: count *= size
   return count // layout.block_size * layout.block_bytes
 
+# ---- the two ways to use a quantized weight, as lowerings of one composite (a region of the lazy graph: the benchmark
+# database measures each and TOLERANCE selects, tgrad/paths): "default" dequantizes the blocks inside every kernel that
+# reads the values (only the packed bytes are stored); "dequant_<dtype>" dequantizes them once, on first use, into a
+# buffer of that dtype kept for the packed weight's lifetime, and every later use reads that buffer (the weight is
+# then stored twice: packed, and dense). Its values are the float32 ones rounded to <dtype>, so the path's error
+# says what the narrower copy costs.
+DEQUANTIZE = "dequantize"
+DENSE_DTYPES = (dtypes.float32, dtypes.float16, dtypes.bfloat16)
+_dense_copies: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # packed LazyBuffer → {dtype: realized Tensor}
+
+def _structured(packed: Tensor, ggml_type: int, shape: tuple[int, ...]) -> Tensor:
+  """float32 values of an (out, in) weight as (out, blocks per row, *block axes): every read a plain strided view."""
+  layout = BLOCK_LAYOUTS[GGMLType(ggml_type)]
+  values = dequantize_structured(packed.reshape(-1, layout.block_bytes), GGMLType(ggml_type))
+  return values.reshape(*shape[:-1], shape[-1] // layout.block_size, *values.shape[1:])
+
+def dense_copy(packed: Tensor, ggml_type: int, shape: tuple[int, ...], dtype: DType) -> Tensor:
+  """The weight dequantized into a realized row-major buffer of `dtype`, made on the first call for this packed value
+  and returned again after. Inside a TinyJit capture (which launches nothing) a missing copy stays lazy: the replays
+  then dequantize it each time (correct, slower); the jitted function's first, uncaptured call normally made it."""
+  lb = packed.lazydata
+  copies = _dense_copies.setdefault(lb, {})
+  if dtype not in copies:
+    dense = _structured(packed, ggml_type, shape).reshape(shape).cast(dtype).contiguous()
+    if is_capturing(): return dense
+    copies[dtype] = dense.realize()
+  return copies[dtype]
+
+def _dequantize_in_use(packed: Tensor, ggml_type: int, shape: tuple[int, ...]) -> Tensor:
+  return _structured(packed, ggml_type, shape)
+
+def _dequantize_once(dtype: DType) -> Callable[..., Tensor]:
+  def build(packed: Tensor, ggml_type: int, shape: tuple[int, ...]) -> Tensor:
+    structured = _structured(packed, ggml_type, shape)   # lazy, for its shape: nothing of it runs
+    return dense_copy(packed, ggml_type, shape, dtype).reshape(structured.shape).cast(dtypes.float32)
+  return build
+
+LOWERINGS[DEQUANTIZE] = {
+  DEFAULT: Lowering(DEFAULT, "packed: the blocks dequantized inside every kernel that reads the weight",
+                    _dequantize_in_use, 3),
+  **{f"dequant_{dtype.name}": Lowering(f"dequant_{dtype.name}", f"dequantized once into a {dtype.name} copy, read "
+                                       "by every use", _dequantize_once(dtype), exactness)
+     for dtype, exactness in zip(DENSE_DTYPES, (2, 1, 0))}}
+
+def dequantized_values(packed: Tensor, ggml_type: GGMLType, shape: tuple[int, ...]) -> Tensor:
+  """The float32 values of a packed 2-D weight as (out, blocks per row, *block axes), as the composite `dequantize`:
+  by default computed from the blocks inside the consuming kernel; a path may read a dequantized copy instead."""
+  return composite(DEQUANTIZE, (packed,), ggml_type=int(ggml_type), shape=tuple(shape))
+
 class QuantizedTensor:
   """A weight of logical `shape` in `ggml_type`, kept as its packed blocks: `packed` is a uint8 Tensor of shape
   (*shape[:-1], shape[-1] // block_size, block_bytes). Nothing here is dequantized until a graph that uses
@@ -286,18 +338,17 @@ class QuantizedTensor:
     return values.reshape(self.shape).cast(dtype)
 
   def linear(self, x: Tensor, bias: Optional[Tensor] = None) -> Tensor:
-    """x·Wᵀ (+ bias) for a weight of shape (out_features, in_features), dequantized inside the matmul each call. The
-    product keeps the block axes: x is viewed as (..., 1, blocks_per_row, *block axes) and the sum runs over them, so
-    the kernel reads the packed bytes through plain strided views."""
+    """x·Wᵀ (+ bias) for a weight of shape (out_features, in_features), dequantized inside the matmul each call (or
+    read from a dequantized copy where the selected path says so: `dequantized_values`). The product keeps the block
+    axes: x is viewed as (..., 1, blocks_per_row, *block axes) and the sum runs over them, so the kernel reads the
+    packed bytes through plain strided views."""
     if self.ndim != 2 or x.ndim == 0 or x.shape[-1] != self.shape[1]:
       raise QuantError(f"linear: input of shape {x.shape} for a quantized weight of shape {self.shape}")
-    layout = BLOCK_LAYOUTS[self.ggml_type]
-    weight = dequantize_structured(self.packed.reshape(-1, layout.block_bytes), self.ggml_type)
+    weight = dequantized_values(self.packed, self.ggml_type, self.shape)
     dtype = x.dtype if x.dtype.is_float else dtypes.float32
-    block_axes = weight.shape[1:]
-    weight = weight.reshape(self.shape[0], self.shape[1] // layout.block_size, *block_axes).cast(dtype)
-    rows = x.cast(dtype).reshape(*x.shape[:-1], 1, self.shape[1] // layout.block_size, *block_axes)
-    out = (rows * weight).sum(axis=tuple(range(-1 - len(block_axes), 0)))
+    input_axes = weight.shape[1:]
+    rows = x.cast(dtype).reshape(*x.shape[:-1], 1, *input_axes)
+    out = (rows * weight.cast(dtype)).sum(axis=tuple(range(-len(input_axes), 0)))
     return out if bias is None else out + bias
 
   def to(self, device: str) -> QuantizedTensor:

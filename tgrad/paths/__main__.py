@@ -1,6 +1,6 @@
 """`python -m tgrad.paths profile|show|best`: record a program's paths, inspect the database, list the selection.
 
-  profile [--budget S] [--max-paths N] [--device D] [--beam] [--repeats R] SCRIPT [ARGS...]
+  profile [--budget S] [--max-paths N] [--device D] [--beam] [--repeats R] [--composites N,..] SCRIPT [ARGS...]
       run SCRIPT (with ARGS as its sys.argv) and measure the paths of every graph it realizes (resumable)
   show [GRAPH]      every recorded graph (or those whose key starts with GRAPH): each path's timings (min, median),
                     errors and status, which path each tolerance selects, and why foreign records are not used
@@ -46,7 +46,8 @@ def _profile(args: argparse.Namespace) -> int:
   if args.device: os.environ["DEVICE"] = args.device
   from tgrad.paths.profile import Profiler, watching
   profiler = Profiler(budget=args.budget, max_paths=args.max_paths, repeats=args.repeats,
-                      opts=("heuristic", "beam2") if args.beam else ("heuristic",))
+                      opts=("heuristic", "beam2") if args.beam else ("heuristic",),
+                      composites=args.composites.split(",") if args.composites else None)
   sys.argv = [args.script, *args.args]
   status: object = 0
   with watching(profiler):
@@ -109,6 +110,8 @@ def main(argv: Optional[list[str]] = None) -> int:
   profile.add_argument("--device", default=None, help="DEVICE for the script (CUDA, LLVM)")
   profile.add_argument("--beam", action="store_true", help="also measure paths whose kernels are searched (BEAM=2)")
   profile.add_argument("--repeats", type=positive_int, default=5, help="timed runs per path (default 5)")
+  profile.add_argument("--composites", default=None, metavar="NAME[,NAME]",
+                       help="measure only paths that lower these composites (e.g. dequantize); default: all")
   profile.add_argument("script")
   profile.add_argument("args", nargs=argparse.REMAINDER)
   show = sub.add_parser("show", help="the recorded paths of every graph")

@@ -181,10 +181,11 @@ def _rebuilt(lb: LazyBuffer, made: dict[int, LazyBuffer], host: dict[int, np.nda
     return _as_base(srcs[0])   # a device copy: the reference is all on one device
   if op is Ops.EMPTY: raise ReferenceUnavailable("the graph reads an unrealized empty tensor (uninitialized memory)")
   if op is Ops.CUSTOM: raise ReferenceUnavailable(f"custom kernel {getattr(arg, 'name', arg)!r} has no float64 form")
-  if op is Ops.BITCAST and (lb.dtype.is_float or lb.srcs[0].dtype.is_float):
+  if op is Ops.BITCAST and lb.srcs[0].dtype.is_float:
     raise ReferenceUnavailable(f"a bitcast {lb.srcs[0].dtype} → {lb.dtype} has no float64 meaning")
   if op is Ops.CAST: return srcs[0].cast(dtype)
-  if op is Ops.BITCAST: return srcs[0].cast(dtype, bitcast=True)
+  # bits read as a float (a packed weight's float16 scales): the float the bits say, then widened exactly
+  if op is Ops.BITCAST: return srcs[0].cast(lb.dtype, bitcast=True).cast(dtype)
   if op is Ops.CONTIGUOUS: return srcs[0].contiguous()
   if op is Ops.ASSIGN:   # a whole-buffer write is its value; a write into a region stays a write, into the copy
     if arg is None: return _as_base(srcs[1])

@@ -18,7 +18,7 @@ from tgrad.paths.db import Measurement, PathsDB, sanity_bound
 from tgrad.paths.fingerprint import hardware_fingerprint, tgrad_version
 from tgrad.helpers import code_settings
 from tgrad.paths.graph import ReferenceUnavailable
-from tgrad.paths.path import PathSpace, measure, reference_outputs, DEFAULT_REPEATS
+from tgrad.paths.path import DEFAULT, Path, PathSpace, measure, reference_outputs, DEFAULT_REPEATS
 from tgrad.paths import select
 
 INPUT_DISTRIBUTION = "the profiled program's own inputs"
@@ -41,18 +41,24 @@ def standalone_region(region, device: str):
 class Profiler:
   def __init__(self, db: Optional[PathsDB] = None, budget: float = DEFAULT_BUDGET_SECONDS,
                max_paths: int = DEFAULT_MAX_PATHS, opts: Sequence[str] = ("heuristic",),
-               repeats: int = DEFAULT_REPEATS, progress: bool = True):
+               repeats: int = DEFAULT_REPEATS, progress: bool = True, composites: Optional[Sequence[str]] = None):
     if not budget > 0: raise ValueError(f"Profiler: budget must be > 0 seconds, got {budget}")
     if max_paths < 1: raise ValueError(f"Profiler: max_paths must be >= 1, got {max_paths}")
     if repeats < 1: raise ValueError(f"Profiler: repeats must be >= 1, got {repeats}")
     self.db = db or select.database()
     self.budget, self.max_paths, self.opts, self.repeats = budget, max_paths, tuple(opts), repeats
+    # only paths that lower these composites (the rest at their defaults), and the all-default path; None: all
+    self.composites = frozenset(composites) if composites is not None else None
     self.deadline = time.monotonic() + budget
     self.graphs_seen: set[str] = set()
     self.measured = self.skipped = self.failed = 0
     self.bar = tqdm(total=round(budget), unit="s", desc="profiling paths", disable=not progress,
                     bar_format="{desc}: {n:.0f}/{total:.0f}s budget |{bar}| {postfix} [{elapsed}<{remaining}]")
     self._last = time.monotonic()
+
+  def _wanted(self, space: PathSpace, path: Path) -> bool:
+    if self.composites is None: return True
+    return all(choice == DEFAULT or name in self.composites for name, choice in zip(space.names, path.choices))
 
   def out_of_budget(self) -> bool: return time.monotonic() >= self.deadline
 
@@ -77,7 +83,7 @@ class Profiler:
                 if r.fingerprint == fingerprint and r.tgrad_version == version and r.settings == settings}
     reference = None
     description = space.description()
-    for path in itertools.islice(space, self.max_paths):
+    for path in itertools.islice((p for p in space if self._wanted(space, p)), self.max_paths):
       if self.out_of_budget(): break
       if path.id in recorded:
         self.skipped += 1

@@ -164,8 +164,8 @@ def kernel_record(runner: Any) -> KernelRecord:
 def _record_of(trace: Trace, runner: Any) -> KernelRecord:
   if (record := trace.kernels.get(id(runner))) is None:
     record = trace.kernels[id(runner)] = KernelRecord(
-      len(trace.kernels), runner.name, runner.device, runner.src, getattr(runner, "profiled_uops", ""), ", ".join(map(str, runner.opts)),
-      str(runner.global_size), str(runner.local_size))
+      len(trace.kernels), runner.name, runner.device, runner.src, getattr(runner, "profiled_uops", ""),
+      ", ".join(map(str, runner.opts)), str(runner.global_size), str(runner.local_size))
     record._runner = runner   # type: ignore[attr-defined]  # keeps id(runner) unique while the trace lives
   return record
 

@@ -206,9 +206,11 @@ def realize(*lbs: LazyBuffer) -> None:
   observe = profiler.graph_observer(lbs) if profiler.graph_observer is not None else None
   items = schedule(list(lbs), keep_old=_capture is None)
   if tracing: start = profiler.span("schedule", start, items=len(items))
-  if observe is not None: observe(items)
   exec_items = lower_schedule(items)
   if tracing: start = profiler.span("lower", start)
+  if observe is not None:
+    observe(items)
+    if tracing: start = profiler.span("graph picture (GRAPH=1)", start)
   if _capture is not None:
     _capture.items.extend(exec_items)
     if tracing: profiler.realize_ended()

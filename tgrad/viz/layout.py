@@ -111,7 +111,7 @@ def _draw(picture: GraphPicture, blocks: list[_Block], block_of: dict[int, int],
          f'viewBox="0 0 {width:.0f} {height:.0f}" font-family="Helvetica, Arial, sans-serif" font-size="{FONT_SIZE}">',
          '<defs><marker id="arrow" viewBox="0 0 10 10" refX="10" refY="5" markerWidth="7" markerHeight="7" '
          'orient="auto-start-reverse"><path d="M0,0 L10,5 L0,10 z" fill="#555"/></marker></defs>',
-         f'<rect width="100%" height="100%" fill="white"/>']
+         '<rect width="100%" height="100%" fill="white"/>']
   if picture.title:
     out.append(f'<text x="{MARGIN}" y="{MARGIN + LINE_HEIGHT - 2}" font-size="13">{escape(picture.title)}</text>')
   box: dict[int, tuple[float, float, float, float]] = {}

@@ -47,7 +47,7 @@ class KernelRecord:
   opts: str = ""
   global_size: str = ""
   local_size: str = ""
-  flops: int = 0
+  flops: int = 0          # per launch (a symbolic kernel: at its variables' maximum)
   nbytes: int = 0
   calls: int = 0
   seconds: float = 0.0    # summed over every timed launch
@@ -79,6 +79,7 @@ class Trace:
       out = dict(event)
       out["ts"] = round((event["ts"] - self.origin) * 1e6, 3)
       if "dur" in event: out["dur"] = round(max(event["dur"], 0.0) * 1e6, 3)
+      if callable(args := event.get("args")): out["args"] = args()   # worked out now, not between launches
       events.append(out)
     return {"traceEvents": meta + events, "displayTimeUnit": "ns",
             "otherData": {"producer": "tgrad", "clock": "host perf_counter; CUDA events mapped onto it"}}
@@ -165,7 +166,7 @@ def _record_of(trace: Trace, runner: Any) -> KernelRecord:
   if (record := trace.kernels.get(id(runner))) is None:
     record = trace.kernels[id(runner)] = KernelRecord(
       len(trace.kernels), runner.name, runner.device, runner.src, getattr(runner, "profiled_uops", ""),
-      ", ".join(map(str, runner.opts)), str(runner.global_size), str(runner.local_size))
+      ", ".join(map(str, runner.opts)), str(runner.global_size), str(runner.local_size), *runner.cost())
     record._runner = runner   # type: ignore[attr-defined]  # keeps id(runner) unique while the trace lives
   return record
 

@@ -42,46 +42,54 @@ def run_traced(exec_items: Sequence[Any], category: str = "kernel") -> None:
     atexit.register(_resolve_all)
     profiler._pending_resolvers.append(lambda _trace: _resolve_all())
     _exit_hook_registered = True
+  dev, device = None, None
   for item in exec_items:
-    runner, device = item.runner, item.bufs[0].device
-    dev = Device[device]
-    _origin(trace, device)
+    runner, out = item.runner, item.bufs[0]
+    if out.device != device:
+      device, dev = out.device, Device[out.device]
+      _origin(trace, device)
     start = dev.profile_mark()
     runner(item.bufs, False, item.var_vals)
     end = dev.profile_mark()
     record = profiler.kernel_record(runner) if isinstance(runner, CompiledKernel) else None
-    _pending.append((trace, device, start, end, runner.name, category, _arguments(item), record))
+    var_vals = dict(item.var_vals) if item.var_vals else None   # a replay's values change in place between calls
+    _pending.append((trace, device, start, end, runner.name, category, (runner, var_vals, out), record))
   if len(_pending) > MAX_PENDING_MARKS: _resolve(len(_pending) // 2)
   elif _pending and isinstance(_pending[-1][3], float): _resolve(len(_pending))   # host clocks: nothing to wait for
 
-def _arguments(item: Any) -> dict:
-  runner, out = item.runner, item.bufs[0]
-  args: dict[str, Any] = {"out": f"{out.size} x {out.dtype}"}
-  if isinstance(runner, CompiledKernel):
-    flops, nbytes = runner.cost(item.var_vals)
-    global_size, local_size = runner.launch_dims(item.var_vals)
-    args.update(global_size=list(global_size), local_size=list(local_size), opts=[str(o) for o in runner.opts],
-                flops=flops, bytes=nbytes)
-    if item.var_vals: args["variables"] = dict(item.var_vals)
-  else: args.update(flops=runner.flops, bytes=runner.nbytes)
-  return args
+class _Arguments:
+  """A launch's event arguments, worked out when the trace is written (a symbolic kernel's cost is an expression to
+  evaluate: tens of microseconds that would otherwise be spent between launches)."""
+  __slots__ = ("runner", "var_vals", "out", "seconds", "kernel_id")
+  def __init__(self, runner: Any, var_vals: Any, out: Any, seconds: float, kernel_id: Any):
+    self.runner, self.var_vals, self.out, self.seconds, self.kernel_id = runner, var_vals, out, seconds, kernel_id
+  def __call__(self) -> dict:
+    runner, out = self.runner, self.out
+    args: dict[str, Any] = {"out": f"{out.size} x {out.dtype}"}
+    if isinstance(runner, CompiledKernel):
+      flops, nbytes = runner.cost(self.var_vals)
+      global_size, local_size = runner.launch_dims(self.var_vals)
+      args.update(global_size=list(global_size), local_size=list(local_size), opts=[str(o) for o in runner.opts],
+                  flops=flops, bytes=nbytes, kernel_id=self.kernel_id)
+      if self.var_vals: args["variables"] = self.var_vals
+    else: args.update(flops=runner.flops, bytes=runner.nbytes)
+    if self.seconds > 0:
+      args["GB/s"] = round(args["bytes"] / self.seconds / 1e9, 3)
+      args["GFLOP/s"] = round(args["flops"] / self.seconds / 1e9, 3)
+    return args
 
 def _resolve(count: int) -> None:
   """Turn the oldest `count` pending launches into trace events (waiting for their end marks)."""
   done, _pending[:count] = _pending[:count], []
-  for trace, device, start, end, name, category, args, record in done:
+  for trace, device, start, end, name, category, (runner, var_vals, out), record in done:
     origin_mark, origin_host = _origin(trace, device)
     dev = Device[device]
     begin = origin_host + dev.profile_elapsed(origin_mark, start)
     seconds = dev.profile_elapsed(start, end)
-    if seconds > 0:
-      args["GB/s"] = round(args["bytes"] / seconds / 1e9, 3)
-      args["GFLOP/s"] = round(args["flops"] / seconds / 1e9, 3)
+    args = _Arguments(runner, var_vals, out, seconds, record.kernel_id if record is not None else None)
     if record is not None:
-      args["kernel_id"] = record.kernel_id
       record.calls += 1
       record.seconds += seconds
-      record.flops, record.nbytes = args["flops"], args["bytes"]
     event = {"name": name, "cat": category, "ph": "X", "ts": begin, "dur": seconds,
              "pid": trace.pid_of(device), "tid": profiler.COPY_TID if name in profiler.COPY_NAMES else
              profiler.KERNEL_TID, "args": args}

@@ -34,7 +34,7 @@ class GraphWriter:
     self.count = 0
   def __call__(self, lbs: Sequence[Any]) -> Optional[Callable[[list], None]]:
     from tgrad.viz.graph import Snapshot, names_of_items
-    if self.count >= MAX_GRAPH_FILES: return None
+    if self.count >= MAX_GRAPH_FILES or all(lb.base.buffer is not None for lb in lbs): return None
     if self.count == 0:   # this run's pictures replace the last run's
       os.makedirs(self.folder, exist_ok=True)
       for old in glob.glob(os.path.join(self.folder, "realize_*")): os.remove(old)

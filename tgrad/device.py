@@ -7,12 +7,13 @@ how much memory it can still give. `Buffer` is one device allocation (or a view 
 count. `DEVICE_TRAITS` describes each kind of device without starting it: graph building reads only that.
 """
 from __future__ import annotations
-import functools, importlib, os
+import functools, importlib, os, time
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 import numpy as np
 from tgrad.dtype import DType
 from tgrad.helpers import Context
+from tgrad import profiler
 
 KNOWN_DEVICES = ("LLVM", "CUDA")
 _ALIASES = {"CPU": "LLVM", "GPU": "CUDA"}
@@ -109,6 +110,13 @@ class Compiled:
                program: Callable[[str, bytes], Callable]):
     self.name, self.allocator, self.compiler, self.renderer, self.program = name, allocator, compiler, renderer, program
   def synchronize(self) -> None: pass
+  def profile_mark(self) -> Any:
+    """A point in this device's queue of work, for the profiler. A device whose launches return when their work is
+    done marks with the host clock; a device with a queue (CUDA) records an event in it."""
+    return time.perf_counter()
+  def profile_elapsed(self, start: Any, end: Any) -> float:
+    """Seconds of device time from mark `start` to mark `end` (waiting until `end` is reached)."""
+    return end - start
   def available_memory(self) -> int:
     """Bytes this device can still allocate (host memory on a CPU device, free GPU memory on a GPU)."""
     return self.allocator.available()
@@ -151,7 +159,9 @@ class Buffer:
     if self._handle is None:
       allocator = self._allocator = Device[self.device].allocator   # kept for __del__: no registry lookup there
       if self.base is not None: self._handle = allocator.view(self.base.handle, self.offset, max(self.nbytes, 1))
-      else: self._handle = allocator.alloc(max(self.nbytes, 1))
+      else:
+        self._handle = allocator.alloc(max(self.nbytes, 1))
+        if profiler.ENABLED: profiler.buffer_allocated(self)
       if self.initial is not None:
         initial, self.initial = self.initial, None
         self.copyin(initial)
@@ -160,7 +170,9 @@ class Buffer:
   def is_allocated(self) -> bool: return self._handle is not None
   def __del__(self):
     if self._handle is not None and self.base is None:
-      try: self._allocator.free(self._handle, max(self.nbytes, 1))
+      try:
+        self._allocator.free(self._handle, max(self.nbytes, 1))
+        if profiler.ENABLED: profiler.buffer_freed(self)
       except Exception: pass   # interpreter shutdown
   def _bytes_of(self, data: np.ndarray) -> memoryview:
     """data's bytes for a copy into this buffer (checked to be exactly its size)."""

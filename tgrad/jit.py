@@ -32,6 +32,8 @@ from tgrad.realize import CompiledKernel, ExecItem, HostCopy, JitError, capturin
 from tgrad.memory_planner import ArenaPlan, Lifetime, liveness, plan_arena, symbolic_peak
 from tgrad.shape.sint import to_sympy
 from tgrad.helpers import Context
+from tgrad import profiler
+from tgrad.traced_run import run_traced
 from tgrad.ops import Ops, UOp, symbolic_in_use
 from tgrad.lazy import LazyBuffer
 
@@ -246,10 +248,11 @@ class CompiledGraph:
         self.slots[s].buffer = buffer
         changed.append(s)
     keep_old_values_of(self.written_state)   # values built before this call that read state keep its old data
-    if Context.DEBUG >= 2: return self._run_one_by_one()
     for runner in self.runners:
       if changed: runner.bind(changed)
-      runner()
+    if Context.DEBUG >= 2: return self._run_one_by_one()
+    if profiler.ENABLED: return self._run_traced()
+    for runner in self.runners: runner()
 
   def _set_variables(self, var_vals: dict[str, int]) -> None:
     changed = {name: value for name, value in var_vals.items()
@@ -259,6 +262,13 @@ class CompiledGraph:
     touched = {id(ins): ins for name in changed for ins in self.users_of_variable[name]}
     for ins in touched.values(): ins.var_vals.update({k: v for k, v in changed.items() if k in ins.var_vals})
     for runner in self.runners: runner.rebind_variables(list(touched.values()))
+
+  def _run_traced(self) -> None:
+    """The profiler records: the same launches in the same order, one by one, each timed on its device (so a replay
+    shows every kernel; on CUDA this is not the CUDA graph's launch, whose kernels can't be timed one by one)."""
+    with profiler.phase("JIT replay", instructions=len(self.instructions)):
+      run_traced([ExecItem(ins.runner, [self.slots[s].buffer for s in ins.args], ins.var_vals, ins.output_count)
+                  for ins in self.instructions], "jit replay")
 
   def _run_one_by_one(self) -> None:
     for i, ins in enumerate(self.instructions):
@@ -420,7 +430,7 @@ class TinyJit:
   def _capture(self, args, kwargs, tensors: list[tuple[str, Tensor]], input_buffers: list[Buffer],
                others: list[tuple[str, Any]]):
     specs = [InputSpec.of(name, t) for name, t in tensors]
-    first_new_serial = newest_buffer_serial()
+    first_new_serial, start = newest_buffer_serial(), profiler.now()
     capture = None
     try:
       with capturing() as capture:
@@ -448,6 +458,7 @@ class TinyJit:
                                bool(plan))
     graph(input_buffers)
     self.captured = graph
+    if profiler.ENABLED: profiler.span("JIT capture", start, instructions=len(graph.instructions))
     return ret
 
   def _replay(self, tensors: list[tuple[str, Tensor]], input_buffers: list[Buffer], others: list[tuple[str, Any]]):

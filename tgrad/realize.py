@@ -22,6 +22,8 @@ from tgrad.codegen.kernel import Kernel
 from tgrad.codegen.compile import CompiledKernel, compile_kernel
 from tgrad.custom import runner_for
 from tgrad.helpers import Context, current_settings, gc_paused, settings_key
+from tgrad import profiler
+from tgrad.traced_run import run_traced
 
 __all__ = ["ExecItem", "BufferCopy", "HostCopy", "CompiledKernel", "compile_kernel", "choose_opts", "get_runner",
            "lower_schedule", "run", "run_schedule", "realize", "capturing", "copy_to_host", "JitError"]
@@ -100,7 +102,9 @@ def get_runner(device: str, ast: UOp, settings: Optional[tuple] = None) -> Compi
   key = (device, ast, *(settings or _settings()))
   if (runner := _runner_cache.get(key)) is None:
     kernel = Kernel(ast, Device[device].renderer)
+    start = profiler.now() if profiler.ENABLED else 0.0
     choose_opts(kernel)
+    if profiler.ENABLED: profiler.span("BEAM search" if Context.BEAM else "opts", start, kernel=kernel.name)
     _kernel_counter += 1
     runner = _runner_cache[key] = compile_kernel(device, kernel, f"{kernel.name}_n{_kernel_counter}")
   return runner
@@ -131,6 +135,7 @@ class _Totals:
 
 def run(exec_items: Sequence[ExecItem], debug: Optional[int] = None) -> None:
   """Launch the items in order (at DEBUG >= 2 each is timed and printed; `debug`: DEBUG as the caller read it)."""
+  if profiler.ENABLED: return run_traced(exec_items)
   if (current_settings().DEBUG if debug is None else debug) < 2:
     for item in exec_items: item.runner(item.bufs, False, item.var_vals)
     _Totals.kernels += len(exec_items)
@@ -179,6 +184,8 @@ def copy_to_host(buffer: Buffer) -> np.ndarray:
     raise JitError("reading a tensor's values (.numpy(), .item(), .tolist()) inside a TinyJit function: the value "
                    "would be read once, at capture, and replays would not read it again. Return the tensor from the "
                    "function and read it after the call")
+  if profiler.ENABLED:
+    with profiler.phase("synchronize + copy to host", bytes=buffer.nbytes): return buffer.copyout()
   return buffer.copyout()
 
 @gc_paused()
@@ -195,13 +202,22 @@ def keep_old_values_of(buffers: Sequence[Buffer]) -> None:
 
 def realize(*lbs: LazyBuffer) -> None:
   """Compute the given lazy values into device buffers (afterwards `lb.base.buffer` holds each)."""
+  tracing, start = profiler.ENABLED, profiler.realize_started() if profiler.ENABLED else 0.0
+  observe = profiler.graph_observer(lbs) if profiler.graph_observer is not None else None
   items = schedule(list(lbs), keep_old=_capture is None)
+  if tracing: start = profiler.span("schedule", start, items=len(items))
   exec_items = lower_schedule(items)
+  if tracing: start = profiler.span("lower", start)
+  if observe is not None:
+    observe(items)
+    if tracing: start = profiler.span("graph picture (GRAPH=1)", start)
   if _capture is not None:
     _capture.items.extend(exec_items)
+    if tracing: profiler.realize_ended()
     return
   debug = current_settings().DEBUG
   run(exec_items, debug)
+  if tracing: profiler.realize_ended(profiler.span("launch", start, launches=len(exec_items)))
   if items and debug >= 1:
     timed = f", {_Totals.seconds*1e3:.2f} ms in kernels" if debug >= 2 else ""
     print(f"realized {len(items)} schedule items; {_Totals.kernels} kernels run so far{timed}")

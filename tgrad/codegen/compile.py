@@ -12,6 +12,7 @@ from tgrad.codegen.kernel import Kernel, Opt
 from tgrad.codegen.linearizer import linearize
 from tgrad.device import Buffer, Device
 from tgrad.helpers import Context
+from tgrad import profiler
 from tgrad.ops import Ops
 from tgrad.shape.sint import evaluate, is_symbolic, sint, vmax_of
 
@@ -67,17 +68,25 @@ def compile_kernel(device: str, kernel: Kernel, name: Optional[str] = None) -> C
   winner hits the binary cache); `name` only labels the runner in DEBUG output."""
   dev = Device[device]
   name = name or kernel.name
+  tracing, begin = profiler.ENABLED, profiler.now()
   uops = linearize(kernel)
   src = dev.renderer.render(kernel.function_name, uops)
-  if Context.DEBUG >= 5:
-    for i, u in enumerate(uops): print(f"{i:4d} {u.op.name:14s} {str(u.dtype):18s} {u.arg!r}")
+  if tracing: begin = profiler.span("linearize + render", begin, kernel=name)
+  if Context.DEBUG >= 5: print(uops_text(uops))
   if Context.DEBUG >= 4: print(src)
   start = time.perf_counter()
   program = dev.load_program(kernel.function_name, src)
   compile_ms = (time.perf_counter() - start) * 1e3
+  if tracing: profiler.span("compile", begin, kernel=name)
   if Context.DEBUG >= 3: print(f"{name}: opts {kernel.applied_opts}, compiled and loaded in {compile_ms:.1f} ms")
   global_size, local_size = kernel.launch_dims()
   flops, nbytes = kernel.estimate()
   variables = tuple(sorted({u.arg[0] for u in uops if u.op is Ops.DEFINE_VAR}))   # the renderers' argument order
-  return CompiledKernel(name, program, global_size, local_size, src,
-                        list(kernel.applied_opts), flops, nbytes, device, variables)
+  runner = CompiledKernel(name, program, global_size, local_size, src,
+                          list(kernel.applied_opts), flops, nbytes, device, variables)
+  if tracing: profiler.kernel_compiled(runner, uops_text(uops))
+  return runner
+
+def uops_text(uops: Sequence) -> str:
+  """The linear UOps one per line (what DEBUG=5 prints and the viz page shows)."""
+  return "\n".join(f"{i:4d} {u.op.name:14s} {str(u.dtype):18s} {u.arg!r}" for i, u in enumerate(uops))

@@ -260,6 +260,14 @@ class CUDADevice(Compiled):
     self.sm_count = attr("MULTIPROCESSOR_COUNT")
     super().__init__("CUDA", CUDAAllocator(), NVRTCCompiler(self.arch), renderer, CUDAProgram)
   def synchronize(self) -> None: cuda.Context.synchronize()
+  def profile_mark(self) -> "cuda.Event":
+    """An event recorded on the legacy default stream, where kernels, copies and CUDA graphs run."""
+    event = cuda.Event()
+    event.record()
+    return event
+  def profile_elapsed(self, start: "cuda.Event", end: "cuda.Event") -> float:
+    end.synchronize()
+    return start.time_till(end) * 1e-3   # milliseconds → seconds
 
 def create_device() -> Compiled: return CUDADevice()
 

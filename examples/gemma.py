@@ -5,8 +5,10 @@ the `gemma` extra): it streams the continuation of its prompt as the tokens come
 package (or with --random, --preset or --config) it builds the architecture with seeded random weights instead and
 says how to get the real ones. --model FILE.gguf loads any Gemma 3 GGUF file (its tokenizer comes from the file);
 --quant chooses how its quantized weights are held: `dequant` (dequantized once at load into --dtype) or `packed`
-(kept as their blocks on the device, dequantized inside every matmul; about a quarter of float32's memory). The
-default is dequant: today's packed matvec is slower than dense weights on both devices (docs/gemma.md). --model DIR
+(kept as their blocks on the device, dequantized inside every matmul; about a quarter of float32's memory; once
+`python -m tgrad.paths profile --composites dequantize` measured both ways, TOLERANCE selects per graph between that and
+a copy dequantized once). The default is dequant: today's packed matvec is slower than dense weights on both devices
+(docs/gemma.md). --model DIR
 loads an HF checkpoint directory (config.json, model.safetensors, tokenizer.json) or resolves a Hub id in the local
 Hugging Face cache (offline). --chat wraps the prompt in Gemma 3's chat template and stops at <end_of_turn> (and
 <eos>). Greedy by default; --temperature,

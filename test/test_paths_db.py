@@ -354,7 +354,8 @@ def test_tolerance_is_not_part_of_the_kernel_cache_keys():
 def test_llvm_fingerprint_starts_no_gpu_and_hashes_the_same_in_another_process():
   code = ("import json, sys\nfrom tgrad.paths.fingerprint import hardware_fingerprint, fingerprint_key\n"
           "fp = hardware_fingerprint('cpu')\n"
-          "print(json.dumps([fp, fingerprint_key(fp), 'pycuda' in sys.modules, 'tgrad.runtime.cuda' in sys.modules]))")
+          "print(json.dumps([fp, fingerprint_key(fp), 'pycuda' in sys.modules, "
+          "'tgrad.runtime.cuda.runtime' in sys.modules]))")
   result = run_python(code, REPO_ROOT / "unused.db")
   assert result.returncode == 0, result.stderr
   fingerprint, key, pycuda_loaded, cuda_loaded = json.loads(result.stdout)

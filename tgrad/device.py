@@ -189,11 +189,11 @@ class Buffer:
     return f"<Buffer {self.device} {self.size} {self.dtype}{where}>"
 
 class _DeviceRegistry:
-  """`Device["LLVM"]` loads tgrad/runtime/llvm.py once and returns its Compiled device."""
+  """`Device["LLVM"]` loads tgrad/runtime/llvm/runtime.py once and returns its Compiled device."""
   @functools.cache
   def __getitem__(self, name: str) -> Compiled:
     name = canonical_device(name)
-    try: module = importlib.import_module(f"tgrad.runtime.{name.lower()}")
+    try: module = importlib.import_module(f"tgrad.runtime.{name.lower()}.runtime")
     except ImportError as error:
       package = (error.name or "").split(".")[0]
       if package == "tgrad": raise   # a bug in tgrad, not a missing package
@@ -207,7 +207,7 @@ class _DeviceRegistry:
   def available(self, name: str) -> bool:
     """Whether the device can be used; a runtime's `is_usable()` answers without starting the device."""
     try:
-      module = importlib.import_module(f"tgrad.runtime.{canonical_device(name).lower()}")
+      module = importlib.import_module(f"tgrad.runtime.{canonical_device(name).lower()}.runtime")
       if hasattr(module, "is_usable"): return bool(module.is_usable())
       self[name]
       return True

@@ -132,7 +132,7 @@ def graph_runner_class(device: str) -> Callable[..., GraphRunner]:
   plain loop."""
   if device in GRAPH_RUNNERS: return GRAPH_RUNNERS[device]
   if device == "CUDA":
-    from tgrad.runtime.cuda_graph import CUDAGraphRunner, graphs_enabled   # the CUDA runtime is loaded by now
+    from tgrad.runtime.cuda.graph import CUDAGraphRunner, graphs_enabled   # the CUDA runtime is loaded by now
     if graphs_enabled(): return CUDAGraphRunner
   return PlainGraphRunner
 

@@ -45,13 +45,13 @@ def _cuda_fingerprint() -> dict:
   from tgrad.device import Device
   device = Device["CUDA"]   # first: without pycuda or a GPU this raises DeviceUnavailable, saying why
   import pycuda.driver as cuda
-  from tgrad.runtime.nvrtc import nvrtc_version
+  from tgrad.runtime.cuda.nvrtc import nvrtc_version
   return cuda_fingerprint(device.context, cuda.get_driver_version(), cuda.get_version(), nvrtc_version())
 
 def cuda_fingerprint(context: Any, driver_version: int, cuda_version: tuple, nvrtc: tuple) -> dict:
-  """The fingerprint of the GPU behind a runtime/cuda.py CUDAContext (its pycuda `device`, `compute_capability` and
-  `attribute(name)`), with the driver version (an int such as 12080), the CUDA version pycuda was built for and
-  NVRTC's version (it compiles every kernel, so a new NVRTC can change a path's code)."""
+  """The fingerprint of the GPU behind a CUDAContext (runtime/cuda/runtime.py: its pycuda `device`,
+  `compute_capability` and `attribute(name)`), with the driver version (an int such as 12080), the CUDA version
+  pycuda was built for and NVRTC's version (it compiles every kernel, so a new NVRTC can change a path's code)."""
   major, minor = context.compute_capability
   return {"device": "CUDA", "gpu_name": context.device.name(), "compute_capability": f"{major}.{minor}",
           "multiprocessors": int(context.attribute("MULTIPROCESSOR_COUNT")),

@@ -1,1 +1,2 @@
-"""Device runtimes, one file per device: each module's `create_device()` returns a `tgrad.device.Compiled`."""
+"""Device runtimes, one package per device: `<device>/runtime.py`'s `create_device()` makes its
+`tgrad.device.Compiled`."""

@@ -14,7 +14,7 @@ import numpy as np
 import llvmlite
 import llvmlite.binding as llvm
 from tgrad.device import Allocator, BinaryLoadError, Compiler, Compiled
-from tgrad.codegen.llvmir import LLVMRenderer
+from tgrad.runtime.llvm.renderer import LLVMRenderer
 from tgrad.helpers import cpu_count
 
 BUFFER_ALIGNMENT = 64   # bytes: a cache line, and the widest vector load (AVX-512)

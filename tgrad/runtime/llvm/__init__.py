@@ -1,0 +1,1 @@
+"""The LLVM (CPU) device: its renderer (LLVM IR) and llvmlite runtime."""

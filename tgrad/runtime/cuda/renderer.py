@@ -6,9 +6,9 @@ the Ops docstring's, as llvm/renderer.py renders them: guarded integer division,
 saturating float→int casts, wrapping signed arithmetic, half/bfloat16 math done in float and rounded after every op.
 Index math is 64-bit (dtypes.index); each value whose range (vmin/vmax) provably fits 32 bits is computed as `int`
 instead, which GPUs do at twice the speed with half the registers (`narrow_index_values`). `vector_groups` turns runs
-of contiguous, aligned scalar loads/stores into float4-style vector accesses (16-bit values that ALU ops read: 8 per 16-byte uint4). On sm_80+
-WMMA is an inline `mma.sync` (tensor cores): fragments are scalar variables, half/bfloat16 pairs packed into 32-bit
-registers, TF32 operands one float's bits per register.
+of contiguous, aligned scalar loads/stores into float4-style vector accesses (16-bit values that ALU ops read: 8 per
+16-byte uint4). On sm_80+ WMMA is an inline `mma.sync` (tensor cores): fragments are scalar variables, half/bfloat16
+pairs packed into 32-bit registers, TF32 operands one float's bits per register.
 """
 from __future__ import annotations
 import math

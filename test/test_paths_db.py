@@ -12,8 +12,10 @@ from tgrad.dtype import dtypes
 from tgrad.helpers import Context, SettingError, _settings_from_environment, code_settings, settings_key
 from tgrad.paths.db import (GRAPHS, HARDWARE, RUNS, Measurement, PathsDB, default_tolerance, get_paths_db,
                             sanity_bound, select, selection_tolerance, summarize)
-from tgrad.paths.fingerprint import (cpu_model, cuda_fingerprint, describe_difference, fingerprint_key,
-                                     hardware_fingerprint, source_hash, tgrad_version)
+from tgrad.helpers import cpu_model
+from tgrad.paths.fingerprint import (describe_difference, fingerprint_key, hardware_fingerprint, source_hash,
+                                     tgrad_version)
+from tgrad.runtime.cuda.fingerprint import cuda_fingerprint
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SUBPROCESS_TIMEOUT_SECONDS = 60

@@ -60,8 +60,7 @@ def _after_fork_in_child() -> None:
   for context in _DriverState.contexts: context.context = None
   _DriverState.contexts = []
   from tgrad.device import Device
-  type(Device).__getitem__.cache_clear()
-  type(Device).available.cache_clear()
+  Device.forget()
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
@@ -258,7 +257,7 @@ class CUDADevice(Compiled):
       max_local_dims=(attr("MAX_BLOCK_DIM_X"), attr("MAX_BLOCK_DIM_Y"), attr("MAX_BLOCK_DIM_Z")),
       shared_memory_bytes=attr("MAX_SHARED_MEMORY_PER_BLOCK_OPTIN"))   # beyond 48 KiB: dynamic (see CUDAProgram)
     self.sm_count = attr("MULTIPROCESSOR_COUNT")
-    super().__init__("CUDA", CUDAAllocator(), NVRTCCompiler(self.arch), renderer, CUDAProgram)
+    super().__init__("CUDA", CUDAAllocator(), NVRTCCompiler(self.arch), renderer, CUDAProgram, self.arch)
   def synchronize(self) -> None: cuda.Context.synchronize()
 
 def create_device() -> Compiled: return CUDADevice()

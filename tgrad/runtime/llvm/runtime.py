@@ -182,4 +182,4 @@ class LLVMProgram:
     return run_on_cores
 
 def create_device() -> Compiled:
-  return Compiled("LLVM", LLVMAllocator(), LLVMCompiler(), LLVMRenderer(), LLVMProgram)
+  return Compiled("LLVM", LLVMAllocator(), LLVMCompiler(), LLVMRenderer(), LLVMProgram, arch=llvm.get_host_cpu_name())

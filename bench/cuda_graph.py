@@ -1,5 +1,5 @@
 """GPU benchmark: launch cost per kernel for N tiny tgrad kernels, eager (one pycuda launch from Python each) against
-one CUDA graph of the same N kernels (tgrad/runtime/cuda_graph.py).
+one CUDA graph of the same N kernels (tgrad/runtime/cuda/graph.py).
 
 The kernel is tgrad's own `x + 1` over TINY_ELEMENTS float32s, chained through two buffers (a → b → a ...), so each
 kernel depends on the one before, as in a model's step. Times: GPU span of all N kernels between two CUDA events
@@ -18,7 +18,7 @@ from tgrad.device import Buffer  # noqa: E402
 from tgrad.dtype import dtypes  # noqa: E402
 from tgrad.schedule import create_schedule  # noqa: E402
 from tgrad.realize import get_runner, run_schedule  # noqa: E402
-from tgrad.runtime.cuda_graph import CUDAGraph, KernelLaunch  # noqa: E402
+from tgrad.runtime.cuda.graph import CUDAGraph, KernelLaunch  # noqa: E402
 
 REPEATS = 20
 TINY_ELEMENTS = 256   # one block: the kernel's own time is far below its launch cost

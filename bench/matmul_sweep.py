@@ -134,7 +134,7 @@ def sweep(kind: str, n: int, dry: bool, match: str = "") -> None:
                 if match in label}
   flops = 2 * n ** 3
   if dry:
-    from tgrad.codegen.cuda import CUDARenderer
+    from tgrad.runtime.cuda.renderer import CUDARenderer
     from tgrad.codegen.linearizer import linearize
     item, _, _ = matmul_ast(n, half, "LLVM")
     for label, opts in candidates.items():

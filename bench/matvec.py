@@ -29,7 +29,7 @@ from tgrad.schedule import create_schedule  # noqa: E402
 from tgrad.codegen.kernel import Kernel, KernelOptError, Opt, OptOps  # noqa: E402
 from tgrad.codegen.heuristics import hand_coded_optimizations  # noqa: E402
 from tgrad.codegen.linearizer import linearize  # noqa: E402
-from tgrad.runtime.nvrtc import compile_cuda  # noqa: E402
+from tgrad.runtime.cuda.nvrtc import compile_cuda  # noqa: E402
 
 KERNEL_NAME = "matvec"
 REPEATS = 50                    # timed launches per measurement (median); --sweep uses SWEEP_REPEATS
@@ -369,7 +369,7 @@ def run_sweep(problem: Problem, pool, repeats: int, bandwidth: float, dump=None)
 
 def dry_run(cases: list[Case], dtype_list: list[DType], sweep: bool) -> None:
   """Build and compile the heuristic kernel (and the sweep's candidates) of every case with NVRTC; no GPU."""
-  from tgrad.codegen.cuda import CUDARenderer
+  from tgrad.runtime.cuda.renderer import CUDARenderer
   renderer = CUDARenderer()
   pool = multiprocessing.get_context("spawn").Pool(2) if sweep else None
   for case in cases:

@@ -11,7 +11,7 @@ import argparse, os, sys
 import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from tgrad import Tensor, dtypes  # noqa: E402
-from tgrad.codegen.cuda import CUDARenderer  # noqa: E402
+from tgrad.runtime.cuda.renderer import CUDARenderer  # noqa: E402
 from tgrad.codegen.heuristics import hand_coded_optimizations  # noqa: E402
 from tgrad.codegen.kernel import Kernel  # noqa: E402
 from tgrad.models.gemma3 import Gemma3, Gemma3Config, PRESETS  # noqa: E402

@@ -10,8 +10,8 @@ def checking_cuda(get_runner: Callable, function_name: str) -> Callable:
   from tgrad.codegen.kernel import Kernel
   from tgrad.codegen.linearizer import linearize
   from tgrad.codegen.heuristics import hand_coded_optimizations
-  from tgrad.codegen.cuda import CUDARenderer
-  from tgrad.runtime.nvrtc import compile_cuda
+  from tgrad.runtime.cuda.renderer import CUDARenderer
+  from tgrad.runtime.cuda.nvrtc import compile_cuda
   checked: set = set()
   def get_runner_checking_cuda(device, ast, *rest):
     if ast.key not in checked:

@@ -23,8 +23,8 @@ from tgrad.codegen.kernel import Kernel, Opt, OptOps
 from tgrad.codegen.linearizer import linearize
 from tgrad.codegen.reduces import ACCUMULATE_BLOCK, BLOCK_LOOP_ARG
 from tgrad.codegen.heuristics import hand_coded_optimizations
-from tgrad.codegen.cuda import CUDARenderer, CUDA_MAX_GRID
-from tgrad.runtime.nvrtc import compile_cuda, nvrtc_available
+from tgrad.runtime.cuda.renderer import CUDARenderer, CUDA_MAX_GRID
+from tgrad.runtime.cuda.nvrtc import compile_cuda, nvrtc_available
 
 BIG = (1 << 31) + 64        # elements: past the int32 range, and even (the CPU's THREAD opt splits it in two)
 RESIDUE = 251               # the big buffer holds i % RESIDUE at position i: every sampled value says where it was read

@@ -230,8 +230,8 @@ def cuda_sources(out: Tensor) -> list[str]:
   from tgrad.codegen.kernel import Kernel
   from tgrad.codegen.linearizer import linearize
   from tgrad.codegen.heuristics import hand_coded_optimizations
-  from tgrad.codegen.cuda import CUDARenderer
-  from tgrad.runtime.nvrtc import compile_cuda
+  from tgrad.runtime.cuda.renderer import CUDARenderer
+  from tgrad.runtime.cuda.nvrtc import compile_cuda
   sources = []
   for item in create_schedule([out.lazydata], commit=False):
     if item.ast.op is not Ops.SINK: continue
@@ -243,7 +243,7 @@ def cuda_sources(out: Tensor) -> list[str]:
   return sources
 
 def needs_nvrtc():
-  from tgrad.runtime.nvrtc import nvrtc_available
+  from tgrad.runtime.cuda.nvrtc import nvrtc_available
   if not nvrtc_available(): pytest.skip("libnvrtc not found (pip install nvidia-cuda-nvrtc)")
 
 # composite, lowering, what the CUDA source must contain, what it must not

@@ -583,7 +583,7 @@ def test_stream_ordered_copies(device):
   """copyin_async lands after the queued kernels and before later ones; copyout_async reads what the queued work
   left; more reads in flight than the pinned ring has slots keep their values; copies past a slot fall back."""
   rng = np.random.default_rng(5)
-  from tgrad.runtime.cuda import ASYNC_SLOTS, ASYNC_SLOT_BYTES
+  from tgrad.runtime.cuda.runtime import ASYNC_SLOTS, ASYNC_SLOT_BYTES
   buffer = Buffer(device, 256, dtypes.int32).copyin(np.zeros(256, np.int32))
   reads = []
   for _ in range(3 * ASYNC_SLOTS):

@@ -1,4 +1,4 @@
-"""CUDA graphs (tgrad/runtime/cuda_graph.py): replays of real tgrad kernels against their eager results and numpy,
+"""CUDA graphs (tgrad/runtime/cuda/graph.py): replays of real tgrad kernels against their eager results and numpy,
 argument patching between replays, a 500-node graph, ordering with eager kernels on the same stream.
 
 Tests marked `gpu` need an NVIDIA GPU and pycuda (test/conftest.py skips them otherwise). The rest run everywhere:
@@ -9,7 +9,7 @@ import ctypes, os, subprocess, sys
 import numpy as np
 import pytest
 from tgrad.helpers import Context
-from tgrad.runtime.cuda_graph import (CUDAGraph, CUDAGraphError, DRIVER_FUNCTIONS, KernelLaunch, KernelNodeParams,
+from tgrad.runtime.cuda.graph import (CUDAGraph, CUDAGraphError, DRIVER_FUNCTIONS, KernelLaunch, KernelNodeParams,
                                       check, graphs_enabled)
 
 gpu = pytest.mark.gpu
@@ -37,7 +37,7 @@ def test_struct_taking_calls_are_the_v2_entry_points():
 
 def test_module_imports_without_pycuda_and_reads_the_switch():
   script = ("import sys; sys.modules['pycuda'] = None\n"   # any `import pycuda` now fails
-            "import tgrad.runtime.cuda_graph as g\n"
+            "import tgrad.runtime.cuda.graph as g\n"
             "assert 'pycuda' not in [m.split('.')[0] for m in sys.modules if sys.modules[m] is not None]\n"
             "print(g.graphs_enabled())")
   for value, expected in (("0", "False"), ("1", "True")):

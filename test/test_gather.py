@@ -18,7 +18,7 @@ from tgrad.codegen import search
 from tgrad.codegen.kernel import Kernel, Opt, OptOps, is_gather_load
 from tgrad.codegen.linearizer import linearize
 from tgrad.codegen.heuristics import hand_coded_optimizations
-from tgrad.runtime.nvrtc import compile_cuda, nvrtc_available
+from tgrad.runtime.cuda.nvrtc import compile_cuda, nvrtc_available
 
 DEVICE = "LLVM"
 FLOAT32 = dict(rtol=1e-6, atol=1e-6)
@@ -239,7 +239,7 @@ needs_nvrtc = pytest.mark.skipif(not nvrtc_available(), reason="libnvrtc not fou
                                                      (dtypes.int64, dtypes.bfloat16)])
 @pytest.mark.parametrize("opts", [None, [Opt(OptOps.UPCAST, 1, 4), Opt(OptOps.LOCAL, 1, 8)]])
 def test_cuda_renders_the_data_dependent_load(index_dtype, table_dtype, opts):
-  from tgrad.codegen.cuda import CUDARenderer
+  from tgrad.runtime.cuda.renderer import CUDARenderer
   table = LazyBuffer.from_host(np.zeros((1000, 64), table_dtype.np if table_dtype != dtypes.bfloat16 else np.uint16),
                                DEVICE, table_dtype)
   ids = LazyBuffer.from_host(np.zeros((7,), index_dtype.np), DEVICE)

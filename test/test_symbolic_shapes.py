@@ -12,10 +12,10 @@ from tgrad.scalars import param_bits
 from tgrad.shape.shapetracker import ShapeTracker
 from tgrad.shape.sint import evaluate, to_sympy
 from tgrad.codegen.kernel import Kernel, KernelOptError, Opt, OptOps
-from tgrad.codegen.cuda import CUDARenderer
+from tgrad.runtime.cuda.renderer import CUDARenderer
 from tgrad.codegen.heuristics import hand_coded_optimizations
 from tgrad.codegen.linearizer import linearize
-from tgrad.runtime.nvrtc import nvrtc_available
+from tgrad.runtime.cuda.nvrtc import nvrtc_available
 import tgrad.realize as realize_module
 import tgrad.schedule_cache as schedule_cache
 from tgrad.helpers import prod
@@ -403,7 +403,7 @@ needs_nvrtc = pytest.mark.skipif(not nvrtc_available(), reason="libnvrtc not fou
 @pytest.mark.parametrize("case", ["elementwise", "reduce_symbolic_axis", "reduce_other_axis", "matmul", "mean",
                                   "softmax_rows", "argmax"])
 def test_cuda_kernels_with_variables_compile(case, data):
-  from tgrad.runtime.nvrtc import compile_cuda
+  from tgrad.runtime.cuda.nvrtc import compile_cuda
   _, _, tx, tw = data
   t = tx[:ROWS.bind(5)]
   out = {"elementwise": lambda: (t * 2 + 1).exp(), "reduce_symbolic_axis": lambda: t.sum(0),
@@ -446,7 +446,7 @@ def test_beam_searches_once_for_every_value(data):
 # ---- CUDA graphs: a new value patches the kernel nodes' arguments and grid (no GPU: a recording graph)
 
 def test_cuda_graph_runner_patches_variable_args_and_grid(monkeypatch):
-  import tgrad.runtime.cuda_graph as cuda_graph
+  import tgrad.runtime.cuda.graph as cuda_graph
   from tgrad.codegen.compile import CompiledKernel
   from tgrad.jit import Instruction
   class RecordingGraph:
@@ -477,7 +477,7 @@ def test_cuda_graph_runner_variable_patches_fuzz(monkeypatch):
   at random values (each call sets a random subset); after every call each node holds exactly the launch a fresh
   build at the current values would make (pointers, values, grid), and only the kernels taking a changed variable
   are patched."""
-  import tgrad.runtime.cuda_graph as cuda_graph
+  import tgrad.runtime.cuda.graph as cuda_graph
   from tgrad.codegen.compile import CompiledKernel
   from tgrad.jit import Instruction
   class RecordingGraph:

@@ -124,7 +124,7 @@ def test_llvm_ir_kernel_verified_and_run(kernels):
   np.testing.assert_allclose(out.numpy(), 2 * np.maximum(a.numpy() * b.numpy() + c.numpy(), 0), rtol=1e-6)
 
 def test_cuda_sources_compile_with_nvrtc():
-  from tgrad.runtime.nvrtc import compile_cuda, nvrtc_available
+  from tgrad.runtime.cuda.nvrtc import compile_cuda, nvrtc_available
   if not nvrtc_available(): pytest.skip("libnvrtc not found")
   example = _load_example()
   for source in (example.FMA_RELU_CUDA, example.RMS_NORM_CUDA):

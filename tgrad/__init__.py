@@ -4,6 +4,7 @@
 settings that environment variables set; `TinyJit` captures a function's kernels and replays them; `Variable` names
 a symbolic size (docs/symbolic.md); `profile("trace.json")` records a trace of a block (docs/viz.md).
 """
+import tgrad.runtime  # noqa: F401  (registers every device package's Backend, loading no device)
 from tgrad.tensor import Tensor
 from tgrad.dtype import DType, dtypes
 from tgrad.device import Device

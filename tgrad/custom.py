@@ -20,13 +20,13 @@ import hashlib, time
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence, Union
 import numpy as np
+from tgrad.backend import language_devices
 from tgrad.device import Buffer, Device
 from tgrad.dtype import DType, bfloat16_to_float32, dtypes
 from tgrad.helpers import prod
 from tgrad.shape.sint import evaluate, sint, unbind
 
 NUMPY = "NUMPY"   # the name of the host backend in a path's parts (it is not a Device: its runner runs on the host)
-LANGUAGES = {"cuda": "CUDA", "llvm": "LLVM"}   # a SourceKernel's language → the device whose compiler takes it
 
 @dataclass(frozen=True)
 class Launch:
@@ -130,8 +130,8 @@ class SourceKernel(CustomKernel):
   in_shapes: tuple[tuple[int, ...], ...]
   out_shape: tuple[int, ...]
   def __post_init__(self):
-    if self.language not in LANGUAGES:
-      raise ValueError(f"kernel {self.name!r}: language {self.language!r}: use one of {sorted(LANGUAGES)}")
+    if self.language not in (languages := language_devices()):
+      raise ValueError(f"kernel {self.name!r}: language {self.language!r}: use one of {sorted(languages)}")
   def runner(self, device: str) -> SourceKernelRunner: return SourceKernelRunner(self, device)
   def stable_repr(self) -> str:
     digest = hashlib.sha256(self.source.encode()).hexdigest()[:16]
@@ -141,9 +141,8 @@ class SourceKernelRunner:
   """A compiled, loaded SourceKernel: launched on (output, *inputs) Buffers; seconds when wait."""
   flops = 0
   def __init__(self, kernel: SourceKernel, device: str):
-    if LANGUAGES[kernel.language] != device:
-      raise ValueError(f"kernel {kernel.name!r} is {kernel.language} source: it runs on {LANGUAGES[kernel.language]}, "
-                       f"not {device}")
+    if (home := language_devices()[kernel.language]) != device:
+      raise ValueError(f"kernel {kernel.name!r} is {kernel.language} source: it runs on {home}, not {device}")
     dev = Device[device]
     self.name, self.kernel = f"user:{kernel.name}", kernel
     self.program = dev.load_program(kernel.entry, kernel.source)

@@ -1,36 +1,30 @@
-"""Devices and buffers: the contract every backend implements, and the registry that finds them.
+"""Devices and buffers: the contract every backend implements, and the started devices.
 
-A backend (tgrad/runtime/<name>.py) provides a `Compiled` device: an `Allocator` (alloc, free, copyin, copyout, and
-view: a window of an allocation), a `Compiler` (source → bytes), a `Program` factory (bytes → callable on buffers,
-with `prepare` for a launch whose arguments are fixed), a renderer class that turns linear UOps into its source, and
-how much memory it can still give. `Buffer` is one device allocation (or a view of one) with a dtype and element
-count. `DEVICE_TRAITS` describes each kind of device without starting it: graph building reads only that.
+A backend (a package tgrad/runtime/<name>/, registered in tgrad/backend.py) provides a `Compiled` device: an
+`Allocator` (alloc, free, copyin, copyout, and view: a window of an allocation), a `Compiler` (source → bytes), a
+`Program` factory (bytes → callable on buffers, with `prepare` for a launch whose arguments are fixed), a renderer that
+turns linear UOps into its source, and how much memory it can still give. `Buffer` is one device allocation (or a view
+of one) with a dtype and element count. `Device[name]` starts a registered backend once; `canonical_device` resolves a
+device's spellings; `DEVICE_TRAITS[name]` is what graph building may know of a device without starting it.
 """
 from __future__ import annotations
-import functools, importlib, os, time
-from dataclasses import dataclass
+import functools, os, time
 from typing import Any, Callable, Optional
 import numpy as np
+from tgrad.backend import HOST_DEVICE, DeviceTraits, backend, backend_name, device_spellings, known_devices, \
+  on_registry_change, preferred_devices
 from tgrad.dtype import DType
 from tgrad.helpers import Context
 from tgrad import profiler
 
-KNOWN_DEVICES = ("LLVM", "CUDA")
-_ALIASES = {"CPU": "LLVM", "GPU": "CUDA"}
-# what to run when a device's Python packages are missing, and what a failure to start it usually means
-_INSTALL_COMMANDS = {"LLVM": "pip install -e .", "CUDA": "pip install -e '.[cuda]'"}
-_START_FAILURES = {"CUDA": "no GPU is visible to the CUDA driver (check `nvidia-smi` and CUDA_VISIBLE_DEVICES); "
-                           "DEVICE=LLVM runs on the CPU"}
-
 class DeviceUnavailable(RuntimeError):
   """A device that can't start: the message says why, and what to install or check."""
 
-@dataclass(frozen=True)
-class DeviceTraits:
-  """What graph building may know about a kind of device without loading it (the renderer says the same)."""
-  has_local: bool   # thread blocks with local ids (GPU); False: one program instance per CPU core
+class _TraitsByDevice:
+  """`DEVICE_TRAITS[name]`: a registered device's traits, read without starting it."""
+  def __getitem__(self, name: str) -> DeviceTraits: return backend(canonical_device(name)).traits
 
-DEVICE_TRAITS = {"LLVM": DeviceTraits(has_local=False), "CUDA": DeviceTraits(has_local=True)}
+DEVICE_TRAITS = _TraitsByDevice()
 
 class OutOfMemoryError(MemoryError):
   """A device cannot give the bytes asked for; the message names the device, the bytes needed and those available."""
@@ -39,18 +33,18 @@ class OutOfMemoryError(MemoryError):
     super().__init__(f"{device}: {what or 'allocation'} needs {needed} bytes ({needed / 2**20:.1f} MiB), only "
                      f"{available} bytes ({available / 2**20:.1f} MiB) are available")
 
-# Names already resolved, and the canonical names themselves: every op's device goes through canonical_device.
-_canonical_names: dict[str, str] = {name: name for name in KNOWN_DEVICES}
+# Names already resolved: every op's device goes through canonical_device. Forgotten when a backend is (un)registered.
+_canonical_names: dict[str, str] = {}
 MAX_DEVICE_NAMES = 1024   # bounds the memo of spellings ('cuda:0', 'Cpu', ...) a program may use
+on_registry_change(_canonical_names.clear)
 
 def canonical_device(name: Optional[str]) -> str:
   """'cuda:0' → 'CUDA', 'cpu' → 'LLVM', None → the default device. Unknown names raise ValueError."""
   if name is None: return Device.default()
   if type(name) is str and (known := _canonical_names.get(name)) is not None: return known
-  if not isinstance(name, str): raise TypeError(f"device must be a str such as 'CUDA' or 'LLVM', got {name!r}")
-  base = name.split(":")[0].upper()
-  base = _ALIASES.get(base, base)
-  if base not in KNOWN_DEVICES: raise ValueError(f"unknown device {name!r}; known: {', '.join(KNOWN_DEVICES)}")
+  if not isinstance(name, str): raise TypeError(f"device must be a str such as {HOST_DEVICE!r}, got {name!r}")
+  base = backend_name(name.split(":")[0])
+  if base is None: raise ValueError(f"unknown device {name!r}; known: {', '.join(known_devices())}")
   if type(name) is str and len(_canonical_names) < MAX_DEVICE_NAMES: _canonical_names[name] = base
   return base
 
@@ -105,10 +99,12 @@ class Compiler:
     return binary
 
 class Compiled:
-  """One device: its allocator, compiler, renderer and program loader, plus its limits."""
+  """One device: its allocator, compiler, renderer and program loader, plus its limits. `arch` names the processor
+  its timings belong to (the GPU architecture, the host CPU's name), part of the search cache key."""
   def __init__(self, name: str, allocator: Allocator, compiler: Compiler, renderer: Any,
-               program: Callable[[str, bytes], Callable]):
+               program: Callable[[str, bytes], Callable], arch: str = ""):
     self.name, self.allocator, self.compiler, self.renderer, self.program = name, allocator, compiler, renderer, program
+    self.arch = arch
   def synchronize(self) -> None: pass
   def profile_mark(self) -> Any:
     """A point in this device's queue of work, for the profiler. A device whose launches return when their work is
@@ -201,38 +197,44 @@ class Buffer:
     return f"<Buffer {self.device} {self.size} {self.dtype}{where}>"
 
 class _DeviceRegistry:
-  """`Device["LLVM"]` loads tgrad/runtime/llvm.py once and returns its Compiled device."""
+  """`Device["LLVM"]` starts the registered backend once (tgrad/backend.py) and returns its Compiled device."""
   @functools.cache
   def __getitem__(self, name: str) -> Compiled:
-    name = canonical_device(name)
-    try: module = importlib.import_module(f"tgrad.runtime.{name.lower()}")
+    found = backend(canonical_device(name))
+    try: return found.start()
     except ImportError as error:
       package = (error.name or "").split(".")[0]
       if package == "tgrad": raise   # a bug in tgrad, not a missing package
-      raise DeviceUnavailable(f"device {name} needs the Python package {package or error}, which is not installed: "
-                              f"{_INSTALL_COMMANDS[name]}") from error
-    try: return module.create_device()
+      raise DeviceUnavailable(f"device {found.name} needs the Python package {package or error}, which is not "
+                              f"installed: {found.install}") from error
     except Exception as error:
-      reason = _START_FAILURES.get(name, "its runtime failed to start")
-      raise DeviceUnavailable(f"device {name} can't start: {reason} ({type(error).__name__}: {error})") from error
+      raise DeviceUnavailable(f"device {found.name} can't start: {found.start_failure} "
+                              f"({type(error).__name__}: {error})") from error
   @functools.cache
   def available(self, name: str) -> bool:
-    """Whether the device can be used; a runtime's `is_usable()` answers without starting the device."""
+    """Whether the device can be used; a backend's `is_usable()` answers without starting the device."""
     try:
-      module = importlib.import_module(f"tgrad.runtime.{canonical_device(name).lower()}")
-      if hasattr(module, "is_usable"): return bool(module.is_usable())
+      found = backend(canonical_device(name))
+      if found.is_usable is not None: return bool(found.is_usable())
       self[name]
       return True
     except Exception:
       return False
+  def forget(self) -> None:
+    """Drop the started devices and availability answers (a backend was registered or unregistered, or a forked
+    child can't use its parent's devices)."""
+    type(self).__getitem__.cache_clear()
+    type(self).available.cache_clear()
   def default(self) -> str:
-    """DEVICE if set (an unknown name raises ValueError naming it), else CUDA when it starts, else LLVM."""
+    """DEVICE if set (an unknown name raises ValueError naming it), else the first usable preferred device (a
+    backend's default_priority: CUDA), else the host device (LLVM)."""
     if (chosen := Context.DEVICE or os.environ.get("DEVICE", "").strip()):
       try: return canonical_device(chosen)
       except ValueError:
-        allowed = ", ".join(KNOWN_DEVICES + tuple(_ALIASES))
-        raise ValueError(f"DEVICE={chosen!r} is not a device; allowed: {allowed} (any case, optionally with ':N'), "
-                         "or unset for CUDA when a GPU is usable, else LLVM") from None
-    return "CUDA" if self.available("CUDA") else "LLVM"
+        raise ValueError(f"DEVICE={chosen!r} is not a device; allowed: {', '.join(device_spellings())} (any case, "
+                         f"optionally with ':N'), or unset for the first usable of "
+                         f"{', '.join(preferred_devices() + [HOST_DEVICE])}") from None
+    return next((name for name in preferred_devices() if self.available(name)), HOST_DEVICE)
 
 Device = _DeviceRegistry()
+on_registry_change(Device.forget)

@@ -74,7 +74,7 @@ class dtypes:
   default_float = float32
   default_int = int32
   # the dtype of index arithmetic in kernels: 64-bit, so sizes, strides and offsets of any buffer a device can hold are
-  # exact; a renderer may compute a value in 32 bits where its vmin/vmax prove it fits (codegen/cuda.py does)
+  # exact; a renderer may compute a value in 32 bits where its vmin/vmax prove it fits (runtime/cuda/renderer.py does)
   index = int64
 
   @staticmethod

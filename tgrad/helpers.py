@@ -4,7 +4,7 @@ Environment variables are read once into `Context` fields; `with Context(BEAM=2)
 Every switch is listed in docs/env.md. Nothing here imports from the rest of tgrad.
 """
 from __future__ import annotations
-import contextlib, functools, gc, math, os
+import contextlib, functools, gc, math, os, platform
 from dataclasses import dataclass, fields, replace
 from typing import Any, Callable, Generator, Iterable, Optional, TypeVar
 
@@ -63,6 +63,17 @@ class gc_paused:
 def cpu_count() -> int:
   """CPU threads to use: THREADS if set, else every core."""
   return Context.THREADS or os.cpu_count() or 1
+
+def cpu_model(cpuinfo_path: str = "/proc/cpuinfo") -> str:
+  """The CPU's marketing name ('AMD EPYC 9555 64-Core Processor'): the first 'model name' of /proc/cpuinfo on Linux,
+  else what the platform module reports."""
+  try:
+    with open(cpuinfo_path) as info:
+      for line in info:
+        name, _, value = line.partition(":")
+        if name.strip() in ("model name", "Model") and value.strip(): return value.strip()
+  except OSError: pass   # not Linux, or /proc is not mounted: ask the platform module
+  return platform.processor() or platform.machine() or "unknown"
 
 def getenv(key: str, default=0):
   value = os.environ.get(key)

@@ -13,8 +13,8 @@ is one buffer of the program, of one kind:
               weights), the returned tensors' buffers, and anything else still referenced after the capture call;
   activation  transient: made and dead within one call. JIT_PLAN=1 (the default) packs them into one arena per
               device (memory_planner.py), each a view at its offset; JIT_PLAN=0 gives each its own allocation.
-Each device's run of instructions goes to a graph runner chosen by device (GRAPH_RUNNERS; PlainGraphRunner, a loop
-over launches prepared once, for every device without its own), so a device can replay its part its own way.
+Each device's run of instructions goes to the graph runner its backend names (tgrad/backend.py; PlainGraphRunner, a
+loop over launches prepared once, for every device without its own), so a device can replay its part its own way.
 Symbolic shapes: a capture made with a variable bound to one value replays for any value in its range. The values
 of a call come from its Tensor arguments' shapes and views and from bound Variables passed as arguments; the
 instructions whose kernels take a changed variable get the new values (and launch sizes) before the run.
@@ -26,6 +26,7 @@ from typing import Any, Callable, Optional, Protocol, Sequence
 import numpy as np
 from tgrad.tensor import Tensor
 from tgrad.dtype import DType, dtypes
+from tgrad.backend import backend
 from tgrad.device import Buffer, Device, OutOfMemoryError, newest_buffer_serial
 from tgrad.shape.shapetracker import ShapeTracker
 from tgrad.realize import CompiledKernel, ExecItem, HostCopy, JitError, capturing, is_capturing, keep_old_values_of, run
@@ -37,7 +38,7 @@ from tgrad.traced_run import run_traced
 from tgrad.ops import Ops, UOp, symbolic_in_use
 from tgrad.lazy import LazyBuffer
 
-__all__ = ["TinyJit", "CompiledGraph", "Instruction", "Slot", "PlainGraphRunner", "GRAPH_RUNNERS", "JitError",
+__all__ = ["TinyJit", "CompiledGraph", "Instruction", "Slot", "PlainGraphRunner", "JitError",
            "OutOfMemoryError", "graph_from_capture"]
 
 INPUT, WEIGHT, STATE, ACTIVATION = "input", "weight", "state", "activation"
@@ -126,17 +127,10 @@ def prepared_launch(instruction: Instruction, bufs: list) -> Callable[[], Any]:
     return runner.prepare([b.handle for b in bufs], tuple(instruction.var_vals[v] for v in runner.variables))
   return functools.partial(runner, bufs, False, instruction.var_vals)
 
-# device → the graph runner class for its instructions (a device without an entry gets PlainGraphRunner)
-GRAPH_RUNNERS: dict[str, Callable[..., GraphRunner]] = {}
-
 def graph_runner_class(device: str) -> Callable[..., GraphRunner]:
-  """The runner for a device's instructions: a registered one, CUDA graphs on CUDA (unless CUDA_GRAPH=0), else the
-  plain loop."""
-  if device in GRAPH_RUNNERS: return GRAPH_RUNNERS[device]
-  if device == "CUDA":
-    from tgrad.runtime.cuda_graph import CUDAGraphRunner, graphs_enabled   # the CUDA runtime is loaded by now
-    if graphs_enabled(): return CUDAGraphRunner
-  return PlainGraphRunner
+  """The runner for a device's instructions: the one its backend names (CUDA graphs on CUDA unless CUDA_GRAPH=0),
+  else the plain loop."""
+  return backend(device).graph_runner() or PlainGraphRunner
 
 class CompiledGraph:
   """A captured program: instructions over slots, memory planned and bound, replayed by `graph(input_buffers)`.

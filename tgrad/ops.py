@@ -173,7 +173,7 @@ _PY_ALU: dict[Ops, Callable] = {
   Ops.SIN: lambda x: _safe(math.sin, x), Ops.SQRT: lambda x: math.sqrt(x) if x >= 0 else math.nan,
   Ops.TANH: math.tanh,
   Ops.RECIP: lambda x: _fdiv(1.0, x), Ops.NEG: lambda x: -x,
-  Ops.TRUNC: lambda x: x if not math.isfinite(x) else float(math.trunc(x)),
+  Ops.TRUNC: lambda x: x if not math.isfinite(x) else math.copysign(float(math.trunc(x)), x),   # trunc(-0.5) = -0.0
   Ops.ADD: lambda a, b: a + b, Ops.MUL: lambda a, b: a * b, Ops.FDIV: _fdiv, Ops.IDIV: _c_idiv, Ops.MOD: _c_mod,
   Ops.MAX: _max, Ops.CMPLT: lambda a, b: a < b, Ops.CMPNE: lambda a, b: a != b,
   Ops.AND: lambda a, b: a & b, Ops.OR: lambda a, b: a | b, Ops.XOR: lambda a, b: a ^ b,

@@ -69,7 +69,7 @@ def cache_copy(warm_cache, tmp_path) -> tuple[Path, Path]:
 
 def attacker_object(names: list[str], marker: Path) -> bytes:
   """An object file whose functions, named like the cached kernels, run `touch marker` through system()."""
-  from tgrad.runtime.llvm import LLVMCompiler
+  from tgrad.runtime.llvm.runtime import LLVMCompiler
   command = f"touch {marker}".encode() + b"\0"
   escaped = "".join("\\%02X" % b for b in command)
   ir = [f'@cmd = private constant [{len(command)} x i8] c"{escaped}"',
@@ -80,7 +80,7 @@ def attacker_object(names: list[str], marker: Path) -> bytes:
 
 def kernel_names(folder: Path) -> list[str]:
   """The functions the cached objects define (read from their ELF symbol tables)."""
-  from tgrad.runtime.llvm import ELF_HEADER, ELF_SECTION, ELF_SYMBOL, SHT_SYMTAB
+  from tgrad.runtime.llvm.runtime import ELF_HEADER, ELF_SECTION, ELF_SYMBOL, SHT_SYMTAB
   STT_FUNC = 2
   names = set()
   for (binary,) in rows(folder, f"SELECT binary FROM {BINARIES}"):
@@ -96,7 +96,7 @@ def kernel_names(folder: Path) -> list[str]:
 def test_attacker_object_is_never_loaded(cache_copy, tmp_path):
   folder, secret = cache_copy
   marker = tmp_path / "attacker-was-here"
-  from tgrad.runtime.llvm import LLVMProgram
+  from tgrad.runtime.llvm.runtime import LLVMProgram
   from tgrad.device import Device
   names = kernel_names(folder)
   assert names   # both kernels are E_4-like names: the attacker defines each

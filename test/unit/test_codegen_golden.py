@@ -27,8 +27,8 @@ from tgrad.schedule import create_schedule
 from tgrad.codegen.kernel import Kernel, KernelOptError, Opt, OptOps
 from tgrad.codegen.linearizer import linearize
 from tgrad.codegen.heuristics import hand_coded_optimizations
-from tgrad.codegen.cuda import CUDARenderer
-from tgrad.codegen.llvmir import LLVMRenderer
+from tgrad.runtime.cuda.renderer import CUDARenderer
+from tgrad.runtime.llvm.renderer import LLVMRenderer
 
 GOLDEN_PATH = Path(__file__).with_name("codegen_golden.json")
 DEVICE = "LLVM"            # where the programs' inputs live; nothing is run beyond what building them needs

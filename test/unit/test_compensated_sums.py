@@ -19,8 +19,8 @@ from tgrad.realize import compile_kernel
 from tgrad.codegen.kernel import Kernel, Opt, OptOps
 from tgrad.codegen.linearizer import linearize
 from tgrad.codegen.heuristics import hand_coded_optimizations
-from tgrad.codegen.cuda import CUDARenderer
-from tgrad.runtime.nvrtc import compile_cuda, nvrtc_available
+from tgrad.runtime.cuda.renderer import CUDARenderer
+from tgrad.runtime.cuda.nvrtc import compile_cuda, nvrtc_available
 
 needs_nvrtc = pytest.mark.skipif(not nvrtc_available(), reason="libnvrtc not found (pip install nvidia-cuda-nvrtc)")
 BIG = (1 << 31) + 64

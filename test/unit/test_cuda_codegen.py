@@ -16,10 +16,10 @@ from tgrad.device import CompileError
 from tgrad.codegen.kernel import Kernel, KernelOptError, Opt, OptOps, fold_dims
 from tgrad.codegen.linearizer import linearize
 from tgrad.codegen.heuristics import hand_coded_optimizations
-from tgrad.codegen.cuda import CUDARenderer, render_const, CUDA_MAX_GRID, CUDA_MAX_BLOCK, TENSOR_CORES
-from tgrad.codegen.llvmir import LLVMRenderer
+from tgrad.runtime.cuda.renderer import CUDARenderer, render_const, CUDA_MAX_GRID, CUDA_MAX_BLOCK, TENSOR_CORES
+from tgrad.runtime.llvm.renderer import LLVMRenderer
 from tgrad.codegen.staging import stage_plan
-from tgrad.runtime.nvrtc import compile_cuda, nvrtc_available, NVRTCCompiler
+from tgrad.runtime.cuda.nvrtc import compile_cuda, nvrtc_available, NVRTCCompiler
 
 pytestmark = pytest.mark.skipif(not nvrtc_available(), reason="libnvrtc not found (pip install nvidia-cuda-nvrtc)")
 

@@ -7,8 +7,8 @@ from tgrad.ops import Ops, UOp
 from tgrad.lazy import LazyBuffer
 from tgrad.schedule import create_schedule
 from tgrad.codegen.kernel import Kernel, Opt, OptOps
-from tgrad.codegen.cuda import CUDARenderer
-from tgrad.codegen.llvmir import LLVMRenderer
+from tgrad.runtime.cuda.renderer import CUDARenderer
+from tgrad.runtime.llvm.renderer import LLVMRenderer
 from tgrad.codegen.linearizer import decompose, linearize
 from tgrad.codegen.value_graph import axis_indices, build_value_graph, clamp_index
 from tgrad.codegen.emit import emit_program

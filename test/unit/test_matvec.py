@@ -9,7 +9,7 @@ import math, re
 import numpy as np
 import pytest
 from tgrad import Tensor
-from tgrad.codegen.cuda import CUDARenderer
+from tgrad.runtime.cuda.renderer import CUDARenderer
 from tgrad.codegen.heuristics import hand_coded_optimizations, matvec_layout
 from tgrad.codegen.kernel import Kernel, KernelOptError, Opt, OptOps
 from tgrad.codegen.linearizer import linearize
@@ -17,7 +17,7 @@ from tgrad.device import Buffer, Device
 from tgrad.dtype import DType, dtypes
 from tgrad.ops import Ops, UOp
 from tgrad.realize import compile_kernel
-from tgrad.runtime.nvrtc import compile_cuda, nvrtc_available
+from tgrad.runtime.cuda.nvrtc import compile_cuda, nvrtc_available
 from tgrad.schedule import create_schedule
 
 needs_nvrtc = pytest.mark.skipif(not nvrtc_available(), reason="libnvrtc not found (pip install nvidia-cuda-nvrtc)")

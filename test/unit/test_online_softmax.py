@@ -16,12 +16,12 @@ from tgrad.schedule import create_schedule, MAX_ROW_FUSION_SIZE
 from tgrad.codegen.kernel import Kernel, KernelOptError, Opt, OptOps
 from tgrad.codegen.linearizer import linearize
 from tgrad.codegen.heuristics import hand_coded_optimizations
-from tgrad.codegen.llvmir import LLVMRenderer
-from tgrad.codegen.cuda import CUDARenderer
+from tgrad.runtime.llvm.renderer import LLVMRenderer
+from tgrad.runtime.cuda.renderer import CUDARenderer
 from tgrad.codegen.reduces import online_merge, online_result, online_step
 from tgrad.device import Buffer
 from tgrad.realize import compile_kernel
-from tgrad.runtime.nvrtc import compile_cuda, nvrtc_available
+from tgrad.runtime.cuda.nvrtc import compile_cuda, nvrtc_available
 from tgrad.tensor_ops.composite import apply_lowering, lowerings_for, regions_above, _log_sum_exp
 from cuda_on_cpu import CPU_ARCH, cpu_available, run_on_cpu
 

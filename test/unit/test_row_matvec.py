@@ -11,13 +11,13 @@ import numpy as np
 import pytest
 import tgrad.realize as realize_module
 from tgrad import Tensor
-from tgrad.codegen.cuda import CUDARenderer
+from tgrad.runtime.cuda.renderer import CUDARenderer
 from tgrad.codegen.heuristics import ROW_MATVEC_GROUP, hand_coded_optimizations
 from tgrad.codegen.kernel import Kernel, OptOps
 from tgrad.codegen.linearizer import linearize
 from tgrad.dtype import dtypes
 from tgrad.models.gemma3 import Gemma3, Gemma3Config, PRESETS
-from tgrad.runtime.nvrtc import compile_cuda, nvrtc_available
+from tgrad.runtime.cuda.nvrtc import compile_cuda, nvrtc_available
 
 needs_nvrtc = pytest.mark.skipif(not nvrtc_available(), reason="libnvrtc not found (pip install nvidia-cuda-nvrtc)")
 LAYER_SHAPES = {**PRESETS["270m"], "num_hidden_layers": 2, "layer_types": ["sliding_attention", "full_attention"],

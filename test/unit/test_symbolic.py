@@ -371,9 +371,9 @@ def test_index_math_past_2_31_is_exact():
   assert simplify(row.lt(2 ** 31)).arg is True
 
 def test_cuda_narrowing_keeps_every_value():
-  # codegen/cuda.py computes an index value in 32 bits where its operands and vmin/vmax fit: evaluating those nodes
+  # the CUDA renderer computes an index value in 32 bits where its operands and vmin/vmax fit: evaluating those nodes
   # with int32 semantics (wrapping) must give the same values as 64-bit math, at every leaf binding
-  from tgrad.codegen.cuda import narrow_index_values
+  from tgrad.runtime.cuda.renderer import narrow_index_values
   narrowed = 0
   for n in range(N_BIG_EXPRESSIONS // 3):
     seed = SEED * 104_729 + n

@@ -13,7 +13,7 @@ import math, re
 import numpy as np
 import pytest
 from tgrad import Tensor, Variable, dtypes
-from tgrad.codegen.cuda import CUDARenderer
+from tgrad.runtime.cuda.renderer import CUDARenderer
 from tgrad.codegen.heuristics import hand_coded_optimizations
 from tgrad.codegen.kernel import Kernel, KernelOptError, Opt, OptOps
 from tgrad.codegen.linearizer import linearize
@@ -22,7 +22,7 @@ from tgrad.device import Buffer, Device
 from tgrad.models.gemma3 import decode_attention_values
 from tgrad.ops import Ops
 from tgrad.helpers import cpu_count
-from tgrad.runtime.nvrtc import compile_cuda, nvrtc_available
+from tgrad.runtime.cuda.nvrtc import compile_cuda, nvrtc_available
 from tgrad.schedule import ScheduleItem, create_schedule
 from tgrad.shape.sint import evaluate
 from cuda_on_cpu import CPU_ARCH, TENSOR_CORE_ARCH, cpu_available, run_on_cpu

@@ -117,7 +117,7 @@ def is_sum_of_partials(reduce_axis: UOp) -> bool:
 def kahan_step(total: UOp, compensation: UOp, value: UOp) -> tuple[UOp, UOp]:
   """(new total, new compensation) of Kahan summation: the value corrected by the error carried so far is added, and
   what that addition rounded away, (new − total) − corrected, is carried to the next. Renderers must not reassociate
-  these ops (llvmir.py allows reordering only for a lone innermost accumulator).
+  these ops (runtime/llvm/renderer.py allows reordering only for a lone innermost accumulator).
   Once the total is ±inf or NaN the carried error is 0: (inf − total) − corrected would be inf − inf = NaN, and a sum
   holding one inf came out NaN (a 10,000-element float32 sum on the CPU; a grouped GPU gather, fuzz_ops seed 0
   case 499). `t − t != 0` is exactly "t is not finite"."""

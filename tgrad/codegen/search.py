@@ -88,11 +88,9 @@ def action_space_hash() -> str:
 # ---- cache key
 
 def device_arch(device: Compiled) -> str:
-  """The processor the timings belong to: the CPU's LLVM name on LLVM, the GPU architecture elsewhere."""
-  if device.name == "LLVM":
-    import llvmlite.binding as llvm
-    return llvm.get_host_cpu_name()
-  for owner in (device.renderer, device.compiler):
+  """The processor the timings belong to: the device's `arch` (the CPU's name, the GPU architecture), else its
+  renderer's or compiler's."""
+  for owner in (device, device.renderer, device.compiler):
     if (arch := getattr(owner, "arch", None)): return str(arch)
   return ""
 

@@ -189,7 +189,7 @@ def k_order(core: TensorCore, offset: int, tig: UOp) -> UOp:
   return simplify(tig * len(offsets) + offsets.index(offset))
 
 # an m16n8k16 A fragment is four 8×8 matrices (rows 0-7 and 8-15 at K 0-7, then at K 8-15); B's is two, K 0-7 and
-# 8-15 of a row-major K×N tile, loaded transposed (see MMA_M16N8K16 in cuda.py)
+# 8-15 of a row-major K×N tile, loaded transposed (see MMA_M16N8K16 in runtime/cuda/renderer.py)
 MATRIX_LOADS = {False: MatrixLoad(4, False), True: MatrixLoad(2, True)}
 
 def fragments_are_matrix_loadable(kernel: Kernel, tiles: Optional[StagedTiles]) -> bool:

@@ -23,6 +23,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 import numpy as np
+from tgrad.backend import HOST_DEVICE
 from tgrad.device import Buffer
 from tgrad.dtype import DType
 from tgrad.helpers import code_settings
@@ -35,7 +36,7 @@ from tgrad.paths.user_kernels import _placeholders
 from tgrad.realize import BufferCopy
 from tgrad.tensor_ops.composite import DEFAULT, Region, composite
 
-HOST = "LLVM"
+HOST = HOST_DEVICE
 COPY_PATH_ID = "copy"
 COPY_REPEATS = 5
 

@@ -1,22 +1,23 @@
 """What a measurement of an execution path was made on, and by which code: hardware fingerprints and tgrad's version.
 
-`hardware_fingerprint(device)` → a flat dict of JSON strings and numbers (the GPU and its driver on CUDA; the CPU,
-its LLVM name and features on LLVM); `fingerprint_key(fp)` → a short stable hash; `describe_difference(a, b)` → the
-fields that differ, in words. `tgrad_version()` → the package version plus a hash of every source file that can change
-what a path computes or how fast. The benchmark database (db.py) keeps these with each run so that selection uses only
-records made here, by this code.
+`hardware_fingerprint(device)` → a flat dict of JSON strings and numbers, made by the device's backend (a GPU and its
+driver; the CPU, its compiler's name for it and its features); `fingerprint_key(fp)` → a short stable hash;
+`describe_difference(a, b)` → the fields that differ, in words. `tgrad_version()` → the package version plus a hash
+of every source file that can change what a path computes or how fast. The benchmark database (db.py) keeps these with
+each run so that selection uses only records made here, by this code.
 """
 from __future__ import annotations
-import functools, hashlib, json, os, platform
+import functools, hashlib, json
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 FINGERPRINT_KEY_CHARS = 16   # hex digits of a fingerprint's sha256 kept as its key: 64 bits, collision-free in practice
 VERSION_HASH_CHARS = 12      # hex digits of the source hash in tgrad_version()
 # Files and folders of the tgrad package (relative, '/'-separated) whose source is NOT part of tgrad_version(): they
 # store, build or describe graphs but never change how a given graph runs. Every other .py file is hashed, so a new
 # file is covered until it is listed here on purpose.
-VERSION_EXCLUDED = ("cache.py", "schedule_cache.py", "paths/db.py", "paths/fingerprint.py", "models/", "nn/")
+VERSION_EXCLUDED = ("cache.py", "schedule_cache.py", "paths/db.py", "paths/fingerprint.py",
+                    "runtime/cuda/fingerprint.py", "runtime/llvm/fingerprint.py", "models/", "nn/")
 PACKAGE_ROOT = Path(__file__).resolve().parents[1]   # the tgrad folder
 
 # Readable names of the fingerprint fields, for describe_difference. The GPU's fields come first: they differ first.
@@ -29,59 +30,17 @@ FIELD_NAMES = {"device": "device", "gpu_name": "GPU", "compute_capability": "com
 # ---- hardware
 
 def hardware_fingerprint(device: str) -> dict:
-  """The fingerprint of `device` ('CUDA' or 'LLVM', any spelling the device registry accepts). CUDA opens the GPU
-  (through the device registry, once per process); LLVM touches nothing but llvmlite and /proc/cpuinfo, so a run on
-  the CPU never starts a GPU. Remembered per device: the hardware does not change while a process runs."""
+  """The fingerprint of `device` (any spelling the device registry accepts), made by its backend (tgrad/backend.py):
+  a GPU's may start the device (once per process); the CPU's touches nothing but llvmlite and /proc/cpuinfo, so a
+  run on the CPU never starts a GPU. Remembered per device: the hardware does not change while a process runs."""
   from tgrad.device import canonical_device   # the registry: only its name table is needed here
   return dict(_fingerprint_of(canonical_device(device)))
 
 @functools.cache
 def _fingerprint_of(device: str) -> dict:
-  makers: dict[str, Callable[[], dict]] = {"CUDA": _cuda_fingerprint, "LLVM": llvm_fingerprint}
-  if device not in makers: raise ValueError(f"no hardware fingerprint for device {device!r}; known: {list(makers)}")
-  return makers[device]()
-
-def _cuda_fingerprint() -> dict:
-  from tgrad.device import Device
-  device = Device["CUDA"]   # first: without pycuda or a GPU this raises DeviceUnavailable, saying why
-  import pycuda.driver as cuda
-  from tgrad.runtime.nvrtc import nvrtc_version
-  return cuda_fingerprint(device.context, cuda.get_driver_version(), cuda.get_version(), nvrtc_version())
-
-def cuda_fingerprint(context: Any, driver_version: int, cuda_version: tuple, nvrtc: tuple) -> dict:
-  """The fingerprint of the GPU behind a runtime/cuda.py CUDAContext (its pycuda `device`, `compute_capability` and
-  `attribute(name)`), with the driver version (an int such as 12080), the CUDA version pycuda was built for and
-  NVRTC's version (it compiles every kernel, so a new NVRTC can change a path's code)."""
-  major, minor = context.compute_capability
-  return {"device": "CUDA", "gpu_name": context.device.name(), "compute_capability": f"{major}.{minor}",
-          "multiprocessors": int(context.attribute("MULTIPROCESSOR_COUNT")),
-          "total_memory_bytes": int(context.device.total_memory()),
-          "driver_version": _cuda_version_text(driver_version),
-          "cuda_version": ".".join(str(part) for part in cuda_version),
-          "nvrtc_version": ".".join(str(part) for part in nvrtc)}
-
-def _cuda_version_text(version: int) -> str: return f"{version // 1000}.{version % 1000 // 10}"  # 12080 → "12.8"
-
-def llvm_fingerprint() -> dict:
-  """The host CPU as LLVM compiles for it: the model name, LLVM's name for it and the features it enables (which
-  decide the vector code), the core count (THREAD opts) and llvmlite's version (it compiles every kernel)."""
-  import llvmlite
-  import llvmlite.binding as llvm
-  features = sorted(name for name, enabled in llvm.get_host_cpu_features().items() if enabled)
-  return {"device": "LLVM", "cpu_model": cpu_model(), "machine": platform.machine(),
-          "llvm_cpu": llvm.get_host_cpu_name(), "cpu_features": ",".join(features), "cores": os.cpu_count() or 1,
-          "llvmlite_version": llvmlite.__version__}
-
-def cpu_model(cpuinfo_path: str = "/proc/cpuinfo") -> str:
-  """The CPU's marketing name ('AMD EPYC 9555 64-Core Processor'): the first 'model name' of /proc/cpuinfo on Linux,
-  else what the platform module reports."""
-  try:
-    with open(cpuinfo_path) as info:
-      for line in info:
-        name, _, value = line.partition(":")
-        if name.strip() in ("model name", "Model") and value.strip(): return value.strip()
-  except OSError: pass   # not Linux, or /proc is not mounted: ask the platform module
-  return platform.processor() or platform.machine() or "unknown"
+  from tgrad.backend import backend
+  if (maker := backend(device).fingerprint) is None: raise ValueError(f"device {device!r} has no hardware fingerprint")
+  return maker()
 
 def fingerprint_key(fingerprint: dict) -> str:
   """A short hash of the fingerprint's canonical JSON: equal for equal fingerprints in every process."""

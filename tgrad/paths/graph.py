@@ -15,6 +15,7 @@ import hashlib, json
 from enum import Enum
 from typing import Any, Optional
 import numpy as np
+from tgrad.backend import HOST_DEVICE
 from tgrad.dtype import DType, bfloat16_to_float32, dtypes
 from tgrad.lazy import LazyBuffer
 from tgrad.ops import Ops, UOp
@@ -23,7 +24,7 @@ from tgrad.shape.sint import unbind
 
 DEFAULT = "default"
 TRANSCENDENTAL_FLAVOURED = (Ops.EXP2, Ops.LOG2, Ops.TANH)   # ALU ops whose arg picks how a kernel computes them
-REFERENCE_DEVICE = "LLVM"
+REFERENCE_DEVICE = HOST_DEVICE
 REFERENCE_DTYPE = dtypes.float64
 GRAPH_KEY_VERSION = 1   # bump when what the key covers changes: records under old keys are then not found
 

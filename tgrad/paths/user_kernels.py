@@ -35,8 +35,9 @@ import math, warnings
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence, Union
 import numpy as np
-from tgrad.custom import LANGUAGES, NUMPY, HostFunction, SourceKernel, host_values
-from tgrad.device import Buffer, KNOWN_DEVICES, canonical_device
+from tgrad.backend import known_devices, language_devices
+from tgrad.custom import NUMPY, HostFunction, SourceKernel, host_values
+from tgrad.device import Buffer, canonical_device
 from tgrad.dtype import DType, dtypes
 from tgrad.helpers import prod
 from tgrad.lazy import LazyBuffer
@@ -84,11 +85,12 @@ USER_KERNELS: dict[str, UserKernel] = {}
 
 def _per_language(value: Any, language: Optional[str], what: str) -> dict[str, Any]:
   if value is None: return {}
+  languages = language_devices()
   if isinstance(value, dict):
-    bad = [k for k in value if k not in LANGUAGES]
-    if bad: raise ValueError(f"{what}: unknown languages {bad}; use {sorted(LANGUAGES)}")
+    bad = [k for k in value if k not in languages]
+    if bad: raise ValueError(f"{what}: unknown languages {bad}; use {sorted(languages)}")
     return dict(value)
-  if language not in LANGUAGES: raise ValueError(f"{what} needs language= one of {sorted(LANGUAGES)}, got {language!r}")
+  if language not in languages: raise ValueError(f"{what} needs language= one of {sorted(languages)}, got {language!r}")
   return {language: value}
 
 def register_kernel(name: str, *, reference: Callable[..., Tensor], devices: Sequence[str],
@@ -109,7 +111,7 @@ def register_kernel(name: str, *, reference: Callable[..., Tensor], devices: Seq
   kernel = UserKernel(name, reference, frozenset(canonical_device(d) for d in devices), sources, entry or name,
                       launches, numpy)
   lowerings = {DEFAULT: Lowering(DEFAULT, f"the reference graph of {name} as written", reference, 1)}
-  source_devices = frozenset(LANGUAGES[lang] for lang in sources) & kernel.devices
+  source_devices = frozenset(language_devices()[lang] for lang in sources) & kernel.devices
   if source_devices:
     lowerings[name] = Lowering(name, f"user kernel {name} ({', '.join(sorted(sources))})", _build(kernel, False),
                                USER_KERNEL_EXACTNESS, source_devices)
@@ -132,7 +134,7 @@ def _build(kernel: UserKernel, host: bool) -> Callable[..., Tensor]:
     device = inputs[0].device
     if host: custom = HostFunction(kernel.name, kernel.numpy, in_shapes, tuple(shaped.shape))
     else:
-      language = next(lang for lang, dev in LANGUAGES.items() if dev == device and lang in kernel.sources)
+      language = next(lang for lang, dev in language_devices().items() if dev == device and lang in kernel.sources)
       custom = SourceKernel(kernel.name, language, kernel.sources[language], kernel.entry, kernel.launches[language],
                             in_shapes, tuple(shaped.shape))
     return Tensor(LazyBuffer.custom(custom, tuple(x.lazydata for x in inputs), shaped.shape, shaped.dtype),
@@ -223,7 +225,7 @@ def find_sites(outs: Sequence[LazyBuffer], kernel: Union[UserKernel, Callable[..
   """The sites of `kernel` (a registered kernel, or a bare reference function) in the unrealized graph above outs
   (see the module doc), in graph order; `example` (shapes, dtypes) only matches at those input shapes and dtypes."""
   if not isinstance(kernel, UserKernel):
-    kernel = UserKernel(getattr(kernel, "__name__", "reference"), kernel, frozenset(KNOWN_DEVICES), {}, "", {}, None)
+    kernel = UserKernel(getattr(kernel, "__name__", "reference"), kernel, frozenset(known_devices()), {}, "", {}, None)
   sites: list[Site] = []
   for candidate in _unrealized_bases(outs):
     if candidate.device not in kernel.devices or (kernel.root_op is not None and candidate.op is not kernel.root_op):

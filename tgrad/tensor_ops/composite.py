@@ -39,7 +39,7 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Optional
 from tgrad.custom import NUMPY, HostFunction
-from tgrad.device import KNOWN_DEVICES
+from tgrad.backend import HOST_DEVICE, DevicesOtherThan, devices_offering
 from tgrad.dtype import TF32_KEEP_MASK, TF32_ROUNDING_BIAS, dtypes, promote_types, to_dtype
 from tgrad.helpers import prod
 from tgrad.lazy import LazyBuffer
@@ -55,7 +55,7 @@ GELU_CUBIC_COEFFICIENT = 0.044715       # the tanh approximation of GELU (Hendry
 SQRT_2_OVER_PI = math.sqrt(2 / math.pi)
 SQRT_HALF = math.sqrt(0.5)
 DEFAULT = "default"
-CUDA_ONLY = frozenset({"CUDA"})
+FAST_DEVICES, TF32_DEVICES = devices_offering("fast"), devices_offering("tf32")   # their renderers have them
 FLOAT32_AND_NARROWER = frozenset({dtypes.float32, dtypes.float16, dtypes.bfloat16})   # what fast instructions take
 
 @dataclass(frozen=True)
@@ -256,14 +256,14 @@ def _transcendental(name: str, build: Callable[..., Tensor], what: str) -> dict[
     Lowering("libm", f"{what}: the device's math library (LLVM intrinsic, CUDA {name}2f)", lambda x: build(x, "libm"),
              3),
     Lowering("fast", f"{what}: the hardware approximation (PTX {'ex2' if name == 'exp' else 'lg2'}.approx.f32)",
-             lambda x: build(x, "fast"), 0, CUDA_ONLY, FLOAT32_AND_NARROWER))
+             lambda x: build(x, "fast"), 0, FAST_DEVICES, FLOAT32_AND_NARROWER))
 
 # Device alternatives, added to every composite: "on_LLVM" runs the default lowering on the CPU device (inputs copied
 # there, the result copied back: the copies are launches of the path, so a measurement includes them), for regions
 # on any other device; "numpy" runs the NUMPY backend (tensor_ops/numpy_backend.py) as a CUSTOM op on any device.
 # Neither is ever the float64 reference (exactness below every kernel lowering).
-ON_LLVM, NUMPY_LOWERING, LLVM = "on_LLVM", "numpy", "LLVM"
-NOT_LLVM = frozenset(KNOWN_DEVICES) - {LLVM}
+ON_LLVM, NUMPY_LOWERING, LLVM = "on_LLVM", "numpy", HOST_DEVICE
+NOT_LLVM = DevicesOtherThan(LLVM)
 DEVICE_ALTERNATIVE_EXACTNESS = -1
 
 def _on_llvm(name: str) -> Callable[..., Tensor]:
@@ -297,7 +297,7 @@ LOWERINGS: dict[str, dict[str, Lowering]] = {
     Lowering("via_exp", "sign(x)·(1 − e^(−2|x|)) / (1 + e^(−2|x|))", _tanh_via_exp, 2),
     Lowering("native", "the TANH op: the C library's tanhf on LLVM, CUDA tanhf", _tanh_op, 3),
     Lowering("fast", "the TANH op as PTX tanh.approx.f32 (sm_75+; tanhf below)",
-             lambda x: _tanh_op(x, "fast"), 0, CUDA_ONLY, FLOAT32_AND_NARROWER)),
+             lambda x: _tanh_op(x, "fast"), 0, FAST_DEVICES, FLOAT32_AND_NARROWER)),
   "sigmoid": _registry(
     Lowering(DEFAULT, "1 / (1 + e^−x) (the Sigmoid Function)", _sigmoid, 2),
     Lowering("via_tanh", "0.5·tanh(x/2) + 0.5", _sigmoid_via_tanh, 1)),
@@ -336,7 +336,7 @@ LOWERINGS: dict[str, dict[str, Lowering]] = {
     Lowering("acc_float16", "Σ_k x·w accumulated in float16", _matmul_acc("float16"), 0, None,
              frozenset({dtypes.float16})),
     Lowering("tf32", "Σ_k x·w with x, w rounded to TF32 (10-bit mantissa), on TF32 tensor cores (CUDA sm_80+; "
-             "the same products on FMA below)", _matmul_tf32, 0, CUDA_ONLY, frozenset({dtypes.float32}))),
+             "the same products on FMA below)", _matmul_tf32, 0, TF32_DEVICES, frozenset({dtypes.float32}))),
 }
 LOWERINGS = {name: _with_device_alternatives(name, registry) for name, registry in LOWERINGS.items()}
 

@@ -2,13 +2,13 @@
 
 Buffers are `data0..N` (`const T* __restrict__` when only read); SPECIAL gidx0..2/lidx0..2 are blockIdx/threadIdx
 .x..z; RANGE/ENDRANGE are `for` loops, DEFINE_ACC a local variable, DEFINE_LOCAL a `__shared__` array. Semantics are
-the Ops docstring's, as llvmir.py renders them: guarded integer division, NaN-propagating MAX, saturating float→int
-casts, wrapping signed arithmetic, half/bfloat16 math done in float and rounded after every op. Index math is 64-bit
-(dtypes.index); each value whose range (vmin/vmax) provably fits 32 bits is computed as `int` instead, which GPUs do
-at twice the speed with half the registers (`narrow_index_values`). `vector_groups` turns runs of contiguous, aligned
-scalar loads/stores into float4-style vector accesses (16-bit values that ALU ops read: 8 per 16-byte uint4). On sm_80+
-WMMA is an inline `mma.sync` (tensor cores): fragments are scalar variables, half/bfloat16 pairs packed into 32-bit
-registers, TF32 operands one float's bits per register.
+the Ops docstring's, as llvm/renderer.py renders them: guarded integer division, NaN-propagating MAX,
+saturating float→int casts, wrapping signed arithmetic, half/bfloat16 math done in float and rounded after every op.
+Index math is 64-bit (dtypes.index); each value whose range (vmin/vmax) provably fits 32 bits is computed as `int`
+instead, which GPUs do at twice the speed with half the registers (`narrow_index_values`). `vector_groups` turns runs
+of contiguous, aligned scalar loads/stores into float4-style vector accesses (16-bit values that ALU ops read: 8 per
+16-byte uint4). On sm_80+ WMMA is an inline `mma.sync` (tensor cores): fragments are scalar variables, half/bfloat16
+pairs packed into 32-bit registers, TF32 operands one float's bits per register.
 """
 from __future__ import annotations
 import math
@@ -26,7 +26,7 @@ CUDA_MAX_GRID = (2**31 - 1, 65535, 65535)       # gridDim.x, .y, .z
 CUDA_MAX_BLOCK = (1024, 1024, 64)               # blockDim.x, .y, .z
 CUDA_SHARED_MEMORY_BYTES = 48 * 1024            # static __shared__ per block without an opt-in
 # Above the static limit a kernel's shared arrays live in one dynamic allocation; the kernel's module carries its size
-# in this global (runtime/cuda.py reads it, opts the function in and launches with it).
+# in this global (runtime/cuda/runtime.py reads it, opts the function in and launches with it).
 DYNAMIC_SHARED_SUFFIX = "_dynamic_shared_bytes"
 VARIABLE_ARG_SUFFIX = "_arg"   # a DEFINE_VAR `pos` is the kernel parameter `long long pos_arg`
 VECTOR_BYTES = 16                               # the widest global load/store instruction (ld.global.v4.b32)
@@ -76,7 +76,7 @@ _INFIX = {Ops.ADD: "+", Ops.MUL: "*", Ops.FDIV: "/", Ops.CMPLT: "<", Ops.CMPNE: 
 # float → integer conversions that round toward zero and saturate (NaN → 0), as llvm.fptosi.sat does
 _FLOAT_TO_INT = {dtypes.int32: "int", dtypes.uint32: "uint", dtypes.int64: "ll", dtypes.uint64: "ull"}
 
-# No CUDA headers: NVRTC's pip wheel ships none, and this keeps half/bfloat16 rounding identical to llvmir.py.
+# No CUDA headers: NVRTC's pip wheel ships none, and this keeps half/bfloat16 rounding identical to the LLVM renderer.
 # half and bfloat16 are their raw 16 bits in memory; registers hold them as float, rounded after every op.
 HALF_PRELUDE = """typedef unsigned short half;
 __device__ __forceinline__ float half_to_float(half h) {

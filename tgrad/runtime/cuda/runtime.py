@@ -19,8 +19,8 @@ from typing import Callable, Optional
 import numpy as np
 import pycuda.driver as cuda
 from tgrad.device import Allocator, BinaryLoadError, Compiled, OutOfMemoryError, PendingRead
-from tgrad.codegen.cuda import CUDARenderer, DYNAMIC_SHARED_SUFFIX
-from tgrad.runtime.nvrtc import NVRTCCompiler, arch_of
+from tgrad.runtime.cuda.renderer import CUDARenderer, DYNAMIC_SHARED_SUFFIX
+from tgrad.runtime.cuda.nvrtc import NVRTCCompiler, arch_of
 
 DEVICE_ORDINAL = 0
 # Copies at least this big go through pinned staging: below it the staging setup costs more than pageable copies lose.
@@ -60,8 +60,7 @@ def _after_fork_in_child() -> None:
   for context in _DriverState.contexts: context.context = None
   _DriverState.contexts = []
   from tgrad.device import Device
-  type(Device).__getitem__.cache_clear()
-  type(Device).available.cache_clear()
+  Device.forget()
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
@@ -199,7 +198,7 @@ class CUDAProgram:
     except cuda.Error as error:   # the driver rejected the cubin (CUDA_ERROR_INVALID_IMAGE, NOT_FOUND, ...)
       raise BinaryLoadError(f"kernel {name}: {type(error).__name__}: {error}") from error
     self.prepared_args = -1
-    self.shared_bytes = 0   # dynamic shared memory: the module says how much (codegen/cuda.py)
+    self.shared_bytes = 0   # dynamic shared memory: the module says how much (runtime/cuda/renderer.py)
     try: address, _ = self.module.get_global(name + DYNAMIC_SHARED_SUFFIX)
     except cuda.LogicError: address = None
     if address is not None:
@@ -233,7 +232,7 @@ class CUDAProgram:
     return self.start.time_till(self.end) * 1e-3
 
   def _prepare_arguments(self, buffers: int, vals: int) -> None:
-    self.function.prepare("P" * buffers + "q" * vals)   # variables are 64-bit parameters (codegen/cuda.py)
+    self.function.prepare("P" * buffers + "q" * vals)   # variables are 64-bit parameters (runtime/cuda/renderer.py)
     self.prepared_args = buffers + vals
 
   def prepare(self, buffers, global_size=(1,), local_size=(1,), vals=()) -> Callable[[], None]:
@@ -258,7 +257,7 @@ class CUDADevice(Compiled):
       max_local_dims=(attr("MAX_BLOCK_DIM_X"), attr("MAX_BLOCK_DIM_Y"), attr("MAX_BLOCK_DIM_Z")),
       shared_memory_bytes=attr("MAX_SHARED_MEMORY_PER_BLOCK_OPTIN"))   # beyond 48 KiB: dynamic (see CUDAProgram)
     self.sm_count = attr("MULTIPROCESSOR_COUNT")
-    super().__init__("CUDA", CUDAAllocator(), NVRTCCompiler(self.arch), renderer, CUDAProgram)
+    super().__init__("CUDA", CUDAAllocator(), NVRTCCompiler(self.arch), renderer, CUDAProgram, self.arch)
   def synchronize(self) -> None: cuda.Context.synchronize()
   def profile_mark(self) -> "cuda.Event":
     """An event recorded on the legacy default stream, where kernels, copies and CUDA graphs run."""

@@ -14,7 +14,7 @@ import numpy as np
 import llvmlite
 import llvmlite.binding as llvm
 from tgrad.device import Allocator, BinaryLoadError, Compiler, Compiled
-from tgrad.codegen.llvmir import LLVMRenderer
+from tgrad.runtime.llvm.renderer import LLVMRenderer
 from tgrad.helpers import cpu_count
 
 BUFFER_ALIGNMENT = 64   # bytes: a cache line, and the widest vector load (AVX-512)
@@ -182,4 +182,4 @@ class LLVMProgram:
     return run_on_cores
 
 def create_device() -> Compiled:
-  return Compiled("LLVM", LLVMAllocator(), LLVMCompiler(), LLVMRenderer(), LLVMProgram)
+  return Compiled("LLVM", LLVMAllocator(), LLVMCompiler(), LLVMRenderer(), LLVMProgram, arch=llvm.get_host_cpu_name())

@@ -494,8 +494,49 @@ def _row_matvec(kernel: Kernel) -> bool:
   _rows_per_block(k, rows_axis, ROW_MATVEC_ROWS_PER_BLOCK)
   return True
 
+# A matrix–vector product over a block-quantized weight (QuantizedTensor.linear, gemma3's fused decode kernels: one to
+# three sums over the same axes, e.g. a norm's sum of squares beside the product): the sum runs over the weight's
+# blocks and the axes inside a block, and the weight is bytes (the largest byte load) that vary along the rows and the
+# blocks. A group of threads shares each row, each thread taking whole blocks (GROUP on the blocks axis), the innermost
+# axis of a block unrolled (a thread reads a run of neighbouring bytes, its scale once for the run), and rows per block
+# of threads up to PACKED_MATVEC_BLOCK_THREADS. Without it the generic rules give each thread four whole rows: the
+# 2048-row projections ran as 512 threads in 2 blocks.
+PACKED_MATVEC_GROUP = 32            # threads sharing a row: at most a warp, so the combine stays in one warp's reach
+PACKED_MATVEC_MAX_UNROLL = 32       # the innermost block axis is unrolled whole up to this many values
+PACKED_MATVEC_BLOCK_THREADS = 128   # threads per block of threads (rows × group)
+
+def packed_matvec_layout(kernel: Kernel) -> Optional[MatvecLayout]:
+  """A packed matrix–vector product (see above): sums (ADD) over two or more reduce axes, the largest byte load varying
+  along the first reduce axis (the blocks) and an output axis (the rows), reused along output axes of at most
+  MATVEC_MAX_M outputs (x's rows). Else None."""
+  if not kernel.reduceops or kernel.applied_opts or any(r.arg[0] is not Ops.ADD for r in kernel.reduceops): return None
+  reduce_axes = [a for a in range(kernel.shape_len) if kernel.is_reduce_axis(a)]
+  if len(reduce_axes) < 2 or not all(isinstance(kernel.full_shape[a], int) for a in range(kernel.shape_len)):
+    return None
+  packed = [i for i, u in enumerate(kernel.memops) if u.op is Ops.LOAD and u.dtype.itemsize == 1]
+  if not packed: return None
+  strides = kernel.sts[max(packed, key=lambda i: kernel.sts[i].buffer_extent())].real_strides()
+  outputs = [a for a in range(kernel.first_reduce) if kernel.full_shape[a] > 1]
+  m_axes = tuple(a for a in outputs if strides[a] == 0)
+  n_axes = [a for a in outputs if strides[a] not in (0, None)]
+  if strides[reduce_axes[0]] in (0, None) or not n_axes or prod(kernel.full_shape[a] for a in m_axes) > MATVEC_MAX_M:
+    return None
+  return MatvecLayout(n_axes[-1], reduce_axes[0], m_axes, False)
+
+def _packed_matvec(kernel: Kernel) -> bool:
+  if (layout := packed_matvec_layout(kernel)) is None: return False
+  for axis in layout.m_axes: try_opt(kernel, Opt(OptOps.UPCAST, axis, 0))
+  inner = kernel.shape_len - 1 - (kernel.shape_len - kernel.first_upcast)   # the innermost reduce axis
+  if kernel.is_reduce_axis(inner) and kernel.full_shape[inner] <= PACKED_MATVEC_MAX_UNROLL:
+    try_opt(kernel, Opt(OptOps.UNROLL, inner - kernel.first_reduce, 0))
+  group = _divisor_at_most(kernel.full_shape[kernel.first_reduce], PACKED_MATVEC_GROUP)
+  if group > 1: try_opt(kernel, Opt(OptOps.GROUP, 0, group))
+  _rows_per_block(kernel, layout.n_axis, max(1, PACKED_MATVEC_BLOCK_THREADS // group))
+  return True
+
 def _gpu_rules(kernel: Kernel) -> None:
   if _matvec(kernel): return
+  if _packed_matvec(kernel): return
   if _row_matvec(kernel): return
   if _tensor_cores(kernel): return
   if _group_small_reduce(kernel): return   # its block is the group (and a warp of outputs for a strided reduce)

@@ -7,10 +7,10 @@
 An import is *module-level* when it runs as the module loads, *function-level* when it sits in a function body
 (it runs on the first call: how a circle is hidden), and *type-only* under `if TYPE_CHECKING:` (never runs; not
 counted). `from tgrad.a import b` where b is a module counts as an import of tgrad.a.b, and importing tgrad.a.b
-counts as importing the package tgrad.a too (its __init__.py runs first), unless the importer lies inside it. A *circle* is a strongly
-connected component of more than one module: over module-level imports alone, and over all imports that run. An
-import is *upward* when it reaches a higher floor than the importer's (FLOORS: lowest first). Imports within one
-floor are not upward; circles among them still show.
+counts as importing the package tgrad.a too (its __init__.py runs first), unless the importer lies inside it.
+A *circle* is a strongly connected component of more than one module: over module-level imports alone, and over
+all imports that run. An import is *upward* when it reaches a higher floor than the importer's (FLOORS: lowest
+first). Imports within one floor are not upward; circles among them still show.
 """
 from __future__ import annotations
 import argparse, ast, sys
@@ -181,7 +181,8 @@ def dot(imports: list[Import]) -> str:
   for i in imports:
     if i.kind == "type": continue
     style = "" if i.kind == "module" else " [style=dashed]"
-    if floor_of(i.imported) > floor_of(i.importer): style = ' [color=red]' if not style else ' [style=dashed, color=red]'
+    if floor_of(i.imported) > floor_of(i.importer):
+      style = " [color=red]" if not style else " [style=dashed, color=red]"
     out.append(f'  "{i.importer}" -> "{i.imported}"{style};')
   out.append("}")
   return "\n".join(out)

@@ -338,9 +338,8 @@ class LazyBuffer:
 _holders: weakref.WeakKeyDictionary[Buffer, list[weakref.ref]] = weakref.WeakKeyDictionary()
 
 def _hold(buffer: Buffer, lb: LazyBuffer) -> None:
-  holders = _holders.get(buffer)
-  if holders is None: holders = _holders[buffer] = []
-  elif len(holders) >= READERS_COMPACT_AT and len(holders) & (len(holders) - 1) == 0:   # at powers of two
+  holders = _holders.setdefault(buffer, [])
+  if len(holders) >= READERS_COMPACT_AT and len(holders) & (len(holders) - 1) == 0:   # at powers of two
     holders[:] = [weakref.ref(h) for h in holders_of(buffer)]
   holders.append(weakref.ref(lb))
 

@@ -17,7 +17,7 @@ The given bases keep their identity: a base whose sources change is rebuilt as a
 from __future__ import annotations
 import math
 from typing import Optional
-from tgrad.lazy import LazyBuffer, unrealized_bases, walk
+from tgrad.lazy import LazyBuffer, unrealized_bases
 from tgrad.ops import Ops, UOp, ALU, exec_alu, truncate_to
 
 FOLDABLE = ALU | {Ops.CAST}

@@ -124,8 +124,10 @@ class LazyBuffer:
     """(op, srcs, arg) of this base as built: what it computed before any `rewrite` that kept the graph as built."""
     return self._built if self._built is not None else (self.op, self.srcs, self.arg)
   def set_region(self, region: Any) -> None:
-    """Mark this base as the output of a composite `region` (tgrad/regions.py), or as no composite's (None)."""
+    """Mark this base as the output of a composite `region` (tgrad/regions.py), or as no composite's (None): then
+    the lowering it computes now is final, the graph as built from now on."""
     self.region = region
+    if region is None and self._built is not None: self._built = None
   def with_sources(self, srcs: tuple[LazyBuffer, ...]) -> LazyBuffer:
     """A copy of this base over other sources, every other field kept (op, arg, dtype, view, region, ...): a node of
     a rebuilt graph (graph_simplify.simplify_graph)."""

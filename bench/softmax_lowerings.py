@@ -10,7 +10,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.dirname(__file__))
 from gpu import event_seconds  # noqa: E402
 from tgrad import Tensor, TinyJit  # noqa: E402
-from tgrad.tensor_ops.composite import apply_lowering, regions_above  # noqa: E402
+from tgrad.regions import apply_lowering, regions_above  # noqa: E402
 
 REPEATS = 20
 LOWERINGS = (None, "online", "three_kernels")   # None: the default

@@ -127,7 +127,7 @@ def main() -> None:
   # TF32: the matmul lowering "tf32" of the same values as float32, against torch's float32 matmul with TF32 allowed
   # (cuBLAS on TF32 tensor cores). Half values are TF32 values (11 significant bits), so the rounding changes nothing
   # and the reference is the fp16 one: both sum the same exact products in float32.
-  from tgrad.tensor_ops.composite import LOWERINGS
+  from tgrad.regions import LOWERINGS
   xf, yf = x.float().realize(), y.float().realize()
   (tf32_item,) = [i for i in create_schedule([LOWERINGS["matmul"]["tf32"].build(xf, yf).lazydata])
                   if i.ast.op is Ops.SINK]

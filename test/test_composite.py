@@ -11,8 +11,8 @@ from tgrad import Tensor
 from tgrad.dtype import dtypes
 from tgrad.ops import Ops, exec_alu
 from tgrad.schedule import create_schedule
-from tgrad.tensor_ops.composite import LOWERINGS, Region, apply_lowering, exact_lowering, lowerings_for, \
-  regions_above, round_to_tf32
+from tgrad.regions import LOWERINGS, Region, apply_lowering, exact_lowering, lowerings_for, regions_above
+from tgrad.tensor_ops.composite import round_to_tf32
 
 RNG = np.random.default_rng(7)
 torch_f = torch.nn.functional

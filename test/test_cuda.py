@@ -485,7 +485,7 @@ def test_tf32_lowering_through_the_tensor_api():
   """Tensor @ on CUDA with the region's lowering set to "tf32" (as a selected path does), then with BEAM=2: the same
   numbers; the default float32 matmul stays on FMA and exact to float32."""
   from tgrad import Tensor
-  from tgrad.tensor_ops.composite import apply_lowering, regions_above
+  from tgrad.regions import apply_lowering, regions_above
   a, b = RNG.standard_normal((128, 96)).astype(np.float32), RNG.standard_normal((96, 64)).astype(np.float32)
   for beam in (0, 2):
     out = Tensor(a, device="CUDA") @ Tensor(b, device="CUDA")

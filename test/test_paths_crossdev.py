@@ -15,7 +15,7 @@ from tgrad.paths.fingerprint import tgrad_version
 from tgrad.paths.path import PathSpace, iterate, measure, reference_outputs
 from tgrad.realize import lower_schedule
 from tgrad.schedule import create_schedule
-from tgrad.tensor_ops.composite import apply_lowering, lowerings_for, regions_above
+from tgrad.regions import apply_lowering, lowerings_for, regions_above
 
 RNG = np.random.default_rng(3)
 

@@ -165,7 +165,7 @@ def _finite_weight(ggml_type: GGMLType, out_features: int, in_features: int,
 def test_dequantize_lowerings_compute_the_weight_as_their_dtype_says(ggml_type):
   """Every lowering's linear equals x·(W rounded to its copy's dtype)ᵀ; the copy is made once and read after."""
   from tgrad.nn.quant import DEQUANTIZE, _dense_copies
-  from tgrad.tensor_ops.composite import apply_lowering, lowerings_for, regions_above
+  from tgrad.regions import apply_lowering, lowerings_for, regions_above
   raw, weight = _finite_weight(ggml_type, 48, 512, seed=11)
   x_np = np.random.default_rng(12).standard_normal((3, 512)).astype(np.float32)
   x = Tensor(x_np).realize()

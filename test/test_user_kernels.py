@@ -281,7 +281,7 @@ def test_graph_without_match_costs_little(kernels):
   """A graph with no site: bounded work (no numeric check runs on a body far from the reference in size), and the
   second time the graph memo answers."""
   import time
-  from tgrad.paths import user_kernels
+  from tgrad.paths import equivalence, user_kernels  # noqa: F401  (sympy loads with the checker: not the search's cost)
   k = kernels("fma_none", reference=fma_relu, devices=["LLVM"], numpy=fma_relu_numpy)
   a, b = _t(8, 8), _t(8, 8)
   out = ((a @ b).softmax(-1) * a).sum(0) + b.max(0)
@@ -304,6 +304,7 @@ def test_gemma_decode_search_is_bounded(monkeypatch):
   import time
   import tgrad.tensor as tensor_module
   from tgrad.models.gemma3 import Gemma3, Gemma3Config
+  from tgrad.paths import equivalence  # noqa: F401  (sympy loads with the checker: not the search's cost)
   from tgrad.paths.graph import graph_nodes
   from tgrad.paths.user_kernels import user_regions
   example = _load_example()

@@ -6,13 +6,14 @@ so a backward pass is just more graph, scheduled and fused like the forward one.
 softmax, ...) live in tensor.py and get their gradients by the chain rule through these.
 """
 from __future__ import annotations
-import functools, math
-from typing import Optional
+import math
+from typing import Any, Optional
 from tgrad.dtype import DType, dtypes
 from tgrad.lazy import LazyBuffer
 from tgrad.ops import Ops
 
 LN2 = math.log(2)
+Tensor: Any = None   # tgrad.tensor.Tensor, which imports this module: bound by tensor_ops.bind_tensor_class
 
 class Function:
   """One recorded op. `parents` are the input Tensors, kept unless every input said requires_grad=False: undecided
@@ -36,7 +37,6 @@ class Function:
   @classmethod
   def apply(cls, *inputs, **kwargs):
     """Run forward on the inputs' lazydata; record the op for backward when a gradient is wanted."""
-    Tensor = _tensor_class()
     ctx = cls(inputs[0].device, *inputs)
     # under no_grad the output is a constant to autograd, as in torch: it does not require grad, so a backward
     # from it raises instead of silently reaching nothing
@@ -44,12 +44,6 @@ class Function:
     out = Tensor(ctx.forward(*[t.lazydata for t in inputs], **kwargs), requires_grad=requires_grad)
     if requires_grad is not False: out._ctx = ctx
     return out
-
-@functools.cache
-def _tensor_class() -> type:
-  """tgrad.tensor.Tensor, imported on first use (tensor.py imports this module)."""
-  from tgrad.tensor import Tensor
-  return Tensor
 
 def _mask_to(mask: LazyBuffer, dtype: DType) -> LazyBuffer: return mask.cast(dtype)
 def _logical_not(mask: LazyBuffer) -> LazyBuffer:

@@ -15,7 +15,7 @@ The given bases keep their identity: a base whose sources change is rebuilt as a
 `commit_replacements` hands the Buffers the schedule gives the new nodes back to the old ones.
 """
 from __future__ import annotations
-import copy, math
+import math
 from typing import Optional
 from tgrad.lazy import LazyBuffer, unrealized_bases
 from tgrad.ops import Ops, UOp, ALU, exec_alu, truncate_to
@@ -38,6 +38,8 @@ def is_constant_expression(lb: LazyBuffer) -> bool:
   Python scalar operand beside it stays a literal too (Tensor._operands), and `Tensor.full(s, 3.0).exp() * 2` folds.
   A walk that stops at the first realized value, padded view or op that doesn't fold (data: the common case, one
   step) and at MAX_CONSTANT_EXPRESSION_NODES."""
+  # a bounded search, not lazy.walk's full pre-order: it looks at each node's last source first, where an eager op's
+  # Python scalar operand sits, so a chain of ops on data answers in a step or two however long the chain is
   stack, seen = [lb], set()
   while stack:
     node = stack.pop()
@@ -93,8 +95,7 @@ def simplify_graph(roots: list[LazyBuffer]) -> tuple[list[LazyBuffer], list[tupl
     srcs = tuple(_seen_through(replacement[id(s.base)], s) if id(s.base) in replacement else s for s in lb.srcs)
     node = lb
     if any(a is not b for a, b in zip(srcs, lb.srcs)):
-      node = copy.copy(lb)   # every field (op, arg, dtype, view, whatever else a base carries), new sources
-      node.srcs = srcs
+      node = lb.with_sources(srcs)   # every field (op, arg, dtype, view, whatever else a base carries), new sources
       rebuilt.append((lb, node))
     if id(lb) not in root_ids and (value := _simplified(node)) is not None: node = value
     if node is not lb: replacement[id(lb)] = node

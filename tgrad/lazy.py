@@ -11,10 +11,15 @@ when a realized buffer is written in place (an ASSIGN): every base remembers, we
 to read it (`readers`), so the realize that writes a buffer can first give the old value a copy when a reader is
 still pending (`pending_readers`); and the value a Tensor *names* moves on through `successor` (set by the Tensor's
 in-place writes) and `origin` (the aliasing movement a view was made by), which `latest` follows.
+
+This module owns the graph: it alone changes a LazyBuffer's fields. Other layers walk the graph with `walk`, change
+how a base computes its value with `rewrite` (a composite's lowering, copy coalescing: `as_built` still gives the
+graph as the user built it), realize a base with `commit`, rebuild one over other sources with `with_sources`, and
+mark a composite's output with `set_region`.
 """
 from __future__ import annotations
-import functools, weakref
-from typing import Any, Optional
+import copy, functools, weakref
+from typing import Any, Callable, Iterable, Iterator, Optional
 import numpy as np
 from tgrad.dtype import DType, dtypes
 from tgrad.ops import Ops, UOp, COMPARISON, FLOAT_ONLY_REDUCES, REDUCE_OPS, truncate_to
@@ -50,9 +55,10 @@ def _truncated(value, dtype: DType):
 
 class LazyBuffer:
   """One lazy value. Public fields: device, dtype, shape, st; `base` is itself for a base, else the viewed base.
-  `region`: the composite op (tensor_ops/composite.py Region) whose output this base is, set by `composite` only; a
-  class default, so building any other value sets nothing."""
+  `region`: the composite op (tgrad/regions.py Region) whose output this base is, set through `set_region` by
+  `regions.composite` only; a class default, so building any other value sets nothing."""
   region: Any = None
+  _built: Optional[tuple] = None   # (op, srcs, arg) as built, kept by the first `rewrite` that keeps it (as_built)
   lifted: bool = False   # a CONST base of a Python scalar that kernels take as a parameter (tgrad/scalars.py)
   successor: Optional[LazyBuffer] = None   # the value an in-place write of a Tensor holding this one gave it
   origin: Optional[tuple] = None           # (parent, method, arguments) of a value that aliases its parent: a view
@@ -96,10 +102,38 @@ class LazyBuffer:
     self.buffer, self.srcs = buffer, ()
     if not keep_arg: self.arg = None
     if self.region is not None: self.region = None   # a composite's region holds its inputs: let them go too
+    if self._built is not None: self._built = None   # and so does the graph as built
     _hold(buffer, self)
     if self.origin is not None and self.origin[1] == "contiguous" and self.origin[0].is_base and \
        self.origin[0].buffer is None:
       self.origin[0].commit(buffer)   # the value it is the buffer of: the same data, and its graph can go
+  def rewrite(self, op: Ops, srcs: tuple[LazyBuffer, ...], arg: Any, keep_built: bool = True) -> None:
+    """This unrealized base computes its value another way: `op` over `srcs` with `arg` (an alternative lowering of
+    the composite it is the output of, tgrad/regions.py; the same value computed on another device, copy coalescing).
+    With `keep_built` the first rewrite remembers the graph as built, which `as_built` goes on giving (a lowering is
+    a choice for one realize: the benchmark database keys the graph as written); without it the new form is the graph
+    as built from now on. ValueError for a view or a realized base."""
+    if self._base is not None or self.buffer is not None:
+      raise ValueError(f"only an unrealized base can be rewritten, not {self}")
+    if keep_built:
+      if self._built is None: self._built = (self.op, self.srcs, self.arg)
+    elif self._built is not None: self._built = None
+    self.op, self.srcs, self.arg = op, srcs, arg
+  @property
+  def as_built(self) -> tuple[Any, tuple[LazyBuffer, ...], Any]:
+    """(op, srcs, arg) of this base as built: what it computed before any `rewrite` that kept the graph as built."""
+    return self._built if self._built is not None else (self.op, self.srcs, self.arg)
+  def set_region(self, region: Any) -> None:
+    """Mark this base as the output of a composite `region` (tgrad/regions.py), or as no composite's (None): then
+    the lowering it computes now is final, the graph as built from now on."""
+    self.region = region
+    if region is None and self._built is not None: self._built = None
+  def with_sources(self, srcs: tuple[LazyBuffer, ...]) -> LazyBuffer:
+    """A copy of this base over other sources, every other field kept (op, arg, dtype, view, region, ...): a node of
+    a rebuilt graph (graph_simplify.simplify_graph)."""
+    node = copy.copy(self)
+    node.srcs = srcs
+    return node
   def move_readers_to(self, old_value: LazyBuffer) -> None:
     """The pending readers of this realized base read `old_value` (a copy of its data) instead: what a TinyJit
     replay does before it writes this base's Buffer, which the tensors naming this base must go on seeing."""
@@ -302,15 +336,18 @@ class LazyBuffer:
     return self if all(s == 1 for s in steps) else self._view(self.st.stride(steps), ("stride", steps))
 
 
+# Buffer → weak references to the realized values that hold it (`holders_of`); an entry goes with its Buffer.
+_holders: weakref.WeakKeyDictionary[Buffer, list[weakref.ref]] = weakref.WeakKeyDictionary()
+
 def _hold(buffer: Buffer, lb: LazyBuffer) -> None:
-  holders = buffer.__dict__.setdefault("lazy_holders", [])
+  holders = _holders.setdefault(buffer, [])
   if len(holders) >= READERS_COMPACT_AT and len(holders) & (len(holders) - 1) == 0:   # at powers of two
     holders[:] = [weakref.ref(h) for h in holders_of(buffer)]
   holders.append(weakref.ref(lb))
 
 def holders_of(buffer: Buffer) -> list[LazyBuffer]:
   """The live realized values whose data is in `buffer`."""
-  return [h for r in buffer.__dict__.get("lazy_holders", ()) if (h := r()) is not None and h.buffer is buffer]
+  return [h for r in _holders.get(buffer, ()) if (h := r()) is not None and h.buffer is buffer]
 
 # Dead and realized readers are dropped from a base's list when it reaches this length, and at each doubling after.
 READERS_COMPACT_AT = 64
@@ -349,22 +386,72 @@ def is_writable_view(lb: LazyBuffer) -> bool:
   return not broadcast
 
 
-def unrealized_bases(roots: list[LazyBuffer]) -> list[LazyBuffer]:
-  """Every unrealized base reachable from roots (through views), sources before their users; an explicit stack, so
-  graphs of any depth are walked (the scheduler's and the graph simplifier's order)."""
-  order: list[LazyBuffer] = []
+def walk(roots: Iterable[LazyBuffer], order: str = "pre", *, views: bool = True, realized: bool = True,
+         stop: Optional[Callable[[LazyBuffer], bool]] = None, as_built: bool = False) -> Iterator[LazyBuffer]:
+  """Every node of the graph above `roots` once, depth-first on an explicit stack (so graphs of any depth are walked):
+    order "pre":  each node before the nodes it reads, from the first root and each node's first source on (the
+                  order graph keys number nodes in);
+    order "post": each node after the nodes it reads; the last root and each node's last source are walked first
+                  (the scheduler's order).
+  `views`: a view is a node that reads its base; without, only bases are nodes (each root and source is read as its
+  base). `realized`: whether realized bases are yielded (nothing above one is walked: it has no sources). `stop`: a
+  node for which it is true is neither yielded nor walked through. `as_built`: a base's sources as built
+  (LazyBuffer.as_built), not as a rewrite left them."""
+  if order == "pre": return _walk_pre(roots, views, realized, stop, as_built)
+  if order == "post": return _walk_post(roots, views, realized, stop, as_built)
+  raise ValueError(f"walk order {order!r}: use 'pre' or 'post'")
+
+def _walk_pre(roots, views, realized, stop, as_built) -> Iterator[LazyBuffer]:
   seen: set[int] = set()
-  stack = [(r.base, False) for r in roots]
+  stack = [r if views or r._base is None else r._base for r in roots][::-1]
+  pop, push, extend = stack.pop, stack.append, stack.extend
   while stack:
-    lb, expanded = stack.pop()
+    lb = pop()
     if id(lb) in seen: continue
-    if expanded or lb.buffer is not None:
-      seen.add(id(lb))
-      order.append(lb)
+    seen.add(id(lb))
+    if stop is not None and stop(lb): continue
+    if lb._base is not None:   # a view (only when views): it reads its base
+      yield lb
+      push(lb._base)
       continue
-    stack.append((lb, True))
-    stack.extend((s.base, False) for s in lb.srcs if id(s.base) not in seen)
-  return [lb for lb in order if lb.buffer is None]
+    if lb.buffer is not None:
+      if realized: yield lb
+      continue
+    yield lb
+    srcs = lb._built[1] if as_built and lb._built is not None else lb.srcs
+    extend(srcs[::-1] if views else [s if s._base is None else s._base for s in srcs[::-1]])
+
+def _walk_post(roots, views, realized, stop, as_built) -> Iterator[LazyBuffer]:
+  seen: set[int] = set()
+  stack = [(r if views or r._base is None else r._base, False) for r in roots]
+  pop, push, extend = stack.pop, stack.append, stack.extend
+  while stack:
+    lb, expanded = pop()
+    if id(lb) in seen: continue
+    if expanded:
+      seen.add(id(lb))
+      yield lb
+      continue
+    if stop is not None and stop(lb):
+      seen.add(id(lb))
+      continue
+    if lb._base is not None:   # a view (only when views): after its base
+      push((lb, True))
+      if id(lb._base) not in seen: push((lb._base, False))
+      continue
+    if lb.buffer is not None:
+      seen.add(id(lb))
+      if realized: yield lb
+      continue
+    push((lb, True))
+    srcs = lb._built[1] if as_built and lb._built is not None else lb.srcs
+    if not views: srcs = [s if s._base is None else s._base for s in srcs]
+    extend([(s, False) for s in srcs if id(s) not in seen])
+
+def unrealized_bases(roots: list[LazyBuffer]) -> list[LazyBuffer]:
+  """Every unrealized base reachable from roots (through views), sources before their users (the scheduler's and the
+  graph simplifier's order)."""
+  return list(walk(roots, "post", views=False, realized=False))
 
 
 # A big reduce with few outputs runs as two: partial reduces of chunks, then a reduce of the partials. As one kernel,

@@ -4,14 +4,16 @@
 from the BEAM cache/search or the heuristics → compile; made once per AST and settings per process), a BufferCopy
 between devices, a HostCopy of host data, or a custom kernel's runner (tgrad/custom.py: a host function of the NUMPY
 backend, or a user kernel's compiled source). `run(exec_items)` launches them in order. `realize(*lazybuffers)` is
-schedule (create_schedule, through the schedule cache) + lower_schedule + run. While a TinyJit captures
+schedule (create_schedule, through the schedule cache) + lower_schedule + run. A Tensor-level realize first asks the
+registered pre-realize passes for a context to realize in (`pre_realize_contexts`; tgrad.paths registers path
+selection). While a TinyJit captures
 (`capturing()`), lowered items are recorded, not
 run: the JIT plans their memory and replays them (tgrad/jit.py). DEBUG prints what ran (see docs/env.md).
 """
 from __future__ import annotations
 import contextlib, time
 from dataclasses import dataclass, field
-from typing import Iterator, Mapping, Optional, Protocol, Sequence
+from typing import Callable, ContextManager, Iterator, Mapping, Optional, Protocol, Sequence
 import numpy as np
 from tgrad.ops import UOp, Ops
 from tgrad.lazy import LazyBuffer, holders_of
@@ -26,7 +28,8 @@ from tgrad import profiler
 from tgrad.traced_run import run_traced
 
 __all__ = ["ExecItem", "BufferCopy", "HostCopy", "CompiledKernel", "compile_kernel", "choose_opts", "get_runner",
-           "lower_schedule", "run", "run_schedule", "realize", "capturing", "copy_to_host", "JitError"]
+           "lower_schedule", "run", "run_schedule", "realize", "capturing", "copy_to_host", "JitError",
+           "register_pre_realize_pass", "unregister_pre_realize_pass", "pre_realize_contexts"]
 
 class Runner(Protocol):
   """What an ExecItem runs: `runner(bufs, wait, var_vals)` (seconds when wait), with a name and cost for DEBUG."""
@@ -199,6 +202,23 @@ def keep_old_values_of(buffers: Sequence[Buffer]) -> None:
       old = LazyBuffer.copy_of_buffer(buffer)
       realize(old)
       holder.move_readers_to(old)
+
+# ---- pre-realize passes
+# A pass sees the values a Tensor-level realize is about to compute and returns a context to realize them in, or None
+# (the usual case: nothing to do). The layers above register theirs (tgrad.paths: path selection, which applies the
+# selected lowerings to the graph and sets BEAM); this module imports nothing above it.
+PreRealizePass = Callable[[Sequence[LazyBuffer]], Optional[ContextManager]]
+_pre_realize_passes: list[PreRealizePass] = []
+
+def register_pre_realize_pass(realize_pass: PreRealizePass) -> None:
+  if realize_pass not in _pre_realize_passes: _pre_realize_passes.append(realize_pass)
+
+def unregister_pre_realize_pass(realize_pass: PreRealizePass) -> None:
+  if realize_pass in _pre_realize_passes: _pre_realize_passes.remove(realize_pass)
+
+def pre_realize_contexts(lbs: Sequence[LazyBuffer]) -> list[ContextManager]:
+  """The contexts the registered passes ask a realize of lbs to run in, in registration order (usually none)."""
+  return [context for realize_pass in _pre_realize_passes if (context := realize_pass(lbs)) is not None]
 
 def realize(*lbs: LazyBuffer) -> None:
   """Compute the given lazy values into device buffers (afterwards `lb.base.buffer` holds each)."""

@@ -35,7 +35,7 @@ import numpy as np
 from tgrad.dtype import dtypes
 from tgrad.ops import UOp, Ops, ELEMENTWISE, GatherAxis, identity_of_reduce, symbolic_in_use
 from tgrad.shape.sint import unbind, vmax_of
-from tgrad.lazy import LazyBuffer, holders_of, unrealized_bases
+from tgrad.lazy import LazyBuffer, holders_of, unrealized_bases, walk
 from tgrad.graph_simplify import simplify_graph, commit_replacements
 from tgrad.scalars import param_bits, param_name, scalar_param
 from tgrad.device import Buffer
@@ -223,14 +223,7 @@ def _check_assign_hazard(output: LazyBuffer, value: UOp, realize_set: set[LazyBu
 
 def _inlined_region(root: LazyBuffer, realize_set: set[LazyBuffer]) -> list[LazyBuffer]:
   """The unrealized bases a kernel for `root` would inline (stopping at realized values and at `realize_set`)."""
-  region, stack, seen = [], [s.base for s in root.srcs], set()
-  while stack:
-    lb = stack.pop()
-    if id(lb) in seen or lb.buffer is not None or lb in realize_set: continue
-    seen.add(id(lb))
-    region.append(lb)
-    stack.extend(s.base for s in lb.srcs)
-  return region
+  return list(walk(root.srcs, views=False, realized=False, stop=realize_set.__contains__))
 
 def _is_small(lb: LazyBuffer, realize_set: set[LazyBuffer]) -> bool:
   inputs, ops = set(), 1

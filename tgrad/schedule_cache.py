@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 from tgrad.device import Buffer
 from tgrad.dtype import DType
-from tgrad.lazy import LazyBuffer
+from tgrad.lazy import LazyBuffer, walk
 from tgrad.ops import Ops, UOp, SymbolicState
 from tgrad.shape.shapetracker import ShapeTracker
 from tgrad.shape.sint import unbind
@@ -58,17 +58,8 @@ class _Walk:
     if len(roots) == 1 and _is_one_op(roots[0]):
       self._one_op(roots[0])
       return
-    nodes: list[LazyBuffer] = []
-    position: dict[int, int] = {}
-    stack = roots[::-1]
-    pop, push, extend, append = stack.pop, stack.append, stack.extend, nodes.append
-    while stack:   # the hot loop of every realize: plain locals, attribute reads only
-      lb = pop()
-      if id(lb) in position: continue
-      position[id(lb)] = len(nodes)
-      append(lb)
-      if lb._base is not None: push(lb._base)
-      elif lb.buffer is None and lb.srcs: extend(lb.srcs[::-1])
+    nodes: list[LazyBuffer] = list(walk(roots))
+    position: dict[int, int] = {id(lb): p for p, lb in enumerate(nodes)}
     entries: list[tuple] = []
     unrealized: list[int] = []   # positions of the unrealized bases: the values a schedule may realize
     leaf_buffers: list[Buffer] = []
@@ -183,7 +174,7 @@ def schedule(outs: list[LazyBuffer], keep_old: bool = True) -> list[ScheduleItem
   # the values inlined into these kernels forget their composite Region: a Region holds its root, which holds it, a
   # cycle that would keep them (and the buffers they read, as pending readers) alive until the garbage collector runs
   for lb in nodes:
-    if lb.region is not None: lb.region = None
+    if lb.region is not None: lb.set_region(None)
   if not assigns or not keep_old: return items
   del walk, nodes, roots   # the graph's values this schedule did not realize live on only where something holds them
   return keep_old_values(items, assigns)

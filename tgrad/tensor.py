@@ -9,7 +9,7 @@ in-place updates); the other methods live in mixins by concern in tgrad/tensor_o
 """
 from __future__ import annotations
 import time
-from contextlib import ContextDecorator
+from contextlib import ContextDecorator, ExitStack
 from typing import Any, Callable, ClassVar, Optional
 import numpy as np
 from tgrad.dtype import DType, dtypes, promote_types, least_upper_float, to_dtype
@@ -19,6 +19,8 @@ from tgrad.device import canonical_device
 from tgrad.helpers import prod
 from tgrad.shape.sint import evaluate
 from tgrad.bounds import realize_with_checks
+from tgrad.realize import copy_to_host, pre_realize_contexts
+from tgrad.schedule import create_schedule
 from tgrad.graph_simplify import is_constant_expression
 import tgrad.function as F
 from tgrad.tensor_ops import bind_tensor_class
@@ -33,21 +35,17 @@ from tgrad.tensor_ops.linalg import LinalgMixin
 from tgrad.tensor_ops.nn import NNMixin
 from tgrad.tensor_ops.sorting import SortingMixin
 
-_path_context_for: Optional[Callable] = None   # tgrad.paths.select.context_for, loaded by the first realize
-
 def _realize(*lbs: LazyBuffer) -> None:
-  """Every Tensor-level realize: in the context of the execution path selected for the graph (tgrad/paths/select.py:
-  nothing while the benchmark database has no record for the device), with the queued index checks."""
-  global _path_context_for
-  if _path_context_for is None:
-    from tgrad.paths.select import context_for
-    _path_context_for = context_for
-  if (context := _path_context_for(lbs)) is None: return realize_with_checks(*lbs)
-  with context: realize_with_checks(*lbs)
+  """Every Tensor-level realize: in the contexts the registered pre-realize passes give (tgrad/realize.py; tgrad.paths
+  registers path selection, which does nothing while the benchmark database has no record for the device), with the
+  queued index checks."""
+  contexts = pre_realize_contexts(lbs)
+  if not contexts: return realize_with_checks(*lbs)
+  with ExitStack() as stack:
+    for context in contexts: stack.enter_context(context)
+    realize_with_checks(*lbs)
 
-def _copy_to_host(lb: LazyBuffer) -> np.ndarray:
-  from tgrad.realize import copy_to_host
-  return copy_to_host(lb.base.buffer)
+def _copy_to_host(lb: LazyBuffer) -> np.ndarray: return copy_to_host(lb.base.buffer)
 
 # ---------------------------------------------------------------------------------------------------------------
 
@@ -167,7 +165,6 @@ class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, Indexi
   def schedule(self, *others: Tensor) -> list:
     """The kernels (ScheduleItems) that realizing this tensor (and others) would run, planned without running or
     committing anything (tinygrad's Tensor.schedule; count them to check fusion)."""
-    from tgrad.schedule import create_schedule
     return create_schedule([self.lazydata, *[t.lazydata for t in others]])
   def numpy(self) -> np.ndarray:
     """The values as a numpy array (bfloat16 comes back as float32)."""

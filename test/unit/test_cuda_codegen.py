@@ -433,7 +433,7 @@ H100_SHARED = 227 * 1024   # shared memory per block an H100 kernel may opt in t
 def tf32_dot(a_shape: tuple[int, ...], b_shape: tuple[int, ...]) -> LazyBuffer:
   """The matmul lowering "tf32" of zeros of these shapes on the LLVM device (the kernels are only rendered)."""
   from tgrad import Tensor
-  from tgrad.tensor_ops.composite import LOWERINGS
+  from tgrad.regions import LOWERINGS
   a, b = (Tensor(np.zeros(shape, np.float32)) for shape in (a_shape, b_shape))
   return LOWERINGS["matmul"]["tf32"].build(a, b).lazydata
 

@@ -22,7 +22,8 @@ from tgrad.codegen.reduces import online_merge, online_result, online_step
 from tgrad.device import Buffer
 from tgrad.realize import compile_kernel
 from tgrad.runtime.cuda.nvrtc import compile_cuda, nvrtc_available
-from tgrad.tensor_ops.composite import apply_lowering, lowerings_for, regions_above, _log_sum_exp
+from tgrad.regions import apply_lowering, lowerings_for, regions_above
+from tgrad.tensor_ops.composite import _log_sum_exp
 from cuda_on_cpu import CPU_ARCH, cpu_available, run_on_cpu
 
 inf, nan = math.inf, math.nan

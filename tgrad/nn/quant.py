@@ -22,7 +22,7 @@ from tgrad.device import canonical_device
 from tgrad.lazy import LazyBuffer
 from tgrad.realize import is_capturing
 from tgrad.tensor import Tensor
-from tgrad.tensor_ops.composite import DEFAULT, LOWERINGS, Lowering, composite
+from tgrad.regions import DEFAULT, Lowering, composite, register
 
 class GGMLType(IntEnum):
   """ggml's tensor type ids, as GGUF files store them (ggml.h's `enum ggml_type`; ids 4, 5, 31-33 are retired)."""
@@ -284,12 +284,12 @@ def _dequantize_once(dtype: DType) -> Callable[..., Tensor]:
     return dense_copy(packed, ggml_type, shape, dtype).reshape(structured.shape).cast(dtypes.float32)
   return build
 
-LOWERINGS[DEQUANTIZE] = {
+register(DEQUANTIZE, {
   DEFAULT: Lowering(DEFAULT, "packed: the blocks dequantized inside every kernel that reads the weight",
                     _dequantize_in_use, 3),
   **{f"dequant_{dtype.name}": Lowering(f"dequant_{dtype.name}", f"dequantized once into a {dtype.name} copy, read "
                                        "by every use", _dequantize_once(dtype), exactness)
-     for dtype, exactness in zip(DENSE_DTYPES, (2, 1, 0))}}
+     for dtype, exactness in zip(DENSE_DTYPES, (2, 1, 0))}})
 
 def dequantized_values(packed: Tensor, ggml_type: GGMLType, shape: tuple[int, ...]) -> Tensor:
   """The float32 values of a packed 2-D weight as (out, blocks per row, *block axes), as the composite `dequantize`:

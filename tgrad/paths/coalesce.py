@@ -27,14 +27,14 @@ from tgrad.backend import HOST_DEVICE
 from tgrad.device import Buffer
 from tgrad.dtype import DType
 from tgrad.helpers import code_settings
-from tgrad.lazy import LazyBuffer
+from tgrad.lazy import LazyBuffer, walk
 from tgrad.ops import Ops
-from tgrad.paths.db import Measurement, PathsDB, default_tolerance, select
+from tgrad.paths.db import Measurement, PathsDB, default_tolerance, get_paths_db, select
 from tgrad.paths.fingerprint import hardware_fingerprint, tgrad_version
-from tgrad.paths.graph import graph_description, graph_key
-from tgrad.paths.user_kernels import _placeholders
+from tgrad.paths.graph import graph_description, graph_key, placeholders
 from tgrad.realize import BufferCopy
-from tgrad.tensor_ops.composite import DEFAULT, Region, composite
+from tgrad.regions import DEFAULT, Region, composite
+from tgrad.tensor import Tensor
 
 HOST = HOST_DEVICE
 COPY_PATH_ID = "copy"
@@ -61,12 +61,8 @@ def _host_value(x: LazyBuffer, device: str) -> Optional[LazyBuffer]:
 
 def find_round_trips(outs: Sequence[LazyBuffer]) -> list[RoundTrip]:
   """Every occurrence of the pattern above outs (module doc)."""
-  found, seen, stack = [], set(), [o.base for o in outs]
-  while stack:
-    lb = stack.pop()
-    if id(lb) in seen or lb.buffer is not None: continue
-    seen.add(id(lb))
-    stack.extend(s.base for s in lb.srcs)
+  found = []
+  for lb in walk(outs, views=False, realized=False):
     if lb.op is not Ops.COPY or lb.device != HOST or not lb.srcs: continue
     root = lb.srcs[0]
     region = root.region if root.is_base else None
@@ -80,13 +76,12 @@ def find_round_trips(outs: Sequence[LazyBuffer]) -> list[RoundTrip]:
 
 def region_key(region: Region, device: str) -> str:
   """The key of the region alone on `device`, over realized inputs of its input shapes and dtypes."""
-  from tgrad.tensor import Tensor
-  inputs = _placeholders(device, [x.shape for x in region.inputs], [x.dtype for x in region.inputs])
+  inputs = placeholders(device, [x.shape for x in region.inputs], [x.dtype for x in region.inputs])
   out = composite(region.name, tuple(Tensor(p, requires_grad=False) for p in inputs), **dict(region.params))
   return graph_key([out.lazydata])
 
 def _copy_graph(source: str, destination: str, shape: tuple[int, ...], dtype: DType) -> LazyBuffer:
-  [x] = _placeholders(source, [shape], [dtype])
+  [x] = placeholders(source, [shape], [dtype])
   return x.copy_to_device(destination)
 
 def copy_key(source: str, destination: str, shape: tuple[int, ...], dtype: DType) -> str:
@@ -143,26 +138,23 @@ def _decide_now(trip: RoundTrip, db: PathsDB, fingerprint: Optional[Callable]) -
   return decide(t_host, t_device, copies)
 
 def rewrite_on_host(trip: RoundTrip) -> None:
-  """Make trip.out compute the region on LLVM from the host inputs (a composite region there, rooted at out)."""
-  from tgrad.tensor import Tensor
+  """Make trip.out compute the region on LLVM from the host inputs (a composite region there, rooted at out). The
+  rewrite is final: the graph as built is the coalesced one (its key is what selection then looks up)."""
   region = trip.region
   value = composite(region.name, tuple(Tensor(x, requires_grad=False) for x in trip.host_inputs),
                     **dict(region.params)).lazydata.reshape(trip.out.shape)
   out = trip.out
   if value.is_base and value.buffer is None and value.srcs:
-    out.op, out.srcs, out.arg = value.op, value.srcs, value.arg
+    out.rewrite(value.op, value.srcs, value.arg, keep_built=False)
     moved = value.region
-    if moved is not None and moved.root is value:
-      moved.root, out.region, value.region = out, moved, None
-  else: out.op, out.srcs, out.arg = Ops.CAST, (value,), None
+    if moved is not None and moved.root is value: moved.move_to(out)
+  else: out.rewrite(Ops.CAST, (value,), None, keep_built=False)
 
 def coalesce_copies(outs: Sequence[LazyBuffer], db: Optional[PathsDB] = None, fingerprint: Optional[Callable] = None,
                     log: Optional[list[str]] = None) -> int:
   """Rewrite every round trip above outs that the database (default: the one selection reads) says is faster on the
   host; how many were rewritten (each decision's reason is appended to `log` when given)."""
-  if db is None:
-    from tgrad.paths.select import database
-    db = database()
+  if db is None: db = get_paths_db()
   rewritten = 0
   for trip in find_round_trips(outs):
     decision = decision_for(trip, db, fingerprint)

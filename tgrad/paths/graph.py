@@ -17,12 +17,13 @@ from typing import Any, Optional
 import numpy as np
 from tgrad.backend import HOST_DEVICE
 from tgrad.dtype import DType, bfloat16_to_float32, dtypes
-from tgrad.lazy import LazyBuffer
+from tgrad.device import Buffer
+from tgrad.helpers import prod
+from tgrad.lazy import LazyBuffer, walk
 from tgrad.ops import Ops, UOp
 from tgrad.shape.shapetracker import ShapeTracker
 from tgrad.shape.sint import unbind
 
-DEFAULT = "default"
 TRANSCENDENTAL_FLAVOURED = (Ops.EXP2, Ops.LOG2, Ops.TANH)   # ALU ops whose arg picks how a kernel computes them
 REFERENCE_DEVICE = HOST_DEVICE
 REFERENCE_DTYPE = dtypes.float64
@@ -49,29 +50,8 @@ def view_text(st: ShapeTracker) -> Any:
 
 def graph_nodes(outs: list[LazyBuffer], as_built: bool = True) -> list[LazyBuffer]:
   """Every node of the unrealized graph above outs (views included), depth-first pre-order from the roots; as built
-  (regions at their default lowerings) or as lowered now."""
-  order: list[LazyBuffer] = []
-  seen: set[int] = set()
-  stack = list(reversed(outs))
-  while stack:
-    lb = stack.pop()
-    if id(lb) in seen: continue
-    seen.add(id(lb))
-    order.append(lb)
-    if not lb.is_base: stack.append(lb.base)
-    elif lb.buffer is None: stack.extend(reversed(_default_srcs(lb) if as_built else lb.srcs))
-  return order
-
-def _as_built(lb: LazyBuffer) -> tuple[Any, tuple[LazyBuffer, ...], Any]:
-  """A base's (op, sources, arg) as built: a region's root lowered to something else reads as its default."""
-  region = lb.region
-  if region is not None and region.root is lb and region.current != DEFAULT: return region._built[DEFAULT]
-  return lb.op, lb.srcs, lb.arg
-
-def _default_srcs(lb: LazyBuffer) -> tuple[LazyBuffer, ...]: return _as_built(lb)[1]
-def _default_op(lb: LazyBuffer) -> tuple[Any, Any]:
-  op, _, arg = _as_built(lb)
-  return op, arg
+  (regions at their default lowerings: LazyBuffer.as_built) or as lowered now."""
+  return list(walk(outs, as_built=as_built))
 
 def graph_entries(outs: list[LazyBuffer]) -> list[Any]:
   """The canonical structure of the graph above outs, one entry per node (see the module doc)."""
@@ -86,9 +66,8 @@ def graph_entries(outs: list[LazyBuffer]) -> list[Any]:
       leaf = leaves.setdefault(id(lb.buffer), len(leaves))
       entries.append(["input", lb.device, str(lb.dtype), arg_text(lb.shape), leaf])
     else:
-      op, arg = _default_op(lb)
-      entry = [op.name, lb.device, str(lb.dtype), arg_text(lb.shape), arg_text(arg),
-               [number[id(s)] for s in _default_srcs(lb)]]
+      op, srcs, arg = lb.as_built
+      entry = [op.name, lb.device, str(lb.dtype), arg_text(lb.shape), arg_text(arg), [number[id(s)] for s in srcs]]
       region = lb.region
       if region is not None and region.root is lb: entry.append(["composite", region.name, arg_text(region.params)])
       entries.append(entry)
@@ -116,12 +95,18 @@ def graph_description(outs: list[LazyBuffer]) -> dict:
         seen_buffers.add(id(lb.buffer))
         inputs.append([arg_text(lb.shape), str(lb.dtype)])
       continue
-    ops[_default_op(lb)[0].name] = ops.get(_default_op(lb)[0].name, 0) + 1
+    op_name = lb.as_built[0].name
+    ops[op_name] = ops.get(op_name, 0) + 1
     region = lb.region
     if region is not None and region.root is lb: composites[region.name] = composites.get(region.name, 0) + 1
   return {"outputs": [[arg_text(o.shape), str(o.dtype)] for o in outs], "device": outs[0].device if outs else "",
           "inputs": inputs[:16], "input_count": len(inputs), "composites": composites, "ops": ops,
           "nodes": len(nodes)}
+
+def placeholders(device: str, shapes: list[tuple[int, ...]], dtypes_: list[DType]) -> list[LazyBuffer]:
+  """Realized-looking inputs of these shapes (their Buffers are never allocated: nothing runs): the inputs of a graph
+  built only to be matched or keyed."""
+  return [LazyBuffer.from_buffer(Buffer(device, max(prod(s), 1), d), tuple(s)) for s, d in zip(shapes, dtypes_)]
 
 # ---- the float64 reference
 
@@ -139,27 +124,10 @@ def reference_graph(outs: list[LazyBuffer], host: Optional[dict[int, np.ndarray]
   copied through the host; `host` caches their values by Buffer id across calls). Raises ReferenceUnavailable."""
   host = {} if host is None else host
   made: dict[int, LazyBuffer] = {}
-  for lb in sources_first(outs):
+  for lb in walk(outs, "post"):
     value = _rebuilt(lb, made, host)
     made[id(lb)] = value if not lb.is_base else _as_base(value)   # a base stays a base (a widened cast is no op)
   return [made[id(o)] for o in outs]
-
-def sources_first(outs: list[LazyBuffer]) -> list[LazyBuffer]:
-  """The unrealized graph above outs as lowered now, each node after everything it reads (iterative post-order)."""
-  order: list[LazyBuffer] = []
-  done: set[int] = set()
-  stack: list[tuple[LazyBuffer, bool]] = [(o, False) for o in reversed(outs)]
-  while stack:
-    lb, expanded = stack.pop()
-    if id(lb) in done: continue
-    if expanded:
-      done.add(id(lb))
-      order.append(lb)
-      continue
-    stack.append((lb, True))
-    children = (lb.base,) if not lb.is_base else (lb.srcs if lb.buffer is None else ())
-    stack.extend((c, False) for c in reversed(children) if id(c) not in done)
-  return order
 
 def _rebuilt(lb: LazyBuffer, made: dict[int, LazyBuffer], host: dict[int, np.ndarray]) -> LazyBuffer:
   device, dtype = REFERENCE_DEVICE, _widen(lb.dtype)

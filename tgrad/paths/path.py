@@ -1,7 +1,7 @@
 """Paths: the ways to realize a set of tensors, enumerated lazily, run, and measured for time and error.
 
 A path fixes, for the tensors being realized, the lowering of every composite region in their graph (see
-tgrad/tensor_ops/composite.py), the opts of every kernel ("heuristic", or "beam2": BEAM=2's searched winners) and the
+tgrad/regions.py), the opts of every kernel ("heuristic", or "beam2": BEAM=2's searched winners) and the
 device. `PathSpace(outs)` finds the regions (at their default lowerings) and how they nest: a region inside another
 one's default body only exists while that one keeps its default, so a path gives an inner region a lowering only
 then; this makes paths distinct graphs and lets `count` be exact before iterating (a product over top-level regions
@@ -11,34 +11,28 @@ name lowered one way everywhere: the few paths a profiler should measure first),
 `measure(space, path)` runs a path without committing anything (the graph stays unrealized, so every path runs on the
 same inputs; buffers that an ASSIGN writes are restored after each run), timing each launch (device events on CUDA),
 and compares its outputs with the float64 reference of the same graph (tgrad/paths/graph.py) with the most exact
-lowerings: max absolute error, and max relative error — each element's error over the larger of its reference
-magnitude and a floor: √ε of the output's dtype times the output's largest reference magnitude. Below that floor an
-element's error is set by the rounding of the large values it was computed from (in float16 a logit near 0 carries
-the error of the products of size ~max that made it), not by its own magnitude; √ε is 3.5e-4 of the largest value
-in float32, 3.1e-2 in float16, 8.8e-2 in bfloat16.
+lowerings: max absolute and max relative error (accuracy.py).
 """
 from __future__ import annotations
-import contextlib, hashlib, itertools, json, math
+import contextlib, hashlib, itertools, json
 from dataclasses import dataclass, field, replace
 from typing import Iterator, Optional, Sequence
 import numpy as np
-from tgrad.lazy import LazyBuffer
+from tgrad.lazy import LazyBuffer, walk
 from tgrad.ops import Ops
-from tgrad.dtype import DType, dtypes
 from tgrad.device import Buffer
 from tgrad.helpers import Context
 from tgrad.custom import host_values
 from tgrad.shape.sint import evaluate
 from tgrad.schedule import create_schedule
 from tgrad.realize import lower_schedule, realize
-from tgrad.tensor_ops.composite import Region, apply_lowering, lowering_part, reference_lowering, \
-  regions_above
+from tgrad.regions import DEFAULT, Region, apply_lowering, lowering_part, reference_lowering, regions_above
+from tgrad.paths.accuracy import errors, relative_floor
 from tgrad.paths.graph import graph_key, graph_description, reference_graph
 from tgrad.paths.user_kernels import USER_KERNELS, USER_PREFIX, user_regions, verified_lowerings
 
 OPTS_CHOICES = ("heuristic", "beam2")   # what a path may say about kernel opts (beam2: searched with BEAM=2)
 DEFAULT_REPEATS = 5
-DEFAULT = "default"
 
 @dataclass(frozen=True)
 class Path:
@@ -102,16 +96,9 @@ class PathSpace:
       inputs = {id(x) for x in region.inputs}
       for j in index[id(region.root)]:   # a later region on the same root lies inside this one
         if j > i and parent[j] is None: parent[j], depth[j] = i, depth[i] + 1
-      seen, stack = set(), list(region.root.srcs)
-      while stack:
-        lb = stack.pop()
-        if id(lb) in seen or id(lb) in inputs: continue
-        seen.add(id(lb))
+      for lb in walk(region.root.srcs, stop=lambda lb: id(lb) in inputs):
         for j in index.get(id(lb), ()):
           if j != i and (parent[j] is None or depth[i] >= depth[parent[j]]): parent[j], depth[j] = i, depth[i] + 1
-        base = lb.base
-        if base is not lb: stack.append(base)
-        elif base.buffer is None: stack.extend(base.srcs)
     return parent
 
   def description(self) -> dict: return graph_description(self.outs)
@@ -228,14 +215,7 @@ class PathSpace:
 def _in_graph_order(outs: Sequence[LazyBuffer], regions: list[Region]) -> list[Region]:
   """Regions by their root's first visit depth-first from outs (regions_above's order); on one root, a user kernel's
   site (which then holds the composite) first."""
-  order: dict[int, int] = {}
-  stack = list(outs[::-1])
-  while stack:
-    lb = stack.pop()
-    if id(lb) in order: continue
-    order[id(lb)] = len(order)
-    if not lb.is_base: stack.append(lb.base)
-    elif lb.buffer is None: stack.extend(lb.srcs[::-1])
+  order = {id(lb): position for position, lb in enumerate(walk(outs))}
   return sorted(regions, key=lambda r: (order[id(r.root)], not r.name.startswith(USER_PREFIX)))
 
 def iterate(*tensors, opts: Sequence[str] = ("heuristic",)) -> PathSpace:
@@ -284,15 +264,7 @@ def _run_unrealized(space: PathSpace, repeats: int) -> tuple[list[float], list[n
 
 def _realized_buffers(outs: list[LazyBuffer]) -> list[Buffer]:
   """The Buffers of the realized inputs of the graph above outs."""
-  found, seen, stack = [], set(), list(outs)
-  while stack:
-    lb = stack.pop()
-    if id(lb) in seen: continue
-    seen.add(id(lb))
-    if lb.base is not lb: stack.append(lb.base)
-    elif lb.buffer is not None: found.append(lb.buffer)
-    else: stack.extend(lb.srcs)
-  return found
+  return [lb.buffer for lb in walk(outs, views=False) if lb.buffer is not None]
 
 def _values(buffer: Buffer, base: LazyBuffer) -> np.ndarray:
   """A realized base's values as float64 (bfloat16 from its raw bits; a symbolic size at its bound value). Outputs
@@ -305,32 +277,6 @@ def reference_outputs(space: PathSpace) -> list[np.ndarray]:
     bases = [r.base for r in reference_graph(space.compared)]
   realize(*bases)
   return [_values(b.buffer, b) for b in bases]
-
-def relative_floor(dtype: DType) -> float:
-  """√ε of a float dtype (see the module doc); exact dtypes (ints, bools, float64) get float64's."""
-  return math.sqrt(float(np.finfo(dtype.np if dtype.is_float and dtype.itemsize < 8 else np.float64).eps)) \
-    if dtype != dtypes.bfloat16 else math.sqrt(2.0 ** -7)
-
-def errors(outputs: Sequence[np.ndarray], reference: Sequence[np.ndarray],
-           floors: Optional[Sequence[float]] = None) -> tuple[float, float]:
-  """(max relative, max absolute) error over all outputs; see the module doc for the relative floor. Equal values
-  (the same infinity, NaN against NaN) are exact; NaN against a number, or a number against an infinity, is an
-  infinite error."""
-  max_rel = max_abs = 0.0
-  floors = floors or [relative_floor(dtypes.float32)] * len(outputs)
-  for out, ref, relative_to in zip(outputs, reference, floors):
-    if out.size == 0: continue
-    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
-      equal = (out == ref) | (np.isnan(out) & np.isnan(ref))
-      diff = np.where(equal, 0.0, np.abs(out - ref))
-      diff = np.where(np.isnan(diff), np.inf, diff)
-      finite = np.abs(ref[np.isfinite(ref)])
-      floor = max(relative_to * (float(finite.max()) if finite.size else 1.0), np.finfo(np.float64).tiny)
-      scale = np.maximum(np.where(np.isfinite(ref), np.abs(ref), 1.0), floor)
-      relative = np.where(np.isinf(diff), np.inf, diff / scale)
-    max_abs = max(max_abs, float(diff.max()))
-    max_rel = max(max_rel, float(relative.max()))
-  return max_rel, max_abs
 
 def measure(space: PathSpace, path: Path, reference: Optional[list[np.ndarray]] = None,
             repeats: int = DEFAULT_REPEATS) -> Run:

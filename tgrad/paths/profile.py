@@ -12,12 +12,18 @@ alone on both devices (over random inputs).
 from __future__ import annotations
 import contextlib, itertools, time
 from typing import Iterator, Optional, Sequence
+import numpy as np
 from tqdm import tqdm
+from tgrad.device import Device
 from tgrad.lazy import LazyBuffer
+from tgrad.regions import composite
+from tgrad.tensor import Tensor
+from tgrad.paths.coalesce import HOST, copy_key, find_round_trips, record_copy_times
 from tgrad.paths.db import Measurement, PathsDB, sanity_bound
 from tgrad.paths.fingerprint import hardware_fingerprint, tgrad_version
 from tgrad.helpers import code_settings
 from tgrad.paths.graph import ReferenceUnavailable
+from tgrad.paths.observers import observers
 from tgrad.paths.path import DEFAULT, Path, PathSpace, measure, reference_outputs, DEFAULT_REPEATS
 from tgrad.paths import select
 
@@ -30,9 +36,6 @@ STANDALONE_SEED = 0
 def standalone_region(region, device: str):
   """The region alone on `device`: its composite over random realized inputs of its input shapes and dtypes (the
   graph coalesce.region_key names)."""
-  import numpy as np
-  from tgrad.tensor import Tensor
-  from tgrad.tensor_ops.composite import composite
   rng = np.random.default_rng(STANDALONE_SEED)
   inputs = tuple(Tensor(rng.standard_normal(x.shape).astype(np.float32), device=device).cast(x.dtype).realize()
                  for x in region.inputs)
@@ -110,8 +113,6 @@ class Profiler:
   def _round_trips(self, outs: Sequence[LazyBuffer]) -> None:
     """For each round trip copy coalescing would judge (coalesce.py), measure what it compares: the region alone on
     LLVM and on the other device (as graphs over random realized inputs, profiled like any graph) and each copy."""
-    from tgrad.device import Device
-    from tgrad.paths.coalesce import HOST, copy_key, find_round_trips, record_copy_times
     for trip in find_round_trips(outs):
       region, device = trip.region, trip.device
       if not Device.available(device) or self.out_of_budget(): continue
@@ -129,8 +130,8 @@ class Profiler:
 @contextlib.contextmanager
 def watching(profiler: Profiler) -> Iterator[Profiler]:
   """Within the scope, every Tensor-level realize is profiled first."""
-  select.observers.append(profiler.observe)
+  observers.append(profiler.observe)
   try: yield profiler
   finally:
-    select.observers.remove(profiler.observe)
+    observers.remove(profiler.observe)
     profiler.close()

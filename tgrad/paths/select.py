@@ -1,6 +1,7 @@
 """Path selection at realize time: the fastest recorded path within TOLERANCE, else today's default.
 
-Every Tensor-level realize asks `realize_context(lbs)` for the context to realize in. While the benchmark database
+A pre-realize pass (tgrad/realize.py), registered by tgrad/paths/__init__.py: every Tensor-level realize asks
+`context_for(lbs)` for the context to realize in. While the benchmark database
 holds no record for this hardware (the usual case until `python -m tgrad.paths profile` ran), that is a no-op and
 costs one flag check. Otherwise round trips to another device that the database says are slower than computing on
 the CPU are rewritten first (coalesce.py), then the graph's regions are found, its canonical key is looked up, and
@@ -15,18 +16,21 @@ the lowering chosen and why (which record, or "guess").
 """
 from __future__ import annotations
 import contextlib
-from typing import Callable, Iterator, Optional, Sequence
+from typing import Iterator, Optional, Sequence
 from tgrad.lazy import LazyBuffer
 from tgrad.helpers import Context, code_settings, current_settings
+from tgrad.realize import is_capturing
+from tgrad.regions import DEFAULT, apply_lowering, regions_above
+from tgrad.paths import coalesce
 from tgrad.paths.db import PathsDB, Selection, default_tolerance, get_paths_db, select
 from tgrad.paths.fingerprint import hardware_fingerprint, tgrad_version
-from tgrad.paths.path import Path, PathSpace, DEFAULT
-from tgrad.tensor_ops.composite import regions_above
+from tgrad.paths.observers import observers
+from tgrad.paths.path import Path, PathSpace
+from tgrad.paths.user_kernels import USER_KERNELS
 
 _has_records: dict[str, bool] = {}
 _memo: dict[tuple[str, float], tuple[Selection, Optional[tuple[str, ...]], str]] = {}
 applied: dict[str, str] = {}   # graph key → what the last realize of it chose (the path's description, or why none)
-observers: list[Callable[[Sequence[LazyBuffer]], None]] = []   # the profiler's hooks, called before each realize
 
 def database() -> PathsDB:
   """The database selection reads: the process-wide one of the current TGRAD_CACHE (db.get_paths_db)."""
@@ -38,17 +42,7 @@ def forget() -> None:
   _has_records.clear()
   _memo.clear()
   applied.clear()
-  from tgrad.paths.coalesce import forget as forget_coalescing
-  forget_coalescing()
-
-@contextlib.contextmanager
-def unobserved() -> Iterator[None]:
-  """Realizes inside the scope are not profiled (the checks a profiled program's own machinery makes, e.g. the
-  equivalence checker's random trials, are not the program's graphs)."""
-  saved = observers[:]
-  observers.clear()
-  try: yield
-  finally: observers[:] = saved
+  coalesce.forget()
 
 def active(device: str) -> bool:
   """Whether a realize on `device` may select anything: a profiler watches, or the database has records."""
@@ -96,7 +90,6 @@ def context_for(lbs: Sequence[LazyBuffer]):
 def _may_have_paths(outs: Sequence[LazyBuffer]) -> bool:
   """Whether the graph can have more than one path: a composite region, or a registered user kernel (whose sites
   need no region). A plain eager op has neither: its realize then pays one short walk, not a graph key."""
-  from tgrad.paths.user_kernels import USER_KERNELS
   return bool(USER_KERNELS) or bool(regions_above(*outs))
 
 @contextlib.contextmanager
@@ -106,12 +99,10 @@ def realize_context(lbs: Sequence[LazyBuffer]) -> Iterator[None]:
   if not outs or not active(outs[0].device) or not _may_have_paths(outs):
     yield
     return
-  from tgrad.realize import is_capturing
   if not is_capturing():   # a TinyJit capture records what the first call (profiled then) already ran
     for observe in list(observers): observe(outs)
-  from tgrad.paths.coalesce import coalesce_copies
   log: Optional[list[str]] = [] if current_settings().DEBUG >= 2 else None
-  coalesce_copies(outs, database(), log=log)   # the planner's copy coalescing, decided from the database first
+  coalesce.coalesce_copies(outs, database(), log=log)   # the planner's copy coalescing, decided from the database first
   for line in log or []: print(f"paths: copy coalescing: {line}")
   space = PathSpace(outs)
   if not space.regions:
@@ -124,7 +115,6 @@ def realize_context(lbs: Sequence[LazyBuffer]) -> Iterator[None]:
   if choices is None:
     yield
     return
-  from tgrad.tensor_ops.composite import apply_lowering
   for region, name in zip(space.regions, choices):
     if name != DEFAULT: apply_lowering(region, name)
   with Context(BEAM=2 if opts == "beam2" else current_settings().BEAM): yield

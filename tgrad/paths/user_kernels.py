@@ -4,7 +4,7 @@ graph appears in a graph being realized.
 `register_kernel(name, reference=, devices=, ...)` takes a kernel as CUDA C source or LLVM IR text (with its launch
 rule, tgrad/custom.py gives the argument convention: the output buffer first, then the inputs in order, then the
 launch's int64 scalars; LLVM adds the call index last) and/or a numpy callable (the NUMPY backend), and a reference:
-a Python function of Tensors computing the same value. It registers a composite "user:<name>" (composite.LOWERINGS)
+a Python function of Tensors computing the same value. It registers a composite "user:<name>" (regions.register)
 whose lowerings are "default" (the graph as written), "<name>" (the compiled source, on the device of its language)
 and "<name>:numpy" (the numpy callable, on any of `devices`).
 
@@ -33,18 +33,21 @@ inputs (VERIFY_TOLERANCE); a lowering that fails (wrong values, or it does not c
 from __future__ import annotations
 import math, warnings
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence, Union
+import hashlib, inspect, itertools, json
+from typing import Any, Callable, Optional, Sequence, Union
 import numpy as np
 from tgrad.backend import known_devices, language_devices
 from tgrad.custom import NUMPY, HostFunction, SourceKernel, host_values
-from tgrad.device import Buffer, canonical_device
+from tgrad.device import canonical_device
 from tgrad.dtype import DType, dtypes
-from tgrad.helpers import prod
-from tgrad.lazy import LazyBuffer
+from tgrad.lazy import LazyBuffer, walk
 from tgrad.ops import COMMUTATIVE, Ops
 from tgrad.realize import realize
-from tgrad.tensor_ops.composite import DEFAULT, LOWERINGS, Lowering, Region, lowerings_for, regions_above
-if TYPE_CHECKING: from tgrad.tensor import Tensor
+from tgrad.regions import DEFAULT, LOWERINGS, Lowering, Region, lowerings_for, regions_above, register, unregister
+from tgrad.tensor import Tensor
+from tgrad.paths.accuracy import errors
+from tgrad.paths.graph import arg_text, graph_key, graph_nodes, placeholders, view_text
+from tgrad.paths.observers import unobserved
 
 USER_PREFIX = "user:"
 NUMPY_SUFFIX = ":numpy"
@@ -119,16 +122,15 @@ def register_kernel(name: str, *, reference: Callable[..., Tensor], devices: Seq
     lowerings[name + NUMPY_SUFFIX] = Lowering(name + NUMPY_SUFFIX, f"user kernel {name} in numpy on the host",
                                               _build(kernel, True), USER_KERNEL_EXACTNESS, kernel.devices, part=NUMPY)
   USER_KERNELS[name] = kernel
-  LOWERINGS[kernel.composite] = lowerings
+  register(kernel.composite, lowerings)
   return kernel
 
 def unregister_kernel(name: str) -> None:
-  if (kernel := USER_KERNELS.pop(name, None)) is not None: LOWERINGS.pop(kernel.composite, None)
+  if (kernel := USER_KERNELS.pop(name, None)) is not None: unregister(kernel.composite)
 
 def _build(kernel: UserKernel, host: bool) -> Callable[..., Tensor]:
   """The lowering's build: a CUSTOM op of the kernel over the site's inputs (shape and dtype from the reference)."""
   def build(*inputs: Tensor) -> Tensor:
-    from tgrad.tensor import Tensor
     shaped = kernel.reference(*inputs)   # only its shape and dtype: nothing runs
     in_shapes = tuple(tuple(x.shape) for x in inputs)
     device = inputs[0].device
@@ -143,21 +145,16 @@ def _build(kernel: UserKernel, host: bool) -> Callable[..., Tensor]:
 
 # ---- matching
 
-def _placeholders(device: str, shapes: Sequence[tuple[int, ...]], dtypes_: Sequence[DType]) -> list[LazyBuffer]:
-  """Realized-looking inputs of these shapes (their Buffers are never allocated: nothing runs)."""
-  return [LazyBuffer.from_buffer(Buffer(device, max(prod(s), 1), d), tuple(s)) for s, d in zip(shapes, dtypes_)]
-
 def reference_pattern(kernel: UserKernel, device: str, shapes: Sequence[tuple[int, ...]], dtypes_: Sequence[DType]
                       ) -> tuple[LazyBuffer, list[LazyBuffer]]:
   """The reference's graph on placeholder inputs: (its output base, the placeholders), remembered per signature."""
   key = (device, tuple(map(tuple, shapes)), tuple(dtypes_))
   if key not in kernel.patterns:
-    from tgrad.tensor import Tensor
-    placeholders = _placeholders(device, shapes, dtypes_)
-    out = kernel.reference(*[Tensor(p, requires_grad=False) for p in placeholders]).lazydata
+    inputs = placeholders(device, shapes, dtypes_)
+    out = kernel.reference(*[Tensor(p, requires_grad=False) for p in inputs]).lazydata
     if not (out.is_base or (out.st.contiguous and out.size == out.base.size)):
       raise ValueError(f"kernel {kernel.name!r}: the reference's result must be a computed value, not a view of one")
-    kernel.patterns[key] = (out.base, placeholders)
+    kernel.patterns[key] = (out.base, inputs)
     kernel.root_op = out.base.op
   return kernel.patterns[key]
 
@@ -205,21 +202,6 @@ class Site:
   root: LazyBuffer
   inputs: tuple[LazyBuffer, ...]
 
-def _unrealized_bases(outs: Sequence[LazyBuffer]) -> list[LazyBuffer]:
-  """Unrealized bases above outs, depth-first pre-order from the roots (composite.regions_above's order)."""
-  found, seen, stack = [], set(), list(outs[::-1])
-  while stack:
-    lb = stack.pop()
-    if id(lb) in seen: continue
-    seen.add(id(lb))
-    if not lb.is_base:
-      stack.append(lb.base)
-      continue
-    if lb.buffer is not None: continue
-    found.append(lb)
-    stack.extend(lb.srcs[::-1])
-  return found
-
 def find_sites(outs: Sequence[LazyBuffer], kernel: Union[UserKernel, Callable[..., Tensor]],
                example: Optional[tuple[Sequence[tuple[int, ...]], Sequence[DType]]] = None) -> list[Site]:
   """The sites of `kernel` (a registered kernel, or a bare reference function) in the unrealized graph above outs
@@ -227,7 +209,7 @@ def find_sites(outs: Sequence[LazyBuffer], kernel: Union[UserKernel, Callable[..
   if not isinstance(kernel, UserKernel):
     kernel = UserKernel(getattr(kernel, "__name__", "reference"), kernel, frozenset(known_devices()), {}, "", {}, None)
   sites: list[Site] = []
-  for candidate in _unrealized_bases(outs):
+  for candidate in walk(outs, views=False, realized=False):   # depth-first pre-order (regions_above's order)
     if candidate.device not in kernel.devices or (kernel.root_op is not None and candidate.op is not kernel.root_op):
       continue
     if example is not None:
@@ -260,7 +242,6 @@ def _shape_guess(kernel: UserKernel, candidate: LazyBuffer) -> Optional[tuple[li
   return [tuple(b.shape) for b in bound], [b.dtype for b in bound]
 
 def _arity(kernel: UserKernel) -> int:
-  import inspect
   params = inspect.signature(kernel.reference).parameters.values()
   return sum(1 for p in params if p.default is inspect.Parameter.empty and p.kind in (p.POSITIONAL_ONLY,
                                                                                         p.POSITIONAL_OR_KEYWORD))
@@ -284,11 +265,9 @@ def equivalent_sites(outs: Sequence[LazyBuffer], kernel: UserKernel, taken: set[
   return sites
 
 def _computes_reference(kernel: UserKernel, region: Region) -> bool:
-  from tgrad.tensor import Tensor
-  from tgrad.paths.equivalence import equivalent
+  from tgrad.paths.equivalence import equivalent   # sympy loads on the first check, not with tgrad
   build, params = LOWERINGS[region.name][DEFAULT].build, dict(region.params)
   examples = [Tensor(LazyBuffer.loadop(Ops.EMPTY, tuple(x.shape), x.dtype, x.device)) for x in region.inputs]
-  from tgrad.paths.select import unobserved
   try:
     with unobserved(), _Checking(): verdict = equivalent(lambda *xs: build(*xs, **params), kernel.reference, *examples)
   except Exception: return False   # the reference does not apply to these inputs
@@ -322,9 +301,8 @@ def _cuts(outs: Sequence[LazyBuffer], number: dict[int, int], arity: int
   an EMPTY, host data) has no other; a view's other cuts are its base's (depth unchanged); a base op's are the unions
   of one cut per source, one deeper. This is the k-feasible cut enumeration of technology mapping, bounded by
   depth."""
-  from tgrad.paths.graph import sources_first
   cuts: dict[int, list[tuple[tuple[int, ...], int]]] = {}
-  for lb in sources_first(list(outs)):
+  for lb in walk(outs, "post"):
     me = number[id(lb)]
     if lb.is_unrealized_const():
       cuts[me] = [((), 0)]
@@ -350,25 +328,12 @@ def _cuts(outs: Sequence[LazyBuffer], number: dict[int, int], arity: int
 def _body(root: LazyBuffer, frontier: Sequence[LazyBuffer]) -> list[LazyBuffer]:
   """The nodes from root down to the frontier (excluded), each after its sources."""
   stop = {id(x) for x in frontier}
-  order: list[LazyBuffer] = []
-  done: set[int] = set()
-  stack: list[tuple[LazyBuffer, bool]] = [(root, False)]
-  while stack:
-    lb, expanded = stack.pop()
-    if id(lb) in done or id(lb) in stop: continue
-    if expanded:
-      done.add(id(lb))
-      order.append(lb)
-      continue
-    stack.append((lb, True))
-    stack.extend((s, False) for s in ((lb.base,) if not lb.is_base else lb.srcs))
-  return order
+  return list(walk([root], "post", stop=lambda lb: id(lb) in stop))
 
 def _subgraph_function(root: LazyBuffer, frontier: Sequence[LazyBuffer]) -> Callable[..., Tensor]:
   """f(*inputs): root's value with each frontier node replaced by the input at its position (the body rebuilt)."""
   body = _body(root, frontier)
   def f(*inputs: Tensor) -> Tensor:
-    from tgrad.tensor import Tensor
     made = {id(x): t.lazydata for x, t in zip(frontier, inputs)}
     for lb in body:
       if not lb.is_base:
@@ -400,8 +365,6 @@ class _Candidate:
 def _body_key(body: Sequence[LazyBuffer], frontier: Sequence[LazyBuffer]) -> str:
   """The structure of a body (from _body) over its frontier, in graph_key's terms: ops, dtypes, shapes, args, views
   and edges, with each input named by its position (the inputs' order is part of what the body computes)."""
-  import hashlib, json
-  from tgrad.paths.graph import arg_text, view_text
   number = {id(x): f"in{i}" for i, x in enumerate(frontier)}
   entries: list[Any] = []
   for i, lb in enumerate(body):
@@ -412,7 +375,6 @@ def _body_key(body: Sequence[LazyBuffer], frontier: Sequence[LazyBuffer]) -> str
   return hashlib.sha256(json.dumps(entries, separators=(",", ":")).encode()).hexdigest()
 
 def _placeholders_like(frontier: Sequence[LazyBuffer]) -> list[Tensor]:
-  from tgrad.tensor import Tensor
   return [Tensor(LazyBuffer.loadop(Ops.EMPTY, tuple(x.shape), x.dtype, x.device), requires_grad=False)
           for x in frontier]
 
@@ -422,7 +384,6 @@ def _candidates(kernel: UserKernel, root: LazyBuffer, frontier: list[LazyBuffer]
   body has the reference's reduces and none of NOT_IN_BODIES. `readers`: node id → ids of the nodes reading it;
   `outputs`: (input shapes, dtypes) → the reference's (output shape, dtype, reduces, op count), or None where it
   does not apply (filled in)."""
-  import itertools
   body: Optional[list[LazyBuffer]] = None
   found = []
   for order in itertools.permutations(frontier):
@@ -451,8 +412,7 @@ def _reference_output(kernel: UserKernel, device: str, shapes: tuple, dtypes_: t
 def _proven(kernel: UserKernel, candidate: _Candidate) -> str:
   """PROVEN when the candidate's canonical form is the reference's, else UNPROVEN (DIFFERENT when the reference
   fails on its inputs)."""
-  from tgrad.tensor import Tensor
-  from tgrad.paths.equivalence import prove
+  from tgrad.paths.equivalence import prove   # sympy loads on the first check, not with tgrad
   placeholders = _placeholders_like(candidate.frontier)
   try:
     with Tensor.no_grad():
@@ -465,9 +425,7 @@ def _proven(kernel: UserKernel, candidate: _Candidate) -> str:
 
 def _numerically_equal(kernel: UserKernel, candidate: _Candidate) -> str:
   """NUMERIC or DIFFERENT: the equivalence checker on random inputs (its canonical-form proof already failed)."""
-  from tgrad.tensor import Tensor
-  from tgrad.paths.equivalence import equivalent
-  from tgrad.paths.select import unobserved
+  from tgrad.paths.equivalence import equivalent   # sympy loads on the first check, not with tgrad
   examples = [Tensor(LazyBuffer.loadop(Ops.EMPTY, tuple(x.shape), x.dtype, x.device)) for x in candidate.frontier]
   try:
     with unobserved(), _Checking():
@@ -489,7 +447,6 @@ def subgraph_sites(outs: Sequence[LazyBuffer], kernel: UserKernel, covered: set[
   the remaining candidates nearest in size to the reference (MAX_NUMERIC_CHECKS_PER_GRAPH (root, cut) pairs).
   Verdicts are remembered per body structure (kernel.equal_subgraphs), the sites per graph (kernel.subgraph_sites,
   by graph_key and walk positions): a graph built again (a decode step) costs one walk and one key."""
-  from tgrad.paths.graph import graph_key, graph_nodes
   nodes = graph_nodes(list(outs))
   number = {id(lb): i for i, lb in enumerate(nodes)}
   graph = f"{graph_key(list(outs))}:{sorted(number[i] for i in covered if i in number)}"
@@ -598,7 +555,6 @@ def _random_input(rng: np.random.Generator, shape: tuple[int, ...], dtype: DType
   return rng.integers(-8, 8, shape).astype(dtype.np)
 
 def _check(kernel: UserKernel, lowering: str, device: str, shapes: tuple, in_dtypes: tuple) -> str:
-  from tgrad.tensor import Tensor
   rng = np.random.default_rng(VERIFY_SEED)
   try:
     inputs = [Tensor(_random_input(rng, s, d), device=device).cast(d).realize() for s, d in zip(shapes, in_dtypes)]
@@ -608,7 +564,6 @@ def _check(kernel: UserKernel, lowering: str, device: str, shapes: tuple, in_dty
     reference, values = host_values(want.base.buffer, want.shape), host_values(got.base.buffer, got.shape)
   except Exception as failure:
     return f"{type(failure).__name__}: {failure}"
-  from tgrad.paths.path import errors   # path.py imports this module: the measure of error is shared, not copied
   error = errors([values], [reference])[0] if values.shape == reference.shape else float("inf")
   bound = VERIFY_TOLERANCE.get(want.dtype, 0.0)
   return "" if error <= bound else f"max relative error {error:.3g} against the reference (allowed {bound:g})"

@@ -1,13 +1,8 @@
-"""Composite ops as named regions of the lazy graph, each with alternative lowerings (DESIGN.md §8).
+"""The composite ops' lowerings as Tensor-level decompositions, registered with tgrad/regions.py (DESIGN.md §8).
 
-A Tensor method never hard-codes its decomposition: it calls `composite(name, inputs, **params)`, which builds the
-"default" lowering (tgrad's decomposition, with autograd through its Functions: the graph, kernels and results are
-exactly those of a plain method) and records a `Region` on the output's base (`LazyBuffer.region`): the composite's
-name, its input values, its params and that base, the region's root. A later step lists `regions_above(*outputs)`,
-asks `lowerings_for(region)` and calls `apply_lowering(region, name)`, which rewrites the root in place to compute
-the alternative (built from the inputs, without autograd); `apply_lowering(region, "default")` puts the original back.
-Gradients keep coming from the default's Functions: they hold the default's intermediate values, which an
-alternative never changes, and where they hold the root itself its value is the composite's whatever computes it.
+Each composite (exp, log, tanh, sigmoid, gelu, softmax, log_softmax, logsumexp, rms_norm, layer_norm, attention,
+matmul) has a "default" lowering — tgrad's decomposition, which a Tensor method builds through `regions.composite`
+with autograd — and alternatives that `regions.apply_lowering` can put in its region's place:
 
     x = Tensor.randn(4, 8); y = x.tanh()              # default: 2·sigmoid(2x) − 1, one kernel, region "tanh"
     [region] = regions_above(y.lazydata)
@@ -17,7 +12,7 @@ alternative never changes, and where they hold the root itself its value is the 
 Lowerings of exp and log are an arg of the EXP2/LOG2 op (None: the renderer's default: polynomials on LLVM, exp2f on
 CUDA; "poly", "libm", "fast"), carried into the kernel; codegen/transcendental.py and the renderers honour it.
 Regions nest: an alternative (or a default) that calls another composite records that one's region too, and
-`regions_above` finds it under the current lowerings.
+`regions.regions_above` finds it under the current lowerings.
 
 Every float composite also has two device alternatives (`_with_device_alternatives`): "on_LLVM" (the default on the
 CPU device, with copies there and back; for regions elsewhere) and "numpy" (tensor_ops/numpy_backend.py as a CUSTOM op
@@ -36,14 +31,12 @@ log Σ exp, so a GROUP or a split reduce combines results with the same reduce.
 """
 from __future__ import annotations
 import math
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Optional
 from tgrad.custom import NUMPY, HostFunction
 from tgrad.backend import HOST_DEVICE, DevicesOtherThan, devices_offering
 from tgrad.dtype import TF32_KEEP_MASK, TF32_ROUNDING_BIAS, dtypes, promote_types, to_dtype
-from tgrad.helpers import prod
 from tgrad.lazy import LazyBuffer
-from tgrad.ops import Ops
+from tgrad.regions import DEFAULT, LOWERINGS, Lowering, register
 from tgrad.tensor_ops.args import broadcast_shape
 from tgrad.tensor_ops.numpy_backend import FUNCTIONS as NUMPY_FUNCTIONS
 import tgrad.function as F
@@ -54,33 +47,8 @@ LN2 = math.log(2)
 GELU_CUBIC_COEFFICIENT = 0.044715       # the tanh approximation of GELU (Hendrycks & Gimpel)
 SQRT_2_OVER_PI = math.sqrt(2 / math.pi)
 SQRT_HALF = math.sqrt(0.5)
-DEFAULT = "default"
 FAST_DEVICES, TF32_DEVICES = devices_offering("fast"), devices_offering("tf32")   # their renderers have them
 FLOAT32_AND_NARROWER = frozenset({dtypes.float32, dtypes.float16, dtypes.bfloat16})   # what fast instructions take
-
-@dataclass(frozen=True)
-class Lowering:
-  """One way to compute a composite: `build(*input Tensors, **params) -> Tensor` from Tensor ops. `exactness` ranks
-  the lowerings of one composite against a float64 reference (highest: the most exact)."""
-  name: str                     # stable: it goes in the benchmark database
-  description: str
-  build: Callable[..., Tensor]
-  exactness: int
-  devices: Optional[frozenset[str]] = None   # None: every device
-  dtypes: Optional[frozenset] = None          # of the composite's output; None: every float dtype
-  part: Optional[str] = None                  # where its work runs when not on the region's device ("LLVM", NUMPY)
-
-@dataclass(eq=False)
-class Region:
-  """One composite in the lazy graph: `root` is an unrealized base whose value is its output, computed now by the
-  lowering `current`. The private fields remember the default's (op, srcs, arg) and each alternative built, so
-  switching back and forth builds nothing twice."""
-  name: str
-  inputs: tuple[LazyBuffer, ...]
-  params: tuple[tuple[str, Any], ...]    # sorted (name, value) pairs, JSON-able
-  root: LazyBuffer
-  current: str = DEFAULT
-  _built: dict[str, tuple] = field(default_factory=dict, repr=False)
 
 # ---------------------------------------------------------------------------------------------------------------
 # the builds: each takes the composite's input Tensors and its params
@@ -289,7 +257,7 @@ def _with_device_alternatives(name: str, registry: dict[str, Lowering]) -> dict[
                                    "out, the result rounded and copied in", _numpy(name),
                                    DEVICE_ALTERNATIVE_EXACTNESS, part=NUMPY)}
 
-LOWERINGS: dict[str, dict[str, Lowering]] = {
+_DECOMPOSITIONS: dict[str, dict[str, Lowering]] = {
   "exp": _transcendental("exp", _exp, "exp2(x·log2 e)"),
   "log": _transcendental("log", _log, "log2(x)·ln 2"),
   "tanh": _registry(
@@ -338,96 +306,14 @@ LOWERINGS: dict[str, dict[str, Lowering]] = {
     Lowering("tf32", "Σ_k x·w with x, w rounded to TF32 (10-bit mantissa), on TF32 tensor cores (CUDA sm_80+; "
              "the same products on FMA below)", _matmul_tf32, 0, TF32_DEVICES, frozenset({dtypes.float32}))),
 }
-LOWERINGS = {name: _with_device_alternatives(name, registry) for name, registry in LOWERINGS.items()}
-
-# ---------------------------------------------------------------------------------------------------------------
-# regions
-
-def composite(name: str, inputs: tuple[Tensor, ...], **params) -> Tensor:
-  """The composite `name` of `inputs` by its default lowering, with autograd, recorded as a Region on the output's
-  base when the output is that base or a contiguous reshape of it (a composite whose output is some other view of a
-  value gets no region: rewriting that value would change more than the composite). A region on a base that already
-  has one (a composite whose default is another composite) replaces it: the outer one names the whole value."""
-  out = LOWERINGS[name][DEFAULT].build(*inputs, **params)
-  lb = out.lazydata
-  root = lb._base if lb._base is not None else lb
-  if root.buffer is None and root.srcs and (lb is root or (lb.st.contiguous and lb.size == root.size)):
-    root.region = Region(name, tuple([t.lazydata for t in inputs]), tuple(sorted(params.items())), root)
-  return out
-
-def _valid(region: Region, lowering: Lowering) -> bool:
-  device, dtype = region.root.device.split(":")[0], region.root.dtype
-  if lowering.devices is not None and device not in lowering.devices: return False
-  if lowering.name == DEFAULT: return True
-  return dtype in lowering.dtypes if lowering.dtypes is not None else dtype.is_float
-
-def lowerings_for(region: Region) -> list[str]:
-  """The lowerings valid for the region's device and output dtype: "default" first, then the rest sorted."""
-  valid = [name for name, lowering in LOWERINGS[region.name].items() if name != DEFAULT and _valid(region, lowering)]
-  return [DEFAULT] + sorted(valid)
-
-def lowering_part(region: Region, name: str) -> Optional[str]:
-  """Where lowering `name` of the region runs when not on the region's device ("LLVM", "NUMPY"), else None."""
-  return LOWERINGS[region.name][name].part
-
-def apply_lowering(region: Region, name: str) -> None:
-  """Make the region's root compute lowering `name`: it takes the op, sources and arg of the alternative's output
-  (built once from the inputs, without autograd); when that output is a view (a reshape of a base of another shape),
-  the root becomes a CAST to its own dtype of it, an elementwise identity that fuses. "default" restores the original
-  (op, srcs, arg) exactly. ValueError for an unknown lowering, one not valid for the device or dtype, or a realized
-  root."""
-  lowerings = LOWERINGS[region.name]
-  if name not in lowerings:
-    raise ValueError(f"composite {region.name!r} has no lowering {name!r}; it has {list(lowerings)}")
-  if not _valid(region, lowerings[name]):
-    raise ValueError(f"lowering {name!r} of composite {region.name!r} is not valid on {region.root.device} for "
-                     f"{region.root.dtype}; valid: {lowerings_for(region)}")
-  root = region.root
-  if root.buffer is not None:
-    raise ValueError(f"composite {region.name!r} is already realized: lowering {name!r} can't be applied")
-  if DEFAULT not in region._built: region._built[DEFAULT] = (root.op, root.srcs, root.arg)
-  if name not in region._built: region._built[name] = _build_alternative(region, lowerings[name])
-  root.op, root.srcs, root.arg = region._built[name]
-  region.current = name
-
-def _build_alternative(region: Region, lowering: Lowering) -> tuple:
-  root = region.root
-  out = lowering.build(*[Tensor(lb, requires_grad=False) for lb in region.inputs], **dict(region.params)).lazydata
-  if out.dtype != root.dtype or out.size != prod(root.shape):
-    raise RuntimeError(f"lowering {lowering.name!r} of {region.name!r} gives {out.shape} {out.dtype}, not "
-                       f"{root.shape} {root.dtype}")
-  out = out.reshape(root.shape)
-  if out.is_base and out.buffer is None and out.srcs: return (out.op, out.srcs, out.arg)
-  return (Ops.CAST, (out,), None)
-
-def regions_above(*lbs: LazyBuffer) -> list[Region]:
-  """The regions in the unrealized graph above `lbs` under the current lowerings: depth-first from the roots in
-  order, each region at its first visit (so an enclosing region comes before the regions inside it)."""
-  found: list[Region] = []
-  seen: set[int] = set()
-  stack = list(lbs[::-1])
-  while stack:
-    lb = stack.pop()
-    if id(lb) in seen: continue
-    seen.add(id(lb))
-    if lb._base is not None:
-      stack.append(lb._base)
-      continue
-    if lb.buffer is not None: continue
-    if lb.region is not None: found.append(lb.region)
-    stack.extend(lb.srcs[::-1])
-  return found
-
-def exact_lowering(name: str) -> str:
-  """The most exact lowering of composite `name` (the highest exactness; on a tie, the first registered)."""
-  lowerings = list(LOWERINGS[name].values())
-  return max(lowerings, key=lambda lowering: (lowering.exactness, -lowerings.index(lowering))).name
 
 # Composites whose alternatives compute a different function from the one asked for (gelu's erf form and its tanh
 # approximation differ by up to ~1e-3): their float64 reference is the function the region asks for, its default.
 REFERENCE_IS_AS_ASKED = frozenset({"gelu"})
 
-def reference_lowering(region: Region) -> str:
-  """The lowering of the float64 reference of `region`: the most exact way to compute the function it asks for (so
-  a path's error measures how far it is from *that* function)."""
-  return DEFAULT if region.name in REFERENCE_IS_AS_ASKED else exact_lowering(region.name)
+def _register_decompositions() -> None:
+  for name, lowerings in _DECOMPOSITIONS.items():
+    reference = DEFAULT if name in REFERENCE_IS_AS_ASKED else None
+    register(name, _with_device_alternatives(name, lowerings), reference=reference)
+
+_register_decompositions()

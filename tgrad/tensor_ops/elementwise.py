@@ -10,7 +10,8 @@ from tgrad.ops import Ops
 from tgrad.lazy import LazyBuffer
 from tgrad.tensor_ops.args import HALF_FLOATS, broadcast_shape, _scalar_dtype, _int_overflow_side, _python_dtype, \
   DTypeNotSupportedError
-from tgrad.tensor_ops.composite import composite, LN2
+from tgrad.regions import composite
+from tgrad.tensor_ops.composite import LN2
 import tgrad.function as F
 if TYPE_CHECKING: from tgrad.tensor import Tensor   # at runtime: bound by tgrad/tensor.py (see __init__.py)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Optional
 from tgrad.dtype import least_upper_dtype, to_dtype
 from tgrad.tensor_ops.args import broadcast_shape
-from tgrad.tensor_ops.composite import composite
+from tgrad.regions import composite
 if TYPE_CHECKING: from tgrad.tensor import Tensor   # at runtime: bound by tgrad/tensor.py (see __init__.py)
 
 # cyclic Jacobi sweeps of svd: the method converges quadratically, and 6 sweeps reach float32 precision (torch's

@@ -12,7 +12,8 @@ from tgrad.dtype import dtypes
 from tgrad.helpers import prod
 from tgrad.bounds import IndexBounds, check_index_bounds
 from tgrad.tensor_ops.args import Scalar
-from tgrad.tensor_ops.composite import composite, attention
+from tgrad.regions import composite
+from tgrad.tensor_ops.composite import attention
 if TYPE_CHECKING: from tgrad.tensor import Tensor   # at runtime: bound by tgrad/tensor.py (see __init__.py)
 
 LOSS_REDUCTIONS = ("none", "mean", "sum")

@@ -10,7 +10,7 @@ from tgrad.helpers import prod
 from tgrad.ops import UOp
 from tgrad.shape.sint import canonical, smax, vmax_of
 from tgrad.tensor_ops.args import Scalar, HALF_FLOATS, _resolve_axis, _sum_dtype
-from tgrad.tensor_ops.composite import composite
+from tgrad.regions import composite
 import tgrad.function as F
 if TYPE_CHECKING: from tgrad.tensor import Tensor   # at runtime: bound by tgrad/tensor.py (see __init__.py)
 

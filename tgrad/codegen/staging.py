@@ -2,7 +2,7 @@
 shared memory. Everything about it is here, in the order it is used:
 
   1. the opt's loads: `stageable_loads` numbers the loads SMEM may pick (OptOps.SMEM, opts.py, records one in
-     Kernel.staged);
+     AxisState.staged);
   2. the layout: `stage_plan` lays a staged load's tile out under the kernel's current axes (a StagePlan);
   3. the lowering (linearizer): `StagedTiles` defines the tiles, builds the block's copies of step 0 and of the next
      step (software pipelining, one barrier per step), and turns every read of a staged load into a tile LOAD.
@@ -12,13 +12,12 @@ the linearizer's value graph (value_graph.py) hands StagedTiles its memory addre
 """
 from __future__ import annotations
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterator, Optional
+from typing import Iterator, Optional
 from tgrad.dtype import dtypes
 from tgrad.ops import UOp, Ops, simplify, is_gather_load
 from tgrad.shape.sint import offset_by, to_uop
 from tgrad.helpers import prod
-if TYPE_CHECKING:
-  from tgrad.codegen.kernel import Kernel
+from tgrad.codegen.axes import AxisState
 
 # A staged tile is copied by each thread in runs of this many bytes (one 16-byte vector access where aligned).
 STAGE_COPY_BYTES = 16
@@ -50,7 +49,7 @@ class StagePlan:
 
 # ---- 1. the loads SMEM may pick
 
-def stageable_loads(kernel: Kernel) -> list[UOp]:
+def stageable_loads(kernel: AxisState) -> list[UOp]:
   """The loads SMEM can stage, numbered by Opt.axis: global loads that feed the kernel's only reduce."""
   if len(kernel.reduceops) != 1 or kernel.row_store: return []
   under_reduce = set(kernel.reduceops[0].src[0].toposort())
@@ -58,7 +57,7 @@ def stageable_loads(kernel: Kernel) -> list[UOp]:
 
 # ---- 2. the layout
 
-def stage_plan(kernel: Kernel, load: UOp, padding: int) -> StagePlan:
+def stage_plan(kernel: AxisState, load: UOp, padding: int) -> StagePlan:
   """The shared tile of a staged load under the kernel's current axes (see StagePlan)."""
   st = kernel.sts[kernel.memops.index(load)]
   full = kernel.full_shape
@@ -115,7 +114,7 @@ class StagedTiles:
 
   Input: the kernel, its axis indices, the memory addressing of its loads (global_load, memory_strides) and the
   kernel's counter of accumulator and array numbers. `read(load, idxs)` is a staged load's value at idxs."""
-  def __init__(self, kernel: Kernel, indices: list[Optional[UOp]], addressing, ids: Iterator[int]):
+  def __init__(self, kernel: AxisState, indices: list[Optional[UOp]], addressing, ids: Iterator[int]):
     self.kernel, self.indices, self.addressing = kernel, indices, addressing
     self.tile_indices: dict[tuple, UOp] = {}   # memo of tile_index's symbolic part
     self.stages: dict[UOp, tuple[StagePlan, UOp, UOp]] = {}   # staged load → (plan, its tile, offset of this step's)

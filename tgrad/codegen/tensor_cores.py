@@ -4,7 +4,7 @@ Everything about it is here, in the order it is used:
   1. which reduces qualify: `tensor_core_operands` (a sum of exact products of two loads of the core's input dtype,
      or, for a TF32 core, of two float32 loads rounded to TF32 in the graph: `tf32_rounded_load`);
   2. the opt's choices: `tensor_core_choices` lists the (rows, columns, K) axes a core can take; OptOps.TC (opts.py)
-     picks one and lays a warp's lanes and fragment axes over them (Kernel.tensor_core, a TensorCoreUse: axes.py);
+     picks one and lays a warp's lanes and fragment axes over them (AxisState.tensor_core, a TensorCoreUse);
   3. the lowering (linearizer): `TensorCoreFragments` builds, per output tile, each lane's A and B fragments
      (VECTORIZE of loads at the core's fragment layouts, or MatrixLoads of staged tiles), one WMMA per K step into a
      fragment accumulator (a REDUCE), and each output replica as one element (GEP) of its tile's fragment.
@@ -20,8 +20,8 @@ from tgrad.dtype import TF32_KEEP_MASK, TF32_ROUNDING_BIAS, dtypes
 from tgrad.ops import UOp, Ops, simplify, is_gather_load
 from tgrad.codegen.renderer import FragmentLayout, MatrixLoad, TensorCore
 from tgrad.shape.sint import sint, to_uop
+from tgrad.codegen.axes import AxisState
 if TYPE_CHECKING:
-  from tgrad.codegen.kernel import Kernel
   from tgrad.codegen.staging import StagedTiles
 
 MATRIX_ROW_ELEMENTS = 8   # a MatrixLoad's 8×8 matrix rows: 8 16-bit elements, 16 contiguous aligned bytes
@@ -76,12 +76,12 @@ def tensor_core_operands(reduce: UOp) -> Optional[tuple[UOp, UOp]]:
   x, y = (_widened(s) for s in product.src)
   return (x, y) if all(operand_load(u) is not None for u in (x, y)) else None
 
-def _operand_format(x: UOp) -> str:
+def operand_format(x: UOp) -> str:
   return f"{x.dtype.name} rounded to TF32" if x.op is not Ops.LOAD else x.dtype.name
 
 # ---- 2. the opt's choices
 
-def tensor_core_choices(kernel: Kernel, core: TensorCore, operands: tuple[UOp, UOp]
+def tensor_core_choices(kernel: AxisState, core: TensorCore, operands: tuple[UOp, UOp]
                         ) -> list[tuple[int, int, int, UOp, UOp]]:
   """(rows axis, columns axis, K axis, a, b) for every pair of global axes where one load (a) is constant along the
   columns and varies along the rows, the other (b) the reverse, and the sizes divide the tile (a symbolic size always
@@ -119,7 +119,7 @@ def k_order(core: TensorCore, offset: int, tig: UOp) -> UOp:
 # 8-15 of a row-major K×N tile, loaded transposed (see MMA_M16N8K16 in cuda.py)
 MATRIX_LOADS = {False: MatrixLoad(4, False), True: MatrixLoad(2, True)}
 
-def fragments_are_matrix_loadable(kernel: Kernel, tiles: Optional[StagedTiles]) -> bool:
+def fragments_are_matrix_loadable(kernel: AxisState, tiles: Optional[StagedTiles]) -> bool:
   """Whether both operands of an m16n8k16 core with 16-bit inputs are staged so that every 8×8 matrix row is 16
   contiguous, 16-byte aligned bytes of the tile: A's K axis and B's (tig, column upcast) pair must be contiguous,
   every other axis and the buffer size multiples of 8 elements."""
@@ -137,10 +137,10 @@ def fragments_are_matrix_loadable(kernel: Kernel, tiles: Optional[StagedTiles]) 
   return True
 
 class TensorCoreFragments:
-  """The tensor core's reduce (Kernel.tensor_core) as fragments and WMMAs. Input: the kernel, its axis indices, its
+  """The tensor core's reduce (AxisState.tensor_core) as fragments and WMMAs. Input: the kernel, its axis indices, its
   staged tiles (or None), `build(node, idxs)` (the value graph's builder, for fragment elements) and the kernel's
   counter of accumulator numbers. `reduce_element(node, idxs)` is one output replica's value."""
-  def __init__(self, kernel: Kernel, indices: list[Optional[UOp]], tiles: Optional[StagedTiles],
+  def __init__(self, kernel: AxisState, indices: list[Optional[UOp]], tiles: Optional[StagedTiles],
                build: Callable[[UOp, tuple[UOp, ...]], UOp], ids: Iterator[int]):
     assert kernel.tensor_core is not None
     self.kernel, self.indices, self.tiles, self.build, self.ids = kernel, indices, tiles, build, ids

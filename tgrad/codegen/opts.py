@@ -16,7 +16,7 @@ from tgrad.codegen.axes import MEMORY_OPS, AxisState, KernelOptError, Opt, OptOp
 from tgrad.codegen.staging import MAX_ROW_PADDING, stage_plan, stageable_loads
 from tgrad.codegen.tensor_cores import operand_format, tensor_core_choices, tensor_core_operands
 from tgrad.shape.shapetracker import ShapeTracker
-from tgrad.shape.sint import canonical, ceil_div, divides, is_symbolic, render as render_size, vmax_of
+from tgrad.shape.sint import sint, canonical, ceil_div, divides, is_symbolic, render as render_size, vmax_of
 from tgrad.helpers import prod, round_up
 
 MAX_UPCAST = 512   # largest product of upcast/unroll amounts (an 8×8 register tile × K unrolled by 8): more unrolled
@@ -47,9 +47,9 @@ def _real_axis(state: AxisState, opt: Opt) -> int:
   _check(axis is not None and 0 <= axis < state.shape_len, f"{opt}: axis out of range for {state.full_shape}")
   return axis
 
-def _split_target(state: AxisState, opt: Opt) -> tuple[AxisState, int, int]:
-  """What every op on one axis checks first: (the state, a symbolic axis padded for the split where that is its
-  guard; the axis the opt names; its amount, 0 meaning the whole axis)."""
+def _split_target(state: AxisState, opt: Opt) -> tuple[AxisState, int, sint]:
+  """What every op on one axis checks first. Returns the state (a symbolic axis padded where that is the split's
+  guard), the axis the opt names, and the amount (the axis' size where Opt.amount is 0)."""
   axis = _real_axis(state, opt)
   size = state.full_shape[axis]
   if not isinstance(size, int) and opt.op is OptOps.PADTO:

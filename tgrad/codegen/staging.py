@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from typing import Iterator, Optional
 from tgrad.dtype import dtypes
 from tgrad.ops import UOp, Ops, simplify, is_gather_load
+from tgrad.codegen.axes import AxisState
 from tgrad.shape.sint import offset_by, to_uop
 from tgrad.helpers import prod
-from tgrad.codegen.axes import AxisState
 
 # A staged tile is copied by each thread in runs of this many bytes (one 16-byte vector access where aligned).
 STAGE_COPY_BYTES = 16

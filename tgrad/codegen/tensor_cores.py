@@ -18,9 +18,9 @@ import itertools
 from typing import TYPE_CHECKING, Callable, Iterator, Optional
 from tgrad.dtype import TF32_KEEP_MASK, TF32_ROUNDING_BIAS, dtypes
 from tgrad.ops import UOp, Ops, simplify, is_gather_load
+from tgrad.codegen.axes import AxisState
 from tgrad.codegen.renderer import FragmentLayout, MatrixLoad, TensorCore
 from tgrad.shape.sint import sint, to_uop
-from tgrad.codegen.axes import AxisState
 if TYPE_CHECKING:
   from tgrad.codegen.staging import StagedTiles
 

@@ -414,7 +414,7 @@ def test_opts_after_tensor_core_keep_its_axes(opt: Opt):
 @pytest.mark.parametrize("core", TENSOR_CORES, ids=lambda c: c.dtype_in.name)
 def test_fragment_layouts_cover_each_tile_once(core):
   """Over the 32 lanes, each operand's fragments hold every element of its tile exactly once, and C's layout is the
-  one tensor_cores.apply_tensor_core's axes assume (row = 8·(i // 2) + group, column = 2·tig + i % 2)."""
+  one opts.tensor_core's axes assume (row = 8·(i // 2) + group, column = 2·tig + i % 2)."""
   rows, columns, depth = core.dims
   for layout, shape in ((core.a, (rows, depth)), (core.b, (depth, columns)), (core.c, (rows, columns))):
     seen = [layout.position(i, lane // 4, lane % 4) for lane in range(core.lanes) for i in range(len(layout.rows))]

@@ -1,4 +1,4 @@
-"""Tests for the OptOps of tgrad/codegen/kernel.py on the LLVM (CPU) device: every op LLVM supports, applied to
+"""Tests for the OptOps of tgrad/codegen/opts.py on the LLVM (CPU) device: every op LLVM supports, applied to
 elementwise, broadcast, reduce, matmul, padded and odd-sized kernels, gives numpy's result; a seeded fuzzer applies
 random legal opt sequences to random small kernels; illegal opts raise KernelOptError and leave the kernel unchanged.
 Kernels are built at the LazyBuffer level, scheduled, and run on fresh output buffers.

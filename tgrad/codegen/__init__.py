@@ -1,11 +1,11 @@
-"""Code generation: Kernel (axes and OptOps), linearizer (Kernel → linear UOps), heuristics, search, renderers.
+"""Code generation: AxisState and Kernel (axes), OptOps (opts), linearizer, heuristics, search, renderers.
 
 CODEGEN_VERSION is the version of what this package makes of a kernel AST and a list of Opts: part of the key of every
 BEAM winner in the cache (search.py), so a winner found and verified under older code is searched and verified again.
 """
 
-# Bump when a change here alters the code that some AST and Opt list produce, or what an Opt means: kernel.py (opts,
-# axes), the linearizer, a renderer, the heuristics that seed the search, or how search verifies. Changes that only
+# Bump when a change here alters the code that some AST and Opt list produce, or what an Opt means: axes.py and opts.py,
+# the linearizer, a renderer, the heuristics that seed the search, or how search verifies. Changes that only
 # rename or restructure without changing generated code need no bump.
 CODEGEN_VERSION = 5   # 2: gathers (data-dependent loads); int casts as narrow CUDA index math. 3: row kernels.
 # 4: guarded GROUPs of symbolic reduces that padding would change (padding guards), split views indexed without division

@@ -1,8 +1,10 @@
 """Hand-coded default optimizations: readable rules, each constant named with where it comes from.
 
-`hand_coded_optimizations(kernel)` applies Opts in place; every rule tries its Opt and moves on if the kernel
-refuses it (KernelOptError), so a rule never makes a kernel illegal. CPU (LLVM) rules: a register tile for
-reductions that reuse loads across two output axes (matmul-like), then THREAD across cores for big kernels.
+`hand_coded_optimizations(kernel)` applies Opts to a Kernel in place; every rule tries its Opt and moves on if the
+kernel refuses it (KernelOptError), so a rule never makes a kernel illegal. A rule that must know what an opt would do
+first tries it on the kernel's AxisState (`tried`: states are values, so a trial costs no copy and needs no undo).
+CPU (LLVM) rules: a register tile for reductions that reuse loads across two output axes (matmul-like), then THREAD
+across cores for big kernels.
 GPU rules live in `_gpu_rules`: a matrix–vector product (`matvec_layout`: M ≤ 8 rows of x times a weight matrix)
 gets the bandwidth rules of `_matvec`; a half/bfloat16 matmul, or a float32 one whose inputs are rounded to TF32 in
 the graph (the matmul lowering "tf32"), goes to tensor cores (`_tensor_cores`). A kernel with symbolic sizes gets the
@@ -12,7 +14,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from typing import Optional
-from tgrad.codegen.kernel import Kernel, KernelOptError, Opt, OptOps
+from tgrad.codegen.axes import AxisState, KernelOptError, Opt, OptOps
+from tgrad.codegen.kernel import Kernel
+from tgrad.codegen.opts import apply_opt, apply_opts
 from tgrad.codegen.staging import stageable_loads
 from tgrad.ops import Ops, UOp
 from tgrad.dtype import dtypes
@@ -28,17 +32,20 @@ CPU_THREAD_MIN_WORK = 1 << 17
 
 
 def try_opt(kernel: Kernel, opt: Opt) -> bool:
-  try:
-    kernel.apply_opt(opt)
-    return True
-  except KernelOptError:
-    return False
+  """Apply the opt if the kernel takes it; whether it did."""
+  try: kernel.state = apply_opt(kernel.state, opt)
+  except KernelOptError: return False
+  return True
+
+def tried(state: AxisState, opts: list[Opt]) -> Optional[AxisState]:
+  """The state with every opt of the list applied, or None if one is refused."""
+  try: return apply_opts(state, opts)
+  except KernelOptError: return None
 
 def try_opts(kernel: Kernel, opts: list[Opt]) -> bool:
   """Apply every opt of the list, or none of them (the kernel is unchanged if one is refused)."""
-  trial = kernel.copy()
-  if not all(try_opt(trial, opt) for opt in opts): return False
-  for opt in opts: kernel.apply_opt(opt)
+  if (state := tried(kernel.state, opts)) is None: return False
+  kernel.state = state
   return True
 
 def _load_strides(kernel: Kernel, axis: int) -> list:
@@ -101,7 +108,7 @@ GPU_UPCAST = 4
 # threads at once): each output's reduce is split across a block of threads (GROUP) and combined in shared memory.
 GPU_GROUP_MAX_OUTPUTS = 16384
 GPU_GROUP_MIN_REDUCE = 256      # below this a block-wide combine costs more than one thread looping
-# A row kernel (softmax, norms: Kernel.row_passes > 1) walks each row several times: a block shares each row whatever
+# A row kernel (softmax, norms: AxisState.row_passes > 1) walks each row several times: a block shares each row whatever
 # the number of rows, from a warp's worth of elements (one thread per row would read rows D elements apart, uncoalesced,
 # and run the passes one after the other).
 GPU_ROW_MIN_GROUP = 32
@@ -149,7 +156,7 @@ def _divisor_at_most(size: sint, limit: int) -> int:
 def _thread_split(size: sint, limit: int) -> int:
   """Threads to spread an axis over (LOCAL, GROUP), at most `limit`: a known size's largest divisor; a symbolic size's
   largest power of two up to its bound, which the kernel pads when it doesn't divide every value (a guarded split,
-  Kernel._split_symbolic_axis: the padding's threads load and store nothing)."""
+  opts._split_symbolic_axis: the padding's threads load and store nothing)."""
   if isinstance(size, int): return _divisor_at_most(size, limit)
   return 1 << (max(1, min(limit, vmax_of(size))).bit_length() - 1)
 
@@ -195,14 +202,14 @@ def _gpu_upcast(kernel: Kernel) -> int:
   big = not kernel.symbolic and prod(kernel.output_shape) >= GPU_BIG_TILE_MIN_OUTPUTS
   tile, threads = (GPU_BIG_TILE, GPU_BIG_TILE_THREADS) if big else (GPU_TILE, GPU_TILE_THREADS)
   # an axis keeps at least two tiles for its threads; in a symbolic kernel a symbolic axis is tiled with a guard
-  # (Kernel.pad_symbolic_axis: a prefill matmul's prompt rows, 4×4 as a concrete matmul) and a known axis may be tiled
+  # (opts.pad_symbolic_axis: a prefill matmul's prompt rows, 4×4 as a concrete matmul) and a known axis may be tiled
   # whole (attention's 4 heads): the symbolic axes have the threads
   def tile_of(size: sint) -> int:
     if not isinstance(size, int): return tile
     return tile if divides(tile * (1 if kernel.symbolic else 2), size) else 1
   reused = [a for a in reversed(range(kernel.global_dims)) if 0 in _load_strides(kernel, a)
             and tile_of(kernel.full_shape[a]) > 1][:2]
-  # a symbolic axis is first padded to its block's share (the tile × its threads, Kernel._pad_to), every one before
+  # a symbolic axis is first padded to its block's share (the tile × its threads, opts.padto), every one before
   # any split, so the upcast and the LOCAL after it divide and each replica tests only its own position (row < n);
   # where that padding is refused (a small bound), the upcast is guarded alone
   for axis in reused:
@@ -293,16 +300,15 @@ def _tc_column_spread(kernel: Kernel, columns: int) -> int:
   the same columns axis: then a lane's columns in those tiles are adjacent in memory (vector loads of a row-major B,
   float4 stores of C)."""
   for amount in range(GPU_TC_TILE_COLUMNS, 1, -1):
-    trial = kernel.copy()
-    if try_opt(trial, Opt(OptOps.UPCAST, columns, amount)) and try_opt(trial, Opt(OptOps.TC, 0, 0)) and \
-       trial.tensor_core is not None and trial.tensor_core.columns_axis == columns: return amount
+    trial = tried(kernel.state, [Opt(OptOps.UPCAST, columns, amount), Opt(OptOps.TC, 0, 0)])
+    if trial is not None and trial.tensor_core is not None and trial.tensor_core.columns_axis == columns: return amount
   return 1
 
 def _staged_tensor_cores(kernel: Kernel) -> bool:
   """A big tensor-core matmul with both inputs staged (see GPU_TC_STAGED_*); all or nothing."""
   if prod(kernel.output_shape) < GPU_BIG_TILE_MIN_OUTPUTS or len(stageable_loads(kernel)) != 2: return False
-  trial = kernel.copy()
-  if not try_opt(trial, Opt(OptOps.TC, 0, 0)) or trial.tensor_core is None: return False
+  trial = tried(kernel.state, [Opt(OptOps.TC, 0, 0)])
+  if trial is None or trial.tensor_core is None: return False
   rows, columns = trial.tensor_core.rows_axis, trial.tensor_core.columns_axis   # the axes TC picks (and leaves)
   for unroll in GPU_TC_STAGED_UNROLLS:
     opts = [Opt(OptOps.TC, 0, 0), Opt(OptOps.UPCAST, rows, GPU_TC_TILE_ROWS),
@@ -319,9 +325,8 @@ def _tensor_cores(kernel: Kernel) -> bool:
   warp per block. The constants were measured on half matmuls; TF32 has not been swept yet. A symbolic rows or
   columns axis (a prefill's prompt rows) is first padded to the warp's tiles (PADTO, the guard of a split: one test
   per row, rows × GPU_TC_TILE_ROWS), so the tiles divide it; symbolic kernels are never staged."""
-  trial = kernel.copy()
-  if not kernel.renderer.tensor_cores or not try_opt(trial, Opt(OptOps.TC, 0, 0)) or trial.tensor_core is None:
-    return False
+  trial = tried(kernel.state, [Opt(OptOps.TC, 0, 0)]) if kernel.renderer.tensor_cores else None
+  if trial is None or trial.tensor_core is None: return False
   if not kernel.symbolic and _staged_tensor_cores(kernel): return True
   rows_axis, columns = trial.tensor_core.rows_axis, trial.tensor_core.columns_axis
   tile_rows, tile_columns, _ = trial.tensor_core.core.dims
@@ -471,7 +476,7 @@ ROW_MATVEC_GROUP = 20            # threads per row: the most that keep the every
 ROW_MATVEC_ROWS_PER_BLOCK = 8
 
 def _row_matvec(kernel: Kernel) -> bool:
-  """A row kernel (Kernel.row_passes > 1) over one reduce axis whose output has at least ROW_MATVEC_MIN_ROWS rows
+  """A row kernel (AxisState.row_passes > 1) over one reduce axis whose output has at least ROW_MATVEC_MIN_ROWS rows
   along an axis some load (W) varies on while another (the vector) does not, both contiguous along the reduce (a
   softmax's rows, one load varying with its row, are not this): 16-byte loads of W (UNROLL), a group of
   ROW_MATVEC_GROUP threads per row, and ROW_MATVEC_ROWS_PER_BLOCK rows per block, fewer while that leaves under
@@ -544,7 +549,7 @@ def _gpu_rules(kernel: Kernel) -> None:
   _gpu_locals(kernel, _gpu_upcast(kernel))
 
 # A kernel with symbolic sizes gets the GPU rules of a concrete kernel of its structure on every axis whose size is
-# known (unrolls, register tiles, groups, locals), and guarded splits of its symbolic axes (Kernel._split_symbolic_axis:
+# known (unrolls, register tiles, groups, locals), and guarded splits of its symbolic axes (opts._split_symbolic_axis:
 # LOCAL and GROUP pad the axis and mask the padding; UPCAST and UNROLL only by what divides every value). A reduce
 # over a symbolic axis with few outputs, or a row kernel's rows (decode attention over the filled cache slots, softmax
 # over a symbolic row): a group of threads splits the reduce axis (_group_symbolic_reduce); otherwise the concrete
@@ -599,7 +604,7 @@ def _group_known_reduce(kernel: Kernel) -> bool:
                  and 1 < sizes[a] <= MATVEC_MAX_M]:
       try_opt(trial, Opt(OptOps.UPCAST, axis, 0))   # whole axes: the axis numbers stay
   if not _group_small_reduce(trial): return False
-  for opt in trial.applied_opts[len(kernel.applied_opts):]: kernel.apply_opt(opt)
+  kernel.state = trial.state
   return True
 
 # A symbolic kernel is threaded on the CPU when it has enough work with each symbolic size at this value (capped by its

@@ -16,7 +16,9 @@ import numpy as np
 from tqdm import tqdm
 from tgrad import codegen
 from tgrad.cache import get_cache
-from tgrad.codegen.kernel import Kernel, KernelOptError, Opt, OptOps, memory_extent
+from tgrad.codegen.axes import AxisState, KernelOptError, Opt, OptOps, memory_extent
+from tgrad.codegen.kernel import Kernel
+from tgrad.codegen.opts import apply_opt, apply_opts
 from tgrad.codegen.heuristics import hand_coded_optimizations
 from tgrad.codegen.linearizer import linearize
 from tgrad.codegen.compile import CompiledKernel
@@ -149,7 +151,7 @@ def search_kernel(kernel: Kernel, beam_width: int) -> SearchResult:
     except ValueError as error:   # authenticated but not opts (written by another codegen version, or a bug)
       cache.drop_opts(key, str(error))
       opts = None
-    if opts is not None and _applies(kernel, opts):
+    if opts is not None and _applies(kernel.state, opts):
       if Context.DEBUG >= 2: print(f"BEAM {kernel.name}: cached opts {opts}")
       return SearchResult(opts, SearchStats(from_cache=True))
   result = _Search(kernel, beam_width).run()
@@ -167,13 +169,10 @@ def cached_opts(entries: list) -> list[Opt]:
     opts.append(Opt.from_json(entry))
   return opts
 
-def _applies(kernel: Kernel, opts: list[Opt]) -> bool:
-  trial = kernel.copy()
-  try:
-    for opt in opts: trial.apply_opt(opt)
-    return True
-  except KernelOptError:
-    return False
+def _applies(state: AxisState, opts: list[Opt]) -> bool:
+  try: apply_opts(state, opts)
+  except KernelOptError: return False
+  return True
 
 # ---- buffers and random data for measuring a kernel without touching the user's buffers
 
@@ -304,7 +303,7 @@ def _close_pools() -> None:
   for pool in _pools.values(): pool.terminate()
   _pools.clear()
 
-def render_candidate(kernel: Kernel, name: str) -> str:
+def render_candidate(kernel: AxisState, name: str) -> str:
   """Source text of a kernel: the thing candidates are deduplicated by and compiled from."""
   return kernel.renderer.render(name, linearize(kernel))
 
@@ -312,7 +311,7 @@ def render_candidate(kernel: Kernel, name: str) -> str:
 
 @dataclass(eq=False)
 class _Candidate:
-  kernel: Kernel
+  kernel: AxisState
   src: str
   pending: Any = None                 # the worker's AsyncResult while compiling
   runner: Any = None                  # a CompiledKernel once compiled
@@ -386,7 +385,7 @@ class _Search:
     stats = self.stats
     stats.seconds = time.perf_counter() - self.started
     stats.best_seconds = winner.time
-    opts = winner.kernel.applied_opts[len(self.start.applied_opts):]
+    opts = list(winner.kernel.applied_opts[len(self.start.applied_opts):])
     if Context.DEBUG >= 2:
       speedup = stats.heuristic_seconds / winner.time if winner.time > 0 else 1.0
       print(f"BEAM {self.start.name}: {opts} {winner.time * 1e6:.1f} us, {speedup:.2f}x the heuristics "
@@ -398,7 +397,7 @@ class _Search:
     """Run the unoptimized kernel for the reference outputs, then measure the heuristic kernel and each prefix of its
     opts (so the search can branch off after any of the heuristics' choices). The heuristic kernel always joins the
     first beam, so the search starts from the default and can only improve on it."""
-    reference, _ = self.candidate_for(Kernel(self.start.ast, self.start.renderer))
+    reference, _ = self.candidate_for(AxisState.of(self.start.ast, self.start.renderer))
     if reference is None: raise RuntimeError(f"the unoptimized kernel {self.start.name} doesn't render")
     self.finish_compiles([reference])
     if reference.runner is None: raise RuntimeError(f"the unoptimized kernel {self.start.name} doesn't compile")
@@ -408,7 +407,7 @@ class _Search:
     heuristic_kernel = self.start.copy()
     hand_coded_optimizations(heuristic_kernel)
     chain = heuristic_kernel.applied_opts[len(self.start.applied_opts):]
-    found = [self.candidate_for(kernel) for kernel in [heuristic_kernel] + self.prefixes(chain)]
+    found = [self.candidate_for(state) for state in [heuristic_kernel.state] + self.prefixes(chain)]
     measured = self.measure([candidate for candidate, new in found if new])
     heuristic = found[0][0]
     if heuristic is None or not self.verify(heuristic): return None, self.keep_fastest(measured, self.beam_width)
@@ -416,7 +415,7 @@ class _Search:
     others = [c for c in measured + [reference] if c is not heuristic]
     return heuristic, [heuristic] + self.keep_fastest(others, self.beam_width - 1)
 
-  def prefixes(self, chain: list[Opt]) -> list[Kernel]:
+  def prefixes(self, chain: list[Opt]) -> list[AxisState]:
     """The start kernel with each prefix of the heuristics' opts, each prefix followed by their THREAD opt, and, when
     they chose threads, every other THREAD split of their kernel. On a CPU of many cores a kernel without threads is
     rarely within EARLY_STOP_FACTOR of the best: without these seeds the search could only extend the heuristics'
@@ -425,20 +424,18 @@ class _Search:
     rest = [opt for opt in chain if opt.op is not OptOps.THREAD]
     variants = [rest[:count] + tail for count in range(len(rest) + 1) for tail in ([], threads)]
     if threads: variants += [rest + [action] for action in self.actions() if action.op is OptOps.THREAD]
-    kernels = []
+    states = []
     for opts in variants:
-      kernel = self.start.copy()
-      if _applies(kernel, opts):
-        for opt in opts: kernel.apply_opt(opt)
-        kernels.append(kernel)
-    return kernels
+      try: states.append(apply_opts(self.start.state, opts))
+      except KernelOptError: continue
+    return states
 
   def actions(self) -> list[Opt]:
     """ACTIONS without THREAD splits over the core count: more threads than cores only queue on the pool."""
     cores = cpu_count()
     return [action for action in ACTIONS if action.op is not OptOps.THREAD or action.amount <= cores]
 
-  def candidate_for(self, kernel: Kernel) -> tuple[Optional[_Candidate], bool]:
+  def candidate_for(self, kernel: AxisState) -> tuple[Optional[_Candidate], bool]:
     """(candidate, is new) for a kernel's source; a new source is submitted for compiling at once, so compiles
     overlap the next renders. (None, False) when the kernel doesn't render."""
     try: src = render_candidate(kernel, self.name)
@@ -464,8 +461,7 @@ class _Search:
     for parent in beam:
       for action in self.actions():
         if self.deadline_passed: return out
-        child = parent.kernel.copy()
-        try: child.apply_opt(action)
+        try: child = apply_opt(parent.kernel, action)
         except KernelOptError: continue
         candidate, new = self.candidate_for(child)
         if new: out.append(candidate)

@@ -1,23 +1,23 @@
 """Shared-memory staging (OptOps.SMEM): one input's tile per step of the reduce loop, copied by the block, read from
 shared memory. Everything about it is here, in the order it is used:
 
-  1. the opt: `stageable_loads` numbers the loads SMEM may pick, `apply_stage` checks and records one (Kernel.staged);
+  1. the opt's loads: `stageable_loads` numbers the loads SMEM may pick (OptOps.SMEM, opts.py, records one in
+     AxisState.staged);
   2. the layout: `stage_plan` lays a staged load's tile out under the kernel's current axes (a StagePlan);
   3. the lowering (linearizer): `StagedTiles` defines the tiles, builds the block's copies of step 0 and of the next
      step (software pipelining, one barrier per step), and turns every read of a staged load into a tile LOAD.
 
-The Kernel (kernel.py) imports this module for the opt and the layout; the linearizer's value graph (value_graph.py)
-hands StagedTiles its memory addressing. Neither is imported here: they are passed in.
+The opts (opts.py) import this module for the loads and the layout (a tile's bytes count against shared memory);
+the linearizer's value graph (value_graph.py) hands StagedTiles its memory addressing. Neither is imported here.
 """
 from __future__ import annotations
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterator, Optional
+from typing import Iterator, Optional
 from tgrad.dtype import dtypes
 from tgrad.ops import UOp, Ops, simplify, is_gather_load
-from tgrad.shape.sint import is_symbolic, offset_by, to_uop
+from tgrad.codegen.axes import AxisState
+from tgrad.shape.sint import offset_by, to_uop
 from tgrad.helpers import prod
-if TYPE_CHECKING:
-  from tgrad.codegen.kernel import Kernel, Opt
 
 # A staged tile is copied by each thread in runs of this many bytes (one 16-byte vector access where aligned).
 STAGE_COPY_BYTES = 16
@@ -47,34 +47,17 @@ class StagePlan:
   @property
   def buffer_elements(self) -> int: return self.elements // self.row * (self.row + self.padding)
 
-# ---- 1. the opt
+# ---- 1. the loads SMEM may pick
 
-def stageable_loads(kernel: Kernel) -> list[UOp]:
+def stageable_loads(kernel: AxisState) -> list[UOp]:
   """The loads SMEM can stage, numbered by Opt.axis: global loads that feed the kernel's only reduce."""
   if len(kernel.reduceops) != 1 or kernel.row_store: return []
   under_reduce = set(kernel.reduceops[0].src[0].toposort())
   return [u for u in kernel.memops if u.op is Ops.LOAD and u in under_reduce and not is_gather_load(u)]
 
-def apply_stage(kernel: Kernel, opt: Opt) -> None:
-  """SMEM: Opt.axis picks a load of `stageable_loads`, Opt.amount the padding (elements) after each row of its
-  tile. The tile is only laid out when the kernel is linearized (`stage_plan`), so later opts may still reshape it."""
-  # a symbolic kernel stages tiles of its known axes: its reduce must be known (the steps of the pipelined copy), its
-  # symbolic output axes are block indices (padded and split first, the padding's loads masked like the kernel's)
-  kernel._check(not is_symbolic(kernel.full_shape[kernel.first_reduce:]),
-                f"{opt}: a reduce of symbolic length stages no tile")
-  kernel._check(kernel.renderer.has_shared and not kernel.dont_use_locals, f"{opt}: target has no shared memory")
-  kernel._check(not kernel.row_store, f"{opt}: a row kernel's store reads its loads again, outside the staged loop")
-  loads = stageable_loads(kernel)
-  kernel._check(opt.axis is not None and 0 <= opt.axis < len(loads),
-                f"{opt}: axis picks one of the {len(loads)} loads of a single reduce")
-  load = loads[opt.axis or 0]
-  kernel._check(all(staged is not load for staged, _ in kernel.staged), f"{opt}: that load is already staged")
-  kernel._check(0 <= (opt.amount or 0) <= MAX_ROW_PADDING, f"{opt}: padding must be 0..{MAX_ROW_PADDING} elements")
-  kernel.staged += ((load, opt.amount or 0),)
-
 # ---- 2. the layout
 
-def stage_plan(kernel: Kernel, load: UOp, padding: int) -> StagePlan:
+def stage_plan(kernel: AxisState, load: UOp, padding: int) -> StagePlan:
   """The shared tile of a staged load under the kernel's current axes (see StagePlan)."""
   st = kernel.sts[kernel.memops.index(load)]
   full = kernel.full_shape
@@ -131,7 +114,7 @@ class StagedTiles:
 
   Input: the kernel, its axis indices, the memory addressing of its loads (global_load, memory_strides) and the
   kernel's counter of accumulator and array numbers. `read(load, idxs)` is a staged load's value at idxs."""
-  def __init__(self, kernel: Kernel, indices: list[Optional[UOp]], addressing, ids: Iterator[int]):
+  def __init__(self, kernel: AxisState, indices: list[Optional[UOp]], addressing, ids: Iterator[int]):
     self.kernel, self.indices, self.addressing = kernel, indices, addressing
     self.tile_indices: dict[tuple, UOp] = {}   # memo of tile_index's symbolic part
     self.stages: dict[UOp, tuple[StagePlan, UOp, UOp]] = {}   # staged load → (plan, its tile, offset of this step's)

@@ -3,43 +3,28 @@ Everything about it is here, in the order it is used:
 
   1. which reduces qualify: `tensor_core_operands` (a sum of exact products of two loads of the core's input dtype,
      or, for a TF32 core, of two float32 loads rounded to TF32 in the graph: `tf32_rounded_load`);
-  2. the opt: `apply_tensor_core` picks the (rows, columns, K) axes (`tensor_core_choices`) and lays a warp's lanes
-     and fragment axes over them (Kernel.tensor_core, a TensorCoreUse);
+  2. the opt's choices: `tensor_core_choices` lists the (rows, columns, K) axes a core can take; OptOps.TC (opts.py)
+     picks one and lays a warp's lanes and fragment axes over them (AxisState.tensor_core, a TensorCoreUse);
   3. the lowering (linearizer): `TensorCoreFragments` builds, per output tile, each lane's A and B fragments
      (VECTORIZE of loads at the core's fragment layouts, or MatrixLoads of staged tiles), one WMMA per K step into a
      fragment accumulator (a REDUCE), and each output replica as one element (GEP) of its tile's fragment.
 
 The target describes its cores (renderer.TensorCore: dims, dtypes, FragmentLayouts); renderers only render WMMA,
-VECTORIZE, GEP and MatrixLoad. The Kernel (kernel.py) imports this module for the opt; the value graph
+VECTORIZE, GEP and MatrixLoad. The opts (opts.py) import this module for the opt's choices; the value graph
 (value_graph.py) hands TensorCoreFragments its builder. Neither is imported here: they are passed in.
 """
 from __future__ import annotations
 import itertools
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Iterator, Optional
 from tgrad.dtype import TF32_KEEP_MASK, TF32_ROUNDING_BIAS, dtypes
 from tgrad.ops import UOp, Ops, simplify, is_gather_load
+from tgrad.codegen.axes import AxisState
 from tgrad.codegen.renderer import FragmentLayout, MatrixLoad, TensorCore
-from tgrad.shape.sint import divides, is_symbolic, sint, to_uop
+from tgrad.shape.sint import sint, to_uop
 if TYPE_CHECKING:
-  from tgrad.codegen.kernel import Kernel, Opt
   from tgrad.codegen.staging import StagedTiles
 
 MATRIX_ROW_ELEMENTS = 8   # a MatrixLoad's 8×8 matrix rows: 8 16-bit elements, 16 contiguous aligned bytes
-
-@dataclass(frozen=True)
-class TensorCoreUse:
-  """How OptOps.TC maps a kernel's reduce onto a tensor core: `reduce` = Σ a·b where `a` (a load of dtype_in, or for
-  a TF32 core a float32 load rounded to TF32) varies with the tile's rows and `b` with its columns; rows_axis and
-  columns_axis are the global axes that TC split (what is left of them counts tiles). `upcasts_before` counts the
-  upcast axes made before TC (they stay before its own)."""
-  core: TensorCore
-  reduce: UOp
-  a: UOp
-  b: UOp
-  rows_axis: int
-  columns_axis: int
-  upcasts_before: int = 0
 
 # ---- 1. which reduces qualify
 
@@ -91,74 +76,16 @@ def tensor_core_operands(reduce: UOp) -> Optional[tuple[UOp, UOp]]:
   x, y = (_widened(s) for s in product.src)
   return (x, y) if all(operand_load(u) is not None for u in (x, y)) else None
 
-def _operand_format(x: UOp) -> str:
+def operand_format(x: UOp) -> str:
   return f"{x.dtype.name} rounded to TF32" if x.op is not Ops.LOAD else x.dtype.name
 
-# ---- 2. the opt
+# ---- 2. the opt's choices
 
-def apply_tensor_core(kernel: Kernel, opt: Opt) -> None:
-  """TC: one warp computes M×N tiles (dims of the tensor core) of a reduce Σ a·b whose loads a and b have the core's
-  input dtype and whose sum has its accumulator dtype, K of the reduce per instruction. `opt.axis` picks the (rows,
-  columns) pair of global axes from `tensor_core_choices` (0: columns innermost), `opt.amount` (0 or None) the core
-  among the renderer's that fit the dtypes. For m16n8k16 the axes become
-
-    rows    → rows/16 (global) · 2 (upcast) · 8 (local: lane group)       row = 8·upcast + group
-    columns → columns/8 (global) · 4 (local: lane tig) · 2 (upcast)       column = 2·tig + upcast
-    K       → K/16 (reduce loop; dropped when it is 1) · 16 (upcast)
-
-  so each output replica is where the C fragment of lane (group, tig) lies; the linearizer indexes a and b by their
-  own fragment layouts. m16n8k8 (TF32) is the same with K/8 · 8; its fragment elements are the operands' rounded
-  values (each lane rounds what it loads). TC comes before any LOCAL, GROUP, THREAD or NOLOCALS; PADTO, UPCAST and
-  UNROLL may come first (an UPCAST of the columns axis before TC spreads a warp's column tiles so that each lane's
-  columns are adjacent in memory: n = (8·tile + column)·amount + upcast)."""
-  k, caps = kernel, kernel.renderer
-  k._check(not is_symbolic(k.full_shape[k.first_reduce:]), f"{opt}: tensor cores need a reduce of known size")
-  k._check(bool(caps.tensor_cores), f"{opt}: {type(caps).__name__} {getattr(caps, 'arch', '')} has no tensor core")
-  threaded = k.local_dims or k.group_for_reduces or k.threads or k.dont_use_locals
-  k._check(k.tensor_core is None and not threaded, f"{opt}: TC must come before {k.applied_opts}")
-  k._check(len(k.reduceops) == 1 and not k.row_store,
-           f"{opt}: TC needs exactly one reduce and no row store, the kernel has {len(k.reduceops)}")
-  reduce = k.reduceops[0]
-  operands = tensor_core_operands(reduce)
-  k._check(operands is not None, f"{opt}: the reduce is not a sum of products of two loads: {reduce.src[0]}")
-  assert operands is not None
-  formats = tuple((x.dtype, x.op is not Ops.LOAD) for x in operands)   # (dtype, rounded to TF32)
-  cores = [tc for tc in caps.tensor_cores if formats == ((tc.dtype_in, tc.tf32),) * 2 and reduce.dtype == tc.dtype_acc]
-  k._check(bool(cores), f"{opt}: no tensor core multiplies ({', '.join(_operand_format(x) for x in operands)}) into "
-                        f"{reduce.dtype}")
-  k._check(0 <= (opt.amount or 0) < len(cores), f"{opt}: amount picks one of {len(cores)} tensor cores")
-  core = cores[opt.amount or 0]
-  choices = tensor_core_choices(k, core, operands)
-  k._check(0 <= (opt.axis or 0) < len(choices),
-           f"{opt}: axis picks one of {len(choices)} (rows, columns, K) choices for tile {core.dims} in shape "
-           f"{k.full_shape}")
-  rows, columns, k_axis, a, b = choices[opt.axis or 0]
-  upcasts_before = k.upcasted
-  tile_rows, tile_columns, tile_k = core.dims
-  # a symbolic rows or columns axis (a prompt's rows) that the tile doesn't divide for every value is padded with the
-  # guard of a split: its padded positions' fragment elements load 0 and their outputs are not stored
-  for axis, tile in ((rows, tile_rows), (columns, tile_columns)):
-    if not divides(tile, k.full_shape[axis]): k.pad_symbolic_axis(axis, tile)
-  groups = core.lanes // core.lanes_per_group
-  k.shift_to(rows, groups, insert_before=k.first_reduce)              # rows → rows/8 · [group]
-  k.local_dims += 1
-  k.shift_to(rows, tile_rows // groups)                               # rows/8 → rows/16 · [2]
-  k.upcasted += 1
-  k.shift_to(columns, tile_columns // core.lanes_per_group)           # columns → columns/2 · [2]
-  k.upcasted += 1
-  k.shift_to(columns, core.lanes_per_group, insert_before=k.first_reduce)   # columns/2 → columns/8 · [tig]
-  k.local_dims += 1
-  k_axis += 2   # the two lane axes went in before the reduce axes
-  k.shift_to(k_axis, tile_k)
-  k.upcasted += 1
-  k.drop_unit_reduce_axis(k_axis)   # K = 16: no loop is left
-  k.tensor_core = TensorCoreUse(core, reduce, a, b, rows, columns, upcasts_before)
-
-def tensor_core_choices(kernel: Kernel, core: TensorCore, operands: tuple[UOp, UOp]
+def tensor_core_choices(kernel: AxisState, core: TensorCore, operands: tuple[UOp, UOp]
                         ) -> list[tuple[int, int, int, UOp, UOp]]:
   """(rows axis, columns axis, K axis, a, b) for every pair of global axes where one load (a) is constant along the
   columns and varies along the rows, the other (b) the reverse, and the sizes divide the tile (a symbolic size always
-  qualifies: apply_tensor_core pads it); K is the innermost reduce axis that divides. Innermost columns axis first
+  qualifies: OptOps.TC pads it); K is the innermost reduce axis that divides. Innermost columns axis first
   (the output's contiguous axis, for coalesced stores)."""
   k = kernel
   full = k.full_shape
@@ -192,7 +119,7 @@ def k_order(core: TensorCore, offset: int, tig: UOp) -> UOp:
 # 8-15 of a row-major K×N tile, loaded transposed (see MMA_M16N8K16 in runtime/cuda/renderer.py)
 MATRIX_LOADS = {False: MatrixLoad(4, False), True: MatrixLoad(2, True)}
 
-def fragments_are_matrix_loadable(kernel: Kernel, tiles: Optional[StagedTiles]) -> bool:
+def fragments_are_matrix_loadable(kernel: AxisState, tiles: Optional[StagedTiles]) -> bool:
   """Whether both operands of an m16n8k16 core with 16-bit inputs are staged so that every 8×8 matrix row is 16
   contiguous, 16-byte aligned bytes of the tile: A's K axis and B's (tig, column upcast) pair must be contiguous,
   every other axis and the buffer size multiples of 8 elements."""
@@ -210,10 +137,10 @@ def fragments_are_matrix_loadable(kernel: Kernel, tiles: Optional[StagedTiles]) 
   return True
 
 class TensorCoreFragments:
-  """The tensor core's reduce (Kernel.tensor_core) as fragments and WMMAs. Input: the kernel, its axis indices, its
+  """The tensor core's reduce (AxisState.tensor_core) as fragments and WMMAs. Input: the kernel, its axis indices, its
   staged tiles (or None), `build(node, idxs)` (the value graph's builder, for fragment elements) and the kernel's
   counter of accumulator numbers. `reduce_element(node, idxs)` is one output replica's value."""
-  def __init__(self, kernel: Kernel, indices: list[Optional[UOp]], tiles: Optional[StagedTiles],
+  def __init__(self, kernel: AxisState, indices: list[Optional[UOp]], tiles: Optional[StagedTiles],
                build: Callable[[UOp, tuple[UOp, ...]], UOp], ids: Iterator[int]):
     assert kernel.tensor_core is not None
     self.kernel, self.indices, self.tiles, self.build, self.ids = kernel, indices, tiles, build, ids
@@ -225,7 +152,7 @@ class TensorCoreFragments:
 
   def reduce_element(self, node: UOp, idxs: tuple[UOp, ...]) -> UOp:
     """This output replica's element of its tile's accumulator: replicas that differ only in the tensor core's own
-    row and column upcasts are the elements of one C fragment (apply_tensor_core lays them out so)."""
+    row and column upcasts are the elements of one C fragment (OptOps.TC lays them out so, opts.py)."""
     core = self.core
     rows_up, columns_up, _ = self.kernel.tc_upcast_axes
     row_offset = idxs[rows_up].arg * (core.lanes // core.lanes_per_group)   # row = 8·upcast + group

@@ -22,7 +22,9 @@ from dataclasses import dataclass
 from typing import Iterator, Optional
 from tgrad.dtype import dtypes
 from tgrad.ops import UOp, Ops, ALU, GatherAxis, simplify, exec_alu, identity_of_reduce, is_gather_load
-from tgrad.codegen.kernel import Kernel, fold_dims, reduce_ignores_padding
+from tgrad.codegen.axes import fold_dims
+from tgrad.codegen.kernel import Kernel
+from tgrad.codegen.opts import reduce_ignores_padding
 from tgrad.codegen.staging import StagedTiles
 from tgrad.codegen.tensor_cores import TensorCoreFragments
 from tgrad.codegen.reduces import (PASS_LOOP_ARG, accumulation_split, block_ranges, chain_op, chain_terms,

@@ -8,10 +8,10 @@ The BEAM search runs on LLVM with IGNORE_BEAM_CACHE=1 and a throwaway cache (TGR
 import argparse, os, statistics, tempfile, time
 import numpy as np
 from tgrad import Tensor, Variable, dtypes
-from tgrad.codegen.cuda import CUDARenderer
+from tgrad.runtime.cuda.renderer import CUDARenderer
 from tgrad.codegen.heuristics import hand_coded_optimizations
 from tgrad.codegen.kernel import Kernel
-from tgrad.codegen.llvmir import LLVMRenderer
+from tgrad.runtime.llvm.renderer import LLVMRenderer
 from tgrad.helpers import Context
 from tgrad.ops import Ops
 from tgrad.schedule import create_schedule

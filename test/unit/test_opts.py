@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 from tgrad import Tensor
 from tgrad.codegen.axes import AxisState
-from tgrad.codegen.cuda import CUDARenderer
+from tgrad.runtime.cuda.renderer import CUDARenderer
 from tgrad.codegen.heuristics import tried
 from tgrad.codegen.kernel import Kernel, KernelOptError, Opt, OptOps
-from tgrad.codegen.llvmir import LLVMRenderer
+from tgrad.runtime.llvm.renderer import LLVMRenderer
 from tgrad.codegen.opts import OPT_FUNCTIONS, apply_opt, apply_opts
 from tgrad.ops import Ops
 from tgrad.schedule import create_schedule

@@ -76,15 +76,15 @@ def tgrad_decode_profile(ref: str, prompt: list[int]) -> dict:
   totals = {"schedule_s": 0.0, "run_s": 0.0, "gpu_kernel_s": 0.0, "kernels": 0}
   original_schedule, original_run = realize_module.schedule, realize_module.run
   original_call = CompiledKernel.__call__
-  def timed_schedule(*args):
+  def timed_schedule(*args, **kwargs):
     start = time.perf_counter()
-    out = original_schedule(*args)
+    out = original_schedule(*args, **kwargs)
     totals["schedule_s"] += time.perf_counter() - start
     return out
-  def timed_run(*args):
+  def timed_run(*args, **kwargs):
     synchronize()
     start = time.perf_counter()
-    original_run(*args)
+    original_run(*args, **kwargs)
     synchronize()
     totals["run_s"] += time.perf_counter() - start
   def timed_call(self, buffers, wait=False, var_vals=None):

@@ -206,21 +206,23 @@ class NNMixin:
     padding: an int or one per dim (torch's, both sides, at most half the kernel), or tinygrad's 2 per dim
     (left, right, top, bottom: last dim first) for asymmetric padding.
     Padding is −inf (the dtype's min for ints), so it never wins. return_indices also gives, as torch, where each
-    max came from: its flat index into the pooled dims of the input (int64; the first max of a window)."""
+    max came from: its flat index into the pooled dims of the input (the first max of a window), in int32 as
+    tinygrad (torch: int64); int64 where a plane has more than 2^31 elements."""
     geometry = self._pool_geometry(kernel_size, stride, dilation, padding, ceil_mode, "max_pool2d")
     pad_value = -math.inf if self.dtype.is_float else dtypes.min(self.dtype)
     windows = self._pool_windows(geometry, pad_value)
     values = windows.max(geometry.window_axes)
     if not return_indices: return values
     spatial = self.shape[-len(geometry.kernel):]
-    flat_positions = Tensor.arange(prod(spatial), dtype=dtypes.int64, device=self.device).reshape(spatial)
+    index_dtype = dtypes.int32 if prod(spatial) <= dtypes.max(dtypes.int32) else dtypes.int64
+    flat_positions = Tensor.arange(prod(spatial), dtype=index_dtype, device=self.device).reshape(spatial)
     position_windows = flat_positions._pool_windows(geometry, -1)                 # (*out, *kernel)
     window_size = prod(geometry.kernel)
     out_shape = windows.shape[:-len(geometry.kernel)]
     first_max = windows.reshape(*out_shape, window_size).argmax(-1)              # (..., *out)
     chosen = first_max.unsqueeze(-1) == Tensor.arange(window_size, device=self.device)
     positions = position_windows.reshape(*position_windows.shape[:-len(geometry.kernel)], window_size)
-    return values, chosen.where(positions, 0).sum(-1, acc_dtype=dtypes.int64).cast(dtypes.int64)
+    return values, chosen.where(positions, 0).sum(-1, acc_dtype=index_dtype).cast(index_dtype)
 
   def max_unpool2d(self, indices: Tensor, kernel_size=(2, 2), stride=None, dilation=1, padding=0,
                    output_size=None) -> Tensor:

@@ -23,7 +23,7 @@ from tgrad.graph_simplify import is_constant_expression
 import tgrad.function as F
 from tgrad.tensor_ops import bind_tensor_class
 from tgrad.tensor_ops.args import Scalar, broadcast_shape, _resolve_axis, _scalar_dtype, _check_scalar_fits, \
-  _python_dtype, DTypeNotSupportedError
+  _fit_python_int, _python_dtype, DTypeNotSupportedError
 from tgrad.tensor_ops.creation import CreationMixin
 from tgrad.tensor_ops.elementwise import ElementwiseMixin
 from tgrad.tensor_ops.reduce import ReduceMixin
@@ -333,8 +333,7 @@ class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, Indexi
       if mine.dtype is theirs.dtype and mine.shape == theirs.shape and mine.device == theirs.device:
         return (other, self) if reverse else (self, other)
     if isinstance(other, (bool, int, float)):   # a constant made at self's shape: no reshape/expand ops to record
-      out_dtype = dtype or _scalar_dtype(self.dtype, other)
-      _check_scalar_fits(other, out_dtype)
+      other, out_dtype = _fit_python_int(other, dtype or _scalar_dtype(self.dtype, other), self.dtype)
       x = self if out_dtype is self.lazydata.dtype else self.cast(out_dtype)
       # weak: a kernel parameter (tgrad/scalars.py), unless it joins a constant expression, which folds instead
       weak = not is_constant_expression(self.lazydata)

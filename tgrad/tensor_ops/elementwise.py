@@ -9,7 +9,7 @@ from tgrad.dtype import DType, dtypes
 from tgrad.ops import Ops
 from tgrad.lazy import LazyBuffer
 from tgrad.tensor_ops.args import HALF_FLOATS, broadcast_shape, _scalar_dtype, _int_overflow_side, _python_dtype, \
-  DTypeNotSupportedError
+  _check_scalar_fits, DTypeNotSupportedError
 from tgrad.tensor_ops.composite import composite, LN2
 import tgrad.function as F
 if TYPE_CHECKING: from tgrad.tensor import Tensor   # at runtime: bound by tgrad/tensor.py (see __init__.py)
@@ -101,6 +101,9 @@ class ElementwiseMixin:
   def where(self, x: Any, y: Any) -> Tensor:
     """`cond.where(a, b)`: a where cond is true, else b (broadcast and promoted like a binary op)."""
     condition = self if self.dtype.is_bool else self != 0
+    for tensor, scalar in ((x, y), (y, x)):   # as torch: a Python int the tensor's int dtype can't hold raises
+      if isinstance(tensor, Tensor) and isinstance(scalar, int) and not tensor.dtype.is_bool:
+        _check_scalar_fits(scalar, _scalar_dtype(tensor.dtype, scalar))
     if isinstance(x, Tensor): a, b = x._operands(y)
     elif isinstance(y, Tensor): b, a = y._operands(x)
     else: a, b = Tensor(x, dtype=_python_dtype([x, y]), device=self.device)._operands(y)
@@ -364,7 +367,7 @@ class ElementwiseMixin:
     return x.isnan().where(x, signs) if x.dtype.is_float else signs
   def clip(self, min_: Any = None, max_: Any = None) -> Tensor:
     """torch.clamp: NaN stays NaN, and the gradient is 1 wherever min_ <= x <= max_ (bounds included)."""
-    if min_ is None and max_ is None: raise ValueError("clip needs min_ or max_")
+    if min_ is None and max_ is None: raise RuntimeError("clip: at least one of min_ or max_ must not be None")
     if self.dtype.is_int:   # a Python int bound beyond the dtype clips nothing on that side (numpy's np.clip)
       min_, max_ = (_clamp_to_dtype(b, self.dtype) if isinstance(b, int) else b for b in (min_, max_))
     out = self if min_ is None else (self < min_).where(min_, self)

@@ -145,7 +145,7 @@ class MovementMixin:
     """Coordinate grids from 1-D (or 0-d) tensors, as torch.meshgrid: 'ij' gives shape (len(a), len(b), ...), 'xy'
     swaps the first two dims (Cartesian). `a.meshgrid(b)` or `Tensor.meshgrid(a, b)`."""
     if indexing not in ("ij", "xy"): raise ValueError(f"meshgrid: indexing must be 'ij' or 'xy', got {indexing!r}")
-    tensors = [t.flatten() if t.ndim == 0 else t for t in _tensor_list(self, args)]
+    tensors = [t.flatten() if t.ndim == 0 else t for t in _tensor_list((self, *args), "meshgrid")]
     for t in tensors:
       if t.ndim != 1: raise ValueError(f"meshgrid: expects 0-d or 1-d tensors, got shape {t.shape}")
     axes = list(range(len(tensors)))
@@ -234,9 +234,10 @@ class MovementMixin:
     interleaved = base.reshape(tuple(d for s in base.shape for d in (1, s)))
     tiled = interleaved.expand(tuple(d for r, s in zip(repeats, base.shape) for d in (r, s)))
     return tiled.reshape(tuple(r * s for r, s in zip(repeats, base.shape)))
-  def cat(self, *args: Tensor, dim: int = 0) -> Tensor:
-    """Join along `dim`: `a.cat(b, c, dim=0)` or `Tensor.cat(a, b, c)` or `Tensor.cat([a, b, c])`."""
-    tensors = _tensor_list(self, args)
+  def cat(*args: Tensor, dim: int = 0) -> Tensor:
+    """Join along `dim`: `a.cat(b, c, dim=0)` or `Tensor.cat(a, b, c)` or `Tensor.cat([a, b, c])`; nothing to join
+    raises RuntimeError, as torch."""
+    tensors = _tensor_list(args, "cat")
     first = tensors[0]
     if any(t.ndim == 0 for t in tensors):   # as torch, any 0-d operand is an error, not only the first
       raise ValueError(f"cat of 0-d tensors (shapes {[t.shape for t in tensors]}): use stack")
@@ -253,9 +254,10 @@ class MovementMixin:
       out = piece if out is None else out + piece
       offset += t.shape[dim]
     return out
-  def stack(self, *args: Tensor, dim: int = 0) -> Tensor:
-    """Join along a new `dim`: `a.stack(b, dim=0)`, `Tensor.stack(a, b)` or `Tensor.stack([a, b])`."""
-    tensors = _tensor_list(self, args)
+  def stack(*args: Tensor, dim: int = 0) -> Tensor:
+    """Join along a new `dim`: `a.stack(b, dim=0)`, `Tensor.stack(a, b)` or `Tensor.stack([a, b])`; nothing to stack
+    raises RuntimeError, as torch."""
+    tensors = _tensor_list(args, "stack")
     for t in tensors:
       if t.shape != tensors[0].shape: raise ValueError(f"stack needs one shape, got {[x.shape for x in tensors]}")
     dim = _resolve_axis(dim, tensors[0].ndim + 1, tensors[0].shape)
@@ -282,9 +284,11 @@ class MovementMixin:
 
 PAD_MODES = ("constant", "reflect", "replicate", "circular")
 
-def _tensor_list(first: Any, rest: tuple) -> list[Tensor]:
+def _tensor_list(args: tuple, name: str) -> list[Tensor]:
+  """The tensors of `f(a, b)`, `a.f(b)` or `f([a, b])` (a list or tuple first, then more tensors)."""
+  first, rest = (args[0], args[1:]) if args else ((), ())
   tensors = list(first) + list(rest) if isinstance(first, (list, tuple)) else [first, *rest]
-  if not tensors: raise ValueError("need at least one tensor")
+  if not tensors: raise RuntimeError(f"{name} expects a non-empty list of Tensors")
   for t in tensors:
     if not isinstance(t, Tensor): raise TypeError(f"expected Tensors, got {type(t).__name__}")
   return tensors

@@ -336,7 +336,7 @@ def _index_items(indices, shape: tuple[int, ...], device: str) -> list:
   the int tensors of its True positions (one per dim it covers: a data-dependent shape, so a kernel runs now), the
   Ellipsis (or the end) becomes full slices."""
   items = list(indices) if isinstance(indices, tuple) else [indices]
-  items = [_as_index_tensor(i, device) if isinstance(i, (list, np.ndarray)) else i for i in items]
+  items = [_as_index_tensor(i, device) if isinstance(i, (list, tuple, np.ndarray)) else i for i in items]
   for i in items:
     if isinstance(i, bool) or not (i is None or i is Ellipsis or isinstance(i, (int, np.integer, slice, Tensor))):
       raise TypeError(f"unsupported index {i!r}: use ints, slices, None, Ellipsis, int tensors or bool masks")
@@ -396,11 +396,16 @@ class _IndexPlan:
     self.strided_shape: list[int] = []
     self.tensor_indices: list[tuple[int, Tensor]] = []
     self.tensor_input_dims: list[int] = []   # the input dim each tensor index indexes (for error messages)
-    advanced_items: list[int] = []   # positions in `items` of tensor (and, with them, int) indices
+    # positions of the tensor indices among the items that are not ints (torch drops ints first, so only a None or a
+    # slice between two tensor indices separates them)
+    advanced_items: list[int] = []
+    kept_items = 0
     self.advanced_position = 0       # the view dim where the index dims go when the advanced items are adjacent
     view: list[int] = []
     dim = 0
-    for k, item in enumerate(items):
+    for item in items:
+      is_int = isinstance(item, (int, np.integer)) or (isinstance(item, Tensor) and item.ndim == 0)
+      kept_items += not is_int
       if item is None:
         view.append(1)
         continue
@@ -408,7 +413,7 @@ class _IndexPlan:
       if isinstance(item, Tensor):
         if item.ndim:   # a 0-d tensor index adds no dims: torch places the others as if it were an int
           if not advanced_items: self.advanced_position = len(view) - len(self.tensor_indices)   # kept dims before
-          advanced_items.append(k)
+          advanced_items.append(kept_items)
         self.tensor_indices.append((len(view), item))
         self.tensor_input_dims.append(dim)
         self._keep(0, size, 1, False)

@@ -254,9 +254,13 @@ class TestNegativePad:
                        rng=RNG)
 
   @pytest.mark.parametrize("mode", ["reflect", "replicate"])
-  def test_nothing_left_raises(self, mode):
-    assert_same_error(lambda: F.pad(torch.ones(1, 2, 5), (-2, -3), mode=mode),
-                      lambda: Tensor.ones(1, 2, 5).pad((-2, -3), mode=mode), match="leaves nothing")
+  def test_negative_size_raises_and_nothing_left_is_empty(self, mode):
+    assert_same_error(lambda: F.pad(torch.ones(1, 1, 3, 3), (-2, -2, 0, 0), mode=mode),
+                      lambda: Tensor.ones(1, 1, 3, 3).pad((-2, -2, 0, 0), mode=mode), match="negative size")
+    # as torch's 2-d padding: cutting exactly the whole dim leaves it empty (its 1-d padding raises there instead)
+    for pads in ((-2, -1, 0, 0), (1, -4, 0, 0), (0, 0, -3, 0)):
+      want = F.pad(torch.ones(1, 1, 3, 3), pads, mode=mode)
+      assert Tensor.ones(1, 1, 3, 3).pad(pads, mode=mode).shape == tuple(want.shape)
 
   def test_cut_too_much_raises(self):
     assert_same_error(lambda: F.pad(torch.ones(1, 2, 5), (-3, -3)), lambda: Tensor.ones(1, 2, 5).pad((-3, -3)))

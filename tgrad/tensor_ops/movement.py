@@ -97,9 +97,12 @@ class MovementMixin:
         x = x.shrink(tuple((max(-before, 0), size - max(-after, 0)) if i == dim else None for i in range(x.ndim)))
         size, before, after = x.shape[dim], max(before, 0), max(after, 0)
         if before == after == 0: continue
-      elif size + before + after <= 0:
-        raise RuntimeError(f"pad: mode {mode!r} padding {(before, after)} leaves nothing of dim {dim} of size {size} "
-                           f"(shape {self.shape})")
+      elif size + before + after < 0:
+        raise RuntimeError(f"pad: mode {mode!r} padding {(before, after)} leaves a negative size of dim {dim} of "
+                           f"size {size} (shape {self.shape})")
+      elif size + before + after == 0:   # as torch: cutting exactly the whole dim leaves it empty
+        x = x.shrink(tuple((0, 0) if i == dim else None for i in range(x.ndim)))
+        continue
       limit = size - 1 if mode == "reflect" else size if mode == "circular" else math.inf
       if max(before, after) > limit or size == 0:
         raise RuntimeError(f"pad: mode {mode!r} padding {(before, after)} is too large for dim {dim} of size {size} "
@@ -136,9 +139,12 @@ class MovementMixin:
     and their elements go in a new last dim. A view (no copy)."""
     if self.ndim == 0: return self.reshape(1).unfold(dimension, size, step).reshape(size)
     dim = _resolve_axis(dimension, self.ndim, self.shape)
-    if not isinstance(size, int) or not 0 < size <= self.shape[dim]:
-      raise ValueError(f"unfold: size {size} must be in [1, {self.shape[dim]}] for dim {dim} of shape {self.shape}")
-    if not isinstance(step, int) or step <= 0: raise ValueError(f"unfold: step must be positive, got {step}")
+    if not isinstance(size, int) or not 0 <= size <= self.shape[dim]:
+      raise RuntimeError(f"unfold: size {size} must be in [0, {self.shape[dim]}] for dim {dim} of shape {self.shape}")
+    if not isinstance(step, int) or step <= 0: raise RuntimeError(f"unfold: step must be positive, got {step}")
+    if size == 0:   # as torch: (length // step + 1) empty windows
+      empty = self.transpose(dim, -1).shrink(tuple((0, 0) if i == self.ndim - 1 else None for i in range(self.ndim)))
+      return empty.reshape(*empty.shape[:-1], self.shape[dim] // step + 1, 0).transpose(dim, -2)
     windows = self.transpose(dim, -1)._pool((size,), (step,), (1,))     # (..., windows, size)
     return windows.transpose(dim, -2)
   def meshgrid(self, *args: Tensor, indexing: str = "ij") -> tuple[Tensor, ...]:

@@ -75,7 +75,8 @@ class NNMixin:
              padding: Any = 0, acc_dtype: Any = None) -> Tensor:
     """Cross-correlation, as torch's conv2d, over the last weight.ndim − 2 dims (so it is conv1d/conv3d too).
     self (N, C_in, *spatial) or unbatched (C_in, *spatial); weight (C_out, C_in / groups, *kernel); bias (C_out,).
-    padding: an int, one per dim, torch's flat (left, right, top, bottom) order, 'same' or 'valid'.
+    padding: an int, one per dim, torch's flat (left, right, top, bottom) order, 'same' or 'valid'; a negative
+    amount crops the input, as tinygrad (torch raises).
     Built as pad → window view (`_pool`) → broadcast multiply with the weight → sum over (C_in / groups, *kernel)."""
     count = self._conv_dims(weight, bias)
     if self.ndim == count + 1:
@@ -98,7 +99,7 @@ class NNMixin:
     if bias is not None and bias.shape != (out_channels,):
       raise RuntimeError(f"Given weight of size {list(weight.shape)}, expected bias to be 1-dimensional with "
                          f"{out_channels} elements, but got bias of size {list(bias.shape)} instead")
-    pads = _conv_padding(padding, kernel, dilation, stride)
+    pads = _conv_padding(padding, kernel, dilation, stride, allow_negative=True)
     padded_size = tuple(i + b + a for i, (b, a) in zip(self.shape[2:], pads))
     if any(p < d * (k - 1) + 1 for p, k, d in zip(padded_size, kernel, dilation)):
       raise RuntimeError(f"Calculated padded input size per channel: ({' x '.join(map(str, padded_size))}). Kernel "
@@ -334,12 +335,13 @@ class NNMixin:
     keep = Tensor.rand(*self.shape, device=self.device) >= p
     return keep.where(self, 0) * (1 / (1 - p))
   def normalize(self, p: float = 2.0, dim: int = 1, eps: float = 1e-12) -> Tensor:
-    """self / max(‖self‖_p, eps) along `dim`, as torch.nn.functional.normalize."""
+    """self / max(‖self‖_p, eps) along `dim`, as torch.nn.functional.normalize (p = 0 counts the nonzeros; a
+    negative p is (Σ|x|^p)^(1/p), as torch)."""
     x = self._to_float()
     if p == 2: norm = x.square().sum(dim, keepdim=True).sqrt()
     elif p == 1: norm = x.abs().sum(dim, keepdim=True)
     elif p == math.inf: norm = x.abs().max(dim, keepdim=True)
-    elif p <= 0: raise ValueError(f"normalize: p must be positive, got {p}")
+    elif p == 0: norm = (x != 0).sum(dim, keepdim=True).cast(x.dtype)   # the count of nonzeros, as torch.norm
     else: norm = x.abs().pow(p).sum(dim, keepdim=True).pow(1 / p)
     return x / norm.maximum(eps)
   def layernorm(self, axis=-1, eps: float = 1e-5) -> Tensor:
@@ -500,8 +502,8 @@ class _PoolGeometry:
   @property
   def window_axes(self) -> tuple[int, ...]: return tuple(range(-len(self.kernel), 0))
 
-def _conv_padding(padding: Any, kernel: tuple[int, ...], dilation: tuple[int, ...],
-                  stride: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
+def _conv_padding(padding: Any, kernel: tuple[int, ...], dilation: tuple[int, ...], stride: tuple[int, ...],
+                  allow_negative: bool = False) -> tuple[tuple[int, int], ...]:
   """(before, after) per spatial dim from: an int, one int per dim, torch's flat (left, right, top, bottom) order
   (last dim first), 'valid', or 'same' (stride 1 only; an odd total puts the extra element after, as torch)."""
   count = len(kernel)
@@ -515,7 +517,8 @@ def _conv_padding(padding: Any, kernel: tuple[int, ...], dilation: tuple[int, ..
     flat = _int_tuple(padding, 2 * count, "padding")
     pairs = tuple((flat[2 * i], flat[2 * i + 1]) for i in range(count))[::-1]
   else: pairs = tuple((p, p) for p in _int_tuple(padding, count, "padding"))
-  if any(p < 0 for pair in pairs for p in pair): raise RuntimeError(f"negative padding is not supported: {padding}")
+  if not allow_negative and any(p < 0 for pair in pairs for p in pair):
+    raise RuntimeError(f"negative padding is not supported: {padding}")
   return pairs
 
 def _check_reduction(reduction: str) -> None:

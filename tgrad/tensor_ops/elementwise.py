@@ -217,12 +217,14 @@ class ElementwiseMixin:
       return (x < 0).where(-out, out)
     return self._float_math(fn)
   def acosh(self) -> Tensor:
-    """log(x + √((x − 1)(x + 1))) for x >= 1 (NaN below), log(2x) beyond LARGE_ARGUMENT."""
+    """log(x + √((x − 1)(x + 1))) for x >= 1, log(2x) beyond LARGE_ARGUMENT. Below 1 the same formula gives NaN
+    (the log of a negative number, or the root of one) and, by the chain rule, torch's gradient 1/√(x² − 1) for
+    x < −1 (NaN in (−1, 1))."""
     def fn(x: Tensor) -> Tensor:
       large = x > LARGE_ARGUMENT
       safe = large.where(1.0, x)
       out = large.where(x.log() + LN2, (safe + ((safe - 1) * (safe + 1)).sqrt()).log())
-      return (x < 1).where(math.nan, out)    # (x − 1)(x + 1) overflows to +inf for x <= −2^64, not NaN
+      return (x < -LARGE_ARGUMENT).where(math.nan, out)   # (x − 1)(x + 1) overflows to +inf there: x + inf isn't NaN
     return self._float_math(fn)
   def atanh(self) -> Tensor:
     """½·log((1 + x) / (1 − x)): ±inf at ±1, NaN outside [−1, 1]."""

@@ -316,6 +316,7 @@ class NNMixin:
     size = tuple(size) if isinstance(size, (tuple, list)) else (size,)
     if len(size) > self.ndim or any(not isinstance(s, int) or s <= 0 for s in size):
       raise ValueError(f"interpolate size {size} does not fit an input of shape {self.shape}")
+    if self.dtype == dtypes.uint8 and not mode.startswith("nearest"): return self._interpolate_uint8(size, align_corners)
     x = self._to_float()
     for k, out_size in enumerate(size):
       axis = self.ndim - len(size) + k
@@ -323,8 +324,21 @@ class NNMixin:
       matrix = Tensor(_interpolation_matrix(self.shape[axis], out_size, mode, align_corners), device=self.device)
       x = (x.transpose(axis, -1) @ matrix.cast(x.dtype)).transpose(axis, -1)
     if self.dtype.is_float: return x
-    # ints (uint8 images) keep their dtype, as torch: linear modes round to the nearest value within the dtype's range
+    # other ints keep their dtype: linear modes round to the nearest value within the dtype's range
     return x.round().clip(dtypes.min(self.dtype), dtypes.max(self.dtype)).cast(self.dtype)
+  def _interpolate_uint8(self, size: tuple[int, ...], align_corners: bool) -> Tensor:
+    """Linear resizing of a uint8 image as torch's CPU kernel does it, bit for bit: one pass per axis, the last axis
+    first, each a sum of products with integer weights (the float weights scaled by 2^precision and rounded, see
+    _fixed_point_weights), rounded half up by a shift and clamped back to uint8 before the next pass."""
+    x = self
+    for k in reversed(range(len(size))):
+      axis = self.ndim - len(size) + k
+      if size[k] == x.shape[axis]: continue
+      weights, precision = _fixed_point_weights(x.shape[axis], size[k], align_corners)
+      matrix = Tensor(weights, device=self.device)
+      acc = x.cast(dtypes.int32).transpose(axis, -1) @ matrix
+      x = ((acc + (1 << (precision - 1))) >> precision).clip(0, 255).cast(dtypes.uint8).transpose(axis, -1)
+    return x
 
   # ---- regularization and normalization
   def dropout(self, p: float = 0.5) -> Tensor:
@@ -526,6 +540,38 @@ def _check_reduction(reduction: str) -> None:
 
 def _reduce_loss(loss: Tensor, reduction: str) -> Tensor:
   return loss if reduction == "none" else loss.sum() if reduction == "sum" else loss.mean()
+
+# torch's uint8 resize keeps its weights in int16: the precision is the largest shift (below this cap) at which the
+# largest weight, scaled, stays below 2^15 (aten/src/ATen/native/cpu/UpSampleKernel.cpp, _compute_int16_weights_aa)
+FIXED_POINT_MAX_PRECISION = 22
+INT16_LIMIT = 1 << 15
+
+def _fixed_point_weights(in_size: int, out_size: int, align_corners: bool) -> tuple[np.ndarray, int]:
+  """The (in_size, out_size) int32 weights of torch's uint8 linear resize along one axis, and their precision (the
+  shift that undoes their scale). The float weights are computed in float64, as torch's: with align_corners the
+  source position is dst·(in − 1)/(out − 1) and its two neighbours share 1 linearly; without, a triangle filter of
+  support 1 centred at (dst + ½)·in/out, clipped to the input and normalized to sum 1."""
+  weights = np.zeros((in_size, out_size), np.float64)
+  if align_corners:
+    scale = (in_size - 1) / (out_size - 1) if out_size > 1 else 0.0
+    for dst in range(out_size):
+      position = scale * dst
+      low = min(int(position), in_size - 1)
+      high = min(low + 1, in_size - 1)
+      weights[low, dst] += 1 - (position - low)
+      weights[high, dst] += position - low
+  else:
+    scale = in_size / out_size
+    for dst in range(out_size):
+      center = scale * (dst + 0.5)
+      start, stop = max(int(center - 0.5), 0), min(int(center + 1.5), in_size)
+      taps = np.maximum(1 - np.abs(np.arange(start, stop) - center + 0.5), 0)
+      weights[start:stop, dst] = taps / taps.sum()
+  largest = weights.max()
+  precision = 0
+  while precision < FIXED_POINT_MAX_PRECISION and int(0.5 + largest * (1 << (precision + 1))) < INT16_LIMIT:
+    precision += 1
+  return np.floor(weights * (1 << precision) + 0.5).astype(np.int32), precision
 
 def _interpolation_matrix(in_size: int, out_size: int, mode: str, align_corners: bool) -> np.ndarray:
   """The (in_size, out_size) float32 matrix that resamples one axis, with torch's source positions computed in

@@ -217,14 +217,15 @@ class ElementwiseMixin:
       return (x < 0).where(-out, out)
     return self._float_math(fn)
   def acosh(self) -> Tensor:
-    """log(x + √((x − 1)(x + 1))) for x >= 1, log(2x) beyond LARGE_ARGUMENT. Below 1 the same formula gives NaN
-    (the log of a negative number, or the root of one) and, by the chain rule, torch's gradient 1/√(x² − 1) for
-    x < −1 (NaN in (−1, 1))."""
+    """a(x) = log(x + √((x − 1)(x + 1))) for x >= 1, log(2x) beyond LARGE_ARGUMENT; NaN below 1. For x < −1 it is
+    NaN − a(−x), whose gradient is torch's 1/√(x² − 1) (computed at |x|, without the cancellation of x + √(x² − 1));
+    in (−1, 1) the root of a negative number gives NaN, and a NaN gradient, as torch."""
     def fn(x: Tensor) -> Tensor:
-      large = x > LARGE_ARGUMENT
-      safe = large.where(1.0, x)
-      out = large.where(x.log() + LN2, (safe + ((safe - 1) * (safe + 1)).sqrt()).log())
-      return (x < -LARGE_ARGUMENT).where(math.nan, out)   # (x − 1)(x + 1) overflows to +inf there: x + inf isn't NaN
+      magnitude = x.abs()
+      large = magnitude > LARGE_ARGUMENT
+      safe = large.where(1.0, magnitude)    # keeps the unused branch finite, so its gradient is 0, not NaN
+      at_magnitude = large.where(magnitude.log() + LN2, (safe + ((safe - 1) * (safe + 1)).sqrt()).log())
+      return (x < 0).where(math.nan - at_magnitude, at_magnitude)
     return self._float_math(fn)
   def atanh(self) -> Tensor:
     """½·log((1 + x) / (1 − x)): ±inf at ±1, NaN outside [−1, 1]."""

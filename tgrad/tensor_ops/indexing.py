@@ -307,11 +307,11 @@ class IndexingMixin:
     selection, filled = self._compaction(flat_mask, size)
     out = selection.where(values.reshape(1, -1), 0).sum(1, acc_dtype=_gather_acc_dtype(self.dtype)).cast(self.dtype)
     return out if filled is None else filled.reshape(-1).where(out, fill_value).cast(self.dtype)
-  def nonzero(self, size: Optional[int] = None, fill_value: int = -1) -> Tensor:
+  def nonzero(self, size: Optional[int] = None, fill_value: int = 0) -> Tensor:
     """The (count, ndim) coordinates of the nonzero elements in row-major order, as torch.nonzero (int32, tinygrad's
     index dtype, where the numel fits; else int64). Realizes the mask to count them, unless `size` is given (torch's
-    nonzero_static): then exactly `size` rows, the first `size` coordinates and rows of `fill_value` after them, with
-    no sync. O(count·numel)."""
+    nonzero_static): then exactly `size` rows, the first `size` coordinates and rows of `fill_value` after them (0 by
+    default, as tinygrad; torch's nonzero_static pads with -1), with no sync. O(count·numel)."""
     flat = (self != 0).flatten()
     index_dtype = dtypes.int32 if self.numel() <= dtypes.max(dtypes.int32) else dtypes.int64
     positions = Tensor.arange(self.numel(), dtype=index_dtype, device=self.device).reshape(1, -1)

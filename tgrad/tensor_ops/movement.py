@@ -90,6 +90,9 @@ class MovementMixin:
     for dim, (before, after) in enumerate(padding):
       if before == after == 0: continue
       size = x.shape[dim]
+      if size + before + after == 0:   # as torch: padding that cuts exactly the whole dim leaves it empty
+        x = x.shrink(tuple((0, 0) if i == dim else None for i in range(x.ndim)))
+        continue
       if mode == "circular":
         if size + min(before, 0) + min(after, 0) < 0:
           raise RuntimeError(f"pad: padding {(before, after)} cuts more than dim {dim} of size {size} "
@@ -100,9 +103,6 @@ class MovementMixin:
       elif size + before + after < 0:
         raise RuntimeError(f"pad: mode {mode!r} padding {(before, after)} leaves a negative size of dim {dim} of "
                            f"size {size} (shape {self.shape})")
-      elif size + before + after == 0:   # as torch: cutting exactly the whole dim leaves it empty
-        x = x.shrink(tuple((0, 0) if i == dim else None for i in range(x.ndim)))
-        continue
       limit = size - 1 if mode == "reflect" else size if mode == "circular" else math.inf
       if max(before, after) > limit or size == 0:
         raise RuntimeError(f"pad: mode {mode!r} padding {(before, after)} is too large for dim {dim} of size {size} "
@@ -242,8 +242,8 @@ class MovementMixin:
     return tiled.reshape(tuple(r * s for r, s in zip(repeats, base.shape)))
   def cat(*args: Tensor, dim: int = 0) -> Tensor:
     """Join along `dim`: `a.cat(b, c, dim=0)` or `Tensor.cat(a, b, c)` or `Tensor.cat([a, b, c])`; nothing to join
-    raises RuntimeError, as torch."""
-    tensors = _tensor_list(args, "cat")
+    raises ValueError, as torch."""
+    tensors = _tensor_list(args, "cat", ValueError)
     first = tensors[0]
     if any(t.ndim == 0 for t in tensors):   # as torch, any 0-d operand is an error, not only the first
       raise ValueError(f"cat of 0-d tensors (shapes {[t.shape for t in tensors]}): use stack")
@@ -290,11 +290,12 @@ class MovementMixin:
 
 PAD_MODES = ("constant", "reflect", "replicate", "circular")
 
-def _tensor_list(args: tuple, name: str) -> list[Tensor]:
-  """The tensors of `f(a, b)`, `a.f(b)` or `f([a, b])` (a list or tuple first, then more tensors)."""
+def _tensor_list(args: tuple, name: str, empty_error: type[Exception] = RuntimeError) -> list[Tensor]:
+  """The tensors of `f(a, b)`, `a.f(b)` or `f([a, b])` (a list or tuple first, then more tensors); none raises
+  `empty_error` (torch's class for `name`)."""
   first, rest = (args[0], args[1:]) if args else ((), ())
   tensors = list(first) + list(rest) if isinstance(first, (list, tuple)) else [first, *rest]
-  if not tensors: raise RuntimeError(f"{name} expects a non-empty list of Tensors")
+  if not tensors: raise empty_error(f"{name} expects a non-empty list of Tensors")
   for t in tensors:
     if not isinstance(t, Tensor): raise TypeError(f"expected Tensors, got {type(t).__name__}")
   return tensors

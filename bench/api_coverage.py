@@ -60,8 +60,6 @@ MISSING_REASONS: dict[str, str] = {
   "as_param": "a PARAM UOp for tinygrad's function-call graphs (`call`), which tgrad's lazy graph has no op for",
   "call": "calls a captured UOp function graph (tinygrad's CALL op); tgrad has TinyJit but no callable subgraphs",
   "custom_kernel": "user kernels written in tinygrad UOps; tgrad's kernels come from its own scheduler and renderers",
-  "keccak": "SHA-3 on 64-bit lanes for tinyfs hashing; not needed without tinyfs (about 40 lines of uint64 ops)",
-  "hash": "a 16-byte tree hash built on keccak for tinyfs",
   "image_dot": "the IMAGE=1/2 path for Qualcomm GPUs' texture memory (image dtypes), which tgrad has no device for",
   "image_conv2d": "the IMAGE=1/2 path for Qualcomm GPUs' texture memory (image dtypes), which tgrad has no device for",
   "decode_hevc_frame": "hardware HEVC video decode (tinygrad's ENCDEC op on NV/AMD video engines)",

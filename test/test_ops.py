@@ -357,7 +357,8 @@ class TestScalarOverflow:
         np.testing.assert_array_equal(got.numpy(), want.astype(got.dtype.np), err_msg=f"{name} {scalar} {dtype}")
 
   def test_wrapping_matches_torch(self):
-    cases = [(torch.int8, lambda t: t + 300), (torch.int32, lambda t: t | 2 ** 40), (torch.int32, lambda t: t * 2 ** 33),
+    cases = [(torch.int8, lambda t: t + 300), (torch.int32, lambda t: t | 2 ** 40),
+             (torch.int32, lambda t: t * 2 ** 33),
              (torch.int32, lambda t: t + (-2 ** 40 - 5)), (torch.uint8, lambda t: t - 300),
              (torch.int32, lambda t: t ^ (2 ** 33 + 7)), (torch.int16, lambda t: t & -70000)]
     for torch_dtype, fn in cases:

@@ -5,6 +5,7 @@ without requires_grad, integer widths (arange past int32, Python ints that wrap)
 negative padding, normalize p = 0, padding that empties a dim), and values (acosh's gradient below −1, sigmoid at
 extreme inputs, float16 matmul gradients, uint8 bilinear interpolate). docs/api_coverage.md lists what still differs.
 """
+import hashlib
 import math
 import numpy as np
 import pytest
@@ -12,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from tgrad import Tensor, dtypes
 from torch_compare import compare, compare_with_torch
+import tgrad.tensor_ops.hashing as hashing
 
 RNG = np.random.default_rng(3232)
 
@@ -125,8 +127,9 @@ class TestExceptionClasses:
 INDEX_SHAPE = (2, 5, 6, 5, 3)
 INDEX_CASES = [
   ([0, 1],), ((0, 1), slice(None)), (slice(None), (4, 0, 2)), ([[1], [0]], (2, 3)), (((0,),),), ((1, 0), [2, 3], 0),
-  (None, [1, 0], 4, (0, 2)), (None, 1, [1, 2], None), ([0, 1], None, [1, 2]), (1, (2, 1, 0), None, (0, 1, 4), (2, 1, 0)),
-  (Ellipsis, 1, [0, 2], None), ([1], 2, None, [3, 4], 1), (slice(None), 0, slice(None), [0, 1]), ([1, 0], slice(1, 4), 2),
+  (None, [1, 0], 4, (0, 2)), (None, 1, [1, 2], None), ([0, 1], None, [1, 2]),
+  (1, (2, 1, 0), None, (0, 1, 4), (2, 1, 0)), (Ellipsis, 1, [0, 2], None), ([1], 2, None, [3, 4], 1),
+  (slice(None), 0, slice(None), [0, 1]), ([1, 0], slice(1, 4), 2),
   ((0, -1), [[-1], [2]], slice(None, None, 2)), (0, None, [1, 2]), ([True, False, True, False, True][:2], 1),
 ]
 
@@ -303,3 +306,42 @@ class TestValues:
       got = Tensor(image).interpolate(size, mode="linear")
       assert got.dtype == dtypes.uint8
       np.testing.assert_array_equal(got.numpy(), want.numpy())
+
+# ---------------------------------------------------------------------------------------------------------------
+# keccak and hash (tinygrad's names, checked against hashlib)
+
+class TestHashing:
+  def test_keccak_against_hashlib(self):
+    messages = np.random.default_rng(7).integers(0, 256, (2, 3, 137)).astype(np.uint8)   # one byte past a block
+    references = {"sha3_256": lambda b: hashlib.sha3_256(b).digest(),
+                  "sha3_512": lambda b: hashlib.sha3_512(b).digest(),
+                  "shake_128": lambda b: hashlib.shake_128(b).digest(16)}
+    for cfg, reference in references.items():
+      got = Tensor(messages).keccak(cfg)
+      assert got.dtype == dtypes.uint8 and got.shape == (2, 3, len(reference(b"")))
+      for i in range(2):
+        for j in range(3): assert bytes(got.numpy()[i, j]) == reference(messages[i, j].tobytes()), (cfg, i, j)
+    for length in (0, 135, 136):   # empty; the domain byte and the final mark in one byte; a whole extra block
+      message = np.arange(length, dtype=np.uint8)
+      assert bytes(Tensor(message).keccak().numpy()) == hashlib.sha3_256(message.tobytes()).digest(), length
+
+  def test_keccak_errors(self):
+    with pytest.raises(TypeError, match="byte"): Tensor([1.0, 2.0]).keccak()
+    with pytest.raises(ValueError, match="cfg"): Tensor([1], dtype=dtypes.uint8).keccak("md5")
+
+  def test_hash_is_tinygrads_shake_128_tree(self, monkeypatch):
+    # the tree's shape with small chunks (the real ones, 1 MiB of 4 KiB leaves, take a minute on the CPU device)
+    monkeypatch.setattr(hashing, "HASH_CHUNK_BYTES", 512)
+    monkeypatch.setattr(hashing, "HASH_LEAF_BYTES", 128)
+    def tree(data: bytes) -> bytes:   # one chunk: its 128-byte leaves hashed, then their digests
+      return hashlib.shake_128(b"".join(hashlib.shake_128(data[i:i + 128]).digest(16)
+                                        for i in range(0, 512, 128))).digest(16)
+    def reference(data: bytes) -> bytes:
+      while len(data) > 512:
+        data = data + bytes(-len(data) % 512)
+        data = b"".join(tree(data[i:i + 512]) for i in range(0, len(data), 512))
+      return tree(data + bytes(512 - len(data)))
+    for length in (5, 512, 1500):
+      message = np.random.default_rng(length).integers(0, 256, length).astype(np.uint8)
+      got = Tensor(message).hash()
+      assert got.shape == (16,) and bytes(got.numpy()) == reference(message.tobytes()), length

@@ -32,6 +32,7 @@ from tgrad.tensor_ops.indexing import IndexingMixin
 from tgrad.tensor_ops.linalg import LinalgMixin
 from tgrad.tensor_ops.nn import NNMixin
 from tgrad.tensor_ops.sorting import SortingMixin
+from tgrad.tensor_ops.hashing import HashingMixin
 
 _path_context_for: Optional[Callable] = None   # tgrad.paths.select.context_for, loaded by the first realize
 
@@ -52,12 +53,13 @@ def _copy_to_host(lb: LazyBuffer) -> np.ndarray:
 # ---------------------------------------------------------------------------------------------------------------
 
 class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, IndexingMixin, LinalgMixin, NNMixin,
-             SortingMixin):
+             SortingMixin, HashingMixin):
   """An n-dimensional array on a device, computed lazily.
 
   Autograd: `requires_grad` is None (undecided: no `.grad` unless an optimizer turns it on), True or False. Ops on
   tensors that don't all say False record a `Function` in `_ctx`; `loss.backward()` fills `.grad` of every tensor
-  that requires grad (accumulating across calls; where none does, of every undecided float tensor, as tinygrad 0.14), `loss.gradient(*targets)` returns gradients with respect to any
+  that requires grad (accumulating across calls; where none does, of every undecided float tensor, as tinygrad
+  0.14), `loss.gradient(*targets)` returns gradients with respect to any
   tensors in the graph, undecided ones included, without touching `.grad`.
   Gradient recording is switched off in a scope with `with Tensor.no_grad():` (also a decorator); the flag it sets
   is `Tensor.grad_enabled`. Likewise `with Tensor.train():` sets `Tensor.training` (read by dropout).

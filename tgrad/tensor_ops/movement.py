@@ -3,7 +3,7 @@ strides, squeeze/unsqueeze/flatten) and the joins and cuts built on them (repeat
 """
 from __future__ import annotations
 import math
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Optional
 import numpy as np
 from tgrad.dtype import dtypes, least_upper_dtype
 from tgrad.lazy import LazyBuffer

@@ -316,7 +316,8 @@ class NNMixin:
     size = tuple(size) if isinstance(size, (tuple, list)) else (size,)
     if len(size) > self.ndim or any(not isinstance(s, int) or s <= 0 for s in size):
       raise ValueError(f"interpolate size {size} does not fit an input of shape {self.shape}")
-    if self.dtype == dtypes.uint8 and not mode.startswith("nearest"): return self._interpolate_uint8(size, align_corners)
+    if self.dtype == dtypes.uint8 and not mode.startswith("nearest"):
+      return self._interpolate_uint8(size, align_corners)
     x = self._to_float()
     for k, out_size in enumerate(size):
       axis = self.ndim - len(size) + k

@@ -216,6 +216,12 @@ class TestIntegerWidths:
     assert got.dtype == dtypes.int32
     np.testing.assert_array_equal(got.numpy(), want.numpy())
 
+  def test_pow_with_an_int_the_dtype_cannot_hold_raises(self):
+    for exponent in (2 ** 40, 2 ** 31):
+      with pytest.raises(RuntimeError): torch.tensor([2], dtype=torch.int32) ** exponent
+      with pytest.raises(OverflowError, match="out of bounds for int32"): Tensor([2]) ** exponent
+      with pytest.raises(OverflowError, match="out of bounds for int32"): exponent ** Tensor([2])
+
   def test_small_dtypes_and_bools(self):
     for dtype, torch_dtype in ((dtypes.int8, torch.int8), (dtypes.uint8, torch.uint8), (dtypes.int16, torch.int16)):
       values = np.array([1, 100, 3], dtype.np)

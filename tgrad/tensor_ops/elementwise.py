@@ -69,7 +69,10 @@ class ElementwiseMixin:
   def pow(self, exponent: Any, reverse: bool = False) -> Tensor:
     """`**` with C's (torch's) values: negative bases with integer exponents keep their sign, with other exponents
     they give NaN; ±0, ±inf and NaN as C's pow. Small positive integer Python exponents are repeated multiplication,
-    −1 and −2 its reciprocal (as torch); float gradients are torch's (see _FloatPow)."""
+    −1 and −2 its reciprocal (as torch); float gradients are torch's (see _FloatPow). A Python int the int dtype can't
+    hold raises OverflowError (torch raises too; it doesn't wrap here, as other arithmetic does)."""
+    if isinstance(exponent, int) and not isinstance(exponent, bool) and not self.dtype.is_float:
+      _check_scalar_fits(exponent, _scalar_dtype(self.dtype, exponent))
     if not reverse and isinstance(exponent, (int, float)) and not isinstance(exponent, bool):
       if isinstance(exponent, int) and exponent < 0 and not self.dtype.is_float:
         raise RuntimeError(f"integers to negative integer powers are not allowed: {self.dtype} ** {exponent} "

@@ -54,7 +54,6 @@ MISSING_REASONS: dict[str, str] = {
   "shard": "multi-device tensors (a MULTI lazy op over several GPUs); tgrad runs each tensor on one device",
   "shard_": "in-place shard: needs multi-device tensors",
   "shard_like": "shard like another tensor: needs multi-device tensors",
-  "schedule_with_vars": "tgrad's ScheduleItems carry their own variable values; `schedule` returns the plan",
   "fs_load": "tinyfs, tinygrad's content-addressed network storage device",
   "fs_store": "tinyfs, tinygrad's content-addressed network storage device",
   "as_param": "a PARAM UOp for tinygrad's function-call graphs (`call`), which tgrad's lazy graph has no op for",

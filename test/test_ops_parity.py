@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from tgrad import Tensor, dtypes
+from tgrad import Tensor, Variable, dtypes
 from torch_compare import compare, compare_with_torch
 import tgrad.tensor_ops.hashing as hashing
 
@@ -351,3 +351,10 @@ class TestHashing:
       message = np.random.default_rng(length).integers(0, 256, length).astype(np.uint8)
       got = Tensor(message).hash()
       assert got.shape == (16,) and bytes(got.numpy()) == reference(message.tobytes()), length
+
+def test_schedule_with_vars_names_the_bound_variables():
+  rows = Variable("rows", 1, 8).bind(5)
+  x = Tensor(np.arange(8, dtype=np.float32))
+  items, values = (x.shrink(((0, rows),)) * 2.5).schedule_with_vars()
+  assert values == {"rows": 5} and len(items) == len(x.shrink(((0, rows),)).mul(2.5).schedule())
+  assert Tensor.ones(3).sum().schedule_with_vars()[1] == {}

@@ -19,6 +19,7 @@ from tgrad.device import canonical_device
 from tgrad.helpers import prod
 from tgrad.shape.sint import evaluate
 from tgrad.bounds import realize_with_checks
+from tgrad.scalars import SCALAR_PARAM_PREFIX
 from tgrad.graph_simplify import is_constant_expression
 import tgrad.function as F
 from tgrad.tensor_ops import bind_tensor_class
@@ -171,6 +172,15 @@ class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, Indexi
     committing anything (tinygrad's Tensor.schedule; count them to check fusion)."""
     from tgrad.schedule import create_schedule
     return create_schedule([self.lazydata, *[t.lazydata for t in others]])
+  def schedule_with_vars(self, *others: Tensor) -> tuple[list, dict[str, int]]:
+    """The plan of `schedule` and the values its kernels give the symbolic variables (bound Variables), by name
+    (tinygrad's schedule_with_vars, whose keys are the Variables); the kernels' own scalar parameters (weak Python
+    constants, tgrad/scalars.py) are left out."""
+    items = self.schedule(*others)
+    values: dict[str, int] = {}
+    for item in items:
+      values.update((name, value) for name, value in item.var_vals.items() if not _is_scalar_param_name(name))
+    return items, values
   def numpy(self) -> np.ndarray:
     """The values as a numpy array (bfloat16 comes back as float32)."""
     out_dtype = dtypes.float32 if self.dtype == dtypes.bfloat16 else self.dtype
@@ -457,6 +467,9 @@ class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, Indexi
 
 # ---------------------------------------------------------------------------------------------------------------
 # helpers that build on Tensor
+
+def _is_scalar_param_name(name: str) -> bool:
+  return name.startswith(SCALAR_PARAM_PREFIX) and name[len(SCALAR_PARAM_PREFIX):].isdigit()
 
 def _host_dtype(dtype: DType) -> np.dtype:
   return np.dtype(np.float32) if dtype == dtypes.bfloat16 else dtype.np

@@ -334,19 +334,40 @@ def numpy_outcome(fn, array: np.ndarray, scalar):
     with np.errstate(all="ignore"): return fn(array, scalar)
   except (OverflowError, TypeError) as error: return type(error)
 
+def wrapped_to(dtype, scalar: int) -> int:
+  """A Python int wrapped into an int dtype, two's complement (what torch does to an operand it can't hold)."""
+  bits = dtype.itemsize * 8
+  value = scalar % (1 << bits)
+  return value - (1 << bits) if not dtype.is_unsigned and value >= 1 << (bits - 1) else value
+
 class TestScalarOverflow:
-  """A Python int that the tensor's int dtype can't hold raises OverflowError where numpy 2 does (NEP 50)."""
+  """A Python int that the tensor's int dtype can't hold wraps to the dtype in arithmetic and bitwise ops, as torch
+  and tinygrad (numpy 2 raises OverflowError); creation, item assignment and where raise, as torch."""
   @pytest.mark.parametrize("dtype", OVERFLOW_DTYPES, ids=lambda d: d.name)
-  def test_raises_where_numpy_raises(self, dtype):
+  def test_wraps_where_numpy_raises(self, dtype):
     array = np.array([1, 0, 3], dtype=dtype.np)
     for name, fn in ARITHMETIC_OPS.items():
       for scalar in OVERFLOW_SCALARS:
         want = numpy_outcome(fn, array, scalar)
         if want is TypeError or (name == "&" and dtype.is_float): continue   # float & int is a TypeError in both
-        if isinstance(want, type):
-          with pytest.raises(want, match=f"Python integer {scalar} out of bounds for {dtype.name}"):
-            fn(Tensor(array), scalar)
-        else: fn(Tensor(array), scalar)   # builds without error (values are compared below, where they are cheap)
+        got = fn(Tensor(array), scalar)
+        if isinstance(want, type):   # numpy 2 raises: the scalar wraps into the dtype
+          with np.errstate(all="ignore"): want = fn(array, np.array(wrapped_to(dtype, scalar), dtype=dtype.np))
+          assert got.dtype.np == want.dtype, f"{name} {scalar} {dtype}"
+        np.testing.assert_array_equal(got.numpy(), want.astype(got.dtype.np), err_msg=f"{name} {scalar} {dtype}")
+
+  def test_wrapping_matches_torch(self):
+    cases = [(torch.int8, lambda t: t + 300), (torch.int32, lambda t: t | 2 ** 40),
+             (torch.int32, lambda t: t * 2 ** 33),
+             (torch.int32, lambda t: t + (-2 ** 40 - 5)), (torch.uint8, lambda t: t - 300),
+             (torch.int32, lambda t: t ^ (2 ** 33 + 7)), (torch.int16, lambda t: t & -70000)]
+    for torch_dtype, fn in cases:
+      values = torch.tensor([1, 100, -3 if torch_dtype != torch.uint8 else 3], dtype=torch_dtype)
+      got, want = fn(Tensor(values.numpy())), fn(values)
+      assert got.dtype.np == want.numpy().dtype
+      np.testing.assert_array_equal(got.numpy(), want.numpy())
+    assert (Tensor([True, False]) + 2 ** 40).tolist() == (torch.tensor([True, False]) + 2 ** 40).tolist()
+    assert (Tensor([True, False]) + 2 ** 40).dtype == dtypes.int64   # a bool tensor widens the inferred int
 
   @pytest.mark.parametrize("dtype", [dtypes.int8, dtypes.uint8, dtypes.int32, dtypes.uint64], ids=lambda d: d.name)
   def test_comparisons_with_out_of_range_ints_answer_like_numpy(self, dtype):
@@ -367,15 +388,18 @@ class TestScalarOverflow:
   def test_creation_and_assignment(self):
     for make in (lambda: Tensor(300, dtype=dtypes.int8), lambda: Tensor([1, 300], dtype=dtypes.int8),
                  lambda: Tensor.full((2,), 300, dtype=dtypes.int8),
-                 lambda: Tensor([1, 2], dtype=dtypes.int8).full_like(300),
-                 lambda: Tensor.arange(-5, 5, dtype=dtypes.uint8)):
+                 lambda: Tensor([1, 2], dtype=dtypes.int8).full_like(300)):
       with pytest.raises(OverflowError, match="out of bounds for (u)?int8"): make()
+    for start, stop in ((-5, 5), (250, 260)):   # arange into a dtype too small wraps, as torch
+      want = torch.arange(start, stop, dtype=torch.uint8).tolist()
+      assert Tensor.arange(start, stop, dtype=dtypes.uint8).tolist() == want
     with pytest.raises(OverflowError, match="out of bounds for int8"): np.array([1, 300], dtype=np.int8)
     with pytest.raises(OverflowError, match="pass dtype=dtypes.int64"): Tensor(2 ** 40)
     assert Tensor([2 ** 40, -1], dtype=dtypes.int64).tolist() == [2 ** 40, -1]
     t = Tensor([1, 2], dtype=dtypes.int8)
     with pytest.raises(OverflowError, match="300 out of bounds for int8"): t[0] = 300
     with pytest.raises(OverflowError, match="300 out of bounds for int8"): (t > 0).where(300, t)
+    with pytest.raises(OverflowError, match="300 out of bounds for int8"): (t > 0).where(t, 300)
 
   def test_floats_promote_and_clip_bounds_saturate(self):
     assert (Tensor([1, 2], dtype=dtypes.int8) * 1e300).dtype == dtypes.float32   # a float scalar makes a float result

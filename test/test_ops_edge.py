@@ -93,15 +93,26 @@ class TestResultDtypes:
 
   @pytest.mark.parametrize("mode,size,align", [("nearest", (3, 3), False), ("nearest", (7, 6), False),
                                                ("nearest-exact", (3, 5), False), ("nearest-exact", (8, 8), False),
-                                               ("bilinear", (3, 3), False), ("bilinear", (7, 5), True)])
+                                               ("bilinear", (3, 3), False), ("bilinear", (7, 5), True),
+                                               ("bilinear", (11, 2), False), ("bilinear", (1, 9), True),
+                                               ("bilinear", (4, 13), False)])
   def test_interpolate_uint8_stays_uint8(self, mode, size, align):
     image = RNG.integers(0, 256, (1, 2, 4, 4)).astype(np.uint8)
     kwargs = {"align_corners": True} if align else {}
     want = F.interpolate(torch.tensor(image), size=size, mode=mode, **kwargs)
     got = Tensor(image).interpolate(size, mode="linear" if mode == "bilinear" else mode, **kwargs)
     assert got.dtype == dtypes.uint8 and want.dtype == torch.uint8
-    # nearest modes copy values; torch's uint8 bilinear is fixed point, rounding up to one unit differently
-    np.testing.assert_allclose(got.numpy().astype(int), want.numpy().astype(int), atol=0 if "nearest" in mode else 1)
+    # nearest modes copy values; bilinear is torch's fixed point (int16 weights, a uint8 pass per axis), bit for bit
+    np.testing.assert_array_equal(got.numpy(), want.numpy())
+
+  def test_interpolate_uint8_bilinear_bit_exact_on_random_sizes(self):
+    for _ in range(12):
+      (height, width), (out_h, out_w) = RNG.integers(1, 30, 2), RNG.integers(1, 40, 2)
+      align = bool(RNG.integers(2))
+      image = RNG.integers(0, 256, (2, 3, height, width)).astype(np.uint8)
+      want = F.interpolate(torch.tensor(image), size=(int(out_h), int(out_w)), mode="bilinear", align_corners=align)
+      got = Tensor(image).interpolate((int(out_h), int(out_w)), mode="bilinear", align_corners=align)
+      np.testing.assert_array_equal(got.numpy(), want.numpy(), err_msg=f"{image.shape} -> {(out_h, out_w)} {align}")
 
   def test_interpolate_float32_stays_float32(self):
     x = RNG.standard_normal((1, 1, 3, 4)).astype(np.float32)
@@ -254,9 +265,13 @@ class TestNegativePad:
                        rng=RNG)
 
   @pytest.mark.parametrize("mode", ["reflect", "replicate"])
-  def test_nothing_left_raises(self, mode):
-    assert_same_error(lambda: F.pad(torch.ones(1, 2, 5), (-2, -3), mode=mode),
-                      lambda: Tensor.ones(1, 2, 5).pad((-2, -3), mode=mode), match="leaves nothing")
+  def test_negative_size_raises_and_nothing_left_is_empty(self, mode):
+    assert_same_error(lambda: F.pad(torch.ones(1, 1, 3, 3), (-2, -2, 0, 0), mode=mode),
+                      lambda: Tensor.ones(1, 1, 3, 3).pad((-2, -2, 0, 0), mode=mode), match="negative size")
+    # as torch's 2-d padding: cutting exactly the whole dim leaves it empty (its 1-d padding raises there instead)
+    for pads in ((-2, -1, 0, 0), (1, -4, 0, 0), (0, 0, -3, 0)):
+      want = F.pad(torch.ones(1, 1, 3, 3), pads, mode=mode)
+      assert Tensor.ones(1, 1, 3, 3).pad(pads, mode=mode).shape == tuple(want.shape)
 
   def test_cut_too_much_raises(self):
     assert_same_error(lambda: F.pad(torch.ones(1, 2, 5), (-3, -3)), lambda: Tensor.ones(1, 2, 5).pad((-3, -3)))

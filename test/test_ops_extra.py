@@ -176,13 +176,15 @@ class TestReduceExtra:
     for i in range(2):
       helper_test_op([(3, 5)], lambda x, i=i: torch_fn(x)[i], lambda x, i=i: tgrad_fn(x)[i])
 
-  @pytest.mark.parametrize("p,dim", [(2.0, 1), (1.0, 0), (3.0, -1), (math.inf, 1)])
+  @pytest.mark.parametrize("p,dim", [(2.0, 1), (1.0, 0), (3.0, -1), (math.inf, 1), (0, 1), (-1.5, 0)])
   def test_normalize(self, p, dim):
     helper_test_op([(3, 5)], lambda x: F.normalize(x, p=p, dim=dim), lambda x: x.normalize(p=p, dim=dim))
 
   def test_normalize_zero_vector(self):
     np.testing.assert_array_equal(Tensor.zeros(2, 3).normalize().numpy(), np.zeros((2, 3), np.float32))
-    with pytest.raises(ValueError, match="p"): Tensor([1.0]).normalize(p=0, dim=0)
+    for p in (0, -1.0):   # torch: p = 0 divides by the count of nonzeros, a negative p by (Σ|x|^p)^(1/p)
+      values = np.array([[1.0, 0.0, -2.0], [0.0, 0.0, 0.0]], np.float32)
+      np.testing.assert_allclose(Tensor(values).normalize(p=p).numpy(), F.normalize(torch.tensor(values), p=p).numpy())
 
   def test_sum_prod_dtype(self):
     x = np.array([[1, 2, 3], [4, 5, 250]], np.uint8)
@@ -226,7 +228,8 @@ class TestMovementExtra:
     with pytest.raises(NotImplementedError, match="mode"): x.pad((1, 1), mode="wrap")
     with pytest.raises(RuntimeError, match="too large"): x.pad((3, 0), mode="reflect")
     with pytest.raises(RuntimeError, match="too large"): x.pad((0, 4), mode="circular")
-    with pytest.raises(RuntimeError, match="leaves nothing"): x.pad((-3, 0), mode="replicate")
+    with pytest.raises(RuntimeError, match="negative size"): x.pad((-4, 0), mode="replicate")
+    assert x.pad((-3, 0), mode="replicate").shape == (2, 0)   # as torch
     assert x.pad((2, 0), mode="reflect").shape == (2, 5) and x.pad((3, 3), mode="circular").shape == (2, 9)
 
   @pytest.mark.parametrize("shape,shifts,dims", [((7,), 3, 0), ((7,), -10, 0), ((3, 5), 2, None),
@@ -242,14 +245,15 @@ class TestMovementExtra:
   @pytest.mark.parametrize("shape,args", [((7,), (0, 3, 2)), ((7,), (0, 7, 1)), ((3, 8), (1, 3, 3)),
                                           ((3, 8), (0, 2, 1)), ((2, 5, 4), (-2, 2, 2)), ((1,), (0, 1, 1)),
                                           ((), (0, 1, 1)),
-                                          ((4, 5), (1, 1, 4))])
+                                          ((4, 5), (1, 1, 4)), ((8,), (0, 0, 1)), ((3, 3, 3), (1, 0, 8)),
+                                          ((), (0, 0, 1))])
   def test_unfold(self, shape, args):
     helper_test_op([shape], lambda x: x.unfold(*args))
 
   def test_unfold_errors(self):
-    with pytest.raises(ValueError, match="size"): Tensor.ones(3).unfold(0, 4, 1)
-    with pytest.raises(ValueError, match="size"): Tensor.ones(3).unfold(0, 0, 1)
-    with pytest.raises(ValueError, match="step"): Tensor.ones(3).unfold(0, 2, 0)
+    with pytest.raises(RuntimeError, match="size"): Tensor.ones(3).unfold(0, 4, 1)   # torch's class
+    with pytest.raises(RuntimeError, match="step"): Tensor.ones(3).unfold(0, 2, 0)
+    with pytest.raises(RuntimeError, match="step"): Tensor.ones(3).unfold(0, 1, -1)
     with pytest.raises(IndexError): Tensor.ones(3).unfold(1, 2, 1)
 
   @pytest.mark.parametrize("indexing", ["ij", "xy"])
@@ -460,7 +464,7 @@ class TestPoolIndices:
     values = RNG.normal(size=shape).astype(np.float32)
     got = Tensor(values).max_pool2d(**kwargs, return_indices=True)[1]
     want = F.max_pool2d(torch.tensor(values), **kwargs, return_indices=True)[1]
-    assert got.dtype == dtypes.int64
+    assert got.dtype == dtypes.int32   # tinygrad's index dtype (torch: int64)
     np.testing.assert_array_equal(got.numpy(), want.numpy())
 
   def test_max_pool2d_indices_ints_and_ties(self):

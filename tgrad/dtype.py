@@ -53,6 +53,10 @@ class DType:
   @property
   def max(self): return dtypes.max(self)
 
+class UnknownDTypeError(AttributeError, TypeError):
+  """A dtype name that names no dtype: an AttributeError, as tinygrad's `getattr(dtypes, name)` raises, and a
+  TypeError, as Python's convention for a bad argument (either `except` catches it)."""
+
 class dtypes:
   """The dtype namespace, as in tinygrad: `dtypes.float32`, `dtypes.from_np(...)`, `dtypes.default_float`."""
   void = DType(-1, 0, "void", 'v', 'void')
@@ -93,7 +97,7 @@ class dtypes:
       if dt.name == name: return dt
     alias = getattr(dtypes, name, None)
     if isinstance(alias, DType): return alias
-    raise TypeError(f"unknown dtype name {name!r}")
+    raise UnknownDTypeError(f"unknown dtype name {name!r}")
   @staticmethod
   def from_py(x) -> DType:
     """The dtype a Python scalar or (nested) list gets: bool, then default_int, then default_float."""

@@ -14,6 +14,7 @@ from tgrad.ops import Ops
 
 LN2 = math.log(2)
 Tensor: Any = None   # tgrad.tensor.Tensor, which imports this module: bound by tensor_ops.bind_tensor_class
+HALF_PRECISION = (dtypes.float16, dtypes.bfloat16)   # gradient sums over these accumulate in float32
 
 class Function:
   """One recorded op. `parents` are the input Tensors, kept unless every input said requires_grad=False: undecided
@@ -333,7 +334,12 @@ class Expand(Function):
   def forward(self, x: LazyBuffer, shape: tuple[int, ...]) -> LazyBuffer:
     self.expanded_axes = tuple(i for i, (old, new) in enumerate(zip(x.shape, shape)) if old != new)
     return x.expand(shape)
-  def backward(self, grad_output: LazyBuffer) -> LazyBuffer: return grad_output.r(Ops.ADD, self.expanded_axes)
+  def backward(self, grad_output: LazyBuffer) -> LazyBuffer:
+    """The sum over the broadcast axes; float16/bfloat16 gradients add up in float32 and are rounded once (as
+    Tensor.sum: a matmul's weight gradient is such a sum, and half precision loses 1e-2 over 64 terms)."""
+    if grad_output.dtype in HALF_PRECISION:
+      return grad_output.cast(dtypes.float32).r(Ops.ADD, self.expanded_axes).cast(grad_output.dtype)
+    return grad_output.r(Ops.ADD, self.expanded_axes)
 
 class Pad(Function):
   def forward(self, x: LazyBuffer, padding: tuple[tuple[int, int], ...]) -> LazyBuffer:

@@ -21,11 +21,12 @@ from tgrad.shape.sint import evaluate
 from tgrad.bounds import realize_with_checks
 from tgrad.realize import copy_to_host, pre_realize_contexts
 from tgrad.schedule import create_schedule
+from tgrad.scalars import SCALAR_PARAM_PREFIX
 from tgrad.graph_simplify import is_constant_expression
 import tgrad.function as F
 from tgrad.tensor_ops import bind_tensor_class
 from tgrad.tensor_ops.args import Scalar, broadcast_shape, _resolve_axis, _scalar_dtype, _check_scalar_fits, \
-  _python_dtype, DTypeNotSupportedError
+  _fit_python_int, _python_dtype, DTypeNotSupportedError
 from tgrad.tensor_ops.creation import CreationMixin
 from tgrad.tensor_ops.elementwise import ElementwiseMixin
 from tgrad.tensor_ops.reduce import ReduceMixin
@@ -34,6 +35,7 @@ from tgrad.tensor_ops.indexing import IndexingMixin
 from tgrad.tensor_ops.linalg import LinalgMixin
 from tgrad.tensor_ops.nn import NNMixin
 from tgrad.tensor_ops.sorting import SortingMixin
+from tgrad.tensor_ops.hashing import HashingMixin
 
 def _realize(*lbs: LazyBuffer) -> None:
   """Every Tensor-level realize: in the contexts the registered pre-realize passes give (tgrad/realize.py; tgrad.paths
@@ -50,12 +52,13 @@ def _copy_to_host(lb: LazyBuffer) -> np.ndarray: return copy_to_host(lb.base.buf
 # ---------------------------------------------------------------------------------------------------------------
 
 class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, IndexingMixin, LinalgMixin, NNMixin,
-             SortingMixin):
+             SortingMixin, HashingMixin):
   """An n-dimensional array on a device, computed lazily.
 
   Autograd: `requires_grad` is None (undecided: no `.grad` unless an optimizer turns it on), True or False. Ops on
   tensors that don't all say False record a `Function` in `_ctx`; `loss.backward()` fills `.grad` of every tensor
-  that requires grad (accumulating across calls), `loss.gradient(*targets)` returns gradients with respect to any
+  that requires grad (accumulating across calls; where none does, of every undecided float tensor, as tinygrad
+  0.14), `loss.gradient(*targets)` returns gradients with respect to any
   tensors in the graph, undecided ones included, without touching `.grad`.
   Gradient recording is switched off in a scope with `with Tensor.no_grad():` (also a decorator); the flag it sets
   is `Tensor.grad_enabled`. Likewise `with Tensor.train():` sets `Tensor.training` (read by dropout).
@@ -166,6 +169,15 @@ class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, Indexi
     """The kernels (ScheduleItems) that realizing this tensor (and others) would run, planned without running or
     committing anything (tinygrad's Tensor.schedule; count them to check fusion)."""
     return create_schedule([self.lazydata, *[t.lazydata for t in others]])
+  def schedule_with_vars(self, *others: Tensor) -> tuple[list, dict[str, int]]:
+    """The plan of `schedule` and the values its kernels give the symbolic variables (bound Variables), by name
+    (tinygrad's schedule_with_vars, whose keys are the Variables); the kernels' own scalar parameters (weak Python
+    constants, tgrad/scalars.py) are left out."""
+    items = self.schedule(*others)
+    values: dict[str, int] = {}
+    for item in items:
+      values.update((name, value) for name, value in item.var_vals.items() if not _is_scalar_param_name(name))
+    return items, values
   def numpy(self) -> np.ndarray:
     """The values as a numpy array (bfloat16 comes back as float32)."""
     out_dtype = dtypes.float32 if self.dtype == dtypes.bfloat16 else self.dtype
@@ -268,21 +280,32 @@ class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, Indexi
     return nodes, grads
   def backward(self, gradient: Optional[Tensor] = None, retain_graph: bool = False) -> Tensor:
     """Accumulate d(self)/d(t) into `t.grad` for every tensor t in the graph with requires_grad=True (optimizers set
-    it on their parameters). Undecided tensors (requires_grad None) get no `.grad`, as in tinygrad while it had the
-    flag (up to 0.12): ask for their gradients with `gradient`. As torch, a tensor that no tensor requiring grad went
-    into has nothing to fill, and backward of it is an error, not a silent no-op. As torch, the record of the graph is
-    freed (unless `retain_graph`): the intermediate values it held die with it, so an optimizer step that overwrites
-    the parameters next has nothing pending to keep old values for (docs/semantics.md); a second backward raises."""
+    it on their parameters). When no tensor in the graph says requires_grad=True, every undecided (requires_grad
+    None) float tensor in it gets its `.grad` instead, as tinygrad 0.14's backward fills every float tensor in the
+    graph (`t = Tensor([1., 2.]); t.sum().backward()` works; constants get none); with requires_grad=True tensors
+    present, only they do (as torch and tinygrad up to 0.12: an input batch gets no gradient built). A graph with no
+    tensor to fill (everything said requires_grad=False, was computed under Tensor.no_grad(), or went through a
+    comparison or an int op, where tgrad's record stops) raises, as torch (tinygrad fills zeros there). As torch,
+    the record of the graph is freed (unless `retain_graph`): the intermediate values it held die with it, so an
+    optimizer step that overwrites the parameters next has nothing pending to keep old values for
+    (docs/semantics.md); a second backward raises."""
     if self._graph_freed:
       raise RuntimeError(f"backward through the graph of a tensor of shape {self.shape} a second time: the first "
                          "backward freed it; pass retain_graph=True to the first one")
+    wants_grad: Callable[[Tensor], bool] = lambda node: bool(node.requires_grad)   # noqa: E731
     if not self.requires_grad:
-      raise RuntimeError(f"backward of a tensor of shape {self.shape} that does not require grad: no tensor with "
-                         "requires_grad=True went into it, or it was computed under Tensor.no_grad(). Mark the inputs "
-                         "with requires_grad=True, or use loss.gradient(*tensors)")
-    nodes, grads = self._backprop(gradient, lambda node: bool(node.requires_grad))
+      nodes = self._toposort()
+      if not any(node.requires_grad for node in nodes):   # tinygrad 0.14: every float tensor in the graph
+        def wants_grad(node: Tensor) -> bool:
+          return node.requires_grad is None and node.dtype.is_float and not node.lazydata.is_unrealized_const()
+      if not any(wants_grad(node) for node in nodes):
+        raise RuntimeError(f"backward of a tensor of shape {self.shape} that does not require grad: no float tensor "
+                           "that may have a gradient went into it (everything said requires_grad=False, or it was "
+                           "computed under Tensor.no_grad(), or through a comparison). Mark the inputs with "
+                           "requires_grad=True, or use loss.gradient(*tensors)")
+    nodes, grads = self._backprop(gradient, wants_grad)
     for node in nodes:
-      if node.requires_grad and id(node) in grads:
+      if wants_grad(node) and id(node) in grads:
         grad = Tensor(grads[id(node)], requires_grad=False)
         node.grad = grad if node.grad is None else Tensor(node.grad.lazydata.alu(Ops.ADD, grad.lazydata))
     if not retain_graph:
@@ -330,8 +353,7 @@ class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, Indexi
       if mine.dtype is theirs.dtype and mine.shape == theirs.shape and mine.device == theirs.device:
         return (other, self) if reverse else (self, other)
     if isinstance(other, (bool, int, float)):   # a constant made at self's shape: no reshape/expand ops to record
-      out_dtype = dtype or _scalar_dtype(self.dtype, other)
-      _check_scalar_fits(other, out_dtype)
+      other, out_dtype = _fit_python_int(other, dtype or _scalar_dtype(self.dtype, other), self.dtype)
       x = self if out_dtype is self.lazydata.dtype else self.cast(out_dtype)
       # weak: a kernel parameter (tgrad/scalars.py), unless it joins a constant expression, which folds instead
       weak = not is_constant_expression(self.lazydata)
@@ -442,6 +464,9 @@ class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, Indexi
 
 # ---------------------------------------------------------------------------------------------------------------
 # helpers that build on Tensor
+
+def _is_scalar_param_name(name: str) -> bool:
+  return name.startswith(SCALAR_PARAM_PREFIX) and name[len(SCALAR_PARAM_PREFIX):].isdigit()
 
 def _host_dtype(dtype: DType) -> np.dtype:
   return np.dtype(np.float32) if dtype == dtypes.bfloat16 else dtype.np

@@ -82,6 +82,19 @@ def _check_scalar_fits(value: Any, dtype: DType) -> None:
     hint = " (pass dtype=dtypes.int64 for a wider tensor)" if dtype == dtypes.default_int else ""
     raise OverflowError(f"Python integer {value} out of bounds for {dtype.name}{hint}")
 
+def _fit_python_int(value: Scalar, dtype: DType, tensor_dtype: DType) -> tuple[Scalar, DType]:
+  """A Python scalar operand of a binary op with a tensor of `tensor_dtype`, where the op computes in `dtype`: an int
+  the int dtype can't hold wraps to it, two's complement (torch's and tinygrad's int32_tensor | 2**40, int8 + 300),
+  except beside a bool tensor, where the inferred int32 widens to int64 first (bool + 2**40 is 2**40 + 1, as torch)."""
+  if not _int_overflow_side(dtype, value): return value, dtype
+  if tensor_dtype.is_bool and dtype == dtypes.default_int:
+    dtype = dtypes.int64
+    if not _int_overflow_side(dtype, value): return value, dtype
+  bits = dtype.itemsize * 8
+  wrapped = int(value) % (1 << bits)
+  if not dtype.is_unsigned and wrapped >= 1 << (bits - 1): wrapped -= 1 << bits
+  return wrapped, dtype
+
 def _python_dtype(data) -> DType:
   """The dtype of Python data (nested lists of scalars): any float → default float, else any int → default int,
   else bool. Scalars are weak, so [1.0, 2] is float32 (numpy's promotion of float32 with int32 would say float64)."""

@@ -12,7 +12,7 @@ from tgrad.shape.sint import canonical
 from tgrad.device import Buffer, canonical_device
 from tgrad.helpers import prod
 from tgrad.tensor_ops.args import Scalar, HALF_FLOATS, _shape_arg, _varargs_shape, _check_shape, _check_scalar_fits, \
-  _python_dtype
+  _python_dtype, _int_overflow_side, DTypeNotSupportedError
 if TYPE_CHECKING: from tgrad.tensor import Tensor   # at runtime: bound by tgrad/tensor.py (see __init__.py)
 
 # random numbers: a counter-based hash. Constants of the murmur3 32-bit finalizer (a bijection with full avalanche)
@@ -53,6 +53,8 @@ class CreationMixin:
                     **kwargs)
     count = max(0, math.ceil((stop - start) / step))
     dtype = to_dtype(dtype) if dtype is not None else _python_dtype([start, stop, step])
+    if dtype == dtypes.default_int and any(_int_overflow_side(dtype, v) for v in (start, start + (count - 1) * step)):
+      dtype = dtypes.int64   # values past int32 widen the inferred dtype (torch's default int is int64 anyway)
     counter_dtype = dtypes.int32 if count <= dtypes.max(dtypes.int32) + 1 else dtypes.int64   # positions past 2^31
     counter = LazyBuffer.loadop(Ops.ARANGE, (count,), counter_dtype, canonical_device(device))
     if dtype.is_float:   # compute the values in a float dtype: start + i*step
@@ -70,6 +72,7 @@ class CreationMixin:
       raise TypeError(f"linspace: steps must be an int, got {type(steps).__name__} {steps!r}")
     if steps < 0: raise RuntimeError(f"linspace: number of steps must be non-negative, got {steps}")
     dtype = to_dtype(dtype or dtypes.default_float)
+    if dtype.is_bool: raise DTypeNotSupportedError("linspace is not implemented for bool (torch's NotImplementedError)")
     if steps == 1: return Tensor.full((1,), start, dtype=dtype, device=device, **kwargs)
     index = Tensor.arange(steps, dtype=dtypes.float32 if dtype in HALF_FLOATS or not dtype.is_float else dtype,
                           device=device)

@@ -9,7 +9,7 @@ from tgrad.dtype import DType, dtypes
 from tgrad.ops import Ops
 from tgrad.lazy import LazyBuffer
 from tgrad.tensor_ops.args import HALF_FLOATS, broadcast_shape, _scalar_dtype, _int_overflow_side, _python_dtype, \
-  DTypeNotSupportedError
+  _check_scalar_fits, DTypeNotSupportedError
 from tgrad.regions import composite
 from tgrad.tensor_ops.composite import LN2
 import tgrad.function as F
@@ -70,7 +70,10 @@ class ElementwiseMixin:
   def pow(self, exponent: Any, reverse: bool = False) -> Tensor:
     """`**` with C's (torch's) values: negative bases with integer exponents keep their sign, with other exponents
     they give NaN; ±0, ±inf and NaN as C's pow. Small positive integer Python exponents are repeated multiplication,
-    −1 and −2 its reciprocal (as torch); float gradients are torch's (see _FloatPow)."""
+    −1 and −2 its reciprocal (as torch); float gradients are torch's (see _FloatPow). A Python int the int dtype can't
+    hold raises OverflowError (torch raises too; it doesn't wrap here, as other arithmetic does)."""
+    if isinstance(exponent, int) and not isinstance(exponent, bool) and not self.dtype.is_float:
+      _check_scalar_fits(exponent, _scalar_dtype(self.dtype, exponent))
     if not reverse and isinstance(exponent, (int, float)) and not isinstance(exponent, bool):
       if isinstance(exponent, int) and exponent < 0 and not self.dtype.is_float:
         raise RuntimeError(f"integers to negative integer powers are not allowed: {self.dtype} ** {exponent} "
@@ -102,6 +105,9 @@ class ElementwiseMixin:
   def where(self, x: Any, y: Any) -> Tensor:
     """`cond.where(a, b)`: a where cond is true, else b (broadcast and promoted like a binary op)."""
     condition = self if self.dtype.is_bool else self != 0
+    for tensor, scalar in ((x, y), (y, x)):   # as torch: a Python int the tensor's int dtype can't hold raises
+      if isinstance(tensor, Tensor) and isinstance(scalar, int) and not tensor.dtype.is_bool:
+        _check_scalar_fits(scalar, _scalar_dtype(tensor.dtype, scalar))
     if isinstance(x, Tensor): a, b = x._operands(y)
     elif isinstance(y, Tensor): b, a = y._operands(x)
     else: a, b = Tensor(x, dtype=_python_dtype([x, y]), device=self.device)._operands(y)
@@ -215,12 +221,15 @@ class ElementwiseMixin:
       return (x < 0).where(-out, out)
     return self._float_math(fn)
   def acosh(self) -> Tensor:
-    """log(x + √((x − 1)(x + 1))) for x >= 1 (NaN below), log(2x) beyond LARGE_ARGUMENT."""
+    """a(x) = log(x + √((x − 1)(x + 1))) for x >= 1, log(2x) beyond LARGE_ARGUMENT; NaN below 1. For x < −1 it is
+    NaN − a(−x), whose gradient is torch's 1/√(x² − 1) (computed at |x|, without the cancellation of x + √(x² − 1));
+    in (−1, 1) the root of a negative number gives NaN, and a NaN gradient, as torch."""
     def fn(x: Tensor) -> Tensor:
-      large = x > LARGE_ARGUMENT
-      safe = large.where(1.0, x)
-      out = large.where(x.log() + LN2, (safe + ((safe - 1) * (safe + 1)).sqrt()).log())
-      return (x < 1).where(math.nan, out)    # (x − 1)(x + 1) overflows to +inf for x <= −2^64, not NaN
+      magnitude = x.abs()
+      large = magnitude > LARGE_ARGUMENT
+      safe = large.where(1.0, magnitude)    # keeps the unused branch finite, so its gradient is 0, not NaN
+      at_magnitude = large.where(magnitude.log() + LN2, (safe + ((safe - 1) * (safe + 1)).sqrt()).log())
+      return (x < 0).where(math.nan - at_magnitude, at_magnitude)
     return self._float_math(fn)
   def atanh(self) -> Tensor:
     """½·log((1 + x) / (1 − x)): ±inf at ±1, NaN outside [−1, 1]."""
@@ -365,7 +374,7 @@ class ElementwiseMixin:
     return x.isnan().where(x, signs) if x.dtype.is_float else signs
   def clip(self, min_: Any = None, max_: Any = None) -> Tensor:
     """torch.clamp: NaN stays NaN, and the gradient is 1 wherever min_ <= x <= max_ (bounds included)."""
-    if min_ is None and max_ is None: raise ValueError("clip needs min_ or max_")
+    if min_ is None and max_ is None: raise RuntimeError("clip: at least one of min_ or max_ must not be None")
     if self.dtype.is_int:   # a Python int bound beyond the dtype clips nothing on that side (numpy's np.clip)
       min_, max_ = (_clamp_to_dtype(b, self.dtype) if isinstance(b, int) else b for b in (min_, max_))
     out = self if min_ is None else (self < min_).where(min_, self)

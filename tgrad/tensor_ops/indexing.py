@@ -280,34 +280,48 @@ class IndexingMixin:
     along = padded.reshape(size, 1) if diagonal >= 0 else padded.reshape(1, size)
     return on_diagonal.where(along, along.zeros_like())
 
-  # ---- selections with a data-dependent shape: the count is read back to the host (a sync, as in torch)
-  def _compaction(self, mask: Tensor) -> Tensor:
-    """(count, n) bools for a flat bool mask (n,): row j is true at the j-th true position. O(count·n) work."""
-    count = int(mask.sum().item())
+  # ---- selections with a data-dependent shape: the count is read back to the host (a sync, as in torch), unless a
+  # static `size` is given (torch's nonzero_static): then nothing is read back and the result is cut or padded to it
+  def _compaction(self, mask: Tensor, size: Optional[int] = None) -> tuple[Tensor, Optional[Tensor]]:
+    """(slots, n) bools for a flat bool mask (n,): row j is true at the j-th true position; slots is the count of
+    true positions (read back to the host) or `size`. With a size, also the (size, 1) bools of the rows that hold a
+    position (the rest are padding). O(slots·n) work."""
+    if size is not None:
+      if not isinstance(size, (int, np.integer)) or isinstance(size, bool) or size < 0:
+        raise RuntimeError(f"size must be a nonnegative int, got {size!r}")
+      slots = int(size)
+    else: slots = int(mask.sum().item())
     rank = mask.cast(dtypes.int32).cumsum(0) - 1
-    slots = Tensor.arange(count, device=self.device).reshape(count, 1)
-    return mask.reshape(1, -1) & (rank.cast(dtypes.int32).reshape(1, -1) == slots)
-  def masked_select(self, mask: Tensor) -> Tensor:
+    slot = Tensor.arange(slots, device=self.device).reshape(slots, 1)
+    selection = mask.reshape(1, -1) & (rank.cast(dtypes.int32).reshape(1, -1) == slot)
+    return selection, (None if size is None else slot < mask.cast(dtypes.int32).sum().cast(dtypes.int32))
+  def masked_select(self, mask: Tensor, size: Optional[int] = None, fill_value: Any = 0) -> Tensor:
     """The elements where the bool mask (broadcast with self) is true, as a 1-D tensor in row-major order, as
-    torch.masked_select. The mask is realized to count them; the selection is a compare and a sum
-    (O(count·numel)), differentiable in self."""
+    torch.masked_select. The mask is realized to count them, unless `size` is given: then the result has exactly
+    `size` elements, the first `size` selected ones and `fill_value` after them, with no sync. The selection is a
+    compare and a sum (O(count·numel)), differentiable in self."""
     if not isinstance(mask, Tensor) or not mask.dtype.is_bool:
       raise TypeError(f"masked_select: mask must be a bool tensor, got {getattr(mask, 'dtype', type(mask).__name__)}")
     shape = broadcast_shape(self.shape, mask.shape)
     values, flat_mask = self._broadcast_to(shape).flatten(), mask._broadcast_to(shape).flatten()
-    selection = self._compaction(flat_mask)
-    return selection.where(values.reshape(1, -1), 0).sum(1, acc_dtype=_gather_acc_dtype(self.dtype)).cast(self.dtype)
-  def nonzero(self) -> Tensor:
+    selection, filled = self._compaction(flat_mask, size)
+    out = selection.where(values.reshape(1, -1), 0).sum(1, acc_dtype=_gather_acc_dtype(self.dtype)).cast(self.dtype)
+    return out if filled is None else filled.reshape(-1).where(out, fill_value).cast(self.dtype)
+  def nonzero(self, size: Optional[int] = None, fill_value: int = 0) -> Tensor:
     """The (count, ndim) coordinates of the nonzero elements in row-major order, as torch.nonzero (int32, tinygrad's
-    index dtype, where the numel fits; else int64). Realizes the mask to count them; O(count·numel)."""
+    index dtype, where the numel fits; else int64). Realizes the mask to count them, unless `size` is given (torch's
+    nonzero_static): then exactly `size` rows, the first `size` coordinates and rows of `fill_value` after them (0 by
+    default, as tinygrad; torch's nonzero_static pads with -1), with no sync. O(count·numel)."""
     flat = (self != 0).flatten()
     index_dtype = dtypes.int32 if self.numel() <= dtypes.max(dtypes.int32) else dtypes.int64
     positions = Tensor.arange(self.numel(), dtype=index_dtype, device=self.device).reshape(1, -1)
-    flat_index = self._compaction(flat).where(positions, 0).sum(1, acc_dtype=index_dtype).cast(index_dtype)
+    selection, filled = self._compaction(flat, size)
+    flat_index = selection.where(positions, 0).sum(1, acc_dtype=index_dtype).cast(index_dtype)
     strides = [int(np.prod(self.shape[d + 1:], dtype=np.int64)) for d in range(self.ndim)]
-    columns = [((flat_index // stride) % size).reshape(-1, 1) for stride, size in zip(strides, self.shape)]
+    columns = [((flat_index // stride) % extent).reshape(-1, 1) for stride, extent in zip(strides, self.shape)]
     if not columns: return Tensor.zeros(flat_index.shape[0], 0, dtype=index_dtype, device=self.device)
-    return columns[0].cat(*columns[1:], dim=1) if len(columns) > 1 else columns[0]
+    out = columns[0].cat(*columns[1:], dim=1) if len(columns) > 1 else columns[0]
+    return out if filled is None else filled.where(out, fill_value).cast(index_dtype)
 
 def _dim_bounds(name: str, dim: int, size: int) -> IndexBounds:
   """gather's and scatter's indices: 0 <= i < size, as torch (no negative indices)."""
@@ -322,7 +336,7 @@ def _index_items(indices, shape: tuple[int, ...], device: str) -> list:
   the int tensors of its True positions (one per dim it covers: a data-dependent shape, so a kernel runs now), the
   Ellipsis (or the end) becomes full slices."""
   items = list(indices) if isinstance(indices, tuple) else [indices]
-  items = [_as_index_tensor(i, device) if isinstance(i, (list, np.ndarray)) else i for i in items]
+  items = [_as_index_tensor(i, device) if isinstance(i, (list, tuple, np.ndarray)) else i for i in items]
   for i in items:
     if isinstance(i, bool) or not (i is None or i is Ellipsis or isinstance(i, (int, np.integer, slice, Tensor))):
       raise TypeError(f"unsupported index {i!r}: use ints, slices, None, Ellipsis, int tensors or bool masks")
@@ -382,11 +396,16 @@ class _IndexPlan:
     self.strided_shape: list[int] = []
     self.tensor_indices: list[tuple[int, Tensor]] = []
     self.tensor_input_dims: list[int] = []   # the input dim each tensor index indexes (for error messages)
-    advanced_items: list[int] = []   # positions in `items` of tensor (and, with them, int) indices
+    # positions of the tensor indices among the items that are not ints (torch drops ints first, so only a None or a
+    # slice between two tensor indices separates them)
+    advanced_items: list[int] = []
+    kept_items = 0
     self.advanced_position = 0       # the view dim where the index dims go when the advanced items are adjacent
     view: list[int] = []
     dim = 0
-    for k, item in enumerate(items):
+    for item in items:
+      is_int = isinstance(item, (int, np.integer)) or (isinstance(item, Tensor) and item.ndim == 0)
+      kept_items += not is_int
       if item is None:
         view.append(1)
         continue
@@ -394,7 +413,7 @@ class _IndexPlan:
       if isinstance(item, Tensor):
         if item.ndim:   # a 0-d tensor index adds no dims: torch places the others as if it were an int
           if not advanced_items: self.advanced_position = len(view) - len(self.tensor_indices)   # kept dims before
-          advanced_items.append(k)
+          advanced_items.append(kept_items)
         self.tensor_indices.append((len(view), item))
         self.tensor_input_dims.append(dim)
         self._keep(0, size, 1, False)

@@ -3,7 +3,7 @@ strides, squeeze/unsqueeze/flatten) and the joins and cuts built on them (repeat
 """
 from __future__ import annotations
 import math
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Optional
 import numpy as np
 from tgrad.dtype import dtypes, least_upper_dtype
 from tgrad.lazy import LazyBuffer
@@ -90,6 +90,9 @@ class MovementMixin:
     for dim, (before, after) in enumerate(padding):
       if before == after == 0: continue
       size = x.shape[dim]
+      if size + before + after == 0:   # as torch: padding that cuts exactly the whole dim leaves it empty
+        x = x.shrink(tuple((0, 0) if i == dim else None for i in range(x.ndim)))
+        continue
       if mode == "circular":
         if size + min(before, 0) + min(after, 0) < 0:
           raise RuntimeError(f"pad: padding {(before, after)} cuts more than dim {dim} of size {size} "
@@ -97,9 +100,9 @@ class MovementMixin:
         x = x.shrink(tuple((max(-before, 0), size - max(-after, 0)) if i == dim else None for i in range(x.ndim)))
         size, before, after = x.shape[dim], max(before, 0), max(after, 0)
         if before == after == 0: continue
-      elif size + before + after <= 0:
-        raise RuntimeError(f"pad: mode {mode!r} padding {(before, after)} leaves nothing of dim {dim} of size {size} "
-                           f"(shape {self.shape})")
+      elif size + before + after < 0:
+        raise RuntimeError(f"pad: mode {mode!r} padding {(before, after)} leaves a negative size of dim {dim} of "
+                           f"size {size} (shape {self.shape})")
       limit = size - 1 if mode == "reflect" else size if mode == "circular" else math.inf
       if max(before, after) > limit or size == 0:
         raise RuntimeError(f"pad: mode {mode!r} padding {(before, after)} is too large for dim {dim} of size {size} "
@@ -136,16 +139,19 @@ class MovementMixin:
     and their elements go in a new last dim. A view (no copy)."""
     if self.ndim == 0: return self.reshape(1).unfold(dimension, size, step).reshape(size)
     dim = _resolve_axis(dimension, self.ndim, self.shape)
-    if not isinstance(size, int) or not 0 < size <= self.shape[dim]:
-      raise ValueError(f"unfold: size {size} must be in [1, {self.shape[dim]}] for dim {dim} of shape {self.shape}")
-    if not isinstance(step, int) or step <= 0: raise ValueError(f"unfold: step must be positive, got {step}")
+    if not isinstance(size, int) or not 0 <= size <= self.shape[dim]:
+      raise RuntimeError(f"unfold: size {size} must be in [0, {self.shape[dim]}] for dim {dim} of shape {self.shape}")
+    if not isinstance(step, int) or step <= 0: raise RuntimeError(f"unfold: step must be positive, got {step}")
+    if size == 0:   # as torch: (length // step + 1) empty windows
+      empty = self.transpose(dim, -1).shrink(tuple((0, 0) if i == self.ndim - 1 else None for i in range(self.ndim)))
+      return empty.reshape(*empty.shape[:-1], self.shape[dim] // step + 1, 0).transpose(dim, -2)
     windows = self.transpose(dim, -1)._pool((size,), (step,), (1,))     # (..., windows, size)
     return windows.transpose(dim, -2)
   def meshgrid(self, *args: Tensor, indexing: str = "ij") -> tuple[Tensor, ...]:
     """Coordinate grids from 1-D (or 0-d) tensors, as torch.meshgrid: 'ij' gives shape (len(a), len(b), ...), 'xy'
     swaps the first two dims (Cartesian). `a.meshgrid(b)` or `Tensor.meshgrid(a, b)`."""
     if indexing not in ("ij", "xy"): raise ValueError(f"meshgrid: indexing must be 'ij' or 'xy', got {indexing!r}")
-    tensors = [t.flatten() if t.ndim == 0 else t for t in _tensor_list(self, args)]
+    tensors = [t.flatten() if t.ndim == 0 else t for t in _tensor_list((self, *args), "meshgrid")]
     for t in tensors:
       if t.ndim != 1: raise ValueError(f"meshgrid: expects 0-d or 1-d tensors, got shape {t.shape}")
     axes = list(range(len(tensors)))
@@ -234,9 +240,10 @@ class MovementMixin:
     interleaved = base.reshape(tuple(d for s in base.shape for d in (1, s)))
     tiled = interleaved.expand(tuple(d for r, s in zip(repeats, base.shape) for d in (r, s)))
     return tiled.reshape(tuple(r * s for r, s in zip(repeats, base.shape)))
-  def cat(self, *args: Tensor, dim: int = 0) -> Tensor:
-    """Join along `dim`: `a.cat(b, c, dim=0)` or `Tensor.cat(a, b, c)` or `Tensor.cat([a, b, c])`."""
-    tensors = _tensor_list(self, args)
+  def cat(*args: Tensor, dim: int = 0) -> Tensor:
+    """Join along `dim`: `a.cat(b, c, dim=0)` or `Tensor.cat(a, b, c)` or `Tensor.cat([a, b, c])`; nothing to join
+    raises ValueError, as torch."""
+    tensors = _tensor_list(args, "cat", ValueError)
     first = tensors[0]
     if any(t.ndim == 0 for t in tensors):   # as torch, any 0-d operand is an error, not only the first
       raise ValueError(f"cat of 0-d tensors (shapes {[t.shape for t in tensors]}): use stack")
@@ -253,9 +260,10 @@ class MovementMixin:
       out = piece if out is None else out + piece
       offset += t.shape[dim]
     return out
-  def stack(self, *args: Tensor, dim: int = 0) -> Tensor:
-    """Join along a new `dim`: `a.stack(b, dim=0)`, `Tensor.stack(a, b)` or `Tensor.stack([a, b])`."""
-    tensors = _tensor_list(self, args)
+  def stack(*args: Tensor, dim: int = 0) -> Tensor:
+    """Join along a new `dim`: `a.stack(b, dim=0)`, `Tensor.stack(a, b)` or `Tensor.stack([a, b])`; nothing to stack
+    raises RuntimeError, as torch."""
+    tensors = _tensor_list(args, "stack")
     for t in tensors:
       if t.shape != tensors[0].shape: raise ValueError(f"stack needs one shape, got {[x.shape for x in tensors]}")
     dim = _resolve_axis(dim, tensors[0].ndim + 1, tensors[0].shape)
@@ -282,9 +290,12 @@ class MovementMixin:
 
 PAD_MODES = ("constant", "reflect", "replicate", "circular")
 
-def _tensor_list(first: Any, rest: tuple) -> list[Tensor]:
+def _tensor_list(args: tuple, name: str, empty_error: type[Exception] = RuntimeError) -> list[Tensor]:
+  """The tensors of `f(a, b)`, `a.f(b)` or `f([a, b])` (a list or tuple first, then more tensors); none raises
+  `empty_error` (torch's class for `name`)."""
+  first, rest = (args[0], args[1:]) if args else ((), ())
   tensors = list(first) + list(rest) if isinstance(first, (list, tuple)) else [first, *rest]
-  if not tensors: raise ValueError("need at least one tensor")
+  if not tensors: raise empty_error(f"{name} expects a non-empty list of Tensors")
   for t in tensors:
     if not isinstance(t, Tensor): raise TypeError(f"expected Tensors, got {type(t).__name__}")
   return tensors

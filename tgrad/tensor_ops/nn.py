@@ -76,7 +76,8 @@ class NNMixin:
              padding: Any = 0, acc_dtype: Any = None) -> Tensor:
     """Cross-correlation, as torch's conv2d, over the last weight.ndim − 2 dims (so it is conv1d/conv3d too).
     self (N, C_in, *spatial) or unbatched (C_in, *spatial); weight (C_out, C_in / groups, *kernel); bias (C_out,).
-    padding: an int, one per dim, torch's flat (left, right, top, bottom) order, 'same' or 'valid'.
+    padding: an int, one per dim, torch's flat (left, right, top, bottom) order, 'same' or 'valid'; a negative
+    amount crops the input, as tinygrad (torch raises).
     Built as pad → window view (`_pool`) → broadcast multiply with the weight → sum over (C_in / groups, *kernel)."""
     count = self._conv_dims(weight, bias)
     if self.ndim == count + 1:
@@ -99,7 +100,7 @@ class NNMixin:
     if bias is not None and bias.shape != (out_channels,):
       raise RuntimeError(f"Given weight of size {list(weight.shape)}, expected bias to be 1-dimensional with "
                          f"{out_channels} elements, but got bias of size {list(bias.shape)} instead")
-    pads = _conv_padding(padding, kernel, dilation, stride)
+    pads = _conv_padding(padding, kernel, dilation, stride, allow_negative=True)
     padded_size = tuple(i + b + a for i, (b, a) in zip(self.shape[2:], pads))
     if any(p < d * (k - 1) + 1 for p, k, d in zip(padded_size, kernel, dilation)):
       raise RuntimeError(f"Calculated padded input size per channel: ({' x '.join(map(str, padded_size))}). Kernel "
@@ -207,21 +208,23 @@ class NNMixin:
     padding: an int or one per dim (torch's, both sides, at most half the kernel), or tinygrad's 2 per dim
     (left, right, top, bottom: last dim first) for asymmetric padding.
     Padding is −inf (the dtype's min for ints), so it never wins. return_indices also gives, as torch, where each
-    max came from: its flat index into the pooled dims of the input (int64; the first max of a window)."""
+    max came from: its flat index into the pooled dims of the input (the first max of a window), in int32 as
+    tinygrad (torch: int64); int64 where a plane has more than 2^31 elements."""
     geometry = self._pool_geometry(kernel_size, stride, dilation, padding, ceil_mode, "max_pool2d")
     pad_value = -math.inf if self.dtype.is_float else dtypes.min(self.dtype)
     windows = self._pool_windows(geometry, pad_value)
     values = windows.max(geometry.window_axes)
     if not return_indices: return values
     spatial = self.shape[-len(geometry.kernel):]
-    flat_positions = Tensor.arange(prod(spatial), dtype=dtypes.int64, device=self.device).reshape(spatial)
+    index_dtype = dtypes.int32 if prod(spatial) <= dtypes.max(dtypes.int32) else dtypes.int64
+    flat_positions = Tensor.arange(prod(spatial), dtype=index_dtype, device=self.device).reshape(spatial)
     position_windows = flat_positions._pool_windows(geometry, -1)                 # (*out, *kernel)
     window_size = prod(geometry.kernel)
     out_shape = windows.shape[:-len(geometry.kernel)]
     first_max = windows.reshape(*out_shape, window_size).argmax(-1)              # (..., *out)
     chosen = first_max.unsqueeze(-1) == Tensor.arange(window_size, device=self.device)
     positions = position_windows.reshape(*position_windows.shape[:-len(geometry.kernel)], window_size)
-    return values, chosen.where(positions, 0).sum(-1, acc_dtype=dtypes.int64).cast(dtypes.int64)
+    return values, chosen.where(positions, 0).sum(-1, acc_dtype=index_dtype).cast(index_dtype)
 
   def max_unpool2d(self, indices: Tensor, kernel_size=(2, 2), stride=None, dilation=1, padding=0,
                    output_size=None) -> Tensor:
@@ -314,6 +317,8 @@ class NNMixin:
     size = tuple(size) if isinstance(size, (tuple, list)) else (size,)
     if len(size) > self.ndim or any(not isinstance(s, int) or s <= 0 for s in size):
       raise ValueError(f"interpolate size {size} does not fit an input of shape {self.shape}")
+    if self.dtype == dtypes.uint8 and not mode.startswith("nearest"):
+      return self._interpolate_uint8(size, align_corners)
     x = self._to_float()
     for k, out_size in enumerate(size):
       axis = self.ndim - len(size) + k
@@ -321,8 +326,21 @@ class NNMixin:
       matrix = Tensor(_interpolation_matrix(self.shape[axis], out_size, mode, align_corners), device=self.device)
       x = (x.transpose(axis, -1) @ matrix.cast(x.dtype)).transpose(axis, -1)
     if self.dtype.is_float: return x
-    # ints (uint8 images) keep their dtype, as torch: linear modes round to the nearest value within the dtype's range
+    # other ints keep their dtype: linear modes round to the nearest value within the dtype's range
     return x.round().clip(dtypes.min(self.dtype), dtypes.max(self.dtype)).cast(self.dtype)
+  def _interpolate_uint8(self, size: tuple[int, ...], align_corners: bool) -> Tensor:
+    """Linear resizing of a uint8 image as torch's CPU kernel does it, bit for bit: one pass per axis, the last axis
+    first, each a sum of products with integer weights (the float weights scaled by 2^precision and rounded, see
+    _fixed_point_weights), rounded half up by a shift and clamped back to uint8 before the next pass."""
+    x = self
+    for k in reversed(range(len(size))):
+      axis = self.ndim - len(size) + k
+      if size[k] == x.shape[axis]: continue
+      weights, precision = _fixed_point_weights(x.shape[axis], size[k], align_corners)
+      matrix = Tensor(weights, device=self.device)
+      acc = x.cast(dtypes.int32).transpose(axis, -1) @ matrix
+      x = ((acc + (1 << (precision - 1))) >> precision).clip(0, 255).cast(dtypes.uint8).transpose(axis, -1)
+    return x
 
   # ---- regularization and normalization
   def dropout(self, p: float = 0.5) -> Tensor:
@@ -333,12 +351,13 @@ class NNMixin:
     keep = Tensor.rand(*self.shape, device=self.device) >= p
     return keep.where(self, 0) * (1 / (1 - p))
   def normalize(self, p: float = 2.0, dim: int = 1, eps: float = 1e-12) -> Tensor:
-    """self / max(‖self‖_p, eps) along `dim`, as torch.nn.functional.normalize."""
+    """self / max(‖self‖_p, eps) along `dim`, as torch.nn.functional.normalize (p = 0 counts the nonzeros; a
+    negative p is (Σ|x|^p)^(1/p), as torch)."""
     x = self._to_float()
     if p == 2: norm = x.square().sum(dim, keepdim=True).sqrt()
     elif p == 1: norm = x.abs().sum(dim, keepdim=True)
     elif p == math.inf: norm = x.abs().max(dim, keepdim=True)
-    elif p <= 0: raise ValueError(f"normalize: p must be positive, got {p}")
+    elif p == 0: norm = (x != 0).sum(dim, keepdim=True).cast(x.dtype)   # the count of nonzeros, as torch.norm
     else: norm = x.abs().pow(p).sum(dim, keepdim=True).pow(1 / p)
     return x / norm.maximum(eps)
   def layernorm(self, axis=-1, eps: float = 1e-5) -> Tensor:
@@ -499,8 +518,8 @@ class _PoolGeometry:
   @property
   def window_axes(self) -> tuple[int, ...]: return tuple(range(-len(self.kernel), 0))
 
-def _conv_padding(padding: Any, kernel: tuple[int, ...], dilation: tuple[int, ...],
-                  stride: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
+def _conv_padding(padding: Any, kernel: tuple[int, ...], dilation: tuple[int, ...], stride: tuple[int, ...],
+                  allow_negative: bool = False) -> tuple[tuple[int, int], ...]:
   """(before, after) per spatial dim from: an int, one int per dim, torch's flat (left, right, top, bottom) order
   (last dim first), 'valid', or 'same' (stride 1 only; an odd total puts the extra element after, as torch)."""
   count = len(kernel)
@@ -514,7 +533,8 @@ def _conv_padding(padding: Any, kernel: tuple[int, ...], dilation: tuple[int, ..
     flat = _int_tuple(padding, 2 * count, "padding")
     pairs = tuple((flat[2 * i], flat[2 * i + 1]) for i in range(count))[::-1]
   else: pairs = tuple((p, p) for p in _int_tuple(padding, count, "padding"))
-  if any(p < 0 for pair in pairs for p in pair): raise RuntimeError(f"negative padding is not supported: {padding}")
+  if not allow_negative and any(p < 0 for pair in pairs for p in pair):
+    raise RuntimeError(f"negative padding is not supported: {padding}")
   return pairs
 
 def _check_reduction(reduction: str) -> None:
@@ -522,6 +542,38 @@ def _check_reduction(reduction: str) -> None:
 
 def _reduce_loss(loss: Tensor, reduction: str) -> Tensor:
   return loss if reduction == "none" else loss.sum() if reduction == "sum" else loss.mean()
+
+# torch's uint8 resize keeps its weights in int16: the precision is the largest shift (below this cap) at which the
+# largest weight, scaled, stays below 2^15 (aten/src/ATen/native/cpu/UpSampleKernel.cpp, _compute_int16_weights_aa)
+FIXED_POINT_MAX_PRECISION = 22
+INT16_LIMIT = 1 << 15
+
+def _fixed_point_weights(in_size: int, out_size: int, align_corners: bool) -> tuple[np.ndarray, int]:
+  """The (in_size, out_size) int32 weights of torch's uint8 linear resize along one axis, and their precision (the
+  shift that undoes their scale). The float weights are computed in float64, as torch's: with align_corners the
+  source position is dst·(in − 1)/(out − 1) and its two neighbours share 1 linearly; without, a triangle filter of
+  support 1 centred at (dst + ½)·in/out, clipped to the input and normalized to sum 1."""
+  weights = np.zeros((in_size, out_size), np.float64)
+  if align_corners:
+    scale = (in_size - 1) / (out_size - 1) if out_size > 1 else 0.0
+    for dst in range(out_size):
+      position = scale * dst
+      low = min(int(position), in_size - 1)
+      high = min(low + 1, in_size - 1)
+      weights[low, dst] += 1 - (position - low)
+      weights[high, dst] += position - low
+  else:
+    scale = in_size / out_size
+    for dst in range(out_size):
+      center = scale * (dst + 0.5)
+      start, stop = max(int(center - 0.5), 0), min(int(center + 1.5), in_size)
+      taps = np.maximum(1 - np.abs(np.arange(start, stop) - center + 0.5), 0)
+      weights[start:stop, dst] = taps / taps.sum()
+  largest = weights.max()
+  precision = 0
+  while precision < FIXED_POINT_MAX_PRECISION and int(0.5 + largest * (1 << (precision + 1))) < INT16_LIMIT:
+    precision += 1
+  return np.floor(weights * (1 << precision) + 0.5).astype(np.int32), precision
 
 def _interpolation_matrix(in_size: int, out_size: int, mode: str, align_corners: bool) -> np.ndarray:
   """The (in_size, out_size) float32 matrix that resamples one axis, with torch's source positions computed in

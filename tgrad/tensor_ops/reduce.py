@@ -134,14 +134,32 @@ class ReduceMixin:
     acc_dtype = dtypes.float64 if out_dtype == dtypes.float32 else dtypes.float32 if out_dtype in HALF_FLOATS else \
       out_dtype
     return self.cast(acc_dtype)._scan(axis, "prod").cast(out_dtype)
-  def cummax(self, axis: int = 0) -> Tensor:
-    """Running maximum along `axis` (the values only, as tinygrad; torch also returns indices). NaN propagates."""
-    if self.dtype.is_bool: return self.cast(dtypes.uint8)._scan(axis, "max").cast(dtypes.bool)
-    return self._scan(axis, "max")
-  def cummin(self, axis: int = 0) -> Tensor:
-    """Running minimum along `axis` (the values only). NaN propagates."""
-    if self.dtype.is_bool: return self.logical_not().cummax(axis).logical_not()
-    return self._order_flip()._scan(axis, "max")._order_flip()
+  def cummax(self, axis: int = 0) -> tuple[Tensor, Tensor]:
+    """(values, indices) of the running maximum along `axis`, as torch.cummax (and tinygrad): indices (int32; int64
+    on an axis past 2^31 elements) name where each running maximum was last reached. NaN propagates, and its index
+    is that of the latest NaN."""
+    if self.dtype.is_bool: values = self.cast(dtypes.uint8)._scan(axis, "max").cast(dtypes.bool)
+    else: values = self._scan(axis, "max")
+    return values, self._running_extreme_indices(values, axis)
+  def cummin(self, axis: int = 0) -> tuple[Tensor, Tensor]:
+    """(values, indices) of the running minimum along `axis`, as torch.cummin (see cummax)."""
+    if self.dtype.is_bool: values = self.logical_not().cummax(axis)[0].logical_not()
+    else: values = self._order_flip()._scan(axis, "max")._order_flip()
+    return values, self._running_extreme_indices(values, axis)
+  def _running_extreme_indices(self, values: Tensor, axis: int) -> Tensor:
+    """Where the running extreme `values` along `axis` was last reached: a position is a record where the input
+    equals the running value (or is NaN), and the index is the running maximum of the record positions (the value
+    only changes at a record, so the last record holds the current value)."""
+    axis = _resolve_axis(axis, max(self.ndim, 1), self.shape)
+    size = self.shape[axis] if self.ndim else 1
+    index_dtype = dtypes.int32 if vmax_of(size) <= dtypes.max(dtypes.int32) else dtypes.int64
+    if self.ndim == 0: return Tensor(0, dtype=index_dtype, device=self.device)
+    x = self.detach()
+    record = x == values.detach()
+    if x.dtype.is_float: record = record | x.isnan()
+    positions = Tensor.arange(size, dtype=index_dtype, device=self.device).reshape((size,) + (1,) *
+                                                                                    (self.ndim - axis - 1))
+    return record.where(positions, 0)._scan(axis, "max")
   def logcumsumexp(self, axis: int = 0) -> Tensor:
     """log(cumsum(exp(x))) along `axis`, computed without overflow or underflow (each block shifts by its running
     max; blocks combine by logaddexp), as torch.logcumsumexp."""

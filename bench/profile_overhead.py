@@ -61,7 +61,9 @@ json.dump(result, open(out_path, "w"))
 def run_child(root: str, mode: str, args: argparse.Namespace) -> dict:
   with tempfile.TemporaryDirectory() as folder:
     out = os.path.join(folder, "result.json")
-    env = {**os.environ, "PYTHONPATH": root, "DEVICE": args.device}
+    # the tree under test first; the rest of PYTHONPATH stays (where a device's packages come from, e.g. pycuda)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p),
+           "DEVICE": args.device}
     env.pop("PROFILE", None)
     done = subprocess.run([sys.executable, "-c", CHILD, mode, str(args.steps), str(EAGER_CALLS), str(EAGER_WARMUP),
                            str(DECODE_WARMUP), out], env=env, cwd=folder, capture_output=True, text=True)

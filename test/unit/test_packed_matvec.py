@@ -3,8 +3,8 @@ rule `_packed_matvec`).
 
 Without a GPU: the layout detection on the kernels of QuantizedTensor.linear for the ggml types of gemma-3-270m's
 GGUF; the opts the GPU heuristics choose (a group of threads per row over the blocks, the innermost block axis
-unrolled), rendered and compiled with NVRTC. With a GPU (marked `gpu`): those kernels against gguf's dequantization
-times x in float64, M = 1 and M = 3, float32 and float16.
+unrolled), rendered and compiled with NVRTC. With a GPU (marked `gpu`): those kernels against x times the weight as the
+CPU dequantizes it, in float64, M = 1 and M = 3, float32 and float16.
 """
 import numpy as np
 import pytest
@@ -19,7 +19,6 @@ from tgrad.runtime.cuda.nvrtc import compile_cuda, nvrtc_available
 from tgrad.runtime.cuda.renderer import CUDARenderer
 from tgrad.schedule import create_schedule
 
-gguf = pytest.importorskip("gguf")
 needs_nvrtc = pytest.mark.skipif(not nvrtc_available(), reason="libnvrtc not found (pip install nvidia-cuda-nvrtc)")
 ARCH = "sm_90"
 # (type, rows, columns): gemma-3-270m's decode projections in its Q4_K_M file, and odd row counts
@@ -27,17 +26,16 @@ CASES = [(GGMLType.Q8_0, 256, 640), (GGMLType.Q5_0, 2048, 640), (GGMLType.Q4_K, 
          (GGMLType.Q6_K, 640, 2048), (GGMLType.Q8_0, 37, 96), (GGMLType.Q4_K, 3, 512)]
 FLOAT32_RTOL, HALF_RTOL = 1e-4, 8 * 2.0 ** -11
 
+# byte offsets of the float16 scales in a block of each type (d, and dmin where the type has one)
+SCALE_POSITIONS = {GGMLType.Q8_0: (0,), GGMLType.Q5_0: (0,), GGMLType.Q4_K: (0, 2), GGMLType.Q6_K: (208,)}
+
 def random_weight(ggml_type: GGMLType, rows: int, columns: int, seed: int) -> np.ndarray:
-  """Packed bytes of a random weight (gguf's quantizer where it has one, else random bytes with finite scales)."""
+  """Packed bytes of a random weight: random quants, finite random float16 scales."""
   rng = np.random.default_rng(seed)
-  values = rng.standard_normal((rows, columns)).astype(np.float32)
-  try: return gguf.quants.quantize(values, gguf.GGMLQuantizationType(int(ggml_type)))
-  except NotImplementedError: pass
   layout = BLOCK_LAYOUTS[ggml_type]
   raw = rng.integers(0, 256, (rows * columns // layout.block_size, layout.block_bytes), dtype=np.uint8)
-  scale_at = {GGMLType.Q4_K: (0, 2), GGMLType.Q6_K: (208,)}[ggml_type]
   scales = rng.uniform(1e-3, 1e-1, (raw.shape[0], 1)).astype(np.float16).view(np.uint8)
-  for position in scale_at: raw[:, position:position + 2] = scales
+  for position in SCALE_POSITIONS[ggml_type]: raw[:, position:position + 2] = scales
   return raw.reshape(rows, -1)
 
 def linear_ast(ggml_type: GGMLType, rows: int, columns: int, m: int = 1, dtype=dtypes.float32):
@@ -74,12 +72,13 @@ def test_packed_matvec_opts_compile(ggml_type, rows, columns, dtype):
 @pytest.mark.parametrize("m,dtype", [(1, dtypes.float32), (3, dtypes.float32), (1, dtypes.float16)], ids=str)
 def test_gpu_packed_matvec_matches_reference(ggml_type, rows, columns, m, dtype):
   raw = random_weight(ggml_type, rows, columns, seed=rows + columns)
-  weight = QuantizedTensor.from_bytes(raw, ggml_type, (rows, columns), "CUDA")
+  weight = QuantizedTensor.from_bytes(raw, ggml_type, (rows, columns), "CUDA").realize()
   x = np.random.default_rng(m).standard_normal((m, columns)).astype(np.float32)
-  out = weight.linear(Tensor(x, device="CUDA").cast(dtype))
+  out = weight.linear(Tensor(x, device="CUDA").cast(dtype).realize())
   assert len(out.schedule()) == 1
-  reference = x.astype(dtype.np).astype(np.float64) @ gguf.quants.dequantize(
-    raw, gguf.GGMLQuantizationType(int(ggml_type))).astype(np.float64).T
+  # the weight's values from the CPU's dequantization (bit-exact against gguf's: test/test_quant.py)
+  values = QuantizedTensor.from_bytes(raw, ggml_type, (rows, columns), "LLVM").dequantize().numpy()
+  reference = x.astype(dtype.np).astype(np.float64) @ values.astype(np.float64).T
   rtol = HALF_RTOL if dtype == dtypes.float16 else FLOAT32_RTOL
   np.testing.assert_allclose(out.numpy().astype(np.float64), reference, rtol=rtol,
                              atol=rtol * np.abs(reference).max())

@@ -77,7 +77,7 @@ def test_wrong_kernel_fails_verification_and_is_never_offered(kernels, db_file):
     np.testing.assert_allclose(out.numpy(), np.maximum(a.numpy() * b.numpy() + c.numpy(), 0), rtol=1e-6)
 
 def _record(space, choices, seconds):
-  from tgrad.paths.path import Path as PathOf
+  from tgrad.paths.path import ExecutionPath as PathOf
   path = PathOf(tuple(choices), space.names, "heuristic", space.device)
   path_select.database().add(Measurement(
     graph_key=space.key, graph_desc=space.description(), path_id=path.id, path_desc=path.description,

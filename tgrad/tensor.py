@@ -33,7 +33,7 @@ from tgrad.tensor_ops.reduce import ReduceMixin
 from tgrad.tensor_ops.movement import MovementMixin
 from tgrad.tensor_ops.indexing import IndexingMixin
 from tgrad.tensor_ops.linalg import LinalgMixin
-from tgrad.tensor_ops.nn import NNMixin
+from tgrad.tensor_ops.neural import NNMixin
 from tgrad.tensor_ops.sorting import SortingMixin
 from tgrad.tensor_ops.hashing import HashingMixin
 

@@ -14,13 +14,13 @@ use: it brings sympy).
 """
 from tgrad.realize import register_pre_realize_pass
 from tgrad.paths.select import context_for
-from tgrad.paths.path import Path, PathSpace, iterate, realize_path, measure
+from tgrad.paths.path import ExecutionPath, PathSpace, iterate, realize_path, measure
 from tgrad.paths.user_kernels import register_kernel, unregister_kernel, find_sites
 
 register_pre_realize_pass(context_for)
 
-__all__ = ["Path", "PathSpace", "iterate", "realize_path", "measure", "equivalent", "Verdict", "register_kernel",
-           "unregister_kernel", "find_sites"]
+__all__ = ["ExecutionPath", "PathSpace", "iterate", "realize_path", "measure", "equivalent", "Verdict",
+           "register_kernel", "unregister_kernel", "find_sites"]
 
 def __getattr__(name: str):
   """`equivalent` and `Verdict` (equivalence.py) on first use: importing it loads sympy, which selection never needs."""

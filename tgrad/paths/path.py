@@ -35,7 +35,7 @@ OPTS_CHOICES = ("heuristic", "beam2")   # what a path may say about kernel opts 
 DEFAULT_REPEATS = 5
 
 @dataclass(frozen=True)
-class Path:
+class ExecutionPath:
   """One way to realize a PathSpace's tensors: a lowering per region (in the space's region order), opts, device."""
   choices: tuple[str, ...]
   names: tuple[str, ...]    # the composite name of each region, for the description
@@ -124,12 +124,12 @@ class PathSpace:
       for parts in itertools.product(*[list(self._assignments(c)) for c in kids]):
         yield {i: DEFAULT, **{k: v for part in parts for k, v in part.items()}}
 
-  def _path(self, assignment: dict[int, str], opts: str) -> Path:
+  def _path(self, assignment: dict[int, str], opts: str) -> ExecutionPath:
     choices = tuple(assignment.get(i, DEFAULT) for i in range(len(self.regions)))
     return self._make(self._canonical(choices), opts)
 
-  def _make(self, choices: tuple[str, ...], opts: str) -> Path:
-    return Path(choices, self.names, opts, self.device, self.parts_of(choices))
+  def _make(self, choices: tuple[str, ...], opts: str) -> ExecutionPath:
+    return ExecutionPath(choices, self.names, opts, self.device, self.parts_of(choices))
 
   def parts_of(self, choices: Sequence[str]) -> tuple[str, ...]:
     """The devices a path with these (canonical) lowerings uses: the space's device, then each other part in region
@@ -152,7 +152,7 @@ class PathSpace:
         p = self.parent[p]
     return tuple(out)
 
-  def uniform_paths(self, opts: str) -> Iterator[Path]:
+  def uniform_paths(self, opts: str) -> Iterator[ExecutionPath]:
     """One lowering per composite name everywhere it is valid (default elsewhere): first all defaults, then one name
     changed, then two, ... (the most informative measurements first), names in first-seen order."""
     names = list(dict.fromkeys(self.names))
@@ -179,7 +179,7 @@ class PathSpace:
     if region.name.startswith(USER_PREFIX) or lowering == DEFAULT: return False
     return lowering_part(region, lowering) is not None
 
-  def __iter__(self) -> Iterator[Path]:
+  def __iter__(self) -> Iterator[ExecutionPath]:
     """Every distinct path once: uniform paths first, then the rest in lowering order, region by region."""
     seen: set[tuple] = set()
     for opts in self.opts:
@@ -224,7 +224,7 @@ def iterate(*tensors, opts: Sequence[str] = ("heuristic",)) -> PathSpace:
 
 def _beam(opts: str) -> int: return 2 if opts == "beam2" else 0
 
-def realize_path(path: Path, space: Optional[PathSpace] = None) -> None:
+def realize_path(path: ExecutionPath, space: Optional[PathSpace] = None) -> None:
   """Realize the tensors of the path's space (or of `space`) along `path`, committing, as Tensor.realize does."""
   space = space or path.space
   if space is None: raise ValueError(f"path {path.id} has no graph: pass the PathSpace it came from")
@@ -239,7 +239,7 @@ def realize_path(path: Path, space: Optional[PathSpace] = None) -> None:
 @dataclass(frozen=True)
 class Run:
   """One measured path: every timing (seconds per run of all its launches) and its errors against the reference."""
-  path: Path
+  path: ExecutionPath
   times: tuple[float, ...]
   max_rel_error: float
   max_abs_error: float
@@ -278,7 +278,7 @@ def reference_outputs(space: PathSpace) -> list[np.ndarray]:
   realize(*bases)
   return [_values(b.buffer, b) for b in bases]
 
-def measure(space: PathSpace, path: Path, reference: Optional[list[np.ndarray]] = None,
+def measure(space: PathSpace, path: ExecutionPath, reference: Optional[list[np.ndarray]] = None,
             repeats: int = DEFAULT_REPEATS) -> Run:
   """Run `path` on the space's graph `repeats` times (nothing committed) and measure its error."""
   if reference is None: reference = reference_outputs(space)

@@ -24,7 +24,7 @@ from tgrad.paths.fingerprint import hardware_fingerprint, tgrad_version
 from tgrad.helpers import code_settings
 from tgrad.paths.graph import ReferenceUnavailable
 from tgrad.paths.observers import observers
-from tgrad.paths.path import DEFAULT, Path, PathSpace, measure, reference_outputs, DEFAULT_REPEATS
+from tgrad.paths.path import DEFAULT, ExecutionPath, PathSpace, measure, reference_outputs, DEFAULT_REPEATS
 from tgrad.paths import select
 
 INPUT_DISTRIBUTION = "the profiled program's own inputs"
@@ -59,7 +59,7 @@ class Profiler:
                     bar_format="{desc}: {n:.0f}/{total:.0f}s budget |{bar}| {postfix} [{elapsed}<{remaining}]")
     self._last = time.monotonic()
 
-  def _wanted(self, space: PathSpace, path: Path) -> bool:
+  def _wanted(self, space: PathSpace, path: ExecutionPath) -> bool:
     if self.composites is None: return True
     return all(choice == DEFAULT or name in self.composites for name, choice in zip(space.names, path.choices))
 

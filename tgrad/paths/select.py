@@ -25,7 +25,7 @@ from tgrad.paths import coalesce
 from tgrad.paths.db import PathsDB, Selection, default_tolerance, get_paths_db, select
 from tgrad.paths.fingerprint import hardware_fingerprint, tgrad_version
 from tgrad.paths.observers import observers
-from tgrad.paths.path import Path, PathSpace
+from tgrad.paths.path import ExecutionPath, PathSpace
 from tgrad.paths.user_kernels import USER_KERNELS
 
 _has_records: dict[str, bool] = {}
@@ -60,7 +60,7 @@ def usable(space: PathSpace, choices: Sequence[str], opts: str, path_id: str) ->
   """Whether a record can be used here: it is a path of this space's regions, with lowerings still offered (a user
   kernel that failed verification in this process never is)."""
   return len(choices) == len(space.regions) and all(c in o for c, o in zip(choices, space.options)) and \
-    Path(tuple(choices), space.names, opts, space.device).id == path_id
+    ExecutionPath(tuple(choices), space.names, opts, space.device).id == path_id
 
 def choose(space: PathSpace, tolerance: float) -> tuple[Selection, Optional[tuple[str, ...]], str]:
   """(the selection, the chosen path's lowerings or None for the default, its opts) for a space."""

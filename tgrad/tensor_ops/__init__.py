@@ -2,7 +2,7 @@
 
 creation.py (full, arange, rand, ...), elementwise.py (arithmetic, comparisons, math, activations, operators),
 reduce.py (sum, max, softmax, cumsum, ...), movement.py (reshape, pad, cat, roll, unfold, ...), indexing.py (`t[i]`,
-gather, scatter, one_hot, diagonal, masked_select), linalg.py (matmul, einsum, tril), nn.py (conv, pooling, norms,
+gather, scatter, one_hot, diagonal, masked_select), linalg.py (matmul, einsum, tril), neural.py (conv, pooling, norms,
 attention, losses), sorting.py (sort, argsort, topk), hashing.py (keccak, hash); args.py holds the argument checks
 they share, composite.py the Tensor-level lowerings of the composite ops (exp, tanh, softmax, matmul, ...) that methods
 call through tgrad/regions.py: lazy-graph regions with alternative lowerings.
@@ -12,9 +12,10 @@ as it exists, before any method runs (and so do tgrad/function.py, whose `apply`
 which builds lowerings on Tensors).
 """
 from tgrad import function, regions
-from tgrad.tensor_ops import composite, creation, elementwise, reduce, movement, indexing, linalg, nn, sorting, hashing
+from tgrad.tensor_ops import (composite, creation, elementwise, reduce, movement, indexing, linalg, neural, sorting,
+                              hashing)
 
-MIXIN_MODULES = (creation, elementwise, reduce, movement, indexing, linalg, nn, sorting, hashing)
+MIXIN_MODULES = (creation, elementwise, reduce, movement, indexing, linalg, neural, sorting, hashing)
 
 def bind_tensor_class(tensor_class: type) -> None:
   """Make `Tensor` in each mixin module the finished class (tgrad/tensor.py calls this once, right after it)."""

@@ -24,18 +24,20 @@ ROOT = FilePath(__file__).resolve().parent.parent / PACKAGE
 # The floors of the house, lowest first: a module may import its own floor and the floors below. A module belongs to
 # the floor of the longest prefix that names it.
 FLOORS: list[tuple[str, tuple[str, ...]]] = [
-  ("core", ("tgrad.dtype", "tgrad.helpers", "tgrad.ops", "tgrad.scalars", "tgrad.cache", "tgrad.memory_planner")),
+  ("core", ("tgrad.dtype", "tgrad.helpers", "tgrad.ops", "tgrad.scalars", "tgrad.cache", "tgrad.memory_planner",
+            "tgrad.backend", "tgrad.profiler")),
   ("shape", ("tgrad.shape",)),
   ("device", ("tgrad.device",)),
   ("codegen", ("tgrad.codegen",)),
   ("runtime", ("tgrad.runtime", "tgrad.custom")),
   ("lazy graph", ("tgrad.lazy", "tgrad.regions", "tgrad.graph_simplify")),
   ("schedule", ("tgrad.schedule", "tgrad.schedule_cache")),
-  ("realize", ("tgrad.realize", "tgrad.bounds")),
+  ("realize", ("tgrad.realize", "tgrad.bounds", "tgrad.traced_run")),
   ("front end", ("tgrad.function", "tgrad.tensor_ops", "tgrad.tensor", "tgrad.jit")),
   ("paths", ("tgrad.paths",)),
   ("nn", ("tgrad.nn",)),
   ("models", ("tgrad.models",)),
+  ("viz", ("tgrad.viz",)),   # pictures and the local page: read everything, imported by nothing below
   ("package", ("tgrad",)),   # tgrad/__init__.py: the facade over everything
 ]
 

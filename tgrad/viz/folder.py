@@ -9,14 +9,11 @@ from __future__ import annotations
 import dataclasses, glob, json, os, sys
 from typing import Any, Callable, Optional, Sequence
 from tgrad import profiler
-from tgrad.helpers import cache_dir
 
-FOLDER_ENV, GRAPH_ENV = "TGRAD_VIZ_DIR", "GRAPH"
-TRACE_FILE, KERNELS_FILE, GRAPHS_FOLDER = "trace.json", "kernels.json", "graphs"
+from tgrad.viz.files import GRAPHS_FOLDER, KERNELS_FILE, TRACE_FILE, viz_folder
+
+GRAPH_ENV = "GRAPH"
 MAX_GRAPH_FILES = 200   # a decode loop realizes every step: the first pictures say what the rest would
-
-def viz_folder() -> str:
-  return os.environ.get(FOLDER_ENV) or os.path.join(cache_dir(), "tgrad", "viz")
 
 def save_run(trace: profiler.Trace, folder: Optional[str] = None) -> str:
   """Write the trace and its kernels into the viz folder; returns the folder."""

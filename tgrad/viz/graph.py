@@ -14,12 +14,11 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
 from tgrad.lazy import LazyBuffer
 from tgrad.ops import Ops
+from tgrad.viz.layout import fill_colour, layout_svg
 
 # A graph with more nodes than this is drawn one node per kernel (dot takes minutes, and nobody reads it).
 MAX_PICTURE_NODES = 600
 DOT_TIMEOUT_SECONDS = 60
-REGION_COLOURS = ("#cde4ff", "#ffe0b3", "#d5f5d5", "#f5d5f0", "#fff5b3", "#d9d2f5", "#ffd3d3", "#c9f1ef")
-INPUT_COLOUR, PLAIN_COLOUR, OUTPUT_COLOUR = "#eeeeee", "#ffffff", "#c8e6c9"
 ARG_CHARS = 24   # an op's argument is shown cut to this many characters
 
 @dataclass
@@ -72,7 +71,6 @@ class GraphPicture:
                             timeout=DOT_TIMEOUT_SECONDS)
       if done.returncode != 0: raise RuntimeError(f"dot failed ({done.returncode}): {done.stderr[:500]}")
       return done.stdout[done.stdout.index("<svg"):]   # without the XML prolog and DOCTYPE: inlined in HTML
-    from tgrad.viz.layout import layout_svg
     return layout_svg(self)
 
   def write(self, path: str) -> str:
@@ -80,10 +78,6 @@ class GraphPicture:
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "w") as f: f.write(self.to_dot() if path.endswith(".dot") else self.svg())
     return path
-
-def fill_colour(picture: GraphPicture, node: GraphNode) -> str:
-  if node.region is not None: return REGION_COLOURS[node.region % len(REGION_COLOURS)]
-  return {"input": INPUT_COLOUR, "output": OUTPUT_COLOUR}.get(node.kind, PLAIN_COLOUR)
 
 def dot_available() -> bool: return shutil.which("dot") is not None
 

@@ -9,7 +9,16 @@ user. Every text is XML-escaped. Output: one `<svg>` element, no script, no exte
 from __future__ import annotations
 from dataclasses import dataclass, field
 from xml.sax.saxutils import escape, quoteattr
-from tgrad.viz.graph import GraphPicture, GraphNode, fill_colour
+from typing import TYPE_CHECKING
+if TYPE_CHECKING: from tgrad.viz.graph import GraphPicture, GraphNode   # drawn here, built there
+
+REGION_COLOURS = ("#cde4ff", "#ffe0b3", "#d5f5d5", "#f5d5f0", "#fff5b3", "#d9d2f5", "#ffd3d3", "#c9f1ef")
+INPUT_COLOUR, PLAIN_COLOUR, OUTPUT_COLOUR = "#eeeeee", "#ffffff", "#c8e6c9"
+
+def fill_colour(picture: GraphPicture, node: GraphNode) -> str:
+  """A node's colour, in dot's picture and tgrad's: its region's, else by kind (input, output, op)."""
+  if node.region is not None: return REGION_COLOURS[node.region % len(REGION_COLOURS)]
+  return {"input": INPUT_COLOUR, "output": OUTPUT_COLOUR}.get(node.kind, PLAIN_COLOUR)
 
 CHAR_WIDTH, LINE_HEIGHT, FONT_SIZE = 6.6, 13, 11   # px, for an 11 px sans-serif font
 NODE_PADDING, NODE_GAP, LAYER_GAP = 8, 14, 34      # px: inside a node, between nodes, between node layers

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from html import escape
 from typing import Optional
 from urllib.parse import quote
-from tgrad.viz.folder import GRAPHS_FOLDER, KERNELS_FILE, TRACE_FILE, viz_folder
+from tgrad.viz.files import GRAPHS_FOLDER, KERNELS_FILE, TRACE_FILE, viz_folder
 from tgrad.viz.trace_format import summarize_trace, validate_trace
 
 NAV = (("/", "Kernels"), ("/graphs", "Graphs"), ("/trace", "Trace"), ("/paths", "Paths database"))

@@ -26,7 +26,7 @@ PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, i
            "The three primary colors are", "Water boils at a temperature of", "import numpy as np\n\nx ="]
 NEW_TOKENS = 32
 LONG_TOKENS = 560                            # > the 512-token sliding window, so the window binds
-LONG_TEXT_FILES = ("/work/shared/DESIGN.md", "docs/jit.md", "README.md")   # natural text, first one found
+LONG_TEXT_FILES = ("docs/architecture.md", "docs/jit.md", "README.md")   # natural text, first one found
 TOP1_TARGET = 0.99
 
 def long_text_ids(tokenizer: GGUFTokenizer) -> tuple[list[int], str]:

@@ -1,6 +1,6 @@
 """Composite regions of the lazy graph and their lowerings: the registry, finding regions, applying a lowering.
 
-A composite op (exp, tanh, softmax, matmul, ...) survives in the lazy graph as a named `Region` (DESIGN.md §8): a
+A composite op (exp, tanh, softmax, matmul, ...) survives in the lazy graph as a named `Region` (docs/paths.md): a
 Tensor method calls `composite(name, inputs, **params)`, which builds the composite's "default" lowering (with
 autograd: the graph, kernels and results are exactly those of a plain method) and marks the output's base as the
 region's root (`LazyBuffer.region`): the composite's name, its input values, its params and that base. A later step

@@ -6,7 +6,7 @@ applies every legal action (ACTIONS) to every beam member, dedupes the children 
 spawned worker processes, times each on the device and keeps the `beam_width` fastest that verified. A candidate
 verifies when, run twice from the same random inputs with its outputs poisoned by two different byte patterns, it
 leaves the inputs alone, gives the same bytes both times (so it wrote every element) and matches the unoptimized
-kernel element by element (ints exactly, floats within a per-element tolerance). See DESIGN.md §5.
+kernel element by element (ints exactly, floats within a per-element tolerance). See docs/architecture.md (step 4).
 """
 from __future__ import annotations
 import atexit, contextlib, hashlib, json, multiprocessing, os, pickle, signal, sys, time

@@ -1,4 +1,4 @@
-"""The composite ops' lowerings as Tensor-level decompositions, registered with tgrad/regions.py (DESIGN.md §8).
+"""The composite ops' lowerings as Tensor-level decompositions, registered with tgrad/regions.py (docs/architecture.md).
 
 Each composite (exp, log, tanh, sigmoid, gelu, softmax, log_softmax, logsumexp, rms_norm, layer_norm, attention,
 matmul) has a "default" lowering — tgrad's decomposition, which a Tensor method builds through `regions.composite`

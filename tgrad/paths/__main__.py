@@ -111,7 +111,7 @@ def main(argv: Optional[list[str]] = None) -> int:
   profile.add_argument("--beam", action="store_true", help="also measure paths whose kernels are searched (BEAM=2)")
   profile.add_argument("--repeats", type=positive_int, default=5, help="timed runs per path (default 5)")
   profile.add_argument("--composites", default=None, metavar="NAME[,NAME]",
-                       help="measure only paths that lower these composites (e.g. dequantize); default: all")
+                       help="measure only the uniform paths that lower these composites (e.g. dequantize)")
   profile.add_argument("script")
   profile.add_argument("args", nargs=argparse.REMAINDER)
   show = sub.add_parser("show", help="the recorded paths of every graph")

@@ -10,7 +10,7 @@ round trips to another device (coalesce.py) also gets what coalescing compares m
 alone on both devices (over random inputs).
 """
 from __future__ import annotations
-import contextlib, itertools, time
+import contextlib, dataclasses, itertools, time
 from typing import Iterator, Optional, Sequence
 import numpy as np
 from tqdm import tqdm
@@ -59,9 +59,20 @@ class Profiler:
                     bar_format="{desc}: {n:.0f}/{total:.0f}s budget |{bar}| {postfix} [{elapsed}<{remaining}]")
     self._last = time.monotonic()
 
-  def _wanted(self, space: PathSpace, path: ExecutionPath) -> bool:
-    if self.composites is None: return True
-    return all(choice == DEFAULT or name in self.composites for name, choice in zip(space.names, path.choices))
+  def _candidates(self, space: PathSpace) -> Iterator[ExecutionPath]:
+    """The paths to measure, in the space's order. With `composites`, the uniform paths (one lowering per composite
+    name everywhere) that change only those composites: a bounded list, where filtering the whole space would walk
+    its product of every region's lowerings (10^90 paths for a Gemma decode step) looking for more matches."""
+    if self.composites is None:
+      yield from space
+      return
+    seen: set[tuple] = set()
+    for opts in space.opts:
+      for path in space.uniform_paths(opts):
+        if path.choices in seen or not all(choice == DEFAULT or name in self.composites
+                                           for name, choice in zip(space.names, path.choices)): continue
+        seen.add(path.choices)
+        yield dataclasses.replace(path, space=space)
 
   def out_of_budget(self) -> bool: return time.monotonic() >= self.deadline
 
@@ -86,7 +97,7 @@ class Profiler:
                 if r.fingerprint == fingerprint and r.tgrad_version == version and r.settings == settings}
     reference = None
     description = space.description()
-    for path in itertools.islice((p for p in space if self._wanted(space, p)), self.max_paths):
+    for path in itertools.islice(self._candidates(space), self.max_paths):
       if self.out_of_budget(): break
       if path.id in recorded:
         self.skipped += 1

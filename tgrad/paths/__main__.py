@@ -11,11 +11,9 @@ exits with the profiled program's status.
 from __future__ import annotations
 import argparse, math, os, runpy, sys
 from typing import Optional
-from tgrad.paths.db import PathsDB, select, summarize, default_tolerance
-from tgrad.paths.fingerprint import hardware_fingerprint, tgrad_version
-from tgrad.helpers import code_settings
+from tgrad.paths.db import PathsDB, summarize
+from tgrad.paths.report import SHOWN_TOLERANCES, graph_dtype_tolerance, selection_here
 
-SHOWN_TOLERANCES = (1e-2, 1e-4, 1e-6)
 USAGE_ERROR_STATUS = 2   # argparse's exit status for a bad command line
 
 class UsageError(Exception):
@@ -61,17 +59,6 @@ def _profile(args: argparse.Namespace) -> int:
   print(status, file=sys.stderr)   # sys.exit("message"): Python prints it and exits with 1
   return 1
 
-def _graph_dtype_tolerance(desc: dict) -> float:
-  """The default tolerance of a recorded graph's narrowest float output (its description names dtypes as str() does,
-  e.g. "dtypes.float16")."""
-  from tgrad.dtype import to_dtype
-  names = [str(d).rsplit(".", 1)[-1] for _, d in desc.get("outputs", [])]
-  floats = [to_dtype(n) for n in names if to_dtype(n).is_float]
-  return min((default_tolerance(d) for d in floats), default=1e-5)
-
-def _selections(db: PathsDB, key: str, device: str, tolerance: float):
-  return select(db.runs(key, device), tolerance, hardware_fingerprint(device), tgrad_version(), code_settings())
-
 def _show(args: argparse.Namespace) -> int:
   db = PathsDB()
   graphs = [(k, d) for k, d in db.graphs() if not args.graph or k.startswith(args.graph)]
@@ -81,7 +68,7 @@ def _show(args: argparse.Namespace) -> int:
     print(f"graph {key[:16]} on {device}: outputs {desc.get('outputs')}, composites {desc.get('composites')}, "
           f"{desc.get('nodes')} nodes")
     runs = db.runs(key, device)
-    chosen = {t: _selections(db, key, device, t) for t in SHOWN_TOLERANCES}
+    chosen = {t: selection_here(db, key, device, t) for t in SHOWN_TOLERANCES}
     reasons = {summary.path_id: why for summary, why in chosen[SHOWN_TOLERANCES[0]].rejected}
     for s in sorted(summarize(runs), key=lambda s: (s.status != "ok", s.min_time)):
       picks = [f"{t:g}" for t, sel in chosen.items() if sel.chosen is not None and sel.chosen.path_id == s.path_id]
@@ -95,8 +82,8 @@ def _best(args: argparse.Namespace) -> int:
   db = PathsDB()
   for key, desc in db.graphs():
     device = desc.get("device", "")
-    tolerance = args.tolerance if args.tolerance is not None else _graph_dtype_tolerance(desc)
-    sel = _selections(db, key, device, tolerance)
+    tolerance = args.tolerance if args.tolerance is not None else graph_dtype_tolerance(desc)
+    sel = selection_here(db, key, device, tolerance)
     what = f"{sel.chosen.path_id} {sel.chosen.path_desc}" if sel.chosen else "default (guess)"
     print(f"graph {key[:16]} on {device} at TOLERANCE {tolerance:g}: {what} — {sel.reason}")
   return 0

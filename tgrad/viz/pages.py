@@ -161,7 +161,7 @@ def timeline_svg(data: dict, summary: dict) -> str:
 
 def paths_page(site: Site) -> str:
   from tgrad.paths.db import PathsDB, summarize
-  from tgrad.paths.__main__ import SHOWN_TOLERANCES, _graph_dtype_tolerance, _selections
+  from tgrad.paths.report import SHOWN_TOLERANCES, graph_dtype_tolerance, selection_here
   from tgrad.viz.plots import plot_svg
   db = PathsDB(site.db_path)
   graphs = db.graphs()
@@ -172,8 +172,8 @@ def paths_page(site: Site) -> str:
     device = desc.get("device", "")
     runs = db.runs(key, device)
     summaries = summarize(runs)
-    tolerances = sorted(set(SHOWN_TOLERANCES) | {_graph_dtype_tolerance(desc)}, reverse=True)
-    selections = [(t, _selections(db, key, device, t)) for t in tolerances]
+    tolerances = sorted(set(SHOWN_TOLERANCES) | {graph_dtype_tolerance(desc)}, reverse=True)
+    selections = [(t, selection_here(db, key, device, t)) for t in tolerances]
     chosen_at: dict[str, list[str]] = {}
     for t, selection in selections:
       if selection.chosen is not None: chosen_at.setdefault(selection.chosen.path_id, []).append(f"{t:g}")

@@ -391,6 +391,16 @@ class MatvecLayout:
   m_axes: tuple[int, ...]
   k_contiguous: bool
 
+def _weight_output_axes(kernel: Kernel, strides: tuple) -> Optional[tuple[tuple[int, ...], list[int]]]:
+  """(m_axes, n_axes) of a matrix–vector product whose weight W is read with `strides`: the output axes W is reused
+  along (x's rows) and those it varies along; None when it varies along none or is reused over more than MATVEC_MAX_M
+  outputs (a matmul)."""
+  outputs = [a for a in range(kernel.first_reduce) if kernel.full_shape[a] > 1]
+  m_axes = tuple(a for a in outputs if strides[a] == 0)
+  n_axes = [a for a in outputs if strides[a] not in (0, None)]
+  if not n_axes or prod(kernel.full_shape[a] for a in m_axes) > MATVEC_MAX_M: return None
+  return m_axes, n_axes
+
 def matvec_layout(kernel: Kernel) -> Optional[MatvecLayout]:
   """The layout when an unoptimized kernel is a matrix–vector product: one sum over one reduce axis of a value that
   reads at least two buffers, the largest of which (W) varies along the reduce axis and an output axis, is
@@ -403,11 +413,8 @@ def matvec_layout(kernel: Kernel) -> Optional[MatvecLayout]:
   if len({u.src[0] for u, _ in loads}) < 2: return None
   _, weight = max(loads, key=lambda load: load[1].buffer_extent() * load[0].dtype.itemsize)
   strides, k_axis = weight.real_strides(), reduce_axes[0]
-  outputs = [a for a in range(kernel.first_reduce) if kernel.full_shape[a] > 1]
-  m_axes = tuple(a for a in outputs if strides[a] == 0)
-  n_axes = [a for a in outputs if strides[a] not in (0, None)]
-  if strides[k_axis] in (0, None) or not n_axes: return None
-  if prod(kernel.full_shape[a] for a in m_axes) > MATVEC_MAX_M: return None
+  if strides[k_axis] in (0, None) or (axes := _weight_output_axes(kernel, strides)) is None: return None
+  m_axes, n_axes = axes
   n_axis = next((a for a in n_axes if strides[a] == 1), n_axes[-1])
   if strides[k_axis] != 1 and strides[n_axis] != 1: return None
   return MatvecLayout(n_axis, k_axis, m_axes, strides[k_axis] == 1)
@@ -537,17 +544,14 @@ def packed_matvec_layout(kernel: Kernel) -> Optional[MatvecLayout]:
   packed = [i for i, u in enumerate(kernel.memops) if u.op is Ops.LOAD and u.dtype.itemsize == 1]
   if not packed: return None
   strides = kernel.sts[max(packed, key=lambda i: kernel.sts[i].buffer_extent())].real_strides()
-  outputs = [a for a in range(kernel.first_reduce) if kernel.full_shape[a] > 1]
-  m_axes = tuple(a for a in outputs if strides[a] == 0)
-  n_axes = [a for a in outputs if strides[a] not in (0, None)]
-  if strides[reduce_axes[0]] in (0, None) or not n_axes or prod(kernel.full_shape[a] for a in m_axes) > MATVEC_MAX_M:
-    return None
+  if strides[reduce_axes[0]] in (0, None) or (axes := _weight_output_axes(kernel, strides)) is None: return None
+  m_axes, n_axes = axes
   return MatvecLayout(n_axes[-1], reduce_axes[0], m_axes, False)
 
 def _packed_matvec(kernel: Kernel) -> bool:
   if (layout := packed_matvec_layout(kernel)) is None: return False
   for axis in layout.m_axes: try_opt(kernel, Opt(OptOps.UPCAST, axis, 0))
-  inner = kernel.shape_len - 1 - (kernel.shape_len - kernel.first_upcast)   # the innermost reduce axis
+  inner = kernel.first_upcast - 1   # the innermost axis before the upcast ones: a reduce axis of the block
   if kernel.is_reduce_axis(inner) and kernel.full_shape[inner] <= PACKED_MATVEC_MAX_UNROLL:
     try_opt(kernel, Opt(OptOps.UNROLL, inner - kernel.first_reduce, 0))
   group = _divisor_at_most(kernel.full_shape[kernel.first_reduce], PACKED_MATVEC_GROUP)

@@ -5,10 +5,11 @@ Python overhead a user pays), after one warm-up run that compiles. The best of R
 Usage: python bench/cpu.py [--quick]   (BEAM=2 python bench/cpu.py searches kernels first)
 """
 from __future__ import annotations
-import argparse, os, sys, time
+import argparse, os, sys
 import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from tgrad import Tensor  # noqa: E402
+import timing  # noqa: E402
 from tgrad.helpers import Context  # noqa: E402
 
 REPEATS = 5
@@ -22,13 +23,8 @@ except ImportError:
   torch = None
 
 def best_time(fn, repeats: int = REPEATS) -> float:
-  fn()
-  times = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    fn()
-    times.append(time.perf_counter() - start)
-  return min(times)
+  """Best seconds of `repeats` calls after a warm-up call (bench/timing.py)."""
+  return timing.best_time(fn, repeats)
 
 def tgrad_softmax(x: Tensor) -> Tensor: return x.softmax(axis=-1)
 

@@ -18,6 +18,7 @@ from tgrad import Tensor, dtypes  # noqa: E402
 from tgrad.nn.gguf import GGUFFile, load_gguf  # noqa: E402
 from tgrad.nn.quant import QuantizedTensor  # noqa: E402
 from tgrad.realize import lower_schedule  # noqa: E402
+from timing import median_time  # noqa: E402
 
 REPEATS = 20
 MATVEC_WEIGHTS = {   # one weight per block type of the Q4_K_M mix; (out, in) in numpy order
@@ -32,14 +33,6 @@ def kernel_seconds(out: Tensor, repeats: int) -> tuple[int, float]:
   times = [sum(item.run(wait=True) or 0.0 for item in items) for _ in range(repeats)]
   return len(items), statistics.median(times)
 
-def call_seconds(fn, repeats: int) -> float:
-  fn()
-  times = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    fn()
-    times.append(time.perf_counter() - start)
-  return statistics.median(times)
 
 def model_numbers(path: str, repeats: int) -> None:
   gguf_file = GGUFFile(path)
@@ -83,8 +76,8 @@ def matvec_numbers(path: str, repeats: int) -> None:
     x = Tensor(rng.standard_normal((1, weight.shape[1])).astype(np.float32)).realize()
     packed_count, packed_kernel = kernel_seconds(weight.linear(x), repeats)
     dense_count, dense_kernel = kernel_seconds(x.linear(dense.transpose()), repeats)
-    packed_call = call_seconds(lambda: weight.linear(x).realize(), repeats)
-    dense_call = call_seconds(lambda: x.linear(dense.transpose()).realize(), repeats)
+    packed_call = median_time(lambda: weight.linear(x).realize(), repeats)
+    dense_call = median_time(lambda: x.linear(dense.transpose()).realize(), repeats)
     np.testing.assert_allclose(weight.linear(x).numpy(), x.linear(dense.transpose()).numpy(), rtol=1e-4, atol=1e-4)
     shape = "x".join(map(str, weight.shape))
     print(f"{type_name:5s} {name:26s} {shape:12s} {packed_count:15d} {packed_kernel * 1e6:10.1f} "

@@ -5,10 +5,11 @@
 Building is the front end's and lazy.py's cost per op (no device is touched); the walk is lazy.walk's cost over the
 graph. Best of REPEATS runs.
 """
-import os, sys, time
+import os, sys
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from tgrad import Tensor  # noqa: E402
 from tgrad.lazy import unrealized_bases  # noqa: E402
+from timing import best_time  # noqa: E402
 
 REPEATS = 5
 
@@ -17,18 +18,11 @@ def build(n: int) -> Tensor:
   for i in range(n): x = x * 1.0001 + i if i % 2 else x - 0.5
   return x
 
-def best_of(fn) -> float:
-  times = []
-  for _ in range(REPEATS):
-    start = time.perf_counter()
-    fn()
-    times.append(time.perf_counter() - start)
-  return min(times)
 
 if __name__ == "__main__":
   n = int(sys.argv[1]) if len(sys.argv) > 1 else 10_000
   with Tensor.no_grad(): chain = build(n)
-  with Tensor.no_grad(): build_s = best_of(lambda: build(n))
-  walk_s = best_of(lambda: unrealized_bases([chain.lazydata]))
+  with Tensor.no_grad(): build_s = best_time(lambda: build(n), REPEATS, warmup=False)
+  walk_s = best_time(lambda: unrealized_bases([chain.lazydata]), REPEATS, warmup=False)
   print(f"build {n} ops: {build_s * 1e3:.1f} ms ({build_s / n * 1e6:.2f} us/op); "
         f"walk {len(unrealized_bases([chain.lazydata]))} bases: {walk_s * 1e3:.1f} ms")

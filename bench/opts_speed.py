@@ -5,7 +5,7 @@ No kernel runs for the first two (the CUDA renderer needs no GPU); they measure 
 Usage: python bench/opts_speed.py [--repeats 20] [--beam-size 64] [--no-beam]
 The BEAM search runs on LLVM with IGNORE_BEAM_CACHE=1 and a throwaway cache (TGRAD_CACHE), so nothing is reused.
 """
-import argparse, os, statistics, tempfile, time
+import argparse, os, tempfile, time
 import numpy as np
 from tgrad import Tensor, Variable, dtypes
 from tgrad.runtime.cuda.renderer import CUDARenderer
@@ -15,6 +15,7 @@ from tgrad.runtime.llvm.renderer import LLVMRenderer
 from tgrad.helpers import Context
 from tgrad.ops import Ops
 from tgrad.schedule import create_schedule
+from timing import median_time
 
 DEVICE = "LLVM"        # where the inputs live; the kernels are only optimized here
 THREADS = 8            # CPU heuristics' thread count, fixed so that runs on different machines do the same work
@@ -47,13 +48,6 @@ def kernels() -> list[tuple[str, Kernel]]:
       out.append((f"{name}/{renderer_name}", Kernel(items[-1].ast, renderer())))
   return out
 
-def median_seconds(fn, repeats: int) -> float:
-  times = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    fn()
-    times.append(time.perf_counter() - start)
-  return statistics.median(times)
 
 def heuristics_time(kernel: Kernel) -> None:
   with Context(THREADS=THREADS): hand_coded_optimizations(kernel.copy())
@@ -96,11 +90,11 @@ def main() -> None:
   from tgrad.codegen.search import ACTIONS
   heuristic_total = expansion_total = 0.0
   for label, kernel in kernels():
-    heuristic = median_seconds(lambda: heuristics_time(kernel), args.repeats)
+    heuristic = median_time(lambda: heuristics_time(kernel), args.repeats, warmup=False)
     optimized = kernel.copy()
     with Context(THREADS=THREADS): hand_coded_optimizations(optimized)
     legal = expansion(optimized, ACTIONS)
-    expand = median_seconds(lambda: expansion(optimized, ACTIONS), max(3, args.repeats // 4))
+    expand = median_time(lambda: expansion(optimized, ACTIONS), max(3, args.repeats // 4), warmup=False)
     heuristic_total, expansion_total = heuristic_total + heuristic, expansion_total + expand
     print(f"{label:28s} heuristics {heuristic * 1e3:7.2f} ms   expansion {expand * 1e3:7.2f} ms "
           f"({legal} legal of {len(ACTIONS)} actions)")

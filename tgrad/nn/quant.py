@@ -275,9 +275,6 @@ def dense_copy(packed: Tensor, ggml_type: int, shape: tuple[int, ...], dtype: DT
     copies[dtype] = dense.realize()
   return copies[dtype]
 
-def _dequantize_in_use(packed: Tensor, ggml_type: int, shape: tuple[int, ...]) -> Tensor:
-  return _structured(packed, ggml_type, shape)
-
 def _dequantize_once(dtype: DType) -> Callable[..., Tensor]:
   def build(packed: Tensor, ggml_type: int, shape: tuple[int, ...]) -> Tensor:
     structured = _structured(packed, ggml_type, shape)   # lazy, for its shape: nothing of it runs
@@ -286,7 +283,7 @@ def _dequantize_once(dtype: DType) -> Callable[..., Tensor]:
 
 register(DEQUANTIZE, {
   DEFAULT: Lowering(DEFAULT, "packed: the blocks dequantized inside every kernel that reads the weight",
-                    _dequantize_in_use, 3),
+                    _structured, 3),
   **{f"dequant_{dtype.name}": Lowering(f"dequant_{dtype.name}", f"dequantized once into a {dtype.name} copy, read "
                                        "by every use", _dequantize_once(dtype), exactness)
      for dtype, exactness in zip(DENSE_DTYPES, (2, 1, 0))}})

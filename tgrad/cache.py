@@ -11,7 +11,7 @@ cache. `python -m tgrad.cache [info|clear|export [FILE]]`. `SqliteStore` is that
 database of execution paths (tgrad/paths/db.py) keeps its own tables in the same file through it.
 """
 from __future__ import annotations
-import argparse, atexit, hashlib, hmac, json, math, os, re, secrets, sqlite3, stat, sys, threading, time, warnings
+import argparse, atexit, errno, hashlib, hmac, json, math, os, re, secrets, sqlite3, stat, sys, threading, time, warnings
 import weakref
 from typing import Any, Callable, Generic, Optional, TypeVar
 from tgrad.helpers import Context, cache_dir
@@ -20,7 +20,8 @@ T = TypeVar("T")
 
 SCHEMA_VERSION = 2          # bump when a table's columns or a key's meaning change; the old tables are then ignored
                             # (2: every row authenticated by an HMAC, binaries carry last_used for LRU eviction)
-BUSY_TIMEOUT_SECONDS = 5.0  # how long one process waits for another's write before this cache gives up
+BUSY_TIMEOUT_SECONDS = 5.0  # how long one process waits for another's write before sqlite gives up ...
+LOCKED_ATTEMPTS = 4         # ... and how many such waits one operation makes before the store turns itself off
 KEY_SEPARATOR = "\0"        # between source and target key, so ("ab", "c") and ("a", "bc") hash differently
 
 BINARIES, OPTS, TIMINGS = f"binaries_v{SCHEMA_VERSION}", f"opts_v{SCHEMA_VERSION}", f"timings_v{SCHEMA_VERSION}"
@@ -49,7 +50,7 @@ TOUCH_BATCH = 64
 # file so that a cache copied or planted by someone else fails every check.
 SECRET_BYTES = 32
 SECRET_FILE_MODE = 0o600
-SECRET_WAIT_SECONDS = 2.0    # how long a reader waits for a concurrent first user to finish writing the secret
+SECRET_WAIT_SECONDS = 10.0   # where the secret is written in place: how long a reader waits for its writer to finish
 SECRET_POLL_SECONDS = 0.01
 SECRET_CHECKS = "secret_checks"   # table: per data table, the HMAC of a fixed text under the secret that wrote it
 SECRET_CHECK_TEXT = b"tgrad cache secret check"
@@ -78,22 +79,47 @@ def secret_path() -> str:
   return os.path.abspath(os.path.expanduser(path))
 
 def cache_secret(path: Optional[str] = None) -> bytes:
-  """The per-user secret, created on first use: SECRET_BYTES random bytes written to a file opened with O_EXCL (so
-  concurrent first users agree on one), mode 0600. A file of another owner, readable by others or of the wrong size
+  """The per-user secret, created on first use: SECRET_BYTES random bytes in a file of mode 0600, published whole by a
+  hard link (so concurrent first users agree on one, see _publish_new_secret). A file of another owner, readable by others or of the wrong size
   raises CacheSecretError."""
   path = path or secret_path()
   if (known := _secrets.get(path)) is not None: return known
   os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+  if not os.path.lexists(path) and not _publish_new_secret(path): _create_secret_in_place(path)
+  _secrets[path] = secret = _read_secret(path)
+  return secret
+
+def _publish_new_secret(path: str) -> bool:
+  """Write a new secret to a private temporary file, sync it, and hard-link it to `path`: readers see either no file or
+  the whole secret (a slow disk can't show them a short one), and of concurrent first users the first link wins
+  (the others read that one). False where the file system has no hard links."""
+  temporary = f"{path}.{os.getpid()}.{secrets.token_hex(8)}.new"
+  fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), SECRET_FILE_MODE)
   try:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), SECRET_FILE_MODE)
-  except FileExistsError: pass   # another process (or an earlier run) made it: read theirs below
-  else:
     try:
       os.write(fd, secrets.token_bytes(SECRET_BYTES))
       os.fsync(fd)
     finally: os.close(fd)
-  _secrets[path] = secret = _read_secret(path)
-  return secret
+    os.link(temporary, path)
+  except FileExistsError: pass   # another process (or an earlier run) made it: read theirs
+  except OSError as error:
+    if error.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.EXDEV, errno.EMLINK): raise
+    return False
+  finally:
+    try: os.unlink(temporary)
+    except FileNotFoundError: pass
+  return True
+
+def _create_secret_in_place(path: str) -> None:
+  """Where hard links are missing: create `path` with O_EXCL and write it; a concurrent reader may see it short and
+  waits for it (see _read_secret)."""
+  try:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), SECRET_FILE_MODE)
+  except FileExistsError: return   # another process (or an earlier run) made it: read theirs
+  try:
+    os.write(fd, secrets.token_bytes(SECRET_BYTES))
+    os.fsync(fd)
+  finally: os.close(fd)
 
 def _read_secret(path: str) -> bytes:
   deadline = time.monotonic() + SECRET_WAIT_SECONDS
@@ -211,14 +237,22 @@ class SqliteStore:
   # *** the one place that touches sqlite ***
 
   def _run(self, work: Callable[[sqlite3.Connection], T], on_failure: T) -> T:
-    """Run `work` on the connection; a failing file turns the store off with one warning and returns `on_failure`."""
+    """Run `work` on the connection; a failing file turns the store off with one warning and returns `on_failure`.
+    A file locked by other processes past the busy timeout (a loaded machine) is tried again, LOCKED_ATTEMPTS times in
+    all, before it counts as failing."""
     if self.error is not None: return on_failure
     with self._lock:
-      try:
-        return work(self._connection())
-      except (sqlite3.Error, OSError) as error:
-        self._turn_off(error)
-        return on_failure
+      for attempt in range(1, LOCKED_ATTEMPTS + 1):
+        try:
+          return work(self._connection())
+        except sqlite3.OperationalError as error:
+          failure: BaseException = error
+          if attempt < LOCKED_ATTEMPTS and _is_locked(error): continue
+        except (sqlite3.Error, OSError) as error:
+          failure = error
+        break
+      self._turn_off(failure)
+      return on_failure
 
   def _connection(self) -> sqlite3.Connection:
     if self._conn is not None and self._conn_pid == os.getpid(): return self._conn
@@ -282,6 +316,12 @@ def _warn_foreign(store: SqliteStore, tables: list[str]) -> None:
   warnings.warn(f"tgrad {store.WHAT} {store.path} was written under another secret than {secret_path()} (a cache from "
                 f"another user or machine?): its rows of {', '.join(tables)} were discarded and are rebuilt",
                 CacheWarning, stacklevel=5)
+
+def _is_locked(error: sqlite3.OperationalError) -> bool:
+  """Whether sqlite gave up waiting for another process's lock (SQLITE_BUSY / SQLITE_LOCKED), which passes."""
+  code = getattr(error, "sqlite_errorcode", None)
+  if code is not None: return code & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+  return "locked" in str(error) or "busy" in str(error)
 
 class write_transaction:
   """`with write_transaction(conn):` one write transaction, taken at once (BEGIN IMMEDIATE) so that concurrent

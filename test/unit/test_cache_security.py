@@ -3,7 +3,7 @@ file, swapped, flipped, emptied or truncated binaries, edited opts rows), authen
 (a malformed object, opts that are not opts), a cache file of another secret, concurrent writers, the secret file
 itself, and least-recently-used eviction. Real LLVM kernels run through the cache in fresh processes.
 """
-import json, multiprocessing, os, re, shutil, sqlite3, subprocess, sys, warnings
+import json, multiprocessing, os, re, shutil, sqlite3, subprocess, sys, threading, time, warnings
 from pathlib import Path
 import numpy as np
 import pytest
@@ -13,6 +13,7 @@ from tgrad.helpers import Context
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SUBPROCESS_TIMEOUT_SECONDS = 120
+SLOW_DISK_SECONDS = 0.5   # how long the patched write of a slow disk takes
 # the child computes x + 1 and x * 2 (two LLVM kernels) and prints both as JSON
 ADD_AND_DOUBLE = """
 import json, numpy as np
@@ -208,6 +209,43 @@ def test_concurrent_first_users_agree_on_one_secret(tmp_path):
   secrets_read = [out.get(timeout=SUBPROCESS_TIMEOUT_SECONDS) for _ in children]
   for child in children: child.join()
   assert len(set(secrets_read)) == 1 and secrets_read[0] == Path(path).read_bytes()
+
+_write = os.write
+
+def _slow_write(fd: int, data: bytes) -> int:
+  time.sleep(SLOW_DISK_SECONDS)
+  return _write(fd, data)
+
+def test_a_slow_disk_never_shows_a_short_secret(tmp_path, monkeypatch):
+  # the first user's write outlasts a reader's patience: readers still see no file or the whole secret
+  monkeypatch.setattr(cache_module, "SECRET_WAIT_SECONDS", SLOW_DISK_SECONDS / 10)
+  monkeypatch.setattr(os, "write", _slow_write)
+  test_concurrent_first_users_agree_on_one_secret(tmp_path)
+  assert [p.name for p in (tmp_path / "new").iterdir()] == ["secret"]   # no temporary file is left behind
+
+def test_a_lock_held_past_the_busy_timeout_is_waited_out(fresh_cache, monkeypatch):
+  monkeypatch.setattr(cache_module, "BUSY_TIMEOUT_SECONDS", 0.1)
+  cache = get_cache()
+  cache.put_binary("first", "key", b"1")
+  other = sqlite3.connect(cache.path, isolation_level=None, check_same_thread=False)
+  other.execute("BEGIN IMMEDIATE")   # another process's write, longer than one busy timeout
+  releaser = threading.Timer(0.25, lambda: other.execute("COMMIT"))
+  releaser.start()
+  try: cache.put_binary("second", "key", b"2")
+  finally: releaser.join()
+  other.close()
+  assert cache.error is None and cache.get_binary("second", "key") == b"2"
+
+def test_a_lock_that_never_passes_turns_the_store_off(fresh_cache, monkeypatch):
+  monkeypatch.setattr(cache_module, "BUSY_TIMEOUT_SECONDS", 0.05)
+  cache = get_cache()
+  cache.put_binary("first", "key", b"1")
+  other = sqlite3.connect(cache.path, isolation_level=None)
+  other.execute("BEGIN IMMEDIATE")
+  try:
+    with pytest.warns(CacheWarning, match="locked"): cache.put_binary("second", "key", b"2")
+  finally: other.close()
+  assert "locked" in cache.error and cache.get_binary("first", "key") is None
 
 def _write_and_read(index: int) -> list[bool]:
   cache = get_cache()

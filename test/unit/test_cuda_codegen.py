@@ -13,6 +13,7 @@ from tgrad.ops import ALU, Ops, UOp, simplify
 from tgrad.lazy import LazyBuffer
 from tgrad.schedule import create_schedule
 from tgrad.device import CompileError
+from tgrad.helpers import Context
 from tgrad.codegen.kernel import Kernel, KernelOptError, Opt, OptOps, fold_dims
 from tgrad.codegen.linearizer import linearize
 from tgrad.codegen.heuristics import hand_coded_optimizations
@@ -438,7 +439,11 @@ def tf32_dot(a_shape: tuple[int, ...], b_shape: tuple[int, ...]) -> LazyBuffer:
   return LOWERINGS["matmul"]["tf32"].build(a, b).lazydata
 
 def compiled_for(kernel: Kernel, arch: str) -> str:
-  src = kernel.renderer.render("test_kernel", linearize(kernel))
+  """The kernel's source (rendered for sm_90), compiled for `arch`: for an older GPU without the sm_90-only
+  dependent-launch prologue."""
+  from tgrad.runtime.cuda.renderer import DEPENDENT_LAUNCH_MIN_SM, sm_number
+  with Context(PDL=int(sm_number(arch) >= DEPENDENT_LAUNCH_MIN_SM)):
+    src = kernel.renderer.render("test_kernel", linearize(kernel))
   assert compile_cuda(src, arch)[:4] == b"\x7fELF"
   return src
 

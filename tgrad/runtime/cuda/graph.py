@@ -39,6 +39,18 @@ class KernelNodeParams(ctypes.Structure):
               ("kernelParams", ctypes.POINTER(ctypes.c_void_p)), ("extra", ctypes.POINTER(ctypes.c_void_p)),
               ("kern", CUkernel), ("ctx", CUcontext)]
 
+class EdgeData(ctypes.Structure):
+  """CUgraphEdgeData of cuda.h (CUDA 12.3 and later): when an edge fires (from_port), for which part of the downstream
+  node (to_port, always 0) and its kind (type); all zero is a full dependency with memory visibility."""
+  _fields_ = [("from_port", ctypes.c_ubyte), ("to_port", ctypes.c_ubyte), ("type", ctypes.c_ubyte),
+              ("reserved", ctypes.c_ubyte * 5)]
+
+# A programmatic edge (CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC from CU_GRAPH_KERNEL_NODE_PORT_PROGRAMMATIC): the
+# downstream kernel launches once every block of the upstream one has run griddepcontrol.launch_dependents (or
+# exited), and its own griddepcontrol.wait holds it until the upstream kernel has completed with its writes visible.
+DEPENDENCY_TYPE_PROGRAMMATIC = 1
+KERNEL_NODE_PORT_PROGRAMMATIC = 1
+
 _P = ctypes.POINTER
 # Every driver entry point used here, by its exported (versioned) name, with its argument types; all return CUresult.
 DRIVER_FUNCTIONS: dict[str, list] = {
@@ -58,6 +70,11 @@ DRIVER_FUNCTIONS: dict[str, list] = {
   "cuGraphExecDestroy": [CUgraphExec],
 }
 
+# Entry points a driver may lack (older than the CUDA release named): without them the feature is not used.
+OPTIONAL_DRIVER_FUNCTIONS: dict[str, list] = {
+  "cuGraphAddDependencies_v2": [CUgraph, _P(CUgraphNode), _P(CUgraphNode), _P(EdgeData), ctypes.c_size_t],  # 12.3
+}
+
 class CUDAGraphError(RuntimeError):
   """A driver call failed, or the driver (libcuda.so.1, CUDA 12.0 or later) could not be loaded."""
 
@@ -75,7 +92,13 @@ def driver() -> ctypes.CDLL:
     except AttributeError as e:
       raise CUDAGraphError(f"{DRIVER_LIBRARY} has no {name}: CUDA graphs need a driver for CUDA 12.0 or later") from e
     function.argtypes, function.restype = argtypes, CUresult
+  for name, argtypes in OPTIONAL_DRIVER_FUNCTIONS.items():
+    if (function := getattr(lib, name, None)) is not None: function.argtypes, function.restype = argtypes, CUresult
   return lib
+
+def has_programmatic_edges() -> bool:
+  """Whether the driver can make programmatic graph edges (CUDA 12.3 or later)."""
+  return hasattr(driver(), "cuGraphAddDependencies_v2")
 
 def error_name(result: int) -> str:
   """cuGetErrorName and cuGetErrorString of a CUresult, e.g. 'CUDA_ERROR_INVALID_VALUE (1): invalid argument'."""
@@ -100,6 +123,7 @@ class KernelLaunch:
   shared_bytes: int
   args: list[int]
   arg_kinds: str
+  waits_for_prior_grids: bool = False   # rendered with the dependent-launch prologue (runtime/cuda/renderer.py)
 
   def __post_init__(self):
     for what, dims in (("grid", self.grid), ("block", self.block)):
@@ -119,7 +143,13 @@ class KernelLaunch:
     grid = tuple(global_size) + (1,) * (3 - len(global_size))
     block = tuple(local_size) + (1,) * (3 - len(local_size))
     return KernelLaunch(program.function, grid, block, program.shared_bytes,  # type: ignore[arg-type]
-                        [int(p) for p in pointers] + [int(v) for v in vals], "P" * len(pointers) + "q" * len(vals))
+                        [int(p) for p in pointers] + [int(v) for v in vals], "P" * len(pointers) + "q" * len(vals),
+                        bool(getattr(program, "waits_for_prior_grids", False)))
+
+def programmatic_edges(launches: Sequence[KernelLaunch], enabled: bool) -> list[bool]:
+  """For each launch after the first: whether its edge from the launch before is programmatic — PDL on (`enabled`)
+  and the launch waits for prior grids itself. Any other edge is a full dependency."""
+  return [enabled and launch.waits_for_prior_grids for launch in launches[1:]]
 
 def _check_arg(kind: str, value: int, position: int) -> None:
   if kind not in ARG_KINDS: raise ValueError(f"argument {position}: kind {kind!r} is not one of {list(ARG_KINDS)}")
@@ -171,8 +201,8 @@ class _KernelNode:
     self.handle = CUgraphNode()
 
 class CUDAGraph:
-  """The launches as one CUDA graph, each kernel depending on the one before, instantiated once and replayed by
-  `launch()`. `update(i, args)` patches kernel i of the instantiated graph; launches already queued keep their
+  """The launches as one CUDA graph, each kernel depending on the one before (programmatically where it waits for
+  prior grids and PDL=1: see programmatic_edges), instantiated once and replayed by `launch()`. `update(i, args)` patches kernel i of the instantiated graph; launches already queued keep their
   arguments. `close()` (or garbage collection) destroys the graph."""
   def __init__(self, launches: list[KernelLaunch], stream: int = DEFAULT_STREAM):
     if not launches: raise ValueError("a CUDA graph needs at least one kernel launch")
@@ -182,15 +212,16 @@ class CUDAGraph:
     self._graph, self._exec = CUgraph(), CUgraphExec()
     self.nodes = [_KernelNode(launch, kernel_identity(launch)) for launch in launches]
     check(self._lib.cuGraphCreate(ctypes.byref(self._graph), 0), "cuGraphCreate")
+    self.programmatic = programmatic_edges(launches, bool(Context.PDL) and has_programmatic_edges())
     try:
-      previous: Optional[_KernelNode] = None
       for index, node in enumerate(self.nodes):
-        dependencies = ctypes.byref(previous.handle) if previous is not None else None
+        full_dependency = index > 0 and not self.programmatic[index - 1]
+        dependencies = ctypes.byref(self.nodes[index - 1].handle) if full_dependency else None
         check(self._lib.cuGraphAddKernelNode_v2(ctypes.byref(node.handle), self._graph, dependencies,
-                                                1 if previous is not None else 0, ctypes.byref(node.params)),
+                                                int(full_dependency), ctypes.byref(node.params)),
               f"cuGraphAddKernelNode_v2 (node {index} of {len(self.nodes)}, grid {launches[index].grid}, "
               f"block {launches[index].block}, {launches[index].shared_bytes} shared bytes)")
-        previous = node
+        if index > 0 and not full_dependency: self._add_programmatic_edge(self.nodes[index - 1], node, index)
       check(self._lib.cuGraphInstantiateWithFlags(ctypes.byref(self._exec), self._graph, 0),
             f"cuGraphInstantiateWithFlags ({len(self.nodes)} kernel nodes)")
       check(self._lib.cuGraphUpload(self._exec, self.stream), "cuGraphUpload")
@@ -198,6 +229,12 @@ class CUDAGraph:
       self.close()
       raise
     self._launch: Callable[[Any, Any], int] = self._lib.cuGraphLaunch
+
+  def _add_programmatic_edge(self, upstream: _KernelNode, downstream: _KernelNode, index: int) -> None:
+    edge = EdgeData(KERNEL_NODE_PORT_PROGRAMMATIC, 0, DEPENDENCY_TYPE_PROGRAMMATIC)
+    check(self._lib.cuGraphAddDependencies_v2(self._graph, ctypes.byref(upstream.handle),
+                                              ctypes.byref(downstream.handle), ctypes.byref(edge), 1),
+          f"cuGraphAddDependencies_v2 (programmatic edge into node {index} of {len(self.nodes)})")
 
   def __len__(self) -> int: return len(self.nodes)
 

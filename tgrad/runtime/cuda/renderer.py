@@ -17,7 +17,7 @@ from typing import Optional
 from tgrad.dtype import DType, dtypes
 from tgrad.ops import UOp, Ops, ALU, COMPARISON, split_terms
 from tgrad.codegen.renderer import Renderer, FragmentLayout, MatrixLoad, TensorCore
-from tgrad.helpers import prod
+from tgrad.helpers import Context, prod
 
 # Limits of every CUDA GPU since compute capability 3.0 (CUDA C Programming Guide, "Technical Specifications");
 # the runtime replaces them with the device's own attributes.
@@ -28,6 +28,15 @@ CUDA_SHARED_MEMORY_BYTES = 48 * 1024            # static __shared__ per block wi
 # Above the static limit a kernel's shared arrays live in one dynamic allocation; the kernel's module carries its size
 # in this global (runtime/cuda/runtime.py reads it, opts the function in and launches with it).
 DYNAMIC_SHARED_SUFFIX = "_dynamic_shared_bytes"
+# Programmatic Dependent Launch (sm_90+, PTX ISA 7.8): a kernel rendered for it first waits for the grids it depends
+# on (`griddepcontrol.wait`: they have completed and their writes are visible; a no-op when launched without a
+# programmatic dependency), then lets its own dependents launch (`griddepcontrol.launch_dependents`), so their launch
+# overlaps its work. Its module carries the global named by this suffix: runtime.py reads it, and graph.py gives only
+# such kernels a programmatic edge from their predecessor (a kernel without the wait keeps a full dependency).
+DEPENDENT_LAUNCH_MIN_SM = 90
+DEPENDENT_LAUNCH_SUFFIX = "_waits_for_prior_grids"
+DEPENDENT_LAUNCH_PROLOGUE = ('asm volatile("griddepcontrol.wait;" ::: "memory");',
+                             'asm volatile("griddepcontrol.launch_dependents;" ::: "memory");')
 VARIABLE_ARG_SUFFIX = "_arg"   # a DEFINE_VAR `pos` is the kernel parameter `long long pos_arg`
 VECTOR_BYTES = 16                               # the widest global load/store instruction (ld.global.v4.b32)
 
@@ -171,7 +180,11 @@ class CUDARenderer(Renderer):
     self.tensor_cores = TENSOR_CORES if sm_number(arch) >= TENSOR_CORE_MIN_SM else ()
     self.async_copy = sm_number(arch) >= ASYNC_COPY_MIN_SM
     self.matrix_loads = bool(self.tensor_cores)
-  def render(self, name: str, uops: list[UOp]) -> str: return _KernelWriter(name, uops, self.arch).write()
+    self.dependent_launch = sm_number(arch) >= DEPENDENT_LAUNCH_MIN_SM
+  def render(self, name: str, uops: list[UOp]) -> str:
+    """The kernel's source; on sm_90+ under PDL=1 (a code setting, part of every cache key) with the dependent-launch
+    prologue."""
+    return _KernelWriter(name, uops, self.arch, self.dependent_launch and bool(Context.PDL)).write()
 
 # ---------------------------------------------------------------------------------------------------------------
 # 64-bit index math, computed in 32 bits where the bounds prove it fits
@@ -377,8 +390,8 @@ def _pairable(low: UOp, high: UOp) -> bool:
     all(coef % 2 == 0 for coef in low_terms.values())
 
 class _KernelWriter:
-  def __init__(self, name: str, uops: list[UOp], arch: str = "sm_90"):
-    self.name, self.uops = name, uops
+  def __init__(self, name: str, uops: list[UOp], arch: str = "sm_90", dependent_launch: bool = False):
+    self.name, self.uops, self.dependent_launch = name, uops, dependent_launch
     self.has_max_nan = sm_number(arch) >= MAX_NAN_MIN_SM
     self.has_fast_tanh = sm_number(arch) >= FAST_TANH_MIN_SM
     self.names: dict[UOp, str] = {}
@@ -481,6 +494,8 @@ class _KernelWriter:
     args = [params.get(i, f"const void* __restrict__ unused{i}") for i in range(max(params, default=-1) + 1)]
     # a variable arrives as a 64-bit parameter (the runtime packs every value so) and is narrowed where it fits
     args += [f"long long {v.arg[0]}{VARIABLE_ARG_SUFFIX}" for v in variables]
+    if self.dependent_launch:
+      for statement in DEPENDENT_LAUNCH_PROLOGUE: self.line(statement)
     for v in variables:
       self.names[v] = v.arg[0]
       dtype = self.computed_dtype(v)
@@ -491,6 +506,8 @@ class _KernelWriter:
                 "max_nan": MAX_NAN_PRELUDE, "async_copy": ASYNC_COPY_PRELUDE, **FAST_PRELUDES}
     prelude = "".join(text for need, text in preludes.items() if self.needs[need])
     head = f'extern "C" __global__ void __launch_bounds__({threads}) {self.name}({", ".join(args)}) {{'
+    if self.dependent_launch:
+      prelude += f'extern "C" __device__ unsigned int {self.name}{DEPENDENT_LAUNCH_SUFFIX} = 1;\n'
     if self.dynamic_shared:
       prelude += f'extern "C" __device__ unsigned int {self.name}{DYNAMIC_SHARED_SUFFIX} = {self.dynamic_shared};\n'
       head += f"\n  extern __shared__ __align__({VECTOR_BYTES}) unsigned char dynamic_shared[];"

@@ -19,7 +19,7 @@ from typing import Callable, Optional
 import numpy as np
 import pycuda.driver as cuda
 from tgrad.device import Allocator, BinaryLoadError, Compiled, OutOfMemoryError, PendingRead
-from tgrad.runtime.cuda.renderer import CUDARenderer, DYNAMIC_SHARED_SUFFIX
+from tgrad.runtime.cuda.renderer import CUDARenderer, DEPENDENT_LAUNCH_SUFFIX, DYNAMIC_SHARED_SUFFIX
 from tgrad.runtime.cuda.nvrtc import NVRTCCompiler, arch_of
 
 DEVICE_ORDINAL = 0
@@ -206,6 +206,9 @@ class CUDAProgram:
       cuda.memcpy_dtoh(size, address)
       self.shared_bytes = int(size[0])
       self.function.set_attribute(cuda.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, self.shared_bytes)
+    # rendered with the dependent-launch prologue: a CUDA graph may start it before its predecessor ends
+    try: self.waits_for_prior_grids = self.module.get_global(name + DEPENDENT_LAUNCH_SUFFIX) is not None
+    except cuda.LogicError: self.waits_for_prior_grids = False
     self.start, self.end = cuda.Event(), cuda.Event()
     self.last_sizes: tuple = (None, None)   # the (global_size, local_size) objects last_dims was made from
     self.last_dims: tuple = ((1, 1, 1), (1, 1, 1))

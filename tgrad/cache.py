@@ -11,8 +11,8 @@ cache. `python -m tgrad.cache [info|clear|export [FILE]]`. `SqliteStore` is that
 database of execution paths (tgrad/paths/db.py) keeps its own tables in the same file through it.
 """
 from __future__ import annotations
-import argparse, atexit, errno, hashlib, hmac, json, math, os, re, secrets, sqlite3, stat, sys, threading, time, warnings
-import weakref
+import argparse, atexit, errno, hashlib, hmac, json, math, os, re, secrets, sqlite3, stat, sys, threading, time
+import warnings, weakref
 from typing import Any, Callable, Generic, Optional, TypeVar
 from tgrad.helpers import Context, cache_dir
 
@@ -80,8 +80,8 @@ def secret_path() -> str:
 
 def cache_secret(path: Optional[str] = None) -> bytes:
   """The per-user secret, created on first use: SECRET_BYTES random bytes in a file of mode 0600, published whole by a
-  hard link (so concurrent first users agree on one, see _publish_new_secret). A file of another owner, readable by others or of the wrong size
-  raises CacheSecretError."""
+  hard link (so concurrent first users agree on one, see _publish_new_secret). A file of another owner, readable by
+  others or of the wrong size raises CacheSecretError."""
   path = path or secret_path()
   if (known := _secrets.get(path)) is not None: return known
   os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)

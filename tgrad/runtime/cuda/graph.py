@@ -203,7 +203,8 @@ class _KernelNode:
 class CUDAGraph:
   """The launches as one CUDA graph, each kernel depending on the one before (programmatically where it waits for
   prior grids and PDL=1: see programmatic_edges), instantiated once and replayed by `launch()`. `update(i, args)`
-  patches kernel i of the instantiated graph; launches already queued keep their arguments. `close()` (or garbage collection) destroys the graph."""
+  patches kernel i of the instantiated graph; launches already queued keep their arguments. `close()` (or garbage
+  collection) destroys the graph."""
   def __init__(self, launches: list[KernelLaunch], stream: int = DEFAULT_STREAM):
     if not launches: raise ValueError("a CUDA graph needs at least one kernel launch")
     self.stream = CUstream(stream)

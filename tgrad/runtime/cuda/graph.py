@@ -17,8 +17,8 @@ from tgrad.runtime.cuda.driver import (CAPTURE_MODE_THREAD_LOCAL, CUDA_SUCCESS, 
   STREAM_NON_BLOCKING, CUDADriverError, CUgraph, CUgraphExec, CUgraphNode, CUstream, KernelNodeParams, check, driver,
   error_name)
 
-__all__ = ["CUDAGraph", "CUDAGraphError", "CUDAGraphRunner", "ChildGraph", "DRIVER_FUNCTIONS", "KernelLaunch",
-           "KernelNodeParams", "capture", "check", "driver", "error_name", "graphs_enabled"]
+__all__ = ["CUDAGraph", "CUDAGraphError", "CapturedGraph", "CUDAGraphRunner", "ChildGraph", "DRIVER_FUNCTIONS",
+           "KernelLaunch", "KernelNodeParams", "capture", "check", "driver", "error_name", "graphs_enabled"]
 
 ARG_KINDS = {"P": (0, 2**64 - 1), "i": (-2**31, 2**31 - 1), "q": (-2**63, 2**63 - 1)}   # kind → allowed value range
 _CTYPE_OF_KIND = {"P": ctypes.c_uint64, "i": ctypes.c_int32, "q": ctypes.c_int64}
@@ -141,6 +141,30 @@ def capture(stream: int, record: Callable[[], None], mode: int = CAPTURE_MODE_TH
     except CUDAGraphError: pass   # the capture was already invalidated by the failure being raised
     raise
   return end_capture(stream)
+
+class CapturedGraph:
+  """A graph recorded by stream capture, instantiated in the current context and launched on that context's legacy
+  default stream, after the eager work queued there. `owned`: close() destroys the recording too."""
+  def __init__(self, graph: int, owned: bool = True):
+    self._lib, self.graph, self._exec, self.owned = driver(), CUgraph(graph), CUgraphExec(), owned
+    try:
+      check(self._lib.cuGraphInstantiateWithFlags(ctypes.byref(self._exec), self.graph, 0),
+            "cuGraphInstantiateWithFlags (a captured graph)")
+      check(self._lib.cuGraphUpload(self._exec, CUstream(DEFAULT_STREAM)), "cuGraphUpload")
+    except BaseException:
+      self.close()
+      raise
+  def launch(self) -> None:
+    if not self._exec: raise CUDAGraphError("launch() on a closed captured graph")
+    check(self._lib.cuGraphLaunch(self._exec, CUstream(DEFAULT_STREAM)), "cuGraphLaunch")
+  def close(self) -> None:
+    if self._exec: check(self._lib.cuGraphExecDestroy(self._exec), "cuGraphExecDestroy")
+    self._exec = CUgraphExec()
+    if self.graph and self.owned: check(self._lib.cuGraphDestroy(self.graph), "cuGraphDestroy")
+    self.graph = CUgraph()
+  def __del__(self):
+    try: self.close()
+    except (CUDAGraphError, AttributeError): pass   # interpreter shutdown or a half-built graph
 
 class _ChildNode:
   """A child-graph node: the graph it copies, and the handle the driver gives the node."""

@@ -57,6 +57,12 @@ class NCCLError(RuntimeError):
 class UniqueId(ctypes.Structure):
   """ncclUniqueId: 128 opaque bytes made by one rank and given to all (ncclCommInitRank takes it by value)."""
   _fields_ = [("internal", ctypes.c_char * UNIQUE_ID_BYTES)]
+  def to_bytes(self) -> bytes: return ctypes.string_at(ctypes.addressof(self), UNIQUE_ID_BYTES)
+  @staticmethod
+  def from_bytes(data: bytes) -> UniqueId:
+    """The id another process sent (docs/distributed.md: through a TCP store)."""
+    if len(data) != UNIQUE_ID_BYTES: raise ValueError(f"an NCCL unique id is {UNIQUE_ID_BYTES} bytes, got {len(data)}")
+    return UniqueId.from_buffer_copy(data)
 
 Comm, Stream, Pointer = ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p
 _P = ctypes.POINTER

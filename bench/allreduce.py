@@ -139,7 +139,8 @@ def main() -> None:
     eager, graph = tgrad_results[nbytes]["eager_s"], tgrad_results[nbytes]["graph_s"]
     reference = torch_results.get(nbytes)
     row = {"bytes": nbytes, "tgrad_eager_us": eager * 1e6,
-           "tgrad_eager_busbw_gbs": bus_bandwidth(nbytes, eager, args.gpus), "tgrad_graph_us": graph * 1e6, "tgrad_graph_busbw_gbs": bus_bandwidth(nbytes, graph, args.gpus)}
+           "tgrad_eager_busbw_gbs": bus_bandwidth(nbytes, eager, args.gpus), "tgrad_graph_us": graph * 1e6,
+           "tgrad_graph_busbw_gbs": bus_bandwidth(nbytes, graph, args.gpus)}
     if reference is not None:
       row.update(torch_us=reference * 1e6, torch_busbw_gbs=bus_bandwidth(nbytes, reference, args.gpus),
                  graph_over_torch_busbw=reference / graph)

@@ -5,7 +5,7 @@
 # NCCL comes from the nvidia-nccl-cu13 wheel when it is installed, else the system's libnccl.so.2.
 set -eu
 export NCCL_NVLS_ENABLE=0   # NVLink multicast stays off
-python3 -m pip install -q --target /tmp/site nvidia-nccl-cu13 2>/dev/null || echo "nvidia-nccl-cu13 not installed: using the system NCCL"
+# NCCL: the nvidia-nccl wheel torch installs (found through nvidia.nccl), else the system libnccl.so.2
 python3 -c "from tgrad.runtime.cuda.nccl import nccl; n = nccl(); print('NCCL', n.version, n.path)"
 nvidia-smi topo -m || true
 python3 -m pytest test/test_nccl.py test/test_cuda_graph.py -q -p no:cacheprovider -rs

@@ -1,12 +1,14 @@
 """The CUDA device (NVIDIA GPUs), registered here: renderer.py writes CUDA C, nvrtc.py compiles it, runtime.py runs it
-through pycuda (memory, launches, limits), graph.py replays JIT programs as CUDA graphs, fingerprint.py describes the
-GPU. This file imports none of them, so importing tgrad loads neither pycuda nor the driver.
+through pycuda (memory, launches, limits; one device per GPU ordinal), graph.py replays JIT programs as CUDA graphs
+(driver.py: the driver calls pycuda lacks), peer.py copies between GPUs, nccl.py runs collectives between them,
+fingerprint.py describes the GPU. This file imports none of them, so importing tgrad loads neither pycuda nor the
+driver nor NCCL.
 """
 from tgrad.backend import Backend, DeviceTraits, register_backend
 
-def _start():
+def _start(ordinal: int = 0):
   from tgrad.runtime.cuda.runtime import create_device
-  return create_device()
+  return create_device(ordinal)
 
 def _is_usable() -> bool:
   from tgrad.runtime.cuda.runtime import is_usable
@@ -20,6 +22,16 @@ def _graph_runner():
 def _fingerprint() -> dict:
   from tgrad.runtime.cuda.fingerprint import fingerprint
   return fingerprint()
+
+def collectives(devices):
+  """The collectives between started CUDA devices (NCCL: nccl.NCCLCollectives); nccl.NCCLUnavailable says why not."""
+  from tgrad.runtime.cuda.nccl import NCCLCollectives
+  return NCCLCollectives(devices)
+
+def collectives_available() -> bool:
+  """Whether NCCL loads, without a GPU or a communicator."""
+  from tgrad.runtime.cuda.nccl import is_available
+  return is_available()
 
 CUDA = register_backend(Backend(
   "CUDA", _start, DeviceTraits(has_local=True, lowerings=frozenset({"fast", "tf32"})), aliases=("GPU",),

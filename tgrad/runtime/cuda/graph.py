@@ -8,109 +8,28 @@ ctypes on pycuda's current context; it imports neither pycuda nor the driver unt
 The CUDA_GRAPH switch (docs/env.md) turns graphs off: `graphs_enabled()`.
 """
 from __future__ import annotations
-import ctypes, functools
+import ctypes, sys
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
 from tgrad.helpers import Context
 
-DRIVER_LIBRARY = "libcuda.so.1"
-CUDA_SUCCESS = 0
-# Kernels launched by pycuda without a stream go to the NULL stream, which the unsuffixed driver entry points (not
-# the _ptsz ones) read as the legacy default stream: graphs launch there too, so they are ordered with eager work.
-DEFAULT_STREAM = 0
-# cuStreamBeginCapture mode: only this thread's calls are checked for capture safety (CUstreamCaptureMode in cuda.h)
-CAPTURE_MODE_THREAD_LOCAL = 1
-# stream flag (CU_STREAM_NON_BLOCKING): the capture stream does not synchronize with the legacy default stream
-STREAM_NON_BLOCKING = 1
+from tgrad.runtime.cuda.driver import (CAPTURE_MODE_THREAD_LOCAL, CUDA_SUCCESS, DEFAULT_STREAM, DRIVER_FUNCTIONS,
+  DEPENDENCY_TYPE_PROGRAMMATIC, KERNEL_NODE_PORT_PROGRAMMATIC, STREAM_NON_BLOCKING, CUDADriverError, CUgraph,
+  CUgraphExec, CUgraphNode, CUstream, EdgeData, KernelNodeParams, check, driver, error_name, has_programmatic_edges)
+
+__all__ = ["CUDAGraph", "CUDAGraphError", "CapturedGraph", "CUDAGraphRunner", "ChildGraph", "DRIVER_FUNCTIONS",
+           "KernelLaunch", "KernelNodeParams", "capture", "check", "driver", "error_name", "graphs_enabled"]
+
 ARG_KINDS = {"P": (0, 2**64 - 1), "i": (-2**31, 2**31 - 1), "q": (-2**63, 2**63 - 1)}   # kind → allowed value range
 _CTYPE_OF_KIND = {"P": ctypes.c_uint64, "i": ctypes.c_int32, "q": ctypes.c_int64}
-
-CUresult, CUfunction, CUgraph, CUgraphNode, CUgraphExec = ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, \
-  ctypes.c_void_p, ctypes.c_void_p
-CUstream, CUkernel, CUcontext = ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p
-
-class KernelNodeParams(ctypes.Structure):
-  """CUDA_KERNEL_NODE_PARAMS_v2 of cuda.h (CUDA 12.0 and later; what CUDA_KERNEL_NODE_PARAMS names there): the v1
-  struct plus `kern` and `ctx`, 72 bytes. Only the _v2 entry points below take this layout."""
-  _fields_ = [("func", CUfunction),
-              ("gridDimX", ctypes.c_uint), ("gridDimY", ctypes.c_uint), ("gridDimZ", ctypes.c_uint),
-              ("blockDimX", ctypes.c_uint), ("blockDimY", ctypes.c_uint), ("blockDimZ", ctypes.c_uint),
-              ("sharedMemBytes", ctypes.c_uint),
-              ("kernelParams", ctypes.POINTER(ctypes.c_void_p)), ("extra", ctypes.POINTER(ctypes.c_void_p)),
-              ("kern", CUkernel), ("ctx", CUcontext)]
-
-class EdgeData(ctypes.Structure):
-  """CUgraphEdgeData of cuda.h (CUDA 12.3 and later): when an edge fires (from_port), for which part of the downstream
-  node (to_port, always 0) and its kind (type); all zero is a full dependency with memory visibility."""
-  _fields_ = [("from_port", ctypes.c_ubyte), ("to_port", ctypes.c_ubyte), ("type", ctypes.c_ubyte),
-              ("reserved", ctypes.c_ubyte * 5)]
-
-# A programmatic edge (CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC from CU_GRAPH_KERNEL_NODE_PORT_PROGRAMMATIC): the
-# downstream kernel launches once every block of the upstream one has run griddepcontrol.launch_dependents (or
-# exited), and its own griddepcontrol.wait holds it until the upstream kernel has completed with its writes visible.
-DEPENDENCY_TYPE_PROGRAMMATIC = 1
-KERNEL_NODE_PORT_PROGRAMMATIC = 1
-
 _P = ctypes.POINTER
-# Every driver entry point used here, by its exported (versioned) name, with its argument types; all return CUresult.
-DRIVER_FUNCTIONS: dict[str, list] = {
-  "cuGetErrorName": [CUresult, _P(ctypes.c_char_p)],
-  "cuGetErrorString": [CUresult, _P(ctypes.c_char_p)],
-  "cuStreamBeginCapture_v2": [CUstream, ctypes.c_int],
-  "cuStreamEndCapture": [CUstream, _P(CUgraph)],
-  "cuGraphCreate": [_P(CUgraph), ctypes.c_uint],
-  "cuGraphDestroy": [CUgraph],
-  "cuGraphGetNodes": [CUgraph, _P(CUgraphNode), _P(ctypes.c_size_t)],
-  "cuGraphKernelNodeGetParams_v2": [CUgraphNode, _P(KernelNodeParams)],
-  "cuGraphAddKernelNode_v2": [_P(CUgraphNode), CUgraph, _P(CUgraphNode), ctypes.c_size_t, _P(KernelNodeParams)],
-  "cuGraphInstantiateWithFlags": [_P(CUgraphExec), CUgraph, ctypes.c_ulonglong],
-  "cuGraphExecKernelNodeSetParams_v2": [CUgraphExec, CUgraphNode, _P(KernelNodeParams)],
-  "cuGraphUpload": [CUgraphExec, CUstream],
-  "cuGraphLaunch": [CUgraphExec, CUstream],
-  "cuGraphExecDestroy": [CUgraphExec],
-}
 
-# Entry points a driver may lack (older than the CUDA release named): without them the feature is not used.
-OPTIONAL_DRIVER_FUNCTIONS: dict[str, list] = {
-  "cuGraphAddDependencies_v2": [CUgraph, _P(CUgraphNode), _P(CUgraphNode), _P(EdgeData), ctypes.c_size_t],  # 12.3
-}
-
-class CUDAGraphError(RuntimeError):
-  """A driver call failed, or the driver (libcuda.so.1, CUDA 12.0 or later) could not be loaded."""
+# A failed graph call is a failed driver call (driver.py); the name graph code and its tests have always caught.
+CUDAGraphError = CUDADriverError
 
 def graphs_enabled() -> bool:
   """Whether compiled programs on CUDA replay as CUDA graphs (CUDA_GRAPH=1, the default) or kernel by kernel."""
   return bool(Context.CUDA_GRAPH)
-
-@functools.cache
-def driver() -> ctypes.CDLL:
-  """libcuda.so.1 with DRIVER_FUNCTIONS typed; loaded on first use (the CUDA device has already initialized it)."""
-  try: lib = ctypes.CDLL(DRIVER_LIBRARY)
-  except OSError as e: raise CUDAGraphError(f"CUDA graphs need the CUDA driver library {DRIVER_LIBRARY}: {e}") from e
-  for name, argtypes in DRIVER_FUNCTIONS.items():
-    try: function = getattr(lib, name)
-    except AttributeError as e:
-      raise CUDAGraphError(f"{DRIVER_LIBRARY} has no {name}: CUDA graphs need a driver for CUDA 12.0 or later") from e
-    function.argtypes, function.restype = argtypes, CUresult
-  for name, argtypes in OPTIONAL_DRIVER_FUNCTIONS.items():
-    if (function := getattr(lib, name, None)) is not None: function.argtypes, function.restype = argtypes, CUresult
-  return lib
-
-def has_programmatic_edges() -> bool:
-  """Whether the driver can make programmatic graph edges (CUDA 12.3 or later)."""
-  return hasattr(driver(), "cuGraphAddDependencies_v2")
-
-def error_name(result: int) -> str:
-  """cuGetErrorName and cuGetErrorString of a CUresult, e.g. 'CUDA_ERROR_INVALID_VALUE (1): invalid argument'."""
-  name, text = ctypes.c_char_p(), ctypes.c_char_p()
-  lib = driver()
-  if lib.cuGetErrorName(result, ctypes.byref(name)) != CUDA_SUCCESS or name.value is None: return f"CUresult {result}"
-  described = lib.cuGetErrorString(result, ctypes.byref(text)) == CUDA_SUCCESS and text.value is not None
-  return f"{name.value.decode()} ({result})" + (f": {text.value.decode()}" if described else "")
-
-def check(result: int, call: str) -> None:
-  """Raise CUDAGraphError naming the driver call and its error unless result is CUDA_SUCCESS."""
-  if result != CUDA_SUCCESS: raise CUDAGraphError(f"{call} failed: {error_name(result)}")
 
 @dataclass
 class KernelLaunch:
@@ -146,10 +65,11 @@ class KernelLaunch:
                         [int(p) for p in pointers] + [int(v) for v in vals], "P" * len(pointers) + "q" * len(vals),
                         bool(getattr(program, "waits_for_prior_grids", False)))
 
-def programmatic_edges(launches: Sequence[KernelLaunch], enabled: bool) -> list[bool]:
-  """For each launch after the first: whether its edge from the launch before is programmatic — PDL on (`enabled`)
-  and the launch waits for prior grids itself. Any other edge is a full dependency."""
-  return [enabled and launch.waits_for_prior_grids for launch in launches[1:]]
+def programmatic_edges(launches: Sequence[KernelLaunch | ChildGraph], enabled: bool) -> list[bool]:
+  """For each launch after the first: whether its edge from the launch before is programmatic — PDL on (`enabled`),
+  both are kernels, and this one waits for prior grids itself. Any other edge is a full dependency."""
+  return [enabled and isinstance(before, KernelLaunch) and isinstance(launch, KernelLaunch) and
+          launch.waits_for_prior_grids for before, launch in zip(launches, launches[1:])]
 
 def _check_arg(kind: str, value: int, position: int) -> None:
   if kind not in ARG_KINDS: raise ValueError(f"argument {position}: kind {kind!r} is not one of {list(ARG_KINDS)}")
@@ -200,31 +120,99 @@ class _KernelNode:
                                    ctypes.cast(self.pointers, _P(ctypes.c_void_p)), None, kern, ctx)
     self.handle = CUgraphNode()
 
+@dataclass(frozen=True)
+class ChildGraph:
+  """A graph made elsewhere (a captured collective: nccl.py) that runs as one node of a CUDAGraph's chain. `graph` is
+  its CUgraph handle; the driver copies it into the parent, and `owner` (whatever keeps the original and the
+  resources its nodes use alive, such as NCCL's buffers for that capture) is held as long as the parent is."""
+  graph: int
+  owner: Any = None
+
+def begin_capture(stream: int, mode: int = CAPTURE_MODE_THREAD_LOCAL) -> None:
+  """Start recording the work queued on `stream` (not the legacy default stream) into a graph instead of running it."""
+  check(driver().cuStreamBeginCapture_v2(CUstream(stream), mode), "cuStreamBeginCapture_v2")
+
+def end_capture(stream: int) -> int:
+  """Stop recording on `stream`; the CUgraph handle of what was queued (the caller destroys it: destroy_graph)."""
+  graph = CUgraph()
+  check(driver().cuStreamEndCapture(CUstream(stream), ctypes.byref(graph)), "cuStreamEndCapture")
+  return graph.value or 0
+
+def destroy_graph(graph: int) -> None: check(driver().cuGraphDestroy(CUgraph(graph)), "cuGraphDestroy")
+
+def capture(stream: int, record: Callable[[], None], mode: int = CAPTURE_MODE_THREAD_LOCAL) -> int:
+  """The CUgraph of what `record()` queues on `stream` (a stream of the current context), recorded, not run."""
+  begin_capture(stream, mode)
+  try: record()
+  except BaseException:
+    try: destroy_graph(end_capture(stream))
+    except CUDAGraphError: pass   # the capture was already invalidated by the failure being raised
+    raise
+  return end_capture(stream)
+
+class CapturedGraph:
+  """A graph recorded by stream capture, instantiated in the current context and launched on that context's legacy
+  default stream, after the eager work queued there. `owned`: close() destroys the recording too."""
+  def __init__(self, graph: int, owned: bool = True):
+    self._lib, self.graph, self._exec, self.owned = driver(), CUgraph(graph), CUgraphExec(), owned
+    try:
+      check(self._lib.cuGraphInstantiateWithFlags(ctypes.byref(self._exec), self.graph, 0),
+            "cuGraphInstantiateWithFlags (a captured graph)")
+      check(self._lib.cuGraphUpload(self._exec, CUstream(DEFAULT_STREAM)), "cuGraphUpload")
+    except BaseException:
+      self.close()
+      raise
+  def launch(self) -> None:
+    if not self._exec: raise CUDAGraphError("launch() on a closed captured graph")
+    check(self._lib.cuGraphLaunch(self._exec, CUstream(DEFAULT_STREAM)), "cuGraphLaunch")
+  def close(self) -> None:
+    if self._exec: check(self._lib.cuGraphExecDestroy(self._exec), "cuGraphExecDestroy")
+    self._exec = CUgraphExec()
+    if self.graph and self.owned: check(self._lib.cuGraphDestroy(self.graph), "cuGraphDestroy")
+    self.graph = CUgraph()
+  def __del__(self):
+    try: self.close()
+    except (CUDAGraphError, AttributeError): pass   # interpreter shutdown or a half-built graph
+
+class _ChildNode:
+  """A child-graph node: the graph it copies, and the handle the driver gives the node."""
+  def __init__(self, child: ChildGraph):
+    self.child, self.handle = child, CUgraphNode()
+
 class CUDAGraph:
-  """The launches as one CUDA graph, each kernel depending on the one before (programmatically where it waits for
-  prior grids and PDL=1: see programmatic_edges), instantiated once and replayed by `launch()`. `update(i, args)`
-  patches kernel i of the instantiated graph; launches already queued keep their arguments. `close()` (or garbage
+  """The launches as one CUDA graph, each node depending on the one before (a kernel that waits for prior grids
+  programmatically under PDL=1: see programmatic_edges), instantiated once and replayed by `launch()`. A launch is a
+  KernelLaunch, or a ChildGraph (a captured collective) that runs as one node in its place. `update(i, args)` patches
+  kernel i of the instantiated graph; launches already queued keep their arguments. `close()` (or garbage
   collection) destroys the graph."""
-  def __init__(self, launches: list[KernelLaunch], stream: int = DEFAULT_STREAM):
+  def __init__(self, launches: Sequence[KernelLaunch | ChildGraph], stream: int = DEFAULT_STREAM):
     if not launches: raise ValueError("a CUDA graph needs at least one kernel launch")
     self.stream = CUstream(stream)
     self.param_updates = 0   # kernel nodes patched by update() (unchanged arguments are not patched)
     self._lib = driver()
     self._graph, self._exec = CUgraph(), CUgraphExec()
-    self.nodes = [_KernelNode(launch, kernel_identity(launch)) for launch in launches]
+    self.nodes: list[Any] = [_ChildNode(launch) if isinstance(launch, ChildGraph) else
+                             _KernelNode(launch, kernel_identity(launch)) for launch in launches]
     check(self._lib.cuGraphCreate(ctypes.byref(self._graph), 0), "cuGraphCreate")
     self.programmatic = programmatic_edges(launches, bool(Context.PDL) and has_programmatic_edges())
     try:
-      for index, node in enumerate(self.nodes):
-        full_dependency = index > 0 and not self.programmatic[index - 1]
-        dependencies = ctypes.byref(self.nodes[index - 1].handle) if full_dependency else None
-        check(self._lib.cuGraphAddKernelNode_v2(ctypes.byref(node.handle), self._graph, dependencies,
-                                                int(full_dependency), ctypes.byref(node.params)),
-              f"cuGraphAddKernelNode_v2 (node {index} of {len(self.nodes)}, grid {launches[index].grid}, "
-              f"block {launches[index].block}, {launches[index].shared_bytes} shared bytes)")
-        if index > 0 and not full_dependency: self._add_programmatic_edge(self.nodes[index - 1], node, index)
+      for index, (node, launch) in enumerate(zip(self.nodes, launches)):
+        programmatic = index > 0 and self.programmatic[index - 1]
+        previous = self.nodes[index - 1] if index > 0 and not programmatic else None
+        dependencies = ctypes.byref(previous.handle) if previous is not None else None
+        count = 1 if previous is not None else 0
+        if isinstance(node, _ChildNode):
+          check(self._lib.cuGraphAddChildGraphNode(ctypes.byref(node.handle), self._graph, dependencies, count,
+                                                   CUgraph(node.child.graph)),
+                f"cuGraphAddChildGraphNode (node {index} of {len(self.nodes)})")
+        else:
+          check(self._lib.cuGraphAddKernelNode_v2(ctypes.byref(node.handle), self._graph, dependencies, count,
+                                                  ctypes.byref(node.params)),
+                f"cuGraphAddKernelNode_v2 (node {index} of {len(self.nodes)}, grid {launch.grid}, "
+                f"block {launch.block}, {launch.shared_bytes} shared bytes)")
+        if programmatic: self._add_programmatic_edge(self.nodes[index - 1], node, index)
       check(self._lib.cuGraphInstantiateWithFlags(ctypes.byref(self._exec), self._graph, 0),
-            f"cuGraphInstantiateWithFlags ({len(self.nodes)} kernel nodes)")
+            f"cuGraphInstantiateWithFlags ({len(self.nodes)} nodes)")
       check(self._lib.cuGraphUpload(self._exec, self.stream), "cuGraphUpload")
     except BaseException:
       self.close()
@@ -244,6 +232,7 @@ class CUDAGraph:
     size that depends on a symbolic variable) for later launches; a no-op if unchanged."""
     if not 0 <= index < len(self.nodes): raise IndexError(f"kernel node {index} of a graph of {len(self.nodes)}")
     node, args = self.nodes[index], list(args)
+    if isinstance(node, _ChildNode): raise ValueError(f"node {index} is a child graph: it has no kernel arguments")
     params = node.params
     new_grid = tuple(grid) if grid is not None else (params.gridDimX, params.gridDimY, params.gridDimZ)
     grid_changed = new_grid != (params.gridDimX, params.gridDimY, params.gridDimZ)
@@ -288,60 +277,105 @@ class CUDAGraph:
     except (CUDAGraphError, AttributeError): pass   # interpreter shutdown or a half-built graph: nothing to report to
 
 
+def _guest_context(device: str) -> Any:
+  """The context to make current around a device's graphs: None for the resident one (runtime.py), and when the CUDA
+  runtime was never loaded (no device is started: a test's recording graphs)."""
+  runtime = sys.modules.get("tgrad.runtime.cuda.runtime")
+  return None if runtime is None else runtime.guest_context(device)
+
 class CUDAGraphRunner:
   """A TinyJit graph runner (jit.py's GraphRunner contract) for CUDA: each run of consecutive kernel instructions is
   one CUDAGraph, launched with one call; other instructions (copies) run between them from Python. `bind` patches
   only the kernel nodes that read a rebound input slot. Instructions are duck-typed: `.runner` (a CompiledKernel has
-  `.program`, `.global_size`, `.local_size`, `.variables`), `.args` (slot indices) and `.var_vals`."""
+  `.program`, `.global_size`, `.local_size`, `.variables`), `.args` (slot indices) and `.var_vals`.
+  A runner with `cuda_child_graph(device, buffers)` (a collective: nccl.py) that returns a ChildGraph joins the chain
+  as one node; when it returns None it runs from Python like a copy. A rebound slot that such a node reads makes the
+  whole program be built again at the next call (a captured collective's pointers can't be patched).
+  On a device whose context is not the thread's resident one (runtime.py: a second GPU), its context is made current
+  around building, patching and launching."""
   def __init__(self, device: str, instructions: Sequence[Any], slots: Sequence[Any]):
     self.device, self.slots = device, slots
     self.steps: list[Any] = []    # a CUDAGraph, or a no-argument call for an instruction that is not a kernel
     self.node_of: dict[int, list[tuple[CUDAGraph, int, Any]]] = {}   # slot → (graph, node index, instruction)
     self.node_of_instruction: dict[int, tuple[CUDAGraph, int]] = {}   # id(kernel instruction) → (graph, node index)
+    self.child_slots: set[int] = set()   # slots read by a child-graph node
     self.instructions = list(instructions)
     self.built = False
+    self.guest_context = _guest_context(device)
   def _launch_of(self, instruction: Any) -> KernelLaunch:
     runner = instruction.runner
     pointers = [int(self.slots[s].buffer.handle) for s in instruction.args]
     vals = [int(instruction.var_vals[v]) for v in runner.variables]
     global_size, local_size = runner.launch_dims(instruction.var_vals)   # sizes of symbolic kernels per call
     return KernelLaunch.for_program(runner.program, pointers, global_size, local_size, vals)
+  def _child_of(self, instruction: Any) -> Optional[ChildGraph]:
+    make = getattr(instruction.runner, "cuda_child_graph", None)
+    return None if make is None else make(self.device, [self.slots[s].buffer for s in instruction.args])
   def _build(self) -> None:
     pending: list[Any] = []
+    launches: list[KernelLaunch | ChildGraph] = []
     def flush() -> None:
       if not pending: return
-      graph = CUDAGraph([self._launch_of(ins) for ins in pending])
-      for index, ins in enumerate(pending):
+      graph = CUDAGraph(list(launches))
+      for index, (ins, launch) in enumerate(zip(pending, launches)):
+        if isinstance(launch, ChildGraph):
+          self.child_slots.update(ins.args)
+          continue
         for s in dict.fromkeys(ins.args): self.node_of.setdefault(s, []).append((graph, index, ins))
         self.node_of_instruction[id(ins)] = (graph, index)
       self.steps.append(graph)
       pending.clear()
+      launches.clear()
     for ins in self.instructions:
-      if hasattr(ins.runner, "program"): pending.append(ins)
+      if hasattr(ins.runner, "program"): launch: Optional[KernelLaunch | ChildGraph] = self._launch_of(ins)
+      else: launch = self._child_of(ins)
+      if launch is not None:
+        pending.append(ins)
+        launches.append(launch)
       else:
         flush()
         self.steps.append(lambda ins=ins: ins.runner([self.slots[s].buffer for s in ins.args], False, ins.var_vals))
     flush()
     self.built = True
+  def _forget(self) -> None:
+    """Drop every graph: the next call builds them again from the slots as they are then."""
+    for step in self.steps:
+      if isinstance(step, CUDAGraph): step.close()
+    self.steps, self.node_of, self.node_of_instruction, self.child_slots = [], {}, {}, set()
+    self.built = False
   def bind(self, changed_slots: Sequence[int]) -> None:
     if not self.built: return   # the first run builds every node from the slots as they are then
-    patched: set[tuple[int, int]] = set()
-    for s in changed_slots:
-      for graph, index, ins in self.node_of.get(s, ()):
-        if (id(graph), index) in patched: continue
-        patched.add((id(graph), index))
-        graph.update(index, self._launch_of(ins).args)
+    if self.child_slots.intersection(changed_slots): return self._forget()
+    if self.guest_context is not None: self.guest_context.enter()
+    try:
+      patched: set[tuple[int, int]] = set()
+      for s in changed_slots:
+        for graph, index, ins in self.node_of.get(s, ()):
+          if (id(graph), index) in patched: continue
+          patched.add((id(graph), index))
+          graph.update(index, self._launch_of(ins).args)
+    finally:
+      if self.guest_context is not None: self.guest_context.leave()
   def rebind_variables(self, instructions: Sequence[Any]) -> None:
     """Patch the kernel nodes of these instructions (whose var_vals changed): new variable arguments and grid. Runs
     every replay of a symbolic program, so it does only that: no pointers read, no launch rebuilt."""
     if not self.built: return
-    for ins in instructions:
-      if (node := self.node_of_instruction.get(id(ins))) is None: continue   # not a kernel of these graphs
-      graph, index = node
-      runner = ins.runner
-      graph.update_variables(index, [ins.var_vals[v] for v in runner.variables], runner.launch_dims(ins.var_vals)[0])
+    if self.guest_context is not None: self.guest_context.enter()
+    try:
+      for ins in instructions:
+        if (node := self.node_of_instruction.get(id(ins))) is None: continue   # not a kernel of these graphs
+        graph, index = node
+        runner = ins.runner
+        graph.update_variables(index, [ins.var_vals[v] for v in runner.variables],
+                               runner.launch_dims(ins.var_vals)[0])
+    finally:
+      if self.guest_context is not None: self.guest_context.leave()
   def __call__(self) -> None:
-    if not self.built: self._build()
-    for step in self.steps:
-      if isinstance(step, CUDAGraph): step.launch()
-      else: step()
+    if self.guest_context is not None: self.guest_context.enter()
+    try:
+      if not self.built: self._build()
+      for step in self.steps:
+        if isinstance(step, CUDAGraph): step.launch()
+        else: step()
+    finally:
+      if self.guest_context is not None: self.guest_context.leave()

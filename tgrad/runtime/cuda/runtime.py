@@ -1,4 +1,4 @@
-"""The CUDA device through pycuda: the primary context of GPU 0, a caching allocator, host↔device copies, launches.
+"""The CUDA devices through pycuda: the primary context of each GPU, a caching allocator, host↔device copies, launches.
 
 Allocator: device memory handles (pycuda DeviceAllocation); freed blocks are kept and reused by exact size; large
 copies stream through two pinned host buffers so the host-side copy of one chunk overlaps the DMA of the other;
@@ -10,6 +10,11 @@ the program opts the function in to that size and launches with it.
 Limits (threads, block/grid dims, shared memory) come from the device's attributes into its CUDARenderer.
 A view of an allocation is its address plus the offset (an int, which every pycuda call and launch accepts);
 `prepare` binds a launch's grid, block and argument tuple once, for replaying it in a tight loop.
+Several GPUs (`create_device(ordinal)`): each has its own primary context, caching allocator, pinned staging and
+renderer limits. The first device started in a process is *resident*: its context stays current on the main thread,
+so its allocator and programs are the plain classes below, with no per-call context switch (one GPU costs exactly
+what it always did). Every later device is a *guest*: its allocator, programs and device methods push its context
+before each call and pop it after (GuestAllocator, GuestProgram). Copies between two GPUs are peer.py's.
 Fork: the driver can't start again in a child forked after the parent's cuInit (it fails with "initialization
 error"), so such a child forgets the parent's contexts and starting CUDA there raises CUDAForkError (use 'spawn').
 """
@@ -21,8 +26,9 @@ import pycuda.driver as cuda
 from tgrad.device import Allocator, BinaryLoadError, Compiled, OutOfMemoryError, PendingRead
 from tgrad.runtime.cuda.renderer import CUDARenderer, DEPENDENT_LAUNCH_SUFFIX, DYNAMIC_SHARED_SUFFIX
 from tgrad.runtime.cuda.nvrtc import NVRTCCompiler, arch_of
+from tgrad.runtime.cuda.driver import STREAM_NON_BLOCKING
 
-DEVICE_ORDINAL = 0
+DEFAULT_ORDINAL = 0   # the GPU `CUDA` names without an index
 # Copies at least this big go through pinned staging: below it the staging setup costs more than pageable copies lose.
 PINNED_COPY_THRESHOLD = 1 << 20
 # Size of each of the two pinned staging chunks: big enough to reach full PCIe/NVLink bandwidth per DMA.
@@ -40,6 +46,8 @@ class _DriverState:
   started_in_pid: Optional[int] = None
   forked_from_pid: Optional[int] = None
   contexts: list[CUDAContext] = []
+  resident_ordinal: Optional[int] = None   # the GPU whose context stays current (the first one started)
+  devices: dict[int, CUDADevice] = {}      # started devices by ordinal (for guest_context and the collectives)
 
 def _start_driver() -> None:
   if _DriverState.forked_from_pid is not None:
@@ -58,31 +66,57 @@ def _after_fork_in_child() -> None:
   _DriverState.forked_from_pid = _DriverState.started_in_pid
   _DriverState.started_in_pid = None
   for context in _DriverState.contexts: context.context = None
-  _DriverState.contexts = []
+  _DriverState.contexts, _DriverState.resident_ordinal, _DriverState.devices = [], None, {}
   from tgrad.device import Device
   Device.forget()
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
 class CUDAContext:
-  """The primary context of one GPU, made current on the thread that creates it (the main thread)."""
-  def __init__(self, ordinal: int = DEVICE_ORDINAL):
+  """The primary context of one GPU. The resident one (the first started in the process) is made current on the
+  thread that creates it (the main thread) and stays current; a guest's is current only between `enter()` and
+  `leave()`, which its device's operations call around themselves."""
+  def __init__(self, ordinal: int = DEFAULT_ORDINAL):
     _start_driver()
+    from tgrad.runtime.cuda.driver import current_context
+    self.ordinal = ordinal
     self.device = cuda.Device(ordinal)
     self.context = self.device.retain_primary_context()
+    self.resident = _DriverState.resident_ordinal in (None, ordinal)
     self.context.push()
+    self.handle = current_context()   # the CUcontext, for driver calls that name a context (peer copies)
+    if self.resident: _DriverState.resident_ordinal = ordinal
+    else: self.context.pop()
     _DriverState.contexts.append(self)
     atexit.register(self.close)
+  def enter(self) -> None:
+    """Make this context current (on top of the resident one) until the matching `leave()`."""
+    self.context.push()
+  def leave(self) -> None: cuda.Context.pop()
   def close(self) -> None:
     if self.context is None: return
     try:
-      cuda.Context.synchronize()
-      self.context.pop()
+      if self.resident:
+        cuda.Context.synchronize()
+        self.context.pop()
+      else:
+        self.context.push()
+        cuda.Context.synchronize()
+        cuda.Context.pop()
     except cuda.Error: pass   # already popped or the driver is shutting down
     self.context = None
   def attribute(self, name: str) -> int: return self.device.get_attribute(getattr(cuda.device_attribute, name))
   @property
   def compute_capability(self) -> tuple[int, int]: return self.device.compute_capability()
+
+def _in_context(method: Callable) -> Callable:
+  """`method` of a guest device's object, run with the object's context current."""
+  @functools.wraps(method)
+  def run(self, *args, **kwargs):
+    self.context.enter()
+    try: return method(self, *args, **kwargs)
+    finally: self.context.leave()
+  return run
 
 class CUDAAllocator(Allocator):
   """Device memory with a cache of freed blocks, reused by exact size; the cache is emptied when memory runs out."""
@@ -245,13 +279,57 @@ class CUDAProgram:
     args = [int(b) for b in buffers] + [int(v) for v in vals]
     return functools.partial(self.function.prepared_call, grid, block, *args, shared_size=self.shared_bytes)
 
+class GuestAllocator(CUDAAllocator):
+  """A guest GPU's allocator: every call runs with its context current (its streams, events, memory and pinned
+  staging belong to that context)."""
+  def __init__(self, context: CUDAContext):
+    self.context = context
+    context.enter()
+    try: super().__init__()
+    finally: context.leave()
+  alloc = _in_context(CUDAAllocator.alloc)
+  free_cache = _in_context(CUDAAllocator.free_cache)
+  available = _in_context(CUDAAllocator.available)
+  copyin = _in_context(CUDAAllocator.copyin)
+  copyout = _in_context(CUDAAllocator.copyout)
+  copyin_async = _in_context(CUDAAllocator.copyin_async)
+  def copyout_async(self, handle, nbytes: int) -> PendingRead:
+    self.context.enter()
+    try: pending = CUDAAllocator.copyout_async(self, handle, nbytes)
+    finally: self.context.leave()
+    def finish() -> np.ndarray:
+      self.context.enter()
+      try: return pending.wait()
+      finally: self.context.leave()
+    return PendingRead(finish=finish)
+
+class GuestProgram(CUDAProgram):
+  """A kernel loaded into a guest GPU's context, launched with that context current."""
+  def __init__(self, context: CUDAContext, name: str, binary: bytes):
+    self.context = context
+    context.enter()
+    try: super().__init__(name, binary)
+    finally: context.leave()
+  __call__ = _in_context(CUDAProgram.__call__)
+  def prepare(self, buffers, global_size=(1,), local_size=(1,), vals=()) -> Callable[[], None]:
+    launch = CUDAProgram.prepare(self, buffers, global_size, local_size, vals)
+    def launch_in_context() -> None:
+      self.context.enter()
+      try: launch()
+      finally: self.context.leave()
+    return launch_in_context
+
 def _launch_dims(global_size, local_size) -> tuple[tuple[int, ...], tuple[int, ...]]:
   """(grid, block) as pycuda takes them: three dims each, x first."""
   return tuple(global_size) + (1,) * (3 - len(global_size)), tuple(local_size) + (1,) * (3 - len(local_size))
 
 class CUDADevice(Compiled):
-  def __init__(self):
-    self.context = CUDAContext()
+  """One GPU: `ordinal` is its index among the driver's devices, `context` its CUDAContext. Kernels, copies and
+  graphs run on its context's legacy default stream (DEFAULT_STREAM); `capture_stream()` is a private stream that
+  stream capture records on (the legacy stream can't be captured)."""
+  def __init__(self, ordinal: int = DEFAULT_ORDINAL):
+    self.ordinal = ordinal
+    self.context = context = CUDAContext(ordinal)
     attr = self.context.attribute
     self.arch = arch_of(self.context.compute_capability)
     renderer = CUDARenderer(
@@ -260,18 +338,68 @@ class CUDADevice(Compiled):
       max_local_dims=(attr("MAX_BLOCK_DIM_X"), attr("MAX_BLOCK_DIM_Y"), attr("MAX_BLOCK_DIM_Z")),
       shared_memory_bytes=attr("MAX_SHARED_MEMORY_PER_BLOCK_OPTIN"))   # beyond 48 KiB: dynamic (see CUDAProgram)
     self.sm_count = attr("MULTIPROCESSOR_COUNT")
-    super().__init__("CUDA", CUDAAllocator(), NVRTCCompiler(self.arch), renderer, CUDAProgram, self.arch)
-  def synchronize(self) -> None: cuda.Context.synchronize()
+    if context.resident: allocator, program = CUDAAllocator(), CUDAProgram
+    else: allocator, program = GuestAllocator(context), functools.partial(GuestProgram, context)
+    self._capture_stream: Optional[cuda.Stream] = None
+    super().__init__(device_name(ordinal), allocator, NVRTCCompiler(self.arch), renderer, program, self.arch)
+    _DriverState.devices[ordinal] = self
+  def synchronize(self) -> None:
+    if self.context.resident: return cuda.Context.synchronize()
+    self.context.enter()
+    try: cuda.Context.synchronize()
+    finally: self.context.leave()
   def profile_mark(self) -> "cuda.Event":
     """An event recorded on the legacy default stream, where kernels, copies and CUDA graphs run."""
-    event = cuda.Event()
-    event.record()
+    if not self.context.resident: self.context.enter()
+    try:
+      event = cuda.Event()
+      event.record()
+    finally:
+      if not self.context.resident: self.context.leave()
     return event
   def profile_elapsed(self, start: "cuda.Event", end: "cuda.Event") -> float:
     end.synchronize()
     return start.time_till(end) * 1e-3   # milliseconds → seconds
+  def capture_stream(self) -> int:
+    """The handle of this GPU's capture stream (non-blocking, made on first use in its context)."""
+    if self._capture_stream is None:
+      self.context.enter()
+      try: self._capture_stream = cuda.Stream(flags=STREAM_NON_BLOCKING)
+      finally: self.context.leave()
+    return self._capture_stream.handle
+  @staticmethod
+  def copy_between(dst_device: CUDADevice, dst_handle, src_device: CUDADevice, src_handle, nbytes: int) -> None:
+    """Copy nbytes from src_handle on src_device to dst_handle on dst_device, ordered after the work queued on both
+    and before the work queued later on the destination (peer.py)."""
+    from tgrad.runtime.cuda.peer import copy_between
+    copy_between(dst_device, dst_handle, src_device, src_handle, nbytes)
 
-def create_device() -> Compiled: return CUDADevice()
+def device_name(ordinal: int) -> str:
+  """'CUDA' for the default GPU, 'CUDA:<n>' for another."""
+  return "CUDA" if ordinal == DEFAULT_ORDINAL else f"CUDA:{ordinal}"
+
+def device_count() -> int:
+  """How many GPUs the driver sees (starting it if needed)."""
+  _start_driver()
+  return cuda.Device.count()
+
+def create_device(ordinal: int = DEFAULT_ORDINAL) -> Compiled:
+  """The device of GPU `ordinal` (one per ordinal and process: a started one is returned again)."""
+  if not isinstance(ordinal, int) or isinstance(ordinal, bool) or ordinal < 0:
+    raise ValueError(f"a GPU ordinal is an int >= 0, got {ordinal!r}")
+  if (started := _DriverState.devices.get(ordinal)) is not None and started.context.context is not None:
+    return started
+  if ordinal >= (count := device_count()):
+    raise ValueError(f"GPU {ordinal} does not exist: the driver sees {count} GPU(s) (ordinals 0 to {count - 1}; "
+                     "check CUDA_VISIBLE_DEVICES)")
+  return CUDADevice(ordinal)
+
+def guest_context(name: str) -> Optional[CUDAContext]:
+  """The context of the started device `name` ('CUDA', 'CUDA:1') if it is a guest, else None (resident, not started,
+  or not a CUDA name): what graph.py makes current around that device's graphs."""
+  _, _, index = name.partition(":")
+  device = _DriverState.devices.get(int(index) if index.isdigit() else DEFAULT_ORDINAL)
+  return None if device is None or device.context.resident else device.context
 
 def is_usable() -> bool:
   """Whether a GPU is there, without creating a context (the device is started on first use). False in a child

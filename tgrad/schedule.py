@@ -228,7 +228,7 @@ def _inlined_region(root: LazyBuffer, realize_set: set[LazyBuffer]) -> list[Lazy
 def _is_small(lb: LazyBuffer, realize_set: set[LazyBuffer]) -> bool:
   inputs, ops = set(), 1
   for b in _inlined_region(lb, realize_set):
-    if b.op in ELEMENTWISE: ops += 1
+    if b.op in ELEMENTWISE or b.op is Ops.GATHER: ops += 1   # a gather is one load, its table one more input
     elif b.op not in (Ops.CONST, Ops.ARANGE): return False   # a fused reduce is never worth recomputing
   for b in [lb] + _inlined_region(lb, realize_set):
     inputs.update(id(s.base) for s in b.srcs if s.base.buffer is not None or s.base in realize_set)

@@ -300,8 +300,10 @@ class Gemma3Embedding:
   def __init__(self, weight: Weight, dtype: Any):
     self.weight, self.dtype = weight, to_dtype(dtype)
     self.residual_dtype = RESIDUAL_DTYPES.get(self.dtype, self.dtype)
-    sqrt_hidden = Tensor([math.sqrt(weight.shape[1])], dtype=dtypes.float32, device=weight.device)
-    self.scale = sqrt_hidden.cast(self.dtype).cast(self.residual_dtype).realize()
+    # a constant (folded when the graph is scheduled), so a one-token step's lookup reads only the table and the ids
+    # and is recomputed inside every kernel that reads it (schedule rule 1) instead of getting a kernel of its own
+    sqrt_hidden = Tensor.full((1,), math.sqrt(weight.shape[1]), dtype=dtypes.float32, device=weight.device)
+    self.scale = sqrt_hidden.cast(self.dtype).cast(self.residual_dtype)
   def __call__(self, token_ids: Tensor) -> Tensor:
     """The scaled rows [*token_ids.shape, hidden], in the residual stream's dtype (RESIDUAL_DTYPES)."""
     return self.rows(token_ids).cast(self.residual_dtype) * self.scale
@@ -836,7 +838,7 @@ class Gemma3:
     assert cache is not None
     T = token_ids.shape[1]
     steps = self._step_inputs(mode, step_data, T, variables, cache)
-    h = _materialize(self.model.embed_tokens(token_ids))
+    h = _fuse_into_consumer(self.model.embed_tokens(token_ids))
     hidden, pending = [h], []
     for layer, layer_cache in zip(self.model.layers, cache.layers):
       h, write = layer(h, steps[layer.layer_type], layer_cache)

@@ -4,7 +4,8 @@ fusion rules, which all live here:
   1. Elementwise ops never get a kernel of their own: they are inlined into every kernel that reads them (through
      any view, padding included), so chains, reshapes, permutes and pads between elementwise ops cost nothing.
      An elementwise value read by several kernels is recomputed in each only while it is small (at most
-     MAX_RECOMPUTE_BUFFERS inputs and MAX_RECOMPUTE_OPS ops, e.g. softmax's exp(x - max)); a bigger one is
+     MAX_RECOMPUTE_BUFFERS inputs and MAX_RECOMPUTE_OPS ops, a gather counting as one op and its table as an input:
+     softmax's exp(x - max), an embedding lookup times a constant); a bigger one is
      realized once, which also stops a residual stream from growing into every later kernel.
   1b. A gather (GATHER: a data-dependent load) is inlined like an elementwise op, through any view, into every
      kernel that reads it (`emb[ids] * scale` is one kernel); its index is built like any value (fused elementwise ops);

@@ -17,7 +17,8 @@ if TYPE_CHECKING: from tgrad.tensor import Tensor   # at runtime: bound by tgrad
 
 def _argmax_chunks(size: Any) -> int:
   """How many chunks argmax splits an axis of `size` into (_argmax_in_chunks), 0 for one pass: a concrete axis at
-  least as long as a reduce that would be split (lazy.SPLIT_REDUCE_MIN_INPUTS), by the largest part count dividing it."""
+  least as long as a reduce that would be split (lazy.SPLIT_REDUCE_MIN_INPUTS), by the largest part count dividing
+  it."""
   if isinstance(size, UOp) or size < SPLIT_REDUCE_MIN_INPUTS: return 0
   return next((parts for parts in SPLIT_REDUCE_PARTS if size % parts == 0), 0)
 

@@ -79,12 +79,13 @@ def test_pipelined_greedy_generate_stops_at_eos_like_the_plain_loop(model: Gemma
   assert list(model.greedy_tokens([1], 0)) == []
 
 def test_decode_step_kernels_per_layer(model: Gemma3):
-  """The captured decode step runs at most 8 kernels per decoder layer (issue target), plus a fixed few for the
-  embedding, the step's position tables, the final norm, the head and the argmax."""
+  """The captured decode step runs at most 8 kernels per decoder layer (issue target), plus a fixed few: the step's
+  rotary tables (one kernel for both layer types), the head (the final norm inside it) and the argmax (the embedding
+  lookup is computed inside the kernels that read it)."""
   model.reset_cache(1, 64)
   model(Tensor(np.array([PROMPT], np.int32)), 0, last_only=True)
   for _ in range(3): model.decode_greedy([5])
   instructions = model._decode_jit.captured.instructions
   layers = model.config.num_hidden_layers
   fixed = len(instructions) - 8 * layers
-  assert fixed <= 12, [ins.name for ins in instructions]
+  assert fixed <= 4, [ins.name for ins in instructions]

@@ -4,7 +4,8 @@ fusion rules, which all live here:
   1. Elementwise ops never get a kernel of their own: they are inlined into every kernel that reads them (through
      any view, padding included), so chains, reshapes, permutes and pads between elementwise ops cost nothing.
      An elementwise value read by several kernels is recomputed in each only while it is small (at most
-     MAX_RECOMPUTE_BUFFERS inputs and MAX_RECOMPUTE_OPS ops, e.g. softmax's exp(x - max)); a bigger one is
+     MAX_RECOMPUTE_BUFFERS inputs and MAX_RECOMPUTE_OPS ops, a gather counting as one op and its table as an input:
+     softmax's exp(x - max), an embedding lookup times a constant); a bigger one is
      realized once, which also stops a residual stream from growing into every later kernel.
   1b. A gather (GATHER: a data-dependent load) is inlined like an elementwise op, through any view, into every
      kernel that reads it (`emb[ids] * scale` is one kernel); its index is built like any value (fused elementwise ops);
@@ -228,7 +229,7 @@ def _inlined_region(root: LazyBuffer, realize_set: set[LazyBuffer]) -> list[Lazy
 def _is_small(lb: LazyBuffer, realize_set: set[LazyBuffer]) -> bool:
   inputs, ops = set(), 1
   for b in _inlined_region(lb, realize_set):
-    if b.op in ELEMENTWISE: ops += 1
+    if b.op in ELEMENTWISE or b.op is Ops.GATHER: ops += 1   # a gather is one load, its table one more input
     elif b.op not in (Ops.CONST, Ops.ARANGE): return False   # a fused reduce is never worth recomputing
   for b in [lb] + _inlined_region(lb, realize_set):
     inputs.update(id(s.base) for s in b.srcs if s.base.buffer is not None or s.base in realize_set)

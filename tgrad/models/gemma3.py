@@ -300,8 +300,10 @@ class Gemma3Embedding:
   def __init__(self, weight: Weight, dtype: Any):
     self.weight, self.dtype = weight, to_dtype(dtype)
     self.residual_dtype = RESIDUAL_DTYPES.get(self.dtype, self.dtype)
-    sqrt_hidden = Tensor([math.sqrt(weight.shape[1])], dtype=dtypes.float32, device=weight.device)
-    self.scale = sqrt_hidden.cast(self.dtype).cast(self.residual_dtype).realize()
+    # a constant (folded when the graph is scheduled), so a one-token step's lookup reads only the table and the ids
+    # and is recomputed inside every kernel that reads it (schedule rule 1) instead of getting a kernel of its own
+    sqrt_hidden = Tensor.full((1,), math.sqrt(weight.shape[1]), dtype=dtypes.float32, device=weight.device)
+    self.scale = sqrt_hidden.cast(self.dtype).cast(self.residual_dtype)
   def __call__(self, token_ids: Tensor) -> Tensor:
     """The scaled rows [*token_ids.shape, hidden], in the residual stream's dtype (RESIDUAL_DTYPES)."""
     return self.rows(token_ids).cast(self.residual_dtype) * self.scale
@@ -648,13 +650,16 @@ class Gemma3:
       parts += [cache.destinations(layer_type, positions), key_positions]
     return mode, np.concatenate(parts).astype(np.int32)
 
-  def _rotary_tables(self, layer_type: str, query_pos: Tensor) -> tuple[Tensor, Tensor]:
-    """cos and signed sin [T, D] of the query positions' angles, in the model dtype."""
+  def _rotary_tables(self, layer_types: Sequence[str], query_pos: Tensor) -> dict[str, tuple[Tensor, Tensor]]:
+    """cos and signed sin [T, D] of the query positions' angles, in the model dtype, for each layer type: every table
+    of the call is computed by one kernel into one buffer ([2, types, T, D]), each a view of it."""
     T, half = query_pos.shape[0], self.config.head_dim // 2
-    angles = query_pos.float().reshape(T, 1) * self.inv_freq[layer_type].reshape(1, half)   # float32, as HF
+    inv_freq = Tensor.stack(*[self.inv_freq[t] for t in layer_types])                    # [types, half]
+    angles = query_pos.float().reshape(1, T, 1) * inv_freq.reshape(len(layer_types), 1, half)   # float32, as HF
     angles = angles.double()   # cos/sin of the float32 angle, with float64 range reduction (positions up to 1e5+)
     cos, sin = angles.cos().float().cast(self.dtype), angles.sin().float().cast(self.dtype)
-    return _materialize(cos.cat(cos, dim=-1)), _materialize((-sin).cat(sin, dim=-1))
+    tables = _materialize(cos.cat(cos, dim=-1).stack((-sin).cat(sin, dim=-1)))
+    return {t: (tables[0, i], tables[1, i]) for i, t in enumerate(layer_types)}
 
   def _step_inputs(self, mode: str, step_data: Optional[Tensor], T: Any, variables: Any,
                    cache: Gemma3KVCache) -> dict[str, StepInputs]:
@@ -664,9 +669,10 @@ class Gemma3:
     if mode == FRESH:
       query_pos = Tensor.arange(T, dtype=dtypes.int32, device=self.device)
       distance = query_pos.reshape(T, 1) - query_pos.reshape(1, T)
+      rotary = self._rotary_tables(types, query_pos)
       for layer_type in types:
         allowed = (distance >= 0) & (distance < window) if layer_type == SLIDING else distance >= 0
-        out[layer_type] = StepInputs(FRESH, *self._rotary_tables(layer_type, query_pos), allowed=allowed,
+        out[layer_type] = StepInputs(FRESH, *rotary[layer_type], allowed=allowed,
                                      filled=T, ring=cache.is_ring(layer_type))
       return out
     if mode == DECODE:   # the query position is the bound `position` Variable, a constant computed in the kernel
@@ -674,9 +680,9 @@ class Gemma3:
     else:
       assert step_data is not None
       query_pos = step_data[:T]
-    offset = T
+    offset, rotary = T, self._rotary_tables(types, query_pos)
     for layer_type in types:
-      tables = self._rotary_tables(layer_type, query_pos)
+      tables = rotary[layer_type]
       if mode == DECODE:
         slot, filled = cache.decode_slots(layer_type, variables)
         out[layer_type] = StepInputs(DECODE, *tables, slot=slot, filled=filled, ring=cache.is_ring(layer_type))
@@ -832,17 +838,21 @@ class Gemma3:
     assert cache is not None
     T = token_ids.shape[1]
     steps = self._step_inputs(mode, step_data, T, variables, cache)
-    h = _materialize(self.model.embed_tokens(token_ids))
+    h = _fuse_into_consumer(self.model.embed_tokens(token_ids))
     hidden, pending = [h], []
     for layer, layer_cache in zip(self.model.layers, cache.layers):
       h, write = layer(h, steps[layer.layer_type], layer_cache)
       hidden.append(h)
       if write is not None: pending.append((layer_cache, write, steps[layer.layer_type]))
     if last_only: h = h.shrink((None, (T - 1, T), None))
-    h = _materialize(self.model.norm(h))
-    hidden.append(h)
     head = self.lm_head.weight if self.lm_head is not None else self.model.embed_tokens.weight
-    logits = _softcap(project(h, head), self.config.final_logit_softcapping)
+    if h.shape[-2] == 1 and not return_hidden:   # one position: the final norm inside the head's matvec kernel
+      logits = self.model.norm.matvec(h, head)
+    else:
+      h = _materialize(self.model.norm(h))
+      hidden.append(h)
+      logits = project(h, head)
+    logits = _softcap(logits, self.config.final_logit_softcapping)
     outputs = [logits] + (hidden if return_hidden else [])
     # EXTEND writes the cache only after the kernels that read it have run (a schedule orders by data, not writes)
     Tensor.realize(*outputs, *([] if pending else cache.tensors()))

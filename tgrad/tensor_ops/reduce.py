@@ -11,8 +11,16 @@ from tgrad.ops import UOp
 from tgrad.shape.sint import canonical, smax, vmax_of
 from tgrad.tensor_ops.args import Scalar, HALF_FLOATS, _resolve_axis, _sum_dtype
 from tgrad.regions import composite
+from tgrad.lazy import SPLIT_REDUCE_MIN_INPUTS, SPLIT_REDUCE_PARTS
 import tgrad.function as F
 if TYPE_CHECKING: from tgrad.tensor import Tensor   # at runtime: bound by tgrad/tensor.py (see __init__.py)
+
+def _argmax_chunks(size: Any) -> int:
+  """How many chunks argmax splits an axis of `size` into (_argmax_in_chunks), 0 for one pass: a concrete axis at
+  least as long as a reduce that would be split (lazy.SPLIT_REDUCE_MIN_INPUTS), by the largest part count dividing
+  it."""
+  if isinstance(size, UOp) or size < SPLIT_REDUCE_MIN_INPUTS: return 0
+  return next((parts for parts in SPLIT_REDUCE_PARTS if size % parts == 0), 0)
 
 class ReduceMixin:
   """Tensor's reductions and scans."""
@@ -85,9 +93,11 @@ class ReduceMixin:
     size = self.shape[axis]
     if size == 0: raise ValueError(f"argmax over an empty axis: shape {self.shape}, axis {axis}")
     x = self.detach()
+    index_dtype = dtypes.int32 if vmax_of(size) <= dtypes.max(dtypes.int32) else dtypes.int64
+    chunks = _argmax_chunks(size)
+    if chunks: return x._argmax_in_chunks(axis, keepdim, chunks, index_dtype)
     is_max = x == x.max(axis, keepdim=True)
     if x.dtype.is_float: is_max = is_max | x.isnan()
-    index_dtype = dtypes.int32 if vmax_of(size) <= dtypes.max(dtypes.int32) else dtypes.int64
     if isinstance(size, UOp):   # a symbolic axis: size - i, with the size computed in the kernel
       shape = (size,) + (1,) * (self.ndim - axis - 1)
       countdown = (Tensor.arange(size, dtype=index_dtype, device=self.device) * -1 + size).reshape(shape)
@@ -95,6 +105,25 @@ class ReduceMixin:
     countdown = Tensor.arange(size, 0, -1, dtype=index_dtype, device=self.device).reshape((size,) + (1,) *
                                                                                         (self.ndim - axis - 1))
     return size - is_max.where(countdown, 0).max(axis, keepdim)
+  def _argmax_in_chunks(self, axis: int, keepdim: bool, chunks: int, index_dtype: DType) -> Tensor:
+    """argmax over a long concrete axis in two kernels: the first maximum of each of `chunks` equal chunks (a row
+    kernel: the chunk's max and the first index holding it are two reduces over the same row), then over the chunks'
+    maxima, read back from the input through those indices (a gather), the first chunk holding the largest. As one
+    reduce each, the max and the index search would each be split in two (lazy._split_reduce): four kernels. The
+    first maximum (or first NaN) overall lies in the first chunk whose own first maximum is the largest (or NaN)."""
+    x = self.transpose(axis, -1) if axis != self.ndim - 1 else self
+    size = x.shape[-1]
+    chunk = size // chunks
+    local = x.reshape(*x.shape[:-1], chunks, chunk).argmax(-1).cast(index_dtype)            # [..., chunks]
+    offsets = Tensor.arange(0, size, chunk, dtype=index_dtype, device=self.device)
+    first = (local + offsets).contiguous()   # indices into x's axis: the first kernel's one output
+    values = F.Gather.apply(x, first, axis=x.ndim - 1)                                       # each chunk's maximum
+    is_max = values == values.max(-1, keepdim=True)
+    if values.dtype.is_float: is_max = is_max | values.isnan()
+    # the smallest index among the chunks holding the maximum: the largest of size - index
+    out = size - is_max.where(size - first, 0).max(-1, keepdim=True)
+    if axis != self.ndim - 1: out = out.transpose(axis, -1)
+    return out if keepdim else out.reshape(tuple(s for i, s in enumerate(self.shape) if i != axis))
   def argmin(self, axis: Optional[int] = None, keepdim: bool = False) -> Tensor:
     flipped = self.detach().logical_not() if self.dtype.is_bool else self.detach()._order_flip()
     return flipped.argmax(axis, keepdim)

@@ -1,0 +1,60 @@
+"""The kernels of one Gemma 3 decode step, scheduled for any device without starting it (no GPU needed for CUDA).
+
+The model is built with random weights and its decode step (`Gemma3._decode_step`, what TinyJit captures) is traced
+with lowering and running switched off: every realize only schedules (and commits Buffers that are never allocated),
+so the count is exactly what the captured step launches on that device, and nothing is compiled. Prints each kernel:
+its output and input buffers (dtype[size]) and how many reduces it runs.
+Usage: python bench/decode_kernels.py [--preset 270m] [--device CUDA] [--dtype float16] [--position 600]
+"""
+from __future__ import annotations
+import argparse, contextlib, os, sys
+from typing import Iterator
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+import tgrad.realize as realize_module  # noqa: E402
+from tgrad.dtype import to_dtype  # noqa: E402
+from tgrad.ops import Ops  # noqa: E402
+from tgrad.schedule import ScheduleItem  # noqa: E402
+from tgrad.models.gemma3 import Gemma3, Gemma3Config  # noqa: E402
+
+@contextlib.contextmanager
+def schedule_only() -> Iterator[list[ScheduleItem]]:
+  """Inside: every realize schedules and commits but lowers and runs nothing (no compile, no device start); yields
+  the list that receives every ScheduleItem. Index checks are skipped as under a TinyJit capture."""
+  items: list[ScheduleItem] = []
+  def record(scheduled):
+    items.extend(scheduled)
+    return []
+  saved = realize_module.lower_schedule, realize_module.run
+  realize_module.lower_schedule, realize_module.run = record, lambda *args, **kwargs: None
+  try:
+    with realize_module.capturing(): yield items
+  finally: realize_module.lower_schedule, realize_module.run = saved
+
+def decode_step_kernels(preset: str = "270m", device: str = "CUDA", dtype: str = "float16", position: int = 600,
+                        context: int = 1024) -> list[ScheduleItem]:
+  """The kernels (ScheduleItems with a kernel AST) of one decode step of `preset` at `position`, scheduled for
+  `device` without starting it."""
+  with schedule_only() as items:
+    model = Gemma3.random(Gemma3Config.preset(preset), to_dtype(dtype), device, progress=False)
+    model.reset_cache(1, context)
+    model._decode_inputs(1)
+    items.clear()
+    model._decode_step(*model.cache.decode_variables(position))
+  return [item for item in items if item.ast.op is Ops.SINK]
+
+def describe(item: ScheduleItem) -> str:
+  def buffers(bufs) -> str: return " ".join(f"{b.dtype.name}[{b.size}]" for b in bufs)
+  reduces = sum(1 for u in item.ast.toposort() if u.op is Ops.REDUCE_AXIS)
+  return f"out {buffers(item.outputs)} <- {buffers(item.inputs)}; {reduces} reduces"
+
+if __name__ == "__main__":
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--preset", default="270m")
+  parser.add_argument("--device", default="CUDA")
+  parser.add_argument("--dtype", default="float16")
+  parser.add_argument("--position", type=int, default=600)
+  args = parser.parse_args()
+  kernels = decode_step_kernels(args.preset, args.device, args.dtype, args.position)
+  for k, item in enumerate(kernels): print(f"{k:4d} {describe(item)}")
+  layers = Gemma3Config.preset(args.preset).num_hidden_layers
+  print(f"{len(kernels)} kernels in one decode step of {args.preset} ({layers} layers) on {args.device}")

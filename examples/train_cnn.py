@@ -68,7 +68,8 @@ def train(steps: int = DEFAULT_STEPS, seed: int = 0, progress: bool = True, devi
   train_images, train_labels = make_bars(TRAIN_IMAGES, rng)
   test_images, test_labels = make_bars(TEST_IMAGES, rng)
   model = BarNet()
-  opt = AdamW(replicate(get_parameters(model), devices), lr=LEARNING_RATE)   # includes BatchNorm's running stats, realized each step
+  # the parameters include BatchNorm's running stats, realized each step
+  opt = AdamW(replicate(get_parameters(model), devices), lr=LEARNING_RATE)
   def next_batch() -> tuple[np.ndarray, np.ndarray]:
     batch = rng.choice(TRAIN_IMAGES, BATCH_SIZE, replace=False)
     return train_images[batch], train_labels[batch]

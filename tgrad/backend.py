@@ -6,8 +6,9 @@ allocator, compiler, renderer and program loader), `is_usable()`, its hardware f
 for its instructions, the custom-kernel source languages its compiler takes, and its collectives (sharded tensors,
 tgrad/multi/). A device name is a kind and an index: 'LLVM:1' is the second device of kind LLVM; the bare kind ('LLVM')
 is index 0 and its canonical spelling. `device_kind` and `device_index` split a name; everything that asks about a kind
-of device (traits, fingerprint, graph runner, lowerings) asks with `backend(name)`, which ignores the index. Each package tgrad/runtime/<device>/
-registers its Backend when imported (`import tgrad.runtime` imports them all); a test or a user may register more.
+of device (traits, fingerprint, graph runner, lowerings) asks with `backend(name)`, which ignores the index. Each
+package tgrad/runtime/<device>/ registers its Backend when imported (`import tgrad.runtime` imports them all); a test
+or a user may register more.
 Other modules ask `backend(name)`, `known_devices()`, `language_devices()` or `devices_offering(lowering)`, so no
 module outside a device's package names the device. Nothing here imports a runtime: importing tgrad loads no driver.
 """

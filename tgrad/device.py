@@ -5,7 +5,8 @@ A backend (a package tgrad/runtime/<name>/, registered in tgrad/backend.py) prov
 `Program` factory (bytes → callable on buffers, with `prepare` for a launch whose arguments are fixed), a renderer that
 turns linear UOps into its source, and how much memory it can still give. `Buffer` is one device allocation (or a view
 of one) with a dtype and element count. `Device[name]` starts device `name` once (one per kind and index: 'LLVM:1' is
-a device of its own, with its own allocator); `canonical_device` resolves a device's spellings ('cpu:0' → 'LLVM'); `DEVICE_TRAITS[name]` is what graph building may know of a device without starting it.
+a device of its own, with its own allocator); `canonical_device` resolves a device's spellings ('cpu:0' → 'LLVM');
+`DEVICE_TRAITS[name]` is what graph building may know of a device without starting it.
 """
 from __future__ import annotations
 import functools, os, time

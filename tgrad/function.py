@@ -74,7 +74,8 @@ class ToDevice(Function):
     return x.copy_to_device(device)
   def backward(self, grad_output: Any) -> Any:
     if not isinstance(self.input_device, tuple): return grad_output.copy_to_device(self.input_device)
-    if isinstance(grad_output, LazyBuffer): return MultiLazyBuffer.shard(grad_output, self.input_device, self.input_axis)
+    if isinstance(grad_output, LazyBuffer):
+      return MultiLazyBuffer.shard(grad_output, self.input_device, self.input_axis)
     return grad_output.copy_to_device(self.input_device).to_axis(self.input_axis)
 
 class Neg(Function):

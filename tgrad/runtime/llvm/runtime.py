@@ -189,4 +189,5 @@ class LLVMProgram:
 def create_device(index: int = 0) -> Compiled:
   """LLVM device `index`: every index is the same host CPU, with an allocator of its own (so its buffers are distinct
   from every other index's)."""
-  return Compiled(device_name("LLVM", index), LLVMAllocator(), LLVMCompiler(), LLVMRenderer(), LLVMProgram, arch=llvm.get_host_cpu_name())
+  return Compiled(device_name("LLVM", index), LLVMAllocator(), LLVMCompiler(), LLVMRenderer(), LLVMProgram,
+                  arch=llvm.get_host_cpu_name())

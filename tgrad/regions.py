@@ -94,7 +94,8 @@ def composite(name: str, inputs: tuple[Any, ...], **params) -> Any:
   whole value."""
   out = LOWERINGS[name][DEFAULT].build(*inputs, **params)
   lb = out.lazydata
-  if not isinstance(lb, LazyBuffer): return out   # a sharded value (tgrad/multi/): no region, the default lowering
+  if not isinstance(lb, LazyBuffer) or any(not isinstance(t.lazydata, LazyBuffer) for t in inputs):
+    return out   # over sharded values (tgrad/multi/): no region, the default lowering
   root = lb.base
   if root.buffer is None and root.srcs and (lb is root or (lb.st.contiguous and lb.size == root.size)):
     root.set_region(Region(name, tuple([t.lazydata for t in inputs]), tuple(sorted(params.items())), root))

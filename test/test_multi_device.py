@@ -65,6 +65,16 @@ def test_shard_splits_evenly_and_gathers_back(devices, axis):
   np.testing.assert_array_equal(t.to("LLVM:2").numpy(), a)
   assert t.to("LLVM:2").device == "LLVM:2"
 
+def test_resharding_to_other_axes_and_device_sets():
+  rng = np.random.default_rng(9)
+  a = rand(rng, 6, 12)
+  x = Tensor(a).shard(TWO, 0)
+  for moved, axis in ((x.shard(THREE, 1), 1), (x.to(THREE), 0), (x.shard(TWO, None), None), (x.to(TWO), 0),
+                      (Tensor(a).to(THREE), None)):
+    assert moved.lazydata.axis == axis and len(moved.device) == len(moved.lazydata.shards)
+    np.testing.assert_array_equal(moved.numpy(), a)
+  np.testing.assert_array_equal(shard_bits(x.shard(THREE, 1))[2], a[:, 8:])
+
 def test_shard_errors_name_the_problem_before_anything_runs():
   t = Tensor(np.zeros((4, 5), np.float32))
   with pytest.raises(ValueError, match=r"axis 1 of shape \(4, 5\) \(size 5\) does not divide evenly over 2"):

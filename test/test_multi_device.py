@@ -74,6 +74,9 @@ def test_resharding_to_other_axes_and_device_sets():
     assert moved.lazydata.axis == axis and len(moved.device) == len(moved.lazydata.shards)
     np.testing.assert_array_equal(moved.numpy(), a)
   np.testing.assert_array_equal(shard_bits(x.shard(THREE, 1))[2], a[:, 8:])
+  like = Tensor(a).shard_like(x.shard(THREE, 1))
+  assert like.device == x.shard(THREE, 1).device and like.lazydata.axis == 1
+  assert Tensor(a).shard_like(Tensor(a, device="LLVM:2")).device == "LLVM:2"
 
 def test_shard_errors_name_the_problem_before_anything_runs():
   t = Tensor(np.zeros((4, 5), np.float32))

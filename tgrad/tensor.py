@@ -234,6 +234,10 @@ class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, Indexi
     devices = tuple(canonical_device(d) for d in devices)
     check_split(self.shape, axis, devices)
     return F.ToDevice.apply(self, device=devices, axis=axis)
+  def shard_like(self, y: Tensor) -> Tensor:
+    """This tensor placed as `y` is: sharded over y's devices along y's axis, or on y's one device."""
+    if isinstance(y.lazydata, MultiLazyBuffer): return self.shard(y.device, y.lazydata.axis)
+    return self.to(y.device)
   def shard_(self, devices: Any, axis: Optional[int] = None) -> Tensor:
     """Shard this tensor in place (its .grad too): it holds the sharded value from now on, as a leaf (as tinygrad's:
     autograd does not reach through to the value it held before, so a sharded weight gets its own .grad)."""

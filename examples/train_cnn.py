@@ -1,4 +1,4 @@
-"""Train a small CNN to tell oriented bars apart: `python examples/train_cnn.py [--steps N] [--seed S]`.
+"""Train a small CNN to tell oriented bars apart: `python examples/train_cnn.py [--steps N] [--seed S] [--devices D]`.
 
 The data is made here: 1×16×16 images, each with one bright bar — horizontal, vertical, diagonal or anti-diagonal
 (the four classes) — of random length, thickness, position and brightness, on Gaussian noise. A
@@ -16,7 +16,7 @@ from tgrad import Tensor  # noqa: E402
 import tgrad.nn as nn  # noqa: E402
 from tgrad.nn.optim import AdamW  # noqa: E402
 from tgrad.nn.state import get_parameters  # noqa: E402
-from classifier_training import TrainResult, command_line, fit  # noqa: E402
+from classifier_training import TrainResult, command_line, fit, replicate  # noqa: E402
 
 IMAGE_SIZE = 16
 CLASSES = 4                        # 0 horizontal, 1 vertical, 2 diagonal (↘), 3 anti-diagonal (↙)
@@ -61,18 +61,20 @@ class BarNet:
     x = self.conv2(x).relu().max_pool2d(2)
     return self.head(x.flatten(1))
 
-def train(steps: int = DEFAULT_STEPS, seed: int = 0, progress: bool = True) -> TrainResult:
+def train(steps: int = DEFAULT_STEPS, seed: int = 0, progress: bool = True, devices=None) -> TrainResult:
+  """Train and test; `devices` (a tuple of device names) trains data-parallel over them."""
   rng = np.random.default_rng(seed)
   Tensor.manual_seed(seed)
   train_images, train_labels = make_bars(TRAIN_IMAGES, rng)
   test_images, test_labels = make_bars(TEST_IMAGES, rng)
   model = BarNet()
-  opt = AdamW(get_parameters(model), lr=LEARNING_RATE)   # includes BatchNorm's running stats, realized each step
+  # the parameters include BatchNorm's running stats, realized each step
+  opt = AdamW(replicate(get_parameters(model), devices), lr=LEARNING_RATE)
   def next_batch() -> tuple[np.ndarray, np.ndarray]:
     batch = rng.choice(TRAIN_IMAGES, BATCH_SIZE, replace=False)
     return train_images[batch], train_labels[batch]
   return fit(model, opt, lambda logits, y: logits.cross_entropy(y), next_batch, (test_images, test_labels), steps,
-             "cnn", progress)
+             "cnn", progress, devices)
 
 def main(argv: list[str] | None = None) -> int:
   return command_line(__doc__.splitlines()[0], train, DEFAULT_STEPS, DEFAULT_MIN_ACCURACY,

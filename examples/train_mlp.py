@@ -1,4 +1,4 @@
-"""Train an MLP on 2-D spirals: `python examples/train_mlp.py [--steps N] [--seed S] [--min-accuracy A]`.
+"""Train an MLP on 2-D spirals: `python examples/train_mlp.py [--steps N] [--seed S] [--min-accuracy A] [--devices D]`.
 
 The data is made here: three interleaved spiral arms (CS231n's toy set), 300 noisy points each; a fifth is held out.
 A 2→64→64→3 ReLU network trained with Adam on minibatches separates them; the script prints the held-out accuracy
@@ -16,7 +16,7 @@ from tgrad import Tensor  # noqa: E402
 import tgrad.nn as nn  # noqa: E402
 from tgrad.nn.optim import Adam  # noqa: E402
 from tgrad.nn.state import get_parameters  # noqa: E402
-from classifier_training import TrainResult, command_line, fit  # noqa: E402
+from classifier_training import TrainResult, command_line, fit, replicate  # noqa: E402
 
 CLASSES = 3
 POINTS_PER_CLASS = 300
@@ -44,7 +44,8 @@ class MLP:
     for layer in self.layers[:-1]: x = layer(x).relu()
     return self.layers[-1](x)
 
-def train(steps: int = DEFAULT_STEPS, seed: int = 0, progress: bool = True) -> TrainResult:
+def train(steps: int = DEFAULT_STEPS, seed: int = 0, progress: bool = True, devices=None) -> TrainResult:
+  """Train and test; `devices` (a tuple of device names) trains data-parallel over them."""
   rng = np.random.default_rng(seed)
   Tensor.manual_seed(seed)
   points, labels = make_spirals(rng)
@@ -52,12 +53,12 @@ def train(steps: int = DEFAULT_STEPS, seed: int = 0, progress: bool = True) -> T
   test_count = math.ceil(len(points) * TEST_FRACTION)
   test, train_rows = order[:test_count], order[test_count:]
   model = MLP()
-  opt = Adam(get_parameters(model), lr=LEARNING_RATE)
+  opt = Adam(replicate(get_parameters(model), devices), lr=LEARNING_RATE)
   def next_batch() -> tuple[np.ndarray, np.ndarray]:
     batch = rng.choice(train_rows, BATCH_SIZE, replace=False)
     return points[batch], labels[batch]
   return fit(model, opt, lambda logits, y: logits.sparse_categorical_crossentropy(y), next_batch,
-             (points[test], labels[test]), steps, "mlp", progress)
+             (points[test], labels[test]), steps, "mlp", progress, devices)
 
 def main(argv: list[str] | None = None) -> int:
   return command_line(__doc__.splitlines()[0], train, DEFAULT_STEPS, DEFAULT_MIN_ACCURACY,

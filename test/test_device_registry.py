@@ -61,7 +61,8 @@ def test_registering_checks_names_and_forgetting_a_device_forgets_its_spellings(
   register_backend(Backend("TOY", lambda: None, DeviceTraits(has_local=True, lowerings=frozenset({"fast"})),
                            aliases=("SANDBOX",), languages=("toy-c",)))
   try:
-    assert canonical_device("sandbox:3") == "TOY" and backend("TOY").aliases == ("SANDBOX",)
+    assert canonical_device("sandbox:3") == "TOY:3" and canonical_device("sandbox:0") == "TOY"
+    assert backend("TOY").aliases == ("SANDBOX",)
     assert language_devices()["toy-c"] == "TOY" and "TOY" in devices_offering("fast")
   finally: unregister_backend("TOY")
   for name in ("toy", "sandbox:3"):

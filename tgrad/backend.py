@@ -3,14 +3,34 @@
 A Backend is everything the rest of tgrad may ask about a device: its name and aliases, its traits (known without
 starting it), and how to get the rest when needed: `start()` → the running device (a tgrad.device.Compiled: its
 allocator, compiler, renderer and program loader), `is_usable()`, its hardware fingerprint, the JIT's graph runner
-for its instructions, and the custom-kernel source languages its compiler takes. Each package tgrad/runtime/<device>/
-registers its Backend when imported (`import tgrad.runtime` imports them all); a test or a user may register more.
+for its instructions, the custom-kernel source languages its compiler takes, and its collectives (sharded tensors,
+tgrad/multi/). A device name is a kind and an index: 'LLVM:1' is the second device of kind LLVM; the bare kind ('LLVM')
+is index 0 and its canonical spelling. `device_kind` and `device_index` split a name; everything that asks about a kind
+of device (traits, fingerprint, graph runner, lowerings) asks with `backend(name)`, which ignores the index. Each
+package tgrad/runtime/<device>/ registers its Backend when imported (`import tgrad.runtime` imports them all); a test
+or a user may register more.
 Other modules ask `backend(name)`, `known_devices()`, `language_devices()` or `devices_offering(lowering)`, so no
 module outside a device's package names the device. Nothing here imports a runtime: importing tgrad loads no driver.
 """
 from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Optional
+
+# A device name is '<KIND>' (index 0) or '<KIND>:<index>'
+INDEX_SEPARATOR = ":"
+
+def device_kind(name: str) -> str:
+  """The kind of device a name names: 'CUDA:1' → 'CUDA', 'LLVM' → 'LLVM' (the spelling is not checked)."""
+  return name.split(INDEX_SEPARATOR, 1)[0]
+
+def device_index(name: str) -> int:
+  """The index of a canonical device name: 'CUDA:1' → 1, 'LLVM' → 0."""
+  _, separator, index = name.partition(INDEX_SEPARATOR)
+  return int(index) if separator else 0
+
+def device_name(kind: str, index: int) -> str:
+  """The canonical name of device `index` of `kind`: the bare kind for index 0 ('LLVM'), else 'LLVM:1'."""
+  return kind if index == 0 else f"{kind}{INDEX_SEPARATOR}{index}"
 
 # The only device name outside tgrad/runtime/ (a default): the CPU device, where float64 references and host-side
 # alternatives run, and the default device when no preferred one (Backend.default_priority) is usable.
@@ -30,7 +50,9 @@ def _plain_loop() -> None:
 class Backend:
   """One kind of device, as its package declares it. The callables import the device's runtime when called."""
   name: str                              # upper case: what DEVICE= and Tensor(device=) take (any case, with ':N')
-  start: Callable[[], Any]               # → its tgrad.device.Compiled; an ImportError names a missing package
+  start: Callable[..., Any]              # start(index) → device `index` of this kind (a tgrad.device.Compiled);
+                                         # index 0 is started as start(), so a backend of one device takes no
+                                         # argument; an ImportError names a missing package
   traits: DeviceTraits = DeviceTraits()
   aliases: tuple[str, ...] = ()          # other names for it ('CPU', 'GPU')
   is_usable: Optional[Callable[[], bool]] = None   # whether it can start, without starting it; None: try start()
@@ -40,6 +62,8 @@ class Backend:
   install: str = "pip install -e ."      # what installs the Python packages it needs
   start_failure: str = "its runtime failed to start"   # what a failure to start usually means, for the error
   default_priority: int = 0              # > 0: the default device when usable (the highest first), over HOST_DEVICE
+  collectives: Optional[Callable[[], Any]] = None   # → the collectives of this kind's devices (tgrad/multi/
+                                                    # collectives.py's interface); None: copies and tgrad kernels
 
 class DeviceRegistry:
   """The registered Backends by name, and every spelling that names one. Listeners (the started-device and name
@@ -85,8 +109,8 @@ def backend_name(spelling: str) -> Optional[str]:
   return REGISTRY.names.get(spelling.upper())
 
 def backend(name: str) -> Backend:
-  """The Backend of a canonical device name ('CUDA'); KeyError names the known ones."""
-  try: return REGISTRY.backends[name]
+  """The Backend of a canonical device name of any index ('CUDA', 'CUDA:1'); KeyError names the known ones."""
+  try: return REGISTRY.backends[device_kind(name)]
   except KeyError: raise KeyError(f"no device {name!r} is registered; known: {', '.join(known_devices())}") from None
 
 def known_devices() -> tuple[str, ...]:
@@ -110,7 +134,7 @@ class DevicesOffering:
   """The devices whose traits list a lowering, asked at each `in` (a device registered later is included)."""
   def __init__(self, lowering: str): self.lowering = lowering
   def __contains__(self, device: object) -> bool:
-    found = REGISTRY.backends.get(device) if isinstance(device, str) else None
+    found = REGISTRY.backends.get(device_kind(device)) if isinstance(device, str) else None
     return found is not None and self.lowering in found.traits.lowerings
   def __iter__(self) -> Iterator[str]: return iter([name for name in known_devices() if name in self])
   def __repr__(self) -> str: return f"DevicesOffering({self.lowering!r})"
@@ -120,8 +144,10 @@ def devices_offering(lowering: str) -> DevicesOffering:
   return DevicesOffering(lowering)
 
 class DevicesOtherThan:
-  """Every registered device but one, asked at each `in` (for alternatives that move work to that one)."""
+  """Every registered kind of device but one, asked at each `in` with a device name of any index (for alternatives
+  that move work to that kind)."""
   def __init__(self, excluded: str): self.excluded = excluded
-  def __contains__(self, device: object) -> bool: return device != self.excluded and device in REGISTRY.backends
+  def __contains__(self, device: object) -> bool:
+    return isinstance(device, str) and device_kind(device) != self.excluded and device_kind(device) in REGISTRY.backends
   def __iter__(self) -> Iterator[str]: return iter([name for name in known_devices() if name in self])
   def __repr__(self) -> str: return f"DevicesOtherThan({self.excluded!r})"

@@ -14,6 +14,7 @@ from typing import Any, Optional
 import numpy as np
 from tgrad.dtype import dtypes
 from tgrad.lazy import LazyBuffer
+from tgrad.multi import MultiLazyBuffer
 from tgrad.ops import Ops
 
 class IndexOutOfBoundsError(IndexError, RuntimeError):
@@ -77,7 +78,11 @@ def _out_of_range_flag(index: LazyBuffer, bounds: IndexBounds) -> LazyBuffer:
   return logical_not(valid).cast(dtypes.uint8).r(Ops.MAX, tuple(range(len(index.shape))))
 
 def check_index_bounds(index: LazyBuffer, bounds: IndexBounds) -> None:
-  """Raise IndexError now if the index values are on the host and one is out of bounds; else queue a lazy check."""
+  """Raise IndexError now if the index values are on the host and one is out of bounds; else queue a lazy check. A
+  sharded index (tgrad/multi/) is checked shard by shard."""
+  if isinstance(index, MultiLazyBuffer):
+    for shard in index.shards: check_index_bounds(shard, bounds)
+    return
   if index.size == 0: return
   if not index.dtype.is_int: raise TypeError(f"index bounds of a {index.dtype} tensor: indices must be ints")
   values = host_values(index)

@@ -20,7 +20,7 @@ import hashlib, time
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence, Union
 import numpy as np
-from tgrad.backend import language_devices
+from tgrad.backend import device_kind, language_devices
 from tgrad.device import Buffer, Device
 from tgrad.dtype import DType, bfloat16_to_float32, dtypes
 from tgrad.helpers import prod
@@ -141,7 +141,7 @@ class SourceKernelRunner:
   """A compiled, loaded SourceKernel: launched on (output, *inputs) Buffers; seconds when wait."""
   flops = 0
   def __init__(self, kernel: SourceKernel, device: str):
-    if (home := language_devices()[kernel.language]) != device:
+    if (home := language_devices()[kernel.language]) != device_kind(device):
       raise ValueError(f"kernel {kernel.name!r} is {kernel.language} source: it runs on {home}, not {device}")
     dev = Device[device]
     self.name, self.kernel = f"user:{kernel.name}", kernel

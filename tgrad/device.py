@@ -4,15 +4,16 @@ A backend (a package tgrad/runtime/<name>/, registered in tgrad/backend.py) prov
 `Allocator` (alloc, free, copyin, copyout, and view: a window of an allocation), a `Compiler` (source → bytes), a
 `Program` factory (bytes → callable on buffers, with `prepare` for a launch whose arguments are fixed), a renderer that
 turns linear UOps into its source, and how much memory it can still give. `Buffer` is one device allocation (or a view
-of one) with a dtype and element count. `Device[name]` starts a registered backend once; `canonical_device` resolves a
-device's spellings; `DEVICE_TRAITS[name]` is what graph building may know of a device without starting it.
+of one) with a dtype and element count. `Device[name]` starts device `name` once (one per kind and index: 'LLVM:1' is
+a device of its own, with its own allocator); `canonical_device` resolves a device's spellings ('cpu:0' → 'LLVM');
+`DEVICE_TRAITS[name]` is what graph building may know of a device without starting it.
 """
 from __future__ import annotations
 import functools, os, time
 from typing import Any, Callable, Optional
 import numpy as np
-from tgrad.backend import HOST_DEVICE, DeviceTraits, backend, backend_name, device_spellings, known_devices, \
-  on_registry_change, preferred_devices
+from tgrad.backend import HOST_DEVICE, INDEX_SEPARATOR, DeviceTraits, backend, backend_name, device_index, \
+  device_kind, device_name, device_spellings, known_devices, on_registry_change, preferred_devices
 from tgrad.dtype import DType
 from tgrad.helpers import Context
 from tgrad import profiler
@@ -39,14 +40,19 @@ MAX_DEVICE_NAMES = 1024   # bounds the memo of spellings ('cuda:0', 'Cpu', ...) 
 on_registry_change(_canonical_names.clear)
 
 def canonical_device(name: Optional[str]) -> str:
-  """'cuda:0' → 'CUDA', 'cpu' → 'LLVM', None → the default device. Unknown names raise ValueError."""
+  """'cuda:0' → 'CUDA', 'cpu' → 'LLVM', 'llvm:1' → 'LLVM:1', None → the default device. Index 0 is spelled as the bare
+  kind. Unknown names and indices that are not non-negative integers raise ValueError."""
   if name is None: return Device.default()
   if type(name) is str and (known := _canonical_names.get(name)) is not None: return known
   if not isinstance(name, str): raise TypeError(f"device must be a str such as {HOST_DEVICE!r}, got {name!r}")
-  base = backend_name(name.split(":")[0])
+  kind, separator, index = name.partition(INDEX_SEPARATOR)
+  base = backend_name(kind)
   if base is None: raise ValueError(f"unknown device {name!r}; known: {', '.join(known_devices())}")
-  if type(name) is str and len(_canonical_names) < MAX_DEVICE_NAMES: _canonical_names[name] = base
-  return base
+  if separator and not (index.isascii() and index.isdigit()):
+    raise ValueError(f"device {name!r}: the index after {INDEX_SEPARATOR!r} must be a non-negative integer")
+  canonical = device_name(base, int(index) if separator else 0)
+  if type(name) is str and len(_canonical_names) < MAX_DEVICE_NAMES: _canonical_names[name] = canonical
+  return canonical
 
 class PendingRead:
   """A device→host copy that may still be in flight: `wait()` blocks until it is done and returns the bytes (a uint8
@@ -78,6 +84,12 @@ class Allocator:
     return PendingRead(out)
   def view(self, handle: Any, offset: int, nbytes: int) -> Any: raise NotImplementedError
   def available(self) -> int: raise NotImplementedError
+  def peer_copy(self, dst: Any, src: Any, nbytes: int) -> bool:
+    """Copy `nbytes` from `src`, an allocation of another device of this kind, into `dst` (an allocation of this
+    one) without staging through host memory, and say whether it did: False (the default) means this kind has no
+    direct path, and the caller stages the copy through host bytes. CPU devices copy memory to memory; a GPU
+    backend copies peer to peer where the GPUs allow it."""
+    return False
 
 class CompileError(Exception):
   """A compiler rejected a kernel's source; the message holds the numbered source and the compiler's log."""
@@ -178,6 +190,14 @@ class Buffer:
   def copyin(self, data: np.ndarray) -> Buffer:
     Device[self.device].allocator.copyin(self.handle, self._bytes_of(data))
     return self
+  def copy_from(self, src: Buffer) -> Buffer:
+    """Copy all of `src` (same size and dtype, any device) into this buffer: directly when both are devices of one
+    kind and it has a direct path (Allocator.peer_copy), else through host memory."""
+    if src.nbytes != self.nbytes: raise ValueError(f"copy of {src} into {self}: sizes differ")
+    if not self.nbytes: return self
+    if device_kind(src.device) == device_kind(self.device) and \
+       Device[self.device].allocator.peer_copy(self.handle, src.handle, self.nbytes): return self
+    return self.copyin(src.copyout())
   def copyout(self) -> np.ndarray:
     out = np.empty(self.size, dtype=self.dtype.np)
     if self.size: Device[self.device].allocator.copyout(memoryview(out.view(np.uint8)), self.handle)
@@ -197,25 +217,29 @@ class Buffer:
     return f"<Buffer {self.device} {self.size} {self.dtype}{where}>"
 
 class _DeviceRegistry:
-  """`Device["LLVM"]` starts the registered backend once (tgrad/backend.py) and returns its Compiled device."""
+  """`Device["LLVM:1"]` starts device 1 of the registered backend LLVM once (tgrad/backend.py) and returns its Compiled
+  device; every spelling of one device ('cpu', 'LLVM', 'llvm:0') gives the same one."""
   @functools.cache
-  def __getitem__(self, name: str) -> Compiled:
-    found = backend(canonical_device(name))
-    try: return found.start()
+  def __getitem__(self, name: str) -> Compiled: return self._started(canonical_device(name))
+  @functools.cache
+  def _started(self, name: str) -> Compiled:
+    found, index = backend(name), device_index(name)
+    try: return found.start(index) if index else found.start()
     except ImportError as error:
       package = (error.name or "").split(".")[0]
       if package == "tgrad": raise   # a bug in tgrad, not a missing package
-      raise DeviceUnavailable(f"device {found.name} needs the Python package {package or error}, which is not "
+      raise DeviceUnavailable(f"device {name} needs the Python package {package or error}, which is not "
                               f"installed: {found.install}") from error
     except Exception as error:
-      raise DeviceUnavailable(f"device {found.name} can't start: {found.start_failure} "
+      raise DeviceUnavailable(f"device {name} can't start: {found.start_failure} "
                               f"({type(error).__name__}: {error})") from error
   @functools.cache
   def available(self, name: str) -> bool:
     """Whether the device can be used; a backend's `is_usable()` answers without starting the device."""
     try:
-      found = backend(canonical_device(name))
-      if found.is_usable is not None: return bool(found.is_usable())
+      found, index = backend(canonical_device(name)), device_index(canonical_device(name))
+      if found.is_usable is not None and not found.is_usable(): return False
+      if found.is_usable is not None and index == 0: return True
       self[name]
       return True
     except Exception:
@@ -224,6 +248,7 @@ class _DeviceRegistry:
     """Drop the started devices and availability answers (a backend was registered or unregistered, or a forked
     child can't use its parent's devices)."""
     type(self).__getitem__.cache_clear()
+    type(self)._started.cache_clear()
     type(self).available.cache_clear()
   def default(self) -> str:
     """DEVICE if set (an unknown name raises ValueError naming it), else the first usable preferred device (a

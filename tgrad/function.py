@@ -10,6 +10,7 @@ import math
 from typing import Any, Optional
 from tgrad.dtype import DType, dtypes
 from tgrad.lazy import LazyBuffer
+from tgrad.multi import MultiLazyBuffer
 from tgrad.ops import Ops
 
 LN2 = math.log(2)
@@ -48,7 +49,7 @@ class Function:
 
 def _mask_to(mask: LazyBuffer, dtype: DType) -> LazyBuffer: return mask.cast(dtype)
 def _logical_not(mask: LazyBuffer) -> LazyBuffer:
-  return mask.alu(Ops.CMPNE, LazyBuffer.const_of(True, dtypes.bool, mask.device, mask.shape))
+  return mask.alu(Ops.CMPNE, mask.const(True))   # mask is bool: its const is too
 
 # ---- unary
 
@@ -63,10 +64,19 @@ class Cast(Function):
   def backward(self, grad_output: LazyBuffer) -> LazyBuffer: return grad_output.cast(self.input_dtype)
 
 class ToDevice(Function):
-  def forward(self, x: LazyBuffer, device: str) -> LazyBuffer:
-    self.input_device = x.device
+  """A copy to another device, or to a tuple of devices: sharded along `axis` (None: replicated; tgrad/multi/). The
+  gradient goes back the same way: gathered from a device set, or sharded as the input was."""
+  def forward(self, x: Any, device: Any, axis: Optional[int] = None) -> Any:
+    self.input_device, self.input_axis = x.device, x.axis if isinstance(x, MultiLazyBuffer) else None
+    if isinstance(device, tuple):
+      if isinstance(x, LazyBuffer): return MultiLazyBuffer.shard(x, device, axis)
+      return x.copy_to_device(device).to_axis(axis)
     return x.copy_to_device(device)
-  def backward(self, grad_output: LazyBuffer) -> LazyBuffer: return grad_output.copy_to_device(self.input_device)
+  def backward(self, grad_output: Any) -> Any:
+    if not isinstance(self.input_device, tuple): return grad_output.copy_to_device(self.input_device)
+    if isinstance(grad_output, LazyBuffer):
+      return MultiLazyBuffer.shard(grad_output, self.input_device, self.input_axis)
+    return grad_output.copy_to_device(self.input_device).to_axis(self.input_axis)
 
 class Neg(Function):
   def forward(self, x: LazyBuffer) -> LazyBuffer: return x.alu(Ops.NEG)
@@ -175,7 +185,7 @@ def float_divmod(a: LazyBuffer, b: LazyBuffer) -> tuple[LazyBuffer, LazyBuffer]:
   floored = above_half.alu(Ops.WHERE, floored.alu(Ops.ADD, one), floored)
   ratio = a.alu(Ops.FDIV, b)
   floordiv = quotient.alu(Ops.CMPNE, zero).alu(Ops.WHERE, floored, _zero_with_sign_of(ratio))
-  divisor_zero = b.alu(Ops.CMPNE, zero).alu(Ops.CMPNE, LazyBuffer.const_of(True, dtypes.bool, a.device, a.shape))
+  divisor_zero = _logical_not(b.alu(Ops.CMPNE, zero))
   return divisor_zero.alu(Ops.WHERE, ratio, floordiv), divisor_zero.alu(Ops.WHERE, remainder, mod)
 
 class FloatMod(Function):

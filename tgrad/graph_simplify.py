@@ -8,7 +8,10 @@ fewer ops. The scheduler (schedule.py) runs this first, so it costs nothing on a
     semantics: ints wrap, float16 rounds); symbolic constants (UOps), lifted scalars (kernel parameters, whose
     values the schedule cache does not key on) and BITCAST are left alone;
   - x + 0 on ints (and x + −0.0 on floats: +0.0 would turn −0.0 into +0.0), x | False, x & True, x · 1, x / 1,
-    x · 0 on ints only (on floats NaN · 0 and inf · 0 are NaN), −(−x), where(constant, a, b).
+    x · 0 on ints only (on floats NaN · 0 and inf · 0 are NaN), −(−x), where(constant, a, b);
+  - a COPY of a constant is that constant on the copy's device (nothing to copy);
+  - a COPY or CUSTOM reads whole buffers: a source that simplified to a view (a broadcast constant, say) is given a
+    buffer of its own (CONTIGUOUS) first.
 Movement identities need nothing here: a reshape, permute or expand to the base's own layout already returns the
 base, and chains of views compose into one ShapeTracker as they are built.
 The given bases keep their identity: a base whose sources change is rebuilt as a new node with the same op, and
@@ -21,6 +24,7 @@ from tgrad.lazy import LazyBuffer, unrealized_bases
 from tgrad.ops import Ops, UOp, ALU, exec_alu, truncate_to
 
 FOLDABLE = ALU | {Ops.CAST}
+WHOLE_BUFFER_READERS = (Ops.COPY, Ops.CUSTOM)
 # is_constant_expression looks at no more nodes than this: a bigger constant expression counts as data (its Python
 # scalars become kernel parameters: correct, only not folded). Far above any chain of a few composite ops (~60).
 MAX_CONSTANT_EXPRESSION_NODES = 256
@@ -66,6 +70,8 @@ def _seen_through(value: LazyBuffer, reader: LazyBuffer) -> LazyBuffer:
 def _simplified(lb: LazyBuffer) -> Optional[LazyBuffer]:
   """What the (rebuilt) base `lb` simplifies to, with its shape, or None."""
   op, srcs, dtype = lb.op, lb.srcs, lb.dtype
+  if op is Ops.COPY and srcs and (value := _const_value(srcs[0])) is not None:
+    return LazyBuffer.const_of(value, dtype, lb.device, lb.shape)
   if op not in FOLDABLE: return None
   values = [_const_value(s) for s in srcs]
   if all(v is not None for v in values):
@@ -93,6 +99,9 @@ def simplify_graph(roots: list[LazyBuffer]) -> tuple[list[LazyBuffer], list[tupl
   rebuilt: list[tuple[LazyBuffer, LazyBuffer]] = []
   for lb in unrealized_bases(roots):
     srcs = tuple(_seen_through(replacement[id(s.base)], s) if id(s.base) in replacement else s for s in lb.srcs)
+    if lb.op in WHOLE_BUFFER_READERS:   # their runners read each source's whole buffer, in order
+      srcs = tuple(new if new is old or (new.is_base and new.op is not Ops.CONST) else new.contiguous(alias=False)
+                   for new, old in zip(srcs, lb.srcs))
     node = lb
     if any(a is not b for a, b in zip(srcs, lb.srcs)):
       node = lb.with_sources(srcs)   # every field (op, arg, dtype, view, whatever else a base carries), new sources

@@ -37,6 +37,7 @@ from tgrad import profiler
 from tgrad.traced_run import run_traced
 from tgrad.ops import Ops, UOp, symbolic_in_use
 from tgrad.lazy import LazyBuffer
+from tgrad.multi import MultiLazyBuffer
 
 __all__ = ["TinyJit", "CompiledGraph", "Instruction", "Slot", "PlainGraphRunner", "JitError",
            "OutOfMemoryError", "graph_from_capture"]
@@ -403,7 +404,7 @@ class TinyJit:
 
   def __call__(self, *args, **kwargs):
     named = _named_arguments(self.signature, args, kwargs)
-    tensors = [(name, value) for name, value in named if isinstance(value, Tensor)]
+    tensors = _per_shard([(name, value) for name, value in named if isinstance(value, Tensor)])
     others = [(name, value) for name, value in named if not isinstance(value, Tensor)]
     for name, value in others:
       if _tensors_in(value):
@@ -436,7 +437,7 @@ class TinyJit:
         raise JitError("TinyJit: the function ran no kernel when it was captured (its second call), so there is "
                        "nothing to replay; realize its results inside it, or don't jit it")
       taken = {id(b): name for (name, _), b in zip(tensors, input_buffers)}
-      for t in outputs:
+      for _, t in _per_shard([("", t) for t in outputs]):
         if id(t.lazydata.base.buffer) in taken:
           raise JitError(f"TinyJit: the function returns its argument {taken[id(t.lazydata.base.buffer)]!r} (or a "
                          "view of it); return a computed tensor (e.g. `x + 0`)")
@@ -488,6 +489,17 @@ def _named_arguments(signature: Optional[inspect.Signature], args: tuple, kwargs
     if kind is inspect.Parameter.VAR_POSITIONAL: out.extend((f"{name}[{i}]", v) for i, v in enumerate(value))
     elif kind is inspect.Parameter.VAR_KEYWORD: out.extend(value.items())
     else: out.append((name, value))
+  return out
+
+def _per_shard(tensors: list[tuple[str, Tensor]]) -> list[tuple[str, Tensor]]:
+  """The (name, tensor) arguments with each sharded tensor (tgrad/multi/) as one tensor per device, named
+  'name@DEVICE': the capture binds, checks and swaps each shard's buffer as an argument of its own."""
+  out: list[tuple[str, Tensor]] = []
+  for name, t in tensors:
+    lb = t.lazydata
+    if isinstance(lb, MultiLazyBuffer): out.extend((f"{name}@{s.device}", Tensor(s, requires_grad=False))
+                                                   for s in lb.shards)
+    else: out.append((name, t))
   return out
 
 def _tensors_in(value: Any) -> list[Tensor]:

@@ -40,13 +40,14 @@ class Runner(Protocol):
                ) -> Optional[float]: ...
 
 class BufferCopy:
-  """Copies bufs[1] into bufs[0] (another device, or the same one) through host memory."""
+  """Copies bufs[1] into bufs[0] (another device, or the same one): directly between two devices of one kind where
+  the kind has a path (Allocator.peer_copy: memory to memory on CPU devices), else staged through host memory."""
   name, flops = "copy", 0
   def __init__(self, nbytes: int): self.nbytes = nbytes
   def __call__(self, bufs: Sequence[Buffer], wait: bool = False, var_vals: Optional[dict[str, int]] = None
                ) -> Optional[float]:
     start = time.perf_counter()
-    bufs[0].copyin(bufs[1].copyout())
+    bufs[0].copy_from(bufs[1])
     return time.perf_counter() - start if wait else None
 
 class HostCopy:

@@ -17,6 +17,7 @@ above the lazy graph, so the front end names its value type once (`bind_value_ty
 from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
+from tgrad.backend import device_kind
 from tgrad.helpers import prod
 from tgrad.lazy import LazyBuffer, walk
 from tgrad.ops import Ops
@@ -93,13 +94,15 @@ def composite(name: str, inputs: tuple[Any, ...], **params) -> Any:
   whole value."""
   out = LOWERINGS[name][DEFAULT].build(*inputs, **params)
   lb = out.lazydata
+  if not isinstance(lb, LazyBuffer) or any(not isinstance(t.lazydata, LazyBuffer) for t in inputs):
+    return out   # over sharded values (tgrad/multi/): no region, the default lowering
   root = lb.base
   if root.buffer is None and root.srcs and (lb is root or (lb.st.contiguous and lb.size == root.size)):
     root.set_region(Region(name, tuple([t.lazydata for t in inputs]), tuple(sorted(params.items())), root))
   return out
 
 def _valid(region: Region, lowering: Lowering) -> bool:
-  device, dtype = region.root.device.split(":")[0], region.root.dtype
+  device, dtype = device_kind(region.root.device), region.root.dtype
   if lowering.devices is not None and device not in lowering.devices: return False
   if lowering.name == DEFAULT: return True
   return dtype in lowering.dtypes if lowering.dtypes is not None else dtype.is_float

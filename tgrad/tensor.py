@@ -14,6 +14,7 @@ from typing import Any, Callable, ClassVar, Optional
 import numpy as np
 from tgrad.dtype import DType, dtypes, promote_types, least_upper_float, to_dtype
 from tgrad.lazy import LazyBuffer, latest, is_writable_view, view_root
+from tgrad.multi import MultiLazyBuffer, check_split
 from tgrad.ops import Ops, UOp
 from tgrad.device import canonical_device
 from tgrad.helpers import prod
@@ -37,10 +38,20 @@ from tgrad.tensor_ops.neural import NNMixin
 from tgrad.tensor_ops.sorting import SortingMixin
 from tgrad.tensor_ops.hashing import HashingMixin
 
-def _realize(*lbs: LazyBuffer) -> None:
+def _shards(lbs) -> list[LazyBuffer]:
+  """The per-device LazyBuffers of lazy values, a sharded value (MultiLazyBuffer) giving one per device."""
+  return [s for lb in lbs for s in (lb.shards if isinstance(lb, MultiLazyBuffer) else (lb,))]
+
+def _const_beside(lb: Any, value: Any, dtype: DType, shape: tuple) -> Any:
+  """A constant on `lb`'s device (a sharded value's: split as it is when `shape` is its shape)."""
+  if isinstance(lb, MultiLazyBuffer): return lb.const_with(value, dtype, shape)
+  return LazyBuffer.const_of(value, dtype, lb.device, shape)
+
+def _realize(*lbs: Any) -> None:
   """Every Tensor-level realize: in the contexts the registered pre-realize passes give (tgrad/realize.py; tgrad.paths
   registers path selection, which does nothing while the benchmark database has no record for the device), with the
-  queued index checks."""
+  queued index checks. A sharded value realizes its shards."""
+  lbs = tuple(_shards(lbs))
   contexts = pre_realize_contexts(lbs)
   if not contexts: return realize_with_checks(*lbs)
   with ExitStack() as stack:
@@ -87,9 +98,16 @@ class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, Indexi
     self.requires_grad: Optional[bool] = requires_grad
     self._ctx: Optional[F.Function] = None
     if isinstance(data, Tensor): data = data.lazydata
-    if isinstance(data, LazyBuffer):
-      if device is not None: data = data.copy_to_device(device)
-      self._lazydata: LazyBuffer = data if dtype is None else data.cast(dtype)
+    if isinstance(device, (tuple, list)): device = tuple(canonical_device(d) for d in device)
+    if isinstance(data, (LazyBuffer, MultiLazyBuffer)):
+      if device is not None:
+        data = MultiLazyBuffer.shard(data, device, None) if isinstance(device, tuple) and \
+          isinstance(data, LazyBuffer) else data.copy_to_device(device)
+      self._lazydata: Any = data if dtype is None else data.cast(dtype)
+      return
+    if isinstance(device, tuple):   # the same value on each device: a replicated sharded tensor
+      check_split((), None, device)
+      self._lazydata = MultiLazyBuffer([Tensor(data, dtype, d).lazydata for d in device], None)
       return
     device = canonical_device(device)
     if isinstance(data, (bool, int, float)) and not isinstance(data, np.generic):   # np.float64 is a float too
@@ -135,7 +153,9 @@ class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, Indexi
   @property
   def dtype(self) -> DType: return self.lazydata.dtype
   @property
-  def device(self) -> str: return self.lazydata.device
+  def device(self) -> Any:
+    """The device's name; for a sharded tensor the tuple of its devices' names."""
+    return self.lazydata.device
   @property
   def ndim(self) -> int: return len(self.shape)
   def numel(self) -> int: return prod(self.shape)
@@ -168,7 +188,7 @@ class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, Indexi
   def schedule(self, *others: Tensor) -> list:
     """The kernels (ScheduleItems) that realizing this tensor (and others) would run, planned without running or
     committing anything (tinygrad's Tensor.schedule; count them to check fusion)."""
-    return create_schedule([self.lazydata, *[t.lazydata for t in others]])
+    return create_schedule(_shards([self.lazydata, *[t.lazydata for t in others]]))
   def schedule_with_vars(self, *others: Tensor) -> tuple[list, dict[str, int]]:
     """The plan of `schedule` and the values its kernels give the symbolic variables (bound Variables), by name
     (tinygrad's schedule_with_vars, whose keys are the Variables); the kernels' own scalar parameters (weak Python
@@ -183,6 +203,8 @@ class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, Indexi
     out_dtype = dtypes.float32 if self.dtype == dtypes.bfloat16 else self.dtype
     shape = tuple(evaluate(s) for s in self.shape)   # a symbolic dim at its bound value
     if prod(shape) == 0: return np.zeros(shape, dtype=out_dtype.np)
+    if isinstance(self.lazydata, MultiLazyBuffer):   # gathered to the first device
+      return Tensor(self.lazydata.copy_to_device(self.device[0]), requires_grad=False).numpy()
     lb = self.lazydata.cast(out_dtype).contiguous()
     _realize(lb)
     # a symbolic buffer is allocated at the variables' maximum; its first elements are the row-major values
@@ -194,9 +216,35 @@ class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, Indexi
   def data(self) -> memoryview: return memoryview(self.numpy())
 
   # ---- device and dtype
-  def to(self, device: str) -> Tensor:
+  def to(self, device: Any) -> Tensor:
+    """This tensor on another device (a copy); a sharded tensor to one device is gathered there; to a tuple of
+    devices, a tensor is replicated on them (a sharded one keeps its axis)."""
+    if isinstance(device, (tuple, list)):
+      devices = tuple(canonical_device(d) for d in device)
+      if devices == self.device: return self
+      axis = self.lazydata.axis if isinstance(self.lazydata, MultiLazyBuffer) else None
+      return F.ToDevice.apply(self, device=devices, axis=axis)
     device = canonical_device(device)
     return self if device == self.device else F.ToDevice.apply(self, device=device)
+  def shard(self, devices: Any, axis: Optional[int] = None) -> Tensor:
+    """This tensor over several devices (tinygrad's name): split along `axis` into equal parts, part i on
+    devices[i], or the whole on each when axis is None (replicated). Ops on the result follow the sharding rules
+    (tgrad/multi/multilazy.py, docs/multi_device.md); `.to(device)` and `.numpy()` gather it. IndexError for an axis
+    out of range, ValueError for an axis that does not divide evenly or repeated devices; differentiable."""
+    devices = tuple(canonical_device(d) for d in devices)
+    check_split(self.shape, axis, devices)
+    return F.ToDevice.apply(self, device=devices, axis=axis)
+  def shard_like(self, y: Tensor) -> Tensor:
+    """This tensor placed as `y` is: sharded over y's devices along y's axis, or on y's one device."""
+    if isinstance(y.lazydata, MultiLazyBuffer): return self.shard(y.device, y.lazydata.axis)
+    return self.to(y.device)
+  def shard_(self, devices: Any, axis: Optional[int] = None) -> Tensor:
+    """Shard this tensor in place (its .grad too): it holds the sharded value from now on, as a leaf (as tinygrad's:
+    autograd does not reach through to the value it held before, so a sharded weight gets its own .grad)."""
+    sharded = self.shard(devices, axis)
+    if self.grad is not None: self.grad = self.grad.shard(devices, axis)
+    self.lazydata, self._ctx = sharded.lazydata, None
+    return self
   def to_(self, device: str) -> Tensor:
     """Move this tensor (and its .grad) to `device` in place."""
     moved = self.to(device)
@@ -333,7 +381,7 @@ class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, Indexi
     return F.Expand.apply(x, shape=shape) if x.shape != shape else x
   def const_like(self, value: Scalar) -> Tensor:
     """A constant of self's shape, dtype and device (no buffer: it folds into the kernels that read it)."""
-    return Tensor(LazyBuffer.const_of(value, self.dtype, self.device, self.shape), requires_grad=False)
+    return Tensor(_const_beside(self.lazydata, value, self.dtype, self.shape), requires_grad=False)
   def ufix(self, x: Any) -> Tensor:
     """x as a tensor beside self: a Tensor as is, a Python scalar as a weak constant of self's kind (tinygrad's)."""
     return self._as_tensor(x)
@@ -344,7 +392,7 @@ class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, Indexi
     if isinstance(x, (bool, int, float)):
       return Tensor(x, dtype=dtype or _scalar_dtype(self.dtype, x), device=self.device)
     if isinstance(x, UOp):   # a symbolic size as a value (e.g. a count over a symbolic axis)
-      return Tensor(LazyBuffer.const_of(x, dtype or _scalar_dtype(self.dtype, 1), self.device), device=self.device)
+      return Tensor(_const_beside(self.lazydata, x, dtype or _scalar_dtype(self.dtype, 1), ()), requires_grad=False)
     return Tensor(x, dtype=dtype, device=self.device)
   def _operands(self, other: Any, reverse: bool = False, dtype: Optional[DType] = None) -> tuple[Tensor, Tensor]:
     """self and other broadcast to one shape and promoted to one dtype (Python scalars are weak)."""
@@ -356,8 +404,13 @@ class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, Indexi
       other, out_dtype = _fit_python_int(other, dtype or _scalar_dtype(self.dtype, other), self.dtype)
       x = self if out_dtype is self.lazydata.dtype else self.cast(out_dtype)
       # weak: a kernel parameter (tgrad/scalars.py), unless it joins a constant expression, which folds instead
-      weak = not is_constant_expression(self.lazydata)
-      y = Tensor(LazyBuffer.const_of(other, out_dtype, self.device, self.shape, weak=weak), requires_grad=False)
+      mine = self.lazydata
+      if isinstance(mine, MultiLazyBuffer):
+        y = Tensor(mine.const_with(other, out_dtype, self.shape, weak=not is_constant_expression(mine.shards[0])),
+                   requires_grad=False)
+        return (y, x) if reverse else (x, y)
+      y = Tensor(LazyBuffer.const_of(other, out_dtype, self.device, self.shape, weak=not is_constant_expression(mine)),
+                 requires_grad=False)
       return (y, x) if reverse else (x, y)
     y = self._as_tensor(other)
     out_dtype = dtype or promote_types(self.dtype, y.dtype)
@@ -406,6 +459,7 @@ class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, Indexi
     that value; anything else is a value of its own, replaced."""
     current = self.lazydata
     if (count := self.numel()) == 0 and isinstance(count, int): return   # nothing to write
+    if isinstance(current, MultiLazyBuffer): return self._write_shards(current, value)
     copied = None   # the value whose contiguous() this tensor is the realized buffer of: it names the result too
     if current.origin is not None and current.origin[1] == "contiguous":   # the buffer of a value (its contiguous())
       if current.realized is not None: copied = current.origin[0]   # written in place, below
@@ -437,6 +491,17 @@ class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, Indexi
       if copied is not None: copied.successor = current.successor
     else: current.successor = value
     self.lazydata = latest(self.lazydata)
+  def _write_shards(self, current: MultiLazyBuffer, value: Any) -> None:
+    """_write of a sharded tensor: each device's shard written with its part of `value` (on the same devices)."""
+    if not isinstance(value, MultiLazyBuffer) or value.device != current.device:
+      raise ValueError(f"write into a tensor on {current.device} of a value on {value.device}")
+    written = []
+    for shard, part in zip(current.shards, value.to_axis(current.axis).shards):
+      one = Tensor(shard, requires_grad=False)
+      one._write(part)
+      written.append(one.lazydata)
+    current.successor = MultiLazyBuffer(written, current.axis)
+    self.lazydata = current.successor
   def _inplace(self, result: Tensor) -> Tensor:
     """`x += y` and friends: self, and every tensor sharing its storage, becomes the result; autograd sees the old
     value as its own node. Under no_grad (an update of a parameter, say) self keeps its requires_grad, as in torch."""

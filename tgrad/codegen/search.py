@@ -15,6 +15,7 @@ from typing import Any, Iterator, Optional
 import numpy as np
 from tqdm import tqdm
 from tgrad import codegen
+from tgrad.backend import device_kind
 from tgrad.cache import get_cache
 from tgrad.codegen.axes import AxisState, KernelOptError, Opt, OptOps, memory_extent
 from tgrad.codegen.kernel import Kernel
@@ -109,7 +110,7 @@ def search_cache_key(kernel: Kernel, beam_width: int, device: Optional[Compiled]
   the version of the code generator (codegen.CODEGEN_VERSION) that produced and verified it."""
   device = device or Device[kernel.renderer.device]
   return {"ast": kernel.ast.key, "start_opts": json.dumps([opt.to_json() for opt in kernel.applied_opts]),
-          "device": device.name, "arch": device_arch(device), "compiler": device.compiler.cache_key,
+          "device": device_kind(device.name), "arch": device_arch(device), "compiler": device.compiler.cache_key,
           "renderer": renderer_flags(kernel.renderer), "settings": repr(settings_key()),
           "threads": str(cpu_count() if kernel.renderer.has_threads else 0),
           "actions": action_space_hash(), "beam": str(beam_width), "codegen": str(codegen.CODEGEN_VERSION)}

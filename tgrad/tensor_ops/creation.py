@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any, Optional
 import numpy as np
 from tgrad.dtype import dtypes, to_dtype
 from tgrad.lazy import LazyBuffer
+from tgrad.multi import MultiLazyBuffer
 from tgrad.ops import Ops, UOp
 from tgrad.shape.sint import canonical
 from tgrad.device import Buffer, canonical_device
@@ -36,6 +37,9 @@ class CreationMixin:
     shape = _check_shape(_shape_arg(shape))
     dtype = to_dtype(dtype) if dtype is not None else _python_dtype(fill_value)
     _check_scalar_fits(fill_value, dtype)
+    if isinstance(device, (tuple, list)):   # the constant on each device: replicated (tgrad/multi/)
+      return Tensor(MultiLazyBuffer([LazyBuffer.const_of(fill_value, dtype, canonical_device(d), shape)
+                                     for d in device], None), **kwargs)
     return Tensor(LazyBuffer.const_of(fill_value, dtype, canonical_device(device), shape), **kwargs)
   @staticmethod
   def zeros(*shape, **kwargs) -> Tensor: return Tensor.full(_varargs_shape(shape), 0.0, **_float_default(kwargs))
@@ -46,6 +50,9 @@ class CreationMixin:
     """Values start, start+step, ... below stop; an int dtype unless an argument is a float."""
     if stop is None: start, stop = 0, start
     if step == 0: raise ValueError("arange step must not be zero")
+    if isinstance(device, (tuple, list)):   # the values on each device: replicated (tgrad/multi/)
+      return Tensor(MultiLazyBuffer([Tensor.arange(start, stop, step, dtype, d).lazydata for d in device], None),
+                    **kwargs)
     if isinstance(stop, UOp) and start == 0 and step == 1:   # 0, 1, ..., n-1 for a symbolic n
       counter_dtype = dtypes.int32 if stop.vmax <= dtypes.max(dtypes.int32) + 1 else dtypes.int64
       counter = LazyBuffer.loadop(Ops.ARANGE, (canonical(stop),), counter_dtype, canonical_device(device))

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any, Optional
 from tgrad.dtype import DType, dtypes
 from tgrad.ops import Ops
 from tgrad.lazy import LazyBuffer
+from tgrad.multi import MultiLazyBuffer
 from tgrad.tensor_ops.args import HALF_FLOATS, broadcast_shape, _scalar_dtype, _int_overflow_side, _python_dtype, \
   _check_scalar_fits, DTypeNotSupportedError
 from tgrad.regions import composite
@@ -490,7 +491,9 @@ def _literal(x: Tensor) -> Tensor:
   """x, with a Python scalar that kernels would take as a parameter (a lifted constant: tgrad/scalars.py) made a
   literal again. For integer divisors and shift amounts: division by a known constant is a multiply and a shift that
   vectorizes, by a parameter it is a division per element (x86 has no vector integer division)."""
-  return x.const_like(x.lazydata.const_value()) if x.lazydata.base.lifted else x
+  lb = x.lazydata
+  lifted = lb.shards[0].base.lifted if isinstance(lb, MultiLazyBuffer) else lb.base.lifted
+  return x.const_like(lb.const_value()) if lifted else x
 
 def _needs_floor_fix(a: Tensor, b: Tensor) -> Tensor:
   """Where C's truncating division differs from floor division: a nonzero remainder whose sign differs from b's."""

@@ -23,6 +23,7 @@ import atexit, collections, functools, os
 from typing import Callable, Optional
 import numpy as np
 import pycuda.driver as cuda
+from tgrad.backend import device_name
 from tgrad.device import Allocator, BinaryLoadError, Compiled, OutOfMemoryError, PendingRead
 from tgrad.runtime.cuda.renderer import CUDARenderer, DEPENDENT_LAUNCH_SUFFIX, DYNAMIC_SHARED_SUFFIX
 from tgrad.runtime.cuda.nvrtc import NVRTCCompiler, arch_of
@@ -341,7 +342,7 @@ class CUDADevice(Compiled):
     if context.resident: allocator, program = CUDAAllocator(), CUDAProgram
     else: allocator, program = GuestAllocator(context), functools.partial(GuestProgram, context)
     self._capture_stream: Optional[cuda.Stream] = None
-    super().__init__(device_name(ordinal), allocator, NVRTCCompiler(self.arch), renderer, program, self.arch)
+    super().__init__(device_name("CUDA", ordinal), allocator, NVRTCCompiler(self.arch), renderer, program, self.arch)
     _DriverState.devices[ordinal] = self
   def synchronize(self) -> None:
     if self.context.resident: return cuda.Context.synchronize()
@@ -373,10 +374,6 @@ class CUDADevice(Compiled):
     and before the work queued later on the destination (peer.py)."""
     from tgrad.runtime.cuda.peer import copy_between
     copy_between(dst_device, dst_handle, src_device, src_handle, nbytes)
-
-def device_name(ordinal: int) -> str:
-  """'CUDA' for the default GPU, 'CUDA:<n>' for another."""
-  return "CUDA" if ordinal == DEFAULT_ORDINAL else f"CUDA:{ordinal}"
 
 def device_count() -> int:
   """How many GPUs the driver sees (starting it if needed)."""

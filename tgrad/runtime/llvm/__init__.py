@@ -4,9 +4,9 @@ them; the device starts on first use.
 """
 from tgrad.backend import Backend, DeviceTraits, register_backend
 
-def _start():
+def _start(index: int = 0):
   from tgrad.runtime.llvm.runtime import create_device
-  return create_device()
+  return create_device(index)
 
 def _fingerprint() -> dict:
   from tgrad.runtime.llvm.fingerprint import llvm_fingerprint

@@ -13,6 +13,7 @@ from typing import Callable
 import numpy as np
 import llvmlite
 import llvmlite.binding as llvm
+from tgrad.backend import device_name
 from tgrad.device import Allocator, BinaryLoadError, Compiler, Compiled
 from tgrad.runtime.llvm.renderer import LLVMRenderer
 from tgrad.helpers import cpu_count
@@ -60,6 +61,10 @@ class LLVMAllocator(Allocator):
   def view(self, handle: HostMemory, offset: int, nbytes: int) -> HostMemory:
     return HostMemory(handle.array[offset:offset + nbytes], handle.address + offset)
   def available(self) -> int: return available_host_memory()
+  def peer_copy(self, dst: HostMemory, src: HostMemory, nbytes: int) -> bool:
+    """Every LLVM device is the host CPU: a copy between two of them is a memcpy."""
+    dst.array[:nbytes] = src.array[:nbytes]
+    return True
 
 def available_host_memory() -> int:
   """Bytes of host memory that can still be allocated: MemAvailable from /proc/meminfo (free memory plus what the
@@ -181,5 +186,8 @@ class LLVMProgram:
     def run_on_cores() -> None: list(_thread_pool().map(lambda core: fn(*pointers, core), range(threads)))
     return run_on_cores
 
-def create_device() -> Compiled:
-  return Compiled("LLVM", LLVMAllocator(), LLVMCompiler(), LLVMRenderer(), LLVMProgram, arch=llvm.get_host_cpu_name())
+def create_device(index: int = 0) -> Compiled:
+  """LLVM device `index`: every index is the same host CPU, with an allocator of its own (so its buffers are distinct
+  from every other index's)."""
+  return Compiled(device_name("LLVM", index), LLVMAllocator(), LLVMCompiler(), LLVMRenderer(), LLVMProgram,
+                  arch=llvm.get_host_cpu_name())

@@ -1,0 +1,103 @@
+"""Collectives over a device set: all-reduce, all-gather, reduce-scatter and broadcast of per-device lazy values.
+
+Every function takes one LazyBuffer per device (the shards, in device order) and returns one per device, as lazy
+values: nothing runs until they are realized, and what runs is scheduled like any other graph (so a TinyJit captures
+it). The implementation is chosen per kind of device through the backend registry: a Backend whose `collectives`
+field is set (a GPU backend through NCCL) supplies an object with these four methods; every other kind, and a set
+mixing kinds, gets `CopyCollectives`: copies between devices (Allocator.peer_copy: a memcpy between CPU devices) and
+tgrad kernels on one device.
+
+CopyCollectives' rules, chosen so every device ends with the same bits:
+  all_reduce(op, shards)            shards copied to the first device and folded there in device order (one kernel),
+                                    then that one result copied to every other device;
+  all_gather(shards, axis)          the shards concatenated along `axis` on the first device (bit-exact: each piece is
+                                    padded with zeros and the pieces are OR-ed as unsigned integers), then copied;
+  reduce_scatter(op, shards, axis)  piece i of the reduced value (the i-th equal slice along `axis`) folded on device i
+                                    from that slice of every shard, in device order;
+  broadcast(value, devices)         a copy of `value` on each device.
+The traffic of all_reduce is 2·(n−1) shard copies through the first device, not a ring: on CPU devices a copy is a
+memcpy and the fold is one kernel over n inputs.
+"""
+from __future__ import annotations
+from typing import Protocol, Sequence
+from tgrad.backend import backend, device_kind
+from tgrad.dtype import DType, dtypes
+from tgrad.lazy import LazyBuffer
+from tgrad.ops import Ops
+
+# The elementwise op that combines two partial results of each reduce an all-reduce can finish.
+COMBINING_OPS = (Ops.ADD, Ops.MAX, Ops.MUL)
+# The unsigned integer of each item size: how all_gather moves any dtype's bits exactly
+_BITS = {1: dtypes.uint8, 2: dtypes.uint16, 4: dtypes.uint32, 8: dtypes.uint64}
+
+class Collectives(Protocol):
+  """What a kind of device provides for sharded tensors (tgrad/multi/multilazy.py); the shards are in device order."""
+  def all_reduce(self, op: Ops, shards: Sequence[LazyBuffer]) -> list[LazyBuffer]: ...
+  def all_gather(self, shards: Sequence[LazyBuffer], axis: int) -> list[LazyBuffer]: ...
+  def reduce_scatter(self, op: Ops, shards: Sequence[LazyBuffer], axis: int) -> list[LazyBuffer]: ...
+  def broadcast(self, value: LazyBuffer, devices: Sequence[str]) -> list[LazyBuffer]: ...
+
+def _check_op(op: Ops) -> None:
+  if op not in COMBINING_OPS:
+    raise ValueError(f"a collective reduces with one of {[o.name for o in COMBINING_OPS]}, not {op.name}")
+
+def _fold(op: Ops, values: Sequence[LazyBuffer]) -> LazyBuffer:
+  """values[0] op values[1] op ... in that order (bools combine with OR/AND, as Tensor's + and * of bools)."""
+  if values[0].dtype.is_bool: op = {Ops.ADD: Ops.OR, Ops.MUL: Ops.AND, Ops.MAX: Ops.OR}[op]
+  total = values[0]
+  for value in values[1:]: total = total.alu(op, value)
+  return total
+
+def concatenate(pieces: Sequence[LazyBuffer], axis: int) -> LazyBuffer:
+  """The pieces (one device, equal shapes but along `axis`) joined along `axis`, bit for bit (a -0.0 or a NaN's
+  payload survives): each piece's bits are padded with zeros to the whole and OR-ed together."""
+  if len(pieces) == 1: return pieces[0]
+  dtype: DType = pieces[0].dtype
+  bits = dtypes.bool if dtype.is_bool else _BITS[dtype.itemsize]
+  total_length = sum(p.shape[axis] for p in pieces)
+  placed, offset = [], 0
+  for piece in pieces:
+    padding = tuple((offset, total_length - offset - piece.shape[axis]) if i == axis else (0, 0)
+                    for i in range(len(piece.shape)))
+    placed.append(piece.cast(bits, bitcast=bits != dtype and not dtype.is_bool).pad(padding))
+    offset += piece.shape[axis]
+  joined = placed[0]
+  for p in placed[1:]: joined = joined.alu(Ops.OR, p)
+  return joined if dtype.is_bool else joined.cast(dtype, bitcast=True)
+
+def slice_along(value: LazyBuffer, axis: int, index: int, parts: int) -> LazyBuffer:
+  """The `index`-th of `parts` equal slices of `value` along `axis` (a view: no copy)."""
+  length = value.shape[axis] // parts
+  return value.shrink(tuple((index * length, (index + 1) * length) if i == axis else (0, s)
+                            for i, s in enumerate(value.shape)))
+
+class CopyCollectives:
+  """Collectives as copies between devices and tgrad kernels on one (the rules in the module docstring)."""
+  def all_reduce(self, op: Ops, shards: Sequence[LazyBuffer]) -> list[LazyBuffer]:
+    _check_op(op)
+    root = shards[0].device
+    total = _fold(op, [s.copy_to_device(root) for s in shards]).contiguous()
+    return self.broadcast(total, [s.device for s in shards])
+  def all_gather(self, shards: Sequence[LazyBuffer], axis: int) -> list[LazyBuffer]:
+    root = shards[0].device
+    joined = concatenate([s.copy_to_device(root) for s in shards], axis).contiguous()
+    return self.broadcast(joined, [s.device for s in shards])
+  def reduce_scatter(self, op: Ops, shards: Sequence[LazyBuffer], axis: int) -> list[LazyBuffer]:
+    _check_op(op)
+    parts = len(shards)
+    if shards[0].shape[axis] % parts:
+      raise ValueError(f"reduce_scatter of shape {shards[0].shape} along axis {axis} over {parts} devices: "
+                       f"{shards[0].shape[axis]} does not divide by {parts}")
+    return [_fold(op, [slice_along(s, axis, i, parts).copy_to_device(target.device) for s in shards]).contiguous()
+            for i, target in enumerate(shards)]
+  def broadcast(self, value: LazyBuffer, devices: Sequence[str]) -> list[LazyBuffer]:
+    return [value.copy_to_device(device) for device in devices]
+
+COPY_COLLECTIVES = CopyCollectives()
+
+def collectives_for(devices: Sequence[str]) -> Collectives:
+  """The collectives of a device set: its kind's (Backend.collectives) when every device is of one kind that has
+  them, else CopyCollectives."""
+  kinds = {device_kind(d) for d in devices}
+  if len(kinds) == 1 and (factory := backend(next(iter(kinds))).collectives) is not None: return factory()
+  return COPY_COLLECTIVES

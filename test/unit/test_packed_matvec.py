@@ -4,8 +4,8 @@ rule `_packed_matvec`, the CPU rule `_cpu_packed_matvec`).
 Without a GPU: the layout detection on the kernels of QuantizedTensor.linear for the ggml types of gemma-3-270m's
 GGUF; the opts the GPU heuristics choose (a group of threads per row over the blocks, the innermost block axis
 unrolled), rendered and compiled with NVRTC; the CPU rule (a whole block per loop iteration) run on LLVM against
-the dequantized weight, for every type tgrad dequantizes. With a GPU (marked `gpu`): the GPU kernels against x times the weight as the CPU dequantizes it, in float64,
-M = 1 and M = 3, float32 and float16.
+the dequantized weight, for every type tgrad dequantizes. With a GPU (marked `gpu`): the GPU kernels against x times
+the weight as the CPU dequantizes it, in float64, M = 1 and M = 3, float32 and float16.
 """
 import numpy as np
 import pytest

@@ -3,9 +3,9 @@ rule `_packed_matvec`, the CPU rule `_cpu_packed_matvec`).
 
 Without a GPU: the layout detection on the kernels of QuantizedTensor.linear for the ggml types of gemma-3-270m's
 GGUF; the opts the GPU heuristics choose (a group of threads per row over the blocks, the innermost block axis
-unrolled), rendered and compiled with NVRTC; the CPU rule (rows per thread) run on LLVM against the dequantized
-weight. With a GPU (marked `gpu`): the GPU kernels against x times the weight as the CPU dequantizes it, in float64,
-M = 1 and M = 3, float32 and float16.
+unrolled), rendered and compiled with NVRTC; the CPU rule (a whole block per loop iteration) run on LLVM against
+the dequantized weight, for every type tgrad dequantizes. With a GPU (marked `gpu`): the GPU kernels against x times
+the weight as the CPU dequantizes it, in float64, M = 1 and M = 3, float32 and float16.
 """
 import numpy as np
 import pytest
@@ -18,6 +18,7 @@ from tgrad.nn.quant import BLOCK_LAYOUTS, GGMLType, QuantizedTensor
 from tgrad.ops import Ops
 from tgrad.runtime.cuda.nvrtc import compile_cuda, nvrtc_available
 from tgrad.runtime.cuda.renderer import CUDARenderer
+from tgrad.runtime.llvm.renderer import reorderable_accumulators, reorderable_summands
 from tgrad.schedule import create_schedule
 
 needs_nvrtc = pytest.mark.skipif(not nvrtc_available(), reason="libnvrtc not found (pip install nvidia-cuda-nvrtc)")
@@ -84,15 +85,28 @@ def test_gpu_packed_matvec_matches_reference(ggml_type, rows, columns, m, dtype)
   np.testing.assert_allclose(out.numpy().astype(np.float64), reference, rtol=rtol,
                              atol=rtol * np.abs(reference).max())
 
-@pytest.mark.parametrize("ggml_type,rows,columns", CASES, ids=str)
-def test_cpu_packed_matvec_rows_per_thread(ggml_type, rows, columns):
-  """On LLVM the rule gives each thread CPU_PACKED_ROWS rows (where they divide) and the values stay x·Wᵀ."""
-  from tgrad.codegen.heuristics import CPU_PACKED_ROWS
+# every type tgrad dequantizes in 32- and 256-value blocks at an odd row count, and the model's shapes above
+CPU_CASES = [(t, rows, columns) for t, columns in [(GGMLType.Q4_0, 96), (GGMLType.Q4_1, 64), (GGMLType.Q5_0, 160),
+                                                   (GGMLType.Q5_1, 96), (GGMLType.Q8_0, 64), (GGMLType.Q4_K, 512),
+                                                   (GGMLType.Q5_K, 256), (GGMLType.Q6_K, 512)]
+             for rows in (7,)] + CASES
+# byte offsets of the float16 scales of the types the GPU cases above do not use
+SCALE_POSITIONS.update({GGMLType.Q4_0: (0,), GGMLType.Q4_1: (0, 2), GGMLType.Q5_1: (0, 2), GGMLType.Q5_K: (0, 2)})
+
+@pytest.mark.parametrize("ggml_type,rows,columns", CPU_CASES, ids=str)
+def test_cpu_packed_matvec_matches_reference(ggml_type, rows, columns):
+  """On LLVM the rule unrolls every axis inside a block (one block per loop iteration, one row per accumulator, so its
+  products are reorderable summands) and the values stay x·Wᵀ against float64."""
   from tgrad.device import Device
   kernel = Kernel(linear_ast(ggml_type, rows, columns), Device["LLVM"].renderer)
+  block_axes = kernel.first_upcast - kernel.first_reduce - 1
   hand_coded_optimizations(kernel)
-  assert (OptOps.UPCAST, 0, CPU_PACKED_ROWS) in [(o.op, o.axis, o.amount) for o in kernel.applied_opts] or \
-    rows % CPU_PACKED_ROWS
+  assert [o.op for o in kernel.applied_opts].count(OptOps.UNROLL) == block_axes, kernel.applied_opts
+  uops = linearize(kernel)
+  assert len(reorderable_summands(uops, reorderable_accumulators(uops))) > 0
+  source = kernel.renderer.render("packed_matvec", uops)
+  assert "reassoc nsz" in source and "llvm.vectorize.enable" not in source and \
+    '!"llvm.loop.vectorize.enable", i1 0' in source and "distinct" in source
   raw = random_weight(ggml_type, rows, columns, seed=rows * columns)
   weight = QuantizedTensor.from_bytes(raw, ggml_type, (rows, columns), "LLVM").realize()
   x = np.random.default_rng(5).standard_normal((1, columns)).astype(np.float32)

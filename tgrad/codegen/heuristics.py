@@ -95,19 +95,31 @@ def _unroll_online(kernel: Kernel) -> None:
     try_opt(kernel, Opt(OptOps.UNROLL, axis - kernel.first_reduce, unroll))
 
 # A packed matrix–vector product on a CPU (packed_matvec_layout): each weight byte is unpacked by a few integer ops, so
-# the kernel is bound by that arithmetic more than by memory; CPU_PACKED_ROWS rows per thread share x's loads and give
-# LLVM independent chains to interleave. Measured on the 2 shared cores (bench/gguf_quant.py's gemma-3-270m weights,
-# one kernel, µs, before → after): Q5_0 2048×640 2356 → 926, Q6_K 640×2048 2624 → 1593, Q8_0 256×640 291 → 206,
-# Q4_K 640×1024 556 → 515; 8 rows, or the innermost block axis unrolled as well, were slower.
+# the kernel is bound by that arithmetic unless it runs on vectors. Every axis inside a block is unrolled, so one loop
+# iteration reads one whole block (its bytes contiguous, its scales once) and its products are one chain of summands
+# into the row's accumulator, which the LLVM renderer lets the SLP vectorizer reorder (reorderable_summands): vector
+# loads of the block, the bit fields unpacked by vector shifts and masks, float products on vectors, one horizontal sum
+# per block. One row per loop (several rows' accumulators in one loop may not be reordered) and the rows across the
+# cores. Measured on the 2 shared cores (gemma-3-270m's shapes, one kernel; docs/benchmarks.md has the table).
+# A kernel with several sums (gemma3's norm fused into its projection) has several accumulators in that loop, none
+# reorderable, so an unrolled block stays scalar: it keeps CPU_PACKED_ROWS rows per thread, which share x's loads and
+# give LLVM independent chains (measured before the block rule: Q5_0 2048×640 2356 → 926 µs, Q6_K 640×2048 2624 →
+# 1593; 8 rows, or the innermost block axis unrolled as well, were slower).
 CPU_PACKED_ROWS = 4
 
 def _cpu_packed_matvec(kernel: Kernel) -> bool:
   if (layout := packed_matvec_layout(kernel)) is None: return False
   for axis in layout.m_axes: try_opt(kernel, Opt(OptOps.UPCAST, axis, 0))
-  if kernel.full_shape[layout.n_axis] % CPU_PACKED_ROWS == 0:
+  if len(kernel.reduceops) == 1: _unroll_block(kernel)
+  elif kernel.full_shape[layout.n_axis] % CPU_PACKED_ROWS == 0:
     try_opt(kernel, Opt(OptOps.UPCAST, layout.n_axis, CPU_PACKED_ROWS))
   _threads(kernel)
   return True
+
+def _unroll_block(kernel: Kernel) -> None:
+  """UNROLL every reduce axis after the first (the blocks), innermost first, so the axis numbers left stay put."""
+  for axis in reversed(range(kernel.first_reduce + 1, kernel.first_upcast)):
+    try_opt(kernel, Opt(OptOps.UNROLL, axis - kernel.first_reduce, 0))
 
 def _cpu_rules(kernel: Kernel) -> None:
   if _cpu_packed_matvec(kernel): return

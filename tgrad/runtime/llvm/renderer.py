@@ -20,6 +20,10 @@ from tgrad.codegen.renderer import Renderer
 # reduce loop would only add horizontal sums. Not "nsz": it let LLVM drop the accumulator's +0.0 start, so a sum of
 # -0.0s was -0.0 (numpy and torch: +0.0, and x // sum then gave -inf, not inf); the vectorizer needs only reassoc.
 REDUCE_FAST_MATH = ("reassoc",)
+# The terms of an unrolled reduce axis, summed before they reach the accumulator (reorderable_summands), may also
+# ignore the sign of zero: the SLP vectorizer reduces such a chain as one vector only under nsz. Their sum is then
+# added to the accumulator, which starts at +0.0 and so is never -0.0: +0.0 + (-0.0) = +0.0, the sign never shows.
+SUMMAND_FAST_MATH = ("reassoc", "nsz")
 FUSE_MULTIPLY_ADD = ("contract",)   # a*b+c may become one fma: one rounding instead of two, twice the throughput
 _INTRINSICS = {Ops.EXP2: "llvm.exp2", Ops.LOG2: "llvm.log2", Ops.SIN: "llvm.sin", Ops.SQRT: "llvm.sqrt",
                Ops.TRUNC: "llvm.trunc"}
@@ -65,6 +69,41 @@ def reorderable_accumulators(uops: list[UOp]) -> set:
   return {uops[position].src[0].arg for position, loop in loop_of.items()
           if body[loop][0] == {uops[position].src[0].arg} and not body[loop][1]}
 
+def reorderable_summands(uops: list[UOp], reorderable: set) -> set:
+  """The float ADDs that only sum terms into a reorderable accumulator's update (an unrolled reduce axis's chain
+  acc + ((p0 + p1) + p2 ...)): each used once, by the update or by another such ADD. They take SUMMAND_FAST_MATH,
+  so the whole sum may be reordered (one reduce, as before, in a different order) and the SLP vectorizer turns an
+  unrolled chain into vector products and one horizontal sum per iteration of the loop around it. That loop is not
+  loop-vectorized (`unvectorized_loops`): across iterations its loads are strided (a packed weight's blocks), and LLVM
+  gathered them four at a time instead."""
+  uses: dict[UOp, int] = {}
+  for u in uops:
+    if u.op is Ops.REDUCE: continue   # it names the summed value but reads the accumulator
+    for s in u.src: uses[s] = uses.get(s, 0) + 1
+  summands: set = set()
+  pending = [u for u in uops if u.op is Ops.ADD and u.dtype.is_float and u.src[0].op is Ops.DEFINE_ACC
+             and u.src[0].arg in reorderable]
+  while pending:
+    for s in pending.pop().src:
+      if s.op is Ops.ADD and s.dtype.is_float and uses.get(s) == 1 and s not in summands:
+        summands.add(s)
+        pending.append(s)
+  return summands
+
+def unvectorized_loops(uops: list[UOp], summands: set) -> set:
+  """The RANGEs around an update of an accumulator by a chain of summands: an unrolled reduce the SLP vectorizer
+  handles within one iteration (see reorderable_summands). Every loop of the nest, not only the innermost: LLVM
+  unrolls a short inner loop whole and then vectorized the one outside it (a matvec's rows, gathered)."""
+  loops, open_loops = set(), []
+  for u in uops:
+    if u.op is Ops.RANGE: open_loops.append(u)
+    elif u.op is Ops.ENDRANGE: open_loops.pop()
+    elif u.op is Ops.ASSIGN and open_loops and u.src[1].op is Ops.ADD and any(s in summands for s in u.src[1].src):
+      loops.update(open_loops)
+  return loops
+
+LOOP_SELF = "tgrad.loop.self"   # a loop ID's placeholder first operand: LLVM wants the node itself there (build())
+
 class LLVMRenderer(Renderer):
   device = "LLVM"
   has_threads = True
@@ -88,12 +127,27 @@ class _FunctionBuilder:
     self.accs: dict[int, ir.Value] = {}
     self.loops: dict[UOp, ir.Block] = {}
     self.reorderable = reorderable_accumulators(uops)
+    self.summands = reorderable_summands(uops, self.reorderable)
+    self.unvectorized = unvectorized_loops(uops, self.summands)
+    self.no_vectorize: ir.MDValue | None = None
 
   def build(self) -> str:
     for u in self.uops: self.emit(u)
     self.b.ret_void()
     self.entry.branch(self.fn.basic_blocks[1])
-    return str(self.module)
+    text = str(self.module)
+    if self.no_vectorize is not None:   # the loop ID refers to itself, which llvmlite's metadata cannot spell
+      name = self.no_vectorize.get_reference()
+      text = text.replace(f'{name} = !{{ !"{LOOP_SELF}"', f"{name} = distinct !{{ {name}")
+    return text
+
+  def loop_id(self) -> ir.MDValue:
+    """The metadata of a loop that the loop vectorizer leaves alone (one node for every such loop of the kernel)."""
+    if self.no_vectorize is None:
+      option = self.module.add_metadata([ir.MetaDataString(self.module, "llvm.loop.vectorize.enable"),
+                                         ir.Constant(_I1, 0)])
+      self.no_vectorize = self.module.add_metadata([ir.MetaDataString(self.module, LOOP_SELF), option])
+    return self.no_vectorize
 
   def declare(self, name: str, returns: ir.Type, args: list[ir.Type]) -> ir.Function:
     """An intrinsic by its full LLVM name (llvmlite's declare_intrinsic doesn't know every overload)."""
@@ -144,7 +198,8 @@ class _FunctionBuilder:
       following = b.add(counter, ir.Constant(_I64, 1))
       counter.add_incoming(following, b.block)
       done = self.fn.append_basic_block(f"end{rng.arg}")
-      b.cbranch(b.icmp_signed("<", following, self.as_type(rng.src[1], _I64)), self.loops[rng], done)
+      branch = b.cbranch(b.icmp_signed("<", following, self.as_type(rng.src[1], _I64)), self.loops[rng], done)
+      if rng in self.unvectorized: branch.set_metadata("llvm.loop", self.loop_id())
       b.position_at_end(done)
     elif u.op is Ops.LOAD: self.values[u] = self.load(u)
     elif u.op is Ops.STORE: self.store(u)
@@ -183,6 +238,7 @@ class _FunctionBuilder:
     is_float = dt.is_float
     reduce_update = u.op in (Ops.ADD, Ops.MUL) and u.src[0].op is Ops.DEFINE_ACC and u.src[0].arg in self.reorderable
     flags = REDUCE_FAST_MATH + FUSE_MULTIPLY_ADD if reduce_update else FUSE_MULTIPLY_ADD
+    if u in self.summands: flags = SUMMAND_FAST_MATH + FUSE_MULTIPLY_ADD
     if u.op in _INTRINSICS or u.op is Ops.TANH:
       compute_type = ir.FloatType() if dt == dtypes.float16 else register_type(dt)
       x = b.fpext(srcs[0], compute_type) if dt == dtypes.float16 else srcs[0]

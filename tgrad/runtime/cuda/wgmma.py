@@ -31,9 +31,10 @@ test/unit/test_wgmma.py (NVRTC for sm_90a, the emitted sequence, the CPU emulati
 """
 from __future__ import annotations
 from dataclasses import dataclass
-from typing import Union
+from typing import Optional, Union
 import numpy as np
 from tgrad.dtype import DType, dtypes
+from tgrad.runtime.cuda.renderer import DYNAMIC_SHARED_SUFFIX, WARPGROUP_MMA_ARCH, sm_number
 
 WARPGROUP_THREADS = 128
 WARP_THREADS = 32
@@ -138,7 +139,8 @@ def encode_descriptor(start: int, leading: int, stride: int, swizzle: int = SWIZ
 def decode_descriptor(descriptor: int) -> tuple[int, int, int, int]:
   """(start, leading, stride, swizzle) of a descriptor, in bytes."""
   def field(shift: int) -> int: return ((descriptor >> shift) & DESCRIPTOR_FIELD_MASK) << DESCRIPTOR_ADDRESS_SHIFT
-  return field(0), field(DESCRIPTOR_LEADING_SHIFT), field(DESCRIPTOR_STRIDE_SHIFT), descriptor >> DESCRIPTOR_SWIZZLE_SHIFT
+  swizzle = descriptor >> DESCRIPTOR_SWIZZLE_SHIFT
+  return field(0), field(DESCRIPTOR_LEADING_SHIFT), field(DESCRIPTOR_STRIDE_SHIFT), swizzle
 
 def descriptor_start(config: WgmmaConfig, stage: Index, operand_b: bool, warpgroup: Index, k_step: int) -> Index:
   """Byte offset in the dynamic shared array of the first core matrix of a wgmma's A (warpgroup's 64 rows) or B
@@ -214,7 +216,9 @@ def launch_dims(config: WgmmaConfig, m: int, n: int) -> tuple[tuple[int, int, in
   """(grid, block) of the kernel: blockIdx.x over column tiles, blockIdx.y over row tiles."""
   return (-(-n // config.block_n), -(-m // config.block_m), 1), (config.threads, 1, 1)
 
-DYNAMIC_SHARED_SUFFIX = "_dynamic_shared_bytes"   # as runtime/cuda/renderer.py: the runtime opts the kernel in
+def wgmma_arch(arch: str) -> Optional[str]:
+  """The NVRTC target for the wgmma kernel on a GPU of `arch` (sm_90 → sm_90a), or None where there is no wgmma."""
+  return WARPGROUP_MMA_ARCH if sm_number(arch) == sm_number(WARPGROUP_MMA_ARCH) else None
 
 def wgmma_matmul_source(name: str, m: int, n: int, k: int, dtype: DType = dtypes.float16,
                         config: WgmmaConfig = WgmmaConfig()) -> str:
@@ -283,8 +287,8 @@ def wgmma_matmul_source(name: str, m: int, n: int, k: int, dtype: DType = dtypes
     start_b = descriptor_start(c, CExpr("stage"), True, warpgroup, k_step)
     lines += [
       "    {",
-      f"      const unsigned long long desc_a = descriptor_bits | (unsigned long long)((shared_base + {start_a}) >> 4);",
-      f"      const unsigned long long desc_b = descriptor_bits | (unsigned long long)((shared_base + {start_b}) >> 4);",
+      f"      const unsigned long long desc_a = descriptor_bits | ((shared_base + {start_a}) >> 4);",
+      f"      const unsigned long long desc_b = descriptor_bits | ((shared_base + {start_b}) >> 4);",
       f'      asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{one}, 0;\\n{instruction} {{{registers}}}, %{da}, '
       f'%{db}, p, 1, 1, 0, 0;\\n}}\\n" : {outputs} : "l"(desc_a), "l"(desc_b), "r"(1) : "memory");',
       "    }"]
@@ -314,6 +318,7 @@ def _epilogue(c: WgmmaConfig, n: int, m: int, dtype: DType, tid_in_group: CExpr,
       lines += [f"    if (row < {m} && column < {n}) *(unsigned int*)(out + (long long)row * {n} + column) = "
                 f"(unsigned int)to_element(acc[{register}]) | ((unsigned int)to_element(acc[{register + 1}]) << 16);"]
     else:
-      lines.append(f"    if (row < {m} && column < {n}) out[(long long)row * {n} + column] = to_element(acc[{register}]);")
+      lines.append(f"    if (row < {m} && column < {n}) out[(long long)row * {n} + column] = "
+                   f"to_element(acc[{register}]);")
     lines.append("  }")
   return lines

@@ -322,3 +322,10 @@ def _epilogue(c: WgmmaConfig, n: int, m: int, dtype: DType, tid_in_group: CExpr,
                    f"to_element(acc[{register}]);")
     lines.append("  }")
   return lines
+
+def compile_wgmma_matmul(name: str, m: int, n: int, k: int, dtype: DType = dtypes.float16,
+                         config: WgmmaConfig = WgmmaConfig()) -> bytes:
+  """The kernel's cubin for sm_90a (NVRTC). Load it with runtime.CUDAProgram (which opts it into its dynamic shared
+  memory) and launch it on `launch_dims(config, m, n)` with (out, a, b) device pointers."""
+  from tgrad.runtime.cuda.nvrtc import compile_cuda
+  return compile_cuda(wgmma_matmul_source(name, m, n, k, dtype, config), WARPGROUP_MMA_ARCH)

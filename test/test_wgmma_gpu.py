@@ -24,9 +24,10 @@ def bits(x: np.ndarray, dtype) -> np.ndarray:
   return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
 
 def run_wgmma(a: np.ndarray, b: np.ndarray, dtype, config: WgmmaConfig) -> np.ndarray:
-  """out (uint16 bits) = a·bᵀ on the GPU, a: M×K and b: N×K uint16 bits, the output poisoned first."""
+  """out (uint16 bits) = a·bᵀ on the GPU (a·b for an N-major b), a: M×K and b: N×K (K×N) uint16 bits, the output
+  poisoned first."""
   from tgrad.runtime.cuda.runtime import CUDAProgram
-  (m, k), n = a.shape, b.shape[0]
+  (m, k), n = a.shape, (b.shape[1] if config.b_n_major else b.shape[0])
   name = f"wgmma_matmul_{m}_{n}_{k}"
   program = CUDAProgram(name, wgmma.compile_wgmma_matmul(name, m, n, k, dtype, config))
   assert program.shared_bytes == config.shared_bytes
@@ -38,7 +39,8 @@ def run_wgmma(a: np.ndarray, b: np.ndarray, dtype, config: WgmmaConfig) -> np.nd
 
 CASES = [((4096, 4096, 4096), WgmmaConfig()), ((1001, 777, 520), WgmmaConfig()), ((37, 45, 24), WgmmaConfig()),
          ((512, 2048, 640), WgmmaConfig(2, 256, 64, 3)), ((300, 200, 136), WgmmaConfig(1, 64, 16, 3)),
-         ((130, 90, 104), WgmmaConfig(1, 24, 48, 5))]
+         ((130, 90, 104), WgmmaConfig(1, 24, 48, 5)), ((4096, 4096, 4096), WgmmaConfig(b_n_major=True)),
+         ((1001, 776, 520), WgmmaConfig(b_n_major=True)), ((70, 40, 88), WgmmaConfig(1, 40, 32, 3, b_n_major=True))]
 
 @pytest.mark.parametrize("dtype", [dtypes.float16, dtypes.bfloat16], ids=str)
 @pytest.mark.parametrize("shape,config", CASES, ids=str)
@@ -47,7 +49,7 @@ def test_wgmma_matmul_matches_numpy(shape, config, dtype):
   m, n, k = shape
   a, b = bits(RNG.standard_normal((m, k)), dtype), bits(RNG.standard_normal((n, k)), dtype)
   expected = wgmma.float_of_bits(a, dtype).astype(np.float64) @ wgmma.float_of_bits(b, dtype).astype(np.float64).T
-  out = wgmma.float_of_bits(run_wgmma(a, b, dtype, config), dtype)
+  out = wgmma.float_of_bits(run_wgmma(a, np.ascontiguousarray(b.T) if config.b_n_major else b, dtype, config), dtype)
   assert not np.isnan(out).any(), f"{np.isnan(out).sum()} outputs never written"
   # one rounding to the output format (half: 2^-11, bfloat16: 2^-8 relative) after float32 sums of exact products
   # (the core's additions may truncate: about 2^-23 of a partial sum ~√K each, K of them, a random walk)

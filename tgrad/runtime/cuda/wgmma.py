@@ -1,4 +1,4 @@
-"""Hopper warpgroup MMA (PTX `wgmma.mma_async`, sm_90a): a half/bfloat16 matmul kernel C = A·Bᵀ with float32
+"""Hopper warpgroup MMA (PTX `wgmma.mma_async`, sm_90a): a half/bfloat16 matmul kernel C = A·Bᵀ (or A·B) with float32
 accumulators, both operands read by the tensor cores from shared memory through matrix descriptors.
 
 Every index formula the kernel uses is one Python function here (`shared_offset`, `copy_chunk`,
@@ -6,7 +6,8 @@ Every index formula the kernel uses is one Python function here (`shared_offset`
 (C expression text) by `wgmma_matmul_source`, so what the tests check is what the kernel computes.
 
   - **Operands.** A is M×K and B is N×K, both row-major (K contiguous: "K-major" for wgmma; a linear layer's weight
-    is stored so). Each block computes a BM×BN tile of C: `warpgroups` warpgroups of 128 threads, one per 64 rows,
+    is stored so); with `b_n_major` B is K×N row-major (a plain a·b, N a multiple of 8), staged N-major (core
+    matrices of 8 K-rows × 8 N-elements) and read with imm-trans-b = 1. Each block computes a BM×BN tile of C: `warpgroups` warpgroups of 128 threads, one per 64 rows,
     each issuing `wgmma.mma_async.sync.aligned.m64n{BN}k16.f32.{f16,bf16}.{f16,bf16}` per K step of 16.
   - **Shared layout.** A stage holds A's BM×BK tile and B's BN×BK tile in the K-major layout without swizzling
     (PTX ISA "Shared Memory Matrix Layout", canonical ((8,m),(T,2k)):((1T,SBO),(1,LBO)), T = 8 16-bit elements):
@@ -79,6 +80,7 @@ class WgmmaConfig:
   block_n: int = 128
   block_k: int = 64
   stages: int = 4
+  b_n_major: bool = False   # b is K×N (N contiguous: a plain a·b) instead of N×K; wgmma reads it transposed
   def __post_init__(self):
     if not (1 <= self.warpgroups <= 4 and self.block_n % 8 == 0 and 8 <= self.block_n <= 256 and
             self.block_k % WGMMA_K == 0 and self.block_k > 0 and self.stages >= MIN_STAGES):
@@ -110,6 +112,20 @@ def shared_offset(config: WgmmaConfig, row: Index, k: Index) -> Index:
   """Byte offset of element (row, k) (k a multiple of 8 for a chunk's start) in a K-major tile without swizzle."""
   return (row // CORE_ROWS) * config.stride_bytes + (k // 8) * config.leading_bytes + (row % CORE_ROWS) * \
     CORE_ROW_BYTES + (k % 8) * 2
+
+def shared_offset_n_major(config: WgmmaConfig, n: Index, k: Index) -> Index:
+  """Byte offset of element (n, k) (n a multiple of 8 for a chunk's start) in an N-major tile without swizzle
+  (canonical ((T,1,m),(8,k)):((1,T,SBO),(1T,LBO))): core matrices of 8 K-rows × 8 N-elements (128 contiguous bytes),
+  the next 8 K-rows `leading_bytes` on, the next 8 N-elements `stride_bytes` on."""
+  return (n // 8) * config.stride_bytes + (k // CORE_ROWS) * config.leading_bytes + (k % CORE_ROWS) * \
+    CORE_ROW_BYTES + (n % 8) * 2
+
+def copy_chunk_n_major(config: WgmmaConfig, chunk: Index) -> tuple[Index, Index]:
+  """(n, k) of an N-major tile's 16-byte chunk number `chunk` (8 N-elements of one K-row): 8 K-rows fastest, then
+  the N chunks, then the next 8 K-rows."""
+  chunks_n = config.block_n // 8
+  k8, rest = chunk % CORE_ROWS, chunk // CORE_ROWS
+  return (rest % chunks_n) * 8, (rest // chunks_n) * CORE_ROWS + k8
 
 def copy_chunk(config: WgmmaConfig, chunk: Index) -> tuple[Index, Index]:
   """(row, k) of a tile's 16-byte chunk number `chunk` (thread + i·threads): 8 rows fastest, then 4 chunks of K,
@@ -151,14 +167,17 @@ def descriptor_start(config: WgmmaConfig, stage: Index, operand_b: bool, warpgro
 
 # ---- what the hardware computes, on the CPU (the tests' reference for the layouts)
 
-def read_operand(shared: np.ndarray, descriptor: int, rows: int, dtype: DType) -> np.ndarray:
-  """The rows×16 K-major operand a no-swizzle descriptor addresses in `shared` (bytes), as float32: element
-  (r, k) is at start + (r / 8)·stride + (k / 8)·leading + (r % 8)·16 + (k % 8)·2 (canonical layout
-  ((8,m),(T,2k)):((1T,SBO),(1,LBO)))."""
+def read_operand(shared: np.ndarray, descriptor: int, rows: int, dtype: DType, transposed: bool = False) -> np.ndarray:
+  """The rows×16 operand (rows: M or N) a no-swizzle descriptor addresses in `shared` (bytes), as float32. K-major
+  (imm-trans 0): element (r, k) is at start + (r / 8)·stride + (k / 8)·leading + (r % 8)·16 + (k % 8)·2 (canonical
+  ((8,m),(T,2k)):((1T,SBO),(1,LBO))); MN-major (imm-trans 1): at start + (r / 8)·stride + (k / 8)·leading +
+  (k % 8)·16 + (r % 8)·2 (canonical ((T,1,m),(8,k)):((1,T,SBO),(1T,LBO))), written independently of the kernel's
+  formulas from the PTX ISA's layouts."""
   start, leading, stride, swizzle = decode_descriptor(descriptor)
   assert swizzle == SWIZZLE_NONE, "only the no-swizzle layout is emulated"
   r, k = np.arange(rows)[:, None], np.arange(WGMMA_K)[None, :]
-  at = start + (r // 8) * stride + (k // 8) * leading + (r % 8) * CORE_ROW_BYTES + (k % 8) * 2
+  inner, row_of_core = (r % 8, k % 8) if transposed else (k % 8, r % 8)
+  at = start + (r // 8) * stride + (k // 8) * leading + row_of_core * CORE_ROW_BYTES + inner * 2
   bits = shared[at].astype(np.uint16) | shared[at + 1].astype(np.uint16) << 8   # little-endian 16-bit elements
   return float_of_bits(bits, dtype)
 
@@ -174,7 +193,7 @@ def emulate_block(config: WgmmaConfig, a: np.ndarray, b: np.ndarray, dtype: DTyp
   copy wrote shows up as garbage), each wgmma reading its operands through the descriptors the kernel builds
   (`descriptor_start`), each accumulator register added at `accumulator_position`. a: M×K and b: N×K uint16 bits."""
   m, k_size = a.shape
-  n = b.shape[0]
+  n = b.shape[1] if config.b_n_major else b.shape[0]
   accumulators = np.zeros((config.warpgroups, WARPGROUP_THREADS, config.accumulators), np.float32)
   threads, registers = np.arange(WARPGROUP_THREADS)[:, None], np.arange(config.accumulators)[None, :]
   acc_rows, acc_columns = accumulator_position(threads, registers)   # type: ignore[arg-type]
@@ -182,23 +201,31 @@ def emulate_block(config: WgmmaConfig, a: np.ndarray, b: np.ndarray, dtype: DTyp
     stage = tile % config.stages
     shared = np.full(config.shared_bytes, 0xFF, np.uint8)   # 0xFFFF is NaN in half and bfloat16
     for operand, rows, source, first_row in ((0, config.block_m, a, block_row), (1, config.block_n, b, block_col)):
+      n_major = bool(operand) and config.b_n_major
       base = stage * config.stage_bytes + (config.b_offset if operand else 0)
       chunk = np.arange(rows * config.block_k // 8)
-      row, k = copy_chunk(config, chunk)   # type: ignore[arg-type]
+      row, k = (copy_chunk_n_major if n_major else copy_chunk)(config, chunk)   # type: ignore[arg-type]
       assert len(set(zip(row.tolist(), k.tolist()))) == len(chunk), "every chunk of the tile is copied once"
       g_row, g_k = first_row + row, tile * config.block_k + k
-      valid = (g_row < source.shape[0]) & (g_k < k_size)
-      padded = np.zeros((source.shape[0] + 1, k_size + 8), np.uint16)
-      padded[:source.shape[0], :k_size] = source
-      values = np.where(valid[:, None], padded[np.minimum(g_row, source.shape[0])[:, None],
-                                               np.minimum(g_k, k_size)[:, None] + np.arange(8)], 0).astype(np.uint16)
-      at = base + shared_offset(config, row, k)   # type: ignore[arg-type]
+      # a chunk is 8 elements along the contiguous axis: K for a K-major operand, N (rows) for an N-major one
+      matrix = source.T if n_major else source   # rows × K either way
+      limit = matrix.shape[0]
+      valid = (g_row < limit) & (g_k < k_size)
+      padded = np.zeros((limit + 8, k_size + 8), np.uint16)
+      padded[:limit, :k_size] = matrix
+      run = np.arange(8)
+      r_idx = np.minimum(g_row, limit)[:, None] + (run if n_major else 0)
+      k_idx = np.minimum(g_k, k_size)[:, None] + (0 if n_major else run)
+      values = np.where(valid[:, None], padded[r_idx, k_idx], 0).astype(np.uint16)
+      offset = shared_offset_n_major if n_major else shared_offset
+      at = base + offset(config, row, k)   # type: ignore[arg-type]
       shared[at[:, None] + np.arange(CHUNK_BYTES)] = values.view(np.uint8).reshape(len(chunk), CHUNK_BYTES)
     for warpgroup in range(config.warpgroups):
       for k_step in range(config.block_k // WGMMA_K):
         desc_a, desc_b = (encode_descriptor(descriptor_start(config, stage, operand_b, warpgroup, k_step),
                                             config.leading_bytes, config.stride_bytes) for operand_b in (False, True))
-        product = read_operand(shared, desc_a, WGMMA_M, dtype) @ read_operand(shared, desc_b, config.block_n, dtype).T
+        b_tile = read_operand(shared, desc_b, config.block_n, dtype, transposed=config.b_n_major)
+        product = read_operand(shared, desc_a, WGMMA_M, dtype) @ b_tile.T
         accumulators[warpgroup] += product[acc_rows, acc_columns]
   out = np.full((config.block_m, config.block_n), np.nan, np.float32)
   for warpgroup in range(config.warpgroups):
@@ -207,10 +234,12 @@ def emulate_block(config: WgmmaConfig, a: np.ndarray, b: np.ndarray, dtype: DTyp
 
 # ---- the kernel's source
 
-def check_shapes(m: int, n: int, k: int, dtype: DType) -> None:
+def check_shapes(m: int, n: int, k: int, dtype: DType, b_n_major: bool = False) -> None:
   if dtype not in WGMMA_TYPES: raise ValueError(f"wgmma matmul: dtype {dtype} is not one of {list(WGMMA_TYPES)}")
   if min(m, n, k) < 1 or k % 8:
     raise ValueError(f"wgmma matmul: A {m}×{k} · B {n}×{k}ᵀ needs sizes ≥ 1 and K a multiple of 8 (16-byte rows)")
+  if b_n_major and n % 8:
+    raise ValueError(f"wgmma matmul: A {m}×{k} · B {k}×{n} needs N a multiple of 8 (16-byte rows of B)")
 
 def launch_dims(config: WgmmaConfig, m: int, n: int) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
   """(grid, block) of the kernel: blockIdx.x over column tiles, blockIdx.y over row tiles."""
@@ -224,7 +253,7 @@ def wgmma_matmul_source(name: str, m: int, n: int, k: int, dtype: DType = dtypes
                         config: WgmmaConfig = WgmmaConfig()) -> str:
   """CUDA C of `name(out, a, b)`: out[M×N] = a[M×K] · b[N×K]ᵀ in `dtype`, float32 accumulators (see the module doc).
   Compile for sm_90a (wgmma is an sm_90a feature)."""
-  check_shapes(m, n, k, dtype)
+  check_shapes(m, n, k, dtype, config.b_n_major)
   c = config
   tiles = -(-k // c.block_k)
   tid_in_group, warpgroup = CExpr("lane_thread"), CExpr("warpgroup")
@@ -245,17 +274,20 @@ def wgmma_matmul_source(name: str, m: int, n: int, k: int, dtype: DType = dtypes
   # the copy of K tile `tile` into stage `stage`: each operand's chunks, `threads` apart
   copy = ["  auto copy_tile = [&](int tile, int stage) {"]
   for operand, rows, limit, first in (("a", c.block_m, m, "block_row"), ("b", c.block_n, n, "block_col")):
+    n_major = operand == "b" and c.b_n_major
     chunks = rows * c.block_k // 8
     base = f"stage * {c.stage_bytes}" + (f" + {c.b_offset}" if operand == "b" else "")
     copy.append(f"    #pragma unroll\n    for (int i = 0; i < {-(-chunks // c.threads)}; ++i) {{")
     copy.append(f"      const int chunk = tid + i * {c.threads};")
     if chunks % c.threads: copy.append(f"      if (chunk >= {chunks}) break;")
-    row, kk = copy_chunk(c, CExpr("chunk"))
+    row, kk = (copy_chunk_n_major if n_major else copy_chunk)(c, CExpr("chunk"))
+    offset = (shared_offset_n_major if n_major else shared_offset)(c, CExpr("row"), CExpr("k"))
+    element = "(long long)global_k * {n} + global_row" if n_major else "(long long)global_row * {k} + global_k"
     copy += [f"      const int row = {row}, k = {kk};",
              f"      const int global_row = {first} + row, global_k = tile * {c.block_k} + k;",
              f"      const bool valid = global_row < {limit} && global_k < {k};",
-             f"      const element* source = {operand} + (valid ? (long long)global_row * {k} + global_k : 0);",
-             f"      const unsigned int target = shared_base + {base} + {shared_offset(c, CExpr('row'), CExpr('k'))};",
+             f"      const element* source = {operand} + (valid ? {element.format(n=n, k=k)} : 0);",
+             f"      const unsigned int target = shared_base + {base} + {offset};",
              '      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(target), "l"(source), '
              '"r"(valid ? 16 : 0) : "memory");',
              "    }"]
@@ -290,7 +322,7 @@ def wgmma_matmul_source(name: str, m: int, n: int, k: int, dtype: DType = dtypes
       f"      const unsigned long long desc_a = descriptor_bits | ((shared_base + {start_a}) >> 4);",
       f"      const unsigned long long desc_b = descriptor_bits | ((shared_base + {start_b}) >> 4);",
       f'      asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{one}, 0;\\n{instruction} {{{registers}}}, %{da}, '
-      f'%{db}, p, 1, 1, 0, 0;\\n}}\\n" : {outputs} : "l"(desc_a), "l"(desc_b), "r"(1) : "memory");',
+      f'%{db}, p, 1, 1, 0, {int(c.b_n_major)};\\n}}\\n" : {outputs} : "l"(desc_a), "l"(desc_b), "r"(1) : "memory");',
       "    }"]
   lines += [
     '    asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");',

@@ -8,7 +8,8 @@ Every index formula the kernel uses is one Python function here (`shared_offset`
   - **Operands.** A is M×K and B is N×K, both row-major (K contiguous: "K-major" for wgmma; a linear layer's weight
     is stored so); with `b_n_major` B is K×N row-major (a plain a·b, N a multiple of 8), staged N-major (core
     matrices of 8 K-rows × 8 N-elements) and read with imm-trans-b = 1. Each block computes a BM×BN tile of C:
-    `warpgroups` warpgroups of 128 threads, one per 64 rows, each issuing `wgmma.mma_async.sync.aligned.m64n{BN}k16.f32.{f16,bf16}.{f16,bf16}` per K step of 16.
+    `warpgroups` warpgroups of 128 threads, one per 64 rows, each issuing
+    `wgmma.mma_async.sync.aligned.m64n{BN}k16.f32.{f16,bf16}.{f16,bf16}` per K step of 16.
   - **Shared layout.** A stage holds A's BM×BK tile and B's BN×BK tile in the K-major layout without swizzling
     (PTX ISA "Shared Memory Matrix Layout", canonical ((8,m),(T,2k)):((1T,SBO),(1,LBO)), T = 8 16-bit elements):
     "core matrices" of 8 rows × 16 bytes, each 128 contiguous bytes (row r at 16·r); the core matrices of one

@@ -60,4 +60,5 @@ class Renderer:
   tensor_cores: tuple[TensorCore, ...] = ()  # warp-wide matrix instructions OptOps.TC can use (none: TC is refused)
   async_copy: bool = False     # a global → shared copy can be issued without waiting for it (CUDA cp.async)
   matrix_loads: bool = False   # tensor-core fragments can be loaded from shared memory by the warp (MatrixLoad)
+  warpgroup_mma: bool = False  # warpgroup MMAs on shared-memory operands (CUDA sm_90a wgmma: runtime/cuda/wgmma.py)
   def render(self, name: str, uops: list[UOp]) -> str: raise NotImplementedError

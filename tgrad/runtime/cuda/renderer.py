@@ -150,6 +150,7 @@ FAST_PRELUDES = {name: f"""__device__ __forceinline__ float {name}(float x) {{
   float r; asm("{instruction} %0, %1;" : "=f"(r) : "f"(x)); return r;
 }}
 """ for name, instruction in FAST_INSTRUCTIONS.values()}
+WARPGROUP_MMA_ARCH = "sm_90a"   # wgmma.mma_async (PTX ISA 8.0): Hopper's arch-specific target
 TENSOR_CORE_MIN_SM = 80   # mma.sync m16n8k16 f16/bf16 and m16n8k8 tf32, f32 accumulators: sm_80 (Ampere) and newer
 PACKED_DTYPES = (dtypes.float16, dtypes.bfloat16)   # two per 32-bit register in a fragment
 
@@ -181,6 +182,8 @@ class CUDARenderer(Renderer):
     self.async_copy = sm_number(arch) >= ASYNC_COPY_MIN_SM
     self.matrix_loads = bool(self.tensor_cores)
     self.dependent_launch = sm_number(arch) >= DEPENDENT_LAUNCH_MIN_SM
+    # wgmma is an arch-specific feature of sm_90a: code for it runs on compute capability 9.0 only
+    self.warpgroup_mma = arch == WARPGROUP_MMA_ARCH
   def render(self, name: str, uops: list[UOp]) -> str:
     """The kernel's source; on sm_90+ under PDL=1 (a code setting, part of every cache key) with the dependent-launch
     prologue."""

@@ -1,0 +1,195 @@
+"""The Hopper wgmma matmul kernel (runtime/cuda/wgmma.py) without a GPU: NVRTC compiles it for sm_90a, the emitted
+sequence of fences, copies, descriptors, MMAs, commits and waits is in order, and a CPU emulation of what the kernel
+does with shared memory (its copies, the descriptors' addressing and the accumulator fragment layout) reproduces
+numpy's product. The GPU run is test/test_wgmma_gpu.py."""
+import re
+import numpy as np
+import pytest
+from tgrad.dtype import dtypes
+from tgrad.runtime.cuda import wgmma
+from tgrad.runtime.cuda.renderer import CUDARenderer, MMA_M16N8K16
+from tgrad.runtime.cuda.wgmma import (WgmmaConfig, accumulator_position, copy_chunk, copy_chunk_n_major,
+                                      decode_descriptor, emulate_block, encode_descriptor, shared_offset,
+                                      shared_offset_n_major, wgmma_matmul_source)
+
+RNG = np.random.default_rng(29)
+SMALL = WgmmaConfig(warpgroups=1, block_n=32, block_k=32, stages=3)
+CONFIGS = [SMALL, WgmmaConfig(), WgmmaConfig(warpgroups=1, block_n=64, block_k=16, stages=3),
+           WgmmaConfig(warpgroups=2, block_n=256, block_k=64, stages=3), WgmmaConfig(warpgroups=1, block_n=24,
+                                                                                     block_k=48, stages=5),
+           WgmmaConfig(b_n_major=True), WgmmaConfig(warpgroups=1, block_n=40, block_k=32, stages=3, b_n_major=True)]
+
+def bits(x: np.ndarray, dtype) -> np.ndarray:
+  """float32 values rounded to half/bfloat16, as their uint16 patterns (bfloat16: round to nearest even)."""
+  if dtype == dtypes.float16: return x.astype(np.float16).view(np.uint16)
+  u = x.astype(np.float32).view(np.uint32)
+  return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+
+def test_descriptor_fields():
+  desc = encode_descriptor(0x4A0, 128, 1024)
+  assert desc == (0x4A0 >> 4) | (128 >> 4) << 16 | (1024 >> 4) << 32
+  assert decode_descriptor(desc) == (0x4A0, 128, 1024, 0)
+  assert decode_descriptor(encode_descriptor(0x3FFF0, 16, 0x3FFF0, swizzle=1)) == (0x3FFF0, 16, 0x3FFF0, 1)
+  for bad in ((8, 128, 1024), (1 << 18, 128, 1024), (0, 100, 1024)):
+    with pytest.raises(ValueError, match="descriptor"): encode_descriptor(*bad)
+
+@pytest.mark.parametrize("n", [8, 64, 128, 256])
+def test_accumulator_layout_covers_the_tile_and_matches_m16n8_fragments(n):
+  """Every (row, column) of the 64×N tile is held by exactly one (thread, register); warp w's registers 4j..4j+3 are
+  the m16n8k16 C fragment (renderer.MMA_M16N8K16) of rows 16w.., columns 8j.. (the PTX ISA draws them so)."""
+  seen = set()
+  for thread in range(wgmma.WARPGROUP_THREADS):
+    warp, lane = divmod(thread, 32)
+    for register in range(n // 2):
+      row, column = accumulator_position(thread, register)
+      seen.add((row, column))
+      tile, element = divmod(register, 4)
+      fragment_row, fragment_column = MMA_M16N8K16["c"].position(element, lane // 4, lane % 4)
+      assert (row, column) == (16 * warp + fragment_row, 8 * tile + fragment_column)
+  assert seen == {(r, c) for r in range(64) for c in range(n)}
+
+@pytest.mark.parametrize("config", CONFIGS, ids=str)
+def test_copies_cover_each_tile_once_in_whole_core_matrices(config):
+  """Chunks map one-to-one onto the tile; the 8 threads of a shared-memory phase (chunks 8i..8i+7) write the 128
+  contiguous bytes of one core matrix; the layout keeps a core matrix's rows 16 bytes apart."""
+  for rows, n_major in ((config.block_m, False), (config.block_n, config.b_n_major)):
+    chunk_of, offset_of = (copy_chunk_n_major, shared_offset_n_major) if n_major else (copy_chunk, shared_offset)
+    chunks = [chunk_of(config, c) for c in range(rows * config.block_k // 8)]
+    expected = [(r, k) for r in range(0, rows, 8) for k in range(config.block_k)] if n_major else \
+      [(r, k) for r in range(rows) for k in range(0, config.block_k, 8)]
+    assert sorted(chunks) == expected
+    offsets = [offset_of(config, r, k) for r, k in chunks]
+    assert sorted(offsets) == list(range(0, config.tile_bytes(rows), 16))
+    for phase in range(0, len(offsets), 8):
+      assert offsets[phase:phase + 8] == list(range(offsets[phase], offsets[phase] + 128, 16))
+      assert offsets[phase] % wgmma.CORE_BYTES == 0
+
+@pytest.mark.parametrize("dtype", [dtypes.float16, dtypes.bfloat16])
+@pytest.mark.parametrize("config,shape", [(SMALL, (70, 45, 88)), (SMALL, (64, 32, 32)), (CONFIGS[1], (130, 140, 200)),
+                                          (CONFIGS[2], (5, 70, 24)), (CONFIGS[3], (128, 256, 64)),
+                                          (CONFIGS[4], (64, 30, 104)), (CONFIGS[5], (200, 136, 72)),
+                                          (CONFIGS[6], (70, 96, 88))], ids=str)
+def test_emulated_blocks_match_numpy(config, shape, dtype):
+  """Every block of the grid, emulated as the kernel moves data (copies to poisoned shared memory, descriptor reads,
+  fragment placement), equals the float32 product of the rounded inputs (sums in another order: 1e-5)."""
+  m, n, k = shape
+  a, b = bits(RNG.standard_normal((m, k)), dtype), bits(RNG.standard_normal((n, k)), dtype)
+  expected = wgmma.float_of_bits(a, dtype) @ wgmma.float_of_bits(b, dtype).T
+  if config.b_n_major: b = np.ascontiguousarray(b.T)   # K×N
+  (grid_x, grid_y, _), _ = wgmma.launch_dims(config, m, n)
+  out = np.full((m, n), np.nan, np.float32)
+  for by in range(grid_y):
+    for bx in range(grid_x):
+      r, c = by * config.block_m, bx * config.block_n
+      block = emulate_block(config, a, b, dtype, r, c)
+      out[r:r + block.shape[0], c:c + block.shape[1]] = block
+  np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-4 * np.sqrt(k))
+
+def test_emulation_catches_a_wrong_descriptor_stride(monkeypatch):
+  """The emulation can fail: descriptors with the leading and stride offsets swapped read the wrong elements."""
+  m, n, k = 64, 32, 32
+  a, b = bits(RNG.standard_normal((m, k)), dtypes.float16), bits(RNG.standard_normal((n, k)), dtypes.float16)
+  expected = wgmma.float_of_bits(a, dtypes.float16) @ wgmma.float_of_bits(b, dtypes.float16).T
+  good = encode_descriptor
+  monkeypatch.setattr(wgmma, "encode_descriptor", lambda start, leading, stride, swizzle=0: good(start, stride,
+                                                                                                  leading, swizzle))
+  out = emulate_block(SMALL, a, b, dtypes.float16)
+  assert not np.allclose(out, expected, rtol=1e-3, atol=1e-2)
+
+def test_emulation_catches_a_missing_transpose(monkeypatch):
+  """An N-major B read as if it were K-major (imm-trans-b 0) gives wrong results in the emulation."""
+  config = WgmmaConfig(warpgroups=1, block_n=40, block_k=32, stages=3, b_n_major=True)
+  a, b = bits(RNG.standard_normal((64, 32)), dtypes.float16), bits(RNG.standard_normal((40, 32)), dtypes.float16)
+  expected = wgmma.float_of_bits(a, dtypes.float16) @ wgmma.float_of_bits(b, dtypes.float16).T
+  np.testing.assert_allclose(emulate_block(config, a, np.ascontiguousarray(b.T), dtypes.float16), expected, rtol=1e-5,
+                             atol=1e-4)
+  read = wgmma.read_operand
+  monkeypatch.setattr(wgmma, "read_operand", lambda *args, transposed=False: read(*args, transposed=False))
+  out = emulate_block(config, a, np.ascontiguousarray(b.T), dtypes.float16)
+  assert not np.allclose(out, expected, rtol=1e-3, atol=1e-2)
+
+@pytest.mark.parametrize("n", [4096, 777])
+def test_source_formulas_are_the_emulated_ones(n):
+  """The C the kernel computes its chunk coordinates, shared offsets and output positions with evaluates (C integer
+  division on non-negative ints is Python's //) to what the emulation used (an odd N stores one element at a time,
+  an even N two adjacent columns at once)."""
+  config = WgmmaConfig()
+  src = wgmma_matmul_source("k", 4096, n, 4096, config=config)
+  row_k = re.search(r"const int row = (.*), k = (.*);", src)
+  target = re.search(r"const unsigned int target = shared_base \+ stage \* \d+ \+ (\(.*\));", src)
+  assert row_k and target
+  def c_eval(expr: str, **names) -> int: return eval(expr.replace("/", "//"), {}, names)
+  for chunk in range(config.block_m * config.block_k // 8):
+    row, k = copy_chunk(config, chunk)
+    assert (c_eval(row_k.group(1), chunk=chunk), c_eval(row_k.group(2), chunk=chunk)) == (row, k)
+    assert c_eval(target.group(1), row=row, k=k) == shared_offset(config, row, k)
+  stores = re.findall(r"const int row = block_row \+ (.*), column = block_col \+ (.*);\n.*?acc\[(\d+)\]", src)
+  assert len(stores) == config.accumulators // (2 if n % 2 == 0 else 1)
+  for thread in (0, 37, 128 + 77, 255):
+    group, lane_thread = divmod(thread, 128)
+    for row_expr, column_expr, register in stores:
+      row, column = accumulator_position(lane_thread, int(register))
+      names = dict(warpgroup=group, lane_thread=lane_thread)
+      assert (c_eval(row_expr, **names), c_eval(column_expr, **names)) == (64 * group + row, column)
+
+def test_n_major_source_formulas_are_the_emulated_ones():
+  config = WgmmaConfig(b_n_major=True)
+  src = wgmma_matmul_source("k", 4096, 4096, 4096, config=config)
+  rows_k = re.findall(r"const int row = (.*), k = (.*);", src)
+  targets = re.findall(r"const unsigned int target = shared_base \+ stage \* \d+ \+ \d+ \+ (\(.*\));", src)
+  assert len(rows_k) == 2 and len(targets) == 1   # B's copy is the second
+  def c_eval(expr: str, **names) -> int: return eval(expr.replace("/", "//"), {}, names)
+  for chunk in range(config.block_n * config.block_k // 8):
+    n, k = copy_chunk_n_major(config, chunk)
+    assert (c_eval(rows_k[1][0], chunk=chunk), c_eval(rows_k[1][1], chunk=chunk)) == (n, k)
+    assert c_eval(targets[0], row=n, k=k) == shared_offset_n_major(config, n, k)
+  assert "(long long)global_k * 4096 + global_row" in src and ", p, 1, 1, 0, 1;" in src
+
+def test_emitted_sequence():
+  """Per K tile: wait for the copies, proxy fence, barrier, next copies, wgmma.fence, BK/16 wgmmas on descriptors,
+  commit, wait_group 1; after the loop wait_group 0, then the stores."""
+  config = WgmmaConfig()
+  src = wgmma_matmul_source("k", 4096, 4096, 4096, config=config)
+  loop = src[src.index("for (int t = 0;"):]
+  markers = ["cp.async.wait_group 1;", "fence.proxy.async.shared::cta;", "__syncthreads();", "copy_tile(t + 2",
+             "cp.async.commit_group;", "wgmma.fence.sync.aligned;"] + \
+            ["wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16"] * (config.block_k // 16) + \
+            ["wgmma.commit_group.sync.aligned;", "wgmma.wait_group.sync.aligned 1;",
+             "wgmma.wait_group.sync.aligned 0;", "to_element(acc[0])"]
+  at = 0
+  for marker in markers:
+    found = loop.find(marker, at)
+    assert found >= 0, f"{marker!r} missing or out of order"
+    at = found + len(marker)
+  assert src.count("wgmma.mma_async") == config.block_k // 16
+  assert f"descriptor_bits = {encode_descriptor(0, 128, config.stride_bytes)}ull" in src
+  assert "cp.async.cg.shared.global" in src and "k_dynamic_shared_bytes = 131072" in src
+  assert "m64n64k16.f32.bf16.bf16" in wgmma_matmul_source("k", 64, 64, 64, dtypes.bfloat16, WgmmaConfig(1, 64, 64, 3))
+
+@pytest.mark.parametrize("shape,dtype,config", [((4096, 4096, 4096), dtypes.float16, WgmmaConfig()),
+                                                ((1001, 777, 520), dtypes.bfloat16, WgmmaConfig()),
+                                                ((70, 45, 88), dtypes.float16, SMALL),
+                                                ((512, 2048, 640), dtypes.float16, WgmmaConfig(2, 256, 64, 3)),
+                                                ((4096, 4096, 4096), dtypes.bfloat16, WgmmaConfig(b_n_major=True))],
+                         ids=str)
+def test_nvrtc_compiles_for_sm_90a(shape, dtype, config):
+  nvrtc = pytest.importorskip("tgrad.runtime.cuda.nvrtc")
+  if not nvrtc.nvrtc_available(): pytest.skip("libnvrtc not found (pip install nvidia-cuda-nvrtc)")
+  cubin = nvrtc.compile_cuda(wgmma_matmul_source("wgmma_matmul", *shape, dtype, config), "sm_90a")
+  assert len(cubin) > 1000
+
+def test_renderer_flags_wgmma_only_on_sm_90a():
+  assert CUDARenderer("sm_90a").warpgroup_mma and not CUDARenderer("sm_90").warpgroup_mma
+  assert not CUDARenderer("sm_80").warpgroup_mma and not CUDARenderer("sm_100a").warpgroup_mma
+  assert wgmma.wgmma_arch("sm_90") == "sm_90a" and wgmma.wgmma_arch("sm_80") is None
+  assert wgmma.wgmma_arch("sm_100") is None
+
+def test_bad_input_is_refused_before_any_kernel():
+  with pytest.raises(ValueError, match="K a multiple of 8"): wgmma_matmul_source("k", 64, 64, 60)
+  with pytest.raises(ValueError, match="dtype"): wgmma_matmul_source("k", 64, 64, 64, dtypes.float32)
+  with pytest.raises(ValueError, match="sizes"): wgmma_matmul_source("k", 0, 64, 64)
+  with pytest.raises(ValueError, match="N a multiple of 8"):
+    wgmma_matmul_source("k", 64, 60, 64, config=WgmmaConfig(b_n_major=True))
+  with pytest.raises(ValueError, match="stages"): WgmmaConfig(stages=2)
+  with pytest.raises(ValueError, match="block_n"): WgmmaConfig(block_n=260)
+  with pytest.raises(ValueError, match="shared memory"): WgmmaConfig(warpgroups=4, block_n=256, block_k=128, stages=4)

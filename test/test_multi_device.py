@@ -308,3 +308,27 @@ def test_multi_lazy_buffer_rejects_shards_that_do_not_fit():
   with pytest.raises(ValueError, match="shards differ"):
     MultiLazyBuffer([a, Tensor(np.zeros((3, 2), np.float32), device="LLVM:1").lazydata], 0)
   with pytest.raises(ValueError, match="share a device"): MultiLazyBuffer([a, a], None)
+
+# ---- on two GPUs (marked `gpu`; skipped with fewer)
+
+def _two_gpu_names() -> tuple[str, str]:
+  from tgrad.runtime.cuda.runtime import device_count
+  if device_count() < 2: pytest.skip(f"needs 2 GPUs, the driver sees {device_count()}")
+  return ("CUDA", "CUDA:1")
+
+@pytest.mark.gpu
+def test_copies_between_gpus_and_back():
+  gpus = _two_gpu_names()
+  x = np.random.default_rng(5).standard_normal((37, 129)).astype(np.float32)
+  there = Tensor(x, device=gpus[0]).to(gpus[1])
+  assert there.device == gpus[1]
+  np.testing.assert_array_equal((there * 2).to(gpus[0]).numpy(), x * 2)
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("jit", [False, True])
+def test_data_parallel_training_on_two_gpus_matches_one(jit):
+  gpus = _two_gpu_names()
+  one_losses, one_weights = train(False, None, False)
+  losses, weights = train(False, gpus, jit)
+  np.testing.assert_allclose(losses, one_losses, rtol=1e-5)
+  for got, want in zip(weights, one_weights): np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)

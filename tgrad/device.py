@@ -125,6 +125,11 @@ class Compiled:
   def profile_elapsed(self, start: Any, end: Any) -> float:
     """Seconds of device time from mark `start` to mark `end` (waiting until `end` is reached)."""
     return end - start
+  def copy_from_peer(self, dst: Any, src_device: Compiled, src: Any, nbytes: int) -> bool:
+    """Copy `nbytes` from allocation `src` of `src_device` (another device of this kind) into allocation `dst` of this
+    one without staging through host memory, and say whether it did (Allocator.peer_copy by default; a device whose
+    copies need both devices' queues overrides this)."""
+    return self.allocator.peer_copy(dst, src, nbytes)
   def available_memory(self) -> int:
     """Bytes this device can still allocate (host memory on a CPU device, free GPU memory on a GPU)."""
     return self.allocator.available()
@@ -192,11 +197,11 @@ class Buffer:
     return self
   def copy_from(self, src: Buffer) -> Buffer:
     """Copy all of `src` (same size and dtype, any device) into this buffer: directly when both are devices of one
-    kind and it has a direct path (Allocator.peer_copy), else through host memory."""
+    kind and it has a direct path (Compiled.copy_from_peer), else through host memory."""
     if src.nbytes != self.nbytes: raise ValueError(f"copy of {src} into {self}: sizes differ")
     if not self.nbytes: return self
     if device_kind(src.device) == device_kind(self.device) and \
-       Device[self.device].allocator.peer_copy(self.handle, src.handle, self.nbytes): return self
+       Device[self.device].copy_from_peer(self.handle, Device[src.device], src.handle, self.nbytes): return self
     return self.copyin(src.copyout())
   def copyout(self) -> np.ndarray:
     out = np.empty(self.size, dtype=self.dtype.np)

@@ -368,6 +368,10 @@ class CUDADevice(Compiled):
       try: self._capture_stream = cuda.Stream(flags=STREAM_NON_BLOCKING)
       finally: self.context.leave()
     return self._capture_stream.handle
+  def copy_from_peer(self, dst, src_device: Compiled, src, nbytes: int) -> bool:
+    """Buffer.copy_from between two GPUs: peer to peer where they reach each other, else staged (peer.py)."""
+    self.copy_between(self, dst, src_device, src, nbytes)   # type: ignore[arg-type]
+    return True
   @staticmethod
   def copy_between(dst_device: CUDADevice, dst_handle, src_device: CUDADevice, src_handle, nbytes: int) -> None:
     """Copy nbytes from src_handle on src_device to dst_handle on dst_device, ordered after the work queued on both

@@ -340,7 +340,9 @@ def _plan_row_kernels(bases: list[LazyBuffer], readers: dict[LazyBuffer, list[tu
     if len(outputs) == 1 and fused_read:
       realize_set.update(outputs)
       row_reduces.update(reduces)
-      if slices and copies is not None: copies.setdefault(next(iter(outputs)), []).extend(slices)
+      if slices and copies is not None:   # a region reached from several starting reduces finds its copies again
+        known = copies.setdefault(next(iter(outputs)), [])
+        known.extend(pair for pair in slices if pair not in known)
   return frozenset(row_reduces)
 
 def _realize_unfusable_reduces(bases: list[LazyBuffer], readers: dict[LazyBuffer, list[tuple[LazyBuffer, LazyBuffer]]],

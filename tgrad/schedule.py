@@ -144,6 +144,7 @@ class _KernelBuilder:
     if key in self.memo: return self.memo[key]
     view = UOp(Ops.VIEW, dtypes.void, (), st)
     if lb.buffer is not None or (lb in self.realize_set and lb is not self.output):
+      if lb in self.copies: raise _Unstorable(lb)   # rule 2c: a kernel never reads what it stores as a copy
       out = UOp(Ops.LOAD, lb.dtype, (self.global_for(lb), view))
     elif lb.op is Ops.CONST: out = UOp(Ops.CONST, lb.dtype, (view,), self.scalar_param(lb) if lb.lifted else lb.arg)
     elif lb.op is Ops.ARANGE: out = UOp(Ops.ARANGE, lb.dtype, (view,))

@@ -224,7 +224,8 @@ def _kernel_ast(output: LazyBuffer, realize_set: set[LazyBuffer], row_reduces: f
       kernel_shape = r.shape
       continue
     if output.op is Ops.ASSIGN: _check_assign_hazard(output, value, realize_set)
-    stores = [UOp(Ops.STORE, dtypes.void, (builder.global_for(output), UOp(Ops.VIEW, dtypes.void, (), store_st), value))]
+    target = builder.global_for(output)
+    stores = [UOp(Ops.STORE, dtypes.void, (target, UOp(Ops.VIEW, dtypes.void, (), store_st), value))]
     loops = builder.reduce_signature[0] if builder.reduce_signature is not None else kernel_shape
     for copy, source in copies:   # rule 2c: the value at every position of the kernel's loops, stored where copied
       if source.shape != loops: raise _Unstorable(copy)

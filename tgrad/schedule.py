@@ -17,6 +17,12 @@ fusion rules, which all live here:
      MAX_ROW_FUSION_SIZE elements, the elementwise ops that read its result broadcast back over the row, further
      reduces over the same rows of those, and the final elementwise value are one kernel, when all of that has one
      output (`_plan_row_kernels`). The kernel reduces each row once per reduce and then stores the row.
+  2c. Several outputs: a realized copy of a run of a row kernel's value (`CONTIGUOUS` of a view that reads the
+     value's elements [offset, offset + n) in order, e.g. one copy of a vector that every row of a matrix-vector
+     kernel recomputes) is stored by that kernel as a second output, a store masked to the run
+     (`_slice_store_tracker`), instead of a kernel of its own that would compute the value again. The kernel's
+     first output stays DEFINE_GLOBAL 0; the copies follow it. A copy whose buffer the kernel would also read (a
+     cycle) keeps its own kernel.
   3. Everything else is realized (gets a buffer): kernel outputs, reduces read through an expand/permute/pad or
      by a second reduce (outside row kernels), COPY/EMPTY/CONTIGUOUS/ASSIGN/CUSTOM results (and the sources of a
      COPY or CUSTOM: their runners read whole buffers), elementwise values read
@@ -41,6 +47,7 @@ from tgrad.graph_simplify import simplify_graph, commit_replacements
 from tgrad.scalars import param_bits, param_name, scalar_param
 from tgrad.device import Buffer
 from tgrad.shape.shapetracker import ShapeTracker
+from tgrad.shape.view import View
 from tgrad.helpers import gc_paused, prod, run_nested
 
 NO_VARIABLES: Mapping[str, int] = MappingProxyType({})   # the var_vals of every kernel without variables (shared)
@@ -92,11 +99,16 @@ class _Reshape(Exception):
   """Raised when the kernel must index in the shape of a fused reduce's output rather than its own."""
   def __init__(self, shape: tuple[int, ...]): self.shape = shape
 
+class _Unstorable(Exception):
+  """Raised while building a kernel when a copy of rule 2c can't be one of its outputs: the copy gets its own kernel."""
+  def __init__(self, copy: LazyBuffer): self.copy = copy
+
 class _KernelBuilder:
   """Builds one kernel's AST for `output`, reading realized bases (and bases in `realize_set`) as LOADs."""
   def __init__(self, output: LazyBuffer, realize_set: set[LazyBuffer], kernel_shape: tuple[int, ...],
-               row_reduces: frozenset[LazyBuffer] = frozenset()):
+               row_reduces: frozenset[LazyBuffer] = frozenset(), copies: Sequence[LazyBuffer] = ()):
     self.output, self.realize_set, self.kernel_shape = output, realize_set, kernel_shape
+    self.copies = tuple(copies)   # rule 2c: the further outputs, DEFINE_GLOBAL 1.. in this order
     self.row_reduces = row_reduces   # reduces that may be read broadcast over their rows (rule 2b)
     self.inputs: list[LazyBuffer] = []
     self.reduce_signature: Optional[tuple] = None   # (input shape, axes) of the fused reduce(s)
@@ -106,9 +118,10 @@ class _KernelBuilder:
   def global_for(self, base: LazyBuffer) -> UOp:
     assign_target = self.output.srcs[0].base if self.output.op is Ops.ASSIGN else None
     if base is self.output.base or base is assign_target: index = 0
+    elif base in self.copies: index = 1 + self.copies.index(base)
     else:
       if base not in self.inputs: self.inputs.append(base)
-      index = 1 + self.inputs.index(base)
+      index = 1 + len(self.copies) + self.inputs.index(base)
     return UOp(Ops.DEFINE_GLOBAL, base.dtype, (), index)
 
   def build(self, lb: LazyBuffer, st: ShapeTracker, in_reduce: bool) -> UOp:
@@ -131,6 +144,7 @@ class _KernelBuilder:
     if key in self.memo: return self.memo[key]
     view = UOp(Ops.VIEW, dtypes.void, (), st)
     if lb.buffer is not None or (lb in self.realize_set and lb is not self.output):
+      if lb in self.copies: raise _Unstorable(lb)   # rule 2c: a kernel never reads what it stores as a copy
       out = UOp(Ops.LOAD, lb.dtype, (self.global_for(lb), view))
     elif lb.op is Ops.CONST: out = UOp(Ops.CONST, lb.dtype, (view,), self.scalar_param(lb) if lb.lifted else lb.arg)
     elif lb.op is Ops.ARANGE: out = UOp(Ops.ARANGE, lb.dtype, (view,))
@@ -190,15 +204,18 @@ def is_row_broadcast(st: ShapeTracker, reduced_shape: tuple[int, ...], row_shape
   return st.shape == row_shape and st.views == ShapeTracker.from_shape(reduced_shape).expand(row_shape).views
 
 def _kernel_ast(output: LazyBuffer, realize_set: set[LazyBuffer], row_reduces: frozenset[LazyBuffer] = frozenset(),
-                scalars: Optional[list[LazyBuffer]] = None) -> tuple[UOp, list[LazyBuffer], set[LazyBuffer]]:
+                scalars: Optional[list[LazyBuffer]] = None, copies: Sequence[tuple[LazyBuffer, LazyBuffer]] = ()
+                ) -> tuple[UOp, list[LazyBuffer], set[LazyBuffer]]:
   """The kernel AST for `output`, its input bases, and every base it inlined (`scalars`, when given, receives the
   lifted constants behind its scalar parameters, in parameter order). An ASSIGN into a region (its arg: a view of the
-  target) runs over the value's shape and stores through the region; any other kernel stores in order."""
+  target) runs over the value's shape and stores through the region; any other kernel stores in order. `copies`:
+  (copy, value) pairs of rule 2c, each stored after the output (raises _Unstorable for a value that doesn't span the
+  kernel's loops)."""
   region: Optional[ShapeTracker] = output.arg if output.op is Ops.ASSIGN else None
   value_shape = output.shape if region is None else region.shape
   kernel_shape = value_shape
   while True:
-    builder = _KernelBuilder(output, realize_set, kernel_shape, row_reduces)
+    builder = _KernelBuilder(output, realize_set, kernel_shape, row_reduces, [copy for copy, _ in copies])
     value_st = ShapeTracker.from_shape(value_shape).reshape(kernel_shape)
     store_st = value_st if region is None else region.reshape(kernel_shape)
     try:
@@ -207,9 +224,31 @@ def _kernel_ast(output: LazyBuffer, realize_set: set[LazyBuffer], row_reduces: f
       kernel_shape = r.shape
       continue
     if output.op is Ops.ASSIGN: _check_assign_hazard(output, value, realize_set)
-    store = UOp(Ops.STORE, dtypes.void, (builder.global_for(output), UOp(Ops.VIEW, dtypes.void, (), store_st), value))
+    target = builder.global_for(output)
+    stores = [UOp(Ops.STORE, dtypes.void, (target, UOp(Ops.VIEW, dtypes.void, (), store_st), value))]
+    loops = builder.reduce_signature[0] if builder.reduce_signature is not None else kernel_shape
+    for copy, source in copies:   # rule 2c: the value at every position of the kernel's loops, stored where copied
+      if source.shape != loops: raise _Unstorable(copy)
+      copied = builder.build(source, ShapeTracker.from_shape(loops), in_reduce=False)
+      tracker = _slice_store_tracker(copy.srcs[0], source)
+      assert tracker is not None
+      stores.append(UOp(Ops.STORE, dtypes.void, (builder.global_for(copy), UOp(Ops.VIEW, dtypes.void, (), tracker),
+                                                  copied)))
     if scalars is not None: scalars[:] = builder.scalars
-    return UOp(Ops.SINK, dtypes.void, (store,)), builder.inputs, {lb for lb, _ in builder.memo}
+    return UOp(Ops.SINK, dtypes.void, tuple(stores)), builder.inputs, {lb for lb, _ in builder.memo}
+
+def _slice_store_tracker(view: LazyBuffer, source: LazyBuffer) -> Optional[ShapeTracker]:
+  """Rule 2c: when `view` reads `source` (a base of known shape) as the run of its elements [offset, offset + n) in
+  order, the tracker over source's shape that stores each element of the run at its place in the copy (masked to the
+  run); else None."""
+  if view.is_base or len(view.st.views) != 1 or view.st.symbolic or not all(isinstance(d, int) for d in source.shape):
+    return None
+  only = view.st.views[0]
+  if only.mask is not None or not isinstance(only.offset, int) or only != View.create(only.shape, None, only.offset):
+    return None
+  run, total = prod(only.shape), prod(source.shape)
+  if only.offset < 0 or only.offset + run > total: return None
+  return ShapeTracker.from_shape((run,)).pad(((only.offset, total - only.offset - run),)).reshape(source.shape)
 
 def _check_assign_hazard(output: LazyBuffer, value: UOp, realize_set: set[LazyBuffer]) -> None:
   """An assign whose value reads the target through another view must compute the value into its own buffer."""
@@ -264,19 +303,22 @@ def _row_read(user: LazyBuffer, view: LazyBuffer, member: LazyBuffer, row_shape:
   return None
 
 def _plan_row_kernels(bases: list[LazyBuffer], readers: dict[LazyBuffer, list[tuple[LazyBuffer, LazyBuffer]]],
-                      realize_set: set[LazyBuffer]) -> frozenset[LazyBuffer]:
+                      realize_set: set[LazyBuffer], copies: Optional[dict[LazyBuffer, list]] = None
+                      ) -> frozenset[LazyBuffer]:
   """Rule 2b, decided up front: for each reduce over rows of at most MAX_ROW_FUSION_SIZE elements, follow its
   readers through elementwise ops of the row or result shape and through further reduces over the same rows. When
   every value reached is read only inside that region but for one (the kernel's output) and some read is a broadcast
   or a nested reduce, the output is realized and the region's reduces become row reduces (returned); kernel building
   then inlines them through those reads. Otherwise the reduce keeps the other rules (gradients reading the forward's
-  intermediates, for example, leave several outputs)."""
+  intermediates, for example, leave several outputs). A realized copy of a run of a row-shaped value (rule 2c) is no
+  output of its own: `copies`, when given, receives output → [(copy, value)] for the kernel to store them too."""
   row_reduces: set[LazyBuffer] = set()
   for start in bases:
     if start.op is not Ops.REDUCE_AXIS or start in realize_set or start in row_reduces or len(start.arg) != 2: continue
     row_shape, axes = start.srcs[0].shape, start.arg[1]
     if vmax_of(prod(row_shape[a] for a in axes)) > MAX_ROW_FUSION_SIZE: continue   # a symbolic row: its maximum
     members, outputs, reduces, fused_read = {start}, set(), [start], False
+    slices: list[tuple[LazyBuffer, LazyBuffer]] = []   # rule 2c: (copy, the row-shaped member it copies a run of)
     stack = [start]
     while stack and len(outputs) <= 1:
       member = stack.pop()
@@ -285,6 +327,10 @@ def _plan_row_kernels(bases: list[LazyBuffer], readers: dict[LazyBuffer, list[tu
         continue
       for user, view in readers.get(member, []):
         kind = _row_read(user, view, member, row_shape, start.shape, axes)
+        if kind is None and copies is not None and user.op is Ops.CONTIGUOUS and member.shape == row_shape and \
+           user.srcs[0] is view and _slice_store_tracker(view, member) is not None:
+          slices.append((user, member))
+          continue
         if kind is None:
           outputs.add(member)
           continue
@@ -296,6 +342,9 @@ def _plan_row_kernels(bases: list[LazyBuffer], readers: dict[LazyBuffer, list[tu
     if len(outputs) == 1 and fused_read:
       realize_set.update(outputs)
       row_reduces.update(reduces)
+      if slices and copies is not None:   # a region reached from several starting reduces finds its copies again
+        known = copies.setdefault(next(iter(outputs)), [])
+        known.extend(pair for pair in slices if pair not in known)
   return frozenset(row_reduces)
 
 def _realize_unfusable_reduces(bases: list[LazyBuffer], readers: dict[LazyBuffer, list[tuple[LazyBuffer, LazyBuffer]]],
@@ -318,13 +367,15 @@ def _realize_unfusable_reduces(bases: list[LazyBuffer], readers: dict[LazyBuffer
     plain = len(uses) == 1 and (uses[0][1].is_base or (uses[0][1].st.contiguous and uses[0][1].size == b.size))
     if not plain or (uses and uses[0][0].op is Ops.REDUCE_AXIS) or reduce_above(b): realize_set.add(b)
 
-def _realize_shared_elementwise(bases: list[LazyBuffer], realize_set: set[LazyBuffer]) -> None:
-  """Realize every elementwise value that several kernels would inline and that is too big to recompute."""
+def _realize_shared_elementwise(bases: list[LazyBuffer], realize_set: set[LazyBuffer],
+                                stored_elsewhere: frozenset[LazyBuffer] = frozenset()) -> None:
+  """Realize every elementwise value that several kernels would inline and that is too big to recompute (a copy
+  that another kernel stores, rule 2c, is no kernel of its own)."""
   changed = True
   while changed:
     changed = False
     readers: dict[LazyBuffer, int] = {}
-    for root in [b for b in bases if b in realize_set]:
+    for root in [b for b in bases if b in realize_set and b not in stored_elsewhere]:
       for lb in _inlined_region(root, realize_set): readers[lb] = readers.get(lb, 0) + 1
     # sources first: realizing one may make its users small. It can only add readers to its own sources (already
     # passed), so one pass handles everything above it and the loop repeats only for what lies below.
@@ -348,25 +399,34 @@ def create_schedule(outs: list[LazyBuffer], commit: bool = False, buffers: Optio
     if b.op in (Ops.COPY, Ops.CUSTOM): realize_set.update(s.base for s in b.srcs if s.base.buffer is None)
     if b.op is Ops.GATHER and b.srcs[0].base.buffer is None: realize_set.add(b.srcs[0].base)   # rule 1b: tables
   readers = _readers_of(bases)   # who reads each base: the same for both decisions (realizing adds no readers)
-  row_reduces = _plan_row_kernels(bases, readers, realize_set)
+  copies: dict[LazyBuffer, list[tuple[LazyBuffer, LazyBuffer]]] = {}   # rule 2c: kernel output → (copy, value)
+  row_reduces = _plan_row_kernels(bases, readers, realize_set, copies)
   _realize_unfusable_reduces(bases, readers, realize_set, row_reduces)
-  _realize_shared_elementwise(bases, realize_set)
+  _realize_shared_elementwise(bases, realize_set, frozenset(c for pairs in copies.values() for c, _ in pairs))
   asts: dict[LazyBuffer, tuple[UOp, list[LazyBuffer], set[LazyBuffer]]] = {}
   scalars_of: dict[LazyBuffer, list[LazyBuffer]] = {}   # each kernel's lifted constants, in parameter order
   changed = True
   while changed:   # building a kernel may refuse a reduce: realize it, rebuild only the kernels that inlined it
     changed = False
-    for b in [b for b in bases if b in realize_set and b not in asts and b.op not in NOT_KERNELS]:
+    stored_by = {copy: b for b, pairs in copies.items() for copy, _ in pairs}
+    for b in [b for b in bases if b in realize_set and b not in asts and b not in stored_by and
+              b.op not in NOT_KERNELS]:
       try:
         scalars_of[b] = []
-        asts[b] = _kernel_ast(b, realize_set, row_reduces, scalars_of[b])
+        asts[b] = _kernel_ast(b, realize_set, row_reduces, scalars_of[b], copies.get(b, ()))
+        if (cycle := _copy_read_back(copies.get(b, ()), asts[b][1])) is not None: raise _Unstorable(cycle)
       except _Refuse as refused:
         realize_set.add(refused.base)
         for stale in [k for k, (_, _, inlined) in asts.items() if refused.base in inlined]: del asts[stale]
         changed = True
+      except _Unstorable as unstorable:   # the copy gets a kernel of its own; this one is built again without it
+        copies[b] = [pair for pair in copies[b] if pair[0] is not unstorable.copy]
+        asts.pop(b, None)
+        changed = True
   items: list[_Step] = []
-  for b in bases:   # `bases` is already in dependency order
-    if b not in realize_set: continue
+  stored_by = {copy: b for b, pairs in copies.items() for copy, _ in pairs}
+  for b in bases:   # `bases` is already in dependency order (a kernel with copies is ordered again below)
+    if b not in realize_set or b in stored_by: continue
     if b.op is Ops.COPY:
       items.append(_Step(UOp(Ops.COPY, b.dtype, (), None), (b,), tuple(s.base for s in b.srcs)))
     elif b.op is Ops.CUSTOM:
@@ -375,9 +435,9 @@ def create_schedule(outs: list[LazyBuffer], commit: bool = False, buffers: Optio
     elif prod(b.shape) == 0: items.append(_Step(UOp(Ops.EMPTY, b.dtype), (b,), ()))
     else:
       ast, inputs, _ = asts[b]
-      items.append(_Step(ast, (b,), tuple(inputs)))
+      items.append(_Step(ast, (b,) + tuple(copy for copy, _ in copies.get(b, ())), tuple(inputs)))
   buffers = {} if buffers is None else buffers
-  items = _snapshot_old_values_read_after_assigns(items)
+  items = _snapshot_old_values_read_after_assigns(_order_by_data(items))
   steps = _order_assigns_after_readers(items)
   if scalar_nodes is not None: scalar_nodes[:] = [tuple(scalars_of.get(step.outputs[0], ())) for step in steps]
   scheduled = [_with_buffers(step, buffers, commit, scalars_of.get(step.outputs[0], ())) for step in steps]
@@ -385,6 +445,14 @@ def create_schedule(outs: list[LazyBuffer], commit: bool = False, buffers: Optio
     if new in buffers: buffers[old] = buffers[new]
   if commit: commit_replacements(rebuilt)
   return scheduled
+
+def _copy_read_back(pairs: Sequence[tuple[LazyBuffer, LazyBuffer]], inputs: list[LazyBuffer]
+                    ) -> Optional[LazyBuffer]:
+  """A copy of rule 2c that one of the kernel's inputs is computed from (the kernel would have to run before
+  itself), or None."""
+  if not pairs: return None
+  above = {id(lb) for lb in walk(inputs, views=False, realized=False)}
+  return next((copy for copy, _ in pairs if id(copy) in above), None)
 
 def _with_buffers(step: _Step, buffers: dict[LazyBuffer, Buffer], commit: bool, scalars: Sequence[LazyBuffer] = ()
                   ) -> ScheduleItem:
@@ -460,6 +528,34 @@ def _assign_depth(value: LazyBuffer, made_by: dict[int, LazyBuffer]) -> int:
   while id(value) in made_by:
     value, depth = made_by[id(value)], depth + 1
   return depth
+
+def _order_by_data(items: list[_Step]) -> list[_Step]:
+  """A kernel with several outputs (rule 2c) sits where its first output was in the graph's order, which may be after
+  a reader of another output: move each such reader (and what depends on it) after its producers, keeping the order
+  of everything else."""
+  if all(len(item.outputs) == 1 for item in items): return items
+  producer = {out: item for item in items for out in item.outputs}
+  placed: set[int] = set()
+  ordered: list[_Step] = []
+  waiting: dict[int, list[_Step]] = {}   # id of a producer not placed yet → the items that wait for it
+  def place(item: _Step) -> None:
+    ready = [item]
+    while ready:
+      node = ready.pop()
+      ordered.append(node)
+      placed.add(id(node))
+      for follower in reversed(waiting.pop(id(node), [])): try_place(follower, ready)
+  def try_place(item: _Step, ready: list[_Step]) -> None:
+    missing = next((producer[b] for b in item.inputs if b in producer and id(producer[b]) not in placed
+                    and producer[b] is not item), None)
+    if missing is None: ready.append(item)
+    else: waiting.setdefault(id(missing), []).append(item)
+  for item in items:
+    ready: list[_Step] = []
+    try_place(item, ready)
+    for node in ready: place(node)
+  assert len(ordered) == len(items), "a cycle among kernels with several outputs"
+  return ordered
 
 def _snapshot_old_values_read_after_assigns(items: list[_Step]) -> list[_Step]:
   """A kernel that reads the old value of an assigned buffer but also depends on the assign (it reads the new value

@@ -248,11 +248,14 @@ def _with_row_reference(state: AxisState) -> AxisState:
   """A row kernel (schedule.py rule 2b) stores the whole row it reduces: its STORE spans the reduce axes. Axis roles
   come from sts[0] (`output_shape`), so such a kernel gets a reference tracker there, of the reduces' result shape
   (the reduce axes have size 1), paired in `memops` with the first reduce; the STORE follows it. Every opt reshapes
-  it with the others, so the roles stay right. Sets row_store on the kernel that is one."""
+  it with the others, so the roles stay right. Sets row_store on the kernel that is one. A kernel with several
+  outputs (schedule.py rule 2c) is one when any of its STOREs spans the reduce axes (`stores_rows`)."""
   if not state.reduceops: return state
-  axes, store_shape = state.reduceops[0].arg[1], state.sts[0].shape
-  if all(store_shape[a] == 1 for a in axes): return state
-  reference = ShapeTracker.from_shape(tuple(1 if i in axes else s for i, s in enumerate(store_shape)))
+  axes = state.reduceops[0].arg[1]
+  row_stores = [st for u, st in zip(state.memops, state.sts)
+                if u.op is Ops.STORE and any(st.shape[a] != 1 for a in axes)]
+  if not row_stores: return state
+  reference = ShapeTracker.from_shape(tuple(1 if i in axes else s for i, s in enumerate(row_stores[0].shape)))
   return state.replace(memops=(state.reduceops[0],) + state.memops, sts=(reference,) + state.sts, row_store=True)
 
 def _reduce_axes_last(state: AxisState) -> AxisState:

@@ -200,8 +200,27 @@ def emit_program(kernel: Kernel, graph: ValueGraph, stores: Optional[list[UOp]] 
   # loops around the stores
   if graph.row_loops:
     for store in stores: emitter.hoist_invariants(store)
+  branch = None
+  row_stores = [s for s in stores if s not in emitter.emitted]
+  if kernel.renderer.has_local and (gate := _row_pass_gate(emitter, row_stores, graph.row_loops)) is not None:
+    emitter.emit(gate)
+    emitter.place(branch := UOp(Ops.IF, dtypes.void, (gate,)))
   for rng in graph.row_loops: emitter.open_loop(rng)
   for store in stores: emitter.emit(store)
-  for rng in reversed(outer_loops + list(graph.row_loops)):
-    emitter.program.append(UOp(Ops.ENDRANGE, dtypes.void, (rng,)))
+  for rng in reversed(graph.row_loops): emitter.program.append(UOp(Ops.ENDRANGE, dtypes.void, (rng,)))
+  if branch is not None: emitter.program.append(UOp(Ops.ENDIF, dtypes.void, (branch,)))
+  for rng in reversed(outer_loops): emitter.program.append(UOp(Ops.ENDRANGE, dtypes.void, (rng,)))
   return emitter.program
+
+def _row_pass_gate(emitter: ProgramEmitter, row_stores: list[UOp], row_loops: tuple[UOp, ...]) -> Optional[UOp]:
+  """The condition under which a row kernel's store pass stores anything, when every store in it has the same one and
+  it does not vary along the pass (a copy of one row's run, schedule.py rule 2c: only the first row's threads store):
+  the pass then runs behind it, so other threads skip its loads (on targets with thread blocks, whose renderers
+  branch). None when the pass holds a barrier (every thread must reach it) or the stores differ."""
+  if not row_loops or not row_stores or any(len(s.src) != 4 for s in row_stores): return None
+  gates = {s.src[3] for s in row_stores}
+  if len(gates) != 1: return None
+  (gate,) = gates
+  if emitter.free[gate] & set(row_loops): return None
+  if any(u.op is Ops.BARRIER and u not in emitter.emitted for s in row_stores for u in s.toposort()): return None
+  return gate

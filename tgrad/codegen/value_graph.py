@@ -168,8 +168,10 @@ class ValueBuilder:
       index, valid = view_of[node].to_indexed(list(idxs))
       return simplify(valid.where(index, to_uop(0))).cast(node.dtype)
     # a reduce's result doesn't vary along its own axes: one per position of the others, wherever it is read (a row
-    # kernel reads it at every position of the row, and inside later reduces' loops)
-    canonical = tuple(to_uop(0) if self.kernel.is_reduce_axis(a) else x for a, x in enumerate(idxs))
+    # kernel reads it at every position of the row, and inside later reduces' loops); an axis of size 1 (a loop left
+    # by a split) has only index 0, whichever pass's loop stands for it
+    canonical = tuple(to_uop(0) if self.kernel.is_reduce_axis(a) or self.kernel.full_shape[a] == 1 else x
+                      for a, x in enumerate(idxs))
     if (node, canonical) not in self.reduces: self.reduces[(node, canonical)] = self.build_reduce(node, canonical)
     return self.reduces[(node, canonical)]
 
@@ -257,22 +259,33 @@ class ValueGraph:
   early_stores: frozenset[UOp]
   accumulators: int   # accumulator and shared-array numbers taken (DEFINE_ACC args, tile/temp names)
 
+def stores_rows(kernel: Kernel, store: UOp) -> bool:
+  """Whether a STORE of a row kernel spans the reduce axes (it stores whole rows); a kernel with several outputs
+  (schedule.py rule 2c) may also store reduced values, once per row, beside them."""
+  st = kernel.sts[kernel.memops.index(store)]
+  return kernel.row_store and any(st.shape[a] != 1 for a in range(kernel.first_reduce, kernel.shape_len)
+                                  if kernel.is_reduce_axis(a))
+
 def build_stores(builder: ValueBuilder) -> list[UOp]:
   """The STOREs of every output replica (one per combination of the output's upcast axes). A row kernel stores its
-  whole rows: each thread of a GROUP its share, in the store pass's loops, one replica per unrolled position."""
+  whole rows: each thread of a GROUP its share, in the store pass's loops, one replica per unrolled position; a
+  reduced output beside them is stored as in any reduce kernel (reduce axes at 0, by the GROUP's first thread). A
+  replica whose store is masked off everywhere (a copy of one row's run, rule 2c) is no store."""
   k, indices = builder.kernel, builder.indices
   stores = []
-  out_upcast = [a for a in k.upcast_axes if not k.is_reduce_axis(a) or k.row_store]
-  gate = None if k.row_store else group_gate(k, indices)
   row_indices = row_store_indices(k, indices) if k.row_store else {}
-  for combo in itertools.product(*[range(k.full_shape[a]) for a in out_upcast]):
-    idxs = list(indices)
-    for a in range(k.first_reduce, k.shape_len): idxs[a] = row_indices.get(a, to_uop(0))   # reduce axes
-    for a, v in zip(out_upcast, combo): idxs[a] = to_uop(v)
-    for store in [u for u in k.memops if u.op is Ops.STORE]:
-      value = builder.build(store.src[2], tuple(idxs))
+  for store in [u for u in k.memops if u.op is Ops.STORE]:
+    rows = stores_rows(k, store)
+    out_upcast = [a for a in k.upcast_axes if not k.is_reduce_axis(a) or rows]
+    gate = None if rows else group_gate(k, indices)
+    for combo in itertools.product(*[range(k.full_shape[a]) for a in out_upcast]):
+      idxs = list(indices)
+      for a in range(k.first_reduce, k.shape_len): idxs[a] = row_indices.get(a, to_uop(0)) if rows else to_uop(0)
+      for a, v in zip(out_upcast, combo): idxs[a] = to_uop(v)
       index, valid = builder.addressing.indexed(store, tuple(idxs))
       if gate is not None: valid = simplify(valid & gate)
+      if valid.op is Ops.CONST and not valid.arg: continue
+      value = builder.build(store.src[2], tuple(idxs))
       stores.append(UOp(Ops.STORE, dtypes.void, (store.src[0], index, value) +
                         (() if valid.op is Ops.CONST and valid.arg else (valid,))))
   return stores

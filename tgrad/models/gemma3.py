@@ -91,18 +91,28 @@ class Gemma3RMSNorm:
   def weighted(self, x32: Tensor) -> Tensor:
     """x · (1 + w), float32: the norm without its 1/rms."""
     return x32 * (self.weight.float() + 1.0)
-  def matvec(self, x: Tensor, weight: Weight) -> Tensor:
+  def matvec(self, x: Union[Tensor, ResidualSum], weight: Weight) -> Tensor:
     """self(x) @ weight.T ([out, in] weight, dense or packed) as one kernel, for a one-token step: 1/rms is one
     number per row of x, so it multiplies the product of the weighted x (x · (1 + w), float32) with the weight after
     the sum, and its own sum of squares runs over the same [out, in] rows as the product's (recomputed for every
     output: in-many FMAs beside the weight's read), so both reduces share the matrix–vector kernel. A packed weight is
     dequantized in that kernel, both reduces over its input axes (weight_values). Rounded once, to the norm's output
-    dtype."""
+    dtype. A ResidualSum not stored yet is summed inside the kernel too, over the same rows (ResidualSum.rows)."""
+    if isinstance(x, ResidualSum):
+      if x.stored is None: return self._matvec_of_rows(x.rows(weight), weight, x.dtype)
+      x = x.stored
     x32, values = x.float(), weight_values(weight)
     axes = input_axes(values)
     rows = x.shape[:-1] + tuple(values.shape)
     product = (split_inputs(self.weighted(x32), values).unsqueeze(-1 - len(axes)) * values).sum(axes)
     return (product * self.inverse_rms_of_copies(x32, rows)).cast(self.output_dtype(x))
+
+  def _matvec_of_rows(self, rows: Tensor, weight: Weight, input_dtype: Any) -> Tensor:
+    """`matvec` of x given as its copies, one per output row ([..., out, *input axes], ResidualSum.rows)."""
+    values = weight_values(weight)
+    axes, x32 = input_axes(values), rows.float()
+    product = (x32 * split_inputs(self.weight.float() + 1.0, values) * values).sum(axes)
+    return (product * (x32.square().mean(axes) + self.eps).rsqrt()).cast(self.out_dtype or input_dtype)
 
   def rotated_scores(self, q: Tensor, cos: Tensor, sin_signed: Tensor, keys: Tensor) -> Tensor:
     """rotated(q) @ keysᵀ for one query token as one kernel: q [B, kv_heads, group, 1, D] (unnormed), keys
@@ -128,6 +138,47 @@ class Gemma3RMSNorm:
     would otherwise keep the norm's reduce in a kernel of its own. Rounded to x's dtype once, at the end."""
     x32 = x.float()
     return (_rotate(self.weighted(x32), cos.float(), sin_signed.float()) * self.inverse_rms(x32)).cast(x.dtype)
+
+class ResidualSum:
+  """The residual stream of a one-token step before it is stored: h + Σ norm(x) over `terms` (x, norm), each term
+  normed and rounded to x's dtype, the sum in h's dtype (left to right, as the unfused layer adds them). The first
+  norm.matvec that reads it sums it over its own [out, *input axes] rows (`rows`: every row recomputes the terms' sums
+  of squares beside the product's), and a one-row stream is then stored from that kernel's first row (`stored`: a
+  copy of one run of the rows, which the scheduler makes a second output of the kernel, schedule rule 2c): the layer's
+  residual add and the next projection are one kernel. `value()` is the stored stream, computed alone when no matvec
+  stored it."""
+  def __init__(self, h: Tensor, terms: list[tuple[Tensor, Gemma3RMSNorm]], store: bool = True):
+    self.h, self.terms, self.store = h, terms, store
+    self.stored: Optional[Tensor] = None
+  @property
+  def shape(self) -> tuple: return self.h.shape
+  @property
+  def dtype(self) -> Any: return self.h.dtype
+  def rows(self, weight: Weight) -> Tensor:
+    """The sum as one copy per output row of `weight`: [*h's leading axes, out, *input axes] (weight_values). When it
+    is stored, the copy in the first row becomes `stored`."""
+    values = weight_values(weight)
+    axes = input_axes(values)
+    shape = self.h.shape[:-1] + tuple(values.shape)
+    def spread(x: Tensor) -> Tensor: return split_inputs(x, values).unsqueeze(-1 - len(axes)).expand(shape)
+    total = spread(self.h)
+    for x, norm in self.terms:
+      o = spread(x.float())
+      normed = o * (o.square().mean(axes, keepdim=True) + norm.eps).rsqrt() * split_inputs(norm.weight.float() + 1.0,
+                                                                                          values)
+      total = total + normed.cast(x.dtype).cast(self.h.dtype)
+    one_row = all(size == 1 for size in self.h.shape[:-1])   # else the first row's copies are no run of the rows
+    if self.store and one_row and self.stored is None:
+      first = total.shrink(tuple((0, 1) if d == self.h.ndim - 1 else None for d in range(total.ndim)))
+      self.stored = _materialize(first.reshape(self.h.shape))
+    return total
+  def value(self) -> Tensor:
+    """The stream [..., H], stored."""
+    if self.stored is None:
+      total = self.h
+      for x, norm in self.terms: total = total + norm(x)
+      self.stored = _materialize(total)
+    return self.stored
 
 class Gemma3Embedding:
   """Token lookup times sqrt(hidden), the scale rounded to the model dtype first (HF: 25.25 for H=640 in bf16).
@@ -295,28 +346,11 @@ class Gemma3MLP:
     """mlp(pre_norm(h + post_norm(attended))) for one token, its gate/up projection one row kernel: every [gate/up
     row, hidden] row of the matvec recomputes post_norm's sum of squares of `attended`, the residual sum, pre_norm's
     sum of squares of that, and the weighted product (three reduces over the same rows), so the residual sum is never
-    stored. Rounded as the unfused layer: the post-norm in attended's dtype, the residual sum in h's. A packed weight
-    is dequantized in the
-    kernel, which then keeps every row split into the weight's input axes (weight_values); with several stacked
-    buffers (packed types that differ) it is one kernel per buffer."""
-    return self._down(_concat_outputs([_materialize(self._gate_up_after_residual(h, attended, post_norm, pre_norm, w))
-                                       for w in self.gate_up_weights]))
-
-  @staticmethod
-  def _gate_up_after_residual(h: Tensor, attended: Tensor, post_norm: Gemma3RMSNorm, pre_norm: Gemma3RMSNorm,
-                              weight: Weight) -> Tensor:
-    values = weight_values(weight)
-    axes = input_axes(values)
-    rows = h.shape[:-1] + tuple(values.shape)
-    def spread(x: Tensor) -> Tensor: return split_inputs(x, values).unsqueeze(-1 - len(axes)).expand(rows)
-    def scale(norm: Gemma3RMSNorm) -> Tensor: return split_inputs(norm.weight.float() + 1.0, values)
-    def inverse_rms(norm: Gemma3RMSNorm, x32: Tensor, keepdim: bool) -> Tensor:
-      return (x32.square().mean(axes, keepdim=keepdim) + norm.eps).rsqrt()
-    o = spread(attended.float())
-    normed = o * inverse_rms(post_norm, o, True) * scale(post_norm)
-    x = (spread(h) + normed.cast(attended.dtype).cast(h.dtype)).float()
-    product = (x * scale(pre_norm) * values).sum(axes)
-    return (product * inverse_rms(pre_norm, x, False)).cast(pre_norm.output_dtype(h))
+    stored (ResidualSum without store). Rounded as the unfused layer: the post-norm in attended's dtype, the residual
+    sum in h's. A packed weight is dequantized in the kernel, which then keeps every row split into the weight's input
+    axes (weight_values); with several stacked buffers (packed types that differ) it is one kernel per buffer."""
+    residual = ResidualSum(h, [(attended, post_norm)], store=False)
+    return self._down(_concat_outputs([_materialize(pre_norm.matvec(residual, w)) for w in self.gate_up_weights]))
 
   def _down(self, gate_up: Tensor) -> Tensor:
     width = self.gate_proj.weight.shape[0]
@@ -333,18 +367,21 @@ class Gemma3DecoderLayer:
     self.pre_feedforward_layernorm = Gemma3RMSNorm(weights[p + "pre_feedforward_layernorm.weight"], eps, dtype)
     self.mlp = Gemma3MLP(weights, p + "mlp.")
     self.post_feedforward_layernorm = Gemma3RMSNorm(weights[p + "post_feedforward_layernorm.weight"], eps)
-  def __call__(self, h: Tensor, step: StepInputs, cache: Tensor) -> tuple[Tensor, Optional[tuple]]:
+  def __call__(self, h: Union[Tensor, ResidualSum], step: StepInputs, cache: Tensor
+               ) -> tuple[Union[Tensor, ResidualSum], Optional[tuple]]:
+    """The layer's output and the attention's pending cache write. One token: the output is a ResidualSum (h plus
+    both post-normed blocks), summed and stored by the next layer's qkv kernel; the attention block's output
+    h + norm(attended) is never stored: the MLP's first kernel recomputes it over its own rows
+    (Gemma3MLP.after_residual). Otherwise each residual sum is its own row kernel, realized."""
     attended, pending = self.self_attn(h, self.input_layernorm, step, cache)
+    if isinstance(h, ResidualSum): h = h.value()   # stored by the qkv kernel
     if h.shape[-2] == 1:
-      # one token: the attention block's output h + norm(attended) is never stored; the MLP's first kernel and the
-      # layer's last kernel each recompute it over their own rows (Gemma3MLP.after_residual)
       attended = _materialize(attended)
       mlp_out = self.mlp.after_residual(h, attended, self.post_attention_layernorm, self.pre_feedforward_layernorm)
-      h = h + self.post_attention_layernorm(attended)
-    else:
-      h = _materialize(h + self.post_attention_layernorm(attended))
-      mlp_out = self.mlp(h, self.pre_feedforward_layernorm)
-    # the post-norm and the residual add: one row kernel, its output realized
+      return ResidualSum(h, [(attended, self.post_attention_layernorm), (mlp_out, self.post_feedforward_layernorm)]), \
+        pending
+    h = _materialize(h + self.post_attention_layernorm(attended))
+    mlp_out = self.mlp(h, self.pre_feedforward_layernorm)
     return _materialize(h + self.post_feedforward_layernorm(mlp_out)), pending
 
 class Gemma3TextModel:
@@ -679,8 +716,10 @@ class Gemma3:
     hidden, pending = [h], []
     for layer, layer_cache in zip(self.model.layers, cache.layers):
       h, write = layer(h, steps[layer.layer_type], layer_cache)
+      if return_hidden and isinstance(h, ResidualSum): h = h.value()
       hidden.append(h)
       if write is not None: pending.append((layer_cache, write, steps[layer.layer_type]))
+    if isinstance(h, ResidualSum): h = h.value()   # the last layer's output: the head's matvec reads it stored
     if last_only: h = h.shrink((None, (T - 1, T), None))
     head = self.lm_head.weight if self.lm_head is not None else self.model.embed_tokens.weight
     if h.shape[-2] == 1 and not return_hidden:   # one position: the final norm inside the head's matvec kernel

@@ -22,6 +22,7 @@ from tgrad.schedule_cache import schedule
 from tgrad.device import Buffer, Device
 from tgrad.codegen.kernel import Kernel
 from tgrad.codegen.compile import CompiledKernel, compile_kernel
+from tgrad.codegen.cpu_gemm import pack_plan
 from tgrad.custom import runner_for
 from tgrad.helpers import Context, current_settings, gc_paused, settings_key
 from tgrad import profiler
@@ -125,9 +126,20 @@ def lower_schedule(items: Sequence[ScheduleItem]) -> list[ExecItem]:
       runner = HostCopy(item.host_data) if item.host_data is not None else BufferCopy(item.bufs[0].nbytes)
       lowered.append(ExecItem(runner, list(item.bufs), output_count=item.output_count))
     else:
-      runner = get_runner(item.bufs[0].device, item.ast, settings)
-      lowered.append(ExecItem(runner, list(item.bufs), item.var_vals, item.output_count))
+      device = item.bufs[0].device
+      for ast, bufs, outputs in _kernels_of(item, device):
+        lowered.append(ExecItem(get_runner(device, ast, settings), bufs, item.var_vals, outputs))
   return lowered
+
+def _kernels_of(item: ScheduleItem, device: str) -> list[tuple[UOp, list[Buffer], int]]:
+  """The kernels (AST, buffers, outputs) that run one kernel item: itself; on a CPU, a matmul whose reused operand
+  pays for packing (codegen/cpu_gemm.py) runs as a copy of that operand into panels, then the matmul reading them."""
+  renderer = Device[device].renderer
+  if not renderer.has_threads or (plan := pack_plan(item.ast, renderer)) is None:
+    return [(item.ast, list(item.bufs), item.output_count)]
+  packed, bufs = Buffer(device, plan.packed_size, plan.dtype), list(item.bufs)
+  source, bufs[plan.buffer_index] = bufs[plan.buffer_index], packed
+  return [(plan.pack_ast, [packed, source], 1), (plan.gemm_ast, bufs, item.output_count)]
 
 # ---- running
 

@@ -15,6 +15,7 @@ import math
 from dataclasses import dataclass
 from typing import Optional
 from tgrad.codegen.axes import AxisState, KernelOptError, Opt, OptOps
+from tgrad.codegen.cpu_gemm import gemm_axes, gemm_tile
 from tgrad.codegen.kernel import Kernel
 from tgrad.codegen.opts import apply_opt, apply_opts
 from tgrad.codegen.staging import stageable_loads
@@ -109,8 +110,26 @@ def _cpu_packed_matvec(kernel: Kernel) -> bool:
   _threads(kernel)
   return True
 
+def _cpu_gemm(kernel: Kernel) -> bool:
+  """A matmul (cpu_gemm.gemm_axes): the register tile sized for the SIMD registers (cpu_gemm.gemm_tile; fewer rows,
+  the largest power of two that divides them, where the tile's doesn't), the columns' panels outermost (SWAP) so that one panel of B (packed by
+  realize, cpu_gemm.pack_plan) stays in cache while every row tile walks it, and threads over the panels. All or
+  nothing: a kernel whose columns don't divide into the tile's gets the generic register tile."""
+  if (axes := gemm_axes(kernel.state)) is None: return False
+  caps = kernel.renderer
+  tile = gemm_tile(caps.vector_bytes, caps.vector_registers, kernel.memops[0].src[2].dtype)
+  rows, columns = axes.rows, axes.columns
+  if kernel.full_shape[columns] % tile.columns: return False
+  opts = [Opt(OptOps.UPCAST, columns, tile.columns)]
+  if (tile_rows := math.gcd(kernel.full_shape[rows], tile.rows)) > 1: opts.append(Opt(OptOps.UPCAST, rows, tile_rows))
+  if rows < columns: opts.append(Opt(OptOps.SWAP, rows, columns))
+  if not try_opts(kernel, opts): return False
+  _threads(kernel)
+  return True
+
 def _cpu_rules(kernel: Kernel) -> None:
   if _cpu_packed_matvec(kernel): return
+  if _cpu_gemm(kernel): return
   _register_tile(kernel)
   _unroll_online(kernel)
   _threads(kernel)

@@ -10,6 +10,8 @@ and exact for any buffer the host can hold. bool lives as i1 in registers and i8
 memory and as a float in registers, rounded to bfloat16 after every op, so results match a bfloat16 device bit for bit.
 """
 from __future__ import annotations
+import functools
+import llvmlite.binding as llvm
 import llvmlite.ir as ir
 from tgrad.dtype import DType, dtypes
 from tgrad.ops import UOp, Ops
@@ -65,10 +67,20 @@ def reorderable_accumulators(uops: list[UOp]) -> set:
   return {uops[position].src[0].arg for position, loop in loop_of.items()
           if body[loop][0] == {uops[position].src[0].arg} and not body[loop][1]}
 
+@functools.cache
+def host_simd() -> tuple[int, int]:
+  """(bytes per SIMD register, SIMD registers) of the host CPU, from the features LLVM compiles for: AVX-512
+  (32 registers of 64 bytes), AVX (16 of 32), else SSE (16 of 16)."""
+  features = llvm.get_host_cpu_features()
+  if features.get("avx512f"): return 64, 32
+  if features.get("avx"): return 32, 16
+  return 16, 16
+
 class LLVMRenderer(Renderer):
   device = "LLVM"
   has_threads = True
   decompose_transcendentals = True
+  def __init__(self): self.vector_bytes, self.vector_registers = host_simd()
   def render(self, name: str, uops: list[UOp]) -> str: return _FunctionBuilder(name, uops).build()
 
 class _FunctionBuilder:

@@ -80,7 +80,9 @@ class LLVMRenderer(Renderer):
   device = "LLVM"
   has_threads = True
   decompose_transcendentals = True
-  def __init__(self): self.vector_bytes, self.vector_registers = host_simd()
+  def __init__(self, simd: tuple[int, int] | None = None):
+    """`simd`: (bytes per SIMD register, SIMD registers) the heuristics size register tiles for; the host's if None."""
+    self.vector_bytes, self.vector_registers = simd or host_simd()
   def render(self, name: str, uops: list[UOp]) -> str: return _FunctionBuilder(name, uops).build()
 
 class _FunctionBuilder:

@@ -64,7 +64,7 @@ def test_pack_plan_when_it_pays(m, k, n, packed):
   plan = pack_plan(item.ast, LLVMRenderer(AVX2))
   assert (plan is not None) == packed
   if packed:
-    assert plan.packed_size == k * n and plan.buffer_index == 2
+    assert plan.scratch[0][0] == k * n and len(plan.steps) == 2
     assert len(lower_schedule([item])) == 2   # the copy into panels, then the product
 
 def test_packed_layout_is_panels():
@@ -118,6 +118,18 @@ def test_fused_epilogues():
   _check(tx.linear(tw, tb), product + bias)
   # nn.Linear's layout: x @ W.T with W [out, in]
   _check(tx @ Tensor(np.ascontiguousarray(w.T)).T, product)
+
+def test_computed_a_is_materialized():
+  """A relu'd A fused into the matmul is computed once into its own scratch buffer: three kernels, numpy's values."""
+  rng = np.random.default_rng(9)
+  h, w = _rand(rng, 128, 256), _rand(rng, 256, 256)
+  out = Tensor(h).relu() @ Tensor(w)
+  (item,) = _kernel_items(out)
+  plan = pack_plan(item.ast, LLVMRenderer(AVX2))
+  assert plan is not None and len(plan.steps) == 3 and plan.scratch[1][0] == 128 * 256
+  _check(out, np.maximum(h, 0) @ w)
+  x, y = _rand(rng, 96, 128), _rand(rng, 128, 512)   # both sides computed, an epilogue too
+  _check(((Tensor(x) * 2).exp() @ Tensor(y).relu() + 1).relu(), np.maximum(np.exp(x * 2) @ np.maximum(y, 0) + 1, 0))
 
 def test_fuzz_random_shapes():
   """Random sizes around the packing and tiling thresholds, some batched, against numpy."""

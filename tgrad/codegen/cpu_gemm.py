@@ -8,9 +8,9 @@ never stays in L1 or L2, and every row tile streams it from memory again (2048²
 GFLOP/s). Copied first into panels of consecutive memory (`PackPlan`: B laid out as [..., N/columns, K, columns]), a
 panel stays in L2 while all the row tiles walk it (68 GFLOP/s), and the copy costs one pass over B.
 
-`gemm_tile(vector_bytes, vector_registers, dtype)` sizes the tile; `gemm_axes(state)` finds the rows and columns axes of a kernel (the
-heuristics' register tile); `pack_plan(ast, renderer)` says whether a kernel AST's B is worth packing and returns the
-two ASTs that do it: the copy into the packed buffer, and the matmul reading it.
+`gemm_tile(vector_bytes, vector_registers, dtype)` sizes the tile; `gemm_axes(state)` finds the rows and columns axes
+of a kernel (the heuristics' register tile); `pack_plan(ast, renderer)` says whether a kernel AST's B is worth
+packing and returns the two ASTs that do it: the copy into the packed buffer, and the matmul reading it.
 """
 from __future__ import annotations
 import functools
@@ -95,61 +95,86 @@ def gemm_axes(state: AxisState) -> Optional[GemmAxes]:
   reduce_axes = tuple(a for a in range(state.shape_len) if state.is_reduce_axis(a))
   return _gemm_axes(state.full_shape, state.sts[0], loads, reduce_axes)
 
-# ---- packing B
+# ---- packing B (and materializing a computed A)
 
 @dataclass(frozen=True)
 class PackPlan:
-  """Run `pack_ast` (bufs: the packed buffer, B's buffer) and then `gemm_ast` on the item's buffers with
-  bufs[buffer_index] (B's) replaced by the packed buffer of `packed_size` elements of `dtype`."""
-  pack_ast: UOp
-  gemm_ast: UOp
-  buffer_index: int
-  packed_size: int
-  dtype: DType
+  """Kernels that replace one matmul kernel: `steps` run in order, each (AST, buffers), where buffer reference i >= 0
+  is the item's bufs[i] and -1 - j is scratch buffer j, of scratch[j] = (elements, dtype). The first steps write the
+  scratch buffers (their output first); the last is the matmul, with the item's outputs."""
+  steps: tuple[tuple[UOp, tuple[int, ...]], ...]
+  scratch: tuple[tuple[int, DType], ...]
 
 def pack_plan(ast: UOp, renderer) -> Optional[PackPlan]:
-  """The packing of a kernel AST's B on a CPU (see the module doc), or None when the AST is no matmul, its B is read
-  through another load too, its column count doesn't divide into panels or it is too small to pay."""
+  """The packing of a kernel AST's B on a CPU (see the module doc), or None when the AST is no matmul, its column
+  count doesn't divide into panels or it is too small to pay. A's side of the product, when it computes (a relu of
+  the previous layer fused into the load), is computed once into a scratch buffer too: recomputed in the register
+  tile, every broadcast of A waits for its ops (a relu'd A made the 256×4096·4096×1024 product 3× slower)."""
   return _pack_plan(ast, renderer.vector_bytes, renderer.vector_registers)
+
+def _views_mapped(x: UOp, change) -> UOp:
+  """`x` with every VIEW below it replaced by change(its ShapeTracker)."""
+  return x.substitute({u: UOp(Ops.VIEW, dtypes.void, (), change(u.arg)) for u in x.toposort() if u.op is Ops.VIEW})
+
+def _store(index: int, st: ShapeTracker, value: UOp) -> UOp:
+  return UOp(Ops.SINK, dtypes.void, (UOp(Ops.STORE, dtypes.void, (
+    UOp(Ops.DEFINE_GLOBAL, value.dtype, (), index), UOp(Ops.VIEW, dtypes.void, (), st), value)),))
+
+def _dense_buffers(ast: UOp) -> tuple[UOp, tuple[int, ...]]:
+  """The AST with its DEFINE_GLOBALs numbered 0, 1, ... (the stored one first), and the old number of each."""
+  stored = ast.src[0].src[0]
+  others = sorted({u for u in ast.toposort() if u.op is Ops.DEFINE_GLOBAL and u is not stored}, key=lambda u: u.arg)
+  order = [stored] + others
+  renumbered = ast.substitute({u: UOp(Ops.DEFINE_GLOBAL, u.dtype, (), i) for i, u in enumerate(order)})
+  return renumbered, tuple(u.arg for u in order)
 
 @functools.lru_cache(maxsize=4096)
 def _pack_plan(ast: UOp, vector_bytes: int, vector_registers: int) -> Optional[PackPlan]:
   if ast.op is not Ops.SINK or len(ast.src) != 1 or ast.src[0].op is not Ops.STORE: return None
   reduces = [u for u in ast.toposort() if u.op is Ops.REDUCE_AXIS]
-  if len(reduces) != 1 or reduces[0].arg[0] is not Ops.ADD: return None
-  store = ast.src[0]
+  if len(reduces) != 1 or reduces[0].arg[0] is not Ops.ADD or reduces[0].src[0].op is not Ops.MUL: return None
+  store, product = ast.src[0], reduces[0].src[0]
   loads = [(u, u.src[-1].arg) for u in _reduce_loads(reduces[0])]
   if not loads or any(u.src[-1].op is not Ops.VIEW for u, _ in loads): return None
   shape = loads[0][1].shape
   if any(st.shape != shape for _, st in loads): return None
   axes = _gemm_axes(shape, store.src[1].arg, loads, tuple(reduces[0].arg[1]))
   if axes is None: return None
-  b_load, b_st = axes.b_load, axes.b_load.src[-1].arg
-  if b_load.dtype not in PACKED_DTYPES or len(b_load.src) != 2: return None
-  buffer = b_load.src[0]
-  if sum(1 for u in ast.toposort() if u.op is Ops.LOAD and u.src[0] is buffer) != 1: return None
-  b_strides = _strides(b_st)
+  b_side, a_side = product.src if axes.b_load in product.src[0].toposort() else product.src[::-1]
+  if b_side.dtype not in PACKED_DTYPES or axes.b_load in a_side.toposort(): return None
+  b_strides = _strides(axes.b_load.src[-1].arg)
   reused = [a for a in range(len(shape)) if b_strides[a] == 0]   # m and any axis B is broadcast along
   if prod(shape[a] for a in reused) < PACK_MIN_ROWS: return None
-  columns = gemm_tile(vector_bytes, vector_registers, b_load.dtype).columns
+  columns = gemm_tile(vector_bytes, vector_registers, b_side.dtype).columns
   n, k = axes.columns, axes.reduce
   if shape[n] % columns or shape[n] == columns: return None
   kept = [a for a in range(len(shape)) if a not in reused]
   if prod(shape[a] for a in kept) < PACK_MIN_ELEMENTS: return None
   # B's values in the packed order: the axes it is reused along shrunk to one position, n split into (panels,
   # columns), then [other kept axes..., panels, k, columns, reused axes (size 1)...]
-  one = b_st.shrink(tuple((0, 1) if a in reused else (0, s) for a, s in enumerate(shape)))
-  split_shape = tuple(d for a, s in enumerate(one.shape) for d in ((s // columns, columns) if a == n else (s,)))
+  one_row = tuple((0, 1) if a in reused else (0, s) for a, s in enumerate(shape))
+  one_shape = tuple(e for _, e in one_row)
+  split_shape = tuple(d for a, s in enumerate(one_shape) for d in ((s // columns, columns) if a == n else (s,)))
   position = {a: a + (a > n) for a in range(len(shape))}   # each axis' place in split_shape (n's panels at n)
   batch = [position[a] for a in kept if a not in (n, k)]
   order = batch + [position[n], position[k], position[n] + 1] + [position[a] for a in reused]
   packed_shape = tuple(split_shape[d] for d in order[:len(order) - len(reused)])
-  source = one.reshape(split_shape).permute(order).reshape(packed_shape)
+  def packed_order(st: ShapeTracker) -> ShapeTracker:
+    return st.shrink(one_row).reshape(split_shape).permute(order).reshape(packed_shape)
   packed = ShapeTracker.from_shape(packed_shape)
-  pack_ast = UOp(Ops.SINK, dtypes.void, (UOp(Ops.STORE, dtypes.void, (
-    UOp(Ops.DEFINE_GLOBAL, b_load.dtype, (), 0), UOp(Ops.VIEW, dtypes.void, (), packed),
-    UOp(Ops.LOAD, b_load.dtype, (UOp(Ops.DEFINE_GLOBAL, b_load.dtype, (), 1), UOp(Ops.VIEW, dtypes.void, (), source))))),))
+  steps = [_dense_buffers(_store(-1, packed, _views_mapped(b_side, packed_order)))]
+  scratch = [(prod(packed_shape), b_side.dtype)]
   inverse = sorted(range(len(order)), key=lambda d: order[d])
-  read = packed.reshape(tuple(split_shape[d] for d in order)).permute(inverse).reshape(one.shape).expand(shape)
-  gemm_ast = ast.substitute({b_load: UOp(Ops.LOAD, b_load.dtype, (buffer, UOp(Ops.VIEW, dtypes.void, (), read)))})
-  return PackPlan(pack_ast, gemm_ast, buffer.arg, prod(packed_shape), b_load.dtype)
+  read = packed.reshape(tuple(split_shape[d] for d in order)).permute(inverse).reshape(one_shape).expand(shape)
+  replace = {b_side: UOp(Ops.LOAD, b_side.dtype, (UOp(Ops.DEFINE_GLOBAL, b_side.dtype, (), -1),
+                                                   UOp(Ops.VIEW, dtypes.void, (), read)))}
+  if a_side.op is not Ops.LOAD and any(u.op is Ops.LOAD for u in a_side.toposort()):
+    one_column = tuple((0, 1) if a == n else (0, s) for a, s in enumerate(shape))
+    a_shape = tuple(e for _, e in one_column)
+    steps.append(_dense_buffers(_store(-2, ShapeTracker.from_shape(a_shape),
+                                       _views_mapped(a_side, lambda st: st.shrink(one_column)))))
+    scratch.append((prod(a_shape), a_side.dtype))
+    replace[a_side] = UOp(Ops.LOAD, a_side.dtype, (UOp(Ops.DEFINE_GLOBAL, a_side.dtype, (), -2), UOp(
+      Ops.VIEW, dtypes.void, (), ShapeTracker.from_shape(a_shape).expand(shape))))
+  steps.append(_dense_buffers(ast.substitute(replace)))
+  return PackPlan(tuple(steps), tuple(scratch))

@@ -112,9 +112,10 @@ def _cpu_packed_matvec(kernel: Kernel) -> bool:
 
 def _cpu_gemm(kernel: Kernel) -> bool:
   """A matmul (cpu_gemm.gemm_axes): the register tile sized for the SIMD registers (cpu_gemm.gemm_tile; fewer rows,
-  the largest power of two that divides them, where the tile's doesn't), the columns' panels outermost (SWAP) so that one panel of B (packed by
-  realize, cpu_gemm.pack_plan) stays in cache while every row tile walks it, and threads over the panels. All or
-  nothing: a kernel whose columns don't divide into the tile's gets the generic register tile."""
+  the largest power of two that divides them, where the tile's doesn't), the columns' panels outermost (SWAP) so that
+  one panel of B (packed by realize, cpu_gemm.pack_plan) stays in cache while every row tile walks it, and threads
+  over the panels. All or nothing: a kernel whose columns don't divide into the tile's gets the generic register
+  tile."""
   if (axes := gemm_axes(kernel.state)) is None: return False
   caps = kernel.renderer
   tile = gemm_tile(caps.vector_bytes, caps.vector_registers, kernel.memops[0].src[2].dtype)

@@ -60,6 +60,6 @@ class Renderer:
   tensor_cores: tuple[TensorCore, ...] = ()  # warp-wide matrix instructions OptOps.TC can use (none: TC is refused)
   async_copy: bool = False     # a global → shared copy can be issued without waiting for it (CUDA cp.async)
   matrix_loads: bool = False   # tensor-core fragments can be loaded from shared memory by the warp (MatrixLoad)
-  vector_bytes: int = 16       # a SIMD register's width (CPU register tiles are sized by it): SSE 16, AVX2 32, AVX-512 64
+  vector_bytes: int = 16       # bytes per SIMD register (CPU register tiles): SSE 16, AVX2 32, AVX-512 64
   vector_registers: int = 16   # SIMD registers the code may hold at once: 16 (SSE, AVX2), 32 (AVX-512)
   def render(self, name: str, uops: list[UOp]) -> str: raise NotImplementedError

@@ -80,6 +80,18 @@ def test_packed_layout_is_panels():
   got = np.frombuffer(pack.bufs[0].copyout(), dtype=np.float32).reshape(512 // tile.columns, 256, tile.columns)
   np.testing.assert_array_equal(got, b_np.reshape(256, 512 // tile.columns, tile.columns).transpose(1, 0, 2))
 
+def test_panel_copy_steps_over_several_panels():
+  """The copy into panels reads CPU_COPY_PANELS panels' width of each row of B per step (UPCAST of the panels)."""
+  from tgrad.codegen.heuristics import CPU_COPY_PANELS
+  rng = np.random.default_rng(10)
+  a, b = Tensor(_rand(rng, 64, 256)).realize(), Tensor(_rand(rng, 256, 512)).realize()
+  (item,) = _kernel_items(a @ b)
+  copy = Kernel(pack_plan(item.ast, LLVMRenderer(AVX2)).steps[0][0], LLVMRenderer(AVX2))
+  assert copy.full_shape == (512 // 16, 256, 16)
+  hand_coded_optimizations(copy)
+  assert (copy.applied_opts[0].op, copy.applied_opts[0].axis, copy.applied_opts[0].amount) == \
+    (OptOps.UPCAST, 0, CPU_COPY_PANELS)
+
 SHAPES = [(64, 256, 256), (100, 300, 512), (67, 129, 256), (256, 64, 1024), (1, 256, 256), (256, 256, 1),
           (64, 1, 256), (5, 7, 3), (96, 256, 48)]
 

@@ -1,8 +1,10 @@
 """CPU benchmark: tgrad (LLVM) vs numpy vs torch (if installed), in one run, as ratios to numpy.
 
 Each case is timed end to end on already-realized inputs: tgrad's time includes scheduling and launching (the
-Python overhead a user pays), after one warm-up run that compiles. The best of REPEATS runs is reported.
-Usage: python bench/cpu.py [--quick]   (BEAM=2 python bench/cpu.py searches kernels first)
+Python overhead a user pays), after one warm-up run that compiles. The median of REPEATS runs is reported (the machine
+may be shared: compare the ratios of one run, not rates across runs).
+Usage: python bench/cpu.py [--quick] [--only TEXT]   (BEAM=2 python bench/cpu.py searches kernels first;
+--only: the cases whose name contains TEXT, e.g. --only matmul)
 """
 from __future__ import annotations
 import argparse, os, sys
@@ -12,9 +14,10 @@ from tgrad import Tensor  # noqa: E402
 import timing  # noqa: E402
 from tgrad.helpers import Context  # noqa: E402
 
-REPEATS = 5
+REPEATS = 7
 ELEMENTWISE_SIZE = 16 * 1024 * 1024
 SOFTMAX_SHAPE = (2048, 2048)
+MLP_SHAPE = (256, 1024, 4096)   # batch × features → hidden → features: the forward of a transformer's MLP block
 
 try:
   import torch
@@ -22,9 +25,9 @@ try:
 except ImportError:
   torch = None
 
-def best_time(fn, repeats: int = REPEATS) -> float:
-  """Best seconds of `repeats` calls after a warm-up call (bench/timing.py)."""
-  return timing.best_time(fn, repeats)
+def median_time(fn, repeats: int = REPEATS) -> float:
+  """Median seconds of `repeats` calls after a warm-up call (bench/timing.py)."""
+  return timing.median_time(fn, repeats)
 
 def tgrad_softmax(x: Tensor) -> Tensor: return x.softmax(axis=-1)
 
@@ -37,6 +40,12 @@ def cases(quick: bool):
   for n in ((512, 1024) if quick else (512, 1024, 2048)):
     a, b = rng.random((n, n), dtype=np.float32), rng.random((n, n), dtype=np.float32)
     yield f"matmul {n} fp32", 2 * n**3, "GFLOP/s", (a, b), lambda x, y: x @ y, lambda x, y: x @ y
+  batch, features, hidden = MLP_SHAPE
+  x = rng.standard_normal((batch, features), dtype=np.float32)
+  w1, w2 = ((rng.standard_normal(shape) / np.sqrt(shape[0])).astype(np.float32) for shape in
+            ((features, hidden), (hidden, features)))
+  yield (f"MLP {batch}x{features}>{hidden}>{features}", 4 * batch * features * hidden, "GFLOP/s", (x, w1, w2),
+         lambda x, a, b: (x @ a).relu() @ b, lambda x, a, b: np.maximum(x @ a, 0) @ b)
   size = ELEMENTWISE_SIZE // (4 if quick else 1)
   a, b, c = (rng.random(size, dtype=np.float32) for _ in range(3))
   yield (f"(a*b+c).relu() {size >> 20}M", 4 * size * 4, "GB/s", (a, b, c), lambda x, y, z: (x * y + z).relu(),
@@ -47,6 +56,7 @@ def cases(quick: bool):
 
 def torch_fn(name: str):
   if name.startswith("matmul"): return lambda x, y: x @ y
+  if name.startswith("MLP"): return lambda x, a, b: torch.relu(x @ a) @ b
   if name.startswith("(a*b+c)"): return lambda x, y, z: torch.relu(x * y + z)
   if name.startswith("sum"): return lambda x: x.sum()
   return lambda x: torch.softmax(x, dim=-1)
@@ -54,6 +64,7 @@ def torch_fn(name: str):
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__)
   parser.add_argument("--quick", action="store_true", help="smaller sizes, for a fast check")
+  parser.add_argument("--only", default="", help="only the cases whose name contains this text")
   args = parser.parse_args()
   print(f"tgrad LLVM vs numpy {np.__version__}" + (f" vs torch {torch.__version__} ({torch.get_num_threads()} threads)"
                                                    if torch else "") + f", BEAM={Context.BEAM}")
@@ -61,10 +72,11 @@ def main() -> None:
   print(header)
   print("-" * len(header))
   for name, work, unit, inputs, tg_fn, np_fn in cases(args.quick):
+    if args.only not in name: continue
     tensors = [Tensor(x).realize() for x in inputs]
-    t_tg = best_time(lambda: tg_fn(*tensors).realize())
-    t_np = best_time(lambda: np_fn(*inputs))
-    t_torch = best_time(lambda: torch_fn(name)(*[torch.from_numpy(x) for x in inputs])) if torch else None
+    t_tg = median_time(lambda: tg_fn(*tensors).realize())
+    t_np = median_time(lambda: np_fn(*inputs))
+    t_torch = median_time(lambda: torch_fn(name)(*[torch.from_numpy(x) for x in inputs])) if torch else None
     err = float(np.max(np.abs(tg_fn(*tensors).numpy() - np_fn(*inputs))))
     rate = lambda t: work / t / 1e9
     torch_rate = f"{rate(t_torch):9.1f}" if t_torch else f"{'-':>9s}"

@@ -13,7 +13,7 @@ run: the JIT plans their memory and replays them (tgrad/jit.py). DEBUG prints wh
 from __future__ import annotations
 import contextlib, time
 from dataclasses import dataclass, field
-from typing import Callable, ContextManager, Iterator, Mapping, Optional, Protocol, Sequence
+from typing import Any, Callable, ContextManager, Iterator, Mapping, Optional, Protocol, Sequence
 import numpy as np
 from tgrad.ops import UOp, Ops
 from tgrad.lazy import LazyBuffer, holders_of
@@ -22,6 +22,7 @@ from tgrad.schedule_cache import schedule
 from tgrad.device import Buffer, Device
 from tgrad.codegen.kernel import Kernel
 from tgrad.codegen.compile import CompiledKernel, compile_kernel
+from tgrad.codegen.cpu_gemm import pack_plan
 from tgrad.custom import runner_for
 from tgrad.helpers import Context, current_settings, gc_paused, settings_key
 from tgrad import profiler
@@ -126,9 +127,36 @@ def lower_schedule(items: Sequence[ScheduleItem]) -> list[ExecItem]:
       runner = HostCopy(item.host_data) if item.host_data is not None else BufferCopy(item.bufs[0].nbytes)
       lowered.append(ExecItem(runner, list(item.bufs), output_count=item.output_count))
     else:
-      runner = get_runner(item.bufs[0].device, item.ast, settings)
-      lowered.append(ExecItem(runner, list(item.bufs), item.var_vals, item.output_count))
+      device = item.bufs[0].device
+      for ast, bufs, outputs in _kernels_of(item, device):
+        lowered.append(ExecItem(get_runner(device, ast, settings), bufs, item.var_vals, outputs))
   return lowered
+
+# The packed copies of matmul operands (codegen/cpu_gemm.py) are scratch: written by one kernel and read by the next
+# one, so every pair of one size can share one Buffer. The last PACKED_BUFFERS_KEPT sizes are kept: a fresh 16 MB
+# buffer costs its page faults on every call (2048² float32: a 7.6 ms copy where a reused buffer takes 2 ms).
+PACKED_BUFFERS_KEPT = 4
+_packed_buffers: dict[tuple[str, int, Any, int], Buffer] = {}
+
+def _packed_buffer(device: str, size: int, dtype, slot: int) -> Buffer:
+  """The kept scratch Buffer for `slot` (a plan's scratch buffers are live at once: each its own) of this size."""
+  key = (device, size, dtype, slot)
+  if (buffer := _packed_buffers.pop(key, None)) is None: buffer = Buffer(device, size, dtype)
+  _packed_buffers[key] = buffer   # the newest last
+  while len(_packed_buffers) > PACKED_BUFFERS_KEPT: del _packed_buffers[next(iter(_packed_buffers))]
+  return buffer
+
+def _kernels_of(item: ScheduleItem, device: str) -> list[tuple[UOp, list[Buffer], int]]:
+  """The kernels (AST, buffers, outputs) that run one kernel item: itself; on a CPU, a matmul whose reused operand
+  pays for packing (codegen/cpu_gemm.py) runs as copies into scratch buffers (B's panels, a computed A), then the
+  matmul reading them."""
+  renderer = Device[device].renderer
+  if not renderer.has_threads or (plan := pack_plan(item.ast, renderer)) is None:
+    return [(item.ast, list(item.bufs), item.output_count)]
+  scratch = [_packed_buffer(device, size, dtype, j) for j, (size, dtype) in enumerate(plan.scratch)]
+  def buffers(refs: tuple[int, ...]) -> list[Buffer]: return [item.bufs[r] if r >= 0 else scratch[-1 - r] for r in refs]
+  *copies, (gemm_ast, gemm_refs) = plan.steps
+  return [(ast, buffers(refs), 1) for ast, refs in copies] + [(gemm_ast, buffers(gemm_refs), item.output_count)]
 
 # ---- running
 

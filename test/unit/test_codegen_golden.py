@@ -33,12 +33,14 @@ from tgrad.runtime.llvm.renderer import LLVMRenderer
 GOLDEN_PATH = Path(__file__).with_name("codegen_golden.json")
 DEVICE = "LLVM"            # where the programs' inputs live; nothing is run beyond what building them needs
 FIXED_THREADS = 8          # THREADS for the CPU heuristics, so the golden file doesn't depend on the machine's cores
+FIXED_SIMD = (32, 16)      # AVX2's SIMD registers (bytes, count) for the CPU register tiles, for the same reason
 RANDOM_WALKS = 3           # seeded random opt sequences per kernel and renderer
 RANDOM_WALK_STEPS = 4      # opts tried per walk (illegal ones are skipped)
 BIG_SHARED_MEMORY = 227 * 1024   # an H100's opt-in shared memory per block: tiles above 48 KiB go dynamic
 RENDERERS: dict[str, Callable] = {
   "cuda_sm90": lambda: CUDARenderer("sm_90"), "cuda_sm75": lambda: CUDARenderer("sm_75"),
-  "cuda_sm90_big_shared": lambda: CUDARenderer("sm_90", shared_memory_bytes=BIG_SHARED_MEMORY), "llvm": LLVMRenderer}
+  "cuda_sm90_big_shared": lambda: CUDARenderer("sm_90", shared_memory_bytes=BIG_SHARED_MEMORY),
+  "llvm": lambda: LLVMRenderer(FIXED_SIMD)}
 
 # The random walks' opts: search.py's action space as of this file's golden hashes, frozen here so that a change to the
 # search space (not to code generation) leaves the walks as they are.

@@ -61,4 +61,6 @@ class Renderer:
   async_copy: bool = False     # a global → shared copy can be issued without waiting for it (CUDA cp.async)
   matrix_loads: bool = False   # tensor-core fragments can be loaded from shared memory by the warp (MatrixLoad)
   warpgroup_mma: bool = False  # warpgroup MMAs on shared-memory operands (CUDA sm_90a wgmma: runtime/cuda/wgmma.py)
+  vector_bytes: int = 16       # bytes per SIMD register (CPU register tiles): SSE 16, AVX2 32, AVX-512 64
+  vector_registers: int = 16   # SIMD registers the code may hold at once: 16 (SSE, AVX2), 32 (AVX-512)
   def render(self, name: str, uops: list[UOp]) -> str: raise NotImplementedError

@@ -10,6 +10,8 @@ and exact for any buffer the host can hold. bool lives as i1 in registers and i8
 memory and as a float in registers, rounded to bfloat16 after every op, so results match a bfloat16 device bit for bit.
 """
 from __future__ import annotations
+import functools
+import llvmlite.binding as llvm
 import llvmlite.ir as ir
 from tgrad.dtype import DType, dtypes
 from tgrad.ops import UOp, Ops
@@ -103,11 +105,22 @@ def unvectorized_loops(uops: list[UOp], summands: set) -> set:
   return loops
 
 LOOP_SELF = "tgrad.loop.self"   # a loop ID's placeholder first operand: LLVM wants the node itself there (build())
+@functools.cache
+def host_simd() -> tuple[int, int]:
+  """(bytes per SIMD register, SIMD registers) of the host CPU, from the features LLVM compiles for: AVX-512
+  (32 registers of 64 bytes), AVX (16 of 32), else SSE (16 of 16)."""
+  features = llvm.get_host_cpu_features()
+  if features.get("avx512f"): return 64, 32
+  if features.get("avx"): return 32, 16
+  return 16, 16
 
 class LLVMRenderer(Renderer):
   device = "LLVM"
   has_threads = True
   decompose_transcendentals = True
+  def __init__(self, simd: tuple[int, int] | None = None):
+    """`simd`: (bytes per SIMD register, SIMD registers) the heuristics size register tiles for; the host's if None."""
+    self.vector_bytes, self.vector_registers = simd or host_simd()
   def render(self, name: str, uops: list[UOp]) -> str: return _FunctionBuilder(name, uops).build()
 
 class _FunctionBuilder:

@@ -1,0 +1,180 @@
+"""A CPU matmul's shape: its register tile, and the packed panels of its reused operand.
+
+A CPU matmul C[m, n] = Σ_k A[m, k]·B[k, n] runs as register tiles of `rows` × `columns` outputs (columns: two SIMD
+registers along n, the output's contiguous axis), each looping over all of K with the tile's accumulators in
+registers. Every row tile reads the same column panel of B (K rows × `columns` values). Read in place, a panel row is
+one cache line with rows N·itemsize bytes apart: at a power-of-two N they fall into the same few cache sets, the panel
+never stays in L1 or L2, and every row tile streams it from memory again (2048² float32 on 2 Zen 3 cores: 6-10
+GFLOP/s). Copied first into panels of consecutive memory (`PackPlan`: B laid out as [..., N/columns, K, columns]), a
+panel stays in L2 while all the row tiles walk it (68 GFLOP/s), and the copy costs one pass over B.
+
+`gemm_tile(vector_bytes, vector_registers, dtype)` sizes the tile; `gemm_axes(state)` finds the rows and columns axes
+of a kernel (the heuristics' register tile); `pack_plan(ast, renderer)` says whether a kernel AST's B is worth
+packing and returns the two ASTs that do it: the copy into the packed buffer, and the matmul reading it.
+"""
+from __future__ import annotations
+import functools
+from dataclasses import dataclass
+from typing import Optional
+from tgrad.codegen.axes import AxisState
+from tgrad.dtype import DType, dtypes
+from tgrad.helpers import prod
+from tgrad.ops import Ops, UOp
+from tgrad.shape.shapetracker import ShapeTracker
+
+# Column registers of a tile: two SIMD registers of B per K step (AVX2: 16 float32), as the BLAS micro-kernels of
+# x86 (OpenBLAS Haswell 4×24/6×16, SkylakeX 16×... ) load; one register leaves too few columns to reuse each broadcast.
+TILE_COLUMN_REGISTERS = 2
+# Registers kept free of accumulators: the B vectors of one K step and the broadcast A value (+1 for LLVM's unroll).
+TILE_FREE_REGISTERS = 4
+# Rows of a tile: the largest power of two whose accumulators fit beside the free registers, at most TILE_MAX_ROWS:
+# 4 with AVX2's 16 registers, 8 with AVX-512's 32. A power of two divides the usual sizes; the 6 rows that AVX2's
+# registers would hold need 2^n rows padded, and the masked loads of the padding cost more than the tile gains.
+# Measured (1024² float32, packed B, 2 shared Zen 3 cores, best of 9): 4×16 32 GFLOP/s, 6×16 padded 6, 8×16 14
+# (its 16 accumulators spill).
+TILE_MAX_ROWS = 8
+# A B worth packing is reused by at least this many rows of output (its panel is read once per row tile: with fewer
+# rows, the copy costs about as much as the product reads), and holds at least PACK_MIN_ELEMENTS values (a smaller B
+# stays in L2 whatever its layout).
+PACK_MIN_ROWS = 64
+PACK_MIN_ELEMENTS = 1 << 16
+PACKED_DTYPES = (dtypes.float32, dtypes.float64)
+
+@dataclass(frozen=True)
+class GemmTile:
+  rows: int      # outputs along m held in registers (one broadcast of A each per K step)
+  columns: int   # outputs along n (TILE_COLUMN_REGISTERS SIMD registers)
+
+def gemm_tile(vector_bytes: int, vector_registers: int, dtype: DType) -> GemmTile:
+  """The register tile for outputs of `dtype` on a CPU with `vector_registers` SIMD registers of `vector_bytes`
+  (a renderer's facts)."""
+  lanes = max(1, vector_bytes // dtype.itemsize)
+  fit = min(TILE_MAX_ROWS, (vector_registers - TILE_FREE_REGISTERS) // TILE_COLUMN_REGISTERS)
+  rows = 1 << (fit.bit_length() - 1)
+  return GemmTile(rows, lanes * TILE_COLUMN_REGISTERS)
+
+# ---- the axes of a matmul-like kernel
+
+def _strides(st: ShapeTracker) -> tuple:
+  return st.real_strides()
+
+@dataclass(frozen=True)
+class GemmAxes:
+  rows: int         # m: an output axis along which B is reused (stride 0) and A is not
+  columns: int      # n: the output's contiguous axis, along which A is reused and B is not
+  reduce: int       # k: the one reduce axis
+  b_load: UOp       # the LOAD of B
+
+def _gemm_axes(shape: tuple, out_st: ShapeTracker, loads: list[tuple[UOp, ShapeTracker]], reduce_axes: tuple[int, ...]
+               ) -> Optional[GemmAxes]:
+  """The axes of Σ_k A·B over one reduce axis, from the output's tracker and the trackers of the reduce's loads
+  (shapes all `shape`); None unless exactly one load varies along the output's contiguous axis and is reused along
+  another output axis that the other loads vary along."""
+  if len(reduce_axes) != 1 or not all(isinstance(s, int) for s in shape): return None
+  out_strides = _strides(out_st)
+  columns = next((a for a, s in enumerate(out_strides) if s == 1 and shape[a] > 1), None)
+  if columns is None: return None
+  varying = [(u, _strides(st)) for u, st in loads if _strides(st)[columns] != 0]
+  if len(varying) != 1: return None
+  b_load, b_strides = varying[0]
+  others = [_strides(st) for u, st in loads if u is not b_load]
+  rows = next((a for a in range(len(shape)) if a not in reduce_axes and a != columns and shape[a] > 1 and
+               b_strides[a] == 0 and any(s[a] != 0 for s in others)), None)
+  if rows is None: return None
+  return GemmAxes(rows, columns, reduce_axes[0], b_load)
+
+def _reduce_loads(reduce: UOp) -> list[UOp]:
+  return [u for u in reduce.src[0].toposort() if u.op is Ops.LOAD]
+
+def gemm_axes(state: AxisState) -> Optional[GemmAxes]:
+  """The rows and columns axes of a kernel that is a matmul (one ADD reduce over one reduce axis of the kernel), else
+  None."""
+  if len(state.reduceops) != 1 or state.reduceops[0].arg[0] is not Ops.ADD or state.applied_opts: return None
+  tracker = dict(zip(state.memops, state.sts))
+  loads = [(u, tracker[u]) for u in _reduce_loads(state.reduceops[0]) if u in tracker]
+  reduce_axes = tuple(a for a in range(state.shape_len) if state.is_reduce_axis(a))
+  return _gemm_axes(state.full_shape, state.sts[0], loads, reduce_axes)
+
+# ---- packing B (and materializing a computed A)
+
+@dataclass(frozen=True)
+class PackPlan:
+  """Kernels that replace one matmul kernel: `steps` run in order, each (AST, buffers), where buffer reference i >= 0
+  is the item's bufs[i] and -1 - j is scratch buffer j, of scratch[j] = (elements, dtype). The first steps write the
+  scratch buffers (their output first); the last is the matmul, with the item's outputs."""
+  steps: tuple[tuple[UOp, tuple[int, ...]], ...]
+  scratch: tuple[tuple[int, DType], ...]
+
+def pack_plan(ast: UOp, renderer) -> Optional[PackPlan]:
+  """The packing of a kernel AST's B on a CPU (see the module doc), or None when the AST is no matmul, its column
+  count doesn't divide into panels or it is too small to pay. A's side of the product, when it computes (a relu of
+  the previous layer fused into the load), is computed once into a scratch buffer too: recomputed in the register
+  tile, every broadcast of A waits for its ops (a relu'd A made the 256×4096·4096×1024 product 3× slower)."""
+  return _pack_plan(ast, renderer.vector_bytes, renderer.vector_registers)
+
+def _views_mapped(x: UOp, change) -> UOp:
+  """`x` with every VIEW below it replaced by change(its ShapeTracker)."""
+  return x.substitute({u: UOp(Ops.VIEW, dtypes.void, (), change(u.arg)) for u in x.toposort() if u.op is Ops.VIEW})
+
+def _store(index: int, st: ShapeTracker, value: UOp) -> UOp:
+  return UOp(Ops.SINK, dtypes.void, (UOp(Ops.STORE, dtypes.void, (
+    UOp(Ops.DEFINE_GLOBAL, value.dtype, (), index), UOp(Ops.VIEW, dtypes.void, (), st), value)),))
+
+def _dense_buffers(ast: UOp) -> tuple[UOp, tuple[int, ...]]:
+  """The AST with its DEFINE_GLOBALs numbered 0, 1, ... (the stored one first), and the old number of each."""
+  stored = ast.src[0].src[0]
+  others = sorted({u for u in ast.toposort() if u.op is Ops.DEFINE_GLOBAL and u is not stored}, key=lambda u: u.arg)
+  order = [stored] + others
+  renumbered = ast.substitute({u: UOp(Ops.DEFINE_GLOBAL, u.dtype, (), i) for i, u in enumerate(order)})
+  return renumbered, tuple(u.arg for u in order)
+
+@functools.lru_cache(maxsize=4096)
+def _pack_plan(ast: UOp, vector_bytes: int, vector_registers: int) -> Optional[PackPlan]:
+  if ast.op is not Ops.SINK or len(ast.src) != 1 or ast.src[0].op is not Ops.STORE: return None
+  reduces = [u for u in ast.toposort() if u.op is Ops.REDUCE_AXIS]
+  if len(reduces) != 1 or reduces[0].arg[0] is not Ops.ADD or reduces[0].src[0].op is not Ops.MUL: return None
+  store, product = ast.src[0], reduces[0].src[0]
+  loads = [(u, u.src[-1].arg) for u in _reduce_loads(reduces[0])]
+  if not loads or any(u.src[-1].op is not Ops.VIEW for u, _ in loads): return None
+  shape = loads[0][1].shape
+  if any(st.shape != shape for _, st in loads): return None
+  axes = _gemm_axes(shape, store.src[1].arg, loads, tuple(reduces[0].arg[1]))
+  if axes is None: return None
+  b_side, a_side = product.src if axes.b_load in product.src[0].toposort() else product.src[::-1]
+  if b_side.dtype not in PACKED_DTYPES or axes.b_load in a_side.toposort(): return None
+  b_strides = _strides(axes.b_load.src[-1].arg)
+  reused = [a for a in range(len(shape)) if b_strides[a] == 0]   # m and any axis B is broadcast along
+  if prod(shape[a] for a in reused) < PACK_MIN_ROWS: return None
+  columns = gemm_tile(vector_bytes, vector_registers, b_side.dtype).columns
+  n, k = axes.columns, axes.reduce
+  if shape[n] % columns or shape[n] == columns: return None
+  kept = [a for a in range(len(shape)) if a not in reused]
+  if prod(shape[a] for a in kept) < PACK_MIN_ELEMENTS: return None
+  # B's values in the packed order: the axes it is reused along shrunk to one position, n split into (panels,
+  # columns), then [other kept axes..., panels, k, columns, reused axes (size 1)...]
+  one_row = tuple((0, 1) if a in reused else (0, s) for a, s in enumerate(shape))
+  one_shape = tuple(e for _, e in one_row)
+  split_shape = tuple(d for a, s in enumerate(one_shape) for d in ((s // columns, columns) if a == n else (s,)))
+  position = {a: a + (a > n) for a in range(len(shape))}   # each axis' place in split_shape (n's panels at n)
+  batch = [position[a] for a in kept if a not in (n, k)]
+  order = batch + [position[n], position[k], position[n] + 1] + [position[a] for a in reused]
+  packed_shape = tuple(split_shape[d] for d in order[:len(order) - len(reused)])
+  def packed_order(st: ShapeTracker) -> ShapeTracker:
+    return st.shrink(one_row).reshape(split_shape).permute(order).reshape(packed_shape)
+  packed = ShapeTracker.from_shape(packed_shape)
+  steps = [_dense_buffers(_store(-1, packed, _views_mapped(b_side, packed_order)))]
+  scratch = [(prod(packed_shape), b_side.dtype)]
+  inverse = sorted(range(len(order)), key=lambda d: order[d])
+  read = packed.reshape(tuple(split_shape[d] for d in order)).permute(inverse).reshape(one_shape).expand(shape)
+  replace = {b_side: UOp(Ops.LOAD, b_side.dtype, (UOp(Ops.DEFINE_GLOBAL, b_side.dtype, (), -1),
+                                                   UOp(Ops.VIEW, dtypes.void, (), read)))}
+  if a_side.op is not Ops.LOAD and any(u.op is Ops.LOAD for u in a_side.toposort()):
+    one_column = tuple((0, 1) if a == n else (0, s) for a, s in enumerate(shape))
+    a_shape = tuple(e for _, e in one_column)
+    steps.append(_dense_buffers(_store(-2, ShapeTracker.from_shape(a_shape),
+                                       _views_mapped(a_side, lambda st: st.shrink(one_column)))))
+    scratch.append((prod(a_shape), a_side.dtype))
+    replace[a_side] = UOp(Ops.LOAD, a_side.dtype, (UOp(Ops.DEFINE_GLOBAL, a_side.dtype, (), -2), UOp(
+      Ops.VIEW, dtypes.void, (), ShapeTracker.from_shape(a_shape).expand(shape))))
+  steps.append(_dense_buffers(ast.substitute(replace)))
+  return PackPlan(tuple(steps), tuple(scratch))

@@ -722,12 +722,12 @@ class Gemma3:
     if isinstance(h, ResidualSum): h = h.value()   # the last layer's output: the head's matvec reads it stored
     if last_only: h = h.shrink((None, (T - 1, T), None))
     head = self.lm_head.weight if self.lm_head is not None else self.model.embed_tokens.weight
-    if h.shape[-2] == 1 and not return_hidden:   # one position: the final norm inside the head's matvec kernel
-      logits = self.model.norm.matvec(h, head)
-    else:
-      h = _materialize(self.model.norm(h))
-      hidden.append(h)
-      logits = project(h, head)
+    # the final norm is a kernel of its own even for one position: inside the head's matvec every one of the
+    # 262,144 vocabulary rows recomputed its sum of squares, and the step took 1.130 ms of GPU time against 0.867
+    # (H100, float16, bench/gemma_gguf_gpu.py, 2026-11-27)
+    h = _materialize(self.model.norm(h))
+    hidden.append(h)
+    logits = project(h, head)
     logits = _softcap(logits, self.config.final_logit_softcapping)
     outputs = [logits] + (hidden if return_hidden else [])
     # EXTEND writes the cache only after the kernels that read it have run (a schedule orders by data, not writes)

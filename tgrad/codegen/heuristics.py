@@ -129,7 +129,7 @@ def _cpu_gemm(kernel: Kernel) -> bool:
   tile."""
   if (axes := gemm_axes(kernel.state)) is None: return False
   caps = kernel.renderer
-  tile = gemm_tile(caps.vector_bytes, caps.vector_registers, kernel.memops[0].src[2].dtype)
+  tile = gemm_tile(caps.vector_bytes, caps.vector_registers, kernel.reduceops[0].dtype)   # the accumulators'
   rows, columns = axes.rows, axes.columns
   if kernel.full_shape[columns] % tile.columns: return False
   opts = [Opt(OptOps.UPCAST, columns, tile.columns)]

@@ -15,5 +15,6 @@ CODEGEN_VERSION = 10   # 2: gathers (data-dependent loads); int casts as narrow 
 # 7: LLVM: an unrolled chain of summands into a reorderable accumulator is reassoc nsz, its loops not loop-vectorized
 # 8: kernels with several outputs (schedule rule 2c: reduced and row stores side by side, a gated store pass); a reduce
 # read in several passes over a size-1 loop axis is built once
-# 9: CPU matmuls: B packed into column panels by a copy kernel (cpu_gemm.py), register tiles sized for the host's SIMD registers
+# 9: CPU matmuls: B packed into column panels by a copy kernel (cpu_gemm.py), register tiles sized for the host's
+# SIMD registers
 # 10: the CPU register tile is sized by the accumulators' dtype (float32 for a half matmul: 16 columns on AVX2, not 32)

@@ -94,12 +94,9 @@ def _publish_new_secret(path: str) -> bool:
   the whole secret (a slow disk can't show them a short one), and of concurrent first users the first link wins
   (the others read that one). False where the file system has no hard links."""
   temporary = f"{path}.{os.getpid()}.{secrets.token_hex(8)}.new"
-  fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), SECRET_FILE_MODE)
+  fd = os.open(temporary, _NEW_FILE_FLAGS, SECRET_FILE_MODE)
   try:
-    try:
-      os.write(fd, secrets.token_bytes(SECRET_BYTES))
-      os.fsync(fd)
-    finally: os.close(fd)
+    _fill_with_secret(fd)
     os.link(temporary, path)
   except FileExistsError: pass   # another process (or an earlier run) made it: read theirs
   except OSError as error:
@@ -113,9 +110,14 @@ def _publish_new_secret(path: str) -> bool:
 def _create_secret_in_place(path: str) -> None:
   """Where hard links are missing: create `path` with O_EXCL and write it; a concurrent reader may see it short and
   waits for it (see _read_secret)."""
-  try:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), SECRET_FILE_MODE)
+  try: fd = os.open(path, _NEW_FILE_FLAGS, SECRET_FILE_MODE)
   except FileExistsError: return   # another process (or an earlier run) made it: read theirs
+  _fill_with_secret(fd)
+
+_NEW_FILE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)   # a new file, not a link
+
+def _fill_with_secret(fd: int) -> None:
+  """Write SECRET_BYTES random bytes to the new file `fd`, sync them and close it."""
   try:
     os.write(fd, secrets.token_bytes(SECRET_BYTES))
     os.fsync(fd)

@@ -77,9 +77,9 @@ class Gemma3RMSNorm:
   def __call__(self, x: Tensor) -> Tensor:
     # the rms_norm composite (a region a path may lower), the same graph as x32 · inverse_rms(x32): one row kernel
     return (x.float().rms_norm(-1, self.eps) * (self.weight.float() + 1.0)).cast(self.output_dtype(x))
-  def inverse_rms(self, x32: Tensor, keepdim: bool = True) -> Tensor:
-    """1 / sqrt(mean(x²) + eps) over the last axis of a float32 x."""
-    return (x32.square().mean(-1, keepdim=keepdim) + self.eps).rsqrt()
+  def inverse_rms(self, x32: Tensor, keepdim: bool = True, axes: Union[int, tuple[int, ...]] = -1) -> Tensor:
+    """1 / sqrt(mean(x²) + eps) over `axes` (the last by default) of a float32 x."""
+    return (x32.square().mean(axes, keepdim=keepdim) + self.eps).rsqrt()
   def inverse_rms_of_copies(self, x32: Tensor, rows: tuple) -> Tensor:
     """`inverse_rms` of x32's last axis once for every output of a kernel over `rows` (x32's rows broadcast to
     rows[:-1], the last axis summed): each output sums its own copy of its row, so the reduce runs over the same rows
@@ -87,7 +87,7 @@ class Gemma3RMSNorm:
     (a packed weight's input axes, weight_values), which are all summed: shape rows[:x32.ndim - 1]."""
     split = len(rows) - x32.ndim   # the axes x32's last axis is split into: 1 for a dense weight
     copies = x32.reshape(*x32.shape[:-1], 1, *rows[-split:]).expand(rows)
-    return (copies.square().mean(tuple(range(-split, 0))) + self.eps).rsqrt()
+    return self.inverse_rms(copies, False, tuple(range(-split, 0)))
   def weighted(self, x32: Tensor) -> Tensor:
     """x · (1 + w), float32: the norm without its 1/rms."""
     return x32 * (self.weight.float() + 1.0)
@@ -112,7 +112,7 @@ class Gemma3RMSNorm:
     values = weight_values(weight)
     axes, x32 = input_axes(values), rows.float()
     product = (x32 * split_inputs(self.weight.float() + 1.0, values) * values).sum(axes)
-    return (product * (x32.square().mean(axes) + self.eps).rsqrt()).cast(self.out_dtype or input_dtype)
+    return (product * self.inverse_rms(x32, False, axes)).cast(self.out_dtype or input_dtype)
 
   def rotated_scores(self, q: Tensor, cos: Tensor, sin_signed: Tensor, keys: Tensor) -> Tensor:
     """rotated(q) @ keysᵀ for one query token as one kernel: q [B, kv_heads, group, 1, D] (unnormed), keys
@@ -164,8 +164,7 @@ class ResidualSum:
     total = spread(self.h)
     for x, norm in self.terms:
       o = spread(x.float())
-      normed = o * (o.square().mean(axes, keepdim=True) + norm.eps).rsqrt() * split_inputs(norm.weight.float() + 1.0,
-                                                                                          values)
+      normed = o * norm.inverse_rms(o, True, axes) * split_inputs(norm.weight.float() + 1.0, values)
       total = total + normed.cast(x.dtype).cast(self.h.dtype)
     one_row = all(size == 1 for size in self.h.shape[:-1])   # else the first row's copies are no run of the rows
     if self.store and one_row and self.stored is None:

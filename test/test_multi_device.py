@@ -7,7 +7,7 @@ from tgrad import Tensor, TinyJit
 import tgrad.nn as nn
 from tgrad.backend import Backend, device_index, device_kind, register_backend, unregister_backend
 from tgrad.device import Device, canonical_device
-from tgrad.multi import CopyCollectives, MultiLazyBuffer, collectives_for
+from tgrad.multi import CopyCollectives, MultiLazyBuffer, StepCollectives, collectives_for
 from tgrad.nn.optim import Adam
 from tgrad.nn.state import get_parameters
 from tgrad.ops import Ops
@@ -241,13 +241,11 @@ def test_collectives_on_cpu_devices():
   flags = [Tensor(p > 0, device=d).lazydata for p, d in zip(parts, THREE)]
   np.testing.assert_array_equal(values(ops.all_gather(flags, 1))[2], np.concatenate([p > 0 for p in parts], 1))
 
-def test_a_kind_of_device_supplies_its_collectives_through_the_registry():
-  class Marked(CopyCollectives): pass
-  marked = Marked()
-  register_backend(Backend("TOY", lambda: None, collectives=lambda: marked))
+def test_a_device_set_of_one_kind_gets_collective_steps_and_a_mixed_set_copies():
+  register_backend(Backend("TOY", lambda: None))
   try:
-    assert collectives_for(("TOY", "TOY:1")) is marked
-    assert type(collectives_for(("LLVM", "LLVM:1"))) is CopyCollectives
+    assert type(collectives_for(("TOY", "TOY:1"))) is StepCollectives
+    assert type(collectives_for(("LLVM", "LLVM:1"))) is StepCollectives
     assert type(collectives_for(("TOY", "LLVM"))) is CopyCollectives   # a mixed set: copies and kernels
   finally: unregister_backend("TOY")
 

@@ -62,8 +62,9 @@ class Backend:
   install: str = "pip install -e ."      # what installs the Python packages it needs
   start_failure: str = "its runtime failed to start"   # what a failure to start usually means, for the error
   default_priority: int = 0              # > 0: the default device when usable (the highest first), over HOST_DEVICE
-  collectives: Optional[Callable[[], Any]] = None   # → the collectives of this kind's devices (tgrad/multi/
-                                                    # collectives.py's interface); None: copies and tgrad kernels
+  collectives: Optional[Callable[[list], Any]] = None   # collectives(started devices) → its collectives library
+                                                        # over them (nccl.NCCLCollectives' interface), or None;
+                                                        # None: a collective step runs as copies and a kernel
 
 class DeviceRegistry:
   """The registered Backends by name, and every spelling that names one. Listeners (the started-device and name

@@ -10,8 +10,8 @@ fewer ops. The scheduler (schedule.py) runs this first, so it costs nothing on a
   - x + 0 on ints (and x + −0.0 on floats: +0.0 would turn −0.0 into +0.0), x | False, x & True, x · 1, x / 1,
     x · 0 on ints only (on floats NaN · 0 and inf · 0 are NaN), −(−x), where(constant, a, b);
   - a COPY of a constant is that constant on the copy's device (nothing to copy);
-  - a COPY or CUSTOM reads whole buffers: a source that simplified to a view (a broadcast constant, say) is given a
-    buffer of its own (CONTIGUOUS) first.
+  - a COPY, CUSTOM or COLLECTIVE reads whole buffers: a source that simplified to a view (a broadcast constant, say)
+    is given a buffer of its own (CONTIGUOUS) first.
 Movement identities need nothing here: a reshape, permute or expand to the base's own layout already returns the
 base, and chains of views compose into one ShapeTracker as they are built.
 The given bases keep their identity: a base whose sources change is rebuilt as a new node with the same op, and
@@ -24,7 +24,7 @@ from tgrad.lazy import LazyBuffer, unrealized_bases
 from tgrad.ops import Ops, UOp, ALU, exec_alu, truncate_to
 
 FOLDABLE = ALU | {Ops.CAST}
-WHOLE_BUFFER_READERS = (Ops.COPY, Ops.CUSTOM)
+WHOLE_BUFFER_READERS = (Ops.COPY, Ops.CUSTOM, Ops.COLLECTIVE)
 # is_constant_expression looks at no more nodes than this: a bigger constant expression counts as data (its Python
 # scalars become kernel parameters: correct, only not folded). Far above any chain of a few composite ops (~60).
 MAX_CONSTANT_EXPRESSION_NODES = 256

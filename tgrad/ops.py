@@ -10,7 +10,7 @@ depth is bounded by memory, not by Python's recursion limit (a chain of 100,000 
 from __future__ import annotations
 import hashlib, math, struct, weakref
 import numpy as np
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum, auto
 from typing import Any, Callable, Optional
 from tgrad.dtype import DType, dtypes
@@ -63,6 +63,11 @@ class Ops(Enum):
   # function, or a user kernel in CUDA C / LLVM IR) that writes the output buffer from the realized, row-major inputs;
   # the scheduler always realizes it and its sources (as COPY). Schedule AST: a sourceless UOp with the same arg
   CUSTOM = auto()
+  # a collective over several devices (tgrad/multi/collectives.py). Lazy graph: one node per device (rank i on the
+  # device of src i), src=(the shards, one per device, in rank order), arg=CollectiveArg (what it computes, the rank,
+  # and the token its sibling nodes share); the scheduler realizes every sibling and every source together as one
+  # step over all the devices' buffers. Schedule AST: a sourceless UOp, arg=the CollectiveArg's spec (kind, op)
+  COLLECTIVE = auto()
   # unary ALU
   EXP2 = auto(); LOG2 = auto(); SIN = auto(); SQRT = auto(); RECIP = auto(); NEG = auto(); TRUNC = auto()  # noqa: E702
   TANH = auto()   # the "native" lowering of the tanh composite (tensor_ops/composite.py), not Tensor.tanh's default
@@ -86,6 +91,30 @@ class GatherAxis:
   raise IndexError through tgrad/bounds.py; the kernel itself stays memory-safe)."""
   size: int
   stride: int
+
+@dataclass(frozen=True)
+class CollectiveSpec:
+  """What a COLLECTIVE step computes over its devices' buffers: `kind` ("all_reduce": every output is the inputs
+  combined elementwise with `op`, an ADD, MUL or MAX, in rank order) and `op`. The schedule AST's arg."""
+  kind: str
+  op: "Ops"
+
+class CollectiveGroup:
+  """The token the nodes of one collective share (one per device): how the scheduler finds a node's siblings. It holds
+  them weakly: a sibling no one reads any more gets a scratch output. `made` counts the groups of the process (the
+  scheduler looks for siblings only once there are any)."""
+  made = 0
+  def __init__(self):
+    self.members: list = []   # weak references to the nodes, in rank order
+    CollectiveGroup.made += 1
+
+@dataclass(frozen=True)
+class CollectiveArg:
+  """A COLLECTIVE node's arg: the spec, its rank (the index of its device among the sources'), and its group. Equal
+  args mean the same structure: the group is identity, not structure (the schedule cache keys graphs by structure)."""
+  spec: CollectiveSpec
+  rank: int
+  group: CollectiveGroup = field(compare=False, repr=False)
 
 def is_gather_load(u: UOp) -> bool:
   """Whether an AST node is a gather LOAD: its address along one axis comes from a loaded value (see GatherAxis)."""

@@ -2,8 +2,9 @@
 
 `lower_schedule(items) -> list[ExecItem]` picks each item's runner: a CompiledKernel for a kernel AST (Kernel → opts
 from the BEAM cache/search or the heuristics → compile; made once per AST and settings per process), a BufferCopy
-between devices, a HostCopy of host data, or a custom kernel's runner (tgrad/custom.py: a host function of the NUMPY
-backend, or a user kernel's compiled source). `run(exec_items)` launches them in order. `realize(*lazybuffers)` is
+between devices, a HostCopy of host data, a custom kernel's runner (tgrad/custom.py: a host function of the NUMPY
+backend, or a user kernel's compiled source), or a collective's over several devices (tgrad/multi/runners.py: the
+kind's own collectives, NCCL on CUDA, else copies and one fold kernel). `run(exec_items)` launches them in order. `realize(*lazybuffers)` is
 schedule (create_schedule, through the schedule cache) + lower_schedule + run. A Tensor-level realize first asks the
 registered pre-realize passes for a context to realize in (`pre_realize_contexts`; tgrad.paths registers path
 selection). While a TinyJit captures
@@ -16,14 +17,17 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, ContextManager, Iterator, Mapping, Optional, Protocol, Sequence
 import numpy as np
 from tgrad.ops import UOp, Ops
+from tgrad.backend import backend, device_kind
 from tgrad.lazy import LazyBuffer, holders_of
-from tgrad.schedule import ScheduleItem
+from tgrad.schedule import ScheduleItem, create_schedule
 from tgrad.schedule_cache import schedule
 from tgrad.device import Buffer, Device
 from tgrad.codegen.kernel import Kernel
 from tgrad.codegen.compile import CompiledKernel, compile_kernel
 from tgrad.codegen.cpu_gemm import pack_plan
 from tgrad.custom import runner_for
+from tgrad.multi.collectives import fold
+from tgrad.multi.runners import CopyCollective, LibraryCollective
 from tgrad.helpers import Context, current_settings, gc_paused, settings_key
 from tgrad import profiler
 from tgrad.traced_run import run_traced
@@ -126,11 +130,28 @@ def lower_schedule(items: Sequence[ScheduleItem]) -> list[ExecItem]:
     elif op is Ops.COPY:
       runner = HostCopy(item.host_data) if item.host_data is not None else BufferCopy(item.bufs[0].nbytes)
       lowered.append(ExecItem(runner, list(item.bufs), output_count=item.output_count))
+    elif op is Ops.COLLECTIVE:
+      lowered.append(ExecItem(collective_runner(item), list(item.bufs), output_count=item.output_count))
     else:
       device = item.bufs[0].device
       for ast, bufs, outputs in _kernels_of(item, device):
         lowered.append(ExecItem(get_runner(device, ast, settings), bufs, item.var_vals, outputs))
   return lowered
+
+def collective_runner(item: ScheduleItem) -> LibraryCollective | CopyCollective:
+  """The runner of a collective step: the devices' kind's own collectives (Backend.collectives, given the started
+  devices; it answers None where its library is missing), else copies to the first device and one fold kernel."""
+  spec, outputs = item.ast.arg, item.outputs
+  devices = [b.device for b in outputs]
+  if len({device_kind(d) for d in devices}) == 1 and (factory := backend(devices[0]).collectives) is not None and \
+     (library := factory([Device[d] for d in devices])) is not None:
+    return LibraryCollective(spec, devices, library, outputs[0].nbytes)
+  scratch = [Buffer(devices[0], b.size, b.dtype) for b in item.inputs[1:]]
+  roles = [outputs[0], item.inputs[0], *scratch]
+  values = [LazyBuffer.from_buffer(b, (b.size,)) for b in roles[1:]]
+  [kernel] = create_schedule([LazyBuffer.from_buffer(outputs[0], (outputs[0].size,)).assign(fold(spec.op, values))])
+  order = [next(i for i, role in enumerate(roles) if role is b) for b in kernel.bufs]
+  return CopyCollective(spec, devices, get_runner(devices[0], kernel.ast), order, scratch)
 
 # The packed copies of matmul operands (codegen/cpu_gemm.py) are scratch: written by one kernel and read by the next
 # one, so every pair of one size can share one Buffer. The last PACKED_BUFFERS_KEPT sizes are kept: a fresh 16 MB

@@ -24,9 +24,13 @@ fusion rules, which all live here:
      first output stays DEFINE_GLOBAL 0; the copies follow it. A copy whose buffer the kernel would also read (a
      cycle) keeps its own kernel.
   3. Everything else is realized (gets a buffer): kernel outputs, reduces read through an expand/permute/pad or
-     by a second reduce (outside row kernels), COPY/EMPTY/CONTIGUOUS/ASSIGN/CUSTOM results (and the sources of a
-     COPY or CUSTOM: their runners read whole buffers), elementwise values read
+     by a second reduce (outside row kernels), COPY/EMPTY/CONTIGUOUS/ASSIGN/CUSTOM/COLLECTIVE results (and the
+     sources of a COPY, CUSTOM or COLLECTIVE: their runners read whole buffers), elementwise values read
      through a stack of more than MAX_INLINED_VIEWS views, and every realized input.
+  4. A collective (COLLECTIVE: one node per device, siblings sharing a CollectiveGroup) is one step over every
+     device's buffers: its outputs are the siblings in rank order, its inputs the shards they combine. Asking for
+     one sibling realizes all of them (`with_collective_siblings`); a sibling no one holds any more gets a scratch
+     output.
 A ScheduleItem holds a kernel AST (a SINK of STOREs over LOADs, CONSTs, ARANGEs, ALU and REDUCE_AXIS nodes, each
 memory op carrying a VIEW with its ShapeTracker as its last source; a gather LOAD also has its index value) and the
 device Buffers it touches: outputs first, then inputs.
@@ -40,7 +44,7 @@ from types import MappingProxyType
 from typing import Generator, Mapping, Optional, Sequence
 import numpy as np
 from tgrad.dtype import dtypes
-from tgrad.ops import UOp, Ops, ELEMENTWISE, GatherAxis, identity_of_reduce, symbolic_in_use
+from tgrad.ops import UOp, Ops, ELEMENTWISE, CollectiveGroup, GatherAxis, identity_of_reduce, symbolic_in_use
 from tgrad.shape.sint import unbind, vmax_of
 from tgrad.lazy import LazyBuffer, holders_of, unrealized_bases, walk
 from tgrad.graph_simplify import simplify_graph, commit_replacements
@@ -51,8 +55,9 @@ from tgrad.shape.view import View
 from tgrad.helpers import gc_paused, prod, run_nested
 
 NO_VARIABLES: Mapping[str, int] = MappingProxyType({})   # the var_vals of every kernel without variables (shared)
-REALIZED_OPS = {Ops.COPY, Ops.EMPTY, Ops.CONTIGUOUS, Ops.ASSIGN, Ops.CUSTOM}
-NOT_KERNELS = (Ops.COPY, Ops.EMPTY, Ops.CUSTOM)   # realized values whose step is not a kernel AST
+REALIZED_OPS = {Ops.COPY, Ops.EMPTY, Ops.CONTIGUOUS, Ops.ASSIGN, Ops.CUSTOM, Ops.COLLECTIVE}
+NOT_KERNELS = (Ops.COPY, Ops.EMPTY, Ops.CUSTOM, Ops.COLLECTIVE)   # realized values whose step is not a kernel AST
+WHOLE_SOURCE_OPS = (Ops.COPY, Ops.CUSTOM, Ops.COLLECTIVE)   # their runners read each source's whole buffer
 MAX_RECOMPUTE_BUFFERS = 2   # a shared elementwise value reading more buffers than this is realized
 MAX_RECOMPUTE_OPS = 8       # ... or computing more ops than this
 # An elementwise value read through a stack of more views than this (movement ops that don't merge into one View,
@@ -72,8 +77,10 @@ MAX_SCALAR_PARAMS = 64
 @dataclass(frozen=True)
 class ScheduleItem:
   """One step: a kernel (`ast.op is SINK`), a copy (`ast.op is COPY`: from `host_data` when that is set, else from
-  bufs[1]), a custom kernel (`ast.op is CUSTOM`, its CustomKernel in `ast.arg`: bufs[0] from bufs[1:]) or an
-  allocation (`ast.op is EMPTY`). DEFINE_GLOBAL i in a kernel AST is bufs[i]; outputs come first."""
+  bufs[1]), a custom kernel (`ast.op is CUSTOM`, its CustomKernel in `ast.arg`: bufs[0] from bufs[1:]), a collective
+  over several devices (`ast.op is COLLECTIVE`, its CollectiveSpec in `ast.arg`: one output per device in rank order,
+  then one input per device) or an allocation (`ast.op is EMPTY`). DEFINE_GLOBAL i in a kernel AST is bufs[i];
+  outputs come first."""
   ast: UOp
   bufs: tuple[Buffer, ...]
   output_count: int = 1
@@ -391,12 +398,12 @@ def create_schedule(outs: list[LazyBuffer], commit: bool = False, buffers: Optio
   `commit`, each realized base keeps its item's Buffer as `lb.buffer` and drops its sources (see the module doc).
   `buffers`, when given, receives the Buffer of every base the schedule realizes (how a caller that does not commit,
   e.g. a path being measured, finds its outputs)."""
-  given = [o.base for o in outs if o.base.buffer is None]
+  given = with_collective_siblings([o.base for o in outs if o.base.buffer is None])
   outs, rebuilt = simplify_graph(given)   # constants folded, identities removed (graph_simplify.py)
   bases = unrealized_bases(outs)
   realize_set: set[LazyBuffer] = set(outs) | {b for b in bases if b.op in REALIZED_OPS}
   for b in bases:
-    if b.op in (Ops.COPY, Ops.CUSTOM): realize_set.update(s.base for s in b.srcs if s.base.buffer is None)
+    if b.op in WHOLE_SOURCE_OPS: realize_set.update(s.base for s in b.srcs if s.base.buffer is None)
     if b.op is Ops.GATHER and b.srcs[0].base.buffer is None: realize_set.add(b.srcs[0].base)   # rule 1b: tables
   readers = _readers_of(bases)   # who reads each base: the same for both decisions (realizing adds no readers)
   copies: dict[LazyBuffer, list[tuple[LazyBuffer, LazyBuffer]]] = {}   # rule 2c: kernel output → (copy, value)
@@ -425,9 +432,12 @@ def create_schedule(outs: list[LazyBuffer], commit: bool = False, buffers: Optio
         changed = True
   items: list[_Step] = []
   stored_by = {copy: b for b, pairs in copies.items() for copy, _ in pairs}
+  members = _collective_members(bases)
   for b in bases:   # `bases` is already in dependency order (a kernel with copies is ordered again below)
     if b not in realize_set or b in stored_by: continue
-    if b.op is Ops.COPY:
+    if b.op is Ops.COLLECTIVE:
+      if (step := _collective_step(b, members)) is not None: items.append(step)
+    elif b.op is Ops.COPY:
       items.append(_Step(UOp(Ops.COPY, b.dtype, (), None), (b,), tuple(s.base for s in b.srcs)))
     elif b.op is Ops.CUSTOM:
       items.append(_Step(UOp(Ops.CUSTOM, b.dtype, (), b.arg), (b,), tuple(s.base for s in b.srcs)))
@@ -445,6 +455,34 @@ def create_schedule(outs: list[LazyBuffer], commit: bool = False, buffers: Optio
     if new in buffers: buffers[old] = buffers[new]
   if commit: commit_replacements(rebuilt)
   return scheduled
+
+def with_collective_siblings(roots: list[LazyBuffer]) -> list[LazyBuffer]:
+  """The roots (bases), and the unrealized siblings of every collective node above them that no root reaches (rule
+  4: a collective computes every device's output at once). Free when the process never made a collective."""
+  if not CollectiveGroup.made: return roots
+  nodes = unrealized_bases(roots)
+  present = {id(lb) for lb in nodes}
+  missing = [m for lb in nodes if lb.op is Ops.COLLECTIVE for ref in lb.arg.group.members
+             if (m := ref()) is not None and m.buffer is None and id(m) not in present]
+  if not missing: return roots
+  return with_collective_siblings(roots + list({id(m): m for m in missing}.values()))
+
+def _collective_members(bases: list[LazyBuffer]) -> dict[int, dict[int, LazyBuffer]]:
+  """id(group) → {rank: node} of the collective nodes among the bases."""
+  members: dict[int, dict[int, LazyBuffer]] = {}
+  for b in bases:
+    if b.op is Ops.COLLECTIVE: members.setdefault(id(b.arg.group), {})[b.arg.rank] = b
+  return members
+
+def _collective_step(node: LazyBuffer, members: dict[int, dict[int, LazyBuffer]]) -> Optional[_Step]:
+  """Rule 4: the one step of the collective `node` belongs to (None for its siblings after the first): outputs the
+  siblings in rank order (a scratch EMPTY value for a rank whose node is gone or realized), inputs the shards."""
+  ranks = members.pop(id(node.arg.group), None)
+  if ranks is None: return None
+  inputs = tuple(s.base for s in node.srcs)
+  outputs = tuple(ranks[rank] if rank in ranks else LazyBuffer.loadop(Ops.EMPTY, node.shape, node.dtype, s.device)
+                  for rank, s in enumerate(inputs))
+  return _Step(UOp(Ops.COLLECTIVE, node.dtype, (), node.arg.spec), outputs, inputs)
 
 def _copy_read_back(pairs: Sequence[tuple[LazyBuffer, LazyBuffer]], inputs: list[LazyBuffer]
                     ) -> Optional[LazyBuffer]:

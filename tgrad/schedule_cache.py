@@ -21,7 +21,7 @@ from tgrad.shape.shapetracker import ShapeTracker
 from tgrad.shape.sint import unbind
 from tgrad.scalars import param_name
 from tgrad.schedule import (MAX_SCALAR_PARAMS, NO_VARIABLES, ScheduleItem, create_schedule, keep_old_values,
-                            scalar_values)
+                            scalar_values, with_collective_siblings)
 
 # Templates are kept for this many graph nodes in all (oldest dropped first): a key holds one entry per node, so
 # this bounds the cache's memory (about 100 bytes a node) whatever graphs a program builds.
@@ -161,6 +161,7 @@ def schedule(outs: list[LazyBuffer], keep_old: bool = True) -> list[ScheduleItem
   if len(outs) == 1: roots = [base] if (base := outs[0].base).buffer is None else []   # the eager case
   else: roots = list(dict.fromkeys(o.base for o in outs if o.base.buffer is None))
   if not roots: return []
+  roots = with_collective_siblings(roots)   # a collective's nodes are realized together (schedule.py rule 4)
   walk = _Walk(roots)
   nodes = walk.nodes
   assigns = [(nodes[p].srcs[0].base, nodes[p]) for p in walk.unrealized if nodes[p].op is Ops.ASSIGN]

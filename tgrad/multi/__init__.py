@@ -2,6 +2,7 @@
 rules) and the collectives that move data between the shards (one implementation per kind of device). Tensor.shard
 makes them; docs/multi_device.md describes the rules."""
 from tgrad.multi.multilazy import MultiLazyBuffer, check_split
-from tgrad.multi.collectives import Collectives, CopyCollectives, collectives_for
+from tgrad.multi.collectives import Collectives, CopyCollectives, StepCollectives, collectives_for
 
-__all__ = ["MultiLazyBuffer", "check_split", "Collectives", "CopyCollectives", "collectives_for"]
+__all__ = ["MultiLazyBuffer", "check_split", "Collectives", "CopyCollectives", "StepCollectives",
+           "collectives_for"]

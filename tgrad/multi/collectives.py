@@ -2,10 +2,16 @@
 
 Every function takes one LazyBuffer per device (the shards, in device order) and returns one per device, as lazy
 values: nothing runs until they are realized, and what runs is scheduled like any other graph (so a TinyJit captures
-it). The implementation is chosen per kind of device through the backend registry: a Backend whose `collectives`
-field is set (a GPU backend through NCCL) supplies an object with these four methods; every other kind, and a set
-mixing kinds, gets `CopyCollectives`: copies between devices (Allocator.peer_copy: a memcpy between CPU devices) and
-tgrad kernels on one device.
+it). Two implementations:
+
+`StepCollectives` (every device set of one kind) makes an all-reduce one COLLECTIVE node per device (ops.py): the
+scheduler turns the siblings into one step over every device's buffers, and lowering (realize.py) runs it with the
+kind's own collectives (Backend.collectives: NCCL on CUDA, one group call on each GPU's stream, captured into each
+GPU's CUDA graph by a TinyJit) or, for a kind without them, as copies to the first device, one fold kernel there and
+copies back (tgrad/multi/runners.py). Its other collectives are CopyCollectives'.
+
+`CopyCollectives` (a set mixing kinds; bool and constant values) builds every collective as lazy copies between devices
+(Allocator.peer_copy: a memcpy between CPU devices) and tgrad kernels on one device.
 
 CopyCollectives' rules, chosen so every device ends with the same bits:
   all_reduce(op, shards)            shards copied to the first device and folded there in device order (one kernel),
@@ -19,11 +25,12 @@ The traffic of all_reduce is 2·(n−1) shard copies through the first device, n
 memcpy and the fold is one kernel over n inputs.
 """
 from __future__ import annotations
+import weakref
 from typing import Protocol, Sequence
-from tgrad.backend import backend, device_kind
+from tgrad.backend import device_kind
 from tgrad.dtype import DType, dtypes
 from tgrad.lazy import LazyBuffer
-from tgrad.ops import Ops
+from tgrad.ops import CollectiveArg, CollectiveGroup, CollectiveSpec, Ops
 
 # The elementwise op that combines two partial results of each reduce an all-reduce can finish.
 COMBINING_OPS = (Ops.ADD, Ops.MAX, Ops.MUL)
@@ -41,7 +48,7 @@ def _check_op(op: Ops) -> None:
   if op not in COMBINING_OPS:
     raise ValueError(f"a collective reduces with one of {[o.name for o in COMBINING_OPS]}, not {op.name}")
 
-def _fold(op: Ops, values: Sequence[LazyBuffer]) -> LazyBuffer:
+def fold(op: Ops, values: Sequence[LazyBuffer]) -> LazyBuffer:
   """values[0] op values[1] op ... in that order (bools combine with OR/AND, as Tensor's + and * of bools)."""
   if values[0].dtype.is_bool: op = {Ops.ADD: Ops.OR, Ops.MUL: Ops.AND, Ops.MAX: Ops.OR}[op]
   total = values[0]
@@ -76,7 +83,7 @@ class CopyCollectives:
   def all_reduce(self, op: Ops, shards: Sequence[LazyBuffer]) -> list[LazyBuffer]:
     _check_op(op)
     root = shards[0].device
-    total = _fold(op, [s.copy_to_device(root) for s in shards]).contiguous()
+    total = fold(op, [s.copy_to_device(root) for s in shards]).contiguous()
     return self.broadcast(total, [s.device for s in shards])
   def all_gather(self, shards: Sequence[LazyBuffer], axis: int) -> list[LazyBuffer]:
     root = shards[0].device
@@ -88,16 +95,40 @@ class CopyCollectives:
     if shards[0].shape[axis] % parts:
       raise ValueError(f"reduce_scatter of shape {shards[0].shape} along axis {axis} over {parts} devices: "
                        f"{shards[0].shape[axis]} does not divide by {parts}")
-    return [_fold(op, [slice_along(s, axis, i, parts).copy_to_device(target.device) for s in shards]).contiguous()
+    return [fold(op, [slice_along(s, axis, i, parts).copy_to_device(target.device) for s in shards]).contiguous()
             for i, target in enumerate(shards)]
   def broadcast(self, value: LazyBuffer, devices: Sequence[str]) -> list[LazyBuffer]:
     return [value.copy_to_device(device) for device in devices]
 
 COPY_COLLECTIVES = CopyCollectives()
 
+def _whole(value: LazyBuffer) -> LazyBuffer:
+  """A base holding `value` row-major in a buffer of its own size (a collective reads and writes whole buffers)."""
+  if value.st.contiguous and value.size == value.base.size and value.base.op is not Ops.CONST: return value.base
+  return value.contiguous()
+
+def all_reduce_nodes(op: Ops, shards: Sequence[LazyBuffer]) -> list[LazyBuffer]:
+  """One COLLECTIVE node per shard's device: each is `op` over every shard, in device order (ops.py, schedule.py
+  rule 4). Its value has each shard's shape, as a base (reshape it back to a view's shape)."""
+  _check_op(op)
+  sources = tuple(_whole(s) for s in shards)
+  spec, group = CollectiveSpec("all_reduce", op), CollectiveGroup()
+  nodes = [LazyBuffer.loadop(Ops.COLLECTIVE, s.shape, s.dtype, s.device, arg=CollectiveArg(spec, rank, group),
+                             srcs=sources) for rank, s in enumerate(sources)]
+  group.members = [weakref.ref(node) for node in nodes]
+  return nodes
+
+class StepCollectives(CopyCollectives):
+  """An all-reduce as one collective step over the devices' buffers (the module docstring); the rest as copies."""
+  def all_reduce(self, op: Ops, shards: Sequence[LazyBuffer]) -> list[LazyBuffer]:
+    _check_op(op)
+    # bools fold with OR/AND, which no collective library reduces with; a constant is folded by the graph simplifier
+    if shards[0].dtype.is_bool or any(s.is_unrealized_const() for s in shards) or shards[0].size == 0:
+      return super().all_reduce(op, shards)
+    return [node.reshape(s.shape) for node, s in zip(all_reduce_nodes(op, shards), shards)]
+
+STEP_COLLECTIVES = StepCollectives()
+
 def collectives_for(devices: Sequence[str]) -> Collectives:
-  """The collectives of a device set: its kind's (Backend.collectives) when every device is of one kind that has
-  them, else CopyCollectives."""
-  kinds = {device_kind(d) for d in devices}
-  if len(kinds) == 1 and (factory := backend(next(iter(kinds))).collectives) is not None: return factory()
-  return COPY_COLLECTIVES
+  """The collectives of a device set: StepCollectives when every device is of one kind, else CopyCollectives."""
+  return STEP_COLLECTIVES if len({device_kind(d) for d in devices}) == 1 else COPY_COLLECTIVES

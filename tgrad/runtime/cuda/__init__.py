@@ -24,8 +24,10 @@ def _fingerprint() -> dict:
   return fingerprint()
 
 def collectives(devices):
-  """The collectives between started CUDA devices (NCCL: nccl.NCCLCollectives); nccl.NCCLUnavailable says why not."""
-  from tgrad.runtime.cuda.nccl import NCCLCollectives
+  """The collectives between started CUDA devices of distinct GPUs (NCCL: nccl.NCCLCollectives), or None where NCCL
+  does not load (a sharded tensor's collectives then run as copies and kernels: tgrad/multi/runners.py)."""
+  from tgrad.runtime.cuda.nccl import NCCLCollectives, is_available
+  if not is_available() or len({device.ordinal for device in devices}) != len(devices): return None
   return NCCLCollectives(devices)
 
 def collectives_available() -> bool:
@@ -39,4 +41,4 @@ CUDA = register_backend(Backend(
   install="pip install -e '.[cuda]'",
   start_failure="no GPU is visible to the CUDA driver (check `nvidia-smi` and CUDA_VISIBLE_DEVICES); DEVICE=LLVM "
                 "runs on the CPU",
-  default_priority=1))
+  default_priority=1, collectives=collectives))

@@ -4,12 +4,11 @@
 from the BEAM cache/search or the heuristics → compile; made once per AST and settings per process), a BufferCopy
 between devices, a HostCopy of host data, a custom kernel's runner (tgrad/custom.py: a host function of the NUMPY
 backend, or a user kernel's compiled source), or a collective's over several devices (tgrad/multi/runners.py: the
-kind's own collectives, NCCL on CUDA, else copies and one fold kernel). `run(exec_items)` launches them in order. `realize(*lazybuffers)` is
-schedule (create_schedule, through the schedule cache) + lower_schedule + run. A Tensor-level realize first asks the
-registered pre-realize passes for a context to realize in (`pre_realize_contexts`; tgrad.paths registers path
-selection). While a TinyJit captures
-(`capturing()`), lowered items are recorded, not
-run: the JIT plans their memory and replays them (tgrad/jit.py). DEBUG prints what ran (see docs/env.md).
+kind's own collectives, NCCL on CUDA, else copies and one fold kernel). `run(exec_items)` launches them in order.
+`realize(*lazybuffers)` is schedule (create_schedule, through the schedule cache) + lower_schedule + run. A
+Tensor-level realize first asks the registered pre-realize passes for a context to realize in (`pre_realize_contexts`;
+tgrad.paths registers path selection). While a TinyJit captures (`capturing()`), lowered items are recorded, not run:
+the JIT plans their memory and replays them (tgrad/jit.py). DEBUG prints what ran (see docs/env.md).
 """
 from __future__ import annotations
 import contextlib, time

@@ -15,6 +15,10 @@ is one buffer of the program, of one kind:
               device (memory_planner.py), each a view at its offset; JIT_PLAN=0 gives each its own allocation.
 Each device's run of instructions goes to the graph runner its backend names (tgrad/backend.py; PlainGraphRunner, a
 loop over launches prepared once, for every device without its own), so a device can replay its part its own way.
+A program over several devices (`device_runs`) gives each device one run of its kernels between two instructions that
+cross devices on the host (a copy between devices); a collective whose runner is `per_device` (NCCL: each GPU's part
+recorded into that GPU's CUDA graph) joins the run of every device it spans when their graph runners embed
+collectives, so a data-parallel step replays as one graph launch per GPU.
 Symbolic shapes: a capture made with a variable bound to one value replays for any value in its range. The values
 of a call come from its Tensor arguments' shapes and views and from bound Variables passed as arguments; the
 instructions whose kernels take a changed variable get the new values (and launch sizes) before the run.
@@ -75,6 +79,7 @@ class Instruction:
   device: str
   output_count: int = 1
   var_vals: dict[str, int] = field(default_factory=dict)
+  devices: tuple[str, ...] = ()   # every device its buffers are on (several for a copy between devices, a collective)
   @property
   def name(self) -> str: return self.runner.name
   @property
@@ -133,6 +138,40 @@ def graph_runner_class(device: str) -> Callable[..., GraphRunner]:
   else the plain loop."""
   return backend(device).graph_runner() or PlainGraphRunner
 
+def _is_kernel(instruction: Instruction) -> bool:
+  return isinstance(instruction.runner, CompiledKernel) or hasattr(instruction.runner, "program")
+
+def _joins_device_runs(instruction: Instruction) -> bool:
+  """Whether a collective runs as one part per device inside each device's run (the runner is `per_device` and every
+  device's graph runner `embeds_collectives`), instead of as one step between the runs."""
+  return getattr(instruction.runner, "per_device", False) and \
+    all(getattr(graph_runner_class(d), "embeds_collectives", False) for d in instruction.devices)
+
+def device_runs(instructions: Sequence[Instruction]) -> list[tuple[str, list[Instruction]]]:
+  """(device, instructions) for each graph runner, in launch order. On one device (or with nothing spanning
+  devices): each device's consecutive instructions. Over several devices: each device's kernels up to the next
+  instruction that is not a kernel (a copy, a host step: it may make the host wait) are one run, whatever other
+  devices' kernels lie between them, and a collective that joins device runs (`_joins_device_runs`) is in the run of
+  each of its devices, in program order; every other instruction is a run of its own. Each device keeps its order
+  and the host steps keep theirs, and every part of a collective is launched before the host can wait on any."""
+  if all(len(ins.devices) <= 1 for ins in instructions):
+    runs: list[tuple[str, list[Instruction]]] = []
+    for ins in instructions:
+      if runs and runs[-1][0] == ins.device: runs[-1][1].append(ins)
+      else: runs.append((ins.device, [ins]))
+    return runs
+  runs, open_runs = [], {}
+  for ins in instructions:
+    if len(ins.devices) <= 1 and _is_kernel(ins): open_runs.setdefault(ins.device, []).append(ins)
+    elif len(ins.devices) > 1 and _joins_device_runs(ins):
+      for device in ins.devices: open_runs.setdefault(device, []).append(ins)
+    else:
+      runs.extend(open_runs.items())
+      open_runs = {}
+      runs.append((ins.device, [ins]))
+  runs.extend(open_runs.items())
+  return runs
+
 class CompiledGraph:
   """A captured program: instructions over slots, memory planned and bound, replayed by `graph(input_buffers)`.
   `print(graph)` lists the memory per device and kind, then one instruction per line with each argument as
@@ -160,13 +199,8 @@ class CompiledGraph:
     self.users_of_variable: dict[str, list[Instruction]] = {}
     for ins in instructions:
       for name in ins.var_vals: self.users_of_variable.setdefault(name, []).append(ins)
-    self.runners: list[GraphRunner] = []
-    start = 0
-    for end in range(1, len(instructions) + 1):   # each device's consecutive instructions go to its runner
-      if end == len(instructions) or instructions[end].device != instructions[start].device:
-        device = instructions[start].device
-        self.runners.append(graph_runner_class(device)(device, instructions[start:end], slots))
-        start = end
+    self.runners: list[GraphRunner] = [graph_runner_class(device)(device, run, slots)
+                                       for device, run in device_runs(instructions)]
 
   # ---- memory
   def memory_breakdown(self) -> dict[str, dict[str, int]]:
@@ -332,7 +366,8 @@ def _instructions_of(items: list[ExecItem], slots: list[Slot], slot_of: dict[int
         else: persistent[len(slots)] = buffer
         slots.append(Slot(STATE, buffer.device, buffer.size, buffer.dtype, symbolic_size=buffer.symbolic_size))
     args = tuple(slot_of[id(buffer)] for buffer in item.bufs)
-    instructions.append(Instruction(item.runner, args, item.bufs[0].device, item.output_count, dict(item.var_vals)))
+    instructions.append(Instruction(item.runner, args, item.bufs[0].device, item.output_count, dict(item.var_vals),
+                                    tuple(dict.fromkeys(buffer.device for buffer in item.bufs))))
   return instructions, persistent, new
 
 # ---------------------------------------------------------------------------------------------------------------

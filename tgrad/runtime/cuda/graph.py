@@ -292,7 +292,9 @@ class CUDAGraphRunner:
   as one node; when it returns None it runs from Python like a copy. A rebound slot that such a node reads makes the
   whole program be built again at the next call (a captured collective's pointers can't be patched).
   On a device whose context is not the thread's resident one (runtime.py: a second GPU), its context is made current
-  around building, patching and launching."""
+  around building, patching and launching. A collective over several GPUs is in each GPU's instructions (jit.py's
+  device_runs: `embeds_collectives`); its runner's `cuda_child_graph` gives this device's part."""
+  embeds_collectives = True
   def __init__(self, device: str, instructions: Sequence[Any], slots: Sequence[Any]):
     self.device, self.slots = device, slots
     self.steps: list[Any] = []    # a CUDAGraph, or a no-argument call for an instruction that is not a kernel
@@ -329,6 +331,8 @@ class CUDAGraphRunner:
     for ins in self.instructions:
       if hasattr(ins.runner, "program"): launch: Optional[KernelLaunch | ChildGraph] = self._launch_of(ins)
       else: launch = self._child_of(ins)
+      if launch is None and len(getattr(ins, "devices", ())) > 1 and getattr(ins.runner, "per_device", False):
+        raise CUDAGraphError(f"{ins.runner.name}: a collective in {self.device}'s graph gave no part for it")
       if launch is not None:
         pending.append(ins)
         launches.append(launch)

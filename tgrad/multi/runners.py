@@ -38,7 +38,7 @@ class LibraryCollective:
     self.name = f"all_reduce {self.reduction} x{len(devices)}"
     self.nbytes = nbytes * len(devices)
     self.per_device = hasattr(collectives, "capture")
-    self._recorded: Optional[tuple[tuple[int, ...], Any]] = None   # (buffer pointers, the recording) last made
+    self._recorded: Optional[tuple[tuple, Any]] = None   # (buffer handles, the recording) last made
 
   def _queue(self, bufs: Sequence[Buffer], streams: Optional[Sequence[int]] = None) -> None:
     outputs, inputs = _split(bufs)
@@ -54,9 +54,9 @@ class LibraryCollective:
   def cuda_child_graph(self, device: str, bufs: Sequence[Buffer]) -> Any:
     """`device`'s part of the all-reduce over these buffers, recorded (not run) with every device's part on first
     use: a graph.ChildGraph. The recording keeps its pointers; other buffers record it again."""
-    pointers = tuple(int(b.handle) for b in bufs)
-    if self._recorded is None or self._recorded[0] != pointers:
-      self._recorded = (pointers, self.collectives.capture(lambda streams: self._queue(bufs, streams)))
+    handles = tuple(b.handle for b in bufs)   # held with the recording: their ids stay theirs
+    if self._recorded is None or tuple(map(id, self._recorded[0])) != tuple(map(id, handles)):
+      self._recorded = (handles, self.collectives.capture(lambda streams: self._queue(bufs, streams)))
     return self._recorded[1].child(self.devices.index(device))
 
 class CopyCollective:

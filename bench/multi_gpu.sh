@@ -10,3 +10,5 @@ python3 -c "from tgrad.runtime.cuda.nccl import nccl; n = nccl(); print('NCCL', 
 nvidia-smi topo -m || true
 python3 -m pytest test/test_nccl.py test/test_cuda_graph.py -q -p no:cacheprovider -rs
 python3 bench/allreduce.py --gpus 2 --out "${OUT:-.}/allreduce.json"
+python3 -m pytest test/test_collective_step.py test/test_multi_device.py -q -p no:cacheprovider -rs
+python3 bench/multi_device.py --out "${OUT:-.}/multi_device.json"

@@ -37,7 +37,7 @@ def test_index_zero_is_the_bare_kind_and_other_indices_are_devices_of_their_own(
 def test_copies_between_cpu_devices_are_copy_items_and_keep_values():
   rng = np.random.default_rng(0)
   a = rand(rng, 5, 3)
-  x = Tensor(a).realize()
+  x = Tensor(a, device="LLVM").realize()
   moved = x.to("LLVM:1")
   items = moved.schedule()
   assert len(items) == 1 and items[0].ast.op is Ops.COPY and items[0].bufs[0].device == "LLVM:1"
@@ -47,7 +47,7 @@ def test_copies_between_cpu_devices_are_copy_items_and_keep_values():
   assert moved.lazydata.base.buffer.handle.address != x.lazydata.base.buffer.handle.address
   with pytest.raises(ValueError, match="different devices"): x + moved
   # a copy of a constant expression: folded into the constant on the target device, or copied from a buffer of it
-  np.testing.assert_array_equal((Tensor.full((3, 2), 3.0) * 2).to("LLVM:1").numpy(), np.full((3, 2), 6.0))
+  np.testing.assert_array_equal((Tensor.full((3, 2), 3.0, device="LLVM") * 2).to("LLVM:1").numpy(), np.full((3, 2), 6.0))
   np.testing.assert_array_equal(((Tensor.full((3, 2), 3.0) * 2).to("LLVM:1") + 1).numpy(), np.full((3, 2), 7.0))
 
 # ---- shard: making, gathering, errors

@@ -27,6 +27,8 @@ fusion rules, which all live here:
      by a second reduce (outside row kernels), COPY/EMPTY/CONTIGUOUS/ASSIGN/CUSTOM results (and the sources of a
      COPY or CUSTOM: their runners read whole buffers), elementwise values read
      through a stack of more than MAX_INLINED_VIEWS views, and every realized input.
+  4. Riders (tgrad/schedule_riders.py): once the kernels are built and ordered, a small kernel that nothing orders
+     between it and a neighbouring kernel runs inside that kernel, its loops padded to the host's (RIDERS=0: off).
 A ScheduleItem holds a kernel AST (a SINK of STOREs over LOADs, CONSTs, ARANGEs, ALU and REDUCE_AXIS nodes, each
 memory op carrying a VIEW with its ShapeTracker as its last source; a gather LOAD also has its index value) and the
 device Buffers it touches: outputs first, then inputs.

@@ -108,7 +108,8 @@ def _rewrite(ast: UOp, globals_to: dict[int, int], view: Callable[[ShapeTracker]
     elif u.op is Ops.REDUCE_AXIS and reduce_axes is not None:
       assert valid is not None
       inside = UOp(Ops.CONST, dtypes.bool, (UOp(Ops.VIEW, dtypes.void, (), valid),), True)
-      src = (UOp(Ops.WHERE, src[0].dtype, (inside, src[0], UOp.const(src[0].dtype, identity_of_reduce(arg[0], u.dtype)))),)
+      identity = UOp.const(src[0].dtype, identity_of_reduce(arg[0], u.dtype))
+      src = (UOp(Ops.WHERE, src[0].dtype, (inside, src[0], identity)),)
       arg = (arg[0], reduce_axes) + tuple(arg[2:])
     new[u] = u if arg is u.arg and all(a is b for a, b in zip(src, u.src)) else UOp(u.op, u.dtype, src, arg)
   return new[ast]

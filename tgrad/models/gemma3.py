@@ -22,7 +22,8 @@ from tgrad.jit import TinyJit
 from tgrad.models.gemma3_config import PRESETS, Gemma3Config, weight_shapes  # noqa: F401 (PRESETS re-exported)
 from tgrad.models.gemma3_cache import FULL  # noqa: F401 (re-exported: a layer type, beside SLIDING)
 from tgrad.models.gemma3_cache import (SLIDING, LAYER_TYPES, FRESH, DECODE, EXTEND, StepInputs, Gemma3KVCache,
-                                       write_cache_scatter, write_cache_fresh, write_cache_decode, filled_keys_values, slot_mask,
+                                       write_cache_scatter, write_cache_fresh, write_cache_decode, filled_keys_values,
+                                       slot_mask,
                                        decode_attention_values)
 
 MASKED_SCORE = float(np.finfo(np.float32).min)        # HF fills masked attention scores with finfo(float32).min
@@ -337,14 +338,15 @@ class Gemma3Attention:
       rows = (B, self.kv_heads, group, 1, keys.shape[-2], D)
       keys = keys.unsqueeze(2).unsqueeze(3).expand(rows)
       if new_slot is not None:   # the new key, normed and rotated as the cache write stores it, at its slot
-        new_key = self.k_norm.rotated_copies(k.float().reshape(B, self.kv_heads, 1, 1, 1, D), cos.reshape(1, 1, 1, 1, D),
-                                             sin.reshape(1, 1, 1, 1, D), rows).cast(keys.dtype)
-        keys = new_slot.reshape(1, 1, 1, 1, -1, 1).where(new_key, keys)
+        new_key = self.k_norm.rotated_copies(k.float().reshape(B, self.kv_heads, 1, 1, 1, D),
+                                             cos.reshape(1, 1, 1, 1, D), sin.reshape(1, 1, 1, 1, D), rows)
+        keys = new_slot.reshape(1, 1, 1, 1, -1, 1).where(new_key.cast(keys.dtype), keys)
       scores = self.q_norm.rotated_scores(q, cos.reshape(1, 1, 1, 1, D), sin.reshape(1, 1, 1, 1, D), keys)
     else: scores = (q @ keys.unsqueeze(2).transpose(-1, -2))                      # [B, kv_heads, group, T, K]
     scores = _softcap(scores * self.scale, self.softcap)
     if step.allowed is not None: scores = step.allowed.where(scores, MASKED_SCORE)
-    if one_token: out = decode_attention_values(_materialize(scores), values, None if new_slot is None else (v, new_slot))
+    if one_token:
+      out = decode_attention_values(_materialize(scores), values, None if new_slot is None else (v, new_slot))
     else: out = scores.float().softmax(-1).cast(values.dtype) @ values.unsqueeze(2)   # [B, kv_heads, group, T, D]
     out = out.permute(0, 3, 1, 2, 4).reshape(B, T, self.heads * D)
     if step.mode == FRESH: write_cache_fresh(cache, k, v, step)

@@ -6,6 +6,11 @@ import numpy as np
 import pytest
 from tgrad import Tensor, dtypes
 from tgrad.helpers import Context
+from tgrad.codegen.kernel import Kernel
+from tgrad.codegen.linearizer import linearize
+from tgrad.codegen.heuristics import hand_coded_optimizations
+from tgrad.runtime.cuda.renderer import CUDARenderer
+from tgrad.runtime.cuda.nvrtc import compile_cuda, nvrtc_available
 from tgrad.ops import Ops
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "bench"))
@@ -84,3 +89,15 @@ def test_gemma_270m_decode_step_kernel_count_on_cuda():
   assert len(cache_writes) == 1 and {b.size for b in cache_writes[0].outputs} == {2 * 256 * 512, 2 * 256 * 1024}
   with Context(RIDERS=0):
     assert len(decode_step_kernels("270m", "CUDA", "float16", position=600)) == DECODE_KERNELS_270M + 17
+
+@pytest.mark.skipif(not nvrtc_available(), reason="libnvrtc not found (pip install nvidia-cuda-nvrtc)")
+def test_decode_cache_writes_and_scores_compile_for_cuda():
+  """The kernel of the 18 cache writes (rule 4) and a scores kernel that takes the new key from k (a row reduce
+  beside the dot products), under the GPU heuristics, compile with NVRTC."""
+  found = decode_step_kernels("270m", "CUDA", "float16", position=600)
+  writes = next(k for k in found if k.output_count == 18)
+  scores = next(k for k in found if k.outputs[0].size == 2048)
+  for item in (writes, scores):
+    kernel = Kernel(item.ast, CUDARenderer())
+    hand_coded_optimizations(kernel)
+    assert compile_cuda(kernel.renderer.render("decode", linearize(kernel)), "sm_90")[:4] == b"\x7fELF"

@@ -5,14 +5,21 @@ import os, sys, zlib
 import numpy as np
 import pytest
 from tgrad import Tensor, dtypes
+from tgrad.helpers import Context
+from tgrad.codegen.kernel import Kernel
+from tgrad.codegen.linearizer import linearize
+from tgrad.codegen.heuristics import hand_coded_optimizations
+from tgrad.runtime.cuda.renderer import CUDARenderer
+from tgrad.runtime.cuda.nvrtc import compile_cuda, nvrtc_available
 from tgrad.ops import Ops
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "bench"))
 from decode_kernels import decode_step_kernels, schedule_only  # noqa: E402
 
 # gemma-3-270m's decode step (18 layers) on CUDA: 155 kernels before the fusions this file tests (148 before
-# the residual sum moved into the next qkv kernel, schedule rule 2c)
-DECODE_KERNELS_270M = 132
+# the residual sum moved into the next qkv kernel, schedule rule 2c; 132 before the 18 cache writes became one
+# kernel, schedule rule 4)
+DECODE_KERNELS_270M = 115
 
 def kernels(t: Tensor) -> int: return sum(1 for item in t.schedule() if item.ast.op is Ops.SINK)
 
@@ -67,14 +74,30 @@ def test_schedule_only_runs_nothing():
 
 def test_gemma_270m_decode_step_kernel_count_on_cuda():
   """One decode step of the 18-layer gemma-3-270m in float16 on CUDA (scheduled without a GPU): at most
-  DECODE_KERNELS_270M kernels, 7 per layer (qkv matvec with the input norm and, from the second layer on, the previous
-  layer's post-norm and residual sum, stored as its second output; the key's norm, RoPE and cache write; scores with
-  q's norm and RoPE; softmax times values; o_proj; the residual sum and pre-norm in the gate/up matvec; down with
-  GELU), the last layer's residual sum, and 5 more: the rotary tables, the final norm, the head's matvec and the
-  argmax's two."""
+  DECODE_KERNELS_270M kernels, 6 per layer (qkv matvec with the input norm and, from the second layer on, the previous
+  layer's post-norm and residual sum, stored as its second output; scores with q's norm and RoPE and the new key's;
+  softmax times values; o_proj; the residual sum and pre-norm in the gate/up matvec; down with GELU), the last
+  layer's residual sum, one kernel for all 18 cache writes (rule 4), and 5 more: the rotary tables, the final norm,
+  the head's matvec and the argmax's two. RIDERS=0 gives every cache write its own kernel again."""
   found = decode_step_kernels("270m", "CUDA", "float16", position=600)
   assert len(found) <= DECODE_KERNELS_270M, len(found)
   assert found[0].outputs[0].size == 1536 and found[0].inputs[0].dtype == dtypes.int32   # the lookup inside qkv
   # every later layer's qkv kernel also stores the residual stream (float32 in a float16 model): 17 of them
   residual_stores = [k for k in found if k.output_count == 2 and k.outputs[0].size == 1536]
   assert len(residual_stores) == 17 and all(k.outputs[1].size == 640 for k in residual_stores)
+  cache_writes = [k for k in found if k.output_count == 18]
+  assert len(cache_writes) == 1 and {b.size for b in cache_writes[0].outputs} == {2 * 256 * 512, 2 * 256 * 1024}
+  with Context(RIDERS=0):
+    assert len(decode_step_kernels("270m", "CUDA", "float16", position=600)) == DECODE_KERNELS_270M + 17
+
+@pytest.mark.skipif(not nvrtc_available(), reason="libnvrtc not found (pip install nvidia-cuda-nvrtc)")
+def test_decode_cache_writes_and_scores_compile_for_cuda():
+  """The kernel of the 18 cache writes (rule 4) and a scores kernel that takes the new key from k (a row reduce
+  beside the dot products), under the GPU heuristics, compile with NVRTC."""
+  found = decode_step_kernels("270m", "CUDA", "float16", position=600)
+  writes = next(k for k in found if k.output_count == 18)
+  scores = next(k for k in found if k.outputs[0].size == 2048)
+  for item in (writes, scores):
+    kernel = Kernel(item.ast, CUDARenderer())
+    hand_coded_optimizations(kernel)
+    assert compile_cuda(kernel.renderer.render("decode", linearize(kernel)), "sm_90")[:4] == b"\x7fELF"

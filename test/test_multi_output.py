@@ -5,6 +5,7 @@ the copy, and the CUDA renderings compiled with NVRTC."""
 import numpy as np
 import pytest
 from tgrad import Tensor
+from tgrad.helpers import Context
 from tgrad.ops import Ops
 from tgrad.schedule import create_schedule
 from tgrad.codegen.kernel import Kernel, Opt, OptOps
@@ -110,7 +111,8 @@ def test_strided_copy_is_no_second_output():
   x = Tensor(np.random.default_rng(9).standard_normal((rows, n)).astype(np.float32)).realize()
   shifted = x - x.max(-1, keepdim=True)
   column = shifted[:, 2].contiguous()
-  assert all(item.output_count == 1 for item in kernels(shifted.exp().sum(-1), column))
+  with Context(RIDERS=0):   # rule 4 may put the two kernels into one: this test is about rule 2c alone
+    assert all(item.output_count == 1 for item in kernels(shifted.exp().sum(-1), column))
   xn = x.numpy()
   np.testing.assert_allclose(column.numpy(), (xn - xn.max(-1, keepdims=True))[:, 2], rtol=1e-6)
   np.testing.assert_allclose(out.numpy(), numpy_residual_matvec(h, a, w)[0], rtol=1e-4, atol=1e-4)

@@ -98,6 +98,7 @@ class _Settings:
   PDL: int = 1          # 1: on sm_90+ a CUDA graph's kernels launch before their predecessor ends (Programmatic
                         # Dependent Launch) and wait for it on chip; 0 serializes them fully
   JIT_PLAN: int = 1     # 1: a TinyJit packs its transient buffers into one arena per device; 0: one allocation each
+  RIDERS: int = 1       # 1: a small kernel runs inside a neighbouring one (schedule rule 5); 0: every kernel alone
   TOLERANCE: Optional[float] = None   # max relative error of a selected execution path; None: per dtype (tgrad/paths)
 
 MAX_DEBUG = 5
@@ -113,6 +114,7 @@ _ALLOWED_VALUES: dict[str, tuple[str, Callable[[int], bool]]] = {
   "CUDA_GRAPH": ("0 or 1", lambda v: v in (0, 1)),
   "PDL": ("0 or 1", lambda v: v in (0, 1)),
   "JIT_PLAN": ("0 or 1", lambda v: v in (0, 1)),
+  "RIDERS": ("0 or 1", lambda v: v in (0, 1)),
 }
 # the float settings, the same way; None (unset) is always allowed for these
 _ALLOWED_FLOATS: dict[str, tuple[str, Callable[[float], bool]]] = {

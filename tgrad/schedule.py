@@ -31,6 +31,8 @@ fusion rules, which all live here:
      device's buffers: its outputs are the siblings in rank order, its inputs the shards they combine. Asking for
      one sibling realizes all of them (`with_collective_siblings`); a sibling no one holds any more gets a scratch
      output.
+  5. Riders (tgrad/schedule_riders.py): once the kernels are built and ordered, a small kernel that nothing orders
+     between it and a neighbouring kernel runs inside that kernel, its loops padded to the host's (RIDERS=0: off).
 A ScheduleItem holds a kernel AST (a SINK of STOREs over LOADs, CONSTs, ARANGEs, ALU and REDUCE_AXIS nodes, each
 memory op carrying a VIEW with its ShapeTracker as its last source; a gather LOAD also has its index value) and the
 device Buffers it touches: outputs first, then inputs.
@@ -53,6 +55,7 @@ from tgrad.device import Buffer
 from tgrad.shape.shapetracker import ShapeTracker
 from tgrad.shape.view import View
 from tgrad.helpers import gc_paused, prod, run_nested
+from tgrad.schedule_riders import ride_along
 
 NO_VARIABLES: Mapping[str, int] = MappingProxyType({})   # the var_vals of every kernel without variables (shared)
 REALIZED_OPS = {Ops.COPY, Ops.EMPTY, Ops.CONTIGUOUS, Ops.ASSIGN, Ops.CUSTOM, Ops.COLLECTIVE}
@@ -448,7 +451,7 @@ def create_schedule(outs: list[LazyBuffer], commit: bool = False, buffers: Optio
       items.append(_Step(ast, (b,) + tuple(copy for copy, _ in copies.get(b, ())), tuple(inputs)))
   buffers = {} if buffers is None else buffers
   items = _snapshot_old_values_read_after_assigns(_order_by_data(items))
-  steps = _order_assigns_after_readers(items)
+  steps = ride_along(_order_assigns_after_readers(items), scalars_of, _Step, MAX_SCALAR_PARAMS)   # rule 5
   if scalar_nodes is not None: scalar_nodes[:] = [tuple(scalars_of.get(step.outputs[0], ())) for step in steps]
   scheduled = [_with_buffers(step, buffers, commit, scalars_of.get(step.outputs[0], ())) for step in steps]
   for old, new in rebuilt:   # the caller's nodes, by the Buffers their simplified copies got
@@ -549,8 +552,8 @@ def keep_old_values(items: list[ScheduleItem], assigns: list[tuple[LazyBuffer, L
   for holder, buffer in hazards:
     # the write that ends the holder's data: the ASSIGNs writing this Buffer run in the order of the chain of values
     # it holds, after the kernel that made its first value when this schedule made that too
-    writers = [i for i, item in enumerate(items) if item.ast.op is Ops.SINK and item.output_count == 1 and
-               item.outputs[0] is buffer]
+    writers = [i for i, item in enumerate(items) if item.ast.op is Ops.SINK and
+               any(out is buffer for out in item.outputs)]
     assign_writers = writers[len(writers) - sum(1 for _, a in assigns if a.buffer is buffer):]
     [copy] = create_schedule([old := LazyBuffer.copy_of_buffer(buffer)], commit=True)
     # right before the first write for a value this schedule did not make, else right after the write that made it

@@ -20,6 +20,7 @@ from tgrad.ops import Ops, UOp, SymbolicState
 from tgrad.shape.shapetracker import ShapeTracker
 from tgrad.shape.sint import unbind
 from tgrad.scalars import param_name
+from tgrad.helpers import Context
 from tgrad.schedule import (MAX_SCALAR_PARAMS, NO_VARIABLES, ScheduleItem, create_schedule, keep_old_values,
                             scalar_values, with_collective_siblings)
 
@@ -165,12 +166,13 @@ def schedule(outs: list[LazyBuffer], keep_old: bool = True) -> list[ScheduleItem
   walk = _Walk(roots)
   nodes = walk.nodes
   assigns = [(nodes[p].srcs[0].base, nodes[p]) for p in walk.unrealized if nodes[p].op is Ops.ASSIGN]
-  template = _templates.get(walk.key)
+  key = (Context.RIDERS, walk.key)   # the schedule settings change the schedule
+  template = _templates.get(key)
   if template is None:
     host_copies = {p for p in walk.unrealized if nodes[p].op is Ops.COPY and not nodes[p].srcs}
     scalar_nodes: list[tuple[LazyBuffer, ...]] = []
     items = create_schedule(roots, commit=True, scalar_nodes=scalar_nodes)
-    _store(walk, _template_of(walk, items, host_copies, scalar_nodes))
+    _store(key, _template_of(walk, items, host_copies, scalar_nodes))
   else: items = _instantiate(walk, template)
   # the values inlined into these kernels forget their composite Region: a Region holds its root, which holds it, a
   # cycle that would keep them (and the buffers they read, as pending readers) alive until the garbage collector runs
@@ -202,9 +204,9 @@ def _template_of(walk: _Walk, items: list[ScheduleItem], host_copies: set[int],
                          for item, scalars in zip(items, scalar_nodes))
   return _Template(template_items, tuple(new_buffers), commits, len(walk.nodes))
 
-def _store(walk: _Walk, template: _Template) -> None:
+def _store(key: tuple, template: _Template) -> None:
   global _cached_nodes
-  _templates[walk.key] = template
+  _templates[key] = template
   _cached_nodes += template.nodes
   while _cached_nodes > MAX_CACHED_NODES and len(_templates) > 1:
     _cached_nodes -= _templates.pop(next(iter(_templates))).nodes

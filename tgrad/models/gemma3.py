@@ -23,6 +23,7 @@ from tgrad.models.gemma3_config import PRESETS, Gemma3Config, weight_shapes  # n
 from tgrad.models.gemma3_cache import FULL  # noqa: F401 (re-exported: a layer type, beside SLIDING)
 from tgrad.models.gemma3_cache import (SLIDING, LAYER_TYPES, FRESH, DECODE, EXTEND, StepInputs, Gemma3KVCache,
                                        write_cache_scatter, write_cache_fresh, write_cache_decode, filled_keys_values,
+                                       slot_mask,
                                        decode_attention_values)
 
 MASKED_SCORE = float(np.finfo(np.float32).min)        # HF fills masked attention scores with finfo(float32).min
@@ -116,12 +117,14 @@ class Gemma3RMSNorm:
 
   def rotated_scores(self, q: Tensor, cos: Tensor, sin_signed: Tensor, keys: Tensor) -> Tensor:
     """rotated(q) @ keysᵀ for one query token as one kernel: q [B, kv_heads, group, 1, D] (unnormed), keys
-    [B, kv_heads, K, D] → [B, kv_heads, group, 1, K] in q's dtype. As in `matvec`, 1/rms multiplies each score after
-    the sum, and the sum of squares runs over the same [K, D] rows as the dot products."""
+    [B, kv_heads, K, D] (or already read over the rows, [B, kv_heads, group, 1, K, D]) → [B, kv_heads, group, 1, K] in
+    q's dtype. As in `matvec`, 1/rms multiplies each score after the sum, and the sum of squares runs over the same
+    [K, D] rows as the dot products."""
     q32 = q.float()
     rotated = _rotate(self.weighted(q32), cos.float(), sin_signed.float())
     rows = q.shape[:-1] + (keys.shape[-2], q.shape[-1])
-    product = (rotated.unsqueeze(-2) * keys.unsqueeze(2).unsqueeze(3).float()).sum(-1)
+    if keys.ndim == q.ndim - 1: keys = keys.unsqueeze(2).unsqueeze(3)
+    product = (rotated.unsqueeze(-2) * keys.float()).sum(-1)
     return (product * self.inverse_rms_of_copies(q32, rows)).cast(q.dtype)
 
   def rotated_per_element(self, x32: Tensor, cos: Tensor, sin_signed: Tensor) -> Tensor:
@@ -131,6 +134,13 @@ class Gemma3RMSNorm:
     its own)."""
     rows = x32.shape + (x32.shape[-1],)
     return _rotate(self.weighted(x32), cos.float(), sin_signed.float()) * self.inverse_rms_of_copies(x32, rows)
+
+  def rotated_copies(self, x32: Tensor, cos: Tensor, sin_signed: Tensor, rows: tuple) -> Tensor:
+    """The normed rotation of a float32 x (as `rotated`, in float32) read over `rows` (x broadcast to them), its 1/rms
+    a reduce over each row's own copy of x, read broadcast over the row: inside a row kernel over `rows` (schedule
+    rule 2b) it is computed once per row, beside the kernel's other reduces over those rows."""
+    inverse = self.inverse_rms(x32.expand(rows))
+    return _rotate(self.weighted(x32), cos.float(), sin_signed.float()) * inverse
 
   def rotated(self, x: Tensor, cos: Tensor, sin_signed: Tensor) -> Tensor:
     """RoPE of the normed x, as one row kernel: the norm's 1/rms is one number per row, so it multiplies the rotation
@@ -312,22 +322,36 @@ class Gemma3Attention:
       q, k = _materialize(self.q_norm.rotated(q, cos, sin)), _materialize(self.k_norm.rotated(k, cos, sin))
     k, v = k.permute(0, 2, 1, 3), v.permute(0, 2, 1, 3)          # [B, kv_heads, T, D]
     pending = None
-    if step.mode == DECODE:   # write the new slot, then read the filled slots: every one is a key the query sees
-      write_cache_decode(cache, k, v, self.k_norm, cos.reshape(1, 1, 1, D), sin.reshape(1, 1, 1, D), step)
+    new_slot = None
+    if step.mode == DECODE:
+      # the filled slots as they are before this step's write (its values are built before the write: they keep the
+      # old data), the new slot's key and value computed from k and v inside the kernels that read them (`new_slot`):
+      # no kernel waits for the write, which runs after its readers and can share a later kernel (schedule rule 5)
       keys, values = filled_keys_values(cache, step)
+      new_slot = slot_mask(step)
     elif step.mode == FRESH: keys, values = k, v
     else:
       keys, values = cache[0].cat(k, dim=2), cache[1].cat(v, dim=2)
       pending = (k, v)
     q = q.reshape(B, T, self.kv_heads, group, D).permute(0, 2, 3, 1, 4)           # [B, kv_heads, group, T, D]
-    if one_token: scores = self.q_norm.rotated_scores(q, cos.reshape(1, 1, 1, 1, D), sin.reshape(1, 1, 1, 1, D), keys)
+    if one_token:
+      rows = (B, self.kv_heads, group, 1, keys.shape[-2], D)
+      keys = keys.unsqueeze(2).unsqueeze(3).expand(rows)
+      if new_slot is not None:   # the new key, normed and rotated as the cache write stores it, at its slot
+        new_key = self.k_norm.rotated_copies(k.float().reshape(B, self.kv_heads, 1, 1, 1, D),
+                                             cos.reshape(1, 1, 1, 1, D), sin.reshape(1, 1, 1, 1, D), rows)
+        keys = new_slot.reshape(1, 1, 1, 1, -1, 1).where(new_key.cast(keys.dtype), keys)
+      scores = self.q_norm.rotated_scores(q, cos.reshape(1, 1, 1, 1, D), sin.reshape(1, 1, 1, 1, D), keys)
     else: scores = (q @ keys.unsqueeze(2).transpose(-1, -2))                      # [B, kv_heads, group, T, K]
     scores = _softcap(scores * self.scale, self.softcap)
     if step.allowed is not None: scores = step.allowed.where(scores, MASKED_SCORE)
-    if one_token: out = decode_attention_values(_materialize(scores), values)
+    if one_token:
+      out = decode_attention_values(_materialize(scores), values, None if new_slot is None else (v, new_slot))
     else: out = scores.float().softmax(-1).cast(values.dtype) @ values.unsqueeze(2)   # [B, kv_heads, group, T, D]
     out = out.permute(0, 3, 1, 2, 4).reshape(B, T, self.heads * D)
     if step.mode == FRESH: write_cache_fresh(cache, k, v, step)
+    if step.mode == DECODE:
+      write_cache_decode(cache, k, v, self.k_norm, cos.reshape(1, 1, 1, D), sin.reshape(1, 1, 1, D), step)
     return self.o_proj(out), pending
 
 class Gemma3MLP:

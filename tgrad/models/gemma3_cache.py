@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 import numpy as np
 from tgrad.tensor import Tensor
-from tgrad.dtype import DType
+from tgrad.dtype import DType, dtypes
 from tgrad.shape.sint import Variable
 
 SLIDING, FULL = "sliding_attention", "full_attention"
@@ -139,18 +139,29 @@ def filled_keys_values(cache: Tensor, step: StepInputs) -> tuple[Tensor, Tensor]
   filled = cache.shrink((None, None, None, (0, step.filled), None))
   return filled[0], filled[1]
 
-def decode_attention_values(scores: Tensor, values: Tensor) -> Tensor:
+def slot_mask(step: StepInputs) -> Tensor:
+  """DECODE: [filled] bool, true at the slot this step writes (its key and value are read from the step's own k and
+  v there, not from the cache)."""
+  return Tensor.arange(step.filled, dtype=dtypes.int32, device=step.cos.device) == step.slot
+
+def decode_attention_values(scores: Tensor, values: Tensor, new_value: Optional[tuple[Tensor, Tensor]] = None
+                            ) -> Tensor:
   """softmax(scores) @ values for one query token, as one row kernel: scores [B, kv_heads, group, 1, K] (realized),
   values [B, kv_heads, K, D] → [B, kv_heads, group, 1, D]. Each output element's row is its query's K scores beside
   one value column: the row's max, its sum of exponentials and the probability-weighted sum of the value column are
   three reduces over the same row (schedule rule 2b), so the scores are read from cache and each value once, in one
   launch. The max and the sum are recomputed for every d of a head: K·D extra exponentials, nothing next to one
-  launch in decode. The probabilities are rounded to the model dtype before the product, as HF's softmax → matmul."""
+  launch in decode. The probabilities are rounded to the model dtype before the product, as HF's softmax → matmul.
+  `new_value`: (v [B, kv_heads, 1, D], slot mask [K] bool): the value at the masked slot is v, not `values`'."""
   B, kv_heads, group, _, K = scores.shape
   D = values.shape[-1]
   rows = (B, kv_heads, group, 1, D, K)
   s = scores.float().reshape(B, kv_heads, group, 1, 1, K).expand(rows)
   e = (s - s.max(-1, keepdim=True)).exp()
   probs = (e / e.sum(-1, keepdim=True)).cast(values.dtype)
-  weighted = probs.float() * values.transpose(-1, -2).reshape(B, kv_heads, 1, 1, D, K).float()
+  columns = values.transpose(-1, -2).reshape(B, kv_heads, 1, 1, D, K)
+  if new_value is not None:
+    v, is_new = new_value
+    columns = is_new.reshape(1, 1, 1, 1, 1, K).where(v.cast(values.dtype).reshape(B, kv_heads, 1, 1, D, 1), columns)
+  weighted = probs.float() * columns.float()
   return weighted.sum(-1).cast(values.dtype)

@@ -18,7 +18,7 @@ from decode_kernels import decode_step_kernels, schedule_only  # noqa: E402
 
 # gemma-3-270m's decode step (18 layers) on CUDA: 155 kernels before the fusions this file tests (148 before
 # the residual sum moved into the next qkv kernel, schedule rule 2c; 132 before the 18 cache writes became one
-# kernel, schedule rule 4)
+# kernel, schedule rule 5)
 DECODE_KERNELS_270M = 115
 
 def kernels(t: Tensor) -> int: return sum(1 for item in t.schedule() if item.ast.op is Ops.SINK)
@@ -77,7 +77,7 @@ def test_gemma_270m_decode_step_kernel_count_on_cuda():
   DECODE_KERNELS_270M kernels, 6 per layer (qkv matvec with the input norm and, from the second layer on, the previous
   layer's post-norm and residual sum, stored as its second output; scores with q's norm and RoPE and the new key's;
   softmax times values; o_proj; the residual sum and pre-norm in the gate/up matvec; down with GELU), the last
-  layer's residual sum, one kernel for all 18 cache writes (rule 4), and 5 more: the rotary tables, the final norm,
+  layer's residual sum, one kernel for all 18 cache writes (rule 5), and 5 more: the rotary tables, the final norm,
   the head's matvec and the argmax's two. RIDERS=0 gives every cache write its own kernel again."""
   found = decode_step_kernels("270m", "CUDA", "float16", position=600)
   assert len(found) <= DECODE_KERNELS_270M, len(found)
@@ -92,7 +92,7 @@ def test_gemma_270m_decode_step_kernel_count_on_cuda():
 
 @pytest.mark.skipif(not nvrtc_available(), reason="libnvrtc not found (pip install nvidia-cuda-nvrtc)")
 def test_decode_cache_writes_and_scores_compile_for_cuda():
-  """The kernel of the 18 cache writes (rule 4) and a scores kernel that takes the new key from k (a row reduce
+  """The kernel of the 18 cache writes (rule 5) and a scores kernel that takes the new key from k (a row reduce
   beside the dot products), under the GPU heuristics, compile with NVRTC."""
   found = decode_step_kernels("270m", "CUDA", "float16", position=600)
   writes = next(k for k in found if k.output_count == 18)

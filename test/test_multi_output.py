@@ -111,7 +111,7 @@ def test_strided_copy_is_no_second_output():
   x = Tensor(np.random.default_rng(9).standard_normal((rows, n)).astype(np.float32)).realize()
   shifted = x - x.max(-1, keepdim=True)
   column = shifted[:, 2].contiguous()
-  with Context(RIDERS=0):   # rule 4 may put the two kernels into one: this test is about rule 2c alone
+  with Context(RIDERS=0):   # rule 5 may put the two kernels into one: this test is about rule 2c alone
     assert all(item.output_count == 1 for item in kernels(shifted.exp().sum(-1), column))
   xn = x.numpy()
   np.testing.assert_allclose(column.numpy(), (xn - xn.max(-1, keepdims=True))[:, 2], rtol=1e-6)

@@ -234,19 +234,22 @@ class CUDAProgram:
       raise BinaryLoadError(f"kernel {name}: {type(error).__name__}: {error}") from error
     self.prepared_args = -1
     self.shared_bytes = 0   # dynamic shared memory: the module says how much (runtime/cuda/renderer.py)
-    try: address, _ = self.module.get_global(name + DYNAMIC_SHARED_SUFFIX)
-    except cuda.LogicError: address = None
+    address = self._marker_address(name + DYNAMIC_SHARED_SUFFIX)
     if address is not None:
       size = np.zeros(1, np.uint32)
       cuda.memcpy_dtoh(size, address)
       self.shared_bytes = int(size[0])
       self.function.set_attribute(cuda.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, self.shared_bytes)
     # rendered with the dependent-launch prologue: a CUDA graph may start it before its predecessor ends
-    try: self.waits_for_prior_grids = self.module.get_global(name + DEPENDENT_LAUNCH_SUFFIX) is not None
-    except cuda.LogicError: self.waits_for_prior_grids = False
+    self.waits_for_prior_grids = self._marker_address(name + DEPENDENT_LAUNCH_SUFFIX) is not None
     self.start, self.end = cuda.Event(), cuda.Event()
     self.last_sizes: tuple = (None, None)   # the (global_size, local_size) objects last_dims was made from
     self.last_dims: tuple = ((1, 1, 1), (1, 1, 1))
+
+  def _marker_address(self, global_name: str) -> Optional[int]:
+    """The device address of a module global the renderer emits as a marker, or None when the module has none."""
+    try: return self.module.get_global(global_name)[0]
+    except cuda.LogicError: return None
 
   def __call__(self, *buffers, global_size=(1,), local_size=(1,), vals=(), wait: bool = False) -> Optional[float]:
     """Launch now (the eager path): the arguments packed in the prepared format and handed straight to the launch

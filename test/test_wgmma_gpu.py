@@ -38,9 +38,10 @@ def run_wgmma(a: np.ndarray, b: np.ndarray, dtype, config: WgmmaConfig) -> np.nd
   return buffers[0].copyout().reshape(m, n)
 
 CASES = [((4096, 4096, 4096), WgmmaConfig()), ((1001, 777, 520), WgmmaConfig()), ((37, 45, 24), WgmmaConfig()),
-         ((512, 2048, 640), WgmmaConfig(2, 256, 64, 3)), ((300, 200, 136), WgmmaConfig(1, 64, 16, 3)),
-         ((130, 90, 104), WgmmaConfig(1, 24, 48, 5)), ((4096, 4096, 4096), WgmmaConfig(b_n_major=True)),
-         ((1001, 776, 520), WgmmaConfig(b_n_major=True)), ((70, 40, 88), WgmmaConfig(1, 40, 32, 3, b_n_major=True))]
+         ((512, 2048, 640), WgmmaConfig(2, 128, 5)), ((300, 200, 136), WgmmaConfig(1, 64, 3)),
+         ((130, 90, 104), WgmmaConfig(1, 48, 6)), ((4096, 4096, 4096), WgmmaConfig(b_n_major=True)),
+         ((1001, 776, 520), WgmmaConfig(b_n_major=True)), ((70, 40, 88), WgmmaConfig(1, 64, 3, b_n_major=True)),
+         ((520, 1000, 200), WgmmaConfig(2, 128, 4, b_n_major=True))]
 
 @pytest.mark.parametrize("dtype", [dtypes.float16, dtypes.bfloat16], ids=str)
 @pytest.mark.parametrize("shape,config", CASES, ids=str)

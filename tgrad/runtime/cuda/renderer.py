@@ -158,6 +158,10 @@ class CUDARenderer(Renderer):
     """The kernel's source; on sm_90+ under PDL=1 (a code setting, part of every cache key) with the dependent-launch
     prologue."""
     return _KernelWriter(name, uops, self.arch, self.dependent_launch and bool(Context.PDL)).write()
+  def render_warpgroup_matmul(self, name: str, matmul) -> str:
+    """The wgmma kernel (runtime/cuda/wgmma.py) of an axes.WarpgroupMatmul, its parameters in the kernel's order."""
+    from tgrad.runtime.cuda.wgmma import warpgroup_matmul_source   # wgmma.py builds on this module's names
+    return warpgroup_matmul_source(name, matmul)
 
 # ---------------------------------------------------------------------------------------------------------------
 # 64-bit index math, computed in 32 bits where the bounds prove it fits

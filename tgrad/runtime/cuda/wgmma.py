@@ -305,11 +305,17 @@ def _copy_lines(c: WgmmaConfig, operand_b: bool, m: int, n: int, k: int) -> list
     lines.append(f"    copy_chunk({base} + {offset}, {source}, {name}, {valid});")
   return lines
 
+PARAMETERS = {"out": "element* __restrict__ out", "a": "const element* __restrict__ a",
+              "b": "const element* __restrict__ b"}
+
 def wgmma_matmul_source(name: str, m: int, n: int, k: int, dtype: DType = dtypes.float16,
-                        config: WgmmaConfig = WgmmaConfig()) -> str:
-  """CUDA C of `name(out, a, b)`: out[M×N] = a[M×K] · b[N×K]ᵀ (a · b[K×N] when b_n_major) in `dtype`, float32
-  accumulators (see the module doc). Compile for sm_90a (wgmma is an sm_90a feature)."""
+                        config: WgmmaConfig = WgmmaConfig(), arguments: tuple[str, ...] = ("out", "a", "b")) -> str:
+  """CUDA C of `name(out, a, b)` (parameters in the order `arguments` names them): out[M×N] = a[M×K] · b[N×K]ᵀ
+  (a · b[K×N] when b_n_major) in `dtype`, float32 accumulators (see the module doc). Compile for sm_90a (wgmma is an
+  sm_90a feature)."""
   check_shapes(m, n, k, dtype, config.b_n_major)
+  if sorted(arguments) != sorted(PARAMETERS): raise ValueError(f"wgmma matmul: arguments {arguments} must order "
+                                                               f"{list(PARAMETERS)}")
   c = config
   tiles = -(-k // BLOCK_K)
   type_name = WGMMA_TYPES[dtype]
@@ -324,8 +330,8 @@ def wgmma_matmul_source(name: str, m: int, n: int, k: int, dtype: DType = dtypes
   lines = [
     "typedef unsigned short element;",
     f'extern "C" __device__ const unsigned int {name}{DYNAMIC_SHARED_SUFFIX} = {c.shared_bytes};',
-    f'extern "C" __global__ void __launch_bounds__({c.threads}, 1) {name}(element* __restrict__ out, '
-    "const element* __restrict__ a, const element* __restrict__ b) {",
+    f'extern "C" __global__ void __launch_bounds__({c.threads}, 1) {name}('
+    f'{", ".join(PARAMETERS[role] for role in arguments)}) {{',
     "  extern __shared__ __align__(1024) unsigned char shared[];",
     "  const int tid = threadIdx.x;",
     f"  const int warpgroup = tid / {WARPGROUP_THREADS}, lane_thread = tid % {WARPGROUP_THREADS};",
@@ -412,6 +418,12 @@ def _epilogue(c: WgmmaConfig, n: int, m: int, dtype: DType, tid_in_group: CExpr,
                    f"to_element(acc[{register}]);")
     lines.append("  }")
   return lines
+
+def warpgroup_matmul_source(name: str, matmul) -> str:
+  """The kernel of an OptOps.WGMMA kernel (codegen/axes.py WarpgroupMatmul: shape, dtype, B layout, tile, parameter
+  order)."""
+  config = WgmmaConfig(matmul.warpgroups, matmul.block_n, matmul.stages, matmul.b_n_major)
+  return wgmma_matmul_source(name, matmul.m, matmul.n, matmul.k, matmul.dtype, config, matmul.arguments)
 
 def compile_wgmma_matmul(name: str, m: int, n: int, k: int, dtype: DType = dtypes.float16,
                          config: WgmmaConfig = WgmmaConfig()) -> bytes:

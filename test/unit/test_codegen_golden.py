@@ -3,8 +3,9 @@
 The programs cover elementwise chains, broadcasting, reductions (small, blocked, split), matmuls (heuristics, tensor
 cores, shared-memory staging), gathers, row kernels (softmax, layernorm, RMSNorm), GROUP reduces, symbolic shapes and
 float16/bfloat16. Each kernel is linearized and rendered for the CUDA renderer (sm_75 and sm_90, and sm_90a for the
-matmuls: the warpgroup-MMA kernel of OptOps.WGMMA; no GPU needed) and for the LLVM renderer, unoptimized, with the heuristics, with a few fixed opt lists and along seeded random walks over
-a frozen copy of the search's actions. The sha256 of every source is compared with test/unit/codegen_golden.json, so
+matmuls: the warpgroup-MMA kernel of OptOps.WGMMA; no GPU needed) and for the LLVM renderer, unoptimized, with the
+heuristics, with a few fixed opt lists and along seeded random walks over a frozen copy of the search's actions. The
+sha256 of every source is compared with test/unit/codegen_golden.json, so
 any change to the code that scheduling and codegen make is visible: a refactor must leave it unchanged; a deliberate
 change (and bump of codegen.CODEGEN_VERSION where generated code changes) regenerates the file with
 

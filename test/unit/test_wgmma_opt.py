@@ -90,8 +90,8 @@ def test_heuristics_pick_it_for_big_matmuls_on_sm_90a_only():
 
 def test_default_tile_keeps_a_wave_of_blocks():
   assert WGMMA_TILES[default_tile(4096, 4096)] == (2, 256, 4)      # 512 blocks of 128×256
-  assert WGMMA_TILES[default_tile(512, 2048)] == (1, 128, 4)       # 128 blocks of 64×128
-  assert WGMMA_TILES[default_tile(512, 640)] == (1, 64, 4)         # the smallest tile: 80 blocks
+  assert WGMMA_TILES[default_tile(512, 2048)] == (1, 128, 6)       # 128 blocks of 64×128
+  assert WGMMA_TILES[default_tile(512, 640)] == (1, 64, 8)         # the smallest tile: 80 blocks
 
 def test_rendered_source_compiles_with_parameters_in_kernel_order():
   nvrtc = pytest.importorskip("tgrad.runtime.cuda.nvrtc")

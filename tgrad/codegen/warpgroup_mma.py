@@ -32,8 +32,9 @@ WGMMA_TILES: tuple[tuple[int, int, int], ...] = (
   (2, 64, 6), (1, 64, 4), (1, 64, 8))
 # The heuristics' tile: the largest (first of DEFAULT_TILES) that still gives a wave of blocks to an H100's 132 SMs
 # (WAVE_FRACTION of them: a few idle SMs cost less than a smaller tile's lower arithmetic intensity), else the one
-# with the most blocks.
-DEFAULT_TILES = ((2, 256, 4), (2, 128, 5), (1, 128, 4), (1, 64, 4))
+# with the most blocks. A one-warpgroup tile takes more stages: with one block per SM the copies in flight (stages - 2
+# tiles) are all that hides the latency of global memory.
+DEFAULT_TILES = ((2, 256, 4), (2, 128, 5), (1, 128, 6), (1, 64, 8))
 GPU_SMS = 132
 WAVE_FRACTION = 0.9
 # Below this many multiply-adds (M·N·K) the mma.sync tensor-core kernels are left the work: the heuristics' WGMMA

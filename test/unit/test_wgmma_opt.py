@@ -1,6 +1,7 @@
 """OptOps.WGMMA (codegen/warpgroup_mma.py) without a GPU: which kernels qualify, what the heuristics and BEAM's
 actions do with it, that the source it renders compiles with NVRTC for sm_90a with its parameters in the kernel's
-order, and that the CPU emulation of the kernel it picks (runtime/cuda/wgmma.py) computes the matmul numpy does.
+order, that the CPU emulation of the kernel it picks (runtime/cuda/wgmma.py) computes the matmul numpy does, and that
+the C source it renders, run on the CPU (test/cuda_on_cpu.py with stand-ins for its PTX), does too.
 The GPU run (tgrad's realize against numpy, every tile) is test/test_wgmma_gpu.py."""
 import numpy as np
 import pytest
@@ -135,3 +136,31 @@ def _to_bits(x: np.ndarray, dtype) -> np.ndarray:
   """Values already exact in `dtype` (they came from a tensor of it), as its 16-bit patterns."""
   if dtype == dtypes.float16: return x.astype(np.float16).view(np.uint16)
   return (x.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
+
+# ---- the rendered kernel itself, run on the CPU (test/cuda_on_cpu.py: one OS thread per CUDA thread)
+
+# (each case compiles its kernel with g++ for ~10 s: two cases, both B layouts, both dtypes, one and two warpgroups)
+CPU_CASES = [((200, 136, 200), (1, 64, 4), False, dtypes.float16),
+             ((130, 128, 136), (2, 128, 5), True, dtypes.bfloat16)]
+
+@pytest.mark.parametrize("shape,tile,n_major,dtype", CPU_CASES, ids=str)
+def test_rendered_kernel_runs_on_cpu_and_matches_numpy(shape, tile, n_major, dtype):
+  """The C source OptOps.WGMMA renders (pipeline stage arithmetic, copy addresses, bounds checks, descriptors,
+  epilogue), compiled for the CPU with stand-ins for its PTX written from the ISA, into an output poisoned with NaN:
+  numpy's product of the same inputs. Partial tiles on M, N and K."""
+  from cuda_on_cpu import cpu_available, run_on_cpu
+  if not cpu_available(): pytest.skip("no g++")
+  m, n, k = shape
+  a, b = data(m, k, dtype=dtype), data(k, n, dtype=dtype, seed=1)
+  b_arg = b if n_major else b.T.contiguous().realize()
+  kernel = last_kernel(a @ (b_arg if n_major else b_arg.T))
+  kernel.apply_opt(Opt(OptOps.WGMMA, 0, WGMMA_TILES.index(tile)))
+  assert kernel.warpgroup_matmul.b_n_major == n_major
+  src, _ = render_source(kernel)
+  a_bits, b_bits = (_to_bits(x.numpy().astype(np.float32), dtype) for x in (a, b_arg))
+  out = np.full(m * n, 0xFFFF, np.uint16)
+  run_on_cpu(src, kernel.function_name, *kernel.launch_dims(), [out, a_bits, b_bits], [])
+  got = wgmma.float_of_bits(out.reshape(m, n), dtype)
+  expected = a.numpy().astype(np.float64) @ b.numpy().astype(np.float64)
+  assert not np.isnan(got).any(), f"{np.isnan(got).sum()} outputs never written"
+  np.testing.assert_allclose(got, expected, rtol=2 ** -10 if dtype == dtypes.float16 else 2 ** -7, atol=1e-3)

@@ -1,68 +1,132 @@
-"""The Hopper wgmma matmul kernel (tgrad/runtime/cuda/wgmma.py) against torch's matmul (cuBLAS), kernel times.
+"""tgrad's matmul kernels on Hopper (OptOps.WGMMA: the warpgroup-MMA kernel of runtime/cuda/wgmma.py) against torch's
+matmul (cuBLAS), kernel times by CUDA events, float16 and bfloat16 with float32 accumulation.
 
-out = a·bᵀ with a: M×K and b: N×K row-major (a linear layer's weight layout), or a·b with b K×N (the configs marked
-"B K×N": wgmma reads B transposed), float16 and bfloat16, float32
-accumulate. For each shape and tile configuration: tgrad's kernel by CUDA events around REPEATS back-to-back launches
-(bench/gpu.py `event_seconds`), torch's `a @ b.T` by its profiler (`torch_kernel_time`); each result is first checked
-against torch's on an output poisoned with NaN. Needs an sm_90 GPU (H100/H200): wgmma is sm_90a only.
-Usage: python bench/wgmma.py [--quick]
+Shapes: 4096³, then the prefill projections of gemma-3-270m at 512 tokens (M×K · K×N). Two layouts of B: "a@b" (B is
+K×N row-major: wgmma reads it transposed) and "a@w.T" (B is an N×K weight, K contiguous). For each shape, layout and
+dtype, the kernel the heuristics pick ("chosen": WGMMA with its default tile for big matmuls on sm_90), and with
+--sweep also every WGMMA tile and the mma.sync tensor-core kernel the heuristics pick with WGMMA=0. Every kernel's
+output is first written into a buffer poisoned with NaN and checked against torch's result; its time is CUDA events
+around REPEATS back-to-back launches (bench/gpu.py `event_seconds`), torch's likewise (torch.matmul into a preallocated
+output). Ratios are torch time / tgrad time (1.0: as fast as cuBLAS). Needs an sm_90 GPU (H100/H200).
+Usage: python bench/wgmma.py [--quick] [--sweep] [--repeats N]
 """
 from __future__ import annotations
 import argparse, os, sys
+import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.dirname(__file__))
-from gpu import event_seconds, torch_kernel_time  # noqa: E402
-from tgrad.device import Device  # noqa: E402
+from gpu import event_seconds  # noqa: E402
+from tgrad import Tensor  # noqa: E402
+from tgrad.codegen.compile import compile_kernel  # noqa: E402
+from tgrad.codegen.heuristics import hand_coded_optimizations  # noqa: E402
+from tgrad.codegen.kernel import Kernel, Opt, OptOps  # noqa: E402
+from tgrad.codegen.warpgroup_mma import WGMMA_TILES  # noqa: E402
+from tgrad.device import Buffer, Device  # noqa: E402
 from tgrad.dtype import dtypes  # noqa: E402
+from tgrad.helpers import Context  # noqa: E402
 from tgrad.runtime.cuda import wgmma  # noqa: E402
-from tgrad.runtime.cuda.wgmma import WgmmaConfig  # noqa: E402
+from tgrad.schedule import create_schedule  # noqa: E402
 
-# (M, N, K): 4096², then the prefill projections of gemma-3-270m at 512 tokens (issue 29's list)
-SHAPES = [(4096, 4096, 4096), (512, 2048, 640), (512, 640, 2048), (512, 1536, 640), (512, 640, 1024)]
-CONFIGS = [WgmmaConfig(2, 128, 64, 4), WgmmaConfig(2, 256, 64, 3), WgmmaConfig(1, 128, 64, 4),
-           WgmmaConfig(2, 128, 64, 5), WgmmaConfig(2, 64, 64, 4), WgmmaConfig(1, 256, 64, 4),
-           WgmmaConfig(2, 128, 64, 4, b_n_major=True), WgmmaConfig(2, 256, 64, 3, b_n_major=True)]
+# (M, K, N): 4096³, then gemma-3-270m's prefill projections at 512 tokens (q/k/v-style 640→2048, o 2048→640,
+# MLP 640→1536 and 1024→640), issue 29's list
+SHAPES = [(4096, 4096, 4096), (512, 640, 2048), (512, 2048, 640), (512, 640, 1536), (512, 1024, 640)]
+LAYOUTS = ("a@b", "a@w.T")
+REPEATS = 50
 POISON = 0xFFFF   # NaN in half and bfloat16
+# |tgrad - torch| ≤ RTOL·|torch| + ATOL_PER_SQRT_K·√K: one rounding of each result to the 16-bit format plus float32
+# sums in another order (a wrong layout gives errors of the size of the values, ~√K)
+RTOL = {dtypes.float16: 2 ** -9, dtypes.bfloat16: 2 ** -6}
+ATOL_PER_SQRT_K = {dtypes.float16: 2e-3, dtypes.bfloat16: 2e-2}
+
+def torch_event_seconds(fn, repeats: int) -> float:
+  """GPU seconds per fn() call: torch's CUDA events around `repeats` calls queued back to back, after a warm call."""
+  import torch
+  fn()
+  torch.cuda.synchronize()
+  start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+  start.record()
+  for _ in range(repeats): fn()
+  end.record()
+  end.synchronize()
+  return start.elapsed_time(end) / 1e3 / repeats
+
+def tgrad_tensor(x) -> Tensor:
+  """A realized tgrad CUDA tensor with the values (bits) of the torch tensor x."""
+  import torch
+  bits = x.contiguous().view(torch.int16).cpu().numpy().view(np.uint16)
+  dtype = dtypes.float16 if x.dtype == torch.float16 else dtypes.bfloat16
+  return Tensor(bits, device="CUDA").bitcast(dtype).realize()
+
+def kernel_variants(ast, sweep: bool) -> list[tuple[str, Kernel]]:
+  """(label, optimized kernel): what the heuristics pick, and with `sweep` every WGMMA tile and the WGMMA=0 pick."""
+  renderer = Device["CUDA"].renderer
+  chosen = Kernel(ast, renderer)
+  hand_coded_optimizations(chosen)
+  variants = [("chosen", chosen)]
+  if not sweep: return variants
+  with Context(WGMMA=0):
+    mma_sync = Kernel(ast, renderer)
+    hand_coded_optimizations(mma_sync)
+  variants.append(("mma.sync (WGMMA=0)", mma_sync))
+  for tile, (warpgroups, block_n, stages) in enumerate(WGMMA_TILES):
+    kernel = Kernel(ast, renderer)
+    kernel.apply_opt(Opt(OptOps.WGMMA, 0, tile))
+    variants.append((f"wgmma {64 * warpgroups}x{block_n}/{stages}", kernel))
+  return variants
+
+def describe(kernel: Kernel) -> str:
+  if (use := kernel.warpgroup_matmul) is not None:
+    return f"wgmma {use.block_m}x{use.block_n}x{wgmma.BLOCK_K}/{use.stages}" + (" B K×N" if use.b_n_major else "")
+  return ",".join(f"{o.op.name}:{o.axis}:{o.amount}" for o in kernel.applied_opts) or "no opts"
 
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--quick", action="store_true", help="4096² float16 only, the default tile only")
+  parser.add_argument("--quick", action="store_true", help="4096³ float16 only")
+  parser.add_argument("--sweep", action="store_true", help="also every WGMMA tile and the mma.sync kernel")
+  parser.add_argument("--repeats", type=int, default=REPEATS, help="launches per timing")
   args = parser.parse_args()
   import torch
-  from tgrad.runtime.cuda.runtime import CUDAProgram
   device = Device["CUDA"]
   if wgmma.wgmma_arch(device.renderer.arch) is None: sys.exit(f"wgmma needs sm_90, this GPU is {device.renderer.arch}")
+  print(f"GPU {torch.cuda.get_device_name()}, tgrad arch {device.renderer.arch}, {args.repeats} launches per timing")
   torch_types = {dtypes.float16: torch.float16, dtypes.bfloat16: torch.bfloat16}
-  shapes, configs = (SHAPES[:1], CONFIGS[:1]) if args.quick else (SHAPES, CONFIGS)
-  print(f"{'shape':>18} {'dtype':>9} {'tile (wg×64, N, K, stages)':>28} {'tgrad µs':>9} {'TFLOP/s':>8} "
-        f"{'torch µs':>9} {'TFLOP/s':>8} {'ratio':>6}  max |err|")
+  shapes = SHAPES[:1] if args.quick else SHAPES
+  print(f"{'M×K·K×N':>16} {'layout':>6} {'dtype':>9} {'kernel':>34} {'tgrad µs':>9} {'TFLOP/s':>8} {'torch µs':>9} "
+        f"{'TFLOP/s':>8} {'ratio':>6}  max err/tol")
   for dtype in (dtypes.float16,) if args.quick else (dtypes.float16, dtypes.bfloat16):
-    for m, n, k in shapes:
+    for m, k, n in shapes:
       generator = torch.Generator(device="cuda").manual_seed(0)
       a = torch.randn(m, k, device="cuda", dtype=torch_types[dtype], generator=generator)
-      b = torch.randn(n, k, device="cuda", dtype=torch_types[dtype], generator=generator)
-      reference = a @ b.T
-      b_rows = b.T.contiguous()
-      torch_seconds = torch_kernel_time(lambda: a @ b.T)
+      b = torch.randn(k, n, device="cuda", dtype=torch_types[dtype], generator=generator)
       flops = 2 * m * n * k
-      for config in configs:
-        name = f"wgmma_{m}_{n}_{k}_{config.warpgroups}_{config.block_n}_{config.block_k}_{config.stages}"
-        name += "_n" if config.b_n_major else ""
-        program = CUDAProgram(name, wgmma.compile_wgmma_matmul(name, m, n, k, dtype, config))
-        b_arg = b_rows if config.b_n_major else b   # the same values, K×N row-major: out = a·b_rows
-        out = torch.empty(m, n, device="cuda", dtype=torch_types[dtype])
-        out.view(torch.int16).fill_(POISON - 65536)
-        torch.cuda.synchronize()
-        grid, block = wgmma.launch_dims(config, m, n)
-        def launch(): program(out.data_ptr(), a.data_ptr(), b_arg.data_ptr(), global_size=grid, local_size=block)
-        launch()
-        device.synchronize()
-        error = (out.float() - reference.float()).abs().max().item()
-        seconds = event_seconds(launch)
-        tile = f"{config.warpgroups}, {config.block_n}, {config.block_k}, {config.stages}" + \
-          (" B K×N" if config.b_n_major else "")
-        print(f"{f'{m}×{n}×{k}':>18} {dtype.name:>9} {tile:>28} {seconds * 1e6:9.1f} {flops / seconds / 1e12:8.1f} "
-              f"{torch_seconds * 1e6:9.1f} {flops / torch_seconds / 1e12:8.1f} {torch_seconds / seconds:6.2f}  "
-              f"{error:.3g}", flush=True)
+      for layout in LAYOUTS:
+        # the same values either way: a@b with B K×N, or a@w.T with w = Bᵀ stored N×K
+        b_arg = b if layout == "a@b" else b.T.contiguous()
+        torch_out = torch.empty(m, n, device="cuda", dtype=torch_types[dtype])
+        def torch_matmul(): torch.matmul(a, b_arg if layout == "a@b" else b_arg.T, out=torch_out)
+        torch_seconds = torch_event_seconds(torch_matmul, args.repeats)
+        reference = (a.float() @ b.float())
+        ta, tb = tgrad_tensor(a), tgrad_tensor(b_arg)
+        items = create_schedule([(ta @ (tb if layout == "a@b" else tb.T)).lazydata])
+        item = items[-1]
+        tolerance = RTOL[dtype] * reference.abs() + ATOL_PER_SQRT_K[dtype] * k ** 0.5
+        for label, kernel in kernel_variants(item.ast, args.sweep):
+          name = f"chosen: {describe(kernel)}" if label == "chosen" else label
+          try: runner = compile_kernel("CUDA", kernel, "bench")
+          except Exception as error:   # a variant that fails to build is reported, the sweep goes on  # noqa: BLE001
+            print(f"{f'{m}×{k}·{k}×{n}':>16} {layout:>6} {dtype.name:>9} {name:>34}  FAILED: {error}"[:200])
+            continue
+          out = Buffer("CUDA", m * n, dtype).copyin(np.full(m * n, POISON, np.uint16))
+          buffers = [out] + list(item.inputs)
+          runner(buffers, wait=True)
+          result = torch.from_numpy(out.copyout().view(np.uint16).view(np.int16)).view(torch_types[dtype])
+          result = result.reshape(m, n).float().cuda()
+          ratio_to_tolerance = ((result - reference).abs() / tolerance).nan_to_num(nan=float("inf")).max().item()
+          launch = runner.prepare([b.handle for b in buffers])
+          seconds = event_seconds(launch, args.repeats)
+          flag = "" if ratio_to_tolerance <= 1 else "  WRONG"
+          print(f"{f'{m}×{k}·{k}×{n}':>16} {layout:>6} {dtype.name:>9} {name[:34]:>34} {seconds * 1e6:9.1f} "
+                f"{flops / seconds / 1e12:8.1f} {torch_seconds * 1e6:9.1f} {flops / torch_seconds / 1e12:8.1f} "
+                f"{torch_seconds / seconds:6.2f}  {ratio_to_tolerance:.3g}{flag}", flush=True)
 
 if __name__ == "__main__": main()

@@ -11,8 +11,15 @@ from the PTX ISA's definitions (not from the renderer's tables, so they check th
 (_Float16, round to nearest even), max.NaN.f32, and mma.sync m16n8k16 (f16, bf16) and m16n8k8 (tf32) with f32
 accumulators. An mma is a warp's: each lane puts its A and B registers in a block-wide exchange, the block waits at
 its barrier, each lane computes its own C elements from its warp's registers, and waits again (so every thread of the
-block must reach each mma, as the tensor-core kernels' uniform loops do). Staged kernels (cp.async, ldmatrix) don't
-run. `run_on_cpu(source, name, global_size, local_size, buffers, variables)` launches it once; the buffers are numpy
+block must reach each mma, as the tensor-core kernels' uniform loops do). Staged kernels of the renderer (cp.async,
+ldmatrix) don't run. The warpgroup-MMA kernel (runtime/cuda/wgmma.py, sm_90a) does: its dynamic shared array becomes
+a static one of the size its module global names; `cp.async` is an immediate 16-byte copy with its zero fill (so the
+commit/wait counts are not checked, but which stage buffer each copy lands in is: a copy into a buffer still being
+read corrupts the result); proxy fences, wgmma fences, commits and waits are no-ops; `wgmma.mma_async` is each
+thread's own accumulators summed from the shared-memory operands its descriptors address, read through the 128-byte
+swizzle (PTX ISA "Matrix Descriptor Format", the canonical K-major and MN-major layouts, and "Matrix Fragments for
+wgmma.mma_async.m64nNk16"), all written here from the ISA, not from wgmma.py.
+`run_on_cpu(source, name, global_size, local_size, buffers, variables)` launches it once; the buffers are numpy
 arrays, written in place.
 """
 from __future__ import annotations
@@ -26,6 +33,8 @@ COMPILER = shutil.which("g++")
 HEADER = r"""
 #include <barrier>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <thread>
 #include <vector>
@@ -36,7 +45,7 @@ static std::barrier<>* block_barrier = nullptr;
 #define __global__
 #define __device__
 #define __forceinline__ inline
-#define __launch_bounds__(n)
+#define __launch_bounds__(...)
 #define __restrict__
 #define __shared__ static
 #define __align__(n) __attribute__((aligned(n)))
@@ -106,6 +115,48 @@ static void emu_mma(float& d0, float& d1, float& d2, float& d3, unsigned int a0,
   }
   block_barrier->arrive_and_wait();
 }
+static inline unsigned short emu_f32_to_bf16(float f) {   // round to nearest even (NaN stays a NaN)
+  unsigned int u = __float_as_uint(f);
+  if (f != f) return 0x7FC0;
+  return (unsigned short)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+// shared memory of the wgmma kernel: the generic address of its (static, 1024-aligned) array is shared address 0
+static thread_local unsigned char* emu_shared_base = nullptr;
+static inline unsigned int __cvta_generic_to_shared(const void* p) {
+  emu_shared_base = (unsigned char*)p;
+  return 0;
+}
+static inline void emu_cp_async(unsigned int target, const void* source, unsigned int size) {
+  std::memcpy(emu_shared_base + target, source, size);
+  std::memset(emu_shared_base + target + size, 0, 16 - size);
+}
+// the element (row, k) of a 128-byte-swizzled wgmma operand (16-bit elements): K-major at start + (row / 8)·SBO +
+// (row % 8)·128 + 2k, MN-major (transposed) at start + (row / 64)·LBO + (k / 8)·SBO + (k % 8)·128 + 2·(row % 64);
+// the swizzle XORs address bits 4-6 with bits 7-9
+static inline float emu_operand(unsigned long long desc, int row, int k, bool transposed, bool bf16) {
+  unsigned int start = (unsigned int)(desc & 0x3FFF) << 4, leading = (unsigned int)((desc >> 16) & 0x3FFF) << 4;
+  unsigned int stride = (unsigned int)((desc >> 32) & 0x3FFF) << 4;
+  if ((desc >> 62) != 1) { std::fprintf(stderr, "only the 128-byte swizzle is emulated\n"); std::abort(); }
+  unsigned int at = transposed ? start + (row / 64) * leading + (k / 8) * stride + (k % 8) * 128 + 2 * (row % 64)
+                               : start + (row / 8) * stride + (row % 8) * 128 + 2 * k;
+  at ^= ((at >> 7) & 7) << 4;
+  unsigned short bits;
+  std::memcpy(&bits, emu_shared_base + at, 2);
+  return bf16 ? emu_bf16_to_f32(bits) : emu_f16_to_f32(bits);
+}
+// one m64nNk16 wgmma of this thread's warpgroup, D += A·B: this thread's N/2 accumulators, register i at row
+// 16·(warp) + lane / 4 + 8·((i % 4) / 2), column 8·(i / 4) + 2·(lane % 4) + i % 2 (t = the thread in its warpgroup)
+static void emu_wgmma(float* acc, unsigned long long desc_a, unsigned long long desc_b, int n, bool bf16,
+                      bool transposed_b) {
+  unsigned int t = emu_thread % 128, lane = t % 32;
+  for (int i = 0; i < n / 2; i++) {
+    int row = 16 * (int)(t / 32) + (int)(lane / 4) + 8 * ((i % 4) / 2), col = 8 * (i / 4) + 2 * (int)(lane % 4) + i % 2;
+    double sum = 0;
+    for (int k = 0; k < 16; k++)
+      sum += (double)emu_operand(desc_a, row, k, false, bf16) * emu_operand(desc_b, col, k, transposed_b, bf16);
+    acc[i] = (float)((double)acc[i] + sum);
+  }
+}
 """
 
 MMA_OPERANDS = ", ".join(f"{{{i}}}" for i in range(10))   # D (4 floats), A (4 registers), B (2)
@@ -118,7 +169,16 @@ PTX_STAND_INS = {
   "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32": "emu_mma(" + MMA_OPERANDS + ", EMU_F16);",
   "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32": "emu_mma(" + MMA_OPERANDS + ", EMU_BF16);",
   "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32": "emu_mma(" + MMA_OPERANDS + ", EMU_TF32);",
+  "cvt.rn.bf16.f32 %0, %1;": "{0} = emu_f32_to_bf16({1});",
+  "cp.async.cg.shared.global [%0], [%1], 16, %2;": "emu_cp_async({0}, {1}, {2});",
+  **{no_op: ";" for no_op in ("cp.async.commit_group;", "cp.async.wait_group", "fence.proxy.async.shared::cta;",
+                              "wgmma.fence.sync.aligned;", "wgmma.commit_group.sync.aligned;",
+                              "wgmma.wait_group.sync.aligned")},
 }
+# the wgmma kernel's MMA (its asm opens with a predicate for scale-d): shape and types from the instruction
+WGMMA = re.compile(r"wgmma\.mma_async\.sync\.aligned\.m64n(\d+)k16\.f32\.(f16|bf16)\.\2 .*, p, 1, 1, 0, ([01]);")
+DYNAMIC_SHARED = re.compile(r"extern __shared__ __align__\((\d+)\) unsigned char (\w+)\[\];")
+DYNAMIC_SIZE = re.compile(r"_dynamic_shared_bytes = (\d+);")
 ASM = re.compile(r'asm(?: volatile)?\("([^"]*)"\s*:(.*?):(.*?)\);')
 OPERAND = re.compile(r'"[=+]?\w"\(((?:[^()]|\([^()]*\))*)\)')
 
@@ -127,9 +187,19 @@ def emulable(source: str) -> str:
   one raises NotImplementedError."""
   def replace(match: re.Match) -> str:
     text, outputs, inputs = match.groups()
+    if (wgmma := WGMMA.search(text)) is not None:
+      accumulators, (desc_a, desc_b, _) = OPERAND.findall(outputs), OPERAND.findall(inputs)
+      assert len(accumulators) == int(wgmma.group(1)) // 2, "one output per accumulator"
+      bf16, transposed = ("true" if flag else "false" for flag in (wgmma.group(2) == "bf16", wgmma.group(3) == "1"))
+      return f"emu_wgmma(&{accumulators[0]}, {desc_a}, {desc_b}, {wgmma.group(1)}, {bf16}, {transposed});"
     stand_in = next((call for instruction, call in PTX_STAND_INS.items() if text.startswith(instruction)), None)
     if stand_in is None: raise NotImplementedError(f"no CPU stand-in for the PTX {text!r}")
     return stand_in.format(*OPERAND.findall(outputs), *OPERAND.findall(inputs))
+  if (dynamic := DYNAMIC_SHARED.search(source)) is not None:   # the wgmma kernel's: a static array of its size
+    size = DYNAMIC_SIZE.search(source)
+    assert size is not None, "a dynamic shared array without its size"
+    source = DYNAMIC_SHARED.sub(f"static __attribute__((aligned({dynamic.group(1)}))) unsigned char "
+                                f"{dynamic.group(2)}[{size.group(1)}];", source)
   return ASM.sub(replace, source)
 
 LAUNCHER = r"""

@@ -2,11 +2,20 @@
 out = a·bᵀ for float16 and bfloat16 against numpy's float32 product of the same rounded inputs, into outputs
 poisoned with NaN (0xFFFF) so an element the kernel fails to write shows. Sizes: 4096², odd M and N with a partial K
 tile, tiles smaller than a block, and every tile configuration the kernel offers a test for. Skipped without an
-sm_90 GPU; the CPU-side checks are test/unit/test_wgmma.py."""
+sm_90 GPU; the CPU-side checks are test/unit/test_wgmma.py. Then OptOps.WGMMA: tgrad's matmul kernels with every
+tile of WGMMA_TILES (both B layouts, both dtypes) into poisoned outputs, and realize (the heuristics pick WGMMA) against
+numpy; the CPU-side checks of the opt are test/unit/test_wgmma_opt.py."""
 import numpy as np
 import pytest
+from tgrad import Tensor
+from tgrad.codegen.compile import compile_kernel
+from tgrad.codegen.heuristics import hand_coded_optimizations
+from tgrad.codegen.kernel import Kernel, Opt, OptOps
+from tgrad.codegen.warpgroup_mma import WGMMA_TILES
 from tgrad.device import Buffer, Device
 from tgrad.dtype import dtypes
+from tgrad.realize import run_schedule
+from tgrad.schedule import create_schedule
 from tgrad.runtime.cuda import wgmma
 from tgrad.runtime.cuda.wgmma import WgmmaConfig
 
@@ -38,9 +47,10 @@ def run_wgmma(a: np.ndarray, b: np.ndarray, dtype, config: WgmmaConfig) -> np.nd
   return buffers[0].copyout().reshape(m, n)
 
 CASES = [((4096, 4096, 4096), WgmmaConfig()), ((1001, 777, 520), WgmmaConfig()), ((37, 45, 24), WgmmaConfig()),
-         ((512, 2048, 640), WgmmaConfig(2, 256, 64, 3)), ((300, 200, 136), WgmmaConfig(1, 64, 16, 3)),
-         ((130, 90, 104), WgmmaConfig(1, 24, 48, 5)), ((4096, 4096, 4096), WgmmaConfig(b_n_major=True)),
-         ((1001, 776, 520), WgmmaConfig(b_n_major=True)), ((70, 40, 88), WgmmaConfig(1, 40, 32, 3, b_n_major=True))]
+         ((512, 2048, 640), WgmmaConfig(2, 128, 5)), ((300, 200, 136), WgmmaConfig(1, 64, 3)),
+         ((130, 90, 104), WgmmaConfig(1, 48, 6)), ((4096, 4096, 4096), WgmmaConfig(b_n_major=True)),
+         ((1001, 776, 520), WgmmaConfig(b_n_major=True)), ((70, 40, 88), WgmmaConfig(1, 64, 3, b_n_major=True)),
+         ((520, 1000, 200), WgmmaConfig(2, 128, 4, b_n_major=True))]
 
 @pytest.mark.parametrize("dtype", [dtypes.float16, dtypes.bfloat16], ids=str)
 @pytest.mark.parametrize("shape,config", CASES, ids=str)
@@ -56,3 +66,54 @@ def test_wgmma_matmul_matches_numpy(shape, config, dtype):
   rtol = 2 ** -10 if dtype == dtypes.float16 else 2 ** -7
   np.testing.assert_allclose(out, expected, rtol=rtol, atol=2e-6 * k)
   # a wrong layout or descriptor gives errors of the size of the values themselves (~√K), far above that
+
+# ---- OptOps.WGMMA: tgrad's own matmul kernels, every tile, and what realize picks
+
+def run_wgmma_opt(out: Tensor, tile: int) -> np.ndarray:
+  """out's inputs realized, then its last kernel run on CUDA as a warpgroup matmul with WGMMA_TILES[tile] into a
+  buffer poisoned with NaN; the output's 16-bit patterns."""
+  items = create_schedule([out.lazydata])
+  run_schedule(items[:-1])
+  kernel = Kernel(items[-1].ast, Device["CUDA"].renderer)
+  kernel.apply_opt(Opt(OptOps.WGMMA, 0, tile))
+  runner = compile_kernel("CUDA", kernel, "wgmma_opt")
+  result = Buffer("CUDA", items[-1].outputs[0].size, out.dtype).copyin(np.full(items[-1].outputs[0].size, POISON,
+                                                                                np.uint16))
+  runner([result] + list(items[-1].inputs), wait=True)
+  return result.copyout().view(np.uint16)
+
+OPT_SHAPES = [(512, 640, 2048), (200, 136, 200), (4096, 4096, 4096)]
+
+@pytest.mark.parametrize("dtype", [dtypes.float16, dtypes.bfloat16], ids=str)
+@pytest.mark.parametrize("n_major", [False, True], ids=["b_NxK", "b_KxN"])
+@pytest.mark.parametrize("shape", OPT_SHAPES, ids=str)
+@pytest.mark.parametrize("tile", range(len(WGMMA_TILES)), ids=lambda i: "x".join(map(str, WGMMA_TILES[i])))
+def test_wgmma_opt_matches_numpy(tile, shape, n_major, dtype):
+  if not hopper(): pytest.skip("wgmma needs compute capability 9.0 (sm_90a)")
+  if shape[0] == 4096 and tile not in (0, 3): pytest.skip("4096² for two tiles only (time)")
+  m, n, k = shape
+  a_bits, b_bits = bits(RNG.standard_normal((m, k)), dtype), bits(RNG.standard_normal((k, n)), dtype)
+  a = Tensor(a_bits, device="CUDA").bitcast(dtype).realize()
+  b = Tensor(b_bits if n_major else np.ascontiguousarray(b_bits.T), device="CUDA").bitcast(dtype).realize()
+  out = wgmma.float_of_bits(run_wgmma_opt(a @ (b if n_major else b.T), tile), dtype)
+  expected = wgmma.float_of_bits(a_bits, dtype).astype(np.float64) @ \
+    wgmma.float_of_bits(b_bits, dtype).astype(np.float64)
+  assert not np.isnan(out).any(), f"{np.isnan(out).sum()} outputs never written"
+  rtol = 2 ** -10 if dtype == dtypes.float16 else 2 ** -7
+  np.testing.assert_allclose(out, expected, rtol=rtol, atol=2e-6 * k)
+
+@pytest.mark.parametrize("dtype", [dtypes.float16, dtypes.bfloat16], ids=str)
+def test_realize_picks_wgmma_for_a_big_matmul_and_matches_numpy(dtype):
+  if not hopper(): pytest.skip("wgmma needs compute capability 9.0 (sm_90a)")
+  m, n, k = 1024, 2048, 512
+  a_bits, b_bits = bits(RNG.standard_normal((m, k)), dtype), bits(RNG.standard_normal((k, n)), dtype)
+  a = Tensor(a_bits, device="CUDA").bitcast(dtype).realize()
+  b = Tensor(b_bits, device="CUDA").bitcast(dtype).realize()
+  kernel = Kernel(create_schedule([(a @ b).lazydata])[-1].ast, Device["CUDA"].renderer)
+  hand_coded_optimizations(kernel)
+  assert kernel.warpgroup_matmul is not None, kernel.applied_opts
+  out = (a @ b).realize().bitcast(dtypes.uint16).numpy()
+  expected = wgmma.float_of_bits(a_bits, dtype).astype(np.float64) @ \
+    wgmma.float_of_bits(b_bits, dtype).astype(np.float64)
+  rtol = 2 ** -10 if dtype == dtypes.float16 else 2 ** -7
+  np.testing.assert_allclose(wgmma.float_of_bits(out, dtype), expected, rtol=rtol, atol=2e-6 * k)

@@ -97,6 +97,7 @@ class _Settings:
   CUDA_GRAPH: int = 1   # 1 replays compiled programs on CUDA as CUDA graphs; 0 launches them kernel by kernel
   PDL: int = 1          # 1: on sm_90+ a CUDA graph's kernels launch before their predecessor ends (Programmatic
                         # Dependent Launch) and wait for it on chip; 0 serializes them fully
+  WGMMA: int = 1        # 1: on sm_90a a big half/bfloat16 matmul may be one warpgroup-MMA kernel (OptOps.WGMMA)
   JIT_PLAN: int = 1     # 1: a TinyJit packs its transient buffers into one arena per device; 0: one allocation each
   RIDERS: int = 1       # 1: a small kernel runs inside a neighbouring one (schedule rule 5); 0: every kernel alone
   TOLERANCE: Optional[float] = None   # max relative error of a selected execution path; None: per dtype (tgrad/paths)
@@ -115,6 +116,7 @@ _ALLOWED_VALUES: dict[str, tuple[str, Callable[[int], bool]]] = {
   "PDL": ("0 or 1", lambda v: v in (0, 1)),
   "JIT_PLAN": ("0 or 1", lambda v: v in (0, 1)),
   "RIDERS": ("0 or 1", lambda v: v in (0, 1)),
+  "WGMMA": ("0 or 1", lambda v: v in (0, 1)),
 }
 # the float settings, the same way; None (unset) is always allowed for these
 _ALLOWED_FLOATS: dict[str, tuple[str, Callable[[float], bool]]] = {
@@ -184,7 +186,7 @@ def current_settings() -> _Settings:
 
 # The settings that change generated code. Not TOLERANCE: it changes which measured path is selected, never the code
 # of a path, so kernels and binaries cached under one tolerance serve every other.
-CODE_SETTINGS = ("NOOPT", "PDL")
+CODE_SETTINGS = ("NOOPT", "PDL", "WGMMA")
 
 def settings_key(settings: Optional[_Settings] = None) -> tuple:
   """The settings that change generated code (of `settings`, else the current ones): part of every cache key."""

@@ -2,9 +2,10 @@
 
 The programs cover elementwise chains, broadcasting, reductions (small, blocked, split), matmuls (heuristics, tensor
 cores, shared-memory staging), gathers, row kernels (softmax, layernorm, RMSNorm), GROUP reduces, symbolic shapes and
-float16/bfloat16. Each kernel is linearized and rendered for the CUDA renderer (sm_75 and sm_90; no GPU needed) and
-for the LLVM renderer, unoptimized, with the heuristics, with a few fixed opt lists and along seeded random walks over
-a frozen copy of the search's actions. The sha256 of every source is compared with test/unit/codegen_golden.json, so
+float16/bfloat16. Each kernel is linearized and rendered for the CUDA renderer (sm_75 and sm_90, and sm_90a for the
+matmuls: the warpgroup-MMA kernel of OptOps.WGMMA; no GPU needed) and for the LLVM renderer, unoptimized, with the
+heuristics, with a few fixed opt lists and along seeded random walks over a frozen copy of the search's actions. The
+sha256 of every source is compared with test/unit/codegen_golden.json, so
 any change to the code that scheduling and codegen make is visible: a refactor must leave it unchanged; a deliberate
 change (and bump of codegen.CODEGEN_VERSION where generated code changes) regenerates the file with
 
@@ -25,7 +26,7 @@ from tgrad.helpers import Context
 from tgrad.ops import Ops
 from tgrad.schedule import create_schedule
 from tgrad.codegen.kernel import Kernel, KernelOptError, Opt, OptOps
-from tgrad.codegen.linearizer import linearize
+from tgrad.codegen.compile import render_source
 from tgrad.codegen.heuristics import hand_coded_optimizations
 from tgrad.runtime.cuda.renderer import CUDARenderer
 from tgrad.runtime.llvm.renderer import LLVMRenderer
@@ -40,7 +41,10 @@ BIG_SHARED_MEMORY = 227 * 1024   # an H100's opt-in shared memory per block: til
 RENDERERS: dict[str, Callable] = {
   "cuda_sm90": lambda: CUDARenderer("sm_90"), "cuda_sm75": lambda: CUDARenderer("sm_75"),
   "cuda_sm90_big_shared": lambda: CUDARenderer("sm_90", shared_memory_bytes=BIG_SHARED_MEMORY),
-  "llvm": lambda: LLVMRenderer(FIXED_SIMD)}
+  "llvm": lambda: LLVMRenderer(FIXED_SIMD),
+  "cuda_sm90a_big_shared": lambda: CUDARenderer("sm_90a", shared_memory_bytes=BIG_SHARED_MEMORY)}
+# sm_90a (Hopper's wgmma, OptOps.WGMMA) only renders the matmul programs: elsewhere it renders what sm_90 does
+SM90A_PROGRAMS = ("matmul_half_big", "matmul_half_2048", "matmul_bf16", "matmul_half_weight", "linear_relu")
 
 # The random walks' opts: search.py's action space as of this file's golden hashes, frozen here so that a change to the
 # search space (not to code generation) leaves the walks as they are.
@@ -85,6 +89,7 @@ def programs() -> dict[str, Callable[[], Tensor]]:
     "matmul_half": lambda: (data(256, 256, dtype=np.float16) @ data(256, 256, dtype=np.float16, seed=1)),
     "matmul_half_big": lambda: (data(1024, 1024, dtype=np.float16) @ data(1024, 1024, dtype=np.float16, seed=1)),
     "matmul_half_2048": lambda: data(2048, 256, dtype=np.float16) @ data(256, 2048, dtype=np.float16, seed=1),
+    "matmul_half_weight": lambda: data(512, 640, dtype=np.float16) @ data(2048, 640, dtype=np.float16, seed=1).T,
     "matmul_bf16": lambda: (data(128, 64).cast(dtypes.bfloat16).realize() @
                             data(64, 128, seed=1).cast(dtypes.bfloat16).realize()),
     "matvec": lambda: data(1, 1024) @ data(1024, 512, seed=1),
@@ -128,6 +133,8 @@ FIXED_OPTS: dict[str, list[tuple[str, tuple[Opt, ...]]]] = {
                    Opt(OptOps.LOCAL, 0, 8), Opt(OptOps.LOCAL, 1, 16), Opt(OptOps.SMEM, 0, 0), Opt(OptOps.SMEM, 1, 0))),
     ("smem_padded", (Opt(OptOps.LOCAL, 0, 8), Opt(OptOps.SMEM, 1, 4), Opt(OptOps.UNROLL, 0, 4))),
     ("group_smem", (Opt(OptOps.GROUP, 0, 8), Opt(OptOps.SMEM, 0, 0))),
+    ("wgmma_first_tile", (Opt(OptOps.WGMMA, 0, 0),)),
+    ("wgmma_small_tile", (Opt(OptOps.WGMMA, 0, 9),)),
   ],
   "llvm": [
     ("unroll4", (Opt(OptOps.UNROLL, 0, 4),)),
@@ -166,13 +173,14 @@ def golden_sources() -> Iterator[tuple[str, str]]:
   for program_name, build in programs().items():
     items = [item for item in create_schedule([build().lazydata]) if item.ast.op is Ops.SINK]
     for renderer_name, make_renderer in RENDERERS.items():
+      if renderer_name.startswith("cuda_sm90a") and program_name not in SM90A_PROGRAMS: continue
       for index, item in enumerate(items):
         kernel = Kernel(item.ast, make_renderer())
         seed = int.from_bytes(hashlib.sha256(f"{program_name}/{renderer_name}/{index}".encode()).digest()[:4], "big")
         for variant, optimized in _variants(kernel, renderer_name, index == len(items) - 1, seed):
           label = f"{program_name}/{renderer_name}/k{index}/{variant}"
           opts = ",".join(f"{o.op.name}:{o.axis}:{o.amount}" for o in optimized.applied_opts)
-          try: source = optimized.renderer.render(optimized.function_name, linearize(optimized))
+          try: source = render_source(optimized)[0]
           except Exception as error:   # an error is part of the behaviour to keep   # noqa: BLE001
             source = f"ERROR {type(error).__name__}: {error}"
           yield f"{label} [{opts}]", source

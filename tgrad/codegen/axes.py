@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from enum import Enum, auto
 from functools import cached_property
 from typing import Any, Callable, Optional
+from tgrad.dtype import DType
 from tgrad.ops import UOp, Ops, ALU, is_gather_load
 from tgrad.codegen.renderer import TensorCore
 from tgrad.shape.shapetracker import ShapeTracker
@@ -30,6 +31,7 @@ class KernelOptError(Exception):
 class OptOps(Enum):
   UPCAST = auto(); UNROLL = auto(); LOCAL = auto(); GROUP = auto(); GROUPTOP = auto()  # noqa: E702
   NOLOCALS = auto(); PADTO = auto(); SWAP = auto(); TC = auto(); THREAD = auto(); SMEM = auto()  # noqa: E702
+  WGMMA = auto()
   def __repr__(self): return f"OptOps.{self.name}"
   def __lt__(self, other): return self.value < other.value
 
@@ -61,6 +63,28 @@ class TensorCoreUse:
   columns_axis: int
   upcasts_before: int = 0
 
+@dataclass(frozen=True)
+class WarpgroupMatmul:
+  """How OptOps.WGMMA computes a whole kernel (warpgroup_mma.py): out[M×N] = a[M×K] · b[N×K]ᵀ (b K×N when b_n_major)
+  in `dtype` with float32 accumulators, one block per BM×BN tile (BM = 64 · warpgroups) over `stages` shared-memory
+  buffers. `arguments` names each kernel parameter's role ("out", "a", "b") in parameter order."""
+  m: int
+  n: int
+  k: int
+  dtype: DType
+  b_n_major: bool
+  arguments: tuple[str, ...]
+  warpgroups: int = 2
+  block_n: int = 256
+  stages: int = 4
+  WARPGROUP_THREADS = 128
+  WARPGROUP_ROWS = 64
+  @property
+  def block_m(self) -> int: return self.warpgroups * self.WARPGROUP_ROWS
+  def launch_dims(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(global_size, local_size): blockIdx.x over column tiles, .y over row tiles; 128 threads per warpgroup."""
+    return (-(-self.n // self.block_n), -(-self.m // self.block_m)), (self.warpgroups * self.WARPGROUP_THREADS,)
+
 @dataclass(frozen=True, eq=False)
 class AxisState:
   """A kernel's axes at one point of its optimization: its AST and target, one ShapeTracker per memory op, the roles
@@ -79,6 +103,7 @@ class AxisState:
   threads: int = 0                 # THREAD: axis 0 is split across this many CPU threads
   dont_use_locals: bool = False    # NOLOCALS
   tensor_core: Optional[TensorCoreUse] = None
+  warpgroup_matmul: Optional[WarpgroupMatmul] = None   # WGMMA: the whole kernel is one warpgroup matmul
   staged: tuple[tuple[UOp, int], ...] = ()   # SMEM: (load, padding per row) staged in shared memory
   # guarded GROUPs of symbolic reduce axes whose reduces don't ignore padding: one tracker each (in memops/sts, so
   # every opt reshapes it), valid exactly where the split axis is not padding (see opts._add_padding_guard)
@@ -196,6 +221,7 @@ class AxisState:
     axes cannot fit the target's limits (a symbolic size by its bound). A global size may be symbolic (an index UOp
     over the variables): the runner evaluates it per launch."""
     if not self.renderer.has_local: return ((self.threads or 1,), (1,))
+    if self.warpgroup_matmul is not None: return self.warpgroup_matmul.launch_dims()
     caps = self.renderer
     global_size = fold_dims(self.global_axis_sizes, caps.max_grid[:caps.max_global_dims])
     local_size = fold_dims(self.local_axis_sizes, caps.max_local_dims)

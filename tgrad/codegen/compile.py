@@ -62,6 +62,15 @@ class CompiledKernel:
     global_size, local_size = self.launch_dims(dict(zip(self.variables, vals)))
     return self.program.prepare(handles, global_size, local_size, tuple(vals))
 
+def render_source(kernel: Kernel, name: Optional[str] = None) -> tuple[str, list]:
+  """The kernel's source for its renderer and the linear UOps it was rendered from (none for a warpgroup matmul,
+  OptOps.WGMMA: the renderer writes that kernel whole). `name` is the function's name (kernel.function_name)."""
+  name = name or kernel.function_name
+  if (matmul := kernel.warpgroup_matmul) is not None:
+    return kernel.renderer.render_warpgroup_matmul(name, matmul), []
+  uops = linearize(kernel)
+  return kernel.renderer.render(name, uops), uops
+
 def compile_kernel(device: str, kernel: Kernel, name: Optional[str] = None) -> CompiledKernel:
   """Linearize, render, compile (disk-cached) and load one kernel whose opts are already applied. The function is
   always called `kernel.function_name`, so the same kernel has the same source wherever it is compiled (BEAM's
@@ -69,8 +78,7 @@ def compile_kernel(device: str, kernel: Kernel, name: Optional[str] = None) -> C
   dev = Device[device]
   name = name or kernel.name
   tracing, begin = profiler.ENABLED, profiler.now()
-  uops = linearize(kernel)
-  src = dev.renderer.render(kernel.function_name, uops)
+  src, uops = render_source(kernel)
   if tracing: begin = profiler.span("linearize + render", begin, kernel=name)
   if Context.DEBUG >= 5: print(uops_text(uops))
   if Context.DEBUG >= 4: print(src)

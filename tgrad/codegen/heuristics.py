@@ -6,9 +6,11 @@ first tries it on the kernel's AxisState (`tried`: states are values, so a trial
 CPU (LLVM) rules: a register tile for reductions that reuse loads across two output axes (matmul-like), then THREAD
 across cores for big kernels.
 GPU rules live in `_gpu_rules`: a matrix–vector product (`matvec_layout`: M ≤ 8 rows of x times a weight matrix)
-gets the bandwidth rules of `_matvec`; a half/bfloat16 matmul, or a float32 one whose inputs are rounded to TF32 in
-the graph (the matmul lowering "tf32"), goes to tensor cores (`_tensor_cores`). A kernel with symbolic sizes gets the
-same GPU rules on its known axes and guarded splits of its symbolic ones (`_symbolic_rules`).
+gets the bandwidth rules of `_matvec`; a big half/bfloat16 matmul without an epilogue on sm_90a is one
+warpgroup-MMA kernel (`_warpgroup_matmul`, OptOps.WGMMA); another half/bfloat16 matmul, or a float32 one whose inputs
+are rounded to TF32 in the graph (the matmul lowering "tf32"), goes to tensor cores (`_tensor_cores`).
+A kernel with symbolic sizes gets the same GPU rules on its known axes and guarded splits of its symbolic ones
+(`_symbolic_rules`).
 """
 from __future__ import annotations
 import math
@@ -19,9 +21,10 @@ from tgrad.codegen.cpu_gemm import PACK_MIN_ELEMENTS, gemm_axes, gemm_tile
 from tgrad.codegen.kernel import Kernel
 from tgrad.codegen.opts import apply_opt, apply_opts
 from tgrad.codegen.staging import stageable_loads
+from tgrad.codegen.warpgroup_mma import default_tile, matmul_of, worth_it
 from tgrad.ops import Ops, UOp
 from tgrad.dtype import dtypes
-from tgrad.helpers import cpu_count, prod
+from tgrad.helpers import Context, cpu_count, prod
 from tgrad.shape.sint import divides, is_symbolic, sint, vmax_of
 
 # CPU: an AVX-512 register holds 16 float32; an 8×16 tile of accumulators uses 8 of the 32 vector registers and
@@ -611,10 +614,19 @@ def _packed_matvec(kernel: Kernel) -> bool:
   _rows_per_block(kernel, layout.n_axis, max(1, PACKED_MATVEC_BLOCK_THREADS // group))
   return True
 
+def _warpgroup_matmul(kernel: Kernel) -> bool:
+  """A big half/bfloat16 matmul with no epilogue on sm_90a (warpgroup_mma.py says which qualify and which are big
+  enough) is one warpgroup-MMA kernel with the tile `default_tile` picks; WGMMA=0 turns this off."""
+  if not Context.WGMMA or not kernel.renderer.warpgroup_mma: return False
+  use = matmul_of(kernel.state)
+  return not isinstance(use, str) and worth_it(use) and try_opt(kernel, Opt(OptOps.WGMMA, 0,
+                                                                             default_tile(use.m, use.n)))
+
 def _gpu_rules(kernel: Kernel) -> None:
   if _matvec(kernel): return
   if _packed_matvec(kernel): return
   if _row_matvec(kernel): return
+  if _warpgroup_matmul(kernel): return
   if _tensor_cores(kernel): return
   if _group_small_reduce(kernel): return   # its block is the group (and a warp of outputs for a strided reduce)
   if _staged_matmul(kernel): return

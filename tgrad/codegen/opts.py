@@ -15,6 +15,7 @@ from tgrad.ops import UOp, Ops, ALU, exec_alu, truncate_to
 from tgrad.codegen.axes import MEMORY_OPS, AxisState, KernelOptError, Opt, OptOps, TensorCoreUse
 from tgrad.codegen.staging import MAX_ROW_PADDING, stage_plan, stageable_loads
 from tgrad.codegen.tensor_cores import operand_format, tensor_core_choices, tensor_core_operands
+from tgrad.codegen.warpgroup_mma import warpgroup_mma
 from tgrad.shape.shapetracker import ShapeTracker
 from tgrad.shape.sint import sint, canonical, ceil_div, divides, is_symbolic, render as render_size, vmax_of
 from tgrad.helpers import prod, round_up
@@ -26,6 +27,7 @@ MAX_PADDING_FRACTION = 1   # PADTO adds fewer positions than the axis has: paddi
 def apply_opt(state: AxisState, opt: Opt) -> AxisState:
   """The state with one more Opt, or KernelOptError."""
   if (apply := OPT_FUNCTIONS.get(opt.op)) is None: raise KernelOptError(f"{opt.op} is not supported by this kernel")
+  _check(state.warpgroup_matmul is None, f"{opt}: the kernel is a warpgroup matmul (WGMMA): no other opt applies")
   new = apply(state, opt)
   if new.renderer.has_local: _check_limits(new)
   return new.replace(applied_opts=state.applied_opts + (opt,))
@@ -293,7 +295,7 @@ def smem(state: AxisState, opt: Opt) -> AxisState:
 OPT_FUNCTIONS: dict[OptOps, Callable[[AxisState, Opt], AxisState]] = {
   OptOps.UPCAST: upcast, OptOps.UNROLL: unroll, OptOps.LOCAL: local, OptOps.GROUP: group, OptOps.GROUPTOP: group,
   OptOps.THREAD: thread, OptOps.SWAP: swap, OptOps.PADTO: padto, OptOps.NOLOCALS: nolocals, OptOps.TC: tensor_core,
-  OptOps.SMEM: smem}
+  OptOps.SMEM: smem, OptOps.WGMMA: warpgroup_mma}
 
 # ---- the target's limits, checked after every opt
 

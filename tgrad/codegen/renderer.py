@@ -64,3 +64,6 @@ class Renderer:
   vector_bytes: int = 16       # bytes per SIMD register (CPU register tiles): SSE 16, AVX2 32, AVX-512 64
   vector_registers: int = 16   # SIMD registers the code may hold at once: 16 (SSE, AVX2), 32 (AVX-512)
   def render(self, name: str, uops: list[UOp]) -> str: raise NotImplementedError
+  def render_warpgroup_matmul(self, name: str, matmul) -> str:
+    """The whole source of a warpgroup matmul kernel (OptOps.WGMMA: an axes.WarpgroupMatmul), where warpgroup_mma."""
+    raise NotImplementedError(f"{type(self).__name__} has no warpgroup MMA")

@@ -21,8 +21,8 @@ from tgrad.codegen.axes import AxisState, KernelOptError, Opt, OptOps, memory_ex
 from tgrad.codegen.kernel import Kernel
 from tgrad.codegen.opts import apply_opt, apply_opts
 from tgrad.codegen.heuristics import hand_coded_optimizations
-from tgrad.codegen.linearizer import linearize
-from tgrad.codegen.compile import CompiledKernel
+from tgrad.codegen.warpgroup_mma import WGMMA_TILES
+from tgrad.codegen.compile import CompiledKernel, render_source
 from tgrad.device import BinaryLoadError, Buffer, Compiled, Device
 from tgrad.dtype import DType, bfloat16_to_float32, dtypes
 from tgrad.helpers import Context, cpu_count, prod, settings_key
@@ -52,6 +52,7 @@ ACTIONS: list[Opt] = [
   *[Opt(OptOps.TC, axis, 0) for axis in range(TC_AXIS_CHOICES)],
   *[Opt(OptOps.SMEM, operand, padding) for operand in range(2) for padding in SMEM_PADDINGS],
   Opt(OptOps.NOLOCALS),
+  *[Opt(OptOps.WGMMA, 0, tile) for tile in range(len(WGMMA_TILES))],
 ]
 
 # ---- measuring
@@ -306,7 +307,7 @@ def _close_pools() -> None:
 
 def render_candidate(kernel: AxisState, name: str) -> str:
   """Source text of a kernel: the thing candidates are deduplicated by and compiled from."""
-  return kernel.renderer.render(name, linearize(kernel))
+  return render_source(kernel, name)[0]
 
 # ---- the search
 

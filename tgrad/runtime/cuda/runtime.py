@@ -25,11 +25,12 @@ import numpy as np
 import pycuda.driver as cuda
 from tgrad.backend import device_name
 from tgrad.device import Allocator, BinaryLoadError, Compiled, OutOfMemoryError, PendingRead
-from tgrad.runtime.cuda.renderer import CUDARenderer, DEPENDENT_LAUNCH_SUFFIX, DYNAMIC_SHARED_SUFFIX
+from tgrad.runtime.cuda.renderer import CUDARenderer, DEPENDENT_LAUNCH_SUFFIX, DYNAMIC_SHARED_SUFFIX, WARPGROUP_MMA_ARCH
 from tgrad.runtime.cuda.nvrtc import NVRTCCompiler, arch_of
 from tgrad.runtime.cuda.driver import STREAM_NON_BLOCKING
 
 DEFAULT_ORDINAL = 0   # the GPU `CUDA` names without an index
+HOPPER_CAPABILITY = (9, 0)   # H100/H200: the only GPUs that run sm_90a code (wgmma)
 # Copies at least this big go through pinned staging: below it the staging setup costs more than pageable copies lose.
 PINNED_COPY_THRESHOLD = 1 << 20
 # Size of each of the two pinned staging chunks: big enough to reach full PCIe/NVLink bandwidth per DMA.
@@ -335,7 +336,9 @@ class CUDADevice(Compiled):
     self.ordinal = ordinal
     self.context = context = CUDAContext(ordinal)
     attr = self.context.attribute
-    self.arch = arch_of(self.context.compute_capability)
+    # compute capability 9.0 compiles for sm_90a (a superset of sm_90 that runs only there): wgmma (OptOps.WGMMA)
+    self.arch = WARPGROUP_MMA_ARCH if context.compute_capability == HOPPER_CAPABILITY else \
+      arch_of(context.compute_capability)
     renderer = CUDARenderer(
       arch=self.arch, max_local_size=attr("MAX_THREADS_PER_BLOCK"),
       max_grid=(attr("MAX_GRID_DIM_X"), attr("MAX_GRID_DIM_Y"), attr("MAX_GRID_DIM_Z")),

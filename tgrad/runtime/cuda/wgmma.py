@@ -1,29 +1,33 @@
 """Hopper warpgroup MMA (PTX `wgmma.mma_async`, sm_90a): a half/bfloat16 matmul kernel C = A·Bᵀ (or A·B) with
-float32 accumulators, both operands read by the tensor cores from shared memory through matrix descriptors.
+float32 accumulators, both operands read by the tensor cores from 128-byte-swizzled shared memory through matrix
+descriptors.
 
-Every index formula the kernel uses is one Python function here (`shared_offset`, `copy_chunk`,
-`accumulator_position`, `encode_descriptor`), called with ints by the CPU emulation in the tests and with `CExpr`s
-(C expression text) by `wgmma_matmul_source`, so what the tests check is what the kernel computes.
+Every index formula the kernel uses is one Python function here (`copy_k_major`, `copy_n_major`, `k_major_offset`,
+`n_major_offset`, `accumulator_position`, `encode_descriptor`, `descriptor_start`), called with ints by the CPU
+emulation in the tests and with `CExpr`s (C expression text) by `wgmma_matmul_source`, so what the tests check is
+what the kernel computes; the emulation reads the operands back through the descriptors with the hardware's swizzle
+written independently from the PTX ISA (`read_operand`).
 
   - **Operands.** A is M×K and B is N×K, both row-major (K contiguous: "K-major" for wgmma; a linear layer's weight
-    is stored so); with `b_n_major` B is K×N row-major (a plain a·b, N a multiple of 8), staged N-major (core
-    matrices of 8 K-rows × 8 N-elements) and read with imm-trans-b = 1. Each block computes a BM×BN tile of C:
-    `warpgroups` warpgroups of 128 threads, one per 64 rows, each issuing
-    `wgmma.mma_async.sync.aligned.m64n{BN}k16.f32.{f16,bf16}.{f16,bf16}` per K step of 16.
-  - **Shared layout.** A stage holds A's BM×BK tile and B's BN×BK tile in the K-major layout without swizzling
-    (PTX ISA "Shared Memory Matrix Layout", canonical ((8,m),(T,2k)):((1T,SBO),(1,LBO)), T = 8 16-bit elements):
-    "core matrices" of 8 rows × 16 bytes, each 128 contiguous bytes (row r at 16·r); the core matrices of one
-    8-row group follow each other along K (leading byte offset LBO = 128), and 8-row groups are BK·2·8 bytes apart
-    (stride byte offset SBO). A descriptor addresses a 64×16 (A) or BN×16 (B) slice: its start is the slice's first
-    core matrix.
-  - **Copies.** Each thread copies 16-byte chunks (8 elements of one row) with `cp.async.cg` (rows or K beyond the
-    matrix read 0 bytes and fill zeros), one commit group per tile; a warp's chunks are 8 rows × 4 chunks, so the
-    8 threads of a shared-memory phase write one core matrix (128 contiguous bytes, no bank conflicts).
-  - **Pipeline** of `stages` ≥ 3 buffers. Iteration t: wait for tile t's copies (`cp.async.wait_group stages-3`),
-    `fence.proxy.async.shared::cta` (the copies are generic-proxy writes; wgmma reads through the async proxy),
-    `__syncthreads()`; issue tile t + stages - 2's copies into the buffer of tile t - 2; `wgmma.fence`, the BK/16
-    wgmmas of tile t, `wgmma.commit_group`, `wgmma.wait_group 1` (tile t - 1's group has finished, so after the
-    next barrier every warpgroup is done with tile t - 2's buffer: the one the next iteration overwrites).
+    is stored so); with `b_n_major` B is K×N row-major (a plain a·b, N a multiple of 8), staged N-major and read with
+    imm-trans-b = 1. Each block computes a BM×BN tile of C with `warpgroups` warpgroups of 128 threads, one per 64
+    rows, each issuing `wgmma.mma_async.sync.aligned.m64n{BN}k16.f32.{f16,bf16}.{f16,bf16}` per K step of 16.
+  - **Shared layout: 128-byte swizzle** (PTX ISA "Shared Memory Matrix Layout", swizzle mode 1). A K tile is
+    BLOCK_K = 64 elements: one 128-byte row per matrix row. K-major tiles (A, and B unless `b_n_major`) put row r at
+    128·r with its 16-byte chunk c at chunk c ⊕ (r mod 8); descriptors: stride byte offset (SBO) 1024 (the next 8
+    rows), leading byte offset unused (16), a K step of 16 elements starts 32 bytes further on. An N-major B tile is
+    BN/64 "atoms" of 64 K-rows × 64 N-elements (8 KiB apart: the LBO), K-row k at 128·k, N chunk j at j ⊕ (k mod 8);
+    SBO 1024 (the next 8 K-rows), a K step starts 2048 bytes further on. Every tile starts on a 1024-byte boundary
+    (the swizzle is a function of the address bits 4-9); the dynamic shared array is aligned to it at run time.
+  - **Copies.** `cp.async.cg` of 16-byte chunks by every thread, each thread's chunks a fixed stride apart (rows
+    threads/8 apart for a K-major tile), so one base pointer per operand per thread plus compile-time offsets; 8
+    consecutive threads read one row's 128 contiguous bytes; rows or K beyond the matrix read 0 bytes (zero fill).
+  - **Pipeline** of `stages` ≥ 3 buffers, STAGES - 2 K tiles in flight ahead of the one being multiplied. Iteration t:
+    wait for tile t's copies (`cp.async.wait_group stages-3`), `fence.proxy.async.shared::cta` (the copies are
+    generic-proxy writes; wgmma reads through the async proxy), `__syncthreads()`; issue tile t + stages - 2's
+    copies into the buffer of tile t - 2; `wgmma.fence`, the 4 wgmmas of tile t, `wgmma.commit_group`,
+    `wgmma.wait_group 1` (tile t - 1's group has finished, so after the next barrier every warpgroup is done with
+    tile t - 2's buffer: the one the next iteration overwrites).
   - **Accumulators** (PTX ISA "Matrix Fragments for wgmma.mma_async.m64nNk16", D): thread t of a warpgroup holds
     BN/2 floats; register i is row 16·(t / 32) + (t % 32) / 4 + 8·((i % 4) / 2), column 8·(i / 4) + 2·(t % 4) +
     i % 2. The epilogue rounds them to the inputs' dtype and stores them (pairs as one 32-bit store when N is even).
@@ -42,14 +46,19 @@ WARPGROUP_THREADS = 128
 WARP_THREADS = 32
 WGMMA_M = 64            # rows of one warpgroup's wgmma
 WGMMA_K = 16            # K of one wgmma with 16-bit inputs
-CORE_ROWS = 8           # a core matrix: 8 rows of 16 bytes
-CORE_ROW_BYTES = 16
-CORE_BYTES = CORE_ROWS * CORE_ROW_BYTES
-CHUNK_BYTES = 16        # one cp.async
+ELEMENT_BYTES = 2
+CHUNK_BYTES = 16        # one cp.async; the unit the swizzle permutes
+CHUNK_ELEMENTS = CHUNK_BYTES // ELEMENT_BYTES
+SWIZZLE_BYTES = 128     # the 128-byte swizzle: rows of 128 bytes, 8 of them (1024 bytes) per repeat of the pattern
+SWIZZLE_ROWS = 8
+SWIZZLE_ATOM_BYTES = SWIZZLE_BYTES * SWIZZLE_ROWS
+BLOCK_K = SWIZZLE_BYTES // ELEMENT_BYTES          # K per pipeline stage: one swizzled row
+ROW_CHUNKS = SWIZZLE_BYTES // CHUNK_BYTES         # 8 chunks in a row
 DESCRIPTOR_ADDRESS_SHIFT = 4                     # addresses and offsets are encoded in 16-byte units
 DESCRIPTOR_FIELD_MASK = (1 << 14) - 1            # 14 bits each
 DESCRIPTOR_LEADING_SHIFT, DESCRIPTOR_STRIDE_SHIFT, DESCRIPTOR_SWIZZLE_SHIFT = 16, 32, 62
-SWIZZLE_NONE = 0
+SWIZZLE_NONE, SWIZZLE_128B = 0, 1                # the descriptor's layout type (bits 62-63)
+UNUSED_LEADING_BYTES = 16                        # a K-major swizzled descriptor ignores its LBO; 1 (16 bytes) by custom
 MAX_SHARED_BYTES = 227 * 1024                    # sm_90's opt-in dynamic shared memory per block
 WGMMA_TYPES = {dtypes.float16: "f16", dtypes.bfloat16: "bf16"}
 MIN_STAGES = 3
@@ -57,7 +66,7 @@ MIN_STAGES = 3
 Index = Union[int, "CExpr"]
 
 class CExpr:
-  """C expression text that combines with ints and other CExprs under + * // %, so one Python formula yields both a
+  """C expression text that combines with ints and other CExprs under + * // % ^, so one Python formula yields both a
   number (tests) and the kernel's C (all operands non-negative: C's / and % agree with Python's // and %)."""
   def __init__(self, text: str): self.text = text
   def __str__(self) -> str: return self.text
@@ -72,71 +81,79 @@ class CExpr:
   def __floordiv__(self, other): return self if isinstance(other, int) and other == 1 else \
     CExpr._binary(self, "/", other)
   def __mod__(self, other): return CExpr._binary(self, "%", other)
+  def __xor__(self, other): return CExpr._binary(self, "^", other)
+  def __rxor__(self, other): return CExpr._binary(other, "^", self)
 
 @dataclass(frozen=True)
 class WgmmaConfig:
-  """One block's tile: `warpgroups` × 64 rows (BM), `block_n` columns (BN, the wgmma's N: a multiple of 8 up to 256),
-  `block_k` of K per pipeline stage (a multiple of 16), `stages` shared-memory buffers."""
+  """One block's tile: `warpgroups` × 64 rows (BM), `block_n` columns (BN, the wgmma's N), K in tiles of BLOCK_K (64),
+  `stages` shared-memory buffers. K-major B: block_n a multiple of 8 up to 256 with every thread copying the same
+  number of chunks (block_n a multiple of threads/8); N-major B: block_n a multiple of 64 whose row of chunks divides
+  the threads."""
   warpgroups: int = 2
-  block_n: int = 128
-  block_k: int = 64
+  block_n: int = 256
   stages: int = 4
   b_n_major: bool = False   # b is K×N (N contiguous: a plain a·b) instead of N×K; wgmma reads it transposed
   def __post_init__(self):
-    if not (1 <= self.warpgroups <= 4 and self.block_n % 8 == 0 and 8 <= self.block_n <= 256 and
-            self.block_k % WGMMA_K == 0 and self.block_k > 0 and self.stages >= MIN_STAGES):
-      raise ValueError(f"wgmma tile {self}: needs 1-4 warpgroups, block_n a multiple of 8 in 8..256, block_k a "
-                       f"multiple of {WGMMA_K}, stages >= {MIN_STAGES}")
+    b_ok = self.block_n % 64 == 0 and self.threads % (self.block_n // CHUNK_ELEMENTS) == 0 if self.b_n_major else \
+      self.block_n % 8 == 0 and (self.block_n * ROW_CHUNKS) % self.threads == 0
+    if not (1 <= self.warpgroups <= 4 and 8 <= self.block_n <= 256 and b_ok and self.stages >= MIN_STAGES):
+      raise ValueError(f"wgmma tile {self}: needs 1-4 warpgroups, block_n in 8..256 (a multiple of 8 and of "
+                       f"threads/8, or for an N-major B a multiple of 64 whose chunks divide the threads), stages >= "
+                       f"{MIN_STAGES}")
     if self.shared_bytes > MAX_SHARED_BYTES:
       raise ValueError(f"wgmma tile {self}: {self.shared_bytes} bytes of shared memory > {MAX_SHARED_BYTES}")
   @property
   def block_m(self) -> int: return self.warpgroups * WGMMA_M
   @property
+  def block_k(self) -> int: return BLOCK_K
+  @property
   def threads(self) -> int: return self.warpgroups * WARPGROUP_THREADS
   @property
   def accumulators(self) -> int: return self.block_n // 2   # floats per thread
-  def tile_bytes(self, rows: int) -> int: return rows * self.block_k * 2
   @property
-  def b_offset(self) -> int: return self.tile_bytes(self.block_m)   # B's tile follows A's in a stage
+  def b_offset(self) -> int: return self.block_m * SWIZZLE_BYTES   # B's tile follows A's in a stage
   @property
-  def stage_bytes(self) -> int: return self.tile_bytes(self.block_m) + self.tile_bytes(self.block_n)
+  def stage_bytes(self) -> int: return (self.block_m + self.block_n) * SWIZZLE_BYTES
   @property
-  def shared_bytes(self) -> int: return self.stages * self.stage_bytes
+  def shared_bytes(self) -> int: return self.stages * self.stage_bytes + SWIZZLE_ATOM_BYTES   # + alignment slack
   @property
-  def leading_bytes(self) -> int: return CORE_BYTES                                 # next core matrix along K
-  @property
-  def stride_bytes(self) -> int: return self.block_k * 2 * CORE_ROWS                # next 8-row group
+  def n_atom_bytes(self) -> int: return BLOCK_K * SWIZZLE_BYTES   # an N-major atom: 64 K-rows × 64 N-elements
+  def descriptor_offsets(self, operand_b: bool) -> tuple[int, int]:
+    """(leading, stride) byte offsets of an operand's descriptors."""
+    if operand_b and self.b_n_major: return self.n_atom_bytes, SWIZZLE_ATOM_BYTES
+    return UNUSED_LEADING_BYTES, SWIZZLE_ATOM_BYTES
+  def __str__(self) -> str:
+    return f"{self.block_m}x{self.block_n}x{BLOCK_K}/{self.stages}" + (" B K×N" if self.b_n_major else "")
 
 # ---- the layout formulas (ints for the tests, CExprs for the kernel)
 
-def shared_offset(config: WgmmaConfig, row: Index, k: Index) -> Index:
-  """Byte offset of element (row, k) (k a multiple of 8 for a chunk's start) in a K-major tile without swizzle."""
-  return (row // CORE_ROWS) * config.stride_bytes + (k // 8) * config.leading_bytes + (row % CORE_ROWS) * \
-    CORE_ROW_BYTES + (k % 8) * 2
+def k_major_offset(row: Index, chunk: Index) -> Index:
+  """Byte offset in a K-major tile of 16-byte chunk `chunk` (0..7: K 8·chunk..) of row `row`: rows 128 bytes apart,
+  the chunk moved to chunk ⊕ (row mod 8)."""
+  return row * SWIZZLE_BYTES + (chunk ^ (row % SWIZZLE_ROWS)) * CHUNK_BYTES
 
-def shared_offset_n_major(config: WgmmaConfig, n: Index, k: Index) -> Index:
-  """Byte offset of element (n, k) (n a multiple of 8 for a chunk's start) in an N-major tile without swizzle
-  (canonical ((T,1,m),(8,k)):((1,T,SBO),(1T,LBO))): core matrices of 8 K-rows × 8 N-elements (128 contiguous bytes),
-  the next 8 K-rows `leading_bytes` on, the next 8 N-elements `stride_bytes` on."""
-  return (n // 8) * config.stride_bytes + (k // CORE_ROWS) * config.leading_bytes + (k % CORE_ROWS) * \
-    CORE_ROW_BYTES + (n % 8) * 2
+def n_major_offset(config: WgmmaConfig, k_row: Index, n_chunk: Index) -> Index:
+  """Byte offset in an N-major B tile of the chunk of N-elements 8·n_chunk.. in K-row `k_row`: atoms of 64 N-elements
+  `n_atom_bytes` apart, K-rows 128 bytes apart within one, the chunk moved to (n_chunk mod 8) ⊕ (k_row mod 8)."""
+  return (n_chunk // ROW_CHUNKS) * config.n_atom_bytes + k_row * SWIZZLE_BYTES + \
+    ((n_chunk % ROW_CHUNKS) ^ (k_row % SWIZZLE_ROWS)) * CHUNK_BYTES
 
-def copy_chunk_n_major(config: WgmmaConfig, chunk: Index) -> tuple[Index, Index]:
-  """(n, k) of an N-major tile's 16-byte chunk number `chunk` (8 N-elements of one K-row): 8 K-rows fastest, then
-  the N chunks, then the next 8 K-rows."""
-  chunks_n = config.block_n // 8
-  k8, rest = chunk % CORE_ROWS, chunk // CORE_ROWS
-  return (rest % chunks_n) * 8, (rest // chunks_n) * CORE_ROWS + k8
+def copy_k_major(config: WgmmaConfig, thread: Index, i: int) -> tuple[Index, Index]:
+  """(row, chunk) of a K-major tile that `thread` copies in its copy `i`: 8 consecutive threads cover one row, the
+  next copy is threads/8 rows further (a multiple of 8: the same swizzle phase)."""
+  return thread // ROW_CHUNKS + i * (config.threads // ROW_CHUNKS), thread % ROW_CHUNKS
 
-def copy_chunk(config: WgmmaConfig, chunk: Index) -> tuple[Index, Index]:
-  """(row, k) of a tile's 16-byte chunk number `chunk` (thread + i·threads): 8 rows fastest, then 4 chunks of K,
-  then the next 8 rows, then the next 4 chunks of K."""
-  chunks_k = config.block_k // 8
-  k_group = 4 if chunks_k % 4 == 0 else 2   # block_k is a multiple of 16: chunks_k is even
-  row8, rest = chunk % CORE_ROWS, chunk // CORE_ROWS
-  k_inner, rest = rest % k_group, rest // k_group
-  k_outer, row_group = rest % (chunks_k // k_group), rest // (chunks_k // k_group)
-  return row_group * CORE_ROWS + row8, (k_outer * k_group + k_inner) * 8
+def copy_n_major(config: WgmmaConfig, thread: Index, i: int) -> tuple[Index, Index]:
+  """(K-row, N chunk) of an N-major B tile that `thread` copies in its copy `i`: consecutive threads along the row of
+  BN/8 chunks (contiguous in global memory), the next copy threads/(BN/8) K-rows further."""
+  row_chunks = config.block_n // CHUNK_ELEMENTS
+  return thread // row_chunks + i * (config.threads // row_chunks), thread % row_chunks
+
+def copies(config: WgmmaConfig, operand_b: bool) -> int:
+  """How many chunks each thread copies of an operand's tile per stage."""
+  rows = config.block_n if operand_b else config.block_m
+  return rows * ROW_CHUNKS // config.threads
 
 def accumulator_position(thread: Index, register: int) -> tuple[Index, Index]:
   """(row, column) in the warpgroup's 64×N tile of accumulator `register` of `thread` (0..127)."""
@@ -146,7 +163,7 @@ def accumulator_position(thread: Index, register: int) -> tuple[Index, Index]:
 
 def encode_descriptor(start: int, leading: int, stride: int, swizzle: int = SWIZZLE_NONE) -> int:
   """The 64-bit shared-memory matrix descriptor (PTX ISA "Matrix Descriptor Format"): bits 0-13 start address,
-  16-29 leading byte offset, 32-45 stride byte offset, each >> 4; 62-63 the swizzle mode (0: none)."""
+  16-29 leading byte offset, 32-45 stride byte offset, each >> 4; 62-63 the swizzle mode (1: 128-byte)."""
   for name, value in (("start", start), ("leading", leading), ("stride", stride)):
     if value % (1 << DESCRIPTOR_ADDRESS_SHIFT) or value >> DESCRIPTOR_ADDRESS_SHIFT > DESCRIPTOR_FIELD_MASK:
       raise ValueError(f"descriptor {name} {value}: must be a multiple of 16 below 2^18")
@@ -160,25 +177,32 @@ def decode_descriptor(descriptor: int) -> tuple[int, int, int, int]:
   return field(0), field(DESCRIPTOR_LEADING_SHIFT), field(DESCRIPTOR_STRIDE_SHIFT), swizzle
 
 def descriptor_start(config: WgmmaConfig, stage: Index, operand_b: bool, warpgroup: Index, k_step: int) -> Index:
-  """Byte offset in the dynamic shared array of the first core matrix of a wgmma's A (warpgroup's 64 rows) or B
-  slice at K step `k_step` of a stage."""
-  rows = 0 if operand_b else warpgroup * (WGMMA_M // CORE_ROWS) * config.stride_bytes
-  return stage * config.stage_bytes + (config.b_offset if operand_b else 0) + rows + \
-    k_step * (WGMMA_K // 8) * config.leading_bytes
+  """Byte offset from the aligned shared base of the first element of a wgmma's A (warpgroup's 64 rows) or B slice
+  at K step `k_step` (16 elements) of a stage."""
+  base = stage * config.stage_bytes + (config.b_offset if operand_b else 0)
+  if operand_b and config.b_n_major: return base + k_step * WGMMA_K * SWIZZLE_BYTES
+  rows = 0 if operand_b else warpgroup * WGMMA_M * SWIZZLE_BYTES
+  return base + rows + k_step * WGMMA_K * ELEMENT_BYTES
 
 # ---- what the hardware computes, on the CPU (the tests' reference for the layouts)
 
+def swizzled_address(address: np.ndarray) -> np.ndarray:
+  """The 128-byte swizzle as the PTX ISA states it on shared-memory addresses: bits 4-6 (the 16-byte chunk within a
+  128-byte row) XOR bits 7-9 (the row within 1024 bytes)."""
+  return address ^ (((address >> 7) & 7) << 4)
+
 def read_operand(shared: np.ndarray, descriptor: int, rows: int, dtype: DType, transposed: bool = False) -> np.ndarray:
-  """The rows×16 operand (rows: M or N) a no-swizzle descriptor addresses in `shared` (bytes), as float32. K-major
-  (imm-trans 0): element (r, k) is at start + (r / 8)·stride + (k / 8)·leading + (r % 8)·16 + (k % 8)·2 (canonical
-  ((8,m),(T,2k)):((1T,SBO),(1,LBO))); MN-major (imm-trans 1): at start + (r / 8)·stride + (k / 8)·leading +
-  (k % 8)·16 + (r % 8)·2 (canonical ((T,1,m),(8,k)):((1,T,SBO),(1T,LBO))), written independently of the kernel's
-  formulas from the PTX ISA's layouts."""
+  """The rows×16 operand (rows: M or N) a 128-byte-swizzled descriptor addresses in `shared` (bytes, address 0
+  1024-aligned), as float32, from the PTX ISA's canonical layouts (T = 8 elements of 16 bits): K-major (imm-trans 0)
+  ((8,m),(T,2k)):((8T,SBO),(1,T)): element (r, k) at start + (r / 8)·SBO + (r % 8)·128 + 2k; MN-major
+  (imm-trans 1) ((T,8,m),(8,k)):((1,T,LBO),(8T,SBO)): element (r, k) at start + (r / 64)·LBO + (k / 8)·SBO +
+  (k % 8)·128 + 2·(r % 64); then swizzled. Written independently of the kernel's copy formulas."""
   start, leading, stride, swizzle = decode_descriptor(descriptor)
-  assert swizzle == SWIZZLE_NONE, "only the no-swizzle layout is emulated"
+  assert swizzle == SWIZZLE_128B, "only the 128-byte swizzle is emulated"
   r, k = np.arange(rows)[:, None], np.arange(WGMMA_K)[None, :]
-  inner, row_of_core = (r % 8, k % 8) if transposed else (k % 8, r % 8)
-  at = start + (r // 8) * stride + (k // 8) * leading + row_of_core * CORE_ROW_BYTES + inner * 2
+  if transposed: at = start + (r // 64) * leading + (k // 8) * stride + (k % 8) * SWIZZLE_BYTES + (r % 64) * 2
+  else: at = start + (r // 8) * stride + (r % 8) * SWIZZLE_BYTES + k * 2
+  at = swizzled_address(at)
   bits = shared[at].astype(np.uint16) | shared[at + 1].astype(np.uint16) << 8   # little-endian 16-bit elements
   return float_of_bits(bits, dtype)
 
@@ -189,42 +213,49 @@ def float_of_bits(bits: np.ndarray, dtype: DType) -> np.ndarray:
 
 def emulate_block(config: WgmmaConfig, a: np.ndarray, b: np.ndarray, dtype: DType, block_row: int = 0,
                   block_col: int = 0) -> np.ndarray:
-  """One block's C tile (float32, clipped to the matrix) computed the way the kernel does: every chunk copied to its
-  `copy_chunk`/`shared_offset` place in a fresh, poisoned stage buffer per K tile (a byte the wgmma reads but no
-  copy wrote shows up as garbage), each wgmma reading its operands through the descriptors the kernel builds
-  (`descriptor_start`), each accumulator register added at `accumulator_position`. a: M×K and b: N×K uint16 bits."""
+  """One block's C tile (float32, clipped to the matrix) computed the way the kernel does: every thread's chunks
+  copied to their `copy_*`/`*_offset` place in a fresh, poisoned stage buffer per K tile (a byte the wgmma reads but
+  no copy wrote shows up as garbage), each wgmma reading its operands through the descriptors the kernel builds
+  (`descriptor_start`), each accumulator register added at `accumulator_position`. a: M×K and b: N×K (K×N for an
+  N-major B) uint16 bits."""
   m, k_size = a.shape
   n = b.shape[1] if config.b_n_major else b.shape[0]
   accumulators = np.zeros((config.warpgroups, WARPGROUP_THREADS, config.accumulators), np.float32)
   threads, registers = np.arange(WARPGROUP_THREADS)[:, None], np.arange(config.accumulators)[None, :]
   acc_rows, acc_columns = accumulator_position(threads, registers)   # type: ignore[arg-type]
-  for tile in range(-(-k_size // config.block_k)):
+  thread = np.arange(config.threads)
+  for tile in range(-(-k_size // BLOCK_K)):
     stage = tile % config.stages
-    shared = np.full(config.shared_bytes, 0xFF, np.uint8)   # 0xFFFF is NaN in half and bfloat16
-    for operand, rows, source, first_row in ((0, config.block_m, a, block_row), (1, config.block_n, b, block_col)):
-      n_major = bool(operand) and config.b_n_major
-      base = stage * config.stage_bytes + (config.b_offset if operand else 0)
-      chunk = np.arange(rows * config.block_k // 8)
-      row, k = (copy_chunk_n_major if n_major else copy_chunk)(config, chunk)   # type: ignore[arg-type]
-      assert len(set(zip(row.tolist(), k.tolist()))) == len(chunk), "every chunk of the tile is copied once"
-      g_row, g_k = first_row + row, tile * config.block_k + k
-      # a chunk is 8 elements along the contiguous axis: K for a K-major operand, N (rows) for an N-major one
-      matrix = source.T if n_major else source   # rows × K either way
-      limit = matrix.shape[0]
-      valid = (g_row < limit) & (g_k < k_size)
-      padded = np.zeros((limit + 8, k_size + 8), np.uint16)
-      padded[:limit, :k_size] = matrix
-      run = np.arange(8)
-      r_idx = np.minimum(g_row, limit)[:, None] + (run if n_major else 0)
-      k_idx = np.minimum(g_k, k_size)[:, None] + (0 if n_major else run)
-      values = np.where(valid[:, None], padded[r_idx, k_idx], 0).astype(np.uint16)
-      offset = shared_offset_n_major if n_major else shared_offset
-      at = base + offset(config, row, k)   # type: ignore[arg-type]
-      shared[at[:, None] + np.arange(CHUNK_BYTES)] = values.view(np.uint8).reshape(len(chunk), CHUNK_BYTES)
+    shared = np.full(config.stages * config.stage_bytes, 0xFF, np.uint8)   # 0xFFFF is NaN in half and bfloat16
+    written = []
+    for operand_b in (False, True):
+      n_major = operand_b and config.b_n_major
+      base = stage * config.stage_bytes + (config.b_offset if operand_b else 0)
+      source, first = (b, block_col) if operand_b else (a, block_row)
+      for i in range(copies(config, operand_b)):
+        if n_major:
+          k_row, n_chunk = copy_n_major(config, thread, i)   # type: ignore[arg-type]
+          g_row, g_col = tile * BLOCK_K + k_row, first + n_chunk * CHUNK_ELEMENTS
+          valid = (g_row < k_size) & (g_col < n)
+          at = base + n_major_offset(config, k_row, n_chunk)   # type: ignore[arg-type]
+        else:
+          row, chunk = copy_k_major(config, thread, i)   # type: ignore[arg-type]
+          g_row, g_col = first + row, tile * BLOCK_K + chunk * CHUNK_ELEMENTS
+          valid = (g_row < source.shape[0]) & (g_col < k_size)
+          at = base + k_major_offset(row, chunk)   # type: ignore[arg-type]
+        padded = np.zeros((source.shape[0] + 1, source.shape[1] + CHUNK_ELEMENTS), np.uint16)   # clipped reads land
+        padded[:source.shape[0], :source.shape[1]] = source                                      # in the zeros
+        values = padded[np.minimum(g_row, source.shape[0])[:, None],
+                        np.minimum(g_col, source.shape[1])[:, None] + np.arange(CHUNK_ELEMENTS)]
+        values = np.where(valid[:, None], values, 0).astype(np.uint16)
+        shared[at[:, None] + np.arange(CHUNK_BYTES)] = values.view(np.uint8).reshape(len(thread), CHUNK_BYTES)
+        written += at.tolist()
+    assert len(set(written)) == len(written) == config.stage_bytes // CHUNK_BYTES, "each chunk written exactly once"
     for warpgroup in range(config.warpgroups):
-      for k_step in range(config.block_k // WGMMA_K):
-        desc_a, desc_b = (encode_descriptor(descriptor_start(config, stage, operand_b, warpgroup, k_step),
-                                            config.leading_bytes, config.stride_bytes) for operand_b in (False, True))
+      for k_step in range(BLOCK_K // WGMMA_K):
+        desc_a, desc_b = (encode_descriptor(descriptor_start(config, stage, operand_b, warpgroup, k_step),  # type: ignore[arg-type]
+                                            *config.descriptor_offsets(operand_b), SWIZZLE_128B)
+                          for operand_b in (False, True))
         b_tile = read_operand(shared, desc_b, config.block_n, dtype, transposed=config.b_n_major)
         product = read_operand(shared, desc_a, WGMMA_M, dtype) @ b_tile.T
         accumulators[warpgroup] += product[acc_rows, acc_columns]
@@ -250,88 +281,118 @@ def wgmma_arch(arch: str) -> Optional[str]:
   """The NVRTC target for the wgmma kernel on a GPU of `arch` (sm_90 → sm_90a), or None where there is no wgmma."""
   return WARPGROUP_MMA_ARCH if sm_number(arch) == sm_number(WARPGROUP_MMA_ARCH) else None
 
+def _copy_lines(c: WgmmaConfig, operand_b: bool, m: int, n: int, k: int) -> list[str]:
+  """The C that copies K tile `tile` of one operand into stage `stage` (inside the copy lambda)."""
+  name = "b" if operand_b else "a"
+  n_major = operand_b and c.b_n_major
+  base = f"stage_address + {c.b_offset}" if operand_b else "stage_address"
+  lines = []
+  for i in range(copies(c, operand_b)):
+    if n_major:
+      k_row, n_chunk = copy_n_major(c, CExpr("tid"), i)
+      offset = n_major_offset(c, k_row, n_chunk)
+      checks = ([f"tile * {BLOCK_K} + {k_row} < {k}"] if k % BLOCK_K else []) + \
+               ([f"block_col + {n_chunk * CHUNK_ELEMENTS} < {n}"] if n % c.block_n else [])
+      source = f"{name}_source + (long long)(tile * {BLOCK_K} + {k_row}) * {n}"
+    else:
+      row, chunk = copy_k_major(c, CExpr("tid"), i)
+      rows, limit = (c.block_n, n) if operand_b else (c.block_m, m)
+      offset = k_major_offset(row, chunk)
+      checks = ([f"{'block_col' if operand_b else 'block_row'} + {row} < {limit}"] if limit % rows else []) + \
+               ([f"tile * {BLOCK_K} + {chunk * CHUNK_ELEMENTS} < {k}"] if k % BLOCK_K else [])
+      source = f"{name}_source + {i * (c.threads // ROW_CHUNKS) * k} + tile * {BLOCK_K}"
+    valid = " && ".join(checks) or "true"
+    lines.append(f"    copy_chunk({base} + {offset}, {source}, {name}, {valid});")
+  return lines
+
+PARAMETERS = {"out": "element* __restrict__ out", "a": "const element* __restrict__ a",
+              "b": "const element* __restrict__ b"}
+
 def wgmma_matmul_source(name: str, m: int, n: int, k: int, dtype: DType = dtypes.float16,
-                        config: WgmmaConfig = WgmmaConfig()) -> str:
-  """CUDA C of `name(out, a, b)`: out[M×N] = a[M×K] · b[N×K]ᵀ in `dtype`, float32 accumulators (see the module doc).
-  Compile for sm_90a (wgmma is an sm_90a feature)."""
+                        config: WgmmaConfig = WgmmaConfig(), arguments: tuple[str, ...] = ("out", "a", "b")) -> str:
+  """CUDA C of `name(out, a, b)` (parameters in the order `arguments` names them): out[M×N] = a[M×K] · b[N×K]ᵀ
+  (a · b[K×N] when b_n_major) in `dtype`, float32 accumulators (see the module doc). Compile for sm_90a (wgmma is an
+  sm_90a feature)."""
   check_shapes(m, n, k, dtype, config.b_n_major)
+  if sorted(arguments) != sorted(PARAMETERS): raise ValueError(f"wgmma matmul: arguments {arguments} must order "
+                                                               f"{list(PARAMETERS)}")
   c = config
-  tiles = -(-k // c.block_k)
-  tid_in_group, warpgroup = CExpr("lane_thread"), CExpr("warpgroup")
+  tiles = -(-k // BLOCK_K)
   type_name = WGMMA_TYPES[dtype]
+  tid = CExpr("tid")
+  a_row, a_chunk = copy_k_major(c, tid, 0)
+  if c.b_n_major:
+    b_row, b_chunk = copy_n_major(c, tid, 0)
+    b_start = f"b + block_col + {b_chunk * CHUNK_ELEMENTS}"   # K-row b_row is added per copy (with the tile)
+  else:
+    b_row, b_chunk = copy_k_major(c, tid, 0)
+    b_start = f"b + (long long)(block_col + {b_row}) * {k} + {b_chunk * CHUNK_ELEMENTS}"
   lines = [
     "typedef unsigned short element;",
     f'extern "C" __device__ const unsigned int {name}{DYNAMIC_SHARED_SUFFIX} = {c.shared_bytes};',
-    f'extern "C" __global__ void __launch_bounds__({c.threads}) {name}(element* __restrict__ out, '
-    "const element* __restrict__ a, const element* __restrict__ b) {",
-    "  extern __shared__ __align__(128) unsigned char shared[];",
+    f'extern "C" __global__ void __launch_bounds__({c.threads}, 1) {name}('
+    f'{", ".join(PARAMETERS[role] for role in arguments)}) {{',
+    "  extern __shared__ __align__(1024) unsigned char shared[];",
     "  const int tid = threadIdx.x;",
     f"  const int warpgroup = tid / {WARPGROUP_THREADS}, lane_thread = tid % {WARPGROUP_THREADS};",
     f"  const int block_row = blockIdx.y * {c.block_m}, block_col = blockIdx.x * {c.block_n};",
-    "  const unsigned int shared_base = (unsigned int)__cvta_generic_to_shared(shared);",
+    f"  // the swizzle is a function of address bits 4-9: every tile starts on a {SWIZZLE_ATOM_BYTES}-byte boundary",
+    f"  const unsigned int shared_base = ((unsigned int)__cvta_generic_to_shared(shared) + {SWIZZLE_ATOM_BYTES - 1}) "
+    f"& ~{SWIZZLE_ATOM_BYTES - 1}u;",
+    f"  const element* a_source = a + (long long)(block_row + {a_row}) * {k} + {a_chunk * CHUNK_ELEMENTS};",
+    f"  const element* b_source = {b_start};",
     f"  float acc[{c.accumulators}];",
     f"  #pragma unroll\n  for (int i = 0; i < {c.accumulators}; ++i) acc[i] = 0.0f;",
-  ]
-  # the copy of K tile `tile` into stage `stage`: each operand's chunks, `threads` apart
-  copy = ["  auto copy_tile = [&](int tile, int stage) {"]
-  for operand, rows, limit, first in (("a", c.block_m, m, "block_row"), ("b", c.block_n, n, "block_col")):
-    n_major = operand == "b" and c.b_n_major
-    chunks = rows * c.block_k // 8
-    base = f"stage * {c.stage_bytes}" + (f" + {c.b_offset}" if operand == "b" else "")
-    copy.append(f"    #pragma unroll\n    for (int i = 0; i < {-(-chunks // c.threads)}; ++i) {{")
-    copy.append(f"      const int chunk = tid + i * {c.threads};")
-    if chunks % c.threads: copy.append(f"      if (chunk >= {chunks}) break;")
-    row, kk = (copy_chunk_n_major if n_major else copy_chunk)(c, CExpr("chunk"))
-    offset = (shared_offset_n_major if n_major else shared_offset)(c, CExpr("row"), CExpr("k"))
-    element = "(long long)global_k * {n} + global_row" if n_major else "(long long)global_row * {k} + global_k"
-    copy += [f"      const int row = {row}, k = {kk};",
-             f"      const int global_row = {first} + row, global_k = tile * {c.block_k} + k;",
-             f"      const bool valid = global_row < {limit} && global_k < {k};",
-             f"      const element* source = {operand} + (valid ? {element.format(n=n, k=k)} : 0);",
-             f"      const unsigned int target = shared_base + {base} + {offset};",
-             '      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(target), "l"(source), '
-             '"r"(valid ? 16 : 0) : "memory");',
-             "    }"]
-  copy.append("  };")
-  lines += copy
-  desc_bits = encode_descriptor(0, c.leading_bytes, c.stride_bytes)
+    "  auto copy_chunk = [](unsigned int target, const element* source, const element* any, bool valid) {",
+    '    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(target), "l"(valid ? source : any), '
+    '"r"(valid ? 16 : 0) : "memory");',
+    "  };",
+    "  auto copy_tile = [&](int tile, int stage) {",
+    f"    const unsigned int stage_address = shared_base + stage * {c.stage_bytes};",
+    *_copy_lines(c, False, m, n, k), *_copy_lines(c, True, m, n, k),
+    "  };"]
   lines += [
-    f"  const unsigned long long descriptor_bits = {desc_bits}ull;   // leading {c.leading_bytes} B, stride "
-    f"{c.stride_bytes} B, no swizzle",
     f"  #pragma unroll\n  for (int s = 0; s < {c.stages - 2}; ++s) {{",
     f"    if (s < {tiles}) copy_tile(s, s);",
     '    asm volatile("cp.async.commit_group;" ::: "memory");',
     "  }",
+    "  int stage = 0;",
     f"  for (int t = 0; t < {tiles}; ++t) {{",
     f'    asm volatile("cp.async.wait_group {c.stages - 3};" ::: "memory");   // tile t has landed (this thread)',
     '    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");   // visible to wgmma (the async proxy)',
     "    __syncthreads();",
-    f"    if (t + {c.stages - 2} < {tiles}) copy_tile(t + {c.stages - 2}, (t + {c.stages - 2}) % {c.stages});",
+    f"    if (t + {c.stages - 2} < {tiles}) copy_tile(t + {c.stages - 2}, stage >= 2 ? stage - 2 : stage + "
+    f"{c.stages - 2});",
     '    asm volatile("cp.async.commit_group;" ::: "memory");',
-    f"    const int stage = t % {c.stages};",
     '    asm volatile("wgmma.fence.sync.aligned;" ::: "memory");',
   ]
   outputs = ", ".join(f'"+f"(acc[{i}])' for i in range(c.accumulators))
   registers = ", ".join(f"%{i}" for i in range(c.accumulators))
-  da, db, one = c.accumulators, c.accumulators + 1, c.accumulators + 2
+  da, db, one = c.accumulators, c.accumulators + 1, c.accumulators + 2   # scale-d is a predicate: p = 1
   instruction = f"wgmma.mma_async.sync.aligned.m64n{c.block_n}k16.f32.{type_name}.{type_name}"
-  for k_step in range(c.block_k // WGMMA_K):
-    start_a = descriptor_start(c, CExpr("stage"), False, warpgroup, k_step)
-    start_b = descriptor_start(c, CExpr("stage"), True, warpgroup, k_step)
+  bits = {operand_b: encode_descriptor(0, *c.descriptor_offsets(operand_b), SWIZZLE_128B) for operand_b in (0, 1)}
+  lines += [f"    const unsigned long long a_bits = {bits[0]}ull, b_bits = {bits[1]}ull;   // LBO, SBO, 128-byte "
+            "swizzle"]
+  for k_step in range(BLOCK_K // WGMMA_K):
+    start_a = descriptor_start(c, CExpr("stage"), False, CExpr("warpgroup"), k_step)
+    start_b = descriptor_start(c, CExpr("stage"), True, CExpr("warpgroup"), k_step)
     lines += [
       "    {",
-      f"      const unsigned long long desc_a = descriptor_bits | ((shared_base + {start_a}) >> 4);",
-      f"      const unsigned long long desc_b = descriptor_bits | ((shared_base + {start_b}) >> 4);",
+      f"      const unsigned long long desc_a = a_bits | (((shared_base + {start_a}) >> 4) & "
+      f"{DESCRIPTOR_FIELD_MASK});",
+      f"      const unsigned long long desc_b = b_bits | (((shared_base + {start_b}) >> 4) & "
+      f"{DESCRIPTOR_FIELD_MASK});",
       f'      asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{one}, 0;\\n{instruction} {{{registers}}}, %{da}, '
-      f'%{db}, p, 1, 1, 0, {int(c.b_n_major)};\\n}}\\n" : {outputs} : "l"(desc_a), "l"(desc_b), "r"(1) : "memory");',
+      f'%{db}, p, 1, 1, 0, {int(c.b_n_major)};\\n}}\\n" : {outputs} : "l"(desc_a), "l"(desc_b), "n"(1) : "memory");',
       "    }"]
   lines += [
     '    asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");',
     '    asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");   // tile t - 1\'s wgmmas are done',
+    f"    stage = stage + 1 == {c.stages} ? 0 : stage + 1;",
     "  }",
     '  asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");',
   ]
-  lines += _epilogue(c, n, m, dtype, tid_in_group, warpgroup)
+  lines += _epilogue(c, n, m, dtype, CExpr("lane_thread"), CExpr("warpgroup"))
   lines.append("}")
   return "\n".join(lines) + "\n"
 
@@ -343,18 +404,26 @@ def _epilogue(c: WgmmaConfig, n: int, m: int, dtype: DType, tid_in_group: CExpr,
            f'    element h; asm("{cvt} %0, %1;" : "=h"(h) : "f"(x)); return h;',
            "  };"]
   pairs = n % 2 == 0
+  checks = ([f"row < {m}"] if m % c.block_m else []) + ([f"column < {n}"] if n % c.block_n else [])
+  guard = f"if ({' && '.join(checks)}) " if checks else ""
   for register in range(0, c.accumulators, 2 if pairs else 1):
     row, column = accumulator_position(tid_in_group, register)
     lines.append("  {")
     lines.append(f"    const int row = block_row + {warpgroup * WGMMA_M + row}, column = block_col + {column};")
     if pairs:
-      lines += [f"    if (row < {m} && column < {n}) *(unsigned int*)(out + (long long)row * {n} + column) = "
+      lines += [f"    {guard}*(unsigned int*)(out + (long long)row * {n} + column) = "
                 f"(unsigned int)to_element(acc[{register}]) | ((unsigned int)to_element(acc[{register + 1}]) << 16);"]
     else:
-      lines.append(f"    if (row < {m} && column < {n}) out[(long long)row * {n} + column] = "
+      lines.append(f"    {guard}out[(long long)row * {n} + column] = "
                    f"to_element(acc[{register}]);")
     lines.append("  }")
   return lines
+
+def warpgroup_matmul_source(name: str, matmul) -> str:
+  """The kernel of an OptOps.WGMMA kernel (codegen/axes.py WarpgroupMatmul: shape, dtype, B layout, tile, parameter
+  order)."""
+  config = WgmmaConfig(matmul.warpgroups, matmul.block_n, matmul.stages, matmul.b_n_major)
+  return wgmma_matmul_source(name, matmul.m, matmul.n, matmul.k, matmul.dtype, config, matmul.arguments)
 
 def compile_wgmma_matmul(name: str, m: int, n: int, k: int, dtype: DType = dtypes.float16,
                          config: WgmmaConfig = WgmmaConfig()) -> bytes:

@@ -1,0 +1,102 @@
+"""Hopper warpgroup MMA in the opt space (OptOps.WGMMA): a whole half/bfloat16 matmul kernel computed by the wgmma
+kernel that runtime/cuda/wgmma.py writes (128-byte-swizzled shared tiles, a cp.async pipeline of `stages` buffers,
+`wgmma.mma_async` from shared-memory descriptors), on targets whose renderer has `warpgroup_mma` (CUDA sm_90a).
+Everything about it is here, in the order it is used:
+
+  1. which kernels qualify (`matmul_of`): the AST is exactly out = CAST(Σ_K a·b) (the product of two loads of one
+     16-bit float dtype, summed in float32, rounded once to that dtype and stored; `tensor_core_operands` says which
+     sums of products qualify); one reduce over one K axis, two output axes (M, N), sizes known; every view one plain
+     view (no mask, offset 0); a's strides (K, 0, 1); b's (0, K, 1) (N×K, a linear layer's weight) or (0, 1, N)
+     (K×N, a plain a·b; N a multiple of 8); the output's (N, 1, 0); K a multiple of 8 (16-byte rows). No epilogue:
+     any op between the reduce and the store (a bias, an activation), a third buffer, or a batch axis refuses it,
+     and such kernels keep the mma.sync tensor cores (OptOps.TC).
+  2. the opt's choices: WGMMA_TILES, (warpgroups, block_n, stages) each; Opt(OptOps.WGMMA, 0, i) takes tile i and
+     must be the kernel's first and only opt (the kernel is the template: no other opt applies to it). BEAM tries
+     every tile (search.py's ACTIONS); the heuristics take `default_tile`.
+  3. rendering: compile.render_source hands AxisState.warpgroup_matmul to renderer.render_warpgroup_matmul.
+"""
+from __future__ import annotations
+import dataclasses
+from typing import Optional, Union
+from tgrad.codegen.axes import AxisState, KernelOptError, Opt, WarpgroupMatmul
+from tgrad.codegen.tensor_cores import tensor_core_operands
+from tgrad.dtype import dtypes
+from tgrad.ops import Ops
+
+WGMMA_DTYPES = (dtypes.float16, dtypes.bfloat16)
+ROW_BYTES = 16        # cp.async copies 16-byte chunks: a row's contiguous size must be a multiple of 8 elements
+# (warpgroups, block_n, stages): every entry fits an H100's 227 KiB of shared memory and both B layouts (block_n a
+# multiple of 64 whose 16-byte chunks divide the block's threads). Largest tiles first.
+WGMMA_TILES: tuple[tuple[int, int, int], ...] = (
+  (2, 256, 4), (2, 256, 3), (2, 128, 5), (2, 128, 4), (2, 128, 6), (1, 256, 3), (1, 128, 4), (1, 128, 6),
+  (2, 64, 6), (1, 64, 4), (1, 64, 8))
+# The heuristics' tile: the largest (first of DEFAULT_TILES) that still gives a wave of blocks to an H100's 132 SMs
+# (WAVE_FRACTION of them: a few idle SMs cost less than a smaller tile's lower arithmetic intensity), else the one
+# with the most blocks. A one-warpgroup tile takes more stages: with one block per SM the copies in flight (stages - 2
+# tiles) are all that hides the latency of global memory.
+DEFAULT_TILES = ((2, 256, 4), (2, 128, 5), (1, 128, 6), (1, 64, 8))
+GPU_SMS = 132
+WAVE_FRACTION = 0.9
+# Below this many multiply-adds (M·N·K) the mma.sync tensor-core kernels are left the work: the heuristics' WGMMA
+# threshold (BEAM may still pick WGMMA for any qualifying kernel). 2^26: a 512×512×256 product.
+MIN_MULTIPLY_ADDS = 1 << 26
+
+def _plain(state: AxisState, index: int) -> Optional[tuple[int, ...]]:
+  """The strides of memop `index`'s tracker when it is one view without mask or offset, else None."""
+  views = state.sts[index].views
+  if len(views) != 1 or views[0].mask is not None or views[0].offset != 0: return None
+  return tuple(views[0].strides)
+
+def matmul_of(state: AxisState) -> Union[WarpgroupMatmul, str]:
+  """The kernel as a warpgroup matmul (default tile), or why it is not one (see the module doc, 1.)."""
+  if not state.renderer.warpgroup_mma: return f"{type(state.renderer).__name__} has no warpgroup MMA"
+  if len(state.reduceops) != 1 or state.shape_len != 3 or state.first_reduce != 2 or state.symbolic:
+    return f"a warpgroup matmul has two known output axes and one reduce axis, not {state.full_shape}"
+  stores = [u for u in state.ast.src if u.op is Ops.STORE]
+  if len(state.ast.src) != 1 or len(stores) != 1 or len(state.memops) != 3:
+    return "a warpgroup matmul reads two buffers and stores one"
+  store, reduce = stores[0], state.reduceops[0]
+  value = store.src[2]
+  operands = tensor_core_operands(reduce)
+  if operands is None or any(x.op is not Ops.LOAD for x in operands):
+    return "the reduce is not a sum of products of two loads"
+  dtype = operands[0].dtype
+  if dtype not in WGMMA_DTYPES or operands[1].dtype != dtype or reduce.dtype != dtypes.float32 or \
+     value.op is not Ops.CAST or value.src[0] is not reduce or value.dtype != dtype:
+    return f"a warpgroup matmul stores the float32 sum of {[str(d) for d in WGMMA_DTYPES]} products rounded to their " \
+           "dtype, with nothing in between (no epilogue)"
+  m, n, k = state.full_shape
+  strides = {u: _plain(state, i) for i, u in enumerate(state.memops)}
+  if strides[store] != (n, 1, 0): return "the output must be a contiguous M×N matrix"
+  a = next((x for x in operands if strides[x] == (k, 0, 1)), None)
+  b = next((x for x in operands if x is not a), None)
+  b_n_major = b is not None and strides[b] == (0, 1, n)
+  if a is None or b is None or not (b_n_major or strides[b] == (0, k, 1)):
+    return "a must be a contiguous M×K matrix and b a contiguous N×K or K×N one"
+  globals_ = {store.src[0]: "out", a.src[0]: "a", b.src[0]: "b"}
+  if len(globals_) != 3: return "a warpgroup matmul reads two buffers other than its output"
+  if k % (ROW_BYTES // dtype.itemsize) or (b_n_major and n % (ROW_BYTES // dtype.itemsize)):
+    return f"K (and N for a K×N b) must be multiples of {ROW_BYTES // dtype.itemsize}: 16-byte rows, not {m}×{n}×{k}"
+  arguments = tuple(role for _, role in sorted(((g.arg, role) for g, role in globals_.items())))
+  return WarpgroupMatmul(m, n, k, dtype, b_n_major, arguments)
+
+def warpgroup_mma(state: AxisState, opt: Opt) -> AxisState:
+  """WGMMA: the whole kernel is one warpgroup matmul with tile WGMMA_TILES[opt.amount] (see the module doc)."""
+  if state.applied_opts: raise KernelOptError(f"{opt}: WGMMA must be the kernel's first and only opt")
+  if opt.axis not in (None, 0) or not (isinstance(opt.amount, int) and 0 <= opt.amount < len(WGMMA_TILES)):
+    raise KernelOptError(f"{opt}: WGMMA takes axis 0 and a tile index 0..{len(WGMMA_TILES) - 1}")
+  use = matmul_of(state)
+  if isinstance(use, str): raise KernelOptError(f"{opt}: {use}")
+  warpgroups, block_n, stages = WGMMA_TILES[opt.amount]
+  return state.replace(warpgroup_matmul=dataclasses.replace(use, warpgroups=warpgroups, block_n=block_n,
+                                                            stages=stages))
+
+def default_tile(m: int, n: int) -> int:
+  """The heuristics' tile for an M×N output (an index into WGMMA_TILES; see DEFAULT_TILES)."""
+  def blocks(tile) -> int: return -(-m // (64 * tile[0])) * -(-n // tile[1])
+  tile = next((t for t in DEFAULT_TILES if blocks(t) >= WAVE_FRACTION * GPU_SMS), DEFAULT_TILES[-1])
+  return WGMMA_TILES.index(tile)
+
+def worth_it(use: WarpgroupMatmul) -> bool:
+  """Whether the heuristics give this matmul to the warpgroup kernel (big enough: MIN_MULTIPLY_ADDS)."""
+  return use.m * use.n * use.k >= MIN_MULTIPLY_ADDS and min(use.m, use.n) >= 64

@@ -71,7 +71,7 @@ def test_wgmma_matmul_matches_numpy(shape, config, dtype):
 
 def run_wgmma_opt(out: Tensor, tile: int) -> np.ndarray:
   """out's inputs realized, then its last kernel run on CUDA as a warpgroup matmul with WGMMA_TILES[tile] into a
-  buffer poisoned with NaN; the output's 16-bit patterns."""
+  buffer poisoned with NaN; the output's 16-bit patterns, in out's shape."""
   items = create_schedule([out.lazydata])
   run_schedule(items[:-1])
   kernel = Kernel(items[-1].ast, Device["CUDA"].renderer)
@@ -80,7 +80,7 @@ def run_wgmma_opt(out: Tensor, tile: int) -> np.ndarray:
   result = Buffer("CUDA", items[-1].outputs[0].size, out.dtype).copyin(np.full(items[-1].outputs[0].size, POISON,
                                                                                 np.uint16))
   runner([result] + list(items[-1].inputs), wait=True)
-  return result.copyout().view(np.uint16)
+  return result.copyout().view(np.uint16).reshape(out.shape)
 
 OPT_SHAPES = [(512, 640, 2048), (200, 136, 200), (4096, 4096, 4096)]
 

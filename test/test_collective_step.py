@@ -149,6 +149,48 @@ def test_jitted_data_parallel_steps_replay_the_collective_and_match_one_device(s
     for other in others: np.testing.assert_array_equal(first, other)
     np.testing.assert_allclose(first, want.numpy(), rtol=1e-4, atol=1e-6)
 
+def cnn_step(devices, steps: int, jit: bool, batch: int = 8):
+  """A small BatchNorm CNN (bench/multi_device.py's shape): conv, batch norm, relu, max pool, conv, linear."""
+  Tensor.manual_seed(5)
+  rng = np.random.default_rng(5)
+  conv1, norm, conv2, head = nn.Conv2d(2, 4, 3, padding=1), nn.BatchNorm2d(4), nn.Conv2d(4, 4, 3), nn.Linear(16, 3)
+  params = get_parameters([conv1, norm, conv2, head])
+  if devices:
+    for p in params: p.shard_(devices)
+  opt = SGD(params, lr=0.05)
+  def step(x: Tensor, y: Tensor) -> Tensor:
+    opt.zero_grad()
+    h = norm(conv1(x)).relu().max_pool2d(2)
+    loss = head(conv2(h).relu().flatten(1)).sparse_categorical_crossentropy(y)
+    loss.backward()
+    Tensor.realize(loss, *opt.schedule_step())
+    return loss
+  stepper = TinyJit(step) if jit else step
+  losses = []
+  with Tensor.train():
+    for _ in range(steps):
+      x, y = Tensor(rand(rng, batch, 2, 8, 8)), Tensor(rng.integers(0, 3, batch).astype(np.int32))
+      if devices: x, y = x.shard(devices, 0), y.shard(devices, 0)
+      losses.append(stepper(x, y).item())
+  return losses, params, stepper
+
+def test_a_jitted_data_parallel_cnn_step_is_aligned_copies_nothing_and_matches_one_device():
+  one_losses, one_params, _ = cnn_step(None, 4, jit=False)
+  losses, params, stepper = cnn_step(TWO, 4, jit=True)
+  instructions = stepper.captured.instructions
+  # the gradients' and the batch statistics' all-reduces are the only instructions over both devices: no gather,
+  # broadcast or copy of the batch or the weights is on the step's path
+  spanning = [ins for ins in instructions if len(ins.devices) > 1]
+  assert spanning and all(isinstance(ins.runner, CopyCollective) for ins in spanning)
+  assert all(len(ins.devices) > 1 or ins.runner.name not in ("copy", "copyin") for ins in instructions)
+  segments = kernels_between_collectives(instructions)
+  assert segments[TWO[0]] == segments[TWO[1]]
+  np.testing.assert_allclose(losses, one_losses, rtol=1e-5)
+  for p, want in zip(params, one_params):
+    first, second = shards_of(p)
+    np.testing.assert_array_equal(first, second)
+    np.testing.assert_allclose(first, want.numpy(), rtol=1e-4, atol=1e-5)
+
 def test_a_collective_runs_right_after_what_it_needs():
   """Rule 4's order: work that came before a collective in the graph without being needed by it moves after it."""
   def value(device: str) -> LazyBuffer: return LazyBuffer.loadop(Ops.EMPTY, (4,), dtypes.float32, device)

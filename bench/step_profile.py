@@ -13,6 +13,9 @@ step on each device. Output: a StepProfile per device. Its parts:
               program order and every collective starts when its last device arrives: `waits` per device;
   gaps        what is left of the measured graph step: graph step = kernels + transfers + waits + gaps (launch gaps,
               host stalls, dependencies between streams: whatever the model does not have).
+The model assumes devices that run at once, as GPUs do; CPU devices share the host and run one after another, so there
+its waits and gaps only check that the profile runs. A kernel timed alone includes its launch latency when the device
+had nothing queued (tiny kernels: a few µs each); collectives run eagerly here, not from the graph.
 """
 from __future__ import annotations
 import re

@@ -3,6 +3,7 @@ them, next to the same models trained with torch DDP (torch.distributed, NCCL, o
 
   python bench/multi_device.py                                   # CUDA,CUDA:1; MLP and CNN; torch too
   python bench/multi_device.py --devices LLVM:0,LLVM:1 --hidden 256 --batch 512 --skip-torch --steps 5
+  python bench/multi_device.py --models mlp --steps 10 --profile   # and where each GPU's step time goes
 
 First the largest error of a few sharded ops against numpy (elementwise, reduces and a matmul over the split axis, a
 column-parallel matmul). Then, per model, tgrad's step (batch split on axis 0 over the devices, weights replicated,
@@ -13,6 +14,12 @@ the whole batch's). Times are GPU time between CUDA events recorded on every GPU
 the slowest GPU's span (host clock on CPU devices). float32 everywhere, no TF32 on either side. The weights after
 tgrad's steps on all devices are compared with one device's.
 
+--profile (bench/step_profile.py), after the timing, for tgrad on one device and on all: per device the graph step,
+its kernels' summed time (one replay instruction by instruction, CUDA events around each), the collectives (NCCL's
+LibraryCollective or the CopyCollective fallback) with their transfer time, the waits at collectives that the
+program's order makes (a rendezvous model from those times), the gaps left over, the graph runs and CUDA graph
+launches per step, the host steps between them, how long the host takes to queue a step and how often it waits.
+
 Sizes (defaults, chosen so the step is compute-bound: the gradient all-reduce is a few percent of it):
   MLP  --features 1024 → --hidden 4096 → --hidden → --classes 1024, global batch --batch 8192 (25.2 M parameters,
        1.2 TFLOP per step);
@@ -22,16 +29,18 @@ Sizes (defaults, chosen so the step is compute-bound: the gradient all-reduce is
 from __future__ import annotations
 import argparse, json, os, socket, sys, tempfile, time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Optional
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 from tgrad import Tensor, TinyJit  # noqa: E402
 from tgrad.backend import device_kind  # noqa: E402
 from tgrad.device import Device  # noqa: E402
 import tgrad.nn as nn  # noqa: E402
 from tgrad.nn.optim import SGD  # noqa: E402
 from tgrad.nn.state import get_parameters  # noqa: E402
+from step_profile import report_lines, step_profile  # noqa: E402
 
 WARMUP_STEPS = 3       # the first call runs, the second captures, the third replays
 DATA_BATCHES = 2       # distinct input batches cycled through (the JIT swaps argument buffers)
@@ -78,14 +87,15 @@ def batches(model: str, args: argparse.Namespace) -> list[tuple[np.ndarray, np.n
   return [(rng.standard_normal(shape).astype(np.float32), rng.integers(0, CNN_CLASSES, args.cnn_batch).astype(np.int32))
           for _ in range(DATA_BATCHES)]
 
-def device_seconds(devices: tuple[str, ...], queue: Callable[[], None]) -> float:
-  """Seconds from before to after what `queue()` queues: CUDA events on every GPU (the slowest span), else the host
-  clock around queue() and a synchronize."""
+def device_seconds(devices: tuple[str, ...], queue: Callable[[], None]) -> tuple[list[float], float]:
+  """Seconds from before to after what `queue()` queues on each device (CUDA events on every GPU; the host clock
+  around queue() and a synchronize on other devices), and the host's seconds inside queue()."""
   if any(device_kind(d) != "CUDA" for d in devices):
     start = time.perf_counter()
     queue()
+    queued = time.perf_counter() - start
     for d in devices: Device[d].synchronize()
-    return time.perf_counter() - start
+    return [time.perf_counter() - start] * len(devices), queued
   import pycuda.driver as cuda
   gpus = [Device[d] for d in devices]
   def on(gpu, fn):
@@ -94,13 +104,17 @@ def device_seconds(devices: tuple[str, ...], queue: Callable[[], None]) -> float
     finally: gpu.context.leave()
   starts, ends = [on(g, cuda.Event) for g in gpus], [on(g, cuda.Event) for g in gpus]
   for gpu, event in zip(gpus, starts): on(gpu, event.record)
+  start = time.perf_counter()
   queue()
+  queued = time.perf_counter() - start
   for gpu, event in zip(gpus, ends): on(gpu, event.record)
   for gpu, event in zip(gpus, ends): on(gpu, event.synchronize)
-  return max(on(g, lambda s=s, e=e: s.time_till(e)) for g, s, e in zip(gpus, starts, ends)) * 1e-3
+  return [on(g, lambda s=s, e=e: s.time_till(e)) * 1e-3 for g, s, e in zip(gpus, starts, ends)], queued
 
-def train_tgrad(model: str, devices: tuple[str, ...], args: argparse.Namespace) -> tuple[float, list[np.ndarray]]:
-  """Seconds per step after warm-up, and the weights after every step."""
+def train_tgrad(model: str, devices: tuple[str, ...], args: argparse.Namespace
+                ) -> tuple[float, list[np.ndarray], Optional[dict]]:
+  """Seconds per step after warm-up (the slowest device's), the weights after every step, and with --profile the
+  step's profile (step_profile: after the weights are read, as it runs one more step)."""
   Tensor.manual_seed(0)
   net = MLP(args.features, args.hidden, args.classes) if model == "mlp" else CNN(args.channels)
   params = get_parameters(net)
@@ -117,11 +131,37 @@ def train_tgrad(model: str, devices: tuple[str, ...], args: argparse.Namespace) 
     t = Tensor(data, device=devices[0])
     return t.shard(devices, 0).realize() if len(devices) > 1 else t.realize()
   placed = [(place(x), place(y)) for x, y in batches(model, args)]
+  def queue() -> None:
+    for i in range(args.steps): step(*placed[i % DATA_BATCHES])
   with Tensor.train():
     for i in range(WARMUP_STEPS): step(*placed[i % DATA_BATCHES])
     for d in devices: Device[d].synchronize()
-    seconds = device_seconds(devices, lambda: [step(*placed[i % DATA_BATCHES]) for i in range(args.steps)])
-  return seconds / args.steps, [p.numpy() for p in params]
+    waits = HostWaits(devices)
+    spans, queued = device_seconds(devices, lambda: waits.around(queue))
+    weights = [p.numpy() for p in params]
+    profile = None
+    if args.profile:
+      profiles, whole = step_profile(step.captured, {d: span / args.steps for d, span in zip(devices, spans)})
+      profile = {"devices": profiles, "lines": report_lines(profiles, whole, queued / args.steps,
+                                                            waits.count / args.steps),
+                 "model_step": whole["model_step"], "misaligned": whole["misaligned"]}
+  return max(spans) / args.steps, weights, profile
+
+class HostWaits:
+  """Counts the host's waits for a device (Device.synchronize) while `around(fn)` runs fn."""
+  def __init__(self, devices: tuple[str, ...]):
+    self.devices, self.count = devices, 0
+  def around(self, fn: Callable[[], None]) -> None:
+    def counted(original: Callable[[], None]) -> Callable[[], None]:
+      def wait() -> None:
+        self.count += 1
+        original()
+      return wait
+    started = [Device[d] for d in self.devices]
+    for device in started: device.synchronize = counted(device.synchronize)
+    try: fn()
+    finally:
+      for device in started: del device.synchronize   # the class's method again
 
 # ---- the same models in torch, one process per GPU
 
@@ -198,6 +238,8 @@ def main() -> None:
   parser.add_argument("--channels", type=int, default=64)
   parser.add_argument("--cnn-batch", type=int, default=1024, help="the CNN's global batch")
   parser.add_argument("--skip-torch", action="store_true")
+  parser.add_argument("--profile", action="store_true",
+                      help="after the timing, where each device's step time goes (bench/step_profile.py)")
   parser.add_argument("--out", default=None, help="write the numbers as JSON here")
   args = parser.parse_args()
   devices = tuple(d.strip() for d in args.devices.split(","))
@@ -209,8 +251,8 @@ def main() -> None:
   report = {"devices": list(devices), "args": vars(args), "models": {}}
   for model in models:
     batch = args.batch if model == "mlp" else args.cnn_batch
-    one_seconds, one_weights = train_tgrad(model, devices[:1], args)
-    all_seconds, all_weights = train_tgrad(model, devices, args)
+    one_seconds, one_weights, one_profile = train_tgrad(model, devices[:1], args)
+    all_seconds, all_weights, all_profile = train_tgrad(model, devices, args)
     difference = max(float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-30)) for a, b in zip(all_weights, one_weights))
     row = {"batch": batch, "tgrad_1_samples_s": batch / one_seconds, "tgrad_n_samples_s": batch / all_seconds,
            "tgrad_speedup": one_seconds / all_seconds, "weight_difference": difference}
@@ -228,6 +270,23 @@ def main() -> None:
       print(f"  torch  DDP {len(devices)} GPUs {batch / many:10,.0f} samples/s ({many * 1e3:8.2f} ms)  "
             f"{one / many:.2f}x;"
             f" tgrad/torch on {len(devices)}: {many / all_seconds:.2f}")
+    if one_profile is not None and all_profile is not None:
+      for label, profile in (("1 device", one_profile), (f"{len(devices)} devices", all_profile)):
+        print(f"  profile of tgrad's step on {label}, ms per step (graph step = kernels + transfer + waits + gaps; "
+              "waits from the rendezvous model):")
+        print("\n".join(profile["lines"]))
+      one_kernels = one_profile["devices"][0].kernel_seconds
+      shares = ", ".join(f"{p.device} {p.kernel_seconds / (one_kernels / len(devices)):.2f}"
+                         for p in all_profile["devices"])
+      print(f"  each device's kernels / (one device's kernels / {len(devices)}): {shares}")
+      row["profile"] = {label: {"model_step": profile["model_step"], "misaligned": profile["misaligned"],
+                                "devices": [{"device": p.device, "graph_step": p.graph_step, "kernels": p.kernels,
+                                             "kernel_seconds": p.kernel_seconds, "collectives": p.collectives,
+                                             "transfer_seconds": p.transfer_seconds, "wait_seconds": p.wait_seconds,
+                                             "gap_seconds": p.gap_seconds, "runs": p.runs,
+                                             "graph_launches": p.graph_launches, "host_steps": p.host_steps}
+                                            for p in profile["devices"]]}
+                        for label, profile in (("one", one_profile), ("all", all_profile))}
     report["models"][model] = row
   if args.out:
     with open(args.out, "w") as f: json.dump(report, f, indent=1)

@@ -3,7 +3,7 @@ LLVM:0..2: a sharded reduce, a matmul contracting the split axis and data-parall
 every device's buffers, equal to numpy and to one device within float32 reassociation; TinyJit records and replays
 the step; a kind's own collectives library (NCCL on CUDA, a host stand-in here) is what lowering picks when the kind
 has one. The same on two GPUs at the end (skipped without them)."""
-import dataclasses
+import dataclasses, re
 import numpy as np
 import pytest
 from tgrad import Tensor, TinyJit
@@ -15,8 +15,11 @@ from tgrad.multi.collectives import all_reduce_nodes
 from tgrad.multi.runners import CopyCollective, LibraryCollective
 from tgrad.nn.optim import SGD
 from tgrad.nn.state import get_parameters
-from tgrad.ops import Ops
+from tgrad.dtype import dtypes
+from tgrad.lazy import LazyBuffer
+from tgrad.ops import Ops, UOp
 from tgrad.realize import lower_schedule
+from tgrad.schedule import _Step, _collectives_after_their_inputs
 
 TWO = ("LLVM", "LLVM:1")
 THREE = ("LLVM", "LLVM:1", "LLVM:2")
@@ -117,12 +120,25 @@ def mlp_step(devices, rng_seed: int, steps: int, jit: bool, batch: int = 12):
     losses.append(stepper(x, y).item())
   return losses, params, stepper
 
+def kernels_between_collectives(instructions) -> dict[str, list[list[str]]]:
+  """Per device, the names of its kernels (without the compile counter) before each collective and after the last."""
+  segments: dict[str, list[list[str]]] = {}
+  for ins in instructions:
+    for device in ins.devices: segments.setdefault(device, [[]])
+    if len(ins.devices) > 1:
+      for device in ins.devices: segments[device].append([])
+    else: segments[ins.device][-1].append(re.sub(r"_n\d+$", "", ins.name))
+  return segments
+
 @pytest.mark.parametrize("seed", range(2))
 @pytest.mark.parametrize("devices", [TWO, THREE])
 def test_jitted_data_parallel_steps_replay_the_collective_and_match_one_device(seed, devices):
   one_losses, one_params, _ = mlp_step(None, seed, 5, jit=False)
   losses, params, stepper = mlp_step(devices, seed, 5, jit=True)
   graph = stepper.captured
+  # every device runs the same kernels before each collective: none waits at one for another's unneeded work
+  segments = kernels_between_collectives(graph.instructions)
+  assert len(segments) == len(devices) and all(s == segments[devices[0]] for s in segments.values())
   collectives = [ins for ins in graph.instructions if isinstance(ins.runner, CopyCollective)]
   # one all-reduce per parameter gradient, the loss's sum and the count of labels it averages over
   assert sorted(graph.slots[ins.args[0]].size for ins in collectives) == sorted([p.numel() for p in params] + [1, 1])
@@ -132,6 +148,61 @@ def test_jitted_data_parallel_steps_replay_the_collective_and_match_one_device(s
     first, *others = shards_of(p)
     for other in others: np.testing.assert_array_equal(first, other)
     np.testing.assert_allclose(first, want.numpy(), rtol=1e-4, atol=1e-6)
+
+def cnn_step(devices, steps: int, jit: bool, batch: int = 8):
+  """A small BatchNorm CNN (bench/multi_device.py's shape): conv, batch norm, relu, max pool, conv, linear."""
+  Tensor.manual_seed(5)
+  rng = np.random.default_rng(5)
+  conv1, norm, conv2, head = nn.Conv2d(2, 4, 3, padding=1), nn.BatchNorm2d(4), nn.Conv2d(4, 4, 3), nn.Linear(16, 3)
+  params = get_parameters([conv1, norm, conv2, head])
+  if devices:
+    for p in params: p.shard_(devices)
+  opt = SGD(params, lr=0.05)
+  def step(x: Tensor, y: Tensor) -> Tensor:
+    opt.zero_grad()
+    h = norm(conv1(x)).relu().max_pool2d(2)
+    loss = head(conv2(h).relu().flatten(1)).sparse_categorical_crossentropy(y)
+    loss.backward()
+    Tensor.realize(loss, *opt.schedule_step())
+    return loss
+  stepper = TinyJit(step) if jit else step
+  losses = []
+  with Tensor.train():
+    for _ in range(steps):
+      x, y = Tensor(rand(rng, batch, 2, 8, 8)), Tensor(rng.integers(0, 3, batch).astype(np.int32))
+      if devices: x, y = x.shard(devices, 0), y.shard(devices, 0)
+      losses.append(stepper(x, y).item())
+  return losses, params, stepper
+
+def test_a_jitted_data_parallel_cnn_step_is_aligned_copies_nothing_and_matches_one_device():
+  one_losses, one_params, _ = cnn_step(None, 4, jit=False)
+  losses, params, stepper = cnn_step(TWO, 4, jit=True)
+  instructions = stepper.captured.instructions
+  # the gradients' and the batch statistics' all-reduces are the only instructions over both devices: no gather,
+  # broadcast or copy of the batch or the weights is on the step's path
+  spanning = [ins for ins in instructions if len(ins.devices) > 1]
+  assert spanning and all(isinstance(ins.runner, CopyCollective) for ins in spanning)
+  assert all(len(ins.devices) > 1 or ins.runner.name not in ("copy", "copyin") for ins in instructions)
+  segments = kernels_between_collectives(instructions)
+  assert segments[TWO[0]] == segments[TWO[1]]
+  np.testing.assert_allclose(losses, one_losses, rtol=1e-5)
+  for p, want in zip(params, one_params):
+    first, second = shards_of(p)
+    np.testing.assert_array_equal(first, second)
+    np.testing.assert_allclose(first, want.numpy(), rtol=1e-4, atol=1e-5)
+
+def test_a_collective_runs_right_after_what_it_needs():
+  """Rule 4's order: work that came before a collective in the graph without being needed by it moves after it."""
+  def value(device: str) -> LazyBuffer: return LazyBuffer.loadop(Ops.EMPTY, (4,), dtypes.float32, device)
+  def kernel(out, *inputs): return _Step(UOp(Ops.SINK, dtypes.void), (out,), inputs)
+  a, b = TWO
+  partial_b, unneeded_b, partial_a, total_a, total_b, after_a = (value(d) for d in (b, b, a, a, b, a))
+  steps = [kernel(partial_b), kernel(unneeded_b, partial_b), kernel(partial_a),
+           _Step(UOp(Ops.COLLECTIVE, dtypes.float32), (total_a, total_b), (partial_a, partial_b)),
+           kernel(after_a, total_a)]
+  ordered = _collectives_after_their_inputs(steps)
+  assert [steps.index(step) for step in ordered] == [0, 2, 3, 1, 4]
+  assert _collectives_after_their_inputs(steps[:3]) == steps[:3]   # no collective: unchanged
 
 # ---- a kind's own collectives library
 
@@ -203,6 +274,25 @@ def test_library_collective_records_one_capture_for_every_devices_part(host_libr
   assert runner.cuda_child_graph("LLVM:1", item.bufs) == ("part", 1)
   assert runner.cuda_child_graph("LLVM", item.bufs) == ("part", 0)
   assert len(recordings) == 1   # both parts come from one recording of the group
+
+def test_a_data_parallel_step_through_a_library_is_one_run_per_device(host_library, monkeypatch):
+  """Every all-reduce of a jitted data-parallel step is the library's, and once its parts join the devices' graphs
+  (NCCL's in CUDA graphs) the step is one run per device: nothing crosses devices on the host between runs."""
+  one_losses, one_params, _ = mlp_step(None, 3, 4, jit=False)
+  losses, params, stepper = mlp_step(TWO, 3, 4, jit=True)
+  instructions = stepper.captured.instructions
+  collectives = [ins.runner for ins in instructions if len(ins.devices) > 1]
+  assert len(collectives) == len(params) + 2 and all(isinstance(r, LibraryCollective) for r in collectives)
+  np.testing.assert_allclose(losses, one_losses, rtol=1e-5)
+  for p, want in zip(params, one_params):
+    np.testing.assert_allclose(shards_of(p)[1], want.numpy(), rtol=1e-4, atol=1e-6)
+  class Embedding:
+    embeds_collectives = True
+  monkeypatch.setattr("tgrad.jit.graph_runner_class", lambda device: Embedding)
+  for runner in collectives: monkeypatch.setattr(runner, "per_device", True, raising=False)
+  runs = device_runs(instructions)
+  assert sorted(device for device, _ in runs) == sorted(TWO)
+  assert all([ins.runner for ins in run if len(ins.devices) > 1] == collectives for _, run in runs)
 
 # ---- on two GPUs (skipped with fewer)
 

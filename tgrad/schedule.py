@@ -30,7 +30,8 @@ fusion rules, which all live here:
   4. A collective (COLLECTIVE: one node per device, siblings sharing a CollectiveGroup) is one step over every
      device's buffers: its outputs are the siblings in rank order, its inputs the shards they combine. Asking for
      one sibling realizes all of them (`with_collective_siblings`); a sibling no one holds any more gets a scratch
-     output.
+     output. Each collective comes right after the steps it needs, before any other (`_collectives_after_their_inputs`:
+     no device runs work the rendezvous does not need while the others wait there).
   5. Riders (tgrad/schedule_riders.py): once the kernels are built and ordered, a small kernel that nothing orders
      between it and a neighbouring kernel runs inside that kernel, its loops padded to the host's (RIDERS=0: off).
 A ScheduleItem holds a kernel AST (a SINK of STOREs over LOADs, CONSTs, ARANGEs, ALU and REDUCE_AXIS nodes, each
@@ -451,7 +452,8 @@ def create_schedule(outs: list[LazyBuffer], commit: bool = False, buffers: Optio
       items.append(_Step(ast, (b,) + tuple(copy for copy, _ in copies.get(b, ())), tuple(inputs)))
   buffers = {} if buffers is None else buffers
   items = _snapshot_old_values_read_after_assigns(_order_by_data(items))
-  steps = ride_along(_order_assigns_after_readers(items), scalars_of, _Step, MAX_SCALAR_PARAMS)   # rule 5
+  steps = ride_along(_order_assigns_after_readers(_collectives_after_their_inputs(items)), scalars_of, _Step,
+                     MAX_SCALAR_PARAMS)   # rules 4 and 5
   if scalar_nodes is not None: scalar_nodes[:] = [tuple(scalars_of.get(step.outputs[0], ())) for step in steps]
   scheduled = [_with_buffers(step, buffers, commit, scalars_of.get(step.outputs[0], ())) for step in steps]
   for old, new in rebuilt:   # the caller's nodes, by the Buffers their simplified copies got
@@ -596,6 +598,38 @@ def _order_by_data(items: list[_Step]) -> list[_Step]:
     try_place(item, ready)
     for node in ready: place(node)
   assert len(ordered) == len(items), "a cycle among kernels with several outputs"
+  return ordered
+
+def _collectives_after_their_inputs(items: list[_Step]) -> list[_Step]:
+  """Rule 4's order: each collective step right after the steps it needs (its inputs, theirs, ...: in their order), and
+  the steps that came before it without being needed right after it. A collective is a rendezvous: every device
+  waits there for all the others, so a device that runs work the collective does not need before it makes every
+  other device wait that long. The graph's order can do that: in a data-parallel step the labels' count was
+  all-reduced after one GPU's forward pass and before the other's, which then ran its forward pass while the first
+  waited, so the two forward passes ran one after the other. Data order is kept; a schedule without collectives is
+  unchanged."""
+  collectives = [i for i, item in enumerate(items) if item.ast.op is Ops.COLLECTIVE]
+  if not collectives: return items
+  producer = {out: i for i, item in enumerate(items) for out in item.outputs}
+  placed = [False] * len(items)
+  ordered: list[_Step] = []
+  def place(indices: Sequence[int]) -> None:
+    for i in sorted(indices):   # the original order is a dependency order
+      if not placed[i]:
+        placed[i] = True
+        ordered.append(items[i])
+  before = 0   # the steps before this index that are not placed yet wait for the next collective
+  for index in collectives:
+    needed, stack = {index}, [index]
+    while stack:
+      for b in items[stack.pop()].inputs:
+        if (j := producer.get(b)) is not None and not placed[j] and j not in needed:
+          needed.add(j)
+          stack.append(j)
+    place(needed)
+    place(range(before, index))
+    before = index + 1
+  place(range(before, len(items)))
   return ordered
 
 def _snapshot_old_values_read_after_assigns(items: list[_Step]) -> list[_Step]:

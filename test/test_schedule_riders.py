@@ -74,6 +74,18 @@ def test_riders_of_one_shape_share_a_kernel():
   Tensor.realize(*outs)
   for k, (x, o) in enumerate(zip(xs, outs)): np.testing.assert_allclose(o.numpy(), (x * (k + 1)).max(1), rtol=1e-6)
 
+def test_kernels_of_two_devices_never_share_one():
+  """Reduces of one shape on LLVM and LLVM:1 stay a kernel per device (one kernel can't touch both devices' memory);
+  those of each device still share one."""
+  rng = np.random.default_rng(11)
+  xs = [rng.standard_normal((6, 9)).astype(np.float32) for _ in range(4)]
+  ins = [Tensor(x, device="LLVM" if k % 2 else "LLVM:1").realize() for k, x in enumerate(xs)]
+  outs = [(t * (k + 1)).max(1) for k, t in enumerate(ins)]
+  found = kernels(*outs)
+  assert len(found) == 2 and all(len({b.device for b in item.bufs}) == 1 for item in found)
+  Tensor.realize(*outs)
+  for k, (x, o) in enumerate(zip(xs, outs)): np.testing.assert_allclose(o.numpy(), (x * (k + 1)).max(1), rtol=1e-6)
+
 def test_reader_of_the_rider_keeps_it_apart():
   """The host reads the rider's output: no ride (the rider runs first, its own kernel)."""
   rng = np.random.default_rng(8)

@@ -8,7 +8,9 @@ of a host when
   - the rider's outputs and reduce sizes fit the host's (flattened to [outputs, reduce] they are no bigger) and
     padding them to the host's costs at most MAX_RIDER_PADDING times the rider's own loop count;
   - no step from the rider to the host (the host included) reads or writes a storage the rider writes, or writes one
-    it reads: moving the rider to the host's place changes no value anyone sees.
+    it reads: moving the rider to the host's place changes no value anyone sees;
+  - both run on one device, and no copy, custom or collective step lies between them (those are where devices meet:
+    a kernel moved across one would change what each device does before the meeting).
 Hosts are searched forward from the rider first (nearest first), then backward; a merged kernel can itself ride on.
 The rider's memory ops read through its own views composed with a pad to the host's loops: outside its region loads
 are masked, its reduces add their identity there (a masked WHERE) and its stores are masked, so each output is
@@ -136,8 +138,10 @@ def _merge(host, rider, host_loops: _Loops, rider_loops: _Loops, scalars_of: dic
   scalars_of[outputs[0]] = list(host_scalars) + list(rider_scalars)
   return merged
 
+def _device(step) -> str: return step.outputs[0].device
+
 def ride_along(steps: Sequence, scalars_of: dict, make: Callable, max_scalars: int) -> list:
-  """Rule 4 over `steps` (objects with .ast, .outputs, .inputs; `make(ast, outputs, inputs)` builds one): each rider
+  """Rule 5 over `steps` (objects with .ast, .outputs, .inputs; `make(ast, outputs, inputs)` builds one): each rider
   merged into its host, in place of the host. `scalars_of` (first output → lifted scalars) is updated for merged
   kernels, which take at most `max_scalars` of them."""
   steps = list(steps)
@@ -154,9 +158,10 @@ def ride_along(steps: Sequence, scalars_of: dict, make: Callable, max_scalars: i
         j = i + direction
         while 0 <= j < len(steps) and merged_at is None:
           other = steps[j]
+          if other.ast.op is not Ops.SINK: break   # a copy, custom or collective step: a meeting point, not crossed
           touched = {_storage(b) for b in other.outputs + other.inputs}
           if touched & writes or {_storage(b) for b in other.outputs} & reads: break
-          host_loops = _Loops.of(other.ast) if other.ast.op is Ops.SINK else None
+          host_loops = _Loops.of(other.ast) if _device(other) == _device(rider) else None
           if host_loops is not None and _fits(loops, host_loops) and \
              (merged := _merge(other, rider, host_loops, loops, scalars_of, make, max_scalars)) is not None:
             steps[j], merged_at = merged, j

@@ -9,8 +9,7 @@ of a host when
     padding them to the host's costs at most MAX_RIDER_PADDING times the rider's own loop count;
   - no step from the rider to the host (the host included) reads or writes a storage the rider writes, or writes one
     it reads: moving the rider to the host's place changes no value anyone sees;
-  - both run on one device, and no copy, custom or collective step lies between them (those are where devices meet:
-    a kernel moved across one would change what each device does before the meeting).
+  - both run on one device, and no step where devices meet (a collective, a copy between devices) lies between them.
 Hosts are searched forward from the rider first (nearest first), then backward; a merged kernel can itself ride on.
 The rider's memory ops read through its own views composed with a pad to the host's loops: outside its region loads
 are masked, its reduces add their identity there (a masked WHERE) and its stores are masked, so each output is
@@ -140,6 +139,11 @@ def _merge(host, rider, host_loops: _Loops, rider_loops: _Loops, scalars_of: dic
 
 def _device(step) -> str: return step.outputs[0].device
 
+def _meeting_point(step) -> bool:
+  """A step where devices meet (a collective, a copy between devices): a kernel moved across one would change what a
+  device has done when the others reach it."""
+  return step.ast.op is Ops.COLLECTIVE or len({b.device for b in step.outputs + step.inputs}) > 1
+
 def ride_along(steps: Sequence, scalars_of: dict, make: Callable, max_scalars: int) -> list:
   """Rule 5 over `steps` (objects with .ast, .outputs, .inputs; `make(ast, outputs, inputs)` builds one): each rider
   merged into its host, in place of the host. `scalars_of` (first output → lifted scalars) is updated for merged
@@ -158,7 +162,7 @@ def ride_along(steps: Sequence, scalars_of: dict, make: Callable, max_scalars: i
         j = i + direction
         while 0 <= j < len(steps) and merged_at is None:
           other = steps[j]
-          if other.ast.op is not Ops.SINK: break   # a copy, custom or collective step: a meeting point, not crossed
+          if _meeting_point(other): break
           touched = {_storage(b) for b in other.outputs + other.inputs}
           if touched & writes or {_storage(b) for b in other.outputs} & reads: break
           host_loops = _Loops.of(other.ast) if _device(other) == _device(rider) else None

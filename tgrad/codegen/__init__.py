@@ -18,4 +18,5 @@ CODEGEN_VERSION = 11   # 2: gathers (data-dependent loads); int casts as narrow 
 # 9: CPU matmuls: B packed into column panels by a copy kernel (cpu_gemm.py), register tiles sized for the host's
 # SIMD registers
 # 10: the CPU register tile is sized by the accumulators' dtype (float32 for a half matmul: 16 columns on AVX2, not 32)
-# 11: exp2's range reduction rounds with a float magic constant (no float → int conversion: vectorizes on AVX2)
+# 11: exp2's range reduction rounds with a float magic constant (no float → int conversion: vectorizes on AVX2); a CPU
+# softmax's sum pass stores its exponentials for the store pass (value_graph.PassStore)

@@ -89,7 +89,7 @@ def _gelu(x: Tensor, approximate: str) -> Tensor:
 def _softmax(x: Tensor, axis: int) -> Tensor:
   def stable(v: Tensor) -> Tensor:
     exponentials = (v - v.max(axis, keepdim=True).detach()).exp()
-    return exponentials / exponentials.sum(axis, keepdim=True)
+    return exponentials * exponentials.sum(axis, keepdim=True).reciprocal()
   return x._float_math(stable)
 def _softmax_three_kernels(x: Tensor, axis: int) -> Tensor:
   """The row max, the sum of exponentials and the division as three kernels (each of the first two realized)."""

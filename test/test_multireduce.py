@@ -149,7 +149,34 @@ def test_each_pass_is_one_loop_over_the_row(name, passes):
   uops = linearize(kernel)
   row_loops = [u for u in uops if u.op is Ops.RANGE and u.src[1].arg == 96]
   assert len(row_loops) == passes, "the row is walked once per pass"
-  assert sum(u.op is Ops.STORE for u in uops) == 1
+  # softmax's sum pass stores its exponentials, which the store pass reads back (value_graph.PassStore)
+  assert sum(u.op is Ops.STORE for u in uops) == (2 if name == "softmax" else 1)
+
+def test_softmax_on_the_cpu_computes_each_exponential_once():
+  uops = linearize(row_kernel("softmax", (4, 96), LLVMRenderer()))
+  row_loops = [i for i, u in enumerate(uops) if u.op is Ops.RANGE and u.src[1].arg == 96]
+  store_pass = uops[row_loops[-1]:]
+  loads = [u for u in store_pass if u.op is Ops.LOAD and u.src[0].op is Ops.DEFINE_GLOBAL]
+  assert loads and all(u.src[0].arg == 0 for u in loads), "the store pass reads the output, not the input"
+  assert not any(u.op is Ops.STORE and u.src[0].op is Ops.DEFINE_GLOBAL for u in uops[:row_loops[1]]), \
+    "nothing is stored before the sum's pass"
+  # where an input is read in the store pass, the exponentials are computed again and not stored (log_softmax)
+  assert sum(u.op is Ops.STORE for u in linearize(row_kernel("log_softmax", (4, 96), LLVMRenderer()))) == 1
+
+@pytest.mark.parametrize("shape,opts", [((5, 96), []), ((5, 96), [Opt(OptOps.UNROLL, 0, 4)]),
+                                        ((6, 33), [Opt(OptOps.UPCAST, 0, 2)]), ((6, 96), [Opt(OptOps.UPCAST, 0, 3),
+                                                                                           Opt(OptOps.UNROLL, 0, 8)]),
+                                        ((4, 8191), []), ((3, 8192), [Opt(OptOps.UNROLL, 0, 2)]), ((7, 1), []),
+                                        ((4, 96), [Opt(OptOps.THREAD, 0, 2)])])
+def test_softmax_stored_in_its_sum_pass_matches_torch(shape, opts):
+  """The exponentials stored by the sum's pass (blocked past 4096 values, unrolled, output rows upcast, threads) are
+  the ones the store pass divides."""
+  x = data(*shape, seed=11)
+  (item,) = [i for i in create_schedule([Tensor(x).realize().softmax(-1).lazydata]) if i.ast.op is Ops.SINK]
+  kernel = Kernel(item.ast, LLVMRenderer())
+  for opt in opts: kernel.apply_opt(opt)
+  want = torch.softmax(torch.from_numpy(x), -1).numpy()
+  np.testing.assert_allclose(run_on_cpu(kernel, item, x.size).reshape(shape), want, rtol=1e-5, atol=1e-7)
 
 def test_each_pass_sum_may_be_vectorized_on_the_cpu():
   """layer_norm's mean and variance sums are each the only accumulator of their loop: LLVM may reorder both."""

@@ -28,14 +28,16 @@ class ProgramEmitter:
   when the loop ends); `open_ranges` the loops around the current position; `free` the RANGEs each node's value
   depends on (a REDUCE binds its own). `decompose_by_default`: the renderer's choice for the EXP2/LOG2 the emitter
   itself builds (a LOGADDEXP's updates), as linearizer.decompose for the value graph's."""
-  def __init__(self, graph: ValueGraph, stores: list[UOp], ids: Iterator[int], decompose_by_default: bool = False):
+  def __init__(self, graph: ValueGraph, stores: list[UOp], ids: Iterator[int], decompose_by_default: bool = False,
+               pass_stores: tuple[UOp, ...] = ()):
     self.graph, self.ids, self.decompose_by_default = graph, ids, decompose_by_default
     self.online_states: dict[UOp, tuple[UOp, UOp]] = {}   # a LOGADDEXP's (running max, rescaled sum) accumulators
     self.program: list[UOp] = []
     self.emitted: set[UOp] = set()
     self.scopes: list[list[UOp]] = [[]]
     self.open_ranges: set[UOp] = set()
-    self.nodes = UOp(Ops.SINK, dtypes.void, tuple(stores)).toposort()
+    self.pass_stores = list(pass_stores)
+    self.nodes = UOp(Ops.SINK, dtypes.void, tuple(stores) + tuple(pass_stores)).toposort()
     self.reduces = [u for u in self.nodes if u.op is Ops.REDUCE]
     self.free: dict[UOp, frozenset] = {}
     for u in self.nodes:   # a loop's bounds may depend on outer loops (a block of a blocked sum)
@@ -93,6 +95,8 @@ class ProgramEmitter:
     if prefetch is not None:   # the next step's global loads first: the body's math hides their latency
       for store in prefetch.src: self.emit(store if store in self.graph.early_stores else store.src[2])
     self.emit_updates(group, accs, partners)
+    for store in self.pass_stores:   # a row pass's stores (value_graph.PassStore): in the body of the loop they index
+      if set(ranges) & self.free[store] and self.free[store] <= self.open_ranges: self.emit(store)
     if prefetch is not None: self.emit(prefetch)   # their stores into the other buffer, then the step's one barrier
     for rng in reversed(ranges): self.program.append(UOp(Ops.ENDRANGE, dtypes.void, (rng,)))
     if branch is not None: self.program.append(UOp(Ops.ENDIF, dtypes.void, (branch,)))
@@ -186,13 +190,16 @@ def _parameters(kernel: Kernel, graph: ValueGraph, nodes: list[UOp]) -> list[UOp
   specials |= {u for u in nodes if u.op is Ops.SPECIAL}
   return buffers + kernel.parameters + sorted(specials, key=lambda u: u.arg[0])
 
-def emit_program(kernel: Kernel, graph: ValueGraph, stores: Optional[list[UOp]] = None) -> list[UOp]:
+def emit_program(kernel: Kernel, graph: ValueGraph, stores: Optional[list[UOp]] = None,
+                 pass_stores: Optional[list[UOp]] = None) -> list[UOp]:
   """The linear program of a value graph: `stores` (default graph.stores; the decomposed ones where a renderer wants
-  them) inside the global loops and a row kernel's store loops. A Kahan sum's compensation and a LOGADDEXP's state take
-  the next accumulator numbers after the graph's."""
+  them) inside the global loops and a row kernel's store loops, `pass_stores` (default graph.pass_stores, decomposed
+  likewise) in their row pass's loop. A Kahan sum's compensation and a LOGADDEXP's state take the next accumulator
+  numbers after the graph's."""
   stores = list(graph.stores) if stores is None else stores
+  pass_stores = list(graph.pass_stores) if pass_stores is None else pass_stores
   emitter = ProgramEmitter(graph, stores, itertools.count(graph.accumulators + 1),
-                           kernel.renderer.decompose_transcendentals)
+                           kernel.renderer.decompose_transcendentals, tuple(pass_stores))
   for u in _parameters(kernel, graph, emitter.nodes): emitter.place(u)
   outer_loops = [i for i in graph.indices[:kernel.global_dims] if i is not None and i.op is Ops.RANGE]
   for rng in outer_loops: emitter.open_loop(rng)

@@ -33,4 +33,5 @@ def decompose(stores: list[UOp], renderer: Renderer) -> list[UOp]:
 def linearize(kernel: Kernel) -> list[UOp]:
   """The kernel's linear program (passes 1-3 above)."""
   graph = build_value_graph(kernel)
-  return emit_program(kernel, graph, decompose(list(graph.stores), kernel.renderer))
+  decomposed = decompose(list(graph.stores) + list(graph.pass_stores), kernel.renderer)
+  return emit_program(kernel, graph, decomposed[:len(graph.stores)], decomposed[len(graph.stores):])

@@ -25,13 +25,17 @@ SUBNORMAL_SCALE_BITS = 23            # multiplying by 2^23 makes every subnormal
 # exp2 clamps its input here: below, 2^x rounds to 0; above, it overflows to inf (and both keep 2^n in 2 factors)
 EXP2_MIN_INPUT, EXP2_MAX_INPUT = -150.0, 130.0
 EXP2_TAYLOR_TERMS = 8                # Taylor series of 2^f = e^(f ln2) on |f| <= 1/2: last term ~5e-9 relative
+# Adding 1.5·2^23 to a float of magnitude below 2^22 rounds it to the nearest integer (ties to even), which then sits in
+# the low bits of the sum's mantissa: subtracting the constant again gives the integer as a float, and the sum's bits
+# minus the constant's bits give it as an int32. No float → int conversion: AVX2 has no saturating one, and LLVM
+# turned the saturating cast of every lane into a scalar conversion (the exponential then ran at scalar speed).
+ROUND_MAGIC = 1.5 * 2.0 ** FLOAT32_MANTISSA_BITS
+ROUND_MAGIC_BITS = 0x4B400000        # the bits of ROUND_MAGIC as a float32
 LOG_SERIES_TERMS = 6                 # ln(m) = 2 atanh(s) with |s| <= 0.172: s^13/13 ~ 1e-11
 
 def _f(value: float) -> UOp: return UOp.const(F32, value)
 def _i(value: int) -> UOp: return UOp.const(I32, value)
 def _bitcast(x: UOp, dtype) -> UOp: return UOp(Ops.BITCAST, dtype, (x,))
-def _trunc(x: UOp) -> UOp: return x.alu(Ops.TRUNC)
-def _round(x: UOp) -> UOp: return _trunc(x + x.lt(0.0).where(_f(-0.5), _f(0.5)))
 def _horner(x: UOp, coefficients: list[float]) -> UOp:
   """c0 + c1·x + c2·x² + …, highest power innermost."""
   out = _f(coefficients[-1])
@@ -44,10 +48,10 @@ def _pow2_int(n: UOp) -> UOp:
 def exp2_f32(x: UOp) -> UOp:
   x = x.lt(EXP2_MIN_INPUT).where(_f(EXP2_MIN_INPUT), x)
   x = _f(EXP2_MAX_INPUT).lt(x).where(_f(EXP2_MAX_INPUT), x)
-  n = _round(x)
-  fraction = x - n
+  shifted = x + ROUND_MAGIC
+  fraction = x - (shifted - ROUND_MAGIC)
   poly = _horner(fraction, [math.log(2) ** k / math.factorial(k) for k in range(EXP2_TAYLOR_TERMS)])
-  whole = n.cast(I32)
+  whole = _bitcast(shifted, I32) - ROUND_MAGIC_BITS
   half = whole.alu(Ops.SHR, _i(1))   # 2^n as 2^half · 2^(n-half): both factors stay normal
   return poly * _pow2_int(half) * _pow2_int(whole - half)
 

@@ -122,6 +122,65 @@ def fold_constants(u: UOp) -> UOp:
   try: return UOp.const(u.dtype, exec_alu(u.op, u.dtype, tuple(s.arg for s in u.src)))
   except (TypeError, OverflowError): return u
 
+# ---- a row kernel's value stored in its pass
+
+@dataclass(frozen=True)
+class PassStore:
+  """A row kernel whose stored value is (a function of reduces of) the source of one of its sums: softmax stores
+  exp(x − max) / Σ exp(x − max). The sum's pass stores each value of its source into the output as it adds it, and the
+  store pass reads them back instead of computing them again (one exponential per element, not two). `value` is the
+  sum's source (an AST node), `store` the kernel's STORE memop."""
+  reduce: UOp
+  store: UOp
+
+  @property
+  def value(self) -> UOp: return self.reduce.src[0]
+
+# What makes a source worth storing: computing it again costs more than the load that replaces it.
+COSTLY_OPS = (Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.TANH, Ops.SQRT, Ops.FDIV, Ops.RECIP)
+
+def _reads_rows_only_through(value: UOp, kept: UOp, kernel: Kernel) -> bool:
+  """Whether every LOAD that `value` reads along the row is read through `kept` or a reduce (so the store pass, with
+  `kept` loaded from the output, reads no input)."""
+  stack, seen = [value], set()
+  while stack:
+    u = stack.pop()
+    if u in seen or u is kept or u.op is Ops.REDUCE_AXIS: continue
+    seen.add(u)
+    if u.op is Ops.LOAD: return False
+    stack.extend(u.src)
+  return True
+
+def _varies_along(kernel: Kernel, value: UOp, axes: list[int]) -> bool:
+  """Whether `value` reads a LOAD that moves along one of these axes (a sum of it is a loop, never folded)."""
+  views = dict(zip(kernel.memops, kernel.sts))
+  return any(u.op is Ops.LOAD and u in views and any(views[u].real_strides()[a] != 0 for a in axes)
+             for u in value.toposort())
+
+def pass_store(kernel: Kernel) -> Optional[PassStore]:
+  """The PassStore of a CPU row kernel (no thread blocks), or None: one STORE, spanning the rows, with no mask along
+  them, of a value that reads its inputs only through the source of one float sum (`_reads_rows_only_through`), a
+  source of the store's dtype that costs more than a load (COSTLY_OPS) and is no unrolled axis's (each value stored
+  where the store pass will read it: an unroll of the reduce axis is the store pass's own, an output replica has
+  one store each)."""
+  k = kernel
+  if not k.row_store or k.renderer.has_local or k.group_for_reduces or k.staged or k.tensor_core: return None
+  if not (loops := loop_axes(k)): return None   # every value unrolled: no loop to store in
+  stores = [u for u in k.memops if u.op is Ops.STORE]
+  if len(stores) != 1 or not stores_rows(k, stores[0]): return None
+  store = stores[0]
+  st = k.sts[k.memops.index(store)]
+  strides = st.real_strides()
+  if any(strides[a] in (0, None) for a in range(k.first_reduce, k.shape_len) if k.full_shape[a] != 1): return None
+  if any(v.mask is not None for v in st.views): return None
+  value = store.src[2]
+  for r in k.reduceops:
+    source = r.src[0]
+    if r.arg[0] is not Ops.ADD or not r.dtype.is_float or source.dtype != value.dtype: continue
+    if not any(u.op in COSTLY_OPS for u in source.toposort()) or not _varies_along(k, source, loops): continue
+    if source in value.toposort() and _reads_rows_only_through(value, source, k): return PassStore(r, store)
+  return None
+
 class ValueBuilder:
   """Builds AST nodes at axis indices, memoized by (node, indices). Input: the kernel, its axis indices, its memory
   addressing, its staged tiles (or None) and its counter of accumulator and array numbers. Collects the GROUP loops
@@ -134,6 +193,8 @@ class ValueBuilder:
     self.memo: dict[tuple, UOp] = {}
     self.reduces: dict[tuple, UOp] = {}   # (REDUCE_AXIS, indices with the reduce axes at 0) → its value
     self.gated_loops: set[UOp] = set()    # the RANGEs over a GROUP's partials that only the storing thread runs
+    self.pass_store = pass_store(kernel)
+    self.pass_stores: list[UOp] = []      # the PassStore's STOREs, inside its sum's loop
 
   def build(self, node: UOp, idxs: tuple[UOp, ...]) -> UOp:
     """The value of AST node `node` at axis indices `idxs`. Elementwise ops are walked on an explicit stack, children
@@ -187,21 +248,36 @@ class ValueBuilder:
     reduces.reduce_terms splits it again), at idxs with the GROUP's thread ids and these loop indices on the reduce
     axes."""
     k, op = self.kernel, chain_op(node.arg[0])
-    unroll_axes = [a for a in k.upcast_axes if k.is_reduce_axis(a)]
-    inner = list(idxs)
-    for a in group_axes(k): inner[a] = self.indices[a]
-    for a, index in loop_indices.items(): inner[a] = index
     guarded = bool(k.padding_guards) and not reduce_ignores_padding(node)
     identity = UOp.const(node.dtype, identity_of_reduce(op, node.dtype))
     values = []
-    for combo in itertools.product(*[range(k.full_shape[a]) for a in unroll_axes]):
-      for a, v in zip(unroll_axes, combo): inner[a] = to_uop(v)
-      value = self.build(node.src[0], tuple(inner))
-      if guarded: value = simplify(self.not_padding(tuple(inner)).where(value, identity))
+    for inner in self.replica_indices(idxs, loop_indices):
+      value = self.build(node.src[0], inner)
+      if guarded: value = simplify(self.not_padding(inner).where(value, identity))
       values.append(value)
     combined = values[0]
     for v in values[1:]: combined = UOp(op, v.dtype, (combined, v))   # the source's dtype (a LOGADDEXP's may differ)
     return combined
+
+  def replica_indices(self, idxs: tuple[UOp, ...], loop_indices: dict[int, UOp]) -> Iterator[tuple[UOp, ...]]:
+    """The indices of each unrolled replica of a reduce's source: idxs with the GROUP's thread ids, these loop indices
+    on the reduce axes, and each combination of constants on the unrolled ones."""
+    k = self.kernel
+    unroll_axes = [a for a in k.upcast_axes if k.is_reduce_axis(a)]
+    inner = list(idxs)
+    for a in group_axes(k): inner[a] = self.indices[a]
+    for a, index in loop_indices.items(): inner[a] = index
+    for combo in itertools.product(*[range(k.full_shape[a]) for a in unroll_axes]):
+      for a, v in zip(unroll_axes, combo): inner[a] = to_uop(v)
+      yield tuple(inner)
+
+  def store_in_pass(self, node: UOp, idxs: tuple[UOp, ...], loop_indices: dict[int, UOp]) -> None:
+    """The PassStore's STOREs: each replica of the sum's source, at the indices its reduce adds it at."""
+    assert self.pass_store is not None
+    for inner in self.replica_indices(idxs, loop_indices):
+      index, _ = self.addressing.indexed(self.pass_store.store, inner)
+      value = self.build(node.src[0], inner)
+      self.pass_stores.append(UOp(Ops.STORE, dtypes.void, (self.pass_store.store.src[0], index, value)))
 
   def not_padding(self, idxs: tuple[UOp, ...]) -> UOp:
     """Where no guarded GROUP's padding is (Kernel.padding_guards): a reduce that the padding would change (a max, a
@@ -233,11 +309,15 @@ class ValueBuilder:
       block, within = block_ranges(axis, k.full_shape[axis], chunk, PASS_LOOP_ARG * level)
       position = loop_order.index(axis)
       inner_ranges = (within,) + ranges[position + 1:]
-      value = self.unrolled_value(node, idxs, {**loops, axis: within})
+      blocked_loops = {**loops, axis: within}
+      value = self.unrolled_value(node, idxs, blocked_loops)
       block_total = new_reduce(self.ids, op, node.dtype, value, inner_ranges, terms)
+      if self.pass_store is not None and node is self.pass_store.reduce: self.store_in_pass(node, idxs, blocked_loops)
       result = new_reduce(self.ids, op, node.dtype, block_total, ranges[:position] + (block,), compensated=True)
-    else: result = new_reduce(self.ids, op, node.dtype, combined, ranges, terms,
-                              compensated=is_sum_of_partials(node) and compensable(op, node.dtype))
+    else:
+      result = new_reduce(self.ids, op, node.dtype, combined, ranges, terms,
+                          compensated=is_sum_of_partials(node) and compensable(op, node.dtype))
+      if self.pass_store is not None and node is self.pass_store.reduce: self.store_in_pass(node, idxs, loops)
     if k.group_for_reduces:
       result, gated = group_combine(k, self.indices, self.ids, op, node.dtype, result, level)
       self.gated_loops.update(gated)
@@ -258,6 +338,7 @@ class ValueGraph:
   next_copy: Optional[tuple[tuple[UOp, ...], UOp]]
   early_stores: frozenset[UOp]
   accumulators: int   # accumulator and shared-array numbers taken (DEFINE_ACC args, tile/temp names)
+  pass_stores: tuple[UOp, ...] = ()   # STOREs inside a row pass's loop (PassStore), emitted with that loop's body
 
 def stores_rows(kernel: Kernel, store: UOp) -> bool:
   """Whether a STORE of a row kernel spans the reduce axes (it stores whole rows); a kernel with several outputs
@@ -285,6 +366,8 @@ def build_stores(builder: ValueBuilder) -> list[UOp]:
       index, valid = builder.addressing.indexed(store, tuple(idxs))
       if gate is not None: valid = simplify(valid & gate)
       if valid.op is Ops.CONST and not valid.arg: continue
+      if builder.pass_store is not None and builder.pass_store.store is store:   # the sum's pass stored it there
+        builder.memo[(builder.pass_store.value, tuple(idxs))] = UOp(Ops.LOAD, store.src[2].dtype, (store.src[0], index))
       value = builder.build(store.src[2], tuple(idxs))
       stores.append(UOp(Ops.STORE, dtypes.void, (store.src[0], index, value) +
                         (() if valid.op is Ops.CONST and valid.arg else (valid,))))
@@ -298,9 +381,11 @@ def build_value_graph(kernel: Kernel) -> ValueGraph:
   tiles = StagedTiles(kernel, indices, addressing, ids) if kernel.staged else None
   builder = ValueBuilder(kernel, indices, addressing, tiles, ids)
   stores = build_stores(builder)
+  assert builder.pass_store is None or builder.pass_stores, "the store pass reads values no pass stored"
   level = store_pass(kernel)
   row_loops = tuple(row_pass_loops(kernel, indices, level).values()) if level is not None else ()
   next_copy = tiles.next_copy if tiles is not None else None
   early_stores = frozenset(tiles.early_stores) if tiles is not None else frozenset()
   return ValueGraph(tuple(stores), tuple(indices), frozenset(builder.gated_loops), group_gate(kernel, indices),
-                    row_loops, next_copy, early_stores, accumulators=next(ids) - 1)
+                    row_loops, next_copy, early_stores, accumulators=next(ids) - 1,
+                    pass_stores=tuple(builder.pass_stores))

@@ -53,13 +53,15 @@ FLOAT32_AND_NARROWER = frozenset({dtypes.float32, dtypes.float16, dtypes.bfloat1
 # ---------------------------------------------------------------------------------------------------------------
 # the builds: each takes the composite's input Tensors and its params
 
+# exp and log scale by their fixed constants as literals (const_like), not as Python scalars: a weak scalar becomes a
+# kernel parameter (tgrad/scalars.py), whose value every eager call would convert and pass, and that kernels can't fold
 def _exp(x: Tensor, lowering: Optional[str] = None) -> Tensor:
-  if lowering is None: return x._float_math(lambda v: F.Exp2.apply(v * LOG2_E))
-  return x._float_math(lambda v: F.Exp2.apply(v * LOG2_E, lowering=lowering))
+  if lowering is None: return x._float_math(lambda v: F.Exp2.apply(v * v.const_like(LOG2_E)))
+  return x._float_math(lambda v: F.Exp2.apply(v * v.const_like(LOG2_E), lowering=lowering))
 
 def _log(x: Tensor, lowering: Optional[str] = None) -> Tensor:
-  if lowering is None: return x._float_math(lambda v: F.Log2.apply(v) * LN2)
-  return x._float_math(lambda v: F.Log2.apply(v, lowering=lowering) * LN2)
+  if lowering is None: return x._float_math(lambda v: (lambda y: y * y.const_like(LN2))(F.Log2.apply(v)))
+  return x._float_math(lambda v: (lambda y: y * y.const_like(LN2))(F.Log2.apply(v, lowering=lowering)))
 
 def _tanh_via_sigmoid(x: Tensor) -> Tensor: return x._float_math(lambda v: 2.0 * F.Sigmoid.apply(2.0 * v) - 1.0)
 def _tanh_via_exp(x: Tensor) -> Tensor:
@@ -89,7 +91,7 @@ def _gelu(x: Tensor, approximate: str) -> Tensor:
 def _softmax(x: Tensor, axis: int) -> Tensor:
   def stable(v: Tensor) -> Tensor:
     exponentials = (v - v.max(axis, keepdim=True).detach()).exp()
-    return exponentials / exponentials.sum(axis, keepdim=True)
+    return exponentials * exponentials.sum(axis, keepdim=True).reciprocal()
   return x._float_math(stable)
 def _softmax_three_kernels(x: Tensor, axis: int) -> Tensor:
   """The row max, the sum of exponentials and the division as three kernels (each of the first two realized)."""

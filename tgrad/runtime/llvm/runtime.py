@@ -2,9 +2,10 @@
 
 Compiler: IR text → optimized (new pass manager, O3 with loop and SLP vectorization) → an object file for the
 host CPU with all its features. Program: the object loaded into its own MCJIT engine; a THREAD launch calls the
-function once per core index from a thread pool (ctypes releases the GIL, so the calls run in parallel); a forked
-child starts a pool of its own. Memory is numpy bytes with their address (HostMemory); a view is a slice with its
-address; `prepare` binds a launch's pointers once, for replaying it in a tight loop.
+function once per core index, core 0 on the calling thread and the others from a thread pool (ctypes releases the GIL,
+so the calls run in parallel); a forked child starts a pool of its own. Memory is numpy bytes with their address
+(HostMemory); a view is a slice with its address; `prepare` binds a launch's pointers once, for replaying it in a
+tight loop.
 """
 from __future__ import annotations
 import collections, ctypes, functools, hashlib, os, struct, sys, time
@@ -111,6 +112,13 @@ class LLVMCompiler(Compiler):
 def _thread_pool() -> ThreadPoolExecutor:
   return ThreadPoolExecutor(max_workers=cpu_count())
 
+def run_on_cores(fn, pointers: list, threads: int) -> None:
+  """fn(*pointers, core) for every core index: cores 1.. on the pool's threads, core 0 on the calling thread (which
+  would only wait otherwise: one thread fewer to wake). Returns when every call has; a call's exception is raised."""
+  others = [_thread_pool().submit(fn, *pointers, core) for core in range(1, threads)]
+  fn(*pointers, 0)
+  for call in others: call.result()
+
 # A forked child inherits the pool object but not its threads: work queued on it would wait forever. The child makes a
 # pool of its own on first use (the parent's is left alone: shutting it down would join threads that are not there).
 os.register_at_fork(after_in_child=_thread_pool.cache_clear)
@@ -176,15 +184,14 @@ class LLVMProgram:
     threads = global_size[0] if global_size else 1
     start = time.perf_counter() if wait else 0.0
     if threads <= 1: fn(*pointers, 0)
-    else: list(_thread_pool().map(lambda core: fn(*pointers, core), range(threads)))
+    else: run_on_cores(fn, pointers, threads)
     return time.perf_counter() - start if wait else None
   def prepare(self, buffers, global_size=(1,), local_size=None, vals=()) -> Callable[[], None]:
     """A no-argument callable that launches this kernel on these buffers: the pointers are read once, here."""
     fn, pointers = self._function(len(buffers), len(vals)), [b.address for b in buffers] + list(vals)
     threads = global_size[0] if global_size else 1
     if threads <= 1: return functools.partial(fn, *pointers, 0)
-    def run_on_cores() -> None: list(_thread_pool().map(lambda core: fn(*pointers, core), range(threads)))
-    return run_on_cores
+    return functools.partial(run_on_cores, fn, pointers, threads)
 
 def create_device(index: int = 0) -> Compiled:
   """LLVM device `index`: every index is the same host CPU, with an allocator of its own (so its buffers are distinct

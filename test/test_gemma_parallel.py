@@ -17,6 +17,7 @@ DEVICES = ("LLVM:0", "LLVM:1")
 PROMPT = [2, 17, 301, 5, 88, 412, 9]
 EXTEND = [44, 3, 250]
 DECODE_STEPS = 2   # with the extend: 12 positions, past the tiny preset's sliding window (8): the ring wraps
+CONTEXT = 32
 LOGIT_TOLERANCE = 2e-5   # float32; the split sums add the same terms in another order
 
 @pytest.fixture(scope="module")
@@ -29,9 +30,10 @@ def axis_of(t: Tensor):
   return t.lazydata.axis
 
 def run_steps(model: Gemma3) -> list[np.ndarray]:
-  """Logits of a prefill (every position), an extend of three tokens and greedy decode steps, without the JIT."""
-  model.reset_cache(1, 32)
-  out = [model(Tensor(np.array([PROMPT], np.int32), device=model.device), 0).numpy()[0]]
+  """Logits of a prefill (its last position: the kernels the captured prefill runs too), an extend of three tokens
+  (every position) and greedy decode steps, without the JIT."""
+  model.reset_cache(1, CONTEXT)
+  out = [model(Tensor(np.array([PROMPT], np.int32), device=model.device), 0, last_only=True).numpy()[0]]
   out.append(model(Tensor(np.array([EXTEND], np.int32), device=model.device), len(PROMPT)).numpy()[0])
   for k in range(DECODE_STEPS):
     token = int(out[-1][-1].argmax())
@@ -48,8 +50,9 @@ def test_sharded_logits_equal_one_device(models):
 
 def test_sharded_greedy_ids_equal_one_device_with_the_jit(models):
   one, sharded = models
-  want = generate(one, PROMPT, 8, jit=True).ids
-  got = generate(sharded, PROMPT, 8, jit=True).ids
+  # the cache of run_steps: the same kernels, compiled once
+  want = generate(one, PROMPT, 8, jit=True, max_context=CONTEXT).ids
+  got = generate(sharded, PROMPT, 8, jit=True, max_context=CONTEXT).ids
   assert got == want and len(got) == 8
   assert sharded._decode_jit is not None and sharded._decode_jit.captured is not None   # later steps were replays
 
@@ -73,7 +76,7 @@ def test_two_all_reduces_per_layer_and_nothing_else(models):
   _, sharded = models
   config = sharded.config
   layers, hidden_bytes = config.num_hidden_layers, config.hidden_size * 4
-  sharded.reset_cache(1, 32)
+  sharded.reset_cache(1, CONTEXT)
   prefill = cross_device_copies(sharded, PROMPT, 0)
   assert len(prefill) == 4 * layers and len(set(prefill)) == 1 and prefill[0] % hidden_bytes == 0
   decode = cross_device_copies(sharded, [7], len(PROMPT))

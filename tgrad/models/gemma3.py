@@ -25,7 +25,7 @@ from tgrad.models.gemma3_cache import (SLIDING, LAYER_TYPES, FRESH, DECODE, EXTE
                                        write_cache_scatter, write_cache_fresh, write_cache_decode, filled_keys_values,
                                        decode_attention_values)
 from tgrad.models.gemma3_parallel import (RowPiece, row_pieces, stack_rows_per_device, take_rows, is_sharded,
-                                          shard_weights, head_weight, device_buffers)
+                                          split_rows_like, shard_weights, head_weight, device_buffers)
 
 MASKED_SCORE = float(np.finfo(np.float32).min)        # HF fills masked attention scores with finfo(float32).min
 CONTEXT_GRANULE = 256            # generate() rounds the cache length up to this, so nearby lengths share kernels
@@ -82,13 +82,15 @@ class Gemma3RMSNorm:
   def inverse_rms(self, x32: Tensor, keepdim: bool = True, axes: Union[int, tuple[int, ...]] = -1) -> Tensor:
     """1 / sqrt(mean(x²) + eps) over `axes` (the last by default) of a float32 x."""
     return (x32.square().mean(axes, keepdim=keepdim) + self.eps).rsqrt()
-  def inverse_rms_of_copies(self, x32: Tensor, rows: tuple) -> Tensor:
+  def inverse_rms_of_copies(self, x32: Tensor, rows: tuple, values: Optional[Tensor] = None) -> Tensor:
     """`inverse_rms` of x32's last axis once for every output of a kernel over `rows` (x32's rows broadcast to
     rows[:-1], the last axis summed): each output sums its own copy of its row, so the reduce runs over the same rows
     as the kernel's other reduces and no view follows it. The rows may end in several axes that split x32's last axis
-    (a packed weight's input axes, weight_values), which are all summed: shape rows[:x32.ndim - 1]."""
+    (a packed weight's input axes, weight_values), which are all summed: shape rows[:x32.ndim - 1]. `values`: the
+    kernel's weight values, when it is split by rows over devices (the copies are split alike, gemma3_parallel.py)."""
     split = len(rows) - x32.ndim   # the axes x32's last axis is split into: 1 for a dense weight
     copies = x32.reshape(*x32.shape[:-1], 1, *rows[-split:]).expand(rows)
+    if values is not None: copies = split_rows_like(copies, values, x32.ndim - 1)
     return self.inverse_rms(copies, False, tuple(range(-split, 0)))
   def weighted(self, x32: Tensor) -> Tensor:
     """x · (1 + w), float32: the norm without its 1/rms."""
@@ -107,7 +109,7 @@ class Gemma3RMSNorm:
     axes = input_axes(values)
     rows = x.shape[:-1] + tuple(values.shape)
     product = (split_inputs(self.weighted(x32), values).unsqueeze(-1 - len(axes)) * values).sum(axes)
-    return (product * self.inverse_rms_of_copies(x32, rows)).cast(self.output_dtype(x))
+    return (product * self.inverse_rms_of_copies(x32, rows, values)).cast(self.output_dtype(x))
 
   def _matvec_of_rows(self, rows: Tensor, weight: Weight, input_dtype: Any) -> Tensor:
     """`matvec` of x given as its copies, one per output row ([..., out, *input axes], ResidualSum.rows)."""
@@ -162,7 +164,8 @@ class ResidualSum:
     values = weight_values(weight)
     axes = input_axes(values)
     shape = self.h.shape[:-1] + tuple(values.shape)
-    def spread(x: Tensor) -> Tensor: return split_inputs(x, values).unsqueeze(-1 - len(axes)).expand(shape)
+    def spread(x: Tensor) -> Tensor:   # x's copies, split by rows over devices as the weight is (gemma3_parallel.py)
+      return split_rows_like(split_inputs(x, values).unsqueeze(-1 - len(axes)).expand(shape), values, self.h.ndim - 1)
     total = spread(self.h)
     for x, norm in self.terms:
       o = spread(x.float())
@@ -170,7 +173,7 @@ class ResidualSum:
       total = total + normed.cast(x.dtype).cast(self.h.dtype)
     one_row = all(size == 1 for size in self.h.shape[:-1])   # else the first row's copies are no run of the rows
     if self.store and one_row and self.stored is None:
-      # sharded by output rows: each device's first row (every device sums the same stream: a replicated value)
+      # split by rows: each device stores its own first row (every device sums the same stream: a replicated value)
       if is_sharded(total): first = take_rows(total, RowPiece(0, 1, split=False), self.h.ndim - 1)
       else: first = total.shrink(tuple((0, 1) if d == self.h.ndim - 1 else None for d in range(total.ndim)))
       self.stored = _materialize(first.reshape(self.h.shape))

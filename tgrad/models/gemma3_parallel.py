@@ -106,6 +106,13 @@ def stack_rows_per_device(weights: Sequence[Tensor]) -> tuple[Tensor, list[Tenso
   stacked = Tensor(MultiLazyBuffer([t.lazydata for t in per_device], 0)).realize()
   return stacked, [take_rows(stacked, piece, 0) for piece in row_pieces(weights)]
 
+def split_rows_like(copies: Tensor, values: Tensor, row_axis: int) -> Tensor:
+  """Copies of a vector, one per output row of a matrix-vector kernel (axis `row_axis`), split by rows over devices
+  when the kernel's weight values are (each device its own rows: a view), so the reduces over them (a norm's sum of
+  squares) run inside that device's kernel over its rows only; else as they are."""
+  if not is_sharded(values) or values.lazydata.axis != 0: return copies
+  return copies.shard(values.device, row_axis)
+
 def take_rows(x: Tensor, piece: RowPiece, axis: int) -> Tensor:
   """Rows [piece.start, piece.end) along `axis` of every device's part of x (x stacked along `axis` as row_pieces
   says): a view, split along `axis` when the piece is split, else replicated. One device: x's slice."""

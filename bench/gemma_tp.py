@@ -108,8 +108,8 @@ def main() -> None:
   same_ids = a["ids"] == b["ids"]
   first_diff = next((i for i, (x, y) in enumerate(zip(a["ids"], b["ids"])) if x != y), None)
   alone = b["decode_step_alone"]
-  collective_share = alone["collectives_and_copies_ms"] / max(sum(alone[k] for k in ("kernels_ms",
-                                                                                     "collectives_and_copies_ms")), 1e-9)
+  alone_total = alone["kernels_ms"] + alone["collectives_and_copies_ms"]
+  collective_share = alone["collectives_and_copies_ms"] / alone_total if alone_total else 0.0
   print(json.dumps({"greedy_ids_match": same_ids, "first_different_step": first_diff,
                     "prefill_logits_max_abs_diff": float(np.abs(a["logits"].astype(np.float32)
                                                                 - b["logits"].astype(np.float32)).max()),

@@ -464,8 +464,8 @@ class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, Indexi
                        f"whole, got bounds {bounds[axis]}")
     local_bounds = tuple(None if i == axis else b for i, b in enumerate(bounds))
     parts = x.cast(self.dtype).lazydata.to_axis(axis)
-    written = [Tensor(shard, requires_grad=False).assign_region(local_bounds, Tensor(part, requires_grad=False)).lazydata
-               for shard, part in zip(target.shards, parts.shards)]
+    written = [Tensor(shard, requires_grad=False).assign_region(local_bounds, Tensor(part, requires_grad=False))
+               .lazydata for shard, part in zip(target.shards, parts.shards)]
     target.successor = MultiLazyBuffer(written, axis)
     self.lazydata, self._ctx = target.successor, None
     return self

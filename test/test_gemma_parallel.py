@@ -10,7 +10,7 @@ from tgrad.ops import Ops
 from tgrad.multi import MultiLazyBuffer
 from tgrad.models.gemma3 import Gemma3, Gemma3Config
 from tgrad.models.generation import generate
-from tgrad.models.gemma3_parallel import shard_weights
+from tgrad.models.gemma3_parallel import greedy_ids, shard_weights
 from tgrad.nn.quant import GGMLType, QuantizedTensor
 
 DEVICES = ("LLVM:0", "LLVM:1")
@@ -124,8 +124,25 @@ def test_gather_from_a_replicated_table():
   by_rows = replicated[Tensor(ids).shard(DEVICES, 0)]   # the index split: the result split the same way
   assert axis_of(by_rows) == 0
   np.testing.assert_array_equal(by_rows.numpy(), table[ids])
+  by_columns = Tensor(table).shard(DEVICES, 1)   # split along another axis than the gathered one: split alike
+  rows = np.array([[9, 0, 3, 3], [1, 1, 8, 2]], np.int32)
+  got = by_columns.gather(0, Tensor(rows).shard(DEVICES))
+  assert axis_of(got) == 1
+  np.testing.assert_array_equal(got.numpy(), np.take_along_axis(table, rows, 0))
   with pytest.raises(NotImplementedError, match="gather it to one device first"):
     Tensor(table).shard(DEVICES, 0)[Tensor(ids).shard(DEVICES)]
+
+def test_greedy_ids_of_logits_split_by_vocabulary():
+  """A gemma-3-270m-sized vocabulary (its argmax runs in chunks): numpy's argmax, ties across the devices' parts and
+  NaN included, with nothing gathered."""
+  rng = np.random.default_rng(0)
+  logits = rng.standard_normal((4, 262144)).astype(np.float32)
+  logits[1, [7, 200000]] = 50.0          # a tie across the two parts: the first wins
+  logits[2, [131072, 131073]] = 60.0     # a tie at the start of the second part
+  logits[3, 150000] = np.nan             # NaN counts as the largest, as numpy's
+  got = greedy_ids(Tensor(logits).shard(DEVICES, 1))
+  assert axis_of(got) is None and got.shape == (4, 1)
+  np.testing.assert_array_equal(got.numpy().reshape(-1), np.argmax(logits, -1))
 
 def test_assign_region_of_sharded_tensors():
   from tgrad.shape.sint import Variable

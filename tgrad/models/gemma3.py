@@ -25,7 +25,7 @@ from tgrad.models.gemma3_cache import (SLIDING, LAYER_TYPES, FRESH, DECODE, EXTE
                                        write_cache_scatter, write_cache_fresh, write_cache_decode, filled_keys_values,
                                        decode_attention_values)
 from tgrad.models.gemma3_parallel import (RowPiece, row_pieces, stack_rows_per_device, take_rows, is_sharded,
-                                          split_rows_like, shard_weights, head_weight, device_buffers)
+                                          split_rows_like, shard_weights, head_weight, device_buffers, greedy_ids)
 
 MASKED_SCORE = float(np.finfo(np.float32).min)        # HF fills masked attention scores with finfo(float32).min
 CONTEXT_GRANULE = 256            # generate() rounds the cache length up to this, so nearby lengths share kernels
@@ -706,7 +706,7 @@ class Gemma3:
     tokens = self._decode_tokens
     assert tokens is not None
     logits = self._run_step(tokens, None, DECODE, True, False, (position, ring_slot, ring_filled))
-    tokens.assign(logits[:, -1].argmax(-1, keepdim=True)).realize()
+    tokens.assign(greedy_ids(logits[:, -1])).realize()   # split logits: no gather (gemma3_parallel.py)
     return logits
 
   def _replay_prefill(self, ids: np.ndarray, length: Any) -> Tensor:

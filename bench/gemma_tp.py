@@ -25,6 +25,7 @@ from tgrad.multi import collectives_for  # noqa: E402
 from tgrad.models.gemma3 import Gemma3, Gemma3Config, PRESETS  # noqa: E402
 from tgrad.models.generation import generate  # noqa: E402
 
+COMPARED_STEPS = 8      # decode steps whose logits are compared (teacher-forced with the one-device ids)
 REPLAYS = 50            # back-to-back replays of the captured decode step
 ALONE_ROUNDS = 3        # rounds of timing every instruction alone (the best round counts)
 PROMPT_SEED = 1
@@ -70,6 +71,17 @@ def instructions_alone_ms(graph, devices) -> dict:
   others = [ins.runner.name for ins in graph.instructions if not isinstance(ins.runner, CompiledKernel)]
   return {**best, "kernels": kernels, "other_instructions": len(others), "other_names": sorted(set(others))}
 
+def decode_logits(model: Gemma3, prompt: list[int], ids: list[int]) -> np.ndarray:
+  """The logits [COMPARED_STEPS, V] of decode steps fed `ids` (the captured step, replayed), after the prompt."""
+  model.reset_cache(1, model.cache.max_context)
+  model(Tensor(np.array([prompt], np.int32), device=model.device), 0, last_only=True, jit=True)
+  rows = []
+  for k, token in enumerate(ids[:COMPARED_STEPS]):
+    logits = model(Tensor(np.array([[token]], np.int32), device=model.device), len(prompt) + k, last_only=True,
+                   jit=True)
+    rows.append(logits.numpy()[0, -1].astype(np.float32))
+  return np.stack(rows)
+
 def measure(model: Gemma3, prompt: list[int], new_tokens: int, devices) -> dict:
   context = -(-(len(prompt) + new_tokens) // 256) * 256
   model.reset_cache(1, context)
@@ -80,6 +92,7 @@ def measure(model: Gemma3, prompt: list[int], new_tokens: int, devices) -> dict:
   prefill_ms = replay_ms(model._prefill_jit.captured, devices)
   decode_graph = model._decode_jit.captured
   return {"devices": list(devices), "ids": result.ids, "logits": logits,
+          "decode_logits": decode_logits(model, prompt, result.ids),
           "decode_ms_per_step": ms_step, "decode_tok_s": result.decode_tokens_per_second,
           "prefill_replay_ms": prefill_ms, "decode_replay_ms_per_step": replay_ms(decode_graph, devices),
           "decode_step_alone": instructions_alone_ms(decode_graph, devices)}
@@ -102,7 +115,7 @@ def main() -> None:
   results = {}
   for label, model, on in (("one", one, devices[:1]), ("sharded", sharded, devices)):
     results[label] = measure(model, prompt, args.new_tokens, on)
-    shown = {k: v for k, v in results[label].items() if k not in ("ids", "logits")}
+    shown = {k: v for k, v in results[label].items() if k not in ("ids", "logits", "decode_logits")}
     print(json.dumps({label: shown}), flush=True)
   a, b = results["one"], results["sharded"]
   same_ids = a["ids"] == b["ids"]
@@ -110,7 +123,16 @@ def main() -> None:
   alone = b["decode_step_alone"]
   alone_total = alone["kernels_ms"] + alone["collectives_and_copies_ms"]
   collective_share = alone["collectives_and_copies_ms"] / alone_total if alone_total else 0.0
+  # the sharded model fed the one-device ids (the greedy ids of random weights often repeat the input token, so the
+  # ids alone say little): its logits against the one device's, and whether each step's top-5 tokens agree
+  steps = min(len(a["decode_logits"]), len(b["decode_logits"]))
+  top5 = [set(np.argsort(-a["decode_logits"][k])[:5]) == set(np.argsort(-b["decode_logits"][k])[:5])
+          for k in range(steps)]
   print(json.dumps({"greedy_ids_match": same_ids, "first_different_step": first_diff,
+                    "decode_logits_max_abs_diff": float(np.abs(a["decode_logits"][:steps]
+                                                               - b["decode_logits"][:steps]).max()),
+                    "decode_logits_max_abs": float(np.abs(a["decode_logits"]).max()),
+                    "decode_top5_agree_steps": f"{sum(top5)}/{steps}",
                     "prefill_logits_max_abs_diff": float(np.abs(a["logits"].astype(np.float32)
                                                                 - b["logits"].astype(np.float32)).max()),
                     "decode_ms_per_step": {"one": a["decode_ms_per_step"], "sharded": b["decode_ms_per_step"]},

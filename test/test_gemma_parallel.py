@@ -2,6 +2,8 @@
 float32 rounding of the split sums) for a prefill, an extend and decode steps, the same greedy ids with the captured
 decode step, two all-reduces per layer and no other traffic, and each weight placed as gemma3_parallel.py says
 (tiny preset, seeded random weights)."""
+import os, sys
+from collections import Counter
 import numpy as np
 import pytest
 import tgrad.realize as realize_module
@@ -12,6 +14,8 @@ from tgrad.models.gemma3 import Gemma3, Gemma3Config
 from tgrad.models.generation import generate
 from tgrad.models.gemma3_parallel import greedy_ids, shard_weights
 from tgrad.nn.quant import GGMLType, QuantizedTensor
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "bench"))
+from decode_kernels import decode_step_items  # noqa: E402
 
 DEVICES = ("LLVM:0", "LLVM:1")
 PROMPT = [2, 17, 301, 5, 88, 412, 9]
@@ -160,3 +164,14 @@ def test_assign_region_of_sharded_tensors():
   split = Tensor(base).shard(DEVICES, 1).contiguous().realize()
   with pytest.raises(ValueError, match="cover that axis whole"):
     split.assign_region((None, (0, 4)), Tensor(np.zeros((6, 4), np.float32)).shard(DEVICES, 1))
+
+def test_gemma_270m_decode_step_over_two_gpus_is_scheduled_without_gathers():
+  """gemma-3-270m's tensor-parallel decode step on CUDA:0/CUDA:1, scheduled without a GPU (bench/decode_kernels.py):
+  two all-reduces of the [1, 1, 640] float32 block output per layer (two copies each), two of one number for the
+  greedy argmax over the 262,144-token vocabulary, and no other copy; as many kernels on each device."""
+  items = decode_step_items("270m", dtype="float16", devices=("CUDA:0", "CUDA:1"))
+  copies = [item.bufs[0].nbytes for item in items if item.ast.op is Ops.COPY]
+  layers, hidden = Gemma3Config.preset("270m").num_hidden_layers, Gemma3Config.preset("270m").hidden_size
+  assert sorted(copies) == sorted([hidden * 4] * 4 * layers + [2, 2, 4, 4]), sorted(set(copies))   # fp16 max, index
+  per_device = Counter(item.outputs[0].device for item in items if item.ast.op is Ops.SINK)
+  assert set(per_device) == {"CUDA", "CUDA:1"} and per_device["CUDA"] == per_device["CUDA:1"]

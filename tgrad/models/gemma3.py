@@ -7,7 +7,8 @@ one captured step. All model math is Tensor ops; the host only prepares token id
 of a call (a prompt's length, a decode step's cache slots: one compiled and captured program serves every length and
 position).
 The KV cache and the cache writes are in tgrad/models/gemma3_cache.py; text generation (`generate`, sampling, the chat
-template) in tgrad/models/generation.py.
+template) in tgrad/models/generation.py; `Gemma3.shard(devices)` runs the same layers tensor-parallel over several
+devices, with the weights placed as tgrad/models/gemma3_parallel.py says.
 """
 from __future__ import annotations
 import collections, json, math, os, sys

@@ -4,7 +4,10 @@ The model is built with random weights and its decode step (`Gemma3._decode_step
 with lowering and running switched off: every realize only schedules (and commits Buffers that are never allocated),
 so the count is exactly what the captured step launches on that device, and nothing is compiled. Prints each kernel:
 its output and input buffers (dtype[size]) and how many reduces it runs.
+With --devices CUDA:0,CUDA:1 the model is tensor-parallel (Gemma3.shard): the kernels of every device, and the
+copies between devices (what the all-reduces move) are counted too.
 Usage: python bench/decode_kernels.py [--preset 270m] [--device CUDA] [--dtype float16] [--position 600]
+       [--devices CUDA:0,CUDA:1]
 """
 from __future__ import annotations
 import argparse, contextlib, os, sys
@@ -33,17 +36,24 @@ def schedule_only() -> Iterator[list[ScheduleItem]]:
     realize_module.lower_schedule, realize_module.run = saved
     drop_pending_checks(keep=checks_before)   # index checks of values never computed: the next realize would run them
 
-def decode_step_kernels(preset: str = "270m", device: str = "CUDA", dtype: str = "float16", position: int = 600,
-                        context: int = 1024) -> list[ScheduleItem]:
-  """The kernels (ScheduleItems with a kernel AST) of one decode step of `preset` at `position`, scheduled for
-  `device` without starting it."""
+def decode_step_items(preset: str = "270m", device: str = "CUDA", dtype: str = "float16", position: int = 600,
+                      context: int = 1024, devices: tuple[str, ...] = ()) -> list[ScheduleItem]:
+  """Every ScheduleItem of one decode step of `preset` at `position`, scheduled for `device` (or tensor-parallel over
+  `devices`) without starting it."""
   with schedule_only() as items:
-    model = Gemma3.random(Gemma3Config.preset(preset), to_dtype(dtype), device, progress=False)
+    model = Gemma3.random(Gemma3Config.preset(preset), to_dtype(dtype), devices[0] if devices else device,
+                          progress=False)
+    if devices: model = model.shard(devices)
     model.reset_cache(1, context)
     model._decode_inputs(1)
     items.clear()
     model._decode_step(*model.cache.decode_variables(position))
-  return [item for item in items if item.ast.op is Ops.SINK]
+  return items
+
+def decode_step_kernels(preset: str = "270m", device: str = "CUDA", dtype: str = "float16", position: int = 600,
+                        context: int = 1024) -> list[ScheduleItem]:
+  """The kernels (ScheduleItems with a kernel AST) of one decode step, as decode_step_items schedules it."""
+  return [item for item in decode_step_items(preset, device, dtype, position, context) if item.ast.op is Ops.SINK]
 
 def describe(item: ScheduleItem) -> str:
   def buffers(bufs) -> str: return " ".join(f"{b.dtype.name}[{b.size}]" for b in bufs)
@@ -56,7 +66,19 @@ if __name__ == "__main__":
   parser.add_argument("--device", default="CUDA")
   parser.add_argument("--dtype", default="float16")
   parser.add_argument("--position", type=int, default=600)
+  parser.add_argument("--devices", help="tensor-parallel over these devices, e.g. CUDA:0,CUDA:1")
   args = parser.parse_args()
+  if args.devices:
+    devices = tuple(args.devices.split(","))
+    items = decode_step_items(args.preset, args.device, args.dtype, args.position, devices=devices)
+    kernels = [item for item in items if item.ast.op is Ops.SINK]
+    copies = [item for item in items if item.ast.op is Ops.COPY and item.bufs[0].device != item.bufs[1].device]
+    for device in {item.outputs[0].device: None for item in kernels}:
+      print(f"{sum(item.outputs[0].device == device for item in kernels)} kernels on {device}")
+    sizes = sorted({item.bufs[0].nbytes for item in copies})
+    print(f"{len(copies)} copies between devices, of {sizes} bytes, in one tensor-parallel decode step of "
+          f"{args.preset} over {', '.join(devices)}")
+    sys.exit(0)
   kernels = decode_step_kernels(args.preset, args.device, args.dtype, args.position)
   for k, item in enumerate(kernels): print(f"{k:4d} {describe(item)}")
   layers = Gemma3Config.preset(args.preset).num_hidden_layers

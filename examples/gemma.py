@@ -13,7 +13,9 @@ loads an HF checkpoint directory (config.json, model.safetensors, tokenizer.json
 Hugging Face cache (offline). --chat wraps the prompt in Gemma 3's chat template and stops at <end_of_turn> (and
 <eos>). Greedy by default; --temperature,
 --top-k, --top-p and --seed sample (the final token choice is made in numpy from the last logits row). Decode steps
-replay a TinyJit capture of the step; --no-jit builds and schedules every step (to compare speed).
+replay a TinyJit capture of the step; --no-jit builds and schedules every step (to compare speed). --devices
+CUDA:0,CUDA:1 runs the model tensor-parallel (Gemma3.shard: query heads, the MLP's intermediate axis and the
+vocabulary split over the devices, two all-reduces per layer; GGUF weights dequantized).
 Every argument is checked before any weights load; a bad one prints one `error: ...` line and exits with status 2.
 """
 from __future__ import annotations
@@ -24,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # run from a chec
 from tgrad.models.gemma3 import Gemma3, Gemma3Config, PRESETS  # noqa: E402
 from tgrad.models.gemma3_gguf import QUANT_MODES, load_gemma3_gguf  # noqa: E402
 from tgrad.models.generation import format_chat, generate  # noqa: E402
+from tgrad.models.gemma3_parallel import check_parallel  # noqa: E402
 from tgrad.device import Device, DeviceUnavailable, canonical_device  # noqa: E402
 
 RANDOM_NEW_TOKENS = 8           # default for random weights: enough to time decode, quick on a 2-core CPU
@@ -170,6 +173,8 @@ def build_parser() -> argparse.ArgumentParser:
   parser.add_argument("--seed", type=int, default=0, help="sampling seed, and the random weights' seed")
   parser.add_argument("--ignore-eos", action="store_true", help="always generate --max-new-tokens tokens")
   parser.add_argument("--device", help="LLVM (CPU) or CUDA (default: CUDA if usable)")
+  parser.add_argument("--devices", help="tensor-parallel over these devices, e.g. CUDA:0,CUDA:1 (weights load on the "
+                                        "first, then are sharded: q heads, MLP and vocabulary split)")
   parser.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default="float32",
                       help="compute dtype (float16 keeps Gemma's residual stream in float32)")
   parser.add_argument("--quant", choices=QUANT_MODES,
@@ -196,6 +201,10 @@ def check_options(args) -> None:
     raise UserError("--quant applies to GGUF files (--model FILE.gguf, or the default model)")
   if args.prompt is not None and args.prompt_ids is not None: raise UserError("give --prompt or --prompt-ids, not both")
   if args.system is not None and not args.chat: raise UserError("--system needs --chat")
+  if args.devices is not None:
+    if args.device is not None: raise UserError("give --device or --devices, not both")
+    if len(args.devices.split(",")) < 2: raise UserError(f"--devices needs two or more devices, got {args.devices!r}")
+    if args.quant == "packed": raise UserError("--devices shards dense weights: use --quant dequant")
   if args.prompt_ids is not None: parse_prompt_ids(args.prompt_ids)
 
 def start_device(name: str | None) -> str:
@@ -233,7 +242,8 @@ def gguf_header(path: str):
 def run(args) -> dict:
   log = sys.stderr if args.json else sys.stdout
   check_options(args)
-  device = start_device(args.device)
+  parallel = [start_device(name) for name in args.devices.split(",")] if args.devices else None
+  device = parallel[0] if parallel else start_device(args.device)
   gguf_path, directory = None, None
   if args.model: gguf_path, directory = (args.model, None) if is_gguf(args.model) else (None, resolve_model(args.model))
   elif not (args.random or args.preset or args.config):
@@ -249,6 +259,9 @@ def run(args) -> dict:
     config = load_config(args, directory)
     tokenizer = load_tokenizer(directory) if directory else None
   ids = prompt_ids(args, tokenizer, config)
+  if parallel:   # sizes that don't split over the devices are reported before any weights load
+    try: check_parallel(config, parallel)
+    except ValueError as e: raise UserError(f"--devices {args.devices}: {e}") from None
   if gguf_path: stops = set(config.eos_token_ids) | (set(tokenizer.stop_ids) if args.chat and tokenizer else set())
   else: stops = eos_ids(directory, config, tokenizer, args.chat)
   if args.ignore_eos: stops = set()
@@ -258,7 +271,7 @@ def run(args) -> dict:
   if len(ids) + new_tokens > config.max_position_embeddings:
     raise UserError(f"the prompt ({len(ids)} tokens) + --max-new-tokens ({new_tokens}) exceeds the model's "
                     f"{config.max_position_embeddings} positions")
-  quant = args.quant or DEFAULT_QUANT.get(device, "dequant")
+  quant = args.quant or ("dequant" if parallel else DEFAULT_QUANT.get(device, "dequant"))
   start = time.perf_counter()
   if gguf_path:
     print(f"loading {gguf_path} ({quant}, {args.dtype} on {device})", file=log, flush=True)
@@ -275,6 +288,9 @@ def run(args) -> dict:
           f"{args.dtype}. The output tokens are meaningless; this run checks the pipeline and measures speed.",
           file=log, flush=True)
     model = Gemma3.random(config, args.dtype, device, seed=args.seed)
+  if parallel:
+    model = model.shard(parallel)
+    print(f"tensor-parallel over {', '.join(parallel)}", file=log, flush=True)
   load_seconds = time.perf_counter() - start
   shown = repr(tokenizer.decode(ids, skip_special_tokens=False)) if tokenizer else " ".join(map(str, ids))
   print(f"prompt ({len(ids)} tokens): {shown}", file=log, flush=True)
@@ -304,7 +320,7 @@ def run(args) -> dict:
              "first_decode_step_seconds": round(first_step, 4), "decode_steady_tokens_per_second": round(steady, 3),
              "load_seconds": round(load_seconds, 3), "jit": not args.no_jit,
              "stopped_at_eos": result.stopped_at_eos, "random_weights": not real_weights,
-             "model": gguf_path or directory, "device": device, "dtype": args.dtype,
+             "model": gguf_path or directory, "device": list(parallel) if parallel else device, "dtype": args.dtype,
              "quant": quant if gguf_path else None}
   if tokenizer is not None: summary["text"] = tokenizer.decode(result.ids, skip_special_tokens=True)
   return summary

@@ -88,7 +88,7 @@ def test_shard_errors_name_the_problem_before_anything_runs():
   with pytest.raises(ValueError, match="different devices"): t.shard(TWO, 0) + t.shard(("LLVM:0", "LLVM:2"), 0)
   with pytest.raises(ValueError, match="different devices"): t.shard(TWO, 0) + t
   with pytest.raises(NotImplementedError, match="gather it to one device first"):
-    t.shard(TWO, 0).gather(1, Tensor(np.zeros((4, 2), np.int32)).shard(TWO, 0))
+    t.shard(TWO, 0).gather(0, Tensor(np.zeros((2, 5), np.int32)).shard(TWO))
 
 def test_shard_in_place_and_zero_d_and_size_one():
   x = Tensor(np.arange(4, dtype=np.float32))

@@ -573,6 +573,8 @@ def _rebound(value: Any, var_vals: dict[str, int]) -> Any:
   """The returned value with each symbolic Tensor's shape bound to this call's values (same buffers)."""
   if isinstance(value, Tensor):
     lb = value.lazydata
+    if isinstance(lb, MultiLazyBuffer):   # a sharded value: each device's shard bound alike
+      return Tensor(MultiLazyBuffer([_rebound(Tensor(s), var_vals).lazydata for s in lb.shards], lb.axis))
     if not lb.st.symbolic or lb.base.buffer is None: return value
     base = LazyBuffer.from_buffer(lb.base.buffer, lb.base.st.bind(var_vals).shape)
     return Tensor(base if lb.is_base else LazyBuffer(lb.device, lb.st.bind(var_vals), lb.dtype, base=base))

@@ -441,8 +441,10 @@ class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, Indexi
   def assign_region(self, bounds, x: Tensor) -> Tensor:
     """Write x into `self.shrink(bounds)` of this realized tensor's buffer and nothing else (one kernel over x's
     elements: a one-token KV-cache write costs one row, not the cache; bounds may be symbolic, e.g. (pos, pos + 1)).
-    This tensor becomes the whole buffer after the write. Not tracked by autograd."""
+    This tensor becomes the whole buffer after the write. Not tracked by autograd. A sharded tensor writes the region
+    on each device (a split tensor's region must cover its split axis whole)."""
     target = self.lazydata
+    if isinstance(target, MultiLazyBuffer): return self._assign_region_shards(target, bounds, x)
     if not (target.is_base and target.realized is not None):
       raise ValueError(f"assign_region writes a realized buffer; this tensor of shape {self.shape} is unrealized")
     region = self.shrink(bounds)
@@ -450,6 +452,21 @@ class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, Indexi
     value = x.cast(self.dtype).lazydata
     if value.base is target: value = value.contiguous()   # reading the target itself: copy it out first
     target.successor = target.assign(value, region.lazydata.st)
+    self.lazydata, self._ctx = target.successor, None
+    return self
+  def _assign_region_shards(self, target: MultiLazyBuffer, bounds, x: Tensor) -> Tensor:
+    """assign_region of a sharded tensor: each device's buffer gets its part of x in its part of the region."""
+    if not isinstance(x.lazydata, MultiLazyBuffer) or x.device != target.device:
+      raise ValueError(f"assign_region into a tensor on {target.device} of a value on {x.device}")
+    axis = target.axis
+    if axis is not None and bounds[axis] is not None and tuple(bounds[axis]) != (0, self.shape[axis]):
+      raise ValueError(f"assign_region of a tensor split along axis {axis} (shape {self.shape}) must cover that axis "
+                       f"whole, got bounds {bounds[axis]}")
+    local_bounds = tuple(None if i == axis else b for i, b in enumerate(bounds))
+    parts = x.cast(self.dtype).lazydata.to_axis(axis)
+    written = [Tensor(shard, requires_grad=False).assign_region(local_bounds, Tensor(part, requires_grad=False))
+               .lazydata for shard, part in zip(target.shards, parts.shards)]
+    target.successor = MultiLazyBuffer(written, axis)
     self.lazydata, self._ctx = target.successor, None
     return self
   def _write(self, value: LazyBuffer) -> None:

@@ -7,7 +7,8 @@ one captured step. All model math is Tensor ops; the host only prepares token id
 of a call (a prompt's length, a decode step's cache slots: one compiled and captured program serves every length and
 position).
 The KV cache and the cache writes are in tgrad/models/gemma3_cache.py; text generation (`generate`, sampling, the chat
-template) in tgrad/models/generation.py.
+template) in tgrad/models/generation.py; `Gemma3.shard(devices)` runs the same layers tensor-parallel over several
+devices, with the weights placed as tgrad/models/gemma3_parallel.py says.
 """
 from __future__ import annotations
 import collections, json, math, os, sys
@@ -25,6 +26,8 @@ from tgrad.models.gemma3_cache import (SLIDING, LAYER_TYPES, FRESH, DECODE, EXTE
                                        write_cache_scatter, write_cache_fresh, write_cache_decode, filled_keys_values,
                                        slot_mask,
                                        decode_attention_values)
+from tgrad.models.gemma3_parallel import (RowPiece, row_pieces, stack_rows_per_device, take_rows, is_sharded,
+                                          split_rows_like, shard_weights, head_weight, device_buffers, greedy_ids)
 
 MASKED_SCORE = float(np.finfo(np.float32).min)        # HF fills masked attention scores with finfo(float32).min
 CONTEXT_GRANULE = 256            # generate() rounds the cache length up to this, so nearby lengths share kernels
@@ -81,13 +84,15 @@ class Gemma3RMSNorm:
   def inverse_rms(self, x32: Tensor, keepdim: bool = True, axes: Union[int, tuple[int, ...]] = -1) -> Tensor:
     """1 / sqrt(mean(x²) + eps) over `axes` (the last by default) of a float32 x."""
     return (x32.square().mean(axes, keepdim=keepdim) + self.eps).rsqrt()
-  def inverse_rms_of_copies(self, x32: Tensor, rows: tuple) -> Tensor:
+  def inverse_rms_of_copies(self, x32: Tensor, rows: tuple, values: Optional[Tensor] = None) -> Tensor:
     """`inverse_rms` of x32's last axis once for every output of a kernel over `rows` (x32's rows broadcast to
     rows[:-1], the last axis summed): each output sums its own copy of its row, so the reduce runs over the same rows
     as the kernel's other reduces and no view follows it. The rows may end in several axes that split x32's last axis
-    (a packed weight's input axes, weight_values), which are all summed: shape rows[:x32.ndim - 1]."""
+    (a packed weight's input axes, weight_values), which are all summed: shape rows[:x32.ndim - 1]. `values`: the
+    kernel's weight values, when it is split by rows over devices (the copies are split alike, gemma3_parallel.py)."""
     split = len(rows) - x32.ndim   # the axes x32's last axis is split into: 1 for a dense weight
     copies = x32.reshape(*x32.shape[:-1], 1, *rows[-split:]).expand(rows)
+    if values is not None: copies = split_rows_like(copies, values, x32.ndim - 1)
     return self.inverse_rms(copies, False, tuple(range(-split, 0)))
   def weighted(self, x32: Tensor) -> Tensor:
     """x · (1 + w), float32: the norm without its 1/rms."""
@@ -106,7 +111,7 @@ class Gemma3RMSNorm:
     axes = input_axes(values)
     rows = x.shape[:-1] + tuple(values.shape)
     product = (split_inputs(self.weighted(x32), values).unsqueeze(-1 - len(axes)) * values).sum(axes)
-    return (product * self.inverse_rms_of_copies(x32, rows)).cast(self.output_dtype(x))
+    return (product * self.inverse_rms_of_copies(x32, rows, values)).cast(self.output_dtype(x))
 
   def _matvec_of_rows(self, rows: Tensor, weight: Weight, input_dtype: Any) -> Tensor:
     """`matvec` of x given as its copies, one per output row ([..., out, *input axes], ResidualSum.rows)."""
@@ -170,7 +175,8 @@ class ResidualSum:
     values = weight_values(weight)
     axes = input_axes(values)
     shape = self.h.shape[:-1] + tuple(values.shape)
-    def spread(x: Tensor) -> Tensor: return split_inputs(x, values).unsqueeze(-1 - len(axes)).expand(shape)
+    def spread(x: Tensor) -> Tensor:   # x's copies, split by rows over devices as the weight is (gemma3_parallel.py)
+      return split_rows_like(split_inputs(x, values).unsqueeze(-1 - len(axes)).expand(shape), values, self.h.ndim - 1)
     total = spread(self.h)
     for x, norm in self.terms:
       o = spread(x.float())
@@ -178,7 +184,9 @@ class ResidualSum:
       total = total + normed.cast(x.dtype).cast(self.h.dtype)
     one_row = all(size == 1 for size in self.h.shape[:-1])   # else the first row's copies are no run of the rows
     if self.store and one_row and self.stored is None:
-      first = total.shrink(tuple((0, 1) if d == self.h.ndim - 1 else None for d in range(total.ndim)))
+      # split by rows: each device stores its own first row (every device sums the same stream: a replicated value)
+      if is_sharded(total): first = take_rows(total, RowPiece(0, 1, split=False), self.h.ndim - 1)
+      else: first = total.shrink(tuple((0, 1) if d == self.h.ndim - 1 else None for d in range(total.ndim)))
       self.stored = _materialize(first.reshape(self.h.shape))
     return total
   def value(self) -> Tensor:
@@ -247,6 +255,8 @@ def _stack(weights: list[Weight]) -> tuple[Weight, list[Weight]]:
     buffer = packed[0].cat(*packed[1:], dim=0).realize() if len(packed) > 1 else packed[0].realize()
     stacked: Weight = QuantizedTensor(buffer, ggml_type, (buffer.shape[0], width))
     def view(start: int, end: int) -> Weight: return QuantizedTensor(buffer[start:end], ggml_type, (end - start, width))
+  elif any(is_sharded(w) for w in weights):   # tensor parallel: one buffer per device (gemma3_parallel.py)
+    return stack_rows_per_device([w for w in weights if isinstance(w, Tensor)])
   else:
     dense = [w for w in weights if isinstance(w, Tensor)]
     stacked = dense[0].cat(*dense[1:], dim=0).realize() if len(dense) > 1 else dense[0].realize()
@@ -293,6 +303,7 @@ def _fuse_into_consumer(x: Tensor) -> Tensor:
 class Gemma3Attention:
   def __init__(self, config: Gemma3Config, weights: dict[str, Weight], prefix: str):
     names = [prefix + name + "_proj.weight" for name in ("q", "k", "v")]
+    self.qkv_pieces = row_pieces([weights[name] for name in names])   # where q, k and v sit in the stacked output
     self.qkv_weights, (q_weight, k_weight, v_weight) = _stacked_rows(*(weights[name] for name in names))
     self.q_proj, self.k_proj, self.v_proj = Linear(q_weight), Linear(k_weight), Linear(v_weight)
     self.o_proj = Linear(weights[prefix + "o_proj.weight"])
@@ -310,10 +321,10 @@ class Gemma3Attention:
     D, group = self.head_dim, self.heads // self.kv_heads
     cos, sin = step.cos.reshape(1, T, 1, D), step.sin_signed.reshape(1, T, 1, D)
     qkv = _normed_projection(norm, h, self.qkv_weights)   # q, k and v in one kernel (dense): [B, T, (heads + 2 kv) D]
-    q_width, kv_width = self.heads * D, self.kv_heads * D
-    q = qkv[..., :q_width].reshape(B, T, self.heads, D)
-    k = qkv[..., q_width:q_width + kv_width].reshape(B, T, self.kv_heads, D)
-    v = qkv[..., q_width + kv_width:].reshape(B, T, self.kv_heads, D)
+    q_piece, k_piece, v_piece = self.qkv_pieces   # sharded: q split by heads, k and v replicated (gemma3_parallel.py)
+    q = take_rows(qkv, q_piece, -1).reshape(B, T, self.heads, D)
+    k = take_rows(qkv, k_piece, -1).reshape(B, T, self.kv_heads, D)
+    v = take_rows(qkv, v_piece, -1).reshape(B, T, self.kv_heads, D)
     # several tokens: q and k normed and rotated in one kernel each, realized once in [B, T, heads, D] (every score
     # reads each element many times); one token: q's norm and RoPE are computed inside the scores kernel
     # (Gemma3RMSNorm.rotated_scores), k's inside the cache write (write_cache_decode)
@@ -357,6 +368,7 @@ class Gemma3Attention:
 class Gemma3MLP:
   """down(gelu(gate(x)) * up(x)), the gate and up projections as one matrix-vector kernel over their stacked rows."""
   def __init__(self, weights: dict[str, Weight], prefix: str):
+    self.gate_up_pieces = row_pieces([weights[prefix + "gate_proj.weight"], weights[prefix + "up_proj.weight"]])
     self.gate_up_weights, (gate_weight, up_weight) = _stacked_rows(weights[prefix + "gate_proj.weight"],
                                                                    weights[prefix + "up_proj.weight"])
     self.gate_proj, self.up_proj = Linear(gate_weight), Linear(up_weight)
@@ -376,8 +388,8 @@ class Gemma3MLP:
     return self._down(_concat_outputs([_materialize(pre_norm.matvec(residual, w)) for w in self.gate_up_weights]))
 
   def _down(self, gate_up: Tensor) -> Tensor:
-    width = self.gate_proj.weight.shape[0]
-    return self.down_proj(_fuse_into_consumer(_gelu_tanh(gate_up[..., :width]) * gate_up[..., width:]))
+    gate, up = (take_rows(gate_up, piece, -1) for piece in self.gate_up_pieces)
+    return self.down_proj(_fuse_into_consumer(_gelu_tanh(gate) * up))
 
 class Gemma3DecoderLayer:
   """h + norm(attn(norm(h))), then h + norm(mlp(norm(h))): the post-norms act on each block's output."""
@@ -443,6 +455,9 @@ class Gemma3:
     self.device = embedding.device
     self.model = Gemma3TextModel(config, weights, self.dtype)
     self.lm_head = Linear(weights["lm_head.weight"]) if not config.tie_word_embeddings else None
+    # the head's weight as the logits read it: over several devices a tied embedding is seen split by vocabulary rows
+    head = self.lm_head.weight if self.lm_head is not None else self.model.embed_tokens.weight
+    self.head_weight = head_weight(head) if isinstance(head, Tensor) else head
     self.cache: Optional[Gemma3KVCache] = None
     self._decode_jit: Optional[TinyJit] = None         # the captured decode step, for the cache it was captured on
     self._decode_jit_cache: Optional[Gemma3KVCache] = None
@@ -481,6 +496,14 @@ class Gemma3:
     return out
 
   # ---- construction
+  def shard(self, devices: Sequence[str]) -> Gemma3:
+    """This model tensor-parallel over `devices` (Megatron style, tgrad/models/gemma3_parallel.py: q heads, the MLP's
+    intermediate axis and the head's vocabulary split, k/v, norms, embedding and KV cache replicated; two all-reduces
+    per layer): a new model holding sharded copies of the weights (this one may be dropped). Its calls take and return
+    the same values; logits come back split by vocabulary (`.numpy()` gathers them). ValueError for sizes that don't
+    divide over the devices; NotImplementedError for packed (quantized) weights."""
+    return Gemma3(self.config, shard_weights(self.config, self.state_dict(), devices), self.dtype)
+
   @staticmethod
   def from_pretrained(directory: str, dtype: Any = dtypes.float32, device: Optional[str] = None,
                       progress: bool = True) -> Gemma3:
@@ -666,7 +689,7 @@ class Gemma3:
     if cache.next_position + count > cache.max_context:
       raise ValueError(f"{count} steps from position {cache.next_position} do not fit a cache of {cache.max_context}")
     tokens_in = self._decode_inputs(ids.shape[0])
-    tokens_in.lazydata.base.buffer.copyin(ids.astype(np.int32).reshape(-1, 1))
+    for buffer in device_buffers(tokens_in): buffer.copyin(ids.astype(np.int32).reshape(-1, 1))
     return self._pipelined_steps(count)
 
   def _pipelined_steps(self, count: int) -> Iterator[list[int]]:
@@ -677,7 +700,7 @@ class Gemma3:
       positions = np.array([position], dtype=np.int32)
       self._replay_decode(None, cache.decode_variables(position))
       cache.advance(positions)
-      queued.append(self._decode_tokens.lazydata.base.buffer.copyout_async())   # type: ignore[union-attr]
+      queued.append(device_buffers(self._decode_tokens)[0].copyout_async())   # type: ignore[arg-type]
     if count: queue_step()
     for step in range(count):
       if step + 1 < count: queue_step()   # the step after this one, queued before this one's tokens are read
@@ -708,7 +731,7 @@ class Gemma3:
     tokens = self._decode_tokens
     assert tokens is not None
     logits = self._run_step(tokens, None, DECODE, True, False, (position, ring_slot, ring_filled))
-    tokens.assign(logits[:, -1].argmax(-1, keepdim=True)).realize()
+    tokens.assign(greedy_ids(logits[:, -1])).realize()   # split logits: no gather (gemma3_parallel.py)
     return logits
 
   def _replay_prefill(self, ids: np.ndarray, length: Any) -> Tensor:
@@ -721,7 +744,7 @@ class Gemma3:
       self._prefill_jit, self._prefill_jit_cache = TinyJit(self._prefill_step), cache
       self._prefill_tokens = _device_input(ids.shape, self.device)
     assert self._prefill_tokens is not None
-    self._prefill_tokens.lazydata.base.buffer.copyin(ids)
+    for buffer in device_buffers(self._prefill_tokens): buffer.copyin(ids)
     return self._prefill_jit(self._prefill_tokens, length)
 
   def _prefill_step(self, padded_ids: Tensor, length: Any) -> Tensor:
@@ -744,7 +767,7 @@ class Gemma3:
       if write is not None: pending.append((layer_cache, write, steps[layer.layer_type]))
     if isinstance(h, ResidualSum): h = h.value()   # the last layer's output: the head's matvec reads it stored
     if last_only: h = h.shrink((None, (T - 1, T), None))
-    head = self.lm_head.weight if self.lm_head is not None else self.model.embed_tokens.weight
+    head = self.head_weight
     # the final norm is a kernel of its own even for one position: inside the head's matvec every one of the
     # 262,144 vocabulary rows recomputed its sum of squares, and the step took 1.130 ms of GPU time against 0.867
     # (H100, float16, bench/gemma_gguf_gpu.py, 2026-11-27)

@@ -19,6 +19,8 @@ The rules (docs/multi_device.md):
                 a flip, a stride of it) gathers to a replicated value first: correct, and it costs an all-gather.
   matmul        is a broadcast multiply and a sum (tensor_ops/composite.py), so a contraction over the split axis is
                 a per-shard partial product and an all-reduce, and a split batch or output axis stays split.
+  gather        (indexing by a tensor) per device: from a replicated table split as the index is, from a table split
+                along another axis split alike; along the split axis it raises.
   copy_to_device(one device) gathers to that device; copy_to_device(a device tuple) reshards.
 """
 from __future__ import annotations
@@ -139,8 +141,20 @@ class MultiLazyBuffer:
     value = value.to_axis(self.axis)
     return self._with([s.assign(v) for s, v in zip(self.shards, value.shards)])
   def gather(self, index: Any, axis: int) -> Any:
-    raise NotImplementedError(f"indexing a sharded tensor {self} by a tensor is not supported: gather it to one "
-                              "device first (.to(device))")
+    """A data-dependent load along `axis` (LazyBuffer.gather), per device: from a replicated table (an embedding held
+    on every device) with each device's part of the index, split as the index is; from a table split along another
+    axis with the index split alike. A table split along the gathered axis raises (an index may point anywhere)."""
+    if self.axis == axis:
+      raise NotImplementedError(f"indexing a sharded tensor {self} by a tensor along its split axis {axis} is not "
+                                "supported: gather it to one device first (.to(device))")
+    if not isinstance(index, MultiLazyBuffer) or index.device != self.device:
+      raise ValueError(f"gather: table on {self.device}, index on {getattr(index, 'device', None)}")
+    if self.axis is not None:   # the index has the table's shape but along `axis`: it splits as the table does
+      index = index.to_axis(self.axis)
+      return self._with([t.gather(i, axis) for t, i in zip(self.shards, index.shards)])
+    # an index split along another axis than the gathered one reads the matching slice of the table
+    tables = self if index.axis is None or index.axis == axis else self.to_axis(index.axis)
+    return self._with([t.gather(i, axis) for t, i in zip(tables.shards, index.shards)], index.axis)
 
   # ---- movement
   def _whole_axis(self, changes: Sequence[Any], unchanged: Any) -> bool:

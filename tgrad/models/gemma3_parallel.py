@@ -1,0 +1,140 @@
+"""Tensor parallelism for Gemma 3 (Megatron style) over a tuple of devices: how each weight is placed, and the
+per-device views the model (tgrad/models/gemma3.py) reads its stacked projections through.
+
+Input: a single-device model's weights (HF names) and devices ("CUDA:0", "CUDA:1"); output: the same names holding
+sharded Tensors (tgrad/multi/), from which `Gemma3` builds the same layers. With P devices:
+  q_proj                 split by rows, i.e. by query heads: device p computes heads [p·nq/P, (p+1)·nq/P)
+  k_proj, v_proj         replicated: every device computes the KV heads (gemma-3-270m has one, which can't be split)
+  o_proj                 split along its input (the heads): a partial product per device, then one all-reduce
+  gate_proj, up_proj     split by rows (the intermediate axis): gelu(gate) · up stays on its device
+  down_proj              split along its input: a partial product per device, then one all-reduce
+  norms, embedding       replicated (the lookup is a per-device gather, the residual stream is the same on each)
+  head                   split by vocabulary rows (tied: a view of the replicated embedding; untied lm_head: split),
+                         so the logits come out split by vocabulary and the greedy argmax's maxima are all-reduces
+  KV cache               replicated, written on each device from its own copy of k and v (no traffic)
+So a layer costs two all-reduces of one [B, T, hidden] value: one after the attention block, one after the MLP.
+
+The stacked q/k/v and gate/up buffers (one matrix-vector kernel each) are stacked per device: device p's buffer holds
+its rows of every stacked weight, and `RowPiece`s say where each weight's rows sit in it, so a weight's output is a
+per-device slice of the stacked output (`take_rows`), split or replicated as the weight is, never a gather.
+"""
+from __future__ import annotations
+from dataclasses import dataclass
+from typing import Any, Optional, Sequence
+from tgrad.tensor import Tensor
+from tgrad.dtype import dtypes
+from tgrad.device import canonical_device
+from tgrad.multi import MultiLazyBuffer
+from tgrad.nn.quant import QuantizedTensor
+
+# the axis each projection is split along (by the end of its HF name); every other weight is replicated
+SPLIT_AXES = {"self_attn.q_proj.weight": 0, "self_attn.o_proj.weight": 1, "mlp.gate_proj.weight": 0,
+              "mlp.up_proj.weight": 0, "mlp.down_proj.weight": 1, "lm_head.weight": 0}
+
+def split_axis(name: str) -> Optional[int]:
+  """The axis a weight is split along in the tensor-parallel layout (None: replicated)."""
+  return next((axis for suffix, axis in SPLIT_AXES.items() if name.endswith(suffix)), None)
+
+def check_parallel(config: Any, devices: Sequence[str]) -> tuple[str, ...]:
+  """The canonical devices, after checking that the model splits evenly over them (ValueError naming the size)."""
+  devices = tuple(canonical_device(d) for d in devices)
+  if len(set(devices)) != len(devices) or len(devices) < 2:
+    raise ValueError(f"tensor parallelism needs two or more distinct devices, got {devices}")
+  parts = len(devices)
+  sizes = {"num_attention_heads": config.num_attention_heads, "intermediate_size": config.intermediate_size}
+  if bad := {name: size for name, size in sizes.items() if size % parts}:
+    raise ValueError(f"tensor parallelism over {parts} devices needs {bad} divisible by {parts}")
+  return devices
+
+def shard_weights(config: Any, weights: dict[str, Any], devices: Sequence[str]) -> dict[str, Tensor]:
+  """Every weight placed on `devices` by the layout above, each shard its own realized buffer. Packed (ggml-quantized)
+  weights raise: their dequantization merges the rows they would be split along (load a GGUF file dequantized)."""
+  devices = check_parallel(config, devices)
+  out = {}
+  for name, weight in weights.items():
+    if isinstance(weight, QuantizedTensor):
+      raise NotImplementedError(f"{name}: packed {weight.ggml_type.name} weights can't be sharded; load the GGUF "
+                                "file with quant='dequant'")
+    out[name] = weight.shard(devices, split_axis(name)).contiguous().realize()
+  return out
+
+def head_weight(weight: Tensor) -> Tensor:
+  """The head's [vocab, hidden] weight as the logits' kernel reads it: a replicated table (a tied embedding) seen split
+  by vocabulary rows (a view on each device, no copy) when the vocabulary divides evenly; anything else as it is."""
+  lazy = weight.lazydata
+  if not isinstance(lazy, MultiLazyBuffer) or lazy.axis is not None or weight.shape[0] % len(lazy.shards): return weight
+  return weight.shard(weight.device, 0)
+
+def greedy_ids(logits: Tensor) -> Tensor:
+  """The argmax of the last axis (keepdim; the first maximum, NaN counting as the largest, as Tensor.argmax). Logits
+  split by vocabulary over P devices: each device's first maximum over its own part (viewed [..., P, V/P], so no
+  gather crosses devices), then the first part holding the largest: two all-reduces of [..., 1] values."""
+  lazy = logits.lazydata
+  if not isinstance(lazy, MultiLazyBuffer) or lazy.axis != logits.ndim - 1: return logits.argmax(-1, keepdim=True)
+  parts, size = len(lazy.shards), logits.shape[-1]
+  width = size // parts
+  pieces = logits.reshape(*logits.shape[:-1], parts, width)                        # split along the parts axis
+  index = pieces.argmax(-1) + Tensor.arange(0, size, width, dtype=dtypes.int32, device=logits.device)
+  best = pieces.max(-1)                                                            # [..., P]: each part's maximum
+  is_max = best == best.max(-1, keepdim=True)
+  if best.dtype.is_float: is_max = is_max | best.isnan()
+  return size - is_max.where(size - index, 0).max(-1, keepdim=True)   # the smallest index among the largest
+
+def is_sharded(t: Any) -> bool: return isinstance(t, Tensor) and isinstance(t.lazydata, MultiLazyBuffer)
+
+def device_buffers(t: Tensor) -> list:
+  """The realized buffers of a tensor: one, or one per device of a sharded one."""
+  lazy = t.lazydata
+  return [shard.base.buffer for shard in (lazy.shards if isinstance(lazy, MultiLazyBuffer) else (lazy,))]
+
+# ---------------------------------------------------------------------------------------------------------------
+# stacked rows: several [out, in] weights in one buffer per device
+
+@dataclass(frozen=True)
+class RowPiece:
+  """Where one stacked weight's rows sit in each device's buffer: rows [start, end) of every shard; `split`: each
+  device holds its own part of the weight (else every device holds all of it)."""
+  start: int
+  end: int
+  split: bool
+
+def row_pieces(weights: Sequence[Any]) -> list[RowPiece]:
+  """The pieces of weights stacked along their rows (a single-device stack: one device, whole weights)."""
+  pieces, start = [], 0
+  for w in weights:
+    lazy = w.lazydata if isinstance(w, Tensor) else None
+    split = isinstance(lazy, MultiLazyBuffer) and lazy.axis is not None
+    rows = w.shape[0] // len(lazy.shards) if split else w.shape[0]
+    pieces.append(RowPiece(start, start + rows, split))
+    start += rows
+  return pieces
+
+def stack_rows_per_device(weights: Sequence[Tensor]) -> tuple[Tensor, list[Tensor]]:
+  """Sharded [out, in] weights (each split by rows or replicated) stacked into one realized buffer per device (its rows
+  of each weight, in order), and each weight again as a view of it (split or replicated as it was)."""
+  lazies = [w.lazydata for w in weights]
+  if not all(isinstance(lazy, MultiLazyBuffer) and lazy.axis in (None, 0) for lazy in lazies) or \
+     len({w.device for w in weights}) != 1:
+    raise ValueError(f"stacking needs weights on one device set, each split by rows or replicated: "
+                     f"{[getattr(lazy, 'axis', None) for lazy in lazies]} on {[w.device for w in weights]}")
+  per_device = [Tensor(lazies[0].shards[i]).cat(*[Tensor(lazy.shards[i]) for lazy in lazies[1:]], dim=0)
+                for i in range(len(lazies[0].shards))]
+  stacked = Tensor(MultiLazyBuffer([t.lazydata for t in per_device], 0)).realize()
+  return stacked, [take_rows(stacked, piece, 0) for piece in row_pieces(weights)]
+
+def split_rows_like(copies: Tensor, values: Tensor, row_axis: int) -> Tensor:
+  """Copies of a vector, one per output row of a matrix-vector kernel (axis `row_axis`), split by rows over devices
+  when the kernel's weight values are (each device its own rows: a view), so the reduces over them (a norm's sum of
+  squares) run inside that device's kernel over its rows only; else as they are."""
+  if not is_sharded(values) or values.lazydata.axis != 0: return copies
+  return copies.shard(values.device, row_axis)
+
+def take_rows(x: Tensor, piece: RowPiece, axis: int) -> Tensor:
+  """Rows [piece.start, piece.end) along `axis` of every device's part of x (x stacked along `axis` as row_pieces
+  says): a view, split along `axis` when the piece is split, else replicated. One device: x's slice."""
+  if not is_sharded(x): return x[(slice(None),) * axis + (slice(piece.start, piece.end),)] if axis >= 0 else \
+    x[(Ellipsis, slice(piece.start, piece.end)) + (slice(None),) * (-1 - axis)]
+  lazy = x.lazydata
+  axis = axis % x.ndim
+  bounds = tuple((piece.start, piece.end) if d == axis else (0, s) for d, s in enumerate(lazy.shards[0].shape))
+  return Tensor(MultiLazyBuffer([shard.shrink(bounds) for shard in lazy.shards], axis if piece.split else None))

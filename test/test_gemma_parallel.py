@@ -60,8 +60,9 @@ def test_sharded_greedy_ids_equal_one_device_with_the_jit(models):
   assert got == want and len(got) == 8
   assert sharded._decode_jit is not None and sharded._decode_jit.captured is not None   # later steps were replays
 
-def cross_device_copies(model: Gemma3, ids: list[int], start: int) -> list[int]:
-  """The byte counts of the device-to-device copies one forward call schedules (its logits left on the devices)."""
+def cross_device_steps(model: Gemma3, ids: list[int], start: int) -> tuple[list[int], list[int]]:
+  """What one forward call schedules across devices (its logits left on the devices): the byte counts of the outputs
+  of its collective steps (one per all-reduce, whatever the device count), and of its device-to-device copies."""
   items: list = []
   schedule = realize_module.schedule
   def recording(*args, **kwargs):
@@ -71,20 +72,23 @@ def cross_device_copies(model: Gemma3, ids: list[int], start: int) -> list[int]:
   realize_module.schedule = recording
   try: model(Tensor(np.array([ids], np.int32), device=model.device), start, last_only=True)
   finally: realize_module.schedule = schedule
-  return [item.bufs[0].nbytes for item in items if item.ast.op is Ops.COPY and item.host_data is None
-          and item.bufs[0].device != item.bufs[1].device]
+  collectives = [item.bufs[0].nbytes for item in items if item.ast.op is Ops.COLLECTIVE]
+  copies = [item.bufs[0].nbytes for item in items if item.ast.op is Ops.COPY and item.host_data is None
+            and item.bufs[0].device != item.bufs[1].device]
+  return collectives, copies
 
 def test_two_all_reduces_per_layer_and_nothing_else(models):
-  """Each all-reduce over two CPU devices is two copies (to the first device, the sum back) of one [B, T, hidden]
-  float32 value: 2 per block half, 4 per layer; a hidden gather (a split axis reshaped or sliced) would add more."""
+  """Each all-reduce is one collective step over both devices of one [B, T, hidden] float32 value: one per block
+  half, 2 per layer; no copy between devices (a hidden gather, a split axis reshaped or sliced, would add them)."""
   _, sharded = models
   config = sharded.config
   layers, hidden_bytes = config.num_hidden_layers, config.hidden_size * 4
   sharded.reset_cache(1, CONTEXT)
-  prefill = cross_device_copies(sharded, PROMPT, 0)
-  assert len(prefill) == 4 * layers and len(set(prefill)) == 1 and prefill[0] % hidden_bytes == 0
-  decode = cross_device_copies(sharded, [7], len(PROMPT))
-  assert decode == [hidden_bytes] * (4 * layers)
+  prefill, prefill_copies = cross_device_steps(sharded, PROMPT, 0)
+  assert prefill_copies == []
+  assert len(prefill) == 2 * layers and len(set(prefill)) == 1 and prefill[0] % hidden_bytes == 0
+  decode, decode_copies = cross_device_steps(sharded, [7], len(PROMPT))
+  assert decode_copies == [] and decode == [hidden_bytes] * (2 * layers)
 
 def test_weights_are_placed_megatron_style(models):
   one, sharded = models
@@ -167,11 +171,13 @@ def test_assign_region_of_sharded_tensors():
 
 def test_gemma_270m_decode_step_over_two_gpus_is_scheduled_without_gathers():
   """gemma-3-270m's tensor-parallel decode step on CUDA:0/CUDA:1, scheduled without a GPU (bench/decode_kernels.py):
-  two all-reduces of the [1, 1, 640] float32 block output per layer (two copies each), two of one number for the
-  greedy argmax over the 262,144-token vocabulary, and no other copy; as many kernels on each device."""
+  two all-reduces (collective steps) of the [1, 1, 640] float32 block output per layer, two of one number for the
+  greedy argmax over the 262,144-token vocabulary, and no copy between devices; as many kernels on each device."""
   items = decode_step_items("270m", dtype="float16", devices=("CUDA:0", "CUDA:1"))
-  copies = [item.bufs[0].nbytes for item in items if item.ast.op is Ops.COPY]
+  copies = [item.bufs[0].nbytes for item in items if item.ast.op is Ops.COPY and item.host_data is None]
+  collectives = [item.bufs[0].nbytes for item in items if item.ast.op is Ops.COLLECTIVE]
   layers, hidden = Gemma3Config.preset("270m").num_hidden_layers, Gemma3Config.preset("270m").hidden_size
-  assert sorted(copies) == sorted([hidden * 4] * 4 * layers + [2, 2, 4, 4]), sorted(set(copies))   # fp16 max, index
+  assert copies == []
+  assert sorted(collectives) == sorted([hidden * 4] * 2 * layers + [2, 4]), sorted(set(collectives))   # fp16 max, index
   per_device = Counter(item.outputs[0].device for item in items if item.ast.op is Ops.SINK)
   assert set(per_device) == {"CUDA", "CUDA:1"} and per_device["CUDA"] == per_device["CUDA:1"]

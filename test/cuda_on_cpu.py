@@ -59,9 +59,6 @@ static inline ushort4 make_ushort4(unsigned short x, unsigned short y, unsigned 
 }
 struct uchar4 { unsigned char x, y, z, w; };
 struct char4 { signed char x, y, z, w; };
-static inline unsigned int __funnelshift_r(unsigned int low, unsigned int high, unsigned int shift) {
-  shift &= 31u; return shift ? (low >> shift) | (high << (32u - shift)) : low;
-}
 static inline uint2 make_uint2(unsigned int x, unsigned int y) { return {x, y}; }
 static inline uint4 make_uint4(unsigned int x, unsigned int y, unsigned int z, unsigned int w) { return {x, y, z, w}; }
 

@@ -614,11 +614,12 @@ def _packed_matvec(kernel: Kernel) -> bool:
      kernel.full_shape[inner] % PACKED_WORD_BYTES == 0 and \
      try_opt(kernel, Opt(OptOps.UNROLL, inner - blocks_axis, PACKED_WORD_BYTES)):
     byte_threads = kernel.full_shape[inner]
-  block_threads = _divisor_at_most(kernel.full_shape[blocks_axis], max(1, PACKED_MATVEC_ROW_THREADS // byte_threads))
-  if block_threads > 1: try_opt(kernel, Opt(OptOps.GROUP, 0, block_threads))
+  blocks = kernel.full_shape[blocks_axis]
+  block_threads = _divisor_at_most(blocks, max(1, PACKED_MATVEC_ROW_THREADS // byte_threads))
+  # (a whole axis is amount 0, as BEAM's actions name it)
+  if block_threads > 1: try_opt(kernel, Opt(OptOps.GROUP, 0, 0 if block_threads == blocks else block_threads))
   # the word threads: the rest of the innermost block axis, now the last loop axis (after the blocks' GROUP, if any)
-  if byte_threads > 1 and not try_opt(kernel, Opt(OptOps.GROUP, inner - blocks_axis, byte_threads)):
-    byte_threads = 1
+  if byte_threads > 1: try_opt(kernel, Opt(OptOps.GROUP, inner - blocks_axis, 0))
   # every loop inside a block unrolled, innermost first (the loop axes before it keep their numbers)
   loops = range(kernel.first_reduce + kernel.group_for_reduces + 1, kernel.first_upcast)
   for axis in reversed(loops): try_opt(kernel, Opt(OptOps.UNROLL, axis - kernel.first_reduce, 0))

@@ -146,7 +146,7 @@ def cuda_source(ggml_type, rows, columns, dtype=dtypes.float32, arch=ARCH) -> st
 
 @pytest.mark.parametrize("ggml_type,rows,columns", GEMMA_CASES, ids=str)
 def test_packed_bytes_are_read_as_words(ggml_type, rows, columns):
-  """No byte of the weight is loaded alone: Q4_K's 144-byte blocks keep its runs 4-byte aligned (plain word and uint4
+  """No byte of the weight is loaded alone: Q4_K's 144-byte blocks keep its runs 4-byte aligned (uchar4 and uint4
   loads, no funnel shift); Q8_0 (34), Q5_0 (22) and Q6_K (210) leave them 2-byte aligned, read as aligned words joined
   by a funnel shift."""
   source = cuda_source(ggml_type, rows, columns)
@@ -154,7 +154,8 @@ def test_packed_bytes_are_read_as_words(ggml_type, rows, columns):
   assert not re.search(rf"{weight_buffer}\[", source), "a byte loaded alone"
   funnels = len(re.findall(r">> shift\d+\)", source))
   assert (funnels == 0) == (BLOCK_LAYOUTS[ggml_type].block_bytes % 4 == 0), funnels
-  assert "const unsigned int word" in source
+  assert re.search(r"const (unsigned int word|uchar4 vec)\d+ = ", source), "no 32-bit load of quants"
+  if ggml_type == GGMLType.Q4_K: assert "const uint4 word" in source   # d, dmin and the 12 scale bytes in one load
 
 def test_byte_run_pieces():
   assert byte_run_pieces(32, 16) == [BytePiece(0, 16), BytePiece(16, 16)]

@@ -218,7 +218,8 @@ def _power_of_two_dividing(values, limit: int) -> int:
 
 def byte_runs(uops: list[UOp]) -> dict[int, ByteRun]:
   """Runs of 2 to MAX_BYTE_RUN uint8 LOADs from a global buffer the kernel never writes, unmasked, in one loop body,
-  at consecutive indices (the same terms, constants one apart), that only ALU ops read: program position → its run."""
+  at consecutive indices (the same terms, constants one apart), that only ALU ops read, and that take fewer loads read
+  as a run than vector_groups would give them: program position → its run."""
   stored = {u.src[0] for u in uops if u.op is Ops.STORE}
   kept_whole = {u.src[2] for u in uops if u.op is Ops.STORE} | {s for u in uops if u.op is Ops.VECTORIZE for s in u.src}
   scopes = _scope_ids(uops)
@@ -238,13 +239,19 @@ def byte_runs(uops: list[UOp]) -> dict[int, ByteRun]:
     while start < len(constants):
       end = start + 1
       while end < len(constants) and constants[end] == constants[end - 1] + 1 and end - start < MAX_BYTE_RUN: end += 1
-      if end - start >= 2:
+      alignment = _power_of_two_dividing([*terms_of[key].values(), constants[start]], MAX_PROVEN_ALIGNMENT)
+      if end - start >= 2 and len(byte_run_pieces(end - start, alignment)) < _vector_loads(end - start, alignment):
         positions = [by_constant[c] for c in constants[start:end]]
-        alignment = _power_of_two_dividing([*terms_of[key].values(), constants[start]], MAX_PROVEN_ALIGNMENT)
         run = ByteRun(positions, min(positions), alignment)
         for pos in positions: runs[pos] = run
       start = end
   return runs
+
+def _vector_loads(nbytes: int, alignment: int) -> int:
+  """Loads vector_groups gives a run of bytes: a uchar4 per aligned 4 where the start is word-aligned, else one per
+  byte. A run is a ByteRun only where that takes fewer loads (otherwise uchar4 code stays as it was)."""
+  if alignment < WORD_BYTES: return nbytes
+  return nbytes // WORD_BYTES + nbytes % WORD_BYTES
 
 def byte_run_pieces(nbytes: int, alignment: int) -> list[BytePiece]:
   """The loads that read a run of `nbytes` whose start is a multiple of `alignment`: the widest aligned loads that fit

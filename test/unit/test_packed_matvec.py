@@ -178,7 +178,8 @@ def run_emulated(out: Tensor, opts=None, arch: str = CPU_ARCH) -> tuple[np.ndarr
   source = kernel.renderer.render("kernel", linearize(kernel))
   global_size, local_size = kernel.launch_dims()
   result = np.full(item.bufs[0].size, np.nan, item.bufs[0].dtype.np)
-  run_on_cpu(source, "kernel", global_size, local_size, [result] + [b.copyout() for b in item.inputs], [])
+  run_on_cpu(source, "kernel", global_size, local_size, [result] + [b.copyout() for b in item.inputs],
+             [item.var_vals[name] for name in sorted(item.var_vals)])   # scalar parameters (exp's log2 e), by name
   return result, source
 
 @needs_gxx
@@ -219,3 +220,17 @@ def test_half_inputs_are_rounded_once_on_llvm():
   reference = x.astype(np.float64) @ weight.dequantize().numpy().astype(np.float64).T
   half_spacing = np.abs(reference) * 2.0 ** -11
   assert np.all(np.abs(got - reference) <= half_spacing * 1.01 + 1e-5 * np.abs(reference).max())
+
+@needs_gxx
+@pytest.mark.parametrize("row_kernel", [False, True], ids=["sum", "row_kernel"])
+def test_two_group_axes_on_emulated_cuda(row_kernel):
+  """GROUP on two reduce axes (each thread of a block takes one position of both; the partials combine over both) for
+  a plain sum and for a row kernel whose later pass reads the first pass's result in every thread."""
+  padded = np.random.default_rng(2).standard_normal((6, 8, 13)).astype(np.float32)
+  x = padded[:, :, :12]   # rows of 13 read 12 at a time: the two reduce axes can't merge into one
+  t = Tensor(padded, device="LLVM").realize()[:, :, :12]
+  out = (t - t.max(axis=(1, 2), keepdim=True)).exp().sum(axis=(1, 2)) if row_kernel else t.sum(axis=(1, 2))
+  want = np.exp(x - x.max(axis=(1, 2), keepdims=True)).sum(axis=(1, 2)) if row_kernel else x.sum(axis=(1, 2))
+  got, source = run_emulated(out, [Opt(OptOps.GROUP, 0, 4), Opt(OptOps.GROUP, 1, 0), Opt(OptOps.UNROLL, 2, 2)])
+  assert "threadIdx.y" in source
+  np.testing.assert_allclose(got, want, rtol=1e-5)

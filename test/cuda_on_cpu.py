@@ -66,6 +66,8 @@ static inline ushort2 make_ushort2(unsigned short x, unsigned short y) { return 
 static inline ushort4 make_ushort4(unsigned short x, unsigned short y, unsigned short z, unsigned short w) {
   return {x, y, z, w};
 }
+struct uchar4 { unsigned char x, y, z, w; };
+struct char4 { signed char x, y, z, w; };
 static inline uint2 make_uint2(unsigned int x, unsigned int y) { return {x, y}; }
 static inline uint4 make_uint4(unsigned int x, unsigned int y, unsigned int z, unsigned int w) { return {x, y, z, w}; }
 

@@ -23,6 +23,7 @@ from typing import Callable, Iterator
 import numpy as np
 from tgrad import Tensor, Variable, dtypes
 from tgrad.helpers import Context
+from tgrad.nn.quant import BLOCK_LAYOUTS, GGMLType, QuantizedTensor
 from tgrad.ops import Ops
 from tgrad.schedule import create_schedule
 from tgrad.codegen.kernel import Kernel, KernelOptError, Opt, OptOps
@@ -69,6 +70,14 @@ def data(*shape: int, dtype=np.float32, seed: int = 0) -> Tensor:
 def ints(high: int, *shape: int, seed: int = 0) -> Tensor:
   return Tensor(np.random.default_rng(seed).integers(0, high, shape).astype(np.int32), device=DEVICE)
 
+def packed_linear(ggml_type: GGMLType, rows: int, columns: int, dtype=np.float32) -> Tensor:
+  """x·Wᵀ over a weight kept in ggml blocks (random bytes: only the code matters here)."""
+  layout = BLOCK_LAYOUTS[ggml_type]
+  raw = np.random.default_rng(rows).integers(0, 256, rows * columns // layout.block_size * layout.block_bytes,
+                                             dtype=np.uint8)
+  weight = QuantizedTensor.from_bytes(raw, ggml_type, (rows, columns), DEVICE)
+  return weight.linear(data(1, columns, dtype=dtype))
+
 def programs() -> dict[str, Callable[[], Tensor]]:
   """Name → a function building the lazy output (built fresh per call: realized inputs only)."""
   rows = Variable("rows", 1, 64)
@@ -112,6 +121,9 @@ def programs() -> dict[str, Callable[[], Tensor]]:
     "bfloat16_math": lambda: (data(64, 64).cast(dtypes.bfloat16) * 1.25 + 2).exp2().sum(axis=1),
     "half_transcendentals": lambda: data(256, dtype=np.float16).sin().log2().sqrt(),
     "conv2d": lambda: data(1, 3, 16, 16).conv2d(data(8, 3, 3, 3, seed=1)),
+    "packed_q4_k": lambda: packed_linear(GGMLType.Q4_K, 24, 512),
+    "packed_q8_0_half": lambda: packed_linear(GGMLType.Q8_0, 24, 160, np.float16),
+    "packed_q6_k": lambda: packed_linear(GGMLType.Q6_K, 8, 512),
   }
 
 # explicit opt lists, tried on the last kernel of a program for a renderer family (illegal lists are recorded as such)

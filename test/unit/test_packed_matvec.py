@@ -2,16 +2,20 @@
 rule `_packed_matvec`, the CPU rule `_cpu_packed_matvec`).
 
 Without a GPU: the layout detection on the kernels of QuantizedTensor.linear for the ggml types of gemma-3-270m's
-GGUF; the opts the GPU heuristics choose (a group of threads per row over the blocks, the innermost block axis
-unrolled), rendered and compiled with NVRTC; the CPU rule (a whole block per loop iteration) run on LLVM against
-the dequantized weight, for every type tgrad dequantizes. With a GPU (marked `gpu`): the GPU kernels against x times
-the weight as the CPU dequantizes it, in float64, M = 1 and M = 3, float32 and float16.
+GGUF; the opts the GPU heuristics choose (threads over a row's blocks and over 32-bit words of each block, the rest of
+a block unrolled; all of them in BEAM's action space), rendered and compiled with NVRTC, their bytes read as whole
+words (vectors.byte_runs: aligned loads, funnel shifts where the block size leaves the alignment unknown), and run on
+the CPU through test/cuda_on_cpu.py against the dequantized weight; the CPU rule (a whole block per loop iteration) run
+on LLVM for every type tgrad dequantizes, and float16 inputs rounded once (products and sums in float32). With a GPU
+(marked `gpu`): the GPU kernels against x times the weight as the CPU dequantizes it, in float64, M = 1 and M = 3,
+float32 and float16.
 """
+import re
 import numpy as np
 import pytest
 from tgrad import Tensor
 from tgrad.codegen.heuristics import hand_coded_optimizations, packed_matvec_layout
-from tgrad.codegen.kernel import Kernel, OptOps
+from tgrad.codegen.kernel import Kernel, Opt, OptOps
 from tgrad.codegen.linearizer import linearize
 from tgrad.dtype import dtypes
 from tgrad.nn.quant import BLOCK_LAYOUTS, GGMLType, QuantizedTensor
@@ -19,7 +23,9 @@ from tgrad.ops import Ops
 from tgrad.runtime.cuda.nvrtc import compile_cuda, nvrtc_available
 from tgrad.runtime.cuda.renderer import CUDARenderer
 from tgrad.runtime.llvm.renderer import reorderable_accumulators, reorderable_summands
+from tgrad.runtime.cuda.vectors import BytePiece, byte_run_pieces
 from tgrad.schedule import create_schedule
+from cuda_on_cpu import CPU_ARCH, TENSOR_CORE_ARCH, cpu_available, run_on_cpu
 
 needs_nvrtc = pytest.mark.skipif(not nvrtc_available(), reason="libnvrtc not found (pip install nvidia-cuda-nvrtc)")
 ARCH = "sm_90"
@@ -113,3 +119,118 @@ def test_cpu_packed_matvec_matches_reference(ggml_type, rows, columns):
   reference = x.astype(np.float64) @ weight.dequantize().numpy().astype(np.float64).T
   np.testing.assert_allclose(weight.linear(Tensor(x, device="LLVM")).numpy(), reference, rtol=FLOAT32_RTOL,
                              atol=FLOAT32_RTOL * np.abs(reference).max())
+
+# ---- the GPU rule's threads, and the bytes read as words
+
+GEMMA_CASES = CASES[:4]
+
+@pytest.mark.parametrize("ggml_type,rows,columns", CASES, ids=str)
+def test_gpu_rule_spreads_a_row_over_blocks_and_words(ggml_type, rows, columns):
+  """Two GROUPs (the row's blocks, the 32-bit words of a block's quant run) give every row at least 32 threads where
+  the row has that many words; nothing but the blocks' GROUP remains a loop inside a block; BEAM can reach every opt."""
+  from tgrad.codegen.search import ACTIONS
+  kernel = Kernel(linear_ast(ggml_type, rows, columns), CUDARenderer())
+  hand_coded_optimizations(kernel)
+  assert kernel.group_for_reduces == 2, kernel.applied_opts
+  row_threads = kernel.full_shape[kernel.first_reduce] * kernel.full_shape[kernel.first_reduce + 1]
+  words_per_row = columns // BLOCK_LAYOUTS[ggml_type].block_size * BLOCK_LAYOUTS[ggml_type].block_bytes // 4
+  assert row_threads >= min(32, words_per_row // 8), (row_threads, kernel.applied_opts)
+  loops = range(kernel.first_reduce + kernel.group_for_reduces + 1, kernel.first_upcast)
+  assert all(kernel.full_shape[a] == 1 for a in loops), kernel.full_shape
+  assert all(opt in ACTIONS for opt in kernel.applied_opts), kernel.applied_opts
+
+def cuda_source(ggml_type, rows, columns, dtype=dtypes.float32, arch=ARCH) -> str:
+  kernel = Kernel(linear_ast(ggml_type, rows, columns, dtype=dtype), CUDARenderer(arch))
+  hand_coded_optimizations(kernel)
+  return kernel.renderer.render("packed_matvec", linearize(kernel))
+
+@pytest.mark.parametrize("ggml_type,rows,columns", GEMMA_CASES, ids=str)
+def test_packed_bytes_are_read_as_words(ggml_type, rows, columns):
+  """No byte of the weight is loaded alone: Q4_K's 144-byte blocks keep its runs 4-byte aligned (uchar4 and uint4
+  loads, no funnel shift); Q8_0 (34), Q5_0 (22) and Q6_K (210) leave them 2-byte aligned, read as aligned words joined
+  by a funnel shift."""
+  source = cuda_source(ggml_type, rows, columns)
+  weight_buffer = "data2"
+  assert not re.search(rf"{weight_buffer}\[", source), "a byte loaded alone"
+  funnels = len(re.findall(r">> shift\d+\)", source))
+  assert (funnels == 0) == (BLOCK_LAYOUTS[ggml_type].block_bytes % 4 == 0), funnels
+  assert re.search(r"const (unsigned int word|uchar4 vec)\d+ = ", source), "no 32-bit load of quants"
+  if ggml_type == GGMLType.Q4_K: assert "const uint4 word" in source   # d, dmin and the 12 scale bytes in one load
+
+def test_byte_run_pieces():
+  assert byte_run_pieces(32, 16) == [BytePiece(0, 16), BytePiece(16, 16)]
+  assert byte_run_pieces(12, 4) == [BytePiece(0, 4), BytePiece(4, 4), BytePiece(8, 4)]
+  assert byte_run_pieces(6, 16) == [BytePiece(0, 4), BytePiece(4, 2)]   # never past the run: no 8-byte load
+  assert byte_run_pieces(2, 2) == [BytePiece(0, 2)]
+  assert byte_run_pieces(7, 2) == [BytePiece(0, 4, True), BytePiece(4, 2), BytePiece(6, 1)]
+  assert byte_run_pieces(8, 1) == [BytePiece(0, 4, True), BytePiece(4, 4, True)]
+  assert byte_run_pieces(3, 1) == [BytePiece(0, 1), BytePiece(1, 1), BytePiece(2, 1)]
+
+needs_gxx = pytest.mark.skipif(not cpu_available(), reason="g++ not found")
+
+def run_emulated(out: Tensor, opts=None, arch: str = CPU_ARCH) -> tuple[np.ndarray, str]:
+  """The one kernel of `out` rendered for CUDA (heuristics, or `opts`) and run on the CPU (test/cuda_on_cpu.py)."""
+  (item,) = [i for i in create_schedule([out.lazydata]) if i.ast.op is Ops.SINK]
+  kernel = Kernel(item.ast, CUDARenderer(arch))
+  if opts is None: hand_coded_optimizations(kernel)
+  else:
+    for opt in opts: kernel.apply_opt(opt)
+  source = kernel.renderer.render("kernel", linearize(kernel))
+  global_size, local_size = kernel.launch_dims()
+  result = np.full(item.bufs[0].size, np.nan, item.bufs[0].dtype.np)
+  run_on_cpu(source, "kernel", global_size, local_size, [result] + [b.copyout() for b in item.inputs],
+             [item.var_vals[name] for name in sorted(item.var_vals)])   # scalar parameters (exp's log2 e), by name
+  return result, source
+
+@needs_gxx
+@pytest.mark.parametrize("ggml_type,rows,columns,m,dtype", [
+  (GGMLType.Q8_0, 12, 640, 1, dtypes.float16), (GGMLType.Q5_0, 8, 640, 1, dtypes.float32),
+  (GGMLType.Q4_K, 6, 1024, 1, dtypes.float16), (GGMLType.Q6_K, 4, 2048, 1, dtypes.float32),
+  (GGMLType.Q8_0, 37, 96, 3, dtypes.float32), (GGMLType.Q4_K, 3, 512, 1, dtypes.float32)], ids=str)
+def test_gpu_rule_values_on_emulated_cuda(ggml_type, rows, columns, m, dtype):
+  """The GPU kernels (two GROUPs, word loads and funnel shifts) against x·Wᵀ in float64, run on the CPU."""
+  raw = random_weight(ggml_type, rows, columns, seed=rows + columns)
+  weight = QuantizedTensor.from_bytes(raw, ggml_type, (rows, columns), "LLVM").realize()
+  x = np.random.default_rng(m).standard_normal((m, columns)).astype(np.float32)
+  arch = CPU_ARCH if dtype == dtypes.float32 else TENSOR_CORE_ARCH   # half conversions are PTX, emulated from sm_80
+  got, _ = run_emulated(weight.linear(Tensor(x, device="LLVM").cast(dtype).realize()), arch=arch)
+  reference = x.astype(dtype.np).astype(np.float64) @ weight.dequantize().numpy().astype(np.float64).T
+  rtol = HALF_RTOL if dtype == dtypes.float16 else FLOAT32_RTOL
+  np.testing.assert_allclose(got.astype(np.float64).reshape(reference.shape), reference, rtol=rtol,
+                             atol=rtol * np.abs(reference).max())
+
+@needs_gxx
+def test_funnel_shifted_words_at_every_misalignment():
+  """Runs of 4 bytes at 5i + 1 (i = 0..11: every start mod 4) read through funnel shifts give the bytes themselves."""
+  data = np.random.default_rng(0).integers(0, 256, (12, 5), dtype=np.uint8)
+  weights = np.array([1, 3, 5, 7], np.float32)   # a different weight per byte: a byte out of place changes the sum
+  values = Tensor(data, device="LLVM").realize()[:, 1:5].cast(dtypes.float32) * Tensor(weights, device="LLVM").realize()
+  got, source = run_emulated(values.sum(axis=1), [Opt(OptOps.UNROLL, 0, 0)])
+  assert len(re.findall(r">> shift\d+\)", source)) == 1 and not re.search(r"data1\[", source)
+  np.testing.assert_array_equal(got, data[:, 1:5].astype(np.float32) @ weights)
+
+def test_half_inputs_are_rounded_once_on_llvm():
+  """x in float16: each product and the sum are float32 (the dequantized values are), and only the result rounds to
+  half, so every output is within half a float16 spacing (plus float32's sum error) of x·Wᵀ in float64."""
+  rows, columns = 16, 2048
+  raw = random_weight(GGMLType.Q8_0, rows, columns, seed=7)
+  weight = QuantizedTensor.from_bytes(raw, GGMLType.Q8_0, (rows, columns), "LLVM").realize()
+  x = np.random.default_rng(3).standard_normal((1, columns)).astype(np.float16)
+  got = weight.linear(Tensor(x, device="LLVM")).numpy().astype(np.float64)
+  reference = x.astype(np.float64) @ weight.dequantize().numpy().astype(np.float64).T
+  half_spacing = np.abs(reference) * 2.0 ** -11
+  assert np.all(np.abs(got - reference) <= half_spacing * 1.01 + 1e-5 * np.abs(reference).max())
+
+@needs_gxx
+@pytest.mark.parametrize("row_kernel", [False, True], ids=["sum", "row_kernel"])
+def test_two_group_axes_on_emulated_cuda(row_kernel):
+  """GROUP on two reduce axes (each thread of a block takes one position of both; the partials combine over both) for
+  a plain sum and for a row kernel whose later pass reads the first pass's result in every thread."""
+  padded = np.random.default_rng(2).standard_normal((6, 8, 13)).astype(np.float32)
+  x = padded[:, :, :12]   # rows of 13 read 12 at a time: the two reduce axes can't merge into one
+  t = Tensor(padded, device="LLVM").realize()[:, :, :12]
+  out = (t - t.max(axis=(1, 2), keepdim=True)).exp().sum(axis=(1, 2)) if row_kernel else t.sum(axis=(1, 2))
+  want = np.exp(x - x.max(axis=(1, 2), keepdims=True)).sum(axis=(1, 2)) if row_kernel else x.sum(axis=(1, 2))
+  got, source = run_emulated(out, [Opt(OptOps.GROUP, 0, 4), Opt(OptOps.GROUP, 1, 0), Opt(OptOps.UNROLL, 2, 2)])
+  assert "threadIdx.y" in source
+  np.testing.assert_allclose(got, want, rtol=1e-5)

@@ -7,7 +7,7 @@ BEAM winner in the cache (search.py), so a winner found and verified under older
 # Bump when a change here alters the code that some AST and Opt list produce, or what an Opt means: axes.py and opts.py,
 # the linearizer, a renderer, the heuristics that seed the search, or how search verifies. Changes that only
 # rename or restructure without changing generated code need no bump.
-CODEGEN_VERSION = 12   # 2: gathers (data-dependent loads); int casts as narrow CUDA index math. 3: row kernels.
+CODEGEN_VERSION = 13   # 2: gathers (data-dependent loads); int casts as narrow CUDA index math. 3: row kernels.
 # 4: guarded GROUPs of symbolic reduces that padding would change (padding guards), split views indexed without division
 # 5: guarded UPCAST and PADTO of symbolic global axes (stride-0 loads stretched, not masked), tensor cores with padded
 # symbolic rows/columns
@@ -21,3 +21,5 @@ CODEGEN_VERSION = 12   # 2: gathers (data-dependent loads); int casts as narrow 
 # 11: OptOps.WGMMA: on sm_90a a big half/bfloat16 matmul without an epilogue is one warpgroup-MMA kernel (heuristics)
 # 12: exp2's range reduction rounds with a float magic constant (no float → int conversion: vectorizes on AVX2); a CPU
 # softmax's sum pass stores its exponentials for the store pass (value_graph.PassStore)
+# 13: CUDA reads runs of bytes of a read-only buffer as whole words (funnel shifts where the alignment is unknown); two
+# GROUP axes; packed matrix–vector products spread each row over its blocks and 32-bit words

@@ -580,13 +580,19 @@ def _row_matvec(kernel: Kernel) -> bool:
 # A matrix–vector product over a block-quantized weight (QuantizedTensor.linear, gemma3's fused decode kernels: one to
 # three sums over the same axes, e.g. a norm's sum of squares beside the product): the sum runs over the weight's
 # blocks and the axes inside a block, and the weight is bytes (the largest byte load) that vary along the rows and the
-# blocks. A group of threads shares each row, each thread taking whole blocks (GROUP on the blocks axis), the innermost
-# axis of a block unrolled (a thread reads a run of neighbouring bytes, its scale once for the run), and rows per block
-# of threads up to PACKED_MATVEC_BLOCK_THREADS. Without it the generic rules give each thread four whole rows: the
-# 2048-row projections ran as 512 threads in 2 blocks.
-PACKED_MATVEC_GROUP = 32            # threads sharing a row: at most a warp, so the combine stays in one warp's reach
-PACKED_MATVEC_MAX_UNROLL = 32       # the innermost block axis is unrolled whole up to this many values
-PACKED_MATVEC_BLOCK_THREADS = 128   # threads per block of threads (rows × group)
+# blocks. Decode's projections are small (0.2-1.3 MB packed): less than the bytes a GPU must have in flight to reach
+# its bandwidth (3 TB/s × ~0.6 µs of DRAM latency ≈ 2 MB), so the rule spreads every row over as many threads as it
+# can, each issuing all its loads at once. The innermost block axis (the run of quant bytes, contiguous) is cut in
+# PACKED_WORD_BYTES pieces: each thread reads one 32-bit word of it (the renderer loads it whole, vectors.py, with a
+# funnel shift where the block size leaves its alignment unknown) and those words are spread over threads (GROUP), as
+# are a row's blocks (a second GROUP), up to PACKED_MATVEC_ROW_THREADS per row; every other axis inside a block is
+# unrolled, so a thread's loads of a block (its word of every sub-block, the scales once) are independent and in
+# flight together. Rows per block of threads up to PACKED_MATVEC_BLOCK_THREADS. Before: a group over the blocks only
+# (4-20 threads per row, 8-80 per block of threads), each thread walking a whole block a byte at a time: 16-81 GB/s on
+# an H100 for gemma-3-270m's projections.
+PACKED_WORD_BYTES = 4               # bytes of the quant run a thread reads per step: one 32-bit load
+PACKED_MATVEC_ROW_THREADS = 128     # threads sharing a row (MATVEC_MAX_ROW_THREADS's bound on the combine)
+PACKED_MATVEC_BLOCK_THREADS = 128   # threads per block of threads (rows × row threads)
 
 def packed_matvec_layout(kernel: Kernel) -> Optional[MatvecLayout]:
   """A packed matrix–vector product (see above): sums (ADD) over two or more reduce axes, the largest byte load varying
@@ -596,9 +602,8 @@ def packed_matvec_layout(kernel: Kernel) -> Optional[MatvecLayout]:
   reduce_axes = [a for a in range(kernel.shape_len) if kernel.is_reduce_axis(a)]
   if len(reduce_axes) < 2 or not all(isinstance(kernel.full_shape[a], int) for a in range(kernel.shape_len)):
     return None
-  packed = [i for i, u in enumerate(kernel.memops) if u.op is Ops.LOAD and u.dtype.itemsize == 1]
-  if not packed: return None
-  strides = kernel.sts[max(packed, key=lambda i: kernel.sts[i].buffer_extent())].real_strides()
+  if not any(u.op is Ops.LOAD and u.dtype.itemsize == 1 for u in kernel.memops): return None
+  strides = _packed_strides(kernel)
   if strides[reduce_axes[0]] in (0, None) or (axes := _weight_output_axes(kernel, strides)) is None: return None
   m_axes, n_axes = axes
   return MatvecLayout(n_axes[-1], reduce_axes[0], m_axes, False)
@@ -606,13 +611,39 @@ def packed_matvec_layout(kernel: Kernel) -> Optional[MatvecLayout]:
 def _packed_matvec(kernel: Kernel) -> bool:
   if (layout := packed_matvec_layout(kernel)) is None: return False
   for axis in layout.m_axes: try_opt(kernel, Opt(OptOps.UPCAST, axis, 0))
-  inner = kernel.first_upcast - 1   # the innermost axis before the upcast ones: a reduce axis of the block
-  if kernel.is_reduce_axis(inner) and kernel.full_shape[inner] <= PACKED_MATVEC_MAX_UNROLL:
-    try_opt(kernel, Opt(OptOps.UNROLL, inner - kernel.first_reduce, 0))
-  group = _divisor_at_most(kernel.full_shape[kernel.first_reduce], PACKED_MATVEC_GROUP)
-  if group > 1: try_opt(kernel, Opt(OptOps.GROUP, 0, group))
-  _rows_per_block(kernel, layout.n_axis, max(1, PACKED_MATVEC_BLOCK_THREADS // group))
+  blocks_axis, inner = kernel.first_reduce, kernel.first_upcast - 1   # inner: the innermost axis of a block
+  byte_threads = 1
+  if inner > blocks_axis and kernel.is_reduce_axis(inner) and _bytes_contiguous(kernel, inner) and \
+     kernel.full_shape[inner] % PACKED_WORD_BYTES == 0 and \
+     try_opt(kernel, Opt(OptOps.UNROLL, inner - blocks_axis, PACKED_WORD_BYTES)):
+    byte_threads = kernel.full_shape[inner]
+  blocks = kernel.full_shape[blocks_axis]
+  block_threads = _divisor_at_most(blocks, max(1, PACKED_MATVEC_ROW_THREADS // byte_threads))
+  # (a whole axis is amount 0, as BEAM's actions name it)
+  if block_threads > 1: try_opt(kernel, Opt(OptOps.GROUP, 0, 0 if block_threads == blocks else block_threads))
+  # the word threads: the rest of the innermost block axis, now the last loop axis (after the blocks' GROUP, if any)
+  if byte_threads > 1: try_opt(kernel, Opt(OptOps.GROUP, inner - blocks_axis, 0))
+  # every loop inside a block unrolled, innermost first (the loop axes before it keep their numbers)
+  loops = range(kernel.first_reduce + kernel.group_for_reduces + 1, kernel.first_upcast)
+  for axis in reversed(loops): try_opt(kernel, Opt(OptOps.UNROLL, axis - kernel.first_reduce, 0))
+  row_threads = prod(kernel.full_shape[a] for a in range(kernel.first_reduce,
+                                                         kernel.first_reduce + kernel.group_for_reduces))
+  _rows_per_block(kernel, layout.n_axis, max(1, PACKED_MATVEC_BLOCK_THREADS // row_threads))
   return True
+
+def _packed_loads(kernel: Kernel) -> list[int]:
+  """Positions (in kernel.memops) of the byte loads of the packed weight: the buffer of the largest byte load."""
+  packed = [i for i, u in enumerate(kernel.memops) if u.op is Ops.LOAD and u.dtype.itemsize == 1]
+  weight = kernel.memops[max(packed, key=lambda i: kernel.sts[i].buffer_extent())].src[0]
+  return [i for i in packed if kernel.memops[i].src[0] is weight]
+
+def _packed_strides(kernel: Kernel) -> tuple:
+  """The strides of the packed weight's largest load (every load of it has the same strides on rows and blocks)."""
+  return kernel.sts[max(_packed_loads(kernel), key=lambda i: kernel.sts[i].buffer_extent())].real_strides()
+
+def _bytes_contiguous(kernel: Kernel, axis: int) -> bool:
+  """Whether some load of the packed weight reads consecutive bytes along `axis` (the quants of a block)."""
+  return any(kernel.sts[i].real_strides()[axis] == 1 for i in _packed_loads(kernel))
 
 def _warpgroup_matmul(kernel: Kernel) -> bool:
   """A big half/bfloat16 matmul with no epilogue on sm_90a (warpgroup_mma.py says which qualify and which are big

@@ -22,6 +22,9 @@ from tgrad.helpers import prod, round_up
 
 MAX_UPCAST = 512   # largest product of upcast/unroll amounts (an 8×8 register tile × K unrolled by 8): more unrolled
                    # code only bloats compile time
+# Reduce axes a GROUP may spread over a block's threads: two let a packed matrix–vector product split both a row's
+# blocks and each block's bytes across threads (group_combine walks every group axis's partials).
+MAX_GROUP_AXES = 2
 MAX_PADDING_FRACTION = 1   # PADTO adds fewer positions than the axis has: padding never more than doubles its work
 
 def apply_opt(state: AxisState, opt: Opt) -> AxisState:
@@ -101,7 +104,7 @@ def group(state: AxisState, opt: Opt) -> AxisState:
   state, axis, amount = _split_target(state, opt)
   _check(caps.has_shared and not state.dont_use_locals, f"{opt}: target has no shared memory")
   _check(len(state.reduceops) >= 1 and state.first_reduce <= axis < state.first_upcast, f"{opt}: needs a reduce axis")
-  _check(state.group_for_reduces == 0, f"{opt}: only one GROUP")
+  _check(state.group_for_reduces < MAX_GROUP_AXES, f"{opt}: at most {MAX_GROUP_AXES} GROUP axes")
   _check(state.tensor_core is None, f"{opt}: a tensor core's accumulators can't be shared (GROUP after TC)")
   return state.shift_to(axis, amount, top=opt.op is OptOps.GROUPTOP,
                         insert_before=state.first_reduce + state.group_for_reduces,

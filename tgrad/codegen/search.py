@@ -34,8 +34,12 @@ from tgrad.shape.sint import evaluate, vmax_of
 ACTION_AXES = 6          # axes 0..5: merged kernels rarely have more loop axes than that before upcasting
 UPCAST_AMOUNTS = (0, 2, 3, 4, 5, 7, 8, 16, 32)   # 0 = the whole axis; small primes fit odd sizes, 16 = AVX-512 floats
 LOCAL_AMOUNTS = (2, 3, 4, 8, 13, 16, 29, 32)      # GPU threads per axis; 13 and 29 fit odd sizes
-GROUP_AMOUNTS = (0, 4, 8, 16, 20, 32, 40, 64, 80, 128, 256)   # threads that share a reduce through shared memory;
-                                                            # 20, 40, 80 split K = 640 in 16-byte vectors (matvec)
+GROUP_AMOUNTS = (0, 2, 4, 8, 10, 16, 20, 32, 40, 64, 80, 128, 256)   # threads that share a reduce through shared
+                                     # memory; 20, 40, 80 split K = 640 in 16-byte vectors (matvec); 2 and 10 split a
+                                     # packed block's words (Q5_0: 2 per half) and 20 blocks of a row in halves
+# UNROLL and GROUP name reduce axes: a packed matvec has up to 6 inside and after its GROUPs (Q6_K: blocks and 5 block
+# axes, one more per GROUP), so they reach further than the output axes' ACTION_AXES
+ACTION_REDUCE_AXES = 8
 THREAD_AMOUNTS = (2, 3, 4, 5, 6, 7, 8, 12, 16, 24, 32, 48, 64)   # CPU cores; above the core count they are skipped
 PADTO_AMOUNTS = (2, 4, 8, 16, 32)                 # pad odd sizes up to vector/tile multiples
 TC_AXIS_CHOICES = 2       # OptOps.TC's axis: which (rows, columns) pair of output axes; a matmul has one or two
@@ -43,9 +47,10 @@ TC_AXIS_CHOICES = 2       # OptOps.TC's axis: which (rows, columns) pair of outp
 SMEM_PADDINGS = (0, 4, 8)  # elements after each shared tile row: 16 bytes of floats or halves shift rows to other banks
 ACTIONS: list[Opt] = [
   *[Opt(OptOps.UPCAST, axis, amount) for axis in range(ACTION_AXES) for amount in UPCAST_AMOUNTS],
-  *[Opt(OptOps.UNROLL, axis, amount) for axis in range(4) for amount in UPCAST_AMOUNTS],
+  *[Opt(OptOps.UNROLL, axis, amount) for axis in range(ACTION_REDUCE_AXES) for amount in UPCAST_AMOUNTS],
   *[Opt(OptOps.LOCAL, axis, amount) for axis in range(ACTION_AXES) for amount in LOCAL_AMOUNTS],
-  *[Opt(op, axis, amount) for op in (OptOps.GROUP, OptOps.GROUPTOP) for axis in range(3) for amount in GROUP_AMOUNTS],
+  *[Opt(op, axis, amount) for op in (OptOps.GROUP, OptOps.GROUPTOP) for axis in range(ACTION_REDUCE_AXES)
+    for amount in GROUP_AMOUNTS],
   *[Opt(OptOps.THREAD, axis, amount) for axis in range(3) for amount in THREAD_AMOUNTS],
   *[Opt(OptOps.PADTO, axis, amount) for axis in range(ACTION_AXES) for amount in PADTO_AMOUNTS],
   *[Opt(OptOps.SWAP, axis, other) for axis in range(ACTION_AXES) for other in range(axis + 1, ACTION_AXES)],

@@ -343,9 +343,12 @@ class QuantizedTensor:
       raise QuantError(f"linear: input of shape {x.shape} for a quantized weight of shape {self.shape}")
     weight = dequantized_values(self.packed, self.ggml_type, self.shape)
     dtype = x.dtype if x.dtype.is_float else dtypes.float32
+    # products and sums in float32 at least: the dequantized values are float32, and a half product would round each
+    # term (and cost two conversions per product on a GPU); only the result is rounded to x's dtype
+    compute = dtypes.float32 if dtype.itemsize < dtypes.float32.itemsize else dtype
     input_axes = weight.shape[1:]
-    rows = x.cast(dtype).reshape(*x.shape[:-1], 1, *input_axes)
-    out = (rows * weight.cast(dtype)).sum(axis=tuple(range(-len(input_axes), 0)))
+    rows = x.cast(compute).reshape(*x.shape[:-1], 1, *input_axes)
+    out = (rows * weight.cast(compute)).sum(axis=tuple(range(-len(input_axes), 0))).cast(dtype)
     return out if bias is None else out + bias
 
   def to(self, device: str) -> QuantizedTensor:

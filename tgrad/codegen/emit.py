@@ -68,17 +68,30 @@ class ProgramEmitter:
     self.place(rng)
     self.open_ranges.add(rng)
 
-  def hoist_invariants(self, value: UOp) -> None:
+  def emit_loop_nest(self, loops: tuple[UOp, ...], stores: list[UOp]) -> None:
+    """`stores` inside loops of their own (a CPU kernel's scratch values, scratch.py), placed here."""
+    for rng in loops: self.open_loop(rng)
+    self.scopes.append([])
+    for store in stores: self.emit(store)
+    for rng in reversed(loops): self.program.append(UOp(Ops.ENDRANGE, dtypes.void, (rng,)))
+    self.open_ranges.difference_update(loops)
+    for u in self.scopes.pop(): self.emitted.discard(u)
+
+  def hoist_invariants(self, value: UOp, stores_too: bool = True) -> None:
     """Emit, before a loop, what its body reads but does not vary with it: index math and loads of outer axes,
-    and a GROUP's partial, shared-memory store and barrier, which must run once and not once per iteration."""
+    and a GROUP's partial, shared-memory store and barrier, which must run once and not once per iteration
+    (`stores_too`: before a CPU kernel's global loops, values only)."""
     for u in value.toposort():
-      if u not in self.emitted and u.op is not Ops.CONST and self.free[u] <= self.open_ranges: self.emit(u)
+      if u not in self.emitted and u.op is not Ops.CONST and self.free[u] <= self.open_ranges and \
+         (stores_too or u.op is not Ops.STORE): self.emit(u)
 
   def emit_reduce_group(self, first: UOp) -> None:
     """`first` and every other REDUCE over the same ranges: one loop, its invariants hoisted above it, an accumulator
     each, the staged tiles' next copy around the body where the loop is the staged one."""
     ranges = first.src[1:]
-    group = [r for r in self.reduces if r.src[1:] == ranges and r not in self.emitted]
+    # (a reduce hoisted above a CPU kernel's global loops leaves behind the ones that vary along them)
+    group = [r for r in self.reduces if r.src[1:] == ranges and r not in self.emitted and
+             (r is first or self.free[r] <= self.open_ranges)]
     for r in ranges: self.emit(r.src[0]); self.emit(r.src[1])  # noqa: E702
     for r in group: self.hoist_invariants(r.src[0])
     accs, partners = self.define_accumulators(group)
@@ -191,17 +204,25 @@ def _parameters(kernel: Kernel, graph: ValueGraph, nodes: list[UOp]) -> list[UOp
   return buffers + kernel.parameters + sorted(specials, key=lambda u: u.arg[0])
 
 def emit_program(kernel: Kernel, graph: ValueGraph, stores: Optional[list[UOp]] = None,
-                 pass_stores: Optional[list[UOp]] = None) -> list[UOp]:
+                 pass_stores: Optional[list[UOp]] = None, precompute: Optional[tuple] = None) -> list[UOp]:
   """The linear program of a value graph: `stores` (default graph.stores; the decomposed ones where a renderer wants
   them) inside the global loops and a row kernel's store loops, `pass_stores` (default graph.pass_stores, decomposed
   likewise) in their row pass's loop. A Kahan sum's compensation and a LOGADDEXP's state take the next accumulator
-  numbers after the graph's."""
+  numbers after the graph's. On a CPU (global loops, no thread blocks) what varies along no loop comes first (a norm's
+  sum of squares that a matvec's rows read), then the scratch values' loop nests (`precompute`, default
+  graph.precompute: scratch.py), then the global loops."""
   stores = list(graph.stores) if stores is None else stores
   pass_stores = list(graph.pass_stores) if pass_stores is None else pass_stores
-  emitter = ProgramEmitter(graph, stores, itertools.count(graph.accumulators + 1),
+  precompute = graph.precompute if precompute is None else precompute
+  scratch_stores = [store for _, nest in precompute for store in nest]
+  emitter = ProgramEmitter(graph, stores + scratch_stores, itertools.count(graph.accumulators + 1),
                            kernel.renderer.decompose_transcendentals, tuple(pass_stores))
   for u in _parameters(kernel, graph, emitter.nodes): emitter.place(u)
   outer_loops = [i for i in graph.indices[:kernel.global_dims] if i is not None and i.op is Ops.RANGE]
+  if outer_loops and not kernel.renderer.has_local:   # the scratch's inputs, the scratch, then what may read it
+    for store in scratch_stores: emitter.hoist_invariants(store, stores_too=False)
+    for loops, nest in precompute: emitter.emit_loop_nest(loops, list(nest))
+    for store in stores: emitter.hoist_invariants(store, stores_too=False)
   for rng in outer_loops: emitter.open_loop(rng)
   # a row kernel: every pass's reduces (and whatever else doesn't vary along the row) first, then the store pass's
   # loops around the stores

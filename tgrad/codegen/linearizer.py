@@ -11,8 +11,9 @@ a function of plain values that a test can call alone, in this order:
         A tensor-core reduce by tensor_cores.py: lane fragments, one WMMA per K step, a GEP per output replica;
      d. build_stores: the output's upcast axes expanded into replicas (unrolled), a row kernel's store loops.
   2. decompose: exp2/log2/sin as polynomials where the renderer asks for it (transcendental.py).
-  3. emit_program (emit.py): ValueGraph → the program: parameters, thread ids, loops, and each REDUCE as an
-     accumulator, its loop (hoisting what doesn't vary), updates and ENDRANGE, then the stores.
+  3. emit_program (emit.py): ValueGraph → the program: parameters, thread ids, (on a CPU: what varies along no loop,
+     and the scratch values' loops, scratch.py), loops, and each REDUCE as an accumulator, its loop (hoisting what
+     doesn't vary), updates and ENDRANGE, then the stores.
 
   DEFINE_GLOBAL 0, DEFINE_GLOBAL 1, RANGE r0 (0..N), DEFINE_ACC a0, RANGE r1 (0..K), LOAD, ADD, ASSIGN a0,
   ENDRANGE r1, REDUCE (reads a0), STORE, ENDRANGE r0
@@ -31,7 +32,13 @@ def decompose(stores: list[UOp], renderer: Renderer) -> list[UOp]:
   return transcendental.decompose(stores, renderer.decompose_transcendentals)
 
 def linearize(kernel: Kernel) -> list[UOp]:
-  """The kernel's linear program (passes 1-3 above)."""
+  """The kernel's linear program (passes 1-3 above). A CPU kernel's scratch values (scratch.py) are decomposed with
+  its stores."""
   graph = build_value_graph(kernel)
-  decomposed = decompose(list(graph.stores) + list(graph.pass_stores), kernel.renderer)
-  return emit_program(kernel, graph, decomposed[:len(graph.stores)], decomposed[len(graph.stores):])
+  scratch_stores = [store for _, stores in graph.precompute for store in stores]
+  decomposed = decompose(list(graph.stores) + list(graph.pass_stores) + scratch_stores, kernel.renderer)
+  n_stores, n_pass = len(graph.stores), len(graph.pass_stores)
+  stores, pass_stores = decomposed[:n_stores], decomposed[n_stores:n_stores + n_pass]
+  scratch = iter(decomposed[n_stores + n_pass:])
+  precompute = tuple((loops, tuple(next(scratch) for _ in nest)) for loops, nest in graph.precompute)
+  return emit_program(kernel, graph, stores, pass_stores, precompute)

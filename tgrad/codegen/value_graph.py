@@ -12,6 +12,8 @@ index math, LOADs, ALU ops and REDUCE nodes that the emitter (emit.py) orders in
      passes, blocking, invariant folding, the GROUP combine) or tensor-core fragments (tensor_cores.py);
   4. `build_stores`: expand the output's upcast axes into replicas (one STORE each; a row kernel also walks its rows in
      the store pass's loops), gated to the combining thread of a GROUP.
+On a CPU, subexpressions of a reduce's source that vary only along its axes are built once more at loops of their own
+into scratch arrays (scratch.py: the `precompute`) and read back from them in step 3.
 
 The result is a ValueGraph: the stores plus what the emitter needs to place them (loops that only the gated thread
 runs, the row store's loops, the staged tiles' next-step copy).
@@ -26,6 +28,7 @@ from tgrad.codegen.axes import fold_dims
 from tgrad.codegen.kernel import Kernel
 from tgrad.codegen.opts import reduce_ignores_padding
 from tgrad.codegen.staging import StagedTiles
+from tgrad.codegen.scratch import ScratchValues, varying_axes
 from tgrad.codegen.tensor_cores import TensorCoreFragments
 from tgrad.codegen.reduces import (PASS_LOOP_ARG, accumulation_split, block_ranges, chain_op, chain_terms,
                                    compensable, fold_invariant_reduce, group_combine, group_axes, group_gate,
@@ -186,8 +189,12 @@ class ValueBuilder:
   addressing, its staged tiles (or None) and its counter of accumulator and array numbers. Collects the GROUP loops
   that only the combining thread runs (`gated_loops`)."""
   def __init__(self, kernel: Kernel, indices: list[Optional[UOp]], addressing: Addressing,
-               tiles: Optional[StagedTiles], ids: Iterator[int]):
+               tiles: Optional[StagedTiles], ids: Iterator[int], scratch: Optional[ScratchValues] = None):
     self.kernel, self.indices, self.addressing, self.tiles, self.ids = kernel, indices, addressing, tiles, ids
+    self.scratch = scratch
+    # on a CPU a reduce is keyed by the axes it varies along only: one loop for every output replica and output
+    # loop position it doesn't vary with (a norm's sum of squares under an upcast matvec's rows)
+    self.varies = None if kernel.renderer.has_local else varying_axes(kernel)
     self.levels = kernel.reduce_levels    # each reduce's row pass (see reduces.PASS_LOOP_ARG)
     self.tensor_cores = TensorCoreFragments(kernel, indices, tiles, self.build, ids) if kernel.tensor_core else None
     self.memo: dict[tuple, UOp] = {}
@@ -205,7 +212,8 @@ class ValueBuilder:
       u, sources_built = stack.pop()
       key = (u, idxs)
       if key in self.memo: continue
-      if u.op in BUILT_WHOLE: self.memo[key] = self.build_leaf(u, idxs)
+      if self.scratch is not None and (read := self.scratch.read(u, idxs)) is not None: self.memo[key] = read
+      elif u.op in BUILT_WHOLE: self.memo[key] = self.build_leaf(u, idxs)
       elif not sources_built:
         stack.append((u, True))
         stack.extend((s, False) for s in reversed(u.src))
@@ -231,8 +239,8 @@ class ValueBuilder:
     # a reduce's result doesn't vary along its own axes: one per position of the others, wherever it is read (a row
     # kernel reads it at every position of the row, and inside later reduces' loops); an axis of size 1 (a loop left
     # by a split) has only index 0, whichever pass's loop stands for it
-    canonical = tuple(to_uop(0) if self.kernel.is_reduce_axis(a) or self.kernel.full_shape[a] == 1 else x
-                      for a, x in enumerate(idxs))
+    canonical = tuple(to_uop(0) if self.kernel.is_reduce_axis(a) or self.kernel.full_shape[a] == 1 or
+                      (self.varies is not None and a not in self.varies[node]) else x for a, x in enumerate(idxs))
     if (node, canonical) not in self.reduces: self.reduces[(node, canonical)] = self.build_reduce(node, canonical)
     return self.reduces[(node, canonical)]
 
@@ -339,6 +347,8 @@ class ValueGraph:
   early_stores: frozenset[UOp]
   accumulators: int   # accumulator and shared-array numbers taken (DEFINE_ACC args, tile/temp names)
   pass_stores: tuple[UOp, ...] = ()   # STOREs inside a row pass's loop (PassStore), emitted with that loop's body
+  # CPU scratch values (scratch.py): per loop nest (its RANGEs, the STOREs into scratch), placed before the output loops
+  precompute: tuple[tuple[tuple[UOp, ...], tuple[UOp, ...]], ...] = ()
 
 def stores_rows(kernel: Kernel, store: UOp) -> bool:
   """Whether a STORE of a row kernel spans the reduce axes (it stores whole rows); a kernel with several outputs
@@ -379,7 +389,9 @@ def build_value_graph(kernel: Kernel) -> ValueGraph:
   indices = axis_indices(kernel)
   addressing = Addressing(kernel)
   tiles = StagedTiles(kernel, indices, addressing, ids) if kernel.staged else None
-  builder = ValueBuilder(kernel, indices, addressing, tiles, ids)
+  scratch = ScratchValues.of(kernel, indices, ids)
+  builder = ValueBuilder(kernel, indices, addressing, tiles, ids, scratch)
+  precompute = scratch.precompute(builder.build) if scratch is not None else ()
   stores = build_stores(builder)
   assert builder.pass_store is None or builder.pass_stores, "the store pass reads values no pass stored"
   level = store_pass(kernel)
@@ -388,4 +400,4 @@ def build_value_graph(kernel: Kernel) -> ValueGraph:
   early_stores = frozenset(tiles.early_stores) if tiles is not None else frozenset()
   return ValueGraph(tuple(stores), tuple(indices), frozenset(builder.gated_loops), group_gate(kernel, indices),
                     row_loops, next_copy, early_stores, accumulators=next(ids) - 1,
-                    pass_stores=tuple(builder.pass_stores))
+                    pass_stores=tuple(builder.pass_stores), precompute=precompute)

@@ -3,7 +3,8 @@
 The function is `void name(ptr noalias %buf0, ..., i64 %var0, ..., i32 %core)` (one i64 per DEFINE_VAR, sorted
 by name: a symbolic size's value at launch, or a scalar parameter's bits, reinterpreted in the entry block as its
 float32/float64: tgrad/scalars.py): RANGE/ENDRANGE become counted loops with phis,
-DEFINE_ACC an entry-block alloca (promoted to registers by the optimizer), SPECIAL "core" the thread index the
+DEFINE_ACC an entry-block alloca (promoted to registers by the optimizer), DEFINE_LOCAL (a thread's scratch array)
+an entry-block array alloca, SPECIAL "core" the thread index the
 runtime passes. Index math (dtypes.index) is i64, the pointer width, used by loads and stores with no sign extension
 (LLVM 22's loop vectorizer miscompiled i32 index math under a sext: a load at t*16 + j%16 was vectorized as t*16 + j),
 and exact for any buffer the host can hold. bool lives as i1 in registers and i8 in memory; bfloat16 lives as i16 in
@@ -27,6 +28,7 @@ REDUCE_FAST_MATH = ("reassoc",)
 # added to the accumulator, which starts at +0.0 and so is never -0.0: +0.0 + (-0.0) = +0.0, the sign never shows.
 SUMMAND_FAST_MATH = ("reassoc", "nsz")
 FUSE_MULTIPLY_ADD = ("contract",)   # a*b+c may become one fma: one rounding instead of two, twice the throughput
+SCRATCH_ALIGNMENT = 64   # bytes: a scratch array starts on a cache line (aligned vector loads)
 _INTRINSICS = {Ops.EXP2: "llvm.exp2", Ops.LOG2: "llvm.log2", Ops.SIN: "llvm.sin", Ops.SQRT: "llvm.sqrt",
                Ops.TRUNC: "llvm.trunc"}
 # TANH has no LLVM intrinsic here: it calls the C library's tanhf/tanh, which the in-process JIT resolves from the
@@ -188,6 +190,9 @@ class _FunctionBuilder:
   def emit(self, u: UOp) -> None:
     b = self.b
     if u.op is Ops.DEFINE_GLOBAL: self.values[u] = self.fn.args[u.arg]
+    elif u.op is Ops.DEFINE_LOCAL:   # a thread's scratch array (codegen/scratch.py), on its stack
+      self.values[u] = self.entry.alloca(memory_type(u.dtype), size=ir.Constant(_I64, u.arg[1]))
+      self.values[u].align = SCRATCH_ALIGNMENT
     elif u.op is Ops.DEFINE_VAR: self.values[u] = self.parameter(u)
     elif u.op is Ops.SPECIAL: self.values[u] = b.sext(self.fn.args[-1], _I64)
     elif u.op is Ops.CONST: self.values[u] = const(u.dtype, u.arg)

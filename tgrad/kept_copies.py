@@ -22,8 +22,8 @@ from tgrad.ops import UOp
 KEPT_COPIES_BYTES = 1 << 30   # the packed copies kept at once (a copy is as big as its weight)
 SIGHTINGS_KEPT = 1024         # sources whose first copy is remembered, waiting for a second
 
-_kept: dict[tuple, Buffer] = {}                              # (device, copy AST, ids of sources) → its copy, oldest first
-_sightings: dict[tuple, tuple[weakref.ref, ...]] = {}       # the same keys, copied once (through scratch)
+_kept: dict[tuple, Buffer] = {}                        # (device, copy AST, ids of sources) → its copy, oldest first
+_sightings: dict[tuple, tuple[weakref.ref, ...]] = {}  # the same keys, copied once (through scratch)
 _copied_at: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # kept copy → its sources' versions
 
 def kept_buffer(device: str, ast: UOp, sources: Sequence[Buffer], size: int, dtype: DType) -> Optional[Buffer]:

@@ -6,7 +6,10 @@ applies every legal action (ACTIONS) to every beam member, dedupes the children 
 spawned worker processes, times each on the device and keeps the `beam_width` fastest that verified. A candidate
 verifies when, run twice from the same random inputs with its outputs poisoned by two different byte patterns, it
 leaves the inputs alone, gives the same bytes both times (so it wrote every element) and matches the unoptimized
-kernel element by element (ints exactly, floats within a per-element tolerance). See docs/architecture.md (step 4).
+kernel element by element (ints exactly, floats within a per-element tolerance). The reference runs the unoptimized
+kernel itself, split over the CPU's cores when it is big, and once where no output element holds the first poison
+(every element was written). Candidates are deduplicated by their axes before rendering (`state_key`) and by source
+after. See docs/architecture.md (step 4).
 """
 from __future__ import annotations
 import atexit, contextlib, dataclasses, hashlib, json, multiprocessing, os, pickle, signal, sys, time
@@ -603,7 +606,8 @@ class _Search:
     element does (a NaN or -1 it may have computed)."""
     first = self.checked_run(reference, POISON_BYTES[0], check)
     def holds_poison(i: int) -> bool:   # some element all of whose bytes are the poison's
-      return bool((first[i].view(np.uint8).reshape(len(first[i]), -1) == POISON_BYTES[0]).all(axis=1).any())
+      values = first[i]
+      return bool((values.view(np.uint8).reshape(len(values), values.dtype.itemsize) == POISON_BYTES[0]).all(1).any())
     if not any(holds_poison(i) for i in self.outputs): return first, []
     return self.poisoned_runs(reference, check)
 

@@ -2,7 +2,9 @@
 the search time of each kernel. Run it twice: the second run finds every winner in the cache and searches nothing.
 
 Usage: python bench/search.py [--size 1024] [--beam 2] [--runs 10] [--ignore-cache] [--device LLVM|CUDA]
-The other kernels searched (for the median search time) are a row sum and an elementwise a*b+a of size×size.
+The other kernels searched (for the median search time) are a row sum and an elementwise a*b+a of size×size. Each
+search's CPU seconds are this process's (its kernel threads included, the compile workers not): on a shared machine
+the wall time also holds the other jobs' share of the cores (load average above the core count).
 """
 import argparse, statistics, time
 import numpy as np
@@ -57,9 +59,10 @@ def main() -> None:
   search_seconds, from_cache = [], 0
   with Context(IGNORE_BEAM_CACHE=int(args.ignore_cache)):
     for name, (kernel, inputs, output) in kernels.items():
-      start = time.perf_counter()
+      start, cpu_start = time.perf_counter(), time.process_time()
       result = search_kernel(kernel, args.beam)
       search_seconds.append(time.perf_counter() - start)
+      cpu_seconds = time.process_time() - cpu_start
       from_cache += result.stats.from_cache
       default = kernel.copy()
       hand_coded_optimizations(default)
@@ -68,7 +71,8 @@ def main() -> None:
       default_time = best_seconds(default, inputs, output, args.runs)
       beam_time = best_seconds(searched, inputs, output, args.runs)
       stats = result.stats
-      print(f"{name:12s} search {search_seconds[-1]:7.2f} s ({'cached' if stats.from_cache else 'searched'}: "
+      print(f"{name:12s} search {search_seconds[-1]:7.2f} s, {cpu_seconds:6.2f} s CPU "
+            f"({'cached' if stats.from_cache else 'searched'}: "
             f"{stats.candidates} candidates, {stats.rounds} rounds, {stats.rejected} rejected)  "
             f"default {default_time * 1e3:8.3f} ms  BEAM={args.beam} {beam_time * 1e3:8.3f} ms  opts {result.opts}")
       if name == "matmul": matmul_times = (default_time, beam_time)

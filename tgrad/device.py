@@ -164,6 +164,7 @@ class Buffer:
     global _buffers_created   # a module counter: writing a class attribute would void every Buffer's attribute caches
     _buffers_created += 1
     self.serial = _buffers_created
+    self.writes = 0   # of the memory's owner (`version`): bumped by every write that goes through tgrad
     self._handle: Any = None
   @property
   def nbytes(self) -> int: return self.size * self.dtype.itemsize
@@ -181,6 +182,19 @@ class Buffer:
     return self._handle
   @property
   def is_allocated(self) -> bool: return self._handle is not None
+  @property
+  def version(self) -> int:
+    """How many times this buffer's memory was written (copies in, and the launches that list it as an output: run,
+    ExecItem.run, TinyJit replays): a copy made from its data is current while this is unchanged. A view counts
+    the writes of its base's memory, through any view."""
+    return self._owner().writes
+  def wrote(self) -> None:
+    """Note a write of this buffer's memory (see `version`)."""
+    self._owner().writes += 1
+  def _owner(self) -> Buffer:
+    owner = self
+    while owner.base is not None: owner = owner.base
+    return owner
   def __del__(self):
     if self._handle is not None and self.base is None:
       try:
@@ -194,6 +208,7 @@ class Buffer:
     return memoryview(data.reshape(-1).view(np.uint8))
   def copyin(self, data: np.ndarray) -> Buffer:
     Device[self.device].allocator.copyin(self.handle, self._bytes_of(data))
+    self.wrote()
     return self
   def copy_from(self, src: Buffer) -> Buffer:
     """Copy all of `src` (same size and dtype, any device) into this buffer: directly when both are devices of one
@@ -201,7 +216,9 @@ class Buffer:
     if src.nbytes != self.nbytes: raise ValueError(f"copy of {src} into {self}: sizes differ")
     if not self.nbytes: return self
     if device_kind(src.device) == device_kind(self.device) and \
-       Device[self.device].copy_from_peer(self.handle, Device[src.device], src.handle, self.nbytes): return self
+       Device[self.device].copy_from_peer(self.handle, Device[src.device], src.handle, self.nbytes):
+      self.wrote()
+      return self
     return self.copyin(src.copyout())
   def copyout(self) -> np.ndarray:
     out = np.empty(self.size, dtype=self.dtype.np)
@@ -210,6 +227,7 @@ class Buffer:
   def copyin_async(self, data: np.ndarray) -> Buffer:
     """copyin ordered with the device's queued work, returning before it lands (Allocator.copyin_async)."""
     Device[self.device].allocator.copyin_async(self.handle, self._bytes_of(data))
+    self.wrote()
     return self
   def copyout_async(self) -> PendingRead:
     """The value the device's queued work leaves here, read without waiting: `.wait()` gives the array (of the

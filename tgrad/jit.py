@@ -194,6 +194,7 @@ class CompiledGraph:
     self._bind_memory(constants)
     self.state_buffers = {id(slot.buffer) for slot in slots if slot.kind == STATE}
     self.written_state = [slot.buffer for slot in slots if slot.kind == STATE and slot.buffer is not None]
+    self.written_slots = sorted({s for ins in instructions for s in ins.args[:ins.output_count]})   # Buffer.version
     # symbolic variables: the values last run, and which instructions take which
     self.var_vals: dict[str, int] = {k: v for ins in instructions for k, v in ins.var_vals.items()}
     self.users_of_variable: dict[str, list[Instruction]] = {}
@@ -279,9 +280,11 @@ class CompiledGraph:
     keep_old_values_of(self.written_state)   # values built before this call that read state keep its old data
     for runner in self.runners:
       if changed: runner.bind(changed)
-    if Context.DEBUG >= 2: return self._run_one_by_one()
-    if profiler.ENABLED: return self._run_traced()
-    for runner in self.runners: runner()
+    if Context.DEBUG >= 2: self._run_one_by_one()
+    elif profiler.ENABLED: self._run_traced()
+    else:
+      for runner in self.runners: runner()
+    for s in self.written_slots: self.slots[s].buffer.wrote()   # type: ignore[union-attr]
 
   def _set_variables(self, var_vals: dict[str, int]) -> None:
     changed = {name: value for name, value in var_vals.items()

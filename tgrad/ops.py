@@ -239,6 +239,10 @@ class SymbolicState:
 
 def symbolic_in_use() -> bool: return SymbolicState.bound
 
+# index constants kept alive and found without building their identity (the oldest dropped past this many)
+INDEX_CONST_MEMO = 4096
+_index_consts: dict[int, UOp] = {}
+
 class UOp:
   """An immutable, hash-consed node. Use the operators (+, *, //, %, .lt, .ne, .where, ...) to build index math."""
   __slots__ = ("op", "dtype", "src", "arg", "_key", "_bounds", "__weakref__")
@@ -283,7 +287,13 @@ class UOp:
 
   # --- construction helpers
   @staticmethod
-  def const(dtype: DType, value) -> UOp: return UOp(Ops.CONST, dtype, (), truncate_to(value, dtype))
+  def const(dtype: DType, value) -> UOp:
+    if type(value) is int and dtype is dtypes.index:   # index math's constants: most of the linearizer's consts
+      if (known := _index_consts.get(value)) is None:
+        known = _index_consts[value] = UOp(Ops.CONST, dtype, (), truncate_to(value, dtype))
+        if len(_index_consts) > INDEX_CONST_MEMO: _index_consts.pop(next(iter(_index_consts)))
+      return known
+    return UOp(Ops.CONST, dtype, (), truncate_to(value, dtype))
   @staticmethod
   def variable(name: str, min_value: int, max_value: int, dtype: DType = dtypes.index) -> UOp:
     return UOp(Ops.DEFINE_VAR, dtype, (), (name, min_value, max_value))

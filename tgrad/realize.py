@@ -25,6 +25,7 @@ from tgrad.codegen.kernel import Kernel
 from tgrad.codegen.compile import CompiledKernel, compile_kernel
 from tgrad.codegen.cpu_gemm import pack_plan
 from tgrad.custom import runner_for
+from tgrad.kept_copies import KeptCopy, kept_buffer
 from tgrad.multi.collectives import fold
 from tgrad.multi.runners import CopyCollective, LibraryCollective
 from tgrad.helpers import Context, current_settings, gc_paused, settings_key
@@ -74,7 +75,13 @@ class ExecItem:
   bufs: list[Buffer]
   var_vals: Mapping[str, int] = field(default_factory=dict)
   output_count: int = 1   # bufs[:output_count] are written, the rest only read
-  def run(self, wait: bool = False) -> Optional[float]: return self.runner(self.bufs, wait, self.var_vals)
+  def run(self, wait: bool = False) -> Optional[float]:
+    seconds = self.runner(self.bufs, wait, self.var_vals)
+    self.wrote()
+    return seconds
+  def wrote(self) -> None:
+    """Note the writes of its outputs (Buffer.version), after a launch."""
+    for buffer in self.bufs[:self.output_count]: buffer.wrote()
 
 # ---- lowering
 
@@ -133,8 +140,9 @@ def lower_schedule(items: Sequence[ScheduleItem]) -> list[ExecItem]:
       lowered.append(ExecItem(collective_runner(item), list(item.bufs), output_count=item.output_count))
     else:
       device = item.bufs[0].device
-      for ast, bufs, outputs in _kernels_of(item, device):
-        lowered.append(ExecItem(get_runner(device, ast, settings), bufs, item.var_vals, outputs))
+      for ast, bufs, outputs, kept in _kernels_of(item, device):
+        runner = get_runner(device, ast, settings)
+        lowered.append(ExecItem(KeptCopy(runner) if kept else runner, bufs, item.var_vals, outputs))
   return lowered
 
 def collective_runner(item: ScheduleItem) -> LibraryCollective | CopyCollective:
@@ -166,17 +174,26 @@ def _packed_buffer(device: str, size: int, dtype, slot: int) -> Buffer:
   while len(_packed_buffers) > PACKED_BUFFERS_KEPT: del _packed_buffers[next(iter(_packed_buffers))]
   return buffer
 
-def _kernels_of(item: ScheduleItem, device: str) -> list[tuple[UOp, list[Buffer], int]]:
-  """The kernels (AST, buffers, outputs) that run one kernel item: itself; on a CPU, a matmul whose reused operand
-  pays for packing (codegen/cpu_gemm.py) runs as copies into scratch buffers (B's panels, a computed A), then the
-  matmul reading them."""
+def _kernels_of(item: ScheduleItem, device: str) -> list[tuple[UOp, list[Buffer], int, bool]]:
+  """The kernels (AST, buffers, outputs, whether it is a kept copy) that run one kernel item: itself; on a CPU, a
+  matmul whose reused operand pays for packing (codegen/cpu_gemm.py) runs as copies into scratch buffers (B's panels,
+  a computed A), then the matmul reading them. A copy whose sources were copied before gets a Buffer of its own and
+  runs only when they changed (kept_copies.py; not while a TinyJit captures: its replays copy every time)."""
   renderer = Device[device].renderer
   if not renderer.has_threads or (plan := pack_plan(item.ast, renderer)) is None:
-    return [(item.ast, list(item.bufs), item.output_count)]
-  scratch = [_packed_buffer(device, size, dtype, j) for j, (size, dtype) in enumerate(plan.scratch)]
+    return [(item.ast, list(item.bufs), item.output_count, False)]
+  scratch: list[Buffer] = []
+  kept: list[bool] = []
+  for j, (size, dtype) in enumerate(plan.scratch):
+    copy_ast, refs = plan.steps[j]   # step j writes scratch j
+    buffer = None if _capture is not None else \
+      kept_buffer(device, copy_ast, [item.bufs[r] for r in refs[1:]], size, dtype)
+    scratch.append(buffer if buffer is not None else _packed_buffer(device, size, dtype, j))
+    kept.append(buffer is not None)
   def buffers(refs: tuple[int, ...]) -> list[Buffer]: return [item.bufs[r] if r >= 0 else scratch[-1 - r] for r in refs]
   *copies, (gemm_ast, gemm_refs) = plan.steps
-  return [(ast, buffers(refs), 1) for ast, refs in copies] + [(gemm_ast, buffers(gemm_refs), item.output_count)]
+  return [(ast, buffers(refs), 1, kept[-1 - refs[0]]) for ast, refs in copies] + \
+    [(gemm_ast, buffers(gemm_refs), item.output_count, False)]
 
 # ---- running
 
@@ -189,7 +206,9 @@ def run(exec_items: Sequence[ExecItem], debug: Optional[int] = None) -> None:
   """Launch the items in order (at DEBUG >= 2 each is timed and printed; `debug`: DEBUG as the caller read it)."""
   if profiler.ENABLED: return run_traced(exec_items)
   if (current_settings().DEBUG if debug is None else debug) < 2:
-    for item in exec_items: item.runner(item.bufs, False, item.var_vals)
+    for item in exec_items:
+      item.runner(item.bufs, False, item.var_vals)
+      item.wrote()
     _Totals.kernels += len(exec_items)
     return
   for item in exec_items:

@@ -36,7 +36,9 @@ def run_traced(exec_items: Sequence[Any], category: str = "kernel") -> None:
   global _exit_hook_registered
   trace = profiler.current()
   if trace is None:
-    for item in exec_items: item.runner(item.bufs, False, item.var_vals)
+    for item in exec_items:
+      item.runner(item.bufs, False, item.var_vals)
+      item.wrote()
     return
   if not _exit_hook_registered:   # registered after the devices' own exit hooks, so it runs before they close
     atexit.register(_resolve_all)
@@ -50,6 +52,7 @@ def run_traced(exec_items: Sequence[Any], category: str = "kernel") -> None:
       _origin(trace, device)
     start = dev.profile_mark()
     runner(item.bufs, False, item.var_vals)
+    item.wrote()
     end = dev.profile_mark()
     record = profiler.kernel_record(runner) if isinstance(runner, CompiledKernel) else None
     var_vals = dict(item.var_vals) if item.var_vals else None   # a replay's values change in place between calls

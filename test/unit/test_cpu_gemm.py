@@ -162,3 +162,48 @@ def test_matmul_in_a_jit():
   for _ in range(3):
     x = _rand(rng, 64, 256)
     _check(step(Tensor(x).realize(), w), x @ w.numpy())
+
+# ---- packed copies of unchanged weights kept between calls (tgrad/kept_copies.py)
+
+def _kept_copy_launches(out: Tensor) -> tuple[int, int]:
+  """(copies run, copies skipped) by the kept copies while `out` is realized."""
+  from tgrad import kept_copies
+  calls = {"ran": 0, "skipped": 0}
+  original = kept_copies.KeptCopy.__call__
+  def counting(self, bufs, wait=False, var_vals=None):
+    before = kept_copies._copied_at.get(bufs[0])
+    result = original(self, bufs, wait, var_vals)
+    calls["skipped" if before == kept_copies._copied_at.get(bufs[0]) else "ran"] += 1
+    return result
+  kept_copies.KeptCopy.__call__ = counting
+  try: out.realize()
+  finally: kept_copies.KeptCopy.__call__ = original
+  return calls["ran"], calls["skipped"]
+
+def test_a_weights_panels_are_kept_while_it_is_unchanged():
+  """The second product with a weight packs it into a Buffer of its own, later ones reuse it; every way of writing
+  the weight (an in-place assign, a copy in, a TinyJit replay that assigns it) makes the next product copy again."""
+  from tgrad.jit import TinyJit
+  from tgrad.kept_copies import forget_kept_copies
+  forget_kept_copies()
+  rng = np.random.default_rng(10)
+  x, w = _rand(rng, 128, 256), _rand(rng, 256, 512)
+  tx, tw = Tensor(x).realize(), Tensor(w).realize()
+  assert _kept_copy_launches(tx @ tw) == (0, 0)   # first sighting: the shared scratch buffer
+  assert _kept_copy_launches(product := tx @ tw) == (1, 0)
+  _check(product, x @ w)
+  for _ in range(2):
+    assert _kept_copy_launches(product := tx @ tw) == (0, 1)
+    _check(product, x @ w)
+  tw.assign(tw * 2).realize()
+  assert _kept_copy_launches(product := tx @ tw) == (1, 0)
+  _check(product, x @ (w * 2))
+  tw.lazydata.base.buffer.copyin(w * 3)
+  _check(tx @ tw, x @ (w * 3))
+  scale = TinyJit(lambda s: tw.assign(tw * s).realize())
+  expected = w * 3
+  for _ in range(3):   # capture, then replays that write the weight outside `run`
+    scale(Tensor(np.full(1, 0.5, np.float32)).realize())
+    expected = expected * 0.5
+    _check(tx @ tw, x @ expected)
+  forget_kept_copies()

@@ -77,11 +77,12 @@ class ProgramEmitter:
     self.open_ranges.difference_update(loops)
     for u in self.scopes.pop(): self.emitted.discard(u)
 
-  def hoist_invariants(self, value: UOp, stores_too: bool = True) -> None:
+  def hoist_invariants(self, *values: UOp, stores_too: bool = True) -> None:
     """Emit, before a loop, what its body reads but does not vary with it: index math and loads of outer axes,
     and a GROUP's partial, shared-memory store and barrier, which must run once and not once per iteration
-    (`stores_too`: before a CPU kernel's global loops, values only)."""
-    for u in value.toposort():
+    (`stores_too`: before a CPU kernel's global loops, values only). The values are walked in order, each node once
+    (a register tile's accumulators share their index math)."""
+    for u in UOp(Ops.SINK, dtypes.void, values).toposort()[:-1]:
       if u not in self.emitted and u.op is not Ops.CONST and self.free[u] <= self.open_ranges and \
          (stores_too or u.op is not Ops.STORE): self.emit(u)
 
@@ -93,7 +94,7 @@ class ProgramEmitter:
     group = [r for r in self.reduces if r.src[1:] == ranges and r not in self.emitted and
              (r is first or self.free[r] <= self.open_ranges)]
     for r in ranges: self.emit(r.src[0]); self.emit(r.src[1])  # noqa: E702
-    for r in group: self.hoist_invariants(r.src[0])
+    self.hoist_invariants(*(r.src[0] for r in group))
     accs, partners = self.define_accumulators(group)
     # only the thread that stores reduces a GROUP's partials: for the others the accumulator stays the identity
     branch = UOp(Ops.IF, dtypes.void, (simplify(self.graph.gate),)) if set(ranges) & self.graph.gated_loops else None

@@ -200,13 +200,26 @@ def online_result(peak: UOp, total: UOp, dtype) -> UOp:
   values: d = 0)."""
   return _alu(Ops.ADD, dtype, _cast(peak, dtype), _log(_cast(total, dtype)))
 
+def _reads_any(value: UOp, wanted: set[UOp]) -> bool:
+  """Whether any of `wanted` is below or at `value`: a walk that stops at the first one found (a register tile's
+  values reach their loop's index a few nodes down; a full toposort per accumulator walked the shared graph again)."""
+  seen: set[UOp] = set()
+  stack = [value]
+  while stack:
+    u = stack.pop()
+    if u in wanted: return True
+    if u in seen: continue
+    seen.add(u)
+    stack.extend(u.src)
+  return False
+
 def fold_invariant_reduce(op: Ops, dtype, value: UOp, ranges: tuple[UOp, ...]) -> Optional[UOp]:
   """A reduce over loops of a value that none of them changes: a sum is value × trips, a max is the value. None when
   the value varies or the op is MUL. Ints multiply in their own dtype (wrapping exactly as the loop's adds would);
   floats in float64, where the trip count is exact, then round to the dtype (2^-10 × 2^20 is 1024 in float16, though
   2^20 itself is not a float16). A float sum starts from +0.0, as the loop's accumulator (and numpy's and torch's
   sums) do, so -0.0 × trips is +0.0."""
-  if op not in (Ops.ADD, Ops.MAX) or dtype.is_bool or any(r in ranges for r in value.toposort()): return None
+  if op not in (Ops.ADD, Ops.MAX) or dtype.is_bool or _reads_any(value, set(ranges)): return None
   if op is Ops.MAX: return value
   trips = prod(canonical(r.src[1] - r.src[0]) for r in ranges)   # symbolic with a variable's loop
   compute = dtypes.float64 if dtype.is_float else dtype

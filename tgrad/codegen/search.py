@@ -6,10 +6,13 @@ applies every legal action (ACTIONS) to every beam member, dedupes the children 
 spawned worker processes, times each on the device and keeps the `beam_width` fastest that verified. A candidate
 verifies when, run twice from the same random inputs with its outputs poisoned by two different byte patterns, it
 leaves the inputs alone, gives the same bytes both times (so it wrote every element) and matches the unoptimized
-kernel element by element (ints exactly, floats within a per-element tolerance). See docs/architecture.md (step 4).
+kernel element by element (ints exactly, floats within a per-element tolerance). The reference runs the unoptimized
+kernel itself, split over the CPU's cores when it is big, and once where no output element holds the first poison
+(every element was written). Candidates are deduplicated by their axes before rendering (`state_key`) and by source
+after. See docs/architecture.md (step 4).
 """
 from __future__ import annotations
-import atexit, contextlib, hashlib, json, multiprocessing, os, pickle, signal, sys, time
+import atexit, contextlib, dataclasses, hashlib, json, multiprocessing, os, pickle, signal, sys, time
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Optional
 import numpy as np
@@ -69,6 +72,9 @@ COMPILE_TIMEOUT_SECONDS = 30.0   # a compile that returns nothing for this long 
 SEARCH_DEADLINE_SECONDS = 300.0  # the whole search of one kernel; past it, the best found so far is returned
 COMPILE_WORKERS = 0         # worker processes; 0 means one per CPU core
 # ---- verifying
+# The reference (the unoptimized kernel) of this many loop iterations or more runs on all CPU cores: unoptimized, a
+# 1024² float32 matmul (2^30) takes 5-10 s a run on a shared Zen 3 core, most of a search's time
+REFERENCE_THREAD_MIN_WORK = 1 << 24
 RANDOM_INT_LIMIT = 16       # random integer inputs lie in [-16, 16): index-like values, products that stay exact
 SEARCH_SCALAR_VALUE = 3     # the value every scalar parameter (a lifted Python scalar) takes while candidates run
 # every output byte before a checked run. Each kernel runs once with each pattern and must give the same bytes both
@@ -310,6 +316,14 @@ def _close_pools() -> None:
   for pool in _pools.values(): pool.terminate()
   _pools.clear()
 
+# The fields of an AxisState that say what it renders to: all but the opts that led there (UPCAST 0 then 1, or 1 then
+# 0, give one kernel), and the renderer (one per search)
+_RENDERED_FIELDS = tuple(f.name for f in dataclasses.fields(AxisState) if f.name not in ("applied_opts", "renderer"))
+
+def state_key(kernel: AxisState) -> tuple:
+  """What a kernel's source follows from (the linearizer reads nothing else): equal keys render the same source."""
+  return tuple(getattr(kernel, name) for name in _RENDERED_FIELDS)
+
 def render_candidate(kernel: AxisState, name: str) -> str:
   """Source text of a kernel: the thing candidates are deduplicated by and compiled from."""
   return render_source(kernel, name)[0]
@@ -337,6 +351,7 @@ class _Search:
     self.started = time.perf_counter()
     self.stats = SearchStats()
     self.by_source: dict[str, _Candidate] = {}
+    self.by_state: dict[tuple, Optional[_Candidate]] = {}   # state_key → its candidate (None: it doesn't render)
     self.best: Optional[_Candidate] = None
     self.cache = get_cache()
     self.bar: Any = None
@@ -404,7 +419,7 @@ class _Search:
     """Run the unoptimized kernel for the reference outputs, then measure the heuristic kernel and each prefix of its
     opts (so the search can branch off after any of the heuristics' choices). The heuristic kernel always joins the
     first beam, so the search starts from the default and can only improve on it."""
-    reference, _ = self.candidate_for(AxisState.of(self.start.ast, self.start.renderer))
+    reference, _ = self.candidate_for(self.reference_state())
     if reference is None: raise RuntimeError(f"the unoptimized kernel {self.start.name} doesn't render")
     self.finish_compiles([reference])
     if reference.runner is None: raise RuntimeError(f"the unoptimized kernel {self.start.name} doesn't compile")
@@ -421,6 +436,19 @@ class _Search:
     self.stats.heuristic_seconds = heuristic.time
     others = [c for c in measured + [reference] if c is not heuristic]
     return heuristic, [heuristic] + self.keep_fastest(others, self.beam_width - 1)
+
+  def reference_state(self) -> AxisState:
+    """The unoptimized kernel; on a CPU, from REFERENCE_THREAD_MIN_WORK loop iterations, with its outermost output
+    axis split across the cores (THREAD, as the heuristics split it): each element is still computed by one thread
+    exactly as unoptimized, and the reference of a big reduce comes that many times sooner."""
+    state = AxisState.of(self.start.ast, self.start.renderer)
+    if not state.renderer.has_threads or state.global_dims == 0 or not isinstance(size := state.full_shape[0], int) \
+       or vmax_of(prod(state.full_shape)) < REFERENCE_THREAD_MIN_WORK: return state
+    for threads in range(cpu_count(), 1, -1):
+      if size % threads: continue
+      try: return apply_opt(state, Opt(OptOps.THREAD, 0, threads))
+      except KernelOptError: continue
+    return state
 
   def prefixes(self, chain: list[Opt]) -> list[AxisState]:
     """The start kernel with each prefix of the heuristics' opts, each prefix followed by their THREAD opt, and, when
@@ -444,16 +472,24 @@ class _Search:
 
   def candidate_for(self, kernel: AxisState) -> tuple[Optional[_Candidate], bool]:
     """(candidate, is new) for a kernel's source; a new source is submitted for compiling at once, so compiles
-    overlap the next renders. (None, False) when the kernel doesn't render."""
+    overlap the next renders. (None, False) when the kernel doesn't render. A kernel whose axes (state_key) equal an
+    earlier candidate's renders the same source: it is that candidate, without linearizing and rendering again."""
+    key = state_key(kernel)
+    if key in self.by_state:
+      known = self.by_state[key]
+      if known is not None: self.stats.duplicates += 1
+      return known, False
     try: src = render_candidate(kernel, self.name)
     except Exception as error:   # a kernel the linearizer or renderer can't handle is one failed candidate, not a crash
       self.stats.compile_failures += 1
+      self.by_state[key] = None
       if Context.DEBUG >= 3: print(f"BEAM candidate {kernel.applied_opts} doesn't render: {error!r}")
       return None, False
     if (known := self.by_source.get(src)) is not None:
       self.stats.duplicates += 1
+      self.by_state[key] = known
       return known, False
-    candidate = self.by_source[src] = _Candidate(kernel, src)
+    candidate = self.by_source[src] = self.by_state[key] = _Candidate(kernel, src)
     self.stats.candidates += 1
     self.bar.total = self.stats.candidates
     compiler = self.device.compiler
@@ -570,13 +606,24 @@ class _Search:
     first, *others = [self.checked_run(candidate, poison_byte, check) for poison_byte in POISON_BYTES]
     return first, [i for i in self.outputs if any(not same_bytes(first[i], other[i]) for other in others)]
 
+  def reference_runs(self, reference: _Candidate, check: int = 0) -> tuple[dict[int, np.ndarray], list[int]]:
+    """poisoned_runs for the reference, whose runs are the slowest of the search: after the first, an output none of
+    whose elements holds the first poison's bytes was written everywhere; the second poison runs only where some
+    element does (a NaN or -1 it may have computed)."""
+    first = self.checked_run(reference, POISON_BYTES[0], check)
+    def holds_poison(i: int) -> bool:   # some element all of whose bytes are the poison's
+      values = first[i]
+      return bool((values.view(np.uint8).reshape(len(values), values.dtype.itemsize) == POISON_BYTES[0]).all(1).any())
+    if not any(holds_poison(i) for i in self.outputs): return first, []
+    return self.poisoned_runs(reference, check)
+
   def take_reference(self, reference: _Candidate) -> None:
     """The unoptimized kernel's outputs become the reference, with each float output's per-element tolerance. It must
     leave its inputs alone and write every output element."""
     name = self.start.name
     least_precise, terms = kernel_numerics(self.start)
     for check in range(len(self.check_values)):
-      try: outputs, unwritten = self.poisoned_runs(reference, check)
+      try: outputs, unwritten = self.reference_runs(reference, check)
       except _WroteInput as error: raise RuntimeError(f"the unoptimized kernel {name} wrote {error}") from None
       if unwritten:
         raise RuntimeError(f"the unoptimized kernel {name} leaves elements of output buffer(s) {unwritten} "

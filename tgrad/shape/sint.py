@@ -42,7 +42,13 @@ def is_symbolic(shape) -> bool: return any(isinstance(s, UOp) for s in shape)
 def to_uop(x: sint) -> UOp: return x if isinstance(x, UOp) else UOp.const(dtypes.index, x)
 def offset_by(index: UOp, delta: int) -> UOp:
   """index + delta, with the constant folded into index's own sum (replicas of a kernel differ by such constants)."""
-  if delta == 0: return index
+  return index if delta == 0 else _offset_by(index, delta)
+
+# The replicas of a register tile and the candidates of one BEAM search offset the same indices again and again
+OFFSET_MEMO = 1 << 16
+
+@functools.lru_cache(maxsize=OFFSET_MEMO)
+def _offset_by(index: UOp, delta: int) -> UOp:
   terms, constant = split_terms(index)
   return build_sum(terms, constant + delta, index.dtype)
 def vmax_of(x: sint) -> int: return x.vmax if isinstance(x, UOp) else x

@@ -36,6 +36,7 @@ _INTRINSICS = {Ops.EXP2: "llvm.exp2", Ops.LOG2: "llvm.log2", Ops.SIN: "llvm.sin"
 _LIBM_TANH = {dtypes.float32: "tanhf", dtypes.float64: "tanh"}
 _I1, _I8, _I16, _I32, _I64 = ir.IntType(1), ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
 
+@functools.cache
 def register_type(dt: DType) -> ir.Type:
   if dt.is_bool: return _I1
   if dt.is_int: return ir.IntType(dt.bits)

@@ -78,8 +78,9 @@ def test_gemma_270m_decode_step_kernel_count_on_cuda():
   layer's post-norm and residual sum, stored as its second output; scores with q's norm and RoPE and the new key's;
   softmax times values; o_proj; the residual sum and pre-norm in the gate/up matvec; down with GELU), the last
   layer's residual sum, one kernel for all 18 cache writes (rule 5), and 5 more: the rotary tables, the final norm,
-  the head's matvec and the argmax's two. RIDERS=0 gives every cache write its own kernel again."""
-  found = decode_step_kernels("270m", "CUDA", "float16", position=600)
+  the head's matvec and the argmax's two, with RIDERS=1; RIDERS=0 (the default) gives every cache write its own
+  kernel again."""
+  with Context(RIDERS=1): found = decode_step_kernels("270m", "CUDA", "float16", position=600)
   assert len(found) <= DECODE_KERNELS_270M, len(found)
   assert found[0].outputs[0].size == 1536 and found[0].inputs[0].dtype == dtypes.int32   # the lookup inside qkv
   # every later layer's qkv kernel also stores the residual stream (float32 in a float16 model): 17 of them
@@ -94,7 +95,7 @@ def test_gemma_270m_decode_step_kernel_count_on_cuda():
 def test_decode_cache_writes_and_scores_compile_for_cuda():
   """The kernel of the 18 cache writes (rule 5) and a scores kernel that takes the new key from k (a row reduce
   beside the dot products), under the GPU heuristics, compile with NVRTC."""
-  found = decode_step_kernels("270m", "CUDA", "float16", position=600)
+  with Context(RIDERS=1): found = decode_step_kernels("270m", "CUDA", "float16", position=600)
   writes = next(k for k in found if k.output_count == 18)
   scores = next(k for k in found if k.outputs[0].size == 2048)
   for item in (writes, scores):

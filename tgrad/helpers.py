@@ -99,7 +99,8 @@ class _Settings:
                         # Dependent Launch) and wait for it on chip; 0 serializes them fully
   WGMMA: int = 1        # 1: on sm_90a a big half/bfloat16 matmul may be one warpgroup-MMA kernel (OptOps.WGMMA)
   JIT_PLAN: int = 1     # 1: a TinyJit packs its transient buffers into one arena per device; 0: one allocation each
-  RIDERS: int = 1       # 1: a small kernel runs inside a neighbouring one (schedule rule 5); 0: every kernel alone
+  RIDERS: int = 0       # 1: a small kernel runs inside a neighbouring one (schedule rule 5); 0: every kernel alone
+                        # (the default: on an H100 riders made Gemma's decode step and prefill slower, docs/env.md)
   TOLERANCE: Optional[float] = None   # max relative error of a selected execution path; None: per dtype (tgrad/paths)
 
 MAX_DEBUG = 5

@@ -208,7 +208,7 @@ def test_gradients_through_sharded_tensors_match_one_device():
     for sharded, one in zip(weights, single):
       assert sharded.grad.device == TWO_NAMES
       np.testing.assert_allclose(sharded.grad.numpy(), one.grad.numpy(), rtol=1e-4, atol=1e-6)
-  x = Tensor(a, requires_grad=True)
+  x = Tensor(a, requires_grad=True, device="LLVM")
   (x.shard(TWO, 1) * 3).sum().backward()   # the gradient of a shard() goes back to the tensor's one device
   assert x.grad.device == "LLVM"
   np.testing.assert_array_equal(x.grad.numpy(), np.full_like(a, 3))

@@ -18,6 +18,7 @@ from tgrad.dtype import DType, dtypes
 from tgrad.ops import UOp, Ops, ALU, COMPARISON, split_terms
 from tgrad.codegen.renderer import Renderer, FragmentLayout, MatrixLoad, TensorCore
 from tgrad.helpers import Context, prod
+from tgrad.runtime.cuda.targets import DYNAMIC_SHARED_SUFFIX, WARPGROUP_MMA_ARCH, sm_number
 from tgrad.runtime.cuda.vectors import (BYTE_LOAD_TYPES, LANES, VECTOR_BYTES, WORD_BYTES, ByteRun, VectorAccess,
                                         async_copies, byte_run_pieces, byte_runs, vector_groups, widen_async_copies)
 
@@ -27,9 +28,6 @@ CUDA_MAX_THREADS_PER_BLOCK = 1024
 CUDA_MAX_GRID = (2**31 - 1, 65535, 65535)       # gridDim.x, .y, .z
 CUDA_MAX_BLOCK = (1024, 1024, 64)               # blockDim.x, .y, .z
 CUDA_SHARED_MEMORY_BYTES = 48 * 1024            # static __shared__ per block without an opt-in
-# Above the static limit a kernel's shared arrays live in one dynamic allocation; the kernel's module carries its size
-# in this global (runtime/cuda/runtime.py reads it, opts the function in and launches with it).
-DYNAMIC_SHARED_SUFFIX = "_dynamic_shared_bytes"
 # Programmatic Dependent Launch (sm_90+, PTX ISA 7.8): a kernel rendered for it first waits for the grids it depends
 # on (`griddepcontrol.wait`: they have completed and their writes are visible; a no-op when launched without a
 # programmatic dependency), then lets its own dependents launch (`griddepcontrol.launch_dependents`), so their launch
@@ -121,13 +119,8 @@ FAST_PRELUDES = {name: f"""__device__ __forceinline__ float {name}(float x) {{
   float r; asm("{instruction} %0, %1;" : "=f"(r) : "f"(x)); return r;
 }}
 """ for name, instruction in FAST_INSTRUCTIONS.values()}
-WARPGROUP_MMA_ARCH = "sm_90a"   # wgmma.mma_async (PTX ISA 8.0): Hopper's arch-specific target
 TENSOR_CORE_MIN_SM = 80   # mma.sync m16n8k16 f16/bf16 and m16n8k8 tf32, f32 accumulators: sm_80 (Ampere) and newer
 PACKED_DTYPES = (dtypes.float16, dtypes.bfloat16)   # two per 32-bit register in a fragment
-
-def sm_number(arch: str) -> int:
-  """80 for sm_80, 90 for sm_90a."""
-  return int(arch.removeprefix("sm_").rstrip("af"))
 
 BITCAST_PRELUDE = """template <typename To, typename From> __device__ __forceinline__ To bit_cast(From x) {
   static_assert(sizeof(To) == sizeof(From), "bit_cast needs equal sizes");

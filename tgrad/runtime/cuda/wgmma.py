@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from typing import Optional, Union
 import numpy as np
 from tgrad.dtype import DType, dtypes
-from tgrad.runtime.cuda.renderer import DYNAMIC_SHARED_SUFFIX, WARPGROUP_MMA_ARCH, sm_number
+from tgrad.runtime.cuda.targets import DYNAMIC_SHARED_SUFFIX, WARPGROUP_MMA_ARCH, sm_number
 
 WARPGROUP_THREADS = 128
 WARP_THREADS = 32

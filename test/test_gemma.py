@@ -251,7 +251,7 @@ def test_example_bad_index_file(tmp_path, index, fragments):
   _assert_one_error_line_after_loading(done, "cannot load", *fragments)
 
 def test_index_shard_through_a_link_out_of_the_folder_is_refused(tmp_path):
-  from tgrad.models.gemma3 import _checkpoint_files
+  from tgrad.models.gemma3_weights import checkpoint_files as _checkpoint_files
   safe_save({"x": Tensor.zeros(1)}, str(tmp_path / "outside.safetensors"))
   folder = _model_folder(tmp_path, {"weight_map": {"x": "shard.safetensors"}})
   (folder / "shard.safetensors").symlink_to(tmp_path / "outside.safetensors")

@@ -2,8 +2,8 @@
 
 `Gemma3Config` (tgrad/models/gemma3_config.py) reads an HF config.json; `Gemma3` holds the weights under HF's names,
 runs `(token ids [B, T], start_pos) -> logits [B, T, V]` against a preallocated `Gemma3KVCache`, and loads checkpoints
-(`from_pretrained`) or makes seeded random weights (`random`); `greedy_tokens` runs greedy decode steps as replays of
-one captured step. All model math is Tensor ops; the host only prepares token ids, positions and the bound Variables
+(`from_pretrained`) or makes seeded random weights (`random`; both in tgrad/models/gemma3_weights.py); `greedy_tokens`
+runs greedy decode steps as replays of one captured step. All model math is Tensor ops; the host only prepares token ids, positions and the bound Variables
 of a call (a prompt's length, a decode step's cache slots: one compiled and captured program serves every length and
 position).
 The KV cache and the cache writes are in tgrad/models/gemma3_cache.py; text generation (`generate`, sampling, the chat
@@ -11,13 +11,11 @@ template) in tgrad/models/generation.py; `Gemma3.shard(devices)` runs the same l
 devices, with the weights placed as tgrad/models/gemma3_parallel.py says.
 """
 from __future__ import annotations
-import collections, json, math, os, sys
+import collections, math
 from typing import Any, Iterator, Optional, Sequence, Union
 import numpy as np
 from tgrad.tensor import Tensor
 from tgrad.dtype import dtypes, to_dtype
-from tgrad.device import canonical_device
-from tgrad.nn.state import safe_load
 from tgrad.nn.quant import QuantizedTensor, dequantize_blocks, dequantized_values
 from tgrad.jit import TinyJit
 from tgrad.models.gemma3_config import PRESETS, Gemma3Config, weight_shapes  # noqa: F401 (PRESETS re-exported)
@@ -26,6 +24,7 @@ from tgrad.models.gemma3_cache import (SLIDING, LAYER_TYPES, FRESH, DECODE, EXTE
                                        write_cache_scatter, write_cache_fresh, write_cache_decode, filled_keys_values,
                                        slot_mask,
                                        decode_attention_values)
+from tgrad.models.gemma3_weights import check_weights, checkpoint_weights, random_weights
 from tgrad.models.gemma3_parallel import (RowPiece, row_pieces, stack_rows_per_device, take_rows, is_sharded,
                                           split_rows_like, shard_weights, head_weight, device_buffers, greedy_ids)
 
@@ -37,9 +36,6 @@ DEFAULT_MAX_CONTEXT = 2048       # cache length when forward() is called without
 # sums, the final norm's input) in float32; projections, attention and the cache stay float16 (as llama.cpp's GPU
 # backends keep activations in F32 around F16 matmuls). bfloat16 has float32's range and keeps its stream.
 RESIDUAL_DTYPES = {dtypes.float16: dtypes.float32}
-# random weights with the reference harness's standard deviations: embeddings 1/sqrt(H) (scaled inputs ~ unit
-# variance), linears 1/sqrt(fan_in), norm offsets 0.2 (so the (1 + w) form is exercised)
-RANDOM_NORM_STD = 0.2
 
 # ---------------------------------------------------------------------------------------------------------------
 # layers: weights are held under HF's attribute names, each a Tensor or (a GGUF model kept packed) a QuantizedTensor
@@ -429,16 +425,6 @@ class Gemma3TextModel:
 # ---------------------------------------------------------------------------------------------------------------
 # the causal LM
 
-def _check_weights(config: Gemma3Config, weights: dict[str, Weight], source: str) -> None:
-  expected = weight_shapes(config)
-  missing = [name for name in expected if name not in weights]
-  wrong = [f"{name}: expected {expected[name]}, got {tuple(weights[name].shape)}" for name in expected
-           if name in weights and tuple(weights[name].shape) != expected[name]]
-  if missing or wrong:
-    parts = [f"missing tensors {missing}"] if missing else []
-    if wrong: parts.append(f"wrong shapes: {'; '.join(wrong)}")
-    raise ValueError(f"{source}: {' and '.join(parts)}")
-
 class Gemma3:
   """Gemma3ForCausalLM: `model(token_ids [B, T] int, start_pos) -> logits [B, T, V]` in the model dtype.
 
@@ -447,7 +433,7 @@ class Gemma3:
   Weights are Tensors, or QuantizedTensors for projections and the embedding kept packed (tgrad/models/gemma3_gguf.py);
   `dtype` is the compute dtype (activations, cache, logits): by default the embedding's, float32 for a packed one."""
   def __init__(self, config: Gemma3Config, weights: dict[str, Weight], dtype: Any = None):
-    _check_weights(config, weights, "Gemma3")
+    check_weights(config, weights, "Gemma3")
     self.config = config
     embedding = weights["model.embed_tokens.weight"]
     if dtype is not None: self.dtype = to_dtype(dtype)
@@ -508,40 +494,16 @@ class Gemma3:
   def from_pretrained(directory: str, dtype: Any = dtypes.float32, device: Optional[str] = None,
                       progress: bool = True) -> Gemma3:
     """Load an HF checkpoint directory (config.json + model.safetensors, or a sharded index whose shards must lie in
-    the directory): every tensor is read into host memory (safe_load), moved to the device once and cast to `dtype`
-    there."""
-    config_path = os.path.join(directory, "config.json")
-    if not os.path.isfile(config_path): raise FileNotFoundError(f"{directory}: no config.json")
-    config = Gemma3Config.from_json(config_path)
-    files = _checkpoint_files(directory)
-    tensors: dict[str, Tensor] = {}
-    for path in files: tensors.update(safe_load(path, device))
-    _check_weights(config, tensors, directory)
-    unexpected = sorted(set(tensors) - set(weight_shapes(config)) - {"lm_head.weight"})
-    if unexpected:
-      print(f"gemma3: ignoring {len(unexpected)} unexpected tensors, e.g. {unexpected[:3]}", file=sys.stderr)
-    dtype, device = to_dtype(dtype), canonical_device(device)
-    weights = {}
-    for name in _progress(list(weight_shapes(config)), progress, "loading weights"):
-      weights[name] = tensors.pop(name).to(device).cast(dtype).realize()
-    return Gemma3(config, weights)
+    the directory): every tensor is read into host memory, moved to the device once and cast to `dtype` there
+    (gemma3_weights.py)."""
+    return Gemma3(*checkpoint_weights(directory, dtype, device, progress))
 
   @staticmethod
   def random(config: Gemma3Config, dtype: Any = dtypes.float32, device: Optional[str] = None, seed: int = 0,
              progress: bool = True) -> Gemma3:
-    """Seeded random weights drawn on the device with the reference harness's standard deviations. Uniform rather
-    than normal: Tensor.uniform schedules and runs about 3x faster than Box-Muller's Tensor.normal, and the model
-    only needs the right scale (the output is meaningless either way)."""
-    dtype, device = to_dtype(dtype), canonical_device(device)
-    Tensor.manual_seed(seed)
-    weights = {}
-    for name, shape in _progress(list(weight_shapes(config).items()), progress, "random weights"):
-      if len(shape) == 1: std = RANDOM_NORM_STD
-      elif name.endswith("embed_tokens.weight") or name == "lm_head.weight": std = config.hidden_size ** -0.5
-      else: std = shape[1] ** -0.5
-      bound = std * math.sqrt(3)   # a uniform in ±√3·std has standard deviation std
-      weights[name] = Tensor.uniform(*shape, low=-bound, high=bound, dtype=dtype, device=device).realize()
-    return Gemma3(config, weights)
+    """Seeded random weights drawn on the device with the reference harness's standard deviations
+    (gemma3_weights.py)."""
+    return Gemma3(config, random_weights(config, dtype, device, seed, progress))
 
   # ---- running
   def reset_cache(self, batch: int = 1, max_context: Optional[int] = None) -> Gemma3KVCache:
@@ -781,36 +743,3 @@ class Gemma3:
       write_cache_scatter(layer_cache, k, v, step)
     if pending: Tensor.realize(*cache.tensors())
     return (logits, hidden) if return_hidden else logits
-
-def _checkpoint_files(directory: str) -> list[str]:
-  single = os.path.join(directory, "model.safetensors")
-  if os.path.isfile(single): return [single]
-  index = os.path.join(directory, "model.safetensors.index.json")
-  if os.path.isfile(index): return _index_shards(directory, index)
-  raise FileNotFoundError(f"{directory}: no model.safetensors or model.safetensors.index.json")
-
-def _index_shards(directory: str, index: str) -> list[str]:
-  """The shard files an index's weight_map names, each resolved (links followed) and required to stay inside the
-  model folder: an index must not make the loader open files elsewhere."""
-  with open(index) as f:
-    try: weight_map = json.load(f).get("weight_map")
-    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as e:
-      raise ValueError(f"{index}: not a JSON object ({e})") from None
-  if not isinstance(weight_map, dict) or not weight_map:
-    raise ValueError(f"{index}: needs a non-empty 'weight_map' object of tensor name -> shard file")
-  if bad := [name for name, shard in weight_map.items() if not isinstance(shard, str)]:
-    raise ValueError(f"{index}: weight_map entries must be file names, not {weight_map[bad[0]]!r} (for {bad[0]!r})")
-  folder = os.path.realpath(directory)
-  shards = []
-  for shard in sorted(set(weight_map.values())):
-    path = os.path.realpath(os.path.join(folder, shard))
-    if os.path.commonpath([folder, path]) != folder or path == folder:
-      raise ValueError(f"{index}: shard {shard!r} is outside the model folder {folder}")
-    shards.append(path)
-  return shards
-
-def _progress(items: list, enabled: bool, label: str):
-  if not enabled: return items
-  try: from tqdm import tqdm
-  except ImportError: return items
-  return tqdm(items, desc=label, unit="tensor", leave=False, file=sys.stderr)

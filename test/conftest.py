@@ -71,6 +71,13 @@ def cuda_codegen_check():
 # ---- comparing against torch (test/torch_compare.py, shared with test_ops.py)
 
 @pytest.fixture
+def two_gpus() -> tuple[str, str]:
+  """The names of two GPUs of this host ("CUDA", "CUDA:1"); the test is skipped where the driver sees fewer."""
+  from tgrad.runtime.cuda.runtime import device_count
+  if device_count() < 2: pytest.skip(f"needs 2 GPUs, the driver sees {device_count()}")
+  return ("CUDA", "CUDA:1")
+
+@pytest.fixture
 def compare_with_torch():
   """`torch_compare.compare_with_torch`, for tests that check values and gradients against torch (CPU)."""
   from torch_compare import compare_with_torch as compare   # imported on use: most tests never need torch

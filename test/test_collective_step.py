@@ -296,14 +296,9 @@ def test_a_data_parallel_step_through_a_library_is_one_run_per_device(host_libra
 
 # ---- on two GPUs (skipped with fewer)
 
-def _two_gpus() -> tuple[str, str]:
-  from tgrad.runtime.cuda.runtime import device_count
-  if device_count() < 2: pytest.skip(f"needs 2 GPUs, the driver sees {device_count()}")
-  return ("CUDA", "CUDA:1")
-
 @pytest.mark.gpu
-def test_sharded_reduce_on_two_gpus_goes_through_nccl():
-  gpus = _two_gpus()
+def test_sharded_reduce_on_two_gpus_goes_through_nccl(two_gpus):
+  gpus = two_gpus
   a = np.random.default_rng(8).standard_normal((64, 33)).astype(np.float32)
   total = Tensor(a, device=gpus[0]).shard(gpus, 0).sum(0)
   [item] = [i for i in total.schedule() if i.ast.op is Ops.COLLECTIVE]
@@ -313,9 +308,9 @@ def test_sharded_reduce_on_two_gpus_goes_through_nccl():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("graphs", [1, 0])
-def test_jitted_data_parallel_training_on_two_gpus_matches_one(graphs):
+def test_jitted_data_parallel_training_on_two_gpus_matches_one(graphs, two_gpus):
   from tgrad.helpers import Context
-  gpus = _two_gpus()
+  gpus = two_gpus
   with Context(CUDA_GRAPH=graphs):
     one_losses, one_params, _ = mlp_step(None, 0, 5, jit=False)
     losses, params, stepper = mlp_step(gpus, 0, 5, jit=True)

@@ -47,7 +47,8 @@ def test_copies_between_cpu_devices_are_copy_items_and_keep_values():
   assert moved.lazydata.base.buffer.handle.address != x.lazydata.base.buffer.handle.address
   with pytest.raises(ValueError, match="different devices"): x + moved
   # a copy of a constant expression: folded into the constant on the target device, or copied from a buffer of it
-  np.testing.assert_array_equal((Tensor.full((3, 2), 3.0, device="LLVM") * 2).to("LLVM:1").numpy(), np.full((3, 2), 6.0))
+  six = (Tensor.full((3, 2), 3.0, device="LLVM") * 2).to("LLVM:1")
+  np.testing.assert_array_equal(six.numpy(), np.full((3, 2), 6.0))
   np.testing.assert_array_equal(((Tensor.full((3, 2), 3.0) * 2).to("LLVM:1") + 1).numpy(), np.full((3, 2), 7.0))
 
 # ---- shard: making, gathering, errors
@@ -309,14 +310,9 @@ def test_multi_lazy_buffer_rejects_shards_that_do_not_fit():
 
 # ---- on two GPUs (marked `gpu`; skipped with fewer)
 
-def _two_gpu_names() -> tuple[str, str]:
-  from tgrad.runtime.cuda.runtime import device_count
-  if device_count() < 2: pytest.skip(f"needs 2 GPUs, the driver sees {device_count()}")
-  return ("CUDA", "CUDA:1")
-
 @pytest.mark.gpu
-def test_copies_between_gpus_and_back():
-  gpus = _two_gpu_names()
+def test_copies_between_gpus_and_back(two_gpus):
+  gpus = two_gpus
   x = np.random.default_rng(5).standard_normal((37, 129)).astype(np.float32)
   there = Tensor(x, device=gpus[0]).to(gpus[1])
   assert there.device == gpus[1]
@@ -324,8 +320,8 @@ def test_copies_between_gpus_and_back():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("jit", [False, True])
-def test_data_parallel_training_on_two_gpus_matches_one(jit):
-  gpus = _two_gpu_names()
+def test_data_parallel_training_on_two_gpus_matches_one(jit, two_gpus):
+  gpus = two_gpus
   one_losses, one_weights = train(False, None, False)
   losses, weights = train(False, gpus, jit)
   np.testing.assert_allclose(losses, one_losses, rtol=1e-5)

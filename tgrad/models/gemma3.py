@@ -3,9 +3,9 @@
 `Gemma3Config` (tgrad/models/gemma3_config.py) reads an HF config.json; `Gemma3` holds the weights under HF's names,
 runs `(token ids [B, T], start_pos) -> logits [B, T, V]` against a preallocated `Gemma3KVCache`, and loads checkpoints
 (`from_pretrained`) or makes seeded random weights (`random`; both in tgrad/models/gemma3_weights.py); `greedy_tokens`
-runs greedy decode steps as replays of one captured step. All model math is Tensor ops; the host only prepares token ids, positions and the bound Variables
-of a call (a prompt's length, a decode step's cache slots: one compiled and captured program serves every length and
-position).
+runs greedy decode steps as replays of one captured step. All model math is Tensor ops; the host only prepares token
+ids, positions and the bound Variables of a call (a prompt's length, a decode step's cache slots: one compiled and
+captured program serves every length and position).
 The KV cache and the cache writes are in tgrad/models/gemma3_cache.py; text generation (`generate`, sampling, the chat
 template) in tgrad/models/generation.py; `Gemma3.shard(devices)` runs the same layers tensor-parallel over several
 devices, with the weights placed as tgrad/models/gemma3_parallel.py says.

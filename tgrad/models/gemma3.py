@@ -76,7 +76,7 @@ class Gemma3RMSNorm:
   def output_dtype(self, x: Tensor) -> Any: return self.out_dtype or x.dtype
   def __call__(self, x: Tensor) -> Tensor:
     # the rms_norm composite (a region a path may lower), the same graph as x32 · inverse_rms(x32): one row kernel
-    return (x.float().rms_norm(-1, self.eps) * (self.weight.float() + 1.0)).cast(self.output_dtype(x))
+    return (x.float().rms_norm(-1, self.eps) * self.scale()).cast(self.output_dtype(x))
   def inverse_rms(self, x32: Tensor, keepdim: bool = True, axes: Union[int, tuple[int, ...]] = -1) -> Tensor:
     """1 / sqrt(mean(x²) + eps) over `axes` (the last by default) of a float32 x."""
     return (x32.square().mean(axes, keepdim=keepdim) + self.eps).rsqrt()
@@ -90,9 +90,12 @@ class Gemma3RMSNorm:
     copies = x32.reshape(*x32.shape[:-1], 1, *rows[-split:]).expand(rows)
     if values is not None: copies = split_rows_like(copies, values, x32.ndim - 1)
     return self.inverse_rms(copies, False, tuple(range(-split, 0)))
+  def scale(self) -> Tensor:
+    """1 + w in float32: Gemma's norm scales by one plus its weight."""
+    return self.weight.float() + 1.0
   def weighted(self, x32: Tensor) -> Tensor:
     """x · (1 + w), float32: the norm without its 1/rms."""
-    return x32 * (self.weight.float() + 1.0)
+    return x32 * self.scale()
   def matvec(self, x: Union[Tensor, ResidualSum], weight: Weight) -> Tensor:
     """self(x) @ weight.T ([out, in] weight, dense or packed) as one kernel, for a one-token step: 1/rms is one
     number per row of x, so it multiplies the product of the weighted x (x · (1 + w), float32) with the weight after
@@ -113,7 +116,7 @@ class Gemma3RMSNorm:
     """`matvec` of x given as its copies, one per output row ([..., out, *input axes], ResidualSum.rows)."""
     values = weight_values(weight)
     axes, x32 = input_axes(values), rows.float()
-    product = (x32 * split_inputs(self.weight.float() + 1.0, values) * values).sum(axes)
+    product = (x32 * split_inputs(self.scale(), values) * values).sum(axes)
     return (product * self.inverse_rms(x32, False, axes)).cast(self.out_dtype or input_dtype)
 
   def rotated_scores(self, q: Tensor, cos: Tensor, sin_signed: Tensor, keys: Tensor) -> Tensor:
@@ -176,7 +179,7 @@ class ResidualSum:
     total = spread(self.h)
     for x, norm in self.terms:
       o = spread(x.float())
-      normed = o * norm.inverse_rms(o, True, axes) * split_inputs(norm.weight.float() + 1.0, values)
+      normed = o * norm.inverse_rms(o, True, axes) * split_inputs(norm.scale(), values)
       total = total + normed.cast(x.dtype).cast(self.h.dtype)
     one_row = all(size == 1 for size in self.h.shape[:-1])   # else the first row's copies are no run of the rows
     if self.store and one_row and self.stored is None:

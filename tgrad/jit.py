@@ -93,6 +93,7 @@ class GraphRunner(Protocol):
   def __init__(self, device: str, instructions: Sequence[Instruction], slots: Sequence[Slot]): ...
   def bind(self, changed_slots: Sequence[int]) -> None: ...
   def rebind_variables(self, instructions: Sequence[Instruction]) -> None: ...   # their var_vals changed
+  def prepare(self) -> None: ...   # make everything a run needs (graphs built, launches bound): __call__ only launches
   def __call__(self) -> None: ...
 
 class PlainGraphRunner:
@@ -118,9 +119,10 @@ class PlainGraphRunner:
         self.launches[position] = None
         self.stale = True
   def __call__(self) -> None:
-    if self.stale: self._prepare()
+    if self.stale: self.prepare()
     for launch in self.launches: launch()   # type: ignore[misc]
-  def _prepare(self) -> None:
+  def prepare(self) -> None:
+    if not self.stale: return
     for position, instruction in enumerate(self.instructions):
       if self.launches[position] is None:
         self.launches[position] = prepared_launch(instruction, [self.slots[s].buffer for s in instruction.args])
@@ -280,6 +282,10 @@ class CompiledGraph:
     keep_old_values_of(self.written_state)   # values built before this call that read state keep its old data
     for runner in self.runners:
       if changed: runner.bind(changed)
+    # every runner is ready before the first launches: once one device's part of a collective is queued, it waits for
+    # its peers, so nothing may stand between the launches of the devices' runs (building a CUDA graph loads modules
+    # and allocates, which can wait for a device that spins in that collective: the tensor-parallel decode hung so)
+    for runner in self.runners: runner.prepare()
     if Context.DEBUG >= 2: self._run_one_by_one()
     elif profiler.ENABLED: self._run_traced()
     else:

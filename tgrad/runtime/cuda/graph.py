@@ -374,6 +374,13 @@ class CUDAGraphRunner:
                                runner.launch_dims(ins.var_vals)[0])
     finally:
       if self.guest_context is not None: self.guest_context.leave()
+  def prepare(self) -> None:
+    """Build the graphs now (instantiated and uploaded), so the next call only launches."""
+    if self.built: return
+    if self.guest_context is not None: self.guest_context.enter()
+    try: self._build()
+    finally:
+      if self.guest_context is not None: self.guest_context.leave()
   def __call__(self) -> None:
     if self.guest_context is not None: self.guest_context.enter()
     try:

@@ -321,3 +321,25 @@ def test_jitted_data_parallel_training_on_two_gpus_matches_one(graphs, two_gpus)
     first, *others = shards_of(p)
     for other in others: np.testing.assert_array_equal(first, other)
     np.testing.assert_allclose(first, want.numpy(), rtol=1e-4, atol=1e-6)
+
+def test_every_device_run_is_prepared_before_any_device_launches():
+  """Once one device's part of a collective is launched it waits for its peers, so a replay makes every device's run
+  ready (graphs built) before it launches the first: nothing the host does may stand between the launches."""
+  rng = np.random.default_rng(7)
+  step = TinyJit(lambda x: (x * 2).sum(0).realize())
+  for _ in range(3): step(Tensor(rand(rng, 4, 3)).shard(TWO, 0))
+  graph = step.captured
+  events: list[str] = []
+  class Recorded:
+    def __init__(self, runner, name): self.runner, self.name = runner, name
+    def bind(self, changed): self.runner.bind(changed)
+    def rebind_variables(self, instructions): self.runner.rebind_variables(instructions)
+    def prepare(self): events.append(f"prepare {self.name}"); self.runner.prepare()
+    def __call__(self): events.append(f"launch {self.name}"); self.runner()
+  graph.runners = [Recorded(runner, str(i)) for i, runner in enumerate(graph.runners)]
+  a = rand(rng, 4, 3)
+  out = step(Tensor(a).shard(TWO, 0))
+  assert len(graph.runners) >= 2
+  first_launch = next(i for i, e in enumerate(events) if e.startswith("launch"))
+  assert all(e.startswith("prepare") for e in events[:first_launch]) and first_launch == len(graph.runners)
+  np.testing.assert_allclose(out.numpy(), (a * 2).sum(0), rtol=RTOL, atol=ATOL)

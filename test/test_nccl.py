@@ -115,6 +115,30 @@ def test_communicators_without_a_gpu_fail_with_ncclcomminitall_named():
   with pytest.raises(nccl.NCCLError, match=r"ncclCommInitAll \(GPUs \[0, 1\]\) failed"):
     nccl.NCCLCollectives([FakeDevice(0), FakeDevice(1)])
 
+def test_exit_closes_graphs_before_destroying_communicators_and_never_hangs(monkeypatch):
+  """ncclCommDestroy waits for every CUDA graph that holds a captured collective: at exit the graphs go first, and a
+  destroy that still does not return is left behind after the time limit instead of hanging the exit."""
+  import threading, time
+  from tgrad.runtime.cuda import graph
+  order, release = [], threading.Event()
+  class FakeCommunicators:
+    ordinals, comms = (0, 1), [1, 2]
+    def destroy(self):
+      order.append("destroy")
+      release.wait(30)   # a communicator whose graphs live on: never returns by itself
+  class FakeCapture:
+    def close(self): order.append("capture closed")
+  capture = FakeCapture()
+  monkeypatch.setattr(graph, "close_every_graph", lambda: order.append("graphs closed"))
+  monkeypatch.setattr(nccl, "_communicators", {(0, 1): FakeCommunicators()})
+  monkeypatch.setattr(nccl, "_live_captures", [capture])
+  monkeypatch.setattr(nccl, "EXIT_DESTROY_SECONDS", 0.2)
+  start = time.perf_counter()
+  nccl._release_at_exit()
+  release.set()
+  assert time.perf_counter() - start < 5
+  assert order == ["graphs closed", "capture closed", "destroy"]
+
 def test_backend_says_whether_collectives_exist():
   from tgrad.runtime.cuda import collectives_available
   assert collectives_available() == nccl.is_available()

@@ -8,7 +8,7 @@ ctypes on pycuda's current context; it imports neither pycuda nor the driver unt
 The CUDA_GRAPH switch (docs/env.md) turns graphs off: `graphs_enabled()`.
 """
 from __future__ import annotations
-import ctypes, sys
+import ctypes, sys, weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
 from tgrad.helpers import Context
@@ -283,6 +283,14 @@ def _guest_context(device: str) -> Any:
   runtime = sys.modules.get("tgrad.runtime.cuda.runtime")
   return None if runtime is None else runtime.guest_context(device)
 
+_live_runners: weakref.WeakSet = weakref.WeakSet()   # every CUDAGraphRunner not yet collected (close_every_graph)
+
+def close_every_graph() -> None:
+  """Destroy every TinyJit CUDA graph of this process (their runners build them again if called). At exit this
+  comes before NCCL's communicators are destroyed: a graph holding a captured collective keeps NCCL's resources
+  referenced, and ncclCommDestroy waits for them."""
+  for runner in list(_live_runners): runner.close()
+
 class CUDAGraphRunner:
   """A TinyJit graph runner (jit.py's GraphRunner contract) for CUDA: each run of consecutive kernel instructions is
   one CUDAGraph, launched with one call; other instructions (copies) run between them from Python. `bind` patches
@@ -304,6 +312,13 @@ class CUDAGraphRunner:
     self.instructions = list(instructions)
     self.built = False
     self.guest_context = _guest_context(device)
+    _live_runners.add(self)
+  def close(self) -> None:
+    """Destroy this runner's graphs (in its device's context); the next call builds them again."""
+    if self.guest_context is not None: self.guest_context.enter()
+    try: self._forget()
+    finally:
+      if self.guest_context is not None: self.guest_context.leave()
   def _launch_of(self, instruction: Any) -> KernelLaunch:
     runner = instruction.runner
     pointers = [int(self.slots[s].buffer.handle) for s in instruction.args]

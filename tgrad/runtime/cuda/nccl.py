@@ -21,7 +21,7 @@ waits for its peers).
 NCCL calls cudaSetDevice, which replaces the thread's current context; every call here puts the caller's back.
 """
 from __future__ import annotations
-import atexit, ctypes, functools, importlib.util, os
+import atexit, ctypes, functools, importlib.util, os, sys, threading, weakref
 from typing import Any, Callable, Optional, Sequence
 
 LIBRARY_NAME = "libnccl.so.2"
@@ -184,14 +184,36 @@ class Communicators:
       self.library.check(self.library.lib.ncclCommInitAll(comms, len(ordinals), (ctypes.c_int * len(ordinals))(
         *ordinals)), f"ncclCommInitAll (GPUs {list(ordinals)})")
     self.comms = [comm for comm in comms]
-    atexit.register(self.destroy)
+    # registered after the devices started, so it runs before their contexts close (atexit runs last-in first-out)
+    atexit.register(_release_at_exit)
   def destroy(self) -> None:
-    """ncclCommDestroy each communicator (after the work queued on them is done)."""
+    """ncclCommDestroy each communicator (after the work queued on them is done, and after every CUDA graph that
+    holds a captured collective of theirs is destroyed: until then NCCL keeps waiting for those graphs)."""
     comms, self.comms = self.comms, []
     with _ContextKept():
       for comm in comms: self.library.lib.ncclCommDestroy(Comm(comm))
 
 _communicators: dict[tuple[int, ...], Communicators] = {}
+_live_captures: weakref.WeakSet = weakref.WeakSet()   # every CapturedCollective not yet collected
+
+# How long the exit waits for ncclCommDestroy before leaving the communicators to the end of the process (a graph
+# that holds a captured collective and was not destroyed keeps NCCL waiting forever; the driver frees it all anyway)
+EXIT_DESTROY_SECONDS = 20.0
+
+def _release_at_exit() -> None:
+  """At exit: every CUDA graph and captured collective first, then the communicators, each set with a time limit."""
+  if not any(found.comms for found in _communicators.values()): return
+  from tgrad.runtime.cuda.graph import close_every_graph
+  close_every_graph()
+  for captured in list(_live_captures): captured.close()
+  for found in list(_communicators.values()):
+    if not found.comms: continue
+    destroying = threading.Thread(target=found.destroy, name="ncclCommDestroy", daemon=True)
+    destroying.start()
+    destroying.join(EXIT_DESTROY_SECONDS)
+    if destroying.is_alive():
+      sys.stderr.write(f"tgrad: NCCL communicators of GPUs {list(found.ordinals)} not destroyed within "
+                       f"{EXIT_DESTROY_SECONDS:.0f} s at exit; left to the end of the process\n")
 
 def communicators(ordinals: tuple[int, ...]) -> Communicators:
   """The process's communicators of this device set, made on first use."""
@@ -307,6 +329,7 @@ class CapturedCollective:
   def __init__(self, devices: Sequence[Any], graphs: list[int]):
     self.devices, self.graphs = list(devices), graphs
     self.executables: Optional[list[Any]] = None
+    _live_captures.add(self)
   def child(self, rank: int) -> Any:
     from tgrad.runtime.cuda.graph import ChildGraph
     return ChildGraph(self.graphs[rank], owner=self)
@@ -322,7 +345,8 @@ class CapturedCollective:
       with _Current(device): executable.launch()
   def close(self) -> None:
     from tgrad.runtime.cuda.graph import destroy_graph
-    for executable in self.executables or []: executable.close()
+    for device, executable in zip(self.devices, self.executables or []):
+      with _Current(device): executable.close()
     self.executables = None
     for graph in self.graphs: destroy_graph(graph)
     self.graphs = []

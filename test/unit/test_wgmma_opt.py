@@ -66,9 +66,9 @@ def test_wgmma_is_the_first_and_only_opt():
     with pytest.raises(KernelOptError, match="warpgroup matmul"): kernel.copy().apply_opt(opt)
 
 def test_every_tile_is_a_valid_kernel_configuration_for_both_layouts():
-  for warpgroups, block_n, stages in WGMMA_TILES:
+  for warpgroups, block_n, stages, tma in WGMMA_TILES:
     for n_major in (False, True):
-      wgmma.WgmmaConfig(warpgroups, block_n, stages, n_major)   # raises if the kernel can't take it
+      wgmma.WgmmaConfig(warpgroups, block_n, stages, n_major, tma)   # raises if the kernel can't take it
   tiles = [Opt(OptOps.WGMMA, 0, i) for i in range(len(WGMMA_TILES))]
   assert [opt for opt in ACTIONS if opt.op is OptOps.WGMMA] == tiles
 
@@ -90,9 +90,9 @@ def test_heuristics_pick_it_for_big_matmuls_on_sm_90a_only():
   assert Opt(OptOps.TC, 0, 0) in small.applied_opts
 
 def test_default_tile_keeps_a_wave_of_blocks():
-  assert WGMMA_TILES[default_tile(4096, 4096)] == (2, 256, 4)      # 512 blocks of 128×256
-  assert WGMMA_TILES[default_tile(512, 2048)] == (1, 128, 6)       # 128 blocks of 64×128
-  assert WGMMA_TILES[default_tile(512, 640)] == (1, 64, 8)         # the smallest tile: 80 blocks
+  assert WGMMA_TILES[default_tile(4096, 4096)] == (2, 256, 4, False)     # 512 blocks of 128×256
+  assert WGMMA_TILES[default_tile(512, 2048)] == (1, 128, 6, False)      # 128 blocks of 64×128
+  assert WGMMA_TILES[default_tile(512, 640)] == (1, 64, 8, False)        # the smallest tile: 80 blocks
 
 def test_rendered_source_compiles_with_parameters_in_kernel_order():
   nvrtc = pytest.importorskip("tgrad.runtime.cuda.nvrtc")
@@ -115,7 +115,7 @@ def test_emulated_kernel_of_the_opt_matches_numpy(dtype, n_major):
   m, n, k = 200, 136, 200
   a, b = data(m, k, dtype=dtype), data(k, n, dtype=dtype, seed=1)
   kernel = last_kernel(a @ b if n_major else a @ b.T.contiguous().realize().T)
-  kernel.apply_opt(Opt(OptOps.WGMMA, 0, WGMMA_TILES.index((1, 64, 4))))
+  kernel.apply_opt(Opt(OptOps.WGMMA, 0, WGMMA_TILES.index((1, 64, 4, False))))
   use = kernel.warpgroup_matmul
   config = wgmma.WgmmaConfig(use.warpgroups, use.block_n, use.stages, use.b_n_major)
   a_bits = a.numpy().astype(np.float32)
@@ -140,8 +140,8 @@ def _to_bits(x: np.ndarray, dtype) -> np.ndarray:
 # ---- the rendered kernel itself, run on the CPU (test/cuda_on_cpu.py: one OS thread per CUDA thread)
 
 # (each case compiles its kernel with g++ for ~10 s: two cases, both B layouts, both dtypes, one and two warpgroups)
-CPU_CASES = [((200, 136, 200), (1, 64, 4), False, dtypes.float16),
-             ((130, 128, 136), (2, 128, 5), True, dtypes.bfloat16)]
+CPU_CASES = [((200, 136, 200), (1, 64, 4, False), False, dtypes.float16),
+             ((130, 128, 136), (2, 128, 5, False), True, dtypes.bfloat16)]
 
 @pytest.mark.parametrize("shape,tile,n_major,dtype", CPU_CASES, ids=str)
 def test_rendered_kernel_runs_on_cpu_and_matches_numpy(shape, tile, n_major, dtype):

@@ -164,3 +164,35 @@ def test_rendered_kernel_runs_on_cpu_and_matches_numpy(shape, tile, n_major, dty
   expected = a.numpy().astype(np.float64) @ b.numpy().astype(np.float64)
   assert not np.isnan(got).any(), f"{np.isnan(got).sum()} outputs never written"
   np.testing.assert_allclose(got, expected, rtol=2 ** -10 if dtype == dtypes.float16 else 2 ** -7, atol=1e-3)
+
+# ---- the TMA tiles (runtime/cuda/wgmma_tma.py)
+
+def test_tma_tiles_render_the_tma_kernel_and_wgmma_tma_makes_the_heuristics_pick_one():
+  big = data(2048, 512) @ data(512, 2048, seed=1)
+  tile = WGMMA_TILES.index((2, 128, 6, True))
+  kernel = last_kernel(big)
+  kernel.apply_opt(Opt(OptOps.WGMMA, 0, tile))
+  assert kernel.warpgroup_matmul.tma and kernel.launch_dims() == ((16, 16), (384,))   # + the producer warpgroup
+  src, _ = render_source(kernel)
+  assert "cp.async.bulk.tensor.2d" in src and "const __grid_constant__ TensorMap a_map" in src
+  with Context(WGMMA_TMA=1):
+    picked = last_kernel(big)
+    hand_coded_optimizations(picked)
+  assert picked.warpgroup_matmul.tma and WGMMA_TILES[picked.applied_opts[0].amount][3]
+  assert WGMMA_TILES[default_tile(4096, 4096, tma=True)] == (2, 256, 4, True)
+
+def test_rendered_tma_kernel_runs_on_cpu_and_matches_numpy():
+  """The TMA kernel OptOps.WGMMA renders for a plain a·b (N-major B, bfloat16, partial tiles), on the CPU."""
+  from cuda_on_cpu import cpu_available, run_on_cpu
+  if not cpu_available(): pytest.skip("no g++")
+  m, n, k = 130, 128, 200
+  a, b = data(m, k, dtype=dtypes.bfloat16), data(k, n, dtype=dtypes.bfloat16, seed=1)
+  kernel = last_kernel(a @ b)
+  kernel.apply_opt(Opt(OptOps.WGMMA, 0, WGMMA_TILES.index((1, 64, 8, True))))
+  src, _ = render_source(kernel)
+  out = np.full(m * n, 0xFFFF, np.uint16)
+  a_bits, b_bits = (_to_bits(x.numpy().astype(np.float32), dtypes.bfloat16) for x in (a, b))
+  run_on_cpu(src, kernel.function_name, *kernel.launch_dims(), [out, a_bits, b_bits], [])
+  got = wgmma.float_of_bits(out.reshape(m, n), dtypes.bfloat16)
+  assert not np.isnan(got).any()
+  np.testing.assert_allclose(got, a.numpy().astype(np.float64) @ b.numpy().astype(np.float64), rtol=2 ** -7, atol=1e-3)

@@ -72,8 +72,8 @@ def encode(spec: TensorMapSpec, address: int) -> bytes:
   box = (ctypes.c_uint32 * RANK)(spec.box_columns, spec.box_rows)
   element_strides = (ctypes.c_uint32 * RANK)(1, 1)
   check(driver().cuTensorMapEncodeTiled(ctypes.addressof(storage), DATA_TYPE_UINT16, RANK, ctypes.c_void_p(address),
-                                        dims, strides, box, element_strides, INTERLEAVE_NONE, spec.swizzle, L2_PROMOTION_128B,
-                                        OOB_FILL_ZEROS),
+                                        dims, strides, box, element_strides, INTERLEAVE_NONE, spec.swizzle,
+                                        L2_PROMOTION_128B, OOB_FILL_ZEROS),
         f"cuTensorMapEncodeTiled ({spec.rows}×{spec.columns} matrix, box {spec.box_rows}×{spec.box_columns}, "
         f"address {address:#x})")
   return bytes(storage)

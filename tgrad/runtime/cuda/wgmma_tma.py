@@ -73,7 +73,8 @@ def _copy_lines(c: WgmmaConfig) -> list[str]:
   return lines
 
 def tma_matmul_source(name: str, m: int, n: int, k: int, dtype: DType = dtypes.float16,
-                      config: WgmmaConfig = WgmmaConfig(tma=True), arguments: tuple[str, ...] = ("out", "a", "b")) -> str:
+                      config: WgmmaConfig = WgmmaConfig(tma=True),
+                      arguments: tuple[str, ...] = ("out", "a", "b")) -> str:
   """CUDA C of `name(a_map, b_map, out, a, b)` (the buffers in the order `arguments` names them; the maps are made
   from them by the runtime, as the module global {name}_tensor_maps says): out = a · bᵀ (a · b when b_n_major), see
   the module doc. Compile for sm_90a."""

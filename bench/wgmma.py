@@ -3,12 +3,14 @@ matmul (cuBLAS), kernel times by CUDA events, float16 and bfloat16 with float32 
 
 Shapes: 4096³, then the prefill projections of gemma-3-270m at 512 tokens (M×K · K×N). Two layouts of B: "a@b" (B is
 K×N row-major: wgmma reads it transposed) and "a@w.T" (B is an N×K weight, K contiguous). For each shape, layout and
-dtype, the kernel the heuristics pick ("chosen": WGMMA with its default tile for big matmuls on sm_90), and with
---sweep also every WGMMA tile and the mma.sync tensor-core kernel the heuristics pick with WGMMA=0. Every kernel's
+dtype, the kernel the heuristics pick ("chosen": WGMMA with its default tile for big matmuls on sm_90); with --tma the
+heuristics' pick with cp.async loads (WGMMA_TMA=0) and with TMA loads and a producer warpgroup (WGMMA_TMA=1) side by
+side; with --sweep also every WGMMA tile (cp.async and TMA; --loader narrows it) and the mma.sync tensor-core kernel the
+heuristics pick with WGMMA=0. Every kernel's
 output is first written into a buffer poisoned with NaN and checked against torch's result; its time is CUDA events
 around REPEATS back-to-back launches (bench/gpu.py `event_seconds`), torch's likewise (torch.matmul into a preallocated
 output). Ratios are torch time / tgrad time (1.0: as fast as cuBLAS). Needs an sm_90 GPU (H100/H200).
-Usage: python bench/wgmma.py [--quick] [--sweep] [--repeats N]
+Usage: python bench/wgmma.py [--quick] [--tma] [--sweep] [--loader cp.async|tma|both] [--repeats N]
 """
 from __future__ import annotations
 import argparse, os, sys
@@ -57,32 +59,44 @@ def tgrad_tensor(x) -> Tensor:
   dtype = dtypes.float16 if x.dtype == torch.float16 else dtypes.bfloat16
   return Tensor(bits, device="CUDA").bitcast(dtype).realize()
 
-def kernel_variants(ast, sweep: bool) -> list[tuple[str, Kernel]]:
-  """(label, optimized kernel): what the heuristics pick, and with `sweep` every WGMMA tile and the WGMMA=0 pick."""
+def heuristic_kernel(ast, **settings) -> Kernel:
+  with Context(**settings):
+    kernel = Kernel(ast, Device["CUDA"].renderer)
+    hand_coded_optimizations(kernel)
+  return kernel
+
+def kernel_variants(ast, sweep: bool, tma: bool = False, loader: str = "both") -> list[tuple[str, Kernel]]:
+  """(label, optimized kernel): what the heuristics pick; with `tma` their picks under WGMMA_TMA=0 and 1; with `sweep`
+  every WGMMA tile of `loader` and the WGMMA=0 pick."""
   renderer = Device["CUDA"].renderer
-  chosen = Kernel(ast, renderer)
-  hand_coded_optimizations(chosen)
-  variants = [("chosen", chosen)]
+  variants = [("chosen", heuristic_kernel(ast))]
+  if tma: variants += [("cp.async (WGMMA_TMA=0)", heuristic_kernel(ast, WGMMA_TMA=0)),
+                       ("TMA (WGMMA_TMA=1)", heuristic_kernel(ast, WGMMA_TMA=1))]
   if not sweep: return variants
   with Context(WGMMA=0):
     mma_sync = Kernel(ast, renderer)
     hand_coded_optimizations(mma_sync)
   variants.append(("mma.sync (WGMMA=0)", mma_sync))
-  for tile, (warpgroups, block_n, stages) in enumerate(WGMMA_TILES):
+  for tile, (warpgroups, block_n, stages, tile_tma) in enumerate(WGMMA_TILES):
+    if loader != "both" and tile_tma != (loader == "tma"): continue
     kernel = Kernel(ast, renderer)
     kernel.apply_opt(Opt(OptOps.WGMMA, 0, tile))
-    variants.append((f"wgmma {64 * warpgroups}x{block_n}/{stages}", kernel))
+    variants.append((f"wgmma {64 * warpgroups}x{block_n}/{stages}" + (" TMA" if tile_tma else ""), kernel))
   return variants
 
 def describe(kernel: Kernel) -> str:
   if (use := kernel.warpgroup_matmul) is not None:
-    return f"wgmma {use.block_m}x{use.block_n}x{wgmma.BLOCK_K}/{use.stages}" + (" B K×N" if use.b_n_major else "")
+    return f"wgmma {use.block_m}x{use.block_n}x{wgmma.BLOCK_K}/{use.stages}" + (" B K×N" if use.b_n_major else "") + \
+      (" TMA" if use.tma else "")
   return ",".join(f"{o.op.name}:{o.axis}:{o.amount}" for o in kernel.applied_opts) or "no opts"
 
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--quick", action="store_true", help="4096³ float16 only")
   parser.add_argument("--sweep", action="store_true", help="also every WGMMA tile and the mma.sync kernel")
+  parser.add_argument("--tma", action="store_true", help="the heuristics' cp.async and TMA picks side by side")
+  parser.add_argument("--loader", choices=("cp.async", "tma", "both"), default="both",
+                      help="which WGMMA tiles --sweep times")
   parser.add_argument("--repeats", type=int, default=REPEATS, help="launches per timing")
   args = parser.parse_args()
   import torch
@@ -110,8 +124,8 @@ def main() -> None:
         items = create_schedule([(ta @ (tb if layout == "a@b" else tb.T)).lazydata])
         item = items[-1]
         tolerance = RTOL[dtype] * reference.abs() + ATOL_PER_SQRT_K[dtype] * k ** 0.5
-        for label, kernel in kernel_variants(item.ast, args.sweep):
-          name = f"chosen: {describe(kernel)}" if label == "chosen" else label
+        for label, kernel in kernel_variants(item.ast, args.sweep, args.tma, args.loader):
+          name = f"{label}: {describe(kernel)}" if label == "chosen" or label.endswith(")") else label
           try: runner = compile_kernel("CUDA", kernel, "bench")
           except Exception as error:   # a variant that fails to build is reported, the sweep goes on  # noqa: BLE001
             print(f"{f'{m}×{k}·{k}×{n}':>16} {layout:>6} {dtype.name:>9} {name:>34}  FAILED: {error}"[:200])

@@ -32,6 +32,8 @@ COMPILER = shutil.which("g++")
 
 HEADER = r"""
 #include <barrier>
+#include <map>
+#include <mutex>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -47,6 +49,7 @@ static std::barrier<>* block_barrier = nullptr;
 #define __forceinline__ inline
 #define __launch_bounds__(...)
 #define __restrict__
+#define __grid_constant__
 #define __shared__ static
 #define __align__(n) __attribute__((aligned(n)))
 #define __syncthreads() block_barrier->arrive_and_wait()
@@ -132,6 +135,79 @@ static inline void emu_cp_async(unsigned int target, const void* source, unsigne
   std::memcpy(emu_shared_base + target, source, size);
   std::memset(emu_shared_base + target + size, 0, 16 - size);
 }
+// mbarriers (PTX ISA "Parallel Synchronization and Communication Instructions: mbarrier"): a phase completes when
+// its pending arrivals reach 0 and its transaction count (bytes expected by expect_tx, less those the copies
+// completed) is 0; then the next phase begins with the arrival count of init. try_wait.parity P is true once the
+// phase of parity P has completed: the current phase's parity is not P. Kept beside shared memory, keyed by address.
+struct EmuBarrier { int pending = 0, expected = 0; long long transactions = 0; unsigned int phase = 0; };
+static std::mutex emu_barrier_lock;
+static std::map<unsigned int, EmuBarrier> emu_barriers;
+static inline EmuBarrier& emu_barrier(unsigned int address) {
+  auto found = emu_barriers.find(address);
+  if (found == emu_barriers.end()) { std::fprintf(stderr, "mbarrier %u used before init\n", address); std::abort(); }
+  return found->second;
+}
+static inline void emu_barrier_advance(EmuBarrier& b) {
+  if (b.pending < 0) { std::fprintf(stderr, "more arrivals on an mbarrier than its count\n"); std::abort(); }
+  if (b.pending == 0 && b.transactions == 0) { b.phase++; b.pending = b.expected; }
+}
+static void emu_mbarrier_init(unsigned int address, unsigned int count) {
+  std::lock_guard<std::mutex> hold(emu_barrier_lock);
+  EmuBarrier b;
+  b.pending = b.expected = (int)count;
+  emu_barriers[address] = b;
+}
+static void emu_mbarrier_arrive(unsigned int address) {
+  std::lock_guard<std::mutex> hold(emu_barrier_lock);
+  EmuBarrier& b = emu_barrier(address);
+  b.pending--;
+  emu_barrier_advance(b);
+}
+static void emu_mbarrier_arrive_expect_tx(unsigned int address, unsigned int bytes) {
+  std::lock_guard<std::mutex> hold(emu_barrier_lock);
+  EmuBarrier& b = emu_barrier(address);
+  b.transactions += bytes;
+  b.pending--;
+  emu_barrier_advance(b);
+}
+static void emu_mbarrier_complete_tx(unsigned int address, unsigned int bytes) {
+  std::lock_guard<std::mutex> hold(emu_barrier_lock);
+  EmuBarrier& b = emu_barrier(address);
+  b.transactions -= bytes;
+  emu_barrier_advance(b);
+}
+static unsigned int emu_mbarrier_try_wait(unsigned int address, unsigned int parity) {
+  bool done;
+  {
+    std::lock_guard<std::mutex> hold(emu_barrier_lock);
+    done = (emu_barrier(address).phase & 1u) != (parity & 1u);
+  }
+  if (!done) std::this_thread::yield();
+  return done;
+}
+// cp.async.bulk.tensor.2d (tiled, CUDA programming guide "Tensor Memory Access"): the box of box_rows × box_columns
+// elements at (inner, outer) of the tensor map's matrix, elements outside it read as 0, stored densely (rows of
+// box_columns elements) from `target`, each byte address through the 128-byte swizzle (bits 4-6 ^= bits 7-9); then
+// the copy's bytes complete on the mbarrier. The emulated map (cuda_on_cpu's launcher makes it from the kernel's
+// {name}_tensor_maps global): the global address, then rows, columns, row stride, box rows, box columns, element
+// bytes, swizzle.
+static void emu_tma_load_2d(unsigned int target, unsigned long long map, int inner, int outer, unsigned int barrier) {
+  const unsigned long long* m = (const unsigned long long*)map;
+  const unsigned char* global = (const unsigned char*)m[0];
+  long long rows = m[1], columns = m[2], stride = m[3], box_rows = m[4], box_columns = m[5], size = m[6];
+  if (m[7] != 3 || box_columns * size != 128 || target % 1024) {
+    std::fprintf(stderr, "only 128-byte-swizzled boxes of 128-byte rows into 1024-byte-aligned targets\n");
+    std::abort();
+  }
+  for (long long r = 0; r < box_rows; r++) for (long long e = 0; e < box_columns; e++) {
+    unsigned int at = target + (unsigned int)(r * box_columns * size + e * size);
+    at ^= ((at >> 7) & 7) << 4;
+    long long row = outer + r, column = inner + e;
+    if (row < rows && column < columns) std::memcpy(emu_shared_base + at, global + row * stride + column * size, size);
+    else std::memset(emu_shared_base + at, 0, size);
+  }
+  emu_mbarrier_complete_tx(barrier, (unsigned int)(box_rows * box_columns * size));
+}
 // the element (row, k) of a 128-byte-swizzled wgmma operand (16-bit elements): K-major at start + (row / 8)·SBO +
 // (row % 8)·128 + 2k, MN-major (transposed) at start + (row / 64)·LBO + (k / 8)·SBO + (k % 8)·128 + 2·(row % 64);
 // the swizzle XORs address bits 4-6 with bits 7-9
@@ -173,9 +249,17 @@ PTX_STAND_INS = {
   "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32": "emu_mma(" + MMA_OPERANDS + ", EMU_TF32);",
   "cvt.rn.bf16.f32 %0, %1;": "{0} = emu_f32_to_bf16({1});",
   "cp.async.cg.shared.global [%0], [%1], 16, %2;": "emu_cp_async({0}, {1}, {2});",
+  "mbarrier.init.shared::cta.b64 [%0], %1;": "emu_mbarrier_init({0}, {1});",
+  "mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;": "emu_mbarrier_arrive_expect_tx({0}, {1});",
+  "mbarrier.arrive.shared::cta.b64 _, [%0];": "emu_mbarrier_arrive({0});",
+  "{\\n.reg .pred p;\\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;": "{0} = emu_mbarrier_try_wait({1}, {2});",
+  "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];":
+    "emu_tma_load_2d({0}, {1}, {2}, {3}, {4});",
+  # register reallocation between warpgroups changes nothing an OS thread computes
   **{no_op: ";" for no_op in ("cp.async.commit_group;", "cp.async.wait_group", "fence.proxy.async.shared::cta;",
                               "wgmma.fence.sync.aligned;", "wgmma.commit_group.sync.aligned;",
-                              "wgmma.wait_group.sync.aligned")},
+                              "wgmma.wait_group.sync.aligned", "fence.mbarrier_init.release.cluster;",
+                              "setmaxnreg.dec.sync.aligned.u32", "setmaxnreg.inc.sync.aligned.u32")},
 }
 # the wgmma kernel's MMA (its asm opens with a predicate for scale-d): shape and types from the instruction
 WGMMA = re.compile(r"wgmma\.mma_async\.sync\.aligned\.m64n(\d+)k16\.f32\.(f16|bf16)\.\2 .*, p, 1, 1, 0, ([01]);")
@@ -234,17 +318,33 @@ def _parameters(source: str, name: str) -> list[str]:
 
 _loaded: dict[str, ctypes.CDLL] = {}
 
+# a TMA kernel's tensor map i, as emu_tma_load_2d reads it, made from the kernel's marker global and the buffers
+TENSOR_MAP_MAKER = r"""
+static TensorMap emu_tensor_map(const unsigned long long* marker, int index, void** buffers) {
+  const unsigned long long* spec = marker + 1 + 8 * index;   // argument, rows, columns, stride, box, size, swizzle
+  TensorMap map = {};
+  map.opaque[0] = (unsigned long long)buffers[spec[0]];
+  for (int field = 1; field < 8; field++) map.opaque[field] = spec[field];
+  return map;
+}
+"""
+
 def _compile(source: str, name: str) -> ctypes.CDLL:
   call_args = []
-  buffer_count = variable_count = 0
+  buffer_count = variable_count = map_count = 0
+  maker = ""
   for ctype in _parameters(source, name):
-    if "*" in ctype:
+    if "TensorMap" in ctype:
+      call_args.append(f"emu_tensor_map({name}_tensor_maps, {map_count}, buffers)")
+      map_count += 1
+      maker = TENSOR_MAP_MAKER
+    elif "*" in ctype:
       call_args.append(f"({ctype.replace('__restrict__', '').strip()})buffers[{buffer_count}]")
       buffer_count += 1
     else:
       call_args.append(f"variables[{variable_count}]")
       variable_count += 1
-  program = HEADER + emulable(source) + LAUNCHER.replace("CALL", f"{name}({', '.join(call_args)})")
+  program = HEADER + emulable(source) + maker + LAUNCHER.replace("CALL", f"{name}({', '.join(call_args)})")
   key = hashlib.sha256(program.encode()).hexdigest()[:24]
   if key in _loaded: return _loaded[key]
   folder = tempfile.mkdtemp(prefix="tgrad-cuda-on-cpu-")

@@ -117,3 +117,27 @@ def test_realize_picks_wgmma_for_a_big_matmul_and_matches_numpy(dtype):
     wgmma.float_of_bits(b_bits, dtype).astype(np.float64)
   rtol = 2 ** -10 if dtype == dtypes.float16 else 2 ** -7
   np.testing.assert_allclose(wgmma.float_of_bits(out, dtype), expected, rtol=rtol, atol=2e-6 * k)
+
+@pytest.mark.parametrize("graphs", [1, 0], ids=["cuda_graph", "plain_loop"])
+def test_tma_matmul_in_a_jit_with_new_inputs_each_call(graphs):
+  """WGMMA_TMA=1: a jitted a·b is the TMA kernel; every call gets new input buffers, so the replay (a CUDA graph node
+  patched with re-encoded tensor maps, or the plain loop's launches) must load from the new pointers."""
+  from tgrad import TinyJit
+  from tgrad.helpers import Context
+  if not hopper(): pytest.skip("wgmma needs compute capability 9.0 (sm_90a)")
+  m, n, k, dtype = 1024, 2048, 512, dtypes.float16
+  with Context(WGMMA_TMA=1, CUDA_GRAPH=graphs):
+    probe = Kernel(create_schedule([(Tensor.empty(m, k, dtype=dtype, device="CUDA") @
+                                     Tensor.empty(k, n, dtype=dtype, device="CUDA")).lazydata])[-1].ast,
+                   Device["CUDA"].renderer)
+    hand_coded_optimizations(probe)
+    assert probe.warpgroup_matmul is not None and probe.warpgroup_matmul.tma, probe.applied_opts
+    jitted = TinyJit(lambda a, b: (a @ b).realize())
+    for step in range(4):
+      a_bits, b_bits = bits(RNG.standard_normal((m, k)), dtype), bits(RNG.standard_normal((k, n)), dtype)
+      a = Tensor(a_bits, device="CUDA").bitcast(dtype).realize()
+      b = Tensor(b_bits, device="CUDA").bitcast(dtype).realize()
+      out = wgmma.float_of_bits(jitted(a, b).bitcast(dtypes.uint16).numpy(), dtype)
+      expected = wgmma.float_of_bits(a_bits, dtype).astype(np.float64) @ \
+        wgmma.float_of_bits(b_bits, dtype).astype(np.float64)
+      np.testing.assert_allclose(out, expected, rtol=2 ** -10, atol=2e-6 * k, err_msg=f"call {step}")

@@ -98,6 +98,7 @@ class _Settings:
   PDL: int = 1          # 1: on sm_90+ a CUDA graph's kernels launch before their predecessor ends (Programmatic
                         # Dependent Launch) and wait for it on chip; 0 serializes them fully
   WGMMA: int = 1        # 1: on sm_90a a big half/bfloat16 matmul may be one warpgroup-MMA kernel (OptOps.WGMMA)
+  WGMMA_TMA: int = 0    # 1: that kernel's heuristic tile loads by TMA with a producer warpgroup; 0: by cp.async
   JIT_PLAN: int = 1     # 1: a TinyJit packs its transient buffers into one arena per device; 0: one allocation each
   RIDERS: int = 0       # 1: a small kernel runs inside a neighbouring one (schedule rule 5); 0: every kernel alone
                         # (the default: on an H100 riders made Gemma's decode step and prefill slower, docs/env.md)
@@ -118,6 +119,7 @@ _ALLOWED_VALUES: dict[str, tuple[str, Callable[[int], bool]]] = {
   "JIT_PLAN": ("0 or 1", lambda v: v in (0, 1)),
   "RIDERS": ("0 or 1", lambda v: v in (0, 1)),
   "WGMMA": ("0 or 1", lambda v: v in (0, 1)),
+  "WGMMA_TMA": ("0 or 1", lambda v: v in (0, 1)),
 }
 # the float settings, the same way; None (unset) is always allowed for these
 _ALLOWED_FLOATS: dict[str, tuple[str, Callable[[float], bool]]] = {
@@ -187,7 +189,7 @@ def current_settings() -> _Settings:
 
 # The settings that change generated code. Not TOLERANCE: it changes which measured path is selected, never the code
 # of a path, so kernels and binaries cached under one tolerance serve every other.
-CODE_SETTINGS = ("NOOPT", "PDL", "WGMMA")
+CODE_SETTINGS = ("NOOPT", "PDL", "WGMMA", "WGMMA_TMA")
 
 def settings_key(settings: Optional[_Settings] = None) -> tuple:
   """The settings that change generated code (of `settings`, else the current ones): part of every cache key."""

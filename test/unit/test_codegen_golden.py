@@ -147,6 +147,8 @@ FIXED_OPTS: dict[str, list[tuple[str, tuple[Opt, ...]]]] = {
     ("group_smem", (Opt(OptOps.GROUP, 0, 8), Opt(OptOps.SMEM, 0, 0))),
     ("wgmma_first_tile", (Opt(OptOps.WGMMA, 0, 0),)),
     ("wgmma_small_tile", (Opt(OptOps.WGMMA, 0, 9),)),
+    ("wgmma_tma_first_tile", (Opt(OptOps.WGMMA, 0, 11),)),
+    ("wgmma_tma_small_tile", (Opt(OptOps.WGMMA, 0, 19),)),
   ],
   "llvm": [
     ("unroll4", (Opt(OptOps.UNROLL, 0, 4),)),

@@ -66,9 +66,9 @@ def test_wgmma_is_the_first_and_only_opt():
     with pytest.raises(KernelOptError, match="warpgroup matmul"): kernel.copy().apply_opt(opt)
 
 def test_every_tile_is_a_valid_kernel_configuration_for_both_layouts():
-  for warpgroups, block_n, stages in WGMMA_TILES:
+  for warpgroups, block_n, stages, tma in WGMMA_TILES:
     for n_major in (False, True):
-      wgmma.WgmmaConfig(warpgroups, block_n, stages, n_major)   # raises if the kernel can't take it
+      wgmma.WgmmaConfig(warpgroups, block_n, stages, n_major, tma)   # raises if the kernel can't take it
   tiles = [Opt(OptOps.WGMMA, 0, i) for i in range(len(WGMMA_TILES))]
   assert [opt for opt in ACTIONS if opt.op is OptOps.WGMMA] == tiles
 
@@ -90,9 +90,9 @@ def test_heuristics_pick_it_for_big_matmuls_on_sm_90a_only():
   assert Opt(OptOps.TC, 0, 0) in small.applied_opts
 
 def test_default_tile_keeps_a_wave_of_blocks():
-  assert WGMMA_TILES[default_tile(4096, 4096)] == (2, 256, 4)      # 512 blocks of 128×256
-  assert WGMMA_TILES[default_tile(512, 2048)] == (1, 128, 6)       # 128 blocks of 64×128
-  assert WGMMA_TILES[default_tile(512, 640)] == (1, 64, 8)         # the smallest tile: 80 blocks
+  assert WGMMA_TILES[default_tile(4096, 4096)] == (2, 256, 4, False)     # 512 blocks of 128×256
+  assert WGMMA_TILES[default_tile(512, 2048)] == (1, 128, 6, False)      # 128 blocks of 64×128
+  assert WGMMA_TILES[default_tile(512, 640)] == (1, 64, 8, False)        # the smallest tile: 80 blocks
 
 def test_rendered_source_compiles_with_parameters_in_kernel_order():
   nvrtc = pytest.importorskip("tgrad.runtime.cuda.nvrtc")
@@ -115,7 +115,7 @@ def test_emulated_kernel_of_the_opt_matches_numpy(dtype, n_major):
   m, n, k = 200, 136, 200
   a, b = data(m, k, dtype=dtype), data(k, n, dtype=dtype, seed=1)
   kernel = last_kernel(a @ b if n_major else a @ b.T.contiguous().realize().T)
-  kernel.apply_opt(Opt(OptOps.WGMMA, 0, WGMMA_TILES.index((1, 64, 4))))
+  kernel.apply_opt(Opt(OptOps.WGMMA, 0, WGMMA_TILES.index((1, 64, 4, False))))
   use = kernel.warpgroup_matmul
   config = wgmma.WgmmaConfig(use.warpgroups, use.block_n, use.stages, use.b_n_major)
   a_bits = a.numpy().astype(np.float32)
@@ -140,8 +140,8 @@ def _to_bits(x: np.ndarray, dtype) -> np.ndarray:
 # ---- the rendered kernel itself, run on the CPU (test/cuda_on_cpu.py: one OS thread per CUDA thread)
 
 # (each case compiles its kernel with g++ for ~10 s: two cases, both B layouts, both dtypes, one and two warpgroups)
-CPU_CASES = [((200, 136, 200), (1, 64, 4), False, dtypes.float16),
-             ((130, 128, 136), (2, 128, 5), True, dtypes.bfloat16)]
+CPU_CASES = [((200, 136, 200), (1, 64, 4, False), False, dtypes.float16),
+             ((130, 128, 136), (2, 128, 5, False), True, dtypes.bfloat16)]
 
 @pytest.mark.parametrize("shape,tile,n_major,dtype", CPU_CASES, ids=str)
 def test_rendered_kernel_runs_on_cpu_and_matches_numpy(shape, tile, n_major, dtype):
@@ -164,3 +164,35 @@ def test_rendered_kernel_runs_on_cpu_and_matches_numpy(shape, tile, n_major, dty
   expected = a.numpy().astype(np.float64) @ b.numpy().astype(np.float64)
   assert not np.isnan(got).any(), f"{np.isnan(got).sum()} outputs never written"
   np.testing.assert_allclose(got, expected, rtol=2 ** -10 if dtype == dtypes.float16 else 2 ** -7, atol=1e-3)
+
+# ---- the TMA tiles (runtime/cuda/wgmma_tma.py)
+
+def test_tma_tiles_render_the_tma_kernel_and_wgmma_tma_makes_the_heuristics_pick_one():
+  big = data(2048, 512) @ data(512, 2048, seed=1)
+  tile = WGMMA_TILES.index((2, 128, 6, True))
+  kernel = last_kernel(big)
+  kernel.apply_opt(Opt(OptOps.WGMMA, 0, tile))
+  assert kernel.warpgroup_matmul.tma and kernel.launch_dims() == ((16, 16), (384,))   # + the producer warpgroup
+  src, _ = render_source(kernel)
+  assert "cp.async.bulk.tensor.2d" in src and "const __grid_constant__ TensorMap a_map" in src
+  with Context(WGMMA_TMA=1):
+    picked = last_kernel(big)
+    hand_coded_optimizations(picked)
+  assert picked.warpgroup_matmul.tma and WGMMA_TILES[picked.applied_opts[0].amount][3]
+  assert WGMMA_TILES[default_tile(4096, 4096, tma=True)] == (2, 256, 4, True)
+
+def test_rendered_tma_kernel_runs_on_cpu_and_matches_numpy():
+  """The TMA kernel OptOps.WGMMA renders for a plain a·b (N-major B, bfloat16, partial tiles), on the CPU."""
+  from cuda_on_cpu import cpu_available, run_on_cpu
+  if not cpu_available(): pytest.skip("no g++")
+  m, n, k = 130, 128, 200
+  a, b = data(m, k, dtype=dtypes.bfloat16), data(k, n, dtype=dtypes.bfloat16, seed=1)
+  kernel = last_kernel(a @ b)
+  kernel.apply_opt(Opt(OptOps.WGMMA, 0, WGMMA_TILES.index((1, 64, 8, True))))
+  src, _ = render_source(kernel)
+  out = np.full(m * n, 0xFFFF, np.uint16)
+  a_bits, b_bits = (_to_bits(x.numpy().astype(np.float32), dtypes.bfloat16) for x in (a, b))
+  run_on_cpu(src, kernel.function_name, *kernel.launch_dims(), [out, a_bits, b_bits], [])
+  got = wgmma.float_of_bits(out.reshape(m, n), dtypes.bfloat16)
+  assert not np.isnan(got).any()
+  np.testing.assert_allclose(got, a.numpy().astype(np.float64) @ b.numpy().astype(np.float64), rtol=2 ** -7, atol=1e-3)

@@ -67,7 +67,8 @@ class TensorCoreUse:
 class WarpgroupMatmul:
   """How OptOps.WGMMA computes a whole kernel (warpgroup_mma.py): out[M×N] = a[M×K] · b[N×K]ᵀ (b K×N when b_n_major)
   in `dtype` with float32 accumulators, one block per BM×BN tile (BM = 64 · warpgroups) over `stages` shared-memory
-  buffers. `arguments` names each kernel parameter's role ("out", "a", "b") in parameter order."""
+  buffers. `arguments` names each kernel parameter's role ("out", "a", "b") in parameter order. With `tma` the tiles
+  are loaded through tensor maps by one more warpgroup (the producer) beside the `warpgroups` that multiply."""
   m: int
   n: int
   k: int
@@ -77,13 +78,16 @@ class WarpgroupMatmul:
   warpgroups: int = 2
   block_n: int = 256
   stages: int = 4
+  tma: bool = False
   WARPGROUP_THREADS = 128
   WARPGROUP_ROWS = 64
   @property
   def block_m(self) -> int: return self.warpgroups * self.WARPGROUP_ROWS
   def launch_dims(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """(global_size, local_size): blockIdx.x over column tiles, .y over row tiles; 128 threads per warpgroup."""
-    return (-(-self.n // self.block_n), -(-self.m // self.block_m)), (self.warpgroups * self.WARPGROUP_THREADS,)
+    """(global_size, local_size): blockIdx.x over column tiles, .y over row tiles; 128 threads per warpgroup (and a
+    producer warpgroup with TMA)."""
+    warpgroups = self.warpgroups + (1 if self.tma else 0)
+    return (-(-self.n // self.block_n), -(-self.m // self.block_m)), (warpgroups * self.WARPGROUP_THREADS,)
 
 @dataclass(frozen=True, eq=False)
 class AxisState:

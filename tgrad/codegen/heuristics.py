@@ -647,11 +647,12 @@ def _bytes_contiguous(kernel: Kernel, axis: int) -> bool:
 
 def _warpgroup_matmul(kernel: Kernel) -> bool:
   """A big half/bfloat16 matmul with no epilogue on sm_90a (warpgroup_mma.py says which qualify and which are big
-  enough) is one warpgroup-MMA kernel with the tile `default_tile` picks; WGMMA=0 turns this off."""
+  enough) is one warpgroup-MMA kernel with the tile `default_tile` picks (a TMA tile under WGMMA_TMA=1); WGMMA=0 turns
+  this off."""
   if not Context.WGMMA or not kernel.renderer.warpgroup_mma: return False
   use = matmul_of(kernel.state)
-  return not isinstance(use, str) and worth_it(use) and try_opt(kernel, Opt(OptOps.WGMMA, 0,
-                                                                             default_tile(use.m, use.n)))
+  return not isinstance(use, str) and worth_it(use) and \
+    try_opt(kernel, Opt(OptOps.WGMMA, 0, default_tile(use.m, use.n, bool(Context.WGMMA_TMA))))
 
 def _gpu_rules(kernel: Kernel) -> None:
   if _matvec(kernel): return

@@ -10,9 +10,11 @@ Everything about it is here, in the order it is used:
      (K×N, a plain a·b; N a multiple of 8); the output's (N, 1, 0); K a multiple of 8 (16-byte rows). No epilogue:
      any op between the reduce and the store (a bias, an activation), a third buffer, or a batch axis refuses it,
      and such kernels keep the mma.sync tensor cores (OptOps.TC).
-  2. the opt's choices: WGMMA_TILES, (warpgroups, block_n, stages) each; Opt(OptOps.WGMMA, 0, i) takes tile i and
-     must be the kernel's first and only opt (the kernel is the template: no other opt applies to it). BEAM tries
-     every tile (search.py's ACTIONS); the heuristics take `default_tile`.
+  2. the opt's choices: WGMMA_TILES, (warpgroups, block_n, stages, tma) each; Opt(OptOps.WGMMA, 0, i) takes tile i and
+     must be the kernel's first and only opt (the kernel is the template: no other opt applies to it). A `tma` tile
+     loads A and B by the tensor-memory accelerator with a producer warpgroup beside the `warpgroups` consumers
+     (runtime/cuda/wgmma_tma.py); the others by cp.async from every thread. BEAM tries every tile (search.py's
+     ACTIONS); the heuristics take `default_tile`, from the TMA tiles under WGMMA_TMA=1.
   3. rendering: compile.render_source hands AxisState.warpgroup_matmul to renderer.render_warpgroup_matmul.
 """
 from __future__ import annotations
@@ -25,16 +27,22 @@ from tgrad.ops import Ops
 
 WGMMA_DTYPES = (dtypes.float16, dtypes.bfloat16)
 ROW_BYTES = 16        # cp.async copies 16-byte chunks: a row's contiguous size must be a multiple of 8 elements
-# (warpgroups, block_n, stages): every entry fits an H100's 227 KiB of shared memory and both B layouts (block_n a
-# multiple of 64 whose 16-byte chunks divide the block's threads). Largest tiles first.
-WGMMA_TILES: tuple[tuple[int, int, int], ...] = (
-  (2, 256, 4), (2, 256, 3), (2, 128, 5), (2, 128, 4), (2, 128, 6), (1, 256, 3), (1, 128, 4), (1, 128, 6),
-  (2, 64, 6), (1, 64, 4), (1, 64, 8))
+# (warpgroups, block_n, stages, tma): every entry fits an H100's 227 KiB of shared memory and both B layouts (block_n a
+# multiple of 64 whose 16-byte chunks divide the block's threads). Largest tiles first, the cp.async tiles, then the
+# TMA tiles (appended: an index keeps its meaning for the winners cached before them). TMA needs no stage for copies
+# still in flight while another is released, so the same shared memory holds a stage more.
+WGMMA_TILES: tuple[tuple[int, int, int, bool], ...] = (
+  (2, 256, 4, False), (2, 256, 3, False), (2, 128, 5, False), (2, 128, 4, False), (2, 128, 6, False),
+  (1, 256, 3, False), (1, 128, 4, False), (1, 128, 6, False), (2, 64, 6, False), (1, 64, 4, False), (1, 64, 8, False),
+  (2, 256, 4, True), (2, 256, 3, True), (2, 128, 6, True), (2, 128, 4, True), (1, 256, 5, True), (1, 256, 3, True),
+  (1, 128, 8, True), (1, 128, 5, True), (2, 64, 8, True), (1, 64, 8, True))
 # The heuristics' tile: the largest (first of DEFAULT_TILES) that still gives a wave of blocks to an H100's 132 SMs
 # (WAVE_FRACTION of them: a few idle SMs cost less than a smaller tile's lower arithmetic intensity), else the one
 # with the most blocks. A one-warpgroup tile takes more stages: with one block per SM the copies in flight (stages - 2
 # tiles) are all that hides the latency of global memory.
-DEFAULT_TILES = ((2, 256, 4), (2, 128, 5), (1, 128, 6), (1, 64, 8))
+DEFAULT_TILES = ((2, 256, 4, False), (2, 128, 5, False), (1, 128, 6, False), (1, 64, 8, False))
+# The same choice among the TMA tiles (WGMMA_TMA=1): the largest, then the deepest pipelines of smaller tiles.
+DEFAULT_TMA_TILES = ((2, 256, 4, True), (2, 128, 6, True), (1, 128, 8, True), (1, 64, 8, True))
 GPU_SMS = 132
 WAVE_FRACTION = 0.9
 # Below this many multiply-adds (M·N·K) the mma.sync tensor-core kernels are left the work: the heuristics' WGMMA
@@ -87,14 +95,15 @@ def warpgroup_mma(state: AxisState, opt: Opt) -> AxisState:
     raise KernelOptError(f"{opt}: WGMMA takes axis 0 and a tile index 0..{len(WGMMA_TILES) - 1}")
   use = matmul_of(state)
   if isinstance(use, str): raise KernelOptError(f"{opt}: {use}")
-  warpgroups, block_n, stages = WGMMA_TILES[opt.amount]
+  warpgroups, block_n, stages, tma = WGMMA_TILES[opt.amount]
   return state.replace(warpgroup_matmul=dataclasses.replace(use, warpgroups=warpgroups, block_n=block_n,
-                                                            stages=stages))
+                                                            stages=stages, tma=tma))
 
-def default_tile(m: int, n: int) -> int:
-  """The heuristics' tile for an M×N output (an index into WGMMA_TILES; see DEFAULT_TILES)."""
+def default_tile(m: int, n: int, tma: bool = False) -> int:
+  """The heuristics' tile for an M×N output (an index into WGMMA_TILES; see DEFAULT_TILES, DEFAULT_TMA_TILES)."""
   def blocks(tile) -> int: return -(-m // (64 * tile[0])) * -(-n // tile[1])
-  tile = next((t for t in DEFAULT_TILES if blocks(t) >= WAVE_FRACTION * GPU_SMS), DEFAULT_TILES[-1])
+  candidates = DEFAULT_TMA_TILES if tma else DEFAULT_TILES
+  tile = next((t for t in candidates if blocks(t) >= WAVE_FRACTION * GPU_SMS), candidates[-1])
   return WGMMA_TILES.index(tile)
 
 def worth_it(use: WarpgroupMatmul) -> bool:

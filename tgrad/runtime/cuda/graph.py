@@ -12,6 +12,7 @@ import ctypes, sys, weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
 from tgrad.helpers import Context
+from tgrad.runtime.cuda.tensor_map import TENSOR_MAP_ALIGNMENT, TENSOR_MAP_BYTES, pack_parameters
 
 from tgrad.runtime.cuda.driver import (CAPTURE_MODE_THREAD_LOCAL, CUDA_SUCCESS, DEFAULT_STREAM, DRIVER_FUNCTIONS,
   DEPENDENCY_TYPE_PROGRAMMATIC, KERNEL_NODE_PORT_PROGRAMMATIC, STREAM_NON_BLOCKING, CUDADriverError, CUgraph,
@@ -21,6 +22,7 @@ __all__ = ["CUDAGraph", "CUDAGraphError", "CapturedGraph", "CUDAGraphRunner", "C
            "KernelLaunch", "KernelNodeParams", "capture", "check", "driver", "error_name", "graphs_enabled"]
 
 ARG_KINDS = {"P": (0, 2**64 - 1), "i": (-2**31, 2**31 - 1), "q": (-2**63, 2**63 - 1)}   # kind → allowed value range
+TENSOR_MAP_KIND = "M"   # a tensor map (tensor_map.py): 128 bytes passed by value, before every other argument
 _CTYPE_OF_KIND = {"P": ctypes.c_uint64, "i": ctypes.c_int32, "q": ctypes.c_int64}
 _P = ctypes.POINTER
 
@@ -33,9 +35,9 @@ def graphs_enabled() -> bool:
 
 @dataclass
 class KernelLaunch:
-  """One kernel node: a pycuda Function, grid and block (x, y, z), dynamic shared bytes, and its arguments: device
-  pointers (kind "P", uint64) followed by variable values (kind "q", int64, as tgrad's kernels take them; "i" for
-  int32), one kind letter per argument."""
+  """One kernel node: a pycuda Function, grid and block (x, y, z), dynamic shared bytes, and its arguments: tensor maps
+  (kind "M", 128 bytes each, for a TMA kernel), device pointers (kind "P", uint64), then variable values (kind "q",
+  int64, as tgrad's kernels take them; "i" for int32), one kind letter per argument."""
   function: Any
   grid: tuple[int, int, int]
   block: tuple[int, int, int]
@@ -58,11 +60,15 @@ class KernelLaunch:
   @staticmethod
   def for_program(program: Any, pointers: Sequence[int], global_size: Sequence[int], local_size: Sequence[int],
                   vals: Sequence[int] = ()) -> KernelLaunch:
-    """The launch a CUDAProgram call with these buffers, sizes (x first, up to 3) and variable values would make."""
+    """The launch a CUDAProgram call with these buffers, sizes (x first, up to 3) and variable values would make: a
+    TMA kernel's tensor maps first, made (or found in the program's cache) for these pointers."""
     grid = tuple(global_size) + (1,) * (3 - len(global_size))
     block = tuple(local_size) + (1,) * (3 - len(local_size))
+    make_maps = getattr(program, "tensor_maps", None)
+    maps = list(make_maps(pointers)) if make_maps is not None else []
     return KernelLaunch(program.function, grid, block, program.shared_bytes,  # type: ignore[arg-type]
-                        [int(p) for p in pointers] + [int(v) for v in vals], "P" * len(pointers) + "q" * len(vals),
+                        maps + [int(p) for p in pointers] + [int(v) for v in vals],
+                        TENSOR_MAP_KIND * len(maps) + "P" * len(pointers) + "q" * len(vals),
                         bool(getattr(program, "waits_for_prior_grids", False)))
 
 def programmatic_edges(launches: Sequence[KernelLaunch | ChildGraph], enabled: bool) -> list[bool]:
@@ -71,7 +77,11 @@ def programmatic_edges(launches: Sequence[KernelLaunch | ChildGraph], enabled: b
   return [enabled and isinstance(before, KernelLaunch) and isinstance(launch, KernelLaunch) and
           launch.waits_for_prior_grids for before, launch in zip(launches, launches[1:])]
 
-def _check_arg(kind: str, value: int, position: int) -> None:
+def _check_arg(kind: str, value, position: int) -> None:
+  if kind == TENSOR_MAP_KIND:
+    if not isinstance(value, bytes) or len(value) != TENSOR_MAP_BYTES:
+      raise ValueError(f"argument {position} of kind {kind!r} must be {TENSOR_MAP_BYTES} bytes (a tensor map)")
+    return
   if kind not in ARG_KINDS: raise ValueError(f"argument {position}: kind {kind!r} is not one of {list(ARG_KINDS)}")
   low, high = ARG_KINDS[kind]
   if not isinstance(value, int) or not low <= value <= high:
@@ -90,9 +100,17 @@ def kernel_identity(launch: KernelLaunch) -> tuple[int, int, int]:
   import pycuda.driver as cuda
   lib, stream, graph = driver(), cuda.Stream(flags=STREAM_NON_BLOCKING), CUgraph()
   numpy_of_kind = {"P": np.uint64, "i": np.int32, "q": np.int64}
-  args = [numpy_of_kind[kind](a) for kind, a in zip(launch.arg_kinds, launch.args)]
+  maps = launch.arg_kinds.count(TENSOR_MAP_KIND)
   check(lib.cuStreamBeginCapture_v2(stream.handle, CAPTURE_MODE_THREAD_LOCAL), "cuStreamBeginCapture_v2")
-  try: launch.function(*args, grid=launch.grid, block=launch.block, shared=launch.shared_bytes, stream=stream)
+  try:
+    if maps:   # a TMA kernel: its parameter buffer packed as the eager launch packs it (maps, pointers, variables)
+      kinds = launch.arg_kinds[maps:]
+      pointers = [a for kind, a in zip(kinds, launch.args[maps:]) if kind == "P"]
+      packed = pack_parameters(launch.args[:maps], pointers, launch.args[maps + len(pointers):])
+      launch.function._launch_kernel(launch.grid, launch.block, packed, launch.shared_bytes, stream)
+    else:
+      args = [numpy_of_kind[kind](a) for kind, a in zip(launch.arg_kinds, launch.args)]
+      launch.function(*args, grid=launch.grid, block=launch.block, shared=launch.shared_bytes, stream=stream)
   except BaseException:
     if lib.cuStreamEndCapture(stream.handle, ctypes.byref(graph)) == CUDA_SUCCESS and graph: lib.cuGraphDestroy(graph)
     raise
@@ -109,12 +127,26 @@ def kernel_identity(launch: KernelLaunch) -> tuple[int, int, int]:
   _kernel_identities[id(launch.function)] = (launch.function, identity)
   return identity
 
+class _TensorMapValue:
+  """A tensor map argument's storage for a kernel node: 128 bytes at a 64-byte-aligned address (CUtensorMap's
+  alignment), `value` settable like a ctypes scalar's."""
+  def __init__(self, value: bytes):
+    self.storage = (ctypes.c_char * (TENSOR_MAP_BYTES + TENSOR_MAP_ALIGNMENT))()
+    self.address = -(-ctypes.addressof(self.storage) // TENSOR_MAP_ALIGNMENT) * TENSOR_MAP_ALIGNMENT
+    self.value = value
+  @property
+  def value(self) -> bytes: return ctypes.string_at(self.address, TENSOR_MAP_BYTES)
+  @value.setter
+  def value(self, value: bytes) -> None: ctypes.memmove(self.address, value, TENSOR_MAP_BYTES)
+
 class _KernelNode:
   """A graph node's parameters and the ctypes storage its kernelParams array points at (kept alive with it)."""
   def __init__(self, launch: KernelLaunch, identity: tuple[int, int, int]):
     self.kinds, self.current = launch.arg_kinds, list(launch.args)
-    self.values = [_CTYPE_OF_KIND[kind](a) for kind, a in zip(self.kinds, launch.args)]
-    self.pointers = (ctypes.c_void_p * max(1, len(self.values)))(*[ctypes.addressof(v) for v in self.values])
+    self.values = [_TensorMapValue(a) if kind == TENSOR_MAP_KIND else _CTYPE_OF_KIND[kind](a)
+                   for kind, a in zip(self.kinds, launch.args)]
+    addresses = [v.address if isinstance(v, _TensorMapValue) else ctypes.addressof(v) for v in self.values]
+    self.pointers = (ctypes.c_void_p * max(1, len(self.values)))(*addresses)
     func, kern, ctx = identity
     self.params = KernelNodeParams(func, *launch.grid, *launch.block, launch.shared_bytes,
                                    ctypes.cast(self.pointers, _P(ctypes.c_void_p)), None, kern, ctx)

@@ -153,8 +153,9 @@ class CUDARenderer(Renderer):
     prologue."""
     return _KernelWriter(name, uops, self.arch, self.dependent_launch and bool(Context.PDL)).write()
   def render_warpgroup_matmul(self, name: str, matmul) -> str:
-    """The wgmma kernel (runtime/cuda/wgmma.py) of an axes.WarpgroupMatmul, its parameters in the kernel's order."""
-    from tgrad.runtime.cuda.wgmma import warpgroup_matmul_source   # wgmma.py builds on this module's names
+    """The wgmma kernel (runtime/cuda/wgmma.py, or wgmma_tma.py for a TMA tile) of an axes.WarpgroupMatmul, its
+    parameters in the kernel's order."""
+    from tgrad.runtime.cuda.wgmma_tma import warpgroup_matmul_source   # wgmma.py builds on this module's names
     return warpgroup_matmul_source(name, matmul)
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -6,7 +6,9 @@ small stream-ordered copies (copyin_async / copyout_async) go through a ring of 
 Compiler: NVRTC (nvrtc.py) for the GPU's own sm_XX. Program: a cubin loaded as a module, its kernel `prepare`d with
 pointer arguments and launched with `prepared_call`; `wait=True` times the launch with CUDA events (seconds). A
 kernel whose shared arrays exceed the static 48 KiB says how much dynamic shared memory it needs in a module global;
-the program opts the function in to that size and launches with it.
+the program opts the function in to that size and launches with it. A kernel that loads through tensor maps (TMA:
+wgmma_tma.py) lists them in a module global (tensor_map.py); the program makes them from each launch's buffer
+pointers (cached per pointer tuple) and passes them by value before the pointers.
 Limits (threads, block/grid dims, shared memory) come from the device's attributes into its CUDARenderer.
 A view of an allocation is its address plus the offset (an int, which every pycuda call and launch accepts);
 `prepare` binds a launch's grid, block and argument tuple once, for replaying it in a tight loop.
@@ -28,6 +30,8 @@ from tgrad.device import Allocator, BinaryLoadError, Compiled, OutOfMemoryError,
 from tgrad.runtime.cuda.renderer import CUDARenderer, DEPENDENT_LAUNCH_SUFFIX, DYNAMIC_SHARED_SUFFIX, WARPGROUP_MMA_ARCH
 from tgrad.runtime.cuda.nvrtc import NVRTCCompiler, arch_of
 from tgrad.runtime.cuda.driver import STREAM_NON_BLOCKING
+from tgrad.runtime.cuda.targets import TENSOR_MAPS_SUFFIX
+from tgrad.runtime.cuda.tensor_map import TensorMapCache, pack_parameters, specs_of_marker
 
 DEFAULT_ORDINAL = 0   # the GPU `CUDA` names without an index
 HOPPER_CAPABILITY = (9, 0)   # H100/H200: the only GPUs that run sm_90a code (wgmma)
@@ -241,6 +245,14 @@ class CUDAProgram:
       cuda.memcpy_dtoh(size, address)
       self.shared_bytes = int(size[0])
       self.function.set_attribute(cuda.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, self.shared_bytes)
+    # tensor maps (TMA) the kernel takes first, made from the buffer pointers of each launch; None when it takes none
+    self.tensor_maps: Optional[TensorMapCache] = None
+    try: marker_address, marker_bytes = self.module.get_global(name + TENSOR_MAPS_SUFFIX)
+    except cuda.LogicError: marker_address = None
+    if marker_address is not None:
+      values = np.zeros(marker_bytes // 8, np.uint64)
+      cuda.memcpy_dtoh(values, marker_address)
+      self.tensor_maps = TensorMapCache(specs_of_marker([int(v) for v in values]))
     # rendered with the dependent-launch prologue: a CUDA graph may start it before its predecessor ends
     self.waits_for_prior_grids = self._marker_address(name + DEPENDENT_LAUNCH_SUFFIX) is not None
     self.start, self.end = cuda.Event(), cuda.Event()
@@ -263,7 +275,8 @@ class CUDAProgram:
       grid, block = _launch_dims(global_size, local_size)
       if type(global_size) is tuple and type(local_size) is tuple:   # immutable: the same object, the same sizes
         self.last_sizes, self.last_dims = (global_size, local_size), (grid, block)
-    args = self.pack_args(self.function.arg_format, *map(int, buffers), *map(int, vals))
+    if self.tensor_maps is not None: args = pack_parameters(self.tensor_maps(buffers), buffers, vals)
+    else: args = self.pack_args(self.function.arg_format, *map(int, buffers), *map(int, vals))
     if not wait:
       self.function._launch_kernel(grid, block, args, self.shared_bytes, None)
       return None
@@ -281,6 +294,9 @@ class CUDAProgram:
     """A no-argument callable that launches this kernel with these arguments (grid, block and pointers fixed here)."""
     if self.prepared_args != len(buffers) + len(vals): self._prepare_arguments(len(buffers), len(vals))
     grid, block = _launch_dims(global_size, local_size)
+    if self.tensor_maps is not None:   # the parameter buffer made once: the maps of these pointers, the pointers
+      packed = pack_parameters(self.tensor_maps(buffers), buffers, vals)
+      return functools.partial(self.function._launch_kernel, grid, block, packed, self.shared_bytes, None)
     args = [int(b) for b in buffers] + [int(v) for v in vals]
     return functools.partial(self.function.prepared_call, grid, block, *args, shared_size=self.shared_bytes)
 

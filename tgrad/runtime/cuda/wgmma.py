@@ -61,7 +61,9 @@ SWIZZLE_NONE, SWIZZLE_128B = 0, 1                # the descriptor's layout type 
 UNUSED_LEADING_BYTES = 16                        # a K-major swizzled descriptor ignores its LBO; 1 (16 bytes) by custom
 MAX_SHARED_BYTES = 227 * 1024                    # sm_90's opt-in dynamic shared memory per block
 WGMMA_TYPES = {dtypes.float16: "f16", dtypes.bfloat16: "bf16"}
-MIN_STAGES = 3
+MIN_STAGES = 3       # cp.async: stages - 2 tiles in flight while one is multiplied and one is being released
+MIN_TMA_STAGES = 2   # TMA: the producer refills a stage as soon as the consumers release it (mbarriers)
+MBARRIER_BYTES = 8
 
 Index = Union[int, "CExpr"]
 
@@ -89,18 +91,23 @@ class WgmmaConfig:
   """One block's tile: `warpgroups` × 64 rows (BM), `block_n` columns (BN, the wgmma's N), K in tiles of BLOCK_K (64),
   `stages` shared-memory buffers. K-major B: block_n a multiple of 8 up to 256 with every thread copying the same
   number of chunks (block_n a multiple of threads/8); N-major B: block_n a multiple of 64 whose row of chunks divides
-  the threads."""
+  the threads. With `tma` the tiles are loaded by the tensor-memory accelerator (wgmma_tma.py): one more warpgroup
+  (the producer) issues the copies, `warpgroups` are the consumers, stages >= 2, and block_n need only be a multiple
+  of 8 (K-major B) or of 64 (N-major B: one 64-column box per atom)."""
   warpgroups: int = 2
   block_n: int = 256
   stages: int = 4
   b_n_major: bool = False   # b is K×N (N contiguous: a plain a·b) instead of N×K; wgmma reads it transposed
+  tma: bool = False         # tensor-map loads by a producer warpgroup (wgmma_tma.py) instead of cp.async by all
   def __post_init__(self):
-    b_ok = self.block_n % 64 == 0 and self.threads % (self.block_n // CHUNK_ELEMENTS) == 0 if self.b_n_major else \
-      self.block_n % 8 == 0 and (self.block_n * ROW_CHUNKS) % self.threads == 0
-    if not (1 <= self.warpgroups <= 4 and 8 <= self.block_n <= 256 and b_ok and self.stages >= MIN_STAGES):
+    if self.tma: b_ok = self.block_n % (64 if self.b_n_major else 8) == 0
+    elif self.b_n_major: b_ok = self.block_n % 64 == 0 and self.threads % (self.block_n // CHUNK_ELEMENTS) == 0
+    else: b_ok = self.block_n % 8 == 0 and (self.block_n * ROW_CHUNKS) % self.threads == 0
+    min_stages = MIN_TMA_STAGES if self.tma else MIN_STAGES
+    if not (1 <= self.warpgroups <= 4 and 8 <= self.block_n <= 256 and b_ok and self.stages >= min_stages):
       raise ValueError(f"wgmma tile {self}: needs 1-4 warpgroups, block_n in 8..256 (a multiple of 8 and of "
-                       f"threads/8, or for an N-major B a multiple of 64 whose chunks divide the threads), stages >= "
-                       f"{MIN_STAGES}")
+                       f"threads/8, or for an N-major B a multiple of 64 whose chunks divide the threads; with TMA a "
+                       f"multiple of 8, or of 64 for an N-major B), stages >= {min_stages}")
     if self.shared_bytes > MAX_SHARED_BYTES:
       raise ValueError(f"wgmma tile {self}: {self.shared_bytes} bytes of shared memory > {MAX_SHARED_BYTES}")
   @property
@@ -108,7 +115,9 @@ class WgmmaConfig:
   @property
   def block_k(self) -> int: return BLOCK_K
   @property
-  def threads(self) -> int: return self.warpgroups * WARPGROUP_THREADS
+  def consumer_threads(self) -> int: return self.warpgroups * WARPGROUP_THREADS   # the threads that run the wgmmas
+  @property
+  def threads(self) -> int: return self.consumer_threads + (WARPGROUP_THREADS if self.tma else 0)   # + the producer
   @property
   def accumulators(self) -> int: return self.block_n // 2   # floats per thread
   @property
@@ -116,7 +125,8 @@ class WgmmaConfig:
   @property
   def stage_bytes(self) -> int: return (self.block_m + self.block_n) * SWIZZLE_BYTES
   @property
-  def shared_bytes(self) -> int: return self.stages * self.stage_bytes + SWIZZLE_ATOM_BYTES   # + alignment slack
+  def shared_bytes(self) -> int:   # the stages, alignment slack, and with TMA a full and an empty mbarrier per stage
+    return self.stages * self.stage_bytes + SWIZZLE_ATOM_BYTES + (2 * MBARRIER_BYTES * self.stages if self.tma else 0)
   @property
   def n_atom_bytes(self) -> int: return BLOCK_K * SWIZZLE_BYTES   # an N-major atom: 64 K-rows × 64 N-elements
   def descriptor_offsets(self, operand_b: bool) -> tuple[int, int]:
@@ -124,7 +134,8 @@ class WgmmaConfig:
     if operand_b and self.b_n_major: return self.n_atom_bytes, SWIZZLE_ATOM_BYTES
     return UNUSED_LEADING_BYTES, SWIZZLE_ATOM_BYTES
   def __str__(self) -> str:
-    return f"{self.block_m}x{self.block_n}x{BLOCK_K}/{self.stages}" + (" B K×N" if self.b_n_major else "")
+    return f"{self.block_m}x{self.block_n}x{BLOCK_K}/{self.stages}" + (" B K×N" if self.b_n_major else "") + \
+      (" TMA" if self.tma else "")
 
 # ---- the layout formulas (ints for the tests, CExprs for the kernel)
 
@@ -314,6 +325,7 @@ def wgmma_matmul_source(name: str, m: int, n: int, k: int, dtype: DType = dtypes
   (a · b[K×N] when b_n_major) in `dtype`, float32 accumulators (see the module doc). Compile for sm_90a (wgmma is an
   sm_90a feature)."""
   check_shapes(m, n, k, dtype, config.b_n_major)
+  if config.tma: raise ValueError(f"wgmma matmul: tile {config} loads by TMA: wgmma_tma.tma_matmul_source writes it")
   if sorted(arguments) != sorted(PARAMETERS): raise ValueError(f"wgmma matmul: arguments {arguments} must order "
                                                                f"{list(PARAMETERS)}")
   c = config
@@ -418,12 +430,6 @@ def _epilogue(c: WgmmaConfig, n: int, m: int, dtype: DType, tid_in_group: CExpr,
                    f"to_element(acc[{register}]);")
     lines.append("  }")
   return lines
-
-def warpgroup_matmul_source(name: str, matmul) -> str:
-  """The kernel of an OptOps.WGMMA kernel (codegen/axes.py WarpgroupMatmul: shape, dtype, B layout, tile, parameter
-  order)."""
-  config = WgmmaConfig(matmul.warpgroups, matmul.block_n, matmul.stages, matmul.b_n_major)
-  return wgmma_matmul_source(name, matmul.m, matmul.n, matmul.k, matmul.dtype, config, matmul.arguments)
 
 def compile_wgmma_matmul(name: str, m: int, n: int, k: int, dtype: DType = dtypes.float16,
                          config: WgmmaConfig = WgmmaConfig()) -> bytes:

@@ -1,0 +1,202 @@
+"""The Hopper warpgroup-MMA matmul (wgmma.py) with its tiles loaded by the tensor-memory accelerator (TMA) and its
+warps specialized: C = A·Bᵀ (or A·B) in half/bfloat16 with float32 accumulators, sm_90a.
+
+  - **Loads.** A and B come through tensor maps (tensor_map.py), passed by value as the kernel's first parameters
+    (`const __grid_constant__`): `cp.async.bulk.tensor.2d` copies a whole box per instruction into the 128-byte-swizzled
+    layout the wgmma descriptors of wgmma.py read (a K-major box of 64 K-elements × rows is exactly `k_major_offset`'s
+    tile; an N-major B tile is BN/64 boxes of 64 N-elements × 64 K-rows, one per atom, 8 KiB apart), zeros where the
+    box leaves the matrix, and the copy engine counts its bytes on the stage's mbarrier (complete_tx).
+  - **Warp specialization.** The block is `warpgroups` consumer warpgroups (the wgmmas, 64 rows each) and one producer
+    warpgroup, the last, whose first thread issues every copy. With two consumers the producer gives its registers
+    back (`setmaxnreg.dec` to PRODUCER_REGISTERS) and the consumers take them (`setmaxnreg.inc`): the accumulators of
+    a 128×256 tile need more than the 168 registers a thread of 384 gets at launch.
+  - **Pipeline** of `stages` buffers, each with a full and an empty mbarrier (in shared memory after the buffers).
+    Producer, tile t into stage s = t mod stages: wait until the consumers have emptied s (parity of the round before;
+    the first round passes at once), `mbarrier.arrive.expect_tx` of the stage's bytes on full[s], the copies.
+    Consumers: wait for full[s] (parity of this round), `wgmma.fence`, the 4 wgmmas, commit, `wgmma.wait_group 1`
+    (tile t - 1's wgmmas are done), every consumer thread arrives on tile t - 1's empty barrier. After the loop,
+    `wgmma.wait_group 0` and the epilogue of wgmma.py.
+
+Every address formula is wgmma.py's or TensorMapSpec's; the CPU emulation of test/cuda_on_cpu.py runs this source
+(TMA as a box copy with the swizzle, mbarriers as counters with phases).
+"""
+from __future__ import annotations
+from tgrad.dtype import DType, dtypes
+from tgrad.runtime.cuda.tensor_map import SWIZZLE_128B as TENSOR_MAP_SWIZZLE_128B, TensorMapSpec, marker_source
+from tgrad.runtime.cuda.targets import DYNAMIC_SHARED_SUFFIX, WARPGROUP_MMA_ARCH
+from tgrad.runtime.cuda.wgmma import (BLOCK_K, DESCRIPTOR_FIELD_MASK, ELEMENT_BYTES, MBARRIER_BYTES, PARAMETERS,
+                                      SWIZZLE_128B, SWIZZLE_ATOM_BYTES, WARPGROUP_THREADS, WGMMA_K, WGMMA_TYPES, CExpr,
+                                      WgmmaConfig, _epilogue, check_shapes, descriptor_start, encode_descriptor,
+                                      wgmma_matmul_source)
+
+N_ATOM_COLUMNS = 64          # an N-major B atom: 64 N-elements (one 128-byte swizzled row) per K-row
+REGISTER_FILE = 65536        # 32-bit registers of an SM; one block per SM (launch bounds (threads, 1))
+REGISTER_GRANULE = 8         # per-thread register counts are allocated (and setmaxnreg takes them) in multiples of 8
+PRODUCER_REGISTERS = 40      # the producer's threads keep loop counters and addresses only
+MIN_SPECIALIZED_CONSUMERS = 2   # below this many consumer warpgroups every thread already gets its 255 registers
+TMA_PARAMETER = "const __grid_constant__ TensorMap"
+
+def registers_at_launch(config: WgmmaConfig) -> int:
+  """Registers per thread the compiler gives a block of config.threads (one per SM), a multiple of 8."""
+  return REGISTER_FILE // config.threads // REGISTER_GRANULE * REGISTER_GRANULE
+
+def consumer_registers(config: WgmmaConfig) -> int:
+  """Registers per consumer thread after the producer's setmaxnreg.dec: what the producer frees, shared out."""
+  launch = registers_at_launch(config)
+  freed = (launch - PRODUCER_REGISTERS) * WARPGROUP_THREADS
+  return launch + freed // config.consumer_threads // REGISTER_GRANULE * REGISTER_GRANULE
+
+def specializes_registers(config: WgmmaConfig) -> bool: return config.warpgroups >= MIN_SPECIALIZED_CONSUMERS
+
+def tensor_map_specs(config: WgmmaConfig, m: int, n: int, k: int, arguments: tuple[str, ...]) -> tuple[TensorMapSpec,
+                                                                                                        TensorMapSpec]:
+  """(A's map, B's map): A M×K in boxes of BM rows × 64 K; B N×K in boxes of BN rows × 64 K, or K×N (N-major) in
+  boxes of 64 K-rows × 64 N (one atom)."""
+  a = TensorMapSpec(arguments.index("a"), m, k, k * ELEMENT_BYTES, config.block_m, BLOCK_K, ELEMENT_BYTES,
+                    TENSOR_MAP_SWIZZLE_128B)
+  if config.b_n_major:
+    b = TensorMapSpec(arguments.index("b"), k, n, n * ELEMENT_BYTES, BLOCK_K, N_ATOM_COLUMNS, ELEMENT_BYTES,
+                      TENSOR_MAP_SWIZZLE_128B)
+  else:
+    b = TensorMapSpec(arguments.index("b"), n, k, k * ELEMENT_BYTES, config.block_n, BLOCK_K, ELEMENT_BYTES,
+                      TENSOR_MAP_SWIZZLE_128B)
+  return a, b
+
+def _copy_lines(c: WgmmaConfig) -> list[str]:
+  """The producer's copies of K tile `t` into the stage at `stage_address` (coordinates: innermost first)."""
+  lines = [f"        load_box(stage_address, a_map_address, t * {BLOCK_K}, block_row, full);"]
+  if c.b_n_major:
+    lines += [f"        load_box(stage_address + {c.b_offset + atom * c.n_atom_bytes}, b_map_address, "
+              f"block_col + {atom * N_ATOM_COLUMNS}, t * {BLOCK_K}, full);"
+              for atom in range(c.block_n // N_ATOM_COLUMNS)]
+  else: lines.append(f"        load_box(stage_address + {c.b_offset}, b_map_address, t * {BLOCK_K}, block_col, full);")
+  return lines
+
+def tma_matmul_source(name: str, m: int, n: int, k: int, dtype: DType = dtypes.float16,
+                      config: WgmmaConfig = WgmmaConfig(tma=True),
+                      arguments: tuple[str, ...] = ("out", "a", "b")) -> str:
+  """CUDA C of `name(a_map, b_map, out, a, b)` (the buffers in the order `arguments` names them; the maps are made
+  from them by the runtime, as the module global {name}_tensor_maps says): out = a · bᵀ (a · b when b_n_major), see
+  the module doc. Compile for sm_90a."""
+  check_shapes(m, n, k, dtype, config.b_n_major)
+  if not config.tma: raise ValueError(f"wgmma matmul: tile {config} is not a TMA tile")
+  if sorted(arguments) != sorted(PARAMETERS):
+    raise ValueError(f"wgmma matmul: arguments {arguments} must order {list(PARAMETERS)}")
+  c = config
+  tiles = -(-k // BLOCK_K)
+  type_name = WGMMA_TYPES[dtype]
+  barriers = c.stages * c.stage_bytes
+  lines = [
+    "typedef unsigned short element;",
+    "struct __align__(64) TensorMap { unsigned long long opaque[16]; };   // a CUtensorMap, made on the host",
+    f'extern "C" __device__ const unsigned int {name}{DYNAMIC_SHARED_SUFFIX} = {c.shared_bytes};',
+    marker_source(name, tensor_map_specs(c, m, n, k, arguments)),
+    f'extern "C" __global__ void __launch_bounds__({c.threads}, 1) {name}({TMA_PARAMETER} a_map, {TMA_PARAMETER} '
+    f'b_map, {", ".join(PARAMETERS[role] for role in arguments)}) {{',
+    "  extern __shared__ __align__(1024) unsigned char shared[];",
+    "  const int tid = threadIdx.x;",
+    f"  const int warpgroup = tid / {WARPGROUP_THREADS}, lane_thread = tid % {WARPGROUP_THREADS};",
+    f"  const int block_row = blockIdx.y * {c.block_m}, block_col = blockIdx.x * {c.block_n};",
+    f"  // the swizzle is a function of address bits 4-9: every tile starts on a {SWIZZLE_ATOM_BYTES}-byte boundary",
+    f"  const unsigned int shared_base = ((unsigned int)__cvta_generic_to_shared(shared) + {SWIZZLE_ATOM_BYTES - 1}) "
+    f"& ~{SWIZZLE_ATOM_BYTES - 1}u;",
+    f"  // stage s is full (its copies have landed) at full_barriers + {MBARRIER_BYTES}s, empty (its wgmmas are done) "
+    f"at empty_barriers + {MBARRIER_BYTES}s",
+    f"  const unsigned int full_barriers = shared_base + {barriers}, empty_barriers = full_barriers + "
+    f"{MBARRIER_BYTES * c.stages};",
+    "  if (tid == 0) {",
+    f"    for (int s = 0; s < {c.stages}; ++s) {{",
+    f'      asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(full_barriers + {MBARRIER_BYTES} * s), '
+    '"r"(1) : "memory");',
+    f'      asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(empty_barriers + {MBARRIER_BYTES} * s), '
+    f'"r"({c.consumer_threads}) : "memory");',
+    "    }",
+    '    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");   // visible to the copy engine',
+    "  }",
+    "  __syncthreads();",
+    "  auto wait = [](unsigned int barrier, unsigned int parity) {   // until the phase of this parity has completed",
+    "    unsigned int done = 0;",
+    '    while (!done) asm volatile("{\\n.reg .pred p;\\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\\n'
+    'selp.u32 %0, 1, 0, p;\\n}\\n" : "=r"(done) : "r"(barrier), "r"(parity) : "memory");',
+    "  };",
+    f"  if (warpgroup == {c.warpgroups}) {{   // the producer",
+  ]
+  if specializes_registers(c):
+    lines.append(f'    asm volatile("setmaxnreg.dec.sync.aligned.u32 {PRODUCER_REGISTERS};" ::: "memory");')
+  lines += [
+    "    if (lane_thread == 0) {",
+    "      const unsigned long long a_map_address = reinterpret_cast<unsigned long long>(&a_map);",
+    "      const unsigned long long b_map_address = reinterpret_cast<unsigned long long>(&b_map);",
+    "      auto load_box = [](unsigned int target, unsigned long long map, int inner, int outer, unsigned int bar) {",
+    '        asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, '
+    '%3}], [%4];" :: "r"(target), "l"(map), "r"(inner), "r"(outer), "r"(bar) : "memory");',
+    "      };",
+    "      int stage = 0;",
+    "      unsigned int phase = 0;",
+    f"      for (int t = 0; t < {tiles}; ++t) {{",
+    f"        wait(empty_barriers + {MBARRIER_BYTES} * stage, phase ^ 1);   // the consumers are done with it",
+    f"        const unsigned int full = full_barriers + {MBARRIER_BYTES} * stage, stage_address = shared_base + "
+    f"stage * {c.stage_bytes};",
+    f'        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(full), "r"({c.stage_bytes})'
+    ' : "memory");',
+    *_copy_lines(c),
+    f"        if (++stage == {c.stages}) {{ stage = 0; phase ^= 1; }}",
+    "      }",
+    "    }",
+    "  } else {   // a consumer warpgroup",
+  ]
+  if specializes_registers(c):
+    lines.append(f'    asm volatile("setmaxnreg.inc.sync.aligned.u32 {consumer_registers(c)};" ::: "memory");')
+  outputs = ", ".join(f'"+f"(acc[{i}])' for i in range(c.accumulators))
+  registers = ", ".join(f"%{i}" for i in range(c.accumulators))
+  da, db, one = c.accumulators, c.accumulators + 1, c.accumulators + 2   # scale-d is a predicate: p = 1
+  instruction = f"wgmma.mma_async.sync.aligned.m64n{c.block_n}k16.f32.{type_name}.{type_name}"
+  bits = {operand_b: encode_descriptor(0, *c.descriptor_offsets(operand_b), SWIZZLE_128B) for operand_b in (0, 1)}
+  lines += [
+    f"    float acc[{c.accumulators}];",
+    f"    #pragma unroll\n    for (int i = 0; i < {c.accumulators}; ++i) acc[i] = 0.0f;",
+    f"    const unsigned long long a_bits = {bits[0]}ull, b_bits = {bits[1]}ull;   // LBO, SBO, 128-byte swizzle",
+    "    int stage = 0, previous = 0;",
+    "    unsigned int phase = 0;",
+    f"    for (int t = 0; t < {tiles}; ++t) {{",
+    f"      wait(full_barriers + {MBARRIER_BYTES} * stage, phase);   // tile t has landed",
+    '      asm volatile("wgmma.fence.sync.aligned;" ::: "memory");']
+  for k_step in range(BLOCK_K // WGMMA_K):
+    start_a = descriptor_start(c, CExpr("stage"), False, CExpr("warpgroup"), k_step)
+    start_b = descriptor_start(c, CExpr("stage"), True, CExpr("warpgroup"), k_step)
+    lines += [
+      "      {",
+      f"        const unsigned long long desc_a = a_bits | (((shared_base + {start_a}) >> 4) & "
+      f"{DESCRIPTOR_FIELD_MASK});",
+      f"        const unsigned long long desc_b = b_bits | (((shared_base + {start_b}) >> 4) & "
+      f"{DESCRIPTOR_FIELD_MASK});",
+      f'        asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{one}, 0;\\n{instruction} {{{registers}}}, %{da}, '
+      f'%{db}, p, 1, 1, 0, {int(c.b_n_major)};\\n}}\\n" : {outputs} : "l"(desc_a), "l"(desc_b), "n"(1) : "memory");',
+      "      }"]
+  lines += [
+    '      asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");',
+    '      asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");   // tile t - 1\'s wgmmas are done',
+    f'      if (t > 0) asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(empty_barriers + '
+    f'{MBARRIER_BYTES} * previous) : "memory");',
+    "      previous = stage;",
+    f"      if (++stage == {c.stages}) {{ stage = 0; phase ^= 1; }}",
+    "    }",
+    '    asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");',
+  ]
+  lines += ["  " + line for line in _epilogue(c, n, m, dtype, CExpr("lane_thread"), CExpr("warpgroup"))]
+  lines += ["  }", "}"]
+  return "\n".join(lines) + "\n"
+
+def warpgroup_matmul_source(name: str, matmul) -> str:
+  """The kernel of an OptOps.WGMMA kernel (codegen/axes.py WarpgroupMatmul: shape, dtype, B layout, tile, loader,
+  parameter order): wgmma.py's cp.async kernel, or this module's TMA kernel."""
+  config = WgmmaConfig(matmul.warpgroups, matmul.block_n, matmul.stages, matmul.b_n_major, matmul.tma)
+  write = tma_matmul_source if config.tma else wgmma_matmul_source
+  return write(name, matmul.m, matmul.n, matmul.k, matmul.dtype, config, matmul.arguments)
+
+def compile_tma_matmul(name: str, m: int, n: int, k: int, dtype: DType = dtypes.float16,
+                       config: WgmmaConfig = WgmmaConfig(tma=True)) -> bytes:
+  """The TMA kernel's cubin for sm_90a (NVRTC). runtime.CUDAProgram loads it, reads its tensor maps' specs and makes
+  the maps from the (out, a, b) pointers of each launch; launch it on wgmma.launch_dims(config, m, n)."""
+  from tgrad.runtime.cuda.nvrtc import compile_cuda
+  return compile_cuda(tma_matmul_source(name, m, n, k, dtype, config), WARPGROUP_MMA_ARCH)

@@ -102,3 +102,10 @@ def test_decode_cache_writes_and_scores_compile_for_cuda():
     kernel = Kernel(item.ast, CUDARenderer())
     hand_coded_optimizations(kernel)
     assert compile_cuda(kernel.renderer.render("decode", linearize(kernel)), "sm_90")[:4] == b"\x7fELF"
+
+def test_decode_kernels_timed_alone_on_llvm():
+  """bench/decode_kernels.py --time: every kernel of a (tiny) decode step lowered and launched alone, a time each."""
+  from decode_kernels import kernel_seconds
+  found = decode_step_kernels("tiny", "LLVM", "float32", position=5, context=64)
+  seconds = kernel_seconds(found, repeats=1)
+  assert len(seconds) == len(found) and all(s > 0 for s in seconds)

@@ -106,8 +106,16 @@ def test_decode_cache_writes_and_scores_compile_for_cuda():
     assert compile_cuda(kernel.renderer.render("decode", linearize(kernel)), "sm_90")[:4] == b"\x7fELF"
 
 def test_decode_kernels_timed_alone_on_llvm():
-  """bench/decode_kernels.py --time: every kernel of a (tiny) decode step lowered and launched alone, a time each."""
+  """bench/decode_kernels.py --time: kernels of a (tiny) decode step (its first layer's) lowered and launched alone, a
+  time each."""
   from decode_kernels import kernel_seconds
-  found = decode_step_kernels("tiny", "LLVM", "float32", position=5, context=64)
-  seconds = kernel_seconds(found, repeats=1)
+  found = decode_step_kernels("tiny", "LLVM", "float32", position=5, context=64)[:6]
+  seconds = kernel_seconds(found, repeats=2)
   assert len(seconds) == len(found) and all(s > 0 for s in seconds)
+
+@pytest.mark.parametrize("dtype, device", [("float32", "CUDA"), ("float16", "LLVM")])
+def test_gemma_270m_decode_step_kernel_count_other_dtypes_and_devices(dtype, device):
+  """The default step (RIDERS=0: each of the 18 cache writes its own kernel) has the same count in every compute dtype
+  and on the CPU as float16 on CUDA."""
+  with Context(RIDERS=0): found = decode_step_kernels("270m", device, dtype, position=600)
+  assert len(found) == DECODE_KERNELS_270M + 17

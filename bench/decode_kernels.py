@@ -6,14 +6,19 @@ so the count is exactly what the captured step launches on that device, and noth
 its output and input buffers (dtype[size]) and how many reduces it runs.
 With --devices CUDA:0,CUDA:1 the model is tensor-parallel (Gemma3.shard): the kernels of every device, and the
 copies between devices (what the all-reduces move) are counted too.
+With --time N (on a machine with the device) each kernel is then lowered as realize lowers it (the same opts) and
+launched alone N times on its Buffers (allocated, never filled: the weights' values don't change a kernel's time);
+its least time is printed beside it, and the step's sum: which kernels a fusion must beat, and, with RIDERS=0 and
+RIDERS=1 in two runs, what a rider costs its host.
 Usage: python bench/decode_kernels.py [--preset 270m] [--device CUDA] [--dtype float16] [--position 600]
-       [--devices CUDA:0,CUDA:1]
+       [--devices CUDA:0,CUDA:1] [--time 20]
 """
 from __future__ import annotations
 import argparse, contextlib, os, sys
 from typing import Iterator
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import tgrad.realize as realize_module  # noqa: E402
+from tgrad.realize import lower_schedule  # noqa: E402
 from tgrad.bounds import drop_pending_checks, pending_checks  # noqa: E402
 from tgrad.dtype import to_dtype  # noqa: E402
 from tgrad.ops import Ops  # noqa: E402
@@ -55,6 +60,13 @@ def decode_step_kernels(preset: str = "270m", device: str = "CUDA", dtype: str =
   """The kernels (ScheduleItems with a kernel AST) of one decode step, as decode_step_items schedules it."""
   return [item for item in decode_step_items(preset, device, dtype, position, context) if item.ast.op is Ops.SINK]
 
+def kernel_seconds(items: list[ScheduleItem], repeats: int) -> list[float]:
+  """Each kernel's least time over `repeats` launches alone (wait=True: device events on CUDA, the host clock on a
+  CPU), lowered as realize lowers it (a CPU matmul's packing copies included). Its Buffers are allocated on first use
+  and never filled."""
+  def once(launches) -> float: return sum(launch.run(wait=True) or 0.0 for launch in launches)
+  return [min(once(launches) for _ in range(repeats)) for launches in (lower_schedule([item]) for item in items)]
+
 def describe(item: ScheduleItem) -> str:
   def buffers(bufs) -> str: return " ".join(f"{b.dtype.name}[{b.size}]" for b in bufs)
   reduces = sum(1 for u in item.ast.toposort() if u.op is Ops.REDUCE_AXIS)
@@ -67,6 +79,8 @@ if __name__ == "__main__":
   parser.add_argument("--dtype", default="float16")
   parser.add_argument("--position", type=int, default=600)
   parser.add_argument("--devices", help="tensor-parallel over these devices, e.g. CUDA:0,CUDA:1")
+  parser.add_argument("--time", type=int, default=0, metavar="N",
+                      help="launch each kernel alone N times on the device and print its least time")
   args = parser.parse_args()
   if args.devices:
     devices = tuple(args.devices.split(","))
@@ -80,6 +94,9 @@ if __name__ == "__main__":
           f"{args.preset} over {', '.join(devices)}")
     sys.exit(0)
   kernels = decode_step_kernels(args.preset, args.device, args.dtype, args.position)
-  for k, item in enumerate(kernels): print(f"{k:4d} {describe(item)}")
+  seconds = kernel_seconds(kernels, args.time) if args.time else []
+  for k, item in enumerate(kernels):
+    print(f"{k:4d} {f'{seconds[k] * 1e6:9.2f} us ' if seconds else ''}{describe(item)}")
+  if seconds: print(f"{sum(seconds) * 1e6:.1f} us: the kernels' least times summed (each launched alone)")
   layers = Gemma3Config.preset(args.preset).num_hidden_layers
   print(f"{len(kernels)} kernels in one decode step of {args.preset} ({layers} layers) on {args.device}")

@@ -18,8 +18,8 @@ from decode_kernels import decode_step_kernels, schedule_only  # noqa: E402
 
 # gemma-3-270m's decode step (18 layers) on CUDA: 155 kernels before the fusions this file tests (148 before
 # the residual sum moved into the next qkv kernel, schedule rule 2c; 132 before the 18 cache writes became one
-# kernel, schedule rule 5)
-DECODE_KERNELS_270M = 115
+# kernel, schedule rule 5; 115 before the last layer's residual sum moved into the final norm's row kernel, rule 2b)
+DECODE_KERNELS_270M = 114
 
 def kernels(t: Tensor) -> int: return sum(1 for item in t.schedule() if item.ast.op is Ops.SINK)
 
@@ -76,16 +76,18 @@ def test_gemma_270m_decode_step_kernel_count_on_cuda():
   """One decode step of the 18-layer gemma-3-270m in float16 on CUDA (scheduled without a GPU): at most
   DECODE_KERNELS_270M kernels, 6 per layer (qkv matvec with the input norm and, from the second layer on, the previous
   layer's post-norm and residual sum, stored as its second output; scores with q's norm and RoPE and the new key's;
-  softmax times values; o_proj; the residual sum and pre-norm in the gate/up matvec; down with GELU), the last
-  layer's residual sum, one kernel for all 18 cache writes (rule 5), and 5 more: the rotary tables, the final norm,
-  the head's matvec and the argmax's two, with RIDERS=1; RIDERS=0 (the default) gives every cache write its own
-  kernel again."""
+  softmax times values; o_proj; the residual sum and pre-norm in the gate/up matvec; down with GELU), one kernel for
+  all 18 cache writes (rule 5), and 5 more: the rotary tables, the last layer's residual sum inside the final norm's
+  row kernel (three reduces over one row: rule 2b), the head's matvec and the argmax's two, with RIDERS=1; RIDERS=0
+  (the default) gives every cache write its own kernel again."""
   with Context(RIDERS=1): found = decode_step_kernels("270m", "CUDA", "float16", position=600)
   assert len(found) <= DECODE_KERNELS_270M, len(found)
   assert found[0].outputs[0].size == 1536 and found[0].inputs[0].dtype == dtypes.int32   # the lookup inside qkv
   # every later layer's qkv kernel also stores the residual stream (float32 in a float16 model): 17 of them
   residual_stores = [k for k in found if k.output_count == 2 and k.outputs[0].size == 1536]
   assert len(residual_stores) == 17 and all(k.outputs[1].size == 640 for k in residual_stores)
+  final_norm = found[-4]   # before the head's matvec and the argmax's two: one row of the hidden size, 3 reduces
+  assert final_norm.outputs[0].size == 640 and sum(u.op is Ops.REDUCE_AXIS for u in final_norm.ast.toposort()) == 3
   cache_writes = [k for k in found if k.output_count == 18]
   assert len(cache_writes) == 1 and {b.size for b in cache_writes[0].outputs} == {2 * 256 * 512, 2 * 256 * 1024}
   with Context(RIDERS=0):
@@ -102,3 +104,18 @@ def test_decode_cache_writes_and_scores_compile_for_cuda():
     kernel = Kernel(item.ast, CUDARenderer())
     hand_coded_optimizations(kernel)
     assert compile_cuda(kernel.renderer.render("decode", linearize(kernel)), "sm_90")[:4] == b"\x7fELF"
+
+def test_decode_kernels_timed_alone_on_llvm():
+  """bench/decode_kernels.py --time: kernels of a (tiny) decode step (its first layer's) lowered and launched alone, a
+  time each."""
+  from decode_kernels import kernel_seconds
+  found = decode_step_kernels("tiny", "LLVM", "float32", position=5, context=64)[:6]
+  seconds = kernel_seconds(found, repeats=2)
+  assert len(seconds) == len(found) and all(s > 0 for s in seconds)
+
+@pytest.mark.parametrize("dtype, device", [("float32", "CUDA"), ("float16", "LLVM")])
+def test_gemma_270m_decode_step_kernel_count_other_dtypes_and_devices(dtype, device):
+  """The default step (RIDERS=0: each of the 18 cache writes its own kernel) has the same count in every compute dtype
+  and on the CPU as float16 on CUDA."""
+  with Context(RIDERS=0): found = decode_step_kernels("270m", device, dtype, position=600)
+  assert len(found) == DECODE_KERNELS_270M + 17

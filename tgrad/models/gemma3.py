@@ -190,11 +190,15 @@ class ResidualSum:
     return total
   def value(self) -> Tensor:
     """The stream [..., H], stored."""
-    if self.stored is None:
-      total = self.h
-      for x, norm in self.terms: total = total + norm(x)
-      self.stored = _materialize(total)
+    if self.stored is None: self.stored = _materialize(self.unstored())
     return self.stored
+  def unstored(self) -> Tensor:
+    """The stream [..., H] as a lazy value (the stored one if there is one): a row kernel that reduces over its rows
+    (the final norm) computes it inside, beside the terms' own sums of squares (schedule rule 2b)."""
+    if self.stored is not None: return self.stored
+    total = self.h
+    for x, norm in self.terms: total = total + norm(x)
+    return total
 
 class Gemma3Embedding:
   """Token lookup times sqrt(hidden), the scale rounded to the model dtype first (HF: 25.25 for H=640 in bf16).
@@ -730,7 +734,9 @@ class Gemma3:
       if return_hidden and isinstance(h, ResidualSum): h = h.value()
       hidden.append(h)
       if write is not None: pending.append((layer_cache, write, steps[layer.layer_type]))
-    if isinstance(h, ResidualSum): h = h.value()   # the last layer's output: the head's matvec reads it stored
+    # the last layer's output: summed inside the final norm's row kernel (the two post-norms' sums of squares, then
+    # the final norm's over the sum: three reduces over one row), stored by no kernel of its own
+    if isinstance(h, ResidualSum): h = h.unstored()
     if last_only: h = h.shrink((None, (T - 1, T), None))
     head = self.head_weight
     # the final norm is a kernel of its own even for one position: inside the head's matvec every one of the

@@ -27,7 +27,7 @@ from tgrad.ops import Ops, UOp
 from tgrad.regions import apply_lowering, lowerings_for
 from tgrad.runtime.cuda.flash_attention import (BLOCK_THREADS, CHUNK_ELEMENTS, SUPPORTED_HEAD_DIMS, FlashConfig,
                                                 flash_attention_source, grid)
-from tgrad.shape.sint import divides, evaluate, sint, unbind, variables_of
+from tgrad.shape.sint import divides, evaluate, sint, sym_eq, unbind, variables_of, vmax_of
 
 FLASH_LOWERING = "flash"   # the name of the lowering, and of the device trait that offers it
 FLASH_DEVICES = devices_offering(FLASH_LOWERING)
@@ -80,19 +80,21 @@ def unsupported(query: LazyBuffer, key: LazyBuffer, value: LazyBuffer, has_mask:
   if query.device not in FLASH_DEVICES: return f"device {query.device} has no flash attention kernel"
   if has_mask: return "an explicit attn_mask (the kernel knows causal and sliding-window masks only)"
   if window is not None and not is_causal: return "a window without is_causal"
-  if query.ndim != 4 or key.ndim != 4 or value.ndim != 4: return "inputs not 4-D [batch, heads, length, head dim]"
+  if len(query.shape) != 4 or len(key.shape) != 4 or len(value.shape) != 4:
+    return "inputs not 4-D [batch, heads, length, head dim]"
   if not (query.dtype == key.dtype == value.dtype) or query.dtype not in FLASH_DTYPES:
     return f"dtypes {query.dtype}, {key.dtype}, {value.dtype}: the kernel takes float16 or bfloat16"
   if not (query.device == key.device == value.device): return "inputs on several devices"
   B, heads, _, dim = query.shape
-  if key.shape[0] != B or value.shape[0] != B or key.shape[1] != value.shape[1] or key.shape[-2] != value.shape[-2]:
+  if not all(sym_eq(a, b) is True for a, b in ((key.shape[0], B), (value.shape[0], B), (key.shape[1], value.shape[1]),
+                                                (key.shape[2], value.shape[2]))):
     return f"shapes {query.shape}, {key.shape}, {value.shape} (batch broadcasting is not taken)"
   if dim not in SUPPORTED_HEAD_DIMS or key.shape[-1] != dim or value.shape[-1] != dim:
     return f"head dims {dim}, {key.shape[-1]}, {value.shape[-1]}: the kernel takes one of {SUPPORTED_HEAD_DIMS}"
   if not all(isinstance(s, int) for s in (B, heads, key.shape[1])): return "a symbolic batch or head count"
   kv_heads = key.shape[1]
   if heads % kv_heads: return f"{heads} query heads are not a multiple of {kv_heads} kv heads"
-  if unbind(query.shape[2])[0].vmax * (heads // kv_heads) > MAX_ROWS: return "more rows than 32-bit indices hold"
+  if vmax_of(query.shape[2]) * (heads // kv_heads) > MAX_ROWS: return "more rows than 32-bit indices hold"
   return None
 
 @dataclass(frozen=True)

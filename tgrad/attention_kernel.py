@@ -16,7 +16,8 @@ and one captured CUDA graph serve every length.
 from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, Optional, Sequence
 from tgrad.backend import device_kind, devices_offering
 from tgrad.custom import CustomKernel
 from tgrad.device import Buffer, Device
@@ -25,9 +26,9 @@ from tgrad.helpers import Context, prod
 from tgrad.lazy import LazyBuffer
 from tgrad.ops import Ops, UOp
 from tgrad.regions import apply_lowering, lowerings_for
-from tgrad.runtime.cuda.flash_attention import (BLOCK_THREADS, CHUNK_ELEMENTS, SUPPORTED_HEAD_DIMS, FlashConfig,
-                                                flash_attention_source, grid)
 from tgrad.shape.sint import divides, evaluate, sint, sym_eq, unbind, variables_of, vmax_of
+
+if TYPE_CHECKING: from tgrad.runtime.cuda.flash_attention import FlashConfig
 
 FLASH_LOWERING = "flash"   # the name of the lowering, and of the device trait that offers it
 FLASH_DEVICES = devices_offering(FLASH_LOWERING)
@@ -35,6 +36,12 @@ FLASH_DTYPES = {dtypes.float16: "float16", dtypes.bfloat16: "bfloat16"}
 MAX_ROWS = 2 ** 31 - 1     # the kernel counts rows (positions × heads of a group) in 32-bit ints
 VARIABLE_PREFIX = "var_"   # a variable's kernel parameter: its name behind this prefix (no clash with the kernel's own)
 C_OPERATORS = {Ops.ADD: "+", Ops.MUL: "*", Ops.IDIV: "/", Ops.MOD: "%"}
+
+def kernel_source_module() -> ModuleType:
+  """runtime/cuda/flash_attention.py, imported when a graph on a device offering the kernel asks for it (building a
+  graph elsewhere loads no device's modules)."""
+  import tgrad.runtime.cuda.flash_attention as module
+  return module
 
 def c_expression(x: sint) -> str:
   """A size as a C int64 expression of the variables' parameters (sizes are nonnegative: C's / and % are floor's)."""
@@ -56,7 +63,7 @@ class Layout:
   offset: sint
   strides: tuple[sint, sint, sint]
 
-def _aligned(x: sint) -> bool: return divides(CHUNK_ELEMENTS, x)   # 16-byte rows for cp.async
+def _aligned(x: sint) -> bool: return divides(kernel_source_module().CHUNK_ELEMENTS, x)   # 16-byte rows (cp.async)
 
 def strided_source(lb: LazyBuffer) -> Optional[tuple[LazyBuffer, Layout]]:
   """(the buffer to pass, how to read lb from it) for a view the kernel reads in place, else None."""
@@ -89,8 +96,9 @@ def unsupported(query: LazyBuffer, key: LazyBuffer, value: LazyBuffer, has_mask:
   if not all(sym_eq(a, b) is True for a, b in ((key.shape[0], B), (value.shape[0], B), (key.shape[1], value.shape[1]),
                                                 (key.shape[2], value.shape[2]))):
     return f"shapes {query.shape}, {key.shape}, {value.shape} (batch broadcasting is not taken)"
-  if dim not in SUPPORTED_HEAD_DIMS or key.shape[-1] != dim or value.shape[-1] != dim:
-    return f"head dims {dim}, {key.shape[-1]}, {value.shape[-1]}: the kernel takes one of {SUPPORTED_HEAD_DIMS}"
+  supported = kernel_source_module().SUPPORTED_HEAD_DIMS
+  if dim not in supported or key.shape[-1] != dim or value.shape[-1] != dim:
+    return f"head dims {dim}, {key.shape[-1]}, {value.shape[-1]}: the kernel takes one of {supported}"
   if not all(isinstance(s, int) for s in (B, heads, key.shape[1])): return "a symbolic batch or head count"
   kv_heads = key.shape[1]
   if heads % kv_heads: return f"{heads} query heads are not a multiple of {kv_heads} kv heads"
@@ -117,7 +125,7 @@ class FlashAttentionKernel(CustomKernel):
     return tuple(sorted({v.arg[0] for s in sizes for v in variables_of(s)}))
   def source(self, entry: str) -> str:
     parameters = tuple(VARIABLE_PREFIX + v for v in self.variables())
-    return flash_attention_source(self.config, entry, self.sizes(), parameters)
+    return kernel_source_module().flash_attention_source(self.config, entry, self.sizes(), parameters)
   def entry(self) -> str:
     """The kernel's name: what it is specialized to, and a digest of its sizes."""
     c = self.config
@@ -139,7 +147,8 @@ class FlashAttentionRunner:
     self.flops, self.nbytes = 0, 0
   def launch_dims(self, var_vals: Optional[dict[str, int]] = None) -> tuple[tuple[int, ...], tuple[int, ...]]:
     length = evaluate(self.kernel.length, var_vals or {})
-    return grid(self.kernel.config, length, self.kernel.batch), (BLOCK_THREADS,)
+    module = kernel_source_module()
+    return module.grid(self.kernel.config, length, self.kernel.batch), (module.BLOCK_THREADS,)
   def __call__(self, bufs: Sequence[Buffer], wait: bool = False, var_vals: Optional[dict[str, int]] = None
                ) -> Optional[float]:
     var_vals = var_vals or {}
@@ -159,7 +168,8 @@ def flash_attention(query: LazyBuffer, key: LazyBuffer, value: LazyBuffer, *, is
     layouts.append(layout)
   B, heads, length, dim = query.shape
   kv_heads = key.shape[1]
-  config = FlashConfig(FLASH_DTYPES[query.dtype], dim, heads // kv_heads, kv_heads, float(scale), is_causal, window)
+  config = kernel_source_module().FlashConfig(FLASH_DTYPES[query.dtype], dim, heads // kv_heads, kv_heads,
+                                              float(scale), is_causal, window)
   kernel = FlashAttentionKernel(config, tuple(layouts), unbind(length)[0], unbind(key.shape[2])[0], B)  # type: ignore
   out = LazyBuffer.custom(kernel, tuple(sources), query.shape, query.dtype)
   assert prod(out.shape) == prod(query.shape)

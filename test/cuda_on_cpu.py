@@ -11,9 +11,10 @@ from the PTX ISA's definitions (not from the renderer's tables, so they check th
 (_Float16, round to nearest even), max.NaN.f32, and mma.sync m16n8k16 (f16, bf16) and m16n8k8 (tf32) with f32
 accumulators. An mma is a warp's: each lane puts its A and B registers in a block-wide exchange, the block waits at
 its barrier, each lane computes its own C elements from its warp's registers, and waits again (so every thread of the
-block must reach each mma, as the tensor-core kernels' uniform loops do); `ldmatrix...x4[.trans]` and
-`__shfl_xor_sync` are warp exchanges the same way, and `ex2.approx` is exp2 (the flash-attention kernel uses them). Staged kernels of the renderer (cp.async,
-ldmatrix) don't run. The warpgroup-MMA kernel (runtime/cuda/wgmma.py, sm_90a) does: its dynamic shared array becomes
+block must reach each mma, as the tensor-core kernels' uniform loops do); `ldmatrix.x4[.trans]` and
+`__shfl_xor_sync` are warp exchanges the same way, and `ex2.approx` is exp2 (the flash-attention kernel uses them).
+Staged kernels of the renderer (its cp.async.ca copies) don't run. The warpgroup-MMA kernel (runtime/cuda/wgmma.py,
+sm_90a) does: its dynamic shared array becomes
 a static one of the size its module global names; `cp.async` is an immediate 16-byte copy with its zero fill (so the
 commit/wait counts are not checked, but which stage buffer each copy lands in is: a copy into a buffer still being
 read corrupts the result); proxy fences, wgmma fences, commits and waits are no-ops; `wgmma.mma_async` is each

@@ -11,8 +11,10 @@ from the PTX ISA's definitions (not from the renderer's tables, so they check th
 (_Float16, round to nearest even), max.NaN.f32, and mma.sync m16n8k16 (f16, bf16) and m16n8k8 (tf32) with f32
 accumulators. An mma is a warp's: each lane puts its A and B registers in a block-wide exchange, the block waits at
 its barrier, each lane computes its own C elements from its warp's registers, and waits again (so every thread of the
-block must reach each mma, as the tensor-core kernels' uniform loops do). Staged kernels of the renderer (cp.async,
-ldmatrix) don't run. The warpgroup-MMA kernel (runtime/cuda/wgmma.py, sm_90a) does: its dynamic shared array becomes
+block must reach each mma, as the tensor-core kernels' uniform loops do); `ldmatrix.x4[.trans]` and
+`__shfl_xor_sync` are warp exchanges the same way, and `ex2.approx` is exp2 (the flash-attention kernel uses them).
+Staged kernels of the renderer (its cp.async.ca copies) don't run. The warpgroup-MMA kernel (runtime/cuda/wgmma.py,
+sm_90a) does: its dynamic shared array becomes
 a static one of the size its module global names; `cp.async` is an immediate 16-byte copy with its zero fill (so the
 commit/wait counts are not checked, but which stage buffer each copy lands in is: a copy into a buffer still being
 read corrupts the result); proxy fences, wgmma fences, commits and waits are no-ops; `wgmma.mma_async` is each
@@ -125,6 +127,16 @@ static inline unsigned short emu_f32_to_bf16(float f) {   // round to nearest ev
   if (f != f) return 0x7FC0;
   return (unsigned short)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
 }
+// a warp's shuffle: every lane puts its value in a block-wide exchange, the block waits, each lane reads its partner's
+// (so every thread of the block must reach it, as for an mma)
+static float emu_floats[1024];
+static inline float __shfl_xor_sync(unsigned int, float value, int lane_mask) {
+  emu_floats[emu_thread] = value;
+  block_barrier->arrive_and_wait();
+  float partner = emu_floats[(emu_thread & ~31u) | ((emu_thread & 31u) ^ (unsigned int)lane_mask)];
+  block_barrier->arrive_and_wait();
+  return partner;
+}
 // shared memory of the wgmma kernel: the generic address of its (static, 1024-aligned) array is shared address 0
 static thread_local unsigned char* emu_shared_base = nullptr;
 static inline unsigned int __cvta_generic_to_shared(const void* p) {
@@ -208,6 +220,34 @@ static void emu_tma_load_2d(unsigned int target, unsigned long long map, int inn
   }
   emu_mbarrier_complete_tx(barrier, (unsigned int)(box_rows * box_columns * size));
 }
+// ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16 (PTX ISA "Warp-level matrix load instruction: ldmatrix"): lanes
+// 8i..8i+7 give the shared addresses of matrix i's rows 0-7 (16 bytes each); each lane receives one 32-bit register per
+// matrix: row lane / 4, elements 2·(lane % 4) and +1; with .trans the matrix is read transposed: elements (row
+// 2·(lane % 4), column lane / 4) and (row 2·(lane % 4) + 1, same column), the first in the low half
+static unsigned int emu_row_addresses[1024];
+static void emu_ldmatrix(unsigned int& r0, unsigned int& r1, unsigned int& r2, unsigned int& r3, unsigned int address,
+                         bool transposed) {
+  emu_row_addresses[emu_thread] = address;
+  block_barrier->arrive_and_wait();
+  unsigned int warp = emu_thread & ~31u, lane = emu_thread & 31u;
+  unsigned int* out[4] = {&r0, &r1, &r2, &r3};
+  unsigned int values[4];
+  for (int i = 0; i < 4; i++) {
+    unsigned short lo, hi;
+    if (transposed) {
+      unsigned int column = 2 * (lane / 4);
+      std::memcpy(&lo, emu_shared_base + emu_row_addresses[warp + 8 * i + 2 * (lane % 4)] + column, 2);
+      std::memcpy(&hi, emu_shared_base + emu_row_addresses[warp + 8 * i + 2 * (lane % 4) + 1] + column, 2);
+    } else {
+      unsigned char* row = emu_shared_base + emu_row_addresses[warp + 8 * i + lane / 4];
+      std::memcpy(&lo, row + 4 * (lane % 4), 2);
+      std::memcpy(&hi, row + 4 * (lane % 4) + 2, 2);
+    }
+    values[i] = (unsigned int)lo | ((unsigned int)hi << 16);
+  }
+  block_barrier->arrive_and_wait();
+  for (int i = 0; i < 4; i++) *out[i] = values[i];
+}
 // the element (row, k) of a 128-byte-swizzled wgmma operand (16-bit elements): K-major at start + (row / 8)·SBO +
 // (row % 8)·128 + 2k, MN-major (transposed) at start + (row / 64)·LBO + (k / 8)·SBO + (k % 8)·128 + 2·(row % 64);
 // the swizzle XORs address bits 4-6 with bits 7-9
@@ -249,6 +289,9 @@ PTX_STAND_INS = {
   "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32": "emu_mma(" + MMA_OPERANDS + ", EMU_TF32);",
   "cvt.rn.bf16.f32 %0, %1;": "{0} = emu_f32_to_bf16({1});",
   "cp.async.cg.shared.global [%0], [%1], 16, %2;": "emu_cp_async({0}, {1}, {2});",
+  "ldmatrix.sync.aligned.m8n8.x4.shared.b16": "emu_ldmatrix({0}, {1}, {2}, {3}, {4}, false);",
+  "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16": "emu_ldmatrix({0}, {1}, {2}, {3}, {4}, true);",
+  "ex2.approx.ftz.f32 %0, %1;": "{0} = std::exp2({1});",
   "mbarrier.init.shared::cta.b64 [%0], %1;": "emu_mbarrier_init({0}, {1});",
   "mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;": "emu_mbarrier_arrive_expect_tx({0}, {1});",
   "mbarrier.arrive.shared::cta.b64 _, [%0];": "emu_mbarrier_arrive({0});",
@@ -265,7 +308,7 @@ PTX_STAND_INS = {
 WGMMA = re.compile(r"wgmma\.mma_async\.sync\.aligned\.m64n(\d+)k16\.f32\.(f16|bf16)\.\2 .*, p, 1, 1, 0, ([01]);")
 DYNAMIC_SHARED = re.compile(r"extern __shared__ __align__\((\d+)\) unsigned char (\w+)\[\];")
 DYNAMIC_SIZE = re.compile(r"_dynamic_shared_bytes = (\d+);")
-ASM = re.compile(r'asm(?: volatile)?\("([^"]*)"\s*:(.*?):(.*?)\);')
+ASM = re.compile(r'asm(?: volatile)?\("([^"]*)"\s*:([^;]*?):([^;]*?)\);')   # operands may span lines
 OPERAND = re.compile(r'"[=+]?\w"\(((?:[^()]|\([^()]*\))*)\)')
 
 def emulable(source: str) -> str:
@@ -312,7 +355,7 @@ def cpu_available() -> bool: return COMPILER is not None
 
 def _parameters(source: str, name: str) -> list[str]:
   """The C types of the kernel's parameters, in order."""
-  match = re.search(rf"\b{re.escape(name)}\((.*?)\)\s*{{", source)
+  match = re.search(rf"\b{re.escape(name)}\((.*?)\)\s*{{", source, re.DOTALL)   # the list may span lines
   assert match is not None, f"kernel {name} not found in the source"
   return [" ".join(p.split()[:-1]) for p in match.group(1).split(",")]
 

@@ -512,10 +512,19 @@ def _with_buffers(step: _Step, buffers: dict[LazyBuffer, Buffer], commit: bool, 
         if isinstance(lb.size, UOp): buffers[lb].symbolic_size = unbind(lb.size)[0]
   bufs = tuple(buffer_of(lb) for lb in step.outputs + step.inputs)
   ast, var_vals = unbind_ast(step.ast) if symbolic_in_use() else (step.ast, NO_VARIABLES)
+  if step.ast.op is Ops.CUSTOM and symbolic_in_use(): var_vals = _shape_variables(step.outputs + step.inputs)
   if scalars: var_vals = {**var_vals, **scalar_values(scalars)}   # read before a commit drops a root's arg
   if commit:
     for lb, buf in zip(step.outputs, bufs): lb.commit(buf, keep_arg=lb.op is Ops.REDUCE_AXIS)
   return ScheduleItem(ast, bufs, len(step.outputs), host_data, var_vals)
+
+def _shape_variables(lbs: Sequence[LazyBuffer]) -> dict[str, int]:
+  """The bound variables of these values' shapes: a custom kernel's var_vals (its sizes at this launch; a JIT replay
+  sets them like a kernel's)."""
+  values: dict[str, int] = {}
+  for lb in lbs:
+    for size in lb.shape: values.update(unbind(size)[1])
+  return values
 
 def scalar_values(scalars: Sequence[LazyBuffer]) -> dict[str, int]:
   """The var_vals of a kernel's scalar parameters: parameter k carries lifted constant k's value as 64 bits."""

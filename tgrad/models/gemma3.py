@@ -18,6 +18,7 @@ from tgrad.tensor import Tensor
 from tgrad.dtype import dtypes, to_dtype
 from tgrad.nn.quant import QuantizedTensor, dequantize_blocks, dequantized_values
 from tgrad.jit import TinyJit
+from tgrad.attention_kernel import flash_applies
 from tgrad.models.gemma3_config import PRESETS, Gemma3Config, weight_shapes  # noqa: F401 (PRESETS re-exported)
 from tgrad.models.gemma3_cache import FULL  # noqa: F401 (re-exported: a layer type, beside SLIDING)
 from tgrad.models.gemma3_cache import (SLIDING, LAYER_TYPES, FRESH, DECODE, EXTEND, StepInputs, Gemma3KVCache,
@@ -304,7 +305,7 @@ def _fuse_into_consumer(x: Tensor) -> Tensor:
   return x if x.shape[-2] == 1 else _materialize(x)
 
 class Gemma3Attention:
-  def __init__(self, config: Gemma3Config, weights: dict[str, Weight], prefix: str):
+  def __init__(self, config: Gemma3Config, weights: dict[str, Weight], prefix: str, layer_type: str = FULL):
     names = [prefix + name + "_proj.weight" for name in ("q", "k", "v")]
     self.qkv_pieces = row_pieces([weights[name] for name in names])   # where q, k and v sit in the stacked output
     self.qkv_weights, (q_weight, k_weight, v_weight) = _stacked_rows(*(weights[name] for name in names))
@@ -315,6 +316,7 @@ class Gemma3Attention:
     self.heads, self.kv_heads, self.head_dim = config.num_attention_heads, config.num_key_value_heads, config.head_dim
     self.scale = config.query_pre_attn_scalar ** -0.5
     self.softcap = config.attn_logit_softcapping
+    self.window = config.sliding_window if layer_type == SLIDING else None   # keys l - window < s <= l
 
   def __call__(self, h: Tensor, norm: Gemma3RMSNorm, step: StepInputs, cache: Tensor
                ) -> tuple[Tensor, Optional[tuple]]:
@@ -347,6 +349,14 @@ class Gemma3Attention:
     else:
       keys, values = cache[0].cat(k, dim=2), cache[1].cat(v, dim=2)
       pending = (k, v)
+    if step.mode == FRESH and self._flash(q, keys, values):
+      # a prompt: one flash-attention kernel per kv head's query group (tgrad/attention_kernel.py): the scores, their
+      # softmax and the weighted sum of values without storing the score matrix
+      out = q.permute(0, 2, 1, 3).scaled_dot_product_attention(keys, values, is_causal=True, scale=self.scale,
+                                                               enable_gqa=True, window=self.window)
+      out = out.permute(0, 2, 1, 3).reshape(B, T, self.heads * D)
+      write_cache_fresh(cache, k, v, step)
+      return self.o_proj(out), pending
     q = q.reshape(B, T, self.kv_heads, group, D).permute(0, 2, 3, 1, 4)           # [B, kv_heads, group, T, D]
     if one_token:
       rows = (B, self.kv_heads, group, 1, keys.shape[-2], D)
@@ -367,6 +377,13 @@ class Gemma3Attention:
     if step.mode == DECODE:
       write_cache_decode(cache, k, v, self.k_norm, cos.reshape(1, 1, 1, D), sin.reshape(1, 1, 1, D), step)
     return self.o_proj(out), pending
+
+  def _flash(self, q: Tensor, keys: Tensor, values: Tensor) -> bool:
+    """Whether the prompt's attention is one flash kernel: FLASH_ATTENTION, a device and dtypes it runs on, no
+    softcapping (Gemma 3 has none; Gemma 2 had). q [B, T, heads, D], keys and values [B, kv_heads, T, D]."""
+    if self.softcap is not None or not isinstance(q.device, str): return False   # (sharded: a tuple of devices)
+    return flash_applies(q.lazydata.permute((0, 2, 1, 3)), keys.lazydata, values.lazydata, is_causal=True,
+                         window=self.window)
 
 class Gemma3MLP:
   """down(gelu(gate(x)) * up(x)), the gate and up projections as one matrix-vector kernel over their stacked rows."""
@@ -400,7 +417,7 @@ class Gemma3DecoderLayer:
     p, eps = f"model.layers.{index}.", config.rms_norm_eps
     self.layer_type = config.layer_types[index]
     self.input_layernorm = Gemma3RMSNorm(weights[p + "input_layernorm.weight"], eps, dtype)
-    self.self_attn = Gemma3Attention(config, weights, p + "self_attn.")
+    self.self_attn = Gemma3Attention(config, weights, p + "self_attn.", self.layer_type)
     self.post_attention_layernorm = Gemma3RMSNorm(weights[p + "post_attention_layernorm.weight"], eps)
     self.pre_feedforward_layernorm = Gemma3RMSNorm(weights[p + "pre_feedforward_layernorm.weight"], eps, dtype)
     self.mlp = Gemma3MLP(weights, p + "mlp.")

@@ -32,6 +32,7 @@ log Σ exp, so a GROUP or a split reduce combines results with the same reduce.
 from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any, Callable, Optional
+from tgrad.attention_kernel import FLASH_DEVICES, FLASH_DTYPES, FLASH_LOWERING, flash_attention
 from tgrad.custom import NUMPY, HostFunction
 from tgrad.backend import HOST_DEVICE, DevicesOtherThan, devices_offering
 from tgrad.dtype import TF32_KEEP_MASK, TF32_ROUNDING_BIAS, dtypes, promote_types, to_dtype
@@ -161,14 +162,21 @@ def _layer_norm_recip_sqrt(x: Tensor, axis: Any, eps: float) -> Tensor:
   return centered / (centered.square().mean(axis, keepdim=True) + eps).sqrt()
 
 def attention(query: Tensor, key: Tensor, value: Tensor, attn_mask: Optional[Tensor] = None, *, is_causal: bool,
-              scale: float, enable_gqa: bool, dropout_p: float = 0.0, unfused: bool = False) -> Tensor:
+              scale: float, enable_gqa: bool, dropout_p: float = 0.0, unfused: bool = False,
+              window: Optional[int] = None) -> Tensor:
   """softmax(q·kᵀ·scale + mask)·v, the arguments already checked (Tensor.scaled_dot_product_attention); `unfused`
-  realizes the scores before the softmax."""
+  realizes the scores before the softmax; `window` (with is_causal) keeps only the keys l - window < s <= l."""
   if enable_gqa and min(query.ndim, key.ndim, value.ndim) >= 3 and key.shape[-3] != query.shape[-3]:
     repeats = query.shape[-3] // key.shape[-3]
     key, value = key.repeat_interleave(repeats, -3), value.repeat_interleave(repeats, -3)
   scores = (query @ key.transpose(-2, -1)) * scale
-  if is_causal: attn_mask = Tensor.ones(scores.shape[-2:], dtype=dtypes.bool, device=query.device).tril()
+  if is_causal and window is None:
+    attn_mask = Tensor.ones(scores.shape[-2:], dtype=dtypes.bool, device=query.device).tril()
+  elif is_causal:
+    rows, cols = scores.shape[-2:]
+    distance = Tensor.arange(rows, device=query.device).reshape(rows, 1) - \
+      Tensor.arange(cols, device=query.device).reshape(1, cols)
+    attn_mask = (distance >= 0) & (distance < window)
   if attn_mask is not None:
     scores = attn_mask.where(scores, -math.inf) if attn_mask.dtype.is_bool else scores + attn_mask
   if unfused: scores = scores.contiguous()
@@ -176,6 +184,13 @@ def attention(query: Tensor, key: Tensor, value: Tensor, attn_mask: Optional[Ten
 def _attention_unfused(query: Tensor, key: Tensor, value: Tensor, attn_mask: Optional[Tensor] = None,
                        **params) -> Tensor:
   return attention(query, key, value, attn_mask, unfused=True, **params)
+
+def _attention_flash(query: Tensor, key: Tensor, value: Tensor, attn_mask: Optional[Tensor] = None,
+                     **params) -> Tensor:
+  """One flash-attention kernel (tgrad/attention_kernel.py) where it applies, else the default."""
+  out = flash_attention(query.lazydata, key.lazydata, value.lazydata, has_mask=attn_mask is not None, **params)
+  if out is None: return attention(query, key, value, attn_mask, **params)
+  return Tensor(out, requires_grad=False)
 
 def _matmul(x: Tensor, w: Tensor, acc_dtype: Optional[str] = None) -> Tensor:
   """numpy's matmul as a broadcast multiply and a sum over k (Tensor.dot checks the shapes first); `acc_dtype` (a
@@ -298,7 +313,10 @@ _DECOMPOSITIONS: dict[str, dict[str, Lowering]] = {
     Lowering("recip_sqrt", "(x − mean) / sqrt(var + eps): a division per element", _layer_norm_recip_sqrt, 2)),
   "scaled_dot_product_attention": _registry(
     Lowering(DEFAULT, "softmax(q·kᵀ·scale + mask)·v, the scores fused into the softmax's kernel", attention, 1),
-    Lowering("unfused_softmax", "the scores realized before the softmax", _attention_unfused, 0)),
+    Lowering("unfused_softmax", "the scores realized before the softmax", _attention_unfused, 0),
+    Lowering(FLASH_LOWERING, "one flash-attention kernel: scores, online softmax and the weighted sum of values in "
+             "registers, the score matrix never stored (CUDA, float16/bfloat16; causal and sliding-window masks)",
+             _attention_flash, 0, FLASH_DEVICES, frozenset(FLASH_DTYPES))),
   "matmul": _registry(
     Lowering(DEFAULT, "Σ_k x·w in sum's accumulator (float32 for float16/bfloat16, else the dtype)", _matmul, 1),
     Lowering("acc_float32", "Σ_k x·w accumulated in float32", _matmul_acc("float32"), 2, None,

@@ -14,6 +14,7 @@ from tgrad.bounds import IndexBounds, check_index_bounds
 from tgrad.tensor_ops.args import Scalar
 from tgrad.regions import composite
 from tgrad.tensor_ops.composite import attention
+from tgrad.attention_kernel import use_flash_lowering
 if TYPE_CHECKING: from tgrad.tensor import Tensor   # at runtime: bound by tgrad/tensor.py (see __init__.py)
 
 LOSS_REDUCTIONS = ("none", "mean", "sum")
@@ -386,12 +387,16 @@ class NNMixin:
   # ---- attention
   def scaled_dot_product_attention(self, key: Tensor, value: Tensor, attn_mask: Optional[Tensor] = None,
                                    dropout_p: float = 0.0, is_causal: bool = False,
-                                   scale: Optional[float] = None, enable_gqa: bool = False) -> Tensor:
+                                   scale: Optional[float] = None, enable_gqa: bool = False,
+                                   window: Optional[int] = None) -> Tensor:
     """softmax(q·kᵀ·scale + mask)·v for q (..., L, E), k (..., S, E), v (..., S, Ev); scale defaults to 1/√E.
     enable_gqa (grouped-query attention, as torch): k and v may have fewer heads (dim −3) than q, a divisor of its
     count; each of their heads serves that many consecutive query heads.
-    A bool mask keeps True positions; a float mask is added. is_causal keeps key s <= query l. Dropout on the
-    attention weights applies only while `Tensor.training` (as tinygrad; torch's functional applies it always)."""
+    A bool mask keeps True positions; a float mask is added. is_causal keeps key s <= query l; `window` (tgrad's, with
+    is_causal: a sliding window) keeps only keys l - window < s <= l. Dropout on the attention weights applies only
+    while `Tensor.training` (as tinygrad; torch's functional applies it always).
+    On CUDA, float16/bfloat16 [B, H, L, D] inputs without an explicit mask (D 64, 128 or 256) run as one
+    flash-attention kernel (the region's "flash" lowering; FLASH_ATTENTION=0 keeps the default graph)."""
     if is_causal and attn_mask is not None:
       raise RuntimeError("scaled_dot_product_attention: explicit attn_mask should not be set when is_causal=True")
     if min(self.ndim, key.ndim, value.ndim) < 2 or self.shape[-1] != key.shape[-1] or key.shape[-2] != value.shape[-2]:
@@ -402,12 +407,17 @@ class NNMixin:
       if value.shape[-3] != kv_heads or heads % kv_heads:
         raise ValueError(f"scaled_dot_product_attention: enable_gqa needs key and value heads ({kv_heads}, "
                          f"{value.shape[-3]}) to be one count that divides the query heads ({heads})")
+    if window is not None and (not is_causal or isinstance(window, bool) or not isinstance(window, int) or window < 1):
+      raise ValueError(f"scaled_dot_product_attention: window {window!r} needs is_causal=True and an int >= 1")
     params = {"is_causal": is_causal, "scale": 1 / math.sqrt(self.shape[-1]) if scale is None else scale,
               "enable_gqa": enable_gqa}
+    if window is not None: params["window"] = window
     inputs = (self, key, value) if attn_mask is None else (self, key, value, attn_mask)
     # with dropout in effect the composite is not a region: an alternative would draw other random numbers
     if Tensor.training and dropout_p: return attention(*inputs, dropout_p=dropout_p, **params)
-    return composite("scaled_dot_product_attention", inputs, **params)
+    out = composite("scaled_dot_product_attention", inputs, **params)
+    use_flash_lowering(out.lazydata, attn_mask is not None)
+    return out
 
   # ---- losses
   def _class_hits(self, target: Tensor, axis: int, ignore_index: int) -> Tensor:

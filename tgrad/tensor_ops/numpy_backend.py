@@ -46,13 +46,16 @@ def matmul(x: np.ndarray, w: np.ndarray, acc_dtype: Optional[str] = None) -> np.
 
 def scaled_dot_product_attention(query: np.ndarray, key: np.ndarray, value: np.ndarray,
                                  attn_mask: Optional[np.ndarray] = None, *, is_causal: bool, scale: float,
-                                 enable_gqa: bool, dropout_p: float = 0.0) -> np.ndarray:
+                                 enable_gqa: bool, dropout_p: float = 0.0, window: Optional[int] = None) -> np.ndarray:
   """softmax(q·kᵀ·scale + mask)·v, as composite.attention (a bool mask arrives as 0/1 values)."""
   if enable_gqa and min(query.ndim, key.ndim, value.ndim) >= 3 and key.shape[-3] != query.shape[-3]:
     repeats = query.shape[-3] // key.shape[-3]
     key, value = np.repeat(key, repeats, -3), np.repeat(value, repeats, -3)
   scores = np.matmul(query, np.swapaxes(key, -1, -2)) * scale
-  if is_causal: attn_mask = np.tril(np.ones(scores.shape[-2:], dtype=bool))
+  if is_causal:
+    rows, cols = scores.shape[-2:]
+    distance = np.arange(rows)[:, None] - np.arange(cols)[None, :]
+    attn_mask = (distance >= 0) & (distance < (window if window is not None else max(rows, 1)))
   if attn_mask is not None:
     scores = np.where(attn_mask, scores, -np.inf) if attn_mask.dtype == bool else scores + attn_mask
   return np.matmul(softmax(scores, -1), value)

@@ -9,10 +9,11 @@ import pytest
 import tgrad.realize as realize_module
 from tgrad import Tensor
 from tgrad.ops import Ops
+from tgrad.schedule import create_schedule
 from tgrad.multi import MultiLazyBuffer
 from tgrad.models.gemma3 import Gemma3, Gemma3Config
 from tgrad.models.generation import generate
-from tgrad.models.gemma3_parallel import greedy_ids, shard_weights
+from tgrad.models.gemma3_parallel import shard_weights
 from tgrad.nn.quant import GGMLType, QuantizedTensor
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "bench"))
 from decode_kernels import decode_step_items  # noqa: E402
@@ -141,16 +142,19 @@ def test_gather_from_a_replicated_table():
   with pytest.raises(NotImplementedError, match="gather it to one device first"):
     Tensor(table).shard(DEVICES, 0)[Tensor(ids).shard(DEVICES)]
 
-def test_greedy_ids_of_logits_split_by_vocabulary():
+def test_argmax_of_logits_split_by_vocabulary():
   """A gemma-3-270m-sized vocabulary (its argmax runs in chunks): numpy's argmax, ties across the devices' parts and
-  NaN included, with nothing gathered."""
+  NaN included, with nothing gathered: two all-reduces of one value a row and no copy between devices."""
   rng = np.random.default_rng(0)
   logits = rng.standard_normal((4, 262144)).astype(np.float32)
   logits[1, [7, 200000]] = 50.0          # a tie across the two parts: the first wins
   logits[2, [131072, 131073]] = 60.0     # a tie at the start of the second part
   logits[3, 150000] = np.nan             # NaN counts as the largest, as numpy's
-  got = greedy_ids(Tensor(logits).shard(DEVICES, 1))
+  got = Tensor(logits).shard(DEVICES, 1).realize().argmax(-1, keepdim=True)
   assert axis_of(got) is None and got.shape == (4, 1)
+  steps = create_schedule([s for s in got.lazydata.shards])
+  assert [item.bufs[0].nbytes for item in steps if item.ast.op is Ops.COLLECTIVE] == [4 * 4, 4 * 4]
+  assert not [item for item in steps if item.ast.op is Ops.COPY]
   np.testing.assert_array_equal(got.numpy().reshape(-1), np.argmax(logits, -1))
 
 def test_assign_region_of_sharded_tensors():

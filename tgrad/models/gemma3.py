@@ -26,7 +26,7 @@ from tgrad.models.gemma3_cache import (SLIDING, LAYER_TYPES, FRESH, DECODE, EXTE
                                        decode_attention_values)
 from tgrad.models.gemma3_weights import check_weights, checkpoint_weights, random_weights
 from tgrad.models.gemma3_parallel import (RowPiece, row_pieces, stack_rows_per_device, take_rows, is_sharded,
-                                          split_rows_like, shard_weights, head_weight, device_buffers, greedy_ids)
+                                          split_rows_like, shard_weights, head_weight, device_buffers)
 
 MASKED_SCORE = float(np.finfo(np.float32).min)        # HF fills masked attention scores with finfo(float32).min
 CONTEXT_GRANULE = 256            # generate() rounds the cache length up to this, so nearby lengths share kernels
@@ -696,7 +696,8 @@ class Gemma3:
     tokens = self._decode_tokens
     assert tokens is not None
     logits = self._run_step(tokens, None, DECODE, True, False, (position, ring_slot, ring_filled))
-    tokens.assign(greedy_ids(logits[:, -1])).realize()   # split logits: no gather (gemma3_parallel.py)
+    # logits split by vocabulary: each device's part reduced, then two all-reduces of one value a row
+    tokens.assign(logits[:, -1].argmax(-1, keepdim=True)).realize()
     return logits
 
   def _replay_prefill(self, ids: np.ndarray, length: Any) -> Tensor:

@@ -10,7 +10,8 @@ sharded Tensors (tgrad/multi/), from which `Gemma3` builds the same layers. With
   down_proj              split along its input: a partial product per device, then one all-reduce
   norms, embedding       replicated (the lookup is a per-device gather, the residual stream is the same on each)
   head                   split by vocabulary rows (tied: a view of the replicated embedding; untied lm_head: split),
-                         so the logits come out split by vocabulary and the greedy argmax's maxima are all-reduces
+                         so the logits come out split by vocabulary and the greedy argmax (Tensor.argmax over the
+                         split axis) costs two all-reduces of one value per row
   KV cache               replicated, written on each device from its own copy of k and v (no traffic)
 So a layer costs two all-reduces of one [B, T, hidden] value: one after the attention block, one after the MLP.
 
@@ -22,7 +23,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 from tgrad.tensor import Tensor
-from tgrad.dtype import dtypes
 from tgrad.device import canonical_device
 from tgrad.multi import MultiLazyBuffer
 from tgrad.nn.quant import QuantizedTensor
@@ -64,21 +64,6 @@ def head_weight(weight: Tensor) -> Tensor:
   lazy = weight.lazydata
   if not isinstance(lazy, MultiLazyBuffer) or lazy.axis is not None or weight.shape[0] % len(lazy.shards): return weight
   return weight.shard(weight.device, 0)
-
-def greedy_ids(logits: Tensor) -> Tensor:
-  """The argmax of the last axis (keepdim; the first maximum, NaN counting as the largest, as Tensor.argmax). Logits
-  split by vocabulary over P devices: each device's first maximum over its own part (viewed [..., P, V/P], so no
-  gather crosses devices), then the first part holding the largest: two all-reduces of [..., 1] values."""
-  lazy = logits.lazydata
-  if not isinstance(lazy, MultiLazyBuffer) or lazy.axis != logits.ndim - 1: return logits.argmax(-1, keepdim=True)
-  parts, size = len(lazy.shards), logits.shape[-1]
-  width = size // parts
-  pieces = logits.reshape(*logits.shape[:-1], parts, width)                        # split along the parts axis
-  index = pieces.argmax(-1) + Tensor.arange(0, size, width, dtype=dtypes.int32, device=logits.device)
-  best = pieces.max(-1)                                                            # [..., P]: each part's maximum
-  is_max = best == best.max(-1, keepdim=True)
-  if best.dtype.is_float: is_max = is_max | best.isnan()
-  return size - is_max.where(size - index, 0).max(-1, keepdim=True)   # the smallest index among the largest
 
 def is_sharded(t: Any) -> bool: return isinstance(t, Tensor) and isinstance(t.lazydata, MultiLazyBuffer)
 

@@ -13,6 +13,8 @@ The rules (docs/multi_device.md):
   reduce        over axes that leave the split axis alone: per shard. Over the split axis: each shard reduces its
                 part, then an all-reduce (sum, max, product) combines the partials; the result is replicated, the
                 same bits on every device. A reduce that partials can't finish (LOGADDEXP) gathers first.
+                Tensor.argmax over the split axis is this rule twice (the maxima, then the first index holding one,
+                each device's index offset by its part's start): two all-reduces, nothing gathered.
   movement      permute moves the axis; expand and a pad/shrink/flip/stride that leave the split axis whole are per
                 shard; a reshape keeps the split where the axis stays whole (its leading elements unchanged);
                 anything else on the split axis (a reshape that merges it with the axes before it, a pad, a shrink,

@@ -207,20 +207,37 @@ def test_a_collective_runs_right_after_what_it_needs():
 # ---- a kind's own collectives library
 
 class HostLibrary:
-  """A stand-in for NCCLCollectives on LLVM devices: all_reduce over allocator handles through host copies, recording
-  each call; `capture` makes it `per_device`, as NCCL's is."""
+  """A stand-in for NCCLCollectives on LLVM devices: its four collectives over allocator handles through host copies,
+  recording each call as (kind, op, dtype, count, streams); `capture` makes it `per_device`, as NCCL's is."""
   def __init__(self, devices):
     self.devices, self.calls = devices, []
-  def all_reduce(self, inputs, op, dtype, count, outputs=None, streams=None):
-    self.calls.append((op, dtype, count, streams))
+  def _read(self, handles, dtype, count):
     values = []
-    for device, handle in zip(self.devices, inputs):
+    for device, handle in zip(self.devices, handles):
       out = np.empty(count, dtype.np)
       device.allocator.copyout(memoryview(out.view(np.uint8)), handle)
       values.append(out)
-    total = {"sum": np.add, "max": np.maximum, "prod": np.multiply}[op].reduce(values)
-    for device, handle in zip(self.devices, outputs):
-      device.allocator.copyin(handle, memoryview(np.ascontiguousarray(total).view(np.uint8)))
+    return values
+  def _write(self, handles, values):
+    for device, handle, value in zip(self.devices, handles, values):
+      device.allocator.copyin(handle, memoryview(np.ascontiguousarray(value).view(np.uint8)))
+  def all_reduce(self, inputs, op, dtype, count, outputs=None, streams=None):
+    self.calls.append(("all_reduce", op, dtype, count, streams))
+    total = REDUCTIONS[op].reduce(self._read(inputs, dtype, count))
+    self._write(outputs, [total] * len(self.devices))
+  def all_gather(self, inputs, outputs, dtype, count, streams=None):
+    self.calls.append(("all_gather", None, dtype, count, streams))
+    self._write(outputs, [np.concatenate(self._read(inputs, dtype, count))] * len(self.devices))
+  def reduce_scatter(self, inputs, outputs, op, dtype, count, streams=None):
+    self.calls.append(("reduce_scatter", op, dtype, count, streams))
+    total = REDUCTIONS[op].reduce(self._read(inputs, dtype, count * len(self.devices)))
+    self._write(outputs, [total[r * count:(r + 1) * count] for r in range(len(self.devices))])
+  def broadcast(self, buffers, dtype, count, root=0, streams=None):
+    self.calls.append(("broadcast", root, dtype, count, streams))
+    value = self._read(buffers, dtype, count)[root]
+    self._write(buffers, [value] * len(self.devices))
+
+REDUCTIONS = {"sum": np.add, "max": np.maximum, "prod": np.multiply}
 
 @pytest.fixture
 def host_library(monkeypatch):
@@ -238,8 +255,8 @@ def test_lowering_uses_the_kinds_collectives_library(host_library):
   total = Tensor(a).shard(TWO, 0).max(0)
   np.testing.assert_array_equal(total.numpy(), a.max(0))
   [library] = host_library
-  assert [d.name for d in library.devices] == list(TWO) and library.calls[0][0] == "max"
-  assert library.calls[0][2] == 4
+  assert [d.name for d in library.devices] == list(TWO) and library.calls[0][:2] == ("all_reduce", "max")
+  assert library.calls[0][3] == 4
 
 def test_device_runs_put_a_per_device_collective_in_every_devices_run(monkeypatch):
   class Embedding:

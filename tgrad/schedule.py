@@ -481,12 +481,13 @@ def _collective_members(bases: list[LazyBuffer]) -> dict[int, dict[int, LazyBuff
 
 def _collective_step(node: LazyBuffer, members: dict[int, dict[int, LazyBuffer]]) -> Optional[_Step]:
   """Rule 4: the one step of the collective `node` belongs to (None for its siblings after the first): outputs the
-  siblings in rank order (a scratch EMPTY value for a rank whose node is gone or realized), inputs the shards."""
+  siblings in order (a scratch EMPTY value on its device for one whose node is gone or realized), inputs the
+  sources."""
   ranks = members.pop(id(node.arg.group), None)
   if ranks is None: return None
   inputs = tuple(s.base for s in node.srcs)
-  outputs = tuple(ranks[rank] if rank in ranks else LazyBuffer.loadop(Ops.EMPTY, node.shape, node.dtype, s.device)
-                  for rank, s in enumerate(inputs))
+  outputs = tuple(ranks[rank] if rank in ranks else LazyBuffer.loadop(Ops.EMPTY, node.shape, node.dtype, device)
+                  for rank, device in enumerate(node.arg.group.devices))
   return _Step(UOp(Ops.COLLECTIVE, node.dtype, (), node.arg.spec), outputs, inputs)
 
 def _copy_read_back(pairs: Sequence[tuple[LazyBuffer, LazyBuffer]], inputs: list[LazyBuffer]

@@ -82,18 +82,33 @@ class MultiLazyBuffer:
     """`value` (on one device) split along `axis` over `devices` (each device gets a copy of its slice), or copied
     whole to each when axis is None. The axis is checked (check_split)."""
     axis = check_split(value.shape, axis, devices)
-    if axis is None: return MultiLazyBuffer([value.copy_to_device(d) for d in devices], None)
+    if axis is None: return MultiLazyBuffer(collectives_for(devices).broadcast(value, devices), None)
     return MultiLazyBuffer([slice_along(value, axis, i, len(devices)).copy_to_device(d)
                             for i, d in enumerate(devices)], axis)
   def to_axis(self, axis: Optional[int]) -> MultiLazyBuffer:
-    """The same value split along `axis` (None: replicated): a replicated value is sliced on each device (a view);
-    a split one is all-gathered first."""
+    """The same value split along `axis` (None: replicated): a replicated value is sliced on each device (a view),
+    but one that is an all-reduce not yet run is a reduce-scatter of its partials instead (each device folds only
+    its part); a split one is all-gathered first."""
     if axis == self.axis: return self
+    if self.axis is None and axis is not None and (reduced := self._all_reduce_partials()) is not None:
+      check_split(self.shape, axis, self.device)
+      return self._with(self._collectives().reduce_scatter(reduced[0], reduced[1], axis), axis)
     full = self if self.axis is None else self._with(self._collectives().all_gather(self.shards, self.axis), None)
     if axis is None: return full
     check_split(self.shape, axis, self.device)
     return self._with([slice_along(s, axis, i, len(self.shards)) for i, s in enumerate(full.shards)], axis)
   def gathered(self) -> MultiLazyBuffer: return self.to_axis(None)
+  def _all_reduce_partials(self) -> Optional[tuple[Ops, list[LazyBuffer]]]:
+    """(op, partials in this value's shape) when each shard is, as a plain reshape, its rank's output of one
+    unrealized all-reduce step (collectives.all_reduce_nodes); else None."""
+    nodes = [s.base for s in self.shards]
+    if any(node.op is not Ops.COLLECTIVE or node.buffer is not None for node in nodes): return None
+    first = nodes[0]
+    if first.arg.spec.kind != "all_reduce" or len(first.srcs) != len(nodes): return None
+    for rank, (shard, node) in enumerate(zip(self.shards, nodes)):
+      if node.arg.group is not first.arg.group or node.arg.rank != rank or not shard.st.contiguous or \
+         shard.size != node.size: return None
+    return first.arg.spec.op, [source.reshape(self.shards[0].shape) for source in first.srcs]
   def copy_to_device(self, device: Any) -> Any:
     """To one device: the whole value there (a LazyBuffer); to a tuple of devices: the same value on those devices,
     split along the same axis (ValueError if their count differs from this one's when split)."""

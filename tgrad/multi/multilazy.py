@@ -24,6 +24,10 @@ The rules (docs/multi_device.md):
   gather        (indexing by a tensor) per device: from a replicated table split as the index is, from a table split
                 along another axis split alike; along the split axis it raises.
   copy_to_device(one device) gathers to that device; copy_to_device(a device tuple) reshards.
+  resharding    (to_axis) a split value to another axis or replicated: an all-gather, then a slice (a view); a
+                replicated value that is an all-reduce not yet run, to an axis: a reduce-scatter of its partials.
+  shard         of a one-device value, replicated: a broadcast from its device when that is one of the set (it keeps
+                its buffer there), else a copy to each; split: a copy of each slice.
 """
 from __future__ import annotations
 from typing import Any, Optional, Sequence

@@ -6,6 +6,7 @@ call; a TinyJit replays them. The same on two GPUs at the end (skipped without t
 import numpy as np
 import pytest
 from tgrad import Tensor, TinyJit
+from tgrad.dtype import dtypes
 from tgrad.multi.collectives import COPY_COLLECTIVES, STEP_COLLECTIVES
 from tgrad.multi.runners import CopyCollective, LibraryCollective
 from tgrad.ops import Ops
@@ -167,6 +168,37 @@ def test_a_kinds_library_runs_each_collective_as_one_call(host_library):  # noqa
   kinds = [(kind, op, count) for kind, op, _, count, _ in calls]
   assert ("all_gather", None, 12) in kinds and ("reduce_scatter", "max", 3) in kinds and ("broadcast", 1, 24) in kinds
   np.testing.assert_allclose(scattered.numpy(), a.sum(1) * 2, rtol=1e-5, atol=1e-5)
+
+def test_library_collective_calls_nccl_with_each_ranks_buffers():
+  """The runner through nccl.NCCLCollectives' own code to the C calls (recorded, not made: no GPU needed): one group,
+  one call per rank with that rank's buffers; gathers and broadcasts move bytes, in place on a broadcast's root."""
+  from types import SimpleNamespace
+  from tgrad.ops import CollectiveSpec
+  from tgrad.runtime.cuda.nccl import BYTES_TYPE, NCCL_TYPES, REDUCE_OPS, NCCLCollectives
+  calls = []
+  class Lib:
+    def __getattr__(self, name): return lambda *args: calls.append((name, args)) or 0
+  library = SimpleNamespace(lib=Lib(), check=lambda result, call, comm=None: None)
+  nccl = NCCLCollectives.__new__(NCCLCollectives)
+  nccl.devices, nccl.ordinals = ["gpu0", "gpu1"], (0, 1)
+  nccl.comms = SimpleNamespace(library=library, comms=["comm0", "comm1"])
+  def buffers(first: int, size: int, count: int = 2):
+    return [SimpleNamespace(handle=first + i, dtype=dtypes.float32, size=size, device=f"D{i}") for i in range(count)]
+  def run(spec, bufs):
+    calls.clear()
+    LibraryCollective(spec, ["D0", "D1"], nccl, 0)(bufs)
+    assert calls[0][0] == "ncclGroupStart" and calls[-1][0] == "ncclGroupEnd"
+    return [args for name, args in calls[1:-1]], {name for name, _ in calls[1:-1]}
+  float32 = NCCL_TYPES["float32"]
+  args, names = run(CollectiveSpec("all_gather"), buffers(100, 12) + buffers(200, 6))
+  assert names == {"ncclAllGather"} and args == [(200, 100, 24, BYTES_TYPE, "comm0", 0), (201, 101, 24, BYTES_TYPE,
+                                                                                         "comm1", 0)]
+  args, names = run(CollectiveSpec("reduce_scatter", Ops.MAX), buffers(100, 3) + buffers(200, 6))
+  assert names == {"ncclReduceScatter"} and args == [(200, 100, 3, float32, REDUCE_OPS["max"], "comm0", 0),
+                                                     (201, 101, 3, float32, REDUCE_OPS["max"], "comm1", 0)]
+  args, names = run(CollectiveSpec("broadcast", root=1), buffers(100, 5, 1) + buffers(200, 5, 1))
+  assert names == {"ncclBroadcast"} and args == [(100, 100, 20, BYTES_TYPE, 1, "comm0", 0),
+                                                 (200, 200, 20, BYTES_TYPE, 1, "comm1", 0)]
 
 def test_a_jitted_gather_replays_with_new_inputs():
   rng = np.random.default_rng(8)

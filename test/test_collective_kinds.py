@@ -12,7 +12,6 @@ from tgrad.multi.runners import CopyCollective, LibraryCollective
 from tgrad.ops import Ops
 from tgrad.realize import lower_schedule
 from tgrad.schedule import create_schedule
-from test_collective_step import host_library  # noqa: F401 (a fixture: a kind's collectives library on LLVM)
 
 TWO = ("LLVM", "LLVM:1")
 THREE = ("LLVM", "LLVM:1", "LLVM:2")
@@ -153,7 +152,7 @@ def test_every_kind_lowers_to_the_copy_runner_on_cpu_devices():
     [lowered] = lower_schedule([step])
     assert isinstance(lowered.runner, CopyCollective) and lowered.runner.name.startswith(kind)
 
-def test_a_kinds_library_runs_each_collective_as_one_call(host_library):  # noqa: F811 (the imported fixture)
+def test_a_kinds_library_runs_each_collective_as_one_call(host_library):
   rng = np.random.default_rng(7)
   a = rng.standard_normal((4, 6)).astype(np.float32)
   x = Tensor(a).shard(TWO, 1).realize()

@@ -3,13 +3,11 @@ LLVM:0..2: a sharded reduce, a matmul contracting the split axis and data-parall
 every device's buffers, equal to numpy and to one device within float32 reassociation; TinyJit records and replays
 the step; a kind's own collectives library (NCCL on CUDA, a host stand-in here) is what lowering picks when the kind
 has one. The same on two GPUs at the end (skipped without them)."""
-import dataclasses, re
+import re
 import numpy as np
 import pytest
 from tgrad import Tensor, TinyJit
 import tgrad.nn as nn
-import tgrad.realize as realize_module
-from tgrad.backend import backend
 from tgrad.jit import Instruction, device_runs
 from tgrad.multi.collectives import all_reduce_nodes
 from tgrad.multi.runners import CopyCollective, LibraryCollective
@@ -205,49 +203,6 @@ def test_a_collective_runs_right_after_what_it_needs():
   assert _collectives_after_their_inputs(steps[:3]) == steps[:3]   # no collective: unchanged
 
 # ---- a kind's own collectives library
-
-class HostLibrary:
-  """A stand-in for NCCLCollectives on LLVM devices: its four collectives over allocator handles through host copies,
-  recording each call as (kind, op, dtype, count, streams); `capture` makes it `per_device`, as NCCL's is."""
-  def __init__(self, devices):
-    self.devices, self.calls = devices, []
-  def _read(self, handles, dtype, count):
-    values = []
-    for device, handle in zip(self.devices, handles):
-      out = np.empty(count, dtype.np)
-      device.allocator.copyout(memoryview(out.view(np.uint8)), handle)
-      values.append(out)
-    return values
-  def _write(self, handles, values):
-    for device, handle, value in zip(self.devices, handles, values):
-      device.allocator.copyin(handle, memoryview(np.ascontiguousarray(value).view(np.uint8)))
-  def all_reduce(self, inputs, op, dtype, count, outputs=None, streams=None):
-    self.calls.append(("all_reduce", op, dtype, count, streams))
-    total = REDUCTIONS[op].reduce(self._read(inputs, dtype, count))
-    self._write(outputs, [total] * len(self.devices))
-  def all_gather(self, inputs, outputs, dtype, count, streams=None):
-    self.calls.append(("all_gather", None, dtype, count, streams))
-    self._write(outputs, [np.concatenate(self._read(inputs, dtype, count))] * len(self.devices))
-  def reduce_scatter(self, inputs, outputs, op, dtype, count, streams=None):
-    self.calls.append(("reduce_scatter", op, dtype, count, streams))
-    total = REDUCTIONS[op].reduce(self._read(inputs, dtype, count * len(self.devices)))
-    self._write(outputs, [total[r * count:(r + 1) * count] for r in range(len(self.devices))])
-  def broadcast(self, buffers, dtype, count, root=0, streams=None):
-    self.calls.append(("broadcast", root, dtype, count, streams))
-    value = self._read(buffers, dtype, count)[root]
-    self._write(buffers, [value] * len(self.devices))
-
-REDUCTIONS = {"sum": np.add, "max": np.maximum, "prod": np.multiply}
-
-@pytest.fixture
-def host_library(monkeypatch):
-  made = []
-  def with_library(name):
-    found = backend(name)
-    return dataclasses.replace(found, collectives=lambda devices: made.append(HostLibrary(devices)) or made[-1]) \
-      if found.name == "LLVM" else found
-  monkeypatch.setattr(realize_module, "backend", with_library)
-  return made
 
 def test_lowering_uses_the_kinds_collectives_library(host_library):
   rng = np.random.default_rng(6)

@@ -15,7 +15,8 @@ Hugging Face cache (offline). --chat wraps the prompt in Gemma 3's chat template
 --top-k, --top-p and --seed sample (the final token choice is made in numpy from the last logits row). Decode steps
 replay a TinyJit capture of the step; --no-jit builds and schedules every step (to compare speed). --devices
 CUDA:0,CUDA:1 runs the model tensor-parallel (Gemma3.shard: query heads, the MLP's intermediate axis and the
-vocabulary split over the devices, two all-reduces per layer; GGUF weights dequantized).
+vocabulary split over the devices, two all-reduces per layer; GGUF weights dequantized unless --quant packed, which
+keeps each device's blocks packed).
 Every argument is checked before any weights load; a bad one prints one `error: ...` line and exits with status 2.
 """
 from __future__ import annotations
@@ -204,7 +205,6 @@ def check_options(args) -> None:
   if args.devices is not None:
     if args.device is not None: raise UserError("give --device or --devices, not both")
     if len(args.devices.split(",")) < 2: raise UserError(f"--devices needs two or more devices, got {args.devices!r}")
-    if args.quant == "packed": raise UserError("--devices shards dense weights: use --quant dequant")
   if args.prompt_ids is not None: parse_prompt_ids(args.prompt_ids)
 
 def start_device(name: str | None) -> str:

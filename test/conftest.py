@@ -71,6 +71,22 @@ def cuda_codegen_check():
 # ---- comparing against torch (test/torch_compare.py, shared with test_ops.py)
 
 @pytest.fixture
+def host_library(monkeypatch) -> list:
+  """The LLVM backend given a collectives library (collective_library.HostLibrary), as CUDA's has NCCL's: lowering
+  picks LibraryCollective runners over it. The list receives each library made (one per device set and step)."""
+  import dataclasses
+  import tgrad.realize as realize_module
+  from tgrad.backend import backend
+  from collective_library import HostLibrary
+  made: list = []
+  def with_library(name):
+    found = backend(name)
+    return dataclasses.replace(found, collectives=lambda devices: made.append(HostLibrary(devices)) or made[-1]) \
+      if found.name == "LLVM" else found
+  monkeypatch.setattr(realize_module, "backend", with_library)
+  return made
+
+@pytest.fixture
 def two_gpus() -> tuple[str, str]:
   """The names of two GPUs of this host ("CUDA", "CUDA:1"); the test is skipped where the driver sees fewer."""
   from tgrad.runtime.cuda.runtime import device_count

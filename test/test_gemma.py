@@ -196,7 +196,6 @@ BAD_ARGUMENTS = [
   (["--system", "be brief"], ["--system needs --chat"]),
   (["--devices", "LLVM:0"], ["--devices needs two or more devices, got 'LLVM:0'"]),
   (["--device", "LLVM", "--devices", "LLVM:0,LLVM:1"], ["give --device or --devices, not both"]),
-  (["--devices", "LLVM:0,LLVM:1", "--quant", "packed"], ["--devices shards dense weights"]),
   (["--preset", "tiny", "--devices", "LLVM:0,LLVM:1,LLVM:2"],
    ["--devices LLVM:0,LLVM:1,LLVM:2", "{'num_attention_heads': 2, 'intermediate_size': 128} divisible by 3"]),
   (["--model", "/no/such/dir"], ["--model /no/such/dir: no such directory"]),

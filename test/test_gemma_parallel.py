@@ -2,20 +2,20 @@
 float32 rounding of the split sums) for a prefill, an extend and decode steps, the same greedy ids with the captured
 decode step, two all-reduces per layer and no other traffic, and each weight placed as gemma3_parallel.py says
 (tiny preset, seeded random weights)."""
-import os, sys
+import dataclasses, os, sys
 from collections import Counter
 import numpy as np
 import pytest
 import tgrad.realize as realize_module
 from tgrad import Tensor
 from tgrad.ops import Ops
+from tgrad.schedule import create_schedule
 from tgrad.multi import MultiLazyBuffer
 from tgrad.models.gemma3 import Gemma3, Gemma3Config
 from tgrad.models.generation import generate
-from tgrad.models.gemma3_parallel import greedy_ids, shard_weights
 from tgrad.nn.quant import GGMLType, QuantizedTensor
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "bench"))
-from decode_kernels import decode_step_items  # noqa: E402
+from decode_kernels import decode_step_items, schedule_only  # noqa: E402
 
 DEVICES = ("LLVM:0", "LLVM:1")
 PROMPT = [2, 17, 301, 5, 88, 412, 9]
@@ -117,9 +117,43 @@ def test_bad_splits_raise(models):
   with pytest.raises(ValueError, match="num_attention_heads"):   # tiny has 2 query heads: not over 3 devices
     one.shard(("LLVM:0", "LLVM:1", "LLVM:2"))
   with pytest.raises(ValueError, match="two or more distinct devices"): one.shard(("LLVM:0", "LLVM:0"))
-  packed = QuantizedTensor(Tensor.zeros(128, 2, 34, dtype="uint8").contiguous(), GGMLType.Q8_0, (128, 64))
-  with pytest.raises(NotImplementedError, match="quant='dequant'"):
-    shard_weights(one.config, {"model.layers.0.mlp.up_proj.weight": packed}, DEVICES)
+
+# ---- packed (GGUF-quantized) weights
+
+def packed_model(seed: int) -> Gemma3:
+  """A small model whose projections and embedding are Q8_0 blocks (llama.cpp's quantizer, gguf.quants), with input
+  sizes of whole blocks (the tiny preset's hidden size, 80, is not)."""
+  gguf = pytest.importorskip("gguf")
+  config = dataclasses.replace(Gemma3Config.preset("tiny"), hidden_size=64, head_dim=32, intermediate_size=128)
+  weights = {}
+  for name, w in Gemma3.random(config, seed=seed, progress=False).state_dict().items():
+    if name.endswith("proj.weight") or name.endswith("embed_tokens.weight"):
+      blocks = gguf.quants.quantize(w.numpy(), gguf.GGMLQuantizationType.Q8_0)
+      weights[name] = QuantizedTensor.from_bytes(blocks, GGMLType.Q8_0, w.shape)
+    else: weights[name] = w
+  return Gemma3(config, weights)
+
+def test_packed_weights_shard_by_rows_and_equal_one_device():
+  one = packed_model(5)
+  sharded = one.shard(DEVICES)
+  state = sharded.state_dict()
+  for name, weight in state.items():
+    if not isinstance(weight, QuantizedTensor): continue
+    axis = axis_of(weight.packed)
+    assert axis == (0 if name.endswith(("q_proj.weight", "gate_proj.weight", "up_proj.weight")) else None), name
+  one_logits, sharded_logits = run_steps(one), run_steps(sharded)
+  for step, (a, b) in enumerate(zip(one_logits, sharded_logits)):
+    np.testing.assert_allclose(b, a, rtol=0, atol=LOGIT_TOLERANCE * max(1.0, np.abs(a).max()), err_msg=f"step {step}")
+    np.testing.assert_array_equal(b.argmax(-1), a.argmax(-1))
+  # the decode step: two all-reduces a layer and two for the argmax, no copy between devices
+  with schedule_only() as items:
+    sharded.reset_cache(1, CONTEXT)
+    sharded._decode_inputs(1)
+    items.clear()
+    sharded._decode_step(*sharded.cache.decode_variables(len(PROMPT)))
+  collectives = [item.ast.arg.kind for item in items if item.ast.op is Ops.COLLECTIVE]
+  assert collectives == ["all_reduce"] * (2 * one.config.num_hidden_layers + 2)
+  assert not [item for item in items if item.ast.op is Ops.COPY and item.host_data is None]
 
 # ---- the two sharded-tensor operations the model needed
 
@@ -141,16 +175,19 @@ def test_gather_from_a_replicated_table():
   with pytest.raises(NotImplementedError, match="gather it to one device first"):
     Tensor(table).shard(DEVICES, 0)[Tensor(ids).shard(DEVICES)]
 
-def test_greedy_ids_of_logits_split_by_vocabulary():
+def test_argmax_of_logits_split_by_vocabulary():
   """A gemma-3-270m-sized vocabulary (its argmax runs in chunks): numpy's argmax, ties across the devices' parts and
-  NaN included, with nothing gathered."""
+  NaN included, with nothing gathered: two all-reduces of one value a row and no copy between devices."""
   rng = np.random.default_rng(0)
   logits = rng.standard_normal((4, 262144)).astype(np.float32)
   logits[1, [7, 200000]] = 50.0          # a tie across the two parts: the first wins
   logits[2, [131072, 131073]] = 60.0     # a tie at the start of the second part
   logits[3, 150000] = np.nan             # NaN counts as the largest, as numpy's
-  got = greedy_ids(Tensor(logits).shard(DEVICES, 1))
+  got = Tensor(logits).shard(DEVICES, 1).realize().argmax(-1, keepdim=True)
   assert axis_of(got) is None and got.shape == (4, 1)
+  steps = create_schedule([s for s in got.lazydata.shards])
+  assert [item.bufs[0].nbytes for item in steps if item.ast.op is Ops.COLLECTIVE] == [4 * 4, 4 * 4]
+  assert not [item for item in steps if item.ast.op is Ops.COPY]
   np.testing.assert_array_equal(got.numpy().reshape(-1), np.argmax(logits, -1))
 
 def test_assign_region_of_sharded_tensors():

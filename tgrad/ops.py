@@ -94,23 +94,32 @@ class GatherAxis:
 
 @dataclass(frozen=True)
 class CollectiveSpec:
-  """What a COLLECTIVE step computes over its devices' buffers: `kind` ("all_reduce": every output is the inputs
-  combined elementwise with `op`, an ADD, MUL or MAX, in rank order) and `op`. The schedule AST's arg."""
+  """What a COLLECTIVE step computes over its devices' buffers (rank r: the r-th device), by `kind`:
+    "all_reduce"      every output is the inputs combined elementwise with `op` (ADD, MUL or MAX), in rank order;
+    "all_gather"      every output is the inputs joined end to end, in rank order (n times an input's size);
+    "reduce_scatter"  output r is block r of the inputs combined with `op` in rank order (an n-th of an input);
+    "broadcast"       one input, on rank `root`, which is that rank's output too (written nowhere): the outputs are the
+                      other ranks' copies of it, in rank order.
+  The schedule AST's arg."""
   kind: str
-  op: "Ops"
+  op: Optional["Ops"] = None
+  root: int = 0
 
 class CollectiveGroup:
-  """The token the nodes of one collective share (one per device): how the scheduler finds a node's siblings. It holds
-  them weakly: a sibling no one reads any more gets a scratch output. `made` counts the groups of the process (the
-  scheduler looks for siblings only once there are any)."""
+  """The token the nodes of one collective share (one per output device): how the scheduler finds a node's siblings.
+  It holds them weakly: a sibling no one reads any more gets a scratch output on its device (`devices`, the nodes'
+  devices in order). `made` counts the groups of the process (the scheduler looks for siblings only once there are
+  any)."""
   made = 0
-  def __init__(self):
-    self.members: list = []   # weak references to the nodes, in rank order
+  def __init__(self, devices: tuple = ()):
+    self.members: list = []   # weak references to the nodes, in order
+    self.devices = tuple(devices)
     CollectiveGroup.made += 1
 
 @dataclass(frozen=True)
 class CollectiveArg:
-  """A COLLECTIVE node's arg: the spec, its rank (the index of its device among the sources'), and its group. Equal
+  """A COLLECTIVE node's arg: the spec, its rank (its index among the step's outputs: its device's rank, but for a
+  broadcast, whose root has no node), and its group. Equal
   args mean the same structure: the group is identity, not structure (the schedule cache keys graphs by structure)."""
   spec: CollectiveSpec
   rank: int

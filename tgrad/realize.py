@@ -27,7 +27,7 @@ from tgrad.codegen.cpu_gemm import pack_plan
 from tgrad.custom import runner_for
 from tgrad.kept_copies import KeptCopy, kept_buffer
 from tgrad.multi.collectives import fold
-from tgrad.multi.runners import CopyCollective, LibraryCollective
+from tgrad.multi.runners import CopyCollective, LibraryCollective, rank_devices
 from tgrad.helpers import Context, current_settings, gc_paused, settings_key
 from tgrad import profiler
 from tgrad.traced_run import run_traced
@@ -147,18 +147,29 @@ def lower_schedule(items: Sequence[ScheduleItem]) -> list[ExecItem]:
 
 def collective_runner(item: ScheduleItem) -> LibraryCollective | CopyCollective:
   """The runner of a collective step: the devices' kind's own collectives (Backend.collectives, given the started
-  devices; it answers None where its library is missing), else copies to the first device and one fold kernel."""
-  spec, outputs = item.ast.arg, item.outputs
-  devices = [b.device for b in outputs]
+  devices; it answers None where its library is missing), else copies between devices and fold kernels."""
+  spec, outputs, inputs = item.ast.arg, item.outputs, item.inputs
+  devices = rank_devices(spec, outputs, inputs)
   if len({device_kind(d) for d in devices}) == 1 and (factory := backend(devices[0]).collectives) is not None and \
      (library := factory([Device[d] for d in devices])) is not None:
-    return LibraryCollective(spec, devices, library, outputs[0].nbytes)
-  scratch = [Buffer(devices[0], b.size, b.dtype) for b in item.inputs[1:]]
-  roles = [outputs[0], item.inputs[0], *scratch]
-  values = [LazyBuffer.from_buffer(b, (b.size,)) for b in roles[1:]]
-  [kernel] = create_schedule([LazyBuffer.from_buffer(outputs[0], (outputs[0].size,)).assign(fold(spec.op, values))])
-  order = [next(i for i, role in enumerate(roles) if role is b) for b in kernel.bufs]
-  return CopyCollective(spec, devices, get_runner(devices[0], kernel.ast), order, scratch)
+    return LibraryCollective(spec, devices, library, sum(b.nbytes for b in outputs))
+  if spec.kind == "all_reduce":   # the fold on the first device, of its own input and copies of the others
+    scratch = [Buffer(devices[0], b.size, b.dtype) for b in inputs[1:]]
+    fold_order, kernel_ast = _fold_kernel(spec.op, outputs[0], [inputs[0], *scratch])
+    return CopyCollective(spec, devices, [get_runner(devices[0], kernel_ast)], fold_order, [scratch])
+  if spec.kind == "reduce_scatter":   # a fold on every device, of copies of its block of every input
+    scratch = [[Buffer(device, output.size, output.dtype) for _ in inputs] for device, output in zip(devices, outputs)]
+    fold_order, kernel_ast = _fold_kernel(spec.op, outputs[0], scratch[0])
+    return CopyCollective(spec, devices, [get_runner(device, kernel_ast) for device in devices], fold_order, scratch)
+  return CopyCollective(spec, devices)
+
+def _fold_kernel(op: Ops, output: Buffer, values: Sequence[Buffer]) -> tuple[list[int], UOp]:
+  """The kernel writing `output` with `values` folded by `op` in order (collectives.fold), and where each of its
+  buffers is in [output, *values]."""
+  roles = [output, *values]
+  folded = fold(op, [LazyBuffer.from_buffer(b, (b.size,)) for b in values])
+  [kernel] = create_schedule([LazyBuffer.from_buffer(output, (output.size,)).assign(folded)])
+  return [next(i for i, role in enumerate(roles) if role is b) for b in kernel.bufs], kernel.ast
 
 # The packed copies of matmul operands (codegen/cpu_gemm.py) are scratch: written by one kernel and read by the next
 # one, so every pair of one size can share one Buffer. The last PACKED_BUFFERS_KEPT sizes are kept: a fresh 16 MB

@@ -27,11 +27,12 @@ fusion rules, which all live here:
      by a second reduce (outside row kernels), COPY/EMPTY/CONTIGUOUS/ASSIGN/CUSTOM/COLLECTIVE results (and the
      sources of a COPY, CUSTOM or COLLECTIVE: their runners read whole buffers), elementwise values read
      through a stack of more than MAX_INLINED_VIEWS views, and every realized input.
-  4. A collective (COLLECTIVE: one node per device, siblings sharing a CollectiveGroup) is one step over every
-     device's buffers: its outputs are the siblings in rank order, its inputs the shards they combine. Asking for
-     one sibling realizes all of them (`with_collective_siblings`); a sibling no one holds any more gets a scratch
-     output. Each collective comes right after the steps it needs, before any other (`_collectives_after_their_inputs`:
-     no device runs work the rendezvous does not need while the others wait there).
+  4. A collective (COLLECTIVE: one node per output device, siblings sharing a CollectiveGroup) is one step over
+     every device's buffers: its outputs are the siblings in order, its inputs the sources they read (one per device;
+     a broadcast's one, on its root). Asking for one sibling realizes all of them (`with_collective_siblings`); a
+     sibling no one holds any more gets a scratch output on its device. Each collective comes right after the steps
+     it needs, before any other (`_collectives_after_their_inputs`: no device runs work the rendezvous does not need
+     while the others wait there).
   5. Riders (tgrad/schedule_riders.py): once the kernels are built and ordered, a small kernel that nothing orders
      between it and a neighbouring kernel runs inside that kernel, its loops padded to the host's (RIDERS=0: off).
 A ScheduleItem holds a kernel AST (a SINK of STOREs over LOADs, CONSTs, ARANGEs, ALU and REDUCE_AXIS nodes, each
@@ -481,12 +482,13 @@ def _collective_members(bases: list[LazyBuffer]) -> dict[int, dict[int, LazyBuff
 
 def _collective_step(node: LazyBuffer, members: dict[int, dict[int, LazyBuffer]]) -> Optional[_Step]:
   """Rule 4: the one step of the collective `node` belongs to (None for its siblings after the first): outputs the
-  siblings in rank order (a scratch EMPTY value for a rank whose node is gone or realized), inputs the shards."""
+  siblings in order (a scratch EMPTY value on its device for one whose node is gone or realized), inputs the
+  sources."""
   ranks = members.pop(id(node.arg.group), None)
   if ranks is None: return None
   inputs = tuple(s.base for s in node.srcs)
-  outputs = tuple(ranks[rank] if rank in ranks else LazyBuffer.loadop(Ops.EMPTY, node.shape, node.dtype, s.device)
-                  for rank, s in enumerate(inputs))
+  outputs = tuple(ranks[rank] if rank in ranks else LazyBuffer.loadop(Ops.EMPTY, node.shape, node.dtype, device)
+                  for rank, device in enumerate(node.arg.group.devices))
   return _Step(UOp(Ops.COLLECTIVE, node.dtype, (), node.arg.spec), outputs, inputs)
 
 def _copy_read_back(pairs: Sequence[tuple[LazyBuffer, LazyBuffer]], inputs: list[LazyBuffer]

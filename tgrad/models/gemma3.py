@@ -27,7 +27,7 @@ from tgrad.models.gemma3_cache import (SLIDING, LAYER_TYPES, FRESH, DECODE, EXTE
                                        decode_attention_values)
 from tgrad.models.gemma3_weights import check_weights, checkpoint_weights, random_weights
 from tgrad.models.gemma3_parallel import (RowPiece, row_pieces, stack_rows_per_device, take_rows, is_sharded,
-                                          split_rows_like, shard_weights, head_weight, device_buffers, greedy_ids)
+                                          split_rows_like, shard_weights, head_weight, device_buffers)
 
 MASKED_SCORE = float(np.finfo(np.float32).min)        # HF fills masked attention scores with finfo(float32).min
 CONTEXT_GRANULE = 256            # generate() rounds the cache length up to this, so nearby lengths share kernels
@@ -256,6 +256,10 @@ def _stack(weights: list[Weight]) -> tuple[Weight, list[Weight]]:
   if isinstance(weights[0], QuantizedTensor):
     ggml_type, width = weights[0].ggml_type, weights[0].shape[1]
     packed = [w.packed for w in weights if isinstance(w, QuantizedTensor)]
+    if any(is_sharded(p) for p in packed):   # tensor parallel: each device stacks its packed rows
+      stacked_rows, row_views = stack_rows_per_device(packed)
+      return QuantizedTensor(stacked_rows, ggml_type, (stacked_rows.shape[0], width)), \
+        [QuantizedTensor(view, ggml_type, (view.shape[0], width)) for view in row_views]
     buffer = packed[0].cat(*packed[1:], dim=0).realize() if len(packed) > 1 else packed[0].realize()
     stacked: Weight = QuantizedTensor(buffer, ggml_type, (buffer.shape[0], width))
     def view(start: int, end: int) -> Weight: return QuantizedTensor(buffer[start:end], ggml_type, (end - start, width))
@@ -467,7 +471,7 @@ class Gemma3:
     self.lm_head = Linear(weights["lm_head.weight"]) if not config.tie_word_embeddings else None
     # the head's weight as the logits read it: over several devices a tied embedding is seen split by vocabulary rows
     head = self.lm_head.weight if self.lm_head is not None else self.model.embed_tokens.weight
-    self.head_weight = head_weight(head) if isinstance(head, Tensor) else head
+    self.head_weight = head_weight(head)
     self.cache: Optional[Gemma3KVCache] = None
     self._decode_jit: Optional[TinyJit] = None         # the captured decode step, for the cache it was captured on
     self._decode_jit_cache: Optional[Gemma3KVCache] = None
@@ -511,7 +515,8 @@ class Gemma3:
     intermediate axis and the head's vocabulary split, k/v, norms, embedding and KV cache replicated; two all-reduces
     per layer): a new model holding sharded copies of the weights (this one may be dropped). Its calls take and return
     the same values; logits come back split by vocabulary (`.numpy()` gathers them). ValueError for sizes that don't
-    divide over the devices; NotImplementedError for packed (quantized) weights."""
+    divide over the devices. Packed (quantized) weights stay packed: split by rows where the layout splits rows,
+    whole on every device where it splits the input (o_proj, down_proj)."""
     return Gemma3(self.config, shard_weights(self.config, self.state_dict(), devices), self.dtype)
 
   @staticmethod
@@ -717,7 +722,8 @@ class Gemma3:
     tokens = self._decode_tokens
     assert tokens is not None
     logits = self._run_step(tokens, None, DECODE, True, False, (position, ring_slot, ring_filled))
-    tokens.assign(greedy_ids(logits[:, -1])).realize()   # split logits: no gather (gemma3_parallel.py)
+    # logits split by vocabulary: each device's part reduced, then two all-reduces of one value a row
+    tokens.assign(logits[:, -1].argmax(-1, keepdim=True)).realize()
     return logits
 
   def _replay_prefill(self, ids: np.ndarray, length: Any) -> Tensor:

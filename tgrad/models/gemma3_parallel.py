@@ -10,8 +10,13 @@ sharded Tensors (tgrad/multi/), from which `Gemma3` builds the same layers. With
   down_proj              split along its input: a partial product per device, then one all-reduce
   norms, embedding       replicated (the lookup is a per-device gather, the residual stream is the same on each)
   head                   split by vocabulary rows (tied: a view of the replicated embedding; untied lm_head: split),
-                         so the logits come out split by vocabulary and the greedy argmax's maxima are all-reduces
+                         so the logits come out split by vocabulary and the greedy argmax (Tensor.argmax over the
+                         split axis) costs two all-reduces of one value per row
   KV cache               replicated, written on each device from its own copy of k and v (no traffic)
+Packed (GGUF-quantized) weights keep their blocks: those split by rows split their packed rows (whole rows of blocks);
+o_proj and down_proj, split along their input, are held whole on every device, each reading only the blocks of its
+part of the input (the dequantization views a weight's blocks as rows of the flat block list, which a split of each
+row's blocks would gather), so those two cost their full size on every device.
 So a layer costs two all-reduces of one [B, T, hidden] value: one after the attention block, one after the MLP.
 
 The stacked q/k/v and gate/up buffers (one matrix-vector kernel each) are stacked per device: device p's buffer holds
@@ -22,7 +27,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 from tgrad.tensor import Tensor
-from tgrad.dtype import dtypes
 from tgrad.device import canonical_device
 from tgrad.multi import MultiLazyBuffer
 from tgrad.nn.quant import QuantizedTensor
@@ -46,39 +50,31 @@ def check_parallel(config: Any, devices: Sequence[str]) -> tuple[str, ...]:
     raise ValueError(f"tensor parallelism over {parts} devices needs {bad} divisible by {parts}")
   return devices
 
-def shard_weights(config: Any, weights: dict[str, Any], devices: Sequence[str]) -> dict[str, Tensor]:
-  """Every weight placed on `devices` by the layout above, each shard its own realized buffer. Packed (ggml-quantized)
-  weights raise: their dequantization merges the rows they would be split along (load a GGUF file dequantized)."""
+def shard_weights(config: Any, weights: dict[str, Any], devices: Sequence[str]) -> dict[str, Any]:
+  """Every weight placed on `devices` by the layout above, each shard its own realized buffer. A packed
+  (ggml-quantized) weight keeps its blocks: one split by rows (column-parallel) splits its packed rows whole, each with
+  all its blocks; one split along its input (o_proj, down_proj: row-parallel) is held whole on every device, which
+  reads only the blocks of its part of the input (splitting a row's blocks would merge the rows apart in the
+  dequantization's view of them)."""
   devices = check_parallel(config, devices)
-  out = {}
+  out: dict[str, Any] = {}
   for name, weight in weights.items():
+    axis = split_axis(name)
     if isinstance(weight, QuantizedTensor):
-      raise NotImplementedError(f"{name}: packed {weight.ggml_type.name} weights can't be sharded; load the GGUF "
-                                "file with quant='dequant'")
-    out[name] = weight.shard(devices, split_axis(name)).contiguous().realize()
+      packed = weight.packed.shard(devices, 0 if axis == 0 else None).contiguous().realize()
+      out[name] = QuantizedTensor(packed, weight.ggml_type, weight.shape)
+    else: out[name] = weight.shard(devices, axis).contiguous().realize()
   return out
 
-def head_weight(weight: Tensor) -> Tensor:
+def head_weight(weight: Any) -> Any:
   """The head's [vocab, hidden] weight as the logits' kernel reads it: a replicated table (a tied embedding) seen split
-  by vocabulary rows (a view on each device, no copy) when the vocabulary divides evenly; anything else as it is."""
+  by vocabulary rows (a view on each device, no copy) when the vocabulary divides evenly (a packed table: its rows of
+  blocks); anything else as it is."""
+  if isinstance(weight, QuantizedTensor): return QuantizedTensor(head_weight(weight.packed), weight.ggml_type,
+                                                                 weight.shape)
   lazy = weight.lazydata
   if not isinstance(lazy, MultiLazyBuffer) or lazy.axis is not None or weight.shape[0] % len(lazy.shards): return weight
   return weight.shard(weight.device, 0)
-
-def greedy_ids(logits: Tensor) -> Tensor:
-  """The argmax of the last axis (keepdim; the first maximum, NaN counting as the largest, as Tensor.argmax). Logits
-  split by vocabulary over P devices: each device's first maximum over its own part (viewed [..., P, V/P], so no
-  gather crosses devices), then the first part holding the largest: two all-reduces of [..., 1] values."""
-  lazy = logits.lazydata
-  if not isinstance(lazy, MultiLazyBuffer) or lazy.axis != logits.ndim - 1: return logits.argmax(-1, keepdim=True)
-  parts, size = len(lazy.shards), logits.shape[-1]
-  width = size // parts
-  pieces = logits.reshape(*logits.shape[:-1], parts, width)                        # split along the parts axis
-  index = pieces.argmax(-1) + Tensor.arange(0, size, width, dtype=dtypes.int32, device=logits.device)
-  best = pieces.max(-1)                                                            # [..., P]: each part's maximum
-  is_max = best == best.max(-1, keepdim=True)
-  if best.dtype.is_float: is_max = is_max | best.isnan()
-  return size - is_max.where(size - index, 0).max(-1, keepdim=True)   # the smallest index among the largest
 
 def is_sharded(t: Any) -> bool: return isinstance(t, Tensor) and isinstance(t.lazydata, MultiLazyBuffer)
 
@@ -102,6 +98,7 @@ def row_pieces(weights: Sequence[Any]) -> list[RowPiece]:
   """The pieces of weights stacked along their rows (a single-device stack: one device, whole weights)."""
   pieces, start = [], 0
   for w in weights:
+    if isinstance(w, QuantizedTensor): w = w.packed   # its packed rows are its rows
     lazy = w.lazydata if isinstance(w, Tensor) else None
     split = isinstance(lazy, MultiLazyBuffer) and lazy.axis is not None
     rows = w.shape[0] // len(lazy.shards) if split else w.shape[0]

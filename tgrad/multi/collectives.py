@@ -4,14 +4,18 @@ Every function takes one LazyBuffer per device (the shards, in device order) and
 values: nothing runs until they are realized, and what runs is scheduled like any other graph (so a TinyJit captures
 it). Two implementations:
 
-`StepCollectives` (every device set of one kind) makes an all-reduce one COLLECTIVE node per device (ops.py): the
-scheduler turns the siblings into one step over every device's buffers, and lowering (realize.py) runs it with the
-kind's own collectives (Backend.collectives: NCCL on CUDA, one group call on each GPU's stream, captured into each
-GPU's CUDA graph by a TinyJit) or, for a kind without them, as copies to the first device, one fold kernel there and
-copies back (tgrad/multi/runners.py). Its other collectives are CopyCollectives'.
+`StepCollectives` (every device set of one kind) makes each collective one COLLECTIVE node per output device (ops.py:
+CollectiveSpec lists the kinds): the scheduler turns the siblings into one step over every device's buffers, and
+lowering (realize.py) runs it with the kind's own collectives (Backend.collectives: NCCL on CUDA, one group call on
+each GPU's stream, captured into each GPU's CUDA graph by a TinyJit) or, for a kind without them, as copies between
+devices and fold kernels (tgrad/multi/runners.py), bit for bit what CopyCollectives computes. A step reads and writes
+whole buffers end to end, so an all-gather or reduce-scatter along an axis that is not outermost in memory moves that
+axis to the front first (a permute and a contiguous kernel per shard) and the result is a permuted view back; a
+broadcast's root keeps its own buffer (NCCL broadcasts in place there). Bools that must be folded, constants and empty
+values take CopyCollectives' way.
 
-`CopyCollectives` (a set mixing kinds; bool and constant values) builds every collective as lazy copies between devices
-(Allocator.peer_copy: a memcpy between CPU devices) and tgrad kernels on one device.
+`CopyCollectives` (a set mixing kinds) builds every collective as lazy copies between devices (Allocator.peer_copy: a
+memcpy between CPU devices) and tgrad kernels on one device.
 
 CopyCollectives' rules, chosen so every device ends with the same bits:
   all_reduce(op, shards)            shards copied to the first device and folded there in device order (one kernel),
@@ -26,7 +30,7 @@ memcpy and the fold is one kernel over n inputs.
 """
 from __future__ import annotations
 import weakref
-from typing import Protocol, Sequence
+from typing import Optional, Protocol, Sequence
 from tgrad.backend import device_kind
 from tgrad.dtype import DType, dtypes
 from tgrad.lazy import LazyBuffer
@@ -107,25 +111,78 @@ def _whole(value: LazyBuffer) -> LazyBuffer:
   if value.st.contiguous and value.size == value.base.size and value.base.op is not Ops.CONST: return value.base
   return value.contiguous()
 
+def collective_nodes(spec: CollectiveSpec, sources: Sequence[LazyBuffer], shape: tuple[int, ...],
+                     devices: Sequence[str]) -> list[LazyBuffer]:
+  """One COLLECTIVE node of `shape` per device of `devices` (the step's outputs, in order), each reading every source
+  (whole buffers, in rank order) and sharing one CollectiveGroup (ops.py, schedule.py rule 4)."""
+  group = CollectiveGroup(devices)
+  nodes = [LazyBuffer.loadop(Ops.COLLECTIVE, shape, sources[0].dtype, device, arg=CollectiveArg(spec, rank, group),
+                             srcs=tuple(sources)) for rank, device in enumerate(devices)]
+  group.members = [weakref.ref(node) for node in nodes]
+  return nodes
+
 def all_reduce_nodes(op: Ops, shards: Sequence[LazyBuffer]) -> list[LazyBuffer]:
   """One COLLECTIVE node per shard's device: each is `op` over every shard, in device order (ops.py, schedule.py
   rule 4). Its value has each shard's shape, as a base (reshape it back to a view's shape)."""
   _check_op(op)
-  sources = tuple(_whole(s) for s in shards)
-  spec, group = CollectiveSpec("all_reduce", op), CollectiveGroup()
-  nodes = [LazyBuffer.loadop(Ops.COLLECTIVE, s.shape, s.dtype, s.device, arg=CollectiveArg(spec, rank, group),
-                             srcs=sources) for rank, s in enumerate(sources)]
-  group.members = [weakref.ref(node) for node in nodes]
-  return nodes
+  sources = [_whole(s) for s in shards]
+  return collective_nodes(CollectiveSpec("all_reduce", op), sources, sources[0].shape, [s.device for s in shards])
+
+def _inverse(order: tuple[int, ...]) -> tuple[int, ...]: return tuple(order.index(i) for i in range(len(order)))
+
+def _axis_in_front(shards: Sequence[LazyBuffer], axis: int
+                   ) -> tuple[list[LazyBuffer], tuple[int, ...], int, Optional[tuple[int, ...]]]:
+  """The shards as whole buffers whose equal blocks end to end are their slices along `axis`: (sources, their logical
+  shape, where `axis` is in it, the permutation that put it there or None). Where every axis before `axis` has size 1
+  the buffers already are; else `axis` is moved to the front (a permute, then a contiguous kernel per shard)."""
+  shape = shards[0].shape
+  if all(size == 1 for size in shape[:axis]): return [_whole(s) for s in shards], shape, axis, None
+  order = (axis, *[i for i in range(len(shape)) if i != axis])
+  moved = [s.permute(order) for s in shards]
+  return [_whole(m) for m in moved], moved[0].shape, 0, order
+
+def _resized(shape: tuple[int, ...], axis: int, length: int) -> tuple[int, ...]:
+  return tuple(length if i == axis else size for i, size in enumerate(shape))
+
+def _by_copies(values: Sequence[LazyBuffer]) -> bool:
+  """Whether a collective of these values takes CopyCollectives' way: constants (the graph simplifier folds a copy of
+  one) and empty values."""
+  return any(v.is_unrealized_const() for v in values) or values[0].size == 0
 
 class StepCollectives(CopyCollectives):
-  """An all-reduce as one collective step over the devices' buffers (the module docstring); the rest as copies."""
+  """Each collective one step over the devices' buffers (the module docstring)."""
   def all_reduce(self, op: Ops, shards: Sequence[LazyBuffer]) -> list[LazyBuffer]:
     _check_op(op)
-    # bools fold with OR/AND, which no collective library reduces with; a constant is folded by the graph simplifier
-    if shards[0].dtype.is_bool or any(s.is_unrealized_const() for s in shards) or shards[0].size == 0:
-      return super().all_reduce(op, shards)
+    # bools fold with OR/AND, which no collective library reduces with
+    if shards[0].dtype.is_bool or _by_copies(shards): return super().all_reduce(op, shards)
     return [node.reshape(s.shape) for node, s in zip(all_reduce_nodes(op, shards), shards)]
+
+  def all_gather(self, shards: Sequence[LazyBuffer], axis: int) -> list[LazyBuffer]:
+    if _by_copies(shards): return super().all_gather(shards, axis)
+    sources, shape, along, order = _axis_in_front(shards, axis)
+    whole = _resized(shape, along, shape[along] * len(shards))
+    nodes = collective_nodes(CollectiveSpec("all_gather"), sources, whole, [s.device for s in shards])
+    return nodes if order is None else [node.permute(_inverse(order)) for node in nodes]
+
+  def reduce_scatter(self, op: Ops, shards: Sequence[LazyBuffer], axis: int) -> list[LazyBuffer]:
+    _check_op(op)
+    if shards[0].dtype.is_bool or _by_copies(shards) or shards[0].shape[axis] % len(shards):
+      return super().reduce_scatter(op, shards, axis)   # (which names a length that does not divide)
+    sources, shape, along, order = _axis_in_front(shards, axis)
+    part = _resized(shape, along, shape[along] // len(shards))
+    nodes = collective_nodes(CollectiveSpec("reduce_scatter", op), sources, part, [s.device for s in shards])
+    return nodes if order is None else [node.permute(_inverse(order)) for node in nodes]
+
+  def broadcast(self, value: LazyBuffer, devices: Sequence[str]) -> list[LazyBuffer]:
+    """The root (value's device) keeps `value`; every other device gets one node of the broadcast step. A value on a
+    device outside the set is copied to each (a collective's root is one of its devices)."""
+    if value.device not in devices or _by_copies([value]) or len(devices) == 1:
+      return super().broadcast(value, devices)
+    root = list(devices).index(value.device)
+    others = [d for d in devices if d != value.device]
+    source = _whole(value)
+    nodes = iter(collective_nodes(CollectiveSpec("broadcast", root=root), [source], source.shape, others))
+    return [value if d == value.device else next(nodes).reshape(value.shape) for d in devices]
 
 STEP_COLLECTIVES = StepCollectives()
 

@@ -13,6 +13,8 @@ The rules (docs/multi_device.md):
   reduce        over axes that leave the split axis alone: per shard. Over the split axis: each shard reduces its
                 part, then an all-reduce (sum, max, product) combines the partials; the result is replicated, the
                 same bits on every device. A reduce that partials can't finish (LOGADDEXP) gathers first.
+                Tensor.argmax over the split axis is this rule twice (the maxima, then the first index holding one,
+                each device's index offset by its part's start): two all-reduces, nothing gathered.
   movement      permute moves the axis; expand and a pad/shrink/flip/stride that leave the split axis whole are per
                 shard; a reshape keeps the split where the axis stays whole (its leading elements unchanged);
                 anything else on the split axis (a reshape that merges it with the axes before it, a pad, a shrink,
@@ -22,6 +24,10 @@ The rules (docs/multi_device.md):
   gather        (indexing by a tensor) per device: from a replicated table split as the index is, from a table split
                 along another axis split alike; along the split axis it raises.
   copy_to_device(one device) gathers to that device; copy_to_device(a device tuple) reshards.
+  resharding    (to_axis) a split value to another axis or replicated: an all-gather, then a slice (a view); a
+                replicated value that is an all-reduce not yet run, to an axis: a reduce-scatter of its partials.
+  shard         of a one-device value, replicated: a broadcast from its device when that is one of the set (it keeps
+                its buffer there), else a copy to each; split: a copy of each slice.
 """
 from __future__ import annotations
 from typing import Any, Optional, Sequence
@@ -80,18 +86,33 @@ class MultiLazyBuffer:
     """`value` (on one device) split along `axis` over `devices` (each device gets a copy of its slice), or copied
     whole to each when axis is None. The axis is checked (check_split)."""
     axis = check_split(value.shape, axis, devices)
-    if axis is None: return MultiLazyBuffer([value.copy_to_device(d) for d in devices], None)
+    if axis is None: return MultiLazyBuffer(collectives_for(devices).broadcast(value, devices), None)
     return MultiLazyBuffer([slice_along(value, axis, i, len(devices)).copy_to_device(d)
                             for i, d in enumerate(devices)], axis)
   def to_axis(self, axis: Optional[int]) -> MultiLazyBuffer:
-    """The same value split along `axis` (None: replicated): a replicated value is sliced on each device (a view);
-    a split one is all-gathered first."""
+    """The same value split along `axis` (None: replicated): a replicated value is sliced on each device (a view),
+    but one that is an all-reduce not yet run is a reduce-scatter of its partials instead (each device folds only
+    its part); a split one is all-gathered first."""
     if axis == self.axis: return self
+    if self.axis is None and axis is not None and (reduced := self._all_reduce_partials()) is not None:
+      check_split(self.shape, axis, self.device)
+      return self._with(self._collectives().reduce_scatter(reduced[0], reduced[1], axis), axis)
     full = self if self.axis is None else self._with(self._collectives().all_gather(self.shards, self.axis), None)
     if axis is None: return full
     check_split(self.shape, axis, self.device)
     return self._with([slice_along(s, axis, i, len(self.shards)) for i, s in enumerate(full.shards)], axis)
   def gathered(self) -> MultiLazyBuffer: return self.to_axis(None)
+  def _all_reduce_partials(self) -> Optional[tuple[Ops, list[LazyBuffer]]]:
+    """(op, partials in this value's shape) when each shard is, as a plain reshape, its rank's output of one
+    unrealized all-reduce step (collectives.all_reduce_nodes); else None."""
+    nodes = [s.base for s in self.shards]
+    if any(node.op is not Ops.COLLECTIVE or node.buffer is not None for node in nodes): return None
+    first = nodes[0]
+    if first.arg.spec.kind != "all_reduce" or len(first.srcs) != len(nodes): return None
+    for rank, (shard, node) in enumerate(zip(self.shards, nodes)):
+      if node.arg.group is not first.arg.group or node.arg.rank != rank or not shard.st.contiguous or \
+         shard.size != node.size: return None
+    return first.arg.spec.op, [source.reshape(self.shards[0].shape) for source in first.srcs]
   def copy_to_device(self, device: Any) -> Any:
     """To one device: the whole value there (a LazyBuffer); to a tuple of devices: the same value on those devices,
     split along the same axis (ValueError if their count differs from this one's when split)."""

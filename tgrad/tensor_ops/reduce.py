@@ -15,12 +15,15 @@ from tgrad.lazy import SPLIT_REDUCE_MIN_INPUTS, SPLIT_REDUCE_PARTS
 import tgrad.function as F
 if TYPE_CHECKING: from tgrad.tensor import Tensor   # at runtime: bound by tgrad/tensor.py (see __init__.py)
 
-def _argmax_chunks(size: Any) -> int:
+def _argmax_chunks(size: Any, devices: int = 1) -> int:
   """How many chunks argmax splits an axis of `size` into (_argmax_in_chunks), 0 for one pass: a concrete axis at
   least as long as a reduce that would be split (lazy.SPLIT_REDUCE_MIN_INPUTS), by the largest part count dividing
-  it."""
+  it. On a tensor over `devices` devices the count is a multiple of theirs, so an axis split over them splits the
+  chunks whole (each device holds its own chunks: tgrad/multi's reshape rule) instead of being gathered."""
   if isinstance(size, UOp) or size < SPLIT_REDUCE_MIN_INPUTS: return 0
-  return next((parts for parts in SPLIT_REDUCE_PARTS if size % parts == 0), 0)
+  counts = [parts for parts in SPLIT_REDUCE_PARTS if parts % devices == 0] or \
+    [parts * devices for parts in SPLIT_REDUCE_PARTS]
+  return next((parts for parts in counts if size % parts == 0), 0)
 
 class ReduceMixin:
   """Tensor's reductions and scans."""
@@ -94,7 +97,7 @@ class ReduceMixin:
     if size == 0: raise ValueError(f"argmax over an empty axis: shape {self.shape}, axis {axis}")
     x = self.detach()
     index_dtype = dtypes.int32 if vmax_of(size) <= dtypes.max(dtypes.int32) else dtypes.int64
-    chunks = _argmax_chunks(size)
+    chunks = _argmax_chunks(size, len(self.device) if isinstance(self.device, tuple) else 1)
     if chunks: return x._argmax_in_chunks(axis, keepdim, chunks, index_dtype)
     is_max = x == x.max(axis, keepdim=True)
     if x.dtype.is_float: is_max = is_max | x.isnan()
@@ -108,16 +111,19 @@ class ReduceMixin:
   def _argmax_in_chunks(self, axis: int, keepdim: bool, chunks: int, index_dtype: DType) -> Tensor:
     """argmax over a long concrete axis in two kernels: the first maximum of each of `chunks` equal chunks (a row
     kernel: the chunk's max and the first index holding it are two reduces over the same row), then over the chunks'
-    maxima, read back from the input through those indices (a gather), the first chunk holding the largest. As one
-    reduce each, the max and the index search would each be split in two (lazy._split_reduce): four kernels. The
-    first maximum (or first NaN) overall lies in the first chunk whose own first maximum is the largest (or NaN)."""
+    maxima, read back from each chunk through its index (a gather within the chunk), the first chunk holding the
+    largest. As one reduce each, the max and the index search would each be split in two (lazy._split_reduce): four
+    kernels. The first maximum (or first NaN) overall lies in the first chunk whose own first maximum is the largest
+    (or NaN). Every read stays inside its chunk, so an axis split over devices (tgrad/multi: the chunks axis is then
+    split) needs no gather between devices: the chunks' maxima and indices are two all-reduces of one value a row."""
     x = self.transpose(axis, -1) if axis != self.ndim - 1 else self
     size = x.shape[-1]
     chunk = size // chunks
-    local = x.reshape(*x.shape[:-1], chunks, chunk).argmax(-1).cast(index_dtype)            # [..., chunks]
+    chunked = x.reshape(*x.shape[:-1], chunks, chunk)
+    local = chunked.argmax(-1, keepdim=True).cast(index_dtype).contiguous()   # [..., chunks, 1]: the first kernel's
+    values = F.Gather.apply(chunked, local, axis=chunked.ndim - 1).reshape(*x.shape[:-1], chunks)   # chunk maxima
     offsets = Tensor.arange(0, size, chunk, dtype=index_dtype, device=self.device)
-    first = (local + offsets).contiguous()   # indices into x's axis: the first kernel's one output
-    values = F.Gather.apply(x, first, axis=x.ndim - 1)                                       # each chunk's maximum
+    first = local.reshape(*x.shape[:-1], chunks) + offsets                    # indices into x's axis
     is_max = values == values.max(-1, keepdim=True)
     if values.dtype.is_float: is_max = is_max | values.isnan()
     # the smallest index among the chunks holding the maximum: the largest of size - index

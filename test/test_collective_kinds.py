@@ -147,7 +147,7 @@ def test_every_kind_lowers_to_the_copy_runner_on_cpu_devices():
   a = np.random.default_rng(6).standard_normal((6, 9)).astype(np.float32)
   x = Tensor(a).shard(THREE, 0).realize()
   for value, kind in ((x.shard(THREE, None), "all_gather"), (x.sum(0).shard(THREE, 0), "reduce_scatter"),
-                      (Tensor(a).realize().to(THREE), "broadcast")):
+                      (Tensor(a, device=THREE[0]).realize().to(THREE), "broadcast")):
     [step] = [s for s in steps_of(value) if s.ast.op is Ops.COLLECTIVE]
     [lowered] = lower_schedule([step])
     assert isinstance(lowered.runner, CopyCollective) and lowered.runner.name.startswith(kind)

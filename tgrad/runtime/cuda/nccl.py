@@ -198,7 +198,7 @@ _live_captures: weakref.WeakSet = weakref.WeakSet()   # every CapturedCollective
 
 # How long the exit waits for ncclCommDestroy before leaving the communicators to the end of the process (a graph
 # that holds a captured collective and was not destroyed keeps NCCL waiting forever; the driver frees it all anyway)
-EXIT_DESTROY_SECONDS = 20.0
+EXIT_DESTROY_SECONDS = 5.0
 
 def _release_at_exit() -> None:
   """At exit: every CUDA graph and captured collective first, then the communicators, each set with a time limit."""

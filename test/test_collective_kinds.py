@@ -180,7 +180,7 @@ def test_library_collective_calls_nccl_with_each_ranks_buffers():
   library = SimpleNamespace(lib=Lib(), check=lambda result, call, comm=None: None)
   nccl = NCCLCollectives.__new__(NCCLCollectives)
   nccl.devices, nccl.ordinals = ["gpu0", "gpu1"], (0, 1)
-  nccl.comms = SimpleNamespace(library=library, comms=["comm0", "comm1"])
+  nccl.comms = SimpleNamespace(library=library, comms=["comm0", "comm1"], graph_launched=False)
   def buffers(first: int, size: int, count: int = 2):
     return [SimpleNamespace(handle=first + i, dtype=dtypes.float32, size=size, device=f"D{i}") for i in range(count)]
   def run(spec, bufs):

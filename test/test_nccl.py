@@ -139,6 +139,36 @@ def test_exit_closes_graphs_before_destroying_communicators_and_never_hangs(monk
   assert time.perf_counter() - start < 5
   assert order == ["graphs closed", "capture closed", "destroy"]
 
+def test_an_eager_collective_after_a_graph_launch_waits_for_the_gpus_first():
+  """NCCL's graph mixing is off (it blocked a tensor-parallel graph's launch): so a collective queued eagerly after a
+  graph holding captured collectives of the same communicators was launched waits for the GPUs first, once."""
+  from types import SimpleNamespace
+  assert os.environ.get(nccl.GRAPH_MIXING_SETTING[0]) is not None or not nccl.is_available()
+  events = []
+  class Lib:
+    def __getattr__(self, name): return lambda *args: events.append(name) or 0
+  class FakeGPU:
+    def __init__(self, ordinal): self.ordinal = ordinal
+    def synchronize(self): events.append(f"synchronize {self.ordinal}")
+  collectives = nccl.NCCLCollectives.__new__(nccl.NCCLCollectives)
+  collectives.devices, collectives.ordinals = [FakeGPU(0), FakeGPU(1)], (0, 1)
+  library = SimpleNamespace(lib=Lib(), check=lambda result, call, comm=None: None)
+  collectives.comms = SimpleNamespace(library=library, comms=["comm0", "comm1"], graph_launched=False)
+  captured = nccl.CapturedCollective(collectives.devices, [], collectives.comms)
+  captured.graphs, captured.executables = [1], [SimpleNamespace(launch=lambda: events.append("graph"))]
+  captured.devices = [SimpleNamespace(context=SimpleNamespace(enter=lambda: None, leave=lambda: None))]
+  collectives.all_reduce([10, 11], "sum", "float32", 4)
+  assert "synchronize 0" not in events
+  captured.launch()
+  events.clear()
+  collectives.all_reduce([10, 11], "sum", "float32", 4)
+  assert events[:3] == ["synchronize 0", "synchronize 1", "ncclGroupStart"]
+  events.clear()
+  collectives.all_reduce([10, 11], "sum", "float32", 4, streams=[5, 6])   # a capture's queueing never waits
+  collectives.all_reduce([10, 11], "sum", "float32", 4)
+  assert not any(event.startswith("synchronize") for event in events)
+  captured.graphs, captured.executables = [], None
+
 def test_backend_says_whether_collectives_exist():
   from tgrad.runtime.cuda import collectives_available
   assert collectives_available() == nccl.is_available()

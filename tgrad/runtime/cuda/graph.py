@@ -250,6 +250,9 @@ class CUDAGraph:
       self.close()
       raise
     self._launch: Callable[[Any, Any], int] = self._lib.cuGraphLaunch
+    # the state each child graph's owner keeps of its launches (nccl.Communicators.graph_launched), once per owner
+    states = [getattr(launch.owner, "communicators", None) for launch in launches if isinstance(launch, ChildGraph)]
+    self._launch_states = list({id(state): state for state in states if state is not None}.values())
 
   def _add_programmatic_edge(self, upstream: _KernelNode, downstream: _KernelNode, index: int) -> None:
     edge = EdgeData(KERNEL_NODE_PORT_PROGRAMMATIC, 0, DEPENDENCY_TYPE_PROGRAMMATIC)
@@ -296,6 +299,7 @@ class CUDAGraph:
     """Queue every kernel of the graph on the stream; returns before they run."""
     if not self._exec: raise CUDAGraphError("launch() on a closed CUDA graph")
     if (result := self._launch(self._exec, self.stream)) != CUDA_SUCCESS: check(result, "cuGraphLaunch")
+    for state in self._launch_states: state.graph_launched = True
 
   def close(self) -> None:
     """Destroy the instantiated and the template graph (queued launches still finish)."""

@@ -123,8 +123,16 @@ class NCCLLibrary:
     self.check(self.lib.ncclGetUniqueId(ctypes.byref(made)), "ncclGetUniqueId")
     return made
 
+# NCCL's support for a communicator's captured collectives running beside other launches of it (other graphs, eager
+# calls) made the first launch of a CUDA graph holding gemma-3-270m's 38 tensor-parallel all-reduces block in
+# cuGraphLaunch forever on two H100s (the same graph without it runs). tgrad needs no such mixing: each GPU's graphs
+# run in order on that GPU's one stream, and an eager collective after a graph launch waits for the GPUs first
+# (NCCLCollectives._group). Set before the library loads; a value the user set is kept.
+GRAPH_MIXING_SETTING = ("NCCL_GRAPH_MIXING_SUPPORT", "0")
+
 def load(candidates: Optional[Sequence[str]] = None) -> NCCLLibrary:
   """The first candidate (library_candidates()) that loads; NCCLUnavailable lists every try when none does."""
+  os.environ.setdefault(*GRAPH_MIXING_SETTING)
   tried = []
   for path in candidates if candidates is not None else library_candidates():
     if os.sep in path and not os.path.exists(path):
@@ -184,6 +192,7 @@ class Communicators:
       self.library.check(self.library.lib.ncclCommInitAll(comms, len(ordinals), (ctypes.c_int * len(ordinals))(
         *ordinals)), f"ncclCommInitAll (GPUs {list(ordinals)})")
     self.comms = [comm for comm in comms]
+    self.graph_launched = False   # a CUDA graph holding a captured collective of these was launched since the last wait
     # registered after the devices started, so it runs before their contexts close (atexit runs last-in first-out)
     atexit.register(_release_at_exit)
   def destroy(self) -> None:
@@ -245,6 +254,9 @@ class NCCLCollectives:
     if streams is not None and len(streams) != len(self.devices):
       raise ValueError(f"{call}: {len(streams)} streams for {len(self.devices)} devices")
     library, comms = self.comms.library, self.comms.comms
+    if streams is None and self.comms.graph_launched:   # without NCCL's graph mixing: graphs first, then this call
+      for device in self.devices: device.synchronize()
+      self.comms.graph_launched = False
     with _ContextKept():
       library.check(library.lib.ncclGroupStart(), "ncclGroupStart")
       try:
@@ -309,7 +321,7 @@ class NCCLCollectives:
         with _Current(device): graphs.append(end_capture(stream))
     if len(graphs) != len(self.devices):   # record raised: the partial graphs are dropped with the error
       for graph in graphs: destroy_graph(graph)
-    return CapturedCollective(self.devices, graphs)
+    return CapturedCollective(self.devices, graphs, self.comms)
 
 def _count(count: int) -> int:
   if not isinstance(count, int) or isinstance(count, bool) or count < 0:
@@ -326,8 +338,8 @@ class CapturedCollective:
   """A collective recorded once per device: `launch()` queues every device's graph on its default stream;
   `child(rank)` is device `rank`'s recorded graph as a node for that device's kernel graph (graph.ChildGraph).
   Instantiated on first launch; `close()` frees everything."""
-  def __init__(self, devices: Sequence[Any], graphs: list[int]):
-    self.devices, self.graphs = list(devices), graphs
+  def __init__(self, devices: Sequence[Any], graphs: list[int], communicators: Optional[Communicators] = None):
+    self.devices, self.graphs, self.communicators = list(devices), graphs, communicators
     self.executables: Optional[list[Any]] = None
     _live_captures.add(self)
   def child(self, rank: int) -> Any:
@@ -343,6 +355,7 @@ class CapturedCollective:
       self.executables = executables
     for device, executable in zip(self.devices, self.executables):
       with _Current(device): executable.launch()
+    if self.communicators is not None: self.communicators.graph_launched = True
   def close(self) -> None:
     from tgrad.runtime.cuda.graph import destroy_graph
     for device, executable in zip(self.devices, self.executables or []):

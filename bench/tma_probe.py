@@ -62,6 +62,10 @@ def parameter_table(cubin: bytes, kernel: str) -> list[tuple[int, int, int]]:
 
 # ---- the box kernel
 
+# the PTX of the box kernel's copy and wait (each one string literal, as the CPU emulator of test/cuda_on_cpu.py reads)
+TMA_COPY = "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];"
+PARITY_WAIT = "{\\n.reg .pred p;\\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\\nselp.u32 %0, 1, 0, p;\\n}\\n"
+
 def box_source(name: str, swizzle: bool) -> str:
   from tgrad.runtime.cuda.tensor_map import SWIZZLE_128B, SWIZZLE_NONE, TensorMapSpec, marker_source
   spec = TensorMapSpec(1, ROWS, COLUMNS, COLUMNS * 2, BOX, BOX, 2, SWIZZLE_128B if swizzle else SWIZZLE_NONE)
@@ -80,10 +84,11 @@ extern "C" __global__ void __launch_bounds__(128, 1) {name}(const __grid_constan
   __syncthreads();
   if (threadIdx.x == 0) {{
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(bar), "r"({BOX * BOX * 2}) : "memory");
-    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {{%2, %3}}], [%4];" :: "r"(base), "l"(reinterpret_cast<unsigned long long>(&map)), "r"({COL0}), "r"({ROW0}), "r"(bar) : "memory");
+    asm volatile("{TMA_COPY}" :: "r"(base), "l"(reinterpret_cast<unsigned long long>(&map)),
+                 "r"({COL0}), "r"({ROW0}), "r"(bar) : "memory");
   }}
   unsigned int done = 0;
-  while (!done) asm volatile("{{\\n.reg .pred p;\\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\\nselp.u32 %0, 1, 0, p;\\n}}\\n" : "=r"(done) : "r"(bar), "r"(0) : "memory");
+  while (!done) asm volatile("{PARITY_WAIT}" : "=r"(done) : "r"(bar), "r"(0) : "memory");
   const unsigned char* box = raw + (base - raw_shared);
   for (int i = threadIdx.x; i < {BOX * BOX}; i += 128) {{
     const unsigned int byte = i * 2;

@@ -362,7 +362,9 @@ class GuestProgram(CUDAProgram):
     finally: context.leave()
   __call__ = _in_context(CUDAProgram.__call__)
   def prepare(self, buffers, global_size=(1,), local_size=(1,), vals=()) -> Callable[[], None]:
-    launch = CUDAProgram.prepare(self, buffers, global_size, local_size, vals)
+    self.context.enter()   # a tensor-map kernel learns its driver handle here, by a capture in its own context
+    try: launch = CUDAProgram.prepare(self, buffers, global_size, local_size, vals)
+    finally: self.context.leave()
     def launch_in_context() -> None:
       self.context.enter()
       try: launch()

@@ -36,28 +36,44 @@ MM_SHAPE = (512, 640, 2048)
 TILE_SHAPES = [(512, 640, 2048), (200, 136, 200)]
 POISON = 0xFFFF
 RESULT = "RESULT"   # a case's last stdout line: RESULT ok|FAIL <detail>
-KPARAM_INFO, NV_INFO_SVAL = 0x17, 0x04   # cubin .nv.info attribute: a parameter's ordinal, offset and size
+# cubin .nv.info attributes: a parameter's ordinal, offset and size; a kernel's register count; the sized format
+KPARAM_INFO, REGCOUNT, NV_INFO_SVAL = 0x17, 0x2F, 0x04
 
 # ---- the cubin's parameter table
 
-def parameter_table(cubin: bytes, kernel: str) -> list[tuple[int, int, int]]:
-  """(ordinal, offset, size) of each parameter of `kernel`, from the cubin's .nv.info.<kernel> section."""
+def cubin_sections(cubin: bytes) -> dict[str, tuple]:
+  """The ELF section headers of a cubin by name (Elf64_Shdr fields: name, type, flags, addr, offset, size, link, info,
+  addralign, entsize)."""
   shoff, shentsize, shnum, shstrndx = struct.unpack_from("<Q", cubin, 0x28)[0], *struct.unpack_from("<HHH", cubin, 0x3A)
   sections = [struct.unpack_from("<IIQQQQIIQQ", cubin, shoff + i * shentsize) for i in range(shnum)]
   names = sections[shstrndx]
   def name(section) -> str:
     start = names[4] + section[0]
     return cubin[start:cubin.index(b"\0", start)].decode()
-  info = next(s for s in sections if name(s) == f".nv.info.{kernel}")
-  data, table, at = cubin[info[4]:info[4] + info[5]], [], 0
+  return {name(section): section for section in sections}
+
+def info_attributes(cubin: bytes, section: str, attribute: int) -> list[bytes]:
+  """The payloads of one sized attribute in a .nv.info section (entries: format, attribute, a 16-bit value or size)."""
+  info = cubin_sections(cubin)[section]
+  data, found, at = cubin[info[4]:info[4] + info[5]], [], 0
   while at + 4 <= len(data):
-    form, attribute, value = data[at], data[at + 1], struct.unpack_from("<H", data, at + 2)[0]
+    form, kind, value = data[at], data[at + 1], struct.unpack_from("<H", data, at + 2)[0]
     at += 4
     if form == NV_INFO_SVAL:
-      if attribute == KPARAM_INFO:
-        _, ordinal, offset, flags = struct.unpack_from("<IHHI", data, at)
-        table.append((ordinal, offset, flags >> 18))
+      if kind == attribute: found.append(data[at:at + value])
       at += value
+  return found
+
+def registers(cubin: bytes) -> int:
+  """Registers per thread the module's kernel is launched with (the REGCOUNT attribute: symbol, count)."""
+  return max(struct.unpack_from("<II", payload)[1] for payload in info_attributes(cubin, ".nv.info", REGCOUNT))
+
+def parameter_table(cubin: bytes, kernel: str) -> list[tuple[int, int, int]]:
+  """(ordinal, offset, size) of each parameter of `kernel`, from the cubin's .nv.info.<kernel> section."""
+  table = []
+  for payload in info_attributes(cubin, f".nv.info.{kernel}", KPARAM_INFO):
+    _, ordinal, offset, flags = struct.unpack_from("<IHHI", payload)
+    table.append((ordinal, offset, flags >> 18))
   return sorted(table)
 
 # ---- the box kernel
@@ -191,15 +207,18 @@ def case_params() -> str:
   from tgrad.runtime.cuda.nvrtc import compile_cuda
   from tgrad.runtime.cuda.targets import WARPGROUP_MMA_ARCH
   from tgrad.runtime.cuda.wgmma import WgmmaConfig
-  from tgrad.runtime.cuda.wgmma_tma import compile_tma_matmul
+  from tgrad.runtime.cuda.wgmma_tma import compile_tma_matmul, registers_at_launch
   box = parameter_table(compile_cuda(box_source("tma_box", True), WARPGROUP_MMA_ARCH), "tma_box")
-  mm = parameter_table(compile_tma_matmul("tma_mm", *MM_SHAPE, dtypes.float16, WgmmaConfig(2, 256, 4, tma=True)),
-                       "tma_mm")
+  config = WgmmaConfig(2, 256, 4, tma=True)
+  mm_cubin = compile_tma_matmul("tma_mm", *MM_SHAPE, dtypes.float16, config)
+  mm = parameter_table(mm_cubin, "tma_mm")
   def show(table): return " ".join(f"#{o}@{offset}+{size}" for o, offset, size in table)
   packed_offsets = [0, 128, 256, 264, 272]
   note = "packed layout matches" if [offset for _, offset, _ in mm] == packed_offsets else \
     f"packed layout assumes offsets {packed_offsets}: a packed buffer misplaces the maps"
-  return f"box kernel {show(box)}; matmul {show(mm)}; {note}"
+  launch, expected = registers(mm_cubin), registers_at_launch(config)
+  fits = "=" if launch == expected else f"!= {expected} that setmaxnreg's counts assume: the .inc may wait forever;"
+  return f"box kernel {show(box)}; matmul {show(mm)}; {note}; {config} launches with {launch} registers {fits}"
 
 # ---- the matmul kernel
 

@@ -36,6 +36,7 @@ MM_SHAPE = (512, 640, 2048)
 TILE_SHAPES = [(512, 640, 2048), (200, 136, 200)]
 POISON = 0xFFFF
 RESULT = "RESULT"   # a case's last stdout line: RESULT ok|FAIL <detail>
+EXPECTED_TO_FAIL = {"box_packed"}   # the old launch path, kept as the control that shows the bug
 # cubin .nv.info attributes: a parameter's ordinal, offset and size; a kernel's register count; the sized format
 KPARAM_INFO, REGCOUNT, NV_INFO_SVAL = 0x17, 0x2F, 0x04
 
@@ -346,6 +347,7 @@ def main() -> None:
         verdict = f"CRASH (exit {done.returncode}): {' | '.join(tail)}"
     except subprocess.TimeoutExpired:
       verdict = f"TIMEOUT after {args.timeout:.0f} s (a hang: a barrier never completes?)"
+    if name in EXPECTED_TO_FAIL: verdict = f"(expected to fail) {verdict}"
     print(f"{name:24s} {time.perf_counter() - start:6.1f}s  {verdict}", flush=True)
 
 if __name__ == "__main__": main()

@@ -5,6 +5,8 @@ tile, tiles smaller than a block, and every tile configuration the kernel offers
 sm_90 GPU; the CPU-side checks are test/unit/test_wgmma.py. Then OptOps.WGMMA: tgrad's matmul kernels with every
 tile of WGMMA_TILES (both B layouts, both dtypes) into poisoned outputs, and realize (the heuristics pick WGMMA) against
 numpy; the CPU-side checks of the opt are test/unit/test_wgmma_opt.py."""
+import os, subprocess, sys
+from typing import Optional
 import numpy as np
 import pytest
 from tgrad import Tensor
@@ -84,13 +86,21 @@ def run_wgmma_opt(out: Tensor, tile: int) -> np.ndarray:
 
 OPT_SHAPES = [(512, 640, 2048), (200, 136, 200), (4096, 4096, 4096)]
 
+CP_ASYNC_TILES = [i for i, tile in enumerate(WGMMA_TILES) if not tile[-1]]
+TMA_TILES = [i for i, tile in enumerate(WGMMA_TILES) if tile[-1]]   # tested last, after a check in a subprocess
+def tile_id(i: int) -> str: return "x".join(map(str, WGMMA_TILES[i]))
+
 @pytest.mark.parametrize("dtype", [dtypes.float16, dtypes.bfloat16], ids=str)
 @pytest.mark.parametrize("n_major", [False, True], ids=["b_NxK", "b_KxN"])
 @pytest.mark.parametrize("shape", OPT_SHAPES, ids=str)
-@pytest.mark.parametrize("tile", range(len(WGMMA_TILES)), ids=lambda i: "x".join(map(str, WGMMA_TILES[i])))
+@pytest.mark.parametrize("tile", CP_ASYNC_TILES, ids=tile_id)
 def test_wgmma_opt_matches_numpy(tile, shape, n_major, dtype):
   if not hopper(): pytest.skip("wgmma needs compute capability 9.0 (sm_90a)")
   if shape[0] == 4096 and tile not in (0, 3): pytest.skip("4096² for two tiles only (time)")
+  check_opt_tile(tile, shape, n_major, dtype)
+
+def check_opt_tile(tile: int, shape: tuple[int, int, int], n_major: bool, dtype) -> None:
+  """OptOps.WGMMA with WGMMA_TILES[tile] on a·b (B K×N) or a·bᵀ (B N×K) of `shape` against numpy."""
   m, n, k = shape
   a_bits, b_bits = bits(RNG.standard_normal((m, k)), dtype), bits(RNG.standard_normal((k, n)), dtype)
   a = Tensor(a_bits, device="CUDA").bitcast(dtype).realize()
@@ -118,13 +128,47 @@ def test_realize_picks_wgmma_for_a_big_matmul_and_matches_numpy(dtype):
   rtol = 2 ** -10 if dtype == dtypes.float16 else 2 ** -7
   np.testing.assert_allclose(wgmma.float_of_bits(out, dtype), expected, rtol=rtol, atol=2e-6 * k)
 
+# ---- TMA tiles, last: a TMA kernel that traps (an illegal instruction) kills this process's CUDA context and fails
+# every test after it, so each module run first launches one in a child process (bench/tma_probe.py) and, if that
+# fails, fails the TMA tests with its verdict instead of running them here
+
+TMA_PROBE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench", "tma_probe.py")
+TMA_PROBE_CASES = ("box_eager", "mm_2x256x4_split")   # the box kernel, then the largest TMA tile
+TMA_PROBE_SECONDS = 180
+
+@pytest.fixture(scope="module")
+def tma_failure() -> Optional[str]:
+  """None if the probe's cases pass in a child process (or there is no Hopper GPU to try), else what went wrong."""
+  if not hopper(): return None
+  for case in TMA_PROBE_CASES:
+    try:
+      done = subprocess.run([sys.executable, TMA_PROBE, "--case", case], capture_output=True, text=True,
+                            timeout=TMA_PROBE_SECONDS)
+    except subprocess.TimeoutExpired: return f"{case}: no result in {TMA_PROBE_SECONDS} s (a hang)"
+    results = [line for line in done.stdout.splitlines() if line.startswith("RESULT")]
+    if not results or not results[-1].startswith("RESULT ok"):
+      tail = results[-1:] or (done.stderr or done.stdout).strip().splitlines()[-3:]
+      return f"{case} (exit {done.returncode}): {' | '.join(tail)}"
+  return None
+
+@pytest.mark.parametrize("dtype", [dtypes.float16, dtypes.bfloat16], ids=str)
+@pytest.mark.parametrize("n_major", [False, True], ids=["b_NxK", "b_KxN"])
+@pytest.mark.parametrize("shape", OPT_SHAPES, ids=str)
+@pytest.mark.parametrize("tile", TMA_TILES, ids=tile_id)
+def test_wgmma_tma_opt_matches_numpy(tile, shape, n_major, dtype, tma_failure):
+  if not hopper(): pytest.skip("wgmma needs compute capability 9.0 (sm_90a)")
+  if shape[0] == 4096 and tile != TMA_TILES[0]: pytest.skip("4096² for one TMA tile only (time)")
+  if tma_failure: pytest.fail(f"a TMA kernel failed in a child process, so none runs here: {tma_failure}")
+  check_opt_tile(tile, shape, n_major, dtype)
+
 @pytest.mark.parametrize("graphs", [1, 0], ids=["cuda_graph", "plain_loop"])
-def test_tma_matmul_in_a_jit_with_new_inputs_each_call(graphs):
+def test_tma_matmul_in_a_jit_with_new_inputs_each_call(graphs, tma_failure):
   """WGMMA_TMA=1: a jitted a·b is the TMA kernel; every call gets new input buffers, so the replay (a CUDA graph node
   patched with re-encoded tensor maps, or the plain loop's launches) must load from the new pointers."""
   from tgrad import TinyJit
   from tgrad.helpers import Context
   if not hopper(): pytest.skip("wgmma needs compute capability 9.0 (sm_90a)")
+  if tma_failure: pytest.fail(f"a TMA kernel failed in a child process, so none runs here: {tma_failure}")
   m, n, k, dtype = 1024, 2048, 512, dtypes.float16
   with Context(WGMMA_TMA=1, CUDA_GRAPH=graphs):
     probe = Kernel(create_schedule([(Tensor.empty(m, k, dtype=dtype, device="CUDA") @

@@ -3,7 +3,8 @@
 tensor maps describe fill exactly the swizzled tiles the wgmma descriptors read (a model of the TMA's 128-byte swizzle
 against wgmma.py's copy formulas); the source, run on the CPU (test/cuda_on_cpu.py: TMA as a box copy, mbarriers as
 counters with phases, one OS thread per CUDA thread), equals numpy's product in outputs poisoned with NaN; launches
-and CUDA-graph nodes pack the 128-byte maps first, and a new pointer makes a new map. The GPU run is
+and CUDA-graph nodes pass the 128-byte maps first, every argument by reference (kernelParams), and a new pointer makes a
+new map. The GPU run is
 test/test_wgmma_gpu.py."""
 import re
 import numpy as np
@@ -170,3 +171,36 @@ def test_parameters_pack_maps_first_and_graph_nodes_point_at_aligned_maps():
   node.values[1].value = maps[0]   # what CUDAGraph.update does for a re-encoded map
   assert ctypes.string_at(node.pointers[1], 128) == maps[0]
   with pytest.raises(ValueError, match="tensor map"): KernelLaunch(None, (1, 1, 1), (1, 1, 1), 0, [b"x"], "M")
+
+def test_launches_pass_every_argument_by_reference(monkeypatch):
+  """A TMA kernel's launch hands the driver one pointer per argument (kernelParams), never a packed buffer: the
+  compiler puts the first tensor map 48 bytes into the parameter block on sm_90, not where a packed buffer has it."""
+  import ctypes
+  from tgrad.runtime.cuda import kernel_params
+  maps = [bytes(range(128)), bytes(range(128, 256))]
+  arguments = kernel_params.KernelArguments([*maps, 0x10, 0x20, 7], "MMPPq")
+  calls = []
+  class FakeDriver:
+    def cuLaunchKernel(self, function, *rest):
+      calls.append((function, rest))
+      return 0
+  monkeypatch.setattr(kernel_params, "driver", lambda: FakeDriver())
+  kernel_params.launch_by_reference((0, 0xABC, 0x1), (4, 2, 1), (384, 1, 1), 1024, arguments)
+  function, (gx, gy, gz, bx, by, bz, shared, stream, params, extra) = calls[0]
+  assert function == 0xABC and (gx, gy, gz, bx, by, bz, shared) == (4, 2, 1, 384, 1, 1, 1024) and extra is None
+  assert stream.value is None   # the legacy default stream (NULL), where eager kernels run
+  pointers = [params[i] for i in range(5)]
+  for i, expected in enumerate(maps):
+    assert pointers[i] % TENSOR_MAP_ALIGNMENT == 0 and ctypes.string_at(pointers[i], 128) == expected
+  assert [ctypes.c_uint64.from_address(p).value for p in pointers[2:4]] == [0x10, 0x20]
+  assert ctypes.c_int64.from_address(pointers[4]).value == 7
+  kernel_params.launch_by_reference((0x123, 0xABC, 0x1), (1, 1, 1), (128, 1, 1), 0, arguments)
+  assert calls[1][0] == 0x123   # a CUfunction when the driver gave one
+  with pytest.raises(ValueError, match="kinds"): kernel_params.KernelArguments([1, 2], "P")
+
+def test_register_split_is_a_switch():
+  config = WgmmaConfig(2, 256, 4, tma=True)
+  assert "setmaxnreg" in tma_matmul_source("k", 512, 640, 2048, dtypes.float16, config)
+  assert "setmaxnreg" not in tma_matmul_source("k", 512, 640, 2048, dtypes.float16, config, register_split=False)
+  assert "setmaxnreg" not in tma_matmul_source("k", 512, 640, 2048, dtypes.float16, WgmmaConfig(1, 128, 4, tma=True),
+                                               register_split=True)   # one consumer: nothing to split

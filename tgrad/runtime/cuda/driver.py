@@ -90,6 +90,10 @@ DRIVER_FUNCTIONS: dict[str, list] = {
   "cuMemcpyHtoDAsync_v2": [CUdeviceptr, ctypes.c_void_p, ctypes.c_size_t, CUstream],
   "cuMemHostAlloc": [_P(ctypes.c_void_p), ctypes.c_size_t, ctypes.c_uint],
   "cuMemFreeHost": [ctypes.c_void_p],
+  # launches with the arguments by reference (kernel_params.py): function, grid x/y/z, block x/y/z, dynamic shared
+  # bytes, stream, kernelParams (one pointer per argument), extra
+  "cuLaunchKernel": [CUfunction, ctypes.c_uint, ctypes.c_uint, ctypes.c_uint, ctypes.c_uint, ctypes.c_uint,
+                     ctypes.c_uint, ctypes.c_uint, CUstream, _P(ctypes.c_void_p), _P(ctypes.c_void_p)],
   # tensor maps for TMA loads (tensor_map.py): the map, data type, rank, address, sizes, byte strides, box, element
   # strides, interleave, swizzle, L2 promotion, out-of-bounds fill
   "cuTensorMapEncodeTiled": [ctypes.c_void_p, ctypes.c_int, ctypes.c_uint, ctypes.c_void_p, _P(ctypes.c_uint64),

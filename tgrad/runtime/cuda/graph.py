@@ -12,7 +12,9 @@ import ctypes, sys, weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
 from tgrad.helpers import Context
-from tgrad.runtime.cuda.tensor_map import TENSOR_MAP_ALIGNMENT, TENSOR_MAP_BYTES, pack_parameters
+from tgrad.runtime.cuda.kernel_params import TENSOR_MAP_KIND, KernelArguments
+from tgrad.runtime.cuda.kernel_params import TensorMapValue as _TensorMapValue   # noqa: F401  (the name tests use)
+from tgrad.runtime.cuda.tensor_map import TENSOR_MAP_BYTES, pack_parameters
 
 from tgrad.runtime.cuda.driver import (CAPTURE_MODE_THREAD_LOCAL, CUDA_SUCCESS, DEFAULT_STREAM, DRIVER_FUNCTIONS,
   DEPENDENCY_TYPE_PROGRAMMATIC, KERNEL_NODE_PORT_PROGRAMMATIC, STREAM_NON_BLOCKING, CUDADriverError, CUgraph,
@@ -22,8 +24,6 @@ __all__ = ["CUDAGraph", "CUDAGraphError", "CapturedGraph", "CUDAGraphRunner", "C
            "KernelLaunch", "KernelNodeParams", "capture", "check", "driver", "error_name", "graphs_enabled"]
 
 ARG_KINDS = {"P": (0, 2**64 - 1), "i": (-2**31, 2**31 - 1), "q": (-2**63, 2**63 - 1)}   # kind → allowed value range
-TENSOR_MAP_KIND = "M"   # a tensor map (tensor_map.py): 128 bytes passed by value, before every other argument
-_CTYPE_OF_KIND = {"P": ctypes.c_uint64, "i": ctypes.c_int32, "q": ctypes.c_int64}
 _P = ctypes.POINTER
 
 # A failed graph call is a failed driver call (driver.py); the name graph code and its tests have always caught.
@@ -103,7 +103,7 @@ def kernel_identity(launch: KernelLaunch) -> tuple[int, int, int]:
   maps = launch.arg_kinds.count(TENSOR_MAP_KIND)
   check(lib.cuStreamBeginCapture_v2(stream.handle, CAPTURE_MODE_THREAD_LOCAL), "cuStreamBeginCapture_v2")
   try:
-    if maps:   # a TMA kernel: its parameter buffer packed as the eager launch packs it (maps, pointers, variables)
+    if maps:   # a TMA kernel, through a packed buffer that is never run (kernel_params.py: not its real layout)
       kinds = launch.arg_kinds[maps:]
       pointers = [a for kind, a in zip(kinds, launch.args[maps:]) if kind == "P"]
       packed = pack_parameters(launch.args[:maps], pointers, launch.args[maps + len(pointers):])
@@ -127,29 +127,15 @@ def kernel_identity(launch: KernelLaunch) -> tuple[int, int, int]:
   _kernel_identities[id(launch.function)] = (launch.function, identity)
   return identity
 
-class _TensorMapValue:
-  """A tensor map argument's storage for a kernel node: 128 bytes at a 64-byte-aligned address (CUtensorMap's
-  alignment), `value` settable like a ctypes scalar's."""
-  def __init__(self, value: bytes):
-    self.storage = (ctypes.c_char * (TENSOR_MAP_BYTES + TENSOR_MAP_ALIGNMENT))()
-    self.address = -(-ctypes.addressof(self.storage) // TENSOR_MAP_ALIGNMENT) * TENSOR_MAP_ALIGNMENT
-    self.value = value
-  @property
-  def value(self) -> bytes: return ctypes.string_at(self.address, TENSOR_MAP_BYTES)
-  @value.setter
-  def value(self, value: bytes) -> None: ctypes.memmove(self.address, value, TENSOR_MAP_BYTES)
-
 class _KernelNode:
   """A graph node's parameters and the ctypes storage its kernelParams array points at (kept alive with it)."""
   def __init__(self, launch: KernelLaunch, identity: tuple[int, int, int]):
     self.kinds, self.current = launch.arg_kinds, list(launch.args)
-    self.values = [_TensorMapValue(a) if kind == TENSOR_MAP_KIND else _CTYPE_OF_KIND[kind](a)
-                   for kind, a in zip(self.kinds, launch.args)]
-    addresses = [v.address if isinstance(v, _TensorMapValue) else ctypes.addressof(v) for v in self.values]
-    self.pointers = (ctypes.c_void_p * max(1, len(self.values)))(*addresses)
+    self.arguments = KernelArguments(launch.args, launch.arg_kinds)   # by reference: the driver places each one
+    self.values, self.pointers = self.arguments.values, self.arguments.pointers
     func, kern, ctx = identity
-    self.params = KernelNodeParams(func, *launch.grid, *launch.block, launch.shared_bytes,
-                                   ctypes.cast(self.pointers, _P(ctypes.c_void_p)), None, kern, ctx)
+    self.params = KernelNodeParams(func, *launch.grid, *launch.block, launch.shared_bytes, self.arguments.array(),
+                                   None, kern, ctx)
     self.handle = CUgraphNode()
 
 @dataclass(frozen=True)

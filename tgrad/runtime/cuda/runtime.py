@@ -8,7 +8,8 @@ pointer arguments and launched with `prepared_call`; `wait=True` times the launc
 kernel whose shared arrays exceed the static 48 KiB says how much dynamic shared memory it needs in a module global;
 the program opts the function in to that size and launches with it. A kernel that loads through tensor maps (TMA:
 wgmma_tma.py) lists them in a module global (tensor_map.py); the program makes them from each launch's buffer
-pointers (cached per pointer tuple) and passes them by value before the pointers.
+pointers (cached per pointer tuple) and passes them by value before the pointers, every argument by reference
+(cuLaunchKernel's kernelParams: kernel_params.py says why a packed buffer misplaces the maps).
 Limits (threads, block/grid dims, shared memory) come from the device's attributes into its CUDARenderer.
 A view of an allocation is its address plus the offset (an int, which every pycuda call and launch accepts);
 `prepare` binds a launch's grid, block and argument tuple once, for replaying it in a tight loop.
@@ -31,7 +32,7 @@ from tgrad.runtime.cuda.renderer import CUDARenderer, DEPENDENT_LAUNCH_SUFFIX, D
 from tgrad.runtime.cuda.nvrtc import NVRTCCompiler, arch_of
 from tgrad.runtime.cuda.driver import STREAM_NON_BLOCKING
 from tgrad.runtime.cuda.targets import TENSOR_MAPS_SUFFIX
-from tgrad.runtime.cuda.tensor_map import TensorMapCache, pack_parameters, specs_of_marker
+from tgrad.runtime.cuda.tensor_map import TENSOR_MAP_CACHE_ENTRIES, TensorMapCache, specs_of_marker
 
 DEFAULT_ORDINAL = 0   # the GPU `CUDA` names without an index
 HOPPER_CAPABILITY = (9, 0)   # H100/H200: the only GPUs that run sm_90a code (wgmma)
@@ -253,6 +254,8 @@ class CUDAProgram:
       values = np.zeros(marker_bytes // 8, np.uint64)
       cuda.memcpy_dtoh(values, marker_address)
       self.tensor_maps = TensorMapCache(specs_of_marker([int(v) for v in values]))
+    self.identity: Optional[tuple[int, int, int]] = None   # a TMA kernel's (func, kern, ctx), learned at first launch
+    self.arguments_by_key: dict[tuple, object] = {}        # a TMA kernel's KernelArguments per (pointers, variables)
     # rendered with the dependent-launch prologue: a CUDA graph may start it before its predecessor ends
     self.waits_for_prior_grids = self._marker_address(name + DEPENDENT_LAUNCH_SUFFIX) is not None
     self.start, self.end = cuda.Event(), cuda.Event()
@@ -268,15 +271,15 @@ class CUDAProgram:
     """Launch now (the eager path): the arguments packed in the prepared format and handed straight to the launch
     that pycuda's prepared_call ends in (skipping its per-call keyword and texture handling, which tgrad never
     uses), with the grid and block of the last launch reused when the sizes are the same tuples (a CompiledKernel
-    passes its own every time)."""
+    passes its own every time). A kernel that takes tensor maps is launched with its arguments by reference."""
     if self.prepared_args != len(buffers) + len(vals): self._prepare_arguments(len(buffers), len(vals))
     if global_size is self.last_sizes[0] and local_size is self.last_sizes[1]: grid, block = self.last_dims
     else:
       grid, block = _launch_dims(global_size, local_size)
       if type(global_size) is tuple and type(local_size) is tuple:   # immutable: the same object, the same sizes
         self.last_sizes, self.last_dims = (global_size, local_size), (grid, block)
-    if self.tensor_maps is not None: args = pack_parameters(self.tensor_maps(buffers), buffers, vals)
-    else: args = self.pack_args(self.function.arg_format, *map(int, buffers), *map(int, vals))
+    if self.tensor_maps is not None: return self._timed(self._by_reference(buffers, grid, block, vals), wait)
+    args = self.pack_args(self.function.arg_format, *map(int, buffers), *map(int, vals))
     if not wait:
       self.function._launch_kernel(grid, block, args, self.shared_bytes, None)
       return None
@@ -286,6 +289,34 @@ class CUDAProgram:
     self.end.synchronize()
     return self.start.time_till(self.end) * 1e-3
 
+  def _timed(self, launch: Callable[[], None], wait: bool) -> Optional[float]:
+    """Run `launch`; with `wait`, between two events, and its time in seconds once it has finished."""
+    if not wait: return launch()
+    self.start.record()
+    launch()
+    self.end.record()
+    self.end.synchronize()
+    return self.start.time_till(self.end) * 1e-3
+
+  def _by_reference(self, buffers, grid, block, vals) -> Callable[[], None]:
+    """A launch of this tensor-map kernel with its arguments by reference (kernel_params.py): the maps of these
+    pointers, the pointers, the variables, kept per (pointers, variables) tuple; the kernel's driver handle is learned
+    at the first launch (graph.kernel_identity: pycuda does not expose it)."""
+    from tgrad.runtime.cuda.kernel_params import TENSOR_MAP_KIND, KernelArguments, launch_by_reference
+    pointers, values = tuple(int(b) for b in buffers), tuple(int(v) for v in vals)
+    assert self.tensor_maps is not None
+    if (arguments := self.arguments_by_key.get((pointers, values))) is None:
+      maps = self.tensor_maps(pointers)
+      arguments = KernelArguments([*maps, *pointers, *values],
+                                  TENSOR_MAP_KIND * len(maps) + "P" * len(pointers) + "q" * len(values))
+      if len(self.arguments_by_key) >= TENSOR_MAP_CACHE_ENTRIES:   # the oldest tuple goes first
+        self.arguments_by_key.pop(next(iter(self.arguments_by_key)))
+      self.arguments_by_key[(pointers, values)] = arguments
+    if self.identity is None:
+      from tgrad.runtime.cuda.graph import KernelLaunch, kernel_identity
+      self.identity = kernel_identity(KernelLaunch.for_program(self, pointers, grid, block, values))
+    return functools.partial(launch_by_reference, self.identity, grid, block, self.shared_bytes, arguments)
+
   def _prepare_arguments(self, buffers: int, vals: int) -> None:
     self.function.prepare("P" * buffers + "q" * vals)   # variables are 64-bit parameters (runtime/cuda/renderer.py)
     self.prepared_args = buffers + vals
@@ -294,9 +325,7 @@ class CUDAProgram:
     """A no-argument callable that launches this kernel with these arguments (grid, block and pointers fixed here)."""
     if self.prepared_args != len(buffers) + len(vals): self._prepare_arguments(len(buffers), len(vals))
     grid, block = _launch_dims(global_size, local_size)
-    if self.tensor_maps is not None:   # the parameter buffer made once: the maps of these pointers, the pointers
-      packed = pack_parameters(self.tensor_maps(buffers), buffers, vals)
-      return functools.partial(self.function._launch_kernel, grid, block, packed, self.shared_bytes, None)
+    if self.tensor_maps is not None: return self._by_reference(buffers, grid, block, vals)   # arguments made once
     args = [int(b) for b in buffers] + [int(v) for v in vals]
     return functools.partial(self.function.prepared_call, grid, block, *args, shared_size=self.shared_bytes)
 
@@ -333,7 +362,9 @@ class GuestProgram(CUDAProgram):
     finally: context.leave()
   __call__ = _in_context(CUDAProgram.__call__)
   def prepare(self, buffers, global_size=(1,), local_size=(1,), vals=()) -> Callable[[], None]:
-    launch = CUDAProgram.prepare(self, buffers, global_size, local_size, vals)
+    self.context.enter()   # a tensor-map kernel learns its driver handle here, by a capture in its own context
+    try: launch = CUDAProgram.prepare(self, buffers, global_size, local_size, vals)
+    finally: self.context.leave()
     def launch_in_context() -> None:
       self.context.enter()
       try: launch()

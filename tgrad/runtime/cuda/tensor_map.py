@@ -5,7 +5,8 @@ A kernel source names its tensor maps as TensorMapSpecs (which buffer argument, 
 box one copy moves, the shared-memory swizzle) in a module global (targets.TENSOR_MAPS_SUFFIX, `marker_values`); the
 runtime reads them back (`specs_of_marker`) and, per launch, encodes one 128-byte map per spec from the buffer's
 device address (`TensorMapCache`: a map embeds the address, so a new pointer, e.g. a rebound JIT input, is a new map).
-The maps are passed by value as the kernel's first parameters (`const __grid_constant__`), 64-byte aligned.
+The maps are passed by value as the kernel's first parameters (`const __grid_constant__`), 64-byte aligned, by
+reference through kernelParams (kernel_params.py says why never in a packed buffer).
 """
 from __future__ import annotations
 import ctypes, struct
@@ -66,17 +67,19 @@ def encode(spec: TensorMapSpec, address: int) -> bytes:
   if address % GLOBAL_ALIGNMENT:
     raise ValueError(f"tensor map of buffer argument {spec.argument}: address {address:#x} is not "
                      f"{GLOBAL_ALIGNMENT}-byte aligned (TMA needs it)")
-  storage = (ctypes.c_uint64 * (TENSOR_MAP_BYTES // 8))()
+  # the driver writes the map at a 64-byte-aligned host address (cuTensorMapEncodeTiled requires it)
+  storage = (ctypes.c_char * (TENSOR_MAP_BYTES + TENSOR_MAP_ALIGNMENT))()
+  aligned = -(-ctypes.addressof(storage) // TENSOR_MAP_ALIGNMENT) * TENSOR_MAP_ALIGNMENT
   dims = (ctypes.c_uint64 * RANK)(spec.columns, spec.rows)            # innermost first
   strides = (ctypes.c_uint64 * (RANK - 1))(spec.row_stride)           # bytes, of every dimension but the innermost
   box = (ctypes.c_uint32 * RANK)(spec.box_columns, spec.box_rows)
   element_strides = (ctypes.c_uint32 * RANK)(1, 1)
-  check(driver().cuTensorMapEncodeTiled(ctypes.addressof(storage), DATA_TYPE_UINT16, RANK, ctypes.c_void_p(address),
+  check(driver().cuTensorMapEncodeTiled(aligned, DATA_TYPE_UINT16, RANK, ctypes.c_void_p(address),
                                         dims, strides, box, element_strides, INTERLEAVE_NONE, spec.swizzle,
                                         L2_PROMOTION_128B, OOB_FILL_ZEROS),
         f"cuTensorMapEncodeTiled ({spec.rows}×{spec.columns} matrix, box {spec.box_rows}×{spec.box_columns}, "
         f"address {address:#x})")
-  return bytes(storage)
+  return ctypes.string_at(aligned, TENSOR_MAP_BYTES)
 
 # A program keeps the maps of this many distinct pointer tuples (a JIT replays a few; an eager loop one or two)
 TENSOR_MAP_CACHE_ENTRIES = 64
@@ -99,8 +102,11 @@ class TensorMapCache:
     return maps
 
 def pack_parameters(maps: Sequence[bytes], pointers: Sequence[int], variables: Sequence[int] = ()) -> bytes:
-  """The kernel's parameter buffer: the tensor maps (each 128 bytes, so every one stays 64-byte aligned), then the
-  buffer pointers (8 bytes each), then the variables (64-bit)."""
+  """The arguments back to back: the tensor maps (128 bytes each), the buffer pointers (8 bytes each), the variables
+  (64-bit). Not the kernel's parameter layout: the compiler puts a 64-byte-aligned parameter at a 64-byte boundary of
+  the constant bank, 48 bytes into the block on sm_90 (kernel_params.py), so a launch must pass the arguments by
+  reference (kernel_params.launch_by_reference). Only for a launch that is recorded and never run (graph.py's
+  kernel_identity)."""
   for m in maps:
     if len(m) != TENSOR_MAP_BYTES: raise ValueError(f"a tensor map is {TENSOR_MAP_BYTES} bytes, not {len(m)}")
   return b"".join(maps) + struct.pack(f"<{len(pointers)}Q{len(variables)}q", *map(int, pointers), *map(int, variables))

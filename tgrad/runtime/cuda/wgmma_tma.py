@@ -21,6 +21,7 @@ Every address formula is wgmma.py's or TensorMapSpec's; the CPU emulation of tes
 (TMA as a box copy with the swizzle, mbarriers as counters with phases).
 """
 from __future__ import annotations
+from typing import Optional
 from tgrad.dtype import DType, dtypes
 from tgrad.runtime.cuda.tensor_map import SWIZZLE_128B as TENSOR_MAP_SWIZZLE_128B, TensorMapSpec, marker_source
 from tgrad.runtime.cuda.targets import DYNAMIC_SHARED_SUFFIX, WARPGROUP_MMA_ARCH
@@ -74,10 +75,11 @@ def _copy_lines(c: WgmmaConfig) -> list[str]:
 
 def tma_matmul_source(name: str, m: int, n: int, k: int, dtype: DType = dtypes.float16,
                       config: WgmmaConfig = WgmmaConfig(tma=True),
-                      arguments: tuple[str, ...] = ("out", "a", "b")) -> str:
+                      arguments: tuple[str, ...] = ("out", "a", "b"), register_split: Optional[bool] = None) -> str:
   """CUDA C of `name(a_map, b_map, out, a, b)` (the buffers in the order `arguments` names them; the maps are made
   from them by the runtime, as the module global {name}_tensor_maps says): out = a · bᵀ (a · b when b_n_major), see
-  the module doc. Compile for sm_90a."""
+  the module doc. Compile for sm_90a. `register_split` False leaves out the setmaxnreg pair (a diagnostic: the
+  128×256 tile then spills), None has it where specializes_registers says."""
   check_shapes(m, n, k, dtype, config.b_n_major)
   if not config.tma: raise ValueError(f"wgmma matmul: tile {config} is not a TMA tile")
   if sorted(arguments) != sorted(PARAMETERS):
@@ -86,6 +88,7 @@ def tma_matmul_source(name: str, m: int, n: int, k: int, dtype: DType = dtypes.f
   tiles = -(-k // BLOCK_K)
   type_name = WGMMA_TYPES[dtype]
   barriers = c.stages * c.stage_bytes
+  split = specializes_registers(c) if register_split is None else register_split and specializes_registers(c)
   lines = [
     "typedef unsigned short element;",
     "struct __align__(64) TensorMap { unsigned long long opaque[16]; };   // a CUtensorMap, made on the host",
@@ -121,7 +124,7 @@ def tma_matmul_source(name: str, m: int, n: int, k: int, dtype: DType = dtypes.f
     "  };",
     f"  if (warpgroup == {c.warpgroups}) {{   // the producer",
   ]
-  if specializes_registers(c):
+  if split:
     lines.append(f'    asm volatile("setmaxnreg.dec.sync.aligned.u32 {PRODUCER_REGISTERS};" ::: "memory");')
   lines += [
     "    if (lane_thread == 0) {",
@@ -145,7 +148,7 @@ def tma_matmul_source(name: str, m: int, n: int, k: int, dtype: DType = dtypes.f
     "    }",
     "  } else {   // a consumer warpgroup",
   ]
-  if specializes_registers(c):
+  if split:
     lines.append(f'    asm volatile("setmaxnreg.inc.sync.aligned.u32 {consumer_registers(c)};" ::: "memory");')
   outputs = ", ".join(f'"+f"(acc[{i}])' for i in range(c.accumulators))
   registers = ", ".join(f"%{i}" for i in range(c.accumulators))
@@ -195,8 +198,9 @@ def warpgroup_matmul_source(name: str, matmul) -> str:
   return write(name, matmul.m, matmul.n, matmul.k, matmul.dtype, config, matmul.arguments)
 
 def compile_tma_matmul(name: str, m: int, n: int, k: int, dtype: DType = dtypes.float16,
-                       config: WgmmaConfig = WgmmaConfig(tma=True)) -> bytes:
+                       config: WgmmaConfig = WgmmaConfig(tma=True), register_split: Optional[bool] = None) -> bytes:
   """The TMA kernel's cubin for sm_90a (NVRTC). runtime.CUDAProgram loads it, reads its tensor maps' specs and makes
   the maps from the (out, a, b) pointers of each launch; launch it on wgmma.launch_dims(config, m, n)."""
   from tgrad.runtime.cuda.nvrtc import compile_cuda
-  return compile_cuda(tma_matmul_source(name, m, n, k, dtype, config), WARPGROUP_MMA_ARCH)
+  return compile_cuda(tma_matmul_source(name, m, n, k, dtype, config, register_split=register_split),
+                      WARPGROUP_MMA_ARCH)

@@ -155,9 +155,11 @@ class Buffer:
   `serial` numbers Buffers in creation order; `newest_buffer_serial()` is the newest serial. A Buffer of a symbolic
   size is allocated at its maximum; `symbolic_size` (set by the scheduler) is its size in the variables."""
   symbolic_size: Any = None
+  holders: Optional[list] = None   # weak references to the lazy values that hold this Buffer (kept by tgrad/lazy.py)
   def __init__(self, device: str, size: int, dtype: DType, base: Optional[Buffer] = None, offset: int = 0,
                initial: Optional[np.ndarray] = None):
     self.device, self.size, self.dtype = device, size, dtype
+    self.nbytes: int = size * dtype.itemsize   # read on every allocation and free: an attribute, not a property
     self.base, self.offset, self.initial = base, offset, initial
     if base is not None and (offset < 0 or offset + self.nbytes > base.nbytes or base.device != device):
       raise ValueError(f"a view of {self.nbytes} bytes at offset {offset} does not fit {base}")
@@ -166,8 +168,6 @@ class Buffer:
     self.serial = _buffers_created
     self.writes = 0   # of the memory's owner (`version`): bumped by every write that goes through tgrad
     self._handle: Any = None
-  @property
-  def nbytes(self) -> int: return self.size * self.dtype.itemsize
   @property
   def handle(self) -> Any:
     if self._handle is None:
@@ -190,7 +190,9 @@ class Buffer:
     return self._owner().writes
   def wrote(self) -> None:
     """Note a write of this buffer's memory (see `version`)."""
-    self._owner().writes += 1
+    owner = self   # _owner, inline: every launch notes its outputs' writes
+    while owner.base is not None: owner = owner.base
+    owner.writes += 1
   def _owner(self) -> Buffer:
     owner = self
     while owner.base is not None: owner = owner.base

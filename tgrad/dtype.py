@@ -6,7 +6,7 @@ ints and between floats, bfloat16 promoting like float16; an int with a float gi
 `least_upper_dtype` folds it over many dtypes.
 """
 from __future__ import annotations
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 import numpy as np
 
 @dataclass(frozen=True, order=True)
@@ -36,14 +36,18 @@ class DType:
   def __getstate__(self) -> dict:   # string hashes differ between processes: a pickle carries no cached hash
     return {k: v for k, v in self.__dict__.items() if k != "_hash"}
   def _fields(self) -> tuple: return (self.priority, self.itemsize, self.name, self.kind, self.np_name)
-  @property
-  def is_float(self) -> bool: return self.kind == 'f'
-  @property
-  def is_int(self) -> bool: return self.kind in 'iu'
-  @property
-  def is_unsigned(self) -> bool: return self.kind == 'u'
-  @property
-  def is_bool(self) -> bool: return self.kind == 'b'
+  # The kind tests are read on every op (autograd records only floats, promotion, casts): plain attributes, set once,
+  # not properties (a property is a function call per read).
+  is_float: bool = field(init=False, repr=False, compare=False)
+  is_int: bool = field(init=False, repr=False, compare=False)
+  is_unsigned: bool = field(init=False, repr=False, compare=False)
+  is_bool: bool = field(init=False, repr=False, compare=False)
+  # The fields as a tuple: a stand-in for the dtype in keys that are hashed on every op (the schedule cache's), equal
+  # exactly when the dtypes are and hashed without a Python call.
+  key: tuple = field(init=False, repr=False, compare=False)
+  def __post_init__(self):
+    self.__dict__.update(is_float=self.kind == 'f', is_int=self.kind in ('i', 'u'), is_unsigned=self.kind == 'u',
+                         is_bool=self.kind == 'b', key=self._fields())
   @property
   def np(self) -> np.dtype: return np.dtype(self.np_name)
   @property

@@ -26,12 +26,21 @@ class Function:
   so the record never holds values no backward reads (an index built from a buffer that is then written in place
   would otherwise stay pending, and the write would copy the buffer for it: docs/semantics.md)."""
   def __init__(self, device: str, *tensors):
+    self._record(device, tensors, [t.lazydata for t in tensors])
+
+  def _record(self, device: str, tensors, sources) -> None:
+    """Set the record's fields for input Tensors `tensors` whose values are `sources` (their lazydata). Plain loops:
+    this runs for every op, and a comprehension is a function call of its own."""
     self.device = device
-    flags = [t.requires_grad if t.dtype.is_float else False for t in tensors]
+    flags: list[Optional[bool]] = []
+    for t, lb in zip(tensors, sources): flags.append(t.requires_grad if lb.dtype.is_float else False)
     self.requires_grad: Optional[bool] = True if any(flags) else None if None in flags else False
-    self.needs_input_grad = [flag is not False for flag in flags]
+    self.needs_input_grad = flags[:]
+    for i, flag in enumerate(flags): self.needs_input_grad[i] = flag is not False
     if self.requires_grad is not False:
-      self.parents = tuple(t if t.dtype.is_float else None for t in tensors)
+      parents = []
+      for t, lb in zip(tensors, sources): parents.append(t if lb.dtype.is_float else None)
+      self.parents = tuple(parents)
 
   def forward(self, *args, **kwargs) -> LazyBuffer: raise NotImplementedError(f"no forward for {type(self)}")
   def backward(self, grad_output: LazyBuffer): raise NotImplementedError(f"backward not implemented for {type(self)}")
@@ -39,11 +48,14 @@ class Function:
   @classmethod
   def apply(cls, *inputs, **kwargs):
     """Run forward on the inputs' lazydata; record the op for backward when a gradient is wanted."""
-    ctx = cls(inputs[0].device, *inputs)
+    sources = []
+    for t in inputs: sources.append(t.lazydata)   # read once: the property follows in-place writes (a walk)
+    ctx = cls.__new__(cls)
+    ctx._record(sources[0].device, inputs, sources)
     # under no_grad the output is a constant to autograd, as in torch: it does not require grad, so a backward
     # from it raises instead of silently reaching nothing
     requires_grad = ctx.requires_grad if Tensor.grad_enabled else False
-    out = Tensor(ctx.forward(*[t.lazydata for t in inputs], **kwargs), requires_grad=requires_grad)
+    out = Tensor(ctx.forward(*sources, **kwargs), requires_grad=requires_grad)
     if requires_grad is not False: out._ctx = ctx
     return out
 

@@ -75,7 +75,11 @@ class LazyBuffer:
       self._base: Optional[LazyBuffer] = None
       if srcs:
         me = self._self_ref = weakref.ref(self)
-        for s in srcs: (s if s._base is None else s._base)._add_reader(me)
+        for s in srcs:   # _add_reader, its common cases inline (this runs for every op built)
+          source = s if s._base is None else s._base
+          if (readers := source._readers) is None: source._readers = me
+          elif type(readers) is list and len(readers) < READERS_COMPACT_AT: readers.append(me)
+          else: source._add_reader(me)
     else:
       assert base.base is base, "a view's base must be a base"
       self._base = base
@@ -103,7 +107,8 @@ class LazyBuffer:
     if not keep_arg: self.arg = None
     if self.region is not None: self.region = None   # a composite's region holds its inputs: let them go too
     if self._built is not None: self._built = None   # and so does the graph as built
-    _hold(buffer, self)
+    if buffer.holders is None: buffer.holders = [weakref.ref(self)]   # _hold's first holder, inline (every realize)
+    else: _hold(buffer, self)
     if self.origin is not None and self.origin[1] == "contiguous" and self.origin[0].is_base and \
        self.origin[0].buffer is None:
       self.origin[0].commit(buffer)   # the value it is the buffer of: the same data, and its graph can go
@@ -216,13 +221,14 @@ class LazyBuffer:
     if op is Ops.WHERE:
       if srcs[0].dtype != dtypes.bool: raise TypeError(f"WHERE condition must be bool, got {srcs[0].dtype}")
       out_dtype = srcs[1].dtype
-      value_dtypes = [srcs[1].dtype, srcs[2].dtype]
+      values = srcs[1:]
     else:
       out_dtype = dtypes.bool if op in COMPARISON else self.dtype
-      value_dtypes = [s.dtype for s in srcs]
-    first = value_dtypes[0]
-    for d in value_dtypes:   # a plain loop: a generator in any() costs more than the check on this per-op path
-      if d is not first and d != first: raise TypeError(f"{op.name}: operand dtypes differ: {value_dtypes}")
+      values = srcs
+    first = values[0].dtype
+    for s in values:   # a plain loop: a generator or a comprehension costs more than the check on this per-op path
+      if (d := s.dtype) is not first and d != first:
+        raise TypeError(f"{op.name}: operand dtypes differ: {[x.dtype for x in values]}")
     st = self.st if self._base is None else ShapeTracker.from_shape(shape)   # a base's tracker is already that
     return LazyBuffer(device, st, out_dtype, op, srcs, arg)
   def cast(self, dtype: DType, bitcast: bool = False) -> LazyBuffer:
@@ -336,18 +342,17 @@ class LazyBuffer:
     return self if all(s == 1 for s in steps) else self._view(self.st.stride(steps), ("stride", steps))
 
 
-# Buffer → weak references to the realized values that hold it (`holders_of`); an entry goes with its Buffer.
-_holders: weakref.WeakKeyDictionary[Buffer, list[weakref.ref]] = weakref.WeakKeyDictionary()
-
+# A Buffer keeps weak references to the realized values that hold it (`holders_of`) in its `holders` field, which only
+# this module reads or writes: the list goes with its Buffer, at no cost beyond the Buffer's own.
 def _hold(buffer: Buffer, lb: LazyBuffer) -> None:
-  holders = _holders.setdefault(buffer, [])
-  if len(holders) >= READERS_COMPACT_AT and len(holders) & (len(holders) - 1) == 0:   # at powers of two
+  if (holders := buffer.holders) is None: holders = buffer.holders = []
+  elif len(holders) >= READERS_COMPACT_AT and len(holders) & (len(holders) - 1) == 0:   # at powers of two
     holders[:] = [weakref.ref(h) for h in holders_of(buffer)]
   holders.append(weakref.ref(lb))
 
 def holders_of(buffer: Buffer) -> list[LazyBuffer]:
   """The live realized values whose data is in `buffer`."""
-  return [h for r in _holders.get(buffer, ()) if (h := r()) is not None and h.buffer is buffer]
+  return [h for r in buffer.holders or () if (h := r()) is not None and h.buffer is buffer]
 
 # Dead and realized readers are dropped from a base's list when it reaches this length, and at each doubling after.
 READERS_COMPACT_AT = 64

@@ -124,12 +124,22 @@ def get_runner(device: str, ast: UOp, settings: Optional[tuple] = None) -> Compi
     runner = _runner_cache[key] = compile_kernel(device, kernel, f"{kernel.name}_n{_kernel_counter}")
   return runner
 
+# (device, AST) of the kernel items that run as themselves (no packing plan, `_kernels_of`): their runner is looked up
+# in _runner_cache straight. A pure function of the AST and the device's renderer; forgotten past MAX_SINGLE_KERNELS.
+_single_kernels: set[tuple[str, UOp]] = set()
+MAX_SINGLE_KERNELS = 1 << 16
+
 def lower_schedule(items: Sequence[ScheduleItem]) -> list[ExecItem]:
   """One ExecItem per item that does work (an EMPTY item only names a Buffer, which is allocated on first use)."""
   lowered: list[ExecItem] = []
   settings = _settings() if items else ()
   for item in items:
-    op = item.ast.op
+    ast = item.ast
+    op = ast.op
+    if op is Ops.SINK and (item.bufs[0].device, ast) in _single_kernels and \
+       (runner := _runner_cache.get((item.bufs[0].device, ast, *settings))) is not None:   # a kernel run before
+      lowered.append(ExecItem(runner, list(item.bufs), item.var_vals, item.output_count))
+      continue
     if op is Ops.EMPTY: continue
     if op is Ops.CUSTOM:
       lowered.append(ExecItem(runner_for(item.ast.arg, item.bufs[0].device), list(item.bufs), item.var_vals))
@@ -140,9 +150,13 @@ def lower_schedule(items: Sequence[ScheduleItem]) -> list[ExecItem]:
       lowered.append(ExecItem(collective_runner(item), list(item.bufs), output_count=item.output_count))
     else:
       device = item.bufs[0].device
-      for ast, bufs, outputs, kept in _kernels_of(item, device):
-        runner = get_runner(device, ast, settings)
+      kernels = _kernels_of(item, device)
+      for kernel_ast, bufs, outputs, kept in kernels:
+        runner = get_runner(device, kernel_ast, settings)
         lowered.append(ExecItem(KeptCopy(runner) if kept else runner, bufs, item.var_vals, outputs))
+      if op is Ops.SINK and len(kernels) == 1 and kernels[0][0] is ast:
+        if len(_single_kernels) >= MAX_SINGLE_KERNELS: _single_kernels.clear()
+        _single_kernels.add((device, ast))
   return lowered
 
 def collective_runner(item: ScheduleItem) -> LibraryCollective | CopyCollective:
@@ -219,7 +233,7 @@ def run(exec_items: Sequence[ExecItem], debug: Optional[int] = None) -> None:
   if (current_settings().DEBUG if debug is None else debug) < 2:
     for item in exec_items:
       item.runner(item.bufs, False, item.var_vals)
-      item.wrote()
+      for buffer in item.bufs[:item.output_count]: buffer.wrote()   # ExecItem.wrote, inline
     _Totals.kernels += len(exec_items)
     return
   for item in exec_items:
@@ -297,7 +311,10 @@ def unregister_pre_realize_pass(realize_pass: PreRealizePass) -> None:
 
 def pre_realize_contexts(lbs: Sequence[LazyBuffer]) -> list[ContextManager]:
   """The contexts the registered passes ask a realize of lbs to run in, in registration order (usually none)."""
-  return [context for realize_pass in _pre_realize_passes if (context := realize_pass(lbs)) is not None]
+  contexts: list[ContextManager] = []
+  for realize_pass in _pre_realize_passes:   # a loop, not a comprehension: one call fewer on every realize
+    if (context := realize_pass(lbs)) is not None: contexts.append(context)
+  return contexts
 
 def realize(*lbs: LazyBuffer) -> None:
   """Compute the given lazy values into device buffers (afterwards `lb.base.buffer` holds each)."""

@@ -73,10 +73,10 @@ class _Walk:
         if (number := leaf_number.get(id(buffer))) is None:
           number = leaf_number[id(buffer)] = len(leaf_buffers)
           leaf_buffers.append(buffer)
-        entries.append((_LEAF, lb.device, lb.dtype, lb.shape, number))
+        entries.append((_LEAF, lb.device, lb.dtype.key, lb.shape, number))
       else:
         arg = _LIFTED if lb.lifted and lift else lb.arg
-        entries.append((lb.op, lb.device, lb.dtype, lb.shape, arg if arg is None else _arg_key(arg),
+        entries.append((lb.op, lb.device, lb.dtype.key, lb.shape, arg if arg is None else _arg_key(arg),
                         tuple([position[id(s)] for s in lb.srcs])))
         unrealized.append(p)
     self.nodes, self.unrealized, self.leaf_buffers = nodes, unrealized, leaf_buffers
@@ -98,7 +98,7 @@ class _Walk:
       nodes.append(lb)
       if (base := lb._base) is not None and base not in nodes: nodes.append(base)
     arg = _LIFTED if root.lifted else root.arg
-    entries: list[tuple] = [(root.op, root.device, root.dtype, root.shape, arg if arg is None else _arg_key(arg),
+    entries: list[tuple] = [(root.op, root.device, root.dtype.key, root.shape, arg if arg is None else _arg_key(arg),
                              tuple(positions))]
     unrealized: list[int] = [0]
     leaf_buffers: list[Buffer] = []
@@ -110,10 +110,10 @@ class _Walk:
         else:
           number = len(leaf_buffers)
           leaf_buffers.append(buffer)
-        entries.append((_LEAF, lb.device, lb.dtype, lb.shape, number))
+        entries.append((_LEAF, lb.device, lb.dtype.key, lb.shape, number))
       else:   # a sourceless op (a constant, host data, an empty buffer)
         arg = _LIFTED if lb.lifted else lb.arg
-        entries.append((lb.op, lb.device, lb.dtype, lb.shape, arg if arg is None else _arg_key(arg), ()))
+        entries.append((lb.op, lb.device, lb.dtype.key, lb.shape, arg if arg is None else _arg_key(arg), ()))
         unrealized.append(p)
     self.nodes, self.unrealized, self.leaf_buffers = nodes, unrealized, leaf_buffers
     if SymbolicState.bound: entries, self.var_vals = _unbound_entries(entries)
@@ -159,13 +159,17 @@ def schedule(outs: list[LazyBuffer], keep_old: bool = True) -> list[ScheduleItem
   """`create_schedule(outs, commit=True)`, from the cache when a graph of the same structure was scheduled before.
   With `keep_old`, a buffer that an ASSIGN writes is first copied for values still pending that read its old data
   (schedule.keep_old_values); a TinyJit capture passes False (docs/semantics.md, "Inside a TinyJit")."""
-  if len(outs) == 1: roots = [base] if (base := outs[0].base).buffer is None else []   # the eager case
+  if len(outs) == 1:   # the eager case
+    base = outs[0] if outs[0]._base is None else outs[0]._base
+    roots = [base] if base.buffer is None else []
   else: roots = list(dict.fromkeys(o.base for o in outs if o.base.buffer is None))
   if not roots: return []
   roots = with_collective_siblings(roots)   # a collective's nodes are realized together (schedule.py rule 4)
   walk = _Walk(roots)
   nodes = walk.nodes
-  assigns = [(nodes[p].srcs[0].base, nodes[p]) for p in walk.unrealized if nodes[p].op is Ops.ASSIGN]
+  assigns = []   # (the buffer's value, the ASSIGN) of every write; a loop, as _instantiate's
+  for p in walk.unrealized:
+    if nodes[p].op is Ops.ASSIGN: assigns.append((nodes[p].srcs[0].base, nodes[p]))
   key = (Context.RIDERS, walk.key)   # the schedule settings change the schedule
   template = _templates.get(key)
   if template is None:
@@ -212,14 +216,19 @@ def _store(key: tuple, template: _Template) -> None:
     _cached_nodes -= _templates.pop(next(iter(_templates))).nodes
 
 def _instantiate(walk: _Walk, template: _Template) -> list[ScheduleItem]:
+  """The template's ScheduleItems over this graph's Buffers, committed to its nodes. Plain loops, not comprehensions:
+  this is every eager op's hit path."""
   nodes = walk.nodes
-  bufs = walk.leaf_buffers + [Buffer(device, size, dtype) if symbolic_size is None else
-                              _new_buffer(device, size, dtype, symbolic_size)
-                              for device, size, dtype, symbolic_size in template.new_buffers]
-  items = [ScheduleItem(ast, tuple([bufs[i] for i in indices]), outputs,
-                        nodes[host_node].arg if host_node is not None else None,
-                        _values(walk, names, scalars) if names or scalars else NO_VARIABLES)
-           for ast, indices, outputs, host_node, names, scalars in template.items]
+  bufs = walk.leaf_buffers[:]
+  for device, size, dtype, symbolic_size in template.new_buffers:
+    bufs.append(Buffer(device, size, dtype) if symbolic_size is None else
+                _new_buffer(device, size, dtype, symbolic_size))
+  items: list[ScheduleItem] = []
+  for ast, indices, outputs, host_node, names, scalars in template.items:
+    item_bufs = []
+    for i in indices: item_bufs.append(bufs[i])
+    items.append(ScheduleItem(ast, tuple(item_bufs), outputs, nodes[host_node].arg if host_node is not None else None,
+                              _values(walk, names, scalars) if names or scalars else NO_VARIABLES))
   for p, i, keeps_arg in template.commits:   # as create_schedule's commit: the value keeps its Buffer, forgets its
     nodes[p].commit(bufs[i], keep_arg=keeps_arg)   # sources (and its arg, but for a reduce's)
   return items

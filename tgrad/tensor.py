@@ -51,7 +51,10 @@ def _realize(*lbs: Any) -> None:
   """Every Tensor-level realize: in the contexts the registered pre-realize passes give (tgrad/realize.py; tgrad.paths
   registers path selection, which does nothing while the benchmark database has no record for the device), with the
   queued index checks. A sharded value realizes its shards."""
-  lbs = tuple(_shards(lbs))
+  for lb in lbs:
+    if isinstance(lb, MultiLazyBuffer):
+      lbs = tuple(_shards(lbs))
+      break
   contexts = pre_realize_contexts(lbs)
   if not contexts: return realize_with_checks(*lbs)
   with ExitStack() as stack:
@@ -183,7 +186,8 @@ class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, Indexi
   def realize(self, *others: Tensor) -> Tensor:
     """Compute this tensor now (its buffer stays on the device); `Tensor.realize(a, b, ...)` or `a.realize(b, ...)`
     computes several in one schedule, so their kernels are planned together."""
-    _realize(self.lazydata, *[t.lazydata for t in others])
+    if others: _realize(self.lazydata, *[t.lazydata for t in others])
+    else: _realize(self.lazydata)
     return self
   def schedule(self, *others: Tensor) -> list:
     """The kernels (ScheduleItems) that realizing this tensor (and others) would run, planned without running or

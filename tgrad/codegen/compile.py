@@ -52,7 +52,8 @@ class CompiledKernel:
                ) -> Optional[float]:
     vals = tuple(var_vals[name] for name in self.variables) if self.variables else ()
     # a Buffer's handle is allocated on first use; an allocated one is read straight (the property is per launch)
-    handles = [handle if (handle := b._handle) is not None else b.handle for b in buffers]
+    handles = []   # a loop, not a comprehension (a call of its own): this is every launch
+    for b in buffers: handles.append(handle if (handle := b._handle) is not None else b.handle)
     if self.symbolic_dims:
       global_size, local_size = self.launch_dims(var_vals)
       return self.program(*handles, global_size=global_size, local_size=local_size, vals=vals, wait=wait)

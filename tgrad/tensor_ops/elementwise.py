@@ -412,10 +412,7 @@ class ElementwiseMixin:
   def __neg__(self) -> Tensor: return self.neg()
   def __invert__(self) -> Tensor: return self.bitwise_not()
   def __abs__(self) -> Tensor: return self.abs()
-  def __add__(self, x) -> Tensor: return self.add(x)
-  def __sub__(self, x) -> Tensor: return self.sub(x)
-  def __mul__(self, x) -> Tensor: return self.mul(x)
-  def __truediv__(self, x) -> Tensor: return self.div(x)
+  __add__, __sub__, __mul__, __truediv__ = add, sub, mul, div   # the methods themselves: one call fewer per op
   def __floordiv__(self, x) -> Tensor: return self.floordiv(x)
   def __mod__(self, x) -> Tensor: return self.mod(x)
   def __pow__(self, x) -> Tensor: return self.pow(x)

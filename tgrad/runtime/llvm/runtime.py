@@ -179,7 +179,8 @@ class LLVMProgram:
     return self.fn
   def __call__(self, *buffers: HostMemory, global_size=(1,), local_size=None, vals=(), wait: bool = False):
     fn = self.fn or self._function(len(buffers), len(vals))
-    pointers = [b.address for b in buffers]
+    pointers = []   # a loop, not a comprehension (a call of its own): this is every launch
+    for b in buffers: pointers.append(b.address)
     if vals: pointers += vals   # the variables' values follow the buffers
     threads = global_size[0] if global_size else 1
     start = time.perf_counter() if wait else 0.0

@@ -1,0 +1,66 @@
+"""The host cost of one small eager op, counted instead of timed: the Python function calls that `(a + b).realize()`
+makes on LLVM once its kernel is compiled and its schedule cached. A count is deterministic on any machine, loaded or
+not, and each call is a fraction of a microsecond of host time, so a regression in the eager path (a layer, a
+comprehension or a property added per op) shows here as a number, not as noise. bench/eager_op.py gives the time."""
+import sys
+import numpy as np
+import pytest
+from tgrad import Tensor
+from tgrad import bounds
+from tgrad.helpers import Context
+import tgrad.paths.select as select
+
+OPS = 128   # counted ops (after a warm-up): a base's reader list is compacted every 64 ops, which the average absorbs
+# Python calls per op measured when these budgets were set: 14 to build `a + b` (was 29), 45 for the whole op
+# (was 95). The margins leave room for a small change; more means the eager path grew a layer.
+BUILD_CALLS = 17
+OP_CALLS = 52
+
+def _calls_per_op(fn) -> float:
+  calls = 0
+  def count(frame, event, arg):
+    nonlocal calls
+    if event == "call": calls += 1
+  sys.setprofile(count)
+  try:
+    for _ in range(OPS): fn()
+  finally: sys.setprofile(None)
+  return (calls - OPS) / OPS   # less the calls of fn itself
+
+@pytest.fixture
+def quiet_realize(monkeypatch):
+  """No paths database records, observers or pending index checks: the realize every eager op pays."""
+  monkeypatch.setattr(select, "_has_records", {"LLVM": False})
+  monkeypatch.setattr(select, "observers", [])
+  monkeypatch.setattr(bounds, "_pending", [])
+
+def _operands():
+  rng = np.random.default_rng(0)
+  a = Tensor(rng.standard_normal(16, dtype=np.float32), device="LLVM").realize()
+  b = Tensor(rng.standard_normal(16, dtype=np.float32), device="LLVM").realize()
+  return a, b
+
+def test_building_one_op_calls_few_functions(quiet_realize):
+  a, b = _operands()
+  with Context(DEBUG=0):
+    for _ in range(4): a + b
+    assert _calls_per_op(lambda: a + b) <= BUILD_CALLS
+
+def test_one_eager_op_calls_few_functions(quiet_realize):
+  a, b = _operands()
+  with Context(DEBUG=0):
+    for _ in range(4): (a + b).realize()   # compiles the kernel and caches the schedule
+    calls = _calls_per_op(lambda: (a + b).realize())
+  assert calls <= OP_CALLS, f"{calls:.1f} Python calls per eager op (budget {OP_CALLS})"
+  np.testing.assert_allclose((a + b).numpy(), a.numpy() + b.numpy(), rtol=1e-6)
+
+def test_an_in_place_write_is_still_seen_on_the_fast_path(quiet_realize):
+  """The counted path keeps the value semantics: an op after `a += 1` reads the new value, one built before it the
+  old one (docs/semantics.md)."""
+  a, b = _operands()
+  before_a = a.numpy()
+  for _ in range(4): (a + b).realize()
+  pending = a + b
+  a += 1
+  np.testing.assert_allclose((a + b).numpy(), before_a + 1 + b.numpy(), rtol=1e-6)
+  np.testing.assert_allclose(pending.numpy(), before_a + b.numpy(), rtol=1e-6)

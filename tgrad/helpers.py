@@ -98,7 +98,7 @@ class _Settings:
   PDL: int = 1          # 1: on sm_90+ a CUDA graph's kernels launch before their predecessor ends (Programmatic
                         # Dependent Launch) and wait for it on chip; 0 serializes them fully
   WGMMA: int = 1        # 1: on sm_90a a big half/bfloat16 matmul may be one warpgroup-MMA kernel (OptOps.WGMMA)
-  WGMMA_TMA: int = 0    # 1: that kernel's heuristic tile loads by TMA with a producer warpgroup; 0: by cp.async
+  WGMMA_TMA: int = 1    # 1: that kernel's heuristic tile loads by TMA with a producer warpgroup; 0: by cp.async
   JIT_PLAN: int = 1     # 1: a TinyJit packs its transient buffers into one arena per device; 0: one allocation each
   FLASH_ATTENTION: int = 1   # 1: scaled-dot-product attention on CUDA (half types) is one flash-attention kernel
   RIDERS: int = 0       # 1: a small kernel runs inside a neighbouring one (schedule rule 5); 0: every kernel alone

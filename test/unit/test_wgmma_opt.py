@@ -76,7 +76,11 @@ def test_heuristics_pick_it_for_big_matmuls_on_sm_90a_only():
   big = data(2048, 512) @ data(512, 2048, seed=1)
   kernel = last_kernel(big)
   hand_coded_optimizations(kernel)
-  assert kernel.applied_opts == [Opt(OptOps.WGMMA, 0, default_tile(2048, 2048))] and kernel.warpgroup_matmul
+  assert kernel.applied_opts == [Opt(OptOps.WGMMA, 0, default_tile(2048, 2048, tma=True))] and kernel.warpgroup_matmul
+  with Context(WGMMA_TMA=0):   # the cp.async loader's tile
+    loads_by_copies = last_kernel(big)
+    hand_coded_optimizations(loads_by_copies)
+    assert loads_by_copies.applied_opts == [Opt(OptOps.WGMMA, 0, default_tile(2048, 2048))]
   for arch in ("sm_90", "sm_80"):   # other GPUs keep mma.sync
     other = last_kernel(big, arch)
     hand_coded_optimizations(other)
@@ -97,9 +101,10 @@ def test_default_tile_keeps_a_wave_of_blocks():
 def test_rendered_source_compiles_with_parameters_in_kernel_order():
   nvrtc = pytest.importorskip("tgrad.runtime.cuda.nvrtc")
   if not nvrtc.nvrtc_available(): pytest.skip("libnvrtc not found (pip install nvidia-cuda-nvrtc)")
-  kernel = last_kernel(data(512, 640, dtype=dtypes.bfloat16) @ data(2048, 640, dtype=dtypes.bfloat16, seed=1).T)
-  hand_coded_optimizations(kernel)
-  src, uops = render_source(kernel)
+  with Context(WGMMA_TMA=0):   # the cp.async kernel (the TMA kernel's parameters: test_wgmma_tma.py)
+    kernel = last_kernel(data(512, 640, dtype=dtypes.bfloat16) @ data(2048, 640, dtype=dtypes.bfloat16, seed=1).T)
+    hand_coded_optimizations(kernel)
+    src, uops = render_source(kernel)
   assert uops == [] and f"{kernel.function_name}(element* __restrict__ out, const element* __restrict__ a, " in src
   assert "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16" in src
   assert len(nvrtc.compile_cuda(src, HOPPER)) > 1000

@@ -44,6 +44,11 @@ def varying_axes(kernel: Kernel) -> dict[UOp, frozenset[int]]:
     out[u] = frozenset(axes)
   return out
 
+def _reads_memory(node: UOp) -> bool:
+  """Whether node's expression loads from a buffer. One that doesn't (constants and aranges: a bit field's shift
+  along an unrolled axis) folds to literals where its axes are unrolled, and costs a few integer ops where not."""
+  return any(u.op is Ops.LOAD for u in node.toposort())
+
 def _operations(node: UOp) -> int:
   """Elementwise operations in node's expression (not counting those inside a reduce, whose loop runs once anyway)."""
   count, seen, stack = 0, set(), [node]
@@ -89,7 +94,7 @@ class ScratchValues:
     users: dict[UOp, list[UOp]] = {}
     for u in kernel.ast.toposort():
       for s in u.src: users.setdefault(s, []).append(u)
-    chosen = [u for u in kernel.ast.toposort() if only_reduce(u) and _operations(u) >= SCRATCH_MIN_OPS
+    chosen = [u for u in kernel.ast.toposort() if only_reduce(u) and _operations(u) >= SCRATCH_MIN_OPS and _reads_memory(u)
               and any(p.op is not Ops.STORE and axes_of[p] - reduce_axes for p in users.get(u, ()))]
     slots: dict[UOp, ScratchSlot] = {}
     budget = SCRATCH_MAX_BYTES

@@ -11,7 +11,6 @@ a 6-bit scale times a 6-bit quant adds 12), so only the final add of a min round
 not the backend fuses it into an fma.
 """
 from __future__ import annotations
-import functools
 import weakref
 from dataclasses import dataclass
 from enum import IntEnum
@@ -20,6 +19,7 @@ import numpy as np
 from tgrad.dtype import DType, dtypes
 from tgrad.device import canonical_device
 from tgrad.lazy import LazyBuffer
+from tgrad.ops import Ops
 from tgrad.realize import is_capturing
 from tgrad.tensor import Tensor
 from tgrad.regions import DEFAULT, Lowering, composite, register
@@ -80,12 +80,18 @@ def _literal(value: int, like: Tensor) -> Tensor: return Tensor.full((), value, 
 
 def _field(packed: Tensor, width: int) -> Tensor: return packed // (1 << (BYTE_BITS - width))
 
-@functools.cache
 def _field_multipliers(width: int, shifts: tuple[int, ...], device: str) -> Tensor:
-  """The uint8 multipliers that move the field of `width` bits at each of `shifts` to the top of a byte: a tiny
-  buffer made once per device (numpy only builds the table; the field arithmetic runs in the kernel)."""
-  table = np.array([1 << (BYTE_BITS - width - shift) for shift in shifts], dtype=np.uint8)
-  return Tensor(table, device=device).realize()
+  """The uint8 multipliers that move the field of `width` bits at each of `shifts` (evenly spaced) to the top of a
+  byte: 2^(8 − width − shift_k) from an arange k, so a kernel that unrolls the field axis multiplies by literals (a
+  shift), and one that loops over it computes them."""
+  step = shifts[1] - shifts[0] if len(shifts) > 1 else 0
+  if any(shift != shifts[0] + step * k for k, shift in enumerate(shifts)):
+    raise QuantError(f"bit fields at shifts {shifts} are not evenly spaced")
+  positions = Tensor.arange(len(shifts), dtype=dtypes.uint8, device=device)
+  top = _literal(1 << (BYTE_BITS - width - shifts[0]), positions).expand(len(shifts))
+  # a plain SHR (the amounts are below 8 by construction), not `>>`, whose range guards would lift its bounds to
+  # kernel parameters
+  return Tensor(top.lazydata.alu(Ops.SHR, (positions * _literal(step, positions)).lazydata))
 
 def _fields(packed: Tensor, width: int, shifts: tuple[int, ...], axes_shape: tuple[int, ...]) -> Tensor:
   """Field k (`width` bits at bit shifts[k]) of each byte of `packed`, with k laid out along `axes_shape` (the

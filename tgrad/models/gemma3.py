@@ -18,6 +18,7 @@ from tgrad.tensor import Tensor
 from tgrad.dtype import dtypes, to_dtype
 from tgrad.nn.quant import QuantizedTensor, dequantize_blocks, dequantized_values, rms_normed_linear
 from tgrad.jit import TinyJit
+from tgrad.regions import DEFAULT, Lowering, composite, register
 from tgrad.models.gemma3_config import PRESETS, Gemma3Config, weight_shapes  # noqa: F401 (PRESETS re-exported)
 from tgrad.models.gemma3_cache import FULL  # noqa: F401 (re-exported: a layer type, beside SLIDING)
 from tgrad.models.gemma3_cache import (SLIDING, LAYER_TYPES, FRESH, DECODE, EXTEND, StepInputs, Gemma3KVCache,
@@ -159,6 +160,14 @@ class Gemma3RMSNorm:
     x32 = x.float()
     return (_rotate(self.weighted(x32), cos.float(), sin_signed.float()) * self.inverse_rms(x32)).cast(x.dtype)
 
+# The stored residual stream of a one-token step, as the composite `residual_row`: "default" is the first row of the
+# per-row sums a fused matvec computes (a second output of that kernel, schedule rule 2c); "vector" computes it once
+# on its own (a path whose matvec reads x once, rms_normed_linear's int8, has no per-row sums to store it from).
+RESIDUAL_ROW = "residual_row"
+register(RESIDUAL_ROW, {
+  DEFAULT: Lowering(DEFAULT, "the first row of the per-row residual sums", lambda first, vector: first.contiguous(), 1),
+  "vector": Lowering("vector", "the residual sum computed once", lambda first, vector: vector.contiguous(), 0)})
+
 class ResidualSum:
   """The residual stream of a one-token step before it is stored: h + Σ norm(x) over `terms` (x, norm), each term
   normed and rounded to x's dtype, the sum in h's dtype (left to right, as the unfused layer adds them). The first
@@ -192,7 +201,7 @@ class ResidualSum:
       # split by rows: each device stores its own first row (every device sums the same stream: a replicated value)
       if is_sharded(total): first = take_rows(total, RowPiece(0, 1, split=False), self.h.ndim - 1)
       else: first = total.shrink(tuple((0, 1) if d == self.h.ndim - 1 else None for d in range(total.ndim)))
-      self.stored = _materialize(first.reshape(self.h.shape))
+      self.stored = composite(RESIDUAL_ROW, (first.reshape(self.h.shape), self.vector()))
     return total
   def vector(self) -> Tensor:
     """The stream [..., H] as one lazy value, rounded as `rows` rounds it (not stored)."""

@@ -194,9 +194,11 @@ def test_dequantize_paths_are_measured_against_float64():
   x = Tensor(np.random.default_rng(14).standard_normal((1, 512)).astype(np.float32)).realize()
   space = iterate(weight.linear(x))
   runs = {path.description.split(";")[0]: measure(space, path, repeats=1) for path in space}
-  assert set(runs) == {"all default", *(f"dequantize=dequant_{d}" for d in ("float32", "float16", "bfloat16"))}
+  assert set(runs) == {"all default", "packed_linear=int8",
+                       *(f"dequantize=dequant_{d}" for d in ("float32", "float16", "bfloat16"))}
   errors = {name: run.max_rel_error for name, run in runs.items()}
   assert all(run.times and not run.error for run in runs.values())
   assert errors["all default"] < 1e-3 and errors["dequantize=dequant_float32"] < 1e-3   # float32 sums of 512 terms
   assert errors["dequantize=dequant_float32"] < errors["dequantize=dequant_float16"]
   assert errors["dequantize=dequant_float16"] < errors["dequantize=dequant_bfloat16"] < 2
+  assert errors["packed_linear=int8"] < 1e-3   # Q4_K keeps its float product on the int8 path (INT8_PATH_TYPES)

@@ -104,6 +104,49 @@ def chain_terms(chain: UOp, count: int) -> list[UOp]:
     value = value.src[0]
   return [value] + terms[::-1]
 
+# An unrolled float sum whose terms are integers converted to float times a common factor, Σ float(aᵢ)·s (an int8
+# product's group: the integer products of a block's values times the block's scale), is summed as float(Σ aᵢ)·s: the
+# aᵢ added in int32 (where their bounds show the sum cannot overflow), one conversion and one multiply per group. The
+# value is the exact sum rounded once, where the float chain rounds every product and every addition; and the integer
+# sum is what a CPU's widening multiply-adds compute (LLVM makes vpmaddwd of int32 products of sign-extended bytes).
+INTEGER_SUM_LIMIT = 2 ** 31   # |Σ aᵢ| stays below this (int32) by the terms' bounds, or the terms are left as they are
+
+def _additive_terms(value: UOp) -> list[UOp]:
+  """The summands of a tree of float ADDs (one term if value is no ADD)."""
+  if value.op is not Ops.ADD: return [value]
+  return _additive_terms(value.src[0]) + _additive_terms(value.src[1])
+
+def _scaled_integer(term: UOp) -> Optional[tuple[UOp, UOp]]:
+  """(integer a, factor s) when term is float(a)·s (either operand order), else None."""
+  if term.op is not Ops.MUL or not term.dtype.is_float: return None
+  for converted, factor in (term.src, term.src[::-1]):
+    if converted.op is Ops.CAST and converted.src[0].dtype.is_int and not converted.src[0].dtype.is_bool:
+      return converted.src[0], factor
+  return None
+
+def factor_integer_terms(values: list[UOp]) -> list[UOp]:
+  """The unrolled values of a float sum, with the integer terms that share a factor summed in int32 first (see
+  INTEGER_SUM_LIMIT): [float(Σ aᵢ)·s per factor s, then every other term]. Values with no two such terms come back
+  as they are."""
+  groups: dict[UOp, list[UOp]] = {}
+  others: list[UOp] = []
+  for term in (t for v in values for t in _additive_terms(v)):
+    if (scaled := _scaled_integer(term)) is None: others.append(term)
+    else: groups.setdefault(scaled[1], []).append(scaled[0])
+  if not any(len(integers) > 1 for integers in groups.values()): return values
+  out = []
+  for factor, integers in groups.items():
+    bound = sum(max(abs(a.vmin), abs(a.vmax)) for a in integers)
+    if len(integers) == 1 or bound >= INTEGER_SUM_LIMIT:
+      out.extend(UOp(Ops.MUL, factor.dtype, (UOp(Ops.CAST, factor.dtype, (a,)), factor)) for a in integers)
+      continue
+    total = None
+    for a in integers:
+      wide = a if a.dtype == dtypes.int32 else UOp(Ops.CAST, dtypes.int32, (a,))
+      total = wide if total is None else UOp(Ops.ADD, dtypes.int32, (total, wide))
+    out.append(UOp(Ops.MUL, factor.dtype, (UOp(Ops.CAST, factor.dtype, (total,)), factor)))
+  return out + others
+
 def is_compensated(reduce: UOp) -> bool: return len(reduce.arg) > 3 and reduce.arg[3]
 
 def compensable(op: Ops, dtype) -> bool:

@@ -9,7 +9,8 @@ of down). Instead:
   1. `varying_axes`: the axes each AST node varies along (a memory op: the axes its view moves on or masks by; a
      reduce: its source's, less its own axes);
   2. `ScratchValues.of`: the largest subexpressions that vary only along reduce axes and take at least
-     SCRATCH_MIN_OPS operations, within SCRATCH_MAX_BYTES of scratch per thread (a stack array: DEFINE_LOCAL);
+     SCRATCH_MIN_OPS operations, within SCRATCH_MAX_BYTES of scratch per thread (a stack array: DEFINE_LOCAL),
+     past widening integer casts: an int8 activation is kept as int8, not as the int32 its products take;
   3. the value graph (value_graph.py) builds each at fresh loops over its axes (`precompute`: the scratch's STOREs,
      which the emitter places before the output loops) and reads it back wherever the reduce needs it (`read`: a
      LOAD at the position of its axes, the innermost contiguous, so an unrolled block reads a contiguous run).
@@ -30,6 +31,7 @@ from tgrad.helpers import prod
 SCRATCH_MIN_OPS = 3            # a subexpression of fewer operations costs about what reading it back does
 SCRATCH_MAX_BYTES = 64 * 1024  # per thread, on its stack: twice a Zen 3 core's L1 data cache, well inside L2
 SCRATCH_LOOP_ARG = 100_000     # RANGE arg of group g's precompute loop over axis a: SCRATCH_LOOP_ARG·(g+1) + a
+SCRATCH_EXACT_FLOAT_SOURCE_BYTES = 2   # an int of at most 16 bits converts to float32 exactly: kept as the int
 
 def varying_axes(kernel: Kernel) -> dict[UOp, frozenset[int]]:
   """Per AST node the kernel axes its value varies along. Every reduce of a kernel reduces all of its reduce axes (the
@@ -43,6 +45,20 @@ def varying_axes(kernel: Kernel) -> dict[UOp, frozenset[int]]:
     if u.op is Ops.REDUCE_AXIS: axes -= reduce_axes
     out[u] = frozenset(axes)
   return out
+
+def _reads_memory(node: UOp) -> bool:
+  """Whether node's expression loads from a buffer. One that doesn't (constants and aranges: a bit field's shift
+  along an unrolled axis) folds to literals where its axes are unrolled, and costs a few integer ops where not."""
+  return any(u.op is Ops.LOAD for u in node.toposort())
+
+def _narrowest(node: UOp, only_reduce: Callable[[UOp], bool]) -> UOp:
+  """The value to keep in scratch for node: past widening integer casts, whose source is narrower to store and is
+  widened again after each read (an int8 activation kept as int8, not as the int32 its products take)."""
+  while node.op is Ops.CAST and node.src[0].dtype.is_int and not node.src[0].dtype.is_bool and \
+      node.dtype.itemsize > node.src[0].dtype.itemsize and only_reduce(node.src[0]) and \
+      (node.dtype.is_int or node.src[0].dtype.itemsize <= SCRATCH_EXACT_FLOAT_SOURCE_BYTES):
+    node = node.src[0]
+  return node
 
 def _operations(node: UOp) -> int:
   """Elementwise operations in node's expression (not counting those inside a reduce, whose loop runs once anyway)."""
@@ -89,8 +105,9 @@ class ScratchValues:
     users: dict[UOp, list[UOp]] = {}
     for u in kernel.ast.toposort():
       for s in u.src: users.setdefault(s, []).append(u)
-    chosen = [u for u in kernel.ast.toposort() if only_reduce(u) and _operations(u) >= SCRATCH_MIN_OPS
-              and any(p.op is not Ops.STORE and axes_of[p] - reduce_axes for p in users.get(u, ()))]
+    chosen = list(dict.fromkeys(_narrowest(u, only_reduce) for u in kernel.ast.toposort()
+                                if only_reduce(u) and _operations(u) >= SCRATCH_MIN_OPS and _reads_memory(u) and
+                                any(p.op is not Ops.STORE and axes_of[p] - reduce_axes for p in users.get(u, ()))))
     slots: dict[UOp, ScratchSlot] = {}
     budget = SCRATCH_MAX_BYTES
     for u in chosen:

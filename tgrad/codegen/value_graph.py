@@ -31,6 +31,7 @@ from tgrad.codegen.staging import StagedTiles
 from tgrad.codegen.scratch import ScratchValues, varying_axes
 from tgrad.codegen.tensor_cores import TensorCoreFragments
 from tgrad.codegen.reduces import (PASS_LOOP_ARG, accumulation_split, block_ranges, chain_op, chain_terms,
+                                   factor_integer_terms,
                                    compensable, fold_invariant_reduce, group_combine, group_axes, group_gate,
                                    is_sum_of_partials, loop_axes, new_reduce, online_result, online_step,
                                    row_pass_loops, row_store_indices, store_pass)
@@ -251,10 +252,11 @@ class ValueBuilder:
     if valid.op is Ops.CONST and not valid.arg: return UOp.const(node.dtype, 0)
     return _load(node, gather_address(row_start, self.build(node.src[1], idxs), node.arg), valid)
 
-  def unrolled_value(self, node: UOp, idxs: tuple[UOp, ...], loop_indices: dict[int, UOp]) -> UOp:
+  def unrolled_value(self, node: UOp, idxs: tuple[UOp, ...], loop_indices: dict[int, UOp]) -> tuple[UOp, int]:
     """The unrolled replicas of a reduce's source combined with its op (a left chain of reduces.chain_op:
     reduces.reduce_terms splits it again), at idxs with the GROUP's thread ids and these loop indices on the reduce
-    axes."""
+    axes, and the chain's length. A float sum's integer terms that share a factor are summed as integers first
+    (reduces.factor_integer_terms), so the chain may be shorter than the replicas."""
     k, op = self.kernel, chain_op(node.arg[0])
     guarded = bool(k.padding_guards) and not reduce_ignores_padding(node)
     identity = UOp.const(node.dtype, identity_of_reduce(op, node.dtype))
@@ -263,9 +265,10 @@ class ValueBuilder:
       value = self.build(node.src[0], inner)
       if guarded: value = simplify(self.not_padding(inner).where(value, identity))
       values.append(value)
+    if op is Ops.ADD and node.dtype.is_float: values = factor_integer_terms(values)
     combined = values[0]
     for v in values[1:]: combined = UOp(op, v.dtype, (combined, v))   # the source's dtype (a LOGADDEXP's may differ)
-    return combined
+    return combined, len(values)
 
   def replica_indices(self, idxs: tuple[UOp, ...], loop_indices: dict[int, UOp]) -> Iterator[tuple[UOp, ...]]:
     """The indices of each unrolled replica of a reduce's source: idxs with the GROUP's thread ids, these loop indices
@@ -304,10 +307,10 @@ class ValueBuilder:
     loops = row_pass_loops(k, self.indices, level)
     loop_order = loop_axes(k)
     ranges = tuple(loops[a] for a in loop_order)
-    combined = self.unrolled_value(node, idxs, loops)
+    combined, chained = self.unrolled_value(node, idxs, loops)
     terms = prod(k.full_shape[a] for a in k.upcast_axes if k.is_reduce_axis(a))
     if not ranges and op is Ops.LOGADDEXP:   # every value unrolled: the state of one step is the whole reduce
-      result = online_result(*online_step(chain_terms(combined, terms)), node.dtype)
+      result = online_result(*online_step(chain_terms(combined, chained)), node.dtype)
     elif not ranges:   # a float sum starts from +0.0 as a loop's accumulator does: -0.0 + -0.0 is +0.0, as in numpy
       result = UOp(Ops.ADD, node.dtype, (combined, UOp.const(node.dtype, 0.0))) if compensable(op, node.dtype) \
         else combined
@@ -318,12 +321,12 @@ class ValueBuilder:
       position = loop_order.index(axis)
       inner_ranges = (within,) + ranges[position + 1:]
       blocked_loops = {**loops, axis: within}
-      value = self.unrolled_value(node, idxs, blocked_loops)
-      block_total = new_reduce(self.ids, op, node.dtype, value, inner_ranges, terms)
+      value, chained = self.unrolled_value(node, idxs, blocked_loops)
+      block_total = new_reduce(self.ids, op, node.dtype, value, inner_ranges, chained)
       if self.pass_store is not None and node is self.pass_store.reduce: self.store_in_pass(node, idxs, blocked_loops)
       result = new_reduce(self.ids, op, node.dtype, block_total, ranges[:position] + (block,), compensated=True)
     else:
-      result = new_reduce(self.ids, op, node.dtype, combined, ranges, terms,
+      result = new_reduce(self.ids, op, node.dtype, combined, ranges, chained,
                           compensated=is_sum_of_partials(node) and compensable(op, node.dtype))
       if self.pass_store is not None and node is self.pass_store.reduce: self.store_in_pass(node, idxs, loops)
     if k.group_for_reduces:

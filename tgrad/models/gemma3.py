@@ -16,9 +16,10 @@ from typing import Any, Iterator, Optional, Sequence, Union
 import numpy as np
 from tgrad.tensor import Tensor
 from tgrad.dtype import dtypes, to_dtype
-from tgrad.nn.quant import QuantizedTensor, dequantize_blocks, dequantized_values
+from tgrad.nn.quant import QuantizedTensor, dequantize_blocks, dequantized_values, rms_normed_linear
 from tgrad.jit import TinyJit
 from tgrad.attention_kernel import flash_applies
+from tgrad.regions import DEFAULT, Lowering, composite, register
 from tgrad.models.gemma3_config import PRESETS, Gemma3Config, weight_shapes  # noqa: F401 (PRESETS re-exported)
 from tgrad.models.gemma3_cache import FULL  # noqa: F401 (re-exported: a layer type, beside SLIDING)
 from tgrad.models.gemma3_cache import (SLIDING, LAYER_TYPES, FRESH, DECODE, EXTEND, StepInputs, Gemma3KVCache,
@@ -105,18 +106,24 @@ class Gemma3RMSNorm:
     dequantized in that kernel, both reduces over its input axes (weight_values). Rounded once, to the norm's output
     dtype. A ResidualSum not stored yet is summed inside the kernel too, over the same rows (ResidualSum.rows)."""
     if isinstance(x, ResidualSum):
-      if x.stored is None: return self._matvec_of_rows(x.rows(weight), weight, x.dtype)
+      if x.stored is None: return self._matvec_of_rows(x.rows(weight), weight, x.dtype, x.vector())
       x = x.stored
     x32, values = x.float(), weight_values(weight)
+    if isinstance(weight, QuantizedTensor):   # the same graph as a composite region (a path may take int8)
+      return rms_normed_linear(x32, self.scale(), weight, self.eps).cast(self.output_dtype(x))
     axes = input_axes(values)
     rows = x.shape[:-1] + tuple(values.shape)
     product = (split_inputs(self.weighted(x32), values).unsqueeze(-1 - len(axes)) * values).sum(axes)
     return (product * self.inverse_rms_of_copies(x32, rows, values)).cast(self.output_dtype(x))
 
-  def _matvec_of_rows(self, rows: Tensor, weight: Weight, input_dtype: Any) -> Tensor:
-    """`matvec` of x given as its copies, one per output row ([..., out, *input axes], ResidualSum.rows)."""
+  def _matvec_of_rows(self, rows: Tensor, weight: Weight, input_dtype: Any, vector: Optional[Tensor] = None) -> Tensor:
+    """`matvec` of x given as its copies, one per output row ([..., out, *input axes], ResidualSum.rows), and as
+    itself (`vector`, unrealized: a path that reads x once uses it)."""
     values = weight_values(weight)
     axes, x32 = input_axes(values), rows.float()
+    if isinstance(weight, QuantizedTensor):   # the same graph as a composite region (a path may take int8)
+      return rms_normed_linear(x32, self.scale(), weight, self.eps, copies=True,
+                               vector=None if vector is None else vector.float()).cast(self.out_dtype or input_dtype)
     product = (x32 * split_inputs(self.scale(), values) * values).sum(axes)
     return (product * self.inverse_rms(x32, False, axes)).cast(self.out_dtype or input_dtype)
 
@@ -154,6 +161,14 @@ class Gemma3RMSNorm:
     x32 = x.float()
     return (_rotate(self.weighted(x32), cos.float(), sin_signed.float()) * self.inverse_rms(x32)).cast(x.dtype)
 
+# The stored residual stream of a one-token step, as the composite `residual_row`: "default" is the first row of the
+# per-row sums a fused matvec computes (a second output of that kernel, schedule rule 2c); "vector" computes it once
+# on its own (a path whose matvec reads x once, rms_normed_linear's int8, has no per-row sums to store it from).
+RESIDUAL_ROW = "residual_row"
+register(RESIDUAL_ROW, {
+  DEFAULT: Lowering(DEFAULT, "the first row of the per-row residual sums", lambda first, vector: first.contiguous(), 1),
+  "vector": Lowering("vector", "the residual sum computed once", lambda first, vector: vector.contiguous(), 0)})
+
 class ResidualSum:
   """The residual stream of a one-token step before it is stored: h + Σ norm(x) over `terms` (x, norm), each term
   normed and rounded to x's dtype, the sum in h's dtype (left to right, as the unfused layer adds them). The first
@@ -187,7 +202,14 @@ class ResidualSum:
       # split by rows: each device stores its own first row (every device sums the same stream: a replicated value)
       if is_sharded(total): first = take_rows(total, RowPiece(0, 1, split=False), self.h.ndim - 1)
       else: first = total.shrink(tuple((0, 1) if d == self.h.ndim - 1 else None for d in range(total.ndim)))
-      self.stored = _materialize(first.reshape(self.h.shape))
+      self.stored = composite(RESIDUAL_ROW, (first.reshape(self.h.shape), self.vector()))
+    return total
+  def vector(self) -> Tensor:
+    """The stream [..., H] as one lazy value, rounded as `rows` rounds it (not stored)."""
+    total = self.h
+    for x, norm in self.terms:
+      o = x.float()
+      total = total + (o * norm.inverse_rms(o) * norm.scale()).cast(x.dtype).cast(self.h.dtype)
     return total
   def value(self) -> Tensor:
     """The stream [..., H], stored."""

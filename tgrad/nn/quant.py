@@ -11,7 +11,6 @@ a 6-bit scale times a 6-bit quant adds 12), so only the final add of a min round
 not the backend fuses it into an fma.
 """
 from __future__ import annotations
-import functools
 import weakref
 from dataclasses import dataclass
 from enum import IntEnum
@@ -20,6 +19,7 @@ import numpy as np
 from tgrad.dtype import DType, dtypes
 from tgrad.device import canonical_device
 from tgrad.lazy import LazyBuffer
+from tgrad.ops import Ops
 from tgrad.realize import is_capturing
 from tgrad.tensor import Tensor
 from tgrad.regions import DEFAULT, Lowering, composite, register
@@ -80,16 +80,33 @@ def _literal(value: int, like: Tensor) -> Tensor: return Tensor.full((), value, 
 
 def _field(packed: Tensor, width: int) -> Tensor: return packed // (1 << (BYTE_BITS - width))
 
-@functools.cache
 def _field_multipliers(width: int, shifts: tuple[int, ...], device: str) -> Tensor:
-  """The uint8 multipliers that move the field of `width` bits at each of `shifts` to the top of a byte: a tiny
-  buffer made once per device (numpy only builds the table; the field arithmetic runs in the kernel)."""
-  table = np.array([1 << (BYTE_BITS - width - shift) for shift in shifts], dtype=np.uint8)
-  return Tensor(table, device=device).realize()
+  """The uint8 multipliers that move the field of `width` bits at each of `shifts` (evenly spaced) to the top of a
+  byte: 2^(8 − width − shift_k) from an arange k, so a kernel that unrolls the field axis multiplies by literals (a
+  shift), and one that loops over it computes them."""
+  step = shifts[1] - shifts[0] if len(shifts) > 1 else 0
+  if any(shift != shifts[0] + step * k for k, shift in enumerate(shifts)):
+    raise QuantError(f"bit fields at shifts {shifts} are not evenly spaced")
+  positions = Tensor.arange(len(shifts), dtype=dtypes.uint8, device=device)
+  top = _literal(1 << (BYTE_BITS - width - shifts[0]), positions).expand(len(shifts))
+  # a plain SHR (the amounts are below 8 by construction), not `>>`, whose range guards would lift its bounds to
+  # kernel parameters
+  return Tensor(top.lazydata.alu(Ops.SHR, (positions * _literal(step, positions)).lazydata))
+
+def _bit_masks(shifts: tuple[int, ...], device: str) -> Tensor:
+  """The uint8 masks 2^shift_k of single bits at evenly spaced `shifts`, from an arange k (literals where unrolled)."""
+  step = shifts[1] - shifts[0] if len(shifts) > 1 else 0
+  positions = Tensor.arange(len(shifts), dtype=dtypes.uint8, device=device)
+  amounts = positions * _literal(step, positions) + _literal(shifts[0], positions)
+  return Tensor(_literal(1, positions).expand(len(shifts)).lazydata.alu(Ops.SHL, amounts.lazydata))
 
 def _fields(packed: Tensor, width: int, shifts: tuple[int, ...], axes_shape: tuple[int, ...]) -> Tensor:
   """Field k (`width` bits at bit shifts[k]) of each byte of `packed`, with k laid out along `axes_shape` (the
-  multipliers reshaped to it and broadcast over the bytes)."""
+  multipliers reshaped to it and broadcast over the bytes). A single bit is tested by a mask (an AND and a compare
+  per byte, which vectorize on bytes; a per-lane multiply of bytes does not on AVX2)."""
+  if width == 1:
+    masks = _bit_masks(shifts, packed.device).reshape(axes_shape)
+    return ((packed & masks) != _literal(0, packed)).cast(dtypes.uint8)
   multipliers = _field_multipliers(width, shifts, packed.device).reshape(axes_shape)
   return _field(packed * multipliers, width)
 
@@ -134,23 +151,38 @@ def _fifth_bits32(blocks: Tensor, start: int) -> Tensor:
   bits = _fields(packed, 1, tuple(range(BYTE_BITS)), (1, 1, 1, BYTE_BITS))
   return bits * _literal(NIBBLE, bits)
 
-def _legacy(blocks: Tensor, quants: Tensor, offset: int, has_min: bool) -> Tensor:
+@dataclass(frozen=True)
+class IntegerBlocks:
+  """A block type's values as integers and float32 factors, each at the structured block shape (or broadcast to it):
+  value = scale · quants + offset (offset: Q4_1/Q5_1's min), or scale · quants − offset (negated: the K-quants' min).
+  `values()` is the float32 dequantization (llama.cpp's bit for bit); the int8 product (`int8_linear`) multiplies
+  the quants by an int8 activation in integers and applies scale and offset once per group of values."""
+  quants: Tensor
+  scale: Tensor
+  offset: Optional[Tensor] = None
+  negated: bool = False
+  def values(self) -> Tensor:
+    scaled = self.scale * self.quants.cast(dtypes.float32)
+    if self.offset is None: return scaled
+    return scaled - self.offset if self.negated else scaled + self.offset
+
+def _legacy(blocks: Tensor, quants: Tensor, offset: int, has_min: bool) -> IntegerBlocks:
   """The 32-value formats: d·(q − offset), or d·q + m with a min; quants (n, 2, 2, 8) unsigned."""
   n = blocks.shape[0]
   scale = _half(blocks, 0).reshape(n, 1, 1, 1)
-  if has_min: return scale * quants.cast(dtypes.float32) + _half(blocks, 2).reshape(n, 1, 1, 1)
+  if has_min: return IntegerBlocks(quants, scale, _half(blocks, 2).reshape(n, 1, 1, 1))
   signed = quants.cast(dtypes.int8)
-  return scale * (signed - _literal(offset, signed)).cast(dtypes.float32)
+  return IntegerBlocks(signed - _literal(offset, signed), scale)
 
-def _dequant_q4_0(blocks: Tensor) -> Tensor: return _legacy(blocks, _nibbles32(blocks, 2), Q4_OFFSET, False)
-def _dequant_q4_1(blocks: Tensor) -> Tensor: return _legacy(blocks, _nibbles32(blocks, 4), 0, True)
-def _dequant_q5_0(blocks: Tensor) -> Tensor:
+def _ints_q4_0(blocks: Tensor) -> IntegerBlocks: return _legacy(blocks, _nibbles32(blocks, 2), Q4_OFFSET, False)
+def _ints_q4_1(blocks: Tensor) -> IntegerBlocks: return _legacy(blocks, _nibbles32(blocks, 4), 0, True)
+def _ints_q5_0(blocks: Tensor) -> IntegerBlocks:
   return _legacy(blocks, _nibbles32(blocks, 6) | _fifth_bits32(blocks, 2), Q5_OFFSET, False)
-def _dequant_q5_1(blocks: Tensor) -> Tensor:
+def _ints_q5_1(blocks: Tensor) -> IntegerBlocks:
   return _legacy(blocks, _nibbles32(blocks, 8) | _fifth_bits32(blocks, 4), 0, True)
 
-def _dequant_q8_0(blocks: Tensor) -> Tensor:
-  return _bytes(blocks, 2, 32).bitcast(dtypes.int8).cast(dtypes.float32) * _half(blocks, 0)
+def _ints_q8_0(blocks: Tensor) -> IntegerBlocks:
+  return IntegerBlocks(_bytes(blocks, 2, 32).bitcast(dtypes.int8), _half(blocks, 0))
 
 # Q4_K and Q5_K: 8 sub-blocks of 32 values, each with a 6-bit scale and a 6-bit min packed into 12 bytes. Bytes 0-3
 # hold scales 0-3 in their low 6 bits, bytes 4-7 mins 0-3; sub-blocks 4-7 take their low 4 bits from bytes 8-11
@@ -177,20 +209,20 @@ def _k_nibbles(blocks: Tensor, start: int) -> Tensor:
   packed = _bytes(blocks, start, chunks * K_SUB_BLOCK).reshape(n, chunks, 1, K_SUB_BLOCK)
   return _fields(packed.expand(n, chunks, 2, K_SUB_BLOCK), 4, NIBBLE_SHIFTS, (1, 1, 2, 1))
 
-def _k_scaled(blocks: Tensor, quants: Tensor) -> Tensor:
+def _k_scaled(blocks: Tensor, quants: Tensor) -> IntegerBlocks:
   """(d·scale)·q − dmin·min per sub-block, as llama.cpp groups it; quants (n, 4, 2, 32)."""
   n = blocks.shape[0]
   scales, mins = _k_scales_mins(blocks)
   d, dmin = _half(blocks, 0).reshape(n, 1, 1, 1), _half(blocks, 2).reshape(n, 1, 1, 1)
-  return (d * scales) * quants.cast(dtypes.float32) - dmin * mins
+  return IntegerBlocks(quants, d * scales, dmin * mins, negated=True)
 
 Q4_K_QS_START = K_SCALES_START + K_SCALE_BYTES
 Q5_K_QH_START = K_SCALES_START + K_SCALE_BYTES
 Q5_K_QS_START = Q5_K_QH_START + SUPER_BLOCK // BYTE_BITS
 
-def _dequant_q4_k(blocks: Tensor) -> Tensor: return _k_scaled(blocks, _k_nibbles(blocks, Q4_K_QS_START))
+def _ints_q4_k(blocks: Tensor) -> IntegerBlocks: return _k_scaled(blocks, _k_nibbles(blocks, Q4_K_QS_START))
 
-def _dequant_q5_k(blocks: Tensor) -> Tensor:
+def _ints_q5_k(blocks: Tensor) -> IntegerBlocks:
   """Q4_K plus a fifth bit: bit s of byte i of the 32-byte qh run belongs to value i of sub-block s."""
   n = blocks.shape[0]
   high = _bytes(blocks, Q5_K_QH_START, K_SUB_BLOCK).reshape(n, 1, 1, K_SUB_BLOCK).expand(n, 4, 2, K_SUB_BLOCK)
@@ -204,7 +236,7 @@ Q6_K_SCALES_START = Q6_K_QH_START + SUPER_BLOCK // 4
 Q6_K_D_START = Q6_K_SCALES_START + SUPER_BLOCK // 16
 Q6_K_HIGH_SHIFTS = (0, 2, 4, 6)   # 2-bit fields, for (b, k) = (0, 0), (0, 1), (1, 0), (1, 1)
 
-def _dequant_q6_k(blocks: Tensor) -> Tensor:
+def _ints_q6_k(blocks: Tensor) -> IntegerBlocks:
   n, half_run, sixteen = blocks.shape[0], K_SUB_BLOCK // 2, SUPER_BLOCK // 16
   shape = (n, 2, 2, 2, 2, half_run)   # (a, b, k, i // 16, i % 16)
   low = _bytes(blocks, 0, Q6_K_QH_START).reshape(n, 2, 1, 2, 2, half_run).expand(shape)
@@ -212,16 +244,21 @@ def _dequant_q6_k(blocks: Tensor) -> Tensor:
   low = _fields(low, 4, NIBBLE_SHIFTS, (1, 1, 2, 1, 1, 1))
   high = _fields(high, 2, Q6_K_HIGH_SHIFTS, (1, 1, 2, 2, 1, 1))
   signed = (low + high * _literal(NIBBLE, high)).cast(dtypes.int8)
-  quants = (signed - _literal(Q6_OFFSET, signed)).cast(dtypes.float32)
   scales = _bytes(blocks, Q6_K_SCALES_START, sixteen).bitcast(dtypes.int8).cast(dtypes.float32)
   d = _half(blocks, Q6_K_D_START).reshape(n, 1, 1, 1, 1, 1)
-  return (d * scales.reshape(n, 2, 2, 2, 2, 1)) * quants
+  return IntegerBlocks(signed - _literal(Q6_OFFSET, signed), d * scales.reshape(n, 2, 2, 2, 2, 1))
+
+# the block types whose values are integers times per-group factors (IntegerBlocks), and so have an int8 product
+INTEGER_FORMS: dict[GGMLType, Callable[[Tensor], IntegerBlocks]] = {
+  GGMLType.Q4_0: _ints_q4_0, GGMLType.Q4_1: _ints_q4_1, GGMLType.Q5_0: _ints_q5_0, GGMLType.Q5_1: _ints_q5_1,
+  GGMLType.Q8_0: _ints_q8_0, GGMLType.Q4_K: _ints_q4_k, GGMLType.Q5_K: _ints_q5_k, GGMLType.Q6_K: _ints_q6_k}
+
+def _dequant_integer(form: Callable[[Tensor], IntegerBlocks]) -> Callable[[Tensor], Tensor]:
+  return lambda blocks: form(blocks).values()
 
 DEQUANTIZERS: dict[GGMLType, Callable[[Tensor], Tensor]] = {
   GGMLType.F32: _dequant_f32, GGMLType.F16: _dequant_f16, GGMLType.BF16: _dequant_bf16,
-  GGMLType.Q4_0: _dequant_q4_0, GGMLType.Q4_1: _dequant_q4_1, GGMLType.Q5_0: _dequant_q5_0,
-  GGMLType.Q5_1: _dequant_q5_1, GGMLType.Q8_0: _dequant_q8_0, GGMLType.Q4_K: _dequant_q4_k,
-  GGMLType.Q5_K: _dequant_q5_k, GGMLType.Q6_K: _dequant_q6_k}
+  **{ggml_type: _dequant_integer(form) for ggml_type, form in INTEGER_FORMS.items()}}
 
 def dequantize_structured(blocks: Tensor, ggml_type: GGMLType) -> Tensor:
   """(n_blocks, block_bytes) uint8 → float32 (n_blocks, *block axes), lazily (see DEQUANTIZERS)."""
@@ -293,6 +330,133 @@ def dequantized_values(packed: Tensor, ggml_type: GGMLType, shape: tuple[int, ..
   by default computed from the blocks inside the consuming kernel; a path may read a dequantized copy instead."""
   return composite(DEQUANTIZE, (packed,), ggml_type=int(ggml_type), shape=tuple(shape))
 
+# ---- two ways to multiply by a packed weight, as lowerings of the composite `packed_linear` (x·Wᵀ for an (out, in)
+# weight; the paths database measures both and TOLERANCE selects): "default" sums x times the weight's float32 values
+# (the dequantize composite above, packed or from a dense copy) in float32; "int8" quantizes x per block of 32 values to
+# int8 and a float32 scale (llama.cpp's Q8_0 activation, quantize_activation) and multiplies the weight's integer
+# quants (IntegerBlocks) by them in integers, each group's products summed in int32 (the codegen sums an unrolled
+# group's integer terms before its one float multiply: reduces.factor_integer_terms), then scaled once per group. Its
+# error is the activation's rounding, about 1/254 of each block's largest |x| per value, so it is selected only at
+# tolerances that allow that.
+PACKED_LINEAR = "packed_linear"
+Q8_BLOCK = 32   # values per block of the int8 activation (llama.cpp's Q8_0 and Q8_K blocks of 32)
+Q8_MAX = 127    # the largest magnitude of an int8 activation value (symmetric: -128 is never used)
+
+def quantize_activation(x: Tensor) -> tuple[Tensor, Tensor]:
+  """x (..., n), n a multiple of 32 → (int8 quants (..., n // 32, 32), float32 scales (..., n // 32, 1)): per block
+  d = max|x| / 127 and q = round(x / d), 0 where the block is all zero (llama.cpp's quantize_row_q8_0, d kept as
+  float32). |q| ≤ 127, and x ≈ d·q within d/2 per value."""
+  if x.shape[-1] % Q8_BLOCK: raise QuantError(f"int8 activation needs a last dim that is a multiple of {Q8_BLOCK}, "
+                                              f"got shape {x.shape}")
+  blocks = x.cast(dtypes.float32).reshape(*x.shape[:-1], x.shape[-1] // Q8_BLOCK, Q8_BLOCK)
+  amax = blocks.abs().max(-1, keepdim=True)
+  scale = (amax / _literal(Q8_MAX, amax)).contiguous()   # stored by the max's kernel: a matvec reads it, no division
+  zero = _literal(0, scale)
+  inverse = (scale > zero).where(_literal(1, scale) / scale, zero)
+  return (blocks * inverse).round().cast(dtypes.int8), scale
+
+def _block_layout(values: Tensor, lead: tuple[int, ...], structured: tuple[int, ...]) -> Tensor:
+  """Per-value activation data (..., n // 32, 32) viewed as the weight's structured layout (..., 1, blocks per row,
+  *block axes): the block axes list a block's values in row-major order, so this is a reshape."""
+  return values.reshape(*lead, 1, *structured)
+
+def int8_linear(x: Tensor, packed: Tensor, ggml_type: int, shape: tuple[int, ...]) -> Tensor:
+  """x·Wᵀ with x quantized to int8 per block of 32 (quantize_activation) and W's integer quants (IntegerBlocks):
+  Σ over groups of (scale_w · d_x) · Σ q_w·q_x, plus offset_w · d_x · Σ q_x for types with a min, in x's dtype."""
+  ggml_type = GGMLType(ggml_type)
+  if ggml_type not in INTEGER_FORMS: raise QuantError(f"no int8 product for ggml type {ggml_type.name}")
+  if x.shape[-1] != shape[-1]: raise QuantError(f"int8 linear: input of shape {x.shape} for a weight of shape {shape}")
+  layout = BLOCK_LAYOUTS[ggml_type]
+  ints = INTEGER_FORMS[ggml_type](packed.reshape(-1, layout.block_bytes))
+  blocks_per_row = shape[-1] // layout.block_size
+  structured = (blocks_per_row, *ints.quants.shape[1:])
+  def weight_layout(t: Tensor) -> Tensor: return t.reshape(*shape[:-1], blocks_per_row, *t.shape[1:])
+  lead = x.shape[:-1]
+  quants, scales = quantize_activation(x)
+  x_quants = _block_layout(quants, lead, structured)
+  x_scales = _block_layout(scales.expand(*scales.shape[:-1], Q8_BLOCK), lead, structured)
+  products = (weight_layout(ints.quants).cast(dtypes.int32) * x_quants.cast(dtypes.int32)).cast(dtypes.float32)
+  terms = products * (weight_layout(ints.scale) * x_scales)
+  if ints.offset is not None:
+    offset = weight_layout(ints.offset) * x_scales
+    terms = terms + x_quants.cast(dtypes.float32) * (-offset if ints.negated else offset)
+  dtype = x.dtype if x.dtype.is_float else dtypes.float32
+  return terms.sum(axis=tuple(range(-len(structured), 0))).cast(dtype)
+
+# The types the "int8" path multiplies in integers: those whose blocks are 32 values with one scale. The K-quants'
+# integer forms are exact too (int8_linear takes them; the tests check them), but their unpacking does not vectorize
+# as integer chains yet (LLVM's SLP vectorizer scalarizes the 6-bit and sub-block fields: 3-10x slower than the float
+# product on the 2 shared cores), so the path keeps their float product.
+INT8_PATH_TYPES = frozenset({GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q8_0})
+
+def _int8_path(x: Tensor, packed: Tensor, ggml_type: int, shape: tuple[int, ...]) -> Tensor:
+  """The "int8" lowering: int8_linear for INT8_PATH_TYPES, the float product for the rest."""
+  if GGMLType(ggml_type) in INT8_PATH_TYPES: return int8_linear(x, packed, ggml_type, shape)
+  return _float_linear(x, packed, ggml_type, shape)
+
+def _float_linear(x: Tensor, packed: Tensor, ggml_type: int, shape: tuple[int, ...]) -> Tensor:
+  """x·Wᵀ over W's float32 values (the dequantize composite), summed in float32 at least. The product keeps the block
+  axes: x is viewed as (..., 1, blocks_per_row, *block axes) and the sum runs over them, so the kernel reads the
+  packed bytes through plain strided views."""
+  weight = dequantized_values(packed, GGMLType(ggml_type), shape)
+  dtype = x.dtype if x.dtype.is_float else dtypes.float32
+  # products and sums in float32 at least: the dequantized values are float32, and a half product would round each
+  # term (and cost two conversions per product on a GPU); only the result is rounded to x's dtype
+  compute = dtypes.float32 if dtype.itemsize < dtypes.float32.itemsize else dtype
+  input_axes = weight.shape[1:]
+  rows = x.cast(compute).reshape(*x.shape[:-1], 1, *input_axes)
+  return (rows * weight.cast(compute)).sum(axis=tuple(range(-len(input_axes), 0))).cast(dtype)
+
+INT8 = "int8"
+register(PACKED_LINEAR, {
+  DEFAULT: Lowering(DEFAULT, "x times the weight's float32 values, summed in float32", _float_linear, 1),
+  INT8: Lowering(INT8, "x quantized to int8 per block of 32; integer products summed in int32 per group, scaled once",
+                 _int8_path, 0)})
+
+# ---- an RMS-normed product, as the composite `rms_normed_linear`: (x·scale)·Wᵀ · 1/sqrt(mean(x²) + eps) for float32 x
+# (..., in) and a packed (out, in) weight, or for `copies` of x, one per output row ((..., out, *input axes): a model
+# that recomputes its residual sum over each row, gemma3's ResidualSum, which then also gives x itself as `vector`).
+# "default" is one kernel: the product and the sum of squares run over the same rows, each output summing its own copy
+# (no view between the two reduces). "int8" normalizes x once (a row kernel) and multiplies it in int8 (int8_linear):
+# on a CPU the per-row sum of squares (and a residual sum recomputed per row) costs as much as the product.
+RMS_NORMED_LINEAR = "rms_normed_linear"
+
+def _inverse_rms(x32: Tensor, eps: float, axes: tuple[int, ...], keepdim: bool = False) -> Tensor:
+  return (x32.square().mean(axes, keepdim=keepdim) + eps).rsqrt()
+
+def _normed_float(x32: Tensor, scale: Tensor, packed: Tensor, *vector: Tensor, eps: float, ggml_type: int,
+                  shape: tuple[int, ...], copies: bool) -> Tensor:
+  values = dequantized_values(packed, GGMLType(ggml_type), shape)
+  axes = tuple(range(1 - values.ndim, 0))
+  if copies:
+    product = (x32 * scale.reshape(*values.shape[1:]) * values).sum(axes)
+    return product * _inverse_rms(x32, eps, axes)
+  rows = x32.shape[:-1] + tuple(values.shape)
+  weighted = (x32 * scale).reshape(*x32.shape[:-1], *values.shape[1:]).unsqueeze(-1 - len(axes))
+  split = len(rows) - x32.ndim
+  row_copies = x32.reshape(*x32.shape[:-1], 1, *rows[-split:]).expand(rows)
+  return (weighted * values).sum(axes) * _inverse_rms(row_copies, eps, tuple(range(-split, 0)))
+
+def _normed_int8(x32: Tensor, scale: Tensor, packed: Tensor, *vector: Tensor, eps: float, ggml_type: int,
+                 shape: tuple[int, ...], copies: bool) -> Tensor:
+  if GGMLType(ggml_type) not in INT8_PATH_TYPES or (copies and not vector):
+    return _normed_float(x32, scale, packed, *vector, eps=eps, ggml_type=ggml_type, shape=shape, copies=copies)
+  if copies: x32 = vector[0]
+  normed = x32 * _inverse_rms(x32, eps, (-1,), keepdim=True) * scale
+  return int8_linear(normed, packed, ggml_type, shape)
+
+register(RMS_NORMED_LINEAR, {
+  DEFAULT: Lowering(DEFAULT, "float product and per-row sum of squares in one kernel", _normed_float, 1),
+  INT8: Lowering(INT8, "x normalized once, then the int8 product", _normed_int8, 0)})
+
+def rms_normed_linear(x32: Tensor, scale: Tensor, weight: QuantizedTensor, eps: float, copies: bool = False,
+                      vector: Optional[Tensor] = None) -> Tensor:
+  """(x32·scale)·Wᵀ · 1/sqrt(mean(x32²) + eps) over the last axis, x32 float32 (..., in), or its copies per output
+  row (..., out, *the weight's input axes) with x itself as `vector` (see RMS_NORMED_LINEAR)."""
+  inputs = (x32, scale, weight.packed) + ((vector,) if vector is not None else ())
+  return composite(RMS_NORMED_LINEAR, inputs, eps=float(eps), ggml_type=int(weight.ggml_type), shape=weight.shape,
+                   copies=copies)
+
 class QuantizedTensor:
   """A weight of logical `shape` in `ggml_type`, kept as its packed blocks: `packed` is a uint8 Tensor of shape
   (*shape[:-1], shape[-1] // block_size, block_bytes). Nothing here is dequantized until a graph that uses
@@ -335,20 +499,12 @@ class QuantizedTensor:
     return values.reshape(self.shape).cast(dtype)
 
   def linear(self, x: Tensor, bias: Optional[Tensor] = None) -> Tensor:
-    """x·Wᵀ (+ bias) for a weight of shape (out_features, in_features), dequantized inside the matmul each call (or
-    read from a dequantized copy where the selected path says so: `dequantized_values`). The product keeps the block
-    axes: x is viewed as (..., 1, blocks_per_row, *block axes) and the sum runs over them, so the kernel reads the
-    packed bytes through plain strided views."""
+    """x·Wᵀ (+ bias) for a weight of shape (out_features, in_features), as the composite `packed_linear`: by default
+    over the weight's float32 values dequantized inside the matmul each call (or read from a dequantized copy where
+    the selected path says so: `dequantized_values`); the "int8" path multiplies integer quants instead."""
     if self.ndim != 2 or x.ndim == 0 or x.shape[-1] != self.shape[1]:
       raise QuantError(f"linear: input of shape {x.shape} for a quantized weight of shape {self.shape}")
-    weight = dequantized_values(self.packed, self.ggml_type, self.shape)
-    dtype = x.dtype if x.dtype.is_float else dtypes.float32
-    # products and sums in float32 at least: the dequantized values are float32, and a half product would round each
-    # term (and cost two conversions per product on a GPU); only the result is rounded to x's dtype
-    compute = dtypes.float32 if dtype.itemsize < dtypes.float32.itemsize else dtype
-    input_axes = weight.shape[1:]
-    rows = x.cast(compute).reshape(*x.shape[:-1], 1, *input_axes)
-    out = (rows * weight.cast(compute)).sum(axis=tuple(range(-len(input_axes), 0))).cast(dtype)
+    out = composite(PACKED_LINEAR, (x, self.packed), ggml_type=int(self.ggml_type), shape=self.shape)
     return out if bias is None else out + bias
 
   def to(self, device: str) -> QuantizedTensor:

@@ -21,6 +21,7 @@ from tgrad.dtype import DType, dtypes
 from tgrad.helpers import prod
 from tgrad.ops import Ops, UOp
 from tgrad.shape.shapetracker import ShapeTracker
+from tgrad.shape.sint import canonical, ceil_div, is_symbolic, vmax_of
 
 # Column registers of a tile: two SIMD registers of B per K step (AVX2: 16 float32), as the BLAS micro-kernels of
 # x86 (OpenBLAS Haswell 4×24/6×16, SkylakeX 16×... ) load; one register leaves too few columns to reuse each broadcast.
@@ -38,6 +39,9 @@ TILE_MAX_ROWS = 8
 # stays in L2 whatever its layout).
 PACK_MIN_ROWS = 64
 PACK_MIN_ELEMENTS = 1 << 16
+# A symbolic axis B is reused along (a prompt's tokens) counts as this many rows, or its bound if smaller: a prompt
+# this long is what a prefill's matmul is tuned for (as the heuristics' thread split judges symbolic sizes).
+PACK_SYMBOLIC_ROWS = 64
 PACKED_DTYPES = (dtypes.float32, dtypes.float64)
 
 @dataclass(frozen=True)
@@ -70,15 +74,15 @@ def _gemm_axes(shape: tuple, out_st: ShapeTracker, loads: list[tuple[UOp, ShapeT
   """The axes of Σ_k A·B over one reduce axis, from the output's tracker and the trackers of the reduce's loads
   (shapes all `shape`); None unless exactly one load varies along the output's contiguous axis and is reused along
   another output axis that the other loads vary along."""
-  if len(reduce_axes) != 1 or not all(isinstance(s, int) for s in shape): return None
+  if len(reduce_axes) != 1 or not isinstance(shape[reduce_axes[0]], int): return None
   out_strides = _strides(out_st)
-  columns = next((a for a, s in enumerate(out_strides) if s == 1 and shape[a] > 1), None)
+  columns = next((a for a, s in enumerate(out_strides) if s == 1 and isinstance(shape[a], int) and shape[a] > 1), None)
   if columns is None: return None
   varying = [(u, _strides(st)) for u, st in loads if _strides(st)[columns] != 0]
   if len(varying) != 1: return None
   b_load, b_strides = varying[0]
   others = [_strides(st) for u, st in loads if u is not b_load]
-  rows = next((a for a in range(len(shape)) if a not in reduce_axes and a != columns and shape[a] > 1 and
+  rows = next((a for a in range(len(shape)) if a not in reduce_axes and a != columns and vmax_of(shape[a]) > 1 and
                b_strides[a] == 0 and any(s[a] != 0 for s in others)), None)
   if rows is None: return None
   return GemmAxes(rows, columns, reduce_axes[0], b_load)
@@ -128,6 +132,10 @@ def _dense_buffers(ast: UOp) -> tuple[UOp, tuple[int, ...]]:
   renumbered = ast.substitute({u: UOp(Ops.DEFINE_GLOBAL, u.dtype, (), i) for i, u in enumerate(order)})
   return renumbered, tuple(u.arg for u in order)
 
+def _rows_counted(size) -> int:
+  """A size along which B is reused, as pack_plan counts it: a symbolic one as PACK_SYMBOLIC_ROWS at most."""
+  return size if isinstance(size, int) else min(vmax_of(size), PACK_SYMBOLIC_ROWS)
+
 @functools.lru_cache(maxsize=4096)
 def _pack_plan(ast: UOp, vector_bytes: int, vector_registers: int) -> Optional[PackPlan]:
   if ast.op is not Ops.SINK or len(ast.src) != 1 or ast.src[0].op is not Ops.STORE: return None
@@ -144,12 +152,20 @@ def _pack_plan(ast: UOp, vector_bytes: int, vector_registers: int) -> Optional[P
   if b_side.dtype not in PACKED_DTYPES or axes.b_load in a_side.toposort(): return None
   b_strides = _strides(axes.b_load.src[-1].arg)
   reused = [a for a in range(len(shape)) if b_strides[a] == 0]   # m and any axis B is broadcast along
-  if prod(shape[a] for a in reused) < PACK_MIN_ROWS: return None
+  if prod(_rows_counted(shape[a]) for a in reused) < PACK_MIN_ROWS: return None
   columns = gemm_tile(vector_bytes, vector_registers, b_side.dtype).columns
   n, k = axes.columns, axes.reduce
   if shape[n] % columns or shape[n] == columns: return None
   kept = [a for a in range(len(shape)) if a not in reused]
   if prod(shape[a] for a in kept) < PACK_MIN_ELEMENTS: return None
+  # a symbolic row count m (a prompt's tokens; the only symbolic size taken) is padded to whole register tiles: the
+  # matmul runs over ceil(m / tile rows) tiles, reading A from a copy with that many rows (the padding rows hold
+  # whatever the buffer held: their outputs are not stored), so no load of the product is masked
+  m, symbolic = axes.rows, is_symbolic(shape)
+  if symbolic and is_symbolic(tuple(s for a, s in enumerate(shape) if a != m)): return None
+  tile_rows = gemm_tile(vector_bytes, vector_registers, b_side.dtype).rows
+  rows = canonical(ceil_div(shape[m], tile_rows) * tile_rows) if symbolic else shape[m]
+  padded_shape = tuple(rows if a == m else s for a, s in enumerate(shape))
   # B's values in the packed order: the axes it is reused along shrunk to one position, n split into (panels,
   # columns), then [other kept axes..., panels, k, columns, reused axes (size 1)...]
   one_row = tuple((0, 1) if a in reused else (0, s) for a, s in enumerate(shape))
@@ -165,16 +181,20 @@ def _pack_plan(ast: UOp, vector_bytes: int, vector_registers: int) -> Optional[P
   steps = [_dense_buffers(_store(-1, packed, _views_mapped(b_side, packed_order)))]
   scratch = [(prod(packed_shape), b_side.dtype)]
   inverse = sorted(range(len(order)), key=lambda d: order[d])
-  read = packed.reshape(tuple(split_shape[d] for d in order)).permute(inverse).reshape(one_shape).expand(shape)
+  read = packed.reshape(tuple(split_shape[d] for d in order)).permute(inverse).reshape(one_shape).expand(padded_shape)
   replace = {b_side: UOp(Ops.LOAD, b_side.dtype, (UOp(Ops.DEFINE_GLOBAL, b_side.dtype, (), -1),
                                                    UOp(Ops.VIEW, dtypes.void, (), read)))}
-  if a_side.op is not Ops.LOAD and any(u.op is Ops.LOAD for u in a_side.toposort()):
+  if symbolic or a_side.op is not Ops.LOAD and any(u.op is Ops.LOAD for u in a_side.toposort()):
     one_column = tuple((0, 1) if a == n else (0, s) for a, s in enumerate(shape))
     a_shape = tuple(e for _, e in one_column)
-    steps.append(_dense_buffers(_store(-2, ShapeTracker.from_shape(a_shape),
-                                       _views_mapped(a_side, lambda st: st.shrink(one_column)))))
-    scratch.append((prod(a_shape), a_side.dtype))
+    a_padded = tuple(rows if a == m else s for a, s in enumerate(a_shape))
+    a_buffer = ShapeTracker.from_shape(a_padded)
+    written = a_buffer.shrink(tuple((0, s) for s in a_shape)) if symbolic else a_buffer
+    steps.append(_dense_buffers(_store(-2, written, _views_mapped(a_side, lambda st: st.shrink(one_column)))))
+    scratch.append((vmax_of(prod(a_padded)), a_side.dtype))
     replace[a_side] = UOp(Ops.LOAD, a_side.dtype, (UOp(Ops.DEFINE_GLOBAL, a_side.dtype, (), -2), UOp(
-      Ops.VIEW, dtypes.void, (), ShapeTracker.from_shape(a_shape).expand(shape))))
-  steps.append(_dense_buffers(ast.substitute(replace)))
+      Ops.VIEW, dtypes.void, (), a_buffer.expand(padded_shape))))
+  gemm = ast.substitute(replace)
+  if symbolic: gemm = _views_mapped(gemm, lambda st: st.pad_end_to(m, rows) if st.shape[m] is shape[m] else st)
+  steps.append(_dense_buffers(gemm))
   return PackPlan(tuple(steps), tuple(scratch))

@@ -7,7 +7,7 @@ BEAM winner in the cache (search.py), so a winner found and verified under older
 # Bump when a change here alters the code that some AST and Opt list produce, or what an Opt means: axes.py and opts.py,
 # the linearizer, a renderer, the heuristics that seed the search, or how search verifies. Changes that only
 # rename or restructure without changing generated code need no bump.
-CODEGEN_VERSION = 14   # 2: gathers (data-dependent loads); int casts as narrow CUDA index math. 3: row kernels.
+CODEGEN_VERSION = 15   # 2: gathers (data-dependent loads); int casts as narrow CUDA index math. 3: row kernels.
 # 4: guarded GROUPs of symbolic reduces that padding would change (padding guards), split views indexed without division
 # 5: guarded UPCAST and PADTO of symbolic global axes (stride-0 loads stretched, not masked), tensor cores with padded
 # symbolic rows/columns
@@ -25,3 +25,5 @@ CODEGEN_VERSION = 14   # 2: gathers (data-dependent loads); int casts as narrow 
 # GROUP axes; packed matrix–vector products spread each row over its blocks and 32-bit words
 # 14: CPU: values that vary along no loop come before the global loops; values under a reduce that vary only along its
 # axes are computed once per thread into a scratch array (scratch.py); a reduce is built once per position it varies on
+# 15: LLVM: the masked stores between two other ops share one branch per mask (SLP vectorizes a padded tile's rows);
+# CPU matmuls with a symbolic row count or several reduce axes (a packed weight) get the GEMM tile and packing

@@ -8,6 +8,12 @@ never stays in L1 or L2, and every row tile streams it from memory again (2048²
 GFLOP/s). Copied first into panels of consecutive memory (`PackPlan`: B laid out as [..., N/columns, K, columns]), a
 panel stays in L2 while all the row tiles walk it (68 GFLOP/s), and the copy costs one pass over B.
 
+The same plan serves a prefill: a symbolic row count (a prompt's tokens) is padded to whole register tiles (A is
+copied with its rows padded, so the tile's loads carry no mask; only the stores do), and a product summed over several
+reduce axes (a packed weight's blocks and block axes, nn/quant.py) gets panels of B's values dequantized by the copy
+kernel and one merged reduce axis: a prompt times a packed weight is one dequantizing copy and the blocked matmul, and
+the copy is kept while the weight is unchanged (kept_copies.py).
+
 `gemm_tile(vector_bytes, vector_registers, dtype)` sizes the tile; `gemm_axes(state)` finds the rows and columns axes
 of a kernel (the heuristics' register tile); `pack_plan(ast, renderer)` says whether a kernel AST's B is worth
 packing and returns the two ASTs that do it: the copy into the packed buffer, and the matmul reading it.

@@ -338,8 +338,9 @@ class QuantizedTensor:
     """x·Wᵀ (+ bias) for a weight of shape (out_features, in_features), dequantized inside the matmul each call (or
     read from a dequantized copy where the selected path says so: `dequantized_values`). The product keeps the block
     axes: x is viewed as (..., 1, blocks_per_row, *block axes) and the sum runs over them, so the kernel reads the
-    packed bytes through plain strided views. On a CPU, many rows of x (a prompt) make that kernel a dequantizing copy
-    of the weight into float32 panels, kept while the weight is unchanged, and the blocked matmul (codegen/cpu_gemm.py)."""
+    packed bytes through plain strided views. On a CPU, many rows of x (a prompt) make that kernel a dequantizing
+    copy of the weight into float32 panels, kept while the weight is unchanged, and the blocked matmul
+    (codegen/cpu_gemm.py)."""
     if self.ndim != 2 or x.ndim == 0 or x.shape[-1] != self.shape[1]:
       raise QuantError(f"linear: input of shape {x.shape} for a quantized weight of shape {self.shape}")
     weight = dequantized_values(self.packed, self.ggml_type, self.shape)

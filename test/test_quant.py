@@ -4,6 +4,7 @@ shapes; the packed matvec is one kernel; errors for bytes that do not fit their 
 import numpy as np
 import pytest
 from tgrad import Tensor, dtypes
+from tgrad.ops import Ops
 from tgrad.nn.quant import BLOCK_LAYOUTS, DEQUANTIZERS, GGMLType, QuantError, QuantizedTensor, dequantize_blocks
 
 gguf = pytest.importorskip("gguf")
@@ -202,3 +203,30 @@ def test_dequantize_paths_are_measured_against_float64():
   assert errors["dequantize=dequant_float32"] < errors["dequantize=dequant_float16"]
   assert errors["dequantize=dequant_float16"] < errors["dequantize=dequant_bfloat16"] < 2
   assert errors["packed_linear=int8"] < 1e-3   # Q4_K keeps its float product on the int8 path (INT8_PATH_TYPES)
+
+# ---- a packed weight times several rows (a prompt) on a CPU: dequantized once into float32 panels, then the blocked
+# matmul (codegen/cpu_gemm.py), not a packed matrix-vector product per row
+
+@pytest.mark.parametrize("ggml_type, out_features, in_features, rows, symbolic", [
+  (GGMLType.Q5_0, 256, 640, 67, False), (GGMLType.Q4_K, 640, 1024, 128, True), (GGMLType.Q6_K, 128, 512, 5, True),
+  (GGMLType.Q8_0, 256, 320, 131, True)], ids=lambda v: v.name if isinstance(v, GGMLType) else str(v))
+def test_packed_linear_of_many_rows_is_a_blocked_matmul(ggml_type, out_features, in_features, rows, symbolic):
+  from tgrad.codegen.cpu_gemm import pack_plan
+  from tgrad.device import Device
+  from tgrad.shape.sint import Variable
+  raw, weight = _finite_weight(ggml_type, out_features, in_features, seed=21)
+  x_np = np.random.default_rng(22).standard_normal((140, in_features)).astype(np.float32)
+  length = Variable("n", 1, 140).bind(rows) if symbolic else rows
+  x = Tensor(x_np).realize().shrink(((0, length), None))
+  out = weight.linear(x)
+  (item,) = [i for i in out.schedule() if i.ast.op is not Ops.EMPTY]
+  plan = pack_plan(item.ast, Device["LLVM"].renderer)
+  assert plan is not None and len(plan.steps) == 3   # the weight's panels (dequantized), x's copy, the matmul
+  panels_ast = plan.steps[0][0]
+  assert {u.dtype for u in panels_ast.toposort() if u.op is Ops.DEFINE_GLOBAL} >= {dtypes.uint8, dtypes.float32}
+  got = out.numpy()
+  values = reference(raw, ggml_type).reshape(out_features, in_features)
+  expected = x_np[:rows].astype(np.float64) @ values.astype(np.float64).T
+  np.testing.assert_allclose(got, expected, rtol=MATVEC_RTOL, atol=MATVEC_RTOL * np.abs(expected).max())
+  dense = (x @ Tensor(values).T).numpy()   # the float path: the same values, the same blocked matmul
+  np.testing.assert_allclose(got, dense, rtol=1e-6, atol=1e-6 * np.abs(expected).max())

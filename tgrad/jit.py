@@ -25,7 +25,7 @@ instructions whose kernels take a changed variable get the new values (and launc
 """
 from __future__ import annotations
 import functools, gc, inspect, weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Optional, Protocol, Sequence
 import numpy as np
 from tgrad.tensor import Tensor
@@ -34,6 +34,7 @@ from tgrad.backend import backend
 from tgrad.device import Buffer, Device, OutOfMemoryError, newest_buffer_serial
 from tgrad.shape.shapetracker import ShapeTracker
 from tgrad.realize import CompiledKernel, ExecItem, HostCopy, JitError, capturing, is_capturing, keep_old_values_of, run
+from tgrad.kept_copies import KeptCopy
 from tgrad.memory_planner import ArenaPlan, Lifetime, liveness, plan_arena, symbolic_peak
 from tgrad.shape.sint import to_sympy
 from tgrad.helpers import Context
@@ -346,6 +347,7 @@ def graph_from_capture(items: list[ExecItem], inputs: Sequence[tuple[str, Buffer
     else: slots[s].kind = ACTIVATION
   written = {s for ins in instructions for s in ins.args[:ins.output_count]}
   for s, buffer in persistent.items(): slots[s].kind, slots[s].buffer = (STATE if s in written else WEIGHT), buffer
+  instructions = [_kept_only_from_weights(ins, slots) for ins in instructions]
   writers = [0] * len(slots)
   for ins in instructions:
     for s in ins.args[:ins.output_count]: writers[s] += 1
@@ -359,6 +361,15 @@ def graph_from_capture(items: list[ExecItem], inputs: Sequence[tuple[str, Buffer
       constants.append((target, ins.runner.data))
     else: kept.append(ins)
   return CompiledGraph(kept, slots, list(range(len(inputs))), plan, constants)
+
+def _kept_only_from_weights(ins: Instruction, slots: list[Slot]) -> Instruction:
+  """A kept copy (tgrad/kept_copies.py: it runs only when its sources' write counts changed) stays kept in the graph
+  only when every source is a weight: the program never writes it, so its count changes only between replays. A
+  source the program writes is counted at the end of a replay, after the copy would have read it; an input is
+  another Buffer per call. Those copy every time."""
+  if not isinstance(ins.runner, KeptCopy) or all(slots[s].kind == WEIGHT for s in ins.args[ins.output_count:]):
+    return ins
+  return replace(ins, runner=ins.runner.kernel)
 
 def _instructions_of(items: list[ExecItem], slots: list[Slot], slot_of: dict[int, int], first_new_serial: int
                      ) -> tuple[list[Instruction], dict[int, Buffer], dict[int, weakref.ref]]:

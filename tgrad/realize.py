@@ -203,7 +203,8 @@ def _kernels_of(item: ScheduleItem, device: str) -> list[tuple[UOp, list[Buffer]
   """The kernels (AST, buffers, outputs, whether it is a kept copy) that run one kernel item: itself; on a CPU, a
   matmul whose reused operand pays for packing (codegen/cpu_gemm.py) runs as copies into scratch buffers (B's panels,
   a computed A), then the matmul reading them. A copy whose sources were copied before gets a Buffer of its own and
-  runs only when they changed (kept_copies.py; not while a TinyJit captures: its replays copy every time)."""
+  runs only when they changed (kept_copies.py; a TinyJit keeps it in its replays only where every source is a
+  weight, jit._kept_only_from_weights)."""
   renderer = Device[device].renderer
   if not renderer.has_threads or (plan := pack_plan(item.ast, renderer)) is None:
     return [(item.ast, list(item.bufs), item.output_count, False)]
@@ -211,8 +212,7 @@ def _kernels_of(item: ScheduleItem, device: str) -> list[tuple[UOp, list[Buffer]
   kept: list[bool] = []
   for j, (size, dtype) in enumerate(plan.scratch):
     copy_ast, refs = plan.steps[j]   # step j writes scratch j
-    buffer = None if _capture is not None else \
-      kept_buffer(device, copy_ast, [item.bufs[r] for r in refs[1:]], size, dtype)
+    buffer = kept_buffer(device, copy_ast, [item.bufs[r] for r in refs[1:]], size, dtype)
     scratch.append(buffer if buffer is not None else _packed_buffer(device, size, dtype, j))
     kept.append(buffer is not None)
   def buffers(refs: tuple[int, ...]) -> list[Buffer]: return [item.bufs[r] if r >= 0 else scratch[-1 - r] for r in refs]

@@ -1,5 +1,6 @@
 """The CPU matmul (codegen/cpu_gemm.py, heuristics._cpu_gemm): packed panels of B and the register tile, checked
 against numpy on random shapes: odd sizes, a single row or column, batched, transposed operands, fused epilogues."""
+import re
 import numpy as np
 import pytest
 from tgrad import Tensor
@@ -207,3 +208,60 @@ def test_a_weights_panels_are_kept_while_it_is_unchanged():
     expected = expected * 0.5
     _check(tx @ tw, x @ expected)
   forget_kept_copies()
+
+def test_kept_copies_in_a_jit_only_from_weights():
+  """Inside a TinyJit, a weight's panel copy is kept (replays skip it until the weight is written); a copy of an input
+  or of a value the program computes runs in every replay."""
+  from tgrad.jit import TinyJit
+  from tgrad.kept_copies import KeptCopy, forget_kept_copies
+  forget_kept_copies()
+  rng = np.random.default_rng(11)
+  w = Tensor(_rand(rng, 256, 256)).realize()
+  def products(x: Tensor, y: Tensor) -> Tensor:   # each product its own kernel
+    return ((x @ w).realize() + (x @ (y * 2)).realize() + (x @ (x.T @ x)).realize() / 100).realize()
+  step = TinyJit(products)
+  for call in range(5):
+    x, y = _rand(rng, 128, 256), _rand(rng, 256, 256)
+    if call == 4: w.assign(w * 2).realize()
+    expected = x @ w.numpy() + x @ (y * 2) + x @ (x.T @ x) / 100
+    np.testing.assert_allclose(step(Tensor(x).realize(), Tensor(y).realize()).numpy(), expected, rtol=1e-4,
+                               atol=1e-3)
+  kept = [ins for ins in step.captured.instructions if isinstance(ins.runner, KeptCopy)]
+  assert len(kept) == 1 and step.captured.slots[kept[0].args[1]].buffer is w.lazydata.base.buffer
+  forget_kept_copies()
+
+# ---- a symbolic row count (a prompt's tokens): rows padded to whole tiles, no guard
+
+def _symbolic_rows(a: np.ndarray, rows: int) -> Tensor:
+  from tgrad.shape.sint import Variable
+  return Tensor(a).realize().shrink(((0, Variable("n", 1, a.shape[0]).bind(rows)), None))
+
+@pytest.mark.parametrize("rows", [1, 5, 67, 128])
+def test_symbolic_rows_are_padded_to_the_tile(rows):
+  """The matmul of a prompt of any length packs B, copies A with its rows padded to the register tile's, and runs the
+  whole tile with no padding guard; the rows past the prompt are never stored."""
+  rng = np.random.default_rng(12)
+  a, b = _rand(rng, 131, 640), _rand(rng, 640, 256)
+  out = _symbolic_rows(a, rows) @ Tensor(b).realize()
+  plan = pack_plan(_kernel_items(out)[-1].ast, LLVMRenderer(AVX2))
+  assert plan is not None and len(plan.steps) == 3   # B's panels, A's padded copy, the matmul
+  kernel = Kernel(plan.steps[-1][0], LLVMRenderer(AVX2))
+  hand_coded_optimizations(kernel)
+  assert [(o.op, o.amount) for o in kernel.applied_opts][:3] == [(OptOps.UPCAST, 16), (OptOps.UPCAST, 4),
+                                                                  (OptOps.SWAP, 1)]
+  assert not kernel.padding_guards
+  got = out.numpy()
+  assert got.shape == (rows, 256)
+  np.testing.assert_allclose(got, a[:rows] @ b, rtol=RTOL, atol=ATOL)
+
+def test_padded_tile_rows_store_in_one_branch_each():
+  """The LLVM renderer puts the masked stores of one row of a padded tile in one branch: 4 branches for a 4×16 tile,
+  not one per store (which kept the SLP vectorizer from the row's stores)."""
+  from tgrad.codegen.linearizer import linearize
+  rng = np.random.default_rng(13)
+  out = _symbolic_rows(_rand(rng, 100, 256), 50) @ Tensor(_rand(rng, 256, 256)).realize()
+  plan = pack_plan(_kernel_items(out)[-1].ast, LLVMRenderer(AVX2))
+  kernel = Kernel(plan.steps[-1][0], LLVMRenderer(AVX2))
+  hand_coded_optimizations(kernel)
+  source = kernel.renderer.render("gemm", linearize(kernel))
+  assert len(re.findall(r'^"?store(\.\d+)?"?:', source, re.MULTILINE)) == gemm_tile(*AVX2, out.dtype).rows

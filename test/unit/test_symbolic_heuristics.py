@@ -195,8 +195,9 @@ def test_group_of_a_max_gets_a_padding_guard():
   assert "0xFF800000u" in src, "-inf stands in for the padding of the max"
 
 def test_cpu_rules_split_only_known_axes():
-  """On a CPU a symbolic kernel gets the concrete CPU rules on its axes of known size (the register tile, the thread
-  split of a prefill matmul's columns) and nothing on a symbolic axis: no guard, its loop runs to the call's value."""
+  """On a CPU a symbolic kernel gets the concrete CPU rules on its axes of known size (the matmul's register tile on
+  its columns, their panels outermost, the thread split of a prefill matmul's columns) and nothing on a symbolic axis:
+  no guard, its loop runs to the call's value (the rows get the tile where cpu_gemm.pack_plan padded them)."""
   for name, (problem, _) in GEMMA_CHOICES.items():
     item = problem().item()
     kernel = heuristic_kernel(item, Device["LLVM"].renderer)
@@ -205,7 +206,8 @@ def test_cpu_rules_split_only_known_axes():
     assert [s for s in kernel.full_shape if not isinstance(s, int)] == \
       [s for s in unoptimized.full_shape if not isinstance(s, int)], (name, kernel.applied_opts)
   gate_up = heuristic_kernel(GEMMA_CHOICES["gate_up"][0]().item(), Device["LLVM"].renderer)
-  if cpu_count() > 1: assert [o.op for o in gate_up.applied_opts] == [OptOps.THREAD]   # its columns across the cores
+  if cpu_count() > 1:   # its columns' panels across the cores
+    assert [o.op for o in gate_up.applied_opts] == [OptOps.UPCAST, OptOps.SWAP, OptOps.THREAD]
 
 @pytest.mark.parametrize("name", ["gate_up", "decode_attention", "softmax_rows", "prefill_scores"])
 def test_cpu_heuristic_kernels_on_llvm(name):

@@ -8,6 +8,12 @@ never stays in L1 or L2, and every row tile streams it from memory again (2048²
 GFLOP/s). Copied first into panels of consecutive memory (`PackPlan`: B laid out as [..., N/columns, K, columns]), a
 panel stays in L2 while all the row tiles walk it (68 GFLOP/s), and the copy costs one pass over B.
 
+The same plan serves a prefill: a symbolic row count (a prompt's tokens) is padded to whole register tiles (A is
+copied with its rows padded, so the tile's loads carry no mask; only the stores do), and a product summed over several
+reduce axes (a packed weight's blocks and block axes, nn/quant.py) gets panels of B's values dequantized by the copy
+kernel and one merged reduce axis: a prompt times a packed weight is one dequantizing copy and the blocked matmul, and
+the copy is kept while the weight is unchanged (kept_copies.py).
+
 `gemm_tile(vector_bytes, vector_registers, dtype)` sizes the tile; `gemm_axes(state)` finds the rows and columns axes
 of a kernel (the heuristics' register tile); `pack_plan(ast, renderer)` says whether a kernel AST's B is worth
 packing and returns the two ASTs that do it: the copy into the packed buffer, and the matmul reading it.
@@ -21,6 +27,7 @@ from tgrad.dtype import DType, dtypes
 from tgrad.helpers import prod
 from tgrad.ops import Ops, UOp
 from tgrad.shape.shapetracker import ShapeTracker
+from tgrad.shape.sint import canonical, ceil_div, is_symbolic, vmax_of
 
 # Column registers of a tile: two SIMD registers of B per K step (AVX2: 16 float32), as the BLAS micro-kernels of
 # x86 (OpenBLAS Haswell 4×24/6×16, SkylakeX 16×... ) load; one register leaves too few columns to reuse each broadcast.
@@ -38,6 +45,9 @@ TILE_MAX_ROWS = 8
 # stays in L2 whatever its layout).
 PACK_MIN_ROWS = 64
 PACK_MIN_ELEMENTS = 1 << 16
+# A symbolic axis B is reused along (a prompt's tokens) counts as this many rows, or its bound if smaller: a prompt
+# this long is what a prefill's matmul is tuned for (as the heuristics' thread split judges symbolic sizes).
+PACK_SYMBOLIC_ROWS = 64
 PACKED_DTYPES = (dtypes.float32, dtypes.float64)
 
 @dataclass(frozen=True)
@@ -60,40 +70,43 @@ def _strides(st: ShapeTracker) -> tuple:
 
 @dataclass(frozen=True)
 class GemmAxes:
-  rows: int         # m: an output axis along which B is reused (stride 0) and A is not
-  columns: int      # n: the output's contiguous axis, along which A is reused and B is not
-  reduce: int       # k: the one reduce axis
-  b_load: UOp       # the LOAD of B
+  rows: int                   # m: an output axis along which B is reused (stride 0) and A is not
+  columns: int                # n: the output's contiguous axis, along which A is reused and B is not
+  reduce: tuple[int, ...]     # k: the reduce axes (one for a plain matmul; a packed weight's blocks and block axes)
+  b_loads: tuple[UOp, ...]    # the LOADs of B: those that vary along the columns
 
 def _gemm_axes(shape: tuple, out_st: ShapeTracker, loads: list[tuple[UOp, ShapeTracker]], reduce_axes: tuple[int, ...]
                ) -> Optional[GemmAxes]:
-  """The axes of Σ_k A·B over one reduce axis, from the output's tracker and the trackers of the reduce's loads
-  (shapes all `shape`); None unless exactly one load varies along the output's contiguous axis and is reused along
-  another output axis that the other loads vary along."""
-  if len(reduce_axes) != 1 or not all(isinstance(s, int) for s in shape): return None
+  """The axes of Σ_k A·B over consecutive reduce axes of known sizes, from the output's tracker and the trackers of
+  the reduce's loads (shapes all `shape`); None unless some loads (B's) vary along the output's contiguous axis and
+  are all reused along another output axis that another load varies along."""
+  if not reduce_axes or reduce_axes != tuple(range(reduce_axes[0], reduce_axes[-1] + 1)) or \
+     not all(isinstance(shape[a], int) for a in reduce_axes): return None
   out_strides = _strides(out_st)
-  columns = next((a for a, s in enumerate(out_strides) if s == 1 and shape[a] > 1), None)
+  columns = next((a for a, s in enumerate(out_strides) if s == 1 and isinstance(shape[a], int) and shape[a] > 1), None)
   if columns is None: return None
-  varying = [(u, _strides(st)) for u, st in loads if _strides(st)[columns] != 0]
-  if len(varying) != 1: return None
-  b_load, b_strides = varying[0]
-  others = [_strides(st) for u, st in loads if u is not b_load]
-  rows = next((a for a in range(len(shape)) if a not in reduce_axes and a != columns and shape[a] > 1 and
-               b_strides[a] == 0 and any(s[a] != 0 for s in others)), None)
+  strides = [(u, _strides(st)) for u, st in loads]
+  b_loads = tuple(u for u, s in strides if s[columns] != 0)
+  if not b_loads: return None
+  others = [s for u, s in strides if u not in b_loads]
+  rows = next((a for a in range(len(shape)) if a not in reduce_axes and a != columns and vmax_of(shape[a]) > 1 and
+               all(s[a] == 0 for u, s in strides if u in b_loads) and any(s[a] != 0 for s in others)), None)
   if rows is None: return None
-  return GemmAxes(rows, columns, reduce_axes[0], b_load)
+  return GemmAxes(rows, columns, reduce_axes, b_loads)
 
 def _reduce_loads(reduce: UOp) -> list[UOp]:
   return [u for u in reduce.src[0].toposort() if u.op is Ops.LOAD]
 
 def gemm_axes(state: AxisState) -> Optional[GemmAxes]:
-  """The rows and columns axes of a kernel that is a matmul (one ADD reduce over one reduce axis of the kernel), else
-  None."""
+  """The rows and columns axes of a kernel that is a matmul (one ADD reduce over one reduce axis of the kernel, B one
+  load), else None."""
   if len(state.reduceops) != 1 or state.reduceops[0].arg[0] is not Ops.ADD or state.applied_opts: return None
   tracker = dict(zip(state.memops, state.sts))
   loads = [(u, tracker[u]) for u in _reduce_loads(state.reduceops[0]) if u in tracker]
   reduce_axes = tuple(a for a in range(state.shape_len) if state.is_reduce_axis(a))
-  return _gemm_axes(state.full_shape, state.sts[0], loads, reduce_axes)
+  if len(reduce_axes) != 1: return None
+  axes = _gemm_axes(state.full_shape, state.sts[0], loads, reduce_axes)
+  return axes if axes is not None and len(axes.b_loads) == 1 else None
 
 # ---- packing B (and materializing a computed A)
 
@@ -128,53 +141,97 @@ def _dense_buffers(ast: UOp) -> tuple[UOp, tuple[int, ...]]:
   renumbered = ast.substitute({u: UOp(Ops.DEFINE_GLOBAL, u.dtype, (), i) for i, u in enumerate(order)})
   return renumbered, tuple(u.arg for u in order)
 
+def _rows_counted(size) -> int:
+  """A size along which B is reused, as pack_plan counts it: a symbolic one as PACK_SYMBOLIC_ROWS at most."""
+  return size if isinstance(size, int) else min(vmax_of(size), PACK_SYMBOLIC_ROWS)
+
+def _panel_layout(shape: tuple, n: int, ks: tuple[int, ...], reused: list[int], columns: int) -> tuple:
+  """B's values of a kernel of `shape` in the packed order: the axes it is reused along shrunk to one position, n
+  split into (panels, columns), then [other kept axes..., panels, k axes..., columns, reused axes (size 1)...].
+  Returns (the shrink to one row, the split shape, the order of its axes, the packed buffer's shape)."""
+  one_row = tuple((0, 1) if a in reused else (0, s) for a, s in enumerate(shape))
+  one_shape = tuple(e for _, e in one_row)
+  split_shape = tuple(d for a, s in enumerate(one_shape) for d in ((s // columns, columns) if a == n else (s,)))
+  position = {a: a + (a > n) for a in range(len(shape))}   # each axis' place in split_shape (n's panels at n)
+  batch = [position[a] for a in range(len(shape)) if a not in reused and a != n and a not in ks]
+  order = batch + [position[n], *(position[k] for k in ks), position[n] + 1] + [position[a] for a in reused]
+  return one_row, split_shape, order, tuple(split_shape[d] for d in order[:len(order) - len(reused)])
+
+def _load(index: int, dtype: DType, st: ShapeTracker) -> UOp:
+  return UOp(Ops.LOAD, dtype, (UOp(Ops.DEFINE_GLOBAL, dtype, (), index), UOp(Ops.VIEW, dtypes.void, (), st)))
+
 @functools.lru_cache(maxsize=4096)
 def _pack_plan(ast: UOp, vector_bytes: int, vector_registers: int) -> Optional[PackPlan]:
   if ast.op is not Ops.SINK or len(ast.src) != 1 or ast.src[0].op is not Ops.STORE: return None
   reduces = [u for u in ast.toposort() if u.op is Ops.REDUCE_AXIS]
   if len(reduces) != 1 or reduces[0].arg[0] is not Ops.ADD or reduces[0].src[0].op is not Ops.MUL: return None
-  store, product = ast.src[0], reduces[0].src[0]
-  loads = [(u, u.src[-1].arg) for u in _reduce_loads(reduces[0])]
+  store, reduce, product = ast.src[0], reduces[0], reduces[0].src[0]
+  loads = [(u, u.src[-1].arg) for u in _reduce_loads(reduce)]
   if not loads or any(u.src[-1].op is not Ops.VIEW for u, _ in loads): return None
   shape = loads[0][1].shape
   if any(st.shape != shape for _, st in loads): return None
-  axes = _gemm_axes(shape, store.src[1].arg, loads, tuple(reduces[0].arg[1]))
+  axes = _gemm_axes(shape, store.src[1].arg, loads, tuple(reduce.arg[1]))
   if axes is None: return None
-  b_side, a_side = product.src if axes.b_load in product.src[0].toposort() else product.src[::-1]
-  if b_side.dtype not in PACKED_DTYPES or axes.b_load in a_side.toposort(): return None
-  b_strides = _strides(axes.b_load.src[-1].arg)
-  reused = [a for a in range(len(shape)) if b_strides[a] == 0]   # m and any axis B is broadcast along
-  if prod(shape[a] for a in reused) < PACK_MIN_ROWS: return None
-  columns = gemm_tile(vector_bytes, vector_registers, b_side.dtype).columns
-  n, k = axes.columns, axes.reduce
+  b_side, a_side = product.src if axes.b_loads[0] in product.src[0].toposort() else product.src[::-1]
+  a_nodes = set(a_side.toposort())
+  if b_side.dtype not in PACKED_DTYPES or any(u in a_nodes for u in axes.b_loads): return None
+  b_strides = [_strides(u.src[-1].arg) for u in b_side.toposort() if u.op is Ops.LOAD]
+  reused = [a for a in range(len(shape)) if all(s[a] == 0 for s in b_strides)]   # m and any axis B is broadcast along
+  m, n, ks = axes.rows, axes.columns, axes.reduce
+  if m not in reused or any(k in reused for k in ks): return None
+  if prod(_rows_counted(shape[a]) for a in reused) < PACK_MIN_ROWS: return None
+  tile = gemm_tile(vector_bytes, vector_registers, b_side.dtype)
+  columns = tile.columns
   if shape[n] % columns or shape[n] == columns: return None
   kept = [a for a in range(len(shape)) if a not in reused]
   if prod(shape[a] for a in kept) < PACK_MIN_ELEMENTS: return None
-  # B's values in the packed order: the axes it is reused along shrunk to one position, n split into (panels,
-  # columns), then [other kept axes..., panels, k, columns, reused axes (size 1)...]
-  one_row = tuple((0, 1) if a in reused else (0, s) for a, s in enumerate(shape))
-  one_shape = tuple(e for _, e in one_row)
-  split_shape = tuple(d for a, s in enumerate(one_shape) for d in ((s // columns, columns) if a == n else (s,)))
-  position = {a: a + (a > n) for a in range(len(shape))}   # each axis' place in split_shape (n's panels at n)
-  batch = [position[a] for a in kept if a not in (n, k)]
-  order = batch + [position[n], position[k], position[n] + 1] + [position[a] for a in reused]
-  packed_shape = tuple(split_shape[d] for d in order[:len(order) - len(reused)])
+  # a symbolic row count m (a prompt's tokens; the only symbolic size taken) is padded to whole register tiles: the
+  # matmul runs over ceil(m / tile rows) tiles, reading A from a copy with that many rows (the padding rows hold
+  # whatever the buffer held: their outputs are not stored), so no load of the product is masked
+  symbolic = is_symbolic(shape)
+  if symbolic and is_symbolic(tuple(s for a, s in enumerate(shape) if a != m)): return None
+  rows = canonical(ceil_div(shape[m], tile.rows) * tile.rows) if symbolic else shape[m]
+  padded_shape = tuple(rows if a == m else s for a, s in enumerate(shape))
+  # the matmul sums over one axis: several reduce axes (a packed weight's blocks and block axes) are merged into one
+  # of their product's size, in place of the first (both copies lay their values out row-major along them)
+  merged_away = ks[1:]
+  def merged(sizes: tuple) -> tuple:
+    return tuple(prod(sizes[k] for k in ks) if a == ks[0] else s for a, s in enumerate(sizes) if a not in merged_away)
+  where = {a: i for i, a in enumerate(a for a in range(len(shape)) if a not in merged_away)}
+  gemm_shape = merged(padded_shape)
+  # the copy of B into panels, over the kernel's own axes
+  one_row, split_shape, order, packed_shape = _panel_layout(shape, n, ks, reused, columns)
   def packed_order(st: ShapeTracker) -> ShapeTracker:
     return st.shrink(one_row).reshape(split_shape).permute(order).reshape(packed_shape)
-  packed = ShapeTracker.from_shape(packed_shape)
-  steps = [_dense_buffers(_store(-1, packed, _views_mapped(b_side, packed_order)))]
+  steps = [_dense_buffers(_store(-1, ShapeTracker.from_shape(packed_shape), _views_mapped(b_side, packed_order)))]
   scratch = [(prod(packed_shape), b_side.dtype)]
-  inverse = sorted(range(len(order)), key=lambda d: order[d])
-  read = packed.reshape(tuple(split_shape[d] for d in order)).permute(inverse).reshape(one_shape).expand(shape)
-  replace = {b_side: UOp(Ops.LOAD, b_side.dtype, (UOp(Ops.DEFINE_GLOBAL, b_side.dtype, (), -1),
-                                                   UOp(Ops.VIEW, dtypes.void, (), read)))}
-  if a_side.op is not Ops.LOAD and any(u.op is Ops.LOAD for u in a_side.toposort()):
+  # the matmul reads the same panels over its merged axes
+  g_row, g_split, g_order, g_packed = _panel_layout(gemm_shape, where[n], (where[ks[0]],), [where[a] for a in reused],
+                                                    columns)
+  inverse = sorted(range(len(g_order)), key=lambda d: g_order[d])
+  b_read = ShapeTracker.from_shape(g_packed).reshape(tuple(g_split[d] for d in g_order)).permute(inverse) \
+    .reshape(tuple(e for _, e in g_row)).expand(gemm_shape)
+  replace = {b_side: _load(-1, b_side.dtype, b_read)}
+  a_read = None
+  if symbolic or merged_away or a_side.op is not Ops.LOAD and any(u.op is Ops.LOAD for u in a_nodes):
     one_column = tuple((0, 1) if a == n else (0, s) for a, s in enumerate(shape))
     a_shape = tuple(e for _, e in one_column)
-    steps.append(_dense_buffers(_store(-2, ShapeTracker.from_shape(a_shape),
-                                       _views_mapped(a_side, lambda st: st.shrink(one_column)))))
-    scratch.append((prod(a_shape), a_side.dtype))
-    replace[a_side] = UOp(Ops.LOAD, a_side.dtype, (UOp(Ops.DEFINE_GLOBAL, a_side.dtype, (), -2), UOp(
-      Ops.VIEW, dtypes.void, (), ShapeTracker.from_shape(a_shape).expand(shape))))
-  steps.append(_dense_buffers(ast.substitute(replace)))
+    a_padded = tuple(rows if a == m else s for a, s in enumerate(a_shape))
+    written = ShapeTracker.from_shape(a_padded)
+    if symbolic: written = written.shrink(tuple((0, s) for s in a_shape))
+    steps.append(_dense_buffers(_store(-2, written, _views_mapped(a_side, lambda st: st.shrink(one_column)))))
+    scratch.append((vmax_of(prod(a_padded)), a_side.dtype))
+    a_read = ShapeTracker.from_shape(merged(a_padded)).expand(gemm_shape)
+    replace[a_side] = _load(-2, a_side.dtype, a_read)
+  gemm = ast.substitute(replace)
+  if merged_away or symbolic:
+    (summed,) = [u for u in gemm.toposort() if u.op is Ops.REDUCE_AXIS]
+    gemm = gemm.substitute({summed: UOp(Ops.REDUCE_AXIS, summed.dtype, summed.src,
+                                        (summed.arg[0], (where[ks[0]],), *summed.arg[2:]))})
+    def to_gemm(st: ShapeTracker) -> ShapeTracker:   # the store's and the epilogue's views (size 1 along k)
+      if st == b_read or st == a_read: return st
+      if merged_away: st = st.reshape(merged(st.shape))
+      return st.pad_end_to(where[m], rows) if symbolic else st
+    gemm = _views_mapped(gemm, to_gemm)
+  steps.append(_dense_buffers(gemm))
   return PackPlan(tuple(steps), tuple(scratch))

@@ -136,7 +136,12 @@ def _cpu_gemm(kernel: Kernel) -> bool:
   rows, columns = axes.rows, axes.columns
   if kernel.full_shape[columns] % tile.columns: return False
   opts = [Opt(OptOps.UPCAST, columns, tile.columns)]
-  if (tile_rows := math.gcd(kernel.full_shape[rows], tile.rows)) > 1: opts.append(Opt(OptOps.UPCAST, rows, tile_rows))
+  row_count = kernel.full_shape[rows]
+  # a symbolic row count (a prompt's tokens) gets the whole tile where it is a multiple of it (cpu_gemm.pack_plan pads
+  # it so); a guard would mask A's loads in the tile's inner loop
+  if isinstance(row_count, int): tile_rows = math.gcd(row_count, tile.rows)
+  else: tile_rows = tile.rows if divides(tile.rows, row_count) else 1
+  if tile_rows > 1: opts.append(Opt(OptOps.UPCAST, rows, tile_rows))
   if rows < columns: opts.append(Opt(OptOps.SWAP, rows, columns))
   if not try_opts(kernel, opts): return False
   _threads(kernel)
@@ -734,6 +739,7 @@ def _symbolic_cpu_rules(kernel: Kernel) -> None:
   count, decode attention's values over the filled slots, where it was slower; a prefill's p·v over the keys gains),
   an online reduce's unroll, and the thread split of a known output axis when the work at CPU_THREAD_SYMBOLIC_SIZE is
   enough."""
+  if _cpu_gemm(kernel): return
   if is_symbolic(kernel.full_shape[:kernel.first_reduce]) or not is_symbolic(kernel.full_shape[kernel.first_reduce:]):
     _register_tile(kernel)
   _unroll_online(kernel)

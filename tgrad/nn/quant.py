@@ -501,7 +501,9 @@ class QuantizedTensor:
   def linear(self, x: Tensor, bias: Optional[Tensor] = None) -> Tensor:
     """x·Wᵀ (+ bias) for a weight of shape (out_features, in_features), as the composite `packed_linear`: by default
     over the weight's float32 values dequantized inside the matmul each call (or read from a dequantized copy where
-    the selected path says so: `dequantized_values`); the "int8" path multiplies integer quants instead."""
+    the selected path says so: `dequantized_values`); the "int8" path multiplies integer quants instead. On a CPU,
+    many rows of x (a prompt) make the default's kernel a dequantizing copy of the weight into float32 panels, kept
+    while the weight is unchanged, and the blocked matmul (codegen/cpu_gemm.py)."""
     if self.ndim != 2 or x.ndim == 0 or x.shape[-1] != self.shape[1]:
       raise QuantError(f"linear: input of shape {x.shape} for a quantized weight of shape {self.shape}")
     out = composite(PACKED_LINEAR, (x, self.packed), ggml_type=int(self.ggml_type), shape=self.shape)

@@ -15,7 +15,7 @@ import functools
 import llvmlite.binding as llvm
 import llvmlite.ir as ir
 from tgrad.dtype import DType, dtypes
-from tgrad.ops import UOp, Ops
+from tgrad.ops import ALU, UOp, Ops
 from tgrad.codegen.renderer import Renderer
 
 # Lets the loop vectorizer reorder a single float accumulation (a sum over a long axis), as numpy's pairwise sum
@@ -35,6 +35,11 @@ _INTRINSICS = {Ops.EXP2: "llvm.exp2", Ops.LOG2: "llvm.log2", Ops.SIN: "llvm.sin"
 # Python process's own libm (a call: the loop around it does not vectorize)
 _LIBM_TANH = {dtypes.float32: "tanhf", dtypes.float64: "tanh"}
 _I1, _I8, _I16, _I32, _I64 = ir.IntType(1), ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
+# Ops that may come between two masked stores without ending their shared branch (they compute registers only): a
+# run of masked stores with one mask (a row of an output tile whose rows are padded) is one branch around all of them,
+# so the SLP vectorizer sees the row's stores side by side. One branch per store hid them from it, and it vectorized
+# a 4×16 matmul tile across its rows instead (shuffles, half the FMAs per step: a symbolic-row matmul ran 4× slower).
+_REGISTER_OPS = ALU | {Ops.CONST, Ops.CAST, Ops.BITCAST, Ops.REDUCE}
 
 @functools.cache
 def register_type(dt: DType) -> ir.Type:
@@ -146,9 +151,14 @@ class _FunctionBuilder:
     self.summands = reorderable_summands(uops, self.reorderable)
     self.unvectorized = unvectorized_loops(uops, self.summands)
     self.no_vectorize: ir.MDValue | None = None
+    self.masked_stores: list[tuple[ir.Value, ir.Value, ir.Value]] = []   # (mask, address, value), not yet written
 
   def build(self) -> str:
-    for u in self.uops: self.emit(u)
+    for u in self.uops:
+      if self.masked_stores and not (u.op in _REGISTER_OPS or u.op is Ops.STORE and len(u.src) > 3):
+        self.write_masked_stores()
+      self.emit(u)
+    self.write_masked_stores()
     self.b.ret_void()
     self.entry.branch(self.fn.basic_blocks[1])
     text = str(self.module)
@@ -240,15 +250,23 @@ class _FunctionBuilder:
     pointer, index, value = self.values[u.src[0]], self.as_type(u.src[1], _I64), self.value(u.src[2])
     dtype = u.src[2].dtype
     address = b.gep(pointer, [index], inbounds=True, source_etype=memory_type(dtype))
-    if len(u.src) > 3:
+    if len(u.src) > 3: self.masked_stores.append((self.value(u.src[3]), address, to_memory(b, value, dtype)))
+    else: b.store(to_memory(b, value, dtype), address)
+
+  def write_masked_stores(self) -> None:
+    """The masked stores held back since the last other op: one branch per mask around its stores, in their order.
+    Stores of different masks may trade places: the replicas of a kernel's output each write their own position."""
+    b, pending, self.masked_stores = self.b, self.masked_stores, []
+    by_mask: dict[ir.Value, list[tuple[ir.Value, ir.Value]]] = {}
+    for mask, address, value in pending: by_mask.setdefault(mask, []).append((address, value))
+    for mask, stores in by_mask.items():
       then_block = self.fn.append_basic_block("store")
       after = self.fn.append_basic_block("stored")
-      b.cbranch(self.value(u.src[3]), then_block, after)
+      b.cbranch(mask, then_block, after)
       b.position_at_end(then_block)
-      b.store(to_memory(b, value, dtype), address)
+      for address, value in stores: b.store(value, address)
       b.branch(after)
       b.position_at_end(after)
-    else: b.store(to_memory(b, value, dtype), address)
 
   def alu(self, u: UOp) -> ir.Value:
     b = self.b

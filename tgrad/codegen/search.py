@@ -70,8 +70,8 @@ TIMING_RUNS = 3             # runs per candidate; its time is the minimum (other
 FINAL_RUNS = 5              # interleaved runs of the winner and the heuristic kernel before the winner is accepted
 EARLY_STOP_FACTOR = 3.0     # a candidate this much slower than the best stops running and never joins the beam
 # a candidate this much slower than the best after a run gets no more runs (it keeps that time and may still join the
-# beam): a 1024² matmul's children are mostly 1.2-2× the best, and their second and third runs were most of the
-# timing. Loose enough for one slow first run on a loaded machine (a run that is 20% slow stays within it)
+# beam): runs only ever add time, so more runs could not bring it near the best unless its first was 30% slow (a
+# loaded machine's first runs were within 25% of their best in the logged searches)
 RETIME_FACTOR = 1.3
 MIN_IMPROVEMENT = 0.01      # a round that speeds the best up by less than this fraction ends the search
 COMPILE_TIMEOUT_SECONDS = 30.0   # a compile that returns nothing for this long is abandoned (and its worker killed)

@@ -100,6 +100,24 @@ def test_budget_setting_sets_the_deadline(fresh_cache):
   with Context(BEAM_BUDGET=7): beam = search._Search(kernel, 1)
   assert beam.deadline - beam.started == 7
 
+def test_a_spent_budget_still_returns_the_verified_heuristic_kernel(fresh_cache, monkeypatch):
+  """With the deadline already past when the search starts, the reference and the heuristics' kernel are still
+  compiled (the compile workers take longer than that to start) and checked; nothing else is timed, and the heuristic
+  kernel (20× faster than the unoptimized one here) wins without the final interleaved runs."""
+  init = search._Search.__init__
+  def spent(self, *args) -> None:
+    init(self, *args)
+    self.deadline = self.started - 1
+  monkeypatch.setattr(search._Search, "__init__", spent)
+  kernel, inputs, expected = matmul_case(128, 128, 128)
+  heuristic = kernel.copy()
+  search.hand_coded_optimizations(heuristic)
+  result = search.search_kernel(kernel, 2)
+  stats = result.stats
+  assert stats.deadline_hit and stats.rounds == 0 and stats.timed == 0 and stats.compile_failures == 0
+  assert result.opts == heuristic.applied_opts
+  np.testing.assert_allclose(run_with_opts(kernel, inputs, expected, result.opts), expected, rtol=1e-4, atol=1e-4)
+
 def test_search_is_deterministic_for_fixed_timings(fresh_cache, monkeypatch):
   """The random inputs follow the kernel (its AST), and with timings fixed by the source every choice repeats: the
   same opts and the same counts, searched twice in one process (the second compiles nothing: the binaries are

@@ -444,7 +444,7 @@ class _Search:
     first beam, so the search starts from the default and can only improve on it."""
     reference, _ = self.candidate_for(self.reference_state())
     if reference is None: raise RuntimeError(f"the unoptimized kernel {self.start.name} doesn't render")
-    self.finish_compiles([reference])
+    self.finish_compiles([reference], past_deadline=True)
     if reference.runner is None: raise RuntimeError(f"the unoptimized kernel {self.start.name} doesn't compile")
     self.take_reference(reference)
     self.best = reference
@@ -453,10 +453,15 @@ class _Search:
     hand_coded_optimizations(heuristic_kernel)
     chain = heuristic_kernel.applied_opts[len(self.start.applied_opts):]
     found = [self.candidate_for(state) for state in [heuristic_kernel.state] + self.prefixes(chain)]
-    measured = self.measure([candidate for candidate, new in found if new])
     heuristic = found[0][0]
-    if heuristic is None or not self.verify(heuristic): return None, self.keep_fastest(measured, self.beam_width)
+    if heuristic is not None: self.finish_compiles([heuristic], past_deadline=True)
+    measured = self.measure([candidate for candidate, new in found if new])
+    if heuristic is None or heuristic.runner is None or not self.verify(heuristic):
+      return None, self.keep_fastest(measured, self.beam_width)
+    while len(heuristic.times) < TIMING_RUNS:   # timed in full even past the deadline: the default to beat
+      heuristic.times.append(self.launch(heuristic, self.timing_values))
     self.stats.heuristic_seconds = heuristic.time
+    if heuristic.time < self.best_time: self.best = heuristic   # not timed yet when the budget ran out in measure
     others = [c for c in measured + [reference] if c is not heuristic]
     return heuristic, [heuristic] + self.keep_fastest(others, self.beam_width - 1)
 
@@ -546,17 +551,21 @@ class _Search:
                                       candidate.src, list(kernel.applied_opts), flops, nbytes, self.device.name,
                                       tuple(v.arg[0] for v in kernel.parameters))
 
-  def finish_compiles(self, candidates: list[_Candidate]) -> None:
+  def finish_compiles(self, candidates: list[_Candidate], past_deadline: bool = False) -> None:
     """Collect the workers' binaries. A compile that shows no progress for COMPILE_TIMEOUT_SECONDS is abandoned and
-    the pool replaced afterwards (a stuck worker can't be interrupted)."""
+    the pool replaced afterwards (a stuck worker can't be interrupted). Unless `past_deadline` (the reference and the
+    heuristics' kernel, which every search needs), the wait also ends at the deadline: a compile still running then
+    leaves its candidate without a program (not a failure; the worker finishes it)."""
     compiler, stuck = self.device.compiler, False
     last_progress = time.perf_counter()
     for candidate in candidates:
       if candidate.pending is None: continue
       pending, candidate.pending = candidate.pending, None
-      remaining = min(last_progress + COMPILE_TIMEOUT_SECONDS, self.deadline)
-      try: binary, error = pending.get(timeout=max(remaining - time.perf_counter(), 0.0))
+      stalled = last_progress + COMPILE_TIMEOUT_SECONDS
+      until = stalled if past_deadline else min(stalled, self.deadline)
+      try: binary, error = pending.get(timeout=max(until - time.perf_counter(), 0.0))
       except multiprocessing.TimeoutError:
+        if time.perf_counter() < stalled: continue   # the deadline came first
         binary, error, stuck = None, f"no result in {COMPILE_TIMEOUT_SECONDS} s", True
       last_progress = time.perf_counter()
       if binary is None:
@@ -601,11 +610,12 @@ class _Search:
     return beam
 
   def final_choice(self, heuristic: Optional[_Candidate]) -> _Candidate:
-    """Time the best and the heuristic kernel alternately; the heuristic stays unless the best really is faster."""
+    """Time the best and the heuristic kernel alternately; the heuristic stays unless the best really is faster.
+    Past the deadline they are compared by the times they have (the best may still be the slow reference)."""
     assert self.best is not None, "the reference kernel always verifies"
     if heuristic is None or heuristic is self.best or self.best.runner is None or heuristic.runner is None:
       return self.best
-    for _ in range(FINAL_RUNS):
+    for _ in range(0 if self.deadline_passed else FINAL_RUNS):
       self.best.times.append(self.launch(self.best, self.timing_values))
       heuristic.times.append(self.launch(heuristic, self.timing_values))
     self.stats.heuristic_seconds = heuristic.time

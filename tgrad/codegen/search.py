@@ -479,15 +479,18 @@ class _Search:
     return state
 
   def prefixes(self, chain: list[Opt]) -> list[AxisState]:
-    """The start kernel with each prefix of the heuristics' opts, each prefix followed by their THREAD opt, and, when
-    they chose threads, every other THREAD split of their kernel. On a CPU of many cores a kernel without threads is
-    rarely within EARLY_STOP_FACTOR of the best: without these seeds the search could only extend the heuristics'
-    full choice, thread count and threaded axis included. The empty prefix is left out: the reference is the start
-    kernel, or the start kernel split over the cores (unsplit, a 1024² matmul ran 6 CPU seconds here, and lost)."""
+    """The start kernel with each prefix of the heuristics' opts followed by their THREAD opt (when they chose
+    threads; each prefix alone when they did not), their whole choice without threads, and every other THREAD split of
+    their kernel. On a CPU of many cores a kernel without threads is rarely within EARLY_STOP_FACTOR of the best:
+    without these seeds the search could only extend the heuristics' full choice, thread count and threaded axis
+    included. Left out: the empty prefix (the reference is the start kernel, or the start kernel split over the cores;
+    unsplit, a 1024² matmul ran 6 CPU seconds here, and lost) and, when they chose threads, the shorter prefixes
+    without them (slower than with threads on an idle machine; on a loaded one they could time fastest and win, to
+    run at half the speed once the cores are free)."""
     threads = [opt for opt in chain if opt.op is OptOps.THREAD]
     rest = [opt for opt in chain if opt.op is not OptOps.THREAD]
-    variants = [rest[:count] + tail for count in range(len(rest) + 1) for tail in ([], threads)]
-    if threads: variants += [rest + [action] for action in self.actions() if action.op is OptOps.THREAD]
+    variants = [rest[:count] + threads for count in range(len(rest) + 1)]
+    if threads: variants += [rest] + [rest + [action] for action in self.actions() if action.op is OptOps.THREAD]
     states = []
     for opts in variants:
       if not opts: continue   # the start kernel: the reference is it, or it split over the cores, and is measured

@@ -65,9 +65,10 @@ def expansion(kernel: Kernel, actions: list) -> int:
   try:
     fake = object.__new__(search._Search)
     fake.started, fake.stats = time.perf_counter(), search.SearchStats()
+    fake.deadline = fake.started + Context.BEAM_BUDGET
     search._Search.children(fake, beam)
   finally: search._Search.candidate_for = original
-  return len(made)
+  return len(made) + fake.stats.pruned   # a pruned child was made too (then found to spill its accumulators)
 
 def beam_search_seconds(size: int) -> float:
   from tgrad.codegen.search import search_kernel

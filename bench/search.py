@@ -3,10 +3,10 @@ the search time of each kernel. Run it twice: the second run finds every winner 
 
 Usage: python bench/search.py [--size 1024] [--beam 2] [--runs 10] [--ignore-cache] [--device LLVM|CUDA]
 The other kernels searched (for the median search time) are a row sum and an elementwise a*b+a of size×size. Each
-search's CPU seconds are this process's (its kernel threads included, the compile workers not): on a shared machine
-the wall time also holds the other jobs' share of the cores (load average above the core count).
+search's CPU seconds are this process's (its kernel threads included) plus, on Linux, its compile workers': on a
+shared machine the wall time also holds the other jobs' share of the cores (load average above the core count).
 """
-import argparse, statistics, time
+import argparse, multiprocessing, os, statistics, time
 import numpy as np
 from tgrad.codegen.heuristics import hand_coded_optimizations
 from tgrad.codegen.kernel import Kernel
@@ -40,6 +40,16 @@ def best_seconds(kernel: Kernel, inputs: list[Buffer], output: Buffer, runs: int
   runner([output, *inputs])   # warm-up
   return min(runner([output, *inputs], wait=True) for _ in range(runs))
 
+def worker_cpu_seconds() -> float:
+  """CPU seconds of this process's live child processes (the search's compile workers) from /proc; 0 elsewhere."""
+  ticks, total = os.sysconf("SC_CLK_TCK"), 0
+  for child in multiprocessing.active_children():
+    try:
+      with open(f"/proc/{child.pid}/stat") as stat: fields = stat.read().rsplit(")", 1)[1].split()
+    except OSError: continue
+    total += int(fields[11]) + int(fields[12])   # utime, stime (fields 14 and 15 of proc(5))
+  return total / ticks
+
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--size", type=int, default=1024)
@@ -59,10 +69,11 @@ def main() -> None:
   search_seconds, from_cache = [], 0
   with Context(IGNORE_BEAM_CACHE=int(args.ignore_cache)):
     for name, (kernel, inputs, output) in kernels.items():
-      start, cpu_start = time.perf_counter(), time.process_time()
+      start, cpu_start, workers_start = time.perf_counter(), time.process_time(), worker_cpu_seconds()
       result = search_kernel(kernel, args.beam)
       search_seconds.append(time.perf_counter() - start)
       cpu_seconds = time.process_time() - cpu_start
+      workers_seconds = worker_cpu_seconds() - workers_start
       from_cache += result.stats.from_cache
       default = kernel.copy()
       hand_coded_optimizations(default)
@@ -71,9 +82,9 @@ def main() -> None:
       default_time = best_seconds(default, inputs, output, args.runs)
       beam_time = best_seconds(searched, inputs, output, args.runs)
       stats = result.stats
-      print(f"{name:12s} search {search_seconds[-1]:7.2f} s, {cpu_seconds:6.2f} s CPU "
-            f"({'cached' if stats.from_cache else 'searched'}: "
-            f"{stats.candidates} candidates, {stats.rounds} rounds, {stats.rejected} rejected)  "
+      print(f"{name:12s} search {search_seconds[-1]:7.2f} s, {cpu_seconds:6.2f} + {workers_seconds:5.2f} s CPU "
+            f"({'cached' if stats.from_cache else 'searched'}: {stats.candidates} candidates, {stats.rounds} "
+            f"rounds, {stats.pruned} pruned, {stats.retimes_skipped} timed once, {stats.rejected} rejected)  "
             f"default {default_time * 1e3:8.3f} ms  BEAM={args.beam} {beam_time * 1e3:8.3f} ms  opts {result.opts}")
       if name == "matmul": matmul_times = (default_time, beam_time)
   # tgrad's times above are kernel times (one launch each); the reference's is its kernel time too on CUDA (torch on
@@ -88,7 +99,7 @@ def main() -> None:
   print(f"matmul {n}x{n}x{n} float32 GFLOP/s: default {flops / matmul_times[0] / 1e9:.1f}, "
         f"BEAM={args.beam} {flops / matmul_times[1] / 1e9:.1f}, {reference} {flops / reference_time / 1e9:.1f}")
   print(f"search seconds per kernel: median {statistics.median(search_seconds):.2f}, total {sum(search_seconds):.2f}; "
-        f"{from_cache} of {len(kernels)} from the cache")
+        f"{from_cache} of {len(kernels)} from the cache; load average {os.getloadavg()[0]:.1f}")
 
 def _timed(fn) -> float:
   start = time.perf_counter()

@@ -20,6 +20,7 @@ from tgrad import Tensor  # noqa: E402
 from tgrad.codegen.kernel import Kernel, Opt, OptOps  # noqa: E402
 from tgrad.device import Buffer, Device  # noqa: E402
 from tgrad.dtype import dtypes  # noqa: E402
+from tgrad.helpers import Context  # noqa: E402
 from tgrad.ops import Ops  # noqa: E402
 from tgrad.realize import compile_kernel  # noqa: E402
 from tgrad.schedule import create_schedule  # noqa: E402
@@ -75,7 +76,7 @@ def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__)
   parser.add_argument("--size", type=int, default=4096)
   parser.add_argument("--beam", type=int, default=0)
-  parser.add_argument("--beam-seconds", type=float, default=45.0)
+  parser.add_argument("--beam-seconds", type=int, default=45)
   args = parser.parse_args()
   import torch
   n = args.size
@@ -140,9 +141,9 @@ def main() -> None:
          extra=f"  {[(o.op.name, o.axis, o.amount) for o in opts]}")
   if args.beam:
     import tgrad.codegen.search as search
-    search.SEARCH_DEADLINE_SECONDS = args.beam_seconds
     start = time.perf_counter()
-    result = search.search_kernel(Kernel(item.ast, Device["CUDA"].renderer), args.beam)
+    with Context(BEAM_BUDGET=args.beam_seconds):
+      result = search.search_kernel(Kernel(item.ast, Device["CUDA"].renderer), args.beam)
     stats = result.stats
     print(f"  BEAM={args.beam}: {time.perf_counter() - start:.0f} s, {stats.candidates} candidates, "
           f"{stats.rounds} rounds, deadline hit {stats.deadline_hit}, rejected {stats.rejected}, "

@@ -9,7 +9,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def run_python(code: str, env_updates: dict[str, str], pythonpath: str = "") -> subprocess.CompletedProcess:
   env = {k: v for k, v in os.environ.items() if k not in ("DEBUG", "BEAM", "NOOPT", "DEVICE", "CACHELEVEL",
-                                                            "IGNORE_BEAM_CACHE", "THREADS")}
+                                                            "IGNORE_BEAM_CACHE", "THREADS", "BEAM_BUDGET")}
   env.update(env_updates)
   env["PYTHONPATH"] = os.pathsep.join(p for p in (pythonpath, REPO, env.get("PYTHONPATH", "")) if p)
   return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=REPO)
@@ -17,7 +17,8 @@ def run_python(code: str, env_updates: dict[str, str], pythonpath: str = "") -> 
 BAD_VALUES = [("DEBUG", "abc", "from 0 to 5"), ("DEBUG", str(MAX_DEBUG + 1), "from 0 to 5"), ("DEBUG", "-1", "0 to 5"),
               ("BEAM", "abc", ">= 0"), ("BEAM", "-2", ">= 0"), ("BEAM", "1.5", ">= 0"), ("NOOPT", "2", "0 or 1"),
               ("NOOPT", "yes", "0 or 1"), ("CACHELEVEL", "3", "0 or 1"), ("IGNORE_BEAM_CACHE", "x", "0 or 1"),
-              ("THREADS", "-1", ">= 0"), ("THREADS", "many", ">= 0")]
+              ("THREADS", "-1", ">= 0"), ("THREADS", "many", ">= 0"), ("BEAM_BUDGET", "0", ">= 1"),
+              ("BEAM_BUDGET", "2.5", ">= 1")]
 
 @pytest.mark.parametrize("name,value,allowed", BAD_VALUES)
 def test_bad_environment_value_names_variable_value_and_allowed(monkeypatch, name, value, allowed):
@@ -28,12 +29,12 @@ def test_bad_environment_value_names_variable_value_and_allowed(monkeypatch, nam
 
 def test_good_environment_values_parse(monkeypatch):
   for name, value in (("DEBUG", " 3 "), ("BEAM", "4"), ("NOOPT", "1"), ("CACHELEVEL", "0"), ("THREADS", "2"),
-                      ("IGNORE_BEAM_CACHE", "1"), ("DEVICE", "cpu")):
+                      ("IGNORE_BEAM_CACHE", "1"), ("DEVICE", "cpu"), ("BEAM_BUDGET", "10")):
     monkeypatch.setenv(name, value)
   monkeypatch.setenv("DEBUG", " 3 ")
   settings = _settings_from_environment()
   assert (settings.DEBUG, settings.BEAM, settings.NOOPT, settings.CACHELEVEL, settings.THREADS,
-          settings.IGNORE_BEAM_CACHE, settings.DEVICE) == (3, 4, 1, 0, 2, 1, "cpu")
+          settings.IGNORE_BEAM_CACHE, settings.DEVICE, settings.BEAM_BUDGET) == (3, 4, 1, 0, 2, 1, "cpu", 10)
   monkeypatch.setenv("BEAM", "")   # set but empty: the default
   assert _settings_from_environment().BEAM == 0
 

@@ -93,6 +93,7 @@ class _Settings:
   CACHELEVEL: int = 1   # 0 turns every disk cache off
   CACHE_MAX_BYTES: int = 1 << 30   # bytes of compiled binaries the disk cache keeps; least recently used go first
   IGNORE_BEAM_CACHE: int = 0
+  BEAM_BUDGET: int = 300   # seconds one kernel's search may take; past them the best kernel verified so far wins
   THREADS: int = 0      # CPU threads for THREAD opts; 0 means all cores
   CUDA_GRAPH: int = 1   # 1 replays compiled programs on CUDA as CUDA graphs; 0 launches them kernel by kernel
   PDL: int = 1          # 1: on sm_90+ a CUDA graph's kernels launch before their predecessor ends (Programmatic
@@ -114,6 +115,7 @@ _ALLOWED_VALUES: dict[str, tuple[str, Callable[[int], bool]]] = {
   "CACHELEVEL": ("0 or 1", lambda v: v in (0, 1)),
   "CACHE_MAX_BYTES": ("a whole number >= 1 (bytes of compiled binaries the disk cache keeps)", lambda v: v >= 1),
   "IGNORE_BEAM_CACHE": ("0 or 1", lambda v: v in (0, 1)),
+  "BEAM_BUDGET": ("a whole number >= 1 (seconds one kernel's search may take)", lambda v: v >= 1),
   "THREADS": ("a whole number >= 0 (0 uses every core)", lambda v: v >= 0),
   "CUDA_GRAPH": ("0 or 1", lambda v: v in (0, 1)),
   "PDL": ("0 or 1", lambda v: v in (0, 1)),

@@ -4,12 +4,14 @@ kernel, and cached on disk so that a second process does not search again.
 Input: a Kernel (normally fresh from the scheduler) and a beam width. Output: the Opts to apply to it. Each round
 applies every legal action (ACTIONS) to every beam member, dedupes the children by rendered source, compiles them in
 spawned worker processes, times each on the device and keeps the `beam_width` fastest that verified. A candidate
-verifies when, run twice from the same random inputs with its outputs poisoned by two different byte patterns, it
-leaves the inputs alone, gives the same bytes both times (so it wrote every element) and matches the unoptimized
-kernel element by element (ints exactly, floats within a per-element tolerance). The reference runs the unoptimized
-kernel itself, split over the CPU's cores when it is big, and once where no output element holds the first poison
-(every element was written). Candidates are deduplicated by their axes before rendering (`state_key`) and by source
-after. See docs/architecture.md (step 4).
+verifies when, run from the same random inputs with its outputs poisoned by a byte pattern, it leaves the inputs alone,
+writes every element (where some element still holds the pattern, it runs again with a second pattern and must give
+the same bytes both times) and matches the unoptimized kernel element by element (ints exactly, floats within a
+per-element tolerance). The reference is the unoptimized kernel itself, split over the CPU's cores when it is big.
+Candidates are deduplicated by their axes before rendering (`state_key`) and by source after; on a CPU, children that
+would spill their accumulators are not rendered, and one clearly slower than the best is timed once. The search of
+one kernel stops after Context.BEAM_BUDGET seconds with the best kernel verified so far. See docs/architecture.md
+(step 4).
 """
 from __future__ import annotations
 import atexit, contextlib, dataclasses, hashlib, json, multiprocessing, os, pickle, signal, sys, time
@@ -67,10 +69,20 @@ ACTIONS: list[Opt] = [
 TIMING_RUNS = 3             # runs per candidate; its time is the minimum (other processes only ever add time)
 FINAL_RUNS = 5              # interleaved runs of the winner and the heuristic kernel before the winner is accepted
 EARLY_STOP_FACTOR = 3.0     # a candidate this much slower than the best stops running and never joins the beam
+# a candidate this much slower than the best after a run gets no more runs (it keeps that time and may still join the
+# beam): runs only ever add time, so more runs could not bring it near the best unless its first was 30% slow (a
+# loaded machine's first runs were within 25% of their best in the logged searches)
+RETIME_FACTOR = 1.3
 MIN_IMPROVEMENT = 0.01      # a round that speeds the best up by less than this fraction ends the search
 COMPILE_TIMEOUT_SECONDS = 30.0   # a compile that returns nothing for this long is abandoned (and its worker killed)
-SEARCH_DEADLINE_SECONDS = 300.0  # the whole search of one kernel; past it, the best found so far is returned
+# (the whole search of one kernel has Context.BEAM_BUDGET seconds; past them, the best verified kernel is returned)
 COMPILE_WORKERS = 0         # worker processes; 0 means one per CPU core
+# ---- pruning
+# On a CPU, a reduce kernel whose accumulators (the product of its upcast output axes) need more than this many times
+# the SIMD register file spills them on every step of the reduce: a 1024² float32 matmul with 512 accumulators (16·4
+# tile, then 8 more) ran at half the speed of the 64 of the heuristics, and took 2 s to render and compile (AVX2: 128
+# floats of registers). Such children are not rendered
+ACCUMULATOR_REGISTER_FILES = 1
 # ---- verifying
 # The reference (the unoptimized kernel) of this many loop iterations or more runs on all CPU cores: unoptimized, a
 # 1024² float32 matmul (2^30) takes 5-10 s a run on a shared Zen 3 core, most of a search's time
@@ -139,6 +151,8 @@ class SearchStats:
   compile_failures: int = 0   # render or compile errors and compile timeouts
   timed: int = 0
   early_stopped: int = 0
+  retimes_skipped: int = 0    # candidates timed fewer than TIMING_RUNS times: RETIME_FACTOR slower than the best
+  pruned: int = 0             # children not rendered: more accumulators than ACCUMULATOR_REGISTER_FILES allow
   rejected: int = 0           # candidates whose output differed from the unoptimized kernel's
   seconds: float = 0.0
   best_seconds: float = 0.0       # the winner's kernel time
@@ -324,6 +338,14 @@ def state_key(kernel: AxisState) -> tuple:
   """What a kernel's source follows from (the linearizer reads nothing else): equal keys render the same source."""
   return tuple(getattr(kernel, name) for name in _RENDERED_FIELDS)
 
+def spills_accumulators(kernel: AxisState) -> bool:
+  """A CPU reduce kernel whose accumulators need more than ACCUMULATOR_REGISTER_FILES times the SIMD registers."""
+  renderer = kernel.renderer
+  if not renderer.has_threads or not kernel.reduceops: return False
+  accumulators = prod(kernel.full_shape[axis] for axis in kernel.upcast_axes if not kernel.is_reduce_axis(axis))
+  register_file = renderer.vector_bytes * renderer.vector_registers
+  return accumulators * max(r.dtype.itemsize for r in kernel.reduceops) > ACCUMULATOR_REGISTER_FILES * register_file
+
 def render_candidate(kernel: AxisState, name: str) -> str:
   """Source text of a kernel: the thing candidates are deduplicated by and compiled from."""
   return render_source(kernel, name)[0]
@@ -349,6 +371,7 @@ class _Search:
     self.arch = device_arch(self.device)
     self.name = kernel.function_name   # as compile_kernel names it: the winner's source is the one realize compiles
     self.started = time.perf_counter()
+    self.deadline = self.started + Context.BEAM_BUDGET
     self.stats = SearchStats()
     self.by_source: dict[str, _Candidate] = {}
     self.by_state: dict[tuple, Optional[_Candidate]] = {}   # state_key → its candidate (None: it doesn't render)
@@ -385,7 +408,7 @@ class _Search:
 
   @property
   def deadline_passed(self) -> bool:
-    self.stats.deadline_hit = self.stats.deadline_hit or time.perf_counter() - self.started > SEARCH_DEADLINE_SECONDS
+    self.stats.deadline_hit = self.stats.deadline_hit or time.perf_counter() > self.deadline
     return self.stats.deadline_hit
 
   @property
@@ -421,7 +444,7 @@ class _Search:
     first beam, so the search starts from the default and can only improve on it."""
     reference, _ = self.candidate_for(self.reference_state())
     if reference is None: raise RuntimeError(f"the unoptimized kernel {self.start.name} doesn't render")
-    self.finish_compiles([reference])
+    self.finish_compiles([reference], past_deadline=True)
     if reference.runner is None: raise RuntimeError(f"the unoptimized kernel {self.start.name} doesn't compile")
     self.take_reference(reference)
     self.best = reference
@@ -430,10 +453,15 @@ class _Search:
     hand_coded_optimizations(heuristic_kernel)
     chain = heuristic_kernel.applied_opts[len(self.start.applied_opts):]
     found = [self.candidate_for(state) for state in [heuristic_kernel.state] + self.prefixes(chain)]
-    measured = self.measure([candidate for candidate, new in found if new])
     heuristic = found[0][0]
-    if heuristic is None or not self.verify(heuristic): return None, self.keep_fastest(measured, self.beam_width)
+    if heuristic is not None: self.finish_compiles([heuristic], past_deadline=True)
+    measured = self.measure([candidate for candidate, new in found if new])
+    if heuristic is None or heuristic.runner is None or not self.verify(heuristic):
+      return None, self.keep_fastest(measured, self.beam_width)
+    while len(heuristic.times) < TIMING_RUNS:   # timed in full even past the deadline: the default to beat
+      heuristic.times.append(self.launch(heuristic, self.timing_values))
     self.stats.heuristic_seconds = heuristic.time
+    if heuristic.time < self.best_time: self.best = heuristic   # not timed yet when the budget ran out in measure
     others = [c for c in measured + [reference] if c is not heuristic]
     return heuristic, [heuristic] + self.keep_fastest(others, self.beam_width - 1)
 
@@ -451,16 +479,21 @@ class _Search:
     return state
 
   def prefixes(self, chain: list[Opt]) -> list[AxisState]:
-    """The start kernel with each prefix of the heuristics' opts, each prefix followed by their THREAD opt, and, when
-    they chose threads, every other THREAD split of their kernel. On a CPU of many cores a kernel without threads is
-    rarely within EARLY_STOP_FACTOR of the best: without these seeds the search could only extend the heuristics'
-    full choice, thread count and threaded axis included."""
+    """The start kernel with each prefix of the heuristics' opts followed by their THREAD opt (when they chose
+    threads; each prefix alone when they did not), their whole choice without threads, and every other THREAD split of
+    their kernel. On a CPU of many cores a kernel without threads is rarely within EARLY_STOP_FACTOR of the best:
+    without these seeds the search could only extend the heuristics' full choice, thread count and threaded axis
+    included. Left out: the empty prefix (the reference is the start kernel, or the start kernel split over the cores;
+    unsplit, a 1024² matmul ran 6 CPU seconds here, and lost) and, when they chose threads, the shorter prefixes
+    without them (slower than with threads on an idle machine; on a loaded one they could time fastest and win, to
+    run at half the speed once the cores are free)."""
     threads = [opt for opt in chain if opt.op is OptOps.THREAD]
     rest = [opt for opt in chain if opt.op is not OptOps.THREAD]
-    variants = [rest[:count] + tail for count in range(len(rest) + 1) for tail in ([], threads)]
-    if threads: variants += [rest + [action] for action in self.actions() if action.op is OptOps.THREAD]
+    variants = [rest[:count] + threads for count in range(len(rest) + 1)]
+    if threads: variants += [rest] + [rest + [action] for action in self.actions() if action.op is OptOps.THREAD]
     states = []
     for opts in variants:
+      if not opts: continue   # the start kernel: the reference is it, or it split over the cores, and is measured
       try: states.append(apply_opts(self.start.state, opts))
       except KernelOptError: continue
     return states
@@ -506,6 +539,9 @@ class _Search:
         if self.deadline_passed: return out
         try: child = apply_opt(parent.kernel, action)
         except KernelOptError: continue
+        if spills_accumulators(child):
+          self.stats.pruned += 1
+          continue
         candidate, new = self.candidate_for(child)
         if new: out.append(candidate)
     return out
@@ -518,17 +554,21 @@ class _Search:
                                       candidate.src, list(kernel.applied_opts), flops, nbytes, self.device.name,
                                       tuple(v.arg[0] for v in kernel.parameters))
 
-  def finish_compiles(self, candidates: list[_Candidate]) -> None:
+  def finish_compiles(self, candidates: list[_Candidate], past_deadline: bool = False) -> None:
     """Collect the workers' binaries. A compile that shows no progress for COMPILE_TIMEOUT_SECONDS is abandoned and
-    the pool replaced afterwards (a stuck worker can't be interrupted)."""
+    the pool replaced afterwards (a stuck worker can't be interrupted). Unless `past_deadline` (the reference and the
+    heuristics' kernel, which every search needs), the wait also ends at the deadline: a compile still running then
+    leaves its candidate without a program (not a failure; the worker finishes it)."""
     compiler, stuck = self.device.compiler, False
     last_progress = time.perf_counter()
     for candidate in candidates:
       if candidate.pending is None: continue
       pending, candidate.pending = candidate.pending, None
-      remaining = min(last_progress + COMPILE_TIMEOUT_SECONDS, self.started + SEARCH_DEADLINE_SECONDS)
-      try: binary, error = pending.get(timeout=max(remaining - time.perf_counter(), 0.0))
+      stalled = last_progress + COMPILE_TIMEOUT_SECONDS
+      until = stalled if past_deadline else min(stalled, self.deadline)
+      try: binary, error = pending.get(timeout=max(until - time.perf_counter(), 0.0))
       except multiprocessing.TimeoutError:
+        if time.perf_counter() < stalled: continue   # the deadline came first
         binary, error, stuck = None, f"no result in {COMPILE_TIMEOUT_SECONDS} s", True
       last_progress = time.perf_counter()
       if binary is None:
@@ -553,6 +593,9 @@ class _Search:
           candidate.early_stopped = True
           self.stats.early_stopped += 1
           break
+        if candidate.time > RETIME_FACTOR * self.best_time:
+          self.stats.retimes_skipped += 1
+          break
       self.stats.timed += 1
       self.record_timing(candidate)
       measured.append(candidate)
@@ -570,11 +613,12 @@ class _Search:
     return beam
 
   def final_choice(self, heuristic: Optional[_Candidate]) -> _Candidate:
-    """Time the best and the heuristic kernel alternately; the heuristic stays unless the best really is faster."""
+    """Time the best and the heuristic kernel alternately; the heuristic stays unless the best really is faster.
+    Past the deadline they are compared by the times they have (the best may still be the slow reference)."""
     assert self.best is not None, "the reference kernel always verifies"
     if heuristic is None or heuristic is self.best or self.best.runner is None or heuristic.runner is None:
       return self.best
-    for _ in range(FINAL_RUNS):
+    for _ in range(0 if self.deadline_passed else FINAL_RUNS):
       self.best.times.append(self.launch(self.best, self.timing_values))
       heuristic.times.append(self.launch(heuristic, self.timing_values))
     self.stats.heuristic_seconds = heuristic.time
@@ -601,21 +645,17 @@ class _Search:
     return {i: self.buffers[i].copyout()[:self.output_elements[check][i]] for i in self.outputs}
 
   def poisoned_runs(self, candidate: _Candidate, check: int = 0) -> tuple[dict[int, np.ndarray], list[int]]:
-    """One checked run per POISON_BYTES pattern: (the first run's outputs, the outputs whose bytes differ between the
-    runs, i.e. that hold an element the kernel never wrote)."""
-    first, *others = [self.checked_run(candidate, poison_byte, check) for poison_byte in POISON_BYTES]
-    return first, [i for i in self.outputs if any(not same_bytes(first[i], other[i]) for other in others)]
-
-  def reference_runs(self, reference: _Candidate, check: int = 0) -> tuple[dict[int, np.ndarray], list[int]]:
-    """poisoned_runs for the reference, whose runs are the slowest of the search: after the first, an output none of
-    whose elements holds the first poison's bytes was written everywhere; the second poison runs only where some
-    element does (a NaN or -1 it may have computed)."""
-    first = self.checked_run(reference, POISON_BYTES[0], check)
+    """Checked runs with the POISON_BYTES patterns: (the first run's outputs, the outputs whose bytes differ between
+    the runs, i.e. that hold an element the kernel never wrote). After the first run, a poisoned output none of whose
+    elements holds the first poison's bytes was written everywhere (an element left alone keeps them), so the other
+    patterns run only where some element does: one the kernel skipped, or a NaN or -1 it computed."""
+    first = self.checked_run(candidate, POISON_BYTES[0], check)
     def holds_poison(i: int) -> bool:   # some element all of whose bytes are the poison's
       values = first[i]
       return bool((values.view(np.uint8).reshape(len(values), values.dtype.itemsize) == POISON_BYTES[0]).all(1).any())
-    if not any(holds_poison(i) for i in self.outputs): return first, []
-    return self.poisoned_runs(reference, check)
+    if not any(holds_poison(i) for i in self.outputs if i not in self.initial): return first, []
+    others = [self.checked_run(candidate, poison_byte, check) for poison_byte in POISON_BYTES[1:]]
+    return first, [i for i in self.outputs if any(not same_bytes(first[i], other[i]) for other in others)]
 
   def take_reference(self, reference: _Candidate) -> None:
     """The unoptimized kernel's outputs become the reference, with each float output's per-element tolerance. It must
@@ -623,7 +663,7 @@ class _Search:
     name = self.start.name
     least_precise, terms = kernel_numerics(self.start)
     for check in range(len(self.check_values)):
-      try: outputs, unwritten = self.reference_runs(reference, check)
+      try: outputs, unwritten = self.poisoned_runs(reference, check)
       except _WroteInput as error: raise RuntimeError(f"the unoptimized kernel {name} wrote {error}") from None
       if unwritten:
         raise RuntimeError(f"the unoptimized kernel {name} leaves elements of output buffer(s) {unwritten} "

@@ -239,6 +239,7 @@ class CUDAGraph:
     # the state each child graph's owner keeps of its launches (nccl.Communicators.graph_launched), once per owner
     states = [getattr(launch.owner, "communicators", None) for launch in launches if isinstance(launch, ChildGraph)]
     self._launch_states = list({id(state): state for state in states if state is not None}.values())
+    if states: _graphs_with_children.add(self)
 
   def _add_programmatic_edge(self, upstream: _KernelNode, downstream: _KernelNode, index: int) -> None:
     edge = EdgeData(KERNEL_NODE_PORT_PROGRAMMATIC, 0, DEPENDENCY_TYPE_PROGRAMMATIC)
@@ -307,11 +308,16 @@ def _guest_context(device: str) -> Any:
 
 _live_runners: weakref.WeakSet = weakref.WeakSet()   # every CUDAGraphRunner not yet collected (close_every_graph)
 
+_graphs_with_children: weakref.WeakSet = weakref.WeakSet()   # CUDAGraphs holding a child graph (a captured collective)
+
 def close_every_graph() -> None:
-  """Destroy every TinyJit CUDA graph of this process (their runners build them again if called). At exit this
-  comes before NCCL's communicators are destroyed: a graph holding a captured collective keeps NCCL's resources
-  referenced, and ncclCommDestroy waits for them."""
+  """Destroy every TinyJit CUDA graph of this process (their runners build them again if called) and every other
+  CUDAGraph that holds a child graph. At exit this comes before NCCL's communicators are destroyed: a graph holding a
+  captured collective keeps NCCL's resources referenced, and ncclCommDestroy waits for them."""
   for runner in list(_live_runners): runner.close()
+  for graph in list(_graphs_with_children):
+    try: graph.close()
+    except CUDAGraphError: pass   # made in a context that is gone: nothing left to release
 
 class CUDAGraphRunner:
   """A TinyJit graph runner (jit.py's GraphRunner contract) for CUDA: each run of consecutive kernel instructions is

@@ -199,8 +199,15 @@ class Communicators:
     """ncclCommDestroy each communicator (after the work queued on them is done, and after every CUDA graph that
     holds a captured collective of theirs is destroyed: until then NCCL keeps waiting for those graphs)."""
     comms, self.comms = self.comms, []
+    lib = self.library.lib
+    finalize = getattr(lib, "ncclCommFinalize", None)   # NCCL 2.14+
     with _ContextKept():
-      for comm in comms: self.library.lib.ncclCommDestroy(Comm(comm))
+      if finalize is not None:   # every rank finalizes at once: one thread drives all of them, so as one group
+        finalize.argtypes, finalize.restype = [Comm], ctypes.c_int
+        lib.ncclGroupStart()
+        for comm in comms: finalize(Comm(comm))
+        lib.ncclGroupEnd()
+      for comm in comms: lib.ncclCommDestroy(Comm(comm))
 
 _communicators: dict[tuple[int, ...], Communicators] = {}
 _live_captures: weakref.WeakSet = weakref.WeakSet()   # every CapturedCollective not yet collected

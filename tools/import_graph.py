@@ -30,7 +30,7 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
   ("device", ("tgrad.device",)),
   ("codegen", ("tgrad.codegen",)),
   ("runtime", ("tgrad.runtime", "tgrad.custom")),
-  ("lazy graph", ("tgrad.lazy", "tgrad.regions", "tgrad.graph_simplify", "tgrad.multi")),
+  ("lazy graph", ("tgrad.lazy", "tgrad.regions", "tgrad.graph_simplify", "tgrad.multi", "tgrad.attention_kernel")),
   ("schedule", ("tgrad.schedule", "tgrad.schedule_cache", "tgrad.schedule_riders")),
   ("realize", ("tgrad.realize", "tgrad.bounds", "tgrad.traced_run", "tgrad.kept_copies")),
   ("front end", ("tgrad.function", "tgrad.tensor_ops", "tgrad.tensor", "tgrad.jit")),

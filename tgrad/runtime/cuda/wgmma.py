@@ -319,6 +319,33 @@ def _copy_lines(c: WgmmaConfig, operand_b: bool, m: int, n: int, k: int) -> list
 PARAMETERS = {"out": "element* __restrict__ out", "a": "const element* __restrict__ a",
               "b": "const element* __restrict__ b"}
 
+def descriptor_bits(c: WgmmaConfig) -> tuple[int, int]:
+  """The fixed fields (LBO, SBO, 128-byte swizzle) of A's and B's shared-memory matrix descriptors."""
+  return tuple(encode_descriptor(0, *c.descriptor_offsets(operand_b), SWIZZLE_128B) for operand_b in (0, 1))
+
+def k_tile_wgmmas(c: WgmmaConfig, type_name: str, indent: str) -> list[str]:
+  """The wgmmas of one K tile (BLOCK_K / WGMMA_K of them, from the stage `stage`, descriptors from `a_bits`, `b_bits`
+  and `shared_base`), their commit, and the wait for the previous tile's: a loop body's lines at `indent`, shared by
+  the cp.async kernel here and the TMA kernel (wgmma_tma.py)."""
+  outputs = ", ".join(f'"+f"(acc[{i}])' for i in range(c.accumulators))
+  registers = ", ".join(f"%{i}" for i in range(c.accumulators))
+  da, db, one = c.accumulators, c.accumulators + 1, c.accumulators + 2   # scale-d is a predicate: p = 1
+  instruction = f"wgmma.mma_async.sync.aligned.m64n{c.block_n}k16.f32.{type_name}.{type_name}"
+  lines: list[str] = []
+  for k_step in range(BLOCK_K // WGMMA_K):
+    start_a = descriptor_start(c, CExpr("stage"), False, CExpr("warpgroup"), k_step)
+    start_b = descriptor_start(c, CExpr("stage"), True, CExpr("warpgroup"), k_step)
+    lines += [
+      "{",
+      f"  const unsigned long long desc_a = a_bits | (((shared_base + {start_a}) >> 4) & {DESCRIPTOR_FIELD_MASK});",
+      f"  const unsigned long long desc_b = b_bits | (((shared_base + {start_b}) >> 4) & {DESCRIPTOR_FIELD_MASK});",
+      f'  asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{one}, 0;\\n{instruction} {{{registers}}}, %{da}, '
+      f'%{db}, p, 1, 1, 0, {int(c.b_n_major)};\\n}}\\n" : {outputs} : "l"(desc_a), "l"(desc_b), "n"(1) : "memory");',
+      "}"]
+  lines += ['asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");',
+            'asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");   // tile t - 1\'s wgmmas are done']
+  return [indent + line for line in lines]
+
 def wgmma_matmul_source(name: str, m: int, n: int, k: int, dtype: DType = dtypes.float16,
                         config: WgmmaConfig = WgmmaConfig(), arguments: tuple[str, ...] = ("out", "a", "b")) -> str:
   """CUDA C of `name(out, a, b)` (parameters in the order `arguments` names them): out[M×N] = a[M×K] · b[N×K]ᵀ
@@ -378,28 +405,10 @@ def wgmma_matmul_source(name: str, m: int, n: int, k: int, dtype: DType = dtypes
     '    asm volatile("cp.async.commit_group;" ::: "memory");',
     '    asm volatile("wgmma.fence.sync.aligned;" ::: "memory");',
   ]
-  outputs = ", ".join(f'"+f"(acc[{i}])' for i in range(c.accumulators))
-  registers = ", ".join(f"%{i}" for i in range(c.accumulators))
-  da, db, one = c.accumulators, c.accumulators + 1, c.accumulators + 2   # scale-d is a predicate: p = 1
-  instruction = f"wgmma.mma_async.sync.aligned.m64n{c.block_n}k16.f32.{type_name}.{type_name}"
-  bits = {operand_b: encode_descriptor(0, *c.descriptor_offsets(operand_b), SWIZZLE_128B) for operand_b in (0, 1)}
-  lines += [f"    const unsigned long long a_bits = {bits[0]}ull, b_bits = {bits[1]}ull;   // LBO, SBO, 128-byte "
-            "swizzle"]
-  for k_step in range(BLOCK_K // WGMMA_K):
-    start_a = descriptor_start(c, CExpr("stage"), False, CExpr("warpgroup"), k_step)
-    start_b = descriptor_start(c, CExpr("stage"), True, CExpr("warpgroup"), k_step)
-    lines += [
-      "    {",
-      f"      const unsigned long long desc_a = a_bits | (((shared_base + {start_a}) >> 4) & "
-      f"{DESCRIPTOR_FIELD_MASK});",
-      f"      const unsigned long long desc_b = b_bits | (((shared_base + {start_b}) >> 4) & "
-      f"{DESCRIPTOR_FIELD_MASK});",
-      f'      asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{one}, 0;\\n{instruction} {{{registers}}}, %{da}, '
-      f'%{db}, p, 1, 1, 0, {int(c.b_n_major)};\\n}}\\n" : {outputs} : "l"(desc_a), "l"(desc_b), "n"(1) : "memory");',
-      "    }"]
+  a_bits, b_bits = descriptor_bits(c)
+  lines += [f"    const unsigned long long a_bits = {a_bits}ull, b_bits = {b_bits}ull;   // LBO, SBO, 128-byte swizzle"]
+  lines += k_tile_wgmmas(c, type_name, "    ")
   lines += [
-    '    asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");',
-    '    asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");   // tile t - 1\'s wgmmas are done',
     f"    stage = stage + 1 == {c.stages} ? 0 : stage + 1;",
     "  }",
     '  asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");',

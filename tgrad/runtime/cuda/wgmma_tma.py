@@ -25,10 +25,9 @@ from typing import Optional
 from tgrad.dtype import DType, dtypes
 from tgrad.runtime.cuda.tensor_map import SWIZZLE_128B as TENSOR_MAP_SWIZZLE_128B, TensorMapSpec, marker_source
 from tgrad.runtime.cuda.targets import DYNAMIC_SHARED_SUFFIX, WARPGROUP_MMA_ARCH
-from tgrad.runtime.cuda.wgmma import (BLOCK_K, DESCRIPTOR_FIELD_MASK, ELEMENT_BYTES, MBARRIER_BYTES, PARAMETERS,
-                                      SWIZZLE_128B, SWIZZLE_ATOM_BYTES, WARPGROUP_THREADS, WGMMA_K, WGMMA_TYPES, CExpr,
-                                      WgmmaConfig, _epilogue, check_shapes, descriptor_start, encode_descriptor,
-                                      wgmma_matmul_source)
+from tgrad.runtime.cuda.wgmma import (BLOCK_K, ELEMENT_BYTES, MBARRIER_BYTES, PARAMETERS, SWIZZLE_ATOM_BYTES,
+                                      WARPGROUP_THREADS, WGMMA_TYPES, CExpr, WgmmaConfig, descriptor_bits, _epilogue,
+                                      check_shapes, k_tile_wgmmas, wgmma_matmul_source)
 
 N_ATOM_COLUMNS = 64          # an N-major B atom: 64 N-elements (one 128-byte swizzled row) per K-row
 REGISTER_FILE = 65536        # 32-bit registers of an SM; one block per SM (launch bounds (threads, 1))
@@ -150,35 +149,18 @@ def tma_matmul_source(name: str, m: int, n: int, k: int, dtype: DType = dtypes.f
   ]
   if split:
     lines.append(f'    asm volatile("setmaxnreg.inc.sync.aligned.u32 {consumer_registers(c)};" ::: "memory");')
-  outputs = ", ".join(f'"+f"(acc[{i}])' for i in range(c.accumulators))
-  registers = ", ".join(f"%{i}" for i in range(c.accumulators))
-  da, db, one = c.accumulators, c.accumulators + 1, c.accumulators + 2   # scale-d is a predicate: p = 1
-  instruction = f"wgmma.mma_async.sync.aligned.m64n{c.block_n}k16.f32.{type_name}.{type_name}"
-  bits = {operand_b: encode_descriptor(0, *c.descriptor_offsets(operand_b), SWIZZLE_128B) for operand_b in (0, 1)}
+  a_bits, b_bits = descriptor_bits(c)
   lines += [
     f"    float acc[{c.accumulators}];",
     f"    #pragma unroll\n    for (int i = 0; i < {c.accumulators}; ++i) acc[i] = 0.0f;",
-    f"    const unsigned long long a_bits = {bits[0]}ull, b_bits = {bits[1]}ull;   // LBO, SBO, 128-byte swizzle",
+    f"    const unsigned long long a_bits = {a_bits}ull, b_bits = {b_bits}ull;   // LBO, SBO, 128-byte swizzle",
     "    int stage = 0, previous = 0;",
     "    unsigned int phase = 0;",
     f"    for (int t = 0; t < {tiles}; ++t) {{",
     f"      wait(full_barriers + {MBARRIER_BYTES} * stage, phase);   // tile t has landed",
     '      asm volatile("wgmma.fence.sync.aligned;" ::: "memory");']
-  for k_step in range(BLOCK_K // WGMMA_K):
-    start_a = descriptor_start(c, CExpr("stage"), False, CExpr("warpgroup"), k_step)
-    start_b = descriptor_start(c, CExpr("stage"), True, CExpr("warpgroup"), k_step)
-    lines += [
-      "      {",
-      f"        const unsigned long long desc_a = a_bits | (((shared_base + {start_a}) >> 4) & "
-      f"{DESCRIPTOR_FIELD_MASK});",
-      f"        const unsigned long long desc_b = b_bits | (((shared_base + {start_b}) >> 4) & "
-      f"{DESCRIPTOR_FIELD_MASK});",
-      f'        asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{one}, 0;\\n{instruction} {{{registers}}}, %{da}, '
-      f'%{db}, p, 1, 1, 0, {int(c.b_n_major)};\\n}}\\n" : {outputs} : "l"(desc_a), "l"(desc_b), "n"(1) : "memory");',
-      "      }"]
+  lines += k_tile_wgmmas(c, type_name, "      ")
   lines += [
-    '      asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");',
-    '      asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");   // tile t - 1\'s wgmmas are done',
     f'      if (t > 0) asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(empty_barriers + '
     f'{MBARRIER_BYTES} * previous) : "memory");',
     "      previous = stage;",

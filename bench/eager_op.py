@@ -17,6 +17,7 @@ import argparse, json, os, statistics, sys, time
 import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from tgrad import Tensor  # noqa: E402
+from tgrad.profiler import python_calls_per_call  # noqa: E402
 
 WARMUP = 50
 CALLS = 2000
@@ -32,16 +33,7 @@ def host_ns(call, synchronize, calls: int) -> list[int]:
     samples.append(time.perf_counter_ns() - start)
   return samples
 
-def python_calls_per_op(call, ops: int = 200) -> float:
-  calls = 0
-  def count(frame, event, arg):
-    nonlocal calls
-    if event == "call": calls += 1
-  sys.setprofile(count)
-  try:
-    for _ in range(ops): call()
-  finally: sys.setprofile(None)
-  return (calls - ops) / ops   # less the calls of `call` itself
+def python_calls_per_op(call, ops: int = 200) -> float: return python_calls_per_call(call, ops)
 
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__)

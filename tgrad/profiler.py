@@ -14,7 +14,7 @@ call site costs one module attribute read and nothing else.
 `graph_observer` is the hook tgrad/viz installs for GRAPH=1 (this module imports nothing from tgrad but helpers).
 """
 from __future__ import annotations
-import atexit, contextlib, json, os, threading, time
+import atexit, contextlib, json, os, sys, threading, time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Optional
 
@@ -31,6 +31,20 @@ KERNEL_TID, COPY_TID = 1, 2
 # two back-to-back realizes, and a decode loop would get thousands of empty-looking slivers.
 MIN_GRAPH_BUILDING_SECONDS = 20e-6
 COPY_NAMES = frozenset({"copy", "copyin", "copyout"})
+
+def python_calls_per_call(call: Callable[[], Any], times: int) -> float:
+  """How many Python functions one `call()` runs, on average over `times` calls (sys.setprofile's count of Python
+  call events, less `call` itself): a deterministic measure of a host path's length, unlike its time."""
+  calls = 0
+  def count(frame, event, arg):
+    nonlocal calls
+    if event == "call": calls += 1
+  previous = sys.getprofile()
+  sys.setprofile(count)
+  try:
+    for _ in range(times): call()
+  finally: sys.setprofile(previous)
+  return (calls - times) / times
 
 def now() -> float:
   """Host clock, seconds (the clock every event's timestamp is on)."""

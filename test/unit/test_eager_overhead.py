@@ -2,13 +2,13 @@
 makes on LLVM once its kernel is compiled and its schedule cached. A count is deterministic on any machine, loaded or
 not, and each call is a fraction of a microsecond of host time, so a regression in the eager path (a layer, a
 comprehension or a property added per op) shows here as a number, not as noise. bench/eager_op.py gives the time."""
-import sys
 import numpy as np
 import pytest
 from tgrad import Tensor
 from tgrad import bounds
 from tgrad.helpers import Context
 import tgrad.paths.select as select
+from tgrad.profiler import python_calls_per_call
 
 OPS = 128   # counted ops (after a warm-up): a base's reader list is compacted every 64 ops, which the average absorbs
 # Python calls per op measured when these budgets were set: 14 to build `a + b` (was 29), 45 for the whole op
@@ -16,16 +16,7 @@ OPS = 128   # counted ops (after a warm-up): a base's reader list is compacted e
 BUILD_CALLS = 17
 OP_CALLS = 52
 
-def _calls_per_op(fn) -> float:
-  calls = 0
-  def count(frame, event, arg):
-    nonlocal calls
-    if event == "call": calls += 1
-  sys.setprofile(count)
-  try:
-    for _ in range(OPS): fn()
-  finally: sys.setprofile(None)
-  return (calls - OPS) / OPS   # less the calls of fn itself
+def _calls_per_op(fn) -> float: return python_calls_per_call(fn, OPS)
 
 @pytest.fixture
 def quiet_realize(monkeypatch):

@@ -131,7 +131,8 @@ def _is_one_op(root: LazyBuffer) -> bool:
 
 def _unbound_entries(entries: list[tuple]) -> tuple[list[tuple], dict[str, int]]:
   """The walk's entries with bound variables replaced by the bare variables (in views, shapes and symbolic constants),
-  and their values: a graph with the same structure at another value of the variables has the same key."""
+  and their values: a graph with the same structure at another value of the variables has the same key. An entry
+  with nothing symbolic is kept as it is (plain loops: this runs for every eager op once any variable was bound)."""
   values: dict[str, int] = {}
   def unbound(x: Any) -> Any:
     if isinstance(x, ShapeTracker):
@@ -142,9 +143,18 @@ def _unbound_entries(entries: list[tuple]) -> tuple[list[tuple], dict[str, int]]
       size, found = unbind(x)
       values.update(found)
       return size
-    if type(x) is tuple and any(isinstance(s, UOp) for s in x): return tuple(unbound(s) for s in x)
+    if type(x) is tuple:
+      for s in x:
+        if isinstance(s, UOp): return tuple(unbound(s) for s in x)
     return x
-  return [tuple(unbound(x) for x in entry) for entry in entries], values
+  out = []
+  for entry in entries:
+    for x in entry:
+      if (type(x) is ShapeTracker and x.symbolic) or isinstance(x, UOp) or type(x) is tuple and UOp in map(type, x):
+        out.append(tuple(unbound(x) for x in entry))
+        break
+    else: out.append(entry)
+  return out, values
 
 def _arg_key(arg: Any) -> Any:
   """An arg as a key: host data by its dtype and shape only (the values are the graph's own, not the structure's);

@@ -25,7 +25,7 @@ from tgrad.ops import Ops, UOp, SymbolicState
 from tgrad.shape.shapetracker import ShapeTracker
 from tgrad.shape.sint import unbind
 from tgrad.scalars import param_name
-from tgrad.helpers import Context, current_settings
+from tgrad.helpers import current_settings
 from tgrad.schedule import (MAX_SCALAR_PARAMS, NO_VARIABLES, ScheduleItem, create_schedule, keep_old_values,
                             scalar_values, with_collective_siblings)
 

@@ -20,7 +20,7 @@ from tgrad.ops import UOp, Ops
 from tgrad.backend import backend, device_kind
 from tgrad.lazy import LazyBuffer, holders_of
 from tgrad.schedule import ScheduleItem, create_schedule
-from tgrad.schedule_cache import Found, Template, bind, item_values, look_up, schedule, schedule_found, stored
+from tgrad.schedule_cache import Template, bind, item_values, look_up, schedule, schedule_found, stored
 from tgrad.device import Buffer, Device
 from tgrad.codegen.kernel import Kernel
 from tgrad.codegen.compile import CompiledKernel, compile_kernel
@@ -346,10 +346,24 @@ def _plan_of(template: Template, items: Sequence[ScheduleItem], settings: tuple)
                      reads))
   return settings, tuple(launches), any(launch[4] is not None for launch in launches)
 
-def _run_plan(found: Found, plan: Plan) -> None:
-  """Launch a planned schedule on the graph `look_up` found: its Buffers and commits from schedule_cache.bind, its
-  kernels in order (a launch's outputs note their writes, as `run` does)."""
-  walk, template, launches = found[0], found[2], plan[1]
+def realize(*lbs: LazyBuffer) -> None:
+  """Compute the given lazy values into device buffers (afterwards `lb.base.buffer` holds each)."""
+  current = current_settings()
+  if profiler.ENABLED or profiler.graph_observer is not None or _capture is not None or current.DEBUG:
+    return _realize_watched(lbs)
+  if (found := look_up(lbs, current)) is None: return
+  settings = _settings_memo[1] if _settings_memo[0] is current else _settings()
+  template = found[2]
+  if template is None or (plan := template.plan) is None or plan[1] is None or plan[0] != settings:
+    items = schedule_found(found)
+    run(lower_schedule(items), 0)
+    if found[3]: return   # a schedule with writes is never planned
+    if template is None: template = stored(found[1])
+    if template is not None and (template.plan is None or template.plan[0] != settings):
+      template.plan = _plan_of(template, items, settings)
+    return
+  # the planned hit: this is every eager op, so loops are written out (a comprehension is a call of its own)
+  walk, launches = found[0], plan[1]
   values: list[tuple] = []
   if plan[2]:   # read before bind: its commits drop a root's arg (a lifted scalar's value)
     for _, _, _, variables, reads in launches:
@@ -363,26 +377,12 @@ def _run_plan(found: Found, plan: Plan) -> None:
     handles = []   # a Buffer's handle is allocated on first use; an allocated one is read straight
     for i in indices: handles.append(handle if (handle := bufs[i]._handle) is not None else bufs[i].handle)
     launch(handles, values[k] if values else ())
-    for i in outputs: bufs[i].wrote()
+    for i in outputs:   # Buffer.wrote, inline
+      owner = bufs[i]
+      while owner.base is not None: owner = owner.base
+      owner.writes += 1
     k += 1
   _Totals.kernels += k
-
-def realize(*lbs: LazyBuffer) -> None:
-  """Compute the given lazy values into device buffers (afterwards `lb.base.buffer` holds each)."""
-  current = current_settings()
-  if profiler.ENABLED or profiler.graph_observer is not None or _capture is not None or current.DEBUG:
-    return _realize_watched(lbs)
-  if (found := look_up(lbs, current)) is None: return
-  settings = _settings_memo[1] if _settings_memo[0] is current else _settings()
-  template, assigns = found[2], found[3]
-  if template is not None and (plan := template.plan) is not None and plan[1] is not None and plan[0] == settings:
-    return _run_plan(found, plan)
-  items = schedule_found(found)
-  run(lower_schedule(items), 0)
-  if assigns: return
-  if template is None: template = stored(found[1])
-  if template is not None and (template.plan is None or template.plan[0] != settings):
-    template.plan = _plan_of(template, items, settings)
 
 def _realize_watched(lbs: Sequence[LazyBuffer]) -> None:
   """`realize` through ScheduleItems and ExecItems, for whatever records or watches them: a TinyJit capture, the

@@ -21,7 +21,7 @@ from typing import Any, NamedTuple, Optional
 from tgrad.device import Buffer
 from tgrad.dtype import DType
 from tgrad.lazy import LazyBuffer, walk
-from tgrad.ops import Ops, UOp, SymbolicState
+from tgrad.ops import CollectiveGroup, Ops, UOp, SymbolicState
 from tgrad.shape.shapetracker import ShapeTracker
 from tgrad.shape.sint import unbind
 from tgrad.scalars import param_name
@@ -73,9 +73,7 @@ class _Walk:
   var_vals: dict[str, int] = {}   # only set (on the instance) when a variable was ever bound
   def __init__(self, roots: list[LazyBuffer]):
     self.roots = roots
-    if len(roots) == 1 and _is_one_op(roots[0]):
-      self._one_op(roots[0])
-      return
+    if len(roots) == 1 and len(roots[0].srcs) <= ONE_OP_MAX_SOURCES and self._one_op(roots[0]): return
     nodes: list[LazyBuffer] = list(walk(roots))
     position: dict[int, int] = {id(lb): p for p, lb in enumerate(nodes)}
     entries: list[tuple] = []
@@ -100,20 +98,22 @@ class _Walk:
     if SymbolicState.bound: entries, self.var_vals = _unbound_entries(entries)
     self.key = (tuple(entries), tuple([position[id(lb)] for lb in roots]))
 
-  def _one_op(self, root: LazyBuffer) -> None:
+  def _one_op(self, root: LazyBuffer) -> bool:
     """The walk of one op over sources that need no computing (an eager op on realized tensors and constants; see
-    `_is_one_op`): the same nodes, numbers and key as the general walk gives, without its stack and dicts. Nodes are
-    found again by identity in short lists (`in` and `index` compare by identity: neither LazyBuffer nor Buffer
-    defines equality)."""
+    `_is_one_op`, which it checks as it goes: False, with nothing set, where the root is not one): the same nodes,
+    numbers and key as the general walk gives, without its stack and dicts. Nodes are found again by identity in
+    short lists (`in` and `index` compare by identity: neither LazyBuffer nor Buffer defines equality)."""
     nodes: list[LazyBuffer] = [root]
     positions: list[int] = []   # of the root's sources
     for lb in root.srcs:   # pre-order from the root: each source, then (a view's) its base; seen ones keep their number
       if lb in nodes:
         positions.append(nodes.index(lb))
         continue
+      base = lb._base
+      if (lb if base is None else base).buffer is None and (lb if base is None else base).srcs: return False
       positions.append(len(nodes))
       nodes.append(lb)
-      if (base := lb._base) is not None and base not in nodes: nodes.append(base)
+      if base is not None and base not in nodes: nodes.append(base)
     arg = _LIFTED if root.lifted else root.arg
     entries: list[tuple] = [(root.op, root.device, root.dtype.key, root.shape, arg if arg is None else _arg_key(arg),
                              tuple(positions))]
@@ -135,11 +135,12 @@ class _Walk:
     self.nodes, self.unrealized, self.leaf_buffers = nodes, unrealized, leaf_buffers
     if SymbolicState.bound: entries, self.var_vals = _unbound_entries(entries)
     self.key = (tuple(entries), (0,))
+    return True
 
 def _is_one_op(root: LazyBuffer) -> bool:
   """Whether the (unrealized base) root is one op over sources that need no computing: each source, or the base it
   views, is realized or has no sources itself (a constant, host data, an empty buffer); and there are few enough of
-  them for the one-op walk's list scans."""
+  them for the one-op walk's list scans. (`_Walk._one_op` checks the same as it walks.)"""
   if len(root.srcs) > ONE_OP_MAX_SOURCES: return False
   for lb in root.srcs:
     base = lb if lb._base is None else lb._base
@@ -193,8 +194,8 @@ def look_up(outs: list[LazyBuffer] | tuple[LazyBuffer, ...], settings: Any = Non
   else:
     roots = list(dict.fromkeys(o.base for o in outs if o.base.buffer is None))
     if not roots: return None
-  roots = with_collective_siblings(roots)   # a collective's nodes are realized together (schedule.py rule 4)
-  walk = _Walk(roots)
+  if CollectiveGroup.made: roots = with_collective_siblings(roots)   # a collective's nodes are realized together
+  walk = _Walk(roots)                                                # (schedule.py rule 4)
   nodes = walk.nodes
   assigns = []   # (the buffer's value, the ASSIGN) of every write; a loop, as _instantiate's
   for p in walk.unrealized:

@@ -326,10 +326,12 @@ def pre_realize_contexts(lbs: Sequence[LazyBuffer]) -> list[ContextManager]:
 # without writes (an ASSIGN may need old values kept first: schedule.keep_old_values) whose every item is a kernel
 # that runs as itself (no packed matmul, kept copy, copy, custom kernel, collective) at fixed launch sizes.
 
-# A plan: (settings, launches, whether any launch reads values from the graph); launches: None when the schedule
-# can't be planned, else per kernel (launch, its buffer indices, its output indices, its variables, its template item
-# where it reads variables or scalar parameters, else None).
-Plan = tuple[tuple, Optional[tuple], bool]
+# A plan: (settings, launches, whether any launch reads values from the graph, the runner cache it was made from);
+# launches: None when the schedule can't be planned, else per kernel (launch, its buffer indices, its output indices,
+# its variables, its template item where it reads variables or scalar parameters, else None). A plan holds its
+# runners: one made from a runner cache that was since replaced (a test's fresh one) is not used; whoever clears the
+# runner cache to free compiled kernels clears the schedule cache too (schedule_cache.clear), which holds the plans.
+Plan = tuple[tuple, Optional[tuple], bool, dict]
 
 def _plan_of(template: Template, items: Sequence[ScheduleItem], settings: tuple) -> Plan:
   """The plan of a template that was just lowered (from `items`, its ScheduleItems in this graph) under `settings`."""
@@ -337,14 +339,14 @@ def _plan_of(template: Template, items: Sequence[ScheduleItem], settings: tuple)
   for template_item, item in zip(template.items, items):
     ast = template_item.ast
     if ast.op is Ops.EMPTY: continue
-    if ast.op is not Ops.SINK or template_item.host_node is not None: return settings, None, False
+    if ast.op is not Ops.SINK or template_item.host_node is not None: return settings, None, False, _runner_cache
     device = item.bufs[0].device
     if (device, ast) not in _single_kernels or (runner := _runner_cache.get((device, ast, *settings))) is None or \
-       (launch := runner.launcher(len(template_item.buffers))) is None: return settings, None, False
+       (launch := runner.launcher(len(template_item.buffers))) is None: return settings, None, False, _runner_cache
     reads = template_item if template_item.variables or template_item.scalars else None
     launches.append((launch, template_item.buffers, template_item.buffers[:template_item.outputs], runner.variables,
                      reads))
-  return settings, tuple(launches), any(launch[4] is not None for launch in launches)
+  return settings, tuple(launches), any(launch[4] is not None for launch in launches), _runner_cache
 
 def realize(*lbs: LazyBuffer) -> None:
   """Compute the given lazy values into device buffers (afterwards `lb.base.buffer` holds each)."""
@@ -354,12 +356,14 @@ def realize(*lbs: LazyBuffer) -> None:
   if (found := look_up(lbs, current)) is None: return
   settings = _settings_memo[1] if _settings_memo[0] is current else _settings()
   template = found[2]
-  if template is None or (plan := template.plan) is None or plan[1] is None or plan[0] != settings:
+  if template is None or (plan := template.plan) is None or plan[1] is None or plan[0] != settings or \
+     plan[3] is not _runner_cache:
     items = schedule_found(found)
     run(lower_schedule(items), 0)
     if found[3]: return   # a schedule with writes is never planned
     if template is None: template = stored(found[1])
-    if template is not None and (template.plan is None or template.plan[0] != settings):
+    if template is not None and (template.plan is None or template.plan[0] != settings or
+                                 template.plan[3] is not _runner_cache):
       template.plan = _plan_of(template, items, settings)
     return
   # the planned hit: this is every eager op, so loops are written out (a comprehension is a call of its own)

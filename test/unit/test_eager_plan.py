@@ -139,3 +139,13 @@ def test_a_bounds_check_still_raises_on_a_planned_schedule():
   def index(values): return (Tensor(np.asarray(values, dtype=np.int32), device="LLVM").realize() + 0)
   for _ in range(3): np.testing.assert_array_equal(table[index([0, 2])].numpy(), np.arange(12).reshape(3, 4)[[0, 2]])
   with pytest.raises(IndexError, match="index 5 is out of bounds"): table[index([0, 5])].numpy()
+
+def test_a_replaced_runner_cache_voids_the_plans(monkeypatch, lowerings):
+  """A plan holds the runners of the cache it was made from: with a fresh runner cache the op lowers (and compiles)
+  again, as it did before plans existed."""
+  a, b = _operands()
+  _warm(a, b)
+  monkeypatch.setattr(realize_module, "_runner_cache", {})
+  lowerings.clear()
+  np.testing.assert_allclose((a + b).realize().numpy(), a.numpy() + b.numpy(), rtol=1e-6)
+  assert lowerings == [1] and len(realize_module._runner_cache) == 1

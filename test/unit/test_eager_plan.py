@@ -23,10 +23,18 @@ def lowerings(monkeypatch):
   monkeypatch.setattr(realize_module, "lower_schedule", counted)
   return calls
 
+@pytest.fixture
+def fresh_templates():
+  """No template (nor plan) from before the test, and none it made left after it."""
+  schedule_cache.clear()
+  yield
+  schedule_cache.clear()
+
 def _no_plans(monkeypatch) -> None:
   """Every realize from here on takes the full path: the plans kept are forgotten and no new one is made."""
   for template in schedule_cache._templates.values(): template.plan = None
-  monkeypatch.setattr(realize_module, "_plan_of", lambda template, items, settings: (settings, None, False))
+  monkeypatch.setattr(realize_module, "_plan_of",
+                      lambda template, items, settings: (settings, None, False, realize_module._runner_cache))
 
 def _random_op(rng: np.random.Generator, shape: tuple):
   """(a tensor function of two tensors of `shape`, its numpy twin): an elementwise op, with a Python scalar, a view
@@ -62,7 +70,7 @@ def _run(program: list, lowerings: list[int], repeats: int = 3) -> list[np.ndarr
   lowerings.clear()
   return [fn(a, b).realize().numpy() for (a, b), (_, fn, _) in zip(operands, program) for _ in range(repeats)]
 
-def test_the_plan_computes_what_the_full_path_does(monkeypatch, lowerings):
+def test_the_plan_computes_what_the_full_path_does(monkeypatch, lowerings, fresh_templates):
   program = _program(SEED)
   planned = _run(program, lowerings)
   assert len(lowerings) <= len(program), "only an op's first realize should lower: the repeats take the plan"

@@ -157,3 +157,14 @@ def test_a_replaced_runner_cache_voids_the_plans(monkeypatch, lowerings):
   lowerings.clear()
   np.testing.assert_allclose((a + b).realize().numpy(), a.numpy() + b.numpy(), rtol=1e-6)
   assert lowerings == [1] and len(realize_module._runner_cache) == 1
+
+def test_a_kernel_on_several_cores_is_planned_too(lowerings):
+  """A big elementwise op runs on every core (a THREAD launch, where the machine has several): its planned launch
+  covers all of them."""
+  rng = np.random.default_rng(SEED)
+  a_np, b_np = (rng.standard_normal((512, 512)).astype(np.float32) for _ in range(2))
+  a, b = Tensor(a_np, device="LLVM").realize(), Tensor(b_np, device="LLVM").realize()
+  (a * b + a).numpy()
+  lowerings.clear()
+  for _ in range(2): np.testing.assert_allclose((a * b + a).numpy(), a_np * b_np + a_np, rtol=1e-5, atol=1e-6)
+  assert not lowerings

@@ -192,13 +192,17 @@ class LLVMProgram:
     arguments and per-call function and thread-count lookups."""
     fn = self._function(arguments, variables)
     threads = global_size[0] if global_size else 1
-    def launch(handles, vals) -> None:
+    def launch(handles, vals) -> None:   # on the calling thread alone
       pointers = []   # a loop, not a comprehension (a call of its own)
       for h in handles: pointers.append(h.address)
       if vals: pointers += vals
-      if threads <= 1: fn(*pointers, 0)
-      else: run_on_cores(fn, pointers, threads)
-    return launch
+      fn(*pointers, 0)
+    def launch_on_cores(handles, vals) -> None:
+      pointers = []
+      for h in handles: pointers.append(h.address)
+      if vals: pointers += vals
+      run_on_cores(fn, pointers, threads)
+    return launch if threads <= 1 else launch_on_cores
   def prepare(self, buffers, global_size=(1,), local_size=None, vals=()) -> Callable[[], None]:
     """A no-argument callable that launches this kernel on these buffers: the pointers are read once, here."""
     fn, pointers = self._function(len(buffers), len(vals)), [b.address for b in buffers] + list(vals)

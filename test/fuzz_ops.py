@@ -1318,7 +1318,7 @@ def _set_device(device: str) -> str:
 def check_cuda_codegen_too() -> None:
   """Every kernel the run builds is also optimized with the GPU heuristics, rendered as CUDA C and compiled by NVRTC
   for sm_90 (no GPU needed): a render or compile error raises inside the case, which then fails as an exception."""
-  import tgrad.realize
+  import tgrad.realize, tgrad.schedule_cache
   from cuda_codegen_check import checking_cuda
   tgrad.realize.get_runner = checking_cuda(tgrad.realize.get_runner, "fuzz_cuda_check")
 
@@ -1344,13 +1344,15 @@ def main(argv: Optional[list[str]] = None) -> int:
   faulthandler.enable()   # a crash inside a kernel still prints where (rerun that --case with --verbose)
   if args.cuda_codegen_check: check_cuda_codegen_too()
   indices = [args.case] if args.case is not None else list(range(args.start, args.start + args.cases))
-  import tgrad.realize
+  import tgrad.realize, tgrad.schedule_cache
   tally: collections.Counter = collections.Counter()
   coverage: collections.Counter = collections.Counter()
   failures: list[Failure] = []
   start, done = time.perf_counter(), 0
   for index in indices:
-    if done and done % RUNNER_CACHE_CASES == 0: tgrad.realize._runner_cache.clear()
+    if done and done % RUNNER_CACHE_CASES == 0:   # the schedule cache's eager plans hold runners too
+      tgrad.realize._runner_cache.clear()
+      tgrad.schedule_cache.clear()
     if args.max_seconds and time.perf_counter() - start > args.max_seconds:
       print(f"stopped after {args.max_seconds:g} s: resume with --seed {args.seed} --start {index} "
             f"--cases {indices[-1] + 1 - index}", flush=True)

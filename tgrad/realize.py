@@ -5,7 +5,8 @@ from the BEAM cache/search or the heuristics → compile; made once per AST and 
 between devices, a HostCopy of host data, a custom kernel's runner (tgrad/custom.py: a host function of the NUMPY
 backend, or a user kernel's compiled source), or a collective's over several devices (tgrad/multi/runners.py: the
 kind's own collectives, NCCL on CUDA, else copies and one fold kernel). `run(exec_items)` launches them in order.
-`realize(*lazybuffers)` is schedule (create_schedule, through the schedule cache) + lower_schedule + run. A
+`realize(*lazybuffers)` is schedule (create_schedule, through the schedule cache) + lower_schedule + run; a cache hit
+that was lowered before under the same settings skips the middle (its plan: launches on the hit's Buffers). A
 Tensor-level realize first asks the registered pre-realize passes for a context to realize in (`pre_realize_contexts`;
 tgrad.paths registers path selection). While a TinyJit captures (`capturing()`), lowered items are recorded, not run:
 the JIT plans their memory and replays them (tgrad/jit.py). DEBUG prints what ran (see docs/env.md).
@@ -19,7 +20,7 @@ from tgrad.ops import UOp, Ops
 from tgrad.backend import backend, device_kind
 from tgrad.lazy import LazyBuffer, holders_of
 from tgrad.schedule import ScheduleItem, create_schedule
-from tgrad.schedule_cache import schedule
+from tgrad.schedule_cache import Template, bind, item_values, look_up, schedule, schedule_found, stored
 from tgrad.device import Buffer, Device
 from tgrad.codegen.kernel import Kernel
 from tgrad.codegen.compile import CompiledKernel, compile_kernel
@@ -316,8 +317,80 @@ def pre_realize_contexts(lbs: Sequence[LazyBuffer]) -> list[ContextManager]:
     if (context := realize_pass(lbs)) is not None: contexts.append(context)
   return contexts
 
+# ---- realizing
+# An eager op's realize is a schedule-cache hit of a graph realized before: the same kernels on new Buffers. The first
+# time a cached schedule is lowered, it gets a plan (`_plan_of`, kept on its template): per kernel item, the compiled
+# kernel's launcher and the template's Buffer indices. A later hit under the same settings takes its Buffers and
+# commits from schedule_cache.bind and launches the plan: no ScheduleItem, ExecItem or runner lookup. Only where
+# nothing records or watches launches (no TinyJit capture, profiler, graph observer or DEBUG), and only for schedules
+# without writes (an ASSIGN may need old values kept first: schedule.keep_old_values) whose every item is a kernel
+# that runs as itself (no packed matmul, kept copy, copy, custom kernel, collective) at fixed launch sizes.
+
+# A plan: (settings, launches, whether any launch reads values from the graph, the runner cache it was made from);
+# launches: None when the schedule can't be planned, else per kernel (launch, its buffer indices, its output indices,
+# its variables, its template item where it reads variables or scalar parameters, else None). A plan holds its
+# runners: one made from a runner cache that was since replaced (a test's fresh one) is not used; whoever clears the
+# runner cache to free compiled kernels clears the schedule cache too (schedule_cache.clear), which holds the plans.
+Plan = tuple[tuple, Optional[tuple], bool, dict]
+
+def _plan_of(template: Template, items: Sequence[ScheduleItem], settings: tuple) -> Plan:
+  """The plan of a template that was just lowered (from `items`, its ScheduleItems in this graph) under `settings`."""
+  launches: list[tuple] = []
+  for template_item, item in zip(template.items, items):
+    ast = template_item.ast
+    if ast.op is Ops.EMPTY: continue
+    if ast.op is not Ops.SINK or template_item.host_node is not None: return settings, None, False, _runner_cache
+    device = item.bufs[0].device
+    if (device, ast) not in _single_kernels or (runner := _runner_cache.get((device, ast, *settings))) is None or \
+       (launch := runner.launcher(len(template_item.buffers))) is None: return settings, None, False, _runner_cache
+    reads = template_item if template_item.variables or template_item.scalars else None
+    launches.append((launch, template_item.buffers, template_item.buffers[:template_item.outputs], runner.variables,
+                     reads))
+  return settings, tuple(launches), any(launch[4] is not None for launch in launches), _runner_cache
+
 def realize(*lbs: LazyBuffer) -> None:
   """Compute the given lazy values into device buffers (afterwards `lb.base.buffer` holds each)."""
+  current = current_settings()
+  if profiler.ENABLED or profiler.graph_observer is not None or _capture is not None or current.DEBUG:
+    return _realize_watched(lbs)
+  if (found := look_up(lbs, current)) is None: return
+  settings = _settings_memo[1] if _settings_memo[0] is current else _settings()
+  template = found[2]
+  if template is None or (plan := template.plan) is None or plan[1] is None or plan[0] != settings or \
+     plan[3] is not _runner_cache:
+    items = schedule_found(found)
+    run(lower_schedule(items), 0)
+    if found[3]: return   # a schedule with writes is never planned
+    if template is None: template = stored(found[1])
+    if template is not None and (template.plan is None or template.plan[0] != settings or
+                                 template.plan[3] is not _runner_cache):
+      template.plan = _plan_of(template, items, settings)
+    return
+  # the planned hit: this is every eager op, so loops are written out (a comprehension is a call of its own)
+  walk, launches = found[0], plan[1]
+  values: list[tuple] = []
+  if plan[2]:   # read before bind: its commits drop a root's arg (a lifted scalar's value)
+    for _, _, _, variables, reads in launches:
+      if reads is None: values.append(())
+      else:
+        var_vals = item_values(walk, reads)
+        values.append(tuple(var_vals[name] for name in variables))
+  bufs = bind(walk, template)
+  k = 0
+  for launch, indices, outputs, _, _ in launches:
+    handles = []   # a Buffer's handle is allocated on first use; an allocated one is read straight
+    for i in indices: handles.append(handle if (handle := bufs[i]._handle) is not None else bufs[i].handle)
+    launch(handles, values[k] if values else ())
+    for i in outputs:   # Buffer.wrote, inline
+      owner = bufs[i]
+      while owner.base is not None: owner = owner.base
+      owner.writes += 1
+    k += 1
+  _Totals.kernels += k
+
+def _realize_watched(lbs: Sequence[LazyBuffer]) -> None:
+  """`realize` through ScheduleItems and ExecItems, for whatever records or watches them: a TinyJit capture, the
+  profiler, a graph observer, DEBUG output."""
   tracing, start = profiler.ENABLED, profiler.realize_started() if profiler.ENABLED else 0.0
   observe = profiler.graph_observer(lbs) if profiler.graph_observer is not None else None
   items = schedule(list(lbs), keep_old=_capture is None)

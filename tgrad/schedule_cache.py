@@ -9,18 +9,23 @@ realized Buffers and host arrays where the template read them — and commits th
 `create_schedule(outs, commit=True)` does. On a miss it calls the scheduler and stores a template of the result.
 Templates hold no LazyBuffer and no Buffer, only positions in the walk. A lifted Python scalar (tgrad/scalars.py) is
 keyed without its value: its kernel takes it as a parameter, read from the constant at its position on every hit.
+
+`schedule` is `look_up` (the walk, its key and the stored template) then `schedule_found` (the ScheduleItems). The
+eager realize (tgrad/realize.py) uses the two halves itself: on a hit whose template it has lowered before (the
+template's `plan` slot, which this module only carries), it takes the Buffers and commits from `bind` and launches
+the plan, with no ScheduleItem built.
 """
 from __future__ import annotations
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional
 from tgrad.device import Buffer
 from tgrad.dtype import DType
 from tgrad.lazy import LazyBuffer, walk
-from tgrad.ops import Ops, UOp, SymbolicState
+from tgrad.ops import CollectiveGroup, Ops, UOp, SymbolicState
 from tgrad.shape.shapetracker import ShapeTracker
 from tgrad.shape.sint import unbind
 from tgrad.scalars import param_name
-from tgrad.helpers import Context
+from tgrad.helpers import current_settings
 from tgrad.schedule import (MAX_SCALAR_PARAMS, NO_VARIABLES, ScheduleItem, create_schedule, keep_old_values,
                             scalar_values, with_collective_siblings)
 
@@ -36,17 +41,28 @@ _LEAF = "realized"
 _VIEW = "view"
 _LIFTED = "lifted scalar"   # the arg key of a lifted constant: its value is a kernel parameter, not structure
 
-@dataclass(frozen=True)
-class _Template:
+class TemplateItem(NamedTuple):
+  """One ScheduleItem of a template, over positions."""
+  ast: UOp
+  buffers: tuple[int, ...]      # indices into the template's Buffer list (outputs first)
+  outputs: int
+  host_node: Optional[int]      # the position of the node whose host data a copy item reads
+  variables: tuple[str, ...]    # names of the symbolic variables its kernel reads
+  scalars: tuple[int, ...]      # node positions of its scalar parameters' constants, in parameter order
+
+@dataclass(eq=False)
+class Template:
   """A schedule over positions. A Buffer is named by its index in one list: the graph's distinct realized Buffers
   (numbered by the walk; every graph with this key has the same number of them) followed by the new Buffers."""
-  # ast, buffer indices, outputs, host node, variable names, node positions of its scalar parameters' constants
-  items: tuple[tuple[UOp, tuple[int, ...], int, Optional[int], tuple[str, ...], tuple[int, ...]], ...]
+  items: tuple[TemplateItem, ...]
   new_buffers: tuple[tuple[str, int, DType, Any], ...]     # (device, size, dtype, symbolic size) of each new Buffer
   commits: tuple[tuple[int, int, bool], ...]               # (node position, buffer index, keeps its arg): the
   nodes: int                                               # values the schedule realizes
+  # (settings, launches) of the layer that runs schedules (tgrad/realize.py): what it lowered this schedule to under
+  # those settings (launches None: it can't be run without ScheduleItems). Carried here, never read here.
+  plan: Optional[tuple] = None
 
-_templates: dict[tuple, _Template] = {}
+_templates: dict[tuple, Template] = {}
 _cached_nodes = 0
 
 class _Walk:
@@ -56,9 +72,8 @@ class _Walk:
   shapes the key holds the variables, and `var_vals` their values."""
   var_vals: dict[str, int] = {}   # only set (on the instance) when a variable was ever bound
   def __init__(self, roots: list[LazyBuffer]):
-    if len(roots) == 1 and _is_one_op(roots[0]):
-      self._one_op(roots[0])
-      return
+    self.roots = roots
+    if len(roots) == 1 and len(roots[0].srcs) <= ONE_OP_MAX_SOURCES and self._one_op(roots[0]): return
     nodes: list[LazyBuffer] = list(walk(roots))
     position: dict[int, int] = {id(lb): p for p, lb in enumerate(nodes)}
     entries: list[tuple] = []
@@ -83,20 +98,22 @@ class _Walk:
     if SymbolicState.bound: entries, self.var_vals = _unbound_entries(entries)
     self.key = (tuple(entries), tuple([position[id(lb)] for lb in roots]))
 
-  def _one_op(self, root: LazyBuffer) -> None:
+  def _one_op(self, root: LazyBuffer) -> bool:
     """The walk of one op over sources that need no computing (an eager op on realized tensors and constants; see
-    `_is_one_op`): the same nodes, numbers and key as the general walk gives, without its stack and dicts. Nodes are
-    found again by identity in short lists (`in` and `index` compare by identity: neither LazyBuffer nor Buffer
-    defines equality)."""
+    `_is_one_op`, which it checks as it goes: False, with nothing set, where the root is not one): the same nodes,
+    numbers and key as the general walk gives, without its stack and dicts. Nodes are found again by identity in
+    short lists (`in` and `index` compare by identity: neither LazyBuffer nor Buffer defines equality)."""
     nodes: list[LazyBuffer] = [root]
     positions: list[int] = []   # of the root's sources
     for lb in root.srcs:   # pre-order from the root: each source, then (a view's) its base; seen ones keep their number
       if lb in nodes:
         positions.append(nodes.index(lb))
         continue
+      base = lb._base
+      if (lb if base is None else base).buffer is None and (lb if base is None else base).srcs: return False
       positions.append(len(nodes))
       nodes.append(lb)
-      if (base := lb._base) is not None and base not in nodes: nodes.append(base)
+      if base is not None and base not in nodes: nodes.append(base)
     arg = _LIFTED if root.lifted else root.arg
     entries: list[tuple] = [(root.op, root.device, root.dtype.key, root.shape, arg if arg is None else _arg_key(arg),
                              tuple(positions))]
@@ -118,11 +135,12 @@ class _Walk:
     self.nodes, self.unrealized, self.leaf_buffers = nodes, unrealized, leaf_buffers
     if SymbolicState.bound: entries, self.var_vals = _unbound_entries(entries)
     self.key = (tuple(entries), (0,))
+    return True
 
 def _is_one_op(root: LazyBuffer) -> bool:
   """Whether the (unrealized base) root is one op over sources that need no computing: each source, or the base it
   views, is realized or has no sources itself (a constant, host data, an empty buffer); and there are few enough of
-  them for the one-op walk's list scans."""
+  them for the one-op walk's list scans. (`_Walk._one_op` checks the same as it walks.)"""
   if len(root.srcs) > ONE_OP_MAX_SOURCES: return False
   for lb in root.srcs:
     base = lb if lb._base is None else lb._base
@@ -169,35 +187,81 @@ def schedule(outs: list[LazyBuffer], keep_old: bool = True) -> list[ScheduleItem
   """`create_schedule(outs, commit=True)`, from the cache when a graph of the same structure was scheduled before.
   With `keep_old`, a buffer that an ASSIGN writes is first copied for values still pending that read its old data
   (schedule.keep_old_values); a TinyJit capture passes False (docs/semantics.md, "Inside a TinyJit")."""
+  found = look_up(outs)
+  return [] if found is None else schedule_found(found, keep_old)
+
+# What `look_up` finds: the walk, its key, the stored template (None on a miss) and the graph's writes (the buffer's
+# value, the ASSIGN) in walk order.
+Found = tuple[_Walk, tuple, Optional[Template], list[tuple[LazyBuffer, LazyBuffer]]]
+
+def look_up(outs: list[LazyBuffer] | tuple[LazyBuffer, ...], settings: Any = None) -> Optional[Found]:
+  """The walk of the unrealized graph above `outs` and the template stored for its structure; None when every out is
+  realized already. `settings`: current_settings() where the caller read it."""
   if len(outs) == 1:   # the eager case
     base = outs[0] if outs[0]._base is None else outs[0]._base
-    roots = [base] if base.buffer is None else []
-  else: roots = list(dict.fromkeys(o.base for o in outs if o.base.buffer is None))
-  if not roots: return []
-  roots = with_collective_siblings(roots)   # a collective's nodes are realized together (schedule.py rule 4)
-  walk = _Walk(roots)
+    if base.buffer is not None: return None
+    roots = [base]
+  else:
+    roots = list(dict.fromkeys(o.base for o in outs if o.base.buffer is None))
+    if not roots: return None
+  if CollectiveGroup.made: roots = with_collective_siblings(roots)   # a collective's nodes are realized together
+  walk = _Walk(roots)                                                # (schedule.py rule 4)
   nodes = walk.nodes
   assigns = []   # (the buffer's value, the ASSIGN) of every write; a loop, as _instantiate's
   for p in walk.unrealized:
     if nodes[p].op is Ops.ASSIGN: assigns.append((nodes[p].srcs[0].base, nodes[p]))
-  key = (Context.RIDERS, walk.key)   # the schedule settings change the schedule
-  template = _templates.get(key)
+  key = ((settings or current_settings()).RIDERS, walk.key)   # the schedule settings change the schedule
+  return walk, key, _templates.get(key), assigns
+
+def schedule_found(found: Found, keep_old: bool = True) -> list[ScheduleItem]:
+  """The committed ScheduleItems of a graph `look_up` found: the template's over this graph's Buffers, or (on a miss)
+  the scheduler's, stored as a template. The walk forgets the graph afterwards (keep_old_values needs the values no
+  one holds gone)."""
+  walk, key, template, assigns = found
+  nodes = walk.nodes
   if template is None:
     host_copies = {p for p in walk.unrealized if nodes[p].op is Ops.COPY and not nodes[p].srcs}
     scalar_nodes: list[tuple[LazyBuffer, ...]] = []
-    items = create_schedule(roots, commit=True, scalar_nodes=scalar_nodes)
+    items = create_schedule(walk.roots, commit=True, scalar_nodes=scalar_nodes)
     _store(key, _template_of(walk, items, host_copies, scalar_nodes))
   else: items = _instantiate(walk, template)
-  # the values inlined into these kernels forget their composite Region: a Region holds its root, which holds it, a
-  # cycle that would keep them (and the buffers they read, as pending readers) alive until the garbage collector runs
-  for lb in nodes:
-    if lb.region is not None: lb.set_region(None)
+  _forget_regions(nodes)
+  walk.nodes = walk.roots = []   # the graph's values this schedule did not realize live on only where something holds
+  del nodes                      # them
   if not assigns or not keep_old: return items
-  del walk, nodes, roots   # the graph's values this schedule did not realize live on only where something holds them
   return keep_old_values(items, assigns)
 
+def stored(key: tuple) -> Optional[Template]:
+  """The template stored under a key `look_up` computed (after `schedule_found` stored it on a miss)."""
+  return _templates.get(key)
+
+def _forget_regions(nodes: list[LazyBuffer]) -> None:
+  """The values inlined into these kernels forget their composite Region: a Region holds its root, which holds it, a
+  cycle that would keep them (and the buffers they read, as pending readers) alive until the garbage collector runs."""
+  for lb in nodes:
+    if lb.region is not None: lb.set_region(None)
+
+def bind(walk: _Walk, template: Template) -> list[Buffer]:
+  """The template's Buffer list over this graph (its realized Buffers, then new ones), committed to the graph's nodes
+  as `_instantiate` does, without ScheduleItems: for a caller that runs the template's items from a plan of its own.
+  Read item values (`item_values`) first: the commits drop a root's arg."""
+  nodes = walk.nodes
+  bufs = walk.leaf_buffers[:]
+  for device, size, dtype, symbolic_size in template.new_buffers:
+    bufs.append(Buffer(device, size, dtype) if symbolic_size is None else
+                _new_buffer(device, size, dtype, symbolic_size))
+  for p, i, keeps_arg in template.commits: nodes[p].commit(bufs[i], keep_arg=keeps_arg)
+  for lb in nodes:   # _forget_regions, inline: this is every planned eager op
+    if lb.region is not None: lb.set_region(None)
+  walk.nodes = walk.roots = []
+  return bufs
+
+def item_values(walk: _Walk, item: TemplateItem) -> dict[str, int]:
+  """A template item's var_vals in this graph (empty without variables or scalar parameters)."""
+  return _values(walk, item.variables, item.scalars) if item.variables or item.scalars else NO_VARIABLES
+
 def _template_of(walk: _Walk, items: list[ScheduleItem], host_copies: set[int],
-                 scalar_nodes: list[tuple[LazyBuffer, ...]]) -> _Template:
+                 scalar_nodes: list[tuple[LazyBuffer, ...]]) -> Template:
   """The schedule over positions; `scalar_nodes[i]`: item i's lifted constants (the nodes its scalar parameters read,
   in parameter order), kept as their walk positions."""
   index: dict[int, int] = {id(b): k for k, b in enumerate(walk.leaf_buffers)}
@@ -211,21 +275,21 @@ def _template_of(walk: _Walk, items: list[ScheduleItem], host_copies: set[int],
                   for p in walk.unrealized if walk.nodes[p].buffer is not None)
   node_of_buffer = {id(walk.nodes[p].buffer): p for p, _, _ in commits if p in host_copies}
   position = {id(lb): p for p, lb in enumerate(walk.nodes)} if any(scalar_nodes) else {}
-  template_items = tuple((item.ast, tuple(index[id(b)] for b in item.bufs), item.output_count,
+  template_items = tuple(TemplateItem(item.ast, tuple(index[id(b)] for b in item.bufs), item.output_count,
                           node_of_buffer[id(item.bufs[0])] if item.host_data is not None else None,
                           tuple(name for name in item.var_vals if name not in map(param_name, range(len(scalars)))),
                           tuple(position[id(lb)] for lb in scalars))
                          for item, scalars in zip(items, scalar_nodes))
-  return _Template(template_items, tuple(new_buffers), commits, len(walk.nodes))
+  return Template(template_items, tuple(new_buffers), commits, len(walk.nodes))
 
-def _store(key: tuple, template: _Template) -> None:
+def _store(key: tuple, template: Template) -> None:
   global _cached_nodes
   _templates[key] = template
   _cached_nodes += template.nodes
   while _cached_nodes > MAX_CACHED_NODES and len(_templates) > 1:
     _cached_nodes -= _templates.pop(next(iter(_templates))).nodes
 
-def _instantiate(walk: _Walk, template: _Template) -> list[ScheduleItem]:
+def _instantiate(walk: _Walk, template: Template) -> list[ScheduleItem]:
   """The template's ScheduleItems over this graph's Buffers, committed to its nodes. Plain loops, not comprehensions:
   this is every eager op's hit path."""
   nodes = walk.nodes

@@ -11,10 +11,11 @@ import tgrad.paths.select as select
 from tgrad.profiler import python_calls_per_call
 
 OPS = 128   # counted ops (after a warm-up): a base's reader list is compacted every 64 ops, which the average absorbs
-# Python calls per op measured when these budgets were set: 14 to build `a + b` (was 29), 45 for the whole op
-# (was 95). The margins leave room for a small change; more means the eager path grew a layer.
+# Python calls per op measured when these budgets were set: 14 to build `a + b` (was 29), 32 for the whole op
+# (was 95, then 45 before the eager plan of tgrad/realize.py). The margins leave room for a small change; more means
+# the eager path grew a layer.
 BUILD_CALLS = 17
-OP_CALLS = 52
+OP_CALLS = 36
 
 def _calls_per_op(fn) -> float: return python_calls_per_call(fn, OPS)
 

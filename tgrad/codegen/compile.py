@@ -21,7 +21,8 @@ LAUNCH_DIMS_MEMO = 256   # launch dims of a symbolic kernel remembered per varia
 @dataclass
 class CompiledKernel:
   """A kernel ready to launch: its program, launch sizes, source and cost estimate. `runner(buffers)` launches it
-  (`wait=True` returns seconds); `prepare(handles)` returns a no-argument launch with its arguments bound."""
+  (`wait=True` returns seconds); `prepare(handles)` returns a no-argument launch with its arguments bound;
+  `launcher(arguments)` returns a launch taking device handles and variable values (the eager fast path's)."""
   name: str
   program: Callable
   global_size: tuple[int, ...]
@@ -35,6 +36,7 @@ class CompiledKernel:
   def __post_init__(self):   # a launch size may be symbolic (an index UOp over the variables): evaluated per launch
     self.symbolic_dims = is_symbolic(self.global_size) or is_symbolic(self.local_size)
     self._dims_at: dict[tuple, tuple[tuple[int, ...], tuple[int, ...]]] = {}   # variable values → launch dims
+    self._launcher: Optional[Callable[[Sequence[Any], Sequence[int]], Any]] = None
   def cost(self, var_vals: Optional[dict[str, int]] = None) -> tuple[int, int]:
     """(flops, bytes) of one launch at these variable values; at the variables' maximum without them."""
     def at(x: sint) -> int: return x if isinstance(x, int) else evaluate(x, var_vals) if var_vals else vmax_of(x)
@@ -58,6 +60,20 @@ class CompiledKernel:
       global_size, local_size = self.launch_dims(var_vals)
       return self.program(*handles, global_size=global_size, local_size=local_size, vals=vals, wait=wait)
     return self.program(*handles, global_size=self.global_size, local_size=self.local_size, vals=vals, wait=wait)
+  def launcher(self, arguments: int) -> Optional[Callable[[Sequence[Any], Sequence[int]], Any]]:
+    """`launch(handles, vals)`: this kernel on `arguments` device handles (allocated) and its variables' values (in
+    `variables` order), with no Buffer, keyword or launch-size work per call: the program's own (`program.launcher`)
+    where it has one. None for symbolic launch sizes (they are evaluated per launch: `__call__`)."""
+    if self.symbolic_dims: return None
+    if self._launcher is None:
+      if (make := getattr(self.program, "launcher", None)) is not None:
+        self._launcher = make(arguments, len(self.variables), self.global_size, self.local_size)
+      else:
+        program, global_size, local_size = self.program, self.global_size, self.local_size
+        def launch(handles: Sequence[Any], vals: Sequence[int]) -> None:
+          program(*handles, global_size=global_size, local_size=local_size, vals=tuple(vals))
+        self._launcher = launch
+    return self._launcher
   def prepare(self, handles: Sequence[Any], vals: Sequence[int] = ()) -> Callable[[], None]:
     """A launch of this kernel on these device handles that does no work in Python beyond the call itself."""
     global_size, local_size = self.launch_dims(dict(zip(self.variables, vals)))

@@ -84,7 +84,9 @@ def _print_choice(space: PathSpace, selection: Selection, choices: Optional[tupl
 def context_for(lbs: Sequence[LazyBuffer]):
   """The context to realize lbs in (see realize_context), or None when nothing can be selected (the fast case)."""
   for lb in lbs:
-    if lb.base.buffer is None: return realize_context(lbs) if active(lb.device) else None
+    if (lb if lb._base is None else lb._base).buffer is None:   # lb.base, inline: every realize asks
+      if not observers and _has_records.get(lb.device) is False: return None   # `active`, answered from its memo
+      return realize_context(lbs) if active(lb.device) else None
   return None
 
 def _may_have_paths(outs: Sequence[LazyBuffer]) -> bool:

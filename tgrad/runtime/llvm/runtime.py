@@ -5,7 +5,7 @@ host CPU with all its features. Program: the object loaded into its own MCJIT en
 function once per core index, core 0 on the calling thread and the others from a thread pool (ctypes releases the GIL,
 so the calls run in parallel); a forked child starts a pool of its own. Memory is numpy bytes with their address
 (HostMemory); a view is a slice with its address; `prepare` binds a launch's pointers once, for replaying it in a
-tight loop.
+tight loop; `launcher` gives a launch on handles with the function and thread count resolved once (an eager op's).
 """
 from __future__ import annotations
 import collections, ctypes, functools, hashlib, os, struct, sys, time
@@ -187,6 +187,22 @@ class LLVMProgram:
     if threads <= 1: fn(*pointers, 0)
     else: run_on_cores(fn, pointers, threads)
     return time.perf_counter() - start if wait else None
+  def launcher(self, arguments: int, variables: int, global_size=(1,), local_size=None) -> Callable:
+    """`launch(handles, vals)` on `arguments` HostMemory handles and `variables` values: __call__ without its keyword
+    arguments and per-call function and thread-count lookups."""
+    fn = self._function(arguments, variables)
+    threads = global_size[0] if global_size else 1
+    def launch(handles, vals) -> None:   # on the calling thread alone
+      pointers = []   # a loop, not a comprehension (a call of its own)
+      for h in handles: pointers.append(h.address)
+      if vals: pointers += vals
+      fn(*pointers, 0)
+    def launch_on_cores(handles, vals) -> None:
+      pointers = []
+      for h in handles: pointers.append(h.address)
+      if vals: pointers += vals
+      run_on_cores(fn, pointers, threads)
+    return launch if threads <= 1 else launch_on_cores
   def prepare(self, buffers, global_size=(1,), local_size=None, vals=()) -> Callable[[], None]:
     """A no-argument callable that launches this kernel on these buffers: the pointers are read once, here."""
     fn, pointers = self._function(len(buffers), len(vals)), [b.address for b in buffers] + list(vals)

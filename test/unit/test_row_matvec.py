@@ -10,6 +10,7 @@ opts. With a GPU (marked `gpu`): the same decode step's logits on CUDA against L
 import numpy as np
 import pytest
 import tgrad.realize as realize_module
+import tgrad.schedule_cache as schedule_cache
 from tgrad import Tensor
 from tgrad.runtime.cuda.renderer import CUDARenderer
 from tgrad.codegen.heuristics import ROW_MATVEC_GROUP, hand_coded_optimizations
@@ -35,7 +36,8 @@ def decode_asts(dtype, device: str = "LLVM") -> tuple[list, np.ndarray]:
     asts.append(ast)
     return get_runner(device, ast, *rest)
   realize_module.get_runner = recording
-  realize_module._single_kernels = set()   # no kernel run before (by another test) skips get_runner
+  realize_module._single_kernels = set()   # no kernel run before (by another test) skips get_runner,
+  schedule_cache.clear()                   # nor a cached schedule's eager plan
   try:
     logits = model(Tensor(np.array([[7]], np.int32), device=device), len(PROMPT), last_only=True).numpy()
   finally:

@@ -319,6 +319,19 @@ def _copy_lines(c: WgmmaConfig, operand_b: bool, m: int, n: int, k: int) -> list
 PARAMETERS = {"out": "element* __restrict__ out", "a": "const element* __restrict__ a",
               "b": "const element* __restrict__ b"}
 
+def block_prologue(c: WgmmaConfig) -> list[str]:
+  """The opening of a warpgroup-MMA kernel's body, shared by the cp.async kernel here and the TMA kernel
+  (wgmma_tma.py): the dynamic shared memory, the thread's warpgroup, the block's output corner, and `shared_base`
+  (shared memory rounded up to a swizzle atom)."""
+  return [
+    "  extern __shared__ __align__(1024) unsigned char shared[];",
+    "  const int tid = threadIdx.x;",
+    f"  const int warpgroup = tid / {WARPGROUP_THREADS}, lane_thread = tid % {WARPGROUP_THREADS};",
+    f"  const int block_row = blockIdx.y * {c.block_m}, block_col = blockIdx.x * {c.block_n};",
+    f"  // the swizzle is a function of address bits 4-9: every tile starts on a {SWIZZLE_ATOM_BYTES}-byte boundary",
+    f"  const unsigned int shared_base = ((unsigned int)__cvta_generic_to_shared(shared) + {SWIZZLE_ATOM_BYTES - 1}) "
+    f"& ~{SWIZZLE_ATOM_BYTES - 1}u;"]
+
 def descriptor_bits(c: WgmmaConfig) -> tuple[int, int]:
   """The fixed fields (LBO, SBO, 128-byte swizzle) of A's and B's shared-memory matrix descriptors."""
   return tuple(encode_descriptor(0, *c.descriptor_offsets(operand_b), SWIZZLE_128B) for operand_b in (0, 1))
@@ -371,13 +384,7 @@ def wgmma_matmul_source(name: str, m: int, n: int, k: int, dtype: DType = dtypes
     f'extern "C" __device__ const unsigned int {name}{DYNAMIC_SHARED_SUFFIX} = {c.shared_bytes};',
     f'extern "C" __global__ void __launch_bounds__({c.threads}, 1) {name}('
     f'{", ".join(PARAMETERS[role] for role in arguments)}) {{',
-    "  extern __shared__ __align__(1024) unsigned char shared[];",
-    "  const int tid = threadIdx.x;",
-    f"  const int warpgroup = tid / {WARPGROUP_THREADS}, lane_thread = tid % {WARPGROUP_THREADS};",
-    f"  const int block_row = blockIdx.y * {c.block_m}, block_col = blockIdx.x * {c.block_n};",
-    f"  // the swizzle is a function of address bits 4-9: every tile starts on a {SWIZZLE_ATOM_BYTES}-byte boundary",
-    f"  const unsigned int shared_base = ((unsigned int)__cvta_generic_to_shared(shared) + {SWIZZLE_ATOM_BYTES - 1}) "
-    f"& ~{SWIZZLE_ATOM_BYTES - 1}u;",
+    *block_prologue(c),
     f"  const element* a_source = a + (long long)(block_row + {a_row}) * {k} + {a_chunk * CHUNK_ELEMENTS};",
     f"  const element* b_source = {b_start};",
     f"  float acc[{c.accumulators}];",

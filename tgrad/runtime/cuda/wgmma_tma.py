@@ -25,9 +25,9 @@ from typing import Optional
 from tgrad.dtype import DType, dtypes
 from tgrad.runtime.cuda.tensor_map import SWIZZLE_128B as TENSOR_MAP_SWIZZLE_128B, TensorMapSpec, marker_source
 from tgrad.runtime.cuda.targets import DYNAMIC_SHARED_SUFFIX, WARPGROUP_MMA_ARCH
-from tgrad.runtime.cuda.wgmma import (BLOCK_K, ELEMENT_BYTES, MBARRIER_BYTES, PARAMETERS, SWIZZLE_ATOM_BYTES,
-                                      WARPGROUP_THREADS, WGMMA_TYPES, CExpr, WgmmaConfig, descriptor_bits, _epilogue,
-                                      check_shapes, k_tile_wgmmas, wgmma_matmul_source)
+from tgrad.runtime.cuda.wgmma import (BLOCK_K, ELEMENT_BYTES, MBARRIER_BYTES, PARAMETERS, WARPGROUP_THREADS,
+                                      WGMMA_TYPES, CExpr, WgmmaConfig, _epilogue, block_prologue, check_shapes,
+                                      descriptor_bits, k_tile_wgmmas, wgmma_matmul_source)
 
 N_ATOM_COLUMNS = 64          # an N-major B atom: 64 N-elements (one 128-byte swizzled row) per K-row
 REGISTER_FILE = 65536        # 32-bit registers of an SM; one block per SM (launch bounds (threads, 1))
@@ -95,13 +95,7 @@ def tma_matmul_source(name: str, m: int, n: int, k: int, dtype: DType = dtypes.f
     marker_source(name, tensor_map_specs(c, m, n, k, arguments)),
     f'extern "C" __global__ void __launch_bounds__({c.threads}, 1) {name}({TMA_PARAMETER} a_map, {TMA_PARAMETER} '
     f'b_map, {", ".join(PARAMETERS[role] for role in arguments)}) {{',
-    "  extern __shared__ __align__(1024) unsigned char shared[];",
-    "  const int tid = threadIdx.x;",
-    f"  const int warpgroup = tid / {WARPGROUP_THREADS}, lane_thread = tid % {WARPGROUP_THREADS};",
-    f"  const int block_row = blockIdx.y * {c.block_m}, block_col = blockIdx.x * {c.block_n};",
-    f"  // the swizzle is a function of address bits 4-9: every tile starts on a {SWIZZLE_ATOM_BYTES}-byte boundary",
-    f"  const unsigned int shared_base = ((unsigned int)__cvta_generic_to_shared(shared) + {SWIZZLE_ATOM_BYTES - 1}) "
-    f"& ~{SWIZZLE_ATOM_BYTES - 1}u;",
+    *block_prologue(c),
     f"  // stage s is full (its copies have landed) at full_barriers + {MBARRIER_BYTES}s, empty (its wgmmas are done) "
     f"at empty_barriers + {MBARRIER_BYTES}s",
     f"  const unsigned int full_barriers = shared_base + {barriers}, empty_barriers = full_barriers + "

@@ -285,7 +285,7 @@ class CompiledGraph:
       if changed: runner.bind(changed)
     # every runner is ready before the first launches: once one device's part of a collective is queued, it waits for
     # its peers, so nothing may stand between the launches of the devices' runs (building a CUDA graph loads modules
-    # and allocates, which can wait for a device that spins in that collective: the tensor-parallel decode hung so)
+    # and allocates, work the host should not do while a peer spins in that collective)
     for runner in self.runners: runner.prepare()
     if Context.DEBUG >= 2: self._run_one_by_one()
     elif profiler.ENABLED: self._run_traced()

@@ -1,11 +1,13 @@
-"""Per-kernel time of one replayed gemma-3-270m decode step (and optionally the prefill) on the CPU, from the profiler.
+"""Per-kernel time of one replayed gemma-3-270m decode step (and optionally the prefill) on any device, from the profiler.
 
-Loads the GGUF file (`--quant packed|dequant`, float32), generates a few tokens (compiles and captures the decode
+Loads the GGUF file (`--quant packed|dequant`, `--dtype`, default float32, on `--device`, default LLVM), generates a few tokens (compiles and captures the decode
 step's TinyJit), then replays the step REPLAYS times with the profiler on and sums each kernel's time over them.
 Prints one row per kernel, slowest first: ms per step, share of the step, bytes it moves (the kernel's own count:
 every buffer it reads and writes once), achieved GB/s, its launch size and opts. The step's total is the sum of its
-kernels (the profiled replay launches them one by one, as an unprofiled one does on the CPU).
-Usage: python bench/cpu_decode_profile.py [--model FILE] [--quant packed] [--replays 5] [--top 25] [--prefill 128]
+kernels (the profiled replay launches them one by one, as an unprofiled one does on the CPU; on CUDA each launch is
+timed by CUDA events, so the sum leaves out the launch gaps a CUDA graph hides).
+Usage: python bench/cpu_decode_profile.py [--model FILE] [--quant packed] [--device LLVM] [--dtype float32]
+       [--replays 5] [--top 25] [--prefill 128]
 """
 from __future__ import annotations
 import argparse, sys, time
@@ -56,34 +58,39 @@ def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--model", default=DEFAULT_MODEL)
   parser.add_argument("--quant", default="packed", choices=("packed", "dequant"))
+  parser.add_argument("--device", default="LLVM")
+  parser.add_argument("--dtype", default="float32")
   parser.add_argument("--replays", type=int, default=5)
   parser.add_argument("--top", type=int, default=25)
   parser.add_argument("--prefill", type=int, default=0, help="also profile a prefill of this many tokens (0: no)")
   parser.add_argument("--source", nargs="*", default=[], help="print these kernels' source")
   args = parser.parse_args()
-  model, _ = load_gemma3_gguf(args.model, args.quant, "float32", "LLVM")
+  model, _ = load_gemma3_gguf(args.model, args.quant, args.dtype, args.device)
   generate(model, PROMPT, 4, eos_ids=())          # compiles and captures the decode step
   cache = model.cache
   variables = cache.decode_variables(len(PROMPT) + 2)
   model._replay_decode(None, variables)
+  device = tgrad.Device[model.device]
+  device.synchronize()
   start = time.perf_counter()
   for _ in range(args.replays): model._replay_decode(None, variables)
+  device.synchronize()
   print(f"unprofiled replay: {(time.perf_counter() - start) / args.replays * 1e3:.2f} ms per step")
   with tgrad.profile() as trace:
     for _ in range(args.replays): model._replay_decode(None, variables)
-  print_table(kernel_table(trace, args.replays), args.top, f"decode step ({args.quant}, float32)")
+  print_table(kernel_table(trace, args.replays), args.top, f"decode step ({args.quant}, {args.dtype}, {args.device})")
   for record in trace.kernels.values():
     if args.source and record.name in args.source: print(f"\n--- {record.name}\n{record.src}")
   if args.prefill:
     rng = np.random.default_rng(0)
     prompt = [2] + rng.integers(1000, 200_000, args.prefill - 1).tolist()
-    ids = Tensor(np.array([prompt], dtype=np.int32), device="LLVM")
+    ids = Tensor(np.array([prompt], dtype=np.int32), device=args.device)
     model.reset_cache(1, args.prefill + 8)
     model(ids, 0, last_only=True, jit=True).realize()
     model(ids, 0, last_only=True, jit=True).realize()
     with tgrad.profile() as trace:
       model(ids, 0, last_only=True, jit=True).realize()
-    print_table(kernel_table(trace, 1), args.top, f"prefill of {args.prefill} tokens ({args.quant}, float32)")
+    print_table(kernel_table(trace, 1), args.top, f"prefill of {args.prefill} tokens ({args.quant}, {args.dtype}, {args.device})")
 
 if __name__ == "__main__":
   main()

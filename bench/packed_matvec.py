@@ -12,8 +12,11 @@ GB/s is the weight's bytes over the b2b time; `floor` is FLOOR_LAUNCH_S + weight
 device's memory clock and bus width): one kernel streaming just those bytes.
 `--dump DIR` writes the rendered CUDA source of the packed kernel of each case (CUDARenderer sm_90, the default
 heuristics, or the BEAM winner when BEAM is set) to DIR and needs no GPU.
+`--cases Q8_0:262144x640,...` times the given types and shapes instead; `--packed-only` skips the dense copies;
+`--row-threads 16,32,128` (with `--block-threads 128,256`) times the packed kernel once per value of the heuristics'
+PACKED_MATVEC_ROW_THREADS (and PACKED_MATVEC_BLOCK_THREADS), set for the run: a sweep of the rule's two constants.
 Usage: python bench/packed_matvec.py [--types Q4_K,Q8_0] [--all-shapes] [--dtype float32|float16] [--repeats N]
-       [--dump DIR] [--dump-only]
+       [--dump DIR] [--dump-only] [--cases T:RxC,...] [--packed-only] [--row-threads N,...] [--block-threads N,...]
 """
 from __future__ import annotations
 import argparse, os, statistics, sys
@@ -105,7 +108,8 @@ def one_kernel(out: Tensor):
   if len(items) != 1: raise RuntimeError(f"expected one kernel, got {len(items)}")
   return items[0]
 
-def measure(type_name: str, rows: int, columns: int, dtype, timer: Timer, repeats: int, bandwidth: float) -> dict:
+def measure(type_name: str, rows: int, columns: int, dtype, timer: Timer, repeats: int, bandwidth: float,
+            packed_only: bool = False) -> dict:
   raw = random_blocks(type_name, rows, columns, rows + columns)
   ggml_type = GGMLType[type_name]
   weight = QuantizedTensor.from_bytes(raw, ggml_type, (rows, columns), "CUDA").realize()
@@ -116,9 +120,11 @@ def measure(type_name: str, rows: int, columns: int, dtype, timer: Timer, repeat
   rtol = HALF_RTOL if dtype == dtypes.float16 else FLOAT32_RTOL
   row = {"type": type_name, "shape": f"{rows}x{columns}", "packed_bytes": weight.nbytes,
          "floor_us": (FLOOR_LAUNCH_S + weight.nbytes / bandwidth) * 1e6}
-  dense32 = Tensor(values, device="CUDA").realize()
-  variants = {"packed": weight.linear(x), "f32": x.cast(dtypes.float32).linear(dense32.transpose()),
-              "f16": x.cast(dtypes.float16).linear(dense32.cast(dtypes.float16).realize().transpose())}
+  variants = {"packed": weight.linear(x)}
+  if not packed_only:
+    dense32 = Tensor(values, device="CUDA").realize()
+    variants.update(f32=x.cast(dtypes.float32).linear(dense32.transpose()),
+                    f16=x.cast(dtypes.float16).linear(dense32.cast(dtypes.float16).realize().transpose()))
   nbytes = {"packed": weight.nbytes, "f32": values.size * 4, "f16": values.size * 2}
   for name, out in variants.items():
     item = one_kernel(out)
@@ -129,6 +135,8 @@ def measure(type_name: str, rows: int, columns: int, dtype, timer: Timer, repeat
     row[f"{name}_single_us"] = timer.single(item, repeats) * 1e6
     row[f"{name}_b2b_us"] = timer.back_to_back(item, repeats) * 1e6
     row[f"{name}_GBps"] = nbytes[name] / (row[f"{name}_b2b_us"] / 1e6) / 1e9
+    row[f"{name}_opts"] = " ".join(f"{o.op.name}:{o.axis}:{o.amount}" for o in getattr(item.runner, "opts", []))
+    row[f"{name}_launch"] = (getattr(item.runner, "global_size", None), getattr(item.runner, "local_size", None))
   return row
 
 def cases(types: list[str], all_shapes: bool) -> list[tuple[str, int, int]]:
@@ -145,9 +153,16 @@ def main() -> None:
   parser.add_argument("--repeats", type=int, default=REPEATS)
   parser.add_argument("--dump", help="write each case's packed kernel's CUDA source to this folder")
   parser.add_argument("--dump-only", action="store_true", help="with --dump: render only, time nothing (no GPU)")
+  parser.add_argument("--cases", help="type:ROWSxCOLUMNS,... in place of the gemma shapes")
+  parser.add_argument("--packed-only", action="store_true", help="time only the packed kernel")
+  parser.add_argument("--row-threads", help="comma-separated values of heuristics.PACKED_MATVEC_ROW_THREADS to sweep")
+  parser.add_argument("--block-threads", help="comma-separated values of heuristics.PACKED_MATVEC_BLOCK_THREADS")
   args = parser.parse_args()
   dtype = getattr(dtypes, args.dtype)
   selected = cases(args.types.split(","), args.all_shapes)
+  if args.cases:
+    selected = [(t, *map(int, shape.split("x"))) for t, shape in (case.split(":") for case in args.cases.split(","))]
+  if args.row_threads: return sweep(selected, dtype, args)
   if args.dump:
     folder = Path(args.dump)
     folder.mkdir(parents=True, exist_ok=True)
@@ -167,5 +182,23 @@ def main() -> None:
     print(f"{r['type']:5s} {r['shape']:10s} {r['packed_bytes']:8d} {r['floor_us']:8.2f} | "
           f"{r['packed_single_us']:13.2f} {r['packed_b2b_us']:6.2f} {r['packed_GBps']:6.1f} | "
           f"{r['f32_b2b_us']:7.2f} {r['f32_GBps']:6.1f} | {r['f16_b2b_us']:7.2f} {r['f16_GBps']:6.1f}", flush=True)
+
+def sweep(selected: list[tuple[str, int, int]], dtype, args) -> None:
+  """The packed kernel of each case under each (row threads, block threads) pair of the heuristics' constants."""
+  from tgrad.codegen import heuristics
+  import tgrad.realize as realize_module
+  name, bandwidth = dram_bandwidth()
+  timer = Timer()
+  print(f"{name}: DRAM {bandwidth / 1e12:.2f} TB/s; x {dtype.name}; sweep of the packed matvec rule's constants")
+  block_values = [int(v) for v in (args.block_threads or str(heuristics.PACKED_MATVEC_BLOCK_THREADS)).split(",")]
+  for type_name, rows, columns in selected:
+    for row_threads in (int(v) for v in args.row_threads.split(",")):
+      for block_threads in block_values:
+        heuristics.PACKED_MATVEC_ROW_THREADS, heuristics.PACKED_MATVEC_BLOCK_THREADS = row_threads, block_threads
+        realize_module._runner_cache.clear()   # compiled under the previous constants
+        r = measure(type_name, rows, columns, dtype, timer, args.repeats, bandwidth, packed_only=True)
+        print(f"{type_name:5s} {rows}x{columns} row threads {row_threads:4d} block {block_threads:4d}: floor "
+              f"{r['floor_us']:7.2f} us, b2b {r['packed_b2b_us']:7.2f} us, {r['packed_GBps']:7.1f} GB/s, single "
+              f"{r['packed_single_us']:7.2f} us  {r['packed_launch']} {r['packed_opts']}", flush=True)
 
 if __name__ == "__main__": main()

@@ -18,6 +18,7 @@ from tgrad.codegen.heuristics import hand_coded_optimizations, packed_matvec_lay
 from tgrad.codegen.kernel import Kernel, Opt, OptOps
 from tgrad.codegen.linearizer import linearize
 from tgrad.dtype import dtypes
+from tgrad.helpers import prod
 from tgrad.nn.quant import BLOCK_LAYOUTS, GGMLType, QuantizedTensor
 from tgrad.ops import Ops
 from tgrad.runtime.cuda.nvrtc import compile_cuda, nvrtc_available
@@ -234,3 +235,33 @@ def test_two_group_axes_on_emulated_cuda(row_kernel):
   got, source = run_emulated(out, [Opt(OptOps.GROUP, 0, 4), Opt(OptOps.GROUP, 1, 0), Opt(OptOps.UNROLL, 2, 2)])
   assert "threadIdx.y" in source
   np.testing.assert_allclose(got, want, rtol=1e-5)
+
+def test_gpu_rule_gives_many_rows_fewer_threads_each():
+  """A projection with many rows (gemma's tied head: 262,144 Q8_0 rows) gets a row's word threads only, 16 rows to a
+  block of threads; a decode-sized one keeps its row spread over blocks and words."""
+  packed = Tensor.empty(262144, 640 // 32, BLOCK_LAYOUTS[GGMLType.Q8_0].block_bytes, dtype=dtypes.uint8, device="LLVM")
+  out = QuantizedTensor(packed, GGMLType.Q8_0, (262144, 640)).linear(Tensor.empty(1, 640, dtype=dtypes.float16,
+                                                                                   device="LLVM"))
+  (item,) = [item for item in create_schedule([out.lazydata]) if item.ast.op is Ops.SINK]
+  head = Kernel(item.ast, CUDARenderer())
+  hand_coded_optimizations(head)
+  global_size, local_size = head.launch_dims()
+  assert (global_size, local_size) == ((16384,), (16, 8)), head.applied_opts
+  small = Kernel(linear_ast(GGMLType.Q8_0, 256, 640, dtype=dtypes.float16), CUDARenderer())
+  hand_coded_optimizations(small)
+  assert prod(small.launch_dims()[1]) == 80, small.applied_opts
+
+@needs_gxx
+@pytest.mark.parametrize("ggml_type,rows,columns", [(GGMLType.Q8_0, 40, 640), (GGMLType.Q5_0, 24, 640),
+                                                    (GGMLType.Q6_K, 12, 512)], ids=str)
+def test_few_threads_per_row_values_on_emulated_cuda(ggml_type, rows, columns, monkeypatch):
+  """The many-rows layout (forced on small weights by a small GPU thread budget) against x·Wᵀ in float64."""
+  from tgrad.codegen import heuristics
+  monkeypatch.setattr(heuristics, "PACKED_MATVEC_GPU_THREADS", rows)   # one thread of budget per row
+  raw = random_weight(ggml_type, rows, columns, seed=rows)
+  weight = QuantizedTensor.from_bytes(raw, ggml_type, (rows, columns), "LLVM").realize()
+  x = np.random.default_rng(rows).standard_normal((1, columns)).astype(np.float32)
+  got, source = run_emulated(weight.linear(Tensor(x, device="LLVM").realize()))
+  reference = x.astype(np.float64) @ weight.dequantize().numpy().astype(np.float64).T
+  np.testing.assert_allclose(got.astype(np.float64).reshape(reference.shape), reference, rtol=FLOAT32_RTOL,
+                             atol=FLOAT32_RTOL * np.abs(reference).max())

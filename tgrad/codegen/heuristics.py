@@ -595,9 +595,17 @@ def _row_matvec(kernel: Kernel) -> bool:
 # flight together. Rows per block of threads up to PACKED_MATVEC_BLOCK_THREADS. Before: a group over the blocks only
 # (4-20 threads per row, 8-80 per block of threads), each thread walking a whole block a byte at a time: 16-81 GB/s on
 # an H100 for gemma-3-270m's projections.
+# A projection with many rows fills the GPU with fewer threads per row: the rows then give the threads, and each
+# thread walks more blocks of its row (more loads in flight per thread, a smaller combine per row). The threads of a
+# row are capped at PACKED_MATVEC_GPU_THREADS / rows (never below a row's word threads). Measured on an H100
+# (`python bench/packed_matvec.py --dtype float16 --cases Q8_0:262144x640 --row-threads 8,16,32,64,128`, the tied
+# head of gemma-3-270m's Q4_K_M file, 178 MB, back to back): 128 threads a row 319 µs (559 GB/s), 64 161 µs,
+# 32 93 µs, 8 91 µs (1.95 TB/s; floor 55 µs); gemma's smaller projections (256-4096 rows) keep 128 (their times moved
+# within the launch noise, 4.1-5.3 µs, in the same sweep).
 PACKED_WORD_BYTES = 4               # bytes of the quant run a thread reads per step: one 32-bit load
 PACKED_MATVEC_ROW_THREADS = 128     # threads sharing a row (MATVEC_MAX_ROW_THREADS's bound on the combine)
 PACKED_MATVEC_BLOCK_THREADS = 128   # threads per block of threads (rows × row threads)
+PACKED_MATVEC_GPU_THREADS = 1 << 20   # ~4 waves of an H100's resident threads (132 SMs × 2048)
 
 def packed_matvec_layout(kernel: Kernel) -> Optional[MatvecLayout]:
   """A packed matrix–vector product (see above): sums (ADD) over two or more reduce axes, the largest byte load varying
@@ -623,7 +631,9 @@ def _packed_matvec(kernel: Kernel) -> bool:
      try_opt(kernel, Opt(OptOps.UNROLL, inner - blocks_axis, PACKED_WORD_BYTES)):
     byte_threads = kernel.full_shape[inner]
   blocks = kernel.full_shape[blocks_axis]
-  block_threads = _divisor_at_most(blocks, max(1, PACKED_MATVEC_ROW_THREADS // byte_threads))
+  rows = prod(kernel.full_shape[a] for a in range(kernel.first_reduce) if not kernel.is_reduce_axis(a))
+  row_cap = min(PACKED_MATVEC_ROW_THREADS, max(1, PACKED_MATVEC_GPU_THREADS // rows))
+  block_threads = _divisor_at_most(blocks, max(1, row_cap // byte_threads))
   # (a whole axis is amount 0, as BEAM's actions name it)
   if block_threads > 1: try_opt(kernel, Opt(OptOps.GROUP, 0, 0 if block_threads == blocks else block_threads))
   # the word threads: the rest of the innermost block axis, now the last loop axis (after the blocks' GROUP, if any)

@@ -1,0 +1,90 @@
+"""Each decode projection of gemma-3-270m timed as it runs in a decode step: many launches in one CUDA graph, against
+the floor of the hardware for the same bytes and kernel count.
+
+For each case (a ggml type and a projection shape, or a dense float16 weight of that shape), COPIES distinct weights
+are built on the GPU (random blocks, as bench/packed_matvec.py makes them; together at least MIN_TOTAL_BYTES, past
+the H100's 50 MB L2, so every launch streams its weight from DRAM as a decode step does), and a TinyJit captures one
+step that multiplies the same float16 x by each of them: COPIES dependent-free kernels in one CUDA graph, replayed
+back to back (CUDA events). The time per projection is the replay's time over COPIES.
+
+The floor is `../shared/anchors/launch_floor.cu`'s measurement on an H100 (2026-11-26: N dependent kernels in one
+graph, each streaming its share of the bytes), fitted by a line: a kernel costs FLOOR_KERNEL_US plus its bytes at
+FLOOR_BANDWIDTH (plain graph; the PDL fit beside it). Its four points (240 and 536 MB over 60 and 155 kernels) lie
+within 2% of the line. "of floor" is floor time / measured time: the share of the floor probe's bandwidth the
+projection reaches at the same bytes and kernel count (issue target: >= 0.8).
+Usage: python bench/projection_graph.py [--cases Q5_0:2048x640,...] [--copies 64] [--pdl 0|1]
+"""
+from __future__ import annotations
+import argparse, json, os, sys
+from pathlib import Path
+import numpy as np
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from tgrad import Tensor, TinyJit  # noqa: E402
+from tgrad.helpers import Context  # noqa: E402
+from tgrad.nn.quant import GGMLType, QuantizedTensor, packed_nbytes  # noqa: E402
+from gpu import event_seconds  # noqa: E402
+from packed_matvec import random_blocks  # noqa: E402
+
+# the floor probe's line (fitted to launch_floor.cu's four H100 points): µs per kernel and bytes per µs
+FLOOR_KERNEL_US = {0: 1.55, 1: 1.20}          # PDL off / on
+FLOOR_BANDWIDTH = {0: 2.37e6, 1: 2.35e6}      # bytes per µs
+# gemma-3-270m's decode projections in its Q4_K_M file (type, out × in): q, k, v, o, gate/up, down; the tied head
+CASES = ("Q5_0:1024x640", "Q8_0:256x640", "Q4_K:640x1024", "Q5_0:2048x640", "Q6_K:640x2048", "Q4_K:640x2048",
+         "F16:1024x640", "F16:640x1024", "F16:2048x640", "F16:640x2048")
+MIN_TOTAL_BYTES = 160 << 20
+MAX_COPIES = 256
+REPLAYS = 20
+
+def floor_us(nbytes: int, pdl: int) -> float: return FLOOR_KERNEL_US[pdl] + nbytes / FLOOR_BANDWIDTH[pdl]
+
+def weights(type_name: str, rows: int, columns: int, copies: int) -> tuple[list, int]:
+  """`copies` distinct weights on the GPU and one weight's bytes."""
+  made = []
+  for seed in range(copies):
+    if type_name == "F16":
+      values = np.random.default_rng(seed).standard_normal((rows, columns)).astype(np.float16)
+      made.append(Tensor(values, device="CUDA").realize())
+    else:
+      raw = random_blocks(type_name, rows, columns, seed)
+      made.append(QuantizedTensor.from_bytes(raw, GGMLType[type_name], (rows, columns), "CUDA").realize())
+  nbytes = rows * columns * 2 if type_name == "F16" else made[0].nbytes
+  return made, nbytes
+
+def measure(case: str, copies: int, pdl: int) -> dict:
+  type_name, shape = case.split(":")
+  rows, columns = map(int, shape.split("x"))
+  one = rows * columns * 2 if type_name == "F16" else packed_nbytes(GGMLType[type_name], (rows, columns))
+  if copies == 0: copies = min(MAX_COPIES, max(8, -(-MIN_TOTAL_BYTES // one)))   # enough to pass the L2
+  made, nbytes = weights(type_name, rows, columns, copies)
+  x = Tensor(np.random.default_rng(1).standard_normal((1, columns)).astype(np.float16), device="CUDA").realize()
+  def step(x: Tensor) -> list[Tensor]:
+    outs = [x.linear(w.transpose()) if type_name == "F16" else w.linear(x) for w in made]
+    Tensor.realize(*outs)
+    return outs
+  with Context(PDL=pdl):
+    jitted = TinyJit(step)
+    for _ in range(3): jitted(x)
+    seconds = event_seconds(lambda: jitted(x), REPLAYS)
+  per = seconds * 1e6 / copies
+  floor = floor_us(nbytes, pdl)
+  return {"case": case, "copies": copies, "bytes": nbytes, "us": round(per, 3), "GB/s": round(nbytes / per / 1e3, 1),
+          "floor_us": round(floor, 3), "of_floor": round(floor / per, 3)}
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--cases", default=",".join(CASES))
+  parser.add_argument("--copies", type=int, default=0, help="weights per case (0: enough to pass the L2)")
+  parser.add_argument("--pdl", type=int, default=1, choices=(0, 1))
+  args = parser.parse_args()
+  rows = []
+  print(f"{'case':16s} {'copies':>6s} {'bytes':>9s} {'us':>7s} {'GB/s':>7s} {'floor us':>8s} {'of floor':>8s}")
+  for case in args.cases.split(","):
+    r = measure(case, args.copies, args.pdl)
+    rows.append(r)
+    print(f"{r['case']:16s} {r['copies']:6d} {r['bytes']:9d} {r['us']:7.2f} {r['GB/s']:7.1f} {r['floor_us']:8.2f} "
+          f"{r['of_floor']:8.2f}", flush=True)
+  if os.environ.get("OUT"): Path(os.environ["OUT"], "projection_graph.json").write_text(json.dumps(rows, indent=1))
+
+if __name__ == "__main__":
+  main()

@@ -1,5 +1,5 @@
-"""Float sums of partial sums add with Kahan's compensation: a GROUP's combine of its threads' partials (CUDA) and the
-reduce of _split_reduce's partials (every device).
+"""Float sums of partial sums add with Kahan's compensation: a GROUP's combine of its threads' partials (CUDA) when the
+sum is long or adds partial sums, and the reduce of _split_reduce's partials (every device).
 
 No GPU is needed: CUDA kernels are rendered and compiled with NVRTC and their combine loops read; the reduce of
 partials runs on LLVM, with explicit opts where a plain sum would be in sequence (several accumulators, which the loop
@@ -148,16 +148,27 @@ def test_long_sums_with_infinities():
   np.testing.assert_array_equal(Tensor(x[0], device="LLVM").sum().numpy(), np.float32(np.inf))
 
 @needs_nvrtc
-def test_gather_with_infinities_renders_a_guarded_combine():
-  # fuzz_ops seed 0 case 499: v0[:, i] on (15, 16, 1) is a 16-long masked sum per output, a GROUP of 2 threads on CUDA
-  # whose combine adds the partials with compensation; it must zero the carried error once the total is −inf. Gathers
-  # are data-dependent loads now; the one-hot formulation (kept for empty tensors) still makes that masked sum
+def test_short_sum_with_infinities_combines_plain():
+  # fuzz_ops seed 0 case 499: v0[:, i] on (15, 16, 1) is a 16-long masked sum per output, a GROUP of 2 threads on CUDA.
+  # A sum this short combines its partials plainly (reduces.long_reduce): no carried error, so a −inf total stays −inf
+  # (a compensated combine must zero its error once the total is infinite: the long sums' tests check that guard).
+  # Gathers are data-dependent loads now; the one-hot formulation (kept for empty tensors) still makes that masked sum
   from tgrad.tensor_ops.indexing import _IndexPlan
   x = Tensor(np.zeros((15, 16, 1), np.float32), device="LLVM")
   index = Tensor(np.array(10, np.int32), device="LLVM").realize()
   (src,) = cuda_sources(x._gather_one_hot(_IndexPlan(x.shape, (slice(None), index), x.device)).lazydata)
   combines = group_combines(src)
-  assert combines and all(is_kahan(body) for _, body in combines), src
+  assert combines and all(accumulators_updated(body) == 1 and "(-" not in body for _, body in combines), src
+
+@needs_nvrtc
+@pytest.mark.parametrize("length,compensated", [(2048, False), (4096, False), (8192, True)])
+def test_group_combine_compensates_past_the_accumulate_block(length, compensated):
+  # row sums split over a GROUP: up to ACCUMULATE_BLOCK values per output the partials add plainly (a decode matvec's
+  # serial tail), past it with Kahan's compensation
+  x = LazyBuffer.from_host(np.ones((16, length), np.float32), "LLVM", dtypes.float32)
+  (src,) = cuda_sources(x.r(Ops.ADD, (1,)))
+  combines = group_combines(src)
+  assert combines and all(is_kahan(body) == compensated for _, body in combines), src
 
 def lazy_reduces(out: LazyBuffer) -> list[LazyBuffer]:
   found, stack, seen = [], [out], set()

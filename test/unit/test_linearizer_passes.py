@@ -64,7 +64,10 @@ def test_group_combine_alone():
   indices = axis_indices(kernel)
   partial = UOp.const(dtypes.float32, 1.0)
   combined, gated = group_combine(kernel, indices, itertools.count(1), Ops.ADD, dtypes.float32, partial)
-  assert combined.op is Ops.REDUCE and combined.arg[:2] == (Ops.ADD, 1) and combined.arg[3], "Kahan: float partials"
+  assert combined.op is Ops.REDUCE and combined.arg[:2] == (Ops.ADD, 1) and len(combined.arg) == 3, \
+    "a 256-long sum combines plainly (reduces.long_reduce)"
+  kahan, _ = group_combine(kernel, indices, itertools.count(1), Ops.ADD, dtypes.float32, partial, of_partials=True)
+  assert kahan.arg[3], "Kahan: partial sums of an earlier kernel"
   shared = [u for u in combined.toposort() if u.op is Ops.DEFINE_LOCAL]
   assert [u.arg for u in shared] == [("temp1", 16)] and gated == combined.src[1:]
 

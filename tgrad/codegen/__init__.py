@@ -32,4 +32,5 @@ CODEGEN_VERSION = 19   # 2: gathers (data-dependent loads); int casts as narrow 
 # scratch keeps the source of a widening integer cast
 # 18: LLVM: the masked stores between two other ops share one branch per mask (SLP vectorizes a padded tile's rows);
 # CPU matmuls with a symbolic row count or several reduce axes (a packed weight) get the GEMM tile and packing
-# 19: GPU packed matvecs with many rows take fewer threads a row (heuristics.PACKED_MATVEC_GPU_THREADS)
+# 19: GPU packed matvecs with many rows take fewer threads a row (heuristics.PACKED_MATVEC_GPU_THREADS); a GROUP
+# combines the partials of a sum of at most ACCUMULATE_BLOCK values without compensation (reduces.long_reduce)

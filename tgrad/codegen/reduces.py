@@ -8,7 +8,8 @@ The value graph (value_graph.py) builds each reduce from the pieces here, in thi
      (`new_reduce`, `reduce_terms`); a value none of the loops changes is no loop (`fold_invariant_reduce`); a long
      float sum adds in blocks whose totals add with Kahan's compensation (`accumulation_split`, `block_ranges`);
   3. the group combine (split-K, OptOps.GROUP): each thread's partial goes to shared memory, and after a barrier the
-     group's first thread (or, in a row kernel, every thread) reduces the partials (`group_combine`, `group_gate`).
+     group's first thread (or, in a row kernel, every thread) reduces the partials (`group_combine`, `group_gate`),
+     with Kahan's compensation when the reduce is long (`long_reduce`) or adds partial sums.
 
 The emitter (emit.py) turns each REDUCE into its accumulator and loop, with `kahan_step` for compensated sums and
 `online_step`/`online_merge`/`online_result` for a LOGADDEXP reduce (log Σ exp, the online softmax's one pass).
@@ -311,13 +312,13 @@ def block_ranges(axis: int, size, block: int, pass_arg: int = 0) -> tuple[UOp, U
 # ---- 3. the group combine (split-K)
 
 def group_combine(kernel: Kernel, indices: list[Optional[UOp]], ids: Iterator[int], op: Ops, dtype, partial: UOp,
-                  level: int = 0) -> tuple[UOp, tuple[UOp, ...]]:
+                  level: int = 0, of_partials: bool = False) -> tuple[UOp, tuple[UOp, ...]]:
   """Reduce across the group's threads: each writes its partial to shared memory, then (after a barrier) the
   group's first thread reduces the partials and stores (`group_gate`); the others skip that loop (an IF). Returns
-  (the combined value, the loops over the partials that only the gated thread runs). A float sum combines the
-  partials with Kahan's compensation: they are large (a thread's share of a long axis) and alike, the case where a
-  plain running sum rounds at every step; one thread per block runs that loop, so it costs nothing measurable. When a
-  later pass of a row kernel reads the result (`shares_results`), every thread combines the partials itself
+  (the combined value, the loops over the partials that only the gated thread runs). A long float sum (`long_reduce`,
+  or `of_partials`: a reduce of an earlier kernel's partial sums) combines the partials with Kahan's compensation:
+  they are large (a thread's share of a long axis) and alike, the case where a plain running sum rounds at every
+  step. When a later pass of a row kernel reads the result (`shares_results`), every thread combines the partials itself
   (broadcast reads of the same shared words), no thread skips and no loop is gated; each reduce has its own array,
   written once, so the one barrier before the reads is all it needs."""
   k = kernel
@@ -344,8 +345,17 @@ def group_combine(kernel: Kernel, indices: list[Optional[UOp]], ids: Iterator[in
     combined = logaddexp_of_partials(new_reduce(ids, Ops.MAX, dtype, load, tuple(group_loops)), again,
                                      lambda term: new_reduce(ids, Ops.ADD, term.dtype, term, tuple(rescale_loops)))
     group_loops += rescale_loops
-  else: combined = new_reduce(ids, op, dtype, load, tuple(group_loops), compensated=compensable(op, dtype))
+  else: combined = new_reduce(ids, op, dtype, load, tuple(group_loops),
+                              compensated=compensable(op, dtype) and (of_partials or long_reduce(k)))
   return combined, () if shares_results(k) else tuple(group_loops)
+
+def long_reduce(kernel: Kernel) -> bool:
+  """Whether the kernel's reduce adds more than ACCUMULATE_BLOCK values per output: only then do its GROUP's partials
+  combine with Kahan's compensation. A shorter sum is within the block bound (block·ε) in any order, and its combine
+  (a decode matvec's 40-128 partials of 8-32 values each) is the serial tail of a few-µs kernel: compensated, each
+  partial is a chain of five dependent adds (~0.5 µs for 40 partials on an H100), plain one."""
+  reduce_axes = [a for a in range(kernel.shape_len) if kernel.is_reduce_axis(a)]
+  return vmax_of(prod(kernel.full_shape[a] for a in reduce_axes)) > ACCUMULATE_BLOCK
 
 def logaddexp_of_partials(peak: UOp, partial: UOp, sum_of: Callable[[UOp], UOp]) -> UOp:
   """log Σ exp of a GROUP's partial results (each a thread's m + log d, in the reduce's dtype, float64 for the online

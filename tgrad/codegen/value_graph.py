@@ -330,7 +330,8 @@ class ValueBuilder:
                           compensated=is_sum_of_partials(node) and compensable(op, node.dtype))
       if self.pass_store is not None and node is self.pass_store.reduce: self.store_in_pass(node, idxs, loops)
     if k.group_for_reduces:
-      result, gated = group_combine(k, self.indices, self.ids, op, node.dtype, result, level)
+      result, gated = group_combine(k, self.indices, self.ids, op, node.dtype, result, level,
+                                    of_partials=is_sum_of_partials(node))
       self.gated_loops.update(gated)
     return result
 

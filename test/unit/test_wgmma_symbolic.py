@@ -71,7 +71,8 @@ def test_heuristics_pick_a_cp_async_tile_and_tma_tiles_are_refused():
     grid, _ = kernel.launch_dims()
     assert evaluate(grid[1], {"prompt_len": 65}) == -(-65 // kernel.warpgroup_matmul.block_m)
     tma = last_kernel(out)
-    with pytest.raises(KernelOptError, match="TMA"): tma.apply_opt(Opt(OptOps.WGMMA, 0, WGMMA_TILES.index((1, 64, 8, True))))
+    with pytest.raises(KernelOptError, match="TMA"):
+      tma.apply_opt(Opt(OptOps.WGMMA, 0, WGMMA_TILES.index((1, 64, 8, True))))
     with Context(WGMMA=0):
       off = last_kernel(out)
       hand_coded_optimizations(off)

@@ -3,18 +3,24 @@ kernel that runtime/cuda/wgmma.py writes (128-byte-swizzled shared tiles, a cp.a
 `wgmma.mma_async` from shared-memory descriptors), on targets whose renderer has `warpgroup_mma` (CUDA sm_90a).
 Everything about it is here, in the order it is used:
 
-  1. which kernels qualify (`matmul_of`): the AST is exactly out = CAST(Σ_K a·b) (the product of two loads of one
-     16-bit float dtype, summed in float32, rounded once to that dtype and stored; `tensor_core_operands` says which
-     sums of products qualify); one reduce over one K axis, two output axes (M, N), sizes known; every view one plain
-     view (no mask, offset 0); a's strides (K, 0, 1); b's (0, K, 1) (N×K, a linear layer's weight) or (0, 1, N)
-     (K×N, a plain a·b; N a multiple of 8); the output's (N, 1, 0); K a multiple of 8 (16-byte rows). No epilogue:
-     any op between the reduce and the store (a bias, an activation), a third buffer, or a batch axis refuses it,
-     and such kernels keep the mma.sync tensor cores (OptOps.TC).
+  1. which kernels qualify (`matmul_of`): the AST is exactly out = Σ_K a·b (the product of two loads of one 16-bit
+     float dtype, summed in float32) stored as float32 or rounded once to a 16-bit float (`tensor_core_operands` says
+     which sums of products qualify); one reduce over one K axis, two output axes (M, N), N and K known, M known or
+     symbolic (a prompt's rows: an expression of variables, the grid's rows from their values at launch, rows past M
+     read as zeros and not stored); b's view plain (no mask, offset 0) with strides (0, K, 1) (N×K, a linear layer's
+     weight) or (0, 1, N) (K×N, a plain a·b; N a multiple of 8); a's memory index row·S_row + kk (rows contiguous,
+     S_row = K or another multiple of 8) or, with K cut into segments of whole K tiles (64), row·S_row + (kk / seg)·
+     S_seg + kk % seg (`a_layout`: attention's heads [H, T, D] read as T×(H·D), S_seg = T·D symbolic); the
+     output's (N, 1, 0); K a multiple of 8 (16-byte rows). No other epilogue: any other op between the reduce and
+     the store (a bias, an activation), a third buffer, or a batch axis refuses it, and such kernels keep the mma.sync
+     tensor cores (OptOps.TC).
   2. the opt's choices: WGMMA_TILES, (warpgroups, block_n, stages, tma) each; Opt(OptOps.WGMMA, 0, i) takes tile i and
      must be the kernel's first and only opt (the kernel is the template: no other opt applies to it). A `tma` tile
      loads A and B by the tensor-memory accelerator with a producer warpgroup beside the `warpgroups` consumers
-     (runtime/cuda/wgmma_tma.py); the others by cp.async from every thread. BEAM tries every tile (search.py's
-     ACTIONS); the heuristics take `default_tile`, from the TMA tiles under WGMMA_TMA=1.
+     (runtime/cuda/wgmma_tma.py): its tensor maps are made per launch from the buffer pointers alone, so it takes a
+     known M and a row-major A only (`loads_by_tma`); the others load by cp.async from every thread. BEAM tries every
+     tile (search.py's ACTIONS; a TMA tile is refused where it can't load); the heuristics take `default_tile`, from
+     the TMA tiles under WGMMA_TMA=1 where they can load, and for a symbolic M from its maximum up to TYPICAL_ROWS.
   3. rendering: compile.render_source hands AxisState.warpgroup_matmul to renderer.render_warpgroup_matmul.
 """
 from __future__ import annotations
@@ -83,7 +89,8 @@ def _strides_of(tracker: ShapeTracker) -> Optional[tuple[sint, ...]]:
 def a_layout(tracker: ShapeTracker, m: sint, n: int, k: int) -> Optional[tuple[sint, int, sint]]:
   """(row stride, K segment, segment stride) of an M×N×K tracker reading A (module doc, 1.): one segment when a row
   is contiguous (segment 0), else the longest segments of whole K tiles whose elements are contiguous, each
-  `segment stride` on; None when A is neither."""
+  `segment stride` on; None when A is neither (at once when it varies along N: b)."""
+  if tracker.real_strides(ignore_valid=True)[1] != 0: return None
   for segment in [k] + [s for s in range(k - BLOCK_K, 0, -BLOCK_K) if k % s == 0]:
     split = tracker.reshape((m, n, k // segment, segment)) if segment != k else tracker
     strides = _strides_of(split)

@@ -32,7 +32,10 @@ written independently from the PTX ISA (`read_operand`).
     BN/2 floats; register i is row 16·(t / 32) + (t % 32) / 4 + 8·((i % 4) / 2), column 8·(i / 4) + 2·(t % 4) +
     i % 2. The epilogue rounds them to the inputs' dtype and stores them (pairs as one 32-bit store when N is even).
 
-The kernel is specialized to (M, N, K); K must be a multiple of 8 (16-byte rows for cp.async). Tests:
+The kernel is specialized to (N, K) and to M, or takes M as a variable parameter (`MatmulShape`: a prompt's rows; the
+grid's rows are the runner's, rows past M are zero-filled copies and masked stores); A may be read in K segments of
+whole tiles (heads [H, T, D] as T×(H·D)); the output is float32 (the sums) or a 16-bit float. K must be a multiple
+of 8 (16-byte rows for cp.async). Tests:
 test/unit/test_wgmma.py (NVRTC for sm_90a, the emitted sequence, the CPU emulation), test/test_wgmma_gpu.py (GPU).
 """
 from __future__ import annotations

@@ -21,7 +21,7 @@ from tgrad.dtype import DType
 from tgrad.ops import UOp, Ops, ALU, is_gather_load
 from tgrad.codegen.renderer import TensorCore
 from tgrad.shape.shapetracker import ShapeTracker
-from tgrad.shape.sint import sint, canonical, is_symbolic, render as render_size, vmax_of
+from tgrad.shape.sint import sint, canonical, ceil_div, is_symbolic, render as render_size, vmax_of
 from tgrad.helpers import prod, round_up
 from tgrad.scalars import is_scalar_param
 
@@ -68,8 +68,11 @@ class WarpgroupMatmul:
   """How OptOps.WGMMA computes a whole kernel (warpgroup_mma.py): out[M×N] = a[M×K] · b[N×K]ᵀ (b K×N when b_n_major)
   in `dtype` with float32 accumulators, one block per BM×BN tile (BM = 64 · warpgroups) over `stages` shared-memory
   buffers. `arguments` names each kernel parameter's role ("out", "a", "b") in parameter order. With `tma` the tiles
-  are loaded through tensor maps by one more warpgroup (the producer) beside the `warpgroups` that multiply."""
-  m: int
+  are loaded through tensor maps by one more warpgroup (the producer) beside the `warpgroups` that multiply.
+  M may be symbolic (an index expression of `variables`, the kernel's variable parameters after its buffers, sorted);
+  A's element (row, kk) is at row·a_row_stride + (kk / a_segment)·a_segment_stride + kk % a_segment (0s: a row-major
+  M×K A); the output is `out_dtype` (None: `dtype`; float32: the sums unrounded)."""
+  m: sint
   n: int
   k: int
   dtype: DType
@@ -79,15 +82,21 @@ class WarpgroupMatmul:
   block_n: int = 256
   stages: int = 4
   tma: bool = False
+  a_row_stride: sint = 0
+  a_segment: int = 0
+  a_segment_stride: sint = 0
+  out_dtype: Optional[DType] = None
+  variables: tuple[str, ...] = ()
   WARPGROUP_THREADS = 128
   WARPGROUP_ROWS = 64
   @property
   def block_m(self) -> int: return self.warpgroups * self.WARPGROUP_ROWS
-  def launch_dims(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """(global_size, local_size): blockIdx.x over column tiles, .y over row tiles; 128 threads per warpgroup (and a
-    producer warpgroup with TMA)."""
+  def launch_dims(self) -> tuple[tuple[sint, ...], tuple[int, ...]]:
+    """(global_size, local_size): blockIdx.x over column tiles, .y over row tiles (an expression of the variables for
+    a symbolic M: the runner evaluates it per launch); 128 threads per warpgroup (and a producer warpgroup with
+    TMA)."""
     warpgroups = self.warpgroups + (1 if self.tma else 0)
-    return (-(-self.n // self.block_n), -(-self.m // self.block_m)), (warpgroups * self.WARPGROUP_THREADS,)
+    return (-(-self.n // self.block_n), ceil_div(self.m, self.block_m)), (warpgroups * self.WARPGROUP_THREADS,)
 
 @dataclass(frozen=True, eq=False)
 class AxisState:

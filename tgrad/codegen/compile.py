@@ -107,6 +107,7 @@ def compile_kernel(device: str, kernel: Kernel, name: Optional[str] = None) -> C
   global_size, local_size = kernel.launch_dims()
   flops, nbytes = kernel.estimate()
   variables = tuple(sorted({u.arg[0] for u in uops if u.op is Ops.DEFINE_VAR}))   # the renderers' argument order
+  if kernel.warpgroup_matmul is not None: variables = kernel.warpgroup_matmul.variables   # its sizes' (sorted too)
   runner = CompiledKernel(name, program, global_size, local_size, src,
                           list(kernel.applied_opts), flops, nbytes, device, variables)
   if tracing: profiler.kernel_compiled(runner, uops_text(uops))

@@ -21,7 +21,7 @@ from tgrad.codegen.cpu_gemm import PACK_MIN_ELEMENTS, gemm_axes, gemm_tile
 from tgrad.codegen.kernel import Kernel
 from tgrad.codegen.opts import apply_opt, apply_opts
 from tgrad.codegen.staging import stageable_loads
-from tgrad.codegen.warpgroup_mma import default_tile, matmul_of, worth_it
+from tgrad.codegen.warpgroup_mma import default_tile, loads_by_tma, matmul_of, worth_it
 from tgrad.ops import Ops, UOp
 from tgrad.dtype import dtypes
 from tgrad.helpers import Context, cpu_count, prod
@@ -662,12 +662,12 @@ def _bytes_contiguous(kernel: Kernel, axis: int) -> bool:
 
 def _warpgroup_matmul(kernel: Kernel) -> bool:
   """A big half/bfloat16 matmul with no epilogue on sm_90a (warpgroup_mma.py says which qualify and which are big
-  enough) is one warpgroup-MMA kernel with the tile `default_tile` picks (a TMA tile under WGMMA_TMA=1); WGMMA=0 turns
-  this off."""
+  enough: a symbolic M, a prompt's rows, at its maximum) is one warpgroup-MMA kernel with the tile `default_tile`
+  picks (a TMA tile under WGMMA_TMA=1 where TMA can load it: a known M and a row-major A); WGMMA=0 turns this off."""
   if not Context.WGMMA or not kernel.renderer.warpgroup_mma: return False
   use = matmul_of(kernel.state)
   return not isinstance(use, str) and worth_it(use) and \
-    try_opt(kernel, Opt(OptOps.WGMMA, 0, default_tile(use.m, use.n, bool(Context.WGMMA_TMA))))
+    try_opt(kernel, Opt(OptOps.WGMMA, 0, default_tile(use.m, use.n, bool(Context.WGMMA_TMA) and loads_by_tma(use))))
 
 def _gpu_rules(kernel: Kernel) -> None:
   if _matvec(kernel): return
@@ -761,6 +761,7 @@ def _symbolic_rules(kernel: Kernel) -> None:
   if not kernel.renderer.has_local:
     if kernel.renderer.has_threads: _symbolic_cpu_rules(kernel)
     return
+  if _warpgroup_matmul(kernel): return   # a prefill projection (rows: the prompt length) on sm_90a
   if _group_symbolic_reduce(kernel) or _group_known_reduce(kernel) or _tensor_cores(kernel): return
   if _staged_symbolic_matmul(kernel): return
   _gpu_locals(kernel, _gpu_upcast(kernel))

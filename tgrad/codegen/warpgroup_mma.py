@@ -3,18 +3,24 @@ kernel that runtime/cuda/wgmma.py writes (128-byte-swizzled shared tiles, a cp.a
 `wgmma.mma_async` from shared-memory descriptors), on targets whose renderer has `warpgroup_mma` (CUDA sm_90a).
 Everything about it is here, in the order it is used:
 
-  1. which kernels qualify (`matmul_of`): the AST is exactly out = CAST(Σ_K a·b) (the product of two loads of one
-     16-bit float dtype, summed in float32, rounded once to that dtype and stored; `tensor_core_operands` says which
-     sums of products qualify); one reduce over one K axis, two output axes (M, N), sizes known; every view one plain
-     view (no mask, offset 0); a's strides (K, 0, 1); b's (0, K, 1) (N×K, a linear layer's weight) or (0, 1, N)
-     (K×N, a plain a·b; N a multiple of 8); the output's (N, 1, 0); K a multiple of 8 (16-byte rows). No epilogue:
-     any op between the reduce and the store (a bias, an activation), a third buffer, or a batch axis refuses it,
-     and such kernels keep the mma.sync tensor cores (OptOps.TC).
+  1. which kernels qualify (`matmul_of`): the AST is exactly out = Σ_K a·b (the product of two loads of one 16-bit
+     float dtype, summed in float32) stored as float32 or rounded once to a 16-bit float (`tensor_core_operands` says
+     which sums of products qualify); one reduce over one K axis, two output axes (M, N), N and K known, M known or
+     symbolic (a prompt's rows: an expression of variables, the grid's rows from their values at launch, rows past M
+     read as zeros and not stored); b's view plain (no mask, offset 0) with strides (0, K, 1) (N×K, a linear layer's
+     weight) or (0, 1, N) (K×N, a plain a·b; N a multiple of 8); a's memory index row·S_row + kk (rows contiguous,
+     S_row = K or another multiple of 8) or, with K cut into segments of whole K tiles (64), row·S_row + (kk / seg)·
+     S_seg + kk % seg (`a_layout`: attention's heads [H, T, D] read as T×(H·D), S_seg = T·D symbolic); the
+     output's (N, 1, 0); K a multiple of 8 (16-byte rows). No other epilogue: any other op between the reduce and
+     the store (a bias, an activation), a third buffer, or a batch axis refuses it, and such kernels keep the mma.sync
+     tensor cores (OptOps.TC).
   2. the opt's choices: WGMMA_TILES, (warpgroups, block_n, stages, tma) each; Opt(OptOps.WGMMA, 0, i) takes tile i and
      must be the kernel's first and only opt (the kernel is the template: no other opt applies to it). A `tma` tile
      loads A and B by the tensor-memory accelerator with a producer warpgroup beside the `warpgroups` consumers
-     (runtime/cuda/wgmma_tma.py); the others by cp.async from every thread. BEAM tries every tile (search.py's
-     ACTIONS); the heuristics take `default_tile`, from the TMA tiles under WGMMA_TMA=1.
+     (runtime/cuda/wgmma_tma.py): its tensor maps are made per launch from the buffer pointers alone, so it takes a
+     known M and a row-major A only (`loads_by_tma`); the others load by cp.async from every thread. BEAM tries every
+     tile (search.py's ACTIONS; a TMA tile is refused where it can't load); the heuristics take `default_tile`, from
+     the TMA tiles under WGMMA_TMA=1 where they can load, and for a symbolic M from its maximum up to TYPICAL_ROWS.
   3. rendering: compile.render_source hands AxisState.warpgroup_matmul to renderer.render_warpgroup_matmul.
 """
 from __future__ import annotations
@@ -23,10 +29,13 @@ from typing import Optional, Union
 from tgrad.codegen.axes import AxisState, KernelOptError, Opt, WarpgroupMatmul
 from tgrad.codegen.tensor_cores import tensor_core_operands
 from tgrad.dtype import dtypes
-from tgrad.ops import Ops
+from tgrad.ops import Ops, UOp, split_terms
+from tgrad.shape.shapetracker import ShapeTracker
+from tgrad.shape.sint import canonical, divides, sint, variables_of, vmax_of
 
 WGMMA_DTYPES = (dtypes.float16, dtypes.bfloat16)
 ROW_BYTES = 16        # cp.async copies 16-byte chunks: a row's contiguous size must be a multiple of 8 elements
+BLOCK_K = 64          # K per pipeline stage (runtime/cuda/wgmma.py): a K segment of A holds whole tiles
 # (warpgroups, block_n, stages, tma): every entry fits an H100's 227 KiB of shared memory and both B layouts (block_n a
 # multiple of 64 whose 16-byte chunks divide the block's threads). Largest tiles first, the cp.async tiles, then the
 # TMA tiles (appended: an index keeps its meaning for the winners cached before them). TMA needs no stage for copies
@@ -48,6 +57,11 @@ WAVE_FRACTION = 0.9
 # Below this many multiply-adds (M·N·K) the mma.sync tensor-core kernels are left the work: the heuristics' WGMMA
 # threshold (BEAM may still pick WGMMA for any qualifying kernel). 2^26: a 512×512×256 product.
 MIN_MULTIPLY_ADDS = 1 << 26
+# The rows a symbolic M's tile is chosen for, when its maximum is larger: a prompt of typical length (the tile stays
+# right for short prompts; a long one gets more blocks of the same tile, which costs little).
+TYPICAL_ROWS = 512
+CHUNK = ROW_BYTES // 2   # 16-bit elements in one 16-byte copy
+SIZE_OPS = (Ops.DEFINE_VAR, Ops.CONST, Ops.ADD, Ops.MUL, Ops.IDIV, Ops.MOD)   # what a symbolic M's C form may use
 
 def _plain(state: AxisState, index: int) -> Optional[tuple[int, ...]]:
   """The strides of memop `index`'s tracker when it is one view without mask or offset, else None."""
@@ -55,11 +69,44 @@ def _plain(state: AxisState, index: int) -> Optional[tuple[int, ...]]:
   if len(views) != 1 or views[0].mask is not None or views[0].offset != 0: return None
   return tuple(views[0].strides)
 
+def _strides_of(tracker: ShapeTracker) -> Optional[tuple[sint, ...]]:
+  """Per axis the stride of a tracker whose memory index is Σ stride·index with no offset and no mask (a stride may be
+  an expression of the variables: heads laid out [H, T, D] step T·D), else None."""
+  idxs, index, valid = tracker._loop_indexed
+  if valid.op is not Ops.CONST or valid.arg is not True: return None
+  terms, constant = split_terms(index)
+  if constant != 0: return None
+  strides: dict[UOp, sint] = {}
+  for term, coefficient in terms.items():
+    if term in idxs: strides[term] = strides.get(term, 0) + coefficient
+    elif term.op is Ops.MUL and (axis := next((x for x in term.src if x in idxs), None)) is not None:
+      (other,) = [x for x in term.src if x is not axis] or [axis]
+      if any(u.op is Ops.RANGE for u in other.toposort()) or axis in strides: return None
+      strides[axis] = canonical(other * coefficient)
+    else: return None
+  return tuple(strides.get(idx, 0) for idx in idxs)
+
+def a_layout(tracker: ShapeTracker, m: sint, n: int, k: int) -> Optional[tuple[sint, int, sint]]:
+  """(row stride, K segment, segment stride) of an M×N×K tracker reading A (module doc, 1.): one segment when a row
+  is contiguous (segment 0), else the longest segments of whole K tiles whose elements are contiguous, each
+  `segment stride` on; None when A is neither (at once when it varies along N: b)."""
+  if tracker.real_strides(ignore_valid=True)[1] != 0: return None
+  for segment in [k] + [s for s in range(k - BLOCK_K, 0, -BLOCK_K) if k % s == 0]:
+    split = tracker.reshape((m, n, k // segment, segment)) if segment != k else tracker
+    strides = _strides_of(split)
+    if strides is None or strides[1] != 0 or strides[-1] != 1 or not isinstance(strides[0], int): continue
+    row_stride, segment_stride = strides[0], (strides[2] if segment != k else 0)
+    if segment == k: return (0 if row_stride == k else row_stride), 0, 0
+    return row_stride, segment, segment_stride
+  return None
+
 def matmul_of(state: AxisState) -> Union[WarpgroupMatmul, str]:
   """The kernel as a warpgroup matmul (default tile), or why it is not one (see the module doc, 1.)."""
   if not state.renderer.warpgroup_mma: return f"{type(state.renderer).__name__} has no warpgroup MMA"
-  if len(state.reduceops) != 1 or state.shape_len != 3 or state.first_reduce != 2 or state.symbolic:
-    return f"a warpgroup matmul has two known output axes and one reduce axis, not {state.full_shape}"
+  m, n, k = (state.full_shape + (1, 1, 1))[:3]
+  if len(state.reduceops) != 1 or state.shape_len != 3 or state.first_reduce != 2 or not isinstance(n, int) or \
+     not isinstance(k, int):
+    return f"a warpgroup matmul has two output axes (N known) and one reduce axis of known size, not {state.full_shape}"
   stores = [u for u in state.ast.src if u.op is Ops.STORE]
   if len(state.ast.src) != 1 or len(stores) != 1 or len(state.memops) != 3:
     return "a warpgroup matmul reads two buffers and stores one"
@@ -69,24 +116,39 @@ def matmul_of(state: AxisState) -> Union[WarpgroupMatmul, str]:
   if operands is None or any(x.op is not Ops.LOAD for x in operands):
     return "the reduce is not a sum of products of two loads"
   dtype = operands[0].dtype
+  rounded = value.op is Ops.CAST and value.src[0] is reduce and value.dtype in WGMMA_DTYPES
   if dtype not in WGMMA_DTYPES or operands[1].dtype != dtype or reduce.dtype != dtypes.float32 or \
-     value.op is not Ops.CAST or value.src[0] is not reduce or value.dtype != dtype:
-    return f"a warpgroup matmul stores the float32 sum of {[str(d) for d in WGMMA_DTYPES]} products rounded to their " \
-           "dtype, with nothing in between (no epilogue)"
-  m, n, k = state.full_shape
+     not (rounded or value is reduce):
+    return f"a warpgroup matmul stores the float32 sum of {[str(d) for d in WGMMA_DTYPES]} products, or it rounded " \
+           "to a 16-bit float, with nothing in between (no epilogue)"
+  if isinstance(m, UOp) and any(not ok for ok in (u.op in SIZE_OPS for u in m.toposort())):
+    return f"a symbolic M is an expression of variables with {[o.name for o in SIZE_OPS]}, not {m}"
   strides = {u: _plain(state, i) for i, u in enumerate(state.memops)}
   if strides[store] != (n, 1, 0): return "the output must be a contiguous M×N matrix"
-  a = next((x for x in operands if strides[x] == (k, 0, 1)), None)
+  layouts = {x: a_layout(state.sts[state.memops.index(x)], m, n, k) for x in operands}
+  a = next((x for x in operands if layouts[x] is not None and strides[x] != (0, k, 1)), None) or \
+      next((x for x in operands if layouts[x] is not None), None)
   b = next((x for x in operands if x is not a), None)
   b_n_major = b is not None and strides[b] == (0, 1, n)
   if a is None or b is None or not (b_n_major or strides[b] == (0, k, 1)):
-    return "a must be a contiguous M×K matrix and b a contiguous N×K or K×N one"
+    return "a must be an M×K matrix (rows, or K segments of whole tiles, contiguous) and b a contiguous N×K or K×N one"
   globals_ = {store.src[0]: "out", a.src[0]: "a", b.src[0]: "b"}
   if len(globals_) != 3: return "a warpgroup matmul reads two buffers other than its output"
-  if k % (ROW_BYTES // dtype.itemsize) or (b_n_major and n % (ROW_BYTES // dtype.itemsize)):
-    return f"K (and N for a K×N b) must be multiples of {ROW_BYTES // dtype.itemsize}: 16-byte rows, not {m}×{n}×{k}"
+  if k % CHUNK or (b_n_major and n % CHUNK):
+    return f"K (and N for a K×N b) must be multiples of {CHUNK}: 16-byte rows, not {m}×{n}×{k}"
+  row_stride, segment, segment_stride = layouts[a]
+  if row_stride % CHUNK or not divides(CHUNK, segment_stride):
+    return f"A's rows and K segments must start on 16-byte boundaries: strides {row_stride}, {segment_stride}"
   arguments = tuple(role for _, role in sorted(((g.arg, role) for g, role in globals_.items())))
-  return WarpgroupMatmul(m, n, k, dtype, b_n_major, arguments)
+  variables = tuple(sorted({v.arg[0] for x in (m, segment_stride) for v in variables_of(x)}))
+  return WarpgroupMatmul(m, n, k, dtype, b_n_major, arguments, a_row_stride=row_stride, a_segment=segment,
+                         a_segment_stride=segment_stride, out_dtype=None if value.dtype == dtype else value.dtype,
+                         variables=variables)
+
+def loads_by_tma(use: WarpgroupMatmul) -> bool:
+  """Whether a TMA tile can load this matmul: the tensor maps are made from the buffer pointers alone (a known M, a
+  row-major A)."""
+  return isinstance(use.m, int) and use.a_segment == 0 and use.a_row_stride == 0
 
 def warpgroup_mma(state: AxisState, opt: Opt) -> AxisState:
   """WGMMA: the whole kernel is one warpgroup matmul with tile WGMMA_TILES[opt.amount] (see the module doc)."""
@@ -96,16 +158,22 @@ def warpgroup_mma(state: AxisState, opt: Opt) -> AxisState:
   use = matmul_of(state)
   if isinstance(use, str): raise KernelOptError(f"{opt}: {use}")
   warpgroups, block_n, stages, tma = WGMMA_TILES[opt.amount]
+  if tma and not loads_by_tma(use):
+    raise KernelOptError(f"{opt}: a TMA tile needs a known M and a row-major A (the maps are made per buffer)")
   return state.replace(warpgroup_matmul=dataclasses.replace(use, warpgroups=warpgroups, block_n=block_n,
                                                             stages=stages, tma=tma))
 
-def default_tile(m: int, n: int, tma: bool = False) -> int:
-  """The heuristics' tile for an M×N output (an index into WGMMA_TILES; see DEFAULT_TILES, DEFAULT_TMA_TILES)."""
+def default_tile(m: sint, n: int, tma: bool = False) -> int:
+  """The heuristics' tile for an M×N output (an index into WGMMA_TILES; see DEFAULT_TILES, DEFAULT_TMA_TILES); a
+  symbolic M counts as its maximum up to TYPICAL_ROWS."""
+  m = m if isinstance(m, int) else min(vmax_of(m), TYPICAL_ROWS)
   def blocks(tile) -> int: return -(-m // (64 * tile[0])) * -(-n // tile[1])
   candidates = DEFAULT_TMA_TILES if tma else DEFAULT_TILES
   tile = next((t for t in candidates if blocks(t) >= WAVE_FRACTION * GPU_SMS), candidates[-1])
   return WGMMA_TILES.index(tile)
 
 def worth_it(use: WarpgroupMatmul) -> bool:
-  """Whether the heuristics give this matmul to the warpgroup kernel (big enough: MIN_MULTIPLY_ADDS)."""
-  return use.m * use.n * use.k >= MIN_MULTIPLY_ADDS and min(use.m, use.n) >= 64
+  """Whether the heuristics give this matmul to the warpgroup kernel (big enough: MIN_MULTIPLY_ADDS; a symbolic M at
+  its maximum)."""
+  m = vmax_of(use.m)
+  return m * use.n * use.k >= MIN_MULTIPLY_ADDS and min(m, use.n) >= 64

@@ -32,7 +32,10 @@ written independently from the PTX ISA (`read_operand`).
     BN/2 floats; register i is row 16·(t / 32) + (t % 32) / 4 + 8·((i % 4) / 2), column 8·(i / 4) + 2·(t % 4) +
     i % 2. The epilogue rounds them to the inputs' dtype and stores them (pairs as one 32-bit store when N is even).
 
-The kernel is specialized to (M, N, K); K must be a multiple of 8 (16-byte rows for cp.async). Tests:
+The kernel is specialized to (N, K) and to M, or takes M as a variable parameter (`MatmulShape`: a prompt's rows; the
+grid's rows are the runner's, rows past M are zero-filled copies and masked stores); A may be read in K segments of
+whole tiles (heads [H, T, D] as T×(H·D)); the output is float32 (the sums) or a 16-bit float. K must be a multiple
+of 8 (16-byte rows for cp.async). Tests:
 test/unit/test_wgmma.py (NVRTC for sm_90a, the emitted sequence, the CPU emulation), test/test_wgmma_gpu.py (GPU).
 """
 from __future__ import annotations
@@ -66,6 +69,30 @@ MIN_TMA_STAGES = 2   # TMA: the producer refills a stage as soon as the consumer
 MBARRIER_BYTES = 8
 
 Index = Union[int, "CExpr"]
+Size = Union[int, str]   # a size or stride known when the kernel is written (an int), or C text read at run time
+
+@dataclass(frozen=True)
+class MatmulShape:
+  """What a kernel of `wgmma_matmul_source` is specialized to beyond its tile: `m` rows (an int, or C text of the
+  kernel's variable parameters: a symbolic row count, evaluated once per launch; rows past it read zeros and are not
+  stored), A's layout (element (row, kk) of A at row·a_row_stride + (kk / a_segment)·a_segment_stride + kk % a_segment:
+  K cut into segments of a multiple of BLOCK_K elements, each contiguous, e.g. attention heads laid out [heads, T, D]
+  read as a T×(heads·D) matrix; a_segment 0: one segment, row-major M×K), the output's dtype (the float32 sums
+  stored, or rounded to a 16-bit float) and the 64-bit variables the kernel takes after its buffers (their C names
+  `{name}_arg`, as the CUDA renderer's)."""
+  m: Size
+  n: int
+  k: int
+  a_row_stride: Size = 0     # 0: K (row-major A)
+  a_segment: int = 0         # 0: K (one segment)
+  a_segment_stride: Size = 0
+  out_dtype: Optional[DType] = None   # None: the inputs' dtype
+  variables: tuple[str, ...] = ()
+  m_max: int = 0             # a symbolic m's largest value (0: m is an int)
+  @property
+  def plain_a(self) -> bool: return self.a_segment in (0, self.k) and self.a_row_stride in (0, self.k)
+  @property
+  def row_stride(self) -> Size: return self.a_row_stride or self.k
 
 class CExpr:
   """C expression text that combines with ints and other CExprs under + * // % ^, so one Python formula yields both a
@@ -277,9 +304,9 @@ def emulate_block(config: WgmmaConfig, a: np.ndarray, b: np.ndarray, dtype: DTyp
 
 # ---- the kernel's source
 
-def check_shapes(m: int, n: int, k: int, dtype: DType, b_n_major: bool = False) -> None:
+def check_shapes(m: Size, n: int, k: int, dtype: DType, b_n_major: bool = False) -> None:
   if dtype not in WGMMA_TYPES: raise ValueError(f"wgmma matmul: dtype {dtype} is not one of {list(WGMMA_TYPES)}")
-  if min(m, n, k) < 1 or k % 8:
+  if min(m if isinstance(m, int) else 1, n, k) < 1 or k % 8:
     raise ValueError(f"wgmma matmul: A {m}×{k} · B {n}×{k}ᵀ needs sizes ≥ 1 and K a multiple of 8 (16-byte rows)")
   if b_n_major and n % 8:
     raise ValueError(f"wgmma matmul: A {m}×{k} · B {k}×{n} needs N a multiple of 8 (16-byte rows of B)")
@@ -292,8 +319,22 @@ def wgmma_arch(arch: str) -> Optional[str]:
   """The NVRTC target for the wgmma kernel on a GPU of `arch` (sm_90 → sm_90a), or None where there is no wgmma."""
   return WARPGROUP_MMA_ARCH if sm_number(arch) == sm_number(WARPGROUP_MMA_ARCH) else None
 
-def _copy_lines(c: WgmmaConfig, operand_b: bool, m: int, n: int, k: int) -> list[str]:
+ROWS = "rows"   # the kernel's local holding a symbolic row count
+
+def _rows_check(m: Size, block: int, row: str) -> list[str]:
+  """The bound check of a row against M: none when M is a multiple of the block's rows."""
+  if not isinstance(m, int): return [f"{row} < {ROWS}"]
+  return [f"{row} < {m}"] if m % block else []
+
+def _a_tile_offset(shape: MatmulShape) -> str:
+  """Elements from a row's start to K tile `tile` of A (a K segment holds whole tiles)."""
+  if shape.a_segment in (0, shape.k): return f"tile * {BLOCK_K}"
+  return f"(long long)(tile * {BLOCK_K} / {shape.a_segment}) * {shape.a_segment_stride} + tile * {BLOCK_K} % " \
+         f"{shape.a_segment}"
+
+def _copy_lines(c: WgmmaConfig, operand_b: bool, shape: MatmulShape) -> list[str]:
   """The C that copies K tile `tile` of one operand into stage `stage` (inside the copy lambda)."""
+  m, n, k = shape.m, shape.n, shape.k
   name = "b" if operand_b else "a"
   n_major = operand_b and c.b_n_major
   base = f"stage_address + {c.b_offset}" if operand_b else "stage_address"
@@ -307,17 +348,33 @@ def _copy_lines(c: WgmmaConfig, operand_b: bool, m: int, n: int, k: int) -> list
       source = f"{name}_source + (long long)(tile * {BLOCK_K} + {k_row}) * {n}"
     else:
       row, chunk = copy_k_major(c, CExpr("tid"), i)
-      rows, limit = (c.block_n, n) if operand_b else (c.block_m, m)
       offset = k_major_offset(row, chunk)
-      checks = ([f"{'block_col' if operand_b else 'block_row'} + {row} < {limit}"] if limit % rows else []) + \
+      checks = (_rows_check(n, c.block_n, f"block_col + {row}") if operand_b else
+                _rows_check(m, c.block_m, f"block_row + {row}")) + \
                ([f"tile * {BLOCK_K} + {chunk * CHUNK_ELEMENTS} < {k}"] if k % BLOCK_K else [])
-      source = f"{name}_source + {i * (c.threads // ROW_CHUNKS) * k} + tile * {BLOCK_K}"
+      row_stride = k if operand_b else shape.row_stride
+      rows_ahead = i * (c.threads // ROW_CHUNKS)
+      ahead = rows_ahead * row_stride if isinstance(row_stride, int) else f"(long long){rows_ahead} * {row_stride}"
+      tile_offset = f"tile * {BLOCK_K}" if operand_b else _a_tile_offset(shape)
+      source = f"{name}_source + {ahead} + {tile_offset}"
     valid = " && ".join(checks) or "true"
     lines.append(f"    copy_chunk({base} + {offset}, {source}, {name}, {valid});")
   return lines
 
 PARAMETERS = {"out": "element* __restrict__ out", "a": "const element* __restrict__ a",
               "b": "const element* __restrict__ b"}
+FLOAT_OUT = "float* __restrict__ out"
+VARIABLE_SUFFIX = "_arg"   # a variable `v` is the parameter `long long v_arg` (the CUDA renderer's convention)
+
+def parameter_list(arguments: tuple[str, ...], shape: MatmulShape) -> str:
+  """The kernel's buffer parameters in the order `arguments` names them, then its variables (64-bit)."""
+  float_out = shape.out_dtype == dtypes.float32
+  buffers = [FLOAT_OUT if role == "out" and float_out else PARAMETERS[role] for role in arguments]
+  return ", ".join(buffers + [f"long long {v}{VARIABLE_SUFFIX}" for v in shape.variables])
+
+def rows_line(shape: MatmulShape) -> list[str]:
+  """The local holding a symbolic row count (none for a known one)."""
+  return [] if isinstance(shape.m, int) else [f"  const int {ROWS} = (int)({shape.m});"]
 
 def block_prologue(c: WgmmaConfig) -> list[str]:
   """The opening of a warpgroup-MMA kernel's body, shared by the cp.async kernel here and the TMA kernel
@@ -359,12 +416,17 @@ def k_tile_wgmmas(c: WgmmaConfig, type_name: str, indent: str) -> list[str]:
             'asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");   // tile t - 1\'s wgmmas are done']
   return [indent + line for line in lines]
 
-def wgmma_matmul_source(name: str, m: int, n: int, k: int, dtype: DType = dtypes.float16,
-                        config: WgmmaConfig = WgmmaConfig(), arguments: tuple[str, ...] = ("out", "a", "b")) -> str:
-  """CUDA C of `name(out, a, b)` (parameters in the order `arguments` names them): out[M×N] = a[M×K] · b[N×K]ᵀ
-  (a · b[K×N] when b_n_major) in `dtype`, float32 accumulators (see the module doc). Compile for sm_90a (wgmma is an
-  sm_90a feature)."""
+def wgmma_matmul_source(name: str, m: Size, n: int, k: int, dtype: DType = dtypes.float16,
+                        config: WgmmaConfig = WgmmaConfig(), arguments: tuple[str, ...] = ("out", "a", "b"),
+                        shape: Optional[MatmulShape] = None) -> str:
+  """CUDA C of `name(out, a, b)` (parameters in the order `arguments` names them, then `shape.variables`):
+  out[M×N] = a[M×K] · b[N×K]ᵀ (a · b[K×N] when b_n_major) in `dtype` (the output in shape.out_dtype), float32
+  accumulators (see the module doc; `shape` for a symbolic M, a segmented A, a float32 output). Compile for sm_90a
+  (wgmma is an sm_90a feature)."""
+  shape = shape or MatmulShape(m, n, k)
   check_shapes(m, n, k, dtype, config.b_n_major)
+  if shape.a_segment and (shape.a_segment % BLOCK_K or k % shape.a_segment):
+    raise ValueError(f"wgmma matmul: A's K segments of {shape.a_segment} must be whole K tiles of {BLOCK_K} in K={k}")
   if config.tma: raise ValueError(f"wgmma matmul: tile {config} loads by TMA: wgmma_tma.tma_matmul_source writes it")
   if sorted(arguments) != sorted(PARAMETERS): raise ValueError(f"wgmma matmul: arguments {arguments} must order "
                                                                f"{list(PARAMETERS)}")
@@ -382,10 +444,10 @@ def wgmma_matmul_source(name: str, m: int, n: int, k: int, dtype: DType = dtypes
   lines = [
     "typedef unsigned short element;",
     f'extern "C" __device__ const unsigned int {name}{DYNAMIC_SHARED_SUFFIX} = {c.shared_bytes};',
-    f'extern "C" __global__ void __launch_bounds__({c.threads}, 1) {name}('
-    f'{", ".join(PARAMETERS[role] for role in arguments)}) {{',
-    *block_prologue(c),
-    f"  const element* a_source = a + (long long)(block_row + {a_row}) * {k} + {a_chunk * CHUNK_ELEMENTS};",
+    f'extern "C" __global__ void __launch_bounds__({c.threads}, 1) {name}({parameter_list(arguments, shape)}) {{',
+    *block_prologue(c), *rows_line(shape),
+    f"  const element* a_source = a + (long long)(block_row + {a_row}) * {shape.row_stride} + "
+    f"{a_chunk * CHUNK_ELEMENTS};",
     f"  const element* b_source = {b_start};",
     f"  float acc[{c.accumulators}];",
     f"  #pragma unroll\n  for (int i = 0; i < {c.accumulators}; ++i) acc[i] = 0.0f;",
@@ -395,7 +457,7 @@ def wgmma_matmul_source(name: str, m: int, n: int, k: int, dtype: DType = dtypes
     "  };",
     "  auto copy_tile = [&](int tile, int stage) {",
     f"    const unsigned int stage_address = shared_base + stage * {c.stage_bytes};",
-    *_copy_lines(c, False, m, n, k), *_copy_lines(c, True, m, n, k),
+    *_copy_lines(c, False, shape), *_copy_lines(c, True, shape),
     "  };"]
   lines += [
     f"  #pragma unroll\n  for (int s = 0; s < {c.stages - 2}; ++s) {{",
@@ -420,20 +482,30 @@ def wgmma_matmul_source(name: str, m: int, n: int, k: int, dtype: DType = dtypes
     "  }",
     '  asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");',
   ]
-  lines += _epilogue(c, n, m, dtype, CExpr("lane_thread"), CExpr("warpgroup"))
+  lines += _epilogue(c, n, m, shape.out_dtype or dtype, CExpr("lane_thread"), CExpr("warpgroup"))
   lines.append("}")
   return "\n".join(lines) + "\n"
 
-def _epilogue(c: WgmmaConfig, n: int, m: int, dtype: DType, tid_in_group: CExpr, warpgroup: CExpr) -> list[str]:
-  """Each accumulator rounded to the output dtype and stored at its (row, column); an even N stores the two
-  adjacent columns of registers 2j, 2j + 1 as one 32-bit word."""
+def _epilogue(c: WgmmaConfig, n: int, m: Size, dtype: DType, tid_in_group: CExpr, warpgroup: CExpr) -> list[str]:
+  """Each accumulator rounded to the output dtype (a float32 output: stored as summed) and stored at its (row,
+  column); an even N stores the two adjacent columns of registers 2j, 2j + 1 as one 32-bit word (a float2 for
+  float32)."""
+  pairs = n % 2 == 0
+  checks = _rows_check(m, c.block_m, "row") + ([f"column < {n}"] if n % c.block_n else [])
+  guard = f"if ({' && '.join(checks)}) " if checks else ""
+  if dtype == dtypes.float32:
+    lines = []
+    for register in range(0, c.accumulators, 2 if pairs else 1):
+      row, column = accumulator_position(tid_in_group, register)
+      value = f"make_float2(acc[{register}], acc[{register + 1}])" if pairs else f"acc[{register}]"
+      target = f"*(float2*)(out + (long long)row * {n} + column)" if pairs else f"out[(long long)row * {n} + column]"
+      lines += ["  {", f"    const int row = block_row + {warpgroup * WGMMA_M + row}, column = block_col + {column};",
+                f"    {guard}{target} = {value};", "  }"]
+    return lines
   cvt = "cvt.rn.f16.f32" if dtype == dtypes.float16 else "cvt.rn.bf16.f32"
   lines = ["  auto to_element = [](float x) -> element {",
            f'    element h; asm("{cvt} %0, %1;" : "=h"(h) : "f"(x)); return h;',
            "  };"]
-  pairs = n % 2 == 0
-  checks = ([f"row < {m}"] if m % c.block_m else []) + ([f"column < {n}"] if n % c.block_n else [])
-  guard = f"if ({' && '.join(checks)}) " if checks else ""
   for register in range(0, c.accumulators, 2 if pairs else 1):
     row, column = accumulator_position(tid_in_group, register)
     lines.append("  {")

@@ -21,13 +21,15 @@ Every address formula is wgmma.py's or TensorMapSpec's; the CPU emulation of tes
 (TMA as a box copy with the swizzle, mbarriers as counters with phases).
 """
 from __future__ import annotations
-from typing import Optional
+from typing import Optional, Union
 from tgrad.dtype import DType, dtypes
+from tgrad.ops import Ops
 from tgrad.runtime.cuda.tensor_map import SWIZZLE_128B as TENSOR_MAP_SWIZZLE_128B, TensorMapSpec, marker_source
 from tgrad.runtime.cuda.targets import DYNAMIC_SHARED_SUFFIX, WARPGROUP_MMA_ARCH
-from tgrad.runtime.cuda.wgmma import (BLOCK_K, ELEMENT_BYTES, MBARRIER_BYTES, PARAMETERS, WARPGROUP_THREADS,
-                                      WGMMA_TYPES, CExpr, WgmmaConfig, _epilogue, block_prologue, check_shapes,
-                                      descriptor_bits, k_tile_wgmmas, wgmma_matmul_source)
+from tgrad.runtime.cuda.wgmma import (BLOCK_K, ELEMENT_BYTES, MBARRIER_BYTES, PARAMETERS, VARIABLE_SUFFIX,
+                                      WARPGROUP_THREADS, WGMMA_TYPES, CExpr, MatmulShape, WgmmaConfig, _epilogue,
+                                      block_prologue, check_shapes, descriptor_bits, k_tile_wgmmas, parameter_list,
+                                      wgmma_matmul_source)
 
 N_ATOM_COLUMNS = 64          # an N-major B atom: 64 N-elements (one 128-byte swizzled row) per K-row
 REGISTER_FILE = 65536        # 32-bit registers of an SM; one block per SM (launch bounds (threads, 1))
@@ -35,6 +37,7 @@ REGISTER_GRANULE = 8         # per-thread register counts are allocated (and set
 PRODUCER_REGISTERS = 40      # the producer's threads keep loop counters and addresses only
 MIN_SPECIALIZED_CONSUMERS = 2   # below this many consumer warpgroups every thread already gets its 255 registers
 TMA_PARAMETER = "const __grid_constant__ TensorMap"
+C_OPERATORS = {Ops.ADD: "+", Ops.MUL: "*", Ops.IDIV: "/", Ops.MOD: "%"}   # of the non-negative sizes c_size writes
 
 def registers_at_launch(config: WgmmaConfig) -> int:
   """Registers per thread the compiler gives a block of config.threads (one per SM), a multiple of 8."""
@@ -74,11 +77,16 @@ def _copy_lines(c: WgmmaConfig) -> list[str]:
 
 def tma_matmul_source(name: str, m: int, n: int, k: int, dtype: DType = dtypes.float16,
                       config: WgmmaConfig = WgmmaConfig(tma=True),
-                      arguments: tuple[str, ...] = ("out", "a", "b"), register_split: Optional[bool] = None) -> str:
+                      arguments: tuple[str, ...] = ("out", "a", "b"), register_split: Optional[bool] = None,
+                      shape: Optional[MatmulShape] = None) -> str:
   """CUDA C of `name(a_map, b_map, out, a, b)` (the buffers in the order `arguments` names them; the maps are made
   from them by the runtime, as the module global {name}_tensor_maps says): out = a · bᵀ (a · b when b_n_major), see
-  the module doc. Compile for sm_90a. `register_split` False leaves out the setmaxnreg pair (a diagnostic: the
-  128×256 tile then spills), None has it where specializes_registers says."""
+  the module doc; `shape.out_dtype` float32 stores the sums unrounded. The maps are made per launch from the buffer
+  pointers alone, so M is known and A row-major. Compile for sm_90a. `register_split` False leaves out the setmaxnreg
+  pair (a diagnostic: the 128×256 tile then spills), None has it where specializes_registers says."""
+  shape = shape or MatmulShape(m, n, k)
+  if not isinstance(m, int) or not shape.plain_a or shape.variables:
+    raise ValueError(f"wgmma matmul: the TMA kernel's tensor maps need a known M and a row-major A, not {shape}")
   check_shapes(m, n, k, dtype, config.b_n_major)
   if not config.tma: raise ValueError(f"wgmma matmul: tile {config} is not a TMA tile")
   if sorted(arguments) != sorted(PARAMETERS):
@@ -94,7 +102,7 @@ def tma_matmul_source(name: str, m: int, n: int, k: int, dtype: DType = dtypes.f
     f'extern "C" __device__ const unsigned int {name}{DYNAMIC_SHARED_SUFFIX} = {c.shared_bytes};',
     marker_source(name, tensor_map_specs(c, m, n, k, arguments)),
     f'extern "C" __global__ void __launch_bounds__({c.threads}, 1) {name}({TMA_PARAMETER} a_map, {TMA_PARAMETER} '
-    f'b_map, {", ".join(PARAMETERS[role] for role in arguments)}) {{',
+    f'b_map, {parameter_list(arguments, shape)}) {{',
     *block_prologue(c),
     f"  // stage s is full (its copies have landed) at full_barriers + {MBARRIER_BYTES}s, empty (its wgmmas are done) "
     f"at empty_barriers + {MBARRIER_BYTES}s",
@@ -162,16 +170,30 @@ def tma_matmul_source(name: str, m: int, n: int, k: int, dtype: DType = dtypes.f
     "    }",
     '    asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");',
   ]
-  lines += ["  " + line for line in _epilogue(c, n, m, dtype, CExpr("lane_thread"), CExpr("warpgroup"))]
+  lines += ["  " + line for line in _epilogue(c, n, m, shape.out_dtype or dtype, CExpr("lane_thread"),
+                                              CExpr("warpgroup"))]
   lines += ["  }", "}"]
   return "\n".join(lines) + "\n"
 
+def c_size(x) -> Union[int, str]:
+  """A size of a WarpgroupMatmul (an int, or an index UOp of variables: DEFINE_VAR, CONST, ADD, MUL, IDIV, MOD of
+  non-negative values) as an int or C text over the kernel's variable parameters (`{name}_arg`)."""
+  if isinstance(x, int): return x
+  def text(u) -> str:
+    if u.op is Ops.CONST: return str(u.arg)
+    if u.op is Ops.DEFINE_VAR: return f"{u.arg[0]}{VARIABLE_SUFFIX}"
+    if u.op in C_OPERATORS: return f"({text(u.src[0])} {C_OPERATORS[u.op]} {text(u.src[1])})"
+    raise ValueError(f"wgmma matmul: a size {x} with {u.op} has no C form here")
+  return text(x)
+
 def warpgroup_matmul_source(name: str, matmul) -> str:
   """The kernel of an OptOps.WGMMA kernel (codegen/axes.py WarpgroupMatmul: shape, dtype, B layout, tile, loader,
-  parameter order): wgmma.py's cp.async kernel, or this module's TMA kernel."""
+  parameter order, A's layout, output dtype, variables): wgmma.py's cp.async kernel, or this module's TMA kernel."""
   config = WgmmaConfig(matmul.warpgroups, matmul.block_n, matmul.stages, matmul.b_n_major, matmul.tma)
+  shape = MatmulShape(c_size(matmul.m), matmul.n, matmul.k, c_size(matmul.a_row_stride), matmul.a_segment,
+                      c_size(matmul.a_segment_stride), matmul.out_dtype, matmul.variables)
   write = tma_matmul_source if config.tma else wgmma_matmul_source
-  return write(name, matmul.m, matmul.n, matmul.k, matmul.dtype, config, matmul.arguments)
+  return write(name, shape.m, matmul.n, matmul.k, matmul.dtype, config, matmul.arguments, shape=shape)
 
 def compile_tma_matmul(name: str, m: int, n: int, k: int, dtype: DType = dtypes.float16,
                        config: WgmmaConfig = WgmmaConfig(tma=True), register_split: Optional[bool] = None) -> bytes:

@@ -7,7 +7,7 @@ BEAM winner in the cache (search.py), so a winner found and verified under older
 # Bump when a change here alters the code that some AST and Opt list produce, or what an Opt means: axes.py and opts.py,
 # the linearizer, a renderer, the heuristics that seed the search, or how search verifies. Changes that only
 # rename or restructure without changing generated code need no bump.
-CODEGEN_VERSION = 19   # 2: gathers (data-dependent loads); int casts as narrow CUDA index math. 3: row kernels.
+CODEGEN_VERSION = 20   # 2: gathers (data-dependent loads); int casts as narrow CUDA index math. 3: row kernels.
 # 4: guarded GROUPs of symbolic reduces that padding would change (padding guards), split views indexed without division
 # 5: guarded UPCAST and PADTO of symbolic global axes (stride-0 loads stretched, not masked), tensor cores with padded
 # symbolic rows/columns
@@ -33,3 +33,5 @@ CODEGEN_VERSION = 19   # 2: gathers (data-dependent loads); int casts as narrow 
 # 18: LLVM: the masked stores between two other ops share one branch per mask (SLP vectorizes a padded tile's rows);
 # CPU matmuls with a symbolic row count or several reduce axes (a packed weight) get the GEMM tile and packing
 # 19: GPU packed matvecs with many rows take fewer threads a row (heuristics.PACKED_MATVEC_GPU_THREADS)
+# 20: on sm_90+ under PDL (PDL_PREFETCH=1) a CUDA kernel's blocks prefetch their bytes of its largest read-only input
+# into L2 before griddepcontrol.wait (runtime/cuda/prefetch.py)

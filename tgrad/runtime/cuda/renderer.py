@@ -32,8 +32,9 @@ CUDA_SHARED_MEMORY_BYTES = 48 * 1024            # static __shared__ per block wi
 # Programmatic Dependent Launch (sm_90+, PTX ISA 7.8): a kernel rendered for it first waits for the grids it depends
 # on (`griddepcontrol.wait`: they have completed and their writes are visible; a no-op when launched without a
 # programmatic dependency), then lets its own dependents launch (`griddepcontrol.launch_dependents`), so their launch
-# overlaps its work. Its module carries the global named by this suffix: runtime.py reads it, and graph.py gives only
-# such kernels a programmatic edge from their predecessor (a kernel without the wait keeps a full dependency).
+# overlaps its work; before the wait only L2 prefetches (PDL_PREFETCH, prefetch.py) may ask for bytes early. Its
+# module carries the global named by this suffix: runtime.py reads it, and graph.py gives only such kernels a
+# programmatic edge from their predecessor (a kernel without the wait keeps a full dependency).
 DEPENDENT_LAUNCH_MIN_SM = 90
 DEPENDENT_LAUNCH_SUFFIX = "_waits_for_prior_grids"
 DEPENDENT_LAUNCH_PROLOGUE = ('asm volatile("griddepcontrol.wait;" ::: "memory");',

@@ -13,6 +13,9 @@ accumulators. An mma is a warp's: each lane puts its A and B registers in a bloc
 its barrier, each lane computes its own C elements from its warp's registers, and waits again (so every thread of the
 block must reach each mma, as the tensor-core kernels' uniform loops do); `ldmatrix.x4[.trans]` and
 `__shfl_xor_sync` are warp exchanges the same way, and `ex2.approx` is exp2 (the flash-attention kernel uses them).
+A dependent launch's `griddepcontrol.wait` / `launch_dependents` are no-ops (one grid runs at a time), and
+`prefetch.global.L2` reads its byte and records its address: run_on_cpu returns the addresses, for checking what an
+sm_90 kernel prefetches against the buffers it reads.
 Staged kernels of the renderer (its cp.async.ca copies) don't run. The warpgroup-MMA kernel (runtime/cuda/wgmma.py,
 sm_90a) does: its dynamic shared array becomes
 a static one of the size its module global names; `cp.async` is an immediate 16-byte copy with its zero fill (so the
@@ -36,6 +39,7 @@ HEADER = r"""
 #include <barrier>
 #include <map>
 #include <mutex>
+#include <set>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -121,6 +125,23 @@ static void emu_mma(float& d0, float& d1, float& d2, float& d3, unsigned int a0,
     *d[e] = (float)(sum + (double)*d[e]);
   }
   block_barrier->arrive_and_wait();
+}
+// prefetch.global.L2 (a hint: no value changes) records the address, and reads its byte as the GPU's L2 would fetch it
+static std::mutex emu_prefetch_lock;
+static std::set<unsigned long long> emu_prefetched;
+static inline void emu_prefetch(unsigned long long address) {
+  (void)*(volatile const unsigned char*)address;
+  std::lock_guard<std::mutex> hold(emu_prefetch_lock);
+  emu_prefetched.insert(address);
+}
+// with no `out`: how many there are; else the addresses into `out`, then forget them
+extern "C" long long emu_take_prefetched(unsigned long long* out, long long capacity) {
+  if (out == nullptr) return (long long)emu_prefetched.size();
+  long long count = 0;
+  for (unsigned long long address : emu_prefetched) if (count < capacity) out[count++] = address;
+  long long total = (long long)emu_prefetched.size();
+  emu_prefetched.clear();
+  return total;
 }
 static inline unsigned short emu_f32_to_bf16(float f) {   // round to nearest even (NaN stays a NaN)
   unsigned int u = __float_as_uint(f);
@@ -292,6 +313,7 @@ PTX_STAND_INS = {
   "ldmatrix.sync.aligned.m8n8.x4.shared.b16": "emu_ldmatrix({0}, {1}, {2}, {3}, {4}, false);",
   "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16": "emu_ldmatrix({0}, {1}, {2}, {3}, {4}, true);",
   "ex2.approx.ftz.f32 %0, %1;": "{0} = std::exp2({1});",
+  "prefetch.global.L2 [%0];": "emu_prefetch({0});",
   "mbarrier.init.shared::cta.b64 [%0], %1;": "emu_mbarrier_init({0}, {1});",
   "mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;": "emu_mbarrier_arrive_expect_tx({0}, {1});",
   "mbarrier.arrive.shared::cta.b64 _, [%0];": "emu_mbarrier_arrive({0});",
@@ -302,7 +324,9 @@ PTX_STAND_INS = {
   **{no_op: ";" for no_op in ("cp.async.commit_group;", "cp.async.wait_group", "fence.proxy.async.shared::cta;",
                               "wgmma.fence.sync.aligned;", "wgmma.commit_group.sync.aligned;",
                               "wgmma.wait_group.sync.aligned", "fence.mbarrier_init.release.cluster;",
-                              "setmaxnreg.dec.sync.aligned.u32", "setmaxnreg.inc.sync.aligned.u32")},
+                              "setmaxnreg.dec.sync.aligned.u32", "setmaxnreg.inc.sync.aligned.u32",
+                              # one grid runs at a time here: a dependent launch's wait and early launch are no-ops
+                              "griddepcontrol.wait;", "griddepcontrol.launch_dependents;")},
 }
 # the wgmma kernel's MMA (its asm opens with a predicate for scale-d): shape and types from the instruction
 WGMMA = re.compile(r"wgmma\.mma_async\.sync\.aligned\.m64n(\d+)k16\.f32\.(f16|bf16)\.\2 .*, p, 1, 1, 0, ([01]);")
@@ -399,12 +423,17 @@ def _compile(source: str, name: str) -> ctypes.CDLL:
   return _loaded[key]
 
 def run_on_cpu(source: str, name: str, global_size: tuple[int, ...], local_size: tuple[int, ...],
-               buffers: list[np.ndarray], variables: list[int]) -> None:
+               buffers: list[np.ndarray], variables: list[int]) -> list[int]:
   """Launch the kernel `name` of `source` once over a grid of `global_size` blocks of `local_size` threads (x first),
-  on numpy buffers (parameter order; outputs are written in place) and the variables' values (name order)."""
+  on numpy buffers (parameter order; outputs are written in place) and the variables' values (name order). Returns
+  the addresses its `prefetch.global.L2` instructions named, sorted (each once)."""
   library = _compile(source, name)
   grid = (ctypes.c_uint * 3)(*(tuple(global_size) + (1,) * (3 - len(global_size))))
   block = (ctypes.c_uint * 3)(*(tuple(local_size) + (1,) * (3 - len(local_size))))
   pointers = (ctypes.c_void_p * max(1, len(buffers)))(*[b.ctypes.data for b in buffers])
   values = (ctypes.c_longlong * max(1, len(variables)))(*variables)
   library.launch(pointers, values, grid, block)
+  count = library.emu_take_prefetched(None, 0)
+  addresses = (ctypes.c_ulonglong * max(1, count))()
+  library.emu_take_prefetched(addresses, count)
+  return list(addresses[:count])

@@ -98,6 +98,8 @@ class _Settings:
   CUDA_GRAPH: int = 1   # 1 replays compiled programs on CUDA as CUDA graphs; 0 launches them kernel by kernel
   PDL: int = 1          # 1: on sm_90+ a CUDA graph's kernels launch before their predecessor ends (Programmatic
                         # Dependent Launch) and wait for it on chip; 0 serializes them fully
+  PDL_PREFETCH: int = 1  # 1: under PDL a kernel's blocks first prefetch their bytes of its largest read-only input
+                         # into L2, while the predecessor still runs (runtime/cuda/prefetch.py); 0: they don't
   WGMMA: int = 1        # 1: on sm_90a a big half/bfloat16 matmul may be one warpgroup-MMA kernel (OptOps.WGMMA)
   WGMMA_TMA: int = 1    # 1: that kernel's heuristic tile loads by TMA with a producer warpgroup; 0: by cp.async
   JIT_PLAN: int = 1     # 1: a TinyJit packs its transient buffers into one arena per device; 0: one allocation each
@@ -119,6 +121,7 @@ _ALLOWED_VALUES: dict[str, tuple[str, Callable[[int], bool]]] = {
   "THREADS": ("a whole number >= 0 (0 uses every core)", lambda v: v >= 0),
   "CUDA_GRAPH": ("0 or 1", lambda v: v in (0, 1)),
   "PDL": ("0 or 1", lambda v: v in (0, 1)),
+  "PDL_PREFETCH": ("0 or 1", lambda v: v in (0, 1)),
   "JIT_PLAN": ("0 or 1", lambda v: v in (0, 1)),
   "RIDERS": ("0 or 1", lambda v: v in (0, 1)),
   "FLASH_ATTENTION": ("0 or 1", lambda v: v in (0, 1)),
@@ -193,7 +196,7 @@ def current_settings() -> _Settings:
 
 # The settings that change generated code. Not TOLERANCE: it changes which measured path is selected, never the code
 # of a path, so kernels and binaries cached under one tolerance serve every other.
-CODE_SETTINGS = ("NOOPT", "PDL", "WGMMA", "WGMMA_TMA")
+CODE_SETTINGS = ("NOOPT", "PDL", "PDL_PREFETCH", "WGMMA", "WGMMA_TMA")
 
 def settings_key(settings: Optional[_Settings] = None) -> tuple:
   """The settings that change generated code (of `settings`, else the current ones): part of every cache key."""

@@ -42,6 +42,11 @@ def kernels(out: LazyBuffer, opts: tuple[Opt, ...] = (), heuristics: bool = Fals
   for opt in opts: out_kernels[-1].apply_opt(opt)
   return out_kernels
 
+def first_loop(src: str) -> int:
+  """Where the kernel's first loop over a RANGE (ridx) opens, -1 for none (the L2 prefetch's loop is not one)."""
+  match = re.search(r"for \((?:int|long long) ridx", src)
+  return match.start() if match else -1
+
 def compiled_source(kernel: Kernel, name: str = "test_kernel") -> str:
   """Render the kernel, compile it with NVRTC and return its source."""
   src = kernel.renderer.render(name, linearize(kernel))
@@ -199,7 +204,7 @@ def test_big_matmul_heuristics_stage_both_inputs():
   src = compiled_source(kernel)
   assert "__launch_bounds__(128)" in src and src.count("__syncthreads();") == 2
   assert src.count("__shared__ __align__(16) float tile") == 2
-  loop = src[src.index("for ("):]
+  loop = src[first_loop(src):]
   # the next step's copies: A's tile is transposed (float4 global loads into registers, stored as floats at the end of
   # the step), B's copied as it is with cp.async (16 bytes per thread and copy)
   assert loop.count("*((const float4*)(data") == 1 and loop.count("async_copy<16>(tile") == 2
@@ -224,7 +229,7 @@ def test_big_half_matmul_heuristics_stage_for_ldmatrix():
   assert [(o.op, o.amount) for o in kernel.applied_opts] == [
     (OptOps.TC, 0), (OptOps.UPCAST, 4), (OptOps.UPCAST, 8), (OptOps.LOCAL, 2), (OptOps.LOCAL, 2), (OptOps.UNROLL, 2),
     (OptOps.SMEM, 8), (OptOps.SMEM, 8)]
-  loop = (src := compiled_source(kernel))[src.index("for ("):]
+  loop = (src := compiled_source(kernel))[first_loop(src):]
   assert loop.count("ldmatrix") == 2 * (4 + 8) and loop.count("mma.sync") == 2 * 4 * 8
   assert "__launch_bounds__(128)" in src
 
@@ -308,7 +313,7 @@ def test_staged_tensor_core_tiles_copy_asynchronously():
   a_plan, b_plan = (stage_plan(kernel, load, padding) for load, padding in kernel.staged)
   assert a_plan.axes[-1] == kernel.tc_upcast_axes[2] and a_plan.row == 16 and a_plan.direct
   assert not kernel.is_reduce_axis(b_plan.axes[-1]) and b_plan.row == 128 and b_plan.padding == 8 and b_plan.direct
-  loop = compiled_source(kernel)[compiled_source(kernel).index("for ("):]
+  loop = (src := compiled_source(kernel))[first_loop(src):]
   assert "(const ushort4*)(data" not in loop and "bits" not in loop.split("mma.sync")[0]   # no register staging
   assert loop.index("async_copy<16>") < loop.index("mma.sync")   # two 8-byte runs per copy, merged
   assert loop.count("*((const ushort4*)(tile") >= 8
@@ -345,7 +350,7 @@ def test_tensor_core_matmul(dtype: DType, shapes):
   assert kernel.launch_dims()[1] == (4, 8)
   src = compiled_source(kernel)
   assert src.count(MMA[dtype]) == 1, src
-  assert "for (" in src if shapes[0][-1] > 16 else "for (" not in src   # K = 16: no reduce loop is left
+  assert (first_loop(src) >= 0) == (shapes[0][-1] > 16)   # K = 16: no reduce loop is left
 
 TC_LATER_OPTS = [  # (opts after TC, mma instructions in the source)
   ((Opt(OptOps.UPCAST, 0, 2), Opt(OptOps.UPCAST, 1, 4)), 8),
@@ -472,7 +477,7 @@ def test_tf32_tensor_core_matmul(shapes, arch: str):
   assert src.count(MMA_TF32) == 1 and "m16n8k16" not in src
   assert src.count("__float_as_uint(") == 6, "4 A and 2 B registers"
   assert src.count("& 4294959104u") == 6, "each fragment element rounded once"
-  assert ("for (" in src) == (shapes[0][-1] > 8)   # K = 8: no reduce loop is left
+  assert (first_loop(src) >= 0) == (shapes[0][-1] > 8)   # K = 8: no reduce loop is left
 
 def test_tf32_tensor_core_heuristics():
   """The GPU heuristics treat a TF32-rounded matmul as a half one: column tiles spread before TC, 4 row tiles; a big

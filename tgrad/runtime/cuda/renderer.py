@@ -18,6 +18,7 @@ from tgrad.dtype import DType, dtypes
 from tgrad.ops import UOp, Ops, ALU, COMPARISON, split_terms
 from tgrad.codegen.renderer import Renderer, FragmentLayout, MatrixLoad, TensorCore
 from tgrad.helpers import Context, prod
+from tgrad.runtime.cuda.prefetch import block_prefetch, prefetch_statements
 from tgrad.runtime.cuda.targets import DYNAMIC_SHARED_SUFFIX, WARPGROUP_MMA_ARCH, sm_number
 from tgrad.runtime.cuda.vectors import (BYTE_LOAD_TYPES, LANES, VECTOR_BYTES, WORD_BYTES, ByteRun, VectorAccess,
                                         async_copies, byte_run_pieces, byte_runs, vector_groups, widen_async_copies)
@@ -31,8 +32,9 @@ CUDA_SHARED_MEMORY_BYTES = 48 * 1024            # static __shared__ per block wi
 # Programmatic Dependent Launch (sm_90+, PTX ISA 7.8): a kernel rendered for it first waits for the grids it depends
 # on (`griddepcontrol.wait`: they have completed and their writes are visible; a no-op when launched without a
 # programmatic dependency), then lets its own dependents launch (`griddepcontrol.launch_dependents`), so their launch
-# overlaps its work. Its module carries the global named by this suffix: runtime.py reads it, and graph.py gives only
-# such kernels a programmatic edge from their predecessor (a kernel without the wait keeps a full dependency).
+# overlaps its work; before the wait only L2 prefetches (PDL_PREFETCH, prefetch.py) may ask for bytes early. Its
+# module carries the global named by this suffix: runtime.py reads it, and graph.py gives only such kernels a
+# programmatic edge from their predecessor (a kernel without the wait keeps a full dependency).
 DEPENDENT_LAUNCH_MIN_SM = 90
 DEPENDENT_LAUNCH_SUFFIX = "_waits_for_prior_grids"
 DEPENDENT_LAUNCH_PROLOGUE = ('asm volatile("griddepcontrol.wait;" ::: "memory");',
@@ -150,8 +152,11 @@ class CUDARenderer(Renderer):
     self.warpgroup_mma = arch == WARPGROUP_MMA_ARCH
   def render(self, name: str, uops: list[UOp]) -> str:
     """The kernel's source; on sm_90+ under PDL=1 (a code setting, part of every cache key) with the dependent-launch
-    prologue."""
-    return _KernelWriter(name, uops, self.arch, self.dependent_launch and bool(Context.PDL)).write()
+    prologue, and under PDL_PREFETCH=1 (another) the L2 prefetch of its largest read-only input before the wait
+    (prefetch.py)."""
+    dependent_launch = self.dependent_launch and bool(Context.PDL)
+    prefetch = dependent_launch and bool(Context.PDL_PREFETCH)
+    return _KernelWriter(name, uops, self.arch, dependent_launch, prefetch).write()
   def render_warpgroup_matmul(self, name: str, matmul) -> str:
     """The wgmma kernel (runtime/cuda/wgmma.py, or wgmma_tma.py for a TMA tile) of an axes.WarpgroupMatmul, its
     parameters in the kernel's order."""
@@ -227,8 +232,10 @@ def _pairable(low: UOp, high: UOp) -> bool:
     all(coef % 2 == 0 for coef in low_terms.values())
 
 class _KernelWriter:
-  def __init__(self, name: str, uops: list[UOp], arch: str = "sm_90", dependent_launch: bool = False):
+  def __init__(self, name: str, uops: list[UOp], arch: str = "sm_90", dependent_launch: bool = False,
+               prefetch: bool = False):
     self.name, self.uops, self.dependent_launch = name, uops, dependent_launch
+    self.prefetch = block_prefetch(uops) if prefetch else None
     self.has_max_nan = sm_number(arch) >= MAX_NAN_MIN_SM
     self.has_fast_tanh = sm_number(arch) >= FAST_TANH_MIN_SM
     self.names: dict[UOp, str] = {}
@@ -334,6 +341,7 @@ class _KernelWriter:
     args = [params.get(i, f"const void* __restrict__ unused{i}") for i in range(max(params, default=-1) + 1)]
     # a variable arrives as a 64-bit parameter (the runtime packs every value so) and is narrowed where it fits
     args += [f"long long {v.arg[0]}{VARIABLE_ARG_SUFFIX}" for v in variables]
+    if self.prefetch is not None: self.prefetch_lines()
     if self.dependent_launch:
       for statement in DEPENDENT_LAUNCH_PROLOGUE: self.line(statement)
     for v in variables:
@@ -352,6 +360,20 @@ class _KernelWriter:
       prelude += f'extern "C" __device__ unsigned int {self.name}{DYNAMIC_SHARED_SUFFIX} = {self.dynamic_shared};\n'
       head += f"\n  extern __shared__ __align__({VECTOR_BYTES}) unsigned char dynamic_shared[];"
     return prelude + head + "\n" + "\n".join(self.lines) + "\n}\n"
+
+  def prefetch_lines(self) -> None:
+    """Before the wait: the block's threads prefetch the bytes of the largest read-only input it reads (prefetch.py).
+    Block indices and variables come straight from blockIdx and the parameters (nothing is defined yet)."""
+    names = {v: parameter_value(v, dtypes.int64) for v in self.uops if v.op is Ops.DEFINE_VAR}
+    dims = [1, 1, 1]
+    for u in self.uops:
+      if u.op is Ops.SPECIAL:
+        lane = int(u.arg[0][-1])
+        if u.arg[0].startswith("gidx"): names[u] = f"blockIdx.{LANES[lane]}"
+        else: dims[lane] = u.arg[1]
+    thread = f"threadIdx.x + {dims[0]} * (threadIdx.y + {dims[1]} * threadIdx.z)"
+    for text in prefetch_statements(self.prefetch, self.names[self.prefetch.buffer], names, thread, prod(dims)):
+      self.line(text)
 
   # ---- one op
   def emit(self, pos: int, u: UOp) -> None:

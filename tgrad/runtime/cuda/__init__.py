@@ -36,7 +36,7 @@ def collectives_available() -> bool:
   return is_available()
 
 CUDA = register_backend(Backend(
-  "CUDA", _start, DeviceTraits(has_local=True, lowerings=frozenset({"fast", "tf32", "flash"})), aliases=("GPU",),
+  "CUDA", _start, DeviceTraits(has_local=True, lowerings=frozenset({"fast", "tf32", "flash", "half_gemm"})), aliases=("GPU",),
   is_usable=_is_usable, fingerprint=_fingerprint, graph_runner=_graph_runner, languages=("cuda",),
   install="pip install -e '.[cuda]'",
   start_failure="no GPU is visible to the CUDA driver (check `nvidia-smi` and CUDA_VISIBLE_DEVICES); DEVICE=LLVM "

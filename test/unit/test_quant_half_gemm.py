@@ -1,0 +1,184 @@
+"""A prompt times a packed weight on a GPU (tgrad/nn/quant.py `runs_as_half_gemm`): the weight is dequantized into a
+half temporary by a kernel of its own, then multiplied by the float16 model's own matmul (the tensor cores' graph).
+
+Without a GPU, the LLVM device is made to offer the HALF_GEMM trait (as CUDA's traits do), so packed_linear's default
+takes the same decision and builds the same graph; its values are checked against numpy (x and the weight rounded to
+half once, as in the float16 model) and bit for bit against the dense half model, for Q4_K, Q5_0, Q6_K and Q8_0, odd
+row counts and a symbolic prompt length, inside a TinyJit too. The two kernels are rendered for CUDA with the GPU
+heuristics, compiled by NVRTC (the matmul on tensor cores) and run on the CPU emulator (test/cuda_on_cpu.py).
+"""
+import dataclasses
+import numpy as np
+import pytest
+from tgrad import Tensor, TinyJit, Variable, dtypes
+from tgrad.backend import REGISTRY
+from tgrad.codegen.heuristics import hand_coded_optimizations
+from tgrad.codegen.kernel import Kernel
+from tgrad.codegen.linearizer import linearize
+from tgrad.nn.quant import BLOCK_LAYOUTS, HALF_GEMM, HALF_GEMM_MIN_ROWS, GGMLType, QuantizedTensor, runs_as_half_gemm
+from tgrad.ops import Ops
+from tgrad.runtime.cuda.nvrtc import compile_cuda, nvrtc_available
+from tgrad.runtime.cuda.renderer import CUDARenderer
+from tgrad.schedule import create_schedule
+from tgrad.shape.sint import evaluate
+from cuda_on_cpu import TENSOR_CORE_ARCH, cpu_available, run_on_cpu
+
+TYPES = [GGMLType.Q4_K, GGMLType.Q5_0, GGMLType.Q6_K, GGMLType.Q8_0]
+SCALE_POSITIONS = {GGMLType.Q8_0: (0,), GGMLType.Q5_0: (0,), GGMLType.Q4_K: (0, 2), GGMLType.Q6_K: (208,)}
+# x·W16ᵀ of half values: products rounded to half (LLVM's float16 multiply; a tensor core's are exact), summed in
+# float32, rounded to half once: within a few half spacings of the largest output
+HALF_RTOL = 8 * 2.0 ** -11
+MAX_ROWS = 256   # the symbolic prompt length's bound
+
+def random_weight(ggml_type: GGMLType, rows: int, columns: int, seed: int) -> np.ndarray:
+  """Packed bytes of a random weight: random quants, finite random float16 scales."""
+  rng = np.random.default_rng(seed)
+  layout = BLOCK_LAYOUTS[ggml_type]
+  raw = rng.integers(0, 256, (rows * columns // layout.block_size, layout.block_bytes), dtype=np.uint8)
+  scales = rng.uniform(1e-3, 1e-1, (raw.shape[0], 1)).astype(np.float16).view(np.uint8)
+  for position in SCALE_POSITIONS[ggml_type]: raw[:, position:position + 2] = scales
+  return raw.reshape(rows, -1)
+
+@pytest.fixture
+def half_gemm_on_llvm(monkeypatch):
+  """The LLVM device offers HALF_GEMM, as a GPU with tensor cores does."""
+  backend = REGISTRY.backends["LLVM"]
+  traits = dataclasses.replace(backend.traits, lowerings=backend.traits.lowerings | {HALF_GEMM})
+  monkeypatch.setitem(REGISTRY.backends, "LLVM", dataclasses.replace(backend, traits=traits))
+
+def packed_weight(ggml_type: GGMLType, out_features: int, in_features: int, seed: int = 0
+                  ) -> tuple[QuantizedTensor, np.ndarray]:
+  """The weight, and its values rounded to float16 once (what a float16 model's dense weight holds)."""
+  weight = QuantizedTensor.from_bytes(random_weight(ggml_type, out_features, in_features, seed), ggml_type,
+                                      (out_features, in_features), "LLVM").realize()
+  return weight, weight.dequantize().numpy().astype(np.float16)
+
+def kernel_items(out: Tensor) -> list:
+  return [item for item in create_schedule([out.lazydata]) if item.ast.op is Ops.SINK]
+
+def assert_close_to_half_model(got: np.ndarray, x16: np.ndarray, w16: np.ndarray) -> None:
+  reference = x16.astype(np.float64) @ w16.astype(np.float64).T
+  np.testing.assert_allclose(got.astype(np.float64).reshape(reference.shape), reference, rtol=HALF_RTOL,
+                             atol=HALF_RTOL * np.abs(reference).max())
+
+@pytest.mark.parametrize("ggml_type", TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("rows", [1, 7, 17, 200])
+def test_prompt_rows_take_a_half_temporary_and_the_dense_matmul(half_gemm_on_llvm, ggml_type, rows):
+  """At HALF_GEMM_MIN_ROWS rows or more: a dequantizing kernel writes the half (out, in) weight from the packed bytes,
+  and the matmul reads only it and x, bit for bit the dense float16 model's result. Fewer rows: the packed product,
+  one kernel over the bytes, as on a device without the trait."""
+  out_features, in_features = 48, 512
+  weight, w16 = packed_weight(ggml_type, out_features, in_features, seed=rows)
+  x16 = np.random.default_rng(rows).standard_normal((rows, in_features)).astype(np.float16)
+  x = Tensor(x16, device="LLVM").realize()
+  out = weight.linear(x)
+  items = kernel_items(out)
+  if rows < HALF_GEMM_MIN_ROWS:
+    assert not runs_as_half_gemm(x) and len(items) == 1
+    assert any(b.dtype == dtypes.uint8 for b in items[0].inputs)
+  else:
+    assert runs_as_half_gemm(x)
+    dequantize, matmul = items
+    assert dequantize.bufs[0].dtype == dtypes.float16 and dequantize.bufs[0].size == out_features * in_features
+    assert [b.dtype for b in dequantize.inputs] == [dtypes.uint8]
+    assert all(b.dtype == dtypes.float16 for b in matmul.bufs)
+  got = out.numpy()
+  assert got.dtype == np.float16 and got.shape == (rows, out_features)
+  assert_close_to_half_model(got, x16, w16)
+  if rows >= HALF_GEMM_MIN_ROWS: np.testing.assert_array_equal(got, (x @ Tensor(w16, device="LLVM").T).numpy())
+
+@pytest.mark.parametrize("ggml_type", [GGMLType.Q4_K, GGMLType.Q8_0], ids=lambda t: t.name)
+@pytest.mark.parametrize("rows", [1, 7, 200])
+def test_a_symbolic_prompt_length_takes_the_half_matmul(half_gemm_on_llvm, ggml_type, rows):
+  """A prompt's length is symbolic: its bound decides (one compiled graph serves every length, 1 included)."""
+  weight, w16 = packed_weight(ggml_type, 40, 256, seed=3)
+  x16 = np.random.default_rng(4).standard_normal((MAX_ROWS, 256)).astype(np.float16)
+  x = Tensor(x16, device="LLVM").realize()[:Variable("prompt_len", 1, MAX_ROWS).bind(rows)]
+  out = weight.linear(x)
+  assert runs_as_half_gemm(x) and len(kernel_items(out)) == 2
+  assert_close_to_half_model(out.numpy(), x16[:rows], w16)
+
+def test_bfloat16_rows_take_a_bfloat16_temporary(half_gemm_on_llvm):
+  weight, _ = packed_weight(GGMLType.Q6_K, 32, 512, seed=5)
+  x32 = np.random.default_rng(6).standard_normal((24, 512)).astype(np.float32)
+  x = Tensor(x32, device="LLVM").cast(dtypes.bfloat16).realize()
+  out = weight.linear(x)
+  dequantize, _ = kernel_items(out)
+  assert dequantize.bufs[0].dtype == dtypes.bfloat16
+  w = weight.dequantize().cast(dtypes.bfloat16).float().numpy().astype(np.float64)
+  reference = x.float().numpy().astype(np.float64) @ w.T
+  bfloat16_rtol = 8 * 2.0 ** -8
+  np.testing.assert_allclose(out.float().numpy(), reference, rtol=bfloat16_rtol,
+                             atol=bfloat16_rtol * np.abs(reference).max())
+
+def test_float32_rows_and_devices_without_the_trait_keep_the_packed_product(half_gemm_on_llvm, monkeypatch):
+  """A float32 x is not rounded to half; a device without HALF_GEMM (the CPU) keeps its own prompt path."""
+  weight, _ = packed_weight(GGMLType.Q4_K, 32, 512, seed=7)
+  x32 = Tensor(np.random.default_rng(8).standard_normal((64, 512)).astype(np.float32), device="LLVM").realize()
+  assert not runs_as_half_gemm(x32) and len(kernel_items(weight.linear(x32))) == 1
+  monkeypatch.undo()
+  x16 = x32.cast(dtypes.float16).realize()
+  assert not runs_as_half_gemm(x16) and len(kernel_items(weight.linear(x16))) == 1
+
+def test_jitted_prompts_plan_the_temporaries_and_keep_only_packed_weights(half_gemm_on_llvm):
+  """Two projections in a TinyJit over a symbolic length: replays at other lengths equal the eager results, the only
+  weights are the packed bytes, and the two half temporaries share the activations' arena."""
+  first, w1 = packed_weight(GGMLType.Q4_K, 256, 512, seed=9)
+  second, w2 = packed_weight(GGMLType.Q8_0, 512, 256, seed=10)
+  data = (np.random.default_rng(11).standard_normal((MAX_ROWS, 512)) / 64).astype(np.float16)   # no half overflow
+  x_full = Tensor(data, device="LLVM").realize()
+  @TinyJit
+  def prompt(x: Tensor) -> Tensor: return second.linear(first.linear(x).relu()).realize()
+  for rows in (40, 17, 130, 3):
+    x = x_full[:Variable("prompt_len", 1, MAX_ROWS).bind(rows)]
+    got = prompt(x).numpy()
+    hidden = np.maximum(data[:rows].astype(np.float64) @ w1.astype(np.float64).T, 0).astype(np.float16)
+    reference = hidden.astype(np.float64) @ w2.astype(np.float64).T
+    np.testing.assert_allclose(got.astype(np.float64), reference, rtol=4 * HALF_RTOL,
+                               atol=4 * HALF_RTOL * np.abs(reference).max())
+  parts = prompt.captured.memory_breakdown()["LLVM"]
+
+  assert parts["weight"] == first.nbytes + second.nbytes
+  assert parts["activation"] < parts["activations unplanned"]
+
+# ---- the CUDA kernels: the GPU heuristics' opts, rendered, compiled by NVRTC, and run on the CPU emulator
+
+def cuda_kernel(item, arch: str) -> tuple[Kernel, str]:
+  kernel = Kernel(item.ast, CUDARenderer(arch))
+  hand_coded_optimizations(kernel)
+  return kernel, kernel.renderer.render("kernel", linearize(kernel))
+
+@pytest.mark.skipif(not nvrtc_available(), reason="libnvrtc not found (pip install nvidia-cuda-nvrtc)")
+@pytest.mark.parametrize("ggml_type", TYPES, ids=lambda t: t.name)
+def test_cuda_kernels_compile_and_the_matmul_takes_tensor_cores(half_gemm_on_llvm, ggml_type):
+  weight, _ = packed_weight(ggml_type, 640, 1024)
+  x = Tensor.empty(MAX_ROWS, 1024, dtype=dtypes.float16, device="LLVM")[:Variable("prompt_len", 1, MAX_ROWS).bind(99)]
+  dequantize, matmul = kernel_items(weight.linear(x))
+  for arch in ("sm_80", "sm_90"):
+    _, dequantize_source = cuda_kernel(dequantize, arch)
+    kernel, matmul_source = cuda_kernel(matmul, arch)
+    assert "mma" in matmul_source, [str(opt) for opt in kernel.applied_opts]
+    for source in (dequantize_source, matmul_source): assert compile_cuda(source, arch)[:4] == b"\x7fELF"
+
+@pytest.mark.skipif(not cpu_available(), reason="g++ not found")
+@pytest.mark.parametrize("ggml_type,rows", [(GGMLType.Q4_K, 17), (GGMLType.Q6_K, 40), (GGMLType.Q5_0, 3)], ids=str)
+def test_cuda_kernels_on_the_emulator_match_the_half_model(half_gemm_on_llvm, ggml_type, rows):
+  """A prompt of symbolic length: the dequantizing kernel's half weight equals the float32 values rounded once; the
+  tensor-core matmul of x by it (mma.sync, exact products) is within half rounding of x16·W16ᵀ in float64."""
+  out_features, in_features, max_rows = 128, 512, 256   # big enough for the heuristics to take tensor cores
+  weight, w16 = packed_weight(ggml_type, out_features, in_features, seed=rows)
+  x16 = np.random.default_rng(rows).standard_normal((max_rows, in_features)).astype(np.float16)
+  x = Tensor(x16, device="LLVM").realize()[:Variable("prompt_len", 1, max_rows).bind(rows)]
+  dequantize, matmul = kernel_items(weight.linear(x))
+  kernel, source = cuda_kernel(dequantize, TENSOR_CORE_ARCH)
+  half_weight = np.full(dequantize.bufs[0].size, np.nan, np.float16)
+  run_on_cpu(source, "kernel", *kernel.launch_dims(), [half_weight] + [b.copyout() for b in dequantize.inputs], [])
+  np.testing.assert_array_equal(half_weight.reshape(w16.shape), w16)
+  kernel, source = cuda_kernel(matmul, TENSOR_CORE_ARCH)
+  assert "mma.sync" in source
+  out = np.full(matmul.bufs[0].size, np.nan, np.float16)
+  inputs = [half_weight if b is dequantize.bufs[0] else b.copyout() for b in matmul.inputs]
+  global_size, local_size = kernel.launch_dims()
+  global_size = tuple(evaluate(size, {"prompt_len": rows}) for size in global_size)   # the grid over the rows
+  run_on_cpu(source, "kernel", global_size, local_size, [out] + inputs, [rows])
+  assert_close_to_half_model(out[:rows * out_features], x16[:rows], w16)

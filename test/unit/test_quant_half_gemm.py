@@ -7,7 +7,8 @@ half once, as in the float16 model) and bit for bit against the dense half model
 row counts and a symbolic prompt length, inside a TinyJit too. The two kernels are rendered for CUDA with the GPU
 heuristics, compiled by NVRTC (the matmul on tensor cores) and run on the CPU emulator (test/cuda_on_cpu.py).
 """
-import dataclasses
+import contextlib, dataclasses
+from typing import Iterator
 import numpy as np
 import pytest
 from tgrad import Tensor, TinyJit, Variable, dtypes
@@ -17,6 +18,7 @@ from tgrad.codegen.kernel import Kernel
 from tgrad.codegen.linearizer import linearize
 from tgrad.nn.quant import BLOCK_LAYOUTS, HALF_GEMM, HALF_GEMM_MIN_ROWS, GGMLType, QuantizedTensor, runs_as_half_gemm
 from tgrad.ops import Ops
+import tgrad.realize as realize_module
 from tgrad.runtime.cuda.nvrtc import compile_cuda, nvrtc_available
 from tgrad.runtime.cuda.renderer import CUDARenderer
 from tgrad.schedule import create_schedule
@@ -182,3 +184,61 @@ def test_cuda_kernels_on_the_emulator_match_the_half_model(half_gemm_on_llvm, gg
   global_size = tuple(evaluate(size, {"prompt_len": rows}) for size in global_size)   # the grid over the rows
   run_on_cpu(source, "kernel", global_size, local_size, [out] + inputs, [rows])
   assert_close_to_half_model(out[:rows * out_features], x16[:rows], w16)
+
+# ---- a Gemma 3 prompt with packed weights: the same logits as the float16 model (the weights rounded to half once)
+
+def q8_0_models(seed: int):
+  """A small float16 Gemma 3 whose projections are Q8_0 blocks (llama.cpp's quantizer, gguf.quants), and the same
+  model with those blocks dequantized into dense float16 weights (a GGUF file loaded as `dequant` float16)."""
+  gguf = pytest.importorskip("gguf")
+  from tgrad.models.gemma3 import Gemma3, Gemma3Config
+  config = dataclasses.replace(Gemma3Config.preset("tiny"), hidden_size=64, head_dim=32, intermediate_size=128)
+  packed, dense = {}, {}
+  for name, w in Gemma3.random(config, dtype=dtypes.float16, seed=seed, progress=False).state_dict().items():
+    if name.endswith("proj.weight"):
+      blocks = gguf.quants.quantize(w.float().numpy(), gguf.GGMLQuantizationType.Q8_0)
+      packed[name] = QuantizedTensor.from_bytes(blocks, GGMLType.Q8_0, w.shape)
+      dense[name] = packed[name].dequantize(dtypes.float16).realize()
+    else: packed[name] = dense[name] = w
+  return config, Gemma3(config, packed), Gemma3(config, dense)
+
+@contextlib.contextmanager
+def create_schedule_spy() -> Iterator[list]:
+  """Inside: every ScheduleItem that realize lowers (and runs) is recorded, in order."""
+  items: list = []
+  lower = realize_module.lower_schedule
+  def record(scheduled):
+    items.extend(scheduled)
+    return lower(scheduled)
+  realize_module.lower_schedule = record
+  try: yield items
+  finally: realize_module.lower_schedule = lower
+
+def test_gemma_prompt_with_packed_weights_equals_the_float16_model(half_gemm_on_llvm):
+  """Prefill logits bit for bit equal to the dense float16 model's, eager and jitted (a TinyJit whose only weights
+  are the blocks, its temporaries planned in the arena); each temporary's kernel runs right before its matmul. A
+  decode step keeps the packed product (float32 products: close, not equal)."""
+  config, packed, dense = q8_0_models(seed=1)
+  prompt = np.random.default_rng(4).integers(0, config.vocab_size, (1, 37)).astype(np.int32)
+  logits = {}
+  for name, model in (("packed", packed), ("dense", dense)):
+    model.reset_cache(1, 64)
+    with create_schedule_spy() as items: logits[name] = model(Tensor(prompt)).numpy()
+    if name == "packed":
+      temporaries = [i for i, item in enumerate(items) if item.ast.op is Ops.SINK and
+                     item.bufs[0].dtype == dtypes.float16 and [b.dtype for b in item.inputs] == [dtypes.uint8]]
+      assert len(temporaries) == 4 * config.num_hidden_layers   # qkv and gate/up (stacked), o, down
+      for i in temporaries: assert items[i].bufs[0] in items[i + 1].inputs   # read by the very next kernel
+    logits[name + " decode"] = model(Tensor([[7]], dtype=dtypes.int32), start_pos=prompt.shape[1]).numpy()
+    model.reset_cache(1, 64)
+    for length in (prompt.shape[1], 20, 29):   # captured at the second call; replayed at other lengths
+      logits[f"{name} jit {length}"] = model(Tensor(prompt[:, :length]), last_only=True, jit=True).numpy().copy()
+      model.reset_cache(1, 64)
+  np.testing.assert_array_equal(logits["packed"], logits["dense"])
+  for length in (20, 29): np.testing.assert_array_equal(logits[f"packed jit {length}"], logits[f"dense jit {length}"])
+  decode, dense_decode = logits["packed decode"].astype(np.float64), logits["dense decode"].astype(np.float64)
+  assert 0 < np.abs(decode - dense_decode).max() < 1e-2 * np.abs(dense_decode).max()
+  parts = packed._prefill_jit.captured.memory_breakdown()["LLVM"]
+  dense_parts = dense._prefill_jit.captured.memory_breakdown()["LLVM"]
+  assert parts["weight"] < dense_parts["weight"]
+  assert parts["activation"] < parts["activations unplanned"]

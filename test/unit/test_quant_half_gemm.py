@@ -16,6 +16,7 @@ from tgrad.backend import REGISTRY
 from tgrad.codegen.heuristics import hand_coded_optimizations
 from tgrad.codegen.kernel import Kernel
 from tgrad.codegen.linearizer import linearize
+from tgrad.helpers import Context
 from tgrad.nn.quant import BLOCK_LAYOUTS, HALF_GEMM, HALF_GEMM_MIN_ROWS, GGMLType, QuantizedTensor, runs_as_half_gemm
 from tgrad.ops import Ops
 import tgrad.realize as realize_module
@@ -121,6 +122,13 @@ def test_float32_rows_and_devices_without_the_trait_keep_the_packed_product(half
   monkeypatch.undo()
   x16 = x32.cast(dtypes.float16).realize()
   assert not runs_as_half_gemm(x16) and len(kernel_items(weight.linear(x16))) == 1
+
+def test_the_setting_turns_it_off(half_gemm_on_llvm):
+  """HALF_GEMM=0 keeps the packed product (for comparison), read when the graph is built."""
+  weight, _ = packed_weight(GGMLType.Q8_0, 32, 256, seed=12)
+  x = Tensor(np.random.default_rng(13).standard_normal((64, 256)).astype(np.float16), device="LLVM").realize()
+  with Context(HALF_GEMM=0): assert not runs_as_half_gemm(x) and len(kernel_items(weight.linear(x))) == 1
+  assert runs_as_half_gemm(x) and len(kernel_items(weight.linear(x))) == 2
 
 def test_jitted_prompts_plan_the_temporaries_and_keep_only_packed_weights(half_gemm_on_llvm):
   """Two projections in a TinyJit over a symbolic length: replays at other lengths equal the eager results, the only

@@ -19,7 +19,7 @@ import numpy as np
 from tgrad.backend import devices_offering
 from tgrad.dtype import DType, dtypes
 from tgrad.device import canonical_device
-from tgrad.helpers import prod
+from tgrad.helpers import Context, prod
 from tgrad.lazy import LazyBuffer
 from tgrad.ops import Ops
 from tgrad.realize import is_capturing
@@ -437,10 +437,11 @@ HALF_GEMM_MIN_ROWS = 16
 def runs_as_half_gemm(x: Tensor) -> bool:
   """Whether packed_linear's default multiplies x through a half temporary of the weight (`_half_gemm`): x is float16
   or bfloat16 on a device whose traits offer HALF_GEMM (known from the device's name: nothing is started), with at
-  least HALF_GEMM_MIN_ROWS rows. A single row (decode) keeps the packed product; so does a float32 x (rounding it to
-  half would change the model's numbers) and a sharded one."""
-  if x.dtype not in HALF_GEMM_DTYPES or not isinstance(x.device, str) or x.device not in HALF_GEMM_DEVICES:
-    return False
+  least HALF_GEMM_MIN_ROWS rows, and the HALF_GEMM setting is 1 (0 keeps the packed product, for comparison). A
+  single row (decode) keeps the packed product; so does a float32 x (rounding it to half would change the model's
+  numbers) and a sharded one."""
+  if not Context.HALF_GEMM or x.dtype not in HALF_GEMM_DTYPES or not isinstance(x.device, str) or \
+     x.device not in HALF_GEMM_DEVICES: return False
   return vmax_of(prod(x.shape[:-1])) >= HALF_GEMM_MIN_ROWS
 
 def half_weight(packed: Tensor, ggml_type: int, shape: tuple[int, ...], dtype: DType) -> Tensor:

@@ -159,11 +159,13 @@ def cuda_kernel(item, arch: str) -> tuple[Kernel, str]:
   return kernel, kernel.renderer.render("kernel", linearize(kernel))
 
 @pytest.mark.skipif(not nvrtc_available(), reason="libnvrtc not found (pip install nvidia-cuda-nvrtc)")
-@pytest.mark.parametrize("ggml_type", TYPES, ids=lambda t: t.name)
-def test_cuda_kernels_compile_and_the_matmul_takes_tensor_cores(half_gemm_on_llvm, ggml_type):
+@pytest.mark.parametrize("ggml_type,dtype", [(t, dtypes.float16) for t in TYPES] + [(GGMLType.Q4_K, dtypes.bfloat16)],
+                         ids=str)
+def test_cuda_kernels_compile_and_the_matmul_takes_tensor_cores(half_gemm_on_llvm, ggml_type, dtype):
   weight, _ = packed_weight(ggml_type, 640, 1024)
-  x = Tensor.empty(MAX_ROWS, 1024, dtype=dtypes.float16, device="LLVM")[:Variable("prompt_len", 1, MAX_ROWS).bind(99)]
+  x = Tensor.empty(MAX_ROWS, 1024, dtype=dtype, device="LLVM")[:Variable("prompt_len", 1, MAX_ROWS).bind(99)]
   dequantize, matmul = kernel_items(weight.linear(x))
+  assert dequantize.bufs[0].dtype == dtype
   for arch in ("sm_80", "sm_90"):
     _, dequantize_source = cuda_kernel(dequantize, arch)
     kernel, matmul_source = cuda_kernel(matmul, arch)

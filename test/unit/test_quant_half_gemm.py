@@ -173,7 +173,8 @@ def test_cuda_kernels_compile_and_the_matmul_takes_tensor_cores(half_gemm_on_llv
     for source in (dequantize_source, matmul_source): assert compile_cuda(source, arch)[:4] == b"\x7fELF"
 
 @pytest.mark.skipif(not cpu_available(), reason="g++ not found")
-@pytest.mark.parametrize("ggml_type,rows", [(GGMLType.Q4_K, 17), (GGMLType.Q6_K, 40), (GGMLType.Q5_0, 3)], ids=str)
+@pytest.mark.parametrize("ggml_type,rows", [(GGMLType.Q4_K, 17), (GGMLType.Q6_K, 40), (GGMLType.Q5_0, 3),
+                                            (GGMLType.Q8_0, 200)], ids=str)
 def test_cuda_kernels_on_the_emulator_match_the_half_model(half_gemm_on_llvm, ggml_type, rows):
   """A prompt of symbolic length: the dequantizing kernel's half weight equals the float32 values rounded once; the
   tensor-core matmul of x by it (mma.sync, exact products) is within half rounding of x16·W16ᵀ in float64."""

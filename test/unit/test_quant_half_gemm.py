@@ -166,7 +166,7 @@ def test_cuda_kernels_compile_and_the_matmul_takes_tensor_cores(half_gemm_on_llv
   x = Tensor.empty(MAX_ROWS, 1024, dtype=dtype, device="LLVM")[:Variable("prompt_len", 1, MAX_ROWS).bind(99)]
   dequantize, matmul = kernel_items(weight.linear(x))
   assert dequantize.bufs[0].dtype == dtype
-  for arch in ("sm_80", "sm_90"):
+  for arch in ("sm_80", "sm_90a"):   # sm_90a: an H100 or H200 (the arch with warpgroup MMA)
     _, dequantize_source = cuda_kernel(dequantize, arch)
     kernel, matmul_source = cuda_kernel(matmul, arch)
     assert "mma" in matmul_source, [str(opt) for opt in kernel.applied_opts]

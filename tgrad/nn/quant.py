@@ -446,8 +446,11 @@ def runs_as_half_gemm(x: Tensor) -> bool:
 
 def half_weight(packed: Tensor, ggml_type: int, shape: tuple[int, ...], dtype: DType) -> Tensor:
   """The weight's values rounded once to `dtype` as a realized-when-scheduled (out, in) temporary: one elementwise
-  kernel from the packed blocks (the dequantize composite), not kept after the graph that reads it."""
-  return dequantized_values(packed, GGMLType(ggml_type), shape).reshape(shape).cast(dtype).contiguous()
+  kernel from the packed blocks (the dequantize composite), not kept after the graph that reads it. The kernel runs
+  over the blocks' structured axes (out, blocks per row, *block axes), stored in row-major order, so every read of the
+  packed bytes is a plain strided view (over the flat (out, in) shape each value would divide its index by the block
+  and field sizes); the (out, in) view of the stored values is a free reshape."""
+  return dequantized_values(packed, GGMLType(ggml_type), shape).cast(dtype).contiguous().reshape(shape)
 
 def _half_gemm(x: Tensor, packed: Tensor, ggml_type: int, shape: tuple[int, ...]) -> Tensor:
   """x @ W16ᵀ with W16 the weight dequantized into a half temporary (`half_weight`, float16, or bfloat16 for a

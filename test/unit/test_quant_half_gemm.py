@@ -196,6 +196,24 @@ def test_cuda_kernels_on_the_emulator_match_the_half_model(half_gemm_on_llvm, gg
   run_on_cpu(source, "kernel", global_size, local_size, [out] + inputs, [rows])
   assert_close_to_half_model(out[:rows * out_features], x16[:rows], w16)
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("ggml_type", TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("rows,symbolic", [(1, False), (17, False), (200, True), (3, True)], ids=str)
+def test_on_a_gpu(ggml_type, rows, symbolic):
+  """On CUDA itself (no trait set by hand): a prompt's rows take the temporary and the tensor-core matmul, a single
+  concrete row the packed product; both within half rounding of x16·W16ᵀ, and close to the dense float16 model."""
+  raw = random_weight(ggml_type, 640, 1024, seed=rows)
+  weight = QuantizedTensor.from_bytes(raw, ggml_type, (640, 1024), "CUDA").realize()
+  w16 = QuantizedTensor.from_bytes(raw, ggml_type, (640, 1024), "LLVM").dequantize().numpy().astype(np.float16)
+  x16 = np.random.default_rng(rows).standard_normal((MAX_ROWS, 1024)).astype(np.float16)
+  x = Tensor(x16, device="CUDA").realize()[:Variable("prompt_len", 1, MAX_ROWS).bind(rows) if symbolic else rows]
+  out = weight.linear(x)
+  assert len(kernel_items(out)) == (2 if symbolic or rows >= HALF_GEMM_MIN_ROWS else 1)
+  got = out.numpy()
+  assert_close_to_half_model(got, x16[:rows], w16)
+  dense = (x @ Tensor(w16, device="CUDA").T).numpy().astype(np.float64)
+  np.testing.assert_allclose(got.astype(np.float64), dense, rtol=HALF_RTOL, atol=HALF_RTOL * np.abs(dense).max())
+
 # ---- a Gemma 3 prompt with packed weights: the same logits as the float16 model (the weights rounded to half once)
 
 def q8_0_models(seed: int):

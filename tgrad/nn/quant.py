@@ -421,11 +421,12 @@ def _float_values_linear(x: Tensor, packed: Tensor, ggml_type: int, shape: tuple
 # kernels against 8.0 ms with float16 weights). With many rows of half x, the weight is dequantized instead into a
 # temporary half (out, in) buffer by a kernel of its own (each block read once, each value written once), and x times
 # it is the float16 model's own matmul (x @ W16ᵀ, half products summed in float32), which the GPU heuristics put on
-# tensor cores. This is how GPU inference engines run a quantized model on a batch (llama.cpp among them): a batch
-# pays for one dequantization of the weight into half and then runs at the speed of a dense half matmul, while a
-# single row is faster streaming the packed blocks once (the float product, unchanged). The temporary lives only for
-# its call: the weight stays packed in memory (unlike the dequant_<dtype> paths, which keep a dense copy), and inside
-# a TinyJit the memory planner gives every projection's temporary the same arena space.
+# tensor cores. This is one of the ways llama.cpp's CUDA backend runs a big batch (its cuBLAS path: the blocks
+# converted to half, then a tensor-core GEMM): the batch pays for one dequantization of the weight into half and then
+# runs at the speed of a dense half matmul, while a single row is faster streaming the packed blocks once (the float
+# product, unchanged; llama.cpp too keeps quantized matrix-vector kernels for a few rows). The temporary lives only
+# for its call: the weight stays packed in memory (unlike the dequant_<dtype> paths, which keep a dense copy), and
+# inside a TinyJit the memory planner lets the projections' temporaries share arena space.
 HALF_GEMM = "half_gemm"   # the device trait (DeviceTraits.lowerings): its matmuls of half values run on tensor cores
 HALF_GEMM_DEVICES = devices_offering(HALF_GEMM)
 HALF_GEMM_DTYPES = {dtypes.float16: dtypes.float16, dtypes.bfloat16: dtypes.bfloat16}   # x's dtype → the temporary's
@@ -445,8 +446,8 @@ def runs_as_half_gemm(x: Tensor) -> bool:
   return vmax_of(prod(x.shape[:-1])) >= HALF_GEMM_MIN_ROWS
 
 def half_weight(packed: Tensor, ggml_type: int, shape: tuple[int, ...], dtype: DType) -> Tensor:
-  """The weight's values rounded once to `dtype` as a realized-when-scheduled (out, in) temporary: one elementwise
-  kernel from the packed blocks (the dequantize composite), not kept after the graph that reads it. The kernel runs
+  """The weight's values rounded once to `dtype`, as an (out, in) temporary that one elementwise kernel stores from the
+  packed blocks (the dequantize composite) when the graph that reads it is realized, and nothing keeps. The kernel runs
   over the blocks' structured axes (out, blocks per row, *block axes), stored in row-major order, so every read of the
   packed bytes is a plain strided view (over the flat (out, in) shape each value would divide its index by the block
   and field sizes); the (out, in) view of the stored values is a free reshape."""

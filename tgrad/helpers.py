@@ -104,6 +104,8 @@ class _Settings:
   WGMMA_TMA: int = 1    # 1: that kernel's heuristic tile loads by TMA with a producer warpgroup; 0: by cp.async
   JIT_PLAN: int = 1     # 1: a TinyJit packs its transient buffers into one arena per device; 0: one allocation each
   FLASH_ATTENTION: int = 1   # 1: scaled-dot-product attention on CUDA (half types) is one flash-attention kernel
+  HALF_GEMM: int = 1    # 1: a prompt of half rows times a packed weight on CUDA dequantizes it into a half temporary
+                        # and runs the tensor-core matmul; 0: the packed float product (nn/quant.py)
   RIDERS: int = 0       # 1: a small kernel runs inside a neighbouring one (schedule rule 5); 0: every kernel alone
                         # (the default: on an H100 riders made Gemma's decode step and prefill slower, docs/env.md)
   TOLERANCE: Optional[float] = None   # max relative error of a selected execution path; None: per dtype (tgrad/paths)
@@ -125,6 +127,7 @@ _ALLOWED_VALUES: dict[str, tuple[str, Callable[[int], bool]]] = {
   "JIT_PLAN": ("0 or 1", lambda v: v in (0, 1)),
   "RIDERS": ("0 or 1", lambda v: v in (0, 1)),
   "FLASH_ATTENTION": ("0 or 1", lambda v: v in (0, 1)),
+  "HALF_GEMM": ("0 or 1", lambda v: v in (0, 1)),
   "WGMMA": ("0 or 1", lambda v: v in (0, 1)),
   "WGMMA_TMA": ("0 or 1", lambda v: v in (0, 1)),
 }

@@ -16,13 +16,16 @@ from dataclasses import dataclass
 from enum import IntEnum
 from typing import Callable, Optional
 import numpy as np
+from tgrad.backend import devices_offering
 from tgrad.dtype import DType, dtypes
 from tgrad.device import canonical_device
+from tgrad.helpers import Context, prod
 from tgrad.lazy import LazyBuffer
 from tgrad.ops import Ops
 from tgrad.realize import is_capturing
 from tgrad.tensor import Tensor
 from tgrad.regions import DEFAULT, Lowering, composite, register
+from tgrad.shape.sint import vmax_of
 
 class GGMLType(IntEnum):
   """ggml's tensor type ids, as GGUF files store them (ggml.h's `enum ggml_type`; ids 4, 5, 31-33 are retired)."""
@@ -390,11 +393,17 @@ def int8_linear(x: Tensor, packed: Tensor, ggml_type: int, shape: tuple[int, ...
 INT8_PATH_TYPES = frozenset({GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q8_0})
 
 def _int8_path(x: Tensor, packed: Tensor, ggml_type: int, shape: tuple[int, ...]) -> Tensor:
-  """The "int8" lowering: int8_linear for INT8_PATH_TYPES, the float product for the rest."""
+  """The "int8" lowering: int8_linear for INT8_PATH_TYPES, the default's product for the rest."""
   if GGMLType(ggml_type) in INT8_PATH_TYPES: return int8_linear(x, packed, ggml_type, shape)
   return _float_linear(x, packed, ggml_type, shape)
 
 def _float_linear(x: Tensor, packed: Tensor, ggml_type: int, shape: tuple[int, ...]) -> Tensor:
+  """The default product: the tensor-core matmul over a half temporary for a prompt on a GPU (`_half_gemm`, where
+  `runs_as_half_gemm`), else x·Wᵀ over the weight's float32 values (`_float_values_linear`)."""
+  if runs_as_half_gemm(x): return _half_gemm(x, packed, ggml_type, shape)
+  return _float_values_linear(x, packed, ggml_type, shape)
+
+def _float_values_linear(x: Tensor, packed: Tensor, ggml_type: int, shape: tuple[int, ...]) -> Tensor:
   """x·Wᵀ over W's float32 values (the dequantize composite), summed in float32 at least. The product keeps the block
   axes: x is viewed as (..., 1, blocks_per_row, *block axes) and the sum runs over them, so the kernel reads the
   packed bytes through plain strided views."""
@@ -407,9 +416,58 @@ def _float_linear(x: Tensor, packed: Tensor, ggml_type: int, shape: tuple[int, .
   rows = x.cast(compute).reshape(*x.shape[:-1], 1, *input_axes)
   return (rows * weight.cast(compute)).sum(axis=tuple(range(-len(input_axes), 0))).cast(dtype)
 
+# ---- a prompt times a packed weight on a GPU: the float product above multiplies dequantized float32 values in
+# float32, which no tensor core takes (a 512-token prefill of gemma-3-270m Q4_K_M on an H100: 10-30 GB/s, 38.6 ms of
+# kernels against 8.0 ms with float16 weights). With many rows of half x, the weight is dequantized instead into a
+# temporary half (out, in) buffer by a kernel of its own (each block read once, each value written once), and x times
+# it is the float16 model's own matmul (x @ W16ᵀ, half products summed in float32), which the GPU heuristics put on
+# tensor cores. This is one of the ways llama.cpp's CUDA backend runs a big batch (its cuBLAS path: the blocks
+# converted to half, then a tensor-core GEMM): the batch pays for one dequantization of the weight into half and then
+# runs at the speed of a dense half matmul, while a single row is faster streaming the packed blocks once (the float
+# product, unchanged; llama.cpp too keeps quantized matrix-vector kernels for a few rows). The temporary lives only
+# for its call: the weight stays packed in memory (unlike the dequant_<dtype> paths, which keep a dense copy), and
+# inside a TinyJit the memory planner lets the projections' temporaries share arena space.
+HALF_GEMM = "half_gemm"   # the device trait (DeviceTraits.lowerings): its matmuls of half values run on tensor cores
+HALF_GEMM_DEVICES = devices_offering(HALF_GEMM)
+HALF_GEMM_DTYPES = {dtypes.float16: dtypes.float16, dtypes.bfloat16: dtypes.bfloat16}   # x's dtype → the temporary's
+# The fewest rows of x (all axes but the last, at their maximum where symbolic: a prompt's length) that take the half
+# matmul: one m16n8k16 tensor-core tile's rows. Below a tile the matmul is mostly padding, and the packed product,
+# which reads only the blocks, moves fewer bytes than a dequantization that writes the weight in half and reads it.
+HALF_GEMM_MIN_ROWS = 16
+
+def runs_as_half_gemm(x: Tensor) -> bool:
+  """Whether packed_linear's default multiplies x through a half temporary of the weight (`_half_gemm`): x is float16
+  or bfloat16 on a device whose traits offer HALF_GEMM (known from the device's name: nothing is started), with at
+  least HALF_GEMM_MIN_ROWS rows, and the HALF_GEMM setting is 1 (0 keeps the packed product, for comparison). A
+  single row (decode) keeps the packed product; so does a float32 x (rounding it to half would change the model's
+  numbers) and a sharded one."""
+  if not Context.HALF_GEMM or x.dtype not in HALF_GEMM_DTYPES or not isinstance(x.device, str) or \
+     x.device not in HALF_GEMM_DEVICES: return False
+  return vmax_of(prod(x.shape[:-1])) >= HALF_GEMM_MIN_ROWS
+
+def half_weight(packed: Tensor, ggml_type: int, shape: tuple[int, ...], dtype: DType) -> Tensor:
+  """The weight's values rounded once to `dtype`, as an (out, in) temporary that one elementwise kernel stores from the
+  packed blocks (the dequantize composite) when the graph that reads it is realized, and nothing keeps. The kernel runs
+  over the blocks' structured axes (out, blocks per row, *block axes), stored in row-major order, so every read of the
+  packed bytes is a plain strided view (over the flat (out, in) shape each value would divide its index by the block
+  and field sizes); the (out, in) view of the stored values is a free reshape."""
+  return dequantized_values(packed, GGMLType(ggml_type), shape).cast(dtype).contiguous().reshape(shape)
+
+def _half_gemm(x: Tensor, packed: Tensor, ggml_type: int, shape: tuple[int, ...]) -> Tensor:
+  """x @ W16ᵀ with W16 the weight dequantized into a half temporary (`half_weight`, float16, or bfloat16 for a
+  bfloat16 x): the same matmul graph as a model with dense half weights, so the same tensor-core kernel."""
+  half = HALF_GEMM_DTYPES[x.dtype]
+  weight = half_weight(packed, ggml_type, shape, half)
+  # Tensor.matmul's products (half, summed in float32, rounded to half) with the weight as the multiply's first
+  # operand: the scheduler emits a kernel's sources last one first, so x's producers (the layers before) run before
+  # this weight's dequantization, which then runs right before its matmul and its temporary is live only between the
+  # two (a prompt's graph, scheduled whole, would otherwise dequantize every layer's weights up front, all live at once)
+  return (weight * x.unsqueeze(-2)).sum(-1).cast(half)
+
 INT8 = "int8"
 register(PACKED_LINEAR, {
-  DEFAULT: Lowering(DEFAULT, "x times the weight's float32 values, summed in float32", _float_linear, 1),
+  DEFAULT: Lowering(DEFAULT, "x times the weight's float32 values, summed in float32; a prompt of half x on a GPU: "
+                    "the weight dequantized into a half temporary, then the tensor-core matmul", _float_linear, 1),
   INT8: Lowering(INT8, "x quantized to int8 per block of 32; integer products summed in int32 per group, scaled once",
                  _int8_path, 0)})
 
@@ -501,9 +559,12 @@ class QuantizedTensor:
   def linear(self, x: Tensor, bias: Optional[Tensor] = None) -> Tensor:
     """x·Wᵀ (+ bias) for a weight of shape (out_features, in_features), as the composite `packed_linear`: by default
     over the weight's float32 values dequantized inside the matmul each call (or read from a dequantized copy where
-    the selected path says so: `dequantized_values`); the "int8" path multiplies integer quants instead. On a CPU,
-    many rows of x (a prompt) make the default's kernel a dequantizing copy of the weight into float32 panels, kept
-    while the weight is unchanged, and the blocked matmul (codegen/cpu_gemm.py)."""
+    the selected path says so: `dequantized_values`); the "int8" path multiplies integer quants instead. Many rows of
+    x (a prompt) run as a dequantization and a dense matmul: on a CPU the default's kernel becomes a dequantizing copy
+    of the weight into float32 panels, kept while the weight is unchanged, and the blocked matmul (codegen/cpu_gemm.py,
+    decided when the kernel is lowered); on a GPU with tensor cores (a HALF_GEMM device) a half x gets the weight
+    dequantized into a half temporary and the tensor-core matmul of the float16 model (`runs_as_half_gemm`, decided
+    when the graph is built, from the device's name)."""
     if self.ndim != 2 or x.ndim == 0 or x.shape[-1] != self.shape[1]:
       raise QuantError(f"linear: input of shape {x.shape} for a quantized weight of shape {self.shape}")
     out = composite(PACKED_LINEAR, (x, self.packed), ggml_type=int(self.ggml_type), shape=self.shape)

@@ -35,8 +35,12 @@ def collectives_available() -> bool:
   from tgrad.runtime.cuda.nccl import is_available
   return is_available()
 
+# the traits: "fast" intrinsics, "tf32" and half ("half_gemm": a prompt times a packed weight, nn/quant.py) matmuls on
+# tensor cores, "flash" attention
+CUDA_TRAITS = DeviceTraits(has_local=True, lowerings=frozenset({"fast", "tf32", "flash", "half_gemm"}))
+
 CUDA = register_backend(Backend(
-  "CUDA", _start, DeviceTraits(has_local=True, lowerings=frozenset({"fast", "tf32", "flash"})), aliases=("GPU",),
+  "CUDA", _start, CUDA_TRAITS, aliases=("GPU",),
   is_usable=_is_usable, fingerprint=_fingerprint, graph_runner=_graph_runner, languages=("cuda",),
   install="pip install -e '.[cuda]'",
   start_failure="no GPU is visible to the CUDA driver (check `nvidia-smi` and CUDA_VISIBLE_DEVICES); DEVICE=LLVM "

@@ -1,6 +1,7 @@
-"""Per-kernel time of one replayed gemma-3-270m decode step (and optionally the prefill) on any device, from the profiler.
+"""Per-kernel time of one replayed gemma-3-270m decode step (and optionally the prefill) on a device, from the profiler.
 
-Loads the GGUF file (`--quant packed|dequant`, `--dtype`, default float32, on `--device`, default LLVM), generates a few tokens (compiles and captures the decode
+Loads the GGUF file (`--quant packed|dequant`, `--dtype`, default float32, on `--device`, default LLVM), generates a
+few tokens (compiles and captures the decode
 step's TinyJit), then replays the step REPLAYS times with the profiler on and sums each kernel's time over them.
 Prints one row per kernel, slowest first: ms per step, share of the step, bytes it moves (the kernel's own count:
 every buffer it reads and writes once), achieved GB/s, its launch size and opts. The step's total is the sum of its
@@ -90,7 +91,8 @@ def main() -> None:
     model(ids, 0, last_only=True, jit=True).realize()
     with tgrad.profile() as trace:
       model(ids, 0, last_only=True, jit=True).realize()
-    print_table(kernel_table(trace, 1), args.top, f"prefill of {args.prefill} tokens ({args.quant}, {args.dtype}, {args.device})")
+    title = f"prefill of {args.prefill} tokens ({args.quant}, {args.dtype}, {args.device})"
+    print_table(kernel_table(trace, 1), args.top, title)
 
 if __name__ == "__main__":
   main()

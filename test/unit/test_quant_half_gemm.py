@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 from tgrad import Tensor, TinyJit, Variable, dtypes
 from tgrad.backend import REGISTRY
+from tgrad.codegen.compile import render_source
 from tgrad.codegen.heuristics import hand_coded_optimizations
 from tgrad.codegen.kernel import Kernel
-from tgrad.codegen.linearizer import linearize
 from tgrad.helpers import Context
 from tgrad.nn.quant import BLOCK_LAYOUTS, HALF_GEMM, HALF_GEMM_MIN_ROWS, GGMLType, QuantizedTensor, runs_as_half_gemm
 from tgrad.ops import Ops
@@ -154,9 +154,10 @@ def test_jitted_prompts_plan_the_temporaries_and_keep_only_packed_weights(half_g
 # ---- the CUDA kernels: the GPU heuristics' opts, rendered, compiled by NVRTC, and run on the CPU emulator
 
 def cuda_kernel(item, arch: str) -> tuple[Kernel, str]:
+  """The kernel with the GPU heuristics' opts and its source as a realize renders it (a warpgroup matmul whole)."""
   kernel = Kernel(item.ast, CUDARenderer(arch))
   hand_coded_optimizations(kernel)
-  return kernel, kernel.renderer.render("kernel", linearize(kernel))
+  return kernel, render_source(kernel, "kernel")[0]
 
 @pytest.mark.skipif(not nvrtc_available(), reason="libnvrtc not found (pip install nvidia-cuda-nvrtc)")
 @pytest.mark.parametrize("ggml_type,dtype", [(t, dtypes.float16) for t in TYPES] + [(GGMLType.Q4_K, dtypes.bfloat16)],

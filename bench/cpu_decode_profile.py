@@ -1,8 +1,8 @@
 """Per-kernel time of one replayed gemma-3-270m decode step (and optionally the prefill) on a device, from the profiler.
 
 Loads the GGUF file (`--quant packed|dequant`, `--dtype`, default float32, on `--device`, default LLVM), generates a
-few tokens (compiles and captures the decode
-step's TinyJit), then replays the step REPLAYS times with the profiler on and sums each kernel's time over them.
+few tokens (compiles and captures the decode step's TinyJit), then replays the step REPLAYS times with the profiler
+on and sums each kernel's time over them.
 Prints one row per kernel, slowest first: ms per step, share of the step, bytes it moves (the kernel's own count:
 every buffer it reads and writes once), achieved GB/s, its launch size and opts. The step's total is the sum of its
 kernels (the profiled replay launches them one by one, as an unprofiled one does on the CPU; on CUDA each launch is

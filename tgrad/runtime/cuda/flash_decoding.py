@@ -15,10 +15,12 @@ count (the host's and the kernel's are the same formula).
     type) and value are written into the cache at `slot` by the first split's block, in the same launch. Every block
     reads the slot's key and value from the new ones (kept in shared memory), never from the cache, so no block
     waits for the write and none reads a half-written row.
-  - **Keys.** Split s of the `splits` covers per_split consecutive keys. Each of the WARPS warps takes one key a
-    step (the steps are uniform over the block): a lane holds D/32 consecutive elements of the key, dots them with
-    its part of each query row, and the warp sums the dot by xor-shuffles; every lane then updates the row's online
-    softmax state (running max m, sum of exponentials l, in base 2) and its D/32 elements of Σ p·v.
+  - **Keys.** Split s of the `splits` covers per_split consecutive keys. Each of the WARPS warps takes `keys` keys a
+    step (the steps are uniform over the block): a lane holds D/32 consecutive elements of each key row (16-byte
+    loads where that is whole chunks), dots them with its part of each query row, and the warp sums its keys·group
+    dot products at once: each xor-shuffle step halves the values a lane keeps (4 shuffles, then 1, for 16 sums, where
+    one sum at a time takes 5 each); the sums meet in shared memory, and every lane updates each row's online softmax
+    state (running max m, sum of exponentials l, in base 2: one rescale per step) and its D/32 elements of Σ p·v.
   - **Combine.** The warps' states meet in shared memory (rescaled by 2^(m_w − M)); with one split the block stores
     the output. With several, each block stores its (M, L, Σ p·v) partial in the scratch buffer, and the last block
     of its (batch, kv head) to finish (an atomic counter in the scratch, after a memory fence) rescales and sums the
@@ -42,6 +44,8 @@ BLOCK_THREADS = WARPS * WARP_THREADS
 MAX_SPLITS = 128
 MIN_KEYS_PER_SPLIT = 16
 MAX_GROUP = 16                      # query heads per kv head held in a block's registers and shared memory
+MAX_STEP_SCORES = 16                # keys · group dot products a warp sums at once (its keys a step: up to 4)
+MAX_KEYS_PER_WARP = 4               # rows a lane holds at once: 4 keys and 4 values of D/32 floats each
 STATIC_SHARED_LIMIT = 48 * 1024     # bytes of static shared memory a CUDA block may declare
 LOG2_E = 1 / math.log(2)
 CONVERSIONS = {"float16": ("cvt.f32.f16", "cvt.rn.f16.f32"), "bfloat16": (None, "cvt.rn.bf16.f32")}
@@ -83,11 +87,18 @@ class DecodeConfig:
   @property
   def lane_elements(self) -> int: return self.head_dim // WARP_THREADS
   @property
+  def keys_per_warp(self) -> int: return max(1, min(MAX_KEYS_PER_WARP, MAX_STEP_SCORES // self.group))
+  @property
+  def score_values(self) -> int:
+    """The dot products a warp sums in a step, padded to a power of two (at most 32: one a lane at the end)."""
+    return 1 << (self.keys_per_warp * self.group - 1).bit_length()
+  @property
   def partial_words(self) -> int: return self.group * (self.head_dim + 2)
   @property
   def shared_bytes(self) -> int:
     rows = self.group + 2   # the queries, the new key and value
-    words = rows * self.head_dim + WARPS * self.group * (self.head_dim + 2) + MAX_SPLITS * self.group + rows + 1
+    words = rows * self.head_dim + WARPS * self.group * (self.head_dim + 2) + MAX_SPLITS * self.group + rows + 1 + \
+            WARPS * self.keys_per_warp * self.group
     return 4 * words
   def roles(self) -> tuple[str, ...]:
     """The buffer roles this kernel reads or writes, in ROLES order."""
@@ -138,12 +149,25 @@ HALF_TO_FLOAT = 'float r; asm("cvt.f32.f16 %0, %1;" : "=f"(r) : "h"(x)); return 
 BFLOAT_TO_FLOAT = "return __uint_as_float(((unsigned int)x) << 16);"
 
 BODY = r"""
+// a key's (or value's) row into a lane's D/32 elements: the new row at the slot, zeros past the split
+__device__ __forceinline__ void load_key(float* target, int key, int end, int new_slot, const float* new_row,
+                                         const element* cache_rows, long long position_stride, int lane) {
+  if (key < end && key == new_slot) {
+    #pragma unroll
+    for (int i = 0; i < LANE_ELEMENTS; ++i) target[i] = new_row[lane * LANE_ELEMENTS + i];
+  } else if (key < end) load_row(target, cache_rows + key * position_stride + lane * LANE_ELEMENTS);
+  else {
+    #pragma unroll
+    for (int i = 0; i < LANE_ELEMENTS; ++i) target[i] = 0.0f;
+  }
+}
 extern "C" __global__ void __launch_bounds__(BLOCK_THREADS, 1) NAME(PARAMETERS) {
   __shared__ float rows[GROUP + 2][HEAD_DIM];           // the queries (normed, rotated), then the new key and value
   __shared__ float warp_acc[WARPS][GROUP][HEAD_DIM];    // each warp's Σ p·v, then its m and l
   __shared__ float warp_ml[WARPS][GROUP][2];
   __shared__ float factors[MAX_SPLITS][GROUP];          // the combine's weight of each split's partial
   __shared__ float inverse_rms[GROUP + 2];
+  __shared__ float step_scores[WARPS][KEYS * GROUP];    // a step's scores, each warp's keys
   __shared__ int last_block;
   const float negative_infinity = __uint_as_float(0xff800000u);
 SIZES
@@ -223,49 +247,68 @@ SIZES
     m[g] = negative_infinity;
     l[g] = 0.0f;
   }
-  for (int base = split_begin; base < split_end; base += WARPS) {   // the same steps in every warp
-    const int key = base + warp;
-    const bool valid = key < split_end;
-    float k_values[LANE_ELEMENTS], v_values[LANE_ELEMENTS];
-    if (valid && key == new_slot) {
-      #pragma unroll
-      for (int i = 0; i < LANE_ELEMENTS; ++i) k_values[i] = rows[GROUP][lane * LANE_ELEMENTS + i];
-    } else if (valid) {
-      load_row(k_values, k_rows + key * k_cache_pos + lane * LANE_ELEMENTS);
-    } else {
-      #pragma unroll
-      for (int i = 0; i < LANE_ELEMENTS; ++i) k_values[i] = 0.0f;
-    }
-    float score[GROUP];
+  for (int base = split_begin; base < split_end; base += WARPS * KEYS) {   // the same steps in every warp
+    float k_values[KEYS][LANE_ELEMENTS], v_values[KEYS][LANE_ELEMENTS], sums[SCORE_VALUES];
     #pragma unroll
-    for (int g = 0; g < GROUP; ++g) {
-      float dot = 0.0f;
+    for (int k = 0; k < KEYS; ++k) load_key(k_values[k], base + warp * KEYS + k, split_end, new_slot, rows[GROUP],
+                                            k_rows, k_cache_pos, lane);
+    #pragma unroll
+    for (int k = 0; k < KEYS; ++k) {
       #pragma unroll
-      for (int i = 0; i < LANE_ELEMENTS; ++i) dot += query[g][i] * k_values[i];
-      score[g] = warp_sum(dot);
-    }
-    if (valid && key == new_slot) {
-      #pragma unroll
-      for (int i = 0; i < LANE_ELEMENTS; ++i) v_values[i] = rows[GROUP + 1][lane * LANE_ELEMENTS + i];
-    } else if (valid) {
-      load_row(v_values, v_rows + key * v_cache_pos + lane * LANE_ELEMENTS);
-    } else {
-      #pragma unroll
-      for (int i = 0; i < LANE_ELEMENTS; ++i) v_values[i] = 0.0f;
+      for (int g = 0; g < GROUP; ++g) {
+        float dot = 0.0f;
+        #pragma unroll
+        for (int i = 0; i < LANE_ELEMENTS; ++i) dot += query[g][i] * k_values[k][i];
+        sums[k * GROUP + g] = dot;
+      }
     }
     #pragma unroll
+    for (int j = KEYS * GROUP; j < SCORE_VALUES; ++j) sums[j] = 0.0f;
+    // the warp's KEYS·GROUP dot products summed over its lanes at once: each xor step halves the values a lane
+    // keeps (the lanes with that bit keep the upper half), then plain sums; lane L ends with value L >> SCORE_SHIFT
+    #pragma unroll
+    for (int offset = 16, n = SCORE_VALUES; offset >= 1; offset /= 2) {
+      if (n > 1) {
+        const bool upper = (lane & offset) != 0;
+        #pragma unroll
+        for (int i = 0; i < n / 2; ++i) {
+          const float send = upper ? sums[i] : sums[i + n / 2], keep = upper ? sums[i + n / 2] : sums[i];
+          sums[i] = keep + __shfl_xor_sync(0xffffffffu, send, offset);
+        }
+        n /= 2;
+      } else sums[0] += __shfl_xor_sync(0xffffffffu, sums[0], offset);
+    }
+    if ((lane >> SCORE_SHIFT) < KEYS * GROUP) step_scores[warp][lane >> SCORE_SHIFT] = sums[0];
+    #pragma unroll
+    for (int k = 0; k < KEYS; ++k) load_key(v_values[k], base + warp * KEYS + k, split_end, new_slot, rows[GROUP + 1],
+                                            v_rows, v_cache_pos, lane);
+    __syncthreads();
+    #pragma unroll
     for (int g = 0; g < GROUP; ++g) {
-      float s = score[g];
-      SOFTCAP
-      s = valid ? s : negative_infinity;
-      const float new_max = fmaxf(m[g], s);
+      float p[KEYS], step_max = negative_infinity;
+      #pragma unroll
+      for (int k = 0; k < KEYS; ++k) {
+        float s = step_scores[warp][k * GROUP + g];
+        SOFTCAP
+        p[k] = base + warp * KEYS + k < split_end ? s : negative_infinity;
+        step_max = fmaxf(step_max, p[k]);
+      }
+      const float new_max = fmaxf(m[g], step_max);
       const float base2 = new_max == negative_infinity ? 0.0f : new_max;   // nothing kept yet: every term is 0
-      const float alpha = exp2_approx(m[g] - base2), p = exp2_approx(s - base2);
-      l[g] = l[g] * alpha + p;
+      const float alpha = exp2_approx(m[g] - base2);
+      l[g] *= alpha;
       #pragma unroll
-      for (int i = 0; i < LANE_ELEMENTS; ++i) acc[g][i] = acc[g][i] * alpha + p * v_values[i];
+      for (int i = 0; i < LANE_ELEMENTS; ++i) acc[g][i] *= alpha;
+      #pragma unroll
+      for (int k = 0; k < KEYS; ++k) {
+        p[k] = exp2_approx(p[k] - base2);
+        l[g] += p[k];
+        #pragma unroll
+        for (int i = 0; i < LANE_ELEMENTS; ++i) acc[g][i] += p[k] * v_values[k][i];
+      }
       m[g] = new_max;
     }
+    __syncthreads();   // the step's scores are read before the next step writes them
   }
 
   // the warps' states combined: the block's (M, L, Σ p·v) per row
@@ -394,7 +437,9 @@ def flash_decoding_source(config: DecodeConfig, name: str, sizes: dict[str, str]
             "PARTIAL_WORDS": str(config.partial_words), "BATCH": str(batch), "WINDOW": str(config.window or 0),
             "UPDATE": "true" if config.update else "false", "NORM_OFFSET": _float_literal(config.norm_offset),
             "NORM_EPS": _float_literal(config.norm_eps), "NORM": "true" if config.norm else "false",
-            "ROTARY": "true" if config.rotary else "false", "Q_SCALE": _float_literal(q_scale)}
+            "ROTARY": "true" if config.rotary else "false", "Q_SCALE": _float_literal(q_scale),
+            "KEYS": str(config.keys_per_warp), "SCORE_VALUES": str(config.score_values),
+            "SCORE_SHIFT": str(5 - config.score_values.bit_length() + 1)}
   body = (VECTOR_LOAD if config.lane_elements % 8 == 0 else SCALAR_LOAD) + BODY.replace("SOFTCAP", softcap)
   for key in sorted(values, key=len, reverse=True): body = body.replace(key, values[key])
   body = body.replace("NAME", name).replace("PARAMETERS", ", ".join(parameters + [f"long long {v}" for v in variables]))

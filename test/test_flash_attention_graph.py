@@ -11,7 +11,7 @@ from tgrad.backend import REGISTRY
 from tgrad.helpers import Context
 from tgrad.regions import regions_above
 from tgrad.attention_kernel import (FLASH_LOWERING, FlashAttentionKernel, FlashAttentionRunner, FlashDecodingKernel,
-                                    unsupported)
+                                    decoding_unsupported, unsupported)
 from tgrad.models.gemma3 import Gemma3, Gemma3Config, PRESETS
 from test.cuda_on_cpu import cpu_available, run_on_cpu
 
@@ -204,3 +204,14 @@ def test_gemma_decode_with_flash_decoding_matches_the_default_graph(decoding_on_
   for i, (a, b) in enumerate(zip(flash, default)):
     scale = np.abs(b).max()
     assert np.abs(a - b).max() <= 2e-2 * scale, (i, np.abs(a - b).max() / scale)
+
+def test_decoding_unsupported_says_why(flash_on_llvm):
+  def lb(*shape, dtype=dtypes.float16): return Tensor.zeros(*shape, dtype=dtype).lazydata
+  q, k = lb(1, 4, 1, 64), lb(1, 2, 9, 64)
+  assert decoding_unsupported(q, k, k) is None
+  assert "query length" in decoding_unsupported(lb(1, 4, 2, 64), k, k)
+  assert "dtypes" in decoding_unsupported(lb(1, 4, 1, 64, dtype=dtypes.float32), k, k)
+  assert "head dim 100" in decoding_unsupported(lb(1, 4, 1, 100), lb(1, 2, 9, 100), lb(1, 2, 9, 100))
+  assert "multiple" in decoding_unsupported(lb(1, 3, 1, 64), k, k)
+  assert "value of shape" in decoding_unsupported(q, k, lb(1, 2, 8, 64))
+  with Context(FLASH_ATTENTION=0): assert decoding_unsupported(q, k, k) == "FLASH_ATTENTION=0"

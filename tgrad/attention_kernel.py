@@ -297,7 +297,7 @@ def decoding_unsupported(query: LazyBuffer, key: LazyBuffer, value: LazyBuffer, 
   if len(query.shape) != 4 or len(key.shape) != 4 or len(value.shape) != 4:
     return "inputs not 4-D [batch, heads, length, head dim]"
   B, heads, length, dim = query.shape
-  if length != 1: return f"query length {length}: the kernel takes one query position"
+  if not (isinstance(length, int) and length == 1): return f"query length {length}: the kernel takes one position"
   lbs = [query, key, value] + ([update.key, update.value] if update else [])
   if len({lb.dtype for lb in lbs}) != 1 or query.dtype not in FLASH_DTYPES:
     return f"dtypes {[lb.dtype for lb in lbs]}: the kernel takes one of float16 or bfloat16"

@@ -12,6 +12,12 @@ and one captured CUDA graph serve every length.
 
 `FlashAttentionRunner` is the compiled kernel as a runner: like a CompiledKernel it has `program`, `variables` and
 `launch_dims(var_vals)`, so a TinyJit's CUDA graph launches and patches it as one of its kernel nodes.
+
+One query position (a decode step) takes the flash-decoding kernel (runtime/cuda/flash_decoding.py) instead:
+`flash_decoding(q, k, v, update=, prologue=)` also has a KV-cache form (as flash_attn_with_kvcache): the new key and
+value written into the caches at a slot by the same kernel (an ASSIGN it performs, LazyBuffer.written_by), and q's
+and the new key's qk-norm and RoPE done on the rows it reads (`HeadPrologue`). Its CUSTOM node keeps the views it
+reads as its sources (LazyBuffer.custom with views), so the key count and the slot are the launch's variables.
 """
 from __future__ import annotations
 import hashlib

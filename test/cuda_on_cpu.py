@@ -13,7 +13,8 @@ accumulators. An mma is a warp's: each lane puts its A and B registers in a bloc
 its barrier, each lane computes its own C elements from its warp's registers, and waits again (so every thread of the
 block must reach each mma, as the tensor-core kernels' uniform loops do); `ldmatrix.x4[.trans]` and
 `__shfl_xor_sync` are warp exchanges the same way, and `ex2.approx` is exp2 (the flash-attention kernel uses them);
-`atomicAdd` on an unsigned int and `__threadfence` are the host's atomics (flash decoding's last-block combine).
+`atomicAdd` on an unsigned int and `__threadfence` are the host's atomics, `__ldcg` a plain load (flash decoding's
+last-block combine).
 Staged kernels of the renderer (its cp.async.ca copies) don't run. The warpgroup-MMA kernel (runtime/cuda/wgmma.py,
 sm_90a) does: its dynamic shared array becomes
 a static one of the size its module global names; `cp.async` is an immediate 16-byte copy with its zero fill (so the
@@ -143,6 +144,7 @@ static inline unsigned int atomicAdd(unsigned int* address, unsigned int value) 
   return __atomic_fetch_add(address, value, __ATOMIC_SEQ_CST);
 }
 static inline void __threadfence() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
+template <typename T> static inline T __ldcg(const T* address) { return *address; }   // a load through L2: a load
 // shared memory of the wgmma kernel: the generic address of its (static, 1024-aligned) array is shared address 0
 static thread_local unsigned char* emu_shared_base = nullptr;
 static inline unsigned int __cvta_generic_to_shared(const void* p) {

@@ -97,7 +97,7 @@ class DecodeConfig:
   @property
   def shared_bytes(self) -> int:
     rows = self.group + 2   # the queries, the new key and value
-    words = rows * self.head_dim + WARPS * self.group * (self.head_dim + 2) + MAX_SPLITS * self.group + rows + 1 + \
+    words = rows * self.head_dim + WARPS * self.group * (self.head_dim + 2) + 2 * MAX_SPLITS * self.group + rows + 1 + \
             WARPS * self.keys_per_warp * self.group
     return 4 * words
   def roles(self) -> tuple[str, ...]:
@@ -166,6 +166,7 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS, 1) NAME(PARAMETERS) 
   __shared__ float warp_acc[WARPS][GROUP][HEAD_DIM];    // each warp's Σ p·v, then its m and l
   __shared__ float warp_ml[WARPS][GROUP][2];
   __shared__ float factors[MAX_SPLITS][GROUP];          // the combine's weight of each split's partial
+  __shared__ float split_sums[MAX_SPLITS][GROUP];       // each split's sum of exponentials
   __shared__ float inverse_rms[GROUP + 2];
   __shared__ float step_scores[WARPS][KEYS * GROUP];    // a step's scores, each warp's keys
   __shared__ int last_block;
@@ -353,17 +354,22 @@ SIZES
   __syncthreads();
   if (!last_block) return;
   __threadfence();
-  const volatile float* finished = partials;
+  // the partials are read through L2 (__ldcg: another SM wrote them, this SM's L1 may hold none of it), first every
+  // split's (m, l), spread over the threads, then each output element's sum over the splits
+  for (int i = tid; i < split_count * GROUP; i += BLOCK_THREADS) {
+    const int s = i / GROUP, g = i % GROUP;
+    factors[s][g] = __ldcg(partials + s * PARTIAL_WORDS + GROUP * HEAD_DIM + 2 * g);
+    split_sums[s][g] = __ldcg(partials + s * PARTIAL_WORDS + GROUP * HEAD_DIM + 2 * g + 1);
+  }
+  __syncthreads();
   for (int g = tid; g < GROUP; g += BLOCK_THREADS) {
     float total_max = negative_infinity;
-    for (int s = 0; s < split_count; ++s)
-      total_max = fmaxf(total_max, finished[s * PARTIAL_WORDS + GROUP * HEAD_DIM + 2 * g]);
+    for (int s = 0; s < split_count; ++s) total_max = fmaxf(total_max, factors[s][g]);
     const float base2 = total_max == negative_infinity ? 0.0f : total_max;
     float total = 0.0f;
     for (int s = 0; s < split_count; ++s) {
-      const float f = exp2_approx(finished[s * PARTIAL_WORDS + GROUP * HEAD_DIM + 2 * g] - base2);
-      factors[s][g] = f;
-      total += finished[s * PARTIAL_WORDS + GROUP * HEAD_DIM + 2 * g + 1] * f;
+      factors[s][g] = exp2_approx(factors[s][g] - base2);
+      total += split_sums[s][g] * factors[s][g];
     }
     for (int s = 0; s < split_count; ++s) factors[s][g] /= total;
   }
@@ -371,7 +377,9 @@ SIZES
   for (int i = tid; i < GROUP * HEAD_DIM; i += BLOCK_THREADS) {
     const int g = i / HEAD_DIM, d = i % HEAD_DIM;
     float value = 0.0f;
-    for (int s = 0; s < split_count; ++s) value += finished[s * PARTIAL_WORDS + g * HEAD_DIM + d] * factors[s][g];
+    const float* column = partials + g * HEAD_DIM + d;
+    #pragma unroll 8
+    for (int s = 0; s < split_count; ++s) value += __ldcg(column + s * PARTIAL_WORDS) * factors[s][g];
     out[(out_row + g) * HEAD_DIM + d] = float_element(value);
   }
   if (tid == 0) *counter = 0u;   // ready for the next launch

@@ -10,8 +10,8 @@ from tgrad import Tensor, TinyJit, Variable, dtypes
 from tgrad.backend import REGISTRY
 from tgrad.helpers import Context
 from tgrad.regions import regions_above
-from tgrad.attention_kernel import (FLASH_LOWERING, FlashAttentionKernel, FlashAttentionRunner, FlashDecodingKernel,
-                                    decoding_unsupported, unsupported)
+from tgrad.attention_kernel import (FLASH_LOWERING, CacheUpdate, FlashAttentionKernel, FlashAttentionRunner,
+                                    FlashDecodingKernel, decoding_unsupported, flash_decoding, unsupported)
 from tgrad.models.gemma3 import Gemma3, Gemma3Config, PRESETS
 from test.cuda_on_cpu import cpu_available, run_on_cpu
 
@@ -215,3 +215,31 @@ def test_decoding_unsupported_says_why(flash_on_llvm):
   assert "multiple" in decoding_unsupported(lb(1, 3, 1, 64), k, k)
   assert "value of shape" in decoding_unsupported(q, k, lb(1, 2, 8, 64))
   with Context(FLASH_ATTENTION=0): assert decoding_unsupported(q, k, k) == "FLASH_ATTENTION=0"
+
+def test_cache_update_runs_after_the_old_cache_is_read(decoding_on_llvm):
+  """flash_decoding's in-place append (schedule rule 2d): a value of the old cache realized in the same schedule is
+  computed before the kernel writes the slot; the slot then holds the new key and value, the rest is unchanged, and
+  the attention saw the new ones there."""
+  rng = np.random.default_rng(7)
+  B, heads, kv_heads, S, D, slot = 1, 2, 1, 9, 64, 5
+  cache_values = rng.standard_normal((2, B, kv_heads, S, D)).astype(np.float16)
+  qkv_values = rng.standard_normal((B, (heads + 2 * kv_heads) * D)).astype(np.float16)
+  cache, qkv = Tensor(cache_values).realize(), Tensor(qkv_values).realize()
+  q = qkv[:, :heads * D].reshape(B, heads, 1, D)
+  k_new = qkv[:, heads * D:(heads + kv_heads) * D].reshape(B, kv_heads, 1, D)
+  v_new = qkv[:, (heads + kv_heads) * D:].reshape(B, kv_heads, 1, D)
+  old_sum = cache.float().sum()   # built before the write: it reads the old cache
+  update = CacheUpdate(k_new.lazydata, v_new.lazydata, Variable("slot", 0, S - 1).bind(slot))
+  out, (written,) = flash_decoding(q.lazydata, cache[0].lazydata, cache[1].lazydata, scale=D ** -0.5, update=update)
+  cache.written_by_kernel(written)
+  attended = Tensor(out)
+  Tensor.realize(attended, old_sum, cache)
+  np.testing.assert_allclose(old_sum.item(), cache_values.astype(np.float64).sum(), rtol=1e-4)
+  expected_cache = cache_values.copy()
+  expected_cache[0, :, :, slot] = qkv_values[:, heads * D:(heads + kv_heads) * D].reshape(B, kv_heads, D)
+  expected_cache[1, :, :, slot] = qkv_values[:, (heads + kv_heads) * D:].reshape(B, kv_heads, D)
+  np.testing.assert_array_equal(cache.numpy(), expected_cache)
+  f64 = lambda x: x.astype(np.float64)
+  expected = reference(f64(qkv_values[:, :heads * D].reshape(B, heads, 1, D)), f64(expected_cache[0]),
+                       f64(expected_cache[1]), D ** -0.5, False)
+  np.testing.assert_allclose(attended.numpy().astype(np.float64), expected, rtol=2e-3, atol=2e-3)

@@ -577,8 +577,8 @@ def keep_old_values(items: list[ScheduleItem], assigns: list[tuple[LazyBuffer, L
   for holder, buffer in hazards:
     # the write that ends the holder's data: the ASSIGNs writing this Buffer run in the order of the chain of values
     # it holds, after the kernel that made its first value when this schedule made that too
-    writers = [i for i, item in enumerate(items) if item.ast.op is Ops.SINK and
-               any(out is buffer for out in item.outputs)]
+    writers = [i for i, item in enumerate(items) if item.ast.op in (Ops.SINK, Ops.CUSTOM) and
+               any(out is buffer for out in item.outputs)]   # a kernel's ASSIGN, or one a custom kernel performs
     assign_writers = writers[len(writers) - sum(1 for _, a in assigns if a.buffer is buffer):]
     [copy] = create_schedule([old := LazyBuffer.copy_of_buffer(buffer)], commit=True)
     # right before the first write for a value this schedule did not make, else right after the write that made it

@@ -99,8 +99,10 @@ def run_case(dtype, batch, heads, kv_heads, keys, head_dim, window=None, softcap
 
 needs_emulator = pytest.mark.skipif(not cpu_available(), reason="no g++ for the CUDA-on-CPU emulator")
 
+SLOW = pytest.mark.slow   # the emulator's barriers: ~10 s a case on two busy cores
+
 @needs_emulator
-@pytest.mark.parametrize("keys", [1, 2, 63, 64, 65, 300, 1000])
+@pytest.mark.parametrize("keys", [1, 2, 63, 64, 65, 300, pytest.param(1000, marks=SLOW)])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_key_counts(dtype, keys):   # GQA 4:1, D 64 (2 elements a lane)
   run_case(dtype, 1, 4, 1, keys, 64, seed=keys, launches=2 if keys == 1000 else 1)
@@ -110,7 +112,7 @@ def test_key_counts(dtype, keys):   # GQA 4:1, D 64 (2 elements a lane)
   ("float16", 2, 4, 2, 77, 96, None, None),     # batch 2, group 2, an odd head dim (3 elements a lane)
   ("float16", 1, 2, 2, 200, 32, 50, None),      # sliding window: the last 50 keys, no GQA
   ("bfloat16", 1, 8, 2, 45, 128, None, 30.0),   # softcap, group 4, D 128
-  ("float16", 1, 1, 1, 2500, 64, None, None),   # more keys than MAX_SPLITS splits of the least size
+  pytest.param("float16", 1, 1, 1, 2500, 64, None, None, marks=SLOW),   # more keys than MAX_SPLITS least splits
 ])
 def test_shapes_and_masks(dtype, batch, heads, kv_heads, keys, head_dim, window, softcap):
   run_case(dtype, batch, heads, kv_heads, keys, head_dim, window, softcap)

@@ -25,6 +25,8 @@ from tgrad.ops import Ops  # noqa: E402
 from tgrad.schedule import ScheduleItem  # noqa: E402
 from tgrad.models.gemma3 import Gemma3, Gemma3Config  # noqa: E402
 
+KERNEL_OPS = (Ops.SINK, Ops.CUSTOM)   # the items that launch a kernel
+
 @contextlib.contextmanager
 def schedule_only() -> Iterator[list[ScheduleItem]]:
   """Inside: every realize schedules and commits but lowers and runs nothing (no compile, no device start); yields
@@ -57,8 +59,9 @@ def decode_step_items(preset: str = "270m", device: str = "CUDA", dtype: str = "
 
 def decode_step_kernels(preset: str = "270m", device: str = "CUDA", dtype: str = "float16", position: int = 600,
                         context: int = 1024) -> list[ScheduleItem]:
-  """The kernels (ScheduleItems with a kernel AST) of one decode step, as decode_step_items schedules it."""
-  return [item for item in decode_step_items(preset, device, dtype, position, context) if item.ast.op is Ops.SINK]
+  """The kernels (ScheduleItems with a kernel AST, and custom kernels: flash decoding) of one decode step, as
+  decode_step_items schedules it."""
+  return [item for item in decode_step_items(preset, device, dtype, position, context) if item.ast.op in KERNEL_OPS]
 
 def kernel_seconds(items: list[ScheduleItem], repeats: int) -> list[float]:
   """Each kernel's least time over `repeats` launches alone (wait=True: device events on CUDA, the host clock on a
@@ -85,7 +88,7 @@ if __name__ == "__main__":
   if args.devices:
     devices = tuple(args.devices.split(","))
     items = decode_step_items(args.preset, args.device, args.dtype, args.position, devices=devices)
-    kernels = [item for item in items if item.ast.op is Ops.SINK]
+    kernels = [item for item in items if item.ast.op in KERNEL_OPS]
     copies = [item for item in items if item.ast.op is Ops.COPY and item.bufs[0].device != item.bufs[1].device]
     for device in {item.outputs[0].device: None for item in kernels}:
       print(f"{sum(item.outputs[0].device == device for item in kernels)} kernels on {device}")

@@ -12,10 +12,11 @@ from the PTX ISA's definitions (not from the renderer's tables, so they check th
 accumulators. An mma is a warp's: each lane puts its A and B registers in a block-wide exchange, the block waits at
 its barrier, each lane computes its own C elements from its warp's registers, and waits again (so every thread of the
 block must reach each mma, as the tensor-core kernels' uniform loops do); `ldmatrix.x4[.trans]` and
-`__shfl_xor_sync` are warp exchanges the same way, and `ex2.approx` is exp2 (the flash-attention kernel uses them).
-A dependent launch's `griddepcontrol.wait` / `launch_dependents` are no-ops (one grid runs at a time), and
-`prefetch.global.L2` reads its byte and records its address: run_on_cpu returns the addresses, for checking what an
-sm_90 kernel prefetches against the buffers it reads.
+`__shfl_xor_sync` are warp exchanges the same way, and `ex2.approx` is exp2 (the flash-attention kernel uses them);
+`atomicAdd` on an unsigned int and `__threadfence` are the host's atomics, `__ldcg` a plain load (flash decoding's
+last-block combine). A dependent launch's `griddepcontrol.wait` / `launch_dependents` are no-ops (one grid runs at a
+time), and `prefetch.global.L2` reads its byte and records its address: run_on_cpu returns the addresses, for
+checking what an sm_90 kernel prefetches against the buffers it reads.
 Staged kernels of the renderer (its cp.async.ca copies) don't run. The warpgroup-MMA kernel (runtime/cuda/wgmma.py,
 sm_90a) does: its dynamic shared array becomes
 a static one of the size its module global names; `cp.async` is an immediate 16-byte copy with its zero fill (so the
@@ -158,6 +159,12 @@ static inline float __shfl_xor_sync(unsigned int, float value, int lane_mask) {
   block_barrier->arrive_and_wait();
   return partner;
 }
+// grid-wide atomics and fences (the blocks run one after another, so a fence orders nothing more than program order)
+static inline unsigned int atomicAdd(unsigned int* address, unsigned int value) {
+  return __atomic_fetch_add(address, value, __ATOMIC_SEQ_CST);
+}
+static inline void __threadfence() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
+template <typename T> static inline T __ldcg(const T* address) { return *address; }   // a load through L2: a load
 // shared memory of the wgmma kernel: the generic address of its (static, 1024-aligned) array is shared address 0
 static thread_local unsigned char* emu_shared_base = nullptr;
 static inline unsigned int __cvta_generic_to_shared(const void* p) {

@@ -18,8 +18,11 @@ from decode_kernels import decode_step_kernels, schedule_only  # noqa: E402
 
 # gemma-3-270m's decode step (18 layers) on CUDA: 155 kernels before the fusions this file tests (148 before
 # the residual sum moved into the next qkv kernel, schedule rule 2c; 132 before the 18 cache writes became one
-# kernel, schedule rule 5; 115 before the last layer's residual sum moved into the final norm's row kernel, rule 2b)
-DECODE_KERNELS_270M = 114
+# kernel, schedule rule 5; 115 before the last layer's residual sum moved into the final norm's row kernel, rule 2b;
+# 114 with RIDERS=1 and 131 without before each layer's attention and cache write became one flash-decoding kernel)
+DECODE_KERNELS_270M = 96
+# the step without flash decoding (FLASH_ATTENTION=0, float32, the CPU), RIDERS=0: 7 kernels a layer and 5 more
+PLAIN_DECODE_KERNELS_270M = 131
 
 def kernels(t: Tensor) -> int: return sum(1 for item in t.schedule() if item.ast.op is Ops.SINK)
 
@@ -74,36 +77,51 @@ def test_schedule_only_runs_nothing():
 
 def test_gemma_270m_decode_step_kernel_count_on_cuda():
   """One decode step of the 18-layer gemma-3-270m in float16 on CUDA (scheduled without a GPU): at most
-  DECODE_KERNELS_270M kernels, 6 per layer (qkv matvec with the input norm and, from the second layer on, the previous
-  layer's post-norm and residual sum, stored as its second output; scores with q's norm and RoPE and the new key's;
-  softmax times values; o_proj; the residual sum and pre-norm in the gate/up matvec; down with GELU), one kernel for
-  all 18 cache writes (rule 5), and 5 more: the rotary tables, the last layer's residual sum inside the final norm's
-  row kernel (three reduces over one row: rule 2b), the head's matvec and the argmax's two, with RIDERS=1; RIDERS=0
-  (the default) gives every cache write its own kernel again."""
-  with Context(RIDERS=1): found = decode_step_kernels("270m", "CUDA", "float16", position=600)
-  assert len(found) <= DECODE_KERNELS_270M, len(found)
-  assert found[0].outputs[0].size == 1536 and found[0].inputs[0].dtype == dtypes.int32   # the lookup inside qkv
+  DECODE_KERNELS_270M kernels, 5 per layer (qkv matvec with the input norm and, from the second layer on, the previous
+  layer's post-norm and residual sum, stored as its second output; one flash-decoding kernel: q's and the new key's
+  norm and RoPE, the cache write as its second output (schedule rule 2d), the attention over the filled slots;
+  o_proj; the residual sum and pre-norm in the gate/up matvec; down with GELU) and 6 more: the zero fill of the
+  flash-decoding kernels' scratch, the rotary tables, the last layer's residual sum inside the final norm's row kernel
+  (three reduces over one row: rule 2b), the head's matvec and the argmax's two. Riders (rule 5) change nothing."""
+  for riders in (0, 1):
+    with Context(RIDERS=riders): found = decode_step_kernels("270m", "CUDA", "float16", position=600)
+    assert len(found) <= DECODE_KERNELS_270M, len(found)
+  attention = [k for k in found if k.ast.op is Ops.CUSTOM]
+  assert len(attention) == 18 and all(k.output_count == 2 for k in attention)   # the output, the cache it wrote
+  assert {k.outputs[1].size for k in attention} == {2 * 256 * 512, 2 * 256 * 1024}
+  assert all(k.outputs[1] in k.inputs for k in attention)   # the cache it reads is the buffer it writes
+  qkv = next(k for k in found if k.outputs[0].size == 1536)
+  assert qkv.inputs[0].dtype == dtypes.int32   # the first layer's: the embedding lookup inside it
   # every later layer's qkv kernel also stores the residual stream (float32 in a float16 model): 17 of them
   residual_stores = [k for k in found if k.output_count == 2 and k.outputs[0].size == 1536]
   assert len(residual_stores) == 17 and all(k.outputs[1].size == 640 for k in residual_stores)
   final_norm = found[-4]   # before the head's matvec and the argmax's two: one row of the hidden size, 3 reduces
   assert final_norm.outputs[0].size == 640 and sum(u.op is Ops.REDUCE_AXIS for u in final_norm.ast.toposort()) == 3
+
+def test_gemma_270m_plain_decode_step_kernel_count():
+  """Without flash decoding: 7 kernels a layer (the scores with q's norm and RoPE and the new key's, softmax times
+  values, the cache write), one kernel for all 18 cache writes with RIDERS=1 (rule 5)."""
+  with Context(RIDERS=1, FLASH_ATTENTION=0): found = decode_step_kernels("270m", "CUDA", "float16", position=600)
+  assert len(found) == PLAIN_DECODE_KERNELS_270M - 17, len(found)
   cache_writes = [k for k in found if k.output_count == 18]
   assert len(cache_writes) == 1 and {b.size for b in cache_writes[0].outputs} == {2 * 256 * 512, 2 * 256 * 1024}
-  with Context(RIDERS=0):
-    assert len(decode_step_kernels("270m", "CUDA", "float16", position=600)) == DECODE_KERNELS_270M + 17
 
 @pytest.mark.skipif(not nvrtc_available(), reason="libnvrtc not found (pip install nvidia-cuda-nvrtc)")
 def test_decode_cache_writes_and_scores_compile_for_cuda():
   """The kernel of the 18 cache writes (rule 5) and a scores kernel that takes the new key from k (a row reduce
-  beside the dot products), under the GPU heuristics, compile with NVRTC."""
-  with Context(RIDERS=1): found = decode_step_kernels("270m", "CUDA", "float16", position=600)
+  beside the dot products), under the GPU heuristics, compile with NVRTC; so does a flash-decoding kernel of the
+  default step, from the graph's own layouts and variables."""
+  with Context(RIDERS=1, FLASH_ATTENTION=0): found = decode_step_kernels("270m", "CUDA", "float16", position=600)
   writes = next(k for k in found if k.output_count == 18)
   scores = next(k for k in found if k.outputs[0].size == 2048)
   for item in (writes, scores):
     kernel = Kernel(item.ast, CUDARenderer())
     hand_coded_optimizations(kernel)
     assert compile_cuda(kernel.renderer.render("decode", linearize(kernel)), "sm_90")[:4] == b"\x7fELF"
+  for item in [k for k in decode_step_kernels("270m", "CUDA", "float16", position=600) if k.ast.op is Ops.CUSTOM][:2]:
+    kernel = item.ast.arg   # a full layer's and a sliding one's
+    assert set(kernel.variables()) <= set(item.var_vals), (kernel.variables(), item.var_vals)
+    assert compile_cuda(kernel.source("decode"), "sm_90")[:4] == b"\x7fELF"
 
 def test_decode_kernels_timed_alone_on_llvm():
   """bench/decode_kernels.py --time: kernels of a (tiny) decode step (its first layer's) lowered and launched alone, a
@@ -115,7 +133,7 @@ def test_decode_kernels_timed_alone_on_llvm():
 
 @pytest.mark.parametrize("dtype, device", [("float32", "CUDA"), ("float16", "LLVM")])
 def test_gemma_270m_decode_step_kernel_count_other_dtypes_and_devices(dtype, device):
-  """The default step (RIDERS=0: each of the 18 cache writes its own kernel) has the same count in every compute dtype
-  and on the CPU as float16 on CUDA."""
+  """Where flash decoding does not apply (float32; the CPU) the default step (RIDERS=0: each of the 18 cache writes
+  its own kernel) has the plain graph's count."""
   with Context(RIDERS=0): found = decode_step_kernels("270m", device, dtype, position=600)
-  assert len(found) == DECODE_KERNELS_270M + 17
+  assert len(found) == PLAIN_DECODE_KERNELS_270M

@@ -12,6 +12,12 @@ and one captured CUDA graph serve every length.
 
 `FlashAttentionRunner` is the compiled kernel as a runner: like a CompiledKernel it has `program`, `variables` and
 `launch_dims(var_vals)`, so a TinyJit's CUDA graph launches and patches it as one of its kernel nodes.
+
+One query position (a decode step) takes the flash-decoding kernel (runtime/cuda/flash_decoding.py) instead:
+`flash_decoding(q, k, v, update=, prologue=)` also has a KV-cache form (as flash_attn_with_kvcache): the new key and
+value written into the caches at a slot by the same kernel (an ASSIGN it performs, LazyBuffer.written_by), and q's
+and the new key's qk-norm and RoPE done on the rows it reads (`HeadPrologue`). Its CUSTOM node keeps the views it
+reads as its sources (LazyBuffer.custom with views), so the key count and the slot are the launch's variables.
 """
 from __future__ import annotations
 import hashlib
@@ -133,12 +139,16 @@ class FlashAttentionKernel(CustomKernel):
     mask = "causal" if c.causal else "full"
     if c.window: mask += f"{c.window}"
     return f"flash_attention_{c.dtype}_d{c.head_dim}_g{c.group}_{mask}_{digest}"
+  def launch_dims(self, var_vals: dict[str, int]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    module = kernel_source_module()
+    return module.grid(self.config, evaluate(self.length, var_vals), self.batch), (module.BLOCK_THREADS,)
   def runner(self, device: str) -> FlashAttentionRunner: return FlashAttentionRunner(self, device)
   def stable_repr(self) -> str: return f"FlashAttention({self.config!r},{self.sizes()!r},{self.batch})"
 
 class FlashAttentionRunner:
-  """The compiled kernel on (output, q, k, v) Buffers; its variables' values come with each launch."""
-  def __init__(self, kernel: FlashAttentionKernel, device: str):
+  """A compiled attention kernel (flash attention on (output, q, k, v) Buffers, flash decoding on its roles' Buffers);
+  its variables' values come with each launch."""
+  def __init__(self, kernel: FlashAttentionKernel | FlashDecodingKernel, device: str):
     if device_kind(device) not in FLASH_DEVICES: raise ValueError(f"flash attention does not run on {device}")
     self.kernel, self.entry = kernel, kernel.entry()
     self.name = self.entry
@@ -146,9 +156,7 @@ class FlashAttentionRunner:
     self.program = Device[device].load_program(self.entry, kernel.source(self.entry))
     self.flops, self.nbytes = 0, 0
   def launch_dims(self, var_vals: Optional[dict[str, int]] = None) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    length = evaluate(self.kernel.length, var_vals or {})
-    module = kernel_source_module()
-    return module.grid(self.kernel.config, length, self.kernel.batch), (module.BLOCK_THREADS,)
+    return self.kernel.launch_dims(var_vals or {})
   def __call__(self, bufs: Sequence[Buffer], wait: bool = False, var_vals: Optional[dict[str, int]] = None
                ) -> Optional[float]:
     var_vals = var_vals or {}
@@ -159,7 +167,11 @@ class FlashAttentionRunner:
 
 def flash_attention(query: LazyBuffer, key: LazyBuffer, value: LazyBuffer, *, is_causal: bool, scale: float,
                     window: Optional[int] = None, has_mask: bool = False, **_: Any) -> Optional[LazyBuffer]:
-  """The attention's output [B, Hq, L, D] as the flash kernel's CUSTOM op, or None where it does not apply."""
+  """The attention's output [B, Hq, L, D] as the flash kernel's CUSTOM op, or None where it does not apply. One query
+  position (a decode step's) is the flash-decoding kernel's (keys split over blocks, not over 64-row tiles)."""
+  if decoding_applies(query, key, value, is_causal=is_causal, window=window, has_mask=has_mask, **_):
+    decoded = flash_decoding(query, key, value, scale=scale)
+    if decoded is not None: return decoded[0]
   if not flash_applies(query, key, value, is_causal=is_causal, window=window, has_mask=has_mask, **_): return None
   sources, layouts = [], []
   for lb in (query, key, value):
@@ -179,6 +191,9 @@ def flash_applies(query: LazyBuffer, key: LazyBuffer, value: LazyBuffer, *, is_c
                   window: Optional[int] = None, has_mask: bool = False, enable_gqa: bool = True, **_: Any) -> bool:
   """Whether `flash_attention` gives the kernel for these inputs (a model that builds attention its own way asks
   this before calling scaled_dot_product_attention)."""
+  if decoding_applies(query, key, value, is_causal=is_causal, window=window, has_mask=has_mask,
+                      enable_gqa=enable_gqa):
+    return True
   if unsupported(query, key, value, has_mask, window, is_causal) is not None: return False
   return enable_gqa or key.shape[1] in (1, query.shape[1])
 
@@ -189,3 +204,206 @@ def use_flash_lowering(out: LazyBuffer, has_mask: bool) -> None:
     return
   if flash_applies(*region.inputs[:3], has_mask=has_mask, **dict(region.params)):
     apply_lowering(region, FLASH_LOWERING)
+
+# ---- flash decoding: one query position over a KV cache (runtime/cuda/flash_decoding.py)
+
+def decoding_source_module() -> ModuleType:
+  """runtime/cuda/flash_decoding.py, imported when a graph on a device offering the kernel asks for it."""
+  import tgrad.runtime.cuda.flash_decoding as module
+  return module
+
+
+@dataclass(frozen=True)
+class CacheUpdate:
+  """The step's new key and value [B, kv heads, 1, D] (views), which the kernel writes into the caches at `slot`
+  (flash_attn_with_kvcache's in-place append): the keys and values it attends over hold them at that slot."""
+  key: LazyBuffer
+  value: LazyBuffer
+  slot: sint
+
+@dataclass(frozen=True)
+class HeadPrologue:
+  """Per-head transforms of q (and of the new key, with a CacheUpdate) done by the kernel on the rows it reads:
+  an RMS norm over the head dim (qk-norm: x / sqrt(mean(x²) + eps) · (offset + weight), weights [D]), then RoPE
+  (half-split, cos and sin_signed tables [D] of the query's position). Each part is optional."""
+  q_weight: Optional[LazyBuffer] = None
+  k_weight: Optional[LazyBuffer] = None
+  eps: float = 1e-6
+  offset: float = 0.0
+  cos: Optional[LazyBuffer] = None
+  sin_signed: Optional[LazyBuffer] = None
+  @property
+  def norm(self) -> bool: return self.q_weight is not None
+  @property
+  def rotary(self) -> bool: return self.cos is not None
+
+@dataclass(frozen=True)
+class FlashDecodingKernel(CustomKernel):
+  """One flash-decoding launch site: the config, each pointer parameter's role (outputs first, as the step's
+  buffers are ordered), the [B, H, N, D] inputs' layouts and the tables' offsets (unbound sizes), the key count, the
+  slot of a cache update, the batch."""
+  config: Any                                  # runtime/cuda/flash_decoding.py's DecodeConfig
+  roles: tuple[str, ...]
+  layouts: tuple[tuple[str, Layout], ...]
+  table_offsets: tuple[tuple[str, sint], ...]
+  keys: sint
+  slot: sint
+  batch: int
+  name: str = "flash_decoding"
+  def sizes(self) -> dict[str, str]:
+    sizes = {"S": c_expression(self.keys), "SLOT": c_expression(self.slot)}
+    for role, layout in self.layouts:
+      sizes[f"{role}_offset"] = c_expression(layout.offset)
+      sizes.update({f"{role}_{axis}": c_expression(s) for axis, s in zip(("batch", "head", "pos"), layout.strides)})
+    sizes.update({f"{role}_offset": c_expression(offset) for role, offset in self.table_offsets})
+    return sizes
+  def variables(self) -> tuple[str, ...]:
+    sizes = (self.keys, self.slot, *(s for _, layout in self.layouts for s in (layout.offset, *layout.strides)),
+             *(offset for _, offset in self.table_offsets))
+    return tuple(sorted({v.arg[0] for s in sizes for v in variables_of(s)}))
+  def source(self, entry: str) -> str:
+    parameters = tuple(VARIABLE_PREFIX + v for v in self.variables())
+    return decoding_source_module().flash_decoding_source(self.config, entry, self.sizes(), parameters, self.roles,
+                                                          self.batch)
+  def entry(self) -> str:
+    c = self.config
+    digest = hashlib.sha256(repr((self.sizes(), self.roles, c)).encode()).hexdigest()[:8]
+    return f"flash_decoding_{c.dtype}_d{c.head_dim}_g{c.group}_{digest}"
+  def launch_dims(self, var_vals: dict[str, int]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    module = decoding_source_module()
+    return module.grid(self.config, evaluate(self.keys, var_vals), self.batch), (module.BLOCK_THREADS,)
+  def runner(self, device: str) -> FlashAttentionRunner: return FlashAttentionRunner(self, device)
+  def stable_repr(self) -> str: return f"FlashDecoding({self.config!r},{self.roles},{self.sizes()!r},{self.batch})"
+
+def _strided_layout(lb: LazyBuffer, alignment: int) -> Optional[Layout]:
+  """How the kernel reads a [B, H, N, D] view in place from its base (offset and strides multiples of `alignment`
+  elements), or None where one strided View can't say it."""
+  views = lb.st.views
+  if len(views) != 1 or views[0].mask is not None or lb.base.op is Ops.CONST: return None
+  view = views[0]
+  if view.strides[-1] != 1 and view.shape[-1] != 1: return None
+  strides, offset = tuple(unbind(s)[0] for s in view.strides[:3]), unbind(view.offset)[0]
+  if not all(divides(alignment, s) for s in (*strides, offset)): return None
+  return Layout(offset, strides)   # type: ignore[arg-type]
+
+def _table_offset(lb: LazyBuffer) -> Optional[sint]:
+  """The element offset of a [D] view read in place (one contiguous run of its base), else None."""
+  views = lb.st.views
+  if len(views) != 1 or views[0].mask is not None or lb.base.op is Ops.CONST: return None
+  if any(s != 1 for s, n in zip(views[0].strides, views[0].shape) if n != 1): return None
+  return unbind(views[0].offset)[0]
+
+def decoding_unsupported(query: LazyBuffer, key: LazyBuffer, value: LazyBuffer, window: Optional[int] = None,
+                         softcap: Optional[float] = None, update: Optional[CacheUpdate] = None,
+                         prologue: Optional[HeadPrologue] = None) -> Optional[str]:
+  """Why the flash-decoding kernel can't compute this attention (None: it can): query [B, Hq, 1, D], key and value
+  [B, Hkv, S, D] (S may be symbolic), the optional update and prologue. Every check is on shapes, dtypes, devices."""
+  if not Context.FLASH_ATTENTION: return "FLASH_ATTENTION=0"
+  if query.device not in FLASH_DEVICES: return f"device {query.device} has no flash decoding kernel"
+  if len(query.shape) != 4 or len(key.shape) != 4 or len(value.shape) != 4:
+    return "inputs not 4-D [batch, heads, length, head dim]"
+  B, heads, length, dim = query.shape
+  if not (isinstance(length, int) and length == 1): return f"query length {length}: the kernel takes one position"
+  lbs = [query, key, value] + ([update.key, update.value] if update else [])
+  if len({lb.dtype for lb in lbs}) != 1 or query.dtype not in FLASH_DTYPES:
+    return f"dtypes {[lb.dtype for lb in lbs]}: the kernel takes one of float16 or bfloat16"
+  if len({lb.device for lb in lbs}) != 1: return "inputs on several devices"
+  if not all(isinstance(s, int) for s in (B, heads, key.shape[1], dim)): return "a symbolic batch, head count or dim"
+  kv_heads = key.shape[1]
+  expected = {"key": (B, kv_heads, key.shape[2], dim), "value": (B, kv_heads, key.shape[2], dim)}
+  if update: expected.update({"new key": (B, kv_heads, 1, dim), "new value": (B, kv_heads, 1, dim)})
+  for (label, shape), lb in zip(expected.items(), lbs[1:]):
+    if len(lb.shape) != 4 or not all(sym_eq(a, b) is True for a, b in zip(lb.shape, shape)):
+      return f"{label} of shape {lb.shape}, not {shape} (query {query.shape})"
+  if heads % kv_heads: return f"{heads} query heads are not a multiple of {kv_heads} kv heads"
+  if update and not (key.base.buffer is not None and value.base.buffer is not None):
+    return "a cache update writes realized caches in place; these are unrealized"
+  tables = [] if prologue is None else [t for t in (prologue.q_weight, prologue.k_weight, prologue.cos,
+                                                    prologue.sin_signed) if t is not None]
+  if prologue is not None and update is not None and prologue.norm and prologue.k_weight is None:
+    return "a qk-norm prologue with a cache update needs the key's weight too"
+  if prologue is not None and (prologue.cos is None) != (prologue.sin_signed is None): return "RoPE needs cos and sin"
+  for table in tables:
+    if table.shape != (dim,) or table.dtype not in FLASH_DTYPES or table.device != query.device:
+      return f"a prologue table of shape {table.shape} {table.dtype}: the kernel takes [{dim}] float16 or bfloat16"
+  if len({t.dtype for t in tables}) > 1: return "prologue tables of several dtypes"
+  try: _decode_config(query, key, window, softcap, update, prologue)
+  except ValueError as error: return str(error)
+  return None
+
+def _decode_config(query: LazyBuffer, key: LazyBuffer, window: Optional[int], softcap: Optional[float],
+                   update: Optional[CacheUpdate], prologue: Optional[HeadPrologue], scale: float = 1.0) -> Any:
+  _, heads, _, dim = query.shape
+  tables = [] if prologue is None else [t for t in (prologue.q_weight, prologue.cos) if t is not None]
+  weight_dtype = FLASH_DTYPES[tables[0].dtype] if tables else "float16"
+  norm, rotary = prologue is not None and prologue.norm, prologue is not None and prologue.rotary
+  return decoding_source_module().DecodeConfig(
+    FLASH_DTYPES[query.dtype], dim, heads // key.shape[1], key.shape[1], float(scale), window, softcap, norm,
+    prologue.eps if norm else 1e-6, prologue.offset if norm else 0.0, rotary, update is not None, weight_dtype)
+
+_scratches: dict[tuple[str, int], LazyBuffer] = {}
+
+def _scratch(device: str, words: int) -> LazyBuffer:
+  """The float32 scratch of the flash-decoding kernels of one graph on `device` (their partials and counters),
+  zero-filled by one kernel of that graph: its kernels share it (one device runs them one after another, and each
+  leaves its counters at 0 for the next). A graph built once it was realized gets a new one, so no counter outlives
+  the schedule that zeroed it."""
+  scratch = _scratches.get((device, words))
+  if scratch is None or scratch.base.buffer is not None:
+    scratch = _scratches[(device, words)] = LazyBuffer.const_of(0.0, dtypes.float32, device, (words,)).contiguous()
+  return scratch
+
+def flash_decoding(query: LazyBuffer, key: LazyBuffer, value: LazyBuffer, *, scale: float,
+                   window: Optional[int] = None, softcap: Optional[float] = None,
+                   update: Optional[CacheUpdate] = None, prologue: Optional[HeadPrologue] = None
+                   ) -> Optional[tuple[LazyBuffer, tuple[LazyBuffer, ...]]]:
+  """The attention of query [B, Hq, 1, D] over key and value [B, Hkv, S, D] (the last `window` keys only; S may be
+  symbolic) as one flash-decoding CUSTOM op: (its output [B, Hq, 1, D], the caches after the update: for each base
+  that key and value view, an ASSIGN the same kernel performs, a second output of its step). None where the kernel
+  does not apply (`decoding_unsupported`). Inputs are read in place through their views (made contiguous where one
+  strided View can't say them); the CUSTOM node keeps those views as its sources, so their symbolic sizes (the key
+  count, the slot) are the launch's variables."""
+  if decoding_unsupported(query, key, value, window, softcap, update, prologue) is not None: return None
+  module = decoding_source_module()
+  config = _decode_config(query, key, window, softcap, update, prologue, scale)
+  cache_alignment = 8 if config.lane_elements % 8 == 0 else 1   # 16-byte loads of cache rows
+  named = {"q": query, "k_cache": key, "v_cache": value}
+  if update is not None: named.update({"k_new": update.key, "v_new": update.value})
+  if prologue is not None:
+    named.update({role: t for role, t in (("q_weight", prologue.q_weight), ("k_weight", prologue.k_weight),
+                                          ("cos", prologue.cos), ("sin", prologue.sin_signed))
+                  if t is not None and role in config.roles()})
+  sources, layouts, offsets = [], [], []
+  for role, lb in named.items():
+    if role in module.TABLE_ROLES:
+      if (offset := _table_offset(lb)) is None: lb, offset = lb.contiguous(), 0
+      offsets.append((role, offset))
+    else:
+      if (layout := _strided_layout(lb, cache_alignment if role in ("k_cache", "v_cache") else 1)) is None:
+        if update is not None and role in ("k_cache", "v_cache"): return None   # a copy can't be written in place
+        lb, layout = contiguous_source(lb)
+      layouts.append((role, layout))
+    sources.append(lb)
+  written: list[LazyBuffer] = []
+  slot: sint = 0
+  if update is not None:
+    slot = unbind(update.slot)[0] if isinstance(update.slot, UOp) else update.slot
+    # a source the kernel does not read, whose view names the slot: the launch's variables include the slot's
+    flat = key.base.reshape((key.base.size,))
+    sources.append(flat.shrink(((update.slot, update.slot + 1),)))
+    written = list({id(lb.base): lb.base for lb in (key, value)}.values())
+  B = query.shape[0]
+  sources.append(_scratch(query.device, module.scratch_words(config, B)))
+  roles = ("out", *(f"written{i}" for i in range(len(written))), *named, "slot_row" if update else None, "scratch")
+  kernel = FlashDecodingKernel(config, tuple(r for r in roles if r is not None), tuple(layouts), tuple(offsets),
+                               unbind(key.shape[2])[0], slot, B)
+  out = LazyBuffer.custom(kernel, tuple(sources), query.shape, query.dtype, views=True)
+  return out, tuple(base.written_by(out) for base in written)
+
+def decoding_applies(query: LazyBuffer, key: LazyBuffer, value: LazyBuffer, is_causal: bool = False,
+                     window: Optional[int] = None, has_mask: bool = False, enable_gqa: bool = True, **_: Any) -> bool:
+  """Whether scaled_dot_product_attention's flash lowering gives the decoding kernel: one query position, no mask
+  (a causal mask over one query keeps only the first key, as torch's top-left alignment does: not taken)."""
+  if has_mask or is_causal or window is not None: return False
+  if not enable_gqa and key.shape[1] not in (1, query.shape[1]): return False
+  return decoding_unsupported(query, key, value) is None

@@ -11,7 +11,8 @@ fewer ops. The scheduler (schedule.py) runs this first, so it costs nothing on a
     x · 0 on ints only (on floats NaN · 0 and inf · 0 are NaN), −(−x), where(constant, a, b);
   - a COPY of a constant is that constant on the copy's device (nothing to copy);
   - a COPY, CUSTOM or COLLECTIVE reads whole buffers: a source that simplified to a view (a broadcast constant, say)
-    is given a buffer of its own (CONTIGUOUS) first.
+    is given a buffer of its own (CONTIGUOUS) first; a custom kernel's source that was a view (LazyBuffer.custom
+    with views) stays that view over its rebuilt base.
 Movement identities need nothing here: a reshape, permute or expand to the base's own layout already returns the
 base, and chains of views compose into one ShapeTracker as they are built.
 The given bases keep their identity: a base whose sources change is rebuilt as a new node with the same op, and
@@ -91,6 +92,12 @@ def _simplified(lb: LazyBuffer) -> Optional[LazyBuffer]:
     if op is Ops.FDIV and x is srcs[0] and value == 1: return x
   return None
 
+def _reads_in_place(new: LazyBuffer, old: LazyBuffer) -> bool:
+  """Whether a whole-buffer reader may keep `new` (the simplified `old`) as its source: a base that is no constant,
+  or the same view as `old` (a custom kernel built with views reads them in place) over a rebuilt base."""
+  if new.base.op is Ops.CONST: return False
+  return new.is_base or (not old.is_base and new.st == old.st)
+
 def simplify_graph(roots: list[LazyBuffer]) -> tuple[list[LazyBuffer], list[tuple[LazyBuffer, LazyBuffer]]]:
   """(the roots over the simplified graph, [(old base, its rebuilt node)]). A root is never replaced by what it
   simplifies to, only rebuilt over simplified sources: it must get a Buffer of its own. Nothing changes in place."""
@@ -100,7 +107,7 @@ def simplify_graph(roots: list[LazyBuffer]) -> tuple[list[LazyBuffer], list[tupl
   for lb in unrealized_bases(roots):
     srcs = tuple(_seen_through(replacement[id(s.base)], s) if id(s.base) in replacement else s for s in lb.srcs)
     if lb.op in WHOLE_BUFFER_READERS:   # their runners read each source's whole buffer, in order
-      srcs = tuple(new if new is old or (new.is_base and new.op is not Ops.CONST) else new.contiguous(alias=False)
+      srcs = tuple(new if new is old or _reads_in_place(new, old) else new.contiguous(alias=False)
                    for new, old in zip(srcs, lb.srcs))
     node = lb
     if any(a is not b for a, b in zip(srcs, lb.srcs)):

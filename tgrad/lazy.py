@@ -42,6 +42,7 @@ def _const_tracker(shape: tuple[int, ...]) -> ShapeTracker:
 # compare equal) and NaN (never equal to itself) are not remembered.
 _truncations: dict[tuple, Any] = {}
 MAX_TRUNCATIONS = 4096
+IN_PLACE = "in place"   # the arg of an ASSIGN that its value's CUSTOM kernel performs itself (`written_by`)
 
 def _truncated(value, dtype: DType):
   kind = type(value)
@@ -288,17 +289,28 @@ class LazyBuffer:
     source = self.base if self.st.contiguous and self.size == self.base.size else self.contiguous()
     return LazyBuffer.loadop(Ops.COPY, self.shape, self.dtype, device, srcs=(source,))
   @staticmethod
-  def custom(kernel: Any, srcs: tuple[LazyBuffer, ...], shape: tuple[int, ...], dtype: DType) -> LazyBuffer:
+  def custom(kernel: Any, srcs: tuple[LazyBuffer, ...], shape: tuple[int, ...], dtype: DType,
+             views: bool = False) -> LazyBuffer:
     """The value a CustomKernel (tgrad/custom.py) computes from srcs, on srcs' device: each source is passed as a
-    whole row-major buffer of its shape (a view that reorders or selects elements is made contiguous first)."""
+    whole row-major buffer of its shape (a view that reorders or selects elements is made contiguous first). With
+    `views`, the sources stay the views given and each is passed as its base's buffer: the kernel reads them in place
+    through the layouts it was built with, and their symbolic sizes are the launch's variables."""
     name = getattr(kernel, "name", kernel)
     if not srcs: raise ValueError(f"custom kernel {name!r} needs at least one input")
     device = srcs[0].device
     if any(s.device != device for s in srcs):
       raise ValueError(f"custom kernel {name!r}: inputs on devices {[s.device for s in srcs]}")
-    whole = tuple(s.base if s.st.contiguous and s.size == s.base.size and s.base.op is not Ops.CONST
-                  else s.contiguous() for s in srcs)
+    whole = srcs if views else tuple(s.base if s.st.contiguous and s.size == s.base.size and s.base.op is not Ops.CONST
+                                     else s.contiguous() for s in srcs)
     return LazyBuffer.loadop(Ops.CUSTOM, shape, dtype, device, arg=kernel, srcs=whole)
+  def written_by(self, writer: LazyBuffer) -> LazyBuffer:
+    """This realized base after `writer`, a CUSTOM value whose kernel also writes this buffer in place (an attention
+    kernel's KV-cache append), has run: an ASSIGN with no kernel of its own (arg IN_PLACE), which the scheduler makes
+    a second output of the writer's step, so readers of the old data are ordered before it as for any ASSIGN."""
+    if not (self.is_base and self.buffer is not None) or writer.op is not Ops.CUSTOM or self not in \
+       [s.base for s in writer.srcs]:
+      raise ValueError("written_by: a realized base that a CUSTOM value reads and writes")
+    return LazyBuffer.loadop(Ops.ASSIGN, self.shape, self.dtype, self.device, arg=IN_PLACE, srcs=(self, writer))
   def assign(self, value: LazyBuffer, region: Optional[ShapeTracker] = None) -> LazyBuffer:
     """Write `value` into this (realized, base) buffer when realized; returns the new lazy value of the buffer.
     With `region` (a view of this buffer, e.g. a shrink, whose shape is the value's) only those elements are written:

@@ -143,7 +143,8 @@ def lower_schedule(items: Sequence[ScheduleItem]) -> list[ExecItem]:
       continue
     if op is Ops.EMPTY: continue
     if op is Ops.CUSTOM:
-      lowered.append(ExecItem(runner_for(item.ast.arg, item.bufs[0].device), list(item.bufs), item.var_vals))
+      lowered.append(ExecItem(runner_for(item.ast.arg, item.bufs[0].device), list(item.bufs), item.var_vals,
+                              item.output_count))
     elif op is Ops.COPY:
       runner = HostCopy(item.host_data) if item.host_data is not None else BufferCopy(item.bufs[0].nbytes)
       lowered.append(ExecItem(runner, list(item.bufs), output_count=item.output_count))

@@ -23,6 +23,10 @@ fusion rules, which all live here:
      (`_slice_store_tracker`), instead of a kernel of its own that would compute the value again. The kernel's
      first output stays DEFINE_GLOBAL 0; the copies follow it. A copy whose buffer the kernel would also read (a
      cycle) keeps its own kernel.
+  2d. A custom kernel that also writes a realized buffer in place (an ASSIGN with arg IN_PLACE, made by
+     `LazyBuffer.written_by`: a KV-cache append inside a decode attention kernel) has that ASSIGN as a second output
+     of its step, with no kernel of its own; readers of the old data are ordered before that step as before any
+     ASSIGN.
   3. Everything else is realized (gets a buffer): kernel outputs, reduces read through an expand/permute/pad or
      by a second reduce (outside row kernels), COPY/EMPTY/CONTIGUOUS/ASSIGN/CUSTOM/COLLECTIVE results (and the
      sources of a COPY, CUSTOM or COLLECTIVE: their runners read whole buffers), elementwise values read
@@ -50,7 +54,7 @@ import numpy as np
 from tgrad.dtype import dtypes
 from tgrad.ops import UOp, Ops, ELEMENTWISE, CollectiveGroup, GatherAxis, identity_of_reduce, symbolic_in_use
 from tgrad.shape.sint import unbind, vmax_of
-from tgrad.lazy import LazyBuffer, holders_of, unrealized_bases, walk
+from tgrad.lazy import IN_PLACE, LazyBuffer, holders_of, unrealized_bases, walk
 from tgrad.graph_simplify import simplify_graph, commit_replacements
 from tgrad.scalars import param_bits, param_name, scalar_param
 from tgrad.device import Buffer
@@ -422,7 +426,7 @@ def create_schedule(outs: list[LazyBuffer], commit: bool = False, buffers: Optio
     changed = False
     stored_by = {copy: b for b, pairs in copies.items() for copy, _ in pairs}
     for b in [b for b in bases if b in realize_set and b not in asts and b not in stored_by and
-              b.op not in NOT_KERNELS]:
+              b.op not in NOT_KERNELS and not _written_in_place(b)]:
       try:
         scalars_of[b] = []
         asts[b] = _kernel_ast(b, realize_set, row_reduces, scalars_of[b], copies.get(b, ()))
@@ -438,14 +442,20 @@ def create_schedule(outs: list[LazyBuffer], commit: bool = False, buffers: Optio
   items: list[_Step] = []
   stored_by = {copy: b for b, pairs in copies.items() for copy, _ in pairs}
   members = _collective_members(bases)
+  written_by: dict[LazyBuffer, list[LazyBuffer]] = {}   # rule 2d: a CUSTOM value → the ASSIGNs its kernel performs
+  for b in bases:
+    if _written_in_place(b) and b.srcs[1].buffer is None: written_by.setdefault(b.srcs[1], []).append(b)
   for b in bases:   # `bases` is already in dependency order (a kernel with copies is ordered again below)
     if b not in realize_set or b in stored_by: continue
-    if b.op is Ops.COLLECTIVE:
+    if _written_in_place(b):   # a second output of its writer's step; or, the writer already run, nothing to do
+      if b.srcs[1].buffer is not None: items.append(_Step(UOp(Ops.EMPTY, b.dtype), (b,), ()))
+    elif b.op is Ops.COLLECTIVE:
       if (step := _collective_step(b, members)) is not None: items.append(step)
     elif b.op is Ops.COPY:
       items.append(_Step(UOp(Ops.COPY, b.dtype, (), None), (b,), tuple(s.base for s in b.srcs)))
     elif b.op is Ops.CUSTOM:
-      items.append(_Step(UOp(Ops.CUSTOM, b.dtype, (), b.arg), (b,), tuple(s.base for s in b.srcs)))
+      items.append(_Step(UOp(Ops.CUSTOM, b.dtype, (), b.arg), (b, *written_by.get(b, ())),
+                         tuple(s.base for s in b.srcs)))
     elif b.op is Ops.EMPTY: items.append(_Step(UOp(Ops.EMPTY, b.dtype), (b,), ()))
     elif prod(b.shape) == 0: items.append(_Step(UOp(Ops.EMPTY, b.dtype), (b,), ()))
     else:
@@ -514,7 +524,8 @@ def _with_buffers(step: _Step, buffers: dict[LazyBuffer, Buffer], commit: bool, 
         if isinstance(lb.size, UOp): buffers[lb].symbolic_size = unbind(lb.size)[0]
   bufs = tuple(buffer_of(lb) for lb in step.outputs + step.inputs)
   ast, var_vals = unbind_ast(step.ast) if symbolic_in_use() else (step.ast, NO_VARIABLES)
-  if step.ast.op is Ops.CUSTOM and symbolic_in_use(): var_vals = _shape_variables(step.outputs + step.inputs)
+  if step.ast.op is Ops.CUSTOM and symbolic_in_use():   # with the views a kernel reads in place (LazyBuffer.custom)
+    var_vals = _shape_variables(step.outputs + step.inputs + step.outputs[0].srcs)
   if scalars: var_vals = {**var_vals, **scalar_values(scalars)}   # read before a commit drops a root's arg
   if commit:
     for lb, buf in zip(step.outputs, bufs): lb.commit(buf, keep_arg=lb.op is Ops.REDUCE_AXIS)
@@ -526,6 +537,7 @@ def _shape_variables(lbs: Sequence[LazyBuffer]) -> dict[str, int]:
   values: dict[str, int] = {}
   for lb in lbs:
     for size in lb.shape: values.update(unbind(size)[1])
+    if not lb.is_base and lb.st.symbolic: values.update(lb.st.unbind()[1])   # a view's offset (a slot)
   return values
 
 def scalar_values(scalars: Sequence[LazyBuffer]) -> dict[str, int]:
@@ -565,8 +577,8 @@ def keep_old_values(items: list[ScheduleItem], assigns: list[tuple[LazyBuffer, L
   for holder, buffer in hazards:
     # the write that ends the holder's data: the ASSIGNs writing this Buffer run in the order of the chain of values
     # it holds, after the kernel that made its first value when this schedule made that too
-    writers = [i for i, item in enumerate(items) if item.ast.op is Ops.SINK and
-               any(out is buffer for out in item.outputs)]
+    writers = [i for i, item in enumerate(items) if item.ast.op in (Ops.SINK, Ops.CUSTOM) and
+               any(out is buffer for out in item.outputs)]   # a kernel's ASSIGN, or one a custom kernel performs
     assign_writers = writers[len(writers) - sum(1 for _, a in assigns if a.buffer is buffer):]
     [copy] = create_schedule([old := LazyBuffer.copy_of_buffer(buffer)], commit=True)
     # right before the first write for a value this schedule did not make, else right after the write that made it
@@ -643,19 +655,27 @@ def _collectives_after_their_inputs(items: list[_Step]) -> list[_Step]:
   place(range(before, len(items)))
   return ordered
 
+def _written_in_place(b: LazyBuffer) -> bool:
+  """An ASSIGN its value's CUSTOM kernel performs (LazyBuffer.written_by): no kernel of its own (rule 2d)."""
+  return b.op is Ops.ASSIGN and b.arg == IN_PLACE
+
+def _assigns_by_target(items: list[_Step]) -> dict[LazyBuffer, _Step]:
+  """The step that writes each assigned buffer: an ASSIGN's own, or the custom kernel's that performs it."""
+  return {out.srcs[0].base: item for item in items for out in item.outputs if out.op is Ops.ASSIGN}
+
 def _snapshot_old_values_read_after_assigns(items: list[_Step]) -> list[_Step]:
   """A kernel that reads the old value of an assigned buffer but also depends on the assign (it reads the new value
   too, or something computed from it) can't run before the assign: the old value is copied first (a snapshot kernel,
   which runs before the assign as any other reader does) and such kernels read the copy. `x2 = x.contiguous()` of a
   realized x is x's own buffer, so `x2[i] = v; y = x2 - x` reads both (fuzz_ops seed 0 cases 4290, 7915, 9802)."""
-  assign_of_target = {item.outputs[0].srcs[0].base: item for item in items if item.outputs[0].op is Ops.ASSIGN}
+  assign_of_target = _assigns_by_target(items)
   if not assign_of_target: return items
   producer = {out: item for item in items for out in item.outputs}
   after: dict[int, frozenset] = {}   # item → ids of the assign items it depends on, transitively (items are in order)
   for item in items:
     found = frozenset().union(*(after.get(id(producer[b]), frozenset()) for b in item.inputs if b in producer))
     after[id(item)] = found | {id(producer[b]) for b in item.inputs
-                               if b in producer and producer[b].outputs[0].op is Ops.ASSIGN}
+                               if b in producer and any(o.op is Ops.ASSIGN for o in producer[b].outputs)}
   snapshots: dict[LazyBuffer, _Step] = {}
   out: list[_Step] = []
   for item in items:
@@ -677,7 +697,7 @@ def _order_assigns_after_readers(items: list[_Step]) -> list[_Step]:
   """An ASSIGN overwrites a buffer that other kernels of the same schedule may still read as its old value (an
   optimizer step reads every parameter for the other parameters' gradients). Reorder, stably, so that every item
   reading an assign's target runs before the assign; the data dependencies of `items` are kept."""
-  assign_of_target = {item.outputs[0].srcs[0].base: item for item in items if item.outputs[0].op is Ops.ASSIGN}
+  assign_of_target = _assigns_by_target(items)
   if not assign_of_target: return items
   producer = {out: item for item in items for out in item.outputs}
   must_follow: dict[int, list[_Step]] = {id(item): [] for item in items}   # item → items that run first

@@ -458,6 +458,15 @@ class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, Indexi
     target.successor = target.assign(value, region.lazydata.st)
     self.lazydata, self._ctx = target.successor, None
     return self
+  def written_by_kernel(self, written: LazyBuffer) -> Tensor:
+    """This realized tensor becomes `written`: the ASSIGN a custom kernel performs on its buffer in place
+    (LazyBuffer.written_by, e.g. a KV-cache append inside a decode attention kernel). Not tracked by autograd."""
+    target = self.lazydata
+    if not isinstance(target, LazyBuffer) or written.op is not Ops.ASSIGN or written.srcs[0] is not target:
+      raise ValueError(f"written_by_kernel: the write is not one of this tensor's buffer (shape {self.shape})")
+    target.successor = written
+    self.lazydata, self._ctx = written, None
+    return self
   def _assign_region_shards(self, target: MultiLazyBuffer, bounds, x: Tensor) -> Tensor:
     """assign_region of a sharded tensor: each device's buffer gets its part of x in its part of the region."""
     if not isinstance(x.lazydata, MultiLazyBuffer) or x.device != target.device:

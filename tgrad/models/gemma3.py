@@ -18,7 +18,7 @@ from tgrad.tensor import Tensor
 from tgrad.dtype import dtypes, to_dtype
 from tgrad.nn.quant import QuantizedTensor, dequantize_blocks, dequantized_values, rms_normed_linear
 from tgrad.jit import TinyJit
-from tgrad.attention_kernel import flash_applies
+from tgrad.attention_kernel import CacheUpdate, HeadPrologue, flash_applies, flash_decoding
 from tgrad.regions import DEFAULT, Lowering, composite, register
 from tgrad.models.gemma3_config import PRESETS, Gemma3Config, weight_shapes  # noqa: F401 (PRESETS re-exported)
 from tgrad.models.gemma3_cache import FULL  # noqa: F401 (re-exported: a layer type, beside SLIDING)
@@ -383,6 +383,8 @@ class Gemma3Attention:
       out = out.permute(0, 2, 1, 3).reshape(B, T, self.heads * D)
       write_cache_fresh(cache, k, v, step)
       return self.o_proj(out), pending
+    if step.mode == DECODE and (out := self._flash_decode(q, k, v, keys, values, cache, step, cos, sin)) is not None:
+      return self.o_proj(out.permute(0, 2, 1, 3).reshape(B, T, self.heads * D)), pending
     q = q.reshape(B, T, self.kv_heads, group, D).permute(0, 2, 3, 1, 4)           # [B, kv_heads, group, T, D]
     if one_token:
       rows = (B, self.kv_heads, group, 1, keys.shape[-2], D)
@@ -410,6 +412,26 @@ class Gemma3Attention:
     if self.softcap is not None or not isinstance(q.device, str): return False   # (sharded: a tuple of devices)
     return flash_applies(q.lazydata.permute((0, 2, 1, 3)), keys.lazydata, values.lazydata, is_causal=True,
                          window=self.window)
+
+  def _flash_decode(self, q: Tensor, k: Tensor, v: Tensor, keys: Tensor, values: Tensor, cache: Tensor,
+                    step: StepInputs, cos: Tensor, sin: Tensor) -> Optional[Tensor]:
+    """A decode step's attention as one flash-decoding kernel (tgrad/attention_kernel.py), [B, heads, 1, D]: q's and
+    the new key's norm and RoPE, the new key and value written into the cache at the step's slot (the cache tensor
+    becomes that write), the scores, their softmax and the weighted values over the filled slots, the keys split over
+    blocks. None where it does not apply (no CUDA, float32, a sharded model): the row kernels below then compute it.
+    q [B, 1, heads, D] and k, v [B, kv_heads, 1, D] as the qkv projection gives them (not normed or rotated)."""
+    if not isinstance(q.device, str) or self.q_norm.eps != self.k_norm.eps: return None
+    D = self.head_dim
+    prologue = HeadPrologue(self.q_norm.weight.lazydata, self.k_norm.weight.lazydata, self.q_norm.eps, 1.0,
+                            cos.reshape(D).lazydata, sin.reshape(D).lazydata)
+    decoded = flash_decoding(q.permute(0, 2, 1, 3).lazydata, keys.lazydata, values.lazydata, scale=self.scale,
+                             softcap=self.softcap, update=CacheUpdate(k.lazydata, v.lazydata, step.slot),
+                             prologue=prologue)
+    if decoded is None: return None
+    out, written = decoded
+    assert len(written) == 1, "keys and values are views of one cache buffer"
+    cache.written_by_kernel(written[0])
+    return Tensor(out, requires_grad=False)
 
 class Gemma3MLP:
   """down(gelu(gate(x)) * up(x)), the gate and up projections as one matrix-vector kernel over their stacked rows."""

@@ -1,0 +1,145 @@
+"""The flash-decoding CUDA kernel (tgrad/runtime/cuda/flash_decoding.py): NVRTC compiles it for sm_80 and sm_90, and the
+CPU emulator (test/cuda_on_cpu.py) runs it against numpy in float64: key counts around a split's and the block's
+edges (one split, several, the most), GQA groups, odd head dims, a sliding window, a softcap, the qk-norm and RoPE
+prologue, and the in-place cache update (the slot written, the rest of the cache untouched, the counter reset so a
+second launch gives the same output)."""
+from __future__ import annotations
+import math
+import numpy as np
+import pytest
+from tgrad.custom import device_values
+from tgrad.dtype import bfloat16_to_float32, dtypes
+from tgrad.runtime.cuda.flash_decoding import (BLOCK_THREADS, MAX_SPLITS, DecodeConfig, flash_decoding_source, grid,
+                                               scratch_words, splits)
+from tgrad.runtime.cuda.nvrtc import nvrtc_available
+from test.cuda_on_cpu import cpu_available, run_on_cpu
+
+TOLERANCE = {"float16": 2e-3, "bfloat16": 1.5e-2}   # the output's rounding (float32 inside)
+ELEMENTS = {"float16": dtypes.float16, "bfloat16": dtypes.bfloat16}
+
+def as_float(bits: np.ndarray, dtype: str) -> np.ndarray:
+  if dtype == "bfloat16": return bfloat16_to_float32(bits).astype(np.float64)
+  return bits.view(np.float16).astype(np.float64)
+
+def rounded(x: np.ndarray, dtype: str) -> np.ndarray: return as_float(device_values(x, ELEMENTS[dtype]), dtype)
+
+def prologue(x, config: DecodeConfig, weight, cos, sin):
+  """qk-norm and RoPE of rows x [..., D], float64."""
+  if config.norm: x = x / np.sqrt((x * x).mean(-1, keepdims=True) + config.norm_eps) * (config.norm_offset + weight)
+  if config.rotary:
+    half = x.shape[-1] // 2
+    x = x * cos + np.concatenate([x[..., half:], x[..., :half]], -1) * sin
+  return x
+
+def run_case(dtype, batch, heads, kv_heads, keys, head_dim, window=None, softcap=None, norm=False, rotary=False,
+             update=False, slots=None, seed=0, launches=1):
+  rng = np.random.default_rng(seed)
+  D, group = head_dim, heads // kv_heads
+  slots = slots or keys
+  config = DecodeConfig(dtype, D, group, kv_heads, 1 / math.sqrt(D), window, softcap, norm, 1e-6, 1.0 if norm else 0.0,
+                        rotary, update, dtype)
+  width = (heads + 2 * kv_heads) * D   # q, the new k and v side by side, as a fused projection stores them
+  qkv = device_values(rng.standard_normal((batch, width)), ELEMENTS[dtype])
+  cache = device_values(rng.standard_normal((2, batch, kv_heads, slots, D)), ELEMENTS[dtype])
+  weights = device_values(rng.standard_normal((2, D)) * 0.3, ELEMENTS[dtype])
+  angles = rng.uniform(0, 6, D // 2)
+  tables = device_values(np.concatenate([np.cos(angles), np.cos(angles), -np.sin(angles), np.sin(angles)]),
+                         ELEMENTS[dtype])
+  slot = keys - 1 if update else 0
+  scratch = np.zeros(scratch_words(config, batch), np.float32)
+  cache_size = batch * kv_heads * slots * D
+  sizes = {"S": "n_keys", "SLOT": "slot",
+           "q_offset": "0", "q_batch": str(width), "q_head": str(D), "q_pos": "0",
+           "k_new_offset": str(heads * D), "k_new_batch": str(width), "k_new_head": str(D), "k_new_pos": "0",
+           "v_new_offset": str((heads + kv_heads) * D), "v_new_batch": str(width), "v_new_head": str(D),
+           "v_new_pos": "0",
+           "k_cache_offset": "0", "k_cache_batch": str(kv_heads * slots * D), "k_cache_head": str(slots * D),
+           "k_cache_pos": str(D),
+           "v_cache_offset": str(cache_size), "v_cache_batch": str(kv_heads * slots * D),
+           "v_cache_head": str(slots * D), "v_cache_pos": str(D),
+           "q_weight_offset": "0", "k_weight_offset": str(D), "cos_offset": "0", "sin_offset": str(D)}
+  roles = config.roles()
+  arrays = {"q": qkv, "k_cache": cache, "v_cache": cache, "k_new": qkv, "v_new": qkv, "q_weight": weights,
+            "k_weight": weights, "cos": tables, "sin": tables, "scratch": scratch}
+  source = flash_decoding_source(config, "decode", sizes, ("n_keys", "slot"), roles, batch)
+  before = cache.copy()
+  outputs = []
+  for _ in range(launches):   # again: the last block reset the counter, so a second launch combines the same way
+    out = np.full((batch, heads, 1, D), 0x7E00, np.uint16)   # NaN bits: every element must be written
+    run_on_cpu(source, "decode", grid(config, keys, batch), (BLOCK_THREADS,),
+               [out if r == "out" else arrays[r].reshape(-1) for r in roles], [keys, slot])
+    outputs.append(as_float(out, dtype))
+  assert not scratch[-batch * kv_heads:].any(), "the counters are reset"
+  # numpy: the prologue, the new key rounded as the cache stores it, the slot's key and value replaced
+  values = as_float(qkv, dtype)
+  q = values[:, :heads * D].reshape(batch, heads, D)
+  new_k = values[:, heads * D:(heads + kv_heads) * D].reshape(batch, kv_heads, D)
+  new_v = values[:, (heads + kv_heads) * D:].reshape(batch, kv_heads, D)
+  w = as_float(weights, dtype)
+  tab = as_float(tables, dtype)
+  cos, sin = tab[:D], tab[D:]
+  q = prologue(q, config, w[0], cos, sin)
+  cached = as_float(before, dtype)
+  k_all, v_all = cached[0, :, :, :keys].copy(), cached[1, :, :, :keys].copy()
+  if update:
+    new_k = rounded(prologue(new_k, config, w[1], cos, sin), dtype)
+    k_all[:, :, slot], v_all[:, :, slot] = new_k, new_v
+    written = cached.copy()
+    written[0, :, :, slot], written[1, :, :, slot] = new_k, new_v
+    np.testing.assert_array_equal(as_float(cache, dtype), written)
+  else: np.testing.assert_array_equal(cache, before)
+  first = keys - window if window and keys > window else 0
+  k_all, v_all = np.repeat(k_all[:, :, first:], group, 1), np.repeat(v_all[:, :, first:], group, 1)
+  scores = np.einsum("bhd,bhsd->bhs", q, k_all) * config.scale
+  if softcap: scores = softcap * np.tanh(scores / softcap)
+  p = np.exp(scores - scores.max(-1, keepdims=True))
+  expected = np.einsum("bhs,bhsd->bhd", p / p.sum(-1, keepdims=True), v_all)[:, :, None]
+  for got in outputs: np.testing.assert_allclose(got, expected, atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype])
+  np.testing.assert_array_equal(outputs[0], outputs[-1])
+
+needs_emulator = pytest.mark.skipif(not cpu_available(), reason="no g++ for the CUDA-on-CPU emulator")
+
+SLOW = pytest.mark.slow   # the emulator's barriers: ~10 s a case on two busy cores
+
+@needs_emulator
+@pytest.mark.parametrize("keys", [1, 2, 63, 64, 65, 300, pytest.param(1000, marks=SLOW)])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_key_counts(dtype, keys):   # GQA 4:1, D 64 (2 elements a lane)
+  run_case(dtype, 1, 4, 1, keys, 64, seed=keys, launches=2 if keys == 1000 else 1)
+
+@needs_emulator
+@pytest.mark.parametrize("dtype,batch,heads,kv_heads,keys,head_dim,window,softcap", [
+  ("float16", 2, 4, 2, 77, 96, None, None),     # batch 2, group 2, an odd head dim (3 elements a lane)
+  ("float16", 1, 2, 2, 200, 32, 50, None),      # sliding window: the last 50 keys, no GQA
+  ("bfloat16", 1, 8, 2, 45, 128, None, 30.0),   # softcap, group 4, D 128
+  pytest.param("float16", 1, 1, 1, 2500, 64, None, None, marks=SLOW),   # more keys than MAX_SPLITS least splits
+])
+def test_shapes_and_masks(dtype, batch, heads, kv_heads, keys, head_dim, window, softcap):
+  run_case(dtype, batch, heads, kv_heads, keys, head_dim, window, softcap)
+
+@needs_emulator
+@pytest.mark.parametrize("dtype,keys,slots", [("float16", 600, 1024), ("bfloat16", 37, 40), ("float16", 1, 8)])
+def test_norm_rotary_and_cache_update(dtype, keys, slots):   # Gemma 3's decode: D 256 (16-byte loads), group 4
+  run_case(dtype, 1, 4, 1, keys, 256, norm=True, rotary=True, update=True, slots=slots, seed=keys, launches=2)
+
+def test_split_counts():
+  assert splits(1) == 1 and splits(16) == 1 and splits(17) == 2
+  assert splits(10 ** 6) == MAX_SPLITS
+
+@pytest.mark.skipif(not nvrtc_available(), reason="no NVRTC")
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_compiles_with_nvrtc(arch, dtype):
+  from tgrad.runtime.cuda.nvrtc import compile_cuda
+  for head_dim, group, update in ((64, 1, False), (256, 4, True), (96, 8, False), (128, 2, True)):
+    config = DecodeConfig(dtype, head_dim, group, 1, 0.125, 512, 50.0, update, 1e-6, 1.0, update, update)
+    sizes = {"S": "n", "SLOT": "n - 1"}
+    source = flash_decoding_source(config, "decode", sizes, ("n",), config.roles(), 1)
+    assert len(compile_cuda(source, arch)) > 0
+
+def test_bad_configs_raise():
+  with pytest.raises(ValueError, match="head dim 100"): DecodeConfig("float16", 100, 1, 1, 1.0)
+  with pytest.raises(ValueError, match="group 17"): DecodeConfig("float16", 64, 17, 1, 1.0)
+  with pytest.raises(ValueError, match="dtypes"): DecodeConfig("float32", 64, 1, 1, 1.0)
+  with pytest.raises(ValueError, match="no buffer"):
+    flash_decoding_source(DecodeConfig("float16", 64, 1, 1, 1.0), "decode", {"S": "1"}, (), ("out", "q"), 1)

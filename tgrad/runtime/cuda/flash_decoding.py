@@ -1,0 +1,459 @@
+"""Flash decoding for CUDA: attention of one query position over a KV cache in one kernel, the keys split over blocks.
+
+`flash_decoding_source(config, name, sizes, variables, buffers)` gives the CUDA C of `name(<buffers>, <int64
+variables>)`: for each batch element and query head, softmax(transform(q·kᵀ·scale))·v over the cache's keys
+[key_begin, S) (S, the key count, is a size expression: a decode step's filled slots), in float32 from half or
+bfloat16 inputs. Grid: (splits(S), kv heads, batch), BLOCK_THREADS threads; `splits` gives the split count of a key
+count (the host's and the kernel's are the same formula).
+
+  - **Rows.** A block serves one kv head and every query head of its group (GQA): their rows are in shared memory as
+    float32, so each key and value row a block reads serves the whole group.
+  - **Prologue** (optional, per config): each query row (and the new key) is RMS-normed over the head dim with a
+    weight (`norm(x) = x / sqrt(mean(x²) + eps) · (norm_offset + w)`: qk-norm), then rotated (RoPE, half-split:
+    dim d pairs with d + D/2, `x·cos + rotate_half(x)·sin_signed`, the tables for the query's position).
+  - **Cache update** (optional): the step's new key (normed and rotated as the queries are, rounded to the cache's
+    type) and value are written into the cache at `slot` by the first split's block, in the same launch. Every block
+    reads the slot's key and value from the new ones (kept in shared memory), never from the cache, so no block
+    waits for the write and none reads a half-written row.
+  - **Keys.** Split s of the `splits` covers per_split consecutive keys. Each of the WARPS warps takes `keys` keys a
+    step (the steps are uniform over the block): a lane holds D/32 consecutive elements of each key row (16-byte
+    loads where that is whole chunks), dots them with its part of each query row, and the warp sums its keys·group
+    dot products at once: each xor-shuffle step halves the values a lane keeps (4 shuffles, then 1, for 16 sums, where
+    one sum at a time takes 5 each); the sums meet in shared memory, and every lane updates each row's online softmax
+    state (running max m, sum of exponentials l, in base 2: one rescale per step) and its D/32 elements of Σ p·v.
+  - **Combine.** The warps' states meet in shared memory (rescaled by 2^(m_w − M)); with one split the block stores
+    the output. With several, each block stores its (M, L, Σ p·v) partial in the scratch buffer, and the last block
+    of its (batch, kv head) to finish (an atomic counter in the scratch, after a memory fence) rescales and sums the
+    partials, stores the output and resets the counter to 0 for the next launch.
+
+Scratch (float32 words): [batch, kv heads, MAX_SPLITS, group, D + 2] partials (Σ p·v, then m and l), then one
+counter word per (batch, kv head); `scratch_words(config, batch)` is its size. It must be zero at the first launch.
+Tests: test/unit/test_flash_decoding.py (NVRTC for sm_80 and sm_90; the emulator against numpy).
+"""
+from __future__ import annotations
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+WARP_THREADS = 32
+WARPS = 4
+BLOCK_THREADS = WARPS * WARP_THREADS
+# An H100 has 132 SMs: up to 128 splits a (batch, kv head) fill it for one kv head (gemma-3-270m's); a split of fewer
+# than MIN_KEYS_PER_SPLIT keys (4 steps of the block's warps) costs more in its partial's store and combine than it
+# reads.
+MAX_SPLITS = 128
+MIN_KEYS_PER_SPLIT = 16
+MAX_GROUP = 16                      # query heads per kv head held in a block's registers and shared memory
+MAX_STEP_SCORES = 16                # keys · group dot products a warp sums at once (its keys a step: up to 4)
+MAX_KEYS_PER_WARP = 4               # rows a lane holds at once: 4 keys and 4 values of D/32 floats each
+STATIC_SHARED_LIMIT = 48 * 1024     # bytes of static shared memory a CUDA block may declare
+LOG2_E = 1 / math.log(2)
+CONVERSIONS = {"float16": ("cvt.f32.f16", "cvt.rn.f16.f32"), "bfloat16": (None, "cvt.rn.bf16.f32")}
+# the buffers a kernel may take, in the roles the source names them by (pointer names in the kernel)
+ROLES = ("out", "q", "k_cache", "v_cache", "k_new", "v_new", "q_weight", "k_weight", "cos", "sin", "scratch")
+LAYOUT_ROLES = ("q", "k_cache", "v_cache", "k_new", "v_new")   # [B, H, N, D] inputs with an offset and 3 strides
+TABLE_ROLES = ("q_weight", "k_weight", "cos", "sin")           # [D] inputs at an offset
+
+@dataclass(frozen=True)
+class DecodeConfig:
+  """What one compiled flash-decoding kernel is specialized to."""
+  dtype: str                        # "float16" or "bfloat16": q, k, v, the cache and the output
+  head_dim: int                     # D: a multiple of 32 (each lane holds D/32 elements of a row)
+  group: int                        # query heads per kv head
+  kv_heads: int
+  scale: float                      # multiplies q·k
+  window: Optional[int] = None      # attend only the last `window` keys (the query is the last position)
+  softcap: Optional[float] = None   # scores become softcap·tanh(score / softcap) (after the scale)
+  norm: bool = False                # qk-norm: q and the new key RMS-normed with their weights
+  norm_eps: float = 1e-6
+  norm_offset: float = 0.0          # the norm multiplies by norm_offset + w (Gemma: 1)
+  rotary: bool = False              # RoPE of q and the new key (half-split), with cos and sin_signed tables
+  update: bool = False              # the new key and value written into the cache at `slot`, and read from there
+  weight_dtype: str = "float16"     # the dtype of the norm weights and the rotary tables
+  def __post_init__(self):
+    if self.dtype not in CONVERSIONS or self.weight_dtype not in CONVERSIONS:
+      raise ValueError(f"flash decoding: dtypes {self.dtype!r}, {self.weight_dtype!r}: each one of {list(CONVERSIONS)}")
+    if self.head_dim % WARP_THREADS or not 0 < self.head_dim <= 512:
+      raise ValueError(f"flash decoding: head dim {self.head_dim} is not a multiple of {WARP_THREADS} up to 512")
+    if not 1 <= self.group <= MAX_GROUP or self.kv_heads < 1:
+      raise ValueError(f"flash decoding: group {self.group} (1 to {MAX_GROUP}), kv heads {self.kv_heads} (>= 1)")
+    if self.window is not None and self.window < 1: raise ValueError(f"flash decoding: window {self.window} < 1")
+    if self.softcap is not None and not self.softcap > 0:
+      raise ValueError(f"flash decoding: softcap {self.softcap} must be positive")
+    if self.rotary and self.head_dim % 2: raise ValueError("flash decoding: RoPE needs an even head dim")
+    if self.shared_bytes > STATIC_SHARED_LIMIT:
+      raise ValueError(f"flash decoding: group {self.group} × head dim {self.head_dim} needs {self.shared_bytes} bytes "
+                       f"of shared memory, over {STATIC_SHARED_LIMIT}")
+  @property
+  def lane_elements(self) -> int: return self.head_dim // WARP_THREADS
+  @property
+  def keys_per_warp(self) -> int: return max(1, min(MAX_KEYS_PER_WARP, MAX_STEP_SCORES // self.group))
+  @property
+  def score_values(self) -> int:
+    """The dot products a warp sums in a step, padded to a power of two (at most 32: one a lane at the end)."""
+    return 1 << (self.keys_per_warp * self.group - 1).bit_length()
+  @property
+  def partial_words(self) -> int: return self.group * (self.head_dim + 2)
+  @property
+  def shared_bytes(self) -> int:
+    rows = self.group + 2   # the queries, the new key and value
+    words = rows * self.head_dim + WARPS * self.group * (self.head_dim + 2) + 2 * MAX_SPLITS * self.group + rows + 1 + \
+            WARPS * self.keys_per_warp * self.group
+    return 4 * words
+  def roles(self) -> tuple[str, ...]:
+    """The buffer roles this kernel reads or writes, in ROLES order."""
+    skip = set()
+    if not self.update: skip |= {"k_new", "v_new", "k_weight"}   # the new key is the only key the kernel norms
+    if not self.norm: skip |= {"q_weight", "k_weight"}
+    if not self.rotary: skip |= {"cos", "sin"}
+    return tuple(r for r in ROLES if r not in skip)
+
+def keys_per_split(visible: int) -> int:
+  """How many keys one split covers, for `visible` keys (>= 1)."""
+  return max(MIN_KEYS_PER_SPLIT, -(-visible // MAX_SPLITS))
+
+def splits(visible: int) -> int:
+  """The grid's x: how many splits cover `visible` keys."""
+  visible = max(1, visible)
+  return -(-visible // keys_per_split(visible))
+
+def visible_keys(config: DecodeConfig, keys: int) -> int:
+  return max(1, min(keys, config.window) if config.window else keys)
+
+def grid(config: DecodeConfig, keys: int, batch: int) -> tuple[int, int, int]:
+  return (splits(visible_keys(config, keys)), config.kv_heads, batch)
+
+def scratch_words(config: DecodeConfig, batch: int) -> int:
+  """float32 words of scratch a launch over `batch` needs: the partials, then the counters."""
+  pairs = batch * config.kv_heads
+  return pairs * MAX_SPLITS * config.partial_words + pairs
+
+def _float_literal(x: float) -> str: return f"{float(x)!r}f"
+
+PROLOGUE = r"""typedef unsigned short element;
+__device__ __forceinline__ float element_float(element x) { ELEMENT_TO_FLOAT }
+__device__ __forceinline__ float weight_float(element x) { WEIGHT_TO_FLOAT }
+__device__ __forceinline__ element float_element(float x) {
+  element r; asm("CVT_OUT %0, %1;" : "=h"(r) : "f"(x)); return r;
+}
+__device__ __forceinline__ float exp2_approx(float x) {
+  float r; asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x)); return r;
+}
+__device__ __forceinline__ float warp_sum(float x) {
+  #pragma unroll
+  for (int m = 16; m >= 1; m /= 2) x += __shfl_xor_sync(0xffffffffu, x, m);
+  return x;
+}
+"""
+HALF_TO_FLOAT = 'float r; asm("cvt.f32.f16 %0, %1;" : "=f"(r) : "h"(x)); return r;'
+BFLOAT_TO_FLOAT = "return __uint_as_float(((unsigned int)x) << 16);"
+
+BODY = r"""
+// a key's (or value's) row into a lane's D/32 elements: the new row at the slot, zeros past the split
+__device__ __forceinline__ void load_key(float* target, int key, int end, int new_slot, const float* new_row,
+                                         const element* cache_rows, long long position_stride, int lane) {
+  if (key < end && key == new_slot) {
+    #pragma unroll
+    for (int i = 0; i < LANE_ELEMENTS; ++i) target[i] = new_row[lane * LANE_ELEMENTS + i];
+  } else if (key < end) load_row(target, cache_rows + key * position_stride + lane * LANE_ELEMENTS);
+  else {
+    #pragma unroll
+    for (int i = 0; i < LANE_ELEMENTS; ++i) target[i] = 0.0f;
+  }
+}
+extern "C" __global__ void __launch_bounds__(BLOCK_THREADS, 1) NAME(PARAMETERS) {
+  __shared__ float rows[GROUP + 2][HEAD_DIM];           // the queries (normed, rotated), then the new key and value
+  __shared__ float warp_acc[WARPS][GROUP][HEAD_DIM];    // each warp's Σ p·v, then its m and l
+  __shared__ float warp_ml[WARPS][GROUP][2];
+  __shared__ float factors[MAX_SPLITS][GROUP];          // the combine's weight of each split's partial
+  __shared__ float split_sums[MAX_SPLITS][GROUP];       // each split's sum of exponentials
+  __shared__ float inverse_rms[GROUP + 2];
+  __shared__ float step_scores[WARPS][KEYS * GROUP];    // a step's scores, each warp's keys
+  __shared__ int last_block;
+  const float negative_infinity = __uint_as_float(0xff800000u);
+SIZES
+  const int split = blockIdx.x, kv_head = blockIdx.y, batch = blockIdx.z;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int key_end = (int)S;
+  const int key_begin = WINDOW > 0 && key_end > WINDOW ? key_end - WINDOW : 0;
+  const int visible = key_end - key_begin > 1 ? key_end - key_begin : 1;
+  const int spread = (visible + MAX_SPLITS - 1) / MAX_SPLITS;   // keys_per_split and splits of the module
+  const int per_split = spread > MIN_KEYS_PER_SPLIT ? spread : MIN_KEYS_PER_SPLIT;
+  const int split_count = (visible + per_split - 1) / per_split;
+  const int split_begin = key_begin + split * per_split;
+  const int split_end = split_begin + per_split < key_end ? split_begin + per_split : key_end;
+  const int new_slot = UPDATE ? (int)SLOT : -1;
+  const element* k_rows = k_cache + k_cache_offset + batch * k_cache_batch + kv_head * k_cache_head;
+  const element* v_rows = v_cache + v_cache_offset + batch * v_cache_batch + kv_head * v_cache_head;
+
+  // prologue: the group's query rows and the new key and value, as float32 in shared memory
+  const int row_count = UPDATE ? GROUP + 2 : GROUP;
+  for (int i = tid; i < row_count * HEAD_DIM; i += BLOCK_THREADS) {
+    const int r = i / HEAD_DIM, d = i % HEAD_DIM;
+    float x;
+    if (r < GROUP) x = element_float(q[q_offset + batch * q_batch + (kv_head * GROUP + r) * q_head + d]);
+    else if (r == GROUP) x = element_float(k_new[k_new_offset + batch * k_new_batch + kv_head * k_new_head + d]);
+    else x = element_float(v_new[v_new_offset + batch * v_new_batch + kv_head * v_new_head + d]);
+    rows[r][d] = x;
+  }
+  __syncthreads();
+  const int normed_rows = UPDATE ? GROUP + 1 : GROUP;   // the value is taken as it is
+  if (NORM) {
+    for (int r0 = 0; r0 < normed_rows; r0 += WARPS) {   // a warp a row; uniform steps (every lane shuffles)
+      const int r = r0 + warp;
+      float sum = 0.0f;
+      if (r < normed_rows) for (int d = lane; d < HEAD_DIM; d += 32) sum += rows[r][d] * rows[r][d];
+      sum = warp_sum(sum);
+      if (r < normed_rows && lane == 0) inverse_rms[r] = 1.0f / sqrtf(sum / HEAD_DIM + NORM_EPS);
+    }
+    __syncthreads();
+    for (int i = tid; i < normed_rows * HEAD_DIM; i += BLOCK_THREADS) {
+      const int r = i / HEAD_DIM, d = i % HEAD_DIM;
+      const float w = r < GROUP ? weight_float(q_weight[q_weight_offset + d])
+                                : weight_float(k_weight[k_weight_offset + d]);
+      rows[r][d] *= inverse_rms[r] * (NORM_OFFSET + w);
+    }
+    __syncthreads();
+  }
+  if (ROTARY) {   // dims d and d + D/2 of a row rotate together: one thread a pair
+    for (int i = tid; i < normed_rows * (HEAD_DIM / 2); i += BLOCK_THREADS) {
+      const int r = i / (HEAD_DIM / 2), d = i % (HEAD_DIM / 2), e = d + HEAD_DIM / 2;
+      const float x1 = rows[r][d], x2 = rows[r][e];
+      rows[r][d] = x1 * weight_float(cos[cos_offset + d]) + x2 * weight_float(sin[sin_offset + d]);
+      rows[r][e] = x2 * weight_float(cos[cos_offset + e]) + x1 * weight_float(sin[sin_offset + e]);
+    }
+    __syncthreads();
+  }
+  if (UPDATE) {   // the new key as the cache stores it (rounded); the first split writes it and the value
+    for (int d = tid; d < HEAD_DIM; d += BLOCK_THREADS) {
+      const element key = float_element(rows[GROUP][d]), value = float_element(rows[GROUP + 1][d]);
+      rows[GROUP][d] = element_float(key);
+      if (split == 0) {
+        k_cache[k_cache_offset + batch * k_cache_batch + kv_head * k_cache_head + new_slot * k_cache_pos + d] = key;
+        v_cache[v_cache_offset + batch * v_cache_batch + kv_head * v_cache_head + new_slot * v_cache_pos + d] = value;
+      }
+    }
+    __syncthreads();
+  }
+
+  // this lane's D/32 elements of each query row (scaled: scores in base 2 unless a softcap comes first)
+  float query[GROUP][LANE_ELEMENTS], acc[GROUP][LANE_ELEMENTS], m[GROUP], l[GROUP];
+  #pragma unroll
+  for (int g = 0; g < GROUP; ++g) {
+    #pragma unroll
+    for (int i = 0; i < LANE_ELEMENTS; ++i) {
+      query[g][i] = rows[g][lane * LANE_ELEMENTS + i] * Q_SCALE;
+      acc[g][i] = 0.0f;
+    }
+    m[g] = negative_infinity;
+    l[g] = 0.0f;
+  }
+  for (int base = split_begin; base < split_end; base += WARPS * KEYS) {   // the same steps in every warp
+    float k_values[KEYS][LANE_ELEMENTS], v_values[KEYS][LANE_ELEMENTS], sums[SCORE_VALUES];
+    #pragma unroll
+    for (int k = 0; k < KEYS; ++k) load_key(k_values[k], base + warp * KEYS + k, split_end, new_slot, rows[GROUP],
+                                            k_rows, k_cache_pos, lane);
+    #pragma unroll
+    for (int k = 0; k < KEYS; ++k) {
+      #pragma unroll
+      for (int g = 0; g < GROUP; ++g) {
+        float dot = 0.0f;
+        #pragma unroll
+        for (int i = 0; i < LANE_ELEMENTS; ++i) dot += query[g][i] * k_values[k][i];
+        sums[k * GROUP + g] = dot;
+      }
+    }
+    #pragma unroll
+    for (int j = KEYS * GROUP; j < SCORE_VALUES; ++j) sums[j] = 0.0f;
+    // the warp's KEYS·GROUP dot products summed over its lanes at once: each xor step halves the values a lane
+    // keeps (the lanes with that bit keep the upper half), then plain sums; lane L ends with value L >> SCORE_SHIFT
+    #pragma unroll
+    for (int offset = 16, n = SCORE_VALUES; offset >= 1; offset /= 2) {
+      if (n > 1) {
+        const bool upper = (lane & offset) != 0;
+        #pragma unroll
+        for (int i = 0; i < n / 2; ++i) {
+          const float send = upper ? sums[i] : sums[i + n / 2], keep = upper ? sums[i + n / 2] : sums[i];
+          sums[i] = keep + __shfl_xor_sync(0xffffffffu, send, offset);
+        }
+        n /= 2;
+      } else sums[0] += __shfl_xor_sync(0xffffffffu, sums[0], offset);
+    }
+    if ((lane >> SCORE_SHIFT) < KEYS * GROUP) step_scores[warp][lane >> SCORE_SHIFT] = sums[0];
+    #pragma unroll
+    for (int k = 0; k < KEYS; ++k) load_key(v_values[k], base + warp * KEYS + k, split_end, new_slot, rows[GROUP + 1],
+                                            v_rows, v_cache_pos, lane);
+    __syncthreads();
+    #pragma unroll
+    for (int g = 0; g < GROUP; ++g) {
+      float p[KEYS], step_max = negative_infinity;
+      #pragma unroll
+      for (int k = 0; k < KEYS; ++k) {
+        float s = step_scores[warp][k * GROUP + g];
+        SOFTCAP
+        p[k] = base + warp * KEYS + k < split_end ? s : negative_infinity;
+        step_max = fmaxf(step_max, p[k]);
+      }
+      const float new_max = fmaxf(m[g], step_max);
+      const float base2 = new_max == negative_infinity ? 0.0f : new_max;   // nothing kept yet: every term is 0
+      const float alpha = exp2_approx(m[g] - base2);
+      l[g] *= alpha;
+      #pragma unroll
+      for (int i = 0; i < LANE_ELEMENTS; ++i) acc[g][i] *= alpha;
+      #pragma unroll
+      for (int k = 0; k < KEYS; ++k) {
+        p[k] = exp2_approx(p[k] - base2);
+        l[g] += p[k];
+        #pragma unroll
+        for (int i = 0; i < LANE_ELEMENTS; ++i) acc[g][i] += p[k] * v_values[k][i];
+      }
+      m[g] = new_max;
+    }
+    __syncthreads();   // the step's scores are read before the next step writes them
+  }
+
+  // the warps' states combined: the block's (M, L, Σ p·v) per row
+  #pragma unroll
+  for (int g = 0; g < GROUP; ++g) {
+    #pragma unroll
+    for (int i = 0; i < LANE_ELEMENTS; ++i) warp_acc[warp][g][lane * LANE_ELEMENTS + i] = acc[g][i];
+    if (lane == 0) { warp_ml[warp][g][0] = m[g]; warp_ml[warp][g][1] = l[g]; }
+  }
+  __syncthreads();
+  float* partials = scratch + ((batch * KV_HEADS + kv_head) * MAX_SPLITS) * PARTIAL_WORDS;
+  unsigned int* counter = (unsigned int*)(scratch + BATCH * KV_HEADS * MAX_SPLITS * PARTIAL_WORDS) +
+                          batch * KV_HEADS + kv_head;
+  const long long out_row = ((long long)batch * KV_HEADS + kv_head) * GROUP;
+  for (int i = tid; i < GROUP * HEAD_DIM; i += BLOCK_THREADS) {
+    const int g = i / HEAD_DIM, d = i % HEAD_DIM;
+    float block_max = negative_infinity;
+    #pragma unroll
+    for (int w = 0; w < WARPS; ++w) block_max = fmaxf(block_max, warp_ml[w][g][0]);
+    const float base2 = block_max == negative_infinity ? 0.0f : block_max;
+    float sum = 0.0f, value = 0.0f;
+    #pragma unroll
+    for (int w = 0; w < WARPS; ++w) {
+      const float f = exp2_approx(warp_ml[w][g][0] - base2);
+      sum += warp_ml[w][g][1] * f;
+      value += warp_acc[w][g][d] * f;
+    }
+    if (split_count == 1) out[(out_row + g) * HEAD_DIM + d] = float_element(value / sum);
+    else {
+      partials[split * PARTIAL_WORDS + g * HEAD_DIM + d] = value;
+      if (d == 0) {
+        partials[split * PARTIAL_WORDS + GROUP * HEAD_DIM + 2 * g] = block_max;
+        partials[split * PARTIAL_WORDS + GROUP * HEAD_DIM + 2 * g + 1] = sum;
+      }
+    }
+  }
+  if (split_count == 1) return;
+  // the last block of this (batch, kv head) to finish combines the partials
+  __threadfence();
+  __syncthreads();
+  if (tid == 0) last_block = atomicAdd(counter, 1u) == (unsigned int)(split_count - 1);
+  __syncthreads();
+  if (!last_block) return;
+  __threadfence();
+  // the partials are read through L2 (__ldcg: another SM wrote them, this SM's L1 may hold none of it), first every
+  // split's (m, l), spread over the threads, then each output element's sum over the splits
+  for (int i = tid; i < split_count * GROUP; i += BLOCK_THREADS) {
+    const int s = i / GROUP, g = i % GROUP;
+    factors[s][g] = __ldcg(partials + s * PARTIAL_WORDS + GROUP * HEAD_DIM + 2 * g);
+    split_sums[s][g] = __ldcg(partials + s * PARTIAL_WORDS + GROUP * HEAD_DIM + 2 * g + 1);
+  }
+  __syncthreads();
+  for (int g = tid; g < GROUP; g += BLOCK_THREADS) {
+    float total_max = negative_infinity;
+    for (int s = 0; s < split_count; ++s) total_max = fmaxf(total_max, factors[s][g]);
+    const float base2 = total_max == negative_infinity ? 0.0f : total_max;
+    float total = 0.0f;
+    for (int s = 0; s < split_count; ++s) {
+      factors[s][g] = exp2_approx(factors[s][g] - base2);
+      total += split_sums[s][g] * factors[s][g];
+    }
+    for (int s = 0; s < split_count; ++s) factors[s][g] /= total;
+  }
+  __syncthreads();
+  for (int i = tid; i < GROUP * HEAD_DIM; i += BLOCK_THREADS) {
+    const int g = i / HEAD_DIM, d = i % HEAD_DIM;
+    float value = 0.0f;
+    const float* column = partials + g * HEAD_DIM + d;
+    #pragma unroll 8
+    for (int s = 0; s < split_count; ++s) value += __ldcg(column + s * PARTIAL_WORDS) * factors[s][g];
+    out[(out_row + g) * HEAD_DIM + d] = float_element(value);
+  }
+  if (tid == 0) *counter = 0u;   // ready for the next launch
+}
+"""
+
+SIZE_NAMES = ("S", "SLOT", *(f"{r}_{axis}" for r in LAYOUT_ROLES for axis in ("offset", "batch", "head", "pos")),
+              *(f"{r}_offset" for r in TABLE_ROLES))
+
+SCALAR_LOAD = r"""__device__ __forceinline__ void load_row(float* target, const element* source) {
+  #pragma unroll
+  for (int i = 0; i < LANE_ELEMENTS; ++i) target[i] = element_float(source[i]);
+}
+"""
+VECTOR_LOAD = r"""__device__ __forceinline__ void load_row(float* target, const element* source) {   // 16-byte loads
+  const uint4* chunks = (const uint4*)source;
+  #pragma unroll
+  for (int c = 0; c < LANE_ELEMENTS / 8; ++c) {
+    const uint4 chunk = chunks[c];
+    const unsigned int words[4] = {chunk.x, chunk.y, chunk.z, chunk.w};
+    #pragma unroll
+    for (int w = 0; w < 4; ++w) {
+      target[8 * c + 2 * w] = element_float((element)(words[w] & 0xffffu));
+      target[8 * c + 2 * w + 1] = element_float((element)(words[w] >> 16));
+    }
+  }
+}
+"""
+
+def flash_decoding_source(config: DecodeConfig, name: str, sizes: dict[str, str], variables: tuple[str, ...],
+                          buffers: tuple[str, ...], batch: int) -> str:
+  """CUDA C of kernel `name` (see the module doc). `buffers`: the role of each pointer parameter, in order (each of
+  config.roles() once; a name outside ROLES is a parameter the kernel does not read). `sizes`: a C expression (of
+  `variables`, the int64 parameters after the buffers) for each of SIZE_NAMES that the config uses (missing ones
+  are 0): the key count S, the new slot, each [B, H, N, D] input's element offset and strides over batch, head and
+  position (its last dim contiguous), each table's offset. `batch`: B (the scratch's layout)."""
+  if missing := [r for r in config.roles() if r not in buffers]:
+    raise ValueError(f"flash decoding: no buffer for {missing}")
+  if "S" not in sizes: raise ValueError("flash decoding: no size for the key count S")
+  if config.update and "SLOT" not in sizes: raise ValueError("flash decoding: an update needs the SLOT size")
+  to_float, to_element = CONVERSIONS[config.dtype]
+  # the caches are written only with `update`, but a dead store still needs a pointer it may write
+  writes = {"out", "k_cache", "v_cache"}
+  pointer_types = {"scratch": "float*"}
+  declared, parameters = set(), []
+  for i, role in enumerate(buffers):
+    if role in declared: raise ValueError(f"flash decoding: buffer role {role!r} given twice")
+    declared.add(role)
+    if role not in ROLES: ctype = "const void*"   # a buffer the step passes that the kernel does not read
+    else: ctype = pointer_types.get(role, "element*" if role in writes else "const element*")
+    parameters.append(f"{ctype} {role}")
+  absent = [r for r in ("k_new", "v_new", "q_weight", "k_weight", "cos", "sin") if r not in declared]
+  size_lines = "\n".join(f"  const long long {s} = {sizes.get(s, '0LL')};" for s in SIZE_NAMES)
+  # a role the config does not use still has names in the source: a null pointer it never reads
+  size_lines += "".join(f"\n  const element* {r} = nullptr;" for r in absent)
+  softcap = "" if config.softcap is None else \
+    f"s = {_float_literal(config.softcap * LOG2_E)} * tanhf(s * {_float_literal(1 / config.softcap)});"
+  q_scale = config.scale if config.softcap is not None else config.scale * LOG2_E
+  values = {"BLOCK_THREADS": str(BLOCK_THREADS), "WARPS": str(WARPS), "GROUP": str(config.group),
+            "HEAD_DIM": str(config.head_dim), "LANE_ELEMENTS": str(config.lane_elements),
+            "KV_HEADS": str(config.kv_heads), "MAX_SPLITS": str(MAX_SPLITS),
+            "MIN_KEYS_PER_SPLIT": str(MIN_KEYS_PER_SPLIT),
+            "PARTIAL_WORDS": str(config.partial_words), "BATCH": str(batch), "WINDOW": str(config.window or 0),
+            "UPDATE": "true" if config.update else "false", "NORM_OFFSET": _float_literal(config.norm_offset),
+            "NORM_EPS": _float_literal(config.norm_eps), "NORM": "true" if config.norm else "false",
+            "ROTARY": "true" if config.rotary else "false", "Q_SCALE": _float_literal(q_scale),
+            "KEYS": str(config.keys_per_warp), "SCORE_VALUES": str(config.score_values),
+            "SCORE_SHIFT": str(5 - config.score_values.bit_length() + 1)}
+  body = (VECTOR_LOAD if config.lane_elements % 8 == 0 else SCALAR_LOAD) + BODY.replace("SOFTCAP", softcap)
+  for key in sorted(values, key=len, reverse=True): body = body.replace(key, values[key])
+  body = body.replace("NAME", name).replace("PARAMETERS", ", ".join(parameters + [f"long long {v}" for v in variables]))
+  body = body.replace("SIZES", size_lines)   # last: the expressions are the caller's text
+  prologue = PROLOGUE.replace("CVT_OUT", to_element)
+  prologue = prologue.replace("ELEMENT_TO_FLOAT", HALF_TO_FLOAT if to_float else BFLOAT_TO_FLOAT)
+  prologue = prologue.replace("WEIGHT_TO_FLOAT",
+                              HALF_TO_FLOAT if CONVERSIONS[config.weight_dtype][0] else BFLOAT_TO_FLOAT)
+  return prologue + body

@@ -1,7 +1,8 @@
 """A float32 matmul template in the opt space (OptOps.SGEMM): a whole float32 matmul kernel computed by the CUDA-core
 (SIMT) kernel that runtime/cuda/sgemm.py writes (block tiles of 64-256 rows and columns, each thread an 8×8 or
 wider register tile of float4 groups, A and B staged K-major in two shared-memory buffers, conflict-free 128-bit
-shared reads), on targets whose renderer has `simt_matmul` (CUDA, every arch). Everything about it is here, in the order it is used:
+shared reads), on targets whose renderer has `simt_matmul` (CUDA, every arch). Everything about it is here, in the
+order it is used:
 
   1. which kernels qualify (`matmul_of`): the AST is exactly out = Σ_K a·b, the product of two float32 loads summed in
      float32 and stored as it is (no epilogue); one reduce over one K axis, two output axes (M, N), all three sizes

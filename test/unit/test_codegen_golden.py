@@ -4,9 +4,9 @@ The programs cover elementwise chains, broadcasting, reductions (small, blocked,
 cores, shared-memory staging, the float32 matmul template of OptOps.SGEMM), gathers, row kernels (softmax, layernorm,
 RMSNorm), GROUP reduces, symbolic shapes and float16/bfloat16. Each kernel is linearized and rendered for the CUDA
 renderer (sm_75 and sm_90, and sm_90a for the matmuls: the warpgroup-MMA kernel of OptOps.WGMMA; no GPU needed) and
-for the LLVM renderer, unoptimized, with the heuristics, with a few fixed opt lists and along seeded random walks over a frozen copy of the search's actions. The
-sha256 of every source is compared with test/unit/codegen_golden.json, so
-any change to the code that scheduling and codegen make is visible: a refactor must leave it unchanged; a deliberate
+for the LLVM renderer, unoptimized, with the heuristics, with a few fixed opt lists and along seeded random walks
+over a frozen copy of the search's actions. The sha256 of every source is compared with test/unit/codegen_golden.json,
+so any change to the code that scheduling and codegen make is visible: a refactor must leave it unchanged; a deliberate
 change (and bump of codegen.CODEGEN_VERSION where generated code changes) regenerates the file with
 
   PYTHONPATH=. python test/unit/test_codegen_golden.py --update

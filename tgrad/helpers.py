@@ -102,6 +102,8 @@ class _Settings:
                          # into L2, while the predecessor still runs (runtime/cuda/prefetch.py); 0: they don't
   WGMMA: int = 1        # 1: on sm_90a a big half/bfloat16 matmul may be one warpgroup-MMA kernel (OptOps.WGMMA)
   WGMMA_TMA: int = 1    # 1: that kernel's heuristic tile loads by TMA with a producer warpgroup; 0: by cp.async
+  SGEMM: int = 1        # 1: on CUDA a big float32 matmul without an epilogue is the float32 matmul template
+                        # (OptOps.SGEMM); 0: the staged kernel of the generic opts
   JIT_PLAN: int = 1     # 1: a TinyJit packs its transient buffers into one arena per device; 0: one allocation each
   FLASH_ATTENTION: int = 1   # 1: scaled-dot-product attention on CUDA (half types) is one flash-attention kernel
   HALF_GEMM: int = 1    # 1: a prompt of half rows times a packed weight on CUDA dequantizes it into a half temporary
@@ -130,6 +132,7 @@ _ALLOWED_VALUES: dict[str, tuple[str, Callable[[int], bool]]] = {
   "HALF_GEMM": ("0 or 1", lambda v: v in (0, 1)),
   "WGMMA": ("0 or 1", lambda v: v in (0, 1)),
   "WGMMA_TMA": ("0 or 1", lambda v: v in (0, 1)),
+  "SGEMM": ("0 or 1", lambda v: v in (0, 1)),
 }
 # the float settings, the same way; None (unset) is always allowed for these
 _ALLOWED_FLOATS: dict[str, tuple[str, Callable[[float], bool]]] = {
@@ -199,7 +202,7 @@ def current_settings() -> _Settings:
 
 # The settings that change generated code. Not TOLERANCE: it changes which measured path is selected, never the code
 # of a path, so kernels and binaries cached under one tolerance serve every other.
-CODE_SETTINGS = ("NOOPT", "PDL", "PDL_PREFETCH", "WGMMA", "WGMMA_TMA")
+CODE_SETTINGS = ("NOOPT", "PDL", "PDL_PREFETCH", "WGMMA", "WGMMA_TMA", "SGEMM")
 
 def settings_key(settings: Optional[_Settings] = None) -> tuple:
   """The settings that change generated code (of `settings`, else the current ones): part of every cache key."""

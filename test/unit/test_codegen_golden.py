@@ -1,12 +1,12 @@
 """Golden sources: every kernel of a representative set of programs, rendered by both renderers, hashed.
 
 The programs cover elementwise chains, broadcasting, reductions (small, blocked, split), matmuls (heuristics, tensor
-cores, shared-memory staging), gathers, row kernels (softmax, layernorm, RMSNorm), GROUP reduces, symbolic shapes and
-float16/bfloat16. Each kernel is linearized and rendered for the CUDA renderer (sm_75 and sm_90, and sm_90a for the
-matmuls: the warpgroup-MMA kernel of OptOps.WGMMA; no GPU needed) and for the LLVM renderer, unoptimized, with the
-heuristics, with a few fixed opt lists and along seeded random walks over a frozen copy of the search's actions. The
-sha256 of every source is compared with test/unit/codegen_golden.json, so
-any change to the code that scheduling and codegen make is visible: a refactor must leave it unchanged; a deliberate
+cores, shared-memory staging, the float32 matmul template of OptOps.SGEMM), gathers, row kernels (softmax, layernorm,
+RMSNorm), GROUP reduces, symbolic shapes and float16/bfloat16. Each kernel is linearized and rendered for the CUDA
+renderer (sm_75 and sm_90, and sm_90a for the matmuls: the warpgroup-MMA kernel of OptOps.WGMMA; no GPU needed) and
+for the LLVM renderer, unoptimized, with the heuristics, with a few fixed opt lists and along seeded random walks
+over a frozen copy of the search's actions. The sha256 of every source is compared with test/unit/codegen_golden.json,
+so any change to the code that scheduling and codegen make is visible: a refactor must leave it unchanged; a deliberate
 change (and bump of codegen.CODEGEN_VERSION where generated code changes) regenerates the file with
 
   PYTHONPATH=. python test/unit/test_codegen_golden.py --update
@@ -95,6 +95,8 @@ def programs() -> dict[str, Callable[[], Tensor]]:
     "matmul_small": lambda: data(16, 24) @ data(24, 8, seed=1),
     "matmul_square": lambda: data(128, 128) @ data(128, 128, seed=1),
     "matmul_big": lambda: data(512, 512) @ data(512, 512, seed=1),
+    "matmul_float32_weight": lambda: data(520, 256) @ data(388, 256, seed=1).T,
+    "matmul_float32_a_transposed": lambda: data(256, 384).T @ data(256, 260, seed=1),
     "matmul_half": lambda: (data(256, 256, dtype=np.float16) @ data(256, 256, dtype=np.float16, seed=1)),
     "matmul_half_big": lambda: (data(1024, 1024, dtype=np.float16) @ data(1024, 1024, dtype=np.float16, seed=1)),
     "matmul_half_2048": lambda: data(2048, 256, dtype=np.float16) @ data(256, 2048, dtype=np.float16, seed=1),
@@ -149,6 +151,9 @@ FIXED_OPTS: dict[str, list[tuple[str, tuple[Opt, ...]]]] = {
     ("wgmma_small_tile", (Opt(OptOps.WGMMA, 0, 9),)),
     ("wgmma_tma_first_tile", (Opt(OptOps.WGMMA, 0, 11),)),
     ("wgmma_tma_small_tile", (Opt(OptOps.WGMMA, 0, 19),)),
+    ("sgemm_first_tile", (Opt(OptOps.SGEMM, 0, 0),)),
+    ("sgemm_wide_tile", (Opt(OptOps.SGEMM, 0, 2),)),
+    ("sgemm_small_tile", (Opt(OptOps.SGEMM, 0, 6),)),
   ],
   "llvm": [
     ("unroll4", (Opt(OptOps.UNROLL, 0, 4),)),

@@ -194,10 +194,11 @@ def test_matmul_heuristics_tile_and_vectorize():
   assert "make_float4" in src and "__launch_bounds__(256)" in src
 
 def test_big_matmul_heuristics_stage_both_inputs():
-  """A 2048² output: 8×8 register tiles (columns as two float4 groups), 8×16 threads, both inputs staged in shared
-  memory: one copy before the loop and one per step (float4 global loads and shared stores where contiguous), a
-  barrier after each, outer-product reads of float4s from the tiles."""
-  (kernel,) = kernels(matmul(host((2048, 256)), host((256, 2048))), heuristics=True)
+  """A 2048² output under SGEMM=0 (else the float32 matmul template, test_sgemm.py): 8×8 register tiles (columns as
+  two float4 groups), 8×16 threads, both inputs staged in shared memory: one copy before the loop and one per step
+  (float4 global loads and shared stores where contiguous), a barrier after each, outer-product reads of float4s
+  from the tiles."""
+  with Context(SGEMM=0): (kernel,) = kernels(matmul(host((2048, 256)), host((256, 2048))), heuristics=True)
   opts = [(o.op, o.amount) for o in kernel.applied_opts]
   assert opts == [(OptOps.UPCAST, 4), (OptOps.UPCAST, 8), (OptOps.UNROLL, 8), (OptOps.LOCAL, 8), (OptOps.LOCAL, 16),
                   (OptOps.UPCAST, 2), (OptOps.SMEM, 0), (OptOps.SMEM, 0)]

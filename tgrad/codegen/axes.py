@@ -31,7 +31,7 @@ class KernelOptError(Exception):
 class OptOps(Enum):
   UPCAST = auto(); UNROLL = auto(); LOCAL = auto(); GROUP = auto(); GROUPTOP = auto()  # noqa: E702
   NOLOCALS = auto(); PADTO = auto(); SWAP = auto(); TC = auto(); THREAD = auto(); SMEM = auto()  # noqa: E702
-  WGMMA = auto()
+  WGMMA = auto(); SGEMM = auto()  # noqa: E702
   def __repr__(self): return f"OptOps.{self.name}"
   def __lt__(self, other): return self.value < other.value
 
@@ -98,6 +98,30 @@ class WarpgroupMatmul:
     warpgroups = self.warpgroups + (1 if self.tma else 0)
     return (-(-self.n // self.block_n), ceil_div(self.m, self.block_m)), (warpgroups * self.WARPGROUP_THREADS,)
 
+@dataclass(frozen=True)
+class SimtMatmul:
+  """How OptOps.SGEMM computes a whole kernel (simt_matmul.py): out[M×N] = a[M×K] · b[K×N] in float32 FMAs, one block
+  per block_m × block_n tile, each thread a thread_m × thread_n tile of accumulators, K in steps of 8 through two
+  shared-memory buffers (runtime/cuda/sgemm.py writes it). `a_m_major`: A is stored K×M (M contiguous) instead of
+  M×K; `b_n_major`: B is stored K×N instead of N×K. `arguments` names each kernel parameter's role ("out", "a", "b")
+  in parameter order. `min_blocks`: the blocks per SM the compiler must leave registers for (__launch_bounds__)."""
+  m: int
+  n: int
+  k: int
+  a_m_major: bool
+  b_n_major: bool
+  arguments: tuple[str, ...]
+  block_m: int = 128
+  block_n: int = 128
+  thread_m: int = 8
+  thread_n: int = 8
+  min_blocks: int = 1
+  @property
+  def threads(self) -> int: return (self.block_m // self.thread_m) * (self.block_n // self.thread_n)
+  def launch_dims(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(global_size, local_size): blockIdx.x over column tiles, .y over row tiles."""
+    return (-(-self.n // self.block_n), -(-self.m // self.block_m)), (self.threads,)
+
 @dataclass(frozen=True, eq=False)
 class AxisState:
   """A kernel's axes at one point of its optimization: its AST and target, one ShapeTracker per memory op, the roles
@@ -117,6 +141,7 @@ class AxisState:
   dont_use_locals: bool = False    # NOLOCALS
   tensor_core: Optional[TensorCoreUse] = None
   warpgroup_matmul: Optional[WarpgroupMatmul] = None   # WGMMA: the whole kernel is one warpgroup matmul
+  simt_matmul: Optional[SimtMatmul] = None   # SGEMM: the whole kernel is one float32 matmul template
   staged: tuple[tuple[UOp, int], ...] = ()   # SMEM: (load, padding per row) staged in shared memory
   # guarded GROUPs of symbolic reduce axes whose reduces don't ignore padding: one tracker each (in memops/sts, so
   # every opt reshapes it), valid exactly where the split axis is not padding (see opts._add_padding_guard)
@@ -235,6 +260,7 @@ class AxisState:
     over the variables): the runner evaluates it per launch."""
     if not self.renderer.has_local: return ((self.threads or 1,), (1,))
     if self.warpgroup_matmul is not None: return self.warpgroup_matmul.launch_dims()
+    if self.simt_matmul is not None: return self.simt_matmul.launch_dims()
     caps = self.renderer
     global_size = fold_dims(self.global_axis_sizes, caps.max_grid[:caps.max_global_dims])
     local_size = fold_dims(self.local_axis_sizes, caps.max_local_dims)

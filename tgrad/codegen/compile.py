@@ -81,10 +81,13 @@ class CompiledKernel:
 
 def render_source(kernel: Kernel, name: Optional[str] = None) -> tuple[str, list]:
   """The kernel's source for its renderer and the linear UOps it was rendered from (none for a warpgroup matmul,
-  OptOps.WGMMA: the renderer writes that kernel whole). `name` is the function's name (kernel.function_name)."""
+  OptOps.WGMMA, or a float32 matmul template, OptOps.SGEMM: the renderer writes those kernels whole). `name` is the
+  function's name (kernel.function_name)."""
   name = name or kernel.function_name
   if (matmul := kernel.warpgroup_matmul) is not None:
     return kernel.renderer.render_warpgroup_matmul(name, matmul), []
+  if (simt := kernel.simt_matmul) is not None:
+    return kernel.renderer.render_simt_matmul(name, simt), []
   uops = linearize(kernel)
   return kernel.renderer.render(name, uops), uops
 

@@ -7,7 +7,8 @@ CPU (LLVM) rules: a register tile for reductions that reuse loads across two out
 across cores for big kernels.
 GPU rules live in `_gpu_rules`: a matrix–vector product (`matvec_layout`: M ≤ 8 rows of x times a weight matrix)
 gets the bandwidth rules of `_matvec`; a big half/bfloat16 matmul without an epilogue on sm_90a is one
-warpgroup-MMA kernel (`_warpgroup_matmul`, OptOps.WGMMA); another half/bfloat16 matmul, or a float32 one whose inputs
+warpgroup-MMA kernel (`_warpgroup_matmul`, OptOps.WGMMA); a big float32 one without an epilogue is the float32 matmul
+template (`_simt_matmul`, OptOps.SGEMM); another half/bfloat16 matmul, or a float32 one whose inputs
 are rounded to TF32 in the graph (the matmul lowering "tf32"), goes to tensor cores (`_tensor_cores`).
 A kernel with symbolic sizes gets the same GPU rules on its known axes and guarded splits of its symbolic ones
 (`_symbolic_rules`).
@@ -20,6 +21,8 @@ from tgrad.codegen.axes import AxisState, KernelOptError, Opt, OptOps
 from tgrad.codegen.cpu_gemm import PACK_MIN_ELEMENTS, gemm_axes, gemm_tile
 from tgrad.codegen.kernel import Kernel
 from tgrad.codegen.opts import apply_opt, apply_opts
+from tgrad.codegen.simt_matmul import default_tile as simt_default_tile, matmul_of as simt_matmul_of, \
+  worth_it as simt_worth_it
 from tgrad.codegen.staging import stageable_loads
 from tgrad.codegen.warpgroup_mma import default_tile, loads_by_tma, matmul_of, worth_it
 from tgrad.ops import Ops, UOp
@@ -669,11 +672,20 @@ def _warpgroup_matmul(kernel: Kernel) -> bool:
   return not isinstance(use, str) and worth_it(use) and \
     try_opt(kernel, Opt(OptOps.WGMMA, 0, default_tile(use.m, use.n, bool(Context.WGMMA_TMA) and loads_by_tma(use))))
 
+def _simt_matmul(kernel: Kernel) -> bool:
+  """A big float32 matmul with no epilogue (simt_matmul.py says which qualify and which are big enough) is the
+  float32 matmul template with the tile `default_tile` picks; SGEMM=0 turns this off (the staged kernel instead)."""
+  if not Context.SGEMM or not kernel.renderer.simt_matmul: return False
+  use = simt_matmul_of(kernel.state)
+  return not isinstance(use, str) and simt_worth_it(use) and \
+    try_opt(kernel, Opt(OptOps.SGEMM, 0, simt_default_tile(use.m, use.n)))
+
 def _gpu_rules(kernel: Kernel) -> None:
   if _matvec(kernel): return
   if _packed_matvec(kernel): return
   if _row_matvec(kernel): return
   if _warpgroup_matmul(kernel): return
+  if _simt_matmul(kernel): return
   if _tensor_cores(kernel): return
   if _group_small_reduce(kernel): return   # its block is the group (and a warp of outputs for a strided reduce)
   if _staged_matmul(kernel): return

@@ -61,9 +61,13 @@ class Renderer:
   async_copy: bool = False     # a global → shared copy can be issued without waiting for it (CUDA cp.async)
   matrix_loads: bool = False   # tensor-core fragments can be loaded from shared memory by the warp (MatrixLoad)
   warpgroup_mma: bool = False  # warpgroup MMAs on shared-memory operands (CUDA sm_90a wgmma: runtime/cuda/wgmma.py)
+  simt_matmul: bool = False    # a hand-written float32 matmul template (OptOps.SGEMM: runtime/cuda/sgemm.py)
   vector_bytes: int = 16       # bytes per SIMD register (CPU register tiles): SSE 16, AVX2 32, AVX-512 64
   vector_registers: int = 16   # SIMD registers the code may hold at once: 16 (SSE, AVX2), 32 (AVX-512)
   def render(self, name: str, uops: list[UOp]) -> str: raise NotImplementedError
   def render_warpgroup_matmul(self, name: str, matmul) -> str:
     """The whole source of a warpgroup matmul kernel (OptOps.WGMMA: an axes.WarpgroupMatmul), where warpgroup_mma."""
     raise NotImplementedError(f"{type(self).__name__} has no warpgroup MMA")
+  def render_simt_matmul(self, name: str, matmul) -> str:
+    """The whole source of a float32 matmul template kernel (OptOps.SGEMM: an axes.SimtMatmul), where simt_matmul."""
+    raise NotImplementedError(f"{type(self).__name__} has no float32 matmul template")

@@ -26,6 +26,7 @@ from tgrad.codegen.axes import AxisState, KernelOptError, Opt, OptOps, memory_ex
 from tgrad.codegen.kernel import Kernel
 from tgrad.codegen.opts import apply_opt, apply_opts
 from tgrad.codegen.heuristics import hand_coded_optimizations
+from tgrad.codegen.simt_matmul import SIMT_TILES
 from tgrad.codegen.warpgroup_mma import WGMMA_TILES
 from tgrad.codegen.compile import CompiledKernel, render_source
 from tgrad.device import BinaryLoadError, Buffer, Compiled, Device
@@ -63,6 +64,7 @@ ACTIONS: list[Opt] = [
   *[Opt(OptOps.SMEM, operand, padding) for operand in range(2) for padding in SMEM_PADDINGS],
   Opt(OptOps.NOLOCALS),
   *[Opt(OptOps.WGMMA, 0, tile) for tile in range(len(WGMMA_TILES))],
+  *[Opt(OptOps.SGEMM, 0, tile) for tile in range(len(SIMT_TILES))],
 ]
 
 # ---- measuring

@@ -19,6 +19,7 @@ from tgrad.ops import UOp, Ops, ALU, COMPARISON, split_terms
 from tgrad.codegen.renderer import Renderer, FragmentLayout, MatrixLoad, TensorCore
 from tgrad.helpers import Context, prod
 from tgrad.runtime.cuda.prefetch import block_prefetch, prefetch_statements
+from tgrad.runtime.cuda.sgemm import simt_matmul_source
 from tgrad.runtime.cuda.targets import DYNAMIC_SHARED_SUFFIX, WARPGROUP_MMA_ARCH, sm_number
 from tgrad.runtime.cuda.vectors import (BYTE_LOAD_TYPES, LANES, VECTOR_BYTES, WORD_BYTES, ByteRun, VectorAccess,
                                         async_copies, byte_run_pieces, byte_runs, vector_groups, widen_async_copies)
@@ -150,6 +151,7 @@ class CUDARenderer(Renderer):
     self.dependent_launch = sm_number(arch) >= DEPENDENT_LAUNCH_MIN_SM
     # wgmma is an arch-specific feature of sm_90a: code for it runs on compute capability 9.0 only
     self.warpgroup_mma = arch == WARPGROUP_MMA_ARCH
+    self.simt_matmul = True   # plain CUDA C (float4 loads, shared memory, barriers): every arch
   def render(self, name: str, uops: list[UOp]) -> str:
     """The kernel's source; on sm_90+ under PDL=1 (a code setting, part of every cache key) with the dependent-launch
     prologue, and under PDL_PREFETCH=1 (another) the L2 prefetch of its largest read-only input before the wait
@@ -162,6 +164,10 @@ class CUDARenderer(Renderer):
     parameters in the kernel's order."""
     from tgrad.runtime.cuda.wgmma_tma import warpgroup_matmul_source   # wgmma.py builds on this module's names
     return warpgroup_matmul_source(name, matmul)
+  def render_simt_matmul(self, name: str, matmul) -> str:
+    """The float32 matmul template (runtime/cuda/sgemm.py) of an axes.SimtMatmul, its parameters in the kernel's
+    order."""
+    return simt_matmul_source(name, matmul)
 
 # ---------------------------------------------------------------------------------------------------------------
 # 64-bit index math, computed in 32 bits where the bounds prove it fits

@@ -90,7 +90,8 @@ def test_emulated_tf32_kernel_rounds_its_operands():
 def tf32_matmul(a: np.ndarray, b: np.ndarray) -> Tensor:
   """The matmul lowering "tf32" of a · b (LLVM tensors: the kernels are only rendered); a transposed view of b (a
   w.T of a numpy w) is a transposed view of w's tensor (B stored N×K)."""
-  b_tensor = Tensor(np.ascontiguousarray(b.T), device="LLVM").T if not b.flags.c_contiguous else Tensor(b, device="LLVM")
+  transposed = not b.flags.c_contiguous
+  b_tensor = Tensor(np.ascontiguousarray(b.T), device="LLVM").T if transposed else Tensor(b, device="LLVM")
   return LOWERINGS["matmul"]["tf32"].build(Tensor(a, device="LLVM"), b_tensor)
 
 def last_kernel(out: Tensor, arch: str = HOPPER) -> Kernel:

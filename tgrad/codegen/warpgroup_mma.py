@@ -8,8 +8,9 @@ Everything about it is here, in the order it is used:
      which sums of products qualify), or of two float32 loads the graph rounds to TF32 (the matmul lowering "tf32":
      `tf32_rounded_load`) stored as float32, which the kernel multiplies as TF32 (dtype float32: it loads the raw
      floats and rounds them in shared memory as the graph does; b must then be N×K, both operands K-major, and 16-byte
-     rows are 4 elements); one reduce over one K axis, two output axes (M, N), N and K known, M known or symbolic (a prompt's rows: an expression of variables, the grid's rows from their values at launch, rows past M
-     read as zeros and not stored); b's view plain (no mask, offset 0) with strides (0, K, 1) (N×K, a linear layer's
+     rows are 4 elements); one reduce over one K axis, two output axes (M, N), N and K known, M known or symbolic (a
+     prompt's rows: an expression of variables, the grid's rows from their values at launch, rows past M read as zeros
+     and not stored); b's view plain (no mask, offset 0) with strides (0, K, 1) (N×K, a linear layer's
      weight) or (0, 1, N) (K×N, a plain a·b; N a multiple of 8); a's memory index row·S_row + kk (rows contiguous,
      S_row = K or another multiple of 8) or, with K cut into segments of whole K tiles (64), row·S_row + (kk / seg)·
      S_seg + kk % seg (`a_layout`: attention's heads [H, T, D] read as T×(H·D), S_seg = T·D symbolic); the
@@ -38,7 +39,7 @@ from tgrad.shape.sint import canonical, divides, sint, variables_of, vmax_of
 WGMMA_DTYPES = (dtypes.float16, dtypes.bfloat16)
 TF32 = dtypes.float32   # a WarpgroupMatmul of float32 multiplies loads the graph rounds to TF32 (tf32_rounded_load)
 ROW_BYTES = 16        # cp.async copies 16-byte chunks: a row's contiguous size must be a multiple of 8 elements
-BLOCK_K = 64          # K per pipeline stage (runtime/cuda/wgmma.py): a K segment of A holds whole tiles (of 32 for TF32)
+BLOCK_K = 64          # K per pipeline stage (runtime/cuda/wgmma.py): a K segment of A holds whole tiles (TF32's: 32)
 # (warpgroups, block_n, stages, tma): every entry fits an H100's 227 KiB of shared memory and both B layouts (block_n a
 # multiple of 64 whose 16-byte chunks divide the block's threads). Largest tiles first, the cp.async tiles, then the
 # TMA tiles (appended: an index keeps its meaning for the winners cached before them). TMA needs no stage for copies

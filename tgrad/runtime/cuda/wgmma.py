@@ -487,7 +487,7 @@ def wgmma_matmul_source(name: str, m: Size, n: int, k: int, dtype: DType = dtype
     "  int stage = 0;",
     f"  for (int t = 0; t < {tiles}; ++t) {{",
     f'    asm volatile("cp.async.wait_group {c.stages - 3};" ::: "memory");   // tile t has landed (this thread)',
-    *(["    round_tile(stage);   // this thread's chunks of tile t, rounded to TF32 in place"] if dtype == TF32 else []),
+    *(["    round_tile(stage);   // this thread's chunks of tile t to TF32, in place"] if dtype == TF32 else []),
     '    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");   // visible to wgmma (the async proxy)',
     "    __syncthreads();",
     f"    if (t + {c.stages - 2} < {tiles}) copy_tile(t + {c.stages - 2}, stage >= 2 ? stage - 2 : stage + "

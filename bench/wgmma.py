@@ -90,7 +90,8 @@ def kernel_variants(ast, sweep: bool, tma: bool = False, loader: str = "both") -
 
 def describe(kernel: Kernel) -> str:
   if (use := kernel.warpgroup_matmul) is not None:
-    return f"wgmma {use.block_m}x{use.block_n}x{wgmma.BLOCK_K}/{use.stages}" + (" B K×N" if use.b_n_major else "") + \
+    return f"wgmma {use.block_m}x{use.block_n}x{wgmma.block_k(use.dtype)}/{use.stages}" + \
+      (" B K×N" if use.b_n_major else "") + \
       (" TMA" if use.tma else "")
   return ",".join(f"{o.op.name}:{o.axis}:{o.amount}" for o in kernel.applied_opts) or "no opts"
 

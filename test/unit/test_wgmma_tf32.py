@@ -6,7 +6,7 @@ wgmma keeps only the TF32 bits of what it reads (the hardware's truncation), so 
 and truncation differ tell a kernel that rounds from one that does not. NVRTC compiles the sources for sm_90a."""
 import numpy as np
 import pytest
-from tgrad import Tensor, dtypes
+from tgrad import Tensor, Variable, dtypes
 from tgrad.dtype import TF32_KEEP_MASK, TF32_ROUNDING_BIAS
 from tgrad.helpers import Context
 from tgrad.regions import LOWERINGS
@@ -142,3 +142,17 @@ def test_rendered_tf32_kernel_runs_on_cpu_and_rounds_like_the_graph():
   run_on_cpu(src, kernel.function_name, *kernel.launch_dims(), [buffers[r] for r in kernel.warpgroup_matmul.arguments],
              [])
   assert_rounded_not_truncated(result.reshape(m, n), a, w)
+
+def test_a_prompts_tf32_projection_with_a_symbolic_m_is_one_wgmma_kernel_that_compiles():
+  """x[:T]·wᵀ through the "tf32" lowering, T the prompt length: the heuristics' TF32 warpgroup kernel takes M from the
+  variable (a cp.async tile), and NVRTC compiles its source for sm_90a."""
+  x, w = (Tensor(np.zeros(shape, np.float32), device="LLVM") for shape in ((520, 640), (1536, 640)))
+  out = LOWERINGS["matmul"]["tf32"].build(x[:Variable("prompt_len", 1, 520).bind(1)], w.T)
+  kernel = last_kernel(out)
+  hand_coded_optimizations(kernel)
+  use = kernel.warpgroup_matmul
+  assert use is not None and use.dtype == dtypes.float32 and use.variables == ("prompt_len",) and not use.tma
+  nvrtc = pytest.importorskip("tgrad.runtime.cuda.nvrtc")
+  if not nvrtc.nvrtc_available(): pytest.skip("libnvrtc not found (pip install nvidia-cuda-nvrtc)")
+  src, _ = render_source(kernel)
+  assert "k8.f32.tf32.tf32" in src and len(nvrtc.compile_cuda(src, HOPPER)) > 1000

@@ -71,6 +71,24 @@ def test_tf32_source_refuses_what_tf32_wgmma_cannot_read():
   with pytest.raises(ValueError, match="multiple of 4"):
     wgmma.wgmma_matmul_source("k", 64, 64, 66, dtypes.float32, wgmma.WgmmaConfig(1, 64, 3))
 
+@pytest.mark.parametrize("config,shape", [(wgmma.WgmmaConfig(1, 64, 3), (70, 72, 100)),
+                                          (wgmma.WgmmaConfig(2, 256, 4), (130, 270, 72)),
+                                          (wgmma.WgmmaConfig(1, 128, 6), (64, 136, 36)),
+                                          (wgmma.WgmmaConfig(2, 128, 5), (200, 128, 64))], ids=str)
+def test_python_emulation_of_every_block_rounds_like_the_graph(config, shape):
+  """wgmma.emulate_block with TF32 (the kernel's copy offsets, each landed chunk rounded, the descriptors read as the
+  ISA lays out 4-byte K-major elements, the core keeping TF32 bits) over the whole grid: the rounded inputs' product."""
+  m, n, k = shape
+  a, b = tf32_inputs(m, k), tf32_inputs(n, k, seed=1)
+  (grid_x, grid_y, _), _ = wgmma.launch_dims(config, m, n)
+  out = np.full((m, n), np.nan, np.float32)
+  for by in range(grid_y):
+    for bx in range(grid_x):
+      r, c = by * config.block_m, bx * config.block_n
+      block = wgmma.emulate_block(config, a.view(np.uint32), b.view(np.uint32), dtypes.float32, r, c)
+      out[r:r + block.shape[0], c:c + block.shape[1]] = block
+  assert_rounded_not_truncated(out, a, b)
+
 def test_emulated_tf32_kernel_rounds_its_operands():
   """The source run on the CPU (partial tiles on M, N and K: 100 is 3 K tiles of 32 and a partial one) gives the
   product of the rounded inputs; the same source without its rounding gives the truncated product (the emulator's

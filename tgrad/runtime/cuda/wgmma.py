@@ -246,20 +246,32 @@ def read_operand(shared: np.ndarray, descriptor: int, rows: int, dtype: DType, t
   1024-aligned), as float32, from the PTX ISA's canonical layouts (T = 8 elements of 16 bits): K-major (imm-trans 0)
   ((8,m),(T,2k)):((8T,SBO),(1,T)): element (r, k) at start + (r / 8)·SBO + (r % 8)·128 + 2k; MN-major
   (imm-trans 1) ((T,8,m),(8,k)):((1,T,LBO),(8T,SBO)): element (r, k) at start + (r / 64)·LBO + (k / 8)·SBO +
-  (k % 8)·128 + 2·(r % 64); then swizzled. Written independently of the kernel's copy formulas."""
+  (k % 8)·128 + 2·(r % 64); then swizzled. TF32 (float32 dtype, K-major only): rows×8, element (r, k) at start +
+  (r / 8)·SBO + (r % 8)·128 + 4k, of which the tensor core keeps the TF32 bits (`float_of_bits`). Written
+  independently of the kernel's copy formulas."""
   start, leading, stride, swizzle = decode_descriptor(descriptor)
   assert swizzle == SWIZZLE_128B, "only the 128-byte swizzle is emulated"
-  r, k = np.arange(rows)[:, None], np.arange(WGMMA_K)[None, :]
+  assert not (transposed and dtype == TF32), "TF32 operands are K-major"
+  size = dtype.itemsize
+  r, k = np.arange(rows)[:, None], np.arange(wgmma_k(dtype))[None, :]
   if transposed: at = start + (r // 64) * leading + (k // 8) * stride + (k % 8) * SWIZZLE_BYTES + (r % 64) * 2
-  else: at = start + (r // 8) * stride + (r % 8) * SWIZZLE_BYTES + k * 2
+  else: at = start + (r // 8) * stride + (r % 8) * SWIZZLE_BYTES + k * size
   at = swizzled_address(at)
-  bits = shared[at].astype(np.uint16) | shared[at + 1].astype(np.uint16) << 8   # little-endian 16-bit elements
+  bits = sum(shared[at + byte].astype(np.uint32) << (8 * byte) for byte in range(size))   # little-endian elements
   return float_of_bits(bits, dtype)
 
 def float_of_bits(bits: np.ndarray, dtype: DType) -> np.ndarray:
-  """16-bit half or bfloat16 patterns as float32."""
+  """16-bit half or bfloat16 patterns as float32; float32 patterns as the TF32 values a tensor core reads from them
+  (the low 13 bits dropped: truncation)."""
+  if dtype == TF32: return (bits.astype(np.uint32) & TF32_KEEP_MASK).view(np.float32)
   if dtype == dtypes.float16: return bits.astype(np.uint16).view(np.float16).astype(np.float32)
   return (bits.astype(np.uint32) << 16).view(np.float32)
+
+def round_to_tf32_bits(bits: np.ndarray) -> np.ndarray:
+  """float32 patterns rounded to TF32 as the kernel's `round_chunk` (and the graph's round_to_tf32) does."""
+  bits = bits.astype(np.uint32)
+  is_nan = (bits & 0x7FFFFFFF) > 0x7F800000
+  return np.where(is_nan, bits, (bits + np.uint32(TF32_ROUNDING_BIAS)) & np.uint32(TF32_KEEP_MASK)).astype(np.uint32)
 
 def emulate_block(config: WgmmaConfig, a: np.ndarray, b: np.ndarray, dtype: DType, block_row: int = 0,
                   block_col: int = 0) -> np.ndarray:
@@ -267,14 +279,16 @@ def emulate_block(config: WgmmaConfig, a: np.ndarray, b: np.ndarray, dtype: DTyp
   copied to their `copy_*`/`*_offset` place in a fresh, poisoned stage buffer per K tile (a byte the wgmma reads but
   no copy wrote shows up as garbage), each wgmma reading its operands through the descriptors the kernel builds
   (`descriptor_start`), each accumulator register added at `accumulator_position`. a: M×K and b: N×K (K×N for an
-  N-major B) uint16 bits."""
+  N-major B) uint16 bits (uint32 float32 bits for TF32: each thread's chunks rounded where they land, as
+  `round_tile`)."""
   m, k_size = a.shape
   n = b.shape[1] if config.b_n_major else b.shape[0]
   accumulators = np.zeros((config.warpgroups, WARPGROUP_THREADS, config.accumulators), np.float32)
   threads, registers = np.arange(WARPGROUP_THREADS)[:, None], np.arange(config.accumulators)[None, :]
   acc_rows, acc_columns = accumulator_position(threads, registers)   # type: ignore[arg-type]
   thread = np.arange(config.threads)
-  for tile in range(-(-k_size // BLOCK_K)):
+  tile_k, chunk_size = block_k(dtype), chunk_elements(dtype)
+  for tile in range(-(-k_size // tile_k)):
     stage = tile % config.stages
     shared = np.full(config.stages * config.stage_bytes, 0xFF, np.uint8)   # 0xFFFF is NaN in half and bfloat16
     written = []
@@ -285,24 +299,25 @@ def emulate_block(config: WgmmaConfig, a: np.ndarray, b: np.ndarray, dtype: DTyp
       for i in range(copies(config, operand_b)):
         if n_major:
           k_row, n_chunk = copy_n_major(config, thread, i)   # type: ignore[arg-type]
-          g_row, g_col = tile * BLOCK_K + k_row, first + n_chunk * CHUNK_ELEMENTS
+          g_row, g_col = tile * tile_k + k_row, first + n_chunk * chunk_size
           valid = (g_row < k_size) & (g_col < n)
           at = base + n_major_offset(config, k_row, n_chunk)   # type: ignore[arg-type]
         else:
           row, chunk = copy_k_major(config, thread, i)   # type: ignore[arg-type]
-          g_row, g_col = first + row, tile * BLOCK_K + chunk * CHUNK_ELEMENTS
+          g_row, g_col = first + row, tile * tile_k + chunk * chunk_size
           valid = (g_row < source.shape[0]) & (g_col < k_size)
           at = base + k_major_offset(row, chunk)   # type: ignore[arg-type]
-        padded = np.zeros((source.shape[0] + 1, source.shape[1] + CHUNK_ELEMENTS), np.uint16)   # clipped reads land
+        padded = np.zeros((source.shape[0] + 1, source.shape[1] + chunk_size), source.dtype)   # clipped reads land
         padded[:source.shape[0], :source.shape[1]] = source                                      # in the zeros
         values = padded[np.minimum(g_row, source.shape[0])[:, None],
-                        np.minimum(g_col, source.shape[1])[:, None] + np.arange(CHUNK_ELEMENTS)]
-        values = np.where(valid[:, None], values, 0).astype(np.uint16)
+                        np.minimum(g_col, source.shape[1])[:, None] + np.arange(chunk_size)]
+        values = np.where(valid[:, None], values, 0).astype(source.dtype)
+        if dtype == TF32: values = round_to_tf32_bits(values)   # round_tile: each thread's chunks where they land
         shared[at[:, None] + np.arange(CHUNK_BYTES)] = values.view(np.uint8).reshape(len(thread), CHUNK_BYTES)
         written += at.tolist()
     assert len(set(written)) == len(written) == config.stage_bytes // CHUNK_BYTES, "each chunk written exactly once"
     for warpgroup in range(config.warpgroups):
-      for k_step in range(BLOCK_K // WGMMA_K):
+      for k_step in range(SWIZZLE_BYTES // STEP_BYTES):
         desc_a, desc_b = (encode_descriptor(descriptor_start(config, stage, operand_b, warpgroup, k_step),  # type: ignore[arg-type]
                                             *config.descriptor_offsets(operand_b), SWIZZLE_128B)
                           for operand_b in (False, True))

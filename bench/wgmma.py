@@ -10,7 +10,11 @@ heuristics pick with WGMMA=0. Every kernel's
 output is first written into a buffer poisoned with NaN and checked against torch's result; its time is CUDA events
 around REPEATS back-to-back launches (bench/gpu.py `event_seconds`), torch's likewise (torch.matmul into a preallocated
 output). Ratios are torch time / tgrad time (1.0: as fast as cuBLAS). Needs an sm_90 GPU (H100/H200).
-Usage: python bench/wgmma.py [--quick] [--tma] [--sweep] [--loader cp.async|tma|both] [--repeats N]
+With --tf32: float32 4096³ a@w.T through the matmul lowering "tf32" (inputs rounded to TF32 in the graph) instead: the
+heuristics' pick (the TF32 warpgroup kernel) and the mma.sync TF32 kernel (WGMMA=0), with --sweep every cp.async tile,
+against torch's float32 matmul with allow_tf32; each output's max error against the float64 product of the rounded
+inputs and of the truncated ones, relative to the largest output (a kernel that rounds is much closer to the first).
+Usage: python bench/wgmma.py [--quick] [--tma] [--sweep] [--loader cp.async|tma|both] [--repeats N] [--tf32]
 """
 from __future__ import annotations
 import argparse, os, sys
@@ -86,9 +90,68 @@ def kernel_variants(ast, sweep: bool, tma: bool = False, loader: str = "both") -
 
 def describe(kernel: Kernel) -> str:
   if (use := kernel.warpgroup_matmul) is not None:
-    return f"wgmma {use.block_m}x{use.block_n}x{wgmma.BLOCK_K}/{use.stages}" + (" B K×N" if use.b_n_major else "") + \
+    return f"wgmma {use.block_m}x{use.block_n}x{wgmma.block_k(use.dtype)}/{use.stages}" + \
+      (" B K×N" if use.b_n_major else "") + \
       (" TMA" if use.tma else "")
   return ",".join(f"{o.op.name}:{o.axis}:{o.amount}" for o in kernel.applied_opts) or "no opts"
+
+TF32_SHAPE = (4096, 4096, 4096)   # M, K, N
+TF32_KEPT_BITS = -8192             # 0xFFFFE000 as an int32: the bits a TF32 value keeps
+TF32_ROUNDING = 4096               # half of the dropped bits: round to nearest, ties away (round_to_tf32)
+
+def tf32_values(x, rounded: bool):
+  """A torch float32 tensor rounded (as round_to_tf32) or truncated to TF32, as float64."""
+  import torch
+  bits = x.view(torch.int32)
+  bits = ((bits + TF32_ROUNDING) if rounded else bits) & TF32_KEPT_BITS
+  return bits.view(torch.float32).double()
+
+def tf32_main(args) -> None:
+  """The TF32 case (see the module doc)."""
+  import torch
+  from tgrad.regions import LOWERINGS
+  m, k, n = TF32_SHAPE
+  generator = torch.Generator(device="cuda").manual_seed(0)
+  a = torch.randn(m, k, device="cuda", generator=generator)
+  w = torch.randn(n, k, device="cuda", generator=generator)   # a linear layer's weight: N×K
+  flops = 2 * m * n * k
+  torch_out = torch.empty(m, n, device="cuda")
+  torch.backends.cuda.matmul.allow_tf32 = True
+  torch_seconds = torch_event_seconds(lambda: torch.matmul(a, w.T, out=torch_out), args.repeats)
+  torch.backends.cuda.matmul.allow_tf32 = False
+  rounded = tf32_values(a, True) @ tf32_values(w, True).T
+  truncated = tf32_values(a, False) @ tf32_values(w, False).T
+  scale = rounded.abs().max().item()
+  def errors(result) -> str:   # float32 sums of the rounded products: ~1e-6; of truncated ones: ~1e-4 of the scale
+    return f"{(result - rounded).abs().max().item() / scale:.2e} (truncated: " \
+           f"{(result - truncated).abs().max().item() / scale:.2e})"
+  print(f"torch allow_tf32: {errors(torch_out.double())}")
+  ta, tw = (Tensor(x.cpu().numpy(), device="CUDA").realize() for x in (a, w))
+  item = create_schedule([LOWERINGS["matmul"]["tf32"].build(ta, tw.T).lazydata])[-1]
+  renderer = Device["CUDA"].renderer
+  variants = [("chosen", heuristic_kernel(item.ast)), ("mma.sync (WGMMA=0)", heuristic_kernel(item.ast, WGMMA=0))]
+  if args.sweep:
+    for tile, (warpgroups, block_n, stages, tma) in enumerate(WGMMA_TILES):
+      if tma: continue   # TF32 is loaded by cp.async (its operands are rounded in shared memory by the threads)
+      kernel = Kernel(item.ast, renderer)
+      kernel.apply_opt(Opt(OptOps.WGMMA, 0, tile))
+      variants.append((f"wgmma {64 * warpgroups}x{block_n}/{stages}", kernel))
+  print(f"{'M×K·(N×K)ᵀ':>16} {'kernel':>40} {'tgrad µs':>9} {'TFLOP/s':>8} {'torch µs':>9} {'TFLOP/s':>8} "
+        f"{'ratio':>6}  max err / max |out| (against truncated operands)")
+  for label, kernel in variants:
+    name = f"{label}: {describe(kernel)}" if label == "chosen" or label.endswith(")") else label
+    try: runner = compile_kernel("CUDA", kernel, "bench")
+    except Exception as error:   # a variant that fails to build is reported, the others go on  # noqa: BLE001
+      print(f"{f'{m}×{k}·{n}×{k}':>16} {name:>40}  FAILED: {error}"[:200])
+      continue
+    out = Buffer("CUDA", m * n, dtypes.float32).copyin(np.full(m * n, np.nan, np.float32))
+    buffers = [out] + list(item.inputs)
+    runner(buffers, wait=True)
+    result = torch.from_numpy(out.copyout().view(np.float32).copy()).reshape(m, n).cuda().double()
+    seconds = event_seconds(runner.prepare([b.handle for b in buffers]), args.repeats)
+    print(f"{f'{m}×{k}·{n}×{k}':>16} {name[:40]:>40} {seconds * 1e6:9.1f} {flops / seconds / 1e12:8.1f} "
+          f"{torch_seconds * 1e6:9.1f} {flops / torch_seconds / 1e12:8.1f} {torch_seconds / seconds:6.2f}  "
+          f"{errors(result)}", flush=True)
 
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -98,11 +161,13 @@ def main() -> None:
   parser.add_argument("--loader", choices=("cp.async", "tma", "both"), default="both",
                       help="which WGMMA tiles --sweep times")
   parser.add_argument("--repeats", type=int, default=REPEATS, help="launches per timing")
+  parser.add_argument("--tf32", action="store_true", help="float32 4096³ a@w.T through the tf32 lowering instead")
   args = parser.parse_args()
   import torch
   device = Device["CUDA"]
   if wgmma.wgmma_arch(device.renderer.arch) is None: sys.exit(f"wgmma needs sm_90, this GPU is {device.renderer.arch}")
   print(f"GPU {torch.cuda.get_device_name()}, tgrad arch {device.renderer.arch}, {args.repeats} launches per timing")
+  if args.tf32: return tf32_main(args)
   torch_types = {dtypes.float16: torch.float16, dtypes.bfloat16: torch.bfloat16}
   shapes = SHAPES[:1] if args.quick else SHAPES
   print(f"{'M×K·K×N':>16} {'layout':>6} {'dtype':>9} {'kernel':>34} {'tgrad µs':>9} {'TFLOP/s':>8} {'torch µs':>9} "

@@ -24,7 +24,8 @@ commit/wait counts are not checked, but which stage buffer each copy lands in is
 read corrupts the result); proxy fences, wgmma fences, commits and waits are no-ops; `wgmma.mma_async` is each
 thread's own accumulators summed from the shared-memory operands its descriptors address, read through the 128-byte
 swizzle (PTX ISA "Matrix Descriptor Format", the canonical K-major and MN-major layouts, and "Matrix Fragments for
-wgmma.mma_async.m64nNk16"), all written here from the ISA, not from wgmma.py.
+wgmma.mma_async.m64nNk16"), all written here from the ISA, not from wgmma.py; a TF32 wgmma (m64nNk8) reads 4-byte
+K-major elements and keeps only their TF32 bits (the hardware's truncation: rounding is the kernel's job).
 `run_on_cpu(source, name, global_size, local_size, buffers, variables)` launches it once; the buffers are numpy
 arrays, written in place.
 """
@@ -276,30 +277,42 @@ static void emu_ldmatrix(unsigned int& r0, unsigned int& r1, unsigned int& r2, u
   block_barrier->arrive_and_wait();
   for (int i = 0; i < 4; i++) *out[i] = values[i];
 }
-// the element (row, k) of a 128-byte-swizzled wgmma operand (16-bit elements): K-major at start + (row / 8)·SBO +
+// the element (row, k) of a 128-byte-swizzled wgmma operand of 16-bit elements: K-major at start + (row / 8)·SBO +
 // (row % 8)·128 + 2k, MN-major (transposed) at start + (row / 64)·LBO + (k / 8)·SBO + (k % 8)·128 + 2·(row % 64);
+// of TF32 (K-major only: 4-byte elements, 32 to a 128-byte row) at start + (row / 8)·SBO + (row % 8)·128 + 4k, of
+// which the tensor core reads the sign, exponent and top 10 mantissa bits (the low 13 bits ignored: truncation);
 // the swizzle XORs address bits 4-6 with bits 7-9
-static inline float emu_operand(unsigned long long desc, int row, int k, bool transposed, bool bf16) {
+enum EmuWgmmaInput { EMU_WGMMA_F16, EMU_WGMMA_BF16, EMU_WGMMA_TF32 };
+static inline float emu_operand(unsigned long long desc, int row, int k, bool transposed, EmuWgmmaInput input) {
   unsigned int start = (unsigned int)(desc & 0x3FFF) << 4, leading = (unsigned int)((desc >> 16) & 0x3FFF) << 4;
   unsigned int stride = (unsigned int)((desc >> 32) & 0x3FFF) << 4;
   if ((desc >> 62) != 1) { std::fprintf(stderr, "only the 128-byte swizzle is emulated\n"); std::abort(); }
+  const unsigned int size = input == EMU_WGMMA_TF32 ? 4 : 2;
+  if (transposed && size == 4) { std::fprintf(stderr, "TF32 wgmma operands are K-major\n"); std::abort(); }
   unsigned int at = transposed ? start + (row / 64) * leading + (k / 8) * stride + (k % 8) * 128 + 2 * (row % 64)
-                               : start + (row / 8) * stride + (row % 8) * 128 + 2 * k;
+                               : start + (row / 8) * stride + (row % 8) * 128 + size * k;
   at ^= ((at >> 7) & 7) << 4;
+  if (size == 4) {
+    unsigned int word;
+    std::memcpy(&word, emu_shared_base + at, 4);
+    return __uint_as_float(word & 0xFFFFE000u);
+  }
   unsigned short bits;
   std::memcpy(&bits, emu_shared_base + at, 2);
-  return bf16 ? emu_bf16_to_f32(bits) : emu_f16_to_f32(bits);
+  return input == EMU_WGMMA_BF16 ? emu_bf16_to_f32(bits) : emu_f16_to_f32(bits);
 }
-// one m64nNk16 wgmma of this thread's warpgroup, D += A·B: this thread's N/2 accumulators, register i at row
-// 16·(warp) + lane / 4 + 8·((i % 4) / 2), column 8·(i / 4) + 2·(lane % 4) + i % 2 (t = the thread in its warpgroup)
-static void emu_wgmma(float* acc, unsigned long long desc_a, unsigned long long desc_b, int n, bool bf16,
+// one m64nNk16 (16-bit inputs) or m64nNk8 (TF32) wgmma of this thread's warpgroup, D += A·B: this thread's N/2
+// accumulators, register i at row 16·(warp) + lane / 4 + 8·((i % 4) / 2), column 8·(i / 4) + 2·(lane % 4) + i % 2
+// (t = the thread in its warpgroup)
+static void emu_wgmma(float* acc, unsigned long long desc_a, unsigned long long desc_b, int n, EmuWgmmaInput input,
                       bool transposed_b) {
+  const int depth = input == EMU_WGMMA_TF32 ? 8 : 16;
   unsigned int t = emu_thread % 128, lane = t % 32;
   for (int i = 0; i < n / 2; i++) {
     int row = 16 * (int)(t / 32) + (int)(lane / 4) + 8 * ((i % 4) / 2), col = 8 * (i / 4) + 2 * (int)(lane % 4) + i % 2;
     double sum = 0;
-    for (int k = 0; k < 16; k++)
-      sum += (double)emu_operand(desc_a, row, k, false, bf16) * emu_operand(desc_b, col, k, transposed_b, bf16);
+    for (int k = 0; k < depth; k++)
+      sum += (double)emu_operand(desc_a, row, k, false, input) * emu_operand(desc_b, col, k, transposed_b, input);
     acc[i] = (float)((double)acc[i] + sum);
   }
 }
@@ -335,8 +348,11 @@ PTX_STAND_INS = {
                               # one grid runs at a time here: a dependent launch's wait and early launch are no-ops
                               "griddepcontrol.wait;", "griddepcontrol.launch_dependents;")},
 }
-# the wgmma kernel's MMA (its asm opens with a predicate for scale-d): shape and types from the instruction
-WGMMA = re.compile(r"wgmma\.mma_async\.sync\.aligned\.m64n(\d+)k16\.f32\.(f16|bf16)\.\2 .*, p, 1, 1, 0, ([01]);")
+# the wgmma kernel's MMA (its asm opens with a predicate for scale-d): shape and types from the instruction (a 16-bit
+# type's ends with imm-trans-a 0 and imm-trans-b; TF32's has neither)
+WGMMA = re.compile(r"wgmma\.mma_async\.sync\.aligned\.m64n(\d+)k(?:16|8)\.f32\.(f16|bf16|tf32)\.\2 .*, p, 1, 1"
+                   r"(?:, 0, ([01]))?;")
+WGMMA_INPUTS = {"f16": "EMU_WGMMA_F16", "bf16": "EMU_WGMMA_BF16", "tf32": "EMU_WGMMA_TF32"}
 DYNAMIC_SHARED = re.compile(r"extern __shared__ __align__\((\d+)\) unsigned char (\w+)\[\];")
 DYNAMIC_SIZE = re.compile(r"_dynamic_shared_bytes = (\d+);")
 ASM = re.compile(r'asm(?: volatile)?\("([^"]*)"\s*:([^;]*?):([^;]*?)\);')   # operands may span lines
@@ -350,8 +366,9 @@ def emulable(source: str) -> str:
     if (wgmma := WGMMA.search(text)) is not None:
       accumulators, (desc_a, desc_b, _) = OPERAND.findall(outputs), OPERAND.findall(inputs)
       assert len(accumulators) == int(wgmma.group(1)) // 2, "one output per accumulator"
-      bf16, transposed = ("true" if flag else "false" for flag in (wgmma.group(2) == "bf16", wgmma.group(3) == "1"))
-      return f"emu_wgmma(&{accumulators[0]}, {desc_a}, {desc_b}, {wgmma.group(1)}, {bf16}, {transposed});"
+      transposed = "true" if wgmma.group(3) == "1" else "false"
+      return f"emu_wgmma(&{accumulators[0]}, {desc_a}, {desc_b}, {wgmma.group(1)}, {WGMMA_INPUTS[wgmma.group(2)]}, " \
+             f"{transposed});"
     stand_in = next((call for instruction, call in PTX_STAND_INS.items() if text.startswith(instruction)), None)
     if stand_in is None: raise NotImplementedError(f"no CPU stand-in for the PTX {text!r}")
     return stand_in.format(*OPERAND.findall(outputs), *OPERAND.findall(inputs))

@@ -4,7 +4,9 @@ poisoned with NaN (0xFFFF) so an element the kernel fails to write shows. Sizes:
 tile, tiles smaller than a block, and every tile configuration the kernel offers a test for. Skipped without an
 sm_90 GPU; the CPU-side checks are test/unit/test_wgmma.py. Then OptOps.WGMMA: tgrad's matmul kernels with every
 tile of WGMMA_TILES (both B layouts, both dtypes) into poisoned outputs, and realize (the heuristics pick WGMMA) against
-numpy; the CPU-side checks of the opt are test/unit/test_wgmma_opt.py."""
+numpy; the CPU-side checks of the opt are test/unit/test_wgmma_opt.py. TF32 (the "tf32" lowering of a·wᵀ): every
+cp.async tile against the product of the rounded inputs, and not of the truncated ones (test/unit/test_wgmma_tf32.py
+on the CPU)."""
 import os, subprocess, sys
 from typing import Optional
 import numpy as np
@@ -127,6 +129,53 @@ def test_realize_picks_wgmma_for_a_big_matmul_and_matches_numpy(dtype):
     wgmma.float_of_bits(b_bits, dtype).astype(np.float64)
   rtol = 2 ** -10 if dtype == dtypes.float16 else 2 ** -7
   np.testing.assert_allclose(wgmma.float_of_bits(out, dtype), expected, rtol=rtol, atol=2e-6 * k)
+
+# ---- TF32: the matmul lowering "tf32" of a·wᵀ (float32 inputs rounded in the graph), every cp.async tile
+
+TF32_KEEP, TF32_HALF = 0xFFFFE000, 0x1000   # the bits a TF32 value keeps; half of the dropped ones (round_to_tf32)
+
+def tf32_rounded(x: np.ndarray, rounded: bool = True) -> np.ndarray:
+  bits = x.astype(np.float32).view(np.uint32)
+  return (((bits + TF32_HALF) if rounded else bits) & TF32_KEEP).view(np.float32).astype(np.float64)
+
+def tf32_product(m: int, n: int, k: int):
+  """(the lowering's lazy a·wᵀ on CUDA, float64 product of the rounded inputs, of the truncated ones, a float32 sum's
+  error scale): inputs in ±[0.5, 1) whose dropped 13 bits are 0x1FFF or 0x0FFF (rounding and truncation differ)."""
+  from tgrad.regions import LOWERINGS
+  a, w = (((RNG.uniform(0.5, 1, shape).astype(np.float32).view(np.uint32) & TF32_KEEP) |
+           RNG.choice(np.array([0x1FFF, 0x0FFF], np.uint32), shape)).view(np.float32) * RNG.choice([1, 1, -1], shape)
+          for shape in ((m, k), (n, k)))
+  a, w = a.astype(np.float32), w.astype(np.float32)
+  out = LOWERINGS["matmul"]["tf32"].build(Tensor(a, device="CUDA").realize(), Tensor(w, device="CUDA").realize().T)
+  scale = (k / 8 + 8) * 2.0 ** -24 * (np.abs(tf32_rounded(a)) @ np.abs(tf32_rounded(w)).T)
+  return out, tf32_rounded(a) @ tf32_rounded(w).T, tf32_rounded(a, False) @ tf32_rounded(w, False).T, scale
+
+def check_tf32(got: np.ndarray, rounded: np.ndarray, truncated: np.ndarray, scale: np.ndarray) -> None:
+  assert not np.isnan(got).any(), f"{np.isnan(got).sum()} outputs never written"
+  assert np.all(np.abs(got - rounded) <= scale), (np.abs(got - rounded) / scale).max()
+  assert np.mean(np.abs(got - truncated) > scale) > 0.9, "the operands were truncated, not rounded"
+
+@pytest.mark.parametrize("shape", OPT_SHAPES[:2], ids=str)
+@pytest.mark.parametrize("tile", CP_ASYNC_TILES, ids=tile_id)
+def test_wgmma_tf32_opt_rounds_like_the_graph(tile, shape):
+  if not hopper(): pytest.skip("wgmma needs compute capability 9.0 (sm_90a)")
+  out, rounded, truncated, scale = tf32_product(*shape)
+  items = create_schedule([out.lazydata])
+  run_schedule(items[:-1])
+  kernel = Kernel(items[-1].ast, Device["CUDA"].renderer)
+  kernel.apply_opt(Opt(OptOps.WGMMA, 0, tile))
+  runner = compile_kernel("CUDA", kernel, "wgmma_tf32")
+  result = Buffer("CUDA", out.numel(), dtypes.float32).copyin(np.full(out.numel(), np.nan, np.float32))
+  runner([result] + list(items[-1].inputs), wait=True)
+  check_tf32(result.copyout().view(np.float32).reshape(out.shape), rounded, truncated, scale)
+
+def test_realize_picks_wgmma_for_a_big_tf32_matmul():
+  if not hopper(): pytest.skip("wgmma needs compute capability 9.0 (sm_90a)")
+  out, rounded, truncated, scale = tf32_product(1024, 2048, 512)
+  kernel = Kernel(create_schedule([out.lazydata])[-1].ast, Device["CUDA"].renderer)
+  hand_coded_optimizations(kernel)
+  assert kernel.warpgroup_matmul is not None and kernel.warpgroup_matmul.dtype == dtypes.float32, kernel.applied_opts
+  check_tf32(out.realize().numpy(), rounded, truncated, scale)
 
 # ---- TMA tiles, last: a TMA kernel that traps (an illegal instruction) kills this process's CUDA context and fails
 # every test after it, so each module run first launches one in a child process (bench/tma_probe.py) and, if that

@@ -24,6 +24,7 @@ import numpy as np
 from tgrad import Tensor, Variable, dtypes
 from tgrad.helpers import Context
 from tgrad.nn.quant import BLOCK_LAYOUTS, GGMLType, QuantizedTensor
+from tgrad.regions import LOWERINGS
 from tgrad.ops import Ops
 from tgrad.schedule import create_schedule
 from tgrad.codegen.kernel import Kernel, KernelOptError, Opt, OptOps
@@ -45,7 +46,8 @@ RENDERERS: dict[str, Callable] = {
   "llvm": lambda: LLVMRenderer(FIXED_SIMD),
   "cuda_sm90a_big_shared": lambda: CUDARenderer("sm_90a", shared_memory_bytes=BIG_SHARED_MEMORY)}
 # sm_90a (Hopper's wgmma, OptOps.WGMMA) only renders the matmul programs: elsewhere it renders what sm_90 does
-SM90A_PROGRAMS = ("matmul_half_big", "matmul_half_2048", "matmul_bf16", "matmul_half_weight", "linear_relu")
+SM90A_PROGRAMS = ("matmul_half_big", "matmul_half_2048", "matmul_bf16", "matmul_half_weight", "linear_relu",
+                  "matmul_tf32_weight")
 
 # The random walks' opts: search.py's action space as of this file's golden hashes, frozen here so that a change to the
 # search space (not to code generation) leaves the walks as they are.
@@ -126,6 +128,7 @@ def programs() -> dict[str, Callable[[], Tensor]]:
     "packed_q4_k": lambda: packed_linear(GGMLType.Q4_K, 24, 512),
     "packed_q8_0_half": lambda: packed_linear(GGMLType.Q8_0, 24, 160, np.float16),
     "packed_q6_k": lambda: packed_linear(GGMLType.Q6_K, 8, 512),
+    "matmul_tf32_weight": lambda: LOWERINGS["matmul"]["tf32"].build(data(512, 640), data(2048, 640, seed=1).T),
   }
 
 # explicit opt lists, tried on the last kernel of a program for a renderer family (illegal lists are recorded as such)

@@ -211,7 +211,7 @@ def test_renderer_flags_wgmma_only_on_sm_90a():
 
 def test_bad_input_is_refused_before_any_kernel():
   with pytest.raises(ValueError, match="K a multiple of 8"): wgmma_matmul_source("k", 64, 64, 60)
-  with pytest.raises(ValueError, match="dtype"): wgmma_matmul_source("k", 64, 64, 64, dtypes.float32)
+  with pytest.raises(ValueError, match="dtype"): wgmma_matmul_source("k", 64, 64, 64, dtypes.int32)
   with pytest.raises(ValueError, match="sizes"): wgmma_matmul_source("k", 0, 64, 64)
   with pytest.raises(ValueError, match="N a multiple of 8"):
     wgmma_matmul_source("k", 64, 60, 64, config=WgmmaConfig(b_n_major=True))

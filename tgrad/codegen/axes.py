@@ -66,9 +66,10 @@ class TensorCoreUse:
 @dataclass(frozen=True)
 class WarpgroupMatmul:
   """How OptOps.WGMMA computes a whole kernel (warpgroup_mma.py): out[M×N] = a[M×K] · b[N×K]ᵀ (b K×N when b_n_major)
-  in `dtype` with float32 accumulators, one block per BM×BN tile (BM = 64 · warpgroups) over `stages` shared-memory
-  buffers. `arguments` names each kernel parameter's role ("out", "a", "b") in parameter order. With `tma` the tiles
-  are loaded through tensor maps by one more warpgroup (the producer) beside the `warpgroups` that multiply.
+  in `dtype` (float32: TF32, the kernel rounding the raw floats) with float32 accumulators, one block per BM×BN tile
+  (BM = 64 · warpgroups) over `stages` shared-memory buffers. `arguments` names each kernel parameter's role ("out",
+  "a", "b") in parameter order. With `tma` the tiles are loaded through tensor maps by one more warpgroup (the
+  producer) beside the `warpgroups` that multiply.
   M may be symbolic (an index expression of `variables`, the kernel's variable parameters after its buffers, sorted);
   A's element (row, kk) is at row·a_row_stride + (kk / a_segment)·a_segment_stride + kk % a_segment (0s: a row-major
   M×K A); the output is `out_dtype` (None: `dtype`; float32: the sums unrounded)."""

@@ -1,13 +1,16 @@
-"""Hopper warpgroup MMA in the opt space (OptOps.WGMMA): a whole half/bfloat16 matmul kernel computed by the wgmma
-kernel that runtime/cuda/wgmma.py writes (128-byte-swizzled shared tiles, a cp.async pipeline of `stages` buffers,
+"""Hopper warpgroup MMA in the opt space (OptOps.WGMMA): a whole half/bfloat16 (or TF32) matmul kernel computed by the
+wgmma kernel that runtime/cuda/wgmma.py writes (128-byte-swizzled shared tiles, a cp.async pipeline of `stages` buffers,
 `wgmma.mma_async` from shared-memory descriptors), on targets whose renderer has `warpgroup_mma` (CUDA sm_90a).
 Everything about it is here, in the order it is used:
 
   1. which kernels qualify (`matmul_of`): the AST is exactly out = Σ_K a·b (the product of two loads of one 16-bit
      float dtype, summed in float32) stored as float32 or rounded once to a 16-bit float (`tensor_core_operands` says
-     which sums of products qualify); one reduce over one K axis, two output axes (M, N), N and K known, M known or
-     symbolic (a prompt's rows: an expression of variables, the grid's rows from their values at launch, rows past M
-     read as zeros and not stored); b's view plain (no mask, offset 0) with strides (0, K, 1) (N×K, a linear layer's
+     which sums of products qualify), or of two float32 loads the graph rounds to TF32 (the matmul lowering "tf32":
+     `tf32_rounded_load`) stored as float32, which the kernel multiplies as TF32 (dtype float32: it loads the raw
+     floats and rounds them in shared memory as the graph does; b must then be N×K, both operands K-major, and 16-byte
+     rows are 4 elements); one reduce over one K axis, two output axes (M, N), N and K known, M known or symbolic (a
+     prompt's rows: an expression of variables, the grid's rows from their values at launch, rows past M read as zeros
+     and not stored); b's view plain (no mask, offset 0) with strides (0, K, 1) (N×K, a linear layer's
      weight) or (0, 1, N) (K×N, a plain a·b; N a multiple of 8); a's memory index row·S_row + kk (rows contiguous,
      S_row = K or another multiple of 8) or, with K cut into segments of whole K tiles (64), row·S_row + (kk / seg)·
      S_seg + kk % seg (`a_layout`: attention's heads [H, T, D] read as T×(H·D), S_seg = T·D symbolic); the
@@ -27,15 +30,16 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional, Union
 from tgrad.codegen.axes import AxisState, KernelOptError, Opt, WarpgroupMatmul
-from tgrad.codegen.tensor_cores import tensor_core_operands
+from tgrad.codegen.tensor_cores import operand_load, tensor_core_operands, tf32_rounded_load
 from tgrad.dtype import dtypes
 from tgrad.ops import Ops, UOp, split_terms
 from tgrad.shape.shapetracker import ShapeTracker
 from tgrad.shape.sint import canonical, divides, sint, variables_of, vmax_of
 
 WGMMA_DTYPES = (dtypes.float16, dtypes.bfloat16)
+TF32 = dtypes.float32   # a WarpgroupMatmul of float32 multiplies loads the graph rounds to TF32 (tf32_rounded_load)
 ROW_BYTES = 16        # cp.async copies 16-byte chunks: a row's contiguous size must be a multiple of 8 elements
-BLOCK_K = 64          # K per pipeline stage (runtime/cuda/wgmma.py): a K segment of A holds whole tiles
+BLOCK_K = 64          # K per pipeline stage (runtime/cuda/wgmma.py): a K segment of A holds whole tiles (TF32's: 32)
 # (warpgroups, block_n, stages, tma): every entry fits an H100's 227 KiB of shared memory and both B layouts (block_n a
 # multiple of 64 whose 16-byte chunks divide the block's threads). Largest tiles first, the cp.async tiles, then the
 # TMA tiles (appended: an index keeps its meaning for the winners cached before them). TMA needs no stage for copies
@@ -60,7 +64,6 @@ MIN_MULTIPLY_ADDS = 1 << 26
 # The rows a symbolic M's tile is chosen for, when its maximum is larger: a prompt of typical length (the tile stays
 # right for short prompts; a long one gets more blocks of the same tile, which costs little).
 TYPICAL_ROWS = 512
-CHUNK = ROW_BYTES // 2   # 16-bit elements in one 16-byte copy
 SIZE_OPS = (Ops.DEFINE_VAR, Ops.CONST, Ops.ADD, Ops.MUL, Ops.IDIV, Ops.MOD)   # what a symbolic M's C form may use
 
 def _plain(state: AxisState, index: int) -> Optional[tuple[int, ...]]:
@@ -108,19 +111,22 @@ def matmul_of(state: AxisState) -> Union[WarpgroupMatmul, str]:
      not isinstance(k, int):
     return f"a warpgroup matmul has two output axes (N known) and one reduce axis of known size, not {state.full_shape}"
   stores = [u for u in state.ast.src if u.op is Ops.STORE]
-  if len(state.ast.src) != 1 or len(stores) != 1 or len(state.memops) != 3:
+  buffers_read = [u for u in state.memops if u.op is Ops.LOAD]   # (TF32 rounding's constants are memops too)
+  if len(state.ast.src) != 1 or len(stores) != 1 or len(buffers_read) != 2:
     return "a warpgroup matmul reads two buffers and stores one"
   store, reduce = stores[0], state.reduceops[0]
   value = store.src[2]
-  operands = tensor_core_operands(reduce)
-  if operands is None or any(x.op is not Ops.LOAD for x in operands):
-    return "the reduce is not a sum of products of two loads"
+  products = tensor_core_operands(reduce)
+  if products is None: return "the reduce is not a sum of products of two loads"
+  tf32 = all(tf32_rounded_load(x) is not None for x in products)
+  if not tf32 and any(x.op is not Ops.LOAD for x in products): return "the reduce is not a sum of products of two loads"
+  operands = tuple(operand_load(x) for x in products)   # the loads (the kernel rounds TF32 operands itself)
   dtype = operands[0].dtype
-  rounded = value.op is Ops.CAST and value.src[0] is reduce and value.dtype in WGMMA_DTYPES
-  if dtype not in WGMMA_DTYPES or operands[1].dtype != dtype or reduce.dtype != dtypes.float32 or \
+  rounded = value.op is Ops.CAST and value.src[0] is reduce and value.dtype in WGMMA_DTYPES and not tf32
+  if (dtype not in WGMMA_DTYPES and not tf32) or operands[1].dtype != dtype or reduce.dtype != dtypes.float32 or \
      not (rounded or value is reduce):
-    return f"a warpgroup matmul stores the float32 sum of {[str(d) for d in WGMMA_DTYPES]} products, or it rounded " \
-           "to a 16-bit float, with nothing in between (no epilogue)"
+    return f"a warpgroup matmul stores the float32 sum of {[str(d) for d in WGMMA_DTYPES]} products (or of float32 " \
+           "loads rounded to TF32), or it rounded to a 16-bit float, with nothing in between (no epilogue)"
   if isinstance(m, UOp) and any(not ok for ok in (u.op in SIZE_OPS for u in m.toposort())):
     return f"a symbolic M is an expression of variables with {[o.name for o in SIZE_OPS]}, not {m}"
   strides = {u: _plain(state, i) for i, u in enumerate(state.memops)}
@@ -134,10 +140,13 @@ def matmul_of(state: AxisState) -> Union[WarpgroupMatmul, str]:
     return "a must be an M×K matrix (rows, or K segments of whole tiles, contiguous) and b a contiguous N×K or K×N one"
   globals_ = {store.src[0]: "out", a.src[0]: "a", b.src[0]: "b"}
   if len(globals_) != 3: return "a warpgroup matmul reads two buffers other than its output"
-  if k % CHUNK or (b_n_major and n % CHUNK):
-    return f"K (and N for a K×N b) must be multiples of {CHUNK}: 16-byte rows, not {m}×{n}×{k}"
+  if tf32 and b_n_major:
+    return "TF32 operands must both be K-major in shared memory (no transpose): b stored N×K (a·wᵀ), not K×N"
+  chunk = ROW_BYTES // dtype.itemsize
+  if k % chunk or (b_n_major and n % chunk):
+    return f"K (and N for a K×N b) must be multiples of {chunk}: 16-byte rows, not {m}×{n}×{k}"
   row_stride, segment, segment_stride = layouts[a]
-  if row_stride % CHUNK or not divides(CHUNK, segment_stride):
+  if row_stride % chunk or not divides(chunk, segment_stride):
     return f"A's rows and K segments must start on 16-byte boundaries: strides {row_stride}, {segment_stride}"
   arguments = tuple(role for _, role in sorted(((g.arg, role) for g, role in globals_.items())))
   variables = tuple(sorted({v.arg[0] for x in (m, segment_stride) for v in variables_of(x)}))
@@ -147,8 +156,8 @@ def matmul_of(state: AxisState) -> Union[WarpgroupMatmul, str]:
 
 def loads_by_tma(use: WarpgroupMatmul) -> bool:
   """Whether a TMA tile can load this matmul: the tensor maps are made from the buffer pointers alone (a known M, a
-  row-major A)."""
-  return isinstance(use.m, int) and use.a_segment == 0 and use.a_row_stride == 0
+  row-major A), and 16-bit inputs (TF32 operands are rounded in shared memory by the cp.async kernel's threads)."""
+  return isinstance(use.m, int) and use.a_segment == 0 and use.a_row_stride == 0 and use.dtype in WGMMA_DTYPES
 
 def warpgroup_mma(state: AxisState, opt: Opt) -> AxisState:
   """WGMMA: the whole kernel is one warpgroup matmul with tile WGMMA_TILES[opt.amount] (see the module doc)."""
@@ -159,7 +168,8 @@ def warpgroup_mma(state: AxisState, opt: Opt) -> AxisState:
   if isinstance(use, str): raise KernelOptError(f"{opt}: {use}")
   warpgroups, block_n, stages, tma = WGMMA_TILES[opt.amount]
   if tma and not loads_by_tma(use):
-    raise KernelOptError(f"{opt}: a TMA tile needs a known M and a row-major A (the maps are made per buffer)")
+    raise KernelOptError(f"{opt}: a TMA tile needs a known M, a row-major A (the maps are made per buffer) and "
+                         "16-bit inputs (TF32 operands are rounded by the cp.async kernel)")
   return state.replace(warpgroup_matmul=dataclasses.replace(use, warpgroups=warpgroups, block_n=block_n,
                                                             stages=stages, tma=tma))
 

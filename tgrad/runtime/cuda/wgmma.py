@@ -1,6 +1,7 @@
 """Hopper warpgroup MMA (PTX `wgmma.mma_async`, sm_90a): a half/bfloat16 matmul kernel C = A·Bᵀ (or A·B) with
 float32 accumulators, both operands read by the tensor cores from 128-byte-swizzled shared memory through matrix
-descriptors.
+descriptors; or a TF32 one of float32 inputs (C = A·Bᵀ only: 4-byte elements, `block_k` 32, m64nNk8, each thread's
+landed chunks rounded to TF32 in place before the proxy fence: `_rounding_lambda`).
 
 Every index formula the kernel uses is one Python function here (`copy_k_major`, `copy_n_major`, `k_major_offset`,
 `n_major_offset`, `accumulator_position`, `encode_descriptor`, `descriptor_start`), called with ints by the CPU
@@ -42,7 +43,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional, Union
 import numpy as np
-from tgrad.dtype import DType, dtypes
+from tgrad.dtype import TF32_KEEP_MASK, TF32_ROUNDING_BIAS, DType, dtypes
 from tgrad.runtime.cuda.targets import DYNAMIC_SHARED_SUFFIX, WARPGROUP_MMA_ARCH, sm_number
 
 WARPGROUP_THREADS = 128
@@ -63,7 +64,10 @@ DESCRIPTOR_LEADING_SHIFT, DESCRIPTOR_STRIDE_SHIFT, DESCRIPTOR_SWIZZLE_SHIFT = 16
 SWIZZLE_NONE, SWIZZLE_128B = 0, 1                # the descriptor's layout type (bits 62-63)
 UNUSED_LEADING_BYTES = 16                        # a K-major swizzled descriptor ignores its LBO; 1 (16 bytes) by custom
 MAX_SHARED_BYTES = 227 * 1024                    # sm_90's opt-in dynamic shared memory per block
-WGMMA_TYPES = {dtypes.float16: "f16", dtypes.bfloat16: "bf16"}
+# the inputs' PTX type; float32 inputs are multiplied as TF32 (rounded in shared memory first: `_rounding_lines`)
+WGMMA_TYPES = {dtypes.float16: "f16", dtypes.bfloat16: "bf16", dtypes.float32: "tf32"}
+TF32 = dtypes.float32
+STEP_BYTES = WGMMA_K * ELEMENT_BYTES   # K of one wgmma in bytes (k16 of 16-bit elements, k8 of TF32): 32
 MIN_STAGES = 3       # cp.async: stages - 2 tiles in flight while one is multiplied and one is being released
 MIN_TMA_STAGES = 2   # TMA: the producer refills a stage as soon as the consumers release it (mbarriers)
 MBARRIER_BYTES = 8
@@ -166,6 +170,14 @@ class WgmmaConfig:
 
 # ---- the layout formulas (ints for the tests, CExprs for the kernel)
 
+def block_k(dtype: DType) -> int:
+  """K elements of a pipeline stage: one 128-byte swizzled row (64 16-bit elements, 32 TF32)."""
+  return SWIZZLE_BYTES // dtype.itemsize
+
+def chunk_elements(dtype: DType) -> int: return CHUNK_BYTES // dtype.itemsize   # elements of one 16-byte copy
+
+def wgmma_k(dtype: DType) -> int: return STEP_BYTES // dtype.itemsize   # K of one wgmma: 16, or 8 for TF32
+
 def k_major_offset(row: Index, chunk: Index) -> Index:
   """Byte offset in a K-major tile of 16-byte chunk `chunk` (0..7: K 8·chunk..) of row `row`: rows 128 bytes apart,
   the chunk moved to chunk ⊕ (row mod 8)."""
@@ -220,7 +232,7 @@ def descriptor_start(config: WgmmaConfig, stage: Index, operand_b: bool, warpgro
   base = stage * config.stage_bytes + (config.b_offset if operand_b else 0)
   if operand_b and config.b_n_major: return base + k_step * WGMMA_K * SWIZZLE_BYTES
   rows = 0 if operand_b else warpgroup * WGMMA_M * SWIZZLE_BYTES
-  return base + rows + k_step * WGMMA_K * ELEMENT_BYTES
+  return base + rows + k_step * STEP_BYTES
 
 # ---- what the hardware computes, on the CPU (the tests' reference for the layouts)
 
@@ -234,20 +246,32 @@ def read_operand(shared: np.ndarray, descriptor: int, rows: int, dtype: DType, t
   1024-aligned), as float32, from the PTX ISA's canonical layouts (T = 8 elements of 16 bits): K-major (imm-trans 0)
   ((8,m),(T,2k)):((8T,SBO),(1,T)): element (r, k) at start + (r / 8)·SBO + (r % 8)·128 + 2k; MN-major
   (imm-trans 1) ((T,8,m),(8,k)):((1,T,LBO),(8T,SBO)): element (r, k) at start + (r / 64)·LBO + (k / 8)·SBO +
-  (k % 8)·128 + 2·(r % 64); then swizzled. Written independently of the kernel's copy formulas."""
+  (k % 8)·128 + 2·(r % 64); then swizzled. TF32 (float32 dtype, K-major only): rows×8, element (r, k) at start +
+  (r / 8)·SBO + (r % 8)·128 + 4k, of which the tensor core keeps the TF32 bits (`float_of_bits`). Written
+  independently of the kernel's copy formulas."""
   start, leading, stride, swizzle = decode_descriptor(descriptor)
   assert swizzle == SWIZZLE_128B, "only the 128-byte swizzle is emulated"
-  r, k = np.arange(rows)[:, None], np.arange(WGMMA_K)[None, :]
+  assert not (transposed and dtype == TF32), "TF32 operands are K-major"
+  size = dtype.itemsize
+  r, k = np.arange(rows)[:, None], np.arange(wgmma_k(dtype))[None, :]
   if transposed: at = start + (r // 64) * leading + (k // 8) * stride + (k % 8) * SWIZZLE_BYTES + (r % 64) * 2
-  else: at = start + (r // 8) * stride + (r % 8) * SWIZZLE_BYTES + k * 2
+  else: at = start + (r // 8) * stride + (r % 8) * SWIZZLE_BYTES + k * size
   at = swizzled_address(at)
-  bits = shared[at].astype(np.uint16) | shared[at + 1].astype(np.uint16) << 8   # little-endian 16-bit elements
+  bits = sum(shared[at + byte].astype(np.uint32) << (8 * byte) for byte in range(size))   # little-endian elements
   return float_of_bits(bits, dtype)
 
 def float_of_bits(bits: np.ndarray, dtype: DType) -> np.ndarray:
-  """16-bit half or bfloat16 patterns as float32."""
+  """16-bit half or bfloat16 patterns as float32; float32 patterns as the TF32 values a tensor core reads from them
+  (the low 13 bits dropped: truncation)."""
+  if dtype == TF32: return (bits.astype(np.uint32) & TF32_KEEP_MASK).view(np.float32)
   if dtype == dtypes.float16: return bits.astype(np.uint16).view(np.float16).astype(np.float32)
   return (bits.astype(np.uint32) << 16).view(np.float32)
+
+def round_to_tf32_bits(bits: np.ndarray) -> np.ndarray:
+  """float32 patterns rounded to TF32 as the kernel's `round_chunk` (and the graph's round_to_tf32) does."""
+  bits = bits.astype(np.uint32)
+  is_nan = (bits & 0x7FFFFFFF) > 0x7F800000
+  return np.where(is_nan, bits, (bits + np.uint32(TF32_ROUNDING_BIAS)) & np.uint32(TF32_KEEP_MASK)).astype(np.uint32)
 
 def emulate_block(config: WgmmaConfig, a: np.ndarray, b: np.ndarray, dtype: DType, block_row: int = 0,
                   block_col: int = 0) -> np.ndarray:
@@ -255,14 +279,16 @@ def emulate_block(config: WgmmaConfig, a: np.ndarray, b: np.ndarray, dtype: DTyp
   copied to their `copy_*`/`*_offset` place in a fresh, poisoned stage buffer per K tile (a byte the wgmma reads but
   no copy wrote shows up as garbage), each wgmma reading its operands through the descriptors the kernel builds
   (`descriptor_start`), each accumulator register added at `accumulator_position`. a: M×K and b: N×K (K×N for an
-  N-major B) uint16 bits."""
+  N-major B) uint16 bits (uint32 float32 bits for TF32: each thread's chunks rounded where they land, as
+  `round_tile`)."""
   m, k_size = a.shape
   n = b.shape[1] if config.b_n_major else b.shape[0]
   accumulators = np.zeros((config.warpgroups, WARPGROUP_THREADS, config.accumulators), np.float32)
   threads, registers = np.arange(WARPGROUP_THREADS)[:, None], np.arange(config.accumulators)[None, :]
   acc_rows, acc_columns = accumulator_position(threads, registers)   # type: ignore[arg-type]
   thread = np.arange(config.threads)
-  for tile in range(-(-k_size // BLOCK_K)):
+  tile_k, chunk_size = block_k(dtype), chunk_elements(dtype)
+  for tile in range(-(-k_size // tile_k)):
     stage = tile % config.stages
     shared = np.full(config.stages * config.stage_bytes, 0xFF, np.uint8)   # 0xFFFF is NaN in half and bfloat16
     written = []
@@ -273,24 +299,25 @@ def emulate_block(config: WgmmaConfig, a: np.ndarray, b: np.ndarray, dtype: DTyp
       for i in range(copies(config, operand_b)):
         if n_major:
           k_row, n_chunk = copy_n_major(config, thread, i)   # type: ignore[arg-type]
-          g_row, g_col = tile * BLOCK_K + k_row, first + n_chunk * CHUNK_ELEMENTS
+          g_row, g_col = tile * tile_k + k_row, first + n_chunk * chunk_size
           valid = (g_row < k_size) & (g_col < n)
           at = base + n_major_offset(config, k_row, n_chunk)   # type: ignore[arg-type]
         else:
           row, chunk = copy_k_major(config, thread, i)   # type: ignore[arg-type]
-          g_row, g_col = first + row, tile * BLOCK_K + chunk * CHUNK_ELEMENTS
+          g_row, g_col = first + row, tile * tile_k + chunk * chunk_size
           valid = (g_row < source.shape[0]) & (g_col < k_size)
           at = base + k_major_offset(row, chunk)   # type: ignore[arg-type]
-        padded = np.zeros((source.shape[0] + 1, source.shape[1] + CHUNK_ELEMENTS), np.uint16)   # clipped reads land
+        padded = np.zeros((source.shape[0] + 1, source.shape[1] + chunk_size), source.dtype)   # clipped reads land
         padded[:source.shape[0], :source.shape[1]] = source                                      # in the zeros
         values = padded[np.minimum(g_row, source.shape[0])[:, None],
-                        np.minimum(g_col, source.shape[1])[:, None] + np.arange(CHUNK_ELEMENTS)]
-        values = np.where(valid[:, None], values, 0).astype(np.uint16)
+                        np.minimum(g_col, source.shape[1])[:, None] + np.arange(chunk_size)]
+        values = np.where(valid[:, None], values, 0).astype(source.dtype)
+        if dtype == TF32: values = round_to_tf32_bits(values)   # round_tile: each thread's chunks where they land
         shared[at[:, None] + np.arange(CHUNK_BYTES)] = values.view(np.uint8).reshape(len(thread), CHUNK_BYTES)
         written += at.tolist()
     assert len(set(written)) == len(written) == config.stage_bytes // CHUNK_BYTES, "each chunk written exactly once"
     for warpgroup in range(config.warpgroups):
-      for k_step in range(BLOCK_K // WGMMA_K):
+      for k_step in range(SWIZZLE_BYTES // STEP_BYTES):
         desc_a, desc_b = (encode_descriptor(descriptor_start(config, stage, operand_b, warpgroup, k_step),  # type: ignore[arg-type]
                                             *config.descriptor_offsets(operand_b), SWIZZLE_128B)
                           for operand_b in (False, True))
@@ -306,8 +333,11 @@ def emulate_block(config: WgmmaConfig, a: np.ndarray, b: np.ndarray, dtype: DTyp
 
 def check_shapes(m: Size, n: int, k: int, dtype: DType, b_n_major: bool = False) -> None:
   if dtype not in WGMMA_TYPES: raise ValueError(f"wgmma matmul: dtype {dtype} is not one of {list(WGMMA_TYPES)}")
-  if min(m if isinstance(m, int) else 1, n, k) < 1 or k % 8:
-    raise ValueError(f"wgmma matmul: A {m}×{k} · B {n}×{k}ᵀ needs sizes ≥ 1 and K a multiple of 8 (16-byte rows)")
+  if min(m if isinstance(m, int) else 1, n, k) < 1 or k % chunk_elements(dtype):
+    raise ValueError(f"wgmma matmul: A {m}×{k} · B {n}×{k}ᵀ needs sizes ≥ 1 and K a multiple of "
+                     f"{chunk_elements(dtype)} (16-byte rows of {dtype})")
+  if b_n_major and dtype == TF32:
+    raise ValueError(f"wgmma matmul: TF32 operands must both be K-major (B stored N×K), not a K×N B of {k}×{n}")
   if b_n_major and n % 8:
     raise ValueError(f"wgmma matmul: A {m}×{k} · B {k}×{n} needs N a multiple of 8 (16-byte rows of B)")
 
@@ -326,15 +356,16 @@ def _rows_check(m: Size, block: int, row: str) -> list[str]:
   if not isinstance(m, int): return [f"{row} < {ROWS}"]
   return [f"{row} < {m}"] if m % block else []
 
-def _a_tile_offset(shape: MatmulShape) -> str:
-  """Elements from a row's start to K tile `tile` of A (a K segment holds whole tiles)."""
-  if shape.a_segment in (0, shape.k): return f"tile * {BLOCK_K}"
-  return f"(long long)(tile * {BLOCK_K} / {shape.a_segment}) * {shape.a_segment_stride} + tile * {BLOCK_K} % " \
+def _a_tile_offset(shape: MatmulShape, tile_k: int = BLOCK_K) -> str:
+  """Elements from a row's start to K tile `tile` of A (a K segment holds whole tiles of `tile_k`)."""
+  if shape.a_segment in (0, shape.k): return f"tile * {tile_k}"
+  return f"(long long)(tile * {tile_k} / {shape.a_segment}) * {shape.a_segment_stride} + tile * {tile_k} % " \
          f"{shape.a_segment}"
 
-def _copy_lines(c: WgmmaConfig, operand_b: bool, shape: MatmulShape) -> list[str]:
+def _copy_lines(c: WgmmaConfig, operand_b: bool, shape: MatmulShape, dtype: DType = dtypes.float16) -> list[str]:
   """The C that copies K tile `tile` of one operand into stage `stage` (inside the copy lambda)."""
   m, n, k = shape.m, shape.n, shape.k
+  tile_k, chunk_size = block_k(dtype), chunk_elements(dtype)
   name = "b" if operand_b else "a"
   n_major = operand_b and c.b_n_major
   base = f"stage_address + {c.b_offset}" if operand_b else "stage_address"
@@ -343,19 +374,19 @@ def _copy_lines(c: WgmmaConfig, operand_b: bool, shape: MatmulShape) -> list[str
     if n_major:
       k_row, n_chunk = copy_n_major(c, CExpr("tid"), i)
       offset = n_major_offset(c, k_row, n_chunk)
-      checks = ([f"tile * {BLOCK_K} + {k_row} < {k}"] if k % BLOCK_K else []) + \
-               ([f"block_col + {n_chunk * CHUNK_ELEMENTS} < {n}"] if n % c.block_n else [])
-      source = f"{name}_source + (long long)(tile * {BLOCK_K} + {k_row}) * {n}"
+      checks = ([f"tile * {tile_k} + {k_row} < {k}"] if k % tile_k else []) + \
+               ([f"block_col + {n_chunk * chunk_size} < {n}"] if n % c.block_n else [])
+      source = f"{name}_source + (long long)(tile * {tile_k} + {k_row}) * {n}"
     else:
       row, chunk = copy_k_major(c, CExpr("tid"), i)
       offset = k_major_offset(row, chunk)
       checks = (_rows_check(n, c.block_n, f"block_col + {row}") if operand_b else
                 _rows_check(m, c.block_m, f"block_row + {row}")) + \
-               ([f"tile * {BLOCK_K} + {chunk * CHUNK_ELEMENTS} < {k}"] if k % BLOCK_K else [])
+               ([f"tile * {tile_k} + {chunk * chunk_size} < {k}"] if k % tile_k else [])
       row_stride = k if operand_b else shape.row_stride
       rows_ahead = i * (c.threads // ROW_CHUNKS)
       ahead = rows_ahead * row_stride if isinstance(row_stride, int) else f"(long long){rows_ahead} * {row_stride}"
-      tile_offset = f"tile * {BLOCK_K}" if operand_b else _a_tile_offset(shape)
+      tile_offset = f"tile * {tile_k}" if operand_b else _a_tile_offset(shape, tile_k)
       source = f"{name}_source + {ahead} + {tile_offset}"
     valid = " && ".join(checks) or "true"
     lines.append(f"    copy_chunk({base} + {offset}, {source}, {name}, {valid});")
@@ -400,9 +431,12 @@ def k_tile_wgmmas(c: WgmmaConfig, type_name: str, indent: str) -> list[str]:
   outputs = ", ".join(f'"+f"(acc[{i}])' for i in range(c.accumulators))
   registers = ", ".join(f"%{i}" for i in range(c.accumulators))
   da, db, one = c.accumulators, c.accumulators + 1, c.accumulators + 2   # scale-d is a predicate: p = 1
-  instruction = f"wgmma.mma_async.sync.aligned.m64n{c.block_n}k16.f32.{type_name}.{type_name}"
+  tf32 = type_name == WGMMA_TYPES[TF32]
+  instruction = f"wgmma.mma_async.sync.aligned.m64n{c.block_n}k{8 if tf32 else 16}.f32.{type_name}.{type_name}"
+  # scale-a, scale-b 1; a 16-bit type also takes imm-trans-a 0 and imm-trans-b (B N-major); TF32 has no transpose
+  immediates = "1, 1" if tf32 else f"1, 1, 0, {int(c.b_n_major)}"
   lines: list[str] = []
-  for k_step in range(BLOCK_K // WGMMA_K):
+  for k_step in range(SWIZZLE_BYTES // STEP_BYTES):
     start_a = descriptor_start(c, CExpr("stage"), False, CExpr("warpgroup"), k_step)
     start_b = descriptor_start(c, CExpr("stage"), True, CExpr("warpgroup"), k_step)
     lines += [
@@ -410,7 +444,7 @@ def k_tile_wgmmas(c: WgmmaConfig, type_name: str, indent: str) -> list[str]:
       f"  const unsigned long long desc_a = a_bits | (((shared_base + {start_a}) >> 4) & {DESCRIPTOR_FIELD_MASK});",
       f"  const unsigned long long desc_b = b_bits | (((shared_base + {start_b}) >> 4) & {DESCRIPTOR_FIELD_MASK});",
       f'  asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{one}, 0;\\n{instruction} {{{registers}}}, %{da}, '
-      f'%{db}, p, 1, 1, 0, {int(c.b_n_major)};\\n}}\\n" : {outputs} : "l"(desc_a), "l"(desc_b), "n"(1) : "memory");',
+      f'%{db}, p, {immediates};\\n}}\\n" : {outputs} : "l"(desc_a), "l"(desc_b), "n"(1) : "memory");',
       "}"]
   lines += ['asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");',
             'asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");   // tile t - 1\'s wgmmas are done']
@@ -425,29 +459,30 @@ def wgmma_matmul_source(name: str, m: Size, n: int, k: int, dtype: DType = dtype
   (wgmma is an sm_90a feature)."""
   shape = shape or MatmulShape(m, n, k)
   check_shapes(m, n, k, dtype, config.b_n_major)
-  if shape.a_segment and (shape.a_segment % BLOCK_K or k % shape.a_segment):
-    raise ValueError(f"wgmma matmul: A's K segments of {shape.a_segment} must be whole K tiles of {BLOCK_K} in K={k}")
+  tile_k, chunk_size = block_k(dtype), chunk_elements(dtype)
+  if shape.a_segment and (shape.a_segment % tile_k or k % shape.a_segment):
+    raise ValueError(f"wgmma matmul: A's K segments of {shape.a_segment} must be whole K tiles of {tile_k} in K={k}")
   if config.tma: raise ValueError(f"wgmma matmul: tile {config} loads by TMA: wgmma_tma.tma_matmul_source writes it")
   if sorted(arguments) != sorted(PARAMETERS): raise ValueError(f"wgmma matmul: arguments {arguments} must order "
                                                                f"{list(PARAMETERS)}")
   c = config
-  tiles = -(-k // BLOCK_K)
+  tiles = -(-k // tile_k)
   type_name = WGMMA_TYPES[dtype]
   tid = CExpr("tid")
   a_row, a_chunk = copy_k_major(c, tid, 0)
   if c.b_n_major:
     b_row, b_chunk = copy_n_major(c, tid, 0)
-    b_start = f"b + block_col + {b_chunk * CHUNK_ELEMENTS}"   # K-row b_row is added per copy (with the tile)
+    b_start = f"b + block_col + {b_chunk * chunk_size}"   # K-row b_row is added per copy (with the tile)
   else:
     b_row, b_chunk = copy_k_major(c, tid, 0)
-    b_start = f"b + (long long)(block_col + {b_row}) * {k} + {b_chunk * CHUNK_ELEMENTS}"
+    b_start = f"b + (long long)(block_col + {b_row}) * {k} + {b_chunk * chunk_size}"
   lines = [
-    "typedef unsigned short element;",
+    f"typedef {'float' if dtype == TF32 else 'unsigned short'} element;",
     f'extern "C" __device__ const unsigned int {name}{DYNAMIC_SHARED_SUFFIX} = {c.shared_bytes};',
     f'extern "C" __global__ void __launch_bounds__({c.threads}, 1) {name}({parameter_list(arguments, shape)}) {{',
     *block_prologue(c), *rows_line(shape),
     f"  const element* a_source = a + (long long)(block_row + {a_row}) * {shape.row_stride} + "
-    f"{a_chunk * CHUNK_ELEMENTS};",
+    f"{a_chunk * chunk_size};",
     f"  const element* b_source = {b_start};",
     f"  float acc[{c.accumulators}];",
     f"  #pragma unroll\n  for (int i = 0; i < {c.accumulators}; ++i) acc[i] = 0.0f;",
@@ -457,8 +492,9 @@ def wgmma_matmul_source(name: str, m: Size, n: int, k: int, dtype: DType = dtype
     "  };",
     "  auto copy_tile = [&](int tile, int stage) {",
     f"    const unsigned int stage_address = shared_base + stage * {c.stage_bytes};",
-    *_copy_lines(c, False, shape), *_copy_lines(c, True, shape),
+    *_copy_lines(c, False, shape, dtype), *_copy_lines(c, True, shape, dtype),
     "  };"]
+  if dtype == TF32: lines += _rounding_lambda(c)
   lines += [
     f"  #pragma unroll\n  for (int s = 0; s < {c.stages - 2}; ++s) {{",
     f"    if (s < {tiles}) copy_tile(s, s);",
@@ -467,6 +503,7 @@ def wgmma_matmul_source(name: str, m: Size, n: int, k: int, dtype: DType = dtype
     "  int stage = 0;",
     f"  for (int t = 0; t < {tiles}; ++t) {{",
     f'    asm volatile("cp.async.wait_group {c.stages - 3};" ::: "memory");   // tile t has landed (this thread)',
+    *(["    round_tile(stage);   // this thread's chunks of tile t to TF32, in place"] if dtype == TF32 else []),
     '    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");   // visible to wgmma (the async proxy)',
     "    __syncthreads();",
     f"    if (t + {c.stages - 2} < {tiles}) copy_tile(t + {c.stages - 2}, stage >= 2 ? stage - 2 : stage + "
@@ -485,6 +522,29 @@ def wgmma_matmul_source(name: str, m: Size, n: int, k: int, dtype: DType = dtype
   lines += _epilogue(c, n, m, shape.out_dtype or dtype, CExpr("lane_thread"), CExpr("warpgroup"))
   lines.append("}")
   return "\n".join(lines) + "\n"
+
+def _rounding_lambda(c: WgmmaConfig) -> list[str]:
+  """`round_tile(stage)`: the 16-byte chunks this thread copied into `stage` (the same offsets as its copies: they
+  have landed after its cp.async.wait_group) rounded in place to TF32, as the graph's round_to_tf32 does (to nearest,
+  ties away from zero: add half of the dropped bits, clear them; a NaN kept). The tensor core would otherwise drop
+  the low 13 bits of each float (truncation). The kernel's fence.proxy.async that follows makes these generic-proxy
+  stores visible to the wgmmas, as it does the copies."""
+  offsets = [k_major_offset(*copy_k_major(c, CExpr("tid"), i)) for i in range(copies(c, False))] + \
+            [c.b_offset + k_major_offset(*copy_k_major(c, CExpr("tid"), i)) for i in range(copies(c, True))]
+  return [
+    "  unsigned char* const aligned_shared = shared + (shared_base - (unsigned int)__cvta_generic_to_shared(shared));",
+    "  auto round_chunk = [](unsigned char* at) {   // 4 floats to TF32",
+    "    float4 v = *(float4*)at;",
+    "    float* x = &v.x;",
+    "    #pragma unroll",
+    "    for (int i = 0; i < 4; ++i) x[i] = x[i] != x[i] ? x[i] : "
+    f"__uint_as_float((__float_as_uint(x[i]) + 0x{TF32_ROUNDING_BIAS:X}u) & 0x{TF32_KEEP_MASK:X}u);",
+    "    *(float4*)at = v;",
+    "  };",
+    "  auto round_tile = [&](int stage) {",
+    f"    unsigned char* const stage_start = aligned_shared + stage * {c.stage_bytes};",
+    *[f"    round_chunk(stage_start + {offset});" for offset in offsets],
+    "  };"]
 
 def _epilogue(c: WgmmaConfig, n: int, m: Size, dtype: DType, tid_in_group: CExpr, warpgroup: CExpr) -> list[str]:
   """Each accumulator rounded to the output dtype (a float32 output: stored as summed) and stored at its (row,

@@ -67,12 +67,15 @@ def made_wrong(opts) -> bool:
   its prefix with UPCAST 0 4 and every child of those, and every kernel with an UNROLL."""
   return any(opt.op is OptOps.UNROLL or opt == Opt(OptOps.UPCAST, 0, 4) for opt in opts)
 
-@pytest.mark.parametrize("timed_before_deadline", [1, 3, None])
-def test_budget_and_single_runs_never_pick_a_wrong_kernel(fresh_cache, monkeypatch, timed_before_deadline):
+@pytest.mark.parametrize("timed_before_deadline, big_reference", [(1, False), (3, False), (None, False), (None, True)])
+def test_budget_and_single_runs_never_pick_a_wrong_kernel(fresh_cache, monkeypatch, timed_before_deadline,
+                                                          big_reference):
   """Many candidates (made_wrong) subtract instead of adding, and report the fastest times. With every slower
   candidate timed once, nothing stopped early, and the budget running out after a few candidates (or never), the
-  winner is still a right kernel: only verified candidates become the best or join the beam."""
+  winner is still a right kernel: only verified candidates become the best or join the beam. `big_reference`: the
+  reference is a big kernel's (split over the cores, upcast along the output's columns)."""
   monkeypatch.setattr(search, "ACTIONS", ACTIONS)
+  if big_reference: monkeypatch.setattr(search, "REFERENCE_THREAD_MIN_WORK", 1)
   monkeypatch.setattr(search, "RETIME_FACTOR", 1.0)
   monkeypatch.setattr(search, "EARLY_STOP_FACTOR", 1e9)
   if timed_before_deadline is not None:
@@ -219,3 +222,77 @@ def test_verify_runs_twice_only_where_an_element_holds_the_first_poison(fresh_ca
   assert beam.verify(candidate(np.ones(256, bool))) and len(runs) == 1
   skipping = np.arange(256) % 7 != 0
   assert not beam.verify(candidate(skipping)) and len(runs) == 3 and beam.stats.rejected == 1
+
+def with_state(kernel: Kernel, state) -> Kernel:
+  kernel = kernel.copy()
+  kernel.state = state
+  return kernel
+
+def sequential_sums(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+  """a @ b summed over k in order in float32, one term at a time: (with each step one fused multiply-add, with each
+  product rounded first). A float32 product is exact in float64, so the fused step is the float64 sum rounded."""
+  fused, rounded = np.zeros((a.shape[0], b.shape[1]), np.float32), np.zeros((a.shape[0], b.shape[1]), np.float32)
+  for k in range(a.shape[1]):
+    product = np.outer(a[:, k].astype(np.float64), b[k].astype(np.float64))
+    fused = (fused.astype(np.float64) + product).astype(np.float32)
+    rounded = rounded + np.outer(a[:, k], b[k])
+  return fused, rounded
+
+@pytest.mark.parametrize("shape", [(64, 100, 32), (24, 40, 64), (7, 33, 48)])
+def test_a_big_reference_reads_rows_as_vectors_and_sums_in_order(fresh_cache, monkeypatch, shape):
+  """From REFERENCE_THREAD_MIN_WORK loop iterations the reference is split over the cores and upcast along the
+  output's contiguous axis. Every element is still the plain sum over K in order: bit for bit the sequential float32
+  sum (with or without fused multiply-adds), which the unoptimized kernel itself need not be (LLVM may vectorize its
+  reduce loop, reassociating it)."""
+  monkeypatch.setattr(search, "REFERENCE_THREAD_MIN_WORK", 1)
+  n, k, m = shape
+  kernel, inputs, expected = matmul_case(n, k, m)
+  state = search._Search(kernel, 1).reference_state()
+  upcasts = [opt for opt in state.applied_opts if opt.op is OptOps.UPCAST]
+  assert len(upcasts) == 1 and upcasts[0].amount == 16   # 64 bytes of float32: one cache line of B's row a step
+  if cpu_count() >= 2 and n % 2 == 0: assert state.threads >= 2
+  reference = with_state(kernel, state)
+  rng = np.random.default_rng(0)   # matmul_case's inputs
+  a, b = rng.standard_normal((n, k)).astype(np.float32), rng.standard_normal((k, m)).astype(np.float32)
+  out = run_with_opts(reference, inputs, expected, [])
+  assert any(np.array_equal(out.view(np.uint32), s.view(np.uint32)) for s in sequential_sums(a, b))
+
+def lane_swapped(values: np.ndarray, lanes: int) -> np.ndarray:
+  """Each run of `lanes` columns with its two halves exchanged: what an output upcast that misplaced its lanes would
+  store."""
+  rows, columns = values.shape
+  pieces = values.reshape(rows, columns // lanes, 2, lanes // 2)
+  return pieces[:, :, ::-1].reshape(rows, columns)
+
+def test_the_vectorized_reference_rejects_wrong_kernels(fresh_cache, monkeypatch):
+  """Against the big kernels' reference (threads, an output upcast), a candidate that drops one term of each sum,
+  stores the lanes of its vectors in the wrong places, pairs A's and B's terms in different orders (A's columns
+  reversed: a misplaced UNROLL or SWAP of the reduce) or leaves a column unwritten is rejected; one that writes
+  numpy's answer (another order of summation) verifies."""
+  monkeypatch.setattr(search, "REFERENCE_THREAD_MIN_WORK", 1)
+  n, k, m = 32, 48, 64
+  kernel, _, _ = matmul_case(n, k, m)
+  beam = search._Search(kernel, 1)
+  state = beam.reference_state()
+  assert any(opt.op is OptOps.UPCAST for opt in state.applied_opts)
+  beam.take_reference(search._Candidate(state, "", runner=compile_kernel(DEVICE, with_state(kernel, state))))
+  a, b = (next(x for x in beam.initial.values() if x.size == size).reshape(shape) for size, shape in
+          ((n * k, (n, k)), (k * m, (k, m))))   # the search's random inputs
+  expected = a @ b
+  def candidate(values: np.ndarray, written: np.ndarray) -> search._Candidate:
+    def run(buffers, wait=False) -> float:
+      current = buffers[0].copyout()
+      current[written.ravel()] = values.ravel()[written.ravel()]
+      buffers[0].copyin(current)
+      return 1e-6
+    return search._Candidate(state, "", runner=run)
+  everything = np.ones((n, m), bool)
+  assert beam.verify(candidate(expected, everything))
+  dropped = expected - np.outer(a[:, 0], b[0])
+  assert not beam.verify(candidate(dropped, everything))
+  assert not beam.verify(candidate(lane_swapped(expected, 16), everything))
+  assert not beam.verify(candidate((a[:, ::-1] @ b).astype(np.float32), everything))
+  skipped = everything.copy()
+  skipped[:, 5] = False
+  assert not beam.verify(candidate(expected, skipped))
+  assert beam.stats.rejected == 4

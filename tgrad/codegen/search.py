@@ -7,7 +7,8 @@ spawned worker processes, times each on the device and keeps the `beam_width` fa
 verifies when, run from the same random inputs with its outputs poisoned by a byte pattern, it leaves the inputs alone,
 writes every element (where some element still holds the pattern, it runs again with a second pattern and must give
 the same bytes both times) and matches the unoptimized kernel element by element (ints exactly, floats within a
-per-element tolerance). The reference is the unoptimized kernel itself, split over the CPU's cores when it is big.
+per-element tolerance). The reference is the unoptimized kernel itself; when it is big, on a CPU, split over the
+cores and upcast along a contiguous output axis, which changes no element's order of summation.
 Candidates are deduplicated by their axes before rendering (`state_key`) and by source after; on a CPU, children that
 would spill their accumulators are not rendered, and one clearly slower than the best is timed once. The search of
 one kernel stops after Context.BEAM_BUDGET seconds with the best kernel verified so far. See docs/architecture.md
@@ -87,6 +88,11 @@ ACCUMULATOR_REGISTER_FILES = 1
 # The reference (the unoptimized kernel) of this many loop iterations or more runs on all CPU cores: unoptimized, a
 # 1024² float32 matmul (2^30) takes 5-10 s a run on a shared Zen 3 core, most of a search's time
 REFERENCE_THREAD_MIN_WORK = 1 << 24
+# ...and, in a reduce kernel, reads an input that is contiguous along an output axis this many bytes at a time (one
+# cache line): that axis is upcast (see reference_vector). The unoptimized 1024² matmul read B down its columns, one
+# float of each 64-byte line per step; with 16 columns a step it took 0.3 s a run instead of 6-7 s (2 shared cores,
+# load ~2)
+REFERENCE_VECTOR_BYTES = 64
 RANDOM_INT_LIMIT = 16       # random integer inputs lie in [-16, 16): index-like values, products that stay exact
 SEARCH_SCALAR_VALUE = 3     # the value every scalar parameter (a lifted Python scalar) takes while candidates run
 # every output byte before a checked run. Each kernel runs once with each pattern and must give the same bytes both
@@ -346,6 +352,24 @@ def spills_accumulators(kernel: AxisState) -> bool:
   register_file = renderer.vector_bytes * renderer.vector_registers
   return accumulators * max(r.dtype.itemsize for r in kernel.reduceops) > ACCUMULATOR_REGISTER_FILES * register_file
 
+def reference_vector(state: AxisState) -> AxisState:
+  """A reduce kernel with one output axis (not the THREAD axis) along which some input is contiguous upcast by the
+  largest power of two that divides it and spans at most REFERENCE_VECTOR_BYTES of that input; unchanged otherwise
+  (an elementwise kernel, or a reduce over the contiguous axis: its loads are already sequential). No element's
+  order of summation changes: the reference the search checks candidates against stays the plain sequential sum."""
+  if not state.reduceops: return state
+  loads = [(u, st.real_strides()) for u, st in zip(state.memops, state.sts) if u.op is Ops.LOAD]
+  for axis in range(1 if state.threads else 0, state.global_dims):
+    size = state.full_shape[axis]
+    itemsize = next((u.dtype.itemsize for u, strides in loads if strides[axis] == 1), None)
+    if not isinstance(size, int) or itemsize is None: continue
+    amount = 1
+    while amount * 2 * itemsize <= REFERENCE_VECTOR_BYTES and size % (amount * 2) == 0: amount *= 2
+    if amount == 1: continue
+    try: return apply_opt(state, Opt(OptOps.UPCAST, axis, amount))
+    except KernelOptError: continue
+  return state
+
 def render_candidate(kernel: AxisState, name: str) -> str:
   """Source text of a kernel: the thing candidates are deduplicated by and compiled from."""
   return render_source(kernel, name)[0]
@@ -452,7 +476,8 @@ class _Search:
     heuristic_kernel = self.start.copy()
     hand_coded_optimizations(heuristic_kernel)
     chain = heuristic_kernel.applied_opts[len(self.start.applied_opts):]
-    found = [self.candidate_for(state) for state in [heuristic_kernel.state] + self.prefixes(chain)]
+    seeds = self.prefixes(chain, reference.kernel.threads > 0)
+    found = [self.candidate_for(state) for state in [heuristic_kernel.state] + seeds]
     heuristic = found[0][0]
     if heuristic is not None: self.finish_compiles([heuristic], past_deadline=True)
     measured = self.measure([candidate for candidate, new in found if new])
@@ -467,26 +492,32 @@ class _Search:
 
   def reference_state(self) -> AxisState:
     """The unoptimized kernel; on a CPU, from REFERENCE_THREAD_MIN_WORK loop iterations, with its outermost output
-    axis split across the cores (THREAD, as the heuristics split it): each element is still computed by one thread
-    exactly as unoptimized, and the reference of a big reduce comes that many times sooner."""
+    axis split across the cores (THREAD, as the heuristics split it) and, in a reduce kernel, an output axis along
+    which an input is contiguous upcast to REFERENCE_VECTOR_BYTES of it (reference_vector). Each element is still
+    computed by one thread as unoptimized: an output upcast gives each element of the piece its own accumulator, summed
+    over the reduce loop in the same order; only the loads of the piece become one vector. The reference of a 1024²
+    matmul then reads its B rows a cache line at a time instead of one float per line: 20× sooner."""
     state = AxisState.of(self.start.ast, self.start.renderer)
     if not state.renderer.has_threads or state.global_dims == 0 or not isinstance(size := state.full_shape[0], int) \
        or vmax_of(prod(state.full_shape)) < REFERENCE_THREAD_MIN_WORK: return state
     for threads in range(cpu_count(), 1, -1):
       if size % threads: continue
-      try: return apply_opt(state, Opt(OptOps.THREAD, 0, threads))
+      try: state = apply_opt(state, Opt(OptOps.THREAD, 0, threads))
       except KernelOptError: continue
-    return state
+      break
+    return reference_vector(state)
 
-  def prefixes(self, chain: list[Opt]) -> list[AxisState]:
+  def prefixes(self, chain: list[Opt], reference_threaded: bool = False) -> list[AxisState]:
     """The start kernel with each prefix of the heuristics' opts followed by their THREAD opt (when they chose
     threads; each prefix alone when they did not), their whole choice without threads, and every other THREAD split of
     their kernel. On a CPU of many cores a kernel without threads is rarely within EARLY_STOP_FACTOR of the best:
     without these seeds the search could only extend the heuristics' full choice, thread count and threaded axis
     included. Left out: the empty prefix (the reference is the start kernel, or the start kernel split over the cores;
-    unsplit, a 1024² matmul ran 6 CPU seconds here, and lost) and, when they chose threads, the shorter prefixes
-    without them (slower than with threads on an idle machine; on a loaded one they could time fastest and win, to
-    run at half the speed once the cores are free)."""
+    unsplit, a 1024² matmul ran 6 CPU seconds here, and lost), the THREAD split alone when the reference is split
+    (`reference_threaded`: the reference is that split with a vector of each contiguous row, and the split alone read
+    B down its columns for 7.5 s a run) and, when they chose threads, the shorter prefixes without them (slower than
+    with threads on an idle machine; on a loaded one they could time fastest and win, to run at half the speed once
+    the cores are free)."""
     threads = [opt for opt in chain if opt.op is OptOps.THREAD]
     rest = [opt for opt in chain if opt.op is not OptOps.THREAD]
     variants = [rest[:count] + threads for count in range(len(rest) + 1)]
@@ -494,6 +525,7 @@ class _Search:
     states = []
     for opts in variants:
       if not opts: continue   # the start kernel: the reference is it, or it split over the cores, and is measured
+      if reference_threaded and all(opt.op is OptOps.THREAD for opt in opts): continue   # the reference outruns it
       try: states.append(apply_opts(self.start.state, opts))
       except KernelOptError: continue
     return states

@@ -156,17 +156,24 @@ def test_a_slower_candidate_is_timed_once(fresh_cache, monkeypatch):
     if runs == 1: assert candidate.times[0] > search.RETIME_FACTOR * 1e-3   # slower than any best can be 1.3× of
     else: assert runs >= search.TIMING_RUNS
 
-def test_accumulators_that_fill_more_than_the_registers_spill():
+def test_kernels_wider_than_the_registers_are_found():
   kernel, _, _ = matmul_case(64, 64, 64, LLVMRenderer(simd=AVX2))
   tile = [Opt(OptOps.UPCAST, 1, 16), Opt(OptOps.UPCAST, 0, 4)]   # 64 accumulators: half the registers
-  assert not search.spills_accumulators(apply_opts(kernel.state, tile))
-  assert not search.spills_accumulators(apply_opts(kernel.state, tile + [Opt(OptOps.UPCAST, 0, 2)]))   # 128: all
-  assert search.spills_accumulators(apply_opts(kernel.state, tile + [Opt(OptOps.UPCAST, 0, 4)]))       # 256
-  assert not search.spills_accumulators(apply_opts(kernel.state, tile + [Opt(OptOps.UNROLL, 0, 8)]))   # K: no more
+  assert not search.overfills_registers(apply_opts(kernel.state, tile))
+  assert not search.overfills_registers(apply_opts(kernel.state, tile + [Opt(OptOps.UPCAST, 0, 2)]))   # 128: all
+  assert search.overfills_registers(apply_opts(kernel.state, tile + [Opt(OptOps.UPCAST, 0, 4)]))       # 256
+  assert not search.overfills_registers(apply_opts(kernel.state, tile + [Opt(OptOps.UNROLL, 0, 8)]))   # K: no more
   elementwise = Kernel(create_schedule([realized(np.ones((64, 64), np.float32)).alu(Ops.EXP2)])[-1].ast,
                        LLVMRenderer(simd=AVX2))
-  wide = apply_opts(elementwise.state, [Opt(OptOps.UPCAST, 0, 16), Opt(OptOps.UPCAST, 0, 32)])   # 512 values: no sums
-  assert wide.upcast_size == 512 and not search.spills_accumulators(wide)
+  # no sums: a step's values count, 128 float32 fill the registers (512 was a 2300-line kernel)
+  wide = apply_opts(elementwise.state, [Opt(OptOps.UPCAST, 0, 16), Opt(OptOps.UPCAST, 0, 32)])
+  assert wide.upcast_size == 512 and search.overfills_registers(wide)
+  assert not search.overfills_registers(apply_opts(elementwise.state, [Opt(OptOps.UPCAST, 0, 32),
+                                                                       Opt(OptOps.UPCAST, 0, 4)]))
+  halves = Kernel(create_schedule([realized(np.ones((64, 64), np.float16)).alu(Ops.EXP2)])[-1].ast,
+                  LLVMRenderer(simd=AVX2))
+  assert not search.overfills_registers(apply_opts(halves.state, [Opt(OptOps.UPCAST, 0, 16),
+                                                                  Opt(OptOps.UPCAST, 0, 16)]))   # 256 halves
 
 def test_spilling_children_are_not_rendered(fresh_cache, monkeypatch):
   monkeypatch.setattr(search, "ACTIONS", [Opt(OptOps.UPCAST, 0, 4), Opt(OptOps.UPCAST, 1, 16),
@@ -182,7 +189,7 @@ def test_spilling_children_are_not_rendered(fresh_cache, monkeypatch):
   kernel, inputs, expected = matmul_case(64, 32, 64, LLVMRenderer(simd=AVX2))
   result = search.search_kernel(kernel, 2)
   assert result.stats.pruned >= 1 and rendered
-  assert not any(search.spills_accumulators(candidate) for candidate in rendered)
+  assert not any(search.overfills_registers(candidate) for candidate in rendered)
   np.testing.assert_allclose(run_with_opts(kernel, inputs, expected, result.opts), expected, rtol=1e-4, atol=1e-4)
 
 @pytest.mark.skipif(cpu_count() < 2, reason="the reference is split over 2 or more cores")

@@ -8,11 +8,11 @@ verifies when, run from the same random inputs with its outputs poisoned by a by
 writes every element (where some element still holds the pattern, it runs again with a second pattern and must give
 the same bytes both times) and matches the unoptimized kernel element by element (ints exactly, floats within a
 per-element tolerance). The reference is the unoptimized kernel itself; when it is big, on a CPU, split over the
-cores and upcast along a contiguous output axis, which changes no element's order of summation.
-Candidates are deduplicated by their axes before rendering (`state_key`) and by source after; on a CPU, children that
-would spill their accumulators are not rendered, and one clearly slower than the best is timed once. The search of
-one kernel stops after Context.BEAM_BUDGET seconds with the best kernel verified so far. See docs/architecture.md
-(step 4).
+cores and upcast along a contiguous output axis, which changes no element's order of summation. Candidates are
+deduplicated by their axes before rendering (`state_key`) and by source after; on a CPU, children that would spill
+their accumulators, or without a reduce hold more values a step than the registers, are not rendered, and one clearly
+slower than the best is timed once. The search of one kernel stops after Context.BEAM_BUDGET seconds with the best
+kernel verified so far. See docs/architecture.md (step 4).
 """
 from __future__ import annotations
 import atexit, contextlib, dataclasses, hashlib, json, multiprocessing, os, pickle, signal, sys, time
@@ -84,6 +84,11 @@ COMPILE_WORKERS = 0         # worker processes; 0 means one per CPU core
 # tile, then 8 more) ran at half the speed of the 64 of the heuristics, and took 2 s to render and compile (AVX2: 128
 # floats of registers). Such children are not rendered
 ACCUMULATOR_REGISTER_FILES = 1
+# On a CPU, a kernel without a reduce whose upcasts make one step handle more values than this many SIMD register
+# files' worth is not rendered either: one step of 512-1024 float32 lanes of a 1024² elementwise a*b+a was a
+# 2300-4600-line kernel that took 1.7 s to render and several to compile, and ran no faster than 32-128 lanes (the
+# searches' winners: UPCAST 0 8, 0 32, 0 16 then 0 4)
+ELEMENTWISE_REGISTER_FILES = 1
 # ---- verifying
 # The reference (the unoptimized kernel) of this many loop iterations or more runs on all CPU cores: unoptimized, a
 # 1024² float32 matmul (2^30) takes 5-10 s a run on a shared Zen 3 core, most of a search's time
@@ -158,7 +163,7 @@ class SearchStats:
   timed: int = 0
   early_stopped: int = 0
   retimes_skipped: int = 0    # candidates timed fewer than TIMING_RUNS times: RETIME_FACTOR slower than the best
-  pruned: int = 0             # children not rendered: more accumulators than ACCUMULATOR_REGISTER_FILES allow
+  pruned: int = 0             # children not rendered: wider than ACCUMULATOR_ or ELEMENTWISE_REGISTER_FILES allow
   rejected: int = 0           # candidates whose output differed from the unoptimized kernel's
   seconds: float = 0.0
   best_seconds: float = 0.0       # the winner's kernel time
@@ -344,12 +349,16 @@ def state_key(kernel: AxisState) -> tuple:
   """What a kernel's source follows from (the linearizer reads nothing else): equal keys render the same source."""
   return tuple(getattr(kernel, name) for name in _RENDERED_FIELDS)
 
-def spills_accumulators(kernel: AxisState) -> bool:
-  """A CPU reduce kernel whose accumulators need more than ACCUMULATOR_REGISTER_FILES times the SIMD registers."""
+def overfills_registers(kernel: AxisState) -> bool:
+  """A CPU reduce kernel whose accumulators need more than ACCUMULATOR_REGISTER_FILES times the SIMD registers, or a
+  CPU kernel without a reduce whose step holds more values than ELEMENTWISE_REGISTER_FILES times them."""
   renderer = kernel.renderer
-  if not renderer.has_threads or not kernel.reduceops: return False
-  accumulators = prod(kernel.full_shape[axis] for axis in kernel.upcast_axes if not kernel.is_reduce_axis(axis))
+  if not renderer.has_threads: return False
   register_file = renderer.vector_bytes * renderer.vector_registers
+  if not kernel.reduceops:
+    itemsize = max((u.src[0].dtype.itemsize for u in kernel.memops if u.src), default=1)   # a buffer's elements
+    return kernel.upcast_size * itemsize > ELEMENTWISE_REGISTER_FILES * register_file
+  accumulators = prod(kernel.full_shape[axis] for axis in kernel.upcast_axes if not kernel.is_reduce_axis(axis))
   return accumulators * max(r.dtype.itemsize for r in kernel.reduceops) > ACCUMULATOR_REGISTER_FILES * register_file
 
 def reference_vector(state: AxisState) -> AxisState:
@@ -463,21 +472,21 @@ class _Search:
     return SearchResult(opts, stats)
 
   def first_beam(self) -> tuple[Optional[_Candidate], list[_Candidate]]:
-    """Run the unoptimized kernel for the reference outputs, then measure the heuristic kernel and each prefix of its
-    opts (so the search can branch off after any of the heuristics' choices). The heuristic kernel always joins the
-    first beam, so the search starts from the default and can only improve on it."""
-    reference, _ = self.candidate_for(self.reference_state())
+    """Run the unoptimized kernel for the reference outputs (compiled here), then measure the heuristic kernel and
+    each prefix of its opts (so the search can branch off after any of the heuristics' choices). The heuristic kernel
+    always joins the first beam, so the search starts from the default and can only improve on it."""
+    reference, _ = self.candidate_for(self.reference_state(), here=True)
     if reference is None: raise RuntimeError(f"the unoptimized kernel {self.start.name} doesn't render")
-    self.finish_compiles([reference], past_deadline=True)
     if reference.runner is None: raise RuntimeError(f"the unoptimized kernel {self.start.name} doesn't compile")
-    self.take_reference(reference)
-    self.best = reference
-    self.record_timing(reference)
+    # the seeds are rendered and sent to the workers first: they start and compile while the reference runs
     heuristic_kernel = self.start.copy()
     hand_coded_optimizations(heuristic_kernel)
     chain = heuristic_kernel.applied_opts[len(self.start.applied_opts):]
     seeds = self.prefixes(chain, reference.kernel.threads > 0)
     found = [self.candidate_for(state) for state in [heuristic_kernel.state] + seeds]
+    self.take_reference(reference)
+    self.best = reference
+    self.record_timing(reference)
     heuristic = found[0][0]
     if heuristic is not None: self.finish_compiles([heuristic], past_deadline=True)
     measured = self.measure([candidate for candidate, new in found if new])
@@ -535,9 +544,10 @@ class _Search:
     cores = cpu_count()
     return [action for action in ACTIONS if action.op is not OptOps.THREAD or action.amount <= cores]
 
-  def candidate_for(self, kernel: AxisState) -> tuple[Optional[_Candidate], bool]:
+  def candidate_for(self, kernel: AxisState, here: bool = False) -> tuple[Optional[_Candidate], bool]:
     """(candidate, is new) for a kernel's source; a new source is submitted for compiling at once, so compiles
-    overlap the next renders. (None, False) when the kernel doesn't render. A kernel whose axes (state_key) equal an
+    overlap the next renders (`here`: compiled in this process, while the workers start; the reference's compile
+    waited 1.5-2 s for them). (None, False) when the kernel doesn't render. A kernel whose axes (state_key) equal an
     earlier candidate's renders the same source: it is that candidate, without linearizing and rendering again."""
     key = state_key(kernel)
     if key in self.by_state:
@@ -561,7 +571,18 @@ class _Search:
     if (binary := self.cache.get_binary(src, compiler.cache_key)) is not None:
       try: self.load(candidate, binary)
       except BinaryLoadError as error: self.cache.drop_binary(src, compiler.cache_key, f"loader rejected it: {error}")
-    if candidate.runner is None: candidate.pending = _compile_pool(compiler).apply_async(_compile_source, (src,))
+    if candidate.runner is not None: return candidate, True
+    pool = _compile_pool(compiler)
+    if not here:
+      candidate.pending = pool.apply_async(_compile_source, (src,))
+      return candidate, True
+    try: binary = compiler.compile(src)
+    except Exception as error:   # as in a worker: a compiler failure only disqualifies this candidate
+      self.stats.compile_failures += 1
+      if Context.DEBUG >= 3: print(f"BEAM candidate {kernel.applied_opts} failed: {error!r}")
+      return candidate, True
+    self.cache.put_binary(src, compiler.cache_key, binary)
+    self.load(candidate, binary)
     return candidate, True
 
   def children(self, beam: list[_Candidate]) -> list[_Candidate]:
@@ -571,7 +592,7 @@ class _Search:
         if self.deadline_passed: return out
         try: child = apply_opt(parent.kernel, action)
         except KernelOptError: continue
-        if spills_accumulators(child):
+        if overfills_registers(child):
           self.stats.pruned += 1
           continue
         candidate, new = self.candidate_for(child)

@@ -10,7 +10,7 @@ the same bytes both times) and matches the unoptimized kernel element by element
 per-element tolerance). The reference is the unoptimized kernel itself; when it is big, on a CPU, split over the
 cores and upcast along a contiguous output axis, which changes no element's order of summation. Candidates are
 deduplicated by their axes before rendering (`state_key`) and by source after; on a CPU, children that would spill
-their accumulators, or without a reduce hold more values a step than the registers, are not rendered, and one clearly
+their accumulators, or handle more values a step than the registers hold, are not rendered, and one clearly
 slower than the best is timed once. The search of one kernel stops after Context.BEAM_BUDGET seconds with the best
 kernel verified so far. See docs/architecture.md (step 4).
 """
@@ -84,11 +84,13 @@ COMPILE_WORKERS = 0         # worker processes; 0 means one per CPU core
 # tile, then 8 more) ran at half the speed of the 64 of the heuristics, and took 2 s to render and compile (AVX2: 128
 # floats of registers). Such children are not rendered
 ACCUMULATOR_REGISTER_FILES = 1
-# On a CPU, a kernel without a reduce whose upcasts make one step handle more values than this many SIMD register
-# files' worth is not rendered either: one step of 512-1024 float32 lanes of a 1024² elementwise a*b+a was a
-# 2300-4600-line kernel that took 1.7 s to render and several to compile, and ran no faster than 32-128 lanes (the
-# searches' winners: UPCAST 0 8, 0 32, 0 16 then 0 4)
-ELEMENTWISE_REGISTER_FILES = 1
+# On a CPU, a kernel whose upcast and unrolled axes make one step handle more values than this many SIMD register
+# files' worth is not rendered either. Logged on 2 cores, AVX2 (128 float32 a register file): one step of 512-1024
+# lanes of a 1024² elementwise a*b+a was a 2300-4600-line kernel that took 1.7 s to render and several to compile,
+# and ran no faster than 32-128 lanes (the winners: UPCAST 0 8, 0 32, 0 16 then 0 4); a 1024-row sum unrolled by 32·16
+# took 1.6 s to render (the winners: UNROLL 0 16 or 0 32); the matmul's 16·4 tile unrolled by 4 or 8 ran at 0.6× and
+# 0.45× the tile's speed
+STEP_REGISTER_FILES = 1
 # ---- verifying
 # The reference (the unoptimized kernel) of this many loop iterations or more runs on all CPU cores: unoptimized, a
 # 1024² float32 matmul (2^30) takes 5-10 s a run on a shared Zen 3 core, most of a search's time
@@ -163,7 +165,7 @@ class SearchStats:
   timed: int = 0
   early_stopped: int = 0
   retimes_skipped: int = 0    # candidates timed fewer than TIMING_RUNS times: RETIME_FACTOR slower than the best
-  pruned: int = 0             # children not rendered: wider than ACCUMULATOR_ or ELEMENTWISE_REGISTER_FILES allow
+  pruned: int = 0             # children not rendered: wider than ACCUMULATOR_ or STEP_REGISTER_FILES allow
   rejected: int = 0           # candidates whose output differed from the unoptimized kernel's
   seconds: float = 0.0
   best_seconds: float = 0.0       # the winner's kernel time
@@ -350,14 +352,14 @@ def state_key(kernel: AxisState) -> tuple:
   return tuple(getattr(kernel, name) for name in _RENDERED_FIELDS)
 
 def overfills_registers(kernel: AxisState) -> bool:
-  """A CPU reduce kernel whose accumulators need more than ACCUMULATOR_REGISTER_FILES times the SIMD registers, or a
-  CPU kernel without a reduce whose step holds more values than ELEMENTWISE_REGISTER_FILES times them."""
+  """A CPU kernel whose step (its upcast and unrolled axes) handles more values than STEP_REGISTER_FILES times the
+  SIMD registers hold, or a reduce kernel whose accumulators need more than ACCUMULATOR_REGISTER_FILES times them."""
   renderer = kernel.renderer
   if not renderer.has_threads: return False
   register_file = renderer.vector_bytes * renderer.vector_registers
-  if not kernel.reduceops:
-    itemsize = max((u.src[0].dtype.itemsize for u in kernel.memops if u.src), default=1)   # a buffer's elements
-    return kernel.upcast_size * itemsize > ELEMENTWISE_REGISTER_FILES * register_file
+  itemsize = max((u.src[0].dtype.itemsize for u in kernel.memops if u.src), default=1)   # a buffer's elements
+  if kernel.upcast_size * itemsize > STEP_REGISTER_FILES * register_file: return True
+  if not kernel.reduceops: return False
   accumulators = prod(kernel.full_shape[axis] for axis in kernel.upcast_axes if not kernel.is_reduce_axis(axis))
   return accumulators * max(r.dtype.itemsize for r in kernel.reduceops) > ACCUMULATOR_REGISTER_FILES * register_file
 
@@ -540,9 +542,11 @@ class _Search:
     return states
 
   def actions(self) -> list[Opt]:
-    """ACTIONS without THREAD splits over the core count: more threads than cores only queue on the pool."""
-    cores = cpu_count()
-    return [action for action in ACTIONS if action.op is not OptOps.THREAD or action.amount <= cores]
+    """ACTIONS without THREAD splits over the core count (more threads than cores only queue on the pool), and without
+    NOLOCALS where the target has no local threads (it renders its parent's source again)."""
+    cores, has_local = cpu_count(), self.start.renderer.has_local
+    return [action for action in ACTIONS if (action.op is not OptOps.THREAD or action.amount <= cores)
+            and (action.op is not OptOps.NOLOCALS or has_local)]
 
   def candidate_for(self, kernel: AxisState, here: bool = False) -> tuple[Optional[_Candidate], bool]:
     """(candidate, is new) for a kernel's source; a new source is submitted for compiling at once, so compiles

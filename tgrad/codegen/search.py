@@ -77,7 +77,10 @@ RETIME_FACTOR = 1.3
 MIN_IMPROVEMENT = 0.01      # a round that speeds the best up by less than this fraction ends the search
 COMPILE_TIMEOUT_SECONDS = 30.0   # a compile that returns nothing for this long is abandoned (and its worker killed)
 # (the whole search of one kernel has Context.BEAM_BUDGET seconds; past them, the best verified kernel is returned)
-COMPILE_WORKERS = 0         # worker processes; 0 means one per CPU core
+# worker processes; 0 means one per CPU core but the one the searching process renders on (at least one). Each
+# spawned worker imports tgrad, ~1 CPU second, while an LLVM compile of a candidate took 0.03-0.2 s: on 2 cores a
+# second worker spent more starting than it saved, and took the core that renders and times
+COMPILE_WORKERS = 0
 # ---- pruning
 # On a CPU, a reduce kernel whose accumulators (the product of its upcast output axes) need more than this many times
 # the SIMD register file spills them on every step of the reduce: a 1024² float32 matmul with 512 accumulators (16·4
@@ -320,7 +323,7 @@ def _without_main_module() -> Iterator[None]:
 def _compile_pool(compiler: Any) -> Any:
   """One pool of spawned workers per compiler, kept for the life of the process."""
   if (pool := _pools.get(compiler.cache_key)) is None:
-    workers = COMPILE_WORKERS or cpu_count()
+    workers = COMPILE_WORKERS or max(cpu_count() - 1, 1)
     with _without_main_module():
       pool = multiprocessing.get_context("spawn").Pool(workers, _init_worker, (_compiler_recipe(compiler),))
     _pools[compiler.cache_key] = pool

@@ -68,7 +68,7 @@ ACTIONS: list[Opt] = [
 
 # ---- measuring
 TIMING_RUNS = 3             # runs per candidate; its time is the minimum (other processes only ever add time)
-FINAL_RUNS = 5              # interleaved runs of the winner and the heuristic kernel before the winner is accepted
+FINAL_RUNS = 3              # interleaved runs of the winner and the heuristic kernel before the winner is accepted
 EARLY_STOP_FACTOR = 3.0     # a candidate this much slower than the best stops running and never joins the beam
 # a candidate this much slower than the best after a run gets no more runs (it keeps that time and may still join the
 # beam): runs only ever add time, so more runs could not bring it near the best unless its first was 30% slow (a
@@ -641,13 +641,14 @@ class _Search:
 
   def measure(self, candidates: list[_Candidate]) -> list[_Candidate]:
     """Compile, then time each candidate (runs stop early once it is EARLY_STOP_FACTOR slower than the best); one
-    that is faster than the best is verified before it becomes the best."""
+    that is faster than the best is verified before it becomes the best. It is verified as soon as a run shows it
+    faster, and the verify's checked run is one of its TIMING_RUNS (a wrong one gets no more runs)."""
     self.finish_compiles(candidates)
     measured = []
     for candidate in candidates:
       if candidate.runner is None: continue
       if self.deadline_passed: break
-      for _ in range(TIMING_RUNS):
+      while len(candidate.times) < TIMING_RUNS:
         candidate.times.append(self.launch(candidate, self.timing_values))
         if candidate.time > EARLY_STOP_FACTOR * self.best_time:
           candidate.early_stopped = True
@@ -656,6 +657,7 @@ class _Search:
         if candidate.time > RETIME_FACTOR * self.best_time:
           self.stats.retimes_skipped += 1
           break
+        if candidate.time < self.best_time and not self.verify(candidate): break
       self.stats.timed += 1
       self.record_timing(candidate)
       measured.append(candidate)

@@ -375,9 +375,9 @@ def reference_vector(state: AxisState) -> AxisState:
   loads = [(u, st.real_strides()) for u, st in zip(state.memops, state.sts) if u.op is Ops.LOAD]
   for axis in range(1 if state.threads else 0, state.global_dims):
     size = state.full_shape[axis]
-    itemsize = next((u.dtype.itemsize for u, strides in loads if strides[axis] == 1), None)
-    if not isinstance(size, int) or itemsize is None: continue
-    amount = 1
+    contiguous = [u.dtype.itemsize for u, strides in loads if isinstance(strides[axis], int) and strides[axis] == 1]
+    if not isinstance(size, int) or not contiguous: continue
+    itemsize, amount = contiguous[0], 1
     while amount * 2 * itemsize <= REFERENCE_VECTOR_BYTES and size % (amount * 2) == 0: amount *= 2
     if amount == 1: continue
     try: return apply_opt(state, Opt(OptOps.UPCAST, axis, amount))

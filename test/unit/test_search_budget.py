@@ -67,12 +67,15 @@ def made_wrong(opts) -> bool:
   its prefix with UPCAST 0 4 and every child of those, and every kernel with an UNROLL."""
   return any(opt.op is OptOps.UNROLL or opt == Opt(OptOps.UPCAST, 0, 4) for opt in opts)
 
-@pytest.mark.parametrize("timed_before_deadline", [1, 3, None])
-def test_budget_and_single_runs_never_pick_a_wrong_kernel(fresh_cache, monkeypatch, timed_before_deadline):
+@pytest.mark.parametrize("timed_before_deadline, big_reference", [(1, False), (3, False), (None, False), (None, True)])
+def test_budget_and_single_runs_never_pick_a_wrong_kernel(fresh_cache, monkeypatch, timed_before_deadline,
+                                                          big_reference):
   """Many candidates (made_wrong) subtract instead of adding, and report the fastest times. With every slower
   candidate timed once, nothing stopped early, and the budget running out after a few candidates (or never), the
-  winner is still a right kernel: only verified candidates become the best or join the beam."""
+  winner is still a right kernel: only verified candidates become the best or join the beam. `big_reference`: the
+  reference is a big kernel's (split over the cores, upcast along the output's columns)."""
   monkeypatch.setattr(search, "ACTIONS", ACTIONS)
+  if big_reference: monkeypatch.setattr(search, "REFERENCE_THREAD_MIN_WORK", 1)
   monkeypatch.setattr(search, "RETIME_FACTOR", 1.0)
   monkeypatch.setattr(search, "EARLY_STOP_FACTOR", 1e9)
   if timed_before_deadline is not None:
@@ -135,7 +138,8 @@ def test_search_is_deterministic_for_fixed_timings(fresh_cache, monkeypatch):
   np.testing.assert_allclose(run_with_opts(kernel, inputs, expected, first.opts), expected, rtol=1e-4, atol=1e-4)
 
 def test_a_slower_candidate_is_timed_once(fresh_cache, monkeypatch):
-  """Candidates RETIME_FACTOR slower than the best get one run; the others TIMING_RUNS (or more, when verified)."""
+  """Candidates RETIME_FACTOR slower than the best get one run; the others TIMING_RUNS, the checked run of a verify
+  included (a right matmul writes no NaN, so a verify is one run)."""
   monkeypatch.setattr(search, "ACTIONS", ACTIONS)
   monkeypatch.setattr(search, "EARLY_STOP_FACTOR", 1e9)
   fixed_timings(monkeypatch, source_seconds)   # 1 to 2 ms: some are more than 1.3× the best, none 3×
@@ -151,19 +155,28 @@ def test_a_slower_candidate_is_timed_once(fresh_cache, monkeypatch):
   assert result.stats.retimes_skipped >= 1
   for candidate, runs, _ in timed:
     if runs == 1: assert candidate.times[0] > search.RETIME_FACTOR * 1e-3   # slower than any best can be 1.3× of
-    else: assert runs >= search.TIMING_RUNS
+    else: assert runs == search.TIMING_RUNS   # a verify's checked run (before the candidate became the best) is one
 
-def test_accumulators_that_fill_more_than_the_registers_spill():
+def test_kernels_wider_than_the_registers_are_found():
   kernel, _, _ = matmul_case(64, 64, 64, LLVMRenderer(simd=AVX2))
   tile = [Opt(OptOps.UPCAST, 1, 16), Opt(OptOps.UPCAST, 0, 4)]   # 64 accumulators: half the registers
-  assert not search.spills_accumulators(apply_opts(kernel.state, tile))
-  assert not search.spills_accumulators(apply_opts(kernel.state, tile + [Opt(OptOps.UPCAST, 0, 2)]))   # 128: all
-  assert search.spills_accumulators(apply_opts(kernel.state, tile + [Opt(OptOps.UPCAST, 0, 4)]))       # 256
-  assert not search.spills_accumulators(apply_opts(kernel.state, tile + [Opt(OptOps.UNROLL, 0, 8)]))   # K: no more
+  assert not search.overfills_registers(apply_opts(kernel.state, tile))
+  assert not search.overfills_registers(apply_opts(kernel.state, tile + [Opt(OptOps.UPCAST, 0, 2)]))   # 128: all
+  assert search.overfills_registers(apply_opts(kernel.state, tile + [Opt(OptOps.UPCAST, 0, 4)]))       # 256
+  # an unrolled K adds no accumulators, but loads: 64·2 values a step fill the registers, 64·4 overfill them
+  assert not search.overfills_registers(apply_opts(kernel.state, tile + [Opt(OptOps.UNROLL, 0, 2)]))
+  assert search.overfills_registers(apply_opts(kernel.state, tile + [Opt(OptOps.UNROLL, 0, 4)]))
   elementwise = Kernel(create_schedule([realized(np.ones((64, 64), np.float32)).alu(Ops.EXP2)])[-1].ast,
                        LLVMRenderer(simd=AVX2))
-  wide = apply_opts(elementwise.state, [Opt(OptOps.UPCAST, 0, 16), Opt(OptOps.UPCAST, 0, 32)])   # 512 values: no sums
-  assert wide.upcast_size == 512 and not search.spills_accumulators(wide)
+  # no sums: 128 float32 values a step fill the registers (512 were a 2300-line kernel)
+  wide = apply_opts(elementwise.state, [Opt(OptOps.UPCAST, 0, 16), Opt(OptOps.UPCAST, 0, 32)])
+  assert wide.upcast_size == 512 and search.overfills_registers(wide)
+  assert not search.overfills_registers(apply_opts(elementwise.state, [Opt(OptOps.UPCAST, 0, 32),
+                                                                       Opt(OptOps.UPCAST, 0, 4)]))
+  halves = Kernel(create_schedule([realized(np.ones((64, 64), np.float16)).alu(Ops.EXP2)])[-1].ast,
+                  LLVMRenderer(simd=AVX2))
+  assert not search.overfills_registers(apply_opts(halves.state, [Opt(OptOps.UPCAST, 0, 16),
+                                                                  Opt(OptOps.UPCAST, 0, 16)]))   # 256 halves
 
 def test_spilling_children_are_not_rendered(fresh_cache, monkeypatch):
   monkeypatch.setattr(search, "ACTIONS", [Opt(OptOps.UPCAST, 0, 4), Opt(OptOps.UPCAST, 1, 16),
@@ -179,7 +192,7 @@ def test_spilling_children_are_not_rendered(fresh_cache, monkeypatch):
   kernel, inputs, expected = matmul_case(64, 32, 64, LLVMRenderer(simd=AVX2))
   result = search.search_kernel(kernel, 2)
   assert result.stats.pruned >= 1 and rendered
-  assert not any(search.spills_accumulators(candidate) for candidate in rendered)
+  assert not any(search.overfills_registers(candidate) for candidate in rendered)
   np.testing.assert_allclose(run_with_opts(kernel, inputs, expected, result.opts), expected, rtol=1e-4, atol=1e-4)
 
 @pytest.mark.skipif(cpu_count() < 2, reason="the reference is split over 2 or more cores")
@@ -219,3 +232,77 @@ def test_verify_runs_twice_only_where_an_element_holds_the_first_poison(fresh_ca
   assert beam.verify(candidate(np.ones(256, bool))) and len(runs) == 1
   skipping = np.arange(256) % 7 != 0
   assert not beam.verify(candidate(skipping)) and len(runs) == 3 and beam.stats.rejected == 1
+
+def with_state(kernel: Kernel, state) -> Kernel:
+  kernel = kernel.copy()
+  kernel.state = state
+  return kernel
+
+def sequential_sums(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+  """a @ b summed over k in order in float32, one term at a time: (with each step one fused multiply-add, with each
+  product rounded first). A float32 product is exact in float64, so the fused step is the float64 sum rounded."""
+  fused, rounded = np.zeros((a.shape[0], b.shape[1]), np.float32), np.zeros((a.shape[0], b.shape[1]), np.float32)
+  for k in range(a.shape[1]):
+    product = np.outer(a[:, k].astype(np.float64), b[k].astype(np.float64))
+    fused = (fused.astype(np.float64) + product).astype(np.float32)
+    rounded = rounded + np.outer(a[:, k], b[k])
+  return fused, rounded
+
+@pytest.mark.parametrize("shape", [(64, 100, 32), (24, 40, 64), (7, 33, 48)])
+def test_a_big_reference_reads_rows_as_vectors_and_sums_in_order(fresh_cache, monkeypatch, shape):
+  """From REFERENCE_THREAD_MIN_WORK loop iterations the reference is split over the cores and upcast along the
+  output's contiguous axis. Every element is still the plain sum over K in order: bit for bit the sequential float32
+  sum (with or without fused multiply-adds), which the unoptimized kernel itself need not be (LLVM may vectorize its
+  reduce loop, reassociating it)."""
+  monkeypatch.setattr(search, "REFERENCE_THREAD_MIN_WORK", 1)
+  n, k, m = shape
+  kernel, inputs, expected = matmul_case(n, k, m)
+  state = search._Search(kernel, 1).reference_state()
+  upcasts = [opt for opt in state.applied_opts if opt.op is OptOps.UPCAST]
+  assert len(upcasts) == 1 and upcasts[0].amount == 16   # 64 bytes of float32: one cache line of B's row a step
+  if cpu_count() >= 2 and n % 2 == 0: assert state.threads >= 2
+  reference = with_state(kernel, state)
+  rng = np.random.default_rng(0)   # matmul_case's inputs
+  a, b = rng.standard_normal((n, k)).astype(np.float32), rng.standard_normal((k, m)).astype(np.float32)
+  out = run_with_opts(reference, inputs, expected, [])
+  assert any(np.array_equal(out.view(np.uint32), s.view(np.uint32)) for s in sequential_sums(a, b))
+
+def lane_swapped(values: np.ndarray, lanes: int) -> np.ndarray:
+  """Each run of `lanes` columns with its two halves exchanged: what an output upcast that misplaced its lanes would
+  store."""
+  rows, columns = values.shape
+  pieces = values.reshape(rows, columns // lanes, 2, lanes // 2)
+  return pieces[:, :, ::-1].reshape(rows, columns)
+
+def test_the_vectorized_reference_rejects_wrong_kernels(fresh_cache, monkeypatch):
+  """Against the big kernels' reference (threads, an output upcast), a candidate that drops one term of each sum,
+  stores the lanes of its vectors in the wrong places, pairs A's and B's terms in different orders (A's columns
+  reversed: a misplaced UNROLL or SWAP of the reduce) or leaves a column unwritten is rejected; one that writes
+  numpy's answer (another order of summation) verifies."""
+  monkeypatch.setattr(search, "REFERENCE_THREAD_MIN_WORK", 1)
+  n, k, m = 32, 48, 64
+  kernel, _, _ = matmul_case(n, k, m)
+  beam = search._Search(kernel, 1)
+  state = beam.reference_state()
+  assert any(opt.op is OptOps.UPCAST for opt in state.applied_opts)
+  beam.take_reference(search._Candidate(state, "", runner=compile_kernel(DEVICE, with_state(kernel, state))))
+  a, b = (next(x for x in beam.initial.values() if x.size == size).reshape(shape) for size, shape in
+          ((n * k, (n, k)), (k * m, (k, m))))   # the search's random inputs
+  expected = a @ b
+  def candidate(values: np.ndarray, written: np.ndarray) -> search._Candidate:
+    def run(buffers, wait=False) -> float:
+      current = buffers[0].copyout()
+      current[written.ravel()] = values.ravel()[written.ravel()]
+      buffers[0].copyin(current)
+      return 1e-6
+    return search._Candidate(state, "", runner=run)
+  everything = np.ones((n, m), bool)
+  assert beam.verify(candidate(expected, everything))
+  dropped = expected - np.outer(a[:, 0], b[0])
+  assert not beam.verify(candidate(dropped, everything))
+  assert not beam.verify(candidate(lane_swapped(expected, 16), everything))
+  assert not beam.verify(candidate((a[:, ::-1] @ b).astype(np.float32), everything))
+  skipped = everything.copy()
+  skipped[:, 5] = False
+  assert not beam.verify(candidate(expected, skipped))
+  assert beam.stats.rejected == 4

@@ -7,11 +7,12 @@ spawned worker processes, times each on the device and keeps the `beam_width` fa
 verifies when, run from the same random inputs with its outputs poisoned by a byte pattern, it leaves the inputs alone,
 writes every element (where some element still holds the pattern, it runs again with a second pattern and must give
 the same bytes both times) and matches the unoptimized kernel element by element (ints exactly, floats within a
-per-element tolerance). The reference is the unoptimized kernel itself, split over the CPU's cores when it is big.
-Candidates are deduplicated by their axes before rendering (`state_key`) and by source after; on a CPU, children that
-would spill their accumulators are not rendered, and one clearly slower than the best is timed once. The search of
-one kernel stops after Context.BEAM_BUDGET seconds with the best kernel verified so far. See docs/architecture.md
-(step 4).
+per-element tolerance). The reference is the unoptimized kernel itself; when it is big, on a CPU, split over the
+cores and upcast along a contiguous output axis, which changes no element's order of summation. Candidates are
+deduplicated by their axes before rendering (`state_key`) and by source after; on a CPU, children that would spill
+their accumulators, or handle more values a step than the registers hold, are not rendered, and one clearly
+slower than the best is timed once. The search of one kernel stops after Context.BEAM_BUDGET seconds with the best
+kernel verified so far. See docs/architecture.md (step 4).
 """
 from __future__ import annotations
 import atexit, contextlib, dataclasses, hashlib, json, multiprocessing, os, pickle, signal, sys, time
@@ -69,7 +70,7 @@ ACTIONS: list[Opt] = [
 
 # ---- measuring
 TIMING_RUNS = 3             # runs per candidate; its time is the minimum (other processes only ever add time)
-FINAL_RUNS = 5              # interleaved runs of the winner and the heuristic kernel before the winner is accepted
+FINAL_RUNS = 3              # interleaved runs of the winner and the heuristic kernel before the winner is accepted
 EARLY_STOP_FACTOR = 3.0     # a candidate this much slower than the best stops running and never joins the beam
 # a candidate this much slower than the best after a run gets no more runs (it keeps that time and may still join the
 # beam): runs only ever add time, so more runs could not bring it near the best unless its first was 30% slow (a
@@ -78,17 +79,32 @@ RETIME_FACTOR = 1.3
 MIN_IMPROVEMENT = 0.01      # a round that speeds the best up by less than this fraction ends the search
 COMPILE_TIMEOUT_SECONDS = 30.0   # a compile that returns nothing for this long is abandoned (and its worker killed)
 # (the whole search of one kernel has Context.BEAM_BUDGET seconds; past them, the best verified kernel is returned)
-COMPILE_WORKERS = 0         # worker processes; 0 means one per CPU core
+# worker processes; 0 means one per CPU core but the one the searching process renders on (at least one). Each
+# spawned worker imports tgrad, ~1 CPU second, while an LLVM compile of a candidate took 0.03-0.2 s: on 2 cores a
+# second worker spent more starting than it saved, and took the core that renders and times
+COMPILE_WORKERS = 0
 # ---- pruning
 # On a CPU, a reduce kernel whose accumulators (the product of its upcast output axes) need more than this many times
 # the SIMD register file spills them on every step of the reduce: a 1024² float32 matmul with 512 accumulators (16·4
 # tile, then 8 more) ran at half the speed of the 64 of the heuristics, and took 2 s to render and compile (AVX2: 128
 # floats of registers). Such children are not rendered
 ACCUMULATOR_REGISTER_FILES = 1
+# On a CPU, a kernel whose upcast and unrolled axes make one step handle more values than this many SIMD register
+# files' worth is not rendered either. Logged on 2 cores, AVX2 (128 float32 a register file): one step of 512-1024
+# lanes of a 1024² elementwise a*b+a was a 2300-4600-line kernel that took 1.7 s to render and several to compile,
+# and ran no faster than 32-128 lanes (the winners: UPCAST 0 8, 0 32, 0 16 then 0 4); a 1024-row sum unrolled by 32·16
+# took 1.6 s to render (the winners: UNROLL 0 16 or 0 32); the matmul's 16·4 tile unrolled by 4 or 8 ran at 0.6× and
+# 0.45× the tile's speed
+STEP_REGISTER_FILES = 1
 # ---- verifying
 # The reference (the unoptimized kernel) of this many loop iterations or more runs on all CPU cores: unoptimized, a
 # 1024² float32 matmul (2^30) takes 5-10 s a run on a shared Zen 3 core, most of a search's time
 REFERENCE_THREAD_MIN_WORK = 1 << 24
+# ...and, in a reduce kernel, reads an input that is contiguous along an output axis this many bytes at a time (one
+# cache line): that axis is upcast (see reference_vector). The unoptimized 1024² matmul read B down its columns, one
+# float of each 64-byte line per step; with 16 columns a step it took 0.3 s a run instead of 6-7 s (2 shared cores,
+# load ~2)
+REFERENCE_VECTOR_BYTES = 64
 RANDOM_INT_LIMIT = 16       # random integer inputs lie in [-16, 16): index-like values, products that stay exact
 SEARCH_SCALAR_VALUE = 3     # the value every scalar parameter (a lifted Python scalar) takes while candidates run
 # every output byte before a checked run. Each kernel runs once with each pattern and must give the same bytes both
@@ -154,7 +170,7 @@ class SearchStats:
   timed: int = 0
   early_stopped: int = 0
   retimes_skipped: int = 0    # candidates timed fewer than TIMING_RUNS times: RETIME_FACTOR slower than the best
-  pruned: int = 0             # children not rendered: more accumulators than ACCUMULATOR_REGISTER_FILES allow
+  pruned: int = 0             # children not rendered: wider than ACCUMULATOR_ or STEP_REGISTER_FILES allow
   rejected: int = 0           # candidates whose output differed from the unoptimized kernel's
   seconds: float = 0.0
   best_seconds: float = 0.0       # the winner's kernel time
@@ -309,7 +325,7 @@ def _without_main_module() -> Iterator[None]:
 def _compile_pool(compiler: Any) -> Any:
   """One pool of spawned workers per compiler, kept for the life of the process."""
   if (pool := _pools.get(compiler.cache_key)) is None:
-    workers = COMPILE_WORKERS or cpu_count()
+    workers = COMPILE_WORKERS or max(cpu_count() - 1, 1)
     with _without_main_module():
       pool = multiprocessing.get_context("spawn").Pool(workers, _init_worker, (_compiler_recipe(compiler),))
     _pools[compiler.cache_key] = pool
@@ -340,13 +356,35 @@ def state_key(kernel: AxisState) -> tuple:
   """What a kernel's source follows from (the linearizer reads nothing else): equal keys render the same source."""
   return tuple(getattr(kernel, name) for name in _RENDERED_FIELDS)
 
-def spills_accumulators(kernel: AxisState) -> bool:
-  """A CPU reduce kernel whose accumulators need more than ACCUMULATOR_REGISTER_FILES times the SIMD registers."""
+def overfills_registers(kernel: AxisState) -> bool:
+  """A CPU kernel whose step (its upcast and unrolled axes) handles more values than STEP_REGISTER_FILES times the
+  SIMD registers hold, or a reduce kernel whose accumulators need more than ACCUMULATOR_REGISTER_FILES times them."""
   renderer = kernel.renderer
-  if not renderer.has_threads or not kernel.reduceops: return False
-  accumulators = prod(kernel.full_shape[axis] for axis in kernel.upcast_axes if not kernel.is_reduce_axis(axis))
+  if not renderer.has_threads: return False
   register_file = renderer.vector_bytes * renderer.vector_registers
+  itemsize = max((u.src[0].dtype.itemsize for u in kernel.memops if u.src), default=1)   # a buffer's elements
+  if kernel.upcast_size * itemsize > STEP_REGISTER_FILES * register_file: return True
+  if not kernel.reduceops: return False
+  accumulators = prod(kernel.full_shape[axis] for axis in kernel.upcast_axes if not kernel.is_reduce_axis(axis))
   return accumulators * max(r.dtype.itemsize for r in kernel.reduceops) > ACCUMULATOR_REGISTER_FILES * register_file
+
+def reference_vector(state: AxisState) -> AxisState:
+  """A reduce kernel with one output axis (not the THREAD axis) along which some input is contiguous upcast by the
+  largest power of two that divides it and spans at most REFERENCE_VECTOR_BYTES of that input; unchanged otherwise
+  (an elementwise kernel, or a reduce over the contiguous axis: its loads are already sequential). No element's
+  order of summation changes: the reference the search checks candidates against stays the plain sequential sum."""
+  if not state.reduceops: return state
+  loads = [(u, st.real_strides()) for u, st in zip(state.memops, state.sts) if u.op is Ops.LOAD]
+  for axis in range(1 if state.threads else 0, state.global_dims):
+    size = state.full_shape[axis]
+    contiguous = [u.dtype.itemsize for u, strides in loads if isinstance(strides[axis], int) and strides[axis] == 1]
+    if not isinstance(size, int) or not contiguous: continue
+    itemsize, amount = contiguous[0], 1
+    while amount * 2 * itemsize <= REFERENCE_VECTOR_BYTES and size % (amount * 2) == 0: amount *= 2
+    if amount == 1: continue
+    try: return apply_opt(state, Opt(OptOps.UPCAST, axis, amount))
+    except KernelOptError: continue
+  return state
 
 def render_candidate(kernel: AxisState, name: str) -> str:
   """Source text of a kernel: the thing candidates are deduplicated by and compiled from."""
@@ -441,20 +479,21 @@ class _Search:
     return SearchResult(opts, stats)
 
   def first_beam(self) -> tuple[Optional[_Candidate], list[_Candidate]]:
-    """Run the unoptimized kernel for the reference outputs, then measure the heuristic kernel and each prefix of its
-    opts (so the search can branch off after any of the heuristics' choices). The heuristic kernel always joins the
-    first beam, so the search starts from the default and can only improve on it."""
-    reference, _ = self.candidate_for(self.reference_state())
+    """Run the unoptimized kernel for the reference outputs (compiled here), then measure the heuristic kernel and
+    each prefix of its opts (so the search can branch off after any of the heuristics' choices). The heuristic kernel
+    always joins the first beam, so the search starts from the default and can only improve on it."""
+    reference, _ = self.candidate_for(self.reference_state(), here=True)
     if reference is None: raise RuntimeError(f"the unoptimized kernel {self.start.name} doesn't render")
-    self.finish_compiles([reference], past_deadline=True)
     if reference.runner is None: raise RuntimeError(f"the unoptimized kernel {self.start.name} doesn't compile")
-    self.take_reference(reference)
-    self.best = reference
-    self.record_timing(reference)
+    # the seeds are rendered and sent to the workers first: they start and compile while the reference runs
     heuristic_kernel = self.start.copy()
     hand_coded_optimizations(heuristic_kernel)
     chain = heuristic_kernel.applied_opts[len(self.start.applied_opts):]
-    found = [self.candidate_for(state) for state in [heuristic_kernel.state] + self.prefixes(chain)]
+    seeds = self.prefixes(chain, reference.kernel.threads > 0)
+    found = [self.candidate_for(state) for state in [heuristic_kernel.state] + seeds]
+    self.take_reference(reference)
+    self.best = reference
+    self.record_timing(reference)
     heuristic = found[0][0]
     if heuristic is not None: self.finish_compiles([heuristic], past_deadline=True)
     measured = self.measure([candidate for candidate, new in found if new])
@@ -469,26 +508,32 @@ class _Search:
 
   def reference_state(self) -> AxisState:
     """The unoptimized kernel; on a CPU, from REFERENCE_THREAD_MIN_WORK loop iterations, with its outermost output
-    axis split across the cores (THREAD, as the heuristics split it): each element is still computed by one thread
-    exactly as unoptimized, and the reference of a big reduce comes that many times sooner."""
+    axis split across the cores (THREAD, as the heuristics split it) and, in a reduce kernel, an output axis along
+    which an input is contiguous upcast to REFERENCE_VECTOR_BYTES of it (reference_vector). Each element is still
+    computed by one thread as unoptimized: an output upcast gives each element of the piece its own accumulator, summed
+    over the reduce loop in the same order; only the loads of the piece become one vector. The reference of a 1024²
+    matmul then reads its B rows a cache line at a time instead of one float per line: 20× sooner."""
     state = AxisState.of(self.start.ast, self.start.renderer)
     if not state.renderer.has_threads or state.global_dims == 0 or not isinstance(size := state.full_shape[0], int) \
        or vmax_of(prod(state.full_shape)) < REFERENCE_THREAD_MIN_WORK: return state
     for threads in range(cpu_count(), 1, -1):
       if size % threads: continue
-      try: return apply_opt(state, Opt(OptOps.THREAD, 0, threads))
+      try: state = apply_opt(state, Opt(OptOps.THREAD, 0, threads))
       except KernelOptError: continue
-    return state
+      break
+    return reference_vector(state)
 
-  def prefixes(self, chain: list[Opt]) -> list[AxisState]:
+  def prefixes(self, chain: list[Opt], reference_threaded: bool = False) -> list[AxisState]:
     """The start kernel with each prefix of the heuristics' opts followed by their THREAD opt (when they chose
     threads; each prefix alone when they did not), their whole choice without threads, and every other THREAD split of
     their kernel. On a CPU of many cores a kernel without threads is rarely within EARLY_STOP_FACTOR of the best:
     without these seeds the search could only extend the heuristics' full choice, thread count and threaded axis
     included. Left out: the empty prefix (the reference is the start kernel, or the start kernel split over the cores;
-    unsplit, a 1024² matmul ran 6 CPU seconds here, and lost) and, when they chose threads, the shorter prefixes
-    without them (slower than with threads on an idle machine; on a loaded one they could time fastest and win, to
-    run at half the speed once the cores are free)."""
+    unsplit, a 1024² matmul ran 6 CPU seconds here, and lost), the THREAD split alone when the reference is split
+    (`reference_threaded`: the reference is that split with a vector of each contiguous row, and the split alone read
+    B down its columns for 7.5 s a run) and, when they chose threads, the shorter prefixes without them (slower than
+    with threads on an idle machine; on a loaded one they could time fastest and win, to run at half the speed once
+    the cores are free)."""
     threads = [opt for opt in chain if opt.op is OptOps.THREAD]
     rest = [opt for opt in chain if opt.op is not OptOps.THREAD]
     variants = [rest[:count] + threads for count in range(len(rest) + 1)]
@@ -496,18 +541,22 @@ class _Search:
     states = []
     for opts in variants:
       if not opts: continue   # the start kernel: the reference is it, or it split over the cores, and is measured
+      if reference_threaded and all(opt.op is OptOps.THREAD for opt in opts): continue   # the reference outruns it
       try: states.append(apply_opts(self.start.state, opts))
       except KernelOptError: continue
     return states
 
   def actions(self) -> list[Opt]:
-    """ACTIONS without THREAD splits over the core count: more threads than cores only queue on the pool."""
-    cores = cpu_count()
-    return [action for action in ACTIONS if action.op is not OptOps.THREAD or action.amount <= cores]
+    """ACTIONS without THREAD splits over the core count (more threads than cores only queue on the pool), and without
+    NOLOCALS where the target has no local threads (it renders its parent's source again)."""
+    cores, has_local = cpu_count(), self.start.renderer.has_local
+    return [action for action in ACTIONS if (action.op is not OptOps.THREAD or action.amount <= cores)
+            and (action.op is not OptOps.NOLOCALS or has_local)]
 
-  def candidate_for(self, kernel: AxisState) -> tuple[Optional[_Candidate], bool]:
+  def candidate_for(self, kernel: AxisState, here: bool = False) -> tuple[Optional[_Candidate], bool]:
     """(candidate, is new) for a kernel's source; a new source is submitted for compiling at once, so compiles
-    overlap the next renders. (None, False) when the kernel doesn't render. A kernel whose axes (state_key) equal an
+    overlap the next renders (`here`: compiled in this process, while the workers start; the reference's compile
+    waited 1.5-2 s for them). (None, False) when the kernel doesn't render. A kernel whose axes (state_key) equal an
     earlier candidate's renders the same source: it is that candidate, without linearizing and rendering again."""
     key = state_key(kernel)
     if key in self.by_state:
@@ -531,7 +580,18 @@ class _Search:
     if (binary := self.cache.get_binary(src, compiler.cache_key)) is not None:
       try: self.load(candidate, binary)
       except BinaryLoadError as error: self.cache.drop_binary(src, compiler.cache_key, f"loader rejected it: {error}")
-    if candidate.runner is None: candidate.pending = _compile_pool(compiler).apply_async(_compile_source, (src,))
+    if candidate.runner is not None: return candidate, True
+    pool = _compile_pool(compiler)
+    if not here:
+      candidate.pending = pool.apply_async(_compile_source, (src,))
+      return candidate, True
+    try: binary = compiler.compile(src)
+    except Exception as error:   # as in a worker: a compiler failure only disqualifies this candidate
+      self.stats.compile_failures += 1
+      if Context.DEBUG >= 3: print(f"BEAM candidate {kernel.applied_opts} failed: {error!r}")
+      return candidate, True
+    self.cache.put_binary(src, compiler.cache_key, binary)
+    self.load(candidate, binary)
     return candidate, True
 
   def children(self, beam: list[_Candidate]) -> list[_Candidate]:
@@ -541,7 +601,7 @@ class _Search:
         if self.deadline_passed: return out
         try: child = apply_opt(parent.kernel, action)
         except KernelOptError: continue
-        if spills_accumulators(child):
+        if overfills_registers(child):
           self.stats.pruned += 1
           continue
         candidate, new = self.candidate_for(child)
@@ -583,13 +643,14 @@ class _Search:
 
   def measure(self, candidates: list[_Candidate]) -> list[_Candidate]:
     """Compile, then time each candidate (runs stop early once it is EARLY_STOP_FACTOR slower than the best); one
-    that is faster than the best is verified before it becomes the best."""
+    that is faster than the best is verified before it becomes the best. It is verified as soon as a run shows it
+    faster, and the verify's checked run is one of its TIMING_RUNS (a wrong one gets no more runs)."""
     self.finish_compiles(candidates)
     measured = []
     for candidate in candidates:
       if candidate.runner is None: continue
       if self.deadline_passed: break
-      for _ in range(TIMING_RUNS):
+      while len(candidate.times) < TIMING_RUNS:
         candidate.times.append(self.launch(candidate, self.timing_values))
         if candidate.time > EARLY_STOP_FACTOR * self.best_time:
           candidate.early_stopped = True
@@ -598,6 +659,7 @@ class _Search:
         if candidate.time > RETIME_FACTOR * self.best_time:
           self.stats.retimes_skipped += 1
           break
+        if candidate.time < self.best_time and not self.verify(candidate): break
       self.stats.timed += 1
       self.record_timing(candidate)
       measured.append(candidate)

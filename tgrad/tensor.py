@@ -138,6 +138,14 @@ class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, Indexi
       self.lazydata = _from_array(array, dtype or dtypes.from_np(array.dtype), device)
     else: raise TypeError(f"cannot make a Tensor from {type(data).__name__}")
 
+  @staticmethod
+  def of_lazy(lb: LazyBuffer, requires_grad: Optional[bool], ctx: Optional[F.Function] = None) -> Tensor:
+    """The Tensor of a LazyBuffer an op just built (`ctx` its autograd record, or None): `Tensor(lb, ...)` without
+    the argument checks, for every op's output (Function.apply)."""
+    out = Tensor.__new__(Tensor)
+    out.grad, out.requires_grad, out._ctx, out._lazydata = None, requires_grad, ctx, lb
+    return out
+
   # ---- the value: `lazydata` follows writes into this tensor or into the tensor it is a view of (docs/semantics.md)
   _graph_freed = False   # backward freed the record of the ops that made this tensor
   _pinned = False   # a tensor standing for one fixed value (autograd's record of a value written over) never follows

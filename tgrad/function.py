@@ -56,7 +56,9 @@ class Function:
   def apply(cls, *inputs, **kwargs):
     """Run forward on the inputs' lazydata; record the op for backward when a gradient is wanted."""
     sources = []
-    for t in inputs: sources.append(t.lazydata)   # read once: the property follows in-place writes (a walk)
+    for t in inputs:   # read once: the property follows in-place writes (a walk), needed only after one
+      lb = t._lazydata
+      sources.append(lb if lb.successor is None and lb.origin is None else t.lazydata)   # Tensor.lazydata, inline
     ctx = cls.__new__(cls)
     ctx._record(sources[0].device, inputs, sources)
     # under no_grad the output is a constant to autograd, as in torch: it does not require grad, so a backward

@@ -420,16 +420,18 @@ class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, Indexi
       if mine.dtype is theirs.dtype and mine.shape == theirs.shape and mine.device == theirs.device:
         return (other, self) if reverse else (self, other)
     if isinstance(other, (bool, int, float)):   # a constant made at self's shape: no reshape/expand ops to record
-      other, out_dtype = _fit_python_int(other, dtype or _scalar_dtype(self.dtype, other), self.dtype)
-      x = self if out_dtype is self.lazydata.dtype else self.cast(out_dtype)
+      mine = self.lazydata   # read once (a property: it follows in-place writes); this is every `t + 1`
+      tensor_dtype = mine.dtype
+      out_dtype = dtype or _scalar_dtype(tensor_dtype, other)
+      if out_dtype.is_int: other, out_dtype = _fit_python_int(other, out_dtype, tensor_dtype)   # only ints overflow
+      x = self if out_dtype is tensor_dtype else self.cast(out_dtype)
       # weak: a kernel parameter (tgrad/scalars.py), unless it joins a constant expression, which folds instead
-      mine = self.lazydata
       if isinstance(mine, MultiLazyBuffer):
         y = Tensor(mine.const_with(other, out_dtype, self.shape, weak=not is_constant_expression(mine.shards[0])),
                    requires_grad=False)
         return (y, x) if reverse else (x, y)
-      y = Tensor(LazyBuffer.const_of(other, out_dtype, self.device, self.shape, weak=not is_constant_expression(mine)),
-                 requires_grad=False)
+      y = Tensor.of_lazy(LazyBuffer.const_of(other, out_dtype, mine.device, mine.shape,
+                                             weak=not is_constant_expression(mine)), False)
       return (y, x) if reverse else (x, y)
     y = self._as_tensor(other)
     out_dtype = dtype or promote_types(self.dtype, y.dtype)

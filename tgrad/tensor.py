@@ -416,7 +416,9 @@ class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, Indexi
   def _operands(self, other: Any, reverse: bool = False, dtype: Optional[DType] = None) -> tuple[Tensor, Tensor]:
     """self and other broadcast to one shape and promoted to one dtype (Python scalars are weak)."""
     if dtype is None and isinstance(other, Tensor):   # the common case, as is: one device, shape and dtype
-      mine, theirs = self.lazydata, other.lazydata
+      mine, theirs = self._lazydata, other._lazydata   # Tensor.lazydata, inline where no in-place write moved them
+      if mine.successor is not None or mine.origin is not None: mine = self.lazydata
+      if theirs.successor is not None or theirs.origin is not None: theirs = other.lazydata
       if mine.dtype is theirs.dtype and mine.shape == theirs.shape and mine.device == theirs.device:
         return (other, self) if reverse else (self, other)
     if isinstance(other, (bool, int, float)):   # a constant made at self's shape: no reshape/expand ops to record

@@ -103,36 +103,41 @@ def _one_op_walk(root: LazyBuffer) -> Optional[_Walk]:
   `_is_one_op`, which it checks as it goes: None where the root is not one): the same nodes, numbers and key as the
   general walk gives, without its stack and dicts. Nodes are found again by identity in short lists (`in` and
   `index` compare by identity: neither LazyBuffer nor Buffer defines equality)."""
-  if len(root.srcs) > ONE_OP_MAX_SOURCES: return None
+  srcs = root.srcs
+  if len(srcs) > ONE_OP_MAX_SOURCES: return None
   nodes: list[LazyBuffer] = [root]
-  positions: list[int] = []   # of the root's sources
-  for lb in root.srcs:   # pre-order from the root: each source, then (a view's) its base; seen ones keep their number
+  entries: list[Any] = [None]   # the root's is made last: it names its sources' positions
+  positions: list[int] = []     # of the root's sources
+  unrealized: list[int] = [0]
+  leaf_buffers: list[Buffer] = []
+  for lb in srcs:   # pre-order from the root: each source, then (a view's) its base; seen ones keep their number
     if lb in nodes:
       positions.append(nodes.index(lb))
       continue
     base = lb._base
-    if (lb if base is None else base).buffer is None and (lb if base is None else base).srcs: return None
+    node = lb if base is None else base   # the base this source reads: realized, or an op without sources
+    if node.buffer is None and node.srcs: return None
     positions.append(len(nodes))
     nodes.append(lb)
-    if base is not None and base not in nodes: nodes.append(base)
-  arg = _LIFTED if root.lifted else root.arg
-  entries: list[tuple] = [(root.op, root.device, root.dtype.key, root.shape, arg if arg is None else _arg_key(arg),
-                           tuple(positions))]
-  unrealized: list[int] = [0]
-  leaf_buffers: list[Buffer] = []
-  for p in range(1, len(nodes)):
-    lb = nodes[p]
-    if lb._base is not None: entries.append((_VIEW, lb.st, nodes.index(lb._base)))
-    elif (buffer := lb.buffer) is not None:
+    if base is not None:
+      if base in nodes:
+        entries.append((_VIEW, lb.st, nodes.index(base)))
+        continue
+      entries.append((_VIEW, lb.st, len(nodes)))
+      nodes.append(base)
+    if (buffer := node.buffer) is not None:
       if buffer in leaf_buffers: number = leaf_buffers.index(buffer)
       else:
         number = len(leaf_buffers)
         leaf_buffers.append(buffer)
-      entries.append((_LEAF, lb.device, lb.dtype.key, lb.shape, number))
+      entries.append((_LEAF, node.device, node.dtype.key, node.shape, number))
     else:   # a sourceless op (a constant, host data, an empty buffer)
-      arg = _LIFTED if lb.lifted else lb.arg
-      entries.append((lb.op, lb.device, lb.dtype.key, lb.shape, arg if arg is None else _arg_key(arg), ()))
-      unrealized.append(p)
+      arg = _LIFTED if node.lifted else node.arg
+      entries.append((node.op, node.device, node.dtype.key, node.shape, arg if arg is None else _arg_key(arg), ()))
+      unrealized.append(len(nodes) - 1)
+  arg = _LIFTED if root.lifted else root.arg
+  entries[0] = (root.op, root.device, root.dtype.key, root.shape, arg if arg is None else _arg_key(arg),
+                tuple(positions))
   found = _Walk.__new__(_Walk)
   found.roots, found.nodes, found.unrealized, found.leaf_buffers = [root], nodes, unrealized, leaf_buffers
   if SymbolicState.bound: entries, found.var_vals = _unbound_entries(entries)

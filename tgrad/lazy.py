@@ -83,7 +83,7 @@ class LazyBuffer:
           elif type(readers) is list and len(readers) < READERS_COMPACT_AT: readers.append(me)
           else: source._add_reader(me)
     else:
-      assert base.base is base, "a view's base must be a base"
+      assert base._base is None, "a view's base must be a base"
       self._base = base
 
   def _add_reader(self, reader: weakref.ref) -> None:

@@ -171,7 +171,9 @@ class Buffer:
   @property
   def handle(self) -> Any:
     if self._handle is None:
-      allocator = self._allocator = Device[self.device].allocator   # kept for __del__: no registry lookup there
+      if (allocator := _allocators.get(self.device)) is None:
+        allocator = _allocators[self.device] = Device[self.device].allocator
+      self._allocator = allocator   # kept for __del__: no lookup there
       if self.base is not None: self._handle = allocator.view(self.base.handle, self.offset, max(self.nbytes, 1))
       else:
         self._handle = allocator.alloc(max(self.nbytes, 1))
@@ -275,6 +277,7 @@ class _DeviceRegistry:
     type(self).__getitem__.cache_clear()
     type(self)._started.cache_clear()
     type(self).available.cache_clear()
+    _allocators.clear()
   def default(self) -> str:
     """DEVICE if set (an unknown name raises ValueError naming it), else the first usable preferred device (a
     backend's default_priority: CUDA), else the host device (LLVM)."""
@@ -287,4 +290,7 @@ class _DeviceRegistry:
     return next((name for name in preferred_devices() if self.available(name)), HOST_DEVICE)
 
 Device = _DeviceRegistry()
+# each started device's allocator by the name a Buffer holds: a Buffer's first use reads it with one dict lookup (the
+# registry's cached lookup makes a bound method and a key per call); forgotten with the started devices
+_allocators: dict[str, Allocator] = {}
 on_registry_change(Device.forget)

@@ -42,12 +42,12 @@ class DType:
   is_int: bool = field(init=False, repr=False, compare=False)
   is_unsigned: bool = field(init=False, repr=False, compare=False)
   is_bool: bool = field(init=False, repr=False, compare=False)
-  # The fields as a tuple: a stand-in for the dtype in keys that are hashed on every op (the schedule cache's), equal
-  # exactly when the dtypes are and hashed without a Python call.
-  key: tuple = field(init=False, repr=False, compare=False)
+  # The fields written out: a stand-in for the dtype in keys that are hashed on every op (the schedule cache's), equal
+  # exactly when the dtypes are and hashed without a Python call (a string keeps its hash: a tuple's is recomputed).
+  key: str = field(init=False, repr=False, compare=False)
   def __post_init__(self):
     self.__dict__.update(is_float=self.kind == 'f', is_int=self.kind in ('i', 'u'), is_unsigned=self.kind == 'u',
-                         is_bool=self.kind == 'b', key=self._fields())
+                         is_bool=self.kind == 'b', key=repr(self._fields()))
   @property
   def np(self) -> np.dtype: return np.dtype(self.np_name)
   @property

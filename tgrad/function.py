@@ -29,18 +29,25 @@ class Function:
     self._record(device, tensors, [t.lazydata for t in tensors])
 
   def _record(self, device: str, tensors, sources) -> None:
-    """Set the record's fields for input Tensors `tensors` whose values are `sources` (their lazydata). Plain loops:
-    this runs for every op, and a comprehension is a function call of its own."""
+    """Set the record's fields for input Tensors `tensors` whose values are `sources` (their lazydata). One plain
+    loop: this runs for every op, and a comprehension is a function call of its own. requires_grad is True where an
+    input's is, else None where one is undecided, else False."""
     self.device = device
-    flags: list[Optional[bool]] = []
-    for t, lb in zip(tensors, sources): flags.append(t.requires_grad if lb.dtype.is_float else False)
-    self.requires_grad: Optional[bool] = True if any(flags) else None if None in flags else False
-    self.needs_input_grad = flags[:]
-    for i, flag in enumerate(flags): self.needs_input_grad[i] = flag is not False
-    if self.requires_grad is not False:
-      parents = []
-      for t, lb in zip(tensors, sources): parents.append(t if lb.dtype.is_float else None)
-      self.parents = tuple(parents)
+    requires_grad: Optional[bool] = False
+    needs: list[bool] = []
+    parents: list[Any] = []
+    for t, lb in zip(tensors, sources):
+      if lb.dtype.is_float:
+        flag = t.requires_grad
+        if flag: requires_grad = True
+        elif flag is None and requires_grad is False: requires_grad = None
+        needs.append(flag is not False)
+        parents.append(t)
+      else:
+        needs.append(False)
+        parents.append(None)
+    self.requires_grad, self.needs_input_grad = requires_grad, needs
+    if requires_grad is not False: self.parents = tuple(parents)
 
   def forward(self, *args, **kwargs) -> LazyBuffer: raise NotImplementedError(f"no forward for {type(self)}")
   def backward(self, grad_output: LazyBuffer): raise NotImplementedError(f"backward not implemented for {type(self)}")
@@ -49,15 +56,16 @@ class Function:
   def apply(cls, *inputs, **kwargs):
     """Run forward on the inputs' lazydata; record the op for backward when a gradient is wanted."""
     sources = []
-    for t in inputs: sources.append(t.lazydata)   # read once: the property follows in-place writes (a walk)
+    for t in inputs:   # read once: the property follows in-place writes (a walk), needed only after one
+      lb = t._lazydata
+      sources.append(lb if lb.successor is None and lb.origin is None else t.lazydata)   # Tensor.lazydata, inline
     ctx = cls.__new__(cls)
     ctx._record(sources[0].device, inputs, sources)
     # under no_grad the output is a constant to autograd, as in torch: it does not require grad, so a backward
     # from it raises instead of silently reaching nothing
     requires_grad = ctx.requires_grad if Tensor.grad_enabled else False
-    out = Tensor(ctx.forward(*sources, **kwargs), requires_grad=requires_grad)
-    if requires_grad is not False: out._ctx = ctx
-    return out
+    return Tensor.of_lazy(ctx.forward(*sources, **kwargs), requires_grad,
+                          ctx if requires_grad is not False else None)
 
 def _mask_to(mask: LazyBuffer, dtype: DType) -> LazyBuffer: return mask.cast(dtype)
 def _logical_not(mask: LazyBuffer) -> LazyBuffer:

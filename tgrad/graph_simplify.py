@@ -45,6 +45,7 @@ def is_constant_expression(lb: LazyBuffer) -> bool:
   step) and at MAX_CONSTANT_EXPRESSION_NODES."""
   # a bounded search, not lazy.walk's full pre-order: it looks at each node's last source first, where an eager op's
   # Python scalar operand sits, so a chain of ops on data answers in a step or two however long the chain is
+  if (lb if lb._base is None else lb._base).buffer is not None: return False   # realized data: every eager `t + 1`
   stack, seen = [lb], set()
   while stack:
     node = stack.pop()

@@ -33,9 +33,11 @@ from tgrad.scalars import is_liftable
 _SCALAR_TRACKER = ShapeTracker.from_shape(())
 
 @functools.lru_cache(maxsize=VIEW_CACHE_SIZE)
-def _const_tracker(shape: tuple[int, ...]) -> ShapeTracker:
-  """The view of a 0-d constant at `shape`: reshaped to all ones, then expanded."""
-  return _SCALAR_TRACKER.reshape((1,) * len(shape)).expand(shape)
+def _const_tracker(shape: tuple) -> ShapeTracker:
+  """The view of a 0-d constant at `shape` (a tuple of sizes as given: checked and made canonical here, once per
+  shape): reshaped to all ones, then expanded."""
+  sizes = as_shape_tuple(shape, "constant shape")
+  return _SCALAR_TRACKER.reshape((1,) * len(sizes)).expand(sizes)
 
 # truncate_to rounds through numpy (microseconds); the weak Python scalars of elementwise ops repeat, so their
 # roundings are remembered. Keyed by the value's type too (True == 1 == 1.0); floats equal to 0 (0.0 and -0.0
@@ -47,7 +49,7 @@ IN_PLACE = "in place"   # the arg of an ASSIGN that its value's CUSTOM kernel pe
 def _truncated(value, dtype: DType):
   kind = type(value)
   if (kind is int or kind is float or kind is bool) and value == value and value != 0:
-    key = (kind, value, dtype)
+    key = (kind, value, dtype.key)   # the key string hashes without a Python call (a DType's own hash is one)
     if (known := _truncations.get(key)) is not None or key in _truncations: return known
     if len(_truncations) >= MAX_TRUNCATIONS: _truncations.clear()
     result = _truncations[key] = truncate_to(value, dtype)
@@ -82,7 +84,7 @@ class LazyBuffer:
           elif type(readers) is list and len(readers) < READERS_COMPACT_AT: readers.append(me)
           else: source._add_reader(me)
     else:
-      assert base.base is base, "a view's base must be a base"
+      assert base._base is None, "a view's base must be a base"
       self._base = base
 
   def _add_reader(self, reader: weakref.ref) -> None:
@@ -184,7 +186,8 @@ class LazyBuffer:
     scalar = LazyBuffer(canonical_device(device), _SCALAR_TRACKER, dtype, Ops.CONST, (), arg)
     if weak and is_liftable(arg, dtype): scalar.lifted = True
     if not shape: return scalar
-    return LazyBuffer(scalar.device, _const_tracker(as_shape_tuple(shape, "constant shape")), dtype, base=scalar)
+    tracker = _const_tracker(shape if type(shape) is tuple else tuple(shape))
+    return LazyBuffer(scalar.device, tracker, dtype, base=scalar)
   @staticmethod
   def from_host(data: np.ndarray, device: str, dtype: Optional[DType] = None) -> LazyBuffer:
     """Host data to be copied to the device when realized. The array is referenced, not copied: don't mutate it.

@@ -7,7 +7,7 @@ backend, or a user kernel's compiled source), or a collective's over several dev
 kind's own collectives, NCCL on CUDA, else copies and one fold kernel). `run(exec_items)` launches them in order.
 `realize(*lazybuffers)` is schedule (create_schedule, through the schedule cache) + lower_schedule + run; a cache hit
 that was lowered before under the same settings skips the middle (its plan: launches on the hit's Buffers). A
-Tensor-level realize first asks the registered pre-realize passes for a context to realize in (`pre_realize_contexts`;
+Tensor-level realize first asks the registered pre-realize passes for a context to realize in (`pre_realize_passes`;
 tgrad.paths registers path selection). While a TinyJit captures (`capturing()`), lowered items are recorded, not run:
 the JIT plans their memory and replays them (tgrad/jit.py). DEBUG prints what ran (see docs/env.md).
 """
@@ -35,7 +35,7 @@ from tgrad.traced_run import run_traced
 
 __all__ = ["ExecItem", "BufferCopy", "HostCopy", "CompiledKernel", "compile_kernel", "choose_opts", "get_runner",
            "lower_schedule", "run", "run_schedule", "realize", "capturing", "copy_to_host", "JitError",
-           "register_pre_realize_pass", "unregister_pre_realize_pass", "pre_realize_contexts"]
+           "register_pre_realize_pass", "unregister_pre_realize_pass", "pre_realize_passes"]
 
 class Runner(Protocol):
   """What an ExecItem runs: `runner(bufs, wait, var_vals)` (seconds when wait), with a name and cost for DEBUG."""
@@ -303,20 +303,13 @@ def keep_old_values_of(buffers: Sequence[Buffer]) -> None:
 # (the usual case: nothing to do). The layers above register theirs (tgrad.paths: path selection, which applies the
 # selected lowerings to the graph and sets BEAM); this module imports nothing above it.
 PreRealizePass = Callable[[Sequence[LazyBuffer]], Optional[ContextManager]]
-_pre_realize_passes: list[PreRealizePass] = []
+pre_realize_passes: list[PreRealizePass] = []   # changed in place only: tensor.py's realize holds the list
 
 def register_pre_realize_pass(realize_pass: PreRealizePass) -> None:
-  if realize_pass not in _pre_realize_passes: _pre_realize_passes.append(realize_pass)
+  if realize_pass not in pre_realize_passes: pre_realize_passes.append(realize_pass)
 
 def unregister_pre_realize_pass(realize_pass: PreRealizePass) -> None:
-  if realize_pass in _pre_realize_passes: _pre_realize_passes.remove(realize_pass)
-
-def pre_realize_contexts(lbs: Sequence[LazyBuffer]) -> list[ContextManager]:
-  """The contexts the registered passes ask a realize of lbs to run in, in registration order (usually none)."""
-  contexts: list[ContextManager] = []
-  for realize_pass in _pre_realize_passes:   # a loop, not a comprehension: one call fewer on every realize
-    if (context := realize_pass(lbs)) is not None: contexts.append(context)
-  return contexts
+  if realize_pass in pre_realize_passes: pre_realize_passes.remove(realize_pass)
 
 # ---- realizing
 # An eager op's realize is a schedule-cache hit of a graph realized before: the same kernels on new Buffers. The first

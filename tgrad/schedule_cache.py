@@ -69,11 +69,11 @@ class _Walk:
   """The unrealized graph above `outs`: every node (views included) numbered in depth-first pre-order from the roots,
   its structural entry (children named by their numbers), and the realized Buffers it reads, numbered by first
   appearance. Any numbering fixed by the structure alone works: equal keys mean isomorphic graphs. With symbolic
-  shapes the key holds the variables, and `var_vals` their values."""
+  shapes the key holds the variables, and `var_vals` their values. `_Walk(roots)` is the general walk; `_one_op_walk`
+  gives the same for one op over values that need no computing (`look_up` takes it where it can)."""
   var_vals: dict[str, int] = {}   # only set (on the instance) when a variable was ever bound
   def __init__(self, roots: list[LazyBuffer]):
     self.roots = roots
-    if len(roots) == 1 and len(roots[0].srcs) <= ONE_OP_MAX_SOURCES and self._one_op(roots[0]): return
     nodes: list[LazyBuffer] = list(walk(roots))
     position: dict[int, int] = {id(lb): p for p, lb in enumerate(nodes)}
     entries: list[tuple] = []
@@ -98,49 +98,56 @@ class _Walk:
     if SymbolicState.bound: entries, self.var_vals = _unbound_entries(entries)
     self.key = (tuple(entries), tuple([position[id(lb)] for lb in roots]))
 
-  def _one_op(self, root: LazyBuffer) -> bool:
-    """The walk of one op over sources that need no computing (an eager op on realized tensors and constants; see
-    `_is_one_op`, which it checks as it goes: False, with nothing set, where the root is not one): the same nodes,
-    numbers and key as the general walk gives, without its stack and dicts. Nodes are found again by identity in
-    short lists (`in` and `index` compare by identity: neither LazyBuffer nor Buffer defines equality)."""
-    nodes: list[LazyBuffer] = [root]
-    positions: list[int] = []   # of the root's sources
-    for lb in root.srcs:   # pre-order from the root: each source, then (a view's) its base; seen ones keep their number
-      if lb in nodes:
-        positions.append(nodes.index(lb))
+def _one_op_walk(root: LazyBuffer) -> Optional[_Walk]:
+  """The walk of one op over sources that need no computing (an eager op on realized tensors and constants; see
+  `_is_one_op`, which it checks as it goes: None where the root is not one): the same nodes, numbers and key as the
+  general walk gives, without its stack and dicts. Nodes are found again by identity in short lists (`in` and
+  `index` compare by identity: neither LazyBuffer nor Buffer defines equality)."""
+  srcs = root.srcs
+  if len(srcs) > ONE_OP_MAX_SOURCES: return None
+  nodes: list[LazyBuffer] = [root]
+  entries: list[Any] = [None]   # the root's is made last: it names its sources' positions
+  positions: list[int] = []     # of the root's sources
+  unrealized: list[int] = [0]
+  leaf_buffers: list[Buffer] = []
+  for lb in srcs:   # pre-order from the root: each source, then (a view's) its base; seen ones keep their number
+    if lb in nodes:
+      positions.append(nodes.index(lb))
+      continue
+    base = lb._base
+    node = lb if base is None else base   # the base this source reads: realized, or an op without sources
+    if node.buffer is None and node.srcs: return None
+    positions.append(len(nodes))
+    nodes.append(lb)
+    if base is not None:
+      if base in nodes:
+        entries.append((_VIEW, lb.st, nodes.index(base)))
         continue
-      base = lb._base
-      if (lb if base is None else base).buffer is None and (lb if base is None else base).srcs: return False
-      positions.append(len(nodes))
-      nodes.append(lb)
-      if base is not None and base not in nodes: nodes.append(base)
-    arg = _LIFTED if root.lifted else root.arg
-    entries: list[tuple] = [(root.op, root.device, root.dtype.key, root.shape, arg if arg is None else _arg_key(arg),
-                             tuple(positions))]
-    unrealized: list[int] = [0]
-    leaf_buffers: list[Buffer] = []
-    for p in range(1, len(nodes)):
-      lb = nodes[p]
-      if lb._base is not None: entries.append((_VIEW, lb.st, nodes.index(lb._base)))
-      elif (buffer := lb.buffer) is not None:
-        if buffer in leaf_buffers: number = leaf_buffers.index(buffer)
-        else:
-          number = len(leaf_buffers)
-          leaf_buffers.append(buffer)
-        entries.append((_LEAF, lb.device, lb.dtype.key, lb.shape, number))
-      else:   # a sourceless op (a constant, host data, an empty buffer)
-        arg = _LIFTED if lb.lifted else lb.arg
-        entries.append((lb.op, lb.device, lb.dtype.key, lb.shape, arg if arg is None else _arg_key(arg), ()))
-        unrealized.append(p)
-    self.nodes, self.unrealized, self.leaf_buffers = nodes, unrealized, leaf_buffers
-    if SymbolicState.bound: entries, self.var_vals = _unbound_entries(entries)
-    self.key = (tuple(entries), (0,))
-    return True
+      entries.append((_VIEW, lb.st, len(nodes)))
+      nodes.append(base)
+    if (buffer := node.buffer) is not None:
+      if buffer in leaf_buffers: number = leaf_buffers.index(buffer)
+      else:
+        number = len(leaf_buffers)
+        leaf_buffers.append(buffer)
+      entries.append((_LEAF, node.device, node.dtype.key, node.shape, number))
+    else:   # a sourceless op (a constant, host data, an empty buffer)
+      arg = _LIFTED if node.lifted else node.arg
+      entries.append((node.op, node.device, node.dtype.key, node.shape, arg if arg is None else _arg_key(arg), ()))
+      unrealized.append(len(nodes) - 1)
+  arg = _LIFTED if root.lifted else root.arg
+  entries[0] = (root.op, root.device, root.dtype.key, root.shape, arg if arg is None else _arg_key(arg),
+                tuple(positions))
+  found = _Walk.__new__(_Walk)
+  found.roots, found.nodes, found.unrealized, found.leaf_buffers = [root], nodes, unrealized, leaf_buffers
+  if SymbolicState.bound: entries, found.var_vals = _unbound_entries(entries)
+  found.key = (tuple(entries), (0,))
+  return found
 
 def _is_one_op(root: LazyBuffer) -> bool:
   """Whether the (unrealized base) root is one op over sources that need no computing: each source, or the base it
   views, is realized or has no sources itself (a constant, host data, an empty buffer); and there are few enough of
-  them for the one-op walk's list scans. (`_Walk._one_op` checks the same as it walks.)"""
+  them for the one-op walk's list scans. (`_one_op_walk` checks the same as it walks.)"""
   if len(root.srcs) > ONE_OP_MAX_SOURCES: return False
   for lb in root.srcs:
     base = lb if lb._base is None else lb._base
@@ -205,7 +212,7 @@ def look_up(outs: list[LazyBuffer] | tuple[LazyBuffer, ...], settings: Any = Non
     roots = list(dict.fromkeys(o.base for o in outs if o.base.buffer is None))
     if not roots: return None
   if CollectiveGroup.made: roots = with_collective_siblings(roots)   # a collective's nodes are realized together
-  walk = _Walk(roots)                                                # (schedule.py rule 4)
+  if len(roots) != 1 or (walk := _one_op_walk(roots[0])) is None: walk = _Walk(roots)   # (schedule.py rule 4)
   nodes = walk.nodes
   assigns = []   # (the buffer's value, the ASSIGN) of every write; a loop, as _instantiate's
   for p in walk.unrealized:

@@ -19,8 +19,10 @@ from tgrad.ops import Ops, UOp
 from tgrad.device import canonical_device
 from tgrad.helpers import prod
 from tgrad.shape.sint import evaluate
+import tgrad.bounds as bounds_module
 from tgrad.bounds import realize_with_checks
-from tgrad.realize import copy_to_host, pre_realize_contexts
+import tgrad.realize as realize_module
+from tgrad.realize import copy_to_host, pre_realize_passes
 from tgrad.schedule import create_schedule
 from tgrad.scalars import SCALAR_PARAM_PREFIX
 from tgrad.graph_simplify import is_constant_expression
@@ -50,13 +52,18 @@ def _const_beside(lb: Any, value: Any, dtype: DType, shape: tuple) -> Any:
 def _realize(*lbs: Any) -> None:
   """Every Tensor-level realize: in the contexts the registered pre-realize passes give (tgrad/realize.py; tgrad.paths
   registers path selection, which does nothing while the benchmark database has no record for the device), with the
-  queued index checks. A sharded value realizes its shards."""
+  queued index checks (bounds.realize_with_checks). A sharded value realizes its shards. The common case (no context,
+  no check queued: every eager op) calls realize straight."""
   for lb in lbs:
     if isinstance(lb, MultiLazyBuffer):
       lbs = tuple(_shards(lbs))
       break
-  contexts = pre_realize_contexts(lbs)
-  if not contexts: return realize_with_checks(*lbs)
+  contexts: Optional[list] = None
+  for realize_pass in pre_realize_passes:
+    if (context := realize_pass(lbs)) is not None: contexts = [context] if contexts is None else [*contexts, context]
+  if contexts is None:
+    if not bounds_module._pending: return realize_module.realize(*lbs)   # read each call: tests wrap it
+    return realize_with_checks(*lbs)
   with ExitStack() as stack:
     for context in contexts: stack.enter_context(context)
     realize_with_checks(*lbs)
@@ -137,6 +144,14 @@ class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, Indexi
       if array.dtype.kind not in "biuf": raise TypeError(f"cannot make a Tensor from numpy dtype {array.dtype}")
       self.lazydata = _from_array(array, dtype or dtypes.from_np(array.dtype), device)
     else: raise TypeError(f"cannot make a Tensor from {type(data).__name__}")
+
+  @staticmethod
+  def of_lazy(lb: LazyBuffer, requires_grad: Optional[bool], ctx: Optional[F.Function] = None) -> Tensor:
+    """The Tensor of a LazyBuffer an op just built (`ctx` its autograd record, or None): `Tensor(lb, ...)` without
+    the argument checks, for every op's output (Function.apply)."""
+    out = Tensor.__new__(Tensor)
+    out.grad, out.requires_grad, out._ctx, out._lazydata = None, requires_grad, ctx, lb
+    return out
 
   # ---- the value: `lazydata` follows writes into this tensor or into the tensor it is a view of (docs/semantics.md)
   _graph_freed = False   # backward freed the record of the ops that made this tensor
@@ -401,20 +416,24 @@ class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, Indexi
   def _operands(self, other: Any, reverse: bool = False, dtype: Optional[DType] = None) -> tuple[Tensor, Tensor]:
     """self and other broadcast to one shape and promoted to one dtype (Python scalars are weak)."""
     if dtype is None and isinstance(other, Tensor):   # the common case, as is: one device, shape and dtype
-      mine, theirs = self.lazydata, other.lazydata
+      mine, theirs = self._lazydata, other._lazydata   # Tensor.lazydata, inline where no in-place write moved them
+      if mine.successor is not None or mine.origin is not None: mine = self.lazydata
+      if theirs.successor is not None or theirs.origin is not None: theirs = other.lazydata
       if mine.dtype is theirs.dtype and mine.shape == theirs.shape and mine.device == theirs.device:
         return (other, self) if reverse else (self, other)
     if isinstance(other, (bool, int, float)):   # a constant made at self's shape: no reshape/expand ops to record
-      other, out_dtype = _fit_python_int(other, dtype or _scalar_dtype(self.dtype, other), self.dtype)
-      x = self if out_dtype is self.lazydata.dtype else self.cast(out_dtype)
+      mine = self.lazydata   # read once (a property: it follows in-place writes); this is every `t + 1`
+      tensor_dtype = mine.dtype
+      out_dtype = dtype or _scalar_dtype(tensor_dtype, other)
+      if out_dtype.is_int: other, out_dtype = _fit_python_int(other, out_dtype, tensor_dtype)   # only ints overflow
+      x = self if out_dtype is tensor_dtype else self.cast(out_dtype)
       # weak: a kernel parameter (tgrad/scalars.py), unless it joins a constant expression, which folds instead
-      mine = self.lazydata
       if isinstance(mine, MultiLazyBuffer):
         y = Tensor(mine.const_with(other, out_dtype, self.shape, weak=not is_constant_expression(mine.shards[0])),
                    requires_grad=False)
         return (y, x) if reverse else (x, y)
-      y = Tensor(LazyBuffer.const_of(other, out_dtype, self.device, self.shape, weak=not is_constant_expression(mine)),
-                 requires_grad=False)
+      y = Tensor.of_lazy(LazyBuffer.const_of(other, out_dtype, mine.device, mine.shape,
+                                             weak=not is_constant_expression(mine)), False)
       return (y, x) if reverse else (x, y)
     y = self._as_tensor(other)
     out_dtype = dtype or promote_types(self.dtype, y.dtype)

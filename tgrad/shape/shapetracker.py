@@ -190,8 +190,8 @@ class ShapeTracker:
 
   @staticmethod
   def from_shape(shape: Sequence[sint]) -> ShapeTracker: return _from_shape(as_shape_tuple(shape, "shape"))
-  @property
-  def shape(self) -> tuple[int, ...]: return self.views[-1].shape
+  @functools.cached_property
+  def shape(self) -> tuple[int, ...]: return self.views[-1].shape   # read for every value built: a call only once
   @property
   def size(self) -> int: return prod(self.shape)
   @property

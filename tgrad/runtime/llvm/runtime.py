@@ -35,9 +35,12 @@ POOL_MAX_BLOCK = 1 << 20
 POOL_MAX_BYTES = 64 << 20
 
 class HostMemory:
-  """An LLVM buffer's memory: numpy bytes and their address, read once (numpy's `.ctypes.data` costs microseconds)."""
-  __slots__ = ("array", "address")
-  def __init__(self, array: np.ndarray, address: int): self.array, self.address = array, address
+  """An LLVM buffer's memory: numpy bytes and their address, read once (numpy's `.ctypes.data` costs microseconds),
+  and that address as the ctypes argument a launch passes (made once: converting an int per launch is what makes a
+  ctypes call with declared argument types slow)."""
+  __slots__ = ("array", "address", "pointer")
+  def __init__(self, array: np.ndarray, address: int):
+    self.array, self.address, self.pointer = array, address, ctypes.c_void_p(address)
 
 class LLVMAllocator(Allocator):
   def __init__(self):
@@ -171,44 +174,43 @@ class LLVMProgram:
     self.engine.finalize_object()
     self.address = self.engine.get_function_address(name)
     if not self.address: raise BinaryLoadError(f"kernel {name} not found in its object file")
-    self.fn = None
-  def _function(self, arguments: int, variables: int = 0):
-    if self.fn is None:
-      self.fn = ctypes.CFUNCTYPE(None, *([ctypes.c_void_p] * arguments), *([ctypes.c_int64] * variables),
-                                 ctypes.c_int32)(self.address)
-    return self.fn
+    # no declared argument types: a launch passes ready ctypes arguments (`_arguments`) and a Python int for the core
+    # index (an int without a declared type goes as a C int, the kernel's i32). Declared types would convert every
+    # argument on every call, which is most of the cost of launching a small kernel.
+    self.fn = ctypes.CFUNCTYPE(None)(self.address)
   def __call__(self, *buffers: HostMemory, global_size=(1,), local_size=None, vals=(), wait: bool = False):
-    fn = self.fn or self._function(len(buffers), len(vals))
-    pointers = []   # a loop, not a comprehension (a call of its own): this is every launch
-    for b in buffers: pointers.append(b.address)
-    if vals: pointers += vals   # the variables' values follow the buffers
+    arguments = _arguments(buffers, vals)
     threads = global_size[0] if global_size else 1
     start = time.perf_counter() if wait else 0.0
-    if threads <= 1: fn(*pointers, 0)
-    else: run_on_cores(fn, pointers, threads)
+    if threads <= 1: self.fn(*arguments, 0)
+    else: run_on_cores(self.fn, arguments, threads)
     return time.perf_counter() - start if wait else None
   def launcher(self, arguments: int, variables: int, global_size=(1,), local_size=None) -> Callable:
     """`launch(handles, vals)` on `arguments` HostMemory handles and `variables` values: __call__ without its keyword
-    arguments and per-call function and thread-count lookups."""
-    fn = self._function(arguments, variables)
+    arguments and per-call thread-count lookups."""
+    fn = self.fn
     threads = global_size[0] if global_size else 1
-    def launch(handles, vals) -> None:   # on the calling thread alone
-      pointers = []   # a loop, not a comprehension (a call of its own)
-      for h in handles: pointers.append(h.address)
-      if vals: pointers += vals
-      fn(*pointers, 0)
-    def launch_on_cores(handles, vals) -> None:
-      pointers = []
-      for h in handles: pointers.append(h.address)
-      if vals: pointers += vals
-      run_on_cores(fn, pointers, threads)
+    def launch(handles, vals) -> None:   # on the calling thread alone: `_arguments` inline, a loop (not a
+      pointers = []                      # comprehension, a call of its own)
+      for h in handles: pointers.append(h.pointer)
+      for value in vals: pointers.append(ctypes.c_int64(value))
+      pointers.append(0)   # core 0
+      fn(*pointers)
+    def launch_on_cores(handles, vals) -> None: run_on_cores(fn, _arguments(handles, vals), threads)
     return launch if threads <= 1 else launch_on_cores
   def prepare(self, buffers, global_size=(1,), local_size=None, vals=()) -> Callable[[], None]:
-    """A no-argument callable that launches this kernel on these buffers: the pointers are read once, here."""
-    fn, pointers = self._function(len(buffers), len(vals)), [b.address for b in buffers] + list(vals)
+    """A no-argument callable that launches this kernel on these buffers: the arguments are made once, here."""
+    arguments = _arguments(buffers, vals)
     threads = global_size[0] if global_size else 1
-    if threads <= 1: return functools.partial(fn, *pointers, 0)
-    return functools.partial(run_on_cores, fn, pointers, threads)
+    if threads <= 1: return functools.partial(self.fn, *arguments, 0)
+    return functools.partial(run_on_cores, self.fn, arguments, threads)
+
+def _arguments(handles, vals) -> list:
+  """A launch's ctypes arguments but the core index: the handles' pointers, then the variables' values as int64."""
+  arguments = []
+  for h in handles: arguments.append(h.pointer)
+  for value in vals: arguments.append(ctypes.c_int64(value))
+  return arguments
 
 def create_device(index: int = 0) -> Compiled:
   """LLVM device `index`: every index is the same host CPU, with an allocator of its own (so its buffers are distinct

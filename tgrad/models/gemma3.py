@@ -16,7 +16,7 @@ from typing import Any, Iterator, Optional, Sequence, Union
 import numpy as np
 from tgrad.tensor import Tensor
 from tgrad.dtype import dtypes, to_dtype
-from tgrad.nn.quant import QuantizedTensor, dequantize_blocks, dequantized_values, rms_normed_linear
+from tgrad.nn.quant import QuantizedTensor, dequantize_blocks, rms_normed_linear
 from tgrad.jit import TinyJit
 from tgrad.attention_kernel import CacheUpdate, HeadPrologue, flash_applies, flash_decoding
 from tgrad.regions import DEFAULT, Lowering, composite, register
@@ -27,7 +27,9 @@ from tgrad.models.gemma3_cache import (SLIDING, LAYER_TYPES, FRESH, DECODE, EXTE
                                        slot_mask,
                                        decode_attention_values)
 from tgrad.models.gemma3_weights import check_weights, checkpoint_weights, random_weights
-from tgrad.models.gemma3_parallel import (RowPiece, row_pieces, stack_rows_per_device, take_rows, is_sharded,
+from tgrad.models.gemma3_projections import (Weight, project, weight_values, split_inputs, input_axes,  # noqa: F401
+                                             stacked_rows, concat_outputs)
+from tgrad.models.gemma3_parallel import (RowPiece, row_pieces, take_rows, is_sharded,
                                           split_rows_like, shard_weights, head_weight, device_buffers)
 
 MASKED_SCORE = float(np.finfo(np.float32).min)        # HF fills masked attention scores with finfo(float32).min
@@ -41,28 +43,6 @@ RESIDUAL_DTYPES = {dtypes.float16: dtypes.float32}
 
 # ---------------------------------------------------------------------------------------------------------------
 # layers: weights are held under HF's attribute names, each a Tensor or (a GGUF model kept packed) a QuantizedTensor
-
-Weight = Union[Tensor, QuantizedTensor]   # a projection or embedding weight: dense, or ggml blocks dequantized in use
-
-def project(x: Tensor, weight: Weight) -> Tensor:
-  """x @ weight.T for an [out, in] weight, in x's dtype; a packed weight is dequantized inside the matmul's kernel
-  (QuantizedTensor.linear), so only its blocks are ever stored."""
-  return weight.linear(x) if isinstance(weight, QuantizedTensor) else x @ weight.T
-
-def weight_values(weight: Weight) -> Tensor:
-  """An [out, in] weight as float32 [out, *input axes]: a dense weight as it is (input axes (in,)), a packed one
-  dequantized lazily with its blocks' structure kept (input axes (blocks per row, *block axes)), so a kernel that sums
-  over the input axes reads the packed bytes through plain strided views and the dequantization fuses into it."""
-  if not isinstance(weight, QuantizedTensor): return weight.float()
-  return dequantized_values(weight.packed, weight.ggml_type, weight.shape)
-
-def split_inputs(x: Tensor, values: Tensor) -> Tensor:
-  """x [..., in] viewed as [..., *input axes] of `values` (weight_values' layout)."""
-  return x.reshape(*x.shape[:-1], *values.shape[1:])
-
-def input_axes(values: Tensor) -> tuple[int, ...]:
-  """The (negative) axes of weight_values' input axes: what a matrix-vector product sums over."""
-  return tuple(range(1 - values.ndim, 0))
 
 class Linear:
   """y = x W^T with W stored as [out, in] (no bias anywhere in Gemma 3), dense or packed."""
@@ -267,62 +247,13 @@ def _rotate(x: Tensor, cos: Tensor, sin_signed: Tensor) -> Tensor:
   half = x.shape[-1] // 2
   return x * cos + x[..., half:].cat(x[..., :half], dim=-1) * sin_signed
 
-def _stackable(a: Weight, b: Weight) -> bool:
-  """Whether two [out, in] weights can share one buffer: both dense, or both packed in the same ggml type."""
-  if isinstance(a, QuantizedTensor) or isinstance(b, QuantizedTensor):
-    return isinstance(a, QuantizedTensor) and isinstance(b, QuantizedTensor) and a.ggml_type == b.ggml_type
-  return True
-
-def _stack(weights: list[Weight]) -> tuple[Weight, list[Weight]]:
-  """Stackable weights as one realized buffer along their output rows, and each again as a view of it."""
-  if isinstance(weights[0], QuantizedTensor):
-    ggml_type, width = weights[0].ggml_type, weights[0].shape[1]
-    packed = [w.packed for w in weights if isinstance(w, QuantizedTensor)]
-    if any(is_sharded(p) for p in packed):   # tensor parallel: each device stacks its packed rows
-      stacked_rows, row_views = stack_rows_per_device(packed)
-      return QuantizedTensor(stacked_rows, ggml_type, (stacked_rows.shape[0], width)), \
-        [QuantizedTensor(view, ggml_type, (view.shape[0], width)) for view in row_views]
-    buffer = packed[0].cat(*packed[1:], dim=0).realize() if len(packed) > 1 else packed[0].realize()
-    stacked: Weight = QuantizedTensor(buffer, ggml_type, (buffer.shape[0], width))
-    def view(start: int, end: int) -> Weight: return QuantizedTensor(buffer[start:end], ggml_type, (end - start, width))
-  elif any(is_sharded(w) for w in weights):   # tensor parallel: one buffer per device (gemma3_parallel.py)
-    return stack_rows_per_device([w for w in weights if isinstance(w, Tensor)])
-  else:
-    dense = [w for w in weights if isinstance(w, Tensor)]
-    stacked = dense[0].cat(*dense[1:], dim=0).realize() if len(dense) > 1 else dense[0].realize()
-    def view(start: int, end: int) -> Weight: return stacked[start:end]   # type: ignore[index]
-  views, start = [], 0
-  for w in weights:
-    views.append(view(start, start + w.shape[0]))
-    start += w.shape[0]
-  return stacked, views
-
-def _stacked_rows(*weights: Weight) -> tuple[list[Weight], list[Weight]]:
-  """The [out, in] weights stacked along their output rows into realized buffers, so one matrix-vector kernel reads
-  each buffer (decode is bound by reading weights, and each kernel costs a launch), and each weight again as a view
-  (the checkpoint's names keep working and the memory is held once). Dense weights make one buffer; packed ones one
-  per run of the same ggml type (a GGUF file may quantize q and k unlike v)."""
-  groups: list[list[Weight]] = [[weights[0]]]
-  for w in weights[1:]:
-    if _stackable(groups[-1][-1], w): groups[-1].append(w)
-    else: groups.append([w])
-  stacked, views = [], []
-  for group in groups:
-    buffer, group_views = _stack(group)
-    stacked.append(buffer)
-    views += group_views
-  return stacked, views
-
-def _concat_outputs(outputs: list[Tensor]) -> Tensor:
-  return outputs[0] if len(outputs) == 1 else outputs[0].cat(*outputs[1:], dim=-1)
-
 def _normed_projection(norm: Gemma3RMSNorm, h: Tensor, weights: list[Weight]) -> Tensor:
   """norm(h) @ W.T for the stacked weights W (their outputs side by side), realized: for a one-token step one kernel
   per buffer (Gemma3RMSNorm.matvec), else the norm realized once and then a matmul per buffer (which reads each normed
   element many times)."""
-  if h.shape[-2] == 1: return _concat_outputs([_materialize(norm.matvec(h, w)) for w in weights])
+  if h.shape[-2] == 1: return concat_outputs([_materialize(norm.matvec(h, w)) for w in weights])
   normed = _materialize(norm(h))
-  return _concat_outputs([_materialize(project(normed, w)) for w in weights])
+  return concat_outputs([_materialize(project(normed, w)) for w in weights])
 
 def _fuse_into_consumer(x: Tensor) -> Tensor:
   """A one-token step (decode) leaves an elementwise producer (a norm's scaling, GELU times up) unrealized, so it
@@ -334,7 +265,7 @@ class Gemma3Attention:
   def __init__(self, config: Gemma3Config, weights: dict[str, Weight], prefix: str, layer_type: str = FULL):
     names = [prefix + name + "_proj.weight" for name in ("q", "k", "v")]
     self.qkv_pieces = row_pieces([weights[name] for name in names])   # where q, k and v sit in the stacked output
-    self.qkv_weights, (q_weight, k_weight, v_weight) = _stacked_rows(*(weights[name] for name in names))
+    self.qkv_weights, (q_weight, k_weight, v_weight) = stacked_rows(*(weights[name] for name in names))
     self.q_proj, self.k_proj, self.v_proj = Linear(q_weight), Linear(k_weight), Linear(v_weight)
     self.o_proj = Linear(weights[prefix + "o_proj.weight"])
     self.q_norm = Gemma3RMSNorm(weights[prefix + "q_norm.weight"], config.rms_norm_eps)
@@ -437,7 +368,7 @@ class Gemma3MLP:
   """down(gelu(gate(x)) * up(x)), the gate and up projections as one matrix-vector kernel over their stacked rows."""
   def __init__(self, weights: dict[str, Weight], prefix: str):
     self.gate_up_pieces = row_pieces([weights[prefix + "gate_proj.weight"], weights[prefix + "up_proj.weight"]])
-    self.gate_up_weights, (gate_weight, up_weight) = _stacked_rows(weights[prefix + "gate_proj.weight"],
+    self.gate_up_weights, (gate_weight, up_weight) = stacked_rows(weights[prefix + "gate_proj.weight"],
                                                                    weights[prefix + "up_proj.weight"])
     self.gate_proj, self.up_proj = Linear(gate_weight), Linear(up_weight)
     self.down_proj = Linear(weights[prefix + "down_proj.weight"])
@@ -453,7 +384,7 @@ class Gemma3MLP:
     sum in h's. A packed weight is dequantized in the kernel, which then keeps every row split into the weight's input
     axes (weight_values); with several stacked buffers (packed types that differ) it is one kernel per buffer."""
     residual = ResidualSum(h, [(attended, post_norm)], store=False)
-    return self._down(_concat_outputs([_materialize(pre_norm.matvec(residual, w)) for w in self.gate_up_weights]))
+    return self._down(concat_outputs([_materialize(pre_norm.matvec(residual, w)) for w in self.gate_up_weights]))
 
   def _down(self, gate_up: Tensor) -> Tensor:
     gate, up = (take_rows(gate_up, piece, -1) for piece in self.gate_up_pieces)

@@ -94,7 +94,7 @@ def test_heuristics_pick_it_for_big_float32_matmuls_on_every_cuda_arch():
     assert kernel.simt_matmul is None and Opt(OptOps.SGEMM, 0, 0) not in kernel.applied_opts
 
 def test_default_tile_keeps_a_wave_of_blocks():
-  assert SIMT_TILES[default_tile(4096, 4096)] == (128, 128, 8, 8, 1)   # 1024 blocks
+  assert SIMT_TILES[default_tile(4096, 4096)] == (128, 128, 8, 8, 2)   # 1024 blocks
   assert SIMT_TILES[default_tile(1024, 1024)] == (128, 64, 8, 8, 2)    # 128 blocks of 128×64 (64 of 128×128)
   assert SIMT_TILES[default_tile(256, 512)] == (64, 64, 8, 8, 2)       # the smallest: 32 blocks
 

@@ -40,6 +40,6 @@ CODEGEN_VERSION = 23   # 2: gathers (data-dependent loads); int casts as narrow 
 # 21: on sm_90+ under PDL (PDL_PREFETCH=1) a CUDA kernel's blocks prefetch their bytes of its largest read-only input
 # into L2 before griddepcontrol.wait (runtime/cuda/prefetch.py)
 # 22: OptOps.SGEMM: on CUDA a big float32 matmul without an epilogue is the float32 matmul template
-# (runtime/cuda/sgemm.py; heuristics, SGEMM=1)
+# (runtime/cuda/sgemm.py; heuristics, SGEMM=1; default tile 128×128 with two blocks an SM)
 # 23: OptOps.WGMMA takes TF32: a float32 matmul whose loads the graph rounds to TF32 (a·wᵀ) is one warpgroup-MMA kernel
 # on sm_90a (m64nNk8 .tf32, operands rounded in shared memory)

@@ -153,7 +153,11 @@ class FlashAttentionRunner:
     self.kernel, self.entry = kernel, kernel.entry()
     self.name = self.entry
     self.variables = kernel.variables()
-    self.program = Device[device].load_program(self.entry, kernel.source(self.entry))
+    # flash decoding waits for its predecessor itself under PDL (sm_90+): its graph edges can be programmatic
+    dependent_launch = bool(getattr(Device[device].renderer, "dependent_launch", False) and Context.PDL)
+    source = kernel.source(self.entry, dependent_launch) if isinstance(kernel, FlashDecodingKernel) else \
+      kernel.source(self.entry)
+    self.program = Device[device].load_program(self.entry, source)
     self.flops, self.nbytes = 0, 0
   def launch_dims(self, var_vals: Optional[dict[str, int]] = None) -> tuple[tuple[int, ...], tuple[int, ...]]:
     return self.kernel.launch_dims(var_vals or {})
@@ -261,10 +265,10 @@ class FlashDecodingKernel(CustomKernel):
     sizes = (self.keys, self.slot, *(s for _, layout in self.layouts for s in (layout.offset, *layout.strides)),
              *(offset for _, offset in self.table_offsets))
     return tuple(sorted({v.arg[0] for s in sizes for v in variables_of(s)}))
-  def source(self, entry: str) -> str:
+  def source(self, entry: str, dependent_launch: bool = False) -> str:
     parameters = tuple(VARIABLE_PREFIX + v for v in self.variables())
     return decoding_source_module().flash_decoding_source(self.config, entry, self.sizes(), parameters, self.roles,
-                                                          self.batch)
+                                                          self.batch, dependent_launch)
   def entry(self) -> str:
     c = self.config
     digest = hashlib.sha256(repr((self.sizes(), self.roles, c)).encode()).hexdigest()[:8]

@@ -32,7 +32,7 @@ def prologue(x, config: DecodeConfig, weight, cos, sin):
   return x
 
 def run_case(dtype, batch, heads, kv_heads, keys, head_dim, window=None, softcap=None, norm=False, rotary=False,
-             update=False, slots=None, seed=0, launches=1):
+             update=False, slots=None, seed=0, launches=1, dependent_launch=False):
   rng = np.random.default_rng(seed)
   D, group = head_dim, heads // kv_heads
   slots = slots or keys
@@ -61,14 +61,21 @@ def run_case(dtype, batch, heads, kv_heads, keys, head_dim, window=None, softcap
   roles = config.roles()
   arrays = {"q": qkv, "k_cache": cache, "v_cache": cache, "k_new": qkv, "v_new": qkv, "q_weight": weights,
             "k_weight": weights, "cos": tables, "sin": tables, "scratch": scratch}
-  source = flash_decoding_source(config, "decode", sizes, ("n_keys", "slot"), roles, batch)
+  source = flash_decoding_source(config, "decode", sizes, ("n_keys", "slot"), roles, batch, dependent_launch)
   before = cache.copy()
   outputs = []
   for _ in range(launches):   # again: the last block reset the counter, so a second launch combines the same way
     out = np.full((batch, heads, 1, D), 0x7E00, np.uint16)   # NaN bits: every element must be written
-    run_on_cpu(source, "decode", grid(config, keys, batch), (BLOCK_THREADS,),
-               [out if r == "out" else arrays[r].reshape(-1) for r in roles], [keys, slot])
+    prefetched = run_on_cpu(source, "decode", grid(config, keys, batch), (BLOCK_THREADS,),
+                            [out if r == "out" else arrays[r].reshape(-1) for r in roles], [keys, slot])
     outputs.append(as_float(out, dtype))
+  if dependent_launch:   # every line of the visible keys' and values' cached rows, and nothing else, asked of L2
+    first_key = keys - window if window and keys > window else 0
+    rows = cache.reshape(2, batch, kv_heads, slots, D)[:, :, :, first_key:keys]
+    base = cache.__array_interface__["data"][0]
+    lines = {(base + offset) // 128 * 128 for offset in
+             (np.arange(cache.size).reshape(cache.shape)[:, :, :, first_key:keys] * cache.itemsize).reshape(-1)}
+    assert rows.size and set(prefetched) == lines
   assert not scratch[-batch * kv_heads:].any(), "the counters are reset"
   # numpy: the prologue, the new key rounded as the cache stores it, the slot's key and value replaced
   values = as_float(qkv, dtype)
@@ -122,6 +129,12 @@ def test_shapes_and_masks(dtype, batch, heads, kv_heads, keys, head_dim, window,
 def test_norm_rotary_and_cache_update(dtype, keys, slots):   # Gemma 3's decode: D 256 (16-byte loads), group 4
   run_case(dtype, 1, 4, 1, keys, 256, norm=True, rotary=True, update=True, slots=slots, seed=keys, launches=2)
 
+@needs_emulator
+@pytest.mark.parametrize("keys", [1, 40, 300])
+def test_dependent_launch_form(keys):   # sm_90 with PDL: the split's cached rows prefetched, then the wait
+  run_case("float16", 1, 4, 1, keys, 256, norm=True, rotary=True, update=True, slots=512, seed=keys,
+           dependent_launch=True)
+
 def test_split_counts():
   assert splits(1) == 1 and splits(16) == 1 and splits(17) == 2
   assert splits(10 ** 6) == MAX_SPLITS
@@ -136,6 +149,10 @@ def test_compiles_with_nvrtc(arch, dtype):
     sizes = {"S": "n", "SLOT": "n - 1"}
     source = flash_decoding_source(config, "decode", sizes, ("n",), config.roles(), 1)
     assert len(compile_cuda(source, arch)) > 0
+    if arch == "sm_90":
+      waiting = flash_decoding_source(config, "decode", sizes, ("n",), config.roles(), 1, dependent_launch=True)
+      assert "decode_waits_for_prior_grids" in waiting and "griddepcontrol.wait" in waiting
+      assert len(compile_cuda(waiting, arch)) > 0
 
 def test_bad_configs_raise():
   with pytest.raises(ValueError, match="head dim 100"): DecodeConfig("float16", 100, 1, 1, 1.0)

@@ -34,6 +34,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from typing import Optional
+from tgrad.runtime.cuda.renderer import DEPENDENT_LAUNCH_SUFFIX
 
 WARP_THREADS = 32
 WARPS = 4
@@ -185,6 +186,7 @@ SIZES
   const int new_slot = UPDATE ? (int)SLOT : -1;
   const element* k_rows = k_cache + k_cache_offset + batch * k_cache_batch + kv_head * k_cache_head;
   const element* v_rows = v_cache + v_cache_offset + batch * v_cache_batch + kv_head * v_cache_head;
+DEPENDENT_LAUNCH
 
   // prologue: the group's query rows and the new key and value, as float32 in shared memory
   const int row_count = UPDATE ? GROUP + 2 : GROUP;
@@ -409,13 +411,32 @@ VECTOR_LOAD = r"""__device__ __forceinline__ void load_row(float* target, const 
 }
 """
 
+# Programmatic Dependent Launch (sm_90+, PDL on; runtime/cuda/renderer.py): before waiting for the kernel before it
+# (the qkv projection that makes q and the new key and value), each block asks L2 for its split's cached key and value
+# rows (a hint: nothing is read before the wait; rows the previous steps wrote), then waits and lets its dependents
+# (o_proj) launch, so their launch and prefetch overlap this kernel.
+DEPENDENT_LAUNCH = r"""  {   // before the wait: this split's cached key and value rows into L2
+    const int row_bytes = HEAD_DIM * (int)sizeof(element);
+    const int row_lines = row_bytes / 128 + 2;   // the most 128-byte lines a row touches, at any alignment
+    const int split_rows = split_end > split_begin ? split_end - split_begin : 0;
+    for (int i = tid; i < split_rows * row_lines * 2; i += BLOCK_THREADS) {
+      const int row = split_begin + i / (row_lines * 2), line = i % (row_lines * 2);
+      const element* start = line < row_lines ? k_rows + row * k_cache_pos : v_rows + row * v_cache_pos;
+      const unsigned long long address = ((unsigned long long)start & ~127ull) + (line % row_lines) * 128ull;
+      if (address < (unsigned long long)start + row_bytes) asm volatile("prefetch.global.L2 [%0];" :: "l"(address));
+    }
+  }
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");"""
+
 def flash_decoding_source(config: DecodeConfig, name: str, sizes: dict[str, str], variables: tuple[str, ...],
-                          buffers: tuple[str, ...], batch: int) -> str:
+                          buffers: tuple[str, ...], batch: int, dependent_launch: bool = False) -> str:
   """CUDA C of kernel `name` (see the module doc). `buffers`: the role of each pointer parameter, in order (each of
   config.roles() once; a name outside ROLES is a parameter the kernel does not read). `sizes`: a C expression (of
   `variables`, the int64 parameters after the buffers) for each of SIZE_NAMES that the config uses (missing ones
   are 0): the key count S, the new slot, each [B, H, N, D] input's element offset and strides over batch, head and
-  position (its last dim contiguous), each table's offset. `batch`: B (the scratch's layout)."""
+  position (its last dim contiguous), each table's offset. `batch`: B (the scratch's layout). `dependent_launch`: the
+  PDL form (DEPENDENT_LAUNCH), for sm_90+ with PDL on."""
   if missing := [r for r in config.roles() if r not in buffers]:
     raise ValueError(f"flash decoding: no buffer for {missing}")
   if "S" not in sizes: raise ValueError("flash decoding: no size for the key count S")
@@ -449,9 +470,11 @@ def flash_decoding_source(config: DecodeConfig, name: str, sizes: dict[str, str]
             "KEYS": str(config.keys_per_warp), "SCORE_VALUES": str(config.score_values),
             "SCORE_SHIFT": str(5 - config.score_values.bit_length() + 1)}
   body = (VECTOR_LOAD if config.lane_elements % 8 == 0 else SCALAR_LOAD) + BODY.replace("SOFTCAP", softcap)
+  body = body.replace("DEPENDENT_LAUNCH", DEPENDENT_LAUNCH if dependent_launch else "")
   for key in sorted(values, key=len, reverse=True): body = body.replace(key, values[key])
   body = body.replace("NAME", name).replace("PARAMETERS", ", ".join(parameters + [f"long long {v}" for v in variables]))
   body = body.replace("SIZES", size_lines)   # last: the expressions are the caller's text
+  if dependent_launch: body = f'extern "C" __device__ unsigned int {name}{DEPENDENT_LAUNCH_SUFFIX} = 1;\n' + body
   prologue = PROLOGUE.replace("CVT_OUT", to_element)
   prologue = prologue.replace("ELEMENT_TO_FLOAT", HALF_TO_FLOAT if to_float else BFLOAT_TO_FLOAT)
   prologue = prologue.replace("WEIGHT_TO_FLOAT",

@@ -161,7 +161,8 @@ def test_heuristic_opts_compile(name):
   src = kernel.renderer.render(name, linearize(kernel))
   assert compile_cuda(src, ARCH)[:4] == b"\x7fELF"
   # a guarded split indexes its pieces directly: no index is divided, only a grouped loop's trip count ceil(n/group)
-  code = [line.strip() for line in re.sub(r"/\*.*?\*/", "", src).splitlines() if "asm(" not in line]
+  code = [line.strip() for line in re.sub(r"/\*.*?\*/|//.*", "", src).splitlines()
+          if "asm(" not in line and "asm volatile(" not in line and "prefetch_line" not in line]   # (PDL's prefetch)
   integer_math = [line for line in code if re.search(r"[/%]", line) and not line.startswith("float")]
   if kernel.staged:   # the block's tile copies place each thread's runs and the pipeline wraps its step: 32-bit math
     assert all(re.fullmatch(r"int alu\d+ = \(\w+ [/%] \d+\);", x) for x in integer_math), integer_math   # by constants

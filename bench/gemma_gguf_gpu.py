@@ -4,7 +4,8 @@ For each mode (`packed` float16, `dequant` float16; `--modes` chooses): load the
 realized on the device), then
 - decode, batch 1, NEW_TOKENS greedy tokens: tokens/s of generate() end to end (its second run, so compiling is
   excluded; prefill and the first token are not counted), and the GPU time of one replayed decode step measured with
-  CUDA events over back-to-back replays (bench/gpu.py's event_seconds) at the middle position;
+  CUDA events over back-to-back replays (bench/gpu.py's event_seconds) at the middle position, and with --positions
+  at each of those positions (a cache of that length, the step captured for it);
 - prefill of PREFILL_TOKENS tokens (the jitted prefill, last logits only): the captured prefill's GPU time (CUDA events
   around back-to-back replays) and forward()'s wall time end to end (host work, the ids read back, synchronized).
 Also the packed model's weight bytes on the device against the file's tensor bytes.
@@ -51,7 +52,8 @@ def wall_seconds(device: str, call) -> float:
     best = min(best, time.perf_counter() - start)
   return best
 
-def measure(path: str, quant: str, dtype: str, device: str, new_tokens: int, prefill_tokens: int) -> dict:
+def measure(path: str, quant: str, dtype: str, device: str, new_tokens: int, prefill_tokens: int,
+            positions: tuple[int, ...] = ()) -> dict:
   began = time.perf_counter()
   model, _ = load_gemma3_gguf(path, quant, dtype, device)
   synchronize(device)
@@ -68,6 +70,12 @@ def measure(path: str, quant: str, dtype: str, device: str, new_tokens: int, pre
   step = gpu_seconds(device, lambda: model._replay_decode(None, variables))
   out["decode_step_gpu_ms"] = round(step * 1e3, 4)
   out["decode_tokens_per_second_gpu_time"] = round(1 / step, 1)
+  for position in positions:   # the replayed step alone at a deeper position (its own cache and capture)
+    model.reset_cache(1, position + 1)
+    at = model.cache.decode_variables(position)
+    for _ in range(3): model._replay_decode(None, at)   # runs, captures, replays
+    step = gpu_seconds(device, lambda: model._replay_decode(None, at))
+    out[f"decode_step_gpu_ms_at_{position}"] = round(step * 1e3, 4)
   ids = Tensor(np.array([prompt], dtype=np.int32), device=device)
   model.reset_cache(1, prefill_tokens + new_tokens)
   def prefill(): model(ids, 0, last_only=True, jit=True)
@@ -92,6 +100,8 @@ def main() -> None:
   parser.add_argument("--new-tokens", type=int, default=NEW_TOKENS)
   parser.add_argument("--prefill-tokens", type=int, default=PREFILL_TOKENS)
   parser.add_argument("--modes", nargs="+", default=list(MODES), help="quant:dtype pairs, e.g. packed:float16")
+  parser.add_argument("--positions", type=int, nargs="*", default=[],
+                      help="also time the replayed decode step at these cache positions")
   parser.add_argument("--wall-repeats", type=int, default=WALL_REPEATS, help="best of this many, for wall-clock times")
   args = parser.parse_args()
   WALL_REPEATS = args.wall_repeats
@@ -104,7 +114,8 @@ def main() -> None:
             "device": args.device, "new_tokens": args.new_tokens, "runs": []}
   for mode in args.modes:
     quant, dtype = mode.split(":")
-    report["runs"].append(measure(path, quant, dtype, args.device, args.new_tokens, args.prefill_tokens))
+    report["runs"].append(measure(path, quant, dtype, args.device, args.new_tokens, args.prefill_tokens,
+                               tuple(args.positions)))
     print(json.dumps(report["runs"][-1]), flush=True)
   text = json.dumps(report, indent=1)
   print(text)

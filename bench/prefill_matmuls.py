@@ -45,11 +45,13 @@ def projections(device: str, bound: int, tokens: int) -> list[tuple[str, Schedul
   for name, n, k, float_out in (("qkv", QKV, HIDDEN, False), ("gate_up", 2 * INTERMEDIATE, HIDDEN, False),
                                 ("down", HIDDEN, INTERMEDIATE, True)):
     x, w = _half(rng, bound, k), _half(rng, n, k)
-    y = Tensor(x, device=device)[:length] @ Tensor(w, device=device).T
+    # the inputs realized first: the schedule's matmul item then reads them (a lazy host copy would be an item of its
+    # own, not run here, and the kernel would read unwritten buffers)
+    y = Tensor(x, device=device).realize()[:length] @ Tensor(w, device=device).realize().T
     add(name, y.float().rms_norm(-1, NORM_EPS) if float_out else y, x[:tokens], w)
   attn_np, w_o = _half(rng, HEADS, bound, HEAD_DIM), _half(rng, HIDDEN, HEADS * HEAD_DIM)
   attn = Tensor(attn_np, device=device)[:, :length, :].contiguous().realize()   # [H, T, D]: a head T·D on
-  o = attn.permute(1, 0, 2).reshape(length, HEADS * HEAD_DIM) @ Tensor(w_o, device=device).T
+  o = attn.permute(1, 0, 2).reshape(length, HEADS * HEAD_DIM) @ Tensor(w_o, device=device).realize().T
   a_rows = attn_np[:, :tokens, :].transpose(1, 0, 2).reshape(tokens, HEADS * HEAD_DIM)
   add("o_proj", o.float().rms_norm(-1, NORM_EPS), a_rows, w_o)
   return out

@@ -39,6 +39,7 @@ if TYPE_CHECKING: from tgrad.runtime.cuda.flash_attention import FlashConfig
 FLASH_LOWERING = "flash"   # the name of the lowering, and of the device trait that offers it
 FLASH_DEVICES = devices_offering(FLASH_LOWERING)
 FLASH_DTYPES = {dtypes.float16: "float16", dtypes.bfloat16: "bfloat16"}
+TABLE_DTYPES = {**FLASH_DTYPES, dtypes.float32: "float32"}   # flash decoding's norm weights and rotary tables
 MAX_ROWS = 2 ** 31 - 1     # the kernel counts rows (positions × heads of a group) in 32-bit ints
 VARIABLE_PREFIX = "var_"   # a variable's kernel parameter: its name behind this prefix (no clash with the kernel's own)
 C_OPERATORS = {Ops.ADD: "+", Ops.MUL: "*", Ops.IDIV: "/", Ops.MOD: "%"}
@@ -328,9 +329,13 @@ def decoding_unsupported(query: LazyBuffer, key: LazyBuffer, value: LazyBuffer, 
     return "a qk-norm prologue with a cache update needs the key's weight too"
   if prologue is not None and (prologue.cos is None) != (prologue.sin_signed is None): return "RoPE needs cos and sin"
   for table in tables:
-    if table.shape != (dim,) or table.dtype not in FLASH_DTYPES or table.device != query.device:
-      return f"a prologue table of shape {table.shape} {table.dtype}: the kernel takes [{dim}] float16 or bfloat16"
-  if len({t.dtype for t in tables}) > 1: return "prologue tables of several dtypes"
+    if table.shape != (dim,) or table.dtype not in TABLE_DTYPES or table.device != query.device:
+      return f"a prologue table of shape {table.shape} {table.dtype}: the kernel takes [{dim}] float16, bfloat16 or " \
+             "float32"
+  norms = [t for t in (prologue.q_weight, prologue.k_weight) if t is not None] if prologue is not None else []
+  rotary = [t for t in (prologue.cos, prologue.sin_signed) if t is not None] if prologue is not None else []
+  if len({t.dtype for t in norms}) > 1 or len({t.dtype for t in rotary}) > 1:
+    return "norm weights (or cos and sin) of several dtypes"
   try: _decode_config(query, key, window, softcap, update, prologue)
   except ValueError as error: return str(error)
   return None
@@ -338,12 +343,16 @@ def decoding_unsupported(query: LazyBuffer, key: LazyBuffer, value: LazyBuffer, 
 def _decode_config(query: LazyBuffer, key: LazyBuffer, window: Optional[int], softcap: Optional[float],
                    update: Optional[CacheUpdate], prologue: Optional[HeadPrologue], scale: float = 1.0) -> Any:
   _, heads, _, dim = query.shape
-  tables = [] if prologue is None else [t for t in (prologue.q_weight, prologue.cos) if t is not None]
-  weight_dtype = FLASH_DTYPES[tables[0].dtype] if tables else "float16"
+  weight = prologue.q_weight if prologue is not None else None
+  cos = prologue.cos if prologue is not None else None
+  weight_dtype = TABLE_DTYPES[weight.dtype] if weight is not None else TABLE_DTYPES[cos.dtype] if cos is not None \
+    else "float16"
+  rotary_dtype = TABLE_DTYPES[cos.dtype] if cos is not None else ""
   norm, rotary = prologue is not None and prologue.norm, prologue is not None and prologue.rotary
   return decoding_source_module().DecodeConfig(
     FLASH_DTYPES[query.dtype], dim, heads // key.shape[1], key.shape[1], float(scale), window, softcap, norm,
-    prologue.eps if norm else 1e-6, prologue.offset if norm else 0.0, rotary, update is not None, weight_dtype)
+    prologue.eps if norm else 1e-6, prologue.offset if norm else 0.0, rotary, update is not None, weight_dtype,
+    rotary_dtype)
 
 _scratches: dict[tuple[str, int], LazyBuffer] = {}
 

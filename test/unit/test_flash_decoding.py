@@ -32,16 +32,17 @@ def prologue(x, config: DecodeConfig, weight, cos, sin):
   return x
 
 def run_case(dtype, batch, heads, kv_heads, keys, head_dim, window=None, softcap=None, norm=False, rotary=False,
-             update=False, slots=None, seed=0, launches=1, dependent_launch=False):
+             update=False, slots=None, seed=0, launches=1, dependent_launch=False, float32_norms=False):
   rng = np.random.default_rng(seed)
   D, group = head_dim, heads // kv_heads
   slots = slots or keys
   config = DecodeConfig(dtype, D, group, kv_heads, 1 / math.sqrt(D), window, softcap, norm, 1e-6, 1.0 if norm else 0.0,
-                        rotary, update, dtype)
+                        rotary, update, "float32" if float32_norms else dtype, dtype)
   width = (heads + 2 * kv_heads) * D   # q, the new k and v side by side, as a fused projection stores them
   qkv = device_values(rng.standard_normal((batch, width)), ELEMENTS[dtype])
   cache = device_values(rng.standard_normal((2, batch, kv_heads, slots, D)), ELEMENTS[dtype])
-  weights = device_values(rng.standard_normal((2, D)) * 0.3, ELEMENTS[dtype])
+  weights = (rng.standard_normal((2, D)) * 0.3).astype(np.float32) if float32_norms else \
+    device_values(rng.standard_normal((2, D)) * 0.3, ELEMENTS[dtype])
   angles = rng.uniform(0, 6, D // 2)
   tables = device_values(np.concatenate([np.cos(angles), np.cos(angles), -np.sin(angles), np.sin(angles)]),
                          ELEMENTS[dtype])
@@ -82,7 +83,7 @@ def run_case(dtype, batch, heads, kv_heads, keys, head_dim, window=None, softcap
   q = values[:, :heads * D].reshape(batch, heads, D)
   new_k = values[:, heads * D:(heads + kv_heads) * D].reshape(batch, kv_heads, D)
   new_v = values[:, (heads + kv_heads) * D:].reshape(batch, kv_heads, D)
-  w = as_float(weights, dtype)
+  w = weights.astype(np.float64) if float32_norms else as_float(weights, dtype)
   tab = as_float(tables, dtype)
   cos, sin = tab[:D], tab[D:]
   q = prologue(q, config, w[0], cos, sin)
@@ -128,6 +129,12 @@ def test_shapes_and_masks(dtype, batch, heads, kv_heads, keys, head_dim, window,
 @pytest.mark.parametrize("dtype,keys,slots", [("float16", 600, 1024), ("bfloat16", 37, 40), ("float16", 1, 8)])
 def test_norm_rotary_and_cache_update(dtype, keys, slots):   # Gemma 3's decode: D 256 (16-byte loads), group 4
   run_case(dtype, 1, 4, 1, keys, 256, norm=True, rotary=True, update=True, slots=slots, seed=keys, launches=2)
+
+@needs_emulator
+@pytest.mark.parametrize("keys", [5, 77])
+def test_float32_norm_weights(keys):   # a GGUF model's norms are F32, its rotary tables the compute dtype
+  run_case("float16", 1, 4, 1, keys, 256, norm=True, rotary=True, update=True, slots=128, seed=keys,
+           float32_norms=True)
 
 @needs_emulator
 @pytest.mark.parametrize("keys", [1, 40, 300])

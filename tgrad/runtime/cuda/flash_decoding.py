@@ -50,6 +50,8 @@ MAX_KEYS_PER_WARP = 4               # rows a lane holds at once: 4 keys and 4 va
 STATIC_SHARED_LIMIT = 48 * 1024     # bytes of static shared memory a CUDA block may declare
 LOG2_E = 1 / math.log(2)
 CONVERSIONS = {"float16": ("cvt.f32.f16", "cvt.rn.f16.f32"), "bfloat16": (None, "cvt.rn.bf16.f32")}
+# the prologue's tables (norm weights, cos and sin) may also be float32 (a GGUF file keeps its norms in F32)
+WEIGHT_TYPES = {"float16": "unsigned short", "bfloat16": "unsigned short", "float32": "float"}
 # the buffers a kernel may take, in the roles the source names them by (pointer names in the kernel)
 ROLES = ("out", "q", "k_cache", "v_cache", "k_new", "v_new", "q_weight", "k_weight", "cos", "sin", "scratch")
 LAYOUT_ROLES = ("q", "k_cache", "v_cache", "k_new", "v_new")   # [B, H, N, D] inputs with an offset and 3 strides
@@ -70,10 +72,13 @@ class DecodeConfig:
   norm_offset: float = 0.0          # the norm multiplies by norm_offset + w (Gemma: 1)
   rotary: bool = False              # RoPE of q and the new key (half-split), with cos and sin_signed tables
   update: bool = False              # the new key and value written into the cache at `slot`, and read from there
-  weight_dtype: str = "float16"     # the dtype of the norm weights and the rotary tables
+  weight_dtype: str = "float16"     # the dtype of the norm weights (and of the rotary tables unless rotary_dtype)
+  rotary_dtype: str = ""            # the dtype of the cos and sin tables ("": weight_dtype)
   def __post_init__(self):
-    if self.dtype not in CONVERSIONS or self.weight_dtype not in CONVERSIONS:
-      raise ValueError(f"flash decoding: dtypes {self.dtype!r}, {self.weight_dtype!r}: each one of {list(CONVERSIONS)}")
+    if self.dtype not in CONVERSIONS or self.weight_dtype not in WEIGHT_TYPES or \
+       self.rotary_dtype not in ("", *WEIGHT_TYPES):
+      raise ValueError(f"flash decoding: dtypes {self.dtype!r}, {self.weight_dtype!r}, {self.rotary_dtype!r}: one of "
+                       f"{list(CONVERSIONS)}, and of {list(WEIGHT_TYPES)} for the prologue's tables")
     if self.head_dim % WARP_THREADS or not 0 < self.head_dim <= 512:
       raise ValueError(f"flash decoding: head dim {self.head_dim} is not a multiple of {WARP_THREADS} up to 512")
     if not 1 <= self.group <= MAX_GROUP or self.kv_heads < 1:
@@ -132,8 +137,11 @@ def scratch_words(config: DecodeConfig, batch: int) -> int:
 def _float_literal(x: float) -> str: return f"{float(x)!r}f"
 
 PROLOGUE = r"""typedef unsigned short element;
+typedef WEIGHT_TYPE weight_element;
+typedef ROTARY_TYPE rotary_element;
 __device__ __forceinline__ float element_float(element x) { ELEMENT_TO_FLOAT }
-__device__ __forceinline__ float weight_float(element x) { WEIGHT_TO_FLOAT }
+__device__ __forceinline__ float weight_float(weight_element x) { WEIGHT_TO_FLOAT }
+__device__ __forceinline__ float rotary_float(rotary_element x) { ROTARY_TO_FLOAT }
 __device__ __forceinline__ element float_element(float x) {
   element r; asm("CVT_OUT %0, %1;" : "=h"(r) : "f"(x)); return r;
 }
@@ -221,8 +229,8 @@ DEPENDENT_LAUNCH
     for (int i = tid; i < normed_rows * (HEAD_DIM / 2); i += BLOCK_THREADS) {
       const int r = i / (HEAD_DIM / 2), d = i % (HEAD_DIM / 2), e = d + HEAD_DIM / 2;
       const float x1 = rows[r][d], x2 = rows[r][e];
-      rows[r][d] = x1 * weight_float(cos[cos_offset + d]) + x2 * weight_float(sin[sin_offset + d]);
-      rows[r][e] = x2 * weight_float(cos[cos_offset + e]) + x1 * weight_float(sin[sin_offset + e]);
+      rows[r][d] = x1 * rotary_float(cos[cos_offset + d]) + x2 * rotary_float(sin[sin_offset + d]);
+      rows[r][e] = x2 * rotary_float(cos[cos_offset + e]) + x1 * rotary_float(sin[sin_offset + e]);
     }
     __syncthreads();
   }
@@ -450,6 +458,8 @@ def flash_decoding_source(config: DecodeConfig, name: str, sizes: dict[str, str]
     if role in declared: raise ValueError(f"flash decoding: buffer role {role!r} given twice")
     declared.add(role)
     if role not in ROLES: ctype = "const void*"   # a buffer the step passes that the kernel does not read
+    elif role in ("cos", "sin"): ctype = "const rotary_element*"
+    elif role in TABLE_ROLES: ctype = "const weight_element*"
     else: ctype = pointer_types.get(role, "element*" if role in writes else "const element*")
     parameters.append(f"{ctype} {role}")
   absent = [r for r in ("k_new", "v_new", "q_weight", "k_weight", "cos", "sin") if r not in declared]
@@ -477,6 +487,10 @@ def flash_decoding_source(config: DecodeConfig, name: str, sizes: dict[str, str]
   if dependent_launch: body = f'extern "C" __device__ unsigned int {name}{DEPENDENT_LAUNCH_SUFFIX} = 1;\n' + body
   prologue = PROLOGUE.replace("CVT_OUT", to_element)
   prologue = prologue.replace("ELEMENT_TO_FLOAT", HALF_TO_FLOAT if to_float else BFLOAT_TO_FLOAT)
-  prologue = prologue.replace("WEIGHT_TO_FLOAT",
-                              HALF_TO_FLOAT if CONVERSIONS[config.weight_dtype][0] else BFLOAT_TO_FLOAT)
+  weight_conversion = {"float16": HALF_TO_FLOAT, "bfloat16": BFLOAT_TO_FLOAT, "float32": "return x;"}
+  rotary_dtype = config.rotary_dtype or config.weight_dtype
+  prologue = prologue.replace("WEIGHT_TO_FLOAT", weight_conversion[config.weight_dtype])
+  prologue = prologue.replace("WEIGHT_TYPE", WEIGHT_TYPES[config.weight_dtype])
+  prologue = prologue.replace("ROTARY_TO_FLOAT", weight_conversion[rotary_dtype])
+  prologue = prologue.replace("ROTARY_TYPE", WEIGHT_TYPES[rotary_dtype])
   return prologue + body

@@ -157,6 +157,7 @@ def test_gemma_prefill_with_flash_matches_the_default_graph(flash_on_llvm):
 @pytest.fixture
 def decoding_on_llvm(flash_on_llvm, monkeypatch):
   monkeypatch.setattr(FlashDecodingKernel, "runner", lambda self, device: EmulatedDecodingRunner(self))
+  with Context(FLASH_DECODING=1): yield
 
 @pytest.mark.parametrize("keys, head_dim", [(1, 64), (70, 96), (300, 128)])
 def test_one_query_position_is_flash_decoding(decoding_on_llvm, keys, head_dim):
@@ -205,7 +206,7 @@ def test_gemma_decode_with_flash_decoding_matches_the_default_graph(decoding_on_
     scale = np.abs(b).max()
     assert np.abs(a - b).max() <= 2e-2 * scale, (i, np.abs(a - b).max() / scale)
 
-def test_decoding_unsupported_says_why(flash_on_llvm):
+def test_decoding_unsupported_says_why(decoding_on_llvm):
   def lb(*shape, dtype=dtypes.float16): return Tensor.zeros(*shape, dtype=dtype).lazydata
   q, k = lb(1, 4, 1, 64), lb(1, 2, 9, 64)
   assert decoding_unsupported(q, k, k) is None
@@ -215,6 +216,7 @@ def test_decoding_unsupported_says_why(flash_on_llvm):
   assert "multiple" in decoding_unsupported(lb(1, 3, 1, 64), k, k)
   assert "value of shape" in decoding_unsupported(q, k, lb(1, 2, 8, 64))
   with Context(FLASH_ATTENTION=0): assert decoding_unsupported(q, k, k) == "FLASH_ATTENTION=0"
+  with Context(FLASH_DECODING=0): assert decoding_unsupported(q, k, k) == "FLASH_DECODING=0"
 
 def test_cache_update_runs_after_the_old_cache_is_read(decoding_on_llvm):
   """flash_decoding's in-place append (schedule rule 2d): a value of the old cache realized in the same schedule is

@@ -304,6 +304,7 @@ def decoding_unsupported(query: LazyBuffer, key: LazyBuffer, value: LazyBuffer, 
   """Why the flash-decoding kernel can't compute this attention (None: it can): query [B, Hq, 1, D], key and value
   [B, Hkv, S, D] (S may be symbolic), the optional update and prologue. Every check is on shapes, dtypes, devices."""
   if not Context.FLASH_ATTENTION: return "FLASH_ATTENTION=0"
+  if not Context.FLASH_DECODING: return "FLASH_DECODING=0"
   if query.device not in FLASH_DEVICES: return f"device {query.device} has no flash decoding kernel"
   if len(query.shape) != 4 or len(key.shape) != 4 or len(value.shape) != 4:
     return "inputs not 4-D [batch, heads, length, head dim]"

@@ -106,6 +106,8 @@ class _Settings:
                         # (OptOps.SGEMM); 0: the staged kernel of the generic opts
   JIT_PLAN: int = 1     # 1: a TinyJit packs its transient buffers into one arena per device; 0: one allocation each
   FLASH_ATTENTION: int = 1   # 1: scaled-dot-product attention on CUDA (half types) is one flash-attention kernel
+  FLASH_DECODING: int = 0    # 1: one query position's attention (a decode step's, with its KV-cache append) is the
+                             # flash-decoding kernel; 0 (the default: measured slower in Gemma's step, docs/env.md)
   HALF_GEMM: int = 1    # 1: a prompt of half rows times a packed weight on CUDA dequantizes it into a half temporary
                         # and runs the tensor-core matmul; 0: the packed float product (nn/quant.py)
   RIDERS: int = 0       # 1: a small kernel runs inside a neighbouring one (schedule rule 5); 0: every kernel alone
@@ -129,6 +131,7 @@ _ALLOWED_VALUES: dict[str, tuple[str, Callable[[int], bool]]] = {
   "JIT_PLAN": ("0 or 1", lambda v: v in (0, 1)),
   "RIDERS": ("0 or 1", lambda v: v in (0, 1)),
   "FLASH_ATTENTION": ("0 or 1", lambda v: v in (0, 1)),
+  "FLASH_DECODING": ("0 or 1", lambda v: v in (0, 1)),
   "HALF_GEMM": ("0 or 1", lambda v: v in (0, 1)),
   "WGMMA": ("0 or 1", lambda v: v in (0, 1)),
   "WGMMA_TMA": ("0 or 1", lambda v: v in (0, 1)),

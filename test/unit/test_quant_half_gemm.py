@@ -9,6 +9,7 @@ heuristics, compiled by NVRTC (the matmul on tensor cores) and run on the CPU em
 """
 import contextlib, dataclasses
 from typing import Iterator
+import os, sys
 import numpy as np
 import pytest
 from tgrad import Tensor, TinyJit, Variable, dtypes
@@ -17,7 +18,7 @@ from tgrad.codegen.compile import render_source
 from tgrad.codegen.heuristics import hand_coded_optimizations
 from tgrad.codegen.kernel import Kernel
 from tgrad.helpers import Context
-from tgrad.nn.quant import BLOCK_LAYOUTS, HALF_GEMM, HALF_GEMM_MIN_ROWS, GGMLType, QuantizedTensor, runs_as_half_gemm
+from tgrad.nn.quant import HALF_GEMM, HALF_GEMM_MIN_ROWS, GGMLType, QuantizedTensor, runs_as_half_gemm
 from tgrad.ops import Ops
 import tgrad.realize as realize_module
 from tgrad.runtime.cuda.nvrtc import compile_cuda, nvrtc_available
@@ -25,22 +26,14 @@ from tgrad.runtime.cuda.renderer import CUDARenderer
 from tgrad.schedule import create_schedule
 from tgrad.shape.sint import evaluate
 from cuda_on_cpu import TENSOR_CORE_ARCH, cpu_available, run_on_cpu
+sys.path.insert(0, os.path.dirname(__file__))
+from test_packed_matvec import random_weight  # noqa: E402  (packed bytes: random quants, finite scales)
 
 TYPES = [GGMLType.Q4_K, GGMLType.Q5_0, GGMLType.Q6_K, GGMLType.Q8_0]
-SCALE_POSITIONS = {GGMLType.Q8_0: (0,), GGMLType.Q5_0: (0,), GGMLType.Q4_K: (0, 2), GGMLType.Q6_K: (208,)}
 # x·W16ᵀ of half values: products rounded to half (LLVM's float16 multiply; a tensor core's are exact), summed in
 # float32, rounded to half once: within a few half spacings of the largest output
 HALF_RTOL = 8 * 2.0 ** -11
 MAX_ROWS = 256   # the symbolic prompt length's bound
-
-def random_weight(ggml_type: GGMLType, rows: int, columns: int, seed: int) -> np.ndarray:
-  """Packed bytes of a random weight: random quants, finite random float16 scales."""
-  rng = np.random.default_rng(seed)
-  layout = BLOCK_LAYOUTS[ggml_type]
-  raw = rng.integers(0, 256, (rows * columns // layout.block_size, layout.block_bytes), dtype=np.uint8)
-  scales = rng.uniform(1e-3, 1e-1, (raw.shape[0], 1)).astype(np.float16).view(np.uint8)
-  for position in SCALE_POSITIONS[ggml_type]: raw[:, position:position + 2] = scales
-  return raw.reshape(rows, -1)
 
 @pytest.fixture
 def half_gemm_on_llvm(monkeypatch):

@@ -112,6 +112,12 @@ def unsupported(query: LazyBuffer, key: LazyBuffer, value: LazyBuffer, has_mask:
   if vmax_of(query.shape[2]) * (heads // kv_heads) > MAX_ROWS: return "more rows than 32-bit indices hold"
   return None
 
+def layout_sizes(label: str, layout: Layout) -> dict[str, str]:
+  """An input's C size expressions as the kernels name them: `label`_offset, then its batch, head and position
+  strides."""
+  return {f"{label}_offset": c_expression(layout.offset),
+          **{f"{label}_{axis}": c_expression(s) for axis, s in zip(("batch", "head", "pos"), layout.strides)}}
+
 @dataclass(frozen=True)
 class FlashAttentionKernel(CustomKernel):
   """One flash-attention launch site: the kernel config, the inputs' layouts, the lengths (unbound sizes), the batch."""
@@ -123,14 +129,13 @@ class FlashAttentionKernel(CustomKernel):
   name: str = "flash_attention"
   def sizes(self) -> dict[str, str]:
     sizes = {"L": c_expression(self.length), "S": c_expression(self.keys)}
-    for label, layout in zip("qkv", self.layouts):
-      sizes[f"{label}_offset"] = c_expression(layout.offset)
-      sizes.update({f"{label}_{axis}": c_expression(s) for axis, s in zip(("batch", "head", "pos"), layout.strides)})
+    for label, layout in zip("qkv", self.layouts): sizes.update(layout_sizes(label, layout))
     return sizes
   def variables(self) -> tuple[str, ...]:
     sizes = (self.length, self.keys, *(s for layout in self.layouts for s in (layout.offset, *layout.strides)))
     return tuple(sorted({v.arg[0] for s in sizes for v in variables_of(s)}))
-  def source(self, entry: str) -> str:
+  def source(self, entry: str, dependent_launch: bool = False) -> str:
+    """The CUDA source (`dependent_launch`: the prefill kernel has no PDL form; it keeps full graph dependencies)."""
     parameters = tuple(VARIABLE_PREFIX + v for v in self.variables())
     return kernel_source_module().flash_attention_source(self.config, entry, self.sizes(), parameters)
   def entry(self) -> str:
@@ -156,9 +161,7 @@ class FlashAttentionRunner:
     self.variables = kernel.variables()
     # flash decoding waits for its predecessor itself under PDL (sm_90+): its graph edges can be programmatic
     dependent_launch = bool(getattr(Device[device].renderer, "dependent_launch", False) and Context.PDL)
-    source = kernel.source(self.entry, dependent_launch) if isinstance(kernel, FlashDecodingKernel) else \
-      kernel.source(self.entry)
-    self.program = Device[device].load_program(self.entry, source)
+    self.program = Device[device].load_program(self.entry, kernel.source(self.entry, dependent_launch))
     self.flops, self.nbytes = 0, 0
   def launch_dims(self, var_vals: Optional[dict[str, int]] = None) -> tuple[tuple[int, ...], tuple[int, ...]]:
     return self.kernel.launch_dims(var_vals or {})
@@ -257,9 +260,7 @@ class FlashDecodingKernel(CustomKernel):
   name: str = "flash_decoding"
   def sizes(self) -> dict[str, str]:
     sizes = {"S": c_expression(self.keys), "SLOT": c_expression(self.slot)}
-    for role, layout in self.layouts:
-      sizes[f"{role}_offset"] = c_expression(layout.offset)
-      sizes.update({f"{role}_{axis}": c_expression(s) for axis, s in zip(("batch", "head", "pos"), layout.strides)})
+    for role, layout in self.layouts: sizes.update(layout_sizes(role, layout))
     sizes.update({f"{role}_offset": c_expression(offset) for role, offset in self.table_offsets})
     return sizes
   def variables(self) -> tuple[str, ...]:

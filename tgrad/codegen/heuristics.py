@@ -634,7 +634,7 @@ def _packed_matvec(kernel: Kernel) -> bool:
      try_opt(kernel, Opt(OptOps.UNROLL, inner - blocks_axis, PACKED_WORD_BYTES)):
     byte_threads = kernel.full_shape[inner]
   blocks = kernel.full_shape[blocks_axis]
-  rows = prod(kernel.full_shape[a] for a in range(kernel.first_reduce) if not kernel.is_reduce_axis(a))
+  rows = prod(kernel.full_shape[:kernel.first_reduce])
   row_cap = min(PACKED_MATVEC_ROW_THREADS, max(1, PACKED_MATVEC_GPU_THREADS // rows))
   block_threads = _divisor_at_most(blocks, max(1, row_cap // byte_threads))
   # (a whole axis is amount 0, as BEAM's actions name it)

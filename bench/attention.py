@@ -43,7 +43,7 @@ def tgrad_attention_seconds(q: Tensor, k: Tensor, v: Tensor, flash: bool, window
                             last_only: bool = False) -> tuple[float, int, np.ndarray]:
   """GPU seconds of the lowered schedule of one attention (with last_only, of its last kernel alone), its kernel
   count and its output (as float32)."""
-  with Context(FLASH_ATTENTION=int(flash)):
+  with Context(FLASH_ATTENTION=int(flash), FLASH_DECODING=int(flash)):   # one query row: the flash-decoding kernel
     out = q.scaled_dot_product_attention(k, v, is_causal=causal, scale=SCALE, enable_gqa=True, window=window)
   exec_items = lower_schedule(create_schedule([out.lazydata]))
   run(exec_items)

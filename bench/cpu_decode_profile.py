@@ -8,7 +8,7 @@ every buffer it reads and writes once), achieved GB/s, its launch size and opts.
 kernels (the profiled replay launches them one by one, as an unprofiled one does on the CPU; on CUDA each launch is
 timed by CUDA events, so the sum leaves out the launch gaps a CUDA graph hides).
 Usage: python bench/cpu_decode_profile.py [--model FILE] [--quant packed] [--device LLVM] [--dtype float32]
-       [--replays 5] [--top 25] [--prefill 128]
+       [--replays 5] [--top 25] [--prefill 128] [--position 2000]
 """
 from __future__ import annotations
 import argparse, sys, time
@@ -64,12 +64,15 @@ def main() -> None:
   parser.add_argument("--replays", type=int, default=5)
   parser.add_argument("--top", type=int, default=25)
   parser.add_argument("--prefill", type=int, default=0, help="also profile a prefill of this many tokens (0: no)")
+  parser.add_argument("--position", type=int, default=0,
+                      help="decode after a prompt of this many tokens (0: the short built-in prompt)")
   parser.add_argument("--source", nargs="*", default=[], help="print these kernels' source")
   args = parser.parse_args()
   model, _ = load_gemma3_gguf(args.model, args.quant, args.dtype, args.device)
-  generate(model, PROMPT, 4, eos_ids=())          # compiles and captures the decode step
+  prompt = PROMPT + [PROMPT[-1]] * max(0, args.position - len(PROMPT))
+  generate(model, prompt, 4, eos_ids=())          # compiles and captures the decode step
   cache = model.cache
-  variables = cache.decode_variables(len(PROMPT) + 2)
+  variables = cache.decode_variables(len(prompt) + 2)
   model._replay_decode(None, variables)
   device = tgrad.Device[model.device]
   device.synchronize()

@@ -11,8 +11,8 @@ from the PTX ISA's definitions (not from the renderer's tables, so they check th
 (_Float16, round to nearest even), max.NaN.f32, and mma.sync m16n8k16 (f16, bf16) and m16n8k8 (tf32) with f32
 accumulators. An mma is a warp's: each lane puts its A and B registers in a block-wide exchange, the block waits at
 its barrier, each lane computes its own C elements from its warp's registers, and waits again (so every thread of the
-block must reach each mma, as the tensor-core kernels' uniform loops do); `ldmatrix.x4[.trans]` and
-`__shfl_xor_sync` are warp exchanges the same way, and `ex2.approx` is exp2 (the flash-attention kernel uses them);
+block must reach each mma, as the tensor-core kernels' uniform loops do); `ldmatrix.x4[.trans]`, `__shfl_xor_sync`
+and `__shfl_sync` are warp exchanges the same way, and `ex2.approx` is exp2 (the flash-attention kernel uses them);
 `atomicAdd` on an unsigned int and `__threadfence` are the host's atomics, `__ldcg` a plain load (flash decoding's
 last-block combine). A dependent launch's `griddepcontrol.wait` / `launch_dependents` are no-ops (one grid runs at a
 time), and `prefetch.global.L2` reads its byte and records its address: run_on_cpu returns the addresses, for
@@ -159,6 +159,13 @@ static inline float __shfl_xor_sync(unsigned int, float value, int lane_mask) {
   float partner = emu_floats[(emu_thread & ~31u) | ((emu_thread & 31u) ^ (unsigned int)lane_mask)];
   block_barrier->arrive_and_wait();
   return partner;
+}
+static inline float __shfl_sync(unsigned int, float value, int source_lane) {   // a lane's value to every lane
+  emu_floats[emu_thread] = value;
+  block_barrier->arrive_and_wait();
+  float source = emu_floats[(emu_thread & ~31u) | ((unsigned int)source_lane & 31u)];
+  block_barrier->arrive_and_wait();
+  return source;
 }
 // grid-wide atomics and fences (the blocks run one after another, so a fence orders nothing more than program order)
 static inline unsigned int atomicAdd(unsigned int* address, unsigned int value) {

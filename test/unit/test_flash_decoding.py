@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from tgrad.custom import device_values
 from tgrad.dtype import bfloat16_to_float32, dtypes
-from tgrad.runtime.cuda.flash_decoding import (BLOCK_THREADS, MAX_SPLITS, DecodeConfig, flash_decoding_source, grid,
-                                               scratch_words, splits)
+from tgrad.runtime.cuda.flash_decoding import (BLOCK_THREADS, MAX_SPLITS, MIN_KEYS_PER_SPLIT, DecodeConfig,
+                                               flash_decoding_source, grid, scratch_words, splits)
 from tgrad.runtime.cuda.nvrtc import nvrtc_available
 from test.cuda_on_cpu import cpu_available, run_on_cpu
 
@@ -143,8 +143,8 @@ def test_dependent_launch_form(keys):   # sm_90 with PDL: the split's cached row
            dependent_launch=True)
 
 def test_split_counts():
-  assert splits(1) == 1 and splits(16) == 1 and splits(17) == 2
-  assert splits(10 ** 6) == MAX_SPLITS
+  assert splits(1) == 1 and splits(MIN_KEYS_PER_SPLIT) == 1 and splits(MIN_KEYS_PER_SPLIT + 1) == 2
+  assert splits(MAX_SPLITS * MIN_KEYS_PER_SPLIT) == MAX_SPLITS and splits(10 ** 6) == MAX_SPLITS
 
 @pytest.mark.skipif(not nvrtc_available(), reason="no NVRTC")
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])

@@ -10,17 +10,21 @@ count (the host's and the kernel's are the same formula).
     float32, so each key and value row a block reads serves the whole group.
   - **Prologue** (optional, per config): each query row (and the new key) is RMS-normed over the head dim with a
     weight (`norm(x) = x / sqrt(mean(x²) + eps) · (norm_offset + w)`: qk-norm), then rotated (RoPE, half-split:
-    dim d pairs with d + D/2, `x·cos + rotate_half(x)·sin_signed`, the tables for the query's position).
+    dim d pairs with d + D/2, `x·cos + rotate_half(x)·sin_signed`, the tables for the query's position). Every
+    global load the prologue makes (rows, weights, tables) is issued at once into registers: one memory latency.
   - **Cache update** (optional): the step's new key (normed and rotated as the queries are, rounded to the cache's
     type) and value are written into the cache at `slot` by the first split's block, in the same launch. Every block
     reads the slot's key and value from the new ones (kept in shared memory), never from the cache, so no block
     waits for the write and none reads a half-written row.
   - **Keys.** Split s of the `splits` covers per_split consecutive keys. Each of the WARPS warps takes `keys` keys a
-    step (the steps are uniform over the block): a lane holds D/32 consecutive elements of each key row (16-byte
-    loads where that is whole chunks), dots them with its part of each query row, and the warp sums its keys·group
-    dot products at once: each xor-shuffle step halves the values a lane keeps (4 shuffles, then 1, for 16 sums, where
-    one sum at a time takes 5 each); the sums meet in shared memory, and every lane updates each row's online softmax
-    state (running max m, sum of exponentials l, in base 2: one rescale per step) and its D/32 elements of Σ p·v.
+    step (the steps are uniform over the block, with no barrier between warps): a lane holds D/32 consecutive
+    elements of each key and value row as loaded (16-byte loads where that is whole chunks). A warp's first rows are
+    asked for before the prologue, and each step asks for the next step's rows as soon as it has converted its own,
+    so they are in flight while it works. A lane dots its keys with its part of each query row, and the warp sums its
+    keys·group dot products at once: each xor-shuffle level halves the values a lane keeps (4 shuffles, then 1, for
+    16 sums, where one sum at a time takes 5 each; written out so the sums stay in registers); each score is then
+    shuffled from its lane to all, and every lane updates each row's online softmax state (running max m, sum of
+    exponentials l, in base 2: one rescale per step) and its D/32 elements of Σ p·v.
   - **Combine.** The warps' states meet in shared memory (rescaled by 2^(m_w − M)); with one split the block stores
     the output. With several, each block stores its (M, L, Σ p·v) partial in the scratch buffer, and the last block
     of its (batch, kv head) to finish (an atomic counter in the scratch, after a memory fence) rescales and sums the
@@ -40,10 +44,10 @@ WARP_THREADS = 32
 WARPS = 4
 BLOCK_THREADS = WARPS * WARP_THREADS
 # An H100 has 132 SMs: up to 128 splits a (batch, kv head) fill it for one kv head (gemma-3-270m's); a split of fewer
-# than MIN_KEYS_PER_SPLIT keys (4 steps of the block's warps) costs more in its partial's store and combine than it
-# reads.
+# than MIN_KEYS_PER_SPLIT keys costs more in its prologue, partial store and combine than it reads (an H200, gemma's
+# 512-key sliding layer alone under ncu: 29.0 µs in 32 splits of 16 keys, 22.4 in 16 of 32, 21.1 in 8 of 64).
 MAX_SPLITS = 128
-MIN_KEYS_PER_SPLIT = 16
+MIN_KEYS_PER_SPLIT = 64
 MAX_GROUP = 16                      # query heads per kv head held in a block's registers and shared memory
 MAX_STEP_SCORES = 16                # keys · group dot products a warp sums at once (its keys a step: up to 4)
 MAX_KEYS_PER_WARP = 4               # rows a lane holds at once: 4 keys and 4 values of D/32 floats each
@@ -103,8 +107,7 @@ class DecodeConfig:
   @property
   def shared_bytes(self) -> int:
     rows = self.group + 2   # the queries, the new key and value
-    words = rows * self.head_dim + WARPS * self.group * (self.head_dim + 2) + 2 * MAX_SPLITS * self.group + rows + 1 + \
-            WARPS * self.keys_per_warp * self.group
+    words = rows * self.head_dim + WARPS * self.group * (self.head_dim + 2) + 2 * MAX_SPLITS * self.group + rows + 1
     return 4 * words
   def roles(self) -> tuple[str, ...]:
     """The buffer roles this kernel reads or writes, in ROLES order."""
@@ -136,6 +139,19 @@ def scratch_words(config: DecodeConfig, batch: int) -> int:
 
 def _float_literal(x: float) -> str: return f"{float(x)!r}f"
 
+def _score_transpose(config: DecodeConfig) -> str:
+  """The xor levels of the warp's score sums, written out: every index a constant, so `sums` stays in registers (a
+  loop over the levels leaves the halves' indices to the compiler, which then keeps the array in local memory)."""
+  lines = []
+  for level in range(config.score_values.bit_length() - 1):
+    half, offset = config.score_values >> (level + 1), 16 >> level
+    lines.append(f"    {{ const bool upper = (lane & {offset}) != 0;")
+    for i in range(half):
+      lines.append(f"      {{ const float low = sums[{i}], high = sums[{i + half}]; "
+                   f"sums[{i}] = (upper ? high : low) + __shfl_xor_sync(0xffffffffu, upper ? low : high, {offset}); }}")
+    lines.append("    }")
+  return "\n".join(lines)
+
 PROLOGUE = r"""typedef unsigned short element;
 typedef WEIGHT_TYPE weight_element;
 typedef ROTARY_TYPE rotary_element;
@@ -158,17 +174,19 @@ HALF_TO_FLOAT = 'float r; asm("cvt.f32.f16 %0, %1;" : "=f"(r) : "h"(x)); return 
 BFLOAT_TO_FLOAT = "return __uint_as_float(((unsigned int)x) << 16);"
 
 BODY = r"""
-// a key's (or value's) row into a lane's D/32 elements: the new row at the slot, zeros past the split
-__device__ __forceinline__ void load_key(float* target, int key, int end, int new_slot, const float* new_row,
-                                         const element* cache_rows, long long position_stride, int lane) {
-  if (key < end && key == new_slot) {
+// a key's (or value's) row of the cache as a lane loads it (its D/32 elements, raw), zeros past the split's end
+__device__ __forceinline__ void load_raw(lane_row& target, int key, int end, const element* cache_rows,
+                                         long long position_stride, int lane) {
+  if (key < end) load_lane_row(target, cache_rows + key * position_stride + lane * LANE_ELEMENTS);
+  else zero_lane_row(target);
+}
+// a loaded row as float32, or the new row (shared memory) at the slot this launch writes
+__device__ __forceinline__ void row_values(float* target, const lane_row& loaded, int key, int new_slot,
+                                           const float* new_row, int lane) {
+  if (key == new_slot) {
     #pragma unroll
     for (int i = 0; i < LANE_ELEMENTS; ++i) target[i] = new_row[lane * LANE_ELEMENTS + i];
-  } else if (key < end) load_row(target, cache_rows + key * position_stride + lane * LANE_ELEMENTS);
-  else {
-    #pragma unroll
-    for (int i = 0; i < LANE_ELEMENTS; ++i) target[i] = 0.0f;
-  }
+  } else lane_row_values(target, loaded);
 }
 extern "C" __global__ void __launch_bounds__(BLOCK_THREADS, 1) NAME(PARAMETERS) {
   __shared__ float rows[GROUP + 2][HEAD_DIM];           // the queries (normed, rotated), then the new key and value
@@ -177,7 +195,6 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS, 1) NAME(PARAMETERS) 
   __shared__ float factors[MAX_SPLITS][GROUP];          // the combine's weight of each split's partial
   __shared__ float split_sums[MAX_SPLITS][GROUP];       // each split's sum of exponentials
   __shared__ float inverse_rms[GROUP + 2];
-  __shared__ float step_scores[WARPS][KEYS * GROUP];    // a step's scores, each warp's keys
   __shared__ int last_block;
   const float negative_infinity = __uint_as_float(0xff800000u);
 SIZES
@@ -194,43 +211,78 @@ SIZES
   const int new_slot = UPDATE ? (int)SLOT : -1;
   const element* k_rows = k_cache + k_cache_offset + batch * k_cache_batch + kv_head * k_cache_head;
   const element* v_rows = v_cache + v_cache_offset + batch * v_cache_batch + kv_head * v_cache_head;
+  // the warp's first KEYS key and value rows, asked for before anything else (they are older than this launch)
+  const int first_key = split_begin + warp * KEYS;
+  lane_row key_rows[KEYS], value_rows[KEYS];
+  #pragma unroll
+  for (int k = 0; k < KEYS; ++k) {
+    load_raw(key_rows[k], first_key + k, split_end, k_rows, k_cache_pos, lane);
+    load_raw(value_rows[k], first_key + k, split_end, v_rows, v_cache_pos, lane);
+  }
 DEPENDENT_LAUNCH
 
-  // prologue: the group's query rows and the new key and value, as float32 in shared memory
-  const int row_count = UPDATE ? GROUP + 2 : GROUP;
-  for (int i = tid; i < row_count * HEAD_DIM; i += BLOCK_THREADS) {
-    const int r = i / HEAD_DIM, d = i % HEAD_DIM;
-    float x;
-    if (r < GROUP) x = element_float(q[q_offset + batch * q_batch + (kv_head * GROUP + r) * q_head + d]);
-    else if (r == GROUP) x = element_float(k_new[k_new_offset + batch * k_new_batch + kv_head * k_new_head + d]);
-    else x = element_float(v_new[v_new_offset + batch * v_new_batch + kv_head * v_new_head + d]);
-    rows[r][d] = x;
+  // prologue: the group's query rows and the new key and value, as float32 in shared memory. Every global load of it
+  // (the rows, their norm weights, the rotary tables) is issued at once into registers: one memory latency, not one
+  // per element a thread handles
+  constexpr int ROW_COUNT = UPDATE ? GROUP + 2 : GROUP;
+  constexpr int NORMED_ROWS = UPDATE ? GROUP + 1 : GROUP;   // the value is taken as it is
+  constexpr int ROW_STEPS = (ROW_COUNT * HEAD_DIM + BLOCK_THREADS - 1) / BLOCK_THREADS;
+  constexpr int PAIR_STEPS = (NORMED_ROWS * (HEAD_DIM / 2) + BLOCK_THREADS - 1) / BLOCK_THREADS;
+  float staged[ROW_STEPS], weights[ROW_STEPS];
+  float cos_low[PAIR_STEPS], cos_high[PAIR_STEPS], sin_low[PAIR_STEPS], sin_high[PAIR_STEPS];
+  #pragma unroll
+  for (int j = 0; j < ROW_STEPS; ++j) {
+    const int i = tid + j * BLOCK_THREADS, r = i / HEAD_DIM, d = i % HEAD_DIM;
+    staged[j] = 0.0f;
+    weights[j] = 0.0f;
+    if (r < GROUP) staged[j] = element_float(q[q_offset + batch * q_batch + (kv_head * GROUP + r) * q_head + d]);
+    else if (UPDATE && r == GROUP)
+      staged[j] = element_float(k_new[k_new_offset + batch * k_new_batch + kv_head * k_new_head + d]);
+    else if (UPDATE && r == GROUP + 1)
+      staged[j] = element_float(v_new[v_new_offset + batch * v_new_batch + kv_head * v_new_head + d]);
+    if (NORM && r < GROUP) weights[j] = weight_float(q_weight[q_weight_offset + d]);
+    else if (NORM && r < NORMED_ROWS) weights[j] = weight_float(k_weight[k_weight_offset + d]);
+  }
+  #pragma unroll
+  for (int j = 0; j < PAIR_STEPS; ++j) {   // dims d and d + D/2 of a row rotate together: one thread a pair
+    const int i = tid + j * BLOCK_THREADS, d = i % (HEAD_DIM / 2), e = d + HEAD_DIM / 2;
+    const bool pair = ROTARY && i < NORMED_ROWS * (HEAD_DIM / 2);
+    cos_low[j] = pair ? rotary_float(cos[cos_offset + d]) : 0.0f;
+    cos_high[j] = pair ? rotary_float(cos[cos_offset + e]) : 0.0f;
+    sin_low[j] = pair ? rotary_float(sin[sin_offset + d]) : 0.0f;
+    sin_high[j] = pair ? rotary_float(sin[sin_offset + e]) : 0.0f;
+  }
+  #pragma unroll
+  for (int j = 0; j < ROW_STEPS; ++j) {
+    const int i = tid + j * BLOCK_THREADS;
+    if (i < ROW_COUNT * HEAD_DIM) rows[i / HEAD_DIM][i % HEAD_DIM] = staged[j];
   }
   __syncthreads();
-  const int normed_rows = UPDATE ? GROUP + 1 : GROUP;   // the value is taken as it is
   if (NORM) {
-    for (int r0 = 0; r0 < normed_rows; r0 += WARPS) {   // a warp a row; uniform steps (every lane shuffles)
+    for (int r0 = 0; r0 < NORMED_ROWS; r0 += WARPS) {   // a warp a row; uniform steps (every lane shuffles)
       const int r = r0 + warp;
       float sum = 0.0f;
-      if (r < normed_rows) for (int d = lane; d < HEAD_DIM; d += 32) sum += rows[r][d] * rows[r][d];
+      if (r < NORMED_ROWS) for (int d = lane; d < HEAD_DIM; d += 32) sum += rows[r][d] * rows[r][d];
       sum = warp_sum(sum);
-      if (r < normed_rows && lane == 0) inverse_rms[r] = 1.0f / sqrtf(sum / HEAD_DIM + NORM_EPS);
+      if (r < NORMED_ROWS && lane == 0) inverse_rms[r] = 1.0f / sqrtf(sum / HEAD_DIM + NORM_EPS);
     }
     __syncthreads();
-    for (int i = tid; i < normed_rows * HEAD_DIM; i += BLOCK_THREADS) {
-      const int r = i / HEAD_DIM, d = i % HEAD_DIM;
-      const float w = r < GROUP ? weight_float(q_weight[q_weight_offset + d])
-                                : weight_float(k_weight[k_weight_offset + d]);
-      rows[r][d] *= inverse_rms[r] * (NORM_OFFSET + w);
+    #pragma unroll
+    for (int j = 0; j < ROW_STEPS; ++j) {
+      const int i = tid + j * BLOCK_THREADS, r = i / HEAD_DIM;
+      if (r < NORMED_ROWS) rows[r][i % HEAD_DIM] *= inverse_rms[r] * (NORM_OFFSET + weights[j]);
     }
     __syncthreads();
   }
-  if (ROTARY) {   // dims d and d + D/2 of a row rotate together: one thread a pair
-    for (int i = tid; i < normed_rows * (HEAD_DIM / 2); i += BLOCK_THREADS) {
-      const int r = i / (HEAD_DIM / 2), d = i % (HEAD_DIM / 2), e = d + HEAD_DIM / 2;
-      const float x1 = rows[r][d], x2 = rows[r][e];
-      rows[r][d] = x1 * rotary_float(cos[cos_offset + d]) + x2 * rotary_float(sin[sin_offset + d]);
-      rows[r][e] = x2 * rotary_float(cos[cos_offset + e]) + x1 * rotary_float(sin[sin_offset + e]);
+  if (ROTARY) {
+    #pragma unroll
+    for (int j = 0; j < PAIR_STEPS; ++j) {
+      const int i = tid + j * BLOCK_THREADS, r = i / (HEAD_DIM / 2), d = i % (HEAD_DIM / 2), e = d + HEAD_DIM / 2;
+      if (i < NORMED_ROWS * (HEAD_DIM / 2)) {
+        const float x1 = rows[r][d], x2 = rows[r][e];
+        rows[r][d] = x1 * cos_low[j] + x2 * sin_low[j];
+        rows[r][e] = x2 * cos_high[j] + x1 * sin_high[j];
+      }
     }
     __syncthreads();
   }
@@ -258,50 +310,46 @@ DEPENDENT_LAUNCH
     m[g] = negative_infinity;
     l[g] = 0.0f;
   }
-  for (int base = split_begin; base < split_end; base += WARPS * KEYS) {   // the same steps in every warp
-    float k_values[KEYS][LANE_ELEMENTS], v_values[KEYS][LANE_ELEMENTS], sums[SCORE_VALUES];
-    #pragma unroll
-    for (int k = 0; k < KEYS; ++k) load_key(k_values[k], base + warp * KEYS + k, split_end, new_slot, rows[GROUP],
-                                            k_rows, k_cache_pos, lane);
+  // the same steps in every warp, each warp on its own keys with no barrier between them: the next step's rows are in
+  // flight while a step's scores are summed and its values accumulated
+  for (int step = split_begin; step < split_end; step += WARPS * KEYS) {
+    const int base = step + warp * KEYS;
+    float sums[SCORE_VALUES];
     #pragma unroll
     for (int k = 0; k < KEYS; ++k) {
+      float key[LANE_ELEMENTS];
+      row_values(key, key_rows[k], base + k, new_slot, rows[GROUP], lane);
+      load_raw(key_rows[k], base + WARPS * KEYS + k, split_end, k_rows, k_cache_pos, lane);
       #pragma unroll
       for (int g = 0; g < GROUP; ++g) {
         float dot = 0.0f;
         #pragma unroll
-        for (int i = 0; i < LANE_ELEMENTS; ++i) dot += query[g][i] * k_values[k][i];
+        for (int i = 0; i < LANE_ELEMENTS; ++i) dot += query[g][i] * key[i];
         sums[k * GROUP + g] = dot;
       }
     }
     #pragma unroll
     for (int j = KEYS * GROUP; j < SCORE_VALUES; ++j) sums[j] = 0.0f;
-    // the warp's KEYS·GROUP dot products summed over its lanes at once: each xor step halves the values a lane
-    // keeps (the lanes with that bit keep the upper half), then plain sums; lane L ends with value L >> SCORE_SHIFT
+    float values[KEYS][LANE_ELEMENTS];
     #pragma unroll
-    for (int offset = 16, n = SCORE_VALUES; offset >= 1; offset /= 2) {
-      if (n > 1) {
-        const bool upper = (lane & offset) != 0;
-        #pragma unroll
-        for (int i = 0; i < n / 2; ++i) {
-          const float send = upper ? sums[i] : sums[i + n / 2], keep = upper ? sums[i + n / 2] : sums[i];
-          sums[i] = keep + __shfl_xor_sync(0xffffffffu, send, offset);
-        }
-        n /= 2;
-      } else sums[0] += __shfl_xor_sync(0xffffffffu, sums[0], offset);
+    for (int k = 0; k < KEYS; ++k) {
+      row_values(values[k], value_rows[k], base + k, new_slot, rows[GROUP + 1], lane);
+      load_raw(value_rows[k], base + WARPS * KEYS + k, split_end, v_rows, v_cache_pos, lane);
     }
-    if ((lane >> SCORE_SHIFT) < KEYS * GROUP) step_scores[warp][lane >> SCORE_SHIFT] = sums[0];
+    // the warp's KEYS·GROUP dot products summed over its lanes at once: each xor level halves the values a lane
+    // keeps (the lanes with that bit keep the upper half), then plain sums; lane L ends with value L >> SCORE_SHIFT
+SCORE_TRANSPOSE
     #pragma unroll
-    for (int k = 0; k < KEYS; ++k) load_key(v_values[k], base + warp * KEYS + k, split_end, new_slot, rows[GROUP + 1],
-                                            v_rows, v_cache_pos, lane);
-    __syncthreads();
+    for (int offset = 16 >> SCORE_LEVELS; offset >= 1; offset /= 2)
+      sums[0] += __shfl_xor_sync(0xffffffffu, sums[0], offset);
     #pragma unroll
     for (int g = 0; g < GROUP; ++g) {
       float p[KEYS], step_max = negative_infinity;
       #pragma unroll
       for (int k = 0; k < KEYS; ++k) {
-        float s = step_scores[warp][k * GROUP + g];
+        float s = __shfl_sync(0xffffffffu, sums[0], (k * GROUP + g) << SCORE_SHIFT);
         SOFTCAP
-        p[k] = base + warp * KEYS + k < split_end ? s : negative_infinity;
+        p[k] = base + k < split_end ? s : negative_infinity;
         step_max = fmaxf(step_max, p[k]);
       }
       const float new_max = fmaxf(m[g], step_max);
@@ -315,11 +363,10 @@ DEPENDENT_LAUNCH
         p[k] = exp2_approx(p[k] - base2);
         l[g] += p[k];
         #pragma unroll
-        for (int i = 0; i < LANE_ELEMENTS; ++i) acc[g][i] += p[k] * v_values[k][i];
+        for (int i = 0; i < LANE_ELEMENTS; ++i) acc[g][i] += p[k] * values[k][i];
       }
       m[g] = new_max;
     }
-    __syncthreads();   // the step's scores are read before the next step writes them
   }
 
   // the warps' states combined: the block's (M, L, Σ p·v) per row
@@ -399,17 +446,34 @@ DEPENDENT_LAUNCH
 SIZE_NAMES = ("S", "SLOT", *(f"{r}_{axis}" for r in LAYOUT_ROLES for axis in ("offset", "batch", "head", "pos")),
               *(f"{r}_offset" for r in TABLE_ROLES))
 
-SCALAR_LOAD = r"""__device__ __forceinline__ void load_row(float* target, const element* source) {
+SCALAR_LOAD = r"""struct lane_row { element e[LANE_ELEMENTS]; };   // a lane's part of a row, as stored
+__device__ __forceinline__ void load_lane_row(lane_row& target, const element* source) {
   #pragma unroll
-  for (int i = 0; i < LANE_ELEMENTS; ++i) target[i] = element_float(source[i]);
+  for (int i = 0; i < LANE_ELEMENTS; ++i) target.e[i] = source[i];
+}
+__device__ __forceinline__ void zero_lane_row(lane_row& target) {
+  #pragma unroll
+  for (int i = 0; i < LANE_ELEMENTS; ++i) target.e[i] = 0;
+}
+__device__ __forceinline__ void lane_row_values(float* target, const lane_row& row) {
+  #pragma unroll
+  for (int i = 0; i < LANE_ELEMENTS; ++i) target[i] = element_float(row.e[i]);
 }
 """
-VECTOR_LOAD = r"""__device__ __forceinline__ void load_row(float* target, const element* source) {   // 16-byte loads
+VECTOR_LOAD = r"""struct lane_row { uint4 c[LANE_ELEMENTS / 8]; };   // a lane's part of a row: 16-byte chunks
+__device__ __forceinline__ void load_lane_row(lane_row& target, const element* source) {
   const uint4* chunks = (const uint4*)source;
   #pragma unroll
+  for (int c = 0; c < LANE_ELEMENTS / 8; ++c) target.c[c] = chunks[c];
+}
+__device__ __forceinline__ void zero_lane_row(lane_row& target) {
+  #pragma unroll
+  for (int c = 0; c < LANE_ELEMENTS / 8; ++c) target.c[c] = make_uint4(0u, 0u, 0u, 0u);
+}
+__device__ __forceinline__ void lane_row_values(float* target, const lane_row& row) {
+  #pragma unroll
   for (int c = 0; c < LANE_ELEMENTS / 8; ++c) {
-    const uint4 chunk = chunks[c];
-    const unsigned int words[4] = {chunk.x, chunk.y, chunk.z, chunk.w};
+    const unsigned int words[4] = {row.c[c].x, row.c[c].y, row.c[c].z, row.c[c].w};
     #pragma unroll
     for (int w = 0; w < 4; ++w) {
       target[8 * c + 2 * w] = element_float((element)(words[w] & 0xffffu));
@@ -478,7 +542,8 @@ def flash_decoding_source(config: DecodeConfig, name: str, sizes: dict[str, str]
             "NORM_EPS": _float_literal(config.norm_eps), "NORM": "true" if config.norm else "false",
             "ROTARY": "true" if config.rotary else "false", "Q_SCALE": _float_literal(q_scale),
             "KEYS": str(config.keys_per_warp), "SCORE_VALUES": str(config.score_values),
-            "SCORE_SHIFT": str(5 - config.score_values.bit_length() + 1)}
+            "SCORE_SHIFT": str(5 - config.score_values.bit_length() + 1),
+            "SCORE_LEVELS": str(config.score_values.bit_length() - 1), "SCORE_TRANSPOSE": _score_transpose(config)}
   body = (VECTOR_LOAD if config.lane_elements % 8 == 0 else SCALAR_LOAD) + BODY.replace("SOFTCAP", softcap)
   body = body.replace("DEPENDENT_LAUNCH", DEPENDENT_LAUNCH if dependent_launch else "")
   for key in sorted(values, key=len, reverse=True): body = body.replace(key, values[key])

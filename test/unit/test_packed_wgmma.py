@@ -3,12 +3,20 @@ for sm_90a for each ggml type it reads, and the CPU emulator (test/cuda_on_cpu.p
 tiles, wgmma read through the descriptors, all written from the PTX ISA) runs a small case per type against numpy's
 float64 product of x and the weight's values rounded once to half (llama.cpp's values: tgrad's dequantize, checked
 against gguf.quants in test_quant.py): odd M, K over several blocks and super-blocks, rows of W past N, bfloat16.
+Then packed_linear's default through the whole pipeline, the LLVM device made to offer the kernel (as an sm_90a GPU
+does) and its runner the emulator: one kernel over the packed bytes, a symbolic prompt length, a TinyJit.
 """
-import os, sys
+import dataclasses, os, sys
 import numpy as np
 import pytest
-from tgrad import dtypes
-from tgrad.nn.quant import GGMLType, QuantizedTensor
+from tgrad import Tensor, TinyJit, Variable, dtypes
+from tgrad import packed_gemm_kernel
+from tgrad.backend import REGISTRY
+from tgrad.helpers import Context
+from tgrad.nn.quant import HALF_GEMM, GGMLType, QuantizedTensor
+from tgrad.ops import Ops
+from tgrad.packed_gemm_kernel import PACKED_WGMMA, PackedGemmKernel
+from tgrad.schedule import create_schedule
 from tgrad.runtime.cuda import packed_wgmma
 from tgrad.runtime.cuda.nvrtc import compile_cuda, nvrtc_available
 from tgrad.runtime.cuda.wgmma import MatmulShape, float_of_bits
@@ -66,3 +74,66 @@ def test_emulated_kernel_matches_numpy(ggml_type, m, n, k, tile, dtype):
   assert not np.isnan(got).any(), f"{np.isnan(got).sum()} outputs never written"
   rtol = HALF_RTOL if dtype == dtypes.float16 else BFLOAT16_RTOL
   np.testing.assert_allclose(got, expected, rtol=rtol, atol=rtol * np.abs(expected).max())
+
+# ---- packed_linear's default through the whole pipeline: the LLVM device made to offer the kernel, its runner the
+# CUDA source on the emulator
+
+class EmulatedPackedRunner:
+  """The kernel's CUDA source on the CPU emulator, over LLVM Buffers (copied out, run, the output copied in)."""
+  flops, nbytes = 0, 0
+  launches = 0
+  def __init__(self, kernel):
+    self.kernel, self.entry, self.variables = kernel, kernel.entry(), kernel.variables()
+    self.name, self.source = "emulated " + self.entry, kernel.source(self.entry)
+  def launch_dims(self, var_vals=None): return self.kernel.launch_dims(var_vals or {})
+  def __call__(self, bufs, wait=False, var_vals=None):
+    EmulatedPackedRunner.launches += 1
+    arrays = [b.copyout() for b in bufs]
+    global_size, local_size = self.launch_dims(var_vals)
+    run_on_cpu(self.source, self.entry, global_size, local_size, arrays, [var_vals[v] for v in self.variables])
+    bufs[0].copyin(arrays[0])
+    return 0.0 if wait else None
+
+@pytest.fixture
+def packed_wgmma_on_llvm(monkeypatch):
+  """The LLVM device offers HALF_GEMM and the packed warpgroup kernel (as an sm_90a GPU does), run on the emulator."""
+  backend = REGISTRY.backends["LLVM"]
+  traits = dataclasses.replace(backend.traits, lowerings=backend.traits.lowerings | {HALF_GEMM, PACKED_WGMMA})
+  monkeypatch.setitem(REGISTRY.backends, "LLVM", dataclasses.replace(backend, traits=traits))
+  monkeypatch.setattr(packed_gemm_kernel, "has_warpgroup_mma", lambda device: True)
+  monkeypatch.setattr(PackedGemmKernel, "runner", lambda self, device: EmulatedPackedRunner(self))
+
+def kernel_items(out: Tensor) -> list:
+  return [item for item in create_schedule([out.lazydata]) if item.ast.op in (Ops.SINK, Ops.CUSTOM)]
+
+@pytest.mark.skipif(not cpu_available(), reason="g++ not found")
+def test_a_jitted_prompt_is_one_kernel_over_the_packed_blocks(packed_wgmma_on_llvm):
+  """A prompt of symbolic length times a Q8_0 weight is one CUSTOM kernel reading x in place and the packed bytes (no
+  half temporary); a TinyJit replays it at other lengths; PACKED_GEMM=0 keeps the temporary and the dense matmul."""
+  n, k, max_rows = 64, 128, 80
+  raw = random_weight(GGMLType.Q8_0, n, k, seed=3)
+  weight = QuantizedTensor.from_bytes(raw, GGMLType.Q8_0, (n, k), "LLVM").realize()
+  w16 = weight.dequantize().numpy().astype(np.float16).astype(np.float64)
+  data = np.random.default_rng(4).standard_normal((max_rows, k)).astype(np.float16)
+  x_full = Tensor(data, device="LLVM").realize()
+  def prompt(rows: int) -> Tensor: return x_full[:Variable("prompt_len", 1, max_rows).bind(rows)]
+  (item,) = kernel_items(weight.linear(prompt(33)))
+  assert isinstance(item.ast.arg, PackedGemmKernel) and item.ast.arg.ggml_type == "Q8_0"
+  with Context(PACKED_GEMM=0): assert len(kernel_items(weight.linear(prompt(33)))) == 2
+  step = TinyJit(lambda x: weight.linear(x).realize())
+  before = EmulatedPackedRunner.launches
+  for rows in (33, 17, 70):
+    got = step(prompt(rows)).numpy().astype(np.float64)
+    expected = data[:rows].astype(np.float64) @ w16.T
+    np.testing.assert_allclose(got, expected, rtol=HALF_RTOL, atol=HALF_RTOL * np.abs(expected).max())
+  assert EmulatedPackedRunner.launches - before == 3
+
+def test_where_the_kernel_does_not_apply(packed_wgmma_on_llvm, monkeypatch):
+  """K not a multiple of 64, a type it does not read, float32 x and a device without warpgroup MMA keep the others."""
+  x16 = Tensor.empty(32, 96, dtype=dtypes.float16, device="LLVM")
+  assert "K=96" in packed_gemm_kernel.unsupported(x16.lazydata, x16.lazydata, "Q8_0", (64, 96))
+  x = Tensor.empty(32, 128, dtype=dtypes.float16, device="LLVM")
+  assert "Q4_0" in packed_gemm_kernel.unsupported(x.lazydata, x.lazydata, "Q4_0", (64, 128))
+  assert "float32" in packed_gemm_kernel.unsupported(x.float().lazydata, x.lazydata, "Q8_0", (64, 128))
+  monkeypatch.setattr(packed_gemm_kernel, "has_warpgroup_mma", lambda device: False)
+  assert "sm_90a" in packed_gemm_kernel.unsupported(x.lazydata, x.lazydata, "Q8_0", (64, 128))

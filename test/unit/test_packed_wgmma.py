@@ -137,3 +137,11 @@ def test_where_the_kernel_does_not_apply(packed_wgmma_on_llvm, monkeypatch):
   assert "float32" in packed_gemm_kernel.unsupported(x.float().lazydata, x.lazydata, "Q8_0", (64, 128))
   monkeypatch.setattr(packed_gemm_kernel, "has_warpgroup_mma", lambda device: False)
   assert "sm_90a" in packed_gemm_kernel.unsupported(x.lazydata, x.lazydata, "Q8_0", (64, 128))
+
+def test_x_is_read_in_place_unless_its_view_reorders(packed_wgmma_on_llvm):
+  """A prompt sliced to its length is read where it lies (one kernel); a transposed x is made contiguous first."""
+  weight = QuantizedTensor.from_bytes(random_weight(GGMLType.Q6_K, 64, 256, seed=5), GGMLType.Q6_K, (64, 256), "LLVM")
+  sliced = Tensor.empty(40, 256, dtype=dtypes.float16, device="LLVM").realize()[:Variable("prompt_len", 1, 40).bind(20)]
+  assert [item.ast.op for item in kernel_items(weight.linear(sliced))] == [Ops.CUSTOM]
+  transposed = Tensor.empty(256, 24, dtype=dtypes.float16, device="LLVM").realize().T
+  assert [item.ast.op for item in kernel_items(weight.linear(transposed))] == [Ops.SINK, Ops.CUSTOM]

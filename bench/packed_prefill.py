@@ -1,16 +1,20 @@
-"""A prompt times a packed (GGUF-quantized) weight on the GPU: the half matmul against the packed product and a dense
-float16 weight, for each projection of gemma-3-270m's layers as its Q4_K_M file packs them.
+"""A prompt times a packed (GGUF-quantized) weight on the GPU: the one-kernel path over the packed blocks and the half
+temporary path against a dense float16 weight (and the packed float product), for each projection of gemma-3-270m's
+layers as its Q4_K_M file packs them.
 
 Each projection (its ggml type and [out, in] shape) multiplies a float16 prompt of `--rows` tokens (a symbolic length
-bound to it, as the model's prefill runs) three ways, each a TinyJit replayed back to back between CUDA events:
-- `half_gemm`: packed_linear's default on CUDA (tgrad/nn/quant.py `runs_as_half_gemm`): the weight dequantized into a
-  float16 temporary by a kernel of its own, then the float16 model's matmul on tensor cores;
-- `packed`: the same under HALF_GEMM=0: x times the weight's float32 values inside one kernel (float32 products);
+bound to it, as the model's prefill runs) four ways, each a TinyJit replayed back to back between CUDA events:
+- `smem`: packed_linear's default on an sm_90 GPU (PACKED_GEMM=1, tgrad/packed_gemm_kernel.py): one warpgroup-MMA
+  kernel that dequantizes each K tile of the packed weight in shared memory (no temporary);
+- `temp`: PACKED_GEMM=0 (tgrad/nn/quant.py `runs_as_half_gemm`): the weight dequantized into a float16 temporary by a
+  kernel of its own, then the float16 model's matmul on tensor cores (both kernels timed);
+- `packed`: HALF_GEMM=0: x times the weight's float32 values inside one kernel (float32 products);
 - `dense`: x @ Wᵀ with W already a float16 weight (what `dequant:float16` loads): the speed to match.
-Prints one line per projection (milliseconds per call, and the largest difference of `half_gemm` and `packed` from
-`dense`, relative to dense's largest output), then the sums, as JSON; writes $OUT/packed_prefill.json when OUT is
-set. The whole model's prefill: `python bench/gemma_gguf_gpu.py --modes packed:float16 dequant:float16` (and with
-HALF_GEMM=0 for the packed product).
+Prints one line per projection (µs per call, the kernels each way ran, and each way's largest error against numpy's
+float64 product of x and the weight's float32 values, relative to its largest output), then the sums, as JSON; writes
+$OUT/packed_prefill.json when OUT is set. The whole model's prefill:
+`python bench/gemma_gguf_gpu.py --model Z.gguf --modes dequant:float16 packed:float16 --prefill-tokens 512` (with
+PACKED_GEMM=0 for the temporary path, HALF_GEMM=0 for the packed product).
 Usage: python bench/packed_prefill.py [--device CUDA] [--rows 512] [--max-rows 520]
 """
 from __future__ import annotations
@@ -23,6 +27,7 @@ from tgrad import Tensor, TinyJit, Variable, dtypes  # noqa: E402
 from tgrad.device import Device  # noqa: E402
 from tgrad.helpers import Context  # noqa: E402
 from tgrad.nn.quant import BLOCK_LAYOUTS, GGMLType, QuantizedTensor, runs_as_half_gemm  # noqa: E402
+from tgrad.packed_gemm_kernel import unsupported  # noqa: E402
 
 # gemma-3-270m's projections as its Q4_K_M file packs layer 0, stacked as the model stacks them (q and k share a type:
 # one buffer; gate and up too): (name, type, out, in)
@@ -66,19 +71,22 @@ def measure(name: str, ggml_type: GGMLType, out_features: int, in_features: int,
   dense = weight.dequantize(dtypes.float16).realize()
   data = np.random.default_rng(rows).standard_normal((max_rows, in_features)).astype(np.float16)
   x = Tensor(data, device=device).realize()[:Variable("prompt_len", 1, max_rows).bind(rows)]
-  ways = {"half_gemm": (1, lambda v: weight.linear(v)), "packed": (0, lambda v: weight.linear(v)),
-          "dense": (1, lambda v: v @ dense.T)}
+  # (HALF_GEMM, PACKED_GEMM, product) per way
+  ways = {"smem": (1, 1, lambda v: weight.linear(v)), "temp": (1, 0, lambda v: weight.linear(v)),
+          "packed": (0, 1, lambda v: weight.linear(v)), "dense": (1, 1, lambda v: v @ dense.T)}
   out: dict = {"name": name, "type": ggml_type.name, "shape": [out_features, in_features], "rows": rows}
-  results = {}
-  for way, (half_gemm, product) in ways.items():
-    with Context(HALF_GEMM=half_gemm):
-      if way == "half_gemm" and not runs_as_half_gemm(x): out["note"] = f"{device} does not offer the half matmul"
+  if not runs_as_half_gemm(x): out["note"] = f"{device} does not offer the half matmul"
+  elif (why := unsupported(x.lazydata, weight.packed.lazydata, ggml_type.name, weight.shape)) is not None:
+    out["note"] = f"smem is the temporary path here: {why}"
+  reference = data[:rows].astype(np.float64) @ weight.to("LLVM").dequantize().numpy().astype(np.float64).T
+  scale = np.abs(reference).max()
+  for way, (half_gemm, packed_gemm, product) in ways.items():
+    with Context(HALF_GEMM=half_gemm, PACKED_GEMM=packed_gemm):
       step = TinyJit(lambda v, product=product: product(v).realize())
-      for _ in range(2): results[way] = step(x).numpy().astype(np.float64)   # run, then capture
-      out[f"{way}_ms"] = round(seconds_per_call(device, lambda: step(x)) * 1e3, 4)
-  scale = np.abs(results["dense"]).max()
-  for way in ("half_gemm", "packed"):
-    out[f"{way}_vs_dense_max_rel"] = float(np.abs(results[way] - results["dense"]).max() / scale)
+      for _ in range(2): result = step(x).numpy().astype(np.float64)   # run, then capture
+      out[f"{way}_us"] = round(seconds_per_call(device, lambda: step(x)) * 1e6, 2)
+      out[f"{way}_kernels"] = [instruction.name for instruction in step.captured.instructions]
+    out[f"{way}_max_rel_err"] = float(np.abs(result - reference).max() / scale)
   return out
 
 def main() -> None:
@@ -91,7 +99,7 @@ def main() -> None:
   for projection in PROJECTIONS:
     runs.append(measure(*projection, args.device, args.rows, max(args.rows, args.max_rows)))
     print(json.dumps(runs[-1]), flush=True)
-  totals = {f"{way}_ms": round(sum(run[f"{way}_ms"] for run in runs), 4) for way in ("half_gemm", "packed", "dense")}
+  totals = {f"{way}_us": round(sum(run[f"{way}_us"] for run in runs), 2) for way in ("smem", "temp", "packed", "dense")}
   report = {"device": args.device, "rows": args.rows, "runs": runs, "one_layer_totals": totals}
   print(json.dumps(totals))
   if os.environ.get("OUT"): Path(os.environ["OUT"], "packed_prefill.json").write_text(json.dumps(report, indent=1))

@@ -110,6 +110,8 @@ class _Settings:
                              # flash-decoding kernel; 0 (the default: measured slower in Gemma's step, docs/env.md)
   HALF_GEMM: int = 1    # 1: a prompt of half rows times a packed weight on CUDA dequantizes it into a half temporary
                         # and runs the tensor-core matmul; 0: the packed float product (nn/quant.py)
+  PACKED_GEMM: int = 1  # 1: on sm_90a that prompt is one warpgroup-MMA kernel dequantizing the packed tiles in shared
+                        # memory (no temporary); 0: the half temporary and the dense matmul, for comparison
   RIDERS: int = 0       # 1: a small kernel runs inside a neighbouring one (schedule rule 5); 0: every kernel alone
                         # (the default: on an H100 riders made Gemma's decode step and prefill slower, docs/env.md)
   TOLERANCE: Optional[float] = None   # max relative error of a selected execution path; None: per dtype (tgrad/paths)
@@ -133,6 +135,7 @@ _ALLOWED_VALUES: dict[str, tuple[str, Callable[[int], bool]]] = {
   "FLASH_ATTENTION": ("0 or 1", lambda v: v in (0, 1)),
   "FLASH_DECODING": ("0 or 1", lambda v: v in (0, 1)),
   "HALF_GEMM": ("0 or 1", lambda v: v in (0, 1)),
+  "PACKED_GEMM": ("0 or 1", lambda v: v in (0, 1)),
   "WGMMA": ("0 or 1", lambda v: v in (0, 1)),
   "WGMMA_TMA": ("0 or 1", lambda v: v in (0, 1)),
   "SGEMM": ("0 or 1", lambda v: v in (0, 1)),

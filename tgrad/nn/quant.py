@@ -21,6 +21,7 @@ from tgrad.dtype import DType, dtypes
 from tgrad.device import canonical_device
 from tgrad.helpers import Context, prod
 from tgrad.lazy import LazyBuffer
+from tgrad.packed_gemm_kernel import packed_gemm
 from tgrad.ops import Ops
 from tgrad.realize import is_capturing
 from tgrad.tensor import Tensor
@@ -398,9 +399,13 @@ def _int8_path(x: Tensor, packed: Tensor, ggml_type: int, shape: tuple[int, ...]
   return _float_linear(x, packed, ggml_type, shape)
 
 def _float_linear(x: Tensor, packed: Tensor, ggml_type: int, shape: tuple[int, ...]) -> Tensor:
-  """The default product: the tensor-core matmul over a half temporary for a prompt on a GPU (`_half_gemm`, where
-  `runs_as_half_gemm`), else x·Wᵀ over the weight's float32 values (`_float_values_linear`)."""
-  if runs_as_half_gemm(x): return _half_gemm(x, packed, ggml_type, shape)
+  """The default product: for a prompt on a GPU (`runs_as_half_gemm`) the warpgroup kernel that dequantizes the packed
+  tiles in shared memory where it applies (sm_90a, PACKED_GEMM=1: tgrad/packed_gemm_kernel.py), else the tensor-core
+  matmul over a half temporary (`_half_gemm`); otherwise x·Wᵀ over the weight's float32 values
+  (`_float_values_linear`)."""
+  if runs_as_half_gemm(x):
+    fused = packed_gemm(x.lazydata, packed.lazydata, GGMLType(ggml_type).name, shape)
+    return Tensor(fused) if fused is not None else _half_gemm(x, packed, ggml_type, shape)
   return _float_values_linear(x, packed, ggml_type, shape)
 
 def _float_values_linear(x: Tensor, packed: Tensor, ggml_type: int, shape: tuple[int, ...]) -> Tensor:
@@ -426,7 +431,10 @@ def _float_values_linear(x: Tensor, packed: Tensor, ggml_type: int, shape: tuple
 # runs at the speed of a dense half matmul, while a single row is faster streaming the packed blocks once (the float
 # product, unchanged; llama.cpp too keeps quantized matrix-vector kernels for a few rows). The temporary lives only
 # for its call: the weight stays packed in memory (unlike the dequant_<dtype> paths, which keep a dense copy), and
-# inside a TinyJit the memory planner lets the projections' temporaries share arena space.
+# inside a TinyJit the memory planner lets the projections' temporaries share arena space. On a GPU with warpgroup MMA
+# (sm_90a) the temporary goes too: one kernel stages each K tile's packed bytes in shared memory, dequantizes them
+# there into the swizzled half tile the tensor cores read, and runs the same warpgroup-MMA pipeline
+# (tgrad/packed_gemm_kernel.py; PACKED_GEMM=0 keeps the temporary, for comparison).
 HALF_GEMM = "half_gemm"   # the device trait (DeviceTraits.lowerings): its matmuls of half values run on tensor cores
 HALF_GEMM_DEVICES = devices_offering(HALF_GEMM)
 HALF_GEMM_DTYPES = {dtypes.float16: dtypes.float16, dtypes.bfloat16: dtypes.bfloat16}   # x's dtype → the temporary's

@@ -21,7 +21,7 @@ from decode_kernels import decode_step_kernels, schedule_only  # noqa: E402
 # kernel, schedule rule 5; 115 before the last layer's residual sum moved into the final norm's row kernel, rule 2b;
 # 114 with RIDERS=1 and 131 without before each layer's attention and cache write became one flash-decoding kernel)
 DECODE_KERNELS_270M = 96
-# the step without flash decoding (FLASH_DECODING=0, the default, FLASH_ATTENTION=0, float32, the CPU), RIDERS=0: 7
+# the step without flash decoding (FLASH_DECODING=0, FLASH_ATTENTION=0, float32, the CPU), RIDERS=0: 7
 # kernels a layer and 5 more
 PLAIN_DECODE_KERNELS_270M = 131
 
@@ -77,18 +77,20 @@ def test_schedule_only_runs_nothing():
   assert [item.ast.op for item in items] == [Ops.SINK] and not x.lazydata.base.buffer.is_allocated
 
 def test_gemma_270m_decode_step_kernel_count_on_cuda():
-  """One decode step of the 18-layer gemma-3-270m in float16 on CUDA with FLASH_DECODING=1 (scheduled without a GPU): at
-  most DECODE_KERNELS_270M kernels, 5 per layer (qkv matvec with the input norm and, from the second layer on, the
-  previous layer's post-norm and residual sum, stored as its second output; one flash-decoding kernel: q's and the new
-  key's norm and RoPE, the cache write as its second output (schedule rule 2d), the attention over the filled slots;
-  o_proj; the residual sum and pre-norm in the gate/up matvec; down with GELU) and 6 more: the zero fill of the flash-
-  decoding kernels' scratch, the rotary tables, the last layer's residual sum inside the final norm's row kernel
-  (three reduces over one row: rule 2b), the head's matvec and the argmax's two. Riders (rule 5) change nothing."""
+  """One decode step of the 18-layer gemma-3-270m in float16 on CUDA (FLASH_DECODING=1, the default; scheduled without a
+  GPU): at most DECODE_KERNELS_270M kernels, 5 per layer (qkv matvec with the input norm and, from the second layer
+  on, the previous layer's post-norm and residual sum, stored as its second output; one flash-decoding kernel: q's and
+  the new key's norm and RoPE, the cache write as its second output (schedule rule 2d), the attention over the filled
+  slots; o_proj; the residual sum and pre-norm in the gate/up matvec; down with GELU) and 6 more: the zero fill of the
+  flash-decoding kernels' scratch, the rotary tables, the last layer's residual sum inside the final norm's row
+  kernel (three reduces over one row: rule 2b), the head's matvec and the argmax's two. Riders (rule 5) change
+  nothing."""
   for riders in (0, 1):
     with Context(RIDERS=riders, FLASH_DECODING=1): found = decode_step_kernels("270m", "CUDA", "float16", position=600)
     assert len(found) <= DECODE_KERNELS_270M, len(found)
-  # FLASH_DECODING is off by default (measured slower in the step): the default step is the plain one
-  assert len(decode_step_kernels("270m", "CUDA", "float16", position=600)) == PLAIN_DECODE_KERNELS_270M
+  assert len(decode_step_kernels("270m", "CUDA", "float16", position=600)) == len(found)   # the default step
+  with Context(FLASH_DECODING=0):
+    assert len(decode_step_kernels("270m", "CUDA", "float16", position=600)) == PLAIN_DECODE_KERNELS_270M
   attention = [k for k in found if k.ast.op is Ops.CUSTOM]
   assert len(attention) == 18 and all(k.output_count == 2 for k in attention)   # the output, the cache it wrote
   assert {k.outputs[1].size for k in attention} == {2 * 256 * 512, 2 * 256 * 1024}

@@ -277,7 +277,7 @@ class FlashDecodingKernel(CustomKernel):
     return f"flash_decoding_{c.dtype}_d{c.head_dim}_g{c.group}_{digest}"
   def launch_dims(self, var_vals: dict[str, int]) -> tuple[tuple[int, ...], tuple[int, ...]]:
     module = decoding_source_module()
-    return module.grid(self.config, evaluate(self.keys, var_vals), self.batch), (module.BLOCK_THREADS,)
+    return module.grid(self.config, evaluate(self.keys, var_vals), self.batch), (self.config.block_threads,)
   def runner(self, device: str) -> FlashAttentionRunner: return FlashAttentionRunner(self, device)
   def stable_repr(self) -> str: return f"FlashDecoding({self.config!r},{self.roles},{self.sizes()!r},{self.batch})"
 

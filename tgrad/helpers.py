@@ -106,12 +106,13 @@ class _Settings:
                         # (OptOps.SGEMM); 0: the staged kernel of the generic opts
   JIT_PLAN: int = 1     # 1: a TinyJit packs its transient buffers into one arena per device; 0: one allocation each
   FLASH_ATTENTION: int = 1   # 1: scaled-dot-product attention on CUDA (half types) is one flash-attention kernel
-  FLASH_DECODING: int = 0    # 1: one query position's attention (a decode step's, with its KV-cache append) is the
-                             # flash-decoding kernel; 0 (the default: measured slower in Gemma's step, docs/env.md)
+  FLASH_DECODING: int = 1    # 1: one query position's attention (a decode step's, with its KV-cache append) is the
+                             # flash-decoding kernel; 0: the plain graph (scores, softmax·V, the cache write)
   HALF_GEMM: int = 1    # 1: a prompt of half rows times a packed weight on CUDA dequantizes it into a half temporary
                         # and runs the tensor-core matmul; 0: the packed float product (nn/quant.py)
-  PACKED_GEMM: int = 1  # 1: on sm_90a that prompt is one warpgroup-MMA kernel dequantizing the packed tiles in shared
-                        # memory (no temporary); 0: the half temporary and the dense matmul, for comparison
+  PACKED_GEMM: int = 0  # 1: on sm_90a that prompt is one warpgroup-MMA kernel dequantizing the packed tiles in shared
+                        # memory (no temporary); 0 (the default: measured slower on an H100, docs/env.md): the half
+                        # temporary and the dense matmul
   RIDERS: int = 0       # 1: a small kernel runs inside a neighbouring one (schedule rule 5); 0: every kernel alone
                         # (the default: on an H100 riders made Gemma's decode step and prefill slower, docs/env.md)
   TOLERANCE: Optional[float] = None   # max relative error of a selected execution path; None: per dtype (tgrad/paths)

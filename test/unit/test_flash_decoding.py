@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from tgrad.custom import device_values
 from tgrad.dtype import bfloat16_to_float32, dtypes
-from tgrad.runtime.cuda.flash_decoding import (BLOCK_THREADS, MAX_SPLITS, MIN_KEYS_PER_SPLIT, DecodeConfig,
+from tgrad.runtime.cuda.flash_decoding import (MAX_SPLITS, MIN_KEYS_PER_SPLIT, DecodeConfig,
                                                flash_decoding_source, grid, scratch_words, splits)
 from tgrad.runtime.cuda.nvrtc import nvrtc_available
 from test.cuda_on_cpu import cpu_available, run_on_cpu
@@ -67,7 +67,7 @@ def run_case(dtype, batch, heads, kv_heads, keys, head_dim, window=None, softcap
   outputs = []
   for _ in range(launches):   # again: the last block reset the counter, so a second launch combines the same way
     out = np.full((batch, heads, 1, D), 0x7E00, np.uint16)   # NaN bits: every element must be written
-    prefetched = run_on_cpu(source, "decode", grid(config, keys, batch), (BLOCK_THREADS,),
+    prefetched = run_on_cpu(source, "decode", grid(config, keys, batch), (config.block_threads,),
                             [out if r == "out" else arrays[r].reshape(-1) for r in roles], [keys, slot])
     outputs.append(as_float(out, dtype))
   if dependent_launch:   # every line of the visible keys' and values' cached rows, and nothing else, asked of L2

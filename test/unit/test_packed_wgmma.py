@@ -102,6 +102,7 @@ def packed_wgmma_on_llvm(monkeypatch):
   monkeypatch.setitem(REGISTRY.backends, "LLVM", dataclasses.replace(backend, traits=traits))
   monkeypatch.setattr(packed_gemm_kernel, "has_warpgroup_mma", lambda device: True)
   monkeypatch.setattr(PackedGemmKernel, "runner", lambda self, device: EmulatedPackedRunner(self))
+  with Context(PACKED_GEMM=1): yield
 
 def kernel_items(out: Tensor) -> list:
   return [item for item in create_schedule([out.lazydata]) if item.ast.op in (Ops.SINK, Ops.CUSTOM)]

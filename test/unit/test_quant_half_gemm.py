@@ -194,7 +194,8 @@ def test_cuda_kernels_on_the_emulator_match_the_half_model(half_gemm_on_llvm, gg
 @pytest.mark.gpu
 @pytest.mark.parametrize("ggml_type", TYPES, ids=lambda t: t.name)
 @pytest.mark.parametrize("rows,symbolic", [(1, False), (17, False), (200, True), (3, True)], ids=str)
-def test_on_a_gpu(ggml_type, rows, symbolic):
+@pytest.mark.parametrize("packed_gemm", [0, 1], ids=lambda v: f"PACKED_GEMM={v}")
+def test_on_a_gpu(ggml_type, rows, symbolic, packed_gemm):
   """On CUDA itself (no trait set by hand): a prompt's rows take the temporary and the tensor-core matmul (on sm_90a
   the one warpgroup kernel over the packed blocks: tgrad/packed_gemm_kernel.py), a single concrete row the packed
   product; each within half rounding of x16·W16ᵀ, and close to the dense float16 model."""
@@ -203,9 +204,10 @@ def test_on_a_gpu(ggml_type, rows, symbolic):
   w16 = QuantizedTensor.from_bytes(raw, ggml_type, (640, 1024), "LLVM").dequantize().numpy().astype(np.float16)
   x16 = np.random.default_rng(rows).standard_normal((MAX_ROWS, 1024)).astype(np.float16)
   x = Tensor(x16, device="CUDA").realize()[:Variable("prompt_len", 1, MAX_ROWS).bind(rows) if symbolic else rows]
-  out = weight.linear(x)
+  with Context(PACKED_GEMM=packed_gemm):
+    out = weight.linear(x)
+    one_kernel = unsupported(x.lazydata, weight.packed.lazydata, ggml_type.name, (640, 1024)) is None
   prompt = symbolic or rows >= HALF_GEMM_MIN_ROWS
-  one_kernel = unsupported(x.lazydata, weight.packed.lazydata, ggml_type.name, (640, 1024)) is None
   assert len(kernel_items(out)) == (2 if prompt and not one_kernel else 1)
   got = out.numpy()
   assert_close_to_half_model(got, x16[:rows], w16)

@@ -247,13 +247,26 @@ def _rotate(x: Tensor, cos: Tensor, sin_signed: Tensor) -> Tensor:
   half = x.shape[-1] // 2
   return x * cos + x[..., half:].cat(x[..., :half], dim=-1) * sin_signed
 
-def _normed_projection(norm: Gemma3RMSNorm, h: Tensor, weights: list[Weight]) -> Tensor:
-  """norm(h) @ W.T for the stacked weights W (their outputs side by side), realized: for a one-token step one kernel
-  per buffer (Gemma3RMSNorm.matvec), else the norm realized once and then a matmul per buffer (which reads each normed
-  element many times)."""
-  if h.shape[-2] == 1: return concat_outputs([_materialize(norm.matvec(h, w)) for w in weights])
+def _normed_projection(norm: Gemma3RMSNorm, h: Tensor, weights: list[Weight]) -> list[Tensor]:
+  """norm(h) @ W.T for each stacked weight buffer W (their outputs side by side make the projection's), realized: for
+  a one-token step one kernel per buffer (Gemma3RMSNorm.matvec), else the norm realized once and then a matmul per
+  buffer (which reads each normed element many times)."""
+  if h.shape[-2] == 1: return [_materialize(norm.matvec(h, w)) for w in weights]
   normed = _materialize(norm(h))
-  return concat_outputs([_materialize(project(normed, w)) for w in weights])
+  return [_materialize(project(normed, w)) for w in weights]
+
+def _take_piece(parts: list[Tensor], piece: RowPiece) -> Tensor:
+  """Columns `piece` of the parts' outputs side by side (a stacked projection whose packed buffers differ in type): a
+  view of the one part that holds them, so no kernel concatenates the parts for readers of single pieces (q, k, v);
+  a piece across parts, or sharded parts, reads their concatenation."""
+  if not any(is_sharded(part) for part in parts):
+    start = 0
+    for part in parts:
+      width = part.shape[-1]
+      if start <= piece.start and piece.end <= start + width:
+        return take_rows(part, RowPiece(piece.start - start, piece.end - start, piece.split), -1)
+      start += width
+  return take_rows(concat_outputs(parts), piece, -1)
 
 def _fuse_into_consumer(x: Tensor) -> Tensor:
   """A one-token step (decode) leaves an elementwise producer (a norm's scaling, GELU times up) unrealized, so it
@@ -284,9 +297,9 @@ class Gemma3Attention:
     cos, sin = step.cos.reshape(1, T, 1, D), step.sin_signed.reshape(1, T, 1, D)
     qkv = _normed_projection(norm, h, self.qkv_weights)   # q, k and v in one kernel (dense): [B, T, (heads + 2 kv) D]
     q_piece, k_piece, v_piece = self.qkv_pieces   # sharded: q split by heads, k and v replicated (gemma3_parallel.py)
-    q = take_rows(qkv, q_piece, -1).reshape(B, T, self.heads, D)
-    k = take_rows(qkv, k_piece, -1).reshape(B, T, self.kv_heads, D)
-    v = take_rows(qkv, v_piece, -1).reshape(B, T, self.kv_heads, D)
+    q = _take_piece(qkv, q_piece).reshape(B, T, self.heads, D)
+    k = _take_piece(qkv, k_piece).reshape(B, T, self.kv_heads, D)
+    v = _take_piece(qkv, v_piece).reshape(B, T, self.kv_heads, D)
     # several tokens: q and k normed and rotated in one kernel each, realized once in [B, T, heads, D] (every score
     # reads each element many times); one token: q's norm and RoPE are computed inside the scores kernel
     # (Gemma3RMSNorm.rotated_scores), k's inside the cache write (write_cache_decode)
@@ -384,10 +397,11 @@ class Gemma3MLP:
     sum in h's. A packed weight is dequantized in the kernel, which then keeps every row split into the weight's input
     axes (weight_values); with several stacked buffers (packed types that differ) it is one kernel per buffer."""
     residual = ResidualSum(h, [(attended, post_norm)], store=False)
-    return self._down(concat_outputs([_materialize(pre_norm.matvec(residual, w)) for w in self.gate_up_weights]))
+    return self._down([_materialize(pre_norm.matvec(residual, w)) for w in self.gate_up_weights])
 
-  def _down(self, gate_up: Tensor) -> Tensor:
-    gate, up = (take_rows(gate_up, piece, -1) for piece in self.gate_up_pieces)
+  def _down(self, gate_up: list[Tensor]) -> Tensor:
+    """down(gelu(gate) · up) from the gate/up projection's parts (one per stacked buffer)."""
+    gate, up = (_take_piece(gate_up, piece) for piece in self.gate_up_pieces)
     return self.down_proj(_fuse_into_consumer(_gelu_tanh(gate) * up))
 
 class Gemma3DecoderLayer:

@@ -3,8 +3,8 @@
 `flash_decoding_source(config, name, sizes, variables, buffers)` gives the CUDA C of `name(<buffers>, <int64
 variables>)`: for each batch element and query head, softmax(transform(q·kᵀ·scale))·v over the cache's keys
 [key_begin, S) (S, the key count, is a size expression: a decode step's filled slots), in float32 from half or
-bfloat16 inputs. Grid: (splits(S), kv heads, batch), BLOCK_THREADS threads; `splits` gives the split count of a key
-count (the host's and the kernel's are the same formula).
+bfloat16 inputs. Grid: (splits(S), kv heads, batch), config.block_threads threads; `splits` gives the split count of
+a key count (the host's and the kernel's are the same formula).
 
   - **Rows.** A block serves one kv head and every query head of its group (GQA): their rows are in shared memory as
     float32, so each key and value row a block reads serves the whole group.
@@ -16,7 +16,7 @@ count (the host's and the kernel's are the same formula).
     type) and value are written into the cache at `slot` by the first split's block, in the same launch. Every block
     reads the slot's key and value from the new ones (kept in shared memory), never from the cache, so no block
     waits for the write and none reads a half-written row.
-  - **Keys.** Split s of the `splits` covers per_split consecutive keys. Each of the WARPS warps takes `keys` keys a
+  - **Keys.** Split s of the `splits` covers per_split consecutive keys. Each of the block's warps takes `keys` keys a
     step (the steps are uniform over the block, with no barrier between warps): a lane holds D/32 consecutive
     elements of each key and value row as loaded (16-byte loads where that is whole chunks). A warp's first rows are
     asked for before the prologue, and each step asks for the next step's rows as soon as it has converted its own,
@@ -41,8 +41,10 @@ from typing import Optional
 from tgrad.runtime.cuda.renderer import DEPENDENT_LAUNCH_SUFFIX
 
 WARP_THREADS = 32
-WARPS = 4
-BLOCK_THREADS = WARPS * WARP_THREADS
+# Warps a block: 8 where their shared memory fits (every warp keeps its Σ p·v rows there for the block's combine), else
+# 4. Eight warps keep twice the rows in flight per split (an H100, gemma-3-270m float16 decode step with this kernel:
+# 0.738 / 0.761 ms at positions 100 / 2,000 with 4 warps, 0.654 / 0.680 with 8).
+WARP_CHOICES = (8, 4)
 # An H100 has 132 SMs: up to 128 splits a (batch, kv head) fill it for one kv head (gemma-3-270m's); a split of fewer
 # than MIN_KEYS_PER_SPLIT keys costs more in its prologue, partial store and combine than it reads (an H200, gemma's
 # 512-key sliding layer alone under ncu: 29.0 µs in 32 splits of 16 keys, 22.4 in 16 of 32, 21.1 in 8 of 64).
@@ -104,11 +106,17 @@ class DecodeConfig:
     return 1 << (self.keys_per_warp * self.group - 1).bit_length()
   @property
   def partial_words(self) -> int: return self.group * (self.head_dim + 2)
-  @property
-  def shared_bytes(self) -> int:
+  def shared_bytes_with(self, warps: int) -> int:
     rows = self.group + 2   # the queries, the new key and value
-    words = rows * self.head_dim + WARPS * self.group * (self.head_dim + 2) + 2 * MAX_SPLITS * self.group + rows + 1
+    words = rows * self.head_dim + warps * self.group * (self.head_dim + 2) + 2 * MAX_SPLITS * self.group + rows + 1
     return 4 * words
+  @property
+  def warps(self) -> int:
+    return next((w for w in WARP_CHOICES if self.shared_bytes_with(w) <= STATIC_SHARED_LIMIT), WARP_CHOICES[-1])
+  @property
+  def block_threads(self) -> int: return self.warps * WARP_THREADS
+  @property
+  def shared_bytes(self) -> int: return self.shared_bytes_with(self.warps)
   def roles(self) -> tuple[str, ...]:
     """The buffer roles this kernel reads or writes, in ROLES order."""
     skip = set()
@@ -533,7 +541,7 @@ def flash_decoding_source(config: DecodeConfig, name: str, sizes: dict[str, str]
   softcap = "" if config.softcap is None else \
     f"s = {_float_literal(config.softcap * LOG2_E)} * tanhf(s * {_float_literal(1 / config.softcap)});"
   q_scale = config.scale if config.softcap is not None else config.scale * LOG2_E
-  values = {"BLOCK_THREADS": str(BLOCK_THREADS), "WARPS": str(WARPS), "GROUP": str(config.group),
+  values = {"BLOCK_THREADS": str(config.block_threads), "WARPS": str(config.warps), "GROUP": str(config.group),
             "HEAD_DIM": str(config.head_dim), "LANE_ELEMENTS": str(config.lane_elements),
             "KV_HEADS": str(config.kv_heads), "MAX_SPLITS": str(MAX_SPLITS),
             "MIN_KEYS_PER_SPLIT": str(MIN_KEYS_PER_SPLIT),

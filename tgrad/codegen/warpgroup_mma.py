@@ -56,6 +56,14 @@ WGMMA_TILES: tuple[tuple[int, int, int, bool], ...] = (
 DEFAULT_TILES = ((2, 256, 4, False), (2, 128, 5, False), (1, 128, 6, False), (1, 64, 8, False))
 # The same choice among the TMA tiles (WGMMA_TMA=1): the largest, then the deepest pipelines of smaller tiles.
 DEFAULT_TMA_TILES = ((2, 256, 4, True), (2, 128, 6, True), (1, 128, 8, True), (1, 64, 8, True))
+# 3xTF32 (OptOps.TF32X3, runtime/cuda/wgmma_split.py): (warpgroups, block_n, stages) of a plain float32 matmul, cp.async
+# loads. A stage holds big and small TF32 parts of both tiles (twice a TF32 stage: 256·(BM + BN) bytes), so a 128×256
+# tile doesn't fit three; every entry fits 227 KiB and both B layouts (a K×N B's rows of BN/4 chunks divide the
+# threads). Appended only: an index keeps its meaning for the BEAM winners cached before a new tile.
+SPLIT_TILES: tuple[tuple[int, int, int], ...] = (
+  (2, 128, 3), (1, 128, 4), (2, 64, 4), (1, 64, 6), (1, 128, 3), (1, 64, 7), (2, 64, 3), (1, 64, 4))
+# The heuristics' 3xTF32 tile, chosen as DEFAULT_TILES (a wave of blocks, else the most blocks).
+DEFAULT_SPLIT_TILES = ((2, 128, 3), (1, 128, 4), (1, 64, 6))
 GPU_SMS = 132
 WAVE_FRACTION = 0.9
 # Below this many multiply-adds (M·N·K) the mma.sync tensor-core kernels are left the work: the heuristics' WGMMA
@@ -123,10 +131,10 @@ def matmul_of(state: AxisState) -> Union[WarpgroupMatmul, str]:
   operands = tuple(operand_load(x) for x in products)   # the loads (the kernel rounds TF32 operands itself)
   dtype = operands[0].dtype
   rounded = value.op is Ops.CAST and value.src[0] is reduce and value.dtype in WGMMA_DTYPES and not tf32
-  if (dtype not in WGMMA_DTYPES and not tf32) or operands[1].dtype != dtype or reduce.dtype != dtypes.float32 or \
-     not (rounded or value is reduce):
+  if (dtype not in WGMMA_DTYPES + (dtypes.float32,)) or operands[1].dtype != dtype or \
+     reduce.dtype != dtypes.float32 or not (rounded or value is reduce):
     return f"a warpgroup matmul stores the float32 sum of {[str(d) for d in WGMMA_DTYPES]} products (or of float32 " \
-           "loads rounded to TF32), or it rounded to a 16-bit float, with nothing in between (no epilogue)"
+           "loads, plain or rounded to TF32), or it rounded to a 16-bit float, with nothing in between (no epilogue)"
   if isinstance(m, UOp) and any(not ok for ok in (u.op in SIZE_OPS for u in m.toposort())):
     return f"a symbolic M is an expression of variables with {[o.name for o in SIZE_OPS]}, not {m}"
   strides = {u: _plain(state, i) for i, u in enumerate(state.memops)}
@@ -142,6 +150,8 @@ def matmul_of(state: AxisState) -> Union[WarpgroupMatmul, str]:
   if len(globals_) != 3: return "a warpgroup matmul reads two buffers other than its output"
   if tf32 and b_n_major:
     return "TF32 operands must both be K-major in shared memory (no transpose): b stored N×K (a·wᵀ), not K×N"
+  split = dtype == dtypes.float32 and not tf32   # plain float32 loads: 3xTF32 (OptOps.TF32X3)
+  if split and value is not reduce: return "a 3xTF32 matmul stores its float32 sums as they are (no epilogue)"
   chunk = ROW_BYTES // dtype.itemsize
   if k % chunk or (b_n_major and n % chunk):
     return f"K (and N for a K×N b) must be multiples of {chunk}: 16-byte rows, not {m}×{n}×{k}"
@@ -150,22 +160,42 @@ def matmul_of(state: AxisState) -> Union[WarpgroupMatmul, str]:
     return f"A's rows and K segments must start on 16-byte boundaries: strides {row_stride}, {segment_stride}"
   arguments = tuple(role for _, role in sorted(((g.arg, role) for g, role in globals_.items())))
   variables = tuple(sorted({v.arg[0] for x in (m, segment_stride) for v in variables_of(x)}))
-  return WarpgroupMatmul(m, n, k, dtype, b_n_major, arguments, a_row_stride=row_stride, a_segment=segment,
-                         a_segment_stride=segment_stride, out_dtype=None if value.dtype == dtype else value.dtype,
-                         variables=variables)
+  use = WarpgroupMatmul(m, n, k, dtype, b_n_major, arguments, a_row_stride=row_stride, a_segment=segment,
+                        a_segment_stride=segment_stride, out_dtype=None if value.dtype == dtype else value.dtype,
+                        variables=variables, split_tf32=split)
+  return dataclasses.replace(use, **_tile_fields(SPLIT_TILES[0])) if split else use
 
 def loads_by_tma(use: WarpgroupMatmul) -> bool:
   """Whether a TMA tile can load this matmul: the tensor maps are made from the buffer pointers alone (a known M, a
   row-major A), and 16-bit inputs (TF32 operands are rounded in shared memory by the cp.async kernel's threads)."""
   return isinstance(use.m, int) and use.a_segment == 0 and use.a_row_stride == 0 and use.dtype in WGMMA_DTYPES
 
-def warpgroup_mma(state: AxisState, opt: Opt) -> AxisState:
-  """WGMMA: the whole kernel is one warpgroup matmul with tile WGMMA_TILES[opt.amount] (see the module doc)."""
-  if state.applied_opts: raise KernelOptError(f"{opt}: WGMMA must be the kernel's first and only opt")
-  if opt.axis not in (None, 0) or not (isinstance(opt.amount, int) and 0 <= opt.amount < len(WGMMA_TILES)):
-    raise KernelOptError(f"{opt}: WGMMA takes axis 0 and a tile index 0..{len(WGMMA_TILES) - 1}")
+def _tile_fields(tile: tuple[int, int, int]) -> dict:
+  """A 3xTF32 tile (SPLIT_TILES) as WarpgroupMatmul's fields."""
+  warpgroups, block_n, stages = tile
+  return {"warpgroups": warpgroups, "block_n": block_n, "stages": stages, "tma": False}
+
+def _qualifying(state: AxisState, opt: Opt, tiles: int) -> WarpgroupMatmul:
+  """The kernel as a warpgroup matmul for `opt` (its first and only opt, tile index below `tiles`), or
+  KernelOptError."""
+  if state.applied_opts: raise KernelOptError(f"{opt}: {opt.op.name} must be the kernel's first and only opt")
+  if opt.axis not in (None, 0) or not (isinstance(opt.amount, int) and 0 <= opt.amount < tiles):
+    raise KernelOptError(f"{opt}: {opt.op.name} takes axis 0 and a tile index 0..{tiles - 1}")
   use = matmul_of(state)
   if isinstance(use, str): raise KernelOptError(f"{opt}: {use}")
+  return use
+
+def split_tf32_matmul(state: AxisState, opt: Opt) -> AxisState:
+  """TF32X3: the whole kernel is one 3xTF32 warpgroup matmul of plain float32 loads with tile SPLIT_TILES[opt.amount]
+  (see the module doc)."""
+  use = _qualifying(state, opt, len(SPLIT_TILES))
+  if not use.split_tf32: raise KernelOptError(f"{opt}: 3xTF32 multiplies plain float32 loads, not {use.dtype} ones")
+  return state.replace(warpgroup_matmul=dataclasses.replace(use, **_tile_fields(SPLIT_TILES[opt.amount])))
+
+def warpgroup_mma(state: AxisState, opt: Opt) -> AxisState:
+  """WGMMA: the whole kernel is one warpgroup matmul with tile WGMMA_TILES[opt.amount] (see the module doc)."""
+  use = _qualifying(state, opt, len(WGMMA_TILES))
+  if use.split_tf32: raise KernelOptError(f"{opt}: a matmul of plain float32 loads is 3xTF32's (OptOps.TF32X3)")
   warpgroups, block_n, stages, tma = WGMMA_TILES[opt.amount]
   if tma and not loads_by_tma(use):
     raise KernelOptError(f"{opt}: a TMA tile needs a known M, a row-major A (the maps are made per buffer) and "
@@ -181,6 +211,14 @@ def default_tile(m: sint, n: int, tma: bool = False) -> int:
   candidates = DEFAULT_TMA_TILES if tma else DEFAULT_TILES
   tile = next((t for t in candidates if blocks(t) >= WAVE_FRACTION * GPU_SMS), candidates[-1])
   return WGMMA_TILES.index(tile)
+
+def default_split_tile(m: sint, n: int) -> int:
+  """The heuristics' 3xTF32 tile for an M×N output (an index into SPLIT_TILES; see DEFAULT_SPLIT_TILES); a symbolic M
+  counts as its maximum up to TYPICAL_ROWS."""
+  m = m if isinstance(m, int) else min(vmax_of(m), TYPICAL_ROWS)
+  def blocks(tile) -> int: return -(-m // (64 * tile[0])) * -(-n // tile[1])
+  tile = next((t for t in DEFAULT_SPLIT_TILES if blocks(t) >= WAVE_FRACTION * GPU_SMS), DEFAULT_SPLIT_TILES[-1])
+  return SPLIT_TILES.index(tile)
 
 def worth_it(use: WarpgroupMatmul) -> bool:
   """Whether the heuristics give this matmul to the warpgroup kernel (big enough: MIN_MULTIPLY_ADDS; a symbolic M at

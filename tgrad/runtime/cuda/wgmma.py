@@ -130,8 +130,12 @@ class WgmmaConfig:
   stages: int = 4
   b_n_major: bool = False   # b is K×N (N contiguous: a plain a·b) instead of N×K; wgmma reads it transposed
   tma: bool = False         # tensor-map loads by a producer warpgroup (wgmma_tma.py) instead of cp.async by all
+  split_tf32: bool = False  # 3xTF32 of float32 inputs (wgmma_split.py): big and small TF32 parts, twice the stage
   def __post_init__(self):
-    if self.tma: b_ok = self.block_n % (64 if self.b_n_major else 8) == 0
+    if self.split_tf32:   # K×N B: staged row-major (threads a whole number of rows of BN/4 chunks), then transposed
+      b_ok = not self.tma and self.block_n % 8 == 0 and (self.block_n * ROW_CHUNKS) % self.threads == 0 and \
+        (not self.b_n_major or self.threads % (self.block_n // 4) == 0)
+    elif self.tma: b_ok = self.block_n % (64 if self.b_n_major else 8) == 0
     elif self.b_n_major: b_ok = self.block_n % 64 == 0 and self.threads % (self.block_n // CHUNK_ELEMENTS) == 0
     else: b_ok = self.block_n % 8 == 0 and (self.block_n * ROW_CHUNKS) % self.threads == 0
     min_stages = MIN_TMA_STAGES if self.tma else MIN_STAGES
@@ -154,7 +158,7 @@ class WgmmaConfig:
   @property
   def b_offset(self) -> int: return self.block_m * SWIZZLE_BYTES   # B's tile follows A's in a stage
   @property
-  def stage_bytes(self) -> int: return (self.block_m + self.block_n) * SWIZZLE_BYTES
+  def stage_bytes(self) -> int: return (self.block_m + self.block_n) * SWIZZLE_BYTES * (2 if self.split_tf32 else 1)
   @property
   def shared_bytes(self) -> int:   # the stages, alignment slack, and with TMA a full and an empty mbarrier per stage
     return self.stages * self.stage_bytes + SWIZZLE_ATOM_BYTES + (2 * MBARRIER_BYTES * self.stages if self.tma else 0)
@@ -166,7 +170,7 @@ class WgmmaConfig:
     return UNUSED_LEADING_BYTES, SWIZZLE_ATOM_BYTES
   def __str__(self) -> str:
     return f"{self.block_m}x{self.block_n}x{BLOCK_K}/{self.stages}" + (" B K×N" if self.b_n_major else "") + \
-      (" TMA" if self.tma else "")
+      (" TMA" if self.tma else "") + (" 3xTF32" if self.split_tf32 else "")
 
 # ---- the layout formulas (ints for the tests, CExprs for the kernel)
 
@@ -331,15 +335,16 @@ def emulate_block(config: WgmmaConfig, a: np.ndarray, b: np.ndarray, dtype: DTyp
 
 # ---- the kernel's source
 
-def check_shapes(m: Size, n: int, k: int, dtype: DType, b_n_major: bool = False) -> None:
+def check_shapes(m: Size, n: int, k: int, dtype: DType, b_n_major: bool = False, split_tf32: bool = False) -> None:
   if dtype not in WGMMA_TYPES: raise ValueError(f"wgmma matmul: dtype {dtype} is not one of {list(WGMMA_TYPES)}")
   if min(m if isinstance(m, int) else 1, n, k) < 1 or k % chunk_elements(dtype):
     raise ValueError(f"wgmma matmul: A {m}×{k} · B {n}×{k}ᵀ needs sizes ≥ 1 and K a multiple of "
                      f"{chunk_elements(dtype)} (16-byte rows of {dtype})")
-  if b_n_major and dtype == TF32:
+  if b_n_major and dtype == TF32 and not split_tf32:
     raise ValueError(f"wgmma matmul: TF32 operands must both be K-major (B stored N×K), not a K×N B of {k}×{n}")
-  if b_n_major and n % 8:
-    raise ValueError(f"wgmma matmul: A {m}×{k} · B {k}×{n} needs N a multiple of 8 (16-byte rows of B)")
+  if b_n_major and n % chunk_elements(dtype):
+    raise ValueError(f"wgmma matmul: A {m}×{k} · B {k}×{n} needs N a multiple of {chunk_elements(dtype)} (16-byte "
+                     f"rows of B)")
 
 def launch_dims(config: WgmmaConfig, m: int, n: int) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
   """(grid, block) of the kernel: blockIdx.x over column tiles, blockIdx.y over row tiles."""
@@ -424,10 +429,12 @@ def descriptor_bits(c: WgmmaConfig) -> tuple[int, int]:
   """The fixed fields (LBO, SBO, 128-byte swizzle) of A's and B's shared-memory matrix descriptors."""
   return tuple(encode_descriptor(0, *c.descriptor_offsets(operand_b), SWIZZLE_128B) for operand_b in (0, 1))
 
-def k_tile_wgmmas(c: WgmmaConfig, type_name: str, indent: str) -> list[str]:
+def k_tile_wgmmas(c: WgmmaConfig, type_name: str, indent: str, parts: tuple[tuple[int, int], ...] = ((0, 0),)) -> \
+    list[str]:
   """The wgmmas of one K tile (BLOCK_K / WGMMA_K of them, from the stage `stage`, descriptors from `a_bits`, `b_bits`
   and `shared_base`), their commit, and the wait for the previous tile's: a loop body's lines at `indent`, shared by
-  the cp.async kernel here and the TMA kernel (wgmma_tma.py)."""
+  the cp.async kernel here, the TMA kernel (wgmma_tma.py) and the 3xTF32 kernel (wgmma_split.py), whose `parts` are
+  the (A, B) byte offsets from the stage's tiles of each wgmma of a K step (its big and small parts)."""
   outputs = ", ".join(f'"+f"(acc[{i}])' for i in range(c.accumulators))
   registers = ", ".join(f"%{i}" for i in range(c.accumulators))
   da, db, one = c.accumulators, c.accumulators + 1, c.accumulators + 2   # scale-d is a predicate: p = 1
@@ -437,15 +444,16 @@ def k_tile_wgmmas(c: WgmmaConfig, type_name: str, indent: str) -> list[str]:
   immediates = "1, 1" if tf32 else f"1, 1, 0, {int(c.b_n_major)}"
   lines: list[str] = []
   for k_step in range(SWIZZLE_BYTES // STEP_BYTES):
-    start_a = descriptor_start(c, CExpr("stage"), False, CExpr("warpgroup"), k_step)
-    start_b = descriptor_start(c, CExpr("stage"), True, CExpr("warpgroup"), k_step)
-    lines += [
-      "{",
-      f"  const unsigned long long desc_a = a_bits | (((shared_base + {start_a}) >> 4) & {DESCRIPTOR_FIELD_MASK});",
-      f"  const unsigned long long desc_b = b_bits | (((shared_base + {start_b}) >> 4) & {DESCRIPTOR_FIELD_MASK});",
-      f'  asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{one}, 0;\\n{instruction} {{{registers}}}, %{da}, '
-      f'%{db}, p, {immediates};\\n}}\\n" : {outputs} : "l"(desc_a), "l"(desc_b), "n"(1) : "memory");',
-      "}"]
+    for a_part, b_part in parts:
+      start_a = descriptor_start(c, CExpr("stage"), False, CExpr("warpgroup"), k_step) + a_part
+      start_b = descriptor_start(c, CExpr("stage"), True, CExpr("warpgroup"), k_step) + b_part
+      lines += [
+        "{",
+        f"  const unsigned long long desc_a = a_bits | (((shared_base + {start_a}) >> 4) & {DESCRIPTOR_FIELD_MASK});",
+        f"  const unsigned long long desc_b = b_bits | (((shared_base + {start_b}) >> 4) & {DESCRIPTOR_FIELD_MASK});",
+        f'  asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{one}, 0;\\n{instruction} {{{registers}}}, %{da}, '
+        f'%{db}, p, {immediates};\\n}}\\n" : {outputs} : "l"(desc_a), "l"(desc_b), "n"(1) : "memory");',
+        "}"]
   lines += ['asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");',
             'asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");   // tile t - 1\'s wgmmas are done']
   return [indent + line for line in lines]
@@ -463,6 +471,8 @@ def wgmma_matmul_source(name: str, m: Size, n: int, k: int, dtype: DType = dtype
   if shape.a_segment and (shape.a_segment % tile_k or k % shape.a_segment):
     raise ValueError(f"wgmma matmul: A's K segments of {shape.a_segment} must be whole K tiles of {tile_k} in K={k}")
   if config.tma: raise ValueError(f"wgmma matmul: tile {config} loads by TMA: wgmma_tma.tma_matmul_source writes it")
+  if config.split_tf32: raise ValueError(f"wgmma matmul: tile {config} is 3xTF32: wgmma_split.split_matmul_source "
+                                         "writes it")
   if sorted(arguments) != sorted(PARAMETERS): raise ValueError(f"wgmma matmul: arguments {arguments} must order "
                                                                f"{list(PARAMETERS)}")
   c = config

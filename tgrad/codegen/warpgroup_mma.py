@@ -8,9 +8,11 @@ Everything about it is here, in the order it is used:
      which sums of products qualify), or of two float32 loads the graph rounds to TF32 (the matmul lowering "tf32":
      `tf32_rounded_load`) stored as float32, which the kernel multiplies as TF32 (dtype float32: it loads the raw
      floats and rounds them in shared memory as the graph does; b must then be N×K, both operands K-major, and 16-byte
-     rows are 4 elements); one reduce over one K axis, two output axes (M, N), N and K known, M known or symbolic (a
-     prompt's rows: an expression of variables, the grid's rows from their values at launch, rows past M read as zeros
-     and not stored); b's view plain (no mask, offset 0) with strides (0, K, 1) (N×K, a linear layer's
+     rows are 4 elements), or of two plain float32 loads stored as float32 (`split_tf32`: 3xTF32, the kernel of
+     runtime/cuda/wgmma_split.py, float32-class: each operand split into big and small TF32 parts; b N×K or K×N);
+     one reduce over one K axis, two output axes (M, N), N and K known, M known or symbolic (a prompt's rows: an
+     expression of variables, the grid's rows from their values at launch, rows past M read as zeros and not stored);
+     b's view plain (no mask, offset 0) with strides (0, K, 1) (N×K, a linear layer's
      weight) or (0, 1, N) (K×N, a plain a·b; N a multiple of 8); a's memory index row·S_row + kk (rows contiguous,
      S_row = K or another multiple of 8) or, with K cut into segments of whole K tiles (64), row·S_row + (kk / seg)·
      S_seg + kk % seg (`a_layout`: attention's heads [H, T, D] read as T×(H·D), S_seg = T·D symbolic); the
@@ -24,6 +26,10 @@ Everything about it is here, in the order it is used:
      known M and a row-major A only (`loads_by_tma`); the others load by cp.async from every thread. BEAM tries every
      tile (search.py's ACTIONS; a TMA tile is refused where it can't load); the heuristics take `default_tile`, from
      the TMA tiles under WGMMA_TMA=1 where they can load, and for a symbolic M from its maximum up to TYPICAL_ROWS.
+     A 3xTF32 matmul takes Opt(OptOps.TF32X3, 0, i) instead: tile i of SPLIT_TILES (warpgroups, block_n, stages),
+     cp.async loads (a stage holds big and small parts: twice a TF32 stage); BEAM tries every one; the heuristics take
+     `default_split_tile` under F32_MATMUL=3xtf32 (the default). WGMMA refuses such a matmul (a single TF32 pass is
+     not float32) and TF32X3 every other.
   3. rendering: compile.render_source hands AxisState.warpgroup_matmul to renderer.render_warpgroup_matmul.
 """
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """Hopper warpgroup MMA (PTX `wgmma.mma_async`, sm_90a): a half/bfloat16 matmul kernel C = A·Bᵀ (or A·B) with
 float32 accumulators, both operands read by the tensor cores from 128-byte-swizzled shared memory through matrix
 descriptors; or a TF32 one of float32 inputs (C = A·Bᵀ only: 4-byte elements, `block_k` 32, m64nNk8, each thread's
-landed chunks rounded to TF32 in place before the proxy fence: `_rounding_lambda`).
+landed chunks rounded to TF32 in place before the proxy fence: `_rounding_lambda`). The 3xTF32 kernel of plain
+float32 inputs (`WgmmaConfig.split_tf32`, float32-class) builds on this one in wgmma_split.py.
 
 Every index formula the kernel uses is one Python function here (`copy_k_major`, `copy_n_major`, `k_major_offset`,
 `n_major_offset`, `accumulator_position`, `encode_descriptor`, `descriptor_start`), called with ints by the CPU

@@ -63,13 +63,14 @@ DEFAULT_TILES = ((2, 256, 4, False), (2, 128, 5, False), (1, 128, 6, False), (1,
 # The same choice among the TMA tiles (WGMMA_TMA=1): the largest, then the deepest pipelines of smaller tiles.
 DEFAULT_TMA_TILES = ((2, 256, 4, True), (2, 128, 6, True), (1, 128, 8, True), (1, 64, 8, True))
 # 3xTF32 (OptOps.TF32X3, runtime/cuda/wgmma_split.py): (warpgroups, block_n, stages) of a plain float32 matmul, cp.async
-# loads. A stage holds big and small TF32 parts of both tiles (twice a TF32 stage: 256·(BM + BN) bytes), so a 128×256
-# tile doesn't fit three; every entry fits 227 KiB and both B layouts (a K×N B's rows of BN/4 chunks divide the
-# threads). Appended only: an index keeps its meaning for the BEAM winners cached before a new tile.
+# loads. Shared memory holds `stages` TF32 stages (128·(BM + BN) bytes each: the big parts) and 3 more for the small
+# parts, so a 128×256 tile doesn't fit; every entry fits 227 KiB and both B layouts (a K×N B's rows of BN/4 chunks
+# divide the threads): the most stages each tile fits, then fewer. Appended only: an index keeps its meaning for the
+# BEAM winners cached before a new tile.
 SPLIT_TILES: tuple[tuple[int, int, int], ...] = (
-  (2, 128, 3), (1, 128, 4), (2, 64, 4), (1, 64, 6), (1, 128, 3), (1, 64, 7), (2, 64, 3), (1, 64, 4))
+  (2, 128, 4), (1, 128, 6), (2, 64, 6), (1, 64, 8), (2, 128, 3), (1, 128, 4), (1, 64, 11), (1, 64, 5))
 # The heuristics' 3xTF32 tile, chosen as DEFAULT_TILES (a wave of blocks, else the most blocks).
-DEFAULT_SPLIT_TILES = ((2, 128, 3), (1, 128, 4), (1, 64, 6))
+DEFAULT_SPLIT_TILES = ((2, 128, 4), (1, 128, 6), (1, 64, 8))
 GPU_SMS = 132
 WAVE_FRACTION = 0.9
 # Below this many multiply-adds (M·N·K) the mma.sync tensor-core kernels are left the work: the heuristics' WGMMA

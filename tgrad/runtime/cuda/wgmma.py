@@ -72,6 +72,7 @@ STEP_BYTES = WGMMA_K * ELEMENT_BYTES   # K of one wgmma in bytes (k16 of 16-bit 
 MIN_STAGES = 3       # cp.async: stages - 2 tiles in flight while one is multiplied and one is being released
 MIN_TMA_STAGES = 2   # TMA: the producer refills a stage as soon as the consumers release it (mbarriers)
 MBARRIER_BYTES = 8
+SPLIT_SLOTS = 3      # 3xTF32's buffers of small parts (wgmma_split.py): one per K tile, reused three tiles on
 
 Index = Union[int, "CExpr"]
 Size = Union[int, str]   # a size or stride known when the kernel is written (an int), or C text read at run time
@@ -131,7 +132,7 @@ class WgmmaConfig:
   stages: int = 4
   b_n_major: bool = False   # b is K×N (N contiguous: a plain a·b) instead of N×K; wgmma reads it transposed
   tma: bool = False         # tensor-map loads by a producer warpgroup (wgmma_tma.py) instead of cp.async by all
-  split_tf32: bool = False  # 3xTF32 of float32 inputs (wgmma_split.py): big and small TF32 parts, twice the stage
+  split_tf32: bool = False  # 3xTF32 of float32 inputs (wgmma_split.py): + SPLIT_SLOTS stages' room for small parts
   def __post_init__(self):
     if self.split_tf32:   # K×N B: staged row-major (threads a whole number of rows of BN/4 chunks), then transposed
       b_ok = not self.tma and self.block_n % 8 == 0 and (self.block_n * ROW_CHUNKS) % self.threads == 0 and \
@@ -159,10 +160,11 @@ class WgmmaConfig:
   @property
   def b_offset(self) -> int: return self.block_m * SWIZZLE_BYTES   # B's tile follows A's in a stage
   @property
-  def stage_bytes(self) -> int: return (self.block_m + self.block_n) * SWIZZLE_BYTES * (2 if self.split_tf32 else 1)
+  def stage_bytes(self) -> int: return (self.block_m + self.block_n) * SWIZZLE_BYTES
   @property
-  def shared_bytes(self) -> int:   # the stages, alignment slack, and with TMA a full and an empty mbarrier per stage
-    return self.stages * self.stage_bytes + SWIZZLE_ATOM_BYTES + (2 * MBARRIER_BYTES * self.stages if self.tma else 0)
+  def shared_bytes(self) -> int:   # the stages (and 3xTF32's small parts), alignment slack, TMA's mbarriers
+    buffers = self.stages + (SPLIT_SLOTS if self.split_tf32 else 0)
+    return buffers * self.stage_bytes + SWIZZLE_ATOM_BYTES + (2 * MBARRIER_BYTES * self.stages if self.tma else 0)
   @property
   def n_atom_bytes(self) -> int: return BLOCK_K * SWIZZLE_BYTES   # an N-major atom: 64 K-rows × 64 N-elements
   def descriptor_offsets(self, operand_b: bool) -> tuple[int, int]:
@@ -430,12 +432,12 @@ def descriptor_bits(c: WgmmaConfig) -> tuple[int, int]:
   """The fixed fields (LBO, SBO, 128-byte swizzle) of A's and B's shared-memory matrix descriptors."""
   return tuple(encode_descriptor(0, *c.descriptor_offsets(operand_b), SWIZZLE_128B) for operand_b in (0, 1))
 
-def k_tile_wgmmas(c: WgmmaConfig, type_name: str, indent: str, parts: tuple[tuple[int, int], ...] = ((0, 0),)) -> \
-    list[str]:
+def k_tile_wgmmas(c: WgmmaConfig, type_name: str, indent: str, parts: tuple[tuple[Index, Index], ...] = ((0, 0),)) \
+    -> list[str]:
   """The wgmmas of one K tile (BLOCK_K / WGMMA_K of them, from the stage `stage`, descriptors from `a_bits`, `b_bits`
   and `shared_base`), their commit, and the wait for the previous tile's: a loop body's lines at `indent`, shared by
   the cp.async kernel here, the TMA kernel (wgmma_tma.py) and the 3xTF32 kernel (wgmma_split.py), whose `parts` are
-  the (A, B) byte offsets from the stage's tiles of each wgmma of a K step (its big and small parts)."""
+  the (A, B) byte offsets (ints or C) from the stage's tiles of each wgmma of a K step (its big and small parts)."""
   outputs = ", ".join(f'"+f"(acc[{i}])' for i in range(c.accumulators))
   registers = ", ".join(f"%{i}" for i in range(c.accumulators))
   da, db, one = c.accumulators, c.accumulators + 1, c.accumulators + 2   # scale-d is a predicate: p = 1

@@ -7,11 +7,14 @@ relative: a few float32 roundings. Three wgmmas per K step of 8, a third of the 
 
 The kernel is wgmma.py's cp.async kernel (its copies, pipeline of `stages` buffers, descriptors and epilogue: read its
 docstring) for float32 elements (a K tile of 32, 16-byte chunks of 4), with these differences:
-  - **Stage layout.** A stage holds A's and B's tiles where wgmma.py puts them (K-major, 128-byte swizzle), which
-    hold the big parts, then the same two tiles again for the small parts, `small_offset` bytes on: twice a TF32
-    stage (WgmmaConfig.split_tf32), so fewer stages or smaller tiles fit (warpgroup_mma.TF32X3_TILES).
+  - **Shared layout.** The `stages` buffers hold A's and B's tiles as wgmma.py lays them out (K-major, 128-byte
+    swizzle): the big parts. After them come SPLIT_SLOTS (3) buffers of the same layout for the small parts, tile t's
+    in slot t mod 3 (`small_shift`: bytes from a big part to its small part this iteration). Three suffice: tile t's
+    small parts are written before iteration t's barrier, and once past the barrier of iteration t + 2 every
+    warpgroup has waited for tile t's wgmmas (`wgmma.wait_group 1` at the end of iteration t + 1). So the small
+    parts cost 3 stages' bytes whatever `stages` is (warpgroup_mma.SPLIT_TILES).
   - **Split in place.** After its cp.async.wait_group each thread splits the K-major chunks it copied itself (A's,
-    and B's when B is N×K): big over the float32 chunk, small at the same place in the small tiles (`split_tile`).
+    and B's when B is N×K): big over the float32 chunk, small at the same place in the slot's tiles (`split_tile`).
   - **B stored K×N** (a plain a·b). TF32 wgmma reads K-major operands only, so B's float32 tile is staged row-major
     in B's region (K-row k at k·4·BN, cp.async of 16-byte runs of N: `copy_row_major`, `row_major_offset`), and after
     a barrier every thread reads its chunks of the transpose (4 K-values of one column: `transpose_chunk`;
@@ -30,7 +33,7 @@ from typing import Optional
 import numpy as np
 from tgrad.dtype import TF32_KEEP_MASK, TF32_ROUNDING_BIAS, dtypes
 from tgrad.runtime.cuda.targets import DYNAMIC_SHARED_SUFFIX, WARPGROUP_MMA_ARCH
-from tgrad.runtime.cuda.wgmma import (PARAMETERS, SWIZZLE_BYTES, WGMMA_TYPES, CExpr, Index, MatmulShape,
+from tgrad.runtime.cuda.wgmma import (PARAMETERS, SPLIT_SLOTS, WGMMA_TYPES, CExpr, Index, MatmulShape,
                                       Size, WgmmaConfig, _copy_lines, _epilogue, block_k, block_prologue,
                                       check_shapes, chunk_elements, copies, copy_k_major, descriptor_bits,
                                       k_major_offset, k_tile_wgmmas, parameter_list, rows_line)
@@ -43,9 +46,9 @@ EXPONENT_BITS = 0x7F800000
 MANTISSA_BITS = 0x007FFFFF
 QUIET_NAN = 0x7FFFFFFF             # a NaN whose TF32 bits are a NaN too
 
-def small_offset(c: WgmmaConfig) -> int:
-  """Bytes from a stage's big parts (A's tile, then B's) to its small parts (the same two tiles again)."""
-  return (c.block_m + c.block_n) * SWIZZLE_BYTES
+def small_base(c: WgmmaConfig) -> int:
+  """Bytes from the aligned shared base to the first of the SPLIT_SLOTS buffers of small parts (after the stages)."""
+  return c.stages * c.stage_bytes
 
 def row_major_offset(c: WgmmaConfig, k_row: Index, column: Index) -> Index:
   """Byte offset of element (k_row, column) of a K×N B tile staged row-major (before its transpose)."""
@@ -77,8 +80,8 @@ def split_parts(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
   return big, np.where(np.isfinite(rest), to_tf32(np.nan_to_num(rest)), np.float32(0))
 
 def _split_lambdas(c: WgmmaConfig) -> list[str]:
-  """`split(x, small)` (big returned), `split_chunk(at)` (4 floats: big in place, small `small_offset` on) and
-  `split_tile(stage)`: the K-major chunks this thread copied into `stage` (their copies have landed for it)."""
+  """`split(x, small)` (big returned), `split_chunk(at, shift)` (4 floats: big in place, small `shift` bytes on) and
+  `split_tile(stage, shift)`: the K-major chunks this thread copied into `stage` (their copies have landed for it)."""
   offsets = [k_major_offset(*copy_k_major(c, CExpr("tid"), i)) for i in range(copies(c, False))]
   if not c.b_n_major:
     offsets += [c.b_offset + k_major_offset(*copy_k_major(c, CExpr("tid"), i)) for i in range(copies(c, True))]
@@ -97,21 +100,22 @@ def _split_lambdas(c: WgmmaConfig) -> list[str]:
     "    small = rest - rest == 0.0f ? to_tf32(rest) : 0.0f;   // 0 beside a big that is infinite or NaN",
     "    return big;",
     "  };",
-    "  auto split_chunk = [&](unsigned char* at) {",
+    "  auto split_chunk = [&](unsigned char* at, int shift) {",
     "    float4 v = *(float4*)at, s;",
     "    v.x = split(v.x, s.x); v.y = split(v.y, s.y); v.z = split(v.z, s.z); v.w = split(v.w, s.w);",
-    f"    *(float4*)at = v; *(float4*)(at + {small_offset(c)}) = s;",
+    "    *(float4*)at = v; *(float4*)(at + shift) = s;",
     "  };",
-    "  auto split_tile = [&](int stage) {",
+    "  auto split_tile = [&](int stage, int shift) {",
     f"    unsigned char* const stage_start = aligned_shared + stage * {c.stage_bytes};",
-    *[f"    split_chunk(stage_start + {offset});" for offset in offsets],
+    *[f"    split_chunk(stage_start + {offset}, shift);" for offset in offsets],
     "  };"]
 
 def _transpose_lambda(c: WgmmaConfig) -> list[str]:
-  """`transpose_tile(stage)` for a K×N B: its row-major float32 tile (every thread's copies landed and visible after
-  the barrier before it) read column-wise into registers, a barrier, and written as big and small K-major tiles."""
+  """`transpose_tile(stage, shift)` for a K×N B: its row-major float32 tile (every thread's copies landed and visible
+  after the barrier before it) read column-wise into registers, a barrier, and written as big and small K-major tiles
+  (the small ones `shift` bytes on)."""
   count = copies(c, True)
-  lines = ["  auto transpose_tile = [&](int stage) {",
+  lines = ["  auto transpose_tile = [&](int stage, int shift) {",
            f"    unsigned char* const b_tile = aligned_shared + stage * {c.stage_bytes} + {c.b_offset};",
            f"    float column[{count}][{CHUNK_FLOATS}];"]
   for i in range(count):
@@ -127,7 +131,7 @@ def _transpose_lambda(c: WgmmaConfig) -> list[str]:
               f"      v.x = split(column[{i}][0], s.x); v.y = split(column[{i}][1], s.y); "
               f"v.z = split(column[{i}][2], s.z); v.w = split(column[{i}][3], s.w);",
               f"      unsigned char* const at = b_tile + {k_major_offset(n, k_chunk)};",
-              f"      *(float4*)at = v; *(float4*)(at + {small_offset(c)}) = s;",
+              "      *(float4*)at = v; *(float4*)(at + shift) = s;",
               "    }"]
   return lines + ["  };"]
 
@@ -191,12 +195,13 @@ def split_matmul_source(name: str, m: Size, n: int, k: int, config: WgmmaConfig,
     f"    if (s < {tiles}) copy_tile(s, s);",
     '    asm volatile("cp.async.commit_group;" ::: "memory");',
     "  }",
-    "  int stage = 0;",
+    "  int stage = 0, slot = 0;   // tile t's stage, and its small parts' slot (t mod SPLIT_SLOTS)",
     f"  for (int t = 0; t < {tiles}; ++t) {{",
+    f"    const int small_shift = {small_base(c)} + slot * {c.stage_bytes} - stage * {c.stage_bytes};",
     f'    asm volatile("cp.async.wait_group {c.stages - 3};" ::: "memory");   // tile t has landed (this thread)',
-    "    split_tile(stage);   // this thread's K-major chunks of tile t: big in place, small beside",
+    "    split_tile(stage, small_shift);   // this thread's K-major chunks of tile t: big in place, small in the slot",
     *(["    __syncthreads();   // every thread's row-major chunks of B have landed",
-       "    transpose_tile(stage);   // B K-major, big and small"] if c.b_n_major else []),
+       "    transpose_tile(stage, small_shift);   // B K-major, big and small"] if c.b_n_major else []),
     '    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");   // visible to wgmma (the async proxy)',
     "    __syncthreads();",
     f"    if (t + {c.stages - 2} < {tiles}) copy_tile(t + {c.stages - 2}, stage >= 2 ? stage - 2 : stage + "
@@ -205,11 +210,12 @@ def split_matmul_source(name: str, m: Size, n: int, k: int, config: WgmmaConfig,
     '    asm volatile("wgmma.fence.sync.aligned;" ::: "memory");']
   k_major = dataclasses.replace(c, b_n_major=False)   # the descriptors: a K×N B is K-major once transposed
   a_bits, b_bits = descriptor_bits(k_major)
-  small = small_offset(c)
+  small = CExpr("small_shift")
   lines += [f"    const unsigned long long a_bits = {a_bits}ull, b_bits = {b_bits}ull;   // LBO, SBO, 128-byte swizzle"]
   lines += k_tile_wgmmas(k_major, WGMMA_TYPES[F32], "    ", parts=((small, 0), (0, small), (0, 0)))
   lines += [
     f"    stage = stage + 1 == {c.stages} ? 0 : stage + 1;",
+    f"    slot = slot + 1 == {SPLIT_SLOTS} ? 0 : slot + 1;",
     "  }",
     '  asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");',
   ]

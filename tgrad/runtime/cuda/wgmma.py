@@ -432,13 +432,13 @@ def descriptor_bits(c: WgmmaConfig) -> tuple[int, int]:
   """The fixed fields (LBO, SBO, 128-byte swizzle) of A's and B's shared-memory matrix descriptors."""
   return tuple(encode_descriptor(0, *c.descriptor_offsets(operand_b), SWIZZLE_128B) for operand_b in (0, 1))
 
-def k_tile_wgmmas(c: WgmmaConfig, type_name: str, indent: str, parts: tuple[tuple[Index, Index], ...] = ((0, 0),)) \
-    -> list[str]:
+def k_tile_wgmmas(c: WgmmaConfig, type_name: str, indent: str,
+                  parts: tuple[tuple[Index, Index, str], ...] = ((0, 0, "acc"),)) -> list[str]:
   """The wgmmas of one K tile (BLOCK_K / WGMMA_K of them, from the stage `stage`, descriptors from `a_bits`, `b_bits`
   and `shared_base`), their commit, and the wait for the previous tile's: a loop body's lines at `indent`, shared by
   the cp.async kernel here, the TMA kernel (wgmma_tma.py) and the 3xTF32 kernel (wgmma_split.py), whose `parts` are
-  the (A, B) byte offsets (ints or C) from the stage's tiles of each wgmma of a K step (its big and small parts)."""
-  outputs = ", ".join(f'"+f"(acc[{i}])' for i in range(c.accumulators))
+  the (A, B) byte offsets (ints or C) from the stage's tiles and the accumulator array of each wgmma of a K step (its
+  big and small parts)."""
   registers = ", ".join(f"%{i}" for i in range(c.accumulators))
   da, db, one = c.accumulators, c.accumulators + 1, c.accumulators + 2   # scale-d is a predicate: p = 1
   tf32 = type_name == WGMMA_TYPES[TF32]
@@ -447,7 +447,8 @@ def k_tile_wgmmas(c: WgmmaConfig, type_name: str, indent: str, parts: tuple[tupl
   immediates = "1, 1" if tf32 else f"1, 1, 0, {int(c.b_n_major)}"
   lines: list[str] = []
   for k_step in range(SWIZZLE_BYTES // STEP_BYTES):
-    for a_part, b_part in parts:
+    for a_part, b_part, accumulators in parts:
+      outputs = ", ".join(f'"+f"({accumulators}[{i}])' for i in range(c.accumulators))
       start_a = descriptor_start(c, CExpr("stage"), False, CExpr("warpgroup"), k_step) + a_part
       start_b = descriptor_start(c, CExpr("stage"), True, CExpr("warpgroup"), k_step) + b_part
       lines += [

@@ -21,7 +21,11 @@ docstring) for float32 elements (a K tile of 32, 16-byte chunks of 4), with thes
     consecutive threads take consecutive columns, so a warp's reads hit 32 banks and each 8 threads' float4 writes 8
     different swizzled chunks) into registers; after a second barrier it writes their big and small parts K-major
     (`transpose_tile`).
-  - **Per K step** three `wgmma.mma_async.m64nNk8.f32.tf32.tf32`: small_a·big_b, big_a·small_b, then big_a·big_b.
+  - **Per K step** three `wgmma.mma_async.m64nNk8.f32.tf32.tf32`: small_a·big_b and big_a·small_b into accumulators
+    of their own (`acc_small`), big_a·big_b into `acc`; the two are added once, before the epilogue. The tensor
+    core rounds its sum once per wgmma (by truncation on the GPUs studied so far), so `acc` takes one rounding per
+    K step of 8, as a single TF32 pass does, and the cross terms' roundings are 2^-11 smaller; summed into one
+    accumulator it would take three.
 Infinities and NaNs: a non-finite x has big x (a NaN as a quiet NaN the tensor core reads as one) and small 0; a
 finite x that would round past the largest float is truncated instead. M known or symbolic, A in K segments, a
 float32 output, K (and a K×N B's N) a multiple of 4, ragged edges zero-filled: as wgmma.py.
@@ -181,7 +185,8 @@ def split_matmul_source(name: str, m: Size, n: int, k: int, config: WgmmaConfig,
     f"{a_chunk * CHUNK_FLOATS};",
     f"  const element* b_source = {b_start};",
     f"  float acc[{c.accumulators}];",
-    f"  #pragma unroll\n  for (int i = 0; i < {c.accumulators}; ++i) acc[i] = 0.0f;",
+    f"  float acc_small[{c.accumulators}];   // the cross terms small_a·big_b + big_a·small_b",
+    f"  #pragma unroll\n  for (int i = 0; i < {c.accumulators}; ++i) acc[i] = acc_small[i] = 0.0f;",
     "  auto copy_chunk = [](unsigned int target, const element* source, const element* any, bool valid) {",
     '    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(target), "l"(valid ? source : any), '
     '"r"(valid ? 16 : 0) : "memory");',
@@ -212,12 +217,14 @@ def split_matmul_source(name: str, m: Size, n: int, k: int, config: WgmmaConfig,
   a_bits, b_bits = descriptor_bits(k_major)
   small = CExpr("small_shift")
   lines += [f"    const unsigned long long a_bits = {a_bits}ull, b_bits = {b_bits}ull;   // LBO, SBO, 128-byte swizzle"]
-  lines += k_tile_wgmmas(k_major, WGMMA_TYPES[F32], "    ", parts=((small, 0), (0, small), (0, 0)))
+  lines += k_tile_wgmmas(k_major, WGMMA_TYPES[F32], "    ",
+                         parts=((small, 0, "acc_small"), (0, small, "acc_small"), (0, 0, "acc")))
   lines += [
     f"    stage = stage + 1 == {c.stages} ? 0 : stage + 1;",
     f"    slot = slot + 1 == {SPLIT_SLOTS} ? 0 : slot + 1;",
     "  }",
     '  asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");',
+    f"  #pragma unroll\n  for (int i = 0; i < {c.accumulators}; ++i) acc[i] += acc_small[i];",
   ]
   lines += _epilogue(c, n, shape.m, F32, CExpr("lane_thread"), CExpr("warpgroup"))
   lines.append("}")

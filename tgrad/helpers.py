@@ -104,6 +104,8 @@ class _Settings:
   WGMMA_TMA: int = 1    # 1: that kernel's heuristic tile loads by TMA with a producer warpgroup; 0: by cp.async
   SGEMM: int = 1        # 1: on CUDA a big float32 matmul without an epilogue is the float32 matmul template
                         # (OptOps.SGEMM); 0: the staged kernel of the generic opts
+  F32_MATMUL: str = "3xtf32"   # "3xtf32": on sm_90a a big float32 matmul without an epilogue is one 3xTF32
+                               # warpgroup-MMA kernel (OptOps.TF32X3); "simt": the CUDA-core kernels (SGEMM) instead
   JIT_PLAN: int = 1     # 1: a TinyJit packs its transient buffers into one arena per device; 0: one allocation each
   FLASH_ATTENTION: int = 1   # 1: scaled-dot-product attention on CUDA (half types) is one flash-attention kernel
   FLASH_DECODING: int = 1    # 1: one query position's attention (a decode step's, with its KV-cache append) is the
@@ -141,6 +143,8 @@ _ALLOWED_VALUES: dict[str, tuple[str, Callable[[int], bool]]] = {
   "WGMMA_TMA": ("0 or 1", lambda v: v in (0, 1)),
   "SGEMM": ("0 or 1", lambda v: v in (0, 1)),
 }
+# the settings that take one of a few words
+_ALLOWED_WORDS: dict[str, tuple[str, ...]] = {"F32_MATMUL": ("3xtf32", "simt")}
 # the float settings, the same way; None (unset) is always allowed for these
 _ALLOWED_FLOATS: dict[str, tuple[str, Callable[[float], bool]]] = {
   "TOLERANCE": ("a number >= 0 (the largest relative error a selected path may have), or unset for the per-dtype "
@@ -151,6 +155,11 @@ def _checked(name: str, value: Any, source: str) -> Any:
   """`value` for setting `name` as tgrad uses it, or SettingError. `source` says where it came from (for the message:
   'environment variable' or 'Context')."""
   if name in _ALLOWED_FLOATS: return _checked_float(name, value, source)
+  if name in _ALLOWED_WORDS:
+    words = _ALLOWED_WORDS[name]
+    word = value.strip().lower() if isinstance(value, str) else value
+    if word not in words: raise SettingError(f"{source} {name}={value!r} is not valid: expected one of {list(words)}")
+    return word
   if name not in _ALLOWED_VALUES:   # DEVICE: any string here; the device registry checks the name
     if not isinstance(value, str): raise SettingError(f"{source} {name}={value!r} is not valid: expected a device name")
     return value
@@ -209,7 +218,7 @@ def current_settings() -> _Settings:
 
 # The settings that change generated code. Not TOLERANCE: it changes which measured path is selected, never the code
 # of a path, so kernels and binaries cached under one tolerance serve every other.
-CODE_SETTINGS = ("NOOPT", "PDL", "PDL_PREFETCH", "WGMMA", "WGMMA_TMA", "SGEMM")
+CODE_SETTINGS = ("NOOPT", "PDL", "PDL_PREFETCH", "WGMMA", "WGMMA_TMA", "SGEMM", "F32_MATMUL")
 
 def settings_key(settings: Optional[_Settings] = None) -> tuple:
   """The settings that change generated code (of `settings`, else the current ones): part of every cache key."""

@@ -47,7 +47,7 @@ RENDERERS: dict[str, Callable] = {
   "cuda_sm90a_big_shared": lambda: CUDARenderer("sm_90a", shared_memory_bytes=BIG_SHARED_MEMORY)}
 # sm_90a (Hopper's wgmma, OptOps.WGMMA) only renders the matmul programs: elsewhere it renders what sm_90 does
 SM90A_PROGRAMS = ("matmul_half_big", "matmul_half_2048", "matmul_bf16", "matmul_half_weight", "linear_relu",
-                  "matmul_tf32_weight")
+                  "matmul_tf32_weight", "matmul_big", "matmul_float32_weight")
 
 # The random walks' opts: search.py's action space as of this file's golden hashes, frozen here so that a change to the
 # search space (not to code generation) leaves the walks as they are.
@@ -157,6 +157,8 @@ FIXED_OPTS: dict[str, list[tuple[str, tuple[Opt, ...]]]] = {
     ("sgemm_first_tile", (Opt(OptOps.SGEMM, 0, 0),)),
     ("sgemm_wide_tile", (Opt(OptOps.SGEMM, 0, 2),)),
     ("sgemm_small_tile", (Opt(OptOps.SGEMM, 0, 6),)),
+    ("tf32x3_first_tile", (Opt(OptOps.TF32X3, 0, 0),)),
+    ("tf32x3_small_tile", (Opt(OptOps.TF32X3, 0, 3),)),
   ],
   "llvm": [
     ("unroll4", (Opt(OptOps.UNROLL, 0, 4),)),

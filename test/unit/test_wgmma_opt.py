@@ -38,11 +38,11 @@ def test_plain_matmuls_qualify_with_either_b_layout(dtype):
 
 @pytest.mark.parametrize("build,why", [
   (lambda: (data(256, 128) @ data(128, 256, seed=1)).relu(), "no epilogue"),                # an epilogue
-  (lambda: data(256, 128, dtype=dtypes.float32) @ data(128, 256, dtype=dtypes.float32), "products"),
+  (lambda: data(256, 128, dtype=dtypes.float64) @ data(128, 256, dtype=dtypes.float64), "products"),
   (lambda: data(4, 64, 32) @ data(4, 32, 64, seed=1), "output axes"),                         # batched
   (lambda: data(128, 256).T @ data(128, 64, seed=1), "contiguous"),                           # a stored K×M
   (lambda: data(64, 36) @ data(36, 64, seed=1), "multiples of 8"),                            # K not 16-byte rows
-], ids=["epilogue", "float32", "batched", "a_transposed", "odd_k"])
+], ids=["epilogue", "float64", "batched", "a_transposed", "odd_k"])
 def test_other_kernels_are_refused_with_a_reason(build, why):
   kernel = last_kernel(build())
   assert why in matmul_of(kernel.state)

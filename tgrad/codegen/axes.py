@@ -31,7 +31,7 @@ class KernelOptError(Exception):
 class OptOps(Enum):
   UPCAST = auto(); UNROLL = auto(); LOCAL = auto(); GROUP = auto(); GROUPTOP = auto()  # noqa: E702
   NOLOCALS = auto(); PADTO = auto(); SWAP = auto(); TC = auto(); THREAD = auto(); SMEM = auto()  # noqa: E702
-  WGMMA = auto(); SGEMM = auto()  # noqa: E702
+  WGMMA = auto(); SGEMM = auto(); TF32X3 = auto()  # noqa: E702
   def __repr__(self): return f"OptOps.{self.name}"
   def __lt__(self, other): return self.value < other.value
 
@@ -66,7 +66,8 @@ class TensorCoreUse:
 @dataclass(frozen=True)
 class WarpgroupMatmul:
   """How OptOps.WGMMA computes a whole kernel (warpgroup_mma.py): out[M×N] = a[M×K] · b[N×K]ᵀ (b K×N when b_n_major)
-  in `dtype` (float32: TF32, the kernel rounding the raw floats) with float32 accumulators, one block per BM×BN tile
+  in `dtype` (float32: TF32, the kernel rounding the raw floats; with `split_tf32` 3xTF32, float32-class) with float32
+  accumulators, one block per BM×BN tile
   (BM = 64 · warpgroups) over `stages` shared-memory buffers. `arguments` names each kernel parameter's role ("out",
   "a", "b") in parameter order. With `tma` the tiles are loaded through tensor maps by one more warpgroup (the
   producer) beside the `warpgroups` that multiply.
@@ -88,6 +89,7 @@ class WarpgroupMatmul:
   a_segment_stride: sint = 0
   out_dtype: Optional[DType] = None
   variables: tuple[str, ...] = ()
+  split_tf32: bool = False   # plain float32 inputs multiplied by 3xTF32 (OptOps.TF32X3: big and small TF32 parts)
   WARPGROUP_THREADS = 128
   WARPGROUP_ROWS = 64
   @property

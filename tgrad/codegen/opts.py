@@ -4,7 +4,7 @@
 memory) and records the opt. Nothing changes in place, so a refused opt leaves nothing to undo. Every op but NOLOCALS,
 TC and SMEM acts on one axis and makes the same checks first (_split_target): UPCAST, UNROLL, LOCAL, GROUP, GROUPTOP
 and THREAD split it and move the piece to its role's place (AxisState.shift_to), SWAP exchanges two global axes,
-PADTO pads one. WGMMA and SGEMM make the whole kernel a hand-written matmul template (warpgroup_mma.py,
+PADTO pads one. WGMMA, TF32X3 and SGEMM make the whole kernel a hand-written matmul template (warpgroup_mma.py,
 simt_matmul.py). TC lays one warp over a tile of a matmul-like reduce (tensor_cores.py says which reduces and axes
 qualify); SMEM stages one input's tile in shared memory (staging.py says which loads, and lays the tile out). A
 padded reduce axis is legal only where the padding adds 0 to every reduce (reduce_ignores_padding).
@@ -17,7 +17,7 @@ from tgrad.codegen.axes import MEMORY_OPS, AxisState, KernelOptError, Opt, OptOp
 from tgrad.codegen.staging import MAX_ROW_PADDING, stage_plan, stageable_loads
 from tgrad.codegen.tensor_cores import operand_format, tensor_core_choices, tensor_core_operands
 from tgrad.codegen.simt_matmul import simt_matmul
-from tgrad.codegen.warpgroup_mma import warpgroup_mma
+from tgrad.codegen.warpgroup_mma import split_tf32_matmul, warpgroup_mma
 from tgrad.shape.shapetracker import ShapeTracker
 from tgrad.shape.sint import sint, canonical, ceil_div, divides, is_symbolic, render as render_size, vmax_of
 from tgrad.helpers import prod, round_up
@@ -32,7 +32,8 @@ MAX_PADDING_FRACTION = 1   # PADTO adds fewer positions than the axis has: paddi
 def apply_opt(state: AxisState, opt: Opt) -> AxisState:
   """The state with one more Opt, or KernelOptError."""
   if (apply := OPT_FUNCTIONS.get(opt.op)) is None: raise KernelOptError(f"{opt.op} is not supported by this kernel")
-  _check(state.warpgroup_matmul is None, f"{opt}: the kernel is a warpgroup matmul (WGMMA): no other opt applies")
+  _check(state.warpgroup_matmul is None, f"{opt}: the kernel is a warpgroup matmul (WGMMA, TF32X3): no other opt "
+         "applies")
   _check(state.simt_matmul is None, f"{opt}: the kernel is a float32 matmul template (SGEMM): no other opt applies")
   new = apply(state, opt)
   if new.renderer.has_local: _check_limits(new)
@@ -301,7 +302,7 @@ def smem(state: AxisState, opt: Opt) -> AxisState:
 OPT_FUNCTIONS: dict[OptOps, Callable[[AxisState, Opt], AxisState]] = {
   OptOps.UPCAST: upcast, OptOps.UNROLL: unroll, OptOps.LOCAL: local, OptOps.GROUP: group, OptOps.GROUPTOP: group,
   OptOps.THREAD: thread, OptOps.SWAP: swap, OptOps.PADTO: padto, OptOps.NOLOCALS: nolocals, OptOps.TC: tensor_core,
-  OptOps.SMEM: smem, OptOps.WGMMA: warpgroup_mma, OptOps.SGEMM: simt_matmul}
+  OptOps.SMEM: smem, OptOps.WGMMA: warpgroup_mma, OptOps.SGEMM: simt_matmul, OptOps.TF32X3: split_tf32_matmul}
 
 # ---- the target's limits, checked after every opt
 

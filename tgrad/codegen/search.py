@@ -28,7 +28,7 @@ from tgrad.codegen.kernel import Kernel
 from tgrad.codegen.opts import apply_opt, apply_opts
 from tgrad.codegen.heuristics import hand_coded_optimizations
 from tgrad.codegen.simt_matmul import SIMT_TILES
-from tgrad.codegen.warpgroup_mma import WGMMA_TILES
+from tgrad.codegen.warpgroup_mma import SPLIT_TILES, WGMMA_TILES
 from tgrad.codegen.compile import CompiledKernel, render_source
 from tgrad.device import BinaryLoadError, Buffer, Compiled, Device
 from tgrad.dtype import DType, bfloat16_to_float32, dtypes
@@ -66,6 +66,7 @@ ACTIONS: list[Opt] = [
   Opt(OptOps.NOLOCALS),
   *[Opt(OptOps.WGMMA, 0, tile) for tile in range(len(WGMMA_TILES))],
   *[Opt(OptOps.SGEMM, 0, tile) for tile in range(len(SIMT_TILES))],
+  *[Opt(OptOps.TF32X3, 0, tile) for tile in range(len(SPLIT_TILES))],
 ]
 
 # ---- measuring

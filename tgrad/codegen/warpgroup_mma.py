@@ -8,9 +8,11 @@ Everything about it is here, in the order it is used:
      which sums of products qualify), or of two float32 loads the graph rounds to TF32 (the matmul lowering "tf32":
      `tf32_rounded_load`) stored as float32, which the kernel multiplies as TF32 (dtype float32: it loads the raw
      floats and rounds them in shared memory as the graph does; b must then be N×K, both operands K-major, and 16-byte
-     rows are 4 elements); one reduce over one K axis, two output axes (M, N), N and K known, M known or symbolic (a
-     prompt's rows: an expression of variables, the grid's rows from their values at launch, rows past M read as zeros
-     and not stored); b's view plain (no mask, offset 0) with strides (0, K, 1) (N×K, a linear layer's
+     rows are 4 elements), or of two plain float32 loads stored as float32 (`split_tf32`: 3xTF32, the kernel of
+     runtime/cuda/wgmma_split.py, float32-class: each operand split into big and small TF32 parts; b N×K or K×N);
+     one reduce over one K axis, two output axes (M, N), N and K known, M known or symbolic (a prompt's rows: an
+     expression of variables, the grid's rows from their values at launch, rows past M read as zeros and not stored);
+     b's view plain (no mask, offset 0) with strides (0, K, 1) (N×K, a linear layer's
      weight) or (0, 1, N) (K×N, a plain a·b; N a multiple of 8); a's memory index row·S_row + kk (rows contiguous,
      S_row = K or another multiple of 8) or, with K cut into segments of whole K tiles (64), row·S_row + (kk / seg)·
      S_seg + kk % seg (`a_layout`: attention's heads [H, T, D] read as T×(H·D), S_seg = T·D symbolic); the
@@ -24,6 +26,10 @@ Everything about it is here, in the order it is used:
      known M and a row-major A only (`loads_by_tma`); the others load by cp.async from every thread. BEAM tries every
      tile (search.py's ACTIONS; a TMA tile is refused where it can't load); the heuristics take `default_tile`, from
      the TMA tiles under WGMMA_TMA=1 where they can load, and for a symbolic M from its maximum up to TYPICAL_ROWS.
+     A 3xTF32 matmul takes Opt(OptOps.TF32X3, 0, i) instead: tile i of SPLIT_TILES (warpgroups, block_n, stages),
+     cp.async loads (a stage holds big and small parts: twice a TF32 stage); BEAM tries every one; the heuristics take
+     `default_split_tile` under F32_MATMUL=3xtf32 (the default). WGMMA refuses such a matmul (a single TF32 pass is
+     not float32) and TF32X3 every other.
   3. rendering: compile.render_source hands AxisState.warpgroup_matmul to renderer.render_warpgroup_matmul.
 """
 from __future__ import annotations
@@ -56,6 +62,15 @@ WGMMA_TILES: tuple[tuple[int, int, int, bool], ...] = (
 DEFAULT_TILES = ((2, 256, 4, False), (2, 128, 5, False), (1, 128, 6, False), (1, 64, 8, False))
 # The same choice among the TMA tiles (WGMMA_TMA=1): the largest, then the deepest pipelines of smaller tiles.
 DEFAULT_TMA_TILES = ((2, 256, 4, True), (2, 128, 6, True), (1, 128, 8, True), (1, 64, 8, True))
+# 3xTF32 (OptOps.TF32X3, runtime/cuda/wgmma_split.py): (warpgroups, block_n, stages) of a plain float32 matmul, cp.async
+# loads. Shared memory holds `stages` TF32 stages (128·(BM + BN) bytes each: the big parts) and 3 more for the small
+# parts, so a 128×256 tile doesn't fit; every entry fits 227 KiB and both B layouts (a K×N B's rows of BN/4 chunks
+# divide the threads): the most stages each tile fits, then fewer. Appended only: an index keeps its meaning for the
+# BEAM winners cached before a new tile.
+SPLIT_TILES: tuple[tuple[int, int, int], ...] = (
+  (2, 128, 4), (1, 128, 6), (2, 64, 6), (1, 64, 8), (2, 128, 3), (1, 128, 4), (1, 64, 11), (1, 64, 5))
+# The heuristics' 3xTF32 tile, chosen as DEFAULT_TILES (a wave of blocks, else the most blocks).
+DEFAULT_SPLIT_TILES = ((2, 128, 4), (1, 128, 6), (1, 64, 8))
 GPU_SMS = 132
 WAVE_FRACTION = 0.9
 # Below this many multiply-adds (M·N·K) the mma.sync tensor-core kernels are left the work: the heuristics' WGMMA
@@ -123,10 +138,10 @@ def matmul_of(state: AxisState) -> Union[WarpgroupMatmul, str]:
   operands = tuple(operand_load(x) for x in products)   # the loads (the kernel rounds TF32 operands itself)
   dtype = operands[0].dtype
   rounded = value.op is Ops.CAST and value.src[0] is reduce and value.dtype in WGMMA_DTYPES and not tf32
-  if (dtype not in WGMMA_DTYPES and not tf32) or operands[1].dtype != dtype or reduce.dtype != dtypes.float32 or \
-     not (rounded or value is reduce):
+  if (dtype not in WGMMA_DTYPES + (dtypes.float32,)) or operands[1].dtype != dtype or \
+     reduce.dtype != dtypes.float32 or not (rounded or value is reduce):
     return f"a warpgroup matmul stores the float32 sum of {[str(d) for d in WGMMA_DTYPES]} products (or of float32 " \
-           "loads rounded to TF32), or it rounded to a 16-bit float, with nothing in between (no epilogue)"
+           "loads, plain or rounded to TF32), or it rounded to a 16-bit float, with nothing in between (no epilogue)"
   if isinstance(m, UOp) and any(not ok for ok in (u.op in SIZE_OPS for u in m.toposort())):
     return f"a symbolic M is an expression of variables with {[o.name for o in SIZE_OPS]}, not {m}"
   strides = {u: _plain(state, i) for i, u in enumerate(state.memops)}
@@ -142,6 +157,8 @@ def matmul_of(state: AxisState) -> Union[WarpgroupMatmul, str]:
   if len(globals_) != 3: return "a warpgroup matmul reads two buffers other than its output"
   if tf32 and b_n_major:
     return "TF32 operands must both be K-major in shared memory (no transpose): b stored N×K (a·wᵀ), not K×N"
+  split = dtype == dtypes.float32 and not tf32   # plain float32 loads: 3xTF32 (OptOps.TF32X3)
+  if split and value is not reduce: return "a 3xTF32 matmul stores its float32 sums as they are (no epilogue)"
   chunk = ROW_BYTES // dtype.itemsize
   if k % chunk or (b_n_major and n % chunk):
     return f"K (and N for a K×N b) must be multiples of {chunk}: 16-byte rows, not {m}×{n}×{k}"
@@ -150,22 +167,42 @@ def matmul_of(state: AxisState) -> Union[WarpgroupMatmul, str]:
     return f"A's rows and K segments must start on 16-byte boundaries: strides {row_stride}, {segment_stride}"
   arguments = tuple(role for _, role in sorted(((g.arg, role) for g, role in globals_.items())))
   variables = tuple(sorted({v.arg[0] for x in (m, segment_stride) for v in variables_of(x)}))
-  return WarpgroupMatmul(m, n, k, dtype, b_n_major, arguments, a_row_stride=row_stride, a_segment=segment,
-                         a_segment_stride=segment_stride, out_dtype=None if value.dtype == dtype else value.dtype,
-                         variables=variables)
+  use = WarpgroupMatmul(m, n, k, dtype, b_n_major, arguments, a_row_stride=row_stride, a_segment=segment,
+                        a_segment_stride=segment_stride, out_dtype=None if value.dtype == dtype else value.dtype,
+                        variables=variables, split_tf32=split)
+  return dataclasses.replace(use, **_tile_fields(SPLIT_TILES[0])) if split else use
 
 def loads_by_tma(use: WarpgroupMatmul) -> bool:
   """Whether a TMA tile can load this matmul: the tensor maps are made from the buffer pointers alone (a known M, a
   row-major A), and 16-bit inputs (TF32 operands are rounded in shared memory by the cp.async kernel's threads)."""
   return isinstance(use.m, int) and use.a_segment == 0 and use.a_row_stride == 0 and use.dtype in WGMMA_DTYPES
 
-def warpgroup_mma(state: AxisState, opt: Opt) -> AxisState:
-  """WGMMA: the whole kernel is one warpgroup matmul with tile WGMMA_TILES[opt.amount] (see the module doc)."""
-  if state.applied_opts: raise KernelOptError(f"{opt}: WGMMA must be the kernel's first and only opt")
-  if opt.axis not in (None, 0) or not (isinstance(opt.amount, int) and 0 <= opt.amount < len(WGMMA_TILES)):
-    raise KernelOptError(f"{opt}: WGMMA takes axis 0 and a tile index 0..{len(WGMMA_TILES) - 1}")
+def _tile_fields(tile: tuple[int, int, int]) -> dict:
+  """A 3xTF32 tile (SPLIT_TILES) as WarpgroupMatmul's fields."""
+  warpgroups, block_n, stages = tile
+  return {"warpgroups": warpgroups, "block_n": block_n, "stages": stages, "tma": False}
+
+def _qualifying(state: AxisState, opt: Opt, tiles: int) -> WarpgroupMatmul:
+  """The kernel as a warpgroup matmul for `opt` (its first and only opt, tile index below `tiles`), or
+  KernelOptError."""
+  if state.applied_opts: raise KernelOptError(f"{opt}: {opt.op.name} must be the kernel's first and only opt")
+  if opt.axis not in (None, 0) or not (isinstance(opt.amount, int) and 0 <= opt.amount < tiles):
+    raise KernelOptError(f"{opt}: {opt.op.name} takes axis 0 and a tile index 0..{tiles - 1}")
   use = matmul_of(state)
   if isinstance(use, str): raise KernelOptError(f"{opt}: {use}")
+  return use
+
+def split_tf32_matmul(state: AxisState, opt: Opt) -> AxisState:
+  """TF32X3: the whole kernel is one 3xTF32 warpgroup matmul of plain float32 loads with tile SPLIT_TILES[opt.amount]
+  (see the module doc)."""
+  use = _qualifying(state, opt, len(SPLIT_TILES))
+  if not use.split_tf32: raise KernelOptError(f"{opt}: 3xTF32 multiplies plain float32 loads, not {use.dtype} ones")
+  return state.replace(warpgroup_matmul=dataclasses.replace(use, **_tile_fields(SPLIT_TILES[opt.amount])))
+
+def warpgroup_mma(state: AxisState, opt: Opt) -> AxisState:
+  """WGMMA: the whole kernel is one warpgroup matmul with tile WGMMA_TILES[opt.amount] (see the module doc)."""
+  use = _qualifying(state, opt, len(WGMMA_TILES))
+  if use.split_tf32: raise KernelOptError(f"{opt}: a matmul of plain float32 loads is 3xTF32's (OptOps.TF32X3)")
   warpgroups, block_n, stages, tma = WGMMA_TILES[opt.amount]
   if tma and not loads_by_tma(use):
     raise KernelOptError(f"{opt}: a TMA tile needs a known M, a row-major A (the maps are made per buffer) and "
@@ -181,6 +218,14 @@ def default_tile(m: sint, n: int, tma: bool = False) -> int:
   candidates = DEFAULT_TMA_TILES if tma else DEFAULT_TILES
   tile = next((t for t in candidates if blocks(t) >= WAVE_FRACTION * GPU_SMS), candidates[-1])
   return WGMMA_TILES.index(tile)
+
+def default_split_tile(m: sint, n: int) -> int:
+  """The heuristics' 3xTF32 tile for an M×N output (an index into SPLIT_TILES; see DEFAULT_SPLIT_TILES); a symbolic M
+  counts as its maximum up to TYPICAL_ROWS."""
+  m = m if isinstance(m, int) else min(vmax_of(m), TYPICAL_ROWS)
+  def blocks(tile) -> int: return -(-m // (64 * tile[0])) * -(-n // tile[1])
+  tile = next((t for t in DEFAULT_SPLIT_TILES if blocks(t) >= WAVE_FRACTION * GPU_SMS), DEFAULT_SPLIT_TILES[-1])
+  return SPLIT_TILES.index(tile)
 
 def worth_it(use: WarpgroupMatmul) -> bool:
   """Whether the heuristics give this matmul to the warpgroup kernel (big enough: MIN_MULTIPLY_ADDS; a symbolic M at

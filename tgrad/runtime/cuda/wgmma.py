@@ -1,7 +1,8 @@
 """Hopper warpgroup MMA (PTX `wgmma.mma_async`, sm_90a): a half/bfloat16 matmul kernel C = A·Bᵀ (or A·B) with
 float32 accumulators, both operands read by the tensor cores from 128-byte-swizzled shared memory through matrix
 descriptors; or a TF32 one of float32 inputs (C = A·Bᵀ only: 4-byte elements, `block_k` 32, m64nNk8, each thread's
-landed chunks rounded to TF32 in place before the proxy fence: `_rounding_lambda`).
+landed chunks rounded to TF32 in place before the proxy fence: `_rounding_lambda`). The 3xTF32 kernel of plain
+float32 inputs (`WgmmaConfig.split_tf32`, float32-class) builds on this one in wgmma_split.py.
 
 Every index formula the kernel uses is one Python function here (`copy_k_major`, `copy_n_major`, `k_major_offset`,
 `n_major_offset`, `accumulator_position`, `encode_descriptor`, `descriptor_start`), called with ints by the CPU
@@ -71,6 +72,7 @@ STEP_BYTES = WGMMA_K * ELEMENT_BYTES   # K of one wgmma in bytes (k16 of 16-bit 
 MIN_STAGES = 3       # cp.async: stages - 2 tiles in flight while one is multiplied and one is being released
 MIN_TMA_STAGES = 2   # TMA: the producer refills a stage as soon as the consumers release it (mbarriers)
 MBARRIER_BYTES = 8
+SPLIT_SLOTS = 3      # 3xTF32's buffers of small parts (wgmma_split.py): one per K tile, reused three tiles on
 
 Index = Union[int, "CExpr"]
 Size = Union[int, str]   # a size or stride known when the kernel is written (an int), or C text read at run time
@@ -130,8 +132,12 @@ class WgmmaConfig:
   stages: int = 4
   b_n_major: bool = False   # b is K×N (N contiguous: a plain a·b) instead of N×K; wgmma reads it transposed
   tma: bool = False         # tensor-map loads by a producer warpgroup (wgmma_tma.py) instead of cp.async by all
+  split_tf32: bool = False  # 3xTF32 of float32 inputs (wgmma_split.py): + SPLIT_SLOTS stages' room for small parts
   def __post_init__(self):
-    if self.tma: b_ok = self.block_n % (64 if self.b_n_major else 8) == 0
+    if self.split_tf32:   # K×N B: staged row-major (threads a whole number of rows of BN/4 chunks), then transposed
+      b_ok = not self.tma and self.block_n % 8 == 0 and (self.block_n * ROW_CHUNKS) % self.threads == 0 and \
+        (not self.b_n_major or self.threads % (self.block_n // 4) == 0)
+    elif self.tma: b_ok = self.block_n % (64 if self.b_n_major else 8) == 0
     elif self.b_n_major: b_ok = self.block_n % 64 == 0 and self.threads % (self.block_n // CHUNK_ELEMENTS) == 0
     else: b_ok = self.block_n % 8 == 0 and (self.block_n * ROW_CHUNKS) % self.threads == 0
     min_stages = MIN_TMA_STAGES if self.tma else MIN_STAGES
@@ -156,8 +162,9 @@ class WgmmaConfig:
   @property
   def stage_bytes(self) -> int: return (self.block_m + self.block_n) * SWIZZLE_BYTES
   @property
-  def shared_bytes(self) -> int:   # the stages, alignment slack, and with TMA a full and an empty mbarrier per stage
-    return self.stages * self.stage_bytes + SWIZZLE_ATOM_BYTES + (2 * MBARRIER_BYTES * self.stages if self.tma else 0)
+  def shared_bytes(self) -> int:   # the stages (and 3xTF32's small parts), alignment slack, TMA's mbarriers
+    buffers = self.stages + (SPLIT_SLOTS if self.split_tf32 else 0)
+    return buffers * self.stage_bytes + SWIZZLE_ATOM_BYTES + (2 * MBARRIER_BYTES * self.stages if self.tma else 0)
   @property
   def n_atom_bytes(self) -> int: return BLOCK_K * SWIZZLE_BYTES   # an N-major atom: 64 K-rows × 64 N-elements
   def descriptor_offsets(self, operand_b: bool) -> tuple[int, int]:
@@ -166,7 +173,7 @@ class WgmmaConfig:
     return UNUSED_LEADING_BYTES, SWIZZLE_ATOM_BYTES
   def __str__(self) -> str:
     return f"{self.block_m}x{self.block_n}x{BLOCK_K}/{self.stages}" + (" B K×N" if self.b_n_major else "") + \
-      (" TMA" if self.tma else "")
+      (" TMA" if self.tma else "") + (" 3xTF32" if self.split_tf32 else "")
 
 # ---- the layout formulas (ints for the tests, CExprs for the kernel)
 
@@ -331,15 +338,16 @@ def emulate_block(config: WgmmaConfig, a: np.ndarray, b: np.ndarray, dtype: DTyp
 
 # ---- the kernel's source
 
-def check_shapes(m: Size, n: int, k: int, dtype: DType, b_n_major: bool = False) -> None:
+def check_shapes(m: Size, n: int, k: int, dtype: DType, b_n_major: bool = False, split_tf32: bool = False) -> None:
   if dtype not in WGMMA_TYPES: raise ValueError(f"wgmma matmul: dtype {dtype} is not one of {list(WGMMA_TYPES)}")
   if min(m if isinstance(m, int) else 1, n, k) < 1 or k % chunk_elements(dtype):
     raise ValueError(f"wgmma matmul: A {m}×{k} · B {n}×{k}ᵀ needs sizes ≥ 1 and K a multiple of "
                      f"{chunk_elements(dtype)} (16-byte rows of {dtype})")
-  if b_n_major and dtype == TF32:
+  if b_n_major and dtype == TF32 and not split_tf32:
     raise ValueError(f"wgmma matmul: TF32 operands must both be K-major (B stored N×K), not a K×N B of {k}×{n}")
-  if b_n_major and n % 8:
-    raise ValueError(f"wgmma matmul: A {m}×{k} · B {k}×{n} needs N a multiple of 8 (16-byte rows of B)")
+  if b_n_major and n % chunk_elements(dtype):
+    raise ValueError(f"wgmma matmul: A {m}×{k} · B {k}×{n} needs N a multiple of {chunk_elements(dtype)} (16-byte "
+                     f"rows of B)")
 
 def launch_dims(config: WgmmaConfig, m: int, n: int) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
   """(grid, block) of the kernel: blockIdx.x over column tiles, blockIdx.y over row tiles."""
@@ -424,11 +432,13 @@ def descriptor_bits(c: WgmmaConfig) -> tuple[int, int]:
   """The fixed fields (LBO, SBO, 128-byte swizzle) of A's and B's shared-memory matrix descriptors."""
   return tuple(encode_descriptor(0, *c.descriptor_offsets(operand_b), SWIZZLE_128B) for operand_b in (0, 1))
 
-def k_tile_wgmmas(c: WgmmaConfig, type_name: str, indent: str) -> list[str]:
+def k_tile_wgmmas(c: WgmmaConfig, type_name: str, indent: str,
+                  parts: tuple[tuple[Index, Index, str], ...] = ((0, 0, "acc"),)) -> list[str]:
   """The wgmmas of one K tile (BLOCK_K / WGMMA_K of them, from the stage `stage`, descriptors from `a_bits`, `b_bits`
   and `shared_base`), their commit, and the wait for the previous tile's: a loop body's lines at `indent`, shared by
-  the cp.async kernel here and the TMA kernel (wgmma_tma.py)."""
-  outputs = ", ".join(f'"+f"(acc[{i}])' for i in range(c.accumulators))
+  the cp.async kernel here, the TMA kernel (wgmma_tma.py) and the 3xTF32 kernel (wgmma_split.py), whose `parts` are
+  the (A, B) byte offsets (ints or C) from the stage's tiles and the accumulator array of each wgmma of a K step (its
+  big and small parts)."""
   registers = ", ".join(f"%{i}" for i in range(c.accumulators))
   da, db, one = c.accumulators, c.accumulators + 1, c.accumulators + 2   # scale-d is a predicate: p = 1
   tf32 = type_name == WGMMA_TYPES[TF32]
@@ -437,15 +447,17 @@ def k_tile_wgmmas(c: WgmmaConfig, type_name: str, indent: str) -> list[str]:
   immediates = "1, 1" if tf32 else f"1, 1, 0, {int(c.b_n_major)}"
   lines: list[str] = []
   for k_step in range(SWIZZLE_BYTES // STEP_BYTES):
-    start_a = descriptor_start(c, CExpr("stage"), False, CExpr("warpgroup"), k_step)
-    start_b = descriptor_start(c, CExpr("stage"), True, CExpr("warpgroup"), k_step)
-    lines += [
-      "{",
-      f"  const unsigned long long desc_a = a_bits | (((shared_base + {start_a}) >> 4) & {DESCRIPTOR_FIELD_MASK});",
-      f"  const unsigned long long desc_b = b_bits | (((shared_base + {start_b}) >> 4) & {DESCRIPTOR_FIELD_MASK});",
-      f'  asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{one}, 0;\\n{instruction} {{{registers}}}, %{da}, '
-      f'%{db}, p, {immediates};\\n}}\\n" : {outputs} : "l"(desc_a), "l"(desc_b), "n"(1) : "memory");',
-      "}"]
+    for a_part, b_part, accumulators in parts:
+      outputs = ", ".join(f'"+f"({accumulators}[{i}])' for i in range(c.accumulators))
+      start_a = descriptor_start(c, CExpr("stage"), False, CExpr("warpgroup"), k_step) + a_part
+      start_b = descriptor_start(c, CExpr("stage"), True, CExpr("warpgroup"), k_step) + b_part
+      lines += [
+        "{",
+        f"  const unsigned long long desc_a = a_bits | (((shared_base + {start_a}) >> 4) & {DESCRIPTOR_FIELD_MASK});",
+        f"  const unsigned long long desc_b = b_bits | (((shared_base + {start_b}) >> 4) & {DESCRIPTOR_FIELD_MASK});",
+        f'  asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{one}, 0;\\n{instruction} {{{registers}}}, %{da}, '
+        f'%{db}, p, {immediates};\\n}}\\n" : {outputs} : "l"(desc_a), "l"(desc_b), "n"(1) : "memory");',
+        "}"]
   lines += ['asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");',
             'asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");   // tile t - 1\'s wgmmas are done']
   return [indent + line for line in lines]
@@ -463,6 +475,8 @@ def wgmma_matmul_source(name: str, m: Size, n: int, k: int, dtype: DType = dtype
   if shape.a_segment and (shape.a_segment % tile_k or k % shape.a_segment):
     raise ValueError(f"wgmma matmul: A's K segments of {shape.a_segment} must be whole K tiles of {tile_k} in K={k}")
   if config.tma: raise ValueError(f"wgmma matmul: tile {config} loads by TMA: wgmma_tma.tma_matmul_source writes it")
+  if config.split_tf32: raise ValueError(f"wgmma matmul: tile {config} is 3xTF32: wgmma_split.split_matmul_source "
+                                         "writes it")
   if sorted(arguments) != sorted(PARAMETERS): raise ValueError(f"wgmma matmul: arguments {arguments} must order "
                                                                f"{list(PARAMETERS)}")
   c = config

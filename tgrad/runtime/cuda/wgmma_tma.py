@@ -30,6 +30,7 @@ from tgrad.runtime.cuda.wgmma import (BLOCK_K, ELEMENT_BYTES, MBARRIER_BYTES, PA
                                       WARPGROUP_THREADS, WGMMA_TYPES, CExpr, MatmulShape, WgmmaConfig, _epilogue,
                                       block_prologue, check_shapes, descriptor_bits, k_tile_wgmmas, parameter_list,
                                       wgmma_matmul_source)
+from tgrad.runtime.cuda.wgmma_split import split_matmul_source
 
 N_ATOM_COLUMNS = 64          # an N-major B atom: 64 N-elements (one 128-byte swizzled row) per K-row
 REGISTER_FILE = 65536        # 32-bit registers of an SM; one block per SM (launch bounds (threads, 1))
@@ -187,11 +188,15 @@ def c_size(x) -> Union[int, str]:
   return text(x)
 
 def warpgroup_matmul_source(name: str, matmul) -> str:
-  """The kernel of an OptOps.WGMMA kernel (codegen/axes.py WarpgroupMatmul: shape, dtype, B layout, tile, loader,
-  parameter order, A's layout, output dtype, variables): wgmma.py's cp.async kernel, or this module's TMA kernel."""
-  config = WgmmaConfig(matmul.warpgroups, matmul.block_n, matmul.stages, matmul.b_n_major, matmul.tma)
+  """The kernel of an OptOps.WGMMA or TF32X3 kernel (codegen/axes.py WarpgroupMatmul: shape, dtype, B layout, tile,
+  loader, parameter order, A's layout, output dtype, variables): wgmma.py's cp.async kernel, this module's TMA kernel,
+  or wgmma_split.py's 3xTF32 kernel."""
+  config = WgmmaConfig(matmul.warpgroups, matmul.block_n, matmul.stages, matmul.b_n_major, matmul.tma,
+                       matmul.split_tf32)
   shape = MatmulShape(c_size(matmul.m), matmul.n, matmul.k, c_size(matmul.a_row_stride), matmul.a_segment,
                       c_size(matmul.a_segment_stride), matmul.out_dtype, matmul.variables)
+  if config.split_tf32:   # 3xTF32 of plain float32 inputs
+    return split_matmul_source(name, shape.m, matmul.n, matmul.k, config, matmul.arguments, shape=shape)
   write = tma_matmul_source if config.tma else wgmma_matmul_source
   return write(name, shape.m, matmul.n, matmul.k, matmul.dtype, config, matmul.arguments, shape=shape)
 

@@ -21,7 +21,9 @@ pytestmark = pytest.mark.gpu
 
 RNG = np.random.default_rng(3)
 SHAPES = [(512, 640, 1024), (200, 136, 44)]   # (M, N, K): whole tiles; partial tiles on M, N and K
-MAX_ERROR_RATIO = 4.0
+# the tensor cores' float32 accumulation (each wgmma's sum truncated) adds to the split's error: 4.2-4.3x numpy
+# float32's on an H100 at 4096³ (bench/sgemm.py); a lost small-part term would be ~1000x
+MAX_ERROR_RATIO = 6.0
 
 def hopper() -> bool: return wgmma.wgmma_arch(Device["CUDA"].renderer.arch) is not None
 
@@ -60,13 +62,14 @@ def test_tf32x3_opt_is_float32_class(tile, shape, b_n_major):
   check(result.copyout().view(np.float32).reshape(out.shape), a, b_kn)
 
 @pytest.mark.parametrize("b_n_major", [False, True], ids=["b_NxK", "b_KxN"])
-def test_realize_picks_3xtf32_for_a_big_float32_matmul_and_simt_under_the_setting(b_n_major):
+def test_realize_picks_3xtf32_for_a_big_float32_matmul_under_the_setting_and_simt_by_default(b_n_major):
   if not hopper(): pytest.skip("wgmma needs compute capability 9.0 (sm_90a)")
-  out, a, b_kn = product(1024, 2048, 512, b_n_major)
-  kernel = Kernel(create_schedule([out.lazydata])[-1].ast, Device["CUDA"].renderer)
-  hand_coded_optimizations(kernel)
-  assert kernel.applied_opts[0].op is OptOps.TF32X3, kernel.applied_opts
-  check(out.numpy(), a, b_kn)
+  with Context(F32_MATMUL="3xtf32"):
+    out, a, b_kn = product(1024, 2048, 512, b_n_major)
+    kernel = Kernel(create_schedule([out.lazydata])[-1].ast, Device["CUDA"].renderer)
+    hand_coded_optimizations(kernel)
+    assert kernel.applied_opts[0].op is OptOps.TF32X3, kernel.applied_opts
+    check(out.numpy(), a, b_kn)
   with Context(F32_MATMUL="simt"):
     out, a, b_kn = product(1024, 2048, 512, b_n_major)
     kernel = Kernel(create_schedule([out.lazydata])[-1].ast, Device["CUDA"].renderer)

@@ -156,9 +156,14 @@ def test_plain_float32_matmuls_qualify_as_3xtf32_with_either_b_layout():
   relu = (llvm(a) @ llvm(b)).relu()
   with pytest.raises(KernelOptError): last_kernel(relu).apply_opt(Opt(OptOps.TF32X3, 0, 0))
 
-def test_heuristics_default_is_3xtf32_on_sm_90a_only_and_f32_matmul_turns_it_off():
+@Context(F32_MATMUL="3xtf32")
+def test_heuristics_take_3xtf32_on_sm_90a_only_under_the_setting():
   a, b = llvm(np.zeros((2048, 512), np.float32)), llvm(np.zeros((512, 1024), np.float32))
   for out in (a @ b, a @ b.T.contiguous().T):
+    with Context(F32_MATMUL="simt"):   # the default: the CUDA-core template everywhere
+      default = last_kernel(out)
+      hand_coded_optimizations(default)
+      assert default.applied_opts[0].op is OptOps.SGEMM
     kernel = last_kernel(out)
     hand_coded_optimizations(kernel)
     assert kernel.applied_opts == [Opt(OptOps.TF32X3, 0, default_split_tile(2048, 1024))]

@@ -44,4 +44,4 @@ CODEGEN_VERSION = 24   # 2: gathers (data-dependent loads); int casts as narrow 
 # 23: OptOps.WGMMA takes TF32: a float32 matmul whose loads the graph rounds to TF32 (a·wᵀ) is one warpgroup-MMA kernel
 # on sm_90a (m64nNk8 .tf32, operands rounded in shared memory)
 # 24: OptOps.TF32X3: on sm_90a a big float32 matmul without an epilogue is one 3xTF32 warpgroup-MMA kernel (big and
-# small TF32 parts in shared memory, three wgmmas per K step; heuristics under F32_MATMUL=3xtf32, the default)
+# small TF32 parts in shared memory, three wgmmas per K step; heuristics under F32_MATMUL=3xtf32)

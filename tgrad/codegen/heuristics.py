@@ -8,7 +8,7 @@ across cores for big kernels.
 GPU rules live in `_gpu_rules`: a matrix–vector product (`matvec_layout`: M ≤ 8 rows of x times a weight matrix)
 gets the bandwidth rules of `_matvec`; a big half/bfloat16 matmul without an epilogue on sm_90a is one
 warpgroup-MMA kernel (`_warpgroup_matmul`, OptOps.WGMMA); a big float32 one without an epilogue is there one 3xTF32
-warpgroup-MMA kernel (OptOps.TF32X3, F32_MATMUL=3xtf32), elsewhere the float32 matmul
+warpgroup-MMA kernel under F32_MATMUL=3xtf32 (OptOps.TF32X3), else the float32 matmul
 template (`_simt_matmul`, OptOps.SGEMM); another half/bfloat16 matmul, or a float32 one whose inputs
 are rounded to TF32 in the graph (the matmul lowering "tf32"), goes to tensor cores (`_tensor_cores`).
 A kernel with symbolic sizes gets the same GPU rules on its known axes and guarded splits of its symbolic ones
@@ -669,7 +669,7 @@ def _warpgroup_matmul(kernel: Kernel) -> bool:
   enough: a symbolic M, a prompt's rows, at its maximum) is one warpgroup-MMA kernel with the tile `default_tile`
   picks (a TMA tile under WGMMA_TMA=1 where TMA can load it: a known M and a row-major A); WGMMA=0 turns this off.
   A big matmul of plain float32 loads is one 3xTF32 warpgroup-MMA kernel (OptOps.TF32X3, tile `default_split_tile`)
-  under F32_MATMUL=3xtf32 (the default), whatever WGMMA says; F32_MATMUL=simt leaves it to the rules after this."""
+  under F32_MATMUL=3xtf32, whatever WGMMA says; F32_MATMUL=simt (the default) leaves it to the rules after this."""
   if not kernel.renderer.warpgroup_mma: return False
   use = matmul_of(kernel.state)
   if isinstance(use, str) or not worth_it(use): return False

@@ -28,8 +28,8 @@ Everything about it is here, in the order it is used:
      the TMA tiles under WGMMA_TMA=1 where they can load, and for a symbolic M from its maximum up to TYPICAL_ROWS.
      A 3xTF32 matmul takes Opt(OptOps.TF32X3, 0, i) instead: tile i of SPLIT_TILES (warpgroups, block_n, stages),
      cp.async loads (a stage holds big and small parts: twice a TF32 stage); BEAM tries every one; the heuristics take
-     `default_split_tile` under F32_MATMUL=3xtf32 (the default is simt). WGMMA refuses such a matmul (a single TF32 pass is
-     not float32) and TF32X3 every other.
+     `default_split_tile` under F32_MATMUL=3xtf32 (the default is simt). WGMMA refuses such a matmul (a single TF32
+     pass is not float32) and TF32X3 every other.
   3. rendering: compile.render_source hands AxisState.warpgroup_matmul to renderer.render_warpgroup_matmul.
 """
 from __future__ import annotations

@@ -24,10 +24,10 @@ from dataclasses import dataclass
 from typing import Callable
 from tgrad.dtype import DType, dtypes
 from tgrad.runtime.cuda.targets import DYNAMIC_SHARED_SUFFIX
-from tgrad.runtime.cuda.wgmma import (BLOCK_K, CHUNK_BYTES, MAX_SHARED_BYTES, ROW_CHUNKS, SWIZZLE_ATOM_BYTES,
-                                      SWIZZLE_BYTES, WGMMA_TYPES, CExpr, MatmulShape, WgmmaConfig, _copy_lines,
-                                      _epilogue, block_prologue, copy_k_major, descriptor_bits, k_tile_wgmmas,
-                                      k_major_offset, rows_line)
+from tgrad.runtime.cuda.wgmma import (BLOCK_K, CHUNK_BYTES, COPY_CHUNK_LINES, MAX_SHARED_BYTES, ROW_CHUNKS,
+                                      SWIZZLE_ATOM_BYTES, SWIZZLE_BYTES, WGMMA_TYPES, CExpr, MatmulShape, WgmmaConfig,
+                                      _copy_lines, _epilogue, block_prologue, copy_k_major, descriptor_bits,
+                                      k_tile_wgmmas, k_major_offset, pipeline_start_lines, rows_line)
 
 VALUES_PER_CHUNK = CHUNK_BYTES // 2   # half values in one 16-byte chunk of the B tile
 
@@ -257,10 +257,7 @@ def packed_matmul_source(name: str, fmt: PackedFormat, shape: MatmulShape, dtype
     f"  const element* a_source = a + (long long)(block_row + {a_row}) * {k} + {a_chunk * VALUES_PER_CHUNK};",
     f"  float acc[{c.accumulators}];",
     f"  #pragma unroll\n  for (int i = 0; i < {c.accumulators}; ++i) acc[i] = 0.0f;",
-    "  auto copy_chunk = [](unsigned int target, const element* source, const element* any, bool valid) {",
-    '    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(target), "l"(valid ? source : any), '
-    '"r"(valid ? 16 : 0) : "memory");',
-    "  };",
+    *COPY_CHUNK_LINES,
     "  auto copy_bytes = [](unsigned int target, const unsigned char* source, int size) {",
     '    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(target), "l"(source), "r"(size) : '
     '"memory");',
@@ -270,10 +267,7 @@ def packed_matmul_source(name: str, fmt: PackedFormat, shape: MatmulShape, dtype
     *_copy_lines(c, False, shape, dtype), *_staging_copy_lines(c, fmt, n, k),
     "  };",
     *_dequantize_lambda(c, fmt, k, dtype),
-    f"  #pragma unroll\n  for (int s = 0; s < {c.stages - 2}; ++s) {{",
-    f"    if (s < {tiles}) copy_tile(s, s);",
-    '    asm volatile("cp.async.commit_group;" ::: "memory");',
-    "  }",
+    *pipeline_start_lines(c, tiles),
     "  int stage = 0;",
     f"  for (int t = 0; t < {tiles}; ++t) {{",
     f'    asm volatile("cp.async.wait_group {c.stages - 3};" ::: "memory");   // tile t has landed (this thread)',

@@ -370,6 +370,19 @@ def _a_tile_offset(shape: MatmulShape, tile_k: int = BLOCK_K) -> str:
   return f"(long long)(tile * {tile_k} / {shape.a_segment}) * {shape.a_segment_stride} + tile * {tile_k} % " \
          f"{shape.a_segment}"
 
+# a 16-byte cp.async of one chunk, or a zero fill where it lies outside the operand (`any`: a valid address to name)
+COPY_CHUNK_LINES = (
+  "  auto copy_chunk = [](unsigned int target, const element* source, const element* any, bool valid) {",
+  '    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(target), "l"(valid ? source : any), '
+  '"r"(valid ? 16 : 0) : "memory");',
+  "  };")
+
+def pipeline_start_lines(c: WgmmaConfig, tiles: int) -> list[str]:
+  """The pipeline's first stages - 2 tiles asked for before the main loop (one commit group each, empty past the
+  last tile), as every cp.async template of this family starts."""
+  return [f"  #pragma unroll\n  for (int s = 0; s < {c.stages - 2}; ++s) {{", f"    if (s < {tiles}) copy_tile(s, s);",
+          '    asm volatile("cp.async.commit_group;" ::: "memory");', "  }"]
+
 def _copy_lines(c: WgmmaConfig, operand_b: bool, shape: MatmulShape, dtype: DType = dtypes.float16) -> list[str]:
   """The C that copies K tile `tile` of one operand into stage `stage` (inside the copy lambda)."""
   m, n, k = shape.m, shape.n, shape.k
@@ -500,20 +513,14 @@ def wgmma_matmul_source(name: str, m: Size, n: int, k: int, dtype: DType = dtype
     f"  const element* b_source = {b_start};",
     f"  float acc[{c.accumulators}];",
     f"  #pragma unroll\n  for (int i = 0; i < {c.accumulators}; ++i) acc[i] = 0.0f;",
-    "  auto copy_chunk = [](unsigned int target, const element* source, const element* any, bool valid) {",
-    '    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(target), "l"(valid ? source : any), '
-    '"r"(valid ? 16 : 0) : "memory");',
-    "  };",
+    *COPY_CHUNK_LINES,
     "  auto copy_tile = [&](int tile, int stage) {",
     f"    const unsigned int stage_address = shared_base + stage * {c.stage_bytes};",
     *_copy_lines(c, False, shape, dtype), *_copy_lines(c, True, shape, dtype),
     "  };"]
   if dtype == TF32: lines += _rounding_lambda(c)
   lines += [
-    f"  #pragma unroll\n  for (int s = 0; s < {c.stages - 2}; ++s) {{",
-    f"    if (s < {tiles}) copy_tile(s, s);",
-    '    asm volatile("cp.async.commit_group;" ::: "memory");',
-    "  }",
+    *pipeline_start_lines(c, tiles),
     "  int stage = 0;",
     f"  for (int t = 0; t < {tiles}; ++t) {{",
     f'    asm volatile("cp.async.wait_group {c.stages - 3};" ::: "memory");   // tile t has landed (this thread)',

@@ -37,10 +37,11 @@ from typing import Optional
 import numpy as np
 from tgrad.dtype import TF32_KEEP_MASK, TF32_ROUNDING_BIAS, dtypes
 from tgrad.runtime.cuda.targets import DYNAMIC_SHARED_SUFFIX, WARPGROUP_MMA_ARCH
-from tgrad.runtime.cuda.wgmma import (PARAMETERS, SPLIT_SLOTS, WGMMA_TYPES, CExpr, Index, MatmulShape,
+from tgrad.runtime.cuda.wgmma import (COPY_CHUNK_LINES, PARAMETERS, SPLIT_SLOTS, WGMMA_TYPES, CExpr, Index, MatmulShape,
                                       Size, WgmmaConfig, _copy_lines, _epilogue, block_k, block_prologue,
                                       check_shapes, chunk_elements, copies, copy_k_major, descriptor_bits,
-                                      k_major_offset, k_tile_wgmmas, parameter_list, rows_line)
+                                      k_major_offset, k_tile_wgmmas, parameter_list, pipeline_start_lines,
+                                      rows_line)
 
 F32 = dtypes.float32
 FLOAT_BYTES = 4
@@ -187,19 +188,13 @@ def split_matmul_source(name: str, m: Size, n: int, k: int, config: WgmmaConfig,
     f"  float acc[{c.accumulators}];",
     f"  float acc_small[{c.accumulators}];   // the cross terms small_a·big_b + big_a·small_b",
     f"  #pragma unroll\n  for (int i = 0; i < {c.accumulators}; ++i) acc[i] = acc_small[i] = 0.0f;",
-    "  auto copy_chunk = [](unsigned int target, const element* source, const element* any, bool valid) {",
-    '    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(target), "l"(valid ? source : any), '
-    '"r"(valid ? 16 : 0) : "memory");',
-    "  };",
+    *COPY_CHUNK_LINES,
     "  auto copy_tile = [&](int tile, int stage) {",
     f"    const unsigned int stage_address = shared_base + stage * {c.stage_bytes};",
     *_copy_lines(c, False, shape, F32), *b_copies,
     "  };",
     *_split_lambdas(c), *(_transpose_lambda(c) if c.b_n_major else []),
-    f"  #pragma unroll\n  for (int s = 0; s < {c.stages - 2}; ++s) {{",
-    f"    if (s < {tiles}) copy_tile(s, s);",
-    '    asm volatile("cp.async.commit_group;" ::: "memory");',
-    "  }",
+    *pipeline_start_lines(c, tiles),
     "  int stage = 0, slot = 0;   // tile t's stage, and its small parts' slot (t mod SPLIT_SLOTS)",
     f"  for (int t = 0; t < {tiles}; ++t) {{",
     f"    const int small_shift = {small_base(c)} + slot * {c.stage_bytes} - stage * {c.stage_bytes};",

@@ -497,9 +497,27 @@ def _split_reduce(x: LazyBuffer, op: Ops, axes: tuple[int, ...], dtype: DType) -
   for axis in sorted(axes, key=lambda a: -x.shape[a]):
     parts = next((p for p in SPLIT_REDUCE_PARTS if x.shape[axis] % p == 0), None)
     if parts is not None: break
-  else: return None
+  else: return _split_with_tail(x, op, axes, dtype)
   split_shape = x.shape[:axis] + (parts, x.shape[axis] // parts) + x.shape[axis + 1:]
   chunk_axes = tuple(a + (a > axis) for a in axes if a != axis) + (axis + 1,)   # everything reduced but the parts
   partials = x.reshape(split_shape)._reduce(op, tuple(sorted(chunk_axes)), dtype=dtype)
   out_shape = tuple(1 if i in axes else s for i, s in enumerate(x.shape))
   return partials._reduce(op, (axis,), of_partials=True).reshape(out_shape)
+
+# A reduce axis that none of SPLIT_REDUCE_PARTS divides (2^24 + 1 values, 4·1000003) would stay one kernel on one core:
+# its first multiple of SPLIT_REDUCE_PARTS[0] values split as above, the rest (fewer than that) reduced on their own,
+# and the two results combined by the reduce's op (ADD, MAX, MUL: one more elementwise op, fused into the kernel that
+# combines the partials). The head's chunks keep at least SPLIT_TAIL_MIN_CHUNK values each.
+SPLIT_TAIL_MIN_CHUNK = 64
+TAIL_SPLIT_OPS = (Ops.ADD, Ops.MAX, Ops.MUL)
+
+def _split_with_tail(x: LazyBuffer, op: Ops, axes: tuple[int, ...], dtype: DType) -> Optional[LazyBuffer]:
+  """x.r(op, axes) as the reduce of a head whose length along the longest reduce axis divides into
+  SPLIT_REDUCE_PARTS[0] parts (split) and of the tail past it, combined by op; None where that doesn't apply."""
+  axis = max(axes, key=lambda a: x.shape[a])
+  parts, size = SPLIT_REDUCE_PARTS[0], x.shape[axis]
+  if op not in TAIL_SPLIT_OPS or dtype != x.dtype or size < parts * SPLIT_TAIL_MIN_CHUNK: return None
+  head = size - size % parts
+  def piece(start: int, end: int) -> LazyBuffer:
+    return x.shrink(tuple((start, end) if a == axis else (0, s) for a, s in enumerate(x.shape)))
+  return piece(0, head).r(op, axes).alu(op, piece(head, size).r(op, axes))

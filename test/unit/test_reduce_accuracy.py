@@ -101,3 +101,16 @@ def test_norms_of_rows():
   centered = x64 - x64.mean(-1, keepdims=True)
   layer = centered / np.sqrt((centered ** 2).mean(-1, keepdims=True) + 1e-5)
   np.testing.assert_allclose(t.layernorm(-1, eps=1e-5).numpy(), layer, rtol=1e-5, atol=1e-5)
+
+@pytest.mark.parametrize("size", [LONG, 4 * 1000003])
+def test_reduce_no_part_count_divides_still_splits(size):
+  """A long axis that no split part count divides (2^24 + 1, 4·1000003) splits its head and reduces the tail apart
+  (lazy._split_with_tail): more than one kernel, so the head runs on every core."""
+  from tgrad.lazy import SPLIT_REDUCE_PARTS
+  assert all(size % p for p in SPLIT_REDUCE_PARTS)
+  x = np.random.default_rng(size).standard_normal(size).astype(np.float32)
+  for op in ("sum", "max"):
+    out = getattr(Tensor(x), op)()
+    assert len([item for item in create_schedule([out.lazydata]) if item.ast.op is Ops.SINK]) >= 3
+    if op == "sum": _check_sum(x, out.numpy(), None, np.float32)
+    else: assert float(out.numpy()) == x.max()

@@ -50,7 +50,7 @@ def test_zero_d_and_empty():
   assert float(Tensor(np.float32(-1.5)).max().numpy()) == -1.5
   assert float(Tensor(np.zeros(0, np.float32)).sum().numpy()) == 0.0
 
-@pytest.mark.parametrize("shape", [(4096, 257), (257, 4096), (3, 1000, 67), (1, 1), (33, 1)])
+@pytest.mark.parametrize("shape", [(4096, 257), (257, 4096), (3, 1000, 67), (1, 1), (33, 1), (65537, 3)])
 @pytest.mark.parametrize("axis", [0, -1])
 def test_matrix_sums_and_max_along_either_axis(shape, axis):
   rng = np.random.default_rng(sum(shape) + axis)
@@ -114,3 +114,11 @@ def test_reduce_no_part_count_divides_still_splits(size):
     assert len([item for item in create_schedule([out.lazydata]) if item.ast.op is Ops.SINK]) >= 3
     if op == "sum": _check_sum(x, out.numpy(), None, np.float32)
     else: assert float(out.numpy()) == x.max()
+
+def test_narrow_column_sum_splits_its_rows():
+  """An (n, 4) matrix's column sums have fewer outputs than a cache line holds per core: the rows split into partials
+  (lazy.SPLIT_REDUCE_CPU_OUTPUTS_PER_CORE), each step of a partial reads one row's 4 values (the column rule)."""
+  x = np.random.default_rng(4).standard_normal((1 << 17, 4)).astype(np.float32)
+  out = Tensor(x).sum(0)
+  assert len([item for item in create_schedule([out.lazydata]) if item.ast.op is Ops.SINK]) == 2
+  _check_sum(x, out.numpy(), 0, np.float32)

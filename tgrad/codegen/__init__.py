@@ -43,4 +43,4 @@ CODEGEN_VERSION = 24   # 2: gathers (data-dependent loads); int casts as narrow 
 # (runtime/cuda/sgemm.py; heuristics, SGEMM=1; default tile 128×128 with two blocks an SM)
 # 23: OptOps.WGMMA takes TF32: a float32 matmul whose loads the graph rounds to TF32 (a·wᵀ) is one warpgroup-MMA kernel
 # on sm_90a (m64nNk8 .tf32, operands rounded in shared memory)
-# 24: CPU: a reduce along a strided axis upcasts its contiguous output axis by 8 vectors (heuristics._cpu_column_reduce)
+# 24: CPU: a reduce along a strided axis upcasts its contiguous output axis by up to 8 vectors (_cpu_column_reduce)

@@ -95,9 +95,9 @@ def _threads(kernel: Kernel) -> None:
 CPU_COLUMN_VECTORS = 8
 
 def _cpu_column_reduce(kernel: Kernel) -> None:
-  """UPCAST the innermost output axis by CPU_COLUMN_VECTORS vectors (fewer where its size takes no more; at least one
-  vector) when the largest load is contiguous along it and strided along every reduce axis, in a kernel no earlier
-  rule upcast."""
+  """UPCAST the innermost output axis by CPU_COLUMN_VECTORS vectors (its largest divisor up to that: a narrow matrix's
+  few columns are still read as one run a row) when the largest load is contiguous along it and strided along every
+  reduce axis, in a kernel no earlier rule upcast."""
   if not kernel.reduceops or kernel.global_dims == 0 or kernel.first_upcast < kernel.shape_len: return
   if (largest := _largest_load(kernel)) is None: return
   axis, strides = kernel.global_dims - 1, kernel.sts[largest].real_strides()
@@ -105,7 +105,7 @@ def _cpu_column_reduce(kernel: Kernel) -> None:
   if strides[axis] != 1 or any(strides[a] in (0, 1) for a in reduce_axes) or not _known(kernel, axis): return
   lanes = max(1, kernel.renderer.vector_bytes // kernel.memops[largest].dtype.itemsize)
   columns = _divisor_at_most(kernel.full_shape[axis], CPU_COLUMN_VECTORS * lanes)
-  if columns >= lanes: try_opt(kernel, Opt(OptOps.UPCAST, axis, columns))
+  if columns > 1: try_opt(kernel, Opt(OptOps.UPCAST, axis, columns))
 
 # An online log-sum-exp (a LOGADDEXP reduce: the "online" softmax) merges each step's state into its running (max,
 # rescaled sum) with one exponential: unrolled, a step's values make their own state first (exponentials off the

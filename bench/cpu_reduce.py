@@ -1,7 +1,7 @@
 """CPU reductions: tgrad (LLVM) vs torch vs numpy, interleaved in one run, as GB/s and ratios to torch.
 
-Cases: sums, means and maxes over a long row (16M float32, split across partials and threads) and over either axis
-of a 4096² matrix, softmax and log_softmax over 2048² rows and one 4M-long row, rms norm and layer norm over 2048²
+Cases: sums, means and maxes over a long row (16M float32, split across partials and threads; 16M+1, which no part
+count divides) and over either axis of a 4096² matrix, the columns of a narrow 4M×4 one, softmax and log_softmax over 2048² rows and one 4M-long row, rms norm and layer norm over 2048²
 rows, and a 64 MB copy (numpy, torch) as the bandwidth ceiling. GB/s counts the bytes a case must move at least (its
 input read once, its output written once). Each round times every library once per case, one after the other, so a
 change in the machine's load hits all of them alike; the best and the median of ROUNDS rounds are reported (the
@@ -19,6 +19,7 @@ LONG = 16 << 20
 MATRIX = (4096, 4096)
 ROWS = (2048, 2048)
 ROW = (1, 4 << 20)
+NARROW = (4 << 20, 4)
 
 try:
   import torch
@@ -50,10 +51,14 @@ def cases():
   copy_out = np.empty_like(long)
   yield ("copy 64MB (ceiling)", 2 * long.nbytes, long, None, lambda t: t.clone(), lambda a: np.copyto(copy_out, a))
   yield "sum 16M", long.nbytes, long, lambda t: t.sum(), lambda t: t.sum(), lambda a: a.sum()
+  odd = rng.random(LONG + 1, dtype=np.float32)
+  yield "sum 16M+1", odd.nbytes, odd, lambda t: t.sum(), lambda t: t.sum(), lambda a: a.sum()
   yield "mean 16M", long.nbytes, long, lambda t: t.mean(), lambda t: t.mean(), lambda a: a.mean()
   yield "max 16M", long.nbytes, long, lambda t: t.max(), lambda t: t.max(), lambda a: a.max()
   yield "sum 4096² axis=-1", matrix.nbytes, matrix, lambda t: t.sum(-1), lambda t: t.sum(-1), lambda a: a.sum(-1)
   yield "sum 4096² axis=0", matrix.nbytes, matrix, lambda t: t.sum(0), lambda t: t.sum(0), lambda a: a.sum(0)
+  narrow = rng.standard_normal(NARROW, dtype=np.float32)
+  yield "sum 4M×4 axis=0", narrow.nbytes, narrow, lambda t: t.sum(0), lambda t: t.sum(0), lambda a: a.sum(0)
   yield "max 4096² axis=0", matrix.nbytes, matrix, lambda t: t.max(0), lambda t: t.amax(0), lambda a: a.max(0)
   yield ("softmax 2048²", 2 * rows.nbytes, rows, lambda t: t.softmax(-1), lambda t: torch.softmax(t, -1), np_softmax)
   yield ("log_softmax 2048²", 2 * rows.nbytes, rows, lambda t: t.log_softmax(-1), lambda t: torch.log_softmax(t, -1),

@@ -1,13 +1,13 @@
 """CPU reductions: tgrad (LLVM) vs torch vs numpy, interleaved in one run, as GB/s and ratios to torch.
 
 Cases: sums, means and maxes over a long row (16M float32, split across partials and threads; 16M+1, which no part
-count divides) and over either axis of a 4096² matrix, the columns of a narrow 4M×4 one, softmax and log_softmax over 2048² rows and one 4M-long row, rms norm and layer norm over 2048²
-rows, and a 64 MB copy (numpy, torch) as the bandwidth ceiling. GB/s counts the bytes a case must move at least (its
-input read once, its output written once). Each round times every library once per case, one after the other, so a
-change in the machine's load hits all of them alike; the best and the median of ROUNDS rounds are reported (the
-machine may be shared: compare the ratios of one run, and note the load average printed with them).
-Usage: python bench/cpu_reduce.py [--rounds N] [--only TEXT]
-"""
+count divides) and over either axis of a 4096² matrix, the columns of a narrow 4M×4 one, softmax and log_softmax over
+2048² rows and one 4M-long row, rms norm and layer norm over 2048² rows, and a 64 MB copy (numpy, torch) as the
+bandwidth ceiling. GB/s counts the bytes a case must move at least (its input read once, its output written once).
+Each round times every library once per case, one after the other, so a change in the machine's load hits all of them
+alike; the best and the median of ROUNDS rounds are reported (the machine may be shared: compare the ratios of one
+run, and note the load average printed with them).
+Usage: python bench/cpu_reduce.py [--rounds N] [--only TEXT]"""
 from __future__ import annotations
 import argparse, os, sys, time
 import numpy as np

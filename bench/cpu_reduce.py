@@ -7,7 +7,8 @@ bandwidth ceiling. GB/s counts the bytes a case must move at least (its input re
 Each round times every library once per case, one after the other, so a change in the machine's load hits all of them
 alike; the best and the median of ROUNDS rounds are reported (the machine may be shared: compare the ratios of one
 run, and note the load average printed with them).
-Usage: python bench/cpu_reduce.py [--rounds N] [--only TEXT]"""
+Usage: python bench/cpu_reduce.py [--rounds N] [--only TEXT]
+"""
 from __future__ import annotations
 import argparse, os, sys, time
 import numpy as np

@@ -478,7 +478,10 @@ def unrealized_bases(roots: list[LazyBuffer]) -> list[LazyBuffer]:
 # each output's reduce is one GPU block or one CPU core (a 64M-element sum would use 1 of 132 SMs); split, the
 # partials run in parallel. Thresholds as in tinygrad's split_reduceop: inputs per output ≥ 2^15, and here fewer
 # outputs than an H100 holds blocks at once (132 SMs × 8 blocks); parts: the largest of SPLIT_REDUCE_PARTS dividing.
-# On a CPU the THREAD opt already spreads outputs over cores, so only reduces with fewer outputs than cores split.
+# On a CPU the THREAD opt already spreads outputs over cores, so only reduces with few outputs split: fewer than
+# SPLIT_REDUCE_CPU_OUTPUTS_PER_CORE a core, where a core's outputs would be a piece of a cache line when they are
+# neighbours in memory (a column sum of an (n, 4) matrix: each thread reads every line for its two columns; split, the
+# threads take rows). Measured: (2^22, 4) float32 x.sum(0), 2 shared cores: 58 ms as one kernel (scalar, strided).
 # The split is about parallelism only: the accuracy of long float sums is the kernel's (codegen/reduces.py sums
 # blocks of ACCUMULATE_BLOCK values and adds the block totals with Kahan compensation), so it needs no extra kernels.
 # The reduce of the partials is marked (REDUCE_AXIS arg (op, axes, True)): a float sum of them is compensated too
@@ -486,20 +489,40 @@ def unrealized_bases(roots: list[LazyBuffer]) -> list[LazyBuffer]:
 SPLIT_REDUCE_MIN_INPUTS = 1 << 15
 SPLIT_REDUCE_MAX_OUTPUTS = 1024
 SPLIT_REDUCE_PARTS = (256, 128, 64, 32, 16, 8)
+SPLIT_REDUCE_CPU_OUTPUTS_PER_CORE = 16   # a 64-byte cache line of float32 outputs
 
 def _split_reduce(x: LazyBuffer, op: Ops, axes: tuple[int, ...], dtype: DType) -> Optional[LazyBuffer]:
   """x.r(op, axes, dtype) as two reduces when it is big and has few outputs (see SPLIT_REDUCE_*), else None; the
   partials have the result's dtype."""
   if is_symbolic(x.shape): return None   # the split needs the sizes; a symbolic reduce stays one kernel
   inputs = prod(x.shape[a] for a in axes)
-  max_outputs = SPLIT_REDUCE_MAX_OUTPUTS if DEVICE_TRAITS[x.device].has_local else cpu_count()   # no device start
+  max_outputs = SPLIT_REDUCE_MAX_OUTPUTS if DEVICE_TRAITS[x.device].has_local else \
+    cpu_count() * SPLIT_REDUCE_CPU_OUTPUTS_PER_CORE   # no device start
   if inputs < SPLIT_REDUCE_MIN_INPUTS or prod(x.shape) // inputs >= max_outputs: return None
   for axis in sorted(axes, key=lambda a: -x.shape[a]):
     parts = next((p for p in SPLIT_REDUCE_PARTS if x.shape[axis] % p == 0), None)
     if parts is not None: break
-  else: return None
+  else: return _split_with_tail(x, op, axes, dtype)
   split_shape = x.shape[:axis] + (parts, x.shape[axis] // parts) + x.shape[axis + 1:]
   chunk_axes = tuple(a + (a > axis) for a in axes if a != axis) + (axis + 1,)   # everything reduced but the parts
   partials = x.reshape(split_shape)._reduce(op, tuple(sorted(chunk_axes)), dtype=dtype)
   out_shape = tuple(1 if i in axes else s for i, s in enumerate(x.shape))
   return partials._reduce(op, (axis,), of_partials=True).reshape(out_shape)
+
+# A reduce axis that none of SPLIT_REDUCE_PARTS divides (2^24 + 1 values, 4·1000003) would stay one kernel on one core:
+# its first multiple of SPLIT_REDUCE_PARTS[0] values split as above, the rest (fewer than that) reduced on their own,
+# and the two results combined by the reduce's op (ADD, MAX, MUL: one more elementwise op, fused into the kernel that
+# combines the partials). The head's chunks keep at least SPLIT_TAIL_MIN_CHUNK values each.
+SPLIT_TAIL_MIN_CHUNK = 64
+TAIL_SPLIT_OPS = (Ops.ADD, Ops.MAX, Ops.MUL)
+
+def _split_with_tail(x: LazyBuffer, op: Ops, axes: tuple[int, ...], dtype: DType) -> Optional[LazyBuffer]:
+  """x.r(op, axes) as the reduce of a head whose length along the longest reduce axis divides into
+  SPLIT_REDUCE_PARTS[0] parts (split) and of the tail past it, combined by op; None where that doesn't apply."""
+  axis = max(axes, key=lambda a: x.shape[a])
+  parts, size = SPLIT_REDUCE_PARTS[0], x.shape[axis]
+  if op not in TAIL_SPLIT_OPS or dtype != x.dtype or size < parts * SPLIT_TAIL_MIN_CHUNK: return None
+  head = size - size % parts
+  def piece(start: int, end: int) -> LazyBuffer:
+    return x.shrink(tuple((start, end) if a == axis else (0, s) for a, s in enumerate(x.shape)))
+  return piece(0, head).r(op, axes).alu(op, piece(head, size).r(op, axes))

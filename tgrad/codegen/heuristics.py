@@ -87,6 +87,27 @@ def _threads(kernel: Kernel) -> None:
   for threads in range(cores, 1, -1):
     if size % threads == 0 and try_opt(kernel, Opt(OptOps.THREAD, axis, threads)): return
 
+# A reduce along a strided axis whose input is contiguous along an output axis (a column sum: x.sum(0) of a row-major
+# matrix) walks one column per loop and reads one float per row, a new cache line (and page) each step. Upcast the
+# contiguous output axis by CPU_COLUMN_VECTORS SIMD vectors: each step of the reduce loop reads that run of one row
+# into as many independent vector accumulators (LLVM keeps them in registers). Measured (4096² float32 x.sum(0),
+# 2 shared Zen 3 cores, DEBUG=2 kernel time): one column a loop 220 ms; 8, 16, 32, 64 columns 40, 26, 12, 4.2 ms
+# (64 is the 16 GB/s of a row sum).
+CPU_COLUMN_VECTORS = 8
+
+def _cpu_column_reduce(kernel: Kernel) -> None:
+  """UPCAST the innermost output axis by CPU_COLUMN_VECTORS vectors (its largest divisor up to that: a narrow matrix's
+  few columns are still read as one run a row) when the largest load is contiguous along it and strided along every
+  reduce axis, in a kernel no earlier rule upcast."""
+  if not kernel.reduceops or kernel.global_dims == 0 or kernel.first_upcast < kernel.shape_len: return
+  if (largest := _largest_load(kernel)) is None: return
+  axis, strides = kernel.global_dims - 1, kernel.sts[largest].real_strides()
+  reduce_axes = [a for a in range(kernel.shape_len) if kernel.is_reduce_axis(a)]
+  if strides[axis] != 1 or any(strides[a] in (0, 1) for a in reduce_axes) or not _known(kernel, axis): return
+  lanes = max(1, kernel.renderer.vector_bytes // kernel.memops[largest].dtype.itemsize)
+  columns = _divisor_at_most(kernel.full_shape[axis], CPU_COLUMN_VECTORS * lanes)
+  if columns > 1: try_opt(kernel, Opt(OptOps.UPCAST, axis, columns))
+
 # An online log-sum-exp (a LOGADDEXP reduce: the "online" softmax) merges each step's state into its running (max,
 # rescaled sum) with one exponential: unrolled, a step's values make their own state first (exponentials off the
 # loop-carried path), one merge per CPU_ONLINE_UNROLL values, and the running sum rounds once per step, not per value.
@@ -176,6 +197,7 @@ def _cpu_rules(kernel: Kernel) -> None:
   if _cpu_gemm(kernel): return
   _cpu_short_rows(kernel)
   _register_tile(kernel)
+  _cpu_column_reduce(kernel)
   _unroll_online(kernel)
   _threads(kernel)
 

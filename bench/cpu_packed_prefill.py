@@ -60,7 +60,8 @@ def main() -> None:
       row["max_rel_diff"] = float(np.abs(results[1] - results[0]).max() / np.abs(results[0]).max())
       print(json.dumps(row), flush=True)
   for rows, by_pack in totals.items():
-    print(json.dumps({"rows": rows, "layer_pack1_cpu_ms": round(by_pack[1], 3), "layer_pack0_cpu_ms": round(by_pack[0], 3),
+    print(json.dumps({"rows": rows, "layer_pack1_cpu_ms": round(by_pack[1], 3),
+                      "layer_pack0_cpu_ms": round(by_pack[0], 3),
                       "pack0_over_pack1": round(by_pack[0] / by_pack[1], 2)}))
 
 if __name__ == "__main__":

@@ -231,7 +231,8 @@ def test_packed_linear_of_many_rows_is_a_blocked_matmul(ggml_type, out_features,
   dense = (x @ Tensor(values).T).numpy()   # the float path: the same values, the same blocked matmul
   np.testing.assert_allclose(got, dense, rtol=1e-6, atol=1e-6 * np.abs(expected).max())
 
-@pytest.mark.parametrize("ggml_type", [GGMLType.Q5_0, GGMLType.Q4_K, GGMLType.Q6_K, GGMLType.Q8_0], ids=lambda t: t.name)
+@pytest.mark.parametrize("ggml_type", [GGMLType.Q5_0, GGMLType.Q4_K, GGMLType.Q6_K, GGMLType.Q8_0],
+                         ids=lambda t: t.name)
 def test_cpu_pack_setting_runs_the_packed_product(ggml_type):
   """CPU_PACK=0: a prompt (symbolic length) times a packed weight runs as its own kernel, the packed product (one
   kernel, no copies), with the values of numpy's product of the dequantized weight; CPU_PACK=1 (the default) runs the

@@ -230,3 +230,23 @@ def test_packed_linear_of_many_rows_is_a_blocked_matmul(ggml_type, out_features,
   np.testing.assert_allclose(got, expected, rtol=MATVEC_RTOL, atol=MATVEC_RTOL * np.abs(expected).max())
   dense = (x @ Tensor(values).T).numpy()   # the float path: the same values, the same blocked matmul
   np.testing.assert_allclose(got, dense, rtol=1e-6, atol=1e-6 * np.abs(expected).max())
+
+@pytest.mark.parametrize("ggml_type", [GGMLType.Q5_0, GGMLType.Q4_K, GGMLType.Q6_K, GGMLType.Q8_0],
+                         ids=lambda t: t.name)
+def test_cpu_pack_setting_runs_the_packed_product(ggml_type):
+  """CPU_PACK=0: a prompt (symbolic length) times a packed weight runs as its own kernel, the packed product (one
+  kernel, no copies), with the values of numpy's product of the dequantized weight; CPU_PACK=1 (the default) runs the
+  dequantizing copy and the blocked matmul (three kernels). Switching back and forth reuses neither's kernels."""
+  from tgrad.helpers import Context
+  from tgrad.realize import lower_schedule
+  from tgrad.shape.sint import Variable
+  raw, weight = _finite_weight(ggml_type, 256, 512, seed=23)
+  x_np = np.random.default_rng(24).standard_normal((90, 512)).astype(np.float32)
+  values = reference(raw, ggml_type).reshape(256, 512).astype(np.float64)
+  for rows, pack, kernels in ((37, 0, 1), (70, 1, 3), (9, 0, 1)):
+    with Context(CPU_PACK=pack):
+      out = weight.linear(Tensor(x_np).realize().shrink(((0, Variable("n", 1, 90).bind(rows)), None)))
+      (item,) = [i for i in out.schedule() if i.ast.op is not Ops.EMPTY]
+      assert len(lower_schedule([item])) == kernels
+      expected = x_np[:rows].astype(np.float64) @ values.T
+      np.testing.assert_allclose(out.numpy(), expected, rtol=MATVEC_RTOL, atol=MATVEC_RTOL * np.abs(expected).max())

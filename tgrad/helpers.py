@@ -115,6 +115,9 @@ class _Settings:
   PACKED_GEMM: int = 0  # 1: on sm_90a that prompt is one warpgroup-MMA kernel dequantizing the packed tiles in shared
                         # memory (no temporary); 0 (the default: measured slower on an H100, docs/env.md): the half
                         # temporary and the dense matmul
+  CPU_PACK: int = 1     # 1: a CPU matmul whose reused operand pays for it (a prompt times a weight, packed or dense)
+                        # runs as a copy of it into column panels and the blocked matmul (codegen/cpu_gemm.py); 0: as
+                        # its own kernel (a packed weight: the packed product, every row dequantizing the blocks again)
   RIDERS: int = 0       # 1: a small kernel runs inside a neighbouring one (schedule rule 5); 0: every kernel alone
                         # (the default: on an H100 riders made Gemma's decode step and prefill slower, docs/env.md)
   TOLERANCE: Optional[float] = None   # max relative error of a selected execution path; None: per dtype (tgrad/paths)
@@ -139,6 +142,7 @@ _ALLOWED_VALUES: dict[str, tuple[str, Callable[[int], bool]]] = {
   "FLASH_DECODING": ("0 or 1", lambda v: v in (0, 1)),
   "HALF_GEMM": ("0 or 1", lambda v: v in (0, 1)),
   "PACKED_GEMM": ("0 or 1", lambda v: v in (0, 1)),
+  "CPU_PACK": ("0 or 1", lambda v: v in (0, 1)),
   "WGMMA": ("0 or 1", lambda v: v in (0, 1)),
   "WGMMA_TMA": ("0 or 1", lambda v: v in (0, 1)),
   "SGEMM": ("0 or 1", lambda v: v in (0, 1)),

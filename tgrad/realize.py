@@ -94,12 +94,14 @@ _kernel_counter = 0
 _settings_memo: tuple = (None, ())   # (the settings object, its _settings tuple): the last answer, kept
 
 def _settings() -> tuple:
-  """The settings a compiled kernel depends on: BEAM and the code-changing ones. Remembered for the settings object
-  in force (settings objects are frozen, and any Context change installs another), so an eager realize pays one
-  identity compare."""
+  """The settings a compiled kernel depends on: BEAM and the code-changing ones, and CPU_PACK, which decides which
+  kernels an item runs as (`_kernels_of`; the runners and plans cached under one value are not used under the other).
+  Remembered for the settings object in force (settings objects are frozen, and any Context change installs another),
+  so an eager realize pays one identity compare."""
   global _settings_memo
   current = current_settings()
-  if _settings_memo[0] is not current: _settings_memo = (current, (current.BEAM, settings_key(current)))
+  if _settings_memo[0] is not current:
+    _settings_memo = (current, (current.BEAM, current.CPU_PACK, settings_key(current)))
   return _settings_memo[1]
 
 def choose_opts(kernel: Kernel) -> None:
@@ -206,9 +208,9 @@ def _kernels_of(item: ScheduleItem, device: str) -> list[tuple[UOp, list[Buffer]
   matmul whose reused operand pays for packing (codegen/cpu_gemm.py) runs as copies into scratch buffers (B's panels,
   a computed A), then the matmul reading them. A copy whose sources were copied before gets a Buffer of its own and
   runs only when they changed (kept_copies.py; a TinyJit keeps it in its replays only where every source is a
-  weight, jit._kept_only_from_weights)."""
+  weight, jit._kept_only_from_weights). CPU_PACK=0 runs every item as itself."""
   renderer = Device[device].renderer
-  if not renderer.has_threads or (plan := pack_plan(item.ast, renderer)) is None:
+  if not renderer.has_threads or not Context.CPU_PACK or (plan := pack_plan(item.ast, renderer)) is None:
     return [(item.ast, list(item.bufs), item.output_count, False)]
   scratch: list[Buffer] = []
   kept: list[bool] = []

@@ -265,3 +265,37 @@ def test_padded_tile_rows_store_in_one_branch_each():
   hand_coded_optimizations(kernel)
   source = kernel.renderer.render("gemm", linearize(kernel))
   assert len(re.findall(r'^"?store(\.\d+)?"?:', source, re.MULTILINE)) == gemm_tile(*AVX2, out.dtype).rows
+
+@pytest.mark.parametrize("keys", [1, 7, 40])
+def test_symbolic_reduce_gets_the_register_tile(keys):
+  """Attention's probabilities times values over a prompt: rows (heads × queries) and the summed keys both symbolic,
+  the head dim known. The register tile applies (rows by 4: 4·keys rows is a multiple of the tile), and the values
+  match numpy at every length."""
+  from tgrad.shape.sint import Variable
+  rng = np.random.default_rng(14)
+  heads, most, dim = 4, 48, 256
+  p_np, v_np = _rand(rng, heads, most, most), _rand(rng, most, dim)
+  n = Variable("n", 1, most).bind(keys)
+  p = Tensor(p_np).realize().shrink((None, (0, n), (0, n))).reshape(heads * n, n)
+  v = Tensor(v_np).realize().shrink(((0, n), None))
+  out = p @ v
+  kernel = Kernel(_kernel_items(out)[-1].ast, LLVMRenderer(AVX2))
+  assert gemm_axes(kernel.state) is not None
+  hand_coded_optimizations(kernel)
+  assert [(o.op, o.amount) for o in kernel.applied_opts][:3] == [(OptOps.UPCAST, 16), (OptOps.UPCAST, 4),
+                                                                  (OptOps.SWAP, 1)]
+  expected = (p_np[:, :keys, :keys] @ v_np[:keys]).reshape(heads * keys, dim)
+  np.testing.assert_allclose(out.numpy(), expected, rtol=RTOL, atol=ATOL)
+
+def test_symbolic_reduce_into_known_outputs_keeps_its_opts():
+  """Decode attention's probabilities times values (4 heads × one query over the filled cache slots): outputs of
+  known count, a symbolic reduce. It keeps the generic rules (the register tile was slower there), not the matmul's."""
+  from tgrad.shape.sint import Variable
+  rng = np.random.default_rng(15)
+  p_np, v_np = _rand(rng, 4, 64), _rand(rng, 64, 256)
+  n = Variable("n", 1, 64).bind(30)
+  out = Tensor(p_np).realize().shrink((None, (0, n))) @ Tensor(v_np).realize().shrink(((0, n), None))
+  kernel = Kernel(_kernel_items(out)[-1].ast, LLVMRenderer(AVX2))
+  hand_coded_optimizations(kernel)
+  assert not any(o.op is OptOps.SWAP or (o.op is OptOps.UPCAST and o.amount == 4) for o in kernel.applied_opts)
+  np.testing.assert_allclose(out.numpy(), p_np[:, :30] @ v_np[:30], rtol=RTOL, atol=ATOL)

@@ -75,13 +75,13 @@ class GemmAxes:
   reduce: tuple[int, ...]     # k: the reduce axes (one for a plain matmul; a packed weight's blocks and block axes)
   b_loads: tuple[UOp, ...]    # the LOADs of B: those that vary along the columns
 
-def _gemm_axes(shape: tuple, out_st: ShapeTracker, loads: list[tuple[UOp, ShapeTracker]], reduce_axes: tuple[int, ...]
-               ) -> Optional[GemmAxes]:
-  """The axes of Σ_k A·B over consecutive reduce axes of known sizes, from the output's tracker and the trackers of
-  the reduce's loads (shapes all `shape`); None unless some loads (B's) vary along the output's contiguous axis and
-  are all reused along another output axis that another load varies along."""
+def _gemm_axes(shape: tuple, out_st: ShapeTracker, loads: list[tuple[UOp, ShapeTracker]], reduce_axes: tuple[int, ...],
+               symbolic_reduce: bool = False) -> Optional[GemmAxes]:
+  """The axes of Σ_k A·B over consecutive reduce axes (of known sizes unless `symbolic_reduce`), from the output's
+  tracker and the trackers of the reduce's loads (shapes all `shape`); None unless some loads (B's) vary along the
+  output's contiguous axis and are all reused along another output axis that another load varies along."""
   if not reduce_axes or reduce_axes != tuple(range(reduce_axes[0], reduce_axes[-1] + 1)) or \
-     not all(isinstance(shape[a], int) for a in reduce_axes): return None
+     not (symbolic_reduce or all(isinstance(shape[a], int) for a in reduce_axes)): return None
   out_strides = _strides(out_st)
   columns = next((a for a, s in enumerate(out_strides) if s == 1 and isinstance(shape[a], int) and shape[a] > 1), None)
   if columns is None: return None
@@ -99,13 +99,14 @@ def _reduce_loads(reduce: UOp) -> list[UOp]:
 
 def gemm_axes(state: AxisState) -> Optional[GemmAxes]:
   """The rows and columns axes of a kernel that is a matmul (one ADD reduce over one reduce axis of the kernel, B one
-  load), else None."""
+  load), else None. The reduce axis may be symbolic (attention's probabilities times values, summed over a prompt's
+  keys): the register tile loops over it whatever its length."""
   if len(state.reduceops) != 1 or state.reduceops[0].arg[0] is not Ops.ADD or state.applied_opts: return None
   tracker = dict(zip(state.memops, state.sts))
   loads = [(u, tracker[u]) for u in _reduce_loads(state.reduceops[0]) if u in tracker]
   reduce_axes = tuple(a for a in range(state.shape_len) if state.is_reduce_axis(a))
   if len(reduce_axes) != 1: return None
-  axes = _gemm_axes(state.full_shape, state.sts[0], loads, reduce_axes)
+  axes = _gemm_axes(state.full_shape, state.sts[0], loads, reduce_axes, symbolic_reduce=True)
   return axes if axes is not None and len(axes.b_loads) == 1 else None
 
 # ---- packing B (and materializing a computed A)

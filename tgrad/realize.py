@@ -19,8 +19,9 @@ import numpy as np
 from tgrad.ops import UOp, Ops
 from tgrad.backend import backend, device_kind
 from tgrad.lazy import LazyBuffer, holders_of
-from tgrad.schedule import ScheduleItem, create_schedule
-from tgrad.schedule_cache import Template, bind, item_values, look_up, schedule, schedule_found, stored
+from tgrad.schedule import ScheduleItem, create_schedule, scalar_values
+from tgrad.schedule_cache import (Template, bind, eager_key, eager_templates, item_values, look_up, remember_eager,
+                                  schedule, schedule_found, stored)
 from tgrad.device import Buffer, Device
 from tgrad.codegen.kernel import Kernel
 from tgrad.codegen.compile import CompiledKernel, compile_kernel
@@ -342,25 +343,37 @@ def _plan_of(template: Template, items: Sequence[ScheduleItem], settings: tuple)
                      reads))
   return settings, tuple(launches), any(launch[4] is not None for launch in launches), _runner_cache
 
+def _plan_usable(plan: Optional[Plan], settings: tuple) -> bool:
+  """Whether a template's plan can launch now: it has launches, made under these settings from this runner cache."""
+  return plan is not None and plan[1] is not None and plan[0] == settings and plan[3] is _runner_cache
+
 def realize(*lbs: LazyBuffer) -> None:
   """Compute the given lazy values into device buffers (afterwards `lb.base.buffer` holds each)."""
   current = current_settings()
   if profiler.ENABLED or profiler.graph_observer is not None or _capture is not None or current.DEBUG:
     return _realize_watched(lbs)
-  if (found := look_up(lbs, current)) is None: return
   settings = _settings_memo[1] if _settings_memo[0] is current else _settings()
+  eager = None
+  if len(lbs) == 1 and (root := lbs[0])._base is None and root.buffer is None:
+    if (eager := eager_key(root, current.RIDERS)) is not None and \
+       (template := eager_templates.get(eager[0])) is not None and (plan := template.plan) is not None and \
+       plan[1] is not None and plan[0] == settings and plan[3] is _runner_cache:   # _plan_usable, inline
+      return _launch_eager(eager[1], eager[2], template, plan)
+  if (found := look_up(lbs, current)) is None: return
   template = found[2]
-  if template is None or (plan := template.plan) is None or plan[1] is None or plan[0] != settings or \
-     plan[3] is not _runner_cache:
+  if template is None or not _plan_usable(plan := template.plan, settings):
     items = schedule_found(found)
     run(lower_schedule(items), 0)
     if found[3]: return   # a schedule with writes is never planned
     if template is None: template = stored(found[1])
-    if template is not None and (template.plan is None or template.plan[0] != settings or
-                                 template.plan[3] is not _runner_cache):
+    if template is not None and not _plan_usable(template.plan, settings):
       template.plan = _plan_of(template, items, settings)
+    if eager is not None and template is not None and template.plan[1] is not None:
+      remember_eager(eager[0], template, found)
     return
-  # the planned hit: this is every eager op, so loops are written out (a comprehension is a call of its own)
+  # the planned hit (an eager op's, the first time under its eager key): loops written out (a comprehension is a call
+  # of its own)
+  if eager is not None: remember_eager(eager[0], template, found)
   walk, launches = found[0], plan[1]
   values: list[tuple] = []
   if plan[2]:   # read before bind: its commits drop a root's arg (a lifted scalar's value)
@@ -369,7 +382,11 @@ def realize(*lbs: LazyBuffer) -> None:
       else:
         var_vals = item_values(walk, reads)
         values.append(tuple(var_vals[name] for name in variables))
-  bufs = bind(walk, template)
+  _launch(launches, bind(walk, template), values)
+
+def _launch(launches: tuple, bufs: list[Buffer], values: list[tuple]) -> None:
+  """A plan's launches on the template's Buffer list `bufs`, with each launch's variable values (`values`, empty where
+  none reads any), each output's write noted."""
   k = 0
   for launch, indices, outputs, _, _ in launches:
     handles = []   # a Buffer's handle is allocated on first use; an allocated one is read straight
@@ -381,6 +398,25 @@ def realize(*lbs: LazyBuffer) -> None:
       owner.writes += 1
     k += 1
   _Totals.kernels += k
+
+def _launch_eager(nodes: list[LazyBuffer], leaf_buffers: list[Buffer], template: Template, plan: Plan) -> None:
+  """The eager hit: one op over realized values and constants (schedule_cache.eager_key: `nodes` numbered as the
+  template's positions, `leaf_buffers` its realized Buffers) whose template has a usable plan. What `bind` and the
+  planned hit do, on the eager key's nodes: scalar values read, new Buffers made, the template's commits, launches."""
+  launches = plan[1]
+  values: list[tuple] = []
+  if plan[2]:   # a lifted scalar's value, read before the commits (the eager key keeps no variables)
+    for _, _, _, variables, reads in launches:
+      if reads is None: values.append(())
+      else:
+        var_vals = scalar_values([nodes[p] for p in reads.scalars])
+        values.append(tuple(var_vals[name] for name in variables))
+  bufs = leaf_buffers
+  for device, size, dtype, _ in template.new_buffers: bufs.append(Buffer(device, size, dtype))
+  for p, i, keeps_arg in template.commits: nodes[p].commit(bufs[i], keep_arg=keeps_arg)
+  for lb in nodes:   # schedule_cache._forget_regions, inline
+    if lb.region is not None: lb.set_region(None)
+  _launch(launches, bufs, values)
 
 def _realize_watched(lbs: Sequence[LazyBuffer]) -> None:
   """`realize` through ScheduleItems and ExecItems, for whatever records or watches them: a TinyJit capture, the

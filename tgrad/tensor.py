@@ -202,7 +202,9 @@ class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, Indexi
     """Compute this tensor now (its buffer stays on the device); `Tensor.realize(a, b, ...)` or `a.realize(b, ...)`
     computes several in one schedule, so their kernels are planned together."""
     if others: _realize(self.lazydata, *[t.lazydata for t in others])
-    else: _realize(self.lazydata)
+    else:
+      lb = self._lazydata   # Tensor.lazydata, inline where no in-place write moved it: this is every eager op
+      _realize(lb if lb.successor is None and lb.origin is None else self.lazydata)
     return self
   def schedule(self, *others: Tensor) -> list:
     """The kernels (ScheduleItems) that realizing this tensor (and others) would run, planned without running or

@@ -226,7 +226,10 @@ class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, Indexi
     if prod(shape) == 0: return np.zeros(shape, dtype=out_dtype.np)
     if isinstance(self.lazydata, MultiLazyBuffer):   # gathered to the first device
       return Tensor(self.lazydata.copy_to_device(self.device[0]), requires_grad=False).numpy()
-    lb = self.lazydata.cast(out_dtype).contiguous()
+    lb = self.lazydata
+    # a computed base is realized as itself (a row-major buffer of its shape: what contiguous() would commit to it
+    # too), so an eager `(a + b).numpy()` is the one op `(a + b).realize()` is; anything else is copied contiguous
+    if lb._base is not None or lb.dtype != out_dtype: lb = lb.cast(out_dtype).contiguous()
     _realize(lb)
     # a symbolic buffer is allocated at the variables' maximum; its first elements are the row-major values
     return _copy_to_host(lb)[:prod(shape)].reshape(shape)

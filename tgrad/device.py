@@ -176,7 +176,7 @@ class Buffer:
       self._allocator = allocator   # kept for __del__: no lookup there
       if self.base is not None: self._handle = allocator.view(self.base.handle, self.offset, max(self.nbytes, 1))
       else:
-        self._handle = allocator.alloc(max(self.nbytes, 1))
+        self._handle = allocator.alloc(self.nbytes or 1)   # an empty buffer gets one byte
         if profiler.ENABLED: profiler.buffer_allocated(self)
       if self.initial is not None:
         initial, self.initial = self.initial, None
@@ -202,7 +202,7 @@ class Buffer:
   def __del__(self):
     if self._handle is not None and self.base is None:
       try:
-        self._allocator.free(self._handle, max(self.nbytes, 1))
+        self._allocator.free(self._handle, self.nbytes or 1)
         if profiler.ENABLED: profiler.buffer_freed(self)
       except Exception: pass   # interpreter shutdown
   def _bytes_of(self, data: np.ndarray) -> memoryview:

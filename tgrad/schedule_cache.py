@@ -147,11 +147,12 @@ def _one_op_walk(root: LazyBuffer) -> Optional[_Walk]:
 # ---- the eager key: one op over realized values and constants, keyed without a walk
 # An eager op's graph is one unrealized base over sources that need no computing. `eager_key` names its structure in
 # one flat tuple, with everything its walk key holds (so equal eager keys mean equal walk keys, hence one template),
-# and `eager_templates` maps it to the template a realize planned for it: the eager realize (tgrad/realize.py) goes
-# from the op straight to its planned launches, with no walk, no walk key and no ScheduleItem. Only graphs without
-# symbolic shapes or variables are kept under an eager key (the walk key holds bare variables, this key bound ones).
+# and `eager_launches` keeps under it what the layer that runs schedules made of that template's plan (tgrad/realize.py:
+# the launch of its one kernel; carried here, never read here): the eager realize goes from the op straight to its
+# launch, with no walk, no walk key and no ScheduleItem. Only graphs without symbolic shapes or variables are kept
+# under an eager key (the walk key holds bare variables, this key bound ones).
 MAX_EAGER_KEYS = 4096   # eager keys kept (all forgotten when full): one per distinct op structure a program runs
-eager_templates: dict[tuple, Template] = {}   # read by the eager realize; written by `remember_eager` only
+eager_launches: dict[tuple, Any] = {}   # read by the eager realize; written by `remember_eager` only
 _EAGER_VIEW = -1   # in an eager key, before a view's (tracker, base) pair: the ints of a key are node numbers
 _EAGER_EXCLUDED = (Ops.ASSIGN, Ops.COLLECTIVE)   # writes (old values may need keeping) and multi-device steps
 
@@ -195,13 +196,14 @@ def eager_key(root: LazyBuffer, riders: int) -> Optional[tuple[tuple, list[LazyB
     else: return None
   return tuple(key), nodes, leaf_buffers
 
-def remember_eager(key: tuple, template: Template, found: Found) -> None:
-  """Keep `template` (the one `found`, the look-up of the same graph, gave) under its eager key, unless the walk bound
-  variables (symbolic shapes, symbolic constants) or the template makes Buffers of symbolic sizes."""
+def remember_eager(key: tuple, launch: Any, template: Template, found: Found) -> None:
+  """Keep `launch` (made from `template`, the one `found`, the look-up of the same graph, gave) under its eager key,
+  unless the walk bound variables (symbolic shapes, symbolic constants) or the template makes Buffers of symbolic
+  sizes."""
   if found[0].var_vals or any(spec[3] is not None for spec in template.new_buffers) or \
      any(item.variables for item in template.items): return
-  if len(eager_templates) >= MAX_EAGER_KEYS: eager_templates.clear()
-  eager_templates[key] = template
+  if len(eager_launches) >= MAX_EAGER_KEYS: eager_launches.clear()
+  eager_launches[key] = launch
 
 def _is_one_op(root: LazyBuffer) -> bool:
   """Whether the (unrealized base) root is one op over sources that need no computing: each source, or the base it
@@ -389,5 +391,5 @@ def clear() -> None:
   """Forget every template."""
   global _cached_nodes
   _templates.clear()
-  eager_templates.clear()
+  eager_launches.clear()
   _cached_nodes = 0

@@ -423,7 +423,7 @@ def _launch_eager(nodes: list[LazyBuffer], leaf_buffers: list[Buffer], entry: Ea
     values = tuple([var_vals[name] for name in variables])
   bufs = leaf_buffers
   for device, size, dtype in new_buffers: bufs.append(Buffer(device, size, dtype))
-  for p, i, keeps_arg in commits: nodes[p].commit(bufs[i], keep_arg=keeps_arg)
+  for p, i, keeps_arg in commits: nodes[p].commit(bufs[i], keeps_arg)
   for lb in nodes:   # schedule_cache._forget_regions, inline
     if lb.region is not None: lb.set_region(None)
   handles = []   # a Buffer's handle is allocated on first use; an allocated one is read straight

@@ -57,8 +57,10 @@ class Function:
     # under no_grad the output is a constant to autograd, as in torch: it does not require grad, so a backward
     # from it raises instead of silently reaching nothing
     if not Tensor.grad_enabled: requires_grad = False
-    return Tensor.of_lazy(ctx.forward(*sources, **kwargs), requires_grad,
-                          ctx if requires_grad is not False else None)
+    out = Tensor.__new__(Tensor)   # Tensor.of_lazy, inline
+    out.grad, out.requires_grad, out._ctx = None, requires_grad, ctx if requires_grad is not False else None
+    out._lazydata = ctx.forward(*sources, **kwargs)
+    return out
 
 def _mask_to(mask: LazyBuffer, dtype: DType) -> LazyBuffer: return mask.cast(dtype)
 def _logical_not(mask: LazyBuffer) -> LazyBuffer:

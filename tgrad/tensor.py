@@ -148,7 +148,7 @@ class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, Indexi
   @staticmethod
   def of_lazy(lb: LazyBuffer, requires_grad: Optional[bool], ctx: Optional[F.Function] = None) -> Tensor:
     """The Tensor of a LazyBuffer an op just built (`ctx` its autograd record, or None): `Tensor(lb, ...)` without
-    the argument checks, for every op's output (Function.apply)."""
+    the argument checks, for an op's output (Function.apply makes its outputs the same way, inline)."""
     out = Tensor.__new__(Tensor)
     out.grad, out.requires_grad, out._ctx, out._lazydata = None, requires_grad, ctx, lb
     return out

@@ -226,7 +226,9 @@ class Buffer:
     return self.copyin(src.copyout())
   def copyout(self) -> np.ndarray:
     out = np.empty(self.size, dtype=self.dtype.np)
-    if self.size: Device[self.device].allocator.copyout(memoryview(out.view(np.uint8)), self.handle)
+    if self.size:
+      handle = self.handle   # allocated now: its allocator is kept beside it
+      self._allocator.copyout(memoryview(out).cast("B"), handle)   # its bytes, without a numpy view
     return out
   def copyin_async(self, data: np.ndarray) -> Buffer:
     """copyin ordered with the device's queued work, returning before it lands (Allocator.copyin_async)."""

@@ -221,18 +221,24 @@ class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, Indexi
     return items, values
   def numpy(self) -> np.ndarray:
     """The values as a numpy array (bfloat16 comes back as float32)."""
-    out_dtype = dtypes.float32 if self.dtype == dtypes.bfloat16 else self.dtype
-    shape = tuple(evaluate(s) for s in self.shape)   # a symbolic dim at its bound value
-    if prod(shape) == 0: return np.zeros(shape, dtype=out_dtype.np)
-    if isinstance(self.lazydata, MultiLazyBuffer):   # gathered to the first device
-      return Tensor(self.lazydata.copy_to_device(self.device[0]), requires_grad=False).numpy()
-    lb = self.lazydata
+    lb = self.lazydata   # read once (a property: it follows in-place writes)
+    out_dtype = dtypes.float32 if lb.dtype == dtypes.bfloat16 else lb.dtype
+    shape = lb.shape
+    for size in shape:   # a symbolic dim at its bound value (a plain loop: every eager read passes here)
+      if type(size) is not int:
+        shape = tuple(evaluate(s) for s in shape)
+        break
+    count = prod(shape)
+    if count == 0: return np.zeros(shape, dtype=out_dtype.np)
+    if isinstance(lb, MultiLazyBuffer):   # gathered to the first device
+      return Tensor(lb.copy_to_device(self.device[0]), requires_grad=False).numpy()
     # a computed base is realized as itself (a row-major buffer of its shape: what contiguous() would commit to it
     # too), so an eager `(a + b).numpy()` is the one op `(a + b).realize()` is; anything else is copied contiguous
     if lb._base is not None or lb.dtype != out_dtype: lb = lb.cast(out_dtype).contiguous()
     _realize(lb)
+    values = _copy_to_host(lb)
     # a symbolic buffer is allocated at the variables' maximum; its first elements are the row-major values
-    return _copy_to_host(lb)[:prod(shape)].reshape(shape)
+    return (values if values.size == count else values[:count]).reshape(shape)
   def tolist(self) -> Any: return self.numpy().tolist()
   def item(self) -> Scalar:
     if self.numel() != 1: raise ValueError(f"item() needs a tensor with one element, got shape {self.shape}")

@@ -61,7 +61,8 @@ class LLVMAllocator(Allocator):
   def copyin(self, handle: HostMemory, src: memoryview) -> None:
     handle.array[:len(src)] = np.frombuffer(src, dtype=np.uint8)
   def copyout(self, dst: memoryview, handle: HostMemory) -> None:
-    np.frombuffer(dst, dtype=np.uint8)[:] = handle.array[:len(dst)]
+    if dst.ndim == 1 and dst.format == "B": dst[:] = handle.array[:len(dst)]   # bytes to bytes: a copy in C
+    else: np.frombuffer(dst, dtype=np.uint8)[:] = handle.array[:dst.nbytes]
   def view(self, handle: HostMemory, offset: int, nbytes: int) -> HostMemory:
     return HostMemory(handle.array[offset:offset + nbytes], handle.address + offset)
   def available(self) -> int: return available_host_memory()

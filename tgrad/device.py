@@ -176,7 +176,7 @@ class Buffer:
       self._allocator = allocator   # kept for __del__: no lookup there
       if self.base is not None: self._handle = allocator.view(self.base.handle, self.offset, max(self.nbytes, 1))
       else:
-        self._handle = allocator.alloc(max(self.nbytes, 1))
+        self._handle = allocator.alloc(self.nbytes or 1)   # an empty buffer gets one byte
         if profiler.ENABLED: profiler.buffer_allocated(self)
       if self.initial is not None:
         initial, self.initial = self.initial, None
@@ -202,7 +202,7 @@ class Buffer:
   def __del__(self):
     if self._handle is not None and self.base is None:
       try:
-        self._allocator.free(self._handle, max(self.nbytes, 1))
+        self._allocator.free(self._handle, self.nbytes or 1)
         if profiler.ENABLED: profiler.buffer_freed(self)
       except Exception: pass   # interpreter shutdown
   def _bytes_of(self, data: np.ndarray) -> memoryview:
@@ -226,7 +226,9 @@ class Buffer:
     return self.copyin(src.copyout())
   def copyout(self) -> np.ndarray:
     out = np.empty(self.size, dtype=self.dtype.np)
-    if self.size: Device[self.device].allocator.copyout(memoryview(out.view(np.uint8)), self.handle)
+    if self.size:
+      handle = self.handle   # allocated now: its allocator is kept beside it
+      self._allocator.copyout(memoryview(out).cast("B"), handle)   # its bytes, without a numpy view
     return out
   def copyin_async(self, data: np.ndarray) -> Buffer:
     """copyin ordered with the device's queued work, returning before it lands (Allocator.copyin_async)."""

@@ -7,6 +7,7 @@ ints and between floats, bfloat16 promoting like float16; an int with a float gi
 """
 from __future__ import annotations
 from dataclasses import dataclass, field
+import functools
 import numpy as np
 
 @dataclass(frozen=True, order=True)
@@ -48,8 +49,8 @@ class DType:
   def __post_init__(self):
     self.__dict__.update(is_float=self.kind == 'f', is_int=self.kind in ('i', 'u'), is_unsigned=self.kind == 'u',
                          is_bool=self.kind == 'b', key=repr(self._fields()))
-  @property
-  def np(self) -> np.dtype: return np.dtype(self.np_name)
+  @functools.cached_property
+  def np(self) -> np.dtype: return np.dtype(self.np_name)   # made once per dtype: every copy to the host reads it
   @property
   def bits(self) -> int: return self.itemsize * 8
   @property

@@ -25,18 +25,23 @@ class Function:
   torch): an int or bool input counts as requires_grad=False and is kept as None among the parents,
   so the record never holds values no backward reads (an index built from a buffer that is then written in place
   would otherwise stay pending, and the write would copy the buffer for it: docs/semantics.md)."""
-  def __init__(self, device: str, *tensors):
-    self._record(device, tensors, [t.lazydata for t in tensors])
+  def forward(self, *args, **kwargs) -> LazyBuffer: raise NotImplementedError(f"no forward for {type(self)}")
+  def backward(self, grad_output: LazyBuffer): raise NotImplementedError(f"backward not implemented for {type(self)}")
 
-  def _record(self, device: str, tensors, sources) -> None:
-    """Set the record's fields for input Tensors `tensors` whose values are `sources` (their lazydata). One plain
-    loop: this runs for every op, and a comprehension is a function call of its own. requires_grad is True where an
-    input's is, else None where one is undecided, else False."""
-    self.device = device
-    requires_grad: Optional[bool] = False
+  @classmethod
+  def apply(cls, *inputs, **kwargs):
+    """Run forward on the inputs' lazydata; record the op for backward when a gradient is wanted. The record's fields
+    come from the same loop that reads each input's value (one plain loop: this runs for every op, and a
+    comprehension is a call of its own): requires_grad is True where an input's is, else None where one is
+    undecided, else False; an input that is not a float gets no gradient and is kept as None among the parents."""
+    sources = []
     needs: list[bool] = []
     parents: list[Any] = []
-    for t, lb in zip(tensors, sources):
+    requires_grad: Optional[bool] = False
+    for t in inputs:   # its value read once: the property follows in-place writes (a walk), needed only after one
+      lb = t._lazydata
+      if lb.successor is not None or lb.origin is not None: lb = t.lazydata
+      sources.append(lb)
       if lb.dtype.is_float:
         flag = t.requires_grad
         if flag: requires_grad = True
@@ -46,26 +51,16 @@ class Function:
       else:
         needs.append(False)
         parents.append(None)
-    self.requires_grad, self.needs_input_grad = requires_grad, needs
-    if requires_grad is not False: self.parents = tuple(parents)
-
-  def forward(self, *args, **kwargs) -> LazyBuffer: raise NotImplementedError(f"no forward for {type(self)}")
-  def backward(self, grad_output: LazyBuffer): raise NotImplementedError(f"backward not implemented for {type(self)}")
-
-  @classmethod
-  def apply(cls, *inputs, **kwargs):
-    """Run forward on the inputs' lazydata; record the op for backward when a gradient is wanted."""
-    sources = []
-    for t in inputs:   # read once: the property follows in-place writes (a walk), needed only after one
-      lb = t._lazydata
-      sources.append(lb if lb.successor is None and lb.origin is None else t.lazydata)   # Tensor.lazydata, inline
     ctx = cls.__new__(cls)
-    ctx._record(sources[0].device, inputs, sources)
+    ctx.device, ctx.requires_grad, ctx.needs_input_grad = sources[0].device, requires_grad, needs
+    if requires_grad is not False: ctx.parents = tuple(parents)
     # under no_grad the output is a constant to autograd, as in torch: it does not require grad, so a backward
     # from it raises instead of silently reaching nothing
-    requires_grad = ctx.requires_grad if Tensor.grad_enabled else False
-    return Tensor.of_lazy(ctx.forward(*sources, **kwargs), requires_grad,
-                          ctx if requires_grad is not False else None)
+    if not Tensor.grad_enabled: requires_grad = False
+    out = Tensor.__new__(Tensor)   # Tensor.of_lazy, inline
+    out.grad, out.requires_grad, out._ctx = None, requires_grad, ctx if requires_grad is not False else None
+    out._lazydata = ctx.forward(*sources, **kwargs)
+    return out
 
 def _mask_to(mask: LazyBuffer, dtype: DType) -> LazyBuffer: return mask.cast(dtype)
 def _logical_not(mask: LazyBuffer) -> LazyBuffer:

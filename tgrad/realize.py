@@ -19,8 +19,9 @@ import numpy as np
 from tgrad.ops import UOp, Ops
 from tgrad.backend import backend, device_kind
 from tgrad.lazy import LazyBuffer, holders_of
-from tgrad.schedule import ScheduleItem, create_schedule
-from tgrad.schedule_cache import Template, bind, item_values, look_up, schedule, schedule_found, stored
+from tgrad.schedule import ScheduleItem, create_schedule, scalar_values
+from tgrad.schedule_cache import (Template, bind, eager_key, eager_launches, item_values, look_up, remember_eager,
+                                  schedule, schedule_found, stored)
 from tgrad.device import Buffer, Device
 from tgrad.codegen.kernel import Kernel
 from tgrad.codegen.compile import CompiledKernel, compile_kernel
@@ -344,25 +345,35 @@ def _plan_of(template: Template, items: Sequence[ScheduleItem], settings: tuple)
                      reads))
   return settings, tuple(launches), any(launch[4] is not None for launch in launches), _runner_cache
 
+def _plan_usable(plan: Optional[Plan], settings: tuple) -> bool:
+  """Whether a template's plan can launch now: it has launches, made under these settings from this runner cache."""
+  return plan is not None and plan[1] is not None and plan[0] == settings and plan[3] is _runner_cache
+
 def realize(*lbs: LazyBuffer) -> None:
   """Compute the given lazy values into device buffers (afterwards `lb.base.buffer` holds each)."""
   current = current_settings()
   if profiler.ENABLED or profiler.graph_observer is not None or _capture is not None or current.DEBUG:
     return _realize_watched(lbs)
-  if (found := look_up(lbs, current)) is None: return
   settings = _settings_memo[1] if _settings_memo[0] is current else _settings()
+  eager = None
+  if len(lbs) == 1 and (root := lbs[0])._base is None and root.buffer is None:
+    if (eager := eager_key(root, current.RIDERS)) is not None and \
+       (entry := eager_launches.get(eager[0])) is not None and entry[0] == settings and entry[1] is _runner_cache:
+      return _launch_eager(eager[1], eager[2], entry)
+  if (found := look_up(lbs, current)) is None: return
   template = found[2]
-  if template is None or (plan := template.plan) is None or plan[1] is None or plan[0] != settings or \
-     plan[3] is not _runner_cache:
+  if template is None or not _plan_usable(plan := template.plan, settings):
     items = schedule_found(found)
     run(lower_schedule(items), 0)
     if found[3]: return   # a schedule with writes is never planned
     if template is None: template = stored(found[1])
-    if template is not None and (template.plan is None or template.plan[0] != settings or
-                                 template.plan[3] is not _runner_cache):
+    if template is not None and not _plan_usable(template.plan, settings):
       template.plan = _plan_of(template, items, settings)
+    if eager is not None and template is not None: _remember_eager(eager[0], template, found)
     return
-  # the planned hit: this is every eager op, so loops are written out (a comprehension is a call of its own)
+  # the planned hit (an eager op's, the first time under its eager key): loops written out (a comprehension is a call
+  # of its own)
+  if eager is not None: _remember_eager(eager[0], template, found)
   walk, launches = found[0], plan[1]
   values: list[tuple] = []
   if plan[2]:   # read before bind: its commits drop a root's arg (a lifted scalar's value)
@@ -371,7 +382,11 @@ def realize(*lbs: LazyBuffer) -> None:
       else:
         var_vals = item_values(walk, reads)
         values.append(tuple(var_vals[name] for name in variables))
-  bufs = bind(walk, template)
+  _launch(launches, bind(walk, template), values)
+
+def _launch(launches: tuple, bufs: list[Buffer], values: list[tuple]) -> None:
+  """A plan's launches on the template's Buffer list `bufs`, with each launch's variable values (`values`, empty where
+  none reads any), each output's write noted."""
   k = 0
   for launch, indices, outputs, _, _ in launches:
     handles = []   # a Buffer's handle is allocated on first use; an allocated one is read straight
@@ -383,6 +398,44 @@ def realize(*lbs: LazyBuffer) -> None:
       owner.writes += 1
     k += 1
   _Totals.kernels += k
+
+# An eager launch: what `_launch_eager` needs of a planned template of one kernel, flat (settings, the runner cache,
+# the launch, its buffer indices, its output indices, the new Buffers' (device, size, dtype), the commits, the node
+# positions of its scalar parameters' constants and its variables' names), kept under the graph's eager key.
+EagerLaunch = tuple[tuple, dict, Callable, tuple, tuple, tuple, tuple, tuple, tuple]
+
+def _remember_eager(key: tuple, template: Template, found: Any) -> None:
+  """Keep the eager launch of a template planned as one kernel under its eager key (schedule_cache.remember_eager
+  says where one may be kept)."""
+  plan = template.plan
+  if plan is None or plan[1] is None or len(plan[1]) != 1: return
+  launch, indices, outputs, variables, reads = plan[1][0]
+  remember_eager(key, (plan[0], plan[3], launch, indices, outputs,
+                       tuple((device, size, dtype) for device, size, dtype, _ in template.new_buffers),
+                       template.commits, reads.scalars if reads is not None else (), variables), template, found)
+
+def _launch_eager(nodes: list[LazyBuffer], leaf_buffers: list[Buffer], entry: EagerLaunch) -> None:
+  """The eager hit: one op over realized values and constants (schedule_cache.eager_key: `nodes` numbered as the
+  template's positions, `leaf_buffers` its realized Buffers) planned as one kernel. What `bind` and the planned hit
+  do, on the eager key's nodes: scalar values read, new Buffers made, the commits, the launch."""
+  _, _, launch, indices, outputs, new_buffers, commits, scalars, variables = entry
+  values: tuple = ()
+  if scalars:   # a lifted scalar's value, read before the commits (an eager launch has no other variables)
+    var_vals = scalar_values([nodes[p] for p in scalars])
+    values = tuple([var_vals[name] for name in variables])
+  bufs = leaf_buffers
+  for device, size, dtype in new_buffers: bufs.append(Buffer(device, size, dtype))
+  for p, i, keeps_arg in commits: nodes[p].commit(bufs[i], keeps_arg)
+  for lb in nodes:   # schedule_cache._forget_regions, inline
+    if lb.region is not None: lb.set_region(None)
+  handles = []   # a Buffer's handle is allocated on first use; an allocated one is read straight
+  for i in indices: handles.append(handle if (handle := bufs[i]._handle) is not None else bufs[i].handle)
+  launch(handles, values)
+  for i in outputs:   # Buffer.wrote, inline
+    owner = bufs[i]
+    while owner.base is not None: owner = owner.base
+    owner.writes += 1
+  _Totals.kernels += 1
 
 def _realize_watched(lbs: Sequence[LazyBuffer]) -> None:
   """`realize` through ScheduleItems and ExecItems, for whatever records or watches them: a TinyJit capture, the

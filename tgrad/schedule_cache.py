@@ -144,6 +144,67 @@ def _one_op_walk(root: LazyBuffer) -> Optional[_Walk]:
   found.key = (tuple(entries), (0,))
   return found
 
+# ---- the eager key: one op over realized values and constants, keyed without a walk
+# An eager op's graph is one unrealized base over sources that need no computing. `eager_key` names its structure in
+# one flat tuple, with everything its walk key holds (so equal eager keys mean equal walk keys, hence one template),
+# and `eager_launches` keeps under it what the layer that runs schedules made of that template's plan (tgrad/realize.py:
+# the launch of its one kernel; carried here, never read here): the eager realize goes from the op straight to its
+# launch, with no walk, no walk key and no ScheduleItem. Only graphs without symbolic shapes or variables are kept
+# under an eager key (the walk key holds bare variables, this key bound ones).
+MAX_EAGER_KEYS = 4096   # eager keys kept (all forgotten when full): one per distinct op structure a program runs
+eager_launches: dict[tuple, Any] = {}   # read by the eager realize; written by `remember_eager` only
+_EAGER_VIEW = -1   # in an eager key, before a view's (tracker, base) pair: the ints of a key are node numbers
+_EAGER_EXCLUDED = (Ops.ASSIGN, Ops.COLLECTIVE)   # writes (old values may need keeping) and multi-device steps
+
+def eager_key(root: LazyBuffer, riders: int) -> Optional[tuple[tuple, list[LazyBuffer], list[Buffer]]]:
+  """(key, nodes, leaf Buffers) of an unrealized base `root` whose sources are realized bases, views of them, or
+  views of sourceless constants; None for any other graph. Nodes are numbered as the one-op walk numbers them (so a
+  template's node positions index `nodes`) and leaf Buffers by first appearance. The key: riders, the root's op,
+  dtype, device, shape and arg, then per source the number of the node it repeats, or its entry: a realized base's
+  (dtype, shape, device, Buffer number); a view's marker, tracker and base number, then its base's entry if new; a
+  constant's (op, dtype, shape, device, arg or the lifted marker)."""
+  srcs = root.srcs
+  if len(srcs) > ONE_OP_MAX_SOURCES or root.op in _EAGER_EXCLUDED: return None
+  arg = root.arg
+  key: list[Any] = [riders, root.op, root.dtype.key, root.device, root.shape,
+                    _LIFTED if root.lifted else arg if arg is None else _arg_key(arg)]
+  nodes: list[LazyBuffer] = [root]
+  leaf_buffers: list[Buffer] = []
+  for lb in srcs:
+    if lb in nodes:   # `in` and `index` compare by identity (LazyBuffer defines no equality)
+      key.append(nodes.index(lb))
+      continue
+    nodes.append(lb)
+    node = lb
+    if (base := lb._base) is not None:
+      if base in nodes:
+        key += (_EAGER_VIEW, lb.st, nodes.index(base))
+        continue
+      key += (_EAGER_VIEW, lb.st, len(nodes))
+      nodes.append(base)
+      node = base
+    if (buffer := node.buffer) is not None:
+      if buffer in leaf_buffers: number = leaf_buffers.index(buffer)
+      else:
+        number = len(leaf_buffers)
+        leaf_buffers.append(buffer)
+      key.append((node.dtype.key, node.shape, node.device, number))
+    elif node.op is Ops.CONST and not node.srcs and node._base is None:
+      arg = node.arg
+      key.append((Ops.CONST, node.dtype.key, node.shape, node.device,
+                  _LIFTED if node.lifted else arg if arg is None else _arg_key(arg)))
+    else: return None
+  return tuple(key), nodes, leaf_buffers
+
+def remember_eager(key: tuple, launch: Any, template: Template, found: Found) -> None:
+  """Keep `launch` (made from `template`, the one `found`, the look-up of the same graph, gave) under its eager key,
+  unless the walk bound variables (symbolic shapes, symbolic constants) or the template makes Buffers of symbolic
+  sizes."""
+  if found[0].var_vals or any(spec[3] is not None for spec in template.new_buffers) or \
+     any(item.variables for item in template.items): return
+  if len(eager_launches) >= MAX_EAGER_KEYS: eager_launches.clear()
+  eager_launches[key] = launch
+
 def _is_one_op(root: LazyBuffer) -> bool:
   """Whether the (unrealized base) root is one op over sources that need no computing: each source, or the base it
   views, is realized or has no sources itself (a constant, host data, an empty buffer); and there are few enough of
@@ -330,4 +391,5 @@ def clear() -> None:
   """Forget every template."""
   global _cached_nodes
   _templates.clear()
+  eager_launches.clear()
   _cached_nodes = 0

@@ -148,7 +148,7 @@ class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, Indexi
   @staticmethod
   def of_lazy(lb: LazyBuffer, requires_grad: Optional[bool], ctx: Optional[F.Function] = None) -> Tensor:
     """The Tensor of a LazyBuffer an op just built (`ctx` its autograd record, or None): `Tensor(lb, ...)` without
-    the argument checks, for every op's output (Function.apply)."""
+    the argument checks, for an op's output (Function.apply makes its outputs the same way, inline)."""
     out = Tensor.__new__(Tensor)
     out.grad, out.requires_grad, out._ctx, out._lazydata = None, requires_grad, ctx, lb
     return out
@@ -202,7 +202,9 @@ class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, Indexi
     """Compute this tensor now (its buffer stays on the device); `Tensor.realize(a, b, ...)` or `a.realize(b, ...)`
     computes several in one schedule, so their kernels are planned together."""
     if others: _realize(self.lazydata, *[t.lazydata for t in others])
-    else: _realize(self.lazydata)
+    else:
+      lb = self._lazydata   # Tensor.lazydata, inline where no in-place write moved it: this is every eager op
+      _realize(lb if lb.successor is None and lb.origin is None else self.lazydata)
     return self
   def schedule(self, *others: Tensor) -> list:
     """The kernels (ScheduleItems) that realizing this tensor (and others) would run, planned without running or
@@ -219,15 +221,24 @@ class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, Indexi
     return items, values
   def numpy(self) -> np.ndarray:
     """The values as a numpy array (bfloat16 comes back as float32)."""
-    out_dtype = dtypes.float32 if self.dtype == dtypes.bfloat16 else self.dtype
-    shape = tuple(evaluate(s) for s in self.shape)   # a symbolic dim at its bound value
-    if prod(shape) == 0: return np.zeros(shape, dtype=out_dtype.np)
-    if isinstance(self.lazydata, MultiLazyBuffer):   # gathered to the first device
-      return Tensor(self.lazydata.copy_to_device(self.device[0]), requires_grad=False).numpy()
-    lb = self.lazydata.cast(out_dtype).contiguous()
+    lb = self.lazydata   # read once (a property: it follows in-place writes)
+    out_dtype = dtypes.float32 if lb.dtype == dtypes.bfloat16 else lb.dtype
+    shape = lb.shape
+    for size in shape:   # a symbolic dim at its bound value (a plain loop: every eager read passes here)
+      if type(size) is not int:
+        shape = tuple(evaluate(s) for s in shape)
+        break
+    count = prod(shape)
+    if count == 0: return np.zeros(shape, dtype=out_dtype.np)
+    if isinstance(lb, MultiLazyBuffer):   # gathered to the first device
+      return Tensor(lb.copy_to_device(self.device[0]), requires_grad=False).numpy()
+    # a computed base is realized as itself (a row-major buffer of its shape: what contiguous() would commit to it
+    # too), so an eager `(a + b).numpy()` is the one op `(a + b).realize()` is; anything else is copied contiguous
+    if lb._base is not None or lb.dtype != out_dtype: lb = lb.cast(out_dtype).contiguous()
     _realize(lb)
+    values = _copy_to_host(lb)
     # a symbolic buffer is allocated at the variables' maximum; its first elements are the row-major values
-    return _copy_to_host(lb)[:prod(shape)].reshape(shape)
+    return (values if values.size == count else values[:count]).reshape(shape)
   def tolist(self) -> Any: return self.numpy().tolist()
   def item(self) -> Scalar:
     if self.numel() != 1: raise ValueError(f"item() needs a tensor with one element, got shape {self.shape}")

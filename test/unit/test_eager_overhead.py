@@ -11,12 +11,13 @@ import tgrad.paths.select as select
 from tgrad.profiler import python_calls_per_call
 
 OPS = 128   # counted ops (after a warm-up): a base's reader list is compacted every 64 ops, which the average absorbs
-# Python calls per op measured when these budgets were set: 8 to build `a + b` (was 29, then 14), 24 for the whole op
-# (was 95, then 45 before the eager plan of tgrad/realize.py, then 32), 37 for `a + 1` (was 64). The margins leave
-# room for a small change; more means the eager path grew a layer.
-BUILD_CALLS = 11
-OP_CALLS = 28
-SCALAR_OP_CALLS = 41
+# Python calls per op measured when these budgets were set: 6 to build `a + b` (was 29, then 14, then 8), 20 for the
+# whole op (was 95, then 45 before the eager plan of tgrad/realize.py, then 32, then 24 before the eager key of
+# tgrad/schedule_cache.py), 32 for `a + 1` (was 64, then 37). The margins leave room for a small change; more means the
+# eager path grew a layer.
+BUILD_CALLS = 9
+OP_CALLS = 23
+SCALAR_OP_CALLS = 36
 
 def _calls_per_op(fn) -> float: return python_calls_per_call(fn, OPS)
 

@@ -33,6 +33,7 @@ def fresh_templates():
 def _no_plans(monkeypatch) -> None:
   """Every realize from here on takes the full path: the plans kept are forgotten and no new one is made."""
   for template in schedule_cache._templates.values(): template.plan = None
+  schedule_cache.eager_launches.clear()   # the one-kernel plans kept under eager keys too
   monkeypatch.setattr(realize_module, "_plan_of",
                       lambda template, items, settings: (settings, None, False, realize_module._runner_cache))
 

@@ -61,7 +61,8 @@ class LLVMAllocator(Allocator):
   def copyin(self, handle: HostMemory, src: memoryview) -> None:
     handle.array[:len(src)] = np.frombuffer(src, dtype=np.uint8)
   def copyout(self, dst: memoryview, handle: HostMemory) -> None:
-    np.frombuffer(dst, dtype=np.uint8)[:] = handle.array[:len(dst)]
+    if dst.ndim == 1 and dst.format == "B": dst[:] = handle.array[:len(dst)]   # bytes to bytes: a copy in C
+    else: np.frombuffer(dst, dtype=np.uint8)[:] = handle.array[:dst.nbytes]
   def view(self, handle: HostMemory, offset: int, nbytes: int) -> HostMemory:
     return HostMemory(handle.array[offset:offset + nbytes], handle.address + offset)
   def available(self) -> int: return available_host_memory()
@@ -197,7 +198,20 @@ class LLVMProgram:
       pointers.append(0)   # core 0
       fn(*pointers)
     def launch_on_cores(handles, vals) -> None: run_on_cores(fn, _arguments(handles, vals), threads)
-    return launch if threads <= 1 else launch_on_cores
+    if threads > 1: return launch_on_cores
+    # the usual eager kernels (a unary or binary op, a where: 2 to 4 buffers, no variable) pass their pointers
+    # straight, with no argument list built per launch
+    if variables == 0 and arguments == 2:
+      def launch_2(handles, vals) -> None: fn(handles[0].pointer, handles[1].pointer, 0)
+      return launch_2
+    if variables == 0 and arguments == 3:
+      def launch_3(handles, vals) -> None: fn(handles[0].pointer, handles[1].pointer, handles[2].pointer, 0)
+      return launch_3
+    if variables == 0 and arguments == 4:
+      def launch_4(handles, vals) -> None:
+        fn(handles[0].pointer, handles[1].pointer, handles[2].pointer, handles[3].pointer, 0)
+      return launch_4
+    return launch
   def prepare(self, buffers, global_size=(1,), local_size=None, vals=()) -> Callable[[], None]:
     """A no-argument callable that launches this kernel on these buffers: the arguments are made once, here."""
     arguments = _arguments(buffers, vals)

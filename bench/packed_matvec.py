@@ -155,8 +155,8 @@ def main() -> None:
   parser.add_argument("--dump-only", action="store_true", help="with --dump: render only, time nothing (no GPU)")
   parser.add_argument("--cases", help="type:ROWSxCOLUMNS,... in place of the gemma shapes")
   parser.add_argument("--packed-only", action="store_true", help="time only the packed kernel")
-  parser.add_argument("--row-threads", help="comma-separated values of heuristics.PACKED_MATVEC_ROW_THREADS to sweep")
-  parser.add_argument("--block-threads", help="comma-separated values of heuristics.PACKED_MATVEC_BLOCK_THREADS")
+  parser.add_argument("--row-threads", help="comma-separated values of matvec_rules.PACKED_MATVEC_ROW_THREADS to sweep")
+  parser.add_argument("--block-threads", help="comma-separated values of matvec_rules.PACKED_MATVEC_BLOCK_THREADS")
   args = parser.parse_args()
   dtype = getattr(dtypes, args.dtype)
   selected = cases(args.types.split(","), args.all_shapes)
@@ -184,17 +184,17 @@ def main() -> None:
           f"{r['f32_b2b_us']:7.2f} {r['f32_GBps']:6.1f} | {r['f16_b2b_us']:7.2f} {r['f16_GBps']:6.1f}", flush=True)
 
 def sweep(selected: list[tuple[str, int, int]], dtype, args) -> None:
-  """The packed kernel of each case under each (row threads, block threads) pair of the heuristics' constants."""
-  from tgrad.codegen import heuristics
+  """The packed kernel of each case under each (row threads, block threads) pair of the matvec rules' constants."""
+  from tgrad.codegen import matvec_rules
   import tgrad.realize as realize_module
   name, bandwidth = dram_bandwidth()
   timer = Timer()
   print(f"{name}: DRAM {bandwidth / 1e12:.2f} TB/s; x {dtype.name}; sweep of the packed matvec rule's constants")
-  block_values = [int(v) for v in (args.block_threads or str(heuristics.PACKED_MATVEC_BLOCK_THREADS)).split(",")]
+  block_values = [int(v) for v in (args.block_threads or str(matvec_rules.PACKED_MATVEC_BLOCK_THREADS)).split(",")]
   for type_name, rows, columns in selected:
     for row_threads in (int(v) for v in args.row_threads.split(",")):
       for block_threads in block_values:
-        heuristics.PACKED_MATVEC_ROW_THREADS, heuristics.PACKED_MATVEC_BLOCK_THREADS = row_threads, block_threads
+        matvec_rules.PACKED_MATVEC_ROW_THREADS, matvec_rules.PACKED_MATVEC_BLOCK_THREADS = row_threads, block_threads
         realize_module._runner_cache.clear()   # compiled under the previous constants
         r = measure(type_name, rows, columns, dtype, timer, args.repeats, bandwidth, packed_only=True)
         print(f"{type_name:5s} {rows}x{columns} row threads {row_threads:4d} block {block_threads:4d}: floor "

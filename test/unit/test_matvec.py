@@ -1,4 +1,4 @@
-"""Matrix–vector products (tgrad/codegen/heuristics.py `matvec_layout` and the GPU matvec rules).
+"""Matrix–vector products (tgrad/codegen/matvec_rules.py `matvec_layout` and the GPU matvec rules).
 
 Without a GPU: the layout detection; the opts the heuristics choose for gemma-3-270m's decode shapes on the CUDA
 renderer, rendered and compiled with NVRTC, and that W is read with 16-byte loads (float4, 8 halves as a uint4); the
@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 from tgrad import Tensor
 from tgrad.runtime.cuda.renderer import CUDARenderer
-from tgrad.codegen.heuristics import hand_coded_optimizations, matvec_layout
+from tgrad.codegen.heuristics import hand_coded_optimizations
+from tgrad.codegen.matvec_rules import matvec_layout
 from tgrad.codegen.kernel import Kernel, KernelOptError, Opt, OptOps
 from tgrad.codegen.linearizer import linearize
 from tgrad.device import Buffer, Device

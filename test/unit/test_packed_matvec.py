@@ -1,4 +1,4 @@
-"""Matrix–vector products over block-quantized weights (tgrad/codegen/heuristics.py `packed_matvec_layout`, the GPU
+"""Matrix–vector products over block-quantized weights (tgrad/codegen/matvec_rules.py `packed_matvec_layout`, the GPU
 rule `_packed_matvec`, the CPU rule `_cpu_packed_matvec`).
 
 Without a GPU: the layout detection on the kernels of QuantizedTensor.linear for the ggml types of gemma-3-270m's
@@ -14,7 +14,8 @@ import re
 import numpy as np
 import pytest
 from tgrad import Tensor
-from tgrad.codegen.heuristics import hand_coded_optimizations, packed_matvec_layout
+from tgrad.codegen.heuristics import hand_coded_optimizations
+from tgrad.codegen.matvec_rules import packed_matvec_layout
 from tgrad.codegen.kernel import Kernel, Opt, OptOps
 from tgrad.codegen.linearizer import linearize
 from tgrad.dtype import dtypes
@@ -256,8 +257,8 @@ def test_gpu_rule_gives_many_rows_fewer_threads_each():
                                                     (GGMLType.Q6_K, 12, 512)], ids=str)
 def test_few_threads_per_row_values_on_emulated_cuda(ggml_type, rows, columns, monkeypatch):
   """The many-rows layout (forced on small weights by a small GPU thread budget) against x·Wᵀ in float64."""
-  from tgrad.codegen import heuristics
-  monkeypatch.setattr(heuristics, "PACKED_MATVEC_GPU_THREADS", rows)   # one thread of budget per row
+  from tgrad.codegen import matvec_rules
+  monkeypatch.setattr(matvec_rules, "PACKED_MATVEC_GPU_THREADS", rows)   # one thread of budget per row
   raw = random_weight(ggml_type, rows, columns, seed=rows)
   weight = QuantizedTensor.from_bytes(raw, ggml_type, (rows, columns), "LLVM").realize()
   x = np.random.default_rng(rows).standard_normal((1, columns)).astype(np.float32)

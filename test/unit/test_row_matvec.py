@@ -1,4 +1,4 @@
-"""The GPU rule for a row kernel whose last pass is a matrix–vector product (heuristics.py `_row_matvec`): gemma's
+"""The GPU rule for a row kernel whose last pass is a matrix–vector product (matvec_rules.py `_row_matvec`): gemma's
 decode step fuses the post-attention norm, the residual add and the pre-feedforward norm into its gate/up projection,
 a 4096×640 matvec whose every block first walks the 640-wide rows.
 
@@ -13,7 +13,8 @@ import tgrad.realize as realize_module
 import tgrad.schedule_cache as schedule_cache
 from tgrad import Tensor
 from tgrad.runtime.cuda.renderer import CUDARenderer
-from tgrad.codegen.heuristics import ROW_MATVEC_GROUP, hand_coded_optimizations
+from tgrad.codegen.heuristics import hand_coded_optimizations
+from tgrad.codegen.matvec_rules import ROW_MATVEC_GROUP
 from tgrad.codegen.kernel import Kernel, OptOps
 from tgrad.codegen.linearizer import linearize
 from tgrad.dtype import dtypes

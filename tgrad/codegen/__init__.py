@@ -32,7 +32,7 @@ CODEGEN_VERSION = 25   # 2: gathers (data-dependent loads); int casts as narrow 
 # scratch keeps the source of a widening integer cast
 # 18: LLVM: the masked stores between two other ops share one branch per mask (SLP vectorizes a padded tile's rows);
 # CPU matmuls with a symbolic row count or several reduce axes (a packed weight) get the GEMM tile and packing
-# 19: GPU packed matvecs with many rows take fewer threads a row (heuristics.PACKED_MATVEC_GPU_THREADS); a GROUP
+# 19: GPU packed matvecs with many rows take fewer threads a row (matvec_rules.PACKED_MATVEC_GPU_THREADS); a GROUP
 # combines the partials of a sum of at most ACCUMULATE_BLOCK values without compensation (reduces.long_reduce)
 # 20: OptOps.WGMMA with a symbolic M (a prompt's rows: grid from the variable, rows past it read zeros and are not
 # stored), A in K segments (attention heads [H, T, D] read as T×(H·D)), a float32 output; the heuristics pick it for

@@ -5,28 +5,29 @@ kernel refuses it (KernelOptError), so a rule never makes a kernel illegal. A ru
 first tries it on the kernel's AxisState (`tried`: states are values, so a trial costs no copy and needs no undo).
 CPU (LLVM) rules: a register tile for reductions that reuse loads across two output axes (matmul-like), then THREAD
 across cores for big kernels.
-GPU rules live in `_gpu_rules`: a matrix–vector product (`matvec_layout`: M ≤ 8 rows of x times a weight matrix)
-gets the bandwidth rules of `_matvec`; a big half/bfloat16 matmul without an epilogue on sm_90a is one
-warpgroup-MMA kernel (`_warpgroup_matmul`, OptOps.WGMMA); a big float32 one without an epilogue is there one 3xTF32
-warpgroup-MMA kernel under F32_MATMUL=3xtf32 (OptOps.TF32X3), else the float32 matmul
-template (`_simt_matmul`, OptOps.SGEMM); another half/bfloat16 matmul, or a float32 one whose inputs
-are rounded to TF32 in the graph (the matmul lowering "tf32"), goes to tensor cores (`_tensor_cores`).
+GPU rules live in `_gpu_rules`: a matrix–vector product (codegen/matvec_rules.py, `matvec_layout`: M ≤ 8 rows of
+x times a weight matrix) gets the bandwidth rules of `_matvec`; a big half/bfloat16 matmul without an epilogue on
+sm_90a is one warpgroup-MMA kernel (`_warpgroup_matmul`, OptOps.WGMMA); a big float32 one without an epilogue is
+there one 3xTF32 warpgroup-MMA kernel under F32_MATMUL=3xtf32 (OptOps.TF32X3), else the float32 matmul template
+(`_simt_matmul`, OptOps.SGEMM); another half/bfloat16 matmul, or a float32 one whose inputs are rounded to TF32 in
+the graph (the matmul lowering "tf32"), goes to tensor cores (`_tensor_cores`).
 A kernel with symbolic sizes gets the same GPU rules on its known axes and guarded splits of its symbolic ones
 (`_symbolic_rules`).
 """
 from __future__ import annotations
 import math
-from dataclasses import dataclass
 from typing import Optional
-from tgrad.codegen.axes import AxisState, KernelOptError, Opt, OptOps
+from tgrad.codegen.axes import Opt, OptOps
 from tgrad.codegen.cpu_gemm import PACK_MIN_ELEMENTS, gemm_axes, gemm_tile
 from tgrad.codegen.kernel import Kernel
-from tgrad.codegen.opts import apply_opt, apply_opts
+from tgrad.codegen.matvec_rules import (MATVEC_MAX_M, _matvec, _packed_matvec, _row_matvec,
+                                        packed_matvec_layout)
+from tgrad.codegen.rule_tools import divisor_at_most, tried, try_opt, try_opts
 from tgrad.codegen.simt_matmul import default_tile as simt_default_tile, matmul_of as simt_matmul_of, \
   worth_it as simt_worth_it
 from tgrad.codegen.staging import stageable_loads
 from tgrad.codegen.warpgroup_mma import default_split_tile, default_tile, loads_by_tma, matmul_of, worth_it
-from tgrad.ops import Ops, UOp
+from tgrad.ops import Ops
 from tgrad.dtype import dtypes
 from tgrad.helpers import Context, cpu_count, prod
 from tgrad.shape.sint import divides, is_symbolic, sint, vmax_of
@@ -38,23 +39,6 @@ CPU_TILE_ROWS = 8
 # Waking the thread pool costs ~20-50 µs; below this many loop iterations one core is faster.
 CPU_THREAD_MIN_WORK = 1 << 17
 
-
-def try_opt(kernel: Kernel, opt: Opt) -> bool:
-  """Apply the opt if the kernel takes it; whether it did."""
-  try: kernel.state = apply_opt(kernel.state, opt)
-  except KernelOptError: return False
-  return True
-
-def tried(state: AxisState, opts: list[Opt]) -> Optional[AxisState]:
-  """The state with every opt of the list applied, or None if one is refused."""
-  try: return apply_opts(state, opts)
-  except KernelOptError: return None
-
-def try_opts(kernel: Kernel, opts: list[Opt]) -> bool:
-  """Apply every opt of the list, or none of them (the kernel is unchanged if one is refused)."""
-  if (state := tried(kernel.state, opts)) is None: return False
-  kernel.state = state
-  return True
 
 def _load_strides(kernel: Kernel, axis: int) -> list:
   """Each LOAD's memory stride along `axis` (None where it is not one constant)."""
@@ -105,7 +89,7 @@ def _cpu_column_reduce(kernel: Kernel) -> None:
   reduce_axes = [a for a in range(kernel.shape_len) if kernel.is_reduce_axis(a)]
   if strides[axis] != 1 or any(strides[a] in (0, 1) for a in reduce_axes) or not _known(kernel, axis): return
   lanes = max(1, kernel.renderer.vector_bytes // kernel.memops[largest].dtype.itemsize)
-  columns = _divisor_at_most(kernel.full_shape[axis], CPU_COLUMN_VECTORS * lanes)
+  columns = divisor_at_most(kernel.full_shape[axis], CPU_COLUMN_VECTORS * lanes)
   if columns > 1: try_opt(kernel, Opt(OptOps.UPCAST, axis, columns))
 
 # An online log-sum-exp (a LOGADDEXP reduce: the "online" softmax) merges each step's state into its running (max,
@@ -120,7 +104,7 @@ def _unroll_online(kernel: Kernel) -> None:
   CPU_ONLINE_UNROLL."""
   if not any(r.arg[0] is Ops.LOGADDEXP for r in kernel.reduceops) or kernel.first_reduce >= kernel.first_upcast: return
   axis = kernel.first_upcast - 1
-  if (unroll := _divisor_at_most(kernel.full_shape[axis], CPU_ONLINE_UNROLL)) > 1:
+  if (unroll := divisor_at_most(kernel.full_shape[axis], CPU_ONLINE_UNROLL)) > 1:
     try_opt(kernel, Opt(OptOps.UNROLL, axis - kernel.first_reduce, unroll))
 
 # A packed matrix–vector product on a CPU (packed_matvec_layout): each weight byte is unpacked by a few integer ops, so
@@ -249,17 +233,11 @@ GPU_UNROLL = 4                  # unroll a reduce loop that is contiguous in som
 def _output_stride(kernel: Kernel, axis: int):
   return kernel.sts[0].real_strides()[axis]
 
-def _divisor_at_most(size: sint, limit: int) -> int:
-  """The largest divisor of size that is <= limit (1 if none is bigger); of a symbolic size, the largest that divides it
-  for every value of its variables (4 of n*4, 1 of n)."""
-  if isinstance(size, int): return max(d for d in range(1, min(size, limit) + 1) if size % d == 0)
-  return max(d for d in range(1, min(vmax_of(size), limit) + 1) if divides(d, size))
-
 def _thread_split(size: sint, limit: int) -> int:
   """Threads to spread an axis over (LOCAL, GROUP), at most `limit`: a known size's largest divisor; a symbolic size's
   largest power of two up to its bound, which the kernel pads when it doesn't divide every value (a guarded split,
   opts._split_symbolic_axis: the padding's threads load and store nothing)."""
-  if isinstance(size, int): return _divisor_at_most(size, limit)
+  if isinstance(size, int): return divisor_at_most(size, limit)
   return 1 << (max(1, min(limit, vmax_of(size))).bit_length() - 1)
 
 def _group_small_reduce(kernel: Kernel) -> bool:
@@ -274,7 +252,7 @@ def _group_small_reduce(kernel: Kernel) -> bool:
   if 1 not in _load_strides(kernel, kernel.first_reduce):
     for out_axis in reversed(range(kernel.global_dims)):
       if 1 in _load_strides(kernel, out_axis):
-        local = _divisor_at_most(kernel.full_shape[out_axis], GPU_WARP)
+        local = divisor_at_most(kernel.full_shape[out_axis], GPU_WARP)
         if local > 1 and try_opt(kernel, Opt(OptOps.LOCAL, out_axis, local)): threads //= local
         break
   # unroll first, then group what is left: thread g reads elements 4g..4g+3 of each 4·group chunk (a float4)
@@ -287,7 +265,7 @@ def _group_small_reduce(kernel: Kernel) -> bool:
   steps = kernel.full_shape[kernel.first_reduce]
   balanced = 1 << (math.isqrt(steps).bit_length() - 1)
   if rows: balanced = min(GPU_ROW_MAX_GROUP, steps // GPU_ROW_STEPS_PER_THREAD)
-  group = _divisor_at_most(steps, min(threads, max(GPU_GROUP_MIN_THREADS, balanced)))
+  group = divisor_at_most(steps, min(threads, max(GPU_GROUP_MIN_THREADS, balanced)))
   return group > 1 and try_opt(kernel, Opt(OptOps.GROUP, 0, group))
 
 def _gpu_upcast(kernel: Kernel) -> int:
@@ -438,253 +416,9 @@ def _tensor_cores(kernel: Kernel) -> bool:
   kernel.apply_opt(Opt(OptOps.TC, 0, 0))
   use = kernel.tensor_core
   assert use is not None
-  if (rows := _divisor_at_most(kernel.full_shape[use.rows_axis], GPU_TC_TILE_ROWS)) > 1:
+  if (rows := divisor_at_most(kernel.full_shape[use.rows_axis], GPU_TC_TILE_ROWS)) > 1:
     try_opt(kernel, Opt(OptOps.UPCAST, use.rows_axis, rows))
   return True
-
-# Matrix–vector products (M ≤ MATVEC_MAX_M rows of x times a weight matrix W): memory bound, so every rule is about
-# reading W once at full bandwidth with enough loads in flight. Constants from bench/matvec.py --sweep on an H100
-# (gemma-3-270m's decode shapes; docs/benchmarks.md): the 262144×640 head reads W at 92–93% of DRAM bandwidth with
-# these rules (torch: 91% fp32, 84% fp16); the 2048×640 and 640×2048 projections take ~4.5 µs, which is launch latency
-# more than bandwidth, for every candidate.
-MATVEC_MAX_M = 8
-GPU_VECTOR_BYTES = 16          # the widest load: float4, 8 halves
-# W[N, K] with K contiguous (torch.nn.Linear's layout, y = x·Wᵀ): a group of threads shares each row (GROUP, combined in
-# shared memory), each thread reading MATVEC_ROW_BYTES of it in 16-byte loads, all unrolled; rows per block by LOCAL.
-# Head sweep: 32 bytes per thread (fp32 80 threads, fp16 40) 92–93%; 64 bytes 93% fp32 but 84% fp16 with 2 rows per
-# thread; more rows per thread (UPCAST) never helped.
-MATVEC_ROW_BYTES = 32
-MATVEC_MAX_ROW_THREADS = 128
-MATVEC_MAX_UNROLL = 4          # a thread's loads of one row (or K steps) unrolled: all in flight at once
-MATVEC_ROWS_PER_BLOCK = 4
-MATVEC_MIN_BLOCKS = 264        # two blocks per SM of an H100 (132): rows per block shrink until there are this many
-# W[K, N] with N contiguous (y = x·W): threads along N read neighbouring vectors of a row of W, a group of threads
-# splits K in contiguous chunks (GROUPTOP), K unrolled. With few columns, narrower vectors give more threads: the
-# 2048- and 640-wide sweeps' best used 2 elements per thread, 8 threads along N and 32 (K = 640) or 64 (K = 2048)
-# along K.
-MATVEC_MIN_COLUMN_THREADS = 1024
-MATVEC_MIN_LANES = 2
-MATVEC_COLUMN_THREADS = 8
-MATVEC_MAX_K_GROUP = 64
-MATVEC_MIN_K_PER_THREAD = 16   # rows of W each thread of the K group sums at least
-
-@dataclass(frozen=True)
-class MatvecLayout:
-  """The axes of a matrix–vector product's kernel: n_axis (an output axis W varies along), k_axis (the reduce
-  axis), m_axes (output axes along which W is reused: the rows of x) and whether W is contiguous along K."""
-  n_axis: int
-  k_axis: int
-  m_axes: tuple[int, ...]
-  k_contiguous: bool
-
-def _weight_output_axes(kernel: Kernel, strides: tuple) -> Optional[tuple[tuple[int, ...], list[int]]]:
-  """(m_axes, n_axes) of a matrix–vector product whose weight W is read with `strides`: the output axes W is reused
-  along (x's rows) and those it varies along; None when it varies along none or is reused over more than MATVEC_MAX_M
-  outputs (a matmul)."""
-  outputs = [a for a in range(kernel.first_reduce) if kernel.full_shape[a] > 1]
-  m_axes = tuple(a for a in outputs if strides[a] == 0)
-  n_axes = [a for a in outputs if strides[a] not in (0, None)]
-  if not n_axes or prod(kernel.full_shape[a] for a in m_axes) > MATVEC_MAX_M: return None
-  return m_axes, n_axes
-
-def matvec_layout(kernel: Kernel) -> Optional[MatvecLayout]:
-  """The layout when an unoptimized kernel is a matrix–vector product: one sum over one reduce axis of a value that
-  reads at least two buffers, the largest of which (W) varies along the reduce axis and an output axis, is
-  contiguous along one of them, and is reused along output axes (M) of at most MATVEC_MAX_M outputs. Else None."""
-  if len(kernel.reduceops) != 1 or kernel.reduceops[0].arg[0] is not Ops.ADD or kernel.applied_opts: return None
-  reduce_axes = [a for a in range(kernel.shape_len) if kernel.is_reduce_axis(a)]
-  if len(reduce_axes) != 1: return None
-  under_reduce = set(kernel.reduceops[0].src[0].toposort())
-  loads = [(u, st) for u, st in zip(kernel.memops, kernel.sts) if u.op is Ops.LOAD and u in under_reduce]
-  if len({u.src[0] for u, _ in loads}) < 2: return None
-  _, weight = max(loads, key=lambda load: load[1].buffer_extent() * load[0].dtype.itemsize)
-  strides, k_axis = weight.real_strides(), reduce_axes[0]
-  if strides[k_axis] in (0, None) or (axes := _weight_output_axes(kernel, strides)) is None: return None
-  m_axes, n_axes = axes
-  n_axis = next((a for a in n_axes if strides[a] == 1), n_axes[-1])
-  if strides[k_axis] != 1 and strides[n_axis] != 1: return None
-  return MatvecLayout(n_axis, k_axis, m_axes, strides[k_axis] == 1)
-
-def _vector_lanes(kernel: Kernel, size: int, loads: Optional[list[UOp]] = None) -> int:
-  """Elements per 16-byte access of the widest of `loads` (all the kernel's loads if None) that divide `size` (a power
-  of two, 1 if none)."""
-  itemsize = max(u.dtype.itemsize for u in (loads or [u for u in kernel.memops if u.op is Ops.LOAD]))
-  lanes = GPU_VECTOR_BYTES // itemsize
-  while lanes > 1 and size % lanes: lanes //= 2
-  return lanes
-
-def _matvec(kernel: Kernel) -> bool:
-  """A matrix–vector product (see matvec_layout): the M outputs that share W's loads are upcast (each thread reads W
-  once for all of them), then the rules for W's layout."""
-  if (layout := matvec_layout(kernel)) is None: return False
-  for axis in layout.m_axes: try_opt(kernel, Opt(OptOps.UPCAST, axis, 0))   # whole axes: the axis numbers stay
-  if layout.k_contiguous: _matvec_rows(kernel, layout.n_axis)
-  else: _matvec_columns(kernel, layout.n_axis)
-  return True
-
-def _unroll_loop(kernel: Kernel) -> None:
-  """Unroll the reduce loop left after GROUP by its largest divisor up to MATVEC_MAX_UNROLL."""
-  loop = kernel.first_reduce + kernel.group_for_reduces
-  if loop < kernel.first_upcast and (unroll := _divisor_at_most(kernel.full_shape[loop], MATVEC_MAX_UNROLL)) > 1:
-    try_opt(kernel, Opt(OptOps.UNROLL, kernel.group_for_reduces, unroll))
-
-def _k_group(kernel: Kernel, threads: int, power_of_two: bool) -> int:
-  """Threads to split the reduce axis across: its largest divisor up to `threads` (a power of two if asked). When none
-  reaches half of `threads` (an odd or prime K), K is first padded (PADTO: the padding adds zeros to the sum) to a
-  multiple of the largest power of two up to `threads`."""
-  if threads < 2: return 1
-  def best(size: int) -> int:
-    if not power_of_two: return _divisor_at_most(size, threads)
-    return max(d for d in (1 << i for i in range(threads.bit_length())) if d <= threads and size % d == 0)
-  if 2 * (group := best(kernel.full_shape[kernel.first_reduce])) > threads: return group
-  if try_opt(kernel, Opt(OptOps.PADTO, kernel.first_reduce, 1 << (threads.bit_length() - 1))):
-    group = best(kernel.full_shape[kernel.first_reduce])
-  return group
-
-def _rows_per_block(kernel: Kernel, rows_axis: int, most: int) -> None:
-  """LOCAL on a matvec's rows: the largest divisor of the rows up to `most`, smaller while that leaves fewer than
-  MATVEC_MIN_BLOCKS blocks."""
-  rows = kernel.full_shape[rows_axis]
-  per_block = _divisor_at_most(rows, most)
-  while per_block > 1 and rows // per_block < MATVEC_MIN_BLOCKS: per_block = _divisor_at_most(rows, per_block - 1)
-  if per_block > 1: try_opt(kernel, Opt(OptOps.LOCAL, rows_axis, per_block))
-
-def _matvec_rows(kernel: Kernel, n_axis: int) -> None:
-  """W[N, K] with K contiguous: thread t of a row's group reads 16-byte vectors t, t + group, … of the row, so a
-  warp's loads cover contiguous bytes; LOCAL puts several rows in a block."""
-  k_size = kernel.full_shape[kernel.first_reduce]
-  itemsize = max(u.dtype.itemsize for u in kernel.memops if u.op is Ops.LOAD)
-  if (lanes := _vector_lanes(kernel, k_size)) > 1: try_opt(kernel, Opt(OptOps.UNROLL, 0, lanes))
-  threads = min(MATVEC_MAX_ROW_THREADS, k_size * itemsize // MATVEC_ROW_BYTES)
-  if (group := _k_group(kernel, threads, power_of_two=False)) > 1: try_opt(kernel, Opt(OptOps.GROUP, 0, group))
-  _unroll_loop(kernel)
-  _rows_per_block(kernel, n_axis, MATVEC_ROWS_PER_BLOCK)
-
-def _matvec_columns(kernel: Kernel, n_axis: int) -> None:
-  """W[K, N] with N contiguous: each thread reads `lanes` neighbouring columns per row of W; threads along N, and a
-  group of threads along K, each summing a contiguous chunk of rows (GROUPTOP), unrolled."""
-  columns = kernel.full_shape[n_axis]
-  lanes = _vector_lanes(kernel, columns)
-  while lanes > MATVEC_MIN_LANES and columns // lanes < MATVEC_MIN_COLUMN_THREADS: lanes //= 2
-  if lanes > 1: try_opt(kernel, Opt(OptOps.UPCAST, n_axis, lanes))
-  if (threads := _divisor_at_most(kernel.full_shape[n_axis], MATVEC_COLUMN_THREADS)) > 1:
-    try_opt(kernel, Opt(OptOps.LOCAL, n_axis, threads))
-  threads = min(MATVEC_MAX_K_GROUP, kernel.full_shape[kernel.first_reduce] // MATVEC_MIN_K_PER_THREAD)
-  if (group := _k_group(kernel, threads, power_of_two=True)) > 1: try_opt(kernel, Opt(OptOps.GROUPTOP, 0, group))
-  _unroll_loop(kernel)
-
-# A row kernel whose last pass is a matrix–vector product (an RMSNorm fused into the projection after it: each output
-# row of W needs the normalized vector, so every block first walks the vector's row passes). One output row per block
-# makes each block repeat those passes on its own, so the passes' loads (L2 hits) outweigh W's and the serial combine
-# of the group's partials (every thread of a row kernel combines them all) grows with the group. Several rows per
-# block share the passes' loads through L1, and a small group keeps the combine short. Measured on an H100 (gemma-3-270m
-# decode, gate/up 4096×640 with two fused norms, each kernel alone): one row of 40 threads 13.9 µs fp16 / 12.6 µs fp32;
-# 8 rows of 20 threads 7.0–8.1 / 7.4; 4 rows of 20 6.4–7.6 fp32; 8 rows of 40 11–12; 80 threads per row ≥ 27.
-ROW_MATVEC_MIN_ROWS = 256        # fewer output rows than this: the generic row rules
-ROW_MATVEC_GROUP = 20            # threads per row: the most that keep the every-thread combine short
-ROW_MATVEC_ROWS_PER_BLOCK = 8
-
-def _row_matvec(kernel: Kernel) -> bool:
-  """A row kernel (AxisState.row_passes > 1) over one reduce axis whose output has at least ROW_MATVEC_MIN_ROWS rows
-  along an axis some load (W) varies on while another (the vector) does not, both contiguous along the reduce (a
-  softmax's rows, one load varying with its row, are not this): 16-byte loads of W (UNROLL), a group of
-  ROW_MATVEC_GROUP threads per row, and ROW_MATVEC_ROWS_PER_BLOCK rows per block, fewer while that leaves under
-  MATVEC_MIN_BLOCKS blocks."""
-  k = kernel
-  if k.row_passes < 2 or k.applied_opts or k.first_reduce + 1 != k.first_upcast: return False
-  along_k = [(u, st.real_strides()) for u, st in zip(k.memops, k.sts) if u.op is Ops.LOAD and
-             st.real_strides()[k.first_reduce] == 1]
-  def is_matvec_rows(axis: int) -> bool:
-    """W varies along `axis` and is contiguous along the reduce; the vector (another load) is shared by every row."""
-    return k.full_shape[axis] >= ROW_MATVEC_MIN_ROWS and any(s[axis] not in (0, None) for _, s in along_k) and \
-      any(s[axis] == 0 for _, s in along_k)
-  rows_axis = next((a for a in reversed(range(k.first_reduce)) if is_matvec_rows(a)), None)
-  if rows_axis is None or not isinstance(k.full_shape[k.first_reduce], int): return False
-  # the UNROLL is sized by W's loads, not a wider vector's (a float16 model's float32 residual stream)
-  w_loads = [u for u, s in along_k if s[rows_axis] not in (0, None)]
-  if (lanes := _vector_lanes(k, k.full_shape[k.first_reduce], w_loads)) > 1: try_opt(k, Opt(OptOps.UNROLL, 0, lanes))
-  if (group := _divisor_at_most(k.full_shape[k.first_reduce], ROW_MATVEC_GROUP)) > 1:
-    try_opt(k, Opt(OptOps.GROUP, 0, group))
-  _rows_per_block(k, rows_axis, ROW_MATVEC_ROWS_PER_BLOCK)
-  return True
-
-# A matrix–vector product over a block-quantized weight (QuantizedTensor.linear, gemma3's fused decode kernels: one to
-# three sums over the same axes, e.g. a norm's sum of squares beside the product): the sum runs over the weight's
-# blocks and the axes inside a block, and the weight is bytes (the largest byte load) that vary along the rows and the
-# blocks. Decode's projections are small (0.2-1.3 MB packed): less than the bytes a GPU must have in flight to reach
-# its bandwidth (3 TB/s × ~0.6 µs of DRAM latency ≈ 2 MB), so the rule spreads every row over as many threads as it
-# can, each issuing all its loads at once. The innermost block axis (the run of quant bytes, contiguous) is cut in
-# PACKED_WORD_BYTES pieces: each thread reads one 32-bit word of it (the renderer loads it whole, vectors.py, with a
-# funnel shift where the block size leaves its alignment unknown) and those words are spread over threads (GROUP), as
-# are a row's blocks (a second GROUP), up to PACKED_MATVEC_ROW_THREADS per row; every other axis inside a block is
-# unrolled, so a thread's loads of a block (its word of every sub-block, the scales once) are independent and in
-# flight together. Rows per block of threads up to PACKED_MATVEC_BLOCK_THREADS. Before: a group over the blocks only
-# (4-20 threads per row, 8-80 per block of threads), each thread walking a whole block a byte at a time: 16-81 GB/s on
-# an H100 for gemma-3-270m's projections.
-# A projection with many rows fills the GPU with fewer threads per row: the rows then give the threads, and each
-# thread walks more blocks of its row (more loads in flight per thread, a smaller combine per row). The threads of a
-# row are capped at PACKED_MATVEC_GPU_THREADS / rows (never below a row's word threads). Measured on an H100
-# (`python bench/packed_matvec.py --dtype float16 --cases Q8_0:262144x640 --row-threads 8,16,32,64,128`, the tied
-# head of gemma-3-270m's Q4_K_M file, 178 MB, back to back): 128 threads a row 319 µs (559 GB/s), 64 161 µs,
-# 32 93 µs, 8 91 µs (1.95 TB/s; floor 55 µs); gemma's smaller projections (256-4096 rows) keep 128 (their times moved
-# within the launch noise, 4.1-5.3 µs, in the same sweep).
-PACKED_WORD_BYTES = 4               # bytes of the quant run a thread reads per step: one 32-bit load
-PACKED_MATVEC_ROW_THREADS = 128     # threads sharing a row (MATVEC_MAX_ROW_THREADS's bound on the combine)
-PACKED_MATVEC_BLOCK_THREADS = 128   # threads per block of threads (rows × row threads)
-PACKED_MATVEC_GPU_THREADS = 1 << 20   # ~4 waves of an H100's resident threads (132 SMs × 2048)
-
-def packed_matvec_layout(kernel: Kernel) -> Optional[MatvecLayout]:
-  """A packed matrix–vector product (see above): sums (ADD) over two or more reduce axes, the largest byte load varying
-  along the first reduce axis (the blocks) and an output axis (the rows), reused along output axes of at most
-  MATVEC_MAX_M outputs (x's rows). Else None."""
-  if not kernel.reduceops or kernel.applied_opts or any(r.arg[0] is not Ops.ADD for r in kernel.reduceops): return None
-  reduce_axes = [a for a in range(kernel.shape_len) if kernel.is_reduce_axis(a)]
-  if len(reduce_axes) < 2 or not all(isinstance(kernel.full_shape[a], int) for a in range(kernel.shape_len)):
-    return None
-  if not any(u.op is Ops.LOAD and u.dtype.itemsize == 1 for u in kernel.memops): return None
-  strides = _packed_strides(kernel)
-  if strides[reduce_axes[0]] in (0, None) or (axes := _weight_output_axes(kernel, strides)) is None: return None
-  m_axes, n_axes = axes
-  return MatvecLayout(n_axes[-1], reduce_axes[0], m_axes, False)
-
-def _packed_matvec(kernel: Kernel) -> bool:
-  if (layout := packed_matvec_layout(kernel)) is None: return False
-  for axis in layout.m_axes: try_opt(kernel, Opt(OptOps.UPCAST, axis, 0))
-  blocks_axis, inner = kernel.first_reduce, kernel.first_upcast - 1   # inner: the innermost axis of a block
-  byte_threads = 1
-  if inner > blocks_axis and kernel.is_reduce_axis(inner) and _bytes_contiguous(kernel, inner) and \
-     kernel.full_shape[inner] % PACKED_WORD_BYTES == 0 and \
-     try_opt(kernel, Opt(OptOps.UNROLL, inner - blocks_axis, PACKED_WORD_BYTES)):
-    byte_threads = kernel.full_shape[inner]
-  blocks = kernel.full_shape[blocks_axis]
-  rows = prod(kernel.full_shape[:kernel.first_reduce])
-  row_cap = min(PACKED_MATVEC_ROW_THREADS, max(1, PACKED_MATVEC_GPU_THREADS // rows))
-  block_threads = _divisor_at_most(blocks, max(1, row_cap // byte_threads))
-  # (a whole axis is amount 0, as BEAM's actions name it)
-  if block_threads > 1: try_opt(kernel, Opt(OptOps.GROUP, 0, 0 if block_threads == blocks else block_threads))
-  # the word threads: the rest of the innermost block axis, now the last loop axis (after the blocks' GROUP, if any)
-  if byte_threads > 1: try_opt(kernel, Opt(OptOps.GROUP, inner - blocks_axis, 0))
-  # every loop inside a block unrolled, innermost first (the loop axes before it keep their numbers)
-  loops = range(kernel.first_reduce + kernel.group_for_reduces + 1, kernel.first_upcast)
-  for axis in reversed(loops): try_opt(kernel, Opt(OptOps.UNROLL, axis - kernel.first_reduce, 0))
-  row_threads = prod(kernel.full_shape[a] for a in range(kernel.first_reduce,
-                                                         kernel.first_reduce + kernel.group_for_reduces))
-  _rows_per_block(kernel, layout.n_axis, max(1, PACKED_MATVEC_BLOCK_THREADS // row_threads))
-  return True
-
-def _packed_loads(kernel: Kernel) -> list[int]:
-  """Positions (in kernel.memops) of the byte loads of the packed weight: the buffer of the largest byte load."""
-  packed = [i for i, u in enumerate(kernel.memops) if u.op is Ops.LOAD and u.dtype.itemsize == 1]
-  weight = kernel.memops[max(packed, key=lambda i: kernel.sts[i].buffer_extent())].src[0]
-  return [i for i in packed if kernel.memops[i].src[0] is weight]
-
-def _packed_strides(kernel: Kernel) -> tuple:
-  """The strides of the packed weight's largest load (every load of it has the same strides on rows and blocks)."""
-  return kernel.sts[max(_packed_loads(kernel), key=lambda i: kernel.sts[i].buffer_extent())].real_strides()
-
-def _bytes_contiguous(kernel: Kernel, axis: int) -> bool:
-  """Whether some load of the packed weight reads consecutive bytes along `axis` (the quants of a block)."""
-  return any(kernel.sts[i].real_strides()[axis] == 1 for i in _packed_loads(kernel))
 
 def _warpgroup_matmul(kernel: Kernel) -> bool:
   """A big half/bfloat16 matmul with no epilogue on sm_90a (warpgroup_mma.py says which qualify and which are big
@@ -753,7 +487,7 @@ def _group_symbolic_reduce(kernel: Kernel) -> bool:
     strides = kernel.sts[largest].real_strides()
     out_axis = next((a for a in reversed(range(kernel.global_dims)) if strides[a] == 1), None)
     if out_axis is not None:
-      local = _divisor_at_most(kernel.full_shape[out_axis], GPU_WARP)
+      local = divisor_at_most(kernel.full_shape[out_axis], GPU_WARP)
       while local > 1 and outputs // local < SYMBOLIC_MIN_BLOCKS: local //= 2
       if local > 1 and try_opt(kernel, Opt(OptOps.LOCAL, out_axis, local)): threads //= local
       else: local = 1

@@ -482,8 +482,28 @@ RMS_NORMED_LINEAR = "rms_normed_linear"
 def _inverse_rms(x32: Tensor, eps: float, axes: tuple[int, ...], keepdim: bool = False) -> Tensor:
   return (x32.square().mean(axes, keepdim=keepdim) + eps).rsqrt()
 
+# The default's one kernel suits a GPU, whose thousands of threads recompute the per-row sums under the weight's memory
+# stream. A CPU core does that arithmetic itself, in each of its rows' loop beside the block's unpacking: several sums
+# in one loop, which the LLVM renderer may not reorder, so the block's unpacking stays scalar (heuristics'
+# _cpu_packed_matvec). There the default normalizes x once (a row kernel over its `in` values) and multiplies it by the
+# weight as `packed_linear`'s float product does: one sum per row, unpacked on vectors. Measured on the 2 shared Zen 3
+# cores (bench/cpu_packed_matvec.py --normed; docs/benchmarks.md). A device says which it is by its traits: those
+# offering ROW_COPIES (CUDA) keep the one kernel; so does a sharded x, and copies of x given without x itself.
+ROW_COPIES = "row_copies"
+ROW_COPIES_DEVICES = devices_offering(ROW_COPIES)
+
+def recomputes_rows(x: Tensor) -> bool:
+  """Whether a normed product over x recomputes its per-row sums inside the product's kernel (ROW_COPIES)."""
+  return not isinstance(x.device, str) or x.device in ROW_COPIES_DEVICES
+
+def _normed_once(x32: Tensor, scale: Tensor, eps: float) -> Tensor:
+  """x32 · scale · 1/sqrt(mean(x32²) + eps) over the last axis, stored by a row kernel of its own."""
+  return (x32 * _inverse_rms(x32, eps, (-1,), keepdim=True) * scale).contiguous()
+
 def _normed_float(x32: Tensor, scale: Tensor, packed: Tensor, *vector: Tensor, eps: float, ggml_type: int,
                   shape: tuple[int, ...], copies: bool) -> Tensor:
+  if not recomputes_rows(x32) and (vector or not copies):
+    return _float_values_linear(_normed_once(vector[0] if copies else x32, scale, eps), packed, ggml_type, shape)
   values = dequantized_values(packed, GGMLType(ggml_type), shape)
   axes = tuple(range(1 - values.ndim, 0))
   if copies:
@@ -499,12 +519,11 @@ def _normed_int8(x32: Tensor, scale: Tensor, packed: Tensor, *vector: Tensor, ep
                  shape: tuple[int, ...], copies: bool) -> Tensor:
   if GGMLType(ggml_type) not in INT8_PATH_TYPES or (copies and not vector):
     return _normed_float(x32, scale, packed, *vector, eps=eps, ggml_type=ggml_type, shape=shape, copies=copies)
-  if copies: x32 = vector[0]
-  normed = x32 * _inverse_rms(x32, eps, (-1,), keepdim=True) * scale
-  return int8_linear(normed, packed, ggml_type, shape)
+  return int8_linear(_normed_once(vector[0] if copies else x32, scale, eps), packed, ggml_type, shape)
 
 register(RMS_NORMED_LINEAR, {
-  DEFAULT: Lowering(DEFAULT, "float product and per-row sum of squares in one kernel", _normed_float, 1),
+  DEFAULT: Lowering(DEFAULT, "float product and per-row sum of squares in one kernel (on a device without "
+                    "ROW_COPIES: x normalized once, then the float product)", _normed_float, 1),
   INT8: Lowering(INT8, "x normalized once, then the int8 product", _normed_int8, 0)})
 
 def rms_normed_linear(x32: Tensor, scale: Tensor, weight: QuantizedTensor, eps: float, copies: bool = False,

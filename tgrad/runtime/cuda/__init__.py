@@ -37,7 +37,8 @@ def collectives_available() -> bool:
 
 # the traits: "fast" intrinsics, "tf32" and half ("half_gemm": a prompt times a packed weight, nn/quant.py) matmuls on
 # tensor cores, "flash" attention
-CUDA_TRAITS = DeviceTraits(has_local=True, lowerings=frozenset({"fast", "tf32", "flash", "half_gemm"}))
+CUDA_TRAITS = DeviceTraits(has_local=True, lowerings=frozenset({"fast", "tf32", "flash", "half_gemm",
+                                                                             "row_copies"}))
 
 CUDA = register_backend(Backend(
   "CUDA", _start, CUDA_TRAITS, aliases=("GPU",),

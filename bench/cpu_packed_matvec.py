@@ -8,8 +8,8 @@ multiplied by one random row of x along each lowering of `packed_linear` ("defau
 quantized per block of 32), and along `rms_normed_linear` (the norm fused into the product, as the model's
 projections call it; `--normed`). Each result is checked against float64 numpy over the CPU's dequantization of the
 same bytes (float32 paths at FLOAT32_RTOL of the largest output; int8 reports its error), then timed: one kernel,
-`run(wait=True)`, median of --repeats. GB/s is the packed bytes over that time, and `%` its share of tgrad's ceiling; `cpu us` is the process's CPU time per
-run (both threads together), steadier under load.
+`run(wait=True)`, median of --repeats. GB/s is the packed bytes over that time, and `%` its share of tgrad's
+ceiling; `cpu us` is the process's CPU time per run (both threads together), steadier under load.
 Usage: python bench/cpu_packed_matvec.py [--cases Q8_0:262144x640,...] [--repeats 20] [--normed]
 """
 from __future__ import annotations
@@ -58,7 +58,8 @@ def ceiling(repeats: int) -> dict:
     start = time.perf_counter()
     host.sum()
     numpy_times.append(time.perf_counter() - start)
-  return {"tgrad_GBps": host.nbytes / sum(timed(item, repeats) for item in items) / 1e9, "numpy_GBps": host.nbytes / min(numpy_times) / 1e9}
+  return {"tgrad_GBps": host.nbytes / sum(timed(item, repeats) for item in items) / 1e9,
+          "numpy_GBps": host.nbytes / min(numpy_times) / 1e9}
 
 def lowered(out: Tensor, lowering: str):
   """The one kernel that computes `out` with every packed region lowered to `lowering` (the others default)."""
@@ -92,7 +93,8 @@ def measure(type_name: str, rows: int, columns: int, repeats: int, normed: bool,
       seconds = sum(timed(item, repeats) for item in items)
       cpu = sum(cpu_seconds(item, repeats) for item in items)
       rows_out.append({"case": f"{type_name} {rows}x{columns}", "product": product, "lowering": lowering,
-                       "kernels": len(items), "us": seconds * 1e6, "cpu_us": cpu * 1e6, "GBps": weight.nbytes / seconds / 1e9,
+                       "kernels": len(items), "us": seconds * 1e6, "cpu_us": cpu * 1e6,
+                       "GBps": weight.nbytes / seconds / 1e9,
                        "ceiling_share": weight.nbytes / seconds / 1e9 / ceiling_GBps, "rel_error": error,
                        "names": " ".join(item.runner.name for item in items if hasattr(item.runner, "name"))})
   return rows_out
@@ -107,12 +109,14 @@ def main() -> None:
   bandwidth = ceiling(args.repeats)
   print(f"ceiling: float32 sum over {CEILING_MB} MB: tgrad {bandwidth['tgrad_GBps']:.1f} GB/s, "
         f"numpy {bandwidth['numpy_GBps']:.1f} GB/s")
-  print(f"{'case':>18} {'product':>7} {'lowering':>8} {'k':>2} {'us':>9} {'cpu us':>9} {'GB/s':>6} {'%ceil':>6} {'rel err':>8}  kernels")
+  print(f"{'case':>18} {'product':>7} {'lowering':>8} {'k':>2} {'us':>9} {'cpu us':>9} {'GB/s':>6} {'%ceil':>6} "
+        f"{'rel err':>8}  kernels")
   for case in args.cases.split(","):
     type_name, shape = case.split(":")
     rows, columns = (int(n) for n in shape.split("x"))
     for r in measure(type_name, rows, columns, args.repeats, args.normed, bandwidth["tgrad_GBps"]):
-      print(f"{r['case']:>18} {r['product']:>7} {r['lowering']:>8} {r['kernels']:2d} {r['us']:9.1f} {r['cpu_us']:9.1f} {r['GBps']:6.2f} "
+      print(f"{r['case']:>18} {r['product']:>7} {r['lowering']:>8} {r['kernels']:2d} {r['us']:9.1f} "
+            f"{r['cpu_us']:9.1f} {r['GBps']:6.2f} "
             f"{100 * r['ceiling_share']:5.0f}% {r['rel_error']:8.1e}  {r['names']}")
   print(f"load average {os.getloadavg()}")
 

@@ -7,7 +7,7 @@ BEAM winner in the cache (search.py), so a winner found and verified under older
 # Bump when a change here alters the code that some AST and Opt list produce, or what an Opt means: axes.py and opts.py,
 # the linearizer, a renderer, the heuristics that seed the search, or how search verifies. Changes that only
 # rename or restructure without changing generated code need no bump.
-CODEGEN_VERSION = 23   # 2: gathers (data-dependent loads); int casts as narrow CUDA index math. 3: row kernels.
+CODEGEN_VERSION = 24   # 2: gathers (data-dependent loads); int casts as narrow CUDA index math. 3: row kernels.
 # 4: guarded GROUPs of symbolic reduces that padding would change (padding guards), split views indexed without division
 # 5: guarded UPCAST and PADTO of symbolic global axes (stride-0 loads stretched, not masked), tensor cores with padded
 # symbolic rows/columns
@@ -43,3 +43,5 @@ CODEGEN_VERSION = 23   # 2: gathers (data-dependent loads); int casts as narrow 
 # (runtime/cuda/sgemm.py; heuristics, SGEMM=1; default tile 128×128 with two blocks an SM)
 # 23: OptOps.WGMMA takes TF32: a float32 matmul whose loads the graph rounds to TF32 (a·wᵀ) is one warpgroup-MMA kernel
 # on sm_90a (m64nNk8 .tf32, operands rounded in shared memory)
+# 24: an unrolled float sum's products that share a factor put it last (reduces.shared_factors_last): LLVM factors it
+# out of the reorderable chain (one multiply by a packed block's scale, not one per value)

@@ -7,7 +7,7 @@ BEAM winner in the cache (search.py), so a winner found and verified under older
 # Bump when a change here alters the code that some AST and Opt list produce, or what an Opt means: axes.py and opts.py,
 # the linearizer, a renderer, the heuristics that seed the search, or how search verifies. Changes that only
 # rename or restructure without changing generated code need no bump.
-CODEGEN_VERSION = 25   # 2: gathers (data-dependent loads); int casts as narrow CUDA index math. 3: row kernels.
+CODEGEN_VERSION = 26   # 2: gathers (data-dependent loads); int casts as narrow CUDA index math. 3: row kernels.
 # 4: guarded GROUPs of symbolic reduces that padding would change (padding guards), split views indexed without division
 # 5: guarded UPCAST and PADTO of symbolic global axes (stride-0 loads stretched, not masked), tensor cores with padded
 # symbolic rows/columns
@@ -46,3 +46,5 @@ CODEGEN_VERSION = 25   # 2: gathers (data-dependent loads); int casts as narrow 
 # 24: OptOps.TF32X3: on sm_90a a big float32 matmul without an epilogue is one 3xTF32 warpgroup-MMA kernel (big and
 # small TF32 parts in shared memory, three wgmmas per K step; heuristics under F32_MATMUL=3xtf32)
 # 25: CPU: a reduce along a strided axis upcasts its contiguous output axis by up to 8 vectors (_cpu_column_reduce)
+# 26: an unrolled float sum's products that share a factor put it last (reduces.shared_factors_last): LLVM factors it
+# out of the reorderable chain (one multiply by a packed block's scale, not one per value)

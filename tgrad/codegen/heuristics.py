@@ -114,8 +114,9 @@ def _unroll_online(kernel: Kernel) -> None:
 # loads of the block, the bit fields unpacked by vector shifts and masks, float products on vectors, one horizontal sum
 # per block. One row per loop (several rows' accumulators in one loop may not be reordered) and the rows across the
 # cores. Measured on the 2 shared cores (gemma-3-270m's shapes, one kernel; docs/benchmarks.md has the table).
-# A kernel with several sums (gemma3's norm fused into its projection) has several accumulators in that loop, none
-# reorderable, so an unrolled block stays scalar: it keeps CPU_PACKED_ROWS rows per thread, which share x's loads and
+# A kernel with several sums (a norm fused into its projection: on the CPU, rms_normed_linear normalizes x once
+# instead, nn/quant.py's ROW_COPIES) has several accumulators in that loop, none reorderable, so an unrolled block
+# stays scalar: it keeps CPU_PACKED_ROWS rows per thread, which share x's loads and
 # give LLVM independent chains (measured before the block rule: Q5_0 2048×640 2356 → 926 µs, Q6_K 640×2048 2624 →
 # 1593; 8 rows, or the innermost block axis unrolled as well, were slower).
 CPU_PACKED_ROWS = 4

@@ -16,7 +16,7 @@ from typing import Any, Iterator, Optional, Sequence, Union
 import numpy as np
 from tgrad.tensor import Tensor
 from tgrad.dtype import dtypes, to_dtype
-from tgrad.nn.quant import QuantizedTensor, dequantize_blocks, rms_normed_linear
+from tgrad.nn.quant import QuantizedTensor, dequantize_blocks, recomputes_rows, rms_normed_linear
 from tgrad.jit import TinyJit
 from tgrad.attention_kernel import CacheUpdate, HeadPrologue, flash_applies, flash_decoding
 from tgrad.regions import DEFAULT, Lowering, composite, register
@@ -145,9 +145,15 @@ class Gemma3RMSNorm:
 # per-row sums a fused matvec computes (a second output of that kernel, schedule rule 2c); "vector" computes it once
 # on its own (a path whose matvec reads x once, rms_normed_linear's int8, has no per-row sums to store it from).
 RESIDUAL_ROW = "residual_row"
+def _first_row(first: Tensor, vector: Tensor, once: bool) -> Tensor:
+  """The first row of the per-row sums; `once`: the stream computed once instead, for a packed matvec that normalizes
+  it once (on a device without ROW_COPIES, nn/quant.py) and so computes no per-row sums to store it from."""
+  return (vector if once else first).contiguous()
+
 register(RESIDUAL_ROW, {
-  DEFAULT: Lowering(DEFAULT, "the first row of the per-row residual sums", lambda first, vector: first.contiguous(), 1),
-  "vector": Lowering("vector", "the residual sum computed once", lambda first, vector: vector.contiguous(), 0)})
+  DEFAULT: Lowering(DEFAULT, "the first row of the per-row residual sums (the sum computed once where the matvec "
+                    "reads it once)", _first_row, 1),
+  "vector": Lowering("vector", "the residual sum computed once", lambda first, vector, once: vector.contiguous(), 0)})
 
 class ResidualSum:
   """The residual stream of a one-token step before it is stored: h + Σ norm(x) over `terms` (x, norm), each term
@@ -182,7 +188,8 @@ class ResidualSum:
       # split by rows: each device stores its own first row (every device sums the same stream: a replicated value)
       if is_sharded(total): first = take_rows(total, RowPiece(0, 1, split=False), self.h.ndim - 1)
       else: first = total.shrink(tuple((0, 1) if d == self.h.ndim - 1 else None for d in range(total.ndim)))
-      self.stored = composite(RESIDUAL_ROW, (first.reshape(self.h.shape), self.vector()))
+      once = isinstance(weight, QuantizedTensor) and not recomputes_rows(first)
+      self.stored = composite(RESIDUAL_ROW, (first.reshape(self.h.shape), self.vector()), once=once)
     return total
   def vector(self) -> Tensor:
     """The stream [..., H] as one lazy value, rounded as `rows` rounds it (not stored)."""

@@ -104,13 +104,16 @@ def _bit_masks(shifts: tuple[int, ...], device: str) -> Tensor:
   amounts = positions * _literal(step, positions) + _literal(shifts[0], positions)
   return Tensor(_literal(1, positions).expand(len(shifts)).lazydata.alu(Ops.SHL, amounts.lazydata))
 
+def _bits_set(packed: Tensor, shifts: tuple[int, ...], axes_shape: tuple[int, ...]) -> Tensor:
+  """Whether bit shifts[k] of each byte of `packed` is set (bool), k laid out along `axes_shape` (see _fields)."""
+  masks = _bit_masks(shifts, packed.device).reshape(axes_shape)
+  return (packed & masks) != _literal(0, packed)
+
 def _fields(packed: Tensor, width: int, shifts: tuple[int, ...], axes_shape: tuple[int, ...]) -> Tensor:
   """Field k (`width` bits at bit shifts[k]) of each byte of `packed`, with k laid out along `axes_shape` (the
   multipliers reshaped to it and broadcast over the bytes). A single bit is tested by a mask (an AND and a compare
   per byte, which vectorize on bytes; a per-lane multiply of bytes does not on AVX2)."""
-  if width == 1:
-    masks = _bit_masks(shifts, packed.device).reshape(axes_shape)
-    return ((packed & masks) != _literal(0, packed)).cast(dtypes.uint8)
+  if width == 1: return _bits_set(packed, shifts, axes_shape).cast(dtypes.uint8)
   multipliers = _field_multipliers(width, shifts, packed.device).reshape(axes_shape)
   return _field(packed * multipliers, width)
 
@@ -147,43 +150,64 @@ def _nibbles32(blocks: Tensor, start: int) -> Tensor:
   packed = _bytes(blocks, start, HALF_BLOCK).reshape(n, 1, 2, BYTE_BITS).expand(n, 2, 2, BYTE_BITS)
   return _fields(packed, 4, NIBBLE_SHIFTS, (1, 2, 1, 1))
 
-def _fifth_bits32(blocks: Tensor, start: int) -> Tensor:
-  """Bit j of the little-endian uint32 at `start` (byte j // 8, bit j % 8), as (n, 2, 2, 8) like `_nibbles32`,
-  moved to bit 4."""
+def _fifth_bits_set32(blocks: Tensor, start: int) -> Tensor:
+  """Whether bit j of the little-endian uint32 at `start` (byte j // 8, bit j % 8) is set, as (n, 2, 2, 8) bools like
+  `_nibbles32`."""
   n = blocks.shape[0]
   packed = _bytes(blocks, start, 4).reshape(n, 2, 2, 1).expand(n, 2, 2, BYTE_BITS)
-  bits = _fields(packed, 1, tuple(range(BYTE_BITS)), (1, 1, 1, BYTE_BITS))
+  return _bits_set(packed, tuple(range(BYTE_BITS)), (1, 1, 1, BYTE_BITS))
+
+def _high_bits(bits_set: Tensor) -> Tensor:
+  """A fifth bit's integer weight: 16 where it is set, else 0 (uint8)."""
+  bits = bits_set.cast(dtypes.uint8)
   return bits * _literal(NIBBLE, bits)
+
+# A fifth bit's float form: its weight chosen by a select of two float literals. Its integer form (a byte's bit moved
+# to bit 4, then or-ed into the nibble) becomes, after LLVM's instcombine, a different shift per byte lane, which AVX2
+# lacks: the SLP vectorizer then unpacked the bits one byte at a time (a Q5_0 block's loop: ~120 instructions, ~65 with
+# the select, where the bits stay one vector compare; Q5_0 2048×640 on the 2 shared Zen 3 cores: 1.5-2× less CPU time,
+# bench/cpu_packed_matvec.py). The sum is exact (small integers), so the values are llama.cpp's bit for bit.
+def _float_quants(nibbles: Tensor, bits_set: Tensor, offset: int) -> Tensor:
+  """float(nibble + 16·bit − offset), the bit's weight a select of two float literals."""
+  def value(v: float) -> Tensor: return Tensor.full((), v, dtype=dtypes.float32, device=nibbles.device)
+  return nibbles.cast(dtypes.float32) + bits_set.where(value(NIBBLE - offset), value(-offset))
 
 @dataclass(frozen=True)
 class IntegerBlocks:
   """A block type's values as integers and float32 factors, each at the structured block shape (or broadcast to it):
   value = scale · quants + offset (offset: Q4_1/Q5_1's min), or scale · quants − offset (negated: the K-quants' min).
   `values()` is the float32 dequantization (llama.cpp's bit for bit); the int8 product (`int8_linear`) multiplies
-  the quants by an int8 activation in integers and applies scale and offset once per group of values."""
+  the quants by an int8 activation in integers and applies scale and offset once per group of values. `float_quants`,
+  where given, is the quants as float32 by a cheaper route than a conversion (`_float_quants`)."""
   quants: Tensor
   scale: Tensor
   offset: Optional[Tensor] = None
   negated: bool = False
+  float_quants: Optional[Tensor] = None
   def values(self) -> Tensor:
-    scaled = self.scale * self.quants.cast(dtypes.float32)
+    quants = self.quants.cast(dtypes.float32) if self.float_quants is None else self.float_quants
+    scaled = self.scale * quants
     if self.offset is None: return scaled
     return scaled - self.offset if self.negated else scaled + self.offset
 
-def _legacy(blocks: Tensor, quants: Tensor, offset: int, has_min: bool) -> IntegerBlocks:
-  """The 32-value formats: d·(q − offset), or d·q + m with a min; quants (n, 2, 2, 8) unsigned."""
+def _legacy(blocks: Tensor, quants: Tensor, offset: int, has_min: bool,
+            float_quants: Optional[Tensor] = None) -> IntegerBlocks:
+  """The 32-value formats: d·(q − offset), or d·q + m with a min; quants (n, 2, 2, 8) unsigned (float_quants: the
+  quants less the offset, as float32)."""
   n = blocks.shape[0]
   scale = _half(blocks, 0).reshape(n, 1, 1, 1)
-  if has_min: return IntegerBlocks(quants, scale, _half(blocks, 2).reshape(n, 1, 1, 1))
+  if has_min: return IntegerBlocks(quants, scale, _half(blocks, 2).reshape(n, 1, 1, 1), float_quants=float_quants)
   signed = quants.cast(dtypes.int8)
-  return IntegerBlocks(signed - _literal(offset, signed), scale)
+  return IntegerBlocks(signed - _literal(offset, signed), scale, float_quants=float_quants)
 
 def _ints_q4_0(blocks: Tensor) -> IntegerBlocks: return _legacy(blocks, _nibbles32(blocks, 2), Q4_OFFSET, False)
 def _ints_q4_1(blocks: Tensor) -> IntegerBlocks: return _legacy(blocks, _nibbles32(blocks, 4), 0, True)
 def _ints_q5_0(blocks: Tensor) -> IntegerBlocks:
-  return _legacy(blocks, _nibbles32(blocks, 6) | _fifth_bits32(blocks, 2), Q5_OFFSET, False)
+  nibbles, bits_set = _nibbles32(blocks, 6), _fifth_bits_set32(blocks, 2)
+  return _legacy(blocks, nibbles | _high_bits(bits_set), Q5_OFFSET, False, _float_quants(nibbles, bits_set, Q5_OFFSET))
 def _ints_q5_1(blocks: Tensor) -> IntegerBlocks:
-  return _legacy(blocks, _nibbles32(blocks, 8) | _fifth_bits32(blocks, 4), 0, True)
+  nibbles, bits_set = _nibbles32(blocks, 8), _fifth_bits_set32(blocks, 4)
+  return _legacy(blocks, nibbles | _high_bits(bits_set), 0, True, _float_quants(nibbles, bits_set, 0))
 
 def _ints_q8_0(blocks: Tensor) -> IntegerBlocks:
   return IntegerBlocks(_bytes(blocks, 2, 32).bitcast(dtypes.int8), _half(blocks, 0))
@@ -490,8 +514,28 @@ RMS_NORMED_LINEAR = "rms_normed_linear"
 def _inverse_rms(x32: Tensor, eps: float, axes: tuple[int, ...], keepdim: bool = False) -> Tensor:
   return (x32.square().mean(axes, keepdim=keepdim) + eps).rsqrt()
 
+# The default's one kernel suits a GPU, whose thousands of threads recompute the per-row sums under the weight's memory
+# stream. A CPU core does that arithmetic itself, in each of its rows' loop beside the block's unpacking: several sums
+# in one loop, which the LLVM renderer may not reorder, so the block's unpacking stays scalar (heuristics'
+# _cpu_packed_matvec). There the default normalizes x once (a row kernel over its `in` values) and multiplies it by the
+# weight as `packed_linear`'s float product does: one sum per row, unpacked on vectors. Measured on the 2 shared Zen 3
+# cores (bench/cpu_packed_matvec.py --normed; docs/benchmarks.md). A device says which it is by its traits: those
+# offering ROW_COPIES (CUDA) keep the one kernel; so does a sharded x, and copies of x given without x itself.
+ROW_COPIES = "row_copies"
+ROW_COPIES_DEVICES = devices_offering(ROW_COPIES)
+
+def recomputes_rows(x: Tensor) -> bool:
+  """Whether a normed product over x recomputes its per-row sums inside the product's kernel (ROW_COPIES)."""
+  return not isinstance(x.device, str) or x.device in ROW_COPIES_DEVICES
+
+def _normed_once(x32: Tensor, scale: Tensor, eps: float) -> Tensor:
+  """x32 · scale · 1/sqrt(mean(x32²) + eps) over the last axis, stored by a row kernel of its own."""
+  return (x32 * _inverse_rms(x32, eps, (-1,), keepdim=True) * scale).contiguous()
+
 def _normed_float(x32: Tensor, scale: Tensor, packed: Tensor, *vector: Tensor, eps: float, ggml_type: int,
                   shape: tuple[int, ...], copies: bool) -> Tensor:
+  if not recomputes_rows(x32) and (vector or not copies):
+    return _float_values_linear(_normed_once(vector[0] if copies else x32, scale, eps), packed, ggml_type, shape)
   values = dequantized_values(packed, GGMLType(ggml_type), shape)
   axes = tuple(range(1 - values.ndim, 0))
   if copies:
@@ -507,12 +551,11 @@ def _normed_int8(x32: Tensor, scale: Tensor, packed: Tensor, *vector: Tensor, ep
                  shape: tuple[int, ...], copies: bool) -> Tensor:
   if GGMLType(ggml_type) not in INT8_PATH_TYPES or (copies and not vector):
     return _normed_float(x32, scale, packed, *vector, eps=eps, ggml_type=ggml_type, shape=shape, copies=copies)
-  if copies: x32 = vector[0]
-  normed = x32 * _inverse_rms(x32, eps, (-1,), keepdim=True) * scale
-  return int8_linear(normed, packed, ggml_type, shape)
+  return int8_linear(_normed_once(vector[0] if copies else x32, scale, eps), packed, ggml_type, shape)
 
 register(RMS_NORMED_LINEAR, {
-  DEFAULT: Lowering(DEFAULT, "float product and per-row sum of squares in one kernel", _normed_float, 1),
+  DEFAULT: Lowering(DEFAULT, "float product and per-row sum of squares in one kernel (on a device without "
+                    "ROW_COPIES: x normalized once, then the float product)", _normed_float, 1),
   INT8: Lowering(INT8, "x normalized once, then the int8 product", _normed_int8, 0)})
 
 def rms_normed_linear(x32: Tensor, scale: Tensor, weight: QuantizedTensor, eps: float, copies: bool = False,

@@ -37,8 +37,10 @@ def collectives_available() -> bool:
 
 # the traits: "fast" intrinsics, "tf32" and half ("half_gemm": a prompt times a packed weight, nn/quant.py) matmuls on
 # tensor cores, "flash" attention, "packed_wgmma" (that prompt as one kernel over the packed blocks, on sm_90a only:
-# tgrad/packed_gemm_kernel.py asks the started device's renderer)
-CUDA_TRAITS = DeviceTraits(has_local=True, lowerings=frozenset({"fast", "tf32", "flash", "half_gemm", "packed_wgmma"}))
+# tgrad/packed_gemm_kernel.py asks the started device's renderer), "row_copies" (a normed product recomputes the norm
+# in every output row's copy of x: one kernel, nn/quant.py)
+CUDA_TRAITS = DeviceTraits(has_local=True, lowerings=frozenset({"fast", "tf32", "flash", "half_gemm",
+                                                                             "packed_wgmma", "row_copies"}))
 
 CUDA = register_backend(Backend(
   "CUDA", _start, CUDA_TRAITS, aliases=("GPU",),

@@ -1,0 +1,68 @@
+"""The CPU's packed products: a normed product reads x once (the norm a row kernel of its own, then one sum per output
+row), an unrolled sum's shared factor goes last in each product (reduces.shared_factors_last), and the values stay
+x·Wᵀ against float64 over numpy's view of the dequantized blocks, at odd row counts."""
+import os, sys
+from types import SimpleNamespace
+import numpy as np
+import pytest
+from tgrad import Tensor
+from tgrad.codegen.reduces import shared_factors_last
+from tgrad.dtype import dtypes
+from tgrad.nn.quant import GGMLType, rms_normed_linear, recomputes_rows
+from tgrad.ops import Ops, UOp
+from tgrad.schedule import create_schedule
+sys.path.insert(0, os.path.dirname(__file__))
+from test_int8_matvec import packed_weight  # noqa: E402  (random quants, finite float16 scales)
+
+CASES = [(GGMLType.Q8_0, 37, 96), (GGMLType.Q5_0, 45, 160), (GGMLType.Q4_K, 13, 512), (GGMLType.Q6_K, 11, 512)]
+RTOL = 1e-5   # of the largest |output|: float32 products and sums against float64
+EPS = 1e-6
+
+def _reference(weight, x: np.ndarray, scale: np.ndarray) -> np.ndarray:
+  x64 = x.astype(np.float64)
+  inverse = 1 / np.sqrt((x64 ** 2).mean(-1, keepdims=True) + EPS)
+  return (x64 * inverse * scale) @ weight.dequantize().numpy().astype(np.float64).T
+
+@pytest.mark.parametrize("ggml_type,rows,columns", CASES, ids=str)
+def test_normed_product_reads_x_once_on_cpu(ggml_type, rows, columns):
+  """On LLVM (no ROW_COPIES) the default is a row kernel that normalizes x and a product kernel with one sum; x given
+  as copies per output row with x itself (`vector`) takes the same two kernels. Both match float64."""
+  _, weight = packed_weight(ggml_type, rows, columns, seed=rows)
+  rng = np.random.default_rng(columns)
+  x, scale = rng.standard_normal((1, columns)).astype(np.float32), rng.uniform(0.5, 1.5, columns).astype(np.float32)
+  xt, st = Tensor(x).realize(), Tensor(scale).realize()
+  reference = _reference(weight, x, scale)
+  copies = xt.reshape(1, 1, columns).expand(1, rows, columns)
+  for out in (rms_normed_linear(xt, st, weight, EPS), rms_normed_linear(copies, st, weight, EPS, copies=True,
+                                                                       vector=xt)):
+    kernels = [item.ast for item in create_schedule([out.lazydata]) if item.ast.op is Ops.SINK]
+    assert len(kernels) == 2 and sum(u.op is Ops.REDUCE_AXIS for u in kernels[-1].toposort()) == 1
+    got = out.numpy().astype(np.float64).reshape(reference.shape)
+    np.testing.assert_allclose(got, reference, rtol=RTOL, atol=RTOL * np.abs(reference).max())
+
+def test_row_copies_trait():
+  """A CUDA x keeps the one-kernel product that recomputes the norm per row; an LLVM x and a sharded one (a tuple
+  of devices) do not / do."""
+  assert recomputes_rows(SimpleNamespace(device="CUDA")) and recomputes_rows(SimpleNamespace(device="CUDA:1"))
+  assert not recomputes_rows(SimpleNamespace(device="LLVM"))
+  assert recomputes_rows(SimpleNamespace(device=("LLVM:0", "LLVM:1")))
+
+def _var(name: str, dtype=dtypes.float32) -> UOp: return UOp(Ops.DEFINE_VAR, dtype, (), (name, -8, 8))
+
+def test_shared_factor_goes_last():
+  """Σ xᵢ·(d·qᵢ): each product becomes (xᵢ·qᵢ)·d (d in every term, the rest in one); terms with no shared factor,
+  and integer terms, are left as they are."""
+  d, xs, qs = _var("d"), [_var(f"x{i}") for i in range(3)], [_var(f"q{i}") for i in range(3)]
+  terms = [UOp(Ops.MUL, dtypes.float32, (x, UOp(Ops.MUL, dtypes.float32, (d, q)))) for x, q in zip(xs, qs)]
+  out = shared_factors_last(terms)
+  assert len(out) == 3
+  for term, x, q in zip(out, xs, qs):
+    assert term.op is Ops.MUL and term.src[1] is d and set(term.src[0].src) == {x, q}
+  plain = [UOp(Ops.MUL, dtypes.float32, (x, q)) for x, q in zip(xs, qs)]
+  assert shared_factors_last(plain) == plain
+  # two scales: the one in more terms goes outermost (a Q6_K block's d, then a sub-block's scale)
+  s = _var("s")
+  nested = [UOp(Ops.MUL, dtypes.float32, (x, UOp(Ops.MUL, dtypes.float32, (UOp(Ops.MUL, dtypes.float32, (d, s)), q))))
+            for x, q in zip(xs[:2], qs[:2])] + [UOp(Ops.MUL, dtypes.float32, (xs[2], d))]
+  out = shared_factors_last(nested)
+  assert all(term.src[1] is d for term in out) and all(term.src[0].src[1] is s for term in out[:2])

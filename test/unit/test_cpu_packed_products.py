@@ -8,7 +8,7 @@ import pytest
 from tgrad import Tensor
 from tgrad.codegen.reduces import shared_factors_last
 from tgrad.dtype import dtypes
-from tgrad.nn.quant import GGMLType, rms_normed_linear, recomputes_rows
+from tgrad.nn.quant import GGMLType, QuantizedTensor, rms_normed_linear, recomputes_rows
 from tgrad.ops import Ops, UOp
 from tgrad.schedule import create_schedule
 sys.path.insert(0, os.path.dirname(__file__))
@@ -27,10 +27,11 @@ def _reference(weight, x: np.ndarray, scale: np.ndarray) -> np.ndarray:
 def test_normed_product_reads_x_once_on_cpu(ggml_type, rows, columns):
   """On LLVM (no ROW_COPIES) the default is a row kernel that normalizes x and a product kernel with one sum; x given
   as copies per output row with x itself (`vector`) takes the same two kernels. Both match float64."""
-  _, weight = packed_weight(ggml_type, rows, columns, seed=rows)
+  raw, _ = packed_weight(ggml_type, rows, columns, seed=rows)
+  weight = QuantizedTensor.from_bytes(raw, ggml_type, (rows, columns), "LLVM").realize()   # the CPU on any machine
   rng = np.random.default_rng(columns)
   x, scale = rng.standard_normal((1, columns)).astype(np.float32), rng.uniform(0.5, 1.5, columns).astype(np.float32)
-  xt, st = Tensor(x).realize(), Tensor(scale).realize()
+  xt, st = Tensor(x, device="LLVM").realize(), Tensor(scale, device="LLVM").realize()
   reference = _reference(weight, x, scale)
   copies = xt.reshape(1, 1, columns).expand(1, rows, columns)
   for out in (rms_normed_linear(xt, st, weight, EPS), rms_normed_linear(copies, st, weight, EPS, copies=True,

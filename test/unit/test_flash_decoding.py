@@ -110,9 +110,9 @@ needs_emulator = pytest.mark.skipif(not cpu_available(), reason="no g++ for the 
 SLOW = pytest.mark.slow   # the emulator's barriers: ~10 s a case on two busy cores
 
 @needs_emulator
-@pytest.mark.parametrize("keys", [1, 2, 63, 64, 65, 300])   # (2,500 keys: test_shapes_and_masks)
-@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-def test_key_counts(dtype, keys):   # GQA 4:1, D 64 (2 elements a lane)
+@pytest.mark.parametrize("dtype,keys", [("float16", 1), ("float16", 63), ("float16", 64), ("float16", 65),
+                                        ("float16", 300), ("bfloat16", 2), ("bfloat16", 65)])   # (2,500: below)
+def test_key_counts(dtype, keys):   # GQA 4:1, D 64 (2 elements a lane); one split up to MIN_KEYS_PER_SPLIT
   run_case(dtype, 1, 4, 1, keys, 64, seed=keys, launches=2 if keys == 300 else 1)
 
 @needs_emulator
@@ -120,13 +120,13 @@ def test_key_counts(dtype, keys):   # GQA 4:1, D 64 (2 elements a lane)
   ("float16", 2, 4, 2, 77, 96, None, None),     # batch 2, group 2, an odd head dim (3 elements a lane)
   ("float16", 1, 2, 2, 200, 32, 50, None),      # sliding window: the last 50 keys, no GQA
   ("bfloat16", 1, 8, 2, 45, 128, None, 30.0),   # softcap, group 4, D 128
-  pytest.param("float16", 1, 1, 1, 2500, 64, None, None, marks=SLOW),   # more keys than MAX_SPLITS least splits
+  pytest.param("float16", 1, 1, 1, 2500, 64, None, None, marks=SLOW),   # 40 splits: the combine over many partials
 ])
 def test_shapes_and_masks(dtype, batch, heads, kv_heads, keys, head_dim, window, softcap):
   run_case(dtype, batch, heads, kv_heads, keys, head_dim, window, softcap)
 
 @needs_emulator
-@pytest.mark.parametrize("dtype,keys,slots", [("float16", 600, 1024), ("bfloat16", 37, 40), ("float16", 1, 8)])
+@pytest.mark.parametrize("dtype,keys,slots", [("float16", 300, 512), ("bfloat16", 37, 40), ("float16", 1, 8)])
 def test_norm_rotary_and_cache_update(dtype, keys, slots):   # Gemma 3's decode: D 256 (16-byte loads), group 4
   run_case(dtype, 1, 4, 1, keys, 256, norm=True, rotary=True, update=True, slots=slots, seed=keys, launches=2)
 

@@ -48,6 +48,5 @@ CODEGEN_VERSION = 27   # 2: gathers (data-dependent loads); int casts as narrow 
 # 25: CPU: a reduce along a strided axis upcasts its contiguous output axis by up to 8 vectors (_cpu_column_reduce)
 # 26: an unrolled float sum's products that share a factor put it last (reduces.shared_factors_last): LLVM factors it
 # out of the reorderable chain (one multiply by a packed block's scale, not one per value)
-# 27: an unrolled float sum is summed factored, its products distributed over sums where that shares a factor
-# (reduces.factor_shared_terms: a K-quant super-block as d·Σ scᵢ·(Σ x·q) − dmin·Σ mᵢ·(Σ x)); the LLVM renderer's
-# reorderable summands include a factored group's sum
+# 27: CPU: a packed super-block's innermost run of values stays a loop (heuristics.CPU_VALUE_LOOP_MIN), which the
+# LLVM renderer leaves to the loop vectorizer (an accumulator summed over two loops or more)

@@ -14,7 +14,7 @@ import re
 import numpy as np
 import pytest
 from tgrad import Tensor
-from tgrad.codegen.heuristics import CPU_VALUE_LOOP_MIN, hand_coded_optimizations
+from tgrad.codegen.heuristics import CPU_VALUE_LOOP_MIN, CPU_VALUE_LOOP_SUB_BLOCKS, hand_coded_optimizations
 from tgrad.codegen.matvec_rules import packed_matvec_layout
 from tgrad.codegen.kernel import Kernel, Opt, OptOps
 from tgrad.codegen.linearizer import linearize
@@ -109,8 +109,10 @@ def test_cpu_packed_matvec_matches_reference(ggml_type, rows, columns):
   from tgrad.device import Device
   kernel = Kernel(linear_ast(ggml_type, rows, columns), Device["LLVM"].renderer)
   block_axes = kernel.first_upcast - kernel.first_reduce - 1
-  value_loop = block_axes >= 2 and kernel.full_shape[kernel.first_upcast - 1] >= CPU_VALUE_LOOP_MIN
-  assert value_loop or BLOCK_LAYOUTS[ggml_type].block_size != 256   # every K-quant keeps its values' loop
+  shape, first, last = kernel.full_shape, kernel.first_reduce, kernel.first_upcast
+  value_loop = shape[last - 1] >= CPU_VALUE_LOOP_MIN and prod(shape[first + 1:last - 1]) >= CPU_VALUE_LOOP_SUB_BLOCKS
+  # a K-quant weight of several super-blocks a row keeps its values' loop; the 32-value types unroll whole
+  assert value_loop == (BLOCK_LAYOUTS[ggml_type].block_size == 256 and columns > 256)
   hand_coded_optimizations(kernel)
   assert [o.op for o in kernel.applied_opts].count(OptOps.UNROLL) == block_axes - value_loop, kernel.applied_opts
   uops = linearize(kernel)

@@ -38,7 +38,8 @@ GEMMA_SHAPES = {"q": (1024, 640), "kv": (256, 640), "o": (640, 1024), "up": (204
 FILE_CASES = [("Q8_0", "kv"), ("Q5_0", "up"), ("Q4_K", "o"), ("Q6_K", "down")]
 TYPES = ("Q8_0", "Q5_0", "Q4_K", "Q6_K")
 # byte offsets of the float16 scales in a block (d, and dmin where the type has one): set to finite random values
-SCALE_POSITIONS = {"Q8_0": (0,), "Q5_0": (0,), "Q4_K": (0, 2), "Q6_K": (208,)}
+SCALE_POSITIONS = {"Q8_0": (0,), "Q5_0": (0,), "Q4_K": (0, 2), "Q6_K": (208,), "Q4_0": (0,), "Q4_1": (0, 2),
+                   "Q5_1": (0, 2), "Q5_K": (0, 2)}
 REPEATS = 50
 BACK_TO_BACK = 100
 SPIN_CYCLES = 200_000        # torch.cuda._sleep before a single timed launch (~0.1 ms on an H100)

@@ -14,7 +14,7 @@ import re
 import numpy as np
 import pytest
 from tgrad import Tensor
-from tgrad.codegen.heuristics import hand_coded_optimizations
+from tgrad.codegen.heuristics import CPU_VALUE_LOOP_MIN, CPU_VALUE_LOOP_SUB_BLOCKS, hand_coded_optimizations
 from tgrad.codegen.matvec_rules import packed_matvec_layout
 from tgrad.codegen.kernel import Kernel, Opt, OptOps
 from tgrad.codegen.linearizer import linearize
@@ -24,7 +24,7 @@ from tgrad.nn.quant import BLOCK_LAYOUTS, GGMLType, QuantizedTensor
 from tgrad.ops import Ops
 from tgrad.runtime.cuda.nvrtc import compile_cuda, nvrtc_available
 from tgrad.runtime.cuda.renderer import CUDARenderer
-from tgrad.runtime.llvm.renderer import reorderable_accumulators, reorderable_summands
+from tgrad.runtime.llvm.renderer import reorderable_accumulators, reorderable_summands, unvectorized_loops
 from tgrad.runtime.cuda.vectors import BytePiece, byte_run_pieces
 from tgrad.schedule import create_schedule
 from cuda_on_cpu import CPU_ARCH, TENSOR_CORE_ARCH, cpu_available, run_on_cpu
@@ -104,14 +104,22 @@ SCALE_POSITIONS.update({GGMLType.Q4_0: (0,), GGMLType.Q4_1: (0, 2), GGMLType.Q5_
 @pytest.mark.parametrize("ggml_type,rows,columns", CPU_CASES, ids=str)
 def test_cpu_packed_matvec_matches_reference(ggml_type, rows, columns):
   """On LLVM the rule unrolls every axis inside a block (one block per loop iteration, one row per accumulator, so its
-  products are reorderable summands) and the values stay x·Wᵀ against float64."""
+  products are reorderable summands), except a super-block's innermost run of values (the K-quants), which stays a
+  loop the loop vectorizer may take; the values stay x·Wᵀ against float64."""
   from tgrad.device import Device
   kernel = Kernel(linear_ast(ggml_type, rows, columns), Device["LLVM"].renderer)
   block_axes = kernel.first_upcast - kernel.first_reduce - 1
+  shape, first, last = kernel.full_shape, kernel.first_reduce, kernel.first_upcast
+  value_loop = shape[last - 1] >= CPU_VALUE_LOOP_MIN and prod(shape[first + 1:last - 1]) >= CPU_VALUE_LOOP_SUB_BLOCKS
+  # a K-quant weight of several super-blocks a row keeps its values' loop; the 32-value types unroll whole
+  assert value_loop == (BLOCK_LAYOUTS[ggml_type].block_size == 256 and columns > 256)
   hand_coded_optimizations(kernel)
-  assert [o.op for o in kernel.applied_opts].count(OptOps.UNROLL) == block_axes, kernel.applied_opts
+  assert [o.op for o in kernel.applied_opts].count(OptOps.UNROLL) == block_axes - value_loop, kernel.applied_opts
   uops = linearize(kernel)
-  assert len(reorderable_summands(uops, reorderable_accumulators(uops))) > 0
+  summands = reorderable_summands(uops, reorderable_accumulators(uops))
+  assert len(summands) > 0
+  # the loops keep the loop vectorizer off, but a super-block's value loop (the innermost)
+  if value_loop: assert [u for u in uops if u.op is Ops.RANGE][-1] not in unvectorized_loops(uops, summands)
   source = kernel.renderer.render("packed_matvec", uops)
   assert "reassoc nsz" in source and "llvm.vectorize.enable" not in source and \
     '!"llvm.loop.vectorize.enable", i1 0' in source and "distinct" in source

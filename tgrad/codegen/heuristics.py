@@ -120,6 +120,16 @@ def _unroll_online(kernel: Kernel) -> None:
 # give LLVM independent chains (measured before the block rule: Q5_0 2048×640 2356 → 926 µs, Q6_K 640×2048 2624 →
 # 1593; 8 rows, or the innermost block axis unrolled as well, were slower).
 CPU_PACKED_ROWS = 4
+# A super-block of sub-blocks (the K-quants: Q4_K's 8 sub-blocks of 32 values, Q6_K's 16 of 16) unrolled whole was
+# vectorized by LLVM's SLP across its sub-blocks, not along their values: x gathered by inserts and the sub-blocks'
+# 6-bit scales and mins unpacked lane by lane (~700 instructions per Q4_K super-block). Its innermost axis, a run of
+# at least CPU_VALUE_LOOP_MIN neighbouring values, stays a loop instead, with the sub-blocks unrolled inside it: the
+# LLVM renderer lets the loop vectorizer take that loop (unvectorized_loops), so each sub-block's nibbles unpack and
+# multiply 8 values to a vector, and its scale and min, invariant in the loop, are unpacked once per super-block.
+# Measured on the 2 shared cores (CPU µs, one kernel): Q4_K 640×1024 ~440 → ~220, Q6_K 640×2048 ~570 → ~350. A block
+# of fewer sub-blocks is unrolled whole (Q4_0's two nibble halves of 16 values: as a loop, 4× slower).
+CPU_VALUE_LOOP_MIN = 16
+CPU_VALUE_LOOP_SUB_BLOCKS = 4
 
 def _cpu_packed_matvec(kernel: Kernel) -> bool:
   if (layout := packed_matvec_layout(kernel)) is None: return False
@@ -131,8 +141,12 @@ def _cpu_packed_matvec(kernel: Kernel) -> bool:
   return True
 
 def _unroll_block(kernel: Kernel) -> None:
-  """UNROLL every reduce axis after the first (the blocks), innermost first, so the axis numbers left stay put."""
-  for axis in reversed(range(kernel.first_reduce + 1, kernel.first_upcast)):
+  """UNROLL every reduce axis after the first (the blocks), innermost first, so the axis numbers left stay put; a block
+  of sub-blocks keeps its innermost axis (its values) as a loop (CPU_VALUE_LOOP_MIN)."""
+  last = kernel.first_upcast
+  if kernel.full_shape[last - 1] >= CPU_VALUE_LOOP_MIN and \
+     prod(kernel.full_shape[kernel.first_reduce + 1:last - 1]) >= CPU_VALUE_LOOP_SUB_BLOCKS: last -= 1
+  for axis in reversed(range(kernel.first_reduce + 1, last)):
     try_opt(kernel, Opt(OptOps.UNROLL, axis - kernel.first_reduce, 0))
 def _cpu_gemm(kernel: Kernel) -> bool:
   """A matmul (cpu_gemm.gemm_axes): the register tile sized for the SIMD registers (cpu_gemm.gemm_tile; fewer rows,

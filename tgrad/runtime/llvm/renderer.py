@@ -103,13 +103,18 @@ def reorderable_summands(uops: list[UOp], reorderable: set) -> set:
 def unvectorized_loops(uops: list[UOp], summands: set) -> set:
   """The RANGEs around an update of an accumulator by a chain of summands: an unrolled reduce the SLP vectorizer
   handles within one iteration (see reorderable_summands). Every loop of the nest, not only the innermost: LLVM
-  unrolls a short inner loop whole and then vectorized the one outside it (a matvec's rows, gathered)."""
+  unrolls a short inner loop whole and then vectorized the one outside it (a matvec's rows, gathered). Except, where
+  the accumulator sums over two loops or more, the innermost: the values of a packed super-block's sub-blocks, whose
+  loads are contiguous along it (heuristics.CPU_VALUE_LOOP_MIN), for the loop vectorizer."""
   loops, open_loops = set(), []
+  depth_at_acc: dict[UOp, int] = {}   # loops open where each accumulator is defined
   for u in uops:
     if u.op is Ops.RANGE: open_loops.append(u)
     elif u.op is Ops.ENDRANGE: open_loops.pop()
+    elif u.op is Ops.DEFINE_ACC: depth_at_acc[u] = len(open_loops)
     elif u.op is Ops.ASSIGN and open_loops and u.src[1].op is Ops.ADD and any(s in summands for s in u.src[1].src):
-      loops.update(open_loops)
+      reduce_loops = len(open_loops) - depth_at_acc.get(u.src[0], len(open_loops))
+      loops.update(open_loops[:-1] if reduce_loops >= 2 else open_loops)
   return loops
 
 LOOP_SELF = "tgrad.loop.self"   # a loop ID's placeholder first operand: LLVM wants the node itself there (build())

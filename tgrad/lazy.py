@@ -157,6 +157,11 @@ class LazyBuffer:
       raise ValueError(f"{self} can't move its value to {buffer}")
     self.buffer = buffer
     _hold(buffer, self)
+  @functools.cached_property
+  def structure(self) -> tuple:
+    """(dtype key, shape, device): what a graph's structure says of this value beyond its op, made once per value (the
+    eager key reads it for every realized source; the same tuple each time compares by identity)."""
+    return self.dtype.key, self.shape, self.device
   @property
   def base(self) -> LazyBuffer: return self._base if self._base is not None else self
   @property

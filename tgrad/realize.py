@@ -22,7 +22,7 @@ from tgrad.lazy import LazyBuffer, holders_of
 from tgrad.schedule import ScheduleItem, create_schedule, scalar_values
 from tgrad.schedule_cache import (Template, bind, eager_key, eager_launches, item_values, look_up, remember_eager,
                                   schedule, schedule_found, stored)
-from tgrad.device import Buffer, Device
+from tgrad.device import Buffer, Device, allocators
 from tgrad.codegen.kernel import Kernel
 from tgrad.codegen.compile import CompiledKernel, compile_kernel
 from tgrad.codegen.cpu_gemm import pack_plan
@@ -358,7 +358,8 @@ def realize(*lbs: LazyBuffer) -> None:
   eager = None
   if len(lbs) == 1 and (root := lbs[0])._base is None and root.buffer is None:
     if (eager := eager_key(root, current.RIDERS)) is not None and \
-       (entry := eager_launches.get(eager[0])) is not None and entry[0] == settings and entry[1] is _runner_cache:
+       (entry := eager_launches.get(eager[0])) is not None and (entry[0] is settings or entry[0] == settings) and \
+       entry[1] is _runner_cache:
       return _launch_eager(eager[1], eager[2], entry)
   if (found := look_up(lbs, current)) is None: return
   template = found[2]
@@ -424,7 +425,8 @@ def _launch_eager(nodes: list[LazyBuffer], leaf_buffers: list[Buffer], entry: Ea
     var_vals = scalar_values([nodes[p] for p in scalars])
     values = tuple([var_vals[name] for name in variables])
   bufs = leaf_buffers
-  for device, size, dtype in new_buffers: bufs.append(Buffer(device, size, dtype))
+  for device, size, dtype in new_buffers:   # allocated at once (the device's allocator, once a Buffer of it was)
+    bufs.append(Buffer(device, size, dtype, None, 0, None, allocators.get(device)))
   for p, i, keeps_arg in commits: nodes[p].commit(bufs[i], keeps_arg)
   for lb in nodes:   # schedule_cache._forget_regions, inline
     if lb.region is not None: lb.set_region(None)

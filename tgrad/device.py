@@ -155,13 +155,14 @@ class Buffer:
   `serial` numbers Buffers in creation order; `newest_buffer_serial()` is the newest serial. A Buffer of a symbolic
   size is allocated at its maximum; `symbolic_size` (set by the scheduler) is its size in the variables. With
   `allocator` (`allocators[device]`, the device's own) a Buffer of its own memory is allocated at once."""
-  symbolic_size: Any = None
-  holders: Optional[list] = None   # weak references to the lazy values that hold this Buffer (kept by tgrad/lazy.py)
+  symbolic_size: Any
+  holders: Optional[list]   # weak references to the lazy values that hold this Buffer (kept by tgrad/lazy.py)
   def __init__(self, device: str, size: int, dtype: DType, base: Optional[Buffer] = None, offset: int = 0,
                initial: Optional[np.ndarray] = None, allocator: Optional[Allocator] = None):
     self.device, self.size, self.dtype = device, size, dtype
     self.nbytes: int = size * dtype.itemsize   # read on every allocation and free: an attribute, not a property
     self.base, self.offset, self.initial = base, offset, initial
+    self.symbolic_size = self.holders = None   # written here (not class defaults): read by specialized instructions
     if base is not None and (offset < 0 or offset + self.nbytes > base.nbytes or base.device != device):
       raise ValueError(f"a view of {self.nbytes} bytes at offset {offset} does not fit {base}")
     global _buffers_created   # a module counter: writing a class attribute would void every Buffer's attribute caches

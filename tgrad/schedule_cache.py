@@ -161,7 +161,7 @@ def eager_key(root: LazyBuffer, riders: int) -> Optional[tuple[tuple, list[LazyB
   views of sourceless constants; None for any other graph. Nodes are numbered as the one-op walk numbers them (so a
   template's node positions index `nodes`) and leaf Buffers by first appearance. The key: riders, the root's op,
   dtype, device, shape and arg, then per source the number of the node it repeats, or its entry: a realized base's
-  (dtype, shape, device) followed by its Buffer's number; a view's marker, tracker and base number, then its base's entry if new; a
+  (dtype, shape, device, Buffer number); a view's marker, tracker and base number, then its base's entry if new; a
   constant's (op, dtype, shape, device, arg or the lifted marker)."""
   srcs = root.srcs
   if len(srcs) > ONE_OP_MAX_SOURCES or root.op in _EAGER_EXCLUDED: return None
@@ -188,8 +188,7 @@ def eager_key(root: LazyBuffer, riders: int) -> Optional[tuple[tuple, list[LazyB
       else:
         number = len(leaf_buffers)
         leaf_buffers.append(buffer)
-      key.append(node.structure)   # then its Buffer's number (a repeated source is a lone int, never after this)
-      key.append(number)
+      key.append((node.dtype.key, node.shape, node.device, number))
     elif node.op is Ops.CONST and not node.srcs and node._base is None:
       arg = node.arg
       key.append((Ops.CONST, node.dtype.key, node.shape, node.device,

@@ -44,6 +44,7 @@ def _const_tracker(shape: tuple) -> ShapeTracker:
 # compare equal) and NaN (never equal to itself) are not remembered.
 _truncations: dict[tuple, Any] = {}
 MAX_TRUNCATIONS = 4096
+_WHERE = Ops.WHERE   # read by every elementwise op built: a module name, not the Enum class's slow attribute lookup
 IN_PLACE = "in place"   # the arg of an ASSIGN that its value's CUSTOM kernel performs itself (`written_by`)
 
 def _truncated(value, dtype: DType):
@@ -227,7 +228,7 @@ class LazyBuffer:
     for s in others:
       if s.shape != shape: raise ValueError(f"{op.name}: operand shapes differ: {[x.shape for x in srcs]}")
       if s.device != device: raise ValueError(f"{op.name}: operands on devices {[x.device for x in srcs]}")
-    if op is Ops.WHERE:
+    if op is _WHERE:
       if srcs[0].dtype != dtypes.bool: raise TypeError(f"WHERE condition must be bool, got {srcs[0].dtype}")
       out_dtype = srcs[1].dtype
       values = srcs[1:]

@@ -227,10 +227,15 @@ def _kernels_of(item: ScheduleItem, device: str) -> list[tuple[UOp, list[Buffer]
 
 # ---- running
 
-class _Totals:
-  """Process-wide kernel counts for DEBUG output (seconds are measured only at DEBUG >= 2)."""
-  kernels = 0
-  seconds = 0.0
+class _KernelTotals:
+  """Process-wide kernel counts for DEBUG output (seconds are measured only at DEBUG >= 2). One instance, whose fields
+  an eager launch bumps by a specialized instruction (a class attribute is read and written through the generic
+  lookup, and writing one invalidates the class's attribute caches)."""
+  def __init__(self) -> None:
+    self.kernels = 0
+    self.seconds = 0.0
+
+_Totals = _KernelTotals()
 
 def run(exec_items: Sequence[ExecItem], debug: Optional[int] = None) -> None:
   """Launch the items in order (at DEBUG >= 2 each is timed and printed; `debug`: DEBUG as the caller read it)."""

@@ -5,8 +5,8 @@ host clock read between them, over CALLS calls, and prints each phase's 10th per
 less the cost of reading the clock (measured by an empty phase). The phases: building the graph (the Tensor, its
 autograd record, the LazyBuffer), the pre-realize passes (path selection's check), the eager key, its look-up, the
 output Buffer (its memory from the allocator's pool, allocated as it is made), the commit to the graph, the handles,
-the kernel's launch (the ctypes call), and dropping the result (its Buffer's memory back to the pool). On a shared machine the
-10th percentile is the steadier number; the load average is printed.
+the kernel's launch (the ctypes call), and dropping the result (its Buffer's memory back to the pool). On a shared
+machine the 10th percentile is the steadier number; the load average is printed.
 Usage: python bench/eager_phases.py [--size 16] [--calls 20000]
 """
 from __future__ import annotations

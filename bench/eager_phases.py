@@ -4,9 +4,9 @@ Walks the eager realize's steps itself (tgrad/realize.py `realize` and `_launch_
 host clock read between them, over CALLS calls, and prints each phase's 10th percentile and median in microseconds,
 less the cost of reading the clock (measured by an empty phase). The phases: building the graph (the Tensor, its
 autograd record, the LazyBuffer), the pre-realize passes (path selection's check), the eager key, its look-up, the
-output Buffer, the commit to the graph, the handles (the Buffer's memory, from the allocator's pool), the kernel's
-launch (the ctypes call), and dropping the result (its Buffer's memory back to the pool). On a shared machine the
-10th percentile is the steadier number; the load average is printed.
+output Buffer (its memory from the allocator's pool, allocated as it is made), the commit to the graph, the handles,
+the kernel's launch (the ctypes call), and dropping the result (its Buffer's memory back to the pool). On a shared
+machine the 10th percentile is the steadier number; the load average is printed.
 Usage: python bench/eager_phases.py [--size 16] [--calls 20000]
 """
 from __future__ import annotations
@@ -17,7 +17,7 @@ from tgrad import Tensor  # noqa: E402
 from tgrad import realize as realize_module  # noqa: E402
 from tgrad.realize import pre_realize_passes  # noqa: E402
 from tgrad.schedule_cache import eager_key, eager_launches  # noqa: E402
-from tgrad.device import Buffer  # noqa: E402
+from tgrad.device import Buffer, allocators  # noqa: E402
 from tgrad.helpers import current_settings  # noqa: E402
 
 PHASES = ("build", "pre-realize passes", "eager key", "look-up", "output Buffer", "commit", "handles", "launch",
@@ -46,7 +46,8 @@ def main() -> None:
     entry = eager_launches[key]
     t4 = clock()
     _, _, launch, indices, outputs, new_buffers, commits, _, _ = entry
-    for device, size, dtype in new_buffers: bufs.append(Buffer(device, size, dtype))
+    for device, size, dtype in new_buffers:
+      bufs.append(Buffer(device, size, dtype, None, 0, None, allocators.get(device)))
     t5 = clock()
     for p, i, keeps_arg in commits: nodes[p].commit(bufs[i], keeps_arg)
     for node in nodes:

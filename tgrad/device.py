@@ -153,14 +153,16 @@ class Buffer:
   a view of `base`'s memory starting `offset` bytes in (nothing is allocated or freed for it). With `initial`, host
   bytes are copied in when the memory is allocated (a value that exists without any kernel or copy being scheduled).
   `serial` numbers Buffers in creation order; `newest_buffer_serial()` is the newest serial. A Buffer of a symbolic
-  size is allocated at its maximum; `symbolic_size` (set by the scheduler) is its size in the variables."""
-  symbolic_size: Any = None
-  holders: Optional[list] = None   # weak references to the lazy values that hold this Buffer (kept by tgrad/lazy.py)
+  size is allocated at its maximum; `symbolic_size` (set by the scheduler) is its size in the variables. With
+  `allocator` (`allocators[device]`, the device's own) a Buffer of its own memory is allocated at once."""
+  symbolic_size: Any
+  holders: Optional[list]   # weak references to the lazy values that hold this Buffer (kept by tgrad/lazy.py)
   def __init__(self, device: str, size: int, dtype: DType, base: Optional[Buffer] = None, offset: int = 0,
-               initial: Optional[np.ndarray] = None):
+               initial: Optional[np.ndarray] = None, allocator: Optional[Allocator] = None):
     self.device, self.size, self.dtype = device, size, dtype
     self.nbytes: int = size * dtype.itemsize   # read on every allocation and free: an attribute, not a property
     self.base, self.offset, self.initial = base, offset, initial
+    self.symbolic_size = self.holders = None   # written here (not class defaults): read by specialized instructions
     if base is not None and (offset < 0 or offset + self.nbytes > base.nbytes or base.device != device):
       raise ValueError(f"a view of {self.nbytes} bytes at offset {offset} does not fit {base}")
     global _buffers_created   # a module counter: writing a class attribute would void every Buffer's attribute caches
@@ -168,11 +170,15 @@ class Buffer:
     self.serial = _buffers_created
     self.writes = 0   # of the memory's owner (`version`): bumped by every write that goes through tgrad
     self._handle: Any = None
+    if allocator is not None and base is None and initial is None:   # allocated now (what `handle` does on first use),
+      self._allocator = allocator                                    # for a launch that writes it at once
+      self._handle = allocator.alloc(self.nbytes or 1)
+      if profiler.ENABLED: profiler.buffer_allocated(self)
   @property
   def handle(self) -> Any:
     if self._handle is None:
-      if (allocator := _allocators.get(self.device)) is None:
-        allocator = _allocators[self.device] = Device[self.device].allocator
+      if (allocator := allocators.get(self.device)) is None:
+        allocator = allocators[self.device] = Device[self.device].allocator
       self._allocator = allocator   # kept for __del__: no lookup there
       if self.base is not None: self._handle = allocator.view(self.base.handle, self.offset, max(self.nbytes, 1))
       else:
@@ -279,7 +285,7 @@ class _DeviceRegistry:
     type(self).__getitem__.cache_clear()
     type(self)._started.cache_clear()
     type(self).available.cache_clear()
-    _allocators.clear()
+    allocators.clear()
   def default(self) -> str:
     """DEVICE if set (an unknown name raises ValueError naming it), else the first usable preferred device (a
     backend's default_priority: CUDA), else the host device (LLVM)."""
@@ -294,5 +300,5 @@ class _DeviceRegistry:
 Device = _DeviceRegistry()
 # each started device's allocator by the name a Buffer holds: a Buffer's first use reads it with one dict lookup (the
 # registry's cached lookup makes a bound method and a key per call); forgotten with the started devices
-_allocators: dict[str, Allocator] = {}
+allocators: dict[str, Allocator] = {}
 on_registry_change(Device.forget)

@@ -16,6 +16,10 @@ from tgrad.ops import Ops
 LN2 = math.log(2)
 Tensor: Any = None   # tgrad.tensor.Tensor, which imports this module: bound by tensor_ops.bind_tensor_class
 HALF_PRECISION = (dtypes.float16, dtypes.bfloat16)   # gradient sums over these accumulate in float32
+# Read on every op: a module name is one specialized lookup, where `cls.__new__` and `Ops.ADD` go through the class's
+# generic attribute lookup (Enum classes' `__getattr__` hook makes theirs several times slower still)
+_new_object = object.__new__
+_ADD, _OR = Ops.ADD, Ops.OR
 
 class Function:
   """One recorded op. `parents` are the input Tensors, kept unless every input said requires_grad=False: undecided
@@ -51,15 +55,15 @@ class Function:
       else:
         needs.append(False)
         parents.append(None)
-    ctx = cls.__new__(cls)
+    ctx = _new_object(cls)
     ctx.device, ctx.requires_grad, ctx.needs_input_grad = sources[0].device, requires_grad, needs
     if requires_grad is not False: ctx.parents = tuple(parents)
     # under no_grad the output is a constant to autograd, as in torch: it does not require grad, so a backward
     # from it raises instead of silently reaching nothing
     if not Tensor.grad_enabled: requires_grad = False
-    out = Tensor.__new__(Tensor)   # Tensor.of_lazy, inline
+    out = _new_object(Tensor)   # Tensor.of_lazy, inline
     out.grad, out.requires_grad, out._ctx = None, requires_grad, ctx if requires_grad is not False else None
-    out._lazydata = ctx.forward(*sources, **kwargs)
+    out._lazydata = ctx.forward(*sources, **kwargs) if kwargs else ctx.forward(*sources)   # no dict copied
     return out
 
 def _mask_to(mask: LazyBuffer, dtype: DType) -> LazyBuffer: return mask.cast(dtype)
@@ -165,7 +169,7 @@ class Relu(Function):
 # ---- binary (operands already broadcast to one shape and promoted to one dtype by Tensor)
 
 class Add(Function):
-  def forward(self, x: LazyBuffer, y: LazyBuffer) -> LazyBuffer: return x.alu(Ops.OR if x.dtype.is_bool else Ops.ADD, y)
+  def forward(self, x: LazyBuffer, y: LazyBuffer) -> LazyBuffer: return x.alu(_OR if x.dtype.is_bool else _ADD, y)
   def backward(self, grad_output: LazyBuffer):
     return (grad_output if self.needs_input_grad[0] else None, grad_output if self.needs_input_grad[1] else None)
 

@@ -44,6 +44,7 @@ def _const_tracker(shape: tuple) -> ShapeTracker:
 # compare equal) and NaN (never equal to itself) are not remembered.
 _truncations: dict[tuple, Any] = {}
 MAX_TRUNCATIONS = 4096
+_WHERE = Ops.WHERE   # read by every elementwise op built: a module name, not the Enum class's slow attribute lookup
 IN_PLACE = "in place"   # the arg of an ASSIGN that its value's CUSTOM kernel performs itself (`written_by`)
 
 def _truncated(value, dtype: DType):
@@ -59,19 +60,24 @@ def _truncated(value, dtype: DType):
 class LazyBuffer:
   """One lazy value. Public fields: device, dtype, shape, st; `base` is itself for a base, else the viewed base.
   `region`: the composite op (tgrad/regions.py Region) whose output this base is, set through `set_region` by
-  `regions.composite` only; a class default, so building any other value sets nothing."""
-  region: Any = None
-  _built: Optional[tuple] = None   # (op, srcs, arg) as built, kept by the first `rewrite` that keeps it (as_built)
-  lifted: bool = False   # a CONST base of a Python scalar that kernels take as a parameter (tgrad/scalars.py)
-  successor: Optional[LazyBuffer] = None   # the value an in-place write of a Tensor holding this one gave it
-  origin: Optional[tuple] = None           # (parent, method, arguments) of a value that aliases its parent: a view
-                                           # made by reshape/permute/expand/shrink/stride, or a contiguous() of a base
-  _readers: Any = None   # weak references (one, or a list) to the unrealized values built with this one as a source
-  _self_ref: Optional[weakref.ref] = None
+  `regions.composite` only.
+  Every field is written by `__init__`, in one order, even where it stays at its default: the interpreter reads an
+  attribute that every instance holds at a fixed place by a specialized instruction, and one that falls back to a
+  class default through the generic lookup (several times slower; these are read for every op built and realized)."""
+  region: Any
+  _built: Optional[tuple]   # (op, srcs, arg) as built, kept by the first `rewrite` that keeps it (as_built)
+  lifted: bool   # a CONST base of a Python scalar that kernels take as a parameter (tgrad/scalars.py)
+  successor: Optional[LazyBuffer]   # the value an in-place write of a Tensor holding this one gave it
+  origin: Optional[tuple]           # (parent, method, arguments) of a value that aliases its parent: a view made by
+                                    # reshape/permute/expand/shrink/stride, or a contiguous() of a base
+  _readers: Any   # weak references (one, or a list) to the unrealized values built with this one as a source
+  _self_ref: Optional[weakref.ref]
   def __init__(self, device: str, st: ShapeTracker, dtype: DType, op: Optional[Ops] = None,
                srcs: tuple[LazyBuffer, ...] = (), arg: Any = None, base: Optional[LazyBuffer] = None):
     self.device, self.st, self.dtype = device, st, dtype
     self.shape: tuple[int, ...] = st.shape
+    self.region = self._built = self.successor = self.origin = self._readers = self._self_ref = None
+    self.lifted = False
     if base is None:
       self.op, self.srcs, self.arg = op, srcs, arg
       self.buffer: Optional[Buffer] = None   # set once realized
@@ -222,7 +228,7 @@ class LazyBuffer:
     for s in others:
       if s.shape != shape: raise ValueError(f"{op.name}: operand shapes differ: {[x.shape for x in srcs]}")
       if s.device != device: raise ValueError(f"{op.name}: operands on devices {[x.device for x in srcs]}")
-    if op is Ops.WHERE:
+    if op is _WHERE:
       if srcs[0].dtype != dtypes.bool: raise TypeError(f"WHERE condition must be bool, got {srcs[0].dtype}")
       out_dtype = srcs[1].dtype
       values = srcs[1:]

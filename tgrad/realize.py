@@ -22,7 +22,7 @@ from tgrad.lazy import LazyBuffer, holders_of
 from tgrad.schedule import ScheduleItem, create_schedule, scalar_values
 from tgrad.schedule_cache import (Template, bind, eager_key, eager_launches, item_values, look_up, remember_eager,
                                   schedule, schedule_found, stored)
-from tgrad.device import Buffer, Device
+from tgrad.device import Buffer, Device, allocators
 from tgrad.codegen.kernel import Kernel
 from tgrad.codegen.compile import CompiledKernel, compile_kernel
 from tgrad.codegen.cpu_gemm import pack_plan
@@ -227,10 +227,15 @@ def _kernels_of(item: ScheduleItem, device: str) -> list[tuple[UOp, list[Buffer]
 
 # ---- running
 
-class _Totals:
-  """Process-wide kernel counts for DEBUG output (seconds are measured only at DEBUG >= 2)."""
-  kernels = 0
-  seconds = 0.0
+class _KernelTotals:
+  """Process-wide kernel counts for DEBUG output (seconds are measured only at DEBUG >= 2). One instance, whose fields
+  an eager launch bumps by a specialized instruction (a class attribute is read and written through the generic
+  lookup, and writing one invalidates the class's attribute caches)."""
+  def __init__(self) -> None:
+    self.kernels = 0
+    self.seconds = 0.0
+
+_Totals = _KernelTotals()
 
 def run(exec_items: Sequence[ExecItem], debug: Optional[int] = None) -> None:
   """Launch the items in order (at DEBUG >= 2 each is timed and printed; `debug`: DEBUG as the caller read it)."""
@@ -358,7 +363,8 @@ def realize(*lbs: LazyBuffer) -> None:
   eager = None
   if len(lbs) == 1 and (root := lbs[0])._base is None and root.buffer is None:
     if (eager := eager_key(root, current.RIDERS)) is not None and \
-       (entry := eager_launches.get(eager[0])) is not None and entry[0] == settings and entry[1] is _runner_cache:
+       (entry := eager_launches.get(eager[0])) is not None and (entry[0] is settings or entry[0] == settings) and \
+       entry[1] is _runner_cache:
       return _launch_eager(eager[1], eager[2], entry)
   if (found := look_up(lbs, current)) is None: return
   template = found[2]
@@ -424,7 +430,8 @@ def _launch_eager(nodes: list[LazyBuffer], leaf_buffers: list[Buffer], entry: Ea
     var_vals = scalar_values([nodes[p] for p in scalars])
     values = tuple([var_vals[name] for name in variables])
   bufs = leaf_buffers
-  for device, size, dtype in new_buffers: bufs.append(Buffer(device, size, dtype))
+  for device, size, dtype in new_buffers:   # allocated at once (the device's allocator, once a Buffer of it was)
+    bufs.append(Buffer(device, size, dtype, None, 0, None, allocators.get(device)))
   for p, i, keeps_arg in commits: nodes[p].commit(bufs[i], keeps_arg)
   for lb in nodes:   # schedule_cache._forget_regions, inline
     if lb.region is not None: lb.set_region(None)

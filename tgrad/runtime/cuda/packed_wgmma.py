@@ -27,7 +27,7 @@ from tgrad.runtime.cuda.targets import DYNAMIC_SHARED_SUFFIX
 from tgrad.runtime.cuda.wgmma import (BLOCK_K, CHUNK_BYTES, COPY_CHUNK_LINES, MAX_SHARED_BYTES, ROW_CHUNKS,
                                       SWIZZLE_ATOM_BYTES, SWIZZLE_BYTES, WGMMA_TYPES, CExpr, MatmulShape, WgmmaConfig,
                                       _copy_lines, _epilogue, block_prologue, copy_k_major, descriptor_bits,
-                                      k_tile_wgmmas, k_major_offset, pipeline_start_lines, rows_line)
+                                      k_tile_wgmmas, k_major_offset, pipeline_start_lines, rows_line, tile_ready_lines)
 
 VALUES_PER_CHUNK = CHUNK_BYTES // 2   # half values in one 16-byte chunk of the B tile
 
@@ -273,12 +273,7 @@ def packed_matmul_source(name: str, fmt: PackedFormat, shape: MatmulShape, dtype
     f'    asm volatile("cp.async.wait_group {c.stages - 3};" ::: "memory");   // tile t has landed (this thread)',
     "    __syncthreads();   // every thread's staged bytes of tile t",
     "    dequantize_tile(t, stage);",
-    '    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");   // visible to wgmma (the async proxy)',
-    "    __syncthreads();",
-    f"    if (t + {c.stages - 2} < {tiles}) copy_tile(t + {c.stages - 2}, stage >= 2 ? stage - 2 : stage + "
-    f"{c.stages - 2});",
-    '    asm volatile("cp.async.commit_group;" ::: "memory");',
-    '    asm volatile("wgmma.fence.sync.aligned;" ::: "memory");']
+    *tile_ready_lines(c, tiles)]
   a_bits, b_bits = descriptor_bits(c)
   lines += [f"    const unsigned long long a_bits = {a_bits}ull, b_bits = {b_bits}ull;   // LBO, SBO, 128-byte swizzle"]
   lines += k_tile_wgmmas(c, WGMMA_TYPES[dtype], "    ")

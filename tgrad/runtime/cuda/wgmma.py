@@ -383,6 +383,17 @@ def pipeline_start_lines(c: WgmmaConfig, tiles: int) -> list[str]:
   return [f"  #pragma unroll\n  for (int s = 0; s < {c.stages - 2}; ++s) {{", f"    if (s < {tiles}) copy_tile(s, s);",
           '    asm volatile("cp.async.commit_group;" ::: "memory");', "  }"]
 
+def tile_ready_lines(c: WgmmaConfig, tiles: int) -> list[str]:
+  """Inside the main loop, once tile t is in its stage as the wgmmas read it: made visible to the async proxy, every
+  thread past the barrier, the tile stages - 2 ahead asked for into the stage freed two tiles ago, and the wgmma fence
+  before the tile's MMAs (the same in every cp.async template of this family)."""
+  return ['    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");   // visible to wgmma (the async proxy)',
+          "    __syncthreads();",
+          f"    if (t + {c.stages - 2} < {tiles}) copy_tile(t + {c.stages - 2}, stage >= 2 ? stage - 2 : stage + "
+          f"{c.stages - 2});",
+          '    asm volatile("cp.async.commit_group;" ::: "memory");',
+          '    asm volatile("wgmma.fence.sync.aligned;" ::: "memory");']
+
 def _copy_lines(c: WgmmaConfig, operand_b: bool, shape: MatmulShape, dtype: DType = dtypes.float16) -> list[str]:
   """The C that copies K tile `tile` of one operand into stage `stage` (inside the copy lambda)."""
   m, n, k = shape.m, shape.n, shape.k
@@ -525,12 +536,7 @@ def wgmma_matmul_source(name: str, m: Size, n: int, k: int, dtype: DType = dtype
     f"  for (int t = 0; t < {tiles}; ++t) {{",
     f'    asm volatile("cp.async.wait_group {c.stages - 3};" ::: "memory");   // tile t has landed (this thread)',
     *(["    round_tile(stage);   // this thread's chunks of tile t to TF32, in place"] if dtype == TF32 else []),
-    '    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");   // visible to wgmma (the async proxy)',
-    "    __syncthreads();",
-    f"    if (t + {c.stages - 2} < {tiles}) copy_tile(t + {c.stages - 2}, stage >= 2 ? stage - 2 : stage + "
-    f"{c.stages - 2});",
-    '    asm volatile("cp.async.commit_group;" ::: "memory");',
-    '    asm volatile("wgmma.fence.sync.aligned;" ::: "memory");',
+    *tile_ready_lines(c, tiles),
   ]
   a_bits, b_bits = descriptor_bits(c)
   lines += [f"    const unsigned long long a_bits = {a_bits}ull, b_bits = {b_bits}ull;   // LBO, SBO, 128-byte swizzle"]

@@ -41,7 +41,7 @@ from tgrad.runtime.cuda.wgmma import (COPY_CHUNK_LINES, PARAMETERS, SPLIT_SLOTS,
                                       Size, WgmmaConfig, _copy_lines, _epilogue, block_k, block_prologue,
                                       check_shapes, chunk_elements, copies, copy_k_major, descriptor_bits,
                                       k_major_offset, k_tile_wgmmas, parameter_list, pipeline_start_lines,
-                                      rows_line)
+                                      rows_line, tile_ready_lines)
 
 F32 = dtypes.float32
 FLOAT_BYTES = 4
@@ -202,12 +202,7 @@ def split_matmul_source(name: str, m: Size, n: int, k: int, config: WgmmaConfig,
     "    split_tile(stage, small_shift);   // this thread's K-major chunks of tile t: big in place, small in the slot",
     *(["    __syncthreads();   // every thread's row-major chunks of B have landed",
        "    transpose_tile(stage, small_shift);   // B K-major, big and small"] if c.b_n_major else []),
-    '    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");   // visible to wgmma (the async proxy)',
-    "    __syncthreads();",
-    f"    if (t + {c.stages - 2} < {tiles}) copy_tile(t + {c.stages - 2}, stage >= 2 ? stage - 2 : stage + "
-    f"{c.stages - 2});",
-    '    asm volatile("cp.async.commit_group;" ::: "memory");',
-    '    asm volatile("wgmma.fence.sync.aligned;" ::: "memory");']
+    *tile_ready_lines(c, tiles)]
   k_major = dataclasses.replace(c, b_n_major=False)   # the descriptors: a K×N B is K-major once transposed
   a_bits, b_bits = descriptor_bits(k_major)
   small = CExpr("small_shift")

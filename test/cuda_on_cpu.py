@@ -323,6 +323,35 @@ static void emu_wgmma(float* acc, unsigned long long desc_a, unsigned long long 
     acc[i] = (float)((double)acc[i] + sum);
   }
 }
+// cvt.rna.tf32.f32: to TF32 to nearest, ties away from zero (the low 13 bits cleared); a NaN gives the canonical NaN,
+// an infinity stays one, and a finite float that rounds past the largest is infinite
+static inline unsigned int emu_tf32_rna(float x) {
+  unsigned int bits = __float_as_uint(x);
+  if ((bits & 0x7F800000u) == 0x7F800000u) return bits & 0x007FFFFFu ? 0x7FFFFFFFu : bits;
+  return (bits + 0x1000u) & 0xFFFFE000u;
+}
+// the same with A from registers (TF32 only here): each warp's 16 rows of the warpgroup's 64 × 8 as mma.m16n8k8's A
+// above (A[row][k] in lane (row % 8)·4 + k % 4 of the row's warp, register (row % 16 >= 8) + 2·(k >= 4)), gathered
+// from every thread's four registers between two barriers (all threads of the block issue their warpgroups' wgmmas
+// together)
+static void emu_wgmma_registers(float* acc, unsigned int a0, unsigned int a1, unsigned int a2, unsigned int a3,
+                                unsigned long long desc_b, int n) {
+  unsigned int* mine = emu_registers[emu_thread];
+  mine[0] = a0; mine[1] = a1; mine[2] = a2; mine[3] = a3;
+  block_barrier->arrive_and_wait();
+  unsigned int group = emu_thread & ~127u, t = emu_thread % 128, lane = t % 32;
+  for (int i = 0; i < n / 2; i++) {
+    int row = 16 * (int)(t / 32) + (int)(lane / 4) + 8 * ((i % 4) / 2), col = 8 * (i / 4) + 2 * (int)(lane % 4) + i % 2;
+    double sum = 0;
+    for (int k = 0; k < 8; k++) {
+      unsigned int* holder = emu_registers[group + 32 * (row / 16) + (row % 8) * 4 + k % 4];
+      float a = __uint_as_float(holder[(row % 16 >= 8) + 2 * (k >= 4)] & 0xFFFFE000u);
+      sum += (double)a * emu_operand(desc_b, col, k, false, EMU_WGMMA_TF32);
+    }
+    acc[i] = (float)((double)acc[i] + sum);
+  }
+  block_barrier->arrive_and_wait();
+}
 """
 
 MMA_OPERANDS = ", ".join(f"{{{i}}}" for i in range(10))   # D (4 floats), A (4 registers), B (2)
@@ -332,6 +361,7 @@ PTX_STAND_INS = {
   "cvt.rn.f16.f32 %0, %1;": "{0} = emu_f32_to_f16({1});",
   "cvt.rn.f16.f64 %0, %1;": "{0} = emu_f64_to_f16({1});",
   "max.NaN.f32 %0, %1, %2;": "{0} = emu_max_nan({1}, {2});",
+  "cvt.rna.tf32.f32 %0, %1;": "{0} = emu_tf32_rna({1});",
   "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32": "emu_mma(" + MMA_OPERANDS + ", EMU_F16);",
   "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32": "emu_mma(" + MMA_OPERANDS + ", EMU_BF16);",
   "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32": "emu_mma(" + MMA_OPERANDS + ", EMU_TF32);",
@@ -371,8 +401,12 @@ def emulable(source: str) -> str:
   def replace(match: re.Match) -> str:
     text, outputs, inputs = match.groups()
     if (wgmma := WGMMA.search(text)) is not None:
-      accumulators, (desc_a, desc_b, _) = OPERAND.findall(outputs), OPERAND.findall(inputs)
+      accumulators, operands = OPERAND.findall(outputs), OPERAND.findall(inputs)
       assert len(accumulators) == int(wgmma.group(1)) // 2, "one output per accumulator"
+      if len(operands) == 6:   # A from registers (4 of them), B's descriptor, scale-d
+        assert wgmma.group(2) == "tf32", "A from registers is emulated for TF32"
+        return f"emu_wgmma_registers(&{accumulators[0]}, {', '.join(operands[:5])}, {wgmma.group(1)});"
+      desc_a, desc_b, _ = operands
       transposed = "true" if wgmma.group(3) == "1" else "false"
       return f"emu_wgmma(&{accumulators[0]}, {desc_a}, {desc_b}, {wgmma.group(1)}, {WGMMA_INPUTS[wgmma.group(2)]}, " \
              f"{transposed});"

@@ -62,9 +62,9 @@ def test_tf32x3_opt_is_float32_class(tile, shape, b_n_major):
   check(result.copyout().view(np.float32).reshape(out.shape), a, b_kn)
 
 @pytest.mark.parametrize("b_n_major", [False, True], ids=["b_NxK", "b_KxN"])
-def test_realize_picks_3xtf32_for_a_big_float32_matmul_under_the_setting_and_simt_by_default(b_n_major):
+def test_realize_picks_3xtf32_for_a_big_float32_matmul_by_default_and_simt_under_the_setting(b_n_major):
   if not hopper(): pytest.skip("wgmma needs compute capability 9.0 (sm_90a)")
-  with Context(F32_MATMUL="3xtf32"):
+  with Context():   # the default F32_MATMUL=3xtf32
     out, a, b_kn = product(1024, 2048, 512, b_n_major)
     kernel = Kernel(create_schedule([out.lazydata])[-1].ast, Device["CUDA"].renderer)
     hand_coded_optimizations(kernel)

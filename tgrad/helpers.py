@@ -104,8 +104,8 @@ class _Settings:
   WGMMA_TMA: int = 1    # 1: that kernel's heuristic tile loads by TMA with a producer warpgroup; 0: by cp.async
   SGEMM: int = 1        # 1: on CUDA a big float32 matmul without an epilogue is the float32 matmul template
                         # (OptOps.SGEMM); 0: the staged kernel of the generic opts
-  F32_MATMUL: str = "simt"   # "simt": a big float32 matmul on CUDA runs on the CUDA cores (SGEMM); "3xtf32": on sm_90a
-                             # one 3xTF32 warpgroup-MMA kernel (OptOps.TF32X3; measured no faster, docs/env.md)
+  F32_MATMUL: str = "3xtf32"   # "3xtf32": on sm_90a a big float32 matmul is one 3xTF32 warpgroup-MMA kernel
+                               # (OptOps.TF32X3, float32-class; docs/env.md); "simt": the CUDA cores (SGEMM)
   JIT_PLAN: int = 1     # 1: a TinyJit packs its transient buffers into one arena per device; 0: one allocation each
   FLASH_ATTENTION: int = 1   # 1: scaled-dot-product attention on CUDA (half types) is one flash-attention kernel
   FLASH_DECODING: int = 1    # 1: one query position's attention (a decode step's, with its KV-cache append) is the

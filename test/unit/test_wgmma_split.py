@@ -14,7 +14,7 @@ from tgrad.codegen.compile import render_source
 from tgrad.codegen.heuristics import hand_coded_optimizations
 from tgrad.codegen.kernel import Kernel, KernelOptError, Opt, OptOps
 from tgrad.codegen.search import ACTIONS
-from tgrad.codegen.warpgroup_mma import SPLIT_TILES, default_split_tile, matmul_of
+from tgrad.codegen.warpgroup_mma import SPLIT_TILES, default_split_tile, matmul_of, split_tile_fills_a_wave
 from tgrad.dtype import dtypes
 from tgrad.runtime.cuda import wgmma
 from tgrad.runtime.cuda.renderer import CUDARenderer
@@ -25,7 +25,11 @@ MAX_ERROR_RATIO = 4.0   # 3xTF32's worst error (relative to Σ|a·b|) may be thi
 RNG_SEED = 29
 
 def configs(b_n_major: bool) -> list[wgmma.WgmmaConfig]:
-  return [wgmma.WgmmaConfig(*tile, b_n_major=b_n_major, split_tf32=True) for tile in SPLIT_TILES]
+  return [split_config(tile, b_n_major) for tile in SPLIT_TILES]
+
+def split_config(tile: tuple[int, int, int, bool], b_n_major: bool) -> wgmma.WgmmaConfig:
+  warpgroups, block_n, stages, a_registers = tile
+  return wgmma.WgmmaConfig(warpgroups, block_n, stages, b_n_major=b_n_major, split_tf32=True, a_registers=a_registers)
 
 def operands(m: int, n: int, k: int, b_n_major: bool, seed: int = RNG_SEED) -> tuple[np.ndarray, np.ndarray]:
   """a M×K and b (K×N if b_n_major, else N×K) of float32 values with all 24 significant bits in use."""
@@ -79,11 +83,11 @@ def test_every_tile_fits_both_b_layouts():
   with pytest.raises(ValueError, match="multiple of 4"): split_matmul_source("k", 64, 66, 64, configs(True)[0])
 
 @pytest.mark.parametrize("b_n_major", [False, True], ids=["b_NxK", "b_KxN"])
-@pytest.mark.parametrize("tile", [(2, 128, 4), (1, 64, 8)], ids=str)
+@pytest.mark.parametrize("tile", [(2, 128, 4, False), (1, 64, 8, False), (2, 128, 5, True)], ids=str)
 def test_source_compiles_for_sm_90a(tile, b_n_major):
   nvrtc = pytest.importorskip("tgrad.runtime.cuda.nvrtc")
   if not nvrtc.nvrtc_available(): pytest.skip("libnvrtc not found (pip install nvidia-cuda-nvrtc)")
-  c = wgmma.WgmmaConfig(*tile, b_n_major=b_n_major, split_tf32=True)
+  c = split_config(tile, b_n_major)
   src = split_matmul_source("k", 300, 2 * c.block_n + 4, 200, c)
   assert src.count(f"m64n{c.block_n}k8.f32.tf32.tf32") == 3 * 4   # three wgmmas per K step of 8, 4 steps a tile
   assert src.index("split_tile(stage, small_shift);") < src.index("fence.proxy.async") < src.index("wgmma.mma_async")
@@ -115,6 +119,20 @@ def test_emulated_kernel_is_float32_class_and_needs_its_small_parts():
   assert single.count("tf32.tf32") == 4
   assert relative_error(run_source(single, config, a, w, n), a, w.T) > 20 * tolerance(k)
 
+@pytest.mark.parametrize("b_n_major", [False, True], ids=["b_NxK", "b_KxN"])
+def test_emulated_kernel_with_a_in_registers(b_n_major):
+  """A split in each thread's registers (its wgmma fragment read from the stage's swizzled tile), B's parts in the
+  slots: two warpgroups (the second's rows 64 on), M, N and K off the tile; float32-class on the emulator, whose
+  register-A wgmma gathers the fragments by the PTX ISA's layout."""
+  from cuda_on_cpu import cpu_available
+  if not cpu_available(): pytest.skip("no g++")
+  m, n, k = 150, 72, 200
+  config = wgmma.WgmmaConfig(2, 64, 4, b_n_major=b_n_major, split_tf32=True, a_registers=True)
+  a, b = operands(m, n, k, b_n_major)
+  src = split_matmul_source("k", m, n, k, config)
+  assert src.count("split(*(const float*)(a_tile + ") == 16 and "wgmma.wait_group.sync.aligned 0;" in src
+  check(run_source(src, config, a, b, n), a, b if b_n_major else b.T)
+
 # ---- the opt
 
 def llvm(x: np.ndarray) -> Tensor: return Tensor(x, device="LLVM")
@@ -131,7 +149,7 @@ def test_rendered_kernel_with_a_k_by_n_b_and_a_symbolic_m_runs_on_cpu():
   x, b = operands(rows, n, k, True, seed=5)
   out = llvm(x)[:Variable("prompt_len", 1, rows).bind(m)] @ llvm(b)
   kernel = last_kernel(out)
-  kernel.apply_opt(Opt(OptOps.TF32X3, 0, SPLIT_TILES.index((1, 64, 5))))
+  kernel.apply_opt(Opt(OptOps.TF32X3, 0, SPLIT_TILES.index((1, 64, 5, False))))
   use = kernel.warpgroup_matmul
   assert use.split_tf32 and use.b_n_major and use.variables == ("prompt_len",)
   src, _ = render_source(kernel)
@@ -179,8 +197,13 @@ def test_heuristics_take_3xtf32_on_sm_90a_only_under_the_setting():
       kernel = last_kernel(out)
       hand_coded_optimizations(kernel)
       assert kernel.applied_opts[0].op is OptOps.TF32X3
-  assert default_split_tile(512, 2048) == SPLIT_TILES.index((1, 128, 6))   # 128 blocks: a wave of 132 SMs
-  assert default_split_tile(4096, 4096) == SPLIT_TILES.index((2, 128, 4))
+  assert default_split_tile(512, 2048) == SPLIT_TILES.index((2, 64, 6, True))   # 128 blocks: a wave of 132 SMs
+  assert split_tile_fills_a_wave(512, 2048, default_split_tile(512, 2048))
+  assert not split_tile_fills_a_wave(512, 640, default_split_tile(512, 640))   # 40 blocks: the CUDA-core template
+  small = last_kernel(llvm(np.zeros((512, 2048), np.float32)) @ llvm(np.zeros((2048, 640), np.float32)))
+  hand_coded_optimizations(small)
+  assert small.applied_opts[0].op is OptOps.SGEMM
+  assert default_split_tile(4096, 4096) == SPLIT_TILES.index((2, 128, 5, True))
 
 def test_the_setting_and_beams_actions():
   for tile in range(len(SPLIT_TILES)): assert Opt(OptOps.TF32X3, 0, tile) in ACTIONS

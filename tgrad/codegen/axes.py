@@ -90,6 +90,7 @@ class WarpgroupMatmul:
   out_dtype: Optional[DType] = None
   variables: tuple[str, ...] = ()
   split_tf32: bool = False   # plain float32 inputs multiplied by 3xTF32 (OptOps.TF32X3: big and small TF32 parts)
+  a_registers: bool = False  # 3xTF32 with A's parts in registers (wgmma_split.py)
   WARPGROUP_THREADS = 128
   WARPGROUP_ROWS = 64
   @property

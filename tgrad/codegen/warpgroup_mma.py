@@ -26,9 +26,9 @@ Everything about it is here, in the order it is used:
      known M and a row-major A only (`loads_by_tma`); the others load by cp.async from every thread. BEAM tries every
      tile (search.py's ACTIONS; a TMA tile is refused where it can't load); the heuristics take `default_tile`, from
      the TMA tiles under WGMMA_TMA=1 where they can load, and for a symbolic M from its maximum up to TYPICAL_ROWS.
-     A 3xTF32 matmul takes Opt(OptOps.TF32X3, 0, i) instead: tile i of SPLIT_TILES (warpgroups, block_n, stages),
-     cp.async loads (a stage holds big and small parts: twice a TF32 stage); BEAM tries every one; the heuristics take
-     `default_split_tile` under F32_MATMUL=3xtf32 (the default is simt). WGMMA refuses such a matmul (a single TF32
+     A 3xTF32 matmul takes Opt(OptOps.TF32X3, 0, i) instead: tile i of SPLIT_TILES (warpgroups, block_n, stages,
+     A in registers), cp.async loads; BEAM tries every one; the heuristics take `default_split_tile` under
+     F32_MATMUL=3xtf32 (the default) where it gives a wave of blocks. WGMMA refuses such a matmul (a single TF32
      pass is not float32) and TF32X3 every other.
   3. rendering: compile.render_source hands AxisState.warpgroup_matmul to renderer.render_warpgroup_matmul.
 """
@@ -62,15 +62,18 @@ WGMMA_TILES: tuple[tuple[int, int, int, bool], ...] = (
 DEFAULT_TILES = ((2, 256, 4, False), (2, 128, 5, False), (1, 128, 6, False), (1, 64, 8, False))
 # The same choice among the TMA tiles (WGMMA_TMA=1): the largest, then the deepest pipelines of smaller tiles.
 DEFAULT_TMA_TILES = ((2, 256, 4, True), (2, 128, 6, True), (1, 128, 8, True), (1, 64, 8, True))
-# 3xTF32 (OptOps.TF32X3, runtime/cuda/wgmma_split.py): (warpgroups, block_n, stages) of a plain float32 matmul, cp.async
-# loads. Shared memory holds `stages` TF32 stages (128·(BM + BN) bytes each: the big parts) and 3 more for the small
-# parts, so a 128×256 tile doesn't fit; every entry fits 227 KiB and both B layouts (a K×N B's rows of BN/4 chunks
-# divide the threads): the most stages each tile fits, then fewer. Appended only: an index keeps its meaning for the
-# BEAM winners cached before a new tile.
-SPLIT_TILES: tuple[tuple[int, int, int], ...] = (
-  (2, 128, 4), (1, 128, 6), (2, 64, 6), (1, 64, 8), (2, 128, 3), (1, 128, 4), (1, 64, 11), (1, 64, 5))
+# 3xTF32 (OptOps.TF32X3, runtime/cuda/wgmma_split.py): (warpgroups, block_n, stages, a_registers) of a plain float32
+# matmul, cp.async loads. Shared memory holds `stages` TF32 stages (128·(BM + BN) bytes each: the big parts) and 3 more
+# buffers for the small parts (a stage's size, or B's tile only when A is split in registers: `a_registers`, the
+# wgmmas reading A from each thread's registers), so a 128×256 tile doesn't fit; every entry fits 227 KiB and both B
+# layouts (a K×N B's rows of BN/4 chunks divide the threads): the most stages each tile fits, then fewer. Appended
+# only: an index keeps its meaning for the BEAM winners cached before a new tile.
+SPLIT_TILES: tuple[tuple[int, int, int, bool], ...] = (
+  (2, 128, 4, False), (1, 128, 6, False), (2, 64, 6, False), (1, 64, 8, False), (2, 128, 3, False),
+  (1, 128, 4, False), (1, 64, 11, False), (1, 64, 5, False),
+  (2, 128, 5, True), (2, 128, 4, True), (1, 128, 6, True), (2, 64, 6, True), (1, 64, 8, True))
 # The heuristics' 3xTF32 tile, chosen as DEFAULT_TILES (a wave of blocks, else the most blocks).
-DEFAULT_SPLIT_TILES = ((2, 128, 4), (1, 128, 6), (1, 64, 8))
+DEFAULT_SPLIT_TILES = ((2, 128, 5, True), (2, 64, 6, True))
 GPU_SMS = 132
 WAVE_FRACTION = 0.9
 # Below this many multiply-adds (M·N·K) the mma.sync tensor-core kernels are left the work: the heuristics' WGMMA
@@ -177,10 +180,10 @@ def loads_by_tma(use: WarpgroupMatmul) -> bool:
   row-major A), and 16-bit inputs (TF32 operands are rounded in shared memory by the cp.async kernel's threads)."""
   return isinstance(use.m, int) and use.a_segment == 0 and use.a_row_stride == 0 and use.dtype in WGMMA_DTYPES
 
-def _tile_fields(tile: tuple[int, int, int]) -> dict:
+def _tile_fields(tile: tuple[int, int, int, bool]) -> dict:
   """A 3xTF32 tile (SPLIT_TILES) as WarpgroupMatmul's fields."""
-  warpgroups, block_n, stages = tile
-  return {"warpgroups": warpgroups, "block_n": block_n, "stages": stages, "tma": False}
+  warpgroups, block_n, stages, a_registers = tile
+  return {"warpgroups": warpgroups, "block_n": block_n, "stages": stages, "tma": False, "a_registers": a_registers}
 
 def _qualifying(state: AxisState, opt: Opt, tiles: int) -> WarpgroupMatmul:
   """The kernel as a warpgroup matmul for `opt` (its first and only opt, tile index below `tiles`), or
@@ -219,13 +222,22 @@ def default_tile(m: sint, n: int, tma: bool = False) -> int:
   tile = next((t for t in candidates if blocks(t) >= WAVE_FRACTION * GPU_SMS), candidates[-1])
   return WGMMA_TILES.index(tile)
 
+def _split_blocks(m: sint, n: int, tile: tuple[int, int, int, bool]) -> int:
+  """Blocks of a 3xTF32 tile over an M×N output, a symbolic M at its maximum up to TYPICAL_ROWS."""
+  m = m if isinstance(m, int) else min(vmax_of(m), TYPICAL_ROWS)
+  return -(-m // (64 * tile[0])) * -(-n // tile[1])
+
 def default_split_tile(m: sint, n: int) -> int:
   """The heuristics' 3xTF32 tile for an M×N output (an index into SPLIT_TILES; see DEFAULT_SPLIT_TILES); a symbolic M
   counts as its maximum up to TYPICAL_ROWS."""
-  m = m if isinstance(m, int) else min(vmax_of(m), TYPICAL_ROWS)
-  def blocks(tile) -> int: return -(-m // (64 * tile[0])) * -(-n // tile[1])
-  tile = next((t for t in DEFAULT_SPLIT_TILES if blocks(t) >= WAVE_FRACTION * GPU_SMS), DEFAULT_SPLIT_TILES[-1])
+  tile = next((t for t in DEFAULT_SPLIT_TILES if _split_blocks(m, n, t) >= WAVE_FRACTION * GPU_SMS),
+              DEFAULT_SPLIT_TILES[-1])
   return SPLIT_TILES.index(tile)
+
+def split_tile_fills_a_wave(m: sint, n: int, tile: int) -> bool:
+  """Whether 3xTF32 tile `tile` (an index into SPLIT_TILES) gives a wave of blocks (WAVE_FRACTION of the SMs) to an
+  M×N output: below that the CUDA-core template is the faster default (bench/sgemm.py's Gemma prefill shapes)."""
+  return _split_blocks(m, n, SPLIT_TILES[tile]) >= WAVE_FRACTION * GPU_SMS
 
 def worth_it(use: WarpgroupMatmul) -> bool:
   """Whether the heuristics give this matmul to the warpgroup kernel (big enough: MIN_MULTIPLY_ADDS; a symbolic M at

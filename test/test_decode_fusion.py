@@ -12,6 +12,9 @@ from tgrad.codegen.heuristics import hand_coded_optimizations
 from tgrad.runtime.cuda.renderer import CUDARenderer
 from tgrad.runtime.cuda.nvrtc import compile_cuda, nvrtc_available
 from tgrad.ops import Ops
+from tgrad.nn.quant import GGMLType, QuantizedTensor
+from tgrad.models.gemma3 import Gemma3Embedding
+from tgrad.models.gemma3_projections import project, stacked_rows
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "bench"))
 from decode_kernels import decode_step_kernels, schedule_only  # noqa: E402
@@ -21,11 +24,16 @@ from decode_kernels import decode_step_kernels, schedule_only  # noqa: E402
 # kernel, schedule rule 5; 115 before the last layer's residual sum moved into the final norm's row kernel, rule 2b;
 # 114 with RIDERS=1 and 131 without before each layer's attention and cache write became one flash-decoding kernel)
 DECODE_KERNELS_270M = 96
+# the same step with packed weights in the types of llama.cpp's Q4_K_M file (bench/decode_kernels.py PACKED_Q4_K_M):
+# the 96 and the packed embedding's own kernel (107 before the row's block scales and its dequantization became one
+# kernel, schedule rule 1, and q, k and v of the layers that keep v in Q8_0 were widened into one buffer)
+PACKED_DECODE_KERNELS_270M = 97
 # the step without flash decoding (FLASH_DECODING=0, FLASH_ATTENTION=0, float32, the CPU), RIDERS=0: 7
 # kernels a layer and 5 more
 PLAIN_DECODE_KERNELS_270M = 131
 
 def kernels(t: Tensor) -> int: return sum(1 for item in t.schedule() if item.ast.op is Ops.SINK)
+def kernels_of(t: Tensor, *more: Tensor) -> int: return sum(1 for item in t.schedule(*more) if item.ast.op is Ops.SINK)
 
 @pytest.mark.parametrize("shape, axis", [((262144,), 0), ((2, 65536), 1), ((40000,), 0), ((3, 32768), 1),
                                          ((32768, 3), 0), ((2, 32768, 1), 1)])
@@ -71,6 +79,42 @@ def test_shared_gather_is_recomputed_in_each_reader():
   np.testing.assert_allclose(z.numpy(), ((table[ids] * 2.5) ** 2).sum(-1), rtol=1e-5)
   np.testing.assert_allclose((rows @ b).numpy(), (table[ids] * 2.5) @ w2, rtol=1e-5, atol=1e-5)
 
+def test_packed_embedding_row_read_by_several_kernels_is_one_kernel():
+  """A packed embedding lookup (a gathered row of Q8_0 blocks, dequantized) read by two kernels is computed once, by
+  one kernel: its block scales, which only the row's dequantization reads, are inlined into it again (schedule rule
+  1); the values equal llama.cpp's dequantization of the row."""
+  gguf = pytest.importorskip("gguf")
+  rng = np.random.default_rng(4)
+  vocab, hidden = 40, 96
+  table = gguf.quants.quantize(rng.standard_normal((vocab, hidden)).astype(np.float32), gguf.GGMLQuantizationType.Q8_0)
+  rows = Gemma3Embedding(QuantizedTensor.from_bytes(table, GGMLType.Q8_0, (vocab, hidden)).realize(), dtypes.float32)
+  ids = np.array([[31]], np.int32)
+  x = rows(Tensor(ids).realize())
+  w = rng.standard_normal((hidden, 7)).astype(np.float32)
+  y, z = x @ Tensor(w).realize(), (x * x).sum(-1)
+  assert kernels_of(y, z) == 3   # the row, the product, the sum of squares
+  Tensor.realize(y, z)
+  expected = gguf.quants.dequantize(table, gguf.GGMLQuantizationType.Q8_0)[ids] * np.float32(np.sqrt(hidden))
+  np.testing.assert_allclose(y.numpy(), expected @ w, rtol=1e-5, atol=1e-4)
+  np.testing.assert_allclose(z.numpy(), (expected ** 2).sum(-1), rtol=1e-5)
+
+def test_packed_projections_of_two_types_share_one_kernel():
+  """q and k in Q5_0 and v in Q8_0 (a Q4_K_M file's layer) stack into one Q8_0 buffer (Q5_0's values are exact Q8_0
+  values): one matrix-vector kernel, and the outputs equal those of the weights as the file holds them."""
+  gguf = pytest.importorskip("gguf")
+  rng = np.random.default_rng(5)
+  hidden, types = 64, (GGMLType.Q5_0, GGMLType.Q5_0, GGMLType.Q8_0)
+  weights = [QuantizedTensor.from_bytes(gguf.quants.quantize(rng.standard_normal((rows, hidden)).astype(np.float32),
+                                                             gguf.GGMLQuantizationType(int(t))), t, (rows, hidden))
+             for rows, t in zip((64, 32, 32), types)]
+  buffers, views = stacked_rows(*weights)
+  assert len(buffers) == 1 and buffers[0].ggml_type == GGMLType.Q8_0
+  assert [v.shape for v in views] == [(64, 64), (32, 64), (32, 64)]
+  x = Tensor(rng.standard_normal((1, hidden)).astype(np.float32)).realize()
+  assert kernels_of(project(x, buffers[0])) == 1
+  for view, weight in zip(views, weights):
+    np.testing.assert_allclose(project(x, view).numpy(), project(x, weight).numpy(), rtol=1e-6, atol=1e-6)
+
 def test_schedule_only_runs_nothing():
   with schedule_only() as items:
     x = Tensor.arange(10).reshape(2, 5).sum(1).realize()
@@ -102,6 +146,17 @@ def test_gemma_270m_decode_step_kernel_count_on_cuda():
   assert len(residual_stores) == 17 and all(k.outputs[1].size == 640 for k in residual_stores)
   final_norm = found[-4]   # before the head's matvec and the argmax's two: one row of the hidden size, 3 reduces
   assert final_norm.outputs[0].size == 640 and sum(u.op is Ops.REDUCE_AXIS for u in final_norm.ast.toposort()) == 3
+
+def test_gemma_270m_packed_decode_step_kernel_count_on_cuda():
+  """The decode step with packed Q4_K_M weights (bench/decode_kernels.py --packed): PACKED_DECODE_KERNELS_270M at most,
+  one qkv matvec in every layer (Q5_0 q and k widened into v's Q8_0 where they differ) and one kernel for the
+  embedding row (gathered and dequantized at once)."""
+  with Context(FLASH_DECODING=1): found = decode_step_kernels("270m", "CUDA", "float16", position=600, packed=True)
+  assert len(found) <= PACKED_DECODE_KERNELS_270M, len(found)
+  qkv = [k for k in found if k.outputs[0].size == 1536]
+  assert len(qkv) == 18, [k.outputs[0].size for k in found]
+  embedding = [k for k in found if any(b.dtype == dtypes.int32 and b.size == 1 for b in k.inputs)]
+  assert len(embedding) == 1 and embedding[0].outputs[0].size == 640
 
 def test_gemma_270m_plain_decode_step_kernel_count():
   """Without flash decoding: 7 kernels a layer (the scores with q's norm and RoPE and the new key's, softmax times

@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 from tgrad import Tensor, dtypes
 from tgrad.ops import Ops
-from tgrad.nn.quant import BLOCK_LAYOUTS, DEQUANTIZERS, GGMLType, QuantError, QuantizedTensor, dequantize_blocks
+from tgrad.nn.quant import (BLOCK_LAYOUTS, DEQUANTIZERS, GGMLType, QuantError, QuantizedTensor, dequantize_blocks,
+                            exact_common_type)
 
 gguf = pytest.importorskip("gguf")
 
@@ -250,3 +251,20 @@ def test_cpu_pack_setting_runs_the_packed_product(ggml_type):
       assert len(lower_schedule([item])) == kernels
       expected = x_np[:rows].astype(np.float64) @ values.T
       np.testing.assert_allclose(out.numpy(), expected, rtol=MATVEC_RTOL, atol=MATVEC_RTOL * np.abs(expected).max())
+
+@pytest.mark.parametrize("narrow, wide", [(GGMLType.Q4_0, GGMLType.Q8_0), (GGMLType.Q5_0, GGMLType.Q8_0),
+                                          (GGMLType.Q4_K, GGMLType.Q5_K)], ids=lambda t: t.name)
+def test_widened_blocks_hold_the_same_values(narrow, wide):
+  """A widening (WIDENINGS) re-encodes random blocks, special fp16 scales included, into the wider type: llama.cpp's
+  dequantization of the new bytes equals its dequantization of the old ones, bit for bit."""
+  rows, blocks_per_row = 3, 5
+  raw = random_blocks(narrow, rows * blocks_per_row, seed=int(narrow)).reshape(rows, -1)
+  shape = (rows, blocks_per_row * BLOCK_LAYOUTS[narrow].block_size)
+  widened = QuantizedTensor.from_bytes(raw, narrow, shape).widened(wide)
+  assert widened.ggml_type == wide and widened.packed.shape == (rows, blocks_per_row, BLOCK_LAYOUTS[wide].block_bytes)
+  wide_bytes = widened.packed.numpy().reshape(rows, -1)
+  assert_bits_equal(reference(wide_bytes, wide), reference(raw, narrow))
+  assert exact_common_type([narrow, wide]) == exact_common_type([wide, narrow]) == wide
+  assert exact_common_type([GGMLType.Q4_K, GGMLType.Q6_K]) is None   # Q6_K has no mins: no exact home for Q4_K
+  with pytest.raises(QuantError, match="not all exact"): QuantizedTensor.from_bytes(raw, narrow, shape).widened(
+    GGMLType.Q6_K)

@@ -6,7 +6,9 @@ fusion rules, which all live here:
      An elementwise value read by several kernels is recomputed in each only while it is small (at most
      MAX_RECOMPUTE_BUFFERS inputs and MAX_RECOMPUTE_OPS ops, a gather counting as one op and its table as an input:
      softmax's exp(x - max), an embedding lookup times a constant); a bigger one is
-     realized once, which also stops a residual stream from growing into every later kernel.
+     realized once, which also stops a residual stream from growing into every later kernel. Such a value that,
+     once the values above it are decided, only one kernel reads (a packed embedding row's block scales, read only by
+     the row's dequantization, itself realized) is inlined into that kernel again (`_inline_values_read_once`).
   1b. A gather (GATHER: a data-dependent load) is inlined like an elementwise op, through any view, into every
      kernel that reads it (`emb[ids] * scale` is one kernel); its index is built like any value (fused elementwise ops);
      its table is always realized, since the kernel addresses the table's memory with the loaded index.
@@ -386,7 +388,9 @@ def _realize_unfusable_reduces(bases: list[LazyBuffer], readers: dict[LazyBuffer
 def _realize_shared_elementwise(bases: list[LazyBuffer], realize_set: set[LazyBuffer],
                                 stored_elsewhere: frozenset[LazyBuffer] = frozenset()) -> None:
   """Realize every elementwise value that several kernels would inline and that is too big to recompute (a copy
-  that another kernel stores, rule 2c, is no kernel of its own)."""
+  that another kernel stores, rule 2c, is no kernel of its own); then inline again each of those that only one
+  kernel reads once its users are decided (`_inline_values_read_once`)."""
+  shared: set[LazyBuffer] = set()
   changed = True
   while changed:
     changed = False
@@ -398,7 +402,26 @@ def _realize_shared_elementwise(bases: list[LazyBuffer], realize_set: set[LazyBu
     for lb in bases:
       if readers.get(lb, 0) > 1 and lb.op in ELEMENTWISE and not _is_small(lb, realize_set):
         realize_set.add(lb)
+        shared.add(lb)
         changed = True
+  _inline_values_read_once(bases, realize_set, shared, stored_elsewhere)
+
+def _inline_values_read_once(bases: list[LazyBuffer], realize_set: set[LazyBuffer], shared: set[LazyBuffer],
+                             stored_elsewhere: frozenset[LazyBuffer]) -> None:
+  """Rule 1: a value realized for being shared is inlined again when, with every value above it decided, one kernel
+  reads it: a user of it that all its readers shared was realized too (a packed embedding row's block scales, read
+  by the kernels of the row only through the row's dequantization, which is realized as well). Inlining a value
+  into its only reader merges two kernels and never adds a reader to anything, so all such values go at once."""
+  while shared:
+    readers: dict[LazyBuffer, set[int]] = {}
+    for root in [b for b in bases if b in realize_set and b not in stored_elsewhere]:
+      for user in [root] + _inlined_region(root, realize_set):
+        for s in user.srcs:
+          if s.base in shared: readers.setdefault(s.base, set()).add(id(root))
+    once = {lb for lb in shared if len(readers.get(lb, ())) == 1}
+    if not once: return
+    realize_set.difference_update(once)
+    shared.difference_update(once)
 
 @gc_paused()
 def create_schedule(outs: list[LazyBuffer], commit: bool = False, buffers: Optional[dict[LazyBuffer, Buffer]] = None,

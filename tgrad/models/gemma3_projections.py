@@ -6,7 +6,7 @@ kernels that sum over its input axes), and weights stacked along their output ro
 from __future__ import annotations
 from typing import Union
 from tgrad.tensor import Tensor
-from tgrad.nn.quant import QuantizedTensor, dequantized_values
+from tgrad.nn.quant import QuantizedTensor, dequantized_values, exact_common_type
 from tgrad.models.gemma3_parallel import stack_rows_per_device, is_sharded
 
 Weight = Union[Tensor, QuantizedTensor]   # a projection or embedding weight: dense, or ggml blocks dequantized in use
@@ -61,11 +61,32 @@ def stack(weights: list[Weight]) -> tuple[Weight, list[Weight]]:
     start += w.shape[0]
   return stacked, views
 
+# A kernel costs about a microsecond of a decode step beside its weight's read (DESIGN.md §8b, measured with
+# anchors/launch_floor.cu: 0.96 µs per empty kernel inside a CUDA graph on an H100); at an H100's ~3.3 TB/s that is
+# ~3 MB, so packed weights are widened into one type (one buffer, one kernel) only while that adds at most a third of
+# it per projection. (Gemma-3-270m Q4_K_M: 300 KB in each of 9 layers.)
+MAX_WIDENING_BYTES = 1 << 20
+
+def widened_to_share(weights: tuple[Weight, ...]) -> tuple[Weight, ...]:
+  """Packed weights of different ggml types re-encoded into the one of their types that holds the others' values
+  exactly (nn/quant.py WIDENINGS: Q5_0 into Q8_0, Q4_K into Q5_K), so they stack into one buffer: the same values,
+  one matrix-vector kernel instead of one per type, MAX_WIDENING_BYTES more read at most. Otherwise as they are."""
+  packed = [w for w in weights if isinstance(w, QuantizedTensor)]
+  if len(packed) != len(weights) or len({w.ggml_type for w in packed}) == 1: return weights
+  if any(is_sharded(w.packed) for w in packed): return weights   # tensor parallel: each shard stacks as it is
+  target = exact_common_type([w.ggml_type for w in packed])
+  if target is None: return weights
+  widened = [w.widened(target) for w in packed]
+  if sum(w.nbytes for w in widened) - sum(w.nbytes for w in packed) > MAX_WIDENING_BYTES: return weights
+  return tuple(widened)
+
 def stacked_rows(*weights: Weight) -> tuple[list[Weight], list[Weight]]:
   """The [out, in] weights stacked along their output rows into realized buffers, so one matrix-vector kernel reads
   each buffer (decode is bound by reading weights, and each kernel costs a launch), and each weight again as a view
   (the checkpoint's names keep working and the memory is held once). Dense weights make one buffer; packed ones one
-  per run of the same ggml type (a GGUF file may quantize q and k unlike v)."""
+  per run of the same ggml type (a GGUF file may quantize q and k unlike v), after widening into one type where that
+  is exact and cheap (`widened_to_share`)."""
+  weights = widened_to_share(weights)
   groups: list[list[Weight]] = [[weights[0]]]
   for w in weights[1:]:
     if stackable(groups[-1][-1], w): groups[-1].append(w)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import weakref
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 import numpy as np
 from tgrad.backend import devices_offering
 from tgrad.dtype import DType, dtypes
@@ -302,6 +302,37 @@ def dequantize_structured(blocks: Tensor, ggml_type: GGMLType) -> Tensor:
 def dequantize_blocks(blocks: Tensor, ggml_type: GGMLType) -> Tensor:
   """(n_blocks, block_bytes) uint8 → (n_blocks, block_size) float32, lazily."""
   return dequantize_structured(blocks, ggml_type).reshape(blocks.shape[0], BLOCK_LAYOUTS[ggml_type].block_size)
+
+# ---- lossless widening: some types hold every value of a narrower one exactly (the same scales, more bits per
+# quant), so weights of the two types can share one buffer and one matrix-vector kernel (a GGUF file may quantize q and
+# k unlike v). Q4_0's d·(q − 8) and Q5_0's d·(q − 16) are Q8_0 values d·q8 with the same fp16 d; Q4_K's
+# (d·sc)·q − dmin·m is Q5_K's with every fifth bit 0. Each re-encoding is ops on the blocks: (n, bytes) → (n, bytes).
+Q8_0_QUANTS_START = 2        # a Q8_0 block: its fp16 d, then 32 int8 quants
+K_HEADER_BYTES = K_SCALES_START + K_SCALE_BYTES   # d, dmin and the 12 bytes of scales and mins
+
+def _q8_0_from_symmetric(ggml_type: GGMLType) -> Callable[[Tensor], Tensor]:
+  """Q4_0 or Q5_0 blocks as Q8_0: the same d, the signed quants q − offset as int8 bytes."""
+  def widen(blocks: Tensor) -> Tensor:
+    quants = INTEGER_FORMS[ggml_type](blocks).quants.reshape(blocks.shape[0], BLOCK_LAYOUTS[ggml_type].block_size)
+    return _bytes(blocks, 0, Q8_0_QUANTS_START).cat(quants.bitcast(dtypes.uint8), dim=1)
+  return widen
+
+def _q5_k_from_q4_k(blocks: Tensor) -> Tensor:
+  """Q4_K blocks as Q5_K: d, dmin, scales and mins and the nibbles as they are, a run of zero fifth bits between."""
+  high_bits = Tensor.zeros(blocks.shape[0], Q5_K_QS_START - Q5_K_QH_START, dtype=dtypes.uint8, device=blocks.device)
+  quants = _bytes(blocks, Q4_K_QS_START, SUPER_BLOCK // 2)
+  return _bytes(blocks, 0, K_HEADER_BYTES).cat(high_bits, quants, dim=1)
+
+WIDENINGS: dict[tuple[GGMLType, GGMLType], Callable[[Tensor], Tensor]] = {
+  (GGMLType.Q4_0, GGMLType.Q8_0): _q8_0_from_symmetric(GGMLType.Q4_0),
+  (GGMLType.Q5_0, GGMLType.Q8_0): _q8_0_from_symmetric(GGMLType.Q5_0),
+  (GGMLType.Q4_K, GGMLType.Q5_K): _q5_k_from_q4_k}
+
+def exact_common_type(types: Sequence[GGMLType]) -> Optional[GGMLType]:
+  """The one of `types` that holds every other exactly (WIDENINGS), or None."""
+  for candidate in types:
+    if all(t == candidate or (t, candidate) in WIDENINGS for t in types): return GGMLType(candidate)
+  return None
 
 def packed_nbytes(ggml_type: GGMLType, shape: tuple[int, ...]) -> int:
   """Bytes a tensor of `shape` takes in `ggml_type`; its last dim must be whole blocks."""
@@ -621,6 +652,16 @@ class QuantizedTensor:
     out = composite(PACKED_LINEAR, (x, self.packed), ggml_type=int(self.ggml_type), shape=self.shape)
     return out if bias is None else out + bias
 
+  def widened(self, ggml_type: GGMLType) -> QuantizedTensor:
+    """The same values in `ggml_type`, a type that holds each of this type's values exactly (WIDENINGS), lazily."""
+    ggml_type = GGMLType(ggml_type)
+    if ggml_type == self.ggml_type: return self
+    if (self.ggml_type, ggml_type) not in WIDENINGS:
+      raise QuantError(f"{self.ggml_type.name} values are not all exact {ggml_type.name} values; tgrad widens "
+                       f"{', '.join(f'{a.name} to {b.name}' for a, b in WIDENINGS)}")
+    blocks = WIDENINGS[(self.ggml_type, ggml_type)](self.packed.reshape(-1, BLOCK_LAYOUTS[self.ggml_type].block_bytes))
+    packed = blocks.reshape(*self.packed.shape[:-1], BLOCK_LAYOUTS[ggml_type].block_bytes)
+    return QuantizedTensor(packed, ggml_type, self.shape)
   def to(self, device: str) -> QuantizedTensor:
     return QuantizedTensor(self.packed.to(device), self.ggml_type, self.shape)
   def realize(self) -> QuantizedTensor:

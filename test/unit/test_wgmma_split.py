@@ -14,7 +14,7 @@ from tgrad.codegen.compile import render_source
 from tgrad.codegen.heuristics import hand_coded_optimizations
 from tgrad.codegen.kernel import Kernel, KernelOptError, Opt, OptOps
 from tgrad.codegen.search import ACTIONS
-from tgrad.codegen.warpgroup_mma import SPLIT_TILES, default_split_tile, matmul_of, split_tile_fills_a_wave
+from tgrad.codegen.warpgroup_mma import SPLIT_TILES, default_split_tile, matmul_of
 from tgrad.dtype import dtypes
 from tgrad.runtime.cuda import wgmma
 from tgrad.runtime.cuda.renderer import CUDARenderer
@@ -198,11 +198,8 @@ def test_heuristics_take_3xtf32_on_sm_90a_only_under_the_setting():
       hand_coded_optimizations(kernel)
       assert kernel.applied_opts[0].op is OptOps.TF32X3
   assert default_split_tile(512, 2048) == SPLIT_TILES.index((2, 64, 6, True))   # 128 blocks: a wave of 132 SMs
-  assert split_tile_fills_a_wave(512, 2048, default_split_tile(512, 2048))
-  assert not split_tile_fills_a_wave(512, 640, default_split_tile(512, 640))   # 40 blocks: the CUDA-core template
-  small = last_kernel(llvm(np.zeros((512, 2048), np.float32)) @ llvm(np.zeros((2048, 640), np.float32)))
-  hand_coded_optimizations(small)
-  assert small.applied_opts[0].op is OptOps.SGEMM
+  assert default_split_tile(512, 1536) == SPLIT_TILES.index((2, 64, 6, True))   # 96 blocks: SPLIT_WAVE_FRACTION
+  assert default_split_tile(512, 640) == SPLIT_TILES.index((1, 64, 8, True))   # no wave: the most blocks
   assert default_split_tile(4096, 4096) == SPLIT_TILES.index((2, 128, 5, True))
 
 def test_the_setting_and_beams_actions():

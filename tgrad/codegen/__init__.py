@@ -51,4 +51,4 @@ CODEGEN_VERSION = 28   # 2: gathers (data-dependent loads); int casts as narrow 
 # 27: CPU: a packed super-block's innermost run of values stays a loop (heuristics.CPU_VALUE_LOOP_MIN), which the
 # LLVM renderer leaves to the loop vectorizer (an accumulator summed over two loops or more)
 # 28: 3xTF32: the split by cvt.rna.tf32.f32; tiles with A split in registers (the heuristics' default tiles), and
-# F32_MATMUL=3xtf32 the default where the tile fills a wave of blocks
+# F32_MATMUL=3xtf32 the default

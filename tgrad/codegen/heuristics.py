@@ -8,8 +8,8 @@ across cores for big kernels.
 GPU rules live in `_gpu_rules`: a matrix–vector product (codegen/matvec_rules.py, `matvec_layout`: M ≤ 8 rows of
 x times a weight matrix) gets the bandwidth rules of `_matvec`; a big half/bfloat16 matmul without an epilogue on
 sm_90a is one warpgroup-MMA kernel (`_warpgroup_matmul`, OptOps.WGMMA); a big float32 one without an epilogue is
-there one 3xTF32 warpgroup-MMA kernel (OptOps.TF32X3, F32_MATMUL=3xtf32: the default) where its tile fills a wave of
-blocks, else the float32 matmul template
+there one 3xTF32 warpgroup-MMA kernel (OptOps.TF32X3, F32_MATMUL=3xtf32: the default), else the float32 matmul
+template
 (`_simt_matmul`, OptOps.SGEMM); another half/bfloat16 matmul, or a float32 one whose inputs are rounded to TF32 in
 the graph (the matmul lowering "tf32"), goes to tensor cores (`_tensor_cores`).
 A kernel with symbolic sizes gets the same GPU rules on its known axes and guarded splits of its symbolic ones
@@ -27,8 +27,7 @@ from tgrad.codegen.rule_tools import divisor_at_most, tried, try_opt, try_opts
 from tgrad.codegen.simt_matmul import default_tile as simt_default_tile, matmul_of as simt_matmul_of, \
   worth_it as simt_worth_it
 from tgrad.codegen.staging import stageable_loads
-from tgrad.codegen.warpgroup_mma import (default_split_tile, default_tile, loads_by_tma, matmul_of,
-                                         split_tile_fills_a_wave, worth_it)
+from tgrad.codegen.warpgroup_mma import default_split_tile, default_tile, loads_by_tma, matmul_of, worth_it
 from tgrad.ops import Ops
 from tgrad.dtype import dtypes
 from tgrad.helpers import Context, cpu_count, prod
@@ -442,16 +441,13 @@ def _warpgroup_matmul(kernel: Kernel) -> bool:
   enough: a symbolic M, a prompt's rows, at its maximum) is one warpgroup-MMA kernel with the tile `default_tile`
   picks (a TMA tile under WGMMA_TMA=1 where TMA can load it: a known M and a row-major A); WGMMA=0 turns this off.
   A big matmul of plain float32 loads is one 3xTF32 warpgroup-MMA kernel (OptOps.TF32X3, tile `default_split_tile`)
-  under F32_MATMUL=3xtf32 (the default), whatever WGMMA says, where that tile gives a wave of blocks
-  (`split_tile_fills_a_wave`: fewer blocks of a 3xTF32 tile lose to the CUDA-core template); F32_MATMUL=simt, and a
-  matmul too small for a wave, leave it to the rules after this."""
+  under F32_MATMUL=3xtf32 (the default), whatever WGMMA says (it beat the CUDA-core template at every shape of
+  bench/sgemm.py on an H100); F32_MATMUL=simt leaves it to the rules after this."""
   if not kernel.renderer.warpgroup_mma: return False
   use = matmul_of(kernel.state)
   if isinstance(use, str) or not worth_it(use): return False
   if use.split_tf32:
-    tile = default_split_tile(use.m, use.n)
-    return Context.F32_MATMUL == "3xtf32" and split_tile_fills_a_wave(use.m, use.n, tile) and \
-      try_opt(kernel, Opt(OptOps.TF32X3, 0, tile))
+    return Context.F32_MATMUL == "3xtf32" and try_opt(kernel, Opt(OptOps.TF32X3, 0, default_split_tile(use.m, use.n)))
   return bool(Context.WGMMA) and \
     try_opt(kernel, Opt(OptOps.WGMMA, 0, default_tile(use.m, use.n, bool(Context.WGMMA_TMA) and loads_by_tma(use))))
 

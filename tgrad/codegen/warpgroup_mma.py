@@ -28,7 +28,7 @@ Everything about it is here, in the order it is used:
      the TMA tiles under WGMMA_TMA=1 where they can load, and for a symbolic M from its maximum up to TYPICAL_ROWS.
      A 3xTF32 matmul takes Opt(OptOps.TF32X3, 0, i) instead: tile i of SPLIT_TILES (warpgroups, block_n, stages,
      A in registers), cp.async loads; BEAM tries every one; the heuristics take `default_split_tile` under
-     F32_MATMUL=3xtf32 (the default) where it gives a wave of blocks. WGMMA refuses such a matmul (a single TF32
+     F32_MATMUL=3xtf32 (the default). WGMMA refuses such a matmul (a single TF32
      pass is not float32) and TF32X3 every other.
   3. rendering: compile.render_source hands AxisState.warpgroup_matmul to renderer.render_warpgroup_matmul.
 """
@@ -73,7 +73,10 @@ SPLIT_TILES: tuple[tuple[int, int, int, bool], ...] = (
   (1, 128, 4, False), (1, 64, 11, False), (1, 64, 5, False),
   (2, 128, 5, True), (2, 128, 4, True), (1, 128, 6, True), (2, 64, 6, True), (1, 64, 8, True))
 # The heuristics' 3xTF32 tile, chosen as DEFAULT_TILES (a wave of blocks, else the most blocks).
-DEFAULT_SPLIT_TILES = ((2, 128, 5, True), (2, 64, 6, True))
+DEFAULT_SPLIT_TILES = ((2, 128, 5, True), (2, 64, 6, True), (1, 64, 8, True))
+# ... with SPLIT_WAVE_FRACTION of the SMs for a wave: on an H100 (bench/sgemm.py) 512×1536×640 ran 1.12× cuBLAS float32
+# on 96 blocks of 128×64 and 0.76× on 192 of 64×64; below such a wave the smallest tile's blocks are the fastest.
+SPLIT_WAVE_FRACTION = 0.7
 GPU_SMS = 132
 WAVE_FRACTION = 0.9
 # Below this many multiply-adds (M·N·K) the mma.sync tensor-core kernels are left the work: the heuristics' WGMMA
@@ -230,14 +233,9 @@ def _split_blocks(m: sint, n: int, tile: tuple[int, int, int, bool]) -> int:
 def default_split_tile(m: sint, n: int) -> int:
   """The heuristics' 3xTF32 tile for an M×N output (an index into SPLIT_TILES; see DEFAULT_SPLIT_TILES); a symbolic M
   counts as its maximum up to TYPICAL_ROWS."""
-  tile = next((t for t in DEFAULT_SPLIT_TILES if _split_blocks(m, n, t) >= WAVE_FRACTION * GPU_SMS),
+  tile = next((t for t in DEFAULT_SPLIT_TILES if _split_blocks(m, n, t) >= SPLIT_WAVE_FRACTION * GPU_SMS),
               DEFAULT_SPLIT_TILES[-1])
   return SPLIT_TILES.index(tile)
-
-def split_tile_fills_a_wave(m: sint, n: int, tile: int) -> bool:
-  """Whether 3xTF32 tile `tile` (an index into SPLIT_TILES) gives a wave of blocks (WAVE_FRACTION of the SMs) to an
-  M×N output: below that the CUDA-core template is the faster default (bench/sgemm.py's Gemma prefill shapes)."""
-  return _split_blocks(m, n, SPLIT_TILES[tile]) >= WAVE_FRACTION * GPU_SMS
 
 def worth_it(use: WarpgroupMatmul) -> bool:
   """Whether the heuristics give this matmul to the warpgroup kernel (big enough: MIN_MULTIPLY_ADDS; a symbolic M at

@@ -1,14 +1,20 @@
 """The LLVM runtime's core launches (runtime.run_on_cores): every core index runs once per launch, a core's exception
 reaches the launching thread and leaves the workers usable, launches from two Python threads at once both complete
-(the second one's cores run on its own thread), and threaded sums (seeded random data, odd sizes, 0-d, size 1) match
+(the second one's cores run on its own thread), the heuristics' pieces (CPU_CHUNKS_PER_CORE a core for a big
+reduce), and threaded sums (seeded random data, odd sizes, 0-d, size 1) match
 numpy in float64 at explicit tolerances.
 """
 import ctypes, threading
 import numpy as np
 import pytest
 from tgrad import Tensor
+from tgrad.codegen.heuristics import CPU_CHUNKS_PER_CORE, hand_coded_optimizations
+from tgrad.codegen.kernel import Kernel, OptOps
+from tgrad.device import Device
 from tgrad.helpers import Context
+from tgrad.ops import Ops
 from tgrad.runtime.llvm import runtime
+from tgrad.schedule import create_schedule
 
 CORE_CALL = ctypes.CFUNCTYPE(None, ctypes.c_int)   # a Python callback with the core index as its only argument
 
@@ -79,3 +85,23 @@ def test_threaded_sums_match_float64(seed):
                                  rtol=RTOL, atol=SUM_ATOL_PER_ROOT * np.sqrt(m.shape[0]) * float(np.abs(m).max()))
     scalar = np.float32(rng.standard_normal())
     assert float(Tensor(scalar).sum().numpy()) == pytest.approx(float(scalar), rel=1e-7)
+
+def _heuristic_threads(out) -> list[int]:
+  """The THREAD amounts the CPU heuristics give each kernel of out's schedule (0: not threaded)."""
+  amounts = []
+  for item in create_schedule([out.lazydata]):
+    if item.ast.op is not Ops.SINK: continue
+    kernel = Kernel(item.ast, Device["LLVM"].renderer)
+    hand_coded_optimizations(kernel)
+    amounts.append(next((opt.amount for opt in kernel.applied_opts if opt.op is OptOps.THREAD), 0))
+  return amounts
+
+def test_big_reduces_are_cut_into_pieces_and_small_ones_and_matmuls_are_not():
+  """A 16M-float sum's partials and a softmax's rows: CPU_CHUNKS_PER_CORE pieces a core; a reduce with too little
+  work a piece, and a matmul: one piece a core."""
+  with Context(THREADS=2):
+    pieces = 2 * CPU_CHUNKS_PER_CORE
+    assert _heuristic_threads(Tensor.empty(1 << 24).sum())[0] == pieces
+    assert _heuristic_threads(Tensor.empty(2048, 2048).softmax(-1)) == [pieces]
+    assert _heuristic_threads(Tensor.empty(256, 1024).sum(-1)) == [2]   # 2^18 loop iterations: 2 pieces
+    assert _heuristic_threads(Tensor.empty(512, 512) @ Tensor.empty(512, 512)) == [2]

@@ -7,7 +7,7 @@ BEAM winner in the cache (search.py), so a winner found and verified under older
 # Bump when a change here alters the code that some AST and Opt list produce, or what an Opt means: axes.py and opts.py,
 # the linearizer, a renderer, the heuristics that seed the search, or how search verifies. Changes that only
 # rename or restructure without changing generated code need no bump.
-CODEGEN_VERSION = 27   # 2: gathers (data-dependent loads); int casts as narrow CUDA index math. 3: row kernels.
+CODEGEN_VERSION = 28   # 2: gathers (data-dependent loads); int casts as narrow CUDA index math. 3: row kernels.
 # 4: guarded GROUPs of symbolic reduces that padding would change (padding guards), split views indexed without division
 # 5: guarded UPCAST and PADTO of symbolic global axes (stride-0 loads stretched, not masked), tensor cores with padded
 # symbolic rows/columns
@@ -50,3 +50,5 @@ CODEGEN_VERSION = 27   # 2: gathers (data-dependent loads); int casts as narrow 
 # out of the reorderable chain (one multiply by a packed block's scale, not one per value)
 # 27: CPU: a packed super-block's innermost run of values stays a loop (heuristics.CPU_VALUE_LOOP_MIN), which the
 # LLVM renderer leaves to the loop vectorizer (an accumulator summed over two loops or more)
+# 28: CPU: a big reduce is threaded in heuristics.CPU_CHUNKS_PER_CORE pieces a core, which the runtime hands out to the
+# cores as they finish one

@@ -102,6 +102,8 @@ class _Settings:
   BEAM_BUDGET: int = 300   # seconds one kernel's search may take; past them the best kernel verified so far wins
   THREADS: int = 0      # CPU threads for THREAD opts; 0 means all cores
   CUDA_GRAPH: int = 1   # 1 replays compiled programs on CUDA as CUDA graphs; 0 launches them kernel by kernel
+  GRAPH_BRANCHES: int = 0   # 1: a CUDA graph's kernel waits only for the kernels whose memory it shares (independent
+                            # kernels may run at once); 0: each waits for the one before (a chain; docs/env.md)
   PDL: int = 1          # 1: on sm_90+ a CUDA graph's kernels launch before their predecessor ends (Programmatic
                         # Dependent Launch) and wait for it on chip; 0 serializes them fully
   PDL_PREFETCH: int = 1  # 1: under PDL a kernel's blocks first prefetch their bytes of its largest read-only input
@@ -140,6 +142,7 @@ _ALLOWED_VALUES: dict[str, tuple[str, Callable[[int], bool]]] = {
   "BEAM_BUDGET": ("a whole number >= 1 (seconds one kernel's search may take)", lambda v: v >= 1),
   "THREADS": ("a whole number >= 0 (0 uses every core)", lambda v: v >= 0),
   "CUDA_GRAPH": ("0 or 1", lambda v: v in (0, 1)),
+  "GRAPH_BRANCHES": ("0 or 1", lambda v: v in (0, 1)),
   "PDL": ("0 or 1", lambda v: v in (0, 1)),
   "PDL_PREFETCH": ("0 or 1", lambda v: v in (0, 1)),
   "JIT_PLAN": ("0 or 1", lambda v: v in (0, 1)),

@@ -77,6 +77,41 @@ def programmatic_edges(launches: Sequence[KernelLaunch | ChildGraph], enabled: b
   return [enabled and isinstance(before, KernelLaunch) and isinstance(launch, KernelLaunch) and
           launch.waits_for_prior_grids for before, launch in zip(launches, launches[1:])]
 
+# A node's memory accesses for `data_dependencies`: (first byte, end byte, writes) per buffer it touches, or None for a
+# node whose accesses are unknown (a captured collective), which orders against every node before and after it.
+Access = tuple[int, int, bool]
+INPUT_SLOT_KIND = "input"   # jit.Slot.kind of a buffer bound per call (jit.py's INPUT: this layer can't import it)
+ANY_ADDRESS = 1 << 64       # the end of the range an input slot stands for: every address
+
+def data_dependencies(accesses: Sequence[Optional[Sequence[Access]]]) -> list[tuple[int, ...]]:
+  """For each node (in program order) the earlier nodes it must wait for so that every pair of nodes whose byte ranges
+  overlap, at least one writing (read after write, write after read, write after write), keeps its order, with the
+  edges other edges imply left out (so a chain stays a chain: each node's only edge the one before it). Earlier
+  accesses a write covers exactly are dropped from the search: a later node that conflicts with them conflicts with
+  the write too, and so waits for them through it."""
+  live: list[tuple[int, int, bool, int]] = []   # (start, end, writes, node) that a later node may still conflict with
+  reach: list[int] = []   # per node, a bitset of every node it waits for, directly or not
+  result: list[tuple[int, ...]] = []
+  barrier: Optional[int] = None   # the last node of unknown accesses
+  for node, ranges in enumerate(accesses):
+    if ranges is None: direct = set(range(node))
+    else:
+      direct = {other for start, end, writes in ranges for lo, hi, other_writes, other in live
+                if lo < end and start < hi and (writes or other_writes)}
+      if barrier is not None: direct.add(barrier)
+    implied = 0
+    for d in direct: implied |= reach[d]
+    kept = tuple(sorted(d for d in direct if not (implied >> d) & 1))
+    result.append(kept)
+    reach.append(implied | sum(1 << d for d in direct))
+    if ranges is None:
+      barrier, live = node, []
+      continue
+    for start, end, writes in ranges:
+      if writes: live = [entry for entry in live if (entry[0], entry[1]) != (start, end)]
+      live.append((start, end, writes, node))
+  return result
+
 def _check_arg(kind: str, value, position: int) -> None:
   if kind == TENSOR_MAP_KIND:
     if not isinstance(value, bytes) or len(value) != TENSOR_MAP_BYTES:
@@ -199,11 +234,14 @@ class _ChildNode:
 
 class CUDAGraph:
   """The launches as one CUDA graph, each node depending on the one before (a kernel that waits for prior grids
-  programmatically under PDL=1: see programmatic_edges), instantiated once and replayed by `launch()`. A launch is a
+  programmatically under PDL=1: see programmatic_edges), or with `dependencies` on the nodes each one lists (indices
+  of earlier nodes: `data_dependencies`; the edge from the node just before stays programmatic where PDL allows it),
+  instantiated once and replayed by `launch()`. A launch is a
   KernelLaunch, or a ChildGraph (a captured collective) that runs as one node in its place. `update(i, args)` patches
   kernel i of the instantiated graph; launches already queued keep their arguments. `close()` (or garbage
   collection) destroys the graph."""
-  def __init__(self, launches: Sequence[KernelLaunch | ChildGraph], stream: int = DEFAULT_STREAM):
+  def __init__(self, launches: Sequence[KernelLaunch | ChildGraph], stream: int = DEFAULT_STREAM,
+               dependencies: Optional[Sequence[tuple[int, ...]]] = None):
     if not launches: raise ValueError("a CUDA graph needs at least one kernel launch")
     self.stream = CUstream(stream)
     self.param_updates = 0   # kernel nodes patched by update() (unchanged arguments are not patched)
@@ -213,18 +251,22 @@ class CUDAGraph:
                              _KernelNode(launch, kernel_identity(launch)) for launch in launches]
     check(self._lib.cuGraphCreate(ctypes.byref(self._graph), 0), "cuGraphCreate")
     self.programmatic = programmatic_edges(launches, bool(Context.PDL) and has_programmatic_edges())
+    self.dependencies = [tuple(d) for d in dependencies] if dependencies is not None else \
+      [(index - 1,) if index else () for index in range(len(launches))]
     try:
       for index, (node, launch) in enumerate(zip(self.nodes, launches)):
-        programmatic = index > 0 and self.programmatic[index - 1]
-        previous = self.nodes[index - 1] if index > 0 and not programmatic else None
-        dependencies = ctypes.byref(previous.handle) if previous is not None else None
-        count = 1 if previous is not None else 0
+        waits_for = self.dependencies[index]
+        # the edge from the node before is programmatic where PDL allows it; every other edge is a full one
+        programmatic = index > 0 and self.programmatic[index - 1] and index - 1 in waits_for
+        full = [self.nodes[d].handle for d in waits_for if not (programmatic and d == index - 1)]
+        handles = (CUgraphNode * len(full))(*full) if full else None
+        count = len(full)
         if isinstance(node, _ChildNode):
-          check(self._lib.cuGraphAddChildGraphNode(ctypes.byref(node.handle), self._graph, dependencies, count,
+          check(self._lib.cuGraphAddChildGraphNode(ctypes.byref(node.handle), self._graph, handles, count,
                                                    CUgraph(node.child.graph)),
                 f"cuGraphAddChildGraphNode (node {index} of {len(self.nodes)})")
         else:
-          check(self._lib.cuGraphAddKernelNode_v2(ctypes.byref(node.handle), self._graph, dependencies, count,
+          check(self._lib.cuGraphAddKernelNode_v2(ctypes.byref(node.handle), self._graph, handles, count,
                                                   ctypes.byref(node.params)),
                 f"cuGraphAddKernelNode_v2 (node {index} of {len(self.nodes)}, grid {launch.grid}, "
                 f"block {launch.block}, {launch.shared_bytes} shared bytes)")
@@ -356,12 +398,27 @@ class CUDAGraphRunner:
   def _child_of(self, instruction: Any) -> Optional[ChildGraph]:
     make = getattr(instruction.runner, "cuda_child_graph", None)
     return None if make is None else make(self.device, [self.slots[s].buffer for s in instruction.args])
+  def _accesses(self, ins: Any, launch: KernelLaunch | ChildGraph) -> Optional[list[Access]]:
+    """The byte ranges a kernel instruction reads and writes (outputs first), for `data_dependencies`; None for a
+    child graph. An input slot's range is every address: a later call may bind it to any buffer, even one this graph
+    writes, and no rebinding then changes the edges."""
+    if isinstance(launch, ChildGraph): return None
+    ranges = []
+    for position, s in enumerate(ins.args):
+      slot, writes = self.slots[s], position < getattr(ins, "output_count", 1)
+      if getattr(slot, "kind", None) == INPUT_SLOT_KIND: ranges.append((0, ANY_ADDRESS, writes))
+      else:
+        start = int(slot.buffer.handle)
+        ranges.append((start, start + max(slot.buffer.nbytes, 1), writes))
+    return ranges
   def _build(self) -> None:
     pending: list[Any] = []
     launches: list[KernelLaunch | ChildGraph] = []
     def flush() -> None:
       if not pending: return
-      graph = CUDAGraph(list(launches))
+      dependencies = data_dependencies([self._accesses(ins, launch) for ins, launch in zip(pending, launches)]) \
+        if Context.GRAPH_BRANCHES else None
+      graph = CUDAGraph(list(launches), dependencies=dependencies)
       for index, (ins, launch) in enumerate(zip(pending, launches)):
         if isinstance(launch, ChildGraph):
           self.child_slots.update(ins.args)

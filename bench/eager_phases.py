@@ -3,11 +3,10 @@
 Walks the eager realize's steps itself (tgrad/realize.py `realize` and `_launch_eager`, on the eager key's hit) with a
 host clock read between them, over CALLS calls, and prints each phase's 10th percentile and median in microseconds,
 less the cost of reading the clock (measured by an empty phase). The phases: building the graph (the Tensor, its
-autograd record, the LazyBuffer), the pre-realize passes (path selection's check), the eager key, its look-up (with
-the check that the launch was made under these settings from this runner cache, `_made_here`), the output Buffer (its
-memory from the allocator's pool, allocated as it is made), the commit to the graph, the handles, the kernel's launch
-(the ctypes call), and dropping the result (its Buffer's memory back to the pool). On a shared machine the 10th
-percentile is the steadier number; the load average is printed.
+autograd record, the LazyBuffer), the pre-realize passes (path selection's check), the eager key, its look-up, the
+output Buffer (its memory from the allocator's pool, allocated as it is made), the commit to the graph, the handles,
+the kernel's launch (the ctypes call), and dropping the result (its Buffer's memory back to the pool). On a shared
+machine the 10th percentile is the steadier number; the load average is printed.
 Usage: python bench/eager_phases.py [--size 16] [--calls 20000]
 """
 from __future__ import annotations
@@ -35,7 +34,6 @@ def main() -> None:
   clock = time.perf_counter_ns
   samples: dict[str, list[int]] = {phase: [] for phase in PHASES}
   riders = current_settings().RIDERS
-  settings = realize_module._settings()
   for _ in range(args.calls):
     t0 = clock()
     out = a + b
@@ -46,7 +44,6 @@ def main() -> None:
     key, nodes, bufs = eager_key(lb, riders)
     t3 = clock()
     entry = eager_launches[key]
-    if not realize_module._made_here(entry[0], entry[1], settings): raise RuntimeError("the eager launch is stale")
     t4 = clock()
     _, _, launch, indices, outputs, new_buffers, commits, _, _ = entry
     for device, size, dtype in new_buffers:

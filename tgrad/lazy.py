@@ -501,10 +501,10 @@ def _split_reduce(x: LazyBuffer, op: Ops, axes: tuple[int, ...], dtype: DType) -
   """x.r(op, axes, dtype) as two reduces when it is big and has few outputs (see SPLIT_REDUCE_*), else None; the
   partials have the result's dtype."""
   if is_symbolic(x.shape): return None   # the split needs the sizes; a symbolic reduce stays one kernel
-  if (inputs := prod(x.shape[a] for a in axes)) < SPLIT_REDUCE_MIN_INPUTS: return None
+  inputs = prod(x.shape[a] for a in axes)
   max_outputs = SPLIT_REDUCE_MAX_OUTPUTS if DEVICE_TRAITS[x.device].has_local else \
     cpu_count() * SPLIT_REDUCE_CPU_OUTPUTS_PER_CORE   # no device start
-  if prod(x.shape) // inputs >= max_outputs: return None
+  if inputs < SPLIT_REDUCE_MIN_INPUTS or prod(x.shape) // inputs >= max_outputs: return None
   for axis in sorted(axes, key=lambda a: -x.shape[a]):
     parts = next((p for p in SPLIT_REDUCE_PARTS if x.shape[axis] % p == 0), None)
     if parts is not None: break

@@ -350,15 +350,9 @@ def _plan_of(template: Template, items: Sequence[ScheduleItem], settings: tuple)
                      reads))
   return settings, tuple(launches), any(launch[4] is not None for launch in launches), _runner_cache
 
-def _made_here(made_under: tuple, runner_cache: dict, settings: tuple) -> bool:
-  """Whether launches made under the settings `made_under` from `runner_cache` (a plan's, an eager launch's) may run
-  now: the same settings (the same tuple, the usual case, or an equal one) and the runner cache in use (one that was
-  since replaced, a test's fresh one, holds runners that are not used)."""
-  return (made_under is settings or made_under == settings) and runner_cache is _runner_cache
-
 def _plan_usable(plan: Optional[Plan], settings: tuple) -> bool:
-  """Whether a template's plan can launch now: it has launches, made here (`_made_here`)."""
-  return plan is not None and plan[1] is not None and _made_here(plan[0], plan[3], settings)
+  """Whether a template's plan can launch now: it has launches, made under these settings from this runner cache."""
+  return plan is not None and plan[1] is not None and plan[0] == settings and plan[3] is _runner_cache
 
 def realize(*lbs: LazyBuffer) -> None:
   """Compute the given lazy values into device buffers (afterwards `lb.base.buffer` holds each)."""
@@ -369,7 +363,8 @@ def realize(*lbs: LazyBuffer) -> None:
   eager = None
   if len(lbs) == 1 and (root := lbs[0])._base is None and root.buffer is None:
     if (eager := eager_key(root, current.RIDERS)) is not None and \
-       (entry := eager_launches.get(eager[0])) is not None and _made_here(entry[0], entry[1], settings):
+       (entry := eager_launches.get(eager[0])) is not None and (entry[0] is settings or entry[0] == settings) and \
+       entry[1] is _runner_cache:
       return _launch_eager(eager[1], eager[2], entry)
   if (found := look_up(lbs, current)) is None: return
   template = found[2]

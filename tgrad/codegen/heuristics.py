@@ -59,19 +59,9 @@ def _register_tile(kernel: Kernel) -> None:
   rows_axis = next((a for a in candidates if a != vector_axis and kernel.full_shape[a] % CPU_TILE_ROWS == 0), None)
   if rows_axis is not None: try_opt(kernel, Opt(OptOps.UPCAST, rows_axis, CPU_TILE_ROWS))
 
-# A big reduce (a split sum's partials, softmax's rows, a column sum's columns) is cut into CPU_CHUNKS_PER_CORE
-# pieces a core, which the runtime hands to the cores as each finishes one (runtime.run_on_cores): a core slowed by
-# another process, or a worker that wakes late, then takes fewer pieces instead of holding up the kernel while the
-# other core waits (with one piece a core, a shared core made a 16M-float sum take twice as long). Each piece keeps
-# CPU_CHUNK_MIN_WORK loop iterations at least, so handing it out (a few µs) stays small against it.
-CPU_CHUNKS_PER_CORE = 8
-CPU_CHUNK_MIN_WORK = 1 << 17
-
-def _threads(kernel: Kernel, pieces: bool = False) -> None:
+def _threads(kernel: Kernel) -> None:
   """Split the outermost output axis of known size across the cores when there is enough work (judged at the
-  variables' bounds: a symbolic kernel's loops run to the values of the call); with `pieces`, a big concrete reduce
-  into CPU_CHUNKS_PER_CORE pieces a core where they divide the axis (not yet measured on matmuls, which keep one piece
-  a core)."""
+  variables' bounds: a symbolic kernel's loops run to the values of the call)."""
   cores = cpu_count()
   if cores <= 1 or vmax_of(prod(kernel.full_shape)) < CPU_THREAD_MIN_WORK: return
   if kernel.global_dims == 0: return
@@ -79,10 +69,6 @@ def _threads(kernel: Kernel, pieces: bool = False) -> None:
     next((a for a in range(kernel.global_dims) if _known(kernel, a) and kernel.full_shape[a] > 1), None)
   if axis is None: return
   size = kernel.full_shape[axis]
-  chunks = cores * CPU_CHUNKS_PER_CORE
-  if pieces and kernel.reduceops and not kernel.symbolic and size % chunks == 0 and \
-     prod(kernel.full_shape) // chunks >= CPU_CHUNK_MIN_WORK and try_opt(kernel, Opt(OptOps.THREAD, axis, chunks)):
-    return
   for threads in range(cores, 1, -1):
     if size % threads == 0 and try_opt(kernel, Opt(OptOps.THREAD, axis, threads)): return
 
@@ -213,7 +199,7 @@ def _cpu_rules(kernel: Kernel) -> None:
   _register_tile(kernel)
   _cpu_column_reduce(kernel)
   _unroll_online(kernel)
-  _threads(kernel, pieces=True)
+  _threads(kernel)
 
 # GPU: 256 threads per block (8 warps) keeps an SM's 2048 thread slots full with 8 blocks and leaves room for
 # registers; the CUDA best-practices guide recommends 128–256.

@@ -2,15 +2,15 @@
 
 Compiler: IR text → optimized (new pass manager, O3 with loop and SLP vectorization) → an object file for the
 host CPU with all its features. Program: the object loaded into its own MCJIT engine; a THREAD launch calls the
-function once per piece index, on the calling thread and worker threads that each claim the next piece as they
-finish one (ctypes releases the GIL, so the calls run in parallel); a forked child starts workers of its own. Memory
-is numpy bytes with their address (HostMemory); a view is a slice with its address; `prepare` binds a launch's
-pointers once, for replaying it in a tight loop; `launcher` gives a launch on handles with the function and thread
-count resolved once (an eager op's).
+function once per core index, core 0 on the calling thread and the others from a thread pool (ctypes releases the GIL,
+so the calls run in parallel); a forked child starts a pool of its own. Memory is numpy bytes with their address
+(HostMemory); a view is a slice with its address; `prepare` binds a launch's pointers once, for replaying it in a
+tight loop; `launcher` gives a launch on handles with the function and thread count resolved once (an eager op's).
 """
 from __future__ import annotations
-import collections, ctypes, functools, hashlib, itertools, os, struct, sys, threading, time
-from typing import Callable, Optional
+import collections, ctypes, functools, hashlib, os, struct, sys, time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable
 import numpy as np
 import llvmlite
 import llvmlite.binding as llvm
@@ -112,68 +112,20 @@ class LLVMCompiler(Compiler):
     builder.getModulePassManager().run(module, builder)
     return tm.emit_object(module)
 
-class _CoreWorker:
-  """A thread that serves `run_on_cores`: handed a launch by releasing `start`, it runs the pieces it claims
-  (`_claim_and_run`) and releases `done`. Two plain locks per launch, where a ThreadPoolExecutor made a Future, a work
-  item and a condition variable per call and woke the caller through it: measured on 2 shared Zen 3 cores, a 2-core
-  launch of an empty function 25-52 µs median through the executor, 20-26 µs so."""
-  def __init__(self):
-    self.start, self.done = threading.Lock(), threading.Lock()
-    self.start.acquire()
-    self.done.acquire()
-    self.call: tuple = ()
-    self.error: Optional[BaseException] = None
-    threading.Thread(target=self._serve, name="tgrad-core", daemon=True).start()
-  def _serve(self) -> None:
-    while True:
-      self.start.acquire()
-      try: _claim_and_run(*self.call)
-      except BaseException as error: self.error = error   # noqa: BLE001 (raised on the launching thread)
-      self.done.release()
-
-def _claim_and_run(fn, pointers: list, claim: Callable[[], int], pieces: int) -> None:
-  """fn(*pointers, piece) for each piece this thread claims, until none is left (`claim` is an itertools.count's
-  __next__: atomic under the GIL, so no piece runs twice)."""
-  while (piece := claim()) < pieces: fn(*pointers, piece)
-
-_core_workers: list[_CoreWorker] = []   # worker threads beside the launching one
-_dispatch = threading.Lock()            # held while the workers serve one launch
+@functools.cache
+def _thread_pool() -> ThreadPoolExecutor:
+  return ThreadPoolExecutor(max_workers=cpu_count())
 
 def run_on_cores(fn, pointers: list, threads: int) -> None:
-  """fn(*pointers, piece) for every piece index below `threads` (a THREAD launch: the kernel computes piece i of its
-  output), on the calling thread and up to cpu_count() − 1 worker threads, each claiming the next piece as it finishes
-  one (more pieces than cores balance the load: heuristics.CPU_CHUNKS_PER_CORE). Returns when every piece has run; a
-  piece's exception is raised. A launch from another Python thread while the workers are busy runs its pieces one
-  after the other on its own thread (each piece computes its own part, so the order does not matter)."""
-  executors = min(threads, cpu_count())
-  if executors <= 1 or not _dispatch.acquire(blocking=False):
-    for piece in range(threads): fn(*pointers, piece)
-    return
-  try:
-    while len(_core_workers) < executors - 1: _core_workers.append(_CoreWorker())
-    workers, claim, started = _core_workers[:executors - 1], itertools.count().__next__, 0
-    try:
-      for worker in workers:
-        worker.call = (fn, pointers, claim, threads)
-        worker.start.release()
-        started += 1
-      _claim_and_run(fn, pointers, claim, threads)
-    finally:
-      for worker in workers[:started]: worker.done.acquire()
-    for worker in workers[:started]:
-      if (error := worker.error) is not None:
-        worker.error = None
-        raise error
-  finally: _dispatch.release()
+  """fn(*pointers, core) for every core index: cores 1.. on the pool's threads, core 0 on the calling thread (which
+  would only wait otherwise: one thread fewer to wake). Returns when every call has; a call's exception is raised."""
+  others = [_thread_pool().submit(fn, *pointers, core) for core in range(1, threads)]
+  fn(*pointers, 0)
+  for call in others: call.result()
 
-def _forget_workers() -> None:
-  """In a forked child: the parent's worker threads are not there (and the dispatch lock may have been held by a
-  thread that is not there either); the child starts workers of its own on first use."""
-  global _dispatch
-  _core_workers.clear()
-  _dispatch = threading.Lock()
-
-os.register_at_fork(after_in_child=_forget_workers)
+# A forked child inherits the pool object but not its threads: work queued on it would wait forever. The child makes a
+# pool of its own on first use (the parent's is left alone: shutting it down would join threads that are not there).
+os.register_at_fork(after_in_child=_thread_pool.cache_clear)
 
 # The ELF64 fields check_object reads (System V gABI): the file header, section headers, symbols and relocations.
 ELF_HEADER = struct.Struct("<16sHHIQQQIHHHHHH")   # ident, type, machine, version, entry, phoff, shoff, flags, ehsize,

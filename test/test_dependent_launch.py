@@ -76,9 +76,11 @@ def random_program(rng: np.random.Generator):
     return x
   return program, (rows, cols), (cols,)
 
-def replays(program, shapes, pdl: int, seed: int) -> tuple[list[np.ndarray], list[CUDAGraph]]:
+def replays(program, shapes, pdl: int, seed: int, **settings) -> tuple[list[np.ndarray], list[CUDAGraph]]:
+  """A TinyJit of `program` run on seeded inputs (a run, the capture, REPLAYS replays) under PDL=pdl and `settings`:
+  each call's output and the CUDA graphs it replayed."""
   rng = np.random.default_rng(seed)
-  with Context(PDL=pdl):
+  with Context(PDL=pdl, **settings):
     jitted = TinyJit(program)
     outputs = []
     for _ in range(2 + REPLAYS):   # run, capture, then replays

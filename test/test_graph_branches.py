@@ -8,13 +8,12 @@ reuse of freed activation bytes orders most kernels after the one before.)"""
 import itertools
 import numpy as np
 import pytest
-from tgrad import Tensor, TinyJit
-from tgrad.helpers import Context
+from tgrad import Tensor
 from tgrad.runtime.cuda.graph import ANY_ADDRESS, data_dependencies
+from test_dependent_launch import replays  # seeded TinyJit runs and their graphs
 
 PATTERNS = 40
 PROGRAMS = 6
-REPLAYS = 3
 
 def random_accesses(rng: np.random.Generator):
   """3..40 nodes over a few buffers (some overlapping: views of one arena), each reading and writing a few; now and
@@ -102,26 +101,13 @@ def random_program(rng: np.random.Generator):
     return (a - b).contiguous()
   return program, (rows, cols), (rows, cols)
 
-def replays(program, shapes, branches: int, pdl: int, seed: int):
-  from tgrad.runtime.cuda.graph import CUDAGraph
-  rng = np.random.default_rng(seed)
-  with Context(GRAPH_BRANCHES=branches, PDL=pdl):
-    jitted = TinyJit(program)
-    outputs = []
-    for _ in range(2 + REPLAYS):   # run, capture, then replays
-      args = [Tensor(rng.standard_normal(shape).astype(np.float32), device="CUDA") for shape in shapes]
-      outputs.append(jitted(*args).numpy().copy())
-    graphs = [step for runner in jitted.captured.runners for step in getattr(runner, "steps", ())
-              if isinstance(step, CUDAGraph)]
-  return outputs, graphs
-
 @gpu
 @pytest.mark.parametrize("seed", range(PROGRAMS))
 def test_branched_replays_are_bit_identical_to_the_chain(seed):
   program, *shapes = random_program(np.random.default_rng(seed))
-  chain, _ = replays(program, shapes, 0, 1, seed)
+  chain, _ = replays(program, shapes, 1, seed, GRAPH_BRANCHES=0)
   for pdl in (0, 1):
-    branched, graphs = replays(program, shapes, 1, pdl, seed)
+    branched, graphs = replays(program, shapes, pdl, seed, GRAPH_BRANCHES=1)
     for got, want in zip(branched, chain): np.testing.assert_array_equal(got, want)
     for graph in graphs:   # the graph's edges are the analysis of its launches
       assert len(graph.dependencies) == len(graph) and all(d < i for i, ds in enumerate(graph.dependencies) for d in ds)

@@ -42,7 +42,7 @@ def test_custom_kernel_example(tmp_path):
   """Registers the fused kernels, profiles both graphs into a temporary database and shows what it chose (on a
   CPU-only machine: the LLVM IR and numpy versions)."""
   env = {**os.environ, "TGRAD_CACHE": str(tmp_path / "cache.db")}
-  run = subprocess.run([sys.executable, str(EXAMPLES / "custom_kernel.py"), "--budget", "20", "--new-tokens", "4"],
+  run = subprocess.run([sys.executable, str(EXAMPLES / "custom_kernel.py"), "--budget", "60", "--new-tokens", "4"],
                        capture_output=True, text=True, timeout=300, env=env)
   assert run.returncode == 0, run.stderr[-2000:]
   assert "profiled 2 graphs" in run.stdout and "0 failed" in run.stdout

@@ -450,7 +450,7 @@ def test_cuda_graph_runner_patches_variable_args_and_grid(monkeypatch):
   from tgrad.codegen.compile import CompiledKernel
   from tgrad.jit import Instruction
   class RecordingGraph:
-    def __init__(self, launches): self.launches, self.updates = launches, []
+    def __init__(self, launches, dependencies=None): self.launches, self.updates = launches, []
     def update_variables(self, index, values, global_size):
       self.updates.append((index, list(values), tuple(global_size)))
     def launch(self): pass
@@ -481,7 +481,7 @@ def test_cuda_graph_runner_variable_patches_fuzz(monkeypatch):
   from tgrad.codegen.compile import CompiledKernel
   from tgrad.jit import Instruction
   class RecordingGraph:
-    def __init__(self, launches):
+    def __init__(self, launches, dependencies=None):
       self.state, self.patches = [(list(launch.args), launch.grid) for launch in launches], 0
     def update_variables(self, index, values, global_size):
       pointers = len(self.state[index][0]) - len(values)

@@ -73,18 +73,23 @@ def test_wgmma_matmul_matches_numpy(shape, config, dtype):
 
 # ---- OptOps.WGMMA: tgrad's own matmul kernels, every tile, and what realize picks
 
-def run_wgmma_opt(out: Tensor, tile: int) -> np.ndarray:
-  """out's inputs realized, then its last kernel run on CUDA as a warpgroup matmul with WGMMA_TILES[tile] into a
-  buffer poisoned with NaN; the output's 16-bit patterns, in out's shape."""
+def run_last_kernel(out: Tensor, opt: Opt) -> np.ndarray:
+  """out's inputs realized, then its last kernel run on CUDA with `opt` (its only opt) into a buffer poisoned with
+  NaN: the output in out's shape, float32 values or a 16-bit float's patterns (uint16)."""
   items = create_schedule([out.lazydata])
   run_schedule(items[:-1])
   kernel = Kernel(items[-1].ast, Device["CUDA"].renderer)
-  kernel.apply_opt(Opt(OptOps.WGMMA, 0, tile))
-  runner = compile_kernel("CUDA", kernel, "wgmma_opt")
-  result = Buffer("CUDA", items[-1].outputs[0].size, out.dtype).copyin(np.full(items[-1].outputs[0].size, POISON,
-                                                                                np.uint16))
+  kernel.apply_opt(opt)
+  runner = compile_kernel("CUDA", kernel, opt.op.name.lower())
+  size = items[-1].outputs[0].size
+  poison = np.full(size, np.nan, np.float32) if out.dtype == dtypes.float32 else np.full(size, POISON, np.uint16)
+  result = Buffer("CUDA", size, out.dtype).copyin(poison)
   runner([result] + list(items[-1].inputs), wait=True)
-  return result.copyout().view(np.uint16).reshape(out.shape)
+  return result.copyout().view(poison.dtype).reshape(out.shape)
+
+def run_wgmma_opt(out: Tensor, tile: int) -> np.ndarray:
+  """The last kernel of a half/bfloat16 `out` as a warpgroup matmul with WGMMA_TILES[tile]: its 16-bit patterns."""
+  return run_last_kernel(out, Opt(OptOps.WGMMA, 0, tile))
 
 OPT_SHAPES = [(512, 640, 2048), (200, 136, 200), (4096, 4096, 4096)]
 
@@ -160,14 +165,7 @@ def check_tf32(got: np.ndarray, rounded: np.ndarray, truncated: np.ndarray, scal
 def test_wgmma_tf32_opt_rounds_like_the_graph(tile, shape):
   if not hopper(): pytest.skip("wgmma needs compute capability 9.0 (sm_90a)")
   out, rounded, truncated, scale = tf32_product(*shape)
-  items = create_schedule([out.lazydata])
-  run_schedule(items[:-1])
-  kernel = Kernel(items[-1].ast, Device["CUDA"].renderer)
-  kernel.apply_opt(Opt(OptOps.WGMMA, 0, tile))
-  runner = compile_kernel("CUDA", kernel, "wgmma_tf32")
-  result = Buffer("CUDA", out.numel(), dtypes.float32).copyin(np.full(out.numel(), np.nan, np.float32))
-  runner([result] + list(items[-1].inputs), wait=True)
-  check_tf32(result.copyout().view(np.float32).reshape(out.shape), rounded, truncated, scale)
+  check_tf32(run_last_kernel(out, Opt(OptOps.WGMMA, 0, tile)), rounded, truncated, scale)
 
 def test_realize_picks_wgmma_for_a_big_tf32_matmul():
   if not hopper(): pytest.skip("wgmma needs compute capability 9.0 (sm_90a)")

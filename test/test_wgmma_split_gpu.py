@@ -6,16 +6,13 @@ sm_90 GPU; the CPU-side checks (NVRTC, the CPU emulator) are test/unit/test_wgmm
 import numpy as np
 import pytest
 from tgrad import Tensor
-from tgrad.codegen.compile import compile_kernel
 from tgrad.codegen.heuristics import hand_coded_optimizations
 from tgrad.codegen.kernel import Kernel, Opt, OptOps
 from tgrad.codegen.warpgroup_mma import SPLIT_TILES
-from tgrad.device import Buffer, Device
-from tgrad.dtype import dtypes
+from tgrad.device import Device
 from tgrad.helpers import Context
-from tgrad.realize import run_schedule
-from tgrad.runtime.cuda import wgmma
 from tgrad.schedule import create_schedule
+from test_wgmma_gpu import hopper, run_last_kernel  # the last kernel with one opt, on a poisoned output
 
 pytestmark = pytest.mark.gpu
 
@@ -24,8 +21,6 @@ SHAPES = [(512, 640, 1024), (200, 136, 44)]   # (M, N, K): whole tiles; partial 
 # the tensor cores' float32 accumulation (each wgmma's sum truncated) adds to the split's error: 4.2-4.3x numpy
 # float32's on an H100 at 4096³ (bench/sgemm.py); a lost small-part term would be ~1000x
 MAX_ERROR_RATIO = 6.0
-
-def hopper() -> bool: return wgmma.wgmma_arch(Device["CUDA"].renderer.arch) is not None
 
 def product(m: int, n: int, k: int, b_n_major: bool):
   """(lazy a·b on CUDA, a, b as K×N numpy) with b stored K×N or N×K."""
@@ -52,14 +47,7 @@ def check(got: np.ndarray, a: np.ndarray, b_kn: np.ndarray) -> None:
 def test_tf32x3_opt_is_float32_class(tile, shape, b_n_major):
   if not hopper(): pytest.skip("wgmma needs compute capability 9.0 (sm_90a)")
   out, a, b_kn = product(*shape, b_n_major)
-  items = create_schedule([out.lazydata])
-  run_schedule(items[:-1])
-  kernel = Kernel(items[-1].ast, Device["CUDA"].renderer)
-  kernel.apply_opt(Opt(OptOps.TF32X3, 0, tile))
-  runner = compile_kernel("CUDA", kernel, "tf32x3")
-  result = Buffer("CUDA", out.numel(), dtypes.float32).copyin(np.full(out.numel(), np.nan, np.float32))
-  runner([result] + list(items[-1].inputs), wait=True)
-  check(result.copyout().view(np.float32).reshape(out.shape), a, b_kn)
+  check(run_last_kernel(out, Opt(OptOps.TF32X3, 0, tile)), a, b_kn)
 
 @pytest.mark.parametrize("b_n_major", [False, True], ids=["b_NxK", "b_KxN"])
 def test_realize_picks_3xtf32_for_a_big_float32_matmul_by_default_and_simt_under_the_setting(b_n_major):

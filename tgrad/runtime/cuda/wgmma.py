@@ -464,6 +464,19 @@ def descriptor_bits(c: WgmmaConfig) -> tuple[int, int]:
   """The fixed fields (LBO, SBO, 128-byte swizzle) of A's and B's shared-memory matrix descriptors."""
   return tuple(encode_descriptor(0, *c.descriptor_offsets(operand_b), SWIZZLE_128B) for operand_b in (0, 1))
 
+def wgmma_statement(instruction: str, accumulators: str, count: int, a_inputs: list[str], b_input: str,
+                    immediates: str) -> str:
+  """One wgmma as inline PTX: `count` accumulators of the array `accumulators` (read and written), A as one input (a
+  descriptor) or several (its fragment's registers, in braces), B's descriptor, scale-d as a predicate set from an
+  immediate 1, then `immediates` (scale-a, scale-b and any transposes)."""
+  registers = ", ".join(f"%{i}" for i in range(count))
+  a_first, b, one = count, count + len(a_inputs), count + len(a_inputs) + 1
+  a_text = f"%{a_first}" if len(a_inputs) == 1 else \
+    "{" + ", ".join(f"%{a_first + i}" for i in range(len(a_inputs))) + "}"
+  outputs = ", ".join(f'"+f"({accumulators}[{i}])' for i in range(count))
+  return (f'asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{one}, 0;\\n{instruction} {{{registers}}}, {a_text}, '
+          f'%{b}, p, {immediates};\\n}}\\n" : {outputs} : {", ".join(a_inputs)}, {b_input}, "n"(1) : "memory");')
+
 def k_tile_wgmmas(c: WgmmaConfig, type_name: str, indent: str,
                   parts: tuple[tuple[Index, Index, str], ...] = ((0, 0, "acc"),)) -> list[str]:
   """The wgmmas of one K tile (BLOCK_K / WGMMA_K of them, from the stage `stage`, descriptors from `a_bits`, `b_bits`
@@ -471,8 +484,6 @@ def k_tile_wgmmas(c: WgmmaConfig, type_name: str, indent: str,
   the cp.async kernel here, the TMA kernel (wgmma_tma.py) and the 3xTF32 kernel (wgmma_split.py), whose `parts` are
   the (A, B) byte offsets (ints or C) from the stage's tiles and the accumulator array of each wgmma of a K step (its
   big and small parts)."""
-  registers = ", ".join(f"%{i}" for i in range(c.accumulators))
-  da, db, one = c.accumulators, c.accumulators + 1, c.accumulators + 2   # scale-d is a predicate: p = 1
   tf32 = type_name == WGMMA_TYPES[TF32]
   instruction = f"wgmma.mma_async.sync.aligned.m64n{c.block_n}k{8 if tf32 else 16}.f32.{type_name}.{type_name}"
   # scale-a, scale-b 1; a 16-bit type also takes imm-trans-a 0 and imm-trans-b (B N-major); TF32 has no transpose
@@ -480,15 +491,13 @@ def k_tile_wgmmas(c: WgmmaConfig, type_name: str, indent: str,
   lines: list[str] = []
   for k_step in range(SWIZZLE_BYTES // STEP_BYTES):
     for a_part, b_part, accumulators in parts:
-      outputs = ", ".join(f'"+f"({accumulators}[{i}])' for i in range(c.accumulators))
       start_a = descriptor_start(c, CExpr("stage"), False, CExpr("warpgroup"), k_step) + a_part
       start_b = descriptor_start(c, CExpr("stage"), True, CExpr("warpgroup"), k_step) + b_part
       lines += [
         "{",
         f"  const unsigned long long desc_a = a_bits | (((shared_base + {start_a}) >> 4) & {DESCRIPTOR_FIELD_MASK});",
         f"  const unsigned long long desc_b = b_bits | (((shared_base + {start_b}) >> 4) & {DESCRIPTOR_FIELD_MASK});",
-        f'  asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{one}, 0;\\n{instruction} {{{registers}}}, %{da}, '
-        f'%{db}, p, {immediates};\\n}}\\n" : {outputs} : "l"(desc_a), "l"(desc_b), "n"(1) : "memory");',
+        "  " + wgmma_statement(instruction, accumulators, c.accumulators, ['"l"(desc_a)'], '"l"(desc_b)', immediates),
         "}"]
   lines += ['asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");',
             'asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");   // tile t - 1\'s wgmmas are done']

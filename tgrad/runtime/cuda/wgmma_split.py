@@ -51,7 +51,7 @@ from tgrad.runtime.cuda.wgmma import (COPY_CHUNK_LINES, DESCRIPTOR_FIELD_MASK, P
                                       _epilogue, block_k, block_prologue, check_shapes, chunk_elements, copies,
                                       copy_k_major, descriptor_bits, descriptor_start, k_major_offset,
                                       k_tile_wgmmas, parameter_list, pipeline_start_lines, rows_line,
-                                      tile_ready_lines)
+                                      tile_ready_lines, wgmma_statement)
 
 F32 = dtypes.float32
 FLOAT_BYTES = 4
@@ -78,8 +78,8 @@ def small_shift_line(c: WgmmaConfig) -> str:
 # A): per K step of 8 the thread holds 4 TF32 values, register i of row 16·warp + lane / 4 + 8·(i % 2) and K
 # column lane % 4 + 4·(i / 2) of its warpgroup's 64 rows (warp and lane within the warpgroup)
 A_FRAGMENT = 4
-A_REGISTERS = A_FRAGMENT * 4   # 4 K steps of 8 in a K tile of 32
 K_STEPS = TILE_K // 8   # TF32 wgmmas (k8) in a K tile
+A_REGISTERS = A_FRAGMENT * K_STEPS   # A's fragments of a whole K tile
 
 def a_fragment_position(thread: Index, register: int) -> tuple[Index, Index]:
   """(row in the warpgroup's 64, K in the step's 8) of A-fragment register `register` of `thread` (0..127)."""
@@ -193,10 +193,10 @@ def _row_major_copy_lines(c: WgmmaConfig, shape: MatmulShape) -> list[str]:
                  f"{source}, b, {' && '.join(checks) or 'true'});")
   return lines
 
-def a_fragment_offset(c: WgmmaConfig, thread: Index, warpgroup: Index, k_step: int, register: int) -> Index:
+def a_fragment_offset(thread: Index, warpgroup: Index, k_step: int, register: int) -> Index:
   """Byte offset in a stage's A tile (K-major, swizzled) of A-fragment register `register` of K step `k_step` for
   `thread` (0..127) of `warpgroup`."""
-  row, k = a_fragment_position(thread, register)
+  row, _ = a_fragment_position(thread, register)
   word = (thread % 32) % 4   # the K column within the 16-byte chunk (register // 2 picks the chunk)
   return k_major_offset(warpgroup * WGMMA_M + row, 2 * k_step + register // 2) + word * FLOAT_BYTES
 
@@ -207,15 +207,12 @@ def register_a_wgmmas(c: WgmmaConfig, indent: str) -> list[str]:
   small_a·big_b and big_a·small_b into `acc_small`, big_a·big_b into `acc` (a step's reads overlap the previous
   step's wgmmas); one commit group for the tile. (A commit group per step, each step waiting only for its own
   registers' previous group, measured slower: 0.92-0.95× cuBLAS float32 against 0.96-0.98× at 4096³.)"""
-  registers = ", ".join(f"%{i}" for i in range(c.accumulators))
-  first_a, desc_b, one = c.accumulators, c.accumulators + A_FRAGMENT, c.accumulators + A_FRAGMENT + 1
-  a_operands = ", ".join(f"%{first_a + i}" for i in range(A_FRAGMENT))
   instruction = f"wgmma.mma_async.sync.aligned.m64n{c.block_n}k8.f32.tf32.tf32"
   lines = ['asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");   // tile t - 1\'s wgmmas read their A',
            f"const unsigned char* const a_tile = aligned_shared + stage * {c.stage_bytes};"]
   for k_step in range(K_STEPS):
     for register in range(A_FRAGMENT):
-      at = a_fragment_offset(c, CExpr("lane_thread"), CExpr("warpgroup"), k_step, register)
+      at = a_fragment_offset(CExpr("lane_thread"), CExpr("warpgroup"), k_step, register)
       index = k_step * A_FRAGMENT + register
       lines.append(f"a_big[{index}] = split(*(const float*)(a_tile + {at}), a_small[{index}]);")
     lines.append('asm volatile("wgmma.fence.sync.aligned;" ::: "memory");   // the A registers are written')
@@ -227,11 +224,9 @@ def register_a_wgmmas(c: WgmmaConfig, indent: str) -> list[str]:
                  f"{DESCRIPTOR_FIELD_MASK});")
     for a_part, b_desc, accumulators in (("a_small", "desc_big", "acc_small"), ("a_big", "desc_small", "acc_small"),
                                          ("a_big", "desc_big", "acc")):
-      outputs = ", ".join(f'"+f"({accumulators}[{i}])' for i in range(c.accumulators))
-      a_inputs = ", ".join(f'"r"(__float_as_uint({a_part}[{k_step * A_FRAGMENT + i}]))' for i in range(A_FRAGMENT))
-      lines.append(f'  asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{one}, 0;\\n{instruction} '
-                   f'{{{registers}}}, {{{a_operands}}}, %{desc_b}, p, 1, 1;\\n}}\\n" : {outputs} : {a_inputs}, '
-                   f'"l"({b_desc}), "n"(1) : "memory");')
+      a_inputs = [f'"r"(__float_as_uint({a_part}[{k_step * A_FRAGMENT + i}]))' for i in range(A_FRAGMENT)]
+      lines.append("  " + wgmma_statement(instruction, accumulators, c.accumulators, a_inputs, f'"l"({b_desc})',
+                                          "1, 1"))
     lines.append("}")
   lines.append('asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");')
   return [indent + line for line in lines]

@@ -13,7 +13,8 @@ accumulators. An mma is a warp's: each lane puts its A and B registers in a bloc
 its barrier, each lane computes its own C elements from its warp's registers, and waits again (so every thread of the
 block must reach each mma, as the tensor-core kernels' uniform loops do); `ldmatrix.x4[.trans]`, `__shfl_xor_sync`
 and `__shfl_sync` are warp exchanges the same way, and `ex2.approx` is exp2 (the flash-attention kernel uses them);
-`atomicAdd` on an unsigned int and `__threadfence` are the host's atomics, `__ldcg` a plain load (flash decoding's
+`__syncwarp` a barrier of the warp's threads, `atomicAdd` on an unsigned int and `__threadfence` are the host's
+atomics, `__ldcg` a plain load (flash decoding's
 last-block combine). A dependent launch's `griddepcontrol.wait` / `launch_dependents` are no-ops (one grid runs at a
 time), and `prefetch.global.L2` reads its byte and records its address: run_on_cpu returns the addresses, for
 checking what an sm_90 kernel prefetches against the buffers it reads.
@@ -61,6 +62,7 @@ static std::barrier<>* block_barrier = nullptr;
 #define __shared__ static
 #define __align__(n) __attribute__((aligned(n)))
 #define __syncthreads() block_barrier->arrive_and_wait()
+#define __syncwarp() emu_warp_barrier()
 struct float2 { float x, y; };
 struct float4 { float x, y, z, w; };
 static inline float2 make_float2(float x, float y) { return {x, y}; }
@@ -90,6 +92,20 @@ static inline unsigned short emu_f64_to_f16(double d) { return emu_bits((_Float1
 static inline float emu_bf16_to_f32(unsigned short b) { return __uint_as_float(((unsigned int)b) << 16); }
 static inline float emu_max_nan(float a, float b) { return (a != a || b != b) ? NAN : (a > b ? a : b); }
 static thread_local unsigned int emu_thread;          // the thread's linear id in its block
+// __syncwarp: a barrier of the thread's warp (its 32 threads must all reach it), one per warp of the block, made when
+// first reached and kept (a launch's blocks and later launches reuse it)
+static std::mutex emu_warp_lock;
+static std::map<unsigned int, std::barrier<>*> emu_warp_barriers;
+static inline void emu_warp_barrier() {
+  std::barrier<>* warp;
+  {
+    std::lock_guard<std::mutex> hold(emu_warp_lock);
+    std::barrier<>*& made = emu_warp_barriers[emu_thread / 32];
+    if (made == nullptr) made = new std::barrier<>(32);
+    warp = made;
+  }
+  warp->arrive_and_wait();
+}
 static unsigned int emu_registers[1024][6];           // each thread's A (4) and B (2) registers at an mma
 static inline float emu_half_of(unsigned int reg, int k, bool bf16) {   // element k % 2 of a packed pair
   unsigned short bits = (unsigned short)(reg >> (16 * (k % 2)));

@@ -46,20 +46,19 @@ def test_compiles_for_sm_90a(ggml_type):
                                              dtypes.float16, config, ("var_prompt_len",))
   assert compile_cuda(source, "sm_90a")[:4] == b"\x7fELF"
 
-# (type, M, N, K, tile (warpgroups, block_n, stages), dtype): K over 3 to 8 tiles (several super-blocks), N past the
-# last tile's rows (W's rows past N read zeros), one case with two warpgroups and one in bfloat16
-CASES = [(GGMLType.Q8_0, 67, 96, 192, (1, 64, 4), dtypes.float16),
-         (GGMLType.Q5_0, 133, 128, 256, (2, 128, 3), dtypes.float16),
-         (GGMLType.Q4_K, 45, 64, 512, (1, 64, 4), dtypes.float16),
-         (GGMLType.Q6_K, 29, 72, 512, (1, 64, 3), dtypes.bfloat16)]
+# (type, M, N, K, tile (consumer warpgroups, producer warpgroups, block_n, stages), dtype): K over 3 to 8 tiles
+# (several super-blocks), N past the last tile's rows (W's rows past N read zeros), one case with two consumer
+# warpgroups, one with two producers, one in bfloat16
+CASES = [(GGMLType.Q8_0, 67, 96, 192, (1, 1, 64, 4), dtypes.float16),
+         (GGMLType.Q5_0, 133, 128, 256, (2, 1, 128, 3), dtypes.float16),
+         (GGMLType.Q4_K, 45, 64, 512, (1, 2, 64, 5), dtypes.float16),
+         (GGMLType.Q6_K, 29, 72, 512, (1, 1, 64, 3), dtypes.bfloat16)]
 
 @pytest.mark.skipif(not cpu_available(), reason="g++ not found")
 @pytest.mark.parametrize("ggml_type,m,n,k,tile,dtype", CASES, ids=str)
 def test_emulated_kernel_matches_numpy(ggml_type, m, n, k, tile, dtype):
   fmt = packed_wgmma.FORMATS[ggml_type.name]
-  warpgroups, block_n, stages = tile
-  config = packed_wgmma.PackedConfig(warpgroups, block_n, stages,
-                                     staging_bytes=packed_wgmma.staging_bytes(fmt, block_n))
+  config = packed_wgmma.make_config(fmt, *tile)
   raw = random_weight(ggml_type, n, k, seed=m)
   w = weight_values(ggml_type, raw, n, k)
   x = np.random.default_rng(k).standard_normal((m, k)).astype(np.float32)

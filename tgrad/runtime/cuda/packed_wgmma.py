@@ -7,16 +7,21 @@ area: for each of the block's weight rows the packed bytes of its 64 values of t
 byte ranges of the row (`PackedFormat.ranges`: two 34-byte Q8_0 blocks; a Q4_K super-block's 16-byte header and the
 32 bytes of nibbles of its quarter; ...). Blocks are not 16-byte aligned in general (34, 22 or 210 bytes), so each
 range is copied as the 16-byte chunks that cover it from its start rounded down to 16 bytes (`cp.async.cg`, the bytes
-past the weight's end zero-filled); a range's `skew` (its start mod 16) says where its first byte landed. Iteration t:
+past the weight's end zero-filled); a range's `skew` (its start mod 16) says where its first byte landed.
 
-  wait for this thread's copies of tile t; barrier (every thread's staged bytes are visible); each thread dequantizes
-  whole 16-byte chunks of the B tile (8 values of one row: float32 values as llama.cpp computes them, rounded once to
-  half, stored at the swizzled place); `fence.proxy.async` (generic stores, read by the async proxy); barrier; issue
-  tile t + stages - 2's copies; the wgmmas of tile t (wgmma.py's `k_tile_wgmmas`), as in the half kernel.
+The block's warps are specialized (`PackedConfig`): consumer warpgroups run the wgmmas (64 rows of x each), producer
+warpgroups copy and dequantize, and a full and an empty mbarrier per stage hand the stages between them. Producer
+iteration t: wait until the consumers are done with tile t's stage (its tile t - stages); cp.async of x's tile t and
+of the warp's own rows' staged bytes; then wait for this thread's copies of tile t - lag (lag = stages - 2), a warp
+barrier (each warp stages and dequantizes only its own rows, so no block barrier is needed), dequantize whole 16-byte
+chunks of the B tile (8 values of one row: float32 values as llama.cpp computes them, rounded once to half, stored at
+the swizzled place), `fence.proxy.async` (generic stores and copies, read by the async proxy), arrive on the stage's
+full barrier. Consumer iteration t: wait on tile t's full barrier, its wgmmas (wgmma.py's `k_tile_wgmmas`), and once
+tile t - 1's wgmmas are done arrive on its empty barrier.
 
-The dequantization of tile t overlaps the wgmmas of tile t - 1, which are still running. M may be symbolic (a prompt's
-rows: the kernel takes the variables as int64 parameters after its buffers); N and K are known, K a multiple of 64
-(and of the type's block); rows of W past N read zeros, rows of x past M read zeros and are not stored. The output is
+So the dequantization of one tile overlaps the wgmmas of the tile before and the copies of the tiles after. M may be
+symbolic (a prompt's rows: the kernel takes the variables as int64 parameters after its buffers); N and K are known, K
+a multiple of 64 (and of the type's block); rows of W past N read zeros, rows of x past M read zeros and are not stored. The output is
 the inputs' half dtype. Tests: test/unit/test_packed_wgmma.py (NVRTC for sm_90a, the CPU emulator against numpy).
 """
 from __future__ import annotations
@@ -24,12 +29,17 @@ from dataclasses import dataclass
 from typing import Callable
 from tgrad.dtype import DType, dtypes
 from tgrad.runtime.cuda.targets import DYNAMIC_SHARED_SUFFIX
-from tgrad.runtime.cuda.wgmma import (BLOCK_K, CHUNK_BYTES, COPY_CHUNK_LINES, MAX_SHARED_BYTES, ROW_CHUNKS,
-                                      SWIZZLE_ATOM_BYTES, SWIZZLE_BYTES, WGMMA_TYPES, CExpr, MatmulShape, WgmmaConfig,
-                                      _copy_lines, _epilogue, block_prologue, copy_k_major, descriptor_bits,
-                                      k_tile_wgmmas, k_major_offset, pipeline_start_lines, rows_line, tile_ready_lines)
+from tgrad.runtime.cuda.wgmma import (BLOCK_K, CHUNK_BYTES, COPY_CHUNK_LINES, MAX_SHARED_BYTES, MBARRIER_BYTES,
+                                      ROW_CHUNKS, SWIZZLE_ATOM_BYTES, SWIZZLE_BYTES, WARP_THREADS, WARPGROUP_THREADS,
+                                      WGMMA_TYPES, CExpr, MatmulShape, WgmmaConfig, _epilogue, _rows_check,
+                                      block_prologue, descriptor_bits, k_tile_wgmmas, k_major_offset, rows_line)
 
 VALUES_PER_CHUNK = CHUNK_BYTES // 2   # half values in one 16-byte chunk of the B tile
+WARPS_PER_WARPGROUP = WARPGROUP_THREADS // WARP_THREADS
+DEQUANT_ROW_QUANTUM = WARP_THREADS // ROW_CHUNKS   # a producer warp's rows come in fours: 8 chunks a row, 32 lanes
+MAX_CONSUMERS = 2      # 64 rows of x each
+MAX_PRODUCERS = 2
+MIN_PACKED_STAGES = 3  # one tile being multiplied, one being dequantized, at least one being copied
 
 @dataclass(frozen=True)
 class ByteRange:
@@ -127,35 +137,63 @@ FORMATS: dict[str, PackedFormat] = {f.name: f for f in (Q8_0, Q5_0, Q4_K, Q6_K)}
 
 @dataclass(frozen=True)
 class PackedConfig(WgmmaConfig):
-  """A wgmma tile (K-major B) whose stages also hold the staged packed bytes: `staging_bytes` per stage after the B
-  tile (a multiple of a swizzle atom, so every stage starts on one)."""
+  """A warp-specialized tile (see the module doc): `warpgroups` consumer warpgroups (the wgmmas, 64 rows of x each)
+  and `producers` producer warpgroups (the copies and the dequantization) over `block_n` weight rows, `stages`
+  buffers. A stage holds the A tile, the B tile (K-major, swizzled) and the staging area (`staging_bytes`, a multiple
+  of a swizzle atom, so every stage starts on one); the stages' full and empty mbarriers follow the last stage. Each
+  producer warp stages and dequantizes its own `rows_per_producer_warp` rows (a multiple of 4: 8 chunks a row over 32
+  lanes), and each producer thread copies whole 16-byte chunks of A (4·warpgroups / producers of them)."""
+  producers: int = 1
   staging_bytes: int = 0
+  def __post_init__(self):
+    ok = 1 <= self.warpgroups <= MAX_CONSUMERS and 1 <= self.producers <= MAX_PRODUCERS and \
+      16 <= self.block_n <= 256 and self.block_n % (WARPS_PER_WARPGROUP * self.producers * DEQUANT_ROW_QUANTUM) == 0 \
+      and (self.block_m * ROW_CHUNKS) % self.producer_threads == 0 and self.stages >= MIN_PACKED_STAGES and \
+      not (self.b_n_major or self.tma or self.split_tf32 or self.a_registers)
+    if not ok:
+      raise ValueError(f"packed wgmma tile {self}: needs 1-{MAX_CONSUMERS} consumer and 1-{MAX_PRODUCERS} producer "
+                       f"warpgroups, block_n in 16..256 a multiple of {WARPS_PER_WARPGROUP * DEQUANT_ROW_QUANTUM} per "
+                       f"producer warpgroup, A's chunks a whole number per producer thread, stages >= "
+                       f"{MIN_PACKED_STAGES}, a K-major cp.async B")
+    if self.shared_bytes > MAX_SHARED_BYTES:
+      raise ValueError(f"packed wgmma tile {self}: {self.shared_bytes} bytes of shared memory > {MAX_SHARED_BYTES}")
+  @property
+  def producer_threads(self) -> int: return self.producers * WARPGROUP_THREADS
+  @property
+  def threads(self) -> int: return self.consumer_threads + self.producer_threads
+  @property
+  def rows_per_producer_warp(self) -> int: return self.block_n // (self.producers * WARPS_PER_WARPGROUP)
+  @property
+  def lag(self) -> int: return self.stages - 2   # tiles in flight: tile t is dequantized while t + lag are copied
   @property
   def staging_offset(self) -> int: return (self.block_m + self.block_n) * SWIZZLE_BYTES
   @property
   def stage_bytes(self) -> int: return self.staging_offset + self.staging_bytes
   @property
-  def shared_bytes(self) -> int: return self.stages * self.stage_bytes + SWIZZLE_ATOM_BYTES
+  def shared_bytes(self) -> int: return self.stages * self.stage_bytes + SWIZZLE_ATOM_BYTES + \
+    2 * MBARRIER_BYTES * self.stages
+  def __str__(self) -> str:
+    return f"{self.block_m}x{self.block_n}x{BLOCK_K}/{self.stages} {self.producers} producer(s)"
 
 def staging_bytes(fmt: PackedFormat, block_n: int) -> int:
   """The staging area of one stage: every row's staged chunks, rounded up to a swizzle atom."""
   raw = block_n * fmt.staged_chunks * CHUNK_BYTES
   return -(-raw // SWIZZLE_ATOM_BYTES) * SWIZZLE_ATOM_BYTES
 
-# (warpgroups, block_n, stages): the tiles tried, largest first; `packed_config` takes the first that fits in shared
-# memory and gives a wave of blocks (WAVE_BLOCKS), else the one with the most blocks. block_n stays at most 128: the
-# staged bytes of a Q6_K row take 160 bytes a stage, and more stages hide more of global memory's latency.
-PACKED_TILES = ((2, 128, 4), (2, 128, 3), (1, 128, 5), (1, 128, 4), (1, 64, 6), (1, 64, 4))
+def make_config(fmt: PackedFormat, warpgroups: int, producers: int, block_n: int, stages: int) -> PackedConfig:
+  return PackedConfig(warpgroups, block_n, stages, producers=producers, staging_bytes=staging_bytes(fmt, block_n))
+
+# (consumer warpgroups, producer warpgroups, block_n, stages): the tiles tried, largest first; `packed_config` takes
+# the first that fits in shared memory and gives a wave of blocks (WAVE_BLOCKS), else the one with the most blocks.
+PACKED_TILES = ((2, 1, 128, 4), (1, 1, 128, 5), (2, 1, 64, 5), (1, 1, 64, 6))
 WAVE_BLOCKS = 118   # 0.9 of an H100's 132 SMs (warpgroup_mma.py's WAVE_FRACTION)
 
 def packed_config(fmt: PackedFormat, m_rows: int, n: int) -> PackedConfig:
   """The tile for an M×N output of a weight in `fmt` (m_rows: a symbolic M at the rows it is typically bound to)."""
   fitting = []
-  for warpgroups, block_n, stages in PACKED_TILES:
-    staging = staging_bytes(fmt, block_n)
-    if stages * ((warpgroups * 64 + block_n) * SWIZZLE_BYTES + staging) + SWIZZLE_ATOM_BYTES > MAX_SHARED_BYTES:
-      continue
-    fitting.append(PackedConfig(warpgroups, block_n, stages, staging_bytes=staging))
+  for warpgroups, producers, block_n, stages in PACKED_TILES:
+    try: fitting.append(make_config(fmt, warpgroups, producers, block_n, stages))
+    except ValueError: continue
   def blocks(c: PackedConfig) -> int: return -(-m_rows // c.block_m) * -(-n // c.block_n)
   return next((c for c in fitting if blocks(c) >= WAVE_BLOCKS), max(fitting, key=blocks))
 
@@ -166,40 +204,54 @@ def check_packed(fmt: PackedFormat, n: int, k: int, dtype: DType) -> None:
     raise ValueError(f"packed wgmma matmul: a {fmt.name} weight of shape ({n}, {k}) needs K a multiple of {BLOCK_K} "
                      f"and of {fmt.block_values}")
 
+def _a_copy_lines(c: PackedConfig, shape: MatmulShape) -> list[str]:
+  """The producer thread's copies of x's K tile `tile` into the A tile at `stage_address`: chunk (ptid mod 8) of rows
+  ptid / 8 + (producer threads / 8)·i, zeros past M."""
+  lines = []
+  step = c.producer_threads // ROW_CHUNKS
+  for i in range(c.block_m * ROW_CHUNKS // c.producer_threads):
+    row = CExpr(f"(producer_thread / {ROW_CHUNKS} + {i * step})")
+    offset = k_major_offset(row, CExpr(f"(producer_thread % {ROW_CHUNKS})"))
+    valid = " && ".join(_rows_check(shape.m, c.block_m, f"block_row + {row}")) or "true"
+    lines.append(f"        copy_chunk(stage_address + {offset}, a_source + {i * step * shape.k}LL + tile * {BLOCK_K}, "
+                 f"a, {valid});")
+  return lines
+
 def _staging_copy_lines(c: PackedConfig, fmt: PackedFormat, n: int, k: int) -> list[str]:
-  """The C (inside copy_tile) that copies K tile `tile` of the block's weight rows into the stage's staging area:
-  chunk e of the stage is row e / CH, staged chunk e % CH (CH = the format's chunks per row, range after range)."""
+  """The producer warp's copies of K tile `tile` of its weight rows into the stage's staging area: chunk e of the
+  warp's is row e / CH of the warp's, staged chunk e % CH (CH = the format's chunks per row, range after range)."""
   ranges, per_row = fmt.ranges(), fmt.staged_chunks
   total_bytes = n * fmt.row_bytes(k)
-  chunks = c.block_n * per_row
+  rows = c.rows_per_producer_warp
+  chunks = rows * per_row
+  firsts = [sum(x.chunks for x in ranges[:r]) for r in range(len(ranges) + 1)]   # each range's first chunk
+  start, slot = f"({ranges[-1].start})", str(firsts[-2])
+  for r in reversed(range(len(ranges) - 1)):   # a chain of ternaries: the range staged chunk w belongs to
+    start = f"(w < {firsts[r + 1]} ? ({ranges[r].start}) : {start})"
+    slot = f"(w < {firsts[r + 1]} ? {firsts[r]} : {slot})"
   lines = []
-  for i in range(-(-chunks // c.threads)):
-    first = i * c.threads
-    guard = f"if (e < {chunks}) " if first + c.threads > chunks else ""
-    firsts = [sum(x.chunks for x in ranges[:r]) for r in range(len(ranges) + 1)]   # each range's first chunk
-    start, slot = f"({ranges[-1].start})", str(firsts[-2])
-    for r in reversed(range(len(ranges) - 1)):   # a chain of ternaries: the range staged chunk w belongs to
-      start = f"(w < {firsts[r + 1]} ? ({ranges[r].start}) : {start})"
-      slot = f"(w < {firsts[r + 1]} ? {firsts[r]} : {slot})"
+  for i in range(-(-chunks // WARP_THREADS)):
+    guard = f"if (e < {chunks}) " if (i + 1) * WARP_THREADS > chunks else ""
     lines += [
-      "    {",
-      f"      const int e = tid + {first};",
-      f"      {guard}{{",
-      f"        const int row = e / {per_row}, w = e % {per_row};",
-      f"        const long long from = (((long long)(block_col + row) * {fmt.row_bytes(k)} + {start}) & ~15LL) + "
+      "        {",
+      f"          const int e = producer_lane + {i * WARP_THREADS};",
+      f"          {guard}{{",
+      f"            const int row = producer_warp * {rows} + e / {per_row}, w = e % {per_row};",
+      f"            const long long from = (((long long)(block_col + row) * {fmt.row_bytes(k)} + {start}) & ~15LL) + "
       f"16LL * (w - {slot});",
-      f"        const long long left = {total_bytes}LL - from;",
-      f"        const bool valid = block_col + row < {n} && left > 0;",
-      f"        copy_bytes(stage_address + {c.staging_offset} + row * {per_row * CHUNK_BYTES} + w * {CHUNK_BYTES}, "
+      f"            const long long left = {total_bytes}LL - from;",
+      f"            const bool valid = block_col + row < {n} && left > 0;",
+      f"            copy_bytes(stage_address + {c.staging_offset} + row * {per_row * CHUNK_BYTES} + w * {CHUNK_BYTES}, "
       "b + (valid ? from : 0), valid ? (left < 16 ? (int)left : 16) : 0);",
-      "      }",
-      "    }"]
+      "          }",
+      "        }"]
   return lines
 
 def _dequantize_lambda(c: PackedConfig, fmt: PackedFormat, k: int, dtype: DType) -> list[str]:
-  """`dequantize_tile(tile, stage)`: this thread's 16-byte chunks of the B tile (8 values of one row each: row e / 8,
-  chunk e % 8), from the staged bytes, at their swizzled offsets."""
+  """`dequantize_tile(tile, stage)`: the producer thread's 16-byte chunks of the B tile (8 values of one of its warp's
+  rows each: row e / 8 of the warp's, chunk e % 8), from the staged bytes, at their swizzled offsets."""
   ranges, per_row = fmt.ranges(), fmt.staged_chunks
+  rows = c.rows_per_producer_warp
   cvt = "cvt.rn.f16.f32" if dtype == dtypes.float16 else "cvt.rn.bf16.f32"
   lines = [
     "  auto to_half = [](float x) -> unsigned short {",
@@ -210,30 +262,51 @@ def _dequantize_lambda(c: PackedConfig, fmt: PackedFormat, k: int, dtype: DType)
     "  };",
     "  auto dequantize_tile = [&](int tile, int stage) {",
     f"    unsigned char* const stage_start = aligned_shared + stage * {c.stage_bytes};"]
-  chunks = c.block_n * ROW_CHUNKS
-  for i in range(-(-chunks // c.threads)):
-    guard = f"if (e < {chunks}) " if (i + 1) * c.threads > chunks else ""
+  for i in range(rows * ROW_CHUNKS // WARP_THREADS):
     lines += [
       "    {",
-      f"      const int e = tid + {i * c.threads};",
-      f"      {guard}{{",
-      f"        const int row = e / {ROW_CHUNKS}, c = e % {ROW_CHUNKS};",
-      f"        const long long row_start = (long long)(block_col + row) * {fmt.row_bytes(k)};",
-      f"        const unsigned char* const staged = stage_start + {c.staging_offset} + row * {per_row * CHUNK_BYTES};"]
+      f"      const int e = producer_lane + {i * WARP_THREADS};",
+      f"      const int row = producer_warp * {rows} + e / {ROW_CHUNKS}, c = e % {ROW_CHUNKS};",
+      f"      const long long row_start = (long long)(block_col + row) * {fmt.row_bytes(k)};",
+      f"      const unsigned char* const staged = stage_start + {c.staging_offset} + row * {per_row * CHUNK_BYTES};"]
     before = 0
     for r, byte_range in enumerate(ranges):
-      lines.append(f"        const unsigned char* const r{r} = staged + {before * CHUNK_BYTES} + "
+      lines.append(f"      const unsigned char* const r{r} = staged + {before * CHUNK_BYTES} + "
                    f"(int)((row_start + ({byte_range.start})) & 15);")
       before += byte_range.chunks
-    lines += ["        float v[8];"] + [f"        {line}" for line in fmt.dequantize] + [
-      "        unsigned short h[8];",
-      "        #pragma unroll",
-      "        for (int j = 0; j < 8; ++j) h[j] = to_half(v[j]);",
-      f"        *(uint4*)(stage_start + {c.b_offset} + {k_major_offset(CExpr('row'), CExpr('c'))}) = make_uint4("
+    lines += ["      float v[8];"] + [f"      {line}" for line in fmt.dequantize] + [
+      "      unsigned short h[8];",
+      "      #pragma unroll",
+      "      for (int j = 0; j < 8; ++j) h[j] = to_half(v[j]);",
+      f"      *(uint4*)(stage_start + {c.b_offset} + {k_major_offset(CExpr('row'), CExpr('c'))}) = make_uint4("
       "h[0] | (h[1] << 16), h[2] | (h[3] << 16), h[4] | (h[5] << 16), h[6] | (h[7] << 16));",
-      "      }",
       "    }"]
   return lines + ["  };"]
+
+def _barrier_lines(c: PackedConfig) -> list[str]:
+  """The stages' mbarriers (full: the producer threads arrive once the tile is in place; empty: the consumer threads
+  arrive once its wgmmas are done), initialized by thread 0, and `wait(barrier, parity)`."""
+  return [
+    f"  const unsigned int full_barriers = shared_base + {c.stages * c.stage_bytes}, empty_barriers = full_barriers + "
+    f"{MBARRIER_BYTES * c.stages};",
+    "  if (tid == 0) {",
+    f"    for (int s = 0; s < {c.stages}; ++s) {{",
+    f'      asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(full_barriers + {MBARRIER_BYTES} * s), '
+    f'"r"({c.producer_threads}) : "memory");',
+    f'      asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(empty_barriers + {MBARRIER_BYTES} * s), '
+    f'"r"({c.consumer_threads}) : "memory");',
+    "    }",
+    '    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");',
+    "  }",
+    "  __syncthreads();",
+    "  auto wait = [](unsigned int barrier, unsigned int parity) {   // until the phase of this parity has completed",
+    "    unsigned int done = 0;",
+    '    while (!done) asm volatile("{\\n.reg .pred p;\\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\\n'
+    'selp.u32 %0, 1, 0, p;\\n}\\n" : "=r"(done) : "r"(barrier), "r"(parity) : "memory");',
+    "  };",
+    "  auto arrive = [](unsigned int barrier) {",
+    '    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(barrier) : "memory");',
+    "  };"]
 
 def packed_matmul_source(name: str, fmt: PackedFormat, shape: MatmulShape, dtype: DType, config: PackedConfig,
                          parameters: tuple[str, ...] = ()) -> str:
@@ -243,46 +316,66 @@ def packed_matmul_source(name: str, fmt: PackedFormat, shape: MatmulShape, dtype
   m, n, k = shape.m, shape.n, shape.k
   check_packed(fmt, n, k, dtype)
   c = config
-  if c.b_n_major or c.tma: raise ValueError(f"packed wgmma matmul: tile {c} must be a cp.async K-major one")
+  if not isinstance(c, PackedConfig): raise ValueError(f"packed wgmma matmul: {c} is not a PackedConfig")
   tiles = k // BLOCK_K
-  a_row, a_chunk = copy_k_major(c, CExpr("tid"), 0)
   parameter_list = ", ".join(["element* __restrict__ out", "const element* __restrict__ a",
                               "const unsigned char* __restrict__ b"] + [f"long long {p}" for p in parameters])
+  a_bits, b_bits = descriptor_bits(c)
   lines = [
     "typedef unsigned short element;",
     f'extern "C" __device__ const unsigned int {name}{DYNAMIC_SHARED_SUFFIX} = {c.shared_bytes};',
     f'extern "C" __global__ void __launch_bounds__({c.threads}, 1) {name}({parameter_list}) {{',
     *block_prologue(c), *rows_line(shape),
     "  unsigned char* const aligned_shared = shared + (shared_base - (unsigned int)__cvta_generic_to_shared(shared));",
-    f"  const element* a_source = a + (long long)(block_row + {a_row}) * {k} + {a_chunk * VALUES_PER_CHUNK};",
-    f"  float acc[{c.accumulators}];",
-    f"  #pragma unroll\n  for (int i = 0; i < {c.accumulators}; ++i) acc[i] = 0.0f;",
+    f"  const int producer_thread = tid - {c.consumer_threads}, producer_lane = producer_thread % {WARP_THREADS}, "
+    f"producer_warp = producer_thread / {WARP_THREADS};",
+    *_barrier_lines(c),
     *COPY_CHUNK_LINES,
     "  auto copy_bytes = [](unsigned int target, const unsigned char* source, int size) {",
     '    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(target), "l"(source), "r"(size) : '
     '"memory");',
     "  };",
-    "  auto copy_tile = [&](int tile, int stage) {",
-    f"    const unsigned int stage_address = shared_base + stage * {c.stage_bytes};",
-    *_copy_lines(c, False, shape, dtype), *_staging_copy_lines(c, fmt, n, k),
-    "  };",
     *_dequantize_lambda(c, fmt, k, dtype),
-    *pipeline_start_lines(c, tiles),
-    "  int stage = 0;",
-    f"  for (int t = 0; t < {tiles}; ++t) {{",
-    f'    asm volatile("cp.async.wait_group {c.stages - 3};" ::: "memory");   // tile t has landed (this thread)',
-    "    __syncthreads();   // every thread's staged bytes of tile t",
-    "    dequantize_tile(t, stage);",
-    *tile_ready_lines(c, tiles)]
-  a_bits, b_bits = descriptor_bits(c)
-  lines += [f"    const unsigned long long a_bits = {a_bits}ull, b_bits = {b_bits}ull;   // LBO, SBO, 128-byte swizzle"]
-  lines += k_tile_wgmmas(c, WGMMA_TYPES[dtype], "    ")
-  lines += [
-    f"    stage = stage + 1 == {c.stages} ? 0 : stage + 1;",
-    "  }",
-    '  asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");']
-  lines += _epilogue(c, n, m, dtype, CExpr("lane_thread"), CExpr("warpgroup"))
-  lines.append("}")
+    f"  if (warpgroup >= {c.warpgroups}) {{   // a producer: copies tile t while it dequantizes tile t - {c.lag}",
+    f"    const element* a_source = a + (long long)(block_row + producer_thread / {ROW_CHUNKS}) * {k} + "
+    f"(producer_thread % {ROW_CHUNKS}) * {VALUES_PER_CHUNK};",
+    "    int stage = 0, ready = 0;   // the stages of tiles t and t - lag",
+    "    unsigned int phase = 0;",
+    f"    for (int t = 0; t < {tiles + c.lag}; ++t) {{",
+    f"      if (t < {tiles}) {{",
+    f"        wait(empty_barriers + {MBARRIER_BYTES} * stage, phase ^ 1);   // its last tile's wgmmas are done",
+    "        const int tile = t;",
+    f"        const unsigned int stage_address = shared_base + stage * {c.stage_bytes};",
+    *_a_copy_lines(c, shape), *_staging_copy_lines(c, fmt, n, k),
+    f"        if (++stage == {c.stages}) {{ stage = 0; phase ^= 1; }}",
+    "      }",
+    '      asm volatile("cp.async.commit_group;" ::: "memory");',
+    f"      if (t >= {c.lag}) {{",
+    f'        asm volatile("cp.async.wait_group {c.lag};" ::: "memory");   // this thread\'s copies of tile t - lag',
+    "        __syncwarp();   // and its warp's staged bytes",
+    f"        dequantize_tile(t - {c.lag}, ready);",
+    '        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");   // visible to wgmma (the async proxy)',
+    f"        arrive(full_barriers + {MBARRIER_BYTES} * ready);",
+    f"        if (++ready == {c.stages}) ready = 0;",
+    "      }",
+    "    }",
+    "  } else {   // a consumer warpgroup",
+    f"    float acc[{c.accumulators}];",
+    f"    #pragma unroll\n    for (int i = 0; i < {c.accumulators}; ++i) acc[i] = 0.0f;",
+    f"    const unsigned long long a_bits = {a_bits}ull, b_bits = {b_bits}ull;   // LBO, SBO, 128-byte swizzle",
+    "    int stage = 0, previous = 0;",
+    "    unsigned int phase = 0;",
+    f"    for (int t = 0; t < {tiles}; ++t) {{",
+    f"      wait(full_barriers + {MBARRIER_BYTES} * stage, phase);   // tile t is in place",
+    '      asm volatile("wgmma.fence.sync.aligned;" ::: "memory");',
+    *k_tile_wgmmas(c, WGMMA_TYPES[dtype], "      "),
+    f"      if (t > 0) arrive(empty_barriers + {MBARRIER_BYTES} * previous);   // tile t - 1's wgmmas are done",
+    "      previous = stage;",
+    f"      if (++stage == {c.stages}) {{ stage = 0; phase ^= 1; }}",
+    "    }",
+    '    asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");']
+  lines += ["  " + line for line in _epilogue(c, n, m, dtype, CExpr("lane_thread"), CExpr("warpgroup"))]
+  lines += ["  }", "}"]
   return "\n".join(lines) + "\n"
 
 def grid(config: PackedConfig, m: int, n: int) -> tuple[int, int, int]:

@@ -22,7 +22,8 @@ tile t - 1's wgmmas are done arrive on its empty barrier.
 So the dequantization of one tile overlaps the wgmmas of the tile before and the copies of the tiles after. M may be
 symbolic (a prompt's rows: the kernel takes the variables as int64 parameters after its buffers); N and K are known, K
 a multiple of 64 (and of the type's block); rows of W past N read zeros, rows of x past M read zeros and are not
-stored. The output is the inputs' half dtype. Tests: test/unit/test_packed_wgmma.py (NVRTC for sm_90a, the CPU emulator against numpy).
+stored. The output is the inputs' half dtype. Tests: test/unit/test_packed_wgmma.py (NVRTC for sm_90a, the CPU
+emulator against numpy).
 """
 from __future__ import annotations
 from dataclasses import dataclass

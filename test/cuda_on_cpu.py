@@ -8,16 +8,16 @@ one after another), `__syncthreads()` is a std::barrier of the block's threads, 
 structs. Render float32 kernels for sm_75 (CPU_ARCH: no inline PTX). Half, bfloat16 and tensor-core kernels render for
 sm_80 (TENSOR_CORE_ARCH) with a few PTX instructions, which `emulable` rewrites into calls of C++ stand-ins written
 from the PTX ISA's definitions (not from the renderer's tables, so they check them): cvt between f16 and f32/f64
-(_Float16, round to nearest even), max.NaN.f32, and mma.sync m16n8k16 (f16, bf16) and m16n8k8 (tf32) with f32
-accumulators. An mma is a warp's: each lane puts its A and B registers in a block-wide exchange, the block waits at
-its barrier, each lane computes its own C elements from its warp's registers, and waits again (so every thread of the
-block must reach each mma, as the tensor-core kernels' uniform loops do); `ldmatrix.x4[.trans]`, `__shfl_xor_sync`
-and `__shfl_sync` are warp exchanges the same way, and `ex2.approx` is exp2 (the flash-attention kernel uses them);
-`__syncwarp` a barrier of the warp's threads, `atomicAdd` on an unsigned int and `__threadfence` are the host's
-atomics, `__ldcg` a plain load (flash decoding's
-last-block combine). A dependent launch's `griddepcontrol.wait` / `launch_dependents` are no-ops (one grid runs at a
-time), and `prefetch.global.L2` reads its byte and records its address: run_on_cpu returns the addresses, for
-checking what an sm_90 kernel prefetches against the buffers it reads.
+(_Float16, round to nearest even; the paired f16x2/bf16x2 forms), `__byte_perm`, max.NaN.f32, and mma.sync m16n8k16
+(f16, bf16) and m16n8k8 (tf32) with f32 accumulators. An mma is a warp's: each lane puts its A and B registers in a
+block-wide exchange, the block waits at its barrier, each lane computes its own C elements from its warp's registers,
+and waits again (so every thread of the block must reach each mma, as the tensor-core kernels' uniform loops do);
+`ldmatrix.x4[.trans]`, `__shfl_xor_sync` and `__shfl_sync` are warp exchanges the same way, and `ex2.approx` is exp2
+(the flash-attention kernel uses them); `__syncwarp` a barrier of the warp's threads, `atomicAdd` on an unsigned int and
+`__threadfence` are the host's atomics, `__ldcg` a plain load (flash decoding's last-block combine). A dependent
+launch's `griddepcontrol.wait` / `launch_dependents` are no-ops (one grid runs at a time), and `prefetch.global.L2`
+reads its byte and records its address: run_on_cpu returns the addresses, for checking what an sm_90 kernel prefetches
+against the buffers it reads.
 Staged kernels of the renderer (its cp.async.ca copies) don't run. The warpgroup-MMA kernel (runtime/cuda/wgmma.py,
 sm_90a) does: its dynamic shared array becomes
 a static one of the size its module global names; `cp.async` is an immediate 16-byte copy with its zero fill (so the
@@ -89,6 +89,16 @@ static inline float emu_f16_to_f32(unsigned short h) { _Float16 x; std::memcpy(&
 static inline unsigned short emu_bits(_Float16 x) { unsigned short h; std::memcpy(&h, &x, 2); return h; }
 static inline unsigned short emu_f32_to_f16(float f) { return emu_bits((_Float16)f); }   // round to nearest even
 static inline unsigned short emu_f64_to_f16(double d) { return emu_bits((_Float16)d); }
+static inline unsigned int emu_pack_f16x2(float high, float low) {   // cvt.rn.f16x2.f32 d, a, b: a to d's upper half
+  return ((unsigned int)emu_f32_to_f16(high) << 16) | emu_f32_to_f16(low);
+}
+// __byte_perm(x, y, s): byte i of the result is byte (s >> 4i) & 7 of the 8 bytes y:x (x the low four)
+static inline unsigned int __byte_perm(unsigned int x, unsigned int y, unsigned int s) {
+  const unsigned long long bytes = ((unsigned long long)y << 32) | x;
+  unsigned int result = 0;
+  for (int i = 0; i < 4; i++) result |= (unsigned int)((bytes >> (8 * ((s >> (4 * i)) & 7))) & 0xFF) << (8 * i);
+  return result;
+}
 static inline float emu_bf16_to_f32(unsigned short b) { return __uint_as_float(((unsigned int)b) << 16); }
 static inline float emu_max_nan(float a, float b) { return (a != a || b != b) ? NAN : (a > b ? a : b); }
 static thread_local unsigned int emu_thread;          // the thread's linear id in its block
@@ -382,6 +392,8 @@ PTX_STAND_INS = {
   "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32": "emu_mma(" + MMA_OPERANDS + ", EMU_BF16);",
   "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32": "emu_mma(" + MMA_OPERANDS + ", EMU_TF32);",
   "cvt.rn.bf16.f32 %0, %1;": "{0} = emu_f32_to_bf16({1});",
+  "cvt.rn.f16x2.f32 %0, %1, %2;": "{0} = emu_pack_f16x2({1}, {2});",
+  "cvt.rn.bf16x2.f32 %0, %1, %2;": "{0} = ((unsigned int)emu_f32_to_bf16({1}) << 16) | emu_f32_to_bf16({2});",
   "cp.async.cg.shared.global [%0], [%1], 16, %2;": "emu_cp_async({0}, {1}, {2});",
   "ldmatrix.sync.aligned.m8n8.x4.shared.b16": "emu_ldmatrix({0}, {1}, {2}, {3}, {4}, false);",
   "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16": "emu_ldmatrix({0}, {1}, {2}, {3}, {4}, true);",

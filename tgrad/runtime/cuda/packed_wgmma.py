@@ -58,8 +58,9 @@ class ByteRange:
 @dataclass(frozen=True)
 class PackedFormat:
   """A ggml block type as the kernel reads it: its block (values, bytes), the byte ranges of a row a K tile needs,
-  and the C lines that compute `v[8]` (float32), values 8·c.. of the tile, from the staged ranges `r0`, `r1`, ...
-  (byte pointers) and `tile`, `c` (see the module doc)."""
+  and the C lines that compute `v[8]` (float32), values 8·c.. of the tile, from the row's staged bytes `staged` (a
+  16-byte aligned byte pointer), the offsets there of its ranges' first bytes `s0`, `s1`, ..., and `tile`, `c` (see
+  the module doc)."""
   name: str
   block_values: int
   block_bytes: int
@@ -71,49 +72,75 @@ class PackedFormat:
 
 def _alignment(block_bytes: int) -> int: return block_bytes & -block_bytes   # the largest power of two dividing it
 
-def _half_of(low: str, high: str) -> str:
-  """C: the float32 value of the little-endian float16 in bytes `low`, `high`."""
-  return f"half_to_float((unsigned short)({low} | ({high} << 8)))"
+# The dequantization's arithmetic is the producers' work, so it avoids the slow conversions: a quant q (an unsigned
+# byte-sized integer) becomes a float by exponent bits, 2^23 + q = the float with bits 0x4B000000 | q (one byte permute
+# puts the byte under those bits), less 2^23 (+ the quant's bias) exactly; two values round to half in one
+# cvt.rn.f16x2.f32. Bytes are read as 32-bit words: `words_at(o, a, b)` gives the 8 bytes at staged offset o (2-byte
+# aligned) as two little-endian words, funnel-shifted from the three aligned words that cover them.
+MAGIC = 8388608.0    # 2^23: the float with bits 0x4B000000
+def _from_byte(word: str, j: str, bias: int) -> str:
+  """C: the float value of byte j (0-3) of `word`, less `bias`, exactly."""
+  return f"(__int_as_float(__byte_perm({word}, 0x4B000000, 0x7540 | {j})) - {MAGIC + bias:.1f}f)"
+
+def _half_at(offset: str) -> str:
+  """C: the float32 value of the little-endian float16 at staged offset `offset` (even)."""
+  return f"half_to_float(*(const unsigned short*)(staged + {offset}))"
 
 # Q8_0: d (fp16), 32 int8 quants; value d·q. A K tile is two blocks (68 bytes at 68·tile).
 Q8_0_BYTES = 34
 Q8_0 = PackedFormat("Q8_0", 32, Q8_0_BYTES, lambda: (ByteRange(f"tile * {2 * Q8_0_BYTES}", 2 * Q8_0_BYTES,
                                                                 _alignment(Q8_0_BYTES)),), (
-  f"const unsigned char* block = r0 + (c / 4) * {Q8_0_BYTES};",
-  f"const float d = {_half_of('block[0]', 'block[1]')};",
+  f"const int block = s0 + (c / 4) * {Q8_0_BYTES};",
+  f"const float d = {_half_at('block')};",
+  "unsigned int w0, w1;",
+  "words_at(block + 2 + (c % 4) * 8, w0, w1);",
+  "w0 ^= 0x80808080u; w1 ^= 0x80808080u;   // int8 q as the byte q + 128",
   "#pragma unroll",
-  "for (int j = 0; j < 8; ++j) v[j] = d * (float)(signed char)block[2 + (c % 4) * 8 + j];"))
+  f"for (int j = 0; j < 4; ++j) {{ v[j] = d * {_from_byte('w0', 'j', 128)}; "
+  f"v[4 + j] = d * {_from_byte('w1', 'j', 128)}; }}"))
 
 # Q5_0: d (fp16), qh (32 fifth bits, a little-endian uint32), 16 bytes of nibbles (values 0-15 low, 16-31 high);
-# value d·(q − 16). A K tile is two blocks (44 bytes at 44·tile).
+# value d·(q − 16). A K tile is two blocks (44 bytes at 44·tile). Four fifth bits go to bit 4 of four bytes by one
+# multiply (bit j to bit 8j: the shifted copies of a 4-bit number by 0, 7, 14, 21 do not overlap).
 Q5_0_BYTES = 22
+SPREAD_BITS = 0x00204081
 Q5_0 = PackedFormat("Q5_0", 32, Q5_0_BYTES, lambda: (ByteRange(f"tile * {2 * Q5_0_BYTES}", 2 * Q5_0_BYTES,
                                                                 _alignment(Q5_0_BYTES)),), (
-  f"const unsigned char* block = r0 + (c / 4) * {Q5_0_BYTES};",
-  f"const float d = {_half_of('block[0]', 'block[1]')};",
-  "const unsigned int high = block[2] | (block[3] << 8) | (block[4] << 16) | ((unsigned int)block[5] << 24);",
+  f"const int block = s0 + (c / 4) * {Q5_0_BYTES};",
+  f"const float d = {_half_at('block')};",
+  "const int first = (c % 4) * 8;   // the block's values first..first + 7",
+  "const unsigned int fifth = (((unsigned int)*(const unsigned short*)(staged + block + 2) | "
+  "((unsigned int)*(const unsigned short*)(staged + block + 4) << 16)) >> first) & 0xFFu;",
+  "unsigned int w0, w1;",
+  "words_at(block + 6 + first % 16, w0, w1);",
+  "const int shift = 4 * (first / 16);",
+  f"w0 = ((w0 >> shift) & 0x0F0F0F0Fu) | ((((fifth & 15u) * 0x{SPREAD_BITS:08X}u) & 0x01010101u) << 4);",
+  f"w1 = ((w1 >> shift) & 0x0F0F0F0Fu) | ((((fifth >> 4) * 0x{SPREAD_BITS:08X}u) & 0x01010101u) << 4);",
   "#pragma unroll",
-  "for (int j = 0; j < 8; ++j) {",
-  "  const int i = (c % 4) * 8 + j;",
-  "  const int q = ((block[6 + i % 16] >> (4 * (i / 16))) & 15) | (((high >> i) & 1) << 4);",
-  "  v[j] = d * (float)(q - 16);",
+  f"for (int j = 0; j < 4; ++j) {{ v[j] = d * {_from_byte('w0', 'j', 16)}; v[4 + j] = d * {_from_byte('w1', 'j', 16)}; "
   "}"))
 
 # Q4_K: a super-block of 256 values: d, dmin (fp16), 12 bytes of 6-bit scales and mins of 8 sub-blocks of 32, 128
 # bytes of nibbles (bytes 32p.. hold sub-block 2p in low nibbles, 2p + 1 in high ones); value (d·scale)·q − dmin·min.
-# K tile `tile` is quarter p = tile % 4 of super-block tile / 4: its 16-byte header and its 32 bytes of nibbles.
+# K tile `tile` is quarter p = tile % 4 of super-block tile / 4: its 16-byte header and its 32 bytes of nibbles. A
+# super-block (144 bytes) and a row (a whole number of them) are 16-byte multiples, so both ranges are word-aligned.
 Q4_K_BYTES = 144
 Q4_K = PackedFormat("Q4_K", 256, Q4_K_BYTES, lambda: (
   ByteRange(f"(tile / 4) * {Q4_K_BYTES}", 16, _alignment(Q4_K_BYTES)),
   ByteRange(f"(tile / 4) * {Q4_K_BYTES} + 16 + (tile % 4) * 32", 32, _alignment(Q4_K_BYTES))), (
-  f"const float d = {_half_of('r0[0]', 'r0[1]')}, dmin = {_half_of('r0[2]', 'r0[3]')};",
-  "const unsigned char* scales = r0 + 4;",
+  f"const float d = {_half_at('s0')}, dmin = {_half_at('s0 + 2')};",
+  "const unsigned char* scales = staged + s0 + 4;",
   "const int sub = 2 * (tile % 4) + c / 4;   // the sub-block of 32 values",
-  "const int scale = sub < 4 ? scales[sub] & 63 : (scales[sub + 4] & 15) | ((scales[sub - 4] >> 6) << 4);",
-  "const int min = sub < 4 ? scales[sub + 4] & 63 : (scales[sub + 4] >> 4) | ((scales[sub] >> 6) << 4);",
-  "const float factor = d * (float)scale, offset = dmin * (float)min;",
+  "const unsigned int scale = sub < 4 ? scales[sub] & 63 : (scales[sub + 4] & 15) | ((scales[sub - 4] >> 6) << 4);",
+  "const unsigned int min = sub < 4 ? scales[sub + 4] & 63 : (scales[sub + 4] >> 4) | ((scales[sub] >> 6) << 4);",
+  f"const float factor = d * (__int_as_float(0x4B000000 | scale) - {MAGIC:.1f}f), "
+  f"offset = dmin * (__int_as_float(0x4B000000 | min) - {MAGIC:.1f}f);",
+  "const unsigned int* nibbles = (const unsigned int*)(staged + s1 + (c % 4) * 8);",
+  "const unsigned int w0 = (nibbles[0] >> (4 * (c / 4))) & 0x0F0F0F0Fu, w1 = (nibbles[1] >> (4 * (c / 4))) & "
+  "0x0F0F0F0Fu;",
   "#pragma unroll",
-  "for (int j = 0; j < 8; ++j) v[j] = factor * (float)((r1[(c % 4) * 8 + j] >> (4 * (c / 4))) & 15) - offset;"))
+  f"for (int j = 0; j < 4; ++j) {{ v[j] = fmaf(factor, {_from_byte('w0', 'j', 0)}, -offset); "
+  f"v[4 + j] = fmaf(factor, {_from_byte('w1', 'j', 0)}, -offset); }}"))
 
 # Q6_K: a super-block of 256 values: 128 bytes of low nibbles, 64 of high 2-bit pairs, 16 int8 scales (sub-blocks of
 # 16 values), d (fp16) at 208. Value o = 128a + 64b + 32k + i takes nibble b of low byte 64a + 32k + i and bits
@@ -124,15 +151,19 @@ Q6_K = PackedFormat("Q6_K", 256, Q6_K_BYTES, lambda: (
   ByteRange(f"(tile / 4) * {Q6_K_BYTES} + (tile % 4) / 2 * 64", 64, _alignment(Q6_K_BYTES)),
   ByteRange(f"(tile / 4) * {Q6_K_BYTES} + 128 + (tile % 4) / 2 * 32", 32, _alignment(Q6_K_BYTES)),
   ByteRange(f"(tile / 4) * {Q6_K_BYTES} + 192", 18, _alignment(Q6_K_BYTES))), (
-  f"const float d = {_half_of('r2[16]', 'r2[17]')};",
-  "const int quarter = tile % 4, low_shift = 4 * (quarter % 2), k = c / 4;",
-  "const float factor = d * (float)(signed char)r2[(64 * quarter + 8 * c) / 16];",
+  f"const float d = {_half_at('s2 + 16')};",
+  "const int quarter = tile % 4, low_shift = 4 * (quarter % 2), k = c / 4, first = (c % 4) * 8;",
+  "const unsigned int scale_byte = staged[s2 + (64 * quarter + 8 * c) / 16] ^ 0x80u;   // int8 scale + 128",
+  f"const float factor = d * (__int_as_float(0x4B000000 | scale_byte) - {MAGIC + 128:.1f}f);",
+  "unsigned int l0, l1, g0, g1;",
+  "words_at(s0 + 32 * k + first, l0, l1);",
+  "words_at(s1 + first, g0, g1);",
+  "const int high_shift = low_shift + 2 * k;",
+  "const unsigned int w0 = ((l0 >> low_shift) & 0x0F0F0F0Fu) | (((g0 >> high_shift) & 0x03030303u) << 4);",
+  "const unsigned int w1 = ((l1 >> low_shift) & 0x0F0F0F0Fu) | (((g1 >> high_shift) & 0x03030303u) << 4);",
   "#pragma unroll",
-  "for (int j = 0; j < 8; ++j) {",
-  "  const int i = (c % 4) * 8 + j;",
-  "  const int q = ((r0[32 * k + i] >> low_shift) & 15) | (((r1[i] >> (low_shift + 2 * k)) & 3) << 4);",
-  "  v[j] = factor * (float)(q - 32);",
-  "}"))
+  f"for (int j = 0; j < 4; ++j) {{ v[j] = factor * {_from_byte('w0', 'j', 32)}; "
+  f"v[4 + j] = factor * {_from_byte('w1', 'j', 32)}; }}"))
 
 FORMATS: dict[str, PackedFormat] = {f.name: f for f in (Q8_0, Q5_0, Q4_K, Q6_K)}
 
@@ -253,13 +284,19 @@ def _dequantize_lambda(c: PackedConfig, fmt: PackedFormat, k: int, dtype: DType)
   rows each: row e / 8 of the warp's, chunk e % 8), from the staged bytes, at their swizzled offsets."""
   ranges, per_row = fmt.ranges(), fmt.staged_chunks
   rows = c.rows_per_producer_warp
-  cvt = "cvt.rn.f16.f32" if dtype == dtypes.float16 else "cvt.rn.bf16.f32"
+  cvt = "cvt.rn.f16x2.f32" if dtype == dtypes.float16 else "cvt.rn.bf16x2.f32"
   lines = [
-    "  auto to_half = [](float x) -> unsigned short {",
-    f'    unsigned short h; asm("{cvt} %0, %1;" : "=h"(h) : "f"(x)); return h;',
+    "  auto pack = [](float low, float high) -> unsigned int {   // two values rounded to half, low in the low bits",
+    f'    unsigned int h; asm("{cvt} %0, %1, %2;" : "=r"(h) : "f"(high), "f"(low)); return h;',
     "  };",
     "  auto half_to_float = [](unsigned short h) -> float {",
     '    float x; asm("cvt.f32.f16 %0, %1;" : "=f"(x) : "h"(h)); return x;',
+    "  };",
+    "  auto words_at_staged = [](const unsigned char* staged, int offset, unsigned int& a, unsigned int& b) {",
+    "    const unsigned int* w = (const unsigned int*)(staged + (offset & ~3));",
+    "    const unsigned int x0 = w[0], x1 = w[1], x2 = w[2], shift = 8 * (offset & 3);",
+    "    a = (unsigned int)((((unsigned long long)x1 << 32) | x0) >> shift);",
+    "    b = (unsigned int)((((unsigned long long)x2 << 32) | x1) >> shift);",
     "  };",
     "  auto dequantize_tile = [&](int tile, int stage) {",
     f"    unsigned char* const stage_start = aligned_shared + stage * {c.stage_bytes};"]
@@ -272,15 +309,13 @@ def _dequantize_lambda(c: PackedConfig, fmt: PackedFormat, k: int, dtype: DType)
       f"      const unsigned char* const staged = stage_start + {c.staging_offset} + row * {per_row * CHUNK_BYTES};"]
     before = 0
     for r, byte_range in enumerate(ranges):
-      lines.append(f"      const unsigned char* const r{r} = staged + {before * CHUNK_BYTES} + "
-                   f"(int)((row_start + ({byte_range.start})) & 15);")
+      lines.append(f"      const int s{r} = {before * CHUNK_BYTES} + (int)((row_start + ({byte_range.start})) & 15);")
       before += byte_range.chunks
-    lines += ["      float v[8];"] + [f"      {line}" for line in fmt.dequantize] + [
-      "      unsigned short h[8];",
-      "      #pragma unroll",
-      "      for (int j = 0; j < 8; ++j) h[j] = to_half(v[j]);",
+    lines += ["      auto words_at = [&](int offset, unsigned int& a, unsigned int& b) { "
+              "words_at_staged(staged, offset, a, b); };", "      float v[8];"]
+    lines += [f"      {line}" for line in fmt.dequantize] + [
       f"      *(uint4*)(stage_start + {c.b_offset} + {k_major_offset(CExpr('row'), CExpr('c'))}) = make_uint4("
-      "h[0] | (h[1] << 16), h[2] | (h[3] << 16), h[4] | (h[5] << 16), h[6] | (h[7] << 16));",
+      "pack(v[0], v[1]), pack(v[2], v[3]), pack(v[4], v[5]), pack(v[6], v[7]));",
       "    }"]
   return lines + ["  };"]
 

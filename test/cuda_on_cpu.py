@@ -8,13 +8,13 @@ one after another), `__syncthreads()` is a std::barrier of the block's threads, 
 structs. Render float32 kernels for sm_75 (CPU_ARCH: no inline PTX). Half, bfloat16 and tensor-core kernels render for
 sm_80 (TENSOR_CORE_ARCH) with a few PTX instructions, which `emulable` rewrites into calls of C++ stand-ins written
 from the PTX ISA's definitions (not from the renderer's tables, so they check them): cvt between f16 and f32/f64
-(_Float16, round to nearest even; the paired f16x2/bf16x2 forms), `__byte_perm`, max.NaN.f32, and mma.sync m16n8k16
-(f16, bf16) and m16n8k8 (tf32) with f32 accumulators. An mma is a warp's: each lane puts its A and B registers in a
-block-wide exchange, the block waits at its barrier, each lane computes its own C elements from its warp's registers,
-and waits again (so every thread of the block must reach each mma, as the tensor-core kernels' uniform loops do);
-`ldmatrix.x4[.trans]`, `__shfl_xor_sync` and `__shfl_sync` are warp exchanges the same way, and `ex2.approx` is exp2
-(the flash-attention kernel uses them); `__syncwarp` a barrier of the warp's threads, `atomicAdd` on an unsigned int and
-`__threadfence` are the host's atomics, `__ldcg` a plain load (flash decoding's last-block combine). A dependent
+(_Float16, round to nearest even; the paired f16x2/bf16x2 forms), `__byte_perm`, `__funnelshift_r`, max.NaN.f32, and
+mma.sync m16n8k16 (f16, bf16) and m16n8k8 (tf32) with f32 accumulators. An mma is a warp's: each lane puts its A and B
+registers in a block-wide exchange, the block waits at its barrier, each lane computes its own C elements from its
+warp's registers, and waits again (so every thread of the block must reach each mma, as the tensor-core kernels' uniform
+loops do); `ldmatrix.x4[.trans]`, `__shfl_xor_sync` and `__shfl_sync` are warp exchanges the same way, and `ex2.approx`
+is exp2 (the flash-attention kernel uses them); `__syncwarp` a barrier of the warp's threads, `atomicAdd` on an unsigned
+int and `__threadfence` are the host's atomics, `__ldcg` a plain load (flash decoding's last-block combine). A dependent
 launch's `griddepcontrol.wait` / `launch_dependents` are no-ops (one grid runs at a time), and `prefetch.global.L2`
 reads its byte and records its address: run_on_cpu returns the addresses, for checking what an sm_90 kernel prefetches
 against the buffers it reads.
@@ -91,6 +91,10 @@ static inline unsigned short emu_f32_to_f16(float f) { return emu_bits((_Float16
 static inline unsigned short emu_f64_to_f16(double d) { return emu_bits((_Float16)d); }
 static inline unsigned int emu_pack_f16x2(float high, float low) {   // cvt.rn.f16x2.f32 d, a, b: a to d's upper half
   return ((unsigned int)emu_f32_to_f16(high) << 16) | emu_f32_to_f16(low);
+}
+// __funnelshift_r(lo, hi, shift): the 64 bits hi:lo shifted right by shift mod 32, their low 32 bits
+static inline unsigned int __funnelshift_r(unsigned int lo, unsigned int hi, unsigned int shift) {
+  return (unsigned int)((((unsigned long long)hi << 32) | lo) >> (shift & 31));
 }
 // __byte_perm(x, y, s): byte i of the result is byte (s >> 4i) & 7 of the 8 bytes y:x (x the low four)
 static inline unsigned int __byte_perm(unsigned int x, unsigned int y, unsigned int s) {

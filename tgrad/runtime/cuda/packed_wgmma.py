@@ -180,6 +180,7 @@ class PackedConfig(WgmmaConfig):
   def __post_init__(self):
     ok = 1 <= self.warpgroups <= MAX_CONSUMERS and 1 <= self.producers <= MAX_PRODUCERS and \
       16 <= self.block_n <= 256 and self.block_n % (WARPS_PER_WARPGROUP * self.producers * DEQUANT_ROW_QUANTUM) == 0 \
+      and WARP_THREADS % self.rows_per_producer_warp == 0 \
       and (self.block_m * ROW_CHUNKS) % self.producer_threads == 0 and self.stages >= MIN_PACKED_STAGES and \
       not (self.b_n_major or self.tma or self.split_tf32 or self.a_registers)
     if not ok:
@@ -249,42 +250,74 @@ def _a_copy_lines(c: PackedConfig, shape: MatmulShape) -> list[str]:
                  f"a, {valid});")
   return lines
 
-def _staging_copy_lines(c: PackedConfig, fmt: PackedFormat, n: int, k: int) -> list[str]:
-  """The producer warp's copies of K tile `tile` of its weight rows into the stage's staging area: chunk e of the
-  warp's is row e / CH of the warp's, staged chunk e % CH (CH = the format's chunks per row, range after range)."""
+def _staging_setup_lines(c: PackedConfig, fmt: PackedFormat, n: int, k: int) -> list[str]:
+  """Before the tile loop, what a producer thread's staging copies keep from tile to tile: for its copy i (chunk e =
+  lane + 32·i of its warp's rows × CH staged chunks, CH = the format's chunks per row, range after range) the row's
+  first byte in the weight, the range the chunk belongs to, the chunk's distance from the range's first chunk (bytes)
+  and its place in the staging area."""
   ranges, per_row = fmt.ranges(), fmt.staged_chunks
-  total_bytes = n * fmt.row_bytes(k)
   rows = c.rows_per_producer_warp
-  chunks = rows * per_row
   firsts = [sum(x.chunks for x in ranges[:r]) for r in range(len(ranges) + 1)]   # each range's first chunk
-  start, slot = f"({ranges[-1].start})", str(firsts[-2])
-  for r in reversed(range(len(ranges) - 1)):   # a chain of ternaries: the range staged chunk w belongs to
-    start = f"(w < {firsts[r + 1]} ? ({ranges[r].start}) : {start})"
-    slot = f"(w < {firsts[r + 1]} ? {firsts[r]} : {slot})"
-  lines = []
-  for i in range(-(-chunks // WARP_THREADS)):
-    guard = f"if (e < {chunks}) " if (i + 1) * WARP_THREADS > chunks else ""
-    lines += [
-      "        {",
-      f"          const int e = producer_lane + {i * WARP_THREADS};",
-      f"          {guard}{{",
-      f"            const int row = producer_warp * {rows} + e / {per_row}, w = e % {per_row};",
-      f"            const long long from = (((long long)(block_col + row) * {fmt.row_bytes(k)} + {start}) & ~15LL) + "
-      f"16LL * (w - {slot});",
-      f"            const long long left = {total_bytes}LL - from;",
-      f"            const bool valid = block_col + row < {n} && left > 0;",
-      f"            copy_bytes(stage_address + {c.staging_offset} + row * {per_row * CHUNK_BYTES} + w * {CHUNK_BYTES}, "
-      "b + (valid ? from : 0), valid ? (left < 16 ? (int)left : 16) : 0);",
-      "          }",
-      "        }"]
+  range_of = "0"
+  for r in range(1, len(ranges)): range_of = f"(w >= {firsts[r]} ? {r} : {range_of})"
+  copies = -(-rows * per_row // WARP_THREADS)
+  lines = [f"  long long copy_row[{copies}];   // the byte of the weight where the copy's row starts",
+           f"  int copy_range[{copies}], copy_skip[{copies}], copy_target[{copies}];",
+           f"  bool copy_valid[{copies}];",
+           "  #pragma unroll",
+           f"  for (int i = 0; i < {copies}; ++i) {{",
+           f"    const int e = producer_lane + {WARP_THREADS} * i, row = producer_warp * {rows} + e / {per_row}, "
+           f"w = e % {per_row};",
+           f"    copy_valid[i] = block_col + row < {n};   // a row past N reads zeros",
+           f"    copy_row[i] = (long long)(block_col + row) * {fmt.row_bytes(k)};",
+           f"    copy_range[i] = {range_of};",
+           f"    const int firsts[{len(ranges)}] = {{{', '.join(str(f) for f in firsts[:-1])}}};",
+           f"    copy_skip[i] = {CHUNK_BYTES} * (w - {_select('copy_range[i]', 'firsts', len(ranges))});",
+           f"    copy_target[i] = {c.staging_offset} + row * {per_row * CHUNK_BYTES} + w * {CHUNK_BYTES};",
+           "  }"]
   return lines
 
+def _select(index: str, array: str, size: int) -> str:
+  """C: element `index` of a small array as a chain of selects (a runtime index into a local array would put it in
+  local memory)."""
+  text = f"{array}[{size - 1}]"
+  for r in reversed(range(size - 1)): text = f"({index} == {r} ? {array}[{r}] : {text})"
+  return text
+
+def _range_starts(fmt: PackedFormat) -> list[str]:
+  """C: `start[r]`, the first byte of range r of K tile `tile` in a row."""
+  ranges = fmt.ranges()
+  return [f"const int start[{len(ranges)}] = {{{', '.join(f'({r.start})' for r in ranges)}}};"]
+
+def _staging_copy_lines(c: PackedConfig, fmt: PackedFormat, n: int, k: int) -> list[str]:
+  """The producer thread's copies of K tile `tile` of its warp's rows into the stage's staging area: each range as
+  the 16-byte chunks that cover it from its first byte rounded down to 16 (the bytes past the weight's end zeros)."""
+  total_bytes = n * fmt.row_bytes(k)
+  copies = -(-c.rows_per_producer_warp * fmt.staged_chunks // WARP_THREADS)
+  last = c.rows_per_producer_warp * fmt.staged_chunks - (copies - 1) * WARP_THREADS   # lanes with a last copy
+  guard = f"if (i < {copies - 1} || producer_lane < {last}) " if last < WARP_THREADS else ""
+  range_start = _select("copy_range[i]", "start", len(fmt.ranges()))
+  return [*("        " + line for line in _range_starts(fmt)),
+          "        #pragma unroll",
+          f"        for (int i = 0; i < {copies}; ++i) {guard}{{   // a lane past the warp's chunks copies nothing",
+          f"          const long long from = ((copy_row[i] + {range_start}) & ~15LL) + copy_skip[i];",
+          f"          const long long left = {total_bytes}LL - from;",
+          "          const bool valid = copy_valid[i] && left > 0;",
+          "          copy_bytes(stage_address + copy_target[i], b + (valid ? from : 0), "
+          "valid ? (left < 16 ? (int)left : 16) : 0);",
+          "        }"]
+
 def _dequantize_lambda(c: PackedConfig, fmt: PackedFormat, k: int, dtype: DType) -> list[str]:
-  """`dequantize_tile(tile, stage)`: the producer thread's 16-byte chunks of the B tile (8 values of one of its warp's
-  rows each: row e / 8 of the warp's, chunk e % 8), from the staged bytes, at their swizzled offsets."""
+  """`dequantize_tile(tile, stage)`: the producer thread's 16-byte chunks of the B tile, from the staged bytes, at
+  their swizzled offsets. A lane dequantizes chunks q, q + L, q + 2L, ... (L lanes a row, q = lane mod L) of one of
+  its warp's rows, all computed before any is stored, so what chunks of a row share (a scale, a block's fifth bits,
+  the bytes of two nibble halves) is read once."""
   ranges, per_row = fmt.ranges(), fmt.staged_chunks
   rows = c.rows_per_producer_warp
+  lanes_per_row = WARP_THREADS // rows
+  chunks = ROW_CHUNKS // lanes_per_row
   cvt = "cvt.rn.f16x2.f32" if dtype == dtypes.float16 else "cvt.rn.bf16x2.f32"
+  firsts = [sum(x.chunks for x in ranges[:r]) for r in range(len(ranges))]
   lines = [
     "  auto pack = [](float low, float high) -> unsigned int {   // two values rounded to half, low in the low bits",
     f'    unsigned int h; asm("{cvt} %0, %1, %2;" : "=r"(h) : "f"(high), "f"(low)); return h;',
@@ -292,32 +325,37 @@ def _dequantize_lambda(c: PackedConfig, fmt: PackedFormat, k: int, dtype: DType)
     "  auto half_to_float = [](unsigned short h) -> float {",
     '    float x; asm("cvt.f32.f16 %0, %1;" : "=f"(x) : "h"(h)); return x;',
     "  };",
-    "  auto words_at_staged = [](const unsigned char* staged, int offset, unsigned int& a, unsigned int& b) {",
-    "    const unsigned int* w = (const unsigned int*)(staged + (offset & ~3));",
-    "    const unsigned int x0 = w[0], x1 = w[1], x2 = w[2], shift = 8 * (offset & 3);",
-    "    a = (unsigned int)((((unsigned long long)x1 << 32) | x0) >> shift);",
-    "    b = (unsigned int)((((unsigned long long)x2 << 32) | x1) >> shift);",
-    "  };",
+    f"  const int dequant_row = producer_warp * {rows} + producer_lane / {lanes_per_row}, "
+    f"dequant_first = producer_lane % {lanes_per_row};",
+    f"  const int dequant_row_skew = (int)(((long long)(block_col + dequant_row) * {fmt.row_bytes(k)}) & 15);",
     "  auto dequantize_tile = [&](int tile, int stage) {",
-    f"    unsigned char* const stage_start = aligned_shared + stage * {c.stage_bytes};"]
-  for i in range(rows * ROW_CHUNKS // WARP_THREADS):
-    lines += [
-      "    {",
-      f"      const int e = producer_lane + {i * WARP_THREADS};",
-      f"      const int row = producer_warp * {rows} + e / {ROW_CHUNKS}, c = e % {ROW_CHUNKS};",
-      f"      const long long row_start = (long long)(block_col + row) * {fmt.row_bytes(k)};",
-      f"      const unsigned char* const staged = stage_start + {c.staging_offset} + row * {per_row * CHUNK_BYTES};"]
-    before = 0
-    for r, byte_range in enumerate(ranges):
-      lines.append(f"      const int s{r} = {before * CHUNK_BYTES} + (int)((row_start + ({byte_range.start})) & 15);")
-      before += byte_range.chunks
-    lines += ["      auto words_at = [&](int offset, unsigned int& a, unsigned int& b) { "
-              "words_at_staged(staged, offset, a, b); };", "      float v[8];"]
-    lines += [f"      {line}" for line in fmt.dequantize] + [
-      f"      *(uint4*)(stage_start + {c.b_offset} + {k_major_offset(CExpr('row'), CExpr('c'))}) = make_uint4("
-      "pack(v[0], v[1]), pack(v[2], v[3]), pack(v[4], v[5]), pack(v[6], v[7]));",
-      "    }"]
-  return lines + ["  };"]
+    f"    unsigned char* const stage_start = aligned_shared + stage * {c.stage_bytes};",
+    f"    const unsigned char* const staged = stage_start + {c.staging_offset} + dequant_row * "
+    f"{per_row * CHUNK_BYTES};",
+    "    auto words_at = [&](int offset, unsigned int& a, unsigned int& b) {   // the 8 bytes at staged + offset",
+    "      const unsigned int* w = (const unsigned int*)(staged + (offset & ~3));",
+    "      const unsigned int x0 = w[0], x1 = w[1], x2 = w[2], shift = 8 * (offset & 3);",
+    "      a = __funnelshift_r(x0, x1, shift);",
+    "      b = __funnelshift_r(x1, x2, shift);",
+    "    };",
+    *("    " + line for line in _range_starts(fmt)),
+    *(f"    const int s{r} = {firsts[r] * CHUNK_BYTES} + ((dequant_row_skew + start[{r}]) & 15);"
+      for r in range(len(ranges))),
+    f"    uint4 out[{chunks}];",
+    "    #pragma unroll",
+    f"    for (int j = 0; j < {chunks}; ++j) {{",
+    f"      const int c = dequant_first + {lanes_per_row} * j;",
+    "      float v[8];",
+    *("      " + line for line in fmt.dequantize),
+    "      out[j] = make_uint4(pack(v[0], v[1]), pack(v[2], v[3]), pack(v[4], v[5]), pack(v[6], v[7]));",
+    "    }",
+    "    #pragma unroll",
+    f"    for (int j = 0; j < {chunks}; ++j) {{",
+    f"      const int c = dequant_first + {lanes_per_row} * j;",
+    f"      *(uint4*)(stage_start + {c.b_offset} + {k_major_offset(CExpr('dequant_row'), CExpr('c'))}) = out[j];",
+    "    }",
+    "  };"]
+  return lines
 
 def _barrier_lines(c: PackedConfig) -> list[str]:
   """The stages' mbarriers (full: the producer threads arrive once the tile is in place; empty: the consumer threads
@@ -372,6 +410,7 @@ def packed_matmul_source(name: str, fmt: PackedFormat, shape: MatmulShape, dtype
     '"memory");',
     "  };",
     *_dequantize_lambda(c, fmt, k, dtype),
+    *_staging_setup_lines(c, fmt, n, k),
     f"  if (warpgroup >= {c.warpgroups}) {{   // a producer: copies tile t while it dequantizes tile t - {c.lag}",
     f"    const element* a_source = a + (long long)(block_row + producer_thread / {ROW_CHUNKS}) * {k} + "
     f"(producer_thread % {ROW_CHUNKS}) * {VALUES_PER_CHUNK};",

@@ -175,27 +175,6 @@ def device_runs(instructions: Sequence[Instruction]) -> list[tuple[str, list[Ins
   runs.extend(open_runs.items())
   return runs
 
-# With GRAPH_BRANCHES a graph node waits only for the nodes whose memory it shares. A kernel that reads no activation
-# and no input (a packed weight's dequantization into a half temporary) could then run long before its turn, but the
-# planner would give its output bytes that an activation used just before, and that reuse (write after read) orders it
-# right after that activation's last reader. So such a kernel's outputs are planned as live from this many
-# instructions before it: nothing the kernels in that window touch shares their bytes, and the kernel may run beside
-# them (at the price of that much longer a lifetime in the arena).
-EARLY_START_INSTRUCTIONS = 16
-
-def early_starts(instructions: Sequence[Instruction], slots: Sequence[Slot],
-                 lifetimes: dict[int, tuple[int, int]]) -> dict[int, tuple[int, int]]:
-  """The lifetimes (first, last) of the activations that a one-device kernel reading only weights and state first
-  writes, begun EARLY_START_INSTRUCTIONS earlier (not before the program's start)."""
-  out: dict[int, tuple[int, int]] = {}
-  for i, ins in enumerate(instructions):
-    if not _is_kernel(ins) or len(ins.devices) > 1: continue
-    if any(slots[s].kind in (ACTIVATION, INPUT) for s in ins.args[ins.output_count:]): continue
-    for s in ins.args[:ins.output_count]:
-      if slots[s].kind == ACTIVATION and lifetimes[s][0] == i:
-        out[s] = (max(0, i - EARLY_START_INSTRUCTIONS), lifetimes[s][1])
-  return out
-
 class CompiledGraph:
   """A captured program: instructions over slots, memory planned and bound, replayed by `graph(input_buffers)`.
   `print(graph)` lists the memory per device and kind, then one instruction per line with each argument as
@@ -206,7 +185,6 @@ class CompiledGraph:
     self.arenas: dict[str, Buffer] = {}
     self.arena_plans: dict[str, ArenaPlan] = {}
     lifetimes = liveness([ins.args for ins in instructions])
-    if Context.GRAPH_BRANCHES: lifetimes = {**lifetimes, **early_starts(instructions, slots, lifetimes)}
     activations = [s for s, slot in enumerate(slots) if slot.kind == ACTIVATION]
     self.lifetimes = {s: Lifetime(*lifetimes[s], slots[s].nbytes) for s in activations}
     if plan:

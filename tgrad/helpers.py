@@ -96,7 +96,7 @@ class _Settings:
   BEAM_BUDGET: int = 300   # seconds one kernel's search may take; past them the best kernel verified so far wins
   THREADS: int = 0      # CPU threads for THREAD opts; 0 means all cores
   CUDA_GRAPH: int = 1   # 1 replays compiled programs on CUDA as CUDA graphs; 0 launches them kernel by kernel
-  GRAPH_BRANCHES: int = 0   # 1: a CUDA graph's kernel waits only for the kernels whose memory it shares (independent
+  GRAPH_BRANCHES: int = 1   # 1: a CUDA graph's kernel waits only for the kernels whose memory it shares (independent
                             # kernels may run at once); 0: each waits for the one before (a chain; docs/env.md)
   PDL: int = 1          # 1: on sm_90+ a CUDA graph's kernels launch before their predecessor ends (Programmatic
                         # Dependent Launch) and wait for it on chip; 0 serializes them fully

@@ -458,7 +458,7 @@ def test_cuda_graph_runner_patches_variable_args_and_grid(monkeypatch):
   class Program:
     function, shared_bytes = "kernel", 0
   class Slot:
-    class buffer: handle = 4096
+    class buffer: handle, nbytes = 4096, 64
   rows = Variable("rows", 1, 4096)
   blocks = (rows * 8 + 63) // 64
   runner = CompiledKernel("k", Program(), (blocks,), (64,), "", [], 0, 0, "CUDA", ("rows",))
@@ -493,7 +493,7 @@ def test_cuda_graph_runner_variable_patches_fuzz(monkeypatch):
     function, shared_bytes = "kernel", 0
   class Slot:
     def __init__(self, handle):
-      self.buffer = type("B", (), {"handle": handle})()
+      self.buffer = type("B", (), {"handle": handle, "nbytes": 64})()
   rng = random.Random(13)
   variables = {name: Variable(name, 1, 500) for name in ("a", "b", "c")}
   slots = [Slot(4096 * (i + 1)) for i in range(6)]

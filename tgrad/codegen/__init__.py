@@ -56,5 +56,5 @@ CODEGEN_VERSION = 32   # 2: gathers (data-dependent loads); int casts as narrow 
 # cores as they finish one
 # 30: flash attention (CUDA) of head dim 256 walks its keys 64 at a time (32 before)
 # 31: 29's pieces withdrawn: a big CPU reduce is one piece a core again
-# 32: CUDA: a small integer (range under 2^23) becomes a float by exponent bits, not a conversion instruction; a
-# stored float16 cast keeps the half bits of one conversion (its store no longer converts the value again)
+# 32: CUDA: a stored float16 cast keeps the half bits of its one conversion (its store no longer converts the value
+# again)

@@ -210,8 +210,6 @@ def narrow_index_values(uops: list[UOp]) -> set[UOp]:
 # ---------------------------------------------------------------------------------------------------------------
 # rendering
 
-MAGIC_FLOAT_SPAN = 1 << 23   # 2^23: floats in [2^23, 2^24) are the integers, one apart (small_int_to_float)
-
 def render_const(value, dtype: DType) -> str:
   if dtype.is_bool: return "true" if value else "false"
   if dtype.is_int:
@@ -675,27 +673,14 @@ class _KernelWriter:
     return f"({s[1]} == 0 ? ({ctype})0 : {s[1]} == -1 ? {negated} : ({ctype})({s[0]} {symbol} {s[1]}))"
 
   def render_cast(self, u: UOp) -> None:
-    """A CAST. A small integer becomes a float through exponent bits (small_int_to_float); a float16 value that is
-    stored (or bitcast) keeps its half bits from one conversion, so its store does not convert it again."""
+    """A CAST. A float16 value that is stored (or bitcast) keeps its half bits from one conversion, so its store does
+    not convert it again (float -> half -> float -> half was three conversions a value)."""
     source, src = u.src[0], u.src[0].dtype
     x = self.value(source)
-    if (as_float := self.small_int_to_float(source)) is not None and self.computed_dtype(u) == dtypes.float32:
-      x, src = as_float, dtypes.float32
     if u.dtype == dtypes.float16 and u in self.wants_bits and src.is_float:
       bits = f"double_to_half({x})" if src == dtypes.float64 else f"float_to_half({x})"
       self.define(u, f"half_to_float({self.keep_half_bits(u, bits)})", "cast")
     else: self.define(u, self.cast(x, src, self.computed_dtype(u)), "cast")
-
-  def small_int_to_float(self, source: UOp) -> Optional[str]:
-    """The float32 value of an integer whose range [lo, hi] spans less than 2^23, without a conversion instruction
-    (an I2F runs at a quarter of the float rate on sm_90): the float with bits 0x4B000000 | (x - lo) is exactly
-    2^23 + x - lo, and subtracting 2^23 - lo leaves x, exactly. None for other integers."""
-    lo, hi = source.vmin, source.vmax
-    if not (source.dtype.is_int and isinstance(lo, int) and isinstance(hi, int)) or hi - lo >= MAGIC_FLOAT_SPAN:
-      return None
-    x = self.value(source)
-    biased = f"(unsigned int)({x})" if lo == 0 else f"(unsigned int)({x} - ({lo}))"
-    return f"(__int_as_float(0x4B000000u | {biased}) - {render_const(float(MAGIC_FLOAT_SPAN - lo), dtypes.float32)})"
 
   def cast(self, x: str, src: DType, dst: DType) -> str:
     to = REGISTER_TYPES[dst]

@@ -63,7 +63,12 @@ class Function:
     if not Tensor.grad_enabled: requires_grad = False
     out = _new_object(Tensor)   # Tensor.of_lazy, inline
     out.grad, out.requires_grad, out._ctx = None, requires_grad, ctx if requires_grad is not False else None
-    out._lazydata = ctx.forward(*sources, **kwargs) if kwargs else ctx.forward(*sources)   # no dict copied
+    # no dict copied; one or two sources passed as they are (a call with *sources builds a tuple and reads `forward`
+    # through the generic attribute lookup)
+    if kwargs: out._lazydata = ctx.forward(*sources, **kwargs)
+    elif len(sources) == 2: out._lazydata = ctx.forward(sources[0], sources[1])
+    elif len(sources) == 1: out._lazydata = ctx.forward(sources[0])
+    else: out._lazydata = ctx.forward(*sources)
     return out
 
 def _mask_to(mask: LazyBuffer, dtype: DType) -> LazyBuffer: return mask.cast(dtype)

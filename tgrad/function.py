@@ -57,7 +57,7 @@ class Function:
         parents.append(None)
     ctx = _new_object(cls)
     ctx.device, ctx.requires_grad, ctx.needs_input_grad = sources[0].device, requires_grad, needs
-    if requires_grad is not False: ctx.parents = tuple(parents)
+    if requires_grad is not False: ctx.parents = parents   # a list of its own: no tuple copied
     # under no_grad the output is a constant to autograd, as in torch: it does not require grad, so a backward
     # from it raises instead of silently reaching nothing
     if not Tensor.grad_enabled: requires_grad = False

@@ -46,7 +46,8 @@ def _draw(rng: np.random.Generator):
   return (lambda a, b: a - b), (lambda a, b: a - b), (x, y), tol
 
 def _check(got: np.ndarray, want: np.ndarray, tol, what: str) -> None:
-  assert got.shape == want.shape and got.dtype == want.dtype, f"{what}: {got.dtype}{got.shape} vs {want.dtype}{want.shape}"
+  assert got.shape == want.shape and got.dtype == want.dtype, \
+    f"{what}: {got.dtype}{got.shape} vs {want.dtype}{want.shape}"
   if tol is None: np.testing.assert_array_equal(got, want, err_msg=what)
   else:
     np.testing.assert_allclose(got.astype(np.float64), want.astype(np.float64), rtol=tol, atol=tol, err_msg=what)

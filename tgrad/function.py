@@ -19,7 +19,7 @@ HALF_PRECISION = (dtypes.float16, dtypes.bfloat16)   # gradient sums over these 
 # Read on every op: a module name is one specialized lookup, where `cls.__new__` and `Ops.ADD` go through the class's
 # generic attribute lookup (Enum classes' `__getattr__` hook makes theirs several times slower still)
 _new_object = object.__new__
-_ADD, _OR = Ops.ADD, Ops.OR
+_ADD, _OR, _MUL, _AND = Ops.ADD, Ops.OR, Ops.MUL, Ops.AND
 
 class Function:
   """One recorded op. `parents` are the input Tensors, kept unless every input said requires_grad=False: undecided
@@ -174,7 +174,7 @@ class Relu(Function):
 # ---- binary (operands already broadcast to one shape and promoted to one dtype by Tensor)
 
 class Add(Function):
-  def forward(self, x: LazyBuffer, y: LazyBuffer) -> LazyBuffer: return x.alu(_OR if x.dtype.is_bool else _ADD, y)
+  def forward(self, x: LazyBuffer, y: LazyBuffer) -> LazyBuffer: return x.binary(_OR if x.dtype.is_bool else _ADD, y)
   def backward(self, grad_output: LazyBuffer):
     return (grad_output if self.needs_input_grad[0] else None, grad_output if self.needs_input_grad[1] else None)
 
@@ -224,7 +224,7 @@ class FloatMod(Function):
 class Mul(Function):
   def forward(self, x: LazyBuffer, y: LazyBuffer) -> LazyBuffer:
     self.x, self.y = x, y
-    return x.alu(Ops.AND if x.dtype.is_bool else Ops.MUL, y)
+    return x.binary(_AND if x.dtype.is_bool else _MUL, y)
   def backward(self, grad_output: LazyBuffer):
     return (grad_output.alu(Ops.MUL, self.y) if self.needs_input_grad[0] else None,
             grad_output.alu(Ops.MUL, self.x) if self.needs_input_grad[1] else None)

@@ -221,6 +221,15 @@ class LazyBuffer:
   def const_value(self): return self.base.arg
 
   # ---- compute
+  def binary(self, op: Ops, other: LazyBuffer) -> LazyBuffer:
+    """`alu(op, other)`, for the hot binary ops (Add, Mul): a method of fixed arguments, which the interpreter calls
+    inline (a call through `*others` goes the general way, several hundred instructions more). The same checks."""
+    shape, device = self.shape, self.device
+    if other.shape == shape and other.device == device and ((dtype := self.dtype) is other.dtype or
+                                                            dtype == other.dtype):
+      return LazyBuffer(device, self.st if self._base is None else ShapeTracker.from_shape(shape),
+                        _BOOL if op in COMPARISON else dtype, op, (self, other))
+    return self.alu(op, other)   # raises, naming what differs
   def alu(self, op: Ops, *others: LazyBuffer, arg: Any = None) -> LazyBuffer:
     """An elementwise op; every operand must already have this shape (broadcasting is the Tensor's job). `arg` names
     how a kernel computes a transcendental (EXP2/LOG2/TANH: see tensor_ops/composite.py); None is the default."""

@@ -436,8 +436,8 @@ def _launch_eager(nodes: list[LazyBuffer], leaf_buffers: list[Buffer], entry: Ea
   for p, i, keeps_arg in commits: nodes[p].commit(bufs[i], keeps_arg)
   for lb in nodes:   # schedule_cache._forget_regions, inline
     if lb.region is not None: lb.set_region(None)
-  handles = [bufs[i]._handle for i in indices]   # allocated: read straight (the new Buffers always are)
-  if None in handles: handles = [bufs[i].handle for i in indices]   # a leaf Buffer allocated on first use
+  handles = []   # a Buffer's handle is allocated on first use; an allocated one is read straight
+  for i in indices: handles.append(handle if (handle := bufs[i]._handle) is not None else bufs[i].handle)
   launch(handles, values)
   for i in outputs:   # Buffer.wrote, inline
     owner = bufs[i]

@@ -47,7 +47,7 @@ def main() -> None:
     t4 = clock()
     _, _, launch, indices, outputs, new_buffers, commits, _, _ = entry
     for device, size, dtype in new_buffers:
-      bufs.append(Buffer.allocated(device, size, dtype, allocators.get(device)))
+      bufs.append(Buffer(device, size, dtype, None, 0, None, allocators.get(device)))
     t5 = clock()
     for p, i, keeps_arg in commits: nodes[p].commit(bufs[i], keeps_arg)
     for node in nodes:

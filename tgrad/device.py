@@ -143,7 +143,6 @@ class Compiled:
     return self.program(name, self.compiler.compile_cached(src))
 
 _buffers_created = 0
-_new_object = object.__new__
 
 def newest_buffer_serial() -> int:
   """The serial of the newest Buffer (0 before any): a Buffer made later has a higher one."""
@@ -175,25 +174,6 @@ class Buffer:
       self._allocator = allocator                                    # for a launch that writes it at once
       self._handle = allocator.alloc(self.nbytes or 1)
       if profiler.ENABLED: profiler.buffer_allocated(self)
-  @staticmethod
-  def allocated(device: str, size: int, dtype: DType, allocator: Allocator) -> Buffer:
-    """`Buffer(device, size, dtype, allocator=allocator)`: a Buffer of its own memory, allocated now, made without the
-    class call and its checks (an eager launch makes one per op: a class call runs `__init__` through the generic
-    call path). The fields are written in `__init__`'s order, so every Buffer shares one attribute layout."""
-    self = _new_object(Buffer)
-    self.device, self.size, self.dtype = device, size, dtype
-    self.nbytes = nbytes = size * dtype.itemsize
-    self.base, self.offset, self.initial = None, 0, None
-    self.symbolic_size = self.holders = None
-    global _buffers_created
-    _buffers_created += 1
-    self.serial = _buffers_created
-    self.writes = 0
-    self._handle = None
-    self._allocator = allocator
-    self._handle = allocator.alloc(nbytes or 1)
-    if profiler.ENABLED: profiler.buffer_allocated(self)
-    return self
   @property
   def handle(self) -> Any:
     if self._handle is None:

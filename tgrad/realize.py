@@ -92,7 +92,6 @@ class ExecItem:
 _runner_cache: dict[tuple, CompiledKernel] = {}
 _kernel_counter = 0
 
-_allocated = Buffer.allocated   # read by every eager launch: a module name, not a lookup through the class
 _settings_memo: tuple = (None, ())   # (the settings object, its _settings tuple): the last answer, kept
 
 def _settings() -> tuple:
@@ -432,7 +431,7 @@ def _launch_eager(nodes: list[LazyBuffer], leaf_buffers: list[Buffer], entry: Ea
     values = tuple([var_vals[name] for name in variables])
   bufs = leaf_buffers
   for device, size, dtype in new_buffers:   # allocated at once (the device's allocator, once a Buffer of it was)
-    bufs.append(_allocated(device, size, dtype, allocators.get(device)))
+    bufs.append(Buffer(device, size, dtype, None, 0, None, allocators.get(device)))
   for p, i, keeps_arg in commits: nodes[p].commit(bufs[i], keeps_arg)
   for lb in nodes:   # schedule_cache._forget_regions, inline
     if lb.region is not None: lb.set_region(None)

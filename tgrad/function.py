@@ -19,7 +19,7 @@ HALF_PRECISION = (dtypes.float16, dtypes.bfloat16)   # gradient sums over these 
 # Read on every op: a module name is one specialized lookup, where `cls.__new__` and `Ops.ADD` go through the class's
 # generic attribute lookup (Enum classes' `__getattr__` hook makes theirs several times slower still)
 _new_object = object.__new__
-_ADD, _OR = Ops.ADD, Ops.OR
+_ADD, _OR, _MUL, _AND = Ops.ADD, Ops.OR, Ops.MUL, Ops.AND
 
 class Function:
   """One recorded op. `parents` are the input Tensors, kept unless every input said requires_grad=False: undecided
@@ -34,37 +34,47 @@ class Function:
 
   @classmethod
   def apply(cls, *inputs, **kwargs):
-    """Run forward on the inputs' lazydata; record the op for backward when a gradient is wanted. The record's fields
-    come from the same loop that reads each input's value (one plain loop: this runs for every op, and a
-    comprehension is a call of its own): requires_grad is True where an input's is, else None where one is
-    undecided, else False; an input that is not a float gets no gradient and is kept as None among the parents."""
-    sources = []
-    needs: list[bool] = []
-    parents: list[Any] = []
-    requires_grad: Optional[bool] = False
-    for t in inputs:   # its value read once: the property follows in-place writes (a walk), needed only after one
-      lb = t._lazydata
-      if lb.successor is not None or lb.origin is not None: lb = t.lazydata
-      sources.append(lb)
-      if lb.dtype.is_float:
-        flag = t.requires_grad
-        if flag: requires_grad = True
-        elif flag is None and requires_grad is False: requires_grad = None
-        needs.append(flag is not False)
-        parents.append(t)
-      else:
-        needs.append(False)
-        parents.append(None)
-    ctx = _new_object(cls)
-    ctx.device, ctx.requires_grad, ctx.needs_input_grad = sources[0].device, requires_grad, needs
-    if requires_grad is not False: ctx.parents = tuple(parents)
-    # under no_grad the output is a constant to autograd, as in torch: it does not require grad, so a backward
-    # from it raises instead of silently reaching nothing
-    if not Tensor.grad_enabled: requires_grad = False
-    out = _new_object(Tensor)   # Tensor.of_lazy, inline
-    out.grad, out.requires_grad, out._ctx = None, requires_grad, ctx if requires_grad is not False else None
-    out._lazydata = ctx.forward(*sources, **kwargs) if kwargs else ctx.forward(*sources)   # no dict copied
-    return out
+    """Run forward on the inputs' lazydata; record the op for backward when a gradient is wanted (`applied`)."""
+    return applied(cls, inputs, kwargs)
+
+def applied(cls: type[Function], inputs: tuple, kwargs: Optional[dict] = None) -> Any:
+  """`cls.apply(*inputs, **kwargs)` with fixed arguments, for the hottest ops (a call through `*inputs` is not inlined
+  by the interpreter: several hundred instructions more). The record's fields come from the same loop that reads each
+  input's value (one plain loop: this runs for every op, and a comprehension is a call of its own): requires_grad is
+  True where an input's is, else None where one is undecided, else False; an input that is not a float gets no
+  gradient and is kept as None among the parents."""
+  sources = []
+  needs: list[bool] = []
+  parents: list[Any] = []
+  requires_grad: Optional[bool] = False
+  for t in inputs:   # its value read once: the property follows in-place writes (a walk), needed only after one
+    lb = t._lazydata
+    if lb.successor is not None or lb.origin is not None: lb = t.lazydata
+    sources.append(lb)
+    if lb.dtype.is_float:
+      flag = t.requires_grad
+      if flag: requires_grad = True
+      elif flag is None and requires_grad is False: requires_grad = None
+      needs.append(flag is not False)
+      parents.append(t)
+    else:
+      needs.append(False)
+      parents.append(None)
+  ctx = _new_object(cls)
+  ctx.device, ctx.requires_grad, ctx.needs_input_grad = sources[0].device, requires_grad, needs
+  if requires_grad is not False: ctx.parents = parents   # a list of its own: no tuple copied
+  # under no_grad the output is a constant to autograd, as in torch: it does not require grad, so a backward
+  # from it raises instead of silently reaching nothing
+  if not Tensor.grad_enabled: requires_grad = False
+  out = _new_object(Tensor)   # Tensor.of_lazy, inline
+  out.grad, out.requires_grad, out._ctx = None, requires_grad, ctx if requires_grad is not False else None
+  # no dict copied; one or two sources passed as they are (a call with *sources builds a tuple and reads `forward`
+  # through the generic attribute lookup)
+  if kwargs: out._lazydata = ctx.forward(*sources, **kwargs)
+  elif len(sources) == 2: out._lazydata = ctx.forward(sources[0], sources[1])
+  elif len(sources) == 1: out._lazydata = ctx.forward(sources[0])
+  else: out._lazydata = ctx.forward(*sources)
+  return out
 
 def _mask_to(mask: LazyBuffer, dtype: DType) -> LazyBuffer: return mask.cast(dtype)
 def _logical_not(mask: LazyBuffer) -> LazyBuffer:
@@ -169,7 +179,7 @@ class Relu(Function):
 # ---- binary (operands already broadcast to one shape and promoted to one dtype by Tensor)
 
 class Add(Function):
-  def forward(self, x: LazyBuffer, y: LazyBuffer) -> LazyBuffer: return x.alu(_OR if x.dtype.is_bool else _ADD, y)
+  def forward(self, x: LazyBuffer, y: LazyBuffer) -> LazyBuffer: return x.binary(_OR if x.dtype.is_bool else _ADD, y)
   def backward(self, grad_output: LazyBuffer):
     return (grad_output if self.needs_input_grad[0] else None, grad_output if self.needs_input_grad[1] else None)
 
@@ -219,7 +229,7 @@ class FloatMod(Function):
 class Mul(Function):
   def forward(self, x: LazyBuffer, y: LazyBuffer) -> LazyBuffer:
     self.x, self.y = x, y
-    return x.alu(Ops.AND if x.dtype.is_bool else Ops.MUL, y)
+    return x.binary(_AND if x.dtype.is_bool else _MUL, y)
   def backward(self, grad_output: LazyBuffer):
     return (grad_output.alu(Ops.MUL, self.y) if self.needs_input_grad[0] else None,
             grad_output.alu(Ops.MUL, self.x) if self.needs_input_grad[1] else None)

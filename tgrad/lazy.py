@@ -45,6 +45,7 @@ def _const_tracker(shape: tuple) -> ShapeTracker:
 _truncations: dict[tuple, Any] = {}
 MAX_TRUNCATIONS = 4096
 _WHERE = Ops.WHERE   # read by every elementwise op built: a module name, not the Enum class's slow attribute lookup
+_BOOL = dtypes.bool  # likewise (`dtypes` is a class: its attributes are read through the generic lookup)
 IN_PLACE = "in place"   # the arg of an ASSIGN that its value's CUSTOM kernel performs itself (`written_by`)
 
 def _truncated(value, dtype: DType):
@@ -220,11 +221,26 @@ class LazyBuffer:
   def const_value(self): return self.base.arg
 
   # ---- compute
+  def binary(self, op: Ops, other: LazyBuffer) -> LazyBuffer:
+    """`alu(op, other)`, for the hot binary ops (Add, Mul): a method of fixed arguments, which the interpreter calls
+    inline (a call through `*others` goes the general way, several hundred instructions more). The same checks."""
+    shape, device = self.shape, self.device
+    if other.shape == shape and other.device == device and ((dtype := self.dtype) is other.dtype or
+                                                            dtype == other.dtype):
+      return LazyBuffer(device, self.st if self._base is None else ShapeTracker.from_shape(shape),
+                        _BOOL if op in COMPARISON else dtype, op, (self, other))
+    return self.alu(op, other)   # raises, naming what differs
   def alu(self, op: Ops, *others: LazyBuffer, arg: Any = None) -> LazyBuffer:
     """An elementwise op; every operand must already have this shape (broadcasting is the Tensor's job). `arg` names
     how a kernel computes a transcendental (EXP2/LOG2/TANH: see tensor_ops/composite.py); None is the default."""
-    srcs = (self, *others)
     shape, device = self.shape, self.device
+    if len(others) == 1:   # a binary op (most ops built): the checks below for two operands, without their loops
+      other = others[0]
+      if other.shape == shape and other.device == device and ((dtype := self.dtype) is other.dtype or
+                                                              dtype == other.dtype):
+        return LazyBuffer(device, self.st if self._base is None else ShapeTracker.from_shape(shape),
+                          _BOOL if op in COMPARISON else dtype, op, (self, other), arg)
+    srcs = (self, *others)
     for s in others:
       if s.shape != shape: raise ValueError(f"{op.name}: operand shapes differ: {[x.shape for x in srcs]}")
       if s.device != device: raise ValueError(f"{op.name}: operands on devices {[x.device for x in srcs]}")

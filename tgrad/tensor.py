@@ -49,11 +49,14 @@ def _const_beside(lb: Any, value: Any, dtype: DType, shape: tuple) -> Any:
   if isinstance(lb, MultiLazyBuffer): return lb.const_with(value, dtype, shape)
   return LazyBuffer.const_of(value, dtype, lb.device, shape)
 
-def _realize(*lbs: Any) -> None:
+def _realize(*lbs: Any) -> None: _realize_all(lbs)
+
+def _realize_all(lbs: tuple) -> None:
   """Every Tensor-level realize: in the contexts the registered pre-realize passes give (tgrad/realize.py; tgrad.paths
   registers path selection, which does nothing while the benchmark database has no record for the device), with the
   queued index checks (bounds.realize_with_checks). A sharded value realizes its shards. The common case (no context,
-  no check queued: every eager op) calls realize straight."""
+  no check queued: every eager op) calls realize straight. Its arguments are fixed (a tuple, not `*lbs`): a
+  single value's realize calls it inline."""
   for lb in lbs:
     if isinstance(lb, MultiLazyBuffer):
       lbs = tuple(_shards(lbs))
@@ -204,7 +207,7 @@ class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, Indexi
     if others: _realize(self.lazydata, *[t.lazydata for t in others])
     else:
       lb = self._lazydata   # Tensor.lazydata, inline where no in-place write moved it: this is every eager op
-      _realize(lb if lb.successor is None and lb.origin is None else self.lazydata)
+      _realize_all((lb if lb.successor is None and lb.origin is None else self.lazydata,))
     return self
   def schedule(self, *others: Tensor) -> list:
     """The kernels (ScheduleItems) that realizing this tensor (and others) would run, planned without running or
@@ -235,7 +238,7 @@ class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, Indexi
     # a computed base is realized as itself (a row-major buffer of its shape: what contiguous() would commit to it
     # too), so an eager `(a + b).numpy()` is the one op `(a + b).realize()` is; anything else is copied contiguous
     if lb._base is not None or lb.dtype != out_dtype: lb = lb.cast(out_dtype).contiguous()
-    _realize(lb)
+    _realize_all((lb,))
     values = _copy_to_host(lb)
     # a symbolic buffer is allocated at the variables' maximum; its first elements are the row-major values
     return (values if values.size == count else values[:count]).reshape(shape)

@@ -129,6 +129,9 @@ class MultiLazyBuffer:
     return concatenate([s.copy_to_device(device) for s in self.shards], self.axis)
 
   # ---- compute
+  def binary(self, op: Ops, other: MultiLazyBuffer) -> MultiLazyBuffer:
+    """`alu(op, other)` (LazyBuffer.binary's counterpart: the hot binary Functions build through it)."""
+    return self.alu(op, other)
   def alu(self, op: Ops, *others: MultiLazyBuffer, arg: Any = None) -> MultiLazyBuffer:
     operands = (self, *others)
     for other in others:

@@ -21,6 +21,9 @@ POW_UNROLL_LIMIT = 64                   # positive integer exponents up to this 
 LOG10_2 = math.log10(2)
 SELU_ALPHA = 1.6732632423543772848170429916717     # Klambauer et al., "Self-Normalizing Neural Networks"
 SELU_SCALE = 1.0507009873554804934193349852946
+# The most frequent ops recorded through `F.applied` (fixed arguments: `F.Add.apply(a, b)` is a classmethod read through
+# the class, a generic lookup, and a call through *inputs, which the interpreter does not inline)
+_applied, _Add, _Mul = F.applied, F.Add, F.Mul
 ATAN_HALVINGS = 2     # atan(x) = 2·atan(x / (1 + √(1 + x²))): two halvings take |x| <= 1 to |x| <= tan(π/16) ≈ 0.2
 ATAN_SERIES_TERMS = 8  # x − x³/3 + ... − x¹⁵/15 at |x| <= 0.2: truncation error 0.2¹⁷/17 ≈ 8e-14
 # erfc(|x|) ≈ t·exp(−x² + P(t)) with t = 1 / (1 + |x|/2): the Chebyshev fit of Numerical Recipes (erfcc), relative
@@ -32,12 +35,14 @@ LARGE_ARGUMENT = 2.0 ** 60  # asinh/acosh of |x| beyond this are log(2|x|) to fl
 class ElementwiseMixin:
   """Tensor's elementwise methods and operators."""
   # ---- arithmetic
-  def add(self, x: Any, reverse: bool = False) -> Tensor: return F.Add.apply(*self._operands(x, reverse))
+  def add(self, x: Any, reverse: bool = False) -> Tensor:
+    return _applied(_Add, self._operands(x, reverse))
   def sub(self, x: Any, reverse: bool = False) -> Tensor:
     a, b = self._operands(x, reverse)
     if a.dtype.is_bool: raise TypeError("subtraction of bool tensors: use ^ (logical xor) instead")
     return F.Sub.apply(a, b)
-  def mul(self, x: Any, reverse: bool = False) -> Tensor: return F.Mul.apply(*self._operands(x, reverse))
+  def mul(self, x: Any, reverse: bool = False) -> Tensor:
+    return _applied(_Mul, self._operands(x, reverse))
   def div(self, x: Any, reverse: bool = False, rounding_mode: Optional[str] = None) -> Tensor:
     """True division (ints give floats); rounding_mode "floor" is `//`, "trunc" rounds toward zero (both keep an
     int dtype, as torch). Another rounding_mode raises RuntimeError, as torch."""

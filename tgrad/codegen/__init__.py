@@ -7,7 +7,7 @@ BEAM winner in the cache (search.py), so a winner found and verified under older
 # Bump when a change here alters the code that some AST and Opt list produce, or what an Opt means: axes.py and opts.py,
 # the linearizer, a renderer, the heuristics that seed the search, or how search verifies. Changes that only
 # rename or restructure without changing generated code need no bump.
-CODEGEN_VERSION = 31   # 2: gathers (data-dependent loads); int casts as narrow CUDA index math. 3: row kernels.
+CODEGEN_VERSION = 32   # 2: gathers (data-dependent loads); int casts as narrow CUDA index math. 3: row kernels.
 # 4: guarded GROUPs of symbolic reduces that padding would change (padding guards), split views indexed without division
 # 5: guarded UPCAST and PADTO of symbolic global axes (stride-0 loads stretched, not masked), tensor cores with padded
 # symbolic rows/columns
@@ -56,3 +56,5 @@ CODEGEN_VERSION = 31   # 2: gathers (data-dependent loads); int casts as narrow 
 # cores as they finish one
 # 30: flash attention (CUDA) of head dim 256 walks its keys 64 at a time (32 before)
 # 31: 29's pieces withdrawn: a big CPU reduce is one piece a core again
+# 32: CPU: a big reduce is threaded in heuristics.CPU_PIECES_PER_CORE pieces a core again (29), which the runtime
+# hands out to the cores as they finish one

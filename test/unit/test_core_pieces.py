@@ -9,7 +9,7 @@ import ctypes, gc, threading
 import numpy as np
 import pytest
 from tgrad import Tensor
-from tgrad.codegen.heuristics import CPU_PIECES_PER_CORE, hand_coded_optimizations
+from tgrad.codegen.heuristics import CPU_PIECE_MIN_WORK, CPU_PIECES_PER_CORE, hand_coded_optimizations
 from tgrad.codegen.kernel import Kernel, OptOps
 from tgrad.codegen.linearizer import linearize
 from tgrad.device import Device
@@ -134,11 +134,12 @@ def _heuristic_threads(out) -> list[int]:
   return amounts
 
 def test_big_reduces_are_cut_into_pieces_and_small_ones_and_matmuls_are_not():
-  """A 16M-float sum's partials and a softmax's rows: CPU_PIECES_PER_CORE pieces a core; a reduce with too little
-  work a piece, and a matmul: one piece a core."""
+  """A 16M-float sum's partials and a softmax's rows: CPU_PIECES_PER_CORE pieces a core; a smaller reduce fewer pieces
+  of CPU_PIECE_MIN_WORK at least; a matmul: one piece a core."""
   with Context(THREADS=2):
     pieces = 2 * CPU_PIECES_PER_CORE
     assert _heuristic_threads(Tensor.empty(1 << 24).sum())[0] == pieces
     assert _heuristic_threads(Tensor.empty(2048, 2048).softmax(-1)) == [pieces]
-    assert _heuristic_threads(Tensor.empty(256, 1024).sum(-1)) == [2]   # 2^18 loop iterations: 2 pieces
+    small = 256 * 1024 // CPU_PIECE_MIN_WORK   # 2^18 loop iterations
+    assert _heuristic_threads(Tensor.empty(256, 1024).sum(-1)) == [small]
     assert _heuristic_threads(Tensor.empty(512, 512) @ Tensor.empty(512, 512)) == [2]

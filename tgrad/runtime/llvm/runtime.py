@@ -84,6 +84,26 @@ def available_host_memory() -> int:
   except OSError: pass
   return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
+# LLVM is used by one thread at a time: llvmlite releases the GIL in every LLVM call, and an abort inside
+# finalize_object (the suite's Gemma decode on a 16-core host, kernels on worker threads; its cause not pinned down)
+# is what two threads in MCJIT at once would look like. Compiling, loading an object into an engine and freeing an
+# engine all hold this lock. An engine is freed only while it is held: a program that goes away (on whatever thread
+# drops the last reference, a pool thread included) hands its engine to `_retired_engines`, and the next compile or
+# load frees them.
+llvm_lock = threading.RLock()
+_retired_engines: list = []
+
+def _free_retired_engines() -> None:
+  """Free the engines of programs that went away (with llvm_lock held)."""
+  while _retired_engines: _retired_engines.pop()
+
+def _new_llvm_lock() -> None:
+  """In a forked child: a thread of the parent that held the lock is not there; the child starts with it free."""
+  global llvm_lock
+  llvm_lock = threading.RLock()
+
+os.register_at_fork(after_in_child=_new_llvm_lock)
+
 def host_target_machine(opt: int = OPT_LEVEL) -> llvm.TargetMachine:
   """A new TargetMachine for the host CPU (an MCJIT engine takes ownership of the one it is given); `opt` is its
   code generation level."""
@@ -95,8 +115,9 @@ def host_target_machine(opt: int = OPT_LEVEL) -> llvm.TargetMachine:
 
 class LLVMCompiler(Compiler):
   def __init__(self):
-    features = hashlib.sha256(llvm.get_host_cpu_features().flatten().encode()).hexdigest()[:16]
-    self.target_machine = host_target_machine()
+    with llvm_lock:
+      features = hashlib.sha256(llvm.get_host_cpu_features().flatten().encode()).hexdigest()[:16]
+      self.target_machine = host_target_machine()
     self.fast_target_machine: llvm.TargetMachine | None = None   # -O0 code generation, for huge kernels
     self.cache_key = f"llvm-{llvmlite.__version__}-{llvm.get_host_cpu_name()}-{features}-O{OPT_LEVEL}"
   def compile(self, src: str) -> bytes:
@@ -116,18 +137,6 @@ class LLVMCompiler(Compiler):
     builder = llvm.create_pass_builder(tm, tuning)
     builder.getModulePassManager().run(module, builder)
     return tm.emit_object(module)
-
-# LLVM's objects are not safe to use from two threads at once (the suite's Gemma decode once aborted the process in
-# finalize_object with kernels running on 16 threads). llvmlite releases the GIL in every LLVM call, so compiling,
-# loading an object into an engine and freeing an engine all hold this lock. An engine is freed only while it is held:
-# a program that goes away (on whatever thread drops the last reference, a pool thread included) hands its engine to
-# `_retired_engines`, and the next compile or load frees them.
-llvm_lock = threading.RLock()
-_retired_engines: list = []
-
-def _free_retired_engines() -> None:
-  """Free the engines of programs that went away (with llvm_lock held)."""
-  while _retired_engines: _retired_engines.pop()
 
 @functools.cache
 def _thread_pool() -> ThreadPoolExecutor:

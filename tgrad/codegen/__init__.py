@@ -56,5 +56,5 @@ CODEGEN_VERSION = 32   # 2: gathers (data-dependent loads); int casts as narrow 
 # cores as they finish one
 # 30: flash attention (CUDA) of head dim 256 walks its keys 64 at a time (32 before)
 # 31: 29's pieces withdrawn: a big CPU reduce is one piece a core again
-# 32: CPU: a big reduce is threaded in heuristics.CPU_PIECES_PER_CORE pieces a core again (29), which the runtime
-# hands out to the cores as they finish one
+# 32: CPU: a big reduce is threaded in up to heuristics.CPU_PIECES_PER_CORE pieces a core again (as 29), which the
+# runtime hands out to the cores as they finish one

@@ -7,7 +7,7 @@ BEAM winner in the cache (search.py), so a winner found and verified under older
 # Bump when a change here alters the code that some AST and Opt list produce, or what an Opt means: axes.py and opts.py,
 # the linearizer, a renderer, the heuristics that seed the search, or how search verifies. Changes that only
 # rename or restructure without changing generated code need no bump.
-CODEGEN_VERSION = 32   # 2: gathers (data-dependent loads); int casts as narrow CUDA index math. 3: row kernels.
+CODEGEN_VERSION = 33   # 2: gathers (data-dependent loads); int casts as narrow CUDA index math. 3: row kernels.
 # 4: guarded GROUPs of symbolic reduces that padding would change (padding guards), split views indexed without division
 # 5: guarded UPCAST and PADTO of symbolic global axes (stride-0 loads stretched, not masked), tensor cores with padded
 # symbolic rows/columns
@@ -58,3 +58,5 @@ CODEGEN_VERSION = 32   # 2: gathers (data-dependent loads); int casts as narrow 
 # 31: 29's pieces withdrawn: a big CPU reduce is one piece a core again
 # 32: CUDA: a stored float16 cast keeps the half bits of its one conversion (its store no longer converts the value
 # again)
+# 33: CPU: a big reduce is threaded in up to heuristics.CPU_PIECES_PER_CORE pieces a core again (as 29), which the
+# runtime hands out to the cores as they finish one

@@ -2,13 +2,16 @@
 
 Compiler: IR text → optimized (new pass manager, O3 with loop and SLP vectorization) → an object file for the
 host CPU with all its features. Program: the object loaded into its own MCJIT engine; a THREAD launch calls the
-function once per core index, core 0 on the calling thread and the others from a thread pool (ctypes releases the GIL,
-so the calls run in parallel); a forked child starts a pool of its own. Memory is numpy bytes with their address
+function once per piece index, on the calling thread and on up to cpu_count() - 1 threads of a pool, each claiming the
+next piece as it finishes one (ctypes releases the GIL, so the calls run in parallel); a forked child starts a pool of
+its own. LLVM itself is only ever used by one thread at a time (`llvm_lock`: compiling, loading, and freeing an
+engine, which waits for the next compile or load); a launch's callable keeps its program, and so its code, alive.
+Memory is numpy bytes with their address
 (HostMemory); a view is a slice with its address; `prepare` binds a launch's pointers once, for replaying it in a
 tight loop; `launcher` gives a launch on handles with the function and thread count resolved once (an eager op's).
 """
 from __future__ import annotations
-import collections, ctypes, functools, hashlib, os, struct, sys, time
+import collections, ctypes, functools, hashlib, itertools, os, struct, sys, threading, time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 import numpy as np
@@ -81,6 +84,26 @@ def available_host_memory() -> int:
   except OSError: pass
   return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
+# LLVM is used by one thread at a time: llvmlite releases the GIL in every LLVM call, and an abort inside
+# finalize_object (the suite's Gemma decode on a 16-core host, kernels on worker threads; its cause not pinned down)
+# is what two threads in MCJIT at once would look like. Compiling, loading an object into an engine and freeing an
+# engine all hold this lock. An engine is freed only while it is held: a program that goes away (on whatever thread
+# drops the last reference, a pool thread included) hands its engine to `_retired_engines`, and the next compile or
+# load frees them.
+llvm_lock = threading.RLock()
+_retired_engines: list = []
+
+def _free_retired_engines() -> None:
+  """Free the engines of programs that went away (with llvm_lock held)."""
+  while _retired_engines: _retired_engines.pop()
+
+def _new_llvm_lock() -> None:
+  """In a forked child: a thread of the parent that held the lock is not there; the child starts with it free."""
+  global llvm_lock
+  llvm_lock = threading.RLock()
+
+os.register_at_fork(after_in_child=_new_llvm_lock)
+
 def host_target_machine(opt: int = OPT_LEVEL) -> llvm.TargetMachine:
   """A new TargetMachine for the host CPU (an MCJIT engine takes ownership of the one it is given); `opt` is its
   code generation level."""
@@ -92,11 +115,14 @@ def host_target_machine(opt: int = OPT_LEVEL) -> llvm.TargetMachine:
 
 class LLVMCompiler(Compiler):
   def __init__(self):
-    features = hashlib.sha256(llvm.get_host_cpu_features().flatten().encode()).hexdigest()[:16]
-    self.target_machine = host_target_machine()
+    with llvm_lock:
+      features = hashlib.sha256(llvm.get_host_cpu_features().flatten().encode()).hexdigest()[:16]
+      self.target_machine = host_target_machine()
     self.fast_target_machine: llvm.TargetMachine | None = None   # -O0 code generation, for huge kernels
     self.cache_key = f"llvm-{llvmlite.__version__}-{llvm.get_host_cpu_name()}-{features}-O{OPT_LEVEL}"
   def compile(self, src: str) -> bytes:
+    with llvm_lock: return self._compile(src)
+  def _compile(self, src: str) -> bytes:
     lines = src.count("\n")
     tm = self.target_machine
     if lines >= FAST_CODEGEN_MIN_LINES:
@@ -116,12 +142,26 @@ class LLVMCompiler(Compiler):
 def _thread_pool() -> ThreadPoolExecutor:
   return ThreadPoolExecutor(max_workers=cpu_count())
 
-def run_on_cores(fn, pointers: list, threads: int) -> None:
-  """fn(*pointers, core) for every core index: cores 1.. on the pool's threads, core 0 on the calling thread (which
-  would only wait otherwise: one thread fewer to wake). Returns when every call has; a call's exception is raised."""
-  others = [_thread_pool().submit(fn, *pointers, core) for core in range(1, threads)]
-  fn(*pointers, 0)
-  for call in others: call.result()
+def _claim_and_run(fn, pointers: list, claim: Callable[[], int], pieces: int) -> None:
+  """fn(*pointers, piece) for each piece this thread claims, until none is left (`claim` is an itertools.count's
+  __next__: atomic under the GIL, so no piece runs twice)."""
+  while (piece := claim()) < pieces: fn(*pointers, piece)
+
+def run_on_cores(fn, pointers: list, pieces: int) -> None:
+  """fn(*pointers, piece) for every piece index below `pieces` (a THREAD launch: piece i computes its part of the
+  output), on the calling thread and min(pieces, cpu_count()) - 1 pool threads, each claiming the next piece as it
+  finishes one: with more pieces than cores (heuristics.CPU_PIECES_PER_CORE) a core slowed by another process, or a
+  pool thread that starts late, takes fewer pieces instead of holding up the launch. Returns when every piece has run;
+  a piece's exception is raised."""
+  claim = itertools.count().__next__
+  others = [_thread_pool().submit(_claim_and_run, fn, pointers, claim, pieces)
+            for _ in range(min(pieces, cpu_count()) - 1)]
+  try: _claim_and_run(fn, pointers, claim, pieces)
+  finally:   # every piece is claimed: a pool thread that has not started yet has nothing left to do (not waited for,
+    for call in others:   # on a busy machine its wake-up took 80-100 µs); one that has is waited for
+      if not call.cancel(): call.exception()
+  for call in others:
+    if not call.cancelled(): call.result()
 
 # A forked child inherits the pool object but not its threads: work queued on it would wait forever. The child makes a
 # pool of its own on first use (the parent's is left alone: shutting it down would join threads that are not there).
@@ -165,20 +205,30 @@ def check_object(binary: bytes) -> None:
         if (symbol := ELF_RELA.unpack_from(binary, start)[1] >> 32) >= symbols:
           raise BinaryLoadError(f"ELF relocation at {start} names symbol {symbol} of {symbols}")
 
+class _EngineKeeper:
+  """Keeps an MCJIT engine (and so the code of its functions) alive; when it goes, the engine is retired, to be freed
+  under llvm_lock."""
+  __slots__ = ("engine",)
+  def __init__(self, engine): self.engine = engine
+  def __del__(self): _retired_engines.append(self.engine)
+
 class LLVMProgram:
   """A loaded kernel. Call with buffers (numpy handles) and global_size=(threads,)."""
   def __init__(self, name: str, binary: bytes):
     self.name = name
     if sys.platform.startswith("linux"): check_object(binary)   # the host's objects are ELF there
-    self.engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""), host_target_machine())
-    self.engine.add_object_file(llvm.ObjectFileRef.from_data(binary))
-    self.engine.finalize_object()
-    self.address = self.engine.get_function_address(name)
+    with llvm_lock:
+      _free_retired_engines()
+      keeper = _EngineKeeper(llvm.create_mcjit_compiler(llvm.parse_assembly(""), host_target_machine()))
+      keeper.engine.add_object_file(llvm.ObjectFileRef.from_data(binary))
+      keeper.engine.finalize_object()
+      self.address = keeper.engine.get_function_address(name)
     if not self.address: raise BinaryLoadError(f"kernel {name} not found in its object file")
     # no declared argument types: a launch passes ready ctypes arguments (`_arguments`) and a Python int for the core
     # index (an int without a declared type goes as a C int, the kernel's i32). Declared types would convert every
     # argument on every call, which is most of the cost of launching a small kernel.
     self.fn = ctypes.CFUNCTYPE(None)(self.address)
+    self.fn.code = keeper   # whatever holds the function (a launcher, a prepared launch) keeps its code alive
   def __call__(self, *buffers: HostMemory, global_size=(1,), local_size=None, vals=(), wait: bool = False):
     arguments = _arguments(buffers, vals)
     threads = global_size[0] if global_size else 1

@@ -1,0 +1,145 @@
+"""The LLVM runtime's THREAD launches and its use of LLVM from several threads: every piece runs once per launch
+(runtime.run_on_cores, with more pieces than cores), a piece's exception reaches the launching thread, launches from two
+Python threads at once both complete, a prepared launch keeps its code alive after its program is gone, compiles and
+loads from several threads at once (LLVM used under one lock) while threaded kernels run, the heuristics' pieces
+(CPU_PIECES_PER_CORE a core for a big reduce), and threaded sums (seeded random data, odd sizes, 0-d, size 1) against
+numpy in float64 at explicit tolerances.
+"""
+import ctypes, gc, threading
+import numpy as np
+import pytest
+from tgrad import Tensor
+from tgrad.codegen.heuristics import CPU_PIECE_MIN_WORK, CPU_PIECES_PER_CORE, hand_coded_optimizations
+from tgrad.codegen.kernel import Kernel, OptOps
+from tgrad.codegen.linearizer import linearize
+from tgrad.device import Device
+from tgrad.helpers import Context
+from tgrad.ops import Ops
+from tgrad.runtime.llvm import runtime
+from tgrad.schedule import create_schedule
+
+PIECE_CALL = ctypes.CFUNCTYPE(None, ctypes.c_int)   # a Python callback with the piece index as its only argument
+
+def test_every_piece_runs_once_per_launch():
+  seen: list[int] = []
+  lock = threading.Lock()
+  def record(piece: int) -> None:
+    with lock: seen.append(piece)
+  call = PIECE_CALL(record)
+  for pieces in (1, 2, 3, 5, 16, 33):
+    seen.clear()
+    runtime.run_on_cores(call, [], pieces)
+    assert sorted(seen) == list(range(pieces))
+
+def test_a_piece_error_reaches_the_caller_and_the_next_launch_runs():
+  def fail_on_one(piece: int) -> None:
+    if piece == 1: raise ZeroDivisionError("piece 1")
+  with pytest.raises(ZeroDivisionError): runtime.run_on_cores(fail_on_one, [], 4)
+  seen: list[int] = []
+  runtime.run_on_cores(seen.append, [], 6)   # a plain Python callable works as fn too
+  assert sorted(seen) == list(range(6))
+
+def test_launches_from_two_threads_at_once_both_complete():
+  """One launch's piece 0 waits on an event; a second launch from another thread meanwhile runs all its pieces, and
+  both finish with every piece run."""
+  first_started, release = threading.Event(), threading.Event()
+  first: list[int] = []
+  second: list[int] = []
+  def slow(piece: int) -> None:
+    if piece == 0:
+      first_started.set()
+      assert release.wait(10)
+    first.append(piece)
+  launcher = threading.Thread(target=runtime.run_on_cores, args=(slow, [], 2))
+  launcher.start()
+  assert first_started.wait(10)
+  runtime.run_on_cores(second.append, [], 3)
+  assert sorted(second) == [0, 1, 2]
+  release.set()
+  launcher.join(10)
+  assert sorted(first) == [0, 1]
+
+def _sum_program(size: int, tag: str):
+  """A fresh LLVM program summing `size` float32 (a name of its own, so nothing is cached) and its kernel name."""
+  renderer = Device["LLVM"].renderer
+  [item] = [i for i in create_schedule([Tensor.empty(size).sum().lazydata]) if i.ast.op is Ops.SINK]
+  name = f"sum_{tag}"
+  source = renderer.render(name, linearize(Kernel(item.ast, renderer)))
+  return runtime.LLVMProgram(name, Device["LLVM"].compiler.compile(source))
+
+def _handles(*arrays):
+  return [runtime.HostMemory(a, a.ctypes.data) for a in arrays]
+
+def test_a_prepared_launch_keeps_its_code_after_the_program_goes():
+  rng = np.random.default_rng(0)
+  x, out = rng.standard_normal(1000).astype(np.float32), np.zeros(1, np.float32)
+  launch = _sum_program(1000, "kept").prepare(_handles(out.view(np.uint8), x.view(np.uint8)))
+  gc.collect()   # the program is gone; its engine lives on in the launch
+  _sum_program(1000, "other")   # a later load frees retired engines (not this one: the launch still holds it)
+  launch()
+  assert out[0] == pytest.approx(x.astype(np.float64).sum(), rel=1e-5, abs=1e-4)
+
+def test_compiles_and_loads_from_several_threads_while_kernels_run():
+  """Four threads compile and load programs (each then dropped, its engine retired and freed by a later load) while
+  the main thread runs a threaded sum: every result is right and nothing crashes."""
+  errors: list[BaseException] = []
+  def compile_some(index: int) -> None:
+    try:
+      rng = np.random.default_rng(index)
+      for round_ in range(3):
+        size = int(rng.integers(100, 5000))
+        x, out = rng.standard_normal(size).astype(np.float32), np.zeros(1, np.float32)
+        program = _sum_program(size, f"t{index}_{round_}")
+        program(*_handles(out.view(np.uint8), x.view(np.uint8)))
+        assert out[0] == pytest.approx(x.astype(np.float64).sum(), rel=1e-4, abs=1e-3)
+        del program
+    except BaseException as error:   # noqa: BLE001 (checked on the main thread)
+      errors.append(error)
+  workers = [threading.Thread(target=compile_some, args=(i,)) for i in range(4)]
+  for worker in workers: worker.start()
+  x = np.random.default_rng(9).standard_normal(1 << 20).astype(np.float32)
+  with Context(THREADS=4):
+    for _ in range(5):
+      assert float(Tensor(x).sum().numpy()) == pytest.approx(x.astype(np.float64).sum(), rel=1e-4, abs=1e-2)
+  for worker in workers: worker.join(120)
+  assert not errors, errors
+
+# |tgrad − float64| ≤ rtol·|float64| + √n·SUM_ATOL_PER_ROOT·max|x| (blocked partial sums with compensated totals)
+RTOL, SUM_ATOL_PER_ROOT = 2e-6, 1e-6
+
+@pytest.mark.parametrize("seed", range(2))
+def test_threaded_sums_match_float64(seed):
+  rng = np.random.default_rng(seed)
+  with Context(THREADS=2):
+    for size in (int(rng.integers(1 << 17, 1 << 19)) | 1, 1, (1 << 21) + 3, 1 << 22):
+      x = rng.standard_normal(size).astype(np.float32) * np.float32(rng.uniform(0.1, 100))
+      got = float(Tensor(x).sum().numpy())
+      want = x.astype(np.float64).sum()
+      atol = SUM_ATOL_PER_ROOT * np.sqrt(size) * float(np.abs(x).max())
+      assert abs(got - want) <= RTOL * abs(want) + atol, (size, got, want)
+      m = x[: size - size % 4].reshape(-1, 4) if size >= 4 else x.reshape(1, -1)
+      np.testing.assert_allclose(Tensor(m).sum(0).numpy().astype(np.float64), m.astype(np.float64).sum(0),
+                                 rtol=RTOL, atol=SUM_ATOL_PER_ROOT * np.sqrt(m.shape[0]) * float(np.abs(m).max()))
+    scalar = np.float32(rng.standard_normal())
+    assert float(Tensor(scalar).sum().numpy()) == pytest.approx(float(scalar), rel=1e-7)
+
+def _heuristic_threads(out) -> list[int]:
+  """The THREAD amounts the CPU heuristics give each kernel of out's schedule (0: not threaded)."""
+  amounts = []
+  for item in create_schedule([out.lazydata]):
+    if item.ast.op is not Ops.SINK: continue
+    kernel = Kernel(item.ast, Device["LLVM"].renderer)
+    hand_coded_optimizations(kernel)
+    amounts.append(next((opt.amount for opt in kernel.applied_opts if opt.op is OptOps.THREAD), 0))
+  return amounts
+
+def test_big_reduces_are_cut_into_pieces_and_small_ones_and_matmuls_are_not():
+  """A 16M-float sum's partials and a softmax's rows: CPU_PIECES_PER_CORE pieces a core; a smaller reduce fewer pieces
+  of CPU_PIECE_MIN_WORK at least; a matmul: one piece a core."""
+  with Context(THREADS=2):
+    pieces = 2 * CPU_PIECES_PER_CORE
+    assert _heuristic_threads(Tensor.empty(1 << 24).sum())[0] == pieces
+    assert _heuristic_threads(Tensor.empty(2048, 2048).softmax(-1)) == [pieces]
+    small = 256 * 1024 // CPU_PIECE_MIN_WORK   # 2^18 loop iterations
+    assert _heuristic_threads(Tensor.empty(256, 1024).sum(-1)) == [small]
+    assert _heuristic_threads(Tensor.empty(512, 512) @ Tensor.empty(512, 512)) == [2]

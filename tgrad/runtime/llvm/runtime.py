@@ -104,6 +104,12 @@ def _new_llvm_lock() -> None:
 
 os.register_at_fork(after_in_child=_new_llvm_lock)
 
+# The large code model: every address in the code is a 64-bit value. MCJIT maps an object's code and its constants
+# (and the libm functions it calls) wherever mmap puts them; the small model's 32-bit PC-relative references then
+# overflow when they land more than 2 GiB apart, which happens in a process with a large address space (a GPU driver
+# loaded): RuntimeDyldELF's resolveX86_64Relocation aborts the process (isInt<32>(RealOffset)) in finalize_object.
+CODE_MODEL = "large"
+
 def host_target_machine(opt: int = OPT_LEVEL) -> llvm.TargetMachine:
   """A new TargetMachine for the host CPU (an MCJIT engine takes ownership of the one it is given); `opt` is its
   code generation level."""
@@ -111,7 +117,7 @@ def host_target_machine(opt: int = OPT_LEVEL) -> llvm.TargetMachine:
   llvm.initialize_native_asmprinter()
   target = llvm.Target.from_triple(llvm.get_process_triple())
   return target.create_target_machine(cpu=llvm.get_host_cpu_name(), features=llvm.get_host_cpu_features().flatten(),
-                                      opt=opt, reloc="pic", codemodel="default")
+                                      opt=opt, reloc="pic", codemodel=CODE_MODEL)
 
 class LLVMCompiler(Compiler):
   def __init__(self):
@@ -119,7 +125,7 @@ class LLVMCompiler(Compiler):
       features = hashlib.sha256(llvm.get_host_cpu_features().flatten().encode()).hexdigest()[:16]
       self.target_machine = host_target_machine()
     self.fast_target_machine: llvm.TargetMachine | None = None   # -O0 code generation, for huge kernels
-    self.cache_key = f"llvm-{llvmlite.__version__}-{llvm.get_host_cpu_name()}-{features}-O{OPT_LEVEL}"
+    self.cache_key = f"llvm-{llvmlite.__version__}-{llvm.get_host_cpu_name()}-{features}-O{OPT_LEVEL}-{CODE_MODEL}"
   def compile(self, src: str) -> bytes:
     with llvm_lock: return self._compile(src)
   def _compile(self, src: str) -> bytes:

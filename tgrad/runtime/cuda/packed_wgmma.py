@@ -33,7 +33,8 @@ from tgrad.runtime.cuda.targets import DYNAMIC_SHARED_SUFFIX
 from tgrad.runtime.cuda.wgmma import (BLOCK_K, CHUNK_BYTES, COPY_CHUNK_LINES, MAX_SHARED_BYTES, MBARRIER_BYTES,
                                       ROW_CHUNKS, SWIZZLE_ATOM_BYTES, SWIZZLE_BYTES, WARP_THREADS, WARPGROUP_THREADS,
                                       WGMMA_TYPES, CExpr, MatmulShape, WgmmaConfig, _epilogue, _rows_check,
-                                      block_prologue, descriptor_bits, k_tile_wgmmas, k_major_offset, rows_line)
+                                      block_prologue, descriptor_bits, k_tile_wgmmas, k_major_offset, rows_line,
+                                      stage_barrier_lines)
 
 VALUES_PER_CHUNK = CHUNK_BYTES // 2   # half values in one 16-byte chunk of the B tile
 WARPS_PER_WARPGROUP = WARPGROUP_THREADS // WARP_THREADS
@@ -357,31 +358,6 @@ def _dequantize_lambda(c: PackedConfig, fmt: PackedFormat, k: int, dtype: DType)
     "  };"]
   return lines
 
-def _barrier_lines(c: PackedConfig) -> list[str]:
-  """The stages' mbarriers (full: the producer threads arrive once the tile is in place; empty: the consumer threads
-  arrive once its wgmmas are done), initialized by thread 0, and `wait(barrier, parity)`."""
-  return [
-    f"  const unsigned int full_barriers = shared_base + {c.stages * c.stage_bytes}, empty_barriers = full_barriers + "
-    f"{MBARRIER_BYTES * c.stages};",
-    "  if (tid == 0) {",
-    f"    for (int s = 0; s < {c.stages}; ++s) {{",
-    f'      asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(full_barriers + {MBARRIER_BYTES} * s), '
-    f'"r"({c.producer_threads}) : "memory");',
-    f'      asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(empty_barriers + {MBARRIER_BYTES} * s), '
-    f'"r"({c.consumer_threads}) : "memory");',
-    "    }",
-    '    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");',
-    "  }",
-    "  __syncthreads();",
-    "  auto wait = [](unsigned int barrier, unsigned int parity) {   // until the phase of this parity has completed",
-    "    unsigned int done = 0;",
-    '    while (!done) asm volatile("{\\n.reg .pred p;\\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\\n'
-    'selp.u32 %0, 1, 0, p;\\n}\\n" : "=r"(done) : "r"(barrier), "r"(parity) : "memory");',
-    "  };",
-    "  auto arrive = [](unsigned int barrier) {",
-    '    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(barrier) : "memory");',
-    "  };"]
-
 def packed_matmul_source(name: str, fmt: PackedFormat, shape: MatmulShape, dtype: DType, config: PackedConfig,
                          parameters: tuple[str, ...] = ()) -> str:
   """CUDA C of `name(out, x, packed, *parameters)`: out[M×N] (`dtype`) = x[M×K] (`dtype`, row-major) · Wᵀ with W the
@@ -403,7 +379,10 @@ def packed_matmul_source(name: str, fmt: PackedFormat, shape: MatmulShape, dtype
     "  unsigned char* const aligned_shared = shared + (shared_base - (unsigned int)__cvta_generic_to_shared(shared));",
     f"  const int producer_thread = tid - {c.consumer_threads}, producer_lane = producer_thread % {WARP_THREADS}, "
     f"producer_warp = producer_thread / {WARP_THREADS};",
-    *_barrier_lines(c),
+    *stage_barrier_lines(c.stages, c.stages * c.stage_bytes, c.producer_threads, c.consumer_threads),
+    "  auto arrive = [](unsigned int barrier) {",
+    '    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(barrier) : "memory");',
+    "  };",
     *COPY_CHUNK_LINES,
     "  auto copy_bytes = [](unsigned int target, const unsigned char* source, int size) {",
     '    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(target), "l"(source), "r"(size) : '

@@ -460,6 +460,32 @@ def block_prologue(c: WgmmaConfig) -> list[str]:
     f"  const unsigned int shared_base = ((unsigned int)__cvta_generic_to_shared(shared) + {SWIZZLE_ATOM_BYTES - 1}) "
     f"& ~{SWIZZLE_ATOM_BYTES - 1}u;"]
 
+def stage_barrier_lines(stages: int, offset: int, full_arrivals: int, empty_arrivals: int) -> list[str]:
+  """A warp-specialized kernel's pipeline barriers, shared by the TMA kernel (wgmma_tma.py) and the packed one
+  (packed_wgmma.py): stage s is full (its tile is in place) at full_barriers + 8s, empty (its wgmmas are done) at
+  empty_barriers + 8s, `offset` bytes past shared_base; thread 0 initializes them with the arrivals each phase takes,
+  a block barrier, and `wait(barrier, parity)`, which returns once the phase of that parity has completed."""
+  return [
+    f"  // stage s is full (its copies have landed) at full_barriers + {MBARRIER_BYTES}s, empty (its wgmmas are done) "
+    f"at empty_barriers + {MBARRIER_BYTES}s",
+    f"  const unsigned int full_barriers = shared_base + {offset}, empty_barriers = full_barriers + "
+    f"{MBARRIER_BYTES * stages};",
+    "  if (tid == 0) {",
+    f"    for (int s = 0; s < {stages}; ++s) {{",
+    f'      asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(full_barriers + {MBARRIER_BYTES} * s), '
+    f'"r"({full_arrivals}) : "memory");',
+    f'      asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(empty_barriers + {MBARRIER_BYTES} * s), '
+    f'"r"({empty_arrivals}) : "memory");',
+    "    }",
+    '    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");   // visible to the copy engine',
+    "  }",
+    "  __syncthreads();",
+    "  auto wait = [](unsigned int barrier, unsigned int parity) {   // until the phase of this parity has completed",
+    "    unsigned int done = 0;",
+    '    while (!done) asm volatile("{\\n.reg .pred p;\\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\\n'
+    'selp.u32 %0, 1, 0, p;\\n}\\n" : "=r"(done) : "r"(barrier), "r"(parity) : "memory");',
+    "  };"]
+
 def descriptor_bits(c: WgmmaConfig) -> tuple[int, int]:
   """The fixed fields (LBO, SBO, 128-byte swizzle) of A's and B's shared-memory matrix descriptors."""
   return tuple(encode_descriptor(0, *c.descriptor_offsets(operand_b), SWIZZLE_128B) for operand_b in (0, 1))

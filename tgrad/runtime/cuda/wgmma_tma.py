@@ -29,7 +29,7 @@ from tgrad.runtime.cuda.targets import DYNAMIC_SHARED_SUFFIX, WARPGROUP_MMA_ARCH
 from tgrad.runtime.cuda.wgmma import (BLOCK_K, ELEMENT_BYTES, MBARRIER_BYTES, PARAMETERS, VARIABLE_SUFFIX,
                                       WARPGROUP_THREADS, WGMMA_TYPES, CExpr, MatmulShape, WgmmaConfig, _epilogue,
                                       block_prologue, check_shapes, descriptor_bits, k_tile_wgmmas, parameter_list,
-                                      wgmma_matmul_source)
+                                      stage_barrier_lines, wgmma_matmul_source)
 from tgrad.runtime.cuda.wgmma_split import split_matmul_source
 
 N_ATOM_COLUMNS = 64          # an N-major B atom: 64 N-elements (one 128-byte swizzled row) per K-row
@@ -105,25 +105,7 @@ def tma_matmul_source(name: str, m: int, n: int, k: int, dtype: DType = dtypes.f
     f'extern "C" __global__ void __launch_bounds__({c.threads}, 1) {name}({TMA_PARAMETER} a_map, {TMA_PARAMETER} '
     f'b_map, {parameter_list(arguments, shape)}) {{',
     *block_prologue(c),
-    f"  // stage s is full (its copies have landed) at full_barriers + {MBARRIER_BYTES}s, empty (its wgmmas are done) "
-    f"at empty_barriers + {MBARRIER_BYTES}s",
-    f"  const unsigned int full_barriers = shared_base + {barriers}, empty_barriers = full_barriers + "
-    f"{MBARRIER_BYTES * c.stages};",
-    "  if (tid == 0) {",
-    f"    for (int s = 0; s < {c.stages}; ++s) {{",
-    f'      asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(full_barriers + {MBARRIER_BYTES} * s), '
-    '"r"(1) : "memory");',
-    f'      asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(empty_barriers + {MBARRIER_BYTES} * s), '
-    f'"r"({c.consumer_threads}) : "memory");',
-    "    }",
-    '    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");   // visible to the copy engine',
-    "  }",
-    "  __syncthreads();",
-    "  auto wait = [](unsigned int barrier, unsigned int parity) {   // until the phase of this parity has completed",
-    "    unsigned int done = 0;",
-    '    while (!done) asm volatile("{\\n.reg .pred p;\\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\\n'
-    'selp.u32 %0, 1, 0, p;\\n}\\n" : "=r"(done) : "r"(barrier), "r"(parity) : "memory");',
-    "  };",
+    *stage_barrier_lines(c.stages, barriers, 1, c.consumer_threads),
     f"  if (warpgroup == {c.warpgroups}) {{   // the producer",
   ]
   if split:

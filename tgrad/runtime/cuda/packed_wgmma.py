@@ -33,7 +33,7 @@ from tgrad.runtime.cuda.targets import DYNAMIC_SHARED_SUFFIX
 from tgrad.runtime.cuda.wgmma import (BLOCK_K, CHUNK_BYTES, COPY_CHUNK_LINES, MAX_SHARED_BYTES, MBARRIER_BYTES,
                                       ROW_CHUNKS, SWIZZLE_ATOM_BYTES, SWIZZLE_BYTES, WARP_THREADS, WARPGROUP_THREADS,
                                       WGMMA_TYPES, CExpr, MatmulShape, WgmmaConfig, _epilogue, _rows_check,
-                                      block_prologue, descriptor_bits, k_tile_wgmmas, k_major_offset, rows_line,
+                                      block_prologue, consumer_loop_lines, k_major_offset, rows_line,
                                       stage_barrier_lines)
 
 VALUES_PER_CHUNK = CHUNK_BYTES // 2   # half values in one 16-byte chunk of the B tile
@@ -370,7 +370,6 @@ def packed_matmul_source(name: str, fmt: PackedFormat, shape: MatmulShape, dtype
   tiles = k // BLOCK_K
   parameter_list = ", ".join(["element* __restrict__ out", "const element* __restrict__ a",
                               "const unsigned char* __restrict__ b"] + [f"long long {p}" for p in parameters])
-  a_bits, b_bits = descriptor_bits(c)
   lines = [
     "typedef unsigned short element;",
     f'extern "C" __device__ const unsigned int {name}{DYNAMIC_SHARED_SUFFIX} = {c.shared_bytes};',
@@ -380,9 +379,6 @@ def packed_matmul_source(name: str, fmt: PackedFormat, shape: MatmulShape, dtype
     f"  const int producer_thread = tid - {c.consumer_threads}, producer_lane = producer_thread % {WARP_THREADS}, "
     f"producer_warp = producer_thread / {WARP_THREADS};",
     *stage_barrier_lines(c.stages, c.stages * c.stage_bytes, c.producer_threads, c.consumer_threads),
-    "  auto arrive = [](unsigned int barrier) {",
-    '    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(barrier) : "memory");',
-    "  };",
     *COPY_CHUNK_LINES,
     "  auto copy_bytes = [](unsigned int target, const unsigned char* source, int size) {",
     '    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(target), "l"(source), "r"(size) : '
@@ -409,25 +405,13 @@ def packed_matmul_source(name: str, fmt: PackedFormat, shape: MatmulShape, dtype
     "        __syncwarp();   // and its warp's staged bytes",
     f"        dequantize_tile(t - {c.lag}, ready);",
     '        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");   // visible to wgmma (the async proxy)',
-    f"        arrive(full_barriers + {MBARRIER_BYTES} * ready);",
+    f'        asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(full_barriers + {MBARRIER_BYTES} * ready) '
+    ': "memory");',
     f"        if (++ready == {c.stages}) ready = 0;",
     "      }",
     "    }",
     "  } else {   // a consumer warpgroup",
-    f"    float acc[{c.accumulators}];",
-    f"    #pragma unroll\n    for (int i = 0; i < {c.accumulators}; ++i) acc[i] = 0.0f;",
-    f"    const unsigned long long a_bits = {a_bits}ull, b_bits = {b_bits}ull;   // LBO, SBO, 128-byte swizzle",
-    "    int stage = 0, previous = 0;",
-    "    unsigned int phase = 0;",
-    f"    for (int t = 0; t < {tiles}; ++t) {{",
-    f"      wait(full_barriers + {MBARRIER_BYTES} * stage, phase);   // tile t is in place",
-    '      asm volatile("wgmma.fence.sync.aligned;" ::: "memory");',
-    *k_tile_wgmmas(c, WGMMA_TYPES[dtype], "      "),
-    f"      if (t > 0) arrive(empty_barriers + {MBARRIER_BYTES} * previous);   // tile t - 1's wgmmas are done",
-    "      previous = stage;",
-    f"      if (++stage == {c.stages}) {{ stage = 0; phase ^= 1; }}",
-    "    }",
-    '    asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");']
+    *consumer_loop_lines(c, WGMMA_TYPES[dtype], tiles)]
   lines += ["  " + line for line in _epilogue(c, n, m, dtype, CExpr("lane_thread"), CExpr("warpgroup"))]
   lines += ["  }", "}"]
   return "\n".join(lines) + "\n"

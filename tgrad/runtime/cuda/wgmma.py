@@ -486,6 +486,28 @@ def stage_barrier_lines(stages: int, offset: int, full_arrivals: int, empty_arri
     'selp.u32 %0, 1, 0, p;\\n}\\n" : "=r"(done) : "r"(barrier), "r"(parity) : "memory");',
     "  };"]
 
+def consumer_loop_lines(c: WgmmaConfig, type_name: str, tiles: int) -> list[str]:
+  """A warp-specialized kernel's consumer warpgroup (after stage_barrier_lines): its accumulators, and for each K
+  tile, wait until it has landed, its wgmmas (k_tile_wgmmas), and once tile t - 1's wgmmas are done, arrive on that
+  tile's empty barrier; then wait for the last wgmmas. The epilogue follows."""
+  a_bits, b_bits = descriptor_bits(c)
+  return [
+    f"    float acc[{c.accumulators}];",
+    f"    #pragma unroll\n    for (int i = 0; i < {c.accumulators}; ++i) acc[i] = 0.0f;",
+    f"    const unsigned long long a_bits = {a_bits}ull, b_bits = {b_bits}ull;   // LBO, SBO, 128-byte swizzle",
+    "    int stage = 0, previous = 0;",
+    "    unsigned int phase = 0;",
+    f"    for (int t = 0; t < {tiles}; ++t) {{",
+    f"      wait(full_barriers + {MBARRIER_BYTES} * stage, phase);   // tile t has landed",
+    '      asm volatile("wgmma.fence.sync.aligned;" ::: "memory");',
+    *k_tile_wgmmas(c, type_name, "      "),
+    f'      if (t > 0) asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(empty_barriers + '
+    f'{MBARRIER_BYTES} * previous) : "memory");',
+    "      previous = stage;",
+    f"      if (++stage == {c.stages}) {{ stage = 0; phase ^= 1; }}",
+    "    }",
+    '    asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");']
+
 def descriptor_bits(c: WgmmaConfig) -> tuple[int, int]:
   """The fixed fields (LBO, SBO, 128-byte swizzle) of A's and B's shared-memory matrix descriptors."""
   return tuple(encode_descriptor(0, *c.descriptor_offsets(operand_b), SWIZZLE_128B) for operand_b in (0, 1))

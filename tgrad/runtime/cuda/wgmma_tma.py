@@ -28,7 +28,7 @@ from tgrad.runtime.cuda.tensor_map import SWIZZLE_128B as TENSOR_MAP_SWIZZLE_128
 from tgrad.runtime.cuda.targets import DYNAMIC_SHARED_SUFFIX, WARPGROUP_MMA_ARCH
 from tgrad.runtime.cuda.wgmma import (BLOCK_K, ELEMENT_BYTES, MBARRIER_BYTES, PARAMETERS, VARIABLE_SUFFIX,
                                       WARPGROUP_THREADS, WGMMA_TYPES, CExpr, MatmulShape, WgmmaConfig, _epilogue,
-                                      block_prologue, check_shapes, descriptor_bits, k_tile_wgmmas, parameter_list,
+                                      block_prologue, check_shapes, consumer_loop_lines, parameter_list,
                                       stage_barrier_lines, wgmma_matmul_source)
 from tgrad.runtime.cuda.wgmma_split import split_matmul_source
 
@@ -134,25 +134,7 @@ def tma_matmul_source(name: str, m: int, n: int, k: int, dtype: DType = dtypes.f
   ]
   if split:
     lines.append(f'    asm volatile("setmaxnreg.inc.sync.aligned.u32 {consumer_registers(c)};" ::: "memory");')
-  a_bits, b_bits = descriptor_bits(c)
-  lines += [
-    f"    float acc[{c.accumulators}];",
-    f"    #pragma unroll\n    for (int i = 0; i < {c.accumulators}; ++i) acc[i] = 0.0f;",
-    f"    const unsigned long long a_bits = {a_bits}ull, b_bits = {b_bits}ull;   // LBO, SBO, 128-byte swizzle",
-    "    int stage = 0, previous = 0;",
-    "    unsigned int phase = 0;",
-    f"    for (int t = 0; t < {tiles}; ++t) {{",
-    f"      wait(full_barriers + {MBARRIER_BYTES} * stage, phase);   // tile t has landed",
-    '      asm volatile("wgmma.fence.sync.aligned;" ::: "memory");']
-  lines += k_tile_wgmmas(c, type_name, "      ")
-  lines += [
-    f'      if (t > 0) asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(empty_barriers + '
-    f'{MBARRIER_BYTES} * previous) : "memory");',
-    "      previous = stage;",
-    f"      if (++stage == {c.stages}) {{ stage = 0; phase ^= 1; }}",
-    "    }",
-    '    asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");',
-  ]
+  lines += consumer_loop_lines(c, type_name, tiles)
   lines += ["  " + line for line in _epilogue(c, n, m, shape.out_dtype or dtype, CExpr("lane_thread"),
                                               CExpr("warpgroup"))]
   lines += ["  }", "}"]

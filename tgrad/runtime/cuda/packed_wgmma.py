@@ -70,6 +70,11 @@ class PackedFormat:
   def row_bytes(self, k: int) -> int: return k // self.block_values * self.block_bytes
   @property
   def staged_chunks(self) -> int: return sum(r.chunks for r in self.ranges())
+  @property
+  def first_chunks(self) -> list[int]:
+    """Each range's first chunk in a row's staged chunks (range after range)."""
+    ranges = self.ranges()
+    return [sum(r.chunks for r in ranges[:i]) for i in range(len(ranges))]
 
 def _alignment(block_bytes: int) -> int: return block_bytes & -block_bytes   # the largest power of two dividing it
 
@@ -256,9 +261,8 @@ def _staging_setup_lines(c: PackedConfig, fmt: PackedFormat, n: int, k: int) -> 
   lane + 32·i of its warp's rows × CH staged chunks, CH = the format's chunks per row, range after range) the row's
   first byte in the weight, the range the chunk belongs to, the chunk's distance from the range's first chunk (bytes)
   and its place in the staging area."""
-  ranges, per_row = fmt.ranges(), fmt.staged_chunks
+  ranges, per_row, firsts = fmt.ranges(), fmt.staged_chunks, fmt.first_chunks
   rows = c.rows_per_producer_warp
-  firsts = [sum(x.chunks for x in ranges[:r]) for r in range(len(ranges) + 1)]   # each range's first chunk
   range_of = "0"
   for r in range(1, len(ranges)): range_of = f"(w >= {firsts[r]} ? {r} : {range_of})"
   copies = -(-rows * per_row // WARP_THREADS)
@@ -272,7 +276,7 @@ def _staging_setup_lines(c: PackedConfig, fmt: PackedFormat, n: int, k: int) -> 
            f"    copy_valid[i] = block_col + row < {n};   // a row past N reads zeros",
            f"    copy_row[i] = (long long)(block_col + row) * {fmt.row_bytes(k)};",
            f"    copy_range[i] = {range_of};",
-           f"    const int firsts[{len(ranges)}] = {{{', '.join(str(f) for f in firsts[:-1])}}};",
+           f"    const int firsts[{len(ranges)}] = {{{', '.join(str(f) for f in firsts)}}};",
            f"    copy_skip[i] = {CHUNK_BYTES} * (w - {_select('copy_range[i]', 'firsts', len(ranges))});",
            f"    copy_target[i] = {c.staging_offset} + row * {per_row * CHUNK_BYTES} + w * {CHUNK_BYTES};",
            "  }"]
@@ -318,7 +322,7 @@ def _dequantize_lambda(c: PackedConfig, fmt: PackedFormat, k: int, dtype: DType)
   lanes_per_row = WARP_THREADS // rows
   chunks = ROW_CHUNKS // lanes_per_row
   cvt = "cvt.rn.f16x2.f32" if dtype == dtypes.float16 else "cvt.rn.bf16x2.f32"
-  firsts = [sum(x.chunks for x in ranges[:r]) for r in range(len(ranges))]
+  firsts = fmt.first_chunks
   lines = [
     "  auto pack = [](float low, float high) -> unsigned int {   // two values rounded to half, low in the low bits",
     f'    unsigned int h; asm("{cvt} %0, %1, %2;" : "=r"(h) : "f"(high), "f"(low)); return h;',

@@ -84,12 +84,12 @@ def available_host_memory() -> int:
   except OSError: pass
   return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
-# LLVM is used by one thread at a time: llvmlite releases the GIL in every LLVM call, and an abort inside
-# finalize_object (the suite's Gemma decode on a 16-core host, kernels on worker threads; its cause not pinned down)
-# is what two threads in MCJIT at once would look like. Compiling, loading an object into an engine and freeing an
-# engine all hold this lock. An engine is freed only while it is held: a program that goes away (on whatever thread
-# drops the last reference, a pool thread included) hands its engine to `_retired_engines`, and the next compile or
-# load frees them.
+# LLVM is used by one thread at a time: llvmlite releases the GIL in every LLVM call, and LLVM's shared state (the
+# target registry, MCJIT's loader) is not documented as safe from several threads. (The finalize_object abort once
+# suspected of that was a relocation overflow: CODE_MODEL below.) Compiling, loading an object into an engine and
+# freeing an engine all hold this lock. An engine is freed only while it is held: a program that goes away (on
+# whatever thread drops the last reference, a pool thread included) hands its engine to `_retired_engines`, and the
+# next compile or load frees them.
 llvm_lock = threading.RLock()
 _retired_engines: list = []
 

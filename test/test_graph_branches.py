@@ -8,7 +8,8 @@ reuse of freed activation bytes orders most kernels after the one before.)"""
 import itertools
 import numpy as np
 import pytest
-from tgrad import Tensor
+from tgrad import Tensor, TinyJit
+from tgrad.helpers import Context
 from tgrad.runtime.cuda.graph import ANY_ADDRESS, data_dependencies
 from test_dependent_launch import replays  # seeded TinyJit runs and their graphs
 
@@ -111,3 +112,32 @@ def test_branched_replays_are_bit_identical_to_the_chain(seed):
     for got, want in zip(branched, chain): np.testing.assert_array_equal(got, want)
     for graph in graphs:   # the graph's edges are the analysis of its launches
       assert len(graph.dependencies) == len(graph) and all(d < i for i, ds in enumerate(graph.dependencies) for d in ds)
+
+@gpu
+@pytest.mark.parametrize("seed", range(2))
+def test_side_kernels_replay_bit_identically_beside_their_anchor(seed):
+  """A prompt through two packed weights (each dequantized into a half temporary by a kernel that reads only the
+  weight: a side kernel, tgrad/side_kernels.py), with a per-row norm of few blocks before each product: the side
+  kernels move to start beside a quiet kernel, and every replay matches the program in its own order bit for bit."""
+  import os, sys
+  sys.path.insert(0, os.path.join(os.path.dirname(__file__), "unit"))
+  from test_packed_matvec import random_weight
+  from tgrad.nn.quant import GGMLType, QuantizedTensor
+  rng = np.random.default_rng(seed)
+  rows, width = 48, 256
+  weights = [QuantizedTensor.from_bytes(random_weight(kind, width, width, seed + i), kind, (width, width), "CUDA")
+             .realize() for i, kind in enumerate((GGMLType.Q4_K, GGMLType.Q8_0))]
+  def program(x: Tensor) -> Tensor:
+    for weight in weights:
+      scale = (x.float().square().mean(axis=1, keepdim=True) + 1).rsqrt()   # few blocks: a quiet anchor
+      x = weight.linear((x.float() * scale).cast(x.dtype).contiguous()).contiguous()
+    return (x.float() * 1).contiguous()
+  inputs = [rng.standard_normal((rows, width)).astype(np.float16) for _ in range(4)]
+  results, placed = {}, {}
+  for enabled in (0, 1):
+    with Context(SIDE_KERNELS=enabled):
+      jitted = TinyJit(program)
+      results[enabled] = [jitted(Tensor(x, device="CUDA")).numpy().copy() for x in inputs]
+      placed[enabled] = sum(ins.starts_with_previous for ins in jitted.captured.instructions)
+  assert placed[0] == 0 and placed[1] >= 1
+  for got, want in zip(results[1], results[0]): np.testing.assert_array_equal(got, want)

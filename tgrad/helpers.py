@@ -104,6 +104,8 @@ class _Settings:
   CUDA_GRAPH: int = 1   # 1 replays compiled programs on CUDA as CUDA graphs; 0 launches them kernel by kernel
   GRAPH_BRANCHES: int = 1   # 1: a CUDA graph's kernel waits only for the kernels whose memory it shares (independent
                             # kernels may run at once); 0: each waits for the one before (a chain; docs/env.md)
+  SIDE_KERNELS: int = 1   # 1: a replayed program's kernels that read only weights start beside its least busy kernel
+                          # before their first user (side_kernels.py; where the graph runner estimates busyness)
   PDL: int = 1          # 1: on sm_90+ a CUDA graph's kernels launch before their predecessor ends (Programmatic
                         # Dependent Launch) and wait for it on chip; 0 serializes them fully
   PDL_PREFETCH: int = 1  # 1: under PDL a kernel's blocks first prefetch their bytes of its largest read-only input
@@ -143,6 +145,7 @@ _ALLOWED_VALUES: dict[str, tuple[str, Callable[[int], bool]]] = {
   "THREADS": ("a whole number >= 0 (0 uses every core)", lambda v: v >= 0),
   "CUDA_GRAPH": ("0 or 1", lambda v: v in (0, 1)),
   "GRAPH_BRANCHES": ("0 or 1", lambda v: v in (0, 1)),
+  "SIDE_KERNELS": ("0 or 1", lambda v: v in (0, 1)),
   "PDL": ("0 or 1", lambda v: v in (0, 1)),
   "PDL_PREFETCH": ("0 or 1", lambda v: v in (0, 1)),
   "JIT_PLAN": ("0 or 1", lambda v: v in (0, 1)),

@@ -36,6 +36,7 @@ from tgrad.shape.shapetracker import ShapeTracker
 from tgrad.realize import CompiledKernel, ExecItem, HostCopy, JitError, capturing, is_capturing, keep_old_values_of, run
 from tgrad.kept_copies import KeptCopy
 from tgrad.memory_planner import ArenaPlan, Lifetime, liveness, plan_arena, symbolic_peak
+from tgrad.side_kernels import Step, place_side_kernels
 from tgrad.shape.sint import to_sympy
 from tgrad.helpers import Context
 from tgrad import profiler
@@ -81,6 +82,7 @@ class Instruction:
   output_count: int = 1
   var_vals: dict[str, int] = field(default_factory=dict)
   devices: tuple[str, ...] = ()   # every device its buffers are on (several for a copy between devices, a collective)
+  starts_with_previous: bool = False   # a side kernel placed to start with its anchor, before it (side_kernels.py)
   @property
   def name(self) -> str: return self.runner.name
   @property
@@ -175,16 +177,48 @@ def device_runs(instructions: Sequence[Instruction]) -> list[tuple[str, list[Ins
   runs.extend(open_runs.items())
   return runs
 
+def placed_side_kernels(instructions: list[Instruction], slots: Sequence[Slot]) -> list[Instruction]:
+  """The instructions with each kernel that reads only weights moved to start beside the least busy kernel before its
+  first user (side_kernels.py), where its device's graph runner estimates how busy a kernel keeps the device
+  (`busy_fraction`) and SIDE_KERNELS=1; otherwise as they are."""
+  if not Context.SIDE_KERNELS: return instructions
+  estimators = {device: getattr(graph_runner_class(device), "busy_fraction", None)
+                for device in dict.fromkeys(ins.device for ins in instructions)}
+  if not any(estimators.values()): return instructions
+  steps = []
+  for ins in instructions:
+    estimate = estimators[ins.device]
+    single = len(ins.devices) <= 1 and _is_kernel(ins)
+    busy = estimate(ins) if single and estimate is not None else None
+    inputs, outputs = ins.args[ins.output_count:], ins.args[:ins.output_count]
+    side = busy is not None and bool(inputs) and all(slots[s].kind == WEIGHT for s in inputs) and \
+      all(slots[s].kind == ACTIVATION for s in outputs)
+    steps.append(Step(ins.args, ins.output_count, ins.device, side, busy))
+  placement = place_side_kernels(steps)
+  return [replace(instructions[i], starts_with_previous=True) if i in placement.starts_with_previous
+          else instructions[i] for i in placement.order]
+
+def instruction_uses(instructions: Sequence[Instruction]) -> list[tuple[int, ...]]:
+  """The slots each instruction uses, for liveness: its arguments, and at a side kernel's anchor (the instruction
+  before a run of `starts_with_previous` ones) their outputs too, since they run beside it."""
+  uses = [ins.args for ins in instructions]
+  anchor = None
+  for position, ins in enumerate(instructions):
+    if not ins.starts_with_previous: anchor = position
+    elif anchor is not None: uses[anchor] = uses[anchor] + ins.args[:ins.output_count]
+  return uses
+
 class CompiledGraph:
   """A captured program: instructions over slots, memory planned and bound, replayed by `graph(input_buffers)`.
   `print(graph)` lists the memory per device and kind, then one instruction per line with each argument as
   kind#slot@offset+bytes (offset in the device arena for a planned activation, else 0 in its own buffer)."""
   def __init__(self, instructions: list[Instruction], slots: list[Slot], input_slots: list[int], plan: bool = True,
                constants: Sequence[tuple[int, np.ndarray]] = ()):
+    instructions = placed_side_kernels(instructions, slots)
     self.instructions, self.slots, self.input_slots, self.planned = instructions, slots, input_slots, plan
     self.arenas: dict[str, Buffer] = {}
     self.arena_plans: dict[str, ArenaPlan] = {}
-    lifetimes = liveness([ins.args for ins in instructions])
+    lifetimes = liveness(instruction_uses(instructions))
     activations = [s for s, slot in enumerate(slots) if slot.kind == ACTIVATION]
     self.lifetimes = {s: Lifetime(*lifetimes[s], slots[s].nbytes) for s in activations}
     if plan:

@@ -112,6 +112,17 @@ def data_dependencies(accesses: Sequence[Optional[Sequence[Access]]]) -> list[tu
       live.append((start, end, writes, node))
   return result
 
+def starting_with_previous(instructions: Sequence[Any], dependencies: list[tuple[int, ...]]) -> list[tuple[int, ...]]:
+  """`dependencies` with each instruction placed to start with the one before it (`starts_with_previous`: a side
+  kernel after its anchor, tgrad/side_kernels.py) also waiting for what that anchor waits for: it then starts when
+  the anchor does, not as soon as its own memory is free (beside whatever the chain runs then)."""
+  out = list(dependencies)
+  anchor_deps: tuple[int, ...] = ()
+  for node, ins in enumerate(instructions):
+    if not getattr(ins, "starts_with_previous", False): anchor_deps = dependencies[node]
+    else: out[node] = tuple(sorted(set(dependencies[node]).union(anchor_deps)))
+  return out
+
 def _check_arg(kind: str, value, position: int) -> None:
   if kind == TENSOR_MAP_KIND:
     if not isinstance(value, bytes) or len(value) != TENSOR_MAP_BYTES:
@@ -411,6 +422,18 @@ class CUDAGraphRunner:
         start = int(slot.buffer.handle)
         ranges.append((start, start + max(slot.buffer.nbytes, 1), writes))
     return ranges
+  @staticmethod
+  def busy_fraction(instruction: Any) -> Optional[float]:
+    """How much of its GPU a kernel instruction keeps busy, for side-kernel placement (tgrad/side_kernels.py): its
+    blocks over the GPU's SMs, at most 1; None for what is not a kernel, and where kernels don't branch
+    (GRAPH_BRANCHES=0: a side kernel would wait for the one before it wherever it is)."""
+    runner = instruction.runner
+    if not Context.GRAPH_BRANCHES or not hasattr(runner, "program"): return None
+    from tgrad.device import Device
+    global_size, _ = runner.launch_dims(instruction.var_vals)
+    blocks = 1
+    for size in global_size: blocks *= int(size)
+    return min(1.0, blocks / Device[instruction.device].sm_count)
   def _build(self) -> None:
     pending: list[Any] = []
     launches: list[KernelLaunch | ChildGraph] = []
@@ -418,6 +441,7 @@ class CUDAGraphRunner:
       if not pending: return
       dependencies = data_dependencies([self._accesses(ins, launch) for ins, launch in zip(pending, launches)]) \
         if Context.GRAPH_BRANCHES else None
+      if dependencies is not None: dependencies = starting_with_previous(pending, dependencies)
       graph = CUDAGraph(list(launches), dependencies=dependencies)
       for index, (ins, launch) in enumerate(zip(pending, launches)):
         if isinstance(launch, ChildGraph):

@@ -246,8 +246,10 @@ def test_two_group_axes_on_emulated_cuda(row_kernel):
   np.testing.assert_allclose(got, want, rtol=1e-5)
 
 def test_gpu_rule_gives_many_rows_fewer_threads_each():
-  """A projection with many rows (gemma's tied head: 262,144 Q8_0 rows) gets a row's word threads only, 16 rows to a
-  block of threads; a decode-sized one keeps its row spread over blocks and words."""
+  """A projection with many rows (gemma's tied head: 262,144 Q8_0 rows) gets a row's word threads only, each thread
+  PACKED_ROWS_PER_THREAD rows with its loop over the row's blocks unrolled, 16 rows to a block of threads; a
+  decode-sized one keeps its row spread over blocks and words."""
+  from tgrad.codegen.matvec_rules import PACKED_ROWS_PER_THREAD
   packed = Tensor.empty(262144, 640 // 32, BLOCK_LAYOUTS[GGMLType.Q8_0].block_bytes, dtype=dtypes.uint8, device="LLVM")
   out = QuantizedTensor(packed, GGMLType.Q8_0, (262144, 640)).linear(Tensor.empty(1, 640, dtype=dtypes.float16,
                                                                                    device="LLVM"))
@@ -255,7 +257,9 @@ def test_gpu_rule_gives_many_rows_fewer_threads_each():
   head = Kernel(item.ast, CUDARenderer())
   hand_coded_optimizations(head)
   global_size, local_size = head.launch_dims()
-  assert (global_size, local_size) == ((16384,), (16, 8)), head.applied_opts
+  assert (global_size, local_size) == ((16384,), (16 // PACKED_ROWS_PER_THREAD, 8)), head.applied_opts
+  assert Opt(OptOps.UPCAST, 0, PACKED_ROWS_PER_THREAD) in head.applied_opts
+  assert "< 20;" not in head.renderer.render("head", linearize(head))   # the row's 20 blocks unrolled: no loop
   small = Kernel(linear_ast(GGMLType.Q8_0, 256, 640, dtype=dtypes.float16), CUDARenderer())
   hand_coded_optimizations(small)
   assert prod(small.launch_dims()[1]) == 80, small.applied_opts

@@ -201,6 +201,13 @@ PACKED_WORD_BYTES = 4               # bytes of the quant run a thread reads per 
 PACKED_MATVEC_ROW_THREADS = 128     # threads sharing a row (MATVEC_MAX_ROW_THREADS's bound on the combine)
 PACKED_MATVEC_BLOCK_THREADS = 128   # threads per block of threads (rows × row threads)
 PACKED_MATVEC_GPU_THREADS = 1 << 20   # ~4 waves of an H100's resident threads (132 SMs × 2048)
+# A weight whose rows alone give more than PACKED_MATVEC_GPU_THREADS threads at its row threads (the LM head: 262144
+# rows of 640) has threads to spare and too few loads in flight per thread: each thread takes PACKED_ROWS_PER_THREAD
+# rows (UPCAST, after LOCAL: a block's threads take neighbouring rows) and its loop over a row's blocks is unrolled
+# whole when it has at most PACKED_MAX_UNROLLED_BLOCKS steps. Measured on an H100 (BEAM's winner, then
+# bench/packed_matvec.py --cases, docs/benchmarks.md): gemma-3-270m's Q8_0 head 98.2 → 73.5 µs.
+PACKED_ROWS_PER_THREAD = 4
+PACKED_MAX_UNROLLED_BLOCKS = 32
 
 def packed_matvec_layout(kernel: Kernel) -> Optional[MatvecLayout]:
   """A packed matrix–vector product (see above): sums (ADD) over two or more reduce axes, the largest byte load varying
@@ -238,6 +245,14 @@ def _packed_matvec(kernel: Kernel) -> bool:
   for axis in reversed(loops): try_opt(kernel, Opt(OptOps.UNROLL, axis - kernel.first_reduce, 0))
   row_threads = prod(kernel.full_shape[a] for a in range(kernel.first_reduce,
                                                          kernel.first_reduce + kernel.group_for_reduces))
+  blocks_loop = kernel.first_reduce + kernel.group_for_reduces   # the blocks a thread walks, after the GROUPs
+  if rows * row_threads > PACKED_MATVEC_GPU_THREADS and PACKED_ROWS_PER_THREAD > 1 and \
+     kernel.full_shape[layout.n_axis] % PACKED_ROWS_PER_THREAD == 0 and \
+     blocks_loop < kernel.first_upcast and kernel.full_shape[blocks_loop] <= PACKED_MAX_UNROLLED_BLOCKS:
+    _rows_per_block(kernel, layout.n_axis, max(1, PACKED_MATVEC_BLOCK_THREADS // row_threads // PACKED_ROWS_PER_THREAD))
+    try_opt(kernel, Opt(OptOps.UNROLL, kernel.group_for_reduces, 0))   # the blocks loop (its number after the LOCAL)
+    try_opt(kernel, Opt(OptOps.UPCAST, layout.n_axis, PACKED_ROWS_PER_THREAD))
+    return True
   _rows_per_block(kernel, layout.n_axis, max(1, PACKED_MATVEC_BLOCK_THREADS // row_threads))
   return True
 

@@ -327,3 +327,19 @@ def test_action_space_is_legal_json_and_hashed():
   assert len(set(search.ACTIONS)) == len(search.ACTIONS)
   assert all(Opt.from_json(json.loads(json.dumps(opt.to_json()))) == opt for opt in search.ACTIONS)
   assert len(search.action_space_hash()) == 64
+
+def test_an_output_written_by_one_block_is_sized_by_what_its_view_reaches():
+  """A multi-output kernel may store a vector inside its reduce loops from the points of one block only (gemma's
+  decode step: the residual, stored by the qkv projection's block 0): the store's shape is the kernel's (rows,
+  blocks, values) but it writes blocks·values elements. The search sizes and checks that output by its view's extent,
+  not its shape (it had called the rest of a shape-sized buffer unwritten and stopped)."""
+  from tgrad.codegen.search import store_elements
+  from tgrad.shape.shapetracker import ShapeTracker
+  from tgrad.shape.view import View
+  from tgrad.shape.sint import vmax_of
+  from tgrad import Variable
+  rider = ShapeTracker((View.create((1536, 20, 32), (0, 32, 1), 0, ((0, 1), (0, 20), (0, 32))),))
+  assert store_elements(rider) == 640
+  assert store_elements(ShapeTracker.from_shape((7, 5))) == 35
+  n = Variable("n", 1, 64)
+  assert vmax_of(store_elements(ShapeTracker.from_shape((n, 5)))) == 320

@@ -35,7 +35,8 @@ from tgrad.dtype import DType, bfloat16_to_float32, dtypes
 from tgrad.helpers import Context, cpu_count, prod, settings_key
 from tgrad.ops import Ops
 from tgrad.scalars import param_bits
-from tgrad.shape.sint import evaluate, vmax_of
+from tgrad.shape.shapetracker import ShapeTracker
+from tgrad.shape.sint import evaluate, sint, vmax_of
 
 # ---- the action space: every Opt the search may add to a kernel (illegal ones raise KernelOptError and are skipped)
 ACTION_AXES = 6          # axes 0..5: merged kernels rarely have more loop axes than that before upcasting
@@ -231,10 +232,17 @@ def kernel_buffer_specs(kernel: Kernel) -> list[tuple[DType, int]]:
     if u.op not in (Ops.LOAD, Ops.STORE): continue
     buffer = u.src[0]
     # symbolic: an output at the variables' maximum; a gather's table: every row
-    size = vmax_of(prod(st.shape)) if u.op is Ops.STORE else memory_extent(u, st)
+    size = vmax_of(store_elements(st)) if u.op is Ops.STORE else memory_extent(u, st)
     specs[buffer.arg] = (buffer.dtype, max(size, specs.get(buffer.arg, (buffer.dtype, 0))[1]))
   assert sorted(specs) == list(range(len(specs))), f"kernel buffers are not numbered 0..n-1: {sorted(specs)}"
   return [specs[i] for i in range(len(specs))]
+
+def store_elements(st: ShapeTracker) -> sint:
+  """The elements an unoptimized kernel's store writes: the product of its shape (symbolic in the variables), or, for
+  a shape of known sizes, the extent its view reaches, which is less where the view repeats addresses (a rider's store
+  of a vector, written by the points of one block only: shape (rows, K) over a buffer of K)."""
+  if all(isinstance(n, int) for n in st.shape): return st.buffer_extent()
+  return prod(st.shape)
 
 def random_data(dtype: DType, size: int, rng: np.random.Generator) -> np.ndarray:
   """Random values of `dtype` as the numpy array that holds its bits (bfloat16 as uint16)."""
@@ -440,8 +448,8 @@ class _Search:
     self.check_values = [self.timing_values] + ([{**{name: low for name, low, _ in variables}, **scalars}]
                                                 if variables else [])
     base = Kernel(kernel.ast, kernel.renderer)
-    store_shapes = {u.src[0].arg: st.shape for u, st in zip(base.memops, base.sts) if u.op is Ops.STORE}
-    self.output_elements = [{i: evaluate(prod(shape), values) for i, shape in store_shapes.items()}
+    stores = {u.src[0].arg: st for u, st in zip(base.memops, base.sts) if u.op is Ops.STORE}
+    self.output_elements = [{i: evaluate(store_elements(st), values) for i, st in stores.items()}
                             for values in self.check_values]
     self.reference: dict[int, np.ndarray] = {}
     self.tolerances: dict[int, Optional[Tolerance]] = {}   # per float output, from the reference (take_reference)

@@ -25,7 +25,7 @@ ROOT = FilePath(__file__).resolve().parent.parent / PACKAGE
 # the floor of the longest prefix that names it.
 FLOORS: list[tuple[str, tuple[str, ...]]] = [
   ("core", ("tgrad.dtype", "tgrad.helpers", "tgrad.ops", "tgrad.scalars", "tgrad.cache", "tgrad.memory_planner",
-            "tgrad.backend", "tgrad.profiler")),
+            "tgrad.side_kernels", "tgrad.backend", "tgrad.profiler")),
   ("shape", ("tgrad.shape",)),
   ("device", ("tgrad.device",)),
   ("codegen", ("tgrad.codegen",)),

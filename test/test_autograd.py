@@ -327,7 +327,7 @@ def test_inplace_update_under_no_grad_keeps_requires_grad():
 
 # ---- deep graphs: 100,000 lazy ops. Graph building and the autograd walk (tensor.py, function.py) are iterative:
 # they run here under Python's default recursion limit, and the gradient's graph (a 50,000-op chain) realizes. The
-# forward chain's realize is test_deep_graphs.py's (the same 100,000 multiplies and adds, one kernel, against numpy).
+# forward chain's realize is test_deep_graphs.py's (the same 50,000 multiply-add steps, one kernel, against numpy).
 
 DEEP_CHAIN_STEPS = 50_000          # two ops per step: 100,000 lazy ops
 DEEP_SCALE, DEEP_SHIFT = 1.0001, 0.0001

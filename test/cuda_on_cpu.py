@@ -3,10 +3,11 @@ values of kernels with thread blocks, shared memory and barriers: GROUP combines
 tensor-core kernels).
 
 The CUDA C source is compiled as C++20 by g++ with a small header that stands in for the CUDA built-ins: each thread
-of a block is an OS thread (threadIdx is thread-local), `__shared__` arrays are static (one copy, and the blocks run
-one after another), `__syncthreads()` is a std::barrier of the block's threads, float2/float4/ushort4/... are plain
-structs. Render float32 kernels for sm_75 (CPU_ARCH: no inline PTX). Half, bfloat16 and tensor-core kernels render for
-sm_80 (TENSOR_CORE_ARCH) with a few PTX instructions, which `emulable` rewrites into calls of C++ stand-ins written
+of a block is a fiber (ucontext) on one OS thread, switched only where it waits (threadIdx is switched with it: a
+barrier costs no OS context switches), `__shared__` arrays are static (one copy, and the blocks run one after another),
+`__syncthreads()` is a barrier of the block's threads, float2/float4/ushort4/... are plain structs. Render float32
+kernels for sm_75 (CPU_ARCH: no inline PTX). Half, bfloat16 and tensor-core kernels render for sm_80
+(TENSOR_CORE_ARCH) with a few PTX instructions, which `emulable` rewrites into calls of C++ stand-ins written
 from the PTX ISA's definitions (not from the renderer's tables, so they check them): cvt between f16 and f32/f64
 (_Float16, round to nearest even; the paired f16x2/bf16x2 forms), `__byte_perm`, `__funnelshift_r`, max.NaN.f32, and
 mma.sync m16n8k16 (f16, bf16) and m16n8k8 (tf32) with f32 accumulators. An mma is a warp's: each lane puts its A and B
@@ -39,7 +40,6 @@ TENSOR_CORE_ARCH = "sm_80"   # the oldest arch with the tensor cores the rendere
 COMPILER = shutil.which("g++")
 
 HEADER = r"""
-#include <barrier>
 #include <map>
 #include <mutex>
 #include <set>
@@ -47,12 +47,33 @@ HEADER = r"""
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <thread>
+#include <ucontext.h>
 #include <vector>
 using std::sqrt; using std::exp2; using std::log2; using std::sin;
 struct Dim3 { unsigned int x = 0, y = 0, z = 0; };
-static thread_local Dim3 threadIdx, blockIdx;
-static std::barrier<>* block_barrier = nullptr;
+static Dim3 threadIdx, blockIdx;                      // the running thread's (the launcher switches them with it)
+// The threads of a block are fibers on one OS thread, switched only where one waits (a barrier, an mbarrier's
+// try_wait): the launcher's loop resumes each thread that may go on, in order, until all have finished.
+struct EmuFiber { ucontext_t context; Dim3 thread, block; unsigned char* shared_base = nullptr; unsigned int id = 0;
+                  const void* waiting = nullptr; unsigned long long wait_phase = 0; bool done = false; };
+static ucontext_t emu_scheduler;
+static EmuFiber* emu_current = nullptr;
+static inline void emu_switch_out() { swapcontext(&emu_current->context, &emu_scheduler); }
+// a barrier of `count` threads: each waits until the last one arrives (who goes on at once)
+struct EmuSync {
+  unsigned int count, arrived = 0;
+  unsigned long long phase = 0;
+  explicit EmuSync(unsigned int count) : count(count) {}
+  void arrive_and_wait() {
+    if (++arrived == count) { arrived = 0; phase++; return; }
+    emu_current->waiting = this;
+    emu_current->wait_phase = phase;
+    emu_switch_out();
+  }
+  bool released(unsigned long long waited) const { return phase != waited; }
+};
+static inline void emu_yield() { emu_current->waiting = nullptr; emu_switch_out(); }   // runnable again at once
+static EmuSync* block_barrier = nullptr;
 #define __global__
 #define __device__
 #define __forceinline__ inline
@@ -105,20 +126,14 @@ static inline unsigned int __byte_perm(unsigned int x, unsigned int y, unsigned 
 }
 static inline float emu_bf16_to_f32(unsigned short b) { return __uint_as_float(((unsigned int)b) << 16); }
 static inline float emu_max_nan(float a, float b) { return (a != a || b != b) ? NAN : (a > b ? a : b); }
-static thread_local unsigned int emu_thread;          // the thread's linear id in its block
+static unsigned int emu_thread;          // the running thread's linear id in its block
 // __syncwarp: a barrier of the thread's warp (its 32 threads must all reach it), one per warp of the block, made when
 // first reached and kept (a launch's blocks and later launches reuse it)
-static std::mutex emu_warp_lock;
-static std::map<unsigned int, std::barrier<>*> emu_warp_barriers;
+static std::map<unsigned int, EmuSync*> emu_warp_barriers;
 static inline void emu_warp_barrier() {
-  std::barrier<>* warp;
-  {
-    std::lock_guard<std::mutex> hold(emu_warp_lock);
-    std::barrier<>*& made = emu_warp_barriers[emu_thread / 32];
-    if (made == nullptr) made = new std::barrier<>(32);
-    warp = made;
-  }
-  warp->arrive_and_wait();
+  EmuSync*& made = emu_warp_barriers[emu_thread / 32];
+  if (made == nullptr) made = new EmuSync(32);
+  made->arrive_and_wait();
 }
 static unsigned int emu_registers[1024][6];           // each thread's A (4) and B (2) registers at an mma
 static inline float emu_half_of(unsigned int reg, int k, bool bf16) {   // element k % 2 of a packed pair
@@ -204,7 +219,7 @@ static inline unsigned int atomicAdd(unsigned int* address, unsigned int value) 
 static inline void __threadfence() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
 template <typename T> static inline T __ldcg(const T* address) { return *address; }   // a load through L2: a load
 // shared memory of the wgmma kernel: the generic address of its (static, 1024-aligned) array is shared address 0
-static thread_local unsigned char* emu_shared_base = nullptr;
+static unsigned char* emu_shared_base = nullptr;   // the running thread's
 static inline unsigned int __cvta_generic_to_shared(const void* p) {
   emu_shared_base = (unsigned char*)p;
   return 0;
@@ -260,7 +275,7 @@ static unsigned int emu_mbarrier_try_wait(unsigned int address, unsigned int par
     std::lock_guard<std::mutex> hold(emu_barrier_lock);
     done = (emu_barrier(address).phase & 1u) != (parity & 1u);
   }
-  if (!done) std::this_thread::yield();
+  if (!done) emu_yield();
   return done;
 }
 // cp.async.bulk.tensor.2d (tiled, CUDA programming guide "Tensor Memory Access"): the box of box_rows × box_columns
@@ -453,22 +468,53 @@ def emulable(source: str) -> str:
   return ASM.sub(replace, source)
 
 LAUNCHER = r"""
+static void** emu_buffers;
+static long long* emu_variables;
+static const unsigned int* emu_grid;
+static void emu_thread_main() {   // one thread: every block of the grid in turn
+  void** buffers = emu_buffers;
+  long long* variables = emu_variables;
+  for (unsigned int z = 0; z < emu_grid[2]; z++) for (unsigned int y = 0; y < emu_grid[1]; y++)
+    for (unsigned int x = 0; x < emu_grid[0]; x++) {
+      blockIdx = {x, y, z};
+      CALL;
+      block_barrier->arrive_and_wait();   // the next block reuses the static shared arrays
+    }
+  emu_current->done = true;
+}
+static const size_t EMU_STACK_BYTES = 1 << 20;   // a thread's stack (malloc'd: pages are used only when touched)
 extern "C" void launch(void** buffers, long long* variables, const unsigned int* grid, const unsigned int* block) {
   unsigned int threads = block[0] * block[1] * block[2];
-  std::barrier<> barrier(threads);
+  EmuSync barrier(threads);
   block_barrier = &barrier;
-  std::vector<std::thread> pool;
-  for (unsigned int t = 0; t < threads; t++) pool.emplace_back([=, &barrier] {
-    threadIdx = {t % block[0], (t / block[0]) % block[1], t / (block[0] * block[1])};
-    emu_thread = t;
-    for (unsigned int z = 0; z < grid[2]; z++) for (unsigned int y = 0; y < grid[1]; y++)
-      for (unsigned int x = 0; x < grid[0]; x++) {
-        blockIdx = {x, y, z};
-        CALL;
-        barrier.arrive_and_wait();   // the next block reuses the static shared arrays
-      }
-  });
-  for (auto& thread : pool) thread.join();
+  emu_buffers = buffers, emu_variables = variables, emu_grid = grid;
+  std::vector<EmuFiber> fibers(threads);
+  std::vector<void*> stacks(threads);
+  for (unsigned int t = 0; t < threads; t++) {
+    EmuFiber& f = fibers[t];
+    f.id = t;
+    f.thread = {t % block[0], (t / block[0]) % block[1], t / (block[0] * block[1])};
+    stacks[t] = std::malloc(EMU_STACK_BYTES);
+    getcontext(&f.context);
+    f.context.uc_stack.ss_sp = stacks[t];
+    f.context.uc_stack.ss_size = EMU_STACK_BYTES;
+    f.context.uc_link = &emu_scheduler;
+    makecontext(&f.context, emu_thread_main, 0);
+  }
+  for (unsigned int running = threads; running > 0;) {
+    bool moved = false;
+    for (EmuFiber& f : fibers) {
+      if (f.done || (f.waiting != nullptr && !((const EmuSync*)f.waiting)->released(f.wait_phase))) continue;
+      emu_current = &f;
+      threadIdx = f.thread, blockIdx = f.block, emu_thread = f.id, emu_shared_base = f.shared_base;
+      swapcontext(&emu_scheduler, &f.context);
+      f.block = blockIdx, f.shared_base = emu_shared_base;
+      moved = true;
+      if (f.done) running--;
+    }
+    if (!moved) { std::fprintf(stderr, "every thread of the block waits at a barrier: a deadlock\n"); std::abort(); }
+  }
+  for (void* stack : stacks) std::free(stack);
 }
 """
 

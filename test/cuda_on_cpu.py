@@ -4,7 +4,8 @@ tensor-core kernels).
 
 The CUDA C source is compiled as C++20 by g++ with a small header that stands in for the CUDA built-ins: each thread
 of a block is a fiber (ucontext) on one OS thread, switched only where it waits (threadIdx is switched with it: a
-barrier costs no OS context switches), `__shared__` arrays are static (one copy, and the blocks run one after another),
+barrier costs no OS context switches) and resumed in turn forward, then backward (a missing barrier shows whichever
+thread of the pair writes), `__shared__` arrays are static (one copy, and the blocks run one after another),
 `__syncthreads()` is a barrier of the block's threads, float2/float4/ushort4/... are plain structs. Render float32
 kernels for sm_75 (CPU_ARCH: no inline PTX). Half, bfloat16 and tensor-core kernels render for sm_80
 (TENSOR_CORE_ARCH) with a few PTX instructions, which `emulable` rewrites into calls of C++ stand-ins written
@@ -501,9 +502,12 @@ extern "C" void launch(void** buffers, long long* variables, const unsigned int*
     f.context.uc_link = &emu_scheduler;
     makecontext(&f.context, emu_thread_main, 0);
   }
-  for (unsigned int running = threads; running > 0;) {
+  // passes over the threads alternate direction: a read of another thread's write that lacks the barrier between
+  // them then sees the old value in one of two consecutive steps between barriers, whichever thread writes
+  for (unsigned int running = threads, pass = 0; running > 0; pass++) {
     bool moved = false;
-    for (EmuFiber& f : fibers) {
+    for (unsigned int i = 0; i < threads; i++) {
+      EmuFiber& f = fibers[pass % 2 ? threads - 1 - i : i];
       if (f.done || (f.waiting != nullptr && !((const EmuSync*)f.waiting)->released(f.wait_phase))) continue;
       emu_current = &f;
       threadIdx = f.thread, blockIdx = f.block, emu_thread = f.id, emu_shared_base = f.shared_base;

@@ -42,7 +42,6 @@ COMPILER = shutil.which("g++")
 
 HEADER = r"""
 #include <map>
-#include <mutex>
 #include <set>
 #include <cmath>
 #include <cstdio>
@@ -175,11 +174,9 @@ static void emu_mma(float& d0, float& d1, float& d2, float& d3, unsigned int a0,
   block_barrier->arrive_and_wait();
 }
 // prefetch.global.L2 (a hint: no value changes) records the address, and reads its byte as the GPU's L2 would fetch it
-static std::mutex emu_prefetch_lock;
 static std::set<unsigned long long> emu_prefetched;
 static inline void emu_prefetch(unsigned long long address) {
   (void)*(volatile const unsigned char*)address;
-  std::lock_guard<std::mutex> hold(emu_prefetch_lock);
   emu_prefetched.insert(address);
 }
 // with no `out`: how many there are; else the addresses into `out`, then forget them
@@ -234,7 +231,6 @@ static inline void emu_cp_async(unsigned int target, const void* source, unsigne
 // completed) is 0; then the next phase begins with the arrival count of init. try_wait.parity P is true once the
 // phase of parity P has completed: the current phase's parity is not P. Kept beside shared memory, keyed by address.
 struct EmuBarrier { int pending = 0, expected = 0; long long transactions = 0; unsigned int phase = 0; };
-static std::mutex emu_barrier_lock;
 static std::map<unsigned int, EmuBarrier> emu_barriers;
 static inline EmuBarrier& emu_barrier(unsigned int address) {
   auto found = emu_barriers.find(address);
@@ -246,36 +242,28 @@ static inline void emu_barrier_advance(EmuBarrier& b) {
   if (b.pending == 0 && b.transactions == 0) { b.phase++; b.pending = b.expected; }
 }
 static void emu_mbarrier_init(unsigned int address, unsigned int count) {
-  std::lock_guard<std::mutex> hold(emu_barrier_lock);
   EmuBarrier b;
   b.pending = b.expected = (int)count;
   emu_barriers[address] = b;
 }
 static void emu_mbarrier_arrive(unsigned int address) {
-  std::lock_guard<std::mutex> hold(emu_barrier_lock);
   EmuBarrier& b = emu_barrier(address);
   b.pending--;
   emu_barrier_advance(b);
 }
 static void emu_mbarrier_arrive_expect_tx(unsigned int address, unsigned int bytes) {
-  std::lock_guard<std::mutex> hold(emu_barrier_lock);
   EmuBarrier& b = emu_barrier(address);
   b.transactions += bytes;
   b.pending--;
   emu_barrier_advance(b);
 }
 static void emu_mbarrier_complete_tx(unsigned int address, unsigned int bytes) {
-  std::lock_guard<std::mutex> hold(emu_barrier_lock);
   EmuBarrier& b = emu_barrier(address);
   b.transactions -= bytes;
   emu_barrier_advance(b);
 }
 static unsigned int emu_mbarrier_try_wait(unsigned int address, unsigned int parity) {
-  bool done;
-  {
-    std::lock_guard<std::mutex> hold(emu_barrier_lock);
-    done = (emu_barrier(address).phase & 1u) != (parity & 1u);
-  }
+  bool done = (emu_barrier(address).phase & 1u) != (parity & 1u);
   if (!done) emu_yield();
   return done;
 }

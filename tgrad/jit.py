@@ -82,7 +82,7 @@ class Instruction:
   output_count: int = 1
   var_vals: dict[str, int] = field(default_factory=dict)
   devices: tuple[str, ...] = ()   # every device its buffers are on (several for a copy between devices, a collective)
-  starts_with_previous: bool = False   # a side kernel placed to start with its anchor, before it (side_kernels.py)
+  starts_with_previous: bool = False   # a side kernel placed right after its anchor, to start with it (side_kernels.py)
   @property
   def name(self) -> str: return self.runner.name
   @property

@@ -15,9 +15,11 @@ beside whatever the chain runs then. How busy a kernel keeps its device is the g
 (`busy_fraction`: 1.0 fills it); a device whose runner gives none keeps the program order.
 
 Measured on an H100 (the 512-token prefill of gemma-3-270m's Q4_K_M file, packed weights dequantized into half
-temporaries; bench/gemma_gguf_gpu.py): each layer's four dequantizing kernels waited for the norm or matmul before
-their users and ran beside small kernels, 1.663-1.675 ms against 1.594-1.597 ms with float16 weights; started beside
-each layer's attention, 1.590-1.593 ms. Started at the beginning of the graph instead (nothing held them back): 1.725.
+temporaries; bench/prefill_parity.py, both models alternated): each layer's four dequantizing kernels waited for the
+norm or matmul before their users and ran beside small kernels, 1.045× the float16 prefill; started beside each
+layer's attention, 1.005× (docs/benchmarks.md). Placed before their anchor instead (its blocks dispatched after
+theirs) the packed prefill took 1.711 ms, and started at the beginning of the graph (nothing held them back) 1.725 ms,
+against 1.596 ms placed after it (bench/gemma_gguf_gpu.py).
 """
 from __future__ import annotations
 from dataclasses import dataclass

@@ -204,8 +204,8 @@ PACKED_MATVEC_GPU_THREADS = 1 << 20   # ~4 waves of an H100's resident threads (
 # A weight whose rows alone give more than PACKED_MATVEC_GPU_THREADS threads at its row threads (the LM head: 262144
 # rows of 640) has threads to spare and too few loads in flight per thread: each thread takes PACKED_ROWS_PER_THREAD
 # rows (UPCAST, after LOCAL: a block's threads take neighbouring rows) and its loop over a row's blocks is unrolled
-# whole when it has at most PACKED_MAX_UNROLLED_BLOCKS steps. Measured on an H100 (BEAM's winner, then
-# bench/packed_matvec.py --cases, docs/benchmarks.md): gemma-3-270m's Q8_0 head 98.2 → 73.5 µs.
+# whole when it has at most PACKED_MAX_UNROLLED_BLOCKS steps (BEAM's winner for the head). Measured on an H100
+# (bench/packed_matvec.py --cases, back to back, docs/benchmarks.md): gemma-3-270m's Q8_0 head 93.2 → 70.9 µs.
 PACKED_ROWS_PER_THREAD = 4
 PACKED_MAX_UNROLLED_BLOCKS = 32
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import ctypes, sys, weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
-from tgrad.helpers import Context
+from tgrad.helpers import Context, prod
 from tgrad.runtime.cuda.kernel_params import TENSOR_MAP_KIND, KernelArguments
 from tgrad.runtime.cuda.kernel_params import TensorMapValue as _TensorMapValue   # noqa: F401  (the name tests use)
 from tgrad.runtime.cuda.tensor_map import TENSOR_MAP_BYTES, pack_parameters
@@ -431,9 +431,7 @@ class CUDAGraphRunner:
     if not Context.GRAPH_BRANCHES or not hasattr(runner, "program"): return None
     from tgrad.device import Device
     global_size, _ = runner.launch_dims(instruction.var_vals)
-    blocks = 1
-    for size in global_size: blocks *= int(size)
-    return min(1.0, blocks / Device[instruction.device].sm_count)
+    return min(1.0, int(prod(global_size)) / Device[instruction.device].sm_count)
   def _build(self) -> None:
     pending: list[Any] = []
     launches: list[KernelLaunch | ChildGraph] = []

@@ -1,11 +1,13 @@
 """The LLVM runtime's THREAD launches and its use of LLVM from several threads: every piece runs once per launch
-(runtime.run_on_cores, with more pieces than cores), a piece's exception reaches the launching thread, launches from two
-Python threads at once both complete, a prepared launch keeps its code alive after its program is gone, compiles and
+(runtime.run_on_cores, with more pieces than cores; the core pool's native claiming, cores.py: seeded random launches
+of a native kernel of random argument counts, back to back and after the workers went to sleep, from two threads at
+once, and in a forked child), a Python callable's exception reaches the launching thread, launches from two Python
+threads at once both complete, a prepared launch keeps its code alive after its program is gone, compiles and
 loads from several threads at once (LLVM used under one lock) while threaded kernels run, the heuristics' pieces
 (CPU_PIECES_PER_CORE a core for a big reduce), and threaded sums (seeded random data, odd sizes, 0-d, size 1) against
 numpy in float64 at explicit tolerances.
 """
-import ctypes, gc, threading
+import ctypes, gc, os, threading, time
 import numpy as np
 import pytest
 from tgrad import Tensor
@@ -15,7 +17,7 @@ from tgrad.codegen.linearizer import linearize
 from tgrad.device import Device
 from tgrad.helpers import Context
 from tgrad.ops import Ops
-from tgrad.runtime.llvm import runtime
+from tgrad.runtime.llvm import cores, runtime
 from tgrad.schedule import create_schedule
 
 PIECE_CALL = ctypes.CFUNCTYPE(None, ctypes.c_int)   # a Python callback with the piece index as its only argument
@@ -58,6 +60,64 @@ def test_launches_from_two_threads_at_once_both_complete():
   release.set()
   launcher.join(10)
   assert sorted(first) == [0, 1]
+
+def _marking_kernel(extra_arguments: int):
+  """A native kernel `mark(ptr counts, i64 x1, ..., i32 piece)` that atomically adds 1 to counts[piece] (the extra
+  arguments are passed and ignored: every thunk arity is exercised), as a ctypes function."""
+  extra = "".join(f", i64 %x{i}" for i in range(extra_arguments))
+  ir = f"""define void @mark(ptr %counts{extra}, i32 %piece) {{
+  %index = sext i32 %piece to i64
+  %slot = getelementptr i32, ptr %counts, i64 %index
+  %old = atomicrmw add ptr %slot, i32 1 monotonic
+  ret void
+}}
+"""
+  engine, addresses = cores._load(ir, ("mark",))
+  fn = ctypes.CFUNCTYPE(None)(addresses["mark"])
+  fn.engine = engine
+  return fn
+
+def test_native_launches_run_every_piece_exactly_once():
+  """Seeded random launches (1-300 pieces, 0-9 extra arguments) of a kernel counting its pieces: back to back (the
+  workers spinning), and some after a pause longer than the spin (the workers asleep, woken by the launch)."""
+  rng = np.random.default_rng(7)
+  kernels = {extra: _marking_kernel(extra) for extra in range(10)}
+  for launch in range(300):
+    pieces, extra = int(rng.integers(1, 301)), int(rng.integers(0, 10))
+    counts = np.zeros(pieces, np.int32)
+    pointers = [ctypes.c_void_p(counts.ctypes.data)] + [ctypes.c_int64(int(v)) for v in rng.integers(-9, 9, extra)]
+    if launch % 50 == 49: time.sleep(2 * cores.SPIN_MICROSECONDS * 1e-6)
+    runtime.run_on_cores(kernels[extra], pointers, pieces)
+    assert (counts == 1).all(), (launch, pieces, extra, np.flatnonzero(counts != 1))
+
+def test_native_launches_from_two_threads_at_once():
+  """Two Python threads launch 200 times each at once: one holds the pool, the other runs its pieces itself; every
+  launch runs each piece once."""
+  kernel = _marking_kernel(0)
+  failures: list = []
+  def launch_many(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    for _ in range(200):
+      counts = np.zeros(int(rng.integers(1, 64)), np.int32)
+      runtime.run_on_cores(kernel, [ctypes.c_void_p(counts.ctypes.data)], len(counts))
+      if not (counts == 1).all(): failures.append(counts.copy())
+  threads = [threading.Thread(target=launch_many, args=(seed,)) for seed in (1, 2)]
+  for thread in threads: thread.start()
+  for thread in threads: thread.join(60)
+  assert not failures
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_child_launches_on_a_pool_of_its_own():
+  kernel = _marking_kernel(1)
+  counts = np.zeros(40, np.int32)
+  runtime.run_on_cores(kernel, [ctypes.c_void_p(counts.ctypes.data), ctypes.c_int64(0)], 40)   # the parent's pool
+  child = os.fork()
+  if child == 0:
+    counts[:] = 0
+    runtime.run_on_cores(kernel, [ctypes.c_void_p(counts.ctypes.data), ctypes.c_int64(0)], 40)
+    os._exit(0 if (counts == 1).all() else 1)
+  _, status = os.waitpid(child, 0)
+  assert os.WEXITSTATUS(status) == 0
 
 def _sum_program(size: int, tag: str):
   """A fresh LLVM program summing `size` float32 (a name of its own, so nothing is cached) and its kernel name."""

@@ -2,17 +2,15 @@
 
 Compiler: IR text → optimized (new pass manager, O3 with loop and SLP vectorization) → an object file for the
 host CPU with all its features. Program: the object loaded into its own MCJIT engine; a THREAD launch calls the
-function once per piece index, on the calling thread and on up to cpu_count() - 1 threads of a pool, each claiming the
-next piece as it finishes one (ctypes releases the GIL, so the calls run in parallel); a forked child starts a pool of
-its own. LLVM itself is only ever used by one thread at a time (`llvm_lock`: compiling, loading, and freeing an
-engine, which waits for the next compile or load); a launch's callable keeps its program, and so its code, alive.
+function once per piece index on the calling thread and the core pool's workers, which claim pieces in native code
+(cores.py). LLVM itself is only ever used by one thread at a time (target.llvm_lock: compiling, loading, and freeing
+an engine, which waits for the next compile or load); a launch's callable keeps its program, and so its code, alive.
 Memory is numpy bytes with their address
 (HostMemory); a view is a slice with its address; `prepare` binds a launch's pointers once, for replaying it in a
 tight loop; `launcher` gives a launch on handles with the function and thread count resolved once (an eager op's).
 """
 from __future__ import annotations
-import collections, ctypes, functools, hashlib, itertools, os, struct, sys, threading, time
-from concurrent.futures import ThreadPoolExecutor
+import collections, ctypes, functools, hashlib, os, struct, sys, time
 from typing import Callable
 import numpy as np
 import llvmlite
@@ -20,10 +18,11 @@ import llvmlite.binding as llvm
 from tgrad.backend import device_name
 from tgrad.device import Allocator, BinaryLoadError, Compiler, Compiled
 from tgrad.runtime.llvm.renderer import LLVMRenderer
-from tgrad.helpers import cpu_count
+from tgrad.runtime.llvm import target
+from tgrad.runtime.llvm.cores import PreparedPieces, run_on_cores
+from tgrad.runtime.llvm.target import CODE_MODEL, OPT_LEVEL, host_target_machine
 
 BUFFER_ALIGNMENT = 64   # bytes: a cache line, and the widest vector load (AVX-512)
-OPT_LEVEL = 3
 # Past these sizes (lines of IR, about one instruction each) compile time would grow quadratically: LLVM 22's loop
 # vectorizer takes 0.7 s on a 2,000-instruction loop body and 5 s on 4,000; instruction scheduling and selection at
 # -O1 and above take 2.7 s on 40,000 instructions and 9 s on 80,000 (fast selection at -O0: 0.25 s). Only very long
@@ -84,50 +83,15 @@ def available_host_memory() -> int:
   except OSError: pass
   return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
-# LLVM is used by one thread at a time: llvmlite releases the GIL in every LLVM call, and LLVM's shared state (the
-# target registry, MCJIT's loader) is not documented as safe from several threads. (The finalize_object abort once
-# suspected of that was a relocation overflow: CODE_MODEL below.) Compiling, loading an object into an engine and
-# freeing an engine all hold this lock. An engine is freed only while it is held: a program that goes away (on
-# whatever thread drops the last reference, a pool thread included) hands its engine to `_retired_engines`, and the
-# next compile or load frees them.
-llvm_lock = threading.RLock()
-_retired_engines: list = []
-
-def _free_retired_engines() -> None:
-  """Free the engines of programs that went away (with llvm_lock held)."""
-  while _retired_engines: _retired_engines.pop()
-
-def _new_llvm_lock() -> None:
-  """In a forked child: a thread of the parent that held the lock is not there; the child starts with it free."""
-  global llvm_lock
-  llvm_lock = threading.RLock()
-
-os.register_at_fork(after_in_child=_new_llvm_lock)
-
-# The large code model: every address in the code is a 64-bit value. MCJIT maps an object's code and its constants
-# (and the libm functions it calls) wherever mmap puts them; the small model's 32-bit PC-relative references then
-# overflow when they land more than 2 GiB apart, which happens in a process with a large address space (a GPU driver
-# loaded): RuntimeDyldELF's resolveX86_64Relocation aborts the process (isInt<32>(RealOffset)) in finalize_object.
-CODE_MODEL = "large"
-
-def host_target_machine(opt: int = OPT_LEVEL) -> llvm.TargetMachine:
-  """A new TargetMachine for the host CPU (an MCJIT engine takes ownership of the one it is given); `opt` is its
-  code generation level."""
-  llvm.initialize_native_target()
-  llvm.initialize_native_asmprinter()
-  target = llvm.Target.from_triple(llvm.get_process_triple())
-  return target.create_target_machine(cpu=llvm.get_host_cpu_name(), features=llvm.get_host_cpu_features().flatten(),
-                                      opt=opt, reloc="pic", codemodel=CODE_MODEL)
-
 class LLVMCompiler(Compiler):
   def __init__(self):
-    with llvm_lock:
+    with target.llvm_lock:
       features = hashlib.sha256(llvm.get_host_cpu_features().flatten().encode()).hexdigest()[:16]
       self.target_machine = host_target_machine()
     self.fast_target_machine: llvm.TargetMachine | None = None   # -O0 code generation, for huge kernels
     self.cache_key = f"llvm-{llvmlite.__version__}-{llvm.get_host_cpu_name()}-{features}-O{OPT_LEVEL}-{CODE_MODEL}"
   def compile(self, src: str) -> bytes:
-    with llvm_lock: return self._compile(src)
+    with target.llvm_lock: return self._compile(src)
   def _compile(self, src: str) -> bytes:
     lines = src.count("\n")
     tm = self.target_machine
@@ -143,35 +107,6 @@ class LLVMCompiler(Compiler):
     builder = llvm.create_pass_builder(tm, tuning)
     builder.getModulePassManager().run(module, builder)
     return tm.emit_object(module)
-
-@functools.cache
-def _thread_pool() -> ThreadPoolExecutor:
-  return ThreadPoolExecutor(max_workers=cpu_count())
-
-def _claim_and_run(fn, pointers: list, claim: Callable[[], int], pieces: int) -> None:
-  """fn(*pointers, piece) for each piece this thread claims, until none is left (`claim` is an itertools.count's
-  __next__: atomic under the GIL, so no piece runs twice)."""
-  while (piece := claim()) < pieces: fn(*pointers, piece)
-
-def run_on_cores(fn, pointers: list, pieces: int) -> None:
-  """fn(*pointers, piece) for every piece index below `pieces` (a THREAD launch: piece i computes its part of the
-  output), on the calling thread and min(pieces, cpu_count()) - 1 pool threads, each claiming the next piece as it
-  finishes one: with more pieces than cores (heuristics.CPU_PIECES_PER_CORE) a core slowed by another process, or a
-  pool thread that starts late, takes fewer pieces instead of holding up the launch. Returns when every piece has run;
-  a piece's exception is raised."""
-  claim = itertools.count().__next__
-  others = [_thread_pool().submit(_claim_and_run, fn, pointers, claim, pieces)
-            for _ in range(min(pieces, cpu_count()) - 1)]
-  try: _claim_and_run(fn, pointers, claim, pieces)
-  finally:   # every piece is claimed: a pool thread that has not started yet has nothing left to do (not waited for,
-    for call in others:   # on a busy machine its wake-up took 80-100 µs); one that has is waited for
-      if not call.cancel(): call.exception()
-  for call in others:
-    if not call.cancelled(): call.result()
-
-# A forked child inherits the pool object but not its threads: work queued on it would wait forever. The child makes a
-# pool of its own on first use (the parent's is left alone: shutting it down would join threads that are not there).
-os.register_at_fork(after_in_child=_thread_pool.cache_clear)
 
 # The ELF64 fields check_object reads (System V gABI): the file header, section headers, symbols and relocations.
 ELF_HEADER = struct.Struct("<16sHHIQQQIHHHHHH")   # ident, type, machine, version, entry, phoff, shoff, flags, ehsize,
@@ -216,15 +151,15 @@ class _EngineKeeper:
   under llvm_lock."""
   __slots__ = ("engine",)
   def __init__(self, engine): self.engine = engine
-  def __del__(self): _retired_engines.append(self.engine)
+  def __del__(self): target.retired_engines.append(self.engine)
 
 class LLVMProgram:
   """A loaded kernel. Call with buffers (numpy handles) and global_size=(threads,)."""
   def __init__(self, name: str, binary: bytes):
     self.name = name
     if sys.platform.startswith("linux"): check_object(binary)   # the host's objects are ELF there
-    with llvm_lock:
-      _free_retired_engines()
+    with target.llvm_lock:
+      target.free_retired_engines()
       keeper = _EngineKeeper(llvm.create_mcjit_compiler(llvm.parse_assembly(""), host_target_machine()))
       keeper.engine.add_object_file(llvm.ObjectFileRef.from_data(binary))
       keeper.engine.finalize_object()
@@ -273,7 +208,7 @@ class LLVMProgram:
     arguments = _arguments(buffers, vals)
     threads = global_size[0] if global_size else 1
     if threads <= 1: return functools.partial(self.fn, *arguments, 0)
-    return functools.partial(run_on_cores, self.fn, arguments, threads)
+    return PreparedPieces(self.fn, arguments, threads)
 
 def _arguments(handles, vals) -> list:
   """A launch's ctypes arguments but the core index: the handles' pointers, then the variables' values as int64."""

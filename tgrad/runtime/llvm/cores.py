@@ -1,0 +1,339 @@
+"""THREAD launches on the host's cores: a pool of native workers that claim pieces without Python in between.
+
+A THREAD launch calls a kernel once per piece index (`fn(*arguments, piece)`), handed out dynamically: each core
+claims the next piece as it finishes one, so a core slowed by another process takes fewer. Everything between a
+launch and its last piece runs in native code (a small LLVM module, compiled once per process):
+
+  - **The task word.** A 64-bit word holds the launch's generation (high half) and the pieces not yet claimed (low
+    half). A core claims piece `left - 1` by compare-and-swap of (generation, left) → (generation, left - 1), so a core
+    still working on an older launch can never take a piece of a newer one, and no piece runs twice. The task's
+    kernel, argument array and argument thunk sit beside the word; a core reads them only after its claim succeeds,
+    when the launch cannot finish (and be replaced) before its piece does.
+  - **Finishing.** Each core counts a piece it ran into `finished` (release); the launching thread claims pieces like
+    any core, then waits for `finished == pieces` (acquire), which makes every piece's writes visible to it.
+  - **Workers** (cpu_count() - 1 daemon threads) spin on the word for SPIN_MICROSECONDS after their last piece, so
+    back-to-back launches (a decode step's ~90) start on every core within a microsecond instead of the 40-60 µs a
+    sleeping thread takes to wake here. Past that they sleep on a condition variable, which the next launch notifies.
+  - **Thunks.** A kernel takes its pointers and int64 variables, then the i32 piece (renderer.py). The task keeps its
+    arguments as an int64 array; one thunk per argument count loads them and calls the kernel, relying on the C
+    calling conventions of x86-64 and AArch64 passing a pointer and an int64 the same way.
+
+One launch at a time uses the pool; a launch that finds it busy (another Python thread's) runs its pieces on its own
+thread. A plain Python callable (not a ctypes function) runs its pieces in order on the calling thread.
+Measured (2-core Zen 4 VM): a launch of two 20 µs pieces took 55-77 µs with a thread pool woken per launch, and the
+gemma-3-270m CPU decode step makes ~90 two-piece launches: docs/benchmarks.md, "CPU, ninth session".
+"""
+from __future__ import annotations
+import ctypes, functools, os, threading
+from typing import Callable, Sequence
+import llvmlite.binding as llvm
+from tgrad.helpers import cpu_count
+from tgrad.runtime.llvm import target
+
+# How long an idle worker spins for the next launch before it sleeps. A decode step's launches come every 30-300 µs;
+# a spinning worker takes a core from other processes, so the spin stays short.
+SPIN_MICROSECONDS = 300
+GENERATION_SHIFT = 32
+LOW_HALF = (1 << GENERATION_SHIFT) - 1
+
+class TaskState(ctypes.Structure):
+  """The shared task: the word (generation << 32 | pieces left), how many pieces ran, and what to run."""
+  _fields_ = [("word", ctypes.c_uint64), ("pieces", ctypes.c_uint32), ("finished", ctypes.c_uint32),
+              ("thunk", ctypes.c_void_p), ("fn", ctypes.c_void_p), ("args", ctypes.c_void_p)]
+
+def _pause_asm() -> str:
+  return "yield" if llvm.get_process_triple().startswith(("aarch64", "arm64")) else "pause"
+
+def pool_ir() -> str:
+  """The pool's native functions: pool_launch, pool_finish, pool_spin (see the module docstring), and pool_serial
+  (every piece on the calling thread)."""
+  return f"""%Task = type {{ i64, i32, i32, ptr, ptr, ptr }}
+declare i32 @clock_gettime(i32, ptr)
+declare i32 @sched_yield()
+
+define internal i64 @now_ns() {{
+  %ts = alloca [2 x i64]
+  call i32 @clock_gettime(i32 1, ptr %ts)
+  %s = load i64, ptr %ts
+  %nsp = getelementptr [2 x i64], ptr %ts, i64 0, i64 1
+  %ns = load i64, ptr %nsp
+  %sns = mul i64 %s, 1000000000
+  %t = add i64 %sns, %ns
+  ret i64 %t
+}}
+
+define internal void @relax() {{
+  call void asm sideeffect "{_pause_asm()}", ""()
+  ret void
+}}
+
+; claim and run pieces of generation %gen until none is left
+define internal void @work(ptr %task, i32 %gen) {{
+entry:
+  %wordp = getelementptr %Task, ptr %task, i32 0, i32 0
+  %finp = getelementptr %Task, ptr %task, i32 0, i32 2
+  %thunkp = getelementptr %Task, ptr %task, i32 0, i32 3
+  %fnp = getelementptr %Task, ptr %task, i32 0, i32 4
+  %argsp = getelementptr %Task, ptr %task, i32 0, i32 5
+  %gen64 = zext i32 %gen to i64
+  br label %load
+load:
+  %first = load atomic i64, ptr %wordp acquire, align 8
+  br label %check
+check:
+  %cur = phi i64 [%first, %load], [%seen, %claim]
+  %g = lshr i64 %cur, {GENERATION_SHIFT}
+  %same = icmp eq i64 %g, %gen64
+  %left = and i64 %cur, {LOW_HALF}
+  %some = icmp ne i64 %left, 0
+  %ok = and i1 %same, %some
+  br i1 %ok, label %claim, label %done
+claim:
+  %next = sub i64 %cur, 1
+  %pair = cmpxchg ptr %wordp, i64 %cur, i64 %next acq_rel acquire
+  %seen = extractvalue {{ i64, i1 }} %pair, 0
+  %won = extractvalue {{ i64, i1 }} %pair, 1
+  br i1 %won, label %run, label %check
+run:
+  %piece = trunc i64 %next to i32
+  %thunk = load ptr, ptr %thunkp
+  %fn = load ptr, ptr %fnp
+  %args = load ptr, ptr %argsp
+  call void %thunk(ptr %fn, ptr %args, i32 %piece)
+  %unused = atomicrmw add ptr %finp, i32 1 release
+  br label %load
+done:
+  ret void
+}}
+
+; publish a launch of %pieces pieces; returns its generation
+define i32 @pool_launch(ptr %task, ptr %thunk, ptr %fn, ptr %args, i32 %pieces) {{
+  %wordp = getelementptr %Task, ptr %task, i32 0, i32 0
+  %piecesp = getelementptr %Task, ptr %task, i32 0, i32 1
+  %finp = getelementptr %Task, ptr %task, i32 0, i32 2
+  %thunkp = getelementptr %Task, ptr %task, i32 0, i32 3
+  %fnp = getelementptr %Task, ptr %task, i32 0, i32 4
+  %argsp = getelementptr %Task, ptr %task, i32 0, i32 5
+  store ptr %thunk, ptr %thunkp
+  store ptr %fn, ptr %fnp
+  store ptr %args, ptr %argsp
+  store i32 %pieces, ptr %piecesp
+  store atomic i32 0, ptr %finp monotonic, align 4
+  %old = load atomic i64, ptr %wordp monotonic, align 8
+  %oldgen = lshr i64 %old, {GENERATION_SHIFT}
+  %gen = add i64 %oldgen, 1
+  %gen32 = trunc i64 %gen to i32
+  %high = shl i64 %gen, {GENERATION_SHIFT}
+  %count = zext i32 %pieces to i64
+  %word = or i64 %high, %count
+  store atomic i64 %word, ptr %wordp release, align 8
+  ret i32 %gen32
+}}
+
+; the launching thread: run pieces of %gen, then wait until all %pieces have run (yielding the core after %spin_ns)
+define void @pool_finish(ptr %task, i32 %gen, i32 %pieces, i64 %spin_ns) {{
+entry:
+  %finp = getelementptr %Task, ptr %task, i32 0, i32 2
+  call void @work(ptr %task, i32 %gen)
+  %start = call i64 @now_ns()
+  br label %wait
+wait:
+  %i = phi i64 [0, %entry], [%i1, %relaxed], [%i1, %clock], [%i1, %yield]
+  %done = load atomic i32, ptr %finp acquire, align 4
+  %all = icmp eq i32 %done, %pieces
+  br i1 %all, label %out, label %relaxed
+relaxed:
+  call void @relax()
+  %i1 = add i64 %i, 1
+  %tick = and i64 %i1, 255
+  %check = icmp eq i64 %tick, 0
+  br i1 %check, label %clock, label %wait
+clock:
+  %now = call i64 @now_ns()
+  %spent = sub i64 %now, %start
+  %long = icmp sgt i64 %spent, %spin_ns
+  br i1 %long, label %yield, label %wait
+yield:
+  call i32 @sched_yield()
+  br label %wait
+out:
+  ret void
+}}
+
+; a worker: run every new launch's pieces; return the last generation seen once idle for %spin_ns
+define i32 @pool_spin(ptr %task, i32 %last, i64 %spin_ns) {{
+entry:
+  %wordp = getelementptr %Task, ptr %task, i32 0, i32 0
+  %start0 = call i64 @now_ns()
+  br label %look
+look:
+  %seen = phi i32 [%last, %entry], [%seen, %relaxed], [%g32, %worked], [%seen, %clock]
+  %start = phi i64 [%start0, %entry], [%start, %relaxed], [%after, %worked], [%start, %clock]
+  %i = phi i64 [0, %entry], [%i1, %relaxed], [0, %worked], [%i1, %clock]
+  %w = load atomic i64, ptr %wordp acquire, align 8
+  %g = lshr i64 %w, {GENERATION_SHIFT}
+  %g32 = trunc i64 %g to i32
+  %new = icmp ne i32 %g32, %seen
+  br i1 %new, label %worked, label %relaxed
+worked:
+  call void @work(ptr %task, i32 %g32)
+  %after = call i64 @now_ns()
+  br label %look
+relaxed:
+  call void @relax()
+  %i1 = add i64 %i, 1
+  %tick = and i64 %i1, 255
+  %check = icmp eq i64 %tick, 0
+  br i1 %check, label %clock, label %look
+clock:
+  %now = call i64 @now_ns()
+  %spent = sub i64 %now, %start
+  %long = icmp sgt i64 %spent, %spin_ns
+  br i1 %long, label %idle, label %look
+idle:
+  ret i32 %seen
+}}
+
+; every piece on the calling thread, in order
+define void @pool_serial(ptr %thunk, ptr %fn, ptr %args, i32 %pieces) {{
+entry:
+  br label %loop
+loop:
+  %p = phi i32 [0, %entry], [%p1, %body]
+  %more = icmp slt i32 %p, %pieces
+  br i1 %more, label %body, label %out
+body:
+  call void %thunk(ptr %fn, ptr %args, i32 %p)
+  %p1 = add i32 %p, 1
+  br label %loop
+out:
+  ret void
+}}
+"""
+
+def thunk_ir(arguments: int) -> str:
+  """`thunk_<n>(ptr fn, ptr args, i32 piece)`: fn(args[0], ..., args[n-1], piece), each argument an i64."""
+  loads = "".join(f"  %p{i} = getelementptr i64, ptr %args, i64 {i}\n  %a{i} = load i64, ptr %p{i}\n"
+                  for i in range(arguments))
+  passed = "".join(f"i64 %a{i}, " for i in range(arguments))
+  return f"""define void @thunk_{arguments}(ptr %fn, ptr %args, i32 %piece) {{
+{loads}  call void %fn({passed}i32 %piece)
+  ret void
+}}
+"""
+
+def _load(ir: str, names: Sequence[str]) -> tuple:
+  """Compile `ir` into an engine of its own (kept for the process) and give (engine, {name: address})."""
+  with target.llvm_lock:
+    llvm.initialize_native_asmparser()   # the pause hint is inline assembly
+    module = llvm.parse_assembly(ir)
+    module.triple = llvm.get_process_triple()
+    module.verify()
+    engine = llvm.create_mcjit_compiler(module, target.host_target_machine())
+    engine.finalize_object()
+    return engine, {name: engine.get_function_address(name) for name in names}
+
+class _Native:
+  """The pool's compiled functions and the thunks by argument count (compiled on first use)."""
+  def __init__(self):
+    self.engine, found = _load(pool_ir(), ("pool_launch", "pool_finish", "pool_spin", "pool_serial"))
+    self.launch = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+                                   ctypes.c_void_p, ctypes.c_int32)(found["pool_launch"])
+    self.finish = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int32, ctypes.c_int32,
+                                   ctypes.c_int64)(found["pool_finish"])
+    self.spin = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64)(found["pool_spin"])
+    self.serial = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+                                   ctypes.c_int32)(found["pool_serial"])
+    self.thunks: dict[int, tuple] = {}
+    self.lock = threading.Lock()
+  def thunk(self, arguments: int) -> int:
+    """The address of the thunk for kernels of `arguments` arguments (before the piece)."""
+    if (found := self.thunks.get(arguments)) is None:
+      with self.lock:
+        if (found := self.thunks.get(arguments)) is None:
+          engine, addresses = _load(thunk_ir(arguments), (f"thunk_{arguments}",))
+          found = self.thunks[arguments] = (engine, addresses[f"thunk_{arguments}"])
+    return found[1]
+
+@functools.cache
+def _native() -> _Native: return _Native()
+
+class CorePool:
+  """cpu_count() - 1 worker threads and the shared task (module docstring)."""
+  def __init__(self, workers: int):
+    self.native = _native()
+    self.task = TaskState()
+    self.address = ctypes.addressof(self.task)
+    self.busy = threading.Lock()
+    self.wake = threading.Condition()
+    self.sleepers = 0
+    self.spin_ns = SPIN_MICROSECONDS * 1000
+    for index in range(workers):
+      threading.Thread(target=self._serve, name=f"tgrad-core-{index + 1}", daemon=True).start()
+  def _generation(self) -> int: return self.task.word >> GENERATION_SHIFT
+  def _serve(self) -> None:
+    last = self._generation()
+    while True:
+      last = self.native.spin(self.address, last, self.spin_ns) & LOW_HALF
+      with self.wake:
+        self.sleepers += 1
+        while self._generation() == last: self.wake.wait()
+        self.sleepers -= 1
+  def run(self, thunk: int, fn: int, args: ctypes.Array, pieces: int) -> None:
+    """Every piece of fn over args, on this thread and the workers; returns when all have run."""
+    if not self.busy.acquire(blocking=False):   # another thread's launch holds the workers: run these here
+      self.native.serial(thunk, fn, ctypes.addressof(args), pieces)
+      return
+    try:
+      generation = self.native.launch(self.address, thunk, fn, ctypes.addressof(args), pieces)
+      if self.sleepers:
+        with self.wake: self.wake.notify_all()
+      self.native.finish(self.address, generation, pieces, self.spin_ns)
+    finally: self.busy.release()
+
+_pool: CorePool | None = None
+_pool_lock = threading.Lock()
+
+def core_pool() -> CorePool:
+  global _pool
+  if _pool is None:
+    with _pool_lock:
+      if _pool is None: _pool = CorePool(cpu_count() - 1)
+  return _pool
+
+def _forget_pool() -> None:
+  """In a forked child: the parent's workers are not there; the child starts a pool of its own on first use (and a
+  lock another thread held at the fork is free in the child)."""
+  global _pool, _pool_lock
+  _pool, _pool_lock = None, threading.Lock()
+  if _native.cache_info().currsize: _native().lock = threading.Lock()
+
+os.register_at_fork(after_in_child=_forget_pool)
+
+class PreparedPieces:
+  """A THREAD launch's native pieces bound once: the kernel's address, its thunk and the argument array."""
+  __slots__ = ("fn", "thunk", "args", "pieces", "keep")
+  def __init__(self, fn: ctypes._CFuncPtr, pointers: Sequence, pieces: int):
+    self.fn = ctypes.cast(fn, ctypes.c_void_p).value
+    self.thunk = _native().thunk(len(pointers))
+    self.args = (ctypes.c_int64 * max(1, len(pointers)))(*(_value(p) for p in pointers))
+    self.pieces, self.keep = pieces, fn
+  def __call__(self) -> None:
+    if self.pieces == 1 or cpu_count() == 1: _native().serial(self.thunk, self.fn, ctypes.addressof(self.args),
+                                                              self.pieces)
+    else: core_pool().run(self.thunk, self.fn, self.args, self.pieces)
+
+def _value(argument) -> int:
+  """A launch argument (c_void_p, c_int64 or int) as the int64 the thunk passes."""
+  value = argument.value if isinstance(argument, (ctypes.c_void_p, ctypes.c_int64)) else argument
+  return value or 0
+
+def run_on_cores(fn: Callable, pointers: Sequence, pieces: int) -> None:
+  """fn(*pointers, piece) for every piece index below `pieces` (a THREAD launch: piece i computes its part of the
+  output), on the calling thread and the pool's workers, each claiming the next piece as it finishes one. Returns when
+  every piece has run. `fn` is a ctypes function (a kernel); a plain Python callable runs its pieces here, in order
+  (an exception then reaches the caller)."""
+  if not isinstance(fn, ctypes._CFuncPtr):
+    for piece in range(pieces): fn(*pointers, piece)
+    return
+  PreparedPieces(fn, pointers, pieces)()

@@ -554,15 +554,16 @@ def _group_known_reduce(kernel: Kernel) -> bool:
 CPU_THREAD_SYMBOLIC_SIZE = 64
 
 def _symbolic_cpu_rules(kernel: Kernel) -> None:
-  """The CPU rules on the axes of known size: the matmul's register tile or the generic one (not for a symbolic
-  reduce into outputs of known count, decode attention's values over the filled slots, where it was slower; a
-  prefill's p·v over the keys, its rows the prompt's, gains: 2.5-3.5x at 128 tokens), an online reduce's unroll, and
-  the thread split of a known output axis when the work at CPU_THREAD_SYMBOLIC_SIZE is enough."""
+  """The CPU rules on the axes of known size: the matmul's register tile or the generic one (a symbolic reduce into
+  outputs of known count too, decode attention's values over the filled slots: its value rows are then read 16 wide,
+  and each exponential serves 16 outputs; a prefill's p·v over the keys, its rows the prompt's, gains 2.5-3.5x at
+  128 tokens), an online reduce's unroll, and the thread split of a known output axis when the work at
+  CPU_THREAD_SYMBOLIC_SIZE is enough. Measured (2-core Zen 4, gemma's decode p·v, 4 heads × 256 over K filled slots,
+  one kernel alone): K = 40 / 100 / 500: 81 / 256 / 790 µs untiled, 12 / 29 / 121 µs with the tile."""
   decode_like = not is_symbolic(kernel.full_shape[:kernel.first_reduce]) and \
     is_symbolic(kernel.full_shape[kernel.first_reduce:])
-  if not decode_like:
-    if _cpu_gemm(kernel): return
-    _register_tile(kernel)
+  if not decode_like and _cpu_gemm(kernel): return
+  _register_tile(kernel)
   _unroll_online(kernel)
   if prod(s if isinstance(s, int) else min(vmax_of(s), CPU_THREAD_SYMBOLIC_SIZE) for s in kernel.full_shape) >= \
      CPU_THREAD_MIN_WORK: _threads(kernel)

@@ -252,6 +252,21 @@ def test_cpu_pack_setting_runs_the_packed_product(ggml_type):
       expected = x_np[:rows].astype(np.float64) @ values.T
       np.testing.assert_allclose(out.numpy(), expected, rtol=MATVEC_RTOL, atol=MATVEC_RTOL * np.abs(expected).max())
 
+def test_a_cpu_holds_q5_0_weights_as_q8_0_and_the_gguf_loader_widens_them():
+  """held_type: on LLVM (no local memory) Q5_0 is held as Q8_0 (CPU_HELD_TYPES), every other type as it is; the
+  Gemma GGUF loader's packed weights follow it, and the values stay bit for bit (the widening test below)."""
+  from tgrad.models.gemma3_gguf import _load_weight
+  from tgrad.nn.quant import CPU_HELD_TYPES, WIDENINGS, held_type
+  assert held_type(GGMLType.Q5_0, "LLVM") == GGMLType.Q8_0
+  for ggml_type in (GGMLType.Q4_0, GGMLType.Q8_0, GGMLType.Q4_K, GGMLType.Q6_K):
+    assert held_type(ggml_type, "LLVM") == ggml_type
+  assert all((narrow, wide) in WIDENINGS for narrow, wide in CPU_HELD_TYPES.items())
+  raw = random_blocks(GGMLType.Q5_0, 2 * 20, seed=31).reshape(2, -1)
+  loaded = _load_weight(QuantizedTensor.from_bytes(raw, GGMLType.Q5_0, (2, 640)), "blk.0.ffn_up.weight", "packed",
+                        dtypes.float32)
+  assert loaded.ggml_type == GGMLType.Q8_0
+  assert_bits_equal(reference(loaded.packed.numpy().reshape(2, -1), GGMLType.Q8_0), reference(raw, GGMLType.Q5_0))
+
 @pytest.mark.parametrize("narrow, wide", [(GGMLType.Q4_0, GGMLType.Q8_0), (GGMLType.Q5_0, GGMLType.Q8_0),
                                           (GGMLType.Q4_K, GGMLType.Q5_K)], ids=lambda t: t.name)
 def test_widened_blocks_hold_the_same_values(narrow, wide):

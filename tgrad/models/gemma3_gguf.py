@@ -25,7 +25,7 @@ from tgrad.dtype import dtypes, to_dtype
 from tgrad.device import canonical_device
 from tgrad.nn.file_snapshot import FileSnapshot
 from tgrad.nn.gguf import GGUFError, GGUFFile
-from tgrad.nn.quant import DEQUANTIZERS, PLAIN_DTYPES, QuantizedTensor
+from tgrad.nn.quant import DEQUANTIZERS, PLAIN_DTYPES, QuantizedTensor, held_type
 from tgrad.models.gemma3 import Gemma3, Gemma3Config, Weight, weight_shapes
 
 ARCHITECTURE = "gemma3"
@@ -138,11 +138,14 @@ def _gguf_name(name: str, names: dict[str, str]) -> str:
 
 def _load_weight(loaded: Union[Tensor, QuantizedTensor], gguf_name: str, quant: str, dtype: Any) -> Weight:
   """One tensor as the model holds it: norms as float32 offsets w (the file's 1 + w, minus 1), projections and the
-  embedding in `dtype`, or packed."""
+  embedding in `dtype`, or packed (in the type the device holds it in: nn/quant.py held_type)."""
   if gguf_name.endswith(NORM_SUFFIX):
     values = loaded.dequantize(dtypes.float32) if isinstance(loaded, QuantizedTensor) else loaded.float()
     return values - 1.0
-  if isinstance(loaded, QuantizedTensor): return loaded if quant == "packed" else loaded.dequantize(dtype)
+  if isinstance(loaded, QuantizedTensor):
+    if quant != "packed": return loaded.dequantize(dtype)
+    held = held_type(loaded.ggml_type, loaded.device)
+    return loaded if held == loaded.ggml_type else loaded.widened(held)
   return loaded.cast(dtype)
 
 def weight_nbytes(model: Gemma3) -> int:

@@ -10,8 +10,11 @@ a key count (the host's and the kernel's are the same formula).
     float32, so each key and value row a block reads serves the whole group.
   - **Prologue** (optional, per config): each query row (and the new key) is RMS-normed over the head dim with a
     weight (`norm(x) = x / sqrt(mean(x²) + eps) · (norm_offset + w)`: qk-norm), then rotated (RoPE, half-split:
-    dim d pairs with d + D/2, `x·cos + rotate_half(x)·sin_signed`, the tables for the query's position). Every
-    global load the prologue makes (rows, weights, tables) is issued at once into registers: one memory latency.
+    dim d pairs with d + D/2, `x·cos + rotate_half(x)·sin_signed`, the tables for the query's position). A row is
+    one warp's: its lanes load their D/32 elements with the weights and tables at once (one memory latency), sum the
+    squares by shuffles and take the partner dims from lane ^ 16, all in registers, and the block meets once, when
+    the rows are in shared memory (an H100, gemma-3-270m's float16 decode step: the earlier prologue, rows spread
+    over the block with a barrier between its norm, scale and rotation, cost 2.9 µs a launch in the step's graph).
   - **Cache update** (optional): the step's new key (normed and rotated as the queries are, rounded to the cache's
     type) and value are written into the cache at `slot` by the first split's block, in the same launch. Every block
     reads the slot's key and value from the new ones (kept in shared memory), never from the cache, so no block
@@ -108,7 +111,7 @@ class DecodeConfig:
   def partial_words(self) -> int: return self.group * (self.head_dim + 2)
   def shared_bytes_with(self, warps: int) -> int:
     rows = self.group + 2   # the queries, the new key and value
-    words = rows * self.head_dim + warps * self.group * (self.head_dim + 2) + 2 * MAX_SPLITS * self.group + rows + 1
+    words = rows * self.head_dim + warps * self.group * (self.head_dim + 2) + 2 * MAX_SPLITS * self.group + 1
     return 4 * words
   @property
   def warps(self) -> int:
@@ -202,7 +205,6 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS, 1) NAME(PARAMETERS) 
   __shared__ float warp_ml[WARPS][GROUP][2];
   __shared__ float factors[MAX_SPLITS][GROUP];          // the combine's weight of each split's partial
   __shared__ float split_sums[MAX_SPLITS][GROUP];       // each split's sum of exponentials
-  __shared__ float inverse_rms[GROUP + 2];
   __shared__ int last_block;
   const float negative_infinity = __uint_as_float(0xff800000u);
 SIZES
@@ -229,82 +231,60 @@ SIZES
   }
 DEPENDENT_LAUNCH
 
-  // prologue: the group's query rows and the new key and value, as float32 in shared memory. Every global load of it
-  // (the rows, their norm weights, the rotary tables) is issued at once into registers: one memory latency, not one
-  // per element a thread handles
+  // prologue: the group's query rows and the new key and value, as float32 in shared memory. Each row is one
+  // warp's (the warps take rows in turn): a lane loads its D/32 elements with their norm weights and rotary tables
+  // at once (one memory latency), sums the squares by shuffles, scales, and rotates (dim d pairs with d ± D/2, which
+  // lane ^ 16 holds), all in registers; the block meets once, when every row is in shared memory
   constexpr int ROW_COUNT = UPDATE ? GROUP + 2 : GROUP;
   constexpr int NORMED_ROWS = UPDATE ? GROUP + 1 : GROUP;   // the value is taken as it is
-  constexpr int ROW_STEPS = (ROW_COUNT * HEAD_DIM + BLOCK_THREADS - 1) / BLOCK_THREADS;
-  constexpr int PAIR_STEPS = (NORMED_ROWS * (HEAD_DIM / 2) + BLOCK_THREADS - 1) / BLOCK_THREADS;
-  float staged[ROW_STEPS], weights[ROW_STEPS];
-  float cos_low[PAIR_STEPS], cos_high[PAIR_STEPS], sin_low[PAIR_STEPS], sin_high[PAIR_STEPS];
-  #pragma unroll
-  for (int j = 0; j < ROW_STEPS; ++j) {
-    const int i = tid + j * BLOCK_THREADS, r = i / HEAD_DIM, d = i % HEAD_DIM;
-    staged[j] = 0.0f;
-    weights[j] = 0.0f;
-    if (r < GROUP) staged[j] = element_float(q[q_offset + batch * q_batch + (kv_head * GROUP + r) * q_head + d]);
-    else if (UPDATE && r == GROUP)
-      staged[j] = element_float(k_new[k_new_offset + batch * k_new_batch + kv_head * k_new_head + d]);
-    else if (UPDATE && r == GROUP + 1)
-      staged[j] = element_float(v_new[v_new_offset + batch * v_new_batch + kv_head * v_new_head + d]);
-    if (NORM && r < GROUP) weights[j] = weight_float(q_weight[q_weight_offset + d]);
-    else if (NORM && r < NORMED_ROWS) weights[j] = weight_float(k_weight[k_weight_offset + d]);
-  }
-  #pragma unroll
-  for (int j = 0; j < PAIR_STEPS; ++j) {   // dims d and d + D/2 of a row rotate together: one thread a pair
-    const int i = tid + j * BLOCK_THREADS, d = i % (HEAD_DIM / 2), e = d + HEAD_DIM / 2;
-    const bool pair = ROTARY && i < NORMED_ROWS * (HEAD_DIM / 2);
-    cos_low[j] = pair ? rotary_float(cos[cos_offset + d]) : 0.0f;
-    cos_high[j] = pair ? rotary_float(cos[cos_offset + e]) : 0.0f;
-    sin_low[j] = pair ? rotary_float(sin[sin_offset + d]) : 0.0f;
-    sin_high[j] = pair ? rotary_float(sin[sin_offset + e]) : 0.0f;
-  }
-  #pragma unroll
-  for (int j = 0; j < ROW_STEPS; ++j) {
-    const int i = tid + j * BLOCK_THREADS;
-    if (i < ROW_COUNT * HEAD_DIM) rows[i / HEAD_DIM][i % HEAD_DIM] = staged[j];
+  for (int r0 = 0; r0 < ROW_COUNT; r0 += WARPS) {   // uniform steps: every warp shuffles, a warp past the rows on zeros
+    const int r = r0 + warp, first = lane * LANE_ELEMENTS;
+    const bool row = r < ROW_COUNT, normed = r < NORMED_ROWS;
+    const element* source = r < GROUP ? q + q_offset + batch * q_batch + (kv_head * GROUP + r) * q_head
+                            : r == GROUP ? k_new + k_new_offset + batch * k_new_batch + kv_head * k_new_head
+                            : v_new + v_new_offset + batch * v_new_batch + kv_head * v_new_head;
+    const weight_element* weight = r < GROUP ? (const weight_element*)q_weight + q_weight_offset
+                                             : (const weight_element*)k_weight + k_weight_offset;
+    float x[LANE_ELEMENTS], w[LANE_ELEMENTS], c[LANE_ELEMENTS], sn[LANE_ELEMENTS];
+    #pragma unroll
+    for (int i = 0; i < LANE_ELEMENTS; ++i) {
+      x[i] = row ? element_float(source[first + i]) : 0.0f;
+      w[i] = NORM && normed ? weight_float(weight[first + i]) : 0.0f;
+      c[i] = ROTARY && normed ? rotary_float(cos[cos_offset + first + i]) : 0.0f;
+      sn[i] = ROTARY && normed ? rotary_float(sin[sin_offset + first + i]) : 0.0f;
+    }
+    if (NORM) {
+      float sum = 0.0f;
+      #pragma unroll
+      for (int i = 0; i < LANE_ELEMENTS; ++i) sum += x[i] * x[i];
+      const float inverse_rms = 1.0f / sqrtf(warp_sum(sum) / HEAD_DIM + NORM_EPS);
+      #pragma unroll
+      for (int i = 0; i < LANE_ELEMENTS; ++i) if (normed) x[i] *= inverse_rms * (NORM_OFFSET + w[i]);
+    }
+    if (ROTARY) {   // x·cos + rotate_half(x)·sin_signed: the partner dim's value from lane ^ 16
+      float partner[LANE_ELEMENTS];
+      #pragma unroll
+      for (int i = 0; i < LANE_ELEMENTS; ++i) partner[i] = __shfl_xor_sync(0xffffffffu, x[i], 16);
+      #pragma unroll
+      for (int i = 0; i < LANE_ELEMENTS; ++i) if (normed) x[i] = x[i] * c[i] + partner[i] * sn[i];
+    }
+    if (!row) continue;
+    if (UPDATE && r >= GROUP) {   // the new key as the cache stores it (rounded); the first split writes both rows
+      element* cache_row = r == GROUP ? k_cache + k_cache_offset + batch * k_cache_batch + kv_head * k_cache_head +
+                                        new_slot * k_cache_pos
+                                      : v_cache + v_cache_offset + batch * v_cache_batch + kv_head * v_cache_head +
+                                        new_slot * v_cache_pos;
+      #pragma unroll
+      for (int i = 0; i < LANE_ELEMENTS; ++i) {
+        const element stored = float_element(x[i]);
+        if (r == GROUP) x[i] = element_float(stored);
+        if (split == 0) cache_row[first + i] = stored;
+      }
+    }
+    #pragma unroll
+    for (int i = 0; i < LANE_ELEMENTS; ++i) rows[r][first + i] = x[i];
   }
   __syncthreads();
-  if (NORM) {
-    for (int r0 = 0; r0 < NORMED_ROWS; r0 += WARPS) {   // a warp a row; uniform steps (every lane shuffles)
-      const int r = r0 + warp;
-      float sum = 0.0f;
-      if (r < NORMED_ROWS) for (int d = lane; d < HEAD_DIM; d += 32) sum += rows[r][d] * rows[r][d];
-      sum = warp_sum(sum);
-      if (r < NORMED_ROWS && lane == 0) inverse_rms[r] = 1.0f / sqrtf(sum / HEAD_DIM + NORM_EPS);
-    }
-    __syncthreads();
-    #pragma unroll
-    for (int j = 0; j < ROW_STEPS; ++j) {
-      const int i = tid + j * BLOCK_THREADS, r = i / HEAD_DIM;
-      if (r < NORMED_ROWS) rows[r][i % HEAD_DIM] *= inverse_rms[r] * (NORM_OFFSET + weights[j]);
-    }
-    __syncthreads();
-  }
-  if (ROTARY) {
-    #pragma unroll
-    for (int j = 0; j < PAIR_STEPS; ++j) {
-      const int i = tid + j * BLOCK_THREADS, r = i / (HEAD_DIM / 2), d = i % (HEAD_DIM / 2), e = d + HEAD_DIM / 2;
-      if (i < NORMED_ROWS * (HEAD_DIM / 2)) {
-        const float x1 = rows[r][d], x2 = rows[r][e];
-        rows[r][d] = x1 * cos_low[j] + x2 * sin_low[j];
-        rows[r][e] = x2 * cos_high[j] + x1 * sin_high[j];
-      }
-    }
-    __syncthreads();
-  }
-  if (UPDATE) {   // the new key as the cache stores it (rounded); the first split writes it and the value
-    for (int d = tid; d < HEAD_DIM; d += BLOCK_THREADS) {
-      const element key = float_element(rows[GROUP][d]), value = float_element(rows[GROUP + 1][d]);
-      rows[GROUP][d] = element_float(key);
-      if (split == 0) {
-        k_cache[k_cache_offset + batch * k_cache_batch + kv_head * k_cache_head + new_slot * k_cache_pos + d] = key;
-        v_cache[v_cache_offset + batch * v_cache_batch + kv_head * v_cache_head + new_slot * v_cache_pos + d] = value;
-      }
-    }
-    __syncthreads();
-  }
 
   // this lane's D/32 elements of each query row (scaled: scores in base 2 unless a softcap comes first)
   float query[GROUP][LANE_ELEMENTS], acc[GROUP][LANE_ELEMENTS], m[GROUP], l[GROUP];

@@ -31,6 +31,8 @@ PACKED_DECODE_KERNELS_270M = 97
 # the step without flash decoding (FLASH_DECODING=0, FLASH_ATTENTION=0, float32, the CPU), RIDERS=0: 7
 # kernels a layer and 5 more
 PLAIN_DECODE_KERNELS_270M = 131
+# on the CPU also GELU(gate)·up and the embedding row realized once each (gemma3._fuse_into_consumer): 18 + 1 more
+CPU_PLAIN_DECODE_KERNELS_270M = PLAIN_DECODE_KERNELS_270M + 18 + 1
 
 def kernels(t: Tensor) -> int: return sum(1 for item in t.schedule() if item.ast.op is Ops.SINK)
 def kernels_of(t: Tensor, *more: Tensor) -> int: return sum(1 for item in t.schedule(*more) if item.ast.op is Ops.SINK)
@@ -194,6 +196,6 @@ def test_decode_kernels_timed_alone_on_llvm():
 @pytest.mark.parametrize("dtype, device", [("float32", "CUDA"), ("float16", "LLVM")])
 def test_gemma_270m_decode_step_kernel_count_other_dtypes_and_devices(dtype, device):
   """Where flash decoding does not apply (float32; the CPU) the default step (RIDERS=0: each of the 18 cache writes
-  its own kernel) has the plain graph's count."""
+  its own kernel) has the plain graph's count (on the CPU with the producers it realizes once)."""
   with Context(RIDERS=0): found = decode_step_kernels("270m", device, dtype, position=600)
-  assert len(found) == PLAIN_DECODE_KERNELS_270M
+  assert len(found) == (PLAIN_DECODE_KERNELS_270M if device == "CUDA" else CPU_PLAIN_DECODE_KERNELS_270M)

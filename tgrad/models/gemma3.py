@@ -276,10 +276,13 @@ def _take_piece(parts: list[Tensor], piece: RowPiece) -> Tensor:
   return take_rows(concat_outputs(parts), piece, -1)
 
 def _fuse_into_consumer(x: Tensor) -> Tensor:
-  """A one-token step (decode) leaves an elementwise producer (a norm's scaling, GELU times up) unrealized, so it
-  is computed inside the matrix-vector kernel that reads it: one kernel and one launch fewer, and the vector is tiny.
-  A longer step realizes it once, because a matmul reads each input element many times."""
-  return x if x.shape[-2] == 1 else _materialize(x)
+  """A one-token step (decode) leaves an elementwise producer (a norm's scaling, GELU times up) unrealized on a
+  device whose threads recompute a row's inputs beside the weight's stream (one offering nn/quant.py's ROW_COPIES: a
+  GPU), so it is computed inside the matrix-vector kernel that reads it: one kernel and one launch fewer, and the
+  vector is tiny. A CPU core would evaluate the producer again for each of the kernel's rows (GELU's tanh 640 times
+  over for the down projection: the packed gemma-3-270m decode step took 15.5-15.8 ms with it against 13.7-14.0
+  realized once, 2 Zen 4 cores), and a longer step reads each input element many times: both realize it once."""
+  return x if x.shape[-2] == 1 and recomputes_rows(x) else _materialize(x)
 
 class Gemma3Attention:
   def __init__(self, config: Gemma3Config, weights: dict[str, Weight], prefix: str, layer_type: str = FULL):

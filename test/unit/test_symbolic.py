@@ -394,3 +394,26 @@ def test_cuda_narrowing_keeps_every_value():
                                   tuple(as_int[s] for s in node.src))
         assert as_int[node] == wide[node], f"seed {seed}: {node.render()} narrowed to 32 bits is {as_int[node]}"
   assert narrowed > 100
+
+def test_evaluate_matches_python_on_random_expressions():
+  """sint.evaluate (its steps planned once per expression and reused) against the same arithmetic in Python: seeded
+  random expressions over two variables, evaluated twice each at random values, BINDs included."""
+  import random
+  from tgrad.shape.sint import Variable, evaluate
+  rng = random.Random(5)
+  n, m = Variable("n", 1, 60), Variable("m", 0, 40)
+  for _ in range(150):
+    expr, fn = n, (lambda a, b: a)
+    for _ in range(rng.randint(1, 5)):
+      op, c = rng.choice("+*/%"), rng.randint(1, 9)
+      other, ofn = rng.choice([(m, lambda a, b: b), (c, lambda a, b, c=c: c)])
+      if op == "+": expr, fn = expr + other, (lambda a, b, f=fn, g=ofn: f(a, b) + g(a, b))
+      elif op == "*": expr, fn = expr * other, (lambda a, b, f=fn, g=ofn: f(a, b) * g(a, b))
+      elif op == "/": expr, fn = expr // c, (lambda a, b, f=fn, c=c: f(a, b) // c)
+      else: expr, fn = expr % c, (lambda a, b, f=fn, c=c: f(a, b) % c)
+    for _ in range(2):
+      a, b = rng.randint(1, 60), rng.randint(0, 40)
+      assert evaluate(expr, {"n": a, "m": b}) == fn(a, b), (expr, a, b)
+    if isinstance(expr, int): continue
+    bound = expr.substitute({n: n.bind(7)}) if hasattr(expr, "substitute") else expr
+    assert evaluate(bound, {"m": 3}) == fn(7, 3), expr

@@ -123,21 +123,34 @@ def bind_values(x: sint, var_vals: dict[str, int]) -> sint:
   found = {u: u.bind(var_vals[u.arg[0]]) for u in x.toposort() if u.op is Ops.DEFINE_VAR and u.arg[0] in var_vals}
   return x.substitute(found) if found else x
 
+# An expression's evaluation steps, made once per expression (the hash-consed UOp): a symbolic program's launches
+# evaluate the same few sizes (a grid, a split count) at every replay, where walking the graph again cost most of it.
+EVALUATION_PLANS = 4096
+
+@functools.lru_cache(maxsize=EVALUATION_PLANS)
+def _evaluation_plan(x: UOp) -> tuple[tuple, tuple]:
+  """(steps, binds): per node of x, children first (x last), (op, dtype, arg, indices of its sources); and the
+  (name, value) of each BIND below x."""
+  nodes = x.toposort()
+  index = {id(u): i for i, u in enumerate(nodes)}
+  steps = tuple((u.op, u.dtype, u.src[1].arg if u.op is Ops.BIND else u.arg, tuple(index[id(s)] for s in u.src))
+                for u in nodes)
+  return steps, tuple((u.src[0].arg[0], u.src[1].arg) for u in nodes if u.op is Ops.BIND)
+
 def evaluate(x: sint, var_vals: Optional[dict[str, int]] = None) -> int:
   """The value of a size with the variables at `var_vals` (a BIND brings its own value)."""
   if not isinstance(x, UOp): return x
-  values: dict[UOp, int] = {}
-  nodes = x.toposort()
-  var_vals = {**(var_vals or {}), **{u.src[0].arg[0]: u.src[1].arg for u in nodes if u.op is Ops.BIND}}
-  for u in nodes:
-    if u.op is Ops.CONST: values[u] = u.arg
-    elif u.op is Ops.BIND: values[u] = u.src[1].arg
-    elif u.op is Ops.DEFINE_VAR:
-      if u.arg[0] not in var_vals:
-        raise ValueError(f"the value of variable {u.arg[0]!r} is needed to evaluate {x.render()}")
-      values[u] = var_vals[u.arg[0]]
-    else: values[u] = exec_alu(u.op, u.dtype, tuple(values[s] for s in u.src))
-  return values[x]
+  steps, binds = _evaluation_plan(x)
+  if binds: var_vals = {**(var_vals or {}), **dict(binds)}
+  values: list[Any] = []
+  for op, dtype, arg, sources in steps:
+    if op is Ops.CONST or op is Ops.BIND: values.append(arg)
+    elif op is Ops.DEFINE_VAR:
+      if var_vals is None or arg[0] not in var_vals:
+        raise ValueError(f"the value of variable {arg[0]!r} is needed to evaluate {x.render()}")
+      values.append(var_vals[arg[0]])
+    else: values.append(exec_alu(op, dtype, tuple(values[i] for i in sources)))
+  return values[-1]
 
 def to_sympy(x: sint):
   """A size as a sympy expression (variables are integer sympy Symbols of their names): for showing and evaluating

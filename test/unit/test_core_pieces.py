@@ -203,3 +203,29 @@ def test_big_reduces_are_cut_into_pieces_and_small_ones_and_matmuls_are_not():
     small = 256 * 1024 // CPU_PIECE_MIN_WORK   # 2^18 loop iterations
     assert _heuristic_threads(Tensor.empty(256, 1024).sum(-1)) == [small]
     assert _heuristic_threads(Tensor.empty(512, 512) @ Tensor.empty(512, 512)) == [2]
+
+def test_the_pool_follows_threads_and_a_closed_pool_workers_leave():
+  """THREADS sets the cores a launch may use: under THREADS=3 the pool has 2 workers; back at the default it is made
+  again (machine cores − 1) and the old one's workers leave, spinning or asleep; launches run every piece once
+  throughout."""
+  from tgrad.helpers import machine_cores
+  kernel = _marking_kernel(0)
+  def launch(pieces: int) -> None:
+    counts = np.zeros(pieces, np.int32)
+    runtime.run_on_cores(kernel, [ctypes.c_void_p(counts.ctypes.data)], pieces)
+    assert (counts == 1).all()
+  with Context(THREADS=3):
+    launch(40)
+    old = cores.core_pool()
+    assert old.workers == 2 and all(t.is_alive() for t in old.threads)
+  time.sleep(2 * cores.SPIN_MICROSECONDS * 1e-6)   # the old workers asleep by now
+  launch(40)
+  new = cores.core_pool()
+  assert new is not old and new.workers == machine_cores() - 1
+  for thread in old.threads: thread.join(10)
+  assert not any(t.is_alive() for t in old.threads)
+  launch(7)
+  with Context(THREADS=3): launch(9)   # right after a launch: the default pool's workers leave while spinning
+  for thread in new.threads: thread.join(10)
+  assert not any(t.is_alive() for t in new.threads)
+  launch(11)

@@ -11,7 +11,7 @@ launch and its last piece runs in native code (a small LLVM module, compiled onc
     when the launch cannot finish (and be replaced) before its piece does.
   - **Finishing.** Each core counts a piece it ran into `finished` (release); the launching thread claims pieces like
     any core, then waits for `finished == pieces` (acquire), which makes every piece's writes visible to it.
-  - **Workers** (cpu_count() - 1 daemon threads) spin on the word for SPIN_MICROSECONDS after their last piece, so
+  - **Workers** (cpu_count() - 1 daemon threads: THREADS where set) spin on the word for SPIN_MICROSECONDS after their last piece, so
     back-to-back launches (a decode step's ~90) start on every core within a microsecond instead of the 40-60 µs a
     sleeping thread takes to wake here. Past that they sleep on a condition variable, which the next launch notifies.
   - **Thunks.** A kernel takes its pointers and int64 variables, then the i32 piece (renderer.py). The task keeps its
@@ -37,9 +37,11 @@ GENERATION_SHIFT = 32
 LOW_HALF = (1 << GENERATION_SHIFT) - 1
 
 class TaskState(ctypes.Structure):
-  """The shared task: the word (generation << 32 | pieces left), how many pieces ran, and what to run."""
+  """The shared task: the word (generation << 32 | pieces left), how many pieces ran, what to run, and whether the
+  pool is closed (its workers then leave)."""
   _fields_ = [("word", ctypes.c_uint64), ("pieces", ctypes.c_uint32), ("finished", ctypes.c_uint32),
-              ("thunk", ctypes.c_void_p), ("fn", ctypes.c_void_p), ("args", ctypes.c_void_p)]
+              ("thunk", ctypes.c_void_p), ("fn", ctypes.c_void_p), ("args", ctypes.c_void_p),
+              ("closed", ctypes.c_uint32)]
 
 def _pause_asm() -> str:
   return "yield" if llvm.get_process_triple().startswith(("aarch64", "arm64")) else "pause"
@@ -47,7 +49,7 @@ def _pause_asm() -> str:
 def pool_ir() -> str:
   """The pool's native functions: pool_launch, pool_finish, pool_spin (see the module docstring), and pool_serial
   (every piece on the calling thread)."""
-  return f"""%Task = type {{ i64, i32, i32, ptr, ptr, ptr }}
+  return f"""%Task = type {{ i64, i32, i32, ptr, ptr, ptr, i32 }}
 declare i32 @clock_gettime(i32, ptr)
 declare i32 @sched_yield()
 
@@ -164,12 +166,17 @@ out:
 define i32 @pool_spin(ptr %task, i32 %last, i64 %spin_ns) {{
 entry:
   %wordp = getelementptr %Task, ptr %task, i32 0, i32 0
+  %closedp = getelementptr %Task, ptr %task, i32 0, i32 6
   %start0 = call i64 @now_ns()
   br label %look
 look:
   %seen = phi i32 [%last, %entry], [%seen, %relaxed], [%g32, %worked], [%seen, %clock]
   %start = phi i64 [%start0, %entry], [%start, %relaxed], [%after, %worked], [%start, %clock]
   %i = phi i64 [0, %entry], [%i1, %relaxed], [0, %worked], [%i1, %clock]
+  %closed = load atomic i32, ptr %closedp monotonic, align 4
+  %leaving = icmp ne i32 %closed, 0
+  br i1 %leaving, label %idle, label %open
+open:
   %w = load atomic i64, ptr %wordp acquire, align 8
   %g = lshr i64 %w, {GENERATION_SHIFT}
   %g32 = trunc i64 %g to i32
@@ -259,25 +266,26 @@ class _Native:
 def _native() -> _Native: return _Native()
 
 class CorePool:
-  """cpu_count() - 1 worker threads and the shared task (module docstring)."""
+  """`workers` worker threads and the shared task (module docstring). `close()` sends the workers away."""
   def __init__(self, workers: int):
     self.native = _native()
     self.task = TaskState()
     self.address = ctypes.addressof(self.task)
     self.busy = threading.Lock()
     self.wake = threading.Condition()
-    self.sleepers = 0
+    self.sleepers, self.workers, self.closed = 0, workers, False
     self.spin_ns = SPIN_MICROSECONDS * 1000
-    for index in range(workers):
-      threading.Thread(target=self._serve, name=f"tgrad-core-{index + 1}", daemon=True).start()
+    self.threads = [threading.Thread(target=self._serve, name=f"tgrad-core-{index + 1}", daemon=True)
+                    for index in range(workers)]
+    for thread in self.threads: thread.start()
   def _generation(self) -> int: return self.task.word >> GENERATION_SHIFT
   def _serve(self) -> None:
     last = self._generation()
-    while True:
+    while not self.closed:
       last = self.native.spin(self.address, last, self.spin_ns) & LOW_HALF
       with self.wake:
         self.sleepers += 1
-        while self._generation() == last: self.wake.wait()
+        while not self.closed and self._generation() == last: self.wake.wait()
         self.sleepers -= 1
   def run(self, thunk: int, fn: int, args: ctypes.Array, pieces: int) -> None:
     """Every piece of fn over args, on this thread and the workers; returns when all have run."""
@@ -290,15 +298,25 @@ class CorePool:
         with self.wake: self.wake.notify_all()
       self.native.finish(self.address, generation, pieces, self.spin_ns)
     finally: self.busy.release()
+  def close(self) -> None:
+    """Send the workers away (after the launch running now, if any): each leaves its spin or its sleep."""
+    with self.busy:
+      self.closed, self.task.closed = True, 1
+      with self.wake: self.wake.notify_all()
 
 _pool: CorePool | None = None
 _pool_lock = threading.Lock()
 
 def core_pool() -> CorePool:
+  """The process's pool, of cpu_count() - 1 workers (THREADS, where set, is the cores a launch may use: a pool made
+  under another THREADS is closed and made again)."""
   global _pool
-  if _pool is None:
+  workers = cpu_count() - 1
+  if _pool is None or _pool.workers != workers:
     with _pool_lock:
-      if _pool is None: _pool = CorePool(cpu_count() - 1)
+      if _pool is None or _pool.workers != workers:
+        if _pool is not None: _pool.close()
+        _pool = CorePool(workers)
   return _pool
 
 def _forget_pool() -> None:

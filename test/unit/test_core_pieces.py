@@ -1,7 +1,8 @@
 """The LLVM runtime's THREAD launches and its use of LLVM from several threads: every piece runs once per launch
 (runtime.run_on_cores, with more pieces than cores; the core pool's native claiming, cores.py: seeded random launches
 of a native kernel of random argument counts, back to back and after the workers went to sleep, from two threads at
-once, and in a forked child), a Python callable's exception reaches the launching thread, launches from two Python
+once, and in a forked child; a pool made again when THREADS changes, its old workers leaving), a Python callable's
+exception reaches the launching thread, launches from two Python
 threads at once both complete, a prepared launch keeps its code alive after its program is gone, compiles and
 loads from several threads at once (LLVM used under one lock) while threaded kernels run, the heuristics' pieces
 (CPU_PIECES_PER_CORE a core for a big reduce), and threaded sums (seeded random data, odd sizes, 0-d, size 1) against

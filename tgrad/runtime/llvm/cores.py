@@ -11,9 +11,10 @@ launch and its last piece runs in native code (a small LLVM module, compiled onc
     when the launch cannot finish (and be replaced) before its piece does.
   - **Finishing.** Each core counts a piece it ran into `finished` (release); the launching thread claims pieces like
     any core, then waits for `finished == pieces` (acquire), which makes every piece's writes visible to it.
-  - **Workers** (cpu_count() - 1 daemon threads: THREADS where set) spin on the word for SPIN_MICROSECONDS after their last piece, so
-    back-to-back launches (a decode step's ~90) start on every core within a microsecond instead of the 40-60 µs a
-    sleeping thread takes to wake here. Past that they sleep on a condition variable, which the next launch notifies.
+  - **Workers** (cpu_count() - 1 daemon threads: THREADS where set) spin on the word for SPIN_MICROSECONDS after
+    their last piece, so back-to-back launches (a decode step's ~90) start on every core within a microsecond instead
+    of the 40-60 µs a sleeping thread takes to wake here. Past that they sleep on a condition variable, which the next
+    launch notifies.
   - **Thunks.** A kernel takes its pointers and int64 variables, then the i32 piece (renderer.py). The task keeps its
     arguments as an int64 array; one thunk per argument count loads them and calls the kernel, relying on the C
     calling conventions of x86-64 and AArch64 passing a pointer and an int64 the same way.

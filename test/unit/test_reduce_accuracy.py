@@ -122,3 +122,19 @@ def test_narrow_column_sum_splits_its_rows():
   out = Tensor(x).sum(0)
   assert len([item for item in create_schedule([out.lazydata]) if item.ast.op is Ops.SINK]) == 2
   _check_sum(x, out.numpy(), 0, np.float32)
+
+@pytest.mark.parametrize("seed", range(3))
+def test_column_max_propagates_nan_and_infinities(seed):
+  """A column max (its output axis upcast into many accumulators: the LLVM renderer's compare-and-select max,
+  MAX_LANES) against numpy on seeded random data with NaN, ±inf and signed zeros sprinkled in; also a row max (the
+  llvm.maximum reduction) on the same data."""
+  from tgrad.runtime.llvm.renderer import MAX_LANES
+  rng = np.random.default_rng(seed)
+  x = rng.standard_normal((257, 256)).astype(np.float32)
+  for value, count in ((np.nan, 5), (np.inf, 4), (-np.inf, 40), (0.0, 30), (-0.0, 30)):
+    x.flat[rng.choice(x.size, count, replace=False)] = value
+  x[:, 7] = -np.inf   # a column of -inf only
+  got = Tensor(x).max(0).numpy()
+  np.testing.assert_array_equal(got, x.max(0))   # NaN where numpy has NaN (assert_array_equal matches NaNs)
+  np.testing.assert_array_equal(Tensor(x).max(1).numpy(), x.max(1))
+  assert MAX_LANES <= 128

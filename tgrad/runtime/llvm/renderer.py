@@ -136,6 +136,14 @@ class LLVMRenderer(Renderer):
     self.vector_bytes, self.vector_registers = simd or host_simd()
   def render(self, name: str, uops: list[UOp]) -> str: return _FunctionBuilder(name, uops).build()
 
+# A kernel that keeps a max in MAX_LANES accumulators or more (an upcast output axis: a column max keeps 128) gets its
+# float maxes as a compare and a select: the SLP vectorizer packs those lanes into vectors, where it leaves
+# llvm.maximum calls scalar (each expanded into a NaN and signed-zero sequence). A lone accumulator keeps llvm.maximum,
+# which the loop vectorizer recognizes as a reduction (the select form it does not). NaN propagates either way; the
+# select form gives the later of two zeros of opposite sign, as numpy's max does for one of the two orders. Measured
+# (2-core Zen 4, 4096² float32, torch 15.4-15.9 GB/s): the column max 6.5 → 16.9 GB/s.
+MAX_LANES = 4
+
 class _FunctionBuilder:
   def __init__(self, name: str, uops: list[UOp]):
     self.uops = uops
@@ -157,6 +165,7 @@ class _FunctionBuilder:
     self.unvectorized = unvectorized_loops(uops, self.summands)
     self.no_vectorize: ir.MDValue | None = None
     self.masked_stores: list[tuple[ir.Value, ir.Value, ir.Value]] = []   # (mask, address, value), not yet written
+    self.max_lanes = sum(1 for u in uops if u.op is Ops.ASSIGN and u.src[1].op is Ops.MAX) >= MAX_LANES
 
   def build(self) -> str:
     for u in self.uops:
@@ -297,7 +306,10 @@ class _FunctionBuilder:
     elif u.op is Ops.MOD and is_float: out = b.frem(*srcs)   # C fmod (a libm call on the CPU), exact
     elif u.op in (Ops.IDIV, Ops.MOD): out = self.int_division(u, dt, *srcs)
     elif u.op is Ops.MAX:
-      if is_float:   # llvm.maximum propagates NaN (IEEE 754-2019 maximum) and vectorizes as a reduction
+      if is_float and self.max_lanes:   # a compare and a select for NaN: the SLP vectorizer takes these lane by lane
+        first = b.select(b.fcmp_unordered(">", *srcs), srcs[0], srcs[1])
+        out = b.select(b.fcmp_unordered("uno", srcs[1], srcs[1]), srcs[1], first)
+      elif is_float:   # llvm.maximum propagates NaN (IEEE 754-2019 maximum) and vectorizes as a reduction
         out = b.call(self.declare(f"llvm.maximum.{_float_name(srcs[0].type)}", srcs[0].type, [srcs[0].type] * 2), srcs)
       else:
         bigger = b.icmp_unsigned(">", *srcs) if dt.is_unsigned or dt.is_bool else b.icmp_signed(">", *srcs)

@@ -25,7 +25,7 @@ Measured (2-core Zen 4 VM): a launch of two 20 µs pieces took 55-77 µs with a 
 gemma-3-270m CPU decode step makes ~90 two-piece launches: docs/benchmarks.md, "CPU, ninth session".
 """
 from __future__ import annotations
-import ctypes, functools, os, threading
+import atexit, ctypes, functools, os, threading
 from typing import Callable, Sequence
 import llvmlite.binding as llvm
 from tgrad.helpers import cpu_count
@@ -328,6 +328,16 @@ def _forget_pool() -> None:
   if _native.cache_info().currsize: _native().lock = threading.Lock()
 
 os.register_at_fork(after_in_child=_forget_pool)
+
+WORKER_EXIT_SECONDS = 1.0   # how long the process's exit waits for each worker to leave
+
+@atexit.register
+def _close_pool_at_exit() -> None:
+  """At interpreter exit, before modules (and the engine holding the pool's code) go away: the workers leave their
+  spin, which runs that code, and their threads end."""
+  if (pool := _pool) is None: return
+  pool.close()
+  for thread in pool.threads: thread.join(WORKER_EXIT_SECONDS)
 
 class PreparedPieces:
   """A THREAD launch's native pieces bound once: the kernel's address, its thunk and the argument array."""

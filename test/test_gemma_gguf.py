@@ -168,7 +168,7 @@ def test_dequantized_float32_matches_transformers(path, prompts, reference):
 
 def test_example_prints_the_real_continuation(path, reference):
   summary, log = _run_example("--model", path, "--max-new-tokens", str(NEW_TOKENS), "--ignore-eos")
-  assert not summary["random_weights"] and summary["quant"] == "dequant" and summary["device"] == "LLVM"
+  assert not summary["random_weights"] and summary["quant"] == "packed" and summary["device"] == "LLVM"   # its default
   assert summary["ids"] == reference.result()["ids"][0]   # the default prompt is PROMPTS[0]
   assert summary["text"].strip() and summary["text"] in log   # streamed as it came, then the speed line
   assert "prefill:" in log and "tok/s" in log

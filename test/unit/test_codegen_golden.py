@@ -93,6 +93,7 @@ def programs() -> dict[str, Callable[[], Tensor]]:
     "max_all": lambda: data(100, 30).max(),
     "mean_var": lambda: data(16, 48).var(axis=1),
     "big_sum_blocked": lambda: data(200000).sum(),
+    "big_sum_split": lambda: data(1 << 21).sum(),   # split into partials and their sum (lazy._split_reduce)
     "argmax": lambda: data(32, 100).argmax(axis=1),
     "matmul_small": lambda: data(16, 24) @ data(24, 8, seed=1),
     "matmul_square": lambda: data(128, 128) @ data(128, 128, seed=1),

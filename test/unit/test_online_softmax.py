@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 from tgrad import Tensor
+from tgrad.lazy import SPLIT_REDUCE_CPU_ROW_MIN_INPUTS
 from tgrad.dtype import dtypes
 from tgrad.ops import Ops, UOp, exec_alu, identity_of_reduce
 from tgrad.schedule import create_schedule, MAX_ROW_FUSION_SIZE
@@ -174,8 +175,9 @@ def test_zero_d_size_one_and_a_split_reduce():
     np.testing.assert_allclose(online(name, np.float32(3.0), 0).numpy(), torch_of(name, np.float32(3.0), 0))
     ones = np.ones((3, 1), np.float32)
     np.testing.assert_allclose(online(name, ones).numpy(), torch_of(name, ones))
-  # a big reduce with one output splits into partial reduces and a reduce of the partials (lazy._split_reduce)
-  x = normal(1 << 16, seed=9)
+  # a big reduce with one output splits into partial reduces and a reduce of the partials (lazy._split_reduce; on the
+  # CPU a contiguous row from SPLIT_REDUCE_CPU_ROW_MIN_INPUTS values)
+  x = normal(SPLIT_REDUCE_CPU_ROW_MIN_INPUTS, seed=9)
   out = online("logsumexp", x, 0)
   assert kernels(out) == 2
   np.testing.assert_allclose(out.numpy(), torch_of("logsumexp", x, 0, torch.float64), rtol=1e-6)

@@ -525,12 +525,12 @@ def _split_reduce(x: LazyBuffer, op: Ops, axes: tuple[int, ...], dtype: DType) -
   partials have the result's dtype."""
   if is_symbolic(x.shape): return None   # the split needs the sizes; a symbolic reduce stays one kernel
   inputs = prod(x.shape[a] for a in axes)
-  max_outputs = SPLIT_REDUCE_MAX_OUTPUTS if DEVICE_TRAITS[x.device].has_local else \
-    cpu_count() * SPLIT_REDUCE_CPU_OUTPUTS_PER_CORE   # no device start
-  rows = not DEVICE_TRAITS[x.device].has_local and x.st.contiguous and \
-    tuple(sorted(axes)) == tuple(range(len(x.shape) - len(axes), len(x.shape)))
-  if inputs < (max(SPLIT_REDUCE_CPU_ROW_MIN_INPUTS, SPLIT_REDUCE_MIN_INPUTS) if rows else SPLIT_REDUCE_MIN_INPUTS) or \
-     prod(x.shape) // inputs >= max_outputs: return None
+  if inputs < SPLIT_REDUCE_MIN_INPUTS: return None
+  has_local = DEVICE_TRAITS[x.device].has_local   # no device start
+  max_outputs = SPLIT_REDUCE_MAX_OUTPUTS if has_local else cpu_count() * SPLIT_REDUCE_CPU_OUTPUTS_PER_CORE
+  if prod(x.shape) // inputs >= max_outputs: return None
+  if not has_local and inputs < SPLIT_REDUCE_CPU_ROW_MIN_INPUTS and x.st.contiguous and \
+     tuple(sorted(axes)) == tuple(range(len(x.shape) - len(axes), len(x.shape))): return None   # a contiguous row
   for axis in sorted(axes, key=lambda a: -x.shape[a]):
     parts = next((p for p in SPLIT_REDUCE_PARTS if x.shape[axis] % p == 0), None)
     if parts is not None: break

@@ -39,10 +39,17 @@ LOW_HALF = (1 << GENERATION_SHIFT) - 1
 
 class TaskState(ctypes.Structure):
   """The shared task: the word (generation << 32 | pieces left), how many pieces ran, what to run, and whether the
-  pool is closed (its workers then leave)."""
-  _fields_ = [("word", ctypes.c_uint64), ("pieces", ctypes.c_uint32), ("finished", ctypes.c_uint32),
-              ("thunk", ctypes.c_void_p), ("fn", ctypes.c_void_p), ("args", ctypes.c_void_p),
-              ("closed", ctypes.c_uint32)]
+  pool is closed (its workers then leave). pool_ir's %Task is this struct, its fields by these indices."""
+  _fields_ = [("word", ctypes.c_uint64), ("finished", ctypes.c_uint32), ("thunk", ctypes.c_void_p),
+              ("fn", ctypes.c_void_p), ("args", ctypes.c_void_p), ("closed", ctypes.c_uint32)]
+
+FIELD = {name: index for index, (name, _) in enumerate(TaskState._fields_)}
+IR_TYPES = {ctypes.c_uint64: "i64", ctypes.c_uint32: "i32", ctypes.c_void_p: "ptr"}
+TASK_TYPE = "{ " + ", ".join(IR_TYPES[kind] for _, kind in TaskState._fields_) + " }"
+
+def _field(name: str) -> str:
+  """The IR of a pointer to the task's field `name` (in a function whose task argument is %task)."""
+  return f"getelementptr %Task, ptr %task, i32 0, i32 {FIELD[name]}"
 
 def _pause_asm() -> str:
   return "yield" if llvm.get_process_triple().startswith(("aarch64", "arm64")) else "pause"
@@ -50,7 +57,7 @@ def _pause_asm() -> str:
 def pool_ir() -> str:
   """The pool's native functions: pool_launch, pool_finish, pool_spin (see the module docstring), and pool_serial
   (every piece on the calling thread)."""
-  return f"""%Task = type {{ i64, i32, i32, ptr, ptr, ptr, i32 }}
+  return f"""%Task = type {TASK_TYPE}
 declare i32 @clock_gettime(i32, ptr)
 declare i32 @sched_yield()
 
@@ -65,19 +72,30 @@ define internal i64 @now_ns() {{
   ret i64 %t
 }}
 
-define internal void @relax() {{
+; one pause; on every 256th call (counted by %i) also whether %spin_ns have passed since %start
+define internal i1 @relax_expired(i64 %i, i64 %start, i64 %spin_ns) {{
+entry:
   call void asm sideeffect "{_pause_asm()}", ""()
-  ret void
+  %tick = and i64 %i, 255
+  %check = icmp eq i64 %tick, 0
+  br i1 %check, label %clock, label %not_yet
+clock:
+  %now = call i64 @now_ns()
+  %spent = sub i64 %now, %start
+  %long = icmp sgt i64 %spent, %spin_ns
+  ret i1 %long
+not_yet:
+  ret i1 false
 }}
 
 ; claim and run pieces of generation %gen until none is left
 define internal void @work(ptr %task, i32 %gen) {{
 entry:
-  %wordp = getelementptr %Task, ptr %task, i32 0, i32 0
-  %finp = getelementptr %Task, ptr %task, i32 0, i32 2
-  %thunkp = getelementptr %Task, ptr %task, i32 0, i32 3
-  %fnp = getelementptr %Task, ptr %task, i32 0, i32 4
-  %argsp = getelementptr %Task, ptr %task, i32 0, i32 5
+  %wordp = {_field('word')}
+  %finp = {_field('finished')}
+  %thunkp = {_field('thunk')}
+  %fnp = {_field('fn')}
+  %argsp = {_field('args')}
   %gen64 = zext i32 %gen to i64
   br label %load
 load:
@@ -111,16 +129,14 @@ done:
 
 ; publish a launch of %pieces pieces; returns its generation
 define i32 @pool_launch(ptr %task, ptr %thunk, ptr %fn, ptr %args, i32 %pieces) {{
-  %wordp = getelementptr %Task, ptr %task, i32 0, i32 0
-  %piecesp = getelementptr %Task, ptr %task, i32 0, i32 1
-  %finp = getelementptr %Task, ptr %task, i32 0, i32 2
-  %thunkp = getelementptr %Task, ptr %task, i32 0, i32 3
-  %fnp = getelementptr %Task, ptr %task, i32 0, i32 4
-  %argsp = getelementptr %Task, ptr %task, i32 0, i32 5
+  %wordp = {_field('word')}
+  %finp = {_field('finished')}
+  %thunkp = {_field('thunk')}
+  %fnp = {_field('fn')}
+  %argsp = {_field('args')}
   store ptr %thunk, ptr %thunkp
   store ptr %fn, ptr %fnp
   store ptr %args, ptr %argsp
-  store i32 %pieces, ptr %piecesp
   store atomic i32 0, ptr %finp monotonic, align 4
   %old = load atomic i64, ptr %wordp monotonic, align 8
   %oldgen = lshr i64 %old, {GENERATION_SHIFT}
@@ -136,25 +152,18 @@ define i32 @pool_launch(ptr %task, ptr %thunk, ptr %fn, ptr %args, i32 %pieces) 
 ; the launching thread: run pieces of %gen, then wait until all %pieces have run (yielding the core after %spin_ns)
 define void @pool_finish(ptr %task, i32 %gen, i32 %pieces, i64 %spin_ns) {{
 entry:
-  %finp = getelementptr %Task, ptr %task, i32 0, i32 2
+  %finp = {_field('finished')}
   call void @work(ptr %task, i32 %gen)
   %start = call i64 @now_ns()
   br label %wait
 wait:
-  %i = phi i64 [0, %entry], [%i1, %relaxed], [%i1, %clock], [%i1, %yield]
+  %i = phi i64 [0, %entry], [%i1, %relaxed], [%i1, %yield]
   %done = load atomic i32, ptr %finp acquire, align 4
   %all = icmp eq i32 %done, %pieces
   br i1 %all, label %out, label %relaxed
 relaxed:
-  call void @relax()
   %i1 = add i64 %i, 1
-  %tick = and i64 %i1, 255
-  %check = icmp eq i64 %tick, 0
-  br i1 %check, label %clock, label %wait
-clock:
-  %now = call i64 @now_ns()
-  %spent = sub i64 %now, %start
-  %long = icmp sgt i64 %spent, %spin_ns
+  %long = call i1 @relax_expired(i64 %i1, i64 %start, i64 %spin_ns)
   br i1 %long, label %yield, label %wait
 yield:
   call i32 @sched_yield()
@@ -166,14 +175,14 @@ out:
 ; a worker: run every new launch's pieces; return the last generation seen once idle for %spin_ns
 define i32 @pool_spin(ptr %task, i32 %last, i64 %spin_ns) {{
 entry:
-  %wordp = getelementptr %Task, ptr %task, i32 0, i32 0
-  %closedp = getelementptr %Task, ptr %task, i32 0, i32 6
+  %wordp = {_field('word')}
+  %closedp = {_field('closed')}
   %start0 = call i64 @now_ns()
   br label %look
 look:
-  %seen = phi i32 [%last, %entry], [%seen, %relaxed], [%g32, %worked], [%seen, %clock]
-  %start = phi i64 [%start0, %entry], [%start, %relaxed], [%after, %worked], [%start, %clock]
-  %i = phi i64 [0, %entry], [%i1, %relaxed], [0, %worked], [%i1, %clock]
+  %seen = phi i32 [%last, %entry], [%seen, %relaxed], [%g32, %worked]
+  %start = phi i64 [%start0, %entry], [%start, %relaxed], [%after, %worked]
+  %i = phi i64 [0, %entry], [%i1, %relaxed], [0, %worked]
   %closed = load atomic i32, ptr %closedp monotonic, align 4
   %leaving = icmp ne i32 %closed, 0
   br i1 %leaving, label %idle, label %open
@@ -188,15 +197,8 @@ worked:
   %after = call i64 @now_ns()
   br label %look
 relaxed:
-  call void @relax()
   %i1 = add i64 %i, 1
-  %tick = and i64 %i1, 255
-  %check = icmp eq i64 %tick, 0
-  br i1 %check, label %clock, label %look
-clock:
-  %now = call i64 @now_ns()
-  %spent = sub i64 %now, %start
-  %long = icmp sgt i64 %spent, %spin_ns
+  %long = call i1 @relax_expired(i64 %i1, i64 %start, i64 %spin_ns)
   br i1 %long, label %idle, label %look
 idle:
   ret i32 %seen

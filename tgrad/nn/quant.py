@@ -18,7 +18,7 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 from tgrad.backend import devices_offering
 from tgrad.dtype import DType, dtypes
-from tgrad.device import Device, canonical_device
+from tgrad.device import DEVICE_TRAITS, canonical_device
 from tgrad.helpers import Context, prod
 from tgrad.lazy import LazyBuffer
 from tgrad.packed_gemm_kernel import packed_gemm
@@ -338,7 +338,7 @@ CPU_HELD_TYPES = {GGMLType.Q5_0: GGMLType.Q8_0}
 def held_type(ggml_type: GGMLType, device: str) -> GGMLType:
   """The ggml type a packed weight of `ggml_type` is held in on `device`: itself, or on a CPU the CPU_HELD_TYPES
   widening (the same values: WIDENINGS)."""
-  if Device[canonical_device(device)].renderer.has_local: return ggml_type
+  if DEVICE_TRAITS[device].has_local: return ggml_type
   return CPU_HELD_TYPES.get(ggml_type, ggml_type)
 
 def exact_common_type(types: Sequence[GGMLType]) -> Optional[GGMLType]:

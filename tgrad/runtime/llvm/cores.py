@@ -341,18 +341,28 @@ def _close_pool_at_exit() -> None:
   pool.close()
   for thread in pool.threads: thread.join(WORKER_EXIT_SECONDS)
 
-class PreparedPieces:
-  """A THREAD launch's native pieces bound once: the kernel's address, its thunk and the argument array."""
-  __slots__ = ("fn", "thunk", "args", "pieces", "keep")
-  def __init__(self, fn: ctypes._CFuncPtr, pointers: Sequence, pieces: int):
+class PieceLauncher:
+  """A kernel's THREAD launches in `pieces` pieces, its address and the thunk for its argument count resolved once:
+  `launcher(pointers)` launches on one call's arguments, `prepared(pointers)` binds them for replays."""
+  __slots__ = ("fn", "thunk", "arguments", "pieces", "keep")
+  def __init__(self, fn: ctypes._CFuncPtr, arguments: int, pieces: int):
     self.fn = ctypes.cast(fn, ctypes.c_void_p).value
-    self.thunk = _native().thunk(len(pointers))
-    self.args = (ctypes.c_int64 * max(1, len(pointers)))(*(_value(p) for p in pointers))
-    self.pieces, self.keep = pieces, fn
-  def __call__(self) -> None:
-    if self.pieces == 1 or cpu_count() == 1: _native().serial(self.thunk, self.fn, ctypes.addressof(self.args),
-                                                              self.pieces)
-    else: core_pool().run(self.thunk, self.fn, self.args, self.pieces)
+    self.thunk = _native().thunk(arguments)
+    self.arguments, self.pieces, self.keep = arguments, pieces, fn
+  def argument_array(self, pointers: Sequence) -> ctypes.Array:
+    """A launch's arguments (c_void_p, c_int64 or int) as the int64 array the thunk reads."""
+    return (ctypes.c_int64 * max(1, self.arguments))(*(_value(p) for p in pointers))
+  def run(self, args: ctypes.Array) -> None:
+    if self.pieces == 1 or cpu_count() == 1: _native().serial(self.thunk, self.fn, ctypes.addressof(args), self.pieces)
+    else: core_pool().run(self.thunk, self.fn, args, self.pieces)
+  def __call__(self, pointers: Sequence) -> None: self.run(self.argument_array(pointers))
+  def prepared(self, pointers: Sequence) -> PreparedPieces: return PreparedPieces(self, self.argument_array(pointers))
+
+class PreparedPieces:
+  """A THREAD launch bound once: its launcher and argument array (a replay's launch)."""
+  __slots__ = ("launcher", "args")
+  def __init__(self, launcher: PieceLauncher, args: ctypes.Array): self.launcher, self.args = launcher, args
+  def __call__(self) -> None: self.launcher.run(self.args)
 
 def _value(argument) -> int:
   """A launch argument (c_void_p, c_int64 or int) as the int64 the thunk passes."""
@@ -367,4 +377,4 @@ def run_on_cores(fn: Callable, pointers: Sequence, pieces: int) -> None:
   if not isinstance(fn, ctypes._CFuncPtr):
     for piece in range(pieces): fn(*pointers, piece)
     return
-  PreparedPieces(fn, pointers, pieces)()
+  PieceLauncher(fn, len(pointers), pieces)(pointers)

@@ -19,7 +19,7 @@ from tgrad.backend import device_name
 from tgrad.device import Allocator, BinaryLoadError, Compiler, Compiled
 from tgrad.runtime.llvm.renderer import LLVMRenderer
 from tgrad.runtime.llvm import target
-from tgrad.runtime.llvm.cores import PreparedPieces, run_on_cores
+from tgrad.runtime.llvm.cores import PieceLauncher, run_on_cores
 from tgrad.runtime.llvm.target import CODE_MODEL, OPT_LEVEL, host_target_machine
 
 BUFFER_ALIGNMENT = 64   # bytes: a cache line, and the widest vector load (AVX-512)
@@ -188,8 +188,14 @@ class LLVMProgram:
       for value in vals: pointers.append(ctypes.c_int64(value))
       pointers.append(0)   # core 0
       fn(*pointers)
-    def launch_on_cores(handles, vals) -> None: run_on_cores(fn, _arguments(handles, vals), threads)
-    if threads > 1: return launch_on_cores
+    if threads > 1:   # the kernel's address and thunk resolved here, not at every launch
+      pieces = PieceLauncher(fn, arguments + variables, threads)
+      def launch_on_cores(handles, vals) -> None:
+        pointers = []
+        for h in handles: pointers.append(h.address)
+        pointers.extend(vals)
+        pieces(pointers)
+      return launch_on_cores
     # the usual eager kernels (a unary or binary op, a where: 2 to 4 buffers, no variable) pass their pointers
     # straight, with no argument list built per launch
     if variables == 0 and arguments == 2:
@@ -208,7 +214,7 @@ class LLVMProgram:
     arguments = _arguments(buffers, vals)
     threads = global_size[0] if global_size else 1
     if threads <= 1: return functools.partial(self.fn, *arguments, 0)
-    return PreparedPieces(self.fn, arguments, threads)
+    return PieceLauncher(self.fn, len(arguments), threads).prepared(arguments)
 
 def _arguments(handles, vals) -> list:
   """A launch's ctypes arguments but the core index: the handles' pointers, then the variables' values as int64."""

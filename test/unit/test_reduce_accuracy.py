@@ -127,8 +127,8 @@ def test_narrow_column_sum_splits_its_rows():
 def test_column_max_propagates_nan_and_infinities(seed):
   """A column max (its output axis upcast into many accumulators: the LLVM renderer's compare-and-select max,
   MAX_LANES) against numpy on seeded random data with NaN, ±inf and signed zeros sprinkled in; also a row max (the
-  llvm.maximum reduction) on the same data."""
-  from tgrad.runtime.llvm.renderer import MAX_LANES
+  llvm.maximum reduction) on the same data; the two kernels' sources show each took the form it is tested for."""
+  from tgrad.codegen.linearizer import linearize
   rng = np.random.default_rng(seed)
   x = rng.standard_normal((257, 256)).astype(np.float32)
   for value, count in ((np.nan, 5), (np.inf, 4), (-np.inf, 40), (0.0, 30), (-0.0, 30)):
@@ -137,4 +137,11 @@ def test_column_max_propagates_nan_and_infinities(seed):
   got = Tensor(x).max(0).numpy()
   np.testing.assert_array_equal(got, x.max(0))   # NaN where numpy has NaN (assert_array_equal matches NaNs)
   np.testing.assert_array_equal(Tensor(x).max(1).numpy(), x.max(1))
-  assert MAX_LANES <= 128
+  def rendered(out: Tensor) -> str:   # the LLVM source of out's kernel, under the heuristics' opts
+    (item,) = [i for i in create_schedule([out.lazydata]) if i.ast.op is Ops.SINK]
+    kernel = Kernel(item.ast, Device["LLVM"].renderer)
+    hand_coded_optimizations(kernel)
+    return kernel.renderer.render("k", linearize(kernel))
+  columns, rows = rendered(Tensor.empty(257, 256).max(0)), rendered(Tensor.empty(257, 256).max(1))
+  assert "llvm.maximum" not in columns and "fcmp uno" in columns   # the compare-and-select form was tested above
+  assert "llvm.maximum" in rows

@@ -4,18 +4,21 @@ Cases: sums, means and maxes over a long row (16M float32, split across partials
 count divides) and over either axis of a 4096² matrix, the columns of a narrow 4M×4 one, softmax and log_softmax over
 2048² rows and one 4M-long row, rms norm and layer norm over 2048² rows, and a 64 MB copy (numpy, torch) as the
 bandwidth ceiling. GB/s counts the bytes a case must move at least (its input read once, its output written once).
-Each round times every library once per case, one after the other, so a change in the machine's load hits all of them
-alike; the best and the median of ROUNDS rounds are reported (the machine may be shared: compare the ratios of one
-run, and note the load average printed with them).
+Each round times every library once per case, one after the other in an order drawn anew each round (seeded), so a
+change in the machine's load hits all of them alike and no library always runs after the same other one (on the 2-core
+VM the same torch call took 0.8 or 2.2 ms depending on what ran before it: cache contents and the other core's
+state). Reported: the best and the median of ROUNDS rounds, and tgrad/torch as the median of each round's own ratio
+(the machine may be shared: compare the ratios of one run, and note the load average printed with them).
 Usage: python bench/cpu_reduce.py [--rounds N] [--only TEXT]
 """
 from __future__ import annotations
-import argparse, os, sys, time
+import argparse, os, random, sys, time
 import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from tgrad import Tensor  # noqa: E402
 
 ROUNDS = 15
+ROUND_ORDER_SEED = 0
 LONG = 16 << 20
 MATRIX = (4096, 4096)
 ROWS = (2048, 2048)
@@ -81,6 +84,7 @@ def main() -> None:
     f" {'max err':>9s}"
   print(header + "\n" + "-" * len(header))
   print(f"{'':22s} {'best   median':>17s} {'best   median':>17s} {'best   median':>17s} {'best median':>12s}")
+  rng = random.Random(ROUND_ORDER_SEED)
   for name, moved, x, tg_fn, torch_fn, np_fn in cases():
     if args.only not in name: continue
     tensor = Tensor(x).realize()
@@ -90,15 +94,17 @@ def main() -> None:
     for fn in fns:
       if fn: fn()   # warm-up: compiles tgrad's kernels
     times: list[list[float]] = [[] for _ in fns]
+    order = list(range(len(fns)))
     for _ in range(args.rounds):
-      for fn, spent in zip(fns, times):
-        if fn is None: continue
+      rng.shuffle(order)
+      for index in order:
+        if fns[index] is None: continue
         start = time.perf_counter()
-        fn()
-        spent.append(time.perf_counter() - start)
+        fns[index]()
+        times[index].append(time.perf_counter() - start)
     def rates(spent: list[float]) -> str:
       return f"{moved / min(spent) / 1e9:8.1f} {moved / np.median(spent) / 1e9:8.1f}" if spent else f"{'-':>17s}"
-    ratio = f"{min(times[1]) / min(times[0]):5.2f} {np.median(times[1]) / np.median(times[0]):6.2f}" \
+    ratio = f"{min(times[1]) / min(times[0]):5.2f} {np.median(np.array(times[1]) / np.array(times[0])):6.2f}" \
       if times[0] and times[1] else f"{'-':>12s}"
     err = float(np.max(np.abs(tg_fn(tensor).numpy() - np_fn(x)))) if tg_fn and np_fn else float("nan")
     print(f"{name:22s} {rates(times[0])} {rates(times[1])} {rates(times[2])} {ratio:>12s} {err:9.2e}")

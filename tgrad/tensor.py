@@ -408,7 +408,7 @@ class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, Indexi
   def _broadcast_to(self, shape: tuple[int, ...]) -> Tensor:
     if self.shape == shape: return self
     if len(shape) < self.ndim: raise ValueError(f"cannot broadcast shape {self.shape} to {shape}")
-    x = self.reshape((1,) * (len(shape) - self.ndim) + self.shape)
+    x = self.reshape((1,) * (len(shape) - self.ndim) + self.shape) if len(shape) > self.ndim else self
     if any(s != n and s != 1 for s, n in zip(x.shape, shape)):
       raise ValueError(f"cannot broadcast {self.shape} to {shape}")
     return F.Expand.apply(x, shape=shape) if x.shape != shape else x

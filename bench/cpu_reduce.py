@@ -8,7 +8,9 @@ Each round times every library once per case, one after the other in an order dr
 change in the machine's load hits all of them alike and no library always runs after the same other one (on the 2-core
 VM the same torch call took 0.8 or 2.2 ms depending on what ran before it: cache contents and the other core's
 state). Reported: the best and the median of ROUNDS rounds, and tgrad/torch as the median of each round's own ratio
-(the machine may be shared: compare the ratios of one run, and note the load average printed with them).
+(the machine may be shared: compare the ratios of one run, and note the load average printed with them). Each
+library reads an input of its own (tgrad its buffer, torch a copy, numpy the array): torch reading numpy's array
+found it in L3 whenever numpy had just summed it (70 GB/s, twice the memory's), which tgrad's own buffer never is.
 Usage: python bench/cpu_reduce.py [--rounds N] [--only TEXT]
 """
 from __future__ import annotations
@@ -89,7 +91,7 @@ def main() -> None:
     if args.only not in name: continue
     tensor = Tensor(x).realize()
     fns = [(lambda: tg_fn(tensor).realize()) if tg_fn else None,
-           (lambda t=torch.from_numpy(x): torch_fn(t)) if torch and torch_fn else None,
+           (lambda t=torch.from_numpy(x.copy()): torch_fn(t)) if torch and torch_fn else None,
            (lambda: np_fn(x)) if np_fn else None]
     for fn in fns:
       if fn: fn()   # warm-up: compiles tgrad's kernels

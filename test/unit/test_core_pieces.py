@@ -1,7 +1,8 @@
 """The LLVM runtime's THREAD launches and its use of LLVM from several threads: every piece runs once per launch
 (runtime.run_on_cores, with more pieces than cores; the core pool's native claiming, cores.py: seeded random launches
 of a native kernel of random argument counts, back to back and after the workers went to sleep, from two threads at
-once, and in a forked child; a pool made again when THREADS changes, its old workers leaving), a Python callable's
+once, and in a forked child; each core's home range run from the front and the other's stolen from the back; more
+pieces than a lane word counts; a pool made again when THREADS changes, its old workers leaving), a Python callable's
 exception reaches the launching thread, launches from two Python
 threads at once both complete, a prepared launch keeps its code alive after its program is gone, compiles and
 loads from several threads at once (LLVM used under one lock) while threaded kernels run, the heuristics' pieces
@@ -230,3 +231,38 @@ def test_the_pool_follows_threads_and_a_closed_pool_workers_leave():
   for thread in new.threads: thread.join(10)
   assert not any(t.is_alive() for t in new.threads)
   launch(11)
+
+def _home_then_stolen(sequence: list[int], home: range, other: range) -> bool:
+  """Whether a core's pieces, in the order it ran them, are its home range's from the front, then the other lane's
+  from the back (with two lanes, its only thief takes the other's last piece first)."""
+  own = 0
+  while own < len(sequence) and sequence[own] == home.start + own: own += 1
+  stolen = sequence[own:]
+  return own <= len(home) and stolen == list(range(other.stop - 1, other.stop - 1 - len(stolen), -1))
+
+def test_each_core_runs_its_home_range_from_the_front_and_steals_from_the_back():
+  """Two lanes (THREADS=2): the launching thread's home range is pieces 0 .. P/2 - 1, the worker's the rest. Whatever
+  the timing, each core runs its own from the front and then steals the other's from the back; every piece runs once.
+  The launching thread's piece 0 is slow here, so the worker, done with its own, always steals."""
+  with Context(THREADS=2):
+    for pieces in (4, 7, 32, 33):
+      ran: list[tuple[int, int]] = []
+      lock = threading.Lock()
+      main = threading.get_ident()
+      def record(piece: int) -> None:
+        if piece == 0 and threading.get_ident() == main: time.sleep(0.05)
+        with lock: ran.append((piece, threading.get_ident()))
+      runtime.run_on_cores(PIECE_CALL(record), [], pieces)
+      assert sorted(p for p, _ in ran) == list(range(pieces))
+      lanes = (range(0, pieces // 2), range(pieces // 2, pieces))
+      mine = [p for p, who in ran if who == main]
+      theirs = [p for p, who in ran if who != main]
+      assert _home_then_stolen(mine, lanes[0], lanes[1]), (pieces, mine)
+      assert _home_then_stolen(theirs, lanes[1], lanes[0]), (pieces, theirs)
+      if mine[:1] == [0]: assert set(theirs) & set(lanes[0]), (pieces, mine, theirs)
+
+def test_a_launch_of_more_pieces_than_a_lane_counts_runs_them_all():
+  kernel = _marking_kernel(0)
+  counts = np.zeros(cores.MAX_POOL_PIECES + 5, np.int32)
+  runtime.run_on_cores(kernel, [ctypes.c_void_p(counts.ctypes.data)], len(counts))
+  assert (counts == 1).all()

@@ -1,20 +1,29 @@
 """THREAD launches on the host's cores: a pool of native workers that claim pieces without Python in between.
 
-A THREAD launch calls a kernel once per piece index (`fn(*arguments, piece)`), handed out dynamically: each core
-claims the next piece as it finishes one, so a core slowed by another process takes fewer. Everything between a
-launch and its last piece runs in native code (a small LLVM module, compiled once per process):
+A THREAD launch calls a kernel once per piece index (`fn(*arguments, piece)`). Each core has a home range of the
+pieces, a contiguous share in launch order (core c of C: pieces c·P/C up to (c+1)·P/C), which it runs from the front;
+a core that has run its own steals from the back of another's, so a core slowed by another process takes fewer. The
+same core thus reads the same part of the data on every launch: where the host's cores sit on different last-level
+caches (this project's 2-core VM: a 64 MB buffer summed again and again), a repeated launch finds its data in its own
+core's cache, as with OpenMP's static schedule, instead of in the other's (docs/benchmarks.md, "CPU, eleventh
+session"). Everything between a launch and its last piece runs in native code (a small LLVM module, compiled once per
+process):
 
-  - **The task word.** A 64-bit word holds the launch's generation (high half) and the pieces not yet claimed (low
-    half). A core claims piece `left - 1` by compare-and-swap of (generation, left) → (generation, left - 1), so a core
-    still working on an older launch can never take a piece of a newer one, and no piece runs twice. The task's
-    kernel, argument array and argument thunk sit beside the word; a core reads them only after its claim succeeds,
-    when the launch cannot finish (and be replaced) before its piece does.
-  - **Finishing.** Each core counts a piece it ran into `finished` (release); the launching thread claims pieces like
-    any core, then waits for `finished == pieces` (acquire), which makes every piece's writes visible to it.
-  - **Workers** (cpu_count() - 1 daemon threads: THREADS where set) spin on the word for SPIN_MICROSECONDS after
-    their last piece, so back-to-back launches (a decode step's ~90) start on every core within a microsecond instead
-    of the 40-60 µs a sleeping thread takes to wake here. Past that they sleep on a condition variable, which the next
-    launch notifies.
+  - **The task word and the lanes.** A 64-bit word holds the launch's generation (high half) and its piece count (low
+    half); the workers watch it. Each core's home range is a lane word, on a cache line of its own: the generation
+    (high half), the next piece of the range (bits 16-31) and its end (bits 0-15). A core claims its next piece by
+    compare-and-swap of (generation, next, end) → (generation, next + 1, end), and steals another lane's last by
+    (generation, next, end) → (generation, next, end - 1), so a core still working on an older launch can never take
+    a piece of a newer one, and no piece runs twice. The task's kernel, argument array and argument thunk sit beside
+    the word; a core reads them only after a claim succeeds, when the launch cannot finish (and be replaced) before
+    its piece does.
+  - **Finishing.** Each core counts a piece it ran into `finished` (release); the launching thread (lane 0) claims
+    pieces like any core, then waits for `finished == pieces` (acquire), which makes every piece's writes visible to
+    it.
+  - **Workers** (cpu_count() - 1 daemon threads: THREADS where set; worker i has lane i + 1) spin on the word for
+    SPIN_MICROSECONDS after their last piece, so back-to-back launches (a decode step's ~90) start on every core
+    within a microsecond instead of the 40-60 µs a sleeping thread takes to wake here. Past that they sleep on a
+    condition variable, which the next launch notifies.
   - **Thunks.** A kernel takes its pointers and int64 variables, then the i32 piece (renderer.py). The task keeps its
     arguments as an int64 array; one thunk per argument count loads them and calls the kernel, relying on the C
     calling conventions of x86-64 and AArch64 passing a pointer and an int64 the same way.
@@ -36,12 +45,18 @@ from tgrad.runtime.llvm import target
 SPIN_MICROSECONDS = 300
 GENERATION_SHIFT = 32
 LOW_HALF = (1 << GENERATION_SHIFT) - 1
+NEXT_SHIFT = 16                      # a lane word: generation << 32 | next << 16 | end
+PIECE_MASK = (1 << NEXT_SHIFT) - 1
+MAX_POOL_PIECES = PIECE_MASK         # a launch of more pieces runs them on the calling thread (none the opts make)
+LANE_WORDS = 8                       # 64 bytes between lane words: each core claims on a cache line of its own
 
 class TaskState(ctypes.Structure):
-  """The shared task: the word (generation << 32 | pieces left), how many pieces ran, what to run, and whether the
-  pool is closed (its workers then leave). pool_ir's %Task is this struct, its fields by these indices."""
+  """The shared task: the word (generation << 32 | pieces), how many pieces ran, what to run, whether the pool is
+  closed (its workers then leave), and the lane words (one a core, LANE_WORDS apart). pool_ir's %Task is this struct,
+  its fields by these indices."""
   _fields_ = [("word", ctypes.c_uint64), ("finished", ctypes.c_uint32), ("thunk", ctypes.c_void_p),
-              ("fn", ctypes.c_void_p), ("args", ctypes.c_void_p), ("closed", ctypes.c_uint32)]
+              ("fn", ctypes.c_void_p), ("args", ctypes.c_void_p), ("closed", ctypes.c_uint32),
+              ("lanes", ctypes.c_void_p), ("lane_count", ctypes.c_uint32)]
 
 FIELD = {name: index for index, (name, _) in enumerate(TaskState._fields_)}
 IR_TYPES = {ctypes.c_uint64: "i64", ctypes.c_uint32: "i32", ctypes.c_void_p: "ptr"}
@@ -88,52 +103,107 @@ not_yet:
   ret i1 false
 }}
 
-; claim and run pieces of generation %gen until none is left
-define internal void @work(ptr %task, i32 %gen) {{
+; lane %l's word
+define internal ptr @lane_word(ptr %task, i32 %l) {{
+  %lanesp = {_field('lanes')}
+  %lanes = load ptr, ptr %lanesp
+  %l64 = zext i32 %l to i64
+  %slot = mul i64 %l64, {LANE_WORDS}
+  %p = getelementptr i64, ptr %lanes, i64 %slot
+  ret ptr %p
+}}
+
+; a piece of generation %gen from lane %l: its next (%steal false) or its last (%steal true); -1 when it has none
+define internal i32 @claim(ptr %task, i32 %l, i64 %gen, i1 %steal) {{
+entry:
+  %p = call ptr @lane_word(ptr %task, i32 %l)
+  %first = load atomic i64, ptr %p acquire, align 8
+  br label %check
+check:
+  %cur = phi i64 [%first, %entry], [%seen, %lost]
+  %g = lshr i64 %cur, {GENERATION_SHIFT}
+  %same = icmp eq i64 %g, %gen
+  %shifted = lshr i64 %cur, {NEXT_SHIFT}
+  %next = and i64 %shifted, {PIECE_MASK}
+  %end = and i64 %cur, {PIECE_MASK}
+  %some = icmp ult i64 %next, %end
+  %ok = and i1 %same, %some
+  br i1 %ok, label %try, label %none
+try:
+  %delta = select i1 %steal, i64 -1, i64 {1 << NEXT_SHIFT}
+  %new = add i64 %cur, %delta
+  %pair = cmpxchg ptr %p, i64 %cur, i64 %new acq_rel acquire
+  %seen = extractvalue {{ i64, i1 }} %pair, 0
+  %won = extractvalue {{ i64, i1 }} %pair, 1
+  br i1 %won, label %got, label %lost
+lost:
+  br label %check
+got:
+  %last = sub i64 %end, 1
+  %piece64 = select i1 %steal, i64 %last, i64 %next
+  %piece = trunc i64 %piece64 to i32
+  ret i32 %piece
+none:
+  ret i32 -1
+}}
+
+; run claimed piece %piece and count it
+define internal void @run_piece(ptr %task, i32 %piece) {{
+  %finp = {_field('finished')}
+  %thunkp = {_field('thunk')}
+  %fnp = {_field('fn')}
+  %argsp = {_field('args')}
+  %thunk = load ptr, ptr %thunkp
+  %fn = load ptr, ptr %fnp
+  %args = load ptr, ptr %argsp
+  call void %thunk(ptr %fn, ptr %args, i32 %piece)
+  %unused = atomicrmw add ptr %finp, i32 1 release
+  ret void
+}}
+
+; run pieces of generation %gen: lane %lane's own from its front, then the other lanes' from their backs
+define internal void @work(ptr %task, i32 %gen, i32 %lane) {{
+entry:
+  %countp = {_field('lane_count')}
+  %count = load i32, ptr %countp
+  %gen64 = zext i32 %gen to i64
+  br label %own
+own:
+  %piece = call i32 @claim(ptr %task, i32 %lane, i64 %gen64, i1 false)
+  %has = icmp sge i32 %piece, 0
+  br i1 %has, label %run_own, label %scan
+run_own:
+  call void @run_piece(ptr %task, i32 %piece)
+  br label %own
+scan:
+  %i = phi i32 [1, %own], [%i1, %empty]
+  %more = icmp ult i32 %i, %count
+  br i1 %more, label %look, label %done
+look:
+  %v0 = add i32 %lane, %i
+  %victim = urem i32 %v0, %count
+  %stolen = call i32 @claim(ptr %task, i32 %victim, i64 %gen64, i1 true)
+  %got = icmp sge i32 %stolen, 0
+  br i1 %got, label %run_stolen, label %empty
+run_stolen:
+  call void @run_piece(ptr %task, i32 %stolen)
+  br label %look
+empty:
+  %i1 = add i32 %i, 1
+  br label %scan
+done:
+  ret void
+}}
+
+; publish a launch of %pieces pieces, each lane's home range first; returns its generation
+define i32 @pool_launch(ptr %task, ptr %thunk, ptr %fn, ptr %args, i32 %pieces) {{
 entry:
   %wordp = {_field('word')}
   %finp = {_field('finished')}
   %thunkp = {_field('thunk')}
   %fnp = {_field('fn')}
   %argsp = {_field('args')}
-  %gen64 = zext i32 %gen to i64
-  br label %load
-load:
-  %first = load atomic i64, ptr %wordp acquire, align 8
-  br label %check
-check:
-  %cur = phi i64 [%first, %load], [%seen, %claim]
-  %g = lshr i64 %cur, {GENERATION_SHIFT}
-  %same = icmp eq i64 %g, %gen64
-  %left = and i64 %cur, {LOW_HALF}
-  %some = icmp ne i64 %left, 0
-  %ok = and i1 %same, %some
-  br i1 %ok, label %claim, label %done
-claim:
-  %next = sub i64 %cur, 1
-  %pair = cmpxchg ptr %wordp, i64 %cur, i64 %next acq_rel acquire
-  %seen = extractvalue {{ i64, i1 }} %pair, 0
-  %won = extractvalue {{ i64, i1 }} %pair, 1
-  br i1 %won, label %run, label %check
-run:
-  %piece = trunc i64 %next to i32
-  %thunk = load ptr, ptr %thunkp
-  %fn = load ptr, ptr %fnp
-  %args = load ptr, ptr %argsp
-  call void %thunk(ptr %fn, ptr %args, i32 %piece)
-  %unused = atomicrmw add ptr %finp, i32 1 release
-  br label %load
-done:
-  ret void
-}}
-
-; publish a launch of %pieces pieces; returns its generation
-define i32 @pool_launch(ptr %task, ptr %thunk, ptr %fn, ptr %args, i32 %pieces) {{
-  %wordp = {_field('word')}
-  %finp = {_field('finished')}
-  %thunkp = {_field('thunk')}
-  %fnp = {_field('fn')}
-  %argsp = {_field('args')}
+  %countp = {_field('lane_count')}
   store ptr %thunk, ptr %thunkp
   store ptr %fn, ptr %fnp
   store ptr %args, ptr %argsp
@@ -143,8 +213,27 @@ define i32 @pool_launch(ptr %task, ptr %thunk, ptr %fn, ptr %args, i32 %pieces) 
   %gen = add i64 %oldgen, 1
   %gen32 = trunc i64 %gen to i32
   %high = shl i64 %gen, {GENERATION_SHIFT}
-  %count = zext i32 %pieces to i64
-  %word = or i64 %high, %count
+  %count32 = load i32, ptr %countp
+  %count = zext i32 %count32 to i64
+  %total = zext i32 %pieces to i64
+  br label %lanes
+lanes:
+  %l = phi i64 [0, %entry], [%l1, %lanes]
+  %startmul = mul i64 %l, %total
+  %start = udiv i64 %startmul, %count
+  %l1 = add i64 %l, 1
+  %endmul = mul i64 %l1, %total
+  %end = udiv i64 %endmul, %count
+  %startbits = shl i64 %start, {NEXT_SHIFT}
+  %range = or i64 %startbits, %end
+  %laneword = or i64 %high, %range
+  %l32 = trunc i64 %l to i32
+  %lp = call ptr @lane_word(ptr %task, i32 %l32)
+  store atomic i64 %laneword, ptr %lp monotonic, align 8
+  %again = icmp ult i64 %l1, %count
+  br i1 %again, label %lanes, label %publish
+publish:
+  %word = or i64 %high, %total
   store atomic i64 %word, ptr %wordp release, align 8
   ret i32 %gen32
 }}
@@ -153,7 +242,7 @@ define i32 @pool_launch(ptr %task, ptr %thunk, ptr %fn, ptr %args, i32 %pieces) 
 define void @pool_finish(ptr %task, i32 %gen, i32 %pieces, i64 %spin_ns) {{
 entry:
   %finp = {_field('finished')}
-  call void @work(ptr %task, i32 %gen)
+  call void @work(ptr %task, i32 %gen, i32 0)
   %start = call i64 @now_ns()
   br label %wait
 wait:
@@ -172,8 +261,8 @@ out:
   ret void
 }}
 
-; a worker: run every new launch's pieces; return the last generation seen once idle for %spin_ns
-define i32 @pool_spin(ptr %task, i32 %last, i64 %spin_ns) {{
+; worker of lane %lane: run every new launch's pieces; return the last generation seen once idle for %spin_ns
+define i32 @pool_spin(ptr %task, i32 %last, i64 %spin_ns, i32 %lane) {{
 entry:
   %wordp = {_field('word')}
   %closedp = {_field('closed')}
@@ -193,7 +282,7 @@ open:
   %new = icmp ne i32 %g32, %seen
   br i1 %new, label %worked, label %relaxed
 worked:
-  call void @work(ptr %task, i32 %g32)
+  call void @work(ptr %task, i32 %g32, i32 %lane)
   %after = call i64 @now_ns()
   br label %look
 relaxed:
@@ -251,7 +340,8 @@ class _Native:
                                    ctypes.c_void_p, ctypes.c_int32)(found["pool_launch"])
     self.finish = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int32, ctypes.c_int32,
                                    ctypes.c_int64)(found["pool_finish"])
-    self.spin = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64)(found["pool_spin"])
+    self.spin = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64,
+                                 ctypes.c_int32)(found["pool_spin"])
     self.serial = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
                                    ctypes.c_int32)(found["pool_serial"])
     self.thunks: dict[int, tuple] = {}
@@ -274,26 +364,28 @@ class CorePool:
     self.native = _native()
     self.task = TaskState()
     self.address = ctypes.addressof(self.task)
+    self.lanes = (ctypes.c_uint64 * (LANE_WORDS * (workers + 1)))()   # lane 0: the launching thread
+    self.task.lanes, self.task.lane_count = ctypes.addressof(self.lanes), workers + 1
     self.busy = threading.Lock()
     self.wake = threading.Condition()
     self.sleepers, self.workers, self.closed = 0, workers, False
     self.spin_ns = SPIN_MICROSECONDS * 1000
-    self.threads = [threading.Thread(target=self._serve, name=f"tgrad-core-{index + 1}", daemon=True)
-                    for index in range(workers)]
+    self.threads = [threading.Thread(target=self._serve, args=(index + 1,), name=f"tgrad-core-{index + 1}",
+                                     daemon=True) for index in range(workers)]
     for thread in self.threads: thread.start()
   def _generation(self) -> int: return self.task.word >> GENERATION_SHIFT
-  def _serve(self) -> None:
+  def _serve(self, lane: int) -> None:
     last = self._generation()
     while not self.closed:
-      last = self.native.spin(self.address, last, self.spin_ns) & LOW_HALF
+      last = self.native.spin(self.address, last, self.spin_ns, lane) & LOW_HALF
       with self.wake:
         self.sleepers += 1
         while not self.closed and self._generation() == last: self.wake.wait()
         self.sleepers -= 1
   def run(self, thunk: int, fn: int, args: ctypes.Array, pieces: int) -> None:
     """Every piece of fn over args, on this thread and the workers; returns when all have run."""
-    if not self.busy.acquire(blocking=False):   # another thread's launch holds the workers: run these here
-      self.native.serial(thunk, fn, ctypes.addressof(args), pieces)
+    if pieces > MAX_POOL_PIECES or not self.busy.acquire(blocking=False):   # more than a lane word counts, or
+      self.native.serial(thunk, fn, ctypes.addressof(args), pieces)          # another thread's launch holds the pool
       return
     try:
       generation = self.native.launch(self.address, thunk, fn, ctypes.addressof(args), pieces)

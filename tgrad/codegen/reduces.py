@@ -293,10 +293,13 @@ def fold_invariant_reduce(op: Ops, dtype, value: UOp, ranges: tuple[UOp, ...]) -
   the value varies or the op is MUL. Ints multiply in their own dtype (wrapping exactly as the loop's adds would);
   floats in float64, where the trip count is exact, then round to the dtype (2^-10 × 2^20 is 1024 in float16, though
   2^20 itself is not a float16). A float sum starts from +0.0, as the loop's accumulator (and numpy's and torch's
-  sums) do, so -0.0 × trips is +0.0."""
+  sums) do, so -0.0 × trips is +0.0. One trip is the value + 0.0 in its own dtype: no float64 (a GPU converts to and
+  from it at a quarter of its float32 rate, and every GROUP'd reduce's partial used to go through it)."""
   if op not in (Ops.ADD, Ops.MAX) or dtype.is_bool or _reads_any(value, set(ranges)): return None
   if op is Ops.MAX: return value
   trips = prod(canonical(r.src[1] - r.src[0]) for r in ranges)   # symbolic with a variable's loop
+  if isinstance(trips, int) and trips == 1:   # one value, exactly: a GROUP's own partial, loops of size 1
+    return UOp(Ops.ADD, dtype, (value, UOp.const(dtype, 0.0))) if dtype.is_float else value
   compute = dtypes.float64 if dtype.is_float else dtype
   if value.op is Ops.CONST and isinstance(trips, int):
     return UOp.const(dtype, exec_alu(Ops.MUL, compute, (value.arg, trips)) + 0)

@@ -96,16 +96,33 @@ class Gemma3RMSNorm:
     product = (split_inputs(self.weighted(x32), values).unsqueeze(-1 - len(axes)) * values).sum(axes)
     return (product * self.inverse_rms_of_copies(x32, rows, values)).cast(self.output_dtype(x))
 
-  def _matvec_of_rows(self, rows: Tensor, weight: Weight, input_dtype: Any, vector: Optional[Tensor] = None) -> Tensor:
+  def matvecs(self, x: ResidualSum, weights: Sequence[Weight]) -> list[Tensor]:
+    """`matvec` of x with each weight, as products of one kernel (the scheduler's sibling reduces) when x is a
+    ResidualSum not stored yet and the weights split their rows alike (the same shape and, packed, the same ggml type):
+    their row copies of x are built once, so the kernel sums the residual and its squares once for all of them, not
+    once a weight (a dense weight's 1/rms too; a packed weight's is its composite's own)."""
+    shapes = {(tuple(weight_values(w).shape), getattr(w, "ggml_type", None)) for w in weights}
+    if x.stored is not None or len(shapes) != 1: return [self.matvec(x, w) for w in weights]
+    rows, vector = x.rows(weights[0]), x.vector()
+    x32 = rows.float()
+    inverse = None if isinstance(weights[0], QuantizedTensor) else \
+      self.inverse_rms(x32, False, input_axes(weight_values(weights[0])))
+    return [self._matvec_of_rows(rows, w, x.dtype, vector, x32, inverse) for w in weights]
+
+  def _matvec_of_rows(self, rows: Tensor, weight: Weight, input_dtype: Any, vector: Optional[Tensor] = None,
+                      x32: Optional[Tensor] = None, inverse: Optional[Tensor] = None) -> Tensor:
     """`matvec` of x given as its copies, one per output row ([..., out, *input axes], ResidualSum.rows), and as
-    itself (`vector`, unrealized: a path that reads x once uses it)."""
+    itself (`vector`, unrealized: a path that reads x once uses it); `x32` and `inverse` (a dense weight's 1/rms over
+    the rows), where another product over the same rows made them already."""
     values = weight_values(weight)
-    axes, x32 = input_axes(values), rows.float()
+    axes = input_axes(values)
+    x32 = rows.float() if x32 is None else x32
     if isinstance(weight, QuantizedTensor):   # the same graph as a composite region (a path may take int8)
       return rms_normed_linear(x32, self.scale(), weight, self.eps, copies=True,
                                vector=None if vector is None else vector.float()).cast(self.out_dtype or input_dtype)
     product = (x32 * split_inputs(self.scale(), values) * values).sum(axes)
-    return (product * self.inverse_rms(x32, False, axes)).cast(self.out_dtype or input_dtype)
+    inverse = self.inverse_rms(x32, False, axes) if inverse is None else inverse
+    return (product * inverse).cast(self.out_dtype or input_dtype)
 
   def rotated_scores(self, q: Tensor, cos: Tensor, sin_signed: Tensor, keys: Tensor) -> Tensor:
     """rotated(q) @ keysᵀ for one query token as one kernel: q [B, kv_heads, group, 1, D] (unnormed), keys
@@ -412,7 +429,7 @@ class Gemma3MLP:
     row block instead (a plain float16 down matvec 1.83 µs a launch in a PDL chain against 4.33 µs; the decode step
     on an H200, zero-data Q4_K_M file: float16 0.526 → 0.512 ms at position 40, packed 0.613 → 0.587 ms)."""
     residual = ResidualSum(h, [(attended, post_norm)], store=False)
-    gate, up = (pre_norm.matvec(residual, w) for w in (self.gate_proj.weight, self.up_proj.weight))
+    gate, up = pre_norm.matvecs(residual, (self.gate_proj.weight, self.up_proj.weight))
     return self.down_proj(_materialize(_gelu_tanh(gate) * up))
 
   def _down(self, gate_up: list[Tensor]) -> Tensor:

@@ -14,10 +14,11 @@ found it in L3 whenever numpy had just summed it (70 GB/s, twice the memory's), 
 Usage: python bench/cpu_reduce.py [--rounds N] [--only TEXT]
 """
 from __future__ import annotations
-import argparse, os, random, sys, time
+import argparse, os, random, sys
 import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from tgrad import Tensor  # noqa: E402
+import timing  # noqa: E402
 
 ROUNDS = 15
 ROUND_ORDER_SEED = 0
@@ -93,17 +94,7 @@ def main() -> None:
     fns = [(lambda: tg_fn(tensor).realize()) if tg_fn else None,
            (lambda t=torch.from_numpy(x.copy()): torch_fn(t)) if torch and torch_fn else None,
            (lambda: np_fn(x)) if np_fn else None]
-    for fn in fns:
-      if fn: fn()   # warm-up: compiles tgrad's kernels
-    times: list[list[float]] = [[] for _ in fns]
-    order = list(range(len(fns)))
-    for _ in range(args.rounds):
-      rng.shuffle(order)
-      for index in order:
-        if fns[index] is None: continue
-        start = time.perf_counter()
-        fns[index]()
-        times[index].append(time.perf_counter() - start)
+    times = timing.interleaved_rounds(fns, args.rounds, order=rng)   # one call each a round; warm-up compiles first
     def rates(spent: list[float]) -> str:
       return f"{moved / min(spent) / 1e9:8.1f} {moved / np.median(spent) / 1e9:8.1f}" if spent else f"{'-':>17s}"
     ratio = f"{min(times[1]) / min(times[0]):5.2f} {np.median(np.array(times[1]) / np.array(times[0])):6.2f}" \

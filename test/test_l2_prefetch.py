@@ -73,8 +73,9 @@ def read_elements(uops: list[UOp], buffer: UOp, block: dict) -> np.ndarray:
   return np.unique(np.concatenate([np.reshape(v, -1) for v in evaluate(indices, {**thread_grid(uops), **block})]))
 
 def check_interval(uops: list[UOp], plan: BlockPrefetch, buffer_bytes: int, variables: dict = {}) -> None:
-  """For the first, second and last block: the plan's bounds are the least and greatest element read, and inside
-  the buffer; the block reads at least 1/4 of the interval's elements."""
+  """For the first, second and last block: each of the plan's ranges holds elements read, its bounds are the least and
+  greatest element read inside it, and every element read is in one of them; all lie inside the buffer; the block
+  reads at least 1/4 of the ranges' elements."""
   specials = [u for u in uops if u.op is Ops.SPECIAL and u.arg[0].startswith("gidx")]
   sizes = [s.arg[1] if isinstance(s.arg[1], int) else s.arg[1].vmax for s in specials]
   for corner in ({s: 0 for s in specials}, {s: min(1, n - 1) for s, n in zip(specials, sizes)},
@@ -82,9 +83,14 @@ def check_interval(uops: list[UOp], plan: BlockPrefetch, buffer_bytes: int, vari
     block = {**corner, **variables}
     elements = read_elements(uops, plan.buffer, block)
     first = int(evaluate([plan.first], block)[0])
-    assert (first + plan.low, first + plan.high) == (elements.min(), elements.max()), (corner, plan)
+    inside = np.zeros(len(elements), bool)
+    for lo, hi in plan.ranges:
+      mine = elements[(elements >= first + lo) & (elements <= first + hi)]
+      assert len(mine) and (first + lo, first + hi) == (mine.min(), mine.max()), (corner, plan)
+      inside |= (elements >= first + lo) & (elements <= first + hi)
+    assert inside.all(), (corner, plan)
     assert 0 <= (first + plan.low) * plan.itemsize and (first + plan.high + 1) * plan.itemsize <= buffer_bytes
-    assert len(elements) * 4 >= plan.high - plan.low + 1
+    assert len(elements) * 4 >= plan.elements
 
 def prefetch_precedes_wait(source: str) -> bool:
   body = source[source.index("__global__"):]

@@ -11,7 +11,8 @@ prefetch changes no value, only when bytes arrive.
 from its loads' index expressions, the elements one block reads: each index is split into terms (ops.split_terms);
 terms over block indices (gidx) and kernel variables stay symbolic (known before the wait: they are launch
 coordinates and parameters), terms over thread indices and loop counters (lidx, RANGE) are replaced by their least and
-greatest values (vmin/vmax). The result is one interval per block, `first(gidx) .. last(gidx)`, exact when:
+greatest values (vmin/vmax). The result is one interval per block, `first(gidx) .. last(gidx)`, or a few (a
+block reading two separate parts of one buffer: PREFETCH_MAX_RANGES), each exact when:
 - every term mixes no block index with a thread/loop index, and every load of the buffer has the same block part;
 - each thread/loop term is monotone (ADD, MUL and IDIV by constants, MOD that never wraps) over indices whose whole
   range runs, and an index variable's terms all have coefficients of one sign, so the bounds are values some thread
@@ -37,22 +38,30 @@ from tgrad.ops import UOp, Ops, split_terms
 PREFETCH_LINE_BYTES = 128             # an L2 cache line: one prefetch.global.L2 brings in one
 PREFETCH_MAX_BLOCK_BYTES = 256 * 1024  # a block's interval above this is not prefetched
 PREFETCH_MAX_SPARSITY = 4             # interval elements per element the block can touch, at most
+PREFETCH_MAX_RANGES = 4               # separate parts of one buffer a block prefetches, at most (more: one interval)
 PREFETCH_INSTRUCTION = "prefetch.global.L2 [%0];"
 # index math the interval is derived through; anything else (a loaded value, a comparison) leaves the buffer alone
 _INDEX_OPS = frozenset({Ops.ADD, Ops.MUL, Ops.IDIV, Ops.MOD, Ops.CONST, Ops.SPECIAL, Ops.RANGE, Ops.DEFINE_VAR})
 
 @dataclass(frozen=True)
 class BlockPrefetch:
-  """Elements `first + low .. first + high` of `buffer` (a DEFINE_GLOBAL) are what one block reads; `first` is index
-  math over gidx SPECIALs, DEFINE_VARs and constants, `low`/`high` are constants."""
+  """Elements `first + lo .. first + hi` of `buffer` (a DEFINE_GLOBAL) for each (lo, hi) of `ranges` (sorted,
+  disjoint) are what one block reads; `first` is index math over gidx SPECIALs, DEFINE_VARs and constants, the bounds
+  are constants. Several ranges where the block reads separate parts of the buffer (two views of one stacked weight:
+  a kernel computing gate and up from their rows of one buffer)."""
   buffer: UOp
   first: UOp
-  low: int
-  high: int
+  ranges: tuple[tuple[int, int], ...]
+  @property
+  def low(self) -> int: return self.ranges[0][0]
+  @property
+  def high(self) -> int: return self.ranges[-1][1]
   @property
   def itemsize(self) -> int: return self.buffer.dtype.itemsize
   @property
-  def block_bytes(self) -> int: return (self.high - self.low + 1) * self.itemsize
+  def elements(self) -> int: return sum(hi - lo + 1 for lo, hi in self.ranges)
+  @property
+  def block_bytes(self) -> int: return self.elements * self.itemsize
 
 def _is_block_symbol(u: UOp) -> bool:
   return (u.op is Ops.SPECIAL and u.arg[0].startswith("gidx")) or u.op is Ops.DEFINE_VAR
@@ -124,19 +133,28 @@ def block_prefetch(uops: list[UOp]) -> Optional[BlockPrefetch]:
   return None
 
 def _buffer_prefetch(buffer: UOp, loads: list[UOp]) -> Optional[BlockPrefetch]:
-  """The interval one block reads of `buffer` through `loads` (those that always run), if it is exact and pays."""
+  """The ranges one block reads of `buffer` through `loads` (those that always run), if they are exact and pay: each
+  load's interval, those that overlap or lie within a line of each other joined, up to PREFETCH_MAX_RANGES ranges
+  (more are joined into one)."""
   block: Optional[dict[UOp, int]] = None
-  low = high = touched = 0
+  intervals: list[tuple[int, int]] = []
+  touched = 0
   for load in loads:
     if (split := _split_index(load.src[1])) is None: return None
     terms, load_low, load_high, extents = split
     if block is not None and terms != block: return None
-    low, high = (load_low, load_high) if block is None else (min(low, load_low), max(high, load_high))
     block = terms
+    intervals.append((load_low, load_high))
     touched += prod(extents.values())
   if block is None: return None
-  plan = BlockPrefetch(buffer, _block_index(block), low, high)
-  if plan.block_bytes > PREFETCH_MAX_BLOCK_BYTES or high - low + 1 > PREFETCH_MAX_SPARSITY * touched: return None
+  line_elements = max(1, PREFETCH_LINE_BYTES // buffer.dtype.itemsize)
+  ranges: list[tuple[int, int]] = []
+  for lo, hi in sorted(intervals):
+    if ranges and lo - ranges[-1][1] <= line_elements: ranges[-1] = (ranges[-1][0], max(ranges[-1][1], hi))
+    else: ranges.append((lo, hi))
+  if len(ranges) > PREFETCH_MAX_RANGES: ranges = [(ranges[0][0], max(hi for _, hi in ranges))]
+  plan = BlockPrefetch(buffer, _block_index(block), tuple(ranges))
+  if plan.block_bytes > PREFETCH_MAX_BLOCK_BYTES or plan.elements > PREFETCH_MAX_SPARSITY * touched: return None
   return plan
 
 def _block_index(terms: dict[UOp, int]) -> UOp:
@@ -160,16 +178,21 @@ def c_index(u: UOp, names: dict[UOp, str]) -> str:
 
 def prefetch_statements(plan: BlockPrefetch, buffer: str, names: dict[UOp, str], thread: str,
                         threads: int) -> list[str]:
-  """The C statements that prefetch `plan`'s interval of `buffer` (a parameter's name): thread `thread` (an expression,
-  0..threads-1) takes lines thread, thread + threads, ... of the 128-byte lines from the one holding the first byte
-  through the one holding the last."""
-  first = f"({c_index(plan.first, names)} + {plan.low}ll) * {plan.itemsize}ll"
-  last = f"({c_index(plan.first, names)} + {plan.high}ll) * {plan.itemsize}ll + {plan.itemsize - 1}ll"
+  """The C statements that prefetch `plan`'s ranges of `buffer` (a parameter's name): for each range, thread `thread`
+  (an expression, 0..threads-1) takes lines thread, thread + threads, ... of the 128-byte lines from the one holding
+  its first byte through the one holding its last."""
   line = f"{PREFETCH_LINE_BYTES}ull"
-  return [f"{{  // L2 prefetch of the {plan.block_bytes} bytes of {buffer} this block reads",
-          f"  const unsigned long long prefetch_last = (unsigned long long)((const char*){buffer} + {last});",
-          f"  for (unsigned long long prefetch_line = ((unsigned long long)((const char*){buffer} + {first}) & "
-          f"~({line} - 1ull)) + {line} * ({thread}); prefetch_line <= prefetch_last; prefetch_line += {line} * "
-          f"{threads}ull)",
-          f'    asm volatile("{PREFETCH_INSTRUCTION}" :: "l"(prefetch_line));',
-          "}"]
+  block = c_index(plan.first, names)
+  def walk(lo: int, hi: int, indent: str) -> list[str]:
+    first = f"({block} + {lo}ll) * {plan.itemsize}ll"
+    last = f"({block} + {hi}ll) * {plan.itemsize}ll + {plan.itemsize - 1}ll"
+    return [f"{indent}const unsigned long long prefetch_last = (unsigned long long)((const char*){buffer} + {last});",
+            f"{indent}for (unsigned long long prefetch_line = ((unsigned long long)((const char*){buffer} + {first}) & "
+            f"~({line} - 1ull)) + {line} * ({thread}); prefetch_line <= prefetch_last; prefetch_line += {line} * "
+            f"{threads}ull)",
+            f'{indent}  asm volatile("{PREFETCH_INSTRUCTION}" :: "l"(prefetch_line));']
+  out = [f"{{  // L2 prefetch of the {plan.block_bytes} bytes of {buffer} this block reads"]
+  if len(plan.ranges) == 1: out += walk(*plan.ranges[0], "  ")
+  else:
+    for lo, hi in plan.ranges: out += ["  {", *walk(lo, hi, "    "), "  }"]
+  return out + ["}"]

@@ -1,6 +1,6 @@
 """The GPU rule for a row kernel whose last pass is a matrix–vector product (matvec_rules.py `_row_matvec`): gemma's
-decode step fuses the post-attention norm, the residual add and the pre-feedforward norm into its gate/up projection,
-a 4096×640 matvec whose every block first walks the 640-wide rows.
+decode step fuses the post-attention norm, the residual add and the pre-feedforward norm into its gate/up kernel, two
+2048×640 matvecs (gate and up, whose GELU(gate)·up it stores) whose every block first walks the 640-wide rows.
 
 Without a GPU: a two-layer model with gemma-3-270m's layer shapes (and a small vocabulary) runs one decode step on
 LLVM; its gate/up kernel is a row kernel that the rule gives 16-byte weight loads, a group of ROW_MATVEC_GROUP threads
@@ -14,7 +14,7 @@ import tgrad.schedule_cache as schedule_cache
 from tgrad import Tensor
 from tgrad.runtime.cuda.renderer import CUDARenderer
 from tgrad.codegen.heuristics import hand_coded_optimizations
-from tgrad.codegen.matvec_rules import ROW_MATVEC_GROUP
+from tgrad.codegen.matvec_rules import MATVEC_MIN_BLOCKS, ROW_MATVEC_GROUP, ROW_MATVEC_ROWS_PER_BLOCK
 from tgrad.codegen.kernel import Kernel, OptOps
 from tgrad.codegen.linearizer import linearize
 from tgrad.dtype import dtypes
@@ -47,7 +47,7 @@ def decode_asts(dtype, device: str = "LLVM") -> tuple[list, np.ndarray]:
 
 def gate_up_kernels(asts) -> list[Kernel]:
   """The gate/up kernels of the step: one per distinct AST (layer 0's also computes the embedding lookup it reads)."""
-  rows = 2 * LAYER_SHAPES["intermediate_size"]
+  rows = LAYER_SHAPES["intermediate_size"]
   kernels = [Kernel(a, CUDARenderer()) for a in asts]
   found = [k for k in kernels if k.full_shape == (rows, LAYER_SHAPES["hidden_size"])]
   assert found, [k.full_shape for k in kernels]
@@ -62,7 +62,10 @@ def test_gate_up_row_kernel_gets_rows_per_block(dtype):
     hand_coded_optimizations(kernel)
     opts = {opt.op: opt.amount for opt in kernel.applied_opts}
     assert opts[OptOps.UNROLL] * dtype.itemsize == 16, kernel.applied_opts   # 16-byte loads of W
-    assert opts[OptOps.GROUP] == ROW_MATVEC_GROUP and opts[OptOps.LOCAL] == 8, kernel.applied_opts
+    rows_per_block = ROW_MATVEC_ROWS_PER_BLOCK   # halved while that leaves fewer than MATVEC_MIN_BLOCKS blocks
+    while rows_per_block > 1 and LAYER_SHAPES["intermediate_size"] // rows_per_block < MATVEC_MIN_BLOCKS:
+      rows_per_block //= 2
+    assert opts[OptOps.GROUP] == ROW_MATVEC_GROUP and opts[OptOps.LOCAL] == rows_per_block == 4, kernel.applied_opts
     compile_cuda(kernel.renderer.render("gate_up", linearize(kernel)), "sm_90")
 
 @needs_nvrtc

@@ -7,7 +7,7 @@ BEAM winner in the cache (search.py), so a winner found and verified under older
 # Bump when a change here alters the code that some AST and Opt list produce, or what an Opt means: axes.py and opts.py,
 # the linearizer, a renderer, the heuristics that seed the search, or how search verifies. Changes that only
 # rename or restructure without changing generated code need no bump.
-CODEGEN_VERSION = 34   # 2: gathers (data-dependent loads); int casts as narrow CUDA index math. 3: row kernels.
+CODEGEN_VERSION = 35   # 2: gathers (data-dependent loads); int casts as narrow CUDA index math. 3: row kernels.
 # 4: guarded GROUPs of symbolic reduces that padding would change (padding guards), split views indexed without division
 # 5: guarded UPCAST and PADTO of symbolic global axes (stride-0 loads stretched, not masked), tensor cores with padded
 # symbolic rows/columns
@@ -62,3 +62,5 @@ CODEGEN_VERSION = 34   # 2: gathers (data-dependent loads); int casts as narrow 
 # runtime hands out to the cores as they finish one
 # 34: a reduce folded over loops of one trip (a GROUP's own partial) is its value + 0.0 in its dtype, not a float64
 # multiply-add and two conversions
+# 35: CUDA: a block's L2 prefetch covers each separate part of its buffer (up to 4 ranges) instead of giving up on a
+# buffer read at two places (gate and up from one stacked weight)

@@ -148,9 +148,13 @@ def _matvec_columns(kernel: Kernel, n_axis: int) -> None:
 # of the group's partials (every thread of a row kernel combines them all) grows with the group. Several rows per
 # block share the passes' loads through L1, and a small group keeps the combine short. Measured on an H100 (gemma-3-270m
 # decode, gate/up 4096×640 with two fused norms, each kernel alone): one row of 40 threads 13.9 µs fp16 / 12.6 µs fp32;
-# 8 rows of 20 threads 7.0–8.1 / 7.4; 4 rows of 20 6.4–7.6 fp32; 8 rows of 40 11–12; 80 threads per row ≥ 27.
+# 8 rows of 20 threads 7.0–8.1 / 7.4; 4 rows of 20 6.4–7.6 fp32; 8 rows of 40 11–12; 80 threads per row ≥ 27. Since
+# the decode's row kernels have 4 rows a block (MATVEC_MIN_BLOCKS), 40 threads a row is faster (2026-11-28, float16
+# decode step, zero-data Q4_K_M file, two rounds alternated: H100 0.5598/0.5592 → 0.5349/0.5332 ms at position 40,
+# H200 0.5166/0.5155 → 0.4983/0.4978; in a chain of PDL launches on the H200, qkv 4.60 → 4.28 µs, gate/up 5.89 →
+# 5.66; 8 rows of 40: 5.26 and 6.22).
 ROW_MATVEC_MIN_ROWS = 256        # fewer output rows than this: the generic row rules
-ROW_MATVEC_GROUP = 20            # threads per row: the most that keep the every-thread combine short
+ROW_MATVEC_GROUP = 40            # threads per row
 ROW_MATVEC_ROWS_PER_BLOCK = 8
 
 def _row_matvec(kernel: Kernel) -> bool:

@@ -161,6 +161,9 @@ class View:
 
   def expand(self, new_shape: Sequence[int]) -> View:
     """Broadcast size-1 dims to `new_shape` (stride 0); other dims must keep their size."""
+    if type(new_shape) is tuple and self.mask is None and len(new_shape) == len(self.shape) and \
+       all(type(n) is int and type(s) is int and (n == s or s == 1) and n >= 0 for n, s in zip(new_shape, self.shape)):
+      return _canonical_view(new_shape, self.strides, self.offset, None)   # the common case: int sizes, no mask
     new_shape = as_shape_tuple(new_shape, "expand shape")
     self._check_arity(new_shape, "expand shape")
     if any(s != n and (s != 1 or vmin_of(n) < 0) for s, n in zip(self.shape, new_shape)):

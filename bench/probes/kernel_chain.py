@@ -1,6 +1,7 @@
 """Time CUDA kernels as a decode step runs them: each file NAME.cu (with NAME.json, dump_decode_kernel.py) is launched
 NODES times as one CUDA graph with programmatic (PDL) edges, every node reading its own copy of the kernel's weight
-(COPIES copies: more than L2 holds, so each node's weight comes from memory, prefetched before its wait as in the step).
+(COPIES copies: more than L2 holds, so each node's weight comes from memory, prefetched before its wait as in the step;
+int32 buffers, indices such as a token id, are zeros).
 Prints µs per kernel (CUDA events over REPS graph launches, the best and median of ROUNDS rounds, the files interleaved)
 and, for consecutive pairs of files, the largest difference of their outputs (the same inputs: an edited kernel against
 the one it was made from). Lifted scalars are passed as 1.0f. A file whose NAME.json is missing gets the gate/up
@@ -30,6 +31,7 @@ def run(names: list[str]) -> None:
   arch = "sm_%d%d" % cuda.Device(0).compute_capability()
   rng = np.random.default_rng(0)
   def upload(dtype: str, size: int, weight: bool = False):
+    if dtype == "int32": return cuda.to_device(np.zeros(size, np.int32))   # indices (a token id): the first row
     values = rng.integers(0, 255, size) if dtype == "uint8" else rng.standard_normal(size) * (0.02 if weight else 1)
     return cuda.to_device(values.astype(NUMPY[dtype]))
   made: dict[str, list] = {}

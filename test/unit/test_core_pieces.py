@@ -266,3 +266,42 @@ def test_a_launch_of_more_pieces_than_a_lane_counts_runs_them_all():
   counts = np.zeros(cores.MAX_POOL_PIECES + 5, np.int32)
   runtime.run_on_cores(kernel, [ctypes.c_void_p(counts.ctypes.data)], len(counts))
   assert (counts == 1).all()
+
+@pytest.mark.parametrize("threads", [3, 4, 7])
+def test_many_lanes_run_every_piece_exactly_once(threads):
+  """More lanes than this machine has cores (THREADS 3, 4, 7: workers that are often descheduled, so lanes are stolen
+  from in every order): seeded random launches of 1-200 pieces, fewer pieces than lanes included, each piece once."""
+  rng = np.random.default_rng(threads)
+  kernel = _marking_kernel(1)
+  with Context(THREADS=threads):
+    for launch in range(150):
+      pieces = int(rng.integers(1, 201)) if launch % 3 else int(rng.integers(1, threads + 1))
+      counts = np.zeros(pieces, np.int32)
+      runtime.run_on_cores(kernel, [ctypes.c_void_p(counts.ctypes.data), ctypes.c_int64(launch)], pieces)
+      assert (counts == 1).all(), (threads, launch, pieces, np.flatnonzero(counts != 1))
+
+def test_each_lane_runs_its_home_range_in_order():
+  """Three lanes (THREADS=3), every core's pieces recorded with the order it ran them: each core's sequence is its own
+  home range from the front (c·P/3 ..), then pieces stolen from the backs of the other ranges, and every piece runs
+  once."""
+  with Context(THREADS=3):
+    for pieces in (3, 9, 31):
+      ran: list[tuple[int, int]] = []
+      lock = threading.Lock()
+      def record(piece: int) -> None:
+        with lock: ran.append((piece, threading.get_ident()))
+      runtime.run_on_cores(PIECE_CALL(record), [], pieces)
+      assert sorted(p for p, _ in ran) == list(range(pieces))
+      homes = [range(c * pieces // 3, (c + 1) * pieces // 3) for c in range(3)]
+      by_core: dict[int, list[int]] = {}
+      for piece, who in ran: by_core.setdefault(who, []).append(piece)
+      for sequence in by_core.values():
+        home = next((h for h in homes if sequence[0] == h.start), None)   # a core that ran its own first piece
+        if home is None: continue                                        # (else all it ran was stolen)
+        own = 0
+        while own < min(len(sequence), len(home)) and sequence[own] == home.start + own: own += 1
+        stolen = sequence[own:]
+        assert not any(p in home for p in stolen), (pieces, sequence)   # a core never steals from its own range
+        for h in homes:   # what it stole from one range, it took from the back: descending
+          taken = [p for p in stolen if p in h]
+          assert taken == sorted(taken, reverse=True), (pieces, sequence)

@@ -1,8 +1,9 @@
 """The LLVM runtime's THREAD launches and its use of LLVM from several threads: every piece runs once per launch
 (runtime.run_on_cores, with more pieces than cores; the core pool's native claiming, cores.py: seeded random launches
 of a native kernel of random argument counts, back to back and after the workers went to sleep, from two threads at
-once, and in a forked child; each core's home range run from the front and the other's stolen from the back; more
-pieces than a lane word counts; a pool made again when THREADS changes, its old workers leaving), a Python callable's
+once, and in a forked child; each core's home range run from the front and the others' stolen from the back, with 2
+and 3 lanes, and every piece once with 3, 4 and 7; more pieces than a lane word counts; a pool made again when THREADS
+changes, its old workers leaving), a Python callable's
 exception reaches the launching thread, launches from two Python
 threads at once both complete, a prepared launch keeps its code alive after its program is gone, compiles and
 loads from several threads at once (LLVM used under one lock) while threaded kernels run, the heuristics' pieces

@@ -60,11 +60,11 @@ def _register_tile(kernel: Kernel) -> None:
   if rows_axis is not None: try_opt(kernel, Opt(OptOps.UPCAST, rows_axis, CPU_TILE_ROWS))
 
 # A big reduce (a split sum's partials, softmax's rows, a column sum's columns) is cut into up to CPU_PIECES_PER_CORE
-# pieces a core, which the runtime hands to the cores as each finishes one (runtime.run_on_cores): a core slowed by
-# another process then takes fewer pieces instead of holding up the launch while the other cores wait. Each piece keeps
-# CPU_PIECE_MIN_WORK loop iterations at least, so claiming it (about a µs) stays small against it. Measured (16M-float
-# sum's partials, 2 Zen 3 cores shared with other work, load average 7): GB/s at the 25th percentile of 40 launches
-# 7-8 with 2 pieces, 17-18 with 32 or 64.
+# pieces a core, which each core runs from its home range and then steals from the others' (runtime.run_on_cores): a
+# core slowed by another process then takes fewer pieces instead of holding up the launch while the others wait. Each
+# piece keeps CPU_PIECE_MIN_WORK loop iterations at least, so claiming it (about a µs) stays small against it. Measured
+# (16M-float sum's partials, 2 Zen 3 cores shared with other work, load average 7): GB/s at the 25th percentile of 40
+# launches 7-8 with 2 pieces, 17-18 with 32 or 64.
 CPU_PIECES_PER_CORE = 16
 CPU_PIECE_MIN_WORK = 1 << 16
 

@@ -464,9 +464,8 @@ def _value(argument) -> int:
 def run_on_cores(fn: Callable, pointers: Sequence, pieces: int) -> None:
   """fn(*pointers, piece) for every piece index below `pieces` (a THREAD launch: piece i computes its part of the
   output), on the calling thread and the pool's workers, each running its home range of the pieces and then stealing
-  from the others' (the module docstring). Returns when
-  every piece has run. `fn` is a ctypes function (a kernel); a plain Python callable runs its pieces here, in order
-  (an exception then reaches the caller)."""
+  from the others' (the module docstring). Returns when every piece has run. `fn` is a ctypes function (a kernel); a
+  plain Python callable runs its pieces here, in order (an exception then reaches the caller)."""
   if not isinstance(fn, ctypes._CFuncPtr):
     for piece in range(pieces): fn(*pointers, piece)
     return

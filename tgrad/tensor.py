@@ -75,20 +75,6 @@ def _copy_to_host(lb: LazyBuffer) -> np.ndarray: return copy_to_host(lb.base.buf
 
 # ---------------------------------------------------------------------------------------------------------------
 
-
-def _broadcast_ints(a: tuple, b: tuple) -> Optional[tuple[int, ...]]:
-  """numpy's broadcast of two shapes of one rank and integer sizes (a binary op's common case: a row statistic against
-  its rows), else None (ranks that differ, a symbolic size, or sizes that don't broadcast: the general path says
-  why)."""
-  if len(a) != len(b): return None
-  out = []
-  for x, y in zip(a, b):
-    if type(x) is not int or type(y) is not int: return None
-    if x == y or y == 1: out.append(x)
-    elif x == 1: out.append(y)
-    else: return None
-  return tuple(out)
-
 class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, IndexingMixin, LinalgMixin, NNMixin,
              SortingMixin, HashingMixin):
   """An n-dimensional array on a device, computed lazily.
@@ -449,7 +435,8 @@ class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, Indexi
       if theirs.successor is not None or theirs.origin is not None: theirs = other.lazydata
       if mine.dtype is theirs.dtype and mine.device == theirs.device:
         if mine.shape == theirs.shape: return (other, self) if reverse else (self, other)
-        if (shape := _broadcast_ints(mine.shape, theirs.shape)) is not None:   # one dtype, the same rank, int sizes
+        if len(mine.shape) == len(theirs.shape):   # one dtype and rank: a row statistic against its rows
+          shape = broadcast_shape(mine.shape, theirs.shape)   # (its error is the general path's)
           x = self if mine.shape == shape else F.Expand.apply(self, shape=shape)
           y = other if theirs.shape == shape else F.Expand.apply(other, shape=shape)
           return (y, x) if reverse else (x, y)

@@ -46,16 +46,26 @@ def _check_shape(shape: tuple) -> tuple:
 MAX_ELEMENTS = 1 << 62
 
 def broadcast_shape(*shapes: tuple[int, ...]) -> tuple[int, ...]:
-  """numpy's broadcasting: align on the right; each dim pair must be equal or contain a 1."""
+  """numpy's broadcasting: align on the right; each dim pair must be equal or contain a 1. Two shapes of one rank (a
+  broadcast binary op's case, on every call) take one plain loop."""
+  if len(shapes) == 2 and len(shapes[0]) == len(shapes[1]):
+    out = []
+    for x, y in zip(*shapes):
+      if x == y or y == 1: out.append(x)
+      elif x == 1: out.append(y)
+      else: _not_broadcastable(shapes)
+    return tuple(out)
   ndim = max((len(s) for s in shapes), default=0)
   padded = [(1,) * (ndim - len(s)) + tuple(s) for s in shapes]
   out = []
   for dims in zip(*padded):
     sizes = {d for d in dims if d != 1}
-    if len(sizes) > 1:
-      raise ValueError(f"shapes {' and '.join(str(tuple(s)) for s in shapes)} cannot be broadcast together")
+    if len(sizes) > 1: _not_broadcastable(shapes)
     out.append(sizes.pop() if sizes else 1)
   return tuple(out)
+
+def _not_broadcastable(shapes: tuple) -> None:
+  raise ValueError(f"shapes {' and '.join(str(tuple(s)) for s in shapes)} cannot be broadcast together")
 
 def _resolve_axis(axis: int, ndim: int, shape: tuple) -> int:
   if not isinstance(axis, (int, np.integer)) or isinstance(axis, bool):

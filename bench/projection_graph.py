@@ -12,10 +12,14 @@ graph, each streaming its share of the bytes), fitted by a line: a kernel costs 
 FLOOR_BANDWIDTH (plain graph; the PDL fit beside it). Its four points (240 and 536 MB over 60 and 155 kernels) lie
 within 2% of the line. "of floor" is floor time / measured time: the share of the floor probe's bandwidth the
 projection reaches at the same bytes and kernel count (issue target: >= 0.8).
-Usage: python bench/projection_graph.py [--cases Q5_0:2048x640,...] [--copies 64] [--pdl 0|1]
+Each row also names the kernel's opts (the heuristics', or BEAM's winner where BEAM is set). `--set NAME=V1,V2,...`
+(repeatable) measures every case once per combination of values of matvec_rules' integer constants (e.g.
+PACKED_MATVEC_ROW_THREADS=64,128 PACKED_MATVEC_BLOCK_THREADS=128,256), set for the run: the rule's constants swept in
+the graph.
+Usage: python bench/projection_graph.py [--cases Q5_0:2048x640,...] [--copies 64] [--pdl 0|1] [--set NAME=V,...]
 """
 from __future__ import annotations
-import argparse, json, os, sys
+import argparse, itertools, json, os, sys
 from pathlib import Path
 import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -23,6 +27,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from tgrad import Tensor, TinyJit  # noqa: E402
 from tgrad.helpers import Context  # noqa: E402
 from tgrad.nn.quant import GGMLType, QuantizedTensor, packed_nbytes  # noqa: E402
+from tgrad.codegen import matvec_rules  # noqa: E402
+from tgrad.realize import lower_schedule  # noqa: E402
+import tgrad.realize as realize_module  # noqa: E402
 from gpu import event_seconds  # noqa: E402
 from packed_matvec import random_blocks  # noqa: E402
 
@@ -68,22 +75,37 @@ def measure(case: str, copies: int, pdl: int) -> dict:
     seconds = event_seconds(lambda: jitted(x), REPLAYS)
   per = seconds * 1e6 / copies
   floor = floor_us(nbytes, pdl)
+  first = made[0]
+  items = lower_schedule((x.linear(first.transpose()) if type_name == "F16" else first.linear(x)).schedule())
+  opts = " | ".join(" ".join(f"{o.op.name}:{o.axis}:{o.amount}" for o in getattr(i.runner, "opts", [])) for i in items)
   return {"case": case, "copies": copies, "bytes": nbytes, "us": round(per, 3), "GB/s": round(nbytes / per / 1e3, 1),
-          "floor_us": round(floor, 3), "of_floor": round(floor / per, 3)}
+          "floor_us": round(floor, 3), "of_floor": round(floor / per, 3), "opts": opts}
 
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--cases", default=",".join(CASES))
   parser.add_argument("--copies", type=int, default=0, help="weights per case (0: enough to pass the L2)")
   parser.add_argument("--pdl", type=int, default=1, choices=(0, 1))
+  parser.add_argument("--set", action="append", default=[], help="NAME=V1,V2: values of a matvec_rules constant")
   args = parser.parse_args()
+  names = [item.split("=")[0] for item in args.set]
+  for name in names:
+    if not isinstance(getattr(matvec_rules, name, None), int): raise SystemExit(f"matvec_rules has no integer {name}")
+  settings = list(itertools.product(*[[int(v) for v in item.split("=")[1].split(",")] for item in args.set]))
   rows = []
-  print(f"{'case':16s} {'copies':>6s} {'bytes':>9s} {'us':>7s} {'GB/s':>7s} {'floor us':>8s} {'of floor':>8s}")
+  print(f"{'case':16s} {'setting':>12s} {'copies':>6s} {'bytes':>9s} {'us':>7s} {'GB/s':>7s} {'floor us':>8s} "
+        f"{'of floor':>8s}  opts")
   for case in args.cases.split(","):
-    r = measure(case, args.copies, args.pdl)
-    rows.append(r)
-    print(f"{r['case']:16s} {r['copies']:6d} {r['bytes']:9d} {r['us']:7.2f} {r['GB/s']:7.1f} {r['floor_us']:8.2f} "
-          f"{r['of_floor']:8.2f}", flush=True)
+    for values in settings:
+      if names:
+        for name, value in zip(names, values): setattr(matvec_rules, name, value)
+        realize_module._runner_cache.clear()   # compiled under the previous constants
+      r = measure(case, args.copies, args.pdl)
+      r.update(zip(names, values))
+      rows.append(r)
+      setting = "/".join(map(str, values)) or "rule"
+      print(f"{r['case']:16s} {setting:>12s} {r['copies']:6d} {r['bytes']:9d} {r['us']:7.2f} {r['GB/s']:7.1f} "
+            f"{r['floor_us']:8.2f} {r['of_floor']:8.2f}  {r['opts']}", flush=True)
   if os.environ.get("OUT"): Path(os.environ["OUT"], "projection_graph.json").write_text(json.dumps(rows, indent=1))
 
 if __name__ == "__main__":

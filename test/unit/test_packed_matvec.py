@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from tgrad import Tensor
 from tgrad.codegen.heuristics import CPU_VALUE_LOOP_MIN, CPU_VALUE_LOOP_SUB_BLOCKS, hand_coded_optimizations
+from tgrad.codegen import matvec_rules
 from tgrad.codegen.matvec_rules import packed_matvec_layout
 from tgrad.codegen.kernel import Kernel, Opt, OptOps
 from tgrad.codegen.linearizer import linearize
@@ -137,12 +138,23 @@ GEMMA_CASES = CASES[:4]
 @pytest.mark.parametrize("ggml_type,rows,columns", CASES, ids=str)
 def test_gpu_rule_spreads_a_row_over_blocks_and_words(ggml_type, rows, columns):
   """Two GROUPs (the row's blocks, the 32-bit words of a block's quant run) give every row at least 32 threads where
-  the row has that many words; nothing but the blocks' GROUP remains a loop inside a block; BEAM can reach every opt."""
+  the row has that many words, and a third (a loop inside the block) where a thread's share of a block would still be
+  PACKED_SPREAD_MIN_VALUES values (Q6_K's 64: 32 after it); nothing but the blocks' GROUP remains a loop inside a
+  block; a block of threads has PACKED_MATVEC_BLOCK_THREADS at least where the rows allow; BEAM can reach every
+  opt."""
   from tgrad.codegen.search import ACTIONS
   kernel = Kernel(linear_ast(ggml_type, rows, columns), CUDARenderer())
   hand_coded_optimizations(kernel)
-  assert kernel.group_for_reduces == 2, kernel.applied_opts
-  row_threads = kernel.full_shape[kernel.first_reduce] * kernel.full_shape[kernel.first_reduce + 1]
+  spread = ggml_type is GGMLType.Q6_K
+  assert kernel.group_for_reduces == (3 if spread else 2), kernel.applied_opts
+  group = range(kernel.first_reduce, kernel.first_reduce + kernel.group_for_reduces)
+  row_threads = prod(kernel.full_shape[a] for a in group)
+  share = prod(kernel.full_shape[a] for a in range(kernel.first_reduce + kernel.group_for_reduces + 1,
+                                                   kernel.shape_len) if kernel.is_reduce_axis(a))
+  assert share < matvec_rules.PACKED_SPREAD_MIN_VALUES, (share, kernel.applied_opts)
+  block_rows = prod(kernel.full_shape[a] for a in range(kernel.global_dims, kernel.first_reduce))
+  wanted = -(-matvec_rules.PACKED_MATVEC_BLOCK_THREADS // row_threads)   # rows a block, rounded up (40 threads: 4)
+  if rows % wanted == 0 and rows // wanted >= matvec_rules.MATVEC_MIN_BLOCKS: assert block_rows == wanted, block_rows
   words_per_row = columns // BLOCK_LAYOUTS[ggml_type].block_size * BLOCK_LAYOUTS[ggml_type].block_bytes // 4
   assert row_threads >= min(32, words_per_row // 8), (row_threads, kernel.applied_opts)
   loops = range(kernel.first_reduce + kernel.group_for_reduces + 1, kernel.first_upcast)

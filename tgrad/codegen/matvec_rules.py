@@ -201,9 +201,19 @@ def _row_matvec(kernel: Kernel) -> bool:
 # head of gemma-3-270m's Q4_K_M file, 178 MB, back to back): 128 threads a row 319 µs (559 GB/s), 64 161 µs,
 # 32 93 µs, 8 91 µs (1.95 TB/s; floor 55 µs); gemma's smaller projections (256-4096 rows) keep 128 (their times moved
 # within the launch noise, 4.1-5.3 µs, in the same sweep).
+# Rows per block of threads: enough for PACKED_MATVEC_BLOCK_THREADS threads at least (rounded up: a row of 40 threads
+# takes 4 rows a block, not 2). Measured on an H100 (`python bench/projection_graph.py`, the plain projection in a
+# graph): Q5_0 2048×640 2.73 → 1.89 µs; the packed decode step on the zero-data file (position 40 / 100, three rounds
+# alternated) 0.4879-0.4914 / 0.5402-0.5420 → 0.4782-0.4808 / 0.5286-0.5314 ms.
+# A thread whose share of a block is still PACKED_SPREAD_MIN_VALUES values or more after the two GROUPs (Q6_K: 64 of a
+# 256-value super-block) takes a third: the outermost loop inside a block is spread over threads too (up to
+# PACKED_MATVEC_ROW_THREADS a row), halving the thread's serial decoding. Measured the same way: Q6_K 640×2048 3.35 →
+# 2.52 µs (0.49 → 0.66 of the floor probe); the packed step 0.4991 / 0.5519 → 0.4902 / 0.5416 ms. Spreading every
+# type so (Q4_K, Q5_0: 32 and 16 values a thread) made them slower (Q4_K 640×1024 1.65 → 2.24 µs; the step 0.574 ms).
 PACKED_WORD_BYTES = 4               # bytes of the quant run a thread reads per step: one 32-bit load
 PACKED_MATVEC_ROW_THREADS = 128     # threads sharing a row (MATVEC_MAX_ROW_THREADS's bound on the combine)
-PACKED_MATVEC_BLOCK_THREADS = 128   # threads per block of threads (rows × row threads)
+PACKED_MATVEC_BLOCK_THREADS = 128   # threads per block of threads (rows × row threads), at least
+PACKED_SPREAD_MIN_VALUES = 64
 PACKED_MATVEC_GPU_THREADS = 1 << 20   # ~4 waves of an H100's resident threads (132 SMs × 2048)
 # A weight whose rows alone give more than PACKED_MATVEC_GPU_THREADS threads at its row threads (the LM head: 262144
 # rows of 640) has threads to spare and too few loads in flight per thread: each thread takes PACKED_ROWS_PER_THREAD
@@ -244,6 +254,7 @@ def _packed_matvec(kernel: Kernel) -> bool:
   if block_threads > 1: try_opt(kernel, Opt(OptOps.GROUP, 0, 0 if block_threads == blocks else block_threads))
   # the word threads: the rest of the innermost block axis, now the last loop axis (after the blocks' GROUP, if any)
   if byte_threads > 1: try_opt(kernel, Opt(OptOps.GROUP, inner - blocks_axis, 0))
+  if _values_per_thread(kernel) >= PACKED_SPREAD_MIN_VALUES: _spread_in_block(kernel, row_cap)
   # every loop inside a block unrolled, innermost first (the loop axes before it keep their numbers)
   loops = range(kernel.first_reduce + kernel.group_for_reduces + 1, kernel.first_upcast)
   for axis in reversed(loops): try_opt(kernel, Opt(OptOps.UNROLL, axis - kernel.first_reduce, 0))
@@ -257,8 +268,29 @@ def _packed_matvec(kernel: Kernel) -> bool:
     try_opt(kernel, Opt(OptOps.UNROLL, kernel.group_for_reduces, 0))   # the blocks loop (its number after the LOCAL)
     try_opt(kernel, Opt(OptOps.UPCAST, layout.n_axis, PACKED_ROWS_PER_THREAD))
     return True
-  _rows_per_block(kernel, layout.n_axis, max(1, PACKED_MATVEC_BLOCK_THREADS // row_threads))
+  _rows_per_block(kernel, layout.n_axis, -(-PACKED_MATVEC_BLOCK_THREADS // row_threads))   # at least that many threads
   return True
+
+def _values_per_thread(kernel: Kernel) -> int:
+  """A thread's share of a block: the sizes of the reduce axes inside a block (after the blocks' loop) that no GROUP
+  spreads over threads, loops and unrolled alike."""
+  inside = range(kernel.first_reduce + kernel.group_for_reduces + 1, kernel.shape_len)
+  return prod(size for a in inside if kernel.is_reduce_axis(a) and isinstance(size := kernel.full_shape[a], int))
+
+def _spread_in_block(kernel: Kernel, row_cap: int) -> None:
+  """More threads a row while it has fewer than row_cap and a GROUP axis is left (opts.MAX_GROUP_AXES): the loops
+  inside a block (after the blocks' loop), outermost first, each shared by threads as far as the cap allows."""
+  row_threads = prod(kernel.full_shape[a] for a in range(kernel.first_reduce,
+                                                         kernel.first_reduce + kernel.group_for_reduces))
+  relative = 1   # the first loop inside a block, after the blocks' loop (left at size 1 when grouped whole)
+  while row_threads * 2 <= row_cap and kernel.first_reduce + kernel.group_for_reduces + relative < kernel.first_upcast:
+    size = kernel.full_shape[kernel.first_reduce + kernel.group_for_reduces + relative]
+    amount = divisor_at_most(size, row_cap // row_threads) if isinstance(size, int) else 1
+    if amount <= 1: break
+    if not try_opt(kernel, Opt(OptOps.GROUP, relative, 0 if amount == size else amount)): break
+    row_threads *= amount
+    relative += 1   # the grouped loop stays in place at size 1 (or size / amount: then stop)
+    if amount != size: break
 
 def _packed_loads(kernel: Kernel) -> list[int]:
   """Positions (in kernel.memops) of the byte loads of the packed weight: the buffer of the largest byte load."""

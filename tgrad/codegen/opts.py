@@ -24,9 +24,10 @@ from tgrad.helpers import prod, round_up
 
 MAX_UPCAST = 512   # largest product of upcast/unroll amounts (an 8×8 register tile × K unrolled by 8): more unrolled
                    # code only bloats compile time
-# Reduce axes a GROUP may spread over a block's threads: two let a packed matrix–vector product split both a row's
-# blocks and each block's bytes across threads (group_combine walks every group axis's partials).
-MAX_GROUP_AXES = 2
+# Reduce axes a GROUP may spread over a block's threads: three let a packed matrix–vector product split a row's blocks,
+# each block's bytes and a loop inside the block across threads (group_combine walks every group axis's partials;
+# more thread axes than a block has dimensions are folded into them).
+MAX_GROUP_AXES = 3
 MAX_PADDING_FRACTION = 1   # PADTO adds fewer positions than the axis has: padding never more than doubles its work
 
 def apply_opt(state: AxisState, opt: Opt) -> AxisState:

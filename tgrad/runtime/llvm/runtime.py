@@ -148,10 +148,11 @@ def check_object(binary: bytes) -> None:
 
 class _EngineKeeper:
   """Keeps an MCJIT engine (and so the code of its functions) alive; when it goes, the engine is retired, to be freed
-  under llvm_lock."""
+  under llvm_lock (at interpreter exit the module may be gone already: the process frees everything then)."""
   __slots__ = ("engine",)
   def __init__(self, engine): self.engine = engine
-  def __del__(self): target.retired_engines.append(self.engine)
+  def __del__(self):
+    if (retired := getattr(target, "retired_engines", None)) is not None: retired.append(self.engine)
 
 class LLVMProgram:
   """A loaded kernel. Call with buffers (numpy handles) and global_size=(threads,)."""

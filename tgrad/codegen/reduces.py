@@ -8,8 +8,9 @@ The value graph (value_graph.py) builds each reduce from the pieces here, in thi
      (`new_reduce`, `reduce_terms`); a value none of the loops changes is no loop (`fold_invariant_reduce`); a long
      float sum adds in blocks whose totals add with Kahan's compensation (`accumulation_split`, `block_ranges`);
   3. the group combine (split-K, OptOps.GROUP): each thread's partial goes to shared memory, and after a barrier the
-     group's first thread (or, in a row kernel, every thread) reduces the partials (`group_combine`, `group_gate`),
-     with Kahan's compensation when the reduce is long (`long_reduce`) or adds partial sums.
+     group's first thread (or, in a row kernel, every thread) reduces the partials (`group_partial`, `group_combine`,
+     `group_gate`), with Kahan's compensation when the reduce is long (`long_reduce`) or adds partial sums. Reduces of
+     one pass share their barrier (value_graph.py), so every partial of the pass is computed before any thread waits.
 
 The emitter (emit.py) turns each REDUCE into its accumulator and loop, with `kahan_step` for compensated sums and
 `online_step`/`online_merge`/`online_result` for a LOGADDEXP reduce (log Σ exp, the online softmax's one pass).
@@ -345,34 +346,42 @@ def block_ranges(axis: int, size, block: int, pass_arg: int = 0) -> tuple[UOp, U
 
 # ---- 3. the group combine (split-K)
 
-def group_combine(kernel: Kernel, indices: list[Optional[UOp]], ids: Iterator[int], op: Ops, dtype, partial: UOp,
-                  level: int = 0, of_partials: bool = False) -> tuple[UOp, tuple[UOp, ...]]:
-  """Reduce across the group's threads: each writes its partial to shared memory, then (after a barrier) the
-  group's first thread reduces the partials and stores (`group_gate`); the others skip that loop (an IF). Returns
-  (the combined value, the loops over the partials that only the gated thread runs). A long float sum (`long_reduce`,
-  or `of_partials`: a reduce of an earlier kernel's partial sums) combines the partials with Kahan's compensation:
-  they are large (a thread's share of a long axis) and alike, the case where a plain running sum rounds at every
-  step. When a later pass of a row kernel reads the result (`shares_results`), every thread combines the partials itself
-  (broadcast reads of the same shared words), no thread skips and no loop is gated; each reduce has its own array,
-  written once, so the one barrier before the reads is all it needs."""
+def group_partial(kernel: Kernel, indices: list[Optional[UOp]], ids: Iterator[int], dtype,
+                  partial: UOp) -> tuple[UOp, UOp]:
+  """A thread's partial of a GROUP reduce written to shared memory: (the shared array, the STORE). One slot per
+  thread, consecutive local (output) threads in consecutive slots; each reduce and output upcast replica has its own
+  array. The combine (`group_combine`) reads the array after a barrier over this store (and its siblings')."""
+  k = kernel
+  shared = UOp(Ops.DEFINE_LOCAL, dtype, (), (f"temp{next(ids)}", prod(_slot_sizes(k))))
+  mine = [indices[a] for a in group_axes(k) + list(range(k.global_dims, k.first_reduce))]
+  return shared, UOp(Ops.STORE, dtypes.void, (shared, _slot(k, mine), partial))
+
+def _slot_sizes(k: Kernel) -> list:
+  return [k.full_shape[a] for a in group_axes(k) + list(range(k.global_dims, k.first_reduce))]
+
+def _slot(k: Kernel, slot_indices: list[UOp]) -> UOp:
+  out = to_uop(0)
+  for i, size in zip(slot_indices, _slot_sizes(k)): out = out * size + i
+  return simplify(out)
+
+def group_combine(kernel: Kernel, indices: list[Optional[UOp]], ids: Iterator[int], op: Ops, dtype, shared: UOp,
+                  barrier: UOp, level: int = 0, of_partials: bool = False) -> tuple[UOp, tuple[UOp, ...]]:
+  """Reduce across the group's threads the partials each wrote to `shared` (group_partial): after `barrier` (over
+  that store, and over its sibling reduces' stores where they share one: value_graph), the group's first thread
+  reduces the partials and stores (`group_gate`); the others skip that loop (an IF). Returns (the combined value, the
+  loops over the partials that only the gated thread runs). A long float sum (`long_reduce`, or `of_partials`: a
+  reduce of an earlier kernel's partial sums) combines the partials with Kahan's compensation: they are large (a
+  thread's share of a long axis) and alike, the case where a plain running sum rounds at every step. When a later
+  pass of a row kernel reads the result (`shares_results`), every thread combines the partials itself (broadcast reads
+  of the same shared words), no thread skips and no loop is gated; each reduce has its own array, written once, so the
+  one barrier before the reads is all it needs."""
   k = kernel
   grouped = group_axes(k)
   local_axes = list(range(k.global_dims, k.first_reduce))
-  # one slot per thread, consecutive local (output) threads in consecutive slots; each output upcast replica has
-  # its own array
-  sizes = [k.full_shape[a] for a in grouped + local_axes]
-  def flat(slot_indices: list[UOp]) -> UOp:
-    out = to_uop(0)
-    for i, size in zip(slot_indices, sizes): out = out * size + i
-    return simplify(out)
-  shared = UOp(Ops.DEFINE_LOCAL, dtype, (), (f"temp{next(ids)}", prod(sizes)))
-  mine = [indices[a] for a in grouped + local_axes]
-  store = UOp(Ops.STORE, dtypes.void, (shared, flat(mine), partial))
-  barrier = UOp(Ops.BARRIER, dtypes.void, (store,))
   def partials(loop_arg: int) -> tuple[list[UOp], UOp]:   # loops over the group's partials, and the partial they read
     loops = [UOp(Ops.RANGE, dtypes.index, (to_uop(0), to_uop(k.full_shape[a])), PASS_LOOP_ARG * level + loop_arg + a)
              for a in grouped]
-    return loops, UOp(Ops.LOAD, dtype, (shared, flat(loops + [indices[a] for a in local_axes]), barrier))
+    return loops, UOp(Ops.LOAD, dtype, (shared, _slot(k, loops + [indices[a] for a in local_axes]), barrier))
   group_loops, load = partials(GROUP_LOOP_ARG)
   if op is Ops.LOGADDEXP:
     rescale_loops, again = partials(GROUP_RESCALE_LOOP_ARG)

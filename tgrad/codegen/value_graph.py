@@ -33,6 +33,7 @@ from tgrad.codegen.tensor_cores import TensorCoreFragments
 from tgrad.codegen.reduces import (PASS_LOOP_ARG, accumulation_split, block_ranges, chain_op, chain_terms,
                                    factor_integer_terms, shared_factors_last,
                                    compensable, fold_invariant_reduce, group_combine, group_axes, group_gate,
+                                   group_partial,
                                    is_sum_of_partials, loop_axes, new_reduce, online_result, online_step,
                                    row_pass_loops, row_store_indices, store_pass)
 from tgrad.shape.shapetracker import ShapeTracker
@@ -200,6 +201,7 @@ class ValueBuilder:
     self.tensor_cores = TensorCoreFragments(kernel, indices, tiles, self.build, ids) if kernel.tensor_core else None
     self.memo: dict[tuple, UOp] = {}
     self.reduces: dict[tuple, UOp] = {}   # (REDUCE_AXIS, indices with the reduce axes at 0) → its value
+    self.group_partials: dict[tuple, tuple[UOp, UOp]] = {}   # the same key → (its shared partials, their barrier)
     self.gated_loops: set[UOp] = set()    # the RANGEs over a GROUP's partials that only the storing thread runs
     self.pass_store = pass_store(kernel)
     self.pass_stores: list[UOp] = []      # the PassStore's STOREs, inside its sum's loop
@@ -297,9 +299,9 @@ class ValueBuilder:
     for guard in self.kernel.padding_guards: valid = valid & self.addressing.indexed(guard, idxs)[1]
     return simplify(valid)
 
-  def build_reduce(self, node: UOp, idxs: tuple[UOp, ...]) -> UOp:
-    """A REDUCE_AXIS at idxs (its own axes at 0): tensor-core fragments, or a loop reduce in its row pass, blocked
-    or folded where reduces.py says so, then combined across a GROUP's threads."""
+  def reduce_partial(self, node: UOp, idxs: tuple[UOp, ...]) -> UOp:
+    """A REDUCE_AXIS at idxs (its own axes at 0) in one thread: tensor-core fragments, or a loop reduce in its row
+    pass, blocked or folded where reduces.py says so (a GROUP's threads then combine their partials)."""
     k = self.kernel
     if self.tensor_cores is not None and node is k.tensor_core.reduce:
       return self.tensor_cores.reduce_element(node, idxs)
@@ -329,11 +331,37 @@ class ValueBuilder:
       result = new_reduce(self.ids, op, node.dtype, combined, ranges, chained,
                           compensated=is_sum_of_partials(node) and compensable(op, node.dtype))
       if self.pass_store is not None and node is self.pass_store.reduce: self.store_in_pass(node, idxs, loops)
-    if k.group_for_reduces:
-      result, gated = group_combine(k, self.indices, self.ids, op, node.dtype, result, level,
-                                    of_partials=is_sum_of_partials(node))
-      self.gated_loops.update(gated)
     return result
+
+  def build_reduce(self, node: UOp, idxs: tuple[UOp, ...]) -> UOp:
+    """A REDUCE_AXIS at idxs (its own axes at 0): its partial (`reduce_partial`), combined across a GROUP's threads.
+    The reduces of one pass share the barrier before their combines (`pass_barrier`)."""
+    k = self.kernel
+    if not k.group_for_reduces or (self.tensor_cores is not None and node is k.tensor_core.reduce):
+      return self.reduce_partial(node, idxs)
+    shared, barrier = self.pass_barrier(node, idxs)
+    result, gated = group_combine(k, self.indices, self.ids, node.arg[0], node.dtype, shared, barrier,
+                                  self.levels[node], of_partials=is_sum_of_partials(node))
+    self.gated_loops.update(gated)
+    return result
+
+  def pass_barrier(self, node: UOp, idxs: tuple[UOp, ...]) -> tuple[UOp, UOp]:
+    """node's shared array of partials and the barrier before its combine. Where each reduce is built at one position
+    (no output upcast), every reduce of node's pass gets its partial stored at the first one's turn, behind one
+    barrier: a fully unrolled reduce (a packed matvec's) is straight-line code, and a barrier after each one's store
+    kept the next one's loads from being issued before it (three of them in a row in gemma's packed gate/up kernel)."""
+    if (found := self.group_partials.get((node, idxs))) is not None: return found
+    k = self.kernel
+    one_position = all(k.full_shape[a] == 1 for a in k.upcast_axes if not k.is_reduce_axis(a))
+    level = self.levels[node]
+    siblings = [r for r in k.reduceops if self.levels[r] == level and r is not node and
+                not (self.tensor_cores is not None and r is k.tensor_core.reduce)] if one_position else []
+    stores = {}
+    for r in [node] + siblings:
+      stores[r] = group_partial(k, self.indices, self.ids, r.dtype, self.reduce_partial(r, idxs))
+    barrier = UOp(Ops.BARRIER, dtypes.void, tuple(store for _, store in stores.values()))
+    for r, (shared, _) in stores.items(): self.group_partials[(r, idxs)] = (shared, barrier)
+    return self.group_partials[(node, idxs)]
 
 # ---- 4. the stores of every output replica
 

@@ -13,7 +13,7 @@ from tgrad.codegen.linearizer import decompose, linearize
 from tgrad.codegen.value_graph import axis_indices, build_value_graph, clamp_index
 from tgrad.codegen.emit import emit_program
 from tgrad.codegen.reduces import (GROUP_LOOP_ARG, PASS_LOOP_ARG, block_ranges, fold_invariant_reduce, group_combine,
-                                   row_pass_loops)
+                                   group_partial, row_pass_loops)
 from tgrad.codegen.staging import StagedTiles, stage_plan
 from tgrad.codegen.tensor_cores import tensor_core_choices, tensor_core_operands
 from tgrad.codegen.value_graph import Addressing
@@ -62,14 +62,18 @@ def test_group_combine_is_gated_to_one_thread_unless_a_row_pass_reads_it():
 def test_group_combine_alone():
   kernel = kernel_of(host((64, 256)).r(Ops.ADD, (1,)), (Opt(OptOps.GROUP, 0, 16),))
   indices = axis_indices(kernel)
-  partial = UOp.const(dtypes.float32, 1.0)
-  combined, gated = group_combine(kernel, indices, itertools.count(1), Ops.ADD, dtypes.float32, partial)
+  shared, store = group_partial(kernel, indices, itertools.count(1), dtypes.float32, UOp.const(dtypes.float32, 1.0))
+  assert store.op is Ops.STORE and store.src[0] is shared and shared.arg == ("temp1", 16)
+  barrier = UOp(Ops.BARRIER, dtypes.void, (store,))
+  combined, gated = group_combine(kernel, indices, itertools.count(2), Ops.ADD, dtypes.float32, shared, barrier)
   assert combined.op is Ops.REDUCE and combined.arg[:2] == (Ops.ADD, 1) and len(combined.arg) == 3, \
     "a 256-long sum combines plainly (reduces.long_reduce)"
-  kahan, _ = group_combine(kernel, indices, itertools.count(1), Ops.ADD, dtypes.float32, partial, of_partials=True)
+  kahan, _ = group_combine(kernel, indices, itertools.count(2), Ops.ADD, dtypes.float32, shared, barrier,
+                           of_partials=True)
   assert kahan.arg[3], "Kahan: partial sums of an earlier kernel"
-  shared = [u for u in combined.toposort() if u.op is Ops.DEFINE_LOCAL]
-  assert [u.arg for u in shared] == [("temp1", 16)] and gated == combined.src[1:]
+  loads = [u for u in combined.toposort() if u.op is Ops.LOAD]
+  assert loads and all(u.src[0] is shared and u.src[-1] is barrier for u in loads), "reads wait for the barrier"
+  assert gated == combined.src[1:]
 
 def test_row_pass_loops_are_their_own_loops():
   kernel = kernel_of(softmax_rows(host((8, 256))), renderer=LLVMRenderer())

@@ -40,9 +40,15 @@ import llvmlite.binding as llvm
 from tgrad.helpers import cpu_count
 from tgrad.runtime.llvm import target
 
-# How long an idle worker spins for the next launch before it sleeps. A decode step's launches come every 30-300 µs;
-# a spinning worker takes a core from other processes, so the spin stays short.
-SPIN_MICROSECONDS = 300
+# How long an idle worker spins for the next launch before it sleeps. A decode step's launches come every 30-300 µs,
+# but an eager call's Python between two launches takes up to ~600 µs when the last kernel streamed the caches out (a
+# 64 MB sum). A sleeping worker is woken onto the launching thread's core (Linux places a woken thread beside its
+# waker), and the two share that core for the launch. Measured on this 2-core VM (`python bench/cpu_spin.py`:
+# `x.sum().realize()` of 16M float32 in bursts of 9 calls after a 0.15 s pause, spins alternated in one process):
+# 300 µs 2,401-2,772 µs a call, the worker woken in about half the calls; 1,000 µs 1,038-2,050, one wake in ~100
+# calls; 300 µs with the worker and the caller pinned to different cores 2,083. A spinning worker takes a core from
+# other processes, so the spin stays at a millisecond.
+SPIN_MICROSECONDS = 1000
 GENERATION_SHIFT = 32
 LOW_HALF = (1 << GENERATION_SHIFT) - 1
 NEXT_SHIFT = 16                      # a lane word: generation << 32 | next << 16 | end

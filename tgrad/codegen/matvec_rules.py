@@ -213,7 +213,7 @@ def _row_matvec(kernel: Kernel) -> bool:
 PACKED_WORD_BYTES = 4               # bytes of the quant run a thread reads per step: one 32-bit load
 PACKED_MATVEC_ROW_THREADS = 128     # threads sharing a row (MATVEC_MAX_ROW_THREADS's bound on the combine)
 PACKED_MATVEC_BLOCK_THREADS = 128   # threads per block of threads (rows × row threads), at least
-PACKED_SPREAD_MIN_VALUES = 64
+PACKED_SPREAD_MIN_VALUES = 64      # a thread decoding this many values of a block takes a third GROUP (above)
 PACKED_MATVEC_GPU_THREADS = 1 << 20   # ~4 waves of an H100's resident threads (132 SMs × 2048)
 # A weight whose rows alone give more than PACKED_MATVEC_GPU_THREADS threads at its row threads (the LM head: 262144
 # rows of 640) has threads to spare and too few loads in flight per thread: each thread takes PACKED_ROWS_PER_THREAD

@@ -167,32 +167,26 @@ define internal void @run_piece(ptr %task, i32 %piece) {{
   ret void
 }}
 
-; run pieces of generation %gen: lane %lane's own from its front, then the other lanes' from their backs
+; run pieces of generation %gen, lane by lane from %lane's own: its own from the front, the others' from their backs
 define internal void @work(ptr %task, i32 %gen, i32 %lane) {{
 entry:
   %countp = {_field('lane_count')}
   %count = load i32, ptr %countp
   %gen64 = zext i32 %gen to i64
-  br label %own
-own:
-  %piece = call i32 @claim(ptr %task, i32 %lane, i64 %gen64, i1 false)
-  %has = icmp sge i32 %piece, 0
-  br i1 %has, label %run_own, label %scan
-run_own:
-  call void @run_piece(ptr %task, i32 %piece)
-  br label %own
+  br label %scan
 scan:
-  %i = phi i32 [1, %own], [%i1, %empty]
+  %i = phi i32 [0, %entry], [%i1, %empty]
   %more = icmp ult i32 %i, %count
   br i1 %more, label %look, label %done
 look:
   %v0 = add i32 %lane, %i
   %victim = urem i32 %v0, %count
-  %stolen = call i32 @claim(ptr %task, i32 %victim, i64 %gen64, i1 true)
-  %got = icmp sge i32 %stolen, 0
-  br i1 %got, label %run_stolen, label %empty
-run_stolen:
-  call void @run_piece(ptr %task, i32 %stolen)
+  %steal = icmp ne i32 %i, 0
+  %piece = call i32 @claim(ptr %task, i32 %victim, i64 %gen64, i1 %steal)
+  %got = icmp sge i32 %piece, 0
+  br i1 %got, label %run, label %empty
+run:
+  call void @run_piece(ptr %task, i32 %piece)
   br label %look
 empty:
   %i1 = add i32 %i, 1

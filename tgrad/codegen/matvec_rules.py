@@ -258,8 +258,7 @@ def _packed_matvec(kernel: Kernel) -> bool:
   # every loop inside a block unrolled, innermost first (the loop axes before it keep their numbers)
   loops = range(kernel.first_reduce + kernel.group_for_reduces + 1, kernel.first_upcast)
   for axis in reversed(loops): try_opt(kernel, Opt(OptOps.UNROLL, axis - kernel.first_reduce, 0))
-  row_threads = prod(kernel.full_shape[a] for a in range(kernel.first_reduce,
-                                                         kernel.first_reduce + kernel.group_for_reduces))
+  row_threads = _group_threads(kernel)
   blocks_loop = kernel.first_reduce + kernel.group_for_reduces   # the blocks a thread walks, after the GROUPs
   if rows * row_threads > PACKED_MATVEC_GPU_THREADS and PACKED_ROWS_PER_THREAD > 1 and \
      kernel.full_shape[layout.n_axis] % PACKED_ROWS_PER_THREAD == 0 and \
@@ -271,6 +270,10 @@ def _packed_matvec(kernel: Kernel) -> bool:
   _rows_per_block(kernel, layout.n_axis, -(-PACKED_MATVEC_BLOCK_THREADS // row_threads))   # at least that many threads
   return True
 
+def _group_threads(kernel: Kernel) -> int:
+  """The threads sharing one row: the product of the GROUP axes' sizes."""
+  return prod(kernel.full_shape[a] for a in range(kernel.first_reduce, kernel.first_reduce + kernel.group_for_reduces))
+
 def _values_per_thread(kernel: Kernel) -> int:
   """A thread's share of a block: the sizes of the reduce axes inside a block (after the blocks' loop) that no GROUP
   spreads over threads, loops and unrolled alike."""
@@ -280,8 +283,7 @@ def _values_per_thread(kernel: Kernel) -> int:
 def _spread_in_block(kernel: Kernel, row_cap: int) -> None:
   """More threads a row while it has fewer than row_cap and a GROUP axis is left (opts.MAX_GROUP_AXES): the loops
   inside a block (after the blocks' loop), outermost first, each shared by threads as far as the cap allows."""
-  row_threads = prod(kernel.full_shape[a] for a in range(kernel.first_reduce,
-                                                         kernel.first_reduce + kernel.group_for_reduces))
+  row_threads = _group_threads(kernel)
   relative = 1   # the first loop inside a block, after the blocks' loop (left at size 1 when grouped whole)
   while row_threads * 2 <= row_cap and kernel.first_reduce + kernel.group_for_reduces + relative < kernel.first_upcast:
     size = kernel.full_shape[kernel.first_reduce + kernel.group_for_reduces + relative]

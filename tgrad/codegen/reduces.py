@@ -352,16 +352,17 @@ def group_partial(kernel: Kernel, indices: list[Optional[UOp]], ids: Iterator[in
   thread, consecutive local (output) threads in consecutive slots; each reduce and output upcast replica has its own
   array. The combine (`group_combine`) reads the array after a barrier over this store (and its siblings')."""
   k = kernel
-  shared = UOp(Ops.DEFINE_LOCAL, dtype, (), (f"temp{next(ids)}", prod(_slot_sizes(k))))
-  mine = [indices[a] for a in group_axes(k) + list(range(k.global_dims, k.first_reduce))]
-  return shared, UOp(Ops.STORE, dtypes.void, (shared, _slot(k, mine), partial))
+  shared = UOp(Ops.DEFINE_LOCAL, dtype, (), (f"temp{next(ids)}", prod(k.full_shape[a] for a in _slot_axes(k))))
+  return shared, UOp(Ops.STORE, dtypes.void, (shared, _slot(k, [indices[a] for a in _slot_axes(k)]), partial))
 
-def _slot_sizes(k: Kernel) -> list:
-  return [k.full_shape[a] for a in group_axes(k) + list(range(k.global_dims, k.first_reduce))]
+def _slot_axes(k: Kernel) -> list[int]:
+  """The axes a partial's slot is numbered by: the GROUP axes, then the local (output) axes, the last fastest."""
+  return group_axes(k) + list(range(k.global_dims, k.first_reduce))
 
 def _slot(k: Kernel, slot_indices: list[UOp]) -> UOp:
+  """The flat slot of the partial at these indices of _slot_axes."""
   out = to_uop(0)
-  for i, size in zip(slot_indices, _slot_sizes(k)): out = out * size + i
+  for i, a in zip(slot_indices, _slot_axes(k)): out = out * k.full_shape[a] + i
   return simplify(out)
 
 def group_combine(kernel: Kernel, indices: list[Optional[UOp]], ids: Iterator[int], op: Ops, dtype, shared: UOp,

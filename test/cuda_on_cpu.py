@@ -572,3 +572,25 @@ def run_on_cpu(source: str, name: str, global_size: tuple[int, ...], local_size:
   addresses = (ctypes.c_ulonglong * max(1, count))()
   library.emu_take_prefetched(addresses, count)
   return list(addresses[:count])
+
+def run_kernel_emulated(out, opts=None, arch: str = CPU_ARCH) -> tuple[np.ndarray, str]:
+  """The one kernel of the lazy tensor `out` rendered for CUDA (the heuristics' opts, or `opts`) and run here: (its
+  output, its source). The output buffer starts as NaN (or -1 for an integer dtype), so a slot never written shows."""
+  from tgrad.codegen.heuristics import hand_coded_optimizations
+  from tgrad.codegen.kernel import Kernel
+  from tgrad.codegen.linearizer import linearize
+  from tgrad.ops import Ops
+  from tgrad.runtime.cuda.renderer import CUDARenderer
+  from tgrad.schedule import create_schedule
+  (item,) = [i for i in create_schedule([out.lazydata]) if i.ast.op is Ops.SINK]
+  kernel = Kernel(item.ast, CUDARenderer(arch))
+  if opts is None: hand_coded_optimizations(kernel)
+  else:
+    for opt in opts: kernel.apply_opt(opt)
+  source = kernel.renderer.render("kernel", linearize(kernel))
+  global_size, local_size = kernel.launch_dims()
+  dtype = item.bufs[0].dtype.np
+  result = np.full(item.bufs[0].size, np.nan if np.issubdtype(dtype, np.floating) else -1, dtype)
+  run_on_cpu(source, "kernel", global_size, local_size, [result] + [b.copyout() for b in item.inputs],
+             [item.var_vals[name] for name in sorted(item.var_vals)])   # scalar parameters (exp's log2 e), by name
+  return result, source

@@ -46,6 +46,9 @@ class Ops(Enum):
   # arg=MatrixLoad (codegen/renderer.py) from shared memory is a fragment too: the warp loads it cooperatively, each
   # lane passing the address in src[1] of one row of one 8×8 matrix
   VECTORIZE = auto(); GEP = auto(); WMMA = auto()  # noqa: E702
+  # a warp exchange (linear level, targets with Renderer.warp_lanes): src=(value,), arg=an int m; each lane gets the
+  # value of the lane whose id is its own xor m. Every lane of the warp must reach it together (straight-line code)
+  SHUFFLE_XOR = auto()
   # linear level: src=(value, *ranges), arg=(reduce op, accumulator id, unrolled terms[, True]): reads the accumulator;
   # the value is a left chain of `terms` unrolled values combined with the reduce op; a 4th field True makes an ADD
   # compensated (Kahan: a second accumulator carries the rounding error; the linearizer emits it). With reduce op WMMA

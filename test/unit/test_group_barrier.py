@@ -7,25 +7,10 @@ import re
 import numpy as np
 import pytest
 from tgrad import Tensor
-from tgrad.codegen.kernel import Kernel, Opt, OptOps
-from tgrad.codegen.linearizer import linearize
-from tgrad.ops import Ops
-from tgrad.runtime.cuda.renderer import CUDARenderer
-from tgrad.schedule import create_schedule
-from cuda_on_cpu import CPU_ARCH, cpu_available, run_on_cpu
+from tgrad.codegen.kernel import Opt, OptOps
+from cuda_on_cpu import cpu_available, run_kernel_emulated
 
 pytestmark = pytest.mark.skipif(not cpu_available(), reason="g++ not found")
-
-def emulate(out: Tensor, opts: list[Opt]) -> tuple[np.ndarray, str]:
-  (item,) = [i for i in create_schedule([out.lazydata]) if i.ast.op is Ops.SINK]
-  kernel = Kernel(item.ast, CUDARenderer(CPU_ARCH))
-  for opt in opts: kernel.apply_opt(opt)
-  source = kernel.renderer.render("kernel", linearize(kernel))
-  global_size, local_size = kernel.launch_dims()
-  result = np.full(item.bufs[0].size, np.nan, item.bufs[0].dtype.np)
-  run_on_cpu(source, "kernel", global_size, local_size, [result] + [b.copyout() for b in item.inputs],
-             [item.var_vals[name] for name in sorted(item.var_vals)])
-  return result, source
 
 def three_sums(x: Tensor, w1: Tensor, w2: Tensor) -> Tensor:
   """Σ x·w1[i] · Σ x² + Σ x·w2[i] for each row i: three reduces of one pass in one kernel (x read as one copy a row,
@@ -49,7 +34,7 @@ def test_sibling_reduces_store_every_partial_before_one_barrier(seed):
   w1, w2 = (rng.standard_normal((rows, columns)).astype(np.float32) for _ in range(2))
   out = three_sums(*(Tensor(a, device="LLVM").realize() for a in (x, w1, w2)))
   # the reduce axis spread over `group` threads, the rest of it unrolled: each thread's partials are straight-line code
-  got, source = emulate(out, [Opt(OptOps.GROUP, 0, group), Opt(OptOps.UNROLL, 1, 0)])
+  got, source = run_kernel_emulated(out, [Opt(OptOps.GROUP, 0, group), Opt(OptOps.UNROLL, 1, 0)])
   assert barriers_between_stores_and_combine(source) == [0, 0, 1], source
   x64, w1_64, w2_64 = (a.astype(np.float64) for a in (x, w1, w2))
   want = (w1_64 @ x64[0]) * (x64 * x64).sum() + w2_64 @ x64[0]
@@ -61,7 +46,7 @@ def test_reduces_of_different_passes_keep_their_own_barriers():
   rng = np.random.default_rng(5)
   x = rng.standard_normal((4, 64)).astype(np.float32)
   t = Tensor(x, device="LLVM").realize()
-  got, source = emulate((t - t.max(-1, keepdim=True)).exp().sum(-1), [Opt(OptOps.GROUP, 0, 16)])
+  got, source = run_kernel_emulated((t - t.max(-1, keepdim=True)).exp().sum(-1), [Opt(OptOps.GROUP, 0, 16)])
   assert barriers_between_stores_and_combine(source)[0] == 1, source
   want = np.exp(x - x.max(-1, keepdims=True)).sum(-1)
   np.testing.assert_allclose(got, want, rtol=1e-5)

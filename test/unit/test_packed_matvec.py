@@ -28,7 +28,7 @@ from tgrad.runtime.cuda.renderer import CUDARenderer
 from tgrad.runtime.llvm.renderer import reorderable_accumulators, reorderable_summands, unvectorized_loops
 from tgrad.runtime.cuda.vectors import BytePiece, byte_run_pieces
 from tgrad.schedule import create_schedule
-from cuda_on_cpu import CPU_ARCH, TENSOR_CORE_ARCH, cpu_available, run_on_cpu
+from cuda_on_cpu import CPU_ARCH, TENSOR_CORE_ARCH, cpu_available, run_kernel_emulated
 
 needs_nvrtc = pytest.mark.skipif(not nvrtc_available(), reason="libnvrtc not found (pip install nvidia-cuda-nvrtc)")
 ARCH = "sm_90"
@@ -190,20 +190,6 @@ def test_byte_run_pieces():
 
 needs_gxx = pytest.mark.skipif(not cpu_available(), reason="g++ not found")
 
-def run_emulated(out: Tensor, opts=None, arch: str = CPU_ARCH) -> tuple[np.ndarray, str]:
-  """The one kernel of `out` rendered for CUDA (heuristics, or `opts`) and run on the CPU (test/cuda_on_cpu.py)."""
-  (item,) = [i for i in create_schedule([out.lazydata]) if i.ast.op is Ops.SINK]
-  kernel = Kernel(item.ast, CUDARenderer(arch))
-  if opts is None: hand_coded_optimizations(kernel)
-  else:
-    for opt in opts: kernel.apply_opt(opt)
-  source = kernel.renderer.render("kernel", linearize(kernel))
-  global_size, local_size = kernel.launch_dims()
-  result = np.full(item.bufs[0].size, np.nan, item.bufs[0].dtype.np)
-  run_on_cpu(source, "kernel", global_size, local_size, [result] + [b.copyout() for b in item.inputs],
-             [item.var_vals[name] for name in sorted(item.var_vals)])   # scalar parameters (exp's log2 e), by name
-  return result, source
-
 @needs_gxx
 @pytest.mark.parametrize("ggml_type,rows,columns,m,dtype", [
   (GGMLType.Q8_0, 12, 640, 1, dtypes.float16), (GGMLType.Q5_0, 8, 640, 1, dtypes.float32),
@@ -215,7 +201,7 @@ def test_gpu_rule_values_on_emulated_cuda(ggml_type, rows, columns, m, dtype):
   weight = QuantizedTensor.from_bytes(raw, ggml_type, (rows, columns), "LLVM").realize()
   x = np.random.default_rng(m).standard_normal((m, columns)).astype(np.float32)
   arch = CPU_ARCH if dtype == dtypes.float32 else TENSOR_CORE_ARCH   # half conversions are PTX, emulated from sm_80
-  got, _ = run_emulated(weight.linear(Tensor(x, device="LLVM").cast(dtype).realize()), arch=arch)
+  got, _ = run_kernel_emulated(weight.linear(Tensor(x, device="LLVM").cast(dtype).realize()), arch=arch)
   reference = x.astype(dtype.np).astype(np.float64) @ weight.dequantize().numpy().astype(np.float64).T
   rtol = HALF_RTOL if dtype == dtypes.float16 else FLOAT32_RTOL
   np.testing.assert_allclose(got.astype(np.float64).reshape(reference.shape), reference, rtol=rtol,
@@ -227,7 +213,7 @@ def test_funnel_shifted_words_at_every_misalignment():
   data = np.random.default_rng(0).integers(0, 256, (12, 5), dtype=np.uint8)
   weights = np.array([1, 3, 5, 7], np.float32)   # a different weight per byte: a byte out of place changes the sum
   values = Tensor(data, device="LLVM").realize()[:, 1:5].cast(dtypes.float32) * Tensor(weights, device="LLVM").realize()
-  got, source = run_emulated(values.sum(axis=1), [Opt(OptOps.UNROLL, 0, 0)])
+  got, source = run_kernel_emulated(values.sum(axis=1), [Opt(OptOps.UNROLL, 0, 0)])
   assert len(re.findall(r">> shift\d+\)", source)) == 1 and not re.search(r"data1\[", source)
   np.testing.assert_array_equal(got, data[:, 1:5].astype(np.float32) @ weights)
 
@@ -253,7 +239,7 @@ def test_two_group_axes_on_emulated_cuda(row_kernel):
   t = Tensor(padded, device="LLVM").realize()[:, :, :12]
   out = (t - t.max(axis=(1, 2), keepdim=True)).exp().sum(axis=(1, 2)) if row_kernel else t.sum(axis=(1, 2))
   want = np.exp(x - x.max(axis=(1, 2), keepdims=True)).sum(axis=(1, 2)) if row_kernel else x.sum(axis=(1, 2))
-  got, source = run_emulated(out, [Opt(OptOps.GROUP, 0, 4), Opt(OptOps.GROUP, 1, 0), Opt(OptOps.UNROLL, 2, 2)])
+  got, source = run_kernel_emulated(out, [Opt(OptOps.GROUP, 0, 4), Opt(OptOps.GROUP, 1, 0), Opt(OptOps.UNROLL, 2, 2)])
   assert "threadIdx.y" in source
   np.testing.assert_allclose(got, want, rtol=1e-5)
 
@@ -286,7 +272,7 @@ def test_few_threads_per_row_values_on_emulated_cuda(ggml_type, rows, columns, m
   raw = random_weight(ggml_type, rows, columns, seed=rows)
   weight = QuantizedTensor.from_bytes(raw, ggml_type, (rows, columns), "LLVM").realize()
   x = np.random.default_rng(rows).standard_normal((1, columns)).astype(np.float32)
-  got, source = run_emulated(weight.linear(Tensor(x, device="LLVM").realize()))
+  got, source = run_kernel_emulated(weight.linear(Tensor(x, device="LLVM").realize()))
   reference = x.astype(np.float64) @ weight.dequantize().numpy().astype(np.float64).T
   np.testing.assert_allclose(got.astype(np.float64).reshape(reference.shape), reference, rtol=FLOAT32_RTOL,
                              atol=FLOAT32_RTOL * np.abs(reference).max())

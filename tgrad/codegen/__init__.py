@@ -7,7 +7,7 @@ BEAM winner in the cache (search.py), so a winner found and verified under older
 # Bump when a change here alters the code that some AST and Opt list produce, or what an Opt means: axes.py and opts.py,
 # the linearizer, a renderer, the heuristics that seed the search, or how search verifies. Changes that only
 # rename or restructure without changing generated code need no bump.
-CODEGEN_VERSION = 37   # 2: gathers (data-dependent loads); int casts as narrow CUDA index math. 3: row kernels.
+CODEGEN_VERSION = 38   # 2: gathers (data-dependent loads); int casts as narrow CUDA index math. 3: row kernels.
 # 4: guarded GROUPs of symbolic reduces that padding would change (padding guards), split views indexed without division
 # 5: guarded UPCAST and PADTO of symbolic global axes (stride-0 loads stretched, not masked), tensor cores with padded
 # symbolic rows/columns
@@ -67,3 +67,5 @@ CODEGEN_VERSION = 37   # 2: gathers (data-dependent loads); int casts as narrow 
 # 36: a packed matvec's row takes a third GROUP (a loop inside the block) where a thread would decode 64 values of a
 # block (Q6_K), and its blocks of threads have at least PACKED_MATVEC_BLOCK_THREADS threads (rows rounded up)
 # 37: the GROUP reduces of one pass store their partials before one shared barrier (was a barrier after each)
+# 38: CUDA: a GROUP's partials of one output are first combined inside each warp by xor-shuffles (reduces.warp_combine);
+# the shared-memory combine reads one partial a warp

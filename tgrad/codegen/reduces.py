@@ -7,9 +7,10 @@ The value graph (value_graph.py) builds each reduce from the pieces here, in thi
   2. the loop reduce: a REDUCE node over the pass's loops whose source is the unrolled replicas' left chain
      (`new_reduce`, `reduce_terms`); a value none of the loops changes is no loop (`fold_invariant_reduce`); a long
      float sum adds in blocks whose totals add with Kahan's compensation (`accumulation_split`, `block_ranges`);
-  3. the group combine (split-K, OptOps.GROUP): each thread's partial goes to shared memory, and after a barrier the
-     group's first thread (or, in a row kernel, every thread) reduces the partials (`group_partial`, `group_combine`,
-     `group_gate`), with Kahan's compensation when the reduce is long (`long_reduce`) or adds partial sums. Reduces of
+  3. the group combine (split-K, OptOps.GROUP): each thread's partial is combined with its warp's other partials of
+     the same output by xor-shuffles where the block's layout allows (`warp_combine`), goes to shared memory, and after
+     a barrier the group's first thread (or, in a row kernel, every thread) reduces one partial a warp
+     (`group_partial`, `group_combine`, `group_gate`), with Kahan's compensation when the reduce is long (`long_reduce`) or adds partial sums. Reduces of
      one pass share their barrier (value_graph.py), so every partial of the pass is computed before any thread waits.
 
 The emitter (emit.py) turns each REDUCE into its accumulator and loop, with `kahan_step` for compensated sums and
@@ -20,6 +21,7 @@ loop adds one block into a fresh accumulator, an outer loop adds the block total
 """
 from __future__ import annotations
 import math
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Iterator, Optional
 from tgrad.dtype import dtypes
 from tgrad.ops import UOp, Ops, simplify, exec_alu
@@ -51,6 +53,7 @@ GROUP_RESCALE_LOOP_ARG = 1500   # a LOGADDEXP combine's second loop over the par
 PASS_LOOP_ARG = 10000
 
 LOG2_E, LN2 = 1 / math.log(2), math.log(2)
+WARP_SHUFFLE_OPS = (Ops.ADD, Ops.MAX)   # the reduces a GROUP's partials combine by xor-shuffles inside a warp first
 
 def loop_axes(kernel: Kernel) -> list[int]:
   """The reduce axes that are loops (not a GROUP's threads, not unrolled)."""
@@ -346,12 +349,58 @@ def block_ranges(axis: int, size, block: int, pass_arg: int = 0) -> tuple[UOp, U
 
 # ---- 3. the group combine (split-K)
 
-def group_partial(kernel: Kernel, indices: list[Optional[UOp]], ids: Iterator[int], dtype,
+@dataclass(frozen=True)
+class WarpCombine:
+  """How a GROUP's partials are first reduced inside each warp, by xor-shuffles (`warp_combine`): `masks` are the
+  lane-id bits whose partner lane holds another partial of the same output, so after one shuffle and op per mask
+  every lane holds its warp's combined partial; `spans[a]` is how many consecutive values of GROUP axis a one warp's
+  lanes cover (1: none; the axis' size: all of it). The shared-memory combine then reads one partial per span."""
+  masks: tuple[int, ...]
+  spans: dict[int, int]
+
+def warp_combine(kernel: Kernel, op: Ops, dtype) -> Optional[WarpCombine]:
+  """The in-warp reduction of a GROUP's partials, or None where the target has no warp shuffles, the op is not one a
+  shuffle tree computes as a loop would up to the order of a sum (ADD, MAX), the dtype is not a 32- or 64-bit
+  register, or no lane bit separates partials of one output (`warp_lane_masks`)."""
+  k, lanes = kernel, kernel.renderer.warp_lanes
+  if not lanes or op not in WARP_SHUFFLE_OPS or dtype.itemsize not in (4, 8) or dtype.is_bool: return None
+  sizes = [k.full_shape[a] for a in k.thread_axes]
+  if not all(isinstance(size, int) for size in sizes): return None
+  grouped = set(group_axes(k))
+  found = warp_lane_masks(sizes, [a in grouped for a in k.thread_axes], lanes)
+  if found is None: return None
+  masks, spans = found
+  return WarpCombine(masks, {a: span for a, span in zip(k.thread_axes, spans) if a in grouped})
+
+def warp_lane_masks(sizes: list[int], grouped: list[bool], lanes: int) -> Optional[tuple[tuple[int, ...], list[int]]]:
+  """For a block whose threads are numbered by axes of these sizes (the last fastest, as CUDA numbers lanes), the
+  lane-id bits whose flip moves only `grouped` axes' indices, and per axis how many consecutive values of it one
+  warp's lanes cover; None if there are no such bits or a warp would not be full (threads not a multiple of lanes).
+  Walking the axes from the fastest: an axis of size s takes gcd(s, lanes left) of the lane bits (a power of two
+  dividing s, so flipping those bits only moves its index within [0, s)); an axis that takes fewer than all its values
+  ends the walk, since lane bits above it mix its rest with the next axis."""
+  if prod(sizes) % lanes: return None
+  masks, spans, covered = [], [1] * len(sizes), 1
+  for i in reversed(range(len(sizes))):
+    if covered == lanes: break
+    take = math.gcd(sizes[i], lanes // covered)
+    if grouped[i]:
+      masks += [covered << bit for bit in range(take.bit_length() - 1)]
+      spans[i] = take
+    covered *= take
+    if take < sizes[i]: break
+  return (tuple(masks), spans) if masks else None
+
+def group_partial(kernel: Kernel, indices: list[Optional[UOp]], ids: Iterator[int], op: Ops, dtype,
                   partial: UOp) -> tuple[UOp, UOp]:
   """A thread's partial of a GROUP reduce written to shared memory: (the shared array, the STORE). One slot per
   thread, consecutive local (output) threads in consecutive slots; each reduce and output upcast replica has its own
-  array. The combine (`group_combine`) reads the array after a barrier over this store (and its siblings')."""
+  array. Where `warp_combine` allows, the partial is first combined with its warp's other partials of the same output
+  (xor-shuffles, every lane ends with the warp's total), so the combine reads one slot per warp. The combine
+  (`group_combine`) reads the array after a barrier over this store (and its siblings')."""
   k = kernel
+  if (warp := warp_combine(k, op, dtype)) is not None:
+    for mask in warp.masks: partial = UOp(op, dtype, (partial, UOp(Ops.SHUFFLE_XOR, dtype, (partial,), mask)))
   shared = UOp(Ops.DEFINE_LOCAL, dtype, (), (f"temp{next(ids)}", prod(k.full_shape[a] for a in _slot_axes(k))))
   return shared, UOp(Ops.STORE, dtypes.void, (shared, _slot(k, [indices[a] for a in _slot_axes(k)]), partial))
 
@@ -377,13 +426,16 @@ def group_combine(kernel: Kernel, indices: list[Optional[UOp]], ids: Iterator[in
   of the same shared words), no thread skips and no loop is gated; each reduce has its own array, written once, so the
   one barrier before the reads is all it needs."""
   k = kernel
-  grouped = group_axes(k)
   local_axes = list(range(k.global_dims, k.first_reduce))
+  spans = warp.spans if (warp := warp_combine(k, op, dtype)) is not None else {a: 1 for a in group_axes(k)}
   def partials(loop_arg: int) -> tuple[list[UOp], UOp]:   # loops over the group's partials, and the partial they read
-    loops = [UOp(Ops.RANGE, dtypes.index, (to_uop(0), to_uop(k.full_shape[a])), PASS_LOOP_ARG * level + loop_arg + a)
-             for a in grouped]
-    return loops, UOp(Ops.LOAD, dtype, (shared, _slot(k, loops + [indices[a] for a in local_axes]), barrier))
+    loops = {a: UOp(Ops.RANGE, dtypes.index, (to_uop(0), to_uop(k.full_shape[a] // span)),
+                    PASS_LOOP_ARG * level + loop_arg + a) for a, span in spans.items() if span < k.full_shape[a]}
+    slots = [loops[a] * spans[a] if a in loops else to_uop(0) for a in group_axes(k)]
+    return list(loops.values()), UOp(Ops.LOAD, dtype, (shared, _slot(k, slots + [indices[a] for a in local_axes]),
+                                                        barrier))
   group_loops, load = partials(GROUP_LOOP_ARG)
+  if not group_loops: return load, ()   # the whole group in one warp: its shuffles combined every partial
   if op is Ops.LOGADDEXP:
     rescale_loops, again = partials(GROUP_RESCALE_LOOP_ARG)
     combined = logaddexp_of_partials(new_reduce(ids, Ops.MAX, dtype, load, tuple(group_loops)), again,

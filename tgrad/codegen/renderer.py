@@ -51,6 +51,7 @@ class Renderer:
   has_local: bool = False      # thread ids within a block (CUDA threadIdx)
   has_shared: bool = False     # block-shared memory and barriers
   has_threads: bool = False    # the CPU runtime splits a THREAD axis across cores
+  warp_lanes: int = 0          # threads of a warp that exchange registers (Ops.SHUFFLE_XOR); 0: no such exchange
   max_local_size: int = 1      # threads per block
   max_global_dims: int = 1     # how many grid dimensions exist
   max_grid: tuple[int, ...] = (2**31 - 1,)           # size limit of each grid dimension, x first

@@ -358,7 +358,7 @@ class ValueBuilder:
                 not (self.tensor_cores is not None and r is k.tensor_core.reduce)] if one_position else []
     stores = {}
     for r in [node] + siblings:
-      stores[r] = group_partial(k, self.indices, self.ids, r.dtype, self.reduce_partial(r, idxs))
+      stores[r] = group_partial(k, self.indices, self.ids, r.arg[0], r.dtype, self.reduce_partial(r, idxs))
     barrier = UOp(Ops.BARRIER, dtypes.void, tuple(store for _, store in stores.values()))
     for r, (shared, _) in stores.items(): self.group_partials[(r, idxs)] = (shared, barrier)
     return self.group_partials[(node, idxs)]

@@ -29,6 +29,8 @@ from tgrad.runtime.cuda.vectors import (BYTE_LOAD_TYPES, LANES, VECTOR_BYTES, WO
 CUDA_MAX_THREADS_PER_BLOCK = 1024
 CUDA_MAX_GRID = (2**31 - 1, 65535, 65535)       # gridDim.x, .y, .z
 CUDA_MAX_BLOCK = (1024, 1024, 64)               # blockDim.x, .y, .z
+CUDA_WARP_LANES = 32
+FULL_WARP_MASK = "0xffffffffu"   # every lane of the warp takes part in a shuffle
 CUDA_SHARED_MEMORY_BYTES = 48 * 1024            # static __shared__ per block without an opt-in
 # Programmatic Dependent Launch (sm_90+, PTX ISA 7.8): a kernel rendered for it first waits for the grids it depends
 # on (`griddepcontrol.wait`: they have completed and their writes are visible; a no-op when launched without a
@@ -135,6 +137,7 @@ class CUDARenderer(Renderer):
   device = "CUDA"
   has_local = True
   has_shared = True
+  warp_lanes = CUDA_WARP_LANES
   max_local_size = CUDA_MAX_THREADS_PER_BLOCK
   max_global_dims = 3
   max_grid = CUDA_MAX_GRID
@@ -428,6 +431,8 @@ class _KernelWriter:
     elif op is Ops.REDUCE: self.names[u] = self.acc_names[u.arg[1]]
     elif op is Ops.VECTORIZE: self.vectorize(u)
     elif op is Ops.WMMA: self.wmma(u)
+    elif op is Ops.SHUFFLE_XOR:
+      self.define(u, f"__shfl_xor_sync({FULL_WARP_MASK}, {self.value(u.src[0])}, {u.arg})", "lane")
     elif op is Ops.GEP: self.names[u] = self.fragments[u.src[0]][u.arg]
     elif op is Ops.LOAD: self.load(pos, u)
     elif op is Ops.STORE: self.store(pos, u)

@@ -10,8 +10,9 @@ The value graph (value_graph.py) builds each reduce from the pieces here, in thi
   3. the group combine (split-K, OptOps.GROUP): each thread's partial is combined with its warp's other partials of
      the same output by xor-shuffles where the block's layout allows (`warp_combine`), goes to shared memory, and after
      a barrier the group's first thread (or, in a row kernel, every thread) reduces one partial a warp
-     (`group_partial`, `group_combine`, `group_gate`), with Kahan's compensation when the reduce is long (`long_reduce`) or adds partial sums. Reduces of
-     one pass share their barrier (value_graph.py), so every partial of the pass is computed before any thread waits.
+     (`group_partial`, `group_combine`, `group_gate`), with Kahan's compensation when the reduce is long
+     (`long_reduce`) or adds partial sums. Reduces of one pass share their barrier (value_graph.py), so every partial
+     of the pass is computed before any thread waits.
 
 The emitter (emit.py) turns each REDUCE into its accumulator and loop, with `kahan_step` for compensated sums and
 `online_step`/`online_merge`/`online_result` for a LOGADDEXP reduce (log Σ exp, the online softmax's one pass).

@@ -1,12 +1,13 @@
 """The CPU's packed products: a normed product reads x once (the norm a row kernel of its own, then one sum per output
-row), an unrolled sum's shared factor goes last in each product (reduces.shared_factors_last), and the values stay
-x·Wᵀ against float64 over numpy's view of the dequantized blocks, at odd row counts."""
+row), an unrolled sum's shared factor goes last in each product (reduces.shared_factors_last; on a GPU it is taken out
+of the sum: reduces.factor_shared_out), and the values stay x·Wᵀ against float64 over numpy's view of the dequantized
+blocks, at odd row counts."""
 import os, sys
 from types import SimpleNamespace
 import numpy as np
 import pytest
 from tgrad import Tensor
-from tgrad.codegen.reduces import shared_factors_last
+from tgrad.codegen.reduces import factor_shared_out, shared_factors_last
 from tgrad.dtype import dtypes
 from tgrad.nn.quant import GGMLType, QuantizedTensor, rms_normed_linear, recomputes_rows
 from tgrad.ops import Ops, UOp
@@ -67,3 +68,31 @@ def test_shared_factor_goes_last():
             for x, q in zip(xs[:2], qs[:2])] + [UOp(Ops.MUL, dtypes.float32, (xs[2], d))]
   out = shared_factors_last(nested)
   assert all(term.src[1] is d for term in out) and all(term.src[0].src[1] is s for term in out[:2])
+
+def _evaluate(value: UOp, env: dict[str, float]) -> float:
+  if value.op is Ops.DEFINE_VAR: return env[value.arg[0]]
+  a, b = (_evaluate(v, env) for v in value.src)
+  return a + b if value.op is Ops.ADD else a * b
+
+def _multiplies_by(values: list[UOp], factor: UOp) -> int:
+  return sum(1 for u in UOp(Ops.SINK, dtypes.void, tuple(values)).toposort() if u.op is Ops.MUL and factor in u.src)
+
+def test_shared_factor_taken_out_on_gpu():
+  """Σ xᵢ·(d·s·qᵢ) over two sub-blocks of scales s, t and a term of d alone: d multiplies once, each sub-block's scale
+  once, and the total is the same (random values, float64 evaluation); terms with no shared factor are left alone."""
+  d, s, t = _var("d"), _var("s"), _var("t")
+  xs, qs = [_var(f"x{i}") for i in range(5)], [_var(f"q{i}") for i in range(5)]
+  def mul(*factors: UOp) -> UOp:
+    out = factors[0]
+    for f in factors[1:]: out = UOp(Ops.MUL, dtypes.float32, (out, f))
+    return out
+  terms = [mul(xs[i], d, s, qs[i]) for i in range(2)] + [mul(xs[i], d, t, qs[i]) for i in range(2, 4)] + \
+          [mul(xs[4], d)]
+  out = factor_shared_out(terms)
+  assert _multiplies_by(out, d) == 1 and _multiplies_by(out, s) == 1 and _multiplies_by(out, t) == 1
+  rng = np.random.default_rng(0)
+  for _ in range(5):
+    env = {v.arg[0]: float(rng.standard_normal()) for v in [d, s, t] + xs + qs}
+    np.testing.assert_allclose(sum(_evaluate(v, env) for v in out), sum(_evaluate(v, env) for v in terms), rtol=1e-12)
+  plain = [UOp(Ops.MUL, dtypes.float32, (x, q)) for x, q in zip(xs, qs)]
+  assert factor_shared_out(plain) == plain

@@ -184,6 +184,36 @@ def shared_factors_last(values: list[UOp]) -> list[UOp]:
     else: out.append(_product(sorted(term_factors, key=lambda f: counts[f])))   # stable: ties keep their order
   return out
 
+# Where floats are added in the order written (CUDA: no reassociation), an unrolled sum's shared factors are factored
+# out explicitly: Σ aᵢ·s becomes (Σ aᵢ)·s, the factor shared by the most terms first, then within each group again (a
+# Q6_K block's d, then each sub-block's scale). A packed matvec thread's values of one block then cost one fused
+# multiply-add each (x·q + acc) and the block one multiply, not a multiply by the scale per value.
+def factor_shared_out(values: list[UOp]) -> list[UOp]:
+  """The unrolled values of a float sum with every factor shared by two terms or more taken out of their sum: a list
+  of values with the same total (fewer where factors were shared; as they are where none is)."""
+  terms = [t for v in values for t in _additive_terms(v)]
+  return _factored(terms) if len(terms) > 1 else values
+
+def _factored(terms: list[UOp]) -> list[UOp]:
+  factors = [_factors(t) for t in terms]
+  counts: dict[UOp, int] = {}
+  for term_factors in factors:
+    for factor in set(term_factors): counts[factor] = counts.get(factor, 0) + 1
+  shared = max(counts, key=lambda f: counts[f], default=None)
+  if shared is None or counts[shared] < 2: return terms
+  inside, outside = [], []
+  for term, term_factors in zip(terms, factors):
+    if shared not in term_factors or len(term_factors) < 2:
+      outside.append(term)
+      continue
+    rest = list(term_factors)
+    rest.remove(shared)
+    inside.append(_product(rest))
+  if len(inside) < 2: return terms
+  total = None
+  for value in _factored(inside): total = value if total is None else UOp(Ops.ADD, value.dtype, (total, value))
+  return [UOp(Ops.MUL, shared.dtype, (total, shared))] + _factored(outside)
+
 def is_compensated(reduce: UOp) -> bool: return len(reduce.arg) > 3 and reduce.arg[3]
 
 def compensable(op: Ops, dtype) -> bool:

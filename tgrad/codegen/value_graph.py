@@ -31,7 +31,7 @@ from tgrad.codegen.staging import StagedTiles
 from tgrad.codegen.scratch import ScratchValues, varying_axes
 from tgrad.codegen.tensor_cores import TensorCoreFragments
 from tgrad.codegen.reduces import (PASS_LOOP_ARG, accumulation_split, block_ranges, chain_op, chain_terms,
-                                   factor_integer_terms, shared_factors_last,
+                                   factor_integer_terms, factor_shared_out, shared_factors_last,
                                    compensable, fold_invariant_reduce, group_combine, group_axes, group_gate,
                                    group_partial,
                                    is_sum_of_partials, loop_axes, new_reduce, online_result, online_step,
@@ -267,7 +267,10 @@ class ValueBuilder:
       value = self.build(node.src[0], inner)
       if guarded: value = simplify(self.not_padding(inner).where(value, identity))
       values.append(value)
-    if op is Ops.ADD and node.dtype.is_float: values = shared_factors_last(factor_integer_terms(values))
+    if op is Ops.ADD and node.dtype.is_float:
+      values = factor_integer_terms(values)
+      # a GPU adds floats as written: the shared factors come out of the sum; LLVM factors the reorderable chain itself
+      values = factor_shared_out(values) if k.renderer.has_local else shared_factors_last(values)
     combined = values[0]
     for v in values[1:]: combined = UOp(op, v.dtype, (combined, v))   # the source's dtype (a LOGADDEXP's may differ)
     return combined, len(values)

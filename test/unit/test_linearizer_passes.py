@@ -62,7 +62,8 @@ def test_group_combine_is_gated_to_one_thread_unless_a_row_pass_reads_it():
 def test_group_combine_alone():
   kernel = kernel_of(host((64, 256)).r(Ops.ADD, (1,)), (Opt(OptOps.GROUP, 0, 16),))
   indices = axis_indices(kernel)
-  shared, store = group_partial(kernel, indices, itertools.count(1), dtypes.float32, UOp.const(dtypes.float32, 1.0))
+  shared, store = group_partial(kernel, indices, itertools.count(1), Ops.ADD, dtypes.float32,
+                               UOp.const(dtypes.float32, 1.0))
   assert store.op is Ops.STORE and store.src[0] is shared and shared.arg == ("temp1", 16)
   barrier = UOp(Ops.BARRIER, dtypes.void, (store,))
   combined, gated = group_combine(kernel, indices, itertools.count(2), Ops.ADD, dtypes.float32, shared, barrier)

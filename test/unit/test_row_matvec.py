@@ -65,7 +65,8 @@ def test_gate_up_row_kernel_gets_rows_per_block(dtype):
     rows_per_block = ROW_MATVEC_ROWS_PER_BLOCK   # halved while that leaves fewer than MATVEC_MIN_BLOCKS blocks
     while rows_per_block > 1 and LAYER_SHAPES["intermediate_size"] // rows_per_block < MATVEC_MIN_BLOCKS:
       rows_per_block //= 2
-    assert opts[OptOps.GROUP] == ROW_MATVEC_GROUP and opts[OptOps.LOCAL] == rows_per_block == 4, kernel.applied_opts
+    assert opts[OptOps.GROUP] == ROW_MATVEC_GROUP and opts.get(OptOps.LOCAL, 1) == rows_per_block > 1, \
+      kernel.applied_opts
     compile_cuda(kernel.renderer.render("gate_up", linearize(kernel)), "sm_90")
 
 @needs_nvrtc

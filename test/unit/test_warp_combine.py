@@ -99,7 +99,7 @@ def test_grouped_reduces_on_emulated_cuda(seed):
   float32 or int32: the emulated kernel equals numpy, and shuffles appear exactly where the plan has masks."""
   rng = np.random.default_rng(100 + seed)
   local = int(rng.choice([1, 2, 4]))
-  group = int(rng.choice([8, 16, 20, 32, 40, 64]))
+  group = int(rng.choice([8, 16, 20, 32, 40, 64, 80]))
   rows = local * int(rng.integers(1, 4))
   columns = group * int(rng.integers(1, 5))
   integer = bool(seed % 2)
@@ -117,7 +117,8 @@ def test_grouped_reduces_on_emulated_cuda(seed):
     else: np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 @needs_gxx
-def test_row_kernel_every_thread_combines_after_shuffles():
+@pytest.mark.parametrize("rows_per_block,group", [(4, 40), (2, 80)])   # the packed rule's layout, the dense row rule's
+def test_row_kernel_every_thread_combines_after_shuffles(rows_per_block, group):
   """A fused norm (rows·(x / rms(x))): a later pass reads the sum of squares, so every thread combines the warp
   partials itself; the stored rows must match numpy."""
   rng = np.random.default_rng(7)
@@ -126,7 +127,8 @@ def test_row_kernel_every_thread_combines_after_shuffles():
   x, w = (Tensor(a, device="LLVM").realize() for a in (x_np, w_np))
   rows = x.expand(w.shape)   # one copy of x a row, as gemma3.py's fused norms read it
   out = (rows * ((rows * rows).mean(-1, keepdim=True) + 1e-6).rsqrt() * w).sum(-1)
-  got, source = run_kernel_emulated(out, [Opt(OptOps.LOCAL, 0, 4), Opt(OptOps.GROUP, 0, 40), Opt(OptOps.UNROLL, 1, 0)])
+  opts = [Opt(OptOps.LOCAL, 0, rows_per_block), Opt(OptOps.GROUP, 0, group), Opt(OptOps.UNROLL, 1, 0)]
+  got, source = run_kernel_emulated(out, opts)
   assert "__shfl_xor_sync" in source
   x64 = x_np.astype(np.float64)
   want = w_np.astype(np.float64) @ (x64 / np.sqrt((x64 * x64).mean() + 1e-6))[0]

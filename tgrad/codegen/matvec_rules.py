@@ -152,10 +152,14 @@ def _matvec_columns(kernel: Kernel, n_axis: int) -> None:
 # the decode's row kernels have 4 rows a block (MATVEC_MIN_BLOCKS), 40 threads a row is faster (2026-11-28, float16
 # decode step, zero-data Q4_K_M file, two rounds alternated: H100 0.5598/0.5592 → 0.5349/0.5332 ms at position 40,
 # H200 0.5166/0.5155 → 0.4983/0.4978; in a chain of PDL launches on the H200, qkv 4.60 → 4.28 µs, gate/up 5.89 →
-# 5.66; 8 rows of 40: 5.26 and 6.22).
+# 5.66; 8 rows of 40: 5.26 and 6.22). Once the group's partials combined by warp shuffles (reduces.warp_combine: a
+# larger group no longer lengthens every thread's combine), 80 threads a row (one 16-byte load of W each) and 2 rows a
+# block were faster again (2026-11-28, H100, float16 decode step, zero-data Q4_K_M file, ms at positions 40 / 100):
+# 40 threads × 4 rows 0.4518-0.4522 / 0.4999-0.5004 (three runs), 80 × 4 0.4439-0.4443 / 0.4968-0.4969, 80 × 2
+# 0.4399-0.4416 / 0.4908-0.4921 (three runs), 20 × 4 0.5137 / 0.5624.
 ROW_MATVEC_MIN_ROWS = 256        # fewer output rows than this: the generic row rules
-ROW_MATVEC_GROUP = 40            # threads per row
-ROW_MATVEC_ROWS_PER_BLOCK = 8
+ROW_MATVEC_GROUP = 80            # threads per row
+ROW_MATVEC_ROWS_PER_BLOCK = 2
 
 def _row_matvec(kernel: Kernel) -> bool:
   """A row kernel (AxisState.row_passes > 1) over one reduce axis whose output has at least ROW_MATVEC_MIN_ROWS rows

@@ -11,6 +11,8 @@ realized on the device), then
 Also the packed model's weight bytes on the device against the file's tensor bytes.
 `--max-widening-bytes -1` keeps every packed projection in its file's type (no lossless widening into one stacked
 buffer, gemma3_projections.py MAX_WIDENING_BYTES): one more qkv kernel in each layer whose v differs from q and k.
+`--set [MODULE.]NAME=V` (repeatable) runs under other values of the code generator's rule constants
+(bench/rule_settings.py): a sweep is one run per setting, alternated with the rules as they are.
 Usage: python bench/gemma_gguf_gpu.py [--device CUDA] [--new-tokens 128] [--prefill-tokens 512] [--modes ...]
 `--device LLVM` runs the same measurements on the CPU (wall clock in place of events). Prints one JSON object and
 writes it to $OUT/gemma_gguf_gpu.json when OUT is set.
@@ -28,6 +30,7 @@ from tgrad.models.gemma3_gguf import load_gemma3_gguf, weight_nbytes  # noqa: E4
 from tgrad.models.generation import generate  # noqa: E402
 import tgrad.models.gemma3_projections as projections  # noqa: E402
 from model_file import gguf_path  # noqa: E402
+import rule_settings  # noqa: E402
 
 NEW_TOKENS = 128
 PREFILL_TOKENS = 512
@@ -109,14 +112,19 @@ def main() -> None:
   parser.add_argument("--wall-repeats", type=int, default=WALL_REPEATS, help="best of this many, for wall-clock times")
   parser.add_argument("--max-widening-bytes", type=int, default=projections.MAX_WIDENING_BYTES,
                       help="extra bytes a projection may take to stack packed weights of two types (-1: never)")
+  parser.add_argument("--set", action="append", default=[], metavar="[MODULE.]NAME=V",
+                      help="a code generator rule constant for this run (bench/rule_settings.py), e.g. "
+                           "ROW_MATVEC_GROUP=80; repeatable")
   args = parser.parse_args()
+  settings = rule_settings.parse(args.set)
+  rule_settings.apply(settings)
   WALL_REPEATS = args.wall_repeats
   projections.MAX_WIDENING_BYTES = args.max_widening_bytes
   path = gguf_path(args.model)
   header = GGUFFile(path)
   report = {"file": path, "file_tensor_bytes": sum(info.nbytes for info in header.tensors.values()),
             "max_widening_bytes": args.max_widening_bytes, "device": args.device, "new_tokens": args.new_tokens,
-            "runs": []}
+            "rules": rule_settings.describe(settings), "runs": []}
   for mode in args.modes:
     quant, dtype = mode.split(":")
     report["runs"].append(measure(path, quant, dtype, args.device, args.new_tokens, args.prefill_tokens,

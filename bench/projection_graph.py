@@ -12,10 +12,10 @@ graph, each streaming its share of the bytes), fitted by a line: a kernel costs 
 FLOOR_BANDWIDTH (plain graph; the PDL fit beside it). Its four points (240 and 536 MB over 60 and 155 kernels) lie
 within 2% of the line. "of floor" is floor time / measured time: the share of the floor probe's bandwidth the
 projection reaches at the same bytes and kernel count (issue target: >= 0.8).
-Each row also names the kernel's opts (the heuristics', or BEAM's winner where BEAM is set). `--set NAME=V1,V2,...`
-(repeatable) measures every case once per combination of values of matvec_rules' integer constants (e.g.
-PACKED_MATVEC_ROW_THREADS=64,128 PACKED_MATVEC_BLOCK_THREADS=128,256), set for the run: the rule's constants swept in
-the graph.
+Each row also names the kernel's opts (the heuristics', or BEAM's winner where BEAM is set). `--set
+[MODULE.]NAME=V1,V2,...` (repeatable) measures every case once per combination of values of the code generator's
+integer rule constants (bench/rule_settings.py: matvec_rules' unless a module is named; e.g.
+PACKED_MATVEC_ROW_THREADS=64,128 PACKED_MATVEC_BLOCK_THREADS=128,256), set for the run: the rules swept in the graph.
 Usage: python bench/projection_graph.py [--cases Q5_0:2048x640,...] [--copies 64] [--pdl 0|1] [--set NAME=V,...]
 """
 from __future__ import annotations
@@ -27,11 +27,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from tgrad import Tensor, TinyJit  # noqa: E402
 from tgrad.helpers import Context  # noqa: E402
 from tgrad.nn.quant import GGMLType, QuantizedTensor, packed_nbytes  # noqa: E402
-from tgrad.codegen import matvec_rules  # noqa: E402
 from tgrad.realize import lower_schedule  # noqa: E402
-import tgrad.realize as realize_module  # noqa: E402
 from gpu import event_seconds  # noqa: E402
 from packed_matvec import random_blocks  # noqa: E402
+import rule_settings  # noqa: E402
 
 # the floor probe's line (fitted to launch_floor.cu's four H100 points): µs per kernel and bytes per µs
 FLOOR_KERNEL_US = {0: 1.55, 1: 1.20}          # PDL off / on
@@ -86,24 +85,23 @@ def main() -> None:
   parser.add_argument("--cases", default=",".join(CASES))
   parser.add_argument("--copies", type=int, default=0, help="weights per case (0: enough to pass the L2)")
   parser.add_argument("--pdl", type=int, default=1, choices=(0, 1))
-  parser.add_argument("--set", action="append", default=[], help="NAME=V1,V2: values of a matvec_rules constant")
+  parser.add_argument("--set", action="append", default=[], metavar="[MODULE.]NAME=V1,V2",
+                      help="values of a code generator rule constant to sweep (bench/rule_settings.py); repeatable")
   args = parser.parse_args()
-  names = [item.split("=")[0] for item in args.set]
-  for name in names:
-    if not isinstance(getattr(matvec_rules, name, None), int): raise SystemExit(f"matvec_rules has no integer {name}")
-  settings = list(itertools.product(*[[int(v) for v in item.split("=")[1].split(",")] for item in args.set]))
+  sweeps = []   # (name, the settings of its values), each checked before anything runs
+  for item in args.set:
+    name, _, listed = item.partition("=")
+    sweeps.append((name, [rule_settings.parse([f"{name}={value}"])[0] for value in listed.split(",")]))
   rows = []
   print(f"{'case':16s} {'setting':>12s} {'copies':>6s} {'bytes':>9s} {'us':>7s} {'GB/s':>7s} {'floor us':>8s} "
         f"{'of floor':>8s}  opts")
   for case in args.cases.split(","):
-    for values in settings:
-      if names:
-        for name, value in zip(names, values): setattr(matvec_rules, name, value)
-        realize_module._runner_cache.clear()   # compiled under the previous constants
+    for chosen in itertools.product(*[choices for _, choices in sweeps]):
+      rule_settings.apply(list(chosen))
       r = measure(case, args.copies, args.pdl)
-      r.update(zip(names, values))
+      r.update({name: value for (name, _), (_, _, value) in zip(sweeps, chosen)})
       rows.append(r)
-      setting = "/".join(map(str, values)) or "rule"
+      setting = "/".join(str(value) for _, _, value in chosen) or "rule"
       print(f"{r['case']:16s} {setting:>12s} {r['copies']:6d} {r['bytes']:9d} {r['us']:7.2f} {r['GB/s']:7.1f} "
             f"{r['floor_us']:8.2f} {r['of_floor']:8.2f}  {r['opts']}", flush=True)
   if os.environ.get("OUT"): Path(os.environ["OUT"], "projection_graph.json").write_text(json.dumps(rows, indent=1))

@@ -144,11 +144,12 @@ def _matvec_columns(kernel: Kernel, n_axis: int) -> None:
 
 # A row kernel whose last pass is a matrix–vector product (an RMSNorm fused into the projection after it: each output
 # row of W needs the normalized vector, so every block first walks the vector's row passes). One output row per block
-# makes each block repeat those passes on its own, so the passes' loads (L2 hits) outweigh W's and the serial combine
-# of the group's partials (every thread of a row kernel combines them all) grows with the group. Several rows per
-# block share the passes' loads through L1, and a small group keeps the combine short. Measured on an H100 (gemma-3-270m
-# decode, gate/up 4096×640 with two fused norms, each kernel alone): one row of 40 threads 13.9 µs fp16 / 12.6 µs fp32;
-# 8 rows of 20 threads 7.0–8.1 / 7.4; 4 rows of 20 6.4–7.6 fp32; 8 rows of 40 11–12; 80 threads per row ≥ 27. Since
+# makes each block repeat those passes on its own, so the passes' loads (L2 hits) outweigh W's, and (before the warp
+# shuffles, below) the serial combine of the group's partials (every thread of a row kernel combines them all) grew
+# with the group. Several rows per block share the passes' loads through L1. Measured on an H100 (gemma-3-270m decode,
+# gate/up 4096×640 with two fused norms, each kernel alone, the serial combine): one row of 40 threads 13.9 µs fp16 /
+# 12.6 µs fp32; 8 rows of 20 threads 7.0–8.1 / 7.4; 4 rows of 20 6.4–7.6 fp32; 8 rows of 40 11–12; 80 threads per
+# row ≥ 27. Since
 # the decode's row kernels have 4 rows a block (MATVEC_MIN_BLOCKS), 40 threads a row is faster (2026-11-28, float16
 # decode step, zero-data Q4_K_M file, two rounds alternated: H100 0.5598/0.5592 → 0.5349/0.5332 ms at position 40,
 # H200 0.5166/0.5155 → 0.4983/0.4978; in a chain of PDL launches on the H200, qkv 4.60 → 4.28 µs, gate/up 5.89 →

@@ -187,7 +187,7 @@ def main() -> None:
 def sweep(selected: list[tuple[str, int, int]], dtype, args) -> None:
   """The packed kernel of each case under each (row threads, block threads) pair of the matvec rules' constants."""
   from tgrad.codegen import matvec_rules
-  import tgrad.realize as realize_module
+  import rule_settings
   name, bandwidth = dram_bandwidth()
   timer = Timer()
   print(f"{name}: DRAM {bandwidth / 1e12:.2f} TB/s; x {dtype.name}; sweep of the packed matvec rule's constants")
@@ -195,8 +195,8 @@ def sweep(selected: list[tuple[str, int, int]], dtype, args) -> None:
   for type_name, rows, columns in selected:
     for row_threads in (int(v) for v in args.row_threads.split(",")):
       for block_threads in block_values:
-        matvec_rules.PACKED_MATVEC_ROW_THREADS, matvec_rules.PACKED_MATVEC_BLOCK_THREADS = row_threads, block_threads
-        realize_module._runner_cache.clear()   # compiled under the previous constants
+        rule_settings.apply(rule_settings.parse([f"PACKED_MATVEC_ROW_THREADS={row_threads}",
+                                                 f"PACKED_MATVEC_BLOCK_THREADS={block_threads}"]))
         r = measure(type_name, rows, columns, dtype, timer, args.repeats, bandwidth, packed_only=True)
         print(f"{type_name:5s} {rows}x{columns} row threads {row_threads:4d} block {block_threads:4d}: floor "
               f"{r['floor_us']:7.2f} us, b2b {r['packed_b2b_us']:7.2f} us, {r['packed_GBps']:7.1f} GB/s, single "

@@ -14,8 +14,9 @@ from the PTX ISA's definitions (not from the renderer's tables, so they check th
 mma.sync m16n8k16 (f16, bf16) and m16n8k8 (tf32) with f32 accumulators. An mma is a warp's: each lane puts its A and B
 registers in a block-wide exchange, the block waits at its barrier, each lane computes its own C elements from its
 warp's registers, and waits again (so every thread of the block must reach each mma, as the tensor-core kernels' uniform
-loops do); `ldmatrix.x4[.trans]`, `__shfl_xor_sync` and `__shfl_sync` are warp exchanges the same way, and `ex2.approx`
-is exp2 (the flash-attention kernel uses them); `__syncwarp` a barrier of the warp's threads, `atomicAdd` on an unsigned
+loops do); `ldmatrix.x4[.trans]`, `__shfl_xor_sync` and `__shfl_sync` (of any value up to 8 bytes, moved whole) are
+warp exchanges the same way, and `ex2.approx` is exp2 (the flash-attention kernel uses them); `__syncwarp` a barrier
+of the warp's threads, `atomicAdd` on an unsigned
 int and `__threadfence` are the host's atomics, `__ldcg` a plain load (flash decoding's last-block combine). A dependent
 launch's `griddepcontrol.wait` / `launch_dependents` are no-ops (one grid runs at a time), and `prefetch.global.L2`
 reads its byte and records its address: run_on_cpu returns the addresses, for checking what an sm_90 kernel prefetches
@@ -194,21 +195,23 @@ static inline unsigned short emu_f32_to_bf16(float f) {   // round to nearest ev
   return (unsigned short)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
 }
 // a warp's shuffle: every lane puts its value in a block-wide exchange, the block waits, each lane reads its partner's
-// (so every thread of the block must reach it, as for an mma)
-static float emu_floats[1024];
-static inline float __shfl_xor_sync(unsigned int, float value, int lane_mask) {
-  emu_floats[emu_thread] = value;
+// (so every thread of the block must reach it, as for an mma). Any value of up to 8 bytes, as CUDA's overloads (int,
+// unsigned, long long, float, double, ...): its bytes are exchanged as they are
+static unsigned long long emu_lane_values[1024];
+template <typename T> static inline T emu_exchange(T value, unsigned int source) {
+  static_assert(sizeof(T) <= sizeof(unsigned long long), "a shuffle moves at most 8 bytes");
+  memcpy(&emu_lane_values[emu_thread], &value, sizeof(T));
   block_barrier->arrive_and_wait();
-  float partner = emu_floats[(emu_thread & ~31u) | ((emu_thread & 31u) ^ (unsigned int)lane_mask)];
+  T partner;
+  memcpy(&partner, &emu_lane_values[(emu_thread & ~31u) | (source & 31u)], sizeof(T));
   block_barrier->arrive_and_wait();
   return partner;
 }
-static inline float __shfl_sync(unsigned int, float value, int source_lane) {   // a lane's value to every lane
-  emu_floats[emu_thread] = value;
-  block_barrier->arrive_and_wait();
-  float source = emu_floats[(emu_thread & ~31u) | ((unsigned int)source_lane & 31u)];
-  block_barrier->arrive_and_wait();
-  return source;
+template <typename T> static inline T __shfl_xor_sync(unsigned int, T value, int lane_mask) {
+  return emu_exchange(value, (emu_thread & 31u) ^ (unsigned int)lane_mask);
+}
+template <typename T> static inline T __shfl_sync(unsigned int, T value, int source_lane) {   // a lane's value to all
+  return emu_exchange(value, (unsigned int)source_lane);
 }
 // grid-wide atomics and fences (the blocks run one after another, so a fence orders nothing more than program order)
 static inline unsigned int atomicAdd(unsigned int* address, unsigned int value) {

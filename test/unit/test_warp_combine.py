@@ -4,9 +4,9 @@ through shared memory.
 The lane plan (`warp_lane_masks`) is checked against a simulation of the hardware over seeded random block layouts:
 every lane's value after the shuffle tree, then the combine's reads of one representative a warp, must give each
 output the sum of exactly its own group's partials. Whole kernels are checked on CUDA kernels run on the CPU
-(test/cuda_on_cpu.py, whose `__shfl_xor_sync` is a real exchange between the warp's fibers) against numpy: sums and
-maxima, float32 and int32, layouts whose warps hold several outputs, layouts without a shuffle (a block that is not a
-whole number of warps).
+(test/cuda_on_cpu.py, whose `__shfl_xor_sync` is a real exchange of a value's bytes between the warp's fibers) against
+numpy: sums and maxima in float32, float64, int32 and int64 (64-bit and wide integer values exactly), layouts whose
+warps hold several outputs, layouts without a shuffle (a block that is not a whole number of warps).
 """
 import numpy as np
 import pytest
@@ -115,6 +115,23 @@ def test_grouped_reduces_on_emulated_cuda(seed):
     want = getattr(np, name)(values if integer else values.astype(np.float64), axis=-1)
     if integer: np.testing.assert_array_equal(got, want)
     else: np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+@needs_gxx
+@pytest.mark.parametrize("dtype", [np.float64, np.int64, np.int32])
+def test_wide_and_integer_registers_shuffle_exactly(dtype):
+  """64-bit partials move whole through the shuffles (CUDA's overloads for double and long long): a float64 sum to
+  float64's accuracy and its max exactly, integer sums whose values need all their bits exactly."""
+  rng = np.random.default_rng(11)
+  values = rng.standard_normal((4, 640)) if dtype == np.float64 else \
+    rng.integers(-(2 ** 40) if dtype == np.int64 else -(2 ** 20), 2 ** 20 if dtype == np.int32 else 2 ** 40, (4, 640))
+  x = Tensor(values.astype(dtype), device="LLVM").realize()
+  opts = [Opt(OptOps.LOCAL, 0, 2), Opt(OptOps.GROUP, 0, 64)]
+  for name in ("sum", "max"):
+    got, source = run_kernel_emulated(getattr(x, name)(-1), opts)
+    assert "__shfl_xor_sync" in source
+    want = getattr(np, name)(values.astype(dtype), axis=-1)
+    if dtype == np.float64 and name == "sum": np.testing.assert_allclose(got, want, rtol=1e-13, atol=1e-12)
+    else: np.testing.assert_array_equal(got, want)
 
 @needs_gxx
 @pytest.mark.parametrize("rows_per_block,group", [(4, 40), (2, 80)])   # the packed rule's layout, the dense row rule's

@@ -168,15 +168,20 @@ def _product(factors: list[UOp]) -> UOp:
   for factor in factors[1:]: product = UOp(Ops.MUL, product.dtype, (product, factor))
   return product
 
+def _terms_with(factors: list[list[UOp]]) -> dict[UOp, int]:
+  """How many terms each factor appears in, given every term's factors (a factor twice in one term counts once)."""
+  counts: dict[UOp, int] = {}
+  for term_factors in factors:
+    for factor in set(term_factors): counts[factor] = counts.get(factor, 0) + 1
+  return counts
+
 def shared_factors_last(values: list[UOp]) -> list[UOp]:
   """The unrolled values of a float sum with every product that shares a factor with another term ordered as
   (the other factors)·(the shared ones, the most shared outermost); values with no shared factor come back as they
   are."""
   terms = [t for v in values for t in _additive_terms(v)]
   factors = [_factors(t) for t in terms]
-  counts: dict[UOp, int] = {}
-  for term_factors in factors:
-    for factor in set(term_factors): counts[factor] = counts.get(factor, 0) + 1
+  counts = _terms_with(factors)
   if not any(count > 1 for count in counts.values()): return values
   out = []
   for term, term_factors in zip(terms, factors):
@@ -196,9 +201,7 @@ def factor_shared_out(values: list[UOp]) -> list[UOp]:
 
 def _factored(terms: list[UOp]) -> list[UOp]:
   factors = [_factors(t) for t in terms]
-  counts: dict[UOp, int] = {}
-  for term_factors in factors:
-    for factor in set(term_factors): counts[factor] = counts.get(factor, 0) + 1
+  counts = _terms_with(factors)
   shared = max(counts, key=lambda f: counts[f], default=None)
   if shared is None or counts[shared] < 2: return terms
   inside, outside = [], []

@@ -14,6 +14,8 @@ a function of plain values that a test can call alone, in this order:
   3. emit_program (emit.py): ValueGraph → the program: parameters, thread ids, (on a CPU: what varies along no loop,
      and the scratch values' loops, scratch.py), loops, and each REDUCE as an accumulator, its loop (hoisting what
      doesn't vary), updates and ENDRANGE, then the stores.
+  4. hoist_early_loads (early_loads.py, targets with thread blocks): a later pass's loads of read-only inputs moved
+     before the block's first barrier.
 
   DEFINE_GLOBAL 0, DEFINE_GLOBAL 1, RANGE r0 (0..N), DEFINE_ACC a0, RANGE r1 (0..K), LOAD, ADD, ASSIGN a0,
   ENDRANGE r1, REDUCE (reads a0), STORE, ENDRANGE r0
@@ -25,6 +27,7 @@ from tgrad.codegen.renderer import Renderer
 from tgrad.codegen import transcendental
 from tgrad.codegen.value_graph import build_value_graph
 from tgrad.codegen.emit import emit_program
+from tgrad.codegen.early_loads import hoist_early_loads
 
 def decompose(stores: list[UOp], renderer: Renderer) -> list[UOp]:
   """The stores with transcendental ops rewritten into polynomials (transcendental.py) where the renderer asks for it
@@ -32,7 +35,7 @@ def decompose(stores: list[UOp], renderer: Renderer) -> list[UOp]:
   return transcendental.decompose(stores, renderer.decompose_transcendentals)
 
 def linearize(kernel: Kernel) -> list[UOp]:
-  """The kernel's linear program (passes 1-3 above). A CPU kernel's scratch values (scratch.py) are decomposed with
+  """The kernel's linear program (passes 1-4 above). A CPU kernel's scratch values (scratch.py) are decomposed with
   its stores."""
   graph = build_value_graph(kernel)
   scratch_stores = [store for _, stores in graph.precompute for store in stores]
@@ -41,4 +44,5 @@ def linearize(kernel: Kernel) -> list[UOp]:
   stores, pass_stores = decomposed[:n_stores], decomposed[n_stores:n_stores + n_pass]
   scratch = iter(decomposed[n_stores + n_pass:])
   precompute = tuple((loops, tuple(next(scratch) for _ in nest)) for loops, nest in graph.precompute)
-  return emit_program(kernel, graph, stores, pass_stores, precompute)
+  program = emit_program(kernel, graph, stores, pass_stores, precompute)
+  return hoist_early_loads(program) if kernel.renderer.has_local else program

@@ -1,0 +1,131 @@
+"""A later pass's loads of read-only inputs move before a block's first barrier (codegen/early_loads.py): checked on
+hand-built programs (what moves and what stays), and on fused norm + matvec kernels rendered for CUDA and run on the
+CPU (test/cuda_on_cpu.py) with seeded random sizes: the moved program's output is bit-identical to the unmoved one's
+and matches numpy.
+"""
+import re
+import numpy as np
+import pytest
+from tgrad import Tensor
+from tgrad.codegen import linearizer
+from tgrad.codegen.early_loads import EARLY_LOAD_MAX_BYTES, hoist_early_loads
+from tgrad.codegen.kernel import Opt, OptOps
+from tgrad.dtype import dtypes
+from tgrad.ops import UOp, Ops
+from cuda_on_cpu import cpu_available, run_kernel_emulated
+
+THREADS = 64
+
+def buffer(number: int, dtype=dtypes.float32) -> UOp: return UOp(Ops.DEFINE_GLOBAL, dtype, (), number)
+
+def const(value: int) -> UOp: return UOp(Ops.CONST, dtypes.index, (), value)
+
+def load(buf: UOp, index: UOp, *valid: UOp) -> UOp: return UOp(Ops.LOAD, buf.dtype, (buf, index, *valid))
+
+class Program:
+  """A hand-built linear program: thread id `lidx0` of THREADS, a shared array, a barrier, and what a test adds."""
+  def __init__(self):
+    self.out, self.small, self.stream = buffer(0), buffer(1), buffer(2)
+    self.shared = UOp(Ops.DEFINE_LOCAL, dtypes.float32, (), ("temp0", THREADS))
+    self.thread = UOp(Ops.SPECIAL, dtypes.index, (), ("lidx0", THREADS))
+    self.barrier = UOp(Ops.BARRIER, dtypes.void, ())
+    self.uops = [self.out, self.small, self.stream, self.shared, self.thread]
+  def add(self, *uops: UOp) -> UOp:
+    self.uops.extend(uops)
+    return uops[-1]
+  def stream_load(self) -> UOp:
+    """A load of the largest read-only buffer (the kernel's stream), before the barrier."""
+    index = self.add(self.thread * const(1024) + const(7))
+    return self.add(load(self.stream, index))
+  def store_partial(self, value: UOp) -> None:
+    self.add(UOp(Ops.STORE, dtypes.void, (self.shared, self.thread, value)), self.barrier)
+
+def before_barrier(program: list[UOp]) -> list[UOp]:
+  return program[:next(i for i, u in enumerate(program) if u.op is Ops.BARRIER)]
+
+def test_a_later_passs_load_and_its_index_move_before_the_barrier():
+  p = Program()
+  p.store_partial(p.stream_load())
+  index = p.add(p.thread * const(2) + const(1))
+  small = p.add(load(p.small, index))
+  p.add(UOp(Ops.STORE, dtypes.void, (p.out, p.thread, small)))
+  moved = hoist_early_loads(p.uops)
+  assert small in before_barrier(moved) and index in before_barrier(moved)
+  assert sorted(map(id, moved)) == sorted(map(id, p.uops))   # a reordering: nothing lost, nothing added
+  assert moved.index(index) < moved.index(small)
+
+@pytest.mark.parametrize("case", ["stored", "streamed", "in_branch", "reads_shared", "no_barrier"])
+def test_loads_that_must_stay(case):
+  p = Program()
+  if case != "no_barrier": p.store_partial(p.stream_load())
+  index = p.add(p.thread + const(3))
+  if case == "stored": target = p.out
+  elif case == "streamed": target = p.stream
+  else: target = p.small
+  if case == "reads_shared":   # an index read from shared memory: it needs the barrier
+    index = p.add(load(p.shared, p.thread).cast(dtypes.index))
+  if case == "in_branch":
+    branch = p.add(UOp(Ops.IF, dtypes.void, (p.thread.lt(const(4)),)))
+  value = p.add(load(target, index))
+  if case == "in_branch": p.add(UOp(Ops.ENDIF, dtypes.void, (branch,)))
+  p.add(UOp(Ops.STORE, dtypes.void, (p.out, p.thread, value)))
+  assert hoist_early_loads(p.uops) == p.uops
+
+def test_a_masked_load_moves_with_its_valid():
+  p = Program()
+  p.store_partial(p.stream_load())
+  valid = p.add(p.thread.lt(const(40)))
+  small = p.add(load(p.small, p.thread, valid, UOp(Ops.CONST, dtypes.float32, (), 0.0)))
+  p.add(UOp(Ops.STORE, dtypes.void, (p.out, p.thread, small)))
+  moved = hoist_early_loads(p.uops)
+  assert moved.index(valid) < moved.index(small) < moved.index(p.barrier)
+
+def test_at_most_the_byte_budget_moves_in_program_order():
+  p = Program()
+  p.store_partial(p.stream_load())
+  count = EARLY_LOAD_MAX_BYTES // 4 + 5
+  loads = [p.add(load(p.small, p.add(p.thread + const(k)))) for k in range(count)]
+  total = loads[0]
+  for value in loads[1:]: total = p.add(total + value)
+  p.add(UOp(Ops.STORE, dtypes.void, (p.out, p.thread, total)))
+  early = before_barrier(hoist_early_loads(p.uops))
+  assert [u in early for u in loads] == [k < EARLY_LOAD_MAX_BYTES // 4 for k in range(count)]
+
+# ---- rendered kernels, run on the CPU
+def norm_matvec(x: Tensor, residual: Tensor, gain: Tensor, w: Tensor) -> Tensor:
+  """W · (r + x/rms(x) · (1 + g)): the squares' sum is the first pass; the second reads the residual, the gain and the
+  weight, each value after the first pass's result (gemma3.py's post-norm and residual before a projection, x read as
+  one copy a row)."""
+  rows = x.expand(w.shape)
+  scale = ((rows * rows).sum(-1, keepdim=True) / w.shape[1] + 1e-6).rsqrt()
+  normed = residual.expand(w.shape) + rows * scale * (gain.expand(w.shape) + 1)
+  return (normed * w).sum(-1)
+
+def loads(source: str, before_barrier: bool) -> list[str]:
+  """The buffer numbers of the kernel's global loads (one per load statement), those before its first barrier or all."""
+  body = source[source.index("__global__"):]
+  if before_barrier: body = body[:body.index("__syncthreads();")]
+  return re.findall(r"= data(\d+)\[", body)
+
+@pytest.mark.skipif(not cpu_available(), reason="g++ not found")
+@pytest.mark.parametrize("seed", range(4))
+def test_fused_norm_matvec_same_bits_with_the_loads_moved(seed, monkeypatch):
+  rng = np.random.default_rng(seed)
+  rows, group, per_thread = int(rng.integers(2, 7)), int(rng.choice([8, 16, 32])), int(rng.choice([2, 4]))
+  columns = group * per_thread
+  x, residual, gain = (rng.standard_normal((1, columns)).astype(np.float32) for _ in range(3))
+  w = rng.standard_normal((rows, columns)).astype(np.float32)
+  tensors = [Tensor(a, device="LLVM").realize() for a in (x, residual, gain, w)]
+  opts = [Opt(OptOps.GROUP, 0, group), Opt(OptOps.UNROLL, 1, 0)]
+  moved, source = run_kernel_emulated(norm_matvec(*tensors), opts)
+  monkeypatch.setattr(linearizer, "hoist_early_loads", lambda program: program)
+  kept, kept_source = run_kernel_emulated(norm_matvec(*tensors), opts)
+  # every input but the weight (the largest, read once) is loaded before the first barrier once moved, and more loads
+  # are than before
+  assert len(set(loads(source, False)) - set(loads(source, True))) == 1, source
+  assert len(loads(source, True)) > len(loads(kept_source, True))
+  np.testing.assert_array_equal(moved, kept)
+  x64, r64, g64, w64 = (a.astype(np.float64) for a in (x, residual, gain, w))
+  normed = r64 + x64 / np.sqrt((x64 * x64).sum() / columns + 1e-6) * (1 + g64)
+  want = w64 @ normed[0]
+  np.testing.assert_allclose(moved, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())

@@ -51,6 +51,7 @@ HEADER = r"""
 #include <ucontext.h>
 #include <vector>
 using std::sqrt; using std::exp2; using std::log2; using std::sin;
+static inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }   // CUDA's: within 2 ulp of this
 struct Dim3 { unsigned int x = 0, y = 0, z = 0; };
 static Dim3 threadIdx, blockIdx;                      // the running thread's (the launcher switches them with it)
 // The threads of a block are fibers on one OS thread, switched only where one waits (a barrier, an mbarrier's

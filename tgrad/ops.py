@@ -19,7 +19,8 @@ class Ops(Enum):
   """Every op of every level. Semantics of the ALU ops (what `exec_alu` computes, and what renderers must emit):
 
   EXP2, LOG2, SIN, SQRT, TANH: IEEE float functions (an EXP2/LOG2/TANH arg may name how a kernel computes it:
-  see tgrad/tensor_ops/composite.py; None is the renderer's default). RECIP(x) = 1/x (RECIP(0) = inf).
+  see tgrad/tensor_ops/composite.py; None is the renderer's default). RECIP(x) = 1/x (RECIP(0) = inf); a float32
+  RECIP(SQRT(x)) may be computed as one reciprocal square root within 2 ulp (CUDA's rsqrtf, as Tensor.rsqrt).
   NEG(x) = -x. TRUNC rounds a float toward zero. ADD, MUL: wrap around on integers (two's complement). FDIV: IEEE
   float division.
   IDIV: integer division rounding toward zero (C); IDIV(x, 0) = 0. MOD: remainder with the sign of the dividend

@@ -257,7 +257,7 @@ DEPENDENT_LAUNCH
       float sum = 0.0f;
       #pragma unroll
       for (int i = 0; i < LANE_ELEMENTS; ++i) sum += x[i] * x[i];
-      const float inverse_rms = rsqrtf(warp_sum(sum) / HEAD_DIM + NORM_EPS);   // as the renderer: within 2 ulp
+      const float inverse_rms = 1.0f / sqrtf(warp_sum(sum) / HEAD_DIM + NORM_EPS);
       #pragma unroll
       for (int i = 0; i < LANE_ELEMENTS; ++i) if (normed) x[i] *= inverse_rms * (NORM_OFFSET + w[i]);
     }

@@ -7,11 +7,12 @@ the H100's 50 MB L2, so every launch streams its weight from DRAM as a decode st
 step that multiplies the same float16 x by each of them: COPIES dependent-free kernels in one CUDA graph, replayed
 back to back (CUDA events). The time per projection is the replay's time over COPIES.
 
-The floor is `../shared/anchors/launch_floor.cu`'s measurement on an H100 (2026-11-26: N dependent kernels in one
-graph, each streaming its share of the bytes), fitted by a line: a kernel costs FLOOR_KERNEL_US plus its bytes at
-FLOOR_BANDWIDTH (plain graph; the PDL fit beside it). Its four points (240 and 536 MB over 60 and 155 kernels) lie
-within 2% of the line. "of floor" is floor time / measured time: the share of the floor probe's bandwidth the
-projection reaches at the same bytes and kernel count (issue target: >= 0.8).
+The floor is `../shared/anchors/launch_floor.cu`'s measurement on the same kind of card (N dependent kernels in one
+graph, each streaming its share of the bytes: 240 and 536 MB over 30 to 155 kernels), fitted by a line: a kernel costs
+a fixed time plus its bytes at a bandwidth (FLOORS, plain graph and PDL; H100 2026-11-26, H200 2026-11-28, the card
+named by the driver picks; points within 2% (H100) and 7% (H200) of their line). "of floor" is floor time / measured
+time: the share of the floor probe's bandwidth the projection reaches at the same bytes and kernel count (issue
+target: >= 0.8).
 Each row also names the kernel's opts (the heuristics', or BEAM's winner where BEAM is set). `--set
 [MODULE.]NAME=V1,V2,...` (repeatable) measures every case once per combination of values of the code generator's
 integer rule constants (bench/rule_settings.py: matvec_rules' unless a module is named; e.g.
@@ -32,9 +33,8 @@ from gpu import event_seconds  # noqa: E402
 from packed_matvec import random_blocks  # noqa: E402
 import rule_settings  # noqa: E402
 
-# the floor probe's line (fitted to launch_floor.cu's four H100 points): µs per kernel and bytes per µs
-FLOOR_KERNEL_US = {0: 1.55, 1: 1.20}          # PDL off / on
-FLOOR_BANDWIDTH = {0: 2.37e6, 1: 2.35e6}      # bytes per µs
+# the floor probe's line per card (fitted to launch_floor.cu's points): {PDL off/on: (µs per kernel, bytes per µs)}
+FLOORS = {"H100": {0: (1.55, 2.37e6), 1: (1.20, 2.35e6)}, "H200": {0: (1.66, 3.23e6), 1: (1.33, 3.23e6)}}
 # gemma-3-270m's decode projections in its Q4_K_M file (type, out × in): q, k, v, o, gate/up, down; the tied head
 CASES = ("Q5_0:1024x640", "Q8_0:256x640", "Q4_K:640x1024", "Q5_0:2048x640", "Q6_K:640x2048", "Q4_K:640x2048",
          "F16:1024x640", "F16:640x1024", "F16:2048x640", "F16:640x2048")
@@ -42,7 +42,17 @@ MIN_TOTAL_BYTES = 160 << 20
 MAX_COPIES = 256
 REPLAYS = 20
 
-def floor_us(nbytes: int, pdl: int) -> float: return FLOOR_KERNEL_US[pdl] + nbytes / FLOOR_BANDWIDTH[pdl]
+def card() -> str:
+  """The floor's card: the first of FLOORS that the GPU's name contains."""
+  import pycuda.driver as driver
+  name = driver.Context.get_device().name()
+  for known in FLOORS:
+    if known in name: return known
+  raise SystemExit(f"no floor probe line for {name!r}: measure launch_floor.cu there and add it to FLOORS")
+
+def floor_us(nbytes: int, pdl: int, on: str) -> float:
+  kernel_us, bandwidth = FLOORS[on][pdl]
+  return kernel_us + nbytes / bandwidth
 
 def weights(type_name: str, rows: int, columns: int, copies: int) -> tuple[list, int]:
   """`copies` distinct weights on the GPU and one weight's bytes."""
@@ -73,11 +83,12 @@ def measure(case: str, copies: int, pdl: int) -> dict:
     for _ in range(3): jitted(x)
     seconds = event_seconds(lambda: jitted(x), REPLAYS)
   per = seconds * 1e6 / copies
-  floor = floor_us(nbytes, pdl)
+  floor = floor_us(nbytes, pdl, card())
   first = made[0]
   items = lower_schedule((x.linear(first.transpose()) if type_name == "F16" else first.linear(x)).schedule())
   opts = " | ".join(" ".join(f"{o.op.name}:{o.axis}:{o.amount}" for o in getattr(i.runner, "opts", [])) for i in items)
-  return {"case": case, "copies": copies, "bytes": nbytes, "us": round(per, 3), "GB/s": round(nbytes / per / 1e3, 1),
+  return {"case": case, "card": card(), "copies": copies, "bytes": nbytes, "us": round(per, 3),
+          "GB/s": round(nbytes / per / 1e3, 1),
           "floor_us": round(floor, 3), "of_floor": round(floor / per, 3), "opts": opts}
 
 def main() -> None:

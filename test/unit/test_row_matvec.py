@@ -102,3 +102,32 @@ def test_softmax_rows_group_grows_with_the_row(width, group):
   hand_coded_optimizations(kernel)
   opts = {opt.op: opt.amount for opt in kernel.applied_opts}
   assert opts.get(OptOps.GROUP) == group and OptOps.LOCAL not in opts, kernel.applied_opts
+
+@pytest.mark.parametrize("rows,width,group", [(1, 640, 160), (8, 640, 160), (2, 1024, 256), (1, 100, 50), (9, 640, 40)])
+def test_few_rows_take_a_step_a_thread_in_whole_warps(rows, width, group):
+  """A row kernel of at most GPU_FEW_ROWS rows on a GPU whose group combines by warp shuffles: the largest group of
+  whole warps that divides the row's steps (float4s from 256 wide), up to GPU_GROUP_THREADS. With no such group
+  (100 wide) or more rows (9) the generic rule's: 50 threads of two values, 40 threads of four float4s."""
+  from tgrad.codegen.heuristics import GPU_FEW_ROWS
+  from tgrad.ops import Ops
+  from tgrad.schedule import create_schedule
+  assert (rows <= GPU_FEW_ROWS) == (rows != 9)
+  x = Tensor.empty(rows, width, dtype=dtypes.float32, device="LLVM")
+  normed = x * ((x * x).mean(-1, keepdim=True) + 1e-6).rsqrt()
+  (item,) = [i for i in create_schedule([normed.lazydata]) if i.ast.op is Ops.SINK]
+  kernel = Kernel(item.ast, CUDARenderer())
+  hand_coded_optimizations(kernel)
+  assert {opt.op: opt.amount for opt in kernel.applied_opts}.get(OptOps.GROUP) == group, kernel.applied_opts
+
+@pytest.mark.parametrize("rows,width", [(1, 640), (3, 1024)])
+def test_few_rows_norm_values_on_emulated_cuda(rows, width):
+  """The few-rows rule's kernels (a group of whole warps, shuffled combines) against numpy, run on the CPU."""
+  from cuda_on_cpu import cpu_available, run_kernel_emulated
+  if not cpu_available(): pytest.skip("g++ not found")
+  x = np.random.default_rng(rows).standard_normal((rows, width)).astype(np.float32)
+  t = Tensor(x, device="LLVM").realize()
+  got, source = run_kernel_emulated(t * ((t * t).mean(-1, keepdim=True) + 1e-6).rsqrt())
+  assert "__shfl_xor_sync" in source
+  x64 = x.astype(np.float64)
+  want = x64 / np.sqrt((x64 * x64).mean(-1, keepdims=True) + 1e-6)
+  np.testing.assert_allclose(got.reshape(x.shape), want, rtol=2e-6, atol=1e-6)

@@ -239,6 +239,11 @@ GPU_ROW_MIN_GROUP = 32
 # 128 95.9. float16 rows of 4096 (torch 56.6): 128 threads 46.2.
 GPU_ROW_STEPS_PER_THREAD = 8
 GPU_ROW_MAX_GROUP = 128
+# A row kernel of at most GPU_FEW_ROWS rows leaves the GPU nearly idle whatever its blocks do, so only its latency
+# counts: where a group's partials combine by warp shuffles (Renderer.warp_lanes: a few shuffles and a slot a warp,
+# not a slot a thread), a step a thread, in whole warps, up to GPU_GROUP_THREADS (gemma's final norm: 40 threads of
+# four float4 steps → 160 of one).
+GPU_FEW_ROWS = 8
 GPU_GROUP_THREADS = 256
 GPU_GROUP_MIN_THREADS = 64      # two warps: fewer threads per block can't hide memory latency
 GPU_WARP = 32                   # threads of a warp: enough neighbours on one axis for a coalesced 128-byte access
@@ -300,6 +305,10 @@ def _group_small_reduce(kernel: Kernel) -> bool:
   balanced = 1 << (math.isqrt(steps).bit_length() - 1)
   if rows: balanced = min(GPU_ROW_MAX_GROUP, steps // GPU_ROW_STEPS_PER_THREAD)
   group = divisor_at_most(steps, min(threads, max(GPU_GROUP_MIN_THREADS, balanced)))
+  if rows and (lanes := kernel.renderer.warp_lanes) and isinstance(steps, int) and \
+     vmax_of(prod(kernel.output_shape[:kernel.first_reduce])) <= GPU_FEW_ROWS:
+    whole_warps = [d for d in range(lanes, min(threads, steps) + 1, lanes) if steps % d == 0]
+    if whole_warps: group = whole_warps[-1]
   return group > 1 and try_opt(kernel, Opt(OptOps.GROUP, 0, group))
 
 def _gpu_upcast(kernel: Kernel) -> int:

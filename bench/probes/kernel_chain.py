@@ -6,6 +6,10 @@ Prints µs per kernel (CUDA events over REPS graph launches, the best and median
 and, for consecutive pairs of files, the largest difference of their outputs (the same inputs: an edited kernel against
 the one it was made from). Lifted scalars are passed as 1.0f. A file whose NAME.json is missing gets the gate/up
 kernel's (grid 512, block 8×20). Needs a GPU and pycuda.
+A chain ranks variants of one kernel; it does not size a change to the step: behind copies of itself a kernel's blocks
+can't all be resident beside its predecessor's, and in the step its neighbours are other kernels. Moving the gate/up
+kernel's second-pass loads before its barrier took it from 5.73 to 3.87 µs here and the packed step 1.5 %
+(docs/design-notes.md, "A later pass's loads"): measure a kept change with bench/gemma_gguf_gpu.py, trees alternated.
 Usage: python bench/probes/kernel_chain.py A.cu B.cu ...
 """
 from __future__ import annotations

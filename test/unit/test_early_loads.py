@@ -102,10 +102,12 @@ def norm_matvec(x: Tensor, residual: Tensor, gain: Tensor, w: Tensor) -> Tensor:
   return (normed * w).sum(-1)
 
 def loads(source: str, before_barrier: bool) -> list[str]:
-  """The buffer numbers of the kernel's global loads (one per load statement), those before its first barrier or all."""
+  """The input buffer numbers of the kernel's global loads (one per access: scalar, vector or converted half), those
+  before its first barrier or all; data0, the output, is not counted."""
   body = source[source.index("__global__"):]
+  body = body[body.index("{"):]   # past the parameter list
   if before_barrier: body = body[:body.index("__syncthreads();")]
-  return re.findall(r"= data(\d+)\[", body)
+  return [number for number in re.findall(r"\bdata(\d+)(?:\[| \+)", body) if number != "0"]
 
 @pytest.mark.skipif(not cpu_available(), reason="g++ not found")
 @pytest.mark.parametrize("seed", range(4))
@@ -129,3 +131,33 @@ def test_fused_norm_matvec_same_bits_with_the_loads_moved(seed, monkeypatch):
   normed = r64 + x64 / np.sqrt((x64 * x64).sum() / columns + 1e-6) * (1 + g64)
   want = w64 @ normed[0]
   np.testing.assert_allclose(moved, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+
+# ---- seeded random fused kernels: two norms, one or two products, float16 or float32, rows per block
+def two_norm_products(x, residual, gain1, gain2, w, two_products: bool) -> Tensor:
+  """gemma3.py's gate/up pattern: a post-norm of x, the residual added, a pre-norm of the sum, then one or two
+  products with rows of w (the second from its second half)."""
+  rows, columns = w.shape[0] // 2, w.shape[1]
+  xs = x.expand(rows, columns)
+  h = residual.expand(rows, columns) + xs * ((xs * xs).mean(-1, keepdim=True) + 1e-6).rsqrt() * (gain1 + 1)
+  normed = h * ((h * h).mean(-1, keepdim=True) + 1e-6).rsqrt() * (gain2 + 1)
+  first = (normed * w[:rows]).sum(-1)
+  return first * (normed * w[rows:]).sum(-1) if two_products else first
+
+@pytest.mark.skipif(not cpu_available(), reason="g++ not found")
+@pytest.mark.parametrize("seed", range(6))
+def test_random_two_norm_kernels_same_bits_with_the_loads_moved(seed, monkeypatch):
+  rng = np.random.default_rng(100 + seed)
+  rows, group, per_thread = int(rng.integers(2, 5)) * 2, int(rng.choice([8, 16, 32])), int(rng.choice([2, 4]))
+  columns, dtype = group * per_thread, rng.choice([np.float32, np.float16])
+  arrays = [rng.standard_normal((1, columns)).astype(dtype) for _ in range(4)] + \
+           [(rng.standard_normal((2 * rows, columns)) * 0.1).astype(dtype)]
+  two_products = bool(rng.integers(0, 2))
+  def build() -> Tensor:
+    return two_norm_products(*(Tensor(a, device="LLVM").realize() for a in arrays), two_products)
+  opts = [Opt(OptOps.GROUP, 0, group), Opt(OptOps.UNROLL, 1, 0)]
+  if rng.integers(0, 2): opts.append(Opt(OptOps.LOCAL, 0, 2))
+  moved, source = run_kernel_emulated(build(), opts)
+  monkeypatch.setattr(linearizer, "hoist_early_loads", lambda program: program)
+  kept, kept_source = run_kernel_emulated(build(), opts)
+  assert len(loads(source, True)) > len(loads(kept_source, True)), source
+  np.testing.assert_array_equal(moved, kept)

@@ -9,9 +9,10 @@ they depend on nothing the first pass computes.
 
 `hoist_early_loads` moves such loads, with the index math only they need, to just before the first barrier, where
 the compiler schedules them with the first pass's own loads. A LOAD moves when:
-- it reads a global buffer that this kernel never writes (nothing a thread stores can change what it reads; it is
-  not a Buffer another kernel writes meanwhile either: a kernel reads its inputs after its dependencies finished,
-  and a Programmatic Dependent Launch's wait comes before every load);
+- it reads a global buffer that this kernel never writes (nothing a thread stores can change what it reads: two
+  parameters of a kernel never share memory, since the scheduler gives each Buffer one parameter and the memory
+  planner never overlaps Buffers one kernel uses; nor does another kernel write it meanwhile: a kernel reads its
+  inputs after its dependencies finished, and a Programmatic Dependent Launch's wait comes before every load);
 - it and the barrier sit outside every loop and branch, so it runs exactly as often and under the same conditions
   (a valid mask moves with it and still guards its address);
 - what it depends on after the barrier is index math alone (ELEMENTWISE ops over thread ids, variables and

@@ -161,3 +161,23 @@ def test_random_two_norm_kernels_same_bits_with_the_loads_moved(seed, monkeypatc
   kept, kept_source = run_kernel_emulated(build(), opts)
   assert len(loads(source, True)) > len(loads(kept_source, True)), source
   np.testing.assert_array_equal(moved, kept)
+
+# ---- kernels whose code the pass changed when it came in (codegen_golden): a bias after a GROUP'd or staged matmul
+@pytest.mark.skipif(not cpu_available(), reason="g++ not found")
+@pytest.mark.parametrize("opts", [
+  (Opt(OptOps.GROUP, 0, 16),), (Opt(OptOps.GROUP, 0, 8), Opt(OptOps.SMEM, 0, 0)), (Opt(OptOps.SMEM, 0, 0),),
+  (Opt(OptOps.LOCAL, 0, 8), Opt(OptOps.SMEM, 1, 4), Opt(OptOps.UNROLL, 0, 4)),
+  (Opt(OptOps.LOCAL, 0, 4), Opt(OptOps.GROUP, 0, 8), Opt(OptOps.UPCAST, 0, 2))], ids=str)
+def test_linear_relu_same_bits_with_the_loads_moved(opts, monkeypatch):
+  rng = np.random.default_rng(11)
+  a, w, bias = (rng.standard_normal(shape).astype(np.float32) for shape in ((32, 64), (64, 48), (48,)))
+  def build() -> Tensor:
+    x, weight, b = (Tensor(v, device="LLVM").realize() for v in (a, w, bias))
+    return (x @ weight + b).relu()
+  moved, source = run_kernel_emulated(build(), list(opts))
+  monkeypatch.setattr(linearizer, "hoist_early_loads", lambda program: program)
+  kept, kept_source = run_kernel_emulated(build(), list(opts))
+  assert source != kept_source   # the bias's loads moved
+  np.testing.assert_array_equal(moved, kept)
+  want = np.maximum(a.astype(np.float64) @ w + bias, 0)
+  np.testing.assert_allclose(moved.reshape(want.shape), want, rtol=1e-4, atol=1e-4)

@@ -66,7 +66,7 @@ def hoist_early_loads(program: list[UOp]) -> list[UOp]:
     load = program[pos]
     if load.op is not Ops.LOAD or not top[pos] or load.src[0].op is not Ops.DEFINE_GLOBAL: continue
     if load.src[0] in stored or load.src[0] is streamed or load.dtype.itemsize > budget: continue
-    needs = _index_slice(load, position, barrier, moved)
+    needs = _index_slice(load, position, top, barrier, moved)
     if needs is None: continue
     moved |= needs | {load}
     budget -= load.dtype.itemsize
@@ -74,7 +74,8 @@ def hoist_early_loads(program: list[UOp]) -> list[UOp]:
   early = [u for u in program[barrier:] if u in moved]
   return program[:barrier] + early + [u for u in program[barrier:] if u not in moved]
 
-def _index_slice(load: UOp, position: dict[UOp, int], barrier: int, moved: set[UOp]) -> set[UOp] | None:
+def _index_slice(load: UOp, position: dict[UOp, int], top: list[bool], barrier: int,
+                 moved: set[UOp]) -> set[UOp] | None:
   """The nodes after the barrier that `load`'s address and valid mask need (index math only), or None when they
   need anything else or something not placed at the top level of the program."""
   out: set[UOp] = set()
@@ -83,7 +84,7 @@ def _index_slice(load: UOp, position: dict[UOp, int], barrier: int, moved: set[U
     u = stack.pop()
     pos = position.get(u)
     if u in out or u in moved or pos is None or pos < barrier: continue   # placed before: already available
-    if u.op not in ELEMENTWISE and u.op not in _INDEX_LEAVES: return None
+    if (u.op not in ELEMENTWISE and u.op not in _INDEX_LEAVES) or not top[pos]: return None
     out.add(u)
     stack.extend(u.src)
   return out

@@ -43,13 +43,17 @@ def _top_level(program: list[UOp]) -> list[bool]:
     if u.op in _OPENS: depth += 1
   return out
 
-def _streamed_buffer(program: list[UOp], stored: set[UOp]) -> UOp | None:
-  """The read-only global buffer with the largest byte extent its loads reach (the kernel's stream), or None."""
-  extents: dict[UOp, int] = {}
+def read_only_buffers(program: list[UOp]) -> dict[UOp, list[UOp]]:
+  """Each global buffer the program loads and never stores → its loads in program order, the buffers largest first
+  by the bytes their loads reach (the first is the kernel's stream; ties by parameter number). The L2 prefetch before
+  a dependent launch's wait (runtime/cuda/prefetch.py) walks them in this order too."""
+  stored = {u.src[0] for u in program if u.op is Ops.STORE}
+  loads: dict[UOp, list[UOp]] = {}
   for u in program:
     if u.op is Ops.LOAD and u.src[0].op is Ops.DEFINE_GLOBAL and u.src[0] not in stored:
-      extents[u.src[0]] = max(extents.get(u.src[0], 0), (u.src[1].vmax + 1) * u.src[0].dtype.itemsize)
-  return max(extents, key=lambda b: (extents[b], -b.arg)) if extents else None
+      loads.setdefault(u.src[0], []).append(u)
+  def reached(buffer: UOp) -> int: return (max(load.src[1].vmax for load in loads[buffer]) + 1) * buffer.dtype.itemsize
+  return {buffer: loads[buffer] for buffer in sorted(loads, key=lambda b: (-reached(b), b.arg))}
 
 def hoist_early_loads(program: list[UOp]) -> list[UOp]:
   """`program` with the loads the module docstring describes moved before its first top-level barrier (the same
@@ -57,15 +61,15 @@ def hoist_early_loads(program: list[UOp]) -> list[UOp]:
   top = _top_level(program)
   barrier = next((pos for pos, u in enumerate(program) if u.op is Ops.BARRIER and top[pos]), None)
   if barrier is None: return program
-  stored = {u.src[0] for u in program if u.op is Ops.STORE}
-  streamed = _streamed_buffer(program, stored)
+  read_only = read_only_buffers(program)
+  streamed = next(iter(read_only), None)
   position = {u: pos for pos, u in enumerate(program)}
   moved: set[UOp] = set()
   budget = EARLY_LOAD_MAX_BYTES
   for pos in range(barrier + 1, len(program)):
     load = program[pos]
-    if load.op is not Ops.LOAD or not top[pos] or load.src[0].op is not Ops.DEFINE_GLOBAL: continue
-    if load.src[0] in stored or load.src[0] is streamed or load.dtype.itemsize > budget: continue
+    if load.op is not Ops.LOAD or not top[pos] or load.src[0] not in read_only or load.src[0] is streamed: continue
+    if load.dtype.itemsize > budget: continue
     needs = _index_slice(load, position, top, barrier, moved)
     if needs is None: continue
     moved |= needs | {load}

@@ -34,6 +34,7 @@ from typing import Optional
 from tgrad.dtype import dtypes
 from tgrad.helpers import prod
 from tgrad.ops import UOp, Ops, split_terms
+from tgrad.codegen.early_loads import read_only_buffers
 
 PREFETCH_LINE_BYTES = 128             # an L2 cache line: one prefetch.global.L2 brings in one
 PREFETCH_MAX_BLOCK_BYTES = 256 * 1024  # a block's interval above this is not prefetched
@@ -114,22 +115,13 @@ def always_run_loads(uops: list[UOp]) -> set[UOp]:
     elif u.op is Ops.LOAD and all(open_blocks) and not (len(u.src) > 2 and u.src[2].dtype == dtypes.bool): out.add(u)
   return out
 
-def _extent(loads: list[UOp]) -> int:
-  """An upper bound of the elements a buffer's loads reach (its largest index + 1)."""
-  return max(load.src[1].vmax for load in loads) + 1
-
 def block_prefetch(uops: list[UOp]) -> Optional[BlockPrefetch]:
   """What one block of this kernel prefetches into L2 before waiting for its predecessor, or None: the read-only
   buffer with the largest byte extent whose interval can be derived and pays (the module docstring's rules). A buffer
   whose interval can't be derived (a gather's table, a loop over a symbolic count) gives way to the next largest."""
-  stored = {u.src[0] for u in uops if u.op is Ops.STORE}
-  loads: dict[UOp, list[UOp]] = {}
-  for u in uops:
-    if u.op is Ops.LOAD and u.src[0].op is Ops.DEFINE_GLOBAL and u.src[0] not in stored:
-      loads.setdefault(u.src[0], []).append(u)
   always = always_run_loads(uops)
-  for buffer in sorted(loads, key=lambda b: (-_extent(loads[b]) * b.dtype.itemsize, b.arg)):
-    if (plan := _buffer_prefetch(buffer, [load for load in loads[buffer] if load in always])) is not None: return plan
+  for buffer, loads in read_only_buffers(uops).items():
+    if (plan := _buffer_prefetch(buffer, [load for load in loads if load in always])) is not None: return plan
   return None
 
 def _buffer_prefetch(buffer: UOp, loads: list[UOp]) -> Optional[BlockPrefetch]:

@@ -577,9 +577,9 @@ def run_on_cpu(source: str, name: str, global_size: tuple[int, ...], local_size:
   library.emu_take_prefetched(addresses, count)
   return list(addresses[:count])
 
-def run_kernel_emulated(out, opts=None, arch: str = CPU_ARCH) -> tuple[np.ndarray, str]:
-  """The one kernel of the lazy tensor `out` rendered for CUDA (the heuristics' opts, or `opts`) and run here: (its
-  output, its source). The output buffer starts as NaN (or -1 for an integer dtype), so a slot never written shows."""
+def rendered_kernel(out, opts=None, arch: str = CPU_ARCH):
+  """The one kernel of the lazy tensor `out` for CUDA `arch` (the heuristics' opts, or `opts`): (its ScheduleItem,
+  the optimized Kernel, its source)."""
   from tgrad.codegen.heuristics import hand_coded_optimizations
   from tgrad.codegen.kernel import Kernel
   from tgrad.codegen.linearizer import linearize
@@ -591,7 +591,12 @@ def run_kernel_emulated(out, opts=None, arch: str = CPU_ARCH) -> tuple[np.ndarra
   if opts is None: hand_coded_optimizations(kernel)
   else:
     for opt in opts: kernel.apply_opt(opt)
-  source = kernel.renderer.render("kernel", linearize(kernel))
+  return item, kernel, kernel.renderer.render("kernel", linearize(kernel))
+
+def run_kernel_emulated(out, opts=None, arch: str = CPU_ARCH) -> tuple[np.ndarray, str]:
+  """The one kernel of the lazy tensor `out` rendered for CUDA (rendered_kernel) and run here: (its output, its
+  source). The output buffer starts as NaN (or -1 for an integer dtype), so a slot never written shows."""
+  item, kernel, source = rendered_kernel(out, opts, arch)
   global_size, local_size = kernel.launch_dims()
   dtype = item.bufs[0].dtype.np
   result = np.full(item.bufs[0].size, np.nan if np.issubdtype(dtype, np.floating) else -1, dtype)

@@ -109,6 +109,14 @@ def loads(source: str, before_barrier: bool) -> list[str]:
   if before_barrier: body = body[:body.index("__syncthreads();")]
   return [number for number in re.findall(r"\bdata(\d+)(?:\[| \+)", body) if number != "0"]
 
+def moved_and_kept(build, opts, monkeypatch) -> tuple[np.ndarray, str, np.ndarray, str]:
+  """The kernel of build() with `opts` run on emulated CUDA with the pass and without it: (output, source) each."""
+  moved, source = run_kernel_emulated(build(), list(opts))
+  monkeypatch.setattr(linearizer, "hoist_early_loads", lambda program: program)
+  kept, kept_source = run_kernel_emulated(build(), list(opts))
+  monkeypatch.undo()
+  return moved, source, kept, kept_source
+
 @pytest.mark.skipif(not cpu_available(), reason="g++ not found")
 @pytest.mark.parametrize("seed", range(4))
 def test_fused_norm_matvec_same_bits_with_the_loads_moved(seed, monkeypatch):
@@ -119,9 +127,7 @@ def test_fused_norm_matvec_same_bits_with_the_loads_moved(seed, monkeypatch):
   w = rng.standard_normal((rows, columns)).astype(np.float32)
   tensors = [Tensor(a, device="LLVM").realize() for a in (x, residual, gain, w)]
   opts = [Opt(OptOps.GROUP, 0, group), Opt(OptOps.UNROLL, 1, 0)]
-  moved, source = run_kernel_emulated(norm_matvec(*tensors), opts)
-  monkeypatch.setattr(linearizer, "hoist_early_loads", lambda program: program)
-  kept, kept_source = run_kernel_emulated(norm_matvec(*tensors), opts)
+  moved, source, kept, kept_source = moved_and_kept(lambda: norm_matvec(*tensors), opts, monkeypatch)
   # every input but the weight (the largest, read once) is loaded before the first barrier once moved, and more loads
   # are than before
   assert len(set(loads(source, False)) - set(loads(source, True))) == 1, source
@@ -156,9 +162,7 @@ def test_random_two_norm_kernels_same_bits_with_the_loads_moved(seed, monkeypatc
     return two_norm_products(*(Tensor(a, device="LLVM").realize() for a in arrays), two_products)
   opts = [Opt(OptOps.GROUP, 0, group), Opt(OptOps.UNROLL, 1, 0)]
   if rng.integers(0, 2): opts.append(Opt(OptOps.LOCAL, 0, 2))
-  moved, source = run_kernel_emulated(build(), opts)
-  monkeypatch.setattr(linearizer, "hoist_early_loads", lambda program: program)
-  kept, kept_source = run_kernel_emulated(build(), opts)
+  moved, source, kept, kept_source = moved_and_kept(build, opts, monkeypatch)
   assert len(loads(source, True)) > len(loads(kept_source, True)), source
   np.testing.assert_array_equal(moved, kept)
 
@@ -174,9 +178,7 @@ def test_linear_relu_same_bits_with_the_loads_moved(opts, monkeypatch):
   def build() -> Tensor:
     x, weight, b = (Tensor(v, device="LLVM").realize() for v in (a, w, bias))
     return (x @ weight + b).relu()
-  moved, source = run_kernel_emulated(build(), list(opts))
-  monkeypatch.setattr(linearizer, "hoist_early_loads", lambda program: program)
-  kept, kept_source = run_kernel_emulated(build(), list(opts))
+  moved, source, kept, kept_source = moved_and_kept(build, opts, monkeypatch)
   assert source != kept_source   # the bias's loads moved
   np.testing.assert_array_equal(moved, kept)
   want = np.maximum(a.astype(np.float64) @ w + bias, 0)

@@ -4,21 +4,11 @@ within 2 ulp (special values included)."""
 import numpy as np
 import pytest
 from tgrad import Tensor
-from cuda_on_cpu import cpu_available, run_kernel_emulated
+from cuda_on_cpu import cpu_available, rendered_kernel, run_kernel_emulated
 
 RSQRT_ULPS = 2
 
-def cuda_source(out: Tensor) -> str:
-  from tgrad.codegen.heuristics import hand_coded_optimizations
-  from tgrad.codegen.kernel import Kernel
-  from tgrad.codegen.linearizer import linearize
-  from tgrad.ops import Ops
-  from tgrad.runtime.cuda.renderer import CUDARenderer
-  from tgrad.schedule import create_schedule
-  (item,) = [i for i in create_schedule([out.lazydata]) if i.ast.op is Ops.SINK]
-  kernel = Kernel(item.ast, CUDARenderer("sm_90"))
-  hand_coded_optimizations(kernel)
-  return kernel.renderer.render("kernel", linearize(kernel))
+def cuda_source(out: Tensor) -> str: return rendered_kernel(out, arch="sm_90")[2]
 
 def test_float32_rsqrt_is_one_call():
   x = Tensor(np.ones(37, np.float32), device="LLVM").realize()

@@ -30,6 +30,11 @@ thread's own accumulators summed from the shared-memory operands its descriptors
 swizzle (PTX ISA "Matrix Descriptor Format", the canonical K-major and MN-major layouts, and "Matrix Fragments for
 wgmma.mma_async.m64nNk16"), all written here from the ISA, not from wgmma.py; a TF32 wgmma (m64nNk8) reads 4-byte
 K-major elements and keeps only their TF32 bits (the hardware's truncation: rounding is the kernel's job).
+A thread block cluster (a kernel with `__cluster_dims__(n, 1, 1)`, flash decoding's combine) runs its n blocks at
+once: the fibers are the cluster's threads, every shared array has a copy a block (`mapa.u64` maps an address to
+another block's copy), `barrier.cluster.arrive` is a barrier of all of them (its `wait` a no-op), and when all threads
+of a block have returned its shared copies become NaN bytes, so a block that leaves while another still reads its
+shared memory shows.
 `run_on_cpu(source, name, global_size, local_size, buffers, variables)` launches it once; the buffers are numpy
 arrays, written in place.
 """
@@ -57,7 +62,8 @@ static Dim3 threadIdx, blockIdx;                      // the running thread's (t
 // The threads of a block are fibers on one OS thread, switched only where one waits (a barrier, an mbarrier's
 // try_wait): the launcher's loop resumes each thread that may go on, in order, until all have finished.
 struct EmuFiber { ucontext_t context; Dim3 thread, block; unsigned char* shared_base = nullptr; unsigned int id = 0;
-                  const void* waiting = nullptr; unsigned long long wait_phase = 0; bool done = false; };
+                  unsigned int rank = 0; const void* waiting = nullptr; unsigned long long wait_phase = 0;
+                  bool done = false; };
 static ucontext_t emu_scheduler;
 static EmuFiber* emu_current = nullptr;
 static inline void emu_switch_out() { swapcontext(&emu_current->context, &emu_scheduler); }
@@ -75,7 +81,10 @@ struct EmuSync {
   bool released(unsigned long long waited) const { return phase != waited; }
 };
 static inline void emu_yield() { emu_current->waiting = nullptr; emu_switch_out(); }   // runnable again at once
-static EmuSync* block_barrier = nullptr;
+static EmuSync* block_barrier = nullptr;     // the running thread's block's
+static EmuSync* emu_cluster_sync = nullptr;  // every thread of the cluster's blocks (the block's own without clusters)
+static unsigned int emu_rank = 0;            // the running thread's block in its cluster
+#define __cluster_dims__(...)
 #define __global__
 #define __device__
 #define __forceinline__ inline
@@ -128,7 +137,8 @@ static inline unsigned int __byte_perm(unsigned int x, unsigned int y, unsigned 
 }
 static inline float emu_bf16_to_f32(unsigned short b) { return __uint_as_float(((unsigned int)b) << 16); }
 static inline float emu_max_nan(float a, float b) { return (a != a || b != b) ? NAN : (a > b ? a : b); }
-static unsigned int emu_thread;          // the running thread's linear id in its block
+static unsigned int emu_thread;          // the running thread's linear id in its cluster (in its block without one)
+static const unsigned int EMU_MAX_THREADS = 8 * 1024;   // a cluster of 8 blocks of 1,024 threads
 // __syncwarp: a barrier of the thread's warp (its 32 threads must all reach it), one per warp of the block, made when
 // first reached and kept (a launch's blocks and later launches reuse it)
 static std::map<unsigned int, EmuSync*> emu_warp_barriers;
@@ -137,7 +147,7 @@ static inline void emu_warp_barrier() {
   if (made == nullptr) made = new EmuSync(32);
   made->arrive_and_wait();
 }
-static unsigned int emu_registers[1024][6];           // each thread's A (4) and B (2) registers at an mma
+static unsigned int emu_registers[EMU_MAX_THREADS][6];           // each thread's A (4) and B (2) registers at an mma
 static inline float emu_half_of(unsigned int reg, int k, bool bf16) {   // element k % 2 of a packed pair
   unsigned short bits = (unsigned short)(reg >> (16 * (k % 2)));
   return bf16 ? emu_bf16_to_f32(bits) : emu_f16_to_f32(bits);
@@ -198,7 +208,7 @@ static inline unsigned short emu_f32_to_bf16(float f) {   // round to nearest ev
 // a warp's shuffle: every lane puts its value in a block-wide exchange, the block waits, each lane reads its partner's
 // (so every thread of the block must reach it, as for an mma). Any value of up to 8 bytes, as CUDA's overloads (int,
 // unsigned, long long, float, double, ...): its bytes are exchanged as they are
-static unsigned long long emu_lane_values[1024];
+static unsigned long long emu_lane_values[EMU_MAX_THREADS];
 template <typename T> static inline T emu_exchange(T value, unsigned int source) {
   static_assert(sizeof(T) <= sizeof(unsigned long long), "a shuffle moves at most 8 bytes");
   memcpy(&emu_lane_values[emu_thread], &value, sizeof(T));
@@ -219,6 +229,36 @@ static inline unsigned int atomicAdd(unsigned int* address, unsigned int value) 
   return __atomic_fetch_add(address, value, __ATOMIC_SEQ_CST);
 }
 static inline void __threadfence() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
+// a cluster's blocks each have their copy of every shared array (emulable gives a cluster kernel's declarations one a
+// block, registered here): mapa.u64 maps an address in the running block's copy to the same place in block `rank`'s
+struct EmuSharedCopies { unsigned char* base; size_t bytes; };   // EMU_CLUSTER copies of `bytes` each, back to back
+static std::vector<EmuSharedCopies> emu_shared_copies;
+static inline bool emu_register_shared(void* base, size_t bytes) {
+  emu_shared_copies.push_back({(unsigned char*)base, bytes});
+  return true;
+}
+static inline unsigned long long emu_mapa(const void* address, unsigned int rank) {
+  const unsigned char* p = (const unsigned char*)address;
+  for (const EmuSharedCopies& copies : emu_shared_copies)
+    if (p >= copies.base && p < copies.base + EMU_CLUSTER * copies.bytes) {
+      if (rank >= EMU_CLUSTER) {
+        std::fprintf(stderr, "mapa: rank %u of a cluster of %u\n", rank, EMU_CLUSTER);
+        std::abort();
+      }
+      return (unsigned long long)(copies.base + rank * copies.bytes + (p - copies.base) % copies.bytes);
+    }
+  std::fprintf(stderr, "mapa: an address outside the shared arrays\n");
+  std::abort();
+}
+// a block of a cluster whose threads have all returned: its shared copies become NaN bytes, so a block still reading
+// them (a kernel that lets a block leave before the cluster's last read of its shared memory) reads garbage
+static unsigned int emu_block_threads = 0, emu_returned[EMU_CLUSTER] = {};
+static inline void emu_block_returned() {
+  if (EMU_CLUSTER == 1 || ++emu_returned[emu_rank] < emu_block_threads) return;
+  emu_returned[emu_rank] = 0;
+  for (const EmuSharedCopies& copies : emu_shared_copies)
+    std::memset(copies.base + emu_rank * copies.bytes, 0xFF, copies.bytes);
+}
 template <typename T> static inline T __ldcg(const T* address) { return *address; }   // a load through L2: a load
 // shared memory of the wgmma kernel: the generic address of its (static, 1024-aligned) array is shared address 0
 static unsigned char* emu_shared_base = nullptr;   // the running thread's
@@ -411,6 +451,10 @@ PTX_STAND_INS = {
   "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16": "emu_ldmatrix({0}, {1}, {2}, {3}, {4}, true);",
   "ex2.approx.ftz.f32 %0, %1;": "{0} = std::exp2({1});",
   "prefetch.global.L2 [%0];": "emu_prefetch({0});",
+  # a cluster barrier: every thread of the cluster's blocks arrives, then waits (the wait is the arrive's here)
+  "barrier.cluster.arrive.release.aligned;": "emu_cluster_sync->arrive_and_wait();",
+  "barrier.cluster.wait.acquire.aligned;": ";",
+  "mapa.u64 %0, %1, %2;": "{0} = emu_mapa({1}, {2});",
   "mbarrier.init.shared::cta.b64 [%0], %1;": "emu_mbarrier_init({0}, {1});",
   "mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;": "emu_mbarrier_arrive_expect_tx({0}, {1});",
   "mbarrier.arrive.shared::cta.b64 _, [%0];": "emu_mbarrier_arrive({0});",
@@ -464,32 +508,36 @@ LAUNCHER = r"""
 static void** emu_buffers;
 static long long* emu_variables;
 static const unsigned int* emu_grid;
-static void emu_thread_main() {   // one thread: every block of the grid in turn
+static void emu_thread_main() {   // one thread: its block of every cluster of the grid in turn (every block, without)
   void** buffers = emu_buffers;
   long long* variables = emu_variables;
   for (unsigned int z = 0; z < emu_grid[2]; z++) for (unsigned int y = 0; y < emu_grid[1]; y++)
-    for (unsigned int x = 0; x < emu_grid[0]; x++) {
+    for (unsigned int x = emu_rank; x < emu_grid[0]; x += EMU_CLUSTER) {
       blockIdx = {x, y, z};
       CALL;
-      block_barrier->arrive_and_wait();   // the next block reuses the static shared arrays
+      emu_block_returned();
+      emu_cluster_sync->arrive_and_wait();   // the next cluster reuses the static shared arrays
     }
   emu_current->done = true;
 }
 static const size_t EMU_STACK_BYTES = 1 << 20;   // a thread's stack (malloc'd: pages are used only when touched)
 extern "C" void launch(void** buffers, long long* variables, const unsigned int* grid, const unsigned int* block) {
-  unsigned int threads = block[0] * block[1] * block[2];
-  EmuSync barrier(threads);
-  block_barrier = &barrier;
+  const unsigned int block_threads = block[0] * block[1] * block[2], threads = EMU_CLUSTER * block_threads;
+  std::vector<EmuSync> barriers(EMU_CLUSTER, EmuSync(block_threads));   // each block's
+  emu_block_threads = block_threads;
+  EmuSync cluster_barrier(threads);
+  emu_cluster_sync = EMU_CLUSTER > 1 ? &cluster_barrier : &barriers[0];
   emu_buffers = buffers, emu_variables = variables, emu_grid = grid;
   std::vector<EmuFiber> fibers(threads);
   std::vector<void*> stacks(threads);
-  for (unsigned int t = 0; t < threads; t++) {
-    EmuFiber& f = fibers[t];
-    f.id = t;
+  for (unsigned int i = 0; i < threads; i++) {
+    EmuFiber& f = fibers[i];
+    const unsigned int t = i % block_threads;
+    f.id = i, f.rank = i / block_threads;
     f.thread = {t % block[0], (t / block[0]) % block[1], t / (block[0] * block[1])};
-    stacks[t] = std::malloc(EMU_STACK_BYTES);
+    stacks[i] = std::malloc(EMU_STACK_BYTES);
     getcontext(&f.context);
-    f.context.uc_stack.ss_sp = stacks[t];
+    f.context.uc_stack.ss_sp = stacks[i];
     f.context.uc_stack.ss_size = EMU_STACK_BYTES;
     f.context.uc_link = &emu_scheduler;
     makecontext(&f.context, emu_thread_main, 0);
@@ -503,12 +551,16 @@ extern "C" void launch(void** buffers, long long* variables, const unsigned int*
       if (f.done || (f.waiting != nullptr && !((const EmuSync*)f.waiting)->released(f.wait_phase))) continue;
       emu_current = &f;
       threadIdx = f.thread, blockIdx = f.block, emu_thread = f.id, emu_shared_base = f.shared_base;
+      emu_rank = f.rank, block_barrier = &barriers[f.rank];
       swapcontext(&emu_scheduler, &f.context);
       f.block = blockIdx, f.shared_base = emu_shared_base;
       moved = true;
       if (f.done) running--;
     }
-    if (!moved) { std::fprintf(stderr, "every thread of the block waits at a barrier: a deadlock\n"); std::abort(); }
+    if (!moved) {
+      std::fprintf(stderr, "every thread of the block (cluster) waits at a barrier: a deadlock\n");
+      std::abort();
+    }
   }
   for (void* stack : stacks) std::free(stack);
 }
@@ -535,6 +587,24 @@ static TensorMap emu_tensor_map(const unsigned long long* marker, int index, voi
 }
 """
 
+CLUSTER_DIMS = re.compile(r"__cluster_dims__\((\d+),\s*1,\s*1\)")
+SHARED_DECLARATION = re.compile(r"__shared__\s+([\w\s()]+?)\s+(\w+)((?:\[[^\]]+\])*)\s*;")
+
+def cluster_blocks(source: str) -> int:
+  """The blocks of the kernel's thread block cluster (its `__cluster_dims__(n, 1, 1)`), 1 without one."""
+  found = CLUSTER_DIMS.search(source)
+  return int(found.group(1)) if found else 1
+
+def per_block_shared(source: str) -> str:
+  """A cluster kernel's shared arrays, one copy a block of the cluster (registered for mapa), each declaration
+  naming the running block's copy."""
+  def copies(match: re.Match) -> str:
+    ctype, name, dims = match.groups()
+    return (f"static {ctype} {name}_copies[EMU_CLUSTER]{dims}; "
+            f"static const bool {name}_registered = emu_register_shared({name}_copies, sizeof({name}_copies[0])); "
+            f"auto& {name} = {name}_copies[emu_rank];")
+  return SHARED_DECLARATION.sub(copies, source)
+
 def _compile(source: str, name: str) -> ctypes.CDLL:
   call_args = []
   buffer_count = variable_count = map_count = 0
@@ -550,7 +620,10 @@ def _compile(source: str, name: str) -> ctypes.CDLL:
     else:
       call_args.append(f"variables[{variable_count}]")
       variable_count += 1
-  program = HEADER + emulable(source) + maker + LAUNCHER.replace("CALL", f"{name}({', '.join(call_args)})")
+  cluster = cluster_blocks(source)
+  kernel = emulable(per_block_shared(source) if cluster > 1 else source)
+  program = f"static const unsigned int EMU_CLUSTER = {cluster};\n" + HEADER + kernel + maker + \
+    LAUNCHER.replace("CALL", f"{name}({', '.join(call_args)})")
   key = hashlib.sha256(program.encode()).hexdigest()[:24]
   if key in _loaded: return _loaded[key]
   folder = tempfile.mkdtemp(prefix="tgrad-cuda-on-cpu-")
@@ -567,6 +640,8 @@ def run_on_cpu(source: str, name: str, global_size: tuple[int, ...], local_size:
   on numpy buffers (parameter order; outputs are written in place) and the variables' values (name order). Returns
   the addresses its `prefetch.global.L2` instructions named, sorted (each once)."""
   library = _compile(source, name)
+  if global_size[0] % (cluster := cluster_blocks(source)):
+    raise ValueError(f"a grid of {global_size[0]} blocks is not whole clusters of {cluster}")
   grid = (ctypes.c_uint * 3)(*(tuple(global_size) + (1,) * (3 - len(global_size))))
   block = (ctypes.c_uint * 3)(*(tuple(local_size) + (1,) * (3 - len(local_size))))
   pointers = (ctypes.c_void_p * max(1, len(buffers)))(*[b.ctypes.data for b in buffers])

@@ -21,6 +21,7 @@ class EmulatedFlashRunner:
   """The kernel's CUDA source on the CPU emulator, over LLVM Buffers (copied out, run, the output copied in)."""
   flops, nbytes = 0, 0
   launches = 0   # every launch of any emulated kernel
+  cluster = 0    # no thread block clusters
   def __init__(self, kernel: FlashAttentionKernel):
     self.kernel, self.entry, self.variables = kernel, kernel.entry(), kernel.variables()
     self.name, self.source = "emulated " + self.entry, kernel.source(self.entry)
@@ -39,6 +40,7 @@ class EmulatedDecodingRunner:
   copied back in."""
   flops, nbytes = 0, 0
   launches = 0
+  cluster = 0
   def __init__(self, kernel: FlashDecodingKernel):
     self.kernel, self.entry, self.variables = kernel, kernel.entry(), kernel.variables()
     self.name, self.source = "emulated " + self.entry, kernel.source(self.entry)

@@ -134,8 +134,9 @@ class FlashAttentionKernel(CustomKernel):
   def variables(self) -> tuple[str, ...]:
     sizes = (self.length, self.keys, *(s for layout in self.layouts for s in (layout.offset, *layout.strides)))
     return tuple(sorted({v.arg[0] for s in sizes for v in variables_of(s)}))
-  def source(self, entry: str, dependent_launch: bool = False) -> str:
-    """The CUDA source (`dependent_launch`: the prefill kernel has no PDL form; it keeps full graph dependencies)."""
+  def source(self, entry: str, dependent_launch: bool = False, cluster: int = 0) -> str:
+    """The CUDA source (`dependent_launch`: the prefill kernel has no PDL form; it keeps full graph dependencies; nor
+    a cluster form: `cluster` is not used)."""
     parameters = tuple(VARIABLE_PREFIX + v for v in self.variables())
     return kernel_source_module().flash_attention_source(self.config, entry, self.sizes(), parameters)
   def entry(self) -> str:
@@ -145,7 +146,7 @@ class FlashAttentionKernel(CustomKernel):
     mask = "causal" if c.causal else "full"
     if c.window: mask += f"{c.window}"
     return f"flash_attention_{c.dtype}_d{c.head_dim}_g{c.group}_{mask}_{digest}"
-  def launch_dims(self, var_vals: dict[str, int]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+  def launch_dims(self, var_vals: dict[str, int], cluster: int = 0) -> tuple[tuple[int, ...], tuple[int, ...]]:
     module = kernel_source_module()
     return module.grid(self.config, evaluate(self.length, var_vals), self.batch), (module.BLOCK_THREADS,)
   def runner(self, device: str) -> FlashAttentionRunner: return FlashAttentionRunner(self, device)
@@ -160,11 +161,15 @@ class FlashAttentionRunner:
     self.name = self.entry
     self.variables = kernel.variables()
     # flash decoding waits for its predecessor itself under PDL (sm_90+): its graph edges can be programmatic
-    dependent_launch = bool(getattr(Device[device].renderer, "dependent_launch", False) and Context.PDL)
-    self.program = Device[device].load_program(self.entry, kernel.source(self.entry, dependent_launch))
+    renderer = Device[device].renderer
+    dependent_launch = bool(getattr(renderer, "dependent_launch", False) and Context.PDL)
+    # and combines its splits in a thread block cluster where the device has them (FLASH_CLUSTER blocks; 0: never)
+    self.cluster = Context.FLASH_CLUSTER if isinstance(kernel, FlashDecodingKernel) and \
+      getattr(renderer, "thread_block_clusters", False) else 0
+    self.program = Device[device].load_program(self.entry, kernel.source(self.entry, dependent_launch, self.cluster))
     self.flops, self.nbytes = 0, 0
   def launch_dims(self, var_vals: Optional[dict[str, int]] = None) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    return self.kernel.launch_dims(var_vals or {})
+    return self.kernel.launch_dims(var_vals or {}, self.cluster)
   def __call__(self, bufs: Sequence[Buffer], wait: bool = False, var_vals: Optional[dict[str, int]] = None
                ) -> Optional[float]:
     var_vals = var_vals or {}
@@ -267,17 +272,19 @@ class FlashDecodingKernel(CustomKernel):
     sizes = (self.keys, self.slot, *(s for _, layout in self.layouts for s in (layout.offset, *layout.strides)),
              *(offset for _, offset in self.table_offsets))
     return tuple(sorted({v.arg[0] for s in sizes for v in variables_of(s)}))
-  def source(self, entry: str, dependent_launch: bool = False) -> str:
+  def source(self, entry: str, dependent_launch: bool = False, cluster: int = 0) -> str:
+    """The CUDA source: with `dependent_launch`, the PDL form; with `cluster` > 1, splits combined in clusters of that
+    many blocks (launch it on launch_dims with the same `cluster`)."""
     parameters = tuple(VARIABLE_PREFIX + v for v in self.variables())
     return decoding_source_module().flash_decoding_source(self.config, entry, self.sizes(), parameters, self.roles,
-                                                          self.batch, dependent_launch)
+                                                          self.batch, dependent_launch, cluster)
   def entry(self) -> str:
     c = self.config
     digest = hashlib.sha256(repr((self.sizes(), self.roles, c)).encode()).hexdigest()[:8]
     return f"flash_decoding_{c.dtype}_d{c.head_dim}_g{c.group}_{digest}"
-  def launch_dims(self, var_vals: dict[str, int]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+  def launch_dims(self, var_vals: dict[str, int], cluster: int = 0) -> tuple[tuple[int, ...], tuple[int, ...]]:
     module = decoding_source_module()
-    return module.grid(self.config, evaluate(self.keys, var_vals), self.batch), (self.config.block_threads,)
+    return module.grid(self.config, evaluate(self.keys, var_vals), self.batch, cluster), (self.config.block_threads,)
   def runner(self, device: str) -> FlashAttentionRunner: return FlashAttentionRunner(self, device)
   def stable_repr(self) -> str: return f"FlashDecoding({self.config!r},{self.roles},{self.sizes()!r},{self.batch})"
 

@@ -23,7 +23,7 @@ import numpy as np
 from tgrad.backend import device_kind, language_devices
 from tgrad.device import Buffer, Device
 from tgrad.dtype import DType, bfloat16_to_float32, dtypes
-from tgrad.helpers import prod
+from tgrad.helpers import prod, settings_key
 from tgrad.shape.sint import evaluate, sint, unbind
 
 NUMPY = "NUMPY"   # the name of the host backend in a path's parts (it is not a Device: its runner runs on the host)
@@ -51,11 +51,13 @@ class CustomKernel:
   def runner(self, device: str) -> Any: raise NotImplementedError
   def stable_repr(self) -> str: raise NotImplementedError
 
-_runners: dict[tuple[CustomKernel, str], Any] = {}
+_runners: dict[tuple[CustomKernel, str, tuple], Any] = {}
 
 def runner_for(kernel: CustomKernel, device: str) -> Any:
-  """The kernel's runner on `device`, made (compiled, loaded) once per process."""
-  if (runner := _runners.get((kernel, device))) is None: runner = _runners[(kernel, device)] = kernel.runner(device)
+  """The kernel's runner on `device`, made (compiled, loaded) once per process and code settings (PDL, FLASH_CLUSTER:
+  a runner's source follows them)."""
+  key = (kernel, device, settings_key())
+  if (runner := _runners.get(key)) is None: runner = _runners[key] = kernel.runner(device)
   return runner
 
 # ---- the NUMPY backend: host functions

@@ -31,8 +31,24 @@ def prologue(x, config: DecodeConfig, weight, cos, sin):
     x = x * cos + np.concatenate([x[..., half:], x[..., :half]], -1) * sin
   return x
 
+def run_on_gpu(source: str, name: str, global_size, local_size, buffers: list[np.ndarray],
+               variables: list[int]) -> list:
+  """run_on_cpu's launch on the CUDA device: the numpy buffers copied in as bytes (one device buffer for views of the
+  same memory, as the k and v caches are here), written back in place. No prefetch addresses come back (an empty
+  list)."""
+  from tgrad.device import Buffer, Device
+  program = Device["CUDA"].load_program(name, source)
+  address = lambda b: (b.__array_interface__["data"][0], b.nbytes)
+  on_device = {address(b): Buffer("CUDA", b.nbytes, dtypes.uint8).copyin(b.view(np.uint8).reshape(-1))
+               for b in buffers}
+  program(*[on_device[address(b)].handle for b in buffers], global_size=tuple(global_size),
+          local_size=tuple(local_size), vals=tuple(variables), wait=True)
+  for b in buffers: b.view(np.uint8).reshape(-1)[:] = on_device[address(b)].copyout()
+  return []
+
 def run_case(dtype, batch, heads, kv_heads, keys, head_dim, window=None, softcap=None, norm=False, rotary=False,
-             update=False, slots=None, seed=0, launches=1, dependent_launch=False, float32_norms=False):
+             update=False, slots=None, seed=0, launches=1, dependent_launch=False, float32_norms=False, cluster=0,
+             launch=run_on_cpu):
   rng = np.random.default_rng(seed)
   D, group = head_dim, heads // kv_heads
   slots = slots or keys
@@ -62,15 +78,16 @@ def run_case(dtype, batch, heads, kv_heads, keys, head_dim, window=None, softcap
   roles = config.roles()
   arrays = {"q": qkv, "k_cache": cache, "v_cache": cache, "k_new": qkv, "v_new": qkv, "q_weight": weights,
             "k_weight": weights, "cos": tables, "sin": tables, "scratch": scratch}
-  source = flash_decoding_source(config, "decode", sizes, ("n_keys", "slot"), roles, batch, dependent_launch)
+  source = flash_decoding_source(config, "decode", sizes, ("n_keys", "slot"), roles, batch, dependent_launch, cluster)
   before = cache.copy()
   outputs = []
   for _ in range(launches):   # again: the last block reset the counter, so a second launch combines the same way
     out = np.full((batch, heads, 1, D), 0x7E00, np.uint16)   # NaN bits: every element must be written
-    prefetched = run_on_cpu(source, "decode", grid(config, keys, batch), (config.block_threads,),
-                            [out if r == "out" else arrays[r].reshape(-1) for r in roles], [keys, slot])
+    prefetched = launch(source, "decode", grid(config, keys, batch, cluster), (config.block_threads,),
+                        [out if r == "out" else arrays[r].reshape(-1) for r in roles], [keys, slot])
     outputs.append(as_float(out, dtype))
-  if dependent_launch:   # every line of the visible keys' and values' cached rows, and nothing else, asked of L2
+  if dependent_launch and launch is run_on_cpu:
+    # every line of the visible keys' and values' cached rows, and nothing else, asked of L2 (the emulator records it)
     first_key = keys - window if window and keys > window else 0
     rows = cache.reshape(2, batch, kv_heads, slots, D)[:, :, :, first_key:keys]
     base = cache.__array_interface__["data"][0]
@@ -94,7 +111,12 @@ def run_case(dtype, batch, heads, kv_heads, keys, head_dim, window=None, softcap
     k_all[:, :, slot], v_all[:, :, slot] = new_k, new_v
     written = cached.copy()
     written[0, :, :, slot], written[1, :, :, slot] = new_k, new_v
-    np.testing.assert_array_equal(as_float(cache, dtype), written)
+    got, others = as_float(cache, dtype), np.arange(slots) != slot
+    np.testing.assert_array_equal(got[:, :, :, others], written[:, :, :, others])   # the rest of the cache untouched
+    # the new key, normed and rotated in float32 (contracted to FMAs on a GPU), then rounded to the cache's type: a
+    # unit of that type from float64's rounding at most
+    unit = 2 ** -10 if dtype == "float16" else 2 ** -7
+    np.testing.assert_allclose(got[:, :, :, slot], written[:, :, :, slot], rtol=unit, atol=2 ** -24)
   else: np.testing.assert_array_equal(cache, before)
   first = keys - window if window and keys > window else 0
   k_all, v_all = np.repeat(k_all[:, :, first:], group, 1), np.repeat(v_all[:, :, first:], group, 1)
@@ -142,6 +164,40 @@ def test_dependent_launch_form(keys):   # sm_90 with PDL: the split's cached row
   run_case("float16", 1, 4, 1, keys, 256, norm=True, rotary=True, update=True, slots=512, seed=keys,
            dependent_launch=True)
 
+@needs_emulator
+@pytest.mark.parametrize("keys,cluster", [(1, 8), (40, 8), (100, 2), (300, 8), (700, 8)])
+def test_cluster_combine(keys, cluster):
+  """Splits combined through the cluster's shared memory (blocks of a cluster emulated at once, each with its own
+  shared arrays): one split (the other blocks leave), 2 of 2, 8 of 8; past a cluster's keys, the scratch path in a
+  grid of whole clusters. Launched twice, in the PDL form."""
+  run_case("float16", 1, 4, 1, keys, 256, norm=True, rotary=True, update=True, slots=1024, seed=keys, launches=2,
+           dependent_launch=True, cluster=cluster)
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cluster", [0, 2, 8])
+@pytest.mark.parametrize("keys", [1, 32, 33, 40, 100, 256, 257, 511, 512, 513, 2000])
+def test_on_the_gpu(cluster, keys):
+  """The kernel on the device (sm_90+ for clusters): splits combined in a cluster's shared memory up to
+  cluster · MIN_KEYS_PER_SPLIT keys (blocks past the splits only helping the combine), through the scratch past that,
+  against numpy; launched twice (the scratch's counters reset), Gemma 3's decode form with PDL."""
+  from tgrad.device import Device
+  if cluster and not getattr(Device["CUDA"].renderer, "thread_block_clusters", False): pytest.skip("needs sm_90")
+  run_case("float16", 1, 4, 1, keys, 256, norm=True, rotary=True, update=True, slots=2048, seed=keys, launches=2,
+           dependent_launch=bool(cluster), cluster=cluster, launch=run_on_gpu)
+
+@pytest.mark.gpu
+def test_cluster_with_a_window_and_batch_on_the_gpu():   # one cluster a (batch, kv head): 2 × 2 clusters
+  run_case("bfloat16", 2, 8, 2, 700, 128, window=300, softcap=30.0, cluster=8, launch=run_on_gpu, launches=2)
+
+def test_cluster_split_counts():
+  assert [splits(k, 8) for k in (1, 32, 33, 100, 256, 257, 512)] == [1, 1, 2, 4, 8, 8, 8]
+  assert splits(513, 8) == splits(513) == 9   # past one cluster's keys: the scratch path's splits
+  config = DecodeConfig("float16", 64, 4, 2, 1.0, window=300)
+  assert grid(config, 40, 3, 8) == (8, 2, 3) and grid(config, 5000, 1, 8) == (8, 2, 1)
+  assert grid(config, 5000, 1) == (5, 2, 1) and grid(DecodeConfig("float16", 64, 4, 2, 1.0), 5000, 1, 8) == (80, 2, 1)
+  with pytest.raises(ValueError, match="cluster of 3"):
+    flash_decoding_source(config, "decode", {"S": "1"}, (), config.roles(), 1, cluster=3)
+
 def test_split_counts():
   assert splits(1) == 1 and splits(MIN_KEYS_PER_SPLIT) == 1 and splits(MIN_KEYS_PER_SPLIT + 1) == 2
   assert splits(MAX_SPLITS * MIN_KEYS_PER_SPLIT) == MAX_SPLITS and splits(10 ** 6) == MAX_SPLITS
@@ -160,6 +216,9 @@ def test_compiles_with_nvrtc(arch, dtype):
       waiting = flash_decoding_source(config, "decode", sizes, ("n",), config.roles(), 1, dependent_launch=True)
       assert "decode_waits_for_prior_grids" in waiting and "griddepcontrol.wait" in waiting
       assert len(compile_cuda(waiting, arch)) > 0
+      clustered = flash_decoding_source(config, "decode", sizes, ("n",), config.roles(), 1, True, cluster=8)
+      assert "__cluster_dims__(8, 1, 1)" in clustered and "mapa.u64" in clustered
+      assert len(compile_cuda(clustered, arch)) > 0
 
 def test_bad_configs_raise():
   with pytest.raises(ValueError, match="head dim 100"): DecodeConfig("float16", 100, 1, 1, 1.0)

@@ -40,6 +40,7 @@ CUDA_SHARED_MEMORY_BYTES = 48 * 1024            # static __shared__ per block wi
 # programmatic edge from their predecessor (a kernel without the wait keeps a full dependency).
 DEPENDENT_LAUNCH_MIN_SM = 90
 DEPENDENT_LAUNCH_SUFFIX = "_waits_for_prior_grids"
+THREAD_BLOCK_CLUSTER_MIN_SM = 90   # blocks of a cluster share their shared memory (flash decoding's combine)
 DEPENDENT_LAUNCH_PROLOGUE = ('asm volatile("griddepcontrol.wait;" ::: "memory");',
                              'asm volatile("griddepcontrol.launch_dependents;" ::: "memory");')
 VARIABLE_ARG_SUFFIX = "_arg"   # a DEFINE_VAR `pos` is the kernel parameter `long long pos_arg`
@@ -152,6 +153,7 @@ class CUDARenderer(Renderer):
     self.async_copy = sm_number(arch) >= ASYNC_COPY_MIN_SM
     self.matrix_loads = bool(self.tensor_cores)
     self.dependent_launch = sm_number(arch) >= DEPENDENT_LAUNCH_MIN_SM
+    self.thread_block_clusters = sm_number(arch) >= THREAD_BLOCK_CLUSTER_MIN_SM
     # wgmma is an arch-specific feature of sm_90a: code for it runs on compute capability 9.0 only
     self.warpgroup_mma = arch == WARPGROUP_MMA_ARCH
     self.simt_matmul = True   # plain CUDA C (float4 loads, shared memory, barriers): every arch

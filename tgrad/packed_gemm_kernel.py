@@ -67,8 +67,9 @@ class PackedGemmKernel(CustomKernel):
   config: Any   # runtime/cuda/packed_wgmma.py's PackedConfig
   name: str = "packed_gemm"
   def variables(self) -> tuple[str, ...]: return tuple(sorted({v.arg[0] for v in variables_of(self.m)}))
-  def source(self, entry: str, dependent_launch: bool = False) -> str:
-    """The CUDA source (`dependent_launch`: the kernel has no PDL form; it keeps full graph dependencies)."""
+  def source(self, entry: str, dependent_launch: bool = False, cluster: int = 0) -> str:
+    """The CUDA source (`dependent_launch`: the kernel has no PDL form; it keeps full graph dependencies; nor a
+    cluster form: `cluster` is not used)."""
     module = kernel_source_module()
     rows = self.m if isinstance(self.m, int) else f"(int){c_expression(self.m)}"
     shape = module.MatmulShape(rows, self.n, self.k)
@@ -78,7 +79,7 @@ class PackedGemmKernel(CustomKernel):
     c = self.config
     digest = hashlib.sha256(repr((c_expression(self.m), self.n, self.k, c)).encode()).hexdigest()[:8]
     return f"packed_gemm_{self.ggml_type}_{self.dtype}_{self.n}x{self.k}_{c.block_m}x{c.block_n}x{c.stages}_{digest}"
-  def launch_dims(self, var_vals: dict[str, int]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+  def launch_dims(self, var_vals: dict[str, int], cluster: int = 0) -> tuple[tuple[int, ...], tuple[int, ...]]:
     return kernel_source_module().grid(self.config, evaluate(self.m, var_vals), self.n), (self.config.threads,)
   def runner(self, device: str) -> FlashAttentionRunner: return FlashAttentionRunner(self, device)  # type: ignore
   def stable_repr(self) -> str:

@@ -21,14 +21,15 @@ from tgrad.codegen.kernel import Kernel, Opt, OptOps
 from tgrad.codegen.linearizer import linearize
 from tgrad.dtype import dtypes
 from tgrad.helpers import prod
-from tgrad.nn.quant import BLOCK_LAYOUTS, GGMLType, QuantizedTensor
+from tgrad.nn import quant
+from tgrad.nn.quant import BLOCK_LAYOUTS, GGMLType, QuantizedTensor, stored_block_bytes
 from tgrad.ops import Ops
 from tgrad.runtime.cuda.nvrtc import compile_cuda, nvrtc_available
 from tgrad.runtime.cuda.renderer import CUDARenderer
 from tgrad.runtime.llvm.renderer import reorderable_accumulators, reorderable_summands, unvectorized_loops
 from tgrad.runtime.cuda.vectors import BytePiece, byte_run_pieces
 from tgrad.schedule import create_schedule
-from cuda_on_cpu import CPU_ARCH, TENSOR_CORE_ARCH, cpu_available, run_kernel_emulated
+from cuda_on_cpu import CPU_ARCH, TENSOR_CORE_ARCH, cpu_available, rendered_kernel, run_kernel_emulated
 
 needs_nvrtc = pytest.mark.skipif(not nvrtc_available(), reason="libnvrtc not found (pip install nvidia-cuda-nvrtc)")
 ARCH = "sm_90"
@@ -276,3 +277,61 @@ def test_few_threads_per_row_values_on_emulated_cuda(ggml_type, rows, columns, m
   reference = x.astype(np.float64) @ weight.dequantize().numpy().astype(np.float64).T
   np.testing.assert_allclose(got.astype(np.float64).reshape(reference.shape), reference, rtol=FLOAT32_RTOL,
                              atol=FLOAT32_RTOL * np.abs(reference).max())
+
+# ---- Q6_K blocks padded to whole words on a GPU (nn/quant.py stored_block_bytes)
+PAD_ROWS, PAD_COLUMNS = 12, 2048   # a Q6_K weight of 8 blocks a row   # a Q6_K weight of 8 blocks a row
+
+def test_which_blocks_are_padded():
+  assert stored_block_bytes(GGMLType.Q6_K, "CUDA") == 212    # +1%
+  assert stored_block_bytes(GGMLType.Q6_K, "LLVM") == 210    # a CPU keeps the file's layout
+  for ggml_type in (GGMLType.Q5_0, GGMLType.Q8_0):            # +9%, +6%: over MAX_PADDING_FRACTION
+    assert stored_block_bytes(ggml_type, "CUDA") == quant.BLOCK_LAYOUTS[ggml_type].block_bytes
+  assert stored_block_bytes(GGMLType.Q4_K, "CUDA") == 144    # whole words already
+
+@pytest.fixture
+def padded_on_llvm(monkeypatch):
+  """LLVM pads as a GPU does (the same views and kernels, runnable here)."""
+  original = quant.stored_block_bytes
+  monkeypatch.setattr(quant, "stored_block_bytes", lambda ggml_type, device: original(ggml_type, "CUDA"))
+
+def test_padded_weight_is_a_view_with_the_same_values(padded_on_llvm):
+  raw = random_weight(GGMLType.Q6_K, PAD_ROWS, PAD_COLUMNS, seed=3)
+  padded = QuantizedTensor.from_bytes(raw, GGMLType.Q6_K, (PAD_ROWS, PAD_COLUMNS), "LLVM")
+  assert padded.packed.shape == (PAD_ROWS, PAD_COLUMNS // 256, 210)
+  assert padded.packed.lazydata.base.size == PAD_ROWS * 8 * 212
+  np.testing.assert_array_equal(padded.packed.numpy().reshape(PAD_ROWS, -1), raw)
+  plain = QuantizedTensor(Tensor(raw.reshape(PAD_ROWS, -1, 210), device="LLVM"), GGMLType.Q6_K, (PAD_ROWS, PAD_COLUMNS))
+  np.testing.assert_array_equal(padded.dequantize().numpy(), plain.dequantize().numpy())
+  x = np.random.default_rng(0).standard_normal((2, PAD_COLUMNS)).astype(np.float32)
+  np.testing.assert_allclose(padded.linear(Tensor(x, device="LLVM")).numpy(),
+                             plain.linear(Tensor(x, device="LLVM")).numpy(), rtol=1e-5, atol=1e-5)
+
+@pytest.mark.skipif(not cpu_available(), reason="g++ not found")
+def test_padded_blocks_are_read_as_aligned_words_on_cuda(padded_on_llvm):
+  raw = random_weight(GGMLType.Q6_K, PAD_ROWS, PAD_COLUMNS, seed=4)
+  x = np.random.default_rng(1).standard_normal((1, PAD_COLUMNS)).astype(np.float32)
+  sources = {}
+  shape = (PAD_ROWS, PAD_COLUMNS)
+  plain = QuantizedTensor(Tensor(raw.reshape(PAD_ROWS, -1, 210), device="LLVM"), GGMLType.Q6_K, shape)
+  for label, weight in (("padded", QuantizedTensor.from_bytes(raw, GGMLType.Q6_K, shape, "LLVM")), ("plain", plain)):
+    out = weight.realize().linear(Tensor(x, device="LLVM").realize())
+    sources[label] = rendered_kernel(out, arch=CPU_ARCH)[2]
+    got, _ = run_kernel_emulated(out, arch=CPU_ARCH)
+    reference = x.astype(np.float64) @ weight.dequantize().numpy().astype(np.float64).T
+    np.testing.assert_allclose(got.reshape(reference.shape), reference, rtol=1e-4,
+                               atol=1e-4 * np.abs(reference).max())
+  funnels = {label: len(re.findall(r">> shift\d+\)", source)) for label, source in sources.items()}
+  assert funnels["plain"] > 0 and funnels["padded"] == 0, funnels
+  assert "* 212)" in sources["padded"] and "const uchar4 vec" in sources["padded"]   # 4-byte loads, no shifts
+  assert not re.search(r"data2\[", sources["padded"]), "a byte loaded alone"
+
+@pytest.mark.gpu
+def test_padded_q6_k_matvec_on_the_gpu():
+  raw = random_weight(GGMLType.Q6_K, 640, PAD_COLUMNS, seed=5)
+  weight = QuantizedTensor.from_bytes(raw, GGMLType.Q6_K, (640, PAD_COLUMNS), "CUDA")
+  assert weight.packed.lazydata.base.size == 640 * 8 * 212
+  x = np.random.default_rng(2).standard_normal((1, PAD_COLUMNS)).astype(np.float32)
+  reference = x.astype(np.float64) @ QuantizedTensor.from_bytes(raw, GGMLType.Q6_K, (640, PAD_COLUMNS), "LLVM") \
+    .dequantize().numpy().astype(np.float64).T
+  got = weight.linear(Tensor(x, device="CUDA")).numpy()
+  np.testing.assert_allclose(got, reference, rtol=1e-4, atol=1e-4 * np.abs(reference).max())

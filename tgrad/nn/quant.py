@@ -610,6 +610,21 @@ def rms_normed_linear(x32: Tensor, scale: Tensor, weight: QuantizedTensor, eps: 
   return composite(RMS_NORMED_LINEAR, inputs, eps=float(eps), ggml_type=int(weight.ggml_type), shape=weight.shape,
                    copies=copies)
 
+# A block whose byte count is not a multiple of 4 leaves every other block of a row misaligned for 32-bit loads, so a
+# GPU kernel reads its words with funnel shifts (runtime/cuda/vectors.py proves alignment from the index). On a device
+# with local memory (a GPU) such blocks are kept padded to a multiple of WORD_ALIGNMENT bytes (the packed tensor is a
+# view of the padded buffer: the same shape and values, a block stride of the padded size) where that costs at most
+# MAX_PADDING_FRACTION more bytes: Q6_K's 210 → 212 (+1%); Q5_0's 22 and Q8_0's 34 would take 9% and 6% more.
+WORD_ALIGNMENT = 4
+MAX_PADDING_FRACTION = 0.02
+
+def stored_block_bytes(ggml_type: GGMLType, device: str) -> int:
+  """The bytes a block of `ggml_type` takes in a packed weight's buffer on `device` (its own, or padded)."""
+  block_bytes = BLOCK_LAYOUTS[ggml_type].block_bytes
+  padded = -(-block_bytes // WORD_ALIGNMENT) * WORD_ALIGNMENT
+  if DEVICE_TRAITS[device].has_local and padded - block_bytes <= MAX_PADDING_FRACTION * block_bytes: return padded
+  return block_bytes
+
 class QuantizedTensor:
   """A weight of logical `shape` in `ggml_type`, kept as its packed blocks: `packed` is a uint8 Tensor of shape
   (*shape[:-1], shape[-1] // block_size, block_bytes). Nothing here is dequantized until a graph that uses
@@ -634,8 +649,14 @@ class QuantizedTensor:
     if raw.size != nbytes:
       raise QuantError(f"{ggml_type.name} tensor of shape {tuple(shape)} takes {nbytes} bytes, got {raw.size}")
     packed_shape = (*shape[:-1], shape[-1] // layout.block_size, layout.block_bytes)
-    lazy = LazyBuffer.from_host(raw.reshape(packed_shape), canonical_device(device), dtypes.uint8)
-    return QuantizedTensor(Tensor(lazy), ggml_type, tuple(shape))
+    device = canonical_device(device)
+    if (stored := stored_block_bytes(ggml_type, device)) == layout.block_bytes:
+      return QuantizedTensor(Tensor(LazyBuffer.from_host(raw.reshape(packed_shape), device, dtypes.uint8)), ggml_type,
+                             tuple(shape))
+    padded = np.zeros((*packed_shape[:-1], stored), np.uint8)   # a host copy: the padded blocks
+    padded[..., :layout.block_bytes] = raw.reshape(packed_shape)
+    packed = Tensor(LazyBuffer.from_host(padded, device, dtypes.uint8))
+    return QuantizedTensor(packed.shrink(tuple((0, n) for n in packed_shape)), ggml_type, tuple(shape))
 
   @property
   def device(self) -> str: return self.packed.device

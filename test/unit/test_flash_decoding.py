@@ -165,12 +165,14 @@ def test_dependent_launch_form(keys):   # sm_90 with PDL: the split's cached row
            dependent_launch=True)
 
 @needs_emulator
-@pytest.mark.parametrize("keys,cluster", [(1, 8), (40, 8), (100, 2), (300, 8), (700, 8)])
+@pytest.mark.parametrize("keys,cluster", [(1, 8), (40, 8), (100, 2), (300, 8), (700, 8), (1300, 4)])
 def test_cluster_combine(keys, cluster):
   """Splits combined through the cluster's shared memory (blocks of a cluster emulated at once, each with its own
-  shared arrays): one split (the other blocks leave), 2 of 2, 8 of 8; past a cluster's keys, the scratch path in a
-  grid of whole clusters. Launched twice, in the PDL form."""
-  run_case("float16", 1, 4, 1, keys, 256, norm=True, rotary=True, update=True, slots=1024, seed=keys, launches=2,
+  shared arrays): one split (the other blocks leave), 2 of 2, 8 of 8; past a cluster's keys, each cluster's splits
+  combined on chip into one partial and the clusters' partials by the last block (700 keys: 11 splits, a full
+  cluster and one of 3 splits and 5 idle blocks; 1,300: 21 splits in 6 clusters of 4). Launched twice (the counter
+  reset), in the PDL form."""
+  run_case("float16", 1, 4, 1, keys, 256, norm=True, rotary=True, update=True, slots=2048, seed=keys, launches=2,
            dependent_launch=True, cluster=cluster)
 
 @pytest.mark.gpu

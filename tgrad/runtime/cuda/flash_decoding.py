@@ -38,9 +38,12 @@ a key count (the host's and the kernel's are the same formula).
     memory (the query rows' space, free after the key loop), the cluster's blocks pass a cluster barrier, then each
     computes a share of the output elements from every split's partial, read from the other blocks' shared memory
     (`mapa`), and a second barrier keeps every block's shared memory alive until all have read it. Blocks past the
-    splits only help that combine (or leave at once when there is one split). An H200, gemma-3-270m's packed step:
-    the scratch path's combine cost ~2.8 µs a launch more with 2 splits than with 1 (its fence, atomic and the last
-    block's reads of L2); the step at position 100 went 0.432 → 0.380 ms. More keys take the scratch path.
+    splits only help that combine (or leave at once when there is one split). With more keys (splits of
+    MIN_KEYS_PER_SPLIT or more), each cluster of splits combines its members the same way into one partial in the
+    scratch, and the last block of the grid to finish (the atomic counter; every block counts) combines the clusters'
+    partials: a few a row instead of every split's. An H200, gemma-3-270m's packed step: the scratch path's combine
+    cost ~2.8 µs a launch more with 2 splits than with 1 (its fence, atomic and the last block's reads of L2); the
+    step at position 100 went 0.432 → 0.380 ms.
 
 Scratch (float32 words): [batch, kv heads, MAX_SPLITS, group, D + 2] partials (Σ p·v, then m and l), then one
 counter word per (batch, kv head); `scratch_words(config, batch)` is its size. It must be zero at the first launch.
@@ -246,7 +249,7 @@ SIZES
   const int per_split = spread > least ? spread : least;
   const int split_count = (visible + per_split - 1) / per_split;
   // a block past the splits (the grid is whole clusters) leaves, unless it takes part in its cluster's combine
-  const bool cluster_combine = clustered && split_count > 1;
+  const bool cluster_combine = CLUSTER > 1 && split_count > 1;
   if (split >= split_count && !cluster_combine) return;
   const int split_begin = key_begin + split * per_split;
   const int split_end = split_begin + per_split < key_end ? split_begin + per_split : key_end;
@@ -427,17 +430,18 @@ SCORE_TRANSPOSE
     }
   }
   if (split_count == 1) return;
+  int partial_count = split_count, arrivals = split_count;   // partials in the scratch, blocks that count
 CLUSTER_COMBINE_STEP
   // the last block of this (batch, kv head) to finish combines the partials
   __threadfence();
   __syncthreads();
-  if (tid == 0) last_block = atomicAdd(counter, 1u) == (unsigned int)(split_count - 1);
+  if (tid == 0) last_block = atomicAdd(counter, 1u) == (unsigned int)(arrivals - 1);
   __syncthreads();
   if (!last_block) return;
   __threadfence();
   // the partials are read through L2 (__ldcg: another SM wrote them, this SM's L1 may hold none of it), first every
   // split's (m, l), spread over the threads, then each output element's sum over the splits
-  for (int i = tid; i < split_count * GROUP; i += BLOCK_THREADS) {
+  for (int i = tid; i < partial_count * GROUP; i += BLOCK_THREADS) {
     const int s = i / GROUP, g = i % GROUP;
     factors[s][g] = __ldcg(partials + s * PARTIAL_WORDS + GROUP * HEAD_DIM + 2 * g);
     split_sums[s][g] = __ldcg(partials + s * PARTIAL_WORDS + GROUP * HEAD_DIM + 2 * g + 1);
@@ -445,14 +449,14 @@ CLUSTER_COMBINE_STEP
   __syncthreads();
   for (int g = tid; g < GROUP; g += BLOCK_THREADS) {
     float total_max = negative_infinity;
-    for (int s = 0; s < split_count; ++s) total_max = fmaxf(total_max, factors[s][g]);
+    for (int s = 0; s < partial_count; ++s) total_max = fmaxf(total_max, factors[s][g]);
     const float base2 = total_max == negative_infinity ? 0.0f : total_max;
     float total = 0.0f;
-    for (int s = 0; s < split_count; ++s) {
+    for (int s = 0; s < partial_count; ++s) {
       factors[s][g] = exp2_approx(factors[s][g] - base2);
       total += split_sums[s][g] * factors[s][g];
     }
-    for (int s = 0; s < split_count; ++s) factors[s][g] /= total;
+    for (int s = 0; s < partial_count; ++s) factors[s][g] /= total;
   }
   __syncthreads();
   for (int i = tid; i < GROUP * HEAD_DIM; i += BLOCK_THREADS) {
@@ -460,7 +464,7 @@ CLUSTER_COMBINE_STEP
     float value = 0.0f;
     const float* column = partials + g * HEAD_DIM + d;
     #pragma unroll 8
-    for (int s = 0; s < split_count; ++s) value += __ldcg(column + s * PARTIAL_WORDS) * factors[s][g];
+    for (int s = 0; s < partial_count; ++s) value += __ldcg(column + s * PARTIAL_WORDS) * factors[s][g];
     out[(out_row + g) * HEAD_DIM + d] = float_element(value);
   }
   if (tid == 0) *counter = 0u;   // ready for the next launch
@@ -486,33 +490,45 @@ __device__ __forceinline__ const float* cluster_shared(const float* local, unsig
 # (the cluster's blocks share the output elements, each read from every split's partial)
 CLUSTER_COMBINE = r"""  if (cluster_combine) {
     cluster_barrier();
+    const int rank = split % CLUSTER, first_split = split - rank, cluster_index = split / CLUSTER;
+    const int members = split_count - first_split < CLUSTER ? split_count - first_split : CLUSTER;
+    const int clusters = (split_count + CLUSTER - 1) / CLUSTER;
     const float* partial = &rows[0][0];
-    for (int i = split * BLOCK_THREADS + tid; i < GROUP * HEAD_DIM; i += CLUSTER * BLOCK_THREADS) {
+    for (int i = rank * BLOCK_THREADS + tid; i < GROUP * HEAD_DIM; i += CLUSTER * BLOCK_THREADS) {
       const int g = i / HEAD_DIM, d = i % HEAD_DIM;
       float maxima[CLUSTER], sums[CLUSTER], values[CLUSTER], total_max = negative_infinity;
       #pragma unroll
       for (int s = 0; s < CLUSTER; ++s) {
-        if (s >= split_count) break;
+        if (s >= members) break;
         const float* remote = cluster_shared(partial, (unsigned int)s);
         maxima[s] = remote[GROUP * HEAD_DIM + 2 * g];
         sums[s] = remote[GROUP * HEAD_DIM + 2 * g + 1];
         values[s] = remote[g * HEAD_DIM + d];
       }
       #pragma unroll
-      for (int s = 0; s < CLUSTER; ++s) if (s < split_count) total_max = fmaxf(total_max, maxima[s]);
+      for (int s = 0; s < CLUSTER; ++s) if (s < members) total_max = fmaxf(total_max, maxima[s]);
       const float base2 = total_max == negative_infinity ? 0.0f : total_max;
       float total = 0.0f, value = 0.0f;
       #pragma unroll
       for (int s = 0; s < CLUSTER; ++s) {
-        if (s >= split_count) break;
+        if (s >= members) break;
         const float f = exp2_approx(maxima[s] - base2);
         total += sums[s] * f;
         value += values[s] * f;
       }
-      out[(out_row + g) * HEAD_DIM + d] = float_element(value / total);
+      if (clusters == 1) out[(out_row + g) * HEAD_DIM + d] = float_element(value / total);
+      else {   // the cluster's combined partial, for the scratch path's last block
+        partials[cluster_index * PARTIAL_WORDS + g * HEAD_DIM + d] = value;
+        if (d == 0) {
+          partials[cluster_index * PARTIAL_WORDS + GROUP * HEAD_DIM + 2 * g] = total_max;
+          partials[cluster_index * PARTIAL_WORDS + GROUP * HEAD_DIM + 2 * g + 1] = total;
+        }
+      }
     }
     cluster_barrier();   // no block leaves while another still reads its shared memory
-    return;
+    if (clusters == 1) return;
+    partial_count = clusters;            // then every block of the grid counts, and the last combines the clusters'
+    arrivals = clusters * CLUSTER;
   }"""
 
 SIZE_NAMES = ("S", "SLOT", *(f"{r}_{axis}" for r in LAYOUT_ROLES for axis in ("offset", "batch", "head", "pos")),

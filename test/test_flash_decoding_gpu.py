@@ -1,0 +1,37 @@
+"""Gemma 3's decode step (after a prompt) on a GPU through the flash-decoding kernel, its splits combined in thread
+block clusters (FLASH_CLUSTER=8, sm_90+) and through the global scratch (FLASH_CLUSTER=0), against the plain graph
+(FLASH_ATTENTION=0): a random 2-layer model (a sliding layer of window 300 and a full layer, head dim 128, GQA), the
+jitted step at key counts with one split, one cluster of splits, several clusters, and the sliding layer's full
+window."""
+from __future__ import annotations
+import numpy as np
+import pytest
+from tgrad import Tensor, dtypes
+from tgrad.helpers import Context
+from tgrad.models.gemma3 import Gemma3, Gemma3Config, PRESETS
+
+pytestmark = pytest.mark.gpu
+POSITIONS = (3, 40, 100, 300, 600, 1050)   # 1,051 keys: 17 splits of 64 in the full layer, 3 clusters of 8
+
+def decode_logits(**settings) -> list[np.ndarray]:
+  config = Gemma3Config.from_dict({**PRESETS["tiny"], "head_dim": 128, "sliding_window": 300, "num_hidden_layers": 2,
+                                   "layer_types": ["sliding_attention", "full_attention"],
+                                   "max_position_embeddings": 2048})
+  with Context(**settings):
+    model = Gemma3.random(config, dtype=dtypes.float16, device="CUDA", seed=11)
+    rng = np.random.default_rng(12)
+    out = []
+    for position in POSITIONS:   # a prompt of `position` tokens, then the jitted decode step after it
+      model.reset_cache(1, max(POSITIONS) + 1)
+      tokens = rng.integers(0, config.vocab_size, (1, position + 1)).astype(np.int32)
+      model.forward(Tensor(tokens[:, :position], device="CUDA"), 0, last_only=True, jit=True)
+      step = Tensor(tokens[:, position:], device="CUDA")
+      out.append(model.forward(step, start_pos=position, last_only=True, jit=True).numpy().astype(np.float64))
+  return out
+
+def test_cluster_and_scratch_combines_match_the_plain_graph():
+  plain = decode_logits(FLASH_ATTENTION=0)
+  for cluster in (8, 0):
+    for position, got, want in zip(POSITIONS, decode_logits(FLASH_CLUSTER=cluster), plain):
+      scale = np.abs(want).max()
+      assert np.abs(got - want).max() <= 2e-2 * scale, (cluster, position, np.abs(got - want).max() / scale)

@@ -165,13 +165,13 @@ def test_dependent_launch_form(keys):   # sm_90 with PDL: the split's cached row
            dependent_launch=True)
 
 @needs_emulator
-@pytest.mark.parametrize("keys,cluster", [(1, 8), (40, 8), (100, 2), (300, 8), (700, 8), (1300, 4)])
+@pytest.mark.parametrize("keys,cluster", [(1, 8), (40, 8), (100, 2), (300, 8), (700, 8), (1100, 8), (1300, 4)])
 def test_cluster_combine(keys, cluster):
   """Splits combined through the cluster's shared memory (blocks of a cluster emulated at once, each with its own
-  shared arrays): one split (the other blocks leave), 2 of 2, 8 of 8; past a cluster's keys, each cluster's splits
-  combined on chip into one partial and the clusters' partials by the last block (700 keys: 11 splits, a full
-  cluster and one of 3 splits and 5 idle blocks; 1,300: 21 splits in 6 clusters of 4). Launched twice (the counter
-  reset), in the PDL form."""
+  shared arrays): one split (the other blocks leave), 2 of 2, 8 of 8 (of 88 keys at 700); past a cluster's keys,
+  each cluster's splits combined on chip into one partial and the clusters' partials by the last block (1,100 keys:
+  18 splits, two full clusters and one of 2 splits and 6 idle blocks; 1,300: 21 splits in 6 clusters of 4). Launched
+  twice (the counter reset), in the PDL form."""
   run_case("float16", 1, 4, 1, keys, 256, norm=True, rotary=True, update=True, slots=2048, seed=keys, launches=2,
            dependent_launch=True, cluster=cluster)
 
@@ -192,8 +192,8 @@ def test_cluster_with_a_window_and_batch_on_the_gpu():   # one cluster a (batch,
   run_case("bfloat16", 2, 8, 2, 700, 128, window=300, softcap=30.0, cluster=8, launch=run_on_gpu, launches=2)
 
 def test_cluster_split_counts():
-  assert [splits(k, 8) for k in (1, 32, 33, 100, 256, 257, 512)] == [1, 1, 2, 4, 8, 8, 8]
-  assert splits(513, 8) == splits(513) == 9   # past one cluster's keys: the scratch path's splits
+  assert [splits(k, 8) for k in (1, 32, 33, 100, 256, 257, 512, 513, 1024)] == [1, 1, 2, 4, 8, 8, 8, 8, 8]
+  assert splits(1025, 8) == splits(1025) == 17   # past one cluster's keys: the scratch path's splits
   config = DecodeConfig("float16", 64, 4, 2, 1.0, window=300)
   assert grid(config, 40, 3, 8) == (8, 2, 3) and grid(config, 5000, 1, 8) == (8, 2, 1)
   assert grid(config, 5000, 1) == (5, 2, 1) and grid(DecodeConfig("float16", 64, 4, 2, 1.0), 5000, 1, 8) == (80, 2, 1)

@@ -33,7 +33,7 @@ a key count (the host's and the kernel's are the same formula).
     of its (batch, kv head) to finish (an atomic counter in the scratch, after a memory fence) rescales and sums the
     partials, stores the output and resets the counter to 0 for the next launch.
   - **Cluster combine** (sm_90+, `cluster` > 1: the kernel declares `__cluster_dims__(cluster, 1, 1)` and the grid's x
-    is whole clusters). Up to cluster · MIN_KEYS_PER_SPLIT keys are one cluster's splits (of at least
+    is whole clusters). Up to cluster · CLUSTER_MAX_KEYS_PER_SPLIT keys are one cluster's splits (of at least
     CLUSTER_MIN_KEYS_PER_SPLIT keys), and the splits meet on chip: each block keeps its partial in its own shared
     memory (the query rows' space, free after the key loop), the cluster's blocks pass a cluster barrier, then each
     computes a share of the output elements from every split's partial, read from the other blocks' shared memory
@@ -67,10 +67,15 @@ MAX_SPLITS = 128
 MIN_KEYS_PER_SPLIT = 64
 # Hopper's thread block clusters: up to CLUSTER_BLOCKS splits (8, the portable cluster size) are one cluster, whose
 # blocks combine their partials through each other's shared memory (two cluster barriers) instead of global scratch,
-# a fence and the last block's atomic. Keys up to CLUSTER_BLOCKS · MIN_KEYS_PER_SPLIT take that path, in splits of at
-# least CLUSTER_MIN_KEYS_PER_SPLIT (a block's keys in one step: 8 warps × 4 keys for gemma's group of 4).
+# a fence and the last block's atomic. Keys up to CLUSTER_BLOCKS · CLUSTER_MAX_KEYS_PER_SPLIT are one cluster's, in
+# splits of at least CLUSTER_MIN_KEYS_PER_SPLIT (a block's keys in one step: 8 warps × 4 keys for gemma's group of
+# 4); more keys take splits of MIN_KEYS_PER_SPLIT or more, in several clusters. Measured on an H200 (gemma-3-270m's
+# float16 step, its full layers at 513 and 1,001 keys): one cluster of 8 splits of 65 or 125 keys beat two clusters of
+# splits of 64 (0.4192 → 0.4122 ms at position 512, 0.4190 → 0.4170 at 1,000); at 2,000 keys splits of 128 in two
+# clusters and of 64 in four were level.
 CLUSTER_BLOCKS = 8
 CLUSTER_MIN_KEYS_PER_SPLIT = 32
+CLUSTER_MAX_KEYS_PER_SPLIT = 128
 CLUSTER_MIN_SM = 90
 MAX_GROUP = 16                      # query heads per kv head held in a block's registers and shared memory
 MAX_STEP_SCORES = 16                # keys · group dot products a warp sums at once (its keys a step: up to 4)
@@ -149,7 +154,7 @@ class DecodeConfig:
 
 def clustered(visible: int, cluster: int) -> bool:
   """Whether `visible` keys take the cluster path with clusters of `cluster` blocks (0: none)."""
-  return cluster > 1 and visible <= cluster * MIN_KEYS_PER_SPLIT
+  return cluster > 1 and visible <= cluster * CLUSTER_MAX_KEYS_PER_SPLIT
 
 def keys_per_split(visible: int, cluster: int = 0) -> int:
   """How many keys one split covers, for `visible` keys (>= 1), with clusters of `cluster` blocks (0: none)."""
@@ -243,7 +248,7 @@ SIZES
   const int key_begin = WINDOW > 0 && key_end > WINDOW ? key_end - WINDOW : 0;
   const int visible = key_end - key_begin > 1 ? key_end - key_begin : 1;
   // keys_per_split and splits of the module
-  const bool clustered = CLUSTER > 1 && visible <= CLUSTER * MIN_KEYS_PER_SPLIT;
+  const bool clustered = CLUSTER > 1 && visible <= CLUSTER * CLUSTER_MAX_KEYS_PER_SPLIT;
   const int spread = clustered ? (visible + CLUSTER - 1) / CLUSTER : (visible + MAX_SPLITS - 1) / MAX_SPLITS;
   const int least = clustered ? CLUSTER_MIN_KEYS_PER_SPLIT : MIN_KEYS_PER_SPLIT;
   const int per_split = spread > least ? spread : least;
@@ -630,6 +635,7 @@ def flash_decoding_source(config: DecodeConfig, name: str, sizes: dict[str, str]
             "KV_HEADS": str(config.kv_heads), "MAX_SPLITS": str(MAX_SPLITS),
             "MIN_KEYS_PER_SPLIT": str(MIN_KEYS_PER_SPLIT), "CLUSTER": str(cluster if cluster > 1 else 0),
             "CLUSTER_MIN_KEYS_PER_SPLIT": str(CLUSTER_MIN_KEYS_PER_SPLIT),
+            "CLUSTER_MAX_KEYS_PER_SPLIT": str(CLUSTER_MAX_KEYS_PER_SPLIT),
             "CLUSTER_DIMS": f"__cluster_dims__({cluster}, 1, 1) " if cluster > 1 else "",
             "PARTIAL_WORDS": str(config.partial_words), "BATCH": str(batch), "WINDOW": str(config.window or 0),
             "UPDATE": "true" if config.update else "false", "NORM_OFFSET": _float_literal(config.norm_offset),

@@ -72,7 +72,7 @@ MIN_KEYS_PER_SPLIT = 64
 # 4); more keys take splits of MIN_KEYS_PER_SPLIT or more, in several clusters. Measured on an H200 (gemma-3-270m's
 # float16 step, its full layers at 513 and 1,001 keys): one cluster of 8 splits of 65 or 125 keys beat two clusters of
 # splits of 64 (0.4192 → 0.4122 ms at position 512, 0.4190 → 0.4170 at 1,000); at 2,000 keys splits of 128 in two
-# clusters and of 64 in four were level.
+# clusters and of 64 in four were level, and one cluster of 8 splits of 250 (a limit of 256) slower (0.4246 → 0.4305).
 CLUSTER_BLOCKS = 8
 CLUSTER_MIN_KEYS_PER_SPLIT = 32
 CLUSTER_MAX_KEYS_PER_SPLIT = 128

@@ -179,9 +179,10 @@ def test_cluster_combine(keys, cluster):
 @pytest.mark.parametrize("cluster", [0, 2, 8])
 @pytest.mark.parametrize("keys", [1, 32, 33, 40, 100, 256, 257, 511, 512, 513, 2000])
 def test_on_the_gpu(cluster, keys):
-  """The kernel on the device (sm_90+ for clusters): splits combined in a cluster's shared memory up to
-  cluster · MIN_KEYS_PER_SPLIT keys (blocks past the splits only helping the combine), through the scratch past that,
-  against numpy; launched twice (the scratch's counters reset), Gemma 3's decode form with PDL."""
+  """The kernel on the device (sm_90+ for clusters): splits combined in one cluster's shared memory up to
+  cluster · CLUSTER_MAX_KEYS_PER_SPLIT keys (blocks past the splits only helping the combine), in several clusters and
+  the scratch past that, against numpy; launched twice (the scratch's counters reset), Gemma 3's decode form with
+  PDL."""
   from tgrad.device import Device
   if cluster and not getattr(Device["CUDA"].renderer, "thread_block_clusters", False): pytest.skip("needs sm_90")
   run_case("float16", 1, 4, 1, keys, 256, norm=True, rotary=True, update=True, slots=2048, seed=keys, launches=2,

@@ -29,7 +29,7 @@ from tgrad.runtime.cuda.renderer import CUDARenderer
 from tgrad.runtime.llvm.renderer import reorderable_accumulators, reorderable_summands, unvectorized_loops
 from tgrad.runtime.cuda.vectors import BytePiece, byte_run_pieces
 from tgrad.schedule import create_schedule
-from cuda_on_cpu import CPU_ARCH, TENSOR_CORE_ARCH, cpu_available, rendered_kernel, run_kernel_emulated
+from cuda_on_cpu import CPU_ARCH, TENSOR_CORE_ARCH, cpu_available, run_kernel_emulated
 
 needs_nvrtc = pytest.mark.skipif(not nvrtc_available(), reason="libnvrtc not found (pip install nvidia-cuda-nvrtc)")
 ARCH = "sm_90"
@@ -279,7 +279,7 @@ def test_few_threads_per_row_values_on_emulated_cuda(ggml_type, rows, columns, m
                              atol=FLOAT32_RTOL * np.abs(reference).max())
 
 # ---- Q6_K blocks padded to whole words on a GPU (nn/quant.py stored_block_bytes)
-PAD_ROWS, PAD_COLUMNS = 12, 2048   # a Q6_K weight of 8 blocks a row   # a Q6_K weight of 8 blocks a row
+PAD_ROWS, PAD_COLUMNS = 12, 2048   # a Q6_K weight of 8 blocks a row
 
 def test_which_blocks_are_padded():
   assert stored_block_bytes(GGMLType.Q6_K, "CUDA") == 212    # +1%
@@ -294,13 +294,17 @@ def padded_on_llvm(monkeypatch):
   original = quant.stored_block_bytes
   monkeypatch.setattr(quant, "stored_block_bytes", lambda ggml_type, device: original(ggml_type, "CUDA"))
 
+def unpadded_q6_k(raw: np.ndarray) -> QuantizedTensor:
+  """The same Q6_K bytes as a plain (n, 210) packed tensor on LLVM, not through from_bytes."""
+  return QuantizedTensor(Tensor(raw.reshape(PAD_ROWS, -1, 210), device="LLVM"), GGMLType.Q6_K, (PAD_ROWS, PAD_COLUMNS))
+
 def test_padded_weight_is_a_view_with_the_same_values(padded_on_llvm):
   raw = random_weight(GGMLType.Q6_K, PAD_ROWS, PAD_COLUMNS, seed=3)
   padded = QuantizedTensor.from_bytes(raw, GGMLType.Q6_K, (PAD_ROWS, PAD_COLUMNS), "LLVM")
   assert padded.packed.shape == (PAD_ROWS, PAD_COLUMNS // 256, 210)
   assert padded.packed.lazydata.base.size == PAD_ROWS * 8 * 212
   np.testing.assert_array_equal(padded.packed.numpy().reshape(PAD_ROWS, -1), raw)
-  plain = QuantizedTensor(Tensor(raw.reshape(PAD_ROWS, -1, 210), device="LLVM"), GGMLType.Q6_K, (PAD_ROWS, PAD_COLUMNS))
+  plain = unpadded_q6_k(raw)
   np.testing.assert_array_equal(padded.dequantize().numpy(), plain.dequantize().numpy())
   x = np.random.default_rng(0).standard_normal((2, PAD_COLUMNS)).astype(np.float32)
   np.testing.assert_allclose(padded.linear(Tensor(x, device="LLVM")).numpy(),
@@ -311,12 +315,10 @@ def test_padded_blocks_are_read_as_aligned_words_on_cuda(padded_on_llvm):
   raw = random_weight(GGMLType.Q6_K, PAD_ROWS, PAD_COLUMNS, seed=4)
   x = np.random.default_rng(1).standard_normal((1, PAD_COLUMNS)).astype(np.float32)
   sources = {}
-  shape = (PAD_ROWS, PAD_COLUMNS)
-  plain = QuantizedTensor(Tensor(raw.reshape(PAD_ROWS, -1, 210), device="LLVM"), GGMLType.Q6_K, shape)
-  for label, weight in (("padded", QuantizedTensor.from_bytes(raw, GGMLType.Q6_K, shape, "LLVM")), ("plain", plain)):
+  padded = QuantizedTensor.from_bytes(raw, GGMLType.Q6_K, (PAD_ROWS, PAD_COLUMNS), "LLVM")
+  for label, weight in (("padded", padded), ("plain", unpadded_q6_k(raw))):
     out = weight.realize().linear(Tensor(x, device="LLVM").realize())
-    sources[label] = rendered_kernel(out, arch=CPU_ARCH)[2]
-    got, _ = run_kernel_emulated(out, arch=CPU_ARCH)
+    got, sources[label] = run_kernel_emulated(out, arch=CPU_ARCH)
     reference = x.astype(np.float64) @ weight.dequantize().numpy().astype(np.float64).T
     np.testing.assert_allclose(got.reshape(reference.shape), reference, rtol=1e-4,
                                atol=1e-4 * np.abs(reference).max())

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Optional, Sequence
 from tgrad.backend import device_kind, devices_offering
+from tgrad.codegen.compile import LAUNCH_DIMS_MEMO
 from tgrad.custom import CustomKernel
 from tgrad.device import Buffer, Device
 from tgrad.dtype import dtypes
@@ -168,8 +169,18 @@ class FlashAttentionRunner:
       getattr(renderer, "thread_block_clusters", False) else 0
     self.program = Device[device].load_program(self.entry, kernel.source(self.entry, dependent_launch, self.cluster))
     self.flops, self.nbytes = 0, 0
+    # variable values → launch dims: a replayed decode step asks once per layer for the same position (a runner
+    # serves every layer of its kind), and working them out (the key count, the splits) was most of the host's ~250 µs
+    # a step of rebinding variables (an H200 machine's host, cProfile: 18 launch_dims calls a step)
+    self._dims_at: dict[tuple, tuple[tuple[int, ...], tuple[int, ...]]] = {}
   def launch_dims(self, var_vals: Optional[dict[str, int]] = None) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    return self.kernel.launch_dims(var_vals or {}, self.cluster)
+    """(global_size, local_size) at these variable values (remembered for the last LAUNCH_DIMS_MEMO values)."""
+    values = var_vals or {}
+    key = tuple(values.get(name) for name in self.variables)
+    if (dims := self._dims_at.get(key)) is None:
+      if len(self._dims_at) >= LAUNCH_DIMS_MEMO: self._dims_at.clear()
+      dims = self._dims_at[key] = self.kernel.launch_dims(values, self.cluster)
+    return dims
   def __call__(self, bufs: Sequence[Buffer], wait: bool = False, var_vals: Optional[dict[str, int]] = None
                ) -> Optional[float]:
     var_vals = var_vals or {}

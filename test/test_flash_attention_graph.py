@@ -24,6 +24,7 @@ class EmulatedFlashRunner:
   cluster = 0    # no thread block clusters
   def __init__(self, kernel: FlashAttentionKernel):
     self.kernel, self.entry, self.variables = kernel, kernel.entry(), kernel.variables()
+    self._dims_at: dict = {}   # FlashAttentionRunner.launch_dims's memo
     self.name, self.source = "emulated " + self.entry, kernel.source(self.entry)
   launch_dims = FlashAttentionRunner.launch_dims
   def __call__(self, bufs, wait=False, var_vals=None):
@@ -43,6 +44,7 @@ class EmulatedDecodingRunner:
   cluster = 0
   def __init__(self, kernel: FlashDecodingKernel):
     self.kernel, self.entry, self.variables = kernel, kernel.entry(), kernel.variables()
+    self._dims_at: dict = {}   # FlashAttentionRunner.launch_dims's memo
     self.name, self.source = "emulated " + self.entry, kernel.source(self.entry)
   launch_dims = FlashAttentionRunner.launch_dims
   def __call__(self, bufs, wait=False, var_vals=None):

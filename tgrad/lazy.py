@@ -272,7 +272,8 @@ class LazyBuffer:
                                                       dtype.itemsize < self.dtype.itemsize):
       raise TypeError(f"a {op.name} reduce of {self.dtype.name} can't give {dtype.name}")
     axes = tuple(sorted(set(axes)))
-    if any(not 0 <= a < len(self.shape) for a in axes): raise IndexError(f"reduce axes {axes} for shape {self.shape}")
+    if axes and (axes[0] < 0 or axes[-1] >= len(self.shape)):   # sorted: the ends decide
+      raise IndexError(f"reduce axes {axes} for shape {self.shape}")
     if not axes: return self.cast(dtype or self.dtype)
     if (split := _split_reduce(self, op, axes, dtype or self.dtype)) is not None: return split
     return self._reduce(op, axes, dtype=dtype)

@@ -361,7 +361,8 @@ def realize(*lbs: LazyBuffer) -> None:
     return _realize_watched(lbs)
   settings = _settings_memo[1] if _settings_memo[0] is current else _settings()
   eager = None
-  if len(lbs) == 1 and (root := lbs[0])._base is None and root.buffer is None:
+  # one value: its base is what a realize computes (a view of it, such as a reduce's result reshaped, needs no kernel)
+  if len(lbs) == 1 and (root := lbs[0] if lbs[0]._base is None else lbs[0]._base).buffer is None:
     if (eager := eager_key(root, current.RIDERS)) is not None and \
        (entry := eager_launches.get(eager[0])) is not None and (entry[0] is settings or entry[0] == settings) and \
        entry[1] is _runner_cache:

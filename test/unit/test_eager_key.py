@@ -160,3 +160,17 @@ def test_a_scalar_op_reads_each_calls_value_through_the_eager_key(eager_hits):
   for s in (0.25, -7.5, 3.0):
     np.testing.assert_array_equal((a * s).numpy(), np.arange(6, dtype=np.float32) * np.float32(s))
   assert len(eager_hits) >= 3
+
+def test_reductions_take_the_eager_hit_through_their_view(eager_hits):
+  """A reduce whose result is a view of it (the reduced dims dropped: a reshape of the REDUCE_AXIS node) realizes its
+  base through the base's eager key, from the second time on, with numpy's values."""
+  rng = np.random.default_rng(5)
+  data = rng.standard_normal((6, 7)).astype(np.float32)
+  x = Tensor(data, device="LLVM").realize()
+  for axis in (None, 0, 1):
+    for _ in range(3):
+      total, largest = x.sum(axis), x.max(axis)
+      assert total.lazydata.base is not total.lazydata   # a view of the reduce
+      np.testing.assert_allclose(total.numpy(), data.sum(axis), rtol=1e-5, atol=1e-6)
+      np.testing.assert_array_equal(largest.numpy(), data.max(axis))
+  assert len(eager_hits) >= 3 * 2 * 2, eager_hits   # every realize after the first of each (axis, op)

@@ -1,7 +1,8 @@
 """One small op end to end, eagerly: the host cost of building, scheduling and launching a single kernel.
 
-Times `(a + b).realize()` on small tensors already on the device, then waits for the device, against the same op in
-torch (on the GPU: `a + b` and `torch.cuda.synchronize()`). Every call is a fresh lazy graph, so this is what a user
+Times `(a + b).realize()` (or with `--op sum`, `a.sum().realize()`: a reduce whose result is a view of it) on small
+tensors already on the device, then waits for the device, against the same op in torch (on the GPU: `a + b` and
+`torch.cuda.synchronize()`). Every call is a fresh lazy graph, so this is what a user
 pays per op without a JIT: graph building, the schedule cache, lowering and the launch. The median over CALLS calls
 after WARMUP calls (which compile the kernel and fill the caches) is reported, in microseconds. A host clock is the
 right clock here: the quantity measured is host time per op (the kernel itself takes a few microseconds of it), and
@@ -10,7 +11,7 @@ min over every call) is the host cost with the least interference, and tgrad and
 rounds of the same process, so their ratio is meaningful even under load (the load average is printed). The Python
 function calls per tgrad op (sys.setprofile, deterministic) are printed too (test/unit/test_eager_overhead.py
 bounds them).
-Usage: python bench/eager_op.py [--device CUDA|LLVM] [--size 16]
+Usage: python bench/eager_op.py [--device CUDA|LLVM] [--size 16] [--op add|sum]
 """
 from __future__ import annotations
 import argparse, json, os, statistics, sys, time
@@ -22,6 +23,7 @@ from tgrad.profiler import python_calls_per_call  # noqa: E402
 WARMUP = 50
 CALLS = 2000
 ROUNDS = 4   # alternating rounds of CALLS // ROUNDS calls each
+OPS = ("add", "sum")
 
 def host_ns(call, synchronize, calls: int) -> list[int]:
   """Nanoseconds of each of `calls` calls of call() followed by synchronize()."""
@@ -39,6 +41,7 @@ def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__)
   parser.add_argument("--device", default="CUDA")
   parser.add_argument("--size", type=int, default=16)
+  parser.add_argument("--op", default="add", choices=OPS)
   args = parser.parse_args()
   data = np.random.default_rng(0).standard_normal((2, args.size), dtype=np.float32)
   a, b = Tensor(data[0], device=args.device).realize(), Tensor(data[1], device=args.device).realize()
@@ -47,15 +50,19 @@ def main() -> None:
     sync_tgrad = cuda.Context.synchronize
   else:
     def sync_tgrad() -> None: pass
-  out = {"device": args.device, "size": args.size, "calls": CALLS}
-  got = (a + b).numpy()
-  np.testing.assert_allclose(got, data[0] + data[1], rtol=1e-6)
+  out = {"device": args.device, "op": args.op, "size": args.size, "calls": CALLS}
+  if args.op == "add": np.testing.assert_allclose((a + b).numpy(), data[0] + data[1], rtol=1e-6)
+  else: np.testing.assert_allclose(a.sum().numpy(), data[0].sum(), rtol=1e-5)
   import torch
   torch_device = "cuda" if args.device == "CUDA" else "cpu"
   ta, tb = torch.tensor(data[0], device=torch_device), torch.tensor(data[1], device=torch_device)
   sync_torch = torch.cuda.synchronize if torch_device == "cuda" else (lambda: None)
-  def tgrad_op() -> None: (a + b).realize()
-  def torch_op() -> None: ta + tb
+  if args.op == "add":
+    def tgrad_op() -> None: (a + b).realize()
+    def torch_op() -> None: ta + tb
+  else:
+    def tgrad_op() -> None: a.sum().realize()
+    def torch_op() -> None: ta.sum()
   for _ in range(WARMUP): tgrad_op(), torch_op()
   sync_tgrad(), sync_torch()
   tgrad_ns: list[int] = []

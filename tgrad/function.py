@@ -275,8 +275,9 @@ class Where(Function):
 
 def _reduce(x: LazyBuffer, op: Ops, axes: tuple[int, ...], identity) -> LazyBuffer:
   """x.r(op, axes), except that a reduce over an empty axis is the op's identity, decided here without a kernel."""
-  if any(x.shape[a] == 0 for a in axes):
-    return x.const(identity, shape=tuple(1 if i in axes else s for i, s in enumerate(x.shape)))
+  shape = x.shape
+  for a in axes:   # a loop, not any() over a generator: every eager reduce passes here
+    if shape[a] == 0: return x.const(identity, shape=tuple(1 if i in axes else s for i, s in enumerate(shape)))
   return x.r(op, axes)
 
 class Sum(Function):

@@ -36,11 +36,12 @@ class ReduceMixin:
     if len(set(resolved)) != len(resolved): raise ValueError(f"repeated axis in {axis} for shape {self.shape}")
     return resolved if self.ndim else ()
   def _reduce(self, function: type[F.Function], axes: tuple[int, ...], keepdim: bool) -> Tensor:
-    out = function.apply(self, axes=axes) if axes else self
-    if keepdim or not axes: return out
-    # the reduced dims dropped: a shape valid by construction, so Tensor.reshape's checks are skipped (an eager sum's
-    # host time is mostly such steps)
-    return F.Reshape.apply(out, shape=tuple(s for i, s in enumerate(self.shape) if i not in axes))
+    if not axes: return self
+    # F.applied: Function.apply without its *inputs call; the reduced dims dropped by a shape valid by construction,
+    # without Tensor.reshape's checks (an eager sum's host time is mostly such steps, each a few Python calls)
+    out = F.applied(function, (self,), {"axes": axes})
+    if keepdim: return out
+    return F.applied(F.Reshape, (out,), {"shape": tuple([s for i, s in enumerate(self.shape) if i not in axes])})
   def _reduced_shape(self, axes: tuple[int, ...], keepdim: bool) -> tuple[int, ...]:
     return tuple(1 if i in axes else s for i, s in enumerate(self.shape) if keepdim or i not in axes)
   def _accumulate(self, function: type[F.Function], axis, keepdim: bool, acc_dtype) -> Tensor:
@@ -48,8 +49,10 @@ class ReduceMixin:
     out_dtype = _sum_dtype(self.dtype)
     # float16 and bfloat16 (the 2-byte floats: HALF_FLOATS) accumulate in float32; asked by kind and size, not by
     # comparing with each (every eager sum passes here)
-    if acc_dtype is None: acc_dtype = dtypes.float32 if out_dtype.is_float and out_dtype.itemsize == 2 else out_dtype
-    return self.cast(to_dtype(acc_dtype))._reduce(function, axes, keepdim).cast(out_dtype)
+    acc = to_dtype(acc_dtype) if acc_dtype is not None else \
+      dtypes.float32 if out_dtype.is_float and out_dtype.itemsize == 2 else out_dtype
+    out = (self if acc is self.dtype else self.cast(acc))._reduce(function, axes, keepdim)
+    return out if out_dtype is acc else out.cast(out_dtype)
   def sum(self, axis=None, keepdim: bool = False, acc_dtype: Any = None, dtype: Any = None) -> Tensor:
     """Sum over `axis` (int, tuple, None: all). As numpy: bools and signed ints sum to int64, unsigned ints to uint64;
     float16/bfloat16 accumulate in float32. dtype (torch's): cast the input to it first; the result has it."""

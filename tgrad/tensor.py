@@ -236,10 +236,11 @@ class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, Indexi
     if isinstance(lb, MultiLazyBuffer):   # gathered to the first device
       return Tensor(lb.copy_to_device(self.device[0]), requires_grad=False).numpy()
     # a computed base is realized as itself (a row-major buffer of its shape: what contiguous() would commit to it
-    # too), so an eager `(a + b).numpy()` is the one op `(a + b).realize()` is; so is a row-major view from its
-    # buffer's start (a reduce's result with the reduced dims dropped, a reshape, a leading slice): its values are the
-    # buffer's first ones. Anything else is copied contiguous
-    if (lb._base is not None and (not lb.st.contiguous or lb._base.op is Ops.CONST)) or lb.dtype != out_dtype:
+    # too), so an eager `(a + b).numpy()` is the one op `(a + b).realize()` is; so is a row-major view of all of its
+    # base (a reduce's result with the reduced dims dropped, a reshape): its values are the buffer's. Anything else is
+    # copied contiguous (a slice of a large buffer copies its own elements, not the buffer)
+    if lb.dtype != out_dtype or (lb._base is not None and (not lb.st.contiguous or lb._base.op is Ops.CONST or
+                                                           type(size := lb.size) is not int or size != lb._base.size)):
       lb = lb.cast(out_dtype).contiguous()
     _realize_all((lb,))
     if lb.base.buffer is None:   # a base the schedule left unrealized: its view copied after all

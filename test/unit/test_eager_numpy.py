@@ -1,5 +1,6 @@
 """Eager ops against numpy: seeded random small ops (binary arithmetic and comparisons between tensors, with Python
-scalars, unary math, casts, views of realized values: transposes, slices, broadcasts, a base read twice) over random
+scalars, unary math, casts, views of realized values: transposes, slices, broadcasts, a base read twice; sums and
+maxes over an axis, whose results are views of their reduce) over random
 shapes (0-d and size-1 included) and dtypes, each realized eagerly, repeatedly, so the first realize of a structure
 fills the caches and the later ones take the eager hit (tgrad/realize.py `_launch_eager`: the output Buffer made with
 its memory at once, the binary op built by `LazyBuffer.alu`'s two-operand path, the record's parents). Every result
@@ -16,6 +17,7 @@ SHAPES = [(), (1,), (5,), (3, 4), (1, 4), (2, 1, 3)]
 DTYPES = [dtypes.float32, dtypes.int32, dtypes.float16]
 FLOAT_TOLERANCE = {dtypes.float32: 1e-6, dtypes.float16: 1e-3}
 EXP_TOLERANCE = {dtypes.float32: 2e-6, dtypes.float16: 2e-3}
+SUM_TOLERANCE = {dtypes.float32: 1e-5, dtypes.float16: 1e-3}
 
 def _values(rng: np.random.Generator, shape: tuple, dtype) -> np.ndarray:
   if dtype.is_float: return rng.uniform(-2, 2, size=shape).astype(dtype.np)
@@ -29,7 +31,7 @@ def _draw(rng: np.random.Generator):
   npd = dtype.np
   scalar = int(rng.integers(1, 5)) if not dtype.is_float else float(rng.integers(-4, 5)) * 0.5
   tol = FLOAT_TOLERANCE.get(dtype)
-  kind = int(rng.integers(10))
+  kind = int(rng.integers(12))
   if kind == 0: return (lambda a, b: a + b), (lambda a, b: a + b), (x, y), tol
   if kind == 1: return (lambda a, b: a * b + a), (lambda a, b: (a * b).astype(npd) + a), (x, y), tol
   if kind == 2: return (lambda a, b: a + scalar), (lambda a, b: (a + np.array(scalar, npd)).astype(npd)), (x, y), tol
@@ -43,6 +45,14 @@ def _draw(rng: np.random.Generator):
   if kind == 7 and len(shape) == 2:   # a row broadcast against the matrix (an expanded view)
     return (lambda a, b: a + b[0]), (lambda a, b: a + b[0]), (x, y), tol
   if kind == 8: return (lambda a, b: a.cast(dtypes.float32)), (lambda a, b: a.astype(np.float32)), (x, y), None
+  if kind in (9, 10) and shape:   # a reduce, its result a view of it unless keepdim (read from its buffer by numpy())
+    axis, keepdim = int(rng.integers(len(shape))), bool(rng.integers(2))
+    if kind == 9:   # a sum: float16 accumulates in float32 (numpy's float16 sum may round in between)
+      sum_tol = SUM_TOLERANCE.get(dtype)
+      return (lambda a, b: a.sum(axis, keepdim=keepdim)), \
+        (lambda a, b: a.astype(np.float64).sum(axis, keepdims=keepdim).astype(npd if dtype.is_float else np.int64)), \
+        (x, y), sum_tol
+    return (lambda a, b: a.max(axis, keepdim=keepdim)), (lambda a, b: a.max(axis, keepdims=keepdim)), (x, y), None
   return (lambda a, b: a - b), (lambda a, b: a - b), (x, y), tol
 
 def _check(got: np.ndarray, want: np.ndarray, tol, what: str) -> None:
@@ -77,3 +87,17 @@ def test_a_size_one_and_a_0d_op_give_their_own_shapes():
     for _ in range(REPEATS):
       out = (a + a).realize().numpy()
       assert out.shape == shape and np.all(out == 3.0)
+
+def test_numpy_of_a_slice_copies_its_own_elements(monkeypatch):
+  """numpy() of a view reads its base's buffer only where the view is all of it; a leading slice of a large buffer is
+  copied out contiguous first (its own elements), not the whole buffer."""
+  import tgrad.tensor as tensor_module
+  copied: list[int] = []
+  original = tensor_module._copy_to_host
+  monkeypatch.setattr(tensor_module, "_copy_to_host", lambda lb: (copied.append(lb.base.buffer.size), original(lb))[1])
+  values = np.arange(4096, dtype=np.float32).reshape(64, 64)
+  x = Tensor(values, device="LLVM").realize()
+  np.testing.assert_array_equal(x[:2].numpy(), values[:2])
+  np.testing.assert_array_equal(x.sum(1).numpy(), values.sum(1))   # a view of all of its reduce: read in place
+  np.testing.assert_array_equal(x.reshape(4096).numpy(), values.reshape(4096))
+  assert copied == [128, 64, 4096], copied

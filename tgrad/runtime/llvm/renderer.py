@@ -28,6 +28,11 @@ REDUCE_FAST_MATH = ("reassoc",)
 # added to the accumulator, which starts at +0.0 and so is never -0.0: +0.0 + (-0.0) = +0.0, the sign never shows.
 SUMMAND_FAST_MATH = ("reassoc", "nsz")
 FUSE_MULTIPLY_ADD = ("contract",)   # a*b+c may become one fma: one rounding instead of two, twice the throughput
+# A max reduce's update may ignore the sign of zero: x86 then runs llvm.maximum as vmaxps and a NaN test of the
+# accumulator (three instructions a vector, the load folded) instead of five with the signed-zero fixup. NaN still
+# propagates; which zero a row of -0.0 and +0.0 gives is left open, as numpy's and torch's max leave it (each gives
+# either, by order and length). Measured (2-core Zen 4, 2048² float32 row maxes, the kernel alone): 85 → 125 GB/s.
+MAX_REDUCE_FAST_MATH = ("nsz",)
 SCRATCH_ALIGNMENT = 64   # bytes: a scratch array starts on a cache line (aligned vector loads)
 _INTRINSICS = {Ops.EXP2: "llvm.exp2", Ops.LOG2: "llvm.log2", Ops.SIN: "llvm.sin", Ops.SQRT: "llvm.sqrt",
                Ops.TRUNC: "llvm.trunc"}
@@ -310,7 +315,8 @@ class _FunctionBuilder:
         first = b.select(b.fcmp_unordered(">", *srcs), srcs[0], srcs[1])
         out = b.select(b.fcmp_unordered("uno", srcs[1], srcs[1]), srcs[1], first)
       elif is_float:   # llvm.maximum propagates NaN (IEEE 754-2019 maximum) and vectorizes as a reduction
-        out = b.call(self.declare(f"llvm.maximum.{_float_name(srcs[0].type)}", srcs[0].type, [srcs[0].type] * 2), srcs)
+        maximum = self.declare(f"llvm.maximum.{_float_name(srcs[0].type)}", srcs[0].type, [srcs[0].type] * 2)
+        out = b.call(maximum, srcs, fastmath=MAX_REDUCE_FAST_MATH if u.src[0].op is Ops.DEFINE_ACC else ())
       else:
         bigger = b.icmp_unsigned(">", *srcs) if dt.is_unsigned or dt.is_bool else b.icmp_signed(">", *srcs)
         out = b.select(bigger, srcs[0], srcs[1])

@@ -25,7 +25,7 @@ from tgrad.dtype import DType, dtypes
 from tgrad.ops import Ops, UOp, COMPARISON, FLOAT_ONLY_REDUCES, REDUCE_OPS, truncate_to
 from tgrad.shape.shapetracker import ShapeTracker
 from tgrad.shape.view import VIEW_CACHE_SIZE, as_shape_tuple
-from tgrad.shape.sint import is_symbolic, sym_eq
+from tgrad.shape.sint import sym_eq
 from tgrad.device import Buffer, DEVICE_TRAITS, canonical_device
 from tgrad.helpers import prod, cpu_count
 from tgrad.scalars import is_liftable
@@ -281,8 +281,9 @@ class LazyBuffer:
               dtype: Optional[DType] = None) -> LazyBuffer:
     """The reduce itself; of_partials marks a reduce of partial sums (arg (op, axes, True)): a float sum of them adds
     with compensation in the kernel."""
-    new_shape = tuple(1 if i in axes else s for i, s in enumerate(self.shape))
-    return LazyBuffer.loadop(Ops.REDUCE_AXIS, new_shape, dtype or self.dtype, self.device,
+    new_shape = list(self.shape)   # a loop, not a generator: every reduce passes here
+    for a in axes: new_shape[a] = 1
+    return LazyBuffer.loadop(Ops.REDUCE_AXIS, tuple(new_shape), dtype or self.dtype, self.device,
                              arg=(op, axes, True) if of_partials else (op, axes), srcs=(self,))
   def gather(self, index: LazyBuffer, axis: int) -> LazyBuffer:
     """out[i] = self[i with i[axis] := index[i]], of index's shape: self (the table) has that shape except along
@@ -524,8 +525,11 @@ SPLIT_REDUCE_CPU_ROW_MIN_INPUTS = 1 << 21
 def _split_reduce(x: LazyBuffer, op: Ops, axes: tuple[int, ...], dtype: DType) -> Optional[LazyBuffer]:
   """x.r(op, axes, dtype) as two reduces when it is big and has few outputs (see SPLIT_REDUCE_*), else None; the
   partials have the result's dtype."""
-  if is_symbolic(x.shape): return None   # the split needs the sizes; a symbolic reduce stays one kernel
-  inputs = prod(x.shape[a] for a in axes)
+  shape = x.shape
+  inputs = 1
+  for size in shape:   # plain loops (every eager reduce passes here): a symbolic reduce stays one kernel
+    if type(size) is not int: return None
+  for a in axes: inputs *= shape[a]
   if inputs < SPLIT_REDUCE_MIN_INPUTS: return None
   has_local = DEVICE_TRAITS[x.device].has_local   # no device start
   max_outputs = SPLIT_REDUCE_MAX_OUTPUTS if has_local else cpu_count() * SPLIT_REDUCE_CPU_OUTPUTS_PER_CORE

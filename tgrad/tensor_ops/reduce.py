@@ -72,11 +72,13 @@ class ReduceMixin:
     if self.dtype.is_bool: return self.logical_not().max(axis, keepdim).logical_not()
     return self._order_flip().max(axis, keepdim)._order_flip()
   def mean(self, axis=None, keepdim: bool = False) -> Tensor:
-    float_dtype = least_upper_float(self.dtype)
-    acc_dtype = dtypes.float32 if float_dtype in HALF_FLOATS else float_dtype
-    total = self.cast(acc_dtype).sum(axis, keepdim)
+    dtype = self.dtype
+    float_dtype = least_upper_float(dtype)
+    acc_dtype = dtypes.float32 if float_dtype.itemsize == 2 else float_dtype   # HALF_FLOATS, by size (as _accumulate)
+    total = (self if acc_dtype is dtype else self.cast(acc_dtype)).sum(axis, keepdim)
     count = prod(self.shape[a] for a in self._reduce_axes(axis))
-    return (total / count).cast(float_dtype)   # 0 / 0 is NaN for an empty axis, as numpy
+    out = total / count   # 0 / 0 is NaN for an empty axis, as numpy
+    return out if out.dtype is float_dtype else out.cast(float_dtype)
   def var(self, axis=None, keepdim: bool = False, correction: int = 1) -> Tensor:
     """Computed in float32 for float16/bfloat16 (_float_math): a count over 65504 is inf in float16."""
     count = prod(self.shape[a] for a in self._reduce_axes(axis))

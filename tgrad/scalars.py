@@ -29,15 +29,15 @@ def is_liftable(value, dtype: DType) -> bool:
 def carrier(dtype: DType) -> DType:
   """The dtype a parameter for a constant of `dtype` is passed in: float64, float32 (also for float16 and bfloat16,
   converted in the kernel: their values are float32 values) or int64 (any int, converted in the kernel)."""
-  if dtype == dtypes.float64: return dtypes.float64
-  return dtypes.float32 if dtype.is_float else dtypes.int64
+  if not dtype.is_float: return dtypes.int64
+  return dtypes.float64 if dtype.itemsize == 8 else dtypes.float32   # by size: no dtype compares (every eager op)
 
 def param_bits(value, dtype: DType) -> int:
   """The 64-bit argument that carries `value` (already rounded to `dtype`, as const_of does): a float's IEEE bits
   (float32 in the low 32), an int wrapped to int64, as a signed int64 (how runtimes pack a variable)."""
   kind = carrier(dtype)
-  if kind == dtypes.float64: return struct.unpack("<q", struct.pack("<d", value))[0]
-  if kind == dtypes.float32: return struct.unpack("<i", struct.pack("<f", value))[0]
+  if kind is dtypes.float64: return struct.unpack("<q", struct.pack("<d", value))[0]
+  if kind is dtypes.float32: return struct.unpack("<i", struct.pack("<f", value))[0]
   value &= (1 << 64) - 1
   return value - (1 << 64) if value >= 1 << 63 else value
 

@@ -19,7 +19,8 @@ import numpy as np
 from tgrad.ops import UOp, Ops
 from tgrad.backend import backend, device_kind
 from tgrad.lazy import LazyBuffer, holders_of
-from tgrad.schedule import ScheduleItem, create_schedule, scalar_values
+from tgrad.schedule import ScheduleItem, create_schedule
+from tgrad.scalars import param_bits, param_name
 from tgrad.schedule_cache import (Template, bind, eager_key, eager_launches, item_values, look_up, remember_eager,
                                   schedule, schedule_found, stored)
 from tgrad.device import Buffer, Device, allocators
@@ -407,9 +408,10 @@ def _launch(launches: tuple, bufs: list[Buffer], values: list[tuple]) -> None:
   _Totals.kernels += k
 
 # An eager launch: what `_launch_eager` needs of a planned template of one kernel, flat (settings, the runner cache,
-# the launch, its buffer indices, its output indices, the new Buffers' (device, size, dtype), the commits, the node
-# positions of its scalar parameters' constants and its variables' names), kept under the graph's eager key.
-EagerLaunch = tuple[tuple, dict, Callable, tuple, tuple, tuple, tuple, tuple, tuple]
+# the launch, its buffer indices, its output indices, the new Buffers' (device, size, dtype), the commits, and the node
+# positions of the constants its scalar parameters carry, in the order of the kernel's variables), kept under the
+# graph's eager key.
+EagerLaunch = tuple[tuple, dict, Callable, tuple, tuple, tuple, tuple, tuple]
 
 def _remember_eager(key: tuple, template: Template, found: Any) -> None:
   """Keep the eager launch of a template planned as one kernel under its eager key (schedule_cache.remember_eager
@@ -417,19 +419,22 @@ def _remember_eager(key: tuple, template: Template, found: Any) -> None:
   plan = template.plan
   if plan is None or plan[1] is None or len(plan[1]) != 1: return
   launch, indices, outputs, variables, reads = plan[1][0]
+  scalars = reads.scalars if reads is not None else ()
+  carried = {param_name(k): p for k, p in enumerate(scalars)}   # scalar_values' names: parameter k, constant k
+  if any(name not in carried for name in variables): return   # a variable no constant carries: not an eager launch
   remember_eager(key, (plan[0], plan[3], launch, indices, outputs,
                        tuple((device, size, dtype) for device, size, dtype, _ in template.new_buffers),
-                       template.commits, reads.scalars if reads is not None else (), variables), template, found)
+                       template.commits, tuple(carried[name] for name in variables)), template, found)
 
 def _launch_eager(nodes: list[LazyBuffer], leaf_buffers: list[Buffer], entry: EagerLaunch) -> None:
   """The eager hit: one op over realized values and constants (schedule_cache.eager_key: `nodes` numbered as the
   template's positions, `leaf_buffers` its realized Buffers) planned as one kernel. What `bind` and the planned hit
   do, on the eager key's nodes: scalar values read, new Buffers made, the commits, the launch."""
-  _, _, launch, indices, outputs, new_buffers, commits, scalars, variables = entry
-  values: tuple = ()
-  if scalars:   # a lifted scalar's value, read before the commits (an eager launch has no other variables)
-    var_vals = scalar_values([nodes[p] for p in scalars])
-    values = tuple([var_vals[name] for name in variables])
+  _, _, launch, indices, outputs, new_buffers, commits, scalars = entry
+  values: list = []
+  for p in scalars:   # a lifted scalar's value as its parameter's bits (scalar_values'), read before the commits
+    lb = nodes[p]
+    values.append(param_bits(lb.arg, lb.dtype))
   bufs = leaf_buffers
   for device, size, dtype in new_buffers:   # allocated at once (the device's allocator, once a Buffer of it was)
     bufs.append(Buffer(device, size, dtype, None, 0, None, allocators.get(device)))

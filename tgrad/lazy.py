@@ -283,8 +283,9 @@ class LazyBuffer:
     with compensation in the kernel."""
     new_shape = list(self.shape)   # a loop, not a generator: every reduce passes here
     for a in axes: new_shape[a] = 1
-    return LazyBuffer.loadop(Ops.REDUCE_AXIS, tuple(new_shape), dtype or self.dtype, self.device,
-                             arg=(op, axes, True) if of_partials else (op, axes), srcs=(self,))
+    # loadop's checks skipped: this device is canonical, and so is a shape made of this shape's sizes and 1s
+    return LazyBuffer(self.device, ShapeTracker.from_canonical_shape(tuple(new_shape)), dtype or self.dtype,
+                      Ops.REDUCE_AXIS, (self,), (op, axes, True) if of_partials else (op, axes))
   def gather(self, index: LazyBuffer, axis: int) -> LazyBuffer:
     """out[i] = self[i with i[axis] := index[i]], of index's shape: self (the table) has that shape except along
     `axis`. A data-dependent load (GATHER): a kernel reads one table element per output element, never the whole

@@ -190,6 +190,11 @@ class ShapeTracker:
 
   @staticmethod
   def from_shape(shape: Sequence[sint]) -> ShapeTracker: return _from_shape(as_shape_tuple(shape, "shape"))
+  @staticmethod
+  def from_canonical_shape(shape: tuple[sint, ...]) -> ShapeTracker:
+    """from_shape for a shape already checked and canonical (a tuple of ints and canonical UOps, e.g. another
+    tracker's shape with some sizes set to 1): the remembered tracker, without the checks."""
+    return _from_shape(shape)
   @functools.cached_property
   def shape(self) -> tuple[int, ...]: return self.views[-1].shape   # read for every value built: a call only once
   @property

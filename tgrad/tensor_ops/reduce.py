@@ -41,17 +41,22 @@ class ReduceMixin:
     # without Tensor.reshape's checks (an eager sum's host time is mostly such steps, each a few Python calls)
     out = F.applied(function, (self,), {"axes": axes})
     if keepdim: return out
-    return F.applied(F.Reshape, (out,), {"shape": tuple([s for i, s in enumerate(self.shape) if i not in axes])})
+    kept = []   # a loop, not a comprehension (a call of its own)
+    for i, size in enumerate(out.lazydata.shape):
+      if i not in axes: kept.append(size)
+    return F.applied(F.Reshape, (out,), {"shape": tuple(kept)})
   def _reduced_shape(self, axes: tuple[int, ...], keepdim: bool) -> tuple[int, ...]:
     return tuple(1 if i in axes else s for i, s in enumerate(self.shape) if keepdim or i not in axes)
   def _accumulate(self, function: type[F.Function], axis, keepdim: bool, acc_dtype) -> Tensor:
-    axes = self._reduce_axes(axis)
-    out_dtype = _sum_dtype(self.dtype)
+    lb = self.lazydata
+    axes = tuple(range(len(lb.shape))) if axis is None else self._reduce_axes(axis)
+    dtype = lb.dtype
+    out_dtype = _sum_dtype(dtype)
     # float16 and bfloat16 (the 2-byte floats: HALF_FLOATS) accumulate in float32; asked by kind and size, not by
     # comparing with each (every eager sum passes here)
     acc = to_dtype(acc_dtype) if acc_dtype is not None else \
       dtypes.float32 if out_dtype.is_float and out_dtype.itemsize == 2 else out_dtype
-    out = (self if acc is self.dtype else self.cast(acc))._reduce(function, axes, keepdim)
+    out = (self if acc is dtype else self.cast(acc))._reduce(function, axes, keepdim)
     return out if out_dtype is acc else out.cast(out_dtype)
   def sum(self, axis=None, keepdim: bool = False, acc_dtype: Any = None, dtype: Any = None) -> Tensor:
     """Sum over `axis` (int, tuple, None: all). As numpy: bools and signed ints sum to int64, unsigned ints to uint64;

@@ -18,7 +18,7 @@ graph as the user built it), realize a base with `commit`, rebuild one over othe
 mark a composite's output with `set_region`.
 """
 from __future__ import annotations
-import copy, functools, weakref
+import copy, functools, math, weakref
 from typing import Any, Callable, Iterable, Iterator, Optional
 import numpy as np
 from tgrad.dtype import DType, dtypes
@@ -355,17 +355,20 @@ class LazyBuffer:
   def _view(self, st: ShapeTracker, origin: Optional[tuple] = None) -> LazyBuffer:
     # the base itself, when the view is all of it in order and aliases it (a flip, even of a size-1 axis, or a flip
     # of a flip, is a value of its own)
-    if st.shape == self.base.shape and st.contiguous and origin is not None and \
-       (self.is_base or view_root(self) is self.base):
-      return self.base
-    view = LazyBuffer(self.device, st, self.dtype, base=self.base)
+    base = self if self._base is None else self._base   # the `base` property, inline (every view passes here)
+    if st.shape == base.shape and st.contiguous and origin is not None and \
+       (self._base is None or view_root(self) is base):
+      return base
+    view = LazyBuffer(self.device, st, self.dtype, base=base)
     if origin is not None: view.origin = (self, origin[0], origin[1:])
     else:   # a pad or flip is a value of its own (a copy in torch) that reads the base's data: a reader of it
       view._self_ref = weakref.ref(view)
       view.base._add_reader(view._self_ref)
     return view
   def reshape(self, shape: tuple[int, ...]) -> LazyBuffer:
-    if sym_eq(prod(shape), self.size) is not True: raise ValueError(f"cannot reshape {self.shape} to {shape}")
+    new, old = math.prod(shape), math.prod(self.shape)   # sizes compared as ints where they are (every reshape)
+    if not (new == old if type(new) is int and type(old) is int else sym_eq(prod(shape), self.size) is True):
+      raise ValueError(f"cannot reshape {self.shape} to {shape}")
     return self if shape == self.shape else self._view(self.st.reshape(shape), ("reshape", shape))
   def permute(self, order: tuple[int, ...]) -> LazyBuffer:
     return self if order == tuple(range(len(order))) else self._view(self.st.permute(order), ("permute", order))

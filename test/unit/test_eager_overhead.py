@@ -21,7 +21,8 @@ SCALAR_OP_CALLS = 36
 # `a.sum().realize()` (the reduce, then its reduced dim dropped by a view): 107 calls before its base took the eager key
 # through the view and the reduce stopped going through Tensor.reshape's checks, Function.apply's *inputs and dtype
 # compares (and its `.numpy()` copied the view: 148), 66 after, 58 with plain loops in the reduce's own checks, 43 with
-# its tracker made without loadop's checks and its input's lazy value read once, 37 with reshape's sizes compared as ints
+# its tracker made without loadop's checks and its input's lazy value read once, 37 with reshape's sizes compared as
+# ints
 SUM_OP_CALLS = 41
 
 def _calls_per_op(fn) -> float: return python_calls_per_call(fn, OPS)

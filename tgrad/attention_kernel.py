@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Optional, Sequence
 from tgrad.backend import device_kind, devices_offering
-from tgrad.codegen.compile import LAUNCH_DIMS_MEMO
+from tgrad.codegen.compile import remembered_dims
 from tgrad.custom import CustomKernel
 from tgrad.device import Buffer, Device
 from tgrad.dtype import dtypes
@@ -176,11 +176,8 @@ class FlashAttentionRunner:
   def launch_dims(self, var_vals: Optional[dict[str, int]] = None) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """(global_size, local_size) at these variable values (remembered for the last LAUNCH_DIMS_MEMO values)."""
     values = var_vals or {}
-    key = tuple(values.get(name) for name in self.variables)
-    if (dims := self._dims_at.get(key)) is None:
-      if len(self._dims_at) >= LAUNCH_DIMS_MEMO: self._dims_at.clear()
-      dims = self._dims_at[key] = self.kernel.launch_dims(values, self.cluster)
-    return dims
+    return remembered_dims(self._dims_at, tuple(values.get(name) for name in self.variables),
+                           lambda: self.kernel.launch_dims(values, self.cluster))
   def __call__(self, bufs: Sequence[Buffer], wait: bool = False, var_vals: Optional[dict[str, int]] = None
                ) -> Optional[float]:
     var_vals = var_vals or {}

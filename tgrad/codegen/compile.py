@@ -17,6 +17,15 @@ from tgrad.ops import Ops
 from tgrad.shape.sint import evaluate, is_symbolic, sint, vmax_of
 
 LAUNCH_DIMS_MEMO = 256   # launch dims of a symbolic kernel remembered per variable values (a decode loop's positions)
+Dims = tuple[tuple[int, ...], tuple[int, ...]]
+
+def remembered_dims(memo: dict[tuple, Dims], key: tuple, make: Callable[[], Dims]) -> Dims:
+  """memo[key] (a runner's launch dims at variable values `key`), made by make() the first time; the memo is emptied
+  when it holds LAUNCH_DIMS_MEMO entries."""
+  if (dims := memo.get(key)) is None:
+    if len(memo) >= LAUNCH_DIMS_MEMO: memo.clear()
+    dims = memo[key] = make()
+  return dims
 
 @dataclass
 class CompiledKernel:
@@ -45,11 +54,8 @@ class CompiledKernel:
     """(global_size, local_size) for these variable values (remembered for the last LAUNCH_DIMS_MEMO values)."""
     if not self.symbolic_dims: return self.global_size, self.local_size
     key = tuple((var_vals or {}).get(name) for name in self.variables)
-    if (dims := self._dims_at.get(key)) is None:
-      if len(self._dims_at) >= LAUNCH_DIMS_MEMO: self._dims_at.clear()
-      dims = self._dims_at[key] = (tuple(evaluate(s, var_vals) for s in self.global_size),
-                                   tuple(evaluate(s, var_vals) for s in self.local_size))
-    return dims
+    return remembered_dims(self._dims_at, key, lambda: (tuple(evaluate(s, var_vals) for s in self.global_size),
+                                                        tuple(evaluate(s, var_vals) for s in self.local_size)))
   def __call__(self, buffers: Sequence[Buffer], wait: bool = False, var_vals: Optional[dict[str, int]] = None
                ) -> Optional[float]:
     vals = tuple(var_vals[name] for name in self.variables) if self.variables else ()

@@ -119,6 +119,11 @@ def _python_dtype(data) -> DType:
   if float in kinds or not kinds: return dtypes.default_float
   return dtypes.default_int if int in kinds else dtypes.bool
 
+def _accumulator_dtype(dtype: DType) -> DType:
+  """The dtype a sum or mean of `dtype` values accumulates in: float32 for float16 and bfloat16 (HALF_FLOATS, the
+  2-byte floats: told by kind and size, no dtype compares, as every eager reduce asks), else `dtype` itself."""
+  return dtypes.float32 if dtype.is_float and dtype.itemsize == 2 else dtype
+
 def _sum_dtype(dtype: DType) -> DType:
   """The dtype a sum (prod, cumsum) returns, as numpy's: bools and signed ints sum to int64, unsigned ints to uint64,
   floats keep theirs (docs/design-notes.md, "Accumulation dtypes")."""

@@ -9,7 +9,7 @@ from tgrad.dtype import DType, dtypes, least_upper_float, to_dtype
 from tgrad.helpers import prod
 from tgrad.ops import UOp
 from tgrad.shape.sint import canonical, smax, vmax_of
-from tgrad.tensor_ops.args import Scalar, HALF_FLOATS, _resolve_axis, _sum_dtype
+from tgrad.tensor_ops.args import Scalar, HALF_FLOATS, _accumulator_dtype, _resolve_axis, _sum_dtype
 from tgrad.regions import composite
 from tgrad.lazy import SPLIT_REDUCE_MIN_INPUTS, SPLIT_REDUCE_PARTS
 import tgrad.function as F
@@ -52,10 +52,7 @@ class ReduceMixin:
     axes = tuple(range(len(lb.shape))) if axis is None else self._reduce_axes(axis)
     dtype = lb.dtype
     out_dtype = _sum_dtype(dtype)
-    # float16 and bfloat16 (the 2-byte floats: HALF_FLOATS) accumulate in float32; asked by kind and size, not by
-    # comparing with each (every eager sum passes here)
-    acc = to_dtype(acc_dtype) if acc_dtype is not None else \
-      dtypes.float32 if out_dtype.is_float and out_dtype.itemsize == 2 else out_dtype
+    acc = to_dtype(acc_dtype) if acc_dtype is not None else _accumulator_dtype(out_dtype)
     out = (self if acc is dtype else self.cast(acc))._reduce(function, axes, keepdim)
     return out if out_dtype is acc else out.cast(out_dtype)
   def sum(self, axis=None, keepdim: bool = False, acc_dtype: Any = None, dtype: Any = None) -> Tensor:
@@ -79,7 +76,7 @@ class ReduceMixin:
   def mean(self, axis=None, keepdim: bool = False) -> Tensor:
     dtype = self.dtype
     float_dtype = least_upper_float(dtype)
-    acc_dtype = dtypes.float32 if float_dtype.itemsize == 2 else float_dtype   # HALF_FLOATS, by size (as _accumulate)
+    acc_dtype = _accumulator_dtype(float_dtype)
     total = (self if acc_dtype is dtype else self.cast(acc_dtype)).sum(axis, keepdim)
     count = prod(self.shape[a] for a in self._reduce_axes(axis))
     out = total / count   # 0 / 0 is NaN for an empty axis, as numpy
@@ -175,7 +172,7 @@ class ReduceMixin:
   def cumsum(self, axis: int = 0) -> Tensor:
     """Running sum along `axis`, in sum's dtype (bools and signed ints give int64, unsigned uint64, as numpy)."""
     out_dtype = _sum_dtype(self.dtype)
-    return self.cast(dtypes.float32 if out_dtype in HALF_FLOATS else out_dtype)._scan(axis, "sum").cast(out_dtype)
+    return self.cast(_accumulator_dtype(out_dtype))._scan(axis, "sum").cast(out_dtype)
   def cumprod(self, axis: int = 0) -> Tensor:
     """Running product along `axis`, in sum's dtype. float32 multiplies in float64 (torch's CPU accumulator): the
     blocked order multiplies factors near 1 together, where float32 drops the small cross terms (a 10^4-long product

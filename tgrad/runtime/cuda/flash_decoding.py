@@ -76,7 +76,6 @@ MIN_KEYS_PER_SPLIT = 64
 CLUSTER_BLOCKS = 8
 CLUSTER_MIN_KEYS_PER_SPLIT = 32
 CLUSTER_MAX_KEYS_PER_SPLIT = 128
-CLUSTER_MIN_SM = 90
 MAX_GROUP = 16                      # query heads per kv head held in a block's registers and shared memory
 MAX_STEP_SCORES = 16                # keys · group dot products a warp sums at once (its keys a step: up to 4)
 MAX_KEYS_PER_WARP = 4               # rows a lane holds at once: 4 keys and 4 values of D/32 floats each

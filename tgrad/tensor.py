@@ -242,10 +242,7 @@ class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, Indexi
     if lb.dtype != out_dtype or (lb._base is not None and (not lb.st.contiguous or lb._base.op is Ops.CONST or
                                                            type(size := lb.size) is not int or size != lb._base.size)):
       lb = lb.cast(out_dtype).contiguous()
-    _realize_all((lb,))
-    if lb.base.buffer is None:   # a base the schedule left unrealized: its view copied after all
-      lb = lb.contiguous()
-      _realize_all((lb,))
+    _realize_all((lb,))   # realize computes a view's base into its buffer (a constant's view is copied above)
     values = _copy_to_host(lb)
     # a symbolic buffer is allocated at the variables' maximum; its first elements are the row-major values
     return (values if values.size == count else values[:count]).reshape(shape)
@@ -313,7 +310,9 @@ class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, Indexi
   def int(self) -> Tensor: return self.cast(dtypes.int32)
   def long(self) -> Tensor: return self.cast(dtypes.int64)
   def bool(self) -> Tensor: return self.cast(dtypes.bool)
-  def _to_float(self) -> Tensor: return self.cast(least_upper_float(self.dtype))
+  def _to_float(self) -> Tensor:
+    dtype = self.dtype
+    return self if dtype.is_float else self.cast(least_upper_float(dtype))   # a float already: no cast call
   def contiguous(self) -> Tensor:
     """This tensor in row-major order. As torch, a tensor already laid out so (a realized buffer, or a row-major
     slice of one) is returned itself; anything else is copied into a buffer of its own."""

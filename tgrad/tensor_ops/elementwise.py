@@ -52,8 +52,7 @@ class ElementwiseMixin:
     a, b = self._operands(x, reverse)
     if rounding_mode == "trunc":
       return self._nograd(a.lazydata.alu(Ops.IDIV, _literal(b).lazydata)) if not a.dtype.is_float else (a / b).trunc()
-    if a.dtype.is_float and b.dtype.is_float: return F.applied(F.Div, (a, b))   # floats already (the usual case)
-    return F.Div.apply(a._to_float(), b._to_float())
+    return F.applied(F.Div, (a._to_float(), b._to_float()))
   def floordiv(self, x: Any, reverse: bool = False) -> Tensor:
     """Python's `//`: rounds toward −∞. Integer division by zero gives 0 (as numpy)."""
     a, b = self._operands(x, reverse)

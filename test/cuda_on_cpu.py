@@ -652,9 +652,9 @@ def run_on_cpu(source: str, name: str, global_size: tuple[int, ...], local_size:
   library.emu_take_prefetched(addresses, count)
   return list(addresses[:count])
 
-def rendered_kernel(out, opts=None, arch: str = CPU_ARCH):
-  """The one kernel of the lazy tensor `out` for CUDA `arch` (the heuristics' opts, or `opts`): (its ScheduleItem,
-  the optimized Kernel, its source)."""
+def rendered_kernel(out, opts=None, arch: str = CPU_ARCH, renderer=None):
+  """The one kernel of the lazy tensor `out` for CUDA `arch`, or for `renderer` where given (the heuristics' opts, or
+  `opts`): (its ScheduleItem, the optimized Kernel, its source)."""
   from tgrad.codegen.heuristics import hand_coded_optimizations
   from tgrad.codegen.kernel import Kernel
   from tgrad.codegen.linearizer import linearize
@@ -662,7 +662,7 @@ def rendered_kernel(out, opts=None, arch: str = CPU_ARCH):
   from tgrad.runtime.cuda.renderer import CUDARenderer
   from tgrad.schedule import create_schedule
   (item,) = [i for i in create_schedule([out.lazydata]) if i.ast.op is Ops.SINK]
-  kernel = Kernel(item.ast, CUDARenderer(arch))
+  kernel = Kernel(item.ast, renderer if renderer is not None else CUDARenderer(arch))
   if opts is None: hand_coded_optimizations(kernel)
   else:
     for opt in opts: kernel.apply_opt(opt)

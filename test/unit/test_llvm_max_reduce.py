@@ -5,18 +5,10 @@ both signs gives a zero (which one is left open, as numpy's and torch's max leav
 import numpy as np
 import pytest
 from tgrad import Tensor
-from tgrad.codegen.heuristics import hand_coded_optimizations
-from tgrad.codegen.kernel import Kernel
-from tgrad.codegen.linearizer import linearize
 from tgrad.device import Device
-from tgrad.ops import Ops
-from tgrad.schedule import create_schedule
+from cuda_on_cpu import rendered_kernel
 
-def llvm_source(out: Tensor) -> str:
-  (item,) = [i for i in create_schedule([out.lazydata]) if i.ast.op is Ops.SINK]
-  kernel = Kernel(item.ast, Device["LLVM"].renderer)
-  hand_coded_optimizations(kernel)
-  return kernel.renderer.render("k", linearize(kernel))
+def llvm_source(out: Tensor) -> str: return rendered_kernel(out, renderer=Device["LLVM"].renderer)[2]
 
 def test_the_reduce_update_ignores_zero_signs_and_an_elementwise_maximum_does_not():
   x = Tensor(np.ones((8, 512), np.float32), device="LLVM").realize()

@@ -1,5 +1,6 @@
 """Gemma 3's decode step (after a prompt) on a GPU through the flash-decoding kernel, its splits combined in thread
-block clusters (FLASH_CLUSTER=8, sm_90+) and through the global scratch (FLASH_CLUSTER=0), against the plain graph
+block clusters (FLASH_CLUSTER=16, the default, and 8; sm_90+) and through the global scratch (FLASH_CLUSTER=0),
+against the plain graph
 (FLASH_ATTENTION=0): a random 2-layer model (a sliding layer of window 300 and a full layer, head dim 128, GQA), the
 jitted step at key counts with one split, one cluster of splits, several clusters, and the sliding layer's full
 window."""
@@ -11,12 +12,14 @@ from tgrad.helpers import Context
 from tgrad.models.gemma3 import Gemma3, Gemma3Config, PRESETS
 
 pytestmark = pytest.mark.gpu
-POSITIONS = (3, 40, 100, 300, 600, 1050)   # 1,051 keys: 17 splits of 64 in the full layer, 3 clusters of 8
+# 1,051 keys: 17 splits of 64 in the full layer (3 clusters of 8) or 16 of 66 (one cluster of 16); 2,101 keys: 33
+# splits of 64, 3 clusters of 16 (the last of one split) and the scratch's combine
+POSITIONS = (3, 40, 100, 300, 600, 1050, 2100)
 
 def decode_logits(**settings) -> list[np.ndarray]:
   config = Gemma3Config.from_dict({**PRESETS["tiny"], "head_dim": 128, "sliding_window": 300, "num_hidden_layers": 2,
                                    "layer_types": ["sliding_attention", "full_attention"],
-                                   "max_position_embeddings": 2048})
+                                   "max_position_embeddings": 4096})
   with Context(**settings):
     model = Gemma3.random(config, dtype=dtypes.float16, device="CUDA", seed=11)
     rng = np.random.default_rng(12)
@@ -31,7 +34,7 @@ def decode_logits(**settings) -> list[np.ndarray]:
 
 def test_cluster_and_scratch_combines_match_the_plain_graph():
   plain = decode_logits(FLASH_ATTENTION=0)
-  for cluster in (8, 0):
+  for cluster in (16, 8, 0):
     for position, got, want in zip(POSITIONS, decode_logits(FLASH_CLUSTER=cluster), plain):
       scale = np.abs(want).max()
       assert np.abs(got - want).max() <= 2e-2 * scale, (cluster, position, np.abs(got - want).max() / scale)

@@ -120,8 +120,9 @@ class _Settings:
   FLASH_ATTENTION: int = 1   # 1: scaled-dot-product attention on CUDA (half types) is one flash-attention kernel
   FLASH_DECODING: int = 1    # 1: one query position's attention (a decode step's, with its KV-cache append) is the
                              # flash-decoding kernel; 0: the plain graph (scores, softmax·V, the cache write)
-  FLASH_CLUSTER: int = 8     # blocks of a flash-decoding thread block cluster on sm_90+: up to that many splits
-                             # combine through shared memory; 0: every split through global scratch and an atomic
+  FLASH_CLUSTER: int = 16    # blocks of a flash-decoding thread block cluster on sm_90+: up to that many splits
+                             # combine through shared memory (16: a non-portable size); 0: every split through global
+                             # scratch and an atomic
   HALF_GEMM: int = 1    # 1: a prompt of half rows times a packed weight on CUDA dequantizes it into a half temporary
                         # and runs the tensor-core matmul; 0: the packed float product (nn/quant.py)
   PACKED_GEMM: int = 0  # 1: on sm_90a that prompt is one warpgroup-MMA kernel dequantizing the packed tiles in shared
@@ -154,7 +155,7 @@ _ALLOWED_VALUES: dict[str, tuple[str, Callable[[int], bool]]] = {
   "RIDERS": ("0 or 1", lambda v: v in (0, 1)),
   "FLASH_ATTENTION": ("0 or 1", lambda v: v in (0, 1)),
   "FLASH_DECODING": ("0 or 1", lambda v: v in (0, 1)),
-  "FLASH_CLUSTER": ("0, 2, 4 or 8 (blocks of a cluster; 0: none)", lambda v: v in (0, 2, 4, 8)),
+  "FLASH_CLUSTER": ("0, 2, 4, 8 or 16 (blocks of a cluster; 0: none)", lambda v: v in (0, 2, 4, 8, 16)),
   "HALF_GEMM": ("0 or 1", lambda v: v in (0, 1)),
   "PACKED_GEMM": ("0 or 1", lambda v: v in (0, 1)),
   "CPU_PACK": ("0 or 1", lambda v: v in (0, 1)),

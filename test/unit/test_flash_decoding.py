@@ -165,19 +165,21 @@ def test_dependent_launch_form(keys):   # sm_90 with PDL: the split's cached row
            dependent_launch=True)
 
 @needs_emulator
-@pytest.mark.parametrize("keys,cluster", [(1, 8), (40, 8), (100, 2), (300, 8), (700, 8), (1100, 8), (1300, 4)])
+@pytest.mark.parametrize("keys,cluster", [(1, 8), (40, 8), (100, 2), (300, 8), (700, 8), (1100, 8), (1300, 4),
+                                          (512, 16), (2500, 16)])
 def test_cluster_combine(keys, cluster):
   """Splits combined through the cluster's shared memory (blocks of a cluster emulated at once, each with its own
   shared arrays): one split (the other blocks leave), 2 of 2, 8 of 8 (of 88 keys at 700); past a cluster's keys,
   each cluster's splits combined on chip into one partial and the clusters' partials by the last block (1,100 keys:
-  18 splits, two full clusters and one of 2 splits and 6 idle blocks; 1,300: 21 splits in 6 clusters of 4). Launched
+  18 splits, two full clusters and one of 2 splits and 6 idle blocks; 1,300: 21 splits in 6 clusters of 4). Clusters
+  of 16 (non-portable): 512 keys in 16 splits of 32; 2,500 in 40 splits of 64, two full clusters and one of 8. Launched
   twice (the counter reset), in the PDL form."""
-  run_case("float16", 1, 4, 1, keys, 256, norm=True, rotary=True, update=True, slots=2048, seed=keys, launches=2,
-           dependent_launch=True, cluster=cluster)
+  run_case("float16", 1, 4, 1, keys, 256, norm=True, rotary=True, update=True, slots=max(2048, keys), seed=keys,
+           launches=2, dependent_launch=True, cluster=cluster)
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("cluster", [0, 2, 8])
-@pytest.mark.parametrize("keys", [1, 32, 33, 40, 100, 256, 257, 511, 512, 513, 2000])
+@pytest.mark.parametrize("cluster", [0, 2, 8, 16])
+@pytest.mark.parametrize("keys", [1, 32, 33, 40, 100, 256, 257, 511, 512, 513, 2000, 2500])
 def test_on_the_gpu(cluster, keys):
   """The kernel on the device (sm_90+ for clusters): splits combined in one cluster's shared memory up to
   cluster · CLUSTER_MAX_KEYS_PER_SPLIT keys (blocks past the splits only helping the combine), in several clusters and
@@ -185,8 +187,8 @@ def test_on_the_gpu(cluster, keys):
   PDL."""
   from tgrad.device import Device
   if cluster and not getattr(Device["CUDA"].renderer, "thread_block_clusters", False): pytest.skip("needs sm_90")
-  run_case("float16", 1, 4, 1, keys, 256, norm=True, rotary=True, update=True, slots=2048, seed=keys, launches=2,
-           dependent_launch=bool(cluster), cluster=cluster, launch=run_on_gpu)
+  run_case("float16", 1, 4, 1, keys, 256, norm=True, rotary=True, update=True, slots=max(2048, keys), seed=keys,
+           launches=2, dependent_launch=bool(cluster), cluster=cluster, launch=run_on_gpu)
 
 @pytest.mark.gpu
 def test_cluster_with_a_window_and_batch_on_the_gpu():   # one cluster a (batch, kv head): 2 × 2 clusters
@@ -200,6 +202,9 @@ def test_cluster_split_counts():
   assert grid(config, 5000, 1) == (5, 2, 1) and grid(DecodeConfig("float16", 64, 4, 2, 1.0), 5000, 1, 8) == (80, 2, 1)
   with pytest.raises(ValueError, match="cluster of 3"):
     flash_decoding_source(config, "decode", {"S": "1"}, (), config.roles(), 1, cluster=3)
+  with pytest.raises(ValueError, match="cluster of 32"):
+    flash_decoding_source(config, "decode", {"S": "1"}, (), config.roles(), 1, cluster=32)
+  assert [splits(k, 16) for k in (32, 33, 512, 513, 2048, 2049)] == [1, 2, 16, 16, 16, 33]
 
 def test_split_counts():
   assert splits(1) == 1 and splits(MIN_KEYS_PER_SPLIT) == 1 and splits(MIN_KEYS_PER_SPLIT + 1) == 2
@@ -222,6 +227,9 @@ def test_compiles_with_nvrtc(arch, dtype):
       clustered = flash_decoding_source(config, "decode", sizes, ("n",), config.roles(), 1, True, cluster=8)
       assert "__cluster_dims__(8, 1, 1)" in clustered and "mapa.u64" in clustered
       assert len(compile_cuda(clustered, arch)) > 0
+      large = flash_decoding_source(config, "decode", sizes, ("n",), config.roles(), 1, True, cluster=16)
+      assert "__cluster_dims__(16, 1, 1)" in large and "decode_non_portable_cluster" in large
+      assert "non_portable" not in clustered and len(compile_cuda(large, arch)) > 0
 
 def test_bad_configs_raise():
   with pytest.raises(ValueError, match="head dim 100"): DecodeConfig("float16", 100, 1, 1, 1.0)

@@ -43,7 +43,8 @@ a key count (the host's and the kernel's are the same formula).
     scratch, and the last block of the grid to finish (the atomic counter; every block counts) combines the clusters'
     partials: a few a row instead of every split's. An H200, gemma-3-270m's packed step: the scratch path's combine
     cost ~2.8 µs a launch more with 2 splits than with 1 (its fence, atomic and the last block's reads of L2); the
-    step at position 100 went 0.432 → 0.380 ms.
+    step at position 100 went 0.432 → 0.380 ms. Clusters of more than 8 blocks (sm_90 allows 16, a non-portable
+    size) mark the source with NON_PORTABLE_CLUSTER_SUFFIX, and the runtime allows that size on the function.
 
 Scratch (float32 words): [batch, kv heads, MAX_SPLITS, group, D + 2] partials (Σ p·v, then m and l), then one
 counter word per (batch, kv head); `scratch_words(config, batch)` is its size. It must be zero at the first launch.
@@ -53,7 +54,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from typing import Optional
-from tgrad.runtime.cuda.renderer import DEPENDENT_LAUNCH_SUFFIX
+from tgrad.runtime.cuda.renderer import DEPENDENT_LAUNCH_SUFFIX, NON_PORTABLE_CLUSTER_SUFFIX
 
 WARP_THREADS = 32
 # Warps a block: 8 where their shared memory fits (every warp keeps its Σ p·v rows there for the block's combine), else
@@ -65,7 +66,7 @@ WARP_CHOICES = (8, 4)
 # 512-key sliding layer alone under ncu: 29.0 µs in 32 splits of 16 keys, 22.4 in 16 of 32, 21.1 in 8 of 64).
 MAX_SPLITS = 128
 MIN_KEYS_PER_SPLIT = 64
-# Hopper's thread block clusters: up to CLUSTER_BLOCKS splits (8, the portable cluster size) are one cluster, whose
+# Hopper's thread block clusters: up to `cluster` splits (FLASH_CLUSTER, at most CLUSTER_BLOCKS) are one cluster, whose
 # blocks combine their partials through each other's shared memory (two cluster barriers) instead of global scratch,
 # a fence and the last block's atomic. Keys up to CLUSTER_BLOCKS · CLUSTER_MAX_KEYS_PER_SPLIT are one cluster's, in
 # splits of at least CLUSTER_MIN_KEYS_PER_SPLIT (a block's keys in one step: 8 warps × 4 keys for gemma's group of
@@ -73,7 +74,15 @@ MIN_KEYS_PER_SPLIT = 64
 # float16 step, its full layers at 513 and 1,001 keys): one cluster of 8 splits of 65 or 125 keys beat two clusters of
 # splits of 64 (0.4192 → 0.4122 ms at position 512, 0.4190 → 0.4170 at 1,000); at 2,000 keys splits of 128 in two
 # clusters and of 64 in four were level, and one cluster of 8 splits of 250 (a limit of 256) slower (0.4246 → 0.4305).
-CLUSTER_BLOCKS = 8
+# Clusters of 16 blocks (non-portable: the runtime sets the function's attribute) halve a split's keys up to 2,048: a
+# sliding layer's 512 keys are 16 splits of 32 (one step of a block's warps) instead of 8 of 64, and 2,000 keys one
+# cluster of 16 splits of 125 instead of four clusters and the scratch's combine. An H200, the zero-data Q4_K_M file
+# (two rounds, alternated with clusters of 8), float16 / packed step ms at 100, 512, 1,000, 2,000: clusters of 8
+# 0.3845 0.4124 0.4173 0.4249 / 0.3806 0.4093 0.4140 0.4203; of 16 0.3850 0.4012 0.4016 0.4092 / 0.3786 0.3947 0.3953
+# 0.4017; of 16 with at most 64 keys a split in a cluster (2,000 keys: two clusters and the scratch) 0.4119 / 0.4052 at
+# 2,000, the rest level with 128.
+CLUSTER_BLOCKS = 16                 # the most blocks of a cluster: sm_90's non-portable limit
+PORTABLE_CLUSTER_BLOCKS = 8         # more need the function's non-portable attribute (the runtime sets it)
 CLUSTER_MIN_KEYS_PER_SPLIT = 32
 CLUSTER_MAX_KEYS_PER_SPLIT = 128
 MAX_GROUP = 16                      # query heads per kv head held in a block's registers and shared memory
@@ -650,6 +659,8 @@ def flash_decoding_source(config: DecodeConfig, name: str, sizes: dict[str, str]
   body = body.replace("NAME", name).replace("PARAMETERS", ", ".join(parameters + [f"long long {v}" for v in variables]))
   body = body.replace("SIZES", size_lines)   # last: the expressions are the caller's text
   if dependent_launch: body = f'extern "C" __device__ unsigned int {name}{DEPENDENT_LAUNCH_SUFFIX} = 1;\n' + body
+  if cluster > PORTABLE_CLUSTER_BLOCKS:
+    body = f'extern "C" __device__ unsigned int {name}{NON_PORTABLE_CLUSTER_SUFFIX} = 1;\n' + body
   prologue = PROLOGUE.replace("CVT_OUT", to_element) + (CLUSTER_HELPERS if cluster > 1 else "")
   prologue = prologue.replace("ELEMENT_TO_FLOAT", HALF_TO_FLOAT if to_float else BFLOAT_TO_FLOAT)
   weight_conversion = {"float16": HALF_TO_FLOAT, "bfloat16": BFLOAT_TO_FLOAT, "float32": "return x;"}

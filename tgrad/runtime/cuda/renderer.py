@@ -40,6 +40,9 @@ CUDA_SHARED_MEMORY_BYTES = 48 * 1024            # static __shared__ per block wi
 # programmatic edge from their predecessor (a kernel without the wait keeps a full dependency).
 DEPENDENT_LAUNCH_MIN_SM = 90
 DEPENDENT_LAUNCH_SUFFIX = "_waits_for_prior_grids"
+# a kernel whose thread block clusters are larger than the portable 8 blocks (sm_90: up to 16) marks itself with a
+# device global of this suffix; the runtime then allows the non-portable size on its function before any launch
+NON_PORTABLE_CLUSTER_SUFFIX = "_non_portable_cluster"
 THREAD_BLOCK_CLUSTER_MIN_SM = 90   # blocks of a cluster share their shared memory (flash decoding's combine)
 DEPENDENT_LAUNCH_PROLOGUE = ('asm volatile("griddepcontrol.wait;" ::: "memory");',
                              'asm volatile("griddepcontrol.launch_dependents;" ::: "memory");')

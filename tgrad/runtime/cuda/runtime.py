@@ -28,7 +28,8 @@ import numpy as np
 import pycuda.driver as cuda
 from tgrad.backend import device_name
 from tgrad.device import Allocator, BinaryLoadError, Compiled, OutOfMemoryError, PendingRead
-from tgrad.runtime.cuda.renderer import CUDARenderer, DEPENDENT_LAUNCH_SUFFIX, DYNAMIC_SHARED_SUFFIX, WARPGROUP_MMA_ARCH
+from tgrad.runtime.cuda.renderer import CUDARenderer, DEPENDENT_LAUNCH_SUFFIX, DYNAMIC_SHARED_SUFFIX, \
+  NON_PORTABLE_CLUSTER_SUFFIX, WARPGROUP_MMA_ARCH
 from tgrad.runtime.cuda.nvrtc import NVRTCCompiler, arch_of
 from tgrad.runtime.cuda.driver import STREAM_NON_BLOCKING
 from tgrad.runtime.cuda.targets import TENSOR_MAPS_SUFFIX
@@ -36,6 +37,8 @@ from tgrad.runtime.cuda.tensor_map import TENSOR_MAP_CACHE_ENTRIES, TensorMapCac
 
 DEFAULT_ORDINAL = 0   # the GPU `CUDA` names without an index
 HOPPER_CAPABILITY = (9, 0)   # H100/H200: the only GPUs that run sm_90a code (wgmma)
+# CUfunction_attribute CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED (pycuda's enum has no name for it)
+FUNCTION_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED = 14
 # Copies at least this big go through pinned staging: below it the staging setup costs more than pageable copies lose.
 PINNED_COPY_THRESHOLD = 1 << 20
 # Size of each of the two pinned staging chunks: big enough to reach full PCIe/NVLink bandwidth per DMA.
@@ -246,6 +249,8 @@ class CUDAProgram:
       cuda.memcpy_dtoh(size, address)
       self.shared_bytes = int(size[0])
       self.function.set_attribute(cuda.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, self.shared_bytes)
+    if self._marker_address(name + NON_PORTABLE_CLUSTER_SUFFIX) is not None:   # clusters of more than 8 blocks
+      self.function.set_attribute(cuda.function_attribute(FUNCTION_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED), 1)
     # tensor maps (TMA) the kernel takes first, made from the buffer pointers of each launch; None when it takes none
     self.tensor_maps: Optional[TensorMapCache] = None
     try: marker_address, marker_bytes = self.module.get_global(name + TENSOR_MAPS_SUFFIX)

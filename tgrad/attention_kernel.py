@@ -150,6 +150,7 @@ class FlashAttentionKernel(CustomKernel):
   def launch_dims(self, var_vals: dict[str, int], cluster: int = 0) -> tuple[tuple[int, ...], tuple[int, ...]]:
     module = kernel_source_module()
     return module.grid(self.config, evaluate(self.length, var_vals), self.batch), (module.BLOCK_THREADS,)
+  def cluster_blocks(self) -> int: return 0   # no cluster form
   def runner(self, device: str) -> FlashAttentionRunner: return FlashAttentionRunner(self, device)
   def stable_repr(self) -> str: return f"FlashAttention({self.config!r},{self.sizes()!r},{self.batch})"
 
@@ -164,9 +165,8 @@ class FlashAttentionRunner:
     # flash decoding waits for its predecessor itself under PDL (sm_90+): its graph edges can be programmatic
     renderer = Device[device].renderer
     dependent_launch = bool(getattr(renderer, "dependent_launch", False) and Context.PDL)
-    # and combines its splits in a thread block cluster where the device has them (FLASH_CLUSTER blocks; 0: never)
-    self.cluster = Context.FLASH_CLUSTER if isinstance(kernel, FlashDecodingKernel) and \
-      getattr(renderer, "thread_block_clusters", False) else 0
+    # and runs in thread block clusters of the kernel's size where the device has them (0: none)
+    self.cluster = kernel.cluster_blocks() if getattr(renderer, "thread_block_clusters", False) else 0
     self.program = Device[device].load_program(self.entry, kernel.source(self.entry, dependent_launch, self.cluster))
     self.flops, self.nbytes = 0, 0
     # variable values → launch dims: a replayed decode step asks once per layer for the same position (a runner
@@ -293,6 +293,9 @@ class FlashDecodingKernel(CustomKernel):
   def launch_dims(self, var_vals: dict[str, int], cluster: int = 0) -> tuple[tuple[int, ...], tuple[int, ...]]:
     module = decoding_source_module()
     return module.grid(self.config, evaluate(self.keys, var_vals), self.batch, cluster), (self.config.block_threads,)
+  def cluster_blocks(self) -> int:
+    """The blocks of a thread block cluster on a device that has them: FLASH_CLUSTER (0: the scratch path only)."""
+    return Context.FLASH_CLUSTER
   def runner(self, device: str) -> FlashAttentionRunner: return FlashAttentionRunner(self, device)
   def stable_repr(self) -> str: return f"FlashDecoding({self.config!r},{self.roles},{self.sizes()!r},{self.batch})"
 

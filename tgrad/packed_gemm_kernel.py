@@ -81,6 +81,7 @@ class PackedGemmKernel(CustomKernel):
     return f"packed_gemm_{self.ggml_type}_{self.dtype}_{self.n}x{self.k}_{c.block_m}x{c.block_n}x{c.stages}_{digest}"
   def launch_dims(self, var_vals: dict[str, int], cluster: int = 0) -> tuple[tuple[int, ...], tuple[int, ...]]:
     return kernel_source_module().grid(self.config, evaluate(self.m, var_vals), self.n), (self.config.threads,)
+  def cluster_blocks(self) -> int: return 0   # no cluster form
   def runner(self, device: str) -> FlashAttentionRunner: return FlashAttentionRunner(self, device)  # type: ignore
   def stable_repr(self) -> str:
     return f"PackedGemm({self.ggml_type},{c_expression(self.m)},{self.n},{self.k},{self.dtype},{self.config!r})"

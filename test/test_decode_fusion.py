@@ -28,7 +28,7 @@ DECODE_KERNELS_270M = 96
 # the 96 and the packed embedding's own kernel (107 before the row's block scales and its dequantization became one
 # kernel, schedule rule 1, and q, k and v of the layers that keep v in Q8_0 were widened into one buffer)
 PACKED_DECODE_KERNELS_270M = 97
-# the step without flash decoding (FLASH_DECODING=0, FLASH_ATTENTION=0, float32, the CPU), RIDERS=0: 7
+# the step without flash decoding (FLASH_DECODING=0, FLASH_ATTENTION=0, the CPU), RIDERS=0: 7
 # kernels a layer and 5 more
 PLAIN_DECODE_KERNELS_270M = 131
 # on the CPU also the embedding row realized once (gemma3._fuse_into_consumer): 1 more (GELU(gate)·up is the gate/up
@@ -123,19 +123,20 @@ def test_schedule_only_runs_nothing():
     x = Tensor.arange(10).reshape(2, 5).sum(1).realize()
   assert [item.ast.op for item in items] == [Ops.SINK] and not x.lazydata.base.buffer.is_allocated
 
-def test_gemma_270m_decode_step_kernel_count_on_cuda():
-  """One decode step of the 18-layer gemma-3-270m in float16 on CUDA (FLASH_DECODING=1, the default; scheduled without a
-  GPU): at most DECODE_KERNELS_270M kernels, 5 per layer (qkv matvec with the input norm and, from the second layer
-  on, the previous layer's post-norm and residual sum, stored as its second output; one flash-decoding kernel: q's and
-  the new key's norm and RoPE, the cache write as its second output (schedule rule 2d), the attention over the filled
-  slots; o_proj; the residual sum and pre-norm in the gate/up matvec; down with GELU) and 6 more: the zero fill of the
-  flash-decoding kernels' scratch, the rotary tables, the last layer's residual sum inside the final norm's row
-  kernel (three reduces over one row: rule 2b), the head's matvec and the argmax's two. Riders (rule 5) change
-  nothing."""
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
+def test_gemma_270m_decode_step_kernel_count_on_cuda(dtype):
+  """One decode step of the 18-layer gemma-3-270m in each compute dtype on CUDA (FLASH_DECODING=1, the default;
+  scheduled without a GPU): at most DECODE_KERNELS_270M kernels, 5 per layer (qkv matvec with the input norm and,
+  from the second layer on, the previous layer's post-norm and residual sum, stored as its second output; one
+  flash-decoding kernel: q's and the new key's norm and RoPE, the cache write as its second output (schedule rule
+  2d), the attention over the filled slots; o_proj; the residual sum and pre-norm in the gate/up matvec; down with
+  GELU) and 6 more: the zero fill of the flash-decoding kernels' scratch, the rotary tables, the last layer's residual
+  sum inside the final norm's row kernel (three reduces over one row: rule 2b), the head's matvec and the argmax's
+  two. Riders (rule 5) change nothing."""
   for riders in (0, 1):
-    with Context(RIDERS=riders, FLASH_DECODING=1): found = decode_step_kernels("270m", "CUDA", "float16", position=600)
+    with Context(RIDERS=riders, FLASH_DECODING=1): found = decode_step_kernels("270m", "CUDA", dtype, position=600)
     assert len(found) <= DECODE_KERNELS_270M, len(found)
-  assert len(decode_step_kernels("270m", "CUDA", "float16", position=600)) == len(found)   # the default step
+  assert len(decode_step_kernels("270m", "CUDA", dtype, position=600)) == len(found)   # the default step
   with Context(FLASH_DECODING=0):
     assert len(decode_step_kernels("270m", "CUDA", "float16", position=600)) == PLAIN_DECODE_KERNELS_270M
   attention = [k for k in found if k.ast.op is Ops.CUSTOM]
@@ -196,7 +197,7 @@ def test_decode_kernels_timed_alone_on_llvm():
 
 @pytest.mark.parametrize("dtype, device", [("float32", "CUDA"), ("float16", "LLVM")])
 def test_gemma_270m_decode_step_kernel_count_other_dtypes_and_devices(dtype, device):
-  """Where flash decoding does not apply (float32; the CPU) the default step (RIDERS=0: each of the 18 cache writes
-  its own kernel) has the plain graph's count (on the CPU with the producers it realizes once)."""
-  with Context(RIDERS=0): found = decode_step_kernels("270m", device, dtype, position=600)
+  """Without flash decoding (turned off on CUDA; the CPU has none) the default step (RIDERS=0: each of the 18 cache
+  writes its own kernel) has the plain graph's count (on the CPU with the producers it realizes once)."""
+  with Context(RIDERS=0, FLASH_DECODING=0): found = decode_step_kernels("270m", device, dtype, position=600)
   assert len(found) == (PLAIN_DECODE_KERNELS_270M if device == "CUDA" else CPU_PLAIN_DECODE_KERNELS_270M)

@@ -1,9 +1,8 @@
 """Gemma 3's decode step (after a prompt) on a GPU through the flash-decoding kernel, its splits combined in thread
 block clusters (FLASH_CLUSTER=16, the default, and 8; sm_90+) and through the global scratch (FLASH_CLUSTER=0),
-against the plain graph
-(FLASH_ATTENTION=0): a random 2-layer model (a sliding layer of window 300 and a full layer, head dim 128, GQA), the
-jitted step at key counts with one split, one cluster of splits, several clusters, and the sliding layer's full
-window."""
+against the plain graph (FLASH_ATTENTION=0), in float16 and float32: a random 2-layer model (a sliding layer of window
+300 and a full layer, head dim 128, GQA), the jitted step at key counts with one split, one cluster of splits, several
+clusters, and the sliding layer's full window."""
 from __future__ import annotations
 import numpy as np
 import pytest
@@ -16,12 +15,12 @@ pytestmark = pytest.mark.gpu
 # splits of 64, 3 clusters of 16 (the last of one split) and the scratch's combine
 POSITIONS = (3, 40, 100, 300, 600, 1050, 2100)
 
-def decode_logits(**settings) -> list[np.ndarray]:
+def decode_logits(dtype=dtypes.float16, **settings) -> list[np.ndarray]:
   config = Gemma3Config.from_dict({**PRESETS["tiny"], "head_dim": 128, "sliding_window": 300, "num_hidden_layers": 2,
                                    "layer_types": ["sliding_attention", "full_attention"],
                                    "max_position_embeddings": 4096})
   with Context(**settings):
-    model = Gemma3.random(config, dtype=dtypes.float16, device="CUDA", seed=11)
+    model = Gemma3.random(config, dtype=dtype, device="CUDA", seed=11)
     rng = np.random.default_rng(12)
     out = []
     for position in POSITIONS:   # a prompt of `position` tokens, then the jitted decode step after it
@@ -38,3 +37,10 @@ def test_cluster_and_scratch_combines_match_the_plain_graph():
     for position, got, want in zip(POSITIONS, decode_logits(FLASH_CLUSTER=cluster), plain):
       scale = np.abs(want).max()
       assert np.abs(got - want).max() <= 2e-2 * scale, (cluster, position, np.abs(got - want).max() / scale)
+
+def test_float32_matches_the_plain_graph():
+  """A float32 model's step through the kernel (float32 caches, 16-byte loads of 4 floats) against its plain graph."""
+  plain = decode_logits(dtypes.float32, FLASH_ATTENTION=0)
+  for position, got, want in zip(POSITIONS, decode_logits(dtypes.float32), plain):
+    scale = np.abs(want).max()
+    assert np.abs(got - want).max() <= 1e-4 * scale, (position, np.abs(got - want).max() / scale)

@@ -40,7 +40,8 @@ if TYPE_CHECKING: from tgrad.runtime.cuda.flash_attention import FlashConfig
 FLASH_LOWERING = "flash"   # the name of the lowering, and of the device trait that offers it
 FLASH_DEVICES = devices_offering(FLASH_LOWERING)
 FLASH_DTYPES = {dtypes.float16: "float16", dtypes.bfloat16: "bfloat16"}
-TABLE_DTYPES = {**FLASH_DTYPES, dtypes.float32: "float32"}   # flash decoding's norm weights and rotary tables
+# flash decoding's q, k, v and caches (its element types), and its norm weights and rotary tables
+DECODING_DTYPES = TABLE_DTYPES = {**FLASH_DTYPES, dtypes.float32: "float32"}
 MAX_ROWS = 2 ** 31 - 1     # the kernel counts rows (positions × heads of a group) in 32-bit ints
 VARIABLE_PREFIX = "var_"   # a variable's kernel parameter: its name behind this prefix (no clash with the kernel's own)
 C_OPERATORS = {Ops.ADD: "+", Ops.MUL: "*", Ops.IDIV: "/", Ops.MOD: "%"}
@@ -330,8 +331,8 @@ def decoding_unsupported(query: LazyBuffer, key: LazyBuffer, value: LazyBuffer, 
   B, heads, length, dim = query.shape
   if not (isinstance(length, int) and length == 1): return f"query length {length}: the kernel takes one position"
   lbs = [query, key, value] + ([update.key, update.value] if update else [])
-  if len({lb.dtype for lb in lbs}) != 1 or query.dtype not in FLASH_DTYPES:
-    return f"dtypes {[lb.dtype for lb in lbs]}: the kernel takes one of float16 or bfloat16"
+  if len({lb.dtype for lb in lbs}) != 1 or query.dtype not in DECODING_DTYPES:
+    return f"dtypes {[lb.dtype for lb in lbs]}: the kernel takes one of float16, bfloat16 or float32"
   if len({lb.device for lb in lbs}) != 1: return "inputs on several devices"
   if not all(isinstance(s, int) for s in (B, heads, key.shape[1], dim)): return "a symbolic batch, head count or dim"
   kv_heads = key.shape[1]
@@ -370,7 +371,7 @@ def _decode_config(query: LazyBuffer, key: LazyBuffer, window: Optional[int], so
   rotary_dtype = TABLE_DTYPES[cos.dtype] if cos is not None else ""
   norm, rotary = prologue is not None and prologue.norm, prologue is not None and prologue.rotary
   return decoding_source_module().DecodeConfig(
-    FLASH_DTYPES[query.dtype], dim, heads // key.shape[1], key.shape[1], float(scale), window, softcap, norm,
+    DECODING_DTYPES[query.dtype], dim, heads // key.shape[1], key.shape[1], float(scale), window, softcap, norm,
     prologue.eps if norm else 1e-6, prologue.offset if norm else 0.0, rotary, update is not None, weight_dtype,
     rotary_dtype)
 
@@ -399,7 +400,7 @@ def flash_decoding(query: LazyBuffer, key: LazyBuffer, value: LazyBuffer, *, sca
   if decoding_unsupported(query, key, value, window, softcap, update, prologue) is not None: return None
   module = decoding_source_module()
   config = _decode_config(query, key, window, softcap, update, prologue, scale)
-  cache_alignment = 8 if config.lane_elements % 8 == 0 else 1   # 16-byte loads of cache rows
+  cache_alignment = config.vector_elements if config.vector_loads else 1   # 16-byte loads of cache rows
   named = {"q": query, "k_cache": key, "v_cache": value}
   if update is not None: named.update({"k_new": update.key, "v_new": update.value})
   if prologue is not None:

@@ -14,10 +14,14 @@ from tgrad.runtime.cuda.flash_decoding import (MAX_SPLITS, MIN_KEYS_PER_SPLIT, D
 from tgrad.runtime.cuda.nvrtc import nvrtc_available
 from test.cuda_on_cpu import cpu_available, run_on_cpu
 
-TOLERANCE = {"float16": 2e-3, "bfloat16": 1.5e-2}   # the output's rounding (float32 inside)
-ELEMENTS = {"float16": dtypes.float16, "bfloat16": dtypes.bfloat16}
+TOLERANCE = {"float16": 2e-3, "bfloat16": 1.5e-2, "float32": 1e-5}   # the output's rounding (float32 inside)
+ELEMENTS = {"float16": dtypes.float16, "bfloat16": dtypes.bfloat16, "float32": dtypes.float32}
+# the new key's error in the cache (rtol, atol): a unit of the cache's type; float32's is its norm and rotation in
+# float32 (a rotated value near 0 keeps the absolute error of its two products)
+CACHE_ERROR = {"float16": (2 ** -10, 2 ** -24), "bfloat16": (2 ** -7, 2 ** -24), "float32": (2 ** -20, 2 ** -20)}
 
 def as_float(bits: np.ndarray, dtype: str) -> np.ndarray:
+  if dtype == "float32": return bits.astype(np.float64)
   if dtype == "bfloat16": return bfloat16_to_float32(bits).astype(np.float64)
   return bits.view(np.float16).astype(np.float64)
 
@@ -82,7 +86,9 @@ def run_case(dtype, batch, heads, kv_heads, keys, head_dim, window=None, softcap
   before = cache.copy()
   outputs = []
   for _ in range(launches):   # again: the last block reset the counter, so a second launch combines the same way
-    out = np.full((batch, heads, 1, D), 0x7E00, np.uint16)   # NaN bits: every element must be written
+    # NaN bits: every element must be written
+    out = np.full((batch, heads, 1, D), np.nan, np.float32) if dtype == "float32" else \
+      np.full((batch, heads, 1, D), 0x7E00, np.uint16)
     prefetched = launch(source, "decode", grid(config, keys, batch, cluster), (config.block_threads,),
                         [out if r == "out" else arrays[r].reshape(-1) for r in roles], [keys, slot])
     outputs.append(as_float(out, dtype))
@@ -115,8 +121,8 @@ def run_case(dtype, batch, heads, kv_heads, keys, head_dim, window=None, softcap
     np.testing.assert_array_equal(got[:, :, :, others], written[:, :, :, others])   # the rest of the cache untouched
     # the new key, normed and rotated in float32 (contracted to FMAs on a GPU), then rounded to the cache's type: a
     # unit of that type from float64's rounding at most
-    unit = 2 ** -10 if dtype == "float16" else 2 ** -7
-    np.testing.assert_allclose(got[:, :, :, slot], written[:, :, :, slot], rtol=unit, atol=2 ** -24)
+    np.testing.assert_allclose(got[:, :, :, slot], written[:, :, :, slot], rtol=CACHE_ERROR[dtype][0],
+                               atol=CACHE_ERROR[dtype][1])
   else: np.testing.assert_array_equal(cache, before)
   first = keys - window if window and keys > window else 0
   k_all, v_all = np.repeat(k_all[:, :, first:], group, 1), np.repeat(v_all[:, :, first:], group, 1)
@@ -133,7 +139,8 @@ SLOW = pytest.mark.slow   # the emulator's barriers: ~10 s a case on two busy co
 
 @needs_emulator
 @pytest.mark.parametrize("dtype,keys", [("float16", 1), ("float16", 63), ("float16", 64), ("float16", 65),
-                                        ("float16", 300), ("bfloat16", 2), ("bfloat16", 65)])   # (2,500: below)
+                                        ("float16", 300), ("bfloat16", 2), ("bfloat16", 65), ("float32", 1),
+                                        ("float32", 65)])   # (2,500: below)
 def test_key_counts(dtype, keys):   # GQA 4:1, D 64 (2 elements a lane); one split up to MIN_KEYS_PER_SPLIT
   run_case(dtype, 1, 4, 1, keys, 64, seed=keys, launches=2 if keys == 300 else 1)
 
@@ -142,13 +149,16 @@ def test_key_counts(dtype, keys):   # GQA 4:1, D 64 (2 elements a lane); one spl
   ("float16", 2, 4, 2, 77, 96, None, None),     # batch 2, group 2, an odd head dim (3 elements a lane)
   ("float16", 1, 2, 2, 200, 32, 50, None),      # sliding window: the last 50 keys, no GQA
   ("bfloat16", 1, 8, 2, 45, 128, None, 30.0),   # softcap, group 4, D 128
+  ("float32", 2, 4, 2, 77, 96, 50, None),       # float32: 3 elements a lane (scalar loads), a window
+  ("float32", 1, 8, 2, 45, 128, None, 30.0),    # float32: 4 a lane (one 16-byte chunk), a softcap
   pytest.param("float16", 1, 1, 1, 2500, 64, None, None, marks=SLOW),   # 40 splits: the combine over many partials
 ])
 def test_shapes_and_masks(dtype, batch, heads, kv_heads, keys, head_dim, window, softcap):
   run_case(dtype, batch, heads, kv_heads, keys, head_dim, window, softcap)
 
 @needs_emulator
-@pytest.mark.parametrize("dtype,keys,slots", [("float16", 300, 512), ("bfloat16", 37, 40), ("float16", 1, 8)])
+@pytest.mark.parametrize("dtype,keys,slots", [("float16", 300, 512), ("bfloat16", 37, 40), ("float16", 1, 8),
+                                              ("float32", 300, 512), ("float32", 1, 8)])
 def test_norm_rotary_and_cache_update(dtype, keys, slots):   # Gemma 3's decode: D 256 (16-byte loads), group 4
   run_case(dtype, 1, 4, 1, keys, 256, norm=True, rotary=True, update=True, slots=slots, seed=keys, launches=2)
 
@@ -191,6 +201,12 @@ def test_on_the_gpu(cluster, keys):
            launches=2, dependent_launch=bool(cluster), cluster=cluster, launch=run_on_gpu)
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("keys", [1, 100, 513, 2500])
+def test_float32_on_the_gpu(keys):   # a float32 model's decode: 4 floats a 16-byte chunk, clusters of 16 and several
+  run_case("float32", 1, 4, 1, keys, 256, norm=True, rotary=True, update=True, slots=max(2048, keys), seed=keys,
+           launches=2, dependent_launch=True, cluster=16, float32_norms=True, launch=run_on_gpu)
+
+@pytest.mark.gpu
 def test_cluster_with_a_window_and_batch_on_the_gpu():   # one cluster a (batch, kv head): 2 × 2 clusters
   run_case("bfloat16", 2, 8, 2, 700, 128, window=300, softcap=30.0, cluster=8, launch=run_on_gpu, launches=2)
 
@@ -212,7 +228,7 @@ def test_split_counts():
 
 @pytest.mark.skipif(not nvrtc_available(), reason="no NVRTC")
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
-@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
 def test_compiles_with_nvrtc(arch, dtype):
   from tgrad.runtime.cuda.nvrtc import compile_cuda
   for head_dim, group, update in ((64, 1, False), (256, 4, True), (96, 8, False), (128, 2, True)):
@@ -234,6 +250,6 @@ def test_compiles_with_nvrtc(arch, dtype):
 def test_bad_configs_raise():
   with pytest.raises(ValueError, match="head dim 100"): DecodeConfig("float16", 100, 1, 1, 1.0)
   with pytest.raises(ValueError, match="group 17"): DecodeConfig("float16", 64, 17, 1, 1.0)
-  with pytest.raises(ValueError, match="dtypes"): DecodeConfig("float32", 64, 1, 1, 1.0)
+  with pytest.raises(ValueError, match="dtypes"): DecodeConfig("float64", 64, 1, 1, 1.0)
   with pytest.raises(ValueError, match="no buffer"):
     flash_decoding_source(DecodeConfig("float16", 64, 1, 1, 1.0), "decode", {"S": "1"}, (), ("out", "q"), 1)

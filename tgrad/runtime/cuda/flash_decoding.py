@@ -2,9 +2,10 @@
 
 `flash_decoding_source(config, name, sizes, variables, buffers)` gives the CUDA C of `name(<buffers>, <int64
 variables>)`: for each batch element and query head, softmax(transform(q·kᵀ·scale))·v over the cache's keys
-[key_begin, S) (S, the key count, is a size expression: a decode step's filled slots), in float32 from half or
-bfloat16 inputs. Grid: (splits(S), kv heads, batch), config.block_threads threads; `splits` gives the split count of
-a key count (the host's and the kernel's are the same formula).
+[key_begin, S) (S, the key count, is a size expression: a decode step's filled slots), in float32 from float16,
+bfloat16 or float32 inputs (ELEMENT_TYPES: a lane's row part loaded as 16-byte chunks of 8 halves or 4 floats).
+Grid: (splits(S), kv heads, batch), config.block_threads threads; `splits` gives the split count of a key count (the
+host's and the kernel's are the same formula).
 
   - **Rows.** A block serves one kv head and every query head of its group (GQA): their rows are in shared memory as
     float32, so each key and value row a block reads serves the whole group.
@@ -90,7 +91,26 @@ MAX_STEP_SCORES = 16                # keys · group dot products a warp sums at 
 MAX_KEYS_PER_WARP = 4               # rows a lane holds at once: 4 keys and 4 values of D/32 floats each
 STATIC_SHARED_LIMIT = 48 * 1024     # bytes of static shared memory a CUDA block may declare
 LOG2_E = 1 / math.log(2)
-CONVERSIONS = {"float16": ("cvt.f32.f16", "cvt.rn.f16.f32"), "bfloat16": (None, "cvt.rn.bf16.f32")}
+HALF_TO_FLOAT = 'float r; asm("cvt.f32.f16 %0, %1;" : "=f"(r) : "h"(x)); return r;'
+BFLOAT_TO_FLOAT = "return __uint_as_float(((unsigned int)x) << 16);"
+# each element type of q, k, v, the cache and the output: its C type, its conversion to float32 and back (rounding to
+# nearest even), and a 16-byte chunk's 32-bit word as elements (the vector loads' decode)
+@dataclass(frozen=True)
+class ElementType:
+  ctype: str
+  to_float: str
+  from_float: str
+  bytes: int
+  word_elements: tuple[str, ...]   # C expressions of the elements a 32-bit word `w` holds, first to last
+ELEMENT_TYPES = {
+  "float16": ElementType("unsigned short", HALF_TO_FLOAT,
+                         'element r; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(r) : "f"(x)); return r;', 2,
+                         ("element_float((element)(w & 0xffffu))", "element_float((element)(w >> 16))")),
+  "bfloat16": ElementType("unsigned short", BFLOAT_TO_FLOAT,
+                          'element r; asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r) : "f"(x)); return r;', 2,
+                          ("element_float((element)(w & 0xffffu))", "element_float((element)(w >> 16))")),
+  "float32": ElementType("float", "return x;", "return x;", 4, ("__uint_as_float(w)",))}
+VECTOR_BYTES = 16   # a cache row's chunk a lane loads at once (uint4)
 # the prologue's tables (norm weights, cos and sin) may also be float32 (a GGUF file keeps its norms in F32)
 WEIGHT_TYPES = {"float16": "unsigned short", "bfloat16": "unsigned short", "float32": "float"}
 # the buffers a kernel may take, in the roles the source names them by (pointer names in the kernel)
@@ -101,7 +121,7 @@ TABLE_ROLES = ("q_weight", "k_weight", "cos", "sin")           # [D] inputs at a
 @dataclass(frozen=True)
 class DecodeConfig:
   """What one compiled flash-decoding kernel is specialized to."""
-  dtype: str                        # "float16" or "bfloat16": q, k, v, the cache and the output
+  dtype: str                        # "float16", "bfloat16" or "float32": q, k, v, the cache and the output
   head_dim: int                     # D: a multiple of 32 (each lane holds D/32 elements of a row)
   group: int                        # query heads per kv head
   kv_heads: int
@@ -116,10 +136,10 @@ class DecodeConfig:
   weight_dtype: str = "float16"     # the dtype of the norm weights (and of the rotary tables unless rotary_dtype)
   rotary_dtype: str = ""            # the dtype of the cos and sin tables ("": weight_dtype)
   def __post_init__(self):
-    if self.dtype not in CONVERSIONS or self.weight_dtype not in WEIGHT_TYPES or \
+    if self.dtype not in ELEMENT_TYPES or self.weight_dtype not in WEIGHT_TYPES or \
        self.rotary_dtype not in ("", *WEIGHT_TYPES):
       raise ValueError(f"flash decoding: dtypes {self.dtype!r}, {self.weight_dtype!r}, {self.rotary_dtype!r}: one of "
-                       f"{list(CONVERSIONS)}, and of {list(WEIGHT_TYPES)} for the prologue's tables")
+                       f"{list(ELEMENT_TYPES)}, and of {list(WEIGHT_TYPES)} for the prologue's tables")
     if self.head_dim % WARP_THREADS or not 0 < self.head_dim <= 512:
       raise ValueError(f"flash decoding: head dim {self.head_dim} is not a multiple of {WARP_THREADS} up to 512")
     if not 1 <= self.group <= MAX_GROUP or self.kv_heads < 1:
@@ -133,6 +153,12 @@ class DecodeConfig:
                        f"of shared memory, over {STATIC_SHARED_LIMIT}")
   @property
   def lane_elements(self) -> int: return self.head_dim // WARP_THREADS
+  @property
+  def vector_elements(self) -> int:
+    """Elements of a 16-byte chunk (8 halves, 4 floats): a lane loads its row part so where it is whole chunks."""
+    return VECTOR_BYTES // ELEMENT_TYPES[self.dtype].bytes
+  @property
+  def vector_loads(self) -> bool: return self.lane_elements % self.vector_elements == 0
   @property
   def keys_per_warp(self) -> int: return max(1, min(MAX_KEYS_PER_WARP, MAX_STEP_SCORES // self.group))
   @property
@@ -203,15 +229,13 @@ def _score_transpose(config: DecodeConfig) -> str:
     lines.append("    }")
   return "\n".join(lines)
 
-PROLOGUE = r"""typedef unsigned short element;
+PROLOGUE = r"""typedef ELEMENT_TYPE element;
 typedef WEIGHT_TYPE weight_element;
 typedef ROTARY_TYPE rotary_element;
 __device__ __forceinline__ float element_float(element x) { ELEMENT_TO_FLOAT }
 __device__ __forceinline__ float weight_float(weight_element x) { WEIGHT_TO_FLOAT }
 __device__ __forceinline__ float rotary_float(rotary_element x) { ROTARY_TO_FLOAT }
-__device__ __forceinline__ element float_element(float x) {
-  element r; asm("CVT_OUT %0, %1;" : "=h"(r) : "f"(x)); return r;
-}
+__device__ __forceinline__ element float_element(float x) { FLOAT_TO_ELEMENT }
 __device__ __forceinline__ float exp2_approx(float x) {
   float r; asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x)); return r;
 }
@@ -221,8 +245,6 @@ __device__ __forceinline__ float warp_sum(float x) {
   return x;
 }
 """
-HALF_TO_FLOAT = 'float r; asm("cvt.f32.f16 %0, %1;" : "=f"(r) : "h"(x)); return r;'
-BFLOAT_TO_FLOAT = "return __uint_as_float(((unsigned int)x) << 16);"
 
 BODY = r"""
 // a key's (or value's) row of the cache as a lane loads it (its D/32 elements, raw), zeros past the split's end
@@ -561,24 +583,24 @@ __device__ __forceinline__ void lane_row_values(float* target, const lane_row& r
   for (int i = 0; i < LANE_ELEMENTS; ++i) target[i] = element_float(row.e[i]);
 }
 """
-VECTOR_LOAD = r"""struct lane_row { uint4 c[LANE_ELEMENTS / 8]; };   // a lane's part of a row: 16-byte chunks
+VECTOR_LOAD = r"""struct lane_row { uint4 c[LANE_ELEMENTS / VECTOR_ELEMENTS]; };   // a lane's part: 16-byte chunks
 __device__ __forceinline__ void load_lane_row(lane_row& target, const element* source) {
   const uint4* chunks = (const uint4*)source;
   #pragma unroll
-  for (int c = 0; c < LANE_ELEMENTS / 8; ++c) target.c[c] = chunks[c];
+  for (int c = 0; c < LANE_ELEMENTS / VECTOR_ELEMENTS; ++c) target.c[c] = chunks[c];
 }
 __device__ __forceinline__ void zero_lane_row(lane_row& target) {
   #pragma unroll
-  for (int c = 0; c < LANE_ELEMENTS / 8; ++c) target.c[c] = make_uint4(0u, 0u, 0u, 0u);
+  for (int c = 0; c < LANE_ELEMENTS / VECTOR_ELEMENTS; ++c) target.c[c] = make_uint4(0u, 0u, 0u, 0u);
 }
 __device__ __forceinline__ void lane_row_values(float* target, const lane_row& row) {
   #pragma unroll
-  for (int c = 0; c < LANE_ELEMENTS / 8; ++c) {
+  for (int c = 0; c < LANE_ELEMENTS / VECTOR_ELEMENTS; ++c) {
     const unsigned int words[4] = {row.c[c].x, row.c[c].y, row.c[c].z, row.c[c].w};
     #pragma unroll
-    for (int w = 0; w < 4; ++w) {
-      target[8 * c + 2 * w] = element_float((element)(words[w] & 0xffffu));
-      target[8 * c + 2 * w + 1] = element_float((element)(words[w] >> 16));
+    for (int i = 0; i < 4; ++i) {
+      const unsigned int w = words[i];
+WORD_DECODE
     }
   }
 }
@@ -618,7 +640,7 @@ def flash_decoding_source(config: DecodeConfig, name: str, sizes: dict[str, str]
     raise ValueError(f"flash decoding: no buffer for {missing}")
   if "S" not in sizes: raise ValueError("flash decoding: no size for the key count S")
   if config.update and "SLOT" not in sizes: raise ValueError("flash decoding: an update needs the SLOT size")
-  to_float, to_element = CONVERSIONS[config.dtype]
+  element = ELEMENT_TYPES[config.dtype]
   # the caches are written only with `update`, but a dead store still needs a pointer it may write
   writes = {"out", "k_cache", "v_cache"}
   pointer_types = {"scratch": "float*"}
@@ -640,6 +662,7 @@ def flash_decoding_source(config: DecodeConfig, name: str, sizes: dict[str, str]
   q_scale = config.scale if config.softcap is not None else config.scale * LOG2_E
   values = {"BLOCK_THREADS": str(config.block_threads), "WARPS": str(config.warps), "GROUP": str(config.group),
             "HEAD_DIM": str(config.head_dim), "LANE_ELEMENTS": str(config.lane_elements),
+            "VECTOR_ELEMENTS": str(config.vector_elements),
             "KV_HEADS": str(config.kv_heads), "MAX_SPLITS": str(MAX_SPLITS),
             "MIN_KEYS_PER_SPLIT": str(MIN_KEYS_PER_SPLIT), "CLUSTER": str(cluster if cluster > 1 else 0),
             "CLUSTER_MIN_KEYS_PER_SPLIT": str(CLUSTER_MIN_KEYS_PER_SPLIT),
@@ -652,7 +675,11 @@ def flash_decoding_source(config: DecodeConfig, name: str, sizes: dict[str, str]
             "KEYS": str(config.keys_per_warp), "SCORE_VALUES": str(config.score_values),
             "SCORE_SHIFT": str(5 - config.score_values.bit_length() + 1),
             "SCORE_LEVELS": str(config.score_values.bit_length() - 1), "SCORE_TRANSPOSE": _score_transpose(config)}
-  body = (VECTOR_LOAD if config.lane_elements % 8 == 0 else SCALAR_LOAD) + BODY.replace("SOFTCAP", softcap)
+  per_word = len(element.word_elements)
+  word_decode = "\n".join(f"      target[{config.vector_elements} * c + {per_word} * i + {k}] = {expression};"
+                          for k, expression in enumerate(element.word_elements))
+  vector_load = VECTOR_LOAD.replace("WORD_DECODE", word_decode)
+  body = (vector_load if config.vector_loads else SCALAR_LOAD) + BODY.replace("SOFTCAP", softcap)
   body = body.replace("DEPENDENT_LAUNCH", DEPENDENT_LAUNCH if dependent_launch else "")
   body = body.replace("CLUSTER_COMBINE_STEP", CLUSTER_COMBINE if cluster > 1 else "")
   for key in sorted(values, key=len, reverse=True): body = body.replace(key, values[key])
@@ -661,8 +688,8 @@ def flash_decoding_source(config: DecodeConfig, name: str, sizes: dict[str, str]
   if dependent_launch: body = f'extern "C" __device__ unsigned int {name}{DEPENDENT_LAUNCH_SUFFIX} = 1;\n' + body
   if cluster > PORTABLE_CLUSTER_BLOCKS:
     body = f'extern "C" __device__ unsigned int {name}{NON_PORTABLE_CLUSTER_SUFFIX} = 1;\n' + body
-  prologue = PROLOGUE.replace("CVT_OUT", to_element) + (CLUSTER_HELPERS if cluster > 1 else "")
-  prologue = prologue.replace("ELEMENT_TO_FLOAT", HALF_TO_FLOAT if to_float else BFLOAT_TO_FLOAT)
+  prologue = PROLOGUE.replace("FLOAT_TO_ELEMENT", element.from_float) + (CLUSTER_HELPERS if cluster > 1 else "")
+  prologue = prologue.replace("ELEMENT_TO_FLOAT", element.to_float).replace("ELEMENT_TYPE", element.ctype)
   weight_conversion = {"float16": HALF_TO_FLOAT, "bfloat16": BFLOAT_TO_FLOAT, "float32": "return x;"}
   rotary_dtype = config.rotary_dtype or config.weight_dtype
   prologue = prologue.replace("WEIGHT_TO_FLOAT", weight_conversion[config.weight_dtype])

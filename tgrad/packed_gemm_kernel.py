@@ -53,6 +53,8 @@ def unsupported(x: LazyBuffer, packed: LazyBuffer, ggml_type: str, shape: tuple[
   if len(x.shape) < 1 or x.shape[-1] != k: return f"x of shape {x.shape} for a weight of shape {shape}"
   if not all(isinstance(s, int) for s in x.shape[:-2]): return f"x of shape {x.shape}: only its rows may be symbolic"
   if packed.device != x.device: return f"x on {x.device}, the weight on {packed.device}"
+  if not (packed.st.contiguous and packed.size == packed.base.size):   # e.g. Q6_K's blocks padded to words on a GPU
+    return "the weight's blocks are a view of a larger buffer (padded blocks): the kernel reads them end to end"
   if not has_warpgroup_mma(x.device): return f"{x.device} has no warpgroup MMA (sm_90a)"
   return None
 
@@ -105,7 +107,7 @@ def packed_gemm(x: LazyBuffer, packed: LazyBuffer, ggml_type: str, shape: tuple[
   n, k = shape
   rows = prod(x.shape[:-1])
   source = x if _row_major(x) else x.contiguous()
-  weight = packed if packed.st.contiguous and packed.size == packed.base.size else packed.contiguous()
+  weight = packed   # its blocks end to end (unsupported), read in place
   m = unbind(rows)[0] if not isinstance(rows, int) else rows
   config = module.packed_config(module.FORMATS[ggml_type], min(vmax_of(m), TYPICAL_ROWS), n)
   kernel = PackedGemmKernel(ggml_type, m, n, k, PACKED_DTYPES[x.dtype], config)

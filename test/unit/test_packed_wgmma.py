@@ -135,6 +135,12 @@ def test_where_the_kernel_does_not_apply(packed_wgmma_on_llvm, monkeypatch):
   x = Tensor.empty(32, 128, dtype=dtypes.float16, device="LLVM")
   assert "Q4_0" in packed_gemm_kernel.unsupported(x.lazydata, x.lazydata, "Q4_0", (64, 128))
   assert "float32" in packed_gemm_kernel.unsupported(x.float().lazydata, x.lazydata, "Q8_0", (64, 128))
+  # blocks padded to whole words (Q6_K's on a GPU: the packed tensor a view of the padded buffer) are not read in
+  # place by the kernel, and not copied into an unpadded weight on every call either: the half temporary takes them
+  padded = Tensor.empty(64, 1, 212, dtype=dtypes.uint8, device="LLVM").shrink(((0, 64), (0, 1), (0, 210)))
+  x256 = Tensor.empty(32, 256, dtype=dtypes.float16, device="LLVM")
+  assert "padded" in packed_gemm_kernel.unsupported(x256.lazydata, padded.lazydata, "Q6_K", (64, 256))
+  assert packed_gemm_kernel.unsupported(x256.lazydata, padded.contiguous().lazydata, "Q6_K", (64, 256)) is None
   monkeypatch.setattr(packed_gemm_kernel, "has_warpgroup_mma", lambda device: False)
   assert "sm_90a" in packed_gemm_kernel.unsupported(x.lazydata, x.lazydata, "Q8_0", (64, 128))
 

@@ -123,7 +123,8 @@ class _Settings:
   FLASH_CLUSTER: int = 16    # blocks of a flash-decoding thread block cluster on sm_90+: up to that many splits
                              # combine through shared memory (16: a non-portable size); 0: every split through global
                              # scratch and an atomic
-  HALF_GEMM: int = 1    # 1: a prompt of half rows times a packed weight on CUDA dequantizes it into a half temporary
+  HALF_GEMM: int = 1    # 1: a prompt times a packed weight on CUDA dequantizes it into a temporary of the prompt's
+                        # dtype (half, or float32)
                         # and runs the tensor-core matmul; 0: the packed float product (nn/quant.py)
   PACKED_GEMM: int = 0  # 1: on sm_90a that prompt is one warpgroup-MMA kernel dequantizing the packed tiles in shared
                         # memory (no temporary); 0 (the default: measured slower on an H100, docs/env.md): the half

@@ -1,5 +1,6 @@
-"""A prompt times a packed weight on a GPU (tgrad/nn/quant.py `runs_as_half_gemm`): the weight is dequantized into a
-half temporary by a kernel of its own, then multiplied by the float16 model's own matmul (the tensor cores' graph).
+"""A prompt times a packed weight on a GPU (tgrad/nn/quant.py `runs_as_dense_gemm`): the weight is dequantized into a
+half temporary by a kernel of its own, then multiplied by the float16 model's own matmul (the tensor cores' graph); a
+float32 prompt's temporary is float32 (the values exactly) and its matmul the float32 model's.
 
 Without a GPU, the LLVM device is made to offer the HALF_GEMM trait (as CUDA's traits do), so packed_linear's default
 takes the same decision and builds the same graph; its values are checked against numpy (x and the weight rounded to
@@ -18,7 +19,8 @@ from tgrad.codegen.compile import render_source
 from tgrad.codegen.heuristics import hand_coded_optimizations
 from tgrad.codegen.kernel import Kernel
 from tgrad.helpers import Context
-from tgrad.nn.quant import HALF_GEMM, HALF_GEMM_MIN_ROWS, GGMLType, QuantizedTensor, runs_as_half_gemm
+from tgrad.nn.quant import (HALF_GEMM, HALF_GEMM_MIN_ROWS, GGMLType, QuantizedTensor, runs_as_dense_gemm,
+                             runs_as_half_gemm)
 from tgrad.ops import Ops
 from tgrad.packed_gemm_kernel import unsupported
 import tgrad.realize as realize_module
@@ -108,14 +110,31 @@ def test_bfloat16_rows_take_a_bfloat16_temporary(half_gemm_on_llvm):
   np.testing.assert_allclose(out.float().numpy(), reference, rtol=bfloat16_rtol,
                              atol=bfloat16_rtol * np.abs(reference).max())
 
-def test_float32_rows_and_devices_without_the_trait_keep_the_packed_product(half_gemm_on_llvm, monkeypatch):
-  """A float32 x is not rounded to half; a device without HALF_GEMM (the CPU) keeps its own prompt path."""
+@pytest.mark.parametrize("ggml_type", [GGMLType.Q4_K, GGMLType.Q8_0])
+def test_float32_rows_take_a_float32_temporary(half_gemm_on_llvm, ggml_type):
+  """A float32 prompt is not rounded to half: its weight is dequantized into a float32 temporary (the values exactly)
+  and multiplied by the float32 model's matmul; the product equals x times the dequantized weight in float64 up to
+  float32 sums."""
+  weight, _ = packed_weight(ggml_type, 48, 512, seed=7)
+  x32 = Tensor(np.random.default_rng(8).standard_normal((24, 512)).astype(np.float32), device="LLVM").realize()
+  assert runs_as_dense_gemm(x32) and not runs_as_half_gemm(x32)
+  out = weight.linear(x32)
+  dequantize, _ = kernel_items(out)
+  assert dequantize.bufs[0].dtype == dtypes.float32 and out.dtype == dtypes.float32
+  reference = x32.numpy().astype(np.float64) @ weight.dequantize().numpy().astype(np.float64).T
+  np.testing.assert_allclose(out.numpy(), reference, rtol=1e-5, atol=1e-5 * np.abs(reference).max())
+
+def test_few_rows_and_devices_without_the_trait_keep_the_packed_product(half_gemm_on_llvm, monkeypatch):
+  """Fewer rows than a tile keep the packed product; a device without HALF_GEMM (the CPU) keeps its own prompt
+  path, for half and float32 x alike."""
   weight, _ = packed_weight(GGMLType.Q4_K, 32, 512, seed=7)
-  x32 = Tensor(np.random.default_rng(8).standard_normal((64, 512)).astype(np.float32), device="LLVM").realize()
-  assert not runs_as_half_gemm(x32) and len(kernel_items(weight.linear(x32))) == 1
+  rows = Tensor(np.random.default_rng(8).standard_normal((HALF_GEMM_MIN_ROWS - 1, 512)).astype(np.float32),
+                device="LLVM").realize()
+  assert not runs_as_dense_gemm(rows) and len(kernel_items(weight.linear(rows))) == 1
   monkeypatch.undo()
+  x32 = Tensor(np.random.default_rng(8).standard_normal((64, 512)).astype(np.float32), device="LLVM").realize()
   x16 = x32.cast(dtypes.float16).realize()
-  assert not runs_as_half_gemm(x16) and len(kernel_items(weight.linear(x16))) == 1
+  for x in (x32, x16): assert not runs_as_dense_gemm(x) and len(kernel_items(weight.linear(x))) == 1
 
 def test_the_setting_turns_it_off(half_gemm_on_llvm):
   """HALF_GEMM=0 keeps the packed product (for comparison), read when the graph is built."""
@@ -213,6 +232,22 @@ def test_on_a_gpu(ggml_type, rows, symbolic, packed_gemm):
   assert_close_to_half_model(got, x16[:rows], w16)
   dense = (x @ Tensor(w16, device="CUDA").T).numpy().astype(np.float64)
   np.testing.assert_allclose(got.astype(np.float64), dense, rtol=HALF_RTOL, atol=HALF_RTOL * np.abs(dense).max())
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("ggml_type", TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("rows,symbolic", [(1, False), (17, False), (200, True)], ids=str)
+def test_float32_on_a_gpu(ggml_type, rows, symbolic):
+  """A float32 prompt on CUDA: the float32 temporary and the float32 model's matmul (3xTF32 on sm_90a), a single
+  concrete row the packed product; each close to x times the dequantized weight at float32 accuracy."""
+  raw = random_weight(ggml_type, 640, 1024, seed=rows)
+  weight = QuantizedTensor.from_bytes(raw, ggml_type, (640, 1024), "CUDA").realize()
+  w32 = QuantizedTensor.from_bytes(raw, ggml_type, (640, 1024), "LLVM").dequantize().numpy().astype(np.float64)
+  x32 = np.random.default_rng(rows).standard_normal((MAX_ROWS, 1024)).astype(np.float32)
+  x = Tensor(x32, device="CUDA").realize()[:Variable("prompt_len", 1, MAX_ROWS).bind(rows) if symbolic else rows]
+  out = weight.linear(x)
+  assert len(kernel_items(out)) == (2 if symbolic or rows >= HALF_GEMM_MIN_ROWS else 1)
+  reference = x32[:rows].astype(np.float64) @ w32.T
+  np.testing.assert_allclose(out.numpy().astype(np.float64), reference, rtol=1e-4, atol=1e-4 * np.abs(reference).max())
 
 # ---- a Gemma 3 prompt with packed weights: the same logits as the float16 model (the weights rounded to half once)
 

@@ -467,13 +467,14 @@ def _int8_path(x: Tensor, packed: Tensor, ggml_type: int, shape: tuple[int, ...]
   return _float_linear(x, packed, ggml_type, shape)
 
 def _float_linear(x: Tensor, packed: Tensor, ggml_type: int, shape: tuple[int, ...]) -> Tensor:
-  """The default product: for a prompt on a GPU (`runs_as_half_gemm`) the warpgroup kernel that dequantizes the packed
-  tiles in shared memory where it applies (sm_90a, PACKED_GEMM=1: tgrad/packed_gemm_kernel.py), else the tensor-core
-  matmul over a half temporary (`_half_gemm`); otherwise x·Wᵀ over the weight's float32 values
-  (`_float_values_linear`)."""
-  if runs_as_half_gemm(x):
-    fused = packed_gemm(x.lazydata, packed.lazydata, GGMLType(ggml_type).name, shape)
-    return Tensor(fused) if fused is not None else _half_gemm(x, packed, ggml_type, shape)
+  """The default product: for a prompt on a GPU (`runs_as_dense_gemm`) of half x the warpgroup kernel that
+  dequantizes the packed tiles in shared memory where it applies (sm_90a, PACKED_GEMM=1: tgrad/packed_gemm_kernel.py),
+  else the matmul over a temporary of x's dtype (`_dense_gemm`: half on tensor cores, float32 as the float32 model's);
+  otherwise x·Wᵀ over the weight's float32 values (`_float_values_linear`)."""
+  if runs_as_dense_gemm(x):
+    fused = packed_gemm(x.lazydata, packed.lazydata, GGMLType(ggml_type).name, shape) if runs_as_half_gemm(x) \
+      else None
+    return Tensor(fused) if fused is not None else _dense_gemm(x, packed, ggml_type, shape)
   return _float_values_linear(x, packed, ggml_type, shape)
 
 def _float_values_linear(x: Tensor, packed: Tensor, ggml_type: int, shape: tuple[int, ...]) -> Tensor:
@@ -506,44 +507,54 @@ def _float_values_linear(x: Tensor, packed: Tensor, ggml_type: int, shape: tuple
 HALF_GEMM = "half_gemm"   # the device trait (DeviceTraits.lowerings): its matmuls of half values run on tensor cores
 HALF_GEMM_DEVICES = devices_offering(HALF_GEMM)
 HALF_GEMM_DTYPES = {dtypes.float16: dtypes.float16, dtypes.bfloat16: dtypes.bfloat16}   # x's dtype → the temporary's
+# A float32 prompt takes the same route with a float32 temporary: the weight's float32 values exactly (no rounding), and
+# x times it is the float32 model's own matmul (3xTF32 on sm_90a: float32-class products on tensor cores). Measured on
+# an H200 before it (gemma-3-270m's real Q4_K_M file, a 512-token prefill in float32): the packed float product 69.5
+# ms, the dequantized float32 model 8.0 ms.
+DENSE_GEMM_DTYPES = {**HALF_GEMM_DTYPES, dtypes.float32: dtypes.float32}
 # The fewest rows of x (all axes but the last, at their maximum where symbolic: a prompt's length) that take the half
 # matmul: one m16n8k16 tensor-core tile's rows. Below a tile the matmul is mostly padding, and the packed product,
 # which reads only the blocks, moves fewer bytes than a dequantization that writes the weight in half and reads it.
 HALF_GEMM_MIN_ROWS = 16
 
-def runs_as_half_gemm(x: Tensor) -> bool:
-  """Whether packed_linear's default multiplies x through a half temporary of the weight (`_half_gemm`): x is float16
-  or bfloat16 on a device whose traits offer HALF_GEMM (known from the device's name: nothing is started), with at
-  least HALF_GEMM_MIN_ROWS rows, and the HALF_GEMM setting is 1 (0 keeps the packed product, for comparison). A
-  single row (decode) keeps the packed product; so does a float32 x (rounding it to half would change the model's
-  numbers) and a sharded one."""
-  if not Context.HALF_GEMM or x.dtype not in HALF_GEMM_DTYPES or not isinstance(x.device, str) or \
+def runs_as_dense_gemm(x: Tensor) -> bool:
+  """Whether packed_linear's default multiplies x through a dense temporary of the weight (`_dense_gemm`, of
+  DENSE_GEMM_DTYPES[x.dtype]: half for half x, float32 for float32 x): x is on a device whose traits offer HALF_GEMM
+  (known from the device's name: nothing is started), with at least HALF_GEMM_MIN_ROWS rows, and the HALF_GEMM
+  setting is 1 (0 keeps the packed product, for comparison). A single row (decode) keeps the packed product; so does a
+  sharded x."""
+  if not Context.HALF_GEMM or x.dtype not in DENSE_GEMM_DTYPES or not isinstance(x.device, str) or \
      x.device not in HALF_GEMM_DEVICES: return False
   return vmax_of(prod(x.shape[:-1])) >= HALF_GEMM_MIN_ROWS
 
+def runs_as_half_gemm(x: Tensor) -> bool:
+  """Whether x's prompt takes a half temporary (runs_as_dense_gemm with half x): the packed warpgroup kernel's case."""
+  return x.dtype in HALF_GEMM_DTYPES and runs_as_dense_gemm(x)
+
 def half_weight(packed: Tensor, ggml_type: int, shape: tuple[int, ...], dtype: DType) -> Tensor:
-  """The weight's values rounded once to `dtype`, as an (out, in) temporary that one elementwise kernel stores from the
-  packed blocks (the dequantize composite) when the graph that reads it is realized, and nothing keeps. The kernel runs
+  """The weight's values rounded once to `dtype` (half; float32 keeps them exactly), as an (out, in) temporary that
+  one elementwise kernel stores from the packed blocks (the dequantize composite) when the graph that reads it is
+  realized, and nothing keeps. The kernel runs
   over the blocks' structured axes (out, blocks per row, *block axes), stored in row-major order, so every read of the
   packed bytes is a plain strided view (over the flat (out, in) shape each value would divide its index by the block
   and field sizes); the (out, in) view of the stored values is a free reshape."""
   return dequantized_values(packed, GGMLType(ggml_type), shape).cast(dtype).contiguous().reshape(shape)
 
-def _half_gemm(x: Tensor, packed: Tensor, ggml_type: int, shape: tuple[int, ...]) -> Tensor:
-  """x @ W16ᵀ with W16 the weight dequantized into a half temporary (`half_weight`, float16, or bfloat16 for a
-  bfloat16 x): the same matmul graph as a model with dense half weights, so the same tensor-core kernel."""
-  half = HALF_GEMM_DTYPES[x.dtype]
-  weight = half_weight(packed, ggml_type, shape, half)
+def _dense_gemm(x: Tensor, packed: Tensor, ggml_type: int, shape: tuple[int, ...]) -> Tensor:
+  """x @ Wᵀ with W the weight dequantized into a temporary of x's dtype (`half_weight`: float16, bfloat16, or float32
+  for a float32 x): the same matmul graph as a model with dense weights of that dtype, so the same kernel."""
+  dtype = DENSE_GEMM_DTYPES[x.dtype]
+  weight = half_weight(packed, ggml_type, shape, dtype)
   # Tensor.matmul's products (half, summed in float32, rounded to half) with the weight as the multiply's first
   # operand: the scheduler emits a kernel's sources last one first, so x's producers (the layers before) run before
   # this weight's dequantization, which then runs right before its matmul and its temporary is live only between the
   # two (a prompt's graph, scheduled whole, would otherwise dequantize every layer's weights up front, all live at once)
-  return (weight * x.unsqueeze(-2)).sum(-1).cast(half)
+  return (weight * x.unsqueeze(-2)).sum(-1).cast(dtype)
 
 INT8 = "int8"
 register(PACKED_LINEAR, {
-  DEFAULT: Lowering(DEFAULT, "x times the weight's float32 values, summed in float32; a prompt of half x on a GPU: "
-                    "the weight dequantized into a half temporary, then the tensor-core matmul", _float_linear, 1),
+  DEFAULT: Lowering(DEFAULT, "x times the weight's float32 values, summed in float32; a prompt on a GPU: the weight "
+                    "dequantized into a temporary of x's dtype, then that dtype's matmul", _float_linear, 1),
   INT8: Lowering(INT8, "x quantized to int8 per block of 32; integer products summed in int32 per group, scaled once",
                  _int8_path, 0)})
 
@@ -679,8 +690,9 @@ class QuantizedTensor:
     x (a prompt) run as a dequantization and a dense matmul: on a CPU the default's kernel becomes a dequantizing copy
     of the weight into float32 panels, kept while the weight is unchanged, and the blocked matmul (codegen/cpu_gemm.py,
     decided when the kernel is lowered); on a GPU with tensor cores (a HALF_GEMM device) a half x gets the weight
-    dequantized into a half temporary and the tensor-core matmul of the float16 model (`runs_as_half_gemm`, decided
-    when the graph is built, from the device's name)."""
+    dequantized into a half temporary and the tensor-core matmul of the float16 model, a float32 x the weight
+    dequantized into a float32 temporary and the float32 model's matmul (`runs_as_dense_gemm`, decided when the graph
+    is built, from the device's name)."""
     if self.ndim != 2 or x.ndim == 0 or x.shape[-1] != self.shape[1]:
       raise QuantError(f"linear: input of shape {x.shape} for a quantized weight of shape {self.shape}")
     out = composite(PACKED_LINEAR, (x, self.packed), ggml_type=int(self.ggml_type), shape=self.shape)

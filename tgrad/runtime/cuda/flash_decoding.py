@@ -93,23 +93,21 @@ STATIC_SHARED_LIMIT = 48 * 1024     # bytes of static shared memory a CUDA block
 LOG2_E = 1 / math.log(2)
 HALF_TO_FLOAT = 'float r; asm("cvt.f32.f16 %0, %1;" : "=f"(r) : "h"(x)); return r;'
 BFLOAT_TO_FLOAT = "return __uint_as_float(((unsigned int)x) << 16);"
-# each element type of q, k, v, the cache and the output: its C type, its conversion to float32 and back (rounding to
-# nearest even), and a 16-byte chunk's 32-bit word as elements (the vector loads' decode)
 @dataclass(frozen=True)
 class ElementType:
+  """An element type of q, k, v, the cache and the output, as the kernel's C source handles it."""
   ctype: str
-  to_float: str
-  from_float: str
+  to_float: str                    # the body of element_float(x)
+  from_float: str                  # the body of float_element(x): rounding to nearest even
   bytes: int
   word_elements: tuple[str, ...]   # C expressions of the elements a 32-bit word `w` holds, first to last
-ELEMENT_TYPES = {
-  "float16": ElementType("unsigned short", HALF_TO_FLOAT,
-                         'element r; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(r) : "f"(x)); return r;', 2,
-                         ("element_float((element)(w & 0xffffu))", "element_float((element)(w >> 16))")),
-  "bfloat16": ElementType("unsigned short", BFLOAT_TO_FLOAT,
-                          'element r; asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r) : "f"(x)); return r;', 2,
-                          ("element_float((element)(w & 0xffffu))", "element_float((element)(w >> 16))")),
-  "float32": ElementType("float", "return x;", "return x;", 4, ("__uint_as_float(w)",))}
+
+def _half_element(to_float: str, rounding: str) -> ElementType:
+  return ElementType("unsigned short", to_float, f'element r; asm("{rounding} %0, %1;" : "=h"(r) : "f"(x)); return r;',
+                     2, ("element_float((element)(w & 0xffffu))", "element_float((element)(w >> 16))"))
+ELEMENT_TYPES = {"float16": _half_element(HALF_TO_FLOAT, "cvt.rn.f16.f32"),
+                 "bfloat16": _half_element(BFLOAT_TO_FLOAT, "cvt.rn.bf16.f32"),
+                 "float32": ElementType("float", "return x;", "return x;", 4, ("__uint_as_float(w)",))}
 VECTOR_BYTES = 16   # a cache row's chunk a lane loads at once (uint4)
 # the prologue's tables (norm weights, cos and sin) may also be float32 (a GGUF file keeps its norms in F32)
 WEIGHT_TYPES = {"float16": "unsigned short", "bfloat16": "unsigned short", "float32": "float"}

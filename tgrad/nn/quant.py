@@ -531,21 +531,21 @@ def runs_as_half_gemm(x: Tensor) -> bool:
   """Whether x's prompt takes a half temporary (runs_as_dense_gemm with half x): the packed warpgroup kernel's case."""
   return x.dtype in HALF_GEMM_DTYPES and runs_as_dense_gemm(x)
 
-def half_weight(packed: Tensor, ggml_type: int, shape: tuple[int, ...], dtype: DType) -> Tensor:
+def dense_weight(packed: Tensor, ggml_type: int, shape: tuple[int, ...], dtype: DType) -> Tensor:
   """The weight's values rounded once to `dtype` (half; float32 keeps them exactly), as an (out, in) temporary that
   one elementwise kernel stores from the packed blocks (the dequantize composite) when the graph that reads it is
-  realized, and nothing keeps. The kernel runs
-  over the blocks' structured axes (out, blocks per row, *block axes), stored in row-major order, so every read of the
-  packed bytes is a plain strided view (over the flat (out, in) shape each value would divide its index by the block
-  and field sizes); the (out, in) view of the stored values is a free reshape."""
+  realized, and nothing keeps. The kernel runs over the blocks' structured axes (out, blocks per row, *block axes),
+  stored in row-major order, so every read of the packed bytes is a plain strided view (over the flat (out, in) shape
+  each value would divide its index by the block and field sizes); the (out, in) view of the stored values is a free
+  reshape."""
   return dequantized_values(packed, GGMLType(ggml_type), shape).cast(dtype).contiguous().reshape(shape)
 
 def _dense_gemm(x: Tensor, packed: Tensor, ggml_type: int, shape: tuple[int, ...]) -> Tensor:
-  """x @ Wᵀ with W the weight dequantized into a temporary of x's dtype (`half_weight`: float16, bfloat16, or float32
+  """x @ Wᵀ with W the weight dequantized into a temporary of x's dtype (`dense_weight`: float16, bfloat16, or float32
   for a float32 x): the same matmul graph as a model with dense weights of that dtype, so the same kernel."""
   dtype = DENSE_GEMM_DTYPES[x.dtype]
-  weight = half_weight(packed, ggml_type, shape, dtype)
-  # Tensor.matmul's products (half, summed in float32, rounded to half) with the weight as the multiply's first
+  weight = dense_weight(packed, ggml_type, shape, dtype)
+  # Tensor.matmul's products (half ones summed in float32 and rounded to half) with the weight as the multiply's first
   # operand: the scheduler emits a kernel's sources last one first, so x's producers (the layers before) run before
   # this weight's dequantization, which then runs right before its matmul and its temporary is live only between the
   # two (a prompt's graph, scheduled whole, would otherwise dequantize every layer's weights up front, all live at once)

@@ -163,14 +163,16 @@ def decoding_on_llvm(flash_on_llvm, monkeypatch):
   monkeypatch.setattr(FlashDecodingKernel, "runner", lambda self, device: EmulatedDecodingRunner(self))
   with Context(FLASH_DECODING=1): yield
 
-@pytest.mark.parametrize("keys, head_dim", [(1, 64), (70, 96), (300, 128)])
-def test_one_query_position_is_flash_decoding(decoding_on_llvm, keys, head_dim):
+@pytest.mark.parametrize("keys, head_dim, dtype", [(1, 64, np.float16), (70, 96, np.float16), (300, 128, np.float16),
+                                                   (70, 96, np.float32), (300, 128, np.float32)])
+def test_one_query_position_is_flash_decoding(decoding_on_llvm, keys, head_dim, dtype):
   """scaled_dot_product_attention of one query position (GQA 4:1, batch 2, keys read in place from a wider row): the
-  flash-decoding kernel (head dims the prefill kernel does not take too), against numpy."""
+  flash-decoding kernel (head dims the prefill kernel does not take too; float32, which it does not take, too),
+  against numpy."""
   rng = np.random.default_rng(keys)
   B, heads, kv_heads, D = 2, 4, 1, head_dim
-  q = rng.standard_normal((B, heads, 1, D)).astype(np.float16)
-  kv = rng.standard_normal((B, keys, 2 * kv_heads * D)).astype(np.float16)
+  q = rng.standard_normal((B, heads, 1, D)).astype(dtype)
+  kv = rng.standard_normal((B, keys, 2 * kv_heads * D)).astype(dtype)
   kvt = Tensor(kv)
   k = kvt[..., :kv_heads * D].reshape(B, keys, kv_heads, D).permute(0, 2, 1, 3)
   v = kvt[..., kv_heads * D:].reshape(B, keys, kv_heads, D).permute(0, 2, 1, 3)
@@ -180,9 +182,10 @@ def test_one_query_position_is_flash_decoding(decoding_on_llvm, keys, head_dim):
   f64 = lambda x: x.astype(np.float64)
   kn = f64(kv[..., :kv_heads * D].reshape(B, keys, kv_heads, D).transpose(0, 2, 1, 3))
   vn = f64(kv[..., kv_heads * D:].reshape(B, keys, kv_heads, D).transpose(0, 2, 1, 3))
-  np.testing.assert_allclose(out, reference(f64(q), kn, vn, 1 / math.sqrt(D), False), rtol=2e-3, atol=2e-3)
+  tolerance = 2e-3 if dtype == np.float16 else 1e-5
+  np.testing.assert_allclose(out, reference(f64(q), kn, vn, 1 / math.sqrt(D), False), rtol=tolerance, atol=tolerance)
 
-@pytest.mark.parametrize("dtype", [dtypes.float16, dtypes.bfloat16])
+@pytest.mark.parametrize("dtype", [dtypes.float16, dtypes.bfloat16, dtypes.float32])
 def test_gemma_decode_with_flash_decoding_matches_the_default_graph(decoding_on_llvm, dtype):
   """Gemma's decode steps through one flash-decoding kernel a layer (q's and the new key's norm and RoPE, the cache
   append, the attention) against the default graph, replayed by the decode step's TinyJit at positions that wrap the

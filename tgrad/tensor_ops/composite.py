@@ -32,7 +32,7 @@ log Σ exp, so a GROUP or a split reduce combines results with the same reduce.
 from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any, Callable, Optional
-from tgrad.attention_kernel import FLASH_DEVICES, FLASH_DTYPES, FLASH_LOWERING, flash_attention
+from tgrad.attention_kernel import DECODING_DTYPES, FLASH_DEVICES, FLASH_LOWERING, flash_attention
 from tgrad.custom import NUMPY, HostFunction
 from tgrad.backend import HOST_DEVICE, DevicesOtherThan, devices_offering
 from tgrad.dtype import TF32_KEEP_MASK, TF32_ROUNDING_BIAS, dtypes, promote_types, to_dtype
@@ -315,8 +315,9 @@ _DECOMPOSITIONS: dict[str, dict[str, Lowering]] = {
     Lowering(DEFAULT, "softmax(q·kᵀ·scale + mask)·v, the scores fused into the softmax's kernel", attention, 1),
     Lowering("unfused_softmax", "the scores realized before the softmax", _attention_unfused, 0),
     Lowering(FLASH_LOWERING, "one flash-attention kernel: scores, online softmax and the weighted sum of values in "
-             "registers, the score matrix never stored (CUDA, float16/bfloat16; causal and sliding-window masks)",
-             _attention_flash, 0, FLASH_DEVICES, frozenset(FLASH_DTYPES))),
+             "registers, the score matrix never stored (CUDA, float16/bfloat16; causal and sliding-window masks; one "
+             "query position: the flash-decoding kernel, float32 too)", _attention_flash, 0, FLASH_DEVICES,
+             frozenset(DECODING_DTYPES))),
   "matmul": _registry(
     Lowering(DEFAULT, "Σ_k x·w in sum's accumulator (float32 for float16/bfloat16, else the dtype)", _matmul, 1),
     Lowering("acc_float32", "Σ_k x·w accumulated in float32", _matmul_acc("float32"), 2, None,

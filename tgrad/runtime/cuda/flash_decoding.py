@@ -109,8 +109,8 @@ ELEMENT_TYPES = {"float16": _half_element(HALF_TO_FLOAT, "cvt.rn.f16.f32"),
                  "bfloat16": _half_element(BFLOAT_TO_FLOAT, "cvt.rn.bf16.f32"),
                  "float32": ElementType("float", "return x;", "return x;", 4, ("__uint_as_float(w)",))}
 VECTOR_BYTES = 16   # a cache row's chunk a lane loads at once (uint4)
-# the prologue's tables (norm weights, cos and sin) may also be float32 (a GGUF file keeps its norms in F32)
-WEIGHT_TYPES = {"float16": "unsigned short", "bfloat16": "unsigned short", "float32": "float"}
+# the prologue's tables (norm weights, cos and sin) take the same types, independently of the elements' (a GGUF
+# file keeps its norms in F32 under a float16 model)
 # the buffers a kernel may take, in the roles the source names them by (pointer names in the kernel)
 ROLES = ("out", "q", "k_cache", "v_cache", "k_new", "v_new", "q_weight", "k_weight", "cos", "sin", "scratch")
 LAYOUT_ROLES = ("q", "k_cache", "v_cache", "k_new", "v_new")   # [B, H, N, D] inputs with an offset and 3 strides
@@ -134,10 +134,10 @@ class DecodeConfig:
   weight_dtype: str = "float16"     # the dtype of the norm weights (and of the rotary tables unless rotary_dtype)
   rotary_dtype: str = ""            # the dtype of the cos and sin tables ("": weight_dtype)
   def __post_init__(self):
-    if self.dtype not in ELEMENT_TYPES or self.weight_dtype not in WEIGHT_TYPES or \
-       self.rotary_dtype not in ("", *WEIGHT_TYPES):
+    if self.dtype not in ELEMENT_TYPES or self.weight_dtype not in ELEMENT_TYPES or \
+       self.rotary_dtype not in ("", *ELEMENT_TYPES):
       raise ValueError(f"flash decoding: dtypes {self.dtype!r}, {self.weight_dtype!r}, {self.rotary_dtype!r}: one of "
-                       f"{list(ELEMENT_TYPES)}, and of {list(WEIGHT_TYPES)} for the prologue's tables")
+                       f"{list(ELEMENT_TYPES)}, for the elements and for the prologue's tables")
     if self.head_dim % WARP_THREADS or not 0 < self.head_dim <= 512:
       raise ValueError(f"flash decoding: head dim {self.head_dim} is not a multiple of {WARP_THREADS} up to 512")
     if not 1 <= self.group <= MAX_GROUP or self.kv_heads < 1:
@@ -688,10 +688,7 @@ def flash_decoding_source(config: DecodeConfig, name: str, sizes: dict[str, str]
     body = f'extern "C" __device__ unsigned int {name}{NON_PORTABLE_CLUSTER_SUFFIX} = 1;\n' + body
   prologue = PROLOGUE.replace("FLOAT_TO_ELEMENT", element.from_float) + (CLUSTER_HELPERS if cluster > 1 else "")
   prologue = prologue.replace("ELEMENT_TO_FLOAT", element.to_float).replace("ELEMENT_TYPE", element.ctype)
-  weight_conversion = {"float16": HALF_TO_FLOAT, "bfloat16": BFLOAT_TO_FLOAT, "float32": "return x;"}
-  rotary_dtype = config.rotary_dtype or config.weight_dtype
-  prologue = prologue.replace("WEIGHT_TO_FLOAT", weight_conversion[config.weight_dtype])
-  prologue = prologue.replace("WEIGHT_TYPE", WEIGHT_TYPES[config.weight_dtype])
-  prologue = prologue.replace("ROTARY_TO_FLOAT", weight_conversion[rotary_dtype])
-  prologue = prologue.replace("ROTARY_TYPE", WEIGHT_TYPES[rotary_dtype])
+  weight, rotary = ELEMENT_TYPES[config.weight_dtype], ELEMENT_TYPES[config.rotary_dtype or config.weight_dtype]
+  prologue = prologue.replace("WEIGHT_TO_FLOAT", weight.to_float).replace("WEIGHT_TYPE", weight.ctype)
+  prologue = prologue.replace("ROTARY_TO_FLOAT", rotary.to_float).replace("ROTARY_TYPE", rotary.ctype)
   return prologue + body

@@ -472,8 +472,8 @@ def _float_linear(x: Tensor, packed: Tensor, ggml_type: int, shape: tuple[int, .
   else the matmul over a temporary of x's dtype (`_dense_gemm`: half on tensor cores, float32 as the float32 model's);
   otherwise x·Wᵀ over the weight's float32 values (`_float_values_linear`)."""
   if runs_as_dense_gemm(x):
-    fused = packed_gemm(x.lazydata, packed.lazydata, GGMLType(ggml_type).name, shape) if runs_as_half_gemm(x) \
-      else None
+    fused = packed_gemm(x.lazydata, packed.lazydata, GGMLType(ggml_type).name, shape) \
+      if x.dtype in HALF_GEMM_DTYPES else None
     return Tensor(fused) if fused is not None else _dense_gemm(x, packed, ggml_type, shape)
   return _float_values_linear(x, packed, ggml_type, shape)
 
@@ -506,23 +506,23 @@ def _float_values_linear(x: Tensor, packed: Tensor, ggml_type: int, shape: tuple
 # (tgrad/packed_gemm_kernel.py; PACKED_GEMM=0 keeps the temporary, for comparison).
 HALF_GEMM = "half_gemm"   # the device trait (DeviceTraits.lowerings): its matmuls of half values run on tensor cores
 HALF_GEMM_DEVICES = devices_offering(HALF_GEMM)
-HALF_GEMM_DTYPES = {dtypes.float16: dtypes.float16, dtypes.bfloat16: dtypes.bfloat16}   # x's dtype → the temporary's
+HALF_GEMM_DTYPES = frozenset({dtypes.float16, dtypes.bfloat16})   # half x: the temporary has x's dtype
 # A float32 prompt takes the same route with a float32 temporary: the weight's float32 values exactly (no rounding), and
 # x times it is the float32 model's own matmul (3xTF32 on sm_90a: float32-class products on tensor cores). Measured on
 # an H200 before it (gemma-3-270m's real Q4_K_M file, a 512-token prefill in float32): the packed float product 69.5
 # ms, the dequantized float32 model 8.0 ms.
-DENSE_GEMM_DTYPES = {**HALF_GEMM_DTYPES, dtypes.float32: dtypes.float32}
+DENSE_GEMM_DTYPES = HALF_GEMM_DTYPES | {dtypes.float32}   # x's dtypes that take a temporary of their own
 # The fewest rows of x (all axes but the last, at their maximum where symbolic: a prompt's length) that take the half
 # matmul: one m16n8k16 tensor-core tile's rows. Below a tile the matmul is mostly padding, and the packed product,
 # which reads only the blocks, moves fewer bytes than a dequantization that writes the weight in half and reads it.
 HALF_GEMM_MIN_ROWS = 16
 
 def runs_as_dense_gemm(x: Tensor) -> bool:
-  """Whether packed_linear's default multiplies x through a dense temporary of the weight (`_dense_gemm`, of
-  DENSE_GEMM_DTYPES[x.dtype]: half for half x, float32 for float32 x): x is on a device whose traits offer HALF_GEMM
-  (known from the device's name: nothing is started), with at least HALF_GEMM_MIN_ROWS rows, and the HALF_GEMM
-  setting is 1 (0 keeps the packed product, for comparison). A single row (decode) keeps the packed product; so does a
-  sharded x."""
+  """Whether packed_linear's default multiplies x through a dense temporary of the weight (`_dense_gemm`, of x's
+  dtype, one of DENSE_GEMM_DTYPES: half for half x, float32 for float32 x): x is on a device whose traits offer
+  HALF_GEMM (known from the device's name: nothing is started), with at least HALF_GEMM_MIN_ROWS rows, and the
+  HALF_GEMM setting is 1 (0 keeps the packed product, for comparison). A single row (decode) keeps the packed product;
+  so does a sharded x."""
   if not Context.HALF_GEMM or x.dtype not in DENSE_GEMM_DTYPES or not isinstance(x.device, str) or \
      x.device not in HALF_GEMM_DEVICES: return False
   return vmax_of(prod(x.shape[:-1])) >= HALF_GEMM_MIN_ROWS
@@ -543,7 +543,7 @@ def dense_weight(packed: Tensor, ggml_type: int, shape: tuple[int, ...], dtype: 
 def _dense_gemm(x: Tensor, packed: Tensor, ggml_type: int, shape: tuple[int, ...]) -> Tensor:
   """x @ Wᵀ with W the weight dequantized into a temporary of x's dtype (`dense_weight`: float16, bfloat16, or float32
   for a float32 x): the same matmul graph as a model with dense weights of that dtype, so the same kernel."""
-  dtype = DENSE_GEMM_DTYPES[x.dtype]
+  dtype = x.dtype
   weight = dense_weight(packed, ggml_type, shape, dtype)
   # Tensor.matmul's products (half ones summed in float32 and rounded to half) with the weight as the multiply's first
   # operand: the scheduler emits a kernel's sources last one first, so x's producers (the layers before) run before

@@ -10,10 +10,13 @@ A chain ranks variants of one kernel; it does not size a change to the step: beh
 can't all be resident beside its predecessor's, and in the step its neighbours are other kernels. Moving the gate/up
 kernel's second-pass loads before its barrier took it from 5.73 to 3.87 µs here and the packed step 1.5 %
 (docs/design-notes.md, "A later pass's loads"): measure a kept change with bench/gemma_gguf_gpu.py, trees alternated.
-Usage: python bench/probes/kernel_chain.py A.cu B.cu ...
+For a small weight, 18 copies stay in L2 (60 MB on an H200): `--copies 150` makes every node read its own from memory
+(the gate/up kernel of gemma-3-270m took the same 3.70 µs both ways: its time is not in its loads, docs/benchmarks.md,
+"eighteenth session").
+Usage: python bench/probes/kernel_chain.py [--nodes N] [--copies N] [--reps N] [--rounds N] A.cu B.cu ...
 """
 from __future__ import annotations
-import json, os, sys
+import argparse, json, os, sys
 import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 import pycuda.driver as cuda  # noqa: E402
@@ -23,9 +26,18 @@ ONE_F32_BITS = 0x3F800000
 NUMPY = {"float16": np.float16, "float32": np.float32, "uint8": np.uint8, "int32": np.int32}
 
 def main() -> None:
+  global NODES, COPIES, REPS, ROUNDS
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("files", nargs="+", help="kernel sources NAME.cu, each with its NAME.json")
+  parser.add_argument("--nodes", type=int, default=NODES, help="launches in the graph")
+  parser.add_argument("--copies", type=int, default=COPIES, help="distinct copies of the weight the nodes cycle over")
+  parser.add_argument("--reps", type=int, default=REPS, help="graph launches timed a round")
+  parser.add_argument("--rounds", type=int, default=ROUNDS)
+  args = parser.parse_args()
+  NODES, COPIES, REPS, ROUNDS = args.nodes, args.copies, args.reps, args.rounds
   cuda.init()
   context = cuda.Device(0).make_context()
-  try: run(sys.argv[1:])
+  try: run(args.files)
   finally: context.pop()
 
 def run(names: list[str]) -> None:

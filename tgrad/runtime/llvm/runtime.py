@@ -5,12 +5,13 @@ host CPU with all its features. Program: the object loaded into its own MCJIT en
 function once per piece index on the calling thread and the core pool's workers, which claim pieces in native code
 (cores.py). LLVM itself is only ever used by one thread at a time (target.llvm_lock: compiling, loading, and freeing
 an engine, which waits for the next compile or load); a launch's callable keeps its program, and so its code, alive.
-Memory is numpy bytes with their address
-(HostMemory); a view is a slice with its address; `prepare` binds a launch's pointers once, for replaying it in a
-tight loop; `launcher` gives a launch on handles with the function and thread count resolved once (an eager op's).
+Memory is numpy bytes with their address (HostMemory); a buffer of HUGE_PAGE_MIN_BYTES or more is an anonymous
+mapping of its own whose 2 MiB-aligned part is advised into transparent huge pages (`huge_page_bytes`); a view is a
+slice with its address; `prepare` binds a launch's pointers once, for replaying it in a tight loop; `launcher` gives a
+launch on handles with the function and thread count resolved once (an eager op's).
 """
 from __future__ import annotations
-import collections, ctypes, functools, hashlib, os, struct, sys, time
+import collections, ctypes, functools, hashlib, mmap, os, struct, sys, time
 from typing import Callable
 import numpy as np
 import llvmlite
@@ -31,6 +32,32 @@ BUFFER_ALIGNMENT = 64   # bytes: a cache line, and the widest vector load (AVX-5
 LOOP_VECTORIZE_MAX_LINES = 4096
 FAST_CODEGEN_MIN_LINES = 16384
 
+# A buffer this big or bigger gets memory of its own, advised into transparent huge pages (where the kernel allows
+# it: /sys/kernel/mm/transparent_hugepage/enabled reads `madvise` or `always`). A streaming kernel then crosses a page
+# boundary every 2 MiB instead of every 4 KiB: the hardware prefetchers, which stop at a page's end, keep running and
+# the TLB stops missing. Measured on this project's 2-core AMD EPYC (Zen 4) VM, a two-thread AVX-512 sum of 64 MiB,
+# three buffers of each kind interleaved in one process: 2.0-2.1 ms on huge pages, 2.2-3.1 ms on 4 KiB pages. numpy's
+# own advice does not take here (its blocks come back without the huge-page flag), and the mapping must be private:
+# shared anonymous memory is shmem, which the kernel does not back with transparent huge pages.
+HUGE_PAGE_BYTES = 2 << 20
+HUGE_PAGE_MIN_BYTES = 2 << 20
+HUGE_PAGES = hasattr(mmap, "MADV_HUGEPAGE")
+
+def huge_page_bytes(nbytes: int) -> tuple[np.ndarray, int]:
+  """`nbytes` of fresh zeroed memory in an anonymous mapping, starting on a 2 MiB boundary, its whole huge pages
+  advised huge (the tail past the last whole one stays in small pages): the bytes and their address. The mapping is
+  unmapped when the last view of the bytes goes."""
+  mapping = mmap.mmap(-1, nbytes + HUGE_PAGE_BYTES, flags=mmap.MAP_PRIVATE)
+  whole = np.frombuffer(mapping, dtype=np.uint8)
+  start = (-whole.ctypes.data) % HUGE_PAGE_BYTES
+  if (huge := nbytes - nbytes % HUGE_PAGE_BYTES): mapping.madvise(mmap.MADV_HUGEPAGE, start, huge)
+  return whole[start:start + nbytes], whole.ctypes.data + start
+
+# Freed huge-page blocks are kept for reuse by size, up to this many bytes in all: an op that makes a 16 MiB output
+# every call then reuses warm pages. Mapped anew, each call would zero-fault them again (glibc's malloc, which numpy's
+# blocks come from, keeps such blocks in its heap for the same reason): a 2048² softmax fell from 1.45x torch to 0.71x.
+HUGE_POOL_MAX_BYTES = 256 << 20
+
 # Freed blocks up to this size are kept for reuse by size (an eager op allocates its output every time), up to
 # POOL_MAX_BYTES in all; bigger blocks go back to numpy at once.
 POOL_MAX_BLOCK = 1 << 20
@@ -48,18 +75,33 @@ class LLVMAllocator(Allocator):
   def __init__(self):
     self.pool: dict[int, list[HostMemory]] = collections.defaultdict(list)
     self.pooled_bytes = 0
+    self.huge_pooled_bytes = 0   # of them, huge-page blocks (HUGE_POOL_MAX_BYTES)
   def alloc(self, nbytes: int) -> HostMemory:
     if (blocks := self.pool.get(nbytes)):
-      self.pooled_bytes -= nbytes
+      if nbytes >= HUGE_PAGE_MIN_BYTES and HUGE_PAGES: self.huge_pooled_bytes -= nbytes
+      else: self.pooled_bytes -= nbytes
       return blocks.pop()
+    if HUGE_PAGES and nbytes >= HUGE_PAGE_MIN_BYTES:
+      try: return HostMemory(*huge_page_bytes(nbytes))
+      except (MemoryError, OSError):   # the kept blocks go back to the system, then one more try
+        self.drop_huge_pool()
+        return HostMemory(*huge_page_bytes(nbytes))
     raw = np.empty(nbytes + BUFFER_ALIGNMENT, dtype=np.uint8)
     address = raw.ctypes.data
     start = (-address) % BUFFER_ALIGNMENT
     return HostMemory(raw[start:start + nbytes], address + start)
   def free(self, handle: HostMemory, nbytes: int) -> None:
-    if nbytes <= POOL_MAX_BLOCK and self.pooled_bytes + nbytes <= POOL_MAX_BYTES:
+    if HUGE_PAGES and nbytes >= HUGE_PAGE_MIN_BYTES:
+      if self.huge_pooled_bytes + nbytes <= HUGE_POOL_MAX_BYTES:
+        self.pool[nbytes].append(handle)
+        self.huge_pooled_bytes += nbytes
+    elif nbytes <= POOL_MAX_BLOCK and self.pooled_bytes + nbytes <= POOL_MAX_BYTES:
       self.pool[nbytes].append(handle)
       self.pooled_bytes += nbytes
+  def drop_huge_pool(self) -> None:
+    """Give the kept huge-page blocks back to the system (their mappings go with their last view)."""
+    for nbytes in [n for n in self.pool if n >= HUGE_PAGE_MIN_BYTES]: del self.pool[nbytes]
+    self.huge_pooled_bytes = 0
   def copyin(self, handle: HostMemory, src: memoryview) -> None:
     handle.array[:len(src)] = np.frombuffer(src, dtype=np.uint8)
   def copyout(self, dst: memoryview, handle: HostMemory) -> None:

@@ -72,6 +72,10 @@ def measure(path: str, quant: str, dtype: str, device: str, new_tokens: int, pre
   generate(model, short, new_tokens, eos_ids=())                     # compiles and captures
   result = generate(model, short, new_tokens, eos_ids=())
   out["decode_tokens_per_second"] = round(result.decode_tokens_per_second, 2)
+  steps = sorted(result.step_seconds)
+  if steps:   # the host loop's steps (wall): the median, and the slowest three (a stall shows here)
+    out["decode_step_wall_ms_median"] = round(steps[len(steps) // 2] * 1e3, 4)
+    out["decode_step_wall_ms_slowest"] = [round(t * 1e3, 3) for t in steps[-3:]]
   cache = model.cache
   variables = cache.decode_variables(len(short) + new_tokens // 2)
   step = gpu_seconds(device, lambda: model._replay_decode(None, variables))

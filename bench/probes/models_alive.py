@@ -33,12 +33,19 @@ class CollectionLog:
   def __enter__(self): gc.callbacks.append(self); return self
   def __exit__(self, *exc): gc.callbacks.remove(self)
 
-def first_timed_rate(model) -> tuple[float, list]:
+SLOW_STEP_SECONDS = 1e-3
+
+def first_timed_rate(model) -> tuple[float, list, dict]:
   """As the benchmark does: one generate() that compiles and captures, then the timed one, with the collections
-  that ran during the timed one."""
+  that ran during the timed one and its slowest steps (ms: the three slowest, and where steps took over
+  SLOW_STEP_SECONDS)."""
   generate(model, PROMPT, NEW_TOKENS, eos_ids=())
-  with CollectionLog() as log: rate = generate(model, PROMPT, NEW_TOKENS, eos_ids=()).decode_tokens_per_second
-  return round(rate, 1), log.collections
+  with CollectionLog() as log: result = generate(model, PROMPT, NEW_TOKENS, eos_ids=())
+  steps = result.step_seconds
+  slow = {"slowest_ms": [round(t * 1e3, 2) for t in sorted(steps)[-3:]],
+          "slow_steps_at": [i for i, t in enumerate(steps) if t > SLOW_STEP_SECONDS],
+          "median_step_us": round(sorted(steps)[len(steps) // 2] * 1e6, 1)}
+  return round(result.decode_tokens_per_second, 1), log.collections, slow
 
 def best_rate(model) -> float:
   """The best decode tok/s of GENERATE_RUNS generate() calls (after one that compiles and captures, if needed)."""
@@ -60,9 +67,9 @@ def main() -> None:
   for mode in args.modes:
     quant, dtype = mode.split(":")
     models.append(load_gemma3_gguf(path, quant, dtype, args.device)[0])
-    rate, collections = first_timed_rate(models[-1])
+    rate, collections, slow = first_timed_rate(models[-1])
     say({"models_alive": len(models), "loaded": mode, "timed_after_capture_tok_s": rate,
-         "collections_ms": collections, "first_model_tok_s": round(best_rate(models[0]), 1),
+         "collections_ms": collections, **slow, "first_model_tok_s": round(best_rate(models[0]), 1),
          "newest_model_tok_s": round(best_rate(models[-1]), 1), "gc_tracked_objects": len(gc.get_objects()),
          "gc_counts": gc.get_count()})
   began = time.perf_counter()

@@ -100,10 +100,12 @@ def prefetch_precedes_wait(source: str) -> bool:
 
 @pytest.fixture(scope="module")
 def decode_kernels():
-  """(ScheduleItem, linear uops, sm_90 source) of each distinct kernel of one decode step."""
+  """(ScheduleItem, linear uops, sm_90 source) of each distinct kernel of one decode step, float16 and packed (the
+  GGUF layout's Q4_K, Q5_0, Q6_K and Q8_0 projections)."""
   distinct = {}
-  for item in decode_step_kernels("270m", "CUDA", "float16", position=600):
-    if item.ast.op is Ops.SINK: distinct.setdefault(item.ast.key, item)   # (flash decoding is a custom kernel)
+  for packed in (False, True):
+    for item in decode_step_kernels("270m", "CUDA", "float16", position=600, packed=packed):
+      if item.ast.op is Ops.SINK: distinct.setdefault(item.ast.key, item)   # (flash decoding is a custom kernel)
   out = []
   for item in distinct.values():
     kernel = Kernel(item.ast, CUDARenderer(ARCH))
@@ -115,7 +117,8 @@ def decode_kernels():
 def test_decode_weights_are_prefetched_before_the_wait(decode_kernels):
   """Every decode kernel reading an input of 512 KiB or more (the matvecs: projections, MLP, the 335 MB head) prefetches
   one such input, before the wait; only attention's KV-cache reads, a loop over the filled slots (a symbolic count),
-  and gathers (an index loaded from memory) don't. The per-block intervals are exact."""
+  and gathers (an index loaded from memory) don't: a packed Q6_K down projection too, whose threads take lidx % 4
+  of a 32-lane axis (a MOD over whole periods). The per-block intervals are exact."""
   prefetched = 0
   for item, uops, source in decode_kernels:
     plan = block_prefetch(uops)
@@ -131,7 +134,7 @@ def test_decode_weights_are_prefetched_before_the_wait(decode_kernels):
     assert prefetch_precedes_wait(source) and source.count(WAIT) == 1
     variables = {u: item.var_vals[u.arg[0]] for u in uops if u.op is Ops.DEFINE_VAR}
     check_interval(uops, plan, item.bufs[plan.buffer.arg].nbytes, variables)
-  assert prefetched >= 8   # q/k/v, o, gate/up, down projections of both layer kinds, the head
+  assert prefetched >= 16   # q/k/v, o, gate/up, down projections of both layer kinds, the head; dense and packed
 
 @needs_nvrtc
 def test_nvrtc_compiles_prefetching_decode_kernels(decode_kernels):

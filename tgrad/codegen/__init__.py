@@ -7,7 +7,7 @@ BEAM winner in the cache (search.py), so a winner found and verified under older
 # Bump when a change here alters the code that some AST and Opt list produce, or what an Opt means: axes.py and opts.py,
 # the linearizer, a renderer, the heuristics that seed the search, or how search verifies. Changes that only
 # rename or restructure without changing generated code need no bump.
-CODEGEN_VERSION = 44   # 2: gathers (data-dependent loads); int casts as narrow CUDA index math. 3: row kernels.
+CODEGEN_VERSION = 45   # 2: gathers (data-dependent loads); int casts as narrow CUDA index math. 3: row kernels.
 # 4: guarded GROUPs of symbolic reduces that padding would change (padding guards), split views indexed without division
 # 5: guarded UPCAST and PADTO of symbolic global axes (stride-0 loads stretched, not masked), tensor cores with padded
 # symbolic rows/columns
@@ -77,3 +77,5 @@ CODEGEN_VERSION = 44   # 2: gathers (data-dependent loads); int casts as narrow 
 # 42: CUDA: a float32 reciprocal of a square root is one rsqrtf (within 2 ulp)
 # 43: a GPU row kernel of at most GPU_FEW_ROWS rows: a step a thread, in whole warps (shuffled combines)
 # 44: LLVM: a float max reduce's llvm.maximum update ignores the sign of zero (nsz)
+# 45: CUDA: the L2 prefetch before a dependent launch's wait also covers loads indexed by a thread index modulo a
+#     constant over whole periods (a packed Q6_K matvec's lidx % 4)

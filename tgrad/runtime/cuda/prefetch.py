@@ -14,9 +14,10 @@ coordinates and parameters), terms over thread indices and loop counters (lidx, 
 greatest values (vmin/vmax). The result is one interval per block, `first(gidx) .. last(gidx)`, or a few (a
 block reading two separate parts of one buffer: PREFETCH_MAX_RANGES), each exact when:
 - every term mixes no block index with a thread/loop index, and every load of the buffer has the same block part;
-- each thread/loop term is monotone (ADD, MUL and IDIV by constants, MOD that never wraps) over indices whose whole
-  range runs, and an index variable's terms all have coefficients of one sign, so the bounds are values some thread
-  really loads;
+- each thread/loop term is monotone (ADD, MUL and IDIV by constants, MOD that never wraps), or an index modulo a
+  constant over whole periods (lidx % 4 over 32 lanes: least and greatest where the index is), over indices whose
+  whole range runs, and an index variable's terms all have coefficients of one sign, so the bounds are values some
+  thread really loads;
 - only loads that always run count: one under an IF, inside a loop whose bounds are not constants, or with a valid
   mask (a padded edge) may not run, so its index may point past the buffer; it is left out of the interval (its bytes
   are just not prefetched). A buffer with no such load, or whose index reads memory (a gather), gets no prefetch.
@@ -71,12 +72,22 @@ def _is_thread_symbol(u: UOp) -> bool:
   if u.op is Ops.SPECIAL: return u.arg[0].startswith("lidx")
   return u.op is Ops.RANGE and all(s.op is Ops.CONST for s in u.src[:2]) and u.src[1].arg > u.src[0].arg >= 0
 
+def _whole_periods(mod: UOp) -> bool:
+  """Whether `mod` is a thread/loop index modulo a constant over whole periods (the index from 0, its count a multiple
+  of the divisor: a thread's place in a group of threads, lidx % 4 over 32 lanes). Not monotone, but at its least (0)
+  where the index is, and at its greatest (divisor − 1) where the index is at its greatest, as the index's other
+  monotone terms are: the interval's ends are still addresses the block loads."""
+  index, divisor = mod.src
+  return _is_thread_symbol(index) and index.vmin == 0 and (index.vmax + 1) % divisor.arg == 0
+
 def _monotone(term: UOp) -> bool:
-  """Whether `term` (over nonnegative thread/loop indices) is nondecreasing in each of them: sums, products and floor
-  divisions by positive constants, and MODs whose dividend never reaches the divisor, all over nonnegative values."""
+  """Whether `term` (over nonnegative thread/loop indices) takes its least and greatest values where every index does:
+  sums, products and floor divisions by positive constants, MODs whose dividend never reaches the divisor, and
+  indices modulo a constant over whole periods (`_whole_periods`), all over nonnegative values."""
   for u in term.toposort():
     if u.op in (Ops.MUL, Ops.IDIV, Ops.MOD) and not (u.src[1].op is Ops.CONST and u.src[1].arg > 0): return False
-    if u.op is Ops.MOD and not (0 <= u.src[0].vmin and u.src[0].vmax < u.src[1].arg): return False
+    if u.op is Ops.MOD and not (0 <= u.src[0].vmin and u.src[0].vmax < u.src[1].arg) and not _whole_periods(u):
+      return False
     if u.op is Ops.CONST and u.arg < 0: return False
   return True
 

@@ -44,3 +44,39 @@ def test_float32_matches_the_plain_graph():
   for position, got, want in zip(POSITIONS, decode_logits(dtypes.float32), plain):
     scale = np.abs(want).max()
     assert np.abs(got - want).max() <= 1e-4 * scale, (position, np.abs(got - want).max() / scale)
+
+def test_cluster_falls_back_where_the_device_cannot_place_it(monkeypatch):
+  """The driver's count of placeable 16-block clusters of the decode kernel is positive on this GPU; where it is 0 (as
+  on a GPU with smaller GPCs), the runner compiles the kernel with clusters of 8 instead, and the step still matches
+  the plain graph."""
+  from tgrad.attention_kernel import FlashAttentionRunner
+  from tgrad.custom import _runners
+  from tgrad.realize import _runner_cache
+  import tgrad.runtime.cuda.runtime as cuda_runtime
+  def forget_runners() -> None:
+    _runners.clear()
+    _runner_cache.clear()
+  runners: list[FlashAttentionRunner] = []
+  real_init = FlashAttentionRunner.__init__
+  def remembered(self, *args, **kwargs):
+    real_init(self, *args, **kwargs)
+    runners.append(self)
+  monkeypatch.setattr(FlashAttentionRunner, "__init__", remembered)
+  forget_runners()
+  decode_logits()
+  decoding = [r for r in runners if r.cluster]
+  assert decoding and all(r.cluster == 16 for r in decoding)
+  assert all(r.program.clusters_that_fit(16, r.kernel.config.block_threads) > 0 for r in decoding)
+  real_fit = cuda_runtime.CUDAProgram.clusters_that_fit
+  monkeypatch.setattr(cuda_runtime.CUDAProgram, "clusters_that_fit",
+                      lambda self, cluster, threads: 0 if cluster > 8 else real_fit(self, cluster, threads))
+  runners.clear()
+  forget_runners()
+  plain = decode_logits(FLASH_ATTENTION=0)
+  got = decode_logits()
+  decoding = [r for r in runners if r.cluster]
+  assert decoding and all(r.cluster == 8 for r in decoding)
+  for position, logits, want in zip(POSITIONS, got, plain):
+    scale = np.abs(want).max()
+    assert np.abs(logits - want).max() <= 2e-2 * scale, (position, np.abs(logits - want).max() / scale)
+  forget_runners()

@@ -23,7 +23,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 from tgrad.backend import device_kind, devices_offering
 from tgrad.codegen.compile import remembered_dims
 from tgrad.custom import CustomKernel
@@ -155,6 +155,21 @@ class FlashAttentionKernel(CustomKernel):
   def runner(self, device: str) -> FlashAttentionRunner: return FlashAttentionRunner(self, device)
   def stable_repr(self) -> str: return f"FlashAttention({self.config!r},{self.sizes()!r},{self.batch})"
 
+def fitting_cluster(cluster: int, places: Callable[[int], Optional[int]]) -> int:
+  """The largest thread block cluster size from `cluster` down, halving, that the device can place: `places(size)` is
+  how many clusters of that size it holds at once (None: it can't say, taken as fitting). 0 (no clusters: the
+  splits meet in global scratch) where none does. A 16-block cluster needs 16 free SMs in one GPC, which a GPU with
+  smaller GPCs, or a slice of one, may not have: its launch would fail."""
+  while cluster > 1:
+    if (count := places(cluster)) is None or count > 0: return cluster
+    cluster //= 2
+  return 0
+
+def clusters_placeable(program: Any, cluster: int, kernel: Any) -> Optional[int]:
+  """How many `cluster`-block clusters of a loaded attention program the device holds at once (None: unknown)."""
+  fits = getattr(program, "clusters_that_fit", None)
+  return None if fits is None else fits(cluster, kernel.config.block_threads)
+
 class FlashAttentionRunner:
   """A compiled attention kernel (flash attention on (output, q, k, v) Buffers, flash decoding on its roles' Buffers);
   its variables' values come with each launch."""
@@ -166,9 +181,14 @@ class FlashAttentionRunner:
     # flash decoding waits for its predecessor itself under PDL (sm_90+): its graph edges can be programmatic
     renderer = Device[device].renderer
     dependent_launch = bool(getattr(renderer, "dependent_launch", False) and Context.PDL)
-    # and runs in thread block clusters of the kernel's size where the device has them (0: none)
+    # and runs in thread block clusters of the kernel's size where the device has them (0: none), halved until the
+    # device can place one (fitting_cluster)
     self.cluster = kernel.cluster_blocks() if getattr(renderer, "thread_block_clusters", False) else 0
-    self.program = Device[device].load_program(self.entry, kernel.source(self.entry, dependent_launch, self.cluster))
+    def load(cluster: int) -> Any:
+      self.program = Device[device].load_program(self.entry, kernel.source(self.entry, dependent_launch, cluster))
+      return self.program
+    self.cluster = fitting_cluster(self.cluster, lambda cluster: clusters_placeable(load(cluster), cluster, kernel))
+    if self.cluster <= 1: load(self.cluster)   # (the loop's last load was of a size that did not fit)
     self.flops, self.nbytes = 0, 0
     # variable values → launch dims: a replayed decode step asks once per layer for the same position (a runner
     # serves every layer of its kind), and working them out (the key count, the splits) was most of the host's ~250 µs

@@ -253,3 +253,22 @@ def test_bad_configs_raise():
   with pytest.raises(ValueError, match="dtypes"): DecodeConfig("float64", 64, 1, 1, 1.0)
   with pytest.raises(ValueError, match="no buffer"):
     flash_decoding_source(DecodeConfig("float16", 64, 1, 1, 1.0), "decode", {"S": "1"}, (), ("out", "q"), 1)
+
+def test_fitting_cluster_halves_until_the_device_places_one():
+  """The runner's cluster size: the kernel's, or halved until the device can place a cluster of it (a GPU with smaller
+  GPCs, or a slice of one, may hold no 16-block cluster); 0 (the scratch's combine) where none fits; an unknown count
+  (a driver without the query) keeps the size."""
+  from tgrad.attention_kernel import fitting_cluster
+  asked: list[int] = []
+  def places(limit: int):
+    def count(size: int):
+      asked.append(size)
+      return 132 // size if size <= limit else 0
+    return count
+  assert fitting_cluster(16, places(16)) == 16 and asked == [16]
+  asked.clear()
+  assert fitting_cluster(16, places(8)) == 8 and asked == [16, 8]
+  asked.clear()
+  assert fitting_cluster(16, places(1)) == 0 and asked == [16, 8, 4, 2]
+  assert fitting_cluster(16, lambda size: None) == 16
+  assert fitting_cluster(0, places(16)) == 0 and fitting_cluster(8, places(4)) == 4

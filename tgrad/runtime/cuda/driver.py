@@ -1,5 +1,6 @@
 """The CUDA driver API (libcuda.so.1) through ctypes, for what pycuda does not bind: graphs, stream capture, contexts
-made current by handle, events waited on across devices, and peer copies.
+made current by handle, events waited on across devices, peer copies, and how many thread block clusters of a kernel
+fit on the device at once (`clusters_that_fit`).
 
 `driver()` loads the library once, with every entry point of DRIVER_FUNCTIONS typed (all return a CUresult);
 `check(result, call)` turns a failure into CUDADriverError naming the call and the driver's own error name and text.
@@ -7,6 +8,7 @@ Nothing is loaded at import: the CUDA device has started the driver (pycuda's cu
 """
 from __future__ import annotations
 import ctypes, functools
+from typing import Optional
 
 DRIVER_LIBRARY = "libcuda.so.1"
 CUDA_SUCCESS = 0
@@ -31,6 +33,7 @@ HOST_ALLOC_PORTABLE = 1
 CUresult, CUfunction, CUgraph, CUgraphNode, CUgraphExec = ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, \
   ctypes.c_void_p, ctypes.c_void_p
 CUstream, CUkernel, CUcontext, CUevent = ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p
+CUmodule = ctypes.c_void_p
 CUdeviceptr = ctypes.c_uint64
 
 class KernelNodeParams(ctypes.Structure):
@@ -48,6 +51,22 @@ class EdgeData(ctypes.Structure):
   node (to_port, always 0) and its kind (type); all zero is a full dependency with memory visibility."""
   _fields_ = [("from_port", ctypes.c_ubyte), ("to_port", ctypes.c_ubyte), ("type", ctypes.c_ubyte),
               ("reserved", ctypes.c_ubyte * 5)]
+
+class LaunchAttribute(ctypes.Structure):
+  """CUlaunchAttribute of cuda.h: an attribute id, padding to 8 bytes, and a 64-byte value union, 72 bytes."""
+  _fields_ = [("id", ctypes.c_uint), ("pad", ctypes.c_char * 4), ("value", ctypes.c_char * 64)]
+
+class LaunchConfig(ctypes.Structure):
+  """CUlaunchConfig of cuda.h (CUDA 12.0 and later): grid and block sizes, dynamic shared memory, stream, and the
+  launch attributes, 56 bytes."""
+  _fields_ = [("gridDimX", ctypes.c_uint), ("gridDimY", ctypes.c_uint), ("gridDimZ", ctypes.c_uint),
+              ("blockDimX", ctypes.c_uint), ("blockDimY", ctypes.c_uint), ("blockDimZ", ctypes.c_uint),
+              ("sharedMemBytes", ctypes.c_uint), ("hStream", CUstream),
+              ("attrs", ctypes.POINTER(LaunchAttribute)), ("numAttrs", ctypes.c_uint)]
+
+# CUfunction_attribute CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, and MAX_DYNAMIC_SHARED_SIZE_BYTES
+FUNCTION_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED = 14
+FUNCTION_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
 
 # A programmatic edge (CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC from CU_GRAPH_KERNEL_NODE_PORT_PROGRAMMATIC): the
 # downstream kernel launches once every block of the upstream one has run griddepcontrol.launch_dependents (or
@@ -104,6 +123,11 @@ DRIVER_FUNCTIONS: dict[str, list] = {
 # Entry points a driver may lack (older than the CUDA release named): without them the feature is not used.
 OPTIONAL_DRIVER_FUNCTIONS: dict[str, list] = {
   "cuGraphAddDependencies_v2": [CUgraph, _P(CUgraphNode), _P(CUgraphNode), _P(EdgeData), ctypes.c_size_t],  # 12.3
+  "cuModuleLoadData": [_P(CUmodule), ctypes.c_void_p],
+  "cuModuleGetFunction": [_P(CUfunction), CUmodule, ctypes.c_char_p],
+  "cuModuleUnload": [CUmodule],
+  "cuFuncSetAttribute": [CUfunction, ctypes.c_int, ctypes.c_int],
+  "cuOccupancyMaxActiveClusters": [_P(ctypes.c_int), CUfunction, _P(LaunchConfig)],   # 12.0
 }
 
 class CUDADriverError(RuntimeError):
@@ -164,3 +188,30 @@ class Event:
     try:
       if self.handle: driver().cuEventDestroy_v2(self.handle)
     except (CUDADriverError, AttributeError, TypeError): pass   # interpreter shutdown
+
+def clusters_that_fit(binary: bytes, name: str, cluster: int, block_threads: int, shared_bytes: int = 0,
+                      non_portable: bool = False) -> Optional[int]:
+  """How many thread block clusters of kernel `name` of the cubin `binary` (its compile-time `__cluster_dims__` of
+  `cluster` blocks, `block_threads` threads and `shared_bytes` of dynamic shared memory a block) the current context's
+  device holds at once: 0 where it cannot place one at all (a GPU, or a slice of one, with fewer free SMs in a GPC than
+  the cluster has blocks), None where the driver can't say (an entry point missing, or the query failed). The cubin is
+  loaded into a module of its own for the query and unloaded after it."""
+  lib = driver()
+  if not all(hasattr(lib, f) for f in ("cuModuleLoadData", "cuModuleGetFunction", "cuOccupancyMaxActiveClusters")):
+    return None
+  module, function, count = CUmodule(), CUfunction(), ctypes.c_int()
+  image = ctypes.create_string_buffer(binary, len(binary))
+  if lib.cuModuleLoadData(ctypes.byref(module), image) != CUDA_SUCCESS: return None
+  try:
+    if lib.cuModuleGetFunction(ctypes.byref(function), module, name.encode()) != CUDA_SUCCESS: return None
+    if non_portable and lib.cuFuncSetAttribute(function, FUNCTION_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED,
+                                               1) != CUDA_SUCCESS: return None
+    if shared_bytes and lib.cuFuncSetAttribute(function, FUNCTION_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                               shared_bytes) != CUDA_SUCCESS: return None
+    # the cluster's size comes from the kernel's own __cluster_dims__: the config names none (a size given there
+    # would have to match it), and its grid is one cluster
+    config = LaunchConfig(cluster, 1, 1, block_threads, 1, 1, shared_bytes, None, None, 0)
+    if lib.cuOccupancyMaxActiveClusters(ctypes.byref(count), function, ctypes.byref(config)) != CUDA_SUCCESS:
+      return None
+    return count.value
+  finally: lib.cuModuleUnload(module)

@@ -235,7 +235,7 @@ class CUDAProgram:
   """One kernel of a cubin. Call with device buffers, global_size/local_size (x first), and DEFINE_VAR values."""
   def __init__(self, name: str, binary: bytes):
     from pycuda._pvt_struct import pack   # the packer prepared_call uses; imported once a real device loads a kernel
-    self.name, self.pack_args = name, pack
+    self.name, self.pack_args, self.binary = name, pack, binary
     try:
       self.module = cuda.module_from_buffer(binary)
       self.function = self.module.get_function(name)
@@ -266,6 +266,14 @@ class CUDAProgram:
     self.start, self.end = cuda.Event(), cuda.Event()
     self.last_sizes: tuple = (None, None)   # the (global_size, local_size) objects last_dims was made from
     self.last_dims: tuple = ((1, 1, 1), (1, 1, 1))
+
+  def clusters_that_fit(self, cluster: int, block_threads: int) -> Optional[int]:
+    """How many of this kernel's thread block clusters (its compile-time size, `cluster` blocks of `block_threads`
+    threads) the device holds at once: 0 where it cannot place one, None where the driver can't say
+    (driver.clusters_that_fit)."""
+    from tgrad.runtime.cuda.driver import clusters_that_fit
+    non_portable = self._marker_address(self.name + NON_PORTABLE_CLUSTER_SUFFIX) is not None
+    return clusters_that_fit(self.binary, self.name, cluster, block_threads, self.shared_bytes, non_portable)
 
   def _marker_address(self, global_name: str) -> Optional[int]:
     """The device address of a module global the renderer emits as a marker, or None when the module has none."""

@@ -83,7 +83,7 @@ def generate(model: Gemma3, prompt_ids: Sequence[int], max_new_tokens: int, temp
   model.reset_cache(1, max_context or min(-(-needed // CONTEXT_GRANULE) * CONTEXT_GRANULE, limit))
   # Python's cyclic collector stays paused for the token loop: the loop allocates a few hundred objects a step, and a
   # collection it sets off walks every object alive. With a few models loaded (400,000 objects) a full one took
-  # 52-138 ms on the H200 host, in the middle of a 50 ms decode of 128 tokens. Whatever the loop leaves in cycles (a
+  # 52-241 ms on the H200 host, in the middle of a 50 ms decode of 128 tokens. Whatever the loop leaves in cycles (a
   # first call compiles and captures) is collected after it.
   with gc_paused():
     rng, eos = np.random.default_rng(seed), set(eos_ids)

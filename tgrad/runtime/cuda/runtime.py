@@ -31,14 +31,13 @@ from tgrad.device import Allocator, BinaryLoadError, Compiled, OutOfMemoryError,
 from tgrad.runtime.cuda.renderer import CUDARenderer, DEPENDENT_LAUNCH_SUFFIX, DYNAMIC_SHARED_SUFFIX, \
   NON_PORTABLE_CLUSTER_SUFFIX, WARPGROUP_MMA_ARCH
 from tgrad.runtime.cuda.nvrtc import NVRTCCompiler, arch_of
-from tgrad.runtime.cuda.driver import STREAM_NON_BLOCKING
+from tgrad.runtime.cuda.driver import FUNCTION_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, STREAM_NON_BLOCKING, \
+  clusters_that_fit
 from tgrad.runtime.cuda.targets import TENSOR_MAPS_SUFFIX
 from tgrad.runtime.cuda.tensor_map import TENSOR_MAP_CACHE_ENTRIES, TensorMapCache, specs_of_marker
 
 DEFAULT_ORDINAL = 0   # the GPU `CUDA` names without an index
 HOPPER_CAPABILITY = (9, 0)   # H100/H200: the only GPUs that run sm_90a code (wgmma)
-# CUfunction_attribute CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED (pycuda's enum has no name for it)
-FUNCTION_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED = 14
 # Copies at least this big go through pinned staging: below it the staging setup costs more than pageable copies lose.
 PINNED_COPY_THRESHOLD = 1 << 20
 # Size of each of the two pinned staging chunks: big enough to reach full PCIe/NVLink bandwidth per DMA.
@@ -271,7 +270,6 @@ class CUDAProgram:
     """How many of this kernel's thread block clusters (its compile-time size, `cluster` blocks of `block_threads`
     threads) the device holds at once: 0 where it cannot place one, None where the driver can't say
     (driver.clusters_that_fit)."""
-    from tgrad.runtime.cuda.driver import clusters_that_fit
     non_portable = self._marker_address(self.name + NON_PORTABLE_CLUSTER_SUFFIX) is not None
     return clusters_that_fit(self.binary, self.name, cluster, block_threads, self.shared_bytes, non_portable)
 

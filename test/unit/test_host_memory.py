@@ -63,6 +63,14 @@ def test_failed_mapping_drops_the_kept_blocks_and_tries_again(monkeypatch):
   assert calls == [HUGE_PAGE_MIN_BYTES] * 2 and allocator.huge_pooled_bytes == 0 and handle.array.nbytes == \
     HUGE_PAGE_MIN_BYTES
 
+def test_a_mapping_that_fails_twice_is_the_devices_out_of_memory_error(monkeypatch):
+  from tgrad.device import OutOfMemoryError
+  if not runtime.HUGE_PAGES: pytest.skip("this platform's mmap has no MADV_HUGEPAGE")
+  def failing(nbytes): raise OSError(12, "Cannot allocate memory")
+  monkeypatch.setattr(runtime, "huge_page_bytes", failing)
+  with pytest.raises(OutOfMemoryError, match=f"LLVM: an allocation needs {4 * HUGE_PAGE_MIN_BYTES} bytes"):
+    LLVMAllocator().alloc(4 * HUGE_PAGE_MIN_BYTES)
+
 def test_random_sizes_alloc_free_reuse_against_numpy():
   """Seeded: buffers of sizes around both thresholds allocated, written, freed and reallocated in random order; every
   live buffer keeps exactly its bytes (no pooled block is handed out twice)."""

@@ -17,7 +17,7 @@ import numpy as np
 import llvmlite
 import llvmlite.binding as llvm
 from tgrad.backend import device_name
-from tgrad.device import Allocator, BinaryLoadError, Compiler, Compiled
+from tgrad.device import Allocator, BinaryLoadError, Compiler, Compiled, OutOfMemoryError
 from tgrad.runtime.llvm.renderer import LLVMRenderer
 from tgrad.runtime.llvm import target
 from tgrad.runtime.llvm.cores import PieceLauncher, run_on_cores
@@ -85,7 +85,9 @@ class LLVMAllocator(Allocator):
       try: return HostMemory(*huge_page_bytes(nbytes))
       except (MemoryError, OSError):   # the kept blocks go back to the system, then one more try
         self.drop_huge_pool()
-        return HostMemory(*huge_page_bytes(nbytes))
+        try: return HostMemory(*huge_page_bytes(nbytes))
+        except (MemoryError, OSError) as error:   # mmap's ENOMEM, said as the device's out-of-memory error
+          raise OutOfMemoryError("LLVM", nbytes, available_host_memory(), "an allocation") from error
     raw = np.empty(nbytes + BUFFER_ALIGNMENT, dtype=np.uint8)
     address = raw.ctypes.data
     start = (-address) % BUFFER_ALIGNMENT

@@ -36,17 +36,25 @@ def test_small_buffer_is_cache_line_aligned():
 
 @pytest.mark.skipif(not runtime.HUGE_PAGES, reason="this platform's mmap has no MADV_HUGEPAGE")
 def test_freed_huge_blocks_are_reused_within_their_cap(monkeypatch):
+  """Kept by size up to the cap; past it the blocks of the size freed least recently go first (a program whose sizes
+  change keeps its newest), and a block bigger than the cap is not kept."""
   monkeypatch.setattr(runtime, "HUGE_POOL_MAX_BYTES", 2 * HUGE_PAGE_MIN_BYTES)
   allocator = LLVMAllocator()
   a, b, c = (allocator.alloc(HUGE_PAGE_MIN_BYTES) for _ in range(3))
   for handle in (a, b, c): allocator.free(handle, HUGE_PAGE_MIN_BYTES)
-  assert allocator.huge_pooled_bytes == 2 * HUGE_PAGE_MIN_BYTES   # the third did not fit: it went back
+  assert allocator.huge_pooled_bytes == 2 * HUGE_PAGE_MIN_BYTES   # a, the oldest, went back
   again = {allocator.alloc(HUGE_PAGE_MIN_BYTES).address for _ in range(2)}
-  assert again == {a.address, b.address} and allocator.huge_pooled_bytes == 0
+  assert again == {b.address, c.address} and allocator.huge_pooled_bytes == 0 and not allocator.huge_pool
   assert allocator.alloc(HUGE_PAGE_MIN_BYTES).address not in again   # the pool is empty: a fresh mapping
-  allocator.free(a, HUGE_PAGE_MIN_BYTES)
+  bigger = HUGE_PAGE_MIN_BYTES + HUGE_PAGE_BYTES
+  old, new = allocator.alloc(HUGE_PAGE_MIN_BYTES), allocator.alloc(bigger)
+  allocator.free(old, HUGE_PAGE_MIN_BYTES)
+  allocator.free(new, bigger)   # over the cap with both: the older size's block goes
+  assert list(allocator.huge_pool) == [bigger] and allocator.huge_pooled_bytes == bigger
+  allocator.free(allocator.alloc(3 * HUGE_PAGE_MIN_BYTES), 3 * HUGE_PAGE_MIN_BYTES)   # bigger than the cap
+  assert list(allocator.huge_pool) == [bigger]
   allocator.drop_huge_pool()
-  assert allocator.huge_pooled_bytes == 0 and not any(allocator.pool.values())
+  assert allocator.huge_pooled_bytes == 0 and not allocator.huge_pool
 
 def test_failed_mapping_drops_the_kept_blocks_and_tries_again(monkeypatch):
   if not runtime.HUGE_PAGES: pytest.skip("this platform's mmap has no MADV_HUGEPAGE")
@@ -88,6 +96,7 @@ def test_random_sizes_alloc_free_reuse_against_numpy():
       handle = allocator.alloc(nbytes)
       live.append((handle, nbytes, _fill(allocator, handle, nbytes, step)))
     assert allocator.huge_pooled_bytes <= runtime.HUGE_POOL_MAX_BYTES
+    assert allocator.huge_pooled_bytes == sum(n * len(blocks) for n, blocks in allocator.huge_pool.items())
   addresses = [h.address for h, _, _ in live]
   assert len(set(addresses)) == len(addresses)
   for handle, nbytes, data in live: np.testing.assert_array_equal(_read(allocator, handle, nbytes), data)

@@ -53,9 +53,11 @@ def huge_page_bytes(nbytes: int) -> tuple[np.ndarray, int]:
   if (huge := nbytes - nbytes % HUGE_PAGE_BYTES): mapping.madvise(mmap.MADV_HUGEPAGE, start, huge)
   return whole[start:start + nbytes], whole.ctypes.data + start
 
-# Freed huge-page blocks are kept for reuse by size, up to this many bytes in all: an op that makes a 16 MiB output
-# every call then reuses warm pages. Mapped anew, each call would zero-fault them again (glibc's malloc, which numpy's
-# blocks come from, keeps such blocks in its heap for the same reason): a 2048² softmax fell from 1.45x torch to 0.71x.
+# Freed huge-page blocks are kept for reuse by size, up to this many bytes in all (past it, the blocks of the size
+# freed least recently go back first, so a program whose sizes change does not keep its old ones): an op that makes a
+# 16 MiB output every call then reuses warm pages. Mapped anew, each call would zero-fault them again (glibc's malloc,
+# which numpy's blocks come from, keeps such blocks in its heap for the same reason): a 2048² softmax fell from 1.45x
+# torch to 0.71x.
 HUGE_POOL_MAX_BYTES = 256 << 20
 
 # Freed blocks up to this size are kept for reuse by size (an eager op allocates its output every time), up to
@@ -75,13 +77,20 @@ class LLVMAllocator(Allocator):
   def __init__(self):
     self.pool: dict[int, list[HostMemory]] = collections.defaultdict(list)
     self.pooled_bytes = 0
-    self.huge_pooled_bytes = 0   # of them, huge-page blocks (HUGE_POOL_MAX_BYTES)
+    # freed huge-page blocks by size, the size freed least recently first: past HUGE_POOL_MAX_BYTES the oldest go
+    self.huge_pool: collections.OrderedDict[int, list[HostMemory]] = collections.OrderedDict()
+    self.huge_pooled_bytes = 0
   def alloc(self, nbytes: int) -> HostMemory:
-    if (blocks := self.pool.get(nbytes)):
-      if nbytes >= HUGE_PAGE_MIN_BYTES and HUGE_PAGES: self.huge_pooled_bytes -= nbytes
-      else: self.pooled_bytes -= nbytes
+    huge = HUGE_PAGES and nbytes >= HUGE_PAGE_MIN_BYTES
+    if huge and (blocks := self.huge_pool.get(nbytes)):
+      self.huge_pooled_bytes -= nbytes
+      handle = blocks.pop()
+      if not blocks: del self.huge_pool[nbytes]
+      return handle
+    if not huge and (blocks := self.pool.get(nbytes)):
+      self.pooled_bytes -= nbytes
       return blocks.pop()
-    if HUGE_PAGES and nbytes >= HUGE_PAGE_MIN_BYTES:
+    if huge:
       try: return HostMemory(*huge_page_bytes(nbytes))
       except (MemoryError, OSError):   # the kept blocks go back to the system, then one more try
         self.drop_huge_pool()
@@ -94,15 +103,21 @@ class LLVMAllocator(Allocator):
     return HostMemory(raw[start:start + nbytes], address + start)
   def free(self, handle: HostMemory, nbytes: int) -> None:
     if HUGE_PAGES and nbytes >= HUGE_PAGE_MIN_BYTES:
-      if self.huge_pooled_bytes + nbytes <= HUGE_POOL_MAX_BYTES:
-        self.pool[nbytes].append(handle)
-        self.huge_pooled_bytes += nbytes
+      if nbytes > HUGE_POOL_MAX_BYTES: return
+      while self.huge_pooled_bytes + nbytes > HUGE_POOL_MAX_BYTES:   # the size freed least recently gives a block
+        oldest, blocks = next(iter(self.huge_pool.items()))
+        blocks.pop(0)
+        if not blocks: del self.huge_pool[oldest]
+        self.huge_pooled_bytes -= oldest
+      self.huge_pool.setdefault(nbytes, []).append(handle)
+      self.huge_pool.move_to_end(nbytes)
+      self.huge_pooled_bytes += nbytes
     elif nbytes <= POOL_MAX_BLOCK and self.pooled_bytes + nbytes <= POOL_MAX_BYTES:
       self.pool[nbytes].append(handle)
       self.pooled_bytes += nbytes
   def drop_huge_pool(self) -> None:
     """Give the kept huge-page blocks back to the system (their mappings go with their last view)."""
-    for nbytes in [n for n in self.pool if n >= HUGE_PAGE_MIN_BYTES]: del self.pool[nbytes]
+    self.huge_pool.clear()
     self.huge_pooled_bytes = 0
   def copyin(self, handle: HostMemory, src: memoryview) -> None:
     handle.array[:len(src)] = np.frombuffer(src, dtype=np.uint8)

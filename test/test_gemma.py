@@ -301,7 +301,7 @@ def test_generate_zero_and_negative_new_tokens(reference, model):
 
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
 def test_generate_pauses_the_collector(reference, model, temperature):
-  """generate() makes its tokens with Python's cyclic collector paused (a full collection took 52-138 ms with a few
+  """generate() makes its tokens with Python's cyclic collector paused (a full collection took 52-241 ms with a few
   models loaded, stalling the decode) and gives it back as it found it, also when on_token raises."""
   seen: list[bool] = []
   result = generate(model, PROMPT, 4, temperature=temperature, seed=0, on_token=lambda t: seen.append(gc.isenabled()))

@@ -15,13 +15,11 @@ from __future__ import annotations
 import argparse, cProfile, gc, io, json, os, pstats, sys, time
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+from greedy_host import GENERATE_RUNS, NEW_TOKENS, PROMPT  # noqa: E402   (the greedy loop that probe times)
 from model_file import gguf_path  # noqa: E402
 from tgrad.models.gemma3_gguf import load_gemma3_gguf  # noqa: E402
 from tgrad.models.generation import generate  # noqa: E402
 
-NEW_TOKENS = 128
-GENERATE_RUNS = 3
-PROMPT = [2] + list(range(1000, 1007))   # BOS and 7 ordinary ids
 PROFILE_LINES = 30
 
 class CollectionLog:

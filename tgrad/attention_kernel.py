@@ -185,10 +185,13 @@ class FlashAttentionRunner:
     # device can place one (fitting_cluster)
     self.cluster = kernel.cluster_blocks() if getattr(renderer, "thread_block_clusters", False) else 0
     def load(cluster: int) -> Any:
-      self.program = Device[device].load_program(self.entry, kernel.source(self.entry, dependent_launch, cluster))
-      return self.program
-    self.cluster = fitting_cluster(self.cluster, lambda cluster: clusters_placeable(load(cluster), cluster, kernel))
-    if self.cluster <= 1: load(self.cluster)   # (the loop's last load was of a size that did not fit)
+      return Device[device].load_program(self.entry, kernel.source(self.entry, dependent_launch, cluster))
+    loaded: dict[int, Any] = {}   # the programs compiled while sizes were tried
+    def placeable(cluster: int) -> Optional[int]:
+      loaded[cluster] = load(cluster)
+      return clusters_placeable(loaded[cluster], cluster, kernel)
+    self.cluster = fitting_cluster(self.cluster, placeable)
+    self.program = loaded[self.cluster] if self.cluster in loaded else load(self.cluster)
     self.flops, self.nbytes = 0, 0
     # variable values → launch dims: a replayed decode step asks once per layer for the same position (a runner
     # serves every layer of its kind), and working them out (the key count, the splits) was most of the host's ~250 µs

@@ -105,6 +105,7 @@ static inline unsigned int __float_as_uint(float f) { unsigned int u; std::memcp
 static inline double __longlong_as_double(long long u) { double f; std::memcpy(&f, &u, 8); return f; }
 struct ushort2 { unsigned short x, y; };
 struct ushort4 { unsigned short x, y, z, w; };
+struct uint1 { unsigned int x; };
 struct uint2 { unsigned int x, y; };
 struct uint4 { unsigned int x, y, z, w; };
 static inline ushort2 make_ushort2(unsigned short x, unsigned short y) { return {x, y}; }
@@ -113,6 +114,7 @@ static inline ushort4 make_ushort4(unsigned short x, unsigned short y, unsigned 
 }
 struct uchar4 { unsigned char x, y, z, w; };
 struct char4 { signed char x, y, z, w; };
+static inline uint1 make_uint1(unsigned int x) { return {x}; }
 static inline uint2 make_uint2(unsigned int x, unsigned int y) { return {x, y}; }
 static inline uint4 make_uint4(unsigned int x, unsigned int y, unsigned int z, unsigned int w) { return {x, y, z, w}; }
 

@@ -169,15 +169,15 @@ def cuda_source(ggml_type, rows, columns, dtype=dtypes.float32, arch=ARCH) -> st
 
 @pytest.mark.parametrize("ggml_type,rows,columns", GEMMA_CASES, ids=str)
 def test_packed_bytes_are_read_as_words(ggml_type, rows, columns):
-  """No byte of the weight is loaded alone: Q4_K's 144-byte blocks keep its runs 4-byte aligned (uchar4 and uint4
-  loads, no funnel shift); Q8_0 (34), Q5_0 (22) and Q6_K (210) leave them 2-byte aligned, read as aligned words joined
-  by a funnel shift."""
+  """No byte of the weight is loaded alone: Q4_K's 144-byte blocks keep its runs 4-byte aligned (uchar4, or uint1
+  where byte lanes read the word, and uint4 loads, no funnel shift); Q8_0 (34), Q5_0 (22) and Q6_K (210) leave them
+  2-byte aligned, read as aligned words joined by a funnel shift."""
   source = cuda_source(ggml_type, rows, columns)
   weight_buffer = "data2"
   assert not re.search(rf"{weight_buffer}\[", source), "a byte loaded alone"
   funnels = len(re.findall(r">> shift\d+\)", source))
   assert (funnels == 0) == (BLOCK_LAYOUTS[ggml_type].block_bytes % 4 == 0), funnels
-  assert re.search(r"const (unsigned int word|uchar4 vec)\d+ = ", source), "no 32-bit load of quants"
+  assert re.search(r"const (unsigned int word|uchar4 vec|uint1 vec)\d+ = ", source), "no 32-bit load of quants"
   if ggml_type == GGMLType.Q4_K: assert "const uint4 word" in source   # d, dmin and the 12 scale bytes in one load
 
 def test_byte_run_pieces():
@@ -324,7 +324,8 @@ def test_padded_blocks_are_read_as_aligned_words_on_cuda(padded_on_llvm):
                                atol=1e-4 * np.abs(reference).max())
   funnels = {label: len(re.findall(r">> shift\d+\)", source)) for label, source in sources.items()}
   assert funnels["plain"] > 0 and funnels["padded"] == 0, funnels
-  assert "* 212)" in sources["padded"] and "const uchar4 vec" in sources["padded"]   # 4-byte loads, no shifts
+  # 4-byte loads, no shifts (a uint1 where byte lanes read the word)
+  assert "* 212)" in sources["padded"] and re.search(r"const (uchar4|uint1) vec", sources["padded"])
   assert not re.search(r"data2\[", sources["padded"]), "a byte loaded alone"
 
 @pytest.mark.gpu

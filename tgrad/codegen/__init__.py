@@ -7,7 +7,7 @@ BEAM winner in the cache (search.py), so a winner found and verified under older
 # Bump when a change here alters the code that some AST and Opt list produce, or what an Opt means: axes.py and opts.py,
 # the linearizer, a renderer, the heuristics that seed the search, or how search verifies. Changes that only
 # rename or restructure without changing generated code need no bump.
-CODEGEN_VERSION = 45   # 2: gathers (data-dependent loads); int casts as narrow CUDA index math. 3: row kernels.
+CODEGEN_VERSION = 46   # 2: gathers (data-dependent loads); int casts as narrow CUDA index math. 3: row kernels.
 # 4: guarded GROUPs of symbolic reduces that padding would change (padding guards), split views indexed without division
 # 5: guarded UPCAST and PADTO of symbolic global axes (stride-0 loads stretched, not masked), tensor cores with padded
 # symbolic rows/columns
@@ -79,3 +79,5 @@ CODEGEN_VERSION = 45   # 2: gathers (data-dependent loads); int casts as narrow 
 # 44: LLVM: a float max reduce's llvm.maximum update ignores the sign of zero (nsz)
 # 45: CUDA: the L2 prefetch before a dependent launch's wait also covers loads indexed by a thread index modulo a
 #     constant over whole periods (a packed Q6_K matvec's lidx % 4)
+# 46: CUDA: uint8 chains on the four bytes of a loaded word computed on the word (runtime/cuda/byte_lanes.py), a
+#     lane converted to float32 by __byte_perm into 2^23's bits; ALU ops nobody reads are not written

@@ -21,8 +21,11 @@ from tgrad.helpers import Context, prod
 from tgrad.runtime.cuda.prefetch import block_prefetch, prefetch_statements
 from tgrad.runtime.cuda.sgemm import simt_matmul_source
 from tgrad.runtime.cuda.targets import DYNAMIC_SHARED_SUFFIX, WARPGROUP_MMA_ARCH, sm_number
+from tgrad.runtime.cuda.byte_lanes import (BYTE_BITS, BYTE_PERM_INTO_FLOAT, FLOAT_TWO_POW_23, FLOAT_TWO_POW_23_BITS,
+                                           SIGN_FLIP, SIGN_FLIP_BIAS, FloatExit, LaneGroup, WordExpr, byte_lanes)
 from tgrad.runtime.cuda.vectors import (BYTE_LOAD_TYPES, LANES, VECTOR_BYTES, WORD_BYTES, ByteRun, VectorAccess,
-                                        async_copies, byte_run_pieces, byte_runs, vector_groups, widen_async_copies)
+                                        VectorType, async_copies, byte_run_pieces, byte_runs, vector_groups,
+                                        widen_async_copies)
 
 # Limits of every CUDA GPU since compute capability 3.0 (CUDA C Programming Guide, "Technical Specifications");
 # the runtime replaces them with the device's own attributes.
@@ -245,6 +248,10 @@ def _pairable(low: UOp, high: UOp) -> bool:
   return low_terms == high_terms and high_constant == low_constant + 1 and low_constant % 2 == 0 and \
     all(coef % 2 == 0 for coef in low_terms.values())
 
+# a uchar4 load whose bytes a byte-lane group reads as one word: one 32-bit word (uint1), each lane a shift of it
+BYTE_WORD = VectorType("uint1", 4, "unsigned char", per_word=4)
+WORD_OPS = {"and": "&", "or": "|", "xor": "^", "add": "+", "mul": "*"}
+
 class _KernelWriter:
   def __init__(self, name: str, uops: list[UOp], arch: str = "sm_90", dependent_launch: bool = False,
                prefetch: bool = False):
@@ -264,6 +271,12 @@ class _KernelWriter:
     self.async_loads = {pos for access in copies.values() for pos in access.positions}
     self.async_copies = widen_async_copies(uops, copies, self.vectors)
     self.vector_names: dict[int, str] = {}   # id of a VectorAccess → its variable
+    # uint8 chains on the four bytes of a word, computed on the word (byte_lanes.py); used_values decides which groups
+    # are written, and a uchar4 load that is the word of one is read as a whole word instead
+    self.lanes = byte_lanes(uops, self.vectors, self.byte_runs)
+    self.group_at = {g.at: g for g in self.lanes.groups if g.expr is not None}
+    self.live_groups: set[int] = set()
+    self.lane_words: dict[int, str] = {}   # id of a LaneGroup → the C expression of its word
     # half values whose exact 16 bits are stored or bitcast: loads and bitcasts keep them, so a copy or a bitcast of
     # a NaN keeps its payload (cvt.f32.f16 → cvt.rn.f16.f32 would not)
     self.wants_bits = {u.src[2] for u in uops if u.op is Ops.STORE} | {u.src[0] for u in uops if u.op is Ops.BITCAST}
@@ -300,11 +313,21 @@ class _KernelWriter:
                   "async_copy": bool(self.async_copies), **{name: False for name in FAST_PRELUDES}}
 
   def used_values(self) -> set[UOp]:
-    """Values some rendered op reads. The other lanes of a vector access read no index, and arithmetic nobody reads
-    (those indices) is not written out."""
+    """Values some rendered op reads, found backwards from the ops that are always written (loads, stores,
+    accumulators, control flow): an ALU op or cast nobody reads is not written, nor is what only it reads. The other
+    lanes of a vector access read no index. A lane of a byte-lane group is computed from its group's word, and a
+    float cast of a lane from the word too (byte_lanes.py): they mark their group written (and, after the walk, every
+    group it reads), not their own sources."""
     used: set[UOp] = set()
-    for pos, u in enumerate(self.uops):
+    live: set[int] = set()
+    for pos in range(len(self.uops) - 1, -1, -1):
+      u = self.uops[pos]
       if u in self.pair_only: continue   # not written; pair_load reads its index and valid
+      if (u.op in ALU or u.op in (Ops.CAST, Ops.BITCAST)) and u not in used: continue
+      if (lane := self.lanes.member.get(u)) is not None or (lane := self.lanes.exits.get(u)) is not None:
+        group = lane[0] if isinstance(lane, tuple) else lane.group
+        live.add(id(group))
+        continue
       if u.op is Ops.VECTORIZE: used.update(x for pair in zip(u.src[0::2], u.src[1::2]) if pair in self.pairs
                                             for x in pair[0].src[1:])
       access, run = self.vectors.get(pos), self.byte_runs.get(pos)
@@ -312,6 +335,12 @@ class _KernelWriter:
         if access is not None and s is u.src[1] and pos != self.index_position(access): continue
         if run is not None and s is u.src[1] and pos != run.at: continue
         used.add(s)
+    for group in reversed(self.lanes.groups):   # users come after what they read
+      if id(group) in live: live.update(id(o) for o in group.operands)
+    self.live_groups = live
+    for group in self.lanes.groups:   # a uchar4 load that is a written group's word: read as one word
+      if group.root is not None and group.root[0] == "vector" and id(group) in live:
+        self.vectors[group.at].vector = BYTE_WORD   # (a root's position is its load's)
     return used
 
   def index_position(self, access: VectorAccess) -> int:
@@ -393,6 +422,13 @@ class _KernelWriter:
   def emit(self, pos: int, u: UOp) -> None:
     op = u.op
     if op in (Ops.DEFINE_GLOBAL, Ops.DEFINE_VAR, Ops.CONST): return
+    if (group := self.group_at.get(pos)) is not None and id(group) in self.live_groups: self.lane_word(group)
+    if (lane := self.lanes.member.get(u)) is not None:
+      if u in self.used: self.define(u, self.lane_byte(*lane), "byte")
+      return
+    if (exit_ := self.lanes.exits.get(u)) is not None:
+      if u in self.used: self.define(u, self.lane_float(exit_), "cast")
+      return
     if (op in ALU or op in (Ops.CAST, Ops.BITCAST)) and u not in self.used: return
     if op is Ops.SPECIAL:
       name, size = u.arg
@@ -448,6 +484,49 @@ class _KernelWriter:
       else: self.define(u, self.bitcast(u.src[0], u.dtype), "cast")
     else: self.define(u, self.alu(u), "alu")
 
+  # ---- byte lanes (byte_lanes.py)
+  def word_of(self, group: LaneGroup) -> str:
+    """The C expression of a group's word: a loaded word's, or the variable its expression was written to."""
+    if id(group) in self.lane_words: return self.lane_words[id(group)]
+    assert group.root is not None, "a computed group's word is written at its first lane"
+    if group.root[0] == "vector": word = f"{self.vector_names[group.root[1]]}.x"
+    else:
+      word = self.run_bytes[id(self.byte_runs[group.at])][WORD_BYTES * group.root[2]][0]
+    self.lane_words[id(group)] = word
+    return word
+
+  def word_expr(self, e) -> str:
+    if isinstance(e, LaneGroup): return self.word_of(e)
+    if isinstance(e, int): return f"{e:#x}u"
+    left = self.word_expr(e.left)
+    if e.op == "same": return left
+    if e.op in ("shl", "shr"): return f"({left} {'<<' if e.op == 'shl' else '>>'} {e.amount})"
+    return f"({left} {WORD_OPS[e.op]} {self.word_expr(e.right)})"
+
+  def lane_word(self, group: LaneGroup) -> None:
+    """Write a computed group's word at its first lane's position (every word it reads is written by then)."""
+    assert isinstance(group.expr, WordExpr)
+    if group.expr.op == "same":
+      self.lane_words[id(group)] = self.word_of(group.expr.left)
+      return
+    name = self.fresh("lanes")
+    self.line(f"const unsigned int {name} = {self.word_expr(group.expr)};")
+    self.lane_words[id(group)] = name
+
+  def lane_byte(self, group: LaneGroup, lane: int) -> str:
+    word = self.word_of(group)
+    return f"(unsigned char)({word} >> {BYTE_BITS * lane})" if lane else f"(unsigned char){word}"
+
+  def lane_float(self, exit_: FloatExit) -> str:
+    """Lane k of the word plus an int8 offset, as float32: the byte moved into the low mantissa byte of 2^23 (the
+    other bytes 0x00, 0x00, 0x4B), minus 2^23 less the offset; both steps exact. A signed lane is first flipped to
+    its value + 128 (an xor of the word, which the compiler computes once for its four lanes)."""
+    word, selector = self.word_of(exit_.group), BYTE_PERM_INTO_FLOAT + exit_.lane
+    bias = FLOAT_TWO_POW_23 - exit_.offset
+    if exit_.signed: word, bias = f"({word} ^ {SIGN_FLIP:#x}u)", bias + SIGN_FLIP_BIAS
+    return f"(__int_as_float(__byte_perm({word}, {FLOAT_TWO_POW_23_BITS:#x}u, {selector:#x})) - " \
+           f"{render_const(float(bias), dtypes.float32)})"
+
   # ---- memory
   def load(self, pos: int, u: UOp) -> None:
     if u in self.pair_only or pos in self.async_loads: return   # (an asynchronous copy's load: see store)
@@ -493,6 +572,7 @@ class _KernelWriter:
     of the word that holds it."""
     lane = run.positions.index(pos)
     if pos == run.at: self.run_bytes[id(run)] = self.read_byte_run(u, run, lane)
+    if u not in self.used: return   # read only as a byte-lane word
     word, shift = self.run_bytes[id(run)][lane]
     self.define(u, f"(unsigned char)({word} >> {shift})" if shift else f"(unsigned char){word}", "byte")
 

@@ -55,7 +55,7 @@ class VectorAccess:
   at: int
   vector: VectorType
 
-def _scope_ids(uops: list[UOp]) -> list[int]:
+def scope_ids(uops: list[UOp]) -> list[int]:
   """For each position, an id of the loop body instance it lies in (a closed loop's body never recurs)."""
   stack, counter, out = [0], 0, []
   for u in uops:
@@ -93,7 +93,7 @@ def _vector_groups(uops: list[UOp], types: dict[DType, VectorType], eligible, ta
   """vector_groups for the accesses `eligible` accepts, not at the positions `taken`, with one table of types."""
   stored = {u.src[0] for u in uops if u.op is Ops.STORE}
   loaded = {u.src[0] for u in uops if u.op is Ops.LOAD}
-  scopes = _scope_ids(uops)
+  scopes = scope_ids(uops)
   candidates: dict[tuple, dict[int, int]] = {}
   for pos, u in enumerate(uops):
     if u.op not in (Ops.LOAD, Ops.STORE) or u.src[0].op not in (Ops.DEFINE_GLOBAL, Ops.DEFINE_LOCAL): continue
@@ -156,7 +156,7 @@ def widen_async_copies(uops: list[UOp], copies: dict[int, VectorAccess], vectors
   copy (cp.async is unordered until its wait, so merging never changes what a load sees). Maps id of every copy's
   store access → the copy to issue at its position, or None where its partner issues it."""
   stores = {id(access): access for access in vectors.values()}
-  scopes = _scope_ids(uops)
+  scopes = scope_ids(uops)
   out: dict[int, Optional[AsyncCopy]] = {}
   by_base: dict[tuple, dict[int, int]] = {}
   for key, load in copies.items():
@@ -222,7 +222,7 @@ def byte_runs(uops: list[UOp]) -> dict[int, ByteRun]:
   as a run than vector_groups would give them: program position → its run."""
   stored = {u.src[0] for u in uops if u.op is Ops.STORE}
   kept_whole = {u.src[2] for u in uops if u.op is Ops.STORE} | {s for u in uops if u.op is Ops.VECTORIZE for s in u.src}
-  scopes = _scope_ids(uops)
+  scopes = scope_ids(uops)
   candidates: dict[tuple, dict[int, int]] = {}
   terms_of: dict[tuple, dict] = {}
   for pos, u in enumerate(uops):

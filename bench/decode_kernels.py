@@ -1,9 +1,10 @@
 """The kernels of one Gemma 3 decode step, scheduled for any device without starting it (no GPU needed for CUDA).
 
-The model is built with random weights and its decode step (`Gemma3._decode_step`, what TinyJit captures) is traced
-with lowering and running switched off: every realize only schedules (and commits Buffers that are never allocated),
-so the count is exactly what the captured step launches on that device, and nothing is compiled. Prints each kernel:
-its output and input buffers (dtype[size]) and how many reduces it runs.
+The model is built with random weights and its decode step (`Gemma3._decode_step`) is traced twice, as TinyJit
+captures it on a model's second call (what the first made stays realized), with lowering and running switched off:
+every realize only schedules (and commits Buffers that are never allocated), so the count is exactly what the
+captured step launches on that device, and nothing is compiled. Prints each kernel: its output and input buffers
+(dtype[size]) and how many reduces it runs.
 With --devices CUDA:0,CUDA:1 the model is tensor-parallel (Gemma3.shard): the kernels of every device, and the
 copies between devices (what the all-reduces move) are counted too.
 With --time N (on a machine with the device) each kernel is then lowered as realize lowers it (the same opts) and
@@ -84,6 +85,12 @@ def decode_step_items(preset: str = "270m", device: str = "CUDA", dtype: str = "
     if devices: model = model.shard(devices)
     model.reset_cache(1, context)
     model._decode_inputs(1)
+    # the step as TinyJit captures it: the model's second call. The first runs eagerly, and what it made stays
+    # realized and written (flash decoding's zeroed scratch: later graphs read it without a fill of their own)
+    items.clear()
+    model._decode_step(*model.cache.decode_variables(position))
+    for item in items:
+      for buffer in item.outputs: buffer.wrote()
     items.clear()
     model._decode_step(*model.cache.decode_variables(position))
   return items

@@ -401,12 +401,16 @@ def _decode_config(query: LazyBuffer, key: LazyBuffer, window: Optional[int], so
 _scratches: dict[tuple[str, int], LazyBuffer] = {}
 
 def _scratch(device: str, words: int) -> LazyBuffer:
-  """The float32 scratch of the flash-decoding kernels of one graph on `device` (their partials and counters),
-  zero-filled by one kernel of that graph: its kernels share it (one device runs them one after another, and each
-  leaves its counters at 0 for the next). A graph built once it was realized gets a new one, so no counter outlives
-  the schedule that zeroed it."""
+  """The float32 scratch of the flash-decoding kernels on `device` (their partials and counters). Its counters must
+  be zero at a kernel's launch, and every kernel leaves them at zero (its last block resets what it counted), so the
+  kernels of every graph on the device share one scratch, one after another: the first graph that uses it zero-fills
+  it with one kernel of its own, and the graphs built after that fill ran read the realized buffer, with no fill (a
+  decode step's fill kernel was 1.4 µs of an H200's 0.37 ms step, replayed every step: TinyJit captures a model's
+  second call, after the first filled it). The partials need no zeros: a kernel writes each before it reads it."""
   scratch = _scratches.get((device, words))
-  if scratch is None or scratch.base.buffer is not None:
+  # a scratch scheduled but never run (a TinyJit capture records its fill without running it; so does a schedule
+  # that is only traced) may hold anything: a graph built then gets a scratch of its own
+  if scratch is None or (scratch.base.buffer is not None and scratch.base.buffer.version == 0):
     scratch = _scratches[(device, words)] = LazyBuffer.const_of(0.0, dtypes.float32, device, (words,)).contiguous()
   return scratch
 

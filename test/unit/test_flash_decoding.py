@@ -272,3 +272,23 @@ def test_fitting_cluster_halves_until_the_device_places_one():
   assert fitting_cluster(16, places(1)) == 0 and asked == [16, 8, 4, 2]
   assert fitting_cluster(16, lambda size: None) == 16
   assert fitting_cluster(0, places(16)) == 0 and fitting_cluster(8, places(4)) == 4
+
+def test_scratch_is_filled_once_and_then_shared():
+  """attention_kernel._scratch: graphs share one scratch per (device, size) once a fill of it ran (every kernel
+  leaves the counters at zero); one scheduled but never run (a TinyJit capture's recording, a traced schedule) may
+  hold anything, and a graph built then gets a scratch of its own, with its own fill. No device is touched."""
+  from tgrad.attention_kernel import _scratch, _scratches
+  from tgrad.device import Buffer
+  words = 4099   # a size no real launch asks for
+  _scratches.pop(("CUDA", words), None)
+  first = _scratch("CUDA", words)
+  assert _scratch("CUDA", words) is first, "two graphs built before it runs share the unrealized fill"
+  assert first.base.op is not None and first.base.buffer is None
+  buffer = Buffer("CUDA", words, dtypes.float32)   # committed as a schedule does, never allocated nor run
+  first.base.commit(buffer)
+  second = _scratch("CUDA", words)
+  assert second is not first and second.base.buffer is None, "a fill that never ran is not trusted"
+  second.base.commit(Buffer("CUDA", words, dtypes.float32))
+  second.base.buffer.wrote()   # its fill ran
+  assert _scratch("CUDA", words) is second, "after its fill ran, later graphs read it as it is"
+  _scratches.pop(("CUDA", words), None)

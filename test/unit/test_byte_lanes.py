@@ -47,7 +47,8 @@ def random_program(seed: int):
   lid = UOp(Ops.SPECIAL, dtypes.index, (), ("lidx0", 8))
   chain_seeds = [rng.randrange(1 << 30) for _ in range(2)]
   combine = rng.choice([Ops.OR, Ops.ADD, Ops.AND, Ops.XOR])
-  exit_kind, exit_offset = rng.randrange(4), rng.randrange(-128, 128)
+  exit_kind, exit_offset = rng.randrange(5), rng.randrange(-128, 128)
+  select = (float(rng.randrange(-64, 64)), float(rng.randrange(-64, 64)))
   loads = {(w, k): UOp(Ops.LOAD, dtypes.uint8, (buf, lid * 4 + (k + 64 * w))) for w in range(2) for k in range(4)}
   uops = [buf, out, lid]
   lanes = list(range(4))
@@ -59,10 +60,16 @@ def random_program(seed: int):
       for _ in range(CHAIN_STEPS): value = random_step(step_rng, value)
       chains.append(value)
     result = UOp(combine, dtypes.uint8, tuple(chains))
-    if exit_kind:
+    if exit_kind in (1, 2, 3):
       result = UOp(Ops.CAST if exit_kind == 1 else Ops.BITCAST, dtypes.int8, (result,))
       if exit_kind == 3: result = UOp(Ops.ADD, dtypes.int8, (result, const(exit_offset, dtypes.int8)))
     result = UOp(Ops.CAST, dtypes.float32, (result,))
+    if exit_kind == 4:   # plus a select of two constants on a bit of the other word's byte (Q5_0's fifth bit)
+      bit = UOp(Ops.AND, dtypes.uint8, (loads[(1, k)], const(1 << k)))
+      condition = UOp(Ops.CMPNE, dtypes.bool, (bit, const(0)))
+      chosen = UOp(Ops.WHERE, dtypes.float32, (condition, const(select[0], dtypes.float32),
+                                                 const(select[1], dtypes.float32)))
+      result = UOp(Ops.ADD, dtypes.float32, (result, chosen))
     index = lid * 4 + k
     for u in [*result.toposort(), *index.toposort()]:
       if u.op is not Ops.CONST and u not in uops: uops.append(u)
@@ -79,13 +86,14 @@ def evaluate_uop(u: UOp, loaded: dict[UOp, int]):
     return struct.unpack("<b", struct.pack("<B", operands[0]))[0]
   return exec_alu(u.op, u.dtype, tuple(operands))
 
-def byte_perm_float(word: int, lane: int, offset: int, signed: bool) -> float:
+def byte_perm_float(word: int, lane: int, offset: int, signed: bool, added: float = 0.0) -> float:
   """What the renderer's float exit computes (renderer.lane_float), from the PTX definition of prmt: byte 0 of the
-  result is byte `lane` of the word, bytes 1-3 those of 0x4B000000; minus 2^23 less the offset (plus 128 if signed)."""
+  result is byte `lane` of the word, bytes 1-3 those of 0x4B000000; minus 2^23 less the offset (plus 128 if signed;
+  less the selected constant `added` of a folded select), one float32 subtraction."""
   if signed: word ^= bl.SIGN_FLIP
   byte = (word >> (8 * lane)) & 0xFF
   bits = bl.FLOAT_TWO_POW_23_BITS | byte
-  bias = bl.FLOAT_TWO_POW_23 - offset + (bl.SIGN_FLIP_BIAS if signed else 0)
+  bias = bl.FLOAT_TWO_POW_23 - offset + (bl.SIGN_FLIP_BIAS if signed else 0) - added
   value = np.float32(struct.unpack("<f", struct.pack("<I", bits))[0]) - np.float32(bias)
   return float(value)
 
@@ -110,11 +118,16 @@ def test_words_compute_every_lane(seed):
         assert evaluate_uop(lane, loaded) <= group.bound
     for cast, exit_ in found.exits.items():
       want = float(np.float32(evaluate_uop(cast, loaded)))
-      assert byte_perm_float(words[id(exit_.group)], exit_.lane, exit_.offset, exit_.signed) == want, (seed, exit_)
+      added = 0.0
+      if exit_.select is not None:   # the renderer subtracts (bias - a) or (bias - b)
+        condition, a, b = exit_.select
+        added = a if evaluate_uop(condition, loaded) else b
+      got = byte_perm_float(words[id(exit_.group)], exit_.lane, exit_.offset, exit_.signed, added)
+      assert got == want, (seed, exit_)
 
 def test_fuzz_programs_take_groups():
   """The fuzz is not vacuous: across the seeds, chains of several word ops and float exits of every kind are found."""
-  computed, exits, signed = 0, 0, 0
+  computed, exits, signed, selects = 0, 0, 0, 0
   for seed in SEEDS:
     uops, _ = random_program(seed)
     runs = byte_runs(uops)
@@ -122,7 +135,9 @@ def test_fuzz_programs_take_groups():
     computed += sum(g.expr is not None for g in found.groups)
     exits += len(found.exits)
     signed += sum(e.signed for e in found.exits.values())
-  assert computed >= 2 * len(SEEDS) and exits >= len(SEEDS) and signed > 0, (computed, exits, signed)
+    selects += sum(e.select is not None for e in found.exits.values())
+  assert computed >= 2 * len(SEEDS) and exits >= len(SEEDS) and signed > 0 and selects > 0, \
+    (computed, exits, signed, selects)
 
 def test_carrying_add_stays_per_byte():
   """An add whose lanes may pass 255 is not a word add (a carry would reach the next byte)."""

@@ -68,11 +68,14 @@ class LaneGroup:
 @dataclass
 class FloatExit:
   """A float32 CAST whose value is lane `lane` of `group` (read as int8 where `signed`) plus `offset` (an int8
-  constant added before it)."""
+  constant added before it). With `select` (condition, a, b), an ADD of that cast and WHERE(condition, a, b) of two
+  small integral float constants, which only it reads (Q5_0's fifth bit: 0 or −16): the same value, the constant
+  folded into the exit's subtraction (one add fewer)."""
   group: LaneGroup
   lane: int
   offset: int
   signed: bool = False
+  select: Optional[tuple[UOp, float, float]] = None
 
 @dataclass
 class ByteLanes:
@@ -238,7 +241,29 @@ def byte_lanes(uops: list[UOp], vectors: dict[int, VectorAccess], runs: dict[int
   for u in uops:
     if u.op is not Ops.CAST or u.dtype != dtypes.float32: continue
     if (found := _float_exit(u.src[0], lane_of, constants)) is not None: exits[u] = FloatExit(*found)
+  users: dict[UOp, int] = {}
+  for u in uops:
+    for s in u.src: users[s] = users.get(s, 0) + 1
+  for u in uops:   # an exit plus a select of two constants, which only this add reads
+    if u.op is not Ops.ADD or u.dtype != dtypes.float32: continue
+    for cast, select in (u.src, u.src[::-1]):
+      if cast in exits and users.get(cast) == 1 and users.get(select) == 1 and (fold := _select(select)) is not None:
+        exit_ = exits[cast]
+        exits[u] = FloatExit(exit_.group, exit_.lane, exit_.offset, exit_.signed, fold)
+        break
   return ByteLanes(sorted(groups.values(), key=lambda g: g.at), member, exits)
+
+# the largest |constant| a folded select may add: the exit's bias stays an integer float32 represents exactly
+SELECT_CONSTANT_MAX = 1 << 16
+
+def _select(u: UOp) -> Optional[tuple[UOp, float, float]]:
+  """(condition, a, b) of WHERE(condition, a, b) over two integral float32 constants small enough that 2^23 plus or
+  minus them stays exact, else None."""
+  if u.op is not Ops.WHERE or u.dtype != dtypes.float32: return None
+  condition, a, b = u.src
+  if a.op is not Ops.CONST or b.op is not Ops.CONST: return None
+  if not all(float(v.arg).is_integer() and abs(v.arg) <= SELECT_CONSTANT_MAX for v in (a, b)): return None
+  return condition, float(a.arg), float(b.arg)
 
 def _float_exit(x: UOp, lane_of: dict, constants: dict) -> Optional[tuple[LaneGroup, int, int, bool]]:
   """(group, lane, offset, signed) where x, converted to float32, is a lane plus an int8 constant exactly: the lane

@@ -327,6 +327,7 @@ class _KernelWriter:
       if (lane := self.lanes.member.get(u)) is not None or (lane := self.lanes.exits.get(u)) is not None:
         group = lane[0] if isinstance(lane, tuple) else lane.group
         live.add(id(group))
+        if isinstance(lane, FloatExit) and lane.select is not None: used.add(lane.select[0])   # its condition
         continue
       if u.op is Ops.VECTORIZE: used.update(x for pair in zip(u.src[0::2], u.src[1::2]) if pair in self.pairs
                                             for x in pair[0].src[1:])
@@ -520,12 +521,17 @@ class _KernelWriter:
   def lane_float(self, exit_: FloatExit) -> str:
     """Lane k of the word plus an int8 offset, as float32: the byte moved into the low mantissa byte of 2^23 (the
     other bytes 0x00, 0x00, 0x4B), minus 2^23 less the offset; both steps exact. A signed lane is first flipped to
-    its value + 128 (an xor of the word, which the compiler computes once for its four lanes)."""
+    its value + 128 (an xor of the word, which the compiler computes once for its four lanes). A folded select
+    subtracts one of two such biases."""
     word, selector = self.word_of(exit_.group), BYTE_PERM_INTO_FLOAT + exit_.lane
     bias = FLOAT_TWO_POW_23 - exit_.offset
     if exit_.signed: word, bias = f"({word} ^ {SIGN_FLIP:#x}u)", bias + SIGN_FLIP_BIAS
-    return f"(__int_as_float(__byte_perm({word}, {FLOAT_TWO_POW_23_BITS:#x}u, {selector:#x})) - " \
-           f"{render_const(float(bias), dtypes.float32)})"
+    subtracted = render_const(float(bias), dtypes.float32)
+    if exit_.select is not None:   # plus WHERE(condition, a, b): minus (bias - a) or (bias - b)
+      condition, a, b = exit_.select
+      subtracted = f"({self.value(condition)} ? {render_const(bias - a, dtypes.float32)} : " \
+                   f"{render_const(bias - b, dtypes.float32)})"
+    return f"(__int_as_float(__byte_perm({word}, {FLOAT_TWO_POW_23_BITS:#x}u, {selector:#x})) - {subtracted})"
 
   # ---- memory
   def load(self, pos: int, u: UOp) -> None:

@@ -96,3 +96,25 @@ def test_shared_factor_taken_out_on_gpu():
     np.testing.assert_allclose(sum(_evaluate(v, env) for v in out), sum(_evaluate(v, env) for v in terms), rtol=1e-12)
   plain = [UOp(Ops.MUL, dtypes.float32, (x, q)) for x, q in zip(xs, qs)]
   assert factor_shared_out(plain) == plain
+
+def test_min_term_distributed_and_taken_out_on_gpu():
+  """Σ xᵢ·(a·qᵢ + −(dmin·m)) over two sub-blocks (a K-quant's values, (d·sc)·q − dmin·m): distributed, each
+  sub-block's a and −(dmin·m) multiply once ((a·Σ xᵢqᵢ) + (−(dmin·m))·Σ xᵢ), and the total is the same (random values,
+  float64 evaluation). A sum x·(p + q) whose p shares nothing stays as it is."""
+  def mul(*factors: UOp) -> UOp:
+    out = factors[0]
+    for f in factors[1:]: out = UOp(Ops.MUL, dtypes.float32, (out, f))
+    return out
+  def add(p: UOp, q: UOp) -> UOp: return UOp(Ops.ADD, dtypes.float32, (p, q))
+  a, b, c, e = _var("a"), _var("b"), _var("c"), _var("e")
+  xs, qs = [_var(f"x{i}") for i in range(6)], [_var(f"q{i}") for i in range(6)]
+  terms = [mul(xs[i], add(mul(a, qs[i]), b)) for i in range(3)] + \
+          [mul(add(mul(c, qs[i]), e), xs[i]) for i in range(3, 6)]   # either operand order
+  out = factor_shared_out(terms)
+  for factor in (a, b, c, e): assert _multiplies_by(out, factor) == 1, factor
+  rng = np.random.default_rng(1)
+  for _ in range(5):
+    env = {v.arg[0]: float(rng.standard_normal()) for v in [a, b, c, e] + xs + qs}
+    np.testing.assert_allclose(sum(_evaluate(v, env) for v in out), sum(_evaluate(v, env) for v in terms), rtol=1e-12)
+  lone = [mul(xs[i], add(qs[i], b)) for i in range(3)]   # qᵢ shares no factor: distributing would add multiplies
+  assert factor_shared_out(lone) == lone

@@ -7,7 +7,7 @@ BEAM winner in the cache (search.py), so a winner found and verified under older
 # Bump when a change here alters the code that some AST and Opt list produce, or what an Opt means: axes.py and opts.py,
 # the linearizer, a renderer, the heuristics that seed the search, or how search verifies. Changes that only
 # rename or restructure without changing generated code need no bump.
-CODEGEN_VERSION = 47   # 2: gathers (data-dependent loads); int casts as narrow CUDA index math. 3: row kernels.
+CODEGEN_VERSION = 48   # 2: gathers (data-dependent loads); int casts as narrow CUDA index math. 3: row kernels.
 # 4: guarded GROUPs of symbolic reduces that padding would change (padding guards), split views indexed without division
 # 5: guarded UPCAST and PADTO of symbolic global axes (stride-0 loads stretched, not masked), tensor cores with padded
 # symbolic rows/columns
@@ -82,3 +82,5 @@ CODEGEN_VERSION = 47   # 2: gathers (data-dependent loads); int casts as narrow 
 # 46: CUDA: uint8 chains on the four bytes of a loaded word computed on the word (runtime/cuda/byte_lanes.py), a
 #     lane converted to float32 by __byte_perm into 2^23's bits; ALU ops nobody reads are not written
 # 47: CUDA: a byte lane's float plus a select of two constants (Q5_0's fifth bit) folds the select into its bias
+# 48: CUDA: an unrolled float sum's terms x·(p + q) whose p and q share factors with other terms are distributed before
+#     the shared factors come out (a K-quant's (d·sc)·Σ x·q + −(dmin·m)·Σ x); byte lanes: adds of 0 are the lanes

@@ -195,9 +195,34 @@ def shared_factors_last(values: list[UOp]) -> list[UOp]:
 # multiply-add each (x·q + acc) and the block one multiply, not a multiply by the scale per value.
 def factor_shared_out(values: list[UOp]) -> list[UOp]:
   """The unrolled values of a float sum with every factor shared by two terms or more taken out of their sum: a list
-  of values with the same total (fewer where factors were shared; as they are where none is)."""
+  of values with the same total (fewer where factors were shared; as they are where none is). A term x·(p + q) whose
+  p and q both share a factor with other terms is distributed first (_distributed)."""
   terms = [t for v in values for t in _additive_terms(v)]
-  return _factored(terms) if len(terms) > 1 else values
+  return _factored(_distributed(terms)) if len(terms) > 1 else values
+
+# A K-quant's value is (d·sc)·q − dmin·m: a packed matvec's terms are x·((d·sc)·q + −(dmin·m)), whose sum keeps a
+# multiply and an add a value. Distributed, the sub-block's terms share d·sc and −(dmin·m), which come out of their
+# sums: (d·sc)·Σ x·q + −(dmin·m)·Σ x, a fused multiply-add and an add a value (llama.cpp sums x per sub-block alike).
+def _distributed(terms: list[UOp]) -> list[UOp]:
+  """The terms, each x·(p + q) (a float MUL of an ADD) whose summands p and q both have a factor that a summand of
+  another term has too written as x·p and x·q; the others as they are."""
+  split: list[Optional[tuple[UOp, UOp, UOp]]] = []
+  for term in terms:
+    found = None
+    if term.op is Ops.MUL and term.dtype.is_float:
+      for outer, inner in (term.src, term.src[::-1]):
+        if inner.op is Ops.ADD and inner.dtype == term.dtype and outer.dtype == term.dtype:
+          found = (outer, inner.src[0], inner.src[1])
+          break
+    split.append(found)
+  counts = _terms_with([_factors(part) for found in split if found is not None for part in found[1:]])
+  out: list[UOp] = []
+  for term, found in zip(terms, split):
+    if found is not None and all(any(counts[f] > 1 for f in _factors(part)) for part in found[1:]):
+      outer, p, q = found
+      out += [UOp(Ops.MUL, term.dtype, (outer, p)), UOp(Ops.MUL, term.dtype, (outer, q))]
+    else: out.append(term)
+  return out
 
 def _factored(terms: list[UOp]) -> list[UOp]:
   factors = [_factors(t) for t in terms]

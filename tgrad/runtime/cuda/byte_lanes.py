@@ -146,6 +146,8 @@ def _word_op(u: UOp, operands: list, bounds: list[int]) -> Optional[tuple[WordEx
     if op is Ops.ADD and bound + bounds[1] <= BYTE_MAX: return WordExpr("add", left, right), bound + bounds[1]
     return None
   c = right & BYTE_MAX
+  if (op in (Ops.ADD, Ops.OR, Ops.XOR) and c == 0) or (op is Ops.AND and c == BYTE_MAX):   # the lanes themselves
+    return WordExpr("same", left), bound
   if op is Ops.AND: return WordExpr("and", left, repeated(c)), min(bound, c)
   if op is Ops.OR: return WordExpr("or", left, repeated(c)), _bits_below(max(bound, c))
   if op is Ops.XOR: return WordExpr("xor", left, repeated(c)), _bits_below(max(bound, c))

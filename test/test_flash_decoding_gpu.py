@@ -15,7 +15,7 @@ pytestmark = pytest.mark.gpu
 # splits of 64, 3 clusters of 16 (the last of one split) and the scratch's combine
 POSITIONS = (3, 40, 100, 300, 600, 1050, 2100)
 
-def decode_logits(dtype=dtypes.float16, **settings) -> list[np.ndarray]:
+def decode_logits(dtype=dtypes.float16, positions=POSITIONS, **settings) -> list[np.ndarray]:
   config = Gemma3Config.from_dict({**PRESETS["tiny"], "head_dim": 128, "sliding_window": 300, "num_hidden_layers": 2,
                                    "layer_types": ["sliding_attention", "full_attention"],
                                    "max_position_embeddings": 4096})
@@ -23,7 +23,7 @@ def decode_logits(dtype=dtypes.float16, **settings) -> list[np.ndarray]:
     model = Gemma3.random(config, dtype=dtype, device="CUDA", seed=11)
     rng = np.random.default_rng(12)
     out = []
-    for position in POSITIONS:   # a prompt of `position` tokens, then the jitted decode step after it
+    for position in positions:   # a prompt of `position` tokens, then the jitted decode step after it
       model.reset_cache(1, max(POSITIONS) + 1)
       tokens = rng.integers(0, config.vocab_size, (1, position + 1)).astype(np.int32)
       model.forward(Tensor(tokens[:, :position], device="CUDA"), 0, last_only=True, jit=True)
@@ -37,6 +37,16 @@ def test_cluster_and_scratch_combines_match_the_plain_graph():
     for position, got, want in zip(POSITIONS, decode_logits(FLASH_CLUSTER=cluster), plain):
       scale = np.abs(want).max()
       assert np.abs(got - want).max() <= 2e-2 * scale, (cluster, position, np.abs(got - want).max() / scale)
+
+def test_values_in_device_memory_give_the_same_logits():
+  """FLASH_DEVICE_VALUES=1 (the key count and slot written to device memory before each launch, the replayed nodes'
+  arguments unchanged) against 0 (kernel arguments set each step): bit-identical logits, the positions in a seeded
+  random order (the replays' values go down as well as up)."""
+  order = [int(i) for i in np.random.default_rng(5).permutation(len(POSITIONS))]
+  positions = [POSITIONS[i] for i in order]
+  for got, want in zip(decode_logits(positions=positions, FLASH_DEVICE_VALUES=1),
+                       decode_logits(positions=positions, FLASH_DEVICE_VALUES=0)):
+    np.testing.assert_array_equal(got, want)
 
 def test_float32_matches_the_plain_graph():
   """A float32 model's step through the kernel (float32 caches, 16-byte loads of 4 floats) against its plain graph."""

@@ -123,6 +123,9 @@ class _Settings:
   FLASH_CLUSTER: int = 16    # blocks of a flash-decoding thread block cluster on sm_90+: up to that many splits
                              # combine through shared memory (16: a non-portable size); 0: every split through global
                              # scratch and an atomic
+  FLASH_DEVICE_VALUES: int = 1   # 1: flash decoding reads its variables' values (the key count, the cache slot) from
+                                 # device memory written before each launch, so a replayed graph's nodes keep their
+                                 # arguments; 0: the values are kernel arguments, set in every node each step
   HALF_GEMM: int = 1    # 1: a prompt times a packed weight on CUDA dequantizes it into a temporary of the prompt's
                         # dtype (half, or float32)
                         # and runs the tensor-core matmul; 0: the packed float product (nn/quant.py)
@@ -157,6 +160,7 @@ _ALLOWED_VALUES: dict[str, tuple[str, Callable[[int], bool]]] = {
   "FLASH_ATTENTION": ("0 or 1", lambda v: v in (0, 1)),
   "FLASH_DECODING": ("0 or 1", lambda v: v in (0, 1)),
   "FLASH_CLUSTER": ("0, 2, 4, 8 or 16 (blocks of a cluster; 0: none)", lambda v: v in (0, 2, 4, 8, 16)),
+  "FLASH_DEVICE_VALUES": ("0 or 1", lambda v: v in (0, 1)),
   "HALF_GEMM": ("0 or 1", lambda v: v in (0, 1)),
   "PACKED_GEMM": ("0 or 1", lambda v: v in (0, 1)),
   "CPU_PACK": ("0 or 1", lambda v: v in (0, 1)),
@@ -239,7 +243,8 @@ def current_settings() -> _Settings:
 
 # The settings that change generated code. Not TOLERANCE: it changes which measured path is selected, never the code
 # of a path, so kernels and binaries cached under one tolerance serve every other.
-CODE_SETTINGS = ("NOOPT", "PDL", "PDL_PREFETCH", "WGMMA", "WGMMA_TMA", "SGEMM", "F32_MATMUL", "FLASH_CLUSTER")
+CODE_SETTINGS = ("NOOPT", "PDL", "PDL_PREFETCH", "WGMMA", "WGMMA_TMA", "SGEMM", "F32_MATMUL", "FLASH_CLUSTER",
+                 "FLASH_DEVICE_VALUES")
 
 def settings_key(settings: Optional[_Settings] = None) -> tuple:
   """The settings that change generated code (of `settings`, else the current ones): part of every cache key."""

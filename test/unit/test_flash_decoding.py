@@ -52,7 +52,7 @@ def run_on_gpu(source: str, name: str, global_size, local_size, buffers: list[np
 
 def run_case(dtype, batch, heads, kv_heads, keys, head_dim, window=None, softcap=None, norm=False, rotary=False,
              update=False, slots=None, seed=0, launches=1, dependent_launch=False, float32_norms=False, cluster=0,
-             launch=run_on_cpu):
+             launch=run_on_cpu, values_pointer=False):
   rng = np.random.default_rng(seed)
   D, group = head_dim, heads // kv_heads
   slots = slots or keys
@@ -82,15 +82,20 @@ def run_case(dtype, batch, heads, kv_heads, keys, head_dim, window=None, softcap
   roles = config.roles()
   arrays = {"q": qkv, "k_cache": cache, "v_cache": cache, "k_new": qkv, "v_new": qkv, "q_weight": weights,
             "k_weight": weights, "cos": tables, "sin": tables, "scratch": scratch}
-  source = flash_decoding_source(config, "decode", sizes, ("n_keys", "slot"), roles, batch, dependent_launch, cluster)
+  source = flash_decoding_source(config, "decode", sizes, ("n_keys", "slot"), roles, batch, dependent_launch, cluster,
+                                 values_pointer)
   before = cache.copy()
   outputs = []
   for _ in range(launches):   # again: the last block reset the counter, so a second launch combines the same way
     # NaN bits: every element must be written
     out = np.full((batch, heads, 1, D), np.nan, np.float32) if dtype == "float32" else \
       np.full((batch, heads, 1, D), 0x7E00, np.uint16)
-    prefetched = launch(source, "decode", grid(config, keys, batch, cluster), (config.block_threads,),
-                        [out if r == "out" else arrays[r].reshape(-1) for r in roles], [keys, slot])
+    buffers = [out if r == "out" else arrays[r].reshape(-1) for r in roles]
+    # the variables as kernel arguments, or in memory the last pointer argument points at (the device values)
+    if values_pointer: buffers, variables = buffers + [np.array([keys, slot], np.int64)], []
+    else: variables = [keys, slot]
+    prefetched = launch(source, "decode", grid(config, keys, batch, cluster), (config.block_threads,), buffers,
+                        variables)
     outputs.append(as_float(out, dtype))
   if dependent_launch and launch is run_on_cpu:
     # every line of the visible keys' and values' cached rows, and nothing else, asked of L2 (the emulator records it)
@@ -187,6 +192,21 @@ def test_cluster_combine(keys, cluster):
   run_case("float16", 1, 4, 1, keys, 256, norm=True, rotary=True, update=True, slots=max(2048, keys), seed=keys,
            launches=2, dependent_launch=True, cluster=cluster)
 
+@needs_emulator
+@pytest.mark.parametrize("keys,cluster", [(40, 0), (300, 8), (1100, 8)])
+def test_values_read_from_device_memory(keys, cluster):
+  """With values_pointer the key count and slot come from an int64 array (the last pointer argument), read before
+  the wait: the same outputs and cache update as with them as arguments (one split, a cluster, clusters and the
+  scratch), launched twice."""
+  run_case("float16", 1, 4, 1, keys, 256, norm=True, rotary=True, update=True, slots=max(2048, keys), seed=keys,
+           launches=2, dependent_launch=True, cluster=cluster, values_pointer=True)
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("keys", [1, 513, 2500])
+def test_values_read_from_device_memory_on_the_gpu(keys):
+  run_case("float16", 1, 4, 1, keys, 256, norm=True, rotary=True, update=True, slots=max(2048, keys), seed=keys,
+           launches=2, dependent_launch=True, cluster=16, values_pointer=True, launch=run_on_gpu)
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("cluster", [0, 2, 8, 16])
 @pytest.mark.parametrize("keys", [1, 32, 33, 40, 100, 256, 257, 511, 512, 513, 2000, 2500])
@@ -246,6 +266,10 @@ def test_compiles_with_nvrtc(arch, dtype):
       large = flash_decoding_source(config, "decode", sizes, ("n",), config.roles(), 1, True, cluster=16)
       assert "__cluster_dims__(16, 1, 1)" in large and "decode_non_portable_cluster" in large
       assert "non_portable" not in clustered and len(compile_cuda(large, arch)) > 0
+      from_memory = flash_decoding_source(config, "decode", sizes, ("n",), config.roles(), 1, True, cluster=16,
+                                          values_pointer=True)
+      assert "const long long* __restrict__ step_values" in from_memory and "long long n)" not in from_memory
+      assert len(compile_cuda(from_memory, arch)) > 0
 
 def test_bad_configs_raise():
   with pytest.raises(ValueError, match="head dim 100"): DecodeConfig("float16", 100, 1, 1, 1.0)

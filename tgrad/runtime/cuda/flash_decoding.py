@@ -622,16 +622,21 @@ DEPENDENT_LAUNCH = r"""  {   // before the wait: this split's cached key and val
   asm volatile("griddepcontrol.wait;" ::: "memory");
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");"""
 
+VALUES_PARAMETER = "step_values"   # with values_pointer: the int64 array of the variables' values, in their order
+
 def flash_decoding_source(config: DecodeConfig, name: str, sizes: dict[str, str], variables: tuple[str, ...],
                           buffers: tuple[str, ...], batch: int, dependent_launch: bool = False,
-                          cluster: int = 0) -> str:
+                          cluster: int = 0, values_pointer: bool = False) -> str:
   """CUDA C of kernel `name` (see the module doc). `buffers`: the role of each pointer parameter, in order (each of
   config.roles() once; a name outside ROLES is a parameter the kernel does not read). `sizes`: a C expression (of
   `variables`, the int64 parameters after the buffers) for each of SIZE_NAMES that the config uses (missing ones
   are 0): the key count S, the new slot, each [B, H, N, D] input's element offset and strides over batch, head and
   position (its last dim contiguous), each table's offset. `batch`: B (the scratch's layout). `dependent_launch`: the
   PDL form (DEPENDENT_LAUNCH), for sm_90+ with PDL on. `cluster`: blocks of a thread block cluster (sm_90+; 0 or 1:
-  none), whose splits combine through shared memory; launch it on grid(config, keys, batch, cluster)."""
+  none), whose splits combine through shared memory; launch it on grid(config, keys, batch, cluster).
+  `values_pointer`: the variables are not parameters; one `const long long*` parameter after the buffers points at
+  their values (in `variables`' order), read at the kernel's start, before a dependent launch's wait (whoever writes
+  them does so in stream order before the launch: a replayed graph's node keeps its arguments while they change)."""
   if cluster not in (0, 1) and not (1 < cluster <= CLUSTER_BLOCKS and cluster & (cluster - 1) == 0):
     raise ValueError(f"flash decoding: cluster of {cluster} blocks: a power of two up to {CLUSTER_BLOCKS}, or 0")
   if missing := [r for r in config.roles() if r not in buffers]:
@@ -653,6 +658,11 @@ def flash_decoding_source(config: DecodeConfig, name: str, sizes: dict[str, str]
     parameters.append(f"{ctype} {role}")
   absent = [r for r in ("k_new", "v_new", "q_weight", "k_weight", "cos", "sin") if r not in declared]
   size_lines = "\n".join(f"  const long long {s} = {sizes.get(s, '0LL')};" for s in SIZE_NAMES)
+  if values_pointer:
+    size_lines = "".join(f"  const long long {v} = {VALUES_PARAMETER}[{i}];\n" for i, v in enumerate(variables)) + \
+      size_lines
+    arguments = parameters + [f"const long long* __restrict__ {VALUES_PARAMETER}"]
+  else: arguments = parameters + [f"long long {v}" for v in variables]
   # a role the config does not use still has names in the source: a null pointer it never reads
   size_lines += "".join(f"\n  const element* {r} = nullptr;" for r in absent)
   softcap = "" if config.softcap is None else \
@@ -681,7 +691,7 @@ def flash_decoding_source(config: DecodeConfig, name: str, sizes: dict[str, str]
   body = body.replace("DEPENDENT_LAUNCH", DEPENDENT_LAUNCH if dependent_launch else "")
   body = body.replace("CLUSTER_COMBINE_STEP", CLUSTER_COMBINE if cluster > 1 else "")
   for key in sorted(values, key=len, reverse=True): body = body.replace(key, values[key])
-  body = body.replace("NAME", name).replace("PARAMETERS", ", ".join(parameters + [f"long long {v}" for v in variables]))
+  body = body.replace("NAME", name).replace("PARAMETERS", ", ".join(arguments))
   body = body.replace("SIZES", size_lines)   # last: the expressions are the caller's text
   if dependent_launch: body = f'extern "C" __device__ unsigned int {name}{DEPENDENT_LAUNCH_SUFFIX} = 1;\n' + body
   if cluster > PORTABLE_CLUSTER_BLOCKS:

@@ -136,9 +136,10 @@ class FlashAttentionKernel(CustomKernel):
   def variables(self) -> tuple[str, ...]:
     sizes = (self.length, self.keys, *(s for layout in self.layouts for s in (layout.offset, *layout.strides)))
     return tuple(sorted({v.arg[0] for s in sizes for v in variables_of(s)}))
-  def source(self, entry: str, dependent_launch: bool = False, cluster: int = 0, values_pointer: bool = False) -> str:
+  def source(self, entry: str, dependent_launch: bool = False, cluster: int = 0,
+             value_slots: Optional[tuple[int, ...]] = None) -> str:
     """The CUDA source (`dependent_launch`: the prefill kernel has no PDL form; it keeps full graph dependencies; nor
-    a cluster form: `cluster` is not used; nor one reading its variables from device memory: `values_pointer`
+    a cluster form: `cluster` is not used; nor one reading its variables from device memory: `value_slots`
     neither)."""
     parameters = tuple(VARIABLE_PREFIX + v for v in self.variables())
     return kernel_source_module().flash_attention_source(self.config, entry, self.sizes(), parameters)
@@ -174,9 +175,9 @@ def clusters_placeable(program: Any, cluster: int, kernel: Any) -> Optional[int]
 class FlashAttentionRunner:
   """A compiled attention kernel (flash attention on (output, q, k, v) Buffers, flash decoding on its roles' Buffers);
   its variables' values come with each launch: as its last arguments, or (flash decoding, FLASH_DEVICE_VALUES) in
-  device memory that `stage` writes before the launch, the memory's address its one argument after the buffers. A
-  graph runner calls `stage` before each replay and passes `argument_values` in the kernel's node, which then stays the
-  same while the values change (until the launch's grid does)."""
+  the device's value table, which `stage` writes before the launch, the table's address its one argument after the
+  buffers. A graph runner stages every such launch's `staged_values` before each replay and passes `argument_values`
+  in the kernel's node, which then stays the same while the values change (until the launch's grid does)."""
   def __init__(self, kernel: FlashAttentionKernel | FlashDecodingKernel, device: str):
     if device_kind(device) not in FLASH_DEVICES: raise ValueError(f"flash attention does not run on {device}")
     self.kernel, self.entry = kernel, kernel.entry()
@@ -188,12 +189,11 @@ class FlashAttentionRunner:
     # and runs in thread block clusters of the kernel's size where the device has them (0: none), halved until the
     # device can place one (fitting_cluster)
     self.cluster = kernel.cluster_blocks() if getattr(renderer, "thread_block_clusters", False) else 0
-    reads_device = getattr(kernel, "reads_values_from_device", lambda: False)()
-    self.device_values = device_values_module().DeviceValues(len(self.variables), Device[device].allocator) \
-      if reads_device else None
+    self.value_table = device_values_module().value_table(device, Device[device].allocator) \
+      if getattr(kernel, "reads_values_from_device", lambda: False)() else None
+    value_slots = None if self.value_table is None else tuple(self.value_table.slot_of(v) for v in self.variables)
     def load(cluster: int) -> Any:
-      return Device[device].load_program(self.entry, kernel.source(self.entry, dependent_launch, cluster,
-                                                                    values_pointer=reads_device))
+      return Device[device].load_program(self.entry, kernel.source(self.entry, dependent_launch, cluster, value_slots))
     loaded: dict[int, Any] = {}   # the programs compiled while sizes were tried
     def placeable(cluster: int) -> Optional[int]:
       loaded[cluster] = load(cluster)
@@ -211,13 +211,17 @@ class FlashAttentionRunner:
     return remembered_dims(self._dims_at, tuple(values.get(name) for name in self.variables),
                            lambda: self.kernel.launch_dims(values, self.cluster))
   def argument_values(self, var_vals: dict[str, int]) -> list[int]:
-    """The kernel's arguments after its buffers: the variables' values, or the address of the device memory that
-    holds them."""
-    if self.device_values is not None: return [self.device_values.address]
+    """The kernel's arguments after its buffers: the variables' values, or the address of the device's value table
+    that holds them."""
+    if self.value_table is not None: return [self.value_table.address]
     return [int(var_vals[v]) for v in self.variables]
+  def staged_values(self, var_vals: dict[str, int]) -> list[tuple[Any, str, int]]:
+    """(table, variable, value) of what a launch reads from device memory (none where it takes arguments)."""
+    if self.value_table is None: return []
+    return [(self.value_table, v, int(var_vals[v])) for v in self.variables]
   def stage(self, var_vals: dict[str, int]) -> None:
     """Before a launch that reads its variables from device memory: queue the writes of their values there."""
-    if self.device_values is not None: self.device_values.stage([int(var_vals[v]) for v in self.variables])
+    if self.value_table is not None: device_values_module().stage_all(self.staged_values(var_vals))
   def __call__(self, bufs: Sequence[Buffer], wait: bool = False, var_vals: Optional[dict[str, int]] = None
                ) -> Optional[float]:
     var_vals = var_vals or {}
@@ -326,13 +330,14 @@ class FlashDecodingKernel(CustomKernel):
     sizes = (self.keys, self.slot, *(s for _, layout in self.layouts for s in (layout.offset, *layout.strides)),
              *(offset for _, offset in self.table_offsets))
     return tuple(sorted({v.arg[0] for s in sizes for v in variables_of(s)}))
-  def source(self, entry: str, dependent_launch: bool = False, cluster: int = 0, values_pointer: bool = False) -> str:
+  def source(self, entry: str, dependent_launch: bool = False, cluster: int = 0,
+             value_slots: Optional[tuple[int, ...]] = None) -> str:
     """The CUDA source: with `dependent_launch`, the PDL form; with `cluster` > 1, splits combined in clusters of that
-    many blocks (launch it on launch_dims with the same `cluster`); with `values_pointer`, the variables' values read
-    from device memory (runtime/cuda/device_values.py) whose address is the last argument."""
+    many blocks (launch it on launch_dims with the same `cluster`); with `value_slots`, each variable's value read
+    from that slot of the device's value table (runtime/cuda/device_values.py), whose address is the last argument."""
     parameters = tuple(VARIABLE_PREFIX + v for v in self.variables())
     return decoding_source_module().flash_decoding_source(self.config, entry, self.sizes(), parameters, self.roles,
-                                                          self.batch, dependent_launch, cluster, values_pointer)
+                                                          self.batch, dependent_launch, cluster, value_slots)
   def reads_values_from_device(self) -> bool:
     """Whether its runner passes the variables in device memory (FLASH_DEVICE_VALUES, where it has any)."""
     return bool(Context.FLASH_DEVICE_VALUES) and bool(self.variables())

@@ -82,8 +82,9 @@ def run_case(dtype, batch, heads, kv_heads, keys, head_dim, window=None, softcap
   roles = config.roles()
   arrays = {"q": qkv, "k_cache": cache, "v_cache": cache, "k_new": qkv, "v_new": qkv, "q_weight": weights,
             "k_weight": weights, "cos": tables, "sin": tables, "scratch": scratch}
+  # the values from device memory: slots 3 and 1 of a table (out of order, as a device's table may give them)
   source = flash_decoding_source(config, "decode", sizes, ("n_keys", "slot"), roles, batch, dependent_launch, cluster,
-                                 values_pointer)
+                                 (3, 1) if values_pointer else None)
   before = cache.copy()
   outputs = []
   for _ in range(launches):   # again: the last block reset the counter, so a second launch combines the same way
@@ -92,7 +93,7 @@ def run_case(dtype, batch, heads, kv_heads, keys, head_dim, window=None, softcap
       np.full((batch, heads, 1, D), 0x7E00, np.uint16)
     buffers = [out if r == "out" else arrays[r].reshape(-1) for r in roles]
     # the variables as kernel arguments, or in memory the last pointer argument points at (the device values)
-    if values_pointer: buffers, variables = buffers + [np.array([keys, slot], np.int64)], []
+    if values_pointer: buffers, variables = buffers + [np.array([-7, slot, -7, keys], np.int64)], []
     else: variables = [keys, slot]
     prefetched = launch(source, "decode", grid(config, keys, batch, cluster), (config.block_threads,), buffers,
                         variables)
@@ -195,9 +196,9 @@ def test_cluster_combine(keys, cluster):
 @needs_emulator
 @pytest.mark.parametrize("keys,cluster", [(40, 0), (300, 8), (1100, 8)])
 def test_values_read_from_device_memory(keys, cluster):
-  """With values_pointer the key count and slot come from an int64 array (the last pointer argument), read before
-  the wait: the same outputs and cache update as with them as arguments (one split, a cluster, clusters and the
-  scratch), launched twice."""
+  """With value slots the key count and slot come from an int64 table (the last pointer argument; slots 3 and 1 of
+  it, the others garbage), read before the wait: the same outputs and cache update as with them as arguments (one
+  split, a cluster, clusters and the scratch), launched twice."""
   run_case("float16", 1, 4, 1, keys, 256, norm=True, rotary=True, update=True, slots=max(2048, keys), seed=keys,
            launches=2, dependent_launch=True, cluster=cluster, values_pointer=True)
 
@@ -267,7 +268,7 @@ def test_compiles_with_nvrtc(arch, dtype):
       assert "__cluster_dims__(16, 1, 1)" in large and "decode_non_portable_cluster" in large
       assert "non_portable" not in clustered and len(compile_cuda(large, arch)) > 0
       from_memory = flash_decoding_source(config, "decode", sizes, ("n",), config.roles(), 1, True, cluster=16,
-                                          values_pointer=True)
+                                          value_slots=(2,))
       assert "const long long* __restrict__ step_values" in from_memory and "long long n)" not in from_memory
       assert len(compile_cuda(from_memory, arch)) > 0
 
@@ -316,3 +317,19 @@ def test_scratch_is_filled_once_and_then_shared():
   second.base.buffer.wrote()   # its fill ran
   assert _scratch("CUDA", words) is second, "after its fill ran, later graphs read it as it is"
   _scratches.pop(("CUDA", words), None)
+
+def test_staged_values_merge_per_table_and_refuse_two_values_of_one_name():
+  """device_values.stage_all (no device): one call's values go to each table as one list, a name given twice at the
+  same value once; a name at two values in one call is a ValueError naming it (two launches of one graph can't read
+  one slot at different values), and nothing is staged then."""
+  from tgrad.runtime.cuda.device_values import stage_all
+  class Table:
+    def __init__(self): self.slots, self.staged = {}, []
+    def slot_of(self, name): return self.slots.setdefault(name, len(self.slots))
+    def stage(self, values): self.staged.append(sorted(values))
+  a, b = Table(), Table()
+  stage_all([(a, "position", 9), (a, "ring_slot", 9), (b, "position", 4), (a, "position", 9)])
+  assert a.staged == [[(0, 9), (1, 9)]] and b.staged == [[(0, 4)]]
+  with pytest.raises(ValueError, match="'position'.*two values"):
+    stage_all([(a, "position", 10), (a, "position", 11)])
+  assert len(a.staged) == 1

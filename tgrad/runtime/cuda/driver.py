@@ -129,7 +129,7 @@ OPTIONAL_DRIVER_FUNCTIONS: dict[str, list] = {
   "cuModuleUnload": [CUmodule],
   "cuFuncSetAttribute": [CUfunction, ctypes.c_int, ctypes.c_int],
   "cuOccupancyMaxActiveClusters": [_P(ctypes.c_int), CUfunction, _P(LaunchConfig)],   # 12.0
-  "cuStreamWriteValue64_v2": [CUstream, CUdeviceptr, ctypes.c_uint64, ctypes.c_uint],   # device_values.py
+  "cuStreamBatchMemOp_v2": [CUstream, ctypes.c_uint, ctypes.c_void_p, ctypes.c_uint],   # device_values.py
 }
 
 class CUDADriverError(RuntimeError):

@@ -626,7 +626,7 @@ VALUES_PARAMETER = "step_values"   # with values_pointer: the int64 array of the
 
 def flash_decoding_source(config: DecodeConfig, name: str, sizes: dict[str, str], variables: tuple[str, ...],
                           buffers: tuple[str, ...], batch: int, dependent_launch: bool = False,
-                          cluster: int = 0, values_pointer: bool = False) -> str:
+                          cluster: int = 0, value_slots: Optional[tuple[int, ...]] = None) -> str:
   """CUDA C of kernel `name` (see the module doc). `buffers`: the role of each pointer parameter, in order (each of
   config.roles() once; a name outside ROLES is a parameter the kernel does not read). `sizes`: a C expression (of
   `variables`, the int64 parameters after the buffers) for each of SIZE_NAMES that the config uses (missing ones
@@ -634,9 +634,10 @@ def flash_decoding_source(config: DecodeConfig, name: str, sizes: dict[str, str]
   position (its last dim contiguous), each table's offset. `batch`: B (the scratch's layout). `dependent_launch`: the
   PDL form (DEPENDENT_LAUNCH), for sm_90+ with PDL on. `cluster`: blocks of a thread block cluster (sm_90+; 0 or 1:
   none), whose splits combine through shared memory; launch it on grid(config, keys, batch, cluster).
-  `values_pointer`: the variables are not parameters; one `const long long*` parameter after the buffers points at
-  their values (in `variables`' order), read at the kernel's start, before a dependent launch's wait (whoever writes
-  them does so in stream order before the launch: a replayed graph's node keeps its arguments while they change)."""
+  `value_slots`: the variables are not parameters; one `const long long*` parameter after the buffers points at a
+  table of values, variable i's at value_slots[i], read at the kernel's start, before a dependent launch's wait
+  (whoever writes them does so in stream order before the launch: a replayed graph's node keeps its arguments while
+  they change; runtime/cuda/device_values.py)."""
   if cluster not in (0, 1) and not (1 < cluster <= CLUSTER_BLOCKS and cluster & (cluster - 1) == 0):
     raise ValueError(f"flash decoding: cluster of {cluster} blocks: a power of two up to {CLUSTER_BLOCKS}, or 0")
   if missing := [r for r in config.roles() if r not in buffers]:
@@ -658,9 +659,11 @@ def flash_decoding_source(config: DecodeConfig, name: str, sizes: dict[str, str]
     parameters.append(f"{ctype} {role}")
   absent = [r for r in ("k_new", "v_new", "q_weight", "k_weight", "cos", "sin") if r not in declared]
   size_lines = "\n".join(f"  const long long {s} = {sizes.get(s, '0LL')};" for s in SIZE_NAMES)
-  if values_pointer:
-    size_lines = "".join(f"  const long long {v} = {VALUES_PARAMETER}[{i}];\n" for i, v in enumerate(variables)) + \
-      size_lines
+  if value_slots is not None:
+    if len(value_slots) != len(variables): raise ValueError(f"flash decoding: {len(variables)} variables, "
+                                                            f"{len(value_slots)} value slots")
+    size_lines = "".join(f"  const long long {v} = {VALUES_PARAMETER}[{slot}];\n"
+                         for v, slot in zip(variables, value_slots)) + size_lines
     arguments = parameters + [f"const long long* __restrict__ {VALUES_PARAMETER}"]
   else: arguments = parameters + [f"long long {v}" for v in variables]
   # a role the config does not use still has names in the source: a null pointer it never reads

@@ -15,6 +15,7 @@ from tgrad.helpers import Context, prod
 from tgrad.runtime.cuda.kernel_params import TENSOR_MAP_KIND, KernelArguments
 from tgrad.runtime.cuda.kernel_params import TensorMapValue as _TensorMapValue   # noqa: F401  (the name tests use)
 from tgrad.runtime.cuda.tensor_map import TENSOR_MAP_BYTES, pack_parameters
+from tgrad.runtime.cuda.device_values import stage_all
 
 from tgrad.runtime.cuda.driver import (CAPTURE_MODE_THREAD_LOCAL, CUDA_SUCCESS, DEFAULT_STREAM, DRIVER_FUNCTIONS,
   DEPENDENCY_TYPE_PROGRAMMATIC, KERNEL_NODE_PORT_PROGRAMMATIC, STREAM_NON_BLOCKING, CUDADriverError, CUgraph,
@@ -398,7 +399,7 @@ class CUDAGraphRunner:
     self.child_slots: set[int] = set()   # slots read by a child-graph node
     self.instructions = list(instructions)
     # the kernels whose runners read variables from device memory (flash decoding): staged before every call
-    self.staged = [ins for ins in self.instructions if hasattr(ins.runner, "stage")]
+    self.staged = [ins for ins in self.instructions if getattr(ins.runner, "value_table", None) is not None]
     self.built = False
     self.guest_context = _guest_context(device)
     _live_runners.add(self)
@@ -514,7 +515,8 @@ class CUDAGraphRunner:
     if self.guest_context is not None: self.guest_context.enter()
     try:
       if not self.built: self._build()
-      for ins in self.staged: ins.runner.stage(ins.var_vals)   # values in device memory, queued before the graphs
+      if self.staged:   # values in device memory (device_values.py), queued before the graphs
+        stage_all([pair for ins in self.staged for pair in ins.runner.staged_values(ins.var_vals)])
       for step in self.steps:
         if isinstance(step, CUDAGraph): step.launch()
         else: step()

@@ -123,9 +123,10 @@ class _Settings:
   FLASH_CLUSTER: int = 16    # blocks of a flash-decoding thread block cluster on sm_90+: up to that many splits
                              # combine through shared memory (16: a non-portable size); 0: every split through global
                              # scratch and an atomic
-  FLASH_DEVICE_VALUES: int = 1   # 1: flash decoding reads its variables' values (the key count, the cache slot) from
+  FLASH_DEVICE_VALUES: int = 0   # 1: flash decoding reads its variables' values (the key count, the cache slot) from
                                  # device memory written before each launch, so a replayed graph's nodes keep their
-                                 # arguments; 0: the values are kernel arguments, set in every node each step
+                                 # arguments (less host work a step, ~1 % more GPU time: docs/env.md); 0: the values
+                                 # are kernel arguments, set in every node each step
   HALF_GEMM: int = 1    # 1: a prompt times a packed weight on CUDA dequantizes it into a temporary of the prompt's
                         # dtype (half, or float32)
                         # and runs the tensor-core matmul; 0: the packed float product (nn/quant.py)

@@ -222,10 +222,9 @@ def byte_lanes(uops: list[UOp], vectors: dict[int, VectorAccess], runs: dict[int
     if lanes[0] in roots:
       groups[key] = LaneGroup(lanes, BYTE_MAX, at, root=key)
       continue
-    first = lanes[0]
     operands: list = []
     bounds: list[int] = []
-    for s, part in zip(first.src, key[3]):
+    for part in key[3]:
       if part[0] == "lane":
         if part[1] not in groups: break
         operands.append(groups[part[1]])
@@ -234,7 +233,7 @@ def byte_lanes(uops: list[UOp], vectors: dict[int, VectorAccess], runs: dict[int
         operands.append(part[1])
         bounds.append(part[1] & BYTE_MAX)
     else:
-      if (made := _word_op(first, operands, bounds)) is not None:
+      if (made := _word_op(lanes[0], operands, bounds)) is not None:
         expr, bound = made
         groups[key] = LaneGroup(lanes, bound, at, expr, operands=[o for o in operands if isinstance(o, LaneGroup)])
   member = {u: (g, k) for g in groups.values() if g.expr is not None for k, u in enumerate(g.lanes)}

@@ -622,7 +622,7 @@ DEPENDENT_LAUNCH = r"""  {   // before the wait: this split's cached key and val
   asm volatile("griddepcontrol.wait;" ::: "memory");
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");"""
 
-VALUES_PARAMETER = "step_values"   # with values_pointer: the int64 array of the variables' values, in their order
+VALUES_PARAMETER = "step_values"   # with value_slots: the int64 table the variables' values are read from
 
 def flash_decoding_source(config: DecodeConfig, name: str, sizes: dict[str, str], variables: tuple[str, ...],
                           buffers: tuple[str, ...], batch: int, dependent_launch: bool = False,

@@ -324,10 +324,12 @@ class _KernelWriter:
       u = self.uops[pos]
       if u in self.pair_only: continue   # not written; pair_load reads its index and valid
       if (u.op in ALU or u.op in (Ops.CAST, Ops.BITCAST)) and u not in used: continue
-      if (lane := self.lanes.member.get(u)) is not None or (lane := self.lanes.exits.get(u)) is not None:
-        group = lane[0] if isinstance(lane, tuple) else lane.group
-        live.add(id(group))
-        if isinstance(lane, FloatExit) and lane.select is not None: used.add(lane.select[0])   # its condition
+      if (member := self.lanes.member.get(u)) is not None:
+        live.add(id(member[0]))
+        continue
+      if (exit_ := self.lanes.exits.get(u)) is not None:
+        live.add(id(exit_.group))
+        if exit_.select is not None: used.add(exit_.select[0])   # a folded select's condition
         continue
       if u.op is Ops.VECTORIZE: used.update(x for pair in zip(u.src[0::2], u.src[1::2]) if pair in self.pairs
                                             for x in pair[0].src[1:])

@@ -23,7 +23,7 @@ from tgrad.device import Device
 from tgrad.dtype import dtypes
 from tgrad.helpers import Context, prod
 from tgrad.lazy import LazyBuffer
-from tgrad.ops import Ops
+from tgrad.ops import ELEMENTWISE, Ops
 from tgrad.shape.sint import evaluate, sint, sym_eq, unbind, variables_of, vmax_of
 
 PACKED_WGMMA = "packed_wgmma"   # the device trait: its renderer may write the kernel (an sm_90a GPU's does)
@@ -55,6 +55,8 @@ def unsupported(x: LazyBuffer, packed: LazyBuffer, ggml_type: str, shape: tuple[
   if packed.device != x.device: return f"x on {x.device}, the weight on {packed.device}"
   if not (packed.st.contiguous and packed.size == packed.base.size):   # e.g. Q6_K's blocks padded to words on a GPU
     return "the weight's blocks are a view of a larger buffer (padded blocks): the kernel reads them end to end"
+  if packed.base.buffer is None and packed.base.op in ELEMENTWISE:   # a planar weight's blocks (nn/quant.py)
+    return "the weight's blocks are computed (planes side by side): the kernel reads a buffer of blocks"
   if not has_warpgroup_mma(x.device): return f"{x.device} has no warpgroup MMA (sm_90a)"
   return None
 

@@ -216,6 +216,14 @@ def _row_matvec(kernel: Kernel) -> bool:
 # 2.52 µs (0.49 → 0.66 of the floor probe); the packed step 0.4991 / 0.5519 → 0.4902 / 0.5416 ms. Spreading every
 # type so (Q4_K, Q5_0: 32 and 16 values a thread) made them slower (Q4_K 640×1024 1.65 → 2.24 µs; the step 0.574 ms).
 PACKED_WORD_BYTES = 4               # bytes of the quant run a thread reads per step: one 32-bit load
+# In a weight of many rows (the many-rows layout below), a quant run whose every start is a multiple of
+# PACKED_VECTOR_BYTES (a planar weight's: nn/quant.py) is read in pieces of that many bytes, one vector load each; the
+# threads a row's words would have had go to its blocks instead (the blocks' GROUP), so a row keeps as many threads.
+# Measured on an H200 (bench/probes/kernel_chain.py, gemma-3-270m's planar Q8_0 head, 262144×640): 16-byte pieces,
+# 2 threads a block's run, 4 over the 20 blocks, 4 rows a thread and 4 a block of threads 49.5-50.2 µs; the same shape
+# with 5 or 10 threads over the blocks 72.3 / 78.4; 8-byte pieces 75.5; the interleaved head under the word rule
+# 60.2-61.1.
+PACKED_VECTOR_BYTES = 16
 PACKED_MATVEC_ROW_THREADS = 128     # threads sharing a row (MATVEC_MAX_ROW_THREADS's bound on the combine)
 PACKED_MATVEC_BLOCK_THREADS = 128   # threads per block of threads (rows × row threads), at least
 PACKED_SPREAD_MIN_VALUES = 64      # a thread decoding this many values of a block takes a third GROUP (above)
@@ -246,15 +254,17 @@ def _packed_matvec(kernel: Kernel) -> bool:
   if (layout := packed_matvec_layout(kernel)) is None: return False
   for axis in layout.m_axes: try_opt(kernel, Opt(OptOps.UPCAST, axis, 0))
   blocks_axis, inner = kernel.first_reduce, kernel.first_upcast - 1   # inner: the innermost axis of a block
-  byte_threads = 1
-  if inner > blocks_axis and kernel.is_reduce_axis(inner) and _bytes_contiguous(kernel, inner) and \
-     kernel.full_shape[inner] % PACKED_WORD_BYTES == 0 and \
-     try_opt(kernel, Opt(OptOps.UNROLL, inner - blocks_axis, PACKED_WORD_BYTES)):
-    byte_threads = kernel.full_shape[inner]
-  blocks = kernel.full_shape[blocks_axis]
   rows = prod(kernel.full_shape[:kernel.first_reduce])
+  byte_threads = word_threads = 1
+  if inner > blocks_axis and kernel.is_reduce_axis(inner) and _bytes_contiguous(kernel, inner) and \
+     (run := kernel.full_shape[inner]) % PACKED_WORD_BYTES == 0:
+    vectors = rows * (run // PACKED_WORD_BYTES) > PACKED_MATVEC_GPU_THREADS and run % PACKED_VECTOR_BYTES == 0 and \
+      _runs_aligned(kernel, inner, PACKED_VECTOR_BYTES)   # measured on the many-rows layout only (below)
+    if try_opt(kernel, Opt(OptOps.UNROLL, inner - blocks_axis, PACKED_VECTOR_BYTES if vectors else PACKED_WORD_BYTES)):
+      byte_threads, word_threads = kernel.full_shape[inner], run // PACKED_WORD_BYTES
+  blocks = kernel.full_shape[blocks_axis]
   row_cap = min(PACKED_MATVEC_ROW_THREADS, max(1, PACKED_MATVEC_GPU_THREADS // rows))
-  block_threads = divisor_at_most(blocks, max(1, row_cap // byte_threads))
+  block_threads = divisor_at_most(blocks, max(1, max(row_cap, word_threads) // byte_threads))
   # (a whole axis is amount 0, as BEAM's actions name it)
   if block_threads > 1: try_opt(kernel, Opt(OptOps.GROUP, 0, 0 if block_threads == blocks else block_threads))
   # the word threads: the rest of the innermost block axis, now the last loop axis (after the blocks' GROUP, if any)
@@ -308,6 +318,18 @@ def _packed_loads(kernel: Kernel) -> list[int]:
 def _packed_strides(kernel: Kernel) -> tuple:
   """The strides of the packed weight's largest load (every load of it has the same strides on rows and blocks)."""
   return kernel.sts[max(_packed_loads(kernel), key=lambda i: kernel.sts[i].buffer_extent())].real_strides()
+
+def _runs_aligned(kernel: Kernel, axis: int, alignment: int) -> bool:
+  """Whether every load of the packed weight that reads consecutive bytes along `axis` starts each run on a multiple of
+  `alignment` bytes: one view, unmasked, its offset and every other stride multiples of it (a buffer's start is)."""
+  runs = [i for i in _packed_loads(kernel) if kernel.sts[i].real_strides()[axis] == 1]
+  for i in runs:
+    st = kernel.sts[i]
+    if len(st.views) != 1 or (view := st.views[0]).mask is not None or not isinstance(view.offset, int) or \
+       view.offset % alignment: return False
+    if any(not isinstance(stride, int) or stride % alignment for a, stride in enumerate(view.strides) if a != axis):
+      return False
+  return bool(runs)
 
 def _bytes_contiguous(kernel: Kernel, axis: int) -> bool:
   """Whether some load of the packed weight reads consecutive bytes along `axis` (the quants of a block)."""

@@ -245,7 +245,7 @@ class Gemma3Embedding:
   def rows(self, token_ids: Tensor) -> Tensor:
     """The unscaled embedding rows [*token_ids.shape, hidden] in the model dtype."""
     if not isinstance(self.weight, QuantizedTensor): return self.weight[token_ids]
-    blocks = self.weight.packed[token_ids]   # [*ids, blocks per row, block bytes]: the tokens' rows, still packed
+    blocks = self.weight.rows(token_ids)   # [*ids, blocks per row, block bytes]: the tokens' rows, still packed
     count = 1
     for size in blocks.shape[:-1]: count = count * size
     values = dequantize_blocks(blocks.reshape(count, blocks.shape[-1]), self.weight.ggml_type)

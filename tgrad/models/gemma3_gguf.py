@@ -153,7 +153,7 @@ def weight_nbytes(model: Gemma3) -> int:
   views of one buffer)."""
   buffers = {}
   for weight in model.state_dict().values():
-    tensor = weight.packed if isinstance(weight, QuantizedTensor) else weight
+    tensor = weight.storage if isinstance(weight, QuantizedTensor) else weight
     buffer = tensor.lazydata.base.buffer
     if buffer is None: raise ValueError(f"weight {weight} is not realized")
     buffer = buffer.base or buffer

@@ -636,11 +636,44 @@ def stored_block_bytes(ggml_type: GGMLType, device: str) -> int:
   if DEVICE_TRAITS[device].has_local and padded - block_bytes <= MAX_PADDING_FRACTION * block_bytes: return padded
   return block_bytes
 
+# Planar storage: on a device with local memory (a GPU) a Q8_0 weight's buffer holds all its quants first (32 bytes a
+# block, blocks in row-major order), then all its scales (2 bytes a block). Its 34-byte blocks leave every other
+# block's quants 2 bytes off a word, so a thread reads 4 quants as two words joined by a funnel shift; planar, a row's
+# quants are one aligned run and a thread reads 16 at once (a 16-byte load: codegen/matvec_rules.py). The packed tensor
+# is then the blocks as two views of that buffer side by side (scales, quants), which the scheduler folds back into two
+# plain loads, so every graph over `packed` (dequantize, linear, widening, a dense copy) is unchanged. Measured on an
+# H200 (bench/probes/kernel_chain.py, 12 launches over 3 copies of gemma-3-270m's tied head, 262144×640, 178 MB,
+# each rendered with its best opts found): interleaved 60.2-61.1 µs, planar **49.5-50.2** (3.6 TB/s).
+PLANAR_SCALE_BYTES = {GGMLType.Q8_0: Q8_0_QUANTS_START}   # planar types → the bytes of a block's scale (its head)
+
+def planar_held(ggml_type: GGMLType, device: str) -> bool:
+  """Whether a packed weight of `ggml_type` loaded onto `device` is held planar (above)."""
+  return ggml_type in PLANAR_SCALE_BYTES and DEVICE_TRAITS[device].has_local
+
+def planar_planes(storage: Tensor, ggml_type: GGMLType, packed_shape: tuple[int, ...]) -> tuple[Tensor, Tensor]:
+  """(scales, quants) of a planar buffer (1-D uint8: all quants, then all scales) whose blocks have packed_shape
+  (*rows, blocks, block bytes): views (*rows, blocks, scale bytes) and (*rows, blocks, quant bytes)."""
+  head, block_bytes = PLANAR_SCALE_BYTES[ggml_type], packed_shape[-1]
+  quant_bytes = prod(packed_shape[:-1]) * (block_bytes - head)
+  return (storage[quant_bytes:].reshape(*packed_shape[:-1], head),
+          storage[:quant_bytes].reshape(*packed_shape[:-1], block_bytes - head))
+
+def planar_blocks(storage: Tensor, ggml_type: GGMLType, packed_shape: tuple[int, ...]) -> Tensor:
+  """The blocks of a planar buffer (`planar_planes`) in the interleaved layout: each block's scale, then its quants."""
+  scales, quants = planar_planes(storage, ggml_type, packed_shape)
+  return scales.cat(quants, dim=-1)
+
+def planar_bytes(raw: np.ndarray, ggml_type: GGMLType) -> np.ndarray:
+  """Host glue: interleaved blocks (n, block bytes) as the planar buffer's bytes (all quants, then all scales)."""
+  head = PLANAR_SCALE_BYTES[ggml_type]
+  return np.concatenate([raw[:, head:].reshape(-1), raw[:, :head].reshape(-1)])
+
 class QuantizedTensor:
   """A weight of logical `shape` in `ggml_type`, kept as its packed blocks: `packed` is a uint8 Tensor of shape
   (*shape[:-1], shape[-1] // block_size, block_bytes). Nothing here is dequantized until a graph that uses
-  `dequantize()` or `linear()` is realized, and then inside the kernel that reads the weight."""
-  def __init__(self, packed: Tensor, ggml_type: GGMLType, shape: tuple[int, ...]):
+  `dequantize()` or `linear()` is realized, and then inside the kernel that reads the weight. `storage` is what holds
+  the bytes: `packed` itself, or for a weight held planar (`planar_held`) the planar buffer that `packed` views."""
+  def __init__(self, packed: Tensor, ggml_type: GGMLType, shape: tuple[int, ...], storage: Optional[Tensor] = None):
     self.ggml_type, self.shape = GGMLType(ggml_type), tuple(shape)
     layout = BLOCK_LAYOUTS[self.ggml_type]
     expected = (*self.shape[:-1], self.shape[-1] // layout.block_size, layout.block_bytes) if self.shape else ()
@@ -648,7 +681,22 @@ class QuantizedTensor:
     if packed.dtype != dtypes.uint8 or packed.shape != expected:
       raise QuantError(f"{self.ggml_type.name} tensor of shape {self.shape} needs packed uint8 {expected}, got "
                        f"{packed.dtype} {packed.shape}")
-    self.packed = packed
+    self.packed, self.storage = packed, packed if storage is None else storage
+
+  @staticmethod
+  def planar(storage: Tensor, ggml_type: GGMLType, shape: tuple[int, ...]) -> QuantizedTensor:
+    """A weight held planar in `storage` (1-D uint8 of its packed bytes: all quants, then all scales)."""
+    ggml_type = GGMLType(ggml_type)
+    if ggml_type not in PLANAR_SCALE_BYTES:
+      raise QuantError(f"{ggml_type.name} is not held planar; planar types: {[t.name for t in PLANAR_SCALE_BYTES]}")
+    layout, nbytes = BLOCK_LAYOUTS[ggml_type], packed_nbytes(ggml_type, tuple(shape))
+    if storage.dtype != dtypes.uint8 or storage.shape != (nbytes,):
+      raise QuantError(f"planar {ggml_type.name} tensor of shape {tuple(shape)} needs uint8 ({nbytes},) storage, got "
+                       f"{storage.dtype} {storage.shape}")
+    packed_shape = (*shape[:-1], shape[-1] // layout.block_size, layout.block_bytes)
+    return QuantizedTensor(planar_blocks(storage, ggml_type, packed_shape), ggml_type, tuple(shape), storage)
+  @property
+  def is_planar(self) -> bool: return self.storage is not self.packed
 
   @staticmethod
   def from_bytes(data: np.ndarray, ggml_type: GGMLType, shape: tuple[int, ...],
@@ -661,6 +709,10 @@ class QuantizedTensor:
       raise QuantError(f"{ggml_type.name} tensor of shape {tuple(shape)} takes {nbytes} bytes, got {raw.size}")
     packed_shape = (*shape[:-1], shape[-1] // layout.block_size, layout.block_bytes)
     device = canonical_device(device)
+    if planar_held(ggml_type, device):
+      storage = Tensor(LazyBuffer.from_host(planar_bytes(raw.reshape(-1, layout.block_bytes), ggml_type), device,
+                                            dtypes.uint8))
+      return QuantizedTensor.planar(storage, ggml_type, tuple(shape))
     if (stored := stored_block_bytes(ggml_type, device)) == layout.block_bytes:
       return QuantizedTensor(Tensor(LazyBuffer.from_host(raw.reshape(packed_shape), device, dtypes.uint8)), ggml_type,
                              tuple(shape))
@@ -708,8 +760,15 @@ class QuantizedTensor:
     blocks = WIDENINGS[(self.ggml_type, ggml_type)](self.packed.reshape(-1, BLOCK_LAYOUTS[self.ggml_type].block_bytes))
     packed = blocks.reshape(*self.packed.shape[:-1], BLOCK_LAYOUTS[ggml_type].block_bytes)
     return QuantizedTensor(packed, ggml_type, self.shape)
+  def rows(self, ids: Tensor) -> Tensor:
+    """The blocks of rows `ids` of a 2-D weight: uint8 (*ids.shape, blocks per row, block bytes), gathered (a planar
+    weight's from each of its planes: the blocks as a whole are no buffer to gather from)."""
+    if not self.is_planar: return self.packed[ids]
+    scales, quants = planar_planes(self.storage, self.ggml_type, self.packed.shape)
+    return scales[ids].cat(quants[ids], dim=-1)
   def to(self, device: str) -> QuantizedTensor:
+    if self.is_planar: return QuantizedTensor.planar(self.storage.to(device), self.ggml_type, self.shape)
     return QuantizedTensor(self.packed.to(device), self.ggml_type, self.shape)
   def realize(self) -> QuantizedTensor:
-    self.packed.realize()
+    self.storage.realize()
     return self

@@ -135,7 +135,7 @@ def prepared_launch(instruction: Instruction, bufs: list) -> Callable[[], Any]:
   """A no-argument call that runs the instruction on these Buffers."""
   runner = instruction.runner
   if isinstance(runner, CompiledKernel):
-    return runner.prepare([b.handle for b in bufs], tuple(instruction.var_vals[v] for v in runner.variables))
+    return runner.prepare([b.handle for b in bufs], runner.argument_values(instruction.var_vals))
   return functools.partial(runner, bufs, False, instruction.var_vals)
 
 def graph_runner_class(device: str) -> Callable[..., GraphRunner]:

@@ -56,9 +56,15 @@ class CompiledKernel:
     key = tuple((var_vals or {}).get(name) for name in self.variables)
     return remembered_dims(self._dims_at, key, lambda: (tuple(evaluate(s, var_vals) for s in self.global_size),
                                                         tuple(evaluate(s, var_vals) for s in self.local_size)))
+  def argument_values(self, var_vals: Optional[dict[str, int]]) -> tuple[int, ...]:
+    """The kernel's arguments after its buffers: its variables' values, in `variables` order (every runner a graph
+    launches has this method: attention_kernel.FlashAttentionRunner's may give a device table's address instead)."""
+    if not self.variables: return ()
+    if var_vals is None: raise ValueError(f"kernel {self.name} needs values of {list(self.variables)}")
+    return tuple(int(var_vals[name]) for name in self.variables)
   def __call__(self, buffers: Sequence[Buffer], wait: bool = False, var_vals: Optional[dict[str, int]] = None
                ) -> Optional[float]:
-    vals = tuple(var_vals[name] for name in self.variables) if self.variables else ()
+    vals = self.argument_values(var_vals)
     # a Buffer's handle is allocated on first use; an allocated one is read straight (the property is per launch)
     handles = []   # a loop, not a comprehension (a call of its own): this is every launch
     for b in buffers: handles.append(handle if (handle := b._handle) is not None else b.handle)

@@ -373,12 +373,6 @@ def close_every_graph() -> None:
     try: graph.close()
     except CUDAGraphError: pass   # made in a context that is gone: nothing left to release
 
-def _argument_values(runner: Any, var_vals: dict[str, int]) -> list[int]:
-  """A kernel's arguments after its buffers: its runner's `argument_values` (the address of device memory holding the
-  values, runtime/cuda/device_values.py), else its variables' values."""
-  if (values := getattr(runner, "argument_values", None)) is not None: return values(var_vals)
-  return [int(var_vals[v]) for v in runner.variables]
-
 class CUDAGraphRunner:
   """A TinyJit graph runner (jit.py's GraphRunner contract) for CUDA: each run of consecutive kernel instructions is
   one CUDAGraph, launched with one call; other instructions (copies) run between them from Python. `bind` patches
@@ -412,7 +406,7 @@ class CUDAGraphRunner:
   def _launch_of(self, instruction: Any) -> KernelLaunch:
     runner = instruction.runner
     pointers = [int(self.slots[s].buffer.handle) for s in instruction.args]
-    vals = _argument_values(runner, instruction.var_vals)
+    vals = list(runner.argument_values(instruction.var_vals))
     global_size, local_size = runner.launch_dims(instruction.var_vals)   # sizes of symbolic kernels per call
     return KernelLaunch.for_program(runner.program, pointers, global_size, local_size, vals)
   def _child_of(self, instruction: Any) -> Optional[ChildGraph]:
@@ -501,7 +495,8 @@ class CUDAGraphRunner:
         if (node := self.node_of_instruction.get(id(ins))) is None: continue   # not a kernel of these graphs
         graph, index = node
         runner = ins.runner
-        graph.update_variables(index, _argument_values(runner, ins.var_vals), runner.launch_dims(ins.var_vals)[0])
+        graph.update_variables(index, list(runner.argument_values(ins.var_vals)),
+                              runner.launch_dims(ins.var_vals)[0])
     finally:
       if self.guest_context is not None: self.guest_context.leave()
   def prepare(self) -> None:

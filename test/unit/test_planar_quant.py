@@ -112,9 +112,11 @@ def head_kernel(planar: bool) -> Kernel:
 def test_planar_head_reads_quants_as_16_byte_vectors():
   """Planar: 16 quants a load (2 threads a block's run, 4 over the row's blocks); interleaved: 32-bit words (8 threads
   a run). Both keep 8 threads a row, 4 rows a thread and 16 rows a block of threads."""
+  from tgrad.codegen.search import ACTIONS
   for planar, unroll, threads in ((True, PACKED_VECTOR_BYTES, (4, 4, 2)), (False, 4, (4, 8))):
     kernel = head_kernel(planar)
     assert kernel.applied_opts[0] == Opt(OptOps.UNROLL, 1, unroll), kernel.applied_opts
+    assert all(opt in ACTIONS for opt in kernel.applied_opts), kernel.applied_opts   # BEAM can reach the rule's
     global_size, local_size = kernel.launch_dims()
     assert global_size == (16384,) and sorted(local_size) == sorted(threads), kernel.applied_opts
     source = kernel.renderer.render("head", linearize(kernel))

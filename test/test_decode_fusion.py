@@ -23,15 +23,16 @@ from decode_kernels import decode_step_kernels, schedule_only  # noqa: E402
 # the residual sum moved into the next qkv kernel, schedule rule 2c; 132 before the 18 cache writes became one
 # kernel, schedule rule 5; 115 before the last layer's residual sum moved into the final norm's row kernel, rule 2b;
 # 114 with RIDERS=1 and 131 without before each layer's attention and cache write became one flash-decoding kernel;
-# 96 before flash decoding's scratch was zero-filled once, by the first step, instead of in every replayed step)
-DECODE_KERNELS_270M = 95
+# 96 before flash decoding's scratch was zero-filled once, by the first step, instead of in every replayed step; 95
+# before the step read its rotary tables from the cache's bank instead of computing them: gemma3._rotary_bank)
+DECODE_KERNELS_270M = 94
 # the same step with packed weights in the types of llama.cpp's Q4_K_M file (bench/decode_kernels.py PACKED_Q4_K_M):
-# the 95 and the packed embedding's own kernel (107 before the row's block scales and its dequantization became one
+# the 94 and the packed embedding's own kernel (107 before the row's block scales and its dequantization became one
 # kernel, schedule rule 1, and q, k and v of the layers that keep v in Q8_0 were widened into one buffer)
-PACKED_DECODE_KERNELS_270M = 96
+PACKED_DECODE_KERNELS_270M = 95
 # the step without flash decoding (FLASH_DECODING=0, FLASH_ATTENTION=0, the CPU), RIDERS=0: 7
-# kernels a layer and 5 more
-PLAIN_DECODE_KERNELS_270M = 131
+# kernels a layer and 4 more (5 before the rotary bank)
+PLAIN_DECODE_KERNELS_270M = 130
 # on the CPU also the embedding row realized once (gemma3._fuse_into_consumer): 1 more (GELU(gate)·up is the gate/up
 # kernel's own output on every device: Gemma3MLP.after_residual)
 CPU_PLAIN_DECODE_KERNELS_270M = PLAIN_DECODE_KERNELS_270M + 1
@@ -131,9 +132,9 @@ def test_gemma_270m_decode_step_kernel_count_on_cuda(dtype):
   from the second layer on, the previous layer's post-norm and residual sum, stored as its second output; one
   flash-decoding kernel: q's and the new key's norm and RoPE, the cache write as its second output (schedule rule
   2d), the attention over the filled slots; o_proj; the residual sum and pre-norm in the gate/up matvec; down with
-  GELU) and 6 more: the zero fill of the flash-decoding kernels' scratch, the rotary tables, the last layer's residual
-  sum inside the final norm's row kernel (three reduces over one row: rule 2b), the head's matvec and the argmax's
-  two. Riders (rule 5) change nothing."""
+  GELU) and 4 more: the last layer's residual sum inside the final norm's row kernel (three reduces over one row:
+  rule 2b), the head's matvec and the argmax's two (the rotary tables are rows of the cache's bank, read in place;
+  flash decoding's scratch was zero-filled by the first call). Riders (rule 5) change nothing."""
   for riders in (0, 1):
     with Context(RIDERS=riders, FLASH_DECODING=1): found = decode_step_kernels("270m", "CUDA", dtype, position=600)
     assert len(found) <= DECODE_KERNELS_270M, len(found)

@@ -504,6 +504,7 @@ class Gemma3:
     self._prefill_jit: Optional[TinyJit] = None
     self._prefill_jit_cache: Optional[Gemma3KVCache] = None
     self._prefill_tokens: Optional[Tensor] = None
+    self._bank: Optional[tuple[Gemma3KVCache, Tensor]] = None   # (the cache, its rotary bank): _rotary_bank
     self.inv_freq = {t: self._inverse_frequencies(t) for t in LAYER_TYPES}
 
   def _inverse_frequencies(self, layer_type: str) -> Tensor:
@@ -567,6 +568,7 @@ class Gemma3:
                        f"{self.config.max_position_embeddings}")
     if self.cache is not None and self.cache.fits(batch, max_context, self.dtype, self.device): self.cache.clear()
     else: self.cache = Gemma3KVCache(self.config, batch, max_context, self.dtype, self.device)
+    self._rotary_bank(sorted(set(self.config.layer_types)), self.cache)
     return self.cache
 
   def _step_data(self, positions: np.ndarray, cache: Gemma3KVCache) -> tuple[str, Optional[np.ndarray]]:
@@ -583,16 +585,37 @@ class Gemma3:
       parts += [cache.destinations(layer_type, positions), key_positions]
     return mode, np.concatenate(parts).astype(np.int32)
 
-  def _rotary_tables(self, layer_types: Sequence[str], query_pos: Tensor) -> dict[str, tuple[Tensor, Tensor]]:
-    """cos and signed sin [T, D] of the query positions' angles, in the model dtype, for each layer type: every table
-    of the call is computed by one kernel into one buffer ([2, types, T, D]), each a view of it."""
+  def _rotary_values(self, layer_types: Sequence[str], query_pos: Tensor) -> Tensor:
+    """cos and signed sin of the query positions' angles, in the model dtype: [2, types, T, D], one kernel's buffer."""
     T, half = query_pos.shape[0], self.config.head_dim // 2
     inv_freq = Tensor.stack(*[self.inv_freq[t] for t in layer_types])                    # [types, half]
     angles = query_pos.float().reshape(1, T, 1) * inv_freq.reshape(len(layer_types), 1, half)   # float32, as HF
     angles = angles.double()   # cos/sin of the float32 angle, with float64 range reduction (positions up to 1e5+)
     cos, sin = angles.cos().float().cast(self.dtype), angles.sin().float().cast(self.dtype)
-    tables = _materialize(cos.cat(cos, dim=-1).stack((-sin).cat(sin, dim=-1)))
+    return _materialize(cos.cat(cos, dim=-1).stack((-sin).cat(sin, dim=-1)))
+
+  def _rotary_tables(self, layer_types: Sequence[str], query_pos: Tensor) -> dict[str, tuple[Tensor, Tensor]]:
+    """cos and signed sin [T, D] of the query positions' angles for each layer type: views of `_rotary_values`."""
+    tables = self._rotary_values(layer_types, query_pos)
     return {t: (tables[0, i], tables[1, i]) for i, t in enumerate(layer_types)}
+
+  def _bank_tables(self, layer_types: Sequence[str], cache: Gemma3KVCache, first: Any, count: Any
+                   ) -> dict[str, tuple[Tensor, Tensor]]:
+    """The tables of positions first .. first + count - 1 (ints or bound Variables) for each layer type: views of the
+    cache's rotary bank (`_rotary_bank`), so a step whose positions are its variables computes no table."""
+    bank = self._rotary_bank(layer_types, cache)
+    rows = bank.shrink((None, None, (first, first + count), None))
+    return {t: (rows[0, i], rows[1, i]) for i, t in enumerate(layer_types)}
+
+  def _rotary_bank(self, layer_types: Sequence[str], cache: Gemma3KVCache) -> Tensor:
+    """The tables of every position the cache holds ([2, types, max_context, D]), realized once per cache (at
+    reset_cache, before any capture): the values `_rotary_values` gives those positions, bit for bit. A decode step
+    reads its position's rows in place instead of a kernel computing them (one launch fewer a step); it holds
+    4·max_context·D values (8 MB at 4,096 positions in float16)."""
+    if self._bank is None or self._bank[0] is not cache:
+      positions = Tensor.arange(cache.max_context, dtype=dtypes.int32, device=self.device)
+      self._bank = (cache, self._rotary_values(layer_types, positions).realize())
+    return self._bank[1]
 
   def _step_inputs(self, mode: str, step_data: Optional[Tensor], T: Any, variables: Any,
                    cache: Gemma3KVCache) -> dict[str, StepInputs]:
@@ -602,18 +625,18 @@ class Gemma3:
     if mode == FRESH:
       query_pos = Tensor.arange(T, dtype=dtypes.int32, device=self.device)
       distance = query_pos.reshape(T, 1) - query_pos.reshape(1, T)
-      rotary = self._rotary_tables(types, query_pos)
+      rotary = self._bank_tables(types, cache, 0, T)
       for layer_type in types:
         allowed = (distance >= 0) & (distance < window) if layer_type == SLIDING else distance >= 0
         out[layer_type] = StepInputs(FRESH, *rotary[layer_type], allowed=allowed,
                                      filled=T, ring=cache.is_ring(layer_type))
       return out
-    if mode == DECODE:   # the query position is the bound `position` Variable, a constant computed in the kernel
-      query_pos = Tensor.full((1,), variables[0], dtype=dtypes.int32, device=self.device)
+    if mode == DECODE: rotary = self._bank_tables(types, cache, variables[0], 1)   # the bound `position` Variable
     else:
       assert step_data is not None
       query_pos = step_data[:T]
-    offset, rotary = T, self._rotary_tables(types, query_pos)
+      rotary = self._rotary_tables(types, query_pos)
+    offset = T
     for layer_type in types:
       tables = rotary[layer_type]
       if mode == DECODE:

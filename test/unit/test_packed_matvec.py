@@ -338,3 +338,22 @@ def test_padded_q6_k_matvec_on_the_gpu():
     .dequantize().numpy().astype(np.float64).T
   got = weight.linear(Tensor(x, device="CUDA")).numpy()
   np.testing.assert_allclose(got, reference, rtol=1e-4, atol=1e-4 * np.abs(reference).max())
+
+def test_gathered_table_is_never_the_weight():
+  """A matvec whose x is a row gathered from a larger packed table (a decode step's embedding row recomputed inside
+  the kernel that reads it) takes its weight, not the table, as the packed stream: the rule's layout and threads. The
+  table is planar, as a GPU holds gemma's: its scales plane starts 2.6 MB into the buffer, past the weight's bytes."""
+  table = QuantizedTensor.planar(Tensor.empty(4096 * 20 * 34, dtype=dtypes.uint8, device="LLVM"), GGMLType.Q8_0,
+                                 (4096, 640))
+  ids = Tensor.empty(1, dtype=dtypes.int32, device="LLVM")
+  x = quant.dequantize_blocks(table.rows(ids).reshape(-1, 34), GGMLType.Q8_0).reshape(1, 640)
+  weight = QuantizedTensor(Tensor.empty(256, 640 // 32, 34, dtype=dtypes.uint8, device="LLVM"), GGMLType.Q8_0,
+                           (256, 640))
+  (item,) = [item for item in create_schedule([weight.linear(x).lazydata]) if item.ast.op is Ops.SINK]
+  assert any(b.size == 4096 * 20 * 34 for b in item.bufs)   # the gather is inside the kernel
+  kernel = Kernel(item.ast, CUDARenderer())
+  assert packed_matvec_layout(kernel) is not None
+  hand_coded_optimizations(kernel)
+  plain = Kernel(linear_ast(GGMLType.Q8_0, 256, 640), CUDARenderer())
+  hand_coded_optimizations(plain)
+  assert kernel.launch_dims() == plain.launch_dims(), (kernel.applied_opts, plain.applied_opts)

@@ -8,7 +8,7 @@ from typing import Optional
 from tgrad.codegen.axes import Opt, OptOps
 from tgrad.codegen.kernel import Kernel
 from tgrad.codegen.rule_tools import divisor_at_most, try_opt
-from tgrad.ops import Ops, UOp
+from tgrad.ops import Ops, UOp, is_gather_load
 from tgrad.helpers import prod
 
 # Matrix–vector products (M ≤ MATVEC_MAX_M rows of x times a weight matrix W): memory bound, so every rule is about
@@ -244,7 +244,7 @@ def packed_matvec_layout(kernel: Kernel) -> Optional[MatvecLayout]:
   reduce_axes = [a for a in range(kernel.shape_len) if kernel.is_reduce_axis(a)]
   if len(reduce_axes) < 2 or not all(isinstance(kernel.full_shape[a], int) for a in range(kernel.shape_len)):
     return None
-  if not any(u.op is Ops.LOAD and u.dtype.itemsize == 1 for u in kernel.memops): return None
+  if not any(u.op is Ops.LOAD and u.dtype.itemsize == 1 and not is_gather_load(u) for u in kernel.memops): return None
   strides = _packed_strides(kernel)
   if strides[reduce_axes[0]] in (0, None) or (axes := _weight_output_axes(kernel, strides)) is None: return None
   m_axes, n_axes = axes
@@ -310,8 +310,11 @@ def _spread_in_block(kernel: Kernel, row_cap: int) -> None:
     if amount != size: break
 
 def _packed_loads(kernel: Kernel) -> list[int]:
-  """Positions (in kernel.memops) of the byte loads of the packed weight: the buffer of the largest byte load."""
-  packed = [i for i, u in enumerate(kernel.memops) if u.op is Ops.LOAD and u.dtype.itemsize == 1]
+  """Positions (in kernel.memops) of the byte loads of the packed weight: the buffer of the largest byte load. A
+  gather's table is never the weight, however large (a decode step's packed embedding row, recomputed inside the
+  kernel that reads it, gathers one row of a 178 MB table)."""
+  packed = [i for i, u in enumerate(kernel.memops) if u.op is Ops.LOAD and u.dtype.itemsize == 1 and
+            not is_gather_load(u)]
   weight = kernel.memops[max(packed, key=lambda i: kernel.sts[i].buffer_extent())].src[0]
   return [i for i in packed if kernel.memops[i].src[0] is weight]
 

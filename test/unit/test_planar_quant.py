@@ -158,3 +158,21 @@ def test_planar_q8_0_matvec_on_the_gpu(rows):
   ids = Tensor(np.array([rows - 1, 0, 3], np.int32), device="CUDA")
   np.testing.assert_array_equal(weight.rows(ids).numpy(), raw.reshape(rows, -1, 34)[[rows - 1, 0, 3]])
   assert BLOCK_LAYOUTS[GGMLType.Q8_0].block_bytes == 34
+
+def test_to_holds_the_weight_as_the_device_does(monkeypatch):
+  """`to(device)` gives the layout `device` holds the type in: planar storage onto a device that keeps blocks becomes
+  blocks again, interleaved blocks onto a device that keeps planes become planes; the values are the same."""
+  raw = random_q8_0(ROWS, COLUMNS, seed=5)
+  blocks = raw.reshape(-1, 34)
+  storage = Tensor(np.concatenate([blocks[:, 2:].reshape(-1), blocks[:, :2].reshape(-1)]), device="LLVM")
+  planar = QuantizedTensor.planar(storage, GGMLType.Q8_0, (ROWS, COLUMNS))
+  values = interleaved(raw).dequantize().numpy()
+  plain = planar.to("LLVM:1")   # LLVM keeps blocks
+  assert not plain.is_planar and plain.device == "LLVM:1"
+  np.testing.assert_array_equal(plain.realize().packed.numpy().reshape(ROWS, -1), raw)
+  original = quant.planar_held
+  monkeypatch.setattr(quant, "planar_held", lambda ggml_type, device: original(ggml_type, "CUDA"))
+  planes = interleaved(raw).to("LLVM:1")   # now LLVM keeps planes
+  assert planes.is_planar and planes.device == "LLVM:1"
+  np.testing.assert_array_equal(planes.realize().storage.numpy(), storage.numpy())
+  for moved in (plain, planes): np.testing.assert_array_equal(moved.dequantize().numpy(), values)

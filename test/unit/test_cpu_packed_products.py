@@ -118,3 +118,17 @@ def test_min_term_distributed_and_taken_out_on_gpu():
     np.testing.assert_allclose(sum(_evaluate(v, env) for v in out), sum(_evaluate(v, env) for v in terms), rtol=1e-12)
   lone = [mul(xs[i], add(qs[i], b)) for i in range(3)]   # qᵢ shares no factor: distributing would add multiplies
   assert factor_shared_out(lone) == lone
+
+def test_tied_shared_factors_come_out_in_the_order_written():
+  """Two factors shared by the same terms (an embedding's scale and a block's) tie; the one written first comes out
+  outermost, whatever the UOps' addresses (they hash by identity: a set of them iterates in memory order, and the
+  same kernel rendered two ways from process to process). Fresh factors in shuffled creation order, many times."""
+  rng = np.random.default_rng(0)
+  for trial in range(40):
+    names = [f"first{trial}", f"second{trial}"]
+    made = {name: _var(name) for name in (names if rng.random() < 0.5 else names[::-1])}
+    first, second = made[names[0]], made[names[1]]
+    xs = [_var(f"x{trial}_{i}") for i in range(3)]
+    terms = [UOp(Ops.MUL, dtypes.float32, (UOp(Ops.MUL, dtypes.float32, (x, first)), second)) for x in xs]
+    (out,) = factor_shared_out(terms)
+    assert out.op is Ops.MUL and out.src[1] is first, trial

@@ -7,7 +7,7 @@ BEAM winner in the cache (search.py), so a winner found and verified under older
 # Bump when a change here alters the code that some AST and Opt list produce, or what an Opt means: axes.py and opts.py,
 # the linearizer, a renderer, the heuristics that seed the search, or how search verifies. Changes that only
 # rename or restructure without changing generated code need no bump.
-CODEGEN_VERSION = 48   # 2: gathers (data-dependent loads); int casts as narrow CUDA index math. 3: row kernels.
+CODEGEN_VERSION = 49   # 2: gathers (data-dependent loads); int casts as narrow CUDA index math. 3: row kernels.
 # 4: guarded GROUPs of symbolic reduces that padding would change (padding guards), split views indexed without division
 # 5: guarded UPCAST and PADTO of symbolic global axes (stride-0 loads stretched, not masked), tensor cores with padded
 # symbolic rows/columns
@@ -84,3 +84,5 @@ CODEGEN_VERSION = 48   # 2: gathers (data-dependent loads); int casts as narrow 
 # 47: CUDA: a byte lane's float plus a select of two constants (Q5_0's fifth bit) folds the select into its bias
 # 48: CUDA: an unrolled float sum's terms x·(p + q) whose p and q share factors with other terms are distributed before
 #     the shared factors come out (a K-quant's (d·sc)·Σ x·q + −(dmin·m)·Σ x); byte lanes: adds of 0 are the lanes
+# 49: tied shared factors of an unrolled sum come out in the order their terms name them (reduces._terms_with: a
+#     set of UOps iterated in memory order had made the same kernel render two ways from process to process)

@@ -169,10 +169,13 @@ def _product(factors: list[UOp]) -> UOp:
   return product
 
 def _terms_with(factors: list[list[UOp]]) -> dict[UOp, int]:
-  """How many terms each factor appears in, given every term's factors (a factor twice in one term counts once)."""
+  """How many terms each factor appears in, given every term's factors (a factor twice in one term counts once), in
+  the order the factors first appear: a UOp hashes by identity, so iterating a set of them would follow memory
+  addresses, and a tie between two factors (an embedding's scale and a block's, shared by the same terms) was broken
+  differently from process to process (the same kernel rendered two ways, rounding differently)."""
   counts: dict[UOp, int] = {}
   for term_factors in factors:
-    for factor in set(term_factors): counts[factor] = counts.get(factor, 0) + 1
+    for factor in dict.fromkeys(term_factors): counts[factor] = counts.get(factor, 0) + 1
   return counts
 
 def shared_factors_last(values: list[UOp]) -> list[UOp]:

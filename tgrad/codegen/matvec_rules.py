@@ -244,7 +244,7 @@ def packed_matvec_layout(kernel: Kernel) -> Optional[MatvecLayout]:
   reduce_axes = [a for a in range(kernel.shape_len) if kernel.is_reduce_axis(a)]
   if len(reduce_axes) < 2 or not all(isinstance(kernel.full_shape[a], int) for a in range(kernel.shape_len)):
     return None
-  if not any(u.op is Ops.LOAD and u.dtype.itemsize == 1 and not is_gather_load(u) for u in kernel.memops): return None
+  if not _byte_loads(kernel): return None
   strides = _packed_strides(kernel)
   if strides[reduce_axes[0]] in (0, None) or (axes := _weight_output_axes(kernel, strides)) is None: return None
   m_axes, n_axes = axes
@@ -309,12 +309,16 @@ def _spread_in_block(kernel: Kernel, row_cap: int) -> None:
     relative += 1   # the grouped loop stays in place at size 1 (or size / amount: then stop)
     if amount != size: break
 
+def _byte_loads(kernel: Kernel) -> list[int]:
+  """Positions (in kernel.memops) of the byte loads that may read a packed weight. A gather's table is never the
+  weight, however large (a decode step's packed embedding row, recomputed inside the kernel that reads it, gathers one
+  row of a 178 MB table)."""
+  return [i for i, u in enumerate(kernel.memops)
+          if u.op is Ops.LOAD and u.dtype.itemsize == 1 and not is_gather_load(u)]
+
 def _packed_loads(kernel: Kernel) -> list[int]:
-  """Positions (in kernel.memops) of the byte loads of the packed weight: the buffer of the largest byte load. A
-  gather's table is never the weight, however large (a decode step's packed embedding row, recomputed inside the
-  kernel that reads it, gathers one row of a 178 MB table)."""
-  packed = [i for i, u in enumerate(kernel.memops) if u.op is Ops.LOAD and u.dtype.itemsize == 1 and
-            not is_gather_load(u)]
+  """Positions (in kernel.memops) of the byte loads of the packed weight: the buffer of the largest byte load."""
+  packed = _byte_loads(kernel)
   weight = kernel.memops[max(packed, key=lambda i: kernel.sts[i].buffer_extent())].src[0]
   return [i for i in packed if kernel.memops[i].src[0] is weight]
 

@@ -568,7 +568,7 @@ class Gemma3:
                        f"{self.config.max_position_embeddings}")
     if self.cache is not None and self.cache.fits(batch, max_context, self.dtype, self.device): self.cache.clear()
     else: self.cache = Gemma3KVCache(self.config, batch, max_context, self.dtype, self.device)
-    self._rotary_bank(sorted(set(self.config.layer_types)), self.cache)
+    self._rotary_bank(self.cache)
     return self.cache
 
   def _step_data(self, positions: np.ndarray, cache: Gemma3KVCache) -> tuple[str, Optional[np.ndarray]]:
@@ -599,22 +599,20 @@ class Gemma3:
     tables = self._rotary_values(layer_types, query_pos)
     return {t: (tables[0, i], tables[1, i]) for i, t in enumerate(layer_types)}
 
-  def _bank_tables(self, layer_types: Sequence[str], cache: Gemma3KVCache, first: Any, count: Any
-                   ) -> dict[str, tuple[Tensor, Tensor]]:
+  def _bank_tables(self, cache: Gemma3KVCache, first: Any, count: Any) -> dict[str, tuple[Tensor, Tensor]]:
     """The tables of positions first .. first + count - 1 (ints or bound Variables) for each layer type: views of the
     cache's rotary bank (`_rotary_bank`), so a step whose positions are its variables computes no table."""
-    bank = self._rotary_bank(layer_types, cache)
-    rows = bank.shrink((None, None, (first, first + count), None))
-    return {t: (rows[0, i], rows[1, i]) for i, t in enumerate(layer_types)}
+    rows = self._rotary_bank(cache).shrink((None, None, (first, first + count), None))
+    return {t: (rows[0, i], rows[1, i]) for i, t in enumerate(sorted(set(self.config.layer_types)))}
 
-  def _rotary_bank(self, layer_types: Sequence[str], cache: Gemma3KVCache) -> Tensor:
-    """The tables of every position the cache holds ([2, types, max_context, D]), realized once per cache (at
-    reset_cache, before any capture): the values `_rotary_values` gives those positions, bit for bit. A decode step
-    reads its position's rows in place instead of a kernel computing them (one launch fewer a step); it holds
-    4·max_context·D values (8 MB at 4,096 positions in float16)."""
+  def _rotary_bank(self, cache: Gemma3KVCache) -> Tensor:
+    """The tables of every position the cache holds ([2, types, max_context, D], the layer types sorted), realized once
+    per cache (at reset_cache, before any capture): the values `_rotary_values` gives those positions, bit for bit. A
+    decode step reads its position's rows in place instead of a kernel computing them (one launch fewer a step); it
+    holds 4·max_context·D values (8 MB at 4,096 positions in float16)."""
     if self._bank is None or self._bank[0] is not cache:
       positions = Tensor.arange(cache.max_context, dtype=dtypes.int32, device=self.device)
-      self._bank = (cache, self._rotary_values(layer_types, positions).realize())
+      self._bank = (cache, self._rotary_values(sorted(set(self.config.layer_types)), positions).realize())
     return self._bank[1]
 
   def _step_inputs(self, mode: str, step_data: Optional[Tensor], T: Any, variables: Any,
@@ -625,13 +623,13 @@ class Gemma3:
     if mode == FRESH:
       query_pos = Tensor.arange(T, dtype=dtypes.int32, device=self.device)
       distance = query_pos.reshape(T, 1) - query_pos.reshape(1, T)
-      rotary = self._bank_tables(types, cache, 0, T)
+      rotary = self._bank_tables(cache, 0, T)
       for layer_type in types:
         allowed = (distance >= 0) & (distance < window) if layer_type == SLIDING else distance >= 0
         out[layer_type] = StepInputs(FRESH, *rotary[layer_type], allowed=allowed,
                                      filled=T, ring=cache.is_ring(layer_type))
       return out
-    if mode == DECODE: rotary = self._bank_tables(types, cache, variables[0], 1)   # the bound `position` Variable
+    if mode == DECODE: rotary = self._bank_tables(cache, variables[0], 1)   # the bound `position` Variable
     else:
       assert step_data is not None
       query_pos = step_data[:T]

@@ -768,12 +768,11 @@ class QuantizedTensor:
     return scales[ids].cat(quants[ids], dim=-1)
   def to(self, device: str) -> QuantizedTensor:
     """The weight on `device`, held as that device holds the type (`planar_held`): planar storage is copied as it is,
-    or the planes are built from interleaved blocks (and the blocks from planes) lazily, on the way."""
+    or the planes are built from interleaved blocks (and the blocks from planes: a copy's source is computed into a
+    buffer first) lazily, on the way."""
     planar = isinstance(device, str) and planar_held(self.ggml_type, canonical_device(device))
-    if planar == self.is_planar:
-      if planar: return QuantizedTensor.planar(self.storage.to(device), self.ggml_type, self.shape)
-      return QuantizedTensor(self.packed.to(device), self.ggml_type, self.shape)
-    if not planar: return QuantizedTensor(self.packed.contiguous().to(device), self.ggml_type, self.shape)
+    if planar and self.is_planar: return QuantizedTensor.planar(self.storage.to(device), self.ggml_type, self.shape)
+    if not planar: return QuantizedTensor(self.packed.to(device), self.ggml_type, self.shape)
     head = PLANAR_SCALE_BYTES[self.ggml_type]
     planes = self.packed[..., head:].flatten().cat(self.packed[..., :head].flatten())   # quants, then scales
     return QuantizedTensor.planar(planes.to(device), self.ggml_type, self.shape)
